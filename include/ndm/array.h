@@ -1,0 +1,145 @@
+/* ndm arrays: creation, release, accessors and host transfer.
+ *
+ * An array is a view (dtype, shape, strides, offset) on a refcounted storage
+ * on one device; views made by view.h share the storage, which dies with its
+ * last view. Shapes are (ndim, const int64_t *shape) pairs with no rank
+ * limit; NDM_SHAPE(2, 3) writes one. Strides and offsets count elements.
+ *
+ * Shapes always come last, so NDM_SHAPE(...) can be passed to any macro:
+ *     ndm_full(m, NDM_F32, 0.5, NDM_SHAPE(2, 3))
+ *
+ * Ownership. Every factory takes the manager that will own the result (the
+ * output rule's named manager; a null manager means the innermost scope of
+ * this thread, and is NDM_E_NULL when there is none) and returns a fresh
+ * handle; on failure it returns the null handle and allocates nothing.
+ * ndm_array_release frees one handle early; releasing a released array
+ * returns NDM_ALREADY.
+ *
+ * Thread rules: arrays may be read from many threads at once. Writing an
+ * array while another thread reads or releases it is a caller bug.
+ */
+#ifndef NDM_ARRAY_H
+#define NDM_ARRAY_H
+
+#include <stdio.h>
+
+#include "base.h"
+#include "device.h"
+#include "dtype.h"
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Factories. Errors: NDM_E_SHAPE (negative dim), NDM_E_OVERFLOW (element or
+ * byte count overflows), NDM_E_DTYPE, NDM_E_CLOSED/NDM_E_CAPPED/NDM_E_QUOTA
+ * for the manager, NDM_E_OOM. */
+
+/** Uninitialised contents. */
+#define ndm_empty(m, dtype, ...) ndm_empty_at(NDM_HERE, (m), (dtype), __VA_ARGS__)
+NDM_API ndm_array ndm_empty_at(NDM_SITE_PARAMS, ndm_manager m, ndm_dtype dtype, int ndim,
+                               const int64_t *shape);
+#define ndm_zeros(m, dtype, ...) ndm_zeros_at(NDM_HERE, (m), (dtype), __VA_ARGS__)
+NDM_API ndm_array ndm_zeros_at(NDM_SITE_PARAMS, ndm_manager m, ndm_dtype dtype, int ndim,
+                               const int64_t *shape);
+#define ndm_ones(m, dtype, ...) ndm_ones_at(NDM_HERE, (m), (dtype), __VA_ARGS__)
+NDM_API ndm_array ndm_ones_at(NDM_SITE_PARAMS, ndm_manager m, ndm_dtype dtype, int ndim,
+                              const int64_t *shape);
+/** Every element = value, converted to dtype as a cast would. */
+#define ndm_full(m, dtype, value, ...) ndm_full_at(NDM_HERE, (m), (dtype), (value), __VA_ARGS__)
+NDM_API ndm_array ndm_full_at(NDM_SITE_PARAMS, ndm_manager m, ndm_dtype dtype, double value,
+                              int ndim, const int64_t *shape);
+/** A 0-d array holding value. */
+#define ndm_scalar(m, dtype, value) ndm_scalar_at(NDM_HERE, (m), (dtype), (value))
+NDM_API ndm_array ndm_scalar_at(NDM_SITE_PARAMS, ndm_manager m, ndm_dtype dtype, double value);
+/** 1-d: start, start+step, ... while < stop (> stop for a negative step),
+ *  numpy's length ceil((stop-start)/step). step 0 is NDM_E_INVALID. */
+#define ndm_arange(m, dtype, start, stop, step)                                 \
+    ndm_arange_at(NDM_HERE, (m), (dtype), (start), (stop), (step))
+NDM_API ndm_array ndm_arange_at(NDM_SITE_PARAMS, ndm_manager m, ndm_dtype dtype, double start,
+                                double stop, double step);
+/** 1-d: num evenly spaced values from start to stop inclusive (num >= 0). */
+#define ndm_linspace(m, dtype, start, stop, num)                                \
+    ndm_linspace_at(NDM_HERE, (m), (dtype), (start), (stop), (num))
+NDM_API ndm_array ndm_linspace_at(NDM_SITE_PARAMS, ndm_manager m, ndm_dtype dtype, double start,
+                                  double stop, int64_t num);
+/** A copy of a C-ordered host buffer of prod(shape) elements of dtype. */
+#define ndm_from_buffer(m, dtype, src, ...)                                     \
+    ndm_from_buffer_at(NDM_HERE, (m), (dtype), (src), __VA_ARGS__)
+NDM_API ndm_array ndm_from_buffer_at(NDM_SITE_PARAMS, ndm_manager m, ndm_dtype dtype,
+                                     const void *src, int ndim, const int64_t *shape);
+
+/** Called once when the storage of a wrapped buffer dies. */
+typedef void (*ndm_free_fn)(void *data, void *ud);
+/** An array on the caller's C-ordered buffer on the manager's device,
+ *  without a copy. free_fn (may be NULL) runs when its storage dies. On
+ *  failure free_fn is NOT called: the caller keeps the buffer. The bytes
+ *  count in the manager's accounting but not in the allocator's. */
+#define ndm_wrap_buffer(m, dtype, data, free_fn, ud, ...)                       \
+    ndm_wrap_buffer_at(NDM_HERE, (m), (dtype), (data), (free_fn), (ud), __VA_ARGS__)
+NDM_API ndm_array ndm_wrap_buffer_at(NDM_SITE_PARAMS, ndm_manager m, ndm_dtype dtype, void *data,
+                                     ndm_free_fn free_fn, void *ud, int ndim,
+                                     const int64_t *shape);
+
+/** Release one array handle now. Its storage dies with its last view.
+ *  NDM_ALREADY for an array already released (by this call or by a close). */
+#define ndm_array_release(a) ndm_array_release_at(NDM_HERE, (a))
+NDM_API NDM_NODISCARD ndm_status ndm_array_release_at(NDM_SITE_PARAMS, ndm_array a);
+
+/* Accessors. On a null or stale handle they return the value shown and set
+ * the thread's last error. */
+
+/** Is this a live array? (false for null and stale handles; no error set) */
+NDM_API bool ndm_array_valid(ndm_array a);
+/** Rank, or -1. */
+NDM_API int ndm_array_ndim(ndm_array a);
+/** Size of one axis (negative axes count from the end), or -1. */
+NDM_API int64_t ndm_array_dim(ndm_array a, int axis);
+/** Copies ndim sizes into out; returns ndim or a negative status. */
+NDM_API int ndm_array_shape(ndm_array a, int64_t *out, int cap);
+/** Copies ndim strides (in elements) into out; returns ndim or a negative status. */
+NDM_API int ndm_array_strides(ndm_array a, int64_t *out, int cap);
+/** Offset of the first element in its storage, in elements (-1 on error). */
+NDM_API int64_t ndm_array_offset(ndm_array a);
+/** Number of elements, or -1. */
+NDM_API int64_t ndm_array_size(ndm_array a);
+/** Bytes of the elements the view covers (size * itemsize), or 0. */
+NDM_API size_t ndm_array_nbytes(ndm_array a);
+/** dtype, or NDM_F32 with an error set. */
+NDM_API ndm_dtype ndm_array_dtype(ndm_array a);
+NDM_API ndm_device ndm_array_device(ndm_array a);
+/** The owning manager (null for a stale handle). */
+NDM_API ndm_manager ndm_array_manager(ndm_array a);
+/** Row-major contiguous? */
+NDM_API bool ndm_array_is_contiguous(ndm_array a);
+/** Do two arrays share storage? */
+NDM_API bool ndm_array_shares_storage(ndm_array a, ndm_array b);
+/** Address of the first element of a CPU array (NULL with NDM_E_DEVICE for
+ *  other devices). Valid while the storage lives. */
+NDM_API void *ndm_array_data(ndm_array a);
+
+/** Copy the elements of `a`, in C order, into a host buffer of `nbytes`
+ *  (which must equal ndm_array_nbytes(a): NDM_E_INVALID otherwise). Works
+ *  for any strides and device. */
+NDM_API NDM_NODISCARD ndm_status ndm_array_copy_out(ndm_array a, void *dst, size_t nbytes);
+/** Overwrite the elements of `a`, in C order, from a host buffer. */
+NDM_API NDM_NODISCARD ndm_status ndm_array_copy_in(ndm_array a, const void *src, size_t nbytes);
+
+/** The value of a one-element array (any rank), converted to double or
+ *  int64 (NDM_E_SHAPE when it has more or fewer elements). */
+NDM_API NDM_NODISCARD ndm_status ndm_item(ndm_array a, double *out);
+NDM_API NDM_NODISCARD ndm_status ndm_item_i64(ndm_array a, int64_t *out);
+
+/** Print like numpy's repr: `array([[1., 2.], [3., 4.]], dtype=float32)`,
+ *  summarised with "..." above 1000 elements. */
+NDM_API NDM_NODISCARD ndm_status ndm_array_print(ndm_array a, FILE *f);
+/** The same text into buf (truncated to n, NUL-terminated); returns the full
+ *  length or a negative status. */
+NDM_API int ndm_array_format(ndm_array a, char *buf, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

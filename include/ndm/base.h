@@ -1,0 +1,75 @@
+/* ndm base definitions: export and attribute macros, the two handle types,
+ * creation sites and shape literals.
+ *
+ * Handles are small values, not pointers. An ndm_array or ndm_manager packs a
+ * slot number and a generation; every call checks both, so a handle whose
+ * array was released or whose manager was closed is reported as stale
+ * (NDM_E_CLOSED) without ndm ever reading freed memory. A zeroed handle is the
+ * null handle.
+ *
+ * Thread rules: handles are plain values and may be copied between threads.
+ */
+#ifndef NDM_BASE_H
+#define NDM_BASE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(NDM_BUILDING_LIBRARY) && defined(__GNUC__)
+#define NDM_API __attribute__((visibility("default")))
+#else
+#define NDM_API
+#endif
+
+#if defined(__GNUC__)
+#define NDM_NODISCARD __attribute__((warn_unused_result))
+#define NDM_PRINTF(fmt, args) __attribute__((format(printf, fmt, args)))
+#else
+#define NDM_NODISCARD
+#define NDM_PRINTF(fmt, args)
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** An n-dimensional array: a view (dtype, shape, strides, offset) on a
+ *  refcounted storage, owned by exactly one manager. */
+typedef struct ndm_array {
+    uint64_t id;
+} ndm_array;
+
+/** A node of the manager tree; it owns arrays, child managers and other
+ *  resources, and frees them all when it is closed. */
+typedef struct ndm_manager {
+    uint64_t id;
+} ndm_manager;
+
+#define NDM_NULL_ARRAY ((ndm_array){0})
+#define NDM_NULL_MANAGER ((ndm_manager){0})
+
+static inline bool ndm_array_is_null(ndm_array a) { return a.id == 0; }
+static inline bool ndm_manager_is_null(ndm_manager m) { return m.id == 0; }
+
+/* Creation sites. Public entry points that create, move or release things
+ * are macros that pass the caller's file, line and function to an `_at`
+ * function; the `_at` functions are public too, for wrappers that want to
+ * pass their own caller's site. */
+#define NDM_HERE __FILE__, __LINE__, __func__
+#define NDM_SITE_PARAMS const char *ndm_file_, int ndm_line_, const char *ndm_func_
+
+/* A shape literal: NDM_SHAPE(2, 3) expands to `2, (const int64_t[]){2, 3}`,
+ * the (ndim, shape) pair that every shape-taking function accepts. */
+#define NDM_SHAPE(...)                                                          \
+    (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)),            \
+        (const int64_t[]){__VA_ARGS__}
+
+/* A scalar shape (0-d array). */
+#define NDM_SCALAR 0, (const int64_t *)0
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

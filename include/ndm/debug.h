@@ -1,0 +1,87 @@
+/* ndm observability: per-manager statistics, the debug dump, leak hunting.
+ *
+ * Counters are exact. Per manager: live arrays, arrays created in it,
+ * released from it, moved in and out, live and peak bytes per device, owned
+ * resources and live children. Storage shared by several views counts once:
+ * its bytes are charged to the manager of one of its views (the first,
+ * until that manager holds no view of it any more, when the charge moves to
+ * the manager of a remaining view).
+ *
+ * ndm_debug_dump prints the subtree, one line per manager, with the change
+ * since the previous dump of that manager. Its format is part of the API:
+ *
+ *   ndm dump: system/model (arrays, bytes; [change since the previous dump])
+ *   model      cpu  arrays 2 [+2]  bytes 4096 [+4096]  created 2  released 0  peak 4096
+ *     trainer  cpu  arrays 0 [=]  bytes 0 [=]  created 0  released 0  peak 0
+ *
+ * Leak hunting: m0 = ndm_mark(model); ... ndm_report_since(model, m0, stderr)
+ * lists the arrays of the subtree created after the mark and still alive,
+ * grouped by creation site. With NDM_LEAK_REPORT=1 in the environment every
+ * live array and manager is listed with its path and creation site at exit.
+ *
+ * Thread rules: all functions are thread-safe; figures read while other
+ * threads work are a consistent snapshot of each manager, not of the tree.
+ */
+#ifndef NDM_DEBUG_H
+#define NDM_DEBUG_H
+
+#include <stdio.h>
+
+#include "base.h"
+#include "device.h"
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ndm_stats {
+    uint64_t live_arrays;  /* arrays owned now */
+    uint64_t created;      /* arrays created in it */
+    uint64_t released;     /* arrays released from it (explicitly or by a close) */
+    uint64_t moved_in;     /* arrays attached to it from elsewhere */
+    uint64_t moved_out;    /* arrays it gave away */
+    uint64_t live_bytes;   /* storage bytes charged to it on the device asked */
+    uint64_t peak_bytes;   /* highest live_bytes (per manager; for a subtree, the sum) */
+    uint64_t resources;    /* owned resources and on-close hooks */
+    uint64_t children;     /* live child managers (subtree: all descendants) */
+} ndm_stats;
+
+enum {
+    NDM_STATS_SUBTREE = 1u << 0, /* add up the whole subtree */
+};
+
+/** Fill *out for `m` on `device` (flags: NDM_STATS_SUBTREE). */
+NDM_API NDM_NODISCARD ndm_status ndm_manager_stats(ndm_manager m, ndm_device device, unsigned flags,
+                                                   ndm_stats *out);
+
+/** Print the subtree of `m` (format above). */
+NDM_API NDM_NODISCARD ndm_status ndm_debug_dump(ndm_manager m, FILE *f);
+/** The subtree as one JSON object:
+ *  {"name":..,"path":..,"device":..,"capped":[..],"live_arrays":..,"created":..,
+ *   "released":..,"moved_in":..,"moved_out":..,"resources":..,
+ *   "bytes":{"cpu":{"live":..,"peak":..},..},"children":[..]} */
+NDM_API NDM_NODISCARD ndm_status ndm_debug_dump_json(ndm_manager m, FILE *f);
+
+/** A point in the sequence of array creations (process wide). */
+typedef uint64_t ndm_seq;
+/** The current point; `m` is checked but the sequence is process wide. */
+NDM_API ndm_seq ndm_mark(ndm_manager m);
+/** List the arrays of the subtree of `m` created after `mark` and still
+ *  alive, grouped by creation site, largest group first. Writes nothing
+ *  but a header line when there are none. */
+NDM_API NDM_NODISCARD ndm_status ndm_report_since(ndm_manager m, ndm_seq mark, FILE *f);
+/** How many arrays of the subtree were created after `mark` and are alive
+ *  (negative status on error). */
+NDM_API int64_t ndm_count_since(ndm_manager m, ndm_seq mark);
+
+/** Print every live array and manager under system (except the built-in
+ *  nodes themselves) with path and creation site; returns the number of
+ *  live arrays. This is what NDM_LEAK_REPORT=1 prints at exit. */
+NDM_API int64_t ndm_leak_report(FILE *f);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,45 @@
+/* ndm devices. A device is a {type, index} value; the CPU is always there.
+ * CUDA devices exist when the library was built with the CUDA backend and a
+ * GPU is present at run time; otherwise using one fails with
+ * NDM_E_UNSUPPORTED (no backend in this build) or NDM_E_DEVICE (no such GPU).
+ *
+ * Thread rules: all functions are safe from any thread.
+ */
+#ifndef NDM_DEVICE_H
+#define NDM_DEVICE_H
+
+#include "base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum ndm_device_type {
+    NDM_DEVICE_CPU = 0,
+    NDM_DEVICE_CUDA = 1,
+} ndm_device_type;
+
+typedef struct ndm_device {
+    ndm_device_type type;
+    int index;
+} ndm_device;
+
+#define NDM_CPU ((ndm_device){NDM_DEVICE_CPU, 0})
+#define NDM_CUDA(i) ((ndm_device){NDM_DEVICE_CUDA, (i)})
+
+static inline bool ndm_device_eq(ndm_device a, ndm_device b)
+{
+    return a.type == b.type && a.index == b.index;
+}
+
+/** Writes "cpu" or "cuda:N" into buf (at most n bytes); returns buf. */
+NDM_API char *ndm_device_str(ndm_device d, char *buf, size_t n);
+
+/** Number of usable CUDA devices (0 without the backend or without a GPU). */
+NDM_API int ndm_cuda_device_count(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,50 @@
+/* ndm element types.
+ *
+ * f16 and bf16 are storage types: arrays of them can be created, filled,
+ * copied and cast; arithmetic on them computes in f32. bool is stored as one
+ * byte holding 0 or 1.
+ *
+ * Thread rules: all functions are pure and safe from any thread.
+ */
+#ifndef NDM_DTYPE_H
+#define NDM_DTYPE_H
+
+#include "base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum ndm_dtype {
+    NDM_BOOL = 0,
+    NDM_U8 = 1,
+    NDM_I32 = 2,
+    NDM_I64 = 3,
+    NDM_F16 = 4,
+    NDM_BF16 = 5,
+    NDM_F32 = 6,
+    NDM_F64 = 7,
+} ndm_dtype;
+
+#define NDM_DTYPE_COUNT 8
+
+/** Bytes per element; 0 for a value that is not a dtype. */
+NDM_API size_t ndm_dtype_size(ndm_dtype t);
+/** numpy's name: "float32", "int64", "bool", "bfloat16"...; "invalid" otherwise. */
+NDM_API const char *ndm_dtype_name(ndm_dtype t);
+/** Short name used in messages and dumps: "f32", "i64", "bool"... */
+NDM_API const char *ndm_dtype_short(ndm_dtype t);
+NDM_API bool ndm_dtype_valid(ndm_dtype t);
+NDM_API bool ndm_dtype_is_float(ndm_dtype t);
+
+/** IEEE half and bfloat16 conversions (round to nearest even; NaN stays NaN). */
+NDM_API uint16_t ndm_f32_to_f16(float x);
+NDM_API float ndm_f16_to_f32(uint16_t h);
+NDM_API uint16_t ndm_f32_to_bf16(float x);
+NDM_API float ndm_bf16_to_f32(uint16_t h);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,146 @@
+/* ndm managers: the tree that owns every array.
+ *
+ *   system                 created on first use, never closed
+ *   ├── model              parameters, optimizer state (long-lived, capped)
+ *   │   └── trainer
+ *   │       └── batch      one step's inputs, activations, graph
+ *   └── detached           arrays taken out of the tree, still counted
+ *
+ * Ownership. Every array is owned by exactly one manager. Closing a manager
+ * frees, in this order: its child managers (newest first, each closed the
+ * same way), then its arrays (newest first), then its owned resources and
+ * on-close hooks (newest first). Closing something already closed returns
+ * NDM_ALREADY and changes nothing; any other use of a closed manager is
+ * NDM_E_CLOSED. `system` and `detached` cannot be closed (NDM_E_ROOT).
+ *
+ * The output rule. An operation attaches its output to the manager of its
+ * first array input, with two overrides, strongest first:
+ *   1. an output manager the caller names (the `_to` variants, and the
+ *      manager argument of every factory);
+ *   2. the innermost scope active on the calling thread (see scope.h).
+ *
+ * Moves. ndm_attach steals an array, ndm_ret gives it to its manager's parent,
+ * ndm_detach moves it under `detached` (the caller must release it), and
+ * ndm_temp_attach lends it: when the borrower closes, the array goes back to
+ * its lender (even a capped one), or is released if the lender is gone. A
+ * refused move (target closed, capped or over its byte limit) changes
+ * nothing.
+ *
+ * Checks come before allocation: an array whose manager is closed, capped or
+ * over its limit is refused before any memory is taken.
+ *
+ * Thread rules: managers are thread-safe. Many threads may create and close
+ * children of one shared manager and read its arrays at the same time.
+ * Closing a manager while another thread still computes with its arrays is a
+ * caller bug (the other thread sees NDM_E_CLOSED or stale data, never freed
+ * memory).
+ */
+#ifndef NDM_MANAGER_H
+#define NDM_MANAGER_H
+
+#include "base.h"
+#include "device.h"
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** The root manager (on the CPU). Created on first use; never closed. */
+NDM_API ndm_manager ndm_system(void);
+/** The node that holds detached arrays (a child of system). */
+NDM_API ndm_manager ndm_detached(void);
+
+/** A new child of `parent` on the parent's device, named `name` (copied;
+ *  NULL gives "manager"). Returns the null handle on failure: parent stale
+ *  (NDM_E_CLOSED), null (NDM_E_NULL), capped for children (NDM_E_CAPPED). */
+#define ndm_manager_new(parent, name) ndm_manager_new_at(NDM_HERE, (parent), (name))
+NDM_API ndm_manager ndm_manager_new_at(NDM_SITE_PARAMS, ndm_manager parent, const char *name);
+
+/** Like ndm_manager_new, on another device (NDM_E_DEVICE when it does not
+ *  exist, NDM_E_UNSUPPORTED without its backend). */
+#define ndm_manager_new_on(parent, name, device)                                \
+    ndm_manager_new_on_at(NDM_HERE, (parent), (name), (device))
+NDM_API ndm_manager ndm_manager_new_on_at(NDM_SITE_PARAMS, ndm_manager parent,
+                                          const char *name, ndm_device device);
+
+/** Close a manager and everything it owns (order above). NDM_OK, or
+ *  NDM_ALREADY if it was closed, NDM_E_ROOT for system/detached, NDM_E_HOOK
+ *  when a hook failed (the close still completed). */
+#define ndm_manager_close(m) ndm_manager_close_at(NDM_HERE, (m))
+NDM_API NDM_NODISCARD ndm_status ndm_manager_close_at(NDM_SITE_PARAMS, ndm_manager m);
+
+/** What a cap refuses. */
+enum {
+    NDM_CAP_ARRAYS = 1u << 0,   /* new arrays and arrays moved in */
+    NDM_CAP_CHILDREN = 1u << 1, /* new child managers */
+};
+
+/** Cap a manager: it refuses what `flags` names, reporting the refused
+ *  array's creation site. In-place updates of its arrays still work, and
+ *  borrowed arrays can still come back. */
+NDM_API NDM_NODISCARD ndm_status ndm_manager_cap(ndm_manager m, unsigned flags);
+/** Lift the caps named by `flags`. */
+NDM_API NDM_NODISCARD ndm_status ndm_manager_uncap(ndm_manager m, unsigned flags);
+/** The manager's current cap flags (0 when stale). */
+NDM_API unsigned ndm_manager_caps(ndm_manager m);
+
+/** Limit the bytes that the subtree of `m` holds on `device`. A request that
+ *  would exceed it fails with NDM_E_QUOTA; other requests go on. 0 removes
+ *  the limit. Setting a limit below the current use is allowed: it refuses
+ *  new bytes until enough are freed. */
+NDM_API NDM_NODISCARD ndm_status ndm_manager_set_limit(ndm_manager m, ndm_device device,
+                                                       uint64_t bytes);
+/** The limit on `device` (0 = none). */
+NDM_API uint64_t ndm_manager_limit(ndm_manager m, ndm_device device);
+
+/** Make `m` own another resource: free_fn(ptr) runs when `m` closes (newest
+ *  first, after the arrays). `name` (copied, may be NULL) shows in reports.
+ *  On failure free_fn is NOT called; the caller still owns ptr. */
+#define ndm_manager_own(m, ptr, free_fn, name)                                  \
+    ndm_manager_own_at(NDM_HERE, (m), (ptr), (free_fn), (name))
+NDM_API NDM_NODISCARD ndm_status ndm_manager_own_at(NDM_SITE_PARAMS, ndm_manager m, void *ptr,
+                                                    void (*free_fn)(void *ptr), const char *name);
+
+/** Run fn(ud) when `m` closes (same order as owned resources). A non-zero
+ *  return is reported through the log callback and makes the close return
+ *  NDM_E_HOOK; the close still completes. */
+typedef int (*ndm_close_fn)(void *ud);
+#define ndm_manager_on_close(m, fn, ud) ndm_manager_on_close_at(NDM_HERE, (m), (fn), (ud))
+NDM_API NDM_NODISCARD ndm_status ndm_manager_on_close_at(NDM_SITE_PARAMS, ndm_manager m,
+                                                         ndm_close_fn fn, void *ud);
+
+/** Is this a live manager? */
+NDM_API bool ndm_manager_valid(ndm_manager m);
+/** The parent (null for system or a stale handle). */
+NDM_API ndm_manager ndm_manager_parent(ndm_manager m);
+/** The manager's device (the CPU for a stale handle, with an error set). */
+NDM_API ndm_device ndm_manager_device(ndm_manager m);
+/** Copies the name into buf (NUL-terminated, truncated to n); returns the
+ *  full length, or a negative status. */
+NDM_API int ndm_manager_name(ndm_manager m, char *buf, size_t n);
+/** Copies the path ("system/model/trainer/batch-17") into buf like
+ *  ndm_manager_name. */
+NDM_API int ndm_manager_path(ndm_manager m, char *buf, size_t n);
+
+/** Steal `a` into `m`. The array keeps its handle. Refused (nothing changes)
+ *  when m is closed (NDM_E_CLOSED), capped (NDM_E_CAPPED) or over its limit
+ *  (NDM_E_QUOTA). Attaching to its current manager is NDM_OK. */
+#define ndm_attach(a, m) ndm_attach_at(NDM_HERE, (a), (m))
+NDM_API NDM_NODISCARD ndm_status ndm_attach_at(NDM_SITE_PARAMS, ndm_array a, ndm_manager m);
+/** Move `a` to its manager's parent. NDM_E_ROOT when the owner is system
+ *  or detached. */
+#define ndm_ret(a) ndm_ret_at(NDM_HERE, (a))
+NDM_API NDM_NODISCARD ndm_status ndm_ret_at(NDM_SITE_PARAMS, ndm_array a);
+/** Move `a` under the `detached` node; the caller must release it. */
+#define ndm_detach(a) ndm_detach_at(NDM_HERE, (a))
+NDM_API NDM_NODISCARD ndm_status ndm_detach_at(NDM_SITE_PARAMS, ndm_array a);
+/** Lend `a` to `m`; it returns to its current manager when m closes. */
+#define ndm_temp_attach(a, m) ndm_temp_attach_at(NDM_HERE, (a), (m))
+NDM_API NDM_NODISCARD ndm_status ndm_temp_attach_at(NDM_SITE_PARAMS, ndm_array a, ndm_manager m);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

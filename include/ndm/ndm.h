@@ -1,0 +1,22 @@
+/* ndm: n-dimensional arrays owned by a tree of managers.
+ *
+ * One include for the whole API. Every array is owned by a manager; closing
+ * a manager frees its whole subtree; scopes catch temporaries; the debug
+ * dump and leak reports say who holds what, and where it was made.
+ */
+#ifndef NDM_NDM_H
+#define NDM_NDM_H
+
+#include "ndm/config.h"
+#include "version.h"
+#include "base.h"
+#include "status.h"
+#include "device.h"
+#include "dtype.h"
+#include "manager.h"
+#include "array.h"
+#include "view.h"
+#include "scope.h"
+#include "debug.h"
+
+#endif

@@ -1,0 +1,103 @@
+/* ndm scopes: catching temporaries.
+ *
+ * ndm_scope_begin(parent, name) makes a child manager of `parent` and pushes
+ * it as the calling thread's innermost scope. Until the scope ends, every
+ * array created on this thread attaches to it (library temporaries
+ * included) unless the caller names an output manager. ndm_scope_end
+ * releases everything the scope holds except the `keep` arrays, which move
+ * to the enclosing scope of this thread, or to `parent` when there is none.
+ *
+ *     ndm_manager s = ndm_scope_begin(batch, "loss");
+ *     ndm_array t = ndm_mul(x, w);            // temporaries land in s
+ *     ndm_array loss = ndm_sum(t, ...);
+ *     if (ndm_scope_end(s, 1, &loss) < 0) ...  // loss moves to batch
+ *
+ * Scopes may end out of order: a function that forgot to end its scope does
+ * not corrupt its caller's. A scope closed by any other means (its parent
+ * closing, ndm_manager_close) simply leaves the stack.
+ *
+ * NDM_AUTO on a manager, scope or array variable closes, ends or releases it
+ * when the block exits by any path (GCC and Clang):
+ *
+ *     NDM_AUTO ndm_manager req = ndm_manager_new(predictor, "request");
+ *
+ * Thread rules: the scope stack is per thread; a scope's manager is an
+ * ordinary, thread-safe manager.
+ */
+#ifndef NDM_SCOPE_H
+#define NDM_SCOPE_H
+
+#include "base.h"
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Begin a scope under `parent` (null: under the innermost scope). Returns
+ *  the scope's manager or the null handle. */
+#define ndm_scope_begin(parent, name) ndm_scope_begin_at(NDM_HERE, (parent), (name))
+NDM_API ndm_manager ndm_scope_begin_at(NDM_SITE_PARAMS, ndm_manager parent, const char *name);
+
+/** End a scope: move `keep[0..n)` out (see above), release the rest, close
+ *  the scope and pop it. Every kept array must be owned by the scope
+ *  (NDM_E_NOT_OWNER otherwise), and the target must accept them
+ *  (NDM_E_CAPPED, NDM_E_QUOTA, NDM_E_CLOSED); on any error nothing changes
+ *  and the scope stays active. NDM_ALREADY for an ended scope. */
+#define ndm_scope_end(scope, n, keep) ndm_scope_end_at(NDM_HERE, (scope), (n), (keep))
+NDM_API NDM_NODISCARD ndm_status ndm_scope_end_at(NDM_SITE_PARAMS, ndm_manager scope, size_t n,
+                                                  const ndm_array *keep);
+
+/** Release every array of the scope (or of any manager) except `keep`, which
+ *  must be owned by it (NDM_E_NOT_OWNER, nothing changes). The scope stays. */
+#define ndm_scope_release_all_but(scope, n, keep)                               \
+    ndm_scope_release_all_but_at(NDM_HERE, (scope), (n), (keep))
+NDM_API NDM_NODISCARD ndm_status ndm_scope_release_all_but_at(NDM_SITE_PARAMS, ndm_manager scope,
+                                                              size_t n, const ndm_array *keep);
+#define ndm_scope_release_all(scope) ndm_scope_release_all_but_at(NDM_HERE, (scope), 0, NULL)
+
+/** Move `a` out of its scope now, to where ndm_scope_end would move a kept
+ *  array. NDM_E_NOT_OWNER when `a` is not owned by a scope. */
+#define ndm_scope_move_out(a) ndm_scope_move_out_at(NDM_HERE, (a))
+NDM_API NDM_NODISCARD ndm_status ndm_scope_move_out_at(NDM_SITE_PARAMS, ndm_array a);
+
+/** The innermost live scope of this thread (null if none). */
+NDM_API ndm_manager ndm_scope_current(void);
+/** Is `m` a scope? */
+NDM_API bool ndm_manager_is_scope(ndm_manager m);
+
+/** Run fn(ud) inside a fresh scope under `parent` and move its result out
+ *  (to the enclosing scope or `parent`); everything else fn created is
+ *  released. Returns the result, or the null handle when fn returned it. */
+typedef ndm_array (*ndm_scoped_fn)(void *ud);
+#define ndm_scoped(parent, fn, ud) ndm_scoped_at(NDM_HERE, (parent), (fn), (ud))
+NDM_API ndm_array ndm_scoped_at(NDM_SITE_PARAMS, ndm_manager parent, ndm_scoped_fn fn, void *ud);
+
+/* The one-expression form (GCC/Clang statement expression):
+ *     ndm_array y = NDM_SCOPED(batch, ndm_relu(ndm_add(ndm_matmul(x, w), b)));
+ * evaluates the expression inside a scope under `parent`, keeps its value and
+ * releases the temporaries. */
+#define NDM_SCOPED(parent, expr)                                                \
+    __extension__({                                                             \
+        ndm_manager ndm_s_ = ndm_scope_begin((parent), "scoped");               \
+        ndm_array ndm_r_ = (expr);                                              \
+        ndm_r_ = ndm_scope_finish_at(NDM_HERE, ndm_s_, ndm_r_);                 \
+        ndm_r_;                                                                 \
+    })
+/** End `scope` keeping `result` (which may be null); returns result or the
+ *  null handle when the scope could not be ended. Used by NDM_SCOPED. */
+NDM_API ndm_array ndm_scope_finish_at(NDM_SITE_PARAMS, ndm_manager scope, ndm_array result);
+
+/* NDM_AUTO: cleanup at block exit. The handle's kind is in its id, so one
+ * attribute serves managers, scopes and arrays. Errors during cleanup go to
+ * the log callback. */
+#if defined(__GNUC__)
+#define NDM_AUTO __attribute__((cleanup(ndm_auto_cleanup)))
+#endif
+NDM_API void ndm_auto_cleanup(void *handle);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

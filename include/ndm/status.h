@@ -1,0 +1,84 @@
+/* ndm status codes and the thread's last error.
+ *
+ * One status type serves the whole API: 0 is success, positive values are
+ * non-error outcomes (NDM_ALREADY), negative values are errors. Functions that
+ * create arrays or managers return a handle and, on failure, the null handle;
+ * the reason is then in ndm_last_status()/ndm_last_error(). A null input
+ * handle makes an operation return the null handle without overwriting the
+ * first error, so a chain of operations reports where it first went wrong.
+ *
+ * Thread rules: the last error is per thread. The log callback is process
+ * wide and may be called from any thread that uses ndm.
+ */
+#ifndef NDM_STATUS_H
+#define NDM_STATUS_H
+
+#include "base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* X(name, value, text): the one list the enum, ndm_status_name() and
+ * ndm_status_str() are generated from. */
+#define NDM_STATUS_LIST(X)                                                      \
+    X(OK, 0, "success")                                                         \
+    X(ALREADY, 1, "already closed or released; nothing changed")                \
+    X(E_INVALID, -1, "invalid argument")                                        \
+    X(E_NULL, -2, "null handle")                                                \
+    X(E_CLOSED, -3, "stale handle: the array was released or the manager closed") \
+    X(E_SHAPE, -4, "invalid or incompatible shape")                             \
+    X(E_DTYPE, -5, "unsupported or mismatched dtype")                           \
+    X(E_DEVICE, -6, "device mismatch or device error")                          \
+    X(E_AXIS, -7, "axis out of range")                                          \
+    X(E_OVERFLOW, -8, "size or element count overflows")                        \
+    X(E_OOM, -9, "out of memory")                                               \
+    X(E_QUOTA, -10, "manager byte limit exceeded")                              \
+    X(E_CAPPED, -11, "manager is capped")                                       \
+    X(E_NOT_OWNER, -12, "array is not owned by that manager or scope")          \
+    X(E_ROOT, -13, "operation not allowed on a built-in manager")              \
+    X(E_HOOK, -14, "an on-close hook failed; the close completed")              \
+    X(E_UNSUPPORTED, -15, "not supported by this build or backend")             \
+    X(E_IO, -16, "file input/output error")                                     \
+    X(E_FORMAT, -17, "malformed file or data")                                  \
+    X(E_CONFIG, -18, "invalid configuration")                                   \
+    X(E_INTERNAL, -19, "internal error")
+
+typedef enum ndm_status {
+#define NDM_STATUS_ENUM_(name, value, text) NDM_##name = value,
+    NDM_STATUS_LIST(NDM_STATUS_ENUM_)
+#undef NDM_STATUS_ENUM_
+} ndm_status;
+
+/** "NDM_E_CLOSED" for NDM_E_CLOSED; "NDM_UNKNOWN" for other values. Static string. */
+NDM_API const char *ndm_status_name(ndm_status s);
+/** A one-line description of the status. Static string. */
+NDM_API const char *ndm_status_str(ndm_status s);
+
+/** The status of the last failure on this thread (NDM_OK if none since the
+ *  last ndm_clear_error()). Successful calls do not reset it. */
+NDM_API ndm_status ndm_last_status(void);
+/** The message of the last failure on this thread: what failed, why, and
+ *  where (the caller's file:line when the entry point records sites). Valid
+ *  until the next failure on this thread; "" when there is none. */
+NDM_API const char *ndm_last_error(void);
+/** Forget this thread's last failure. */
+NDM_API void ndm_clear_error(void);
+
+typedef enum ndm_log_level {
+    NDM_LOG_ERROR = 0,
+    NDM_LOG_WARN = 1,
+    NDM_LOG_INFO = 2,
+} ndm_log_level;
+
+typedef void (*ndm_log_fn)(ndm_log_level level, const char *msg, void *ud);
+
+/** Install a log callback (NULL restores the default, which prints warnings
+ *  to stderr). Errors are also passed to it at NDM_LOG_ERROR. */
+NDM_API void ndm_set_log_fn(ndm_log_fn fn, void *ud);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

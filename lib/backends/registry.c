@@ -1,0 +1,23 @@
+/* Backends known to this build. */
+#include "backend.h"
+#include "ndm/config.h"
+
+#if NDM_HAVE_CUDA
+extern const ndm__backend ndm__cuda_backend;
+#endif
+
+const ndm__backend *ndm__backend_for(ndm_device_type type)
+{
+    switch (type) {
+    case NDM_DEVICE_CPU:
+        return &ndm__cpu_backend;
+#if NDM_HAVE_CUDA
+    case NDM_DEVICE_CUDA:
+        return &ndm__cuda_backend;
+#else
+    case NDM_DEVICE_CUDA:
+        return NULL;
+#endif
+    }
+    return NULL;
+}

@@ -1,0 +1,115 @@
+/* Byte accounting: per-manager live and peak bytes, and subtree limits.
+ * Limits are kept only on managers that set one, so unlimited trees pay nothing. */
+#include <inttypes.h>
+
+#include "core.h"
+
+static inline ndm__manager *anchor_of(ndm__manager *m)
+{
+    uint32_t a = atomic_load_explicit(&m->limit_anchor, memory_order_acquire);
+    return a ? ndm__manager_slot(a) : NULL;
+}
+
+/* The next limited manager strictly above the limited manager l. */
+static inline ndm__manager *anchor_above(ndm__manager *l)
+{
+    if (!l->parent)
+        return NULL;
+    return anchor_of(ndm__manager_slot(l->parent));
+}
+
+static void bytes_add(ndm__manager *m, int dev, int64_t n)
+{
+    int64_t now = atomic_fetch_add_explicit(&m->bytes[dev], n, memory_order_relaxed) + n;
+    if (n > 0) {
+        int64_t peak = atomic_load_explicit(&m->peak[dev], memory_order_relaxed);
+        while (now > peak &&
+               !atomic_compare_exchange_weak_explicit(&m->peak[dev], &peak, now,
+                                                      memory_order_relaxed, memory_order_relaxed))
+            ;
+    }
+}
+
+/* Reserve n bytes on every limited manager from l upwards, stopping before
+ * `stop` (a limited manager that already holds them). */
+static ndm_status reserve_chain(ndm__manager *l, ndm__manager *stop, int dev, int64_t n,
+                                bool force, const char *api, ndm__site where)
+{
+    for (ndm__manager *x = l; x && x != stop; x = anchor_above(x)) {
+        int64_t now = atomic_fetch_add_explicit(&x->limits->used[dev], n, memory_order_relaxed) + n;
+        uint64_t lim = atomic_load_explicit(&x->limits->limit[dev], memory_order_relaxed);
+        if (!force && lim && now > (int64_t)lim) {
+            atomic_fetch_sub_explicit(&x->limits->used[dev], n, memory_order_relaxed);
+            for (ndm__manager *y = l; y != x; y = anchor_above(y))
+                atomic_fetch_sub_explicit(&y->limits->used[dev], n, memory_order_relaxed);
+            char path[512], devs[32];
+            ndm__manager_path(x->self, path, sizeof path);
+            ndm_device_str(ndm__slot_device(dev), devs, sizeof devs);
+            return ndm__fail(NDM_E_QUOTA, api, where,
+                             "%" PRId64 " bytes on %s would exceed the limit of manager '%s' "
+                             "(limit %" PRIu64 ", in use %" PRId64 ")",
+                             n, devs, path, lim, now - n);
+        }
+    }
+    return NDM_OK;
+}
+
+static void release_chain(ndm__manager *l, ndm__manager *stop, int dev, int64_t n)
+{
+    for (ndm__manager *x = l; x && x != stop; x = anchor_above(x))
+        atomic_fetch_sub_explicit(&x->limits->used[dev], n, memory_order_relaxed);
+}
+
+ndm_status ndm__charge(ndm__manager *m, int dev, int64_t bytes, bool force, const char *api,
+                       ndm__site where)
+{
+    ndm__manager *l = anchor_of(m);
+    if (l) {
+        ndm_status st = reserve_chain(l, NULL, dev, bytes, force, api, where);
+        if (st < 0)
+            return st;
+    }
+    bytes_add(m, dev, bytes);
+    return NDM_OK;
+}
+
+void ndm__uncharge(ndm__manager *m, int dev, int64_t bytes)
+{
+    ndm__manager *l = anchor_of(m);
+    if (l)
+        release_chain(l, NULL, dev, bytes);
+    bytes_add(m, dev, -bytes);
+}
+
+/* Is limited manager x on the chain that starts at l? */
+static bool on_chain(ndm__manager *l, ndm__manager *x)
+{
+    for (; l; l = anchor_above(l))
+        if (l == x)
+            return true;
+    return false;
+}
+
+/* Move a charge from `from` to `to`. Limited ancestors common to both keep it. */
+ndm_status ndm__charge_move(ndm__manager *from, ndm__manager *to, int dev, int64_t bytes,
+                            bool force, const char *api, ndm__site where)
+{
+    ndm__manager *lf = anchor_of(from), *lt = anchor_of(to);
+    /* The first limited manager on to's chain that is also on from's chain. */
+    ndm__manager *common = NULL;
+    for (ndm__manager *x = lt; x; x = anchor_above(x))
+        if (on_chain(lf, x)) {
+            common = x;
+            break;
+        }
+    if (lt) {
+        ndm_status st = reserve_chain(lt, common, dev, bytes, force, api, where);
+        if (st < 0)
+            return st;
+    }
+    if (lf)
+        release_chain(lf, common, dev, bytes);
+    bytes_add(to, dev, bytes);
+    bytes_add(from, dev, -bytes);
+    return NDM_OK;
+}

@@ -1,0 +1,59 @@
+/* The allocator interface the manager layer uses for array storage.
+ * It knows nothing of managers: callers pass an opaque tag that history records. */
+#ifndef NDM_ALLOC_INTERNAL_H
+#define NDM_ALLOC_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ndm/device.h"
+#include "ndm/status.h"
+
+/* Where an allocation comes from, for history and OOM reports. */
+typedef struct ndm__alloc_tag {
+    uint32_t manager; /* manager slot (0: none) */
+    const char *file;
+    const char *func;
+    int line;
+} ndm__alloc_tag;
+
+/* One allocation. `cookie` is the allocator's own record, so freeing needs no
+ * lookup by address. */
+typedef struct ndm__block {
+    void *ptr;
+    void *cookie;
+    size_t size;
+} ndm__block;
+
+/* A segment source maps large ranges of device memory; the allocator carves
+ * blocks out of them. */
+typedef struct ndm__segment_source {
+    const char *name;
+    /* required: map `size` bytes (a multiple of the source's granularity) */
+    ndm_status (*map)(void *ctx, size_t size, void **out);
+    /* required: unmap a range returned by map */
+    void (*unmap)(void *ctx, void *ptr, size_t size);
+    /* optional: free and total bytes of the device; default: unknown (0, 0) */
+    ndm_status (*mem_info)(void *ctx, size_t *free_bytes, size_t *total_bytes);
+    void *ctx;
+} ndm__segment_source;
+
+/* Allocate nbytes (0 allowed: a valid block of size 0) on `dev`, aligned to 64
+ * bytes. NDM_E_OOM with a message on failure; *out is zeroed then. */
+ndm_status ndm__alloc(ndm_device dev, size_t nbytes, const ndm__alloc_tag *tag, ndm__block *out);
+/* Free a block from ndm__alloc (a zeroed block is ignored). */
+void ndm__free(ndm_device dev, ndm__block *blk);
+
+/* NDM_OK when `dev` can hold arrays in this build and on this machine;
+ * otherwise NDM_E_UNSUPPORTED (no backend) or NDM_E_DEVICE (no such device),
+ * with the reason written into why. */
+ndm_status ndm__device_usable(ndm_device dev, char *why, size_t n);
+
+/* The segment source of a device (NULL when the device has none in this build). */
+const ndm__segment_source *ndm__segment_source_for(ndm_device dev);
+
+/* Test hook: make the n-th next allocation (1 = the next one) fail with
+ * NDM_E_OOM; 0 disables. Process wide. */
+void ndm__alloc_fail_after(int64_t n);
+
+#endif

@@ -1,0 +1,886 @@
+/* Array records and their storage: creation, release, the close drain and
+ * ownership moves, with exact per-manager accounting. */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core.h"
+
+/* ---- storage headers: a per-thread free list over a global one ------------ */
+
+#define STORAGE_BATCH 64
+
+static pthread_mutex_t storage_lock = PTHREAD_MUTEX_INITIALIZER;
+static ndm__storage *storage_free;
+static _Thread_local ndm__storage *storage_cache;
+static _Thread_local unsigned storage_cached;
+
+static ndm__storage *storage_get(void)
+{
+    ndm__storage *s = storage_cache;
+    if (NDM__LIKELY(s != NULL)) {
+        storage_cache = s->next_free;
+        storage_cached--;
+        return s;
+    }
+    pthread_mutex_lock(&storage_lock);
+    s = storage_free;
+    if (s)
+        storage_free = s->next_free;
+    pthread_mutex_unlock(&storage_lock);
+    if (!s)
+        s = malloc(sizeof *s);
+    return s;
+}
+
+static void storage_put(ndm__storage *s)
+{
+    if (NDM__UNLIKELY(storage_cached >= STORAGE_BATCH)) {
+        pthread_mutex_lock(&storage_lock);
+        s->next_free = storage_free;
+        storage_free = s;
+        pthread_mutex_unlock(&storage_lock);
+        return;
+    }
+    s->next_free = storage_cache;
+    storage_cache = s;
+    storage_cached++;
+}
+
+/* Free the storage's memory and give its bytes back; refs reached 0. */
+static void storage_destroy(ndm__storage *s)
+{
+    ndm__uncharge(ndm__manager_slot(s->charged), s->dev, (int64_t)s->nbytes);
+    if (s->block.cookie || s->block.ptr) {
+        ndm__free(s->device, &s->block);
+    } else if (s->free_fn) {
+        s->free_fn(s->data, s->free_ud);
+    }
+    storage_put(s);
+}
+
+/* ---- small helpers --------------------------------------------------------- */
+
+bool ndm__is_contiguous(int ndim, const int64_t *shape, const int64_t *strides)
+{
+    int64_t expect = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        if (shape[i] == 0)
+            return true;
+        if (shape[i] != 1 && strides[i] != expect)
+            return false;
+        expect *= shape[i];
+    }
+    return true;
+}
+
+void ndm__contiguous_strides(int ndim, const int64_t *shape, int64_t *strides)
+{
+    int64_t s = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        strides[i] = s;
+        s *= shape[i] ? shape[i] : 1;
+    }
+}
+
+const char *ndm__array_desc(const ndm__array *r, char *buf, size_t n)
+{
+    size_t len = (size_t)snprintf(buf, n, "%s[", ndm_dtype_short(r->dtype));
+    int shown = r->ndim;
+    /* A dead record keeps at most NDM__INLINE_DIMS sizes. */
+    const int64_t *dims = atomic_load_explicit(&r->live, memory_order_relaxed) ? r->shape : r->dims;
+    if (!atomic_load_explicit(&r->live, memory_order_relaxed) && shown > NDM__INLINE_DIMS)
+        shown = NDM__INLINE_DIMS;
+    for (int i = 0; i < shown && len < n; i++)
+        len += (size_t)snprintf(buf + len, n - len, "%s%" PRId64, i ? "," : "", dims[i]);
+    if (shown < r->ndim && len < n)
+        len += (size_t)snprintf(buf + len, n - len, ",...");
+    if (len < n)
+        snprintf(buf + len, n - len, "]");
+    return buf;
+}
+
+ndm_status ndm__shape_check(int ndim, const int64_t *shape, ndm_dtype dtype, int64_t *numel,
+                            size_t *nbytes, const char *api, ndm__site where)
+{
+    if (!ndm_dtype_valid(dtype))
+        return ndm__fail(NDM_E_DTYPE, api, where, "invalid dtype %d", (int)dtype);
+    if (ndim < 0)
+        return ndm__fail(NDM_E_SHAPE, api, where, "negative rank %d", ndim);
+    if (ndim > 0 && !shape)
+        return ndm__fail(NDM_E_SHAPE, api, where, "shape is NULL for rank %d", ndim);
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0)
+            return ndm__fail(NDM_E_SHAPE, api, where, "negative size %" PRId64 " on axis %d",
+                             shape[i], i);
+        if (__builtin_mul_overflow(n, shape[i], &n))
+            return ndm__fail(NDM_E_OVERFLOW, api, where,
+                             "the element count overflows at axis %d (size %" PRId64 ")", i,
+                             shape[i]);
+    }
+    size_t bytes;
+    if (__builtin_mul_overflow((size_t)n, ndm_dtype_size(dtype), &bytes) ||
+        bytes > (size_t)INT64_MAX)
+        return ndm__fail(NDM_E_OVERFLOW, api, where,
+                         "%" PRId64 " elements of %s overflow the byte count", n,
+                         ndm_dtype_name(dtype));
+    if (numel)
+        *numel = n;
+    if (nbytes)
+        *nbytes = bytes;
+    return NDM_OK;
+}
+
+ndm_status ndm__axis(int axis, int ndim, bool insert, int *out, const char *api, ndm__site where)
+{
+    int n = insert ? ndim + 1 : ndim;
+    int a = axis < 0 ? axis + n : axis;
+    if (a < 0 || a >= n)
+        return ndm__fail(NDM_E_AXIS, api, where, "axis %d is out of range for rank %d", axis,
+                         ndim);
+    *out = a;
+    return NDM_OK;
+}
+
+/* ---- checked lookup ------------------------------------------------------- */
+
+static ndm__array *array_get(ndm_array h, const char *api, ndm__site where, bool propagate)
+{
+    ndm__array *r = ndm__array_peek(h);
+    if (NDM__LIKELY(r != NULL))
+        return r;
+    if (h.id == 0) {
+        if (!propagate || ndm_last_status() >= 0)
+            ndm__fail(NDM_E_NULL, api, where, "null array handle");
+        return NULL;
+    }
+    uint32_t slot = ndm__id_slot(h.id);
+    ndm__array *d = !(h.id & NDM__KIND_MANAGER) && slot < (NDM__MAX_CHUNKS << NDM__CHUNK_BITS)
+                        ? ndm__array_slot(slot)
+                        : NULL;
+    if (!d || slot == 0 || ndm__id_gen(h.id) == 0) {
+        ndm__fail(NDM_E_INVALID, api, where, "not an array handle (id 0x%016" PRIx64 ")", h.id);
+        return NULL;
+    }
+    /* Read the dead record, then check that the slot was not reused meanwhile. */
+    uint32_t want = (ndm__id_gen(h.id) + 1) & 0x7fffffffu;
+    uint32_t g1 = atomic_load_explicit(&d->gen, memory_order_acquire);
+    char desc[160], made[256], died[256], path[512];
+    ndm__site dead_site = d->dead_site, site = d->site;
+    uint32_t by = d->dead_by;
+    ndm__array_desc(d, desc, sizeof desc);
+    bool was_live = atomic_load_explicit(&d->live, memory_order_acquire);
+    uint32_t g2 = atomic_load_explicit(&d->gen, memory_order_acquire);
+    if (g1 != want || g2 != want || was_live) {
+        ndm__fail(NDM_E_CLOSED, api, where,
+                  "stale array handle (slot %u, generation %u): the array was released and its "
+                  "slot has been reused since",
+                  slot, ndm__id_gen(h.id));
+        return NULL;
+    }
+    ndm__site_str(site, made, sizeof made);
+    ndm__site_str(dead_site, died, sizeof died);
+    if (by) {
+        ndm__manager_path(by, path, sizeof path);
+        ndm__fail(NDM_E_CLOSED, api, where,
+                  "stale array handle: array %s created at %s was released when its manager "
+                  "'%s' was closed at %s",
+                  desc, made, path, died);
+    } else {
+        ndm__fail(NDM_E_CLOSED, api, where,
+                  "stale array handle: array %s created at %s was released at %s", desc, made,
+                  died);
+    }
+    return NULL;
+}
+
+ndm__array *ndm__array_get(ndm_array h, const char *api, ndm__site where)
+{
+    return array_get(h, api, where, false);
+}
+
+ndm__array *ndm__array_get_prop(ndm_array h, const char *api, ndm__site where)
+{
+    return array_get(h, api, where, true);
+}
+
+/* ---- the output rule -------------------------------------------------------- */
+
+ndm_manager ndm__output_manager(ndm_manager named, ndm__array *first_input, const char *api,
+                                ndm__site where)
+{
+    if (named.id)
+        return named;
+    ndm_manager s = ndm__scope_innermost();
+    if (s.id)
+        return s;
+    if (first_input) {
+        ndm__manager *m = ndm__manager_slot(first_input->mgr);
+        return ndm__manager_handle_of(m);
+    }
+    ndm__fail(NDM_E_NULL, api, where,
+              "no manager: pass one, or call inside a scope (ndm_scope_begin)");
+    return NDM_NULL_MANAGER;
+}
+
+/* ---- creation --------------------------------------------------------------- */
+
+/* Check that manager m accepts a new array; the caller's site is named. */
+static ndm_status accepts(ndm__manager *m, const char *api, ndm__site where, ndm_dtype dtype,
+                          int ndim, const int64_t *shape)
+{
+    unsigned st = atomic_load_explicit(&m->state, memory_order_acquire);
+    if (NDM__LIKELY(!(st & (NDM__M_CLOSING | NDM__M_CAP_ARRAYS))))
+        return NDM_OK;
+    char path[512], desc[160];
+    ndm__array tmp = {.ndim = ndim, .dtype = dtype};
+    atomic_init(&tmp.live, 1);
+    int64_t zero = 0;
+    tmp.shape = ndim ? (int64_t *)shape : &zero;
+    ndm__array_desc(&tmp, desc, sizeof desc);
+    ndm__manager_path(m->self, path, sizeof path);
+    if (st & NDM__M_CLOSING)
+        return ndm__fail(NDM_E_CLOSED, api, where, "manager '%s' is closing; array %s refused",
+                         path, desc);
+    return ndm__fail(NDM_E_CAPPED, api, where, "manager '%s' is capped; array %s refused", path,
+                     desc);
+}
+
+/* Fill the shape part of a record. */
+static ndm_status set_dims(ndm__array *r, int ndim, const int64_t *shape, const int64_t *strides,
+                           const char *api, ndm__site where)
+{
+    r->ndim = ndim;
+    if (ndim <= NDM__INLINE_DIMS) {
+        r->shape = r->dims;
+        r->strides = r->dims + NDM__INLINE_DIMS;
+    } else {
+        int64_t *p = malloc(2 * (size_t)ndim * sizeof *p);
+        if (!p)
+            return ndm__fail(NDM_E_OOM, api, where, "no memory for a rank-%d shape", ndim);
+        r->shape = p;
+        r->strides = p + ndim;
+    }
+    for (int i = 0; i < ndim; i++)
+        r->shape[i] = shape[i];
+    if (strides) {
+        for (int i = 0; i < ndim; i++)
+            r->strides[i] = strides[i];
+    } else {
+        ndm__contiguous_strides(ndim, r->shape, r->strides);
+    }
+    return NDM_OK;
+}
+
+static void free_dims(ndm__array *r)
+{
+    if (r->shape != r->dims) {
+        /* A dead record shows its first sizes in messages. */
+        int k = r->ndim < NDM__INLINE_DIMS ? r->ndim : NDM__INLINE_DIMS;
+        for (int i = 0; i < k; i++)
+            r->dims[i] = r->shape[i];
+        free(r->shape);
+        r->shape = r->dims;
+        r->strides = r->dims + NDM__INLINE_DIMS;
+    }
+}
+
+/* Link a filled record into m (head = newest) and count it. Fails when m
+ * started closing since `accepts` ran. */
+static ndm_status link_new(ndm__manager *m, ndm__array *r, const char *api, ndm__site where)
+{
+    ndm__lock_take(&m->lock);
+    if (NDM__UNLIKELY(atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_CLOSING)) {
+        ndm__lock_drop(&m->lock);
+        return ndm__fail(NDM_E_CLOSED, api, where, "manager '%s' started closing", m->name);
+    }
+    r->mgr = m->self;
+    r->prev = 0;
+    r->next = m->arrays;
+    if (m->arrays)
+        ndm__array_slot(m->arrays)->prev = r->self;
+    m->arrays = r->self;
+    m->live++;
+    m->created++;
+    ndm__lock_drop(&m->lock);
+    return NDM_OK;
+}
+
+static void record_fill(ndm__array *r, ndm_dtype dtype, ndm__site site)
+{
+    r->dtype = dtype;
+    r->offset = 0;
+    r->lender = r->lender_gen = 0;
+    r->sv_prev = r->sv_next = 0;
+    r->ext = NULL;
+    r->site = site;
+    r->dead_site = NDM__NO_SITE;
+    r->dead_by = r->dead_by_gen = 0;
+    r->seq = atomic_fetch_add_explicit(&ndm__seq, 1, memory_order_relaxed) + 1;
+}
+
+static void record_kill(ndm__array *r)
+{
+    free_dims(r);
+    atomic_store_explicit(&r->live, 0, memory_order_relaxed);
+    unsigned g = atomic_load_explicit(&r->gen, memory_order_relaxed);
+    g = (g + 1) & 0x7fffffffu;
+    atomic_store_explicit(&r->gen, g ? g : 1, memory_order_release);
+    ndm__array_slot_free(r->self);
+}
+
+ndm_array ndm__array_new_on(ndm__site site, const char *api, ndm_manager mh, ndm_device dev,
+                            ndm_dtype dtype, int ndim, const int64_t *shape, ndm__array **out)
+{
+    ndm__manager *m = ndm__manager_get(mh, api, site);
+    if (!m)
+        return NDM_NULL_ARRAY;
+    size_t nbytes;
+    if (ndm__shape_check(ndim, shape, dtype, NULL, &nbytes, api, site) < 0)
+        return NDM_NULL_ARRAY;
+    if (accepts(m, api, site, dtype, ndim, shape) < 0)
+        return NDM_NULL_ARRAY;
+    int d = ndm__device_slot(dev);
+    /* Checks first: the limit is reserved before any memory is taken. */
+    if (ndm__charge(m, d, (int64_t)nbytes, false, api, site) < 0)
+        return NDM_NULL_ARRAY;
+    ndm__storage *s = storage_get();
+    uint32_t slot = s ? ndm__array_slot_alloc() : 0;
+    if (!slot) {
+        if (s)
+            storage_put(s);
+        ndm__uncharge(m, d, (int64_t)nbytes);
+        ndm__fail(NDM_E_OOM, api, site, "no memory for an array record");
+        return NDM_NULL_ARRAY;
+    }
+    ndm__array *r = ndm__array_slot(slot);
+    ndm__alloc_tag tag = {m->self, site.file, site.func, site.line};
+    ndm_status st = ndm__alloc(dev, nbytes, &tag, &s->block);
+    if (st < 0) {
+        /* The allocator's message says what it had; name the caller too. */
+        char why[768];
+        snprintf(why, sizeof why, "%s", ndm_last_error());
+        ndm__fail(st, api, site, "%s", why);
+        goto fail;
+    }
+    record_fill(r, dtype, site);
+    if (set_dims(r, ndim, shape, NULL, api, site) < 0) {
+        ndm__free(dev, &s->block);
+        goto fail;
+    }
+    atomic_init(&s->refs, 1);
+    atomic_init(&s->lock.v, 0);
+    s->charged = m->self;
+    s->charged_views = 1;
+    s->first_view = slot;
+    s->dev = d;
+    s->device = dev;
+    s->nbytes = nbytes;
+    s->data = s->block.ptr;
+    s->free_fn = NULL;
+    s->free_ud = NULL;
+    r->storage = s;
+    if (link_new(m, r, api, site) < 0) {
+        free_dims(r);
+        ndm__free(dev, &s->block);
+        goto fail;
+    }
+    atomic_store_explicit(&r->live, 1, memory_order_release);
+    if (out)
+        *out = r;
+    return ndm__array_handle(slot, atomic_load_explicit(&r->gen, memory_order_relaxed));
+fail:
+    storage_put(s);
+    ndm__array_slot_free(slot);
+    ndm__uncharge(m, d, (int64_t)nbytes);
+    return NDM_NULL_ARRAY;
+}
+
+ndm_array ndm__array_new(ndm__site site, const char *api, ndm_manager mh, ndm_dtype dtype,
+                         int ndim, const int64_t *shape, ndm__array **out)
+{
+    ndm__manager *m = ndm__manager_get(mh, api, site);
+    if (!m)
+        return NDM_NULL_ARRAY;
+    return ndm__array_new_on(site, api, mh, m->device, dtype, ndim, shape, out);
+}
+
+ndm_array ndm__array_wrap(ndm__site site, const char *api, ndm_manager mh, ndm_dtype dtype,
+                          int ndim, const int64_t *shape, void *data, ndm_free_fn free_fn,
+                          void *ud)
+{
+    ndm__manager *m = ndm__manager_get(mh, api, site);
+    if (!m)
+        return NDM_NULL_ARRAY;
+    size_t nbytes;
+    if (ndm__shape_check(ndim, shape, dtype, NULL, &nbytes, api, site) < 0)
+        return NDM_NULL_ARRAY;
+    if (!data && nbytes)
+        return ndm__fail(NDM_E_INVALID, api, site, "data is NULL"), NDM_NULL_ARRAY;
+    if (accepts(m, api, site, dtype, ndim, shape) < 0)
+        return NDM_NULL_ARRAY;
+    int d = m->dev;
+    if (ndm__charge(m, d, (int64_t)nbytes, false, api, site) < 0)
+        return NDM_NULL_ARRAY;
+    ndm__storage *s = storage_get();
+    uint32_t slot = s ? ndm__array_slot_alloc() : 0;
+    if (!slot) {
+        if (s)
+            storage_put(s);
+        ndm__uncharge(m, d, (int64_t)nbytes);
+        ndm__fail(NDM_E_OOM, api, site, "no memory for an array record");
+        return NDM_NULL_ARRAY;
+    }
+    ndm__array *r = ndm__array_slot(slot);
+    record_fill(r, dtype, site);
+    if (set_dims(r, ndim, shape, NULL, api, site) < 0)
+        goto fail;
+    atomic_init(&s->refs, 1);
+    atomic_init(&s->lock.v, 0);
+    s->charged = m->self;
+    s->charged_views = 1;
+    s->first_view = slot;
+    s->dev = d;
+    s->device = m->device;
+    s->nbytes = nbytes;
+    s->data = data;
+    s->block = (ndm__block){0};
+    s->free_fn = free_fn;
+    s->free_ud = ud;
+    r->storage = s;
+    if (link_new(m, r, api, site) < 0) {
+        free_dims(r);
+        goto fail;
+    }
+    atomic_store_explicit(&r->live, 1, memory_order_release);
+    return ndm__array_handle(slot, atomic_load_explicit(&r->gen, memory_order_relaxed));
+fail:
+    storage_put(s);
+    ndm__array_slot_free(slot);
+    ndm__uncharge(m, d, (int64_t)nbytes);
+    return NDM_NULL_ARRAY;
+}
+
+ndm_array ndm__array_view(ndm__site site, const char *api, ndm_manager mh, ndm__array *base,
+                          ndm_dtype dtype, int ndim, const int64_t *shape,
+                          const int64_t *strides, int64_t offset, ndm__array **out)
+{
+    ndm__manager *m = ndm__manager_get(mh, api, site);
+    if (!m)
+        return NDM_NULL_ARRAY;
+    if (accepts(m, api, site, dtype, ndim, shape) < 0)
+        return NDM_NULL_ARRAY;
+    uint32_t slot = ndm__array_slot_alloc();
+    if (!slot) {
+        ndm__fail(NDM_E_OOM, api, site, "no memory for an array record");
+        return NDM_NULL_ARRAY;
+    }
+    ndm__array *r = ndm__array_slot(slot);
+    record_fill(r, dtype, site);
+    if (set_dims(r, ndim, shape, strides, api, site) < 0) {
+        ndm__array_slot_free(slot);
+        return NDM_NULL_ARRAY;
+    }
+    r->offset = offset;
+    ndm__storage *s = base->storage;
+    r->storage = s;
+    /* Lock order: manager, then storage. */
+    ndm__lock_take(&m->lock);
+    if (NDM__UNLIKELY(atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_CLOSING)) {
+        ndm__lock_drop(&m->lock);
+        free_dims(r);
+        ndm__array_slot_free(slot);
+        ndm__fail(NDM_E_CLOSED, api, site, "manager '%s' started closing", m->name);
+        return NDM_NULL_ARRAY;
+    }
+    ndm__lock_take(&s->lock);
+    atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
+    r->sv_prev = 0;
+    r->sv_next = s->first_view;
+    if (s->first_view)
+        ndm__array_slot(s->first_view)->sv_prev = slot;
+    s->first_view = slot;
+    if (s->charged == m->self)
+        s->charged_views++;
+    ndm__lock_drop(&s->lock);
+    r->mgr = m->self;
+    r->prev = 0;
+    r->next = m->arrays;
+    if (m->arrays)
+        ndm__array_slot(m->arrays)->prev = slot;
+    m->arrays = slot;
+    m->live++;
+    m->created++;
+    ndm__lock_drop(&m->lock);
+    atomic_store_explicit(&r->live, 1, memory_order_release);
+    if (out)
+        *out = r;
+    return ndm__array_handle(slot, atomic_load_explicit(&r->gen, memory_order_relaxed));
+}
+
+/* ---- storage bookkeeping when a view leaves a manager ----------------------- */
+
+/* Count the views of s owned by manager slot `mgr`; storage lock held. */
+static uint32_t count_views(ndm__storage *s, uint32_t mgr)
+{
+    uint32_t n = 0;
+    for (uint32_t v = s->first_view; v; v = ndm__array_slot(v)->sv_next)
+        if (ndm__array_slot(v)->mgr == mgr)
+            n++;
+    return n;
+}
+
+/* View r of storage s dies; its manager was `from`. Manager lock of `from`
+ * is held by the caller (or `from` is closing under this thread). */
+static void view_dies(ndm__array *r, ndm__manager *from)
+{
+    ndm__storage *s = r->storage;
+    if (NDM__LIKELY(atomic_load_explicit(&s->refs, memory_order_acquire) == 1)) {
+        /* The only view: nobody else can reach s. */
+        atomic_store_explicit(&s->refs, 0, memory_order_relaxed);
+        storage_destroy(s);
+        return;
+    }
+    ndm__lock_take(&s->lock);
+    if (r->sv_prev)
+        ndm__array_slot(r->sv_prev)->sv_next = r->sv_next;
+    else
+        s->first_view = r->sv_next;
+    if (r->sv_next)
+        ndm__array_slot(r->sv_next)->sv_prev = r->sv_prev;
+    unsigned left = atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) - 1;
+    if (left == 0) {
+        ndm__lock_drop(&s->lock);
+        storage_destroy(s);
+        return;
+    }
+    if (s->charged == from->self && --s->charged_views == 0) {
+        /* The charged manager holds no view any more: the charge moves to the
+         * manager of the newest remaining view. */
+        uint32_t to_slot = ndm__array_slot(s->first_view)->mgr;
+        ndm__manager *to = ndm__manager_slot(to_slot);
+        ndm__charge_move(from, to, s->dev, (int64_t)s->nbytes, true, NULL, NDM__NO_SITE);
+        s->charged = to_slot;
+        s->charged_views = count_views(s, to_slot);
+    }
+    ndm__lock_drop(&s->lock);
+}
+
+/* View r moves from `from` to `to`; both manager locks held. Fails with
+ * NDM_E_QUOTA (nothing changed) when the charge would move into a full
+ * limit, unless `force`. */
+static ndm_status view_moves(ndm__array *r, ndm__manager *from, ndm__manager *to, bool force,
+                             const char *api, ndm__site where)
+{
+    ndm__storage *s = r->storage;
+    bool shared = atomic_load_explicit(&s->refs, memory_order_acquire) > 1;
+    if (shared)
+        ndm__lock_take(&s->lock);
+    ndm_status st = NDM_OK;
+    if (s->charged == from->self) {
+        if (s->charged_views == 1) {
+            /* r is the charged manager's last view: the charge follows it. */
+            st = ndm__charge_move(from, to, s->dev, (int64_t)s->nbytes, force, api, where);
+            if (st == NDM_OK) {
+                s->charged = to->self;
+                s->charged_views = shared ? count_views(s, to->self) + 1 : 1;
+            }
+        } else {
+            s->charged_views--;
+        }
+    } else if (s->charged == to->self) {
+        s->charged_views++;
+    }
+    if (shared)
+        ndm__lock_drop(&s->lock);
+    return st;
+}
+
+/* ---- unlinking and killing ---------------------------------------------------- */
+
+static void unlink_from(ndm__manager *m, ndm__array *r)
+{
+    if (r->prev)
+        ndm__array_slot(r->prev)->next = r->next;
+    else
+        m->arrays = r->next;
+    if (r->next)
+        ndm__array_slot(r->next)->prev = r->prev;
+    r->prev = r->next = 0;
+}
+
+static void link_into(ndm__manager *m, ndm__array *r)
+{
+    r->mgr = m->self;
+    r->prev = 0;
+    r->next = m->arrays;
+    if (m->arrays)
+        ndm__array_slot(m->arrays)->prev = r->self;
+    m->arrays = r->self;
+}
+
+ndm_status ndm__array_release(ndm__array *r, ndm__site site, const char *api)
+{
+    (void)api;
+    uint32_t gen = atomic_load_explicit(&r->gen, memory_order_relaxed);
+    for (;;) {
+        ndm__manager *m = ndm__manager_slot(r->mgr);
+        ndm__lock_take(&m->lock);
+        if (atomic_load_explicit(&r->gen, memory_order_relaxed) != gen ||
+            !atomic_load_explicit(&r->live, memory_order_relaxed)) {
+            ndm__lock_drop(&m->lock);
+            return NDM_ALREADY;
+        }
+        if (ndm__manager_slot(r->mgr) != m) { /* moved by another thread meanwhile */
+            ndm__lock_drop(&m->lock);
+            continue;
+        }
+        if (atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_CLOSING) {
+            /* Its manager's close is releasing it now. */
+            ndm__lock_drop(&m->lock);
+            return NDM_ALREADY;
+        }
+        unlink_from(m, r);
+        m->live--;
+        m->released++;
+        view_dies(r, m);
+        r->dead_site = site;
+        r->dead_by = r->dead_by_gen = 0;
+        ndm__lock_drop(&m->lock);
+        record_kill(r);
+        return NDM_OK;
+    }
+}
+
+NDM_API ndm_status ndm_array_release_at(NDM_SITE_PARAMS, ndm_array h)
+{
+    ndm__site site = NDM__SITE;
+    ndm__array *r = ndm__array_peek(h);
+    if (!r) {
+        if (h.id == 0)
+            return ndm__fail(NDM_E_NULL, __func__, site, "null array handle");
+        if ((h.id & NDM__KIND_MANAGER) || ndm__id_gen(h.id) == 0 ||
+            ndm__id_slot(h.id) >= (NDM__MAX_CHUNKS << NDM__CHUNK_BITS) ||
+            !ndm__array_slot(ndm__id_slot(h.id)))
+            return ndm__fail(NDM_E_INVALID, __func__, site, "not an array handle");
+        return NDM_ALREADY;
+    }
+    return ndm__array_release(r, site, __func__);
+}
+
+/* Give a borrowed array back to its lender during the borrower's close.
+ * Returns false when the lender is gone (the caller releases the array). */
+static bool give_back(ndm__manager *from, ndm__array *r)
+{
+    ndm__manager *to = ndm__manager_peek(ndm__manager_handle(r->lender, r->lender_gen));
+    if (!to)
+        return false;
+    ndm__manager *a = from->self < to->self ? from : to;
+    ndm__manager *b = from->self < to->self ? to : from;
+    ndm__lock_take(&a->lock);
+    ndm__lock_take(&b->lock);
+    if (atomic_load_explicit(&to->state, memory_order_relaxed) & NDM__M_CLOSING) {
+        ndm__lock_drop(&b->lock);
+        ndm__lock_drop(&a->lock);
+        return false;
+    }
+    unlink_from(from, r);
+    from->live--;
+    from->moved_out++;
+    (void)view_moves(r, from, to, true, NULL, NDM__NO_SITE); /* forced: cannot fail */
+    link_into(to, r);
+    to->live++;
+    to->moved_in++;
+    r->lender = r->lender_gen = 0;
+    ndm__lock_drop(&b->lock);
+    ndm__lock_drop(&a->lock);
+    return true;
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static bool in_keep(uint32_t slot, const uint32_t *keep, size_t n, bool sorted)
+{
+    if (sorted)
+        return bsearch(&slot, keep, n, sizeof *keep, cmp_u32) != NULL;
+    for (size_t i = 0; i < n; i++)
+        if (keep[i] == slot)
+            return true;
+    return false;
+}
+
+/* Release the arrays of m newest first, except `keep`; borrowed arrays go back
+ * to their lenders. When m is closing nobody else can touch its list, so the
+ * walk never restarts; otherwise other threads may add or release arrays
+ * while the lock is dropped to give an array back, and the walk restarts. */
+static void drain(ndm__manager *m, const uint32_t *keep, size_t nkeep, bool sorted,
+                  ndm__site site, bool closing)
+{
+    uint32_t m_gen = atomic_load_explicit(&m->gen, memory_order_relaxed);
+    ndm__lock_take(&m->lock);
+    uint32_t cur = m->arrays;
+    while (cur) {
+        ndm__array *r = ndm__array_slot(cur);
+        if (nkeep && in_keep(cur, keep, nkeep, sorted)) {
+            cur = r->next;
+            continue;
+        }
+        if (r->lender) {
+            uint32_t g = atomic_load_explicit(&r->gen, memory_order_relaxed);
+            ndm__lock_drop(&m->lock);
+            bool back = give_back(m, r);
+            ndm__lock_take(&m->lock);
+            if (back || atomic_load_explicit(&r->gen, memory_order_relaxed) != g ||
+                r->mgr != m->self) {
+                cur = m->arrays;
+                continue;
+            }
+            r->lender = 0; /* the lender is gone: release it here */
+        }
+        uint32_t next = r->next;
+        unlink_from(m, r);
+        m->live--;
+        m->released++;
+        view_dies(r, m);
+        r->dead_site = site;
+        r->dead_by = closing ? m->self : 0;
+        r->dead_by_gen = closing ? m_gen : 0;
+        record_kill(r);
+        cur = next;
+    }
+    ndm__lock_drop(&m->lock);
+}
+
+void ndm__manager_drain_arrays(ndm__manager *m, ndm__site site)
+{
+    drain(m, NULL, 0, false, site, true);
+}
+
+void ndm__manager_release_except(ndm__manager *m, const uint32_t *keep, size_t n, ndm__site site)
+{
+    uint32_t *sorted = NULL;
+    if (n > 16 && (sorted = malloc(n * sizeof *sorted))) {
+        memcpy(sorted, keep, n * sizeof *sorted);
+        qsort(sorted, n, sizeof *sorted, cmp_u32);
+        keep = sorted;
+    }
+    drain(m, keep, n, sorted != NULL, site, false);
+    free(sorted);
+}
+
+/* ---- moves -------------------------------------------------------------------- */
+
+enum move_kind { MOVE_ATTACH, MOVE_RET, MOVE_DETACH, MOVE_LEND };
+
+static ndm_status move(ndm_array h, ndm_manager target, enum move_kind kind, const char *api,
+                       ndm__site site)
+{
+    ndm__array *r = ndm__array_get(h, api, site);
+    if (!r)
+        return ndm_last_status();
+    for (;;) {
+        ndm__manager *from = ndm__manager_slot(r->mgr);
+        ndm__manager *to;
+        char path[512], desc[160], made[256];
+        if (kind == MOVE_RET) {
+            if (atomic_load_explicit(&from->state, memory_order_relaxed) & NDM__M_BUILTIN ||
+                !from->parent) {
+                ndm__manager_path(from->self, path, sizeof path);
+                return ndm__fail(NDM_E_ROOT, api, site,
+                                 "array %s is owned by '%s', which has no parent to return it to",
+                                 ndm__array_desc(r, desc, sizeof desc), path);
+            }
+            to = ndm__manager_slot(from->parent);
+        } else if (kind == MOVE_DETACH) {
+            to = ndm__manager_slot(ndm__detached_slot);
+        } else {
+            to = ndm__manager_get(target, api, site);
+            if (!to)
+                return ndm_last_status();
+        }
+        if (to == from) {
+            if (kind == MOVE_ATTACH)
+                r->lender = r->lender_gen = 0;
+            return NDM_OK;
+        }
+        ndm__manager *a = from->self < to->self ? from : to;
+        ndm__manager *b = from->self < to->self ? to : from;
+        ndm__lock_take(&a->lock);
+        ndm__lock_take(&b->lock);
+        if (ndm__manager_slot(r->mgr) != from) { /* moved meanwhile: start over */
+            ndm__lock_drop(&b->lock);
+            ndm__lock_drop(&a->lock);
+            continue;
+        }
+        ndm_status st = NDM_OK;
+        unsigned fs = atomic_load_explicit(&from->state, memory_order_relaxed);
+        unsigned ts = atomic_load_explicit(&to->state, memory_order_relaxed);
+        if (!atomic_load_explicit(&r->live, memory_order_relaxed) || (fs & NDM__M_CLOSING)) {
+            st = ndm__fail(NDM_E_CLOSED, api, site, "the array is being released by a close");
+        } else if (!(ts & NDM__M_LIVE) || (ts & NDM__M_CLOSING)) {
+            ndm__lock_drop(&b->lock);
+            ndm__lock_drop(&a->lock);
+            ndm__manager_path(to->self, path, sizeof path);
+            return ndm__fail(NDM_E_CLOSED, api, site, "target manager '%s' is closing", path);
+        } else if ((ts & NDM__M_CAP_ARRAYS) && kind != MOVE_DETACH) {
+            ndm__lock_drop(&b->lock);
+            ndm__lock_drop(&a->lock);
+            ndm__manager_path(to->self, path, sizeof path);
+            return ndm__fail(NDM_E_CAPPED, api, site,
+                             "manager '%s' is capped; array %s created at %s refused", path,
+                             ndm__array_desc(r, desc, sizeof desc),
+                             ndm__site_str(r->site, made, sizeof made));
+        } else {
+            st = view_moves(r, from, to, kind == MOVE_DETACH, api, site);
+        }
+        if (st == NDM_OK) {
+            unlink_from(from, r);
+            from->live--;
+            from->moved_out++;
+            link_into(to, r);
+            to->live++;
+            to->moved_in++;
+            if (kind == MOVE_LEND) {
+                r->lender = from->self;
+                r->lender_gen = atomic_load_explicit(&from->gen, memory_order_relaxed);
+            } else {
+                r->lender = r->lender_gen = 0;
+            }
+        }
+        ndm__lock_drop(&b->lock);
+        ndm__lock_drop(&a->lock);
+        return st;
+    }
+}
+
+NDM_API ndm_status ndm_attach_at(NDM_SITE_PARAMS, ndm_array a, ndm_manager m)
+{
+    return move(a, m, MOVE_ATTACH, __func__, NDM__SITE);
+}
+
+NDM_API ndm_status ndm_ret_at(NDM_SITE_PARAMS, ndm_array a)
+{
+    return move(a, NDM_NULL_MANAGER, MOVE_RET, __func__, NDM__SITE);
+}
+
+NDM_API ndm_status ndm_detach_at(NDM_SITE_PARAMS, ndm_array a)
+{
+    return move(a, NDM_NULL_MANAGER, MOVE_DETACH, __func__, NDM__SITE);
+}
+
+NDM_API ndm_status ndm_temp_attach_at(NDM_SITE_PARAMS, ndm_array a, ndm_manager m)
+{
+    return move(a, m, MOVE_LEND, __func__, NDM__SITE);
+}
+
+/* Internal: move r into manager `to` as ndm_attach would (used by scopes). */
+ndm_status ndm__array_attach(ndm__array *r, ndm_manager to, const char *api, ndm__site site)
+{
+    return move(ndm__array_handle_of(r), to, MOVE_ATTACH, api, site);
+}

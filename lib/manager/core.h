@@ -1,0 +1,350 @@
+/* Private core of ndm: handle tables, array and manager records, storage,
+ * errors. Everything above the manager layer (ops, nn, io) uses this header. */
+#ifndef NDM_CORE_H
+#define NDM_CORE_H
+
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "ndm/ndm.h"
+#include "error.h"
+#include "alloc/alloc.h"
+
+#if defined(__GNUC__)
+#define NDM__LIKELY(x) __builtin_expect(!!(x), 1)
+#define NDM__UNLIKELY(x) __builtin_expect(!!(x), 0)
+#else
+#define NDM__LIKELY(x) (x)
+#define NDM__UNLIKELY(x) (x)
+#endif
+
+/* Shapes up to this rank live inside the array record; longer ones on the heap. */
+#define NDM__INLINE_DIMS 6
+/* Accounting slots: 0 is the CPU, 1 + i is CUDA device i. */
+#define NDM__MAX_CUDA 16
+#define NDM__MAX_DEVICES (1 + NDM__MAX_CUDA)
+
+/* ---- simple lock ------------------------------------------------------- */
+
+/* A test-and-set lock: one atomic exchange to take it, a store to drop it.
+ * Managers and storages are rarely contended, so this beats a mutex. */
+typedef struct ndm__lock {
+    atomic_int v;
+} ndm__lock;
+
+void ndm__lock_slow(ndm__lock *l);
+static inline void ndm__lock_take(ndm__lock *l)
+{
+    if (NDM__UNLIKELY(atomic_exchange_explicit(&l->v, 1, memory_order_acquire)))
+        ndm__lock_slow(l);
+}
+static inline void ndm__lock_drop(ndm__lock *l)
+{
+    atomic_store_explicit(&l->v, 0, memory_order_release);
+}
+
+/* ---- storage ----------------------------------------------------------- */
+
+typedef struct ndm__storage {
+    atomic_uint refs;          /* array records viewing it */
+    ndm__lock lock;            /* guards the view list and the charge once shared */
+    uint32_t charged;          /* manager slot charged with nbytes */
+    uint32_t charged_views;    /* views owned by `charged` */
+    uint32_t first_view;       /* list of views (array slots), newest first */
+    int dev;                   /* accounting slot of `device` */
+    ndm_device device;
+    size_t nbytes;
+    void *data;
+    ndm__block block;          /* from the allocator; cookie NULL for wrapped buffers */
+    ndm_free_fn free_fn;       /* wrapped buffers */
+    void *free_ud;
+    struct ndm__storage *next_free;
+} ndm__storage;
+
+/* ---- array records ------------------------------------------------------ */
+
+typedef struct ndm__array {
+    atomic_uint gen;           /* generation of the slot; a handle must match it */
+    uint32_t self;             /* this record's slot number */
+    atomic_uint live;          /* 1 while the slot holds an array */
+    uint32_t mgr;              /* owning manager slot */
+    uint32_t prev, next;       /* owner's array list: prev is newer, next is older */
+    uint32_t sv_prev, sv_next; /* storage's view list */
+    uint32_t lender;           /* temp_attach: manager slot to return to (0: none) */
+    uint32_t lender_gen;
+    int32_t ndim;
+    ndm_dtype dtype;
+    int64_t offset;            /* elements */
+    int64_t *shape;            /* = dims or heap */
+    int64_t *strides;          /* = dims + NDM__INLINE_DIMS or heap */
+    ndm__storage *storage;
+    uint64_t seq;
+    ndm__site site;
+    void *ext;                 /* per-array extension (autograd) */
+    /* how the array died, kept until the slot is reused */
+    ndm__site dead_site;
+    uint32_t dead_by, dead_by_gen; /* manager whose close released it (0: released directly) */
+    uint32_t next_free;
+    int64_t dims[2 * NDM__INLINE_DIMS];
+} ndm__array;
+
+/* ---- manager records ---------------------------------------------------- */
+
+enum {
+    NDM__M_LIVE = 1u << 0,
+    NDM__M_CLOSING = 1u << 1,
+    NDM__M_CAP_ARRAYS = 1u << 2, /* = NDM_CAP_ARRAYS << 2 */
+    NDM__M_CAP_CHILDREN = 1u << 3,
+    NDM__M_SCOPE = 1u << 4,
+    NDM__M_BUILTIN = 1u << 5,    /* system, detached */
+};
+#define NDM__CAP_SHIFT 2
+
+typedef struct ndm__limits {
+    _Atomic uint64_t limit[NDM__MAX_DEVICES]; /* 0: none */
+    _Atomic int64_t used[NDM__MAX_DEVICES];   /* bytes charged in the subtree */
+} ndm__limits;
+
+typedef struct ndm__hook {
+    struct ndm__hook *next;    /* older */
+    void (*free_fn)(void *);   /* owned resource */
+    ndm_close_fn close_fn;     /* on-close hook */
+    void *ptr;
+    char *name;
+    ndm__site site;
+} ndm__hook;
+
+typedef struct ndm__dump_prev {
+    uint64_t live, created, released;
+    int64_t bytes;
+    bool seen;
+} ndm__dump_prev;
+
+#define NDM__NAME_MAX 48
+
+typedef struct ndm__manager {
+    atomic_uint gen;
+    uint32_t self;             /* this record's slot number */
+    atomic_uint state;         /* NDM__M_* */
+    ndm__lock lock;            /* array list, counters, hooks */
+    uint32_t parent;
+    uint32_t parent_gen;       /* to name dead ancestors correctly */
+    uint32_t first_child;      /* newest child; siblings linked newest to oldest */
+    uint32_t sib_prev, sib_next;
+    uint32_t arrays;           /* newest array */
+    atomic_uint limit_anchor;  /* nearest manager (self or ancestor) with limits */
+    ndm__limits *limits;
+    ndm_device device;
+    int dev;
+    char name[NDM__NAME_MAX];  /* truncated copy; kept after death until reuse */
+    ndm__site site;
+    ndm__site dead_site;
+    uint64_t seq;
+    /* counters, under `lock` */
+    uint64_t live, created, released, moved_in, moved_out, resources;
+    uint64_t children;         /* under the tree lock */
+    _Atomic int64_t bytes[NDM__MAX_DEVICES];
+    _Atomic int64_t peak[NDM__MAX_DEVICES];
+    ndm__hook *hooks;
+    ndm__dump_prev dumped;     /* under the tree lock */
+    uint32_t next_free;
+} ndm__manager;
+
+/* ---- handle tables ------------------------------------------------------ */
+
+#define NDM__CHUNK_BITS 12
+#define NDM__CHUNK_SIZE (1u << NDM__CHUNK_BITS)
+#define NDM__MAX_CHUNKS (1u << 18)
+#define NDM__KIND_MANAGER (UINT64_C(1) << 63)
+
+extern _Atomic(ndm__array *) ndm__array_chunks[NDM__MAX_CHUNKS];
+extern _Atomic(ndm__manager *) ndm__manager_chunks[NDM__MAX_CHUNKS];
+
+static inline uint32_t ndm__id_slot(uint64_t id) { return (uint32_t)id; }
+static inline uint32_t ndm__id_gen(uint64_t id) { return (uint32_t)(id >> 32) & 0x7fffffffu; }
+
+/* The record of a slot, or NULL when the slot was never allocated. */
+static inline ndm__array *ndm__array_slot(uint32_t slot)
+{
+    ndm__array *c = atomic_load_explicit(&ndm__array_chunks[slot >> NDM__CHUNK_BITS],
+                                         memory_order_acquire);
+    return c ? &c[slot & (NDM__CHUNK_SIZE - 1)] : NULL;
+}
+static inline ndm__manager *ndm__manager_slot(uint32_t slot)
+{
+    ndm__manager *c = atomic_load_explicit(&ndm__manager_chunks[slot >> NDM__CHUNK_BITS],
+                                           memory_order_acquire);
+    return c ? &c[slot & (NDM__CHUNK_SIZE - 1)] : NULL;
+}
+
+static inline ndm_array ndm__array_handle(uint32_t slot, uint32_t gen)
+{
+    return (ndm_array){((uint64_t)gen << 32) | slot};
+}
+static inline ndm_manager ndm__manager_handle(uint32_t slot, uint32_t gen)
+{
+    return (ndm_manager){NDM__KIND_MANAGER | ((uint64_t)gen << 32) | slot};
+}
+
+/* Fast checks with no error reporting. */
+static inline ndm__array *ndm__array_peek(ndm_array h)
+{
+    if (NDM__UNLIKELY(h.id & NDM__KIND_MANAGER) || (uint32_t)h.id >= (NDM__MAX_CHUNKS << NDM__CHUNK_BITS))
+        return NULL;
+    ndm__array *r = ndm__array_slot(ndm__id_slot(h.id));
+    if (NDM__UNLIKELY(!r) ||
+        atomic_load_explicit(&r->gen, memory_order_acquire) != ndm__id_gen(h.id) ||
+        !atomic_load_explicit(&r->live, memory_order_relaxed))
+        return NULL;
+    return r;
+}
+static inline ndm__manager *ndm__manager_peek(ndm_manager h)
+{
+    if (NDM__UNLIKELY(!(h.id & NDM__KIND_MANAGER)) || (uint32_t)h.id >= (NDM__MAX_CHUNKS << NDM__CHUNK_BITS))
+        return NULL;
+    ndm__manager *r = ndm__manager_slot(ndm__id_slot(h.id));
+    if (NDM__UNLIKELY(!r) ||
+        atomic_load_explicit(&r->gen, memory_order_acquire) != ndm__id_gen(h.id) ||
+        !(atomic_load_explicit(&r->state, memory_order_acquire) & NDM__M_LIVE))
+        return NULL;
+    return r;
+}
+
+/* Checked lookups: on failure they record NDM_E_NULL / NDM_E_CLOSED /
+ * NDM_E_INVALID with a message naming the array or manager and how it died,
+ * and return NULL. A null array handle keeps the previous error untouched
+ * when `propagate` is true (operations on a failed result). */
+ndm__array *ndm__array_get(ndm_array h, const char *api, ndm__site where);
+ndm__array *ndm__array_get_prop(ndm_array h, const char *api, ndm__site where);
+ndm__manager *ndm__manager_get(ndm_manager h, const char *api, ndm__site where);
+
+static inline ndm_array ndm__array_handle_of(ndm__array *r)
+{
+    return ndm__array_handle(r->self, atomic_load_explicit(&r->gen, memory_order_relaxed));
+}
+static inline ndm_manager ndm__manager_handle_of(ndm__manager *r)
+{
+    return ndm__manager_handle(r->self, atomic_load_explicit(&r->gen, memory_order_relaxed));
+}
+
+/* Slot allocation. Array slots come from a per-thread FIFO cache, so a slot
+ * freed now is reused late and a stale handle still finds how its array died. */
+uint32_t ndm__array_slot_alloc(void);
+void ndm__array_slot_free(uint32_t slot);
+uint32_t ndm__manager_slot_alloc(void);   /* under the tree lock */
+void ndm__manager_slot_free(uint32_t slot); /* under the tree lock */
+
+/* ---- process state ------------------------------------------------------ */
+
+void ndm__init(void);                      /* idempotent, thread-safe */
+extern uint32_t ndm__system_slot, ndm__detached_slot;
+extern _Atomic uint64_t ndm__seq;
+void ndm__tree_lock(void);
+void ndm__tree_unlock(void);
+
+static inline int ndm__device_slot(ndm_device d)
+{
+    return d.type == NDM_DEVICE_CPU ? 0 : 1 + d.index;
+}
+static inline ndm_device ndm__slot_device(int s)
+{
+    return s == 0 ? NDM_CPU : NDM_CUDA(s - 1);
+}
+
+/* Records an error unless `dev` can hold arrays (see ndm__device_usable). */
+static inline ndm_status ndm__alloc_device_check(ndm_device dev, const char *api, ndm__site where)
+{
+    char why[256];
+    ndm_status st = ndm__device_usable(dev, why, sizeof why);
+    return st < 0 ? ndm__fail(st, api, where, "%s", why) : NDM_OK;
+}
+
+/* ---- arrays ------------------------------------------------------------- */
+
+/* Checks a shape: ndim >= 0, dims >= 0, element and byte counts fit. */
+ndm_status ndm__shape_check(int ndim, const int64_t *shape, ndm_dtype dtype, int64_t *numel,
+                            size_t *nbytes, const char *api, ndm__site where);
+
+/* The output rule, written once: the manager named by the caller, else the
+ * innermost scope of this thread, else the manager of the first input.
+ * Returns the null handle (error recorded) when none applies. */
+ndm_manager ndm__output_manager(ndm_manager named, ndm__array *first_input, const char *api,
+                                ndm__site where);
+
+/* Describe the array in messages: "f32[2,3]". */
+const char *ndm__array_desc(const ndm__array *r, char *buf, size_t n);
+
+/* A new array with fresh storage (uninitialised) in manager `m` on the
+ * manager's device (or `dev` when dev_given). Strides are C-contiguous. Checks
+ * come first: nothing is allocated when the manager refuses. */
+ndm_array ndm__array_new(ndm__site site, const char *api, ndm_manager m, ndm_dtype dtype,
+                         int ndim, const int64_t *shape, ndm__array **out);
+ndm_array ndm__array_new_on(ndm__site site, const char *api, ndm_manager m, ndm_device dev,
+                            ndm_dtype dtype, int ndim, const int64_t *shape, ndm__array **out);
+/* A new view of the storage of `base` in manager `m`. */
+ndm_array ndm__array_view(ndm__site site, const char *api, ndm_manager m, ndm__array *base,
+                          ndm_dtype dtype, int ndim, const int64_t *shape,
+                          const int64_t *strides, int64_t offset, ndm__array **out);
+/* A new array over a caller's buffer. */
+ndm_array ndm__array_wrap(ndm__site site, const char *api, ndm_manager m, ndm_dtype dtype,
+                          int ndim, const int64_t *shape, void *data, ndm_free_fn free_fn,
+                          void *ud);
+
+/* Release a live array record (explicit release path, with locking). */
+ndm_status ndm__array_release(ndm__array *r, ndm__site site, const char *api);
+
+/* Address of the first element. */
+static inline void *ndm__array_ptr(const ndm__array *r)
+{
+    return (char *)r->storage->data + r->offset * (int64_t)ndm_dtype_size(r->dtype);
+}
+static inline int64_t ndm__numel(int ndim, const int64_t *shape)
+{
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++)
+        n *= shape[i];
+    return n;
+}
+bool ndm__is_contiguous(int ndim, const int64_t *shape, const int64_t *strides);
+void ndm__contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
+/* Normalise an axis in [-ndim, ndim) (or [-ndim-1, ndim] when `insert`). */
+ndm_status ndm__axis(int axis, int ndim, bool insert, int *out, const char *api, ndm__site where);
+
+/* ---- managers ----------------------------------------------------------- */
+
+/* Charge or uncharge storage bytes to a manager and its limited ancestors.
+ * ndm__charge fails with NDM_E_QUOTA (and changes nothing) unless `force`. */
+ndm_status ndm__charge(ndm__manager *m, int dev, int64_t bytes, bool force, const char *api,
+                       ndm__site where);
+void ndm__uncharge(ndm__manager *m, int dev, int64_t bytes);
+/* Move a charge between managers; limited ancestors common to both keep it. */
+ndm_status ndm__charge_move(ndm__manager *from, ndm__manager *to, int dev, int64_t bytes,
+                            bool force, const char *api, ndm__site where);
+
+/* Write the path of manager `slot` ("system/model/batch-3") into buf; takes
+ * the tree lock. Works for a dead manager until its slot (or an ancestor's)
+ * is reused; then the unknown part is written as "?". Returns buf. */
+char *ndm__manager_path(uint32_t slot, char *buf, size_t n);
+/* The same, for callers that already hold the tree lock. */
+char *ndm__manager_path_locked(uint32_t slot, char *buf, size_t n);
+
+/* A new manager with extra NDM__M_* flags (scopes). */
+ndm_manager ndm__manager_new_ex(ndm__site site, const char *api, ndm_manager parent,
+                                const char *name, ndm_device device, unsigned flags);
+/* Release every array of m (newest first) except the keep slots; borrowed
+ * arrays go back to their lenders. Used by close (m closing) and by
+ * ndm_scope_release_all_but. */
+void ndm__manager_drain_arrays(ndm__manager *m, ndm__site site);
+void ndm__manager_release_except(ndm__manager *m, const uint32_t *keep, size_t n,
+                                 ndm__site site);
+/* Move r into `to` as ndm_attach does. */
+ndm_status ndm__array_attach(ndm__array *r, ndm_manager to, const char *api, ndm__site site);
+
+/* Scopes (scope.c): the innermost live scope of this thread, or null. */
+ndm_manager ndm__scope_innermost(void);
+
+#endif

@@ -1,0 +1,33 @@
+/* Private error helpers: sites, the per-thread failure record, warnings.
+ * Every layer of ndm reports failures through these. */
+#ifndef NDM_ERROR_INTERNAL_H
+#define NDM_ERROR_INTERNAL_H
+
+#include <stdarg.h>
+#include <stddef.h>
+
+#include "ndm/base.h"
+#include "ndm/status.h"
+
+typedef struct ndm__site {
+    const char *file;
+    const char *func;
+    int line;
+} ndm__site;
+
+#define NDM__SITE ((ndm__site){ndm_file_, ndm_func_, ndm_line_})
+#define NDM__NO_SITE ((ndm__site){NULL, NULL, 0})
+#define NDM__SITE_ARGS(s) (s).file, (s).line, (s).func
+
+/* Record a failure for this thread: "<api>: <message> (at file:line in func)".
+ * `api` is the public function's name (a trailing "_at" is dropped). Returns st. */
+ndm_status ndm__fail(ndm_status st, const char *api, ndm__site where, const char *fmt, ...)
+    NDM_PRINTF(4, 5);
+ndm_status ndm__vfail(ndm_status st, const char *api, ndm__site where, const char *fmt,
+                      va_list ap);
+/* Send a warning to the log callback. */
+void ndm__warn(const char *fmt, ...) NDM_PRINTF(1, 2);
+/* Formats a site as "file:line (func)" into buf. */
+const char *ndm__site_str(ndm__site s, char *buf, size_t n);
+
+#endif

@@ -1,0 +1,411 @@
+/* Observability: statistics, the debug dump (text and JSON), leak hunting
+ * since a mark, and the leak report. Every walk holds the tree lock so the
+ * topology is stable, and each manager's lock while reading its figures. */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core.h"
+
+typedef struct figures {
+    uint64_t live, created, released, moved_in, moved_out, resources, children;
+    int64_t bytes[NDM__MAX_DEVICES];
+    int64_t peak[NDM__MAX_DEVICES];
+    unsigned state;
+} figures;
+
+static void read_figures(ndm__manager *m, figures *f)
+{
+    ndm__lock_take(&m->lock);
+    f->live = m->live;
+    f->created = m->created;
+    f->released = m->released;
+    f->moved_in = m->moved_in;
+    f->moved_out = m->moved_out;
+    f->resources = m->resources;
+    ndm__lock_drop(&m->lock);
+    f->children = m->children;
+    f->state = atomic_load_explicit(&m->state, memory_order_relaxed);
+    for (int d = 0; d < NDM__MAX_DEVICES; d++) {
+        f->bytes[d] = atomic_load_explicit(&m->bytes[d], memory_order_relaxed);
+        f->peak[d] = atomic_load_explicit(&m->peak[d], memory_order_relaxed);
+    }
+}
+
+static void add_subtree(ndm__manager *m, int dev, ndm_stats *out, bool top)
+{
+    figures f;
+    read_figures(m, &f);
+    out->live_arrays += f.live;
+    out->created += f.created;
+    out->released += f.released;
+    out->moved_in += f.moved_in;
+    out->moved_out += f.moved_out;
+    out->resources += f.resources;
+    out->live_bytes += (uint64_t)f.bytes[dev];
+    out->peak_bytes += (uint64_t)f.peak[dev];
+    if (!top)
+        out->children++;
+    for (uint32_t c = m->first_child; c; c = ndm__manager_slot(c)->sib_next)
+        add_subtree(ndm__manager_slot(c), dev, out, false);
+}
+
+NDM_API ndm_status ndm_manager_stats(ndm_manager h, ndm_device device, unsigned flags,
+                                     ndm_stats *out)
+{
+    ndm__manager *m = ndm__manager_get(h, __func__, NDM__NO_SITE);
+    if (!m)
+        return ndm_last_status();
+    if (!out)
+        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "out is NULL");
+    if (device.index < 0 || device.index >= NDM__MAX_CUDA ||
+        (device.type != NDM_DEVICE_CPU && device.type != NDM_DEVICE_CUDA))
+        return ndm__fail(NDM_E_DEVICE, __func__, NDM__NO_SITE, "not a device");
+    memset(out, 0, sizeof *out);
+    int dev = ndm__device_slot(device);
+    ndm__tree_lock();
+    if (flags & NDM_STATS_SUBTREE) {
+        add_subtree(m, dev, out, true);
+    } else {
+        figures f;
+        read_figures(m, &f);
+        out->live_arrays = f.live;
+        out->created = f.created;
+        out->released = f.released;
+        out->moved_in = f.moved_in;
+        out->moved_out = f.moved_out;
+        out->resources = f.resources;
+        out->live_bytes = (uint64_t)f.bytes[dev];
+        out->peak_bytes = (uint64_t)f.peak[dev];
+        out->children = f.children;
+    }
+    ndm__tree_unlock();
+    return NDM_OK;
+}
+
+/* ---- the text dump ---------------------------------------------------------- */
+
+/* Children oldest first: the list is newest first, so find its end. */
+static uint32_t oldest_child(ndm__manager *m)
+{
+    uint32_t c = m->first_child;
+    while (c && ndm__manager_slot(c)->sib_next)
+        c = ndm__manager_slot(c)->sib_next;
+    return c;
+}
+
+static int name_width(ndm__manager *m, int depth)
+{
+    int w = 2 * depth + (int)strlen(m->name);
+    for (uint32_t c = m->first_child; c; c = ndm__manager_slot(c)->sib_next) {
+        int cw = name_width(ndm__manager_slot(c), depth + 1);
+        if (cw > w)
+            w = cw;
+    }
+    return w;
+}
+
+static const char *delta(char *buf, size_t n, int64_t now, int64_t before, bool seen)
+{
+    if (!seen)
+        snprintf(buf, n, "[new]");
+    else if (now == before)
+        snprintf(buf, n, "[=]");
+    else
+        snprintf(buf, n, "[%+" PRId64 "]", now - before);
+    return buf;
+}
+
+static void dump_node(ndm__manager *m, FILE *f, int depth, int width)
+{
+    figures fg;
+    read_figures(m, &fg);
+    char dev[32], d1[32], d2[32];
+    ndm_device_str(m->device, dev, sizeof dev);
+    int own = m->dev;
+    int pad = width - 2 * depth;
+    fprintf(f, "%*s%-*s  %-6s  arrays %" PRIu64 " %s  bytes %" PRId64 " %s  created %" PRIu64
+               "  released %" PRIu64 "  peak %" PRId64,
+            2 * depth, "", pad, m->name, dev, fg.live,
+            delta(d1, sizeof d1, (int64_t)fg.live, (int64_t)m->dumped.live, m->dumped.seen),
+            fg.bytes[own], delta(d2, sizeof d2, fg.bytes[own], m->dumped.bytes, m->dumped.seen),
+            fg.created, fg.released, fg.peak[own]);
+    for (int d = 0; d < NDM__MAX_DEVICES; d++) {
+        if (d == own || (fg.bytes[d] == 0 && fg.peak[d] == 0))
+            continue;
+        ndm_device_str(ndm__slot_device(d), dev, sizeof dev);
+        fprintf(f, "  %s bytes %" PRId64 " peak %" PRId64, dev, fg.bytes[d], fg.peak[d]);
+    }
+    if (fg.resources)
+        fprintf(f, "  resources %" PRIu64, fg.resources);
+    unsigned caps = (fg.state >> NDM__CAP_SHIFT) & (NDM_CAP_ARRAYS | NDM_CAP_CHILDREN);
+    if (caps && !(fg.state & NDM__M_BUILTIN))
+        fprintf(f, "  capped(%s%s%s)", caps & NDM_CAP_ARRAYS ? "arrays" : "",
+                caps == (NDM_CAP_ARRAYS | NDM_CAP_CHILDREN) ? "," : "",
+                caps & NDM_CAP_CHILDREN ? "children" : "");
+    if (fg.state & NDM__M_SCOPE)
+        fprintf(f, "  scope");
+    fputc('\n', f);
+    m->dumped.live = fg.live;
+    m->dumped.created = fg.created;
+    m->dumped.released = fg.released;
+    m->dumped.bytes = fg.bytes[own];
+    m->dumped.seen = true;
+    for (uint32_t c = oldest_child(m); c; c = ndm__manager_slot(c)->sib_prev)
+        dump_node(ndm__manager_slot(c), f, depth + 1, width);
+}
+
+NDM_API ndm_status ndm_debug_dump(ndm_manager h, FILE *f)
+{
+    ndm__manager *m = ndm__manager_get(h, __func__, NDM__NO_SITE);
+    if (!m)
+        return ndm_last_status();
+    if (!f)
+        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "FILE is NULL");
+    ndm__tree_lock();
+    char path[1024];
+    ndm__manager_path_locked(m->self, path, sizeof path);
+    fprintf(f, "ndm dump: %s (arrays, bytes; [change since the previous dump])\n", path);
+    dump_node(m, f, 0, name_width(m, 0));
+    ndm__tree_unlock();
+    fflush(f);
+    return NDM_OK;
+}
+
+/* ---- JSON ---------------------------------------------------------------------- */
+
+static void json_string(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            fprintf(f, "\\%c", c);
+        else if (c < 0x20)
+            fprintf(f, "\\u%04x", c);
+        else
+            fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+static void json_node(ndm__manager *m, FILE *f)
+{
+    figures fg;
+    read_figures(m, &fg);
+    char path[1024], dev[32];
+    ndm__manager_path_locked(m->self, path, sizeof path);
+    ndm_device_str(m->device, dev, sizeof dev);
+    fputs("{\"name\":", f);
+    json_string(f, m->name);
+    fputs(",\"path\":", f);
+    json_string(f, path);
+    fprintf(f, ",\"device\":\"%s\",\"scope\":%s,\"capped\":[", dev,
+            (fg.state & NDM__M_SCOPE) ? "true" : "false");
+    unsigned caps = (fg.state >> NDM__CAP_SHIFT) & (NDM_CAP_ARRAYS | NDM_CAP_CHILDREN);
+    if (fg.state & NDM__M_BUILTIN)
+        caps = 0;
+    fprintf(f, "%s%s%s]", caps & NDM_CAP_ARRAYS ? "\"arrays\"" : "",
+            caps == (NDM_CAP_ARRAYS | NDM_CAP_CHILDREN) ? "," : "",
+            caps & NDM_CAP_CHILDREN ? "\"children\"" : "");
+    fprintf(f,
+            ",\"live_arrays\":%" PRIu64 ",\"created\":%" PRIu64 ",\"released\":%" PRIu64
+            ",\"moved_in\":%" PRIu64 ",\"moved_out\":%" PRIu64 ",\"resources\":%" PRIu64
+            ",\"bytes\":{",
+            fg.live, fg.created, fg.released, fg.moved_in, fg.moved_out, fg.resources);
+    bool first = true;
+    for (int d = 0; d < NDM__MAX_DEVICES; d++) {
+        if (d != m->dev && fg.bytes[d] == 0 && fg.peak[d] == 0)
+            continue;
+        ndm_device_str(ndm__slot_device(d), dev, sizeof dev);
+        fprintf(f, "%s\"%s\":{\"live\":%" PRId64 ",\"peak\":%" PRId64 "}", first ? "" : ",", dev,
+                fg.bytes[d], fg.peak[d]);
+        first = false;
+    }
+    fputs("},\"children\":[", f);
+    first = true;
+    for (uint32_t c = oldest_child(m); c; c = ndm__manager_slot(c)->sib_prev) {
+        if (!first)
+            fputc(',', f);
+        json_node(ndm__manager_slot(c), f);
+        first = false;
+    }
+    fputs("]}", f);
+}
+
+NDM_API ndm_status ndm_debug_dump_json(ndm_manager h, FILE *f)
+{
+    ndm__manager *m = ndm__manager_get(h, __func__, NDM__NO_SITE);
+    if (!m)
+        return ndm_last_status();
+    if (!f)
+        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "FILE is NULL");
+    ndm__tree_lock();
+    json_node(m, f);
+    ndm__tree_unlock();
+    fputc('\n', f);
+    fflush(f);
+    return NDM_OK;
+}
+
+/* ---- leak hunting ----------------------------------------------------------------- */
+
+NDM_API ndm_seq ndm_mark(ndm_manager h)
+{
+    if (!ndm__manager_get(h, __func__, NDM__NO_SITE))
+        return 0;
+    return atomic_load_explicit(&ndm__seq, memory_order_relaxed);
+}
+
+typedef struct site_group {
+    ndm__site site;
+    uint64_t count;
+    uint64_t bytes;
+    uint32_t mgr; /* the manager of the newest array of the group */
+} site_group;
+
+typedef struct groups {
+    site_group *g;
+    size_t n, cap;
+    uint64_t total;
+    bool oom;
+} groups;
+
+static bool same_site(ndm__site a, ndm__site b)
+{
+    return a.line == b.line && (a.file == b.file || (a.file && b.file && !strcmp(a.file, b.file))) &&
+           (a.func == b.func || (a.func && b.func && !strcmp(a.func, b.func)));
+}
+
+static void collect_since(ndm__manager *m, ndm_seq mark, groups *gs)
+{
+    ndm__lock_take(&m->lock);
+    for (uint32_t a = m->arrays; a; a = ndm__array_slot(a)->next) {
+        ndm__array *r = ndm__array_slot(a);
+        if (r->seq <= mark)
+            continue;
+        gs->total++;
+        uint64_t bytes = (uint64_t)ndm__numel(r->ndim, r->shape) * ndm_dtype_size(r->dtype);
+        size_t i = 0;
+        while (i < gs->n && !same_site(gs->g[i].site, r->site))
+            i++;
+        if (i == gs->n) {
+            if (gs->n == gs->cap) {
+                size_t cap = gs->cap ? gs->cap * 2 : 16;
+                site_group *p = realloc(gs->g, cap * sizeof *p);
+                if (!p) {
+                    gs->oom = true;
+                    continue;
+                }
+                gs->g = p;
+                gs->cap = cap;
+            }
+            gs->g[gs->n++] = (site_group){r->site, 0, 0, m->self};
+        }
+        gs->g[i].count++;
+        gs->g[i].bytes += bytes;
+    }
+    ndm__lock_drop(&m->lock);
+    for (uint32_t c = m->first_child; c; c = ndm__manager_slot(c)->sib_next)
+        collect_since(ndm__manager_slot(c), mark, gs);
+}
+
+static int by_count(const void *a, const void *b)
+{
+    const site_group *x = a, *y = b;
+    if (x->count != y->count)
+        return x->count < y->count ? 1 : -1;
+    return x->bytes < y->bytes ? 1 : x->bytes > y->bytes ? -1 : 0;
+}
+
+NDM_API int64_t ndm_count_since(ndm_manager h, ndm_seq mark)
+{
+    ndm__manager *m = ndm__manager_get(h, __func__, NDM__NO_SITE);
+    if (!m)
+        return ndm_last_status();
+    groups gs = {0};
+    ndm__tree_lock();
+    collect_since(m, mark, &gs);
+    ndm__tree_unlock();
+    free(gs.g);
+    return (int64_t)gs.total;
+}
+
+NDM_API ndm_status ndm_report_since(ndm_manager h, ndm_seq mark, FILE *f)
+{
+    ndm__manager *m = ndm__manager_get(h, __func__, NDM__NO_SITE);
+    if (!m)
+        return ndm_last_status();
+    if (!f)
+        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "FILE is NULL");
+    groups gs = {0};
+    char path[1024], site[256];
+    ndm__tree_lock();
+    collect_since(m, mark, &gs);
+    ndm__manager_path_locked(m->self, path, sizeof path);
+    qsort(gs.g, gs.n, sizeof *gs.g, by_count);
+    fprintf(f, "ndm report: %" PRIu64 " array%s created since mark %" PRIu64
+               " still alive under %s\n",
+            gs.total, gs.total == 1 ? "" : "s", mark, path);
+    for (size_t i = 0; i < gs.n; i++) {
+        ndm__manager_path_locked(gs.g[i].mgr, path, sizeof path);
+        fprintf(f, "  %" PRIu64 " array%s, %" PRIu64 " bytes, created at %s in %s\n",
+                gs.g[i].count, gs.g[i].count == 1 ? "" : "s", gs.g[i].bytes,
+                ndm__site_str(gs.g[i].site, site, sizeof site), path);
+    }
+    ndm__tree_unlock();
+    if (gs.oom)
+        fprintf(f, "  (some sites were not grouped: out of memory)\n");
+    free(gs.g);
+    fflush(f);
+    return NDM_OK;
+}
+
+/* ---- leak report at exit ----------------------------------------------------------- */
+
+static void leak_walk(ndm__manager *m, FILE *f, uint64_t *nm, uint64_t *na, bool print)
+{
+    char path[1024], site[256], desc[160];
+    bool builtin = atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_BUILTIN;
+    if (!builtin) {
+        (*nm)++;
+        if (print)
+            fprintf(f, "  manager %s created at %s\n",
+                    ndm__manager_path_locked(m->self, path, sizeof path),
+                    ndm__site_str(m->site, site, sizeof site));
+    }
+    ndm__lock_take(&m->lock);
+    for (uint32_t a = m->arrays; a; a = ndm__array_slot(a)->next) {
+        ndm__array *r = ndm__array_slot(a);
+        (*na)++;
+        if (print)
+            fprintf(f, "  array %s in %s created at %s\n", ndm__array_desc(r, desc, sizeof desc),
+                    ndm__manager_path_locked(m->self, path, sizeof path),
+                    ndm__site_str(r->site, site, sizeof site));
+    }
+    ndm__lock_drop(&m->lock);
+    for (uint32_t c = oldest_child(m); c; c = ndm__manager_slot(c)->sib_prev)
+        leak_walk(ndm__manager_slot(c), f, nm, na, print);
+}
+
+NDM_API int64_t ndm_leak_report(FILE *f)
+{
+    ndm__init();
+    uint64_t nm = 0, na = 0;
+    ndm__manager *sys = ndm__manager_slot(ndm__system_slot);
+    ndm__tree_lock();
+    leak_walk(sys, f, &nm, &na, false);
+    if (f) {
+        if (nm == 0 && na == 0) {
+            fprintf(f, "ndm leak report: nothing alive\n");
+        } else {
+            fprintf(f, "ndm leak report: %" PRIu64 " live manager%s, %" PRIu64 " live array%s\n",
+                    nm, nm == 1 ? "" : "s", na, na == 1 ? "" : "s");
+            uint64_t m2 = 0, a2 = 0;
+            leak_walk(sys, f, &m2, &a2, true);
+        }
+        fflush(f);
+    }
+    ndm__tree_unlock();
+    return (int64_t)na;
+}

@@ -1,0 +1,304 @@
+/* Scopes: a per-thread stack of scope managers that catches temporaries,
+ * moving kept results out when a scope ends. Dead entries (a scope closed by
+ * any other path) are skipped and pruned, so out-of-order ends stay safe. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core.h"
+
+#define INLINE_STACK 32
+
+typedef struct scope_stack {
+    ndm_manager inline_entries[INLINE_STACK];
+    ndm_manager *entries; /* inline_entries or heap */
+    int depth;
+    int cap;
+} scope_stack;
+
+static _Thread_local scope_stack stack;
+
+static bool push(ndm_manager m)
+{
+    if (!stack.entries) {
+        stack.entries = stack.inline_entries;
+        stack.cap = INLINE_STACK;
+    }
+    if (stack.depth == stack.cap) {
+        int cap = stack.cap * 2;
+        ndm_manager *p = malloc((size_t)cap * sizeof *p);
+        if (!p)
+            return false;
+        memcpy(p, stack.entries, (size_t)stack.depth * sizeof *p);
+        if (stack.entries != stack.inline_entries)
+            free(stack.entries);
+        stack.entries = p;
+        stack.cap = cap;
+    }
+    stack.entries[stack.depth++] = m;
+    return true;
+}
+
+static void shrink_if_empty(void)
+{
+    if (stack.depth == 0 && stack.entries && stack.entries != stack.inline_entries) {
+        free(stack.entries);
+        stack.entries = stack.inline_entries;
+        stack.cap = INLINE_STACK;
+    }
+}
+
+/* Remove entry i, keeping the order of the rest. */
+static void remove_at(int i)
+{
+    memmove(&stack.entries[i], &stack.entries[i + 1],
+            (size_t)(stack.depth - i - 1) * sizeof *stack.entries);
+    stack.depth--;
+    shrink_if_empty();
+}
+
+ndm_manager ndm__scope_innermost(void)
+{
+    while (stack.depth > 0) {
+        ndm_manager top = stack.entries[stack.depth - 1];
+        ndm__manager *m = ndm__manager_peek(top);
+        if (NDM__LIKELY(m && !(atomic_load_explicit(&m->state, memory_order_relaxed) &
+                               NDM__M_CLOSING)))
+            return top;
+        stack.depth--; /* closed behind our back: prune */
+        shrink_if_empty();
+    }
+    return NDM_NULL_MANAGER;
+}
+
+NDM_API ndm_manager ndm_scope_current(void) { return ndm__scope_innermost(); }
+
+NDM_API bool ndm_manager_is_scope(ndm_manager h)
+{
+    ndm__manager *m = ndm__manager_peek(h);
+    return m && (atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_SCOPE);
+}
+
+NDM_API ndm_manager ndm_scope_begin_at(NDM_SITE_PARAMS, ndm_manager parent, const char *name)
+{
+    ndm__site site = NDM__SITE;
+    if (!parent.id) {
+        parent = ndm__scope_innermost();
+        if (!parent.id) {
+            ndm__fail(NDM_E_NULL, __func__, site, "null parent and no enclosing scope");
+            return NDM_NULL_MANAGER;
+        }
+    }
+    ndm__manager *p = ndm__manager_get(parent, __func__, site);
+    if (!p)
+        return NDM_NULL_MANAGER;
+    ndm_manager s = ndm__manager_new_ex(site, __func__, parent, name ? name : "scope", p->device,
+                                        NDM__M_SCOPE);
+    if (!s.id)
+        return s;
+    if (!push(s)) {
+        ndm_status cs = ndm_manager_close_at(ndm_file_, ndm_line_, ndm_func_, s);
+        (void)cs;
+        ndm__fail(NDM_E_OOM, __func__, site, "no memory to push the scope");
+        return NDM_NULL_MANAGER;
+    }
+    return s;
+}
+
+/* Where arrays kept by scope `s` go: the next live scope below it on this
+ * thread's stack, or its parent when it has none (or is not on this stack). */
+static ndm_manager keep_target(ndm__manager *s, ndm_manager sh)
+{
+    int i = stack.depth - 1;
+    while (i >= 0 && stack.entries[i].id != sh.id)
+        i--;
+    for (int j = i - 1; i >= 0 && j >= 0; j--) {
+        ndm__manager *e = ndm__manager_peek(stack.entries[j]);
+        if (e && !(atomic_load_explicit(&e->state, memory_order_relaxed) & NDM__M_CLOSING))
+            return stack.entries[j];
+    }
+    return ndm__manager_handle(s->parent, s->parent_gen);
+}
+
+/* Validate `keep` for manager m: live arrays owned by m. */
+static ndm_status check_keep(ndm__manager *m, size_t n, const ndm_array *keep, uint32_t *slots,
+                             const char *api, ndm__site site)
+{
+    if (n && !keep)
+        return ndm__fail(NDM_E_INVALID, api, site, "keep is NULL with n = %zu", n);
+    for (size_t i = 0; i < n; i++) {
+        ndm__array *r = ndm__array_get(keep[i], api, site);
+        if (!r)
+            return ndm_last_status();
+        if (r->mgr != m->self) {
+            char desc[160], made[256], owner[512], path[512];
+            ndm__manager_path(r->mgr, owner, sizeof owner);
+            ndm__manager_path(m->self, path, sizeof path);
+            return ndm__fail(NDM_E_NOT_OWNER, api, site,
+                             "keep[%zu] (array %s created at %s) is owned by '%s', not by '%s'", i,
+                             ndm__array_desc(r, desc, sizeof desc),
+                             ndm__site_str(r->site, made, sizeof made), owner, path);
+        }
+        slots[i] = r->self;
+    }
+    return NDM_OK;
+}
+
+/* Move the kept arrays out; on failure move back the ones already moved and
+ * take back the counts, so that nothing has changed. */
+static ndm_status move_keeps(ndm__manager *s, ndm_manager target, size_t n, const uint32_t *slots,
+                             const char *api, ndm__site site)
+{
+    for (size_t i = 0; i < n; i++) {
+        ndm__array *r = ndm__array_slot(slots[i]);
+        ndm_status st = ndm__array_attach(r, target, api, site);
+        if (st == NDM_OK)
+            continue;
+        char why[768];
+        snprintf(why, sizeof why, "%s", ndm_last_error());
+        ndm__manager *t = ndm__manager_peek(target);
+        for (size_t j = 0; j < i; j++) {
+            ndm_status back = ndm__array_attach(ndm__array_slot(slots[j]),
+                                                ndm__manager_handle_of(s), api, site);
+            (void)back; /* s is open and uncapped for its own arrays: cannot fail */
+        }
+        if (t && i) {
+            ndm__lock_take(&s->lock);
+            s->moved_in -= i;
+            s->moved_out -= i;
+            ndm__lock_drop(&s->lock);
+            ndm__lock_take(&t->lock);
+            t->moved_in -= i;
+            t->moved_out -= i;
+            ndm__lock_drop(&t->lock);
+        }
+        ndm_clear_error();
+        return ndm__fail(st, NULL, NDM__NO_SITE, "%s", why);
+    }
+    return NDM_OK;
+}
+
+static void pop_entry(ndm_manager sh)
+{
+    for (int i = stack.depth - 1; i >= 0; i--)
+        if (stack.entries[i].id == sh.id) {
+            remove_at(i);
+            return;
+        }
+}
+
+NDM_API ndm_status ndm_scope_end_at(NDM_SITE_PARAMS, ndm_manager sh, size_t n,
+                                    const ndm_array *keep)
+{
+    ndm__site site = NDM__SITE;
+    ndm__manager *s = ndm__manager_peek(sh);
+    if (!s) {
+        if (!sh.id)
+            return ndm__fail(NDM_E_NULL, __func__, site, "null scope handle");
+        pop_entry(sh);
+        return NDM_ALREADY;
+    }
+    unsigned st = atomic_load_explicit(&s->state, memory_order_relaxed);
+    if (!(st & NDM__M_SCOPE))
+        return ndm__fail(NDM_E_INVALID, __func__, site,
+                         "manager '%s' is not a scope (use ndm_manager_close)", s->name);
+    if (st & NDM__M_CLOSING)
+        return NDM_ALREADY;
+    uint32_t inline_slots[16];
+    uint32_t *slots = n <= 16 ? inline_slots : malloc(n * sizeof *slots);
+    if (!slots)
+        return ndm__fail(NDM_E_OOM, __func__, site, "no memory for %zu kept arrays", n);
+    ndm_status rc = check_keep(s, n, keep, slots, __func__, site);
+    if (rc == NDM_OK && n)
+        rc = move_keeps(s, keep_target(s, sh), n, slots, __func__, site);
+    if (slots != inline_slots)
+        free(slots);
+    if (rc < 0)
+        return rc;
+    pop_entry(sh);
+    rc = ndm_manager_close_at(ndm_file_, ndm_line_, ndm_func_, sh);
+    return rc == NDM_ALREADY ? NDM_OK : rc;
+}
+
+NDM_API ndm_status ndm_scope_release_all_but_at(NDM_SITE_PARAMS, ndm_manager sh, size_t n,
+                                                const ndm_array *keep)
+{
+    ndm__site site = NDM__SITE;
+    ndm__manager *s = ndm__manager_get(sh, __func__, site);
+    if (!s)
+        return ndm_last_status();
+    uint32_t inline_slots[16];
+    uint32_t *slots = n <= 16 ? inline_slots : malloc(n * sizeof *slots);
+    if (!slots)
+        return ndm__fail(NDM_E_OOM, __func__, site, "no memory for %zu kept arrays", n);
+    ndm_status rc = check_keep(s, n, keep, slots, __func__, site);
+    if (rc == NDM_OK)
+        ndm__manager_release_except(s, slots, n, site);
+    if (slots != inline_slots)
+        free(slots);
+    return rc;
+}
+
+NDM_API ndm_status ndm_scope_move_out_at(NDM_SITE_PARAMS, ndm_array a)
+{
+    ndm__site site = NDM__SITE;
+    ndm__array *r = ndm__array_get(a, __func__, site);
+    if (!r)
+        return ndm_last_status();
+    ndm__manager *s = ndm__manager_slot(r->mgr);
+    if (!(atomic_load_explicit(&s->state, memory_order_relaxed) & NDM__M_SCOPE)) {
+        char path[512];
+        ndm__manager_path(s->self, path, sizeof path);
+        return ndm__fail(NDM_E_NOT_OWNER, __func__, site,
+                         "the array is owned by '%s', which is not a scope", path);
+    }
+    ndm_manager sh = ndm__manager_handle_of(s);
+    return ndm__array_attach(r, keep_target(s, sh), __func__, site);
+}
+
+NDM_API ndm_array ndm_scope_finish_at(NDM_SITE_PARAMS, ndm_manager scope, ndm_array result)
+{
+    ndm__site site = NDM__SITE;
+    ndm__array *r = ndm__array_peek(result);
+    ndm__manager *s = ndm__manager_peek(scope);
+    /* A result owned elsewhere (the expression returned an existing array)
+     * stays where it is; only the scope's own arrays can be kept. */
+    bool keep = r && s && r->mgr == s->self;
+    ndm_status st = ndm_scope_end_at(NDM__SITE_ARGS(site), scope, keep ? 1 : 0, &result);
+    if (st < 0)
+        return NDM_NULL_ARRAY;
+    return result;
+}
+
+NDM_API ndm_array ndm_scoped_at(NDM_SITE_PARAMS, ndm_manager parent, ndm_scoped_fn fn, void *ud)
+{
+    ndm__site site = NDM__SITE;
+    if (!fn) {
+        ndm__fail(NDM_E_INVALID, __func__, site, "fn is NULL");
+        return NDM_NULL_ARRAY;
+    }
+    ndm_manager s = ndm_scope_begin_at(ndm_file_, ndm_line_, ndm_func_, parent, "scoped");
+    if (!s.id)
+        return NDM_NULL_ARRAY;
+    ndm_array result = fn(ud);
+    return ndm_scope_finish_at(ndm_file_, ndm_line_, ndm_func_, s, result);
+}
+
+NDM_API void ndm_auto_cleanup(void *p)
+{
+    uint64_t id;
+    memcpy(&id, p, sizeof id);
+    if (!id)
+        return;
+    ndm_status st;
+    if (id & NDM__KIND_MANAGER) {
+        ndm_manager m = {id};
+        if (ndm_manager_is_scope(m))
+            st = ndm_scope_end_at(__FILE__, __LINE__, "NDM_AUTO", m, 0, NULL);
+        else
+            st = ndm_manager_close_at(__FILE__, __LINE__, "NDM_AUTO", m);
+    } else {
+        st = ndm_array_release_at(__FILE__, __LINE__, "NDM_AUTO", (ndm_array){id});
+    }
+    if (st < 0)
+        ndm__warn("NDM_AUTO cleanup failed: %s", ndm_last_error());
+}

@@ -1,0 +1,142 @@
+/* Status names, the per-thread last error and the log callback.
+ * Messages say what failed, why, and the caller's site when known. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core.h"
+
+#ifndef NDM_DEBUG_ABORT
+#define NDM_DEBUG_ABORT 0
+#endif
+
+typedef struct ndm__last_error {
+    ndm_status status;
+    char msg[1024];
+} ndm__last_error;
+
+static _Thread_local ndm__last_error last_error;
+
+static ndm_log_fn log_fn;
+static void *log_ud;
+
+NDM_API const char *ndm_status_name(ndm_status s)
+{
+    switch (s) {
+#define NDM_STATUS_NAME_(name, value, text)                                     \
+    case NDM_##name:                                                            \
+        return "NDM_" #name;
+        NDM_STATUS_LIST(NDM_STATUS_NAME_)
+#undef NDM_STATUS_NAME_
+    }
+    return "NDM_UNKNOWN";
+}
+
+NDM_API const char *ndm_status_str(ndm_status s)
+{
+    switch (s) {
+#define NDM_STATUS_STR_(name, value, text)                                      \
+    case NDM_##name:                                                            \
+        return text;
+        NDM_STATUS_LIST(NDM_STATUS_STR_)
+#undef NDM_STATUS_STR_
+    }
+    return "unknown status";
+}
+
+NDM_API ndm_status ndm_last_status(void) { return last_error.status; }
+
+NDM_API const char *ndm_last_error(void) { return last_error.msg; }
+
+NDM_API void ndm_clear_error(void)
+{
+    last_error.status = NDM_OK;
+    last_error.msg[0] = '\0';
+}
+
+NDM_API void ndm_set_log_fn(ndm_log_fn fn, void *ud)
+{
+    /* Set once at start-up by programs; races with logging threads are the
+     * caller's to avoid, as for any process-wide setting. */
+    log_fn = fn;
+    log_ud = ud;
+}
+
+static void ndm__log(ndm_log_level level, const char *msg)
+{
+    if (log_fn)
+        log_fn(level, msg, log_ud);
+    else if (level == NDM_LOG_WARN)
+        fprintf(stderr, "ndm: warning: %s\n", msg);
+}
+
+const char *ndm__site_str(ndm__site s, char *buf, size_t n)
+{
+    if (!s.file) {
+        snprintf(buf, n, "an unknown site");
+        return buf;
+    }
+    const char *base = strrchr(s.file, '/');
+    base = base ? base + 1 : s.file;
+    if (s.func)
+        snprintf(buf, n, "%s:%d (%s)", base, s.line, s.func);
+    else
+        snprintf(buf, n, "%s:%d", base, s.line);
+    return buf;
+}
+
+ndm_status ndm__vfail(ndm_status st, const char *api, ndm__site where, const char *fmt,
+                      va_list ap)
+{
+    char *out = last_error.msg;
+    size_t cap = sizeof last_error.msg;
+    size_t len = 0;
+    if (api) {
+        /* "ndm_attach_at" is reported as "ndm_attach", the name users call. */
+        size_t an = strlen(api);
+        if (an > 3 && strcmp(api + an - 3, "_at") == 0)
+            an -= 3;
+        len = (size_t)snprintf(out, cap, "%.*s: ", (int)an, api);
+        if (len >= cap)
+            len = cap - 1;
+    }
+    int k = vsnprintf(out + len, cap - len, fmt, ap);
+    if (k > 0)
+        len += (size_t)k;
+    if (len >= cap)
+        len = cap - 1;
+    if (where.file && len < cap - 1) {
+        char site[256];
+        snprintf(out + len, cap - len, " [at %s]", ndm__site_str(where, site, sizeof site));
+    }
+    last_error.status = st;
+    ndm__log(NDM_LOG_ERROR, out);
+#if NDM_DEBUG_ABORT
+    if (st == NDM_E_INVALID || st == NDM_E_NULL || st == NDM_E_CLOSED || st == NDM_E_SHAPE ||
+        st == NDM_E_DTYPE || st == NDM_E_AXIS) {
+        fprintf(stderr, "ndm: aborting on invalid argument (debug_abort): %s\n", out);
+        abort();
+    }
+#endif
+    return st;
+}
+
+ndm_status ndm__fail(ndm_status st, const char *api, ndm__site where, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    ndm__vfail(st, api, where, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+void ndm__warn(const char *fmt, ...)
+{
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    ndm__log(NDM_LOG_WARN, buf);
+}

@@ -1,0 +1,591 @@
+/* The manager tree: the system root, child creation, deterministic close,
+ * caps, limits, owned resources and hooks, names and paths. */
+#include <inttypes.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core.h"
+
+uint32_t ndm__system_slot, ndm__detached_slot;
+_Atomic uint64_t ndm__seq;
+
+/* Topology (parent and child links, manager slots, names of dead managers)
+ * changes under this lock; arrays and counters use each manager's own lock.
+ * Lock order: tree lock, then manager locks (lower slot first), then storage
+ * locks, then allocator locks. */
+static pthread_mutex_t tree_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+
+void ndm__tree_lock(void) { pthread_mutex_lock(&tree_lock); }
+void ndm__tree_unlock(void) { pthread_mutex_unlock(&tree_lock); }
+
+static void set_name(ndm__manager *m, const char *name)
+{
+    snprintf(m->name, sizeof m->name, "%s", name && *name ? name : "manager");
+}
+
+/* Fill a fresh record; under the tree lock. */
+static void record_init(ndm__manager *m, ndm__manager *parent, const char *name,
+                        ndm_device device, unsigned flags, ndm__site site)
+{
+    free(m->limits);
+    m->limits = NULL;
+    m->parent = parent ? parent->self : 0;
+    m->parent_gen = parent ? atomic_load_explicit(&parent->gen, memory_order_relaxed) : 0;
+    m->first_child = m->sib_prev = m->sib_next = 0;
+    m->arrays = 0;
+    atomic_store_explicit(&m->limit_anchor,
+                          parent ? atomic_load_explicit(&parent->limit_anchor, memory_order_relaxed)
+                                 : 0,
+                          memory_order_relaxed);
+    m->device = device;
+    m->dev = ndm__device_slot(device);
+    set_name(m, name);
+    m->site = site;
+    m->dead_site = NDM__NO_SITE;
+    m->seq = atomic_fetch_add_explicit(&ndm__seq, 1, memory_order_relaxed) + 1;
+    m->live = m->created = m->released = m->moved_in = m->moved_out = m->resources = 0;
+    m->children = 0;
+    for (int d = 0; d < NDM__MAX_DEVICES; d++) {
+        atomic_store_explicit(&m->bytes[d], 0, memory_order_relaxed);
+        atomic_store_explicit(&m->peak[d], 0, memory_order_relaxed);
+    }
+    m->hooks = NULL;
+    memset(&m->dumped, 0, sizeof m->dumped);
+    if (parent) {
+        /* newest child first */
+        m->sib_next = parent->first_child;
+        if (parent->first_child)
+            ndm__manager_slot(parent->first_child)->sib_prev = m->self;
+        parent->first_child = m->self;
+        parent->children++;
+    }
+    atomic_store_explicit(&m->state, NDM__M_LIVE | flags, memory_order_release);
+}
+
+static void leak_report_at_exit(void)
+{
+    int64_t n = ndm_leak_report(stderr);
+    (void)n;
+}
+
+static void init_process(void)
+{
+    ndm__tree_lock();
+    uint32_t s = ndm__manager_slot_alloc();
+    uint32_t d = ndm__manager_slot_alloc();
+    ndm__manager *sys = ndm__manager_slot(s);
+    ndm__manager *det = ndm__manager_slot(d);
+    if (!sys || !det) {
+        ndm__tree_unlock();
+        fprintf(stderr, "ndm: cannot allocate the root manager\n");
+        abort(); /* no memory for two records at start-up: nothing sensible is left */
+    }
+    ndm__site here = {__FILE__, __func__, __LINE__};
+    record_init(sys, NULL, "system", NDM_CPU, NDM__M_BUILTIN, here);
+    record_init(det, sys, "detached", NDM_CPU, NDM__M_BUILTIN | NDM__M_CAP_CHILDREN, here);
+    ndm__system_slot = s;
+    ndm__detached_slot = d;
+    ndm__tree_unlock();
+    const char *env = getenv("NDM_LEAK_REPORT");
+    if (env && *env && strcmp(env, "0") != 0)
+        atexit(leak_report_at_exit);
+}
+
+void ndm__init(void) { pthread_once(&init_once, init_process); }
+
+NDM_API ndm_manager ndm_system(void)
+{
+    ndm__init();
+    return ndm__manager_handle_of(ndm__manager_slot(ndm__system_slot));
+}
+
+NDM_API ndm_manager ndm_detached(void)
+{
+    ndm__init();
+    return ndm__manager_handle_of(ndm__manager_slot(ndm__detached_slot));
+}
+
+/* ---- paths and messages --------------------------------------------------- */
+
+char *ndm__manager_path_locked(uint32_t slot, char *buf, size_t n)
+{
+    /* Collect names leaf to root, then write them root first. */
+    const char *names[64];
+    int depth = 0;
+    bool unknown = false;
+    ndm__manager *m = ndm__manager_slot(slot);
+    while (m && depth < 64) {
+        names[depth++] = m->name;
+        if (!m->parent)
+            break;
+        ndm__manager *p = ndm__manager_slot(m->parent);
+        /* A live parent has the generation recorded at creation; a dead one
+         * that was not reused has that generation plus one. */
+        uint32_t g = atomic_load_explicit(&p->gen, memory_order_relaxed);
+        bool p_live = atomic_load_explicit(&p->state, memory_order_relaxed) & NDM__M_LIVE;
+        if (!((p_live && g == m->parent_gen) ||
+              (!p_live && g == ((m->parent_gen + 1) & 0x7fffffffu)))) {
+            unknown = true;
+            break;
+        }
+        m = p;
+    }
+    size_t len = 0;
+    buf[0] = '\0';
+    if (unknown)
+        len += (size_t)snprintf(buf, n, "?");
+    for (int i = depth - 1; i >= 0; i--) {
+        if (len >= n)
+            break;
+        len += (size_t)snprintf(buf + len, n - len, "%s%s", len ? "/" : "", names[i]);
+    }
+    return buf;
+}
+
+char *ndm__manager_path(uint32_t slot, char *buf, size_t n)
+{
+    ndm__tree_lock();
+    ndm__manager_path_locked(slot, buf, n);
+    ndm__tree_unlock();
+    return buf;
+}
+
+ndm__manager *ndm__manager_get(ndm_manager h, const char *api, ndm__site where)
+{
+    ndm__manager *m = ndm__manager_peek(h);
+    if (NDM__LIKELY(m != NULL))
+        return m;
+    if (h.id == 0) {
+        ndm__fail(NDM_E_NULL, api, where, "null manager handle");
+        return NULL;
+    }
+    uint32_t slot = ndm__id_slot(h.id);
+    ndm__manager *r = (h.id & NDM__KIND_MANAGER) && slot < (NDM__MAX_CHUNKS << NDM__CHUNK_BITS)
+                          ? ndm__manager_slot(slot)
+                          : NULL;
+    if (!r || slot == 0 || ndm__id_gen(h.id) == 0) {
+        ndm__fail(NDM_E_INVALID, api, where, "not a manager handle (id 0x%016" PRIx64 ")", h.id);
+        return NULL;
+    }
+    ndm__tree_lock();
+    uint32_t g = atomic_load_explicit(&r->gen, memory_order_relaxed);
+    bool live = atomic_load_explicit(&r->state, memory_order_relaxed) & NDM__M_LIVE;
+    char path[512], made[256], died[256];
+    if (g == ((ndm__id_gen(h.id) + 1) & 0x7fffffffu) && !live) {
+        ndm__manager_path_locked(slot, path, sizeof path);
+        ndm__site_str(r->site, made, sizeof made);
+        ndm__site_str(r->dead_site, died, sizeof died);
+        ndm__tree_unlock();
+        ndm__fail(NDM_E_CLOSED, api, where,
+                  "stale manager handle: manager '%s' created at %s was closed at %s", path, made,
+                  died);
+    } else {
+        ndm__tree_unlock();
+        ndm__fail(NDM_E_CLOSED, api, where,
+                  "stale manager handle (slot %u, generation %u): the manager was closed and its "
+                  "slot has been reused since",
+                  slot, ndm__id_gen(h.id));
+    }
+    return NULL;
+}
+
+/* ---- creation ------------------------------------------------------------- */
+
+ndm_manager ndm__manager_new_ex(ndm__site site, const char *api, ndm_manager parent,
+                                const char *name, ndm_device device, unsigned flags)
+{
+    ndm__init();
+    ndm__manager *p = ndm__manager_get(parent, api, site);
+    if (!p)
+        return NDM_NULL_MANAGER;
+    if (ndm__alloc_device_check(device, api, site) < 0)
+        return NDM_NULL_MANAGER;
+    ndm__tree_lock();
+    unsigned st = atomic_load_explicit(&p->state, memory_order_relaxed);
+    char path[512];
+    if (!(st & NDM__M_LIVE) || (st & NDM__M_CLOSING)) {
+        ndm__manager_path_locked(p->self, path, sizeof path);
+        ndm__tree_unlock();
+        ndm__fail(NDM_E_CLOSED, api, site, "parent manager '%s' is closing", path);
+        return NDM_NULL_MANAGER;
+    }
+    if (st & NDM__M_CAP_CHILDREN) {
+        ndm__manager_path_locked(p->self, path, sizeof path);
+        ndm__tree_unlock();
+        ndm__fail(p->self == ndm__detached_slot ? NDM_E_ROOT : NDM_E_CAPPED, api, site,
+                  "manager '%s' refuses new children (%s); child '%s' refused", path,
+                  p->self == ndm__detached_slot ? "it holds detached arrays only"
+                                                : "capped with NDM_CAP_CHILDREN",
+                  name ? name : "manager");
+        return NDM_NULL_MANAGER;
+    }
+    uint32_t slot = ndm__manager_slot_alloc();
+    if (!slot) {
+        ndm__tree_unlock();
+        ndm__fail(NDM_E_OOM, api, site, "no memory for a manager record");
+        return NDM_NULL_MANAGER;
+    }
+    ndm__manager *m = ndm__manager_slot(slot);
+    record_init(m, p, name, device, flags, site);
+    ndm_manager h = ndm__manager_handle_of(m);
+    ndm__tree_unlock();
+    return h;
+}
+
+NDM_API ndm_manager ndm_manager_new_on_at(NDM_SITE_PARAMS, ndm_manager parent, const char *name,
+                                          ndm_device device)
+{
+    return ndm__manager_new_ex(NDM__SITE, __func__, parent, name, device, 0);
+}
+
+NDM_API ndm_manager ndm_manager_new_at(NDM_SITE_PARAMS, ndm_manager parent, const char *name)
+{
+    ndm__init();
+    ndm__site site = NDM__SITE;
+    ndm__manager *p = ndm__manager_get(parent, __func__, site);
+    if (!p)
+        return NDM_NULL_MANAGER;
+    return ndm__manager_new_ex(site, __func__, parent, name, p->device, 0);
+}
+
+/* ---- close ---------------------------------------------------------------- */
+
+static ndm_status run_hooks(ndm__manager *m)
+{
+    ndm__lock_take(&m->lock);
+    ndm__hook *h = m->hooks;
+    m->hooks = NULL;
+    ndm__lock_drop(&m->lock);
+    ndm_status result = NDM_OK;
+    while (h) {
+        ndm__hook *next = h->next;
+        if (h->free_fn) {
+            h->free_fn(h->ptr);
+        } else if (h->close_fn) {
+            int rc = h->close_fn(h->ptr);
+            if (rc != 0) {
+                char path[512], site[256];
+                ndm__manager_path(m->self, path, sizeof path);
+                ndm__warn("on-close hook registered at %s failed with %d while closing '%s'",
+                          ndm__site_str(h->site, site, sizeof site), rc, path);
+                result = NDM_E_HOOK;
+            }
+        }
+        free(h->name);
+        free(h);
+        h = next;
+    }
+    ndm__lock_take(&m->lock);
+    m->resources = 0;
+    ndm__lock_drop(&m->lock);
+    return result;
+}
+
+/* Close m and its subtree. `site` is the site of the user's close call. */
+static ndm_status close_manager(ndm__manager *m, ndm__site site)
+{
+    ndm__tree_lock();
+    unsigned st = atomic_load_explicit(&m->state, memory_order_relaxed);
+    if (!(st & NDM__M_LIVE) || (st & NDM__M_CLOSING)) {
+        ndm__tree_unlock();
+        return NDM_ALREADY;
+    }
+    /* From here no child can be created under m and no array can enter or
+     * leave it except through this close. */
+    ndm__lock_take(&m->lock);
+    atomic_fetch_or_explicit(&m->state, NDM__M_CLOSING, memory_order_acq_rel);
+    ndm__lock_drop(&m->lock);
+
+    /* Children newest first. A child that another thread is closing right now
+     * is waited for: it unlinks itself when done. */
+    ndm_status result = NDM_OK;
+    for (;;) {
+        uint32_t c = m->first_child;
+        if (!c)
+            break;
+        ndm__manager *child = ndm__manager_slot(c);
+        ndm__tree_unlock();
+        ndm_status cs = close_manager(child, site);
+        if (cs == NDM_ALREADY)
+            sched_yield();
+        else if (cs < 0 && result == NDM_OK)
+            result = cs;
+        ndm__tree_lock();
+    }
+    ndm__tree_unlock();
+
+    ndm__manager_drain_arrays(m, site);
+    ndm_status hs = run_hooks(m);
+    if (hs < 0 && result == NDM_OK)
+        result = hs;
+
+    ndm__tree_lock();
+    if (m->parent) {
+        ndm__manager *p = ndm__manager_slot(m->parent);
+        if (m->sib_prev)
+            ndm__manager_slot(m->sib_prev)->sib_next = m->sib_next;
+        else
+            p->first_child = m->sib_next;
+        if (m->sib_next)
+            ndm__manager_slot(m->sib_next)->sib_prev = m->sib_prev;
+        p->children--;
+    }
+    m->dead_site = site;
+    atomic_store_explicit(&m->state, 0, memory_order_release);
+    unsigned g = atomic_load_explicit(&m->gen, memory_order_relaxed);
+    atomic_store_explicit(&m->gen, ((g + 1) & 0x7fffffffu) ? ((g + 1) & 0x7fffffffu) : 1,
+                          memory_order_release);
+    ndm__manager_slot_free(m->self);
+    ndm__tree_unlock();
+    return result;
+}
+
+NDM_API ndm_status ndm_manager_close_at(NDM_SITE_PARAMS, ndm_manager h)
+{
+    ndm__site site = NDM__SITE;
+    ndm__manager *m = ndm__manager_peek(h);
+    if (!m) {
+        if (h.id == 0)
+            return ndm__fail(NDM_E_NULL, __func__, site, "null manager handle");
+        ndm__manager *r = (h.id & NDM__KIND_MANAGER) ? ndm__manager_slot(ndm__id_slot(h.id)) : NULL;
+        if (!r || ndm__id_gen(h.id) == 0)
+            return ndm__fail(NDM_E_INVALID, __func__, site, "not a manager handle");
+        return NDM_ALREADY; /* closing a closed manager changes nothing */
+    }
+    if (atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_BUILTIN) {
+        return ndm__fail(NDM_E_ROOT, __func__, site, "the built-in manager '%s' cannot be closed",
+                         m->name);
+    }
+    return close_manager(m, site);
+}
+
+/* ---- caps, limits, resources ------------------------------------------------ */
+
+NDM_API ndm_status ndm_manager_cap(ndm_manager h, unsigned flags)
+{
+    ndm__manager *m = ndm__manager_get(h, __func__, NDM__NO_SITE);
+    if (!m)
+        return ndm_last_status();
+    if (flags & ~(unsigned)(NDM_CAP_ARRAYS | NDM_CAP_CHILDREN))
+        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "unknown cap flags 0x%x", flags);
+    if (atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_BUILTIN)
+        return ndm__fail(NDM_E_ROOT, __func__, NDM__NO_SITE,
+                         "the built-in manager '%s' cannot be capped", m->name);
+    ndm__tree_lock();
+    ndm__lock_take(&m->lock);
+    atomic_fetch_or_explicit(&m->state, flags << NDM__CAP_SHIFT, memory_order_acq_rel);
+    ndm__lock_drop(&m->lock);
+    ndm__tree_unlock();
+    return NDM_OK;
+}
+
+NDM_API ndm_status ndm_manager_uncap(ndm_manager h, unsigned flags)
+{
+    ndm__manager *m = ndm__manager_get(h, __func__, NDM__NO_SITE);
+    if (!m)
+        return ndm_last_status();
+    if (flags & ~(unsigned)(NDM_CAP_ARRAYS | NDM_CAP_CHILDREN))
+        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "unknown cap flags 0x%x", flags);
+    if (atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_BUILTIN)
+        return ndm__fail(NDM_E_ROOT, __func__, NDM__NO_SITE,
+                         "the built-in manager '%s' cannot be uncapped", m->name);
+    ndm__tree_lock();
+    ndm__lock_take(&m->lock);
+    atomic_fetch_and_explicit(&m->state, ~(flags << NDM__CAP_SHIFT), memory_order_acq_rel);
+    ndm__lock_drop(&m->lock);
+    ndm__tree_unlock();
+    return NDM_OK;
+}
+
+NDM_API unsigned ndm_manager_caps(ndm_manager h)
+{
+    ndm__manager *m = ndm__manager_peek(h);
+    if (!m)
+        return 0;
+    return (atomic_load_explicit(&m->state, memory_order_relaxed) >> NDM__CAP_SHIFT) &
+           (NDM_CAP_ARRAYS | NDM_CAP_CHILDREN);
+}
+
+/* Sum of the bytes charged in the subtree of m on device slot dev; tree lock held. */
+static int64_t subtree_bytes_locked(ndm__manager *m, int dev)
+{
+    int64_t sum = atomic_load_explicit(&m->bytes[dev], memory_order_relaxed);
+    for (uint32_t c = m->first_child; c; c = ndm__manager_slot(c)->sib_next)
+        sum += subtree_bytes_locked(ndm__manager_slot(c), dev);
+    return sum;
+}
+
+/* Point every manager of the subtree whose anchor is `old` at `anchor`. */
+static void reanchor_locked(ndm__manager *m, uint32_t old, uint32_t anchor)
+{
+    if (atomic_load_explicit(&m->limit_anchor, memory_order_relaxed) != old)
+        return; /* a limited manager below keeps its own anchor */
+    atomic_store_explicit(&m->limit_anchor, anchor, memory_order_release);
+    for (uint32_t c = m->first_child; c; c = ndm__manager_slot(c)->sib_next)
+        reanchor_locked(ndm__manager_slot(c), old, anchor);
+}
+
+NDM_API ndm_status ndm_manager_set_limit(ndm_manager h, ndm_device device, uint64_t bytes)
+{
+    ndm__manager *m = ndm__manager_get(h, __func__, NDM__NO_SITE);
+    if (!m)
+        return ndm_last_status();
+    if ((device.type != NDM_DEVICE_CPU && device.type != NDM_DEVICE_CUDA) || device.index < 0 ||
+        (device.type == NDM_DEVICE_CPU && device.index != 0) || device.index >= NDM__MAX_CUDA)
+        return ndm__fail(NDM_E_DEVICE, __func__, NDM__NO_SITE, "not a device: type %d index %d",
+                         (int)device.type, device.index);
+    if (bytes > (uint64_t)INT64_MAX)
+        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "limit %" PRIu64 " is too large",
+                         bytes);
+    int dev = ndm__device_slot(device);
+    ndm__tree_lock();
+    if (!m->limits) {
+        ndm__limits *l = calloc(1, sizeof *l);
+        if (!l) {
+            ndm__tree_unlock();
+            return ndm__fail(NDM_E_OOM, __func__, NDM__NO_SITE, "no memory for a limit record");
+        }
+        for (int d = 0; d < NDM__MAX_DEVICES; d++)
+            atomic_store_explicit(&l->used[d], subtree_bytes_locked(m, d), memory_order_relaxed);
+        m->limits = l;
+        uint32_t old = atomic_load_explicit(&m->limit_anchor, memory_order_relaxed);
+        reanchor_locked(m, old, m->self);
+    }
+    atomic_store_explicit(&m->limits->limit[dev], bytes, memory_order_release);
+    ndm__tree_unlock();
+    return NDM_OK;
+}
+
+NDM_API uint64_t ndm_manager_limit(ndm_manager h, ndm_device device)
+{
+    ndm__manager *m = ndm__manager_get(h, __func__, NDM__NO_SITE);
+    if (!m || !m->limits || device.index < 0 || device.index >= NDM__MAX_CUDA)
+        return 0;
+    return atomic_load_explicit(&m->limits->limit[ndm__device_slot(device)], memory_order_relaxed);
+}
+
+static ndm_status add_hook(ndm__manager *m, ndm__hook *hk, const char *api, ndm__site site)
+{
+    ndm__lock_take(&m->lock);
+    unsigned st = atomic_load_explicit(&m->state, memory_order_relaxed);
+    if (st & NDM__M_CLOSING) {
+        ndm__lock_drop(&m->lock);
+        free(hk->name);
+        free(hk);
+        return ndm__fail(NDM_E_CLOSED, api, site, "manager '%s' is closing", m->name);
+    }
+    hk->next = m->hooks;
+    m->hooks = hk;
+    m->resources++;
+    ndm__lock_drop(&m->lock);
+    return NDM_OK;
+}
+
+static ndm_status hook_target(ndm_manager h, const char *api, ndm__site site, ndm__manager **out)
+{
+    ndm__manager *m = ndm__manager_get(h, api, site);
+    if (!m)
+        return ndm_last_status();
+    if (atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_BUILTIN)
+        return ndm__fail(NDM_E_ROOT, api, site,
+                         "the built-in manager '%s' never closes, so it cannot own resources",
+                         m->name);
+    *out = m;
+    return NDM_OK;
+}
+
+NDM_API ndm_status ndm_manager_own_at(NDM_SITE_PARAMS, ndm_manager h, void *ptr,
+                                      void (*free_fn)(void *ptr), const char *name)
+{
+    ndm__site site = NDM__SITE;
+    ndm__manager *m = NULL;
+    ndm_status st = hook_target(h, __func__, site, &m);
+    if (st < 0)
+        return st;
+    if (!free_fn)
+        return ndm__fail(NDM_E_INVALID, __func__, site, "free_fn is NULL");
+    ndm__hook *hk = calloc(1, sizeof *hk);
+    char *nm = name ? strdup(name) : NULL;
+    if (!hk || (name && !nm)) {
+        free(hk);
+        free(nm);
+        return ndm__fail(NDM_E_OOM, __func__, site, "no memory for a resource record");
+    }
+    hk->free_fn = free_fn;
+    hk->ptr = ptr;
+    hk->name = nm;
+    hk->site = site;
+    return add_hook(m, hk, __func__, site);
+}
+
+NDM_API ndm_status ndm_manager_on_close_at(NDM_SITE_PARAMS, ndm_manager h, ndm_close_fn fn,
+                                           void *ud)
+{
+    ndm__site site = NDM__SITE;
+    ndm__manager *m = NULL;
+    ndm_status st = hook_target(h, __func__, site, &m);
+    if (st < 0)
+        return st;
+    if (!fn)
+        return ndm__fail(NDM_E_INVALID, __func__, site, "fn is NULL");
+    ndm__hook *hk = calloc(1, sizeof *hk);
+    if (!hk)
+        return ndm__fail(NDM_E_OOM, __func__, site, "no memory for a hook record");
+    hk->close_fn = fn;
+    hk->ptr = ud;
+    hk->site = site;
+    return add_hook(m, hk, __func__, site);
+}
+
+/* ---- queries -------------------------------------------------------------- */
+
+NDM_API bool ndm_manager_valid(ndm_manager h) { return ndm__manager_peek(h) != NULL; }
+
+NDM_API ndm_manager ndm_manager_parent(ndm_manager h)
+{
+    ndm__manager *m = ndm__manager_get(h, __func__, NDM__NO_SITE);
+    if (!m || !m->parent)
+        return NDM_NULL_MANAGER;
+    return ndm__manager_handle(m->parent, m->parent_gen);
+}
+
+NDM_API ndm_device ndm_manager_device(ndm_manager h)
+{
+    ndm__manager *m = ndm__manager_get(h, __func__, NDM__NO_SITE);
+    return m ? m->device : NDM_CPU;
+}
+
+static int copy_out(const char *s, char *buf, size_t n)
+{
+    size_t len = strlen(s);
+    if (buf && n) {
+        size_t k = len < n - 1 ? len : n - 1;
+        memcpy(buf, s, k);
+        buf[k] = '\0';
+    }
+    return (int)len;
+}
+
+NDM_API int ndm_manager_name(ndm_manager h, char *buf, size_t n)
+{
+    ndm__manager *m = ndm__manager_get(h, __func__, NDM__NO_SITE);
+    if (!m)
+        return ndm_last_status();
+    ndm__tree_lock();
+    int len = copy_out(m->name, buf, n);
+    ndm__tree_unlock();
+    return len;
+}
+
+NDM_API int ndm_manager_path(ndm_manager h, char *buf, size_t n)
+{
+    ndm__manager *m = ndm__manager_get(h, __func__, NDM__NO_SITE);
+    if (!m)
+        return ndm_last_status();
+    char path[4096];
+    ndm__manager_path(m->self, path, sizeof path);
+    return copy_out(path, buf, n);
+}

@@ -1,0 +1,212 @@
+/* Array accessors and transfers between arrays and host buffers. */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dispatch.h"
+
+#define GET(h, fail_value)                                                      \
+    ndm__array *r = ndm__array_get((h), __func__, NDM__NO_SITE);                \
+    if (!r)                                                                     \
+    return fail_value
+
+NDM_API bool ndm_array_valid(ndm_array a) { return ndm__array_peek(a) != NULL; }
+
+NDM_API int ndm_array_ndim(ndm_array a)
+{
+    GET(a, -1);
+    return r->ndim;
+}
+
+NDM_API int64_t ndm_array_dim(ndm_array a, int axis)
+{
+    GET(a, -1);
+    int ax;
+    if (ndm__axis(axis, r->ndim, false, &ax, __func__, NDM__NO_SITE) < 0)
+        return -1;
+    return r->shape[ax];
+}
+
+NDM_API int ndm_array_shape(ndm_array a, int64_t *out, int cap)
+{
+    GET(a, ndm_last_status());
+    if (cap < r->ndim || (r->ndim && !out))
+        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE,
+                         "room for %d sizes given, rank is %d", cap, r->ndim);
+    memcpy(out, r->shape, (size_t)r->ndim * sizeof *out);
+    return r->ndim;
+}
+
+NDM_API int ndm_array_strides(ndm_array a, int64_t *out, int cap)
+{
+    GET(a, ndm_last_status());
+    if (cap < r->ndim || (r->ndim && !out))
+        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE,
+                         "room for %d strides given, rank is %d", cap, r->ndim);
+    memcpy(out, r->strides, (size_t)r->ndim * sizeof *out);
+    return r->ndim;
+}
+
+NDM_API int64_t ndm_array_offset(ndm_array a)
+{
+    GET(a, -1);
+    return r->offset;
+}
+
+NDM_API int64_t ndm_array_size(ndm_array a)
+{
+    GET(a, -1);
+    return ndm__numel(r->ndim, r->shape);
+}
+
+NDM_API size_t ndm_array_nbytes(ndm_array a)
+{
+    GET(a, 0);
+    return (size_t)ndm__numel(r->ndim, r->shape) * ndm_dtype_size(r->dtype);
+}
+
+NDM_API ndm_dtype ndm_array_dtype(ndm_array a)
+{
+    GET(a, NDM_F32);
+    return r->dtype;
+}
+
+NDM_API ndm_device ndm_array_device(ndm_array a)
+{
+    GET(a, NDM_CPU);
+    return r->storage->device;
+}
+
+NDM_API ndm_manager ndm_array_manager(ndm_array a)
+{
+    GET(a, NDM_NULL_MANAGER);
+    return ndm__manager_handle_of(ndm__manager_slot(r->mgr));
+}
+
+NDM_API bool ndm_array_is_contiguous(ndm_array a)
+{
+    GET(a, false);
+    return ndm__is_contiguous(r->ndim, r->shape, r->strides);
+}
+
+NDM_API bool ndm_array_shares_storage(ndm_array a, ndm_array b)
+{
+    ndm__array *x = ndm__array_get(a, __func__, NDM__NO_SITE);
+    ndm__array *y = x ? ndm__array_get(b, __func__, NDM__NO_SITE) : NULL;
+    return x && y && x->storage == y->storage;
+}
+
+NDM_API void *ndm_array_data(ndm_array a)
+{
+    GET(a, NULL);
+    if (r->storage->device.type != NDM_DEVICE_CPU) {
+        char name[32];
+        ndm__fail(NDM_E_DEVICE, __func__, NDM__NO_SITE,
+                  "the array lives on %s; copy it out with ndm_array_copy_out",
+                  ndm_device_str(r->storage->device, name, sizeof name));
+        return NULL;
+    }
+    return ndm__array_ptr(r);
+}
+
+/* Move the elements of r in C order to or from a host buffer. */
+static ndm_status transfer(ndm__array *r, void *host, size_t nbytes, bool out, const char *api)
+{
+    size_t want = (size_t)ndm__numel(r->ndim, r->shape) * ndm_dtype_size(r->dtype);
+    if (nbytes != want)
+        return ndm__fail(NDM_E_INVALID, api, NDM__NO_SITE,
+                         "buffer of %zu bytes given; the array has %zu", nbytes, want);
+    if (!want)
+        return NDM_OK;
+    if (!host)
+        return ndm__fail(NDM_E_INVALID, api, NDM__NO_SITE, "buffer is NULL");
+    const ndm__backend *b = ndm__backend_of(r->storage->device, api, NDM__NO_SITE);
+    if (!b)
+        return ndm_last_status();
+    int dev = r->storage->device.index;
+    bool contiguous = ndm__is_contiguous(r->ndim, r->shape, r->strides);
+    ndm__tensor t = ndm__tensor_of(r);
+    int64_t cs_small[16];
+    int64_t *cs = cs_small;
+    if (r->ndim > 16 && !(cs = malloc((size_t)r->ndim * sizeof *cs)))
+        return ndm__fail(NDM_E_OOM, api, NDM__NO_SITE, "no memory");
+    ndm__contiguous_strides(r->ndim, r->shape, cs);
+    ndm_status st;
+    if (r->storage->device.type == NDM_DEVICE_CPU || contiguous) {
+        if (contiguous) {
+            st = out ? b->download(dev, host, t.data, want) : b->upload(dev, t.data, host, want);
+        } else {
+            ndm__tensor h = {host, r->dtype, r->ndim, r->shape, cs};
+            st = out ? b->copy(dev, &h, &t) : b->copy(dev, &t, &h);
+        }
+    } else {
+        /* A strided device array goes through a contiguous device buffer. */
+        ndm__block tmp;
+        st = ndm__alloc(r->storage->device, want, NULL, &tmp);
+        if (st == NDM_OK) {
+            ndm__tensor c = {tmp.ptr, r->dtype, r->ndim, r->shape, cs};
+            if (out) {
+                st = b->copy(dev, &c, &t);
+                if (st == NDM_OK)
+                    st = b->download(dev, host, tmp.ptr, want);
+            } else {
+                st = b->upload(dev, tmp.ptr, host, want);
+                if (st == NDM_OK)
+                    st = b->copy(dev, &t, &c);
+            }
+            ndm__free(r->storage->device, &tmp);
+        }
+    }
+    if (cs != cs_small)
+        free(cs);
+    if (st < 0)
+        return ndm__fail(st, api, NDM__NO_SITE, "transfer failed: %s", ndm_status_str(st));
+    return NDM_OK;
+}
+
+NDM_API ndm_status ndm_array_copy_out(ndm_array a, void *dst, size_t nbytes)
+{
+    GET(a, ndm_last_status());
+    return transfer(r, dst, nbytes, true, __func__);
+}
+
+NDM_API ndm_status ndm_array_copy_in(ndm_array a, const void *src, size_t nbytes)
+{
+    GET(a, ndm_last_status());
+    return transfer(r, (void *)src, nbytes, false, __func__);
+}
+
+/* The single element of r converted to `as` (f64 or i64) into *out. */
+static ndm_status item(ndm__array *r, ndm_dtype as, void *out, const char *api)
+{
+    int64_t n = ndm__numel(r->ndim, r->shape);
+    if (n != 1) {
+        char desc[160];
+        return ndm__fail(NDM_E_SHAPE, api, NDM__NO_SITE,
+                         "item() needs exactly one element; %s has %" PRId64,
+                         ndm__array_desc(r, desc, sizeof desc), n);
+    }
+    unsigned char raw[8];
+    ndm_status st = transfer(r, raw, ndm_dtype_size(r->dtype), true, api);
+    if (st < 0)
+        return st;
+    ndm__tensor src = {raw, r->dtype, 0, NULL, NULL};
+    ndm__tensor dst = {out, as, 0, NULL, NULL};
+    return ndm__cpu_backend.copy(0, &dst, &src);
+}
+
+NDM_API ndm_status ndm_item(ndm_array a, double *out)
+{
+    GET(a, ndm_last_status());
+    if (!out)
+        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "out is NULL");
+    return item(r, NDM_F64, out, __func__);
+}
+
+NDM_API ndm_status ndm_item_i64(ndm_array a, int64_t *out)
+{
+    GET(a, ndm_last_status());
+    if (!out)
+        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "out is NULL");
+    return item(r, NDM_I64, out, __func__);
+}

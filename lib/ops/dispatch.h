@@ -1,0 +1,32 @@
+/* Private helpers shared by the dispatchers in lib/ops/. */
+#ifndef NDM_OPS_DISPATCH_H
+#define NDM_OPS_DISPATCH_H
+
+#include "../backends/backend.h"
+#include "../manager/core.h"
+
+/* The kernel view of an array record. */
+static inline ndm__tensor ndm__tensor_of(const ndm__array *r)
+{
+    return (ndm__tensor){ndm__array_ptr(r), r->dtype, r->ndim, r->shape, r->strides};
+}
+
+/* The backend of an array's device; records NDM_E_UNSUPPORTED when absent. */
+static inline const ndm__backend *ndm__backend_of(ndm_device d, const char *api, ndm__site where)
+{
+    const ndm__backend *b = ndm__backend_for(d.type);
+    if (!b) {
+        char name[32];
+        ndm__fail(NDM_E_UNSUPPORTED, api, where, "no backend for device %s in this build",
+                  ndm_device_str(d, name, sizeof name));
+    }
+    return b;
+}
+
+/* Release a half-made result on an error path, keeping the error message. */
+void ndm__discard(ndm_array a);
+
+/* Resolve a factory's manager: the one given, else the innermost scope. */
+ndm_manager ndm__factory_manager(ndm_manager m, const char *api, ndm__site where);
+
+#endif

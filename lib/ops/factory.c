@@ -1,0 +1,177 @@
+/* Factories: arrays made from nothing, from values or from host buffers. */
+#include <inttypes.h>
+#include <math.h>
+
+#include "dispatch.h"
+
+void ndm__discard(ndm_array a)
+{
+    ndm__array *r = ndm__array_peek(a);
+    if (r)
+        (void)ndm__array_release(r, NDM__NO_SITE, NULL);
+}
+
+ndm_manager ndm__factory_manager(ndm_manager m, const char *api, ndm__site where)
+{
+    if (m.id)
+        return m;
+    ndm_manager s = ndm__scope_innermost();
+    if (!s.id)
+        ndm__fail(NDM_E_NULL, api, where, "null manager and no active scope");
+    return s;
+}
+
+/* A new array from a factory; `fill` runs on it, or not when NULL. */
+static ndm_array make(ndm__site site, const char *api, ndm_manager m, ndm_dtype dtype, int ndim,
+                      const int64_t *shape, ndm__array **out)
+{
+    m = ndm__factory_manager(m, api, site);
+    if (!m.id)
+        return NDM_NULL_ARRAY;
+    return ndm__array_new(site, api, m, dtype, ndim, shape, out);
+}
+
+static ndm_array make_filled(ndm__site site, const char *api, ndm_manager m, ndm_dtype dtype,
+                             int ndim, const int64_t *shape, double value)
+{
+    ndm__array *r;
+    ndm_array a = make(site, api, m, dtype, ndim, shape, &r);
+    if (!a.id)
+        return a;
+    const ndm__backend *b = ndm__backend_of(r->storage->device, api, site);
+    ndm__tensor t = ndm__tensor_of(r);
+    ndm_status st = b ? b->fill(r->storage->device.index, &t, value) : NDM_E_UNSUPPORTED;
+    if (st < 0) {
+        if (b)
+            ndm__fail(st, api, site, "fill failed: %s", ndm_status_str(st));
+        ndm__discard(a);
+        return NDM_NULL_ARRAY;
+    }
+    return a;
+}
+
+NDM_API ndm_array ndm_empty_at(NDM_SITE_PARAMS, ndm_manager m, ndm_dtype dtype, int ndim,
+                               const int64_t *shape)
+{
+    return make(NDM__SITE, __func__, m, dtype, ndim, shape, NULL);
+}
+
+NDM_API ndm_array ndm_zeros_at(NDM_SITE_PARAMS, ndm_manager m, ndm_dtype dtype, int ndim,
+                               const int64_t *shape)
+{
+    return make_filled(NDM__SITE, __func__, m, dtype, ndim, shape, 0.0);
+}
+
+NDM_API ndm_array ndm_ones_at(NDM_SITE_PARAMS, ndm_manager m, ndm_dtype dtype, int ndim,
+                              const int64_t *shape)
+{
+    return make_filled(NDM__SITE, __func__, m, dtype, ndim, shape, 1.0);
+}
+
+NDM_API ndm_array ndm_full_at(NDM_SITE_PARAMS, ndm_manager m, ndm_dtype dtype, double value,
+                              int ndim, const int64_t *shape)
+{
+    return make_filled(NDM__SITE, __func__, m, dtype, ndim, shape, value);
+}
+
+NDM_API ndm_array ndm_scalar_at(NDM_SITE_PARAMS, ndm_manager m, ndm_dtype dtype, double value)
+{
+    return make_filled(NDM__SITE, __func__, m, dtype, 0, NULL, value);
+}
+
+static ndm_array make_iota(ndm__site site, const char *api, ndm_manager m, ndm_dtype dtype,
+                           int64_t n, double start, double step, bool last_is, double last)
+{
+    ndm__array *r;
+    ndm_array a = make(site, api, m, dtype, 1, &n, &r);
+    if (!a.id)
+        return a;
+    const ndm__backend *b = ndm__backend_of(r->storage->device, api, site);
+    ndm__tensor t = ndm__tensor_of(r);
+    ndm_status st = b ? b->iota(r->storage->device.index, &t, start, step) : NDM_E_UNSUPPORTED;
+    if (st == NDM_OK && last_is && n > 1) {
+        /* numpy sets the endpoint exactly rather than trusting start + i*step. */
+        int64_t one = 1, stride = 1;
+        ndm__tensor e = {(char *)t.data + (n - 1) * (int64_t)ndm_dtype_size(dtype), dtype, 1, &one,
+                         &stride};
+        st = b->fill(r->storage->device.index, &e, last);
+    }
+    if (st < 0) {
+        if (b)
+            ndm__fail(st, api, site, "fill failed: %s", ndm_status_str(st));
+        ndm__discard(a);
+        return NDM_NULL_ARRAY;
+    }
+    return a;
+}
+
+NDM_API ndm_array ndm_arange_at(NDM_SITE_PARAMS, ndm_manager m, ndm_dtype dtype, double start,
+                                double stop, double step)
+{
+    ndm__site site = NDM__SITE;
+    if (!isfinite(start) || !isfinite(stop) || !isfinite(step) || step == 0) {
+        ndm__fail(NDM_E_INVALID, __func__, site,
+                  "start, stop and step must be finite and step non-zero (got %g, %g, %g)", start,
+                  stop, step);
+        return NDM_NULL_ARRAY;
+    }
+    double len = ceil((stop - start) / step);
+    if (!(len > 0))
+        len = 0;
+    if (len > 9.0e18) {
+        ndm__fail(NDM_E_OVERFLOW, __func__, site, "arange of %g elements", len);
+        return NDM_NULL_ARRAY;
+    }
+    return make_iota(site, __func__, m, dtype, (int64_t)len, start, step, false, 0);
+}
+
+NDM_API ndm_array ndm_linspace_at(NDM_SITE_PARAMS, ndm_manager m, ndm_dtype dtype, double start,
+                                  double stop, int64_t num)
+{
+    ndm__site site = NDM__SITE;
+    if (num < 0 || !isfinite(start) || !isfinite(stop)) {
+        ndm__fail(NDM_E_INVALID, __func__, site,
+                  "num must be >= 0 and the bounds finite (got num %" PRId64 ", %g, %g)", num,
+                  start, stop);
+        return NDM_NULL_ARRAY;
+    }
+    double step = num > 1 ? (stop - start) / (double)(num - 1) : 0.0;
+    return make_iota(site, __func__, m, dtype, num, start, step, true, stop);
+}
+
+NDM_API ndm_array ndm_from_buffer_at(NDM_SITE_PARAMS, ndm_manager m, ndm_dtype dtype,
+                                     const void *src, int ndim, const int64_t *shape)
+{
+    ndm__site site = NDM__SITE;
+    ndm__array *r;
+    ndm_array a = make(site, __func__, m, dtype, ndim, shape, &r);
+    if (!a.id)
+        return a;
+    size_t n = r->storage->nbytes;
+    if (n && !src) {
+        ndm__fail(NDM_E_INVALID, __func__, site, "src is NULL");
+        ndm__discard(a);
+        return NDM_NULL_ARRAY;
+    }
+    const ndm__backend *b = ndm__backend_of(r->storage->device, __func__, site);
+    ndm_status st = b ? b->upload(r->storage->device.index, r->storage->data, src, n)
+                      : NDM_E_UNSUPPORTED;
+    if (st < 0) {
+        if (b)
+            ndm__fail(st, __func__, site, "upload failed: %s", ndm_status_str(st));
+        ndm__discard(a);
+        return NDM_NULL_ARRAY;
+    }
+    return a;
+}
+
+NDM_API ndm_array ndm_wrap_buffer_at(NDM_SITE_PARAMS, ndm_manager m, ndm_dtype dtype, void *data,
+                                     ndm_free_fn free_fn, void *ud, int ndim,
+                                     const int64_t *shape)
+{
+    ndm__site site = NDM__SITE;
+    m = ndm__factory_manager(m, __func__, site);
+    if (!m.id)
+        return NDM_NULL_ARRAY;
+    return ndm__array_wrap(site, __func__, m, dtype, ndim, shape, data, free_fn, ud);
+}

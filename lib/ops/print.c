@@ -1,0 +1,445 @@
+/* numpy-style text of an array: array([[1., 2.], ...], dtype=float32),
+ * summarised with "..." above 1000 elements (3 edge items per axis). */
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dispatch.h"
+
+#define THRESHOLD 1000
+#define EDGE 3
+#define LINE_WIDTH 75
+
+typedef struct sbuf {
+    char *p;
+    size_t len, cap;
+    bool oom;
+} sbuf;
+
+static void sb_put(sbuf *b, const char *s, size_t n)
+{
+    if (b->oom)
+        return;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n + 1)
+            cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) {
+            b->oom = true;
+            return;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+static void sb_puts(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
+
+static void sb_spaces(sbuf *b, int n)
+{
+    for (int i = 0; i < n; i++)
+        sb_put(b, " ", 1);
+}
+
+/* How the elements are written: every element becomes a string of the same
+ * width, computed once over the elements that will be shown. */
+typedef struct fmt {
+    ndm_dtype dtype;
+    bool exp;       /* scientific notation */
+    int prec;       /* digits after the point */
+    int int_width;  /* fixed mode: width of the part before the point */
+    int frac_width; /* fixed mode: width of the part after it */
+    int width;      /* total width */
+} fmt;
+
+/* Does text read back as v in dtype dt? numpy prints the shortest digits
+ * that identify a value in its own precision (at most 8 after the point). */
+static bool roundtrips(const char *text, double v, ndm_dtype dt)
+{
+    double w = strtod(text, NULL);
+    switch (dt) {
+    case NDM_F32:
+        return (float)w == (float)v;
+    case NDM_F16:
+        return ndm_f32_to_f16((float)w) == ndm_f32_to_f16((float)v);
+    case NDM_BF16:
+        return ndm_f32_to_bf16((float)w) == ndm_f32_to_bf16((float)v);
+    default:
+        return w == v;
+    }
+}
+
+/* Fixed notation with the fewest decimals (<= 8) that round-trip; "1." for
+ * whole numbers. */
+static void fixed_text(double v, ndm_dtype dt, char *out, size_t n)
+{
+    for (int d = 0; d <= 8; d++) {
+        snprintf(out, n, "%#.*f", d, v);
+        if (roundtrips(out, v, dt))
+            return;
+    }
+    snprintf(out, n, "%#.8f", v);
+    char *end = out + strlen(out) - 1;
+    while (*end == '0' && end[-1] != '.')
+        *end-- = '\0';
+}
+
+/* Digits after the point that v needs in scientific notation (<= 8). */
+static int exp_digits(double v, ndm_dtype dt)
+{
+    char buf[64];
+    for (int d = 0; d <= 8; d++) {
+        snprintf(buf, sizeof buf, "%#.*e", d, v);
+        if (roundtrips(buf, v, dt))
+            return d;
+    }
+    return 8;
+}
+
+static void element_text(const fmt *f, const void *val, char *out, size_t n)
+{
+    switch (f->dtype) {
+    case NDM_BOOL:
+        snprintf(out, n, "%s", *(const uint8_t *)val ? "True" : "False");
+        return;
+    case NDM_U8:
+    case NDM_I32:
+    case NDM_I64:
+        snprintf(out, n, "%" PRId64, *(const int64_t *)val);
+        return;
+    default:
+        break;
+    }
+    double v = *(const double *)val;
+    if (isnan(v)) {
+        snprintf(out, n, "nan");
+    } else if (isinf(v)) {
+        snprintf(out, n, v > 0 ? "inf" : "-inf");
+    } else if (f->exp) {
+        snprintf(out, n, "%#.*e", f->prec, v);
+    } else {
+        fixed_text(v, f->dtype, out, n);
+    }
+}
+
+/* Pad an element's text to the common width. */
+static void element_put(sbuf *b, const fmt *f, const void *val)
+{
+    char t[96];
+    element_text(f, val, t, sizeof t);
+    int len = (int)strlen(t);
+    bool is_float = ndm_dtype_is_float(f->dtype);
+    double v = is_float ? *(const double *)val : 0;
+    if (is_float && !f->exp && isfinite(v)) {
+        /* Align the points: the integer part right-aligned, the fraction left. */
+        const char *dot = strchr(t, '.');
+        int ip = dot ? (int)(dot - t) : len;
+        int fp = len - ip - 1;
+        sb_spaces(b, f->int_width - ip);
+        sb_puts(b, t);
+        sb_spaces(b, f->frac_width - fp);
+    } else {
+        sb_spaces(b, f->width - len);
+        sb_puts(b, t);
+    }
+}
+
+typedef struct printer {
+    sbuf *b;
+    fmt f;
+    const unsigned char *vals; /* host values: double, int64 or uint8 per element */
+    size_t vsize;
+    int ndim;
+    const int64_t *shape;
+    const int64_t *cstrides; /* C-order strides of the host values */
+    bool summarise;
+} printer;
+
+/* Print the sub-array at value offset `off` of axis `axis`; `indent` is the
+ * column of this level's '['. `col` tracks the current line length. */
+static void print_rec(printer *pr, int axis, int64_t off, int indent, int *col)
+{
+    sbuf *b = pr->b;
+    sb_puts(b, "[");
+    (*col)++;
+    int64_t n = pr->shape[axis];
+    bool cut = pr->summarise && n > 2 * EDGE;
+    if (axis == pr->ndim - 1) {
+        for (int64_t i = 0; i < n; i++) {
+            if (cut && i == EDGE) {
+                int w = 5; /* "..., " */
+                if (*col + w > LINE_WIDTH) {
+                    sb_puts(b, "\n");
+                    sb_spaces(b, indent + 1);
+                    *col = indent + 1;
+                }
+                sb_puts(b, "..., ");
+                *col += w;
+                i = n - EDGE - 1;
+                continue;
+            }
+            int w = pr->f.width + (i + 1 < n ? 2 : 0);
+            if (i > 0 && *col + w > LINE_WIDTH) {
+                /* numpy breaks after the comma and indents to the bracket */
+                while (b->len && b->p[b->len - 1] == ' ')
+                    b->p[--b->len] = '\0';
+                sb_puts(b, "\n");
+                sb_spaces(b, indent + 1);
+                *col = indent + 1;
+            }
+            element_put(b, &pr->f, pr->vals + (size_t)(off + i * pr->cstrides[axis]) * pr->vsize);
+            *col += pr->f.width;
+            if (i + 1 < n) {
+                sb_puts(b, ", ");
+                *col += 2;
+            }
+        }
+    } else {
+        int blank = pr->ndim - axis - 2; /* empty lines between blocks */
+        for (int64_t i = 0; i < n; i++) {
+            if (i > 0) {
+                sb_puts(b, ",\n");
+                for (int k = 0; k < blank; k++)
+                    sb_puts(b, "\n");
+                sb_spaces(b, indent + 1);
+                *col = indent + 1;
+            }
+            if (cut && i == EDGE) {
+                sb_puts(b, "...");
+                i = n - EDGE - 1;
+                continue;
+            }
+            print_rec(pr, axis + 1, off + i * pr->cstrides[axis], indent + 1, col);
+        }
+    }
+    sb_puts(b, "]");
+    (*col)++;
+}
+
+/* Is element index i of an axis of size n shown? */
+static bool shown(int64_t i, int64_t n, bool summarise)
+{
+    return !summarise || n <= 2 * EDGE || i < EDGE || i >= n - EDGE;
+}
+
+/* Call fn on every element that will be shown. */
+typedef void (*visit_fn)(printer *pr, const void *val, void *acc);
+
+static void for_shown(printer *pr, visit_fn fn, void *acc)
+{
+    int64_t total = ndm__numel(pr->ndim, pr->shape);
+    int64_t small[16];
+    int64_t *idx = pr->ndim <= 16 ? small : calloc((size_t)pr->ndim, sizeof *idx);
+    if (!idx)
+        return;
+    memset(idx, 0, sizeof(int64_t) * (size_t)(pr->ndim <= 16 ? 16 : pr->ndim));
+    for (int64_t k = 0; k < total; k++) {
+        bool show = true;
+        int64_t off = 0;
+        for (int a = 0; a < pr->ndim; a++) {
+            show = show && shown(idx[a], pr->shape[a], pr->summarise);
+            off += idx[a] * pr->cstrides[a];
+        }
+        if (show)
+            fn(pr, pr->vals + (size_t)off * pr->vsize, acc);
+        for (int a = pr->ndim - 1; a >= 0; a--) {
+            if (++idx[a] < pr->shape[a])
+                break;
+            idx[a] = 0;
+        }
+    }
+    if (idx != small)
+        free(idx);
+}
+
+typedef struct range {
+    double maxv, minv;
+    bool any;
+} range;
+
+static void visit_range(printer *pr, const void *val, void *acc)
+{
+    (void)pr;
+    range *g = acc;
+    double v = fabs(*(const double *)val);
+    if (isfinite(v) && v != 0) {
+        g->any = true;
+        if (v > g->maxv)
+            g->maxv = v;
+        if (v < g->minv)
+            g->minv = v;
+    }
+}
+
+static void visit_prec(printer *pr, const void *val, void *acc)
+{
+    (void)pr;
+    double v = *(const double *)val;
+    int *prec = acc;
+    if (isfinite(v)) {
+        int d = exp_digits(v, pr->f.dtype);
+        if (d > *prec)
+            *prec = d;
+    }
+}
+
+typedef struct widths {
+    int width, iw, fw;
+} widths;
+
+static void visit_width(printer *pr, const void *val, void *acc)
+{
+    widths *w = acc;
+    char t[96];
+    element_text(&pr->f, val, t, sizeof t);
+    int len = (int)strlen(t);
+    const char *dot = strchr(t, '.');
+    if (ndm_dtype_is_float(pr->f.dtype) && !pr->f.exp && dot && isfinite(*(const double *)val)) {
+        int ip = (int)(dot - t), fp = len - ip - 1;
+        if (ip > w->iw)
+            w->iw = ip;
+        if (fp > w->fw)
+            w->fw = fp;
+    } else if (len > w->width) {
+        w->width = len;
+    }
+}
+
+/* Size the format from the elements that will be shown (numpy's rules:
+ * scientific when the largest magnitude is >= 1e8, the smallest non-zero
+ * < 1e-4, or their ratio > 1e3). */
+static void measure(printer *pr)
+{
+    fmt *f = &pr->f;
+    if (ndm_dtype_is_float(f->dtype)) {
+        range g = {0, INFINITY, false};
+        for_shown(pr, visit_range, &g);
+        f->exp = g.any && (g.maxv >= 1e8 || g.minv < 1e-4 || g.maxv / g.minv > 1e3);
+        if (f->exp)
+            for_shown(pr, visit_prec, &f->prec);
+    }
+    widths w = {0, 0, 0};
+    for_shown(pr, visit_width, &w);
+    if (ndm_dtype_is_float(f->dtype) && !f->exp && (w.iw || w.fw)) {
+        f->int_width = w.iw;
+        f->frac_width = w.fw;
+        f->width = w.iw + 1 + w.fw;
+        if (w.width > f->width) {
+            f->int_width += w.width - f->width;
+            f->width = w.width;
+        }
+    } else {
+        f->width = w.width;
+    }
+}
+
+static ndm_status format_array(ndm__array *r, sbuf *b, const char *api)
+{
+    int64_t n = ndm__numel(r->ndim, r->shape);
+    ndm_dtype as = ndm_dtype_is_float(r->dtype) ? NDM_F64 : r->dtype == NDM_BOOL ? NDM_BOOL : NDM_I64;
+    size_t vsize = ndm_dtype_size(as);
+    size_t raw_bytes = (size_t)n * ndm_dtype_size(r->dtype);
+    void *raw = malloc(raw_bytes ? raw_bytes : 1);
+    void *vals = malloc(n ? (size_t)n * vsize : 1);
+    int64_t *cs = malloc(sizeof(int64_t) * (size_t)(r->ndim ? r->ndim : 1));
+    ndm_status st = NDM_OK;
+    if (!raw || !vals || !cs) {
+        st = ndm__fail(NDM_E_OOM, api, NDM__NO_SITE, "no memory to format %" PRId64 " elements", n);
+        goto done;
+    }
+    st = ndm_array_copy_out(ndm__array_handle_of(r), raw, raw_bytes);
+    if (st < 0)
+        goto done;
+    ndm__contiguous_strides(r->ndim, r->shape, cs);
+    {
+        int64_t one = n;
+        int64_t unit = 1;
+        ndm__tensor src = {raw, r->dtype, 1, &one, &unit};
+        ndm__tensor dst = {vals, as, 1, &one, &unit};
+        st = ndm__cpu_backend.copy(0, &dst, &src);
+        if (st < 0)
+            goto done;
+    }
+    const char *dt = ndm_dtype_name(r->dtype);
+    bool show_dtype = !(r->dtype == NDM_F64 || r->dtype == NDM_I64 || r->dtype == NDM_BOOL);
+    sb_puts(b, "array(");
+    if (n == 0) {
+        sb_puts(b, "[]");
+        if (r->ndim != 1) {
+            sb_puts(b, ", shape=(");
+            for (int i = 0; i < r->ndim; i++) {
+                char num[32];
+                snprintf(num, sizeof num, "%s%" PRId64, i ? ", " : "", r->shape[i]);
+                sb_puts(b, num);
+            }
+            sb_puts(b, r->ndim == 1 ? ",)" : ")");
+        }
+        sb_puts(b, ", dtype=");
+        sb_puts(b, dt);
+        sb_puts(b, ")");
+        goto done;
+    }
+    printer pr = {b, {r->dtype, false, 0, 0, 0, 0}, vals, vsize, r->ndim, r->shape, cs,
+                  n > THRESHOLD};
+    measure(&pr);
+    if (r->ndim == 0) {
+        char t[96];
+        element_text(&pr.f, vals, t, sizeof t);
+        sb_puts(b, t);
+    } else {
+        int col = 6;
+        print_rec(&pr, 0, 0, 6, &col);
+    }
+    if (show_dtype) {
+        sb_puts(b, ", dtype=");
+        sb_puts(b, dt);
+    }
+    sb_puts(b, ")");
+done:
+    free(raw);
+    free(vals);
+    free(cs);
+    if (st == NDM_OK && b->oom)
+        st = ndm__fail(NDM_E_OOM, api, NDM__NO_SITE, "no memory for the text");
+    return st;
+}
+
+NDM_API ndm_status ndm_array_print(ndm_array a, FILE *f)
+{
+    ndm__array *r = ndm__array_get(a, __func__, NDM__NO_SITE);
+    if (!r)
+        return ndm_last_status();
+    if (!f)
+        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "FILE is NULL");
+    sbuf b = {0};
+    ndm_status st = format_array(r, &b, __func__);
+    if (st == NDM_OK) {
+        fputs(b.p, f);
+        fputc('\n', f);
+    }
+    free(b.p);
+    return st;
+}
+
+NDM_API int ndm_array_format(ndm_array a, char *buf, size_t n)
+{
+    ndm__array *r = ndm__array_get(a, __func__, NDM__NO_SITE);
+    if (!r)
+        return ndm_last_status();
+    sbuf b = {0};
+    ndm_status st = format_array(r, &b, __func__);
+    int len = st < 0 ? (int)st : (int)b.len;
+    if (st == NDM_OK && buf && n) {
+        size_t k = b.len < n - 1 ? b.len : n - 1;
+        memcpy(buf, b.p, k);
+        buf[k] = '\0';
+    }
+    free(b.p);
+    return len;
+}
