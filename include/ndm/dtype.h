@@ -37,6 +37,14 @@ NDM_API const char *ndm_dtype_short(ndm_dtype t);
 NDM_API bool ndm_dtype_valid(ndm_dtype t);
 NDM_API bool ndm_dtype_is_float(ndm_dtype t);
 
+/** The dtype two operands are computed in (promotion):
+ *  - the same kind follows the array API: bool < u8 < i32 < i64 and
+ *    f16 < f32 < f64, bf16 < f32 < f64, with f16 and bf16 together giving f32;
+ *  - bool or integer with float gives the float type (as PyTorch and JAX do:
+ *    i32 with f32 stays f32 rather than numpy's f64).
+ *  NDM_F32 for values that are not dtypes. */
+NDM_API ndm_dtype ndm_result_type(ndm_dtype a, ndm_dtype b);
+
 /** IEEE half and bfloat16 conversions (round to nearest even; NaN stays NaN). */
 NDM_API uint16_t ndm_f32_to_f16(float x);
 NDM_API float ndm_f16_to_f32(uint16_t h);

@@ -18,5 +18,12 @@
 #include "view.h"
 #include "scope.h"
 #include "debug.h"
+#include "elementwise.h"
+#include "reduce.h"
+#include "linalg.h"
+#include "index.h"
+#include "conv.h"
+#include "random.h"
+#include "memory.h"
 
 #endif

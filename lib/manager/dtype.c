@@ -109,3 +109,19 @@ NDM_API uint16_t ndm_f32_to_bf16(float x)
 }
 
 NDM_API float ndm_bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+
+NDM_API ndm_dtype ndm_result_type(ndm_dtype a, ndm_dtype b)
+{
+    if (!ndm_dtype_valid(a) || !ndm_dtype_valid(b))
+        return NDM_F32;
+    if (a == b)
+        return a;
+    bool fa = ndm_dtype_is_float(a), fb = ndm_dtype_is_float(b);
+    if (fa != fb)
+        return fa ? a : b; /* the float operand decides */
+    if (!fa)
+        return a > b ? a : b; /* bool < u8 < i32 < i64 in enum order */
+    if ((a == NDM_F16 && b == NDM_BF16) || (a == NDM_BF16 && b == NDM_F16))
+        return NDM_F32;
+    return a > b ? a : b; /* f16, bf16 < f32 < f64 in enum order */
+}

@@ -1,0 +1,135 @@
+/* A small fork-join pool: persistent workers spin briefly, then sleep on a
+ * condition variable. One job runs at a time; a second caller runs inline. */
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "parallel.h"
+
+#define MAX_THREADS 256
+#define SPIN 20000
+
+typedef struct pool {
+    int n;                      /* threads including the caller */
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    atomic_uint job;            /* generation of the current job */
+    atomic_int pending;         /* workers still running the current job */
+    atomic_flag busy;           /* a caller owns the pool */
+    ndm__range_fn fn;
+    void *ctx;
+    int64_t n_items, chunk;
+    int chunks;
+} pool;
+
+static pool P = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER,
+                 .busy = ATOMIC_FLAG_INIT};
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static _Thread_local bool in_pool;
+
+static void run_chunk(int c)
+{
+    int64_t b = (int64_t)c * P.chunk;
+    int64_t e = b + P.chunk < P.n_items ? b + P.chunk : P.n_items;
+    if (b < e)
+        P.fn(P.ctx, b, e);
+}
+
+static void *worker(void *arg)
+{
+    int id = (int)(intptr_t)arg;
+    in_pool = true;
+    unsigned seen = 0;
+    for (;;) {
+        unsigned job;
+        int spins = 0;
+        while ((job = atomic_load_explicit(&P.job, memory_order_acquire)) == seen) {
+            if (++spins < SPIN) {
+#if defined(__x86_64__) || defined(__i386__)
+                __builtin_ia32_pause();
+#endif
+                continue;
+            }
+            pthread_mutex_lock(&P.lock);
+            while ((job = atomic_load_explicit(&P.job, memory_order_acquire)) == seen)
+                pthread_cond_wait(&P.wake, &P.lock);
+            pthread_mutex_unlock(&P.lock);
+            break;
+        }
+        seen = job;
+        for (int c = id; c < P.chunks; c += P.n)
+            run_chunk(c);
+        atomic_fetch_sub_explicit(&P.pending, 1, memory_order_acq_rel);
+    }
+    return NULL;
+}
+
+static void start(void)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int n = cores > 0 ? (int)cores : 1;
+    const char *env = getenv("NDM_NUM_THREADS");
+    if (env && *env) {
+        long v = strtol(env, NULL, 10);
+        if (v >= 1)
+            n = v > MAX_THREADS ? MAX_THREADS : (int)v;
+    }
+    P.n = 1;
+    for (int i = 1; i < n; i++) {
+        pthread_t t;
+        pthread_attr_t at;
+        pthread_attr_init(&at);
+        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        if (pthread_create(&t, &at, worker, (void *)(intptr_t)i) != 0) {
+            pthread_attr_destroy(&at);
+            break;
+        }
+        pthread_attr_destroy(&at);
+        P.n = i + 1;
+    }
+}
+
+int ndm__num_threads(void)
+{
+    pthread_once(&once, start);
+    return P.n;
+}
+
+void ndm__parallel_for(int64_t n, int64_t grain, ndm__range_fn fn, void *ctx)
+{
+    if (n <= 0)
+        return;
+    if (grain < 1)
+        grain = 1;
+    int threads = ndm__num_threads();
+    if (threads == 1 || n <= grain || in_pool ||
+        atomic_flag_test_and_set_explicit(&P.busy, memory_order_acquire)) {
+        fn(ctx, 0, n);
+        return;
+    }
+    int64_t want = (n + grain - 1) / grain;
+    int chunks = want < threads ? (int)want : threads;
+    P.fn = fn;
+    P.ctx = ctx;
+    P.n_items = n;
+    P.chunk = (n + chunks - 1) / chunks;
+    P.chunks = chunks;
+    atomic_store_explicit(&P.pending, threads - 1, memory_order_relaxed);
+    pthread_mutex_lock(&P.lock);
+    atomic_fetch_add_explicit(&P.job, 1, memory_order_release);
+    pthread_cond_broadcast(&P.wake);
+    pthread_mutex_unlock(&P.lock);
+    in_pool = true;
+    for (int c = 0; c < chunks; c += threads)
+        run_chunk(c);
+    in_pool = false;
+    while (atomic_load_explicit(&P.pending, memory_order_acquire) > 0) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+    }
+    atomic_flag_clear_explicit(&P.busy, memory_order_release);
+}
