@@ -4,6 +4,7 @@
 #ifndef NDM_BACKEND_H
 #define NDM_BACKEND_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -64,6 +65,14 @@ typedef struct ndm__backend {
 /* The backend of a device type; NULL when not built in. */
 const ndm__backend *ndm__backend_for(ndm_device_type type);
 
+/* The CPU has two tables with the same families: the fast kernels, and the
+ * plain C reference kernels they are tested against (and the CUDA backend
+ * too). Every family fills both; a fast table may point at reference
+ * functions where nothing faster exists. */
 extern const ndm__backend ndm__cpu_backend;
+extern const ndm__backend ndm__cpu_ref_backend;
+
+/* Test hook: route CPU dispatch to the reference table (process wide). */
+void ndm__cpu_force_reference(bool on);
 
 #endif

@@ -6,11 +6,18 @@
 extern const ndm__backend ndm__cuda_backend;
 #endif
 
+#include <stdatomic.h>
+
+static atomic_bool force_reference;
+
+void ndm__cpu_force_reference(bool on) { atomic_store(&force_reference, on); }
+
 const ndm__backend *ndm__backend_for(ndm_device_type type)
 {
     switch (type) {
     case NDM_DEVICE_CPU:
-        return &ndm__cpu_backend;
+        return atomic_load_explicit(&force_reference, memory_order_relaxed) ? &ndm__cpu_ref_backend
+                                                                            : &ndm__cpu_backend;
 #if NDM_HAVE_CUDA
     case NDM_DEVICE_CUDA:
         return &ndm__cuda_backend;
