@@ -113,3 +113,25 @@ ndm_status ndm__charge_move(ndm__manager *from, ndm__manager *to, int dev, int64
     bytes_add(from, dev, -bytes);
     return NDM_OK;
 }
+
+ndm_status ndm__charge_check(ndm__manager *from, ndm__manager *to, int dev, int64_t bytes,
+                             const char *api, ndm__site where)
+{
+    ndm__manager *lf = anchor_of(from), *lt = anchor_of(to);
+    for (ndm__manager *x = lt; x; x = anchor_above(x)) {
+        if (on_chain(lf, x))
+            break; /* from here up the bytes are already counted */
+        int64_t used = atomic_load_explicit(&x->limits->used[dev], memory_order_relaxed);
+        uint64_t lim = atomic_load_explicit(&x->limits->limit[dev], memory_order_relaxed);
+        if (lim && used + bytes > (int64_t)lim) {
+            char path[512], devs[32];
+            ndm__manager_path(x->self, path, sizeof path);
+            ndm_device_str(ndm__slot_device(dev), devs, sizeof devs);
+            return ndm__fail(NDM_E_QUOTA, api, where,
+                             "%" PRId64 " bytes on %s would exceed the limit of manager '%s' "
+                             "(limit %" PRIu64 ", in use %" PRId64 ")",
+                             bytes, devs, path, lim, used);
+        }
+    }
+    return NDM_OK;
+}

@@ -15,6 +15,36 @@ static pthread_mutex_t storage_lock = PTHREAD_MUTEX_INITIALIZER;
 static ndm__storage *storage_free;
 static _Thread_local ndm__storage *storage_cache;
 static _Thread_local unsigned storage_cached;
+static _Thread_local bool storage_registered;
+static pthread_key_t storage_key;
+static pthread_once_t storage_once = PTHREAD_ONCE_INIT;
+
+/* A thread's cached headers go back to the global list when it exits. */
+static void storage_flush(void *unused)
+{
+    (void)unused;
+    if (!storage_cache)
+        return;
+    ndm__storage *last = storage_cache;
+    while (last->next_free)
+        last = last->next_free;
+    pthread_mutex_lock(&storage_lock);
+    last->next_free = storage_free;
+    storage_free = storage_cache;
+    pthread_mutex_unlock(&storage_lock);
+    storage_cache = NULL;
+    storage_cached = 0;
+}
+
+static void storage_key_make(void) { pthread_key_create(&storage_key, storage_flush); }
+
+static void storage_register(void)
+{
+    pthread_once(&storage_once, storage_key_make);
+    /* any non-NULL value makes the destructor run at thread exit */
+    pthread_setspecific(storage_key, &storage_registered);
+    storage_registered = true;
+}
 
 static ndm__storage *storage_get(void)
 {
@@ -24,6 +54,8 @@ static ndm__storage *storage_get(void)
         storage_cached--;
         return s;
     }
+    if (!storage_registered)
+        storage_register();
     pthread_mutex_lock(&storage_lock);
     s = storage_free;
     if (s)
@@ -43,6 +75,8 @@ static void storage_put(ndm__storage *s)
         pthread_mutex_unlock(&storage_lock);
         return;
     }
+    if (NDM__UNLIKELY(!storage_registered))
+        storage_register(); /* headers made by another thread can die here */
     s->next_free = storage_cache;
     storage_cache = s;
     storage_cached++;

@@ -321,6 +321,9 @@ ndm_status ndm__axis(int axis, int ndim, bool insert, int *out, const char *api,
 ndm_status ndm__charge(ndm__manager *m, int dev, int64_t bytes, bool force, const char *api,
                        ndm__site where);
 void ndm__uncharge(ndm__manager *m, int dev, int64_t bytes);
+/* Would moving `bytes` from `from` to `to` fit the limits? (no change made) */
+ndm_status ndm__charge_check(ndm__manager *from, ndm__manager *to, int dev, int64_t bytes,
+                             const char *api, ndm__site where);
 /* Move a charge between managers; limited ancestors common to both keep it. */
 ndm_status ndm__charge_move(ndm__manager *from, ndm__manager *to, int dev, int64_t bytes,
                             bool force, const char *api, ndm__site where);

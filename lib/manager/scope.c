@@ -143,11 +143,55 @@ static ndm_status check_keep(ndm__manager *m, size_t n, const ndm_array *keep, u
     return NDM_OK;
 }
 
-/* Move the kept arrays out; on failure move back the ones already moved and
+/* Check that the target accepts the keeps before anything moves: it is open,
+ * uncapped, and its limits have room for the storages whose charge would
+ * follow (those whose every view in the scope is kept). */
+static ndm_status check_target(ndm__manager *s, ndm_manager target, size_t n,
+                               const uint32_t *slots, const char *api, ndm__site site)
+{
+    ndm__manager *t = ndm__manager_get(target, api, site);
+    if (!t)
+        return ndm_last_status();
+    unsigned ts = atomic_load_explicit(&t->state, memory_order_acquire);
+    char path[512];
+    if (ts & NDM__M_CLOSING) {
+        ndm__manager_path(t->self, path, sizeof path);
+        return ndm__fail(NDM_E_CLOSED, api, site, "target manager '%s' is closing", path);
+    }
+    if (ts & NDM__M_CAP_ARRAYS) {
+        ndm__manager_path(t->self, path, sizeof path);
+        return ndm__fail(NDM_E_CAPPED, api, site, "target manager '%s' is capped", path);
+    }
+    int64_t need[NDM__MAX_DEVICES] = {0};
+    for (size_t i = 0; i < n; i++) {
+        ndm__storage *st = ndm__array_slot(slots[i])->storage;
+        bool seen = false;
+        uint32_t kept_views = 0;
+        for (size_t j = 0; j < n; j++) {
+            if (ndm__array_slot(slots[j])->storage != st)
+                continue;
+            if (j < i)
+                seen = true;
+            kept_views++;
+        }
+        if (!seen && st->charged == s->self && st->charged_views == kept_views)
+            need[st->dev] += (int64_t)st->nbytes;
+    }
+    for (int d = 0; d < NDM__MAX_DEVICES; d++)
+        if (need[d] && ndm__charge_check(s, t, d, need[d], api, site) < 0)
+            return ndm_last_status();
+    return NDM_OK;
+}
+
+/* Move the kept arrays out. The target was checked first; if another thread
+ * changes it meanwhile and a move fails, move back the ones already moved and
  * take back the counts, so that nothing has changed. */
 static ndm_status move_keeps(ndm__manager *s, ndm_manager target, size_t n, const uint32_t *slots,
                              const char *api, ndm__site site)
 {
+    ndm_status chk = check_target(s, target, n, slots, api, site);
+    if (chk < 0)
+        return chk;
     for (size_t i = 0; i < n; i++) {
         ndm__array *r = ndm__array_slot(slots[i]);
         ndm_status st = ndm__array_attach(r, target, api, site);
