@@ -60,18 +60,21 @@ static void release_chain(ndm__manager *l, ndm__manager *stop, int dev, int64_t 
         atomic_fetch_sub_explicit(&x->limits->used[dev], n, memory_order_relaxed);
 }
 
-ndm_status ndm__charge(ndm__manager *m, int dev, int64_t bytes, bool force, const char *api,
-                       ndm__site where)
+ndm_status ndm__limit_reserve(ndm__manager *m, int dev, int64_t bytes, const char *api,
+                              ndm__site where)
 {
     ndm__manager *l = anchor_of(m);
-    if (l) {
-        ndm_status st = reserve_chain(l, NULL, dev, bytes, force, api, where);
-        if (st < 0)
-            return st;
-    }
-    bytes_add(m, dev, bytes);
-    return NDM_OK;
+    return l ? reserve_chain(l, NULL, dev, bytes, false, api, where) : NDM_OK;
 }
+
+void ndm__limit_release(ndm__manager *m, int dev, int64_t bytes)
+{
+    ndm__manager *l = anchor_of(m);
+    if (l)
+        release_chain(l, NULL, dev, bytes);
+}
+
+void ndm__bytes_add(ndm__manager *m, int dev, int64_t bytes) { bytes_add(m, dev, bytes); }
 
 void ndm__uncharge(ndm__manager *m, int dev, int64_t bytes)
 {

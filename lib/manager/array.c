@@ -377,15 +377,16 @@ ndm_array ndm__array_new_on(ndm__site site, const char *api, ndm_manager mh, ndm
     if (accepts(m, api, site, dtype, ndim, shape) < 0)
         return NDM_NULL_ARRAY;
     int d = ndm__device_slot(dev);
-    /* Checks first: the limit is reserved before any memory is taken. */
-    if (ndm__charge(m, d, (int64_t)nbytes, false, api, site) < 0)
+    /* Checks first: the limit is reserved before any memory is taken, and the
+     * bytes (and peak) are counted only once the memory is held. */
+    if (ndm__limit_reserve(m, d, (int64_t)nbytes, api, site) < 0)
         return NDM_NULL_ARRAY;
     ndm__storage *s = storage_get();
     uint32_t slot = s ? ndm__array_slot_alloc() : 0;
     if (!slot) {
         if (s)
             storage_put(s);
-        ndm__uncharge(m, d, (int64_t)nbytes);
+        ndm__limit_release(m, d, (int64_t)nbytes);
         ndm__fail(NDM_E_OOM, api, site, "no memory for an array record");
         return NDM_NULL_ARRAY;
     }
@@ -421,6 +422,7 @@ ndm_array ndm__array_new_on(ndm__site site, const char *api, ndm_manager mh, ndm
         ndm__free(dev, &s->block);
         goto fail;
     }
+    ndm__bytes_add(m, d, (int64_t)nbytes);
     atomic_store_explicit(&r->live, 1, memory_order_release);
     if (out)
         *out = r;
@@ -428,7 +430,7 @@ ndm_array ndm__array_new_on(ndm__site site, const char *api, ndm_manager mh, ndm
 fail:
     storage_put(s);
     ndm__array_slot_free(slot);
-    ndm__uncharge(m, d, (int64_t)nbytes);
+    ndm__limit_release(m, d, (int64_t)nbytes);
     return NDM_NULL_ARRAY;
 }
 
@@ -456,14 +458,14 @@ ndm_array ndm__array_wrap(ndm__site site, const char *api, ndm_manager mh, ndm_d
     if (accepts(m, api, site, dtype, ndim, shape) < 0)
         return NDM_NULL_ARRAY;
     int d = m->dev;
-    if (ndm__charge(m, d, (int64_t)nbytes, false, api, site) < 0)
+    if (ndm__limit_reserve(m, d, (int64_t)nbytes, api, site) < 0)
         return NDM_NULL_ARRAY;
     ndm__storage *s = storage_get();
     uint32_t slot = s ? ndm__array_slot_alloc() : 0;
     if (!slot) {
         if (s)
             storage_put(s);
-        ndm__uncharge(m, d, (int64_t)nbytes);
+        ndm__limit_release(m, d, (int64_t)nbytes);
         ndm__fail(NDM_E_OOM, api, site, "no memory for an array record");
         return NDM_NULL_ARRAY;
     }
@@ -488,12 +490,13 @@ ndm_array ndm__array_wrap(ndm__site site, const char *api, ndm_manager mh, ndm_d
         free_dims(r);
         goto fail;
     }
+    ndm__bytes_add(m, d, (int64_t)nbytes);
     atomic_store_explicit(&r->live, 1, memory_order_release);
     return ndm__array_handle(slot, atomic_load_explicit(&r->gen, memory_order_relaxed));
 fail:
     storage_put(s);
     ndm__array_slot_free(slot);
-    ndm__uncharge(m, d, (int64_t)nbytes);
+    ndm__limit_release(m, d, (int64_t)nbytes);
     return NDM_NULL_ARRAY;
 }
 

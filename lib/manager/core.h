@@ -316,10 +316,14 @@ ndm_status ndm__axis(int axis, int ndim, bool insert, int *out, const char *api,
 
 /* ---- managers ----------------------------------------------------------- */
 
-/* Charge or uncharge storage bytes to a manager and its limited ancestors.
- * ndm__charge fails with NDM_E_QUOTA (and changes nothing) unless `force`. */
-ndm_status ndm__charge(ndm__manager *m, int dev, int64_t bytes, bool force, const char *api,
-                       ndm__site where);
+/* The two halves of a charge, for allocations: reserve room in the limits
+ * before allocating, count the bytes (and the peak) once memory is held. */
+ndm_status ndm__limit_reserve(ndm__manager *m, int dev, int64_t bytes, const char *api,
+                              ndm__site where);
+void ndm__limit_release(ndm__manager *m, int dev, int64_t bytes);
+void ndm__bytes_add(ndm__manager *m, int dev, int64_t bytes);
+
+/* Give back the bytes of a dead storage: the manager's count and its limits. */
 void ndm__uncharge(ndm__manager *m, int dev, int64_t bytes);
 /* Would moving `bytes` from `from` to `to` fit the limits? (no change made) */
 ndm_status ndm__charge_check(ndm__manager *from, ndm__manager *to, int dev, int64_t bytes,
