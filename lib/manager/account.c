@@ -18,18 +18,6 @@ static inline ndm__manager *anchor_above(ndm__manager *l)
     return anchor_of(ndm__manager_slot(l->parent));
 }
 
-static void bytes_add(ndm__manager *m, int dev, int64_t n)
-{
-    int64_t now = atomic_fetch_add_explicit(&m->bytes[dev], n, memory_order_relaxed) + n;
-    if (n > 0) {
-        int64_t peak = atomic_load_explicit(&m->peak[dev], memory_order_relaxed);
-        while (now > peak &&
-               !atomic_compare_exchange_weak_explicit(&m->peak[dev], &peak, now,
-                                                      memory_order_relaxed, memory_order_relaxed))
-            ;
-    }
-}
-
 /* Reserve n bytes on every limited manager from l upwards, stopping before
  * `stop` (a limited manager that already holds them). */
 static ndm_status reserve_chain(ndm__manager *l, ndm__manager *stop, int dev, int64_t n,
@@ -74,14 +62,12 @@ void ndm__limit_release(ndm__manager *m, int dev, int64_t bytes)
         release_chain(l, NULL, dev, bytes);
 }
 
-void ndm__bytes_add(ndm__manager *m, int dev, int64_t bytes) { bytes_add(m, dev, bytes); }
-
 void ndm__uncharge(ndm__manager *m, int dev, int64_t bytes)
 {
     ndm__manager *l = anchor_of(m);
     if (l)
         release_chain(l, NULL, dev, bytes);
-    bytes_add(m, dev, -bytes);
+    m->bytes[dev] -= bytes;
 }
 
 /* Is limited manager x on the chain that starts at l? */
@@ -95,7 +81,7 @@ static bool on_chain(ndm__manager *l, ndm__manager *x)
 
 /* Move a charge from `from` to `to`. Limited ancestors common to both keep it. */
 ndm_status ndm__charge_move(ndm__manager *from, ndm__manager *to, int dev, int64_t bytes,
-                            bool force, const char *api, ndm__site where)
+                            bool force, bool to_unlocked, const char *api, ndm__site where)
 {
     ndm__manager *lf = anchor_of(from), *lt = anchor_of(to);
     /* The first limited manager on to's chain that is also on from's chain. */
@@ -112,8 +98,11 @@ ndm_status ndm__charge_move(ndm__manager *from, ndm__manager *to, int dev, int64
     }
     if (lf)
         release_chain(lf, common, dev, bytes);
-    bytes_add(to, dev, bytes);
-    bytes_add(from, dev, -bytes);
+    if (to_unlocked)
+        atomic_fetch_add_explicit(&to->inbox[dev], bytes, memory_order_relaxed);
+    else
+        ndm__bytes_add(to, dev, bytes);
+    from->bytes[dev] -= bytes;
     return NDM_OK;
 }
 

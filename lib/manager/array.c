@@ -6,56 +6,37 @@
 #include <string.h>
 
 #include "core.h"
+#include "thread.h"
 
 /* ---- storage headers: a per-thread free list over a global one ------------ */
 
-#define STORAGE_BATCH 64
-
 static pthread_mutex_t storage_lock = PTHREAD_MUTEX_INITIALIZER;
 static ndm__storage *storage_free;
-static _Thread_local ndm__storage *storage_cache;
-static _Thread_local unsigned storage_cached;
-static _Thread_local bool storage_registered;
-static pthread_key_t storage_key;
-static pthread_once_t storage_once = PTHREAD_ONCE_INIT;
 
-/* A thread's cached headers go back to the global list when it exits. */
-static void storage_flush(void *unused)
+void ndm__storage_cache_flush(ndm__thread *t)
 {
-    (void)unused;
-    if (!storage_cache)
+    if (!t->storage)
         return;
-    ndm__storage *last = storage_cache;
+    ndm__storage *last = t->storage;
     while (last->next_free)
         last = last->next_free;
     pthread_mutex_lock(&storage_lock);
     last->next_free = storage_free;
-    storage_free = storage_cache;
+    storage_free = t->storage;
     pthread_mutex_unlock(&storage_lock);
-    storage_cache = NULL;
-    storage_cached = 0;
-}
-
-static void storage_key_make(void) { pthread_key_create(&storage_key, storage_flush); }
-
-static void storage_register(void)
-{
-    pthread_once(&storage_once, storage_key_make);
-    /* any non-NULL value makes the destructor run at thread exit */
-    pthread_setspecific(storage_key, &storage_registered);
-    storage_registered = true;
+    t->storage = NULL;
+    t->storage_count = 0;
 }
 
 static ndm__storage *storage_get(void)
 {
-    ndm__storage *s = storage_cache;
+    ndm__thread *t = ndm__thread_get();
+    ndm__storage *s = t ? t->storage : NULL;
     if (NDM__LIKELY(s != NULL)) {
-        storage_cache = s->next_free;
-        storage_cached--;
+        t->storage = s->next_free;
+        t->storage_count--;
         return s;
     }
-    if (!storage_registered)
-        storage_register();
     pthread_mutex_lock(&storage_lock);
     s = storage_free;
     if (s)
@@ -68,18 +49,17 @@ static ndm__storage *storage_get(void)
 
 static void storage_put(ndm__storage *s)
 {
-    if (NDM__UNLIKELY(storage_cached >= STORAGE_BATCH)) {
+    ndm__thread *t = ndm__thread_get();
+    if (NDM__UNLIKELY(!t || t->storage_count >= NDM__STORAGE_CACHE)) {
         pthread_mutex_lock(&storage_lock);
         s->next_free = storage_free;
         storage_free = s;
         pthread_mutex_unlock(&storage_lock);
         return;
     }
-    if (NDM__UNLIKELY(!storage_registered))
-        storage_register(); /* headers made by another thread can die here */
-    s->next_free = storage_cache;
-    storage_cache = s;
-    storage_cached++;
+    s->next_free = t->storage;
+    t->storage = s;
+    t->storage_count++;
 }
 
 /* Free the storage's memory and give its bytes back; refs reached 0. */
@@ -155,7 +135,7 @@ ndm_status ndm__shape_check(int ndim, const int64_t *shape, ndm_dtype dtype, int
                              shape[i]);
     }
     size_t bytes;
-    if (__builtin_mul_overflow((size_t)n, ndm_dtype_size(dtype), &bytes) ||
+    if (__builtin_mul_overflow((size_t)n, (size_t)ndm__dtype_bytes[dtype], &bytes) ||
         bytes > (size_t)INT64_MAX)
         return ndm__fail(NDM_E_OVERFLOW, api, where,
                          "%" PRId64 " elements of %s overflow the byte count", n,
@@ -321,9 +301,10 @@ static void free_dims(ndm__array *r)
     }
 }
 
-/* Link a filled record into m (head = newest) and count it. Fails when m
- * started closing since `accepts` ran. */
-static ndm_status link_new(ndm__manager *m, ndm__array *r, const char *api, ndm__site where)
+/* Link a filled record into m (head = newest) and count it with its storage
+ * bytes (0 for a view). Fails when m started closing since `accepts` ran. */
+static ndm_status link_new(ndm__manager *m, ndm__array *r, int dev, int64_t bytes,
+                           const char *api, ndm__site where)
 {
     ndm__lock_take(&m->lock);
     if (NDM__UNLIKELY(atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_CLOSING)) {
@@ -338,6 +319,7 @@ static ndm_status link_new(ndm__manager *m, ndm__array *r, const char *api, ndm_
     m->arrays = r->self;
     m->live++;
     m->created++;
+    ndm__bytes_add(m, dev, bytes);
     ndm__lock_drop(&m->lock);
     return NDM_OK;
 }
@@ -350,9 +332,7 @@ static void record_fill(ndm__array *r, ndm_dtype dtype, ndm__site site)
     r->sv_prev = r->sv_next = 0;
     r->ext = NULL;
     r->site = site;
-    r->dead_site = NDM__NO_SITE;
-    r->dead_by = r->dead_by_gen = 0;
-    r->seq = atomic_fetch_add_explicit(&ndm__seq, 1, memory_order_relaxed) + 1;
+    r->epoch = atomic_load_explicit(&ndm__epoch, memory_order_relaxed);
 }
 
 static void record_kill(ndm__array *r)
@@ -371,37 +351,75 @@ ndm_array ndm__array_new_on(ndm__site site, const char *api, ndm_manager mh, ndm
     ndm__manager *m = ndm__manager_get(mh, api, site);
     if (!m)
         return NDM_NULL_ARRAY;
+    return ndm__array_new_in(site, api, m, dev, dtype, ndim, shape, out);
+}
+
+/* Element bytes of a shape; false for a negative size or an overflowing
+ * count (ndm__shape_check then writes the message). Inline: every creation
+ * runs it. */
+static inline bool shape_bytes(int ndim, const int64_t *shape, ndm_dtype dtype, size_t *nbytes)
+{
+    if ((unsigned)dtype >= NDM_DTYPE_COUNT || ndim < 0 || (ndim && !shape))
+        return false;
+    uint64_t n = 1;
+    for (int i = 0; i < ndim; i++)
+        if (shape[i] < 0 || __builtin_mul_overflow(n, (uint64_t)shape[i], &n))
+            return false;
+    if (__builtin_mul_overflow(n, (uint64_t)ndm__dtype_bytes[dtype], &n) || n > (uint64_t)INT64_MAX)
+        return false;
+    *nbytes = (size_t)n;
+    return true;
+}
+
+ndm_array ndm__array_new_in(ndm__site site, const char *api, ndm__manager *m, ndm_device dev,
+                            ndm_dtype dtype, int ndim, const int64_t *shape, ndm__array **out)
+{
+    /* Checks first, inline; only a failure calls out to write its message. */
     size_t nbytes;
-    if (ndm__shape_check(ndim, shape, dtype, NULL, &nbytes, api, site) < 0)
+    if (NDM__UNLIKELY(!shape_bytes(ndim, shape, dtype, &nbytes))) {
+        if (ndm__shape_check(ndim, shape, dtype, NULL, NULL, api, site) == NDM_OK)
+            ndm__fail(NDM_E_SHAPE, api, site, "invalid shape"); /* unreachable by design */
         return NDM_NULL_ARRAY;
-    if (accepts(m, api, site, dtype, ndim, shape) < 0)
+    }
+    if (NDM__UNLIKELY(atomic_load_explicit(&m->state, memory_order_acquire) &
+                      (NDM__M_CLOSING | NDM__M_CAP_ARRAYS)) &&
+        accepts(m, api, site, dtype, ndim, shape) < 0)
         return NDM_NULL_ARRAY;
     int d = ndm__device_slot(dev);
-    /* Checks first: the limit is reserved before any memory is taken, and the
-     * bytes (and peak) are counted only once the memory is held. */
-    if (ndm__limit_reserve(m, d, (int64_t)nbytes, api, site) < 0)
+    /* The limit is reserved before any memory is taken, and the bytes (and
+     * peak) are counted only once the memory is held. */
+    bool limited = atomic_load_explicit(&m->limit_anchor, memory_order_relaxed) != 0;
+    if (NDM__UNLIKELY(limited) && ndm__limit_reserve(m, d, (int64_t)nbytes, api, site) < 0)
         return NDM_NULL_ARRAY;
     ndm__storage *s = storage_get();
     uint32_t slot = s ? ndm__array_slot_alloc() : 0;
-    if (!slot) {
+    if (NDM__UNLIKELY(!slot)) {
         if (s)
             storage_put(s);
-        ndm__limit_release(m, d, (int64_t)nbytes);
+        if (limited)
+            ndm__limit_release(m, d, (int64_t)nbytes);
         ndm__fail(NDM_E_OOM, api, site, "no memory for an array record");
         return NDM_NULL_ARRAY;
     }
     ndm__array *r = ndm__array_slot(slot);
     ndm__alloc_tag tag = {m->self, site.file, site.func, site.line};
-    ndm_status st = ndm__alloc(dev, nbytes, &tag, &s->block);
-    if (st < 0) {
+    if (NDM__UNLIKELY(ndm__alloc(dev, nbytes, &tag, &s->block) < 0)) {
         /* The allocator's message says what it had; name the caller too. */
-        char why[768];
-        snprintf(why, sizeof why, "%s", ndm_last_error());
-        ndm__fail(st, api, site, "%s", why);
+        ndm__fail(ndm_last_status(), api, site, "%s", ndm_last_error());
         goto fail;
     }
     record_fill(r, dtype, site);
-    if (set_dims(r, ndim, shape, NULL, api, site) < 0) {
+    if (NDM__LIKELY(ndim <= NDM__INLINE_DIMS)) {
+        r->ndim = ndim;
+        r->shape = r->dims;
+        r->strides = r->dims + NDM__INLINE_DIMS;
+        int64_t stride = 1;
+        for (int i = ndim - 1; i >= 0; i--) {
+            r->shape[i] = shape[i];
+            r->strides[i] = stride;
+            stride *= shape[i] ? shape[i] : 1;
+        }
+    } else if (set_dims(r, ndim, shape, NULL, api, site) < 0) {
         ndm__free(dev, &s->block);
         goto fail;
     }
@@ -417,12 +435,11 @@ ndm_array ndm__array_new_on(ndm__site site, const char *api, ndm_manager mh, ndm
     s->free_fn = NULL;
     s->free_ud = NULL;
     r->storage = s;
-    if (link_new(m, r, api, site) < 0) {
+    if (NDM__UNLIKELY(link_new(m, r, d, (int64_t)nbytes, api, site) < 0)) {
         free_dims(r);
         ndm__free(dev, &s->block);
         goto fail;
     }
-    ndm__bytes_add(m, d, (int64_t)nbytes);
     atomic_store_explicit(&r->live, 1, memory_order_release);
     if (out)
         *out = r;
@@ -430,7 +447,8 @@ ndm_array ndm__array_new_on(ndm__site site, const char *api, ndm_manager mh, ndm
 fail:
     storage_put(s);
     ndm__array_slot_free(slot);
-    ndm__limit_release(m, d, (int64_t)nbytes);
+    if (limited)
+        ndm__limit_release(m, d, (int64_t)nbytes);
     return NDM_NULL_ARRAY;
 }
 
@@ -440,7 +458,7 @@ ndm_array ndm__array_new(ndm__site site, const char *api, ndm_manager mh, ndm_dt
     ndm__manager *m = ndm__manager_get(mh, api, site);
     if (!m)
         return NDM_NULL_ARRAY;
-    return ndm__array_new_on(site, api, mh, m->device, dtype, ndim, shape, out);
+    return ndm__array_new_in(site, api, m, m->device, dtype, ndim, shape, out);
 }
 
 ndm_array ndm__array_wrap(ndm__site site, const char *api, ndm_manager mh, ndm_dtype dtype,
@@ -486,11 +504,10 @@ ndm_array ndm__array_wrap(ndm__site site, const char *api, ndm_manager mh, ndm_d
     s->free_fn = free_fn;
     s->free_ud = ud;
     r->storage = s;
-    if (link_new(m, r, api, site) < 0) {
+    if (link_new(m, r, d, (int64_t)nbytes, api, site) < 0) {
         free_dims(r);
         goto fail;
     }
-    ndm__bytes_add(m, d, (int64_t)nbytes);
     atomic_store_explicit(&r->live, 1, memory_order_release);
     return ndm__array_handle(slot, atomic_load_explicit(&r->gen, memory_order_relaxed));
 fail:
@@ -598,7 +615,9 @@ static void view_dies(ndm__array *r, ndm__manager *from)
          * manager of the newest remaining view. */
         uint32_t to_slot = ndm__array_slot(s->first_view)->mgr;
         ndm__manager *to = ndm__manager_slot(to_slot);
-        ndm__charge_move(from, to, s->dev, (int64_t)s->nbytes, true, NULL, NDM__NO_SITE);
+        /* to's lock is not held (taking it here could invert the lock order):
+         * the bytes land in its inbox */
+        ndm__charge_move(from, to, s->dev, (int64_t)s->nbytes, true, true, NULL, NDM__NO_SITE);
         s->charged = to_slot;
         s->charged_views = count_views(s, to_slot);
     }
@@ -619,7 +638,7 @@ static ndm_status view_moves(ndm__array *r, ndm__manager *from, ndm__manager *to
     if (s->charged == from->self) {
         if (s->charged_views == 1) {
             /* r is the charged manager's last view: the charge follows it. */
-            st = ndm__charge_move(from, to, s->dev, (int64_t)s->nbytes, force, api, where);
+            st = ndm__charge_move(from, to, s->dev, (int64_t)s->nbytes, force, false, api, where);
             if (st == NDM_OK) {
                 s->charged = to->self;
                 s->charged_views = shared ? count_views(s, to->self) + 1 : 1;

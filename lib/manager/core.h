@@ -12,6 +12,7 @@
 
 #include "ndm/ndm.h"
 #include "error.h"
+#include "thread.h"
 #include "alloc/alloc.h"
 
 #if defined(__GNUC__)
@@ -82,7 +83,7 @@ typedef struct ndm__array {
     int64_t *shape;            /* = dims or heap */
     int64_t *strides;          /* = dims + NDM__INLINE_DIMS or heap */
     ndm__storage *storage;
-    uint64_t seq;
+    uint64_t epoch;            /* mark epoch at creation (see ndm_mark) */
     ndm__site site;
     void *ext;                 /* per-array extension (autograd) */
     /* how the array died, kept until the slot is reused */
@@ -143,12 +144,17 @@ typedef struct ndm__manager {
     char name[NDM__NAME_MAX];  /* truncated copy; kept after death until reuse */
     ndm__site site;
     ndm__site dead_site;
-    uint64_t seq;
+    uint64_t epoch;
     /* counters, under `lock` */
     uint64_t live, created, released, moved_in, moved_out, resources;
     uint64_t children;         /* under the tree lock */
-    _Atomic int64_t bytes[NDM__MAX_DEVICES];
-    _Atomic int64_t peak[NDM__MAX_DEVICES];
+    /* Storage bytes charged here: bytes + inbox. bytes and peak change under
+     * `lock`; a charge moved here by a thread that holds another manager's
+     * lock (a view dying elsewhere) lands in inbox, so no thread ever takes a
+     * second manager lock out of order. */
+    int64_t bytes[NDM__MAX_DEVICES];
+    int64_t peak[NDM__MAX_DEVICES];
+    _Atomic int64_t inbox[NDM__MAX_DEVICES];
     ndm__hook *hooks;
     ndm__dump_prev dumped;     /* under the tree lock */
     uint32_t next_free;
@@ -232,9 +238,41 @@ static inline ndm_manager ndm__manager_handle_of(ndm__manager *r)
 }
 
 /* Slot allocation. Array slots come from a per-thread FIFO cache, so a slot
- * freed now is reused late and a stale handle still finds how its array died. */
-uint32_t ndm__array_slot_alloc(void);
-void ndm__array_slot_free(uint32_t slot);
+ * freed now is reused late and a stale handle still finds how its array died.
+ * The fast paths are inline; the slow ones refill or spill a batch. */
+uint32_t ndm__array_slot_alloc_slow(void);
+void ndm__array_slot_free_slow(uint32_t slot);
+
+static inline uint32_t ndm__array_slot_alloc(void)
+{
+    ndm__thread *th = ndm__tls;
+    if (NDM__UNLIKELY(!th || th->ring_count == 0))
+        return ndm__array_slot_alloc_slow();
+    uint32_t s = th->ring[th->ring_head];
+    th->ring_head = (th->ring_head + 1) % NDM__SLOT_RING;
+    th->ring_count--;
+    /* The FIFO hands out records freed long ago, so they are cold: fetch the
+     * next one for writing now, while this one is being filled. */
+    if (th->ring_count) {
+        char *next = (char *)ndm__array_slot(th->ring[th->ring_head]);
+        __builtin_prefetch(next, 1, 3);
+        __builtin_prefetch(next + 64, 1, 3);
+        __builtin_prefetch(next + 128, 1, 3);
+        __builtin_prefetch(next + 192, 1, 3);
+    }
+    return s;
+}
+
+static inline void ndm__array_slot_free(uint32_t slot)
+{
+    ndm__thread *th = ndm__tls;
+    if (NDM__UNLIKELY(!th || th->ring_count == NDM__SLOT_RING)) {
+        ndm__array_slot_free_slow(slot);
+        return;
+    }
+    th->ring[(th->ring_head + th->ring_count) % NDM__SLOT_RING] = slot;
+    th->ring_count++;
+}
 uint32_t ndm__manager_slot_alloc(void);   /* under the tree lock */
 void ndm__manager_slot_free(uint32_t slot); /* under the tree lock */
 
@@ -242,7 +280,9 @@ void ndm__manager_slot_free(uint32_t slot); /* under the tree lock */
 
 void ndm__init(void);                      /* idempotent, thread-safe */
 extern uint32_t ndm__system_slot, ndm__detached_slot;
-extern _Atomic uint64_t ndm__seq;
+/* The mark epoch: ndm_mark advances it; records keep the value they saw. A
+ * plain load per creation, where a sequence counter would cost an atomic. */
+extern _Atomic uint64_t ndm__epoch;
 void ndm__tree_lock(void);
 void ndm__tree_unlock(void);
 
@@ -285,6 +325,9 @@ ndm_array ndm__array_new(ndm__site site, const char *api, ndm_manager m, ndm_dty
                          int ndim, const int64_t *shape, ndm__array **out);
 ndm_array ndm__array_new_on(ndm__site site, const char *api, ndm_manager m, ndm_device dev,
                             ndm_dtype dtype, int ndim, const int64_t *shape, ndm__array **out);
+/* The same for a manager record already looked up. */
+ndm_array ndm__array_new_in(ndm__site site, const char *api, ndm__manager *m, ndm_device dev,
+                            ndm_dtype dtype, int ndim, const int64_t *shape, ndm__array **out);
 /* A new view of the storage of `base` in manager `m`. */
 ndm_array ndm__array_view(ndm__site site, const char *api, ndm_manager m, ndm__array *base,
                           ndm_dtype dtype, int ndim, const int64_t *shape,
@@ -297,10 +340,13 @@ ndm_array ndm__array_wrap(ndm__site site, const char *api, ndm_manager m, ndm_dt
 /* Release a live array record (explicit release path, with locking). */
 ndm_status ndm__array_release(ndm__array *r, ndm__site site, const char *api);
 
+/* Element sizes by dtype, for hot paths (ndm_dtype_size checks its argument). */
+extern const uint8_t ndm__dtype_bytes[NDM_DTYPE_COUNT];
+
 /* Address of the first element. */
 static inline void *ndm__array_ptr(const ndm__array *r)
 {
-    return (char *)r->storage->data + r->offset * (int64_t)ndm_dtype_size(r->dtype);
+    return (char *)r->storage->data + r->offset * (int64_t)ndm__dtype_bytes[r->dtype];
 }
 static inline int64_t ndm__numel(int ndim, const int64_t *shape)
 {
@@ -321,16 +367,32 @@ ndm_status ndm__axis(int axis, int ndim, bool insert, int *out, const char *api,
 ndm_status ndm__limit_reserve(ndm__manager *m, int dev, int64_t bytes, const char *api,
                               ndm__site where);
 void ndm__limit_release(ndm__manager *m, int dev, int64_t bytes);
-void ndm__bytes_add(ndm__manager *m, int dev, int64_t bytes);
 
-/* Give back the bytes of a dead storage: the manager's count and its limits. */
+/* Bytes charged to m on accounting slot dev (its lock held, or for a
+ * consistent reading of a manager nobody changes). */
+static inline int64_t ndm__bytes_of(ndm__manager *m, int dev)
+{
+    return m->bytes[dev] + atomic_load_explicit(&m->inbox[dev], memory_order_relaxed);
+}
+/* Count bytes in m (its lock held), raising its peak. */
+static inline void ndm__bytes_add(ndm__manager *m, int dev, int64_t bytes)
+{
+    m->bytes[dev] += bytes;
+    int64_t now = ndm__bytes_of(m, dev);
+    if (now > m->peak[dev])
+        m->peak[dev] = now;
+}
+
+/* Give back the bytes of a dead storage: m's count (its lock held) and limits. */
 void ndm__uncharge(ndm__manager *m, int dev, int64_t bytes);
 /* Would moving `bytes` from `from` to `to` fit the limits? (no change made) */
 ndm_status ndm__charge_check(ndm__manager *from, ndm__manager *to, int dev, int64_t bytes,
                              const char *api, ndm__site where);
-/* Move a charge between managers; limited ancestors common to both keep it. */
+/* Move a charge between managers; limited ancestors common to both keep it.
+ * `from`'s lock is held; so is `to`'s unless `to_unlocked`, when the bytes go
+ * to its inbox. */
 ndm_status ndm__charge_move(ndm__manager *from, ndm__manager *to, int dev, int64_t bytes,
-                            bool force, const char *api, ndm__site where);
+                            bool force, bool to_unlocked, const char *api, ndm__site where);
 
 /* Write the path of manager `slot` ("system/model/batch-3") into buf; takes
  * the tree lock. Works for a dead manager until its slot (or an ancestor's)

@@ -15,6 +15,11 @@ static const struct {
     [NDM_F32] = {4, "float32", "f32"},    [NDM_F64] = {8, "float64", "f64"},
 };
 
+const uint8_t ndm__dtype_bytes[NDM_DTYPE_COUNT] = {
+    [NDM_BOOL] = 1, [NDM_U8] = 1, [NDM_I32] = 4, [NDM_I64] = 8,
+    [NDM_F16] = 2,  [NDM_BF16] = 2, [NDM_F32] = 4, [NDM_F64] = 8,
+};
+
 NDM_API bool ndm_dtype_valid(ndm_dtype t) { return (unsigned)t < NDM_DTYPE_COUNT; }
 
 NDM_API size_t ndm_dtype_size(ndm_dtype t)

@@ -23,13 +23,13 @@ static void read_figures(ndm__manager *m, figures *f)
     f->moved_in = m->moved_in;
     f->moved_out = m->moved_out;
     f->resources = m->resources;
+    for (int d = 0; d < NDM__MAX_DEVICES; d++) {
+        f->bytes[d] = ndm__bytes_of(m, d);
+        f->peak[d] = m->peak[d] > f->bytes[d] ? m->peak[d] : f->bytes[d];
+    }
     ndm__lock_drop(&m->lock);
     f->children = m->children;
     f->state = atomic_load_explicit(&m->state, memory_order_relaxed);
-    for (int d = 0; d < NDM__MAX_DEVICES; d++) {
-        f->bytes[d] = atomic_load_explicit(&m->bytes[d], memory_order_relaxed);
-        f->peak[d] = atomic_load_explicit(&m->peak[d], memory_order_relaxed);
-    }
 }
 
 static void add_subtree(ndm__manager *m, int dev, ndm_stats *out, bool top)
@@ -254,7 +254,8 @@ NDM_API ndm_seq ndm_mark(ndm_manager h)
 {
     if (!ndm__manager_get(h, __func__, NDM__NO_SITE))
         return 0;
-    return atomic_load_explicit(&ndm__seq, memory_order_relaxed);
+    /* a new epoch: everything created from now on carries it or a later one */
+    return atomic_fetch_add_explicit(&ndm__epoch, 1, memory_order_relaxed) + 1;
 }
 
 typedef struct site_group {
@@ -282,7 +283,7 @@ static void collect_since(ndm__manager *m, ndm_seq mark, groups *gs)
     ndm__lock_take(&m->lock);
     for (uint32_t a = m->arrays; a; a = ndm__array_slot(a)->next) {
         ndm__array *r = ndm__array_slot(a);
-        if (r->seq <= mark)
+        if (r->epoch < mark)
             continue;
         gs->total++;
         uint64_t bytes = (uint64_t)ndm__numel(r->ndim, r->shape) * ndm_dtype_size(r->dtype);

@@ -5,67 +5,60 @@
 #include <string.h>
 
 #include "core.h"
+#include "thread.h"
 
-#define INLINE_STACK 32
-
-typedef struct scope_stack {
-    ndm_manager inline_entries[INLINE_STACK];
-    ndm_manager *entries; /* inline_entries or heap */
-    int depth;
-    int cap;
-} scope_stack;
-
-static _Thread_local scope_stack stack;
-
+/* The stack lives in the thread's state (thread.h): scope_inline until it
+ * outgrows it, then on the heap. */
 static bool push(ndm_manager m)
 {
-    if (!stack.entries) {
-        stack.entries = stack.inline_entries;
-        stack.cap = INLINE_STACK;
-    }
-    if (stack.depth == stack.cap) {
-        int cap = stack.cap * 2;
+    ndm__thread *t = ndm__thread_get();
+    if (!t)
+        return false;
+    if (t->scope_depth == t->scope_cap) {
+        int cap = t->scope_cap * 2;
         ndm_manager *p = malloc((size_t)cap * sizeof *p);
         if (!p)
             return false;
-        memcpy(p, stack.entries, (size_t)stack.depth * sizeof *p);
-        if (stack.entries != stack.inline_entries)
-            free(stack.entries);
-        stack.entries = p;
-        stack.cap = cap;
+        memcpy(p, t->scopes, (size_t)t->scope_depth * sizeof *p);
+        if (t->scopes != t->scope_inline)
+            free(t->scopes);
+        t->scopes = p;
+        t->scope_cap = cap;
     }
-    stack.entries[stack.depth++] = m;
+    t->scopes[t->scope_depth++] = m;
     return true;
 }
 
-static void shrink_if_empty(void)
+static void shrink_if_empty(ndm__thread *t)
 {
-    if (stack.depth == 0 && stack.entries && stack.entries != stack.inline_entries) {
-        free(stack.entries);
-        stack.entries = stack.inline_entries;
-        stack.cap = INLINE_STACK;
+    if (t->scope_depth == 0 && t->scopes != t->scope_inline) {
+        free(t->scopes);
+        t->scopes = t->scope_inline;
+        t->scope_cap = NDM__SCOPES_INLINE;
     }
 }
 
 /* Remove entry i, keeping the order of the rest. */
-static void remove_at(int i)
+static void remove_at(ndm__thread *t, int i)
 {
-    memmove(&stack.entries[i], &stack.entries[i + 1],
-            (size_t)(stack.depth - i - 1) * sizeof *stack.entries);
-    stack.depth--;
-    shrink_if_empty();
+    memmove(&t->scopes[i], &t->scopes[i + 1], (size_t)(t->scope_depth - i - 1) * sizeof *t->scopes);
+    t->scope_depth--;
+    shrink_if_empty(t);
 }
 
 ndm_manager ndm__scope_innermost(void)
 {
-    while (stack.depth > 0) {
-        ndm_manager top = stack.entries[stack.depth - 1];
+    ndm__thread *t = ndm__tls;
+    if (!t)
+        return NDM_NULL_MANAGER;
+    while (t->scope_depth > 0) {
+        ndm_manager top = t->scopes[t->scope_depth - 1];
         ndm__manager *m = ndm__manager_peek(top);
         if (NDM__LIKELY(m && !(atomic_load_explicit(&m->state, memory_order_relaxed) &
                                NDM__M_CLOSING)))
             return top;
-        stack.depth--; /* closed behind our back: prune */
-        shrink_if_empty();
+        t->scope_depth--; /* closed behind our back: prune */
+        shrink_if_empty(t);
     }
     return NDM_NULL_MANAGER;
 }
@@ -108,13 +101,14 @@ NDM_API ndm_manager ndm_scope_begin_at(NDM_SITE_PARAMS, ndm_manager parent, cons
  * thread's stack, or its parent when it has none (or is not on this stack). */
 static ndm_manager keep_target(ndm__manager *s, ndm_manager sh)
 {
-    int i = stack.depth - 1;
-    while (i >= 0 && stack.entries[i].id != sh.id)
+    ndm__thread *t = ndm__tls;
+    int i = t ? t->scope_depth - 1 : -1;
+    while (i >= 0 && t->scopes[i].id != sh.id)
         i--;
     for (int j = i - 1; i >= 0 && j >= 0; j--) {
-        ndm__manager *e = ndm__manager_peek(stack.entries[j]);
+        ndm__manager *e = ndm__manager_peek(t->scopes[j]);
         if (e && !(atomic_load_explicit(&e->state, memory_order_relaxed) & NDM__M_CLOSING))
-            return stack.entries[j];
+            return t->scopes[j];
     }
     return ndm__manager_handle(s->parent, s->parent_gen);
 }
@@ -198,7 +192,7 @@ static ndm_status move_keeps(ndm__manager *s, ndm_manager target, size_t n, cons
         if (st == NDM_OK)
             continue;
         char why[768];
-        snprintf(why, sizeof why, "%s", ndm_last_error());
+        snprintf(why, sizeof why, "%s", ndm_last_error()); /* the rollback may fail too */
         ndm__manager *t = ndm__manager_peek(target);
         for (size_t j = 0; j < i; j++) {
             ndm_status back = ndm__array_attach(ndm__array_slot(slots[j]),
@@ -223,9 +217,10 @@ static ndm_status move_keeps(ndm__manager *s, ndm_manager target, size_t n, cons
 
 static void pop_entry(ndm_manager sh)
 {
-    for (int i = stack.depth - 1; i >= 0; i--)
-        if (stack.entries[i].id == sh.id) {
-            remove_at(i);
+    ndm__thread *t = ndm__tls;
+    for (int i = t ? t->scope_depth - 1 : -1; i >= 0; i--)
+        if (t->scopes[i].id == sh.id) {
+            remove_at(t, i);
             return;
         }
 }

@@ -6,17 +6,16 @@
 #include <string.h>
 
 #include "core.h"
+#include "thread.h"
 
 #ifndef NDM_DEBUG_ABORT
 #define NDM_DEBUG_ABORT 0
 #endif
 
-typedef struct ndm__last_error {
-    ndm_status status;
-    char msg[1024];
-} ndm__last_error;
-
-static _Thread_local ndm__last_error last_error;
+/* When a thread's state cannot be allocated, its failures are still
+ * reported by status, with a fixed message. */
+static _Thread_local ndm_status fallback_status NDM__TLS_MODEL;
+static const char no_room[] = "out of memory (no room for the error message)";
 
 static ndm_log_fn log_fn;
 static void *log_ud;
@@ -45,14 +44,28 @@ NDM_API const char *ndm_status_str(ndm_status s)
     return "unknown status";
 }
 
-NDM_API ndm_status ndm_last_status(void) { return last_error.status; }
+NDM_API ndm_status ndm_last_status(void)
+{
+    ndm__thread *t = ndm__tls;
+    return t ? t->status : fallback_status;
+}
 
-NDM_API const char *ndm_last_error(void) { return last_error.msg; }
+NDM_API const char *ndm_last_error(void)
+{
+    ndm__thread *t = ndm__tls;
+    if (t)
+        return t->msg;
+    return fallback_status ? no_room : "";
+}
 
 NDM_API void ndm_clear_error(void)
 {
-    last_error.status = NDM_OK;
-    last_error.msg[0] = '\0';
+    ndm__thread *t = ndm__tls;
+    if (t) {
+        t->status = NDM_OK;
+        t->msg[0] = '\0';
+    }
+    fallback_status = NDM_OK;
 }
 
 NDM_API void ndm_set_log_fn(ndm_log_fn fn, void *ud)
@@ -89,8 +102,16 @@ const char *ndm__site_str(ndm__site s, char *buf, size_t n)
 ndm_status ndm__vfail(ndm_status st, const char *api, ndm__site where, const char *fmt,
                       va_list ap)
 {
-    char *out = last_error.msg;
-    size_t cap = sizeof last_error.msg;
+    ndm__thread *t = ndm__thread_get();
+    if (!t) {
+        fallback_status = st;
+        ndm__log(NDM_LOG_ERROR, no_room);
+        return st;
+    }
+    /* fmt's arguments may point into t->msg (a message re-raised with a
+     * prefix): format into a scratch buffer first */
+    char out[sizeof t->msg];
+    size_t cap = sizeof out;
     size_t len = 0;
     if (api) {
         /* "ndm_attach_at" is reported as "ndm_attach", the name users call. */
@@ -110,8 +131,9 @@ ndm_status ndm__vfail(ndm_status st, const char *api, ndm__site where, const cha
         char site[256];
         snprintf(out + len, cap - len, " [at %s]", ndm__site_str(where, site, sizeof site));
     }
-    last_error.status = st;
-    ndm__log(NDM_LOG_ERROR, out);
+    memcpy(t->msg, out, sizeof out);
+    t->status = st;
+    ndm__log(NDM_LOG_ERROR, t->msg);
 #if NDM_DEBUG_ABORT
     if (st == NDM_E_INVALID || st == NDM_E_NULL || st == NDM_E_CLOSED || st == NDM_E_SHAPE ||
         st == NDM_E_DTYPE || st == NDM_E_AXIS) {

@@ -6,23 +6,33 @@
 #include <string.h>
 
 #include "core.h"
+#include "thread.h"
 
 _Atomic(ndm__array *) ndm__array_chunks[NDM__MAX_CHUNKS];
 _Atomic(ndm__manager *) ndm__manager_chunks[NDM__MAX_CHUNKS];
 
-/* One global FIFO of free slots per table, fed by the thread caches. FIFO
- * order delays reuse, which keeps the "how it died" record of a released
- * array readable for as long as possible. */
+/* Free slots wait in a global FIFO. Managers are few and use it one slot at
+ * a time (under the tree lock); array slots move between it and the thread
+ * caches in batches, stored outside the records so a transfer touches none. */
+typedef struct slot_batch {
+    struct slot_batch *next;
+    uint32_t n;
+    uint32_t slots[NDM__SLOT_BATCH];
+} slot_batch;
+
 typedef struct ndm__table {
     pthread_mutex_t lock;
-    uint32_t high;      /* next never-used slot */
-    uint32_t free_head; /* oldest free slot */
+    uint32_t high;        /* next never-used slot */
+    uint32_t free_head;   /* managers: oldest free slot (linked through records) */
     uint32_t free_tail;
     uint32_t nfree;
+    slot_batch *first;    /* arrays: oldest batch of free slots */
+    slot_batch *last;
+    slot_batch *spare;    /* empty batch records kept for reuse */
 } ndm__table;
 
-static ndm__table arrays_tab = {PTHREAD_MUTEX_INITIALIZER, 1, 0, 0, 0};
-static ndm__table managers_tab = {PTHREAD_MUTEX_INITIALIZER, 1, 0, 0, 0};
+static ndm__table arrays_tab = {PTHREAD_MUTEX_INITIALIZER, 1, 0, 0, 0, NULL, NULL, NULL};
+static ndm__table managers_tab = {PTHREAD_MUTEX_INITIALIZER, 1, 0, 0, 0, NULL, NULL, NULL};
 
 /* Make sure the chunk holding `slot` exists; under the table lock. */
 static bool ensure_chunk(bool managers, uint32_t slot)
@@ -56,122 +66,150 @@ static bool ensure_chunk(bool managers, uint32_t slot)
     return true;
 }
 
-static uint32_t *next_free_of(bool managers, uint32_t slot)
+/* ---- managers: one slot at a time, under the tree lock ----------------------- */
+
+uint32_t ndm__manager_slot_alloc(void)
 {
-    return managers ? &ndm__manager_slot(slot)->next_free : &ndm__array_slot(slot)->next_free;
+    ndm__table *t = &managers_tab;
+    uint32_t s = 0;
+    pthread_mutex_lock(&t->lock);
+    if (t->nfree) {
+        s = t->free_head;
+        t->free_head = ndm__manager_slot(s)->next_free;
+        t->nfree--;
+    } else if (ensure_chunk(true, t->high)) {
+        s = t->high++;
+    }
+    pthread_mutex_unlock(&t->lock);
+    return s;
 }
 
-/* Take up to n slots, oldest free first, then never-used ones. */
-static uint32_t table_take(ndm__table *t, bool managers, uint32_t *out, uint32_t n)
+void ndm__manager_slot_free(uint32_t slot)
 {
+    ndm__table *t = &managers_tab;
+    pthread_mutex_lock(&t->lock);
+    ndm__manager_slot(slot)->next_free = 0;
+    if (t->nfree)
+        ndm__manager_slot(t->free_tail)->next_free = slot;
+    else
+        t->free_head = slot;
+    t->free_tail = slot;
+    t->nfree++;
+    pthread_mutex_unlock(&t->lock);
+}
+
+/* ---- arrays: batches between the global FIFO and the thread rings -------------- */
+
+/* Take up to n slots: the oldest batch, else never-used slots. */
+static uint32_t arrays_take(uint32_t *out, uint32_t n)
+{
+    ndm__table *t = &arrays_tab;
     uint32_t k = 0;
     pthread_mutex_lock(&t->lock);
-    while (k < n && t->nfree) {
-        uint32_t s = t->free_head;
-        t->free_head = *next_free_of(managers, s);
-        t->nfree--;
-        out[k++] = s;
+    slot_batch *b = t->first;
+    if (b) {
+        t->first = b->next;
+        if (!t->first)
+            t->last = NULL;
+        k = b->n < n ? b->n : n;
+        memcpy(out, b->slots, k * sizeof *out);
+        if (k < b->n) { /* give back what does not fit (only for n < a batch) */
+            memmove(b->slots, b->slots + k, (b->n - k) * sizeof *out);
+            b->n -= k;
+            b->next = t->first;
+            t->first = b;
+            if (!t->last)
+                t->last = b;
+        } else {
+            b->next = t->spare;
+            t->spare = b;
+        }
     }
-    while (k < n) {
-        if (!ensure_chunk(managers, t->high))
-            break;
+    while (k < n && ensure_chunk(false, t->high))
         out[k++] = t->high++;
-    }
     pthread_mutex_unlock(&t->lock);
     return k;
 }
 
-static void table_give(ndm__table *t, bool managers, const uint32_t *slots, uint32_t n)
+/* Give n slots back as one batch (n <= NDM__SLOT_BATCH). */
+static void arrays_give(const uint32_t *slots, uint32_t n)
 {
+    ndm__table *t = &arrays_tab;
     pthread_mutex_lock(&t->lock);
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t s = slots[i];
-        *next_free_of(managers, s) = 0;
-        if (t->nfree)
-            *next_free_of(managers, t->free_tail) = s;
-        else
-            t->free_head = s;
-        t->free_tail = s;
-        t->nfree++;
+    slot_batch *b = t->spare;
+    if (b)
+        t->spare = b->next;
+    pthread_mutex_unlock(&t->lock);
+    if (!b)
+        b = malloc(sizeof *b);
+    if (!b) {
+        /* no memory for a batch record: these slots stay unused, which only
+         * costs address space in the table */
+        return;
     }
+    b->n = n;
+    b->next = NULL;
+    memcpy(b->slots, slots, n * sizeof *slots);
+    pthread_mutex_lock(&t->lock);
+    if (t->last)
+        t->last->next = b;
+    else
+        t->first = b;
+    t->last = b;
     pthread_mutex_unlock(&t->lock);
 }
 
-/* ---- per-thread FIFO of array slots -------------------------------------- */
-
-#define RING 256
-#define BATCH 64
-
-typedef struct slot_cache {
-    uint32_t ring[RING];
-    uint32_t head;
-    uint32_t count;
-    bool registered;
-} slot_cache;
-
-static _Thread_local slot_cache cache;
-static pthread_key_t cache_key;
-static pthread_once_t cache_once = PTHREAD_ONCE_INIT;
-
-static void cache_flush(void *unused)
+void ndm__slot_cache_flush(ndm__thread *th)
 {
-    (void)unused;
-    uint32_t tmp[RING];
-    uint32_t n = cache.count;
-    for (uint32_t i = 0; i < n; i++)
-        tmp[i] = cache.ring[(cache.head + i) % RING];
-    cache.count = 0;
-    if (n)
-        table_give(&arrays_tab, false, tmp, n);
+    while (th->ring_count) {
+        uint32_t tmp[NDM__SLOT_BATCH];
+        uint32_t n = th->ring_count < NDM__SLOT_BATCH ? th->ring_count : NDM__SLOT_BATCH;
+        for (uint32_t i = 0; i < n; i++)
+            tmp[i] = th->ring[(th->ring_head + i) % NDM__SLOT_RING];
+        th->ring_head = (th->ring_head + n) % NDM__SLOT_RING;
+        th->ring_count -= n;
+        arrays_give(tmp, n);
+    }
 }
 
-static void cache_key_make(void) { pthread_key_create(&cache_key, cache_flush); }
-
-uint32_t ndm__array_slot_alloc(void)
+uint32_t ndm__array_slot_alloc_slow(void)
 {
-    if (NDM__UNLIKELY(cache.count == 0)) {
-        if (!cache.registered) {
-            /* The key's destructor returns this thread's slots when it exits. */
-            pthread_once(&cache_once, cache_key_make);
-            pthread_setspecific(cache_key, &cache);
-            cache.registered = true;
-        }
-        uint32_t got[BATCH];
-        uint32_t n = table_take(&arrays_tab, false, got, BATCH);
+    ndm__thread *th = ndm__thread_get();
+    if (NDM__UNLIKELY(!th)) {
+        uint32_t s = 0;
+        return arrays_take(&s, 1) ? s : 0;
+    }
+    if (th->ring_count == 0) {
+        uint32_t got[NDM__SLOT_BATCH];
+        uint32_t n = arrays_take(got, NDM__SLOT_BATCH);
         if (n == 0)
             return 0;
         for (uint32_t i = 0; i < n; i++)
-            cache.ring[(cache.head + i) % RING] = got[i];
-        cache.count = n;
+            th->ring[(th->ring_head + i) % NDM__SLOT_RING] = got[i];
+        th->ring_count = n;
     }
-    uint32_t s = cache.ring[cache.head];
-    cache.head = (cache.head + 1) % RING;
-    cache.count--;
-    return s;
+    return ndm__array_slot_alloc();
 }
 
-void ndm__array_slot_free(uint32_t slot)
+void ndm__array_slot_free_slow(uint32_t slot)
 {
-    if (NDM__UNLIKELY(cache.count == RING)) {
-        /* Hand the oldest half to the global FIFO. */
-        uint32_t tmp[RING / 2];
-        for (uint32_t i = 0; i < RING / 2; i++)
-            tmp[i] = cache.ring[(cache.head + i) % RING];
-        cache.head = (cache.head + RING / 2) % RING;
-        cache.count -= RING / 2;
-        table_give(&arrays_tab, false, tmp, RING / 2);
+    ndm__thread *th = ndm__thread_get();
+    if (NDM__UNLIKELY(!th)) {
+        arrays_give(&slot, 1);
+        return;
     }
-    cache.ring[(cache.head + cache.count) % RING] = slot;
-    cache.count++;
+    if (th->ring_count == NDM__SLOT_RING) {
+        /* hand the oldest batch to the global FIFO */
+        uint32_t tmp[NDM__SLOT_BATCH];
+        for (uint32_t i = 0; i < NDM__SLOT_BATCH; i++)
+            tmp[i] = th->ring[(th->ring_head + i) % NDM__SLOT_RING];
+        th->ring_head = (th->ring_head + NDM__SLOT_BATCH) % NDM__SLOT_RING;
+        th->ring_count -= NDM__SLOT_BATCH;
+        arrays_give(tmp, NDM__SLOT_BATCH);
+    }
+    th->ring[(th->ring_head + th->ring_count) % NDM__SLOT_RING] = slot;
+    th->ring_count++;
 }
-
-uint32_t ndm__manager_slot_alloc(void)
-{
-    uint32_t s = 0;
-    return table_take(&managers_tab, true, &s, 1) ? s : 0;
-}
-
-void ndm__manager_slot_free(uint32_t slot) { table_give(&managers_tab, true, &slot, 1); }
 
 void ndm__lock_slow(ndm__lock *l)
 {

@@ -9,7 +9,7 @@
 #include "core.h"
 
 uint32_t ndm__system_slot, ndm__detached_slot;
-_Atomic uint64_t ndm__seq;
+_Atomic uint64_t ndm__epoch = 1;
 
 /* Topology (parent and child links, manager slots, names of dead managers)
  * changes under this lock; arrays and counters use each manager's own lock.
@@ -45,12 +45,12 @@ static void record_init(ndm__manager *m, ndm__manager *parent, const char *name,
     set_name(m, name);
     m->site = site;
     m->dead_site = NDM__NO_SITE;
-    m->seq = atomic_fetch_add_explicit(&ndm__seq, 1, memory_order_relaxed) + 1;
+    m->epoch = atomic_load_explicit(&ndm__epoch, memory_order_relaxed);
     m->live = m->created = m->released = m->moved_in = m->moved_out = m->resources = 0;
     m->children = 0;
     for (int d = 0; d < NDM__MAX_DEVICES; d++) {
-        atomic_store_explicit(&m->bytes[d], 0, memory_order_relaxed);
-        atomic_store_explicit(&m->peak[d], 0, memory_order_relaxed);
+        m->bytes[d] = m->peak[d] = 0;
+        atomic_store_explicit(&m->inbox[d], 0, memory_order_relaxed);
     }
     m->hooks = NULL;
     memset(&m->dumped, 0, sizeof m->dumped);
@@ -412,7 +412,9 @@ NDM_API unsigned ndm_manager_caps(ndm_manager h)
 /* Sum of the bytes charged in the subtree of m on device slot dev; tree lock held. */
 static int64_t subtree_bytes_locked(ndm__manager *m, int dev)
 {
-    int64_t sum = atomic_load_explicit(&m->bytes[dev], memory_order_relaxed);
+    ndm__lock_take(&m->lock);
+    int64_t sum = ndm__bytes_of(m, dev);
+    ndm__lock_drop(&m->lock);
     for (uint32_t c = m->first_child; c; c = ndm__manager_slot(c)->sib_next)
         sum += subtree_bytes_locked(ndm__manager_slot(c), dev);
     return sum;
