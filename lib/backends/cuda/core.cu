@@ -237,8 +237,9 @@ static ndm_status run_strided(int ndim, const int64_t *shape, int nops, char *co
         n *= shape[i];
     if (n == 0)
         return NDM_OK;
-    int64_t small[3 * 16];
-    int64_t *buf = ndim <= 16 ? small : (int64_t *)malloc(3 * (size_t)ndim * sizeof(int64_t));
+    /* shape, two operands' strides and the outer odometer, ndim each */
+    int64_t small[4 * 16];
+    int64_t *buf = ndim <= 16 ? small : (int64_t *)malloc(4 * (size_t)ndim * sizeof(int64_t));
     if (!buf)
         return ndm__fail(NDM_E_OOM, NULL, no_site, "no memory for a rank-%d iteration", ndim);
     int cap = ndim <= 16 ? 16 : ndim;
@@ -255,8 +256,7 @@ static ndm_status run_strided(int ndim, const int64_t *shape, int nops, char *co
         for (int k = 0; k < nops; k++)
             g.stride[k][i] = cst[k][outer + i];
     }
-    /* Odometer over the outer axes, kept in the spare third of buf. */
-    int64_t *idx = buf + 2 * cap;
+    int64_t *idx = buf + 3 * cap;
     for (int i = 0; i < outer; i++)
         idx[i] = 0;
     ndm_status st = NDM_OK;
@@ -287,7 +287,7 @@ static ndm_status run_strided(int ndim, const int64_t *shape, int nops, char *co
 
 /* The element offsets of flat index i over g. */
 template <class I>
-__device__ __forceinline__ void ndm__cu_offsets(const ndm__cu_geom &g, I i, int nops,
+__host__ __device__ __forceinline__ void ndm__cu_offsets(const ndm__cu_geom &g, I i, int nops,
                                                 int64_t *off)
 {
     off[0] = 0;
@@ -336,7 +336,9 @@ __global__ void ndm__k_copy_nd(ndm__cu_geom g, typename DD::T *dst, const typena
     }
 }
 
-template <class SD, class DD>
+/* Host = true runs the same plan with a host loop in place of the kernels:
+ * the test hook that checks conversions and index math without a GPU. */
+template <class SD, class DD, bool Host>
 static ndm_status copy_typed(int device, cudaStream_t s, const ndm__tensor *dst,
                              const ndm__tensor *src)
 {
@@ -347,6 +349,14 @@ static ndm_status copy_typed(int device, cudaStream_t s, const ndm__tensor *dst,
                        [&](const ndm__cu_geom &g, char *pd, char *ps, int64_t n) -> ndm_status {
         typename DD::T *d = (typename DD::T *)pd;
         const typename SD::T *x = (const typename SD::T *)ps;
+        if constexpr (Host) {
+            for (int64_t i = 0; i < n; i++) {
+                int64_t off[2];
+                ndm__cu_offsets<int64_t>(g, i, 2, off);
+                d[off[0]] = DD::st(SD::ld(x[off[1]]));
+            }
+            return NDM_OK;
+        }
         unsigned blocks = ndm__cuda_blocks(n);
         if (g.ndim <= 1) {
             int64_t sd = g.ndim ? g.stride[0][0] : 0, ss = g.ndim ? g.stride[1][0] : 0;
@@ -371,14 +381,38 @@ static ndm_status copy_typed(int device, cudaStream_t s, const ndm__tensor *dst,
 
 typedef ndm_status (*ndm__cu_copy_fn)(int, cudaStream_t, const ndm__tensor *, const ndm__tensor *);
 
-#define NDM__CU_CONV(S, D) copy_typed<ndm__cu_dt<S>, ndm__cu_dt<D>>,
+#define NDM__CU_CONV(S, D) copy_typed<ndm__cu_dt<S>, ndm__cu_dt<D>, HOST>,
 #define NDM__CU_CONV_ROW(S)                                                     \
     {NDM__CU_CONV(S, NDM_BOOL) NDM__CU_CONV(S, NDM_U8) NDM__CU_CONV(S, NDM_I32)   \
      NDM__CU_CONV(S, NDM_I64) NDM__CU_CONV(S, NDM_F16) NDM__CU_CONV(S, NDM_BF16)  \
      NDM__CU_CONV(S, NDM_F32) NDM__CU_CONV(S, NDM_F64)},
 /* Indexed [src][dst] in enum order; the diagonal is never used (raw moves). */
+#define HOST false
 static const ndm__cu_copy_fn conv_table[NDM_DTYPE_COUNT][NDM_DTYPE_COUNT] = {
     NDM__CU_DTYPES(NDM__CU_CONV_ROW)};
+#undef HOST
+#define HOST true
+static const ndm__cu_copy_fn conv_table_host[NDM_DTYPE_COUNT][NDM_DTYPE_COUNT] = {
+    NDM__CU_DTYPES(NDM__CU_CONV_ROW)};
+#undef HOST
+
+template <bool Host>
+static ndm_status copy_any(int device, cudaStream_t s, const ndm__tensor *dst,
+                           const ndm__tensor *src)
+{
+    if (dst->dtype != src->dtype)
+        return (Host ? conv_table_host : conv_table)[src->dtype][dst->dtype](device, s, dst, src);
+    switch (ndm_dtype_size(dst->dtype)) {
+    case 1:
+        return copy_typed<ndm__cu_raw<uint8_t>, ndm__cu_raw<uint8_t>, Host>(device, s, dst, src);
+    case 2:
+        return copy_typed<ndm__cu_raw<uint16_t>, ndm__cu_raw<uint16_t>, Host>(device, s, dst, src);
+    case 4:
+        return copy_typed<ndm__cu_raw<uint32_t>, ndm__cu_raw<uint32_t>, Host>(device, s, dst, src);
+    default:
+        return copy_typed<ndm__cu_raw<uint64_t>, ndm__cu_raw<uint64_t>, Host>(device, s, dst, src);
+    }
+}
 
 static ndm_status cuda_copy(int device, const ndm__tensor *dst, const ndm__tensor *src)
 {
@@ -388,18 +422,14 @@ static ndm_status cuda_copy(int device, const ndm__tensor *dst, const ndm__tenso
     ndm_status st = ndm__cuda_enter(device, &s);
     if (st < 0)
         return st;
-    if (dst->dtype != src->dtype)
-        return conv_table[src->dtype][dst->dtype](device, s, dst, src);
-    switch (ndm_dtype_size(dst->dtype)) {
-    case 1:
-        return copy_typed<ndm__cu_raw<uint8_t>, ndm__cu_raw<uint8_t>>(device, s, dst, src);
-    case 2:
-        return copy_typed<ndm__cu_raw<uint16_t>, ndm__cu_raw<uint16_t>>(device, s, dst, src);
-    case 4:
-        return copy_typed<ndm__cu_raw<uint32_t>, ndm__cu_raw<uint32_t>>(device, s, dst, src);
-    default:
-        return copy_typed<ndm__cu_raw<uint64_t>, ndm__cu_raw<uint64_t>>(device, s, dst, src);
-    }
+    return copy_any<false>(device, s, dst, src);
+}
+
+extern "C" ndm_status ndm__cuda_test_copy_on_host(const ndm__tensor *dst, const ndm__tensor *src)
+{
+    if (!ndm_dtype_valid(dst->dtype) || !ndm_dtype_valid(src->dtype))
+        return NDM_E_DTYPE;
+    return copy_any<true>(0, NULL, dst, src);
 }
 
 /* ---- fill ------------------------------------------------------------------- */
@@ -427,7 +457,7 @@ __global__ void ndm__k_fill_nd(ndm__cu_geom g, U *dst, U v, int64_t n)
     }
 }
 
-template <class U>
+template <class U, bool Host>
 static ndm_status fill_typed(int device, cudaStream_t s, const ndm__tensor *dst, U v)
 {
     char *data[2] = {(char *)dst->data, NULL};
@@ -436,6 +466,14 @@ static ndm_status fill_typed(int device, cudaStream_t s, const ndm__tensor *dst,
     return run_strided(dst->ndim, dst->shape, 1, data, strides, es,
                        [&](const ndm__cu_geom &g, char *pd, char *, int64_t n) -> ndm_status {
         U *d = (U *)pd;
+        if constexpr (Host) {
+            for (int64_t i = 0; i < n; i++) {
+                int64_t off[2];
+                ndm__cu_offsets<int64_t>(g, i, 1, off);
+                d[off[0]] = v;
+            }
+            return NDM_OK;
+        }
         unsigned blocks = ndm__cuda_blocks(n);
         if (g.ndim <= 1) {
             int64_t sd = g.ndim ? g.stride[0][0] : 0;
@@ -461,32 +499,43 @@ static ndm_status fill_typed(int device, cudaStream_t s, const ndm__tensor *dst,
     });
 }
 
+template <bool Host>
+static ndm_status fill_any(int device, cudaStream_t s, const ndm__tensor *dst, double value)
+{
+    /* The value is converted once, here, by the same rules as the kernels. */
+    switch (dst->dtype) {
+    case NDM_BOOL:
+        return fill_typed<uint8_t, Host>(device, s, dst, ndm__cu_dt<NDM_BOOL>::st(value));
+    case NDM_U8:
+        return fill_typed<uint8_t, Host>(device, s, dst, ndm__cu_dt<NDM_U8>::st(value));
+    case NDM_I32:
+        return fill_typed<int32_t, Host>(device, s, dst, ndm__cu_dt<NDM_I32>::st(value));
+    case NDM_I64:
+        return fill_typed<int64_t, Host>(device, s, dst, ndm__cu_dt<NDM_I64>::st(value));
+    case NDM_F16:
+        return fill_typed<uint16_t, Host>(device, s, dst, ndm__cu_dt<NDM_F16>::st(value));
+    case NDM_BF16:
+        return fill_typed<uint16_t, Host>(device, s, dst, ndm__cu_dt<NDM_BF16>::st(value));
+    case NDM_F32:
+        return fill_typed<float, Host>(device, s, dst, ndm__cu_dt<NDM_F32>::st(value));
+    case NDM_F64:
+        return fill_typed<double, Host>(device, s, dst, ndm__cu_dt<NDM_F64>::st(value));
+    }
+    return ndm__fail(NDM_E_DTYPE, NULL, no_site, "fill: invalid dtype %d", (int)dst->dtype);
+}
+
+extern "C" ndm_status ndm__cuda_test_fill_on_host(const ndm__tensor *dst, double value)
+{
+    return fill_any<true>(0, NULL, dst, value);
+}
+
 static ndm_status cuda_fill(int device, const ndm__tensor *dst, double value)
 {
     cudaStream_t s;
     ndm_status st = ndm__cuda_enter(device, &s);
     if (st < 0)
         return st;
-    /* The value is converted once, here, by the same rules as the kernels. */
-    switch (dst->dtype) {
-    case NDM_BOOL:
-        return fill_typed<uint8_t>(device, s, dst, ndm__cu_dt<NDM_BOOL>::st(value));
-    case NDM_U8:
-        return fill_typed<uint8_t>(device, s, dst, ndm__cu_dt<NDM_U8>::st(value));
-    case NDM_I32:
-        return fill_typed<int32_t>(device, s, dst, ndm__cu_dt<NDM_I32>::st(value));
-    case NDM_I64:
-        return fill_typed<int64_t>(device, s, dst, ndm__cu_dt<NDM_I64>::st(value));
-    case NDM_F16:
-        return fill_typed<uint16_t>(device, s, dst, ndm__cu_dt<NDM_F16>::st(value));
-    case NDM_BF16:
-        return fill_typed<uint16_t>(device, s, dst, ndm__cu_dt<NDM_BF16>::st(value));
-    case NDM_F32:
-        return fill_typed<float>(device, s, dst, ndm__cu_dt<NDM_F32>::st(value));
-    case NDM_F64:
-        return fill_typed<double>(device, s, dst, ndm__cu_dt<NDM_F64>::st(value));
-    }
-    return ndm__fail(NDM_E_DTYPE, NULL, no_site, "fill: invalid dtype %d", (int)dst->dtype);
+    return fill_any<false>(device, s, dst, value);
 }
 
 /* ---- iota ------------------------------------------------------------------- */

@@ -35,6 +35,11 @@ const ndm__segment_source *ndm__cuda_segment_source(int index);
  * launch itself reports success, and the device is lost to this process. */
 void ndm__cuda_test_set_sticky(int device, bool on);
 ndm_status ndm__cuda_test_fault(int device);
+/* The copy and fill of the backend (same conversions, same coalescing and
+ * index math) with a host loop in place of the kernels, on host memory: the
+ * CPU checks them against its reference without a GPU. */
+ndm_status ndm__cuda_test_copy_on_host(const ndm__tensor *dst, const ndm__tensor *src);
+ndm_status ndm__cuda_test_fill_on_host(const ndm__tensor *dst, double value);
 
 #ifdef __cplusplus
 }
