@@ -61,7 +61,8 @@ static void assert_same_elements(ndm_dtype dt, const void *want, const void *got
 {
     size_t es = ndm_dtype_size(dt);
     for (int64_t i = 0; i < n; i++) {
-        const char *w = (const char *)want + (size_t)i * es, *g = (const char *)got + (size_t)i * es;
+        const char *w = (const char *)want + (size_t)i * es;
+        const char *g = (const char *)got + (size_t)i * es;
         if (memcmp(w, g, es) == 0)
             continue;
         double wv = element_as_double(dt, w), gv = element_as_double(dt, g);
@@ -537,7 +538,8 @@ static void test_cuda_copy_into_strided_destination_matches_cpu(void **state)
 
     /* a source walked backwards (negative stride), through raw tensors */
     int64_t shape[1] = {24}, neg[1] = {-1};
-    ndm_array flat_c = ndm_reshape(src_c, NDM_SHAPE(24)), flat_g = ndm_reshape(src_g, NDM_SHAPE(24));
+    ndm_array flat_c = ndm_reshape(src_c, NDM_SHAPE(24));
+    ndm_array flat_g = ndm_reshape(src_g, NDM_SHAPE(24));
     ndm_array out_c = ndm_empty(p.cpu, NDM_F64, NDM_SHAPE(24));
     ndm_array out_g = ndm_empty(p.gpu, NDM_F64, NDM_SHAPE(24));
     ndm__tensor fc = tensor(flat_c), fg = tensor(flat_g), oc = tensor(out_c), og = tensor(out_g);

@@ -148,7 +148,8 @@ static void test_memviz_totals_follow_allocs_and_frees(void **state)
     assert_non_null(strstr(page, "{\"manager\":\"system/model/trainer/batch-1\",\"peak\":1024}"));
     assert_non_null(strstr(page, "{\"manager\":\"system/model/trainer/batch-2\",\"peak\":512}"));
     assert_non_null(strstr(page, "{\"manager\":\"system/model\",\"peak\":8388608}"));
-    assert_non_null(strstr(page, "{\"manager\":\"system/model/trainer/batch-1\",\"peak\":4194304}"));
+    assert_non_null(
+        strstr(page, "{\"manager\":\"system/model/trainer/batch-1\",\"peak\":4194304}"));
     /* The CPU's last point: data 2048, model 1024, batch-1 0, batch-2 512;
      * reserved 2 MiB + 20 MiB; one OOM at 1800 us. */
     const char *cpu = strstr(page, "{\"device\":\"cpu\"");
