@@ -9,6 +9,7 @@
 #define NDM_DEVICE_H
 
 #include "base.h"
+#include "status.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -37,6 +38,14 @@ NDM_API char *ndm_device_str(ndm_device d, char *buf, size_t n);
 
 /** Number of usable CUDA devices (0 without the backend or without a GPU). */
 NDM_API int ndm_cuda_device_count(void);
+
+/** Wait until the work queued on `device` is done. NDM_OK, or the device's
+ *  sticky error: once work failed asynchronously on a CUDA device (a kernel
+ *  fault), this call and every later use of the device return NDM_E_DEVICE
+ *  with CUDA's reason, for the rest of the process. NDM_E_DEVICE for a device
+ *  that does not exist, NDM_E_UNSUPPORTED without its backend. The CPU has
+ *  nothing queued: NDM_OK. */
+NDM_API NDM_NODISCARD ndm_status ndm_device_synchronize(ndm_device device);
 
 #ifdef __cplusplus
 }

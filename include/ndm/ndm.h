@@ -25,5 +25,6 @@
 #include "conv.h"
 #include "random.h"
 #include "memory.h"
+#include "transfer.h"
 
 #endif

@@ -51,6 +51,10 @@ typedef struct ndm__backend {
     ndm_status (*download)(int device, void *dst_host, const void *src, size_t n);
     /* optional: wait for queued work. Default: none (synchronous backend). */
     ndm_status (*sync)(int device);
+    /* optional: n contiguous bytes from `src` on device `src_device` to `dst` on
+     * `device`, both devices of this backend; returns when the bytes have
+     * arrived. Default: a bounce through host memory (download, upload). */
+    ndm_status (*peer_copy)(int device, void *dst, int src_device, const void *src, size_t n);
 
     /* Families; NULL when the backend provides none (the dispatcher then
      * fails with NDM_E_UNSUPPORTED). */

@@ -1,0 +1,717 @@
+/* The CUDA backend's table and its core: device discovery, per-device streams
+ * and sticky errors, converting strided copy, fill, iota, transfers, segments. */
+#include <atomic>
+#include <mutex>
+#include <type_traits>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "common.cuh"
+
+static const ndm__site no_site = {NULL, NULL, 0};
+
+/* ---- devices -------------------------------------------------------------- */
+
+typedef struct ndm__cuda_device {
+    std::mutex lock;               /* stream creation, the sticky record */
+    std::atomic<bool> ready;       /* stream created */
+    cudaStream_t stream;
+    std::atomic<int> sticky;       /* ndm_status of the failure that broke the device; 0 */
+    bool injected;                 /* sticky was set by the test hook */
+    char sticky_msg[512];          /* written once, before sticky is published */
+} ndm__cuda_device;
+
+static ndm__cuda_device devices[NDM__CUDA_MAX_DEVICES];
+
+static std::once_flag count_once;
+static int count_value;
+
+extern "C" int ndm__cuda_count(void)
+{
+    std::call_once(count_once, [] {
+        int n = 0;
+        /* No driver, an old driver or no GPU all come back as errors here;
+         * each means "no CUDA device" to ndm. */
+        if (cudaGetDeviceCount(&n) != cudaSuccess) {
+            (void)cudaGetLastError();
+            n = 0;
+        }
+        count_value = n < NDM__CUDA_MAX_DEVICES ? n : NDM__CUDA_MAX_DEVICES;
+    });
+    return count_value;
+}
+
+/* Errors after which the context cannot run anything again (CUDA's sticky
+ * errors): every later call on the device returns them. */
+static bool breaks_context(cudaError_t e)
+{
+    switch (e) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorAssert:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorECCUncorrectable:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* Publish the device's sticky error; the first one wins. */
+static void make_sticky(int device, ndm_status st, const char *fmt, ...) NDM_PRINTF(3, 4);
+static void make_sticky(int device, ndm_status st, const char *fmt, ...)
+{
+    ndm__cuda_device *d = &devices[device];
+    std::lock_guard<std::mutex> g(d->lock);
+    if (d->sticky.load(std::memory_order_relaxed))
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(d->sticky_msg, sizeof d->sticky_msg, fmt, ap);
+    va_end(ap);
+    d->sticky.store((int)st, std::memory_order_release);
+}
+
+ndm_status ndm__cuda_check(int device, cudaError_t e, const char *what)
+{
+    if (e == cudaSuccess)
+        return NDM_OK;
+    const char *name = cudaGetErrorName(e), *text = cudaGetErrorString(e);
+    /* A synchronous error stays recorded in the runtime until read; read it
+     * so that it is not reported again by an unrelated later call. */
+    (void)cudaGetLastError();
+    ndm__cuda_device *d = &devices[device];
+    bool broken = breaks_context(e);
+    if (!broken && d->ready.load(std::memory_order_acquire)) {
+        /* An error CUDA does not list as sticky may still hide a broken
+         * context (a fault found by this call): the stream says so. */
+        cudaError_t q = cudaStreamQuery(d->stream);
+        if (q != cudaSuccess && q != cudaErrorNotReady) {
+            (void)cudaGetLastError();
+            e = q;
+            name = cudaGetErrorName(q);
+            text = cudaGetErrorString(q);
+            broken = true;
+        }
+    }
+    if (broken) {
+        make_sticky(device, NDM_E_DEVICE,
+                    "cuda:%d failed asynchronously: %s (%s), found by %s; the device cannot "
+                    "run anything more in this process",
+                    device, text, name, what);
+        return ndm__fail((ndm_status)d->sticky.load(std::memory_order_acquire), NULL, no_site,
+                         "%s", d->sticky_msg);
+    }
+    ndm_status st = e == cudaErrorMemoryAllocation ? NDM_E_OOM : NDM_E_DEVICE;
+    return ndm__fail(st, NULL, no_site, "cuda:%d: %s failed: %s (%s)", device, what, text, name);
+}
+
+ndm_status ndm__cuda_enter(int device, cudaStream_t *stream)
+{
+    int count = ndm__cuda_count();
+    if (device < 0 || device >= count)
+        return ndm__fail(NDM_E_DEVICE, NULL, no_site,
+                         "cuda:%d does not exist (%d CUDA device%s found)", device, count,
+                         count == 1 ? "" : "s");
+    ndm__cuda_device *d = &devices[device];
+    int sticky = d->sticky.load(std::memory_order_acquire);
+    if (sticky)
+        return ndm__fail((ndm_status)sticky, NULL, no_site, "%s", d->sticky_msg);
+    NDM__CUDA_TRY(device, cudaSetDevice(device));
+    if (!d->ready.load(std::memory_order_acquire)) {
+        std::lock_guard<std::mutex> g(d->lock);
+        if (!d->ready.load(std::memory_order_relaxed)) {
+            /* Non-blocking: the legacy default stream, which other libraries
+             * in the process may use, never serialises ndm's work. */
+            cudaError_t e = cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking);
+            if (e != cudaSuccess) {
+                (void)cudaGetLastError();
+                return ndm__fail(NDM_E_DEVICE, NULL, no_site,
+                                 "cuda:%d: cannot create a stream: %s (%s)", device,
+                                 cudaGetErrorString(e), cudaGetErrorName(e));
+            }
+            d->ready.store(true, std::memory_order_release);
+        }
+    }
+    *stream = d->stream;
+    return NDM_OK;
+}
+
+extern "C" void ndm__cuda_test_set_sticky(int device, bool on)
+{
+    if (device < 0 || device >= NDM__CUDA_MAX_DEVICES)
+        return;
+    ndm__cuda_device *d = &devices[device];
+    if (on) {
+        make_sticky(device, NDM_E_DEVICE,
+                    "cuda:%d failed asynchronously: injected failure (test hook); the device "
+                    "cannot run anything more in this process",
+                    device);
+        std::lock_guard<std::mutex> g(d->lock);
+        d->injected = true;
+        return;
+    }
+    std::lock_guard<std::mutex> g(d->lock);
+    if (d->injected) {
+        d->injected = false;
+        d->sticky.store(0, std::memory_order_release);
+    }
+}
+
+__global__ void ndm__k_trap(void) { __trap(); }
+
+extern "C" ndm_status ndm__cuda_test_fault(int device)
+{
+    cudaStream_t s;
+    ndm_status st = ndm__cuda_enter(device, &s);
+    if (st < 0)
+        return st;
+    ndm__k_trap<<<1, 1, 0, s>>>();
+    NDM__CUDA_LAUNCHED(device, "ndm__k_trap");
+    return NDM_OK;
+}
+
+/* ---- strided iteration -----------------------------------------------------
+ *
+ * Host side: size-1 axes are dropped and axes that every operand walks as one
+ * are merged, so most copies become one flat loop. The kernel decomposes each
+ * linear index over at most NDM__CU_DIMS axes (passed by value); a deeper
+ * iteration runs one launch per index of its outer axes. */
+
+#define NDM__CU_DIMS 10
+
+typedef struct ndm__cu_geom {
+    int ndim;
+    int64_t shape[NDM__CU_DIMS];
+    int64_t stride[2][NDM__CU_DIMS];
+} ndm__cu_geom;
+
+/* Coalesce (ndim, shape, strides of nops operands) into out arrays of at
+ * least ndim entries; returns the new rank. */
+static int coalesce(int ndim, const int64_t *shape, int nops, const int64_t *const *strides,
+                    int64_t *oshape, int64_t *const *ostr)
+{
+    int r = 0; /* built innermost first, reversed at the end */
+    for (int i = ndim - 1; i >= 0; i--) {
+        if (shape[i] == 1)
+            continue;
+        bool merge = r > 0;
+        for (int k = 0; merge && k < nops; k++)
+            merge = strides[k][i] == oshape[r - 1] * ostr[k][r - 1];
+        if (merge) {
+            oshape[r - 1] *= shape[i];
+            continue;
+        }
+        oshape[r] = shape[i];
+        for (int k = 0; k < nops; k++)
+            ostr[k][r] = strides[k][i];
+        r++;
+    }
+    for (int a = 0, b = r - 1; a < b; a++, b--) {
+        int64_t t = oshape[a];
+        oshape[a] = oshape[b];
+        oshape[b] = t;
+        for (int k = 0; k < nops; k++) {
+            t = ostr[k][a];
+            ostr[k][a] = ostr[k][b];
+            ostr[k][b] = t;
+        }
+    }
+    return r;
+}
+
+/* Run launch(geom, p0, p1, n) over a strided iteration of up to two operands
+ * (element sizes esize) sharing `shape`. */
+template <class F>
+static ndm_status run_strided(int ndim, const int64_t *shape, int nops, char *const *data,
+                              const int64_t *const *strides, const size_t *esize, F launch)
+{
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++)
+        n *= shape[i];
+    if (n == 0)
+        return NDM_OK;
+    /* shape, two operands' strides and the outer odometer, ndim each */
+    int64_t small[4 * 16];
+    int64_t *buf = ndim <= 16 ? small : (int64_t *)malloc(4 * (size_t)ndim * sizeof(int64_t));
+    if (!buf)
+        return ndm__fail(NDM_E_OOM, NULL, no_site, "no memory for a rank-%d iteration", ndim);
+    int cap = ndim <= 16 ? 16 : ndim;
+    int64_t *cs = buf, *cst[2] = {buf + cap, buf + 2 * cap};
+    int r = coalesce(ndim, shape, nops, strides, cs, cst);
+    ndm__cu_geom g;
+    memset(&g, 0, sizeof g);
+    int outer = r > NDM__CU_DIMS ? r - NDM__CU_DIMS : 0;
+    g.ndim = r - outer;
+    int64_t inner_n = 1;
+    for (int i = 0; i < g.ndim; i++) {
+        g.shape[i] = cs[outer + i];
+        inner_n *= g.shape[i];
+        for (int k = 0; k < nops; k++)
+            g.stride[k][i] = cst[k][outer + i];
+    }
+    int64_t *idx = buf + 3 * cap;
+    for (int i = 0; i < outer; i++)
+        idx[i] = 0;
+    ndm_status st = NDM_OK;
+    for (;;) {
+        char *p[2] = {data[0], nops > 1 ? data[1] : NULL};
+        for (int i = 0; i < outer; i++)
+            for (int k = 0; k < nops; k++)
+                p[k] += idx[i] * cst[k][i] * (int64_t)esize[k];
+        st = launch(g, p[0], p[1], inner_n);
+        if (st < 0)
+            break;
+        int i = outer - 1;
+        while (i >= 0 && ++idx[i] == cs[i])
+            idx[i--] = 0;
+        if (i < 0)
+            break;
+    }
+    if (buf != small)
+        free(buf);
+    return st;
+}
+
+/* The flat index of the grid-stride loop in I (uint32_t when n < 2^31, so no
+ * step overflows; int64_t otherwise). */
+#define NDM__CU_LOOP(I, i, n)                                                   \
+    for (I i = (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x; i < (I)(n);      \
+         i += (I)gridDim.x * (I)blockDim.x)
+
+/* The element offsets of flat index i over g. */
+template <class I>
+__host__ __device__ __forceinline__ void ndm__cu_offsets(const ndm__cu_geom &g, I i, int nops,
+                                                int64_t *off)
+{
+    off[0] = 0;
+    off[1] = 0;
+    for (int d = g.ndim - 1; d >= 0; d--) {
+        I len = (I)g.shape[d];
+        I c = i % len;
+        i /= len;
+        off[0] += (int64_t)c * g.stride[0][d];
+        if (nops > 1)
+            off[1] += (int64_t)c * g.stride[1][d];
+    }
+}
+
+/* Same-dtype copies move raw elements of the dtype's size. */
+template <class U> struct ndm__cu_raw {
+    typedef U T;
+    static NDM__HD U ld(T x) { return x; }
+    static NDM__HD T st(U v) { return v; }
+};
+
+/* ---- copy ------------------------------------------------------------------- */
+
+template <class SD, class DD>
+__global__ void ndm__k_copy_flat(typename DD::T *dst, int64_t ds, const typename SD::T *src,
+                                 int64_t ss, int64_t n)
+{
+    if (n < ((int64_t)1 << 31)) {
+        NDM__CU_LOOP(uint32_t, i, n)
+        dst[(int64_t)i * ds] = DD::st(SD::ld(src[(int64_t)i * ss]));
+    } else {
+        NDM__CU_LOOP(int64_t, i, n)
+        dst[i * ds] = DD::st(SD::ld(src[i * ss]));
+    }
+}
+
+template <class SD, class DD, class I>
+__global__ void ndm__k_copy_nd(ndm__cu_geom g, typename DD::T *dst, const typename SD::T *src,
+                               int64_t n)
+{
+    NDM__CU_LOOP(I, i, n)
+    {
+        int64_t off[2];
+        ndm__cu_offsets<I>(g, i, 2, off);
+        dst[off[0]] = DD::st(SD::ld(src[off[1]]));
+    }
+}
+
+/* Host = true runs the same plan with a host loop in place of the kernels:
+ * the test hook that checks conversions and index math without a GPU. */
+template <class SD, class DD, bool Host>
+static ndm_status copy_typed(int device, cudaStream_t s, const ndm__tensor *dst,
+                             const ndm__tensor *src)
+{
+    char *data[2] = {(char *)dst->data, (char *)src->data};
+    const int64_t *strides[2] = {dst->strides, src->strides};
+    size_t es[2] = {sizeof(typename DD::T), sizeof(typename SD::T)};
+    return run_strided(dst->ndim, dst->shape, 2, data, strides, es,
+                       [&](const ndm__cu_geom &g, char *pd, char *ps, int64_t n) -> ndm_status {
+        typename DD::T *d = (typename DD::T *)pd;
+        const typename SD::T *x = (const typename SD::T *)ps;
+        if constexpr (Host) {
+            for (int64_t i = 0; i < n; i++) {
+                int64_t off[2];
+                ndm__cu_offsets<int64_t>(g, i, 2, off);
+                d[off[0]] = DD::st(SD::ld(x[off[1]]));
+            }
+            return NDM_OK;
+        }
+        unsigned blocks = ndm__cuda_blocks(n);
+        if (g.ndim <= 1) {
+            int64_t sd = g.ndim ? g.stride[0][0] : 0, ss = g.ndim ? g.stride[1][0] : 0;
+            if (std::is_same<SD, DD>::value && sd == 1 && ss == 1) {
+                /* A plain move of contiguous bytes: the copy engines do it. */
+                NDM__CUDA_TRY(device, cudaMemcpyAsync(d, x, (size_t)n * sizeof *d,
+                                                      cudaMemcpyDeviceToDevice, s));
+                return NDM_OK;
+            }
+            ndm__k_copy_flat<SD, DD><<<blocks, NDM__CUDA_THREADS, 0, s>>>(d, sd, x, ss, n);
+            NDM__CUDA_LAUNCHED(device, "the flat copy kernel");
+        } else if (n < ((int64_t)1 << 31)) {
+            ndm__k_copy_nd<SD, DD, uint32_t><<<blocks, NDM__CUDA_THREADS, 0, s>>>(g, d, x, n);
+            NDM__CUDA_LAUNCHED(device, "the strided copy kernel");
+        } else {
+            ndm__k_copy_nd<SD, DD, int64_t><<<blocks, NDM__CUDA_THREADS, 0, s>>>(g, d, x, n);
+            NDM__CUDA_LAUNCHED(device, "the strided copy kernel");
+        }
+        return NDM_OK;
+    });
+}
+
+typedef ndm_status (*ndm__cu_copy_fn)(int, cudaStream_t, const ndm__tensor *, const ndm__tensor *);
+
+#define NDM__CU_CONV(S, D) copy_typed<ndm__cu_dt<S>, ndm__cu_dt<D>, HOST>,
+#define NDM__CU_CONV_ROW(S)                                                     \
+    {NDM__CU_CONV(S, NDM_BOOL) NDM__CU_CONV(S, NDM_U8) NDM__CU_CONV(S, NDM_I32)   \
+     NDM__CU_CONV(S, NDM_I64) NDM__CU_CONV(S, NDM_F16) NDM__CU_CONV(S, NDM_BF16)  \
+     NDM__CU_CONV(S, NDM_F32) NDM__CU_CONV(S, NDM_F64)},
+/* Indexed [src][dst] in enum order; the diagonal is never used (raw moves). */
+#define HOST false
+static const ndm__cu_copy_fn conv_table[NDM_DTYPE_COUNT][NDM_DTYPE_COUNT] = {
+    NDM__CU_DTYPES(NDM__CU_CONV_ROW)};
+#undef HOST
+#define HOST true
+static const ndm__cu_copy_fn conv_table_host[NDM_DTYPE_COUNT][NDM_DTYPE_COUNT] = {
+    NDM__CU_DTYPES(NDM__CU_CONV_ROW)};
+#undef HOST
+
+template <bool Host>
+static ndm_status copy_any(int device, cudaStream_t s, const ndm__tensor *dst,
+                           const ndm__tensor *src)
+{
+    if (dst->dtype != src->dtype)
+        return (Host ? conv_table_host : conv_table)[src->dtype][dst->dtype](device, s, dst, src);
+    switch (ndm_dtype_size(dst->dtype)) {
+    case 1:
+        return copy_typed<ndm__cu_raw<uint8_t>, ndm__cu_raw<uint8_t>, Host>(device, s, dst, src);
+    case 2:
+        return copy_typed<ndm__cu_raw<uint16_t>, ndm__cu_raw<uint16_t>, Host>(device, s, dst, src);
+    case 4:
+        return copy_typed<ndm__cu_raw<uint32_t>, ndm__cu_raw<uint32_t>, Host>(device, s, dst, src);
+    default:
+        return copy_typed<ndm__cu_raw<uint64_t>, ndm__cu_raw<uint64_t>, Host>(device, s, dst, src);
+    }
+}
+
+static ndm_status cuda_copy(int device, const ndm__tensor *dst, const ndm__tensor *src)
+{
+    if (!ndm_dtype_valid(dst->dtype) || !ndm_dtype_valid(src->dtype))
+        return ndm__fail(NDM_E_DTYPE, NULL, no_site, "copy: invalid dtype");
+    cudaStream_t s;
+    ndm_status st = ndm__cuda_enter(device, &s);
+    if (st < 0)
+        return st;
+    return copy_any<false>(device, s, dst, src);
+}
+
+extern "C" ndm_status ndm__cuda_test_copy_on_host(const ndm__tensor *dst, const ndm__tensor *src)
+{
+    if (!ndm_dtype_valid(dst->dtype) || !ndm_dtype_valid(src->dtype))
+        return NDM_E_DTYPE;
+    return copy_any<true>(0, NULL, dst, src);
+}
+
+/* ---- fill ------------------------------------------------------------------- */
+
+template <class U>
+__global__ void ndm__k_fill_flat(U *dst, int64_t ds, U v, int64_t n)
+{
+    if (n < ((int64_t)1 << 31)) {
+        NDM__CU_LOOP(uint32_t, i, n)
+        dst[(int64_t)i * ds] = v;
+    } else {
+        NDM__CU_LOOP(int64_t, i, n)
+        dst[i * ds] = v;
+    }
+}
+
+template <class U, class I>
+__global__ void ndm__k_fill_nd(ndm__cu_geom g, U *dst, U v, int64_t n)
+{
+    NDM__CU_LOOP(I, i, n)
+    {
+        int64_t off[2];
+        ndm__cu_offsets<I>(g, i, 1, off);
+        dst[off[0]] = v;
+    }
+}
+
+template <class U, bool Host>
+static ndm_status fill_typed(int device, cudaStream_t s, const ndm__tensor *dst, U v)
+{
+    char *data[2] = {(char *)dst->data, NULL};
+    const int64_t *strides[2] = {dst->strides, NULL};
+    size_t es[2] = {sizeof(U), 0};
+    return run_strided(dst->ndim, dst->shape, 1, data, strides, es,
+                       [&](const ndm__cu_geom &g, char *pd, char *, int64_t n) -> ndm_status {
+        U *d = (U *)pd;
+        if constexpr (Host) {
+            for (int64_t i = 0; i < n; i++) {
+                int64_t off[2];
+                ndm__cu_offsets<int64_t>(g, i, 1, off);
+                d[off[0]] = v;
+            }
+            return NDM_OK;
+        }
+        unsigned blocks = ndm__cuda_blocks(n);
+        if (g.ndim <= 1) {
+            int64_t sd = g.ndim ? g.stride[0][0] : 0;
+            bool bytes_alike = true;
+            const unsigned char *b = (const unsigned char *)&v;
+            for (size_t k = 1; k < sizeof v; k++)
+                bytes_alike = bytes_alike && b[k] == b[0];
+            if (sd == 1 && bytes_alike) {
+                /* Zeros (and one-byte patterns) go to the copy engines. */
+                NDM__CUDA_TRY(device, cudaMemsetAsync(d, b[0], (size_t)n * sizeof v, s));
+                return NDM_OK;
+            }
+            ndm__k_fill_flat<U><<<blocks, NDM__CUDA_THREADS, 0, s>>>(d, sd, v, n);
+            NDM__CUDA_LAUNCHED(device, "the flat fill kernel");
+        } else if (n < ((int64_t)1 << 31)) {
+            ndm__k_fill_nd<U, uint32_t><<<blocks, NDM__CUDA_THREADS, 0, s>>>(g, d, v, n);
+            NDM__CUDA_LAUNCHED(device, "the strided fill kernel");
+        } else {
+            ndm__k_fill_nd<U, int64_t><<<blocks, NDM__CUDA_THREADS, 0, s>>>(g, d, v, n);
+            NDM__CUDA_LAUNCHED(device, "the strided fill kernel");
+        }
+        return NDM_OK;
+    });
+}
+
+template <bool Host>
+static ndm_status fill_any(int device, cudaStream_t s, const ndm__tensor *dst, double value)
+{
+    /* The value is converted once, here, by the same rules as the kernels. */
+    switch (dst->dtype) {
+    case NDM_BOOL:
+        return fill_typed<uint8_t, Host>(device, s, dst, ndm__cu_dt<NDM_BOOL>::st(value));
+    case NDM_U8:
+        return fill_typed<uint8_t, Host>(device, s, dst, ndm__cu_dt<NDM_U8>::st(value));
+    case NDM_I32:
+        return fill_typed<int32_t, Host>(device, s, dst, ndm__cu_dt<NDM_I32>::st(value));
+    case NDM_I64:
+        return fill_typed<int64_t, Host>(device, s, dst, ndm__cu_dt<NDM_I64>::st(value));
+    case NDM_F16:
+        return fill_typed<uint16_t, Host>(device, s, dst, ndm__cu_dt<NDM_F16>::st(value));
+    case NDM_BF16:
+        return fill_typed<uint16_t, Host>(device, s, dst, ndm__cu_dt<NDM_BF16>::st(value));
+    case NDM_F32:
+        return fill_typed<float, Host>(device, s, dst, ndm__cu_dt<NDM_F32>::st(value));
+    case NDM_F64:
+        return fill_typed<double, Host>(device, s, dst, ndm__cu_dt<NDM_F64>::st(value));
+    }
+    return ndm__fail(NDM_E_DTYPE, NULL, no_site, "fill: invalid dtype %d", (int)dst->dtype);
+}
+
+extern "C" ndm_status ndm__cuda_test_fill_on_host(const ndm__tensor *dst, double value)
+{
+    return fill_any<true>(0, NULL, dst, value);
+}
+
+static ndm_status cuda_fill(int device, const ndm__tensor *dst, double value)
+{
+    cudaStream_t s;
+    ndm_status st = ndm__cuda_enter(device, &s);
+    if (st < 0)
+        return st;
+    return fill_any<false>(device, s, dst, value);
+}
+
+/* ---- iota ------------------------------------------------------------------- */
+
+template <class DD>
+__global__ void ndm__k_iota(typename DD::T *dst, int64_t ds, int64_t n, double start,
+                            double step)
+{
+    /* Explicit rounding: a fused multiply-add would round once where the
+     * CPU rounds twice, and the results would differ in the last bit. */
+    NDM__CU_LOOP(int64_t, i, n)
+    dst[i * ds] = DD::st(__dadd_rn(start, __dmul_rn((double)i, step)));
+}
+
+static ndm_status cuda_iota(int device, const ndm__tensor *dst, double start, double step)
+{
+    cudaStream_t s;
+    ndm_status st = ndm__cuda_enter(device, &s);
+    if (st < 0)
+        return st;
+    int64_t n = dst->ndim ? dst->shape[0] : 1;
+    int64_t ds = dst->ndim ? dst->strides[0] : 1;
+    if (n == 0)
+        return NDM_OK;
+    unsigned blocks = ndm__cuda_blocks(n);
+    switch (dst->dtype) {
+#define NDM__CU_IOTA_CASE(E)                                                    \
+    case E:                                                                     \
+        ndm__k_iota<ndm__cu_dt<E>><<<blocks, NDM__CUDA_THREADS, 0, s>>>(          \
+            (typename ndm__cu_dt<E>::T *)dst->data, ds, n, start, step);        \
+        NDM__CUDA_LAUNCHED(device, "the iota kernel");                          \
+        return NDM_OK;
+        NDM__CU_DTYPES(NDM__CU_IOTA_CASE)
+#undef NDM__CU_IOTA_CASE
+    }
+    return ndm__fail(NDM_E_DTYPE, NULL, no_site, "iota: invalid dtype %d", (int)dst->dtype);
+}
+
+/* ---- transfers -------------------------------------------------------------- */
+
+/* Both directions return when the bytes have arrived: the host buffer may be
+ * reused (or read) at once, whether it is pageable or pinned. */
+static ndm_status cuda_upload(int device, void *dst, const void *src_host, size_t n)
+{
+    cudaStream_t s;
+    ndm_status st = ndm__cuda_enter(device, &s);
+    if (st < 0 || !n)
+        return st;
+    NDM__CUDA_TRY(device, cudaMemcpyAsync(dst, src_host, n, cudaMemcpyHostToDevice, s));
+    NDM__CUDA_TRY(device, cudaStreamSynchronize(s));
+    return NDM_OK;
+}
+
+static ndm_status cuda_download(int device, void *dst_host, const void *src, size_t n)
+{
+    cudaStream_t s;
+    ndm_status st = ndm__cuda_enter(device, &s);
+    if (st < 0 || !n)
+        return st;
+    NDM__CUDA_TRY(device, cudaMemcpyAsync(dst_host, src, n, cudaMemcpyDeviceToHost, s));
+    NDM__CUDA_TRY(device, cudaStreamSynchronize(s));
+    return NDM_OK;
+}
+
+static ndm_status cuda_sync(int device)
+{
+    cudaStream_t s;
+    ndm_status st = ndm__cuda_enter(device, &s);
+    if (st < 0)
+        return st;
+    NDM__CUDA_TRY(device, cudaStreamSynchronize(s));
+    return NDM_OK;
+}
+
+static ndm_status cuda_peer_copy(int device, void *dst, int src_device, const void *src,
+                                 size_t n)
+{
+    cudaStream_t ss, ds;
+    ndm_status st = ndm__cuda_enter(src_device, &ss);
+    if (st < 0)
+        return st;
+    /* The source's producers run on the source's stream. */
+    NDM__CUDA_TRY(src_device, cudaStreamSynchronize(ss));
+    st = ndm__cuda_enter(device, &ds);
+    if (st < 0 || !n)
+        return st;
+    /* Queued on the destination's stream, ahead of the work that reads it;
+     * CUDA goes through the host when the devices have no peer access. */
+    NDM__CUDA_TRY(device, cudaMemcpyPeerAsync(dst, device, src, src_device, n, ds));
+    NDM__CUDA_TRY(device, cudaStreamSynchronize(ds));
+    return NDM_OK;
+}
+
+extern "C" const ndm__backend ndm__cuda_backend = {
+    .abi = NDM__BACKEND_ABI,
+    .name = "cuda",
+    .type = NDM_DEVICE_CUDA,
+    .copy = cuda_copy,
+    .fill = cuda_fill,
+    .iota = cuda_iota,
+    .upload = cuda_upload,
+    .download = cuda_download,
+    .sync = cuda_sync,
+    .peer_copy = cuda_peer_copy,
+    .ew = NULL,
+    .reduce = NULL,
+    .linalg = NULL,
+    .index = NULL,
+    .nn = NULL,
+    .random = NULL,
+};
+
+/* ---- segment source ------------------------------------------------------------ */
+
+typedef struct ndm__cuda_source_ctx {
+    int device;
+} ndm__cuda_source_ctx;
+
+static ndm_status cuda_map(void *ctx, size_t size, void **out)
+{
+    int device = ((ndm__cuda_source_ctx *)ctx)->device;
+    *out = NULL;
+    cudaStream_t s;
+    ndm_status st = ndm__cuda_enter(device, &s);
+    if (st < 0)
+        return st;
+    void *p = NULL;
+    NDM__CUDA_TRY(device, cudaMalloc(&p, size));
+    *out = p;
+    return NDM_OK;
+}
+
+static void cuda_unmap(void *ctx, void *ptr, size_t size)
+{
+    (void)size;
+    int device = ((ndm__cuda_source_ctx *)ctx)->device;
+    /* Freeing must go on when the device has failed: the memory is gone with
+     * its context anyway, and the caller cannot act on an error here. */
+    if (cudaSetDevice(device) == cudaSuccess) {
+        cudaError_t e = cudaFree(ptr);
+        if (e != cudaSuccess)
+            (void)ndm__cuda_check(device, e, "cudaFree");
+    } else {
+        (void)cudaGetLastError();
+    }
+}
+
+static ndm_status cuda_mem_info(void *ctx, size_t *free_bytes, size_t *total_bytes)
+{
+    int device = ((ndm__cuda_source_ctx *)ctx)->device;
+    *free_bytes = *total_bytes = 0;
+    cudaStream_t s;
+    ndm_status st = ndm__cuda_enter(device, &s);
+    if (st < 0)
+        return st;
+    NDM__CUDA_TRY(device, cudaMemGetInfo(free_bytes, total_bytes));
+    return NDM_OK;
+}
+
+static ndm__cuda_source_ctx source_ctx[NDM__CUDA_MAX_DEVICES];
+static ndm__segment_source sources[NDM__CUDA_MAX_DEVICES];
+static std::once_flag sources_once;
+
+extern "C" const ndm__segment_source *ndm__cuda_segment_source(int index)
+{
+    if (index < 0 || index >= ndm__cuda_count())
+        return NULL;
+    std::call_once(sources_once, [] {
+        for (int i = 0; i < NDM__CUDA_MAX_DEVICES; i++) {
+            source_ctx[i].device = i;
+            sources[i].name = "cuda";
+            sources[i].map = cuda_map;
+            sources[i].unmap = cuda_unmap;
+            sources[i].mem_info = cuda_mem_info;
+            sources[i].ctx = &source_ctx[i];
+        }
+    });
+    return &sources[index];
+}

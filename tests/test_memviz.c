@@ -1,0 +1,300 @@
+/* ndm-memviz: the reader's errors on malformed snapshots, the totals it plots,
+ * and its page rendered in headless Chromium (skipped when Chromium is absent).
+ * Arguments: the ndm-memviz program, the fixture folder, Chromium's path or "". */
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "helpers.h"
+
+static const char *memviz, *data_dir, *chromium;
+static char tmp_dir[64];
+
+/* Run a shell command; returns its exit status and its output (stdout and
+ * stderr, caller frees). */
+static int run(const char *cmd, char **output)
+{
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    assert_non_null(buf);
+    for (;;) {
+        n += fread(buf + n, 1, cap - n - 1, p);
+        if (n < cap - 1)
+            break;
+        cap *= 2;
+        buf = realloc(buf, cap);
+        assert_non_null(buf);
+    }
+    buf[n] = '\0';
+    int st = pclose(p);
+    *output = buf;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int memviz_run(const char *in, const char *out, char **output)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "'%s' '%s' '%s' 2>&1", memviz, in, out);
+    return run(cmd, output);
+}
+
+static char *read_all(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    assert_non_null(buf);
+    assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+static int count(const char *hay, const char *needle)
+{
+    int k = 0;
+    for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle))
+        k++;
+    return k;
+}
+
+/* The page of the shared fixture, written into tmp_dir; caller frees. */
+static char *fixture_page(char *path, size_t n)
+{
+    char in[1024], *out;
+    snprintf(in, sizeof in, "%s/memviz_snapshot.json", data_dir);
+    snprintf(path, n, "%s/snapshot.html", tmp_dir);
+    int rc = memviz_run(in, path, &out);
+    if (rc != 0)
+        fail_msg("ndm-memviz exited with %d: %s", rc, out);
+    free(out);
+    return read_all(path);
+}
+
+/* Chromium's DOM after the page's scripts ran. */
+static char *rendered_dom(const char *page)
+{
+    char cmd[4096], *out;
+    snprintf(cmd, sizeof cmd,
+             "HOME='%s' timeout 120 '%s' --headless --no-sandbox --disable-gpu "
+             "--user-data-dir='%s/profile' --dump-dom 'file://%s' 2>/dev/null",
+             tmp_dir, chromium, tmp_dir, page);
+    int rc = run(cmd, &out);
+    if (rc != 0)
+        fail_msg("chromium exited with %d", rc);
+    return out;
+}
+
+#define NEED_CHROMIUM()                                                         \
+    do {                                                                        \
+        if (!chromium || !*chromium) {                                          \
+            print_message("chromium not found: skipped\n");                    \
+            skip();                                                             \
+        }                                                                       \
+    } while (0)
+
+static const char *const fixture_managers[] = {
+    "system/model", "system/model/trainer/batch-1", "system/model/trainer/batch-2", "system/data"};
+
+static void test_memviz_page_renders_every_manager_in_chromium(void **state)
+{
+    (void)state;
+    NEED_CHROMIUM();
+    char path[256];
+    free(fixture_page(path, sizeof path));
+    char *dom = rendered_dom(path);
+    /* 4 managers on the CPU, 3 on cuda:0; 5 + 1 + 3 blocks in 3 segments */
+    if (!strstr(dom, "data-rendered=\"1\""))
+        fail_msg("the page did not finish drawing:\n%.2000s", dom);
+    assert_non_null(strstr(dom, "data-series=\"7\""));
+    assert_non_null(strstr(dom, "data-blocks=\"9\""));
+    assert_non_null(strstr(dom, "data-segments=\"3\""));
+    assert_int_equal(count(dom, "class=\"series\""), 7);
+    assert_int_equal(count(dom, "class=\"timeline\""), 2);
+    for (size_t k = 0; k < sizeof fixture_managers / sizeof *fixture_managers; k++) {
+        char want[160];
+        snprintf(want, sizeof want, "class=\"series\" data-manager=\"%s\"", fixture_managers[k]);
+        if (!strstr(dom, want))
+            fail_msg("no series path for %s", fixture_managers[k]);
+    }
+    assert_int_equal(count(dom, "class=\"series\" data-manager=\"system/model\""), 2);
+    assert_int_equal(count(dom, "class=\"series\" data-manager=\"system/data\""), 1);
+    /* a path per series with a real outline, and the blocks by state */
+    assert_non_null(strstr(dom, "<path d=\"M"));
+    assert_int_equal(count(dom, "data-state=\"active_allocated\""), 5);
+    assert_int_equal(count(dom, "data-state=\"active_pending_free\""), 1);
+    assert_int_equal(count(dom, "data-state=\"inactive\""), 3);
+    assert_non_null(strstr(dom, "data-state=\"active_pending_free\" "
+                                "data-manager=\"system/model/trainer/batch-1\""));
+    assert_non_null(strstr(dom, "class=\"oom\""));
+    free(dom);
+}
+
+static void test_memviz_totals_follow_allocs_and_frees(void **state)
+{
+    (void)state;
+    char path[256];
+    char *page = fixture_page(path, sizeof path);
+    /* Series come by falling peak. data peaks with its 10 MiB block; a block
+     * freed twice (free_requested, then free_completed) counts once. */
+    assert_non_null(strstr(page, "{\"manager\":\"system/data\",\"peak\":10487808}"));
+    assert_non_null(strstr(page, "{\"manager\":\"system/model\",\"peak\":1024}"));
+    assert_non_null(strstr(page, "{\"manager\":\"system/model/trainer/batch-1\",\"peak\":1024}"));
+    assert_non_null(strstr(page, "{\"manager\":\"system/model/trainer/batch-2\",\"peak\":512}"));
+    assert_non_null(strstr(page, "{\"manager\":\"system/model\",\"peak\":8388608}"));
+    assert_non_null(
+        strstr(page, "{\"manager\":\"system/model/trainer/batch-1\",\"peak\":4194304}"));
+    /* The CPU's last point: data 2048, model 1024, batch-1 0, batch-2 512;
+     * reserved 2 MiB + 20 MiB; one OOM at 1800 us. */
+    const char *cpu = strstr(page, "{\"device\":\"cpu\"");
+    assert_non_null(cpu);
+    const char *values = strstr(cpu, "\"values\":[");
+    const char *end = values ? strchr(values, ']') : NULL;
+    assert_non_null(end);
+    assert_true(end - values > 20);
+    assert_memory_equal(end - 15, "2048,1024,0,512]", 16);
+    const char *reserved = strstr(cpu, "\"reserved\":[");
+    const char *rend = reserved ? strchr(reserved, ']') : NULL;
+    assert_non_null(rend);
+    assert_memory_equal(rend - 9, ",23068672", 9);
+    assert_non_null(strstr(cpu, "\"ooms\":[1800]"));
+    assert_non_null(strstr(cpu, "\"peak_total\":10489856")); /* at 1660 us */
+    assert_non_null(strstr(cpu, "\"unknown_frees\":0"));
+    /* the settings pass through */
+    assert_non_null(strstr(page, "\"strategy\":\"auto_growth\""));
+    free(page);
+}
+
+static void test_memviz_page_fetches_nothing(void **state)
+{
+    (void)state;
+    char path[256];
+    char *page = fixture_page(path, sizeof path);
+    assert_null(strstr(page, "src="));
+    assert_null(strstr(page, "href="));
+    assert_null(strstr(page, "<link"));
+    assert_null(strstr(page, "@import"));
+    assert_null(strstr(page, "url("));
+    /* the one "http" is SVG's namespace name, which is never fetched */
+    assert_int_equal(count(page, "http"), 1);
+    assert_non_null(strstr(page, "'http://www.w3.org/2000/svg'"));
+    free(page);
+}
+
+static void test_memviz_hostile_names_stay_text(void **state)
+{
+    (void)state;
+    NEED_CHROMIUM();
+    char in[256], out[256], *msg;
+    snprintf(in, sizeof in, "%s/hostile.json", tmp_dir);
+    snprintf(out, sizeof out, "%s/hostile.html", tmp_dir);
+    FILE *f = fopen(in, "w");
+    assert_non_null(f);
+    fputs("{\"devices\": [\"cpu\"], \"segments\": [], \"device_traces\": [[\n"
+          " {\"action\": \"alloc\", \"addr\": 64, \"size\": 8, \"time_us\": 1,\n"
+          "  \"manager\": \"</script><img src=x onerror=\\\"document.title='owned'\\\">\"},\n"
+          " {\"action\": \"alloc\", \"addr\": 128, \"size\": 8, \"time_us\": 2,\n"
+          "  \"manager\": \"sys/\\u00e9t\\u00e9 \\ud83d\\ude00 \\u2028 & <b>\"}]]}\n",
+          f);
+    fclose(f);
+    int rc = memviz_run(in, out, &msg);
+    if (rc != 0)
+        fail_msg("ndm-memviz exited with %d: %s", rc, msg);
+    free(msg);
+    char *dom = rendered_dom(out);
+    assert_non_null(strstr(dom, "data-rendered=\"1\""));
+    assert_non_null(strstr(dom, "data-series=\"2\""));
+    assert_null(strstr(dom, "<img"));
+    assert_null(strstr(dom, "<b>"));
+    assert_non_null(strstr(dom, "<title>ndm memory snapshot</title>")); /* no handler ran */
+    assert_non_null(strstr(dom, "&lt;/script&gt;&lt;img src=x"));
+    assert_non_null(strstr(dom, "sys/\xc3\xa9t\xc3\xa9 \xf0\x9f\x98\x80"));
+    free(dom);
+}
+
+typedef struct bad_case {
+    const char *file, *message;
+} bad_case;
+
+static void test_memviz_rejects_malformed_snapshots(void **state)
+{
+    (void)state;
+    static const bad_case cases[] = {
+        {"memviz_bad_truncated.json", "line 1, column 35: unexpected end of input"},
+        {"memviz_bad_trailing_comma.json", "line 1, column 20: trailing comma before ']'"},
+        {"memviz_bad_escape.json", "line 2, column 35: invalid escape '\\x'"},
+        {"memviz_bad_segments_type.json", "\"segments\" must be an array (found an object)"},
+        {"memviz_bad_traces_count.json", "\"device_traces\" has 1 list for 2 devices"},
+        {"memviz_bad_block_size.json",
+         "segments[0].blocks[1].\"size\" must be a non-negative integer (found a string)"},
+        {"memviz_bad_number.json", "invalid number: leading zero"},
+        {"memviz_bad_negative.json", "device_traces[0][0].\"addr\" must be a non-negative "
+                                     "integer (found -5)"},
+        {"memviz_bad_nesting.json", "nested too deeply"},
+        {"memviz_bad_empty.json", "the file is empty"},
+        {"memviz_bad_trailing_text.json", "unexpected text after the snapshot object"},
+        {"memviz_no_such_file.json", "cannot open: No such file or directory"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        char in[1024], out[256], *msg;
+        snprintf(in, sizeof in, "%s/%s", data_dir, cases[k].file);
+        snprintf(out, sizeof out, "%s/bad-%zu.html", tmp_dir, k);
+        int rc = memviz_run(in, out, &msg);
+        if (rc != 1 || !strstr(msg, cases[k].message) || !strstr(msg, cases[k].file))
+            fail_msg("%s: exit %d, message \"%s\"; expected exit 1 and \"%s\"", cases[k].file, rc,
+                     msg, cases[k].message);
+        free(msg);
+        struct stat sb;
+        assert_int_not_equal(stat(out, &sb), 0); /* no page, not even half of one */
+    }
+}
+
+static void test_memviz_usage_is_exit_2(void **state)
+{
+    (void)state;
+    char cmd[1024], *msg;
+    snprintf(cmd, sizeof cmd, "'%s' only-one-argument 2>&1", memviz);
+    assert_int_equal(run(cmd, &msg), 2);
+    assert_non_null(strstr(msg, "usage:"));
+    free(msg);
+    snprintf(cmd, sizeof cmd, "'%s' --help 2>&1", memviz);
+    assert_int_equal(run(cmd, &msg), 0);
+    assert_non_null(strstr(msg, "snapshot.json out.html"));
+    free(msg);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3) {
+        fprintf(stderr, "usage: %s ndm-memviz fixture-dir [chromium]\n", argv[0]);
+        return 2;
+    }
+    memviz = argv[1];
+    data_dir = argv[2];
+    chromium = argc > 3 ? argv[3] : "";
+    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/ndm-memviz-XXXXXX");
+    if (!mkdtemp(tmp_dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    const struct CMUnitTest tests[] = {
+        TEST(test_memviz_page_renders_every_manager_in_chromium),
+        TEST(test_memviz_totals_follow_allocs_and_frees),
+        TEST(test_memviz_page_fetches_nothing),
+        TEST(test_memviz_hostile_names_stay_text),
+        TEST(test_memviz_rejects_malformed_snapshots),
+        TEST(test_memviz_usage_is_exit_2),
+    };
+    int rc = cmocka_run_group_tests_name("memviz", tests, NULL, NULL);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", tmp_dir);
+    return rc;
+}
