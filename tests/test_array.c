@@ -1563,8 +1563,17 @@ static void test_print_nested_3d_blank_lines(void **state)
     assert_repr(iota(m, NDM_I64, NDM_SHAPE(2, 2, 2)),
                 "array([[[0, 1],\n        [2, 3]],\n\n       [[4, 5],\n        [6, 7]]])");
     assert_repr(iota(m, NDM_I64, NDM_SHAPE(2, 2, 2, 2)),
-                "array([[[[ 0,  1],\n         [ 2,  3]],\n\n        [[ 4,  5],\n         [ 6,  7]]],"
-                "\n\n\n       [[[ 8,  9],\n         [10, 11]],\n\n        [[12, 13],\n"
+                "array([[[[ 0,  1],\n"
+                "         [ 2,  3]],\n"
+                "\n"
+                "        [[ 4,  5],\n"
+                "         [ 6,  7]]],\n"
+                "\n"
+                "\n"
+                "       [[[ 8,  9],\n"
+                "         [10, 11]],\n"
+                "\n"
+                "        [[12, 13],\n"
                 "         [14, 15]]]])");
     assert_ok(ndm_scope_release_all(m));
 }
@@ -1747,7 +1756,8 @@ static void test_print_dtype_on_new_line(void **state)
 static void test_print_f16(void **state)
 {
     ndm_manager m = ROOT(state);
-    assert_repr(ARR(m, NDM_F16, 0.1, 1, 65504), "array([1.00e-01, 1.00e+00, 6.55e+04], dtype=float16)");
+    assert_repr(ARR(m, NDM_F16, 0.1, 1, 65504),
+                "array([1.00e-01, 1.00e+00, 6.55e+04], dtype=float16)");
     assert_repr(ARR(m, NDM_F16, 0.5, 0.25, 1), "array([0.5 , 0.25, 1.  ], dtype=float16)");
     assert_ok(ndm_scope_release_all(m));
 }

@@ -689,8 +689,9 @@ static void test_leak_report_lists_live(void **state)
     char line[512];
     const char *expect[4];
     char buf[3][256];
-    snprintf(buf[0], sizeof buf[0], "  array i32[4] in system/detached created at test_debug.c:%d (%s)\n",
-             dline, __func__);
+    snprintf(buf[0], sizeof buf[0],
+             "  array i32[4] in system/detached created at test_debug.c:%d (%s)\n", dline,
+             __func__);
     snprintf(buf[1], sizeof buf[1], "  manager system/test/req created at test_debug.c:%d (%s)\n",
              mline, __func__);
     snprintf(buf[2], sizeof buf[2],
