@@ -1458,6 +1458,9 @@ static void test_print_float_decimals(void **state)
     assert_repr(ARR(m, NDM_F64, 1.0 / 3), "array([0.33333333])");
     assert_repr(ARR(m, NDM_F64, 1234567), "array([1234567.])");
     assert_repr(ARR(m, NDM_F64, -0.0, 1), "array([-0.,  1.])");
+    assert_repr(ARR(m, NDM_F64, -1.5, 2.25), "array([-1.5 ,  2.25])");
+    assert_repr(ARR(m, NDM_F32, 0.1, 0.2, 0.3), "array([0.1, 0.2, 0.3], dtype=float32)");
+    assert_repr(ARR(m, NDM_F64, 0.1, 0.2, 0.3), "array([0.1, 0.2, 0.3])");
     assert_ok(ndm_scope_release_all(m));
 }
 
@@ -1477,6 +1480,13 @@ static void test_print_scientific(void **state)
     assert_repr(ARR(m, NDM_F64, 1.5e-5, 1, 123456789),
                 "array([1.50000000e-05, 1.00000000e+00, 1.23456789e+08])");
     assert_repr(ARR(m, NDM_F64, 123456.5, 1.25), "array([1.234565e+05, 1.250000e+00])");
+    assert_repr(ARR(m, NDM_F64, -1e-5, 1), "array([-1.e-05,  1.e+00])");
+    assert_repr(ARR(m, NDM_F64, 1e16), "array([1.e+16])");
+    assert_repr(ndm_scalar(m, NDM_F64, 1e-5), "array(1.e-05)");
+    assert_repr(ARR(m, NDM_F64, 1e-5, NAN, -INFINITY), "array([1.e-05,    nan,   -inf])");
+    double v[4] = {1e-5, 2, 3, -4e5};
+    assert_repr(ndm_from_buffer(m, NDM_F64, v, NDM_SHAPE(2, 2)),
+                "array([[ 1.e-05,  2.e+00],\n       [ 3.e+00, -4.e+05]])");
     assert_ok(ndm_scope_release_all(m));
 }
 
@@ -1485,6 +1495,17 @@ static void test_print_scientific_wide_exponent(void **state)
 {
     ndm_manager m = ROOT(state);
     assert_repr(ARR(m, NDM_F64, 1e-100, 1), "array([1.e-100, 1.e+000])");
+    assert_ok(ndm_scope_release_all(m));
+}
+
+/* Past 8 digits numpy rounds to 8 and drops the trailing zeros, in every
+ * element and in the common width. */
+static void test_print_scientific_rounded_digits(void **state)
+{
+    ndm_manager m = ROOT(state);
+    assert_repr(ARR(m, NDM_F64, 1.0000000001e-05), "array([1.e-05])");
+    assert_repr(ndm_scalar(m, NDM_F64, 1.0000000001e-05), "array(1.e-05)");
+    assert_repr(ARR(m, NDM_F64, 7.71026e-13 + 1e-25, 1.5e-13), "array([7.71026e-13, 1.50000e-13])");
     assert_ok(ndm_scope_release_all(m));
 }
 
@@ -1855,6 +1876,7 @@ int main(void)
         TEST(test_print_whole_floats),
         TEST(test_print_scientific),
         TEST(test_print_scientific_wide_exponent),
+        TEST(test_print_scientific_rounded_digits),
         TEST(test_print_nan_inf),
         TEST(test_print_bool),
         TEST(test_print_bool_all_true),
