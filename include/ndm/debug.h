@@ -11,8 +11,14 @@
  * since the previous dump of that manager. Its format is part of the API:
  *
  *   ndm dump: system/model (arrays, bytes; [change since the previous dump])
- *   model      cpu  arrays 2 [+2]  bytes 4096 [+4096]  created 2  released 0  peak 4096
- *     trainer  cpu  arrays 0 [=]  bytes 0 [=]  created 0  released 0  peak 0
+ *   model      cpu     arrays 2 [+2]  bytes 4096 [+4096]  created 2  released 0  peak 4096
+ *     trainer  cpu     arrays 0 [=]  bytes 0 [=]  created 0  released 0  peak 0
+ *
+ * Names are indented two spaces per level and padded to the widest; the
+ * device column is six wide; a manager's first dump shows [new] in place of
+ * the change. Optional fields follow: bytes on other devices
+ * ("cuda:0 bytes N peak N"), "resources N", "capped(arrays,children)",
+ * "scope".
  *
  * Leak hunting: m0 = ndm_mark(model); ... ndm_report_since(model, m0, stderr)
  * lists the arrays of the subtree created after the mark and still alive,
@@ -58,7 +64,7 @@ NDM_API NDM_NODISCARD ndm_status ndm_manager_stats(ndm_manager m, ndm_device dev
 /** Print the subtree of `m` (format above). */
 NDM_API NDM_NODISCARD ndm_status ndm_debug_dump(ndm_manager m, FILE *f);
 /** The subtree as one JSON object:
- *  {"name":..,"path":..,"device":..,"capped":[..],"live_arrays":..,"created":..,
+ *  {"name":..,"path":..,"device":..,"scope":bool,"capped":[..],"live_arrays":..,"created":..,
  *   "released":..,"moved_in":..,"moved_out":..,"resources":..,
  *   "bytes":{"cpu":{"live":..,"peak":..},..},"children":[..]} */
 NDM_API NDM_NODISCARD ndm_status ndm_debug_dump_json(ndm_manager m, FILE *f);

@@ -183,7 +183,7 @@ static ndm__array *array_get(ndm_array h, const char *api, ndm__site where, bool
     uint32_t g1 = atomic_load_explicit(&d->gen, memory_order_acquire);
     char desc[160], made[256], died[256], path[512];
     ndm__site dead_site = d->dead_site, site = d->site;
-    uint32_t by = d->dead_by;
+    uint32_t by = d->dead_by, by_gen = d->dead_by_gen;
     ndm__array_desc(d, desc, sizeof desc);
     bool was_live = atomic_load_explicit(&d->live, memory_order_acquire);
     uint32_t g2 = atomic_load_explicit(&d->gen, memory_order_acquire);
@@ -197,7 +197,16 @@ static ndm__array *array_get(ndm_array h, const char *api, ndm__site where, bool
     ndm__site_str(site, made, sizeof made);
     ndm__site_str(dead_site, died, sizeof died);
     if (by) {
-        ndm__manager_path(by, path, sizeof path);
+        /* The closing manager's record names it only until its slot is reused. */
+        ndm__tree_lock();
+        ndm__manager *bm = ndm__manager_slot(by);
+        uint32_t next = (by_gen + 1) & 0x7fffffffu;
+        if (!(atomic_load_explicit(&bm->state, memory_order_acquire) & NDM__M_LIVE) &&
+            atomic_load_explicit(&bm->gen, memory_order_acquire) == (next ? next : 1))
+            ndm__manager_path_locked(by, path, sizeof path);
+        else
+            snprintf(path, sizeof path, "? (a manager whose slot has since been reused)");
+        ndm__tree_unlock();
         ndm__fail(NDM_E_CLOSED, api, where,
                   "stale array handle: array %s created at %s was released when its manager "
                   "'%s' was closed at %s",

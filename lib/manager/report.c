@@ -59,8 +59,10 @@ NDM_API ndm_status ndm_manager_stats(ndm_manager h, ndm_device device, unsigned 
     if (!out)
         return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "out is NULL");
     if (device.index < 0 || device.index >= NDM__MAX_CUDA ||
-        (device.type != NDM_DEVICE_CPU && device.type != NDM_DEVICE_CUDA))
-        return ndm__fail(NDM_E_DEVICE, __func__, NDM__NO_SITE, "not a device");
+        (device.type != NDM_DEVICE_CPU && device.type != NDM_DEVICE_CUDA) ||
+        (device.type == NDM_DEVICE_CPU && device.index != 0))
+        return ndm__fail(NDM_E_DEVICE, __func__, NDM__NO_SITE, "not a device: type %d index %d",
+                         (int)device.type, device.index);
     memset(out, 0, sizeof *out);
     int dev = ndm__device_slot(device);
     ndm__tree_lock();
@@ -344,7 +346,8 @@ NDM_API ndm_status ndm_report_since(ndm_manager h, ndm_seq mark, FILE *f)
     ndm__tree_lock();
     collect_since(m, mark, &gs);
     ndm__manager_path_locked(m->self, path, sizeof path);
-    qsort(gs.g, gs.n, sizeof *gs.g, by_count);
+    if (gs.n)
+        qsort(gs.g, gs.n, sizeof *gs.g, by_count);
     fprintf(f, "ndm report: %" PRIu64 " array%s created since mark %" PRIu64
                " still alive under %s\n",
             gs.total, gs.total == 1 ? "" : "s", mark, path);

@@ -114,9 +114,12 @@ ndm_status ndm__vfail(ndm_status st, const char *api, ndm__site where, const cha
     size_t cap = sizeof out;
     size_t len = 0;
     if (api) {
-        /* "ndm_attach_at" is reported as "ndm_attach", the name users call. */
+        /* "ndm_attach_at" is reported as "ndm_attach" and "ndm_alias_to_at" as
+         * "ndm_alias": the names users call. */
         size_t an = strlen(api);
-        if (an > 3 && strcmp(api + an - 3, "_at") == 0)
+        if (an > 6 && strcmp(api + an - 6, "_to_at") == 0)
+            an -= 6;
+        else if (an > 3 && strcmp(api + an - 3, "_at") == 0)
             an -= 3;
         len = (size_t)snprintf(out, cap, "%.*s: ", (int)an, api);
         if (len >= cap)

@@ -33,7 +33,8 @@ NDM_API int ndm_array_shape(ndm_array a, int64_t *out, int cap)
     if (cap < r->ndim || (r->ndim && !out))
         return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE,
                          "room for %d sizes given, rank is %d", cap, r->ndim);
-    memcpy(out, r->shape, (size_t)r->ndim * sizeof *out);
+    if (r->ndim)
+        memcpy(out, r->shape, (size_t)r->ndim * sizeof *out);
     return r->ndim;
 }
 
@@ -43,7 +44,8 @@ NDM_API int ndm_array_strides(ndm_array a, int64_t *out, int cap)
     if (cap < r->ndim || (r->ndim && !out))
         return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE,
                          "room for %d strides given, rank is %d", cap, r->ndim);
-    memcpy(out, r->strides, (size_t)r->ndim * sizeof *out);
+    if (r->ndim)
+        memcpy(out, r->strides, (size_t)r->ndim * sizeof *out);
     return r->ndim;
 }
 

@@ -143,18 +143,20 @@ NDM_API ndm_array ndm_from_buffer_at(NDM_SITE_PARAMS, ndm_manager m, ndm_dtype d
                                      const void *src, int ndim, const int64_t *shape)
 {
     ndm__site site = NDM__SITE;
+    /* checks before allocation: a missing source is refused like a bad shape */
+    size_t want;
+    if (ndm__shape_check(ndim, shape, dtype, NULL, &want, __func__, site) < 0)
+        return NDM_NULL_ARRAY;
+    if (want && !src) {
+        ndm__fail(NDM_E_INVALID, __func__, site, "src is NULL");
+        return NDM_NULL_ARRAY;
+    }
     ndm__array *r;
     ndm_array a = make(site, __func__, m, dtype, ndim, shape, &r);
     if (!a.id)
         return a;
-    size_t n = r->storage->nbytes;
-    if (n && !src) {
-        ndm__fail(NDM_E_INVALID, __func__, site, "src is NULL");
-        ndm__discard(a);
-        return NDM_NULL_ARRAY;
-    }
     const ndm__backend *b = ndm__backend_of(r->storage->device, __func__, site);
-    ndm_status st = b ? b->upload(r->storage->device.index, r->storage->data, src, n)
+    ndm_status st = b ? b->upload(r->storage->device.index, r->storage->data, src, want)
                       : NDM_E_UNSUPPORTED;
     if (st < 0) {
         if (b)

@@ -53,6 +53,7 @@ typedef struct fmt {
     ndm_dtype dtype;
     bool exp;       /* scientific notation */
     int prec;       /* digits after the point */
+    int exp_width;  /* scientific mode: digits of every exponent (numpy pads to the widest) */
     int int_width;  /* fixed mode: width of the part before the point */
     int frac_width; /* fixed mode: width of the part after it */
     int width;      /* total width */
@@ -99,7 +100,15 @@ static int exp_digits(double v, ndm_dtype dt)
         if (roundtrips(buf, v, dt))
             return d;
     }
-    return 8;
+    /* numpy rounds to 8 digits and drops the trailing zeros */
+    snprintf(buf, sizeof buf, "%.8e", v);
+    const char *p = strchr(buf, 'e') - 1;
+    int d = 8;
+    while (d > 0 && *p == '0') {
+        d--;
+        p--;
+    }
+    return d;
 }
 
 static void element_text(const fmt *f, const void *val, char *out, size_t n)
@@ -122,7 +131,12 @@ static void element_text(const fmt *f, const void *val, char *out, size_t n)
     } else if (isinf(v)) {
         snprintf(out, n, v > 0 ? "inf" : "-inf");
     } else if (f->exp) {
-        snprintf(out, n, "%#.*e", f->prec, v);
+        char t[64];
+        snprintf(t, sizeof t, "%#.*e", f->prec, v);
+        char *e = strchr(t, 'e');
+        int digits = (int)strlen(e + 2);
+        snprintf(out, n, "%.*s%.*s%s", (int)(e + 2 - t), t,
+                 f->exp_width > digits ? f->exp_width - digits : 0, "000000", e + 2);
     } else {
         fixed_text(v, f->dtype, out, n);
     }
@@ -170,11 +184,14 @@ static void print_rec(printer *pr, int axis, int64_t off, int indent, int *col)
     (*col)++;
     int64_t n = pr->shape[axis];
     bool cut = pr->summarise && n > 2 * EDGE;
+    /* numpy's room for an element: the line less the closing ")" or ",",
+     * one "]" per level, and the "," or "]" after the element */
+    int limit = LINE_WIDTH - 1 - pr->ndim;
     if (axis == pr->ndim - 1) {
         for (int64_t i = 0; i < n; i++) {
             if (cut && i == EDGE) {
                 int w = 5; /* "..., " */
-                if (*col + w > LINE_WIDTH) {
+                if (*col + 3 > limit) {
                     sb_puts(b, "\n");
                     sb_spaces(b, indent + 1);
                     *col = indent + 1;
@@ -184,8 +201,7 @@ static void print_rec(printer *pr, int axis, int64_t off, int indent, int *col)
                 i = n - EDGE - 1;
                 continue;
             }
-            int w = pr->f.width + (i + 1 < n ? 2 : 0);
-            if (i > 0 && *col + w > LINE_WIDTH) {
+            if (i > 0 && *col + pr->f.width > limit) {
                 /* numpy breaks after the comma and indents to the bracket */
                 while (b->len && b->p[b->len - 1] == ' ')
                     b->p[--b->len] = '\0';
@@ -289,6 +305,19 @@ static void visit_prec(printer *pr, const void *val, void *acc)
     }
 }
 
+static void visit_exp_width(printer *pr, const void *val, void *acc)
+{
+    double v = *(const double *)val;
+    int *digits = acc;
+    if (isfinite(v)) {
+        char t[64];
+        snprintf(t, sizeof t, "%#.*e", pr->f.prec, v);
+        int d = (int)strlen(strchr(t, 'e') + 2);
+        if (d > *digits)
+            *digits = d;
+    }
+}
+
 typedef struct widths {
     int width, iw, fw;
 } widths;
@@ -321,8 +350,10 @@ static void measure(printer *pr)
         range g = {0, INFINITY, false};
         for_shown(pr, visit_range, &g);
         f->exp = g.any && (g.maxv >= 1e8 || g.minv < 1e-4 || g.maxv / g.minv > 1e3);
-        if (f->exp)
+        if (f->exp) {
             for_shown(pr, visit_prec, &f->prec);
+            for_shown(pr, visit_exp_width, &f->exp_width);
+        }
     }
     widths w = {0, 0, 0};
     for_shown(pr, visit_width, &w);
@@ -337,6 +368,33 @@ static void measure(printer *pr)
     } else {
         f->width = w.width;
     }
+    /* numpy keeps room for "False" in every bool array with axes */
+    if (f->dtype == NDM_BOOL && pr->ndim > 0 && f->width < 5)
+        f->width = 5;
+}
+
+/* The end of the text: ")" or ", dtype=...)", the dtype on a line of its own
+ * under the "(" when it would pass the line width (numpy's rule). */
+static void put_dtype(sbuf *b, const char *dt)
+{
+    if (!dt) {
+        sb_puts(b, ")");
+        return;
+    }
+    sb_puts(b, ",");
+    if (b->oom)
+        return;
+    const char *nl = memrchr(b->p, '\n', b->len);
+    size_t last = b->len - (nl ? (size_t)(nl - b->p) + 1 : 0);
+    if (last + strlen("dtype=)") + strlen(dt) + 1 > LINE_WIDTH) {
+        sb_puts(b, "\n");
+        sb_spaces(b, 6);
+    } else {
+        sb_puts(b, " ");
+    }
+    sb_puts(b, "dtype=");
+    sb_puts(b, dt);
+    sb_puts(b, ")");
 }
 
 static ndm_status format_array(ndm__array *r, sbuf *b, const char *api)
@@ -380,12 +438,10 @@ static ndm_status format_array(ndm__array *r, sbuf *b, const char *api)
             }
             sb_puts(b, r->ndim == 1 ? ",)" : ")");
         }
-        sb_puts(b, ", dtype=");
-        sb_puts(b, dt);
-        sb_puts(b, ")");
+        put_dtype(b, dt);
         goto done;
     }
-    printer pr = {b, {r->dtype, false, 0, 0, 0, 0}, vals, vsize, r->ndim, r->shape, cs,
+    printer pr = {b, {r->dtype, false, 0, 0, 0, 0, 0}, vals, vsize, r->ndim, r->shape, cs,
                   n > THRESHOLD};
     measure(&pr);
     if (r->ndim == 0) {
@@ -396,11 +452,7 @@ static ndm_status format_array(ndm__array *r, sbuf *b, const char *api)
         int col = 6;
         print_rec(&pr, 0, 0, 6, &col);
     }
-    if (show_dtype) {
-        sb_puts(b, ", dtype=");
-        sb_puts(b, dt);
-    }
-    sb_puts(b, ")");
+    put_dtype(b, show_dtype ? dt : NULL);
 done:
     free(raw);
     free(vals);

@@ -7,6 +7,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "ndm/dtype.h"
 
@@ -67,8 +68,25 @@ static inline uint8_t ndm__sat_u8(double v)
 #define NDM__ST_u8(x) (NDM__IS_FLOAT_EXPR(x) ? ndm__sat_u8((double)(x)) : (uint8_t)(x))
 #define NDM__ST_i32(x) (NDM__IS_FLOAT_EXPR(x) ? ndm__sat_i32((double)(x)) : (int32_t)(x))
 #define NDM__ST_i64(x) (NDM__IS_FLOAT_EXPR(x) ? ndm__sat_i64((double)(x)) : (int64_t)(x))
-#define NDM__ST_f16(x) ndm_f32_to_f16((float)(x))
-#define NDM__ST_bf16(x) ndm_f32_to_bf16((float)(x))
+/* A double rounded to float "to odd": exact values stay, inexact ones get
+ * their last bit set, so rounding that float to f16/bf16 gives what rounding
+ * the double once would (float keeps more than two extra bits of both). */
+static inline float ndm__f64_to_f32_odd(double x)
+{
+    float f = (float)x;
+    if ((double)f == x || x != x)
+        return f;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if (fabs((double)f) > fabs(x))
+        u -= 1; /* it rounded away from zero: step back toward it */
+    u |= 1;
+    memcpy(&f, &u, 4);
+    return f;
+}
+#define NDM__NARROW(x) _Generic((x), float: (x), default: ndm__f64_to_f32_odd((double)(x)))
+#define NDM__ST_f16(x) ndm_f32_to_f16(NDM__NARROW(x))
+#define NDM__ST_bf16(x) ndm_f32_to_bf16(NDM__NARROW(x))
 #define NDM__ST_f32(x) ((float)(x))
 #define NDM__ST_f64(x) ((double)(x))
 

@@ -173,6 +173,20 @@ NDM__HD uint8_t ndm__cu_sat_u8(double v)
     return (uint8_t)v;
 }
 
+/* A double rounded to float "to odd" (see the CPU's convert.h): rounding it
+ * again to f16/bf16 then gives what rounding the double once would. */
+NDM__HD float ndm__cu_f64_to_f32_odd(double x)
+{
+    float f = (float)x;
+    if ((double)f == x || x != x)
+        return f;
+    uint32_t u = ndm__cu_f32_bits(f);
+    if (fabs((double)f) > fabs(x))
+        u -= 1;
+    u |= 1;
+    return ndm__cu_bits_f32(u);
+}
+
 /* One struct per dtype: `T` is the storage type, ld() gives the natural C
  * value (f16 and bf16 load as float), st() stores any natural value. The
  * float and double overloads of st() are the saturating ones, as the CPU's
@@ -209,11 +223,13 @@ template <> struct ndm__cu_dt<NDM_F16> {
     typedef uint16_t T;
     static NDM__HD float ld(T x) { return ndm__cu_f16_to_f32(x); }
     template <class V> static NDM__HD T st(V v) { return ndm__cu_f32_to_f16((float)v); }
+    static NDM__HD T st(double v) { return ndm__cu_f32_to_f16(ndm__cu_f64_to_f32_odd(v)); }
 };
 template <> struct ndm__cu_dt<NDM_BF16> {
     typedef uint16_t T;
     static NDM__HD float ld(T x) { return ndm__cu_bf16_to_f32(x); }
     template <class V> static NDM__HD T st(V v) { return ndm__cu_f32_to_bf16((float)v); }
+    static NDM__HD T st(double v) { return ndm__cu_f32_to_bf16(ndm__cu_f64_to_f32_odd(v)); }
 };
 template <> struct ndm__cu_dt<NDM_F32> {
     typedef float T;

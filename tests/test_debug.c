@@ -1,0 +1,850 @@
+/* Observability: exact statistics, the debug dump's pinned text and JSON,
+ * leak hunting since a mark, and the leak reports (in process and at exit). */
+#include <spawn.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "array_check.h"
+
+extern char **environ;
+
+static ndm_stats stats_of(ndm_manager m, unsigned flags)
+{
+    ndm_stats st;
+    memset(&st, 0xab, sizeof st);
+    assert_ok(ndm_manager_stats(m, NDM_CPU, flags, &st));
+    return st;
+}
+
+#define assert_stats(m, flags, live, created_, released_, in, out, bytes, peak, res, kids)  \
+    do {                                                                        \
+        ndm_stats s_ = stats_of((m), (flags));                                  \
+        assert_int_equal(s_.live_arrays, (live));                               \
+        assert_int_equal(s_.created, (created_));                               \
+        assert_int_equal(s_.released, (released_));                             \
+        assert_int_equal(s_.moved_in, (in));                                    \
+        assert_int_equal(s_.moved_out, (out));                                  \
+        assert_int_equal(s_.live_bytes, (bytes));                               \
+        assert_int_equal(s_.peak_bytes, (peak));                                \
+        assert_int_equal(s_.resources, (res));                                  \
+        assert_int_equal(s_.children, (kids));                                  \
+    } while (0)
+
+static int freed_resources;
+static void free_resource(void *p)
+{
+    (void)p;
+    freed_resources++;
+}
+static int hook_ok(void *ud)
+{
+    (void)ud;
+    return 0;
+}
+
+/* ---- statistics ------------------------------------------------------------------ */
+
+/* A small tree used by the statistics tests:
+ *   m: a1 (f32[10], 40 B), a2 (f64[4], 32 B, released), b (u8[100], moved in
+ *      from c), one owned resource and one hook
+ *   c: made b; child gc */
+typedef struct tree {
+    ndm_manager m, c, gc;
+    ndm_array a1, b;
+} tree;
+
+static tree make_tree(ndm_manager root)
+{
+    tree t;
+    t.m = ndm_manager_new(root, "m");
+    t.c = ndm_manager_new(t.m, "c");
+    t.gc = ndm_manager_new(t.c, "gc");
+    t.a1 = ndm_zeros(t.m, NDM_F32, NDM_SHAPE(10));
+    ndm_array a2 = ndm_zeros(t.m, NDM_F64, NDM_SHAPE(4));
+    release_ok(a2);
+    t.b = ndm_zeros(t.c, NDM_U8, NDM_SHAPE(100));
+    assert_ok(ndm_attach(t.b, t.m));
+    assert_ok(ndm_manager_own(t.m, &freed_resources, free_resource, "counter"));
+    assert_ok(ndm_manager_on_close(t.m, hook_ok, NULL));
+    return t;
+}
+
+static void test_stats_own_figures(void **state)
+{
+    freed_resources = 0;
+    tree t = make_tree(ROOT(state));
+    /*            live created released in out bytes peak res kids */
+    assert_stats(t.m, 0, 2, 2, 1, 1, 0, 140, 140, 2, 1);
+    assert_stats(t.c, 0, 0, 1, 0, 0, 1, 0, 100, 0, 1);
+    assert_stats(t.gc, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    close_ok(t.m);
+    assert_int_equal(freed_resources, 1);
+}
+
+static void test_stats_subtree_figures(void **state)
+{
+    tree t = make_tree(ROOT(state));
+    /* Peak over a subtree is the sum of the managers' peaks. */
+    assert_stats(t.m, NDM_STATS_SUBTREE, 2, 3, 1, 1, 1, 140, 240, 2, 2);
+    assert_stats(t.c, NDM_STATS_SUBTREE, 0, 1, 0, 0, 1, 0, 100, 0, 1);
+    assert_stats(ROOT(state), NDM_STATS_SUBTREE, 2, 3, 1, 1, 1, 140, 240, 2, 3);
+    assert_stats(ROOT(state), 0, 0, 0, 0, 0, 0, 0, 0, 0, 1);
+    close_ok(t.c);
+    assert_stats(t.m, NDM_STATS_SUBTREE, 2, 2, 1, 1, 0, 140, 140, 2, 0);
+    close_ok(t.m);
+}
+
+static void test_stats_peak_stays(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_array big = ndm_empty(m, NDM_F64, NDM_SHAPE(1000));
+    ndm_array small = ndm_empty(m, NDM_F64, NDM_SHAPE(10));
+    release_ok(big);
+    assert_stats(m, 0, 1, 2, 1, 0, 0, 80, 8080, 0, 0);
+    release_ok(small);
+    assert_stats(m, 0, 0, 2, 2, 0, 0, 0, 8080, 0, 0);
+}
+
+static void test_stats_shared_storage_counted_once(void **state)
+{
+    ndm_manager root = ROOT(state);
+    ndm_manager m = ndm_manager_new(root, "m");
+    ndm_manager c = ndm_manager_new(root, "c");
+    ndm_array base = ndm_zeros(m, NDM_F32, NDM_SHAPE(10));
+    ndm_array al = ndm_alias(base);
+    ndm_array v = ndm_alias_to(c, base);
+    ndm_array s = ndm_slice(base, 0, 2, 4, 1);
+    assert_int_equal(ndm_array_manager(v).id, c.id);
+    assert_int_equal(check_live_bytes(m, 0), 40);
+    assert_int_equal(check_live_bytes(c, 0), 0);
+    assert_int_equal(check_live_bytes(root, NDM_STATS_SUBTREE), 40);
+    assert_stats(m, 0, 3, 3, 0, 0, 0, 40, 40, 0, 0);
+    /* m keeps the charge while it holds a view. */
+    release_ok(base);
+    release_ok(s);
+    assert_int_equal(check_live_bytes(m, 0), 40);
+    /* Its last view goes: the charge moves to the manager of a remaining view. */
+    release_ok(al);
+    assert_stats(m, 0, 0, 3, 3, 0, 0, 0, 40, 0, 0);
+    assert_stats(c, 0, 1, 1, 0, 0, 0, 40, 40, 0, 0);
+    assert_int_equal(check_live_bytes(root, NDM_STATS_SUBTREE), 40);
+    release_ok(v);
+    assert_int_equal(check_live_bytes(root, NDM_STATS_SUBTREE), 0);
+    assert_int_equal(check_live_bytes(c, 0), 0);
+    close_ok(m);
+    close_ok(c);
+}
+
+static void test_stats_charge_follows_moves(void **state)
+{
+    ndm_manager root = ROOT(state);
+    ndm_manager m = ndm_manager_new(root, "m");
+    ndm_manager c = ndm_manager_new(root, "c");
+    ndm_manager d = ndm_manager_new(root, "d");
+    ndm_array base = ndm_zeros(m, NDM_F32, NDM_SHAPE(10));
+    ndm_array v = ndm_alias_to(c, base);
+    /* m's only view moves to d: the charge goes with it. */
+    assert_ok(ndm_attach(base, d));
+    assert_int_equal(check_live_bytes(m, 0), 0);
+    assert_int_equal(check_live_bytes(d, 0), 40);
+    assert_int_equal(check_live_bytes(c, 0), 0);
+    assert_stats(m, 0, 0, 1, 0, 0, 1, 0, 40, 0, 0);
+    assert_stats(d, 0, 1, 0, 0, 1, 0, 40, 40, 0, 0);
+    /* A second view joins d, then one of d's two leaves: d keeps it. */
+    assert_ok(ndm_attach(v, d));
+    assert_ok(ndm_detach(base));
+    assert_int_equal(check_live_bytes(d, 0), 40);
+    assert_int_equal(check_live_bytes(ndm_detached(), 0), 0);
+    /* d's last view dies: the detached node holds the remaining view. */
+    release_ok(v);
+    assert_int_equal(check_live_bytes(d, 0), 0);
+    assert_int_equal(check_live_bytes(ndm_detached(), 0), 40);
+    release_ok(base);
+    assert_int_equal(check_live_bytes(ndm_detached(), 0), 0);
+    close_ok(m);
+    close_ok(c);
+    close_ok(d);
+}
+
+static void test_stats_errors(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_stats st;
+    assert_st(ndm_manager_stats(NDM_NULL_MANAGER, NDM_CPU, 0, &st), NDM_E_NULL);
+    assert_st(ndm_manager_stats(m, NDM_CPU, 0, NULL), NDM_E_INVALID);
+    assert_st(ndm_manager_stats(m, NDM_CUDA(-1), 0, &st), NDM_E_DEVICE);
+    assert_st(ndm_manager_stats(m, NDM_CUDA(1000), 0, &st), NDM_E_DEVICE);
+    assert_st(ndm_manager_stats(m, ((ndm_device){(ndm_device_type)7, 0}), 0, &st), NDM_E_DEVICE);
+    ndm_manager gone = ndm_manager_new(m, "gone");
+    close_ok(gone);
+    assert_st(ndm_manager_stats(gone, NDM_CPU, 0, &st), NDM_E_CLOSED);
+    /* Another device is counted apart: nothing on cuda:0 here. */
+    ndm_array a = ndm_zeros(m, NDM_F32, NDM_SHAPE(4));
+    assert_ok(ndm_manager_stats(m, NDM_CUDA(0), 0, &st));
+    assert_int_equal(st.live_bytes, 0);
+    assert_int_equal(st.live_arrays, 1);
+    release_ok(a);
+}
+
+/* There is one CPU, device 0; ndm_manager_set_limit refuses cpu:1 too. */
+static void test_stats_rejects_cpu_index(void **state)
+{
+    ndm_stats st;
+    assert_st(ndm_manager_set_limit(ROOT(state), ((ndm_device){NDM_DEVICE_CPU, 1}), 1),
+              NDM_E_DEVICE);
+    assert_st(ndm_manager_stats(ROOT(state), ((ndm_device){NDM_DEVICE_CPU, 1}), 0, &st),
+              NDM_E_DEVICE);
+}
+
+/* ---- the text dump ---------------------------------------------------------------- */
+
+static char *dump_text(ndm_manager m)
+{
+    check_capture c;
+    FILE *f = check_capture_open(&c);
+    assert_ok(ndm_debug_dump(m, f));
+    return (char *)check_capture_close(&c);
+}
+
+#define assert_dump(m, want)                                                    \
+    do {                                                                        \
+        char *got_ = dump_text(m);                                              \
+        if (strcmp(got_, (want)) != 0) {                                        \
+            print_error("got:\n%s\nexpected:\n%s\n", got_, (want));             \
+            free(got_);                                                         \
+            fail();                                                             \
+        }                                                                       \
+        free(got_);                                                             \
+    } while (0)
+
+static void test_dump_format_pinned(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_manager trainer = ndm_manager_new(model, "trainer");
+    ndm_manager batch = ndm_manager_new(trainer, "batch-17");
+    ndm_manager predictor = ndm_manager_new(model, "predictor");
+    ndm_array w = ndm_zeros(model, NDM_F32, NDM_SHAPE(1024));
+    ndm_array x = ndm_zeros(batch, NDM_F64, NDM_SHAPE(3));
+    ndm_array y = ndm_ones(batch, NDM_U8, NDM_SHAPE(5));
+    release_ok(y);
+    (void)predictor;
+    (void)w;
+    (void)x;
+    assert_dump(model,
+                "ndm dump: system/test/model (arrays, bytes; [change since the previous dump])\n"
+                "model         cpu     arrays 1 [new]  bytes 4096 [new]  created 1  released 0"
+                "  peak 4096\n"
+                "  trainer     cpu     arrays 0 [new]  bytes 0 [new]  created 0  released 0"
+                "  peak 0\n"
+                "    batch-17  cpu     arrays 1 [new]  bytes 24 [new]  created 2  released 1"
+                "  peak 29\n"
+                "  predictor   cpu     arrays 0 [new]  bytes 0 [new]  created 0  released 0"
+                "  peak 0\n");
+    close_ok(model);
+}
+
+static void test_dump_deltas_on_second_dump(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_manager batch = ndm_manager_new(model, "batch");
+    ndm_array x = ndm_zeros(batch, NDM_F64, NDM_SHAPE(3));
+    free(dump_text(model));
+    ndm_array w1 = ndm_zeros(model, NDM_F32, NDM_SHAPE(8));
+    ndm_array w2 = ndm_zeros(model, NDM_F32, NDM_SHAPE(2));
+    release_ok(x);
+    ndm_manager late = ndm_manager_new(batch, "late");
+    (void)late;
+    assert_dump(model,
+                "ndm dump: system/test/model (arrays, bytes; [change since the previous dump])\n"
+                "model     cpu     arrays 2 [+2]  bytes 40 [+40]  created 2  released 0"
+                "  peak 40\n"
+                "  batch   cpu     arrays 0 [-1]  bytes 0 [-24]  created 1  released 1"
+                "  peak 24\n"
+                "    late  cpu     arrays 0 [new]  bytes 0 [new]  created 0  released 0"
+                "  peak 0\n");
+    release_ok(w2);
+    assert_dump(model,
+                "ndm dump: system/test/model (arrays, bytes; [change since the previous dump])\n"
+                "model     cpu     arrays 1 [-1]  bytes 32 [-8]  created 2  released 1"
+                "  peak 40\n"
+                "  batch   cpu     arrays 0 [=]  bytes 0 [=]  created 1  released 1  peak 24\n"
+                "    late  cpu     arrays 0 [=]  bytes 0 [=]  created 0  released 0  peak 0\n");
+    assert_dump(model,
+                "ndm dump: system/test/model (arrays, bytes; [change since the previous dump])\n"
+                "model     cpu     arrays 1 [=]  bytes 32 [=]  created 2  released 1  peak 40\n"
+                "  batch   cpu     arrays 0 [=]  bytes 0 [=]  created 1  released 1  peak 24\n"
+                "    late  cpu     arrays 0 [=]  bytes 0 [=]  created 0  released 0  peak 0\n");
+    release_ok(w1);
+    close_ok(model);
+}
+
+/* Each manager remembers its own last dump, whoever asked for it. */
+static void test_dump_deltas_per_manager(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_manager batch = ndm_manager_new(model, "batch");
+    ndm_array x = ndm_zeros(batch, NDM_U8, NDM_SHAPE(3));
+    free(dump_text(batch));
+    assert_dump(model,
+                "ndm dump: system/test/model (arrays, bytes; [change since the previous dump])\n"
+                "model    cpu     arrays 0 [new]  bytes 0 [new]  created 0  released 0  peak 0\n"
+                "  batch  cpu     arrays 1 [=]  bytes 3 [=]  created 1  released 0  peak 3\n");
+    release_ok(x);
+    close_ok(model);
+}
+
+static void test_dump_marks(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_manager a = ndm_manager_new(model, "a");
+    ndm_manager b = ndm_manager_new(model, "b");
+    assert_ok(ndm_manager_cap(model, NDM_CAP_ARRAYS));
+    assert_ok(ndm_manager_cap(a, NDM_CAP_CHILDREN));
+    assert_ok(ndm_manager_cap(b, NDM_CAP_ARRAYS | NDM_CAP_CHILDREN));
+    assert_ok(ndm_manager_own(model, &freed_resources, free_resource, "r1"));
+    assert_ok(ndm_manager_on_close(model, hook_ok, NULL));
+    ndm_manager s = ndm_scope_begin(model, "step");
+    assert_ok(ndm_manager_on_close(s, hook_ok, NULL));
+    assert_dump(model,
+                "ndm dump: system/test/model (arrays, bytes; [change since the previous dump])\n"
+                "model   cpu     arrays 0 [new]  bytes 0 [new]  created 0  released 0  peak 0"
+                "  resources 2  capped(arrays)\n"
+                "  a     cpu     arrays 0 [new]  bytes 0 [new]  created 0  released 0  peak 0"
+                "  capped(children)\n"
+                "  b     cpu     arrays 0 [new]  bytes 0 [new]  created 0  released 0  peak 0"
+                "  capped(arrays,children)\n"
+                "  step  cpu     arrays 0 [new]  bytes 0 [new]  created 0  released 0  peak 0"
+                "  resources 1  scope\n");
+    assert_ok(ndm_scope_end(s, 0, NULL));
+    close_ok(model);
+}
+
+static void test_dump_errors(void **state)
+{
+    ndm_manager gone = ndm_manager_new(ROOT(state), "gone");
+    close_ok(gone);
+    assert_st(ndm_debug_dump(gone, stderr), NDM_E_CLOSED);
+    assert_st(ndm_debug_dump(NDM_NULL_MANAGER, stderr), NDM_E_NULL);
+    assert_st(ndm_debug_dump(ROOT(state), NULL), NDM_E_INVALID);
+    assert_st(ndm_debug_dump_json(gone, stderr), NDM_E_CLOSED);
+    assert_st(ndm_debug_dump_json(ROOT(state), NULL), NDM_E_INVALID);
+}
+
+/* ---- JSON -------------------------------------------------------------------------- */
+
+/* A small JSON reader: enough to prove the dump is well formed and to list
+ * the keys of each manager object. */
+typedef struct jreader {
+    const char *p;
+    bool ok;
+    int managers;       /* objects that have a "children" key */
+    bool keys_ok;       /* every manager object has exactly the expected keys */
+} jreader;
+
+static void j_ws(jreader *r)
+{
+    while (*r->p == ' ' || *r->p == '\n' || *r->p == '\t' || *r->p == '\r')
+        r->p++;
+}
+
+static void j_value(jreader *r, char *string_out, size_t cap);
+
+static void j_string(jreader *r, char *out, size_t cap)
+{
+    size_t n = 0;
+    if (*r->p != '"') {
+        r->ok = false;
+        return;
+    }
+    r->p++;
+    while (*r->p && *r->p != '"') {
+        char c = *r->p++;
+        if ((unsigned char)c < 0x20) {
+            r->ok = false;
+            return;
+        }
+        if (c == '\\') {
+            char e = *r->p++;
+            if (e == 'u') {
+                for (int i = 0; i < 4; i++)
+                    if (!strchr("0123456789abcdefABCDEF", *r->p++) || !r->p[-1]) {
+                        r->ok = false;
+                        return;
+                    }
+                c = '?';
+            } else if (strchr("\"\\/bfnrt", e) && e) {
+                c = e;
+            } else {
+                r->ok = false;
+                return;
+            }
+        }
+        if (out && n + 1 < cap)
+            out[n++] = c;
+    }
+    if (*r->p != '"') {
+        r->ok = false;
+        return;
+    }
+    r->p++;
+    if (out && cap)
+        out[n] = '\0';
+}
+
+static const char *const manager_keys[] = {
+    "name", "path", "device", "scope", "capped", "live_arrays", "created", "released",
+    "moved_in", "moved_out", "resources", "bytes", "children",
+};
+#define N_MANAGER_KEYS (sizeof manager_keys / sizeof *manager_keys)
+
+static void j_object(jreader *r)
+{
+    char keys[32][32];
+    int nk = 0;
+    r->p++; /* '{' */
+    j_ws(r);
+    if (*r->p == '}') {
+        r->p++;
+        return;
+    }
+    for (;;) {
+        j_ws(r);
+        char key[32];
+        j_string(r, key, sizeof key);
+        if (!r->ok)
+            return;
+        if (nk < 32)
+            snprintf(keys[nk++], sizeof keys[0], "%s", key);
+        j_ws(r);
+        if (*r->p++ != ':') {
+            r->ok = false;
+            return;
+        }
+        j_ws(r);
+        j_value(r, NULL, 0);
+        if (!r->ok)
+            return;
+        j_ws(r);
+        if (*r->p == ',') {
+            r->p++;
+            continue;
+        }
+        if (*r->p == '}') {
+            r->p++;
+            break;
+        }
+        r->ok = false;
+        return;
+    }
+    bool is_manager = false;
+    for (int i = 0; i < nk; i++)
+        is_manager |= strcmp(keys[i], "children") == 0;
+    if (!is_manager)
+        return;
+    r->managers++;
+    if (nk != (int)N_MANAGER_KEYS)
+        r->keys_ok = false;
+    for (size_t k = 0; k < N_MANAGER_KEYS; k++) {
+        bool found = false;
+        for (int i = 0; i < nk; i++)
+            found |= strcmp(keys[i], manager_keys[k]) == 0;
+        if (!found)
+            r->keys_ok = false;
+    }
+}
+
+static void j_value(jreader *r, char *string_out, size_t cap)
+{
+    j_ws(r);
+    if (*r->p == '{') {
+        j_object(r);
+    } else if (*r->p == '[') {
+        r->p++;
+        j_ws(r);
+        if (*r->p == ']') {
+            r->p++;
+            return;
+        }
+        for (;;) {
+            j_value(r, NULL, 0);
+            if (!r->ok)
+                return;
+            j_ws(r);
+            if (*r->p == ',') {
+                r->p++;
+                continue;
+            }
+            if (*r->p++ != ']')
+                r->ok = false;
+            return;
+        }
+    } else if (*r->p == '"') {
+        j_string(r, string_out, cap);
+    } else if (!strncmp(r->p, "true", 4) || !strncmp(r->p, "null", 4)) {
+        r->p += 4;
+    } else if (!strncmp(r->p, "false", 5)) {
+        r->p += 5;
+    } else if (*r->p == '-' || (*r->p >= '0' && *r->p <= '9')) {
+        char *end;
+        strtod(r->p, &end);
+        if (end == r->p)
+            r->ok = false;
+        r->p = end;
+    } else {
+        r->ok = false;
+    }
+}
+
+static char *json_text(ndm_manager m)
+{
+    check_capture c;
+    FILE *f = check_capture_open(&c);
+    assert_ok(ndm_debug_dump_json(m, f));
+    return (char *)check_capture_close(&c);
+}
+
+static void test_dump_json_exact(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_manager batch = ndm_manager_new(model, "batch");
+    ndm_array w = ndm_zeros(model, NDM_F32, NDM_SHAPE(4));
+    ndm_array x = ndm_zeros(batch, NDM_U8, NDM_SHAPE(3));
+    assert_ok(ndm_attach(x, model));
+    ndm_array y = ndm_zeros(batch, NDM_U8, NDM_SHAPE(2));
+    release_ok(y);
+    assert_ok(ndm_manager_cap(model, NDM_CAP_ARRAYS));
+    assert_ok(ndm_manager_on_close(batch, hook_ok, NULL));
+    char *got = json_text(model);
+    const char *want =
+        "{\"name\":\"model\",\"path\":\"system/test/model\",\"device\":\"cpu\",\"scope\":false,"
+        "\"capped\":[\"arrays\"],\"live_arrays\":2,\"created\":1,\"released\":0,\"moved_in\":1,"
+        "\"moved_out\":0,\"resources\":0,\"bytes\":{\"cpu\":{\"live\":19,\"peak\":19}},"
+        "\"children\":[{\"name\":\"batch\",\"path\":\"system/test/model/batch\","
+        "\"device\":\"cpu\",\"scope\":false,\"capped\":[],\"live_arrays\":0,\"created\":2,"
+        "\"released\":1,\"moved_in\":0,\"moved_out\":1,\"resources\":1,"
+        "\"bytes\":{\"cpu\":{\"live\":0,\"peak\":3}},\"children\":[]}]}\n";
+    if (strcmp(got, want) != 0) {
+        print_error("got:\n%s\nexpected:\n%s\n", got, want);
+        free(got);
+        fail();
+    }
+    free(got);
+    (void)w;
+    close_ok(model);
+}
+
+static void test_dump_json_parses(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "we\"ird\\name\n");
+    ndm_manager a = ndm_manager_new(model, "a");
+    ndm_manager b = ndm_manager_new(a, "b");
+    ndm_manager c = ndm_manager_new(model, "c");
+    assert_ok(ndm_manager_cap(c, NDM_CAP_ARRAYS | NDM_CAP_CHILDREN));
+    ndm_manager s = ndm_scope_begin(b, NULL);
+    ndm_array x = ndm_ones(NDM_NULL_MANAGER, NDM_F64, NDM_SHAPE(7));
+    assert_live(x);
+    char *text = json_text(model);
+    jreader r = {text, true, 0, true};
+    j_value(&r, NULL, 0);
+    j_ws(&r);
+    assert_true(r.ok);
+    assert_int_equal(*r.p, '\0');
+    assert_int_equal(r.managers, 5);
+    assert_true(r.keys_ok);
+    /* Names are escaped, so the document survives odd characters. */
+    assert_non_null(strstr(text, "\"name\":\"we\\\"ird\\\\name\\u000a\""));
+    assert_non_null(strstr(text, "\"capped\":[\"arrays\",\"children\"]"));
+    assert_non_null(strstr(text, "\"scope\":true"));
+    assert_non_null(strstr(text, "\"bytes\":{\"cpu\":{\"live\":56,\"peak\":56}}"));
+    free(text);
+    assert_ok(ndm_scope_end(s, 0, NULL));
+    close_ok(model);
+}
+
+/* ---- leak hunting since a mark -------------------------------------------------------- */
+
+static char *report_text(ndm_manager m, ndm_seq mark)
+{
+    check_capture c;
+    FILE *f = check_capture_open(&c);
+    assert_ok(ndm_report_since(m, mark, f));
+    return (char *)check_capture_close(&c);
+}
+
+static void test_report_since_groups_by_site(void **state)
+{
+    ndm_manager root = ROOT(state);
+    ndm_manager model = ndm_manager_new(root, "model");
+    ndm_manager batch = ndm_manager_new(model, "batch");
+    ndm_array before = ndm_zeros(model, NDM_F32, NDM_SHAPE(8));
+    ndm_seq mark = ndm_mark(root);
+    assert_true(mark > 0);
+    int loop_line = 0, big_line = 0, small_line = 0, gone_line = 0;
+    for (int i = 0; i < 3; i++) {
+        loop_line = __LINE__; ndm_array t = ndm_zeros(batch, NDM_F32, NDM_SHAPE(2));
+        (void)t;
+    }
+    big_line = __LINE__; ndm_array big = ndm_zeros(model, NDM_F64, NDM_SHAPE(50));
+    small_line = __LINE__; ndm_array small = ndm_zeros(model, NDM_U8, NDM_SHAPE(8));
+    gone_line = __LINE__; ndm_array gone = ndm_zeros(model, NDM_U8, NDM_SHAPE(8));
+    release_ok(gone);
+    (void)big;
+    (void)small;
+    char want[1024];
+    snprintf(want, sizeof want,
+             "ndm report: 5 arrays created since mark %llu still alive under system/test\n"
+             "  3 arrays, 24 bytes, created at test_debug.c:%d (%s) in system/test/model/batch\n"
+             "  1 array, 400 bytes, created at test_debug.c:%d (%s) in system/test/model\n"
+             "  1 array, 8 bytes, created at test_debug.c:%d (%s) in system/test/model\n",
+             (unsigned long long)mark, loop_line, __func__, big_line, __func__, small_line,
+             __func__);
+    char *got = report_text(root, mark);
+    if (strcmp(got, want) != 0) {
+        print_error("got:\n%s\nexpected:\n%s\n", got, want);
+        free(got);
+        fail();
+    }
+    free(got);
+    assert_null(strstr(want, "test_debug.c:0"));
+    (void)gone_line;
+    assert_int_equal(ndm_count_since(root, mark), 5);
+    assert_int_equal(ndm_count_since(batch, mark), 3);
+    /* Arrays made before the mark are not listed. */
+    assert_int_equal(ndm_count_since(model, 0), 6);
+    (void)before;
+    close_ok(model);
+}
+
+static void test_report_since_nothing_new(void **state)
+{
+    ndm_manager root = ROOT(state);
+    ndm_array old = ndm_zeros(root, NDM_F32, NDM_SHAPE(2));
+    ndm_seq mark = ndm_mark(root);
+    ndm_array tmp = ndm_zeros(root, NDM_F32, NDM_SHAPE(2));
+    release_ok(tmp);
+    char want[256];
+    snprintf(want, sizeof want,
+             "ndm report: 0 arrays created since mark %llu still alive under system/test\n",
+             (unsigned long long)mark);
+    char *got = report_text(root, mark);
+    assert_string_equal(got, want);
+    free(got);
+    assert_int_equal(ndm_count_since(root, mark), 0);
+    release_ok(old);
+}
+
+static void test_report_since_views_and_moves(void **state)
+{
+    ndm_manager root = ROOT(state);
+    ndm_manager other = ndm_manager_new(root, "other");
+    ndm_array a = ndm_zeros(other, NDM_F32, NDM_SHAPE(4));
+    ndm_seq mark = ndm_mark(root);
+    /* A view made after the mark counts at its own site; an older array
+     * moved after the mark does not. */
+    ndm_array v = ndm_alias_to(root, a);
+    assert_ok(ndm_attach(a, root));
+    assert_int_equal(ndm_count_since(root, mark), 1);
+    assert_int_equal(ndm_count_since(other, mark), 0);
+    release_ok(v);
+    release_ok(a);
+    close_ok(other);
+}
+
+static void test_report_since_errors(void **state)
+{
+    ndm_manager gone = ndm_manager_new(ROOT(state), "gone");
+    ndm_seq mark = ndm_mark(gone);
+    close_ok(gone);
+    ndm_clear_error();
+    assert_int_equal(ndm_mark(gone), 0);
+    assert_int_equal(ndm_last_status(), NDM_E_CLOSED);
+    assert_int_equal(ndm_count_since(gone, mark), NDM_E_CLOSED);
+    assert_st(ndm_report_since(gone, mark, stderr), NDM_E_CLOSED);
+    assert_st(ndm_report_since(ROOT(state), mark, NULL), NDM_E_INVALID);
+    assert_int_equal(ndm_count_since(NDM_NULL_MANAGER, mark), NDM_E_NULL);
+}
+
+/* ---- leak reports ------------------------------------------------------------------------ */
+
+static char *leak_text(int64_t *count)
+{
+    check_capture c;
+    FILE *f = check_capture_open(&c);
+    *count = ndm_leak_report(f);
+    return (char *)check_capture_close(&c);
+}
+
+static void test_leak_report_lists_live(void **state)
+{
+    ndm_manager root = ROOT(state);
+    int mline = __LINE__; ndm_manager req = ndm_manager_new(root, "req");
+    int aline = __LINE__; ndm_array a = ndm_zeros(req, NDM_F32, NDM_SHAPE(2, 3));
+    int dline = __LINE__; ndm_array d = ndm_zeros(req, NDM_I32, NDM_SHAPE(4));
+    assert_ok(ndm_detach(d));
+    (void)a;
+    int64_t n;
+    char *text = leak_text(&n);
+    assert_int_equal(n, 2);
+    char line[512];
+    const char *expect[4];
+    char buf[3][256];
+    snprintf(buf[0], sizeof buf[0],
+             "  array i32[4] in system/detached created at test_debug.c:%d (%s)\n", dline,
+             __func__);
+    snprintf(buf[1], sizeof buf[1], "  manager system/test/req created at test_debug.c:%d (%s)\n",
+             mline, __func__);
+    snprintf(buf[2], sizeof buf[2],
+             "  array f32[2,3] in system/test/req created at test_debug.c:%d (%s)\n", aline,
+             __func__);
+    expect[0] = "ndm leak report: 2 live managers, 2 live arrays\n";
+    expect[1] = buf[0];
+    expect[2] = "  manager system/test created at ";
+    expect[3] = NULL;
+    /* Header first, then the tree from the oldest node: detached, test, req. */
+    const char *p = text;
+    for (int i = 0; i < 3; i++) {
+        if (strncmp(p, expect[i], strlen(expect[i])) != 0)
+            fail_msg("leak report line %d: expected \"%s\" in:\n%s", i, expect[i], text);
+        p = strchr(p, '\n') + 1;
+    }
+    snprintf(line, sizeof line, "%s%s", buf[1], buf[2]);
+    if (strcmp(p, line) != 0)
+        fail_msg("leak report ends with:\n%s\nexpected:\n%s", p, line);
+    free(text);
+    assert_int_equal(ndm_leak_report(NULL), 2);
+    release_ok(d);
+    close_ok(req);
+}
+
+static void test_leak_report_nothing_alive(void **state)
+{
+    close_ok(ROOT(state));
+    int64_t n;
+    char *text = leak_text(&n);
+    assert_int_equal(n, 0);
+    assert_string_equal(text, "ndm leak report: nothing alive\n");
+    free(text);
+}
+
+/* Run the leak_child program next to this test with NDM_LEAK_REPORT set to
+ * `value` (NULL: unset); returns its exit status and what it wrote. */
+static int run_leak_child(const char *value, char **out, char **err)
+{
+    char self[4096];
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 32);
+    assert_true(len > 0);
+    self[len] = '\0';
+    char *slash = strrchr(self, '/');
+    assert_non_null(slash);
+    strcpy(slash + 1, "leak_child");
+    size_t n = 0;
+    while (environ[n])
+        n++;
+    char **envp = calloc(n + 2, sizeof *envp);
+    assert_non_null(envp);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (strncmp(environ[i], "NDM_LEAK_REPORT=", 16) != 0)
+            envp[k++] = environ[i];
+    char setting[64];
+    if (value) {
+        snprintf(setting, sizeof setting, "NDM_LEAK_REPORT=%s", value);
+        envp[k++] = setting;
+    }
+    envp[k] = NULL;
+    FILE *fo = tmpfile(), *fe = tmpfile();
+    assert_non_null(fo);
+    assert_non_null(fe);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, fileno(fo), 1);
+    posix_spawn_file_actions_adddup2(&fa, fileno(fe), 2);
+    char *argv[] = {self, NULL};
+    pid_t pid;
+    int rc = posix_spawn(&pid, self, &fa, NULL, argv, envp);
+    posix_spawn_file_actions_destroy(&fa);
+    free(envp);
+    if (rc != 0)
+        fail_msg("cannot run %s: %s", self, strerror(rc));
+    int wst;
+    assert_int_equal(waitpid(pid, &wst, 0), pid);
+    FILE *files[2] = {fo, fe};
+    char **texts[2] = {out, err};
+    for (int i = 0; i < 2; i++) {
+        fseek(files[i], 0, SEEK_END);
+        long size = ftell(files[i]);
+        rewind(files[i]);
+        char *t = calloc((size_t)size + 1, 1);
+        assert_non_null(t);
+        assert_int_equal(fread(t, 1, (size_t)size, files[i]), (size_t)size);
+        fclose(files[i]);
+        *texts[i] = t;
+    }
+    return WIFEXITED(wst) ? WEXITSTATUS(wst) : -1;
+}
+
+static void test_leak_report_at_exit(void **state)
+{
+    (void)state;
+    char *out, *err;
+    int rc = run_leak_child("1", &out, &err);
+    if (rc != 0)
+        fail_msg("leak_child exited with %d: %s", rc, err);
+    int mline = 0, aline = 0;
+    assert_int_equal(sscanf(out, "manager %d\narray %d", &mline, &aline), 2);
+    char want[512];
+    snprintf(want, sizeof want,
+             "ndm leak report: 1 live manager, 1 live array\n"
+             "  manager system/leaky created at leak_child.c:%d (main)\n"
+             "  array f32[2,3] in system/leaky created at leak_child.c:%d (main)\n",
+             mline, aline);
+    if (!strstr(err, want))
+        fail_msg("stderr of leak_child:\n%s\nlacks:\n%s", err, want);
+    free(out);
+    free(err);
+}
+
+static void test_leak_report_off_by_default(void **state)
+{
+    (void)state;
+    const char *values[] = {NULL, "0", ""};
+    for (int i = 0; i < 3; i++) {
+        char *out, *err;
+        assert_int_equal(run_leak_child(values[i], &out, &err), 0);
+        if (strstr(err, "ndm leak report"))
+            fail_msg("NDM_LEAK_REPORT=%s printed a report:\n%s", values[i] ? values[i] : "(unset)",
+                     err);
+        free(out);
+        free(err);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        TEST(test_stats_own_figures),
+        TEST(test_stats_subtree_figures),
+        TEST(test_stats_peak_stays),
+        TEST(test_stats_shared_storage_counted_once),
+        TEST(test_stats_charge_follows_moves),
+        TEST(test_stats_errors),
+        TEST(test_stats_rejects_cpu_index),
+        TEST(test_dump_format_pinned),
+        TEST(test_dump_deltas_on_second_dump),
+        TEST(test_dump_deltas_per_manager),
+        TEST(test_dump_marks),
+        TEST(test_dump_errors),
+        TEST(test_dump_json_exact),
+        TEST(test_dump_json_parses),
+        TEST(test_report_since_groups_by_site),
+        TEST(test_report_since_nothing_new),
+        TEST(test_report_since_views_and_moves),
+        TEST(test_report_since_errors),
+        TEST(test_leak_report_lists_live),
+        TEST(test_leak_report_nothing_alive),
+        TEST(test_leak_report_at_exit),
+        TEST(test_leak_report_off_by_default),
+    };
+    return cmocka_run_group_tests_name("debug", tests, NULL, NULL);
+}
