@@ -1105,7 +1105,7 @@ static void test_stale_message_names_release_site(void **state)
     snprintf(tail, sizeof tail, "was released at test_array.c:%d (%s) [at test_array.c:%d (%s)]",
              freed, __func__, used, __func__);
     assert_error_has(tail);
-    assert_error_has("ndm_alias_to: stale array handle: array f32[2,3]");
+    assert_error_has("ndm_alias: stale array handle: array f32[2,3]");
 }
 
 static void test_stale_message_names_closing_manager(void **state)
