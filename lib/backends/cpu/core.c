@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "../backend.h"
+#include "../index.h"
 #include "convert.h"
 #include "iter.h"
 
@@ -153,6 +154,7 @@ const ndm__backend ndm__cpu_backend = {
     .upload = cpu_transfer,
     .download = cpu_transfer,
     .sync = NULL,
+    .index = &ndm__cpu_index,
 };
 
 const ndm__backend ndm__cpu_ref_backend = {
@@ -165,4 +167,5 @@ const ndm__backend ndm__cpu_ref_backend = {
     .upload = cpu_transfer,
     .download = cpu_transfer,
     .sync = NULL,
+    .index = &ndm__cpu_ref_index,
 };
