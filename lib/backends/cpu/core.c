@@ -5,6 +5,7 @@
 
 #include "../backend.h"
 #include "../index.h"
+#include "../random.h"
 #include "convert.h"
 #include "iter.h"
 
@@ -155,6 +156,7 @@ const ndm__backend ndm__cpu_backend = {
     .download = cpu_transfer,
     .sync = NULL,
     .index = &ndm__cpu_index,
+    .random = &ndm__cpu_random,
 };
 
 const ndm__backend ndm__cpu_ref_backend = {
@@ -168,4 +170,5 @@ const ndm__backend ndm__cpu_ref_backend = {
     .download = cpu_transfer,
     .sync = NULL,
     .index = &ndm__cpu_ref_index,
+    .random = &ndm__cpu_ref_random,
 };
