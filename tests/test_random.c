@@ -328,39 +328,68 @@ static void test_random_same_for_every_thread_count(void **state)
     }
 }
 
+static void test_random_counters_carry_on_every_code_path(void **state)
+{
+    ndm_manager m = ROOT(state);
+    /* block counters that cross 2^32 (a carry into the high word) and 2^64 (a wrap) */
+    const uint64_t offsets[] = {UINT64_C(0xfffffff0), UINT64_C(0x1fffffffd), UINT64_MAX - 20};
+    for (int simd = 0; simd < 2; simd++) {
+        ndm__cpu_random_simd(simd);
+        for (int k = 0; k < 3; k++) {
+            ndm_rng g = {.seed = 0xfeedfacecafebeefu, .stream = UINT64_MAX, .offset = offsets[k]};
+            ndm_rng r = g;
+            ndm_array u = ndm_uniform(m, &r, NDM_F32, 0, 1, NDM_SHAPE(333));
+            double *v = vals(u);
+            for (uint64_t i = 0; i < 333; i++)
+                if (v[i] != (float)((double)(word(g, i) >> 8) * 0x1p-24))
+                    fail_msg("element %d at offset %llx (simd %d)", (int)i,
+                             (unsigned long long)offsets[k], simd);
+            free(v);
+            release(u);
+        }
+    }
+    ndm__cpu_random_simd(true);
+}
+
 static void test_random_reference_and_fast_agree(void **state)
 {
     ndm_manager m = ROOT(state);
     const int64_t n = 100001;
-    for (size_t k = 0; k < NGENS; k++) {
-        ndm_rng r1 = ndm_rng_new(123), r2 = r1;
-        ndm__cpu_force_reference(true);
-        ndm_array want = gens[k].fn(m, &r1, n);
-        ndm__cpu_force_reference(false);
-        ndm_array got = gens[k].fn(m, &r2, n);
-        assert_true(r1.offset == r2.offset);
-        if (gens[k].exact) {
-            void *wb = bytes(want), *gb = bytes(got);
-            if (memcmp(wb, gb, ndm_array_nbytes(want)))
-                fail_msg("%s: fast and reference kernels differ", gens[k].name);
-            free(wb);
-            free(gb);
-        } else {
-            /* polynomial log/sin/cos against libm: within the dtype's rounding */
-            double tol = ndm_array_dtype(want) == NDM_F64   ? 1e-13
-                         : ndm_array_dtype(want) == NDM_F32 ? 2e-6
-                                                            : 2e-3;
-            double *w = vals(want), *g = vals(got);
-            for (int64_t i = 0; i < n; i++)
-                if (fabs(w[i] - g[i]) > tol * (1 + fabs(w[i])))
-                    fail_msg("%s element %lld: fast %.17g, reference %.17g", gens[k].name,
-                             (long long)i, g[i], w[i]);
-            free(w);
-            free(g);
+    /* every distribution, with and without the SIMD paths */
+    for (int simd = 1; simd >= 0; simd--) {
+        ndm__cpu_random_simd(simd);
+        for (size_t k = 0; k < NGENS; k++) {
+            ndm_rng r1 = ndm_rng_new(123), r2 = r1;
+            ndm__cpu_force_reference(true);
+            ndm_array want = gens[k].fn(m, &r1, n);
+            ndm__cpu_force_reference(false);
+            ndm_array got = gens[k].fn(m, &r2, n);
+            assert_true(r1.offset == r2.offset);
+            if (gens[k].exact) {
+                void *wb = bytes(want), *gb = bytes(got);
+                if (memcmp(wb, gb, ndm_array_nbytes(want)))
+                    fail_msg("%s: fast (simd %d) and reference kernels differ", gens[k].name,
+                             simd);
+                free(wb);
+                free(gb);
+            } else {
+                /* polynomial log/sin/cos against libm: within the dtype's rounding */
+                double tol = ndm_array_dtype(want) == NDM_F64   ? 1e-13
+                             : ndm_array_dtype(want) == NDM_F32 ? 2e-6
+                                                                : 2e-3;
+                double *w = vals(want), *g = vals(got);
+                for (int64_t i = 0; i < n; i++)
+                    if (fabs(w[i] - g[i]) > tol * (1 + fabs(w[i])))
+                        fail_msg("%s element %lld: fast %.17g, reference %.17g", gens[k].name,
+                                 (long long)i, g[i], w[i]);
+                free(w);
+                free(g);
+            }
+            release(want);
+            release(got);
         }
-        release(want);
-        release(got);
     }
+    ndm__cpu_random_simd(true);
 }
 
 static void test_random_fills_views_by_logical_position(void **state)
@@ -666,6 +695,7 @@ int main(void)
         TEST(test_random_values_follow_the_documented_stream),
         TEST(test_random_generator_advances_and_replays),
         TEST(test_random_same_for_every_thread_count),
+        TEST(test_random_counters_carry_on_every_code_path),
         TEST(test_random_reference_and_fast_agree),
         TEST(test_random_fills_views_by_logical_position),
         TEST(test_random_uniform_statistics),

@@ -26,6 +26,8 @@ struct ndm__backend_random {
 
 extern const struct ndm__backend_random ndm__cpu_random;
 extern const struct ndm__backend_random ndm__cpu_ref_random;
+/* Test hook: let the fast CPU kernels use SIMD code paths (default on). */
+void ndm__cpu_random_simd(bool on);
 
 /* Words per element: the layout contract between dispatcher and kernels. */
 static inline unsigned ndm__rng_words_float(ndm_dtype t) { return t == NDM_F64 ? 2 : 1; }

@@ -539,16 +539,17 @@ static ndm_status fast_pad(int device, const ndm__tensor *dst, const ndm__tensor
 
 /* ---- cumsum ---------------------------------------------------------------------- */
 
-/* Lines along the axis, several at a time: a block of up to CUM_BLOCK
- * neighbouring lines (inner positions) accumulates in a local array, so
- * contiguous inner runs add as vectors and results match the reference
- * bit for bit. */
+/* Lines along the axis, several at a time: a block of up to `block`
+ * neighbouring lines accumulates in a local array, so the lines' running
+ * sums are independent chains (and contiguous runs add as vectors), and
+ * each line adds in axis order as the reference does, bit for bit. Lines
+ * are the inner positions, or the outer ones when the axis is innermost. */
 #define CUM_BLOCK 256
 
 typedef struct cum_job {
     const char *src;
     char *dst;
-    int64_t n, I, chunks;
+    int64_t n, I, block, chunks;
     int64_t so, sa, si, dout, da, di;
     void (*run)(const struct cum_job *, int64_t o, int64_t i0, int64_t m);
 } cum_job;
@@ -565,6 +566,16 @@ typedef struct cum_job {
     X(f64, double, double, double, (double), (double))
 
 #define NDM__CUM(N, ST, AT, DT, LD, STO)                                        \
+    /* one step of a full block of contiguous lines; restrict parameters let  \
+     * the compiler vectorise it */                                            \
+    static inline void cum_step_##N(AT *restrict acc, const ST *restrict sk,    \
+                                    DT *restrict dk)                            \
+    {                                                                           \
+        for (int64_t i = 0; i < CUM_BLOCK; i++) {                               \
+            acc[i] += LD(sk[i]);                                                \
+            dk[i] = STO(acc[i]);                                                \
+        }                                                                       \
+    }                                                                           \
     static void cum_##N(const cum_job *j, int64_t o, int64_t i0, int64_t m)     \
     {                                                                           \
         AT acc[CUM_BLOCK];                                                      \
@@ -572,43 +583,78 @@ typedef struct cum_job {
             acc[i] = 0;                                                         \
         const ST *s = (const ST *)j->src + o * j->so + i0 * j->si;              \
         DT *d = (DT *)j->dst + o * j->dout + i0 * j->di;                        \
+        int64_t si = j->si, di = j->di;                                         \
         for (int64_t k = 0; k < j->n; k++) {                                    \
             const ST *sk = s + k * j->sa;                                       \
             DT *dk = d + k * j->da;                                             \
-            if (j->si == 1 && j->di == 1) {                                     \
-                for (int64_t i = 0; i < m; i++) {                               \
-                    acc[i] += LD(sk[i]);                                        \
-                    dk[i] = STO(acc[i]);                                        \
-                }                                                               \
+            if (si == 1 && di == 1 && m == CUM_BLOCK) {                         \
+                cum_step_##N(acc, sk, dk);                                      \
             } else {                                                            \
                 for (int64_t i = 0; i < m; i++) {                               \
-                    acc[i] += LD(sk[i * j->si]);                                \
-                    dk[i * j->di] = STO(acc[i]);                                \
+                    acc[i] += LD(sk[i * si]);                                   \
+                    dk[i * di] = STO(acc[i]);                                   \
                 }                                                               \
             }                                                                   \
         }                                                                       \
     }
 NDM__CUM_TYPES(NDM__CUM)
 
-static void (*const cum_fns[NDM_DTYPE_COUNT])(const cum_job *, int64_t, int64_t, int64_t) = {
-    [NDM_BOOL] = cum_b8, [NDM_U8] = cum_u8,   [NDM_I32] = cum_i32, [NDM_I64] = cum_i64,
-    [NDM_F16] = cum_f16, [NDM_BF16] = cum_bf16, [NDM_F32] = cum_f32, [NDM_F64] = cum_f64,
-};
+/* The axis innermost: ROWS lines at a time with their sums in registers,
+ * ROWS independent chains of adds. */
+#define ROWS 4
+#define NDM__CUM_ROWS(N, ST, AT, DT, LD, STO)                                   \
+    static void cum_rows_##N(const cum_job *j, int64_t o, int64_t i0, int64_t m) \
+    {                                                                           \
+        (void)o;                                                                \
+        const ST *s = (const ST *)j->src + i0 * j->si;                          \
+        DT *d = (DT *)j->dst + i0 * j->di;                                      \
+        int64_t sa = j->sa, da = j->da, si = j->si, di = j->di;                 \
+        if (m == ROWS) {                                                        \
+            AT acc[ROWS] = {0};                                                 \
+            for (int64_t k = 0; k < j->n; k++)                                  \
+                for (int l = 0; l < ROWS; l++) {                                \
+                    acc[l] += LD(s[l * si + k * sa]);                           \
+                    d[l * di + k * da] = STO(acc[l]);                           \
+                }                                                               \
+            return;                                                             \
+        }                                                                       \
+        for (int64_t l = 0; l < m; l++) {                                       \
+            AT acc = 0;                                                         \
+            for (int64_t k = 0; k < j->n; k++) {                                \
+                acc += LD(s[l * si + k * sa]);                                  \
+                d[l * di + k * da] = STO(acc);                                  \
+            }                                                                   \
+        }                                                                       \
+    }
+NDM__CUM_TYPES(NDM__CUM_ROWS)
+
+#define NDM__CUM_ENTRY(N, ST, AT, DT, LD, STO) [NDM_DTYPE_OF_##N] = {cum_##N, cum_rows_##N},
+#define NDM_DTYPE_OF_b8 NDM_BOOL
+#define NDM_DTYPE_OF_u8 NDM_U8
+#define NDM_DTYPE_OF_i32 NDM_I32
+#define NDM_DTYPE_OF_i64 NDM_I64
+#define NDM_DTYPE_OF_f16 NDM_F16
+#define NDM_DTYPE_OF_bf16 NDM_BF16
+#define NDM_DTYPE_OF_f32 NDM_F32
+#define NDM_DTYPE_OF_f64 NDM_F64
+/* [dtype][0: blocks of inner lines, 1: rows with the axis innermost] */
+static void (*const cum_fns[NDM_DTYPE_COUNT][2])(const cum_job *, int64_t, int64_t, int64_t) = {
+    NDM__CUM_TYPES(NDM__CUM_ENTRY)};
 
 static void cum_range(void *ctx, int64_t b, int64_t e)
 {
     const cum_job *j = ctx;
     for (int64_t t = b; t < e; t++) {
-        int64_t o = t / j->chunks, i0 = (t % j->chunks) * CUM_BLOCK;
-        j->run(j, o, i0, j->I - i0 < CUM_BLOCK ? j->I - i0 : CUM_BLOCK);
+        int64_t o = t / j->chunks, i0 = (t % j->chunks) * j->block;
+        j->run(j, o, i0, j->I - i0 < j->block ? j->I - i0 : j->block);
     }
 }
 
 static ndm_status fast_cumsum(int device, const ndm__tensor *dst, const ndm__tensor *src, int axis)
 {
     int nd = dst->ndim;
-    cum_job j = {.src = src->data, .dst = dst->data, .n = dst->shape[axis],
-                 .sa = src->strides[axis], .da = dst->strides[axis], .run = cum_fns[src->dtype]};
+    cum_job j = {.src = src->data, .dst = dst->data, .n = dst->shape[axis], .block = CUM_BLOCK,
+                 .sa = src->strides[axis], .da = dst->strides[axis], .run = cum_fns[src->dtype][0]};
     int64_t outer, ignore;
     if (!ndm__merge_axes(src, 0, axis, &outer, &j.so) ||
         !ndm__merge_axes(dst, 0, axis, &ignore, &j.dout) ||
@@ -617,9 +663,19 @@ static ndm_status fast_cumsum(int device, const ndm__tensor *dst, const ndm__ten
         return ndm__ref_cumsum(device, dst, src, axis);
     if (outer == 0 || j.I == 0 || j.n == 0)
         return NDM_OK;
-    j.chunks = (j.I + CUM_BLOCK - 1) / CUM_BLOCK;
+    if (j.I == 1) {
+        /* The axis is innermost: the outer lines, a few at a time. */
+        j.I = outer;
+        j.si = j.so;
+        j.di = j.dout;
+        j.so = j.dout = 0;
+        j.block = ROWS;
+        j.run = cum_fns[src->dtype][1];
+        outer = 1;
+    }
+    j.chunks = (j.I + j.block - 1) / j.block;
     int64_t tasks = outer * j.chunks;
-    int64_t per = j.n * (j.I < CUM_BLOCK ? j.I : CUM_BLOCK) * 16;
+    int64_t per = j.n * (j.I < j.block ? j.I : j.block) * 16;
     ndm__parallel_for(tasks, grain_for(tasks, per), cum_range, &j);
     return NDM_OK;
 }
