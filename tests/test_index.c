@@ -21,7 +21,9 @@ static void put_elem(ndm_dtype t, void *p, double v)
     switch (t) {
     case NDM_BOOL: *(uint8_t *)p = v != 0; break;
     case NDM_U8: *(uint8_t *)p = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v); break;
-    case NDM_I32: *(int32_t *)p = (int32_t)(v < INT32_MIN ? INT32_MIN : v > INT32_MAX ? INT32_MAX : v); break;
+    case NDM_I32:
+        *(int32_t *)p = (int32_t)(v < INT32_MIN ? INT32_MIN : v > INT32_MAX ? INT32_MAX : v);
+        break;
     case NDM_I64: *(int64_t *)p = (int64_t)v; break;
     case NDM_F16: *(uint16_t *)p = ndm_f32_to_f16((float)v); break;
     case NDM_BF16: *(uint16_t *)p = ndm_f32_to_bf16((float)v); break;
@@ -466,9 +468,11 @@ static void test_split_indices_and_errors(void **state)
     assert_int_equal(ndm_split(a, 0, 0, q), NDM_E_INVALID);
     assert_int_equal(ndm_split(a, 1, 7, q), NDM_E_AXIS);
     /* a null input keeps the first error, or reports itself */
-    assert_int_equal(ndm_split(NDM_NULL_ARRAY, 0, 1, q), NDM_E_AXIS);
+    assert_int_equal(ndm_split(NDM_NULL_ARRAY, 0, 0, q), NDM_E_AXIS);
     ndm_clear_error();
     assert_int_equal(ndm_split(NDM_NULL_ARRAY, 0, 1, q), NDM_E_NULL);
+    assert_int_equal(ndm_split(a, 0, 7, NULL), NDM_E_INVALID);
+    assert_error_has("outs is NULL");
     assert_int_equal(test_live_arrays(m), live);
     release(a);
     free(v);
@@ -747,7 +751,8 @@ static void test_scatter_add_accumulates_repeats(void **state)
             int64_t ni = prod(2, si);
             uint64_t s = 92 + ti;
             for (int i = 0; i < ni; i++)
-                vi[i] = (double)(int64_t)(next_u64(&s) % (uint64_t)(2 * sa[axis])) - (double)sa[axis];
+                vi[i] = (double)(int64_t)(next_u64(&s) % (uint64_t)(2 * sa[axis])) -
+                        (double)sa[axis];
             ndm_array idx = mk(m, NDM_I64, vi, 2, si);
             double want[12];
             memcpy(want, va, sizeof want);
@@ -1131,7 +1136,8 @@ static void test_cumsum_integers_widen(void **state)
     ndm_manager m = ROOT(state);
     ndm_array a = mk(m, NDM_I32, (double[]){2147483647.0, 2147483647.0, -5}, NDM_SHAPE(3));
     ndm_array r = ndm_cumsum(a, 0);
-    check_array(r, NDM_I64, 1, (int64_t[]){3}, (double[]){2147483647.0, 4294967294.0, 4294967289.0});
+    check_array(r, NDM_I64, 1, (int64_t[]){3},
+                (double[]){2147483647.0, 4294967294.0, 4294967289.0});
     ndm_array e = ndm_zeros(m, NDM_U8, NDM_SHAPE(2, 0));
     ndm_array re = ndm_cumsum(e, 1);
     check_array(re, NDM_I64, 2, (int64_t[]){2, 0}, NULL);

@@ -41,7 +41,10 @@ static uint32_t word(ndm_rng g, uint64_t j)
     return out[j % 4];
 }
 
-static uint64_t bits64(ndm_rng g, uint64_t j) { return word(g, j) | (uint64_t)word(g, j + 1) << 32; }
+static uint64_t bits64(ndm_rng g, uint64_t j)
+{
+    return word(g, j) | (uint64_t)word(g, j + 1) << 32;
+}
 
 static uint64_t mulhi(uint64_t a, uint64_t b)
 {

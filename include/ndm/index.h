@@ -91,7 +91,8 @@ NDM_API NDM_NODISCARD ndm_status ndm_split_indices_to_at(NDM_SITE_PARAMS, ndm_ma
  *  `indices` picks along `axis`. The result has shape
  *  a.shape[:axis] + indices.shape + a.shape[axis+1:]; 0-d indices remove the
  *  axis, 2-d indices into axis 0 of a table are an embedding lookup. */
-#define ndm_take(a, axis, indices) ndm_take_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (axis), (indices))
+#define ndm_take(a, axis, indices)                                              \
+    ndm_take_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (axis), (indices))
 #define ndm_take_to(m, a, axis, indices) ndm_take_to_at(NDM_HERE, (m), (a), (axis), (indices))
 NDM_API ndm_array ndm_take_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis,
                                  ndm_array indices);

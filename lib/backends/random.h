@@ -100,7 +100,10 @@ static inline uint64_t ndm__rng_x64(const uint32_t *w)
 }
 /* [0, 1) */
 static inline double ndm__rng_u24(uint32_t w) { return (double)(w >> 8) * 0x1p-24; }
-static inline double ndm__rng_u53(const uint32_t *w) { return (double)(ndm__rng_x64(w) >> 11) * 0x1p-53; }
+static inline double ndm__rng_u53(const uint32_t *w)
+{
+    return (double)(ndm__rng_x64(w) >> 11) * 0x1p-53;
+}
 /* (0, 1] */
 static inline double ndm__rng_u24_open(uint32_t w) { return (double)((w >> 8) + 1) * 0x1p-24; }
 static inline double ndm__rng_u53_open(const uint32_t *w)

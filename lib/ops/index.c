@@ -114,9 +114,9 @@ static bool agree(int n, ndm__array *const *r, int skip, ndm_dtype *dtype, const
     return true;
 }
 
-/* Copy each input into the part of `res` that starts `step` elements of
- * res's axis `ax` after the previous one. With `drop`, the inputs lack axis
- * ax (stack); otherwise they have it with their own size (concat). */
+/* Copy each input, in order, into its part of `res` along axis `ax`: with
+ * `drop` the inputs lack that axis and take one index of it each (stack),
+ * otherwise they take as many as their own size along it (concat). */
 static ndm_status place(const struct ndm__backend_index *f, int n, ndm__array *const *r,
                         ndm__array *res, int ax, bool drop, int64_t *strides)
 {
@@ -226,19 +226,20 @@ static ndm_status cut(ndm__site site, const char *api, ndm_manager out, ndm__arr
     return st;
 }
 
-/* Common start of the splits: null outs, the input, the manager, the axis. */
+/* Common start of the splits: null outs (when their count is valid), the
+ * input (a null one keeps the first error), the manager, the axis. */
 static ndm__array *split_input(ndm_array a, int axis, ndm_manager *out, int *ax, ndm_array *outs,
                                int64_t nouts, const char *api, ndm__site site)
 {
-    if (!outs) {
-        ndm__fail(NDM_E_INVALID, api, site, "outs is NULL");
-        return NULL;
-    }
-    for (int64_t i = 0; i < nouts; i++)
+    for (int64_t i = 0; outs && i < nouts; i++)
         outs[i] = NDM_NULL_ARRAY;
     ndm__array *r = ndm__array_get_prop(a, api, site);
     if (!r)
         return NULL;
+    if (!outs) {
+        ndm__fail(NDM_E_INVALID, api, site, "outs is NULL");
+        return NULL;
+    }
     *out = ndm__output_manager(*out, r, api, site);
     if (!out->id || ndm__axis(axis, r->ndim, false, ax, api, site) < 0)
         return NULL;
@@ -249,13 +250,13 @@ NDM_API ndm_status ndm_split_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
                                    int64_t sections, ndm_array *outs)
 {
     ndm__site site = NDM__SITE;
-    if (sections < 1)
-        return ndm__fail(NDM_E_INVALID, __func__, site, "sections must be >= 1 (got %" PRId64 ")",
-                         sections);
     int ax;
     ndm__array *r = split_input(a, axis, &out, &ax, outs, sections, __func__, site);
     if (!r)
         return ndm_last_status();
+    if (sections < 1)
+        return ndm__fail(NDM_E_INVALID, __func__, site, "sections must be >= 1 (got %" PRId64 ")",
+                         sections);
     int64_t n = r->shape[ax];
     if (n % sections) {
         char desc[160];
@@ -280,13 +281,14 @@ NDM_API ndm_status ndm_split_indices_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm
                                            const int64_t *indices)
 {
     ndm__site site = NDM__SITE;
+    int ax;
+    ndm__array *r = split_input(a, axis, &out, &ax, outs, n < 0 ? 0 : (int64_t)n + 1, __func__,
+                                site);
+    if (!r)
+        return ndm_last_status();
     if (n < 0 || (n > 0 && !indices))
         return ndm__fail(NDM_E_INVALID, __func__, site, "invalid index list (%d entries%s)", n,
                          indices ? "" : ", NULL");
-    int ax;
-    ndm__array *r = split_input(a, axis, &out, &ax, outs, (int64_t)n + 1, __func__, site);
-    if (!r)
-        return ndm_last_status();
     ndm__scratch sc = {0};
     int64_t *cuts = ndm__scratch_get(&sc, (size_t)n + 2, __func__, site);
     if (!cuts)
@@ -300,8 +302,9 @@ NDM_API ndm_status ndm_split_indices_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm
         if (v < cuts[i] || v > size) {
             st = ndm__fail(NDM_E_INVALID, __func__, site,
                            "split index %" PRId64 " (entry %d) is %s for axis %d of size %" PRId64,
-                           indices[i], i, v < 0 || v > size ? "out of range" : "below the previous one",
-                           axis, size);
+                           indices[i], i,
+                           v < 0 || v > size ? "out of range" : "below the previous one", axis,
+                           size);
             break;
         }
         cuts[i + 1] = v;

@@ -170,8 +170,8 @@ NDM_API ndm_array ndm_gather_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
         int64_t x = r->shape[d], y = ri->shape[d];
         if (d != ax && x != y && x != 1 && y != 1) {
             ndm__fail(NDM_E_SHAPE, __func__, site,
-                      "indices %s do not broadcast against %s (axis %d: %" PRId64 " against %" PRId64
-                      ")",
+                      "indices %s do not broadcast against %s (axis %d: %" PRId64
+                      " against %" PRId64 ")",
                       ndm__array_desc(ri, d1, sizeof d1), ndm__array_desc(r, d2, sizeof d2), d, y,
                       x);
             goto done;
@@ -322,15 +322,12 @@ NDM_API ndm_status ndm_scatter_add_inplace_at(NDM_SITE_PARAMS, ndm_array a, int 
 {
     ndm__site site = NDM__SITE;
     scatter p = {0};
-    ndm_status st = ndm_last_status();
+    ndm_status st;
     if (scatter_check(&p, a, axis, indices, src, NULL, __func__, site)) {
         /* A temporary follows the output rule of src, the input that is not
-         * updated: a capped model's arrays can still be updated in place. */
-        ndm_manager tm = NDM_NULL_MANAGER;
-        bool need_tmp = p.src->dtype != p.a->dtype || p.src->storage == p.a->storage;
-        if (need_tmp)
-            tm = ndm__output_manager(tm, p.src, __func__, site);
-        st = need_tmp && !tm.id ? ndm_last_status() : scatter_run(&p, p.a, tm, __func__, site);
+         * updated, so a capped model's arrays can still be updated in place. */
+        ndm_manager tm = ndm__output_manager(NDM_NULL_MANAGER, p.src, __func__, site);
+        st = scatter_run(&p, p.a, tm, __func__, site);
     } else {
         st = ndm_last_status();
     }

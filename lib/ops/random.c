@@ -18,7 +18,8 @@ typedef struct draw {
 
 static const char *kind_name(kind k)
 {
-    return k == UNIFORM ? "uniform" : k == NORMAL ? "normal" : k == RANDINT ? "randint" : "bernoulli";
+    static const char *const names[] = {"uniform", "normal", "randint", "bernoulli"};
+    return names[k];
 }
 
 /* Parameters and dtype are valid for the distribution; errors say which. */

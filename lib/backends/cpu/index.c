@@ -12,10 +12,9 @@
 #define PAR_BYTES ((int64_t)1 << 17)
 
 /* Items per chunk so that a chunk moves at least PAR_BYTES / 2 bytes. */
-static int64_t grain_for(int64_t items, int64_t bytes_per_item)
+static int64_t grain_for(int64_t bytes_per_item)
 {
     int64_t per = (PAR_BYTES / 2) / (bytes_per_item > 0 ? bytes_per_item : 1);
-    (void)items;
     return per > 0 ? per : 1;
 }
 
@@ -78,7 +77,7 @@ static ndm_status fast_copy(int device, const ndm__tensor *dst, const ndm__tenso
             break;
     }
     copy_job j = {dst, src, d, NDM_OK};
-    ndm__parallel_for(pieces, grain_for(pieces, n / pieces * es), copy_range, &j);
+    ndm__parallel_for(pieces, grain_for(n / pieces * es), copy_range, &j);
     return (ndm_status)atomic_load(&j.status);
 }
 
@@ -132,7 +131,7 @@ static ndm_status fast_find_outside(int device, const ndm__tensor *idx, int64_t 
         return ndm__ref_find_outside(device, idx, lo, hi, pos, value);
     int64_t n = ndm__numel_t(idx);
     find_job j = {idx->data, idx->dtype, lo, hi, INT64_MAX};
-    ndm__parallel_for(n, grain_for(n, (int64_t)ndm_dtype_size(idx->dtype)), find_range, &j);
+    ndm__parallel_for(n, grain_for((int64_t)ndm_dtype_size(idx->dtype)), find_range, &j);
     int64_t first = atomic_load(&j.first);
     *pos = first == INT64_MAX ? -1 : first;
     if (*pos >= 0)
@@ -208,20 +207,20 @@ static ndm_status fast_take(int device, const ndm__tensor *dst, const ndm__tenso
     int k = idx->ndim, snd = src->ndim;
     take_job j = {.src = src->data, .dst = dst->data, .idx = idx->data, .n = src->shape[axis],
                   .sa = src->strides[axis]};
-    int64_t o2, i2, ignore;
+    int64_t outer, ignore;
     if (!ndm__merge_axes(src, 0, axis, &ignore, &j.so) ||
         !ndm__merge_axes(src, axis + 1, snd, &j.I, &j.si) ||
-        !ndm__merge_axes(dst, 0, axis, &o2, &j.dout) ||
+        !ndm__merge_axes(dst, 0, axis, &outer, &j.dout) ||
         !ndm__merge_axes(dst, axis, axis + k, &j.J, &j.dj) ||
-        !ndm__merge_axes(dst, axis + k, dst->ndim, &i2, &j.di) ||
+        !ndm__merge_axes(dst, axis + k, dst->ndim, &ignore, &j.di) ||
         !ndm__merge_axes(idx, 0, k, &ignore, &j.is))
         return ndm__ref_take(device, dst, src, axis, idx);
-    int64_t rows = o2 * j.J;
+    int64_t rows = outer * j.J;
     if (rows == 0 || j.I == 0)
         return NDM_OK;
     size_t es = ndm_dtype_size(dst->dtype);
     j.rows = take_fns[size_slot(es)][idx_slot(idx->dtype)];
-    ndm__parallel_for(rows, grain_for(rows, j.I * (int64_t)es + 8), take_range, &j);
+    ndm__parallel_for(rows, grain_for(j.I * (int64_t)es + 8), take_range, &j);
     return NDM_OK;
 }
 
@@ -299,7 +298,7 @@ static ndm_status fast_gather(int device, const ndm__tensor *dst, const ndm__ten
         return NDM_OK;
     size_t es = ndm_dtype_size(dst->dtype);
     j.rows = gather_fns[size_slot(es)][idx_slot(idx->dtype)];
-    ndm__parallel_for(rows, grain_for(rows, j.I * (int64_t)(es + 8)), gather_range, &j);
+    ndm__parallel_for(rows, grain_for(j.I * (int64_t)(es + 8)), gather_range, &j);
     return NDM_OK;
 }
 
@@ -383,7 +382,7 @@ static ndm_status fast_scatter_add(int device, const ndm__tensor *dst, int axis,
     j.cols = scatter_fns[dst->dtype][idx_slot(idx->dtype)];
     int64_t tasks = outer * j.chunks;
     int64_t bytes = j.K * j.chunk * (int64_t)(ndm_dtype_size(dst->dtype) * 2 + 8);
-    ndm__parallel_for(tasks, grain_for(tasks, bytes), scatter_range, &j);
+    ndm__parallel_for(tasks, grain_for(bytes), scatter_range, &j);
     return NDM_OK;
 }
 
@@ -422,7 +421,7 @@ static ndm_status fast_one_hot(int device, const ndm__tensor *dst, const ndm__te
     int64_t rows = ndm__numel_t(idx);
     if (j.classes == 0)
         return NDM_OK;
-    ndm__parallel_for(rows, grain_for(rows, j.classes * (int64_t)j.es), one_hot_range, &j);
+    ndm__parallel_for(rows, grain_for(j.classes * (int64_t)j.es), one_hot_range, &j);
     return NDM_OK;
 }
 
@@ -533,7 +532,7 @@ static ndm_status fast_pad(int device, const ndm__tensor *dst, const ndm__tensor
     ndm_status st = ndm__cpu_copy(device, &to, &from);
     if (st < 0)
         return st;
-    ndm__parallel_for(rows, grain_for(rows, L * (int64_t)j.es), pad_range, &j);
+    ndm__parallel_for(rows, grain_for(L * (int64_t)j.es), pad_range, &j);
     return (ndm_status)atomic_load(&j.status);
 }
 
@@ -676,7 +675,7 @@ static ndm_status fast_cumsum(int device, const ndm__tensor *dst, const ndm__ten
     j.chunks = (j.I + j.block - 1) / j.block;
     int64_t tasks = outer * j.chunks;
     int64_t per = j.n * (j.I < j.block ? j.I : j.block) * 16;
-    ndm__parallel_for(tasks, grain_for(tasks, per), cum_range, &j);
+    ndm__parallel_for(tasks, grain_for(per), cum_range, &j);
     return NDM_OK;
 }
 

@@ -91,8 +91,10 @@ __attribute__((target("avx2"))) static inline avx_state avx_round(avx_state s, _
                                                                    __m256i kb)
 {
     const __m256i m0 = _mm256_set1_epi64x(NDM__PHILOX_M0), m1 = _mm256_set1_epi64x(NDM__PHILOX_M1);
-    __m256i pe0 = _mm256_mul_epu32(s.x0, m0), po0 = _mm256_mul_epu32(_mm256_srli_epi64(s.x0, 32), m0);
-    __m256i pe1 = _mm256_mul_epu32(s.x2, m1), po1 = _mm256_mul_epu32(_mm256_srli_epi64(s.x2, 32), m1);
+    __m256i pe0 = _mm256_mul_epu32(s.x0, m0);
+    __m256i po0 = _mm256_mul_epu32(_mm256_srli_epi64(s.x0, 32), m0);
+    __m256i pe1 = _mm256_mul_epu32(s.x2, m1);
+    __m256i po1 = _mm256_mul_epu32(_mm256_srli_epi64(s.x2, 32), m1);
     __m256i hi0 = _mm256_blend_epi32(_mm256_srli_epi64(pe0, 32), po0, 0xaa);
     __m256i lo0 = _mm256_blend_epi32(pe0, _mm256_slli_epi64(po0, 32), 0xaa);
     __m256i hi1 = _mm256_blend_epi32(_mm256_srli_epi64(pe1, 32), po1, 0xaa);
@@ -219,7 +221,8 @@ static inline void sincos2pi_f32(float u, float *sn, float *cs)
     float t = 4.0f * u;
     int32_t q = (int32_t)(t + 0.5f);
     float x = (t - (float)q) * 1.57079632679489662f, z = x * x;
-    float s = x * (1 + z * (-1.0f / 6 + z * (1.0f / 120 + z * (-1.0f / 5040 + z * (1.0f / 362880)))));
+    float s = x * (1 + z * (-1.0f / 6 + z * (1.0f / 120 + z * (-1.0f / 5040 +
+                                                              z * (1.0f / 362880)))));
     float c = 1 + z * (-0.5f + z * (1.0f / 24 + z * (-1.0f / 720 + z * (1.0f / 40320 +
                                                                       z * (-1.0f / 3628800)))));
     float a = q & 1 ? c : s, b = q & 1 ? s : c;
