@@ -61,11 +61,99 @@ static void copy_range(void *ctx, int64_t b, int64_t e)
     ndm__coords_put(&cs);
 }
 
+/* A transposed read: dst runs along its last axis, src along the one
+ * before. Copying by square tiles keeps both sides' cache lines in use
+ * instead of touching a new source line for every element. */
+#define TT 32
+
+typedef struct transpose_job {
+    const ndm__tensor *dst, *src;
+    int64_t rows, cols, rtiles, ctiles;
+    void (*tile)(char *d, const char *s, int64_t ds, int64_t ss, int64_t r, int64_t c);
+} transpose_job;
+
+/* d[i * ds + k] = s[i + k * ss] for i < r, k < c, through a buffer: each
+ * source run is read once whole and each destination run written once
+ * whole, so runs a power-of-two stride apart (which share cache sets) need
+ * not stay in cache together. */
+#define NDM__TILE(N, T)                                                         \
+    static void tile_##N(char *d, const char *s, int64_t ds, int64_t ss, int64_t r, int64_t c) \
+    {                                                                           \
+        T buf[TT][TT];                                                          \
+        if (r == TT && c == TT) { /* constant bounds: unrolled, vectorised */   \
+            for (int64_t k = 0; k < TT; k++)                                    \
+                for (int64_t i = 0; i < TT; i++)                                \
+                    buf[k][i] = ((const T *)s)[i + k * ss];                     \
+            for (int64_t i = 0; i < TT; i++)                                    \
+                for (int64_t k = 0; k < TT; k++)                                \
+                    ((T *)d)[i * ds + k] = buf[k][i];                           \
+            return;                                                             \
+        }                                                                       \
+        for (int64_t k = 0; k < c; k++)                                         \
+            for (int64_t i = 0; i < r; i++)                                     \
+                buf[k][i] = ((const T *)s)[i + k * ss];                         \
+        for (int64_t i = 0; i < r; i++)                                         \
+            for (int64_t k = 0; k < c; k++)                                     \
+                ((T *)d)[i * ds + k] = buf[k][i];                               \
+    }
+NDM__TILE(s1, uint8_t)
+NDM__TILE(s2, uint16_t)
+NDM__TILE(s4, uint32_t)
+NDM__TILE(s8, uint64_t)
+
+static void transpose_range(void *ctx, int64_t b, int64_t e)
+{
+    const transpose_job *j = ctx;
+    const ndm__tensor *dt = j->dst, *st = j->src;
+    int nd = dt->ndim;
+    int64_t es = (int64_t)ndm_dtype_size(dt->dtype), per = j->rtiles * j->ctiles;
+    for (int64_t t = b; t < e; t++) {
+        /* t = (leading index, row tile, column tile) */
+        int64_t lead = t / per, rt = t % per / j->ctiles, ct = t % j->ctiles;
+        int64_t doff = 0, soff = 0;
+        for (int k = nd - 3; k >= 0; k--) {
+            int64_t c = lead % dt->shape[k];
+            lead /= dt->shape[k];
+            doff += c * dt->strides[k];
+            soff += c * st->strides[k];
+        }
+        int64_t r0 = rt * TT, c0 = ct * TT;
+        doff += r0 * dt->strides[nd - 2] + c0;
+        soff += r0 + c0 * st->strides[nd - 1];
+        j->tile((char *)dt->data + doff * es, (const char *)st->data + soff * es,
+                dt->strides[nd - 2], st->strides[nd - 1],
+                j->rows - r0 < TT ? j->rows - r0 : TT, j->cols - c0 < TT ? j->cols - c0 : TT);
+    }
+}
+
+static bool transposed(const ndm__tensor *dst, const ndm__tensor *src)
+{
+    int nd = dst->ndim;
+    return nd >= 2 && dst->dtype == src->dtype && dst->strides[nd - 1] == 1 &&
+           src->strides[nd - 2] == 1 && src->strides[nd - 1] != 1 && dst->shape[nd - 1] > 1 &&
+           dst->shape[nd - 2] > 1;
+}
+
 static ndm_status fast_copy(int device, const ndm__tensor *dst, const ndm__tensor *src)
 {
     int64_t n = ndm__numel_t(dst);
     int64_t es = (int64_t)(ndm_dtype_size(dst->dtype) + ndm_dtype_size(src->dtype));
     int threads = ndm__num_threads();
+    if (n > 0 && transposed(dst, src)) {
+        int nd = dst->ndim;
+        transpose_job j = {dst, src, dst->shape[nd - 2], dst->shape[nd - 1], 0, 0, NULL};
+        j.rtiles = (j.rows + TT - 1) / TT;
+        j.ctiles = (j.cols + TT - 1) / TT;
+        switch (ndm_dtype_size(dst->dtype)) {
+        case 1: j.tile = tile_s1; break;
+        case 2: j.tile = tile_s2; break;
+        case 4: j.tile = tile_s4; break;
+        default: j.tile = tile_s8; break;
+        }
+        int64_t tiles = n / (j.rows * j.cols) * j.rtiles * j.ctiles;
+        ndm__parallel_for(tiles, grain_for(TT * TT * es), transpose_range, &j);
+        return NDM_OK;
+    }
     if (threads == 1 || dst->ndim == 0 || n * es < 2 * PAR_BYTES)
         return ndm__cpu_copy(device, dst, src);
     /* Split the first axis at which there are enough pieces for every thread. */
