@@ -135,7 +135,7 @@ int main(int argc, char **argv)
     ndm_array tok = ndm_randint(m, &g, NDM_I64, 0, vocab, NDM_SHAPE(rows));
     ndm_array tok2 = ndm_randint(m, &g, NDM_I64, 0, vocab, NDM_SHAPE(rows, 1));
     ndm_array cols = ndm_randint(m, &g, NDM_I64, 0, n, NDM_SHAPE(n / 2));
-    ndm_array pick = ndm_randint(m, &g, NDM_I64, 0, n, NDM_SHAPE(n, 64));
+    ndm_array pick = ndm_randint(m, &g, NDM_I64, 0, n, NDM_SHAPE(n, n / 2));
     ndm_array labels = ndm_randint(m, &g, NDM_U8, 0, 10, NDM_SHAPE(rows * 4));
     ndm_array grads = ndm_uniform(m, &g, NDM_F32, -1, 1, NDM_SHAPE(rows, dim));
 
@@ -148,8 +148,8 @@ int main(int argc, char **argv)
          2.0 * (double)(rows * dim) * f4 + (double)rows * 8, 0, run_take},
         {"take_columns_f32", {full, cols}, ndm_empty(m, NDM_F32, NDM_SHAPE(n, n / 2)),
          2.0 * (double)(n * n / 2) * f4, 1, run_take},
-        {"gather_last_axis_f32", {full, pick}, ndm_empty(m, NDM_F32, NDM_SHAPE(n, 64)),
-         (double)(n * 64) * (f4 * 2 + 8), 1, run_gather},
+        {"gather_last_axis_f32", {full, pick}, ndm_empty(m, NDM_F32, NDM_SHAPE(n, n / 2)),
+         (double)(n * n / 2) * (f4 * 2 + 8), 1, run_gather},
         {"scatter_add_rows_f32", {grads, tok2}, ndm_zeros(m, NDM_F32, NDM_SHAPE(vocab, dim)),
          3.0 * (double)(rows * dim) * f4 + (double)rows * 8, 0, run_scatter},
         {"one_hot_u8_to_f32", {labels}, ndm_empty(m, NDM_F32, NDM_SHAPE(rows * 4, 10)),
