@@ -1,4 +1,32 @@
-/* ndm shape and indexing operations: concat, stack, split, gather, scatter, pad, flip, tile, repeat, cumsum. */
+/* ndm shape and indexing operations: concat, stack, split, take, gather,
+ * scatter_add, one_hot, pad, flip, tile, repeat, cumsum.
+ *
+ * Ownership. Every function that returns a handle returns a fresh one,
+ * attached by the output rule: the `_to` variant's manager, else the
+ * innermost scope of this thread, else the manager of the first array input.
+ * Outputs live on the inputs' device. ndm_flip and ndm_split return views
+ * that share storage with their input; everything else returns a new
+ * C-contiguous array. ndm_scatter_add_ writes into its first input and
+ * returns a status; it creates nothing.
+ *
+ * Errors. A null input handle makes the result null and keeps the first
+ * error; a stale one is NDM_E_CLOSED. Everything (handles, axes, shapes,
+ * dtypes, devices, index ranges, size overflow, the output manager) is
+ * checked before any memory is taken, so a failed call allocates nothing and
+ * an in-place call that fails leaves its input untouched.
+ *
+ * Axes may be negative (counted from the end). Index arrays may be u8, i32 or
+ * i64 (NDM_E_DTYPE otherwise). ndm_take, ndm_gather and ndm_scatter_add
+ * accept negative indices, counted from the end of the axis as in Python;
+ * an index outside [-n, n) is NDM_E_INVALID and the message names it and
+ * its position. ndm_one_hot accepts [0, num_classes) only.
+ *
+ * Lists of arrays and of sizes come last, so literals work in the macros:
+ *     ndm_concat(0, NDM_ARRAYS(a, b, c))
+ *     ndm_pad(x, NDM_PAD_CONSTANT, 0.0, NDM_SHAPE(1, 1, 2, 2))
+ *
+ * Thread rules: as for arrays. Large copies use the CPU thread pool.
+ */
 #ifndef NDM_INDEX_H
 #define NDM_INDEX_H
 
@@ -10,6 +38,162 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* An array list literal: NDM_ARRAYS(a, b) expands to
+ * `2, (const ndm_array[]){a, b}`, the (n, arrays) pair concat and stack take. */
+#define NDM_ARRAYS(...)                                                         \
+    (int)(sizeof((const ndm_array[]){__VA_ARGS__}) / sizeof(ndm_array)),        \
+        (const ndm_array[]){__VA_ARGS__}
+
+/** Join n >= 1 arrays along an existing axis. All have the same rank (>= 1)
+ *  and the same sizes except along `axis`, and live on one device. The
+ *  result's dtype is ndm_result_type over the inputs; each is converted.
+ *  NDM_E_SHAPE (sizes or ranks differ), NDM_E_AXIS, NDM_E_DEVICE,
+ *  NDM_E_INVALID (n < 1 or arrays NULL). */
+#define ndm_concat(axis, ...) ndm_concat_to_at(NDM_HERE, NDM_NULL_MANAGER, (axis), __VA_ARGS__)
+#define ndm_concat_to(m, axis, ...) ndm_concat_to_at(NDM_HERE, (m), (axis), __VA_ARGS__)
+NDM_API ndm_array ndm_concat_to_at(NDM_SITE_PARAMS, ndm_manager out, int axis, int n,
+                                   const ndm_array *arrays);
+
+/** Join n >= 1 arrays of one shape along a new axis, which has index `axis`
+ *  in the result (in [-ndim-1, ndim]). dtypes combine as in ndm_concat. */
+#define ndm_stack(axis, ...) ndm_stack_to_at(NDM_HERE, NDM_NULL_MANAGER, (axis), __VA_ARGS__)
+#define ndm_stack_to(m, axis, ...) ndm_stack_to_at(NDM_HERE, (m), (axis), __VA_ARGS__)
+NDM_API ndm_array ndm_stack_to_at(NDM_SITE_PARAMS, ndm_manager out, int axis, int n,
+                                  const ndm_array *arrays);
+
+/** Split `a` along `axis` into `sections` equal views, written to
+ *  outs[0..sections). The axis size must divide evenly (NDM_E_SHAPE) and
+ *  sections must be >= 1 (NDM_E_INVALID). All or nothing: on failure every
+ *  outs entry is the null handle and nothing was created; the status says
+ *  why (a null input returns the first error's status). */
+#define ndm_split(a, axis, sections, outs)                                      \
+    ndm_split_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (axis), (sections), (outs))
+#define ndm_split_to(m, a, axis, sections, outs)                                \
+    ndm_split_to_at(NDM_HERE, (m), (a), (axis), (sections), (outs))
+NDM_API NDM_NODISCARD ndm_status ndm_split_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a,
+                                                 int axis, int64_t sections, ndm_array *outs);
+
+/** Split `a` along `axis` before each of the n indices into n + 1 views,
+ *  written to outs[0..n]: a[:i0], a[i0:i1], ..., a[i(n-1):]. Negative
+ *  indices count from the end; after that they must lie in [0, size] and
+ *  not decrease (NDM_E_INVALID naming the index), so pieces may be empty
+ *  but never overlap. All or nothing, as ndm_split. */
+#define ndm_split_indices(a, axis, outs, ...)                                   \
+    ndm_split_indices_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (axis), (outs), __VA_ARGS__)
+#define ndm_split_indices_to(m, a, axis, outs, ...)                             \
+    ndm_split_indices_to_at(NDM_HERE, (m), (a), (axis), (outs), __VA_ARGS__)
+NDM_API NDM_NODISCARD ndm_status ndm_split_indices_to_at(NDM_SITE_PARAMS, ndm_manager out,
+                                                         ndm_array a, int axis, ndm_array *outs,
+                                                         int n, const int64_t *indices);
+
+/** numpy's take (PyTorch's index_select when indices is 1-d): the entries
+ *  `indices` picks along `axis`. The result has shape
+ *  a.shape[:axis] + indices.shape + a.shape[axis+1:]; 0-d indices remove the
+ *  axis, 2-d indices into axis 0 of a table are an embedding lookup. */
+#define ndm_take(a, axis, indices)                                              \
+    ndm_take_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (axis), (indices))
+#define ndm_take_to(m, a, axis, indices) ndm_take_to_at(NDM_HERE, (m), (a), (axis), (indices))
+NDM_API ndm_array ndm_take_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis,
+                                 ndm_array indices);
+/** ndm_take with a 1-d index array (NDM_E_SHAPE otherwise). */
+#define ndm_index_select(a, axis, indices)                                      \
+    ndm_index_select_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (axis), (indices))
+#define ndm_index_select_to(m, a, axis, indices)                                \
+    ndm_index_select_to_at(NDM_HERE, (m), (a), (axis), (indices))
+NDM_API ndm_array ndm_index_select_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis,
+                                         ndm_array indices);
+
+/** numpy's take_along_axis (PyTorch's gather, with broadcasting):
+ *  out[..., k, ...] = a[..., indices[..., k, ...], ...] along `axis`.
+ *  indices has a's rank; its other axes broadcast against a's. The result
+ *  has the broadcast shape with indices' size along `axis`. */
+#define ndm_gather(a, axis, indices)                                            \
+    ndm_gather_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (axis), (indices))
+#define ndm_gather_to(m, a, axis, indices) ndm_gather_to_at(NDM_HERE, (m), (a), (axis), (indices))
+NDM_API ndm_array ndm_gather_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis,
+                                   ndm_array indices);
+
+/** The inverse of ndm_gather: a[..., indices[..., k, ...], ...] += src[..., k, ...]
+ *  along `axis`; repeated indices accumulate (bool adds as "or"). indices
+ *  has a's rank, and its other axes equal a's or are 1 (broadcast); src
+ *  broadcasts to the shape of that iteration and is converted to a's dtype.
+ *  ndm_scatter_add_ writes into `a` (a capped manager's arrays too);
+ *  ndm_scatter_add returns an updated copy. */
+#define ndm_scatter_add(a, axis, indices, src)                                  \
+    ndm_scatter_add_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (axis), (indices), (src))
+#define ndm_scatter_add_to(m, a, axis, indices, src)                            \
+    ndm_scatter_add_to_at(NDM_HERE, (m), (a), (axis), (indices), (src))
+NDM_API ndm_array ndm_scatter_add_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis,
+                                        ndm_array indices, ndm_array src);
+#define ndm_scatter_add_(a, axis, indices, src)                                 \
+    ndm_scatter_add_inplace_at(NDM_HERE, (a), (axis), (indices), (src))
+NDM_API NDM_NODISCARD ndm_status ndm_scatter_add_inplace_at(NDM_SITE_PARAMS, ndm_array a,
+                                                            int axis, ndm_array indices,
+                                                            ndm_array src);
+
+/** indices.shape + [num_classes] of `dtype`: 1 where the last coordinate
+ *  equals the index, 0 elsewhere. num_classes >= 1; every index must lie in
+ *  [0, num_classes) (NDM_E_INVALID naming the first that does not). */
+#define ndm_one_hot(indices, num_classes, dtype)                                \
+    ndm_one_hot_to_at(NDM_HERE, NDM_NULL_MANAGER, (indices), (num_classes), (dtype))
+#define ndm_one_hot_to(m, indices, num_classes, dtype)                          \
+    ndm_one_hot_to_at(NDM_HERE, (m), (indices), (num_classes), (dtype))
+NDM_API ndm_array ndm_one_hot_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array indices,
+                                    int64_t num_classes, ndm_dtype dtype);
+
+typedef enum ndm_pad_mode {
+    NDM_PAD_CONSTANT = 0, /* `value`, converted to the array's dtype */
+    NDM_PAD_EDGE = 1,     /* the nearest edge element */
+    NDM_PAD_REFLECT = 2,  /* mirrored about the edge element, not repeating it
+                             (numpy's "reflect"); wide pads keep mirroring */
+} ndm_pad_mode;
+
+/** `a` grown by widths: n == 2 * ndim entries (before, after) per axis in
+ *  order, or n == 2 for the same pair on every axis. Widths are >= 0. EDGE
+ *  and REFLECT need a non-empty axis wherever they pad (NDM_E_SHAPE). */
+#define ndm_pad(a, mode, value, ...)                                            \
+    ndm_pad_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (mode), (value), __VA_ARGS__)
+#define ndm_pad_to(m, a, mode, value, ...)                                      \
+    ndm_pad_to_at(NDM_HERE, (m), (a), (mode), (value), __VA_ARGS__)
+NDM_API ndm_array ndm_pad_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, ndm_pad_mode mode,
+                                double value, int n, const int64_t *widths);
+
+/** `a` reversed along `axis`, or along every axis with NDM_ALL_AXES: a view
+ *  with a negative stride, no copy. */
+#define ndm_flip(a, axis) ndm_flip_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (axis))
+#define ndm_flip_to(m, a, axis) ndm_flip_to_at(NDM_HERE, (m), (a), (axis))
+NDM_API ndm_array ndm_flip_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis);
+
+/** numpy's tile: `a` repeated reps[i] times along each axis. With fewer reps
+ *  than axes, leading reps are 1; with more, `a` gains leading size-1 axes.
+ *  Reps are >= 0. */
+#define ndm_tile(a, ...) ndm_tile_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), __VA_ARGS__)
+#define ndm_tile_to(m, a, ...) ndm_tile_to_at(NDM_HERE, (m), (a), __VA_ARGS__)
+NDM_API ndm_array ndm_tile_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int n,
+                                 const int64_t *reps);
+
+/** numpy's repeat along `axis`: each entry `repeats` (>= 0) times in a row. */
+#define ndm_repeat(a, axis, repeats)                                            \
+    ndm_repeat_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (axis), (repeats))
+#define ndm_repeat_to(m, a, axis, repeats) ndm_repeat_to_at(NDM_HERE, (m), (a), (axis), (repeats))
+NDM_API ndm_array ndm_repeat_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis,
+                                   int64_t repeats);
+/** Entry i along `axis` repeated repeats[i] times; n equals the axis size,
+ *  or n == 1 repeats every entry alike. */
+#define ndm_repeat_each(a, axis, ...)                                           \
+    ndm_repeat_each_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (axis), __VA_ARGS__)
+#define ndm_repeat_each_to(m, a, axis, ...)                                     \
+    ndm_repeat_each_to_at(NDM_HERE, (m), (a), (axis), __VA_ARGS__)
+NDM_API ndm_array ndm_repeat_each_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis,
+                                        int n, const int64_t *repeats);
+
+/** Running sums along `axis`. bool and integer inputs accumulate in int64
+ *  and give i64 (wrapping on overflow); floats give their own dtype,
+ *  accumulating in it (f16 and bf16 in f32). */
+#define ndm_cumsum(a, axis) ndm_cumsum_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (axis))
+#define ndm_cumsum_to(m, a, axis) ndm_cumsum_to_at(NDM_HERE, (m), (a), (axis))
+NDM_API ndm_array ndm_cumsum_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis);
 
 #ifdef __cplusplus
 }

@@ -1,4 +1,63 @@
-/* ndm random numbers from a seeded counter-based generator. */
+/* ndm random numbers from a seeded counter-based generator.
+ *
+ * The generator is Philox-4x32-10 (Salmon et al., "Parallel random numbers:
+ * as easy as 1, 2, 3", SC 2011): a keyed bijection on 128-bit counters. A
+ * generator is a small value the caller owns, not a handle:
+ *
+ *     ndm_rng rng = ndm_rng_new(42);
+ *     ndm_array w = ndm_normal(model, &rng, NDM_F32, 0.0, 0.02, NDM_SHAPE(784, 128));
+ *     ndm_array d = ndm_bernoulli(batch, &rng, NDM_BOOL, 0.9, NDM_SHAPE(64, 128));
+ *
+ * Every call reads the generator and advances `offset` past what it
+ * consumed, so successive calls give fresh numbers, and a copy of the struct
+ * taken before a call replays it exactly. A failed call leaves it unchanged.
+ *
+ * The stream, exactly. Block b of a generator is
+ *     Philox4x32_10(key = {lo32(seed), hi32(seed)},
+ *                   counter = {lo32(offset + b), hi32(offset + b),
+ *                              lo32(stream), hi32(stream)}),
+ * four 32-bit words; word j of the call is word j % 4 of block j / 4. An
+ * array's elements are numbered by their flat index i in C order of the
+ * logical shape (whatever the strides), and element i is made from words
+ * [i*w, (i+1)*w) only (normal: from those of its pair), where w is 1, 2 or 4
+ * (below). So the numbers depend on (seed, stream, offset, i) alone: the
+ * same seed gives the same array whatever the thread count and whatever the
+ * array's memory layout. A call on n elements advances `offset` by
+ * ceil(n*w / 4) blocks (ndm_rng_blocks); counters wrap modulo 2^64.
+ *
+ * Per element, with x the element's words read little-endian (the first
+ * word lowest) and u a fraction in [0, 1): the top 24 bits of the word for
+ * w = 1 (u = (x >> 8) 2^-24), the top 53 of the 64 for w = 2:
+ * - uniform: lo + (hi - lo) * u in double, then rounded to the dtype (f16 and
+ *   bf16 through f32); a value that rounds up to hi is replaced by the
+ *   largest one below it. w = 2 for f64, else 1.
+ * - normal: Box-Muller on element pairs (2q, 2q+1), which share the words of
+ *   both: u1 = u + 2^-24 (or 2^-53), in (0, 1], from the first element's
+ *   words and u2 from the second's; r = sqrt(-2 ln u1), then
+ *   mean + std r cos(2 pi u2) and mean + std r sin(2 pi u2). w = 2 for f64.
+ * - randint: lo + floor(x * (hi - lo) / 2^64) over 64 bits (w = 2), or
+ *   / 2^128 over 128 bits (w = 4) for ranges above 2^32; the bias is below
+ *   2^-32 per value.
+ * - bernoulli: x < floor(p 2^32) (w = 1; p = 1 always), stored as 1 or 0 in
+ *   any dtype.
+ * - permutation: inside-out Fisher-Yates; step i draws j in [0, i] from
+ *   element i's 64 bits as randint does (w = 2), then a[i] = a[j], a[j] = i.
+ * uniform, randint, bernoulli and permutation are exact: every backend gives
+ * the same bits. normal evaluates ln, sin and cos with its own polynomials
+ * on the CPU, so its values agree with the formula to a few units in the last
+ * place of f32 (about 1e-6 relative) and to about 1e-13 in f64.
+ *
+ * Ownership: factories take the manager that will own the result (null: the
+ * innermost scope of this thread) like ndm_zeros, and return a fresh handle
+ * or the null handle; the in-place forms (ndm_uniform_ ...) fill an existing
+ * array of any layout, even one in a capped manager, and return a status.
+ * Errors: NDM_E_INVALID for a NULL generator or bad parameters (hi <= lo,
+ * std < 0, p outside [0, 1], non-finite values), NDM_E_DTYPE for a dtype the
+ * distribution does not make, and the factory errors of array.h.
+ *
+ * Thread rules: an ndm_rng is a plain value; one used by two threads at once
+ * needs the caller's lock. Give each thread its own stream instead.
+ */
 #ifndef NDM_RANDOM_H
 #define NDM_RANDOM_H
 
@@ -10,6 +69,64 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/** A generator: which stream to read (seed, stream) and where (offset, in
+ *  128-bit blocks). All three fields are the caller's to set. */
+typedef struct ndm_rng {
+    uint64_t seed;
+    uint64_t stream;
+    uint64_t offset;
+} ndm_rng;
+
+/** Stream 0 of `seed`, from its start. */
+static inline ndm_rng ndm_rng_new(uint64_t seed)
+{
+    ndm_rng r = {seed, 0, 0};
+    return r;
+}
+
+/** Blocks a call on n elements with w words each consumes: ceil(n*w / 4). */
+static inline uint64_t ndm_rng_blocks(uint64_t n, unsigned w) { return (n * w + 3) / 4; }
+
+/** Uniform on [lo, hi) (float dtypes). */
+#define ndm_uniform(m, rng, dtype, lo, hi, ...)                                 \
+    ndm_uniform_at(NDM_HERE, (m), (rng), (dtype), (lo), (hi), __VA_ARGS__)
+NDM_API ndm_array ndm_uniform_at(NDM_SITE_PARAMS, ndm_manager m, ndm_rng *rng, ndm_dtype dtype,
+                                 double lo, double hi, int ndim, const int64_t *shape);
+#define ndm_uniform_(a, rng, lo, hi) ndm_uniform_inplace_at(NDM_HERE, (a), (rng), (lo), (hi))
+NDM_API NDM_NODISCARD ndm_status ndm_uniform_inplace_at(NDM_SITE_PARAMS, ndm_array a,
+                                                        ndm_rng *rng, double lo, double hi);
+
+/** Normal with mean and standard deviation std >= 0 (float dtypes). */
+#define ndm_normal(m, rng, dtype, mean, std, ...)                               \
+    ndm_normal_at(NDM_HERE, (m), (rng), (dtype), (mean), (std), __VA_ARGS__)
+NDM_API ndm_array ndm_normal_at(NDM_SITE_PARAMS, ndm_manager m, ndm_rng *rng, ndm_dtype dtype,
+                                double mean, double std, int ndim, const int64_t *shape);
+#define ndm_normal_(a, rng, mean, std) ndm_normal_inplace_at(NDM_HERE, (a), (rng), (mean), (std))
+NDM_API NDM_NODISCARD ndm_status ndm_normal_inplace_at(NDM_SITE_PARAMS, ndm_array a, ndm_rng *rng,
+                                                       double mean, double std);
+
+/** Integers uniform on [lo, hi) (u8, i32, i64; the range must fit the dtype). */
+#define ndm_randint(m, rng, dtype, lo, hi, ...)                                 \
+    ndm_randint_at(NDM_HERE, (m), (rng), (dtype), (lo), (hi), __VA_ARGS__)
+NDM_API ndm_array ndm_randint_at(NDM_SITE_PARAMS, ndm_manager m, ndm_rng *rng, ndm_dtype dtype,
+                                 int64_t lo, int64_t hi, int ndim, const int64_t *shape);
+#define ndm_randint_(a, rng, lo, hi) ndm_randint_inplace_at(NDM_HERE, (a), (rng), (lo), (hi))
+NDM_API NDM_NODISCARD ndm_status ndm_randint_inplace_at(NDM_SITE_PARAMS, ndm_array a,
+                                                        ndm_rng *rng, int64_t lo, int64_t hi);
+
+/** 1 with probability p, else 0, in any dtype (bool for masks). */
+#define ndm_bernoulli(m, rng, dtype, p, ...)                                    \
+    ndm_bernoulli_at(NDM_HERE, (m), (rng), (dtype), (p), __VA_ARGS__)
+NDM_API ndm_array ndm_bernoulli_at(NDM_SITE_PARAMS, ndm_manager m, ndm_rng *rng, ndm_dtype dtype,
+                                   double p, int ndim, const int64_t *shape);
+#define ndm_bernoulli_(a, rng, p) ndm_bernoulli_inplace_at(NDM_HERE, (a), (rng), (p))
+NDM_API NDM_NODISCARD ndm_status ndm_bernoulli_inplace_at(NDM_SITE_PARAMS, ndm_array a,
+                                                          ndm_rng *rng, double p);
+
+/** A random permutation of 0..n-1 as a 1-d i64 array (n >= 0). */
+#define ndm_permutation(m, rng, n) ndm_permutation_at(NDM_HERE, (m), (rng), (n))
+NDM_API ndm_array ndm_permutation_at(NDM_SITE_PARAMS, ndm_manager m, ndm_rng *rng, int64_t n);
 
 #ifdef __cplusplus
 }

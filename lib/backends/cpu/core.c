@@ -4,6 +4,8 @@
 #include <string.h>
 
 #include "../backend.h"
+#include "../index.h"
+#include "../random.h"
 #include "convert.h"
 #include "iter.h"
 
@@ -153,6 +155,8 @@ const ndm__backend ndm__cpu_backend = {
     .upload = cpu_transfer,
     .download = cpu_transfer,
     .sync = NULL,
+    .index = &ndm__cpu_index,
+    .random = &ndm__cpu_random,
 };
 
 const ndm__backend ndm__cpu_ref_backend = {
@@ -165,4 +169,6 @@ const ndm__backend ndm__cpu_ref_backend = {
     .upload = cpu_transfer,
     .download = cpu_transfer,
     .sync = NULL,
+    .index = &ndm__cpu_ref_index,
+    .random = &ndm__cpu_ref_random,
 };

@@ -13,7 +13,8 @@
 #define SPIN 20000
 
 typedef struct pool {
-    int n;                      /* threads including the caller */
+    int n;                      /* threads used, including the caller */
+    int started;                /* threads running, including the caller (>= n) */
     pthread_mutex_t lock;
     pthread_cond_t wake;
     atomic_uint job;            /* generation of the current job */
@@ -29,6 +30,9 @@ static pool P = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIAL
                  .busy = ATOMIC_FLAG_INIT};
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static _Thread_local bool in_pool;
+/* The job generation each worker has seen when it starts: a worker made
+ * between jobs must not take the previous job for a new one. */
+static unsigned start_job[MAX_THREADS];
 
 static void run_chunk(int c)
 {
@@ -42,7 +46,7 @@ static void *worker(void *arg)
 {
     int id = (int)(intptr_t)arg;
     in_pool = true;
-    unsigned seen = 0;
+    unsigned seen = start_job[id];
     for (;;) {
         unsigned job;
         int spins = 0;
@@ -60,11 +64,33 @@ static void *worker(void *arg)
             break;
         }
         seen = job;
+        /* Workers beyond the threads in use (ndm__set_num_threads) only
+         * answer the roll call. */
         for (int c = id; c < P.chunks; c += P.n)
             run_chunk(c);
         atomic_fetch_sub_explicit(&P.pending, 1, memory_order_acq_rel);
     }
     return NULL;
+}
+
+/* Start workers until `n` threads run in all; no job may be running. */
+static void grow(int n)
+{
+    if (P.started < 1)
+        P.started = 1;
+    for (int i = P.started; i < n; i++) {
+        pthread_t t;
+        pthread_attr_t at;
+        start_job[i] = atomic_load_explicit(&P.job, memory_order_relaxed);
+        pthread_attr_init(&at);
+        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        if (pthread_create(&t, &at, worker, (void *)(intptr_t)i) != 0) {
+            pthread_attr_destroy(&at);
+            break;
+        }
+        pthread_attr_destroy(&at);
+        P.started = i + 1;
+    }
 }
 
 static void start(void)
@@ -77,19 +103,23 @@ static void start(void)
         if (v >= 1)
             n = v > MAX_THREADS ? MAX_THREADS : (int)v;
     }
-    P.n = 1;
-    for (int i = 1; i < n; i++) {
-        pthread_t t;
-        pthread_attr_t at;
-        pthread_attr_init(&at);
-        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-        if (pthread_create(&t, &at, worker, (void *)(intptr_t)i) != 0) {
-            pthread_attr_destroy(&at);
-            break;
-        }
-        pthread_attr_destroy(&at);
-        P.n = i + 1;
+    grow(n);
+    P.n = P.started;
+}
+
+void ndm__set_num_threads(int n)
+{
+    pthread_once(&once, start);
+    n = n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : n;
+    /* Take the pool so no job runs while it changes size. */
+    while (atomic_flag_test_and_set_explicit(&P.busy, memory_order_acquire)) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
     }
+    grow(n);
+    P.n = n < P.started ? n : P.started;
+    atomic_flag_clear_explicit(&P.busy, memory_order_release);
 }
 
 int ndm__num_threads(void)
@@ -117,7 +147,7 @@ void ndm__parallel_for(int64_t n, int64_t grain, ndm__range_fn fn, void *ctx)
     P.n_items = n;
     P.chunk = (n + chunks - 1) / chunks;
     P.chunks = chunks;
-    atomic_store_explicit(&P.pending, threads - 1, memory_order_relaxed);
+    atomic_store_explicit(&P.pending, P.started - 1, memory_order_relaxed);
     pthread_mutex_lock(&P.lock);
     atomic_fetch_add_explicit(&P.job, 1, memory_order_release);
     pthread_cond_broadcast(&P.wake);

@@ -1,0 +1,282 @@
+/* Reference index kernels: one element at a time over C-order coordinates,
+ * written to be obviously right. They are the oracle for the fast kernels. */
+#include <string.h>
+
+#include "convert.h"
+#include "index_cpu.h"
+
+static int64_t dot(int nd, const int64_t *c, const int64_t *strides)
+{
+    int64_t o = 0;
+    for (int d = 0; d < nd; d++)
+        o += c[d] * strides[d];
+    return o;
+}
+
+static char *at(const ndm__tensor *t, int64_t off)
+{
+    return (char *)t->data + off * (int64_t)ndm_dtype_size(t->dtype);
+}
+
+/* `value` converted to dtype t into one element at p. */
+static void store_value(ndm_dtype t, void *p, double value)
+{
+    switch (t) {
+#define NDM__STORE_CASE(N, E, T)                                                \
+    case E: {                                                                   \
+        T v = NDM__ST_##N(value);                                               \
+        memcpy(p, &v, sizeof v);                                                \
+        break;                                                                  \
+    }
+        NDM__CPU_DTYPES(NDM__STORE_CASE)
+    }
+}
+
+ndm_status ndm__ref_find_outside(int device, const ndm__tensor *idx, int64_t lo, int64_t hi,
+                                 int64_t *pos, int64_t *value)
+{
+    (void)device;
+    *pos = -1;
+    if (ndm__numel_t(idx) == 0)
+        return NDM_OK;
+    ndm__coords cs;
+    int64_t *c = ndm__coords_get(&cs, (size_t)idx->ndim);
+    if (!c)
+        return NDM_E_OOM;
+    int64_t i = 0;
+    do {
+        int64_t v = ndm__idx_at(idx, dot(idx->ndim, c, idx->strides));
+        if (v < lo || v >= hi) {
+            *pos = i;
+            *value = v;
+            break;
+        }
+        i++;
+    } while (ndm__odo_next(idx->ndim, idx->shape, c));
+    ndm__coords_put(&cs);
+    return NDM_OK;
+}
+
+ndm_status ndm__ref_take(int device, const ndm__tensor *dst, const ndm__tensor *src, int axis,
+                         const ndm__tensor *idx)
+{
+    (void)device;
+    if (ndm__numel_t(dst) == 0)
+        return NDM_OK;
+    ndm__coords cs;
+    int64_t *c = ndm__coords_get(&cs, (size_t)dst->ndim);
+    if (!c)
+        return NDM_E_OOM;
+    size_t es = ndm_dtype_size(dst->dtype);
+    int k = idx->ndim;
+    int64_t n = src->shape[axis];
+    do {
+        int64_t v = ndm__idx_at(idx, dot(k, c + axis, idx->strides));
+        if (v < 0)
+            v += n;
+        int64_t so = v * src->strides[axis];
+        for (int d = 0; d < axis; d++)
+            so += c[d] * src->strides[d];
+        for (int d = axis + 1; d < src->ndim; d++)
+            so += c[d + k - 1] * src->strides[d];
+        memcpy(at(dst, dot(dst->ndim, c, dst->strides)), at(src, so), es);
+    } while (ndm__odo_next(dst->ndim, dst->shape, c));
+    ndm__coords_put(&cs);
+    return NDM_OK;
+}
+
+ndm_status ndm__ref_gather(int device, const ndm__tensor *dst, const ndm__tensor *src, int axis,
+                           const ndm__tensor *idx)
+{
+    (void)device;
+    if (ndm__numel_t(dst) == 0)
+        return NDM_OK;
+    ndm__coords cs;
+    int64_t *c = ndm__coords_get(&cs, (size_t)dst->ndim);
+    if (!c)
+        return NDM_E_OOM;
+    size_t es = ndm_dtype_size(dst->dtype);
+    int64_t n = src->shape[axis];
+    do {
+        int64_t v = ndm__idx_at(idx, dot(idx->ndim, c, idx->strides));
+        if (v < 0)
+            v += n;
+        int64_t so = dot(src->ndim, c, src->strides) + (v - c[axis]) * src->strides[axis];
+        memcpy(at(dst, dot(dst->ndim, c, dst->strides)), at(src, so), es);
+    } while (ndm__odo_next(dst->ndim, dst->shape, c));
+    ndm__coords_put(&cs);
+    return NDM_OK;
+}
+
+/* *d += *s in dtype t: integers wrap, bool is "or", f16 and bf16 add in f32. */
+static void add_to(ndm_dtype t, char *d, const char *s)
+{
+    switch (t) {
+    case NDM_BOOL:
+        *(uint8_t *)d = (uint8_t)(*(uint8_t *)d | *(const uint8_t *)s);
+        break;
+    case NDM_U8:
+        *(uint8_t *)d = (uint8_t)(*(uint8_t *)d + *(const uint8_t *)s);
+        break;
+    case NDM_I32:
+        *(int32_t *)d = (int32_t)((uint32_t) * (int32_t *)d + (uint32_t) * (const int32_t *)s);
+        break;
+    case NDM_I64:
+        *(int64_t *)d = (int64_t)((uint64_t) * (int64_t *)d + (uint64_t) * (const int64_t *)s);
+        break;
+    case NDM_F16:
+        *(uint16_t *)d = ndm_f32_to_f16(ndm_f16_to_f32(*(uint16_t *)d) +
+                                        ndm_f16_to_f32(*(const uint16_t *)s));
+        break;
+    case NDM_BF16:
+        *(uint16_t *)d = ndm_f32_to_bf16(ndm_bf16_to_f32(*(uint16_t *)d) +
+                                         ndm_bf16_to_f32(*(const uint16_t *)s));
+        break;
+    case NDM_F32:
+        *(float *)d += *(const float *)s;
+        break;
+    case NDM_F64:
+        *(double *)d += *(const double *)s;
+        break;
+    }
+}
+
+ndm_status ndm__ref_scatter_add(int device, const ndm__tensor *dst, int axis,
+                                const ndm__tensor *idx, const ndm__tensor *src)
+{
+    (void)device;
+    if (ndm__numel_t(idx) == 0)
+        return NDM_OK;
+    ndm__coords cs;
+    int64_t *c = ndm__coords_get(&cs, (size_t)idx->ndim);
+    if (!c)
+        return NDM_E_OOM;
+    int64_t n = dst->shape[axis];
+    do {
+        int64_t v = ndm__idx_at(idx, dot(idx->ndim, c, idx->strides));
+        if (v < 0)
+            v += n;
+        int64_t doff = dot(dst->ndim, c, dst->strides) + (v - c[axis]) * dst->strides[axis];
+        add_to(dst->dtype, at(dst, doff), at(src, dot(src->ndim, c, src->strides)));
+    } while (ndm__odo_next(idx->ndim, idx->shape, c));
+    ndm__coords_put(&cs);
+    return NDM_OK;
+}
+
+ndm_status ndm__ref_one_hot(int device, const ndm__tensor *dst, const ndm__tensor *idx)
+{
+    (void)device;
+    if (ndm__numel_t(dst) == 0)
+        return NDM_OK;
+    ndm__coords cs;
+    int64_t *c = ndm__coords_get(&cs, (size_t)dst->ndim);
+    if (!c)
+        return NDM_E_OOM;
+    int last = dst->ndim - 1;
+    do {
+        int64_t v = ndm__idx_at(idx, dot(idx->ndim, c, idx->strides));
+        store_value(dst->dtype, at(dst, dot(dst->ndim, c, dst->strides)), c[last] == v ? 1 : 0);
+    } while (ndm__odo_next(dst->ndim, dst->shape, c));
+    ndm__coords_put(&cs);
+    return NDM_OK;
+}
+
+ndm_status ndm__ref_pad(int device, const ndm__tensor *dst, const ndm__tensor *src,
+                        const int64_t *before, ndm_pad_mode mode, double value)
+{
+    (void)device;
+    if (ndm__numel_t(dst) == 0)
+        return NDM_OK;
+    ndm__coords cs;
+    int64_t *c = ndm__coords_get(&cs, (size_t)dst->ndim);
+    if (!c)
+        return NDM_E_OOM;
+    size_t es = ndm_dtype_size(dst->dtype);
+    do {
+        int64_t so = 0;
+        bool inside = true;
+        for (int d = 0; d < dst->ndim && inside; d++) {
+            int64_t x = ndm__pad_source(c[d] - before[d], src->shape[d], mode);
+            inside = x >= 0;
+            so += x * src->strides[d];
+        }
+        char *p = at(dst, dot(dst->ndim, c, dst->strides));
+        if (inside)
+            memcpy(p, at(src, so), es);
+        else
+            store_value(dst->dtype, p, value);
+    } while (ndm__odo_next(dst->ndim, dst->shape, c));
+    ndm__coords_put(&cs);
+    return NDM_OK;
+}
+
+ndm_status ndm__ref_cumsum(int device, const ndm__tensor *dst, const ndm__tensor *src, int axis)
+{
+    (void)device;
+    if (ndm__numel_t(dst) == 0)
+        return NDM_OK;
+    ndm__coords cs;
+    /* c walks the lines (axis held at 0); shape is dst's with the axis 1. */
+    int64_t *c = ndm__coords_get(&cs, 2 * (size_t)dst->ndim);
+    if (!c)
+        return NDM_E_OOM;
+    int64_t *lines = c + dst->ndim;
+    for (int d = 0; d < dst->ndim; d++)
+        lines[d] = d == axis ? 1 : dst->shape[d];
+    int64_t n = dst->shape[axis];
+    do {
+        char *d0 = at(dst, dot(dst->ndim, c, dst->strides));
+        const char *s0 = at(src, dot(src->ndim, c, src->strides));
+        int64_t ds = dst->strides[axis] * (int64_t)ndm_dtype_size(dst->dtype);
+        int64_t ss = src->strides[axis] * (int64_t)ndm_dtype_size(src->dtype);
+        uint64_t iacc = 0;
+        float facc = 0;
+        double dacc = 0;
+        for (int64_t k = 0; k < n; k++) {
+            const char *s = s0 + k * ss;
+            char *d = d0 + k * ds;
+            switch (src->dtype) {
+            case NDM_BOOL:
+            case NDM_U8:
+                iacc += *(const uint8_t *)s;
+                break;
+            case NDM_I32:
+                iacc += (uint64_t)(int64_t) * (const int32_t *)s;
+                break;
+            case NDM_I64:
+                iacc += (uint64_t) * (const int64_t *)s;
+                break;
+            case NDM_F16:
+                facc += ndm_f16_to_f32(*(const uint16_t *)s);
+                *(uint16_t *)d = ndm_f32_to_f16(facc);
+                continue;
+            case NDM_BF16:
+                facc += ndm_bf16_to_f32(*(const uint16_t *)s);
+                *(uint16_t *)d = ndm_f32_to_bf16(facc);
+                continue;
+            case NDM_F32:
+                facc += *(const float *)s;
+                *(float *)d = facc;
+                continue;
+            case NDM_F64:
+                dacc += *(const double *)s;
+                *(double *)d = dacc;
+                continue;
+            }
+            *(int64_t *)d = (int64_t)iacc;
+        }
+    } while (ndm__odo_next(dst->ndim, lines, c));
+    ndm__coords_put(&cs);
+    return NDM_OK;
+}
+
+const struct ndm__backend_index ndm__cpu_ref_index = {
+    .copy = ndm__cpu_copy,
+    .find_outside = ndm__ref_find_outside,
+    .take = ndm__ref_take,
+    .gather = ndm__ref_gather,
+    .scatter_add = ndm__ref_scatter_add,
+    .one_hot = ndm__ref_one_hot,
+    .pad = ndm__ref_pad,
+    .cumsum = ndm__ref_cumsum,
+};
