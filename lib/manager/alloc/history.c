@@ -233,9 +233,12 @@ static void segments_json(ndm__pool *p, const ndm__snapshot *s, FILE *f, bool *f
             fprintf(f, "%s\n      {\"address\": %" PRIuPTR ", \"size\": %zu, "
                        "\"requested_size\": %zu, \"state\": \"%s\", \"manager\": ",
                     k ? "," : "", b->addr, b->size, b->requested, states[b->state]);
+            /* The owner now (arrays move between managers), else the one
+             * that made it. */
             json_str(f, b->state != NDM__B_ALLOCATED ? ""
+                        : b->mgr                   ? path_for(pc, b->mgr)
                         : b->path                  ? b->path->s
-                                                   : path_for(pc, b->mgr));
+                                                   : "");
             fputs(", \"frames\": ", f);
             json_frames(f, b->file, b->func, b->line);
             fputc('}', f);

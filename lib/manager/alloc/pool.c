@@ -193,13 +193,16 @@ void ndm__stat_add(ndm__pool *p, ndm_memory_stat *s, int pool, int64_t d, int gr
     }
     if (d <= 0)
         return;
-    /* Thread caches were granted part of the headroom below each peak; a
-     * shared operation that eats into it takes the grants back first, so no
-     * peak is ever reached unseen. */
-    if (grant_kind >= 0 && p->granted[grant_kind] > 0) {
+    /* The shared part alone may pass a peak while other threads' caches
+     * still hold unfolded frees (the true value is lower), or grants that
+     * let them rise later (a peak they could reach unseen). Either way the
+     * caches are frozen and folded first, so the peak is taken from the true
+     * value and no grant outlives it. */
+    if (grant_kind >= 0) {
         int64_t g = p->granted[grant_kind];
-        if (s[NDM_POOL_ALL].current + g > s[NDM_POOL_ALL].peak ||
-            s[NDM_POOL_SMALL].current + g > s[NDM_POOL_SMALL].peak)
+        if ((s[NDM_POOL_ALL].current + g > s[NDM_POOL_ALL].peak ||
+             s[NDM_POOL_SMALL].current + g > s[NDM_POOL_SMALL].peak) &&
+            ndm__tc_others_dirty(p))
             ndm__tc_freeze_all(p, false);
     }
     for (int i = 0; i < 2; i++) {

@@ -265,6 +265,8 @@ ndm__tcache *ndm__tc_get_locked(ndm__pool *p);
 void ndm__tc_fold(ndm__pool *p, ndm__tcache *tc);
 /* Return every cached block of tc to the pool (lock held, tc folded). */
 void ndm__tc_flush(ndm__pool *p, ndm__tcache *tc);
+/* Whether another thread's cache holds a grant or unfolded counts (lock held). */
+bool ndm__tc_others_dirty(ndm__pool *p);
 /* Stop every other thread's cache and fold all (lock held). */
 void ndm__tc_freeze_all(ndm__pool *p, bool flush);
 /* After a slow operation of the calling thread: grant its cache a share of
