@@ -658,7 +658,8 @@ void ndm__core_free_block(ndm__pool *p, ndm__ablk *b) { free_block(p, b, true); 
 /* Whether b may wait in a thread cache: a piece of a split small segment. */
 static bool cacheable(const ndm__pool *p, const ndm__tcache *tc, const ndm__ablk *b)
 {
-    return tc && p->tc_allowed && b->pool == NDM__POOL_SMALL && b->size != b->seg->size &&
+    return tc && p->tc_allowed && b->pool == NDM__POOL_SMALL && b->size <= NDM__TC_MAX_SIZE &&
+           b->size != b->seg->size &&
            atomic_load_explicit(&tc->bins[ndm__tc_index(b->size)].count, memory_order_relaxed) <
                NDM__TC_BIN_MAX &&
            tc->cached_bytes + (int64_t)b->size <= NDM__TC_MAX_BYTES;
@@ -677,6 +678,7 @@ static void cache_put_locked(ndm__pool *p, ndm__tcache *tc, ndm__ablk *b)
     ndm__stat_add(p, p->st.inactive_split_bytes, pool, size, NDM__G_FB);
     ndm__tbin *bin = &tc->bins[ndm__tc_index(b->size)];
     atomic_store_explicit(&b->state, NDM__B_CACHED, memory_order_relaxed);
+    b->cache = tc;
     b->link = bin->head;
     bin->head = b;
     atomic_store_explicit(&bin->count, atomic_load_explicit(&bin->count, memory_order_relaxed) + 1,
@@ -703,13 +705,19 @@ static ndm__ablk *cache_take_locked(ndm__pool *p, ndm__tcache *tc, size_t size)
     return b;
 }
 
-/* One attempt: search, collect garbage, map a segment. */
-static ndm__ablk *attempt(ndm__pool *p, size_t size)
+/* One attempt: search, collect garbage, map a segment. Before a small
+ * segment is mapped, the calling thread's cached blocks go back if merging
+ * them with their free neighbours makes room for the request, so the cache
+ * does not cost memory that PyTorch's policy would not have taken. */
+static ndm__ablk *attempt(ndm__pool *p, ndm__tcache *tc, size_t size)
 {
     int pool = pool_for(p, size);
     if (p->set.strategy == NDM__PREALLOCATE && !p->arena_tried)
         map_arena(p);
     ndm__ablk *b = p->set.strategy == NDM__SYSTEM ? NULL : get_free_block(p, pool, size);
+    if (!b && pool == NDM__POOL_SMALL && tc && tc->cached_bytes &&
+        ndm__tc_flush_mergeable(p, tc, size))
+        b = get_free_block(p, pool, size);
     if (b)
         return b;
     if (p->set.gc_threshold > 0)
@@ -868,7 +876,7 @@ static ndm_status alloc_slow(ndm__pool *p, size_t req, size_t size, const ndm__a
     ndm__ablk *b = cache_take_locked(p, tc, size);
     bool from_cache = b != NULL;
     if (!b)
-        b = attempt(p, size);
+        b = attempt(p, tc, size);
     if (b) {
         finish_alloc(p, b, size, req, tag, path, out, from_cache);
         periodic = pressure_due(p);

@@ -82,6 +82,7 @@ typedef struct ndm__ablk {
     const char *file, *func;         /* creation site */
     int line;
     ndm__rstr *path;                 /* manager path when history recorded the alloc */
+    struct ndm__tcache *cache;       /* the cache holding it, while NDM__B_CACHED */
     uint64_t trace_id;
 } ndm__ablk;
 
@@ -267,6 +268,10 @@ void ndm__tc_fold(ndm__pool *p, ndm__tcache *tc);
 void ndm__tc_flush(ndm__pool *p, ndm__tcache *tc);
 /* Whether another thread's cache holds a grant or unfolded counts (lock held). */
 bool ndm__tc_others_dirty(ndm__pool *p);
+/* If merging some of tc's cached blocks with their free neighbours makes a
+ * free block of at least `size` bytes, return those blocks to the pool and
+ * say so (lock held, tc folded). */
+bool ndm__tc_flush_mergeable(ndm__pool *p, ndm__tcache *tc, size_t size);
 /* Stop every other thread's cache and fold all (lock held). */
 void ndm__tc_freeze_all(ndm__pool *p, bool flush);
 /* After a slow operation of the calling thread: grant its cache a share of
@@ -347,7 +352,8 @@ static inline bool ndm__tc_try_free(ndm__pool *p, ndm__ablk *b)
     ndm__tcache *tc = ndm__tc_mine(p);
     /* Only pieces of split small segments: a whole segment (left by the
      * system strategy) is not an inactive split block. */
-    if (!tc || b->pool != NDM__POOL_SMALL || b->size == b->seg->size)
+    if (!tc || b->pool != NDM__POOL_SMALL || b->size > NDM__TC_MAX_SIZE ||
+        b->size == b->seg->size)
         return false;
     size_t size = b->size;
     uint64_t seq;
@@ -366,6 +372,7 @@ static inline bool ndm__tc_try_free(ndm__pool *p, ndm__ablk *b)
         goto refuse;
     int64_t rf = atomic_load_explicit(&tc->r_free, memory_order_relaxed) + (int64_t)b->requested;
     atomic_store_explicit(&b->state, NDM__B_CACHED, memory_order_relaxed);
+    b->cache = tc;
     b->link = bin->head;
     bin->head = b;
     atomic_store_explicit(&bin->count, atomic_load_explicit(&bin->count, memory_order_relaxed) + 1,

@@ -207,6 +207,57 @@ void ndm__tc_flush(ndm__pool *p, ndm__tcache *tc)
     tc->cached_bytes = 0;
 }
 
+/* Blocks that merge with tc's cached blocks once those go back: free ones,
+ * and tc's own cached ones. */
+static bool joins(const ndm__tcache *tc, const ndm__ablk *b)
+{
+    int st = atomic_load_explicit(&b->state, memory_order_relaxed);
+    return st == NDM__B_FREE || (st == NDM__B_CACHED && b->cache == tc);
+}
+
+static void unbin(ndm__tcache *tc, ndm__ablk *b)
+{
+    ndm__tbin *bin = &tc->bins[ndm__tc_index(b->size)];
+    for (ndm__ablk **at = &bin->head; *at; at = &(*at)->link) {
+        if (*at == b) {
+            *at = b->link;
+            b->link = NULL;
+            atomic_store_explicit(&bin->count,
+                                  atomic_load_explicit(&bin->count, memory_order_relaxed) - 1,
+                                  memory_order_relaxed);
+            tc->cached_bytes -= (int64_t)b->size;
+            return;
+        }
+    }
+}
+
+bool ndm__tc_flush_mergeable(ndm__pool *p, ndm__tcache *tc, size_t size)
+{
+    for (size_t i = 0; i < NDM__TC_BINS && tc->cached_bytes; i++) {
+        for (ndm__ablk *b = tc->bins[i].head; b; b = b->link) {
+            ndm__ablk *first = b;
+            while (first->prev && joins(tc, first->prev))
+                first = first->prev;
+            size_t run = 0;
+            ndm__ablk *end = first;
+            for (; end && joins(tc, end); end = end->next)
+                run += end->size;
+            if (run < size)
+                continue;
+            /* This run fits the request once merged: return its cached blocks. */
+            for (ndm__ablk *x = first, *nx; x != end; x = nx) {
+                nx = x->next;
+                if (atomic_load_explicit(&x->state, memory_order_relaxed) == NDM__B_CACHED) {
+                    unbin(tc, x);
+                    ndm__core_free_block(p, x);
+                }
+            }
+            return true;
+        }
+    }
+    return false;
+}
+
 /* ---- freezing ---------------------------------------------------------------------- */
 
 static void wait_quiet(ndm__tcache *tc)
