@@ -30,8 +30,10 @@ static const strategy strategies[] = {
     {"pytorch", "thread_cache:False", 0},       /* PyTorch's policy, exactly */
     {"ndm", "", 0},                              /* the default: thread caches in front */
     {"ndm_gc", "garbage_collection_threshold:0.8", 0},
-    {"max_split", "max_split_size_mb:20", 0},
+    {"max_split", "max_split_size_mb:64", 0},
     {"preallocate", "strategy:preallocate", (size_t)16 << 30},
+    /* one arena of the whole limit: only its smallest capacity is telling */
+    {"arena", "strategy:preallocate,preallocate_fraction:1", (size_t)16 << 30},
     {"system", "strategy:system", 0},
 };
 

@@ -456,6 +456,30 @@ static void test_alloc_peaks_exact_through_thread_cache(void **state)
     done(&f);
 }
 
+static void test_alloc_thread_cache_gives_back_before_mapping(void **state)
+{
+    (void)state;
+    fixture f = make(0, NULL);
+    /* Fill one small segment with 8 blocks of 256 KiB, then free them: they
+     * wait in this thread's cache, unmerged. */
+    ndm__block b[8];
+    for (int i = 0; i < 8; i++)
+        b[i] = get(&f, 256 * KiB);
+    uintptr_t base = (uintptr_t)b[0].ptr;
+    for (int i = 0; i < 8; i++)
+        put(&f, &b[i]);
+    assert_int_equal(ndm__sim_maps(f.sim), 1);
+    oracle o = check_oracle(&f);
+    assert_int_equal(o.isplit_n[NDM_POOL_SMALL], 8); /* pieces, as cached */
+    /* 1 MiB fits once the cached pieces merge: no second segment. */
+    ndm__block big = get(&f, MiB);
+    assert_int_equal(ndm__sim_maps(f.sim), 1);
+    assert_int_equal((uintptr_t)big.ptr, base);
+    put(&f, &big);
+    check_oracle(&f);
+    done(&f);
+}
+
 static void test_alloc_reset_accumulated_keeps_current(void **state)
 {
     (void)state;
@@ -801,6 +825,7 @@ int main(void)
         TEST(test_alloc_stats_match_snapshot_every_step),
         TEST(test_alloc_stats_exact_while_thread_cache_runs),
         TEST(test_alloc_peaks_exact_through_thread_cache),
+        TEST(test_alloc_thread_cache_gives_back_before_mapping),
         TEST(test_alloc_reset_accumulated_keeps_current),
         TEST(test_alloc_no_growth_after_many_rounds),
         TEST(test_alloc_memory_limit_caps_reserved),

@@ -91,8 +91,8 @@ static struct ndm__history *hist_new(size_t max_entries)
     return h;
 }
 
-void ndm__hist_event(ndm__pool *p, int action, uintptr_t addr, size_t size, ndm__rstr *path,
-                     const char *file, const char *func, int line)
+void ndm__hist_record(ndm__pool *p, int action, uintptr_t addr, size_t size, ndm__rstr *path,
+                      const char *file, const char *func, int line)
 {
     struct ndm__history *h = p->hist;
     if (!h)
@@ -352,11 +352,8 @@ static void trace_line(ndm__pool *p, char op, uint64_t id, size_t size)
             now_us() - trace_t0, trace_tid, p->name, op, id, size);
 }
 
-void ndm__trace_alloc(ndm__pool *p, ndm__ablk *b, size_t nbytes)
+void ndm__trace_alloc_record(ndm__pool *p, ndm__ablk *b, size_t nbytes)
 {
-    b->trace_id = 0;
-    if (!(atomic_load_explicit(&ndm__instrumented, memory_order_relaxed) & INSTR_TRACE))
-        return;
     pthread_mutex_lock(&trace_lock);
     if (trace_f) {
         b->trace_id = ++trace_ids;
@@ -365,10 +362,8 @@ void ndm__trace_alloc(ndm__pool *p, ndm__ablk *b, size_t nbytes)
     pthread_mutex_unlock(&trace_lock);
 }
 
-void ndm__trace_free(ndm__pool *p, ndm__ablk *b)
+void ndm__trace_free_record(ndm__pool *p, ndm__ablk *b)
 {
-    if (!b->trace_id)
-        return;
     pthread_mutex_lock(&trace_lock);
     if (trace_f)
         trace_line(p, 'f', b->trace_id, b->requested);

@@ -180,7 +180,8 @@ static size_t tree_count(const ndm__ablk *t)
 
 static inline int stat_type(int pool) { return pool == NDM__POOL_SMALL ? NDM_POOL_SMALL : NDM_POOL_LARGE; }
 
-void ndm__stat_add(ndm__pool *p, ndm_memory_stat *s, int pool, int64_t d, int grant_kind)
+/* Add d to figure s of stat type `pool` and of NDM_POOL_ALL; peaks follow. */
+static inline void stat_add(ndm__pool *p, ndm_memory_stat *s, int pool, int64_t d, int grant_kind)
 {
     int types[2] = {NDM_POOL_ALL, stat_type(pool)};
     for (int i = 0; i < 2; i++) {
@@ -202,7 +203,7 @@ void ndm__stat_add(ndm__pool *p, ndm_memory_stat *s, int pool, int64_t d, int gr
         int64_t g = p->granted[grant_kind];
         if ((s[NDM_POOL_ALL].current + g > s[NDM_POOL_ALL].peak ||
              s[NDM_POOL_SMALL].current + g > s[NDM_POOL_SMALL].peak) &&
-            ndm__tc_others_dirty(p))
+            p->caches && ndm__tc_dirty(p))
             ndm__tc_freeze_all(p, false);
     }
     for (int i = 0; i < 2; i++) {
@@ -354,8 +355,8 @@ static ndm__ablk *map_block(ndm__pool *p, int pool, size_t seg_size, bool retry,
     b->pool = (uint8_t)pool;
     s->head = b;
     p->reserved += seg_size;
-    ndm__stat_add(p, p->st.segment, pool, 1, -1);
-    ndm__stat_add(p, p->st.reserved_bytes, pool, (int64_t)seg_size, -1);
+    stat_add(p, p->st.segment, pool, 1, -1);
+    stat_add(p, p->st.reserved_bytes, pool, (int64_t)seg_size, -1);
     if (seg_size >= p->set.max_split_size)
         stat_inc1(&p->st.oversize_segments, 1);
     p->st.num_device_alloc++;
@@ -372,8 +373,8 @@ static void release_block(ndm__pool *p, ndm__ablk *b)
     ndm__hist_event(p, NDM__EV_SEGMENT_FREE, s->addr, s->size, NULL, NULL, NULL, 0);
     p->src->unmap(p->src->ctx, s->base, s->size);
     p->reserved -= s->size;
-    ndm__stat_add(p, p->st.segment, s->pool, -1, -1);
-    ndm__stat_add(p, p->st.reserved_bytes, s->pool, -(int64_t)s->size, -1);
+    stat_add(p, p->st.segment, s->pool, -1, -1);
+    stat_add(p, p->st.reserved_bytes, s->pool, -(int64_t)s->size, -1);
     if (s->size >= p->set.max_split_size)
         stat_inc1(&p->st.oversize_segments, -1);
     if (s == p->arena) {
@@ -570,26 +571,26 @@ static ndm__ablk *alloc_found(ndm__pool *p, ndm__ablk *b, size_t size, size_t re
         rem->size -= size;
         tree_insert(p, rem);
         if (already_split) {
-            ndm__stat_add(p, p->st.inactive_split_bytes, pool, -(int64_t)size, NDM__G_FB);
+            stat_add(p, p->st.inactive_split_bytes, pool, -(int64_t)size, NDM__G_FB);
         } else {
-            ndm__stat_add(p, p->st.inactive_split_bytes, pool, (int64_t)rem->size, NDM__G_FB);
-            ndm__stat_add(p, p->st.inactive_split, pool, 1, NDM__G_FN);
+            stat_add(p, p->st.inactive_split_bytes, pool, (int64_t)rem->size, NDM__G_FB);
+            stat_add(p, p->st.inactive_split, pool, 1, NDM__G_FN);
         }
         b = front;
     } else {
     whole:
         if (already_split) {
-            ndm__stat_add(p, p->st.inactive_split_bytes, pool, -(int64_t)b->size, NDM__G_FB);
-            ndm__stat_add(p, p->st.inactive_split, pool, -1, NDM__G_FN);
+            stat_add(p, p->st.inactive_split_bytes, pool, -(int64_t)b->size, NDM__G_FB);
+            stat_add(p, p->st.inactive_split, pool, -1, NDM__G_FN);
         }
     }
     atomic_store_explicit(&b->state, NDM__B_ALLOCATED, memory_order_relaxed);
     b->requested = req;
-    ndm__stat_add(p, p->st.allocation, pool, 1, NDM__G_N);
-    ndm__stat_add(p, p->st.allocated_bytes, pool, (int64_t)b->size, NDM__G_B);
-    ndm__stat_add(p, p->st.active, pool, 1, NDM__G_N);
-    ndm__stat_add(p, p->st.active_bytes, pool, (int64_t)b->size, NDM__G_B);
-    ndm__stat_add(p, p->st.requested_bytes, pool, (int64_t)req, NDM__G_R);
+    stat_add(p, p->st.allocation, pool, 1, NDM__G_N);
+    stat_add(p, p->st.allocated_bytes, pool, (int64_t)b->size, NDM__G_B);
+    stat_add(p, p->st.active, pool, 1, NDM__G_N);
+    stat_add(p, p->st.active_bytes, pool, (int64_t)b->size, NDM__G_B);
+    stat_add(p, p->st.requested_bytes, pool, (int64_t)req, NDM__G_R);
     if (b->size >= p->set.max_split_size)
         stat_inc1(&p->st.oversize_allocations, 1);
     p->cum_alloc += (int64_t)b->size;
@@ -641,13 +642,13 @@ static void free_block(ndm__pool *p, ndm__ablk *b, bool counted)
         db += (int64_t)b->size;
     }
     if (dn)
-        ndm__stat_add(p, p->st.inactive_split, pool, dn, NDM__G_FN);
+        stat_add(p, p->st.inactive_split, pool, dn, NDM__G_FN);
     if (db)
-        ndm__stat_add(p, p->st.inactive_split_bytes, pool, db, NDM__G_FB);
+        stat_add(p, p->st.inactive_split_bytes, pool, db, NDM__G_FB);
     if (!counted) {
-        ndm__stat_add(p, p->st.active, pool, -1, NDM__G_N);
-        ndm__stat_add(p, p->st.active_bytes, pool, -(int64_t)orig, NDM__G_B);
-        ndm__stat_add(p, p->st.requested_bytes, pool, -(int64_t)req, NDM__G_R);
+        stat_add(p, p->st.active, pool, -1, NDM__G_N);
+        stat_add(p, p->st.active_bytes, pool, -(int64_t)orig, NDM__G_B);
+        stat_add(p, p->st.requested_bytes, pool, -(int64_t)req, NDM__G_R);
     }
 }
 
@@ -671,11 +672,11 @@ static void cache_put_locked(ndm__pool *p, ndm__tcache *tc, ndm__ablk *b)
 {
     int pool = b->pool;
     int64_t size = (int64_t)b->size;
-    ndm__stat_add(p, p->st.active, pool, -1, NDM__G_N);
-    ndm__stat_add(p, p->st.active_bytes, pool, -size, NDM__G_B);
-    ndm__stat_add(p, p->st.requested_bytes, pool, -(int64_t)b->requested, NDM__G_R);
-    ndm__stat_add(p, p->st.inactive_split, pool, 1, NDM__G_FN);
-    ndm__stat_add(p, p->st.inactive_split_bytes, pool, size, NDM__G_FB);
+    stat_add(p, p->st.active, pool, -1, NDM__G_N);
+    stat_add(p, p->st.active_bytes, pool, -size, NDM__G_B);
+    stat_add(p, p->st.requested_bytes, pool, -(int64_t)b->requested, NDM__G_R);
+    stat_add(p, p->st.inactive_split, pool, 1, NDM__G_FN);
+    stat_add(p, p->st.inactive_split_bytes, pool, size, NDM__G_FB);
     ndm__tbin *bin = &tc->bins[ndm__tc_index(b->size)];
     atomic_store_explicit(&b->state, NDM__B_CACHED, memory_order_relaxed);
     b->cache = tc;
@@ -700,8 +701,8 @@ static ndm__ablk *cache_take_locked(ndm__pool *p, ndm__tcache *tc, size_t size)
     atomic_store_explicit(&bin->count, atomic_load_explicit(&bin->count, memory_order_relaxed) - 1,
                           memory_order_relaxed);
     tc->cached_bytes -= (int64_t)size;
-    ndm__stat_add(p, p->st.inactive_split, b->pool, -1, NDM__G_FN);
-    ndm__stat_add(p, p->st.inactive_split_bytes, b->pool, -(int64_t)size, NDM__G_FB);
+    stat_add(p, p->st.inactive_split, b->pool, -1, NDM__G_FN);
+    stat_add(p, p->st.inactive_split_bytes, b->pool, -(int64_t)size, NDM__G_FB);
     return b;
 }
 
@@ -871,8 +872,11 @@ static ndm_status alloc_slow(ndm__pool *p, size_t req, size_t size, const ndm__a
         path = ndm__describe_manager(tag->manager);
     ndm_status st = NDM_OK;
     bool periodic = false, failed = false;
+    /* Only small-pool operations touch the thread cache; the others leave
+     * its counters and grant alone (the peak checks count them). */
+    bool small = pool_for(p, size) == NDM__POOL_SMALL;
     ndm__pool_lock(p);
-    ndm__tcache *tc = slow_begin(p);
+    ndm__tcache *tc = small ? slow_begin(p) : NULL;
     ndm__ablk *b = cache_take_locked(p, tc, size);
     bool from_cache = b != NULL;
     if (!b)
@@ -888,7 +892,7 @@ static ndm_status alloc_slow(ndm__pool *p, size_t req, size_t size, const ndm__a
          * with no lock held, then search again. */
         failed = ndm__pressure_run(p, NDM_PRESSURE_FAILED, req);
         ndm__pool_lock(p);
-        tc = slow_begin(p);
+        tc = small ? slow_begin(p) : NULL;
         if (failed) {
             int pool = pool_for(p, size);
             b = p->set.strategy == NDM__SYSTEM ? NULL : get_free_block(p, pool, size);
@@ -940,11 +944,11 @@ void ndm__pool_free(ndm__pool *p, ndm__block *blk)
         return;
     if (ndm__tc_try_free(p, b))
         return;
-    ndm__pool_lock(p);
-    ndm__tcache *tc = slow_begin(p);
     int pool = b->pool;
-    ndm__stat_add(p, p->st.allocation, pool, -1, NDM__G_N);
-    ndm__stat_add(p, p->st.allocated_bytes, pool, -(int64_t)b->size, NDM__G_B);
+    ndm__pool_lock(p);
+    ndm__tcache *tc = pool == NDM__POOL_SMALL ? slow_begin(p) : NULL;
+    stat_add(p, p->st.allocation, pool, -1, NDM__G_N);
+    stat_add(p, p->st.allocated_bytes, pool, -(int64_t)b->size, NDM__G_B);
     if (b->size >= p->set.max_split_size)
         stat_inc1(&p->st.oversize_allocations, -1);
     if (cacheable(p, tc, b)) {

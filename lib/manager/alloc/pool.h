@@ -202,9 +202,6 @@ void ndm__snapshot_free(ndm__snapshot *s);
 
 void ndm__pool_lock(ndm__pool *p);
 void ndm__pool_unlock(ndm__pool *p);
-/* Add d to figure s of stat type `pool` and of NDM_POOL_ALL; peaks follow
- * (and thread-cache grants are revoked when they could hide a new peak). */
-void ndm__stat_add(ndm__pool *p, ndm_memory_stat *s, int pool, int64_t d, int grant_kind);
 /* Core operations under the lock (used by tcache.c to flush bins). */
 void ndm__core_free_block(ndm__pool *p, ndm__ablk *b);
 
@@ -212,6 +209,7 @@ void ndm__core_free_block(ndm__pool *p, ndm__ablk *b);
 
 #define NDM__TC_MAX_SIZE NDM__SMALL_SIZE
 #define NDM__TC_BINS (NDM__TC_MAX_SIZE / NDM__MIN_BLOCK)
+_Static_assert(NDM__TC_MAX_SIZE <= NDM__SMALL_SIZE, "thread caches hold small-pool blocks only");
 #define NDM__TC_BIN_MAX 64u
 #define NDM__TC_MAX_BYTES ((int64_t)8 << 20)
 #define NDM__MAX_POOL_SLOTS 64
@@ -266,8 +264,9 @@ ndm__tcache *ndm__tc_get_locked(ndm__pool *p);
 void ndm__tc_fold(ndm__pool *p, ndm__tcache *tc);
 /* Return every cached block of tc to the pool (lock held, tc folded). */
 void ndm__tc_flush(ndm__pool *p, ndm__tcache *tc);
-/* Whether another thread's cache holds a grant or unfolded counts (lock held). */
-bool ndm__tc_others_dirty(ndm__pool *p);
+/* Whether a cache (the caller's included) holds a grant or unfolded counts
+ * (lock held). */
+bool ndm__tc_dirty(ndm__pool *p);
 /* If merging some of tc's cached blocks with their free neighbours makes a
  * free block of at least `size` bytes, return those blocks to the pool and
  * say so (lock held, tc folded). */
@@ -390,6 +389,9 @@ refuse:
 
 /* ---- history and traces (history.c) ------------------------------------------- */
 
+/* Bit 0: history is recorded; bit 1: a trace is written (relaxed reads). */
+extern atomic_int ndm__instrumented;
+
 enum {
     NDM__EV_ALLOC,
     NDM__EV_FREE_REQUESTED,
@@ -402,14 +404,28 @@ enum {
     NDM__EV_SNAPSHOT,
 };
 
-/* True while history or a trace is being recorded (relaxed read). */
-extern atomic_int ndm__instrumented;
 /* Record an event (lock held; no-op unless recording). */
-void ndm__hist_event(ndm__pool *p, int action, uintptr_t addr, size_t size, ndm__rstr *path,
-                     const char *file, const char *func, int line);
+void ndm__hist_record(ndm__pool *p, int action, uintptr_t addr, size_t size, ndm__rstr *path,
+                      const char *file, const char *func, int line);
+#define ndm__hist_event(p, ...)                                                         \
+    do {                                                                                \
+        if (__builtin_expect((p)->hist != NULL, 0))                                     \
+            ndm__hist_record((p), __VA_ARGS__);                                         \
+    } while (0)
 /* Trace lines for replay (lock held; no-op unless tracing). */
-void ndm__trace_alloc(ndm__pool *p, ndm__ablk *b, size_t nbytes);
-void ndm__trace_free(ndm__pool *p, ndm__ablk *b);
+void ndm__trace_alloc_record(ndm__pool *p, ndm__ablk *b, size_t nbytes);
+void ndm__trace_free_record(ndm__pool *p, ndm__ablk *b);
+static inline void ndm__trace_alloc(ndm__pool *p, ndm__ablk *b, size_t nbytes)
+{
+    b->trace_id = 0;
+    if (__builtin_expect(atomic_load_explicit(&ndm__instrumented, memory_order_relaxed) & 2, 0))
+        ndm__trace_alloc_record(p, b, nbytes);
+}
+static inline void ndm__trace_free(ndm__pool *p, ndm__ablk *b)
+{
+    if (__builtin_expect(b->trace_id != 0, 0))
+        ndm__trace_free_record(p, b);
+}
 bool ndm__hist_recording(void);
 void ndm__hist_drop(ndm__pool *p);
 /* Begin/end history on one pool (lock held). */

@@ -289,15 +289,12 @@ void ndm__tc_freeze_all(ndm__pool *p, bool flush)
     }
 }
 
-/* Whether another thread's cache could move a figure: it holds a grant or
- * unfolded counts. A clean one cannot change without the lock: with no grant
- * its fast path refuses everything. */
-bool ndm__tc_others_dirty(ndm__pool *p)
+/* Whether a cache could move a figure: it holds a grant or unfolded counts.
+ * A clean one cannot change without the lock: with no grant its fast path
+ * refuses everything. */
+bool ndm__tc_dirty(ndm__pool *p)
 {
-    ndm__tcache *self = ndm__tc_mine(p);
     for (ndm__tcache *tc = p->caches; tc; tc = tc->next) {
-        if (tc == self)
-            continue;
         for (int k = 0; k < NDM__G_KINDS; k++)
             if (tc->cap[k])
                 return true;
