@@ -71,6 +71,36 @@ static double array_pair_ns(ndm_manager m, int iters)
     return (bench_now() - t) / iters * 1e9;
 }
 
+/* ns per array of a manager that makes 1000 arrays of 16 floats and closes. */
+static double manager_1000_ns(int rounds)
+{
+    ndm_manager top = ndm_manager_new(ndm_system(), "bench");
+    double t = bench_now();
+    for (int r = 0; r < rounds; r++) {
+        ndm_manager m = ndm_manager_new(top, "batch");
+        for (int i = 0; i < 1000; i++)
+            (void)ndm_empty(m, NDM_F32, NDM_SHAPE(16));
+        (void)!ndm_manager_close(m);
+    }
+    double ns = (bench_now() - t) / rounds / 1000 * 1e9;
+    (void)!ndm_manager_close(top);
+    return ns;
+}
+
+static double malloc_1000_ns(int rounds)
+{
+    void *p[1000];
+    double t = bench_now();
+    for (int r = 0; r < rounds; r++) {
+        for (int i = 0; i < 1000; i++)
+            p[i] = malloc(64);
+        sink = p[999];
+        for (int i = 999; i >= 0; i--)
+            free(p[i]);
+    }
+    return (bench_now() - t) / rounds / 1000 * 1e9;
+}
+
 /* GB/s of a loop that allocates 64 MiB, writes all of it and frees it. */
 static double write_loop_gbps(bool use_ndm, int iters)
 {
@@ -254,6 +284,15 @@ int main(int argc, char **argv)
     bench_add(&rep, "array_empty_release_16f_ns_vs_malloc", bench_median(av, runs), "ns",
               "glibc malloc+free of 64 B", median_of(pair_run, &small, runs));
     (void)!ndm_manager_close(m);
+
+    /* The manager benchmark's shape: a sub-manager, 1000 arrays, close. */
+    double mv[16], xv[16];
+    for (int i = 0; i < runs; i++) {
+        mv[i] = manager_1000_ns(quick ? 20 : 200);
+        xv[i] = malloc_1000_ns(quick ? 20 : 200);
+    }
+    bench_add(&rep, "manager_1000_arrays_16f_ns_per_array_vs_malloc", bench_median(mv, runs), "ns",
+              "1000 x malloc(64) then free", bench_median(xv, runs));
 
     /* 64 MiB allocated, written and freed each iteration. */
     write_ctx wo = {true, quick ? 10 : 40}, wm = {false, quick ? 2 : 5};

@@ -179,7 +179,7 @@ static char *read_file(const char *path)
 
 static void temp_path(char *buf, size_t n, const char *tag)
 {
-    snprintf(buf, n, "%s/ndm-%s-%d.tmp", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", tag,
+    snprintf(buf, n, "%s/ndm-%s-%d.tmp", getenv("TMPDIR") ? getenv("TMPDIR") : P_tmpdir, tag,
              (int)getpid());
 }
 

@@ -2,7 +2,8 @@
 # The two quick-start commands:
 #   bash tools/run.sh demo   installs what is missing, builds, runs the main job
 #   bash tools/run.sh test   installs what is missing, builds, runs every test suite
-#                            in a plain build and in an address+undefined sanitizer build
+#                            in a plain build and in an address+undefined sanitizer build,
+#                            and the allocator and manager suites under ThreadSanitizer
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -45,6 +46,9 @@ test)
     build build-san -Db_sanitize=address,undefined -Db_lundef=false
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
         meson test -C build-san --print-errorlogs --num-processes 2
+    build build-tsan -Db_sanitize=thread -Db_lundef=false
+    TSAN_OPTIONS=halt_on_error=1 meson test -C build-tsan --print-errorlogs --num-processes 2 \
+        manager alloc alloc_api alloc_threads
     ;;
 *)
     echo "usage: bash tools/run.sh demo|test" >&2

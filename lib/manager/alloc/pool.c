@@ -541,20 +541,17 @@ static void map_arena(ndm__pool *p)
 /* ---- allocation and free under the lock ----------------------------------------------- */
 
 /* Hand out block b for a request of `size` (rounded) bytes, `req` asked.
- * `from_cache`: b came from a thread cache, its inactive figures moved. */
+ * `from_cache`: b came from a thread cache with its inactive figures moved,
+ * and has the exact size. */
 static ndm__ablk *alloc_found(ndm__pool *p, ndm__ablk *b, size_t size, size_t req,
                               bool from_cache)
 {
     int pool = b->pool;
     bool already_split = is_split(b);
-    if (from_cache) {
-        /* exact size: nothing to split */
-    } else if (should_split(p, b, size)) {
-        ndm__ablk *front = blk_new(p);
-        if (!front) {
-            /* No record for the split: hand out the whole block. */
-            goto whole;
-        }
+    /* The front becomes the allocation; the tail stays free. Without a
+     * record for the front, the whole block is handed out. */
+    ndm__ablk *front = !from_cache && should_split(p, b, size) ? blk_new(p) : NULL;
+    if (front) {
         ndm__ablk *rem = b;
         front->addr = rem->addr;
         front->size = size;
@@ -577,12 +574,9 @@ static ndm__ablk *alloc_found(ndm__pool *p, ndm__ablk *b, size_t size, size_t re
             stat_add(p, p->st.inactive_split, pool, 1, NDM__G_FN);
         }
         b = front;
-    } else {
-    whole:
-        if (already_split) {
-            stat_add(p, p->st.inactive_split_bytes, pool, -(int64_t)b->size, NDM__G_FB);
-            stat_add(p, p->st.inactive_split, pool, -1, NDM__G_FN);
-        }
+    } else if (already_split && !from_cache) {
+        stat_add(p, p->st.inactive_split_bytes, pool, -(int64_t)b->size, NDM__G_FB);
+        stat_add(p, p->st.inactive_split, pool, -1, NDM__G_FN);
     }
     atomic_store_explicit(&b->state, NDM__B_ALLOCATED, memory_order_relaxed);
     b->requested = req;

@@ -210,7 +210,7 @@ void ndm__core_free_block(ndm__pool *p, ndm__ablk *b);
 #define NDM__TC_MAX_SIZE NDM__SMALL_SIZE
 #define NDM__TC_BINS (NDM__TC_MAX_SIZE / NDM__MIN_BLOCK)
 _Static_assert(NDM__TC_MAX_SIZE <= NDM__SMALL_SIZE, "thread caches hold small-pool blocks only");
-#define NDM__TC_BIN_MAX 64u
+#define NDM__TC_BIN_MAX 4096u
 #define NDM__TC_MAX_BYTES ((int64_t)8 << 20)
 #define NDM__MAX_POOL_SLOTS 64
 

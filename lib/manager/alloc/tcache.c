@@ -235,9 +235,16 @@ bool ndm__tc_flush_mergeable(ndm__pool *p, ndm__tcache *tc, size_t size)
 {
     for (size_t i = 0; i < NDM__TC_BINS && tc->cached_bytes; i++) {
         for (ndm__ablk *b = tc->bins[i].head; b; b = b->link) {
+            /* Each run is walked once, from its first cached block: a run
+             * starts at most one free block earlier, as free blocks in the
+             * pool are always merged. */
             ndm__ablk *first = b;
-            while (first->prev && joins(tc, first->prev))
+            if (first->prev && joins(tc, first->prev)) {
+                if (atomic_load_explicit(&first->prev->state, memory_order_relaxed) ==
+                    NDM__B_CACHED)
+                    continue;
                 first = first->prev;
+            }
             size_t run = 0;
             ndm__ablk *end = first;
             for (; end && joins(tc, end); end = end->next)
