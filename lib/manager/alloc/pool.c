@@ -672,8 +672,8 @@ static void cache_put_locked(ndm__pool *p, ndm__tcache *tc, ndm__ablk *b)
     stat_add(p, p->st.inactive_split, pool, 1, NDM__G_FN);
     stat_add(p, p->st.inactive_split_bytes, pool, size, NDM__G_FB);
     ndm__tbin *bin = &tc->bins[ndm__tc_index(b->size)];
+    atomic_store_explicit(&b->cache, tc, memory_order_relaxed);
     atomic_store_explicit(&b->state, NDM__B_CACHED, memory_order_relaxed);
-    b->cache = tc;
     b->link = bin->head;
     bin->head = b;
     atomic_store_explicit(&bin->count, atomic_load_explicit(&bin->count, memory_order_relaxed) + 1,

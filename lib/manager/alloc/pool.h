@@ -82,7 +82,8 @@ typedef struct ndm__ablk {
     const char *file, *func;         /* creation site */
     int line;
     ndm__rstr *path;                 /* manager path when history recorded the alloc */
-    struct ndm__tcache *cache;       /* the cache holding it, while NDM__B_CACHED */
+    /* the cache holding it, while NDM__B_CACHED (read by others' merges) */
+    _Atomic(struct ndm__tcache *) cache;
     uint64_t trace_id;
 } ndm__ablk;
 
@@ -370,8 +371,8 @@ static inline bool ndm__tc_try_free(ndm__pool *p, ndm__ablk *b)
         atomic_load_explicit(&tc->b_alloc, memory_order_relaxed) - bf < -tc->cap[NDM__G_FB])
         goto refuse;
     int64_t rf = atomic_load_explicit(&tc->r_free, memory_order_relaxed) + (int64_t)b->requested;
+    atomic_store_explicit(&b->cache, tc, memory_order_relaxed);
     atomic_store_explicit(&b->state, NDM__B_CACHED, memory_order_relaxed);
-    b->cache = tc;
     b->link = bin->head;
     bin->head = b;
     atomic_store_explicit(&bin->count, atomic_load_explicit(&bin->count, memory_order_relaxed) + 1,

@@ -212,7 +212,8 @@ void ndm__tc_flush(ndm__pool *p, ndm__tcache *tc)
 static bool joins(const ndm__tcache *tc, const ndm__ablk *b)
 {
     int st = atomic_load_explicit(&b->state, memory_order_relaxed);
-    return st == NDM__B_FREE || (st == NDM__B_CACHED && b->cache == tc);
+    return st == NDM__B_FREE ||
+           (st == NDM__B_CACHED && atomic_load_explicit(&b->cache, memory_order_relaxed) == tc);
 }
 
 static void unbin(ndm__tcache *tc, ndm__ablk *b)
