@@ -239,21 +239,21 @@ static size_t round_pow2_division(size_t size, unsigned divisions)
     return down == size ? size : down + step;
 }
 
-static unsigned divisions_for(const ndm__settings *s, size_t size)
+static unsigned divisions_for(ndm__pool *p, size_t size)
 {
     int idx = (63 - __builtin_clzll(size)) - 20;
     if (idx < 0)
         idx = 0;
     if (idx > NDM__DIV_INTERVALS - 1)
         idx = NDM__DIV_INTERVALS - 1;
-    return s->divisions[idx];
+    return atomic_load_explicit(&p->divisions[idx], memory_order_relaxed);
 }
 
-static size_t round_size(const ndm__pool *p, size_t n)
+static size_t round_size(ndm__pool *p, size_t n)
 {
     if (n < NDM__MIN_BLOCK)
         return NDM__MIN_BLOCK;
-    unsigned d = divisions_for(&p->set, n);
+    unsigned d = divisions_for(p, n);
     if (d > 1 && n > NDM__MIN_BLOCK * d)
         return round_pow2_division(n, d);
     return (n + NDM__MIN_BLOCK - 1) / NDM__MIN_BLOCK * NDM__MIN_BLOCK;
@@ -868,8 +868,8 @@ static ndm_status alloc_slow(ndm__pool *p, size_t req, size_t size, const ndm__a
     bool periodic = false, failed = false;
     /* Only small-pool operations touch the thread cache; the others leave
      * its counters and grant alone (the peak checks count them). */
-    bool small = pool_for(p, size) == NDM__POOL_SMALL;
     ndm__pool_lock(p);
+    bool small = pool_for(p, size) == NDM__POOL_SMALL;
     ndm__tcache *tc = small ? slow_begin(p) : NULL;
     ndm__ablk *b = cache_take_locked(p, tc, size);
     bool from_cache = b != NULL;
@@ -886,6 +886,7 @@ static ndm_status alloc_slow(ndm__pool *p, size_t req, size_t size, const ndm__a
          * with no lock held, then search again. */
         failed = ndm__pressure_run(p, NDM_PRESSURE_FAILED, req);
         ndm__pool_lock(p);
+        small = pool_for(p, size) == NDM__POOL_SMALL;
         tc = small ? slow_begin(p) : NULL;
         if (failed) {
             int pool = pool_for(p, size);
@@ -1039,6 +1040,8 @@ ndm_status ndm__pool_configure(ndm__pool *p, const ndm__settings *s, const char 
         }
     }
     p->set = *s;
+    for (int k = 0; k < NDM__DIV_INTERVALS; k++)
+        atomic_store_explicit(&p->divisions[k], s->divisions[k], memory_order_relaxed);
     p->arena_tried = p->arena != NULL;
     p->st.max_split_size = s->max_split_size == SIZE_MAX ? -1 : (int64_t)s->max_split_size;
     p->next_pressure = s->pressure_every ? p->cum_alloc + (int64_t)s->pressure_every : 0;

@@ -118,6 +118,9 @@ typedef struct ndm__pool {
     uint32_t gen;
     ndm__settings set;
     char conf[512];                /* the string the settings came from */
+    /* set.divisions for the unlocked path: configure may change it while
+     * other threads allocate */
+    _Atomic unsigned divisions[NDM__DIV_INTERVALS];
 
     ndm__ablk *tree[2];            /* free blocks by (size, address), per pool */
     uint64_t searches[2];          /* age clock for garbage collection */
