@@ -315,7 +315,8 @@ int main(int argc, char **argv)
             v[r] = (double)n * 8 / (bench_now() - t) / 1e9;
         }
         free(buf);
-        snprintf(note, sizeof note, "memset into a reused 64 MiB buffer: %.1f GB/s (the loop's ceiling)",
+        snprintf(note, sizeof note,
+                 "memset into a reused 64 MiB buffer: %.1f GB/s (the loop's ceiling)",
                  bench_median(v, 5));
         bench_note(&rep, note);
     }

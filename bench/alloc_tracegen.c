@@ -246,7 +246,9 @@ static void serve(ndm_manager root, int requests)
 
 int main(int argc, char **argv)
 {
-    if (argc < 3 || (strcmp(argv[1], "mlp") && strcmp(argv[1], "cnn") && strcmp(argv[1], "serve"))) {
+    bool known = argc >= 3 && (!strcmp(argv[1], "mlp") || !strcmp(argv[1], "cnn") ||
+                               !strcmp(argv[1], "serve"));
+    if (!known) {
         fprintf(stderr, "usage: %s mlp|cnn|serve OUT.trace [steps]\n", argv[0]);
         return 2;
     }

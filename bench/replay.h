@@ -47,7 +47,10 @@ typedef struct rp_idmap {
     size_t cap, n;
 } rp_idmap;
 
-static inline size_t rp_hash(uint64_t k, size_t cap) { return (size_t)(k * 0x9e3779b97f4a7c15ull) & (cap - 1); }
+static inline size_t rp_hash(uint64_t k, size_t cap)
+{
+    return (size_t)(k * 0x9e3779b97f4a7c15ull) & (cap - 1);
+}
 
 static inline void rp_idmap_grow(rp_idmap *m)
 {
@@ -281,7 +284,8 @@ static inline int rp_run(const rp_trace *t, const char *conf, size_t capacity, b
 static inline uint64_t rp_min_capacity_mb(const rp_trace *t, const char *conf,
                                           uint64_t unlimited_reserved)
 {
-    uint64_t lo = (t->peak_live + NDM__MB - 1) / NDM__MB, hi = (unlimited_reserved + NDM__MB - 1) / NDM__MB;
+    uint64_t lo = (t->peak_live + NDM__MB - 1) / NDM__MB;
+    uint64_t hi = (unlimited_reserved + NDM__MB - 1) / NDM__MB;
     if (hi < lo)
         hi = lo;
     char buf[512];

@@ -661,7 +661,8 @@ static void test_alloc_system_strategy_reserves_what_is_used(void **state)
     fixture f = make(0, "strategy:system");
     ndm__block a = get(&f, 1000), b = get(&f, 3 * MiB + 5);
     ndm_memory_stats st = stats(&f);
-    assert_int_equal(st.reserved_bytes[NDM_POOL_ALL].current, st.allocated_bytes[NDM_POOL_ALL].current);
+    assert_int_equal(st.reserved_bytes[NDM_POOL_ALL].current,
+                     st.allocated_bytes[NDM_POOL_ALL].current);
     assert_int_equal(st.segment[NDM_POOL_ALL].current, 2);
     put(&f, &a);
     st = stats(&f);
@@ -735,7 +736,8 @@ static void test_alloc_config_rejects_bad_keys_and_values(void **state)
     expect_config_error("bogus:1", "unknown key 'bogus'");
     expect_config_error("max_split_size_mb:10", "max_split_size_mb must be at least 20");
     expect_config_error("max_split_size_mb:abc", "max_split_size_mb");
-    expect_config_error("garbage_collection_threshold:1.5", "garbage_collection_threshold must be in (0, 1)");
+    expect_config_error("garbage_collection_threshold:1.5",
+                        "garbage_collection_threshold must be in (0, 1)");
     expect_config_error("garbage_collection_threshold:0", "garbage_collection_threshold");
     expect_config_error("preallocate_fraction:0", "preallocate_fraction must be in (0, 1]");
     expect_config_error("strategy:fast", "strategy: 'fast' is not one of");

@@ -183,6 +183,10 @@ static void temp_path(char *buf, size_t n, const char *tag)
              (int)getpid());
 }
 
+/* A figure's current value, and its change between two readings. */
+#define CUR(st, fig, pool) ((st).fig[NDM_POOL_##pool].current)
+#define DELTA(a, b, fig, pool) (CUR(b, fig, pool) - CUR(a, fig, pool))
+
 static ndm_memory_stats mstats(void)
 {
     ndm_memory_stats st;
@@ -199,27 +203,28 @@ static void test_memory_stats_follow_arrays(void **state)
     ndm_array a = ndm_empty(root, NDM_U8, NDM_SHAPE(1000));
     assert_live(a);
     ndm_memory_stats s1 = mstats();
-    assert_int_equal(s1.allocated_bytes[NDM_POOL_ALL].current - s0.allocated_bytes[NDM_POOL_ALL].current, 1024);
-    assert_int_equal(s1.allocated_bytes[NDM_POOL_SMALL].current - s0.allocated_bytes[NDM_POOL_SMALL].current, 1024);
-    assert_int_equal(s1.requested_bytes[NDM_POOL_ALL].current - s0.requested_bytes[NDM_POOL_ALL].current, 1000);
-    assert_int_equal(s1.allocation[NDM_POOL_ALL].current - s0.allocation[NDM_POOL_ALL].current, 1);
-    assert_int_equal(s1.active_bytes[NDM_POOL_ALL].current - s0.active_bytes[NDM_POOL_ALL].current, 1024);
+    assert_int_equal(DELTA(s0, s1, allocated_bytes, ALL), 1024);
+    assert_int_equal(DELTA(s0, s1, allocated_bytes, SMALL), 1024);
+    assert_int_equal(DELTA(s0, s1, requested_bytes, ALL), 1000);
+    assert_int_equal(DELTA(s0, s1, allocation, ALL), 1);
+    assert_int_equal(DELTA(s0, s1, active_bytes, ALL), 1024);
     ndm_array big = ndm_empty(root, NDM_F32, NDM_SHAPE(3, 1 << 20)); /* 12 MiB: large pool */
     assert_live(big);
     ndm_memory_stats s2 = mstats();
-    assert_int_equal(s2.allocated_bytes[NDM_POOL_LARGE].current - s1.allocated_bytes[NDM_POOL_LARGE].current, 12 * MiB);
-    assert_true(s2.reserved_bytes[NDM_POOL_ALL].current >= s2.allocated_bytes[NDM_POOL_ALL].current);
+    assert_int_equal(DELTA(s1, s2, allocated_bytes, LARGE), 12 * MiB);
+    assert_true(CUR(s2, reserved_bytes, ALL) >= CUR(s2, allocated_bytes, ALL));
     assert_ok(ndm_array_release(a));
     assert_ok(ndm_array_release(big));
     ndm_memory_stats s3 = mstats();
-    assert_int_equal(s3.allocated_bytes[NDM_POOL_ALL].current, s0.allocated_bytes[NDM_POOL_ALL].current);
-    assert_int_equal(s3.requested_bytes[NDM_POOL_ALL].current, s0.requested_bytes[NDM_POOL_ALL].current);
-    assert_int_equal(s3.allocated_bytes[NDM_POOL_ALL].freed - s0.allocated_bytes[NDM_POOL_ALL].freed, 1024 + 12 * MiB);
+    assert_int_equal(CUR(s3, allocated_bytes, ALL), CUR(s0, allocated_bytes, ALL));
+    assert_int_equal(CUR(s3, requested_bytes, ALL), CUR(s0, requested_bytes, ALL));
+    int64_t freed = s3.allocated_bytes[NDM_POOL_ALL].freed - s0.allocated_bytes[NDM_POOL_ALL].freed;
+    assert_int_equal(freed, 1024 + 12 * MiB);
     /* storage shared by views is one block */
     ndm_array c = ndm_empty(root, NDM_F32, NDM_SHAPE(4, 256));
     ndm_array v = ndm_reshape(c, NDM_SHAPE(1024));
     assert_live(v);
-    assert_int_equal(mstats().allocation[NDM_POOL_ALL].current - s0.allocation[NDM_POOL_ALL].current, 1);
+    assert_int_equal(mstats().allocation[NDM_POOL_ALL].current - CUR(s0, allocation, ALL), 1);
     assert_ok(ndm_array_release(c));
     assert_ok(ndm_array_release(v));
 }
@@ -231,7 +236,7 @@ static void test_memory_stat_keys_follow_pytorch(void **state)
     ndm_memory_stats st = mstats();
     int64_t v;
     assert_ok(ndm_memory_stat_get(NDM_CPU, "allocated_bytes.all.current", &v));
-    assert_int_equal(v, st.allocated_bytes[NDM_POOL_ALL].current);
+    assert_int_equal(v, CUR(st, allocated_bytes, ALL));
     assert_ok(ndm_memory_stat_get(NDM_CPU, "reserved_bytes.small_pool.peak", &v));
     assert_int_equal(v, st.reserved_bytes[NDM_POOL_SMALL].peak);
     assert_ok(ndm_memory_stat_get(NDM_CPU, "inactive_split_bytes.large_pool.freed", &v));
@@ -255,11 +260,11 @@ static void test_memory_reset_peak_sets_peak_to_current(void **state)
     assert_ok(ndm_array_release(a));
     assert_ok(ndm_memory_reset_peak_stats(NDM_CPU));
     ndm_memory_stats st = mstats();
-    assert_int_equal(st.allocated_bytes[NDM_POOL_ALL].peak, st.allocated_bytes[NDM_POOL_ALL].current);
-    assert_int_equal(st.reserved_bytes[NDM_POOL_ALL].peak, st.reserved_bytes[NDM_POOL_ALL].current);
+    assert_int_equal(st.allocated_bytes[NDM_POOL_ALL].peak, CUR(st, allocated_bytes, ALL));
+    assert_int_equal(st.reserved_bytes[NDM_POOL_ALL].peak, CUR(st, reserved_bytes, ALL));
     ndm_array b = ndm_empty(root, NDM_F32, NDM_SHAPE(1 << 20));
     st = mstats();
-    assert_int_equal(st.allocated_bytes[NDM_POOL_ALL].peak, st.allocated_bytes[NDM_POOL_ALL].current);
+    assert_int_equal(st.allocated_bytes[NDM_POOL_ALL].peak, CUR(st, allocated_bytes, ALL));
     assert_ok(ndm_array_release(b));
     assert_ok(ndm_memory_reset_accumulated_stats(NDM_CPU));
     st = mstats();
@@ -273,13 +278,13 @@ static void test_memory_empty_cache_returns_free_segments(void **state)
     ndm_array a = ndm_empty(root, NDM_F32, NDM_SHAPE(16 << 20)); /* 64 MiB segment */
     assert_ok(ndm_array_release(a));
     ndm_memory_stats st = mstats();
-    assert_true(st.reserved_bytes[NDM_POOL_LARGE].current >= 64 * MiB);
+    assert_true(CUR(st, reserved_bytes, LARGE) >= 64 * MiB);
     int64_t syncs = st.num_sync_all_streams;
     assert_ok(ndm_memory_empty_cache(NDM_CPU));
     st = mstats();
-    assert_int_equal(st.reserved_bytes[NDM_POOL_LARGE].current, st.allocated_bytes[NDM_POOL_LARGE].current);
+    assert_int_equal(CUR(st, reserved_bytes, LARGE), CUR(st, allocated_bytes, LARGE));
     assert_int_equal(st.num_sync_all_streams, syncs + 1);
-    assert_int_equal(st.free_bytes, st.reserved_bytes[NDM_POOL_ALL].current - st.allocated_bytes[NDM_POOL_ALL].current);
+    assert_int_equal(st.free_bytes, CUR(st, reserved_bytes, ALL) - CUR(st, allocated_bytes, ALL));
 }
 
 /* ---- OOM under a limit ------------------------------------------------------------- */
@@ -315,7 +320,7 @@ static void test_memory_oom_names_managers_and_recovers(void **state)
     assert_int_equal(ms1.live_bytes, ms0.live_bytes);
     ndm_memory_stats s1 = mstats();
     assert_int_equal(s1.num_ooms, s0.num_ooms + 1);
-    assert_int_equal(s1.allocated_bytes[NDM_POOL_ALL].current, s0.allocated_bytes[NDM_POOL_ALL].current);
+    assert_int_equal(CUR(s1, allocated_bytes, ALL), CUR(s0, allocated_bytes, ALL));
     assert_true(s1.reserved_bytes[NDM_POOL_ALL].peak <= 64 * MiB);
     /* Closing the manager that holds the memory lets the same request through. */
     assert_ok(ndm_manager_close(big));
@@ -411,12 +416,12 @@ static void test_memory_system_strategy_reserves_only_what_is_used(void **state)
     ndm_array a = ndm_empty(root, NDM_F32, NDM_SHAPE(1000));
     ndm_array b = ndm_empty(root, NDM_F32, NDM_SHAPE(3 << 20));
     ndm_memory_stats s1 = mstats();
-    assert_int_equal(s1.reserved_bytes[NDM_POOL_ALL].current - s0.reserved_bytes[NDM_POOL_ALL].current,
-                     s1.allocated_bytes[NDM_POOL_ALL].current - s0.allocated_bytes[NDM_POOL_ALL].current);
+    assert_int_equal(DELTA(s0, s1, reserved_bytes, ALL),
+                     DELTA(s0, s1, allocated_bytes, ALL));
     assert_ok(ndm_array_release(a));
     assert_ok(ndm_array_release(b));
     ndm_memory_stats s2 = mstats();
-    assert_int_equal(s2.reserved_bytes[NDM_POOL_ALL].current, s0.reserved_bytes[NDM_POOL_ALL].current);
+    assert_int_equal(CUR(s2, reserved_bytes, ALL), CUR(s0, reserved_bytes, ALL));
     assert_ok(ndm_alloc_configure(NDM_CPU, ""));
 }
 
@@ -514,7 +519,8 @@ static void test_memory_snapshot_has_tiled_segments_and_history(void **state)
                 found_batch++;
                 const jval *fr = jmust(b, "frames", J_ARR);
                 assert_int_equal(fr->n, 1);
-                assert_non_null(strstr(jmust(&fr->items[0], "filename", J_STR)->str, "test_alloc_api.c"));
+                const char *file = jmust(&fr->items[0], "filename", J_STR)->str;
+                assert_non_null(strstr(file, "test_alloc_api.c"));
                 assert_string_equal(jmust(&fr->items[0], "name", J_STR)->str,
                                     "test_memory_snapshot_has_tiled_segments_and_history");
             }
@@ -549,7 +555,8 @@ static void test_memory_snapshot_has_tiled_segments_and_history(void **state)
         const char *mgr = jmust(e, "manager", J_STR)->str;
         if (!strcmp(action, "alloc")) {
             allocs++;
-            assert_true(!strcmp(mgr, "system/test/model") || !strcmp(mgr, "system/test/model/batch-3"));
+            assert_true(!strcmp(mgr, "system/test/model") ||
+                        !strcmp(mgr, "system/test/model/batch-3"));
         }
         if (!strcmp(action, "free_requested")) {
             frees++;
@@ -575,7 +582,7 @@ static void test_memory_snapshot_reports_io_errors(void **state)
     assert_int_equal(ndm_memory_record_trace("/nonexistent-dir/x/trace.txt"), NDM_E_IO);
 }
 
-/* ---- traces ----------------------------------------------------------------------------------- */
+/* ---- traces ---------------------------------------------------------------------- */
 
 static void test_memory_trace_records_allocations_and_frees(void **state)
 {

@@ -281,7 +281,8 @@ static void test_alloc_threads_request_managers(void **state)
     }
     ndm_memory_stats s1;
     assert_ok(ndm_memory_stats_get(NDM_CPU, &s1));
-    assert_int_equal(s1.allocated_bytes[NDM_POOL_ALL].current, s0.allocated_bytes[NDM_POOL_ALL].current);
+    assert_int_equal(s1.allocated_bytes[NDM_POOL_ALL].current,
+                     s0.allocated_bytes[NDM_POOL_ALL].current);
     assert_int_equal(s1.allocation[NDM_POOL_ALL].current, s0.allocation[NDM_POOL_ALL].current);
     assert_int_equal(s1.allocation[NDM_POOL_ALL].allocated - s0.allocation[NDM_POOL_ALL].allocated,
                      THREADS * 300 * 8);

@@ -178,7 +178,10 @@ static size_t tree_count(const ndm__ablk *t)
 
 /* ---- statistics ------------------------------------------------------------------ */
 
-static inline int stat_type(int pool) { return pool == NDM__POOL_SMALL ? NDM_POOL_SMALL : NDM_POOL_LARGE; }
+static inline int stat_type(int pool)
+{
+    return pool == NDM__POOL_SMALL ? NDM_POOL_SMALL : NDM_POOL_LARGE;
+}
 
 /* Add d to figure s of stat type `pool` and of NDM_POOL_ALL; peaks follow. */
 static inline void stat_add(ndm__pool *p, ndm_memory_stat *s, int pool, int64_t d, int grant_kind)
@@ -1177,12 +1180,13 @@ ndm_status ndm__pool_snapshot(ndm__pool *p, ndm__snapshot *out)
         *g = (ndm__snap_seg){s->addr, s->size, s->pool, s->pinned, j, 0};
         for (ndm__ablk *b = s->head; b; b = b->next) {
             int state = atomic_load_explicit(&b->state, memory_order_relaxed);
+            uint32_t mgr = atomic_load_explicit(&b->mgr, memory_order_relaxed);
             out->blocks[j++] = (ndm__snap_block){
                 .addr = b->addr,
                 .size = b->size,
                 .requested = state == NDM__B_ALLOCATED ? b->requested : 0,
                 .state = state == NDM__B_ALLOCATED ? NDM__B_ALLOCATED : NDM__B_FREE,
-                .mgr = state == NDM__B_ALLOCATED ? atomic_load_explicit(&b->mgr, memory_order_relaxed) : 0,
+                .mgr = state == NDM__B_ALLOCATED ? mgr : 0,
                 .file = state == NDM__B_ALLOCATED ? b->file : NULL,
                 .func = state == NDM__B_ALLOCATED ? b->func : NULL,
                 .line = state == NDM__B_ALLOCATED ? b->line : 0,

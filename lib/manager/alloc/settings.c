@@ -162,7 +162,8 @@ static const char *value_of(parser *ps, const char *key)
         return NULL;
     }
     ps->i++;
-    if (ps->i >= ps->lx->n || (ps->lx->tok[ps->i][1] == '\0' && strchr(",:[]", ps->lx->tok[ps->i][0]))) {
+    const char *t = ps->i < ps->lx->n ? ps->lx->tok[ps->i] : NULL;
+    if (!t || (t[1] == '\0' && strchr(",:[]", t[0]))) {
         fail(ps, "%s: missing value", key);
         return NULL;
     }

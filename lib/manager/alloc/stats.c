@@ -190,8 +190,9 @@ void ndm__pool_summary(ndm__pool *p, FILE *f)
     row(f, "Oversize segments", &st.oversize_segments, &st.oversize_segments, false);
     rule(f, '=');
     char a[32], b[32], lim[32];
-    fprintf(f, "Fragmentation: %s free in the cache, largest free block %s, (free - largest) / free "
-               "= %.3f\n",
+    fprintf(f,
+            "Fragmentation: %s free in the cache, largest free block %s, "
+            "(free - largest) / free = %.3f\n",
             ndm__fmt_size((size_t)st.free_bytes, a, sizeof a),
             ndm__fmt_size((size_t)st.largest_free_block, b, sizeof b), st.fragmentation);
     if (st.memory_limit)
