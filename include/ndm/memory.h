@@ -39,7 +39,8 @@
  *                                total memory), free the oldest whole free
  *                                large segments before mapping a new one
  *   pressure_every_mb            run the pressure callbacks each time this
- *                                many MiB more have been allocated; 0 = never
+ *                                many MiB more have been allocated (sizes as
+ *                                rounded, thread caches included); 0 = never
  *   thread_cache                 True (default) | False: keep recently freed
  *                                small blocks in a per-thread cache
  *
@@ -51,8 +52,11 @@
  * `allocated_bytes.all.current` and so on, each figure with current, peak,
  * allocated (sum of increases) and freed (sum of decreases), over all pools,
  * the small pool and the large pool. A block held in a per-thread cache is
- * free: it counts as inactive, not as allocated, exactly as a freed block
- * waiting in PyTorch's pool.
+ * free: it counts as inactive (an inactive split block), not as allocated,
+ * as a freed block waiting in PyTorch's pool does; only its merge with free
+ * neighbours waits until the cache gives it back. The figures are exact,
+ * peaks included: a thread cache moves them only within the headroom below
+ * each peak that it was granted under the allocator's lock.
  *
  * Pressure: callbacks registered with ndm_on_pressure run every
  * pressure_every_mb allocated and when a device cannot provide memory. They
