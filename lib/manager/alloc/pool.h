@@ -288,17 +288,17 @@ void ndm__tc_drop_all(ndm__pool *p);
 static inline size_t ndm__tc_index(size_t size) { return size / NDM__MIN_BLOCK - 1; }
 
 /* Fast paths: true when the thread cache served the request. Nothing of the
- * cache is read before the frozen flag, which a freezer may set at any time. */
+ * cache is read before the frozen flag, which a freezer may set at any time.
+ * The sequence is odd during an operation; the counters are stored with
+ * release order after it, so a reader that sees a new counter also sees the
+ * odd sequence and reads again. */
 static inline bool ndm__tc_enter(ndm__tcache *tc, uint64_t *seq)
 {
     *seq = atomic_load_explicit(&tc->seq, memory_order_relaxed);
     atomic_store_explicit(&tc->seq, *seq + 1, memory_order_relaxed);
     /* The other side is a membarrier(): a compiler barrier suffices here. */
     atomic_signal_fence(memory_order_seq_cst);
-    if (atomic_load_explicit(&tc->frozen, memory_order_relaxed))
-        return false;
-    atomic_thread_fence(memory_order_release);
-    return true;
+    return !atomic_load_explicit(&tc->frozen, memory_order_relaxed);
 }
 
 static inline void ndm__tc_leave(ndm__tcache *tc, uint64_t seq)
@@ -329,7 +329,7 @@ static inline bool ndm__tc_try_alloc(ndm__pool *p, size_t size, size_t req,
         goto refuse;
     bin->head = b->link;
     atomic_store_explicit(&bin->count, atomic_load_explicit(&bin->count, memory_order_relaxed) - 1,
-                          memory_order_relaxed);
+                          memory_order_release);
     tc->cached_bytes -= (int64_t)size;
     b->requested = req;
     b->file = tag ? tag->file : NULL;
@@ -337,9 +337,9 @@ static inline bool ndm__tc_try_alloc(ndm__pool *p, size_t size, size_t req,
     b->line = tag ? tag->line : 0;
     atomic_store_explicit(&b->mgr, tag ? tag->manager : 0, memory_order_relaxed);
     atomic_store_explicit(&b->state, NDM__B_ALLOCATED, memory_order_relaxed);
-    atomic_store_explicit(&tc->n_alloc, na, memory_order_relaxed);
-    atomic_store_explicit(&tc->b_alloc, ba, memory_order_relaxed);
-    atomic_store_explicit(&tc->r_alloc, ra, memory_order_relaxed);
+    atomic_store_explicit(&tc->n_alloc, na, memory_order_release);
+    atomic_store_explicit(&tc->b_alloc, ba, memory_order_release);
+    atomic_store_explicit(&tc->r_alloc, ra, memory_order_release);
     ndm__tc_leave(tc, seq);
     out->ptr = (void *)b->addr;
     out->cookie = b;
@@ -379,11 +379,11 @@ static inline bool ndm__tc_try_free(ndm__pool *p, ndm__ablk *b)
     b->link = bin->head;
     bin->head = b;
     atomic_store_explicit(&bin->count, atomic_load_explicit(&bin->count, memory_order_relaxed) + 1,
-                          memory_order_relaxed);
+                          memory_order_release);
     tc->cached_bytes += (int64_t)size;
-    atomic_store_explicit(&tc->n_free, nf, memory_order_relaxed);
-    atomic_store_explicit(&tc->b_free, bf, memory_order_relaxed);
-    atomic_store_explicit(&tc->r_free, rf, memory_order_relaxed);
+    atomic_store_explicit(&tc->n_free, nf, memory_order_release);
+    atomic_store_explicit(&tc->b_free, bf, memory_order_release);
+    atomic_store_explicit(&tc->r_free, rf, memory_order_release);
     ndm__tc_leave(tc, seq);
     return true;
 refuse:

@@ -371,20 +371,20 @@ void ndm__tc_add_unfolded(ndm__pool *p, ndm_memory_stats *st, int64_t *largest_c
                     sched_yield();
                 continue;
             }
-            v[0] = atomic_load_explicit(&tc->n_alloc, memory_order_relaxed);
-            v[1] = atomic_load_explicit(&tc->b_alloc, memory_order_relaxed);
-            v[2] = atomic_load_explicit(&tc->r_alloc, memory_order_relaxed);
-            v[3] = atomic_load_explicit(&tc->n_free, memory_order_relaxed);
-            v[4] = atomic_load_explicit(&tc->b_free, memory_order_relaxed);
-            v[5] = atomic_load_explicit(&tc->r_free, memory_order_relaxed);
+            /* acquire loads: the second read of the sequence stays after them */
+            v[0] = atomic_load_explicit(&tc->n_alloc, memory_order_acquire);
+            v[1] = atomic_load_explicit(&tc->b_alloc, memory_order_acquire);
+            v[2] = atomic_load_explicit(&tc->r_alloc, memory_order_acquire);
+            v[3] = atomic_load_explicit(&tc->n_free, memory_order_acquire);
+            v[4] = atomic_load_explicit(&tc->b_free, memory_order_acquire);
+            v[5] = atomic_load_explicit(&tc->r_free, memory_order_acquire);
             largest = 0;
             for (size_t i = NDM__TC_BINS; i-- > 0;) {
-                if (atomic_load_explicit(&tc->bins[i].count, memory_order_relaxed)) {
+                if (atomic_load_explicit(&tc->bins[i].count, memory_order_acquire)) {
                     largest = (int64_t)((i + 1) * NDM__MIN_BLOCK);
                     break;
                 }
             }
-            atomic_thread_fence(memory_order_acquire);
             if (atomic_load_explicit(&tc->seq, memory_order_relaxed) == s1)
                 break;
             if (tries > 64)
