@@ -3,7 +3,7 @@
 #   bash tools/run.sh demo   installs what is missing, builds, runs the main job
 #   bash tools/run.sh test   installs what is missing, builds, runs every test suite
 #                            in a plain build and in an address+undefined sanitizer build,
-#                            and the threaded suites under ThreadSanitizer
+#                            and the threaded suites (threads, allocator) under ThreadSanitizer
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -1,6 +1,79 @@
-/* ndm memory: the caching allocators, their statistics, limits, pressure callbacks and snapshots. */
+/* ndm memory: the caching allocators, their statistics, limits, pressure callbacks and snapshots.
+ *
+ * Every device has one caching allocator. It takes large segments from the
+ * device (the CPU: mmap with huge pages requested; CUDA: cudaMalloc) and
+ * carves array storage out of them, with PyTorch's policy by default: sizes
+ * rounded to 512 bytes, requests up to 1 MiB served from 2 MiB segments (the
+ * small pool), larger ones from the large pool (20 MiB segments for requests
+ * under 10 MiB, otherwise the request rounded to 2 MiB), best fit by (size,
+ * address), PyTorch's split and oversize rules. A freed block goes back to
+ * the cache, not to the device; ndm_memory_empty_cache returns whole free
+ * segments.
+ *
+ * Configuration is one string in PyTorch's grammar, `key:value,key:value`,
+ * taken from NDM_ALLOC_CONF when a device's allocator is first used, or from
+ * ndm_alloc_configure. An item may start with a device, which limits it to
+ * that device: `cpu:memory_limit_mb:512`, `cuda:strategy:preallocate` (every
+ * CUDA device), `cuda:1:max_split_size_mb:256` (CUDA device 1). Items apply
+ * in order; a later one wins. Keys:
+ *
+ *   strategy                     auto_growth (default) | preallocate | system
+ *   preallocate_fraction         (0, 1], default 0.92: with preallocate, the
+ *                                share of memory_limit_mb (or, without a
+ *                                limit, of the device's free memory) mapped
+ *                                as one segment at first use
+ *   memory_limit_mb              cap on reserved memory; 0 = none (default)
+ *   max_split_size_mb            >= 20: blocks at least this large are never
+ *                                split, nor handed to smaller requests
+ *   max_non_split_rounding_mb    >= 20, default 20: how much larger than the
+ *                                request an oversize block may be
+ *   large_segment_size_mb        >= 2, default 20: segment size for requests
+ *                                between 1 and 10 MiB
+ *   roundup_power2_divisions     n (a power of two), or a list like
+ *                                [256:1,512:2,1024:4,>:8]: sizes below 256 MiB
+ *                                use 1 division, 256-512 MiB use 2, 512 MiB to
+ *                                1 GiB use 4, the rest 8 (PyTorch's documented
+ *                                meaning)
+ *   garbage_collection_threshold (0, 1): when reserved memory passes this
+ *                                share of memory_limit_mb (or of the device's
+ *                                total memory), free the oldest whole free
+ *                                large segments before mapping a new one
+ *   pressure_every_mb            run the pressure callbacks each time this
+ *                                many MiB more have been allocated (sizes as
+ *                                rounded, thread caches included); 0 = never
+ *   thread_cache                 True (default) | False: keep recently freed
+ *                                small blocks in a per-thread cache
+ *
+ * Unknown keys and out-of-range values are NDM_E_CONFIG, with a message that
+ * names the key. The strategy `system` caches nothing: every block is its own
+ * segment, so reserved memory equals what the program uses.
+ *
+ * Statistics follow PyTorch's keys and meaning (torch.cuda.memory_stats):
+ * `allocated_bytes.all.current` and so on, each figure with current, peak,
+ * allocated (sum of increases) and freed (sum of decreases), over all pools,
+ * the small pool and the large pool. A block held in a per-thread cache is
+ * free: it counts as inactive (an inactive split block), not as allocated,
+ * as a freed block waiting in PyTorch's pool does; only its merge with free
+ * neighbours waits until the cache gives it back. The figures are exact,
+ * peaks included: a thread cache moves them only within the headroom below
+ * each peak that it was granted under the allocator's lock.
+ *
+ * Pressure: callbacks registered with ndm_on_pressure run every
+ * pressure_every_mb allocated and when a device cannot provide memory. They
+ * may release arrays and close managers. After them the allocator searches
+ * again, then frees every cached free segment and retries, then fails with
+ * NDM_E_OOM and a message that gives the request, what is allocated,
+ * reserved, free and limited, the largest free block, and the managers that
+ * hold the most bytes on the device.
+ *
+ * Thread rules: every function is thread-safe. Pressure callbacks run on the
+ * thread whose allocation needs memory, with no ndm lock held; a callback that
+ * allocates does not trigger callbacks again.
+ */
 #ifndef NDM_MEMORY_H
 #define NDM_MEMORY_H
+
+#include <stdio.h>
 
 #include "base.h"
 #include "device.h"
@@ -10,6 +83,122 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* Which blocks a figure covers (PyTorch's StatType). */
+typedef enum ndm_memory_pool {
+    NDM_POOL_ALL = 0,
+    NDM_POOL_SMALL = 1, /* blocks of at most 1 MiB, in 2 MiB segments */
+    NDM_POOL_LARGE = 2,
+    NDM_POOL_COUNT = 3,
+} ndm_memory_pool;
+
+/* One figure: its value now, its highest value since the last peak reset,
+ * and the sums of its increases and decreases since the last reset of
+ * accumulated figures. */
+typedef struct ndm_memory_stat {
+    int64_t current, peak, allocated, freed;
+} ndm_memory_stat;
+
+/* A device's allocator statistics; arrays are indexed by ndm_memory_pool. */
+typedef struct ndm_memory_stats {
+    ndm_memory_stat allocation[NDM_POOL_COUNT];           /* live blocks */
+    ndm_memory_stat segment[NDM_POOL_COUNT];              /* segments held from the device */
+    ndm_memory_stat active[NDM_POOL_COUNT];               /* allocated or awaiting a free */
+    ndm_memory_stat inactive_split[NDM_POOL_COUNT];       /* free blocks inside split segments */
+    ndm_memory_stat allocated_bytes[NDM_POOL_COUNT];      /* bytes of live blocks (rounded) */
+    ndm_memory_stat reserved_bytes[NDM_POOL_COUNT];       /* bytes of segments */
+    ndm_memory_stat active_bytes[NDM_POOL_COUNT];
+    ndm_memory_stat inactive_split_bytes[NDM_POOL_COUNT]; /* cannot be returned to the device */
+    ndm_memory_stat requested_bytes[NDM_POOL_COUNT];      /* bytes the callers asked for */
+    ndm_memory_stat oversize_allocations;                 /* blocks >= max_split_size */
+    ndm_memory_stat oversize_segments;
+    int64_t num_alloc_retries;    /* allocations retried after freeing the cache */
+    int64_t num_ooms;             /* allocations that failed with NDM_E_OOM */
+    int64_t num_sync_all_streams; /* cache flushes */
+    int64_t num_device_alloc;     /* segments mapped */
+    int64_t num_device_free;      /* segments unmapped */
+    int64_t num_pressure_calls;   /* times the pressure callbacks ran */
+    int64_t max_split_size;       /* bytes; -1 when unlimited */
+    int64_t memory_limit;         /* bytes; 0 when unlimited */
+    int64_t largest_free_block;   /* largest cached free block, bytes */
+    int64_t free_bytes;           /* reserved - allocated */
+    double fragmentation;         /* (free - largest free) / free; 0 when nothing is free */
+    int64_t device_free, device_total; /* as the device reports them (0 when unknown) */
+} ndm_memory_stats;
+
+/** Fill *out with the statistics of the allocator of `device` (zeros when it
+ *  has not been used). NDM_E_DEVICE / NDM_E_UNSUPPORTED for a device this
+ *  build or machine does not have. */
+NDM_API NDM_NODISCARD ndm_status ndm_memory_stats_get(ndm_device device, ndm_memory_stats *out);
+
+/** One figure by its PyTorch key, e.g. "allocated_bytes.all.current",
+ *  "reserved_bytes.large_pool.peak", "num_ooms", "oversize_segments.current",
+ *  and ndm's "largest_free_block", "free_bytes", "memory_limit".
+ *  NDM_E_INVALID for an unknown key. */
+NDM_API NDM_NODISCARD ndm_status ndm_memory_stat_get(ndm_device device, const char *key,
+                                                     int64_t *out);
+
+/** Set every peak to its current value. */
+NDM_API NDM_NODISCARD ndm_status ndm_memory_reset_peak_stats(ndm_device device);
+/** Zero the allocated/freed sums and the event counters. */
+NDM_API NDM_NODISCARD ndm_status ndm_memory_reset_accumulated_stats(ndm_device device);
+
+/** Return every whole free segment to the device (blocks in use stay). */
+NDM_API NDM_NODISCARD ndm_status ndm_memory_empty_cache(ndm_device device);
+
+/** Print PyTorch's summary table for `device`, then the fragmentation
+ *  figures and the effective settings. */
+NDM_API NDM_NODISCARD ndm_status ndm_memory_summary(ndm_device device, FILE *f);
+
+/** Configure the allocator of `device` from `conf` (grammar above): the
+ *  defaults, then `conf`; items for other devices are checked and skipped.
+ *  Cached free segments are returned first; live blocks are not moved.
+ *  NDM_E_CONFIG (nothing changed) with a message naming the bad key. */
+NDM_API NDM_NODISCARD ndm_status ndm_alloc_configure(ndm_device device, const char *conf);
+
+/** Write the effective settings of `device` ("strategy:auto_growth,...") into
+ *  buf; returns the length they need (like snprintf), or -1 on a bad device. */
+NDM_API int ndm_alloc_settings(ndm_device device, char *buf, size_t n);
+
+/* Why the pressure callbacks run. */
+typedef enum ndm_pressure_reason {
+    NDM_PRESSURE_PERIODIC = 0, /* another pressure_every_mb allocated */
+    NDM_PRESSURE_FAILED = 1,   /* the device could not provide a segment */
+} ndm_pressure_reason;
+
+typedef struct ndm_pressure_event {
+    ndm_device device;
+    ndm_pressure_reason reason;
+    size_t request;     /* bytes asked for by the allocation that triggered it */
+    int64_t allocated;  /* allocated_bytes.all.current */
+    int64_t reserved;   /* reserved_bytes.all.current */
+} ndm_pressure_event;
+
+typedef void (*ndm_pressure_fn)(const ndm_pressure_event *ev, void *ud);
+
+/** Register a pressure callback (called in registration order). The same
+ *  (fn, ud) twice is NDM_ALREADY. */
+NDM_API NDM_NODISCARD ndm_status ndm_on_pressure(ndm_pressure_fn fn, void *ud);
+/** Unregister it; NDM_ALREADY when it was not registered. */
+NDM_API NDM_NODISCARD ndm_status ndm_pressure_remove(ndm_pressure_fn fn, void *ud);
+
+/** Start (on) or stop recording allocator events on every device: a ring of
+ *  the last max_entries (0: 100000) per device with time, size, manager path
+ *  and creation site. Stopping clears the ring. While recording, every
+ *  allocation takes the shared path (the thread caches are bypassed). */
+NDM_API NDM_NODISCARD ndm_status ndm_memory_record_history(bool on, size_t max_entries);
+
+/** Write the segments, blocks and recorded events of every device used so far
+ *  as one JSON object shaped like PyTorch's memory snapshot (the format memviz
+ *  reads). NDM_E_IO when the file cannot be written. */
+NDM_API NDM_NODISCARD ndm_status ndm_memory_dump_snapshot(const char *path);
+
+/** Start writing an allocator-independent trace of every allocation and free
+ *  on every device to `path` (text: "seq t_us thread device op id size"
+ *  lines; bench/alloc_replay replays it); NULL stops and closes the file.
+ *  Setting NDM_ALLOC_TRACE=path in the environment starts it at first use.
+ *  While tracing, every allocation takes the shared path. */
+NDM_API NDM_NODISCARD ndm_status ndm_memory_record_trace(const char *path);
 
 #ifdef __cplusplus
 }

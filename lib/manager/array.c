@@ -629,6 +629,7 @@ static void view_dies(ndm__array *r, ndm__manager *from)
         ndm__charge_move(from, to, s->dev, (int64_t)s->nbytes, true, true, NULL, NDM__NO_SITE);
         s->charged = to_slot;
         s->charged_views = count_views(s, to_slot);
+        ndm__alloc_retag(&s->block, to_slot);
     }
     ndm__lock_drop(&s->lock);
 }
@@ -651,6 +652,7 @@ static ndm_status view_moves(ndm__array *r, ndm__manager *from, ndm__manager *to
             if (st == NDM_OK) {
                 s->charged = to->self;
                 s->charged_views = shared ? count_views(s, to->self) + 1 : 1;
+                ndm__alloc_retag(&s->block, to->self);
             }
         } else {
             s->charged_views--;

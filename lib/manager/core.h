@@ -413,6 +413,11 @@ void ndm__manager_release_except(ndm__manager *m, const uint32_t *keep, size_t n
 /* Move r into `to` as ndm_attach does. */
 ndm_status ndm__array_attach(ndm__array *r, ndm_manager to, const char *api, ndm__site site);
 
+/* Allocator hooks (report.c), registered at start-up: the managers holding
+ * the most bytes on a device, for OOM messages, and a slot's path. */
+void ndm__report_top_managers(ndm_device dev, char *buf, size_t n);
+void ndm__describe_manager_path(uint32_t slot, char *buf, size_t n);
+
 /* Scopes (scope.c): the innermost live scope of this thread, or null. */
 ndm_manager ndm__scope_innermost(void);
 

@@ -413,3 +413,55 @@ NDM_API int64_t ndm_leak_report(FILE *f)
     ndm__tree_unlock();
     return (int64_t)na;
 }
+
+/* ---- names for the allocator: OOM messages and history -------------------------- */
+
+#define TOP_MANAGERS 3
+
+typedef struct top_list {
+    uint32_t slot[TOP_MANAGERS];
+    int64_t bytes[TOP_MANAGERS];
+    int n;
+} top_list;
+
+static void top_walk(ndm__manager *m, int dev, top_list *t)
+{
+    int64_t b = atomic_load_explicit(&m->bytes[dev], memory_order_relaxed);
+    if (b > 0) {
+        int i = t->n < TOP_MANAGERS ? t->n++ : TOP_MANAGERS - 1;
+        if (i < TOP_MANAGERS - 1 || b > t->bytes[i]) {
+            for (; i > 0 && t->bytes[i - 1] < b; i--) {
+                t->slot[i] = t->slot[i - 1];
+                t->bytes[i] = t->bytes[i - 1];
+            }
+            t->slot[i] = m->self;
+            t->bytes[i] = b;
+        }
+    }
+    for (uint32_t c = m->first_child; c; c = ndm__manager_slot(c)->sib_next)
+        top_walk(ndm__manager_slot(c), dev, t);
+}
+
+void ndm__report_top_managers(ndm_device dev, char *buf, size_t n)
+{
+    buf[0] = '\0';
+    if (dev.index < 0 || dev.index >= NDM__MAX_CUDA)
+        return;
+    int d = ndm__device_slot(dev);
+    top_list t = {{0}, {0}, 0};
+    size_t len = 0;
+    ndm__tree_lock();
+    top_walk(ndm__manager_slot(ndm__system_slot), d, &t);
+    for (int i = 0; i < t.n && len < n; i++) {
+        char path[512];
+        ndm__manager_path_locked(t.slot[i], path, sizeof path);
+        len += (size_t)snprintf(buf + len, n - len, "%s%s %.2f MiB", i ? ", " : "", path,
+                                (double)t.bytes[i] / (1024.0 * 1024.0));
+    }
+    ndm__tree_unlock();
+}
+
+void ndm__describe_manager_path(uint32_t slot, char *buf, size_t n)
+{
+    ndm__manager_path(slot, buf, n);
+}

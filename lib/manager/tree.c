@@ -89,6 +89,8 @@ static void init_process(void)
     ndm__system_slot = s;
     ndm__detached_slot = d;
     ndm__tree_unlock();
+    ndm__alloc_set_oom_reporter(ndm__report_top_managers);
+    ndm__alloc_set_describer(ndm__describe_manager_path);
     const char *env = getenv("NDM_LEAK_REPORT");
     if (env && *env && strcmp(env, "0") != 0)
         atexit(leak_report_at_exit);

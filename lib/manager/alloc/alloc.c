@@ -1,14 +1,15 @@
-/* The allocator entry points used by array storage. This is the "system"
- * strategy: every block is its own segment from the device's source, with
- * no cache. The caching core replaces the bodies without touching callers. */
+/* The allocator entry points: one caching pool per device, configured from
+ * NDM_ALLOC_CONF or ndm_alloc_configure, the pressure callbacks, the hooks
+ * the manager layer registers, and the public memory API. */
 #include <inttypes.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
-#include "alloc.h"
-#include "ndm/config.h"
 #include "../error.h"
+#include "ndm/config.h"
+#include "pool.h"
 
 const ndm__segment_source *ndm__cpu_segment_source(void);
 #if NDM_HAVE_CUDA
@@ -16,9 +17,10 @@ const ndm__segment_source *ndm__cuda_segment_source(int index);
 int ndm__cuda_count(void);
 #endif
 
-static _Atomic int64_t fail_countdown;
+#define MAX_CUDA 16
+#define MAX_POOLS (1 + MAX_CUDA)
 
-void ndm__alloc_fail_after(int64_t n) { atomic_store(&fail_countdown, n); }
+/* ---- devices and their sources --------------------------------------------------- */
 
 const ndm__segment_source *ndm__segment_source_for(ndm_device dev)
 {
@@ -47,7 +49,7 @@ ndm_status ndm__device_usable(ndm_device dev, char *why, size_t n)
     }
 #if NDM_HAVE_CUDA
     int count = ndm__cuda_count();
-    if (dev.index < 0 || dev.index >= count) {
+    if (dev.index < 0 || dev.index >= count || dev.index >= MAX_CUDA) {
         snprintf(why, n, "device %s does not exist (%d CUDA device%s found)", name, count,
                  count == 1 ? "" : "s");
         return NDM_E_DEVICE;
@@ -59,49 +61,421 @@ ndm_status ndm__device_usable(ndm_device dev, char *why, size_t n)
 #endif
 }
 
-static int64_t take_failure(void)
+/* ---- the pools ----------------------------------------------------------------------- */
+
+static _Atomic(ndm__pool *) pools[MAX_POOLS];
+static pthread_mutex_t pools_lock = PTHREAD_MUTEX_INITIALIZER;
+/* NDM_ALLOC_CONF could not be parsed for this device: its allocations fail
+ * with the reason until ndm_alloc_configure succeeds. */
+static char conf_error[MAX_POOLS][320];
+static atomic_bool conf_bad[MAX_POOLS];
+static bool trace_env_done;
+
+static int pool_index(ndm_device dev)
+{
+    if (dev.type == NDM_DEVICE_CPU)
+        return dev.index == 0 ? 0 : -1;
+    if (dev.type == NDM_DEVICE_CUDA && dev.index >= 0 && dev.index < MAX_CUDA)
+        return 1 + dev.index;
+    return -1;
+}
+
+/* The pool of a device, made on first use. NULL with the error recorded. */
+static ndm__pool *get_pool(ndm_device dev, const char *api)
+{
+    int i = pool_index(dev);
+    ndm__pool *p = i >= 0 ? atomic_load_explicit(&pools[i], memory_order_acquire) : NULL;
+    if (p)
+        return p;
+    char why[256];
+    ndm_status st = ndm__device_usable(dev, why, sizeof why);
+    if (st < 0) {
+        ndm__fail(st, api, NDM__NO_SITE, "%s", why);
+        return NULL;
+    }
+    const ndm__segment_source *src = ndm__segment_source_for(dev);
+    char name[32];
+    ndm_device_str(dev, name, sizeof name);
+    if (!src || i < 0) {
+        ndm__fail(NDM_E_DEVICE, api, NDM__NO_SITE, "no memory source for device %s", name);
+        return NULL;
+    }
+    pthread_mutex_lock(&pools_lock);
+    p = atomic_load_explicit(&pools[i], memory_order_relaxed);
+    if (!p) {
+        if (!trace_env_done) {
+            trace_env_done = true;
+            const char *tr = getenv("NDM_ALLOC_TRACE");
+            char err[160];
+            if (tr && *tr && ndm__trace_start(tr, err, sizeof err) < 0)
+                ndm__warn("NDM_ALLOC_TRACE: %s", err);
+        }
+        p = ndm__pool_new(src, dev, name, true);
+        if (p) {
+            const char *conf = getenv("NDM_ALLOC_CONF");
+            ndm__settings s;
+            char err[256];
+            if (ndm__settings_parse(conf, dev, &s, err, sizeof err) == NDM_OK) {
+                if (conf && *conf)
+                    (void)ndm__pool_configure(p, &s, conf);
+            } else {
+                snprintf(conf_error[i], sizeof conf_error[i], "NDM_ALLOC_CONF: %s", err);
+                atomic_store(&conf_bad[i], true);
+                ndm__warn("%s", conf_error[i]);
+            }
+            if (ndm__hist_recording()) {
+                ndm__pool_lock(p);
+                ndm__hist_enable(p, ndm__hist_max());
+                ndm__pool_refresh(p);
+                ndm__pool_unlock(p);
+            } else if (atomic_load(&ndm__instrumented)) {
+                ndm__pool_lock(p);
+                ndm__pool_refresh(p);
+                ndm__pool_unlock(p);
+            }
+            atomic_store_explicit(&pools[i], p, memory_order_release);
+        }
+    }
+    pthread_mutex_unlock(&pools_lock);
+    if (!p)
+        ndm__fail(NDM_E_OOM, api, NDM__NO_SITE, "no memory for the allocator of %s", name);
+    return p;
+}
+
+/* Pools made so far, the CPU first. */
+static int used_pools(ndm__pool **out)
+{
+    int n = 0;
+    for (int i = 0; i < MAX_POOLS; i++) {
+        ndm__pool *p = atomic_load_explicit(&pools[i], memory_order_acquire);
+        if (p)
+            out[n++] = p;
+    }
+    return n;
+}
+
+/* ---- the manager layer's interface --------------------------------------------------- */
+
+static _Atomic int64_t fail_countdown;
+
+void ndm__alloc_fail_after(int64_t n) { atomic_store(&fail_countdown, n); }
+
+static bool take_failure(void)
 {
     int64_t c = atomic_load_explicit(&fail_countdown, memory_order_relaxed);
     while (c > 0) {
         if (atomic_compare_exchange_weak(&fail_countdown, &c, c - 1))
             return c - 1 == 0;
     }
-    return 0;
+    return false;
+}
+
+static ndm_status alloc_rare(ndm_device dev, size_t nbytes, const ndm__alloc_tag *tag,
+                             ndm__block *out)
+{
+    memset(out, 0, sizeof *out);
+    char name[32];
+    if (take_failure()) {
+        ndm_device_str(dev, name, sizeof name);
+        return ndm__fail(NDM_E_OOM, NULL, NDM__NO_SITE,
+                         "out of memory: %zu bytes on %s (failure injected for a test)", nbytes,
+                         name);
+    }
+    ndm__pool *p = get_pool(dev, NULL);
+    if (!p)
+        return ndm_last_status();
+    int i = pool_index(dev);
+    if (atomic_load(&conf_bad[i]))
+        return ndm__fail(NDM_E_CONFIG, NULL, NDM__NO_SITE, "%s", conf_error[i]);
+    return ndm__pool_alloc(p, nbytes, tag, out);
 }
 
 ndm_status ndm__alloc(ndm_device dev, size_t nbytes, const ndm__alloc_tag *tag, ndm__block *out)
 {
-    (void)tag;
-    memset(out, 0, sizeof *out);
-    const ndm__segment_source *src = ndm__segment_source_for(dev);
-    char name[32];
-    if (!src) {
-        ndm_device_str(dev, name, sizeof name);
-        return ndm__fail(NDM_E_DEVICE, NULL, NDM__NO_SITE, "no memory source for device %s", name);
-    }
-    size_t size = nbytes < 64 ? 64 : (nbytes + 63) & ~(size_t)63;
-    if (size < nbytes || take_failure())
-        goto oom;
-    void *p = NULL;
-    if (src->map(src->ctx, size, &p) < 0 || !p)
-        goto oom;
-    out->ptr = p;
-    out->cookie = p;
-    out->size = size;
-    return NDM_OK;
-oom:
-    ndm_device_str(dev, name, sizeof name);
-    /* The manager layer prefixes this with the caller's name and site. */
-    return ndm__fail(NDM_E_OOM, NULL, NDM__NO_SITE, "out of memory: %zu bytes on %s", nbytes,
-                     name);
+    int i = dev.type == NDM_DEVICE_CPU ? 0 : 1 + dev.index;
+    if (__builtin_expect(i < 0 || i >= MAX_POOLS ||
+                             atomic_load_explicit(&fail_countdown, memory_order_relaxed) > 0,
+                         0))
+        return alloc_rare(dev, nbytes, tag, out);
+    ndm__pool *p = atomic_load_explicit(&pools[i], memory_order_acquire);
+    if (__builtin_expect(!p || atomic_load_explicit(&conf_bad[i], memory_order_relaxed), 0))
+        return alloc_rare(dev, nbytes, tag, out);
+    return ndm__pool_alloc(p, nbytes, tag, out);
 }
 
 void ndm__free(ndm_device dev, ndm__block *blk)
 {
-    if (!blk->ptr)
+    if (!blk->cookie)
         return;
-    const ndm__segment_source *src = ndm__segment_source_for(dev);
-    if (src)
-        src->unmap(src->ctx, blk->ptr, blk->size);
-    memset(blk, 0, sizeof *blk);
+    int i = pool_index(dev);
+    ndm__pool *p = i >= 0 ? atomic_load_explicit(&pools[i], memory_order_acquire) : NULL;
+    if (p)
+        ndm__pool_free(p, blk);
+}
+
+void ndm__alloc_retag(const ndm__block *blk, uint32_t manager)
+{
+    ndm__ablk *b = blk->cookie;
+    if (b)
+        atomic_store_explicit(&b->mgr, manager, memory_order_relaxed);
+}
+
+static _Atomic(ndm__oom_reporter) reporter;
+static _Atomic(ndm__manager_describer) describer;
+
+void ndm__alloc_set_oom_reporter(ndm__oom_reporter fn) { atomic_store(&reporter, fn); }
+void ndm__alloc_set_describer(ndm__manager_describer fn) { atomic_store(&describer, fn); }
+
+void ndm__report_managers(ndm_device dev, char *buf, size_t n)
+{
+    ndm__oom_reporter fn = atomic_load(&reporter);
+    buf[0] = '\0';
+    if (fn)
+        fn(dev, buf, n);
+}
+
+ndm__rstr *ndm__describe_manager(uint32_t slot)
+{
+    ndm__manager_describer fn = atomic_load(&describer);
+    if (!fn || !slot)
+        return NULL;
+    char buf[512];
+    buf[0] = '\0';
+    fn(slot, buf, sizeof buf);
+    return ndm__rstr_new(buf);
+}
+
+/* ---- pressure callbacks --------------------------------------------------------------- */
+
+typedef struct callback {
+    ndm_pressure_fn fn;
+    void *ud;
+} callback;
+
+static pthread_mutex_t cb_lock = PTHREAD_MUTEX_INITIALIZER;
+static callback *cbs;
+static size_t ncbs, cbs_cap;
+static _Thread_local bool in_pressure;
+
+NDM_API ndm_status ndm_on_pressure(ndm_pressure_fn fn, void *ud)
+{
+    if (!fn)
+        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "fn is NULL");
+    pthread_mutex_lock(&cb_lock);
+    for (size_t i = 0; i < ncbs; i++) {
+        if (cbs[i].fn == fn && cbs[i].ud == ud) {
+            pthread_mutex_unlock(&cb_lock);
+            return NDM_ALREADY;
+        }
+    }
+    if (ncbs == cbs_cap) {
+        size_t cap = cbs_cap ? 2 * cbs_cap : 8;
+        callback *c = realloc(cbs, cap * sizeof *c);
+        if (!c) {
+            pthread_mutex_unlock(&cb_lock);
+            return ndm__fail(NDM_E_OOM, __func__, NDM__NO_SITE, "no memory for the callback");
+        }
+        cbs = c;
+        cbs_cap = cap;
+    }
+    cbs[ncbs++] = (callback){fn, ud};
+    pthread_mutex_unlock(&cb_lock);
+    return NDM_OK;
+}
+
+NDM_API ndm_status ndm_pressure_remove(ndm_pressure_fn fn, void *ud)
+{
+    pthread_mutex_lock(&cb_lock);
+    for (size_t i = 0; i < ncbs; i++) {
+        if (cbs[i].fn == fn && cbs[i].ud == ud) {
+            memmove(&cbs[i], &cbs[i + 1], (ncbs - i - 1) * sizeof *cbs);
+            ncbs--;
+            pthread_mutex_unlock(&cb_lock);
+            return NDM_OK;
+        }
+    }
+    pthread_mutex_unlock(&cb_lock);
+    return NDM_ALREADY;
+}
+
+bool ndm__pressure_run(ndm__pool *p, ndm_pressure_reason why, size_t request)
+{
+    /* A callback that allocates must not start the callbacks again. */
+    if (in_pressure)
+        return false;
+    pthread_mutex_lock(&cb_lock);
+    size_t n = ncbs;
+    callback local[16], *list = n <= 16 ? local : malloc(n * sizeof *list);
+    if (!list)
+        n = 0;
+    else if (n)
+        memcpy(list, cbs, n * sizeof *list);
+    pthread_mutex_unlock(&cb_lock);
+    if (!n)
+        return false;
+    ndm_memory_stats st;
+    ndm__pool_stats(p, &st);
+    ndm__pool_lock(p);
+    p->st.num_pressure_calls++;
+    ndm__pool_unlock(p);
+    ndm_pressure_event ev = {p->device, why, request, st.allocated_bytes[NDM_POOL_ALL].current,
+                             st.reserved_bytes[NDM_POOL_ALL].current};
+    in_pressure = true;
+    for (size_t i = 0; i < n; i++)
+        list[i].fn(&ev, list[i].ud);
+    in_pressure = false;
+    if (list != local)
+        free(list);
+    return true;
+}
+
+/* ---- the public memory API ------------------------------------------------------------- */
+
+NDM_API ndm_status ndm_memory_stats_get(ndm_device device, ndm_memory_stats *out)
+{
+    if (!out)
+        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "out is NULL");
+    ndm__pool *p = get_pool(device, __func__);
+    if (!p)
+        return ndm_last_status();
+    ndm__pool_stats(p, out);
+    return NDM_OK;
+}
+
+NDM_API ndm_status ndm_memory_stat_get(ndm_device device, const char *key, int64_t *out)
+{
+    if (!key || !out)
+        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "key or out is NULL");
+    ndm_memory_stats st;
+    ndm_status s = ndm_memory_stats_get(device, &st);
+    if (s < 0)
+        return s;
+    if (!ndm__stats_key(&st, key, out))
+        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE,
+                         "unknown statistic '%s' (keys look like allocated_bytes.all.current, "
+                         "reserved_bytes.large_pool.peak, num_ooms)",
+                         key);
+    return NDM_OK;
+}
+
+NDM_API ndm_status ndm_memory_reset_peak_stats(ndm_device device)
+{
+    ndm__pool *p = get_pool(device, __func__);
+    if (!p)
+        return ndm_last_status();
+    ndm__pool_reset_peaks(p);
+    return NDM_OK;
+}
+
+NDM_API ndm_status ndm_memory_reset_accumulated_stats(ndm_device device)
+{
+    ndm__pool *p = get_pool(device, __func__);
+    if (!p)
+        return ndm_last_status();
+    ndm__pool_reset_accumulated(p);
+    return NDM_OK;
+}
+
+NDM_API ndm_status ndm_memory_empty_cache(ndm_device device)
+{
+    ndm__pool *p = get_pool(device, __func__);
+    if (!p)
+        return ndm_last_status();
+    ndm__pool_empty_cache(p);
+    return NDM_OK;
+}
+
+NDM_API ndm_status ndm_memory_summary(ndm_device device, FILE *f)
+{
+    if (!f)
+        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "f is NULL");
+    ndm__pool *p = get_pool(device, __func__);
+    if (!p)
+        return ndm_last_status();
+    ndm__pool_summary(p, f);
+    return NDM_OK;
+}
+
+NDM_API ndm_status ndm_alloc_configure(ndm_device device, const char *conf)
+{
+    ndm__pool *p = get_pool(device, __func__);
+    if (!p)
+        return ndm_last_status();
+    ndm__settings s;
+    char err[256];
+    ndm_status st = ndm__settings_parse(conf, device, &s, err, sizeof err);
+    if (st < 0)
+        return ndm__fail(st, __func__, NDM__NO_SITE, "%s", err);
+    st = ndm__pool_configure(p, &s, conf);
+    if (st == NDM_OK)
+        atomic_store(&conf_bad[pool_index(device)], false);
+    return st;
+}
+
+NDM_API int ndm_alloc_settings(ndm_device device, char *buf, size_t n)
+{
+    ndm__pool *p = get_pool(device, __func__);
+    if (!p)
+        return -1;
+    ndm__settings s;
+    ndm__pool_settings(p, &s, NULL, 0);
+    return ndm__settings_str(&s, buf, n);
+}
+
+static void refresh_all(bool history, size_t max_entries)
+{
+    ndm__pool *list[MAX_POOLS];
+    int n = used_pools(list);
+    for (int i = 0; i < n; i++) {
+        ndm__pool_lock(list[i]);
+        if (history)
+            ndm__hist_enable(list[i], max_entries);
+        ndm__pool_refresh(list[i]);
+        ndm__pool_unlock(list[i]);
+    }
+}
+
+NDM_API ndm_status ndm_memory_record_history(bool on, size_t max_entries)
+{
+    if (on && !max_entries)
+        max_entries = 100000;
+    pthread_mutex_lock(&pools_lock);
+    ndm__hist_set(on, max_entries);
+    refresh_all(true, on ? max_entries : 0);
+    pthread_mutex_unlock(&pools_lock);
+    return NDM_OK;
+}
+
+NDM_API ndm_status ndm_memory_dump_snapshot(const char *path)
+{
+    if (!path)
+        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "path is NULL");
+    ndm__pool *list[MAX_POOLS];
+    if (!get_pool(NDM_CPU, __func__))
+        return ndm_last_status();
+    int n = used_pools(list);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return ndm__fail(NDM_E_IO, __func__, NDM__NO_SITE, "cannot open '%s' for writing", path);
+    ndm_status st = ndm__snapshot_write(f, list, n);
+    if (fclose(f) != 0 && st == NDM_OK)
+        st = NDM_E_IO;
+    if (st == NDM_E_IO)
+        return ndm__fail(st, __func__, NDM__NO_SITE, "writing '%s' failed", path);
+    if (st < 0)
+        return ndm__fail(st, __func__, NDM__NO_SITE, "no memory to copy the allocator state");
+    return NDM_OK;
+}
+
+NDM_API ndm_status ndm_memory_record_trace(const char *path)
+{
+    char err[256];
+    pthread_mutex_lock(&pools_lock);
+    trace_env_done = true;
+    ndm_status st = ndm__trace_start(path, err, sizeof err);
+    refresh_all(false, 0);
+    pthread_mutex_unlock(&pools_lock);
+    if (st < 0)
+        return ndm__fail(st, __func__, NDM__NO_SITE, "%s", err);
+    return NDM_OK;
 }

@@ -56,4 +56,19 @@ const ndm__segment_source *ndm__segment_source_for(ndm_device dev);
  * NDM_E_OOM; 0 disables. Process wide. */
 void ndm__alloc_fail_after(int64_t n);
 
+/* The storage of `blk` is now owned by manager `manager` (snapshots name the
+ * owner). A relaxed store: callers may hold any lock. */
+void ndm__alloc_retag(const ndm__block *blk, uint32_t manager);
+
+/* Hooks the manager layer registers, so the allocator can name managers
+ * without knowing them. The reporter writes the managers holding the most
+ * bytes on a device ("system/model 40.00 MiB, ..."); the describer writes
+ * the path of a manager slot. Both take the tree lock: the allocator calls
+ * them with none of its locks held, never from ndm__free, and the describer
+ * only while history is recorded. */
+typedef void (*ndm__oom_reporter)(ndm_device dev, char *buf, size_t n);
+typedef void (*ndm__manager_describer)(uint32_t slot, char *buf, size_t n);
+void ndm__alloc_set_oom_reporter(ndm__oom_reporter fn);
+void ndm__alloc_set_describer(ndm__manager_describer fn);
+
 #endif

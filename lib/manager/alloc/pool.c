@@ -1,0 +1,1241 @@
+/* The caching pool engine: PyTorch's block policy (rounding, small and large
+ * pools, best fit by size then address, split and oversize rules, the retry
+ * ladder) over one segment source, with exact PyTorch statistics. */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../error.h"
+#include "pool.h"
+
+/* ---- locking ----------------------------------------------------------------- */
+
+void ndm__pool_lock(ndm__pool *p) { pthread_mutex_lock(&p->lock); }
+void ndm__pool_unlock(ndm__pool *p) { pthread_mutex_unlock(&p->lock); }
+
+/* ---- block records: chunks of records, recycled through a free list ------------- */
+
+#define RECORDS_PER_CHUNK 256
+
+static ndm__ablk *blk_new(ndm__pool *p)
+{
+    if (!p->spare) {
+        if (p->nchunks == p->chunks_cap) {
+            size_t cap = p->chunks_cap ? 2 * p->chunks_cap : 16;
+            void **c = realloc(p->chunks, cap * sizeof *c);
+            if (!c)
+                return NULL;
+            p->chunks = c;
+            p->chunks_cap = cap;
+        }
+        ndm__ablk *chunk = calloc(RECORDS_PER_CHUNK, sizeof *chunk);
+        if (!chunk)
+            return NULL;
+        p->chunks[p->nchunks++] = chunk;
+        for (int i = RECORDS_PER_CHUNK - 1; i >= 0; i--) {
+            chunk[i].link = p->spare;
+            p->spare = &chunk[i];
+        }
+    }
+    ndm__ablk *b = p->spare;
+    p->spare = b->link;
+    memset(b, 0, sizeof *b);
+    /* Treap priorities: a xorshift sequence keeps the tree balanced in
+     * expectation whatever the order of sizes and addresses. */
+    uint32_t x = p->prio_seed;
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    p->prio_seed = x;
+    b->prio = x;
+    return b;
+}
+
+static void blk_put(ndm__pool *p, ndm__ablk *b)
+{
+    if (b->path)
+        ndm__rstr_unref(b->path);
+    b->path = NULL;
+    b->link = p->spare;
+    p->spare = b;
+}
+
+/* ---- the free tree: a treap ordered by (size, address) ----------------------------- */
+
+static inline bool key_less(const ndm__ablk *a, const ndm__ablk *b)
+{
+    return a->size < b->size || (a->size == b->size && a->addr < b->addr);
+}
+
+static ndm__ablk *rot_right(ndm__ablk *t)
+{
+    ndm__ablk *l = t->left;
+    t->left = l->right;
+    l->right = t;
+    return l;
+}
+
+static ndm__ablk *rot_left(ndm__ablk *t)
+{
+    ndm__ablk *r = t->right;
+    t->right = r->left;
+    r->left = t;
+    return r;
+}
+
+static ndm__ablk *treap_insert(ndm__ablk *t, ndm__ablk *n)
+{
+    if (!t)
+        return n;
+    if (key_less(n, t)) {
+        t->left = treap_insert(t->left, n);
+        if (t->left->prio > t->prio)
+            t = rot_right(t);
+    } else {
+        t->right = treap_insert(t->right, n);
+        if (t->right->prio > t->prio)
+            t = rot_left(t);
+    }
+    return t;
+}
+
+static ndm__ablk *treap_join(ndm__ablk *a, ndm__ablk *b)
+{
+    if (!a)
+        return b;
+    if (!b)
+        return a;
+    if (a->prio > b->prio) {
+        a->right = treap_join(a->right, b);
+        return a;
+    }
+    b->left = treap_join(a, b->left);
+    return b;
+}
+
+static ndm__ablk *treap_remove(ndm__ablk *t, ndm__ablk *n)
+{
+    if (t == n)
+        return treap_join(n->left, n->right);
+    if (key_less(n, t))
+        t->left = treap_remove(t->left, n);
+    else
+        t->right = treap_remove(t->right, n);
+    return t;
+}
+
+static void tree_insert(ndm__pool *p, ndm__ablk *b)
+{
+    b->left = b->right = NULL;
+    b->gc_base = p->searches[b->pool];
+    atomic_store_explicit(&b->state, NDM__B_FREE, memory_order_relaxed);
+    p->tree[b->pool] = treap_insert(p->tree[b->pool], b);
+}
+
+static void tree_remove(ndm__pool *p, ndm__ablk *b)
+{
+    p->tree[b->pool] = treap_remove(p->tree[b->pool], b);
+    b->left = b->right = NULL;
+}
+
+/* The smallest block of at least `size` bytes, lowest address first. */
+static ndm__ablk *tree_lower_bound(ndm__ablk *t, size_t size)
+{
+    ndm__ablk *best = NULL;
+    while (t) {
+        if (t->size >= size) {
+            best = t;
+            t = t->left;
+        } else {
+            t = t->right;
+        }
+    }
+    return best;
+}
+
+static ndm__ablk *tree_max(ndm__ablk *t)
+{
+    while (t && t->right)
+        t = t->right;
+    return t;
+}
+
+/* Free blocks in ascending (size, address) order into v (at most cap). */
+static size_t tree_collect(ndm__ablk *t, ndm__ablk **v, size_t n, size_t cap)
+{
+    if (!t || n >= cap)
+        return n;
+    n = tree_collect(t->left, v, n, cap);
+    if (n < cap)
+        v[n++] = t;
+    return tree_collect(t->right, v, n, cap);
+}
+
+static size_t tree_count(const ndm__ablk *t)
+{
+    return t ? 1 + tree_count(t->left) + tree_count(t->right) : 0;
+}
+
+/* ---- statistics ------------------------------------------------------------------ */
+
+static inline int stat_type(int pool)
+{
+    return pool == NDM__POOL_SMALL ? NDM_POOL_SMALL : NDM_POOL_LARGE;
+}
+
+/* Add d to figure s of stat type `pool` and of NDM_POOL_ALL; peaks follow. */
+static inline void stat_add(ndm__pool *p, ndm_memory_stat *s, int pool, int64_t d, int grant_kind)
+{
+    int types[2] = {NDM_POOL_ALL, stat_type(pool)};
+    for (int i = 0; i < 2; i++) {
+        ndm_memory_stat *x = &s[types[i]];
+        x->current += d;
+        if (d > 0)
+            x->allocated += d;
+        else
+            x->freed -= d;
+    }
+    if (d <= 0)
+        return;
+    /* The shared part alone may pass a peak while other threads' caches
+     * still hold unfolded frees (the true value is lower), or grants that
+     * let them rise later (a peak they could reach unseen). Either way the
+     * caches are frozen and folded first, so the peak is taken from the true
+     * value and no grant outlives it. */
+    if (grant_kind >= 0) {
+        int64_t g = p->granted[grant_kind];
+        if ((s[NDM_POOL_ALL].current + g > s[NDM_POOL_ALL].peak ||
+             s[NDM_POOL_SMALL].current + g > s[NDM_POOL_SMALL].peak) &&
+            p->caches && ndm__tc_dirty(p))
+            ndm__tc_freeze_all(p, false);
+    }
+    for (int i = 0; i < 2; i++) {
+        ndm_memory_stat *x = &s[types[i]];
+        if (x->current > x->peak)
+            x->peak = x->current;
+    }
+}
+
+static void stat_inc1(ndm_memory_stat *x, int64_t d)
+{
+    x->current += d;
+    if (d > 0) {
+        x->allocated += d;
+        if (x->current > x->peak)
+            x->peak = x->current;
+    } else {
+        x->freed -= d;
+    }
+}
+
+/* ---- policy ------------------------------------------------------------------------ */
+
+static size_t round_pow2_division(size_t size, unsigned divisions)
+{
+    if (!(size & (size - 1)))
+        return size;
+    size_t floor2 = (size_t)1 << (63 - __builtin_clzll(size));
+    size_t step = floor2 >> (31 - __builtin_clz(divisions));
+    if (!step)
+        return floor2 << 1;
+    size_t down = size & ~(step - 1);
+    return down == size ? size : down + step;
+}
+
+static unsigned divisions_for(ndm__pool *p, size_t size)
+{
+    int idx = (63 - __builtin_clzll(size)) - 20;
+    if (idx < 0)
+        idx = 0;
+    if (idx > NDM__DIV_INTERVALS - 1)
+        idx = NDM__DIV_INTERVALS - 1;
+    return atomic_load_explicit(&p->divisions[idx], memory_order_relaxed);
+}
+
+static size_t round_size(ndm__pool *p, size_t n)
+{
+    if (n < NDM__MIN_BLOCK)
+        return NDM__MIN_BLOCK;
+    unsigned d = divisions_for(p, n);
+    if (d > 1 && n > NDM__MIN_BLOCK * d)
+        return round_pow2_division(n, d);
+    return (n + NDM__MIN_BLOCK - 1) / NDM__MIN_BLOCK * NDM__MIN_BLOCK;
+}
+
+static int pool_for(const ndm__pool *p, size_t size)
+{
+    if (p->set.strategy == NDM__PREALLOCATE)
+        return NDM__POOL_LARGE;
+    return size <= NDM__SMALL_SIZE ? NDM__POOL_SMALL : NDM__POOL_LARGE;
+}
+
+static size_t segment_size_for(const ndm__pool *p, size_t size)
+{
+    if (p->set.strategy == NDM__SYSTEM)
+        return size;
+    if (size <= NDM__SMALL_SIZE)
+        return NDM__SMALL_BUFFER;
+    size_t rounded = (size + NDM__ROUND_LARGE - 1) / NDM__ROUND_LARGE * NDM__ROUND_LARGE;
+    if (size < NDM__MIN_LARGE_ALLOC)
+        return p->set.large_segment_size > rounded ? p->set.large_segment_size : rounded;
+    return rounded;
+}
+
+static bool should_split(const ndm__pool *p, const ndm__ablk *b, size_t size)
+{
+    size_t remaining = b->size - size;
+    if (p->set.strategy == NDM__SYSTEM)
+        return false;
+    if (b->pool == NDM__POOL_SMALL || p->set.strategy == NDM__PREALLOCATE)
+        return remaining >= NDM__MIN_BLOCK;
+    return size < p->set.max_split_size && remaining > NDM__SMALL_SIZE;
+}
+
+static inline bool is_split(const ndm__ablk *b) { return b->prev || b->next; }
+
+/* Best fit with PyTorch's oversize rules; the block leaves the tree. */
+static ndm__ablk *get_free_block(ndm__pool *p, int pool, size_t size)
+{
+    if (p->set.gc_threshold > 0)
+        p->searches[pool]++;
+    ndm__ablk *b = tree_lower_bound(p->tree[pool], size);
+    if (!b)
+        return NULL;
+    size_t max_split = p->set.max_split_size;
+    if (size < max_split && b->size >= max_split)
+        return NULL;
+    if (size >= max_split && b->size >= size + p->set.max_non_split_rounding)
+        return NULL;
+    tree_remove(p, b);
+    return b;
+}
+
+/* ---- segments --------------------------------------------------------------------- */
+
+static void link_segment(ndm__pool *p, ndm__aseg *s)
+{
+    s->prev = NULL;
+    s->next = p->segs;
+    if (p->segs)
+        p->segs->prev = s;
+    p->segs = s;
+}
+
+static void unlink_segment(ndm__pool *p, ndm__aseg *s)
+{
+    if (s->prev)
+        s->prev->next = s->next;
+    else
+        p->segs = s->next;
+    if (s->next)
+        s->next->prev = s->prev;
+}
+
+/* Map a segment for a request of `size` (rounded) in `pool`; its one block is
+ * returned, not in the tree. NULL when the limit or the device refuses. */
+static ndm__ablk *map_block(ndm__pool *p, int pool, size_t seg_size, bool retry, bool pinned)
+{
+    if (retry)
+        p->st.num_alloc_retries++;
+    size_t limit = p->set.memory_limit;
+    if (limit && (seg_size > limit || p->reserved > limit - seg_size))
+        return NULL;
+    ndm__aseg *s = malloc(sizeof *s);
+    ndm__ablk *b = blk_new(p);
+    void *ptr = NULL;
+    if (!s || !b || p->src->map(p->src->ctx, seg_size, &ptr) < 0 || !ptr) {
+        free(s);
+        if (b)
+            blk_put(p, b);
+        return NULL;
+    }
+    *s = (ndm__aseg){.addr = (uintptr_t)ptr, .size = seg_size, .base = ptr, .pool = (uint8_t)pool,
+                     .pinned = pinned};
+    link_segment(p, s);
+    b->addr = s->addr;
+    b->size = seg_size;
+    b->seg = s;
+    b->pool = (uint8_t)pool;
+    s->head = b;
+    p->reserved += seg_size;
+    stat_add(p, p->st.segment, pool, 1, -1);
+    stat_add(p, p->st.reserved_bytes, pool, (int64_t)seg_size, -1);
+    if (seg_size >= p->set.max_split_size)
+        stat_inc1(&p->st.oversize_segments, 1);
+    p->st.num_device_alloc++;
+    ndm__hist_event(p, NDM__EV_SEGMENT_ALLOC, s->addr, seg_size, NULL, NULL, NULL, 0);
+    return b;
+}
+
+/* Unmap the segment of free block b, which spans it (it is in the tree). */
+static void release_block(ndm__pool *p, ndm__ablk *b)
+{
+    ndm__aseg *s = b->seg;
+    tree_remove(p, b);
+    p->st.num_device_free++;
+    ndm__hist_event(p, NDM__EV_SEGMENT_FREE, s->addr, s->size, NULL, NULL, NULL, 0);
+    p->src->unmap(p->src->ctx, s->base, s->size);
+    p->reserved -= s->size;
+    stat_add(p, p->st.segment, s->pool, -1, -1);
+    stat_add(p, p->st.reserved_bytes, s->pool, -(int64_t)s->size, -1);
+    if (s->size >= p->set.max_split_size)
+        stat_inc1(&p->st.oversize_segments, -1);
+    if (s == p->arena) {
+        p->arena = NULL;
+        p->arena_tried = false;
+    }
+    unlink_segment(p, s);
+    free(s);
+    blk_put(p, b);
+}
+
+static bool releasable(const ndm__ablk *b) { return !is_split(b) && !b->seg->pinned; }
+
+/* The first whole free segment of a subtree, in (size, address) order. */
+static ndm__ablk *first_releasable(ndm__ablk *t, bool include_pinned)
+{
+    if (!t)
+        return NULL;
+    ndm__ablk *b = first_releasable(t->left, include_pinned);
+    if (b)
+        return b;
+    if (!is_split(t) && (include_pinned || !t->seg->pinned))
+        return t;
+    return first_releasable(t->right, include_pinned);
+}
+
+/* Free every whole free segment of one pool. */
+static void release_pool(ndm__pool *p, int pool, bool include_pinned)
+{
+    size_t n = tree_count(p->tree[pool]);
+    if (!n)
+        return;
+    ndm__ablk **v = malloc(n * sizeof *v);
+    if (!v) {
+        /* No room for the list: one at a time. */
+        ndm__ablk *b;
+        while ((b = first_releasable(p->tree[pool], include_pinned)))
+            release_block(p, b);
+        return;
+    }
+    n = tree_collect(p->tree[pool], v, 0, n);
+    for (size_t i = 0; i < n; i++)
+        if (!is_split(v[i]) && (include_pinned || !v[i]->seg->pinned))
+            release_block(p, v[i]);
+    free(v);
+}
+
+/* PyTorch's release_cached_blocks: every thread cache is flushed first so
+ * its blocks can merge, then every whole free segment goes back. */
+static void release_cached(ndm__pool *p, bool count)
+{
+    if (count)
+        p->st.num_sync_all_streams++;
+    ndm__tc_freeze_all(p, true);
+    release_pool(p, NDM__POOL_LARGE, false);
+    release_pool(p, NDM__POOL_SMALL, false);
+}
+
+/* PyTorch's release_available_cached_blocks (only with max_split_size set):
+ * free one oversize block that covers the request, or oversize blocks from
+ * the largest down until enough is freed. */
+static bool release_available(ndm__pool *p, int pool, size_t size)
+{
+    size_t max_split = p->set.max_split_size;
+    if (max_split == SIZE_MAX)
+        return false;
+    size_t target = size < max_split ? max_split : size;
+    ndm__ablk *b = tree_lower_bound(p->tree[pool], target);
+    if (b && !releasable(b))
+        b = NULL;
+    if (b) {
+        release_block(p, b);
+        return true;
+    }
+    size_t n = tree_count(p->tree[pool]);
+    ndm__ablk **v = n ? malloc(n * sizeof *v) : NULL;
+    if (!v)
+        return false;
+    n = tree_collect(p->tree[pool], v, 0, n);
+    size_t freed = 0;
+    for (size_t i = n; i-- > 0 && freed < target;) {
+        if (v[i]->size < max_split)
+            break;
+        if (!releasable(v[i]))
+            continue;
+        freed += v[i]->size;
+        release_block(p, v[i]);
+    }
+    free(v);
+    return freed >= target;
+}
+
+/* PyTorch's age-based collection, without its need for a memory fraction:
+ * the threshold is a share of memory_limit_mb or of the device's total. */
+static void garbage_collect(ndm__pool *p)
+{
+    size_t base = p->set.memory_limit;
+    if (!base && p->src->mem_info) {
+        size_t fr = 0, total = 0;
+        if (p->src->mem_info(p->src->ctx, &fr, &total) == NDM_OK)
+            base = total;
+    }
+    if (!base)
+        return;
+    size_t threshold = (size_t)(p->set.gc_threshold * (double)base);
+    if (p->reserved <= threshold)
+        return;
+    size_t target = p->reserved - threshold, reclaimed = 0;
+    ndm__ablk **v = NULL;
+    size_t n = tree_count(p->tree[NDM__POOL_LARGE]);
+    if (!n || !(v = malloc(n * sizeof *v)))
+        return;
+    n = tree_collect(p->tree[NDM__POOL_LARGE], v, 0, n);
+    double total_age = 0;
+    size_t count = 0;
+    uint64_t now = p->searches[NDM__POOL_LARGE];
+    for (size_t i = 0; i < n; i++) {
+        if (releasable(v[i])) {
+            total_age += (double)(now - v[i]->gc_base);
+            count++;
+        } else {
+            v[i] = NULL;
+        }
+    }
+    bool freed_one = true;
+    while (reclaimed < target && freed_one && count > 0) {
+        double threshold_age = total_age / (double)count;
+        freed_one = false;
+        for (size_t i = 0; i < n; i++) {
+            if (!v[i] || (double)(now - v[i]->gc_base) < threshold_age)
+                continue;
+            freed_one = true;
+            reclaimed += v[i]->size;
+            total_age -= (double)(now - v[i]->gc_base);
+            count--;
+            release_block(p, v[i]);
+            v[i] = NULL;
+        }
+    }
+    free(v);
+}
+
+/* The preallocated arena: one pinned segment, mapped at first use. */
+static void map_arena(ndm__pool *p)
+{
+    p->arena_tried = true;
+    size_t base = p->set.memory_limit;
+    if (!base && p->src->mem_info) {
+        size_t fr = 0, total = 0;
+        if (p->src->mem_info(p->src->ctx, &fr, &total) == NDM_OK)
+            base = fr;
+    }
+    size_t size = (size_t)(p->set.preallocate_fraction * (double)base);
+    size = size / NDM__ROUND_LARGE * NDM__ROUND_LARGE;
+    if (!size)
+        return;
+    ndm__ablk *b = map_block(p, NDM__POOL_LARGE, size, false, true);
+    if (!b)
+        return;
+    p->arena = b->seg;
+    tree_insert(p, b);
+}
+
+/* ---- allocation and free under the lock ----------------------------------------------- */
+
+/* Hand out block b for a request of `size` (rounded) bytes, `req` asked.
+ * `from_cache`: b came from a thread cache with its inactive figures moved,
+ * and has the exact size. */
+static ndm__ablk *alloc_found(ndm__pool *p, ndm__ablk *b, size_t size, size_t req,
+                              bool from_cache)
+{
+    int pool = b->pool;
+    bool already_split = is_split(b);
+    /* The front becomes the allocation; the tail stays free. Without a
+     * record for the front, the whole block is handed out. */
+    ndm__ablk *front = !from_cache && should_split(p, b, size) ? blk_new(p) : NULL;
+    if (front) {
+        ndm__ablk *rem = b;
+        front->addr = rem->addr;
+        front->size = size;
+        front->seg = rem->seg;
+        front->pool = rem->pool;
+        front->prev = rem->prev;
+        if (front->prev)
+            front->prev->next = front;
+        else
+            rem->seg->head = front;
+        front->next = rem;
+        rem->prev = front;
+        rem->addr += size;
+        rem->size -= size;
+        tree_insert(p, rem);
+        if (already_split) {
+            stat_add(p, p->st.inactive_split_bytes, pool, -(int64_t)size, NDM__G_FB);
+        } else {
+            stat_add(p, p->st.inactive_split_bytes, pool, (int64_t)rem->size, NDM__G_FB);
+            stat_add(p, p->st.inactive_split, pool, 1, NDM__G_FN);
+        }
+        b = front;
+    } else if (already_split && !from_cache) {
+        stat_add(p, p->st.inactive_split_bytes, pool, -(int64_t)b->size, NDM__G_FB);
+        stat_add(p, p->st.inactive_split, pool, -1, NDM__G_FN);
+    }
+    atomic_store_explicit(&b->state, NDM__B_ALLOCATED, memory_order_relaxed);
+    b->requested = req;
+    stat_add(p, p->st.allocation, pool, 1, NDM__G_N);
+    stat_add(p, p->st.allocated_bytes, pool, (int64_t)b->size, NDM__G_B);
+    stat_add(p, p->st.active, pool, 1, NDM__G_N);
+    stat_add(p, p->st.active_bytes, pool, (int64_t)b->size, NDM__G_B);
+    stat_add(p, p->st.requested_bytes, pool, (int64_t)req, NDM__G_R);
+    if (b->size >= p->set.max_split_size)
+        stat_inc1(&p->st.oversize_allocations, 1);
+    p->cum_alloc += (int64_t)b->size;
+    return b;
+}
+
+/* Put free block b into the tree, merging with free neighbours (PyTorch's
+ * free_block). `counted`: b already counts as an inactive split block (it
+ * comes from a thread cache); otherwise it was active until now. */
+static void free_block(ndm__pool *p, ndm__ablk *b, bool counted)
+{
+    int pool = b->pool;
+    size_t orig = b->size, req = b->requested;
+    int64_t dn = counted ? -1 : 0, db = counted ? -(int64_t)orig : 0;
+    ndm__ablk *cands[2] = {b->prev, b->next};
+    for (int i = 0; i < 2; i++) {
+        ndm__ablk *c = cands[i];
+        if (!c || atomic_load_explicit(&c->state, memory_order_relaxed) != NDM__B_FREE)
+            continue;
+        tree_remove(p, c);
+        if (c == b->prev) {
+            b->addr = c->addr;
+            b->prev = c->prev;
+            if (b->prev)
+                b->prev->next = b;
+            else
+                b->seg->head = b;
+        } else {
+            b->next = c->next;
+            if (b->next)
+                b->next->prev = b;
+        }
+        b->size += c->size;
+        dn -= 1;
+        db -= (int64_t)c->size;
+        blk_put(p, c);
+    }
+    b->requested = 0;
+    b->file = b->func = NULL;
+    b->line = 0;
+    atomic_store_explicit(&b->mgr, 0, memory_order_relaxed);
+    if (b->path) {
+        ndm__rstr_unref(b->path);
+        b->path = NULL;
+    }
+    tree_insert(p, b);
+    if (is_split(b)) {
+        dn += 1;
+        db += (int64_t)b->size;
+    }
+    if (dn)
+        stat_add(p, p->st.inactive_split, pool, dn, NDM__G_FN);
+    if (db)
+        stat_add(p, p->st.inactive_split_bytes, pool, db, NDM__G_FB);
+    if (!counted) {
+        stat_add(p, p->st.active, pool, -1, NDM__G_N);
+        stat_add(p, p->st.active_bytes, pool, -(int64_t)orig, NDM__G_B);
+        stat_add(p, p->st.requested_bytes, pool, -(int64_t)req, NDM__G_R);
+    }
+}
+
+void ndm__core_free_block(ndm__pool *p, ndm__ablk *b) { free_block(p, b, true); }
+
+/* ---- the calling thread's cache, under the lock ------------------------------------------- */
+
+/* Whether b may wait in a thread cache: a piece of a split small segment. */
+static bool cacheable(const ndm__pool *p, const ndm__tcache *tc, const ndm__ablk *b)
+{
+    return tc && p->tc_allowed && b->pool == NDM__POOL_SMALL && b->size <= NDM__TC_MAX_SIZE &&
+           b->size != b->seg->size &&
+           atomic_load_explicit(&tc->bins[ndm__tc_index(b->size)].count, memory_order_relaxed) <
+               NDM__TC_BIN_MAX &&
+           tc->cached_bytes + (int64_t)b->size <= NDM__TC_MAX_BYTES;
+}
+
+/* An allocated block goes into the cache with its figures moved here, where
+ * peaks can rise (the fast path may only stay below them). */
+static void cache_put_locked(ndm__pool *p, ndm__tcache *tc, ndm__ablk *b)
+{
+    int pool = b->pool;
+    int64_t size = (int64_t)b->size;
+    stat_add(p, p->st.active, pool, -1, NDM__G_N);
+    stat_add(p, p->st.active_bytes, pool, -size, NDM__G_B);
+    stat_add(p, p->st.requested_bytes, pool, -(int64_t)b->requested, NDM__G_R);
+    stat_add(p, p->st.inactive_split, pool, 1, NDM__G_FN);
+    stat_add(p, p->st.inactive_split_bytes, pool, size, NDM__G_FB);
+    ndm__tbin *bin = &tc->bins[ndm__tc_index(b->size)];
+    atomic_store_explicit(&b->cache, tc, memory_order_relaxed);
+    atomic_store_explicit(&b->state, NDM__B_CACHED, memory_order_relaxed);
+    b->link = bin->head;
+    bin->head = b;
+    atomic_store_explicit(&bin->count, atomic_load_explicit(&bin->count, memory_order_relaxed) + 1,
+                          memory_order_relaxed);
+    tc->cached_bytes += size;
+}
+
+/* A cached block of exactly `size` bytes, taken for an allocation. */
+static ndm__ablk *cache_take_locked(ndm__pool *p, ndm__tcache *tc, size_t size)
+{
+    if (!tc || !p->tc_allowed || size > NDM__TC_MAX_SIZE)
+        return NULL;
+    ndm__tbin *bin = &tc->bins[ndm__tc_index(size)];
+    ndm__ablk *b = bin->head;
+    if (!b)
+        return NULL;
+    bin->head = b->link;
+    b->link = NULL;
+    atomic_store_explicit(&bin->count, atomic_load_explicit(&bin->count, memory_order_relaxed) - 1,
+                          memory_order_relaxed);
+    tc->cached_bytes -= (int64_t)size;
+    stat_add(p, p->st.inactive_split, b->pool, -1, NDM__G_FN);
+    stat_add(p, p->st.inactive_split_bytes, b->pool, -(int64_t)size, NDM__G_FB);
+    return b;
+}
+
+/* One attempt: search, collect garbage, map a segment. Before a small
+ * segment is mapped, the calling thread's cached blocks go back if merging
+ * them with their free neighbours makes room for the request, so the cache
+ * does not cost memory that PyTorch's policy would not have taken. */
+static ndm__ablk *attempt(ndm__pool *p, ndm__tcache *tc, size_t size)
+{
+    int pool = pool_for(p, size);
+    if (p->set.strategy == NDM__PREALLOCATE && !p->arena_tried)
+        map_arena(p);
+    ndm__ablk *b = p->set.strategy == NDM__SYSTEM ? NULL : get_free_block(p, pool, size);
+    if (!b && pool == NDM__POOL_SMALL && tc && tc->cached_bytes &&
+        ndm__tc_flush_mergeable(p, tc, size))
+        b = get_free_block(p, pool, size);
+    if (b)
+        return b;
+    if (p->set.gc_threshold > 0)
+        garbage_collect(p);
+    return map_block(p, pool, segment_size_for(p, size), false, false);
+}
+
+/* The last resorts, as PyTorch: free oversize blocks and retry the device,
+ * then flush everything, search again and retry. */
+static ndm__ablk *attempt_after_release(ndm__pool *p, size_t size)
+{
+    int pool = pool_for(p, size);
+    size_t seg = segment_size_for(p, size);
+    ndm__ablk *b = NULL;
+    if (release_available(p, pool, size))
+        b = map_block(p, pool, seg, false, false);
+    if (b)
+        return b;
+    release_cached(p, true);
+    if (p->set.strategy != NDM__SYSTEM)
+        b = get_free_block(p, pool, size);
+    return b ? b : map_block(p, pool, seg, true, false);
+}
+
+static void set_tag(ndm__ablk *b, const ndm__alloc_tag *tag, ndm__rstr *path)
+{
+    b->file = tag ? tag->file : NULL;
+    b->func = tag ? tag->func : NULL;
+    b->line = tag ? tag->line : 0;
+    atomic_store_explicit(&b->mgr, tag ? tag->manager : 0, memory_order_relaxed);
+    if (b->path)
+        ndm__rstr_unref(b->path);
+    b->path = path ? ndm__rstr_ref(path) : NULL;
+}
+
+/* Start of a slow operation of this thread: its cache's counters join the
+ * shared figures. */
+static ndm__tcache *slow_begin(ndm__pool *p)
+{
+    ndm__tcache *tc = ndm__tc_get_locked(p);
+    if (tc) {
+        ndm__tc_fold(p, tc);
+        if (!p->tc_allowed && tc->cached_bytes)
+            ndm__tc_flush(p, tc);
+    }
+    return tc;
+}
+
+static void slow_end(ndm__pool *p, ndm__tcache *tc)
+{
+    if (tc)
+        ndm__tc_grant(p, tc);
+}
+
+/* Whether another pressure_every_mb has been allocated since the last run. */
+static bool pressure_due(ndm__pool *p)
+{
+    size_t every = p->set.pressure_every;
+    if (!every)
+        return false;
+    int64_t total = p->cum_alloc;
+    for (ndm__tcache *tc = p->caches; tc; tc = tc->next)
+        total += atomic_load_explicit(&tc->b_alloc, memory_order_relaxed);
+    if (total < p->next_pressure)
+        return false;
+    p->next_pressure = (total / (int64_t)every + 1) * (int64_t)every;
+    return true;
+}
+
+static void finish_alloc(ndm__pool *p, ndm__ablk *b, size_t size, size_t req,
+                         const ndm__alloc_tag *tag, ndm__rstr *path, ndm__block *out,
+                         bool from_cache)
+{
+    b = alloc_found(p, b, size, req, from_cache);
+    set_tag(b, tag, path);
+    ndm__hist_event(p, NDM__EV_ALLOC, b->addr, req, b->path, b->file, b->func, b->line);
+    ndm__trace_alloc(p, b, req);
+    out->ptr = (void *)b->addr;
+    out->cookie = b;
+    out->size = b->size;
+}
+
+const char *ndm__fmt_size(size_t n, char *buf, size_t len)
+{
+    if (n <= 1024)
+        snprintf(buf, len, "%zu bytes", n);
+    else if (n <= ((size_t)1 << 20))
+        snprintf(buf, len, "%.2f KiB", (double)n / 1024.0);
+    else if (n <= ((size_t)1 << 30))
+        snprintf(buf, len, "%.2f MiB", (double)n / (1024.0 * 1024.0));
+    else
+        snprintf(buf, len, "%.2f GiB", (double)n / (1024.0 * 1024.0 * 1024.0));
+    return buf;
+}
+
+static ndm_status oom(ndm__pool *p, size_t req, size_t size)
+{
+    char s_req[32], s_round[32], s_alloc[32], s_res[32], s_free[32], s_large[32], s_lim[48];
+    char s_dfree[32], s_dtotal[32];
+    ndm__pool_lock(p);
+    p->st.num_ooms++;
+    size_t dfree = 0, dtotal = 0;
+    if (p->src->mem_info)
+        (void)p->src->mem_info(p->src->ctx, &dfree, &dtotal);
+    ndm__hist_event(p, NDM__EV_OOM, dfree, req, NULL, NULL, NULL, 0);
+    ndm_memory_stats st = p->st;
+    int64_t largest_cached = 0;
+    ndm__tc_add_unfolded(p, &st, &largest_cached);
+    ndm__ablk *l0 = tree_max(p->tree[0]), *l1 = tree_max(p->tree[1]);
+    size_t largest = (size_t)largest_cached;
+    if (l0 && l0->size > largest)
+        largest = l0->size;
+    if (l1 && l1->size > largest)
+        largest = l1->size;
+    size_t limit = p->set.memory_limit;
+    ndm__pool_unlock(p);
+    int64_t allocated = st.allocated_bytes[NDM_POOL_ALL].current;
+    int64_t reserved = st.reserved_bytes[NDM_POOL_ALL].current;
+    if (limit)
+        ndm__fmt_size(limit, s_lim, sizeof s_lim);
+    else
+        snprintf(s_lim, sizeof s_lim, "none");
+    char managers[512] = "";
+    if (p->real_device)
+        ndm__report_managers(p->device, managers, sizeof managers);
+    char dev[96] = "";
+    if (dtotal)
+        snprintf(dev, sizeof dev, "; the device has %s free of %s",
+                 ndm__fmt_size(dfree, s_dfree, sizeof s_dfree),
+                 ndm__fmt_size(dtotal, s_dtotal, sizeof s_dtotal));
+    /* The manager layer prefixes this with the caller's name and site. */
+    return ndm__fail(
+        NDM_E_OOM, NULL, NDM__NO_SITE,
+        "out of memory on %s: tried to allocate %s (%s rounded); %s allocated, %s reserved "
+        "(%s free in the cache, largest free block %s), limit %s%s%s%s",
+        p->name, ndm__fmt_size(req, s_req, sizeof s_req),
+        ndm__fmt_size(size, s_round, sizeof s_round),
+        ndm__fmt_size((size_t)allocated, s_alloc, sizeof s_alloc),
+        ndm__fmt_size((size_t)reserved, s_res, sizeof s_res),
+        ndm__fmt_size((size_t)(reserved - allocated), s_free, sizeof s_free),
+        ndm__fmt_size(largest, s_large, sizeof s_large), s_lim, dev,
+        managers[0] ? "; managers holding the most: " : "", managers);
+}
+
+static ndm_status alloc_slow(ndm__pool *p, size_t req, size_t size, const ndm__alloc_tag *tag,
+                             ndm__block *out)
+{
+    ndm__rstr *path = NULL;
+    if (atomic_load_explicit(&ndm__instrumented, memory_order_relaxed) && p->real_device && tag &&
+        tag->manager && ndm__hist_recording())
+        path = ndm__describe_manager(tag->manager);
+    ndm_status st = NDM_OK;
+    bool periodic = false, failed = false;
+    /* Only small-pool operations touch the thread cache; the others leave
+     * its counters and grant alone (the peak checks count them). */
+    ndm__pool_lock(p);
+    bool small = pool_for(p, size) == NDM__POOL_SMALL;
+    ndm__tcache *tc = small ? slow_begin(p) : NULL;
+    ndm__ablk *b = cache_take_locked(p, tc, size);
+    bool from_cache = b != NULL;
+    if (!b)
+        b = attempt(p, tc, size);
+    if (b) {
+        finish_alloc(p, b, size, req, tag, path, out, from_cache);
+        periodic = pressure_due(p);
+    }
+    slow_end(p, tc);
+    ndm__pool_unlock(p);
+    if (!b) {
+        /* The device has nothing more: let the program release what it can,
+         * with no lock held, then search again. */
+        failed = ndm__pressure_run(p, NDM_PRESSURE_FAILED, req);
+        ndm__pool_lock(p);
+        small = pool_for(p, size) == NDM__POOL_SMALL;
+        tc = small ? slow_begin(p) : NULL;
+        if (failed) {
+            int pool = pool_for(p, size);
+            b = p->set.strategy == NDM__SYSTEM ? NULL : get_free_block(p, pool, size);
+            if (!b)
+                b = map_block(p, pool, segment_size_for(p, size), false, false);
+        }
+        if (!b)
+            b = attempt_after_release(p, size);
+        if (b) {
+            finish_alloc(p, b, size, req, tag, path, out, false);
+            periodic = pressure_due(p);
+        }
+        slow_end(p, tc);
+        ndm__pool_unlock(p);
+        if (!b)
+            st = oom(p, req, size);
+    }
+    if (path)
+        ndm__rstr_unref(path);
+    if (periodic)
+        ndm__pressure_run(p, NDM_PRESSURE_PERIODIC, req);
+    return st;
+}
+
+ndm_status ndm__pool_alloc(ndm__pool *p, size_t nbytes, const ndm__alloc_tag *tag,
+                           ndm__block *out)
+{
+    if (__builtin_expect(nbytes > (SIZE_MAX >> 2), 0)) {
+        char s[32];
+        memset(out, 0, sizeof *out);
+        return ndm__fail(NDM_E_OOM, NULL, NDM__NO_SITE,
+                         "out of memory on %s: tried to allocate %s, more than any device holds",
+                         p->name, ndm__fmt_size(nbytes, s, sizeof s));
+    }
+    size_t size = round_size(p, nbytes);
+    if (size <= NDM__TC_MAX_SIZE && ndm__tc_try_alloc(p, size, nbytes, tag, out))
+        return NDM_OK;
+    ndm_status st = alloc_slow(p, nbytes, size, tag, out);
+    if (st < 0)
+        memset(out, 0, sizeof *out);
+    return st;
+}
+
+void ndm__pool_free(ndm__pool *p, ndm__block *blk)
+{
+    ndm__ablk *b = blk->cookie;
+    memset(blk, 0, sizeof *blk);
+    if (!b)
+        return;
+    if (ndm__tc_try_free(p, b))
+        return;
+    int pool = b->pool;
+    ndm__pool_lock(p);
+    ndm__tcache *tc = pool == NDM__POOL_SMALL ? slow_begin(p) : NULL;
+    stat_add(p, p->st.allocation, pool, -1, NDM__G_N);
+    stat_add(p, p->st.allocated_bytes, pool, -(int64_t)b->size, NDM__G_B);
+    if (b->size >= p->set.max_split_size)
+        stat_inc1(&p->st.oversize_allocations, -1);
+    if (cacheable(p, tc, b)) {
+        cache_put_locked(p, tc, b);
+        slow_end(p, tc);
+        ndm__pool_unlock(p);
+        return;
+    }
+    ndm__hist_event(p, NDM__EV_FREE_REQUESTED, b->addr, b->requested, b->path, b->file, b->func,
+                    b->line);
+    ndm__trace_free(p, b);
+    ndm__hist_event(p, NDM__EV_FREE_COMPLETED, b->addr, b->requested, b->path, b->file, b->func,
+                    b->line);
+    free_block(p, b, false);
+    if (p->set.strategy == NDM__SYSTEM && !is_split(b))
+        release_block(p, b);
+    slow_end(p, tc);
+    ndm__pool_unlock(p);
+}
+
+/* ---- lifecycle ------------------------------------------------------------------------ */
+
+static void update_tc_allowed(ndm__pool *p)
+{
+    p->tc_allowed = ndm__tc_supported && p->slot >= 0 && p->set.thread_cache &&
+                    p->set.strategy == NDM__AUTO_GROWTH && !p->hist &&
+                    !(atomic_load_explicit(&ndm__instrumented, memory_order_relaxed) & 2);
+}
+
+ndm__pool *ndm__pool_new(const ndm__segment_source *src, ndm_device device, const char *name,
+                         bool real_device)
+{
+    ndm__pool *p = calloc(1, sizeof *p);
+    if (!p)
+        return NULL;
+    pthread_mutex_init(&p->lock, NULL);
+    p->src = src;
+    p->device = device;
+    p->real_device = real_device;
+    snprintf(p->name, sizeof p->name, "%s", name);
+    ndm__settings_default(&p->set);
+    p->prio_seed = 0x9e3779b9u ^ (uint32_t)(uintptr_t)p;
+    if (!p->prio_seed)
+        p->prio_seed = 1;
+    p->st.max_split_size = -1;
+    p->slot = ndm__tc_slot_acquire(&p->gen);
+    update_tc_allowed(p);
+    return p;
+}
+
+void ndm__pool_destroy(ndm__pool *p)
+{
+    if (!p)
+        return;
+    if (p->slot >= 0)
+        ndm__tc_slot_release(p->slot);
+    ndm__pool_lock(p);
+    ndm__tc_drop_all(p);
+    for (ndm__aseg *s = p->segs, *n; s; s = n) {
+        n = s->next;
+        p->src->unmap(p->src->ctx, s->base, s->size);
+        free(s);
+    }
+    p->segs = NULL;
+    ndm__hist_drop(p);
+    for (size_t i = 0; i < p->nchunks; i++) {
+        ndm__ablk *c = p->chunks[i];
+        for (int k = 0; k < RECORDS_PER_CHUNK; k++)
+            if (c[k].path)
+                ndm__rstr_unref(c[k].path);
+        free(c);
+    }
+    free(p->chunks);
+    ndm__pool_unlock(p);
+    pthread_mutex_destroy(&p->lock);
+    free(p);
+}
+
+
+ndm_status ndm__pool_configure(ndm__pool *p, const ndm__settings *s, const char *conf)
+{
+    ndm__pool_lock(p);
+    ndm__tcache *tc = slow_begin(p);
+    release_cached(p, false);
+    if (p->arena) {
+        /* A free arena goes; one still in use stays, pinned only while the
+         * strategy is still preallocate. */
+        ndm__ablk *h = p->arena->head;
+        if (!is_split(h) && atomic_load_explicit(&h->state, memory_order_relaxed) == NDM__B_FREE) {
+            release_block(p, h);
+        } else if (s->strategy != NDM__PREALLOCATE) {
+            p->arena->pinned = false;
+            p->arena = NULL;
+        }
+    }
+    p->set = *s;
+    for (int k = 0; k < NDM__DIV_INTERVALS; k++)
+        atomic_store_explicit(&p->divisions[k], s->divisions[k], memory_order_relaxed);
+    p->arena_tried = p->arena != NULL;
+    p->st.max_split_size = s->max_split_size == SIZE_MAX ? -1 : (int64_t)s->max_split_size;
+    p->next_pressure = s->pressure_every ? p->cum_alloc + (int64_t)s->pressure_every : 0;
+    snprintf(p->conf, sizeof p->conf, "%s", conf ? conf : "");
+    update_tc_allowed(p);
+    slow_end(p, tc);
+    ndm__pool_unlock(p);
+    return NDM_OK;
+}
+
+void ndm__pool_refresh(ndm__pool *p)
+{
+    update_tc_allowed(p);
+    if (!p->tc_allowed)
+        ndm__tc_freeze_all(p, true);
+}
+
+void ndm__pool_settings(ndm__pool *p, ndm__settings *out, char *conf, size_t n)
+{
+    ndm__pool_lock(p);
+    *out = p->set;
+    if (conf)
+        snprintf(conf, n, "%s", p->conf);
+    ndm__pool_unlock(p);
+}
+
+/* ---- statistics and maintenance ----------------------------------------------------------- */
+
+void ndm__pool_stats(ndm__pool *p, ndm_memory_stats *out)
+{
+    ndm__pool_lock(p);
+    *out = p->st;
+    int64_t largest = 0;
+    ndm__tc_add_unfolded(p, out, &largest);
+    for (int pool = 0; pool < 2; pool++) {
+        ndm__ablk *m = tree_max(p->tree[pool]);
+        if (m && (int64_t)m->size > largest)
+            largest = (int64_t)m->size;
+    }
+    out->memory_limit = (int64_t)p->set.memory_limit;
+    ndm__pool_unlock(p);
+    out->largest_free_block = largest;
+    out->free_bytes =
+        out->reserved_bytes[NDM_POOL_ALL].current - out->allocated_bytes[NDM_POOL_ALL].current;
+    out->fragmentation =
+        out->free_bytes > 0 ? (double)(out->free_bytes - largest) / (double)out->free_bytes : 0;
+    size_t fr = 0, total = 0;
+    if (p->src->mem_info && p->src->mem_info(p->src->ctx, &fr, &total) == NDM_OK) {
+        out->device_free = (int64_t)fr;
+        out->device_total = (int64_t)total;
+    }
+}
+
+static void each_stat(ndm_memory_stats *s, void (*fn)(ndm_memory_stat *))
+{
+    ndm_memory_stat *groups[] = {s->allocation,     s->segment,        s->active,
+                                 s->inactive_split, s->allocated_bytes, s->reserved_bytes,
+                                 s->active_bytes,   s->inactive_split_bytes, s->requested_bytes};
+    for (size_t g = 0; g < sizeof groups / sizeof *groups; g++)
+        for (int k = 0; k < NDM_POOL_COUNT; k++)
+            fn(&groups[g][k]);
+    fn(&s->oversize_allocations);
+    fn(&s->oversize_segments);
+}
+
+static void peak_to_current(ndm_memory_stat *x) { x->peak = x->current; }
+static void zero_sums(ndm_memory_stat *x) { x->allocated = x->freed = 0; }
+
+void ndm__pool_reset_peaks(ndm__pool *p)
+{
+    ndm__pool_lock(p);
+    ndm__tcache *tc = slow_begin(p);
+    ndm__tc_freeze_all(p, false);
+    each_stat(&p->st, peak_to_current);
+    slow_end(p, tc);
+    ndm__pool_unlock(p);
+}
+
+void ndm__pool_reset_accumulated(ndm__pool *p)
+{
+    ndm__pool_lock(p);
+    ndm__tcache *tc = slow_begin(p);
+    ndm__tc_freeze_all(p, false);
+    each_stat(&p->st, zero_sums);
+    p->st.num_alloc_retries = p->st.num_ooms = p->st.num_sync_all_streams = 0;
+    p->st.num_device_alloc = p->st.num_device_free = p->st.num_pressure_calls = 0;
+    slow_end(p, tc);
+    ndm__pool_unlock(p);
+}
+
+void ndm__pool_empty_cache(ndm__pool *p)
+{
+    ndm__pool_lock(p);
+    ndm__tcache *tc = slow_begin(p);
+    release_cached(p, true);
+    slow_end(p, tc);
+    ndm__pool_unlock(p);
+}
+
+/* ---- snapshots ----------------------------------------------------------------------------- */
+
+static int seg_cmp(const void *a, const void *b)
+{
+    const ndm__snap_seg *x = a, *y = b;
+    return x->addr < y->addr ? -1 : x->addr > y->addr;
+}
+
+ndm_status ndm__pool_snapshot(ndm__pool *p, ndm__snapshot *out)
+{
+    memset(out, 0, sizeof *out);
+    ndm__pool_lock(p);
+    ndm__tcache *tc = slow_begin(p);
+    /* The caches stop so their blocks can be read; they restart at their
+     * owners' next shared operation. */
+    ndm__tc_freeze_all(p, false);
+    size_t nsegs = 0, nblocks = 0;
+    for (ndm__aseg *s = p->segs; s; s = s->next) {
+        nsegs++;
+        for (ndm__ablk *b = s->head; b; b = b->next)
+            nblocks++;
+    }
+    out->segs = malloc((nsegs ? nsegs : 1) * sizeof *out->segs);
+    out->blocks = malloc((nblocks ? nblocks : 1) * sizeof *out->blocks);
+    if (!out->segs || !out->blocks) {
+        slow_end(p, tc);
+        ndm__pool_unlock(p);
+        ndm__snapshot_free(out);
+        return NDM_E_OOM;
+    }
+    size_t k = 0, j = 0;
+    for (ndm__aseg *s = p->segs; s; s = s->next) {
+        ndm__snap_seg *g = &out->segs[k++];
+        *g = (ndm__snap_seg){s->addr, s->size, s->pool, s->pinned, j, 0};
+        for (ndm__ablk *b = s->head; b; b = b->next) {
+            int state = atomic_load_explicit(&b->state, memory_order_relaxed);
+            uint32_t mgr = atomic_load_explicit(&b->mgr, memory_order_relaxed);
+            out->blocks[j++] = (ndm__snap_block){
+                .addr = b->addr,
+                .size = b->size,
+                .requested = state == NDM__B_ALLOCATED ? b->requested : 0,
+                .state = state == NDM__B_ALLOCATED ? NDM__B_ALLOCATED : NDM__B_FREE,
+                .mgr = state == NDM__B_ALLOCATED ? mgr : 0,
+                .file = state == NDM__B_ALLOCATED ? b->file : NULL,
+                .func = state == NDM__B_ALLOCATED ? b->func : NULL,
+                .line = state == NDM__B_ALLOCATED ? b->line : 0,
+                .path = state == NDM__B_ALLOCATED && b->path ? ndm__rstr_ref(b->path) : NULL,
+            };
+            g->count++;
+        }
+    }
+    ndm__hist_event(p, NDM__EV_SNAPSHOT, 0, 0, NULL, NULL, NULL, 0);
+    slow_end(p, tc);
+    ndm__pool_unlock(p);
+    out->nsegs = nsegs;
+    out->nblocks = nblocks;
+    qsort(out->segs, nsegs, sizeof *out->segs, seg_cmp);
+    return NDM_OK;
+}
+
+void ndm__snapshot_free(ndm__snapshot *s)
+{
+    if (s->blocks)
+        for (size_t i = 0; i < s->nblocks; i++)
+            if (s->blocks[i].path)
+                ndm__rstr_unref(s->blocks[i].path);
+    free(s->segs);
+    free(s->blocks);
+    memset(s, 0, sizeof *s);
+}
+
+/* ---- refcounted strings ------------------------------------------------------------------- */
+
+ndm__rstr *ndm__rstr_new(const char *s)
+{
+    size_t n = strlen(s);
+    ndm__rstr *r = malloc(sizeof *r + n + 1);
+    if (!r)
+        return NULL;
+    atomic_init(&r->refs, 1);
+    memcpy(r->s, s, n + 1);
+    return r;
+}
+
+ndm__rstr *ndm__rstr_ref(ndm__rstr *r)
+{
+    atomic_fetch_add_explicit(&r->refs, 1, memory_order_relaxed);
+    return r;
+}
+
+void ndm__rstr_unref(ndm__rstr *r)
+{
+    if (r && atomic_fetch_sub_explicit(&r->refs, 1, memory_order_acq_rel) == 1)
+        free(r);
+}

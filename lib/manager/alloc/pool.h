@@ -1,0 +1,472 @@
+/* Private to the allocator: the caching pool engine over one segment source,
+ * its settings, thread caches, history and the simulated device used by tests. */
+#ifndef NDM_ALLOC_POOL_H
+#define NDM_ALLOC_POOL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "alloc.h"
+#include "ndm/memory.h"
+
+/* PyTorch's constants, in bytes. */
+#define NDM__MIN_BLOCK ((size_t)512)
+#define NDM__SMALL_SIZE ((size_t)1 << 20)     /* largest small request */
+#define NDM__SMALL_BUFFER ((size_t)2 << 20)   /* small-pool segment */
+#define NDM__MIN_LARGE_ALLOC ((size_t)10 << 20)
+#define NDM__ROUND_LARGE ((size_t)2 << 20)
+#define NDM__MB ((size_t)1 << 20)
+#define NDM__DIV_INTERVALS 16                 /* 1 MiB .. 64 GiB */
+
+/* ---- settings --------------------------------------------------------------- */
+
+enum { NDM__AUTO_GROWTH = 0, NDM__PREALLOCATE = 1, NDM__SYSTEM = 2 };
+
+typedef struct ndm__settings {
+    int strategy;
+    double preallocate_fraction;
+    size_t memory_limit;          /* 0: none */
+    size_t max_split_size;        /* SIZE_MAX: unlimited */
+    size_t max_non_split_rounding;
+    size_t large_segment_size;
+    unsigned divisions[NDM__DIV_INTERVALS];
+    double gc_threshold;          /* 0: off */
+    size_t pressure_every;        /* 0: off */
+    bool thread_cache;
+} ndm__settings;
+
+void ndm__settings_default(ndm__settings *s);
+/* Parse `conf` onto the defaults for device `dev`. NDM_E_CONFIG with the
+ * reason in err (naming the key) on failure; *out is untouched then. */
+ndm_status ndm__settings_parse(const char *conf, ndm_device dev, ndm__settings *out, char *err,
+                               size_t n);
+/* "strategy:auto_growth,max_split_size_mb:..." (like snprintf). */
+int ndm__settings_str(const ndm__settings *s, char *buf, size_t n);
+/* The settings as the members of a JSON object (no braces). */
+void ndm__settings_json(const ndm__settings *s, FILE *f);
+const char *ndm__strategy_name(int strategy);
+
+/* ---- blocks and segments ---------------------------------------------------- */
+
+enum { NDM__POOL_SMALL = 0, NDM__POOL_LARGE = 1 };
+enum { NDM__B_FREE = 0, NDM__B_ALLOCATED = 1, NDM__B_CACHED = 2 };
+
+/* A refcounted string (manager paths kept by history entries and blocks). */
+typedef struct ndm__rstr {
+    atomic_uint refs;
+    char s[];
+} ndm__rstr;
+ndm__rstr *ndm__rstr_new(const char *s);
+ndm__rstr *ndm__rstr_ref(ndm__rstr *r);
+void ndm__rstr_unref(ndm__rstr *r);
+
+struct ndm__aseg;
+
+typedef struct ndm__ablk {
+    uintptr_t addr;
+    size_t size;
+    size_t requested;
+    struct ndm__aseg *seg;
+    struct ndm__ablk *prev, *next;   /* address neighbours in the segment */
+    struct ndm__ablk *left, *right;  /* free tree */
+    struct ndm__ablk *link;          /* thread cache bin, record free list */
+    uint64_t gc_base;                /* pool's search count when it became free */
+    uint32_t prio;
+    uint8_t pool;
+    _Atomic uint8_t state;           /* NDM__B_*; read by merges while a cache owns it */
+    _Atomic uint32_t mgr;            /* manager slot that owns the array (0: none) */
+    const char *file, *func;         /* creation site */
+    int line;
+    ndm__rstr *path;                 /* manager path when history recorded the alloc */
+    /* the cache holding it, while NDM__B_CACHED (read by others' merges) */
+    _Atomic(struct ndm__tcache *) cache;
+    uint64_t trace_id;
+} ndm__ablk;
+
+typedef struct ndm__aseg {
+    uintptr_t addr;
+    size_t size;
+    void *base;                      /* as the source returned it */
+    struct ndm__aseg *prev, *next;   /* the pool's segments */
+    ndm__ablk *head;                 /* first block by address */
+    uint8_t pool;
+    bool pinned;                     /* the preallocated arena: never unmapped by the cache */
+} ndm__aseg;
+
+/* ---- the pool -------------------------------------------------------------------- */
+
+/* Grant kinds: how far a thread cache may move the figures it touches without
+ * taking the pool lock. N/B/R bound the net allocations (count, bytes,
+ * requested bytes) since its last fold; FN/FB bound its net frees (they raise
+ * inactive_split); CUM bounds bytes allocated (pressure_every_mb). */
+enum { NDM__G_N, NDM__G_B, NDM__G_R, NDM__G_FN, NDM__G_FB, NDM__G_KINDS };
+
+struct ndm__tcache;
+struct ndm__history;
+
+typedef struct ndm__pool {
+    pthread_mutex_t lock;
+    const ndm__segment_source *src;
+    ndm_device device;
+    bool real_device;              /* reports managers on OOM */
+    char name[24];
+    int slot;                      /* thread-cache slot, -1: none */
+    uint32_t gen;
+    ndm__settings set;
+    char conf[512];                /* the string the settings came from */
+    /* set.divisions for the unlocked path: configure may change it while
+     * other threads allocate */
+    _Atomic unsigned divisions[NDM__DIV_INTERVALS];
+
+    ndm__ablk *tree[2];            /* free blocks by (size, address), per pool */
+    uint64_t searches[2];          /* age clock for garbage collection */
+    ndm__aseg *segs;
+    ndm__aseg *arena;              /* preallocated segment */
+    bool arena_tried;
+    ndm__ablk *spare;              /* unused block records */
+    void **chunks;                 /* record chunks, to free them */
+    size_t nchunks, chunks_cap;
+    uint32_t prio_seed;
+    size_t reserved;
+
+    ndm_memory_stats st;           /* the shared part; thread caches add theirs */
+    int64_t cum_alloc;             /* bytes allocated (for pressure_every_mb) */
+    int64_t next_pressure;
+
+    /* thread caches (tcache.c) */
+    struct ndm__tcache *caches;
+    int64_t granted[NDM__G_KINDS]; /* sums over the caches of their grants */
+    int64_t granted_cum;
+    bool tc_allowed;               /* settings and instrumentation allow caches */
+
+    /* instrumentation (history.c) */
+    struct ndm__history *hist;
+    uint64_t next_trace_id;
+} ndm__pool;
+
+/* Lifecycle. The source must outlive the pool. `device` is what messages and
+ * snapshots name; real_device: OOM messages list managers. */
+ndm__pool *ndm__pool_new(const ndm__segment_source *src, ndm_device device, const char *name,
+                         bool real_device);
+/* Destroy: every block must be free. Segments are unmapped. */
+void ndm__pool_destroy(ndm__pool *p);
+/* Apply settings: the cache is emptied first. */
+ndm_status ndm__pool_configure(ndm__pool *p, const ndm__settings *s, const char *conf);
+void ndm__pool_settings(ndm__pool *p, ndm__settings *out, char *conf, size_t n);
+/* Instrumentation started or stopped: caches follow (lock held). */
+void ndm__pool_refresh(ndm__pool *p);
+
+ndm_status ndm__pool_alloc(ndm__pool *p, size_t nbytes, const ndm__alloc_tag *tag,
+                           ndm__block *out);
+void ndm__pool_free(ndm__pool *p, ndm__block *blk);
+
+void ndm__pool_stats(ndm__pool *p, ndm_memory_stats *out);
+void ndm__pool_reset_peaks(ndm__pool *p);
+void ndm__pool_reset_accumulated(ndm__pool *p);
+void ndm__pool_empty_cache(ndm__pool *p);
+void ndm__pool_summary(ndm__pool *p, FILE *f);
+/* One figure by PyTorch's flattened key; false for an unknown key. */
+bool ndm__stats_key(const ndm_memory_stats *st, const char *key, int64_t *out);
+
+/* A copy of the layout, for snapshots and tests. */
+typedef struct ndm__snap_block {
+    uintptr_t addr;
+    size_t size, requested;
+    int state;                     /* NDM__B_* (cached blocks are free to the user) */
+    uint32_t mgr;
+    const char *file, *func;
+    int line;
+    ndm__rstr *path;               /* referenced; NULL when not recorded */
+} ndm__snap_block;
+
+typedef struct ndm__snap_seg {
+    uintptr_t addr;
+    size_t size;
+    int pool;
+    bool pinned;
+    size_t first, count;           /* into blocks[] */
+} ndm__snap_seg;
+
+typedef struct ndm__snapshot {
+    ndm__snap_seg *segs;
+    size_t nsegs;
+    ndm__snap_block *blocks;
+    size_t nblocks;
+} ndm__snapshot;
+
+/* Segments sorted by address. NDM_E_OOM when the copy cannot be made. */
+ndm_status ndm__pool_snapshot(ndm__pool *p, ndm__snapshot *out);
+void ndm__snapshot_free(ndm__snapshot *s);
+
+/* ---- internals shared by pool.c, tcache.c, history.c, stats.c ---------------------- */
+
+void ndm__pool_lock(ndm__pool *p);
+void ndm__pool_unlock(ndm__pool *p);
+/* Core operations under the lock (used by tcache.c to flush bins). */
+void ndm__core_free_block(ndm__pool *p, ndm__ablk *b);
+
+/* ---- thread caches (tcache.c) -------------------------------------------------- */
+
+#define NDM__TC_MAX_SIZE NDM__SMALL_SIZE
+#define NDM__TC_BINS (NDM__TC_MAX_SIZE / NDM__MIN_BLOCK)
+_Static_assert(NDM__TC_MAX_SIZE <= NDM__SMALL_SIZE, "thread caches hold small-pool blocks only");
+#define NDM__TC_BIN_MAX 4096u
+#define NDM__TC_MAX_BYTES ((int64_t)8 << 20)
+#define NDM__MAX_POOL_SLOTS 64
+
+typedef struct ndm__tbin {
+    ndm__ablk *head;
+    _Atomic uint32_t count;
+} ndm__tbin;
+
+typedef struct ndm__tcache {
+    /* Written only by the owner thread outside the lock (fast path); read by
+     * others under a sequence lock. */
+    _Atomic uint64_t seq;          /* odd while the owner is inside a fast operation */
+    _Atomic int frozen;            /* set by another thread: the fast path must stop */
+    _Atomic int64_t n_alloc, b_alloc, r_alloc, n_free, b_free, r_free;
+    int64_t cached_bytes;
+    /* Written under the pool lock (by the owner, or by another thread once the
+     * owner is frozen); the fast path reads them. */
+    int64_t cap[NDM__G_KINDS];
+    int64_t cap_cum;
+    ndm__pool *pool;
+    struct ndm__tcache *next, *prev; /* the pool's caches */
+    pthread_t owner;
+    ndm__tbin bins[NDM__TC_BINS];
+} ndm__tcache;
+
+typedef struct ndm__tc_slot {
+    ndm__tcache *tc;
+    uint32_t gen;
+} ndm__tc_slot;
+
+/* The calling thread's cache slots (NDM__MAX_POOL_SLOTS entries, made on
+ * first use). Initial-exec: one load from the thread pointer on the fast path. */
+extern _Thread_local ndm__tc_slot *ndm__tc_tls __attribute__((tls_model("initial-exec")));
+extern bool ndm__tc_supported;     /* asymmetric fences available */
+
+static inline ndm__tcache *ndm__tc_mine(const ndm__pool *p)
+{
+    ndm__tc_slot *s = ndm__tc_tls;
+    if (!s || p->slot < 0)
+        return NULL;
+    ndm__tc_slot *e = &s[p->slot];
+    return e->gen == p->gen ? e->tc : NULL;
+}
+
+int ndm__tc_slot_acquire(uint32_t *gen);
+void ndm__tc_slot_release(int slot);
+/* The calling thread's cache for p, made on first use (lock held). */
+ndm__tcache *ndm__tc_get_locked(ndm__pool *p);
+/* Fold the owner's counters into the pool stats and clear its grants (lock
+ * held; the cache is the caller's or frozen). */
+void ndm__tc_fold(ndm__pool *p, ndm__tcache *tc);
+/* Return every cached block of tc to the pool (lock held, tc folded). */
+void ndm__tc_flush(ndm__pool *p, ndm__tcache *tc);
+/* Whether a cache (the caller's included) holds a grant or unfolded counts
+ * (lock held). */
+bool ndm__tc_dirty(ndm__pool *p);
+/* If merging some of tc's cached blocks with their free neighbours makes a
+ * free block of at least `size` bytes, return those blocks to the pool and
+ * say so (lock held, tc folded). */
+bool ndm__tc_flush_mergeable(ndm__pool *p, ndm__tcache *tc, size_t size);
+/* Stop every other thread's cache and fold all (lock held). */
+void ndm__tc_freeze_all(ndm__pool *p, bool flush);
+/* After a slow operation of the calling thread: grant its cache a share of
+ * the headroom (lock held). */
+void ndm__tc_grant(ndm__pool *p, ndm__tcache *tc);
+/* Figures of the caches that are not folded yet, added into *st (lock held). */
+void ndm__tc_add_unfolded(ndm__pool *p, ndm_memory_stats *st, int64_t *largest_cached);
+/* Drop every cache of p (destroy; lock held). */
+void ndm__tc_drop_all(ndm__pool *p);
+
+static inline size_t ndm__tc_index(size_t size) { return size / NDM__MIN_BLOCK - 1; }
+
+/* Fast paths: true when the thread cache served the request. Nothing of the
+ * cache is read before the frozen flag, which a freezer may set at any time.
+ * The sequence is odd during an operation; the counters are stored with
+ * release order after it, so a reader that sees a new counter also sees the
+ * odd sequence and reads again. */
+static inline bool ndm__tc_enter(ndm__tcache *tc, uint64_t *seq)
+{
+    *seq = atomic_load_explicit(&tc->seq, memory_order_relaxed);
+    atomic_store_explicit(&tc->seq, *seq + 1, memory_order_relaxed);
+    /* The other side is a membarrier(): a compiler barrier suffices here. */
+    atomic_signal_fence(memory_order_seq_cst);
+    return !atomic_load_explicit(&tc->frozen, memory_order_relaxed);
+}
+
+static inline void ndm__tc_leave(ndm__tcache *tc, uint64_t seq)
+{
+    atomic_store_explicit(&tc->seq, seq + 2, memory_order_release);
+}
+
+static inline bool ndm__tc_try_alloc(ndm__pool *p, size_t size, size_t req,
+                                     const ndm__alloc_tag *tag, ndm__block *out)
+{
+    ndm__tcache *tc = ndm__tc_mine(p);
+    if (!tc)
+        return false;
+    uint64_t seq;
+    if (!ndm__tc_enter(tc, &seq))
+        goto refuse;
+    ndm__tbin *bin = &tc->bins[ndm__tc_index(size)];
+    ndm__ablk *b = bin->head;
+    if (!b)
+        goto refuse;
+    int64_t na = atomic_load_explicit(&tc->n_alloc, memory_order_relaxed) + 1;
+    int64_t ba = atomic_load_explicit(&tc->b_alloc, memory_order_relaxed) + (int64_t)size;
+    int64_t ra = atomic_load_explicit(&tc->r_alloc, memory_order_relaxed) + (int64_t)req;
+    if (na - atomic_load_explicit(&tc->n_free, memory_order_relaxed) > tc->cap[NDM__G_N] ||
+        ba - atomic_load_explicit(&tc->b_free, memory_order_relaxed) > tc->cap[NDM__G_B] ||
+        ra - atomic_load_explicit(&tc->r_free, memory_order_relaxed) > tc->cap[NDM__G_R] ||
+        ba > tc->cap_cum)
+        goto refuse;
+    bin->head = b->link;
+    atomic_store_explicit(&bin->count, atomic_load_explicit(&bin->count, memory_order_relaxed) - 1,
+                          memory_order_release);
+    tc->cached_bytes -= (int64_t)size;
+    b->requested = req;
+    b->file = tag ? tag->file : NULL;
+    b->func = tag ? tag->func : NULL;
+    b->line = tag ? tag->line : 0;
+    atomic_store_explicit(&b->mgr, tag ? tag->manager : 0, memory_order_relaxed);
+    atomic_store_explicit(&b->state, NDM__B_ALLOCATED, memory_order_relaxed);
+    atomic_store_explicit(&tc->n_alloc, na, memory_order_release);
+    atomic_store_explicit(&tc->b_alloc, ba, memory_order_release);
+    atomic_store_explicit(&tc->r_alloc, ra, memory_order_release);
+    ndm__tc_leave(tc, seq);
+    out->ptr = (void *)b->addr;
+    out->cookie = b;
+    out->size = size;
+    return true;
+refuse:
+    ndm__tc_leave(tc, seq);
+    return false;
+}
+
+static inline bool ndm__tc_try_free(ndm__pool *p, ndm__ablk *b)
+{
+    ndm__tcache *tc = ndm__tc_mine(p);
+    /* Only pieces of split small segments: a whole segment (left by the
+     * system strategy) is not an inactive split block. */
+    if (!tc || b->pool != NDM__POOL_SMALL || b->size > NDM__TC_MAX_SIZE ||
+        b->size == b->seg->size)
+        return false;
+    size_t size = b->size;
+    uint64_t seq;
+    if (!ndm__tc_enter(tc, &seq))
+        goto refuse;
+    ndm__tbin *bin = &tc->bins[ndm__tc_index(size)];
+    if (atomic_load_explicit(&bin->count, memory_order_relaxed) >= NDM__TC_BIN_MAX ||
+        tc->cached_bytes + (int64_t)size > NDM__TC_MAX_BYTES)
+        goto refuse;
+    int64_t nf = atomic_load_explicit(&tc->n_free, memory_order_relaxed) + 1;
+    int64_t bf = atomic_load_explicit(&tc->b_free, memory_order_relaxed) + (int64_t)size;
+    /* A cached block is an inactive piece of a split segment: the frees may
+     * raise inactive_split only as far as the grant allows. */
+    if (atomic_load_explicit(&tc->n_alloc, memory_order_relaxed) - nf < -tc->cap[NDM__G_FN] ||
+        atomic_load_explicit(&tc->b_alloc, memory_order_relaxed) - bf < -tc->cap[NDM__G_FB])
+        goto refuse;
+    int64_t rf = atomic_load_explicit(&tc->r_free, memory_order_relaxed) + (int64_t)b->requested;
+    atomic_store_explicit(&b->cache, tc, memory_order_relaxed);
+    atomic_store_explicit(&b->state, NDM__B_CACHED, memory_order_relaxed);
+    b->link = bin->head;
+    bin->head = b;
+    atomic_store_explicit(&bin->count, atomic_load_explicit(&bin->count, memory_order_relaxed) + 1,
+                          memory_order_release);
+    tc->cached_bytes += (int64_t)size;
+    atomic_store_explicit(&tc->n_free, nf, memory_order_release);
+    atomic_store_explicit(&tc->b_free, bf, memory_order_release);
+    atomic_store_explicit(&tc->r_free, rf, memory_order_release);
+    ndm__tc_leave(tc, seq);
+    return true;
+refuse:
+    ndm__tc_leave(tc, seq);
+    return false;
+}
+
+/* ---- history and traces (history.c) ------------------------------------------- */
+
+/* Bit 0: history is recorded; bit 1: a trace is written (relaxed reads). */
+extern atomic_int ndm__instrumented;
+
+enum {
+    NDM__EV_ALLOC,
+    NDM__EV_FREE_REQUESTED,
+    NDM__EV_FREE_COMPLETED,
+    NDM__EV_SEGMENT_ALLOC,
+    NDM__EV_SEGMENT_FREE,
+    NDM__EV_SEGMENT_MAP,
+    NDM__EV_SEGMENT_UNMAP,
+    NDM__EV_OOM,
+    NDM__EV_SNAPSHOT,
+};
+
+/* Record an event (lock held; no-op unless recording). */
+void ndm__hist_record(ndm__pool *p, int action, uintptr_t addr, size_t size, ndm__rstr *path,
+                      const char *file, const char *func, int line);
+#define ndm__hist_event(p, ...)                                                         \
+    do {                                                                                \
+        if (__builtin_expect((p)->hist != NULL, 0))                                     \
+            ndm__hist_record((p), __VA_ARGS__);                                         \
+    } while (0)
+/* Trace lines for replay (lock held; no-op unless tracing). */
+void ndm__trace_alloc_record(ndm__pool *p, ndm__ablk *b, size_t nbytes);
+void ndm__trace_free_record(ndm__pool *p, ndm__ablk *b);
+static inline void ndm__trace_alloc(ndm__pool *p, ndm__ablk *b, size_t nbytes)
+{
+    b->trace_id = 0;
+    if (__builtin_expect(atomic_load_explicit(&ndm__instrumented, memory_order_relaxed) & 2, 0))
+        ndm__trace_alloc_record(p, b, nbytes);
+}
+static inline void ndm__trace_free(ndm__pool *p, ndm__ablk *b)
+{
+    if (__builtin_expect(b->trace_id != 0, 0))
+        ndm__trace_free_record(p, b);
+}
+bool ndm__hist_recording(void);
+void ndm__hist_drop(ndm__pool *p);
+/* Begin/end history on one pool (lock held). */
+void ndm__hist_enable(ndm__pool *p, size_t max_entries);
+/* Write the snapshot of these pools (no lock held). */
+ndm_status ndm__snapshot_write(FILE *f, ndm__pool **pools, int n);
+/* Start/stop the trace file (NULL stops). */
+ndm_status ndm__trace_start(const char *path, char *err, size_t n);
+/* Start/stop history: the flag only; pools follow with ndm__hist_enable. */
+void ndm__hist_set(bool on, size_t max_entries);
+size_t ndm__hist_max(void);
+
+/* ---- pressure and reports (alloc.c) -------------------------------------------- */
+
+/* Run the registered pressure callbacks (no pool lock held). Returns whether any ran. */
+bool ndm__pressure_run(ndm__pool *p, ndm_pressure_reason why, size_t request);
+/* Managers holding the most bytes on a device, for OOM messages ("" if none). */
+void ndm__report_managers(ndm_device dev, char *buf, size_t n);
+/* The manager path of slot (for history), or "" (no lock may be held). */
+ndm__rstr *ndm__describe_manager(uint32_t slot);
+
+/* ---- the simulated device (source_sim.c) ---------------------------------------- */
+
+/* A segment source with no memory behind it: addresses are arithmetic, so
+ * the allocator's policy can be run and measured at any scale. map fails with
+ * NDM_E_OOM once `capacity` bytes are mapped (0: unlimited). */
+typedef struct ndm__sim ndm__sim;
+ndm__sim *ndm__sim_new(size_t capacity);
+void ndm__sim_destroy(ndm__sim *s);
+const ndm__segment_source *ndm__sim_source(ndm__sim *s);
+void ndm__sim_set_capacity(ndm__sim *s, size_t capacity);
+size_t ndm__sim_mapped(const ndm__sim *s);
+size_t ndm__sim_peak(const ndm__sim *s);
+uint64_t ndm__sim_maps(const ndm__sim *s);
+uint64_t ndm__sim_unmaps(const ndm__sim *s);
+
+/* Size formatting for messages: "512 bytes", "1.50 MiB". */
+const char *ndm__fmt_size(size_t n, char *buf, size_t len);
+
+#endif

@@ -1,0 +1,457 @@
+/* Allocator settings: PyTorch's `key:value,key:value` grammar with optional
+ * device prefixes, checked key by key, and printed back for summaries. */
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pool.h"
+
+void ndm__settings_default(ndm__settings *s)
+{
+    memset(s, 0, sizeof *s);
+    s->strategy = NDM__AUTO_GROWTH;
+    s->preallocate_fraction = 0.92;
+    s->memory_limit = 0;
+    s->max_split_size = SIZE_MAX;
+    s->max_non_split_rounding = (size_t)20 << 20;
+    s->large_segment_size = (size_t)20 << 20;
+    s->gc_threshold = 0;
+    s->pressure_every = 0;
+    s->thread_cache = true;
+}
+
+const char *ndm__strategy_name(int strategy)
+{
+    switch (strategy) {
+    case NDM__PREALLOCATE: return "preallocate";
+    case NDM__SYSTEM: return "system";
+    default: return "auto_growth";
+    }
+}
+
+/* ---- tokens: PyTorch's lexer splits on , : [ ] and drops spaces ------------ */
+
+#define MAX_TOKENS 256
+#define TOKEN_LEN 64
+
+typedef struct lexer {
+    char tok[MAX_TOKENS][TOKEN_LEN];
+    int n;
+} lexer;
+
+static int lex(const char *s, lexer *lx, char *err, size_t n)
+{
+    lx->n = 0;
+    char buf[TOKEN_LEN];
+    size_t len = 0;
+    for (;; s++) {
+        char c = *s;
+        bool sep = c == ',' || c == ':' || c == '[' || c == ']' || c == '\0';
+        if (sep && len) {
+            if (lx->n == MAX_TOKENS)
+                goto too_many;
+            buf[len] = '\0';
+            memcpy(lx->tok[lx->n++], buf, len + 1);
+            len = 0;
+        }
+        if (c == '\0')
+            return 0;
+        if (sep) {
+            if (lx->n == MAX_TOKENS)
+                goto too_many;
+            lx->tok[lx->n][0] = c;
+            lx->tok[lx->n++][1] = '\0';
+        } else if (!isspace((unsigned char)c)) {
+            if (len + 1 >= TOKEN_LEN) {
+                buf[len] = '\0';
+                snprintf(err, n, "token '%.20s...' is too long", buf);
+                return -1;
+            }
+            buf[len++] = c;
+        }
+    }
+too_many:
+    snprintf(err, n, "more than %d tokens", MAX_TOKENS);
+    return -1;
+}
+
+static bool is_sep(const lexer *lx, int i, char c)
+{
+    return i < lx->n && lx->tok[i][0] == c && lx->tok[i][1] == '\0';
+}
+
+static bool all_digits(const char *s)
+{
+    if (!*s)
+        return false;
+    for (; *s; s++)
+        if (!isdigit((unsigned char)*s))
+            return false;
+    return true;
+}
+
+static bool parse_u64(const char *s, uint64_t *out)
+{
+    if (!all_digits(s))
+        return false;
+    errno = 0;
+    unsigned long long v = strtoull(s, NULL, 10);
+    if (errno)
+        return false;
+    *out = v;
+    return true;
+}
+
+static bool parse_double(const char *s, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v))
+        return false;
+    *out = v;
+    return true;
+}
+
+static bool pow2(uint64_t v) { return v && !(v & (v - 1)); }
+
+static int log2_floor(uint64_t v)
+{
+    int l = -1;
+    while (v) {
+        v >>= 1;
+        l++;
+    }
+    return l;
+}
+
+/* ---- keys ------------------------------------------------------------------ */
+
+static const char *const known_keys =
+    "strategy, preallocate_fraction, memory_limit_mb, max_split_size_mb, "
+    "max_non_split_rounding_mb, large_segment_size_mb, roundup_power2_divisions, "
+    "garbage_collection_threshold, pressure_every_mb, thread_cache";
+
+typedef struct parser {
+    const lexer *lx;
+    int i;
+    char *err;
+    size_t n;
+} parser;
+
+static int fail(parser *ps, const char *fmt, ...) NDM_PRINTF(2, 3);
+static int fail(parser *ps, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ps->err, ps->n, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* The value token after "key:". */
+static const char *value_of(parser *ps, const char *key)
+{
+    if (!is_sep(ps->lx, ps->i, ':')) {
+        fail(ps, "expected ':' after '%s'", key);
+        return NULL;
+    }
+    ps->i++;
+    const char *t = ps->i < ps->lx->n ? ps->lx->tok[ps->i] : NULL;
+    if (!t || (t[1] == '\0' && strchr(",:[]", t[0]))) {
+        fail(ps, "%s: missing value", key);
+        return NULL;
+    }
+    return ps->lx->tok[ps->i++];
+}
+
+static int mb_value(parser *ps, const char *key, size_t min_mb, size_t *out, bool zero_ok)
+{
+    const char *v = value_of(ps, key);
+    uint64_t mb;
+    if (!v)
+        return -1;
+    if (!parse_u64(v, &mb))
+        return fail(ps, "%s: '%s' is not a whole number of MiB", key, v);
+    if (mb == 0 && zero_ok) {
+        *out = 0;
+        return 0;
+    }
+    if (mb < min_mb)
+        return fail(ps, "%s must be at least %zu (got %" PRIu64 ")", key, min_mb, mb);
+    if (mb > SIZE_MAX / NDM__MB)
+        return fail(ps, "%s: %" PRIu64 " MiB is too large", key, mb);
+    *out = (size_t)mb * NDM__MB;
+    return 0;
+}
+
+static int divisions_value(parser *ps, ndm__settings *s)
+{
+    const char *key = "roundup_power2_divisions";
+    if (!is_sep(ps->lx, ps->i, ':'))
+        return fail(ps, "expected ':' after '%s'", key);
+    ps->i++;
+    const lexer *lx = ps->lx;
+    if (!is_sep(lx, ps->i, '[')) {
+        if (ps->i >= lx->n || (lx->tok[ps->i][1] == '\0' && strchr(",:]", lx->tok[ps->i][0])))
+            return fail(ps, "%s: missing value", key);
+        const char *v = lx->tok[ps->i++];
+        uint64_t d;
+        if (!parse_u64(v, &d) || !pow2(d))
+            return fail(ps, "%s: '%s' is not a power of two", key, v);
+        for (int k = 0; k < NDM__DIV_INTERVALS; k++)
+            s->divisions[k] = (unsigned)d;
+        return 0;
+    }
+    /* [K:v,...,>:v]: K MiB (a power of two) bounds from above the sizes that
+     * use v divisions, starting where the previous key stopped. */
+    ps->i++;
+    unsigned table[NDM__DIV_INTERVALS];
+    memcpy(table, s->divisions, sizeof table);
+    int from = 0;
+    bool rest = false;
+    for (;;) {
+        if (ps->i >= lx->n)
+            return fail(ps, "%s: missing ']'", key);
+        if (is_sep(lx, ps->i, ']')) {
+            ps->i++;
+            break;
+        }
+        if (rest)
+            return fail(ps, "%s: '>' must be the last entry", key);
+        const char *k = lx->tok[ps->i++];
+        if (!is_sep(lx, ps->i, ':'))
+            return fail(ps, "%s: expected ':' after '%s'", key, k);
+        ps->i++;
+        if (ps->i >= lx->n)
+            return fail(ps, "%s: missing value after '%s:'", key, k);
+        const char *v = lx->tok[ps->i++];
+        uint64_t d;
+        if (!parse_u64(v, &d) || (d && !pow2(d)))
+            return fail(ps, "%s: divisions '%s' must be a power of two or 0", key, v);
+        int to;
+        if (!strcmp(k, ">")) {
+            to = NDM__DIV_INTERVALS;
+            rest = true;
+        } else {
+            uint64_t mb;
+            if (!parse_u64(k, &mb) || !pow2(mb))
+                return fail(ps, "%s: interval '%s' must be a power of two (MiB)", key, k);
+            to = log2_floor(mb);
+            if (to > NDM__DIV_INTERVALS)
+                to = NDM__DIV_INTERVALS;
+            if (to < from)
+                return fail(ps, "%s: intervals must increase ('%s' after a larger one)", key, k);
+        }
+        for (int x = from; x < to; x++)
+            table[x] = (unsigned)d;
+        from = to;
+        if (is_sep(lx, ps->i, ','))
+            ps->i++;
+        else if (ps->i >= lx->n)
+            return fail(ps, "%s: missing ']'", key);
+        else if (!is_sep(lx, ps->i, ']'))
+            return fail(ps, "%s: expected ',' or ']' after '%s'", key, v);
+    }
+    memcpy(s->divisions, table, sizeof table);
+    return 0;
+}
+
+static int bool_value(parser *ps, const char *key, bool *out)
+{
+    const char *v = value_of(ps, key);
+    if (!v)
+        return -1;
+    if (!strcmp(v, "True") || !strcmp(v, "true") || !strcmp(v, "1"))
+        *out = true;
+    else if (!strcmp(v, "False") || !strcmp(v, "false") || !strcmp(v, "0"))
+        *out = false;
+    else
+        return fail(ps, "%s: expected True or False, got '%s'", key, v);
+    return 0;
+}
+
+static int apply_key(parser *ps, const char *key, ndm__settings *s)
+{
+    if (!strcmp(key, "strategy")) {
+        const char *v = value_of(ps, key);
+        if (!v)
+            return -1;
+        if (!strcmp(v, "auto_growth"))
+            s->strategy = NDM__AUTO_GROWTH;
+        else if (!strcmp(v, "preallocate"))
+            s->strategy = NDM__PREALLOCATE;
+        else if (!strcmp(v, "system"))
+            s->strategy = NDM__SYSTEM;
+        else
+            return fail(ps, "strategy: '%s' is not one of auto_growth, preallocate, system", v);
+        return 0;
+    }
+    if (!strcmp(key, "preallocate_fraction") || !strcmp(key, "garbage_collection_threshold")) {
+        bool prealloc = key[0] == 'p';
+        const char *v = value_of(ps, key);
+        double d;
+        if (!v)
+            return -1;
+        if (!parse_double(v, &d))
+            return fail(ps, "%s: '%s' is not a number", key, v);
+        if (prealloc ? !(d > 0 && d <= 1) : !(d > 0 && d < 1))
+            return fail(ps, "%s must be in %s (got %s)", key, prealloc ? "(0, 1]" : "(0, 1)", v);
+        if (prealloc)
+            s->preallocate_fraction = d;
+        else
+            s->gc_threshold = d;
+        return 0;
+    }
+    if (!strcmp(key, "memory_limit_mb"))
+        return mb_value(ps, key, 0, &s->memory_limit, true);
+    if (!strcmp(key, "pressure_every_mb"))
+        return mb_value(ps, key, 0, &s->pressure_every, true);
+    if (!strcmp(key, "max_split_size_mb"))
+        return mb_value(ps, key, 20, &s->max_split_size, false);
+    if (!strcmp(key, "max_non_split_rounding_mb"))
+        return mb_value(ps, key, 20, &s->max_non_split_rounding, false);
+    if (!strcmp(key, "large_segment_size_mb"))
+        return mb_value(ps, key, 2, &s->large_segment_size, false);
+    if (!strcmp(key, "roundup_power2_divisions"))
+        return divisions_value(ps, s);
+    if (!strcmp(key, "thread_cache"))
+        return bool_value(ps, key, &s->thread_cache);
+    return fail(ps, "unknown key '%s' (known keys: %s)", key, known_keys);
+}
+
+ndm_status ndm__settings_parse(const char *conf, ndm_device dev, ndm__settings *out, char *err,
+                               size_t n)
+{
+    ndm__settings s;
+    ndm__settings_default(&s);
+    if (!conf || !*conf) {
+        *out = s;
+        return NDM_OK;
+    }
+    lexer *lx = malloc(sizeof *lx);
+    if (!lx) {
+        snprintf(err, n, "no memory to parse the settings");
+        return NDM_E_OOM;
+    }
+    int rc = lex(conf, lx, err, n);
+    parser ps = {lx, 0, err, n};
+    while (rc == 0 && ps.i < lx->n) {
+        if (is_sep(lx, ps.i, ',')) { /* empty item */
+            ps.i++;
+            continue;
+        }
+        /* [cpu: | cuda: | cuda:N:] key:value */
+        bool mine = true;
+        const char *t = lx->tok[ps.i];
+        if (!strcmp(t, "cpu") || !strcmp(t, "cuda")) {
+            bool cuda = t[1] == 'u';
+            ps.i++;
+            if (!is_sep(lx, ps.i, ':')) {
+                rc = fail(&ps, "expected ':' after device '%s'", t);
+                break;
+            }
+            ps.i++;
+            int index = -1;
+            if (cuda && ps.i < lx->n && all_digits(lx->tok[ps.i])) {
+                index = atoi(lx->tok[ps.i]);
+                ps.i++;
+                if (!is_sep(lx, ps.i, ':')) {
+                    rc = fail(&ps, "expected ':' after device 'cuda:%d'", index);
+                    break;
+                }
+                ps.i++;
+            }
+            mine = cuda ? dev.type == NDM_DEVICE_CUDA && (index < 0 || index == dev.index)
+                        : dev.type == NDM_DEVICE_CPU;
+            if (ps.i >= lx->n) {
+                rc = fail(&ps, "a key must follow the device prefix '%s:'", t);
+                break;
+            }
+        }
+        const char *key = lx->tok[ps.i++];
+        if (key[1] == '\0' && strchr(",:[]", key[0])) {
+            rc = fail(&ps, "expected a key, found '%s'", key);
+            break;
+        }
+        ndm__settings scratch = s;
+        rc = apply_key(&ps, key, mine ? &s : &scratch);
+        if (rc)
+            break;
+        if (ps.i < lx->n && !is_sep(lx, ps.i, ',')) {
+            rc = fail(&ps, "%s: expected ',' after its value, found '%s'", key, lx->tok[ps.i]);
+            break;
+        }
+    }
+    free(lx);
+    if (rc)
+        return NDM_E_CONFIG;
+    *out = s;
+    return NDM_OK;
+}
+
+/* ---- printing ------------------------------------------------------------- */
+
+static int divisions_str(const unsigned *d, char *buf, size_t n)
+{
+    bool same = true;
+    for (int k = 1; k < NDM__DIV_INTERVALS; k++)
+        same &= d[k] == d[0];
+    if (same)
+        return snprintf(buf, n, "%u", d[0]);
+    size_t len = (size_t)snprintf(buf, n, "[");
+    for (int k = 0; k < NDM__DIV_INTERVALS;) {
+        int e = k;
+        while (e + 1 < NDM__DIV_INTERVALS && d[e + 1] == d[k])
+            e++;
+        char item[32];
+        if (e == NDM__DIV_INTERVALS - 1)
+            snprintf(item, sizeof item, "%s>:%u", k ? "," : "", d[k]);
+        else
+            snprintf(item, sizeof item, "%s%llu:%u", k ? "," : "", 1ull << (e + 1), d[k]);
+        len += (size_t)snprintf(len < n ? buf + len : NULL, len < n ? n - len : 0, "%s", item);
+        k = e + 1;
+    }
+    len += (size_t)snprintf(len < n ? buf + len : NULL, len < n ? n - len : 0, "]");
+    return (int)len;
+}
+
+int ndm__settings_str(const ndm__settings *s, char *buf, size_t n)
+{
+    char split[32], div[160];
+    if (s->max_split_size == SIZE_MAX)
+        snprintf(split, sizeof split, "unlimited");
+    else
+        snprintf(split, sizeof split, "%zu", s->max_split_size / NDM__MB);
+    divisions_str(s->divisions, div, sizeof div);
+    return snprintf(buf, n,
+                    "strategy:%s,preallocate_fraction:%g,memory_limit_mb:%zu,"
+                    "max_split_size_mb:%s,max_non_split_rounding_mb:%zu,"
+                    "large_segment_size_mb:%zu,roundup_power2_divisions:%s,"
+                    "garbage_collection_threshold:%g,pressure_every_mb:%zu,thread_cache:%s",
+                    ndm__strategy_name(s->strategy), s->preallocate_fraction,
+                    s->memory_limit / NDM__MB, split, s->max_non_split_rounding / NDM__MB,
+                    s->large_segment_size / NDM__MB, div, s->gc_threshold,
+                    s->pressure_every / NDM__MB, s->thread_cache ? "True" : "False");
+}
+
+void ndm__settings_json(const ndm__settings *s, FILE *f)
+{
+    char div[160];
+    divisions_str(s->divisions, div, sizeof div);
+    fprintf(f,
+            "\"strategy\": \"%s\", \"preallocate_fraction\": %g, \"memory_limit_mb\": %zu, "
+            "\"max_split_size_mb\": %lld, \"max_non_split_rounding_mb\": %zu, "
+            "\"large_segment_size_mb\": %zu, \"roundup_power2_divisions\": \"%s\", "
+            "\"garbage_collection_threshold\": %g, \"pressure_every_mb\": %zu, "
+            "\"thread_cache\": %s",
+            ndm__strategy_name(s->strategy), s->preallocate_fraction, s->memory_limit / NDM__MB,
+            s->max_split_size == SIZE_MAX ? -1LL : (long long)(s->max_split_size / NDM__MB),
+            s->max_non_split_rounding / NDM__MB, s->large_segment_size / NDM__MB, div,
+            s->gc_threshold, s->pressure_every / NDM__MB, s->thread_cache ? "true" : "false");
+}
