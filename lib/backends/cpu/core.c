@@ -4,6 +4,9 @@
 #include <string.h>
 
 #include "../backend.h"
+#include "../linalg.h"
+#include "../nn.h"
+#include "../reduce.h"
 #include "convert.h"
 #include "iter.h"
 
@@ -153,6 +156,9 @@ const ndm__backend ndm__cpu_backend = {
     .upload = cpu_transfer,
     .download = cpu_transfer,
     .sync = NULL,
+    .reduce = &ndm__cpu_reduce,
+    .linalg = &ndm__cpu_linalg,
+    .nn = &ndm__cpu_nn,
 };
 
 const ndm__backend ndm__cpu_ref_backend = {
@@ -165,4 +171,7 @@ const ndm__backend ndm__cpu_ref_backend = {
     .upload = cpu_transfer,
     .download = cpu_transfer,
     .sync = NULL,
+    .reduce = &ndm__cpu_ref_reduce,
+    .linalg = &ndm__cpu_ref_linalg,
+    .nn = &ndm__cpu_ref_nn,
 };
