@@ -235,6 +235,10 @@ NDM_API ndm_array ndm_outer_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a,
         return NDM_NULL_ARRAY;
     int64_t na = ndm__numel(ra->ndim, ra->shape), nb = ndm__numel(rb->ndim, rb->shape);
     int64_t sha[2] = {na, 1}, shb[2] = {1, nb}, sho[2] = {na, nb};
+    /* checked before any view is made */
+    if (ndm__shape_check(2, sho, ndm_result_type(ra->dtype, rb->dtype), NULL, NULL, __func__,
+                         site) < 0)
+        return NDM_NULL_ARRAY;
     return reshaped_product(site, __func__, out, a, 2, sha, b, 2, shb, 2, sho);
 }
 
