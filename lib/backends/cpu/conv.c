@@ -247,13 +247,17 @@ static size_t fast_conv2d_workspace(int device, const ndm__tensor *y, const ndm_
                         if (ih < 0 || ih >= c->H) {                             \
                             memset(d, 0, (size_t)seg * sizeof(T));              \
                         } else {                                                \
+                            /* zeros left of the row, the row, zeros right */   \
                             const T *src = plane + ih * xs[2];                  \
-                            for (int64_t j = 0; j < seg; j++) {                 \
-                                int64_t o = ow + j;                             \
-                                d[j] = (o >= lo && o < hi)                      \
-                                           ? src[(o * c->sw + off) * xs[3]]     \
-                                           : (T)0;                              \
-                            }                                                   \
+                            int64_t a = lo < ow ? ow : lo > ow + seg ? ow + seg : lo; \
+                            int64_t b = hi < a ? a : hi > ow + seg ? ow + seg : hi; \
+                            memset(d, 0, (size_t)(a - ow) * sizeof(T));         \
+                            if (c->sw == 1 && xs[3] == 1)                       \
+                                memcpy(d + (a - ow), src + a + off, (size_t)(b - a) * sizeof(T)); \
+                            else                                                \
+                                for (int64_t o = a; o < b; o++)                 \
+                                    d[o - ow] = src[(o * c->sw + off) * xs[3]]; \
+                            memset(d + (b - ow), 0, (size_t)(ow + seg - b) * sizeof(T)); \
                         }                                                       \
                         pp += seg;                                              \
                     }                                                           \
@@ -290,24 +294,9 @@ static void conv_items(void *ctx, int64_t begin, int64_t end)
         int64_t np = c->P - p0 < p->tile ? c->P - p0 : p->tile;
         /* y's (OH, OW) plane is contiguous (dispatcher): pixel p at p * ys[3] */
         char *yb = (char *)q->y->data + (n * ys[0] + gi * c->Og * ys[1] + p0 * ys[3]) * es;
-        unsigned flags = q->flags;
-        if (q->bias) {
-            for (int64_t o = 0; o < c->Og; o++) {
-                int64_t oo = gi * c->Og + o;
-                char *yr = yb + o * ys[1] * es;
-                const char *bv = (const char *)q->bias->data + oo * q->bias->strides[0] * es;
-                if (es == 4) {
-                    float v = *(const float *)bv;
-                    for (int64_t j = 0; j < np; j++)
-                        ((float *)yr)[j * ys[3]] = v;
-                } else {
-                    double v = *(const double *)bv;
-                    for (int64_t j = 0; j < np; j++)
-                        ((double *)yr)[j * ys[3]] = v;
-                }
-            }
-            flags |= NDM__GEMM_ACCUMULATE;
-        }
+        const char *bias = NULL;
+        if (q->bias)
+            bias = (const char *)q->bias->data + gi * c->Og * q->bias->strides[0] * es;
         const char *a = q->wm + gi * c->Og * q->wrs * es;
         const char *b;
         int64_t rsb, csb;
@@ -324,8 +313,9 @@ static void conv_items(void *ctx, int64_t begin, int64_t end)
             rsb = np;
             csb = 1;
         }
-        ndm_status st = ndm__cpu_gemm(q->y->dtype, c->Og, np, c->K, a, q->wrs, q->wcs, b, rsb,
-                                      csb, yb, ys[1], ys[3], flags);
+        ndm_status st = ndm__cpu_gemm_bias(q->y->dtype, c->Og, np, c->K, a, q->wrs, q->wcs, b,
+                                           rsb, csb, yb, ys[1], ys[3], bias,
+                                           q->bias ? q->bias->strides[0] : 0, q->flags);
         if (st < 0)
             atomic_store(&q->status, st);
     }
@@ -367,7 +357,9 @@ static ndm_status fast_conv2d(int device, const ndm__tensor *y, const ndm__tenso
         q.flags = NDM__GEMM_NO_PROVIDER;
         ndm__parallel_for(p.items, 1, conv_items, &q);
     } else {
-        q.flags = 0;
+        /* ndm's kernel writes the bias with C; with a short contraction
+         * that saves a pass over y worth more than the provider's speed */
+        q.flags = p.c.K <= 64 ? NDM__GEMM_NO_PROVIDER : 0;
         conv_items(&q, 0, p.items);
     }
     return (ndm_status)atomic_load(&q.status);

@@ -25,12 +25,14 @@
  * A micro-kernel computes an MR x NR tile of C from a packed A panel (kc
  * steps of MR values) and a packed B panel (kc steps of NR values). Panels
  * are zero-padded, so it always computes the whole tile and writes the valid
- * mv x nv part. */
+ * mv x nv part. `init` (MR values, or NULL for zeros) starts each row's
+ * accumulators: a bias added without another pass over C. */
 
 typedef void (*micro_s_fn)(int64_t kc, const float *a, const float *b, float *c, int64_t rsc,
-                           int64_t csc, int64_t mv, int64_t nv, bool acc);
+                           int64_t csc, int64_t mv, int64_t nv, bool acc, const float *init);
 typedef void (*micro_d_fn)(int64_t kc, const double *a, const double *b, double *c,
-                           int64_t rsc, int64_t csc, int64_t mv, int64_t nv, bool acc);
+                           int64_t rsc, int64_t csc, int64_t mv, int64_t nv, bool acc,
+                           const double *init);
 
 /* Write an MR x NR tile t (row-major) into the valid part of C. */
 #define NDM__TILE_OUT(T, MR, NR)                                                \
@@ -49,11 +51,11 @@ typedef void (*micro_d_fn)(int64_t kc, const double *a, const double *b, double 
     NDM__TILE_OUT(T, MR, NR)                                                    \
     static void micro_##SUF##_c(int64_t kc, const T *restrict a, const T *restrict b, \
                                 T *restrict c, int64_t rsc, int64_t csc, int64_t mv, \
-                                int64_t nv, bool acc)                           \
+                                int64_t nv, bool acc, const T *init)            \
     {                                                                           \
         T t[MR * NR];                                                           \
         for (int i = 0; i < MR * NR; i++)                                       \
-            t[i] = 0;                                                           \
+            t[i] = init ? init[i / NR] : 0;                                     \
         for (int64_t p = 0; p < kc; p++) {                                      \
             _Pragma("GCC unroll 8") for (int i = 0; i < MR; i++)                \
             {                                                                   \
@@ -75,10 +77,10 @@ NDM__TILE_OUT(double, 6, 8)
 /* AVX-512: 12 rows x 2 vectors of accumulators (24 of the 32 registers). */
 __attribute__((target("avx512f"))) static void
 micro_s_avx512(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c,
-               int64_t rsc, int64_t csc, int64_t mv, int64_t nv, bool acc)
+               int64_t rsc, int64_t csc, int64_t mv, int64_t nv, bool acc, const float *init)
 {
     __m512 r[12][2];
-    _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++) r[i][0] = r[i][1] = _mm512_setzero_ps();
+    _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++) r[i][0] = r[i][1] = init ? _mm512_set1_ps(init[i]) : _mm512_setzero_ps();
     for (int64_t p = 0; p < kc; p++) {
         __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
         _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++)
@@ -90,16 +92,21 @@ micro_s_avx512(int64_t kc, const float *restrict a, const float *restrict b, flo
         a += 12;
         b += 32;
     }
-    if (mv == 12 && nv == 32 && csc == 1) {
+    if (csc == 1) {
+        /* rows of C are contiguous: masked stores cover partial tiles */
+        __mmask16 m0 = (__mmask16)(nv >= 16 ? 0xffff : (1u << nv) - 1);
+        __mmask16 m1 = (__mmask16)(nv >= 32 ? 0xffff : nv <= 16 ? 0 : (1u << (nv - 16)) - 1);
         _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++)
         {
+            if (i >= mv)
+                break;
             float *row = c + i * rsc;
             if (acc) {
-                r[i][0] = _mm512_add_ps(r[i][0], _mm512_loadu_ps(row));
-                r[i][1] = _mm512_add_ps(r[i][1], _mm512_loadu_ps(row + 16));
+                r[i][0] = _mm512_add_ps(r[i][0], _mm512_maskz_loadu_ps(m0, row));
+                r[i][1] = _mm512_add_ps(r[i][1], _mm512_maskz_loadu_ps(m1, row + 16));
             }
-            _mm512_storeu_ps(row, r[i][0]);
-            _mm512_storeu_ps(row + 16, r[i][1]);
+            _mm512_mask_storeu_ps(row, m0, r[i][0]);
+            _mm512_mask_storeu_ps(row + 16, m1, r[i][1]);
         }
         return;
     }
@@ -114,10 +121,10 @@ micro_s_avx512(int64_t kc, const float *restrict a, const float *restrict b, flo
 
 __attribute__((target("avx512f"))) static void
 micro_d_avx512(int64_t kc, const double *restrict a, const double *restrict b, double *restrict c,
-               int64_t rsc, int64_t csc, int64_t mv, int64_t nv, bool acc)
+               int64_t rsc, int64_t csc, int64_t mv, int64_t nv, bool acc, const double *init)
 {
     __m512d r[12][2];
-    _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++) r[i][0] = r[i][1] = _mm512_setzero_pd();
+    _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++) r[i][0] = r[i][1] = init ? _mm512_set1_pd(init[i]) : _mm512_setzero_pd();
     for (int64_t p = 0; p < kc; p++) {
         __m512d b0 = _mm512_loadu_pd(b), b1 = _mm512_loadu_pd(b + 8);
         _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++)
@@ -129,16 +136,20 @@ micro_d_avx512(int64_t kc, const double *restrict a, const double *restrict b, d
         a += 12;
         b += 16;
     }
-    if (mv == 12 && nv == 16 && csc == 1) {
+    if (csc == 1) {
+        __mmask8 m0 = (__mmask8)(nv >= 8 ? 0xff : (1u << nv) - 1);
+        __mmask8 m1 = (__mmask8)(nv >= 16 ? 0xff : nv <= 8 ? 0 : (1u << (nv - 8)) - 1);
         _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++)
         {
+            if (i >= mv)
+                break;
             double *row = c + i * rsc;
             if (acc) {
-                r[i][0] = _mm512_add_pd(r[i][0], _mm512_loadu_pd(row));
-                r[i][1] = _mm512_add_pd(r[i][1], _mm512_loadu_pd(row + 8));
+                r[i][0] = _mm512_add_pd(r[i][0], _mm512_maskz_loadu_pd(m0, row));
+                r[i][1] = _mm512_add_pd(r[i][1], _mm512_maskz_loadu_pd(m1, row + 8));
             }
-            _mm512_storeu_pd(row, r[i][0]);
-            _mm512_storeu_pd(row + 8, r[i][1]);
+            _mm512_mask_storeu_pd(row, m0, r[i][0]);
+            _mm512_mask_storeu_pd(row + 8, m1, r[i][1]);
         }
         return;
     }
@@ -154,10 +165,10 @@ micro_d_avx512(int64_t kc, const double *restrict a, const double *restrict b, d
 /* AVX2 with FMA: 6 rows x 2 vectors (12 of the 16 registers). */
 __attribute__((target("avx2,fma"))) static void
 micro_s_avx2(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c,
-             int64_t rsc, int64_t csc, int64_t mv, int64_t nv, bool acc)
+             int64_t rsc, int64_t csc, int64_t mv, int64_t nv, bool acc, const float *init)
 {
     __m256 r[6][2];
-    _Pragma("GCC unroll 6") for (int i = 0; i < 6; i++) r[i][0] = r[i][1] = _mm256_setzero_ps();
+    _Pragma("GCC unroll 6") for (int i = 0; i < 6; i++) r[i][0] = r[i][1] = init ? _mm256_set1_ps(init[i]) : _mm256_setzero_ps();
     for (int64_t p = 0; p < kc; p++) {
         __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
         _Pragma("GCC unroll 6") for (int i = 0; i < 6; i++)
@@ -180,10 +191,10 @@ micro_s_avx2(int64_t kc, const float *restrict a, const float *restrict b, float
 
 __attribute__((target("avx2,fma"))) static void
 micro_d_avx2(int64_t kc, const double *restrict a, const double *restrict b, double *restrict c,
-             int64_t rsc, int64_t csc, int64_t mv, int64_t nv, bool acc)
+             int64_t rsc, int64_t csc, int64_t mv, int64_t nv, bool acc, const double *init)
 {
     __m256d r[6][2];
-    _Pragma("GCC unroll 6") for (int i = 0; i < 6; i++) r[i][0] = r[i][1] = _mm256_setzero_pd();
+    _Pragma("GCC unroll 6") for (int i = 0; i < 6; i++) r[i][0] = r[i][1] = init ? _mm256_set1_pd(init[i]) : _mm256_setzero_pd();
     for (int64_t p = 0; p < kc; p++) {
         __m256d b0 = _mm256_loadu_pd(b), b1 = _mm256_loadu_pd(b + 4);
         _Pragma("GCC unroll 6") for (int i = 0; i < 6; i++)
@@ -255,6 +266,8 @@ typedef struct blocked {
     char *c;
     int64_t rsa, csa, rsb, csb, rsc, csc;
     bool acc;               /* accumulate into C for this k block */
+    const char *bias;       /* per row of C, added in the first k block; or NULL */
+    int64_t sbias;
     /* the current block */
     int64_t jc, nc, pc, kc;
     char *bp;               /* packed B block */
@@ -371,12 +384,25 @@ static void compute_range(void *ctx, int64_t begin, int64_t end)
                 int64_t mv = mc - ir < g->mr ? mc - ir : g->mr;
                 const char *aq = ap + (size_t)(ir * g->kc) * g->es;
                 char *cq = g->c + ((i0 + ir) * g->rsc + (g->jc + j0) * g->csc) * (int64_t)g->es;
+                /* the bias of these rows, padded to MR */
+                union {
+                    float s[16];
+                    double d[16];
+                } init;
+                bool with = g->bias && g->pc == 0;
+                for (int64_t i = 0; with && i < g->mr; i++) {
+                    const char *bp = g->bias + (i0 + ir + i) * g->sbias * (int64_t)g->es;
+                    if (g->es == sizeof(float))
+                        init.s[i] = i < mv ? *(const float *)bp : 0.0f;
+                    else
+                        init.d[i] = i < mv ? *(const double *)bp : 0.0;
+                }
                 if (g->es == sizeof(float))
                     g->s(g->kc, (const float *)aq, (const float *)bq, (float *)cq, g->rsc, g->csc,
-                         mv, nv, g->acc);
+                         mv, nv, g->acc, with ? init.s : NULL);
                 else
                     g->d(g->kc, (const double *)aq, (const double *)bq, (double *)cq, g->rsc,
-                         g->csc, mv, nv, g->acc);
+                         g->csc, mv, nv, g->acc, with ? init.d : NULL);
             }
         }
     }
@@ -385,7 +411,8 @@ static void compute_range(void *ctx, int64_t begin, int64_t end)
 
 static ndm_status gemm_blocked(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const void *a,
                                int64_t rsa, int64_t csa, const void *b, int64_t rsb, int64_t csb,
-                               void *c, int64_t rsc, int64_t csc, bool accumulate)
+                               void *c, int64_t rsc, int64_t csc, bool accumulate,
+                               const void *bias, int64_t sbias)
 {
     const kernels *kn = cpu_kernels();
     blocked g = {0};
@@ -398,6 +425,8 @@ static ndm_status gemm_blocked(ndm_dtype dt, int64_t m, int64_t n, int64_t k, co
     g.m = m, g.n = n, g.k = k;
     g.a = a, g.b = b, g.c = c;
     g.rsa = rsa, g.csa = csa, g.rsb = rsb, g.csb = csb, g.rsc = rsc, g.csc = csc;
+    g.bias = bias;
+    g.sbias = sbias;
     atomic_init(&g.failed, 0);
     int threads = ndm__num_threads();
     int64_t ncap = n < NC ? n : NC;
@@ -619,29 +648,51 @@ static int provider_gemm(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const vo
 
 /* ---- entry point ------------------------------------------------------------ */
 
-static void zero_matrix(size_t es, int64_t m, int64_t n, char *c, int64_t rsc, int64_t csc)
-{
-    for (int64_t i = 0; i < m; i++) {
-        if (csc == 1) {
-            memset(c + i * rsc * (int64_t)es, 0, (size_t)n * es);
-            continue;
-        }
-        for (int64_t j = 0; j < n; j++)
-            memset(c + (i * rsc + j * csc) * (int64_t)es, 0, es);
+/* C's rows set to the bias (or zeros): typed loops, no call per element. */
+#define NDM__FILL_ROWS(T)                                                       \
+    static void fill_rows_##T(int64_t m, int64_t n, T *c, int64_t rsc, int64_t csc, \
+                              const T *bias, int64_t sbias)                     \
+    {                                                                           \
+        for (int64_t i = 0; i < m; i++) {                                       \
+            T v = bias ? bias[i * sbias] : (T)0;                                \
+            T *row = c + i * rsc;                                               \
+            if (csc == 1)                                                       \
+                for (int64_t j = 0; j < n; j++)                                 \
+                    row[j] = v;                                                 \
+            else                                                                \
+                for (int64_t j = 0; j < n; j++)                                 \
+                    row[j * csc] = v;                                           \
+        }                                                                       \
     }
+NDM__FILL_ROWS(float)
+NDM__FILL_ROWS(double)
+NDM__FILL_ROWS(int64_t)
+
+static void fill_rows(ndm_dtype dt, int64_t m, int64_t n, void *c, int64_t rsc, int64_t csc,
+                      const void *bias, int64_t sbias)
+{
+    if (dt == NDM_F32)
+        fill_rows_float(m, n, c, rsc, csc, bias, sbias);
+    else if (dt == NDM_F64)
+        fill_rows_double(m, n, c, rsc, csc, bias, sbias);
+    else
+        fill_rows_int64_t(m, n, c, rsc, csc, bias, sbias);
 }
 
-ndm_status ndm__cpu_gemm(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const void *a,
-                         int64_t rsa, int64_t csa, const void *b, int64_t rsb, int64_t csb,
-                         void *c, int64_t rsc, int64_t csc, unsigned flags)
+ndm_status ndm__cpu_gemm_bias(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const void *a,
+                              int64_t rsa, int64_t csa, const void *b, int64_t rsb, int64_t csb,
+                              void *c, int64_t rsc, int64_t csc, const void *bias, int64_t sbias,
+                              unsigned flags)
 {
     bool acc = flags & NDM__GEMM_ACCUMULATE;
     if (m <= 0 || n <= 0)
         return NDM_OK;
-    if (k <= 0) {
+    if (k <= 0 || (bias && dt == NDM_I64)) {
         if (!acc)
-            zero_matrix(ndm_dtype_size(dt), m, n, c, rsc, csc);
-        return NDM_OK;
+            fill_rows(dt, m, n, c, rsc, csc, bias, sbias);
+        if (k <= 0)
+            return NDM_OK;
+        acc = acc || bias;
     }
     if (dt == NDM_I64) {
         gemm_i64_ctx g = {n, k, a, b, c, rsa, csa, rsb, csb, rsc, csc, acc};
@@ -654,12 +705,27 @@ ndm_status ndm__cpu_gemm(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const vo
         return NDM_E_DTYPE;
 #if NDM_HAVE_OPENBLAS || NDM_HAVE_BLIS
     if (!(flags & NDM__GEMM_NO_PROVIDER)) {
-        int done = provider_gemm(dt, m, n, k, a, rsa, csa, b, rsb, csb, c, rsc, csc, acc);
+        /* the provider adds onto C, so a bias is written first */
+        if (bias && !acc)
+            fill_rows(dt, m, n, c, rsc, csc, bias, sbias);
+        int done = provider_gemm(dt, m, n, k, a, rsa, csa, b, rsb, csb, c, rsc, csc,
+                                 acc || bias);
         if (done != 0)
             return done < 0 ? (ndm_status)done : NDM_OK;
+        if (bias && !acc) {
+            acc = true;
+            bias = NULL;
+        }
     }
 #endif
-    return gemm_blocked(dt, m, n, k, a, rsa, csa, b, rsb, csb, c, rsc, csc, acc);
+    return gemm_blocked(dt, m, n, k, a, rsa, csa, b, rsb, csb, c, rsc, csc, acc, bias, sbias);
+}
+
+ndm_status ndm__cpu_gemm(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const void *a,
+                         int64_t rsa, int64_t csa, const void *b, int64_t rsb, int64_t csb,
+                         void *c, int64_t rsc, int64_t csc, unsigned flags)
+{
+    return ndm__cpu_gemm_bias(dt, m, n, k, a, rsa, csa, b, rsb, csb, c, rsc, csc, NULL, 0, flags);
 }
 
 /* ---- batched matmul (the linalg family) ------------------------------------ */

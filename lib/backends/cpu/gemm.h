@@ -60,5 +60,12 @@ enum {
 ndm_status ndm__cpu_gemm(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const void *a,
                          int64_t rsa, int64_t csa, const void *b, int64_t rsb, int64_t csb,
                          void *c, int64_t rsc, int64_t csc, unsigned flags);
+/* The same with C = bias + A @ B: bias[i * sbias] starts row i (not with
+ * NDM__GEMM_ACCUMULATE). ndm's kernel adds it as it writes C; the provider
+ * path writes it into C first. */
+ndm_status ndm__cpu_gemm_bias(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const void *a,
+                              int64_t rsa, int64_t csa, const void *b, int64_t rsb, int64_t csb,
+                              void *c, int64_t rsc, int64_t csc, const void *bias, int64_t sbias,
+                              unsigned flags);
 
 #endif

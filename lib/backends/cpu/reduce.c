@@ -11,6 +11,10 @@
 #include "gemm.h"
 #include "parallel.h"
 
+#if NDM__CPU_X86
+#include <immintrin.h>
+#endif
+
 /* ---- shared helpers ---------------------------------------------------------- */
 
 #define LDX_b8(v) (v)
@@ -415,7 +419,7 @@ static ndm_status ref_softmax(int device, const ndm__tensor *dst, const ndm__ten
  * Tasks are (group of outputs) x (part of the reduced range); the reduced
  * range is split only when there are too few groups for the threads. */
 
-#define BL 256
+#define BL 1024
 
 enum {
     C_SUMD, C_SUMI, C_PRODD, C_PRODI, C_MAXD, C_MAXI, C_MIND, C_MINI,
@@ -436,7 +440,7 @@ typedef struct blk {
 typedef double v4d __attribute__((vector_size(32)));
 typedef float v4f __attribute__((vector_size(16)));
 
-static double sum_f32(const float *x, int64_t n)
+static double sum_f32_c(const float *x, int64_t n)
 {
     v4d a0 = {0, 0, 0, 0}, a1 = a0, a2 = a0, a3 = a0;
     int64_t i = 0;
@@ -458,7 +462,7 @@ static double sum_f32(const float *x, int64_t n)
     return s;
 }
 
-static double sum_f64_block(const double *x, int64_t n)
+static double sum_f64_block_c(const double *x, int64_t n)
 {
     v4d a0 = {0, 0, 0, 0}, a1 = a0, a2 = a0, a3 = a0;
     int64_t i = 0;
@@ -478,27 +482,6 @@ static double sum_f64_block(const double *x, int64_t n)
     for (; i < n; i++)
         s += x[i];
     return s;
-}
-
-/* Blocks of 512 summed in 16 lanes, the block sums combined pairwise (a
- * binary counter of partial sums), so the error grows with log2(n/512). */
-static double sum_f64(const double *x, int64_t n)
-{
-    double level[64];
-    uint64_t count = 0;
-    for (int64_t i = 0; i < n; i += 512) {
-        double s = sum_f64_block(x + i, n - i < 512 ? n - i : 512);
-        int lv = 0;
-        for (uint64_t c = count; c & 1; c >>= 1, lv++)
-            s += level[lv];
-        level[lv] = s;
-        count++;
-    }
-    double total = 0;
-    for (int lv = 0; lv < 64; lv++)
-        if (count >> lv & 1)
-            total += level[lv];
-    return total;
 }
 
 /* acc[j] += rows of x, two rows per pass (f32 or f64, unit stride). */
@@ -525,8 +508,127 @@ static double sum_f64(const double *x, int64_t n)
             for (int64_t j = 0; j < L; j++)                                     \
                 acc[j] += (double)x[r * rs + j];                                \
     }
-NDM__VSUM(vsum_f32, float, v4f)
-NDM__VSUM(vsum_f64, double, v4d)
+NDM__VSUM(vsum_f32_c, float, v4f)
+NDM__VSUM(vsum_f64_c, double, v4d)
+
+#if NDM__CPU_X86
+/* AVX2 versions: converting f32 to f64 four at a time keeps a sum at the
+ * speed of memory, where SSE2 conversions cannot. */
+__attribute__((target("avx2"))) static double sum_f32_avx2(const float *x, int64_t n)
+{
+    __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        a0 = _mm256_add_pd(a0, _mm256_cvtps_pd(_mm_loadu_ps(x + i)));
+        a1 = _mm256_add_pd(a1, _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4)));
+        a2 = _mm256_add_pd(a2, _mm256_cvtps_pd(_mm_loadu_ps(x + i + 8)));
+        a3 = _mm256_add_pd(a3, _mm256_cvtps_pd(_mm_loadu_ps(x + i + 12)));
+    }
+    double t[4];
+    _mm256_storeu_pd(t, _mm256_add_pd(_mm256_add_pd(a0, a1), _mm256_add_pd(a2, a3)));
+    double s = (t[0] + t[1]) + (t[2] + t[3]);
+    for (; i < n; i++)
+        s += x[i];
+    return s;
+}
+
+__attribute__((target("avx2"))) static double sum_f64_block_avx2(const double *x, int64_t n)
+{
+    __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        a0 = _mm256_add_pd(a0, _mm256_loadu_pd(x + i));
+        a1 = _mm256_add_pd(a1, _mm256_loadu_pd(x + i + 4));
+        a2 = _mm256_add_pd(a2, _mm256_loadu_pd(x + i + 8));
+        a3 = _mm256_add_pd(a3, _mm256_loadu_pd(x + i + 12));
+    }
+    double t[4];
+    _mm256_storeu_pd(t, _mm256_add_pd(_mm256_add_pd(a0, a1), _mm256_add_pd(a2, a3)));
+    double s = (t[0] + t[1]) + (t[2] + t[3]);
+    for (; i < n; i++)
+        s += x[i];
+    return s;
+}
+
+/* Four rows per pass, so the accumulators are loaded and stored once per
+ * four rows. */
+#define NDM__VSUM_AVX2(NAME, T, LOAD)                                           \
+    __attribute__((target("avx2"))) static void NAME(double *acc, int64_t L, const T *x, \
+                                                     int64_t rn, int64_t rs)    \
+    {                                                                           \
+        int64_t r = 0;                                                          \
+        for (; r + 4 <= rn; r += 4) {                                           \
+            const T *p0 = x + r * rs, *p1 = p0 + rs, *p2 = p1 + rs, *p3 = p2 + rs; \
+            int64_t j = 0;                                                      \
+            for (; j + 4 <= L; j += 4) {                                        \
+                __m256d s01 = _mm256_add_pd(LOAD(p0 + j), LOAD(p1 + j));        \
+                __m256d s23 = _mm256_add_pd(LOAD(p2 + j), LOAD(p3 + j));        \
+                _mm256_storeu_pd(acc + j, _mm256_add_pd(_mm256_loadu_pd(acc + j), \
+                                                        _mm256_add_pd(s01, s23))); \
+            }                                                                   \
+            for (; j < L; j++)                                                  \
+                acc[j] += ((double)p0[j] + (double)p1[j]) + ((double)p2[j] + (double)p3[j]); \
+        }                                                                       \
+        for (; r < rn; r++)                                                     \
+            for (int64_t j = 0; j < L; j++)                                     \
+                acc[j] += (double)x[r * rs + j];                                \
+    }
+#define NDM__LD_PS(p) _mm256_cvtps_pd(_mm_loadu_ps(p))
+NDM__VSUM_AVX2(vsum_f32_avx2, float, NDM__LD_PS)
+NDM__VSUM_AVX2(vsum_f64_avx2, double, _mm256_loadu_pd)
+#undef NDM__LD_PS
+#endif
+
+/* The sum kernels for this CPU, chosen once. */
+typedef struct sums {
+    double (*f32)(const float *, int64_t);
+    double (*f64_block)(const double *, int64_t);
+    void (*vf32)(double *, int64_t, const float *, int64_t, int64_t);
+    void (*vf64)(double *, int64_t, const double *, int64_t, int64_t);
+} sums;
+
+static const sums *cpu_sums(void)
+{
+    static const sums portable = {sum_f32_c, sum_f64_block_c, vsum_f32_c, vsum_f64_c};
+#if NDM__CPU_X86
+    static const sums avx2 = {sum_f32_avx2, sum_f64_block_avx2, vsum_f32_avx2, vsum_f64_avx2};
+    static _Atomic(const sums *) chosen;
+    const sums *k = atomic_load_explicit(&chosen, memory_order_acquire);
+    if (!k) {
+        __builtin_cpu_init();
+        k = __builtin_cpu_supports("avx2") ? &avx2 : &portable;
+        atomic_store_explicit(&chosen, k, memory_order_release);
+    }
+    return k;
+#else
+    return &portable;
+#endif
+}
+
+static double sum_f32(const float *x, int64_t n) { return cpu_sums()->f32(x, n); }
+
+/* Blocks of 512 summed in 16 lanes, the block sums combined pairwise (a
+ * binary counter of partial sums), so the error grows with log2(n/512). */
+static double sum_f64(const double *x, int64_t n)
+{
+    double (*block)(const double *, int64_t) = cpu_sums()->f64_block;
+    double level[64];
+    uint64_t count = 0;
+    for (int64_t i = 0; i < n; i += 512) {
+        double s = block(x + i, n - i < 512 ? n - i : 512);
+        int lv = 0;
+        for (uint64_t c = count; c & 1; c >>= 1, lv++)
+            s += level[lv];
+        level[lv] = s;
+        count++;
+    }
+    double total = 0;
+    for (int lv = 0; lv < 64; lv++)
+        if (count >> lv & 1)
+            total += level[lv];
+    return total;
+}
+
 
 /* n elements at stride s into a double, int64 or truth buffer. */
 static void load_row(int kind, ndm_dtype t, const char *x, int64_t s, int64_t n, double *od,
@@ -871,11 +973,11 @@ static void v_rows(const plan *p, scratch *w, int cls, int64_t L, const char *x,
                    int64_t rn, int64_t rs, int64_t i0, const double *pre)
 {
     if (cls == C_SUMD && ks == 1 && p->st == NDM_F32) {
-        vsum_f32(w->b.d, L, (const float *)x, rn, rs);
+        cpu_sums()->vf32(w->b.d, L, (const float *)x, rn, rs);
         return;
     }
     if (cls == C_SUMD && ks == 1 && p->st == NDM_F64) {
-        vsum_f64(w->b.d, L, (const double *)x, rn, rs);
+        cpu_sums()->vf64(w->b.d, L, (const double *)x, rn, rs);
         return;
     }
     int kind = load_kind(cls);
