@@ -836,6 +836,18 @@ static void test_softmax_masked_and_nan(void **state)
     }
     ndm__cpu_force_reference(false);
     release(a);
+    /* rows long enough for the vector exp: NaN, masks, a fully masked row */
+    double y[3 * 9];
+    for (int i = 0; i < 27; i++)
+        y[i] = (double)(i % 7) - 3.0;
+    y[4] = NAN;
+    y[9 + 2] = y[9 + 5] = y[9 + 8] = -INFINITY;
+    for (int i = 18; i < 27; i++)
+        y[i] = -INFINITY;
+    ndm_array b = make_array(m, NDM_F64, y, NDM_SHAPE(3, 9));
+    check_softmax(b, 1, "long rows, masked and NaN");
+    check(OP_LSE, b, y, false, 1, (const int[]){1}, 0, "long rows, masked and NaN");
+    release(b);
 }
 
 static void test_softmax_of_0d(void **state)

@@ -32,7 +32,9 @@ static int provider_threads(void)
 #if NDM_HAVE_OPENBLAS
     return openblas_get_num_threads();
 #elif NDM_HAVE_BLIS
-    return (int)bli_thread_get_num_threads();
+    /* -1 when neither BLIS_NUM_THREADS nor OMP_NUM_THREADS is set: one thread */
+    dim_t t = bli_thread_get_num_threads();
+    return t > 0 ? (int)t : 1;
 #else
     const char *e = getenv("NDM_NUM_THREADS");
     long c = sysconf(_SC_NPROCESSORS_ONLN);

@@ -576,22 +576,133 @@ __attribute__((target("avx2"))) static double sum_f64_block_avx2(const double *x
 #define NDM__LD_PS(p) _mm256_cvtps_pd(_mm_loadu_ps(p))
 NDM__VSUM_AVX2(vsum_f32_avx2, float, NDM__LD_PS)
 NDM__VSUM_AVX2(vsum_f64_avx2, double, _mm256_loadu_pd)
+
+/* max or min of a contiguous row; NaN if any element is NaN. */
+#define NDM__EXTREME_AVX2(NAME, T, LOAD, OP, INIT, CMP)                         \
+    __attribute__((target("avx2"))) static double NAME(const T *x, int64_t n)   \
+    {                                                                           \
+        __m256d m0 = _mm256_set1_pd(INIT), m1 = m0, bad = _mm256_setzero_pd();  \
+        int64_t i = 0;                                                          \
+        for (; i + 8 <= n; i += 8) {                                            \
+            __m256d a = LOAD(x + i), b = LOAD(x + i + 4);                       \
+            bad = _mm256_or_pd(bad, _mm256_or_pd(_mm256_cmp_pd(a, a, _CMP_UNORD_Q), \
+                                                 _mm256_cmp_pd(b, b, _CMP_UNORD_Q))); \
+            m0 = OP(m0, a);                                                     \
+            m1 = OP(m1, b);                                                     \
+        }                                                                       \
+        double t[4];                                                            \
+        _mm256_storeu_pd(t, OP(m0, m1));                                        \
+        double m = t[0];                                                        \
+        for (int j = 1; j < 4; j++)                                             \
+            m = t[j] CMP m ? t[j] : m;                                          \
+        bool nan = _mm256_movemask_pd(bad) != 0;                                \
+        for (; i < n; i++) {                                                    \
+            double v = x[i];                                                    \
+            nan |= v != v;                                                      \
+            m = v CMP m ? v : m;                                                \
+        }                                                                       \
+        return nan ? NAN : m;                                                   \
+    }
+NDM__EXTREME_AVX2(max_f32_avx2, float, NDM__LD_PS, _mm256_max_pd, -INFINITY, >)
+NDM__EXTREME_AVX2(min_f32_avx2, float, NDM__LD_PS, _mm256_min_pd, INFINITY, <)
+NDM__EXTREME_AVX2(max_f64_avx2, double, _mm256_loadu_pd, _mm256_max_pd, -INFINITY, >)
+NDM__EXTREME_AVX2(min_f64_avx2, double, _mm256_loadu_pd, _mm256_min_pd, INFINITY, <)
+
+/* The second pass of var: sums of d and d^2 for d = x - mean. */
+#define NDM__DEV_AVX2(NAME, T, LOAD)                                            \
+    __attribute__((target("avx2,fma"))) static void NAME(const T *x, int64_t n, double mean, \
+                                                         double *sd, double *sd2) \
+    {                                                                           \
+        __m256d mu = _mm256_set1_pd(mean), s0 = _mm256_setzero_pd(), s1 = s0, q0 = s0, q1 = s0; \
+        int64_t i = 0;                                                          \
+        for (; i + 8 <= n; i += 8) {                                            \
+            __m256d a = _mm256_sub_pd(LOAD(x + i), mu), b = _mm256_sub_pd(LOAD(x + i + 4), mu); \
+            s0 = _mm256_add_pd(s0, a);                                          \
+            s1 = _mm256_add_pd(s1, b);                                          \
+            q0 = _mm256_fmadd_pd(a, a, q0);                                     \
+            q1 = _mm256_fmadd_pd(b, b, q1);                                     \
+        }                                                                       \
+        double t[4], u[4];                                                      \
+        _mm256_storeu_pd(t, _mm256_add_pd(s0, s1));                             \
+        _mm256_storeu_pd(u, _mm256_add_pd(q0, q1));                             \
+        double s = (t[0] + t[1]) + (t[2] + t[3]), q = (u[0] + u[1]) + (u[2] + u[3]); \
+        for (; i < n; i++) {                                                    \
+            double d = (double)x[i] - mean;                                     \
+            s += d;                                                             \
+            q += d * d;                                                         \
+        }                                                                       \
+        *sd += s;                                                               \
+        *sd2 += q;                                                              \
+    }
+NDM__DEV_AVX2(dev_f32_avx2, float, NDM__LD_PS)
+NDM__DEV_AVX2(dev_f64_avx2, double, _mm256_loadu_pd)
 #undef NDM__LD_PS
+
+/* exp of four doubles: the algorithm of expd with FMA; inputs are clamped
+ * so that the scale factors stay normal, NaN is put back at the end. */
+__attribute__((target("avx2,fma"))) static inline __m256d exp4_avx2(__m256d x)
+{
+    const __m256d shift = _mm256_set1_pd(6755399441055744.0);
+    __m256d xc = _mm256_min_pd(_mm256_max_pd(x, _mm256_set1_pd(-746.0)), _mm256_set1_pd(710.0));
+    __m256d kd = _mm256_sub_pd(_mm256_fmadd_pd(xc, _mm256_set1_pd(1.4426950408889634), shift),
+                               shift);
+    __m256d r = _mm256_fnmadd_pd(kd, _mm256_set1_pd(6.93147180369123816490e-01), xc);
+    r = _mm256_fnmadd_pd(kd, _mm256_set1_pd(1.90821492927058770002e-10), r);
+    static const double c[] = {1.0 / 6227020800.0, 1.0 / 479001600.0, 1.0 / 39916800.0,
+                               1.0 / 3628800.0, 1.0 / 362880.0, 1.0 / 40320.0, 1.0 / 5040.0,
+                               1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0};
+    __m256d p = _mm256_set1_pd(c[0]);
+    for (int i = 1; i < 14; i++)
+        p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(c[i]));
+    /* 2^k as 2^k1 * 2^k2: the integer k + 1023 sits in the low bits of
+     * k + 1.5 * 2^52, whose bit pattern is 0x4338... + k */
+    __m256d k1 = _mm256_floor_pd(_mm256_mul_pd(kd, _mm256_set1_pd(0.5)));
+    __m256d k2 = _mm256_sub_pd(kd, k1);
+    __m256i bias = _mm256_set1_epi64x(0x4338000000000000LL - 1023);
+    __m256i e1 = _mm256_slli_epi64(_mm256_sub_epi64(_mm256_castpd_si256(_mm256_add_pd(k1, shift)), bias), 52);
+    __m256i e2 = _mm256_slli_epi64(_mm256_sub_epi64(_mm256_castpd_si256(_mm256_add_pd(k2, shift)), bias), 52);
+    __m256d y = _mm256_mul_pd(_mm256_mul_pd(p, _mm256_castsi256_pd(e1)), _mm256_castsi256_pd(e2));
+    return _mm256_blendv_pd(y, x, _mm256_cmp_pd(x, x, _CMP_UNORD_Q));
+}
+
+__attribute__((target("avx2,fma"))) static void exp_row_avx2(double *x, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4)
+        _mm256_storeu_pd(x + i, exp4_avx2(_mm256_loadu_pd(x + i)));
+    for (; i < n; i++)
+        x[i] = expd(x[i]);
+}
 #endif
 
-/* The sum kernels for this CPU, chosen once. */
+static void exp_row_c(double *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        x[i] = expd(x[i]);
+}
+
+/* The row kernels for this CPU, chosen once. The optional ones (NULL)
+ * leave the row to the generic path. */
 typedef struct sums {
     double (*f32)(const float *, int64_t);
     double (*f64_block)(const double *, int64_t);
     void (*vf32)(double *, int64_t, const float *, int64_t, int64_t);
     void (*vf64)(double *, int64_t, const double *, int64_t, int64_t);
+    void (*exp_row)(double *, int64_t);
+    double (*max_f32)(const float *, int64_t), (*min_f32)(const float *, int64_t);
+    double (*max_f64)(const double *, int64_t), (*min_f64)(const double *, int64_t);
+    void (*dev_f32)(const float *, int64_t, double, double *, double *);
+    void (*dev_f64)(const double *, int64_t, double, double *, double *);
 } sums;
 
 static const sums *cpu_sums(void)
 {
-    static const sums portable = {sum_f32_c, sum_f64_block_c, vsum_f32_c, vsum_f64_c};
+    static const sums portable = {sum_f32_c, sum_f64_block_c, vsum_f32_c, vsum_f64_c, exp_row_c,
+                                  NULL, NULL, NULL, NULL, NULL, NULL};
 #if NDM__CPU_X86
-    static const sums avx2 = {sum_f32_avx2, sum_f64_block_avx2, vsum_f32_avx2, vsum_f64_avx2};
+    static const sums avx2 = {sum_f32_avx2, sum_f64_block_avx2, vsum_f32_avx2, vsum_f64_avx2,
+                              exp_row_avx2, max_f32_avx2, min_f32_avx2, max_f64_avx2,
+                              min_f64_avx2, dev_f32_avx2, dev_f64_avx2};
     static _Atomic(const sums *) chosen;
     const sums *k = atomic_load_explicit(&chosen, memory_order_acquire);
     if (!k) {
@@ -961,10 +1072,43 @@ static void h_row(const plan *p, scratch *w, int cls, acc1 *a, const char *x, in
         a->d += sum_f64((const double *)x, n);
         return;
     }
+    const sums *k = cpu_sums();
+    bool f32 = p->st == NDM_F32, f64 = p->st == NDM_F64;
+    if (s == 1 && (f32 || f64)) {
+        double (*ext)(const void *, int64_t) = NULL;
+        if (cls == C_MAXD)
+            ext = f32 ? (double (*)(const void *, int64_t))k->max_f32
+                      : (double (*)(const void *, int64_t))k->max_f64;
+        if (cls == C_MIND)
+            ext = f32 ? (double (*)(const void *, int64_t))k->min_f32
+                      : (double (*)(const void *, int64_t))k->min_f64;
+        if (ext) {
+            /* a NaN already held stays; a NaN in the row replaces anything */
+            double v = ext(x, n);
+            if (a->d == a->d && (v != v || (cls == C_MAXD ? v > a->d : v < a->d)))
+                a->d = v;
+            return;
+        }
+        if (cls == C_VAR2 && (f32 ? k->dev_f32 != NULL : k->dev_f64 != NULL)) {
+            if (f32)
+                k->dev_f32((const float *)x, n, pre, &a->d, &a->d2);
+            else
+                k->dev_f64((const double *)x, n, pre, &a->d, &a->d2);
+            return;
+        }
+    }
     int kind = load_kind(cls);
     for (int64_t j0 = 0; j0 < n; j0 += BL) {
         int64_t m = n - j0 < BL ? n - j0 : BL;
         load_row(kind, p->st, x + j0 * s * (int64_t)p->ses, s, m, w->bd, w->bi);
+        if (cls == C_LSE2) {
+            /* exp over the whole buffer at once, then a plain sum */
+            for (int64_t j = 0; j < m; j++)
+                w->bd[j] -= pre;
+            k->exp_row(w->bd, m);
+            h_apply(C_SUMD, a, w->bd, w->bi, m, i0 + j0, pre);
+            continue;
+        }
         h_apply(cls, a, w->bd, w->bi, m, i0 + j0, pre);
     }
 }
@@ -983,6 +1127,13 @@ static void v_rows(const plan *p, scratch *w, int cls, int64_t L, const char *x,
     int kind = load_kind(cls);
     for (int64_t r = 0; r < rn; r++) {
         load_row(kind, p->st, x + r * rs * (int64_t)p->ses, ks, L, w->bd, w->bi);
+        if (cls == C_LSE2) {
+            for (int64_t j = 0; j < L; j++)
+                w->bd[j] -= pre[j];
+            cpu_sums()->exp_row(w->bd, L);
+            v_apply(C_SUMD, &w->b, L, w->bd, w->bi, i0 + r, pre);
+            continue;
+        }
         v_apply(cls, &w->b, L, w->bd, w->bi, i0 + r, pre);
     }
 }
@@ -1372,12 +1523,13 @@ static void smx_range(void *ctx, int64_t begin, int64_t end)
     smx *c = ctx;
     int nd = c->nd, ax = c->axis;
     int64_t n = c->n;
-    double *buf = malloc((size_t)n * sizeof *buf + (size_t)nd * sizeof(int64_t));
+    void (*exp_row)(double *, int64_t) = cpu_sums()->exp_row;
+    double *buf = malloc(2 * (size_t)n * sizeof *buf + (size_t)nd * sizeof(int64_t));
     if (!buf) {
         atomic_store(&c->oom, 1);
         return;
     }
-    int64_t *idx = (int64_t *)(buf + n);
+    int64_t *idx = (int64_t *)(buf + 2 * n);
     int64_t rem = begin;
     for (int i = nd - 1; i >= 0; i--) {
         if (i == ax) {
@@ -1396,17 +1548,22 @@ static void smx_range(void *ctx, int64_t begin, int64_t end)
         for (int64_t j = 0; j < n; j++)
             m = (buf[j] > m || buf[j] != buf[j]) ? buf[j] : m;
         double sum = 0;
+        for (int64_t j = 0; j < n; j++)
+            buf[j] -= m;
         if (c->log) {
+            /* exp goes to the second half of the buffer; x - m stays */
+            double *e = buf + n;
+            memcpy(e, buf, (size_t)n * sizeof *e);
+            exp_row(e, n);
             for (int64_t j = 0; j < n; j++)
-                sum += expd(buf[j] - m);
+                sum += e[j];
             double ls = log(sum);
             for (int64_t j = 0; j < n; j++)
-                buf[j] = (buf[j] - m) - ls;
+                buf[j] -= ls;
         } else {
-            for (int64_t j = 0; j < n; j++) {
-                buf[j] = expd(buf[j] - m);
+            exp_row(buf, n);
+            for (int64_t j = 0; j < n; j++)
                 sum += buf[j];
-            }
             for (int64_t j = 0; j < n; j++)
                 buf[j] /= sum;
         }
