@@ -281,7 +281,7 @@ static void *alloc64(size_t bytes)
     return aligned_alloc(64, sz ? sz : 64);
 }
 
-/* Pack rows [i0, i0 + rows) x cols [p0, p0 + kc) of A into MR-row panels. */
+/* Pack `rows` x `kc` of A (starting at `a`) into panels of MR rows, zero-padded. */
 #define NDM__PACK_A(T)                                                          \
     static void pack_a_##T(T *restrict dst, const T *a, int64_t rsa, int64_t csa, int64_t rows, \
                            int64_t kc, int mr)                                  \
@@ -315,7 +315,7 @@ static void *alloc64(size_t bytes)
 NDM__PACK_A(float)
 NDM__PACK_A(double)
 
-/* Pack panel `panel` (NR columns) of a kc x nc block of B. */
+/* Pack one panel of B: `kc` rows of `cols` (<= NR) columns, zero-padded to NR. */
 #define NDM__PACK_B(T)                                                          \
     static void pack_b_##T(T *restrict dst, const T *b, int64_t rsb, int64_t csb, int64_t kc, \
                            int64_t cols, int nr)                                \
