@@ -1,4 +1,29 @@
-/* ndm convolution and pooling (NCHW). */
+/* ndm convolution and pooling (NCHW).
+ *
+ * Inputs are (N, C, H, W) arrays of f16, bf16, f32 or f64 (f16 and bf16
+ * compute in f32); any strides are accepted. Options come last, as a pointer
+ * to a struct written with a literal macro whose zero fields take the
+ * default, or NULL for every default:
+ *
+ *     ndm_conv2d(x, w, NDM_CONV2D(.padding = {1, 1}))
+ *     ndm_conv2d_bias(x, w, b, NDM_CONV2D(.stride = {2, 2}, .groups = 4))
+ *     ndm_max_pool2d(x, NDM_POOL2D(.kernel = {2, 2}))
+ *
+ * Sizes follow PyTorch (floor mode): out = (in + 2*pad - dil*(k-1) - 1) / stride + 1.
+ * A window that does not fit (out < 1) is NDM_E_SHAPE; negative padding,
+ * zero or negative explicit kernel sizes are NDM_E_INVALID; a size that
+ * overflows is NDM_E_OVERFLOW.
+ *
+ * Ownership: every function returns a fresh array attached by the output
+ * rule (the `_to` variant's manager, else the innermost scope of this thread,
+ * else the manager of `x`), or the null handle with the reason in
+ * ndm_last_error(). Null inputs (bias included, when one is passed)
+ * propagate. Scratch memory (the unfolded input of a convolution) is a
+ * library temporary under the same rule, released before return.
+ *
+ * Thread rules: as for arrays; the CPU kernels split the batch over the
+ * thread pool when it has enough samples.
+ */
 #ifndef NDM_CONV_H
 #define NDM_CONV_H
 
@@ -10,6 +35,58 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/** Convolution options; a zero field takes the default shown. Index 0 is
+ *  the height (H) axis, index 1 the width (W) axis. */
+typedef struct ndm_conv2d_opts {
+    int64_t stride[2];   /* step between windows; 0: 1 */
+    int64_t padding[2];  /* zeros added before and after each axis; 0: none */
+    int64_t dilation[2]; /* step between kernel taps; 0: 1 */
+    int64_t groups;      /* C and O split in `groups` independent parts; 0: 1 */
+} ndm_conv2d_opts;
+#define NDM_CONV2D(...) (&(const ndm_conv2d_opts){__VA_ARGS__})
+
+/** Cross-correlation (PyTorch's conv2d): x (N, C, H, W) with weight
+ *  (O, C/groups, KH, KW) gives (N, O, OH, OW); ndm_conv2d_bias adds a
+ *  bias (O) to every output channel. x, weight and bias must share one
+ *  float dtype (NDM_E_DTYPE) and one device (NDM_E_DEVICE); C and O must
+ *  divide by groups and weight.shape[1] equal C/groups (NDM_E_SHAPE). */
+#define ndm_conv2d(x, w, ...)                                                   \
+    ndm_conv2d_to_at(NDM_HERE, NDM_NULL_MANAGER, (x), (w), NULL, __VA_ARGS__)
+#define ndm_conv2d_to(m, x, w, ...) ndm_conv2d_to_at(NDM_HERE, (m), (x), (w), NULL, __VA_ARGS__)
+#define ndm_conv2d_bias(x, w, b, ...)                                           \
+    ndm_conv2d_to_at(NDM_HERE, NDM_NULL_MANAGER, (x), (w), (const ndm_array[]){(b)}, __VA_ARGS__)
+#define ndm_conv2d_bias_to(m, x, w, b, ...)                                     \
+    ndm_conv2d_to_at(NDM_HERE, (m), (x), (w), (const ndm_array[]){(b)}, __VA_ARGS__)
+/** `bias` NULL: no bias; otherwise it points at the bias handle. */
+NDM_API ndm_array ndm_conv2d_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array x, ndm_array w,
+                                   const ndm_array *bias, const ndm_conv2d_opts *opts);
+
+/** Pooling options; index 0 is H, index 1 is W. */
+typedef struct ndm_pool2d_opts {
+    int64_t kernel[2];  /* window size; required (>= 1) */
+    int64_t stride[2];  /* 0: the kernel size (non-overlapping windows) */
+    int64_t padding[2]; /* 0: none; at most half the kernel size */
+} ndm_pool2d_opts;
+#define NDM_POOL2D(...) (&(const ndm_pool2d_opts){__VA_ARGS__})
+
+/** Largest element of each window (padding never wins; NaN propagates):
+ *  (N, C, H, W) -> (N, C, OH, OW), same dtype. */
+#define ndm_max_pool2d(x, ...) ndm_max_pool2d_to_at(NDM_HERE, NDM_NULL_MANAGER, (x), __VA_ARGS__)
+#define ndm_max_pool2d_to(m, x, ...) ndm_max_pool2d_to_at(NDM_HERE, (m), (x), __VA_ARGS__)
+NDM_API ndm_array ndm_max_pool2d_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array x,
+                                       const ndm_pool2d_opts *opts);
+
+/** Mean of each window. With count_include_pad the sum is divided by the
+ *  full window size KH*KW, padded zeros included (PyTorch's default); without
+ *  it, by the number of input elements the window covers (TensorFlow's
+ *  "SAME" pooling). Without padding both are the same. */
+#define ndm_avg_pool2d(x, count_include_pad, ...)                               \
+    ndm_avg_pool2d_to_at(NDM_HERE, NDM_NULL_MANAGER, (x), (count_include_pad), __VA_ARGS__)
+#define ndm_avg_pool2d_to(m, x, count_include_pad, ...)                         \
+    ndm_avg_pool2d_to_at(NDM_HERE, (m), (x), (count_include_pad), __VA_ARGS__)
+NDM_API ndm_array ndm_avg_pool2d_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array x,
+                                       bool count_include_pad, const ndm_pool2d_opts *opts);
 
 #ifdef __cplusplus
 }

@@ -1,4 +1,33 @@
-/* ndm linear algebra: matmul with numpy.matmul semantics, dot, outer. */
+/* ndm linear algebra: matmul with numpy.matmul semantics, dot, outer.
+ *
+ * Products of f32 and f64 go through the CPU GEMM provider chosen when ndm
+ * was built (-Dblas=auto|openblas|blis|none; ndm_gemm_provider() says which).
+ * Transposed and other strided views are passed to the provider as they are
+ * when it can read them (a transposed operand as a transposed matrix with its
+ * leading dimension; BLIS takes any positive strides); other layouts are
+ * copied first. The provider's own threading applies: ndm never changes
+ * OPENBLAS_NUM_THREADS, BLIS_NUM_THREADS or OMP_NUM_THREADS (BLIS runs on
+ * one thread unless one of them is set). Without a provider, and for the
+ * other dtypes, ndm's own blocked GEMM runs on the thread pool.
+ *
+ * Dtypes: the operands are promoted (ndm_result_type) and the result has
+ * that dtype. f16 and bf16 compute in f32 and round once; bool, u8, i32 and
+ * i64 accumulate in int64 and wrap to the result dtype as numpy does (a
+ * bool product is "any a[i,k] and b[k,j]").
+ *
+ * Ownership: every function returns a fresh array attached by the output
+ * rule (the `_to` variant's manager, else the innermost scope of this thread,
+ * else the manager of `a`), or the null handle with the reason in
+ * ndm_last_error(). Null inputs propagate. Library temporaries (converted
+ * or copied operands) follow the same rule and are released before return.
+ *
+ * Errors: NDM_E_SHAPE (inner sizes differ, batch shapes do not broadcast,
+ * 0-d operand to matmul), NDM_E_DEVICE (operands on different devices),
+ * NDM_E_OVERFLOW (the result's element count overflows), NDM_E_CLOSED,
+ * NDM_E_CAPPED, NDM_E_QUOTA, NDM_E_OOM.
+ *
+ * Thread rules: as for arrays.
+ */
 #ifndef NDM_LINALG_H
 #define NDM_LINALG_H
 
@@ -10,6 +39,32 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/** numpy.matmul: 2-D operands multiply as matrices; a 1-D `a` is a row
+ *  (k) -> (1, k) and a 1-D `b` a column, the added axis removed from the
+ *  result; leading (batch) axes broadcast: (2, 1, m, k) @ (3, k, n) gives
+ *  (2, 3, m, n). 0-d operands are NDM_E_SHAPE. */
+#define ndm_matmul(a, b) ndm_matmul_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (b))
+#define ndm_matmul_to(m, a, b) ndm_matmul_to_at(NDM_HERE, (m), (a), (b))
+NDM_API ndm_array ndm_matmul_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, ndm_array b);
+
+/** numpy.dot: the inner product of two 1-D arrays (a 0-d result); for
+ *  N-d `a` and 1-d `b` a sum over the last axes; for N-d `a` and M-d `b`
+ *  (M >= 2) a sum over the last axis of `a` and the second-to-last of `b`,
+ *  shape a.shape[:-1] + b.shape[:-2] + b.shape[-1:]; a 0-d operand scales
+ *  the other. */
+#define ndm_dot(a, b) ndm_dot_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (b))
+#define ndm_dot_to(m, a, b) ndm_dot_to_at(NDM_HERE, (m), (a), (b))
+NDM_API ndm_array ndm_dot_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, ndm_array b);
+
+/** numpy.outer: out[i, j] = a.flat[i] * b.flat[j], shape (a.size, b.size). */
+#define ndm_outer(a, b) ndm_outer_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (b))
+#define ndm_outer_to(m, a, b) ndm_outer_to_at(NDM_HERE, (m), (a), (b))
+NDM_API ndm_array ndm_outer_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, ndm_array b);
+
+/** The CPU GEMM provider compiled in: "openblas", "blis" or "none"
+ *  (static string). */
+NDM_API const char *ndm_gemm_provider(void);
 
 #ifdef __cplusplus
 }

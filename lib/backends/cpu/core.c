@@ -6,6 +6,9 @@
 #include "../backend.h"
 #include "../index.h"
 #include "../random.h"
+#include "../linalg.h"
+#include "../nn.h"
+#include "../reduce.h"
 #include "convert.h"
 #include "iter.h"
 
@@ -157,6 +160,9 @@ const ndm__backend ndm__cpu_backend = {
     .sync = NULL,
     .index = &ndm__cpu_index,
     .random = &ndm__cpu_random,
+    .reduce = &ndm__cpu_reduce,
+    .linalg = &ndm__cpu_linalg,
+    .nn = &ndm__cpu_nn,
 };
 
 const ndm__backend ndm__cpu_ref_backend = {
@@ -171,4 +177,7 @@ const ndm__backend ndm__cpu_ref_backend = {
     .sync = NULL,
     .index = &ndm__cpu_ref_index,
     .random = &ndm__cpu_ref_random,
+    .reduce = &ndm__cpu_ref_reduce,
+    .linalg = &ndm__cpu_ref_linalg,
+    .nn = &ndm__cpu_ref_nn,
 };

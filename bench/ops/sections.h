@@ -1,0 +1,23 @@
+/* The sections of the operations benchmark; main.c runs them in order. */
+#ifndef NDM_BENCH_OPS_SECTIONS_H
+#define NDM_BENCH_OPS_SECTIONS_H
+
+#include <stdbool.h>
+
+#include "../bench.h"
+
+/* Reductions: sum over 64M floats (GB/s) against a plain read loop. */
+void bench_ops_reduce(bench_report *r);
+/* matmul f32 against a direct call of the GEMM provider and against peak,
+ * with the environment as it is and again (in a child process) without
+ * OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE. */
+void bench_ops_linalg(bench_report *r);
+/* conv2d on a Fashion-MNIST-sized batch against the GEMM it unfolds to. */
+void bench_ops_conv(bench_report *r);
+
+/* The child run of bench_ops_linalg: true when argv asked for it (it has
+ * then printed its figures and the program should exit). main calls it
+ * before anything else. */
+bool bench_ops_linalg_child(int argc, char **argv);
+
+#endif

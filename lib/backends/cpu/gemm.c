@@ -1,0 +1,866 @@
+/* CPU matrix products: ndm's blocked GEMM (packed panels, SIMD micro-kernels
+ * picked by the CPU at run time), the glue to the build's GEMM provider, and
+ * the batched matmul kernels of the linalg family (reference and fast). */
+#include <limits.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../linalg.h"
+#include "gemm.h"
+#include "ndm/config.h"
+#include "parallel.h"
+
+#if NDM_HAVE_OPENBLAS
+#include <cblas.h>
+#elif NDM_HAVE_BLIS
+#include <blis.h>
+#endif
+
+#if NDM__CPU_X86
+#include <immintrin.h>
+#endif
+
+/* ---- micro-kernels ---------------------------------------------------------
+ * A micro-kernel computes an MR x NR tile of C from a packed A panel (kc
+ * steps of MR values) and a packed B panel (kc steps of NR values). Panels
+ * are zero-padded, so it always computes the whole tile and writes the valid
+ * mv x nv part. `init` (MR values, or NULL for zeros) starts each row's
+ * accumulators: a bias added without another pass over C. */
+
+typedef void (*micro_s_fn)(int64_t kc, const float *a, const float *b, float *c, int64_t rsc,
+                           int64_t csc, int64_t mv, int64_t nv, bool acc, const float *init);
+typedef void (*micro_d_fn)(int64_t kc, const double *a, const double *b, double *c,
+                           int64_t rsc, int64_t csc, int64_t mv, int64_t nv, bool acc,
+                           const double *init);
+
+/* Write an MR x NR tile t (row-major) into the valid part of C. */
+#define NDM__TILE_OUT(T, MR, NR)                                                \
+    static void tile_out_##T##_##MR##x##NR(const T *t, T *c, int64_t rsc, int64_t csc, \
+                                           int64_t mv, int64_t nv, bool acc)     \
+    {                                                                           \
+        for (int64_t i = 0; i < mv; i++)                                        \
+            for (int64_t j = 0; j < nv; j++) {                                  \
+                T *p = c + i * rsc + j * csc;                                   \
+                *p = acc ? *p + t[i * NR + j] : t[i * NR + j];                  \
+            }                                                                   \
+    }
+
+/* Portable kernels: plain C with fixed trip counts the compiler unrolls. */
+#define NDM__MICRO_C(T, SUF, MR, NR)                                            \
+    NDM__TILE_OUT(T, MR, NR)                                                    \
+    static void micro_##SUF##_c(int64_t kc, const T *restrict a, const T *restrict b, \
+                                T *restrict c, int64_t rsc, int64_t csc, int64_t mv, \
+                                int64_t nv, bool acc, const T *init)            \
+    {                                                                           \
+        T t[MR * NR];                                                           \
+        for (int i = 0; i < MR * NR; i++)                                       \
+            t[i] = init ? init[i / NR] : 0;                                     \
+        for (int64_t p = 0; p < kc; p++) {                                      \
+            _Pragma("GCC unroll 8") for (int i = 0; i < MR; i++)                \
+            {                                                                   \
+                T ai = a[p * MR + i];                                           \
+                _Pragma("GCC unroll 8") for (int j = 0; j < NR; j++) t[i * NR + j] += ai * b[p * NR + j]; \
+            }                                                                   \
+        }                                                                       \
+        tile_out_##T##_##MR##x##NR(t, c, rsc, csc, mv, nv, acc);                \
+    }
+NDM__MICRO_C(float, s, 4, 8)
+NDM__MICRO_C(double, d, 4, 4)
+
+#if NDM__CPU_X86
+NDM__TILE_OUT(float, 12, 32)
+NDM__TILE_OUT(float, 6, 16)
+NDM__TILE_OUT(double, 12, 16)
+NDM__TILE_OUT(double, 6, 8)
+
+/* AVX-512: 12 rows x 2 vectors of accumulators (24 of the 32 registers). */
+__attribute__((target("avx512f"))) static void
+micro_s_avx512(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+               int64_t rsc, int64_t csc, int64_t mv, int64_t nv, bool acc, const float *init)
+{
+    __m512 r[12][2];
+    _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++) r[i][0] = r[i][1] = init ? _mm512_set1_ps(init[i]) : _mm512_setzero_ps();
+    for (int64_t p = 0; p < kc; p++) {
+        __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
+        _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++)
+        {
+            __m512 ai = _mm512_set1_ps(a[i]);
+            r[i][0] = _mm512_fmadd_ps(ai, b0, r[i][0]);
+            r[i][1] = _mm512_fmadd_ps(ai, b1, r[i][1]);
+        }
+        a += 12;
+        b += 32;
+    }
+    if (csc == 1) {
+        /* rows of C are contiguous: masked stores cover partial tiles */
+        __mmask16 m0 = (__mmask16)(nv >= 16 ? 0xffff : (1u << nv) - 1);
+        __mmask16 m1 = (__mmask16)(nv >= 32 ? 0xffff : nv <= 16 ? 0 : (1u << (nv - 16)) - 1);
+        _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++)
+        {
+            if (i >= mv)
+                break;
+            float *row = c + i * rsc;
+            if (acc) {
+                r[i][0] = _mm512_add_ps(r[i][0], _mm512_maskz_loadu_ps(m0, row));
+                r[i][1] = _mm512_add_ps(r[i][1], _mm512_maskz_loadu_ps(m1, row + 16));
+            }
+            _mm512_mask_storeu_ps(row, m0, r[i][0]);
+            _mm512_mask_storeu_ps(row + 16, m1, r[i][1]);
+        }
+        return;
+    }
+    float t[12 * 32];
+    _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++)
+    {
+        _mm512_storeu_ps(t + i * 32, r[i][0]);
+        _mm512_storeu_ps(t + i * 32 + 16, r[i][1]);
+    }
+    tile_out_float_12x32(t, c, rsc, csc, mv, nv, acc);
+}
+
+__attribute__((target("avx512f"))) static void
+micro_d_avx512(int64_t kc, const double *restrict a, const double *restrict b, double *restrict c,
+               int64_t rsc, int64_t csc, int64_t mv, int64_t nv, bool acc, const double *init)
+{
+    __m512d r[12][2];
+    _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++) r[i][0] = r[i][1] = init ? _mm512_set1_pd(init[i]) : _mm512_setzero_pd();
+    for (int64_t p = 0; p < kc; p++) {
+        __m512d b0 = _mm512_loadu_pd(b), b1 = _mm512_loadu_pd(b + 8);
+        _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++)
+        {
+            __m512d ai = _mm512_set1_pd(a[i]);
+            r[i][0] = _mm512_fmadd_pd(ai, b0, r[i][0]);
+            r[i][1] = _mm512_fmadd_pd(ai, b1, r[i][1]);
+        }
+        a += 12;
+        b += 16;
+    }
+    if (csc == 1) {
+        __mmask8 m0 = (__mmask8)(nv >= 8 ? 0xff : (1u << nv) - 1);
+        __mmask8 m1 = (__mmask8)(nv >= 16 ? 0xff : nv <= 8 ? 0 : (1u << (nv - 8)) - 1);
+        _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++)
+        {
+            if (i >= mv)
+                break;
+            double *row = c + i * rsc;
+            if (acc) {
+                r[i][0] = _mm512_add_pd(r[i][0], _mm512_maskz_loadu_pd(m0, row));
+                r[i][1] = _mm512_add_pd(r[i][1], _mm512_maskz_loadu_pd(m1, row + 8));
+            }
+            _mm512_mask_storeu_pd(row, m0, r[i][0]);
+            _mm512_mask_storeu_pd(row + 8, m1, r[i][1]);
+        }
+        return;
+    }
+    double t[12 * 16];
+    _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++)
+    {
+        _mm512_storeu_pd(t + i * 16, r[i][0]);
+        _mm512_storeu_pd(t + i * 16 + 8, r[i][1]);
+    }
+    tile_out_double_12x16(t, c, rsc, csc, mv, nv, acc);
+}
+
+/* AVX2 with FMA: 6 rows x 2 vectors (12 of the 16 registers). */
+__attribute__((target("avx2,fma"))) static void
+micro_s_avx2(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+             int64_t rsc, int64_t csc, int64_t mv, int64_t nv, bool acc, const float *init)
+{
+    __m256 r[6][2];
+    _Pragma("GCC unroll 6") for (int i = 0; i < 6; i++) r[i][0] = r[i][1] = init ? _mm256_set1_ps(init[i]) : _mm256_setzero_ps();
+    for (int64_t p = 0; p < kc; p++) {
+        __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+        _Pragma("GCC unroll 6") for (int i = 0; i < 6; i++)
+        {
+            __m256 ai = _mm256_set1_ps(a[i]);
+            r[i][0] = _mm256_fmadd_ps(ai, b0, r[i][0]);
+            r[i][1] = _mm256_fmadd_ps(ai, b1, r[i][1]);
+        }
+        a += 6;
+        b += 16;
+    }
+    float t[6 * 16];
+    _Pragma("GCC unroll 6") for (int i = 0; i < 6; i++)
+    {
+        _mm256_storeu_ps(t + i * 16, r[i][0]);
+        _mm256_storeu_ps(t + i * 16 + 8, r[i][1]);
+    }
+    tile_out_float_6x16(t, c, rsc, csc, mv, nv, acc);
+}
+
+__attribute__((target("avx2,fma"))) static void
+micro_d_avx2(int64_t kc, const double *restrict a, const double *restrict b, double *restrict c,
+             int64_t rsc, int64_t csc, int64_t mv, int64_t nv, bool acc, const double *init)
+{
+    __m256d r[6][2];
+    _Pragma("GCC unroll 6") for (int i = 0; i < 6; i++) r[i][0] = r[i][1] = init ? _mm256_set1_pd(init[i]) : _mm256_setzero_pd();
+    for (int64_t p = 0; p < kc; p++) {
+        __m256d b0 = _mm256_loadu_pd(b), b1 = _mm256_loadu_pd(b + 4);
+        _Pragma("GCC unroll 6") for (int i = 0; i < 6; i++)
+        {
+            __m256d ai = _mm256_set1_pd(a[i]);
+            r[i][0] = _mm256_fmadd_pd(ai, b0, r[i][0]);
+            r[i][1] = _mm256_fmadd_pd(ai, b1, r[i][1]);
+        }
+        a += 6;
+        b += 8;
+    }
+    double t[6 * 8];
+    _Pragma("GCC unroll 6") for (int i = 0; i < 6; i++)
+    {
+        _mm256_storeu_pd(t + i * 8, r[i][0]);
+        _mm256_storeu_pd(t + i * 8 + 4, r[i][1]);
+    }
+    tile_out_double_6x8(t, c, rsc, csc, mv, nv, acc);
+}
+#endif
+
+/* The kernel set for this CPU, chosen once. */
+typedef struct kernels {
+    int smr, snr, dmr, dnr;
+    micro_s_fn s;
+    micro_d_fn d;
+} kernels;
+
+static const kernels *cpu_kernels(void)
+{
+    static const kernels portable = {4, 8, 4, 4, micro_s_c, micro_d_c};
+#if NDM__CPU_X86
+    static const kernels avx512 = {12, 32, 12, 16, micro_s_avx512, micro_d_avx512};
+    static const kernels avx2 = {6, 16, 6, 8, micro_s_avx2, micro_d_avx2};
+    static _Atomic(const kernels *) chosen;
+    const kernels *k = atomic_load_explicit(&chosen, memory_order_acquire);
+    if (k)
+        return k;
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f"))
+        k = &avx512;
+    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        k = &avx2;
+    else
+        k = &portable;
+    atomic_store_explicit(&chosen, k, memory_order_release);
+    return k;
+#else
+    return &portable;
+#endif
+}
+
+/* ---- the blocked driver ----------------------------------------------------
+ * Goto's loop order: B blocks of KC x NC are packed once and shared by all
+ * threads; each task packs its own MC x KC block of A and runs the
+ * micro-kernel over a range of B panels. */
+
+#define KC 256
+#define NC 3072
+
+typedef struct blocked {
+    size_t es;              /* element size */
+    int mr, nr;
+    int64_t mc;
+    micro_s_fn s;
+    micro_d_fn d;
+    int64_t m, n, k;
+    const char *a, *b;
+    char *c;
+    int64_t rsa, csa, rsb, csb, rsc, csc;
+    bool acc;               /* accumulate into C for this k block */
+    const char *bias;       /* per row of C, added in the first k block; or NULL */
+    int64_t sbias;
+    /* the current block */
+    int64_t jc, nc, pc, kc;
+    char *bp;               /* packed B block */
+    int64_t nic, njg, panels_per_group, npanels;
+    atomic_int failed;
+} blocked;
+
+static void *alloc64(size_t bytes)
+{
+    size_t sz = (bytes + 63) & ~(size_t)63;
+    return aligned_alloc(64, sz ? sz : 64);
+}
+
+/* Pack `rows` x `kc` of A (starting at `a`) into panels of MR rows, zero-padded. */
+#define NDM__PACK_A(T)                                                          \
+    static void pack_a_##T(T *restrict dst, const T *a, int64_t rsa, int64_t csa, int64_t rows, \
+                           int64_t kc, int mr)                                  \
+    {                                                                           \
+        for (int64_t i0 = 0; i0 < rows; i0 += mr) {                             \
+            int64_t mv = rows - i0 < mr ? rows - i0 : mr;                       \
+            if (csa == 1) {                                                     \
+                /* rows are contiguous: read along them */                      \
+                for (int64_t i = 0; i < mv; i++) {                              \
+                    const T *row = a + (i0 + i) * rsa;                          \
+                    for (int64_t p = 0; p < kc; p++)                            \
+                        dst[p * mr + i] = row[p];                               \
+                }                                                               \
+                for (int64_t i = mv; i < mr; i++)                               \
+                    for (int64_t p = 0; p < kc; p++)                            \
+                        dst[p * mr + i] = 0;                                    \
+                dst += kc * mr;                                                 \
+                continue;                                                       \
+            }                                                                   \
+            for (int64_t p = 0; p < kc; p++) {                                  \
+                const T *src = a + i0 * rsa + p * csa;                          \
+                int64_t i = 0;                                                  \
+                for (; i < mv; i++)                                             \
+                    dst[i] = src[i * rsa];                                      \
+                for (; i < mr; i++)                                             \
+                    dst[i] = 0;                                                 \
+                dst += mr;                                                      \
+            }                                                                   \
+        }                                                                       \
+    }
+NDM__PACK_A(float)
+NDM__PACK_A(double)
+
+/* Pack one panel of B: `kc` rows of `cols` (<= NR) columns, zero-padded to NR. */
+#define NDM__PACK_B(T)                                                          \
+    static void pack_b_##T(T *restrict dst, const T *b, int64_t rsb, int64_t csb, int64_t kc, \
+                           int64_t cols, int nr)                                \
+    {                                                                           \
+        if (csb == 1 && cols == nr) {                                           \
+            for (int64_t p = 0; p < kc; p++)                                    \
+                memcpy(dst + p * nr, b + p * rsb, (size_t)nr * sizeof(T));      \
+            return;                                                             \
+        }                                                                       \
+        for (int64_t p = 0; p < kc; p++) {                                      \
+            const T *src = b + p * rsb;                                         \
+            int64_t j = 0;                                                      \
+            for (; j < cols; j++)                                               \
+                dst[p * nr + j] = src[j * csb];                                 \
+            for (; j < nr; j++)                                                 \
+                dst[p * nr + j] = 0;                                            \
+        }                                                                       \
+    }
+NDM__PACK_B(float)
+NDM__PACK_B(double)
+
+static void pack_b_range(void *ctx, int64_t begin, int64_t end)
+{
+    blocked *g = ctx;
+    for (int64_t q = begin; q < end; q++) {
+        int64_t j0 = q * g->nr;
+        int64_t cols = g->nc - j0 < g->nr ? g->nc - j0 : g->nr;
+        const char *src = g->b + (g->pc * g->rsb + (g->jc + j0) * g->csb) * (int64_t)g->es;
+        char *dst = g->bp + (size_t)(q * g->kc * g->nr) * g->es;
+        if (g->es == sizeof(float))
+            pack_b_float((float *)dst, (const float *)src, g->rsb, g->csb, g->kc, cols, g->nr);
+        else
+            pack_b_double((double *)dst, (const double *)src, g->rsb, g->csb, g->kc, cols, g->nr);
+    }
+}
+
+static void compute_range(void *ctx, int64_t begin, int64_t end)
+{
+    blocked *g = ctx;
+    char *ap = alloc64((size_t)(g->mc * g->kc) * g->es);
+    if (!ap) {
+        atomic_store(&g->failed, 1);
+        return;
+    }
+    int64_t packed_ic = -1;
+    for (int64_t t = begin; t < end; t++) {
+        int64_t ic = t / g->njg, jg = t % g->njg;
+        int64_t i0 = ic * g->mc;
+        int64_t mc = g->m - i0 < g->mc ? g->m - i0 : g->mc;
+        if (ic != packed_ic) {
+            const char *src = g->a + (i0 * g->rsa + g->pc * g->csa) * (int64_t)g->es;
+            if (g->es == sizeof(float))
+                pack_a_float((float *)ap, (const float *)src, g->rsa, g->csa, mc, g->kc, g->mr);
+            else
+                pack_a_double((double *)ap, (const double *)src, g->rsa, g->csa, mc, g->kc,
+                              g->mr);
+            packed_ic = ic;
+        }
+        int64_t q0 = jg * g->panels_per_group;
+        int64_t q1 = q0 + g->panels_per_group < g->npanels ? q0 + g->panels_per_group : g->npanels;
+        for (int64_t q = q0; q < q1; q++) {
+            int64_t j0 = q * g->nr;
+            int64_t nv = g->nc - j0 < g->nr ? g->nc - j0 : g->nr;
+            const char *bq = g->bp + (size_t)(q * g->kc * g->nr) * g->es;
+            for (int64_t ir = 0; ir < mc; ir += g->mr) {
+                int64_t mv = mc - ir < g->mr ? mc - ir : g->mr;
+                const char *aq = ap + (size_t)(ir * g->kc) * g->es;
+                char *cq = g->c + ((i0 + ir) * g->rsc + (g->jc + j0) * g->csc) * (int64_t)g->es;
+                /* the bias of these rows, padded to MR */
+                union {
+                    float s[16];
+                    double d[16];
+                } init;
+                bool with = g->bias && g->pc == 0;
+                for (int64_t i = 0; with && i < g->mr; i++) {
+                    const char *bp = g->bias + (i0 + ir + i) * g->sbias * (int64_t)g->es;
+                    if (g->es == sizeof(float))
+                        init.s[i] = i < mv ? *(const float *)bp : 0.0f;
+                    else
+                        init.d[i] = i < mv ? *(const double *)bp : 0.0;
+                }
+                if (g->es == sizeof(float))
+                    g->s(g->kc, (const float *)aq, (const float *)bq, (float *)cq, g->rsc, g->csc,
+                         mv, nv, g->acc, with ? init.s : NULL);
+                else
+                    g->d(g->kc, (const double *)aq, (const double *)bq, (double *)cq, g->rsc,
+                         g->csc, mv, nv, g->acc, with ? init.d : NULL);
+            }
+        }
+    }
+    free(ap);
+}
+
+static ndm_status gemm_blocked(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const void *a,
+                               int64_t rsa, int64_t csa, const void *b, int64_t rsb, int64_t csb,
+                               void *c, int64_t rsc, int64_t csc, bool accumulate,
+                               const void *bias, int64_t sbias)
+{
+    const kernels *kn = cpu_kernels();
+    blocked g = {0};
+    g.es = ndm_dtype_size(dt);
+    g.mr = dt == NDM_F32 ? kn->smr : kn->dmr;
+    g.nr = dt == NDM_F32 ? kn->snr : kn->dnr;
+    g.mc = (int64_t)g.mr * (dt == NDM_F32 ? 12 : 8);
+    g.s = kn->s;
+    g.d = kn->d;
+    g.m = m, g.n = n, g.k = k;
+    g.a = a, g.b = b, g.c = c;
+    g.rsa = rsa, g.csa = csa, g.rsb = rsb, g.csb = csb, g.rsc = rsc, g.csc = csc;
+    g.bias = bias;
+    g.sbias = sbias;
+    atomic_init(&g.failed, 0);
+    int threads = ndm__num_threads();
+    int64_t ncap = n < NC ? n : NC;
+    int64_t kcap = k < KC ? k : KC;
+    g.bp = alloc64((size_t)(kcap * ((ncap + g.nr - 1) / g.nr) * g.nr) * g.es);
+    if (!g.bp)
+        return NDM_E_OOM;
+    for (g.jc = 0; g.jc < n; g.jc += NC) {
+        g.nc = n - g.jc < NC ? n - g.jc : NC;
+        g.npanels = (g.nc + g.nr - 1) / g.nr;
+        for (g.pc = 0; g.pc < k; g.pc += KC) {
+            g.kc = k - g.pc < KC ? k - g.pc : KC;
+            g.acc = accumulate || g.pc > 0;
+            /* Packing B is a copy of kc x nc elements; split it when big. */
+            ndm__parallel_for(g.npanels, (4096 + g.kc * g.nr - 1) / (g.kc * g.nr), pack_b_range,
+                              &g);
+            g.nic = (m + g.mc - 1) / g.mc;
+            /* Enough tasks for every thread even when A has few row blocks. */
+            g.njg = g.nic >= 2 * threads ? 1 : (2 * threads + g.nic - 1) / g.nic;
+            if (g.njg > g.npanels)
+                g.njg = g.npanels;
+            g.panels_per_group = (g.npanels + g.njg - 1) / g.njg;
+            g.njg = (g.npanels + g.panels_per_group - 1) / g.panels_per_group;
+            /* A task is worth a thread above about 2^18 flops. */
+            int64_t flops = 2 * g.mc * g.kc * g.panels_per_group * g.nr;
+            int64_t grain = flops >= (1 << 18) ? 1 : ((1 << 18) + flops - 1) / flops;
+            ndm__parallel_for(g.nic * g.njg, grain, compute_range, &g);
+            if (atomic_load(&g.failed)) {
+                free(g.bp);
+                return NDM_E_OOM;
+            }
+        }
+    }
+    free(g.bp);
+    return NDM_OK;
+}
+
+/* ---- integers -------------------------------------------------------------
+ * int64 with wrapping (unsigned) arithmetic, row by row over the pool. */
+
+typedef struct gemm_i64_ctx {
+    int64_t n, k;
+    const int64_t *a, *b;
+    int64_t *c;
+    int64_t rsa, csa, rsb, csb, rsc, csc;
+    bool acc;
+} gemm_i64_ctx;
+
+static void gemm_i64_rows(void *ctx, int64_t begin, int64_t end)
+{
+    const gemm_i64_ctx *g = ctx;
+    uint64_t *row = malloc((size_t)(g->n ? g->n : 1) * sizeof *row);
+    for (int64_t i = begin; i < end; i++) {
+        int64_t *ci = g->c + i * g->rsc;
+        if (!row) { /* no scratch: accumulate in place, slower but exact */
+            for (int64_t j = 0; j < g->n; j++) {
+                uint64_t s = g->acc ? (uint64_t)ci[j * g->csc] : 0;
+                for (int64_t p = 0; p < g->k; p++)
+                    s += (uint64_t)g->a[i * g->rsa + p * g->csa] *
+                         (uint64_t)g->b[p * g->rsb + j * g->csb];
+                ci[j * g->csc] = (int64_t)s;
+            }
+            continue;
+        }
+        for (int64_t j = 0; j < g->n; j++)
+            row[j] = g->acc ? (uint64_t)ci[j * g->csc] : 0;
+        for (int64_t p = 0; p < g->k; p++) {
+            uint64_t aip = (uint64_t)g->a[i * g->rsa + p * g->csa];
+            if (!aip)
+                continue;
+            const int64_t *bp = g->b + p * g->rsb;
+            for (int64_t j = 0; j < g->n; j++)
+                row[j] += aip * (uint64_t)bp[j * g->csb];
+        }
+        for (int64_t j = 0; j < g->n; j++)
+            ci[j * g->csc] = (int64_t)row[j];
+    }
+    free(row);
+}
+
+/* ---- the provider ---------------------------------------------------------- */
+
+#if NDM_HAVE_OPENBLAS || NDM_HAVE_BLIS
+/* Copy an r x c matrix into a fresh row-major buffer. */
+static void *copy_dense(size_t es, int64_t r, int64_t c, const void *src, int64_t rs, int64_t cs)
+{
+    char *d = alloc64((size_t)(r * c) * es);
+    if (!d)
+        return NULL;
+    for (int64_t i = 0; i < r; i++)
+        for (int64_t j = 0; j < c; j++)
+            memcpy(d + (size_t)(i * c + j) * es, (const char *)src + (i * rs + j * cs) * (int64_t)es,
+                   es);
+    return d;
+}
+#endif
+
+#if NDM_HAVE_OPENBLAS
+/* How a row-major BLAS reads an r x c matrix with strides (rs, cs): 1 as is,
+ * 2 transposed, 0 not at all. *ld gets the leading dimension. Sizes of 1
+ * leave their stride free. */
+static int blas_layout(int64_t r, int64_t c, int64_t rs, int64_t cs, int64_t *ld)
+{
+    int64_t lr = r > 1 ? r : 1, lc = c > 1 ? c : 1;
+    if ((cs == 1 || c == 1) && (r == 1 || rs >= lc)) {
+        *ld = r == 1 ? lc : rs;
+        return *ld <= INT_MAX ? 1 : 0;
+    }
+    if ((rs == 1 || r == 1) && (c == 1 || cs >= lr)) {
+        *ld = c == 1 ? lr : cs;
+        return *ld <= INT_MAX ? 2 : 0;
+    }
+    return 0;
+}
+
+/* 1 when OpenBLAS did the product, 0 when it cannot take these operands,
+ * or a negative status. */
+static int provider_gemm(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const void *a,
+                         int64_t rsa, int64_t csa, const void *b, int64_t rsb, int64_t csb,
+                         void *c, int64_t rsc, int64_t csc, bool acc)
+{
+    if (m > INT_MAX || n > INT_MAX || k > INT_MAX)
+        return 0;
+    int64_t ldc;
+    if (blas_layout(m, n, rsc, csc, &ldc) != 1)
+        return 0;
+    size_t es = ndm_dtype_size(dt);
+    void *ta = NULL, *tb = NULL;
+    int64_t lda, ldb;
+    int la = blas_layout(m, k, rsa, csa, &lda), lb = blas_layout(k, n, rsb, csb, &ldb);
+    /* A layout the provider cannot read is copied when the product is big
+     * enough for the copy (O(mk)) to be small beside it (O(mnk)). */
+    if ((!la || !lb) && (double)m * (double)n * (double)k < 2.0e6)
+        return 0;
+    if (!la) {
+        ta = copy_dense(es, m, k, a, rsa, csa);
+        if (!ta)
+            return NDM_E_OOM;
+        a = ta;
+        la = 1;
+        lda = k > 1 ? k : 1;
+    }
+    if (!lb) {
+        tb = copy_dense(es, k, n, b, rsb, csb);
+        if (!tb) {
+            free(ta);
+            return NDM_E_OOM;
+        }
+        b = tb;
+        lb = 1;
+        ldb = n > 1 ? n : 1;
+    }
+    enum CBLAS_TRANSPOSE ta_ = la == 1 ? CblasNoTrans : CblasTrans;
+    enum CBLAS_TRANSPOSE tb_ = lb == 1 ? CblasNoTrans : CblasTrans;
+    if (dt == NDM_F32)
+        cblas_sgemm(CblasRowMajor, ta_, tb_, (int)m, (int)n, (int)k, 1.0f, a, (int)lda, b,
+                    (int)ldb, acc ? 1.0f : 0.0f, c, (int)ldc);
+    else
+        cblas_dgemm(CblasRowMajor, ta_, tb_, (int)m, (int)n, (int)k, 1.0, a, (int)lda, b,
+                    (int)ldb, acc ? 1.0 : 0.0, c, (int)ldc);
+    free(ta);
+    free(tb);
+    return 1;
+}
+#elif NDM_HAVE_BLIS
+/* BLIS reads any positive strides (general stride); sizes of 1 get a
+ * stride that satisfies its checks. Zero and negative strides are copied. */
+static bool blis_strides(int64_t r, int64_t c, int64_t *rs, int64_t *cs)
+{
+    if (r == 1)
+        *rs = c > 1 ? c * (*cs > 0 ? *cs : 1) : 1;
+    if (c == 1)
+        *cs = 1;
+    return *rs > 0 && *cs > 0;
+}
+
+static int provider_gemm(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const void *a,
+                         int64_t rsa, int64_t csa, const void *b, int64_t rsb, int64_t csb,
+                         void *c, int64_t rsc, int64_t csc, bool acc)
+{
+    if (!blis_strides(m, n, &rsc, &csc))
+        return 0;
+    size_t es = ndm_dtype_size(dt);
+    void *ta = NULL, *tb = NULL;
+    if (!blis_strides(m, k, &rsa, &csa)) {
+        ta = copy_dense(es, m, k, a, rsa, csa);
+        if (!ta)
+            return NDM_E_OOM;
+        a = ta;
+        rsa = k;
+        csa = 1;
+        blis_strides(m, k, &rsa, &csa);
+    }
+    if (!blis_strides(k, n, &rsb, &csb)) {
+        tb = copy_dense(es, k, n, b, rsb, csb);
+        if (!tb) {
+            free(ta);
+            return NDM_E_OOM;
+        }
+        b = tb;
+        rsb = n;
+        csb = 1;
+        blis_strides(k, n, &rsb, &csb);
+    }
+    if (dt == NDM_F32) {
+        float one = 1.0f, beta = acc ? 1.0f : 0.0f;
+        bli_sgemm(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, m, n, k, &one, (float *)a, rsa, csa,
+                  (float *)b, rsb, csb, &beta, c, rsc, csc);
+    } else {
+        double one = 1.0, beta = acc ? 1.0 : 0.0;
+        bli_dgemm(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, m, n, k, &one, (double *)a, rsa, csa,
+                  (double *)b, rsb, csb, &beta, c, rsc, csc);
+    }
+    free(ta);
+    free(tb);
+    return 1;
+}
+#endif
+
+/* ---- entry point ------------------------------------------------------------ */
+
+/* C's rows set to the bias (or zeros): typed loops, no call per element. */
+#define NDM__FILL_ROWS(T)                                                       \
+    static void fill_rows_##T(int64_t m, int64_t n, T *c, int64_t rsc, int64_t csc, \
+                              const T *bias, int64_t sbias)                     \
+    {                                                                           \
+        for (int64_t i = 0; i < m; i++) {                                       \
+            T v = bias ? bias[i * sbias] : (T)0;                                \
+            T *row = c + i * rsc;                                               \
+            if (csc == 1)                                                       \
+                for (int64_t j = 0; j < n; j++)                                 \
+                    row[j] = v;                                                 \
+            else                                                                \
+                for (int64_t j = 0; j < n; j++)                                 \
+                    row[j * csc] = v;                                           \
+        }                                                                       \
+    }
+NDM__FILL_ROWS(float)
+NDM__FILL_ROWS(double)
+NDM__FILL_ROWS(int64_t)
+
+static void fill_rows(ndm_dtype dt, int64_t m, int64_t n, void *c, int64_t rsc, int64_t csc,
+                      const void *bias, int64_t sbias)
+{
+    if (dt == NDM_F32)
+        fill_rows_float(m, n, c, rsc, csc, bias, sbias);
+    else if (dt == NDM_F64)
+        fill_rows_double(m, n, c, rsc, csc, bias, sbias);
+    else
+        fill_rows_int64_t(m, n, c, rsc, csc, bias, sbias);
+}
+
+ndm_status ndm__cpu_gemm_bias(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const void *a,
+                              int64_t rsa, int64_t csa, const void *b, int64_t rsb, int64_t csb,
+                              void *c, int64_t rsc, int64_t csc, const void *bias, int64_t sbias,
+                              unsigned flags)
+{
+    bool acc = flags & NDM__GEMM_ACCUMULATE;
+    if (m <= 0 || n <= 0)
+        return NDM_OK;
+    if (k <= 0 || (bias && dt == NDM_I64)) {
+        if (!acc)
+            fill_rows(dt, m, n, c, rsc, csc, bias, sbias);
+        if (k <= 0)
+            return NDM_OK;
+        acc = acc || bias;
+    }
+    if (dt == NDM_I64) {
+        gemm_i64_ctx g = {n, k, a, b, c, rsa, csa, rsb, csb, rsc, csc, acc};
+        double work = (double)n * (double)k;
+        int64_t grain = work >= 65536.0 ? 1 : (int64_t)(65536.0 / (work + 1.0)) + 1;
+        ndm__parallel_for(m, grain, gemm_i64_rows, &g);
+        return NDM_OK;
+    }
+    if (dt != NDM_F32 && dt != NDM_F64)
+        return NDM_E_DTYPE;
+#if NDM_HAVE_OPENBLAS || NDM_HAVE_BLIS
+    if (!(flags & NDM__GEMM_NO_PROVIDER)) {
+        /* the provider adds onto C, so a bias is written first */
+        if (bias && !acc)
+            fill_rows(dt, m, n, c, rsc, csc, bias, sbias);
+        int done = provider_gemm(dt, m, n, k, a, rsa, csa, b, rsb, csb, c, rsc, csc,
+                                 acc || bias);
+        if (done != 0)
+            return done < 0 ? (ndm_status)done : NDM_OK;
+        if (bias && !acc) {
+            acc = true;
+            bias = NULL;
+        }
+    }
+#endif
+    return gemm_blocked(dt, m, n, k, a, rsa, csa, b, rsb, csb, c, rsc, csc, acc, bias, sbias);
+}
+
+ndm_status ndm__cpu_gemm(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const void *a,
+                         int64_t rsa, int64_t csa, const void *b, int64_t rsb, int64_t csb,
+                         void *c, int64_t rsc, int64_t csc, unsigned flags)
+{
+    return ndm__cpu_gemm_bias(dt, m, n, k, a, rsa, csa, b, rsb, csb, c, rsc, csc, NULL, 0, flags);
+}
+
+/* ---- batched matmul (the linalg family) ------------------------------------ */
+
+/* The rows of an operand over (batch..., rows) as one axis, when its strides
+ * allow: a single stride for the whole run, or false. */
+static bool fold_rows(int nb, const int64_t *shape, const int64_t *strides, int64_t rows,
+                      int64_t row_stride, int64_t *out)
+{
+    int64_t st = rows > 1 ? row_stride : 0;
+    int64_t span = rows; /* elements of the folded axis seen so far */
+    bool have = rows > 1;
+    for (int i = nb - 1; i >= 0; i--) {
+        if (shape[i] == 1)
+            continue;
+        if (!have) {
+            /* every inner axis had size 1: this one sets the stride */
+            st = strides[i];
+            have = true;
+            span = shape[i];
+            continue;
+        }
+        if (strides[i] != st * span)
+            return false;
+        span *= shape[i];
+    }
+    *out = have ? st : 1;
+    return true;
+}
+
+typedef struct batch_ctx {
+    const ndm__tensor *c, *a, *b;
+    int nb;
+    int64_t m, n, k;
+    unsigned flags;
+    atomic_int status;
+} batch_ctx;
+
+static void batch_range(void *ctx, int64_t begin, int64_t end)
+{
+    batch_ctx *g = ctx;
+    int nb = g->nb;
+    int64_t small[16];
+    int64_t *idx = nb <= 16 ? small : malloc((size_t)nb * sizeof *idx);
+    if (!idx) {
+        atomic_store(&g->status, NDM_E_OOM);
+        return;
+    }
+    size_t es = ndm_dtype_size(g->c->dtype);
+    int64_t rem = begin;
+    for (int i = nb - 1; i >= 0; i--) {
+        idx[i] = rem % g->c->shape[i];
+        rem /= g->c->shape[i];
+    }
+    for (int64_t t = begin; t < end; t++) {
+        int64_t oa = 0, ob = 0, oc = 0;
+        for (int i = 0; i < nb; i++) {
+            oa += idx[i] * g->a->strides[i];
+            ob += idx[i] * g->b->strides[i];
+            oc += idx[i] * g->c->strides[i];
+        }
+        const int64_t *sa = g->a->strides + nb, *sb = g->b->strides + nb, *sc = g->c->strides + nb;
+        ndm_status st = ndm__cpu_gemm(g->c->dtype, g->m, g->n, g->k,
+                                      (const char *)g->a->data + oa * (int64_t)es, sa[0], sa[1],
+                                      (const char *)g->b->data + ob * (int64_t)es, sb[0], sb[1],
+                                      (char *)g->c->data + oc * (int64_t)es, sc[0], sc[1],
+                                      g->flags);
+        if (st < 0)
+            atomic_store(&g->status, st);
+        for (int i = nb - 1; i >= 0; i--) {
+            if (++idx[i] < g->c->shape[i])
+                break;
+            idx[i] = 0;
+        }
+    }
+    if (idx != small)
+        free(idx);
+}
+
+static ndm_status matmul_common(const ndm__tensor *c, const ndm__tensor *a, const ndm__tensor *b,
+                                bool fast)
+{
+    int nd = c->ndim, nb = nd - 2;
+    int64_t m = c->shape[nd - 2], n = c->shape[nd - 1], k = a->shape[nd - 1];
+    int64_t batches = 1;
+    for (int i = 0; i < nb; i++)
+        batches *= c->shape[i];
+    if (batches == 0 || m == 0 || n == 0)
+        return NDM_OK;
+    unsigned flags = fast ? 0 : NDM__GEMM_NO_PROVIDER;
+    if (fast && batches > 1) {
+        /* b shared by every batch: fold the batch axes into the rows of a
+         * and c, so one large product replaces many small ones. */
+        bool b_shared = true;
+        for (int i = 0; i < nb; i++)
+            if (c->shape[i] != 1 && b->strides[i] != 0)
+                b_shared = false;
+        int64_t rsa, rsc;
+        if (b_shared && fold_rows(nb, c->shape, a->strides, m, a->strides[nd - 2], &rsa) &&
+            fold_rows(nb, c->shape, c->strides, m, c->strides[nd - 2], &rsc))
+            return ndm__cpu_gemm(c->dtype, batches * m, n, k, a->data, rsa, a->strides[nd - 1],
+                                 b->data, b->strides[nd - 2], b->strides[nd - 1], c->data, rsc,
+                                 c->strides[nd - 1], flags);
+    }
+    batch_ctx g = {c, a, b, nb, m, n, k, flags, 0};
+    atomic_init(&g.status, NDM_OK);
+    /* Many small products run side by side, each on one thread with ndm's
+     * kernel; large ones run one after the other, each using every core. */
+    if (fast && batches >= 2 && (double)m * (double)n * (double)k <= 96.0 * 96.0 * 96.0) {
+        g.flags |= NDM__GEMM_NO_PROVIDER;
+        ndm__parallel_for(batches, 1, batch_range, &g);
+    } else {
+        batch_range(&g, 0, batches);
+    }
+    return (ndm_status)atomic_load(&g.status);
+}
+
+static ndm_status cpu_matmul(int device, const ndm__tensor *c, const ndm__tensor *a,
+                             const ndm__tensor *b)
+{
+    (void)device;
+    return matmul_common(c, a, b, true);
+}
+
+static ndm_status cpu_ref_matmul(int device, const ndm__tensor *c, const ndm__tensor *a,
+                                 const ndm__tensor *b)
+{
+    (void)device;
+    return matmul_common(c, a, b, false);
+}
+
+const struct ndm__backend_linalg ndm__cpu_linalg = {
+    .matmul = cpu_matmul,
+};
+
+const struct ndm__backend_linalg ndm__cpu_ref_linalg = {
+    .matmul = cpu_ref_matmul,
+};

@@ -1,0 +1,71 @@
+/* Private interface of the CPU matrix-product kernels (gemm.c) and the small
+ * helpers they share with the reduction and convolution kernels. */
+#ifndef NDM_CPU_GEMM_H
+#define NDM_CPU_GEMM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "ndm/dtype.h"
+#include "ndm/status.h"
+
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define NDM__CPU_X86 1
+#else
+#define NDM__CPU_X86 0
+#endif
+
+/* f16 and bf16 loads without a call per element. f16 subnormals are
+ * exact: a 10-bit integer times 2^-24. */
+static inline float ndm__cpu_h2f(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t em = h & 0x7fffu;
+    uint32_t bits;
+    if (em >= 0x7c00u) {
+        bits = 0x7f800000u | ((em & 0x3ffu) << 13);
+    } else if (em >= 0x0400u) {
+        bits = (em << 13) + ((uint32_t)(127 - 15) << 23);
+    } else {
+        float f = (float)em * 5.9604644775390625e-08f;
+        memcpy(&bits, &f, sizeof bits);
+    }
+    bits |= sign;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline float ndm__cpu_bf2f(uint16_t h)
+{
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* ndm__cpu_gemm flags. */
+enum {
+    NDM__GEMM_ACCUMULATE = 1u << 0, /* C += A @ B instead of C = A @ B */
+    NDM__GEMM_NO_PROVIDER = 1u << 1, /* ndm's kernel only: safe inside a parallel region */
+};
+
+/* C (m x n) = A (m x k) @ B (k x n) for one matrix. Strides count elements:
+ * A's and B's may be 0 or negative; C's must not alias A or B. dtype f32,
+ * f64 or i64 (wrapping). The provider runs f32 and f64 when it can read the
+ * layout (copies first otherwise) unless NDM__GEMM_NO_PROVIDER; ndm's
+ * blocked kernel runs the rest on the thread pool (inline when called from a
+ * pool thread). NDM_E_OOM when packing memory cannot be had. */
+ndm_status ndm__cpu_gemm(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const void *a,
+                         int64_t rsa, int64_t csa, const void *b, int64_t rsb, int64_t csb,
+                         void *c, int64_t rsc, int64_t csc, unsigned flags);
+/* The same with C = bias + A @ B: bias[i * sbias] starts row i (not with
+ * NDM__GEMM_ACCUMULATE). ndm's kernel adds it as it writes C; the provider
+ * path writes it into C first. */
+ndm_status ndm__cpu_gemm_bias(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const void *a,
+                              int64_t rsa, int64_t csa, const void *b, int64_t rsb, int64_t csb,
+                              void *c, int64_t rsc, int64_t csc, const void *bias, int64_t sbias,
+                              unsigned flags);
+
+#endif

@@ -1,0 +1,559 @@
+/* matmul, dot and outer against float64 products computed here: every dtype,
+ * transposed and other strided views, batches that broadcast, the 1-D rules;
+ * the error paths, the output rule, and the provider against ndm's kernel. */
+#include "backends/backend.h"
+#include "check_numeric.h"
+#include "manager/alloc/alloc.h"
+
+/* numpy.matmul over C-order values. Returns the result and its shape. */
+static double *ref_matmul(const double *a, int na, const int64_t *sa, const double *b, int nb,
+                          const int64_t *sb, int *ond, int64_t *oshape, double **scale)
+{
+    int64_t m = na == 1 ? 1 : sa[na - 2], k = sa[na - 1];
+    int64_t n = nb == 1 ? 1 : sb[nb - 1];
+    int ba = na > 2 ? na - 2 : 0, bb = nb > 2 ? nb - 2 : 0, nbt = ba > bb ? ba : bb;
+    int64_t bshape[8], batches = 1;
+    int o = 0;
+    for (int i = 0; i < nbt; i++) {
+        int64_t da = i >= nbt - ba ? sa[i - (nbt - ba)] : 1;
+        int64_t db = i >= nbt - bb ? sb[i - (nbt - bb)] : 1;
+        bshape[i] = da == 1 ? db : da;
+        oshape[o++] = bshape[i];
+        batches *= bshape[i];
+    }
+    if (na > 1)
+        oshape[o++] = m;
+    if (nb > 1)
+        oshape[o++] = n;
+    *ond = o;
+    double *c = calloc((size_t)(batches * m * n + 1), sizeof(double));
+    *scale = calloc((size_t)(batches * m * n + 1), sizeof(double));
+    for (int64_t t = 0; t < batches; t++) {
+        /* batch offsets with broadcasting */
+        int64_t rem = t, oa = 0, ob = 0, stra = m * k, strb = k * n;
+        for (int i = nbt - 1; i >= 0; i--) {
+            int64_t q = rem % bshape[i];
+            rem /= bshape[i];
+            int ia = i - (nbt - ba), ib = i - (nbt - bb);
+            if (ia >= 0) {
+                oa += (sa[ia] == 1 ? 0 : q) * stra;
+                stra *= sa[ia];
+            }
+            if (ib >= 0) {
+                ob += (sb[ib] == 1 ? 0 : q) * strb;
+                strb *= sb[ib];
+            }
+        }
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) {
+                double s = 0, sc = 0;
+                for (int64_t p = 0; p < k; p++) {
+                    double x = a[oa + i * k + p] * b[ob + p * n + j];
+                    s += x;
+                    sc += fabs(x);
+                }
+                c[(t * m + i) * n + j] = s;
+                (*scale)[(t * m + i) * n + j] = sc;
+            }
+    }
+    return c;
+}
+
+/* matmul(a, b) against the reference; a and b are any views. */
+static void check_matmul(ndm_array a, ndm_array b, const char *what)
+{
+    int na, nb;
+    int64_t *sa = shape_of(a, &na), *sb = shape_of(b, &nb);
+    double *va = read_array(a), *vb = read_array(b);
+    int ond;
+    int64_t oshape[8];
+    double *scale;
+    double *want = ref_matmul(va, na, sa, vb, nb, sb, &ond, oshape, &scale);
+    ndm_array c = ndm_matmul(a, b);
+    if (!c.id)
+        fail_msg("%s: %s", what, ndm_last_error());
+    ndm_dtype rt = ndm_result_type(ndm_array_dtype(a), ndm_array_dtype(b));
+    assert_int_equal(ndm_array_dtype(c), rt);
+    int cnd;
+    int64_t *cs = shape_of(c, &cnd);
+    assert_int_equal(cnd, ond);
+    for (int i = 0; i < ond; i++)
+        assert_int_equal(cs[i], oshape[i]);
+    double *got = read_array(c);
+    int64_t k = sa[na - 1], n = ndm_array_size(c);
+    for (int64_t i = 0; i < n; i++) {
+        double w = want[i];
+        double rtol = 0, atol = 0;
+        if (ndm_dtype_is_float(rt)) {
+            double u = rt == NDM_F64 ? 1.2e-16 : 6e-8; /* f16/bf16 compute in f32 */
+            atol = 2.0 * (double)(k + 1) * u * scale[i];
+            rtol = dtype_rtol(rt);
+        } else if (rt == NDM_BOOL) {
+            w = w != 0;
+        }
+        if (!close_enough(got[i], w, rtol, atol))
+            fail_msg("%s (%s): element %lld is %.17g, expected %.17g", what,
+                     ndm_dtype_short(rt), (long long)i, got[i], w);
+    }
+    free(sa), free(sb), free(va), free(vb), free(want), free(scale), free(got), free(cs);
+    release(c);
+}
+
+static ndm_array rand_array(ndm_manager m, rng *g, ndm_dtype t, int nd, const int64_t *shape)
+{
+    int64_t n = shape_numel(nd, shape);
+    double *x = malloc(sizeof(double) * (size_t)(n ? n : 1));
+    rng_fill(g, t, x, n);
+    ndm_array a = make_array(m, t, x, nd, shape);
+    free(x);
+    return a;
+}
+
+/* Every check runs on both CPU tables: the provider (or ndm's kernel for
+ * what the provider does not take) and the reference blocked GEMM. */
+#define BOTH_TABLES(...)                                                        \
+    for (int ref_ = 0; ref_ < 2; ref_++) {                                      \
+        ndm__cpu_force_reference(ref_);                                         \
+        __VA_ARGS__;                                                            \
+    }                                                                           \
+    ndm__cpu_force_reference(false)
+
+static void test_matmul_2d_matches_reference(void **state)
+{
+    ndm_manager m = ROOT(state);
+    rng g = rng_new(1);
+    const int64_t sizes[][3] = {{1, 1, 1},    {2, 3, 4},    {7, 13, 5},    {33, 64, 17},
+                                {130, 257, 66}, {5, 300, 3}, {3, 5, 3100}, {49, 31, 97}};
+    const ndm_dtype types[] = {NDM_F32, NDM_F64};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
+        for (int t = 0; t < 2; t++) {
+            ndm_array a = rand_array(m, &g, types[t], 2, (int64_t[]){sizes[s][0], sizes[s][1]});
+            ndm_array b = rand_array(m, &g, types[t], 2, (int64_t[]){sizes[s][1], sizes[s][2]});
+            char what[64];
+            snprintf(what, sizeof what, "%lldx%lldx%lld", (long long)sizes[s][0],
+                     (long long)sizes[s][1], (long long)sizes[s][2]);
+            BOTH_TABLES(check_matmul(a, b, what));
+            release(a);
+            release(b);
+        }
+}
+
+static void test_matmul_every_dtype(void **state)
+{
+    ndm_manager m = ROOT(state);
+    rng g = rng_new(2);
+    for (int d = 0; d < N_ALL_DTYPES; d++)
+        for (int e = 0; e < N_ALL_DTYPES; e += d == e ? 1 : 3) {
+            ndm_array a = rand_array(m, &g, all_dtypes[d], 2, (int64_t[]){9, 14});
+            ndm_array b = rand_array(m, &g, all_dtypes[e], 2, (int64_t[]){14, 35});
+            char what[64];
+            snprintf(what, sizeof what, "%s @ %s", ndm_dtype_short(all_dtypes[d]),
+                     ndm_dtype_short(all_dtypes[e]));
+            BOTH_TABLES(check_matmul(a, b, what));
+            release(a);
+            release(b);
+        }
+}
+
+static void test_matmul_integers_wrap_as_numpy(void **state)
+{
+    ndm_manager m = ROOT(state);
+    int32_t a[2] = {1 << 30, 3}, b[2] = {4, 1};
+    ndm_array x = ndm_from_buffer(m, NDM_I32, a, NDM_SHAPE(1, 2));
+    ndm_array y = ndm_from_buffer(m, NDM_I32, b, NDM_SHAPE(2, 1));
+    BOTH_TABLES({
+        ndm_array c = ndm_matmul(x, y);
+        int64_t v;
+        assert_ok(ndm_item_i64(c, &v));
+        assert_int_equal(v, 3); /* 2^32 + 3 wraps to 3 in int32 */
+        release(c);
+    });
+    uint8_t p[4] = {1, 0, 0, 0}, q[4] = {0, 1, 1, 1};
+    ndm_array bp = ndm_from_buffer(m, NDM_BOOL, p, NDM_SHAPE(2, 2));
+    ndm_array bq = ndm_from_buffer(m, NDM_BOOL, q, NDM_SHAPE(2, 2));
+    ndm_array bc = ndm_matmul(bp, bq);
+    uint8_t out[4];
+    assert_ok(ndm_array_copy_out(bc, out, 4));
+    assert_true(out[0] == 0 && out[1] == 1 && out[2] == 0 && out[3] == 0);
+    release(bc), release(bp), release(bq), release(x), release(y);
+}
+
+/* Transposed, stepped, flipped and broadcast operands; the provider takes
+ * the first ones as they are and copies the others. */
+static void test_matmul_strided_views(void **state)
+{
+    ndm_manager m = ROOT(state);
+    rng g = rng_new(3);
+    const int64_t sizes[][3] = {{6, 5, 7}, {40, 70, 50}, {150, 150, 150}};
+    const ndm_dtype types[] = {NDM_F32, NDM_F64, NDM_I64, NDM_F16};
+    for (size_t s = 0; s < 3; s++)
+        for (int t = 0; t < 4; t++) {
+            int64_t M = sizes[s][0], K = sizes[s][1], N = sizes[s][2];
+            ndm_array at = rand_array(m, &g, types[t], 2, (int64_t[]){K, M});
+            ndm_array bt = rand_array(m, &g, types[t], 2, (int64_t[]){N, K});
+            ndm_array a2 = rand_array(m, &g, types[t], 2, (int64_t[]){M, 2 * K});
+            ndm_array b2 = rand_array(m, &g, types[t], 2, (int64_t[]){2 * K, N});
+            ndm_array row = rand_array(m, &g, types[t], 2, (int64_t[]){1, K});
+            ndm_array a = ndm_transpose(at), b = ndm_transpose(bt);
+            ndm_array as = ndm_slice(a2, 1, 0, NDM_END, 2);   /* column stride 2 */
+            ndm_array bf = ndm_slice(b2, 0, NDM_END, K - 1, -1); /* rows flipped */
+            ndm_array ae = ndm_expand(row, NDM_SHAPE(M, K));      /* row stride 0 */
+            ndm_array bs = ndm_slice(b2, 0, 1, NDM_END, 2);
+            BOTH_TABLES({
+                check_matmul(a, b, "a^T @ b^T");
+                check_matmul(a, bs, "a^T @ stepped rows");
+                check_matmul(as, b, "stepped columns @ b^T");
+                check_matmul(as, bf, "stepped @ flipped");
+                check_matmul(ae, b, "broadcast rows @ b^T");
+            });
+            release(a), release(b), release(as), release(bf), release(ae), release(bs);
+            release(at), release(bt), release(a2), release(b2), release(row);
+        }
+}
+
+static void test_matmul_1d_rules(void **state)
+{
+    ndm_manager m = ROOT(state);
+    rng g = rng_new(4);
+    ndm_array v = rand_array(m, &g, NDM_F64, 1, (int64_t[]){6});
+    ndm_array w = rand_array(m, &g, NDM_F64, 1, (int64_t[]){6});
+    ndm_array a = rand_array(m, &g, NDM_F64, 2, (int64_t[]){4, 6});
+    ndm_array b = rand_array(m, &g, NDM_F64, 2, (int64_t[]){6, 3});
+    ndm_array t = rand_array(m, &g, NDM_F32, 3, (int64_t[]){2, 4, 6});
+    ndm_array bt = rand_array(m, &g, NDM_F32, 3, (int64_t[]){5, 6, 3});
+    ndm_array c = ndm_matmul(v, w);
+    assert_rank0(c);
+    release(c);
+    c = ndm_matmul(v, b);
+    assert_shape(c, 3);
+    release(c);
+    c = ndm_matmul(a, v);
+    assert_shape(c, 4);
+    release(c);
+    c = ndm_matmul(t, v);
+    assert_shape(c, 2, 4);
+    release(c);
+    c = ndm_matmul(v, bt);
+    assert_shape(c, 5, 3);
+    release(c);
+    BOTH_TABLES({
+        check_matmul(v, w, "vector @ vector");
+        check_matmul(v, b, "vector @ matrix");
+        check_matmul(a, v, "matrix @ vector");
+        check_matmul(t, v, "batch @ vector");
+        check_matmul(v, bt, "vector @ batch");
+    });
+    release(v), release(w), release(a), release(b), release(t), release(bt);
+}
+
+static void test_matmul_batches_broadcast(void **state)
+{
+    ndm_manager m = ROOT(state);
+    rng g = rng_new(5);
+    struct {
+        int na;
+        int64_t sa[4];
+        int nb;
+        int64_t sb[4];
+    } cases[] = {
+        {4, {2, 1, 5, 7}, 3, {3, 7, 4}},  /* (2,1) with (3,): (2,3) */
+        {3, {4, 9, 8}, 2, {8, 6}},        /* b shared: batches fold into rows */
+        {3, {4, 9, 8}, 3, {1, 8, 6}},     /* b broadcast from size 1 */
+        {2, {9, 8}, 3, {4, 8, 6}},        /* a shared */
+        {3, {8, 16, 16}, 3, {8, 16, 16}}, /* many small products in parallel */
+        {4, {2, 3, 40, 30}, 4, {2, 3, 30, 20}},
+        {3, {0, 3, 4}, 2, {4, 5}},        /* no batch */
+    };
+    const ndm_dtype types[] = {NDM_F32, NDM_F64, NDM_I32};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (int t = 0; t < 3; t++) {
+            ndm_array a = rand_array(m, &g, types[t], cases[c].na, cases[c].sa);
+            ndm_array b = rand_array(m, &g, types[t], cases[c].nb, cases[c].sb);
+            char what[48];
+            snprintf(what, sizeof what, "batch case %zu", c);
+            BOTH_TABLES(check_matmul(a, b, what));
+            release(a), release(b);
+        }
+    /* a batch axis that is not outermost in memory */
+    ndm_array base = rand_array(m, &g, NDM_F32, 3, (int64_t[]){5, 3, 4});
+    ndm_array a = ndm_permute(base, 3, ((const int[]){1, 0, 2}));
+    ndm_array b = rand_array(m, &g, NDM_F32, 3, (int64_t[]){3, 4, 2});
+    ndm_array shared = rand_array(m, &g, NDM_F32, 2, (int64_t[]){4, 2});
+    BOTH_TABLES({
+        check_matmul(a, b, "permuted batch");
+        check_matmul(a, shared, "permuted batch @ shared"); /* rows do not fold */
+    });
+    release(a), release(b), release(base), release(shared);
+}
+
+static void test_matmul_empty_sizes(void **state)
+{
+    ndm_manager m = ROOT(state);
+    rng g = rng_new(6);
+    ndm_array a = rand_array(m, &g, NDM_F32, 2, (int64_t[]){4, 0});
+    ndm_array b = rand_array(m, &g, NDM_F32, 2, (int64_t[]){0, 3});
+    ndm_array z = rand_array(m, &g, NDM_F32, 2, (int64_t[]){0, 4});
+    BOTH_TABLES({
+        ndm_array c = ndm_matmul(a, b);
+        assert_shape(c, 4, 3);
+        double *v = read_array(c);
+        for (int i = 0; i < 12; i++)
+            assert_true(v[i] == 0); /* k = 0: a sum of nothing */
+        free(v);
+        release(c);
+        c = ndm_matmul(z, a);
+        assert_shape(c, 0, 0);
+        release(c);
+    });
+    release(a), release(b), release(z);
+}
+
+static void test_matmul_shape_errors(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_array a = ndm_zeros(m, NDM_F32, NDM_SHAPE(2, 3));
+    ndm_array b = ndm_zeros(m, NDM_F32, NDM_SHAPE(4, 5));
+    ndm_array p = ndm_zeros(m, NDM_F32, NDM_SHAPE(2, 3, 4));
+    ndm_array q = ndm_zeros(m, NDM_F32, NDM_SHAPE(3, 4, 5));
+    ndm_array s = ndm_scalar(m, NDM_F32, 1);
+    assert_fails(ndm_matmul(a, b), NDM_E_SHAPE, "inner sizes differ: f32[2,3] @ f32[4,5]");
+    assert_fails(ndm_matmul(p, q), NDM_E_SHAPE, "do not broadcast");
+    assert_fails(ndm_matmul(s, a), NDM_E_SHAPE, "rank >= 1");
+    assert_fails(ndm_matmul(a, s), NDM_E_SHAPE, "rank >= 1");
+    assert_fails(ndm_dot(a, b), NDM_E_SHAPE, "inner sizes differ");
+    ndm_array r = ndm_zeros(m, NDM_F32, NDM_SHAPE(3, 5, 6));
+    assert_fails(ndm_dot(p, r), NDM_E_SHAPE, "axis -2");
+    assert_int_equal(test_live_arrays(m), 6);
+    release(a), release(b), release(p), release(q), release(r), release(s);
+}
+
+static void test_matmul_count_overflow_allocates_nothing(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_array one = ndm_ones(m, NDM_F32, NDM_SHAPE(1, 1));
+    ndm_array tall = ndm_expand(one, NDM_SHAPE((int64_t)1 << 32, 1));
+    ndm_array wide = ndm_expand(one, NDM_SHAPE(1, (int64_t)1 << 32));
+    assert_live(tall);
+    assert_live(wide);
+    ndm_stats before, after;
+    assert_ok(ndm_manager_stats(m, NDM_CPU, 0, &before));
+    assert_fails(ndm_matmul(tall, wide), NDM_E_OVERFLOW, "overflow");
+    assert_fails(ndm_outer(tall, wide), NDM_E_OVERFLOW, "overflow");
+    assert_ok(ndm_manager_stats(m, NDM_CPU, 0, &after));
+    assert_int_equal(after.created, before.created);
+    release(tall), release(wide), release(one);
+}
+
+static void test_dot_follows_numpy(void **state)
+{
+    ndm_manager m = ROOT(state);
+    rng g = rng_new(7);
+    double x[5], y[5];
+    rng_fill(&g, NDM_F64, x, 5);
+    rng_fill(&g, NDM_F64, y, 5);
+    ndm_array v = make_array(m, NDM_F64, x, NDM_SHAPE(5));
+    ndm_array w = make_array(m, NDM_F64, y, NDM_SHAPE(5));
+    ndm_array d = ndm_dot(v, w);
+    assert_rank0(d);
+    double got, want = 0;
+    for (int i = 0; i < 5; i++)
+        want += x[i] * y[i];
+    assert_ok(ndm_item(d, &got));
+    assert_true(close_enough(got, want, 1e-14, 1e-15));
+    release(d);
+    /* N-d with M-d: dot(a, b)[i,j,k,l] = sum_p a[i,j,p] * b[k,p,l] */
+    double a[2 * 3 * 4], b[5 * 4 * 6];
+    rng_fill(&g, NDM_F64, a, 24);
+    rng_fill(&g, NDM_F64, b, 120);
+    ndm_array A = make_array(m, NDM_F64, a, NDM_SHAPE(2, 3, 4));
+    ndm_array B = make_array(m, NDM_F64, b, NDM_SHAPE(5, 4, 6));
+    BOTH_TABLES({
+        ndm_array D = ndm_dot(A, B);
+        assert_live(D);
+        assert_shape(D, 2, 3, 5, 6);
+        double *gv = read_array(D);
+        for (int i = 0; i < 6; i++)
+            for (int k = 0; k < 5; k++)
+                for (int l = 0; l < 6; l++) {
+                    double s = 0;
+                    for (int p = 0; p < 4; p++)
+                        s += a[i * 4 + p] * b[(k * 4 + p) * 6 + l];
+                    assert_true(close_enough(gv[(i * 5 + k) * 6 + l], s, 1e-13, 1e-14));
+                }
+        free(gv);
+        release(D);
+    });
+    /* 1-d with N-d, N-d with 1-d, scalars */
+    ndm_array v4 = make_array(m, NDM_F64, x, NDM_SHAPE(4));
+    ndm_array D = ndm_dot(v4, B);
+    assert_shape(D, 5, 6);
+    double *gv = read_array(D);
+    for (int k = 0; k < 5; k++)
+        for (int l = 0; l < 6; l++) {
+            double s = 0;
+            for (int p = 0; p < 4; p++)
+                s += x[p] * b[(k * 4 + p) * 6 + l];
+            assert_true(close_enough(gv[k * 6 + l], s, 1e-13, 1e-14));
+        }
+    free(gv);
+    release(D);
+    D = ndm_dot(A, v4);
+    assert_shape(D, 2, 3);
+    release(D);
+    ndm_array s = ndm_scalar(m, NDM_F32, 3);
+    D = ndm_dot(s, A);
+    assert_shape(D, 2, 3, 4);
+    assert_int_equal(ndm_array_dtype(D), NDM_F64);
+    gv = read_array(D);
+    for (int i = 0; i < 24; i++)
+        assert_true(close_enough(gv[i], 3 * a[i], 1e-15, 0));
+    free(gv);
+    release(D);
+    D = ndm_dot(B, s);
+    assert_shape(D, 5, 4, 6);
+    release(D);
+    D = ndm_dot(s, s);
+    assert_rank0(D);
+    assert_ok(ndm_item(D, &got));
+    assert_true(got == 9);
+    release(D);
+    release(v), release(w), release(A), release(B), release(v4), release(s);
+}
+
+static void test_outer_flattens_views(void **state)
+{
+    ndm_manager m = ROOT(state);
+    rng g = rng_new(8);
+    double x[6], y[3];
+    rng_fill(&g, NDM_F32, x, 6);
+    rng_fill(&g, NDM_I32, y, 3);
+    ndm_array a = make_array(m, NDM_F32, x, NDM_SHAPE(2, 3));
+    ndm_array at = ndm_transpose(a); /* flattened in its own C order */
+    ndm_array b = make_array(m, NDM_I32, y, NDM_SHAPE(3));
+    BOTH_TABLES({
+        ndm_array o = ndm_outer(at, b);
+        assert_shape(o, 6, 3);
+        assert_int_equal(ndm_array_dtype(o), NDM_F32);
+        double *va = read_array(at), *got = read_array(o);
+        for (int i = 0; i < 6; i++)
+            for (int j = 0; j < 3; j++)
+                assert_true(close_enough(got[i * 3 + j], va[i] * y[j], 1e-6, 0));
+        free(va), free(got);
+        release(o);
+    });
+    release(at), release(a), release(b);
+}
+
+static void test_matmul_stale_and_null_inputs(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_array a = ndm_ones(m, NDM_F32, NDM_SHAPE(2, 2));
+    ndm_array b = ndm_ones(m, NDM_F32, NDM_SHAPE(2, 2));
+    release(b);
+    assert_fails(ndm_matmul(a, b), NDM_E_CLOSED, "stale array handle");
+    assert_fails(ndm_outer(b, a), NDM_E_CLOSED, "released");
+    ndm_clear_error();
+    ndm_array bad = ndm_matmul(a, b);
+    ndm_array next = ndm_matmul(bad, a);
+    assert_true(next.id == 0);
+    assert_int_equal(ndm_last_status(), NDM_E_CLOSED); /* the first error is kept */
+    assert_fails(ndm_dot(NDM_NULL_ARRAY, a), NDM_E_NULL, "null");
+    release(a);
+}
+
+static void test_matmul_output_rule_and_temporaries(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_manager in = ndm_manager_new(m, "inputs");
+    ndm_manager named = ndm_manager_new(m, "named");
+    /* f16 computes through f32 temporaries, which must not outlive the call */
+    ndm_array a = ndm_ones(in, NDM_F16, NDM_SHAPE(3, 4));
+    ndm_array b = ndm_ones(in, NDM_F16, NDM_SHAPE(4, 2));
+    ndm_array c = ndm_matmul(a, b);
+    assert_true(ndm_array_manager(c).id == in.id);
+    assert_int_equal(test_live_arrays(in), 3);
+    ndm_array d = ndm_matmul_to(named, a, b);
+    assert_true(ndm_array_manager(d).id == named.id);
+    assert_int_equal(test_live_arrays(named), 1);
+    ndm_array o = ndm_outer_to(named, a, b);
+    assert_int_equal(test_live_arrays(named), 2);
+    assert_shape(o, 12, 8);
+    ndm_manager s = ndm_scope_begin(m, "step");
+    ndm_array e = ndm_dot(a, b);
+    ndm_array f = ndm_matmul(e, ndm_transpose(b));
+    assert_true(ndm_array_manager(e).id == s.id);
+    assert_ok(ndm_scope_end(s, 1, &f));
+    assert_true(ndm_array_manager(f).id == m.id);
+    assert_false(ndm_array_valid(e));
+    double v;
+    ndm_array f0 = ndm_select(ndm_select(f, 0, 0), 0, 0);
+    assert_ok(ndm_item(f0, &v));
+    assert_true(v == 8);
+    assert_ok(ndm_scope_release_all(m));
+    assert_ok(ndm_manager_close(named));
+    assert_ok(ndm_manager_close(in));
+}
+
+static void test_matmul_capped_and_failing_allocations(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_manager model = ndm_manager_new(m, "model");
+    ndm_array w = ndm_ones(model, NDM_BF16, NDM_SHAPE(4, 4));
+    ndm_array x = ndm_ones(model, NDM_BF16, NDM_SHAPE(4, 2));
+    assert_ok(ndm_manager_cap(model, NDM_CAP_ARRAYS));
+    assert_fails(ndm_matmul(w, x), NDM_E_CAPPED, "capped");
+    assert_int_equal(test_live_arrays(model), 2);
+    /* each allocation of the call (the result and three f32 temporaries)
+     * fails in turn: an error, and nothing left behind */
+    int failures = 0;
+    for (int i = 1; i < 10; i++) {
+        ndm__alloc_fail_after(i);
+        ndm_array r = ndm_matmul_to(m, w, x);
+        ndm__alloc_fail_after(0);
+        if (r.id) {
+            double v;
+            ndm_array r0 = ndm_select(r, 0, 0);
+            ndm_array r00 = ndm_select(r0, 0, 1);
+            assert_ok(ndm_item(r00, &v));
+            assert_true(v == 4);
+            release(r00), release(r0), release(r);
+            break;
+        }
+        failures++;
+        assert_int_equal(ndm_last_status(), NDM_E_OOM);
+        assert_int_equal(test_live_arrays(m), 2);
+    }
+    assert_int_equal(failures, 4);
+    assert_ok(ndm_manager_uncap(model, NDM_CAP_ARRAYS));
+    assert_ok(ndm_manager_close(model));
+}
+
+static void test_gemm_provider_is_named(void **state)
+{
+    (void)state;
+    assert_string_equal(ndm_gemm_provider(), NDM_BLAS_PROVIDER);
+    const char *p = ndm_gemm_provider();
+    assert_true(!strcmp(p, "openblas") || !strcmp(p, "blis") || !strcmp(p, "none"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        TEST(test_matmul_2d_matches_reference),
+        TEST(test_matmul_every_dtype),
+        TEST(test_matmul_integers_wrap_as_numpy),
+        TEST(test_matmul_strided_views),
+        TEST(test_matmul_1d_rules),
+        TEST(test_matmul_batches_broadcast),
+        TEST(test_matmul_empty_sizes),
+        TEST(test_matmul_shape_errors),
+        TEST(test_matmul_count_overflow_allocates_nothing),
+        TEST(test_dot_follows_numpy),
+        TEST(test_outer_flattens_views),
+        TEST(test_matmul_stale_and_null_inputs),
+        TEST(test_matmul_output_rule_and_temporaries),
+        TEST(test_matmul_capped_and_failing_allocations),
+        TEST(test_gemm_provider_is_named),
+    };
+    return cmocka_run_group_tests_name("linalg", tests, NULL, NULL);
+}
