@@ -73,8 +73,10 @@ int ndm__ew_isa_select(const char *name)
 #define TILE 1024
 /* Outputs at least this large are written with non-temporal stores: they
  * cannot stay in the cache anyway, and skipping the read for ownership
- * saves a third of the traffic of a binary op. */
-#define STREAM_MIN_BYTES ((int64_t)64 << 20)
+ * saves a quarter of the traffic of a binary op. */
+static _Atomic int64_t stream_min_bytes = (int64_t)64 << 20;
+
+void ndm__ew_set_stream_min(int64_t bytes) { atomic_store(&stream_min_bytes, bytes); }
 
 /* ---- the walk -------------------------------------------------------------- */
 
@@ -280,7 +282,8 @@ static ndm_status job_run(job_head *h, int ndim, const int64_t *shape, int nops,
     if (!plan_init(&h->pl, ndim, shape, nops, data, strides, esize))
         return NDM_E_OOM;
     if (h->pl.total > 0) {
-        h->stream = h->stream && h->isa->stream && h->pl.total * h->pl.es[0] >= STREAM_MIN_BYTES;
+        int64_t min = atomic_load_explicit(&stream_min_bytes, memory_order_relaxed);
+        h->stream = h->stream && h->isa->stream && h->pl.total * h->pl.es[0] >= min;
         ndm__parallel_for(h->pl.total, grain, job_range, h);
     }
     plan_free(&h->pl);

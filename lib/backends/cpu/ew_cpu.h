@@ -50,6 +50,10 @@ const ndm__ew_isa *ndm__ew_isa_active(void);
  * lacks it. Process wide; not while kernels run. */
 int ndm__ew_isa_select(const char *name);
 
+/* Test hook: outputs of at least this many bytes use non-temporal stores
+ * (default 64 MiB). */
+void ndm__ew_set_stream_min(int64_t bytes);
+
 /* Fast CPU family table and the reference one. */
 extern const ndm__backend_ew ndm__cpu_ew;
 extern const ndm__backend_ew ndm__cpu_ref_ew;

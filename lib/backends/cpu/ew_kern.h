@@ -286,7 +286,7 @@ static inline double gelu_tanh_f64(double x)
 }
 static inline double gelu_f64(double x)
 {
-    double r = 0.5 * x * erfc(-x * 0.707106781186547524);
+    double r = 0.5 * x * erfc(-x / 1.41421356237309504880);
     return x == -INFINITY ? -0.0 : r;
 }
 NDM__UN_KERNEL(EXP, f64, double, double, exp(x))

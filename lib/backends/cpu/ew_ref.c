@@ -230,10 +230,15 @@ static double gelu(double x)
 {
     return x == -INFINITY ? -0.0 : 0.5 * x * erfc(-x / sqrt(2.0));
 }
+/* 0.5 (1 + tanh(u)) = sigmoid(2u): the same function without cancelling. */
+static double sigmoid(double x)
+{
+    return x >= 0 ? 1.0 / (1.0 + exp(-x)) : exp(x) / (1.0 + exp(x));
+}
 static double gelu_tanh(double x)
 {
     const double c = sqrt(2.0 / 3.14159265358979323846);
-    return x == -INFINITY ? -0.0 : 0.5 * x * (1.0 + tanh(c * (x + 0.044715 * x * x * x)));
+    return x == -INFINITY ? -0.0 : x * sigmoid(2.0 * c * (x + 0.044715 * x * x * x));
 }
 static double silu(double x) { return x == -INFINITY ? -0.0 : x / (1.0 + exp(-x)); }
 
@@ -261,7 +266,7 @@ static double un_flt(ndm__ew_unop op, double x, double lo, double hi)
     case NDM__EW_SIN: return sin(x);
     case NDM__EW_COS: return cos(x);
     case NDM__EW_TANH: return tanh(x);
-    case NDM__EW_SIGMOID: return 1.0 / (1.0 + exp(-x));
+    case NDM__EW_SIGMOID: return sigmoid(x);
     case NDM__EW_GELU: return gelu(x);
     case NDM__EW_GELU_TANH: return gelu_tanh(x);
     case NDM__EW_SILU: return silu(x);
