@@ -55,6 +55,13 @@ typedef enum ndm__ew_unop {
     NDM__EW_UNOP_COUNT
 } ndm__ew_unop;
 
+/* Bytes per element without a call (hot paths of small operations). */
+static inline size_t ndm__ew_esize(ndm_dtype t)
+{
+    static const unsigned char bytes[NDM_DTYPE_COUNT] = {1, 1, 4, 8, 2, 2, 4, 8};
+    return bytes[t];
+}
+
 static inline bool ndm__ew_binop_is_bool(ndm__ew_binop op) { return op >= NDM__EW_EQ; }
 static inline bool ndm__ew_unop_is_float(ndm__ew_unop op)
 {

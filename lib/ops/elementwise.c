@@ -7,7 +7,7 @@
 
 /* ---- shared helpers ------------------------------------------------------ */
 
-bool ndm__ew_dims_get(ndm__ew_dims *d, int ndim, const char *api, ndm__site site)
+bool ndm__ew_dims_get(ndm__ew_dims *d, int ndim, const char *api, const ndm__site *site)
 {
     size_t cap = ndim > 0 ? (size_t)ndim : 1;
     int64_t *m = d->small;
@@ -15,7 +15,7 @@ bool ndm__ew_dims_get(ndm__ew_dims *d, int ndim, const char *api, ndm__site site
     if (cap > NDM__EW_SMALL) {
         d->heap = malloc(4 * cap * sizeof(int64_t));
         if (!d->heap) {
-            ndm__fail(NDM_E_OOM, api, site, "no memory for a rank-%d shape", ndim);
+            ndm__fail(NDM_E_OOM, api, *site, "no memory for a rank-%d shape", ndim);
             return false;
         }
         m = d->heap;
@@ -27,51 +27,52 @@ bool ndm__ew_dims_get(ndm__ew_dims *d, int ndim, const char *api, ndm__site site
     return true;
 }
 
-const ndm__backend_ew *ndm__ew_backend(ndm_device dev, int *index, const char *api,
-                                       ndm__site site)
+const ndm__backend_ew *ndm__ew_no_backend(ndm_device dev, const char *api, const ndm__site *site)
 {
-    const ndm__backend *b = ndm__backend_of(dev, api, site);
-    if (!b)
-        return NULL;
-    if (!b->ew) {
-        ndm__fail(NDM_E_UNSUPPORTED, api, site, "the %s backend has no elementwise kernels",
+    const ndm__backend *b = ndm__backend_of(dev, api, *site);
+    if (b)
+        ndm__fail(NDM_E_UNSUPPORTED, api, *site, "the %s backend has no elementwise kernels",
                   b->name);
-        return NULL;
-    }
-    *index = dev.index;
-    return b->ew;
+    return NULL;
 }
 
-ndm_status ndm__ew_same_device(const ndm__array *a, const ndm__array *b, const char *api,
-                               ndm__site site)
+ndm_status ndm__ew_device_mismatch(const ndm__array *a, const ndm__array *b, const char *api,
+                                   const ndm__site *site)
 {
-    ndm_device da = a->storage->device, db = b->storage->device;
-    if (NDM__LIKELY(da.type == db.type && da.index == db.index))
-        return NDM_OK;
     char d1[160], d2[160], n1[32], n2[32];
-    return ndm__fail(NDM_E_DEVICE, api, site, "%s is on %s but %s is on %s (copy one first)",
-                     ndm__array_desc(a, d1, sizeof d1), ndm_device_str(da, n1, sizeof n1),
-                     ndm__array_desc(b, d2, sizeof d2), ndm_device_str(db, n2, sizeof n2));
+    return ndm__fail(NDM_E_DEVICE, api, *site, "%s is on %s but %s is on %s (copy one first)",
+                     ndm__array_desc(a, d1, sizeof d1),
+                     ndm_device_str(a->storage->device, n1, sizeof n1),
+                     ndm__array_desc(b, d2, sizeof d2),
+                     ndm_device_str(b->storage->device, n2, sizeof n2));
 }
 
-ndm_status ndm__ew_check_writable(const ndm__array *dst, const char *api, ndm__site site)
+ndm_status ndm__ew_not_writable(const ndm__array *dst, int axis, const char *api,
+                                const ndm__site *site)
 {
-    for (int i = 0; i < dst->ndim; i++) {
-        if (dst->strides[i] == 0 && dst->shape[i] > 1) {
-            char desc[160];
-            return ndm__fail(NDM_E_INVALID, api, site,
-                             "cannot write into %s in place: axis %d repeats one element "
-                             "(a broadcast view); make a copy first",
-                             ndm__array_desc(dst, desc, sizeof desc), i);
-        }
+    char desc[160];
+    return ndm__fail(NDM_E_INVALID, api, *site,
+                     "cannot write into %s in place: axis %d repeats one element "
+                     "(a broadcast view); make a copy first",
+                     ndm__array_desc(dst, desc, sizeof desc), axis);
+}
+
+ndm_dtype ndm__ew_promote(ndm_dtype a, ndm_dtype b)
+{
+    /* 0 is "not computed yet"; racing fills store the same value. */
+    static _Atomic unsigned char table[NDM_DTYPE_COUNT][NDM_DTYPE_COUNT];
+    unsigned v = atomic_load_explicit(&table[a][b], memory_order_relaxed);
+    if (NDM__UNLIKELY(!v)) {
+        v = 1u + (unsigned)ndm_result_type(a, b);
+        atomic_store_explicit(&table[a][b], (unsigned char)v, memory_order_relaxed);
     }
-    return NDM_OK;
+    return (ndm_dtype)(v - 1);
 }
 
 /* Bytes [lo, hi) a view touches; false for an empty view. */
 static bool extent(const ndm__tensor *t, uintptr_t *lo, uintptr_t *hi)
 {
-    int64_t es = (int64_t)ndm_dtype_size(t->dtype), l = 0, h = 0;
+    int64_t es = (int64_t)ndm__ew_esize(t->dtype), l = 0, h = 0;
     for (int i = 0; i < t->ndim; i++) {
         if (t->shape[i] == 0)
             return false;
@@ -87,22 +88,26 @@ static bool extent(const ndm__tensor *t, uintptr_t *lo, uintptr_t *hi)
 }
 
 ndm_status ndm__ew_unalias(const ndm__array *dst, const ndm__array *in, ndm__tensor *view,
-                           ndm__ew_scratch *scratch, const char *api, ndm__site site)
+                           ndm__ew_scratch *scratch, const char *api, const ndm__site *sitep)
 {
+    ndm__site site = *sitep;
     scratch->block = (ndm__block){NULL, NULL, 0};
-    ndm__tensor d = ndm__tensor_of(dst);
+    /* Storages from the allocator never overlap; wrapped buffers might. */
+    if (dst->storage != in->storage && dst->storage->block.cookie && in->storage->block.cookie)
+        return NDM_OK;
+    ndm__tensor d = ndm__ew_tensor(dst);
     uintptr_t dl, dh, il, ih;
     if (!extent(&d, &dl, &dh) || !extent(view, &il, &ih) || ih <= dl || dh <= il)
         return NDM_OK;
     /* The same elements in the same places: each is read before it is written. */
-    bool same = view->data == d.data && ndm_dtype_size(view->dtype) == ndm_dtype_size(d.dtype);
+    bool same = view->data == d.data && ndm__ew_esize(view->dtype) == ndm__ew_esize(d.dtype);
     for (int i = 0; same && i < d.ndim; i++)
         same = d.shape[i] == 1 || view->strides[i] == d.strides[i];
     if (same)
         return NDM_OK;
     /* Copy the input's own elements (not the broadcast) and read the copy. */
     int64_t n = ndm__numel(in->ndim, in->shape);
-    size_t es = ndm_dtype_size(in->dtype);
+    size_t es = ndm__ew_esize(in->dtype);
     ndm_device dev = in->storage->device;
     ndm__alloc_tag tag = {0, site.file, site.func, site.line};
     if (ndm__alloc(dev, (size_t)n * es, &tag, &scratch->block) < 0) {
@@ -118,7 +123,7 @@ ndm_status ndm__ew_unalias(const ndm__array *dst, const ndm__array *in, ndm__ten
         return ndm__fail(NDM_E_OOM, api, site, "no memory for strides");
     }
     ndm__contiguous_strides(in->ndim, in->shape, cs);
-    ndm__tensor src = ndm__tensor_of(in);
+    ndm__tensor src = ndm__ew_tensor(in);
     ndm__tensor copy = {scratch->block.ptr, in->dtype, in->ndim, in->shape, cs};
     const ndm__backend *b = ndm__backend_of(dev, api, site);
     ndm_status st = b ? b->copy(dev.index, &copy, &src) : NDM_E_UNSUPPORTED;
@@ -194,9 +199,9 @@ void ndm__ew_scalar_value(double s, ndm_dtype via, ndm_dtype ct, void *buf)
     }
 }
 
-static void kernel_failed(ndm_status st, const char *api, ndm__site site)
+static void kernel_failed(ndm_status st, const char *api, const ndm__site *site)
 {
-    ndm__fail(st, api, site, "elementwise kernel failed: %s", ndm_status_str(st));
+    ndm__fail(st, api, *site, "elementwise kernel failed: %s", ndm_status_str(st));
 }
 
 static bool same_shape(const ndm__array *a, const ndm__array *b)
@@ -212,7 +217,7 @@ static bool same_shape(const ndm__array *a, const ndm__array *b)
 /* b's strides read as if b had dst's shape; NDM_E_SHAPE unless b broadcasts
  * to exactly that shape (an in-place destination cannot grow). */
 static ndm_status broadcast_into(const ndm__array *dst, const ndm__array *b, int64_t *strides,
-                                 const char *api, ndm__site site)
+                                 const char *api, const ndm__site *site)
 {
     int lead = dst->ndim - b->ndim;
     bool ok = lead >= 0;
@@ -220,7 +225,7 @@ static ndm_status broadcast_into(const ndm__array *dst, const ndm__array *b, int
         ok = b->shape[j] == dst->shape[lead + j] || b->shape[j] == 1;
     if (!ok) {
         char d1[160], d2[160];
-        return ndm__fail(NDM_E_SHAPE, api, site,
+        return ndm__fail(NDM_E_SHAPE, api, *site,
                          "cannot broadcast %s into %s (an in-place result keeps the shape of "
                          "its destination)",
                          ndm__array_desc(b, d1, sizeof d1), ndm__array_desc(dst, d2, sizeof d2));
@@ -232,12 +237,12 @@ static ndm_status broadcast_into(const ndm__array *dst, const ndm__array *b, int
 /* An in-place result of dtype rt must be storable in dst (same kind or
  * higher, as numpy's same_kind casting). */
 static ndm_status storable(ndm_dtype rt, const ndm__array *dst, const char *what,
-                           const char *api, ndm__site site)
+                           const char *api, const ndm__site *site)
 {
     if (ndm__ew_kind(rt) <= ndm__ew_kind(dst->dtype))
         return NDM_OK;
     char desc[160];
-    return ndm__fail(NDM_E_DTYPE, api, site,
+    return ndm__fail(NDM_E_DTYPE, api, *site,
                      "the result of %s is %s, which cannot be written into %s in place "
                      "(cast with ndm_astype or use the form that returns a new array)",
                      what, ndm_dtype_name(rt), ndm__array_desc(dst, desc, sizeof desc));
@@ -252,9 +257,9 @@ static const char *const binop_names[NDM__EW_BINOP_COUNT] = {
 
 /* Array with array: the computation dtype ct and the result dtype rt. */
 static ndm_status binop_types(ndm__ew_binop op, ndm_dtype a, ndm_dtype b, ndm_dtype *ct,
-                              ndm_dtype *rt, const char *api, ndm__site site)
+                              ndm_dtype *rt, const char *api, const ndm__site *site)
 {
-    ndm_dtype t = ndm_result_type(a, b);
+    ndm_dtype t = ndm__ew_promote(a, b);
     if (op >= NDM__EW_AND) {
         *ct = *rt = NDM_BOOL;
         return NDM_OK;
@@ -267,7 +272,7 @@ static ndm_status binop_types(ndm__ew_binop op, ndm_dtype a, ndm_dtype b, ndm_dt
     if (op == NDM__EW_DIV && !ndm_dtype_is_float(t))
         t = NDM_F32; /* true division */
     if (t == NDM_BOOL && (op == NDM__EW_SUB || op == NDM__EW_POW))
-        return ndm__fail(NDM_E_DTYPE, api, site,
+        return ndm__fail(NDM_E_DTYPE, api, *site,
                          "%s of two bool arrays is not defined (%s)", binop_names[op],
                          op == NDM__EW_SUB ? "use ndm_logical_xor, or cast to an integer dtype"
                                            : "cast to an integer dtype first");
@@ -279,7 +284,8 @@ static ndm_status binop_types(ndm__ew_binop op, ndm_dtype a, ndm_dtype b, ndm_dt
 /* Array with a scalar (see the header for the rules). `via` is the dtype the
  * scalar is rounded through before it joins the computation. */
 static ndm_status scalar_types(ndm__ew_binop op, ndm_dtype a, double s, ndm_dtype *ct,
-                               ndm_dtype *rt, ndm_dtype *via, const char *api, ndm__site site)
+                               ndm_dtype *rt, ndm_dtype *via, const char *api,
+                               const ndm__site *site)
 {
     int kind = ndm__ew_kind(a);
     if (ndm__ew_binop_is_bool(op)) {
@@ -302,7 +308,7 @@ static ndm_status scalar_types(ndm__ew_binop op, ndm_dtype a, double s, ndm_dtyp
     if (op == NDM__EW_DIV && !ndm_dtype_is_float(t))
         t = NDM_F32;
     if (!ndm_dtype_is_float(t) && !ndm__ew_fits(s, t))
-        return ndm__fail(NDM_E_INVALID, api, site,
+        return ndm__fail(NDM_E_INVALID, api, *site,
                          "the scalar %.17g does not fit %s, the dtype of the result of %s "
                          "(cast the array first)",
                          s, ndm_dtype_name(t), binop_names[op]);
@@ -321,23 +327,24 @@ static ndm_array binary(ndm__site site, const char *api, ndm_manager out, ndm__e
     if (!a)
         return NDM_NULL_ARRAY;
     ndm__array *b = ndm__array_get_prop(hb, api, site);
-    if (!b || ndm__ew_same_device(a, b, api, site) < 0)
+    if (!b || ndm__ew_same_device(a, b, api, &site) < 0)
         return NDM_NULL_ARRAY;
     ndm_dtype ct, rt;
-    if (binop_types(op, a->dtype, b->dtype, &ct, &rt, api, site) < 0)
+    if (binop_types(op, a->dtype, b->dtype, &ct, &rt, api, &site) < 0)
         return NDM_NULL_ARRAY;
     ndm_device dev = a->storage->device;
     int index;
-    const ndm__backend_ew *ew = ndm__ew_backend(dev, &index, api, site);
+    const ndm__backend_ew *ew = ndm__ew_backend(dev, &index, api, &site);
     if (!ew)
         return NDM_NULL_ARRAY;
-    ndm__ew_dims d = {.heap = NULL};
+    ndm__ew_dims d;
+    d.heap = NULL;
     int nd = a->ndim;
     const int64_t *shape = a->shape, *sa = a->strides, *sb = b->strides;
     ndm_array h = NDM_NULL_ARRAY;
     if (!same_shape(a, b)) {
         ndm__array *in[2] = {a, b};
-        if (!ndm__ew_dims_get(&d, ndm__max_ndim(2, in), api, site) ||
+        if (!ndm__ew_dims_get(&d, ndm__max_ndim(2, in), api, &site) ||
             ndm__broadcast_shape(2, in, d.shape, &nd, api, site) < 0)
             goto done;
         ndm__broadcast_strides(a, nd, d.shape, d.s0);
@@ -350,12 +357,12 @@ static ndm_array binary(ndm__site site, const char *api, ndm_manager out, ndm__e
     ndm__array *o;
     if (!m.id || !(h = ndm__array_new_on(site, api, m, dev, rt, nd, shape, &o)).id)
         goto done;
-    ndm__tensor to = ndm__tensor_of(o);
-    ndm__tensor ta = {ndm__array_ptr(a), a->dtype, nd, shape, sa};
-    ndm__tensor tb = {ndm__array_ptr(b), b->dtype, nd, shape, sb};
+    ndm__tensor to = ndm__ew_tensor(o);
+    ndm__tensor ta = {ndm__ew_ptr(a), a->dtype, nd, shape, sa};
+    ndm__tensor tb = {ndm__ew_ptr(b), b->dtype, nd, shape, sb};
     ndm_status st = ew->binary(index, op, ct, &to, &ta, &tb);
     if (st < 0) {
-        kernel_failed(st, api, site);
+        kernel_failed(st, api, &site);
         ndm__discard(h);
         h = NDM_NULL_ARRAY;
     }
@@ -371,11 +378,11 @@ static ndm_array binary_scalar(ndm__site site, const char *api, ndm_manager out,
     if (!a)
         return NDM_NULL_ARRAY;
     ndm_dtype ct, rt, via;
-    if (scalar_types(op, a->dtype, s, &ct, &rt, &via, api, site) < 0)
+    if (scalar_types(op, a->dtype, s, &ct, &rt, &via, api, &site) < 0)
         return NDM_NULL_ARRAY;
     ndm_device dev = a->storage->device;
     int index;
-    const ndm__backend_ew *ew = ndm__ew_backend(dev, &index, api, site);
+    const ndm__backend_ew *ew = ndm__ew_backend(dev, &index, api, &site);
     if (!ew)
         return NDM_NULL_ARRAY;
     ndm_manager m = ndm__output_manager(out, a, api, site);
@@ -385,10 +392,10 @@ static ndm_array binary_scalar(ndm__site site, const char *api, ndm_manager out,
         return NDM_NULL_ARRAY;
     _Alignas(8) unsigned char value[8];
     ndm__ew_scalar_value(s, via, ct, value);
-    ndm__tensor to = ndm__tensor_of(o), ta = ndm__tensor_of(a);
+    ndm__tensor to = ndm__ew_tensor(o), ta = ndm__ew_tensor(a);
     ndm_status st = ew->binary_scalar(index, op, ct, &to, &ta, value, swap);
     if (st < 0) {
-        kernel_failed(st, api, site);
+        kernel_failed(st, api, &site);
         ndm__discard(h);
         return NDM_NULL_ARRAY;
     }
@@ -404,34 +411,47 @@ static ndm_status binary_inplace(ndm__site site, const char *api, ndm__ew_binop 
     ndm__array *b = ndm__array_get_prop(hb, api, site);
     if (!b)
         return NDM_E_NULL;
-    ndm_status st = ndm__ew_same_device(a, b, api, site);
+    ndm_status st = ndm__ew_same_device(a, b, api, &site);
     ndm_dtype ct, rt;
-    if (st < 0 || (st = binop_types(op, a->dtype, b->dtype, &ct, &rt, api, site)) < 0 ||
-        (st = storable(rt, a, binop_names[op], api, site)) < 0 ||
-        (st = ndm__ew_check_writable(a, api, site)) < 0)
+    if (st < 0 || (st = binop_types(op, a->dtype, b->dtype, &ct, &rt, api, &site)) < 0 ||
+        (st = storable(rt, a, binop_names[op], api, &site)) < 0 ||
+        (st = ndm__ew_check_writable(a, api, &site)) < 0)
         return st;
     int index;
-    const ndm__backend_ew *ew = ndm__ew_backend(a->storage->device, &index, api, site);
+    const ndm__backend_ew *ew = ndm__ew_backend(a->storage->device, &index, api, &site);
     if (!ew)
         return ndm_last_status();
     ndm__ew_dims d;
-    if (!ndm__ew_dims_get(&d, a->ndim, api, site))
-        return NDM_E_OOM;
-    ndm__ew_scratch scratch = {.block = {NULL, NULL, 0}};
-    if ((st = broadcast_into(a, b, d.s1, api, site)) < 0)
-        goto done;
-    ndm__tensor ta = ndm__tensor_of(a);
-    ndm__tensor tb = {ndm__array_ptr(b), b->dtype, a->ndim, a->shape, d.s1};
-    if ((st = ndm__ew_unalias(a, b, &tb, &scratch, api, site)) < 0)
+    d.heap = NULL;
+    ndm__ew_scratch scratch;
+    scratch.block.ptr = NULL;
+    ndm__tensor ta = ndm__ew_tensor(a);
+    ndm__tensor tb = {ndm__ew_ptr(b), b->dtype, a->ndim, a->shape, b->strides};
+    if (!same_shape(a, b)) {
+        if (!ndm__ew_dims_get(&d, a->ndim, api, &site))
+            return NDM_E_OOM;
+        if ((st = broadcast_into(a, b, d.s1, api, &site)) < 0)
+            goto done;
+        tb.strides = d.s1;
+    } else if (a->storage == b->storage || !a->storage->block.cookie ||
+               !b->storage->block.cookie) {
+        /* the overlap check may rewrite the strides: give it a copy */
+        if (!ndm__ew_dims_get(&d, a->ndim, api, &site))
+            return NDM_E_OOM;
+        memcpy(d.s1, b->strides, sizeof(int64_t) * (size_t)a->ndim);
+        tb.strides = d.s1;
+    }
+    if ((st = ndm__ew_unalias(a, b, &tb, &scratch, api, &site)) < 0)
         goto done;
     st = ew->binary(index, op, ct, &ta, &ta, &tb);
     if (st < 0)
-        kernel_failed(st, api, site);
+        kernel_failed(st, api, &site);
 done:
     ndm__ew_scratch_free(&scratch);
     ndm__ew_dims_put(&d);
     return st < 0 ? st : NDM_OK;
 }
+
 
 static ndm_status binary_scalar_inplace(ndm__site site, const char *api, ndm__ew_binop op,
                                         ndm_array ha, double s, bool swap)
@@ -440,20 +460,20 @@ static ndm_status binary_scalar_inplace(ndm__site site, const char *api, ndm__ew
     if (!a)
         return NDM_E_NULL;
     ndm_dtype ct, rt, via;
-    ndm_status st = scalar_types(op, a->dtype, s, &ct, &rt, &via, api, site);
-    if (st < 0 || (st = storable(rt, a, binop_names[op], api, site)) < 0 ||
-        (st = ndm__ew_check_writable(a, api, site)) < 0)
+    ndm_status st = scalar_types(op, a->dtype, s, &ct, &rt, &via, api, &site);
+    if (st < 0 || (st = storable(rt, a, binop_names[op], api, &site)) < 0 ||
+        (st = ndm__ew_check_writable(a, api, &site)) < 0)
         return st;
     int index;
-    const ndm__backend_ew *ew = ndm__ew_backend(a->storage->device, &index, api, site);
+    const ndm__backend_ew *ew = ndm__ew_backend(a->storage->device, &index, api, &site);
     if (!ew)
         return ndm_last_status();
     _Alignas(8) unsigned char value[8];
     ndm__ew_scalar_value(s, via, ct, value);
-    ndm__tensor ta = ndm__tensor_of(a);
+    ndm__tensor ta = ndm__ew_tensor(a);
     st = ew->binary_scalar(index, op, ct, &ta, &ta, value, swap);
     if (st < 0)
-        kernel_failed(st, api, site);
+        kernel_failed(st, api, &site);
     return st < 0 ? st : NDM_OK;
 }
 
@@ -548,19 +568,19 @@ NDM_API ndm_array ndm_where_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array co
     if (!x)
         return NDM_NULL_ARRAY;
     ndm__array *y = ndm__array_get_prop(b, api, site);
-    if (!y || ndm__ew_same_device(c, x, api, site) < 0 || ndm__ew_same_device(c, y, api, site) < 0)
+    if (!y || ndm__ew_same_device(c, x, api, &site) < 0 || ndm__ew_same_device(c, y, api, &site) < 0)
         return NDM_NULL_ARRAY;
     ndm_dtype rt = ndm_result_type(x->dtype, y->dtype);
     ndm_device dev = c->storage->device;
     int index;
-    const ndm__backend_ew *ew = ndm__ew_backend(dev, &index, api, site);
+    const ndm__backend_ew *ew = ndm__ew_backend(dev, &index, api, &site);
     if (!ew)
         return NDM_NULL_ARRAY;
     ndm__array *in[3] = {c, x, y};
     ndm__ew_dims d;
     int nd;
     ndm_array h = NDM_NULL_ARRAY;
-    if (!ndm__ew_dims_get(&d, ndm__max_ndim(3, in), api, site))
+    if (!ndm__ew_dims_get(&d, ndm__max_ndim(3, in), api, &site))
         return h;
     if (ndm__broadcast_shape(3, in, d.shape, &nd, api, site) < 0)
         goto done;
@@ -572,13 +592,13 @@ NDM_API ndm_array ndm_where_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array co
     ndm__array *o;
     if (!m.id || !(h = ndm__array_new_on(site, api, m, dev, rt, nd, d.shape, &o)).id)
         goto done;
-    ndm__tensor to = ndm__tensor_of(o);
-    ndm__tensor tc = {ndm__array_ptr(c), c->dtype, nd, d.shape, d.s0};
-    ndm__tensor tx = {ndm__array_ptr(x), x->dtype, nd, d.shape, d.s1};
-    ndm__tensor ty = {ndm__array_ptr(y), y->dtype, nd, d.shape, d.s2};
+    ndm__tensor to = ndm__ew_tensor(o);
+    ndm__tensor tc = {ndm__ew_ptr(c), c->dtype, nd, d.shape, d.s0};
+    ndm__tensor tx = {ndm__ew_ptr(x), x->dtype, nd, d.shape, d.s1};
+    ndm__tensor ty = {ndm__ew_ptr(y), y->dtype, nd, d.shape, d.s2};
     ndm_status st = ew->where(index, ndm__ew_compute(rt), &to, &tc, &tx, &ty);
     if (st < 0) {
-        kernel_failed(st, api, site);
+        kernel_failed(st, api, &site);
         ndm__discard(h);
         h = NDM_NULL_ARRAY;
     }

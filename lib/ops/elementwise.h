@@ -25,6 +25,18 @@ static inline ndm_dtype ndm__ew_compute(ndm_dtype t)
     return t == NDM_F16 || t == NDM_BF16 ? NDM_F32 : t;
 }
 
+/* The kernel view of an array (ndm__tensor_of without the call for the
+ * element size: small operations count every call). */
+static inline ndm__tensor ndm__ew_tensor(const ndm__array *r)
+{
+    char *p = (char *)r->storage->data + r->offset * (int64_t)ndm__ew_esize(r->dtype);
+    return (ndm__tensor){p, r->dtype, r->ndim, r->shape, r->strides};
+}
+static inline void *ndm__ew_ptr(const ndm__array *r)
+{
+    return (char *)r->storage->data + r->offset * (int64_t)ndm__ew_esize(r->dtype);
+}
+
 /* Shape and strides scratch: on the stack for common ranks. */
 #define NDM__EW_SMALL 8
 typedef struct ndm__ew_dims {
@@ -34,24 +46,55 @@ typedef struct ndm__ew_dims {
 } ndm__ew_dims;
 
 /* false (and NDM_E_OOM recorded) when a large rank finds no memory. */
-bool ndm__ew_dims_get(ndm__ew_dims *d, int ndim, const char *api, ndm__site site);
+bool ndm__ew_dims_get(ndm__ew_dims *d, int ndim, const char *api, const ndm__site *site);
 static inline void ndm__ew_dims_put(ndm__ew_dims *d)
 {
     if (d->heap)
         free(d->heap);
 }
 
+/* The hot checks are inline; their error reports are not. Sites are passed
+ * by pointer: a small operation pays for every copy. */
+const ndm__backend_ew *ndm__ew_no_backend(ndm_device dev, const char *api, const ndm__site *site);
+ndm_status ndm__ew_device_mismatch(const ndm__array *a, const ndm__array *b, const char *api,
+                                   const ndm__site *site);
+ndm_status ndm__ew_not_writable(const ndm__array *dst, int axis, const char *api,
+                                const ndm__site *site);
+
 /* The elementwise family of the device's backend, or NULL (error recorded). */
-const ndm__backend_ew *ndm__ew_backend(ndm_device dev, int *index, const char *api,
-                                       ndm__site site);
+static inline const ndm__backend_ew *ndm__ew_backend(ndm_device dev, int *index, const char *api,
+                                                     const ndm__site *site)
+{
+    const ndm__backend *b = ndm__backend_for(dev.type);
+    *index = dev.index;
+    if (NDM__LIKELY(b && b->ew))
+        return b->ew;
+    return ndm__ew_no_backend(dev, api, site);
+}
 
 /* NDM_E_DEVICE unless both arrays live on the same device. */
-ndm_status ndm__ew_same_device(const ndm__array *a, const ndm__array *b, const char *api,
-                               ndm__site site);
+static inline ndm_status ndm__ew_same_device(const ndm__array *a, const ndm__array *b,
+                                             const char *api, const ndm__site *site)
+{
+    ndm_device da = a->storage->device, db = b->storage->device;
+    if (NDM__LIKELY(da.type == db.type && da.index == db.index))
+        return NDM_OK;
+    return ndm__ew_device_mismatch(a, b, api, site);
+}
 
 /* A destination written in place must not have elements that share memory
  * (a broadcast view): NDM_E_INVALID naming it. */
-ndm_status ndm__ew_check_writable(const ndm__array *dst, const char *api, ndm__site site);
+static inline ndm_status ndm__ew_check_writable(const ndm__array *dst, const char *api,
+                                                const ndm__site *site)
+{
+    for (int i = 0; i < dst->ndim; i++)
+        if (NDM__UNLIKELY(dst->strides[i] == 0 && dst->shape[i] > 1))
+            return ndm__ew_not_writable(dst, i, api, site);
+    return NDM_OK;
+}
+
+/* ndm_result_type through a table filled on first use. */
+ndm_dtype ndm__ew_promote(ndm_dtype a, ndm_dtype b);
 
 /* Scratch storage for an input that overlaps the destination of an in-place
  * write: a raw block from the allocator, owned by no manager, freed before
@@ -67,7 +110,7 @@ typedef struct ndm__ew_scratch {
  * `dst` other than element for element, copy it into scratch and point
  * *view at the copy. NDM_OK when nothing was needed. */
 ndm_status ndm__ew_unalias(const ndm__array *dst, const ndm__array *in, ndm__tensor *view,
-                           ndm__ew_scratch *scratch, const char *api, ndm__site site);
+                           ndm__ew_scratch *scratch, const char *api, const ndm__site *site);
 void ndm__ew_scratch_free(ndm__ew_scratch *scratch);
 
 /* The weak-scalar rules: a C double joins an array operation the way a

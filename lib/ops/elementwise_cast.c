@@ -22,7 +22,7 @@ NDM_API ndm_array ndm_astype_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
     ndm_array h;
     if (!m.id || !(h = ndm__array_new_on(site, api, m, dev, dtype, r->ndim, r->shape, &o)).id)
         return NDM_NULL_ARRAY;
-    ndm__tensor to = ndm__tensor_of(o), ta = ndm__tensor_of(r);
+    ndm__tensor to = ndm__ew_tensor(o), ta = ndm__ew_tensor(r);
     ndm_status st = b->copy(dev.index, &to, &ta);
     if (st < 0) {
         ndm__fail(st, api, site, "copy failed: %s", ndm_status_str(st));
@@ -42,8 +42,8 @@ NDM_API ndm_status ndm_copy_into_at(NDM_SITE_PARAMS, ndm_array dst, ndm_array sr
     ndm__array *s = ndm__array_get_prop(src, api, site);
     if (!s)
         return NDM_E_NULL;
-    ndm_status st = ndm__ew_same_device(d, s, api, site);
-    if (st < 0 || (st = ndm__ew_check_writable(d, api, site)) < 0)
+    ndm_status st = ndm__ew_same_device(d, s, api, &site);
+    if (st < 0 || (st = ndm__ew_check_writable(d, api, &site)) < 0)
         return st;
     int lead = d->ndim - s->ndim;
     bool ok = lead >= 0;
@@ -59,13 +59,13 @@ NDM_API ndm_status ndm_copy_into_at(NDM_SITE_PARAMS, ndm_array dst, ndm_array sr
     if (!b)
         return ndm_last_status();
     ndm__ew_dims dims;
-    if (!ndm__ew_dims_get(&dims, d->ndim, api, site))
+    if (!ndm__ew_dims_get(&dims, d->ndim, api, &site))
         return NDM_E_OOM;
     ndm__broadcast_strides(s, d->ndim, d->shape, dims.s0);
-    ndm__tensor td = ndm__tensor_of(d);
-    ndm__tensor ts = {ndm__array_ptr(s), s->dtype, d->ndim, d->shape, dims.s0};
+    ndm__tensor td = ndm__ew_tensor(d);
+    ndm__tensor ts = {ndm__ew_ptr(s), s->dtype, d->ndim, d->shape, dims.s0};
     ndm__ew_scratch scratch;
-    if ((st = ndm__ew_unalias(d, s, &ts, &scratch, api, site)) >= 0 &&
+    if ((st = ndm__ew_unalias(d, s, &ts, &scratch, api, &site)) >= 0 &&
         !(ts.data == td.data && s->dtype == d->dtype)) { /* copying onto itself */
         st = b->copy(dev.index, &td, &ts);
         if (st < 0)

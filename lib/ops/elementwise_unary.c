@@ -13,11 +13,11 @@ static const char *const unop_names[NDM__EW_UNOP_COUNT] = {
 /* The computation and result dtypes of a unary op on dtype a; clamp's
  * bounds decide with the weak-scalar rules (ndm_clamp in the header). */
 static ndm_status unop_types(ndm__ew_unop op, ndm_dtype a, const double *bounds, ndm_dtype *ct,
-                             ndm_dtype *rt, const char *api, ndm__site site)
+                             ndm_dtype *rt, const char *api, const ndm__site *site)
 {
     ndm_dtype t = a;
     if (op == NDM__EW_NEG && a == NDM_BOOL)
-        return ndm__fail(NDM_E_DTYPE, api, site,
+        return ndm__fail(NDM_E_DTYPE, api, *site,
                          "neg of a bool array is not defined (use ndm_logical_not)");
     if (ndm__ew_unop_is_float(op) && !ndm_dtype_is_float(a))
         t = NDM_F32;
@@ -33,15 +33,15 @@ static ndm_status unop_types(ndm__ew_unop op, ndm_dtype a, const double *bounds,
     return NDM_OK;
 }
 
-static void kernel_failed(ndm_status st, const char *api, ndm__site site)
+static void kernel_failed(ndm_status st, const char *api, const ndm__site *site)
 {
-    ndm__fail(st, api, site, "elementwise kernel failed: %s", ndm_status_str(st));
+    ndm__fail(st, api, *site, "elementwise kernel failed: %s", ndm_status_str(st));
 }
 
 /* clamp's bounds as two values of the computation dtype. */
 static void bounds_value(const double *bounds, ndm_dtype a, ndm_dtype ct, unsigned char *buf)
 {
-    size_t es = ndm_dtype_size(ct);
+    size_t es = ndm__ew_esize(ct);
     ndm_dtype via = ndm_dtype_is_float(a) ? a : ct;
     for (int i = 0; i < 2; i++) {
         /* Bounds saturate into the range of an integer dtype; bool's is [0, 1]. */
@@ -57,11 +57,11 @@ static ndm_array unary(ndm__site site, const char *api, ndm_manager out, ndm__ew
     if (!a)
         return NDM_NULL_ARRAY;
     ndm_dtype ct, rt;
-    if (unop_types(op, a->dtype, bounds, &ct, &rt, api, site) < 0)
+    if (unop_types(op, a->dtype, bounds, &ct, &rt, api, &site) < 0)
         return NDM_NULL_ARRAY;
     ndm_device dev = a->storage->device;
     int index;
-    const ndm__backend_ew *ew = ndm__ew_backend(dev, &index, api, site);
+    const ndm__backend_ew *ew = ndm__ew_backend(dev, &index, api, &site);
     if (!ew)
         return NDM_NULL_ARRAY;
     ndm_manager m = ndm__output_manager(out, a, api, site);
@@ -72,10 +72,10 @@ static ndm_array unary(ndm__site site, const char *api, ndm_manager out, ndm__ew
     _Alignas(8) unsigned char params[16];
     if (bounds)
         bounds_value(bounds, a->dtype, ct, params);
-    ndm__tensor to = ndm__tensor_of(o), ta = ndm__tensor_of(a);
+    ndm__tensor to = ndm__ew_tensor(o), ta = ndm__ew_tensor(a);
     ndm_status st = ew->unary(index, op, ct, &to, &ta, bounds ? params : NULL);
     if (st < 0) {
-        kernel_failed(st, api, site);
+        kernel_failed(st, api, &site);
         ndm__discard(h);
         return NDM_NULL_ARRAY;
     }
@@ -89,7 +89,7 @@ static ndm_status unary_inplace(ndm__site site, const char *api, ndm__ew_unop op
     if (!a)
         return NDM_E_NULL;
     ndm_dtype ct, rt;
-    ndm_status st = unop_types(op, a->dtype, bounds, &ct, &rt, api, site);
+    ndm_status st = unop_types(op, a->dtype, bounds, &ct, &rt, api, &site);
     if (st < 0)
         return st;
     if (ndm__ew_kind(rt) > ndm__ew_kind(a->dtype)) {
@@ -99,19 +99,19 @@ static ndm_status unary_inplace(ndm__site site, const char *api, ndm__ew_unop op
                          "(cast with ndm_astype or use the form that returns a new array)",
                          unop_names[op], ndm_dtype_name(rt), ndm__array_desc(a, desc, sizeof desc));
     }
-    if ((st = ndm__ew_check_writable(a, api, site)) < 0)
+    if ((st = ndm__ew_check_writable(a, api, &site)) < 0)
         return st;
     int index;
-    const ndm__backend_ew *ew = ndm__ew_backend(a->storage->device, &index, api, site);
+    const ndm__backend_ew *ew = ndm__ew_backend(a->storage->device, &index, api, &site);
     if (!ew)
         return ndm_last_status();
     _Alignas(8) unsigned char params[16];
     if (bounds)
         bounds_value(bounds, a->dtype, ct, params);
-    ndm__tensor ta = ndm__tensor_of(a);
+    ndm__tensor ta = ndm__ew_tensor(a);
     st = ew->unary(index, op, ct, &ta, &ta, bounds ? params : NULL);
     if (st < 0)
-        kernel_failed(st, api, site);
+        kernel_failed(st, api, &site);
     return st < 0 ? st : NDM_OK;
 }
 

@@ -95,9 +95,49 @@ typedef struct plan {
     int64_t *st[MAX_OPS];
     char *base[MAX_OPS];
     int64_t es[MAX_OPS];
+    int64_t st1[MAX_OPS]; /* the row strides of a one-axis plan */
     int64_t small[SMALL_RANK * (1 + MAX_OPS)];
     int64_t *heap;
 } plan;
+
+static bool c_contiguous(int ndim, const int64_t *shape, const int64_t *st)
+{
+    int64_t expect = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        if (shape[i] != 1 && st[i] != expect)
+            return false;
+        expect *= shape[i];
+    }
+    return true;
+}
+
+/* The element count of t when it is C-contiguous, else -1. */
+static int64_t flat_count(const ndm__tensor *t)
+{
+    int64_t n = 1;
+    for (int i = t->ndim - 1; i >= 0; i--) {
+        if (t->shape[i] != 1 && t->strides[i] != n)
+            return -1;
+        n *= t->shape[i];
+    }
+    return n;
+}
+
+/* Small contiguous operations whose dtypes need no conversion skip the plan
+ * and the pool: one kernel call. Returns the element count when that holds
+ * for out and the inputs given (NULL: a scalar), else -1. */
+static int64_t direct_count(const ndm__tensor *out, ndm_dtype rt, const ndm__tensor *a,
+                            const ndm__tensor *b, ndm_dtype ct)
+{
+    int64_t n = flat_count(out);
+    if (n < 0 || n > GRAIN_CHEAP || out->dtype != rt)
+        return -1;
+    if (a && (a->dtype != ct || flat_count(a) != n))
+        return -1;
+    if (b && (b->dtype != ct || flat_count(b) != n))
+        return -1;
+    return n;
+}
 
 /* Returns false when out of memory (only for ranks above SMALL_RANK). A NULL
  * strides entry means stride 0 on every axis (a scalar operand). */
@@ -126,6 +166,17 @@ static bool plan_init(plan *p, int ndim, const int64_t *shape, int nops, char *c
     if (p->total == 0) {
         p->nd = 1;
         p->shape[0] = 0;
+        return true;
+    }
+    /* The common case: every operand C-contiguous or a scalar, one flat row. */
+    bool flat = true;
+    for (int k = 0; k < nops && flat; k++)
+        flat = !strides[k] || c_contiguous(ndim, shape, strides[k]);
+    if (flat) {
+        p->nd = 1;
+        p->shape[0] = p->total;
+        for (int k = 0; k < nops; k++)
+            p->st[k][0] = strides[k] ? 1 : 0;
         return true;
     }
     /* Keep the axes longer than 1; flip those the output walks backwards. */
@@ -189,7 +240,11 @@ static bool plan_init(plan *p, int ndim, const int64_t *shape, int nops, char *c
     return true;
 }
 
-static void plan_free(plan *p) { free(p->heap); }
+static void plan_free(plan *p)
+{
+    if (p->heap)
+        free(p->heap);
+}
 
 typedef void (*row_fn)(const void *job, char *const *p, const int64_t *s, int64_t n);
 
@@ -197,6 +252,13 @@ typedef void (*row_fn)(const void *job, char *const *p, const int64_t *s, int64_
 static void plan_walk(const plan *p, int64_t begin, int64_t end, row_fn row, const void *job)
 {
     int nd = p->nd, outer = nd - 1, nops = p->nops;
+    if (nd == 1) {
+        char *rp[MAX_OPS];
+        for (int k = 0; k < nops; k++)
+            rp[k] = p->base[k] + begin * p->st[k][0] * p->es[k];
+        row(job, rp, (const int64_t *)p->st1, end - begin);
+        return;
+    }
     int64_t len = p->shape[outer];
     int64_t small_idx[SMALL_RANK];
     int64_t *idx = outer <= SMALL_RANK ? small_idx : malloc(sizeof(int64_t) * (size_t)outer);
@@ -281,10 +343,15 @@ static ndm_status job_run(job_head *h, int ndim, const int64_t *shape, int nops,
 {
     if (!plan_init(&h->pl, ndim, shape, nops, data, strides, esize))
         return NDM_E_OOM;
+    for (int k = 0; k < nops; k++)
+        h->pl.st1[k] = h->pl.st[k][0];
     if (h->pl.total > 0) {
         int64_t min = atomic_load_explicit(&stream_min_bytes, memory_order_relaxed);
         h->stream = h->stream && h->isa->stream && h->pl.total * h->pl.es[0] >= min;
-        ndm__parallel_for(h->pl.total, grain, job_range, h);
+        if (h->pl.total <= grain)
+            job_range(h, 0, h->pl.total);
+        else
+            ndm__parallel_for(h->pl.total, grain, job_range, h);
     }
     plan_free(&h->pl);
     return NDM_OK;
@@ -384,7 +451,8 @@ static ndm__ew_conv_fn conv_or_null(const ndm__ew_isa *isa, ndm_dtype from, ndm_
 
 static bool is_math(ndm__ew_binop op) { return op == NDM__EW_POW; }
 
-static ndm_status bin_run(ndm__ew_binop op, ndm_dtype ct, const ndm__tensor *out,
+/* The planned path (its frame holds the plan: kept out of the small path). */
+__attribute__((noinline)) static ndm_status bin_run(ndm__ew_binop op, ndm_dtype ct, const ndm__tensor *out,
                           const ndm__tensor *a, const void *a_scalar, const ndm__tensor *b,
                           const void *b_scalar)
 {
@@ -401,11 +469,11 @@ static ndm_status bin_run(ndm__ew_binop op, ndm_dtype ct, const ndm__tensor *out
     J.conv_a = conv_or_null(isa, adt, ct);
     J.conv_b = conv_or_null(isa, bdt, ct);
     J.conv_o = conv_or_null(isa, rt, out->dtype);
-    J.es_a = ndm_dtype_size(adt);
-    J.es_b = ndm_dtype_size(bdt);
-    J.es_o = ndm_dtype_size(out->dtype);
-    J.es_ct = ndm_dtype_size(ct);
-    J.es_r = ndm_dtype_size(rt);
+    J.es_a = ndm__ew_esize(adt);
+    J.es_b = ndm__ew_esize(bdt);
+    J.es_o = ndm__ew_esize(out->dtype);
+    J.es_ct = ndm__ew_esize(ct);
+    J.es_r = ndm__ew_esize(rt);
     char *data[3] = {out->data, a ? a->data : (char *)a_scalar, b ? b->data : (char *)b_scalar};
     const int64_t *strides[3] = {out->strides, a ? a->strides : NULL, b ? b->strides : NULL};
     size_t es[3] = {J.es_o, J.es_a, J.es_b};
@@ -413,11 +481,29 @@ static ndm_status bin_run(ndm__ew_binop op, ndm_dtype ct, const ndm__tensor *out
                    is_math(op) ? GRAIN_MATH : GRAIN_CHEAP);
 }
 
+/* One kernel call when direct_count allows; -1 to take the planned path. */
+static inline int bin_direct(ndm__ew_binop op, ndm_dtype ct, const ndm__tensor *out,
+                             const ndm__tensor *a, const void *as, const ndm__tensor *b,
+                             const void *bs)
+{
+    ndm_dtype rt = ndm__ew_binop_is_bool(op) ? NDM_BOOL : ct;
+    int64_t n = direct_count(out, rt, a, b, ct);
+    if (n < 0)
+        return -1;
+    ndm__ew_bin_fn k = ndm__ew_isa_active()->bin[op][ct];
+    if (!k)
+        return NDM_E_UNSUPPORTED;
+    if (n)
+        k(out->data, a ? a->data : as, a != NULL, b ? b->data : bs, b != NULL, n);
+    return NDM_OK;
+}
+
 static ndm_status cpu_binary(int device, ndm__ew_binop op, ndm_dtype ct, const ndm__tensor *out,
                              const ndm__tensor *a, const ndm__tensor *b)
 {
     (void)device;
-    return bin_run(op, ct, out, a, NULL, b, NULL);
+    int st = bin_direct(op, ct, out, a, NULL, b, NULL);
+    return st != -1 ? (ndm_status)st : bin_run(op, ct, out, a, NULL, b, NULL);
 }
 
 static ndm_status cpu_binary_scalar(int device, ndm__ew_binop op, ndm_dtype ct,
@@ -425,7 +511,10 @@ static ndm_status cpu_binary_scalar(int device, ndm__ew_binop op, ndm_dtype ct,
                                     bool swap)
 {
     (void)device;
-    return swap ? bin_run(op, ct, out, NULL, s, a, NULL) : bin_run(op, ct, out, a, NULL, NULL, s);
+    const ndm__tensor *x = swap ? NULL : a, *y = swap ? a : NULL;
+    const void *xs = swap ? s : NULL, *ys = swap ? NULL : s;
+    int st = bin_direct(op, ct, out, x, xs, y, ys);
+    return st != -1 ? (ndm_status)st : bin_run(op, ct, out, x, xs, y, ys);
 }
 
 /* ---- unary ----------------------------------------------------------------- */
@@ -481,10 +570,10 @@ static void un_row(const void *job, char *const *p, const int64_t *s, int64_t n)
     }
 }
 
-static ndm_status cpu_unary(int device, ndm__ew_unop op, ndm_dtype ct, const ndm__tensor *out,
-                            const ndm__tensor *a, const void *params)
+__attribute__((noinline)) static ndm_status un_run(ndm__ew_unop op, ndm_dtype ct,
+                                                  const ndm__tensor *out, const ndm__tensor *a,
+                                                  const void *params)
 {
-    (void)device;
     const ndm__ew_isa *isa = ndm__ew_isa_active();
     ndm_dtype rt = ct;
     un_job J;
@@ -497,14 +586,29 @@ static ndm_status cpu_unary(int device, ndm__ew_unop op, ndm_dtype ct, const ndm
     J.params = params;
     J.conv_a = conv_or_null(isa, a->dtype, ct);
     J.conv_o = conv_or_null(isa, rt, out->dtype);
-    J.es_a = ndm_dtype_size(a->dtype);
-    J.es_o = ndm_dtype_size(out->dtype);
-    J.es_r = ndm_dtype_size(rt);
+    J.es_a = ndm__ew_esize(a->dtype);
+    J.es_o = ndm__ew_esize(out->dtype);
+    J.es_r = ndm__ew_esize(rt);
     char *data[2] = {out->data, a->data};
     const int64_t *strides[2] = {out->strides, a->strides};
     size_t es[2] = {J.es_o, J.es_a};
     return job_run(&J.h, out->ndim, out->shape, 2, data, strides, es,
                    ndm__ew_unop_is_float(op) ? GRAIN_MATH : GRAIN_CHEAP);
+}
+
+static ndm_status cpu_unary(int device, ndm__ew_unop op, ndm_dtype ct, const ndm__tensor *out,
+                            const ndm__tensor *a, const void *params)
+{
+    (void)device;
+    int64_t n = direct_count(out, ct, a, NULL, ct);
+    if (n < 0)
+        return un_run(op, ct, out, a, params);
+    ndm__ew_un_fn k = ndm__ew_isa_active()->un[op][ct];
+    if (!k)
+        return NDM_E_UNSUPPORTED;
+    if (n)
+        k(out->data, a->data, n, params);
+    return NDM_OK;
 }
 
 /* ---- where ----------------------------------------------------------------- */
@@ -584,11 +688,11 @@ static ndm_status cpu_where(int device, ndm_dtype ct, const ndm__tensor *out,
     J.conv_a = conv_or_null(isa, a->dtype, ct);
     J.conv_b = conv_or_null(isa, b->dtype, ct);
     J.conv_o = conv_or_null(isa, ct, out->dtype);
-    J.es_c = ndm_dtype_size(cond->dtype);
-    J.es_a = ndm_dtype_size(a->dtype);
-    J.es_b = ndm_dtype_size(b->dtype);
-    J.es_o = ndm_dtype_size(out->dtype);
-    J.es_ct = ndm_dtype_size(ct);
+    J.es_c = ndm__ew_esize(cond->dtype);
+    J.es_a = ndm__ew_esize(a->dtype);
+    J.es_b = ndm__ew_esize(b->dtype);
+    J.es_o = ndm__ew_esize(out->dtype);
+    J.es_ct = ndm__ew_esize(ct);
     char *data[4] = {out->data, cond->data, a->data, b->data};
     const int64_t *strides[4] = {out->strides, cond->strides, a->strides, b->strides};
     size_t es[4] = {J.es_o, J.es_c, J.es_a, J.es_b};
@@ -636,8 +740,8 @@ ndm_status ndm__cpu_copy_fast(int device, const ndm__tensor *dst, const ndm__ten
     J.h.isa = isa;
     J.h.stream = true;
     J.conv = conv_or_null(isa, src->dtype, dst->dtype);
-    J.es_d = ndm_dtype_size(dst->dtype);
-    J.es_s = ndm_dtype_size(src->dtype);
+    J.es_d = ndm__ew_esize(dst->dtype);
+    J.es_s = ndm__ew_esize(src->dtype);
     char *data[2] = {dst->data, src->data};
     const int64_t *strides[2] = {dst->strides, src->strides};
     size_t es[2] = {J.es_d, J.es_s};
