@@ -612,6 +612,39 @@ static void test_scalar_weak_typing_rules(void **state)
     assert_ok(ndm_scope_release_all(m));
 }
 
+/* pow with the exponents that take call-free loops equals C's pow exactly,
+ * signed zeros and infinities included. */
+static void test_pow_scalar_common_exponents(void **state)
+{
+    ndm_manager m = ROOT(state);
+    const double x[] = {NAN, INFINITY, -INFINITY, 0.0, -0.0, 1.0, -1.0, 2.0, -2.0, 0.25, 1e-30, 3e38, -7.5};
+    const double ys[] = {2, 1, 0, -1, 0.5, 3};
+    ndm_dtype dts[] = {NDM_F32, NDM_F64};
+    for (int d = 0; d < 2; d++) {
+        ndm_array a = ndm_from_buffer(m, NDM_F64, x, NDM_SHAPE(13));
+        ndm_array ad = ndm_astype(a, dts[d]);
+        for (size_t k = 0; k < sizeof ys / sizeof *ys; k++) {
+            ndm_array p = ndm_pow_scalar(ad, ys[k]);
+            double got[13];
+            ndm_array pd = ndm_astype(p, NDM_F64);
+            assert_ok(ndm_array_copy_out(pd, got, sizeof got));
+            for (int i = 0; i < 13; i++) {
+                double want = dts[d] == NDM_F32 ? (double)powf((float)x[i], (float)ys[k])
+                                                 : pow(x[i], ys[k]);
+                bool same = isnan(want) ? isnan(got[i])
+                                        : got[i] == want && signbit(got[i]) == signbit(want);
+                if (!same && !(ys[k] == 3 && close_to(got[i], want, 2.5e-7, 0)))
+                    fail_msg("pow(%s %g, %g): got %.17g, want %.17g", ndm_dtype_short(dts[d]),
+                             x[i], ys[k], got[i], want);
+            }
+            REL(p);
+            REL(pd);
+        }
+        REL(a);
+        REL(ad);
+    }
+}
+
 /* ---- in place ---------------------------------------------------------------- */
 
 static void test_inplace_ops_write_first_input(void **state)
@@ -1376,6 +1409,7 @@ int main(void)
         TEST(test_where_broadcasts_and_promotes),
         TEST(test_scalar_ops_values_and_dtypes),
         TEST(test_scalar_weak_typing_rules),
+        TEST(test_pow_scalar_common_exponents),
         TEST(test_inplace_ops_write_first_input),
         TEST(test_inplace_scalar_and_unary_forms),
         TEST(test_inplace_refuses_wider_kinds),

@@ -124,12 +124,50 @@ NDM__IPOW(i64, int64_t, uint64_t, NDM__IPOW_NEG)
 #define NDM__BIN_ARITH_SUB(N, E, T, U, K) NDM__BIN_ARITH(SUB, N, E, T, U, K)
 #define NDM__BIN_ARITH_MUL(N, E, T, U, K) NDM__BIN_ARITH(MUL, N, E, T, U, K)
 #define NDM__BIN_ARITH_POW(N, E, T, U, K) NDM__BIN_ARITH(POW, N, E, T, U, K)
+/* Float pow with a scalar exponent: the common exponents get loops without
+ * a call, equal to pow()'s correctly rounded results, special values
+ * included (pow(-0, 0.5) = +0, pow(-inf, 0.5) = +inf, where sqrt differs). */
+#define NDM__POW_FLOAT(N, T, POWF, SQRTF, FABSF)                                \
+    NDM__BIN_KERNEL(POWG, N, T, T, POWF(x, y))                                 \
+    static void bin_POW_##N(void *o_, const void *a_, int64_t sa, const void *b_, int64_t sb, \
+                            int64_t n)                                          \
+    {                                                                           \
+        T *o = (T *)o_;                                                         \
+        const T *a = (const T *)a_;                                             \
+        const T y = ((const T *)b_)[0];                                         \
+        if (!sa || sb || !(y == 2 || y == 1 || y == 0 || y == -1 || y == 0.5)) { \
+            bin_POWG_##N(o_, a_, sa, b_, sb, n);                                \
+            return;                                                             \
+        }                                                                       \
+        if (y == 2) {                                                           \
+            NDM__SIMD for (int64_t i = 0; i < n; i++) o[i] = a[i] * a[i];       \
+        } else if (y == 1) {                                                    \
+            NDM__SIMD for (int64_t i = 0; i < n; i++) o[i] = a[i];              \
+        } else if (y == 0) {                                                    \
+            NDM__SIMD for (int64_t i = 0; i < n; i++) o[i] = 1;                 \
+        } else if (y == -1) {                                                   \
+            NDM__SIMD for (int64_t i = 0; i < n; i++) o[i] = 1 / a[i];          \
+        } else {                                                                \
+            NDM__SIMD for (int64_t i = 0; i < n; i++)                           \
+            {                                                                   \
+                T x = a[i];                                                     \
+                T r = SQRTF(x);                                                 \
+                r = x == 0 ? (T)0 : r;                                          \
+                o[i] = FABSF(x) == (T)INFINITY ? (T)INFINITY : r;               \
+            }                                                                   \
+        }                                                                       \
+    }
 #define NDM__BIN_ARITH_MAXIMUM(N, E, T, U, K) NDM__BIN_ARITH(MAXIMUM, N, E, T, U, K)
 #define NDM__BIN_ARITH_MINIMUM(N, E, T, U, K) NDM__BIN_ARITH(MINIMUM, N, E, T, U, K)
 NDM__BIN_ALL(ADD)
 NDM__BIN_ALL(SUB)
 NDM__BIN_ALL(MUL)
-NDM__BIN_ALL(POW)
+NDM__BIN_ARITH_POW(b8, NDM_BOOL, uint8_t, uint8_t, BOOL)
+NDM__BIN_ARITH_POW(u8, NDM_U8, uint8_t, uint8_t, UINT)
+NDM__BIN_ARITH_POW(i32, NDM_I32, int32_t, uint32_t, SINT)
+NDM__BIN_ARITH_POW(i64, NDM_I64, int64_t, uint64_t, SINT)
+NDM__POW_FLOAT(f32, float, powf, sqrtf, fabsf)
+NDM__POW_FLOAT(f64, double, pow, sqrt, fabs)
 NDM__BIN_ALL(MAXIMUM)
 NDM__BIN_ALL(MINIMUM)
 NDM__BIN_KERNEL(DIV, f32, float, float, x / y)
