@@ -156,8 +156,8 @@ static double rtol_of(ndm_dtype rt, bool exact)
 /* The broadcast shape of a and b, computed here. */
 static int bshape(ndm_array a, ndm_array b, int64_t *out)
 {
-    int64_t sa[16], sb[16];
-    int na = ndm_array_shape(a, sa, 16), nb = ndm_array_shape(b, sb, 16);
+    int64_t sa[32], sb[32];
+    int na = ndm_array_shape(a, sa, 32), nb = ndm_array_shape(b, sb, 32);
     int nd = na > nb ? na : nb;
     for (int d = 0; d < nd; d++) {
         int ia = d - (nd - na), ib = d - (nd - nb);
@@ -179,12 +179,12 @@ static void check_binary(int op, ndm_array a, ndm_array b)
     if (ndm_array_dtype(c) != rt)
         fail_msg("%s(%s, %s) gave %s, expected %s", bops[op].name, ndm_dtype_short(ad),
                  ndm_dtype_short(bd), ndm_dtype_short(ndm_array_dtype(c)), ndm_dtype_short(rt));
-    int64_t shape[16], cshape[16], sa[16], sb[16];
+    int64_t shape[32], cshape[32], sa[32], sb[32];
     int nd = bshape(a, b, shape);
-    assert_int_equal(ndm_array_shape(c, cshape, 16), nd);
+    assert_int_equal(ndm_array_shape(c, cshape, 32), nd);
     for (int d = 0; d < nd; d++)
         assert_int_equal(cshape[d], shape[d]);
-    int na = ndm_array_shape(a, sa, 16), nb = ndm_array_shape(b, sb, 16);
+    int na = ndm_array_shape(a, sa, 32), nb = ndm_array_shape(b, sb, 32);
     int64_t n, n1, n2;
     void *hc = read_all(c, &n), *ha = read_all(a, &n1), *hb = read_all(b, &n2);
     bool exact = op != B_POW;
@@ -354,6 +354,29 @@ static void test_binary_noncontiguous_views(void **state)
         REL(views[i]);
     /* ndm_expand's inner slice is still alive: release what remains. */
     assert_int_equal(test_live_arrays(m), 1);
+    assert_ok(ndm_scope_release_all(m));
+}
+
+/* Ranks above the stack scratch of the dispatchers and the CPU walk. */
+static void test_binary_high_rank_views(void **state)
+{
+    ndm_manager m = ROOT(state);
+    rng r = {14};
+    int64_t shape[20];
+    for (int i = 0; i < 20; i++)
+        shape[i] = i % 3 == 0 ? 2 : 1 + (i % 2);
+    ndm_array a = rand_array(m, NDM_F32, 20, shape, &r, false);
+    ndm_array t = ndm_transpose(a);
+    ndm_array b = rand_array(m, NDM_F32, 20, shape, &r, false);
+    ndm_array bt = ndm_transpose(b);
+    check_binary(B_ADD, t, bt);
+    check_binary(B_MUL, a, ndm_slice(b, 0, NDM_END, NDM_END, -1));
+    ndm_array sq = ndm_select(a, 19, 0); /* rank 19, broadcast against rank 20 */
+    check_binary(B_SUB, b, sq);
+    ndm_array e = ndm_exp(t);
+    assert_live(e);
+    assert_ok(ndm_add_(t, bt));
+    assert_ok(ndm_copy_into(bt, t));
     assert_ok(ndm_scope_release_all(m));
 }
 
@@ -1403,6 +1426,7 @@ int main(void)
         TEST(test_binary_integer_overflow_wraps),
         TEST(test_binary_broadcast_shapes),
         TEST(test_binary_noncontiguous_views),
+        TEST(test_binary_high_rank_views),
         TEST(test_binary_zero_d_and_size_zero),
         TEST(test_compare_nan_and_inf),
         TEST(test_logical_ops_any_dtype),

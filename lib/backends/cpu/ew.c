@@ -16,7 +16,7 @@ static _Atomic(const ndm__ew_isa *) active_isa;
 
 static const ndm__ew_isa *isa_best(void)
 {
-#if defined(__x86_64__)
+#if NDM__EW_X86_TABLES
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
@@ -46,7 +46,7 @@ int ndm__ew_isa_select(const char *name)
         return NDM_OK;
     }
     const ndm__ew_isa *order[] = {
-#if defined(__x86_64__)
+#if NDM__EW_X86_TABLES
         &ndm__ew_isa_avx512, &ndm__ew_isa_avx2,
 #endif
         &ndm__ew_isa_generic};

@@ -37,8 +37,16 @@ typedef struct ndm__ew_isa {
     void (*fence)(void);      /* orders non-temporal stores; NULL with stream */
 } ndm__ew_isa;
 
+/* The AVX2 and AVX-512 tables need GCC's target pragma; elsewhere only the
+ * generic table (the compiler's default instruction set) is built. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define NDM__EW_X86_TABLES 1
+#else
+#define NDM__EW_X86_TABLES 0
+#endif
+
 extern const ndm__ew_isa ndm__ew_isa_generic;
-#if defined(__x86_64__)
+#if NDM__EW_X86_TABLES
 extern const ndm__ew_isa ndm__ew_isa_avx2;
 extern const ndm__ew_isa ndm__ew_isa_avx512;
 #endif
