@@ -1391,6 +1391,34 @@ static void test_parallel_and_streaming_paths_agree(void **state)
     assert_ok(ndm_scope_release_all(m));
 }
 
+/* Inputs read across their memory order take the blocked walk: several
+ * blocks, partial ones at the edges, split across the pool. */
+static void test_transposed_operands_blocked_walk(void **state)
+{
+    ndm_manager m = ROOT(state);
+    rng r = {15};
+    ndm_array a = rand_array(m, NDM_F32, NDM_SHAPE(300, 701), &r, true);
+    ndm_array b = rand_array(m, NDM_F64, NDM_SHAPE(701, 300), &r, true);
+    ndm_array c = rand_array(m, NDM_BF16, NDM_SHAPE(3, 701, 300), &r, true);
+    ndm_array bt = ndm_transpose(b);
+    ndm_array ct = ndm_permute(c, 3, ((const int[]){0, 2, 1}));
+    for (int threads = 1; threads <= 3; threads += 2) {
+        int before = ndm__set_num_threads(threads);
+        ndm__cpu_force_reference(true);
+        ndm_array w[4] = {ndm_add(a, bt), ndm_exp(bt), ndm_where(ct, a, bt), ndm_mul(ct, a)};
+        ndm__cpu_force_reference(false);
+        ndm_array g[4] = {ndm_add(a, bt), ndm_exp(bt), ndm_where(ct, a, bt), ndm_mul(ct, a)};
+        ndm__set_num_threads(before);
+        for (int i = 0; i < 4; i++) {
+            assert_true(same_values(g[i], w[i], i == 1 ? 1e-14 : 0, 0));
+            REL(w[i]);
+            REL(g[i]);
+        }
+    }
+    check_binary(B_SUB, bt, a);
+    assert_ok(ndm_scope_release_all(m));
+}
+
 static void test_copy_into_broadcasts_and_casts(void **state)
 {
     ndm_manager m = ROOT(state);
@@ -1452,6 +1480,7 @@ int main(void)
         TEST(test_output_rule_for_operations),
         TEST(test_fast_kernels_match_reference),
         TEST(test_parallel_and_streaming_paths_agree),
+        TEST(test_transposed_operands_blocked_walk),
         TEST(test_copy_into_broadcasts_and_casts),
     };
     return cmocka_run_group_tests_name("elementwise", tests, NULL, NULL);

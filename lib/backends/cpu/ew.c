@@ -327,7 +327,79 @@ typedef struct job_head {
     row_fn row;
     const ndm__ew_isa *isa;
     bool stream;
+    /* blocked walk (see blocked_axis): the second blocked axis, its block
+     * count and the inner axis's */
+    int bj;
+    int64_t nbj, nbi;
 } job_head;
+
+/* Side of the square blocks of a blocked walk, in elements. */
+#define BLOCK 64
+
+/* An input read across its memory order (a transposed view: its unit-stride
+ * axis is not the output's inner axis) makes a row-by-row walk touch one
+ * cache line per element. Such plans walk BLOCK x BLOCK squares of the inner
+ * axis and that input's fast axis instead. Returns the fast axis, or -1. */
+static int blocked_axis(const plan *p)
+{
+    int nd = p->nd, in = nd - 1;
+    if (nd < 2 || p->st[0][in] != 1 || p->shape[in] < BLOCK / 4)
+        return -1;
+    for (int k = 1; k < p->nops; k++) {
+        int64_t si = p->st[k][in] < 0 ? -p->st[k][in] : p->st[k][in];
+        if (si * p->es[k] <= 64)
+            continue;
+        int best = -1;
+        int64_t bs = INT64_MAX;
+        for (int j = 0; j < in; j++) {
+            int64_t sj = p->st[k][j] < 0 ? -p->st[k][j] : p->st[k][j];
+            if (sj && sj < bs && p->shape[j] >= BLOCK / 4) {
+                bs = sj;
+                best = j;
+            }
+        }
+        if (best >= 0 && bs * p->es[k] <= 16)
+            return best;
+    }
+    return -1;
+}
+
+/* Blocks [b0, b1) of a blocked walk, numbered (outer index, block along
+ * bj, block along the inner axis) with the inner block fastest. */
+static void blocked_range(void *ctx, int64_t b0, int64_t b1)
+{
+    const job_head *h = ctx;
+    const plan *p = &h->pl;
+    int nd = p->nd, in = nd - 1, bj = h->bj, nops = p->nops;
+    int64_t rs[MAX_OPS];
+    for (int k = 0; k < nops; k++)
+        rs[k] = p->st[k][in];
+    for (int64_t blk = b0; blk < b1; blk++) {
+        int64_t bi = blk % h->nbi, t = blk / h->nbi;
+        int64_t bjx = t % h->nbj, outer = t / h->nbj;
+        char *ptr[MAX_OPS];
+        for (int k = 0; k < nops; k++)
+            ptr[k] = p->base[k];
+        for (int d = in - 1; d >= 0; d--) {
+            if (d == bj)
+                continue;
+            int64_t i = outer % p->shape[d];
+            outer /= p->shape[d];
+            for (int k = 0; k < nops; k++)
+                ptr[k] += i * p->st[k][d] * p->es[k];
+        }
+        int64_t i0 = bi * BLOCK, n = p->shape[in] - i0 < BLOCK ? p->shape[in] - i0 : BLOCK;
+        int64_t j0 = bjx * BLOCK, j1 = j0 + BLOCK < p->shape[bj] ? j0 + BLOCK : p->shape[bj];
+        for (int64_t j = j0; j < j1; j++) {
+            char *rp[MAX_OPS];
+            for (int k = 0; k < nops; k++)
+                rp[k] = ptr[k] + (j * p->st[k][bj] + i0 * rs[k]) * p->es[k];
+            h->row(h, rp, rs, n);
+        }
+    }
+    if (h->stream)
+        h->isa->fence();
+}
 
 static void job_range(void *ctx, int64_t begin, int64_t end)
 {
@@ -348,10 +420,21 @@ static ndm_status job_run(job_head *h, int ndim, const int64_t *shape, int nops,
     if (h->pl.total > 0) {
         int64_t min = atomic_load_explicit(&stream_min_bytes, memory_order_relaxed);
         h->stream = h->stream && h->isa->stream && h->pl.total * h->pl.es[0] >= min;
-        if (h->pl.total <= grain)
+        h->bj = blocked_axis(&h->pl);
+        if (h->bj >= 0) {
+            /* rows of at most BLOCK elements: no streaming through tiles */
+            h->stream = false;
+            h->nbi = (h->pl.shape[h->pl.nd - 1] + BLOCK - 1) / BLOCK;
+            h->nbj = (h->pl.shape[h->bj] + BLOCK - 1) / BLOCK;
+            int64_t per = h->pl.shape[h->pl.nd - 1] * h->pl.shape[h->bj];
+            int64_t blocks = h->pl.total / per * h->nbi * h->nbj;
+            int64_t g = grain / (BLOCK * BLOCK);
+            ndm__parallel_for(blocks, g > 0 ? g : 1, blocked_range, h);
+        } else if (h->pl.total <= grain) {
             job_range(h, 0, h->pl.total);
-        else
+        } else {
             ndm__parallel_for(h->pl.total, grain, job_range, h);
+        }
     }
     plan_free(&h->pl);
     return NDM_OK;
