@@ -1,6 +1,8 @@
 /* Elementwise operations: every op against float64 results computed here,
  * over dtypes, broadcast shapes, views, special values; in-place forms;
  * errors; the output rule; fast kernels against the reference ones. */
+#include <pthread.h>
+
 #include "ew_testutil.h"
 
 #include "backends/backend.h"
@@ -1419,6 +1421,51 @@ static void test_transposed_operands_blocked_walk(void **state)
     assert_ok(ndm_scope_release_all(m));
 }
 
+/* Several threads running large operations at once: one owns the pool, the
+ * others run inline; every result is right. */
+typedef struct caller {
+    ndm_manager parent;
+    int seed;
+    int bad;
+} caller;
+
+static void *caller_main(void *arg)
+{
+    caller *c = arg;
+    ndm_manager m = ndm_manager_new(c->parent, "caller");
+    rng r = {(uint64_t)c->seed};
+    ndm_array a = rand_array(m, NDM_F32, NDM_SHAPE(400, 600), &r, false);
+    ndm_array b = rand_array(m, NDM_F32, NDM_SHAPE(600), &r, false);
+    int64_t n, k;
+    float *ha = read_all(a, &n), *hb = read_all(b, &k);
+    for (int rep = 0; rep < 20; rep++) {
+        ndm_array s = ndm_mul(a, b);
+        float *hs = read_all(s, &n);
+        for (int64_t i = 0; i < n; i++)
+            c->bad += hs[i] != ha[i] * hb[i % 600];
+        free(hs);
+        c->bad += ndm_array_release(s) != NDM_OK;
+    }
+    free(ha);
+    free(hb);
+    c->bad += ndm_manager_close(m) != NDM_OK;
+    return NULL;
+}
+
+static void test_concurrent_callers_share_the_pool(void **state)
+{
+    caller c[4];
+    pthread_t t[4];
+    for (int i = 0; i < 4; i++) {
+        c[i] = (caller){ROOT(state), 100 + i, 0};
+        assert_int_equal(pthread_create(&t[i], NULL, caller_main, &c[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(t[i], NULL);
+        assert_int_equal(c[i].bad, 0);
+    }
+}
+
 static void test_copy_into_broadcasts_and_casts(void **state)
 {
     ndm_manager m = ROOT(state);
@@ -1481,6 +1528,7 @@ int main(void)
         TEST(test_fast_kernels_match_reference),
         TEST(test_parallel_and_streaming_paths_agree),
         TEST(test_transposed_operands_blocked_walk),
+        TEST(test_concurrent_callers_share_the_pool),
         TEST(test_copy_into_broadcasts_and_casts),
     };
     return cmocka_run_group_tests_name("elementwise", tests, NULL, NULL);
