@@ -99,8 +99,9 @@ static void test_astype_every_pair_follows_rules(void **state)
             for (int64_t e = 0; e < n; e++) {
                 convert_one(ha, all_dtypes[i], e, want, to);
                 if (!same_bits_or_nan((char *)hc + e * (int64_t)ndm_dtype_size(to), want, to, 0))
-                    fail_msg("%s %.17g -> %s: got %.17g, want %.17g", ndm_dtype_short(all_dtypes[i]),
-                             host_get(ha, all_dtypes[i], e), ndm_dtype_short(to),
+                    fail_msg("%s %.17g -> %s: got %.17g, want %.17g",
+                             ndm_dtype_short(all_dtypes[i]), host_get(ha, all_dtypes[i], e),
+                             ndm_dtype_short(to),
                              host_get(hc, to, e), host_get(want, to, 0));
             }
             free(hc);
@@ -283,11 +284,13 @@ static void test_copy_parallel_and_streaming(void **state)
     ndm_array a = rand_array(m, NDM_F32, NDM_SHAPE(1 << 19), &r, true);
     ndm_array t = ndm_transpose(ndm_reshape(a, NDM_SHAPE(512, 1024)));
     ndm__cpu_force_reference(true);
-    ndm_array w1 = ndm_astype(a, NDM_BF16), w2 = ndm_astype(t, NDM_F64), w3 = ndm_astype(a, NDM_F32);
+    ndm_array w1 = ndm_astype(a, NDM_BF16), w2 = ndm_astype(t, NDM_F64);
+    ndm_array w3 = ndm_astype(a, NDM_F32);
     ndm__cpu_force_reference(false);
     int before = ndm__set_num_threads(2);
     ndm__ew_set_stream_min(1);
-    ndm_array g1 = ndm_astype(a, NDM_BF16), g2 = ndm_astype(t, NDM_F64), g3 = ndm_astype(a, NDM_F32);
+    ndm_array g1 = ndm_astype(a, NDM_BF16), g2 = ndm_astype(t, NDM_F64);
+    ndm_array g3 = ndm_astype(a, NDM_F32);
     ndm__ew_set_stream_min((int64_t)64 << 20);
     ndm__set_num_threads(before);
     ndm_array pairs[3][2] = {{w1, g1}, {w2, g2}, {w3, g3}};

@@ -642,7 +642,8 @@ static void test_scalar_weak_typing_rules(void **state)
 static void test_pow_scalar_common_exponents(void **state)
 {
     ndm_manager m = ROOT(state);
-    const double x[] = {NAN, INFINITY, -INFINITY, 0.0, -0.0, 1.0, -1.0, 2.0, -2.0, 0.25, 1e-30, 3e38, -7.5};
+    const double x[] = {NAN,  INFINITY, -INFINITY, 0.0,   -0.0, 1.0, -1.0,
+                        2.0,  -2.0,     0.25,      1e-30, 3e38, -7.5};
     const double ys[] = {2, 1, 0, -1, 0.5, 3};
     ndm_dtype dts[] = {NDM_F32, NDM_F64};
     for (int d = 0; d < 2; d++) {

@@ -568,7 +568,8 @@ NDM_API ndm_array ndm_where_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array co
     if (!x)
         return NDM_NULL_ARRAY;
     ndm__array *y = ndm__array_get_prop(b, api, site);
-    if (!y || ndm__ew_same_device(c, x, api, &site) < 0 || ndm__ew_same_device(c, y, api, &site) < 0)
+    if (!y || ndm__ew_same_device(c, x, api, &site) < 0 ||
+        ndm__ew_same_device(c, y, api, &site) < 0)
         return NDM_NULL_ARRAY;
     ndm_dtype rt = ndm_result_type(x->dtype, y->dtype);
     ndm_device dev = c->storage->device;

@@ -535,9 +535,10 @@ static ndm__ew_conv_fn conv_or_null(const ndm__ew_isa *isa, ndm_dtype from, ndm_
 static bool is_math(ndm__ew_binop op) { return op == NDM__EW_POW; }
 
 /* The planned path (its frame holds the plan: kept out of the small path). */
-__attribute__((noinline)) static ndm_status bin_run(ndm__ew_binop op, ndm_dtype ct, const ndm__tensor *out,
-                          const ndm__tensor *a, const void *a_scalar, const ndm__tensor *b,
-                          const void *b_scalar)
+__attribute__((noinline)) static ndm_status bin_run(ndm__ew_binop op, ndm_dtype ct,
+                                                   const ndm__tensor *out, const ndm__tensor *a,
+                                                   const void *a_scalar, const ndm__tensor *b,
+                                                   const void *b_scalar)
 {
     const ndm__ew_isa *isa = ndm__ew_isa_active();
     ndm_dtype rt = ndm__ew_binop_is_bool(op) ? NDM_BOOL : ct;

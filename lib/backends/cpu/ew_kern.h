@@ -118,7 +118,8 @@ NDM__IPOW(i64, int64_t, uint64_t, NDM__IPOW_NEG)
         }                                                                       \
     }
 
-#define NDM__BIN_ARITH(OPN, N, E, T, U, K) NDM__BIN_KERNEL(OPN, N, T, T, OPB_##OPN##_##K(N, T, U, x, y))
+#define NDM__BIN_ARITH(OPN, N, E, T, U, K)                                      \
+    NDM__BIN_KERNEL(OPN, N, T, T, OPB_##OPN##_##K(N, T, U, x, y))
 #define NDM__BIN_ALL(OPN) NDM__EW_CT(NDM__BIN_ARITH_##OPN)
 #define NDM__BIN_ARITH_ADD(N, E, T, U, K) NDM__BIN_ARITH(ADD, N, E, T, U, K)
 #define NDM__BIN_ARITH_SUB(N, E, T, U, K) NDM__BIN_ARITH(SUB, N, E, T, U, K)
@@ -412,9 +413,12 @@ NDM__WHERE(64)
 #define LD_f64(x) (x)
 /* Store: a natural C value to storage, as convert.h defines it. */
 #define ST_b8(v) ((uint8_t)((v) != 0))
-#define ST_u8(v) _Generic((v), float: ndm__sat_f32_u8, double: ndm__sat_f64_u8, default: st_u8_int)(v)
-#define ST_i32(v) _Generic((v), float: ndm__sat_f32_i32, double: ndm__sat_f64_i32, default: st_i32_int)(v)
-#define ST_i64(v) _Generic((v), float: ndm__sat_f32_i64, double: ndm__sat_f64_i64, default: st_i64_int)(v)
+#define ST_u8(v)                                                                \
+    _Generic((v), float: ndm__sat_f32_u8, double: ndm__sat_f64_u8, default: st_u8_int)(v)
+#define ST_i32(v)                                                               \
+    _Generic((v), float: ndm__sat_f32_i32, double: ndm__sat_f64_i32, default: st_i32_int)(v)
+#define ST_i64(v)                                                               \
+    _Generic((v), float: ndm__sat_f32_i64, double: ndm__sat_f64_i64, default: st_i64_int)(v)
 #define ST_f16(v) ndm__f2h((float)(v))
 #define ST_bf16(v) ndm__f2b((float)(v))
 #define ST_f32(v) ((float)(v))
