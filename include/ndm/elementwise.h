@@ -8,7 +8,8 @@
  * null handle, allocates nothing, and ndm_last_error() says why. A null input
  * yields a null result and keeps the first error, so chains report where
  * they first went wrong. In-place forms (a trailing underscore: ndm_add_,
- * ndm_relu_, ...) write into their first argument and return a status; they
+ * ndm_relu_, ...) write into their first argument and return a status
+ * (NDM_E_CLOSED for a stale handle, NDM_E_NULL for the null one); they
  * create no array, so they work on arrays of a capped manager.
  *
  * Broadcasting follows numpy: shapes align at their last axis and each pair

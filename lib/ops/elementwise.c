@@ -407,10 +407,10 @@ static ndm_status binary_inplace(ndm__site site, const char *api, ndm__ew_binop 
 {
     ndm__array *a = ndm__array_get_prop(ha, api, site);
     if (!a)
-        return NDM_E_NULL;
+        return ndm__ew_lookup_failed(ha);
     ndm__array *b = ndm__array_get_prop(hb, api, site);
     if (!b)
-        return NDM_E_NULL;
+        return ndm__ew_lookup_failed(hb);
     ndm_status st = ndm__ew_same_device(a, b, api, &site);
     ndm_dtype ct, rt;
     if (st < 0 || (st = binop_types(op, a->dtype, b->dtype, &ct, &rt, api, &site)) < 0 ||
@@ -458,7 +458,7 @@ static ndm_status binary_scalar_inplace(ndm__site site, const char *api, ndm__ew
 {
     ndm__array *a = ndm__array_get_prop(ha, api, site);
     if (!a)
-        return NDM_E_NULL;
+        return ndm__ew_lookup_failed(ha);
     ndm_dtype ct, rt, via;
     ndm_status st = scalar_types(op, a->dtype, s, &ct, &rt, &via, api, &site);
     if (st < 0 || (st = storable(rt, a, binop_names[op], api, &site)) < 0 ||

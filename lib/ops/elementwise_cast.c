@@ -38,10 +38,10 @@ NDM_API ndm_status ndm_copy_into_at(NDM_SITE_PARAMS, ndm_array dst, ndm_array sr
     const char *api = "ndm_copy_into";
     ndm__array *d = ndm__array_get_prop(dst, api, site);
     if (!d)
-        return NDM_E_NULL;
+        return ndm__ew_lookup_failed(dst);
     ndm__array *s = ndm__array_get_prop(src, api, site);
     if (!s)
-        return NDM_E_NULL;
+        return ndm__ew_lookup_failed(src);
     ndm_status st = ndm__ew_same_device(d, s, api, &site);
     if (st < 0 || (st = ndm__ew_check_writable(d, api, &site)) < 0)
         return st;

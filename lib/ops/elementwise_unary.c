@@ -87,7 +87,7 @@ static ndm_status unary_inplace(ndm__site site, const char *api, ndm__ew_unop op
 {
     ndm__array *a = ndm__array_get_prop(ha, api, site);
     if (!a)
-        return NDM_E_NULL;
+        return ndm__ew_lookup_failed(ha);
     ndm_dtype ct, rt;
     ndm_status st = unop_types(op, a->dtype, bounds, &ct, &rt, api, &site);
     if (st < 0)
