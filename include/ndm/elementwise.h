@@ -410,7 +410,8 @@ NDM_API NDM_NODISCARD ndm_status ndm_clamp_inplace_at(NDM_SITE_PARAMS, ndm_array
 /* ---- casts ----
  * Conversions between dtypes: float to integer truncates toward zero and
  * saturates (NaN gives 0), integer to integer wraps, anything to bool is
- * "!= 0" (NaN is true), to f16/bf16 rounds to nearest even. */
+ * "!= 0" (NaN is true), to f16/bf16 rounds to nearest even (from i64 and
+ * f64 through f32, as the core copy does). */
 
 /** A new C-contiguous array of `dtype` with a's values converted: ALWAYS a
  *  copy on new storage, even when a already has that dtype (for a second
