@@ -1,4 +1,5 @@
-/* The sections of the operations benchmark; main.c runs them in order. */
+/* The sections of bench/ops, one per operation family; each adds its
+ * figures (with the anchors it measures in the same run) to the report. */
 #ifndef NDM_BENCH_OPS_SECTIONS_H
 #define NDM_BENCH_OPS_SECTIONS_H
 
@@ -6,6 +7,9 @@
 
 #include "../bench.h"
 
+/* add, mul, relu on 64M floats against a STREAM triad loop, on 1 and 2
+ * threads, and the overhead of one small operation. */
+void bench_ops_elementwise(bench_report *r);
 /* Reductions: sum over 64M floats (GB/s) against a plain read loop. */
 void bench_ops_reduce(bench_report *r);
 /* matmul f32 against a direct call of the GEMM provider and against peak,

@@ -10,6 +10,7 @@
 #include "../nn.h"
 #include "../reduce.h"
 #include "convert.h"
+#include "ew_cpu.h"
 #include "iter.h"
 
 /* conv_S_D: one row of dst(D) = src(S). Contiguous rows get their own loop
@@ -64,7 +65,8 @@ NDM__MOVE_ROW(16)
 NDM__MOVE_ROW(32)
 NDM__MOVE_ROW(64)
 
-ndm_status ndm__cpu_copy(int device, const ndm__tensor *dst, const ndm__tensor *src);
+/* The reference copy: one row at a time through the plain conversions. The
+ * fast table uses ndm__cpu_copy_fast (ew.c): vectorized and parallel. */
 ndm_status ndm__cpu_copy(int device, const ndm__tensor *dst, const ndm__tensor *src)
 {
     (void)device;
@@ -85,7 +87,8 @@ ndm_status ndm__cpu_copy(int device, const ndm__tensor *dst, const ndm__tensor *
     return ndm__cpu_iterate(dst->ndim, dst->shape, 2, data, strides, es, fn, NULL);
 }
 
-static ndm_status cpu_fill(int device, const ndm__tensor *dst, double value)
+static ndm_status fill_with(ndm_status (*copy)(int, const ndm__tensor *, const ndm__tensor *),
+                            int device, const ndm__tensor *dst, double value)
 {
     /* Convert once into one element, then broadcast it with a stride-0 copy. */
     unsigned char one[8];
@@ -108,10 +111,20 @@ static ndm_status cpu_fill(int device, const ndm__tensor *dst, double value)
     for (int i = 0; i < dst->ndim; i++)
         zs[i] = 0;
     ndm__tensor src = {one, dst->dtype, dst->ndim, dst->shape, zs};
-    st = ndm__cpu_copy(device, dst, &src);
+    st = copy(device, dst, &src);
     if (zs != small)
         free(zs);
     return st;
+}
+
+static ndm_status cpu_fill(int device, const ndm__tensor *dst, double value)
+{
+    return fill_with(ndm__cpu_copy_fast, device, dst, value);
+}
+
+static ndm_status cpu_fill_ref(int device, const ndm__tensor *dst, double value)
+{
+    return fill_with(ndm__cpu_copy, device, dst, value);
 }
 
 #define NDM__IOTA_ROW(N, E, T)                                                  \
@@ -152,7 +165,7 @@ const ndm__backend ndm__cpu_backend = {
     .abi = NDM__BACKEND_ABI,
     .name = "cpu",
     .type = NDM_DEVICE_CPU,
-    .copy = ndm__cpu_copy,
+    .copy = ndm__cpu_copy_fast,
     .fill = cpu_fill,
     .iota = cpu_iota,
     .upload = cpu_transfer,
@@ -163,6 +176,7 @@ const ndm__backend ndm__cpu_backend = {
     .reduce = &ndm__cpu_reduce,
     .linalg = &ndm__cpu_linalg,
     .nn = &ndm__cpu_nn,
+    .ew = &ndm__cpu_ew,
 };
 
 const ndm__backend ndm__cpu_ref_backend = {
@@ -170,7 +184,7 @@ const ndm__backend ndm__cpu_ref_backend = {
     .name = "cpu-reference",
     .type = NDM_DEVICE_CPU,
     .copy = ndm__cpu_copy,
-    .fill = cpu_fill,
+    .fill = cpu_fill_ref,
     .iota = cpu_iota,
     .upload = cpu_transfer,
     .download = cpu_transfer,
@@ -180,4 +194,5 @@ const ndm__backend ndm__cpu_ref_backend = {
     .reduce = &ndm__cpu_ref_reduce,
     .linalg = &ndm__cpu_ref_linalg,
     .nn = &ndm__cpu_ref_nn,
+    .ew = &ndm__cpu_ref_ew,
 };

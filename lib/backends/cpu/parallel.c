@@ -13,8 +13,8 @@
 #define SPIN 20000
 
 typedef struct pool {
-    int n;                      /* threads used, including the caller */
-    int started;                /* threads running, including the caller (>= n) */
+    int n;                      /* threads a job uses, including the caller */
+    int started;                /* threads that exist, including the caller */
     pthread_mutex_t lock;
     pthread_cond_t wake;
     atomic_uint job;            /* generation of the current job */
@@ -30,9 +30,6 @@ static pool P = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIAL
                  .busy = ATOMIC_FLAG_INIT};
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static _Thread_local bool in_pool;
-/* The job generation each worker has seen when it starts: a worker made
- * between jobs must not take the previous job for a new one. */
-static unsigned start_job[MAX_THREADS];
 
 static void run_chunk(int c)
 {
@@ -42,11 +39,12 @@ static void run_chunk(int c)
         P.fn(P.ctx, b, e);
 }
 
+/* arg packs the worker's id and the job generation when it was made. */
 static void *worker(void *arg)
 {
-    int id = (int)(intptr_t)arg;
+    int id = (int)((uintptr_t)arg & 0xffffu);
+    unsigned seen = (unsigned)((uintptr_t)arg >> 16);
     in_pool = true;
-    unsigned seen = start_job[id];
     for (;;) {
         unsigned job;
         int spins = 0;
@@ -64,33 +62,34 @@ static void *worker(void *arg)
             break;
         }
         seen = job;
-        /* Workers beyond the threads in use (ndm__set_num_threads) only
-         * answer the roll call. */
-        for (int c = id; c < P.chunks; c += P.n)
+        /* Every started worker answers every job, so none can lag into the
+         * next; those beyond the job's size (ndm__set_num_threads) run no
+         * chunk. */
+        int n = P.n;
+        for (int c = id; id < n && c < P.chunks; c += n)
             run_chunk(c);
         atomic_fetch_sub_explicit(&P.pending, 1, memory_order_acq_rel);
     }
     return NULL;
 }
 
-/* Start workers until `n` threads run in all; no job may be running. */
-static void grow(int n)
+/* Start workers up to n threads in all; returns how many exist. */
+static int grow(int n)
 {
-    if (P.started < 1)
-        P.started = 1;
     for (int i = P.started; i < n; i++) {
         pthread_t t;
         pthread_attr_t at;
-        start_job[i] = atomic_load_explicit(&P.job, memory_order_relaxed);
         pthread_attr_init(&at);
         pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-        if (pthread_create(&t, &at, worker, (void *)(intptr_t)i) != 0) {
+        uintptr_t arg = (uintptr_t)i | (uintptr_t)atomic_load(&P.job) << 16;
+        if (pthread_create(&t, &at, worker, (void *)arg) != 0) {
             pthread_attr_destroy(&at);
             break;
         }
         pthread_attr_destroy(&at);
         P.started = i + 1;
     }
+    return P.started;
 }
 
 static void start(void)
@@ -103,23 +102,24 @@ static void start(void)
         if (v >= 1)
             n = v > MAX_THREADS ? MAX_THREADS : (int)v;
     }
-    grow(n);
-    P.n = P.started;
+    P.started = 1;
+    P.n = grow(n);
 }
 
-void ndm__set_num_threads(int n)
+int ndm__set_num_threads(int n)
 {
     pthread_once(&once, start);
-    n = n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : n;
-    /* Take the pool so no job runs while it changes size. */
-    while (atomic_flag_test_and_set_explicit(&P.busy, memory_order_acquire)) {
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#endif
-    }
-    grow(n);
-    P.n = n < P.started ? n : P.started;
+    if (n < 1)
+        n = 1;
+    if (n > MAX_THREADS)
+        n = MAX_THREADS;
+    /* Own the pool so that no job is running while its size changes. */
+    while (atomic_flag_test_and_set_explicit(&P.busy, memory_order_acquire))
+        sched_yield();
+    int before = P.n;
+    P.n = grow(n) < n ? P.started : n;
     atomic_flag_clear_explicit(&P.busy, memory_order_release);
+    return before;
 }
 
 int ndm__num_threads(void)
@@ -140,6 +140,7 @@ void ndm__parallel_for(int64_t n, int64_t grain, ndm__range_fn fn, void *ctx)
         fn(ctx, 0, n);
         return;
     }
+    threads = P.n; /* fixed while we own the pool */
     int64_t want = (n + grain - 1) / grain;
     int chunks = want < threads ? (int)want : threads;
     P.fn = fn;

@@ -16,8 +16,8 @@ void ndm__parallel_for(int64_t n, int64_t grain, ndm__range_fn fn, void *ctx);
 /* Number of threads the pool uses (>= 1). */
 int ndm__num_threads(void);
 
-/* Test hook: use n threads from now on (clamped to [1, 256]; workers are
- * started as needed and kept). Call it while no parallel work runs. */
-void ndm__set_num_threads(int n);
+/* Benchmark and test hook: make jobs use n threads (starting workers as
+ * needed) and return the previous size. Waits for a running job to end. */
+int ndm__set_num_threads(int n);
 
 #endif

@@ -1,0 +1,74 @@
+/* The CPU elementwise kernels as one table per instruction set: contiguous
+ * loops the driver (ew.c) feeds with rows, tiles and chunks. */
+#ifndef NDM_CPU_EW_CPU_H
+#define NDM_CPU_EW_CPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../ew.h"
+
+/* o[i] = a[i * sa] OP b[i * sb] for i < n, with sa, sb in {0, 1} and not both
+ * 0; a and b hold the computation type, o holds it too (bool for comparisons
+ * and logical ops). o may be a or b exactly (in place). */
+typedef void (*ndm__ew_bin_fn)(void *o, const void *a, int64_t sa, const void *b, int64_t sb,
+                               int64_t n);
+/* o[i] = OP(a[i]); params as in ndm__backend_ew.unary. o may be a. */
+typedef void (*ndm__ew_un_fn)(void *o, const void *a, int64_t n, const void *params);
+/* o[i] = c[i] ? a[i * sa] : b[i * sb], sa and sb in {0, 1}. */
+typedef void (*ndm__ew_where_fn)(void *o, const uint8_t *c, const void *a, int64_t sa,
+                                 const void *b, int64_t sb, int64_t n);
+/* d[i * ds] = convert(s[i * ss]) for i < n; any strides (ss may be 0). */
+typedef void (*ndm__ew_conv_fn)(void *d, int64_t ds, const void *s, int64_t ss, int64_t n);
+/* Copy n bytes with non-temporal stores where d allows. */
+typedef void (*ndm__ew_stream_fn)(void *d, const void *s, size_t n);
+
+typedef struct ndm__ew_isa {
+    const char *name;
+    /* by computation dtype; NULL where the dispatcher never asks */
+    ndm__ew_bin_fn bin[NDM__EW_BINOP_COUNT][NDM_DTYPE_COUNT];
+    ndm__ew_un_fn un[NDM__EW_UNOP_COUNT][NDM_DTYPE_COUNT];
+    ndm__ew_where_fn where[NDM_DTYPE_COUNT];
+    /* [source dtype][destination dtype], every pair */
+    ndm__ew_conv_fn conv[NDM_DTYPE_COUNT][NDM_DTYPE_COUNT];
+    /* same-dtype moves, by element size (1, 2, 4, 8) */
+    ndm__ew_conv_fn move[9];
+    ndm__ew_stream_fn stream; /* NULL: no non-temporal stores */
+    void (*fence)(void);      /* orders non-temporal stores; NULL with stream */
+} ndm__ew_isa;
+
+/* The AVX2 and AVX-512 tables need GCC's target pragma; elsewhere only the
+ * generic table (the compiler's default instruction set) is built. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define NDM__EW_X86_TABLES 1
+#else
+#define NDM__EW_X86_TABLES 0
+#endif
+
+extern const ndm__ew_isa ndm__ew_isa_generic;
+#if NDM__EW_X86_TABLES
+extern const ndm__ew_isa ndm__ew_isa_avx2;
+extern const ndm__ew_isa ndm__ew_isa_avx512;
+#endif
+
+/* The table the fast backend uses: the best this CPU runs. */
+const ndm__ew_isa *ndm__ew_isa_active(void);
+/* Test and benchmark hook: use the named table ("generic", "avx2",
+ * "avx512"), or the best one for NULL. NDM_E_UNSUPPORTED when the CPU
+ * lacks it. Process wide; not while kernels run. */
+int ndm__ew_isa_select(const char *name);
+
+/* Test hook: outputs of at least this many bytes use non-temporal stores
+ * (default 64 MiB). */
+void ndm__ew_set_stream_min(int64_t bytes);
+
+/* Fast CPU family table and the reference one. */
+extern const ndm__backend_ew ndm__cpu_ew;
+extern const ndm__backend_ew ndm__cpu_ref_ew;
+
+/* Copies for the core table: the parallel converting copy and the plain
+ * reference it is tested against. */
+ndm_status ndm__cpu_copy_fast(int device, const ndm__tensor *dst, const ndm__tensor *src);
+ndm_status ndm__cpu_copy(int device, const ndm__tensor *dst, const ndm__tensor *src);
+
+#endif

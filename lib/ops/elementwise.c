@@ -1,0 +1,609 @@
+/* Elementwise binary operations with numpy broadcasting: arithmetic,
+ * comparisons and logic, their scalar and in-place forms, and where. */
+#include <inttypes.h>
+#include <string.h>
+
+#include "elementwise.h"
+
+/* ---- shared helpers ------------------------------------------------------ */
+
+bool ndm__ew_dims_get(ndm__ew_dims *d, int ndim, const char *api, const ndm__site *site)
+{
+    size_t cap = ndim > 0 ? (size_t)ndim : 1;
+    int64_t *m = d->small;
+    d->heap = NULL;
+    if (cap > NDM__EW_SMALL) {
+        d->heap = malloc(4 * cap * sizeof(int64_t));
+        if (!d->heap) {
+            ndm__fail(NDM_E_OOM, api, *site, "no memory for a rank-%d shape", ndim);
+            return false;
+        }
+        m = d->heap;
+    }
+    d->shape = m;
+    d->s0 = m + cap;
+    d->s1 = m + 2 * cap;
+    d->s2 = m + 3 * cap;
+    return true;
+}
+
+const ndm__backend_ew *ndm__ew_no_backend(ndm_device dev, const char *api, const ndm__site *site)
+{
+    const ndm__backend *b = ndm__backend_of(dev, api, *site);
+    if (b)
+        ndm__fail(NDM_E_UNSUPPORTED, api, *site, "the %s backend has no elementwise kernels",
+                  b->name);
+    return NULL;
+}
+
+ndm_status ndm__ew_device_mismatch(const ndm__array *a, const ndm__array *b, const char *api,
+                                   const ndm__site *site)
+{
+    char d1[160], d2[160], n1[32], n2[32];
+    return ndm__fail(NDM_E_DEVICE, api, *site, "%s is on %s but %s is on %s (copy one first)",
+                     ndm__array_desc(a, d1, sizeof d1),
+                     ndm_device_str(a->storage->device, n1, sizeof n1),
+                     ndm__array_desc(b, d2, sizeof d2),
+                     ndm_device_str(b->storage->device, n2, sizeof n2));
+}
+
+ndm_status ndm__ew_not_writable(const ndm__array *dst, int axis, const char *api,
+                                const ndm__site *site)
+{
+    char desc[160];
+    return ndm__fail(NDM_E_INVALID, api, *site,
+                     "cannot write into %s in place: axis %d repeats one element "
+                     "(a broadcast view); make a copy first",
+                     ndm__array_desc(dst, desc, sizeof desc), axis);
+}
+
+ndm_dtype ndm__ew_promote(ndm_dtype a, ndm_dtype b)
+{
+    /* 0 is "not computed yet"; racing fills store the same value. */
+    static _Atomic unsigned char table[NDM_DTYPE_COUNT][NDM_DTYPE_COUNT];
+    unsigned v = atomic_load_explicit(&table[a][b], memory_order_relaxed);
+    if (NDM__UNLIKELY(!v)) {
+        v = 1u + (unsigned)ndm_result_type(a, b);
+        atomic_store_explicit(&table[a][b], (unsigned char)v, memory_order_relaxed);
+    }
+    return (ndm_dtype)(v - 1);
+}
+
+/* Bytes [lo, hi) a view touches; false for an empty view. */
+static bool extent(const ndm__tensor *t, uintptr_t *lo, uintptr_t *hi)
+{
+    int64_t es = (int64_t)ndm__ew_esize(t->dtype), l = 0, h = 0;
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->shape[i] == 0)
+            return false;
+        int64_t span = t->strides[i] * (t->shape[i] - 1) * es;
+        if (span < 0)
+            l += span;
+        else
+            h += span;
+    }
+    *lo = (uintptr_t)t->data + (uintptr_t)l;
+    *hi = (uintptr_t)t->data + (uintptr_t)h + (uintptr_t)es;
+    return true;
+}
+
+ndm_status ndm__ew_unalias(const ndm__array *dst, const ndm__array *in, ndm__tensor *view,
+                           ndm__ew_scratch *scratch, const char *api, const ndm__site *sitep)
+{
+    ndm__site site = *sitep;
+    scratch->block = (ndm__block){NULL, NULL, 0};
+    /* Storages from the allocator never overlap; wrapped buffers might. */
+    if (dst->storage != in->storage && dst->storage->block.cookie && in->storage->block.cookie)
+        return NDM_OK;
+    ndm__tensor d = ndm__ew_tensor(dst);
+    uintptr_t dl, dh, il, ih;
+    if (!extent(&d, &dl, &dh) || !extent(view, &il, &ih) || ih <= dl || dh <= il)
+        return NDM_OK;
+    /* The same elements in the same places: each is read before it is written. */
+    bool same = view->data == d.data && ndm__ew_esize(view->dtype) == ndm__ew_esize(d.dtype);
+    for (int i = 0; same && i < d.ndim; i++)
+        same = d.shape[i] == 1 || view->strides[i] == d.strides[i];
+    if (same)
+        return NDM_OK;
+    /* Copy the input's own elements (not the broadcast) and read the copy. */
+    int64_t n = ndm__numel(in->ndim, in->shape);
+    size_t es = ndm__ew_esize(in->dtype);
+    ndm_device dev = in->storage->device;
+    ndm__alloc_tag tag = {0, site.file, site.func, site.line};
+    if (ndm__alloc(dev, (size_t)n * es, &tag, &scratch->block) < 0) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", ndm_last_error());
+        return ndm__fail(NDM_E_OOM, api, site, "no scratch for an overlapping input: %s", why);
+    }
+    scratch->device = dev;
+    int64_t small[16];
+    int64_t *cs = in->ndim <= 16 ? small : malloc(sizeof(int64_t) * (size_t)in->ndim);
+    if (!cs) {
+        ndm__ew_scratch_free(scratch);
+        return ndm__fail(NDM_E_OOM, api, site, "no memory for strides");
+    }
+    ndm__contiguous_strides(in->ndim, in->shape, cs);
+    ndm__tensor src = ndm__ew_tensor(in);
+    ndm__tensor copy = {scratch->block.ptr, in->dtype, in->ndim, in->shape, cs};
+    const ndm__backend *b = ndm__backend_of(dev, api, site);
+    ndm_status st = b ? b->copy(dev.index, &copy, &src) : NDM_E_UNSUPPORTED;
+    if (st < 0) {
+        if (cs != small)
+            free(cs);
+        ndm__ew_scratch_free(scratch);
+        return b ? ndm__fail(st, api, site, "copy failed: %s", ndm_status_str(st)) : st;
+    }
+    /* Broadcast strides over the copy: rewrite the view's own stride row. */
+    int64_t *vs = (int64_t *)view->strides;
+    int lead = view->ndim - in->ndim;
+    for (int j = 0; j < view->ndim; j++)
+        vs[j] = j < lead || in->shape[j - lead] == 1 ? 0 : cs[j - lead];
+    view->data = scratch->block.ptr;
+    if (cs != small)
+        free(cs);
+    return NDM_OK;
+}
+
+void ndm__ew_scratch_free(ndm__ew_scratch *scratch)
+{
+    if (scratch->block.ptr)
+        ndm__free(scratch->device, &scratch->block);
+}
+
+bool ndm__ew_fits(double s, ndm_dtype t)
+{
+    if (!ndm__ew_integral(s))
+        return false;
+    switch (t) {
+    case NDM_BOOL: return s == 0 || s == 1;
+    case NDM_U8: return s >= 0 && s <= 255;
+    case NDM_I32: return s >= -2147483648.0 && s <= 2147483647.0;
+    case NDM_I64: return s >= -9223372036854775808.0 && s < 9223372036854775808.0;
+    default: return true;
+    }
+}
+
+void ndm__ew_scalar_value(double s, ndm_dtype via, ndm_dtype ct, void *buf)
+{
+    switch (ct) {
+    case NDM_F32: {
+        float f = (float)s;
+        if (via == NDM_F16)
+            f = ndm_f16_to_f32(ndm_f32_to_f16(f));
+        else if (via == NDM_BF16)
+            f = ndm_bf16_to_f32(ndm_f32_to_bf16(f));
+        memcpy(buf, &f, sizeof f);
+        break;
+    }
+    case NDM_F64: memcpy(buf, &s, sizeof s); break;
+    default: {
+        /* saturating, as a cast does; callers checked the fit where it matters */
+        int64_t v = s != s ? 0
+                    : s >= 9223372036854775808.0 ? INT64_MAX
+                    : s <= -9223372036854775808.0 ? INT64_MIN
+                                                  : (int64_t)s;
+        if (ct == NDM_BOOL) {
+            uint8_t x = s != 0;
+            memcpy(buf, &x, 1);
+        } else if (ct == NDM_U8) {
+            uint8_t x = v < 0 ? 0 : v > 255 ? 255 : (uint8_t)v;
+            memcpy(buf, &x, 1);
+        } else if (ct == NDM_I32) {
+            int32_t x = v < INT32_MIN ? INT32_MIN : v > INT32_MAX ? INT32_MAX : (int32_t)v;
+            memcpy(buf, &x, 4);
+        } else {
+            memcpy(buf, &v, 8);
+        }
+        break;
+    }
+    }
+}
+
+static void kernel_failed(ndm_status st, const char *api, const ndm__site *site)
+{
+    ndm__fail(st, api, *site, "elementwise kernel failed: %s", ndm_status_str(st));
+}
+
+static bool same_shape(const ndm__array *a, const ndm__array *b)
+{
+    if (a->ndim != b->ndim)
+        return false;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i])
+            return false;
+    return true;
+}
+
+/* b's strides read as if b had dst's shape; NDM_E_SHAPE unless b broadcasts
+ * to exactly that shape (an in-place destination cannot grow). */
+static ndm_status broadcast_into(const ndm__array *dst, const ndm__array *b, int64_t *strides,
+                                 const char *api, const ndm__site *site)
+{
+    int lead = dst->ndim - b->ndim;
+    bool ok = lead >= 0;
+    for (int j = 0; ok && j < b->ndim; j++)
+        ok = b->shape[j] == dst->shape[lead + j] || b->shape[j] == 1;
+    if (!ok) {
+        char d1[160], d2[160];
+        return ndm__fail(NDM_E_SHAPE, api, *site,
+                         "cannot broadcast %s into %s (an in-place result keeps the shape of "
+                         "its destination)",
+                         ndm__array_desc(b, d1, sizeof d1), ndm__array_desc(dst, d2, sizeof d2));
+    }
+    ndm__broadcast_strides(b, dst->ndim, dst->shape, strides);
+    return NDM_OK;
+}
+
+/* An in-place result of dtype rt must be storable in dst (same kind or
+ * higher, as numpy's same_kind casting). */
+static ndm_status storable(ndm_dtype rt, const ndm__array *dst, const char *what,
+                           const char *api, const ndm__site *site)
+{
+    if (ndm__ew_kind(rt) <= ndm__ew_kind(dst->dtype))
+        return NDM_OK;
+    char desc[160];
+    return ndm__fail(NDM_E_DTYPE, api, *site,
+                     "the result of %s is %s, which cannot be written into %s in place "
+                     "(cast with ndm_astype or use the form that returns a new array)",
+                     what, ndm_dtype_name(rt), ndm__array_desc(dst, desc, sizeof desc));
+}
+
+/* ---- dtype rules --------------------------------------------------------- */
+
+static const char *const binop_names[NDM__EW_BINOP_COUNT] = {
+    "add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge",
+    "logical_and", "logical_or", "logical_xor",
+};
+
+/* Array with array: the computation dtype ct and the result dtype rt. */
+static ndm_status binop_types(ndm__ew_binop op, ndm_dtype a, ndm_dtype b, ndm_dtype *ct,
+                              ndm_dtype *rt, const char *api, const ndm__site *site)
+{
+    ndm_dtype t = ndm__ew_promote(a, b);
+    if (op >= NDM__EW_AND) {
+        *ct = *rt = NDM_BOOL;
+        return NDM_OK;
+    }
+    if (ndm__ew_binop_is_bool(op)) {
+        *ct = ndm__ew_compute(t);
+        *rt = NDM_BOOL;
+        return NDM_OK;
+    }
+    if (op == NDM__EW_DIV && !ndm_dtype_is_float(t))
+        t = NDM_F32; /* true division */
+    if (t == NDM_BOOL && (op == NDM__EW_SUB || op == NDM__EW_POW))
+        return ndm__fail(NDM_E_DTYPE, api, *site,
+                         "%s of two bool arrays is not defined (%s)", binop_names[op],
+                         op == NDM__EW_SUB ? "use ndm_logical_xor, or cast to an integer dtype"
+                                           : "cast to an integer dtype first");
+    *rt = t;
+    *ct = ndm__ew_compute(t);
+    return NDM_OK;
+}
+
+/* Array with a scalar (see the header for the rules). `via` is the dtype the
+ * scalar is rounded through before it joins the computation. */
+static ndm_status scalar_types(ndm__ew_binop op, ndm_dtype a, double s, ndm_dtype *ct,
+                               ndm_dtype *rt, ndm_dtype *via, const char *api,
+                               const ndm__site *site)
+{
+    int kind = ndm__ew_kind(a);
+    if (ndm__ew_binop_is_bool(op)) {
+        if (kind == NDM__KIND_FLOAT) {
+            *ct = ndm__ew_compute(a);
+            *via = a;
+        } else if (ndm__ew_fits(s, a)) {
+            *ct = *via = a;
+        } else {
+            *ct = *via = NDM_F64; /* exact for every bool, u8 and i32 value */
+        }
+        *rt = NDM_BOOL;
+        return NDM_OK;
+    }
+    bool integral = ndm__ew_integral(s);
+    ndm_dtype t = kind == NDM__KIND_FLOAT ? a
+                  : !integral             ? NDM_F32
+                  : kind == NDM__KIND_BOOL ? NDM_I64
+                                           : a;
+    if (op == NDM__EW_DIV && !ndm_dtype_is_float(t))
+        t = NDM_F32;
+    if (!ndm_dtype_is_float(t) && !ndm__ew_fits(s, t))
+        return ndm__fail(NDM_E_INVALID, api, *site,
+                         "the scalar %.17g does not fit %s, the dtype of the result of %s "
+                         "(cast the array first)",
+                         s, ndm_dtype_name(t), binop_names[op]);
+    *rt = t;
+    *ct = ndm__ew_compute(t);
+    *via = kind == NDM__KIND_FLOAT ? a : t;
+    return NDM_OK;
+}
+
+/* ---- binary -------------------------------------------------------------- */
+
+static ndm_array binary(ndm__site site, const char *api, ndm_manager out, ndm__ew_binop op,
+                        ndm_array ha, ndm_array hb)
+{
+    ndm__array *a = ndm__array_get_prop(ha, api, site);
+    if (!a)
+        return NDM_NULL_ARRAY;
+    ndm__array *b = ndm__array_get_prop(hb, api, site);
+    if (!b || ndm__ew_same_device(a, b, api, &site) < 0)
+        return NDM_NULL_ARRAY;
+    ndm_dtype ct, rt;
+    if (binop_types(op, a->dtype, b->dtype, &ct, &rt, api, &site) < 0)
+        return NDM_NULL_ARRAY;
+    ndm_device dev = a->storage->device;
+    int index;
+    const ndm__backend_ew *ew = ndm__ew_backend(dev, &index, api, &site);
+    if (!ew)
+        return NDM_NULL_ARRAY;
+    ndm__ew_dims d;
+    d.heap = NULL;
+    int nd = a->ndim;
+    const int64_t *shape = a->shape, *sa = a->strides, *sb = b->strides;
+    ndm_array h = NDM_NULL_ARRAY;
+    if (!same_shape(a, b)) {
+        ndm__array *in[2] = {a, b};
+        if (!ndm__ew_dims_get(&d, ndm__max_ndim(2, in), api, &site) ||
+            ndm__broadcast_shape(2, in, d.shape, &nd, api, site) < 0)
+            goto done;
+        ndm__broadcast_strides(a, nd, d.shape, d.s0);
+        ndm__broadcast_strides(b, nd, d.shape, d.s1);
+        shape = d.shape;
+        sa = d.s0;
+        sb = d.s1;
+    }
+    ndm_manager m = ndm__output_manager(out, a, api, site);
+    ndm__array *o;
+    if (!m.id || !(h = ndm__array_new_on(site, api, m, dev, rt, nd, shape, &o)).id)
+        goto done;
+    ndm__tensor to = ndm__ew_tensor(o);
+    ndm__tensor ta = {ndm__ew_ptr(a), a->dtype, nd, shape, sa};
+    ndm__tensor tb = {ndm__ew_ptr(b), b->dtype, nd, shape, sb};
+    ndm_status st = ew->binary(index, op, ct, &to, &ta, &tb);
+    if (st < 0) {
+        kernel_failed(st, api, &site);
+        ndm__discard(h);
+        h = NDM_NULL_ARRAY;
+    }
+done:
+    ndm__ew_dims_put(&d);
+    return h;
+}
+
+static ndm_array binary_scalar(ndm__site site, const char *api, ndm_manager out,
+                               ndm__ew_binop op, ndm_array ha, double s, bool swap)
+{
+    ndm__array *a = ndm__array_get_prop(ha, api, site);
+    if (!a)
+        return NDM_NULL_ARRAY;
+    ndm_dtype ct, rt, via;
+    if (scalar_types(op, a->dtype, s, &ct, &rt, &via, api, &site) < 0)
+        return NDM_NULL_ARRAY;
+    ndm_device dev = a->storage->device;
+    int index;
+    const ndm__backend_ew *ew = ndm__ew_backend(dev, &index, api, &site);
+    if (!ew)
+        return NDM_NULL_ARRAY;
+    ndm_manager m = ndm__output_manager(out, a, api, site);
+    ndm__array *o;
+    ndm_array h;
+    if (!m.id || !(h = ndm__array_new_on(site, api, m, dev, rt, a->ndim, a->shape, &o)).id)
+        return NDM_NULL_ARRAY;
+    _Alignas(8) unsigned char value[8];
+    ndm__ew_scalar_value(s, via, ct, value);
+    ndm__tensor to = ndm__ew_tensor(o), ta = ndm__ew_tensor(a);
+    ndm_status st = ew->binary_scalar(index, op, ct, &to, &ta, value, swap);
+    if (st < 0) {
+        kernel_failed(st, api, &site);
+        ndm__discard(h);
+        return NDM_NULL_ARRAY;
+    }
+    return h;
+}
+
+static ndm_status binary_inplace(ndm__site site, const char *api, ndm__ew_binop op, ndm_array ha,
+                                 ndm_array hb)
+{
+    ndm__array *a = ndm__array_get_prop(ha, api, site);
+    if (!a)
+        return ndm__ew_lookup_failed(ha);
+    ndm__array *b = ndm__array_get_prop(hb, api, site);
+    if (!b)
+        return ndm__ew_lookup_failed(hb);
+    ndm_status st = ndm__ew_same_device(a, b, api, &site);
+    ndm_dtype ct, rt;
+    if (st < 0 || (st = binop_types(op, a->dtype, b->dtype, &ct, &rt, api, &site)) < 0 ||
+        (st = storable(rt, a, binop_names[op], api, &site)) < 0 ||
+        (st = ndm__ew_check_writable(a, api, &site)) < 0)
+        return st;
+    int index;
+    const ndm__backend_ew *ew = ndm__ew_backend(a->storage->device, &index, api, &site);
+    if (!ew)
+        return ndm_last_status();
+    ndm__ew_dims d;
+    d.heap = NULL;
+    ndm__ew_scratch scratch;
+    scratch.block.ptr = NULL;
+    ndm__tensor ta = ndm__ew_tensor(a);
+    ndm__tensor tb = {ndm__ew_ptr(b), b->dtype, a->ndim, a->shape, b->strides};
+    if (!same_shape(a, b)) {
+        if (!ndm__ew_dims_get(&d, a->ndim, api, &site))
+            return NDM_E_OOM;
+        if ((st = broadcast_into(a, b, d.s1, api, &site)) < 0)
+            goto done;
+        tb.strides = d.s1;
+    } else if (a->storage == b->storage || !a->storage->block.cookie ||
+               !b->storage->block.cookie) {
+        /* the overlap check may rewrite the strides: give it a copy */
+        if (!ndm__ew_dims_get(&d, a->ndim, api, &site))
+            return NDM_E_OOM;
+        memcpy(d.s1, b->strides, sizeof(int64_t) * (size_t)a->ndim);
+        tb.strides = d.s1;
+    }
+    if ((st = ndm__ew_unalias(a, b, &tb, &scratch, api, &site)) < 0)
+        goto done;
+    st = ew->binary(index, op, ct, &ta, &ta, &tb);
+    if (st < 0)
+        kernel_failed(st, api, &site);
+done:
+    ndm__ew_scratch_free(&scratch);
+    ndm__ew_dims_put(&d);
+    return st < 0 ? st : NDM_OK;
+}
+
+
+static ndm_status binary_scalar_inplace(ndm__site site, const char *api, ndm__ew_binop op,
+                                        ndm_array ha, double s, bool swap)
+{
+    ndm__array *a = ndm__array_get_prop(ha, api, site);
+    if (!a)
+        return ndm__ew_lookup_failed(ha);
+    ndm_dtype ct, rt, via;
+    ndm_status st = scalar_types(op, a->dtype, s, &ct, &rt, &via, api, &site);
+    if (st < 0 || (st = storable(rt, a, binop_names[op], api, &site)) < 0 ||
+        (st = ndm__ew_check_writable(a, api, &site)) < 0)
+        return st;
+    int index;
+    const ndm__backend_ew *ew = ndm__ew_backend(a->storage->device, &index, api, &site);
+    if (!ew)
+        return ndm_last_status();
+    _Alignas(8) unsigned char value[8];
+    ndm__ew_scalar_value(s, via, ct, value);
+    ndm__tensor ta = ndm__ew_tensor(a);
+    st = ew->binary_scalar(index, op, ct, &ta, &ta, value, swap);
+    if (st < 0)
+        kernel_failed(st, api, &site);
+    return st < 0 ? st : NDM_OK;
+}
+
+/* ---- public entry points ------------------------------------------------- */
+
+#define NDM__EW_BINARY(name, OP)                                                \
+    NDM_API ndm_array ndm_##name##_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, \
+                                         ndm_array b)                           \
+    {                                                                           \
+        return binary(NDM__SITE, "ndm_" #name, out, OP, a, b);                      \
+    }
+#define NDM__EW_SCALAR(name, OP, SWAP)                                          \
+    NDM_API ndm_array ndm_##name##_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, \
+                                         double s)                              \
+    {                                                                           \
+        return binary_scalar(NDM__SITE, "ndm_" #name, out, OP, a, s, SWAP);         \
+    }
+#define NDM__EW_INPLACE(name, OP)                                               \
+    NDM_API ndm_status ndm_##name##_inplace_at(NDM_SITE_PARAMS, ndm_array a, ndm_array b) \
+    {                                                                           \
+        return binary_inplace(NDM__SITE, "ndm_" #name "_", OP, a, b);                   \
+    }
+#define NDM__EW_SCALAR_INPLACE(name, OP, SWAP)                                  \
+    NDM_API ndm_status ndm_##name##_inplace_at(NDM_SITE_PARAMS, ndm_array a, double s) \
+    {                                                                           \
+        return binary_scalar_inplace(NDM__SITE, "ndm_" #name "_", OP, a, s, SWAP);      \
+    }
+
+NDM__EW_BINARY(add, NDM__EW_ADD)
+NDM__EW_BINARY(sub, NDM__EW_SUB)
+NDM__EW_BINARY(mul, NDM__EW_MUL)
+NDM__EW_BINARY(div, NDM__EW_DIV)
+NDM__EW_BINARY(pow, NDM__EW_POW)
+NDM__EW_BINARY(maximum, NDM__EW_MAXIMUM)
+NDM__EW_BINARY(minimum, NDM__EW_MINIMUM)
+NDM__EW_BINARY(eq, NDM__EW_EQ)
+NDM__EW_BINARY(ne, NDM__EW_NE)
+NDM__EW_BINARY(lt, NDM__EW_LT)
+NDM__EW_BINARY(le, NDM__EW_LE)
+NDM__EW_BINARY(gt, NDM__EW_GT)
+NDM__EW_BINARY(ge, NDM__EW_GE)
+NDM__EW_BINARY(logical_and, NDM__EW_AND)
+NDM__EW_BINARY(logical_or, NDM__EW_OR)
+NDM__EW_BINARY(logical_xor, NDM__EW_XOR)
+
+NDM__EW_SCALAR(add_scalar, NDM__EW_ADD, false)
+NDM__EW_SCALAR(sub_scalar, NDM__EW_SUB, false)
+NDM__EW_SCALAR(rsub_scalar, NDM__EW_SUB, true)
+NDM__EW_SCALAR(mul_scalar, NDM__EW_MUL, false)
+NDM__EW_SCALAR(div_scalar, NDM__EW_DIV, false)
+NDM__EW_SCALAR(rdiv_scalar, NDM__EW_DIV, true)
+NDM__EW_SCALAR(pow_scalar, NDM__EW_POW, false)
+NDM__EW_SCALAR(rpow_scalar, NDM__EW_POW, true)
+NDM__EW_SCALAR(maximum_scalar, NDM__EW_MAXIMUM, false)
+NDM__EW_SCALAR(minimum_scalar, NDM__EW_MINIMUM, false)
+NDM__EW_SCALAR(eq_scalar, NDM__EW_EQ, false)
+NDM__EW_SCALAR(ne_scalar, NDM__EW_NE, false)
+NDM__EW_SCALAR(lt_scalar, NDM__EW_LT, false)
+NDM__EW_SCALAR(le_scalar, NDM__EW_LE, false)
+NDM__EW_SCALAR(gt_scalar, NDM__EW_GT, false)
+NDM__EW_SCALAR(ge_scalar, NDM__EW_GE, false)
+
+NDM__EW_INPLACE(add, NDM__EW_ADD)
+NDM__EW_INPLACE(sub, NDM__EW_SUB)
+NDM__EW_INPLACE(mul, NDM__EW_MUL)
+NDM__EW_INPLACE(div, NDM__EW_DIV)
+NDM__EW_INPLACE(pow, NDM__EW_POW)
+NDM__EW_INPLACE(maximum, NDM__EW_MAXIMUM)
+NDM__EW_INPLACE(minimum, NDM__EW_MINIMUM)
+
+NDM__EW_SCALAR_INPLACE(add_scalar, NDM__EW_ADD, false)
+NDM__EW_SCALAR_INPLACE(sub_scalar, NDM__EW_SUB, false)
+NDM__EW_SCALAR_INPLACE(rsub_scalar, NDM__EW_SUB, true)
+NDM__EW_SCALAR_INPLACE(mul_scalar, NDM__EW_MUL, false)
+NDM__EW_SCALAR_INPLACE(div_scalar, NDM__EW_DIV, false)
+NDM__EW_SCALAR_INPLACE(rdiv_scalar, NDM__EW_DIV, true)
+NDM__EW_SCALAR_INPLACE(pow_scalar, NDM__EW_POW, false)
+NDM__EW_SCALAR_INPLACE(maximum_scalar, NDM__EW_MAXIMUM, false)
+NDM__EW_SCALAR_INPLACE(minimum_scalar, NDM__EW_MINIMUM, false)
+
+/* ---- where --------------------------------------------------------------- */
+
+NDM_API ndm_array ndm_where_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array cond, ndm_array a,
+                                  ndm_array b)
+{
+    ndm__site site = NDM__SITE;
+    const char *api = "ndm_where";
+    ndm__array *c = ndm__array_get_prop(cond, api, site);
+    if (!c)
+        return NDM_NULL_ARRAY;
+    ndm__array *x = ndm__array_get_prop(a, api, site);
+    if (!x)
+        return NDM_NULL_ARRAY;
+    ndm__array *y = ndm__array_get_prop(b, api, site);
+    if (!y || ndm__ew_same_device(c, x, api, &site) < 0 ||
+        ndm__ew_same_device(c, y, api, &site) < 0)
+        return NDM_NULL_ARRAY;
+    ndm_dtype rt = ndm_result_type(x->dtype, y->dtype);
+    ndm_device dev = c->storage->device;
+    int index;
+    const ndm__backend_ew *ew = ndm__ew_backend(dev, &index, api, &site);
+    if (!ew)
+        return NDM_NULL_ARRAY;
+    ndm__array *in[3] = {c, x, y};
+    ndm__ew_dims d;
+    int nd;
+    ndm_array h = NDM_NULL_ARRAY;
+    if (!ndm__ew_dims_get(&d, ndm__max_ndim(3, in), api, &site))
+        return h;
+    if (ndm__broadcast_shape(3, in, d.shape, &nd, api, site) < 0)
+        goto done;
+    ndm__broadcast_strides(c, nd, d.shape, d.s0);
+    ndm__broadcast_strides(x, nd, d.shape, d.s1);
+    ndm__broadcast_strides(y, nd, d.shape, d.s2);
+    /* The output rule's first input is cond. */
+    ndm_manager m = ndm__output_manager(out, c, api, site);
+    ndm__array *o;
+    if (!m.id || !(h = ndm__array_new_on(site, api, m, dev, rt, nd, d.shape, &o)).id)
+        goto done;
+    ndm__tensor to = ndm__ew_tensor(o);
+    ndm__tensor tc = {ndm__ew_ptr(c), c->dtype, nd, d.shape, d.s0};
+    ndm__tensor tx = {ndm__ew_ptr(x), x->dtype, nd, d.shape, d.s1};
+    ndm__tensor ty = {ndm__ew_ptr(y), y->dtype, nd, d.shape, d.s2};
+    ndm_status st = ew->where(index, ndm__ew_compute(rt), &to, &tc, &tx, &ty);
+    if (st < 0) {
+        kernel_failed(st, api, &site);
+        ndm__discard(h);
+        h = NDM_NULL_ARRAY;
+    }
+done:
+    ndm__ew_dims_put(&d);
+    return h;
+}

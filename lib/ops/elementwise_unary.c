@@ -1,0 +1,161 @@
+/* Elementwise unary operations (arithmetic, rounding, float functions,
+ * activations, clamp, logical not) and their in-place forms. */
+#include <string.h>
+
+#include "elementwise.h"
+
+static const char *const unop_names[NDM__EW_UNOP_COUNT] = {
+    "neg",  "abs",  "sign",  "relu", "floor", "ceil",    "round", "clamp",     "exp",
+    "log",  "log1p", "expm1", "sqrt", "rsqrt", "sin",    "cos",   "tanh",      "sigmoid",
+    "gelu", "gelu_tanh", "silu", "logical_not",
+};
+
+/* The computation and result dtypes of a unary op on dtype a; clamp's
+ * bounds decide with the weak-scalar rules (ndm_clamp in the header). */
+static ndm_status unop_types(ndm__ew_unop op, ndm_dtype a, const double *bounds, ndm_dtype *ct,
+                             ndm_dtype *rt, const char *api, const ndm__site *site)
+{
+    ndm_dtype t = a;
+    if (op == NDM__EW_NEG && a == NDM_BOOL)
+        return ndm__fail(NDM_E_DTYPE, api, *site,
+                         "neg of a bool array is not defined (use ndm_logical_not)");
+    if (ndm__ew_unop_is_float(op) && !ndm_dtype_is_float(a))
+        t = NDM_F32;
+    if (op == NDM__EW_CLAMP && !ndm_dtype_is_float(a)) {
+        for (int i = 0; i < 2; i++)
+            if (!ndm__ew_integral(bounds[i]) && !isinf(bounds[i]))
+                t = NDM_F32;
+    }
+    if (op == NDM__EW_NOT)
+        t = NDM_BOOL;
+    *rt = t;
+    *ct = ndm__ew_compute(t);
+    return NDM_OK;
+}
+
+static void kernel_failed(ndm_status st, const char *api, const ndm__site *site)
+{
+    ndm__fail(st, api, *site, "elementwise kernel failed: %s", ndm_status_str(st));
+}
+
+/* clamp's bounds as two values of the computation dtype. */
+static void bounds_value(const double *bounds, ndm_dtype a, ndm_dtype ct, unsigned char *buf)
+{
+    size_t es = ndm__ew_esize(ct);
+    ndm_dtype via = ndm_dtype_is_float(a) ? a : ct;
+    for (int i = 0; i < 2; i++) {
+        /* Bounds saturate into the range of an integer dtype; bool's is [0, 1]. */
+        double b = ct == NDM_BOOL ? (bounds[i] <= 0 ? 0.0 : 1.0) : bounds[i];
+        ndm__ew_scalar_value(b, via, ct, buf + (size_t)i * es);
+    }
+}
+
+static ndm_array unary(ndm__site site, const char *api, ndm_manager out, ndm__ew_unop op,
+                       ndm_array ha, const double *bounds)
+{
+    ndm__array *a = ndm__array_get_prop(ha, api, site);
+    if (!a)
+        return NDM_NULL_ARRAY;
+    ndm_dtype ct, rt;
+    if (unop_types(op, a->dtype, bounds, &ct, &rt, api, &site) < 0)
+        return NDM_NULL_ARRAY;
+    ndm_device dev = a->storage->device;
+    int index;
+    const ndm__backend_ew *ew = ndm__ew_backend(dev, &index, api, &site);
+    if (!ew)
+        return NDM_NULL_ARRAY;
+    ndm_manager m = ndm__output_manager(out, a, api, site);
+    ndm__array *o;
+    ndm_array h;
+    if (!m.id || !(h = ndm__array_new_on(site, api, m, dev, rt, a->ndim, a->shape, &o)).id)
+        return NDM_NULL_ARRAY;
+    _Alignas(8) unsigned char params[16];
+    if (bounds)
+        bounds_value(bounds, a->dtype, ct, params);
+    ndm__tensor to = ndm__ew_tensor(o), ta = ndm__ew_tensor(a);
+    ndm_status st = ew->unary(index, op, ct, &to, &ta, bounds ? params : NULL);
+    if (st < 0) {
+        kernel_failed(st, api, &site);
+        ndm__discard(h);
+        return NDM_NULL_ARRAY;
+    }
+    return h;
+}
+
+static ndm_status unary_inplace(ndm__site site, const char *api, ndm__ew_unop op, ndm_array ha,
+                                const double *bounds)
+{
+    ndm__array *a = ndm__array_get_prop(ha, api, site);
+    if (!a)
+        return ndm__ew_lookup_failed(ha);
+    ndm_dtype ct, rt;
+    ndm_status st = unop_types(op, a->dtype, bounds, &ct, &rt, api, &site);
+    if (st < 0)
+        return st;
+    if (ndm__ew_kind(rt) > ndm__ew_kind(a->dtype)) {
+        char desc[160];
+        return ndm__fail(NDM_E_DTYPE, api, site,
+                         "the result of %s is %s, which cannot be written into %s in place "
+                         "(cast with ndm_astype or use the form that returns a new array)",
+                         unop_names[op], ndm_dtype_name(rt), ndm__array_desc(a, desc, sizeof desc));
+    }
+    if ((st = ndm__ew_check_writable(a, api, &site)) < 0)
+        return st;
+    int index;
+    const ndm__backend_ew *ew = ndm__ew_backend(a->storage->device, &index, api, &site);
+    if (!ew)
+        return ndm_last_status();
+    _Alignas(8) unsigned char params[16];
+    if (bounds)
+        bounds_value(bounds, a->dtype, ct, params);
+    ndm__tensor ta = ndm__ew_tensor(a);
+    st = ew->unary(index, op, ct, &ta, &ta, bounds ? params : NULL);
+    if (st < 0)
+        kernel_failed(st, api, &site);
+    return st < 0 ? st : NDM_OK;
+}
+
+#define NDM__EW_UNARY(name, OP)                                                 \
+    NDM_API ndm_array ndm_##name##_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a) \
+    {                                                                           \
+        return unary(NDM__SITE, "ndm_" #name, out, OP, a, NULL);                    \
+    }                                                                           \
+    NDM_API ndm_status ndm_##name##_inplace_at(NDM_SITE_PARAMS, ndm_array a)    \
+    {                                                                           \
+        return unary_inplace(NDM__SITE, "ndm_" #name "_", OP, a, NULL);                 \
+    }
+
+NDM__EW_UNARY(neg, NDM__EW_NEG)
+NDM__EW_UNARY(abs, NDM__EW_ABS)
+NDM__EW_UNARY(sign, NDM__EW_SIGN)
+NDM__EW_UNARY(relu, NDM__EW_RELU)
+NDM__EW_UNARY(floor, NDM__EW_FLOOR)
+NDM__EW_UNARY(ceil, NDM__EW_CEIL)
+NDM__EW_UNARY(round, NDM__EW_ROUND)
+NDM__EW_UNARY(exp, NDM__EW_EXP)
+NDM__EW_UNARY(log, NDM__EW_LOG)
+NDM__EW_UNARY(log1p, NDM__EW_LOG1P)
+NDM__EW_UNARY(expm1, NDM__EW_EXPM1)
+NDM__EW_UNARY(sqrt, NDM__EW_SQRT)
+NDM__EW_UNARY(rsqrt, NDM__EW_RSQRT)
+NDM__EW_UNARY(sin, NDM__EW_SIN)
+NDM__EW_UNARY(cos, NDM__EW_COS)
+NDM__EW_UNARY(tanh, NDM__EW_TANH)
+NDM__EW_UNARY(sigmoid, NDM__EW_SIGMOID)
+NDM__EW_UNARY(gelu, NDM__EW_GELU)
+NDM__EW_UNARY(gelu_tanh, NDM__EW_GELU_TANH)
+NDM__EW_UNARY(silu, NDM__EW_SILU)
+NDM__EW_UNARY(logical_not, NDM__EW_NOT)
+
+NDM_API ndm_array ndm_clamp_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, double lo,
+                                  double hi)
+{
+    double bounds[2] = {lo, hi};
+    return unary(NDM__SITE, "ndm_clamp", out, NDM__EW_CLAMP, a, bounds);
+}
+
+NDM_API ndm_status ndm_clamp_inplace_at(NDM_SITE_PARAMS, ndm_array a, double lo, double hi)
+{
+    double bounds[2] = {lo, hi};
+    return unary_inplace(NDM__SITE, "ndm_clamp_", NDM__EW_CLAMP, a, bounds);
+}
