@@ -25,5 +25,7 @@
 #include "conv.h"
 #include "random.h"
 #include "memory.h"
+#include "io.h"
+#include "data.h"
 
 #endif
