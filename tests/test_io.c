@@ -462,6 +462,7 @@ static const bad_case st_bad[] = {
     {"{\"a\":" T("F32", "[99999999999999999999]", "[0,4]") "}", 4, NDM_E_OVERFLOW, "does not fit in 63 bits", NULL, 0},
     {"{\"a\":" T("U8", "[4294967296,4294967296,4294967296]", "[0,4]") "}", 4, NDM_E_OVERFLOW, "element count overflows at axis 1", NULL, 0},
     {"{\"a\":" T("F64", "[2305843009213693952]", "[0,4]") "}", 4, NDM_E_OVERFLOW, "overflow the byte count", NULL, 0},
+    {"{\"a\":" T("F32", "[0,4611686018427387904,4]", "[0,0]") "}", 0, NDM_E_OVERFLOW, "tensor 'a': the strides overflow at axis 1", NULL, 0},
     {"{\"a\":" T("U8", "[1099511627776]", "[0,1099511627776]") "}", 4, NDM_E_FORMAT, "beyond the data buffer of 4 bytes", NULL, 0},
     {"{\"a\":" T("F32", "[1]", "[4,0]") "}", 4, NDM_E_FORMAT, "the end is before the beginning", NULL, 0},
     {"{\"a\":" T("F32", "[1]", "[0,8]") "}", 4, NDM_E_FORMAT, "beyond the data buffer", NULL, 0},
@@ -760,6 +761,9 @@ static void test_npy_rejects_malformed_files(void **state)
          0, NDM_E_OVERFLOW, "overflows"},
         {1, "{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,), }", 0,
          NDM_E_OVERFLOW, "does not fit in 63 bits"},
+        /* Found by fuzz_npy: an empty array whose strides overflow. */
+        {1, "{'descr': '>f2', 'fortran_order': True, 'shape': (2, 2, 2,111111111111111111, 2, 1,1,2,1, 2, 1,1, 0, 2, ), }",
+         0, NDM_E_OVERFLOW, "the strides of an empty array overflow at axis 9"},
         {1, "{'descr': '<f4', 'fortran_order': False, 'shape': (-1,), }", 0, NDM_E_FORMAT,
          "expected a size"},
         {1, "{'descr': '<c16', 'fortran_order': False, 'shape': (1,), }", 16, NDM_E_DTYPE,
@@ -923,7 +927,7 @@ static void test_idx_rejects_malformed_files(void **state)
         fuzz_seed s;
         ndm_status want;
         const char *msg;
-    } cases[16];
+    } cases[20];
     size_t n = 0;
 #define CASE(seed, st, text) (cases[n].s = (seed), cases[n].want = (st), cases[n++].msg = (text))
     CASE(seed_cat("\1\0\x08\1", 4, "\0\0\0\1x", 5), NDM_E_FORMAT, "not an IDX file");
@@ -937,6 +941,8 @@ static void test_idx_rejects_malformed_files(void **state)
          "unexpected bytes after its data");
     CASE(seed_idx(0x08, 3, (const uint32_t[]){0xffffffffu, 0xffffffffu, 0xffffffffu}, NULL, 0),
          NDM_E_OVERFLOW, "element count overflows");
+    CASE(seed_idx(0x08, 4, (const uint32_t[]){0, 0xffffffffu, 0xffffffffu, 0xffffffffu}, NULL, 0),
+         NDM_E_OVERFLOW, "the strides of an empty array overflow at axis 2");
     CASE(seed_idx(0x0E, 2, (const uint32_t[]){65536, 65536}, "x", 1), NDM_E_FORMAT,
          "holds at most 1 bytes");
     CASE(seed_gzip(seed_idx(0x08, 2, (const uint32_t[]){65536, 65536}, "x", 1)), NDM_E_FORMAT,

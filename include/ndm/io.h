@@ -153,8 +153,9 @@ typedef struct ndm_csv_options {
  *  integral value ("3.0"); bool takes 0, 1, true and false. A row with a
  *  different number of fields, text that is not a number, or a value out of
  *  the dtype's range is NDM_E_FORMAT, naming the line and column. No rows
- *  give shape [0, columns of the header] (or [0, 0]). The options come
- *  last, so a compound literal can be passed:
+ *  give shape [0, columns of the header] (or [0, 0]). A gzip file is
+ *  decoded; the text is held in memory while it is parsed. The options
+ *  come last, so a compound literal can be passed:
  *      ndm_csv_load(m, "x.csv", NDM_F32, &(ndm_csv_options){.header = true}) */
 #define ndm_csv_load(m, path, dtype, ...) ndm_csv_load_at(NDM_HERE, (m), (path), (dtype), __VA_ARGS__)
 NDM_API ndm_array ndm_csv_load_at(NDM_SITE_PARAMS, ndm_manager m, const char *path,

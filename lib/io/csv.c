@@ -314,6 +314,8 @@ NDM_API ndm_array ndm_csv_load_buffer_at(NDM_SITE_PARAMS, ndm_manager m, const c
         return NDM_NULL_ARRAY;
     }
     csv c = csv_of(opts, dtype, "<buffer>", __func__, site);
+    if (!text)
+        text = ""; /* no arithmetic on a null pointer, even by 0 */
     c.text = text;
     c.end = text + len;
     return parse(&c, m);

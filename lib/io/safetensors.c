@@ -269,13 +269,23 @@ static ndm_status validate(parse_ctx *c, uint64_t data_len, size_t **order)
     for (size_t i = 0; i < h->n; i++) {
         entry *e = &h->e[i];
         const char *name = h->pool + e->name;
-        uint64_t numel = 1;
-        for (int d = 0; d < e->ndim; d++)
-            if (__builtin_mul_overflow(numel, (uint64_t)h->dims[e->dims + d], &numel) ||
-                numel > (uint64_t)INT64_MAX)
+        uint64_t numel = 1, span = 1, isz = ndm_dtype_size(e->dtype);
+        int span_axis = -1;
+        for (int d = 0; d < e->ndim; d++) {
+            uint64_t dim = (uint64_t)h->dims[e->dims + d];
+            if (__builtin_mul_overflow(numel, dim, &numel) || numel > (uint64_t)INT64_MAX)
                 return ndm__fail(NDM_E_OVERFLOW, c->api, c->where,
                                  "'%s': tensor '%s': the element count overflows at axis %d",
                                  c->src, name, d);
+            if (dim && span_axis < 0 &&
+                (__builtin_mul_overflow(span, dim, &span) || span > (uint64_t)INT64_MAX / isz))
+                span_axis = d;
+        }
+        /* An empty tensor's strides multiply its other sizes: they must fit. */
+        if (numel == 0 && span_axis >= 0)
+            return ndm__fail(NDM_E_OVERFLOW, c->api, c->where,
+                             "'%s': tensor '%s': the strides overflow at axis %d", c->src, name,
+                             span_axis);
         uint64_t nbytes;
         if (__builtin_mul_overflow(numel, (uint64_t)ndm_dtype_size(e->dtype), &nbytes) ||
             nbytes > (uint64_t)INT64_MAX)
