@@ -113,6 +113,14 @@ static int next_field(const csv *c, const char **p, const char *e, const char **
 
 static ndm_status count_fields(const csv *c, const line *l, int64_t *n)
 {
+    /* Without quotes a line has one more field than delimiters. */
+    if (!memchr(l->p, '"', (size_t)(l->e - l->p))) {
+        int64_t k = 1;
+        for (const char *p = l->p; p < l->e; p++)
+            k += *p == c->delim;
+        *n = k;
+        return NDM_OK;
+    }
     const char *p = l->p, *fs, *fe;
     int64_t k = 0;
     int more;
@@ -129,30 +137,53 @@ static ndm_status count_fields(const csv *c, const line *l, int64_t *n)
 }
 
 static ndm_status bad_value(const csv *c, const line *l, int64_t col, const char *text,
-                            const char *why)
+                            size_t len, const char *why)
 {
     return ndm__fail(NDM_E_FORMAT, c->api, c->where,
-                     "'%s': line %" PRId64 ", column %" PRId64 ": '%.40s' %s", c->name, l->no,
-                     col, text, why);
+                     "'%s': line %" PRId64 ", column %" PRId64 ": '%.*s' %s", c->name, l->no,
+                     col, (int)(len < 40 ? len : 40), text, why);
+}
+
+/* Can `ch` end a number for strtod and strtoll? Then a field followed by
+ * it is parsed in place, without a copy. */
+static bool stops_numbers(char ch)
+{
+    unsigned char u = (unsigned char)ch;
+    return !((u >= '0' && u <= '9') || ((u | 32) >= 'a' && (u | 32) <= 'z') || u == '.' ||
+             u == '+' || u == '-' || u == '(' || u == '_' || u >= 0x80);
+}
+
+static bool is_word(const char *s, size_t n, const char *w)
+{
+    return strlen(w) == n && !memcmp(s, w, n);
 }
 
 /* Parse one field into *out (an element of c->dtype). */
 static ndm_status parse_value(const csv *c, const line *l, int64_t col, const char *fs,
                               const char *fe, void *out)
 {
-    char buf[128];
+    char small[128], *heap = NULL;
+    const char *num = fs;
     size_t n = (size_t)(fe - fs);
-    if (n >= sizeof buf)
-        return bad_value(c, l, col, fs, "is too long for a number");
-    memcpy(buf, fs, n);
-    buf[n] = '\0';
+    ndm_status st = NDM_OK;
+    if (fe >= c->end || !stops_numbers(*fe)) {
+        /* strtod needs a terminator it will not read past: copy the field. */
+        char *buf = n < sizeof small ? small : (heap = malloc(n + 1));
+        if (!buf)
+            return ndm__fail(NDM_E_OOM, c->api, c->where, "no memory for a field");
+        memcpy(buf, fs, n);
+        buf[n] = '\0';
+        num = buf;
+    }
     char *end;
     if (ndm_dtype_is_float(c->dtype)) {
         double v = NAN;
         if (n) {
-            v = to_double(buf, &end);
-            if (end != buf + n)
-                return bad_value(c, l, col, buf, "is not a number");
+            v = to_double(num, &end);
+            if (end != num + n) {
+                st = bad_value(c, l, col, fs, n, "is not a number");
+                goto done;
+            }
         }
         switch (c->dtype) {
         case NDM_F64: *(double *)out = v; break;
@@ -160,52 +191,61 @@ static ndm_status parse_value(const csv *c, const line *l, int64_t col, const ch
         case NDM_F16: *(uint16_t *)out = ndm_f32_to_f16((float)v); break;
         default: *(uint16_t *)out = ndm_f32_to_bf16((float)v); break;
         }
-        return NDM_OK;
+        goto done;
     }
-    if (!n)
-        return bad_value(c, l, col, buf, "is empty; only float dtypes take missing values");
+    if (!n) {
+        st = bad_value(c, l, col, fs, n, "is empty; only float dtypes take missing values");
+        goto done;
+    }
     int64_t lo = c->dtype == NDM_I64 ? INT64_MIN : c->dtype == NDM_I32 ? INT32_MIN : 0;
     int64_t hi = c->dtype == NDM_I64   ? INT64_MAX
                  : c->dtype == NDM_I32 ? INT32_MAX
                  : c->dtype == NDM_U8  ? 255
                                        : 1;
     int64_t v;
-    if (c->dtype == NDM_BOOL && (!strcmp(buf, "true") || !strcmp(buf, "True") ||
-                                 !strcmp(buf, "TRUE"))) {
+    if (c->dtype == NDM_BOOL &&
+        (is_word(num, n, "true") || is_word(num, n, "True") || is_word(num, n, "TRUE"))) {
         v = 1;
-    } else if (c->dtype == NDM_BOOL && (!strcmp(buf, "false") || !strcmp(buf, "False") ||
-                                        !strcmp(buf, "FALSE"))) {
+    } else if (c->dtype == NDM_BOOL && (is_word(num, n, "false") || is_word(num, n, "False") ||
+                                        is_word(num, n, "FALSE"))) {
         v = 0;
     } else {
         errno = 0;
-        long long x = strtoll(buf, &end, 10);
-        if (end == buf + n && errno == ERANGE)
-            return bad_value(c, l, col, buf, "is out of range");
-        if (end == buf + n) {
+        long long x = strtoll(num, &end, 10);
+        if (end == num + n && errno == ERANGE) {
+            st = bad_value(c, l, col, fs, n, "is out of range");
+            goto done;
+        }
+        if (end == num + n) {
             v = x;
         } else {
             /* "3.0" or "1e3": a decimal with an integral value. */
-            double d = to_double(buf, &end);
-            if (end != buf + n)
-                return bad_value(c, l, col, buf, "is not a number");
-            if (d != floor(d) || !isfinite(d))
-                return bad_value(c, l, col, buf, "is not an integer");
-            if (d < -9223372036854775808.0 || d >= 9223372036854775808.0)
-                return bad_value(c, l, col, buf, "is out of range");
+            double d = to_double(num, &end);
+            if (end != num + n)
+                st = bad_value(c, l, col, fs, n, "is not a number");
+            else if (d != floor(d) || !isfinite(d))
+                st = bad_value(c, l, col, fs, n, "is not an integer");
+            else if (d < -9223372036854775808.0 || d >= 9223372036854775808.0)
+                st = bad_value(c, l, col, fs, n, "is out of range");
+            if (st < 0)
+                goto done;
             v = (int64_t)d;
         }
     }
     if (v < lo || v > hi) {
         char why[64];
         snprintf(why, sizeof why, "does not fit in %s", ndm_dtype_short(c->dtype));
-        return bad_value(c, l, col, buf, why);
+        st = bad_value(c, l, col, fs, n, why);
+        goto done;
     }
     switch (c->dtype) {
     case NDM_I64: *(int64_t *)out = v; break;
     case NDM_I32: *(int32_t *)out = (int32_t)v; break;
     default: *(uint8_t *)out = (uint8_t)v; break;
     }
-    return NDM_OK;
+done:
+    free(heap);
+    return st;
 }
 
 static ndm_array parse(csv *c, ndm_manager m)
