@@ -442,7 +442,13 @@ static fuzz_seed st_case(const bad_case *c)
     return s;
 }
 
-#define T(dtype, shape, offs) "{\"dtype\":\"" dtype "\",\"shape\":" shape ",\"data_offsets\":" offs "}"
+#define T(dtype, shape, offs)                                                   \
+    "{\"dtype\":\"" dtype "\",\"shape\":" shape ",\"data_offsets\":" offs "}"
+/* 80 nested lists, past the parser's depth limit. */
+#define DEEP8 "[[[[[[[["
+#define DEEP                                                                    \
+    DEEP8 DEEP8 DEEP8 DEEP8 DEEP8 DEEP8 DEEP8 DEEP8 DEEP8 DEEP8                 \
+    "]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]"
 
 static const bad_case st_bad[] = {
     {NULL, 0, NDM_E_FORMAT, "too short for the 8-byte header length", "\x10\0\0", 3},
@@ -453,28 +459,45 @@ static const bad_case st_bad[] = {
     {"{\"a\":", 0, NDM_E_FORMAT, "a tensor entry must be an object", NULL, 0},
     {"{\"a\":{}}", 0, NDM_E_FORMAT, "tensor 'a' lacks 'dtype'", NULL, 0},
     {"{\"a\":{\"dtype\":\"F32\",\"shape\":[]}}", 4, NDM_E_FORMAT, "lacks 'data_offsets'", NULL, 0},
-    {"{\"a\":" T("I16", "[2]", "[0,4]") "}", 4, NDM_E_DTYPE, "dtype 'I16', which ndm does not support", NULL, 0},
+    {"{\"a\":" T("I16", "[2]", "[0,4]") "}",
+     4, NDM_E_DTYPE, "dtype 'I16', which ndm does not support", NULL, 0},
     {"{\"a\":" T("F8_E4M3", "[2]", "[0,2]") "}", 2, NDM_E_DTYPE, "'F8_E4M3'", NULL, 0},
     {"{\"a\":" T("f32", "[2]", "[0,8]") "}", 8, NDM_E_DTYPE, "'f32'", NULL, 0},
-    {"{\"a\":" T("F32", "[-1]", "[0,4]") "}", 4, NDM_E_FORMAT, "expected a non-negative integer", NULL, 0},
+    {"{\"a\":" T("F32", "[-1]", "[0,4]") "}",
+     4, NDM_E_FORMAT, "expected a non-negative integer", NULL, 0},
     {"{\"a\":" T("F32", "[1.5]", "[0,4]") "}", 4, NDM_E_FORMAT, "not a fraction", NULL, 0},
     {"{\"a\":" T("F32", "[01]", "[0,4]") "}", 4, NDM_E_FORMAT, "leading zero", NULL, 0},
-    {"{\"a\":" T("F32", "[99999999999999999999]", "[0,4]") "}", 4, NDM_E_OVERFLOW, "does not fit in 63 bits", NULL, 0},
-    {"{\"a\":" T("U8", "[4294967296,4294967296,4294967296]", "[0,4]") "}", 4, NDM_E_OVERFLOW, "element count overflows at axis 1", NULL, 0},
-    {"{\"a\":" T("F64", "[2305843009213693952]", "[0,4]") "}", 4, NDM_E_OVERFLOW, "overflow the byte count", NULL, 0},
-    {"{\"a\":" T("F32", "[0,4611686018427387904,4]", "[0,0]") "}", 0, NDM_E_OVERFLOW, "tensor 'a': the strides overflow at axis 1", NULL, 0},
-    {"{\"a\":" T("U8", "[1099511627776]", "[0,1099511627776]") "}", 4, NDM_E_FORMAT, "beyond the data buffer of 4 bytes", NULL, 0},
-    {"{\"a\":" T("F32", "[1]", "[4,0]") "}", 4, NDM_E_FORMAT, "the end is before the beginning", NULL, 0},
+    {"{\"a\":" T("F32", "[99999999999999999999]", "[0,4]") "}",
+     4, NDM_E_OVERFLOW, "does not fit in 63 bits", NULL, 0},
+    {"{\"a\":" T("U8", "[4294967296,4294967296,4294967296]", "[0,4]") "}",
+     4, NDM_E_OVERFLOW, "element count overflows at axis 1", NULL, 0},
+    {"{\"a\":" T("F64", "[2305843009213693952]", "[0,4]") "}",
+     4, NDM_E_OVERFLOW, "overflow the byte count", NULL, 0},
+    {"{\"a\":" T("F32", "[0,4611686018427387904,4]", "[0,0]") "}",
+     0, NDM_E_OVERFLOW, "tensor 'a': the strides overflow at axis 1", NULL, 0},
+    {"{\"a\":" T("U8", "[1099511627776]", "[0,1099511627776]") "}",
+     4, NDM_E_FORMAT, "beyond the data buffer of 4 bytes", NULL, 0},
+    {"{\"a\":" T("F32", "[1]", "[4,0]") "}",
+     4, NDM_E_FORMAT, "the end is before the beginning", NULL, 0},
     {"{\"a\":" T("F32", "[1]", "[0,8]") "}", 4, NDM_E_FORMAT, "beyond the data buffer", NULL, 0},
-    {"{\"a\":" T("F32", "[2]", "[0,4]") "}", 4, NDM_E_FORMAT, "is f32[2] (8 bytes) but its data_offsets [0, 4] span 4 bytes", NULL, 0},
-    {"{\"a\":" T("F32", "[2]", "[0,8]") ",\"b\":" T("F32", "[1]", "[4,8]") "}", 8, NDM_E_FORMAT, "overlap", NULL, 0},
-    {"{\"a\":" T("F32", "[1]", "[0,4]") ",\"b\":" T("F32", "[1]", "[8,12]") "}", 12, NDM_E_FORMAT, "bytes [4, 8) of the data buffer belong to no tensor", NULL, 0},
-    {"{\"a\":" T("F32", "[1]", "[0,4]") "}", 8, NDM_E_FORMAT, "the tensors cover 4 bytes but the data buffer has 8", NULL, 0},
-    {"{\"a\":" T("F32", "[1]", "[0,4]") ",\"a\":" T("F32", "[1]", "[4,8]") "}", 8, NDM_E_FORMAT, "tensor 'a' appears twice", NULL, 0},
-    {"{\"__metadata__\":{\"k\":\"1\",\"k\":\"2\"}}", 0, NDM_E_FORMAT, "metadata key 'k' appears twice", NULL, 0},
-    {"{\"__metadata__\":{\"k\":1}}", 0, NDM_E_FORMAT, "the __metadata__ value of 'k' is not a string", NULL, 0},
-    {"{\"__metadata__\":{},\"__metadata__\":{}}", 0, NDM_E_FORMAT, "__metadata__ appears twice", NULL, 0},
-    {"{\"__metadata__\":[1]}", 0, NDM_E_FORMAT, "__metadata__ must be an object of strings", NULL, 0},
+    {"{\"a\":" T("F32", "[2]", "[0,4]") "}",
+     4, NDM_E_FORMAT, "is f32[2] (8 bytes) but its data_offsets [0, 4] span 4 bytes", NULL, 0},
+    {"{\"a\":" T("F32", "[2]", "[0,8]") ",\"b\":" T("F32", "[1]", "[4,8]") "}",
+     8, NDM_E_FORMAT, "overlap", NULL, 0},
+    {"{\"a\":" T("F32", "[1]", "[0,4]") ",\"b\":" T("F32", "[1]", "[8,12]") "}",
+     12, NDM_E_FORMAT, "bytes [4, 8) of the data buffer belong to no tensor", NULL, 0},
+    {"{\"a\":" T("F32", "[1]", "[0,4]") "}",
+     8, NDM_E_FORMAT, "the tensors cover 4 bytes but the data buffer has 8", NULL, 0},
+    {"{\"a\":" T("F32", "[1]", "[0,4]") ",\"a\":" T("F32", "[1]", "[4,8]") "}",
+     8, NDM_E_FORMAT, "tensor 'a' appears twice", NULL, 0},
+    {"{\"__metadata__\":{\"k\":\"1\",\"k\":\"2\"}}",
+     0, NDM_E_FORMAT, "metadata key 'k' appears twice", NULL, 0},
+    {"{\"__metadata__\":{\"k\":1}}",
+     0, NDM_E_FORMAT, "the __metadata__ value of 'k' is not a string", NULL, 0},
+    {"{\"__metadata__\":{},\"__metadata__\":{}}",
+     0, NDM_E_FORMAT, "__metadata__ appears twice", NULL, 0},
+    {"{\"__metadata__\":[1]}",
+     0, NDM_E_FORMAT, "__metadata__ must be an object of strings", NULL, 0},
     {"{} x", 0, NDM_E_FORMAT, "text after the object", NULL, 0},
     {"{\"a\xff\":1}", 0, NDM_E_FORMAT, "not UTF-8", NULL, 0},
     {"{\"a\xc0\x80\":1}", 0, NDM_E_FORMAT, "not UTF-8", NULL, 0},
@@ -483,9 +506,11 @@ static const bad_case st_bad[] = {
     {"{\"a\\u0000\":1}", 0, NDM_E_FORMAT, "U+0000", NULL, 0},
     {"{\"a\tb\":1}", 0, NDM_E_FORMAT, "control character", NULL, 0},
     {"{\"a\\q\":1}", 0, NDM_E_FORMAT, "bad escape", NULL, 0},
-    {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4,8]}}", 4, NDM_E_FORMAT, "data_offsets must have two entries", NULL, 0},
-    {"{\"a\":{\"dtype\":\"F32\",\"dtype\":\"F32\"}}", 0, NDM_E_FORMAT, "has 'dtype' twice", NULL, 0},
-    {"{\"a\":{\"x\":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}}", 0, NDM_E_FORMAT, "nested too deeply", NULL, 0},
+    {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4,8]}}",
+     4, NDM_E_FORMAT, "data_offsets must have two entries", NULL, 0},
+    {"{\"a\":{\"dtype\":\"F32\",\"dtype\":\"F32\"}}",
+     0, NDM_E_FORMAT, "has 'dtype' twice", NULL, 0},
+    {"{\"a\":{\"x\":" DEEP "}}", 0, NDM_E_FORMAT, "nested too deeply", NULL, 0},
     {"{\"a\":{\"x\":tru}}", 0, NDM_E_FORMAT, "unexpected value", NULL, 0},
     {"{\"a\":{\"x\":1e}}", 0, NDM_E_FORMAT, "bad number", NULL, 0},
     {"{\"a\" 1}", 0, NDM_E_FORMAT, "expected ':'", NULL, 0},
@@ -757,12 +782,16 @@ static void test_npy_rejects_malformed_files(void **state)
          "only 20 remain"},
         {1, "{'descr': '<f4', 'fortran_order': False, 'shape': (1099511627776,), }", 0,
          NDM_E_FORMAT, "is truncated: its header describes 4398046511104 bytes"},
-        {1, "{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296, 4294967296), }",
+        {1,
+         "{'descr': '<f4', 'fortran_order': False, "
+         "'shape': (4294967296, 4294967296, 4294967296), }",
          0, NDM_E_OVERFLOW, "overflows"},
         {1, "{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,), }", 0,
          NDM_E_OVERFLOW, "does not fit in 63 bits"},
         /* Found by fuzz_npy: an empty array whose strides overflow. */
-        {1, "{'descr': '>f2', 'fortran_order': True, 'shape': (2, 2, 2,111111111111111111, 2, 1,1,2,1, 2, 1,1, 0, 2, ), }",
+        {1,
+         "{'descr': '>f2', 'fortran_order': True, "
+         "'shape': (2, 2, 2,111111111111111111, 2, 1,1,2,1, 2, 1,1, 0, 2, ), }",
          0, NDM_E_OVERFLOW, "the strides of an empty array overflow at axis 9"},
         {1, "{'descr': '<f4', 'fortran_order': False, 'shape': (-1,), }", 0, NDM_E_FORMAT,
          "expected a size"},
@@ -803,7 +832,8 @@ static void test_npy_rejects_malformed_files(void **state)
         for (int via_file = 0; via_file < 2; via_file++) {
             ndm_clear_error();
             ndm_array a = via_file ? ndm_npy_load(m, path) : ndm_npy_load_buffer(m, s.p, s.n);
-            if (a.id || ndm_last_status() != cases[i].want || !strstr(ndm_last_error(), cases[i].msg))
+            if (a.id || ndm_last_status() != cases[i].want ||
+                !strstr(ndm_last_error(), cases[i].msg))
                 fail_msg("case %zu: got %s \"%s\", want %s \"%s\"", i,
                          ndm_status_name(ndm_last_status()), ndm_last_error(),
                          ndm_status_name(cases[i].want), cases[i].msg);
@@ -1055,7 +1085,8 @@ static void test_csv_reads_numbers_into_2d_arrays(void **state)
     assert_live(e0);
     assert_int_equal(ndm_array_dim(e0, 0), 0);
     assert_int_equal(ndm_array_dim(e0, 1), 0);
-    ndm_array e1 = ndm_csv_load_buffer(m, "a,b,c\n", 6, NDM_F32, &(ndm_csv_options){.header = true});
+    ndm_array e1 =
+        ndm_csv_load_buffer(m, "a,b,c\n", 6, NDM_F32, &(ndm_csv_options){.header = true});
     assert_live(e1);
     assert_int_equal(ndm_array_dim(e1, 1), 3);
     release(e0);
@@ -1278,7 +1309,8 @@ static size_t mutate(uint8_t *p, size_t n, size_t cap, uint64_t *r)
                                                 0x10000, 255, 1000000};
                 uint32_t v = vals[(x >> 8) % 8];
                 for (int i = 0; i < 4; i++)
-                    p[at + (size_t)i] = (uint8_t)(x & (1u << 20) ? v >> (24 - 8 * i) : v >> (8 * i));
+                    p[at + (size_t)i] =
+                        (uint8_t)(x & (1u << 20) ? v >> (24 - 8 * i) : v >> (8 * i));
             }
             break;
         }
@@ -1292,10 +1324,14 @@ static void run_corpus(const char *format, fuzz_entry entry, const fuzz_seed *ex
     fuzz_seed seeds[16];
     size_t k = fuzz_seeds(format, seeds, 16);
     assert_true(k > 0);
-    for (size_t i = 0; i < nextra; i++)
-        entry(extra[i].p, extra[i].n);
-    for (size_t i = 0; i < k; i++)
-        entry(seeds[i].p, seeds[i].n);
+    /* Each input in an exact-size heap copy, so a read past its end is caught. */
+    for (size_t i = 0; i < nextra + k; i++) {
+        const fuzz_seed *s = i < nextra ? &extra[i] : &seeds[i - nextra];
+        uint8_t *exact = malloc(s->n ? s->n : 1);
+        memcpy(exact, s->p, s->n);
+        entry(exact, s->n);
+        free(exact);
+    }
     uint64_t r = 0x5eed0000 + (uint64_t)strlen(format);
     uint8_t *buf = malloc(4096);
     assert_non_null(buf);
@@ -1305,7 +1341,6 @@ static void run_corpus(const char *format, fuzz_entry entry, const fuzz_seed *ex
             continue;
         memcpy(buf, s->p, s->n);
         size_t n = mutate(buf, s->n, 4096, &r);
-        /* An exact-size heap copy, so a read past the end is caught. */
         uint8_t *exact = malloc(n ? n : 1);
         memcpy(exact, buf, n);
         entry(exact, n);
@@ -1356,11 +1391,15 @@ static void test_fuzz_targets_survive_corpus_and_mutations(void **state)
         free(st_extra[i].p);
     run_corpus("npy", fuzz_entry_npy, NULL, 0, 3000);
     run_corpus("idx", fuzz_entry_idx, NULL, 0, 3000);
-    run_corpus("csv", fuzz_entry_csv, NULL, 0, 3000);
+    /* Inputs the fuzzers found, kept as regressions. */
+    const fuzz_seed csv_found[] = {
+        {(uint8_t *)"\x8a\x0d\x0a\xcc\x0a\x0d\x0d\x0d", 8}, /* strtoll past a field */
+    };
+    run_corpus("csv", fuzz_entry_csv, csv_found, 1, 3000);
     assert_int_equal(count_fds(), fds); /* no descriptor leaked on any path */
 }
 
-/* ---- setup ------------------------------------------------------------------------------------ */
+/* ---- setup ---------------------------------------------------------------------------- */
 
 static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
 {

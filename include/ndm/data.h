@@ -99,7 +99,8 @@ typedef struct ndm_loader_options {
  *  array, first axes that differ), NDM_E_DTYPE (the conversion asked for
  *  does not apply), NDM_E_DEVICE (data off the CPU), and the trainer's
  *  refusals. The options come last so a compound literal can be passed. */
-#define ndm_loader_new(trainer, data, ...) ndm_loader_new_at(NDM_HERE, (trainer), (data), __VA_ARGS__)
+#define ndm_loader_new(trainer, data, ...)                                      \
+    ndm_loader_new_at(NDM_HERE, (trainer), (data), __VA_ARGS__)
 NDM_API ndm_loader ndm_loader_new_at(NDM_SITE_PARAMS, ndm_manager trainer, ndm_dataset data,
                                      const ndm_loader_options *opts);
 

@@ -157,7 +157,8 @@ typedef struct ndm_csv_options {
  *  decoded; the text is held in memory while it is parsed. The options
  *  come last, so a compound literal can be passed:
  *      ndm_csv_load(m, "x.csv", NDM_F32, &(ndm_csv_options){.header = true}) */
-#define ndm_csv_load(m, path, dtype, ...) ndm_csv_load_at(NDM_HERE, (m), (path), (dtype), __VA_ARGS__)
+#define ndm_csv_load(m, path, dtype, ...)                                       \
+    ndm_csv_load_at(NDM_HERE, (m), (path), (dtype), __VA_ARGS__)
 NDM_API ndm_array ndm_csv_load_at(NDM_SITE_PARAMS, ndm_manager m, const char *path,
                                   ndm_dtype dtype, const ndm_csv_options *opts);
 #define ndm_csv_load_buffer(m, text, len, dtype, ...)                           \

@@ -144,15 +144,6 @@ static ndm_status bad_value(const csv *c, const line *l, int64_t col, const char
                      col, (int)(len < 40 ? len : 40), text, why);
 }
 
-/* Can `ch` end a number for strtod and strtoll? Then a field followed by
- * it is parsed in place, without a copy. */
-static bool stops_numbers(char ch)
-{
-    unsigned char u = (unsigned char)ch;
-    return !((u >= '0' && u <= '9') || ((u | 32) >= 'a' && (u | 32) <= 'z') || u == '.' ||
-             u == '+' || u == '-' || u == '(' || u == '_' || u >= 0x80);
-}
-
 static bool is_word(const char *s, size_t n, const char *w)
 {
     return strlen(w) == n && !memcmp(s, w, n);
@@ -162,19 +153,16 @@ static bool is_word(const char *s, size_t n, const char *w)
 static ndm_status parse_value(const csv *c, const line *l, int64_t col, const char *fs,
                               const char *fe, void *out)
 {
+    /* strtod and strtoll take C strings: the field is copied and terminated
+     * (the text itself may end without a terminator). */
     char small[128], *heap = NULL;
-    const char *num = fs;
     size_t n = (size_t)(fe - fs);
+    char *num = n < sizeof small ? small : (heap = malloc(n + 1));
+    if (!num)
+        return ndm__fail(NDM_E_OOM, c->api, c->where, "no memory for a field");
+    memcpy(num, fs, n);
+    num[n] = '\0';
     ndm_status st = NDM_OK;
-    if (fe >= c->end || !stops_numbers(*fe)) {
-        /* strtod needs a terminator it will not read past: copy the field. */
-        char *buf = n < sizeof small ? small : (heap = malloc(n + 1));
-        if (!buf)
-            return ndm__fail(NDM_E_OOM, c->api, c->where, "no memory for a field");
-        memcpy(buf, fs, n);
-        buf[n] = '\0';
-        num = buf;
-    }
     char *end;
     if (ndm_dtype_is_float(c->dtype)) {
         double v = NAN;

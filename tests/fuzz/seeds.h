@@ -141,7 +141,8 @@ static size_t fuzz_seeds(const char *format, fuzz_seed *out, size_t cap)
                     d2, sizeof d2));
         PUT(seed_st("{}", NULL, 0));
         PUT(seed_st("{\"__metadata__\":{\"k\\u00e9y\":\"v\\n\\\"q\\\"\"},"
-                    "\"x\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[0,3],\"extra\":[1,{\"a\":null}]}}",
+                    "\"x\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[0,3],"
+                    "\"extra\":[1,{\"a\":null}]}}",
                     "abc", 3));
     } else if (!strcmp(format, "npy")) {
         static const uint8_t f4[24] = {0, 0, 0x80, 0x3f, 0, 0, 0, 0x40, 0, 0, 0x40, 0x40,
