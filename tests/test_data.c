@@ -353,6 +353,12 @@ static void test_loader_state_is_freed_with_the_trainer(void **state)
     assert_int_equal(ndm_loader_close(ld), NDM_ALREADY);
     assert_int_equal(ndm_loader_next((ndm_loader){0}, &b), NDM_E_NULL);
     assert_int_equal(ndm_loader_next((ndm_loader){0xdead00000000beefull}, &b), NDM_E_INVALID);
+    /* Loader and array handles never pass for each other. */
+    ndm_array some = ndm_zeros(t.model, NDM_U8, NDM_SHAPE(1));
+    assert_int_equal(ndm_loader_next((ndm_loader){some.id}, &b), NDM_E_INVALID);
+    assert_false(ndm_array_valid((ndm_array){ld.id}));
+    assert_int_equal(ndm_array_release((ndm_array){ld.id}), NDM_E_INVALID);
+    assert_true(ndm_array_valid(some));
 
     /* Closed early: the current batch goes, the handle is stale. */
     ndm_manager tr = ndm_manager_new(t.model, "trainer-2");

@@ -68,7 +68,9 @@ NDM_API int64_t ndm_dataset_size(ndm_dataset d);
 NDM_API NDM_NODISCARD ndm_status ndm_dataset_release_at(NDM_SITE_PARAMS, ndm_dataset *d);
 
 /** A loader handle: generational like arrays and managers, so a loader
- *  freed by its trainer's close is reported, never read. */
+ *  freed by its trainer's close is reported, never read. It is not an array
+ *  or manager handle (NDM_AUTO refuses it): a loader dies with its trainer,
+ *  or earlier with ndm_loader_close. */
 typedef struct ndm_loader {
     uint64_t id;
 } ndm_loader;

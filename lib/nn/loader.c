@@ -38,6 +38,22 @@ typedef struct slot_rec {
     char died[256];            /* how it died */
 } slot_rec;
 
+/* A loader id: generation (31 bits) above, tag and slot + 1 below. The tag
+ * puts the low word past every array slot, so a loader handle given where an
+ * array is expected (NDM_AUTO, say) is refused as not an array. */
+#define LOADER_TAG 0x80000000u
+#define GEN_MASK 0x7fffffffu
+
+static bool id_decode(uint64_t id, uint32_t *slot, uint32_t *gen)
+{
+    uint32_t low = (uint32_t)id;
+    if (!(low & LOADER_TAG) || low == LOADER_TAG)
+        return false;
+    *slot = (low & ~LOADER_TAG) - 1;
+    *gen = (uint32_t)(id >> 32) & GEN_MASK;
+    return *gen != 0;
+}
+
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
 static slot_rec *slots;
 static uint32_t nslots, slots_cap, free_head;
@@ -75,7 +91,7 @@ static bool slot_alloc(loader *ld)
 static ndm_loader handle_of(const loader *ld)
 {
     pthread_mutex_lock(&table_lock);
-    uint64_t id = (uint64_t)slots[ld->slot].gen << 32 | (ld->slot + 1);
+    uint64_t id = (uint64_t)slots[ld->slot].gen << 32 | LOADER_TAG | (ld->slot + 1);
     pthread_mutex_unlock(&table_lock);
     return (ndm_loader){id};
 }
@@ -87,7 +103,7 @@ static void slot_free(loader *ld, const char *why)
     slot_rec *r = &slots[ld->slot];
     snprintf(r->died, sizeof r->died, "%s", why);
     r->ld = NULL;
-    r->gen = r->gen + 1 ? r->gen + 1 : 1;
+    r->gen = (r->gen + 1) & GEN_MASK ? (r->gen + 1) & GEN_MASK : 1;
     r->next_free = free_head;
     free_head = ld->slot + 1;
     pthread_mutex_unlock(&table_lock);
@@ -99,9 +115,10 @@ static loader *lookup(ndm_loader h, const char *api, ndm__site where)
         ndm__fail(NDM_E_NULL, api, where, "null loader handle");
         return NULL;
     }
-    uint32_t s = (uint32_t)h.id - 1, gen = (uint32_t)(h.id >> 32);
+    uint32_t s, gen;
+    bool decoded = id_decode(h.id, &s, &gen);
     pthread_mutex_lock(&table_lock);
-    if ((uint32_t)h.id == 0 || s >= nslots || gen == 0) {
+    if (!decoded || s >= nslots) {
         pthread_mutex_unlock(&table_lock);
         ndm__fail(NDM_E_INVALID, api, where, "not a loader handle (id 0x%016" PRIx64 ")", h.id);
         return NULL;
@@ -115,7 +132,7 @@ static loader *lookup(ndm_loader h, const char *api, ndm__site where)
     char made[256], died[256];
     ndm__site_str(r->site, made, sizeof made);
     snprintf(died, sizeof died, "%s", r->died);
-    bool known = r->gen == gen + 1;
+    bool known = r->gen == (((gen + 1) & GEN_MASK) ? (gen + 1) & GEN_MASK : 1);
     pthread_mutex_unlock(&table_lock);
     if (known)
         ndm__fail(NDM_E_CLOSED, api, where, "stale loader handle: the loader created at %s %s",
@@ -128,9 +145,11 @@ static loader *lookup(ndm_loader h, const char *api, ndm__site where)
 
 NDM_API bool ndm_loader_valid(ndm_loader h)
 {
-    uint32_t s = (uint32_t)h.id - 1, gen = (uint32_t)(h.id >> 32);
+    uint32_t s, gen;
+    if (!id_decode(h.id, &s, &gen))
+        return false;
     pthread_mutex_lock(&table_lock);
-    bool ok = h.id && (uint32_t)h.id && s < nslots && slots[s].gen == gen && slots[s].ld;
+    bool ok = s < nslots && slots[s].gen == gen && slots[s].ld;
     pthread_mutex_unlock(&table_lock);
     return ok;
 }
@@ -171,11 +190,12 @@ static void loader_free(void *p)
 NDM_API ndm_status ndm_loader_close_at(NDM_SITE_PARAMS, ndm_loader h)
 {
     ndm__site site = NDM__SITE;
-    if (h.id && !ndm_loader_valid(h)) {
-        /* Closed already, by this call or by its trainer. */
-        uint32_t s = (uint32_t)h.id - 1, gen = (uint32_t)(h.id >> 32);
+    uint32_t s, gen;
+    if (!ndm_loader_valid(h) && id_decode(h.id, &s, &gen)) {
+        /* Closed already, by this call or by its trainer: its slot has moved
+         * on to a later generation. */
         pthread_mutex_lock(&table_lock);
-        bool known = (uint32_t)h.id && s < nslots && gen && slots[s].gen > gen;
+        bool known = s < nslots && slots[s].gen != gen;
         pthread_mutex_unlock(&table_lock);
         if (known)
             return NDM_ALREADY;
