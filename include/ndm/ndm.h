@@ -27,4 +27,7 @@
 #include "memory.h"
 #include "transfer.h"
 
+#include "io.h"
+#include "data.h"
+
 #endif

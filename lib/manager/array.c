@@ -124,7 +124,8 @@ ndm_status ndm__shape_check(int ndim, const int64_t *shape, ndm_dtype dtype, int
         return ndm__fail(NDM_E_SHAPE, api, where, "negative rank %d", ndim);
     if (ndim > 0 && !shape)
         return ndm__fail(NDM_E_SHAPE, api, where, "shape is NULL for rank %d", ndim);
-    int64_t n = 1;
+    int64_t n = 1, span = 1, span_bytes;
+    int span_axis = -1;
     for (int i = 0; i < ndim; i++) {
         if (shape[i] < 0)
             return ndm__fail(NDM_E_SHAPE, api, where, "negative size %" PRId64 " on axis %d",
@@ -133,7 +134,16 @@ ndm_status ndm__shape_check(int ndim, const int64_t *shape, ndm_dtype dtype, int
             return ndm__fail(NDM_E_OVERFLOW, api, where,
                              "the element count overflows at axis %d (size %" PRId64 ")", i,
                              shape[i]);
+        if (shape[i] && span_axis < 0 &&
+            (__builtin_mul_overflow(span, shape[i], &span) ||
+             __builtin_mul_overflow(span, (int64_t)ndm_dtype_size(dtype), &span_bytes)))
+            span_axis = i;
     }
+    /* Strides multiply the non-zero sizes, so an empty array's must fit too. */
+    if (n == 0 && span_axis >= 0)
+        return ndm__fail(NDM_E_OVERFLOW, api, where,
+                         "the strides of an empty array overflow at axis %d (size %" PRId64 ")",
+                         span_axis, shape[span_axis]);
     size_t bytes;
     if (__builtin_mul_overflow((size_t)n, (size_t)ndm__dtype_bytes[dtype], &bytes) ||
         bytes > (size_t)INT64_MAX)

@@ -1,0 +1,150 @@
+/* ndm data: in-memory datasets and a batch loader.
+ *
+ * A dataset is two arrays whose first axis indexes examples: inputs [n, ...]
+ * and labels [n, ...] (labels may be the null handle). The dataset does not
+ * own them: they belong to whatever manager made them (typically `data` or
+ * a model's sibling), and they must outlive the loaders that read them; a
+ * loader that finds them released fails with NDM_E_CLOSED.
+ *
+ * A loader deals a dataset out in batches, epoch after epoch. Its state is
+ * a resource owned by the trainer manager it was made for, so closing the
+ * trainer frees it (the handle then reports NDM_E_CLOSED). Each batch gets a
+ * fresh manager, "batch-<n>", a child of the trainer, holding contiguous
+ * copies of the selected rows; fetching the next batch closes it, unless
+ * the caller kept it (NDM_LOADER_KEEP_BATCHES, or ndm_loader_keep for one
+ * batch): a kept batch stays a child of the trainer until the caller closes
+ * its manager, or the trainer closes.
+ *
+ *     ndm_loader ld = ndm_loader_new(trainer, ds, &(ndm_loader_options){
+ *         .batch_size = 64, .seed = 1, .flags = NDM_LOADER_SHUFFLE | NDM_LOADER_SCALE_INPUTS});
+ *     ndm_batch b;
+ *     int rc;
+ *     while ((rc = ndm_loader_next(ld, &b)) > 0) {
+ *         ... b.inputs, b.labels: owned by b.manager ...
+ *     }                                  // rc == 0: the epoch is over
+ *
+ * Shuffling. With NDM_LOADER_SHUFFLE the order of epoch e is a Fisher-Yates
+ * shuffle of 0..n-1 driven by splitmix64: the generator's state starts at
+ * seed ^ mix(e + 1), where mix is splitmix64's output function; for i from
+ * n-1 down to 1, j is the next 64-bit output reduced to [0, i] without bias
+ * (outputs below 2^64 mod (i+1) are drawn again, then j = output mod (i+1)),
+ * and items i and j are swapped. The order depends only on (seed, epoch, n),
+ * so a run can be resumed at any epoch with ndm_loader_set_epoch.
+ *
+ * Thread rules: a loader is used by one thread at a time. Closing its
+ * trainer while another thread fetches from it is a caller bug.
+ */
+#ifndef NDM_DATA_H
+#define NDM_DATA_H
+
+#include "base.h"
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Inputs and labels with examples along the first axis. */
+typedef struct ndm_dataset {
+    ndm_array inputs;
+    ndm_array labels; /* may be the null handle */
+} ndm_dataset;
+
+/** Load an IDX image file and an IDX label file (plain or gzip), as the
+ *  MNIST family ships them, into manager `m`. The first axes must agree
+ *  (NDM_E_SHAPE). On failure *out is zeroed and nothing is left in `m`. */
+#define ndm_dataset_load_idx(m, images_path, labels_path, out)                  \
+    ndm_dataset_load_idx_at(NDM_HERE, (m), (images_path), (labels_path), (out))
+NDM_API NDM_NODISCARD ndm_status ndm_dataset_load_idx_at(NDM_SITE_PARAMS, ndm_manager m,
+                                                         const char *images_path,
+                                                         const char *labels_path,
+                                                         ndm_dataset *out);
+
+/** Number of examples (the inputs' first axis), or -1 with an error. */
+NDM_API int64_t ndm_dataset_size(ndm_dataset d);
+
+/** Release both arrays and zero *d. */
+#define ndm_dataset_release(d) ndm_dataset_release_at(NDM_HERE, (d))
+NDM_API NDM_NODISCARD ndm_status ndm_dataset_release_at(NDM_SITE_PARAMS, ndm_dataset *d);
+
+/** A loader handle: generational like arrays and managers, so a loader
+ *  freed by its trainer's close is reported, never read. It is not an array
+ *  or manager handle (NDM_AUTO refuses it): a loader dies with its trainer,
+ *  or earlier with ndm_loader_close. */
+typedef struct ndm_loader {
+    uint64_t id;
+} ndm_loader;
+
+enum {
+    /** Reshuffle every epoch (see above); otherwise examples come in order. */
+    NDM_LOADER_SHUFFLE = 1u << 0,
+    /** Drop the last batch of an epoch when it is short. */
+    NDM_LOADER_DROP_LAST = 1u << 1,
+    /** Keep every batch: fetching does not close the previous batch's
+     *  manager; the caller closes it (or the trainer's close does). */
+    NDM_LOADER_KEEP_BATCHES = 1u << 2,
+    /** Inputs must be u8 (images); batch inputs are f32 in [0, 1], x / 255. */
+    NDM_LOADER_SCALE_INPUTS = 1u << 3,
+    /** Labels must be bool or integers; batch labels are i64. */
+    NDM_LOADER_LABELS_I64 = 1u << 4,
+};
+
+typedef struct ndm_loader_options {
+    int64_t batch_size; /* >= 1 */
+    uint64_t seed;      /* the shuffle's seed */
+    unsigned flags;     /* NDM_LOADER_* */
+} ndm_loader_options;
+
+/** A loader over `data` whose state belongs to `trainer` (it must be a CPU
+ *  dataset; the trainer's device is where batches are made). Errors:
+ *  NDM_E_INVALID (batch size < 1, unknown flags), NDM_E_SHAPE (a rank-0
+ *  array, first axes that differ), NDM_E_DTYPE (the conversion asked for
+ *  does not apply), NDM_E_DEVICE (data off the CPU), and the trainer's
+ *  refusals. The options come last so a compound literal can be passed. */
+#define ndm_loader_new(trainer, data, ...)                                      \
+    ndm_loader_new_at(NDM_HERE, (trainer), (data), __VA_ARGS__)
+NDM_API ndm_loader ndm_loader_new_at(NDM_SITE_PARAMS, ndm_manager trainer, ndm_dataset data,
+                                     const ndm_loader_options *opts);
+
+/** One batch. Its arrays belong to `manager`. */
+typedef struct ndm_batch {
+    ndm_manager manager; /* "batch-<step>", a child of the trainer */
+    ndm_array inputs;    /* [size, ...] */
+    ndm_array labels;    /* [size, ...]; null when the dataset has none */
+    int64_t size;        /* examples in the batch */
+    int64_t epoch;
+    int64_t index;       /* the batch's number in its epoch, from 0 */
+    int64_t step;        /* batches this loader made before it, over all epochs */
+} ndm_batch;
+
+/** Close the previous batch (unless kept) and fetch the next. Returns 1 with
+ *  *out filled, 0 when the epoch is over (*out zeroed; the next call starts
+ *  the next epoch), or a negative ndm_status (*out zeroed). */
+#define ndm_loader_next(l, out) ndm_loader_next_at(NDM_HERE, (l), (out))
+NDM_API NDM_NODISCARD int ndm_loader_next_at(NDM_SITE_PARAMS, ndm_loader l, ndm_batch *out);
+
+/** Keep the current batch: the next fetch leaves its manager open and the
+ *  caller closes it. NDM_E_INVALID when there is no current batch. */
+NDM_API NDM_NODISCARD ndm_status ndm_loader_keep(ndm_loader l);
+
+/** Start epoch `epoch` (>= 0) from its first batch; the current batch is
+ *  closed unless kept. */
+NDM_API NDM_NODISCARD ndm_status ndm_loader_set_epoch(ndm_loader l, int64_t epoch);
+
+/** Batches per epoch, or -1 with an error. */
+NDM_API int64_t ndm_loader_batches(ndm_loader l);
+
+/** Is this a live loader? */
+NDM_API bool ndm_loader_valid(ndm_loader l);
+
+/** Free the loader now (its current batch is closed unless kept). The small
+ *  record that the trainer owns stays until the trainer closes. NDM_ALREADY
+ *  for a loader already freed. */
+#define ndm_loader_close(l) ndm_loader_close_at(NDM_HERE, (l))
+NDM_API NDM_NODISCARD ndm_status ndm_loader_close_at(NDM_SITE_PARAMS, ndm_loader l);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,579 @@
+/* Byte sources and sinks for the file formats: plain and gzip files and
+ * buffers, atomic file writes, and moving array data through them. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "io.h"
+
+/* Host-side staging for device arrays and strided writes: big enough to keep
+ * system calls rare, small enough to stay in cache-friendly territory. */
+#define STAGE_BYTES ((size_t)4 << 20)
+/* gzread takes an int count; plain reads are chunked the same way. */
+#define READ_CHUNK ((size_t)1 << 30)
+
+ndm_status ndm__io_errno(int err, const char *path, const char *what, const char *api,
+                         ndm__site where)
+{
+    return ndm__fail(NDM_E_IO, api, where, "cannot %s '%s': %s", what, path, strerror(err));
+}
+
+/* ---- sources ------------------------------------------------------------- */
+
+static ndm_status gzip_mem_init(ndm__src *s, const char *api, ndm__site where)
+{
+    z_stream *zs = calloc(1, sizeof *zs);
+    if (!zs)
+        return ndm__fail(NDM_E_OOM, api, where, "no memory for a gzip stream");
+    /* 16 + MAX_WBITS: gzip framing only, as the file path accepts. */
+    if (inflateInit2(zs, 16 + MAX_WBITS) != Z_OK) {
+        free(zs);
+        return ndm__fail(NDM_E_OOM, api, where, "cannot start a gzip decoder");
+    }
+    zs->next_in = (Bytef *)s->mem;
+    zs->avail_in = s->size > UINT_MAX ? UINT_MAX : (uInt)s->size;
+    s->zs = zs;
+    s->kind = NDM__SRC_GZ_MEM;
+    return NDM_OK;
+}
+
+ndm_status ndm__src_open_mem(ndm__src *s, const void *data, size_t len, bool gzip,
+                             const char *api, ndm__site where)
+{
+    memset(s, 0, sizeof *s);
+    s->fd = -1;
+    s->name = "<buffer>";
+    if (len && !data)
+        return ndm__fail(NDM_E_INVALID, api, where, "data is NULL for %zu bytes", len);
+    s->mem = data;
+    s->size = len;
+    s->kind = NDM__SRC_MEM;
+    if (gzip && len >= 2 && s->mem[0] == 0x1f && s->mem[1] == 0x8b)
+        return gzip_mem_init(s, api, where);
+    return NDM_OK;
+}
+
+ndm_status ndm__src_open_file(ndm__src *s, const char *path, bool gzip, const char *api,
+                              ndm__site where)
+{
+    memset(s, 0, sizeof *s);
+    s->fd = -1;
+    if (!path)
+        return ndm__fail(NDM_E_INVALID, api, where, "path is NULL");
+    s->name = path;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return ndm__io_errno(errno, path, "open", api, where);
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return ndm__io_errno(e, path, "stat", api, where);
+    }
+    /* Sizes are checked against the file's size before allocating, so the
+     * size has to be known: no pipes or devices. */
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return ndm__fail(NDM_E_IO, api, where, "'%s' is not a regular file", path);
+    }
+    s->fd = fd;
+    s->size = (uint64_t)st.st_size;
+    s->kind = NDM__SRC_FD;
+    if (!gzip || s->size < 2)
+        return NDM_OK;
+    uint8_t magic[2];
+    ssize_t k;
+    do
+        k = pread(fd, magic, 2, 0);
+    while (k < 0 && errno == EINTR);
+    if (k < 0) {
+        int e = errno;
+        ndm__src_close(s);
+        return ndm__io_errno(e, path, "read", api, where);
+    }
+    if (k == 2 && magic[0] == 0x1f && magic[1] == 0x8b) {
+        gzFile gz = gzdopen(fd, "rb");
+        if (!gz) {
+            ndm__src_close(s);
+            return ndm__fail(NDM_E_OOM, api, where, "cannot start a gzip decoder for '%s'", path);
+        }
+        gzbuffer(gz, 256 * 1024);
+        s->gz = gz;
+        s->fd = -1; /* gzclose closes it */
+        s->kind = NDM__SRC_GZ_FD;
+    }
+    return NDM_OK;
+}
+
+void ndm__src_close(ndm__src *s)
+{
+    if (s->gz)
+        gzclose((gzFile)s->gz);
+    if (s->fd >= 0)
+        close(s->fd);
+    if (s->zs) {
+        inflateEnd((z_stream *)s->zs);
+        free(s->zs);
+    }
+    s->gz = NULL;
+    s->zs = NULL;
+    s->fd = -1;
+}
+
+uint64_t ndm__src_bound(const ndm__src *s)
+{
+    if (!ndm__src_is_gzip(s))
+        return s->size - s->pos;
+    uint64_t b = s->size > (UINT64_MAX - 1024) / NDM__GZIP_MAX_RATIO
+                     ? UINT64_MAX
+                     : s->size * NDM__GZIP_MAX_RATIO + 1024;
+    return b > s->pos ? b - s->pos : 0;
+}
+
+static ndm_status read_fd(ndm__src *s, uint8_t *dst, size_t n, size_t *got, const char *api,
+                          ndm__site where)
+{
+    size_t done = 0;
+    while (done < n) {
+        size_t want = n - done < READ_CHUNK ? n - done : READ_CHUNK;
+        ssize_t k = read(s->fd, dst + done, want);
+        if (k < 0) {
+            if (errno == EINTR)
+                continue;
+            return ndm__io_errno(errno, s->name, "read", api, where);
+        }
+        if (k == 0)
+            break;
+        done += (size_t)k;
+    }
+    *got = done;
+    return NDM_OK;
+}
+
+static ndm_status read_gz_fd(ndm__src *s, uint8_t *dst, size_t n, size_t *got, const char *api,
+                             ndm__site where)
+{
+    gzFile gz = s->gz;
+    size_t done = 0;
+    while (done < n) {
+        size_t want = n - done < READ_CHUNK ? n - done : READ_CHUNK;
+        int k = gzread(gz, dst + done, (unsigned)want);
+        if (k < 0) {
+            int code;
+            const char *msg = gzerror(gz, &code);
+            if (code == Z_ERRNO)
+                return ndm__io_errno(errno, s->name, "read", api, where);
+            return ndm__fail(NDM_E_FORMAT, api, where, "'%s': corrupt gzip data (%s)", s->name,
+                             msg);
+        }
+        done += (size_t)k;
+        if ((size_t)k < want) {
+            int code;
+            const char *msg = gzerror(gz, &code);
+            /* Z_BUF_ERROR: the file ends inside a gzip stream. */
+            if (code != Z_OK)
+                return ndm__fail(NDM_E_FORMAT, api, where,
+                                 "'%s': the gzip data is truncated or corrupt (%s)", s->name,
+                                 msg);
+            break;
+        }
+    }
+    *got = done;
+    return NDM_OK;
+}
+
+static ndm_status read_gz_mem(ndm__src *s, uint8_t *dst, size_t n, size_t *got,
+                              const char *api, ndm__site where)
+{
+    z_stream *zs = s->zs;
+    size_t done = 0;
+    while (done < n && !s->zend) {
+        uint64_t used = (uint64_t)((const uint8_t *)zs->next_in - s->mem);
+        if (zs->avail_in == 0 && used < s->size) {
+            uint64_t left = s->size - used;
+            zs->avail_in = left > UINT_MAX ? UINT_MAX : (uInt)left;
+        }
+        size_t want = n - done < UINT_MAX ? n - done : UINT_MAX;
+        zs->next_out = dst + done;
+        zs->avail_out = (uInt)want;
+        int rc = inflate(zs, Z_NO_FLUSH);
+        done += want - zs->avail_out;
+        if (rc == Z_OK)
+            continue;
+        if (rc == Z_STREAM_END) {
+            /* Another member may follow, as gzread would read it. */
+            const uint8_t *p = zs->next_in;
+            uint64_t left = s->size - (uint64_t)(p - s->mem);
+            if (left >= 2 && p[0] == 0x1f && p[1] == 0x8b) {
+                if (inflateReset(zs) != Z_OK)
+                    return ndm__fail(NDM_E_FORMAT, api, where, "'%s': bad gzip member", s->name);
+                continue;
+            }
+            s->zend = true;
+        } else if (rc == Z_BUF_ERROR) {
+            /* No progress is possible: the input ended inside a stream. */
+            return ndm__fail(NDM_E_FORMAT, api, where,
+                             "'%s': the gzip data is truncated (it ends inside a stream)",
+                             s->name);
+        } else {
+            return ndm__fail(rc == Z_MEM_ERROR ? NDM_E_OOM : NDM_E_FORMAT, api, where,
+                             "'%s': corrupt gzip data (%s)", s->name,
+                             zs->msg ? zs->msg : "inflate failed");
+        }
+    }
+    *got = done;
+    return NDM_OK;
+}
+
+ndm_status ndm__src_read(ndm__src *s, void *dst, size_t n, size_t *got, const char *api,
+                         ndm__site where)
+{
+    size_t k = 0;
+    ndm_status st = NDM_OK;
+    switch (s->kind) {
+    case NDM__SRC_MEM: {
+        uint64_t left = s->size - s->pos;
+        k = n < left ? n : (size_t)left;
+        if (k)
+            memcpy(dst, s->mem + s->pos, k);
+        break;
+    }
+    case NDM__SRC_FD:
+        st = read_fd(s, dst, n, &k, api, where);
+        break;
+    case NDM__SRC_GZ_FD:
+        st = read_gz_fd(s, dst, n, &k, api, where);
+        break;
+    case NDM__SRC_GZ_MEM:
+        st = read_gz_mem(s, dst, n, &k, api, where);
+        break;
+    }
+    s->pos += k;
+    *got = k;
+    return st;
+}
+
+ndm_status ndm__src_read_exact(ndm__src *s, void *dst, size_t n, const char *what,
+                               const char *api, ndm__site where)
+{
+    size_t got;
+    uint64_t at = s->pos;
+    ndm_status st = ndm__src_read(s, dst, n, &got, api, where);
+    if (st < 0)
+        return st;
+    if (got < n)
+        return ndm__fail(NDM_E_FORMAT, api, where,
+                         "'%s' is truncated: %s needs %zu bytes at offset %" PRIu64
+                         ", only %zu remain",
+                         s->name, what, n, at, got);
+    return NDM_OK;
+}
+
+ndm_status ndm__src_expect_end(ndm__src *s, const char *api, ndm__site where)
+{
+    uint8_t extra[64];
+    size_t got;
+    uint64_t at = s->pos;
+    ndm_status st = ndm__src_read(s, extra, sizeof extra, &got, api, where);
+    if (st < 0)
+        return st;
+    if (got)
+        return ndm__fail(NDM_E_FORMAT, api, where,
+                         "'%s' has unexpected bytes after its data (at offset %" PRIu64 ")",
+                         s->name, at);
+    return NDM_OK;
+}
+
+/* ---- byte order and arrays ------------------------------------------------- */
+
+void ndm__swap_bytes(void *p, size_t n, size_t size)
+{
+    uint8_t *b = p;
+    if (size < 2)
+        return;
+    for (size_t i = 0; i < n; i++, b += size)
+        for (size_t lo = 0, hi = size - 1; lo < hi; lo++, hi--) {
+            uint8_t t = b[lo];
+            b[lo] = b[hi];
+            b[hi] = t;
+        }
+}
+
+/* Items as ndm keeps them: host order, bools 0 or 1. */
+static void fix_items(void *p, size_t nbytes, ndm_dtype dt, bool swap)
+{
+    size_t isz = ndm_dtype_size(dt);
+    if (swap)
+        ndm__swap_bytes(p, nbytes / isz, isz);
+    if (dt == NDM_BOOL) {
+        uint8_t *b = p;
+        for (size_t i = 0; i < nbytes; i++)
+            b[i] = b[i] != 0;
+    }
+}
+
+ndm_status ndm__io_fill_array(ndm__array *r, ndm__src *s, bool swap, const char *what,
+                              const char *api, ndm__site where)
+{
+    size_t nbytes = r->storage->nbytes;
+    ndm_device dev = r->storage->device;
+    if (dev.type == NDM_DEVICE_CPU) {
+        ndm_status st = ndm__src_read_exact(s, ndm__array_ptr(r), nbytes, what, api, where);
+        if (st == NDM_OK)
+            fix_items(ndm__array_ptr(r), nbytes, r->dtype, swap);
+        return st;
+    }
+    const ndm__backend *b = ndm__backend_of(dev, api, where);
+    if (!b)
+        return ndm_last_status();
+    size_t isz = ndm_dtype_size(r->dtype);
+    size_t chunk = STAGE_BYTES - STAGE_BYTES % isz;
+    uint8_t *stage = malloc(nbytes < chunk ? (nbytes ? nbytes : 1) : chunk);
+    if (!stage)
+        return ndm__fail(NDM_E_OOM, api, where, "no memory for a staging buffer");
+    ndm_status st = NDM_OK;
+    for (size_t done = 0; done < nbytes && st == NDM_OK;) {
+        size_t k = nbytes - done < chunk ? nbytes - done : chunk;
+        st = ndm__src_read_exact(s, stage, k, what, api, where);
+        if (st == NDM_OK) {
+            fix_items(stage, k, r->dtype, swap);
+            st = b->upload(dev.index, (char *)ndm__array_ptr(r) + done, stage, k);
+            if (st < 0)
+                ndm__fail(st, api, where, "upload to the device failed: %s", ndm_status_str(st));
+        }
+        done += k;
+    }
+    free(stage);
+    return st;
+}
+
+ndm_status ndm__io_fill_array_mem(ndm__array *r, const void *src, bool swap, const char *api,
+                                  ndm__site where)
+{
+    ndm__src s;
+    ndm_status st = ndm__src_open_mem(&s, src, r->storage->nbytes, false, api, where);
+    if (st == NDM_OK)
+        st = ndm__io_fill_array(r, &s, swap, "the array data", api, where);
+    ndm__src_close(&s);
+    return st;
+}
+
+/* ---- writing array data ---------------------------------------------------- */
+
+typedef struct writer {
+    FILE *f;
+    const char *path;
+    const ndm__backend *b;
+    int dev;
+    bool swap;
+    ndm_dtype dtype;
+    size_t isz;
+    uint8_t *stage;
+    size_t cap;
+    int64_t *shape, *strides; /* scratch for one sub-array */
+    const char *api;
+    ndm__site where;
+} writer;
+
+static ndm_status put(writer *w, const void *p, size_t n)
+{
+    if (n && fwrite(p, 1, n, w->f) != n)
+        return ndm__io_errno(errno, w->path, "write", w->api, w->where);
+    return NDM_OK;
+}
+
+/* Copy the sub-array (data, ndim, shape with shape[0] = rows0, strides) into
+ * the stage in C order and write it; it fits in the stage. */
+static ndm_status emit(writer *w, char *data, int ndim, const int64_t *shape,
+                       const int64_t *strides, int64_t rows0)
+{
+    for (int i = 0; i < ndim; i++)
+        w->shape[i] = shape[i];
+    if (ndim)
+        w->shape[0] = rows0;
+    ndm__contiguous_strides(ndim, w->shape, w->strides);
+    ndm__tensor dst = {w->stage, w->dtype, ndim, w->shape, w->strides};
+    ndm__tensor src = {data, w->dtype, ndim, w->shape, strides};
+    ndm_status st = w->b->copy(w->dev, &dst, &src);
+    if (st < 0)
+        return ndm__fail(st, w->api, w->where, "copy failed: %s", ndm_status_str(st));
+    size_t n = (size_t)ndm__numel(ndim, w->shape) * w->isz;
+    if (w->swap)
+        ndm__swap_bytes(w->stage, n / w->isz, w->isz);
+    return put(w, w->stage, n);
+}
+
+/* Write a strided CPU sub-array in C order, in pieces that fit the stage. */
+static ndm_status write_sub(writer *w, char *data, int ndim, const int64_t *shape,
+                            const int64_t *strides)
+{
+    size_t bytes = (size_t)ndm__numel(ndim, shape) * w->isz;
+    if (bytes <= w->cap)
+        return emit(w, data, ndim, shape, strides, ndim ? shape[0] : 1);
+    size_t row = (size_t)ndm__numel(ndim - 1, shape + 1) * w->isz;
+    int64_t step = row <= w->cap ? (int64_t)(w->cap / row) : 1;
+    for (int64_t i = 0; i < shape[0]; i += step) {
+        char *p = data + i * strides[0] * (int64_t)w->isz;
+        int64_t k = shape[0] - i < step ? shape[0] - i : step;
+        ndm_status st = row <= w->cap ? emit(w, p, ndim, shape, strides, k)
+                                      : write_sub(w, p, ndim - 1, shape + 1, strides + 1);
+        if (st < 0)
+            return st;
+    }
+    return NDM_OK;
+}
+
+/* Download a contiguous device range in stage-sized pieces. */
+static ndm_status write_device(writer *w, const char *src, size_t n)
+{
+    for (size_t done = 0; done < n;) {
+        size_t k = n - done < w->cap ? n - done : w->cap;
+        ndm_status st = w->b->download(w->dev, w->stage, src + done, k);
+        if (st < 0)
+            return ndm__fail(st, w->api, w->where, "download failed: %s", ndm_status_str(st));
+        if (w->swap)
+            ndm__swap_bytes(w->stage, k / w->isz, w->isz);
+        if ((st = put(w, w->stage, k)) < 0)
+            return st;
+        done += k;
+    }
+    return NDM_OK;
+}
+
+ndm_status ndm__io_write_array(FILE *f, ndm__array *r, const char *path, const char *api,
+                               ndm__site where)
+{
+    size_t isz = ndm_dtype_size(r->dtype);
+    size_t nbytes = (size_t)ndm__numel(r->ndim, r->shape) * isz;
+    bool contiguous = ndm__is_contiguous(r->ndim, r->shape, r->strides);
+    bool swap = !ndm__host_little_endian() && isz > 1;
+    ndm_device dev = r->storage->device;
+    writer w = {f, path, NULL, dev.index, swap, r->dtype, isz, NULL, 0, NULL, NULL, api, where};
+    if (dev.type == NDM_DEVICE_CPU && contiguous && !swap)
+        return put(&w, ndm__array_ptr(r), nbytes);
+    if (!nbytes)
+        return NDM_OK;
+    w.b = ndm__backend_of(dev, api, where);
+    if (!w.b)
+        return ndm_last_status();
+    w.cap = STAGE_BYTES - STAGE_BYTES % isz;
+    w.stage = malloc(w.cap);
+    w.shape = malloc(2 * (size_t)(r->ndim ? r->ndim : 1) * sizeof(int64_t));
+    ndm_status st = NDM_OK;
+    if (!w.stage || !w.shape) {
+        st = ndm__fail(NDM_E_OOM, api, where, "no memory for a staging buffer");
+    } else if (dev.type == NDM_DEVICE_CPU) {
+        w.strides = w.shape + r->ndim;
+        st = write_sub(&w, ndm__array_ptr(r), r->ndim, r->shape, r->strides);
+    } else if (contiguous) {
+        st = write_device(&w, ndm__array_ptr(r), nbytes);
+    } else {
+        /* Make it contiguous on the device first, as ndm_array_copy_out does. */
+        ndm__block tmp;
+        st = ndm__alloc(dev, nbytes, NULL, &tmp);
+        if (st == NDM_OK) {
+            ndm__contiguous_strides(r->ndim, r->shape, w.shape);
+            ndm__tensor dst = {tmp.ptr, r->dtype, r->ndim, r->shape, w.shape};
+            ndm__tensor src = ndm__tensor_of(r);
+            st = w.b->copy(dev.index, &dst, &src);
+            if (st < 0)
+                ndm__fail(st, api, where, "copy failed: %s", ndm_status_str(st));
+            else
+                st = write_device(&w, tmp.ptr, nbytes);
+            ndm__free(dev, &tmp);
+        }
+    }
+    free(w.stage);
+    free(w.shape);
+    return st;
+}
+
+/* ---- atomic output files ----------------------------------------------------- */
+
+static atomic_uint tmp_counter;
+
+ndm_status ndm__out_open(ndm__out_file *o, const char *path, const char *api, ndm__site where)
+{
+    memset(o, 0, sizeof *o);
+    if (!path)
+        return ndm__fail(NDM_E_INVALID, api, where, "path is NULL");
+    size_t n = strlen(path) + 64;
+    o->tmp = malloc(n);
+    if (!o->tmp)
+        return ndm__fail(NDM_E_OOM, api, where, "no memory for a file name");
+    for (int attempt = 0; attempt < 100; attempt++) {
+        snprintf(o->tmp, n, "%s.tmp-%ld-%u", path, (long)getpid(),
+                 atomic_fetch_add(&tmp_counter, 1));
+        /* 0666: the caller's umask decides, as for any new file. */
+        int fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd < 0) {
+            if (errno == EEXIST)
+                continue;
+            ndm_status st = ndm__io_errno(errno, path, "create a file beside", api, where);
+            free(o->tmp);
+            o->tmp = NULL;
+            return st;
+        }
+        o->f = fdopen(fd, "wb");
+        if (!o->f) {
+            ndm_status st = ndm__io_errno(errno, o->tmp, "open", api, where);
+            close(fd);
+            unlink(o->tmp);
+            free(o->tmp);
+            o->tmp = NULL;
+            return st;
+        }
+        o->path = path;
+        return NDM_OK;
+    }
+    free(o->tmp);
+    o->tmp = NULL;
+    return ndm__fail(NDM_E_IO, api, where, "cannot find a free temporary name beside '%s'", path);
+}
+
+ndm_status ndm__out_write(ndm__out_file *o, const void *p, size_t n, const char *api,
+                          ndm__site where)
+{
+    if (n && fwrite(p, 1, n, o->f) != n)
+        return ndm__io_errno(errno, o->path, "write", api, where);
+    return NDM_OK;
+}
+
+ndm_status ndm__out_commit(ndm__out_file *o, const char *api, ndm__site where)
+{
+    int err = 0;
+    if (fflush(o->f) != 0 || ferror(o->f))
+        err = errno ? errno : EIO;
+    if (fclose(o->f) != 0 && !err)
+        err = errno ? errno : EIO;
+    o->f = NULL;
+    if (!err && rename(o->tmp, o->path) != 0)
+        err = errno;
+    ndm_status st = NDM_OK;
+    if (err) {
+        st = ndm__io_errno(err, o->path, "write", api, where);
+        unlink(o->tmp);
+    }
+    free(o->tmp);
+    o->tmp = NULL;
+    return st;
+}
+
+void ndm__out_abort(ndm__out_file *o)
+{
+    if (o->f)
+        fclose(o->f);
+    if (o->tmp) {
+        unlink(o->tmp);
+        free(o->tmp);
+    }
+    o->f = NULL;
+    o->tmp = NULL;
+}

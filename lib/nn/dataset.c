@@ -1,0 +1,65 @@
+/* In-memory datasets: a pair of arrays with examples along the first axis,
+ * and loading one from the IDX files of the MNIST family. */
+#include <inttypes.h>
+#include <string.h>
+
+#include "../ops/dispatch.h"
+
+NDM_API ndm_status ndm_dataset_load_idx_at(NDM_SITE_PARAMS, ndm_manager m,
+                                           const char *images_path, const char *labels_path,
+                                           ndm_dataset *out)
+{
+    ndm__site site = NDM__SITE;
+    if (!out)
+        return ndm__fail(NDM_E_INVALID, __func__, site, "out is NULL");
+    memset(out, 0, sizeof *out);
+    ndm_array x = ndm_idx_load_at(NDM__SITE_ARGS(site), m, images_path);
+    if (!x.id)
+        return ndm_last_status();
+    ndm_array y = ndm_idx_load_at(NDM__SITE_ARGS(site), m, labels_path);
+    if (!y.id) {
+        ndm__discard(x);
+        return ndm_last_status();
+    }
+    ndm__array *rx = ndm__array_peek(x), *ry = ndm__array_peek(y);
+    if (rx->ndim < 1 || ry->ndim < 1 || rx->shape[0] != ry->shape[0]) {
+        char a[160], b[160];
+        ndm_status st = ndm__fail(NDM_E_SHAPE, __func__, site,
+                                  "'%s' holds %s and '%s' holds %s: the first axes differ",
+                                  images_path, ndm__array_desc(rx, a, sizeof a), labels_path,
+                                  ndm__array_desc(ry, b, sizeof b));
+        ndm__discard(y);
+        ndm__discard(x);
+        return st;
+    }
+    out->inputs = x;
+    out->labels = y;
+    return NDM_OK;
+}
+
+NDM_API int64_t ndm_dataset_size(ndm_dataset d)
+{
+    ndm__array *r = ndm__array_get(d.inputs, __func__, NDM__NO_SITE);
+    if (!r)
+        return -1;
+    if (r->ndim < 1) {
+        ndm__fail(NDM_E_SHAPE, __func__, NDM__NO_SITE, "the inputs are a 0-d array");
+        return -1;
+    }
+    return r->shape[0];
+}
+
+NDM_API ndm_status ndm_dataset_release_at(NDM_SITE_PARAMS, ndm_dataset *d)
+{
+    if (!d)
+        return ndm__fail(NDM_E_INVALID, __func__, NDM__SITE, "d is NULL");
+    /* A null handle has nothing to release: it counts as released already. */
+    ndm_status a = d->labels.id ? ndm_array_release_at(ndm_file_, ndm_line_, ndm_func_, d->labels)
+                                : NDM_ALREADY;
+    ndm_status b = d->inputs.id ? ndm_array_release_at(ndm_file_, ndm_line_, ndm_func_, d->inputs)
+                                : NDM_ALREADY;
+    ndm_status st = a < 0 ? a : b < 0 ? b : (a == NDM_ALREADY && b == NDM_ALREADY) ? NDM_ALREADY
+                                                                                   : NDM_OK;
+    memset(d, 0, sizeof *d);
+    return st;
+}

@@ -1,0 +1,530 @@
+/* The batch loader: seeded shuffling, one manager per batch under the
+ * trainer, and loader state owned by the trainer. Loaders are reached
+ * through generational handles so a freed one is reported, never read. */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../io/io.h"
+
+#define KNOWN_FLAGS                                                                         \
+    (NDM_LOADER_SHUFFLE | NDM_LOADER_DROP_LAST | NDM_LOADER_KEEP_BATCHES |                  \
+     NDM_LOADER_SCALE_INPUTS | NDM_LOADER_LABELS_I64)
+
+typedef struct loader {
+    uint32_t slot;
+    bool live;                 /* false once closed; the record waits for the trainer */
+    ndm_manager trainer;
+    ndm_dataset data;
+    int64_t n, batch_size, nbatches;
+    uint64_t seed;
+    unsigned flags;
+    int64_t epoch, index, step;
+    int64_t *order;            /* the shuffled order of order_epoch (NULL: no shuffle) */
+    int64_t order_epoch;
+    ndm_manager current;       /* the batch the next fetch closes */
+    ndm__site site;
+    char trainer_path[128];
+} loader;
+
+/* ---- the handle table ---------------------------------------------------------- */
+
+typedef struct slot_rec {
+    uint32_t gen;              /* the generation a live handle must carry */
+    uint32_t next_free;        /* 1-based; 0 ends the list */
+    loader *ld;                /* NULL when free */
+    ndm__site site;            /* creation site of the loader that lived here last */
+    char died[256];            /* how it died */
+} slot_rec;
+
+/* A loader id: generation (31 bits) above, tag and slot + 1 below. The tag
+ * puts the low word past every array slot, so a loader handle given where an
+ * array is expected (NDM_AUTO, say) is refused as not an array. */
+#define LOADER_TAG 0x80000000u
+#define GEN_MASK 0x7fffffffu
+
+static bool id_decode(uint64_t id, uint32_t *slot, uint32_t *gen)
+{
+    uint32_t low = (uint32_t)id;
+    if (!(low & LOADER_TAG) || low == LOADER_TAG)
+        return false;
+    *slot = (low & ~LOADER_TAG) - 1;
+    *gen = (uint32_t)(id >> 32) & GEN_MASK;
+    return *gen != 0;
+}
+
+static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
+static slot_rec *slots;
+static uint32_t nslots, slots_cap, free_head;
+
+static bool slot_alloc(loader *ld)
+{
+    pthread_mutex_lock(&table_lock);
+    uint32_t s;
+    if (free_head) {
+        s = free_head - 1;
+        free_head = slots[s].next_free;
+    } else {
+        if (nslots == slots_cap) {
+            uint32_t c = slots_cap ? slots_cap * 2 : 16;
+            slot_rec *q = c > slots_cap ? realloc(slots, c * sizeof *q) : NULL;
+            if (!q) {
+                pthread_mutex_unlock(&table_lock);
+                return false;
+            }
+            slots = q;
+            slots_cap = c;
+        }
+        s = nslots++;
+        memset(&slots[s], 0, sizeof slots[s]);
+        slots[s].gen = 1;
+    }
+    slots[s].ld = ld;
+    slots[s].site = ld->site;
+    slots[s].died[0] = '\0';
+    ld->slot = s;
+    pthread_mutex_unlock(&table_lock);
+    return true;
+}
+
+static ndm_loader handle_of(const loader *ld)
+{
+    pthread_mutex_lock(&table_lock);
+    uint64_t id = (uint64_t)slots[ld->slot].gen << 32 | LOADER_TAG | (ld->slot + 1);
+    pthread_mutex_unlock(&table_lock);
+    return (ndm_loader){id};
+}
+
+/* Free ld's slot; `why` is kept for messages about stale handles. */
+static void slot_free(loader *ld, const char *why)
+{
+    pthread_mutex_lock(&table_lock);
+    slot_rec *r = &slots[ld->slot];
+    snprintf(r->died, sizeof r->died, "%s", why);
+    r->ld = NULL;
+    r->gen = (r->gen + 1) & GEN_MASK ? (r->gen + 1) & GEN_MASK : 1;
+    r->next_free = free_head;
+    free_head = ld->slot + 1;
+    pthread_mutex_unlock(&table_lock);
+}
+
+static loader *lookup(ndm_loader h, const char *api, ndm__site where)
+{
+    if (!h.id) {
+        ndm__fail(NDM_E_NULL, api, where, "null loader handle");
+        return NULL;
+    }
+    uint32_t s, gen;
+    bool decoded = id_decode(h.id, &s, &gen);
+    pthread_mutex_lock(&table_lock);
+    if (!decoded || s >= nslots) {
+        pthread_mutex_unlock(&table_lock);
+        ndm__fail(NDM_E_INVALID, api, where, "not a loader handle (id 0x%016" PRIx64 ")", h.id);
+        return NULL;
+    }
+    slot_rec *r = &slots[s];
+    if (r->gen == gen && r->ld) {
+        loader *ld = r->ld;
+        pthread_mutex_unlock(&table_lock);
+        return ld;
+    }
+    char made[256], died[256];
+    ndm__site_str(r->site, made, sizeof made);
+    snprintf(died, sizeof died, "%s", r->died);
+    bool known = r->gen == (((gen + 1) & GEN_MASK) ? (gen + 1) & GEN_MASK : 1);
+    pthread_mutex_unlock(&table_lock);
+    if (known)
+        ndm__fail(NDM_E_CLOSED, api, where, "stale loader handle: the loader created at %s %s",
+                  made, died);
+    else
+        ndm__fail(NDM_E_CLOSED, api, where,
+                  "stale loader handle: the loader was freed and its slot has been reused since");
+    return NULL;
+}
+
+NDM_API bool ndm_loader_valid(ndm_loader h)
+{
+    uint32_t s, gen;
+    if (!id_decode(h.id, &s, &gen))
+        return false;
+    pthread_mutex_lock(&table_lock);
+    bool ok = s < nslots && slots[s].gen == gen && slots[s].ld;
+    pthread_mutex_unlock(&table_lock);
+    return ok;
+}
+
+/* ---- lifetime -------------------------------------------------------------------------- */
+
+/* Close the batch the next fetch would close. */
+static void drop_current(loader *ld, ndm__site site)
+{
+    if (ld->current.id) {
+        (void)!ndm_manager_close_at(NDM__SITE_ARGS(site), ld->current);
+        ld->current = NDM_NULL_MANAGER;
+    }
+}
+
+static void retire(loader *ld, const char *why)
+{
+    slot_free(ld, why);
+    ld->live = false;
+    free(ld->order);
+    ld->order = NULL;
+}
+
+/* The trainer's resource: runs when the trainer closes (after its children,
+ * the batches, are closed). */
+static void loader_free(void *p)
+{
+    loader *ld = p;
+    if (ld->live) {
+        char why[256];
+        snprintf(why, sizeof why, "was freed when its trainer '%s' was closed",
+                 ld->trainer_path);
+        retire(ld, why);
+    }
+    free(ld);
+}
+
+NDM_API ndm_status ndm_loader_close_at(NDM_SITE_PARAMS, ndm_loader h)
+{
+    ndm__site site = NDM__SITE;
+    uint32_t s, gen;
+    if (!ndm_loader_valid(h) && id_decode(h.id, &s, &gen)) {
+        /* Closed already, by this call or by its trainer: its slot has moved
+         * on to a later generation. */
+        pthread_mutex_lock(&table_lock);
+        bool known = s < nslots && slots[s].gen != gen;
+        pthread_mutex_unlock(&table_lock);
+        if (known)
+            return NDM_ALREADY;
+    }
+    loader *ld = lookup(h, __func__, site);
+    if (!ld)
+        return ndm_last_status();
+    drop_current(ld, site);
+    char where[256], why[300];
+    snprintf(why, sizeof why, "was closed at %s", ndm__site_str(site, where, sizeof where));
+    retire(ld, why);
+    return NDM_OK;
+}
+
+NDM_API ndm_loader ndm_loader_new_at(NDM_SITE_PARAMS, ndm_manager trainer, ndm_dataset data,
+                                     const ndm_loader_options *opts)
+{
+    ndm__site site = NDM__SITE;
+    const char *api = __func__;
+    if (!opts) {
+        ndm__fail(NDM_E_INVALID, api, site, "opts is NULL");
+        return (ndm_loader){0};
+    }
+    if (opts->batch_size < 1 || (opts->flags & ~(unsigned)KNOWN_FLAGS)) {
+        ndm__fail(NDM_E_INVALID, api, site, "%s", opts->batch_size < 1
+                                                      ? "the batch size must be at least 1"
+                                                      : "unknown loader flags");
+        return (ndm_loader){0};
+    }
+    ndm__manager *tm = ndm__manager_get(trainer, api, site);
+    if (!tm)
+        return (ndm_loader){0};
+    ndm__array *x = ndm__array_get_prop(data.inputs, api, site);
+    if (!x)
+        return (ndm_loader){0};
+    ndm__array *y = data.labels.id ? ndm__array_get(data.labels, api, site) : NULL;
+    if (data.labels.id && !y)
+        return (ndm_loader){0};
+    char a[160], b[160];
+    if (x->ndim < 1 || (y && (y->ndim < 1 || y->shape[0] != x->shape[0]))) {
+        ndm__fail(NDM_E_SHAPE, api, site,
+                  "inputs %s and labels %s: both need a first axis, of the same size",
+                  ndm__array_desc(x, a, sizeof a), y ? ndm__array_desc(y, b, sizeof b) : "none");
+        return (ndm_loader){0};
+    }
+    if (x->storage->device.type != NDM_DEVICE_CPU ||
+        (y && y->storage->device.type != NDM_DEVICE_CPU)) {
+        ndm__fail(NDM_E_DEVICE, api, site, "a dataset must live on the CPU");
+        return (ndm_loader){0};
+    }
+    if ((opts->flags & NDM_LOADER_SCALE_INPUTS) && x->dtype != NDM_U8) {
+        ndm__fail(NDM_E_DTYPE, api, site,
+                  "NDM_LOADER_SCALE_INPUTS scales u8 images; the inputs are %s",
+                  ndm__array_desc(x, a, sizeof a));
+        return (ndm_loader){0};
+    }
+    if (opts->flags & NDM_LOADER_LABELS_I64) {
+        if (!y) {
+            ndm__fail(NDM_E_INVALID, api, site, "NDM_LOADER_LABELS_I64 given without labels");
+            return (ndm_loader){0};
+        }
+        if (ndm_dtype_is_float(y->dtype)) {
+            ndm__fail(NDM_E_DTYPE, api, site,
+                      "NDM_LOADER_LABELS_I64 converts integer labels; the labels are %s",
+                      ndm__array_desc(y, b, sizeof b));
+            return (ndm_loader){0};
+        }
+    }
+    loader *ld = calloc(1, sizeof *ld);
+    if (!ld) {
+        ndm__fail(NDM_E_OOM, api, site, "no memory for a loader");
+        return (ndm_loader){0};
+    }
+    ld->live = true;
+    ld->trainer = trainer;
+    ld->data = data;
+    ld->n = x->shape[0];
+    ld->batch_size = opts->batch_size;
+    ld->seed = opts->seed;
+    ld->flags = opts->flags;
+    ld->nbatches = ld->n / ld->batch_size;
+    if (!(ld->flags & NDM_LOADER_DROP_LAST) && ld->n % ld->batch_size)
+        ld->nbatches++;
+    ld->order_epoch = -1;
+    ld->site = site;
+    ndm_manager_path(trainer, ld->trainer_path, sizeof ld->trainer_path);
+    if ((ld->flags & NDM_LOADER_SHUFFLE) &&
+        !(ld->order = malloc((size_t)(ld->n ? ld->n : 1) * sizeof *ld->order))) {
+        free(ld);
+        ndm__fail(NDM_E_OOM, api, site, "no memory for the order of %" PRId64 " examples",
+                  x->shape[0]);
+        return (ndm_loader){0};
+    }
+    if (!slot_alloc(ld)) {
+        free(ld->order);
+        free(ld);
+        ndm__fail(NDM_E_OOM, api, site, "no memory for a loader handle");
+        return (ndm_loader){0};
+    }
+    ndm_loader h = handle_of(ld);
+    if (ndm_manager_own_at(NDM__SITE_ARGS(site), trainer, ld, loader_free, "loader") < 0) {
+        retire(ld, "was never made");
+        free(ld);
+        return (ndm_loader){0};
+    }
+    return h;
+}
+
+/* ---- shuffling --------------------------------------------------------------------------- */
+
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
+    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
+    return z ^ (z >> 31);
+}
+
+static uint64_t splitmix64(uint64_t *state)
+{
+    *state += UINT64_C(0x9E3779B97F4A7C15);
+    return mix64(*state);
+}
+
+/* The documented order of an epoch (data.h). */
+static void shuffle(int64_t *order, int64_t n, uint64_t seed, int64_t epoch)
+{
+    for (int64_t i = 0; i < n; i++)
+        order[i] = i;
+    uint64_t state = seed ^ mix64((uint64_t)epoch + 1);
+    for (int64_t i = n - 1; i > 0; i--) {
+        uint64_t bound = (uint64_t)i + 1;
+        uint64_t threshold = (0 - bound) % bound;
+        uint64_t r;
+        do
+            r = splitmix64(&state);
+        while (r < threshold);
+        int64_t j = (int64_t)(r % bound);
+        int64_t t = order[i];
+        order[i] = order[j];
+        order[j] = t;
+    }
+}
+
+/* ---- batches ------------------------------------------------------------------------------ */
+
+/* u8 to f32 in [0, 1]. Blocks of a fixed length let the compiler vectorise
+ * at -O2, where loops of unknown length stay scalar. Dividing (rather than
+ * multiplying by 1/255) gives the correctly rounded x / 255. */
+static void scale_u8(float *restrict f, const uint8_t *restrict u, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int k = 0; k < 16; k++)
+            f[i + k] = (float)u[i + k] / 255.0f;
+    for (; i < n; i++)
+        f[i] = (float)u[i] / 255.0f;
+}
+
+/* Copy rows order[0..count) of src (a CPU array) into dst, C-ordered, as
+ * dst_dtype; with `scale`, u8 becomes f32 divided by 255. */
+static ndm_status gather(const ndm__array *src, const int64_t *rows, int64_t first,
+                         int64_t count, char *dst, ndm_dtype dst_dtype, bool scale,
+                         const char *api, ndm__site where)
+{
+    int rank = src->ndim - 1;
+    const int64_t *shape = src->shape + 1, *strides = src->strides + 1;
+    int64_t per_row = ndm__numel(rank, shape);
+    size_t sisz = ndm_dtype_size(src->dtype), disz = ndm_dtype_size(dst_dtype);
+    bool contiguous = ndm__is_contiguous(rank, shape, strides);
+    const char *base = ndm__array_ptr(src);
+    const ndm__backend *b = NULL;
+    int64_t cs_small[8], *cs = cs_small;
+    if (!contiguous || (dst_dtype != src->dtype && !scale)) {
+        b = ndm__backend_of(NDM_CPU, api, where);
+        if (!b)
+            return ndm_last_status();
+        if (rank > 8 && !(cs = malloc((size_t)rank * sizeof *cs)))
+            return ndm__fail(NDM_E_OOM, api, where, "no memory for strides");
+        ndm__contiguous_strides(rank, shape, cs);
+    }
+    ndm_status st = NDM_OK;
+    for (int64_t k = 0; k < count && st == NDM_OK; k++) {
+        int64_t row = rows ? rows[first + k] : first + k;
+        const char *s = base + row * src->strides[0] * (int64_t)sisz;
+        char *d = dst + k * per_row * (int64_t)disz;
+        if (contiguous && dst_dtype == src->dtype) {
+            memcpy(d, s, (size_t)per_row * sisz);
+        } else if (contiguous && scale) {
+            scale_u8((float *)d, (const uint8_t *)s, per_row);
+        } else {
+            ndm__tensor td = {d, dst_dtype, rank, shape, cs};
+            ndm__tensor ts = {(void *)s, src->dtype, rank, shape, strides};
+            st = b->copy(0, &td, &ts);
+            if (st < 0)
+                ndm__fail(st, api, where, "copy failed: %s", ndm_status_str(st));
+            else if (scale)
+                for (int64_t i = 0; i < per_row; i++)
+                    ((float *)d)[i] /= 255.0f;
+        }
+    }
+    if (cs != cs_small)
+        free(cs);
+    return st;
+}
+
+/* A batch array in manager bm: rows of src, converted; device batches are
+ * staged on the host. */
+static ndm_array make_part(ndm__site site, const char *api, ndm_manager bm, const ndm__array *src,
+                           const int64_t *rows, int64_t first, int64_t count, ndm_dtype dtype,
+                           bool scale)
+{
+    int64_t small[8], *shape = small;
+    if (src->ndim > 8 && !(shape = malloc((size_t)src->ndim * sizeof *shape))) {
+        ndm__fail(NDM_E_OOM, api, site, "no memory for a shape");
+        return NDM_NULL_ARRAY;
+    }
+    memcpy(shape, src->shape, (size_t)src->ndim * sizeof *shape);
+    shape[0] = count;
+    ndm__array *r;
+    ndm_array a = ndm__array_new(site, api, bm, dtype, src->ndim, shape, &r);
+    if (shape != small)
+        free(shape);
+    if (!a.id)
+        return a;
+    ndm_status st;
+    if (r->storage->device.type == NDM_DEVICE_CPU) {
+        st = gather(src, rows, first, count, ndm__array_ptr(r), dtype, scale, api, site);
+    } else {
+        char *stage = malloc(r->storage->nbytes ? r->storage->nbytes : 1);
+        st = stage ? gather(src, rows, first, count, stage, dtype, scale, api, site)
+                   : ndm__fail(NDM_E_OOM, api, site, "no memory to stage a batch");
+        if (st == NDM_OK)
+            st = ndm__io_fill_array_mem(r, stage, false, api, site);
+        free(stage);
+    }
+    if (st < 0) {
+        ndm__discard(a);
+        return NDM_NULL_ARRAY;
+    }
+    return a;
+}
+
+NDM_API int ndm_loader_next_at(NDM_SITE_PARAMS, ndm_loader h, ndm_batch *out)
+{
+    ndm__site site = NDM__SITE;
+    const char *api = __func__;
+    if (!out)
+        return ndm__fail(NDM_E_INVALID, api, site, "out is NULL");
+    memset(out, 0, sizeof *out);
+    loader *ld = lookup(h, api, site);
+    if (!ld)
+        return ndm_last_status();
+    drop_current(ld, site);
+    if (ld->index >= ld->nbatches) {
+        ld->epoch++;
+        ld->index = 0;
+        return 0;
+    }
+    ndm__array *x = ndm__array_get(ld->data.inputs, api, site);
+    if (!x)
+        return ndm_last_status();
+    ndm__array *y = NULL;
+    if (ld->data.labels.id && !(y = ndm__array_get(ld->data.labels, api, site)))
+        return ndm_last_status();
+    if ((ld->flags & NDM_LOADER_SHUFFLE) && ld->order_epoch != ld->epoch) {
+        shuffle(ld->order, ld->n, ld->seed, ld->epoch);
+        ld->order_epoch = ld->epoch;
+    }
+    int64_t first = ld->index * ld->batch_size;
+    int64_t count = ld->n - first < ld->batch_size ? ld->n - first : ld->batch_size;
+    char name[48];
+    snprintf(name, sizeof name, "batch-%" PRId64, ld->step);
+    ndm_manager bm = ndm_manager_new_at(NDM__SITE_ARGS(site), ld->trainer, name);
+    if (!bm.id)
+        return ndm_last_status();
+    bool scale = ld->flags & NDM_LOADER_SCALE_INPUTS;
+    ndm_array bx = make_part(site, api, bm, x, ld->order, first, count,
+                             scale ? NDM_F32 : x->dtype, scale);
+    ndm_array by = NDM_NULL_ARRAY;
+    if (bx.id && y)
+        by = make_part(site, api, bm, y, ld->order, first, count,
+                       ld->flags & NDM_LOADER_LABELS_I64 ? NDM_I64 : y->dtype, false);
+    if (!bx.id || (y && !by.id)) {
+        ndm_status st = ndm_last_status();
+        (void)!ndm_manager_close_at(NDM__SITE_ARGS(site), bm);
+        return st < 0 ? st : NDM_E_INTERNAL;
+    }
+    out->manager = bm;
+    out->inputs = bx;
+    out->labels = by;
+    out->size = count;
+    out->epoch = ld->epoch;
+    out->index = ld->index;
+    out->step = ld->step;
+    if (!(ld->flags & NDM_LOADER_KEEP_BATCHES))
+        ld->current = bm;
+    ld->index++;
+    ld->step++;
+    return 1;
+}
+
+NDM_API ndm_status ndm_loader_keep(ndm_loader h)
+{
+    loader *ld = lookup(h, __func__, NDM__NO_SITE);
+    if (!ld)
+        return ndm_last_status();
+    if (!ld->current.id)
+        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE,
+                         "no current batch to keep (none fetched, or it is kept already)");
+    ld->current = NDM_NULL_MANAGER;
+    return NDM_OK;
+}
+
+NDM_API ndm_status ndm_loader_set_epoch(ndm_loader h, int64_t epoch)
+{
+    loader *ld = lookup(h, __func__, NDM__NO_SITE);
+    if (!ld)
+        return ndm_last_status();
+    if (epoch < 0)
+        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "epoch %" PRId64 " is negative",
+                         epoch);
+    drop_current(ld, NDM__NO_SITE);
+    ld->epoch = epoch;
+    ld->index = 0;
+    return NDM_OK;
+}
+
+NDM_API int64_t ndm_loader_batches(ndm_loader h)
+{
+    loader *ld = lookup(h, __func__, NDM__NO_SITE);
+    return ld ? ld->nbatches : -1;
+}
