@@ -25,6 +25,7 @@
 #include "conv.h"
 #include "random.h"
 #include "memory.h"
+#include "autograd.h"
 #include "transfer.h"
 
 #include "io.h"

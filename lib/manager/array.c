@@ -357,6 +357,10 @@ static void record_fill(ndm__array *r, ndm_dtype dtype, ndm__site site)
 static void record_kill(ndm__array *r)
 {
     free_dims(r);
+    /* a parameter's record (autograd); its gradient array lives on in the
+     * manager like any other array */
+    free(r->ext);
+    r->ext = NULL;
     atomic_store_explicit(&r->live, 0, memory_order_relaxed);
     unsigned g = atomic_load_explicit(&r->gen, memory_order_relaxed);
     g = (g + 1) & 0x7fffffffu;

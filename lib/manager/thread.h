@@ -29,6 +29,12 @@ typedef struct ndm__thread {
     ndm_manager *scopes;
     int scope_depth, scope_cap;
     ndm_manager scope_inline[NDM__SCOPES_INLINE];
+    /* autograd: the graph manager this thread records into (null: none), the
+     * last graph it used (valid while ag_ctx_mgr is a live handle), pauses */
+    ndm_manager ag_graph;
+    void *ag_ctx;
+    ndm_manager ag_ctx_mgr;
+    int ag_pause;
     /* the last failure */
     ndm_status status;
     char msg[1024];

@@ -3,6 +3,7 @@
 #include <inttypes.h>
 #include <string.h>
 
+#include "autograd.h"
 #include "elementwise.h"
 
 /* ---- shared helpers ------------------------------------------------------ */
@@ -365,6 +366,9 @@ static ndm_array binary(ndm__site site, const char *api, ndm_manager out, ndm__e
         kernel_failed(st, api, &site);
         ndm__discard(h);
         h = NDM_NULL_ARRAY;
+    } else if (NDM__UNLIKELY(ndm__ag_on()) && ndm_dtype_is_float(rt)) {
+        ndm__ag_params agp = {.i = {op}};
+        ndm__ag_record(NDM__AG_BINARY, h, 2, (ndm_array[]){ha, hb}, &agp);
     }
 done:
     ndm__ew_dims_put(&d);
@@ -398,6 +402,10 @@ static ndm_array binary_scalar(ndm__site site, const char *api, ndm_manager out,
         kernel_failed(st, api, &site);
         ndm__discard(h);
         return NDM_NULL_ARRAY;
+    }
+    if (NDM__UNLIKELY(ndm__ag_on()) && ndm_dtype_is_float(rt)) {
+        ndm__ag_params agp = {.i = {op, swap}, .s = {s}};
+        ndm__ag_record(NDM__AG_SCALAR, h, 1, &ha, &agp);
     }
     return h;
 }
@@ -602,6 +610,8 @@ NDM_API ndm_array ndm_where_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array co
         kernel_failed(st, api, &site);
         ndm__discard(h);
         h = NDM_NULL_ARRAY;
+    } else if (NDM__UNLIKELY(ndm__ag_on()) && ndm_dtype_is_float(rt)) {
+        ndm__ag_record(NDM__AG_WHERE, h, 3, (ndm_array[]){cond, a, b}, NULL);
     }
 done:
     ndm__ew_dims_put(&d);

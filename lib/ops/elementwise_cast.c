@@ -1,5 +1,6 @@
 /* Casts: ndm_astype (a new array of another dtype) and ndm_copy_into
  * (broadcast and convert into an existing array). */
+#include "autograd.h"
 #include "elementwise.h"
 
 NDM_API ndm_array ndm_astype_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, ndm_dtype dtype)
@@ -29,6 +30,8 @@ NDM_API ndm_array ndm_astype_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
         ndm__discard(h);
         return NDM_NULL_ARRAY;
     }
+    if (NDM__UNLIKELY(ndm__ag_on()) && ndm_dtype_is_float(dtype))
+        ndm__ag_record(NDM__AG_CAST, h, 1, &a, NULL);
     return h;
 }
 

@@ -2,6 +2,7 @@
  * activations, clamp, logical not) and their in-place forms. */
 #include <string.h>
 
+#include "autograd.h"
 #include "elementwise.h"
 
 static const char *const unop_names[NDM__EW_UNOP_COUNT] = {
@@ -78,6 +79,14 @@ static ndm_array unary(ndm__site site, const char *api, ndm_manager out, ndm__ew
         kernel_failed(st, api, &site);
         ndm__discard(h);
         return NDM_NULL_ARRAY;
+    }
+    if (NDM__UNLIKELY(ndm__ag_on()) && ndm_dtype_is_float(rt)) {
+        ndm__ag_params agp = {.i = {op}};
+        if (bounds) {
+            agp.s[0] = bounds[0];
+            agp.s[1] = bounds[1];
+        }
+        ndm__ag_record(bounds ? NDM__AG_CLAMP : NDM__AG_UNARY, h, 1, &ha, &agp);
     }
     return h;
 }

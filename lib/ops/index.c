@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "autograd.h"
 #include "index_ops.h"
 
 /* ---- shared helpers (index_ops.h) ---------------------------------------- */
@@ -175,8 +176,12 @@ static ndm_array join(ndm__site site, const char *api, ndm_manager out, int axis
     if (!res.id)
         goto done;
     ndm_status st = place(f, n, r, o, ax, stack, shape + rnd);
-    if (st < 0)
+    if (st < 0) {
         res = ndm__kernel_failed(st, res, "copy", api, site);
+    } else if (NDM__UNLIKELY(ndm__ag_on()) && ndm_dtype_is_float(dtype)) {
+        ndm__ag_params agp = {.i = {ax}};
+        ndm__ag_record(stack ? NDM__AG_STACK : NDM__AG_CONCAT, res, n, arrays, &agp);
+    }
 done:
     ndm__scratch_put(&sc);
     if (r != small)
@@ -342,6 +347,8 @@ NDM_API ndm_array ndm_flip_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, 
     }
     ndm_array res = ndm__array_view(site, __func__, out, r, r->dtype, r->ndim, r->shape, strides,
                                     offset, NULL);
+    ndm__ag_params agp = {.i = {axis}};
+    NDM__AG_RECORD(NDM__AG_FLIP, res, 1, &a, &agp);
     ndm__scratch_put(&sc);
     return res;
 }

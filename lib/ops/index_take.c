@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "autograd.h"
 #include "broadcast.h"
 #include "index_ops.h"
 
@@ -115,8 +116,12 @@ static ndm_array take(ndm__site site, const char *api, ndm_manager out, ndm_arra
         goto done;
     ndm__tensor dst = ndm__tensor_of(o), src = ndm__tensor_of(r), idx = ndm__tensor_of(ri);
     ndm_status st = f->take(dev.index, &dst, &src, ax, &idx);
-    if (st < 0)
+    if (st < 0) {
         res = ndm__kernel_failed(st, res, "take", api, site);
+    } else if (NDM__UNLIKELY(ndm__ag_on()) && ndm_dtype_is_float(r->dtype)) {
+        ndm__ag_params agp = {.i = {ax}};
+        ndm__ag_record(NDM__AG_TAKE, res, 2, (ndm_array[]){a, indices}, &agp);
+    }
 done:
     ndm__scratch_put(&sc);
     return res;
@@ -195,8 +200,12 @@ NDM_API ndm_array ndm_gather_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
     ndm__tensor src = {ndm__array_ptr(r), r->dtype, nd, sshape, sstr};
     ndm__tensor idx = {ndm__array_ptr(ri), ri->dtype, nd, shape, istr};
     ndm_status st = f->gather(dev.index, &dst, &src, ax, &idx);
-    if (st < 0)
+    if (st < 0) {
         res = ndm__kernel_failed(st, res, "gather", __func__, site);
+    } else if (NDM__UNLIKELY(ndm__ag_on()) && ndm_dtype_is_float(r->dtype)) {
+        ndm__ag_params agp = {.i = {ax}};
+        ndm__ag_record(NDM__AG_GATHER, res, 2, (ndm_array[]){a, indices}, &agp);
+    }
 done:
     ndm__scratch_put(&sc);
     return res;

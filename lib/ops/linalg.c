@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "../backends/linalg.h"
+#include "autograd.h"
 #include "linalg_temp.h"
 #include "ndm/config.h"
 
@@ -196,7 +197,11 @@ NDM_API ndm_array ndm_matmul_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
     out = ndm__output_manager(out, ra, __func__, site);
     if (!out.id)
         return NDM_NULL_ARRAY;
-    return matmul_impl(site, __func__, out, ra, rb);
+    bool paused = ndm__ag_pause();
+    ndm_array res = matmul_impl(site, __func__, out, ra, rb);
+    ndm__ag_resume(paused);
+    NDM__AG_RECORD(NDM__AG_MATMUL, res, 2, ((ndm_array[]){a, b}), NULL);
+    return res;
 }
 
 /* matmul of two views given as (shape) reshapes of a and b, the result
@@ -239,16 +244,32 @@ NDM_API ndm_array ndm_outer_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a,
     if (ndm__shape_check(2, sho, ndm_result_type(ra->dtype, rb->dtype), NULL, NULL, __func__,
                          site) < 0)
         return NDM_NULL_ARRAY;
-    return reshaped_product(site, __func__, out, a, 2, sha, b, 2, shb, 2, sho);
+    bool paused = ndm__ag_pause();
+    ndm_array res = reshaped_product(site, __func__, out, a, 2, sha, b, 2, shb, 2, sho);
+    ndm__ag_resume(paused);
+    if (ra->ndim == 1 && rb->ndim == 1)
+        NDM__AG_RECORD(NDM__AG_OUTER, res, 2, ((ndm_array[]){a, b}), NULL);
+    return res;
 }
+
+static ndm_array dot_impl(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, ndm_array b);
 
 NDM_API ndm_array ndm_dot_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, ndm_array b)
 {
+    bool paused = ndm__ag_pause();
+    ndm_array res = dot_impl(ndm_file_, ndm_line_, ndm_func_, out, a, b);
+    ndm__ag_resume(paused);
+    NDM__AG_RECORD(NDM__AG_DOT, res, 2, ((ndm_array[]){a, b}), NULL);
+    return res;
+}
+
+static ndm_array dot_impl(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, ndm_array b)
+{
     ndm__site site = NDM__SITE;
     ndm__array *ra, *rb;
-    if (!inputs2(a, b, &ra, &rb, __func__, site))
+    if (!inputs2(a, b, &ra, &rb, "ndm_dot", site))
         return NDM_NULL_ARRAY;
-    out = ndm__output_manager(out, ra, __func__, site);
+    out = ndm__output_manager(out, ra, "ndm_dot", site);
     if (!out.id)
         return NDM_NULL_ARRAY;
     int na = ra->ndim, nbd = rb->ndim;
@@ -257,17 +278,17 @@ NDM_API ndm_array ndm_dot_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, n
         /* a scalar operand scales the other: a (1 x 1) or (n x 1) product */
         int64_t sha[2] = {na == 0 ? 1 : sza, 1}, shb[2] = {1, na == 0 ? szb : 1};
         ndm__array *big = na == 0 ? rb : ra;
-        return reshaped_product(site, __func__, out, a, 2, sha, b, 2, shb, big->ndim,
+        return reshaped_product(site, "ndm_dot", out, a, 2, sha, b, 2, shb, big->ndim,
                                 big->shape);
     }
     if (nbd <= 2)
-        return matmul_impl(site, __func__, out, ra, rb);
+        return matmul_impl(site, "ndm_dot", out, ra, rb);
     /* N-d with M-d, M > 2: a as (rows, k) against b's axis -2 as rows of a
      * (k, batch * n) matrix, so b's axis -2 moves to the front first. */
     int64_t k = ra->shape[na - 1], kb = rb->shape[nbd - 2];
     if (k != kb) {
         char d1[160], d2[160];
-        ndm__fail(NDM_E_SHAPE, __func__, site,
+        ndm__fail(NDM_E_SHAPE, "ndm_dot", site,
                   "dot: last axis of %s and axis -2 of %s differ (%" PRId64 " against %" PRId64 ")",
                   ndm__array_desc(ra, d1, sizeof d1), ndm__array_desc(rb, d2, sizeof d2), k, kb);
         return NDM_NULL_ARRAY;
@@ -277,7 +298,7 @@ NDM_API ndm_array ndm_dot_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, n
     int64_t *oshape = malloc((size_t)ond * sizeof *oshape);
     ndm_array res = NDM_NULL_ARRAY;
     if (!perm || !oshape) {
-        ndm__fail(NDM_E_OOM, __func__, site, "no memory for a rank-%d dot", ond);
+        ndm__fail(NDM_E_OOM, "ndm_dot", site, "no memory for a rank-%d dot", ond);
         goto done;
     }
     perm[0] = nbd - 2;
@@ -289,14 +310,14 @@ NDM_API ndm_array ndm_dot_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, n
     for (int i = 0; i < nbd - 2; i++)
         oshape[na - 1 + i] = rb->shape[i];
     oshape[ond - 1] = rb->shape[nbd - 1];
-    if (ndm__shape_check(ond, oshape, ndm_result_type(ra->dtype, rb->dtype), NULL, NULL, __func__,
+    if (ndm__shape_check(ond, oshape, ndm_result_type(ra->dtype, rb->dtype), NULL, NULL, "ndm_dot",
                          site) < 0)
         goto done;
     ndm_array pb = ndm_permute_to_at(ndm_file_, ndm_line_, ndm_func_, out, b, nbd, perm);
     if (pb.id) {
         int64_t sha[2] = {ndm__numel(na - 1, ra->shape), k};
         int64_t shb[2] = {k, ndm__numel(nbd - 2, rb->shape) * rb->shape[nbd - 1]};
-        res = reshaped_product(site, __func__, out, a, 2, sha, pb, 2, shb, ond, oshape);
+        res = reshaped_product(site, "ndm_dot", out, a, 2, sha, pb, 2, shb, ond, oshape);
         ndm__discard(pb);
     }
 done:

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "../backends/reduce.h"
+#include "autograd.h"
 #include "dispatch.h"
 
 static ndm_dtype result_dtype(ndm__reduce_op op, ndm_dtype t)
@@ -172,6 +173,16 @@ static ndm_array reduce_impl(ndm__site site, const char *api, ndm__reduce_op op,
                   ndm__array_desc(r, desc, sizeof desc), ndm_status_str(st));
         ndm__discard(res);
         res = NDM_NULL_ARRAY;
+    } else if (NDM__UNLIKELY(ndm__ag_on()) && ndm_dtype_is_float(o->dtype)) {
+        /* prod, var and std record no gradient */
+        ndm__ag_op rec = op == NDM__RED_SUM         ? NDM__AG_SUM
+                         : op == NDM__RED_MEAN      ? NDM__AG_MEAN
+                         : op == NDM__RED_MAX       ? NDM__AG_MAX
+                         : op == NDM__RED_MIN       ? NDM__AG_MIN
+                         : op == NDM__RED_LOGSUMEXP ? NDM__AG_LOGSUMEXP
+                                                    : NDM__AG_OP_COUNT;
+        if (rec != NDM__AG_OP_COUNT)
+            ndm__ag_record_reduce(rec, res, a, r->ndim, keepdim, naxes, axes);
     }
 done:
     axes_put(&ab);
@@ -298,6 +309,8 @@ static ndm_array softmax_impl(ndm__site site, const char *api, ndm_manager out, 
         ndm__discard(res);
         return NDM_NULL_ARRAY;
     }
+    ndm__ag_params agp = {.i = {ax}};
+    NDM__AG_RECORD(lg ? NDM__AG_LOG_SOFTMAX : NDM__AG_SOFTMAX, res, 1, &a, &agp);
     return res;
 }
 

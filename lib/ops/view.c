@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "autograd.h"
 #include "dispatch.h"
 
 /* Scratch for shapes and strides: on the stack for common ranks. */
@@ -48,8 +49,10 @@ NDM_API ndm_array ndm_alias_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a)
     ndm__array *r = input(a, &out, __func__, site);
     if (!r)
         return NDM_NULL_ARRAY;
-    return ndm__array_view(site, __func__, out, r, r->dtype, r->ndim, r->shape, r->strides,
-                           r->offset, NULL);
+    ndm_array res = ndm__array_view(site, __func__, out, r, r->dtype, r->ndim, r->shape,
+                                    r->strides, r->offset, NULL);
+    NDM__AG_RECORD(NDM__AG_IDENTITY, res, 1, &a, NULL);
+    return res;
 }
 
 /* A C-ordered copy of r with the given shape (same element count). */
@@ -188,6 +191,7 @@ NDM_API ndm_array ndm_reshape_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array 
                               r->offset, NULL);
     else
         res = copy_as(site, __func__, out, r, ndim, d.shape);
+    NDM__AG_RECORD(NDM__AG_RESHAPE, res, 1, &a, NULL);
 done:
     dims_put(&d);
     return res;
@@ -211,6 +215,8 @@ NDM_API ndm_array ndm_permute_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array 
         return NDM_NULL_ARRAY;
     }
     ndm_array res = NDM_NULL_ARRAY;
+    ndm__ag_params agp;
+    agp.naxes = nd <= NDM__AG_MAX_AXES ? nd : -1;
     unsigned char seen_small[64] = {0};
     unsigned char *seen = nd <= 64 ? seen_small : calloc((size_t)nd, 1);
     if (!seen) {
@@ -226,11 +232,15 @@ NDM_API ndm_array ndm_permute_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array 
             goto done;
         }
         seen[ax] = 1;
+        if (i < NDM__AG_MAX_AXES)
+            agp.axes[i] = ax;
         d.shape[i] = r->shape[ax];
         d.strides[i] = r->strides[ax];
     }
     res = ndm__array_view(site, __func__, out, r, r->dtype, nd, d.shape, d.strides, r->offset,
                           NULL);
+    if (agp.naxes >= 0)
+        NDM__AG_RECORD(NDM__AG_PERMUTE, res, 1, &a, &agp);
 done:
     if (seen && seen != seen_small)
         free(seen);
@@ -254,13 +264,19 @@ NDM_API ndm_array ndm_swapaxes_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array
         ndm__fail(NDM_E_OOM, __func__, site, "no memory");
         return NDM_NULL_ARRAY;
     }
+    ndm__ag_params agp;
+    agp.naxes = r->ndim <= NDM__AG_MAX_AXES ? r->ndim : -1;
     for (int i = 0; i < r->ndim; i++) {
         int src = i == x ? y : i == y ? x : i;
+        if (i < NDM__AG_MAX_AXES)
+            agp.axes[i] = src;
         d.shape[i] = r->shape[src];
         d.strides[i] = r->strides[src];
     }
     ndm_array res = ndm__array_view(site, __func__, out, r, r->dtype, r->ndim, d.shape, d.strides,
                                     r->offset, NULL);
+    if (agp.naxes >= 0)
+        NDM__AG_RECORD(NDM__AG_PERMUTE, res, 1, &a, &agp);
     dims_put(&d);
     return res;
 }
@@ -311,6 +327,13 @@ NDM_API ndm_array ndm_slice_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a,
     int64_t offset = r->offset + (len ? start * r->strides[ax] : 0);
     ndm_array res = ndm__array_view(site, __func__, out, r, r->dtype, r->ndim, d.shape, d.strides,
                                     offset, NULL);
+    if (NDM__UNLIKELY(ndm__ag_on()) && res.id) {
+        /* the clamped bounds: backward slices a zero array of the input's shape the same way */
+        ndm__ag_params agp = {.i = {ax, start, len ? start + (len - 1) * step + (step > 0 ? 1 : -1) : start, step}};
+        if (step < 0 && len && agp.i[2] < 0)
+            agp.i[2] = NDM_END;
+        ndm__ag_record(NDM__AG_SLICE, res, 1, &a, &agp);
+    }
     dims_put(&d);
     return res;
 }
@@ -347,6 +370,8 @@ NDM_API ndm_array ndm_select_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
     }
     ndm_array res = ndm__array_view(site, __func__, out, r, r->dtype, k, d.shape, d.strides,
                                     r->offset + i * r->strides[ax], NULL);
+    ndm__ag_params agp = {.i = {ax, i}};
+    NDM__AG_RECORD(NDM__AG_SELECT, res, 1, &a, &agp);
     dims_put(&d);
     return res;
 }
@@ -383,6 +408,7 @@ NDM_API ndm_array ndm_squeeze_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array 
     }
     ndm_array res = ndm__array_view(site, __func__, out, r, r->dtype, k, d.shape, d.strides,
                                     r->offset, NULL);
+    NDM__AG_RECORD(NDM__AG_RESHAPE, res, 1, &a, NULL);
     dims_put(&d);
     return res;
 }
@@ -414,6 +440,7 @@ NDM_API ndm_array ndm_unsqueeze_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_arra
     }
     ndm_array res = ndm__array_view(site, __func__, out, r, r->dtype, r->ndim + 1, d.shape,
                                     d.strides, r->offset, NULL);
+    NDM__AG_RECORD(NDM__AG_RESHAPE, res, 1, &a, NULL);
     dims_put(&d);
     return res;
 }
@@ -467,6 +494,7 @@ NDM_API ndm_array ndm_expand_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
         goto done;
     res = ndm__array_view(site, __func__, out, r, r->dtype, ndim, d.shape, d.strides, r->offset,
                           NULL);
+    NDM__AG_RECORD(NDM__AG_EXPAND, res, 1, &a, NULL);
 done:
     dims_put(&d);
     return res;
@@ -478,10 +506,14 @@ NDM_API ndm_array ndm_contiguous_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_arr
     ndm__array *r = input(a, &out, __func__, site);
     if (!r)
         return NDM_NULL_ARRAY;
+    ndm_array res;
     if (ndm__is_contiguous(r->ndim, r->shape, r->strides))
-        return ndm__array_view(site, __func__, out, r, r->dtype, r->ndim, r->shape, r->strides,
-                               r->offset, NULL);
-    return copy_as(site, __func__, out, r, r->ndim, r->shape);
+        res = ndm__array_view(site, __func__, out, r, r->dtype, r->ndim, r->shape, r->strides,
+                              r->offset, NULL);
+    else
+        res = copy_as(site, __func__, out, r, r->ndim, r->shape);
+    NDM__AG_RECORD(NDM__AG_IDENTITY, res, 1, &a, NULL);
+    return res;
 }
 
 NDM_API ndm_array ndm_copy_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a)
@@ -490,5 +522,7 @@ NDM_API ndm_array ndm_copy_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a)
     ndm__array *r = input(a, &out, __func__, site);
     if (!r)
         return NDM_NULL_ARRAY;
-    return copy_as(site, __func__, out, r, r->ndim, r->shape);
+    ndm_array res = copy_as(site, __func__, out, r, r->ndim, r->shape);
+    NDM__AG_RECORD(NDM__AG_IDENTITY, res, 1, &a, NULL);
+    return res;
 }

@@ -1,0 +1,89 @@
+/* ndm autograd: reverse-mode gradients, recorded per thread.
+ *
+ *     ndm_requires_grad(w);              // once, while building the model
+ *     ...
+ *     ndm_grad_begin(batch);             // record this thread's operations
+ *     ndm_array loss = ...;              // operations on w (and on recorded results) are recorded
+ *     ndm_backward(loss);                // d loss / d w is added to w's gradient
+ *     ndm_grad_end();
+ *     ... optimizer step, ndm_zero_grad(w) ...
+ *     ndm_manager_close(batch);          // the graph goes with the batch
+ *
+ * Ownership. A parameter's gradient is an array of its shape and dtype,
+ * made once (zeroed) by ndm_requires_grad in the parameter's manager, never
+ * reallocated: backward adds into it in place, so a capped model manager
+ * stays capped. The graph (one node per recorded operation, plus handles
+ * that keep its inputs alive) lives in a child manager of the manager given
+ * to ndm_grad_begin, so closing that manager frees the graph, whatever
+ * scopes were used during the step.
+ *
+ * What is recorded: while recording is on (and not paused by
+ * ndm_no_grad_begin), every operation with an input that needs a gradient —
+ * a parameter, or the result of a recorded operation — adds a node. In-place
+ * operations are not recorded: writing into an array the graph depends on
+ * during a step gives wrong gradients (optimizers update parameters after
+ * ndm_grad_end). Operations without a gradient (comparisons, argmax, integer
+ * results, random numbers) make results that need none.
+ *
+ * Thread rules: recording is per thread. Backward adds into the parameters'
+ * shared gradient arrays: run one backward per parameter set at a time.
+ */
+#ifndef NDM_AUTOGRAD_H
+#define NDM_AUTOGRAD_H
+
+#include "base.h"
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Make `param` a parameter: it gets a zeroed gradient array of its shape
+ *  and dtype in its manager (once; again is NDM_OK). The manager must accept
+ *  the array (call this before capping a model). Float dtypes only
+ *  (NDM_E_DTYPE). */
+#define ndm_requires_grad(param) ndm_requires_grad_at(NDM_HERE, (param))
+NDM_API NDM_NODISCARD ndm_status ndm_requires_grad_at(NDM_SITE_PARAMS, ndm_array param);
+/** Is `a` a parameter? */
+NDM_API bool ndm_array_requires_grad(ndm_array a);
+/** A fresh handle on the gradient of parameter `param`, attached by the
+ *  output rule (the `_to` manager, else the innermost scope, else the
+ *  parameter's manager — refused when that one is capped: name a manager).
+ *  NDM_E_INVALID when `param` is not a parameter. */
+#define ndm_grad(param) ndm_grad_to_at(NDM_HERE, NDM_NULL_MANAGER, (param))
+#define ndm_grad_to(m, param) ndm_grad_to_at(NDM_HERE, (m), (param))
+NDM_API ndm_array ndm_grad_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array param);
+/** Set the gradient of each parameter to zero. */
+NDM_API NDM_NODISCARD ndm_status ndm_zero_grad(size_t n, const ndm_array *params);
+
+/** Start recording this thread's operations into a new graph under `owner`
+ *  (a child manager named "graph"). NDM_E_INVALID when this thread already
+ *  records (end it first). */
+#define ndm_grad_begin(owner) ndm_grad_begin_at(NDM_HERE, (owner))
+NDM_API NDM_NODISCARD ndm_status ndm_grad_begin_at(NDM_SITE_PARAMS, ndm_manager owner);
+/** Stop recording. The graph stays until its owner closes, so backward may
+ *  also run after this. NDM_ALREADY when this thread does not record. */
+NDM_API ndm_status ndm_grad_end(void);
+/** Is this thread recording (and not paused)? */
+NDM_API bool ndm_grad_recording(void);
+/** Pause recording on this thread (nests); inference code can run inside. */
+NDM_API void ndm_no_grad_begin(void);
+NDM_API void ndm_no_grad_end(void);
+
+/** Add d(loss)/d(param) to the gradient of every parameter `loss` depends
+ *  on. `loss` must be the result of a recorded operation with one element
+ *  (NDM_E_SHAPE otherwise); its graph may have ended. Temporaries are
+ *  released before return. Backward may run several times on one graph:
+ *  gradients add up. */
+#define ndm_backward(loss) ndm_backward_with_at(NDM_HERE, (loss), NDM_NULL_ARRAY)
+/** The same with an explicit gradient for `out` (of its shape), for outputs
+ *  with more than one element. */
+#define ndm_backward_with(out, grad) ndm_backward_with_at(NDM_HERE, (out), (grad))
+NDM_API NDM_NODISCARD ndm_status ndm_backward_with_at(NDM_SITE_PARAMS, ndm_array out,
+                                                      ndm_array grad);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,516 @@
+/* Autograd: per-thread recording of operations into a graph owned by a
+ * manager, and reverse-mode accumulation into parameters' gradients. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd.h"
+#include "dispatch.h"
+#include "ndm/autograd.h"
+#include "ndm/elementwise.h"
+#include "ndm/reduce.h"
+
+/* A parameter's record: its gradient array (in the parameter's manager). */
+typedef struct param_info {
+    ndm_array grad;
+} param_info;
+
+/* A graph: nodes by the id of the array they made (open addressing). */
+typedef struct graph {
+    ndm_manager mgr;
+    uint64_t *keys;
+    ndm__ag_node **vals;
+    size_t cap, count;
+    ndm__ag_node **all; /* every node, for freeing */
+    size_t nall, capall;
+    uint64_t next_order;
+    bool failed; /* a node could not be recorded */
+} graph;
+
+static void graph_free(void *p)
+{
+    graph *g = p;
+    for (size_t i = 0; i < g->nall; i++)
+        free(g->all[i]);
+    free(g->all);
+    free(g->keys);
+    free(g->vals);
+    free(g);
+}
+
+static size_t hash_id(uint64_t id) { return (size_t)((id * 0x9E3779B97F4A7C15ull) >> 17); }
+
+static ndm__ag_node *graph_find(graph *g, uint64_t id)
+{
+    if (!g->cap)
+        return NULL;
+    for (size_t i = hash_id(id) & (g->cap - 1);; i = (i + 1) & (g->cap - 1)) {
+        if (!g->keys[i])
+            return NULL;
+        if (g->keys[i] == id)
+            return g->vals[i];
+    }
+}
+
+static bool graph_put(graph *g, uint64_t id, ndm__ag_node *nd)
+{
+    if ((g->count + 1) * 2 > g->cap) {
+        size_t cap = g->cap ? g->cap * 2 : 256;
+        uint64_t *k = calloc(cap, sizeof *k);
+        ndm__ag_node **v = calloc(cap, sizeof *v);
+        if (!k || !v) {
+            free(k);
+            free(v);
+            return false;
+        }
+        for (size_t i = 0; i < g->cap; i++) {
+            if (!g->keys[i])
+                continue;
+            size_t j = hash_id(g->keys[i]) & (cap - 1);
+            while (k[j])
+                j = (j + 1) & (cap - 1);
+            k[j] = g->keys[i];
+            v[j] = g->vals[i];
+        }
+        free(g->keys);
+        free(g->vals);
+        g->keys = k;
+        g->vals = v;
+        g->cap = cap;
+    }
+    if (g->nall == g->capall) {
+        size_t c = g->capall ? g->capall * 2 : 256;
+        ndm__ag_node **a = realloc(g->all, c * sizeof *a);
+        if (!a)
+            return false;
+        g->all = a;
+        g->capall = c;
+    }
+    size_t i = hash_id(id) & (g->cap - 1);
+    while (g->keys[i] && g->keys[i] != id)
+        i = (i + 1) & (g->cap - 1);
+    if (!g->keys[i])
+        g->count++;
+    g->keys[i] = id;
+    g->vals[i] = nd;
+    g->all[g->nall++] = nd;
+    return true;
+}
+
+/* This thread's graph: the one it records into, or the last one it used. */
+static graph *current_graph(void)
+{
+    ndm__thread *t = ndm__tls;
+    if (!t || !t->ag_ctx)
+        return NULL;
+    /* the graph dies with its manager (an owned resource): check the
+     * manager's handle before touching the graph */
+    if (!ndm_manager_valid(t->ag_ctx_mgr)) {
+        t->ag_ctx = NULL;
+        t->ag_ctx_mgr = NDM_NULL_MANAGER;
+        t->ag_graph = NDM_NULL_MANAGER;
+        return NULL;
+    }
+    return t->ag_ctx;
+}
+
+static param_info *param_of(const ndm__array *r)
+{
+    param_info *pi = r->ext;
+    return pi && ndm_array_valid(pi->grad) ? pi : NULL;
+}
+
+/* ---- parameters ----------------------------------------------------------- */
+
+NDM_API ndm_status ndm_requires_grad_at(NDM_SITE_PARAMS, ndm_array param)
+{
+    ndm__site site = NDM__SITE;
+    ndm__array *r = ndm__array_get(param, __func__, site);
+    if (!r)
+        return ndm_last_status();
+    if (param_of(r))
+        return NDM_OK;
+    if (!ndm_dtype_is_float(r->dtype)) {
+        char desc[160];
+        return ndm__fail(NDM_E_DTYPE, __func__, site,
+                         "only float arrays have gradients; %s is not one",
+                         ndm__array_desc(r, desc, sizeof desc));
+    }
+    param_info *pi = malloc(sizeof *pi);
+    if (!pi)
+        return ndm__fail(NDM_E_OOM, __func__, site, "no memory for a parameter record");
+    ndm__array *gr;
+    ndm_manager m = ndm__manager_handle_of(ndm__manager_slot(r->mgr));
+    ndm_array grad = ndm__array_new_on(site, __func__, m, r->storage->device, r->dtype, r->ndim,
+                                       r->shape, &gr);
+    if (!grad.id) {
+        free(pi);
+        return ndm_last_status();
+    }
+    const ndm__backend *b = ndm__backend_of(gr->storage->device, __func__, site);
+    ndm__tensor t = ndm__tensor_of(gr);
+    ndm_status st = b ? b->fill(gr->storage->device.index, &t, 0.0) : NDM_E_UNSUPPORTED;
+    if (st < 0) {
+        ndm__discard(grad);
+        free(pi);
+        return b ? ndm__fail(st, __func__, site, "cannot zero the gradient") : st;
+    }
+    pi->grad = grad;
+    /* the record frees ext when the parameter is released */
+    r->ext = pi;
+    return NDM_OK;
+}
+
+NDM_API bool ndm_array_requires_grad(ndm_array a)
+{
+    ndm__array *r = ndm__array_peek(a);
+    return r && param_of(r);
+}
+
+NDM_API ndm_array ndm_grad_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array param)
+{
+    ndm__site site = NDM__SITE;
+    ndm__array *r = ndm__array_get_prop(param, __func__, site);
+    if (!r)
+        return NDM_NULL_ARRAY;
+    param_info *pi = param_of(r);
+    if (!pi) {
+        char desc[160];
+        ndm__fail(NDM_E_INVALID, __func__, site, "%s is not a parameter (ndm_requires_grad)",
+                  ndm__array_desc(r, desc, sizeof desc));
+        return NDM_NULL_ARRAY;
+    }
+    return ndm_alias_to_at(NDM__SITE_ARGS(site), out, pi->grad);
+}
+
+NDM_API ndm_status ndm_zero_grad(size_t n, const ndm_array *params)
+{
+    for (size_t i = 0; i < n; i++) {
+        ndm__array *r = ndm__array_get(params[i], __func__, NDM__NO_SITE);
+        if (!r)
+            return ndm_last_status();
+        param_info *pi = param_of(r);
+        if (!pi) {
+            char desc[160];
+            return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE,
+                             "params[%zu] (%s) is not a parameter", i,
+                             ndm__array_desc(r, desc, sizeof desc));
+        }
+        ndm__array *gr = ndm__array_peek(pi->grad);
+        const ndm__backend *b = ndm__backend_of(gr->storage->device, __func__, NDM__NO_SITE);
+        if (!b)
+            return ndm_last_status();
+        ndm__tensor t = ndm__tensor_of(gr);
+        ndm_status st = b->fill(gr->storage->device.index, &t, 0.0);
+        if (st < 0)
+            return ndm__fail(st, __func__, NDM__NO_SITE, "cannot zero a gradient");
+    }
+    return NDM_OK;
+}
+
+/* ---- recording ------------------------------------------------------------------ */
+
+NDM_API ndm_status ndm_grad_begin_at(NDM_SITE_PARAMS, ndm_manager owner)
+{
+    ndm__site site = NDM__SITE;
+    ndm__thread *t = ndm__thread_get();
+    if (!t)
+        return ndm__fail(NDM_E_OOM, __func__, site, "no memory for this thread's state");
+    if (t->ag_graph.id && ndm_manager_valid(t->ag_graph))
+        return ndm__fail(NDM_E_INVALID, __func__, site,
+                         "this thread is already recording (call ndm_grad_end first)");
+    ndm_manager gm = ndm_manager_new_at(NDM__SITE_ARGS(site), owner, "graph");
+    if (!gm.id)
+        return ndm_last_status();
+    graph *g = calloc(1, sizeof *g);
+    if (!g) {
+        (void)!ndm_manager_close(gm);
+        return ndm__fail(NDM_E_OOM, __func__, site, "no memory for a graph");
+    }
+    g->mgr = gm;
+    ndm_status st = ndm_manager_own_at(NDM__SITE_ARGS(site), gm, g, graph_free, "autograd graph");
+    if (st < 0) {
+        free(g);
+        (void)!ndm_manager_close(gm);
+        return st;
+    }
+    t->ag_graph = gm;
+    t->ag_ctx = g;
+    t->ag_ctx_mgr = gm;
+    return NDM_OK;
+}
+
+NDM_API ndm_status ndm_grad_end(void)
+{
+    ndm__thread *t = ndm__tls;
+    if (!t || !t->ag_graph.id)
+        return NDM_ALREADY;
+    /* keep ag_ctx: backward may still run on the graph */
+    t->ag_graph = NDM_NULL_MANAGER;
+    return NDM_OK;
+}
+
+NDM_API bool ndm_grad_recording(void)
+{
+    return ndm__ag_on() && current_graph() != NULL;
+}
+
+NDM_API void ndm_no_grad_begin(void)
+{
+    ndm__thread *t = ndm__thread_get();
+    if (t)
+        t->ag_pause++;
+}
+
+NDM_API void ndm_no_grad_end(void)
+{
+    ndm__thread *t = ndm__tls;
+    if (t && t->ag_pause > 0)
+        t->ag_pause--;
+}
+
+static const ndm__site record_site = {__FILE__, "autograd", __LINE__};
+
+void ndm__ag_record(ndm__ag_op op, ndm_array out, int n, const ndm_array *in,
+                    const ndm__ag_params *p)
+{
+    graph *g = current_graph();
+    ndm__thread *t = ndm__tls;
+    if (!g || !t->ag_graph.id)
+        return;
+    /* does any input need a gradient? */
+    bool any = false;
+    for (int i = 0; i < n && !any; i++) {
+        ndm__array *r = ndm__array_peek(in[i]);
+        any = r && (param_of(r) || graph_find(g, in[i].id));
+    }
+    if (!any)
+        return;
+    ndm__array *ro = ndm__array_peek(out);
+    if (!ro)
+        return;
+    size_t bytes = sizeof(ndm__ag_node) + (size_t)n * (2 * sizeof(ndm_array) + sizeof(void *) + 1);
+    ndm__ag_node *nd = calloc(1, bytes);
+    if (!nd) {
+        g->failed = true;
+        return;
+    }
+    nd->op = op;
+    nd->n = n;
+    nd->order = ++g->next_order;
+    nd->out = out;
+    nd->in = (ndm_array *)(nd + 1);
+    nd->leaf = nd->in + n;
+    nd->prod = (ndm__ag_node **)(nd->leaf + n);
+    nd->needs = (unsigned char *)(nd->prod + n);
+    if (p)
+        nd->p = *p;
+    /* the graph keeps handles on the inputs and the result, so backward can
+     * read them whatever the caller releases meanwhile */
+    t->ag_pause++;
+    bool ok = true;
+    for (int i = 0; i < n && ok; i++) {
+        ndm__array *r = ndm__array_peek(in[i]);
+        if (!r)
+            continue;
+        param_info *pi = param_of(r);
+        ndm__ag_node *pr = graph_find(g, in[i].id);
+        nd->prod[i] = pr;
+        nd->leaf[i] = pr ? NDM_NULL_ARRAY : pi ? pi->grad : NDM_NULL_ARRAY;
+        nd->needs[i] = pr || pi;
+        nd->in[i] = ndm__array_view(record_site, "autograd", g->mgr, r, r->dtype, r->ndim, r->shape,
+                                    r->strides, r->offset, NULL);
+        ok = nd->in[i].id != 0;
+    }
+    if (ok) {
+        nd->saved_out = ndm__array_view(record_site, "autograd", g->mgr, ro, ro->dtype, ro->ndim,
+                                        ro->shape, ro->strides, ro->offset, NULL);
+        ok = nd->saved_out.id && graph_put(g, out.id, nd);
+    }
+    t->ag_pause--;
+    if (!ok) {
+        /* the handles already made stay in the graph manager until it closes */
+        free(nd);
+        g->failed = true;
+    }
+}
+
+void ndm__ag_record_reduce(ndm__ag_op op, ndm_array out, ndm_array in, int ndim, bool keepdim,
+                           int naxes, const int *axes)
+{
+    ndm__ag_params p;
+    memset(&p, 0, sizeof p);
+    p.i[0] = keepdim;
+    if (naxes < 0 || ndim > NDM__AG_MAX_AXES) {
+        p.naxes = -1;
+    } else {
+        p.naxes = naxes;
+        for (int k = 0; k < naxes && k < NDM__AG_MAX_AXES; k++)
+            p.axes[k] = axes[k] < 0 ? axes[k] + ndim : axes[k];
+        if (naxes > NDM__AG_MAX_AXES)
+            p.naxes = -1;
+    }
+    ndm__ag_record(op, out, 1, &in, &p);
+}
+
+/* ---- backward --------------------------------------------------------------------- */
+
+static int by_order_desc(const void *a, const void *b)
+{
+    const ndm__ag_node *x = *(ndm__ag_node *const *)a, *y = *(ndm__ag_node *const *)b;
+    return x->order < y->order ? 1 : x->order > y->order ? -1 : 0;
+}
+
+/* The nodes that `root` depends on, root included, latest first: a node's
+ * producers were recorded before it, so this is a reverse topological order. */
+static ndm__ag_node **reachable(ndm__ag_node *root, size_t *count)
+{
+    size_t cap = 64, n = 0, sp = 0, scap = 64;
+    ndm__ag_node **out = malloc(cap * sizeof *out);
+    ndm__ag_node **stack = malloc(scap * sizeof *stack);
+    if (!out || !stack) {
+        free(out);
+        free(stack);
+        return NULL;
+    }
+    stack[sp++] = root;
+    root->seen = 1;
+    while (sp) {
+        ndm__ag_node *nd = stack[--sp];
+        if (n == cap) {
+            ndm__ag_node **o = realloc(out, (cap *= 2) * sizeof *o);
+            if (!o)
+                goto oom;
+            out = o;
+        }
+        out[n++] = nd;
+        for (int i = 0; i < nd->n; i++) {
+            ndm__ag_node *p = nd->prod[i];
+            if (!p || p->seen)
+                continue;
+            p->seen = 1;
+            if (sp == scap) {
+                ndm__ag_node **s = realloc(stack, (scap *= 2) * sizeof *s);
+                if (!s)
+                    goto oom;
+                stack = s;
+            }
+            stack[sp++] = p;
+        }
+    }
+    free(stack);
+    qsort(out, n, sizeof *out, by_order_desc);
+    *count = n;
+    return out;
+oom:
+    for (size_t i = 0; i < n; i++)
+        out[i]->seen = 0;
+    for (size_t i = 0; i < sp; i++)
+        stack[i]->seen = 0;
+    free(out);
+    free(stack);
+    return NULL;
+}
+
+/* Add gradient gi (for input i of nd) to where it goes. */
+static ndm_status deliver(ndm__ag_node *nd, int i, ndm_array gi, const char *api, ndm__site site)
+{
+    ndm__array *in = ndm__array_peek(nd->in[i]);
+    if (!in)
+        return ndm__fail(NDM_E_INTERNAL, api, site, "a graph input was released");
+    ndm_array s = ndm__ag_sum_to(gi, in->ndim, in->shape);
+    if (s.id && ndm_array_dtype(s) != in->dtype)
+        s = ndm_astype(s, in->dtype);
+    if (!s.id)
+        return ndm_last_status();
+    if (nd->prod[i]) {
+        ndm__ag_node *p = nd->prod[i];
+        p->g = p->g.id ? ndm_add(p->g, s) : s;
+        return p->g.id ? NDM_OK : ndm_last_status();
+    }
+    if (nd->leaf[i].id)
+        return ndm_add_(nd->leaf[i], s);
+    return NDM_OK;
+}
+
+NDM_API ndm_status ndm_backward_with_at(NDM_SITE_PARAMS, ndm_array out, ndm_array grad)
+{
+    ndm__site site = NDM__SITE;
+    ndm__array *ro = ndm__array_get(out, __func__, site);
+    if (!ro)
+        return ndm_last_status();
+    graph *g = current_graph();
+    ndm__ag_node *root = g ? graph_find(g, out.id) : NULL;
+    if (!root) {
+        char desc[160];
+        return ndm__fail(NDM_E_INVALID, __func__, site,
+                         "%s was not made by a recorded operation (start recording with "
+                         "ndm_grad_begin before the forward pass; only operations on parameters "
+                         "or recorded results are recorded)",
+                         ndm__array_desc(ro, desc, sizeof desc));
+    }
+    if (g->failed)
+        return ndm__fail(NDM_E_OOM, __func__, site,
+                         "the graph is incomplete: an operation could not be recorded (no memory)");
+    ndm__array *rg = NULL;
+    if (grad.id) {
+        rg = ndm__array_get(grad, __func__, site);
+        if (!rg)
+            return ndm_last_status();
+        if (rg->ndim != ro->ndim || memcmp(rg->shape, ro->shape, sizeof(int64_t) * ro->ndim)) {
+            char d1[160], d2[160];
+            return ndm__fail(NDM_E_SHAPE, __func__, site, "gradient %s does not match output %s",
+                             ndm__array_desc(rg, d1, sizeof d1), ndm__array_desc(ro, d2, sizeof d2));
+        }
+    } else if (ndm__numel(ro->ndim, ro->shape) != 1) {
+        char desc[160];
+        return ndm__fail(NDM_E_SHAPE, __func__, site,
+                         "%s has more than one element: pass its gradient (ndm_backward_with)",
+                         ndm__array_desc(ro, desc, sizeof desc));
+    }
+    size_t count = 0;
+    ndm__ag_node **order = reachable(root, &count);
+    if (!order)
+        return ndm__fail(NDM_E_OOM, __func__, site, "no memory to order the graph");
+    ndm__thread *t = ndm__tls;
+    t->ag_pause++;
+    ndm_status st = NDM_OK;
+    ndm_manager scope = ndm_scope_begin_at(NDM__SITE_ARGS(site), g->mgr, "backward");
+    if (!scope.id) {
+        st = ndm_last_status();
+        goto done;
+    }
+    root->g = grad.id ? ndm_alias(grad) : ndm_ones(NDM_NULL_MANAGER, ro->dtype, ro->ndim, ro->shape);
+    if (!root->g.id) {
+        st = ndm_last_status();
+        goto end;
+    }
+    for (size_t k = 0; k < count && st == NDM_OK; k++) {
+        ndm__ag_node *nd = order[k];
+        if (!nd->g.id)
+            continue; /* nothing reached it */
+        ndm_array gi[64] = {{0}};
+        ndm_array *gv = nd->n <= 64 ? gi : calloc((size_t)nd->n, sizeof *gv);
+        if (!gv) {
+            st = ndm__fail(NDM_E_OOM, __func__, site, "no memory");
+            break;
+        }
+        st = ndm__ag_rule(nd, nd->g, gv);
+        for (int i = 0; i < nd->n && st == NDM_OK; i++)
+            if (nd->needs[i] && gv[i].id)
+                st = deliver(nd, i, gv[i], __func__, site);
+        if (gv != gi)
+            free(gv);
+    }
+    if (st < 0 && ndm_last_status() == NDM_OK)
+        ndm__fail(st, __func__, site, "backward failed");
+end:
+    (void)!ndm_scope_end(scope, 0, NULL);
+done:
+    for (size_t k = 0; k < count; k++) {
+        order[k]->g = NDM_NULL_ARRAY;
+        order[k]->seen = 0;
+    }
+    free(order);
+    t->ag_pause--;
+    return st;
+}

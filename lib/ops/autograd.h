@@ -1,0 +1,119 @@
+/* Private autograd interface: the operation codes dispatchers record, their
+ * parameters, and the inline check that keeps recording free when off. */
+#ifndef NDM_OPS_AUTOGRAD_H
+#define NDM_OPS_AUTOGRAD_H
+
+#include "../manager/core.h"
+
+typedef enum ndm__ag_op {
+    NDM__AG_BINARY,      /* i[0]: ndm__ew_binop */
+    NDM__AG_SCALAR,      /* i[0]: ndm__ew_binop, i[1]: swapped (s op a), s[0]: the scalar */
+    NDM__AG_UNARY,       /* i[0]: ndm__ew_unop */
+    NDM__AG_CLAMP,       /* s[0], s[1]: bounds */
+    NDM__AG_WHERE,       /* in: cond, a, b */
+    NDM__AG_CAST,        /* astype */
+    NDM__AG_IDENTITY,    /* alias, contiguous, copy: same shape */
+    NDM__AG_RESHAPE,     /* reshape, squeeze, unsqueeze: grad reshaped back */
+    NDM__AG_PERMUTE,     /* axes[0..naxes): the permutation used */
+    NDM__AG_SLICE,       /* i[0]: axis, i[1]: start, i[2]: stop, i[3]: step (as given) */
+    NDM__AG_SELECT,      /* i[0]: axis, i[1]: index (as given) */
+    NDM__AG_EXPAND,      /* broadcast view: grad summed back */
+    NDM__AG_SUM,         /* axes (normalised, naxes = -1: all), i[0]: keepdim */
+    NDM__AG_MEAN,
+    NDM__AG_MAX,
+    NDM__AG_MIN,
+    NDM__AG_LOGSUMEXP,
+    NDM__AG_SOFTMAX,     /* i[0]: axis */
+    NDM__AG_LOG_SOFTMAX, /* i[0]: axis */
+    NDM__AG_MATMUL,
+    NDM__AG_DOT,
+    NDM__AG_OUTER,
+    NDM__AG_CONCAT,      /* i[0]: axis; n inputs */
+    NDM__AG_STACK,       /* i[0]: axis; n inputs */
+    NDM__AG_TAKE,        /* i[0]: axis; in: a, indices */
+    NDM__AG_GATHER,      /* i[0]: axis; in: a, indices */
+    NDM__AG_FLIP,        /* i[0]: axis */
+    NDM__AG_CONV2D,      /* conv: the options in conv; in: x, w[, b] */
+    NDM__AG_MAX_POOL2D,  /* pool options in pool */
+    NDM__AG_AVG_POOL2D,  /* pool options in pool, i[0]: count_include_pad */
+    NDM__AG_CROSS_ENTROPY, /* in: logits (N, C), labels (N); i[0]: reduction */
+    NDM__AG_NLL,         /* in: log-probabilities (N, C), labels (N); i[0]: reduction */
+    NDM__AG_OP_COUNT
+} ndm__ag_op;
+
+#define NDM__AG_MAX_AXES 16
+
+typedef struct ndm__ag_params {
+    int64_t i[4];
+    double s[2];
+    int naxes;           /* -1: all axes */
+    int axes[NDM__AG_MAX_AXES];
+    int64_t conv[7];     /* stride[2], padding[2], dilation[2], groups */
+} ndm__ag_params;
+
+/* Is this thread recording? One load of the thread state. */
+static inline bool ndm__ag_on(void)
+{
+    ndm__thread *t = ndm__tls;
+    return t && t->ag_graph.id && !t->ag_pause;
+}
+
+/* Record an operation: out = op(in[0..n)) with parameters p (may be NULL).
+ * Nothing happens unless recording is on and an input needs a gradient. A
+ * failure to record (no memory) leaves `out` valid but without a gradient
+ * and is reported by the next ndm_backward. */
+void ndm__ag_record(ndm__ag_op op, ndm_array out, int n, const ndm_array *in,
+                    const ndm__ag_params *p);
+
+/* Record a reduction: normalises the axes (negative, all) for rank ndim. */
+void ndm__ag_record_reduce(ndm__ag_op op, ndm_array out, ndm_array in, int ndim, bool keepdim,
+                           int naxes, const int *axes);
+
+/* Operations built from other public operations pause recording while they
+ * work, so only the operation itself is recorded. */
+static inline bool ndm__ag_pause(void)
+{
+    ndm__thread *t = ndm__tls;
+    if (!t || !t->ag_graph.id)
+        return false;
+    t->ag_pause++;
+    return true;
+}
+static inline void ndm__ag_resume(bool paused)
+{
+    if (paused)
+        ndm__tls->ag_pause--;
+}
+
+#define NDM__AG_RECORD(op, out, n, in, p)                                       \
+    do {                                                                        \
+        if (NDM__UNLIKELY(ndm__ag_on()) && (out).id)                            \
+            ndm__ag_record((op), (out), (n), (in), (p));                        \
+    } while (0)
+
+#endif
+
+/* ---- the graph, for the engine and the backward rules ------------------- */
+
+typedef struct ndm__ag_node {
+    ndm__ag_op op;
+    int n;                       /* inputs */
+    uint64_t order;              /* recording order: producers come first */
+    ndm_array out;               /* the recorded result (the key) */
+    ndm_array saved_out;         /* a handle on it that the graph keeps */
+    ndm_array *in;               /* handles on the inputs that the graph keeps */
+    struct ndm__ag_node **prod;  /* the node that made each input, or NULL */
+    ndm_array *leaf;             /* the gradient array of each parameter input, or null */
+    unsigned char *needs;        /* does input i need a gradient */
+    ndm__ag_params p;
+    ndm_array g;                 /* during backward: d(out) accumulated */
+    int seen;
+} ndm__ag_node;
+
+/* The gradients of a node's inputs given g = d(out): gi[i] for each input
+ * that needs one (others may stay null). Temporaries follow the output rule
+ * (backward runs inside a scope). */
+ndm_status ndm__ag_rule(ndm__ag_node *nd, ndm_array g, ndm_array *gi);
+
+/* Sum g over the axes broadcasting added to reach `shape`. */
+ndm_array ndm__ag_sum_to(ndm_array g, int ndim, const int64_t *shape);

@@ -1,0 +1,494 @@
+/* Backward rules: the gradient of each recorded operation's inputs from the
+ * gradient of its result, written with ndm's own operations (they run inside
+ * backward's scope, so every temporary is released with it). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../backends/ew.h"
+#include "autograd.h"
+#include "dispatch.h"
+#include "ndm/autograd.h"
+#include "ndm/conv.h"
+#include "ndm/elementwise.h"
+#include "ndm/index.h"
+#include "ndm/linalg.h"
+#include "ndm/reduce.h"
+#include "ndm/transfer.h"
+
+static const ndm__array *rec(ndm_array h) { return ndm__array_peek(h); }
+
+ndm_array ndm__ag_sum_to(ndm_array g, int ndim, const int64_t *shape)
+{
+    const ndm__array *r = rec(g);
+    if (!r)
+        return NDM_NULL_ARRAY;
+    if (r->ndim == ndim && !memcmp(r->shape, shape, sizeof(int64_t) * (size_t)ndim))
+        return g;
+    int axes[64];
+    int n = 0, lead = r->ndim - ndim;
+    if (lead < 0 || r->ndim > 64) {
+        ndm__fail(NDM_E_SHAPE, "ndm_backward", NDM__NO_SITE, "gradient rank %d above %d", ndim,
+                  r->ndim);
+        return NDM_NULL_ARRAY;
+    }
+    for (int j = 0; j < r->ndim; j++)
+        if (j < lead || (shape[j - lead] == 1 && r->shape[j] != 1))
+            axes[n++] = j;
+    ndm_array s = n ? ndm_sum(g, true, n, axes) : g;
+    return ndm_reshape_to_at(NDM_HERE, NDM_NULL_MANAGER, s, ndim, shape);
+}
+
+/* g of a reduction, brought back to the input's shape. */
+static ndm_array unreduce(ndm__ag_node *nd, ndm_array g)
+{
+    const ndm__array *in = rec(nd->in[0]);
+    ndm_array u = g;
+    if (!nd->p.i[0] && nd->p.naxes != 0) { /* the reduced axes were dropped */
+        int64_t shape[64];
+        if (in->ndim > 64)
+            return NDM_NULL_ARRAY;
+        bool reduced[64] = {false};
+        if (nd->p.naxes < 0)
+            for (int j = 0; j < in->ndim; j++)
+                reduced[j] = true;
+        else
+            for (int k = 0; k < nd->p.naxes; k++)
+                reduced[nd->p.axes[k]] = true;
+        for (int j = 0; j < in->ndim; j++)
+            shape[j] = reduced[j] ? 1 : in->shape[j];
+        u = ndm_reshape_to_at(NDM_HERE, NDM_NULL_MANAGER, g, in->ndim, shape);
+    }
+    return ndm_expand_to_at(NDM_HERE, NDM_NULL_MANAGER, u, in->ndim, in->shape);
+}
+
+static double reduced_count(ndm__ag_node *nd)
+{
+    const ndm__array *in = rec(nd->in[0]);
+    double c = 1;
+    if (nd->p.naxes < 0)
+        for (int j = 0; j < in->ndim; j++)
+            c *= (double)in->shape[j];
+    else
+        for (int k = 0; k < nd->p.naxes; k++)
+            c *= (double)in->shape[nd->p.axes[k]];
+    return c;
+}
+
+/* g * mask where the mask is a comparison (bool) turned into g's dtype. */
+static ndm_array masked(ndm_array g, ndm_array mask)
+{
+    return ndm_mul(g, ndm_astype(mask, ndm_array_dtype(g)));
+}
+
+/* d/dx of x * Phi(x) (the erf form of gelu): Phi(x) + x * phi(x), computed
+ * in float64 on the host. */
+static ndm_array gelu_derivative(ndm_array x)
+{
+    ndm_device dev = ndm_array_device(x);
+    ndm_array h = ndm_astype(dev.type == NDM_DEVICE_CPU ? x : ndm_to(x, NDM_CPU), NDM_F64);
+    double *v = h.id ? ndm_array_data(h) : NULL;
+    if (!v)
+        return NDM_NULL_ARRAY;
+    int64_t n = ndm_array_size(h);
+    for (int64_t i = 0; i < n; i++) {
+        double t = v[i];
+        v[i] = 0.5 * (1.0 + erf(t / sqrt(2.0))) + t * exp(-0.5 * t * t) / sqrt(2.0 * M_PI);
+    }
+    return dev.type == NDM_DEVICE_CPU ? h : ndm_to(h, dev);
+}
+
+static ndm_status unary_rule(ndm__ag_node *nd, ndm_array g, ndm_array *gi)
+{
+    ndm_array a = nd->in[0], out = nd->saved_out;
+    switch ((ndm__ew_unop)nd->p.i[0]) {
+    case NDM__EW_NEG:
+        gi[0] = ndm_neg(g);
+        break;
+    case NDM__EW_ABS:
+        gi[0] = ndm_mul(g, ndm_sign(a));
+        break;
+    case NDM__EW_RELU:
+        gi[0] = masked(g, ndm_gt_scalar(a, 0.0));
+        break;
+    case NDM__EW_EXP:
+        gi[0] = ndm_mul(g, out);
+        break;
+    case NDM__EW_LOG:
+        gi[0] = ndm_div(g, a);
+        break;
+    case NDM__EW_LOG1P:
+        gi[0] = ndm_div(g, ndm_add_scalar(a, 1.0));
+        break;
+    case NDM__EW_EXPM1:
+        gi[0] = ndm_mul(g, ndm_add_scalar(out, 1.0));
+        break;
+    case NDM__EW_SQRT:
+        gi[0] = ndm_div(ndm_mul_scalar(g, 0.5), out);
+        break;
+    case NDM__EW_RSQRT: /* -x^(-3/2) / 2 = -out^3 / 2 */
+        gi[0] = ndm_mul(ndm_mul_scalar(g, -0.5), ndm_pow_scalar(out, 3.0));
+        break;
+    case NDM__EW_SIN:
+        gi[0] = ndm_mul(g, ndm_cos(a));
+        break;
+    case NDM__EW_COS:
+        gi[0] = ndm_neg(ndm_mul(g, ndm_sin(a)));
+        break;
+    case NDM__EW_TANH:
+        gi[0] = ndm_mul(g, ndm_rsub_scalar(ndm_mul(out, out), 1.0));
+        break;
+    case NDM__EW_SIGMOID:
+        gi[0] = ndm_mul(g, ndm_mul(out, ndm_rsub_scalar(out, 1.0)));
+        break;
+    case NDM__EW_SILU: {
+        ndm_array s = ndm_sigmoid(a);
+        /* s * (1 + x * (1 - s)) */
+        gi[0] = ndm_mul(g, ndm_mul(s, ndm_add_scalar(ndm_mul(a, ndm_rsub_scalar(s, 1.0)), 1.0)));
+        break;
+    }
+    case NDM__EW_GELU:
+        gi[0] = ndm_mul(g, ndm_astype(gelu_derivative(a), ndm_array_dtype(g)));
+        break;
+    case NDM__EW_GELU_TANH: {
+        /* 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 c x^2), t = tanh(k (x + c x^3)) */
+        const double k = 0.7978845608028654, c = 0.044715;
+        ndm_array x2 = ndm_mul(a, a);
+        ndm_array t = ndm_tanh(ndm_mul_scalar(ndm_add(a, ndm_mul_scalar(ndm_mul(x2, a), c)), k));
+        ndm_array left = ndm_mul_scalar(ndm_add_scalar(t, 1.0), 0.5);
+        ndm_array right = ndm_mul(ndm_mul_scalar(ndm_mul(a, ndm_rsub_scalar(ndm_mul(t, t), 1.0)),
+                                                 0.5 * k),
+                                  ndm_add_scalar(ndm_mul_scalar(x2, 3.0 * c), 1.0));
+        gi[0] = ndm_mul(g, ndm_add(left, right));
+        break;
+    }
+    default:
+        /* sign, floor, ceil, round: zero almost everywhere; not's input is not float */
+        return NDM_OK;
+    }
+    return gi[0].id ? NDM_OK : ndm_last_status();
+}
+
+static ndm_status binary_rule(ndm__ag_node *nd, ndm_array g, ndm_array *gi)
+{
+    ndm_array a = nd->in[0], b = nd->in[1], out = nd->saved_out;
+    switch ((ndm__ew_binop)nd->p.i[0]) {
+    case NDM__EW_ADD:
+        gi[0] = g;
+        gi[1] = g;
+        break;
+    case NDM__EW_SUB:
+        gi[0] = g;
+        gi[1] = nd->needs[1] ? ndm_neg(g) : NDM_NULL_ARRAY;
+        break;
+    case NDM__EW_MUL:
+        gi[0] = nd->needs[0] ? ndm_mul(g, b) : NDM_NULL_ARRAY;
+        gi[1] = nd->needs[1] ? ndm_mul(g, a) : NDM_NULL_ARRAY;
+        break;
+    case NDM__EW_DIV:
+        gi[0] = nd->needs[0] ? ndm_div(g, b) : NDM_NULL_ARRAY;
+        gi[1] = nd->needs[1] ? ndm_neg(ndm_div(ndm_mul(g, out), b)) : NDM_NULL_ARRAY;
+        break;
+    case NDM__EW_POW:
+        gi[0] = nd->needs[0] ? ndm_mul(g, ndm_mul(b, ndm_pow(a, ndm_sub_scalar(b, 1.0))))
+                             : NDM_NULL_ARRAY;
+        gi[1] = nd->needs[1] ? ndm_mul(g, ndm_mul(out, ndm_log(a))) : NDM_NULL_ARRAY;
+        break;
+    case NDM__EW_MAXIMUM:
+    case NDM__EW_MINIMUM: {
+        /* the larger (smaller) takes the gradient; ties split it */
+        bool mx = nd->p.i[0] == NDM__EW_MAXIMUM;
+        ndm_array half = ndm_mul_scalar(masked(g, ndm_eq(a, b)), 0.5);
+        gi[0] = ndm_add(masked(g, mx ? ndm_gt(a, b) : ndm_lt(a, b)), half);
+        gi[1] = ndm_add(masked(g, mx ? ndm_gt(b, a) : ndm_lt(b, a)), half);
+        break;
+    }
+    default:
+        return NDM_OK; /* comparisons and logic: no gradient */
+    }
+    for (int i = 0; i < 2; i++)
+        if (nd->needs[i] && !gi[i].id)
+            return ndm_last_status();
+    return NDM_OK;
+}
+
+static ndm_status scalar_rule(ndm__ag_node *nd, ndm_array g, ndm_array *gi)
+{
+    ndm_array a = nd->in[0], out = nd->saved_out;
+    bool swap = nd->p.i[1];
+    double s = nd->p.s[0];
+    switch ((ndm__ew_binop)nd->p.i[0]) {
+    case NDM__EW_ADD:
+        gi[0] = g;
+        break;
+    case NDM__EW_SUB:
+        gi[0] = swap ? ndm_neg(g) : g;
+        break;
+    case NDM__EW_MUL:
+        gi[0] = ndm_mul_scalar(g, s);
+        break;
+    case NDM__EW_DIV: /* a / s, or s / a with derivative -s / a^2 = -out / a */
+        gi[0] = swap ? ndm_neg(ndm_div(ndm_mul(g, out), a)) : ndm_div_scalar(g, s);
+        break;
+    case NDM__EW_POW: /* a^s, or s^a with derivative out * log(s) */
+        gi[0] = swap ? ndm_mul_scalar(ndm_mul(g, out), log(s))
+                     : ndm_mul(g, ndm_mul_scalar(ndm_pow_scalar(a, s - 1.0), s));
+        break;
+    case NDM__EW_MAXIMUM:
+    case NDM__EW_MINIMUM: {
+        bool mx = nd->p.i[0] == NDM__EW_MAXIMUM;
+        ndm_array half = ndm_mul_scalar(masked(g, ndm_eq_scalar(a, s)), 0.5);
+        gi[0] = ndm_add(masked(g, mx ? ndm_gt_scalar(a, s) : ndm_lt_scalar(a, s)), half);
+        break;
+    }
+    default:
+        return NDM_OK;
+    }
+    return gi[0].id ? NDM_OK : ndm_last_status();
+}
+
+/* matmul with numpy's rules: 1-d operands are promoted, then the axis added
+ * is removed; batch axes broadcast (deliver sums them back). */
+static ndm_status matmul_rule(ndm__ag_node *nd, ndm_array g, ndm_array *gi)
+{
+    ndm_array a = nd->in[0], b = nd->in[1];
+    const ndm__array *ra = rec(a), *rb = rec(b);
+    bool a1 = ra->ndim == 1, b1 = rb->ndim == 1;
+    ndm_array A = a1 ? ndm_unsqueeze(a, 0) : a;
+    ndm_array B = b1 ? ndm_unsqueeze(b, 1) : b;
+    ndm_array G = g;
+    if (a1)
+        G = ndm_unsqueeze(G, -2);
+    if (b1)
+        G = ndm_unsqueeze(G, -1);
+    if (nd->needs[0]) {
+        ndm_array ga = ndm_matmul(G, ndm_swapaxes(B, -1, -2));
+        gi[0] = a1 ? ndm_reshape(ndm__ag_sum_to(ga, 2, (int64_t[]){1, ra->shape[0]}), NDM_SHAPE(-1))
+                   : ga;
+        if (!gi[0].id)
+            return ndm_last_status();
+    }
+    if (nd->needs[1]) {
+        ndm_array gb = ndm_matmul(ndm_swapaxes(A, -1, -2), G);
+        gi[1] = b1 ? ndm_reshape(ndm__ag_sum_to(gb, 2, (int64_t[]){rb->shape[0], 1}), NDM_SHAPE(-1))
+                   : gb;
+        if (!gi[1].id)
+            return ndm_last_status();
+    }
+    return NDM_OK;
+}
+
+static ndm_status dot_rule(ndm__ag_node *nd, ndm_array g, ndm_array *gi)
+{
+    ndm_array a = nd->in[0], b = nd->in[1];
+    const ndm__array *ra = rec(a), *rb = rec(b);
+    if (rb->ndim != 1 || ra->ndim < 1)
+        return ndm__fail(NDM_E_UNSUPPORTED, "ndm_backward", NDM__NO_SITE,
+                         "the gradient of ndm_dot is available for a 1-d second operand; use "
+                         "ndm_matmul for higher ranks");
+    /* out = sum over the last axis of a * b */
+    ndm_array ge = ndm_unsqueeze(g, -1);
+    if (nd->needs[0] && !(gi[0] = ndm_mul(ge, b)).id)
+        return ndm_last_status();
+    if (nd->needs[1] && !(gi[1] = ndm_mul(ge, a)).id)
+        return ndm_last_status();
+    return NDM_OK;
+}
+
+static ndm_status reduce_rule(ndm__ag_node *nd, ndm_array g, ndm_array *gi)
+{
+    ndm_array a = nd->in[0];
+    ndm_array ge = unreduce(nd, g);
+    switch (nd->op) {
+    case NDM__AG_SUM:
+        gi[0] = ge;
+        break;
+    case NDM__AG_MEAN:
+        gi[0] = ndm_div_scalar(ge, reduced_count(nd));
+        break;
+    case NDM__AG_MAX:
+    case NDM__AG_MIN: {
+        /* the extreme elements share the gradient equally */
+        ndm_array hit = ndm_astype(ndm_eq(a, unreduce(nd, nd->saved_out)), ndm_array_dtype(g));
+        ndm_array count;
+        if (nd->p.naxes < 0)
+            count = ndm_sum(hit, true, NDM_ALL_AXES_LIST);
+        else
+            count = ndm_sum(hit, true, nd->p.naxes, nd->p.axes);
+        gi[0] = ndm_div(ndm_mul(ge, hit), count);
+        break;
+    }
+    case NDM__AG_LOGSUMEXP:
+        gi[0] = ndm_mul(ge, ndm_exp(ndm_sub(a, unreduce(nd, nd->saved_out))));
+        break;
+    default:
+        return NDM_OK;
+    }
+    return gi[0].id ? NDM_OK : ndm_last_status();
+}
+
+static ndm_status view_rule(ndm__ag_node *nd, ndm_array g, ndm_array *gi)
+{
+    const ndm__array *in = rec(nd->in[0]);
+    switch (nd->op) {
+    case NDM__AG_IDENTITY:
+    case NDM__AG_EXPAND: /* deliver sums the broadcast axes back */
+    case NDM__AG_CAST:   /* deliver casts back */
+        gi[0] = g;
+        break;
+    case NDM__AG_RESHAPE:
+        gi[0] = ndm_reshape_to_at(NDM_HERE, NDM_NULL_MANAGER, g, in->ndim, in->shape);
+        break;
+    case NDM__AG_PERMUTE: {
+        int inv[NDM__AG_MAX_AXES];
+        for (int k = 0; k < nd->p.naxes; k++)
+            inv[nd->p.axes[k]] = k;
+        gi[0] = ndm_permute(g, nd->p.naxes, inv);
+        break;
+    }
+    case NDM__AG_SLICE:
+    case NDM__AG_SELECT: {
+        ndm_array z = ndm_zeros(NDM_NULL_MANAGER, ndm_array_dtype(g), in->ndim, in->shape);
+        ndm_array v = nd->op == NDM__AG_SLICE
+                          ? ndm_slice(z, (int)nd->p.i[0], nd->p.i[1], nd->p.i[2], nd->p.i[3])
+                          : ndm_select(z, (int)nd->p.i[0], nd->p.i[1]);
+        if (!v.id || ndm_copy_into(v, g) < 0)
+            return ndm_last_status();
+        gi[0] = z;
+        break;
+    }
+    case NDM__AG_FLIP:
+        gi[0] = ndm_flip(g, (int)nd->p.i[0]);
+        break;
+    default:
+        return NDM_OK;
+    }
+    return gi[0].id ? NDM_OK : ndm_last_status();
+}
+
+static ndm_status index_rule(ndm__ag_node *nd, ndm_array g, ndm_array *gi)
+{
+    int axis = (int)nd->p.i[0];
+    switch (nd->op) {
+    case NDM__AG_CONCAT: {
+        int64_t start = 0;
+        for (int i = 0; i < nd->n; i++) {
+            const ndm__array *r = rec(nd->in[i]);
+            int ax = axis < 0 ? axis + r->ndim : axis;
+            int64_t len = r->shape[ax];
+            if (nd->needs[i] && !(gi[i] = ndm_slice(g, ax, start, start + len, 1)).id)
+                return ndm_last_status();
+            start += len;
+        }
+        return NDM_OK;
+    }
+    case NDM__AG_STACK:
+        for (int i = 0; i < nd->n; i++)
+            if (nd->needs[i] && !(gi[i] = ndm_select(g, axis, i)).id)
+                return ndm_last_status();
+        return NDM_OK;
+    case NDM__AG_TAKE: {
+        /* scatter the rows back: indices flattened to (K,), g to
+         * a.shape[:axis] + (K,) + a.shape[axis+1:] */
+        const ndm__array *ra = rec(nd->in[0]), *ri = rec(nd->in[1]);
+        int ax = axis < 0 ? axis + ra->ndim : axis;
+        int64_t k = ndm__numel(ri->ndim, ri->shape);
+        int64_t gshape[64], ishape[64];
+        if (ra->ndim > 64)
+            return ndm__fail(NDM_E_UNSUPPORTED, "ndm_backward", NDM__NO_SITE, "rank above 64");
+        for (int j = 0; j < ra->ndim; j++) {
+            gshape[j] = j == ax ? k : ra->shape[j];
+            ishape[j] = j == ax ? k : 1;
+        }
+        ndm_array gr = ndm_reshape_to_at(NDM_HERE, NDM_NULL_MANAGER, g, ra->ndim, gshape);
+        ndm_array ir = ndm_reshape_to_at(NDM_HERE, NDM_NULL_MANAGER, nd->in[1], ra->ndim, ishape);
+        ndm_array z = ndm_zeros(NDM_NULL_MANAGER, ndm_array_dtype(g), ra->ndim, ra->shape);
+        if (!gr.id || !ir.id || !z.id || ndm_scatter_add_(z, ax, ir, gr) < 0)
+            return ndm_last_status();
+        gi[0] = z;
+        return NDM_OK;
+    }
+    case NDM__AG_GATHER: {
+        const ndm__array *ra = rec(nd->in[0]);
+        ndm_array z = ndm_zeros(NDM_NULL_MANAGER, ndm_array_dtype(g), ra->ndim, ra->shape);
+        if (!z.id || ndm_scatter_add_(z, axis, nd->in[1], g) < 0)
+            return ndm_last_status();
+        gi[0] = z;
+        return NDM_OK;
+    }
+    default:
+        return NDM_OK;
+    }
+}
+
+static ndm_status softmax_rule(ndm__ag_node *nd, ndm_array g, ndm_array *gi)
+{
+    int axis = (int)nd->p.i[0];
+    ndm_array out = nd->saved_out;
+    if (nd->op == NDM__AG_SOFTMAX) /* out * (g - sum(g * out)) */
+        gi[0] = ndm_mul(out, ndm_sub(g, ndm_sum(ndm_mul(g, out), true, NDM_AXES(axis))));
+    else /* g - exp(out) * sum(g) */
+        gi[0] = ndm_sub(g, ndm_mul(ndm_exp(out), ndm_sum(g, true, NDM_AXES(axis))));
+    return gi[0].id ? NDM_OK : ndm_last_status();
+}
+
+ndm_status ndm__ag_rule(ndm__ag_node *nd, ndm_array g, ndm_array *gi)
+{
+    switch (nd->op) {
+    case NDM__AG_BINARY:
+        return binary_rule(nd, g, gi);
+    case NDM__AG_SCALAR:
+        return scalar_rule(nd, g, gi);
+    case NDM__AG_UNARY:
+        return unary_rule(nd, g, gi);
+    case NDM__AG_CLAMP:
+        gi[0] = masked(g, ndm_logical_and(ndm_ge_scalar(nd->in[0], nd->p.s[0]),
+                                          ndm_le_scalar(nd->in[0], nd->p.s[1])));
+        return gi[0].id ? NDM_OK : ndm_last_status();
+    case NDM__AG_WHERE: {
+        ndm_array zero = ndm_zeros(NDM_NULL_MANAGER, ndm_array_dtype(g), NDM_SCALAR);
+        if (nd->needs[1])
+            gi[1] = ndm_where(nd->in[0], g, zero);
+        if (nd->needs[2])
+            gi[2] = ndm_where(nd->in[0], zero, g);
+        return (nd->needs[1] && !gi[1].id) || (nd->needs[2] && !gi[2].id) ? ndm_last_status()
+                                                                           : NDM_OK;
+    }
+    case NDM__AG_CAST:
+    case NDM__AG_IDENTITY:
+    case NDM__AG_RESHAPE:
+    case NDM__AG_PERMUTE:
+    case NDM__AG_SLICE:
+    case NDM__AG_SELECT:
+    case NDM__AG_EXPAND:
+    case NDM__AG_FLIP:
+        return view_rule(nd, g, gi);
+    case NDM__AG_SUM:
+    case NDM__AG_MEAN:
+    case NDM__AG_MAX:
+    case NDM__AG_MIN:
+    case NDM__AG_LOGSUMEXP:
+        return reduce_rule(nd, g, gi);
+    case NDM__AG_SOFTMAX:
+    case NDM__AG_LOG_SOFTMAX:
+        return softmax_rule(nd, g, gi);
+    case NDM__AG_MATMUL:
+        return matmul_rule(nd, g, gi);
+    case NDM__AG_DOT:
+        return dot_rule(nd, g, gi);
+    case NDM__AG_OUTER: /* out[i, j] = a[i] b[j] */
+        if (nd->needs[0] && !(gi[0] = ndm_matmul(g, nd->in[1])).id)
+            return ndm_last_status();
+        if (nd->needs[1] && !(gi[1] = ndm_matmul(ndm_transpose(g), nd->in[0])).id)
+            return ndm_last_status();
+        return NDM_OK;
+    case NDM__AG_CONCAT:
+    case NDM__AG_STACK:
+    case NDM__AG_TAKE:
+    case NDM__AG_GATHER:
+        return index_rule(nd, g, gi);
+    default:
+        return ndm__fail(NDM_E_UNSUPPORTED, "ndm_backward", NDM__NO_SITE,
+                         "no gradient rule for recorded operation %d", (int)nd->op);
+    }
+}
