@@ -402,6 +402,30 @@ static void test_grad_index(void **state)
     }
 }
 
+/* ---- losses -------------------------------------------------------------------------- */
+
+static ndm_array f_loss(const ndm_array *p, void *ctx)
+{
+    int64_t lab[4] = {2, 0, 1, 2};
+    ndm_array labels = ndm_from_buffer(ndm_scope_current(), NDM_I64, lab, NDM_SHAPE(4));
+    switch ((int)(intptr_t)ctx) {
+    case 0:
+        return ndm_cross_entropy(p[0], labels);
+    case 1:
+        return ndm_nll_loss(ndm_log_softmax(p[0], 1), labels);
+    default:
+        return ndm_mse_loss(p[0], ndm_tanh(p[0]));
+    }
+}
+
+static void test_grad_losses(void **state)
+{
+    param_spec ps[1] = {PR(2, -2, 2, 4, 3)};
+    check(ROOT(state), "cross_entropy", 1, ps, f_loss, (void *)0, 1e-6);
+    check(ROOT(state), "nll_loss", 1, ps, f_loss, (void *)1, 1e-6);
+    check(ROOT(state), "mse_loss", 1, ps, f_loss, (void *)2, 1e-6);
+}
+
 /* ---- mechanics ------------------------------------------------------------------- */
 
 static void test_grad_accumulates_and_zeroes(void **state)
@@ -519,6 +543,7 @@ int main(void)
         TEST(test_grad_reductions),
         TEST(test_grad_linalg),
         TEST(test_grad_index),
+        TEST(test_grad_losses),
         TEST(test_grad_accumulates_and_zeroes),
         TEST(test_grad_graph_lives_in_owner),
         TEST(test_grad_no_grad_and_errors),

@@ -26,6 +26,7 @@
 #include "random.h"
 #include "memory.h"
 #include "autograd.h"
+#include "nn.h"
 #include "transfer.h"
 
 #include "io.h"

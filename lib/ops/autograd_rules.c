@@ -487,6 +487,18 @@ ndm_status ndm__ag_rule(ndm__ag_node *nd, ndm_array g, ndm_array *gi)
     case NDM__AG_TAKE:
     case NDM__AG_GATHER:
         return index_rule(nd, g, gi);
+    case NDM__AG_CROSS_ENTROPY:
+    case NDM__AG_NLL: {
+        /* d/dscores of mean(lse - picked) = (softmax - onehot) / N; of
+         * mean(-picked) = -onehot / N */
+        const ndm__array *rs = rec(nd->in[0]);
+        int64_t n = rs->shape[0], c = rs->shape[1];
+        ndm_array onehot = ndm_one_hot(nd->in[1], c, rs->dtype);
+        ndm_array d = nd->op == NDM__AG_CROSS_ENTROPY ? ndm_sub(ndm_softmax(nd->in[0], 1), onehot)
+                                                      : ndm_neg(onehot);
+        gi[0] = ndm_mul(ndm_div_scalar(d, (double)n), g);
+        return gi[0].id ? NDM_OK : ndm_last_status();
+    }
     default:
         return ndm__fail(NDM_E_UNSUPPORTED, "ndm_backward", NDM__NO_SITE,
                          "no gradient rule for recorded operation %d", (int)nd->op);

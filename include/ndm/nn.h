@@ -1,0 +1,209 @@
+/* ndm nn: layers, losses, optimizers, learning-rate schedules, predictors.
+ *
+ * Modules, optimizers and predictors are generational handles, like arrays:
+ * each belongs to a manager (the model) and dies with it; a stale handle is
+ * reported as NDM_E_CLOSED, never read.
+ *
+ *     ndm_rng rng = ndm_rng_new(42);
+ *     ndm_module net = ndm_sequential(model, NDM_MODULES(
+ *         ndm_linear(model, 784, 256, true, &rng), ndm_relu_module(model),
+ *         ndm_linear(model, 256, 10, true, &rng)));
+ *     ndm_optimizer opt = ndm_adam(model, net, 1e-3, 0.9, 0.999, 1e-8, 0.0);
+ *     ndm_manager_cap(model, NDM_CAP_ARRAYS);   // parameters and state are all in
+ *     ...
+ *     ndm_grad_begin(batch);
+ *     ndm_array loss = ndm_cross_entropy(ndm_forward(net, x), labels);
+ *     ndm_backward(loss);
+ *     ndm_grad_end();
+ *     ndm_optimizer_step(opt);                   // in place: the capped model accepts it
+ *     ndm_optimizer_zero_grad(opt);
+ *
+ * Parameters are arrays in the model manager made by the layer constructors,
+ * with gradients (ndm_requires_grad). A forward pass follows the output rule
+ * with the input first: its results and temporaries go to the input's
+ * manager (the batch), or the innermost scope, or a named manager — never to
+ * the model.
+ *
+ * Thread rules: a module's forward pass only reads its parameters, so many
+ * threads may run it at once (predictors do), except dropout in training
+ * mode, which draws numbers from the module's generator. Optimizer steps and
+ * backward write the shared parameters and gradients: one at a time.
+ */
+#ifndef NDM_NN_H
+#define NDM_NN_H
+
+#include "base.h"
+#include "conv.h"
+#include "random.h"
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ndm_module {
+    uint64_t id;
+} ndm_module;
+
+typedef struct ndm_optimizer {
+    uint64_t id;
+} ndm_optimizer;
+
+typedef struct ndm_predictor {
+    uint64_t id;
+} ndm_predictor;
+
+/* A module list literal: NDM_MODULES(a, b) is `2, (const ndm_module[]){a, b}`. */
+#define NDM_MODULES(...)                                                        \
+    (int)(sizeof((const ndm_module[]){__VA_ARGS__}) / sizeof(ndm_module)),      \
+        (const ndm_module[]) { __VA_ARGS__ }
+
+/* ---- initialisation (in place, from the seeded generator) ------------------- */
+
+/** He/Kaiming uniform: U(-b, b) with b = gain * sqrt(3 / fan_in), gain =
+ *  sqrt(2) (ReLU). fan_in is the size of every axis but the first. */
+#define ndm_init_kaiming_uniform_(a, rng) ndm_init_kaiming_uniform_inplace_at(NDM_HERE, (a), (rng))
+NDM_API NDM_NODISCARD ndm_status ndm_init_kaiming_uniform_inplace_at(NDM_SITE_PARAMS, ndm_array a,
+                                                                    ndm_rng *rng);
+/** Glorot/Xavier uniform: U(-b, b) with b = sqrt(6 / (fan_in + fan_out)),
+ *  fan_out = a.shape[0] * receptive field. */
+#define ndm_init_xavier_uniform_(a, rng) ndm_init_xavier_uniform_inplace_at(NDM_HERE, (a), (rng))
+NDM_API NDM_NODISCARD ndm_status ndm_init_xavier_uniform_inplace_at(NDM_SITE_PARAMS, ndm_array a,
+                                                                   ndm_rng *rng);
+
+/* ---- layers -------------------------------------------------------------------- */
+
+/** y = x W^T + b with W (out, in) (Kaiming uniform) and b (out) (zeros),
+ *  f32. x is (..., in). */
+#define ndm_linear(model, in, out, bias, rng)                                   \
+    ndm_linear_at(NDM_HERE, (model), (in), (out), (bias), (rng))
+NDM_API ndm_module ndm_linear_at(NDM_SITE_PARAMS, ndm_manager model, int64_t in, int64_t out,
+                                 bool bias, ndm_rng *rng);
+/** 2-d convolution: weight (out_ch, in_ch / groups, kh, kw) (Kaiming
+ *  uniform), bias (out_ch) (zeros), options as ndm_conv2d. */
+#define ndm_conv2d_module(model, in_ch, out_ch, kh, kw, bias, rng, opts)        \
+    ndm_conv2d_module_at(NDM_HERE, (model), (in_ch), (out_ch), (kh), (kw), (bias), (rng), (opts))
+NDM_API ndm_module ndm_conv2d_module_at(NDM_SITE_PARAMS, ndm_manager model, int64_t in_ch,
+                                        int64_t out_ch, int64_t kh, int64_t kw, bool bias,
+                                        ndm_rng *rng, const ndm_conv2d_opts *opts);
+#define ndm_max_pool2d_module(model, opts) ndm_max_pool2d_module_at(NDM_HERE, (model), (opts))
+NDM_API ndm_module ndm_max_pool2d_module_at(NDM_SITE_PARAMS, ndm_manager model,
+                                            const ndm_pool2d_opts *opts);
+#define ndm_relu_module(model) ndm_relu_module_at(NDM_HERE, (model))
+NDM_API ndm_module ndm_relu_module_at(NDM_SITE_PARAMS, ndm_manager model);
+#define ndm_gelu_module(model) ndm_gelu_module_at(NDM_HERE, (model))
+NDM_API ndm_module ndm_gelu_module_at(NDM_SITE_PARAMS, ndm_manager model);
+/** Flatten every axis from `start_axis` on into one (PyTorch's Flatten: 1). */
+#define ndm_flatten_module(model, start_axis) ndm_flatten_module_at(NDM_HERE, (model), (start_axis))
+NDM_API ndm_module ndm_flatten_module_at(NDM_SITE_PARAMS, ndm_manager model, int start_axis);
+/** In training mode, zero each element with probability p and scale the
+ *  rest by 1/(1-p); in evaluation mode the identity. Its generator starts
+ *  from `seed` (0 <= p < 1). */
+#define ndm_dropout_module(model, p, seed) ndm_dropout_module_at(NDM_HERE, (model), (p), (seed))
+NDM_API ndm_module ndm_dropout_module_at(NDM_SITE_PARAMS, ndm_manager model, double p,
+                                         uint64_t seed);
+/** A lookup table (num, dim) (N(0, 1)): integer indices of any shape give
+ *  indices.shape + (dim). */
+#define ndm_embedding(model, num, dim, rng) ndm_embedding_at(NDM_HERE, (model), (num), (dim), (rng))
+NDM_API ndm_module ndm_embedding_at(NDM_SITE_PARAMS, ndm_manager model, int64_t num, int64_t dim,
+                                    ndm_rng *rng);
+/** The modules applied in order. They must belong to `model` too. */
+#define ndm_sequential(model, ...) ndm_sequential_at(NDM_HERE, (model), __VA_ARGS__)
+NDM_API ndm_module ndm_sequential_at(NDM_SITE_PARAMS, ndm_manager model, int n,
+                                     const ndm_module *modules);
+
+/** Run a module on x: a fresh array attached by the output rule (the `_to`
+ *  manager, else the innermost scope, else x's manager). Recorded for
+ *  gradients when this thread records. */
+#define ndm_forward(m, x) ndm_forward_to_at(NDM_HERE, NDM_NULL_MANAGER, (m), (x))
+#define ndm_forward_to(out, m, x) ndm_forward_to_at(NDM_HERE, (out), (m), (x))
+NDM_API ndm_array ndm_forward_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_module m, ndm_array x);
+
+/** Training mode (dropout active) or evaluation mode, for m and its children. */
+NDM_API NDM_NODISCARD ndm_status ndm_module_set_training(ndm_module m, bool training);
+/** The parameters of m and its children, in order: writes up to cap handles
+ *  (not fresh ones: they are the parameters themselves, owned by the model)
+ *  and returns how many there are, or a negative status. */
+NDM_API int ndm_module_parameters(ndm_module m, ndm_array *out, int cap);
+/** The same with names ("0.weight", "0.bias", "2.weight", ...): names[i]
+ *  points into the module and lives as long as it does. */
+NDM_API int ndm_module_named_parameters(ndm_module m, const char **names, ndm_array *out,
+                                        int cap);
+/** A one-line description: "Sequential(Linear(784, 256), ReLU, Linear(256, 10))". */
+NDM_API int ndm_module_describe(ndm_module m, char *buf, size_t n);
+
+/* ---- losses (recorded for gradients) -------------------------------------------- */
+
+/** Mean over the batch of -log softmax(logits)[label]: logits (N, C) float,
+ *  labels (N) integer in [0, C) (NDM_E_INVALID otherwise). A 0-d result. */
+#define ndm_cross_entropy(logits, labels)                                       \
+    ndm_cross_entropy_to_at(NDM_HERE, NDM_NULL_MANAGER, (logits), (labels))
+#define ndm_cross_entropy_to(m, logits, labels)                                 \
+    ndm_cross_entropy_to_at(NDM_HERE, (m), (logits), (labels))
+NDM_API ndm_array ndm_cross_entropy_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array logits,
+                                          ndm_array labels);
+/** Mean over the batch of -logp[label]: logp (N, C), labels (N). */
+#define ndm_nll_loss(logp, labels) ndm_nll_loss_to_at(NDM_HERE, NDM_NULL_MANAGER, (logp), (labels))
+#define ndm_nll_loss_to(m, logp, labels) ndm_nll_loss_to_at(NDM_HERE, (m), (logp), (labels))
+NDM_API ndm_array ndm_nll_loss_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array logp,
+                                     ndm_array labels);
+/** Mean of (a - b)^2 (broadcasting). */
+#define ndm_mse_loss(a, b) ndm_mse_loss_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (b))
+#define ndm_mse_loss_to(m, a, b) ndm_mse_loss_to_at(NDM_HERE, (m), (a), (b))
+NDM_API ndm_array ndm_mse_loss_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, ndm_array b);
+
+/* ---- optimizers ------------------------------------------------------------------- */
+
+/** SGD over the parameters of `net`: v = momentum v + g + weight_decay w;
+ *  w -= lr v (plain SGD with momentum 0). Its state (velocities and scratch)
+ *  is made now in `model`, so the model can be capped afterwards; steps
+ *  allocate nothing. */
+#define ndm_sgd(model, net, lr, momentum, weight_decay)                         \
+    ndm_sgd_at(NDM_HERE, (model), (net), (lr), (momentum), (weight_decay))
+NDM_API ndm_optimizer ndm_sgd_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module net, double lr,
+                                 double momentum, double weight_decay);
+/** Adam (L2 weight decay added to the gradient) over the parameters of net. */
+#define ndm_adam(model, net, lr, beta1, beta2, eps, weight_decay)               \
+    ndm_adam_at(NDM_HERE, (model), (net), (lr), (beta1), (beta2), (eps), (weight_decay), false)
+/** AdamW: weight decay applied to the weights directly (decoupled). */
+#define ndm_adamw(model, net, lr, beta1, beta2, eps, weight_decay)              \
+    ndm_adam_at(NDM_HERE, (model), (net), (lr), (beta1), (beta2), (eps), (weight_decay), true)
+NDM_API ndm_optimizer ndm_adam_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module net, double lr,
+                                  double beta1, double beta2, double eps, double weight_decay,
+                                  bool decoupled);
+/** Update every parameter from its gradient (in place). */
+NDM_API NDM_NODISCARD ndm_status ndm_optimizer_step(ndm_optimizer o);
+/** Zero every parameter's gradient. */
+NDM_API NDM_NODISCARD ndm_status ndm_optimizer_zero_grad(ndm_optimizer o);
+NDM_API NDM_NODISCARD ndm_status ndm_optimizer_set_lr(ndm_optimizer o, double lr);
+/** The learning rate, or a negative value for a stale handle. */
+NDM_API double ndm_optimizer_lr(ndm_optimizer o);
+
+/** Step decay: base * gamma^floor(epoch / step_size). */
+NDM_API double ndm_lr_step(double base, int64_t epoch, int64_t step_size, double gamma);
+/** Cosine annealing from base (t = 0) to min_lr (t = total). */
+NDM_API double ndm_lr_cosine(double base, double min_lr, int64_t t, int64_t total);
+
+/* ---- predictors -------------------------------------------------------------------- */
+
+/** A predictor for `net` (whose parameters live in `model`): caps `model`
+ *  (arrays and children, except the predictor's own manager "predictor",
+ *  made now) and puts net in evaluation mode. */
+#define ndm_predictor_new(model, net) ndm_predictor_new_at(NDM_HERE, (model), (net))
+NDM_API ndm_predictor ndm_predictor_new_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module net);
+/** Run net on `input` in a fresh request manager (a child of the
+ *  predictor's manager, closed before return) and return the result in
+ *  `out` (null: the innermost scope, else input's manager). Thread-safe:
+ *  many threads may predict at once. */
+#define ndm_predict(p, input) ndm_predict_to_at(NDM_HERE, NDM_NULL_MANAGER, (p), (input))
+#define ndm_predict_to(out, p, input) ndm_predict_to_at(NDM_HERE, (out), (p), (input))
+NDM_API ndm_array ndm_predict_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_predictor p,
+                                    ndm_array input);
+/** The manager that holds the request managers (for dumps). */
+NDM_API ndm_manager ndm_predictor_manager(ndm_predictor p);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,95 @@
+/* Losses. Cross-entropy and NLL are recorded as one node each (their
+ * gradient is one expression), mean squared error as its parts. */
+#include <inttypes.h>
+
+#include "../ops/autograd.h"
+#include "../ops/dispatch.h"
+#include "ndm/ndm.h"
+#include "ndm/nn.h"
+
+/* Validate (N, C) scores and (N) integer labels. */
+static bool check_pair(ndm_array scores, ndm_array labels, const char *api, ndm__site site,
+                       ndm__array **rs)
+{
+    ndm__array *s = ndm__array_get_prop(scores, api, site);
+    ndm__array *l = s ? ndm__array_get_prop(labels, api, site) : NULL;
+    if (!l)
+        return false;
+    char d1[160], d2[160];
+    if (s->ndim != 2 || l->ndim != 1 || l->shape[0] != s->shape[0]) {
+        ndm__fail(NDM_E_SHAPE, api, site, "scores must be (N, C) and labels (N); got %s and %s",
+                  ndm__array_desc(s, d1, sizeof d1), ndm__array_desc(l, d2, sizeof d2));
+        return false;
+    }
+    if (!ndm_dtype_is_float(s->dtype) || l->dtype == NDM_BOOL || ndm_dtype_is_float(l->dtype)) {
+        ndm__fail(NDM_E_DTYPE, api, site, "scores must be float and labels integer; got %s and %s",
+                  ndm__array_desc(s, d1, sizeof d1), ndm__array_desc(l, d2, sizeof d2));
+        return false;
+    }
+    if (s->shape[0] == 0) {
+        ndm__fail(NDM_E_SHAPE, api, site, "an empty batch has no mean loss");
+        return false;
+    }
+    *rs = s;
+    return true;
+}
+
+/* mean(-picked) where picked = scores[i, label_i], plus lse when given. */
+static ndm_array picked_mean(ndm__site site, const char *api, ndm_manager out, ndm_array scores,
+                             ndm_array labels, bool with_lse)
+{
+    ndm__array *rs;
+    if (!check_pair(scores, labels, api, site, &rs))
+        return NDM_NULL_ARRAY;
+    ndm_manager dst = ndm__output_manager(out, rs, api, site);
+    if (!dst.id)
+        return NDM_NULL_ARRAY;
+    bool paused = ndm__ag_pause();
+    ndm_manager s = ndm_scope_begin_at(NDM__SITE_ARGS(site), dst, "loss");
+    ndm_array loss = NDM_NULL_ARRAY;
+    if (s.id) {
+        ndm_array idx = ndm_unsqueeze(labels, 1);
+        ndm_array picked = ndm_reshape(ndm_gather(scores, 1, idx), NDM_SHAPE(-1));
+        ndm_array per = with_lse ? ndm_sub(ndm_logsumexp(scores, false, NDM_AXES(1)), picked)
+                                 : ndm_neg(picked);
+        loss = ndm_mean(per, false, NDM_ALL_AXES_LIST);
+        if (ndm_scope_end_at(NDM__SITE_ARGS(site), s, loss.id ? 1 : 0, &loss) < 0)
+            loss = NDM_NULL_ARRAY;
+    }
+    ndm__ag_resume(paused);
+    NDM__AG_RECORD(with_lse ? NDM__AG_CROSS_ENTROPY : NDM__AG_NLL, loss, 2,
+                   ((ndm_array[]){scores, labels}), NULL);
+    return loss;
+}
+
+NDM_API ndm_array ndm_cross_entropy_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array logits,
+                                          ndm_array labels)
+{
+    return picked_mean(NDM__SITE, "ndm_cross_entropy", out, logits, labels, true);
+}
+
+NDM_API ndm_array ndm_nll_loss_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array logp,
+                                     ndm_array labels)
+{
+    return picked_mean(NDM__SITE, "ndm_nll_loss", out, logp, labels, false);
+}
+
+NDM_API ndm_array ndm_mse_loss_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, ndm_array b)
+{
+    ndm__site site = NDM__SITE;
+    ndm__array *ra = ndm__array_get_prop(a, "ndm_mse_loss", site);
+    if (!ra)
+        return NDM_NULL_ARRAY;
+    ndm_manager dst = ndm__output_manager(out, ra, "ndm_mse_loss", site);
+    if (!dst.id)
+        return NDM_NULL_ARRAY;
+    /* recorded as its parts: sub, mul, mean */
+    ndm_manager s = ndm_scope_begin_at(NDM__SITE_ARGS(site), dst, "loss");
+    if (!s.id)
+        return NDM_NULL_ARRAY;
+    ndm_array d = ndm_sub(a, b);
+    ndm_array loss = ndm_mean(ndm_mul(d, d), false, NDM_ALL_AXES_LIST);
+    if (ndm_scope_end_at(NDM__SITE_ARGS(site), s, loss.id ? 1 : 0, &loss) < 0)
+        return NDM_NULL_ARRAY;
+    return loss;
+}

@@ -1,0 +1,538 @@
+/* Modules: layers whose parameters live in a model manager, run by
+ * ndm_forward inside a scope so that temporaries (views of the parameters
+ * included) never touch the model. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../manager/object.h"
+#include "../ops/dispatch.h"
+#include "ndm/ndm.h"
+#include "ndm/nn.h"
+#include "nn.h"
+
+#define NAME_MAX_LEN 64
+
+typedef enum kind {
+    LINEAR,
+    CONV2D,
+    MAX_POOL2D,
+    RELU,
+    GELU,
+    FLATTEN,
+    DROPOUT,
+    EMBEDDING,
+    SEQUENTIAL,
+} kind;
+
+typedef struct module {
+    kind k;
+    ndm_array weight, bias;
+    int64_t in, out, kh, kw;
+    ndm_conv2d_opts conv;
+    ndm_pool2d_opts pool;
+    int start_axis;
+    double p;
+    ndm_rng rng;
+    bool training;
+    int nchildren;
+    ndm_module *children;
+    /* parameters of this module and its children, with names */
+    int nparams;
+    ndm_array *params;
+    char (*names)[NAME_MAX_LEN];
+} module;
+
+static void module_destroy(void *p)
+{
+    module *m = p;
+    free(m->children);
+    free(m->params);
+    free(m->names);
+    free(m);
+}
+
+static const ndm__object_type module_type = {"module", module_destroy};
+
+static module *get(ndm_module h, const char *api, ndm__site site)
+{
+    return ndm__object_get(h.id, &module_type, api, site);
+}
+
+static module *alloc_module(kind k)
+{
+    module *m = calloc(1, sizeof *m);
+    if (m)
+        m->k = k;
+    return m;
+}
+
+/* Register a built module; on failure it is freed (its arrays stay in the
+ * model until it closes). */
+static ndm_module finish(module *m, ndm_manager model, ndm__site site, const char *api)
+{
+    uint64_t id = ndm__object_new(&module_type, model, m, site, api);
+    if (!id) {
+        module_destroy(m);
+        return (ndm_module){0};
+    }
+    return (ndm_module){id};
+}
+
+static bool add_param(module *m, const char *name, ndm_array a)
+{
+    ndm_array *p = realloc(m->params, (size_t)(m->nparams + 1) * sizeof *p);
+    if (!p)
+        return false;
+    m->params = p;
+    char(*n)[NAME_MAX_LEN] = realloc(m->names, (size_t)(m->nparams + 1) * sizeof *n);
+    if (!n)
+        return false;
+    m->names = n;
+    snprintf(m->names[m->nparams], NAME_MAX_LEN, "%s", name);
+    m->params[m->nparams++] = a;
+    return true;
+}
+
+/* A parameter: an array of `shape` in the model with a gradient. */
+static ndm_array make_param(ndm__site site, const char *api, ndm_manager model, int ndim,
+                            const int64_t *shape, ndm_rng *rng, bool kaiming)
+{
+    ndm_array a = kaiming ? ndm_empty_at(NDM__SITE_ARGS(site), model, NDM_F32, ndim, shape)
+                          : ndm_zeros_at(NDM__SITE_ARGS(site), model, NDM_F32, ndim, shape);
+    if (!a.id)
+        return a;
+    if ((kaiming && ndm_init_kaiming_uniform_inplace_at(NDM__SITE_ARGS(site), a, rng) < 0) ||
+        ndm_requires_grad_at(NDM__SITE_ARGS(site), a) < 0) {
+        ndm__discard(a);
+        return NDM_NULL_ARRAY;
+    }
+    (void)api;
+    return a;
+}
+
+/* ---- initialisation ------------------------------------------------------------- */
+
+static ndm_status fans(ndm_array a, const char *api, ndm__site site, double *fan_in,
+                       double *fan_out)
+{
+    int nd = ndm_array_ndim(a);
+    int64_t shape[16];
+    if (nd < 1 || nd > 16 || ndm_array_shape(a, shape, 16) < 0)
+        return ndm__fail(nd < 0 ? ndm_last_status() : NDM_E_SHAPE, api, site,
+                         "initialisation needs an array of rank 1 to 16");
+    double rf = 1;
+    for (int i = 2; i < nd; i++)
+        rf *= (double)shape[i];
+    *fan_in = nd > 1 ? (double)shape[1] * rf : (double)shape[0];
+    *fan_out = (double)shape[0] * rf;
+    if (*fan_in <= 0)
+        return ndm__fail(NDM_E_SHAPE, api, site, "fan-in is 0");
+    return NDM_OK;
+}
+
+NDM_API ndm_status ndm_init_kaiming_uniform_inplace_at(NDM_SITE_PARAMS, ndm_array a, ndm_rng *rng)
+{
+    ndm__site site = NDM__SITE;
+    double fi, fo;
+    ndm_status st = fans(a, "ndm_init_kaiming_uniform_", site, &fi, &fo);
+    if (st < 0)
+        return st;
+    double b = sqrt(2.0) * sqrt(3.0 / fi);
+    return ndm_uniform_inplace_at(NDM__SITE_ARGS(site), a, rng, -b, b);
+}
+
+NDM_API ndm_status ndm_init_xavier_uniform_inplace_at(NDM_SITE_PARAMS, ndm_array a, ndm_rng *rng)
+{
+    ndm__site site = NDM__SITE;
+    double fi, fo;
+    ndm_status st = fans(a, "ndm_init_xavier_uniform_", site, &fi, &fo);
+    if (st < 0)
+        return st;
+    double b = sqrt(6.0 / (fi + fo));
+    return ndm_uniform_inplace_at(NDM__SITE_ARGS(site), a, rng, -b, b);
+}
+
+/* ---- constructors ------------------------------------------------------------------ */
+
+static bool check_model(ndm_manager model, const char *api, ndm__site site)
+{
+    return ndm__manager_get(model, api, site) != NULL;
+}
+
+NDM_API ndm_module ndm_linear_at(NDM_SITE_PARAMS, ndm_manager model, int64_t in, int64_t out,
+                                 bool bias, ndm_rng *rng)
+{
+    ndm__site site = NDM__SITE;
+    const char *api = "ndm_linear";
+    if (!check_model(model, api, site))
+        return (ndm_module){0};
+    if (in < 1 || out < 1 || !rng) {
+        ndm__fail(NDM_E_INVALID, api, site, "sizes must be >= 1 and rng given (in %lld, out %lld)",
+                  (long long)in, (long long)out);
+        return (ndm_module){0};
+    }
+    module *m = alloc_module(LINEAR);
+    if (!m) {
+        ndm__fail(NDM_E_OOM, api, site, "no memory for a module");
+        return (ndm_module){0};
+    }
+    m->in = in;
+    m->out = out;
+    m->weight = make_param(site, api, model, 2, (int64_t[]){out, in}, rng, true);
+    if (!m->weight.id || !add_param(m, "weight", m->weight))
+        goto fail;
+    if (bias) {
+        m->bias = make_param(site, api, model, 1, &out, rng, false);
+        if (!m->bias.id || !add_param(m, "bias", m->bias))
+            goto fail;
+    }
+    return finish(m, model, site, api);
+fail:
+    if (ndm_last_status() == NDM_OK)
+        ndm__fail(NDM_E_OOM, api, site, "no memory");
+    module_destroy(m);
+    return (ndm_module){0};
+}
+
+NDM_API ndm_module ndm_conv2d_module_at(NDM_SITE_PARAMS, ndm_manager model, int64_t in_ch,
+                                        int64_t out_ch, int64_t kh, int64_t kw, bool bias,
+                                        ndm_rng *rng, const ndm_conv2d_opts *opts)
+{
+    ndm__site site = NDM__SITE;
+    const char *api = "ndm_conv2d_module";
+    if (!check_model(model, api, site))
+        return (ndm_module){0};
+    int64_t groups = opts && opts->groups ? opts->groups : 1;
+    if (in_ch < 1 || out_ch < 1 || kh < 1 || kw < 1 || !rng || in_ch % groups ||
+        out_ch % groups) {
+        ndm__fail(NDM_E_INVALID, api, site,
+                  "channels and kernel sizes must be >= 1, divisible by groups, and rng given");
+        return (ndm_module){0};
+    }
+    module *m = alloc_module(CONV2D);
+    if (!m) {
+        ndm__fail(NDM_E_OOM, api, site, "no memory for a module");
+        return (ndm_module){0};
+    }
+    m->in = in_ch;
+    m->out = out_ch;
+    m->kh = kh;
+    m->kw = kw;
+    if (opts)
+        m->conv = *opts;
+    m->weight =
+        make_param(site, api, model, 4, (int64_t[]){out_ch, in_ch / groups, kh, kw}, rng, true);
+    if (!m->weight.id || !add_param(m, "weight", m->weight))
+        goto fail;
+    if (bias) {
+        m->bias = make_param(site, api, model, 1, &out_ch, rng, false);
+        if (!m->bias.id || !add_param(m, "bias", m->bias))
+            goto fail;
+    }
+    return finish(m, model, site, api);
+fail:
+    if (ndm_last_status() == NDM_OK)
+        ndm__fail(NDM_E_OOM, api, site, "no memory");
+    module_destroy(m);
+    return (ndm_module){0};
+}
+
+static ndm_module simple(ndm__site site, const char *api, ndm_manager model, kind k)
+{
+    if (!check_model(model, api, site))
+        return (ndm_module){0};
+    module *m = alloc_module(k);
+    if (!m) {
+        ndm__fail(NDM_E_OOM, api, site, "no memory for a module");
+        return (ndm_module){0};
+    }
+    return finish(m, model, site, api);
+}
+
+NDM_API ndm_module ndm_max_pool2d_module_at(NDM_SITE_PARAMS, ndm_manager model,
+                                            const ndm_pool2d_opts *opts)
+{
+    ndm__site site = NDM__SITE;
+    if (!opts || opts->kernel[0] < 1 || opts->kernel[1] < 1) {
+        ndm__fail(NDM_E_INVALID, "ndm_max_pool2d_module", site, "a kernel size >= 1 is required");
+        return (ndm_module){0};
+    }
+    ndm_module h = simple(site, "ndm_max_pool2d_module", model, MAX_POOL2D);
+    module *m = h.id ? get(h, "ndm_max_pool2d_module", site) : NULL;
+    if (m)
+        m->pool = *opts;
+    return h;
+}
+
+NDM_API ndm_module ndm_relu_module_at(NDM_SITE_PARAMS, ndm_manager model)
+{
+    return simple(NDM__SITE, "ndm_relu_module", model, RELU);
+}
+
+NDM_API ndm_module ndm_gelu_module_at(NDM_SITE_PARAMS, ndm_manager model)
+{
+    return simple(NDM__SITE, "ndm_gelu_module", model, GELU);
+}
+
+NDM_API ndm_module ndm_flatten_module_at(NDM_SITE_PARAMS, ndm_manager model, int start_axis)
+{
+    ndm_module h = simple(NDM__SITE, "ndm_flatten_module", model, FLATTEN);
+    module *m = h.id ? get(h, "ndm_flatten_module", NDM__SITE) : NULL;
+    if (m)
+        m->start_axis = start_axis;
+    return h;
+}
+
+NDM_API ndm_module ndm_dropout_module_at(NDM_SITE_PARAMS, ndm_manager model, double p,
+                                         uint64_t seed)
+{
+    ndm__site site = NDM__SITE;
+    if (!(p >= 0 && p < 1)) {
+        ndm__fail(NDM_E_INVALID, "ndm_dropout_module", site, "p must be in [0, 1) (got %g)", p);
+        return (ndm_module){0};
+    }
+    ndm_module h = simple(site, "ndm_dropout_module", model, DROPOUT);
+    module *m = h.id ? get(h, "ndm_dropout_module", site) : NULL;
+    if (m) {
+        m->p = p;
+        m->rng = ndm_rng_new(seed);
+        m->training = true;
+    }
+    return h;
+}
+
+NDM_API ndm_module ndm_embedding_at(NDM_SITE_PARAMS, ndm_manager model, int64_t num, int64_t dim,
+                                    ndm_rng *rng)
+{
+    ndm__site site = NDM__SITE;
+    const char *api = "ndm_embedding";
+    if (!check_model(model, api, site))
+        return (ndm_module){0};
+    if (num < 1 || dim < 1 || !rng) {
+        ndm__fail(NDM_E_INVALID, api, site, "sizes must be >= 1 and rng given");
+        return (ndm_module){0};
+    }
+    module *m = alloc_module(EMBEDDING);
+    if (!m) {
+        ndm__fail(NDM_E_OOM, api, site, "no memory for a module");
+        return (ndm_module){0};
+    }
+    m->in = num;
+    m->out = dim;
+    m->weight = ndm_empty_at(NDM__SITE_ARGS(site), model, NDM_F32, 2, (int64_t[]){num, dim});
+    if (!m->weight.id || ndm_normal_inplace_at(NDM__SITE_ARGS(site), m->weight, rng, 0, 1) < 0 ||
+        ndm_requires_grad_at(NDM__SITE_ARGS(site), m->weight) < 0 ||
+        !add_param(m, "weight", m->weight)) {
+        if (ndm_last_status() == NDM_OK)
+            ndm__fail(NDM_E_OOM, api, site, "no memory");
+        module_destroy(m);
+        return (ndm_module){0};
+    }
+    return finish(m, model, site, api);
+}
+
+NDM_API ndm_module ndm_sequential_at(NDM_SITE_PARAMS, ndm_manager model, int n,
+                                     const ndm_module *modules)
+{
+    ndm__site site = NDM__SITE;
+    const char *api = "ndm_sequential";
+    if (!check_model(model, api, site))
+        return (ndm_module){0};
+    if (n < 0 || (n && !modules)) {
+        ndm__fail(NDM_E_INVALID, api, site, "invalid module list (n = %d)", n);
+        return (ndm_module){0};
+    }
+    for (int i = 0; i < n; i++)
+        if (!get(modules[i], api, site))
+            return (ndm_module){0};
+    module *m = alloc_module(SEQUENTIAL);
+    if (!m || !(m->children = malloc((size_t)(n ? n : 1) * sizeof *m->children))) {
+        free(m);
+        ndm__fail(NDM_E_OOM, api, site, "no memory for a module");
+        return (ndm_module){0};
+    }
+    m->nchildren = n;
+    memcpy(m->children, modules, (size_t)n * sizeof *modules);
+    for (int i = 0; i < n; i++) {
+        module *c = get(modules[i], api, site);
+        for (int k = 0; k < c->nparams; k++) {
+            char name[NAME_MAX_LEN];
+            snprintf(name, sizeof name, "%d.%s", i, c->names[k]);
+            if (!add_param(m, name, c->params[k])) {
+                module_destroy(m);
+                ndm__fail(NDM_E_OOM, api, site, "no memory");
+                return (ndm_module){0};
+            }
+        }
+    }
+    return finish(m, model, site, api);
+}
+
+/* ---- forward ------------------------------------------------------------------------ */
+
+static ndm_array run(module *m, ndm_array x, const char *api, ndm__site site)
+{
+    switch (m->k) {
+    case LINEAR: {
+        ndm_array y = ndm_matmul(x, ndm_transpose(m->weight));
+        return m->bias.id ? ndm_add(y, m->bias) : y;
+    }
+    case CONV2D:
+        return m->bias.id ? ndm_conv2d_bias(x, m->weight, m->bias, &m->conv)
+                          : ndm_conv2d(x, m->weight, &m->conv);
+    case MAX_POOL2D:
+        return ndm_max_pool2d(x, &m->pool);
+    case RELU:
+        return ndm_relu(x);
+    case GELU:
+        return ndm_gelu(x);
+    case FLATTEN: {
+        int nd = ndm_array_ndim(x);
+        int ax;
+        if (nd < 0 || ndm__axis(m->start_axis, nd, false, &ax, api, site) < 0)
+            return NDM_NULL_ARRAY;
+        int64_t shape[64];
+        if (nd > 64 || ndm_array_shape(x, shape, 64) < 0)
+            return NDM_NULL_ARRAY;
+        shape[ax] = -1;
+        return ndm_reshape_to_at(NDM__SITE_ARGS(site), NDM_NULL_MANAGER, x, ax + 1, shape);
+    }
+    case DROPOUT: {
+        if (!m->training || m->p == 0)
+            return ndm_alias(x);
+        int nd = ndm_array_ndim(x);
+        int64_t shape[64];
+        if (nd < 0 || nd > 64 || ndm_array_shape(x, shape, 64) < 0)
+            return NDM_NULL_ARRAY;
+        ndm_array keep = ndm_bernoulli_at(NDM__SITE_ARGS(site), NDM_NULL_MANAGER, &m->rng,
+                                          ndm_array_dtype(x), 1.0 - m->p, nd, shape);
+        return ndm_mul(x, ndm_mul_scalar(keep, 1.0 / (1.0 - m->p)));
+    }
+    case EMBEDDING:
+        return ndm_take(m->weight, 0, x);
+    case SEQUENTIAL: {
+        ndm_array y = x;
+        for (int i = 0; i < m->nchildren && y.id; i++) {
+            module *c = get(m->children[i], api, site);
+            y = c ? run(c, y, api, site) : NDM_NULL_ARRAY;
+        }
+        return m->nchildren ? y : ndm_alias(x);
+    }
+    }
+    return NDM_NULL_ARRAY;
+}
+
+NDM_API ndm_array ndm_forward_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_module mh, ndm_array x)
+{
+    ndm__site site = NDM__SITE;
+    const char *api = "ndm_forward";
+    module *m = get(mh, api, site);
+    ndm__array *rx = m ? ndm__array_get_prop(x, api, site) : NULL;
+    if (!rx)
+        return NDM_NULL_ARRAY;
+    ndm_manager dst = ndm__output_manager(out, rx, api, site);
+    if (!dst.id)
+        return NDM_NULL_ARRAY;
+    /* Every intermediate (views of the parameters too) lands in this scope,
+     * so nothing reaches the model; the result moves to dst. */
+    ndm_manager s = ndm_scope_begin_at(NDM__SITE_ARGS(site), dst, "forward");
+    if (!s.id)
+        return NDM_NULL_ARRAY;
+    ndm_array y = run(m, x, api, site);
+    ndm_status st = ndm_scope_end_at(NDM__SITE_ARGS(site), s, y.id ? 1 : 0, &y);
+    return y.id && st == NDM_OK ? y : NDM_NULL_ARRAY;
+}
+
+NDM_API ndm_status ndm_module_set_training(ndm_module mh, bool training)
+{
+    module *m = get(mh, __func__, NDM__NO_SITE);
+    if (!m)
+        return ndm_last_status();
+    m->training = training;
+    for (int i = 0; i < m->nchildren; i++) {
+        ndm_status st = ndm_module_set_training(m->children[i], training);
+        if (st < 0)
+            return st;
+    }
+    return NDM_OK;
+}
+
+NDM_API int ndm_module_named_parameters(ndm_module mh, const char **names, ndm_array *out,
+                                        int cap)
+{
+    module *m = get(mh, __func__, NDM__NO_SITE);
+    if (!m)
+        return ndm_last_status();
+    for (int i = 0; i < m->nparams && i < cap; i++) {
+        if (out)
+            out[i] = m->params[i];
+        if (names)
+            names[i] = m->names[i];
+    }
+    return m->nparams;
+}
+
+NDM_API int ndm_module_parameters(ndm_module mh, ndm_array *out, int cap)
+{
+    return ndm_module_named_parameters(mh, NULL, out, cap);
+}
+
+static size_t describe(module *m, char *buf, size_t n, size_t len)
+{
+#define PUT(...) (len += (size_t)snprintf(buf + (len < n ? len : n), len < n ? n - len : 0, __VA_ARGS__))
+    switch (m->k) {
+    case LINEAR:
+        PUT("Linear(%lld, %lld%s)", (long long)m->in, (long long)m->out,
+            m->bias.id ? "" : ", bias=false");
+        break;
+    case CONV2D:
+        PUT("Conv2d(%lld, %lld, %lldx%lld)", (long long)m->in, (long long)m->out,
+            (long long)m->kh, (long long)m->kw);
+        break;
+    case MAX_POOL2D:
+        PUT("MaxPool2d(%lldx%lld)", (long long)m->pool.kernel[0], (long long)m->pool.kernel[1]);
+        break;
+    case RELU:
+        PUT("ReLU");
+        break;
+    case GELU:
+        PUT("GELU");
+        break;
+    case FLATTEN:
+        PUT("Flatten(%d)", m->start_axis);
+        break;
+    case DROPOUT:
+        PUT("Dropout(%g)", m->p);
+        break;
+    case EMBEDDING:
+        PUT("Embedding(%lld, %lld)", (long long)m->in, (long long)m->out);
+        break;
+    case SEQUENTIAL:
+        PUT("Sequential(");
+        for (int i = 0; i < m->nchildren; i++) {
+            module *c = get(m->children[i], "ndm_module_describe", NDM__NO_SITE);
+            if (i)
+                PUT(", ");
+            if (c)
+                len = describe(c, buf, n, len);
+        }
+        PUT(")");
+        break;
+    }
+#undef PUT
+    return len;
+}
+
+NDM_API int ndm_module_describe(ndm_module mh, char *buf, size_t n)
+{
+    module *m = get(mh, __func__, NDM__NO_SITE);
+    if (!m)
+        return ndm_last_status();
+    if (buf && n)
+        buf[0] = '\0';
+    char none[1];
+    return (int)describe(m, buf ? buf : none, buf ? n : 0, 0);
+}
+
+bool ndm__module_valid(ndm_module m) { return ndm__object_valid(m.id, &module_type); }

@@ -1,0 +1,255 @@
+/* Optimizers: SGD with momentum and weight decay, Adam and AdamW. Their
+ * state and scratch arrays are made once in the model, and a step is a
+ * sequence of in-place operations, so steps allocate nothing and work on a
+ * capped model. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "../manager/object.h"
+#include "ndm/ndm.h"
+#include "ndm/nn.h"
+#include "nn.h"
+
+typedef enum algo { SGD, ADAM } algo;
+
+typedef struct optimizer {
+    algo a;
+    double lr, momentum, weight_decay, beta1, beta2, eps;
+    bool decoupled;
+    int64_t t; /* steps taken (Adam's bias correction) */
+    int n;
+    ndm_array *param, *grad;
+    ndm_array *s1, *s2; /* SGD: velocity; Adam: first and second moments */
+    ndm_array *tmp, *tmp2;
+} optimizer;
+
+static void opt_destroy(void *p)
+{
+    optimizer *o = p;
+    free(o->param);
+    free(o);
+}
+
+static const ndm__object_type opt_type = {"optimizer", opt_destroy};
+
+static optimizer *get(ndm_optimizer h, const char *api)
+{
+    return ndm__object_get(h.id, &opt_type, api, NDM__NO_SITE);
+}
+
+static ndm_optimizer make(ndm__site site, const char *api, ndm_manager model, ndm_module net,
+                          optimizer *o)
+{
+    int n = ndm_module_parameters(net, NULL, 0);
+    if (n < 0) {
+        free(o);
+        return (ndm_optimizer){0};
+    }
+    /* one block: params, grads, and up to four arrays of state per parameter */
+    o->param = calloc((size_t)(n ? n : 1) * 6, sizeof(ndm_array));
+    if (!o->param) {
+        free(o);
+        ndm__fail(NDM_E_OOM, api, site, "no memory for an optimizer");
+        return (ndm_optimizer){0};
+    }
+    o->n = n;
+    o->grad = o->param + n;
+    o->s1 = o->grad + n;
+    o->s2 = o->s1 + n;
+    o->tmp = o->s2 + n;
+    o->tmp2 = o->tmp + n;
+    ndm_module_parameters(net, o->param, n);
+    for (int i = 0; i < n; i++) {
+        int nd = ndm_array_ndim(o->param[i]);
+        int64_t shape[16];
+        if (nd < 0 || nd > 16 || ndm_array_shape(o->param[i], shape, 16) < 0)
+            goto fail;
+        ndm_dtype dt = ndm_array_dtype(o->param[i]);
+        /* the gradient handle is owned by the model too */
+        o->grad[i] = ndm_grad_to_at(NDM__SITE_ARGS(site), model, o->param[i]);
+        bool need_s1 = o->a == ADAM || o->momentum != 0;
+        if (!o->grad[i].id ||
+            (need_s1 && !(o->s1[i] = ndm_zeros_at(NDM__SITE_ARGS(site), model, dt, nd, shape)).id) ||
+            (o->a == ADAM &&
+             !(o->s2[i] = ndm_zeros_at(NDM__SITE_ARGS(site), model, dt, nd, shape)).id) ||
+            !(o->tmp[i] = ndm_empty_at(NDM__SITE_ARGS(site), model, dt, nd, shape)).id ||
+            (o->a == ADAM &&
+             !(o->tmp2[i] = ndm_empty_at(NDM__SITE_ARGS(site), model, dt, nd, shape)).id))
+            goto fail;
+    }
+    uint64_t id = ndm__object_new(&opt_type, model, o, site, api);
+    if (!id)
+        goto fail;
+    return (ndm_optimizer){id};
+fail:
+    /* the arrays made so far stay in the model until it closes */
+    opt_destroy(o);
+    return (ndm_optimizer){0};
+}
+
+static bool check_rate(double v, bool positive, const char *what, const char *api,
+                       ndm__site site)
+{
+    if (isfinite(v) && (positive ? v > 0 : v >= 0))
+        return true;
+    ndm__fail(NDM_E_INVALID, api, site, "%s must be %s and finite (got %g)", what,
+              positive ? "> 0" : ">= 0", v);
+    return false;
+}
+
+NDM_API ndm_optimizer ndm_sgd_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module net, double lr,
+                                 double momentum, double weight_decay)
+{
+    ndm__site site = NDM__SITE;
+    if (!check_rate(lr, true, "lr", "ndm_sgd", site) ||
+        !check_rate(momentum, false, "momentum", "ndm_sgd", site) ||
+        !check_rate(weight_decay, false, "weight_decay", "ndm_sgd", site))
+        return (ndm_optimizer){0};
+    optimizer *o = calloc(1, sizeof *o);
+    if (!o) {
+        ndm__fail(NDM_E_OOM, "ndm_sgd", site, "no memory");
+        return (ndm_optimizer){0};
+    }
+    *o = (optimizer){.a = SGD, .lr = lr, .momentum = momentum, .weight_decay = weight_decay};
+    return make(site, "ndm_sgd", model, net, o);
+}
+
+NDM_API ndm_optimizer ndm_adam_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module net, double lr,
+                                  double beta1, double beta2, double eps, double weight_decay,
+                                  bool decoupled)
+{
+    ndm__site site = NDM__SITE;
+    const char *api = decoupled ? "ndm_adamw" : "ndm_adam";
+    if (!check_rate(lr, true, "lr", api, site) || !check_rate(eps, true, "eps", api, site) ||
+        !check_rate(weight_decay, false, "weight_decay", api, site))
+        return (ndm_optimizer){0};
+    if (!(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1)) {
+        ndm__fail(NDM_E_INVALID, api, site, "betas must be in [0, 1) (got %g, %g)", beta1, beta2);
+        return (ndm_optimizer){0};
+    }
+    optimizer *o = calloc(1, sizeof *o);
+    if (!o) {
+        ndm__fail(NDM_E_OOM, api, site, "no memory");
+        return (ndm_optimizer){0};
+    }
+    *o = (optimizer){.a = ADAM, .lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps,
+                     .weight_decay = weight_decay, .decoupled = decoupled};
+    return make(site, api, model, net, o);
+}
+
+/* tmp = g + wd * w (L2 decay folded into the gradient); returns the array to use. */
+static ndm_status l2(optimizer *o, int i, ndm_array *src)
+{
+    *src = o->grad[i];
+    if (o->weight_decay == 0 || (o->a == ADAM && o->decoupled))
+        return NDM_OK;
+    ndm_status st;
+    if ((st = ndm_copy_into(o->tmp[i], o->param[i])) < 0 ||
+        (st = ndm_mul_scalar_(o->tmp[i], o->weight_decay)) < 0 ||
+        (st = ndm_add_(o->tmp[i], o->grad[i])) < 0)
+        return st;
+    *src = o->tmp[i];
+    return NDM_OK;
+}
+
+static ndm_status sgd_step(optimizer *o, int i)
+{
+    ndm_array g;
+    ndm_status st = l2(o, i, &g);
+    if (st < 0)
+        return st;
+    ndm_array upd = g;
+    if (o->momentum != 0) {
+        if ((st = ndm_mul_scalar_(o->s1[i], o->momentum)) < 0 || (st = ndm_add_(o->s1[i], g)) < 0)
+            return st;
+        upd = o->s1[i];
+    }
+    if ((upd.id != o->tmp[i].id && (st = ndm_copy_into(o->tmp[i], upd)) < 0) ||
+        (st = ndm_mul_scalar_(o->tmp[i], o->lr)) < 0)
+        return st;
+    return ndm_sub_(o->param[i], o->tmp[i]);
+}
+
+static ndm_status adam_step(optimizer *o, int i)
+{
+    ndm_array g;
+    ndm_status st = l2(o, i, &g);
+    if (st < 0)
+        return st;
+    double bc1 = 1 - pow(o->beta1, (double)o->t), bc2 = 1 - pow(o->beta2, (double)o->t);
+    if (o->decoupled && o->weight_decay != 0 &&
+        (st = ndm_mul_scalar_(o->param[i], 1 - o->lr * o->weight_decay)) < 0)
+        return st;
+    ndm_array m = o->s1[i], v = o->s2[i], t2 = o->tmp2[i], t1 = o->tmp[i];
+    /* m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2 */
+    if ((st = ndm_mul_scalar_(m, o->beta1)) < 0 || (st = ndm_copy_into(t2, g)) < 0 ||
+        (st = ndm_mul_scalar_(t2, 1 - o->beta1)) < 0 || (st = ndm_add_(m, t2)) < 0 ||
+        (st = ndm_mul_scalar_(v, o->beta2)) < 0 || (st = ndm_copy_into(t2, g)) < 0 ||
+        (st = ndm_mul_(t2, g)) < 0 || (st = ndm_mul_scalar_(t2, 1 - o->beta2)) < 0 ||
+        (st = ndm_add_(v, t2)) < 0)
+        return st;
+    /* w -= lr / bc1 * m / (sqrt(v / bc2) + eps) */
+    if ((st = ndm_copy_into(t2, v)) < 0 || (st = ndm_mul_scalar_(t2, 1 / bc2)) < 0 ||
+        (st = ndm_sqrt_(t2)) < 0 || (st = ndm_add_scalar_(t2, o->eps)) < 0 ||
+        (st = ndm_copy_into(t1, m)) < 0 || (st = ndm_div_(t1, t2)) < 0 ||
+        (st = ndm_mul_scalar_(t1, o->lr / bc1)) < 0)
+        return st;
+    return ndm_sub_(o->param[i], t1);
+}
+
+NDM_API ndm_status ndm_optimizer_step(ndm_optimizer h)
+{
+    optimizer *o = get(h, __func__);
+    if (!o)
+        return ndm_last_status();
+    o->t++;
+    for (int i = 0; i < o->n; i++) {
+        ndm_status st = o->a == SGD ? sgd_step(o, i) : adam_step(o, i);
+        if (st < 0)
+            return st;
+    }
+    return NDM_OK;
+}
+
+NDM_API ndm_status ndm_optimizer_zero_grad(ndm_optimizer h)
+{
+    optimizer *o = get(h, __func__);
+    if (!o)
+        return ndm_last_status();
+    return ndm_zero_grad((size_t)o->n, o->param);
+}
+
+NDM_API ndm_status ndm_optimizer_set_lr(ndm_optimizer h, double lr)
+{
+    optimizer *o = get(h, __func__);
+    if (!o)
+        return ndm_last_status();
+    if (!check_rate(lr, true, "lr", __func__, NDM__NO_SITE))
+        return NDM_E_INVALID;
+    o->lr = lr;
+    return NDM_OK;
+}
+
+NDM_API double ndm_optimizer_lr(ndm_optimizer h)
+{
+    optimizer *o = get(h, __func__);
+    return o ? o->lr : -1.0;
+}
+
+NDM_API double ndm_lr_step(double base, int64_t epoch, int64_t step_size, double gamma)
+{
+    if (step_size < 1 || epoch < 0)
+        return base;
+    return base * pow(gamma, (double)(epoch / step_size));
+}
+
+NDM_API double ndm_lr_cosine(double base, double min_lr, int64_t t, int64_t total)
+{
+    if (total < 1)
+        return base;
+    if (t < 0)
+        t = 0;
+    if (t > total)
+        t = total;
+    return min_lr + 0.5 * (base - min_lr) * (1 + cos(M_PI * (double)t / (double)total));
+}

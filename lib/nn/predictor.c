@@ -1,0 +1,84 @@
+/* Predictors: a model capped for serving, and one request manager per
+ * prediction, so a request leaves nothing behind in the model. */
+#include <stdlib.h>
+
+#include "../manager/object.h"
+#include "../ops/dispatch.h"
+#include "ndm/ndm.h"
+#include "ndm/nn.h"
+#include "nn.h"
+
+typedef struct predictor {
+    ndm_manager model;
+    ndm_manager mgr;
+    ndm_module net;
+} predictor;
+
+static void pred_destroy(void *p) { free(p); }
+
+static const ndm__object_type pred_type = {"predictor", pred_destroy};
+
+NDM_API ndm_predictor ndm_predictor_new_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module net)
+{
+    ndm__site site = NDM__SITE;
+    const char *api = "ndm_predictor_new";
+    if (!ndm__manager_get(model, api, site))
+        return (ndm_predictor){0};
+    if (!ndm__module_valid(net)) {
+        ndm__fail(NDM_E_CLOSED, api, site, "the module handle is stale or null");
+        return (ndm_predictor){0};
+    }
+    predictor *p = calloc(1, sizeof *p);
+    if (!p) {
+        ndm__fail(NDM_E_OOM, api, site, "no memory for a predictor");
+        return (ndm_predictor){0};
+    }
+    p->model = model;
+    p->net = net;
+    p->mgr = ndm_manager_new_at(NDM__SITE_ARGS(site), model, "predictor");
+    ndm_status st = p->mgr.id ? ndm_module_set_training(net, false) : ndm_last_status();
+    if (st < 0) {
+        free(p);
+        return (ndm_predictor){0};
+    }
+    uint64_t id = ndm__object_new(&pred_type, model, p, site, api);
+    if (!id) {
+        free(p);
+        return (ndm_predictor){0};
+    }
+    /* from here the model takes nothing new: a request's stray array fails at its line */
+    if (ndm_manager_cap(model, NDM_CAP_ARRAYS | NDM_CAP_CHILDREN) < 0)
+        return (ndm_predictor){0};
+    return (ndm_predictor){id};
+}
+
+NDM_API ndm_array ndm_predict_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_predictor h,
+                                    ndm_array input)
+{
+    ndm__site site = NDM__SITE;
+    const char *api = "ndm_predict";
+    predictor *p = ndm__object_get(h.id, &pred_type, api, site);
+    ndm__array *rx = p ? ndm__array_get_prop(input, api, site) : NULL;
+    if (!rx)
+        return NDM_NULL_ARRAY;
+    ndm_manager dst = ndm__output_manager(out, rx, api, site);
+    if (!dst.id)
+        return NDM_NULL_ARRAY;
+    ndm_manager req = ndm_manager_new_at(NDM__SITE_ARGS(site), p->mgr, "request");
+    if (!req.id)
+        return NDM_NULL_ARRAY;
+    ndm_no_grad_begin();
+    ndm_array y = ndm_forward_to_at(NDM__SITE_ARGS(site), req, p->net, input);
+    ndm_no_grad_end();
+    if (y.id && ndm_attach_at(NDM__SITE_ARGS(site), y, dst) < 0)
+        y = NDM_NULL_ARRAY;
+    ndm_status cs = ndm_manager_close_at(NDM__SITE_ARGS(site), req);
+    (void)cs;
+    return y;
+}
+
+NDM_API ndm_manager ndm_predictor_manager(ndm_predictor h)
+{
+    predictor *p = ndm__object_get(h.id, &pred_type, __func__, NDM__NO_SITE);
+    return p ? p->mgr : NDM_NULL_MANAGER;
+}

@@ -1,0 +1,366 @@
+/* nn: layers against values computed here, initialisers, optimizers against
+ * hand-computed updates, schedules, dropout, training convergence, the
+ * predictor under threads, and the error paths. */
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "helpers.h"
+
+static void fill(ndm_array a, const float *v)
+{
+    assert_ok(ndm_array_copy_in(a, v, ndm_array_nbytes(a)));
+}
+
+static ndm_array param(ndm_module m, int i)
+{
+    ndm_array p[8];
+    int n = ndm_module_parameters(m, p, 8);
+    assert_true(i < n);
+    return p[i];
+}
+
+static void test_nn_linear_forward_and_names(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_rng rng = ndm_rng_new(1);
+    ndm_module lin = ndm_linear(model, 3, 2, true, &rng);
+    assert_true(lin.id != 0);
+    float w[6] = {1, 2, 3, -1, 0.5f, 2}, b[2] = {0.25f, -1};
+    fill(param(lin, 0), w);
+    fill(param(lin, 1), b);
+    ndm_manager batch = ndm_manager_new(model, "batch");
+    float xv[6] = {1, 0, -1, 2, 1, 0.5f};
+    ndm_array x = ndm_from_buffer(batch, NDM_F32, xv, NDM_SHAPE(2, 3));
+    ndm_array y = ndm_forward(lin, x);
+    assert_live(y);
+    assert_true(ndm_array_manager(y).id == batch.id); /* the input's manager, not the model */
+    float out[4];
+    assert_ok(ndm_array_copy_out(y, out, sizeof out));
+    for (int r = 0; r < 2; r++)
+        for (int c = 0; c < 2; c++) {
+            float want = b[c];
+            for (int k = 0; k < 3; k++)
+                want += xv[r * 3 + k] * w[c * 3 + k];
+            assert_true(fabsf(out[r * 2 + c] - want) < 1e-5f);
+        }
+    /* the forward pass left only its result in the batch */
+    assert_int_equal(test_live_arrays(batch), 2);
+    const char *names[4];
+    assert_int_equal(ndm_module_named_parameters(lin, names, NULL, 4), 2);
+    assert_string_equal(names[0], "weight");
+    assert_string_equal(names[1], "bias");
+    ndm_module seq = ndm_sequential(model, NDM_MODULES(lin, ndm_relu_module(model),
+                                                       ndm_linear(model, 2, 4, false, &rng)));
+    assert_int_equal(ndm_module_named_parameters(seq, names, NULL, 4), 3);
+    assert_string_equal(names[0], "0.weight");
+    assert_string_equal(names[2], "2.weight");
+    char desc[128];
+    ndm_module_describe(seq, desc, sizeof desc);
+    assert_string_equal(desc, "Sequential(Linear(3, 2), ReLU, Linear(2, 4, bias=false))");
+    assert_ok(ndm_manager_close(model));
+    /* the modules died with the model */
+    assert_true(ndm_forward(lin, x).id == 0);
+    assert_int_equal(ndm_last_status(), NDM_E_CLOSED);
+    assert_error_has("died with the manager that owned it");
+}
+
+static void test_nn_init_bounds(void **state)
+{
+    ndm_manager m = ndm_manager_new(ROOT(state), "m");
+    ndm_rng rng = ndm_rng_new(7);
+    ndm_array w = ndm_empty(m, NDM_F32, NDM_SHAPE(64, 200));
+    assert_ok(ndm_init_kaiming_uniform_(w, &rng));
+    float *v = ndm_array_data(w);
+    double b = sqrt(2.0) * sqrt(3.0 / 200), s = 0, s2 = 0;
+    for (int i = 0; i < 64 * 200; i++) {
+        assert_true(fabs(v[i]) <= b);
+        s += v[i];
+        s2 += v[i] * (double)v[i];
+    }
+    double n = 64 * 200, var = s2 / n - (s / n) * (s / n);
+    assert_true(fabs(var - b * b / 3) < 0.05 * b * b / 3); /* U(-b, b) has variance b^2/3 */
+    assert_ok(ndm_init_xavier_uniform_(w, &rng));
+    double bx = sqrt(6.0 / (200 + 64));
+    for (int i = 0; i < 64 * 200; i++)
+        assert_true(fabs(v[i]) <= bx);
+    ndm_array s0 = ndm_empty(m, NDM_F32, NDM_SCALAR);
+    assert_status(ndm_init_kaiming_uniform_(s0, &rng), NDM_E_SHAPE);
+    assert_ok(ndm_manager_close(m));
+}
+
+/* One step of each optimizer against the formulas, on w = [1, -2], g = [0.5, 0.25]. */
+static void one_step(ndm_manager root, int which, float *after)
+{
+    ndm_manager model = ndm_manager_new(root, "model");
+    ndm_rng rng = ndm_rng_new(3);
+    ndm_module lin = ndm_linear(model, 2, 1, false, &rng);
+    ndm_optimizer o = which == 0   ? ndm_sgd(model, lin, 0.1, 0.0, 0.0)
+                      : which == 1 ? ndm_sgd(model, lin, 0.1, 0.9, 0.01)
+                      : which == 2 ? ndm_adam(model, lin, 0.1, 0.9, 0.999, 1e-8, 0.01)
+                                   : ndm_adamw(model, lin, 0.1, 0.9, 0.999, 1e-8, 0.01);
+    assert_true(o.id != 0);
+    assert_ok(ndm_manager_cap(model, NDM_CAP_ARRAYS));
+    ndm_array w = param(lin, 0);
+    float wv[2] = {1, -2}, gv[2] = {0.5f, 0.25f};
+    fill(w, wv);
+    ndm_manager b = ndm_manager_new(model, "b");
+    for (int step = 0; step < 2; step++) {
+        fill(ndm_grad_to(b, w), gv);
+        assert_ok(ndm_optimizer_step(o));
+    }
+    ndm_stats st;
+    assert_ok(ndm_manager_stats(model, NDM_CPU, 0, &st));
+    ndm_stats st2 = st;
+    assert_ok(ndm_optimizer_step(o)); /* a third step allocates nothing */
+    assert_ok(ndm_manager_stats(model, NDM_CPU, 0, &st2));
+    assert_int_equal(st2.created, st.created);
+    assert_int_equal(st2.live_bytes, st.live_bytes);
+    assert_ok(ndm_array_copy_out(w, after, 2 * sizeof(float)));
+    assert_ok(ndm_manager_close(model));
+}
+
+static void test_nn_optimizer_updates(void **state)
+{
+    const double w0[2] = {1, -2}, g[2] = {0.5, 0.25};
+    float got[2];
+    for (int which = 0; which < 4; which++) {
+        double w[2] = {w0[0], w0[1]}, v[2] = {0, 0}, m[2] = {0, 0}, s[2] = {0, 0};
+        for (int t = 1; t <= 3; t++)
+            for (int i = 0; i < 2; i++) {
+                if (which == 0) {
+                    w[i] -= 0.1 * g[i];
+                } else if (which == 1) {
+                    v[i] = 0.9 * v[i] + g[i] + 0.01 * w[i];
+                    w[i] -= 0.1 * v[i];
+                } else {
+                    double gi = which == 2 ? g[i] + 0.01 * w[i] : g[i];
+                    if (which == 3)
+                        w[i] *= 1 - 0.1 * 0.01;
+                    m[i] = 0.9 * m[i] + 0.1 * gi;
+                    s[i] = 0.999 * s[i] + 0.001 * gi * gi;
+                    double mh = m[i] / (1 - pow(0.9, t)), sh = s[i] / (1 - pow(0.999, t));
+                    w[i] -= 0.1 * mh / (sqrt(sh) + 1e-8);
+                }
+            }
+        one_step(ROOT(state), which, got);
+        for (int i = 0; i < 2; i++)
+            if (fabs(got[i] - w[i]) > 1e-5)
+                fail_msg("optimizer %d: w[%d] = %.7g, expected %.7g", which, i, got[i], w[i]);
+    }
+}
+
+static void test_nn_schedules(void **state)
+{
+    (void)state;
+    assert_true(ndm_lr_step(0.1, 0, 3, 0.5) == 0.1);
+    assert_true(ndm_lr_step(0.1, 3, 3, 0.5) == 0.05);
+    assert_true(fabs(ndm_lr_step(0.1, 7, 3, 0.5) - 0.025) < 1e-15);
+    assert_true(ndm_lr_cosine(1.0, 0.0, 0, 10) == 1.0);
+    assert_true(fabs(ndm_lr_cosine(1.0, 0.0, 5, 10) - 0.5) < 1e-15);
+    assert_true(fabs(ndm_lr_cosine(1.0, 0.1, 10, 10) - 0.1) < 1e-15);
+    assert_true(fabs(ndm_lr_cosine(1.0, 0.1, 99, 10) - 0.1) < 1e-15);
+}
+
+static void test_nn_dropout_and_flatten(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_module d = ndm_dropout_module(model, 0.25, 99);
+    ndm_module f = ndm_flatten_module(model, 1);
+    ndm_manager b = ndm_manager_new(model, "b");
+    ndm_array x = ndm_ones(b, NDM_F32, NDM_SHAPE(100, 10, 10));
+    ndm_array y = ndm_forward(d, x);
+    float *v = ndm_array_data(y);
+    int zeros = 0;
+    for (int i = 0; i < 10000; i++) {
+        assert_true(v[i] == 0.0f || fabsf(v[i] - 1.0f / 0.75f) < 1e-6f);
+        zeros += v[i] == 0.0f;
+    }
+    assert_true(zeros > 2250 && zeros < 2750); /* p = 0.25 of 10000, far beyond 5 sigma */
+    assert_ok(ndm_module_set_training(d, false));
+    ndm_array e = ndm_forward(d, x);
+    assert_int_equal(((float *)ndm_array_data(e))[17] == 1.0f, 1);
+    ndm_array z = ndm_forward(f, x);
+    int64_t shape[2];
+    assert_int_equal(ndm_array_shape(z, shape, 2), 2);
+    assert_true(shape[0] == 100 && shape[1] == 100);
+    assert_true(ndm_dropout_module(model, 1.0, 0).id == 0);
+    assert_int_equal(ndm_last_status(), NDM_E_INVALID);
+    assert_ok(ndm_manager_close(model));
+}
+
+/* A tiny separable problem: both optimizers must fit it. */
+static void test_nn_training_converges(void **state)
+{
+    for (int which = 0; which < 2; which++) {
+        ndm_manager model = ndm_manager_new(ROOT(state), "model");
+        ndm_rng rng = ndm_rng_new(11);
+        ndm_module net = ndm_sequential(
+            model, NDM_MODULES(ndm_linear(model, 2, 16, true, &rng), ndm_relu_module(model),
+                               ndm_linear(model, 16, 2, true, &rng)));
+        ndm_optimizer opt = which ? ndm_adam(model, net, 0.05, 0.9, 0.999, 1e-8, 0)
+                                  : ndm_sgd(model, net, 0.2, 0.9, 0);
+        assert_ok(ndm_manager_cap(model, NDM_CAP_ARRAYS));
+        float xs[64][2];
+        int64_t ys[64];
+        for (int i = 0; i < 64; i++) {
+            xs[i][0] = (float)((i * 37) % 64) / 32.0f - 1.0f;
+            xs[i][1] = (float)((i * 11) % 64) / 32.0f - 1.0f;
+            ys[i] = xs[i][0] + xs[i][1] > 0;
+        }
+        double first = 0, last = 0;
+        uint64_t base = test_live_arrays(model);
+        for (int step = 0; step < 150; step++) {
+            ndm_manager batch = ndm_manager_new(model, "batch");
+            ndm_array x = ndm_from_buffer(batch, NDM_F32, xs, NDM_SHAPE(64, 2));
+            ndm_array y = ndm_from_buffer(batch, NDM_I64, ys, NDM_SHAPE(64));
+            assert_ok(ndm_grad_begin(batch));
+            ndm_array loss = ndm_cross_entropy(ndm_forward(net, x), y);
+            assert_ok(ndm_backward(loss));
+            assert_ok(ndm_grad_end());
+            assert_ok(ndm_optimizer_step(opt));
+            assert_ok(ndm_optimizer_zero_grad(opt));
+            double l;
+            assert_ok(ndm_item(loss, &l));
+            if (step == 0)
+                first = l;
+            last = l;
+            assert_ok(ndm_manager_close(batch));
+        }
+        assert_true(last < 0.1 * first);
+        ndm_stats s1;
+        assert_ok(ndm_manager_stats(model, NDM_CPU, NDM_STATS_SUBTREE, &s1));
+        assert_int_equal(s1.children, 0);
+        assert_int_equal(test_live_arrays(model), base); /* nothing accumulated in the model */
+        assert_ok(ndm_manager_close(model));
+    }
+}
+
+typedef struct pred_arg {
+    ndm_predictor p;
+    ndm_manager out;
+    float x[4];
+    float y[2];
+    int errors;
+} pred_arg;
+
+static void *predict_many(void *v)
+{
+    pred_arg *a = v;
+    for (int i = 0; i < 500; i++) {
+        ndm_manager mine = ndm_manager_new(a->out, "caller");
+        ndm_array x = ndm_from_buffer(mine, NDM_F32, a->x, NDM_SHAPE(1, 4));
+        ndm_array y = ndm_predict(a->p, x);
+        float r[2];
+        if (!y.id || ndm_array_manager(y).id != mine.id ||
+            ndm_array_copy_out(y, r, sizeof r) != NDM_OK || r[0] != a->y[0] || r[1] != a->y[1])
+            a->errors++;
+        if (ndm_manager_close(mine) != NDM_OK)
+            a->errors++;
+    }
+    return NULL;
+}
+
+static void test_nn_predictor_threads(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_rng rng = ndm_rng_new(5);
+    ndm_module net = ndm_sequential(model, NDM_MODULES(ndm_linear(model, 4, 8, true, &rng),
+                                                       ndm_gelu_module(model),
+                                                       ndm_linear(model, 8, 2, true, &rng)));
+    ndm_predictor p = ndm_predictor_new(model, net);
+    assert_true(p.id != 0);
+    assert_int_equal(ndm_manager_caps(model), NDM_CAP_ARRAYS | NDM_CAP_CHILDREN);
+    ndm_manager outs = ndm_manager_new(ROOT(state), "callers");
+    pred_arg args[8];
+    pthread_t th[8];
+    for (int t = 0; t < 8; t++) {
+        args[t] = (pred_arg){p, outs, {(float)t, 1, -1, 0.5f}, {0, 0}, 0};
+        /* the expected answer, from one prediction in this thread */
+        ndm_array x = ndm_from_buffer(outs, NDM_F32, args[t].x, NDM_SHAPE(1, 4));
+        ndm_array y = ndm_predict(p, x);
+        assert_live(y);
+        assert_ok(ndm_array_copy_out(y, args[t].y, sizeof args[t].y));
+        assert_ok(ndm_array_release(x));
+        assert_ok(ndm_array_release(y));
+    }
+    for (int t = 0; t < 8; t++)
+        assert_int_equal(pthread_create(&th[t], NULL, predict_many, &args[t]), 0);
+    for (int t = 0; t < 8; t++) {
+        pthread_join(th[t], NULL);
+        assert_int_equal(args[t].errors, 0);
+    }
+    ndm_stats ps;
+    assert_ok(ndm_manager_stats(ndm_predictor_manager(p), NDM_CPU, NDM_STATS_SUBTREE, &ps));
+    assert_int_equal(ps.children, 0);
+    assert_int_equal(ps.live_arrays, 0);
+    assert_int_equal(ps.created, 0);
+    /* a stray array into the served model fails at its line */
+    assert_true(ndm_zeros(model, NDM_F32, NDM_SHAPE(2)).id == 0);
+    assert_int_equal(ndm_last_status(), NDM_E_CAPPED);
+    assert_error_has("test_nn.c");
+    assert_ok(ndm_manager_close(outs));
+    assert_ok(ndm_manager_close(model));
+}
+
+static void test_nn_embedding_and_loss_errors(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_rng rng = ndm_rng_new(9);
+    ndm_module emb = ndm_embedding(model, 5, 3, &rng);
+    ndm_manager b = ndm_manager_new(model, "b");
+    int64_t idx[4] = {4, 0, 4, 2};
+    ndm_array i = ndm_from_buffer(b, NDM_I64, idx, NDM_SHAPE(2, 2));
+    ndm_array e = ndm_forward(emb, i);
+    int64_t shape[3];
+    assert_int_equal(ndm_array_shape(e, shape, 3), 3);
+    assert_true(shape[0] == 2 && shape[1] == 2 && shape[2] == 3);
+    float ev[12], table[15];
+    assert_ok(ndm_array_copy_out(e, ev, sizeof ev));
+    assert_ok(ndm_array_copy_out(param(emb, 0), table, sizeof table));
+    for (int k = 0; k < 4; k++)
+        for (int c = 0; c < 3; c++)
+            assert_true(ev[k * 3 + c] == table[idx[k] * 3 + c]);
+    /* gradient of an embedding lookup: rows scattered back, repeats added */
+    assert_ok(ndm_grad_begin(b));
+    ndm_array loss = ndm_sum(ndm_forward(emb, i), false, NDM_ALL_AXES_LIST);
+    assert_ok(ndm_backward(loss));
+    assert_ok(ndm_grad_end());
+    float g[15];
+    assert_ok(ndm_array_copy_out(ndm_grad_to(b, param(emb, 0)), g, sizeof g));
+    assert_true(g[4 * 3] == 2.0f && g[0] == 1.0f && g[1 * 3] == 0.0f && g[2 * 3] == 1.0f);
+    /* losses refuse bad input */
+    ndm_array logits = ndm_zeros(b, NDM_F32, NDM_SHAPE(2, 3));
+    int64_t bad[2] = {0, 3};
+    ndm_array lb = ndm_from_buffer(b, NDM_I64, bad, NDM_SHAPE(2));
+    assert_true(ndm_cross_entropy(logits, lb).id == 0);
+    assert_int_equal(ndm_last_status(), NDM_E_INVALID);
+    ndm_array l3 = ndm_zeros(b, NDM_I64, NDM_SHAPE(3));
+    assert_true(ndm_cross_entropy(logits, l3).id == 0);
+    assert_int_equal(ndm_last_status(), NDM_E_SHAPE);
+    ndm_array fl = ndm_zeros(b, NDM_F32, NDM_SHAPE(2));
+    assert_true(ndm_nll_loss(logits, fl).id == 0);
+    assert_int_equal(ndm_last_status(), NDM_E_DTYPE);
+    /* an optimizer cannot make its state in a capped model */
+    assert_ok(ndm_manager_cap(model, NDM_CAP_ARRAYS));
+    assert_true(ndm_sgd(model, emb, 0.1, 0.9, 0).id == 0);
+    assert_int_equal(ndm_last_status(), NDM_E_CAPPED);
+    assert_true(ndm_linear(model, 0, 3, true, &rng).id == 0);
+    assert_int_equal(ndm_last_status(), NDM_E_INVALID);
+    assert_ok(ndm_manager_close(model));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        TEST(test_nn_linear_forward_and_names),
+        TEST(test_nn_init_bounds),
+        TEST(test_nn_optimizer_updates),
+        TEST(test_nn_schedules),
+        TEST(test_nn_dropout_and_flatten),
+        TEST(test_nn_training_converges),
+        TEST(test_nn_predictor_threads),
+        TEST(test_nn_embedding_and_loss_errors),
+    };
+    return cmocka_run_group_tests_name("nn", tests, NULL, NULL);
+}
