@@ -36,8 +36,13 @@ build() { # build DIR [meson options...]
 case "${1:-}" in
 demo)
     install_missing
-    build build --buildtype=release
-    ./build/tools/ndm-tree-demo
+    build build-release --buildtype=release -Dtests=disabled
+    # train on all of Fashion-MNIST, serve the model, then show a leak caught
+    # by its line; NDM_LEAK_REPORT lists anything still alive at exit
+    export NDM_LEAK_REPORT=1
+    ./build-release/tools/ndm-fashion train --out build-release/fashion-model.safetensors
+    ./build-release/tools/ndm-fashion serve --model build-release/fashion-model.safetensors
+    ./build-release/tools/ndm-fashion leak-demo
     ;;
 test)
     install_missing
