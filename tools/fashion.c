@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fashion_net.h"
 #include "ndm/ndm.h"
 
 #define DEFAULT_DATA "/usr/share/datasets/fashion-mnist"
@@ -109,36 +110,14 @@ static ndm_dataset load_split(ndm_manager data, const char *dir, const char *spl
 
 static ndm_module build(ndm_manager model, const char *arch, ndm_rng *rng)
 {
-    ndm_module net;
-    if (!strcmp(arch, "cnn")) {
-        net = ndm_sequential(
-            model,
-            NDM_MODULES(
-                ndm_conv2d_module(model, 1, 32, 3, 3, true, rng, NDM_CONV2D(.padding = {1, 1})),
-                ndm_relu_module(model), ndm_max_pool2d_module(model, NDM_POOL2D(.kernel = {2, 2})),
-                ndm_conv2d_module(model, 32, 64, 3, 3, true, rng, NDM_CONV2D(.padding = {1, 1})),
-                ndm_relu_module(model), ndm_max_pool2d_module(model, NDM_POOL2D(.kernel = {2, 2})),
-                ndm_flatten_module(model, 1), ndm_linear(model, 64 * 7 * 7, 128, true, rng),
-                ndm_relu_module(model), ndm_linear(model, 128, 10, true, rng)));
-    } else {
-        net = ndm_sequential(model, NDM_MODULES(ndm_flatten_module(model, 1),
-                                                ndm_linear(model, 784, 256, true, rng),
-                                                ndm_relu_module(model),
-                                                ndm_linear(model, 256, 128, true, rng),
-                                                ndm_relu_module(model),
-                                                ndm_linear(model, 128, 10, true, rng)));
-    }
+    ndm_module net = fashion_net(model, arch, rng);
     LIVE(net, "build the network");
     return net;
 }
 
-/* Images as the network wants them: (B, 28, 28) for the MLP (it flattens),
- * (B, 1, 28, 28) for the CNN. */
 static ndm_array shaped(ndm_array x, bool cnn)
 {
-    if (!cnn)
-        return x;
-    ndm_array y = ndm_reshape(x, NDM_SHAPE(-1, 1, 28, 28));
+    ndm_array y = fashion_input(x, cnn);
     LIVE(y, "reshape");
     return y;
 }

@@ -3,6 +3,7 @@
  * the batched matmul kernels of the linalg family (reference and fast). */
 #include <limits.h>
 #include <stdatomic.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -679,7 +680,7 @@ static void fill_rows(ndm_dtype dt, int64_t m, int64_t n, void *c, int64_t rsc, 
         fill_rows_int64_t(m, n, c, rsc, csc, bias, sbias);
 }
 
-ndm_status ndm__cpu_gemm_bias(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const void *a,
+static ndm_status gemm_bias_impl(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const void *a,
                               int64_t rsa, int64_t csa, const void *b, int64_t rsb, int64_t csb,
                               void *c, int64_t rsc, int64_t csc, const void *bias, int64_t sbias,
                               unsigned flags)
@@ -719,6 +720,85 @@ ndm_status ndm__cpu_gemm_bias(ndm_dtype dt, int64_t m, int64_t n, int64_t k, con
     }
 #endif
     return gemm_blocked(dt, m, n, k, a, rsa, csa, b, rsb, csb, c, rsc, csc, acc, bias, sbias);
+}
+
+/* ---- profiling: when GEMMs run (bench/train) -------------------------------- */
+
+/* While profiling, every GEMM appends its [start, end) interval; the time
+ * spent in GEMM is the union of the intervals, since calls made by several
+ * threads at once (a convolution's batch split) overlap. */
+#define PROFILE_CAP (1 << 20)
+static atomic_bool profiling;
+static atomic_long profile_n;
+static double (*profile_iv)[2];
+
+static double profile_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void ndm__gemm_profile(bool on)
+{
+    if (on && !profile_iv)
+        profile_iv = malloc(sizeof *profile_iv * PROFILE_CAP);
+    atomic_store(&profile_n, 0);
+    atomic_store(&profiling, on && profile_iv);
+}
+
+static int by_start(const void *x, const void *y)
+{
+    const double *a = x, *b = y;
+    return a[0] < b[0] ? -1 : a[0] > b[0];
+}
+
+double ndm__gemm_profile_seconds(void)
+{
+    long n = atomic_load(&profile_n);
+    if (n > PROFILE_CAP)
+        n = PROFILE_CAP;
+    if (!profile_iv || n <= 0)
+        return 0;
+    qsort(profile_iv, (size_t)n, sizeof *profile_iv, by_start);
+    double total = 0, lo = profile_iv[0][0], hi = profile_iv[0][1];
+    for (long i = 1; i < n; i++) {
+        if (profile_iv[i][0] > hi) {
+            total += hi - lo;
+            lo = profile_iv[i][0];
+            hi = profile_iv[i][1];
+        } else if (profile_iv[i][1] > hi) {
+            hi = profile_iv[i][1];
+        }
+    }
+    return total + (hi - lo);
+}
+
+static ndm_status gemm_bias_profiled(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const void *a,
+                                     int64_t rsa, int64_t csa, const void *b, int64_t rsb,
+                                     int64_t csb, void *c, int64_t rsc, int64_t csc,
+                                     const void *bias, int64_t sbias, unsigned flags)
+{
+    double t0 = profile_now();
+    ndm_status st = gemm_bias_impl(dt, m, n, k, a, rsa, csa, b, rsb, csb, c, rsc, csc, bias,
+                                   sbias, flags);
+    long i = atomic_fetch_add(&profile_n, 1);
+    if (i < PROFILE_CAP) {
+        profile_iv[i][0] = t0;
+        profile_iv[i][1] = profile_now();
+    }
+    return st;
+}
+
+ndm_status ndm__cpu_gemm_bias(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const void *a,
+                              int64_t rsa, int64_t csa, const void *b, int64_t rsb, int64_t csb,
+                              void *c, int64_t rsc, int64_t csc, const void *bias, int64_t sbias,
+                              unsigned flags)
+{
+    if (__builtin_expect(atomic_load_explicit(&profiling, memory_order_relaxed), 0))
+        return gemm_bias_profiled(dt, m, n, k, a, rsa, csa, b, rsb, csb, c, rsc, csc, bias,
+                                  sbias, flags);
+    return gemm_bias_impl(dt, m, n, k, a, rsa, csa, b, rsb, csb, c, rsc, csc, bias, sbias, flags);
 }
 
 ndm_status ndm__cpu_gemm(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const void *a,

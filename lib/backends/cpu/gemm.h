@@ -57,6 +57,12 @@ enum {
  * layout (copies first otherwise) unless NDM__GEMM_NO_PROVIDER; ndm's
  * blocked kernel runs the rest on the thread pool (inline when called from a
  * pool thread). NDM_E_OOM when packing memory cannot be had. */
+/* Profiling for bench/train: while on, the time spent in GEMM (the union of
+ * the calls' intervals) accumulates; reading it does not stop it. Turning it
+ * on resets it. */
+void ndm__gemm_profile(bool on);
+double ndm__gemm_profile_seconds(void);
+
 ndm_status ndm__cpu_gemm(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const void *a,
                          int64_t rsa, int64_t csa, const void *b, int64_t rsb, int64_t csb,
                          void *c, int64_t rsc, int64_t csc, unsigned flags);
