@@ -4,8 +4,41 @@
  * gradients, every float dtype, errors, null inputs, the output rule. */
 #include "backends/backend.h"
 #include "backends/cpu/parallel.h"
+#include "backends/nn.h"
 #include "check_numeric.h"
 #include "manager/alloc/alloc.h"
+
+/* The kernels under test: the reference table, and the fast one as a
+ * batch too small for the threads runs it (one part, the provider's GEMM)
+ * and as it splits the batch over threads (inner products for the
+ * weight, partial sums). */
+static const struct {
+    bool ref;
+    int threads, isa;
+    const char *name;
+} modes[] = {
+    {true, 1, 0, "reference"},
+    {false, 1, 0, "fast, 1 thread"},
+    {false, 3, 0, "fast, 3 threads"},
+    {false, 3, 2, "fast, 3 threads, AVX2"}, /* the same where this CPU lacks AVX2 */
+    {false, 3, 1, "fast, 3 threads, portable C"},
+};
+#define N_MODES (int)(sizeof modes / sizeof modes[0])
+
+/* Enter mode i; returns what mode_leave needs to restore. */
+static int mode_enter(int i)
+{
+    ndm__cpu_force_reference(modes[i].ref);
+    (void)ndm__cpu_conv_dot_isa(modes[i].isa);
+    return ndm__set_num_threads(modes[i].threads);
+}
+
+static void mode_leave(int threads)
+{
+    ndm__cpu_force_reference(false);
+    (void)ndm__cpu_conv_dot_isa(0);
+    ndm__set_num_threads(threads);
+}
 
 typedef struct conv_case {
     int64_t n, c, h, w, o, kh, kw;
@@ -137,11 +170,13 @@ static void check_grads(ndm_manager m, rng *g, const conv_case *k, ndm_dtype t, 
     ndm_array x = rand_array(m, g, t, xv, 4, s.x);
     ndm_array w = rand_array(m, g, t, wv, 4, s.w);
     ndm_array dy = rand_array(m, g, t, dyv, 4, s.y);
-    for (int ref = 0; ref < 2; ref++) {
-        ndm__cpu_force_reference(ref);
-        check_grads_on(k, x, xv, w, wv, dy, dyv, what);
+    for (int md = 0; md < N_MODES; md++) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "%s, %s", what, modes[md].name);
+        int keep = mode_enter(md);
+        check_grads_on(k, x, xv, w, wv, dy, dyv, msg);
+        mode_leave(keep);
     }
-    ndm__cpu_force_reference(false);
     release(x), release(w), release(dy);
     free(xv), free(wv), free(dyv);
 }
@@ -197,13 +232,13 @@ static double conv_loss(ndm_array x, ndm_array w, const ndm_conv2d_opts *o, cons
     return s;
 }
 
-/* Central differences of `loss` in every element of a (f64, contiguous):
+/* Central differences of the loss in every element of a (f64, contiguous):
  * the loss is linear in each operand, so they are exact but for rounding. */
-static void check_central(ndm_array a, ndm_array x, ndm_array w, const ndm_conv2d_opts *o,
-                          const double *r, const double *grad, const char *what)
+static double *central(ndm_array a, ndm_array x, ndm_array w, const ndm_conv2d_opts *o,
+                       const double *r)
 {
     const double h = 1.0 / 1024;
-    double *p = ndm_array_data(a);
+    double *p = ndm_array_data(a), *fd = malloc(sizeof(double) * (size_t)ndm_array_size(a));
     assert_non_null(p);
     for (int64_t i = 0; i < ndm_array_size(a); i++) {
         double keep = p[i];
@@ -212,11 +247,19 @@ static void check_central(ndm_array a, ndm_array x, ndm_array w, const ndm_conv2
         p[i] = keep - h;
         double down = conv_loss(x, w, o, r);
         p[i] = keep;
-        double fd = (up - down) / (2 * h);
-        if (fabs(fd - grad[i]) > 1e-9 * (1 + fabs(fd)))
-            fail_msg("%s: element %lld: central difference %.17g, gradient %.17g", what,
-                     (long long)i, fd, grad[i]);
+        fd[i] = (up - down) / (2 * h);
     }
+    return fd;
+}
+
+static void check_central(ndm_array g, const double *fd, const char *what)
+{
+    double *got = read_array(g);
+    for (int64_t i = 0; i < ndm_array_size(g); i++)
+        if (fabs(fd[i] - got[i]) > 1e-9 * (1 + fabs(fd[i])))
+            fail_msg("%s: element %lld: central difference %.17g, gradient %.17g", what,
+                     (long long)i, fd[i], got[i]);
+    free(got);
 }
 
 static void test_conv2d_backward_central_differences(void **state)
@@ -225,45 +268,46 @@ static void test_conv2d_backward_central_differences(void **state)
     rng g = rng_new(13);
     const conv_case small[] = {
         {2, 3, 7, 6, 4, 3, 3, {1, 1}, {0, 0}, {1, 1}, 1},
-        {2, 4, 7, 8, 6, 3, 2, {2, 1}, {1, 0}, {2, 1}, 2},
+        {3, 4, 7, 8, 6, 3, 2, {2, 1}, {1, 0}, {2, 1}, 2},
         {1, 2, 9, 7, 3, 3, 3, {3, 2}, {2, 1}, {1, 2}, 1},
         {2, 4, 5, 5, 4, 3, 3, {1, 2}, {1, 1}, {1, 1}, 4},
-        {2, 4, 5, 6, 6, 1, 1, {1, 1}, {0, 0}, {1, 1}, 2},
-        {1, 2, 6, 5, 2, 2, 3, {2, 2}, {1, 1}, {2, 1}, 1},
+        {3, 4, 5, 6, 6, 1, 1, {1, 1}, {0, 0}, {1, 1}, 2},
+        {3, 2, 6, 5, 2, 2, 3, {2, 2}, {1, 1}, {2, 1}, 1},
     };
     for (size_t c = 0; c < sizeof small / sizeof small[0]; c++) {
         const conv_case *k = &small[c];
         ndm_conv2d_opts o = opts_of(k);
         shapes s = shapes_of(k);
-        double xv[600], wv[200], rv[600];
-        assert_true(shape_numel(4, s.x) <= 600 && shape_numel(4, s.y) <= 600);
+        double xv[1000], wv[200], rv[1000];
+        assert_true(shape_numel(4, s.x) <= 1000 && shape_numel(4, s.y) <= 1000);
         ndm_array x = rand_array(m, &g, NDM_F64, xv, 4, s.x);
         ndm_array w = rand_array(m, &g, NDM_F64, wv, 4, s.w);
         ndm_array dy = rand_array(m, &g, NDM_F64, rv, 4, s.y);
-        for (int ref = 0; ref < 2; ref++) {
-            ndm__cpu_force_reference(ref);
+        double *fx = central(x, x, w, &o, rv), *fw = central(w, x, w, &o, rv);
+        for (int md = 0; md < N_MODES; md++) {
+            int keep = mode_enter(md);
             ndm_array dx = ndm_conv2d_backward_input(dy, w, &o, 4, s.x);
             ndm_array dw = ndm_conv2d_backward_weight(dy, x, &o, 4, s.w);
+            mode_leave(keep);
             assert_live(dx);
             assert_live(dw);
-            double *gx = read_array(dx), *gw = read_array(dw);
             char what[64];
-            snprintf(what, sizeof what, "case %zu %s: input", c, ref ? "reference" : "fast");
-            check_central(x, x, w, &o, rv, gx, what);
-            snprintf(what, sizeof what, "case %zu %s: weight", c, ref ? "reference" : "fast");
-            check_central(w, x, w, &o, rv, gw, what);
-            free(gx), free(gw);
+            snprintf(what, sizeof what, "case %zu %s: input", c, modes[md].name);
+            check_central(dx, fx, what);
+            snprintf(what, sizeof what, "case %zu %s: weight", c, modes[md].name);
+            check_central(dw, fw, what);
             release(dx), release(dw);
         }
-        ndm__cpu_force_reference(false);
+        free(fx), free(fw);
         release(x), release(w), release(dy);
     }
 }
 
-/* The fast kernels split the batch over 3 threads (partial weight sums added
- * in a fixed order, so two runs agree bit for bit) and run whole on one
- * thread with the provider; both against the loops, and the reference
- * against the fast table on a larger problem. */
+/* Larger problems on every path: a Fashion-MNIST-like batch, groups with
+ * partial sums, a deep input whose unfolding is cut into tiles (alone and
+ * with a grad_out gathered tile by tile); two runs on threads agree bit
+ * for bit (partial sums are added in a fixed order); the reference and the
+ * fast table agree closely. */
 static void test_conv2d_backward_threads_and_tiles(void **state)
 {
     ndm_manager m = ROOT(state);
@@ -271,10 +315,29 @@ static void test_conv2d_backward_threads_and_tiles(void **state)
     conv_case mnist = {16, 1, 28, 28, 32, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1};
     conv_case grouped = {5, 8, 9, 9, 12, 3, 3, {2, 1}, {1, 1}, {1, 2}, 4};
     /* K = 1152 by 1600 pixels: the unfolded input is cut into tiles */
-    conv_case deep = {1, 128, 40, 40, 4, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1};
+    conv_case deep = {3, 128, 40, 40, 4, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1};
+    check_grads(m, &g, &mnist, NDM_F32, "mnist");
+    check_grads(m, &g, &grouped, NDM_F64, "grouped");
+    check_grads(m, &g, &deep, NDM_F32, "tiled");
+    {
+        shapes s = shapes_of(&deep);
+        double *xv = malloc(sizeof(double) * (size_t)shape_numel(4, s.x));
+        double *wv = malloc(sizeof(double) * (size_t)shape_numel(4, s.w));
+        double dv[3 * 40 * 40 * 4];
+        ndm_array x = rand_array(m, &g, NDM_F32, xv, 4, s.x);
+        ndm_array w = rand_array(m, &g, NDM_F32, wv, 4, s.w);
+        ndm_array db = rand_array(m, &g, NDM_F32, dv, 4, (int64_t[]){3, 4, 40, 40});
+        ndm_array dy = ndm_swapaxes(db, 2, 3);
+        double *dyv = read_array(dy);
+        for (int md = 0; md < N_MODES; md++) {
+            int keep = mode_enter(md);
+            check_grads_on(&deep, x, xv, w, wv, dy, dyv, modes[md].name);
+            mode_leave(keep);
+        }
+        free(xv), free(wv), free(dyv);
+        release(x), release(w), release(db), release(dy);
+    }
     int before = ndm__set_num_threads(3);
-    check_grads(m, &g, &mnist, NDM_F32, "mnist on 3 threads");
-    check_grads(m, &g, &grouped, NDM_F64, "grouped on 3 threads");
     shapes s = shapes_of(&grouped);
     ndm_conv2d_opts o = opts_of(&grouped);
     double *xv = malloc(sizeof(double) * (size_t)shape_numel(4, s.x));
@@ -287,11 +350,7 @@ static void test_conv2d_backward_threads_and_tiles(void **state)
     assert_memory_equal(va, vb, sizeof(double) * (size_t)shape_numel(4, s.w));
     free(va), free(vb), free(xv), free(dyv);
     release(a), release(b), release(x), release(dy);
-    ndm__set_num_threads(1);
-    check_grads(m, &g, &mnist, NDM_F32, "mnist on 1 thread");
-    check_grads(m, &g, &grouped, NDM_F64, "grouped on 1 thread");
     ndm__set_num_threads(before);
-    check_grads(m, &g, &deep, NDM_F32, "tiled");
 
     conv_case wide = {6, 12, 15, 13, 10, 3, 5, {2, 1}, {1, 2}, {1, 1}, 2};
     s = shapes_of(&wide);
@@ -301,19 +360,26 @@ static void test_conv2d_backward_threads_and_tiles(void **state)
     ndm_array w = rand_array(m, &g, NDM_F64, v, 4, s.w);
     dy = rand_array(m, &g, NDM_F64, v, 4, s.y);
     free(v);
-    ndm_array got[2][2];
-    for (int ref = 0; ref < 2; ref++) {
-        ndm__cpu_force_reference(ref);
-        got[ref][0] = ndm_conv2d_backward_input(dy, w, &o, 4, s.x);
-        got[ref][1] = ndm_conv2d_backward_weight(dy, x, &o, 4, s.w);
+    ndm_array got[N_MODES][2];
+    for (int md = 0; md < N_MODES; md++) {
+        int keep = mode_enter(md);
+        got[md][0] = ndm_conv2d_backward_input(dy, w, &o, 4, s.x);
+        got[md][1] = ndm_conv2d_backward_weight(dy, x, &o, 4, s.w);
+        mode_leave(keep);
     }
-    ndm__cpu_force_reference(false);
     for (int i = 0; i < 2; i++) {
-        double *f = read_array(got[0][i]), *r = read_array(got[1][i]);
-        assert_close_all(f, r, ndm_array_size(got[0][i]), 1e-12, 1e-12,
-                         i ? "weight: fast vs reference" : "input: fast vs reference");
-        free(f), free(r);
-        release(got[0][i]), release(got[1][i]);
+        double *r = read_array(got[0][i]);
+        for (int md = 1; md < N_MODES; md++) {
+            double *f = read_array(got[md][i]);
+            char what[64];
+            snprintf(what, sizeof what, "%s gradient: %s vs reference", i ? "weight" : "input",
+                     modes[md].name);
+            assert_close_all(f, r, ndm_array_size(got[0][i]), 1e-12, 1e-12, what);
+            free(f);
+            release(got[md][i]);
+        }
+        free(r);
+        release(got[0][i]);
     }
     release(x), release(w), release(dy);
 }
@@ -344,12 +410,14 @@ static void test_conv2d_backward_views_and_broadcast(void **state)
     ndm_array views[3] = {dyt, dyr, dyb};
     for (int i = 0; i < 3; i++) {
         double *dv = read_array(views[i]);
-        for (int ref = 0; ref < 2; ref++) {
-            ndm__cpu_force_reference(ref);
-            check_grads_on(&k, x, xv, w, wv, views[i], dv,
-                           i == 0 ? "transposed" : i == 1 ? "reversed" : "broadcast");
+        for (int md = 0; md < N_MODES; md++) {
+            char what[64];
+            snprintf(what, sizeof what, "%s, %s",
+                     i == 0 ? "transposed" : i == 1 ? "reversed" : "broadcast", modes[md].name);
+            int keep = mode_enter(md);
+            check_grads_on(&k, x, xv, w, wv, views[i], dv, what);
+            mode_leave(keep);
         }
-        ndm__cpu_force_reference(false);
         free(dv);
     }
     /* a 1x1 kernel reads x's pixels in place, x a view */
@@ -357,7 +425,11 @@ static void test_conv2d_backward_views_and_broadcast(void **state)
     double w1[2 * 5], d2[3 * 2 * 8 * 7];
     ndm_array w1a = rand_array(m, &g, NDM_F32, w1, 4, (int64_t[]){2, 5, 1, 1});
     ndm_array dy1 = rand_array(m, &g, NDM_F32, d2, 4, (int64_t[]){3, 2, 8, 7});
-    check_grads_on(&one, x, xv, w1a, w1, dy1, d2, "1x1 view");
+    for (int md = 0; md < N_MODES; md++) {
+        int keep = mode_enter(md);
+        check_grads_on(&one, x, xv, w1a, w1, dy1, d2, modes[md].name);
+        mode_leave(keep);
+    }
     free(xv), free(wv);
     release(x), release(w), release(dyt), release(dyr), release(dyb), release(xs), release(ws);
     release(dt), release(d1), release(w1a), release(dy1);
@@ -475,13 +547,13 @@ static void test_pool2d_backward_matches_direct_loops(void **state)
             pool_out(xs, &pools[p], ys);
             double dyv[2 * 3 * 7 * 6];
             ndm_array dy = rand_array(m, &g, types[t], dyv, 4, ys);
-            for (int ref = 0; ref < 2; ref++) {
-                ndm__cpu_force_reference(ref);
-                check_pool_grad(x, xv, dy, dyv, &pools[p], true, false, "contiguous");
-                check_pool_grad(x, xv, dy, dyv, &pools[p], false, false, "contiguous");
-                check_pool_grad(x, xv, dy, dyv, &pools[p], false, true, "contiguous");
+            for (int md = 0; md < N_MODES; md++) {
+                int keep = mode_enter(md);
+                check_pool_grad(x, xv, dy, dyv, &pools[p], true, false, modes[md].name);
+                check_pool_grad(x, xv, dy, dyv, &pools[p], false, false, modes[md].name);
+                check_pool_grad(x, xv, dy, dyv, &pools[p], false, true, modes[md].name);
+                mode_leave(keep);
             }
-            ndm__cpu_force_reference(false);
             release(dy);
         }
         release(x);
@@ -495,15 +567,15 @@ static void test_pool2d_backward_matches_direct_loops(void **state)
     ndm_array dc = rand_array(m, &g, NDM_F32, d1, 4, (int64_t[]){1, 3, 1, 1});
     ndm_array dyb = ndm_expand(dc, NDM_SHAPE(2, 3, 3, 4));
     double *xtv = read_array(x), *dyv = read_array(dy), *dbv = read_array(dyb);
-    for (int ref = 0; ref < 2; ref++) {
-        ndm__cpu_force_reference(ref);
+    for (int md = 0; md < N_MODES; md++) {
+        int keep = mode_enter(md);
         for (int cip = 0; cip < 2; cip++) {
             check_pool_grad(x, xtv, dy, dyv, &pools[2], !cip, false, "views");
             check_pool_grad(x, xtv, dyb, dbv, &pools[2], false, cip, "broadcast");
         }
         check_pool_grad(x, xtv, dyb, dbv, &pools[2], true, false, "broadcast");
+        mode_leave(keep);
     }
-    ndm__cpu_force_reference(false);
     free(xtv), free(dyv), free(dbv);
     release(x), release(xb), release(dy), release(db), release(dyb), release(dc);
     /* many planes: split over the pool */
@@ -610,8 +682,8 @@ static void test_max_pool2d_backward_picks_the_forwards_element(void **state)
     ndm_manager m = ROOT(state);
     const ndm_dtype types[] = {NDM_F32, NDM_F64, NDM_F16, NDM_BF16};
     for (int t = 0; t < 4; t++)
-        for (int ref = 0; ref < 2; ref++) {
-            ndm__cpu_force_reference(ref);
+        for (int md = 0; md < N_MODES; md++) {
+            int keep = mode_enter(md);
             ndm_pool2d_opts k2 = {{2, 2}, {0, 0}, {0, 0}};
             double ties[8] = {1, 3, 3, 2, 3, 0, 1, 3};
             double *g = max_grad(m, types[t], ties, 2, 4, &k2, 10);
@@ -641,8 +713,8 @@ static void test_max_pool2d_backward_picks_the_forwards_element(void **state)
             const double want_peak[9] = {0, 0, 0, 0, 8, 0, 0, 0, 0};
             assert_close_all(g, want_peak, 9, 0, 0, "overlapping windows add up");
             free(g);
+            mode_leave(keep);
         }
-    ndm__cpu_force_reference(false);
 }
 
 /* A 2x2 plane of ones under a 2x2 window, stride 1, padding 1 (3x3
@@ -654,8 +726,8 @@ static void test_avg_pool2d_backward_divisors(void **state)
     ndm_pool2d_opts o = {{2, 2}, {1, 1}, {1, 1}};
     double dv[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
     ndm_array dy = make_array(m, NDM_F64, dv, NDM_SHAPE(1, 1, 3, 3));
-    for (int ref = 0; ref < 2; ref++) {
-        ndm__cpu_force_reference(ref);
+    for (int md = 0; md < N_MODES; md++) {
+        int keep = mode_enter(md);
         ndm_array a = ndm_avg_pool2d_backward(dy, true, &o, NDM_SHAPE(1, 1, 2, 2));
         ndm_array b = ndm_avg_pool2d_backward(dy, false, &o, NDM_SHAPE(1, 1, 2, 2));
         double *ga = read_array(a), *gb = read_array(b);
@@ -668,8 +740,8 @@ static void test_avg_pool2d_backward_divisors(void **state)
         assert_close_all(gb, want_b, 4, 1e-15, 0, "without count_include_pad");
         free(ga), free(gb);
         release(a), release(b);
+        mode_leave(keep);
     }
-    ndm__cpu_force_reference(false);
     release(dy);
 }
 

@@ -10,6 +10,10 @@
 #include "gemm.h"
 #include "parallel.h"
 
+#if NDM__CPU_X86
+#include <immintrin.h>
+#endif
+
 /* Geometry of one call, read from the tensors. */
 typedef struct cgeo {
     int64_t N, C, H, W, O, KH, KW, OH, OW, Cg, Og, K, P;
@@ -582,6 +586,160 @@ static ndm_status fast_pool2d(int device, const ndm__tensor *y, const ndm__tenso
     return NDM_OK;
 }
 
+/* ---- inner products for the weight gradient -------------------------------------
+ * The weight gradient contracts over pixels, the axis along which both
+ * dy's rows and the unfolded input's rows are contiguous: each element of
+ * dw is the inner product of two rows. Read in place, blocks of rows keep
+ * their sums in vector registers. A GEMM kernel would first pack dy
+ * across its rows, a transposition of all of dy per sample that costs
+ * more than the products, which are small. */
+
+/* c[i * rsc + j * csc] += a[i * lda + p] * b[j * ldb + p] summed over p < k,
+ * for i < m, j < n. */
+typedef void (*dot_s_fn)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                         const float *b, int64_t ldb, float *c, int64_t rsc, int64_t csc);
+typedef void (*dot_d_fn)(int64_t m, int64_t n, int64_t k, const double *a, int64_t lda,
+                         const double *b, int64_t ldb, double *c, int64_t rsc, int64_t csc);
+
+/* Plain C: the portable kernel, and the tails of the vector ones. */
+#define NDM__DOT_C(T)                                                           \
+    static inline T dot_tail_##T(const T *a, const T *b, int64_t p0, int64_t k) \
+    {                                                                           \
+        T s = 0;                                                                \
+        for (int64_t p = p0; p < k; p++)                                        \
+            s += a[p] * b[p];                                                   \
+        return s;                                                               \
+    }                                                                           \
+    static void dot_c_##T(int64_t m, int64_t n, int64_t k, const T *a, int64_t lda, const T *b, \
+                          int64_t ldb, T *c, int64_t rsc, int64_t csc)          \
+    {                                                                           \
+        for (int64_t i = 0; i < m; i++)                                         \
+            for (int64_t j = 0; j < n; j++)                                     \
+                c[i * rsc + j * csc] += dot_tail_##T(a + i * lda, b + j * ldb, 0, k); \
+    }
+NDM__DOT_C(float)
+NDM__DOT_C(double)
+
+#if NDM__CPU_X86
+/* MB x NB blocks of sums in vectors V of L elements; the rows and columns
+ * left over go one sum at a time. */
+#define NDM__DOT_SIMD(NAME, T, V, L, ATTR, LOAD, ZERO, FMA, HSUM, MB, NB)       \
+    ATTR static void NAME(int64_t m, int64_t n, int64_t k, const T *a, int64_t lda, const T *b, \
+                          int64_t ldb, T *c, int64_t rsc, int64_t csc)          \
+    {                                                                           \
+        int64_t kv = k - k % L, mf = m - m % MB, nf = n - n % NB;               \
+        for (int64_t i0 = 0; i0 < mf; i0 += MB)                                 \
+            for (int64_t j0 = 0; j0 < nf; j0 += NB) {                           \
+                V acc[MB][NB], va[MB], vb[NB];                                  \
+                _Pragma("GCC unroll 4") for (int ii = 0; ii < MB; ii++)         \
+                    _Pragma("GCC unroll 4") for (int jj = 0; jj < NB; jj++)     \
+                        acc[ii][jj] = ZERO();                                   \
+                for (int64_t p = 0; p < kv; p += L) {                           \
+                    _Pragma("GCC unroll 4") for (int ii = 0; ii < MB; ii++)     \
+                        va[ii] = LOAD(a + (i0 + ii) * lda + p);                 \
+                    _Pragma("GCC unroll 4") for (int jj = 0; jj < NB; jj++)     \
+                        vb[jj] = LOAD(b + (j0 + jj) * ldb + p);                 \
+                    _Pragma("GCC unroll 4") for (int ii = 0; ii < MB; ii++)     \
+                        _Pragma("GCC unroll 4") for (int jj = 0; jj < NB; jj++) \
+                            acc[ii][jj] = FMA(va[ii], vb[jj], acc[ii][jj]);     \
+                }                                                               \
+                for (int ii = 0; ii < MB; ii++)                                 \
+                    for (int jj = 0; jj < NB; jj++) {                           \
+                        const T *ar = a + (i0 + ii) * lda, *br = b + (j0 + jj) * ldb; \
+                        c[(i0 + ii) * rsc + (j0 + jj) * csc] +=                 \
+                            HSUM(acc[ii][jj]) + dot_tail_##T(ar, br, kv, k);    \
+                    }                                                           \
+            }                                                                   \
+        for (int64_t i = 0; i < m; i++)                                         \
+            for (int64_t j = i < mf ? nf : 0; j < n; j++) {                     \
+                const T *ar = a + i * lda, *br = b + j * ldb;                   \
+                V s = ZERO();                                                   \
+                for (int64_t p = 0; p < kv; p += L)                             \
+                    s = FMA(LOAD(ar + p), LOAD(br + p), s);                     \
+                c[i * rsc + j * csc] += HSUM(s) + dot_tail_##T(ar, br, kv, k);  \
+            }                                                                   \
+    }
+
+#define NDM__AVX512 __attribute__((target("avx512f")))
+#define NDM__AVX2 __attribute__((target("avx2,fma")))
+
+NDM__AVX2 static inline float hsum_ps256(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+NDM__AVX2 static inline double hsum_pd256(__m256d v)
+{
+    __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
+}
+
+/* 4 x 3 blocks: 12 sums and 7 loads in 32 registers; 4 x 2 in 16. */
+NDM__DOT_SIMD(dot_s_avx512, float, __m512, 16, NDM__AVX512, _mm512_loadu_ps, _mm512_setzero_ps,
+              _mm512_fmadd_ps, _mm512_reduce_add_ps, 4, 3)
+NDM__DOT_SIMD(dot_d_avx512, double, __m512d, 8, NDM__AVX512, _mm512_loadu_pd, _mm512_setzero_pd,
+              _mm512_fmadd_pd, _mm512_reduce_add_pd, 4, 3)
+NDM__DOT_SIMD(dot_s_avx2, float, __m256, 8, NDM__AVX2, _mm256_loadu_ps, _mm256_setzero_ps,
+              _mm256_fmadd_ps, hsum_ps256, 4, 2)
+NDM__DOT_SIMD(dot_d_avx2, double, __m256d, 4, NDM__AVX2, _mm256_loadu_pd, _mm256_setzero_pd,
+              _mm256_fmadd_pd, hsum_pd256, 4, 2)
+#endif
+
+typedef struct dot_kernels {
+    dot_s_fn s;
+    dot_d_fn d;
+} dot_kernels;
+
+static const dot_kernels dot_portable = {dot_c_float, dot_c_double};
+#if NDM__CPU_X86
+static const dot_kernels dot_avx512 = {dot_s_avx512, dot_d_avx512};
+static const dot_kernels dot_avx2 = {dot_s_avx2, dot_d_avx2};
+#endif
+static _Atomic(const dot_kernels *) dot_forced;
+
+/* The best kernels this CPU runs, at most `isa` (1 portable, 2 AVX2, 3
+ * AVX-512). */
+static const dot_kernels *dot_best(int isa)
+{
+#if NDM__CPU_X86
+    __builtin_cpu_init();
+    if (isa >= 3 && __builtin_cpu_supports("avx512f"))
+        return &dot_avx512;
+    if (isa >= 2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return &dot_avx2;
+#endif
+    (void)isa;
+    return &dot_portable;
+}
+
+/* The kernels for this CPU, chosen once, unless a test forced others. */
+static const dot_kernels *dot_pick(void)
+{
+    static _Atomic(const dot_kernels *) chosen;
+    const dot_kernels *k = atomic_load_explicit(&dot_forced, memory_order_acquire);
+    if (k)
+        return k;
+    k = atomic_load_explicit(&chosen, memory_order_acquire);
+    if (!k) {
+        k = dot_best(3);
+        atomic_store_explicit(&chosen, k, memory_order_release);
+    }
+    return k;
+}
+
+bool ndm__cpu_conv_dot_isa(int isa)
+{
+    const dot_kernels *k = isa > 0 ? dot_best(isa) : NULL;
+    atomic_store_explicit(&dot_forced, k, memory_order_release);
+#if NDM__CPU_X86
+    return isa <= 0 || k == (isa >= 3 ? &dot_avx512 : isa == 2 ? &dot_avx2 : &dot_portable);
+#else
+    return isa <= 1;
+#endif
+}
+
 /* ---- fast gradients -------------------------------------------------------------
  * The forward read backwards. For the input, per (sample, group): one GEMM
  * gives the gradient of the unfolded input, col (K x tile) = W^T @ dy, and
@@ -598,6 +756,7 @@ typedef struct bplan {
     int64_t tile, ntiles, units;
     int64_t dps, xps;  /* pixel strides of dy and of x (or dx) when they have one */
     bool direct, gather, wcopy;
+    bool dot;       /* weight gradient by inner products (rows of unit stride) */
     int parts;
     size_t es, col_bytes, slot_bytes, wbytes, part_bytes;
 } bplan;
@@ -632,10 +791,24 @@ static bplan bwd_plan(const ndm__tensor *dy, const ndm__tensor *x, const ndm__te
     p.c = conv_geo(dy, x, w, g);
     const cgeo *c = &p.c;
     p.es = ndm_dtype_size(dy->dtype);
+    p.units = c->N * c->groups;
+    p.wcopy = !weight && !w_is_matrix(w);
+    p.wbytes = p.wcopy ? align64((size_t)(c->O * c->K) * p.es) : 0;
+    p.part_bytes = weight ? align64((size_t)(c->O * c->K) * p.es) : 0;
+    int threads = ndm__num_threads();
+    p.parts = threads > 1 && p.units >= threads ? threads : 1;
+    /* Partial sums of a large weight cost more memory than splitting each
+     * product over the provider's threads costs time. */
+    if (p.parts > 1 && p.part_bytes * (size_t)(p.parts - 1) > ((size_t)32 << 20))
+        p.parts = 1;
+    p.dot = weight && p.parts > 1;
     p.direct = c->KH == 1 && c->KW == 1 && c->sh == 1 && c->sw == 1 && c->ph == 0 &&
-               c->pw == 0 && pixel_stride(c->H, c->W, x->strides[2], x->strides[3], &p.xps);
-    /* dy with no pixel stride (a transposed view) is gathered a tile at a time */
-    p.gather = !pixel_stride(c->OH, c->OW, dy->strides[2], dy->strides[3], &p.dps);
+               c->pw == 0 && pixel_stride(c->H, c->W, x->strides[2], x->strides[3], &p.xps) &&
+               (!p.dot || p.xps == 1);
+    /* dy with no pixel stride (a transposed view), or for inner products
+     * none of 1, is gathered a tile at a time */
+    p.gather = !pixel_stride(c->OH, c->OW, dy->strides[2], dy->strides[3], &p.dps) ||
+               (p.dot && p.dps != 1);
     int64_t rows = p.direct ? 0 : c->K;
     rows = p.gather && c->Og > rows ? c->Og : rows;
     /* Tiles keep the scratch matrices near 1M elements, as in the forward. */
@@ -647,16 +820,6 @@ static bplan bwd_plan(const ndm__tensor *dy, const ndm__tensor *x, const ndm__te
         p.tile = p.tile > c->P ? c->P : p.tile;
     }
     p.ntiles = p.tile ? (c->P + p.tile - 1) / p.tile : 0;
-    p.units = c->N * c->groups;
-    p.wcopy = !weight && !w_is_matrix(w);
-    p.wbytes = p.wcopy ? align64((size_t)(c->O * c->K) * p.es) : 0;
-    p.part_bytes = weight ? align64((size_t)(c->O * c->K) * p.es) : 0;
-    int threads = ndm__num_threads();
-    p.parts = threads > 1 && p.units >= threads ? threads : 1;
-    /* Partial sums of a large weight cost more memory than splitting each
-     * product over the provider's threads costs time. */
-    if (p.parts > 1 && p.part_bytes * (size_t)(p.parts - 1) > ((size_t)32 << 20))
-        p.parts = 1;
     p.col_bytes = p.direct ? 0 : align64((size_t)(c->K * p.tile) * p.es);
     p.slot_bytes = p.col_bytes + (p.gather ? align64((size_t)(c->Og * p.tile) * p.es) : 0);
     return p;
@@ -861,6 +1024,7 @@ static void bwd_weight_parts(void *ctx, int64_t begin, int64_t end)
     int64_t es = (int64_t)p->es;
     ndm_dtype dt = q->out->dtype;
     const int64_t *xs = q->in->strides;
+    const dot_kernels *dot = dot_pick();
     for (int64_t part = begin; part < end; part++) {
         char *col = p->slot_bytes ? q->slots + (size_t)part * p->slot_bytes : NULL;
         char *dyb = col ? col + p->col_bytes : NULL;
@@ -892,10 +1056,18 @@ static void bwd_weight_parts(void *ctx, int64_t begin, int64_t end)
                     rsb = 1;
                     csb = np;
                 }
-                ndm_status st = ndm__cpu_gemm(dt, c->Og, c->K, np, a, rsa, csa, b, rsb, csb, cg,
-                                              c->K, 1, q->flags | NDM__GEMM_ACCUMULATE);
-                if (st < 0)
-                    atomic_store(&q->status, st);
+                if (p->dot && es == 4) {
+                    dot->s(c->Og, c->K, np, (const float *)a, rsa, (const float *)b, csb,
+                           (float *)cg, c->K, 1);
+                } else if (p->dot) {
+                    dot->d(c->Og, c->K, np, (const double *)a, rsa, (const double *)b, csb,
+                           (double *)cg, c->K, 1);
+                } else {
+                    ndm_status st = ndm__cpu_gemm(dt, c->Og, c->K, np, a, rsa, csa, b, rsb, csb,
+                                                  cg, c->K, 1, q->flags | NDM__GEMM_ACCUMULATE);
+                    if (st < 0)
+                        atomic_store(&q->status, st);
+                }
             }
         }
     }
