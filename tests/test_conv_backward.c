@@ -864,7 +864,8 @@ static void test_conv2d_backward_null_and_stale_inputs(void **state)
     fns[0] = ndm_conv2d_backward_input(bad, w, NULL, NDM_SHAPE(1, 1, 3, 3));
     fns[1] = ndm_conv2d_backward_weight(dy, bad, NULL, NDM_SHAPE(1, 1, 2, 2));
     fns[2] = ndm_max_pool2d_backward(bad, x, NDM_POOL2D(.kernel = {2, 2}));
-    fns[3] = ndm_avg_pool2d_backward(bad, true, NDM_POOL2D(.kernel = {2, 2}), NDM_SHAPE(1, 1, 3, 3));
+    fns[3] = ndm_avg_pool2d_backward(bad, true, NDM_POOL2D(.kernel = {2, 2}),
+                                     NDM_SHAPE(1, 1, 3, 3));
     for (int i = 0; i < 4; i++)
         assert_true(fns[i].id == 0);
     assert_int_equal(ndm_last_status(), NDM_E_CLOSED);
@@ -931,11 +932,15 @@ static void test_conv2d_backward_output_rule_and_allocations(void **state)
         int failures = 0;
         for (int i = 1; i < 12; i++) {
             ndm__alloc_fail_after(i);
-            ndm_array g = op == 0   ? ndm_conv2d_backward_input_to(m, dy, w, o, NDM_SHAPE(2, 2, 4, 4))
-                          : op == 1 ? ndm_conv2d_backward_weight_to(m, dy, x, o, NDM_SHAPE(3, 2, 3, 3))
-                          : op == 2 ? ndm_max_pool2d_backward_to(m, py, x, k2)
-                                    : ndm_avg_pool2d_backward_to(m, py, true, k2,
-                                                                 NDM_SHAPE(2, 2, 4, 4));
+            ndm_array g;
+            if (op == 0)
+                g = ndm_conv2d_backward_input_to(m, dy, w, o, NDM_SHAPE(2, 2, 4, 4));
+            else if (op == 1)
+                g = ndm_conv2d_backward_weight_to(m, dy, x, o, NDM_SHAPE(3, 2, 3, 3));
+            else if (op == 2)
+                g = ndm_max_pool2d_backward_to(m, py, x, k2);
+            else
+                g = ndm_avg_pool2d_backward_to(m, py, true, k2, NDM_SHAPE(2, 2, 4, 4));
             ndm__alloc_fail_after(0);
             if (g.id) {
                 release(g);

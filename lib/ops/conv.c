@@ -103,21 +103,22 @@ static bool conv_geometry(const ndm_conv2d_opts *opts, ndm__conv2d_geom *g, cons
 }
 
 /* The output shape y (N, O, OH, OW) of input shape x (N, C, H, W) and weight
- * shape w (O, C/groups, KH, KW), both 4-d, described in messages as xd and
- * wd; false with the error recorded. */
-static bool conv_output_shape(const int64_t *x, const int64_t *w, const ndm__conv2d_geom *g,
-                              int64_t *y, const char *xd, const char *wd, const char *api,
+ * shape w (O, C/groups, KH, KW) of dtype dt; false with the error recorded. */
+static bool conv_output_shape(const int64_t *x, const int64_t *w, ndm_dtype dt,
+                              const ndm__conv2d_geom *g, int64_t *y, const char *api,
                               ndm__site site)
 {
+    char xd[160], wd[160];
     if (x[1] % g->groups || w[0] % g->groups || w[1] != x[1] / g->groups) {
         ndm__fail(NDM_E_SHAPE, api, site,
                   "input %s and weight %s do not match with %" PRId64
                   " groups: C and O must divide by groups and weight.shape[1] equal C/groups",
-                  xd, wd, g->groups);
+                  shape_desc(dt, x, xd, sizeof xd), shape_desc(dt, w, wd, sizeof wd), g->groups);
         return false;
     }
     if (w[2] == 0 || w[3] == 0) {
-        ndm__fail(NDM_E_SHAPE, api, site, "weight %s has an empty kernel", wd);
+        ndm__fail(NDM_E_SHAPE, api, site, "weight %s has an empty kernel",
+                  shape_desc(dt, w, wd, sizeof wd));
         return false;
     }
     y[0] = x[0];
@@ -168,8 +169,7 @@ NDM_API ndm_array ndm_conv2d_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array x
     ndm__conv2d_geom g;
     int64_t yshape[4];
     if (!conv_geometry(opts, &g, api, site) ||
-        !conv_output_shape(rx->shape, rw->shape, &g, yshape, ndm__array_desc(rx, d1, sizeof d1),
-                           ndm__array_desc(rw, d2, sizeof d2), api, site))
+        !conv_output_shape(rx->shape, rw->shape, rx->dtype, &g, yshape, api, site))
         return NDM_NULL_ARRAY;
     if (rb && (rb->ndim != 1 || rb->shape[0] != yshape[1])) {
         ndm__fail(NDM_E_SHAPE, api, site, "bias %s must be 1-d of size %" PRId64 " (O)",
@@ -444,17 +444,20 @@ static bool given_shape(int ndim, const int64_t *shape, ndm_dtype dt, const char
     return ndm__shape_check(4, shape, dt, NULL, NULL, api, site) >= 0;
 }
 
-/* grad_out must have the forward's output shape `want`. */
-static bool grad_out_matches(ndm__array *rdy, const int64_t *want, const char *from,
-                             const char *api, ndm__site site)
+/* grad_out must have `want`, the output shape of the forward of input
+ * shape x (with weight shape w for a convolution, NULL for pooling). */
+static bool grad_out_matches(ndm__array *rdy, const int64_t *want, const int64_t *x,
+                             const int64_t *w, const char *api, ndm__site site)
 {
     if (!memcmp(rdy->shape, want, 4 * sizeof *want))
         return true;
-    char d1[160];
+    char d1[160], d2[160], d3[160];
     ndm__fail(NDM_E_SHAPE, api, site,
-              "grad_out %s is not the forward's output: %s gives [%" PRId64 ",%" PRId64
-              ",%" PRId64 ",%" PRId64 "]",
-              ndm__array_desc(rdy, d1, sizeof d1), from, want[0], want[1], want[2], want[3]);
+              "grad_out %s is not the forward's output: input %s%s%s gives [%" PRId64
+              ",%" PRId64 ",%" PRId64 ",%" PRId64 "]",
+              ndm__array_desc(rdy, d1, sizeof d1), shape_desc(rdy->dtype, x, d2, sizeof d2),
+              w ? " with weight " : "", w ? shape_desc(rdy->dtype, w, d3, sizeof d3) : "",
+              want[0], want[1], want[2], want[3]);
     return false;
 }
 
@@ -486,7 +489,6 @@ NDM_API ndm_array ndm_conv2d_backward_input_to_at(NDM_SITE_PARAMS, ndm_manager o
 {
     ndm__site site = NDM__SITE;
     const char *api = __func__;
-    char d1[160], d2[160], from[400];
     ndm__array *rdy = ndm__array_get_prop(grad_out, api, site);
     if (!rdy)
         return NDM_NULL_ARRAY;
@@ -502,11 +504,8 @@ NDM_API ndm_array ndm_conv2d_backward_input_to_at(NDM_SITE_PARAMS, ndm_manager o
         !given_shape(ndim, input_shape, rdy->dtype, "input", api, site) ||
         !conv_geometry(opts, &g, api, site))
         return NDM_NULL_ARRAY;
-    shape_desc(rdy->dtype, input_shape, d1, sizeof d1);
-    ndm__array_desc(rw, d2, sizeof d2);
-    snprintf(from, sizeof from, "input %s with weight %s", d1, d2);
-    if (!conv_output_shape(input_shape, rw->shape, &g, yshape, d1, d2, api, site) ||
-        !grad_out_matches(rdy, yshape, from, api, site))
+    if (!conv_output_shape(input_shape, rw->shape, rdy->dtype, &g, yshape, api, site) ||
+        !grad_out_matches(rdy, yshape, input_shape, rw->shape, api, site))
         return NDM_NULL_ARRAY;
     const struct ndm__backend_nn *fam = family(rdy, api, site);
     if (!fam || !grad_kernel(fam->conv2d_backward_input != NULL, rdy, api, site))
@@ -527,8 +526,7 @@ NDM_API ndm_array ndm_conv2d_backward_input_to_at(NDM_SITE_PARAMS, ndm_manager o
         if (ok)
             st = fam->conv2d_backward_input(c.dev.index, &tdx, &tdy, &tw, &g, ws, wsb);
     }
-    snprintf(from, sizeof from, "the input gradient of the convolution with %s", d2);
-    return grad_end(&c, ok, st, from);
+    return grad_end(&c, ok, st, "the input gradient of the convolution");
 }
 
 NDM_API ndm_array ndm_conv2d_backward_weight_to_at(NDM_SITE_PARAMS, ndm_manager out,
@@ -538,7 +536,6 @@ NDM_API ndm_array ndm_conv2d_backward_weight_to_at(NDM_SITE_PARAMS, ndm_manager 
 {
     ndm__site site = NDM__SITE;
     const char *api = __func__;
-    char d1[160], d2[160], from[400];
     ndm__array *rdy = ndm__array_get_prop(grad_out, api, site);
     if (!rdy)
         return NDM_NULL_ARRAY;
@@ -554,11 +551,8 @@ NDM_API ndm_array ndm_conv2d_backward_weight_to_at(NDM_SITE_PARAMS, ndm_manager 
         !given_shape(ndim, weight_shape, rdy->dtype, "weight", api, site) ||
         !conv_geometry(opts, &g, api, site))
         return NDM_NULL_ARRAY;
-    ndm__array_desc(rx, d1, sizeof d1);
-    shape_desc(rdy->dtype, weight_shape, d2, sizeof d2);
-    snprintf(from, sizeof from, "input %s with weight %s", d1, d2);
-    if (!conv_output_shape(rx->shape, weight_shape, &g, yshape, d1, d2, api, site) ||
-        !grad_out_matches(rdy, yshape, from, api, site))
+    if (!conv_output_shape(rx->shape, weight_shape, rdy->dtype, &g, yshape, api, site) ||
+        !grad_out_matches(rdy, yshape, rx->shape, weight_shape, api, site))
         return NDM_NULL_ARRAY;
     const struct ndm__backend_nn *fam = family(rdy, api, site);
     if (!fam || !grad_kernel(fam->conv2d_backward_weight != NULL, rdy, api, site))
@@ -579,8 +573,7 @@ NDM_API ndm_array ndm_conv2d_backward_weight_to_at(NDM_SITE_PARAMS, ndm_manager 
         if (ok)
             st = fam->conv2d_backward_weight(c.dev.index, &tdw, &tdy, &tx, &g, ws, wsb);
     }
-    snprintf(from, sizeof from, "the weight gradient of the convolution of %s", d1);
-    return grad_end(&c, ok, st, from);
+    return grad_end(&c, ok, st, "the weight gradient of the convolution");
 }
 
 /* Both pooling gradients: x is the forward's input for max pooling, NULL
@@ -589,7 +582,7 @@ static ndm_array pool_backward(ndm__site site, const char *api, ndm_manager out,
                                ndm_array grad_out, ndm_array x, bool max, bool count_include_pad,
                                const ndm_pool2d_opts *opts, int ndim, const int64_t *input_shape)
 {
-    char d1[160], from[200];
+    char d1[160];
     ndm__array *rdy = ndm__array_get_prop(grad_out, api, site);
     if (!rdy)
         return NDM_NULL_ARRAY;
@@ -603,7 +596,6 @@ static ndm_array pool_backward(ndm__site site, const char *api, ndm_manager out,
         if (!grad_operands(rdy, rx, "input", "(N, C, H, W)", api, site))
             return NDM_NULL_ARRAY;
         input_shape = rx->shape;
-        ndm__array_desc(rx, d1, sizeof d1);
     } else {
         if (!ndm_dtype_is_float(rdy->dtype)) {
             ndm__fail(NDM_E_DTYPE, api, site, "pooling needs a float dtype (got %s)",
@@ -617,13 +609,11 @@ static ndm_array pool_backward(ndm__site site, const char *api, ndm_manager out,
         }
         if (!given_shape(ndim, input_shape, rdy->dtype, "input", api, site))
             return NDM_NULL_ARRAY;
-        shape_desc(rdy->dtype, input_shape, d1, sizeof d1);
     }
     ndm__pool2d_geom g = {.max = max, .count_include_pad = count_include_pad};
     int64_t yshape[4];
-    snprintf(from, sizeof from, "input %s", d1);
     if (!pool_geometry(opts, input_shape, &g, yshape, api, site) ||
-        !grad_out_matches(rdy, yshape, from, api, site))
+        !grad_out_matches(rdy, yshape, input_shape, NULL, api, site))
         return NDM_NULL_ARRAY;
     const struct ndm__backend_nn *fam = family(rdy, api, site);
     if (!fam || !grad_kernel(fam->pool2d_backward != NULL, rdy, api, site))
@@ -638,8 +628,8 @@ static ndm_array pool_backward(ndm__site site, const char *api, ndm_manager out,
         ndm__tensor tx = ex ? ndm__tensor_of(ex) : (ndm__tensor){0};
         st = fam->pool2d_backward(c.dev.index, &tdx, &tdy, ex ? &tx : NULL, &g);
     }
-    snprintf(from, sizeof from, "the gradient of pooling %s", d1);
-    return grad_end(&c, ok, st, from);
+    return grad_end(&c, ok, st, max ? "the gradient of max pooling"
+                                    : "the gradient of average pooling");
 }
 
 NDM_API ndm_array ndm_max_pool2d_backward_to_at(NDM_SITE_PARAMS, ndm_manager out,

@@ -746,10 +746,11 @@ bool ndm__cpu_conv_dot_isa(int isa)
  * col2im adds its rows back into dx (a 1x1 convolution with unit stride and
  * no padding writes dx directly). For the weight: dw += dy @ im2col(x)^T
  * over the batch. The (sample, group) units are cut into `parts` that run
- * side by side with ndm's GEMM on each thread, each with its own scratch
- * and, for the weight, its own partial sum; the partials are added in part
- * order, so the result does not depend on timing. A batch too small for
- * the threads runs as one part with the provider's threaded GEMM. */
+ * side by side, one per thread, each with its own scratch and, for the
+ * weight, its own partial sum; the partials are added in part order, so the
+ * result does not depend on timing. There the input gradient runs ndm's
+ * GEMM and the weight gradient the inner products above. A batch too small
+ * for the threads runs as one part with the provider's threaded GEMM. */
 
 typedef struct bplan {
     cgeo c;
@@ -805,8 +806,9 @@ static bplan bwd_plan(const ndm__tensor *dy, const ndm__tensor *x, const ndm__te
     p.direct = c->KH == 1 && c->KW == 1 && c->sh == 1 && c->sw == 1 && c->ph == 0 &&
                c->pw == 0 && pixel_stride(c->H, c->W, x->strides[2], x->strides[3], &p.xps) &&
                (!p.dot || p.xps == 1);
-    /* dy with no pixel stride (a transposed view), or for inner products
-     * none of 1, is gathered a tile at a time */
+    /* dy whose pixels have no single stride (a transposed view) is
+     * gathered a tile at a time, and so is one whose stride is not 1 when
+     * inner products read it */
     p.gather = !pixel_stride(c->OH, c->OW, dy->strides[2], dy->strides[3], &p.dps) ||
                (p.dot && p.dps != 1);
     int64_t rows = p.direct ? 0 : c->K;
