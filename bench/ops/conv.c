@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "ndm/ndm.h"
 #include "sections.h"
@@ -121,26 +122,7 @@ void bench_ops_conv(bench_report *r)
         ga[i] = hw[i % nw];
     for (size_t i = 0; i < (size_t)gk * gn; i++)
         gb[i] = hx[i % nx];
-    bool have_gemm = unfolded_gemm(gm, gn, gk, ga, gb, gc);
-    double est = time_pass(FORWARD, x, w, b, NDM_NULL_ARRAY, 1);
-    int calls = est >= 0.02 ? 1 : (int)(0.02 / est) + 1;
-    int samples = r->o.quick ? 5 : 9;
-    double tc[16], tg[16];
-    for (int i = 0; i < samples; i++) {
-        double t0 = bench_now();
-        for (int j = 0; have_gemm && j < calls; j++)
-            unfolded_gemm(gm, gn, gk, ga, gb, gc);
-        tg[i] = (bench_now() - t0) / calls;
-        tc[i] = time_pass(FORWARD, x, w, b, NDM_NULL_ARRAY, calls);
-    }
-    double flop = 2.0 * N * O * H * W * (double)(C * K * K);
-    char what[160];
-    snprintf(what, sizeof what, "the unfolded GEMM (%dx%d @ %dx%d), direct %s sgemm", gm, gk, gk,
-             gn, ndm_gemm_provider());
-    bench_add(r, "conv2d_f32_128x1x28x28_32x3x3_gflops", flop / bench_median(tc, samples) * 1e-9,
-              "GFLOP/s", have_gemm ? what : "", have_gemm ? flop / bench_median(tg, samples) * 1e-9 : 0);
-
-    /* the gradients, from a grad_out like the forward's result */
+    /* the gradients start from a grad_out like the forward's result */
     size_t ny = (size_t)N * O * H * W;
     float *hdy = malloc(ny * sizeof(float)), *gd = malloc(ny * sizeof(float));
     if (!hdy || !gd)
@@ -150,30 +132,46 @@ void bench_ops_conv(bench_report *r)
     ndm_array dy = ndm_from_buffer(m, NDM_F32, hdy, NDM_SHAPE(N, O, H, W));
     if (!dy.id)
         exit(1);
-    static const char *const names[] = {"", "conv2d_backward_input_f32_128x1x28x28_32x3x3_gflops",
-                                        "conv2d_backward_weight_f32_128x1x28x28_32x3x3_gflops"};
-    static const char *const shapes[] = {"", "%dx%d @ %dx%d, A transposed",
-                                         "%dx%d @ %dx%d, B transposed"};
-    for (int which = GRAD_INPUT; which <= GRAD_WEIGHT; which++) {
-        est = time_pass(which, x, w, b, dy, 1);
-        calls = est >= 0.02 ? 1 : (int)(0.02 / est) + 1;
-        for (int i = 0; i < samples; i++) {
+    bool have_gemm = unfolded_gemm(gm, gn, gk, ga, gb, gc);
+    int samples = r->o.quick ? 5 : 9;
+    int calls[3];
+    double tc[3][16], tg[3][16];
+    for (int which = 0; which < 3; which++) {
+        double est = time_pass(which, x, w, b, dy, 1);
+        calls[which] = est >= 0.02 ? 1 : (int)(0.02 / est) + 1;
+    }
+    /* ndm first, the provider after: its threads keep spinning for a while
+     * after a call (OpenBLAS: about 2^28 cycles) and would take cores from
+     * ndm's pool; the pause lets those of earlier calls go to sleep */
+    struct timespec pause = {0, 300000000};
+    nanosleep(&pause, NULL);
+    for (int i = 0; i < samples; i++)
+        for (int which = 0; which < 3; which++)
+            tc[which][i] = time_pass(which, x, w, b, dy, calls[which]);
+    for (int i = 0; i < samples; i++)
+        for (int which = 0; which < 3; which++) {
             double t0 = bench_now();
-            for (int j = 0; have_gemm && j < calls; j++)
+            for (int j = 0; have_gemm && j < calls[which]; j++)
                 anchor_pass(which, gm, gk, gn, ga, gb, gd, gc);
-            tg[i] = (bench_now() - t0) / calls;
-            tc[i] = time_pass(which, x, w, b, dy, calls);
+            tg[which][i] = (bench_now() - t0) / calls[which];
         }
-        char shape[64];
-        if (which == GRAD_INPUT)
-            snprintf(shape, sizeof shape, shapes[which], gk, gm, gm, gn);
+    static const char *const names[] = {"conv2d_f32_128x1x28x28_32x3x3_gflops",
+                                        "conv2d_backward_input_f32_128x1x28x28_32x3x3_gflops",
+                                        "conv2d_backward_weight_f32_128x1x28x28_32x3x3_gflops"};
+    double flop = 2.0 * N * O * H * W * (double)(C * K * K);
+    for (int which = 0; which < 3; which++) {
+        char shape[64], what[160];
+        if (which == FORWARD)
+            snprintf(shape, sizeof shape, "%dx%d @ %dx%d", gm, gk, gk, gn);
+        else if (which == GRAD_INPUT)
+            snprintf(shape, sizeof shape, "%dx%d @ %dx%d, A transposed", gk, gm, gm, gn);
         else
-            snprintf(shape, sizeof shape, shapes[which], gm, gn, gn, gk);
+            snprintf(shape, sizeof shape, "%dx%d @ %dx%d, B transposed", gm, gn, gn, gk);
         snprintf(what, sizeof what, "the unfolded GEMM (%s), direct %s sgemm", shape,
                  ndm_gemm_provider());
-        bench_add(r, names[which], flop / bench_median(tc, samples) * 1e-9, "GFLOP/s",
+        bench_add(r, names[which], flop / bench_median(tc[which], samples) * 1e-9, "GFLOP/s",
                   have_gemm ? what : "",
-                  have_gemm ? flop / bench_median(tg, samples) * 1e-9 : 0);
+                  have_gemm ? flop / bench_median(tg[which], samples) * 1e-9 : 0);
     }
     free(ga), free(gb), free(gc), free(gd), free(hx), free(hw), free(hdy);
     if (ndm_manager_close(m) < 0)
