@@ -11,7 +11,7 @@
 /* The kernels under test: the reference table, and the fast one as a
  * batch too small for the threads runs it (one part, the provider's GEMM)
  * and as it splits the batch over threads (inner products for the
- * weight, partial sums). */
+ * weight, partial sums), with each set of vector kernels. */
 static const struct {
     bool ref;
     int threads, isa;
@@ -20,8 +20,9 @@ static const struct {
     {true, 1, 0, "reference"},
     {false, 1, 0, "fast, 1 thread"},
     {false, 3, 0, "fast, 3 threads"},
-    {false, 3, 2, "fast, 3 threads, AVX2"}, /* the same where this CPU lacks AVX2 */
+    {false, 3, 2, "fast, 3 threads, AVX2"}, /* the best there is where AVX2 is not */
     {false, 3, 1, "fast, 3 threads, portable C"},
+    {false, 1, 1, "fast, 1 thread, portable C"},
 };
 #define N_MODES (int)(sizeof modes / sizeof modes[0])
 
@@ -29,14 +30,14 @@ static const struct {
 static int mode_enter(int i)
 {
     ndm__cpu_force_reference(modes[i].ref);
-    (void)ndm__cpu_conv_dot_isa(modes[i].isa);
+    (void)ndm__cpu_conv_grad_isa(modes[i].isa);
     return ndm__set_num_threads(modes[i].threads);
 }
 
 static void mode_leave(int threads)
 {
     ndm__cpu_force_reference(false);
-    (void)ndm__cpu_conv_dot_isa(0);
+    (void)ndm__cpu_conv_grad_isa(0);
     ndm__set_num_threads(threads);
 }
 

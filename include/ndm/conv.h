@@ -94,8 +94,14 @@ NDM_API ndm_array ndm_avg_pool2d_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_arr
  * gradient with respect to one operand, shaped like that operand, in
  * grad_out's dtype. grad_out may have any strides (a broadcast gradient
  * works as is); it is the first input of the output rule. Shapes given as
- * (ndim, shape) must be 4-d. The bias gradient of conv2d_bias is grad_out
- * summed over axes 0, 2 and 3 (ndm_sum). */
+ * (ndim, shape) come last and must be 4-d:
+ *
+ *     ndm_conv2d_backward_input(dy, w, NDM_CONV2D(.padding = {1, 1}), NDM_SHAPE(128, 1, 28, 28))
+ *
+ * Errors are the forward's (NDM_E_DTYPE, NDM_E_DEVICE, NDM_E_SHAPE,
+ * NDM_E_INVALID, NDM_E_OVERFLOW), plus NDM_E_UNSUPPORTED on a device whose
+ * backend has no such gradient. The bias gradient of conv2d_bias is
+ * grad_out summed over axes 0, 2 and 3 (ndm_sum). */
 
 /** Gradient of ndm_conv2d with respect to its input x (N, C, H, W), given
  *  grad_out (N, O, OH, OW) and the weight (O, C/groups, KH, KW): the

@@ -586,13 +586,14 @@ static ndm_status fast_pool2d(int device, const ndm__tensor *y, const ndm__tenso
     return NDM_OK;
 }
 
-/* ---- inner products for the weight gradient -------------------------------------
+/* ---- vector kernels of the gradients ------------------------------------------
  * The weight gradient contracts over pixels, the axis along which both
  * dy's rows and the unfolded input's rows are contiguous: each element of
  * dw is the inner product of two rows. Read in place, blocks of rows keep
  * their sums in vector registers. A GEMM kernel would first pack dy
  * across its rows, a transposition of all of dy per sample that costs
- * more than the products, which are small. */
+ * more than the products, which are small. col2im adds short rows (one
+ * output row each), which the compiler leaves scalar at -O2. */
 
 /* c[i * rsc + j * csc] += a[i * lda + p] * b[j * ldb + p] summed over p < k,
  * for i < m, j < n. */
@@ -600,6 +601,9 @@ typedef void (*dot_s_fn)(int64_t m, int64_t n, int64_t k, const float *a, int64_
                          const float *b, int64_t ldb, float *c, int64_t rsc, int64_t csc);
 typedef void (*dot_d_fn)(int64_t m, int64_t n, int64_t k, const double *a, int64_t lda,
                          const double *b, int64_t ldb, double *c, int64_t rsc, int64_t csc);
+/* dst[i] += src[i] for i < n; the two do not overlap. */
+typedef void (*add_s_fn)(float *restrict dst, const float *restrict src, int64_t n);
+typedef void (*add_d_fn)(double *restrict dst, const double *restrict src, int64_t n);
 
 /* Plain C: the portable kernel, and the tails of the vector ones. */
 #define NDM__DOT_C(T)                                                           \
@@ -619,6 +623,15 @@ typedef void (*dot_d_fn)(int64_t m, int64_t n, int64_t k, const double *a, int64
     }
 NDM__DOT_C(float)
 NDM__DOT_C(double)
+
+#define NDM__ADD_C(T)                                                           \
+    static void add_c_##T(T *restrict dst, const T *restrict src, int64_t n)    \
+    {                                                                           \
+        for (int64_t i = 0; i < n; i++)                                         \
+            dst[i] += src[i];                                                   \
+    }
+NDM__ADD_C(float)
+NDM__ADD_C(double)
 
 #if NDM__CPU_X86
 /* MB x NB blocks of sums in vectors V of L elements; the rows and columns
@@ -685,56 +698,89 @@ NDM__DOT_SIMD(dot_s_avx2, float, __m256, 8, NDM__AVX2, _mm256_loadu_ps, _mm256_s
               _mm256_fmadd_ps, hsum_ps256, 4, 2)
 NDM__DOT_SIMD(dot_d_avx2, double, __m256d, 4, NDM__AVX2, _mm256_loadu_pd, _mm256_setzero_pd,
               _mm256_fmadd_pd, hsum_pd256, 4, 2)
+
+/* AVX-512 ends a row with a masked vector; AVX2 with scalars. */
+#define NDM__ADD_AVX512(NAME, T, L, MASK, SUF)                                  \
+    NDM__AVX512 static void NAME(T *restrict dst, const T *restrict src, int64_t n) \
+    {                                                                           \
+        int64_t i = 0;                                                          \
+        for (; i + L <= n; i += L)                                              \
+            _mm512_storeu_##SUF(dst + i, _mm512_add_##SUF(_mm512_loadu_##SUF(dst + i), \
+                                                          _mm512_loadu_##SUF(src + i))); \
+        if (i < n) {                                                            \
+            MASK m = (MASK)((1u << (n - i)) - 1);                               \
+            _mm512_mask_storeu_##SUF(dst + i, m,                                \
+                                     _mm512_add_##SUF(_mm512_maskz_loadu_##SUF(m, dst + i), \
+                                                      _mm512_maskz_loadu_##SUF(m, src + i))); \
+        }                                                                       \
+    }
+NDM__ADD_AVX512(add_s_avx512, float, 16, __mmask16, ps)
+NDM__ADD_AVX512(add_d_avx512, double, 8, __mmask8, pd)
+
+#define NDM__ADD_AVX2(NAME, T, L, SUF)                                          \
+    NDM__AVX2 static void NAME(T *restrict dst, const T *restrict src, int64_t n) \
+    {                                                                           \
+        int64_t i = 0;                                                          \
+        for (; i + L <= n; i += L)                                              \
+            _mm256_storeu_##SUF(dst + i, _mm256_add_##SUF(_mm256_loadu_##SUF(dst + i), \
+                                                          _mm256_loadu_##SUF(src + i))); \
+        for (; i < n; i++)                                                      \
+            dst[i] += src[i];                                                   \
+    }
+NDM__ADD_AVX2(add_s_avx2, float, 8, ps)
+NDM__ADD_AVX2(add_d_avx2, double, 4, pd)
 #endif
 
-typedef struct dot_kernels {
-    dot_s_fn s;
-    dot_d_fn d;
-} dot_kernels;
+typedef struct grad_kernels {
+    dot_s_fn dot_s;
+    dot_d_fn dot_d;
+    add_s_fn add_s;
+    add_d_fn add_d;
+} grad_kernels;
 
-static const dot_kernels dot_portable = {dot_c_float, dot_c_double};
+static const grad_kernels gk_portable = {dot_c_float, dot_c_double, add_c_float, add_c_double};
 #if NDM__CPU_X86
-static const dot_kernels dot_avx512 = {dot_s_avx512, dot_d_avx512};
-static const dot_kernels dot_avx2 = {dot_s_avx2, dot_d_avx2};
+static const grad_kernels gk_avx512 = {dot_s_avx512, dot_d_avx512, add_s_avx512, add_d_avx512};
+static const grad_kernels gk_avx2 = {dot_s_avx2, dot_d_avx2, add_s_avx2, add_d_avx2};
 #endif
-static _Atomic(const dot_kernels *) dot_forced;
+static _Atomic(const grad_kernels *) gk_forced;
 
 /* The best kernels this CPU runs, at most `isa` (1 portable, 2 AVX2, 3
  * AVX-512). */
-static const dot_kernels *dot_best(int isa)
+static const grad_kernels *gk_best(int isa)
 {
 #if NDM__CPU_X86
     __builtin_cpu_init();
     if (isa >= 3 && __builtin_cpu_supports("avx512f"))
-        return &dot_avx512;
+        return &gk_avx512;
     if (isa >= 2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        return &dot_avx2;
+        return &gk_avx2;
 #endif
     (void)isa;
-    return &dot_portable;
+    return &gk_portable;
 }
 
 /* The kernels for this CPU, chosen once, unless a test forced others. */
-static const dot_kernels *dot_pick(void)
+static const grad_kernels *gk_pick(void)
 {
-    static _Atomic(const dot_kernels *) chosen;
-    const dot_kernels *k = atomic_load_explicit(&dot_forced, memory_order_acquire);
+    static _Atomic(const grad_kernels *) chosen;
+    const grad_kernels *k = atomic_load_explicit(&gk_forced, memory_order_acquire);
     if (k)
         return k;
     k = atomic_load_explicit(&chosen, memory_order_acquire);
     if (!k) {
-        k = dot_best(3);
+        k = gk_best(3);
         atomic_store_explicit(&chosen, k, memory_order_release);
     }
     return k;
 }
 
-bool ndm__cpu_conv_dot_isa(int isa)
+bool ndm__cpu_conv_grad_isa(int isa)
 {
-    const dot_kernels *k = isa > 0 ? dot_best(isa) : NULL;
-    atomic_store_explicit(&dot_forced, k, memory_order_release);
+    const grad_kernels *k = isa > 0 ? gk_best(isa) : NULL;
+    atomic_store_explicit(&gk_forced, k, memory_order_release);
 #if NDM__CPU_X86
-    return isa <= 0 || k == (isa >= 3 ? &dot_avx512 : isa == 2 ? &dot_avx2 : &dot_portable);
+    return isa <= 0 || k == (isa >= 3 ? &gk_avx512 : isa == 2 ? &gk_avx2 : &gk_portable);
 #else
     return isa <= 1;
 #endif
@@ -871,23 +917,13 @@ static const char *dy_tile(const bplan *p, const ndm__tensor *dy, char *buf, int
     return buf;
 }
 
-/* dst[i] += src[i]: the two never overlap, which lets the loop vectorize. */
-#define NDM__ADD_ROW(T)                                                         \
-    static inline void add_row_##T(T *restrict dst, const T *restrict src, int64_t n) \
-    {                                                                           \
-        for (int64_t i = 0; i < n; i++)                                         \
-            dst[i] += src[i];                                                   \
-    }
-NDM__ADD_ROW(float)
-NDM__ADD_ROW(double)
-
 /* The inverse of im2col: add col (K x np), the gradient of the unfolded
  * pixels [p0, p0 + np) of group gi of sample n, into dx, which holds
  * zeros or earlier tiles' sums. Rows of col whose taps fall in the padding
  * are skipped, as im2col wrote zeros for them. */
-#define NDM__COL2IM(T)                                                          \
+#define NDM__COL2IM(T, ADD)                                                     \
     static void col2im_##T(const T *col, T *dx, const int64_t *xs, const cgeo *c, int64_t n, \
-                           int64_t gi, int64_t p0, int64_t np)                  \
+                           int64_t gi, int64_t p0, int64_t np, const grad_kernels *gk) \
     {                                                                           \
         const T *row = col;                                                     \
         for (int64_t ci = 0; ci < c->Cg; ci++) {                                \
@@ -910,7 +946,7 @@ NDM__ADD_ROW(double)
                             int64_t a = lo < ow ? ow : lo > ow + seg ? ow + seg : lo; \
                             int64_t b = hi < a ? a : hi > ow + seg ? ow + seg : hi; \
                             if (c->sw == 1 && xs[3] == 1)                       \
-                                add_row_##T(dst + a + off, d + (a - ow), b - a); \
+                                gk->ADD(dst + a + off, d + (a - ow), b - a);    \
                             else                                                \
                                 for (int64_t o = a; o < b; o++)                 \
                                     dst[(o * c->sw + off) * xs[3]] += d[o - ow]; \
@@ -920,8 +956,8 @@ NDM__ADD_ROW(double)
                 }                                                               \
         }                                                                       \
     }
-NDM__COL2IM(float)
-NDM__COL2IM(double)
+NDM__COL2IM(float, add_s)
+NDM__COL2IM(double, add_d)
 
 typedef struct bctx {
     const bplan *p;
@@ -941,6 +977,7 @@ static void bwd_input_parts(void *ctx, int64_t begin, int64_t end)
     int64_t es = (int64_t)p->es;
     ndm_dtype dt = q->out->dtype;
     const int64_t *xs = q->out->strides;
+    const grad_kernels *gk = gk_pick();
     for (int64_t part = begin; part < end; part++) {
         char *col = p->slot_bytes ? q->slots + (size_t)part * p->slot_bytes : NULL;
         char *dyb = col ? col + p->col_bytes : NULL;
@@ -966,9 +1003,10 @@ static void bwd_input_parts(void *ctx, int64_t begin, int64_t end)
                     st = ndm__cpu_gemm(dt, c->K, np, c->Og, a, q->wcs, q->wrs, b, rsb, csb, col,
                                        np, 1, q->flags);
                     if (st >= 0 && es == 4)
-                        col2im_float((const float *)col, q->out->data, xs, c, n, gi, p0, np);
+                        col2im_float((const float *)col, q->out->data, xs, c, n, gi, p0, np, gk);
                     else if (st >= 0)
-                        col2im_double((const double *)col, q->out->data, xs, c, n, gi, p0, np);
+                        col2im_double((const double *)col, q->out->data, xs, c, n, gi, p0, np,
+                                      gk);
                 }
                 if (st < 0)
                     atomic_store(&q->status, st);
@@ -1026,7 +1064,7 @@ static void bwd_weight_parts(void *ctx, int64_t begin, int64_t end)
     int64_t es = (int64_t)p->es;
     ndm_dtype dt = q->out->dtype;
     const int64_t *xs = q->in->strides;
-    const dot_kernels *dot = dot_pick();
+    const grad_kernels *gk = gk_pick();
     for (int64_t part = begin; part < end; part++) {
         char *col = p->slot_bytes ? q->slots + (size_t)part * p->slot_bytes : NULL;
         char *dyb = col ? col + p->col_bytes : NULL;
@@ -1059,11 +1097,11 @@ static void bwd_weight_parts(void *ctx, int64_t begin, int64_t end)
                     csb = np;
                 }
                 if (p->dot && es == 4) {
-                    dot->s(c->Og, c->K, np, (const float *)a, rsa, (const float *)b, csb,
-                           (float *)cg, c->K, 1);
+                    gk->dot_s(c->Og, c->K, np, (const float *)a, rsa, (const float *)b, csb,
+                              (float *)cg, c->K, 1);
                 } else if (p->dot) {
-                    dot->d(c->Og, c->K, np, (const double *)a, rsa, (const double *)b, csb,
-                           (double *)cg, c->K, 1);
+                    gk->dot_d(c->Og, c->K, np, (const double *)a, rsa, (const double *)b, csb,
+                              (double *)cg, c->K, 1);
                 } else {
                     ndm_status st = ndm__cpu_gemm(dt, c->Og, c->K, np, a, rsa, csa, b, rsb, csb,
                                                   cg, c->K, 1, q->flags | NDM__GEMM_ACCUMULATE);
@@ -1108,12 +1146,13 @@ static ndm_status fast_conv2d_backward_weight(int device, const ndm__tensor *dw,
         bwd_weight_parts(&q, 0, 1);
     }
     int64_t ok = p.c.O * p.c.K;
+    const grad_kernels *gk = gk_pick();
     for (int part = 1; part < p.parts; part++) {
         const char *src = q.partials + (size_t)(part - 1) * p.part_bytes;
         if (p.es == 4)
-            add_row_float(dw->data, (const float *)src, ok);
+            gk->add_s(dw->data, (const float *)src, ok);
         else
-            add_row_double(dw->data, (const double *)src, ok);
+            gk->add_d(dw->data, (const double *)src, ok);
     }
     return (ndm_status)atomic_load(&q.status);
 }
