@@ -155,9 +155,10 @@ void bench_ops_conv(bench_report *r)
                 anchor_pass(which, gm, gk, gn, ga, gb, gd, gc);
             tg[which][i] = (bench_now() - t0) / calls[which];
         }
+    /* dx: ndm_conv2d_backward_input; dw: ndm_conv2d_backward_weight */
     static const char *const names[] = {"conv2d_f32_128x1x28x28_32x3x3_gflops",
-                                        "conv2d_backward_input_f32_128x1x28x28_32x3x3_gflops",
-                                        "conv2d_backward_weight_f32_128x1x28x28_32x3x3_gflops"};
+                                        "conv2d_dx_f32_128x1x28x28_32x3x3_gflops",
+                                        "conv2d_dw_f32_128x1x28x28_32x3x3_gflops"};
     double flop = 2.0 * N * O * H * W * (double)(C * K * K);
     for (int which = 0; which < 3; which++) {
         char shape[64], what[160];
