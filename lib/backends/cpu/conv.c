@@ -1,6 +1,7 @@
-/* CPU convolution and pooling: direct loops as the reference, and the fast
- * kernels (convolution as im2col plus GEMM, split over the batch; pooling
- * split over planes). */
+/* CPU convolution and pooling and their gradients: direct loops as the
+ * reference, and the fast kernels (convolution as im2col plus GEMM, its
+ * gradients as GEMM plus col2im and as inner products, split over the
+ * batch; pooling split over planes). */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
