@@ -436,6 +436,54 @@ static void test_conv2d_backward_views_and_broadcast(void **state)
     release(dt), release(d1), release(w1a), release(dy1);
 }
 
+static ndm__tensor tensor_of(ndm_array a, int64_t *shape, int64_t *strides)
+{
+    assert_int_equal(ndm_array_shape(a, shape, 4), 4);
+    assert_int_equal(ndm_array_strides(a, strides, 4), 4);
+    return (ndm__tensor){ndm_array_data(a), ndm_array_dtype(a), 4, shape, strides};
+}
+
+/* The fast kernels stay inside the workspace they are given: sized for one
+ * thread, then run with the pool grown to three, they fall back to one
+ * part; given none when they need some, they refuse. */
+static void test_conv2d_backward_kernels_fit_their_workspace(void **state)
+{
+    ndm_manager m = ROOT(state);
+    rng g = rng_new(18);
+    conv_case k = {6, 2, 9, 9, 8, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1};
+    shapes s = shapes_of(&k);
+    double xv[6 * 2 * 9 * 9], wv[8 * 2 * 3 * 3], dyv[6 * 8 * 9 * 9];
+    ndm_array x = rand_array(m, &g, NDM_F64, xv, 4, s.x);
+    ndm_array w = rand_array(m, &g, NDM_F64, wv, 4, s.w);
+    ndm_array dy = rand_array(m, &g, NDM_F64, dyv, 4, s.y);
+    ndm_array dx = ndm_zeros(m, NDM_F64, 4, s.x), dw = ndm_zeros(m, NDM_F64, 4, s.w);
+    int64_t sh[5][4], st[5][4];
+    ndm__tensor tx = tensor_of(x, sh[0], st[0]), tw = tensor_of(w, sh[1], st[1]);
+    ndm__tensor ty = tensor_of(dy, sh[2], st[2]), tdx = tensor_of(dx, sh[3], st[3]);
+    ndm__tensor tdw = tensor_of(dw, sh[4], st[4]);
+    ndm__conv2d_geom geo = {{1, 1}, {1, 1}, {1, 1}, 1};
+    const struct ndm__backend_nn *nn = ndm__cpu_backend.nn;
+    int keep = ndm__set_num_threads(1);
+    size_t in1 = nn->conv2d_backward_input_workspace(0, &tdx, &ty, &tw, &geo);
+    size_t wt1 = nn->conv2d_backward_weight_workspace(0, &tdw, &ty, &tx, &geo);
+    ndm__set_num_threads(3);
+    assert_true(nn->conv2d_backward_weight_workspace(0, &tdw, &ty, &tx, &geo) > wt1);
+    void *wsi = aligned_alloc(64, in1), *wsw = aligned_alloc(64, wt1);
+    assert_non_null(wsi);
+    assert_non_null(wsw);
+    assert_ok(nn->conv2d_backward_input(0, &tdx, &ty, &tw, &geo, wsi, in1));
+    assert_ok(nn->conv2d_backward_weight(0, &tdw, &ty, &tx, &geo, wsw, wt1));
+    assert_status(nn->conv2d_backward_input(0, &tdx, &ty, &tw, &geo, NULL, 0), NDM_E_INVALID);
+    assert_status(nn->conv2d_backward_weight(0, &tdw, &ty, &tx, &geo, NULL, 0), NDM_E_INVALID);
+    ndm__set_num_threads(keep);
+    free(wsi), free(wsw);
+    grads r = ref_grads(&k, xv, wv, dyv);
+    check_sum(dx, r.dx, r.sx, 8 * 9, "input gradient");
+    check_sum(dw, r.dw, r.sw, 6 * 81, "weight gradient");
+    free_grads(&r);
+    release(x), release(w), release(dy), release(dx), release(dw);
+}
+
 /* ---- pooling ------------------------------------------------------------------ */
 
 typedef struct pool_case {
@@ -979,6 +1027,7 @@ int main(void)
         TEST(test_conv2d_backward_central_differences),
         TEST(test_conv2d_backward_threads_and_tiles),
         TEST(test_conv2d_backward_views_and_broadcast),
+        TEST(test_conv2d_backward_kernels_fit_their_workspace),
         TEST(test_pool2d_backward_matches_direct_loops),
         TEST(test_pool2d_backward_central_differences),
         TEST(test_max_pool2d_backward_picks_the_forwards_element),

@@ -482,51 +482,71 @@ static bool grad_operands(ndm__array *rdy, ndm__array *r, const char *name, cons
     return true;
 }
 
-NDM_API ndm_array ndm_conv2d_backward_input_to_at(NDM_SITE_PARAMS, ndm_manager out,
-                                                  ndm_array grad_out, ndm_array w,
-                                                  const ndm_conv2d_opts *opts, int ndim,
-                                                  const int64_t *input_shape)
+/* Both convolution gradients: `other` is the weight for the input gradient
+ * (`shape` the input's), the forward's input for the weight gradient
+ * (`shape` the weight's). */
+static ndm_array conv_backward(ndm__site site, const char *api, ndm_manager out,
+                               ndm_array grad_out, ndm_array other, bool weight,
+                               const ndm_conv2d_opts *opts, int ndim, const int64_t *shape)
 {
-    ndm__site site = NDM__SITE;
-    const char *api = __func__;
     ndm__array *rdy = ndm__array_get_prop(grad_out, api, site);
     if (!rdy)
         return NDM_NULL_ARRAY;
-    ndm__array *rw = ndm__array_get_prop(w, api, site);
-    if (!rw)
+    ndm__array *ro = ndm__array_get_prop(other, api, site);
+    if (!ro)
         return NDM_NULL_ARRAY;
     out = ndm__output_manager(out, rdy, api, site);
     if (!out.id)
         return NDM_NULL_ARRAY;
     ndm__conv2d_geom g;
     int64_t yshape[4];
-    if (!grad_operands(rdy, rw, "weight", "(O, C/groups, KH, KW)", api, site) ||
-        !given_shape(ndim, input_shape, rdy->dtype, "input", api, site) ||
+    if (!grad_operands(rdy, ro, weight ? "input" : "weight",
+                       weight ? "(N, C, H, W)" : "(O, C/groups, KH, KW)", api, site) ||
+        !given_shape(ndim, shape, rdy->dtype, weight ? "weight" : "input", api, site) ||
         !conv_geometry(opts, &g, api, site))
         return NDM_NULL_ARRAY;
-    if (!conv_output_shape(input_shape, rw->shape, rdy->dtype, &g, yshape, api, site) ||
-        !grad_out_matches(rdy, yshape, input_shape, rw->shape, api, site))
+    const int64_t *xshape = weight ? ro->shape : shape, *wshape = weight ? shape : ro->shape;
+    if (!conv_output_shape(xshape, wshape, rdy->dtype, &g, yshape, api, site) ||
+        !grad_out_matches(rdy, yshape, xshape, wshape, api, site))
         return NDM_NULL_ARRAY;
     const struct ndm__backend_nn *fam = family(rdy, api, site);
-    if (!fam || !grad_kernel(fam->conv2d_backward_input != NULL, rdy, api, site))
+    if (!fam)
+        return NDM_NULL_ARRAY;
+    /* the two kernels take the same arguments: (result, dy, other) */
+    size_t (*sizer)(int, const ndm__tensor *, const ndm__tensor *, const ndm__tensor *,
+                    const ndm__conv2d_geom *) = weight ? fam->conv2d_backward_weight_workspace
+                                                       : fam->conv2d_backward_input_workspace;
+    ndm_status (*kernel)(int, const ndm__tensor *, const ndm__tensor *, const ndm__tensor *,
+                         const ndm__conv2d_geom *, void *, size_t) =
+        weight ? fam->conv2d_backward_weight : fam->conv2d_backward_input;
+    if (!grad_kernel(kernel != NULL, rdy, api, site))
         return NDM_NULL_ARRAY;
     grad_call c = grad_start(site, api, out, rdy);
-    ndm__array *edy, *ew;
+    ndm__array *edy, *eo;
     void *ws = NULL;
     size_t wsb = 0;
     ndm_status st = NDM_OK;
-    bool ok = grad_result(&c, rdy->dtype, input_shape) && (edy = grad_input(&c, rdy)) &&
-              (ew = grad_input(&c, rw));
+    bool ok = grad_result(&c, rdy->dtype, shape) && (edy = grad_input(&c, rdy)) &&
+              (eo = grad_input(&c, ro));
     if (ok) {
-        ndm__tensor tdx = ndm__tensor_of(c.eres), tdy = ndm__tensor_of(edy),
-                    tw = ndm__tensor_of(ew);
-        if (fam->conv2d_backward_input_workspace)
-            wsb = fam->conv2d_backward_input_workspace(c.dev.index, &tdx, &tdy, &tw, &g);
+        ndm__tensor tres = ndm__tensor_of(c.eres), tdy = ndm__tensor_of(edy),
+                    to = ndm__tensor_of(eo);
+        wsb = sizer ? sizer(c.dev.index, &tres, &tdy, &to, &g) : 0;
         ok = grad_workspace(&c, wsb, &ws);
         if (ok)
-            st = fam->conv2d_backward_input(c.dev.index, &tdx, &tdy, &tw, &g, ws, wsb);
+            st = kernel(c.dev.index, &tres, &tdy, &to, &g, ws, wsb);
     }
-    return grad_end(&c, ok, st, "the input gradient of the convolution");
+    return grad_end(&c, ok, st,
+                    weight ? "the weight gradient of the convolution"
+                           : "the input gradient of the convolution");
+}
+
+NDM_API ndm_array ndm_conv2d_backward_input_to_at(NDM_SITE_PARAMS, ndm_manager out,
+                                                  ndm_array grad_out, ndm_array w,
+                                                  const ndm_conv2d_opts *opts, int ndim,
+                                                  const int64_t *input_shape)
+{
+    return conv_backward(NDM__SITE, __func__, out, grad_out, w, false, opts, ndim, input_shape);
 }
 
 NDM_API ndm_array ndm_conv2d_backward_weight_to_at(NDM_SITE_PARAMS, ndm_manager out,
@@ -534,46 +554,7 @@ NDM_API ndm_array ndm_conv2d_backward_weight_to_at(NDM_SITE_PARAMS, ndm_manager 
                                                    const ndm_conv2d_opts *opts, int ndim,
                                                    const int64_t *weight_shape)
 {
-    ndm__site site = NDM__SITE;
-    const char *api = __func__;
-    ndm__array *rdy = ndm__array_get_prop(grad_out, api, site);
-    if (!rdy)
-        return NDM_NULL_ARRAY;
-    ndm__array *rx = ndm__array_get_prop(x, api, site);
-    if (!rx)
-        return NDM_NULL_ARRAY;
-    out = ndm__output_manager(out, rdy, api, site);
-    if (!out.id)
-        return NDM_NULL_ARRAY;
-    ndm__conv2d_geom g;
-    int64_t yshape[4];
-    if (!grad_operands(rdy, rx, "input", "(N, C, H, W)", api, site) ||
-        !given_shape(ndim, weight_shape, rdy->dtype, "weight", api, site) ||
-        !conv_geometry(opts, &g, api, site))
-        return NDM_NULL_ARRAY;
-    if (!conv_output_shape(rx->shape, weight_shape, rdy->dtype, &g, yshape, api, site) ||
-        !grad_out_matches(rdy, yshape, rx->shape, weight_shape, api, site))
-        return NDM_NULL_ARRAY;
-    const struct ndm__backend_nn *fam = family(rdy, api, site);
-    if (!fam || !grad_kernel(fam->conv2d_backward_weight != NULL, rdy, api, site))
-        return NDM_NULL_ARRAY;
-    grad_call c = grad_start(site, api, out, rdy);
-    ndm__array *edy, *ex;
-    void *ws = NULL;
-    size_t wsb = 0;
-    ndm_status st = NDM_OK;
-    bool ok = grad_result(&c, rdy->dtype, weight_shape) && (edy = grad_input(&c, rdy)) &&
-              (ex = grad_input(&c, rx));
-    if (ok) {
-        ndm__tensor tdw = ndm__tensor_of(c.eres), tdy = ndm__tensor_of(edy),
-                    tx = ndm__tensor_of(ex);
-        if (fam->conv2d_backward_weight_workspace)
-            wsb = fam->conv2d_backward_weight_workspace(c.dev.index, &tdw, &tdy, &tx, &g);
-        ok = grad_workspace(&c, wsb, &ws);
-        if (ok)
-            st = fam->conv2d_backward_weight(c.dev.index, &tdw, &tdy, &tx, &g, ws, wsb);
-    }
-    return grad_end(&c, ok, st, "the weight gradient of the convolution");
+    return conv_backward(NDM__SITE, __func__, out, grad_out, x, true, opts, ndim, weight_shape);
 }
 
 /* Both pooling gradients: x is the forward's input for max pooling, NULL

@@ -832,7 +832,7 @@ static bool pixel_stride(int64_t Hd, int64_t Wd, int64_t s2, int64_t s3, int64_t
 /* x is the forward's input (dx for the input gradient), w its weight (dw
  * for the weight gradient). */
 static bplan bwd_plan(const ndm__tensor *dy, const ndm__tensor *x, const ndm__tensor *w,
-                      const ndm__conv2d_geom *g, bool weight)
+                      const ndm__conv2d_geom *g, bool weight, int threads)
 {
     bplan p;
     memset(&p, 0, sizeof p);
@@ -843,7 +843,6 @@ static bplan bwd_plan(const ndm__tensor *dy, const ndm__tensor *x, const ndm__te
     p.wcopy = !weight && !w_is_matrix(w);
     p.wbytes = p.wcopy ? align64((size_t)(c->O * c->K) * p.es) : 0;
     p.part_bytes = weight ? align64((size_t)(c->O * c->K) * p.es) : 0;
-    int threads = ndm__num_threads();
     p.parts = threads > 1 && p.units >= threads ? threads : 1;
     /* Partial sums of a large weight cost more memory than splitting each
      * product over the provider's threads costs time. */
@@ -877,6 +876,27 @@ static bplan bwd_plan(const ndm__tensor *dy, const ndm__tensor *x, const ndm__te
 static size_t bwd_workspace(const bplan *p)
 {
     return p->wbytes + (size_t)(p->parts - 1) * p->part_bytes + (size_t)p->parts * p->slot_bytes;
+}
+
+static size_t bwd_workspace_for(const ndm__tensor *dy, const ndm__tensor *x,
+                                const ndm__tensor *w, const ndm__conv2d_geom *g, bool weight)
+{
+    bplan p = bwd_plan(dy, x, w, g, weight, ndm__num_threads());
+    return bwd_workspace(&p);
+}
+
+/* The plan of a run whose workspace holds ws_bytes: the pool may have been
+ * resized since the workspace was sized, and then one part is tried. False
+ * when that does not fit either. */
+static bool bwd_plan_fit(bplan *p, const ndm__tensor *dy, const ndm__tensor *x,
+                         const ndm__tensor *w, const ndm__conv2d_geom *g, bool weight,
+                         size_t ws_bytes)
+{
+    *p = bwd_plan(dy, x, w, g, weight, ndm__num_threads());
+    if (bwd_workspace(p) <= ws_bytes)
+        return true;
+    *p = bwd_plan(dy, x, w, g, weight, 1);
+    return bwd_workspace(p) <= ws_bytes;
 }
 
 /* dy's pixels [p0, p0 + np) of group gi of sample n as an Og x np matrix
@@ -1021,8 +1041,7 @@ static size_t fast_conv2d_backward_input_workspace(int device, const ndm__tensor
                                                    const ndm__conv2d_geom *g)
 {
     (void)device;
-    bplan p = bwd_plan(dy, dx, w, g, false);
-    return bwd_workspace(&p);
+    return bwd_workspace_for(dy, dx, w, g, false);
 }
 
 static ndm_status fast_conv2d_backward_input(int device, const ndm__tensor *dx,
@@ -1035,9 +1054,9 @@ static ndm_status fast_conv2d_backward_input(int device, const ndm__tensor *dx,
         return NDM_E_DTYPE;
     if (numel4(dx->shape) == 0)
         return NDM_OK;
-    bplan p = bwd_plan(dy, dx, w, g, false);
-    if (bwd_workspace(&p) > ws_bytes)
-        p.parts = 1; /* the pool was resized since the workspace was sized */
+    bplan p;
+    if (!bwd_plan_fit(&p, dy, dx, w, g, false, ws_bytes))
+        return NDM_E_INVALID;
     bctx q = {&p, dx, dy, w, w->data, w->strides[0], w->strides[3], NULL, NULL, 0, 0};
     atomic_init(&q.status, NDM_OK);
     char *wsp = ws;
@@ -1119,8 +1138,7 @@ static size_t fast_conv2d_backward_weight_workspace(int device, const ndm__tenso
                                                     const ndm__conv2d_geom *g)
 {
     (void)device;
-    bplan p = bwd_plan(dy, x, dw, g, true);
-    return bwd_workspace(&p);
+    return bwd_workspace_for(dy, x, dw, g, true);
 }
 
 static ndm_status fast_conv2d_backward_weight(int device, const ndm__tensor *dw,
@@ -1133,9 +1151,9 @@ static ndm_status fast_conv2d_backward_weight(int device, const ndm__tensor *dw,
         return NDM_E_DTYPE;
     if (numel4(dw->shape) == 0)
         return NDM_OK;
-    bplan p = bwd_plan(dy, x, dw, g, true);
-    if (bwd_workspace(&p) > ws_bytes)
-        p.parts = 1; /* the pool was resized since the workspace was sized */
+    bplan p;
+    if (!bwd_plan_fit(&p, dy, x, dw, g, true, ws_bytes))
+        return NDM_E_INVALID;
     char *wsp = ws;
     bctx q = {&p, dw, dy, x, NULL, 0, 0, wsp,
               wsp ? wsp + (size_t)(p.parts - 1) * p.part_bytes : NULL, 0, 0};
