@@ -1,10 +1,12 @@
-/* Benchmark section: conv2d forward on a Fashion-MNIST-sized batch
- * (128x1x28x28, 32 filters 3x3, padding 1, bias) in GFLOP/s, against the
- * GEMM the convolution unfolds to (32 x 9 @ 9 x 100352) run directly by the
- * provider. */
+/* Benchmark section: conv2d forward and its two gradients on a
+ * Fashion-MNIST-sized batch (128x1x28x28, 32 filters 3x3, padding 1, bias)
+ * in GFLOP/s, each against the GEMM it unfolds to run directly by the
+ * provider: 32 x 9 @ 9 x 100352 (forward), 9 x 32 @ 32 x 100352 (input
+ * gradient), 32 x 100352 @ 100352 x 9 (weight gradient). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "ndm/ndm.h"
 #include "sections.h"
@@ -31,17 +33,68 @@ static bool unfolded_gemm(int m, int n, int k, const float *a, const float *b, f
 #endif
 }
 
-static double time_conv(ndm_array x, ndm_array w, ndm_array b, int calls)
+/* The same with op(A) = A^T when ta, op(B) = B^T when tb; row-major. */
+static bool unfolded_gemm_t(bool ta, bool tb, int m, int n, int k, const float *a, int lda,
+                            const float *b, int ldb, float *c, int ldc)
+{
+#if NDM_HAVE_OPENBLAS
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m,
+                n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+    return true;
+#elif NDM_HAVE_BLIS
+    float one = 1.0f, zero = 0.0f;
+    bli_sgemm(ta ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, tb ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, m,
+              n, k, &one, (float *)a, lda, 1, (float *)b, ldb, 1, &zero, c, ldc, 1);
+    return true;
+#else
+    (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)a, (void)lda, (void)b, (void)ldb;
+    (void)c, (void)ldc;
+    return false;
+#endif
+}
+
+enum { FORWARD, GRAD_INPUT, GRAD_WEIGHT };
+
+/* One pass: the forward (x, w, bias), or a gradient from dy. */
+static ndm_array conv_pass(int which, ndm_array x, ndm_array w, ndm_array b, ndm_array dy)
+{
+    const ndm_conv2d_opts *o = NDM_CONV2D(.padding = {1, 1});
+    switch (which) {
+    case GRAD_INPUT:
+        return ndm_conv2d_backward_input(dy, w, o, NDM_SHAPE(128, 1, 28, 28));
+    case GRAD_WEIGHT:
+        return ndm_conv2d_backward_weight(dy, x, o, NDM_SHAPE(32, 1, 3, 3));
+    default:
+        return ndm_conv2d_bias(x, w, b, o);
+    }
+}
+
+static double time_pass(int which, ndm_array x, ndm_array w, ndm_array b, ndm_array dy,
+                        int calls)
 {
     double t0 = bench_now();
     for (int i = 0; i < calls; i++) {
-        ndm_array y = ndm_conv2d_bias(x, w, b, NDM_CONV2D(.padding = {1, 1}));
+        ndm_array y = conv_pass(which, x, w, b, dy);
         if (!y.id || ndm_array_release(y) < 0) {
-            fprintf(stderr, "ndm_conv2d failed: %s\n", ndm_last_error());
+            fprintf(stderr, "convolution pass %d failed: %s\n", which, ndm_last_error());
             exit(1);
         }
     }
     return (bench_now() - t0) / calls;
+}
+
+/* The unfolded GEMM of a pass; false without a provider. */
+static bool anchor_pass(int which, int gm, int gk, int gn, const float *w, const float *col,
+                        const float *dy, float *out)
+{
+    switch (which) {
+    case GRAD_INPUT: /* col (gk x gn) = W^T (gk x gm) @ dy (gm x gn) */
+        return unfolded_gemm_t(true, false, gk, gn, gm, w, gk, dy, gn, out, gn);
+    case GRAD_WEIGHT: /* dW (gm x gk) = dy (gm x gn) @ col^T (gn x gk) */
+        return unfolded_gemm_t(false, true, gm, gk, gn, dy, gn, col, gn, out, gk);
+    default:
+        return unfolded_gemm(gm, gn, gk, w, col, out);
+    }
 }
 
 void bench_ops_conv(bench_report *r)
@@ -69,25 +122,59 @@ void bench_ops_conv(bench_report *r)
         ga[i] = hw[i % nw];
     for (size_t i = 0; i < (size_t)gk * gn; i++)
         gb[i] = hx[i % nx];
+    /* the gradients start from a grad_out like the forward's result */
+    size_t ny = (size_t)N * O * H * W;
+    float *hdy = malloc(ny * sizeof(float)), *gd = malloc(ny * sizeof(float));
+    if (!hdy || !gd)
+        exit(1);
+    for (size_t i = 0; i < ny; i++)
+        hdy[i] = gd[i] = (float)((i * 2246822519u) % 2000) * 1e-3f - 1.0f;
+    ndm_array dy = ndm_from_buffer(m, NDM_F32, hdy, NDM_SHAPE(N, O, H, W));
+    if (!dy.id)
+        exit(1);
     bool have_gemm = unfolded_gemm(gm, gn, gk, ga, gb, gc);
-    double est = time_conv(x, w, b, 1);
-    int calls = est >= 0.02 ? 1 : (int)(0.02 / est) + 1;
     int samples = r->o.quick ? 5 : 9;
-    double tc[16], tg[16];
-    for (int i = 0; i < samples; i++) {
-        double t0 = bench_now();
-        for (int j = 0; have_gemm && j < calls; j++)
-            unfolded_gemm(gm, gn, gk, ga, gb, gc);
-        tg[i] = (bench_now() - t0) / calls;
-        tc[i] = time_conv(x, w, b, calls);
+    int calls[3];
+    double tc[3][16], tg[3][16];
+    for (int which = 0; which < 3; which++) {
+        double est = time_pass(which, x, w, b, dy, 1);
+        calls[which] = est >= 0.02 ? 1 : (int)(0.02 / est) + 1;
     }
+    /* ndm first, the provider after: its threads keep spinning for a while
+     * after a call (OpenBLAS: about 2^28 cycles) and would take cores from
+     * ndm's pool; the pause lets those of earlier calls go to sleep */
+    struct timespec pause = {0, 300000000};
+    nanosleep(&pause, NULL);
+    for (int i = 0; i < samples; i++)
+        for (int which = 0; which < 3; which++)
+            tc[which][i] = time_pass(which, x, w, b, dy, calls[which]);
+    for (int i = 0; i < samples; i++)
+        for (int which = 0; which < 3; which++) {
+            double t0 = bench_now();
+            for (int j = 0; have_gemm && j < calls[which]; j++)
+                anchor_pass(which, gm, gk, gn, ga, gb, gd, gc);
+            tg[which][i] = (bench_now() - t0) / calls[which];
+        }
+    /* dx: ndm_conv2d_backward_input; dw: ndm_conv2d_backward_weight */
+    static const char *const names[] = {"conv2d_f32_128x1x28x28_32x3x3_gflops",
+                                        "conv2d_dx_f32_128x1x28x28_32x3x3_gflops",
+                                        "conv2d_dw_f32_128x1x28x28_32x3x3_gflops"};
     double flop = 2.0 * N * O * H * W * (double)(C * K * K);
-    char what[160];
-    snprintf(what, sizeof what, "the unfolded GEMM (%dx%d @ %dx%d), direct %s sgemm", gm, gk, gk,
-             gn, ndm_gemm_provider());
-    bench_add(r, "conv2d_f32_128x1x28x28_32x3x3_gflops", flop / bench_median(tc, samples) * 1e-9,
-              "GFLOP/s", have_gemm ? what : "", have_gemm ? flop / bench_median(tg, samples) * 1e-9 : 0);
-    free(ga), free(gb), free(gc), free(hx), free(hw);
+    for (int which = 0; which < 3; which++) {
+        char shape[64], what[160];
+        if (which == FORWARD)
+            snprintf(shape, sizeof shape, "%dx%d @ %dx%d", gm, gk, gk, gn);
+        else if (which == GRAD_INPUT)
+            snprintf(shape, sizeof shape, "%dx%d @ %dx%d, A transposed", gk, gm, gm, gn);
+        else
+            snprintf(shape, sizeof shape, "%dx%d @ %dx%d, B transposed", gm, gn, gn, gk);
+        snprintf(what, sizeof what, "the unfolded GEMM (%s), direct %s sgemm", shape,
+                 ndm_gemm_provider());
+        bench_add(r, names[which], flop / bench_median(tc[which], samples) * 1e-9, "GFLOP/s",
+                  have_gemm ? what : "",
+                  have_gemm ? flop / bench_median(tg[which], samples) * 1e-9 : 0);
+    }
+    free(ga), free(gb), free(gc), free(gd), free(hx), free(hw), free(hdy);
     if (ndm_manager_close(m) < 0)
         exit(1);
 }

@@ -16,7 +16,8 @@ void bench_ops_reduce(bench_report *r);
  * with the environment as it is and again (in a child process) without
  * OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE. */
 void bench_ops_linalg(bench_report *r);
-/* conv2d on a Fashion-MNIST-sized batch against the GEMM it unfolds to. */
+/* conv2d and its input and weight gradients on a Fashion-MNIST-sized batch,
+ * each against the GEMM it unfolds to. */
 void bench_ops_conv(bench_report *r);
 
 /* The child run of bench_ops_linalg: true when argv asked for it (it has

@@ -1,4 +1,4 @@
-/* ndm convolution and pooling (NCHW).
+/* ndm convolution and pooling (NCHW), and their gradients.
  *
  * Inputs are (N, C, H, W) arrays of f16, bf16, f32 or f64 (f16 and bf16
  * compute in f32); any strides are accepted. Options come last, as a pointer
@@ -87,6 +87,79 @@ NDM_API ndm_array ndm_max_pool2d_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_arr
     ndm_avg_pool2d_to_at(NDM_HERE, (m), (x), (count_include_pad), __VA_ARGS__)
 NDM_API ndm_array ndm_avg_pool2d_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array x,
                                        bool count_include_pad, const ndm_pool2d_opts *opts);
+
+/* Gradients, for reverse-mode differentiation. Each takes grad_out, the
+ * gradient of a loss with respect to the forward's result (so shaped like
+ * it: NDM_E_SHAPE otherwise), and the forward's options, and returns the
+ * gradient with respect to one operand, shaped like that operand, in
+ * grad_out's dtype. grad_out may have any strides (a broadcast gradient
+ * works as is); it is the first input of the output rule. Shapes given as
+ * (ndim, shape) come last and must be 4-d:
+ *
+ *     ndm_conv2d_backward_input(dy, w, NDM_CONV2D(.padding = {1, 1}), NDM_SHAPE(128, 1, 28, 28))
+ *
+ * Errors are the forward's (NDM_E_DTYPE, NDM_E_DEVICE, NDM_E_SHAPE,
+ * NDM_E_INVALID, NDM_E_OVERFLOW), plus NDM_E_UNSUPPORTED on a device whose
+ * backend has no such gradient. The bias gradient of conv2d_bias is
+ * grad_out summed over axes 0, 2 and 3 (ndm_sum). */
+
+/** Gradient of ndm_conv2d with respect to its input x (N, C, H, W), given
+ *  grad_out (N, O, OH, OW) and the weight (O, C/groups, KH, KW): the
+ *  transposed convolution. x's shape is passed because with a stride
+ *  several input sizes give the same output size. grad_out and weight
+ *  share one float dtype and one device. */
+#define ndm_conv2d_backward_input(grad_out, w, opts, ...)                       \
+    ndm_conv2d_backward_input_to_at(NDM_HERE, NDM_NULL_MANAGER, (grad_out), (w), (opts), \
+                                    __VA_ARGS__)
+#define ndm_conv2d_backward_input_to(m, grad_out, w, opts, ...)                 \
+    ndm_conv2d_backward_input_to_at(NDM_HERE, (m), (grad_out), (w), (opts), __VA_ARGS__)
+NDM_API ndm_array ndm_conv2d_backward_input_to_at(NDM_SITE_PARAMS, ndm_manager out,
+                                                  ndm_array grad_out, ndm_array w,
+                                                  const ndm_conv2d_opts *opts, int ndim,
+                                                  const int64_t *input_shape);
+
+/** Gradient of ndm_conv2d with respect to its weight, shaped weight_shape
+ *  (O, C/groups, KH, KW), given grad_out (N, O, OH, OW) and the forward's
+ *  input x (N, C, H, W): grad_out times the unfolded x, summed over the
+ *  batch. grad_out and x share one float dtype and one device. */
+#define ndm_conv2d_backward_weight(grad_out, x, opts, ...)                      \
+    ndm_conv2d_backward_weight_to_at(NDM_HERE, NDM_NULL_MANAGER, (grad_out), (x), (opts), \
+                                     __VA_ARGS__)
+#define ndm_conv2d_backward_weight_to(m, grad_out, x, opts, ...)                \
+    ndm_conv2d_backward_weight_to_at(NDM_HERE, (m), (grad_out), (x), (opts), __VA_ARGS__)
+NDM_API ndm_array ndm_conv2d_backward_weight_to_at(NDM_SITE_PARAMS, ndm_manager out,
+                                                   ndm_array grad_out, ndm_array x,
+                                                   const ndm_conv2d_opts *opts, int ndim,
+                                                   const int64_t *weight_shape);
+
+/** Gradient of ndm_max_pool2d with respect to x (N, C, H, W), the forward's
+ *  input: each element of grad_out goes to the element its window's
+ *  maximum came from, the one the forward picked (the first largest in
+ *  row-major window order; a NaN over any number, the last NaN over an
+ *  earlier one); overlapping windows add up. grad_out and x share one
+ *  float dtype and one device. */
+#define ndm_max_pool2d_backward(grad_out, x, ...)                               \
+    ndm_max_pool2d_backward_to_at(NDM_HERE, NDM_NULL_MANAGER, (grad_out), (x), __VA_ARGS__)
+#define ndm_max_pool2d_backward_to(m, grad_out, x, ...)                         \
+    ndm_max_pool2d_backward_to_at(NDM_HERE, (m), (grad_out), (x), __VA_ARGS__)
+NDM_API ndm_array ndm_max_pool2d_backward_to_at(NDM_SITE_PARAMS, ndm_manager out,
+                                                ndm_array grad_out, ndm_array x,
+                                                const ndm_pool2d_opts *opts);
+
+/** Gradient of ndm_avg_pool2d with respect to its input, of shape
+ *  input_shape (N, C, H, W): each element of grad_out spread evenly over
+ *  the input elements of its window, divided as the forward divides
+ *  (count_include_pad as given to it); overlapping windows add up. */
+#define ndm_avg_pool2d_backward(grad_out, count_include_pad, opts, ...)          \
+    ndm_avg_pool2d_backward_to_at(NDM_HERE, NDM_NULL_MANAGER, (grad_out), (count_include_pad), \
+                                  (opts), __VA_ARGS__)
+#define ndm_avg_pool2d_backward_to(m, grad_out, count_include_pad, opts, ...)    \
+    ndm_avg_pool2d_backward_to_at(NDM_HERE, (m), (grad_out), (count_include_pad), (opts), \
+                                  __VA_ARGS__)
+NDM_API ndm_array ndm_avg_pool2d_backward_to_at(NDM_SITE_PARAMS, ndm_manager out,
+                                                ndm_array grad_out, bool count_include_pad,
+                                                const ndm_pool2d_opts *opts, int ndim,
+                                                const int64_t *input_shape);
 
 #ifdef __cplusplus
 }

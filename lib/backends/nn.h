@@ -1,5 +1,6 @@
 /* The neural-network family of the backend table: 2-d convolution and
- * pooling on NCHW arrays. Dispatchers (lib/ops/conv.c) check the geometry. */
+ * pooling on NCHW arrays, and their gradients. Dispatchers (lib/ops/conv.c)
+ * check the geometry. */
 #ifndef NDM_BACKEND_NN_H
 #define NDM_BACKEND_NN_H
 
@@ -34,9 +35,52 @@ struct ndm__backend_nn {
      * (N, C, H, W); f32 or f64; padding never wins a max. */
     ndm_status (*pool2d)(int device, const ndm__tensor *y, const ndm__tensor *x,
                          const ndm__pool2d_geom *g);
+
+    /* Gradients. In each, the result (dx or dw) is C-contiguous, does not
+     * overlap the inputs and is overwritten (never accumulated into); the
+     * inputs may have any strides, 0 included (a broadcast gradient). One
+     * dtype, f32 or f64. The geometry is the forward's, already checked:
+     * dy has the forward's output shape. */
+
+    /* optional: bytes of scratch for conv2d_backward_input. Default: none. */
+    size_t (*conv2d_backward_input_workspace)(int device, const ndm__tensor *dx,
+                                              const ndm__tensor *dy, const ndm__tensor *w,
+                                              const ndm__conv2d_geom *g);
+    /* optional: dx (N, C, H, W) = the gradient of conv2d with respect to its
+     * input, given dy (N, O, OH, OW) and w (O, C/groups, KH, KW): the
+     * transposed convolution. `ws` holds the ws_bytes the workspace member
+     * asked for, aligned to 64 (a kernel must fit in what it is given).
+     * Default: the dispatcher fails with NDM_E_UNSUPPORTED. */
+    ndm_status (*conv2d_backward_input)(int device, const ndm__tensor *dx, const ndm__tensor *dy,
+                                        const ndm__tensor *w, const ndm__conv2d_geom *g,
+                                        void *ws, size_t ws_bytes);
+    /* optional: bytes of scratch for conv2d_backward_weight. Default: none. */
+    size_t (*conv2d_backward_weight_workspace)(int device, const ndm__tensor *dw,
+                                               const ndm__tensor *dy, const ndm__tensor *x,
+                                               const ndm__conv2d_geom *g);
+    /* optional: dw (O, C/groups, KH, KW) = the gradient of conv2d with
+     * respect to its weight, given dy (N, O, OH, OW) and x (N, C, H, W),
+     * summed over the batch. Default: NDM_E_UNSUPPORTED, as above. */
+    ndm_status (*conv2d_backward_weight)(int device, const ndm__tensor *dw, const ndm__tensor *dy,
+                                         const ndm__tensor *x, const ndm__conv2d_geom *g,
+                                         void *ws, size_t ws_bytes);
+    /* optional: dx (N, C, H, W) = the gradient of pool2d with respect to its
+     * input, given dy (N, C, OH, OW). Max pooling routes each element of dy
+     * to the element of x (the forward's input) that the forward picked, by
+     * its rule: the first largest in row-major window order, a NaN over any
+     * number, the last NaN over an earlier one. Average pooling spreads it
+     * over the window with the forward's divisor; x is NULL then.
+     * Overlapping windows add up. Default: NDM_E_UNSUPPORTED, as above. */
+    ndm_status (*pool2d_backward)(int device, const ndm__tensor *dx, const ndm__tensor *dy,
+                                  const ndm__tensor *x, const ndm__pool2d_geom *g);
 };
 
 extern const struct ndm__backend_nn ndm__cpu_nn;
 extern const struct ndm__backend_nn ndm__cpu_ref_nn;
+
+/* Test hook (process wide): the fast CPU gradients use the vector kernels
+ * for `isa` (1 portable C, 2 AVX2, 3 AVX-512; 0 the best this CPU has).
+ * False when this CPU cannot run them. */
+bool ndm__cpu_conv_grad_isa(int isa);
 
 #endif

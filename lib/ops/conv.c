@@ -1,6 +1,6 @@
-/* conv2d, max_pool2d and avg_pool2d: geometry, defaults and dtype checks
- * here; the arithmetic in the backend's nn family. f16 and bf16 go through
- * f32 temporaries. */
+/* conv2d, max_pool2d and avg_pool2d and their gradients: geometry, defaults
+ * and dtype checks here; the arithmetic in the backend's nn family. f16 and
+ * bf16 go through f32 temporaries. */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,6 +67,71 @@ static void release_temps(ndm_array *t, int n)
             ndm__discard(t[i]);
 }
 
+/* "f32[2,3,5,5]" for a shape that is not an array yet, as ndm__array_desc
+ * writes arrays. */
+static const char *shape_desc(ndm_dtype dt, const int64_t *shape, char *buf, size_t n)
+{
+    snprintf(buf, n, "%s[%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64 "]", ndm_dtype_short(dt),
+             shape[0], shape[1], shape[2], shape[3]);
+    return buf;
+}
+
+/* Convolution options with every default resolved; false with the error
+ * recorded. */
+static bool conv_geometry(const ndm_conv2d_opts *opts, ndm__conv2d_geom *g, const char *api,
+                          ndm__site site)
+{
+    ndm_conv2d_opts o = opts ? *opts : (ndm_conv2d_opts){{0, 0}, {0, 0}, {0, 0}, 0};
+    for (int i = 0; i < 2; i++) {
+        if (o.stride[i] < 0 || o.dilation[i] < 0 || o.padding[i] < 0) {
+            ndm__fail(NDM_E_INVALID, api, site,
+                      "stride, dilation and padding must be >= 0 (axis %d: %" PRId64 ", %" PRId64
+                      ", %" PRId64 ")",
+                      i, o.stride[i], o.dilation[i], o.padding[i]);
+            return false;
+        }
+        g->stride[i] = o.stride[i] ? o.stride[i] : 1;
+        g->dilation[i] = o.dilation[i] ? o.dilation[i] : 1;
+        g->padding[i] = o.padding[i];
+    }
+    if (o.groups < 0) {
+        ndm__fail(NDM_E_INVALID, api, site, "groups must be >= 1 (got %" PRId64 ")", o.groups);
+        return false;
+    }
+    g->groups = o.groups ? o.groups : 1;
+    return true;
+}
+
+/* The output shape y (N, O, OH, OW) of input shape x (N, C, H, W) and weight
+ * shape w (O, C/groups, KH, KW) of dtype dt; false with the error recorded. */
+static bool conv_output_shape(const int64_t *x, const int64_t *w, ndm_dtype dt,
+                              const ndm__conv2d_geom *g, int64_t *y, const char *api,
+                              ndm__site site)
+{
+    char xd[160], wd[160];
+    if (x[1] % g->groups || w[0] % g->groups || w[1] != x[1] / g->groups) {
+        ndm__fail(NDM_E_SHAPE, api, site,
+                  "input %s and weight %s do not match with %" PRId64
+                  " groups: C and O must divide by groups and weight.shape[1] equal C/groups",
+                  shape_desc(dt, x, xd, sizeof xd), shape_desc(dt, w, wd, sizeof wd), g->groups);
+        return false;
+    }
+    if (w[2] == 0 || w[3] == 0) {
+        ndm__fail(NDM_E_SHAPE, api, site, "weight %s has an empty kernel",
+                  shape_desc(dt, w, wd, sizeof wd));
+        return false;
+    }
+    y[0] = x[0];
+    y[1] = w[0];
+    for (int i = 0; i < 2; i++) {
+        y[2 + i] = out_size(x[2 + i], w[2 + i], g->stride[i], g->padding[i], g->dilation[i],
+                            i ? "width" : "height", api, site);
+        if (y[2 + i] < 0)
+            return false;
+    }
+    return true;
+}
+
 NDM_API ndm_array ndm_conv2d_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array x, ndm_array w,
                                    const ndm_array *bias, const ndm_conv2d_opts *opts)
 {
@@ -101,53 +166,16 @@ NDM_API ndm_array ndm_conv2d_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array x
                   ndm__array_desc(rx, d1, sizeof d1), ndm__array_desc(rw, d2, sizeof d2));
         return NDM_NULL_ARRAY;
     }
-    ndm_conv2d_opts o = opts ? *opts : (ndm_conv2d_opts){{0, 0}, {0, 0}, {0, 0}, 0};
     ndm__conv2d_geom g;
-    for (int i = 0; i < 2; i++) {
-        if (o.stride[i] < 0 || o.dilation[i] < 0 || o.padding[i] < 0) {
-            ndm__fail(NDM_E_INVALID, api, site,
-                      "stride, dilation and padding must be >= 0 (axis %d: %" PRId64 ", %" PRId64
-                      ", %" PRId64 ")",
-                      i, o.stride[i], o.dilation[i], o.padding[i]);
-            return NDM_NULL_ARRAY;
-        }
-        g.stride[i] = o.stride[i] ? o.stride[i] : 1;
-        g.dilation[i] = o.dilation[i] ? o.dilation[i] : 1;
-        g.padding[i] = o.padding[i];
-    }
-    if (o.groups < 0) {
-        ndm__fail(NDM_E_INVALID, api, site, "groups must be >= 1 (got %" PRId64 ")", o.groups);
+    int64_t yshape[4];
+    if (!conv_geometry(opts, &g, api, site) ||
+        !conv_output_shape(rx->shape, rw->shape, rx->dtype, &g, yshape, api, site))
         return NDM_NULL_ARRAY;
-    }
-    g.groups = o.groups ? o.groups : 1;
-    int64_t N = rx->shape[0], C = rx->shape[1], O = rw->shape[0];
-    if (C % g.groups || O % g.groups || rw->shape[1] != C / g.groups) {
-        ndm__fail(NDM_E_SHAPE, api, site,
-                  "input %s and weight %s do not match with %" PRId64
-                  " groups: C and O must divide by groups and weight.shape[1] equal C/groups",
-                  ndm__array_desc(rx, d1, sizeof d1), ndm__array_desc(rw, d2, sizeof d2),
-                  g.groups);
-        return NDM_NULL_ARRAY;
-    }
-    if (rw->shape[2] == 0 || rw->shape[3] == 0) {
-        ndm__fail(NDM_E_SHAPE, api, site, "weight %s has an empty kernel",
-                  ndm__array_desc(rw, d1, sizeof d1));
-        return NDM_NULL_ARRAY;
-    }
-    if (rb && (rb->ndim != 1 || rb->shape[0] != O)) {
+    if (rb && (rb->ndim != 1 || rb->shape[0] != yshape[1])) {
         ndm__fail(NDM_E_SHAPE, api, site, "bias %s must be 1-d of size %" PRId64 " (O)",
-                  ndm__array_desc(rb, d1, sizeof d1), O);
+                  ndm__array_desc(rb, d1, sizeof d1), yshape[1]);
         return NDM_NULL_ARRAY;
     }
-    int64_t oh = out_size(rx->shape[2], rw->shape[2], g.stride[0], g.padding[0], g.dilation[0],
-                          "height", api, site);
-    if (oh < 0)
-        return NDM_NULL_ARRAY;
-    int64_t ow = out_size(rx->shape[3], rw->shape[3], g.stride[1], g.padding[1], g.dilation[1],
-                          "width", api, site);
-    if (ow < 0)
-        return NDM_NULL_ARRAY;
-    int64_t yshape[4] = {N, O, oh, ow};
     if (ndm__shape_check(4, yshape, rx->dtype, NULL, NULL, api, site) < 0)
         return NDM_NULL_ARRAY;
     const struct ndm__backend_nn *fam = family(rx, api, site);
@@ -202,6 +230,37 @@ fail:
     return NDM_NULL_ARRAY;
 }
 
+/* Pooling options resolved into g (whose max and count_include_pad are
+ * set) and the output shape y of input shape x (4-d); false with the error
+ * recorded. */
+static bool pool_geometry(const ndm_pool2d_opts *opts, const int64_t *x, ndm__pool2d_geom *g,
+                          int64_t *y, const char *api, ndm__site site)
+{
+    if (!opts) {
+        ndm__fail(NDM_E_INVALID, api, site, "pooling needs options with a kernel size");
+        return false;
+    }
+    y[0] = x[0];
+    y[1] = x[1];
+    for (int i = 0; i < 2; i++) {
+        int64_t k = opts->kernel[i], s = opts->stride[i], p = opts->padding[i];
+        if (k < 1 || s < 0 || p < 0 || p > k / 2) {
+            ndm__fail(NDM_E_INVALID, api, site,
+                      "axis %d: kernel %" PRId64 " must be >= 1, stride %" PRId64
+                      " >= 0 and padding %" PRId64 " between 0 and half the kernel",
+                      i, k, s, p);
+            return false;
+        }
+        g->kernel[i] = k;
+        g->stride[i] = s ? s : k;
+        g->padding[i] = p;
+        y[2 + i] = out_size(x[2 + i], k, g->stride[i], p, 1, i ? "width" : "height", api, site);
+        if (y[2 + i] < 0)
+            return false;
+    }
+    return true;
+}
+
 static ndm_array pool_impl(ndm__site site, const char *api, ndm_manager out, ndm_array x,
                            bool max, bool count_include_pad, const ndm_pool2d_opts *opts)
 {
@@ -222,30 +281,10 @@ static ndm_array pool_impl(ndm__site site, const char *api, ndm_manager out, ndm
                   ndm__array_desc(rx, d1, sizeof d1));
         return NDM_NULL_ARRAY;
     }
-    if (!opts) {
-        ndm__fail(NDM_E_INVALID, api, site, "pooling needs options with a kernel size");
-        return NDM_NULL_ARRAY;
-    }
     ndm__pool2d_geom g = {.max = max, .count_include_pad = count_include_pad};
-    int64_t osz[2];
-    for (int i = 0; i < 2; i++) {
-        int64_t k = opts->kernel[i], s = opts->stride[i], p = opts->padding[i];
-        if (k < 1 || s < 0 || p < 0 || p > k / 2) {
-            ndm__fail(NDM_E_INVALID, api, site,
-                      "axis %d: kernel %" PRId64 " must be >= 1, stride %" PRId64
-                      " >= 0 and padding %" PRId64 " between 0 and half the kernel",
-                      i, k, s, p);
-            return NDM_NULL_ARRAY;
-        }
-        g.kernel[i] = k;
-        g.stride[i] = s ? s : k;
-        g.padding[i] = p;
-        osz[i] = out_size(rx->shape[2 + i], k, g.stride[i], p, 1, i ? "width" : "height", api,
-                          site);
-        if (osz[i] < 0)
-            return NDM_NULL_ARRAY;
-    }
-    int64_t yshape[4] = {rx->shape[0], rx->shape[1], osz[0], osz[1]};
+    int64_t yshape[4];
+    if (!pool_geometry(opts, rx->shape, &g, yshape, api, site))
+        return NDM_NULL_ARRAY;
     if (ndm__shape_check(4, yshape, rx->dtype, NULL, NULL, api, site) < 0)
         return NDM_NULL_ARRAY;
     const struct ndm__backend_nn *fam = family(rx, api, site);
@@ -294,4 +333,298 @@ NDM_API ndm_array ndm_avg_pool2d_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_arr
                                        bool count_include_pad, const ndm_pool2d_opts *opts)
 {
     return pool_impl(NDM__SITE, __func__, out, x, false, count_include_pad, opts);
+}
+
+/* ---- gradients ------------------------------------------------------------------ */
+
+/* What a gradient's dispatcher holds around the kernel: the result, the
+ * array the kernel writes (the result, or an f32 stand-in for f16 and
+ * bf16), and the library temporaries to release before returning. */
+typedef struct grad_call {
+    ndm__site site;
+    const char *api;
+    ndm_manager out;
+    ndm_device dev;
+    ndm_dtype cdt;
+    ndm_array res;
+    ndm__array *rres, *eres;
+    ndm_array temps[4];
+    int ntemps;
+} grad_call;
+
+static grad_call grad_start(ndm__site site, const char *api, ndm_manager out, ndm__array *first)
+{
+    grad_call c = {.site = site, .api = api, .out = out, .dev = first->storage->device};
+    c.cdt = first->dtype == NDM_F64 ? NDM_F64 : NDM_F32;
+    return c;
+}
+
+/* The result (dtype dt, 4-d shape) and, for f16 and bf16, its stand-in. */
+static bool grad_result(grad_call *c, ndm_dtype dt, const int64_t *shape)
+{
+    c->res = ndm__array_new_on(c->site, c->api, c->out, c->dev, dt, 4, shape, &c->rres);
+    if (!c->res.id)
+        return false;
+    c->eres = c->rres;
+    if (dt == c->cdt)
+        return true;
+    ndm_array t = ndm__array_new_on(c->site, c->api, c->out, c->dev, c->cdt, 4, shape, &c->eres);
+    if (!t.id)
+        return false;
+    c->temps[c->ntemps++] = t;
+    return true;
+}
+
+/* Input r in the compute dtype, or NULL with the error recorded. */
+static ndm__array *grad_input(grad_call *c, ndm__array *r)
+{
+    ndm_array t;
+    ndm__array *e = as_compute(c->site, c->api, c->out, r, c->cdt, &t);
+    if (t.id)
+        c->temps[c->ntemps++] = t;
+    return e;
+}
+
+/* `bytes` of scratch into *ws (NULL for none); false with the error recorded. */
+static bool grad_workspace(grad_call *c, size_t bytes, void **ws)
+{
+    *ws = NULL;
+    if (!bytes)
+        return true;
+    ndm__array *r;
+    int64_t n = (int64_t)bytes;
+    ndm_array t = ndm__array_new_on(c->site, c->api, c->out, c->dev, NDM_U8, 1, &n, &r);
+    if (!t.id)
+        return false;
+    c->temps[c->ntemps++] = t;
+    *ws = ndm__array_ptr(r);
+    return true;
+}
+
+/* After the kernel (st its status; ok false when a step before it failed):
+ * the stand-in converted into the result, temporaries released. Returns the
+ * result, or the null handle with the error recorded. */
+static ndm_array grad_end(grad_call *c, bool ok, ndm_status st, const char *what)
+{
+    if (ok && st >= 0 && c->eres != c->rres) {
+        ndm__tensor dst = ndm__tensor_of(c->rres), src = ndm__tensor_of(c->eres);
+        const ndm__backend *be = ndm__backend_of(c->dev, c->api, c->site);
+        st = be ? be->copy(c->dev.index, &dst, &src) : NDM_E_UNSUPPORTED;
+    }
+    if (ok && st < 0)
+        ndm__fail(st, c->api, c->site, "%s failed: %s", what, ndm_status_str(st));
+    release_temps(c->temps, c->ntemps);
+    if (ok && st >= 0)
+        return c->res;
+    if (c->res.id)
+        ndm__discard(c->res);
+    return NDM_NULL_ARRAY;
+}
+
+/* A gradient kernel the device's nn family may lack; NULL fails the call. */
+static bool grad_kernel(bool present, ndm__array *r, const char *api, ndm__site site)
+{
+    if (present)
+        return true;
+    char name[32];
+    ndm__fail(NDM_E_UNSUPPORTED, api, site, "no gradient of this operation on device %s",
+              ndm_device_str(r->storage->device, name, sizeof name));
+    return false;
+}
+
+/* A shape the caller gives for a gradient's result: 4-d, sizes >= 0, not
+ * overflowing. */
+static bool given_shape(int ndim, const int64_t *shape, ndm_dtype dt, const char *what,
+                        const char *api, ndm__site site)
+{
+    if (ndim != 4) {
+        ndm__fail(NDM_E_SHAPE, api, site, "the %s shape must have 4 dims, got %d", what, ndim);
+        return false;
+    }
+    return ndm__shape_check(4, shape, dt, NULL, NULL, api, site) >= 0;
+}
+
+/* grad_out must have `want`, the output shape of the forward of input
+ * shape x (with weight shape w for a convolution, NULL for pooling). */
+static bool grad_out_matches(ndm__array *rdy, const int64_t *want, const int64_t *x,
+                             const int64_t *w, const char *api, ndm__site site)
+{
+    if (!memcmp(rdy->shape, want, 4 * sizeof *want))
+        return true;
+    char d1[160], d2[160], d3[160];
+    ndm__fail(NDM_E_SHAPE, api, site,
+              "grad_out %s is not the forward's output: input %s%s%s gives [%" PRId64
+              ",%" PRId64 ",%" PRId64 ",%" PRId64 "]",
+              ndm__array_desc(rdy, d1, sizeof d1), shape_desc(rdy->dtype, x, d2, sizeof d2),
+              w ? " with weight " : "", w ? shape_desc(rdy->dtype, w, d3, sizeof d3) : "",
+              want[0], want[1], want[2], want[3]);
+    return false;
+}
+
+/* grad_out and the other operand: one device, one float dtype, both 4-d. */
+static bool grad_operands(ndm__array *rdy, ndm__array *r, const char *name, const char *layout,
+                          const char *api, ndm__site site)
+{
+    char d1[160], d2[160];
+    if (!same_device(rdy, r, api, site))
+        return false;
+    if (!ndm_dtype_is_float(rdy->dtype) || r->dtype != rdy->dtype) {
+        ndm__fail(NDM_E_DTYPE, api, site, "grad_out and %s must share one float dtype (got %s, %s)",
+                  name, ndm_dtype_short(rdy->dtype), ndm_dtype_short(r->dtype));
+        return false;
+    }
+    if (rdy->ndim != 4 || r->ndim != 4) {
+        ndm__fail(NDM_E_SHAPE, api, site,
+                  "grad_out and %s %s must be 4-d, got %s and %s", name, layout,
+                  ndm__array_desc(rdy, d1, sizeof d1), ndm__array_desc(r, d2, sizeof d2));
+        return false;
+    }
+    return true;
+}
+
+/* Both convolution gradients: `other` is the weight for the input gradient
+ * (`shape` the input's), the forward's input for the weight gradient
+ * (`shape` the weight's). */
+static ndm_array conv_backward(ndm__site site, const char *api, ndm_manager out,
+                               ndm_array grad_out, ndm_array other, bool weight,
+                               const ndm_conv2d_opts *opts, int ndim, const int64_t *shape)
+{
+    ndm__array *rdy = ndm__array_get_prop(grad_out, api, site);
+    if (!rdy)
+        return NDM_NULL_ARRAY;
+    ndm__array *ro = ndm__array_get_prop(other, api, site);
+    if (!ro)
+        return NDM_NULL_ARRAY;
+    out = ndm__output_manager(out, rdy, api, site);
+    if (!out.id)
+        return NDM_NULL_ARRAY;
+    ndm__conv2d_geom g;
+    int64_t yshape[4];
+    if (!grad_operands(rdy, ro, weight ? "input" : "weight",
+                       weight ? "(N, C, H, W)" : "(O, C/groups, KH, KW)", api, site) ||
+        !given_shape(ndim, shape, rdy->dtype, weight ? "weight" : "input", api, site) ||
+        !conv_geometry(opts, &g, api, site))
+        return NDM_NULL_ARRAY;
+    const int64_t *xshape = weight ? ro->shape : shape, *wshape = weight ? shape : ro->shape;
+    if (!conv_output_shape(xshape, wshape, rdy->dtype, &g, yshape, api, site) ||
+        !grad_out_matches(rdy, yshape, xshape, wshape, api, site))
+        return NDM_NULL_ARRAY;
+    const struct ndm__backend_nn *fam = family(rdy, api, site);
+    if (!fam)
+        return NDM_NULL_ARRAY;
+    /* the two kernels take the same arguments: (result, dy, other) */
+    size_t (*sizer)(int, const ndm__tensor *, const ndm__tensor *, const ndm__tensor *,
+                    const ndm__conv2d_geom *) = weight ? fam->conv2d_backward_weight_workspace
+                                                       : fam->conv2d_backward_input_workspace;
+    ndm_status (*kernel)(int, const ndm__tensor *, const ndm__tensor *, const ndm__tensor *,
+                         const ndm__conv2d_geom *, void *, size_t) =
+        weight ? fam->conv2d_backward_weight : fam->conv2d_backward_input;
+    if (!grad_kernel(kernel != NULL, rdy, api, site))
+        return NDM_NULL_ARRAY;
+    grad_call c = grad_start(site, api, out, rdy);
+    ndm__array *edy, *eo;
+    void *ws = NULL;
+    size_t wsb = 0;
+    ndm_status st = NDM_OK;
+    bool ok = grad_result(&c, rdy->dtype, shape) && (edy = grad_input(&c, rdy)) &&
+              (eo = grad_input(&c, ro));
+    if (ok) {
+        ndm__tensor tres = ndm__tensor_of(c.eres), tdy = ndm__tensor_of(edy),
+                    to = ndm__tensor_of(eo);
+        wsb = sizer ? sizer(c.dev.index, &tres, &tdy, &to, &g) : 0;
+        ok = grad_workspace(&c, wsb, &ws);
+        if (ok)
+            st = kernel(c.dev.index, &tres, &tdy, &to, &g, ws, wsb);
+    }
+    return grad_end(&c, ok, st,
+                    weight ? "the weight gradient of the convolution"
+                           : "the input gradient of the convolution");
+}
+
+NDM_API ndm_array ndm_conv2d_backward_input_to_at(NDM_SITE_PARAMS, ndm_manager out,
+                                                  ndm_array grad_out, ndm_array w,
+                                                  const ndm_conv2d_opts *opts, int ndim,
+                                                  const int64_t *input_shape)
+{
+    return conv_backward(NDM__SITE, __func__, out, grad_out, w, false, opts, ndim, input_shape);
+}
+
+NDM_API ndm_array ndm_conv2d_backward_weight_to_at(NDM_SITE_PARAMS, ndm_manager out,
+                                                   ndm_array grad_out, ndm_array x,
+                                                   const ndm_conv2d_opts *opts, int ndim,
+                                                   const int64_t *weight_shape)
+{
+    return conv_backward(NDM__SITE, __func__, out, grad_out, x, true, opts, ndim, weight_shape);
+}
+
+/* Both pooling gradients: x is the forward's input for max pooling, NULL
+ * for average pooling (input_shape gives its shape). */
+static ndm_array pool_backward(ndm__site site, const char *api, ndm_manager out,
+                               ndm_array grad_out, ndm_array x, bool max, bool count_include_pad,
+                               const ndm_pool2d_opts *opts, int ndim, const int64_t *input_shape)
+{
+    char d1[160];
+    ndm__array *rdy = ndm__array_get_prop(grad_out, api, site);
+    if (!rdy)
+        return NDM_NULL_ARRAY;
+    ndm__array *rx = NULL;
+    if (max && !(rx = ndm__array_get_prop(x, api, site)))
+        return NDM_NULL_ARRAY;
+    out = ndm__output_manager(out, rdy, api, site);
+    if (!out.id)
+        return NDM_NULL_ARRAY;
+    if (rx) {
+        if (!grad_operands(rdy, rx, "input", "(N, C, H, W)", api, site))
+            return NDM_NULL_ARRAY;
+        input_shape = rx->shape;
+    } else {
+        if (!ndm_dtype_is_float(rdy->dtype)) {
+            ndm__fail(NDM_E_DTYPE, api, site, "pooling needs a float dtype (got %s)",
+                      ndm_dtype_short(rdy->dtype));
+            return NDM_NULL_ARRAY;
+        }
+        if (rdy->ndim != 4) {
+            ndm__fail(NDM_E_SHAPE, api, site, "grad_out must be 4-d (N, C, OH, OW), got %s",
+                      ndm__array_desc(rdy, d1, sizeof d1));
+            return NDM_NULL_ARRAY;
+        }
+        if (!given_shape(ndim, input_shape, rdy->dtype, "input", api, site))
+            return NDM_NULL_ARRAY;
+    }
+    ndm__pool2d_geom g = {.max = max, .count_include_pad = count_include_pad};
+    int64_t yshape[4];
+    if (!pool_geometry(opts, input_shape, &g, yshape, api, site) ||
+        !grad_out_matches(rdy, yshape, input_shape, NULL, api, site))
+        return NDM_NULL_ARRAY;
+    const struct ndm__backend_nn *fam = family(rdy, api, site);
+    if (!fam || !grad_kernel(fam->pool2d_backward != NULL, rdy, api, site))
+        return NDM_NULL_ARRAY;
+    grad_call c = grad_start(site, api, out, rdy);
+    ndm__array *edy, *ex = NULL;
+    ndm_status st = NDM_OK;
+    bool ok = grad_result(&c, rdy->dtype, input_shape) && (edy = grad_input(&c, rdy)) &&
+              (!rx || (ex = grad_input(&c, rx)));
+    if (ok) {
+        ndm__tensor tdx = ndm__tensor_of(c.eres), tdy = ndm__tensor_of(edy);
+        ndm__tensor tx = ex ? ndm__tensor_of(ex) : (ndm__tensor){0};
+        st = fam->pool2d_backward(c.dev.index, &tdx, &tdy, ex ? &tx : NULL, &g);
+    }
+    return grad_end(&c, ok, st, max ? "the gradient of max pooling"
+                                    : "the gradient of average pooling");
+}
+
+NDM_API ndm_array ndm_max_pool2d_backward_to_at(NDM_SITE_PARAMS, ndm_manager out,
+                                                ndm_array grad_out, ndm_array x,
+                                                const ndm_pool2d_opts *opts)
+{
+    return pool_backward(NDM__SITE, __func__, out, grad_out, x, true, false, opts, 0, NULL);
+}
+
+NDM_API ndm_array ndm_avg_pool2d_backward_to_at(NDM_SITE_PARAMS, ndm_manager out,
+                                                ndm_array grad_out, bool count_include_pad,
+                                                const ndm_pool2d_opts *opts, int ndim,
+                                                const int64_t *input_shape)
+{
+    return pool_backward(NDM__SITE, __func__, out, grad_out, NDM_NULL_ARRAY, false,
+                         count_include_pad, opts, ndim, input_shape);
 }

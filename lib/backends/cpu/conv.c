@@ -1,6 +1,7 @@
-/* CPU convolution and pooling: direct loops as the reference, and the fast
- * kernels (convolution as im2col plus GEMM, split over the batch; pooling
- * split over planes). */
+/* CPU convolution and pooling and their gradients: direct loops as the
+ * reference, and the fast kernels (convolution as im2col plus GEMM, its
+ * gradients as GEMM plus col2im and as inner products, split over the
+ * batch; pooling split over planes). */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -9,6 +10,10 @@
 #include "../nn.h"
 #include "gemm.h"
 #include "parallel.h"
+
+#if NDM__CPU_X86
+#include <immintrin.h>
+#endif
 
 /* Geometry of one call, read from the tensors. */
 typedef struct cgeo {
@@ -162,6 +167,194 @@ static ndm_status ref_pool2d(int device, const ndm__tensor *y, const ndm__tensor
     return NDM_OK;
 }
 
+/* ---- reference gradients -------------------------------------------------------
+ * Direct loops in double, each result element written once, in the order
+ * the definitions read: the oracle for the fast kernels below. */
+
+/* dx[n, ci, ih, iw] sums dy * w over every tap of every output pixel that
+ * read (ih, iw): oh * sh - ph + kh * dh = ih, and the same along W. */
+#define NDM__REF_CONV_BWD_INPUT(T)                                              \
+    static void ref_conv_bwd_input_##T(const ndm__tensor *dx, const ndm__tensor *dy, \
+                                       const ndm__tensor *w, const cgeo *c)     \
+    {                                                                           \
+        const T *DY = dy->data, *Wt = w->data;                                  \
+        T *DX = dx->data;                                                       \
+        const int64_t *ds = dy->strides, *ws = w->strides, *xs = dx->strides;   \
+        for (int64_t n = 0; n < c->N; n++)                                      \
+            for (int64_t ci = 0; ci < c->C; ci++)                               \
+                for (int64_t ih = 0; ih < c->H; ih++)                           \
+                    for (int64_t iw = 0; iw < c->W; iw++) {                     \
+                        int64_t gi = ci / c->Cg, cl = ci % c->Cg;               \
+                        double s = 0.0;                                         \
+                        for (int64_t o = gi * c->Og; o < (gi + 1) * c->Og; o++) \
+                            for (int64_t kh = 0; kh < c->KH; kh++) {            \
+                                int64_t th = ih + c->ph - kh * c->dh;           \
+                                if (th < 0 || th % c->sh || th / c->sh >= c->OH) \
+                                    continue;                                   \
+                                for (int64_t kw = 0; kw < c->KW; kw++) {        \
+                                    int64_t tw = iw + c->pw - kw * c->dw;       \
+                                    if (tw < 0 || tw % c->sw || tw / c->sw >= c->OW) \
+                                        continue;                               \
+                                    s += (double)DY[n * ds[0] + o * ds[1] +     \
+                                                    th / c->sh * ds[2] + tw / c->sw * ds[3]] * \
+                                         (double)Wt[o * ws[0] + cl * ws[1] + kh * ws[2] + \
+                                                    kw * ws[3]];                \
+                                }                                               \
+                            }                                                   \
+                        DX[n * xs[0] + ci * xs[1] + ih * xs[2] + iw * xs[3]] = (T)s; \
+                    }                                                           \
+    }
+NDM__REF_CONV_BWD_INPUT(float)
+NDM__REF_CONV_BWD_INPUT(double)
+
+/* dw[o, cl, kh, kw] sums dy * x over the batch and the output pixels. */
+#define NDM__REF_CONV_BWD_WEIGHT(T)                                             \
+    static void ref_conv_bwd_weight_##T(const ndm__tensor *dw, const ndm__tensor *dy, \
+                                        const ndm__tensor *x, const cgeo *c)    \
+    {                                                                           \
+        const T *DY = dy->data, *X = x->data;                                   \
+        T *DW = dw->data;                                                       \
+        const int64_t *ds = dy->strides, *xs = x->strides, *ws = dw->strides;   \
+        for (int64_t o = 0; o < c->O; o++)                                      \
+            for (int64_t cl = 0; cl < c->Cg; cl++)                              \
+                for (int64_t kh = 0; kh < c->KH; kh++)                          \
+                    for (int64_t kw = 0; kw < c->KW; kw++) {                    \
+                        int64_t ci = o / c->Og * c->Cg + cl;                    \
+                        double s = 0.0;                                         \
+                        for (int64_t n = 0; n < c->N; n++)                      \
+                            for (int64_t oh = 0; oh < c->OH; oh++) {            \
+                                int64_t ih = oh * c->sh - c->ph + kh * c->dh;   \
+                                if (ih < 0 || ih >= c->H)                       \
+                                    continue;                                   \
+                                for (int64_t ow = 0; ow < c->OW; ow++) {        \
+                                    int64_t iw = ow * c->sw - c->pw + kw * c->dw; \
+                                    if (iw < 0 || iw >= c->W)                   \
+                                        continue;                               \
+                                    s += (double)DY[n * ds[0] + o * ds[1] + oh * ds[2] + \
+                                                    ow * ds[3]] *               \
+                                         (double)X[n * xs[0] + ci * xs[1] + ih * xs[2] + \
+                                                   iw * xs[3]];                 \
+                                }                                               \
+                            }                                                   \
+                        DW[o * ws[0] + cl * ws[1] + kh * ws[2] + kw * ws[3]] = (T)s; \
+                    }                                                           \
+    }
+NDM__REF_CONV_BWD_WEIGHT(float)
+NDM__REF_CONV_BWD_WEIGHT(double)
+
+static ndm_status ref_conv2d_backward_input(int device, const ndm__tensor *dx,
+                                            const ndm__tensor *dy, const ndm__tensor *w,
+                                            const ndm__conv2d_geom *g, void *ws,
+                                            size_t ws_bytes)
+{
+    (void)device, (void)ws, (void)ws_bytes;
+    cgeo c = conv_geo(dy, dx, w, g);
+    if (dx->dtype == NDM_F32)
+        ref_conv_bwd_input_float(dx, dy, w, &c);
+    else if (dx->dtype == NDM_F64)
+        ref_conv_bwd_input_double(dx, dy, w, &c);
+    else
+        return NDM_E_DTYPE;
+    return NDM_OK;
+}
+
+static ndm_status ref_conv2d_backward_weight(int device, const ndm__tensor *dw,
+                                             const ndm__tensor *dy, const ndm__tensor *x,
+                                             const ndm__conv2d_geom *g, void *ws,
+                                             size_t ws_bytes)
+{
+    (void)device, (void)ws, (void)ws_bytes;
+    cgeo c = conv_geo(dy, x, dw, g);
+    if (dw->dtype == NDM_F32)
+        ref_conv_bwd_weight_float(dw, dy, x, &c);
+    else if (dw->dtype == NDM_F64)
+        ref_conv_bwd_weight_double(dw, dy, x, &c);
+    else
+        return NDM_E_DTYPE;
+    return NDM_OK;
+}
+
+/* Pooling's gradient over every window in turn, each tap checked against
+ * the edges. The max picks with the forward's comparison, starting from
+ * the window's first element so that a window of -inf still routes to it. */
+#define NDM__REF_POOL_BWD(T)                                                    \
+    static void ref_pool_bwd_##T(const ndm__tensor *dx, const ndm__tensor *dy,  \
+                                 const ndm__tensor *x, const ndm__pool2d_geom *g) \
+    {                                                                           \
+        T *DX = dx->data;                                                       \
+        const T *DY = dy->data, *X = x ? x->data : NULL;                        \
+        const int64_t *xs = dx->strides, *ys = dy->strides, *is = x ? x->strides : NULL; \
+        int64_t N = dx->shape[0], C = dx->shape[1], H = dx->shape[2], W = dx->shape[3]; \
+        int64_t OH = dy->shape[2], OW = dy->shape[3];                           \
+        for (int64_t n = 0; n < N; n++)                                         \
+            for (int64_t ch = 0; ch < C; ch++)                                  \
+                for (int64_t ih = 0; ih < H; ih++)                              \
+                    for (int64_t iw = 0; iw < W; iw++)                          \
+                        DX[n * xs[0] + ch * xs[1] + ih * xs[2] + iw * xs[3]] = 0; \
+        for (int64_t n = 0; n < N; n++)                                         \
+            for (int64_t ch = 0; ch < C; ch++)                                  \
+                for (int64_t oh = 0; oh < OH; oh++)                             \
+                    for (int64_t ow = 0; ow < OW; ow++) {                       \
+                        T gv = DY[n * ys[0] + ch * ys[1] + oh * ys[2] + ow * ys[3]]; \
+                        T *plane = DX + n * xs[0] + ch * xs[1];                 \
+                        int64_t bh = -1, bw = -1, cnt = 0;                      \
+                        T m = 0;                                                \
+                        for (int64_t kh = 0; kh < g->kernel[0]; kh++) {         \
+                            int64_t ih = oh * g->stride[0] - g->padding[0] + kh; \
+                            if (ih < 0 || ih >= H)                              \
+                                continue;                                       \
+                            for (int64_t kw = 0; kw < g->kernel[1]; kw++) {     \
+                                int64_t iw = ow * g->stride[1] - g->padding[1] + kw; \
+                                if (iw < 0 || iw >= W)                          \
+                                    continue;                                   \
+                                cnt++;                                          \
+                                if (!g->max)                                    \
+                                    continue;                                   \
+                                T v = X[n * is[0] + ch * is[1] + ih * is[2] + iw * is[3]]; \
+                                if (bh < 0 || v > m || v != v) {                \
+                                    m = v;                                      \
+                                    bh = ih;                                    \
+                                    bw = iw;                                    \
+                                }                                               \
+                            }                                                   \
+                        }                                                       \
+                        if (g->max) {                                           \
+                            if (bh >= 0)                                        \
+                                plane[bh * xs[2] + bw * xs[3]] += gv;           \
+                            continue;                                           \
+                        }                                                       \
+                        if (!cnt)                                               \
+                            continue;                                           \
+                        int64_t div = g->count_include_pad ? g->kernel[0] * g->kernel[1] : cnt; \
+                        T share = (T)((double)gv / (double)div);                \
+                        for (int64_t kh = 0; kh < g->kernel[0]; kh++) {         \
+                            int64_t ih = oh * g->stride[0] - g->padding[0] + kh; \
+                            if (ih < 0 || ih >= H)                              \
+                                continue;                                       \
+                            for (int64_t kw = 0; kw < g->kernel[1]; kw++) {     \
+                                int64_t iw = ow * g->stride[1] - g->padding[1] + kw; \
+                                if (iw >= 0 && iw < W)                          \
+                                    plane[ih * xs[2] + iw * xs[3]] += share;    \
+                            }                                                   \
+                        }                                                       \
+                    }                                                           \
+    }
+NDM__REF_POOL_BWD(float)
+NDM__REF_POOL_BWD(double)
+
+static ndm_status ref_pool2d_backward(int device, const ndm__tensor *dx, const ndm__tensor *dy,
+                                      const ndm__tensor *x, const ndm__pool2d_geom *g)
+{
+    (void)device;
+    if (dx->dtype == NDM_F32)
+        ref_pool_bwd_float(dx, dy, x, g);
+    else if (dx->dtype == NDM_F64)
+        ref_pool_bwd_double(dx, dy, x, g);
+    else
+        return NDM_E_DTYPE;
+    return NDM_OK;
+}
+
 /* ---- fast convolution --------------------------------------------------------
  * Each work item is (sample, group, tile of output pixels): unfold the
  * input window under each pixel into a K x tile matrix (im2col) in this
@@ -220,6 +413,22 @@ static size_t fast_conv2d_workspace(int device, const ndm__tensor *y, const ndm_
     (void)device;
     cplan p = conv_plan(y, x, w, g);
     return p.wbytes + (size_t)p.slots * p.slot_bytes;
+}
+
+/* The weights gathered into an O x K matrix, once per call, when their
+ * strides cannot be read as one. */
+static void gather_weights(char *dst, const ndm__tensor *w, const cgeo *c, size_t es)
+{
+    int64_t k = 0;
+    for (int64_t o = 0; o < c->O; o++)
+        for (int64_t ci = 0; ci < c->Cg; ci++)
+            for (int64_t kh = 0; kh < c->KH; kh++)
+                for (int64_t kw = 0; kw < c->KW; kw++, k++)
+                    memcpy(dst + (size_t)k * es,
+                           (const char *)w->data + (o * w->strides[0] + ci * w->strides[1] +
+                                                    kh * w->strides[2] + kw * w->strides[3]) *
+                                                       (int64_t)es,
+                           es);
 }
 
 /* Unfold pixels [p0, p0 + np) of group `gi` of sample n into col (K x np). */
@@ -336,20 +545,9 @@ static ndm_status fast_conv2d(int device, const ndm__tensor *y, const ndm__tenso
     atomic_init(&q.status, NDM_OK);
     char *wsp = ws;
     if (p.wcopy) {
-        /* gather the weights into an O x K matrix once */
-        const cgeo *c = &p.c;
-        int64_t k = 0;
-        for (int64_t o = 0; o < c->O; o++)
-            for (int64_t ci = 0; ci < c->Cg; ci++)
-                for (int64_t kh = 0; kh < c->KH; kh++)
-                    for (int64_t kw = 0; kw < c->KW; kw++, k++)
-                        memcpy(wsp + (size_t)k * p.es,
-                               (const char *)w->data + (o * w->strides[0] + ci * w->strides[1] +
-                                                        kh * w->strides[2] + kw * w->strides[3]) *
-                                                           (int64_t)p.es,
-                               p.es);
+        gather_weights(wsp, w, &p.c, p.es);
         q.wm = wsp;
-        q.wrs = c->K;
+        q.wrs = p.c.K;
         q.wcs = 1;
     }
     q.ws = wsp + p.wbytes;
@@ -389,14 +587,699 @@ static ndm_status fast_pool2d(int device, const ndm__tensor *y, const ndm__tenso
     return NDM_OK;
 }
 
+/* ---- vector kernels of the gradients ------------------------------------------
+ * The weight gradient contracts over pixels, the axis along which both
+ * dy's rows and the unfolded input's rows are contiguous: each element of
+ * dw is the inner product of two rows. Read in place, blocks of rows keep
+ * their sums in vector registers. A GEMM kernel would first pack dy
+ * across its rows, a transposition of all of dy per sample that costs
+ * more than the products, which are small. col2im adds short rows (one
+ * output row each), which the compiler leaves scalar at -O2. */
+
+/* c[i * rsc + j * csc] += a[i * lda + p] * b[j * ldb + p] summed over p < k,
+ * for i < m, j < n. */
+typedef void (*dot_s_fn)(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                         const float *b, int64_t ldb, float *c, int64_t rsc, int64_t csc);
+typedef void (*dot_d_fn)(int64_t m, int64_t n, int64_t k, const double *a, int64_t lda,
+                         const double *b, int64_t ldb, double *c, int64_t rsc, int64_t csc);
+/* dst[i] += src[i] for i < n; the two do not overlap. */
+typedef void (*add_s_fn)(float *restrict dst, const float *restrict src, int64_t n);
+typedef void (*add_d_fn)(double *restrict dst, const double *restrict src, int64_t n);
+
+/* Plain C: the portable kernel, and the tails of the vector ones. */
+#define NDM__DOT_C(T)                                                           \
+    static inline T dot_tail_##T(const T *a, const T *b, int64_t p0, int64_t k) \
+    {                                                                           \
+        T s = 0;                                                                \
+        for (int64_t p = p0; p < k; p++)                                        \
+            s += a[p] * b[p];                                                   \
+        return s;                                                               \
+    }                                                                           \
+    static void dot_c_##T(int64_t m, int64_t n, int64_t k, const T *a, int64_t lda, const T *b, \
+                          int64_t ldb, T *c, int64_t rsc, int64_t csc)          \
+    {                                                                           \
+        for (int64_t i = 0; i < m; i++)                                         \
+            for (int64_t j = 0; j < n; j++)                                     \
+                c[i * rsc + j * csc] += dot_tail_##T(a + i * lda, b + j * ldb, 0, k); \
+    }
+NDM__DOT_C(float)
+NDM__DOT_C(double)
+
+#define NDM__ADD_C(T)                                                           \
+    static void add_c_##T(T *restrict dst, const T *restrict src, int64_t n)    \
+    {                                                                           \
+        for (int64_t i = 0; i < n; i++)                                         \
+            dst[i] += src[i];                                                   \
+    }
+NDM__ADD_C(float)
+NDM__ADD_C(double)
+
+#if NDM__CPU_X86
+/* MB x NB blocks of sums in vectors V of L elements; the rows and columns
+ * left over go one sum at a time. */
+#define NDM__DOT_SIMD(NAME, T, V, L, ATTR, LOAD, ZERO, FMA, HSUM, MB, NB)       \
+    ATTR static void NAME(int64_t m, int64_t n, int64_t k, const T *a, int64_t lda, const T *b, \
+                          int64_t ldb, T *c, int64_t rsc, int64_t csc)          \
+    {                                                                           \
+        int64_t kv = k - k % L, mf = m - m % MB, nf = n - n % NB;               \
+        for (int64_t i0 = 0; i0 < mf; i0 += MB)                                 \
+            for (int64_t j0 = 0; j0 < nf; j0 += NB) {                           \
+                V acc[MB][NB], va[MB], vb[NB];                                  \
+                _Pragma("GCC unroll 4") for (int ii = 0; ii < MB; ii++)         \
+                    _Pragma("GCC unroll 4") for (int jj = 0; jj < NB; jj++)     \
+                        acc[ii][jj] = ZERO();                                   \
+                for (int64_t p = 0; p < kv; p += L) {                           \
+                    _Pragma("GCC unroll 4") for (int ii = 0; ii < MB; ii++)     \
+                        va[ii] = LOAD(a + (i0 + ii) * lda + p);                 \
+                    _Pragma("GCC unroll 4") for (int jj = 0; jj < NB; jj++)     \
+                        vb[jj] = LOAD(b + (j0 + jj) * ldb + p);                 \
+                    _Pragma("GCC unroll 4") for (int ii = 0; ii < MB; ii++)     \
+                        _Pragma("GCC unroll 4") for (int jj = 0; jj < NB; jj++) \
+                            acc[ii][jj] = FMA(va[ii], vb[jj], acc[ii][jj]);     \
+                }                                                               \
+                for (int ii = 0; ii < MB; ii++)                                 \
+                    for (int jj = 0; jj < NB; jj++) {                           \
+                        const T *ar = a + (i0 + ii) * lda, *br = b + (j0 + jj) * ldb; \
+                        c[(i0 + ii) * rsc + (j0 + jj) * csc] +=                 \
+                            HSUM(acc[ii][jj]) + dot_tail_##T(ar, br, kv, k);    \
+                    }                                                           \
+            }                                                                   \
+        for (int64_t i = 0; i < m; i++)                                         \
+            for (int64_t j = i < mf ? nf : 0; j < n; j++) {                     \
+                const T *ar = a + i * lda, *br = b + j * ldb;                   \
+                V s = ZERO();                                                   \
+                for (int64_t p = 0; p < kv; p += L)                             \
+                    s = FMA(LOAD(ar + p), LOAD(br + p), s);                     \
+                c[i * rsc + j * csc] += HSUM(s) + dot_tail_##T(ar, br, kv, k);  \
+            }                                                                   \
+    }
+
+#define NDM__AVX512 __attribute__((target("avx512f")))
+#define NDM__AVX2 __attribute__((target("avx2,fma")))
+
+NDM__AVX2 static inline float hsum_ps256(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+NDM__AVX2 static inline double hsum_pd256(__m256d v)
+{
+    __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
+}
+
+/* 4 x 3 blocks: 12 sums and 7 loads in 32 registers; 4 x 2 in 16. */
+NDM__DOT_SIMD(dot_s_avx512, float, __m512, 16, NDM__AVX512, _mm512_loadu_ps, _mm512_setzero_ps,
+              _mm512_fmadd_ps, _mm512_reduce_add_ps, 4, 3)
+NDM__DOT_SIMD(dot_d_avx512, double, __m512d, 8, NDM__AVX512, _mm512_loadu_pd, _mm512_setzero_pd,
+              _mm512_fmadd_pd, _mm512_reduce_add_pd, 4, 3)
+NDM__DOT_SIMD(dot_s_avx2, float, __m256, 8, NDM__AVX2, _mm256_loadu_ps, _mm256_setzero_ps,
+              _mm256_fmadd_ps, hsum_ps256, 4, 2)
+NDM__DOT_SIMD(dot_d_avx2, double, __m256d, 4, NDM__AVX2, _mm256_loadu_pd, _mm256_setzero_pd,
+              _mm256_fmadd_pd, hsum_pd256, 4, 2)
+
+/* AVX-512 ends a row with a masked vector; AVX2 with scalars. */
+#define NDM__ADD_AVX512(NAME, T, L, MASK, SUF)                                  \
+    NDM__AVX512 static void NAME(T *restrict dst, const T *restrict src, int64_t n) \
+    {                                                                           \
+        int64_t i = 0;                                                          \
+        for (; i + L <= n; i += L)                                              \
+            _mm512_storeu_##SUF(dst + i, _mm512_add_##SUF(_mm512_loadu_##SUF(dst + i), \
+                                                          _mm512_loadu_##SUF(src + i))); \
+        if (i < n) {                                                            \
+            MASK m = (MASK)((1u << (n - i)) - 1);                               \
+            _mm512_mask_storeu_##SUF(dst + i, m,                                \
+                                     _mm512_add_##SUF(_mm512_maskz_loadu_##SUF(m, dst + i), \
+                                                      _mm512_maskz_loadu_##SUF(m, src + i))); \
+        }                                                                       \
+    }
+NDM__ADD_AVX512(add_s_avx512, float, 16, __mmask16, ps)
+NDM__ADD_AVX512(add_d_avx512, double, 8, __mmask8, pd)
+
+#define NDM__ADD_AVX2(NAME, T, L, SUF)                                          \
+    NDM__AVX2 static void NAME(T *restrict dst, const T *restrict src, int64_t n) \
+    {                                                                           \
+        int64_t i = 0;                                                          \
+        for (; i + L <= n; i += L)                                              \
+            _mm256_storeu_##SUF(dst + i, _mm256_add_##SUF(_mm256_loadu_##SUF(dst + i), \
+                                                          _mm256_loadu_##SUF(src + i))); \
+        for (; i < n; i++)                                                      \
+            dst[i] += src[i];                                                   \
+    }
+NDM__ADD_AVX2(add_s_avx2, float, 8, ps)
+NDM__ADD_AVX2(add_d_avx2, double, 4, pd)
+#endif
+
+typedef struct grad_kernels {
+    dot_s_fn dot_s;
+    dot_d_fn dot_d;
+    add_s_fn add_s;
+    add_d_fn add_d;
+} grad_kernels;
+
+static const grad_kernels gk_portable = {dot_c_float, dot_c_double, add_c_float, add_c_double};
+#if NDM__CPU_X86
+static const grad_kernels gk_avx512 = {dot_s_avx512, dot_d_avx512, add_s_avx512, add_d_avx512};
+static const grad_kernels gk_avx2 = {dot_s_avx2, dot_d_avx2, add_s_avx2, add_d_avx2};
+#endif
+static _Atomic(const grad_kernels *) gk_forced;
+
+/* The best kernels this CPU runs, at most `isa` (1 portable, 2 AVX2, 3
+ * AVX-512). */
+static const grad_kernels *gk_best(int isa)
+{
+#if NDM__CPU_X86
+    __builtin_cpu_init();
+    if (isa >= 3 && __builtin_cpu_supports("avx512f"))
+        return &gk_avx512;
+    if (isa >= 2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return &gk_avx2;
+#endif
+    (void)isa;
+    return &gk_portable;
+}
+
+/* The kernels for this CPU, chosen once, unless a test forced others. */
+static const grad_kernels *gk_pick(void)
+{
+    static _Atomic(const grad_kernels *) chosen;
+    const grad_kernels *k = atomic_load_explicit(&gk_forced, memory_order_acquire);
+    if (k)
+        return k;
+    k = atomic_load_explicit(&chosen, memory_order_acquire);
+    if (!k) {
+        k = gk_best(3);
+        atomic_store_explicit(&chosen, k, memory_order_release);
+    }
+    return k;
+}
+
+bool ndm__cpu_conv_grad_isa(int isa)
+{
+    const grad_kernels *k = isa > 0 ? gk_best(isa) : NULL;
+    atomic_store_explicit(&gk_forced, k, memory_order_release);
+#if NDM__CPU_X86
+    return isa <= 0 || k == (isa >= 3 ? &gk_avx512 : isa == 2 ? &gk_avx2 : &gk_portable);
+#else
+    return isa <= 1;
+#endif
+}
+
+/* ---- fast gradients -------------------------------------------------------------
+ * The forward read backwards. For the input, per (sample, group): one GEMM
+ * gives the gradient of the unfolded input, col (K x tile) = W^T @ dy, and
+ * col2im adds its rows back into dx (a 1x1 convolution with unit stride and
+ * no padding writes dx directly). For the weight: dw += dy @ im2col(x)^T
+ * over the batch. The (sample, group) units are cut into `parts` that run
+ * side by side, one per thread, each with its own scratch and, for the
+ * weight, its own partial sum; the partials are added in part order, so the
+ * result does not depend on timing. There the input gradient runs ndm's
+ * GEMM and the weight gradient the inner products above. A batch too small
+ * for the threads runs as one part with the provider's threaded GEMM. */
+
+typedef struct bplan {
+    cgeo c;
+    int64_t tile, ntiles, units;
+    int64_t dps, xps;  /* pixel strides of dy and of x (or dx) when they have one */
+    bool direct, gather, wcopy;
+    bool dot;       /* weight gradient by inner products (rows of unit stride) */
+    int parts;
+    size_t es, col_bytes, slot_bytes, wbytes, part_bytes;
+} bplan;
+
+static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+static int64_t numel4(const int64_t *shape)
+{
+    return shape[0] * shape[1] * shape[2] * shape[3];
+}
+
+/* The stride of pixel p = h * Wd + w of an Hd x Wd plane with strides (s2,
+ * s3), or false when no single stride reaches every pixel. */
+static bool pixel_stride(int64_t Hd, int64_t Wd, int64_t s2, int64_t s3, int64_t *ps)
+{
+    if (Wd <= 1)
+        *ps = s2;
+    else if (Hd <= 1 || s2 == Wd * s3)
+        *ps = s3;
+    else
+        return false;
+    return true;
+}
+
+/* x is the forward's input (dx for the input gradient), w its weight (dw
+ * for the weight gradient). */
+static bplan bwd_plan(const ndm__tensor *dy, const ndm__tensor *x, const ndm__tensor *w,
+                      const ndm__conv2d_geom *g, bool weight, int threads)
+{
+    bplan p;
+    memset(&p, 0, sizeof p);
+    p.c = conv_geo(dy, x, w, g);
+    const cgeo *c = &p.c;
+    p.es = ndm_dtype_size(dy->dtype);
+    p.units = c->N * c->groups;
+    p.wcopy = !weight && !w_is_matrix(w);
+    p.wbytes = p.wcopy ? align64((size_t)(c->O * c->K) * p.es) : 0;
+    p.part_bytes = weight ? align64((size_t)(c->O * c->K) * p.es) : 0;
+    p.parts = threads > 1 && p.units >= threads ? threads : 1;
+    /* Partial sums of a large weight cost more memory than splitting each
+     * product over the provider's threads costs time. */
+    if (p.parts > 1 && p.part_bytes * (size_t)(p.parts - 1) > ((size_t)32 << 20))
+        p.parts = 1;
+    p.dot = weight && p.parts > 1;
+    p.direct = c->KH == 1 && c->KW == 1 && c->sh == 1 && c->sw == 1 && c->ph == 0 &&
+               c->pw == 0 && pixel_stride(c->H, c->W, x->strides[2], x->strides[3], &p.xps) &&
+               (!p.dot || p.xps == 1);
+    /* dy whose pixels have no single stride (a transposed view) is
+     * gathered a tile at a time, and so is one whose stride is not 1 when
+     * inner products read it */
+    p.gather = !pixel_stride(c->OH, c->OW, dy->strides[2], dy->strides[3], &p.dps) ||
+               (p.dot && p.dps != 1);
+    int64_t rows = p.direct ? 0 : c->K;
+    rows = p.gather && c->Og > rows ? c->Og : rows;
+    /* Tiles keep the scratch matrices near 1M elements, as in the forward. */
+    int64_t budget = (int64_t)1 << 20;
+    p.tile = c->P;
+    if (rows > 0 && rows * c->P > budget) {
+        p.tile = budget / rows;
+        p.tile = p.tile < 64 ? 64 : p.tile;
+        p.tile = p.tile > c->P ? c->P : p.tile;
+    }
+    p.ntiles = p.tile ? (c->P + p.tile - 1) / p.tile : 0;
+    p.col_bytes = p.direct ? 0 : align64((size_t)(c->K * p.tile) * p.es);
+    p.slot_bytes = p.col_bytes + (p.gather ? align64((size_t)(c->Og * p.tile) * p.es) : 0);
+    return p;
+}
+
+static size_t bwd_workspace(const bplan *p)
+{
+    return p->wbytes + (size_t)(p->parts - 1) * p->part_bytes + (size_t)p->parts * p->slot_bytes;
+}
+
+static size_t bwd_workspace_for(const ndm__tensor *dy, const ndm__tensor *x,
+                                const ndm__tensor *w, const ndm__conv2d_geom *g, bool weight)
+{
+    bplan p = bwd_plan(dy, x, w, g, weight, ndm__num_threads());
+    return bwd_workspace(&p);
+}
+
+/* The plan of a run whose workspace holds ws_bytes: the pool may have been
+ * resized since the workspace was sized, and then one part is tried. False
+ * when that does not fit either. */
+static bool bwd_plan_fit(bplan *p, const ndm__tensor *dy, const ndm__tensor *x,
+                         const ndm__tensor *w, const ndm__conv2d_geom *g, bool weight,
+                         size_t ws_bytes)
+{
+    *p = bwd_plan(dy, x, w, g, weight, ndm__num_threads());
+    if (bwd_workspace(p) <= ws_bytes)
+        return true;
+    *p = bwd_plan(dy, x, w, g, weight, 1);
+    return bwd_workspace(p) <= ws_bytes;
+}
+
+/* dy's pixels [p0, p0 + np) of group gi of sample n as an Og x np matrix
+ * (row stride *rs, column stride *cs): in place, or gathered into buf. */
+#define NDM__DY_GATHER(T)                                                       \
+    static void dy_gather_##T(T *restrict buf, const T *base, const int64_t *ds, int64_t og, \
+                              int64_t OW, int64_t p0, int64_t np)               \
+    {                                                                           \
+        for (int64_t o = 0; o < og; o++) {                                      \
+            const T *src = base + o * ds[1];                                    \
+            int64_t oh = p0 / OW, ow = p0 % OW;                                 \
+            for (int64_t i = 0; i < np; i++) {                                  \
+                *buf++ = src[oh * ds[2] + ow * ds[3]];                          \
+                if (++ow == OW)                                                 \
+                    ow = 0, oh++;                                               \
+            }                                                                   \
+        }                                                                       \
+    }
+NDM__DY_GATHER(float)
+NDM__DY_GATHER(double)
+
+static const char *dy_tile(const bplan *p, const ndm__tensor *dy, char *buf, int64_t n,
+                           int64_t gi, int64_t p0, int64_t np, int64_t *rs, int64_t *cs)
+{
+    const cgeo *c = &p->c;
+    const int64_t *ds = dy->strides, es = (int64_t)p->es;
+    const char *base = (const char *)dy->data + (n * ds[0] + gi * c->Og * ds[1]) * es;
+    if (!p->gather) {
+        *rs = ds[1];
+        *cs = p->dps;
+        return base + p0 * p->dps * es;
+    }
+    if (es == 4)
+        dy_gather_float((float *)buf, (const float *)base, ds, c->Og, c->OW, p0, np);
+    else
+        dy_gather_double((double *)buf, (const double *)base, ds, c->Og, c->OW, p0, np);
+    *rs = np;
+    *cs = 1;
+    return buf;
+}
+
+/* The inverse of im2col: add col (K x np), the gradient of the unfolded
+ * pixels [p0, p0 + np) of group gi of sample n, into dx, which holds
+ * zeros or earlier tiles' sums. Rows of col whose taps fall in the padding
+ * are skipped, as im2col wrote zeros for them. */
+#define NDM__COL2IM(T, ADD)                                                     \
+    static void col2im_##T(const T *col, T *dx, const int64_t *xs, const cgeo *c, int64_t n, \
+                           int64_t gi, int64_t p0, int64_t np, const grad_kernels *gk) \
+    {                                                                           \
+        const T *row = col;                                                     \
+        for (int64_t ci = 0; ci < c->Cg; ci++) {                                \
+            T *plane = dx + n * xs[0] + (gi * c->Cg + ci) * xs[1];              \
+            for (int64_t kh = 0; kh < c->KH; kh++)                              \
+                for (int64_t kw = 0; kw < c->KW; kw++, row += np) {             \
+                    int64_t off = kw * c->dw - c->pw;                           \
+                    int64_t lo = off >= 0 ? 0 : (-off + c->sw - 1) / c->sw;     \
+                    int64_t hi = c->W - off <= 0 ? 0 : (c->W - off + c->sw - 1) / c->sw; \
+                    hi = hi < c->OW ? hi : c->OW;                               \
+                    lo = lo < hi ? lo : hi;                                     \
+                    int64_t pp = p0, end = p0 + np;                             \
+                    while (pp < end) {                                          \
+                        int64_t oh = pp / c->OW, ow = pp % c->OW;               \
+                        int64_t seg = c->OW - ow < end - pp ? c->OW - ow : end - pp; \
+                        const T *d = row + (pp - p0);                           \
+                        int64_t ih = oh * c->sh - c->ph + kh * c->dh;           \
+                        if (ih >= 0 && ih < c->H) {                             \
+                            T *dst = plane + ih * xs[2];                        \
+                            int64_t a = lo < ow ? ow : lo > ow + seg ? ow + seg : lo; \
+                            int64_t b = hi < a ? a : hi > ow + seg ? ow + seg : hi; \
+                            if (c->sw == 1 && xs[3] == 1)                       \
+                                gk->ADD(dst + a + off, d + (a - ow), b - a);    \
+                            else                                                \
+                                for (int64_t o = a; o < b; o++)                 \
+                                    dst[(o * c->sw + off) * xs[3]] += d[o - ow]; \
+                        }                                                       \
+                        pp += seg;                                              \
+                    }                                                           \
+                }                                                               \
+        }                                                                       \
+    }
+NDM__COL2IM(float, add_s)
+NDM__COL2IM(double, add_d)
+
+typedef struct bctx {
+    const bplan *p;
+    const ndm__tensor *out, *dy, *in; /* out: dx or dw; in: w or x */
+    const char *wm;                   /* input gradient: the weights as an O x K matrix */
+    int64_t wrs, wcs;
+    char *partials, *slots;
+    unsigned flags;
+    atomic_int status;
+} bctx;
+
+static void bwd_input_parts(void *ctx, int64_t begin, int64_t end)
+{
+    bctx *q = ctx;
+    const bplan *p = q->p;
+    const cgeo *c = &p->c;
+    int64_t es = (int64_t)p->es;
+    ndm_dtype dt = q->out->dtype;
+    const int64_t *xs = q->out->strides;
+    const grad_kernels *gk = gk_pick();
+    for (int64_t part = begin; part < end; part++) {
+        char *col = p->slot_bytes ? q->slots + (size_t)part * p->slot_bytes : NULL;
+        char *dyb = col ? col + p->col_bytes : NULL;
+        int64_t u1 = (part + 1) * p->units / p->parts;
+        for (int64_t u = part * p->units / p->parts; u < u1; u++) {
+            int64_t n = u / c->groups, gi = u % c->groups;
+            char *dxg = (char *)q->out->data + (n * xs[0] + gi * c->Cg * xs[1]) * es;
+            /* dx is C-contiguous: the group's channels are one block */
+            if (!p->direct)
+                memset(dxg, 0, (size_t)(c->Cg * c->H * c->W) * p->es);
+            /* W^T of the group: K x Og */
+            const char *a = q->wm + gi * c->Og * q->wrs * es;
+            for (int64_t t = 0; t < p->ntiles; t++) {
+                int64_t p0 = t * p->tile;
+                int64_t np = c->P - p0 < p->tile ? c->P - p0 : p->tile;
+                int64_t rsb, csb;
+                const char *b = dy_tile(p, q->dy, dyb, n, gi, p0, np, &rsb, &csb);
+                ndm_status st;
+                if (p->direct) {
+                    st = ndm__cpu_gemm(dt, c->K, np, c->Og, a, q->wcs, q->wrs, b, rsb, csb,
+                                       dxg + p0 * p->xps * es, xs[1], p->xps, q->flags);
+                } else {
+                    st = ndm__cpu_gemm(dt, c->K, np, c->Og, a, q->wcs, q->wrs, b, rsb, csb, col,
+                                       np, 1, q->flags);
+                    if (st >= 0 && es == 4)
+                        col2im_float((const float *)col, q->out->data, xs, c, n, gi, p0, np, gk);
+                    else if (st >= 0)
+                        col2im_double((const double *)col, q->out->data, xs, c, n, gi, p0, np,
+                                      gk);
+                }
+                if (st < 0)
+                    atomic_store(&q->status, st);
+            }
+        }
+    }
+}
+
+static size_t fast_conv2d_backward_input_workspace(int device, const ndm__tensor *dx,
+                                                   const ndm__tensor *dy, const ndm__tensor *w,
+                                                   const ndm__conv2d_geom *g)
+{
+    (void)device;
+    return bwd_workspace_for(dy, dx, w, g, false);
+}
+
+static ndm_status fast_conv2d_backward_input(int device, const ndm__tensor *dx,
+                                             const ndm__tensor *dy, const ndm__tensor *w,
+                                             const ndm__conv2d_geom *g, void *ws,
+                                             size_t ws_bytes)
+{
+    (void)device;
+    if (dx->dtype != NDM_F32 && dx->dtype != NDM_F64)
+        return NDM_E_DTYPE;
+    if (numel4(dx->shape) == 0)
+        return NDM_OK;
+    bplan p;
+    if (!bwd_plan_fit(&p, dy, dx, w, g, false, ws_bytes))
+        return NDM_E_INVALID;
+    bctx q = {&p, dx, dy, w, w->data, w->strides[0], w->strides[3], NULL, NULL, 0, 0};
+    atomic_init(&q.status, NDM_OK);
+    char *wsp = ws;
+    if (p.wcopy) {
+        gather_weights(wsp, w, &p.c, p.es);
+        q.wm = wsp;
+        q.wrs = p.c.K;
+        q.wcs = 1;
+    }
+    q.slots = wsp ? wsp + p.wbytes : NULL;
+    if (p.parts > 1) {
+        q.flags = NDM__GEMM_NO_PROVIDER;
+        ndm__parallel_for(p.parts, 1, bwd_input_parts, &q);
+    } else {
+        bwd_input_parts(&q, 0, 1);
+    }
+    return (ndm_status)atomic_load(&q.status);
+}
+
+static void bwd_weight_parts(void *ctx, int64_t begin, int64_t end)
+{
+    bctx *q = ctx;
+    const bplan *p = q->p;
+    const cgeo *c = &p->c;
+    int64_t es = (int64_t)p->es;
+    ndm_dtype dt = q->out->dtype;
+    const int64_t *xs = q->in->strides;
+    const grad_kernels *gk = gk_pick();
+    for (int64_t part = begin; part < end; part++) {
+        char *col = p->slot_bytes ? q->slots + (size_t)part * p->slot_bytes : NULL;
+        char *dyb = col ? col + p->col_bytes : NULL;
+        /* part 0 sums into dw itself (C-contiguous: an O x K matrix) */
+        char *acc = part ? q->partials + (size_t)(part - 1) * p->part_bytes : q->out->data;
+        memset(acc, 0, (size_t)(c->O * c->K) * p->es);
+        int64_t u1 = (part + 1) * p->units / p->parts;
+        for (int64_t u = part * p->units / p->parts; u < u1; u++) {
+            int64_t n = u / c->groups, gi = u % c->groups;
+            char *cg = acc + gi * c->Og * c->K * es;
+            for (int64_t t = 0; t < p->ntiles; t++) {
+                int64_t p0 = t * p->tile;
+                int64_t np = c->P - p0 < p->tile ? c->P - p0 : p->tile;
+                int64_t rsa, csa, rsb, csb;
+                const char *a = dy_tile(p, q->dy, dyb, n, gi, p0, np, &rsa, &csa);
+                const char *b;
+                if (p->direct) {
+                    /* a 1x1 kernel: x's pixels are the unfolded input */
+                    b = (const char *)q->in->data +
+                        (n * xs[0] + gi * c->Cg * xs[1] + p0 * p->xps) * es;
+                    rsb = p->xps;
+                    csb = xs[1];
+                } else {
+                    if (es == 4)
+                        im2col_float((float *)col, q->in->data, xs, c, n, gi, p0, np);
+                    else
+                        im2col_double((double *)col, q->in->data, xs, c, n, gi, p0, np);
+                    b = col;
+                    rsb = 1;
+                    csb = np;
+                }
+                if (p->dot && es == 4) {
+                    gk->dot_s(c->Og, c->K, np, (const float *)a, rsa, (const float *)b, csb,
+                              (float *)cg, c->K, 1);
+                } else if (p->dot) {
+                    gk->dot_d(c->Og, c->K, np, (const double *)a, rsa, (const double *)b, csb,
+                              (double *)cg, c->K, 1);
+                } else {
+                    ndm_status st = ndm__cpu_gemm(dt, c->Og, c->K, np, a, rsa, csa, b, rsb, csb,
+                                                  cg, c->K, 1, q->flags | NDM__GEMM_ACCUMULATE);
+                    if (st < 0)
+                        atomic_store(&q->status, st);
+                }
+            }
+        }
+    }
+}
+
+static size_t fast_conv2d_backward_weight_workspace(int device, const ndm__tensor *dw,
+                                                    const ndm__tensor *dy, const ndm__tensor *x,
+                                                    const ndm__conv2d_geom *g)
+{
+    (void)device;
+    return bwd_workspace_for(dy, x, dw, g, true);
+}
+
+static ndm_status fast_conv2d_backward_weight(int device, const ndm__tensor *dw,
+                                              const ndm__tensor *dy, const ndm__tensor *x,
+                                              const ndm__conv2d_geom *g, void *ws,
+                                              size_t ws_bytes)
+{
+    (void)device;
+    if (dw->dtype != NDM_F32 && dw->dtype != NDM_F64)
+        return NDM_E_DTYPE;
+    if (numel4(dw->shape) == 0)
+        return NDM_OK;
+    bplan p;
+    if (!bwd_plan_fit(&p, dy, x, dw, g, true, ws_bytes))
+        return NDM_E_INVALID;
+    char *wsp = ws;
+    bctx q = {&p, dw, dy, x, NULL, 0, 0, wsp,
+              wsp ? wsp + (size_t)(p.parts - 1) * p.part_bytes : NULL, 0, 0};
+    atomic_init(&q.status, NDM_OK);
+    if (p.parts > 1) {
+        q.flags = NDM__GEMM_NO_PROVIDER;
+        ndm__parallel_for(p.parts, 1, bwd_weight_parts, &q);
+    } else {
+        bwd_weight_parts(&q, 0, 1);
+    }
+    int64_t ok = p.c.O * p.c.K;
+    const grad_kernels *gk = gk_pick();
+    for (int part = 1; part < p.parts; part++) {
+        const char *src = q.partials + (size_t)(part - 1) * p.part_bytes;
+        if (p.es == 4)
+            gk->add_s(dw->data, (const float *)src, ok);
+        else
+            gk->add_d(dw->data, (const double *)src, ok);
+    }
+    return (ndm_status)atomic_load(&q.status);
+}
+
+/* One plane of pooling's gradient, windows clipped to the plane once. dx
+ * is C-contiguous. */
+#define NDM__POOL_BWD_PLANE(T)                                                  \
+    static void pool_bwd_plane_##T(T *dx, int64_t H, int64_t W, const T *x, int64_t xs2, \
+                                   int64_t xs3, const T *dy, int64_t ys2, int64_t ys3, \
+                                   int64_t OH, int64_t OW, const ndm__pool2d_geom *g) \
+    {                                                                           \
+        memset(dx, 0, (size_t)(H * W) * sizeof(T));                             \
+        for (int64_t oh = 0; oh < OH; oh++) {                                   \
+            int64_t h0 = oh * g->stride[0] - g->padding[0];                     \
+            int64_t h1 = h0 + g->kernel[0] < H ? h0 + g->kernel[0] : H;         \
+            h0 = h0 > 0 ? h0 : 0;                                               \
+            for (int64_t ow = 0; ow < OW; ow++) {                               \
+                int64_t w0 = ow * g->stride[1] - g->padding[1];                 \
+                int64_t w1 = w0 + g->kernel[1] < W ? w0 + g->kernel[1] : W;     \
+                w0 = w0 > 0 ? w0 : 0;                                           \
+                if (h0 >= h1 || w0 >= w1)                                       \
+                    continue;                                                   \
+                T gv = dy[oh * ys2 + ow * ys3];                                 \
+                if (g->max) {                                                   \
+                    int64_t bh = h0, bw = w0;                                   \
+                    T m = x[h0 * xs2 + w0 * xs3];                               \
+                    for (int64_t ih = h0; ih < h1; ih++)                        \
+                        for (int64_t iw = w0; iw < w1; iw++) {                  \
+                            T v = x[ih * xs2 + iw * xs3];                       \
+                            if (v > m || v != v)                                \
+                                m = v, bh = ih, bw = iw;                        \
+                        }                                                       \
+                    dx[bh * W + bw] += gv;                                      \
+                } else {                                                        \
+                    int64_t div = g->count_include_pad ? g->kernel[0] * g->kernel[1] \
+                                                       : (h1 - h0) * (w1 - w0); \
+                    T share = (T)((double)gv / (double)div);                    \
+                    for (int64_t ih = h0; ih < h1; ih++)                        \
+                        for (int64_t iw = w0; iw < w1; iw++)                    \
+                            dx[ih * W + iw] += share;                           \
+                }                                                               \
+            }                                                                   \
+        }                                                                       \
+    }
+NDM__POOL_BWD_PLANE(float)
+NDM__POOL_BWD_PLANE(double)
+
+typedef struct pbctx {
+    const ndm__tensor *dx, *dy, *x;
+    const ndm__pool2d_geom *g;
+} pbctx;
+
+static void pool_bwd_range(void *ctx, int64_t begin, int64_t end)
+{
+    const pbctx *q = ctx;
+    const ndm__tensor *dx = q->dx, *dy = q->dy, *x = q->x;
+    int64_t C = dx->shape[1], H = dx->shape[2], W = dx->shape[3];
+    size_t es = ndm_dtype_size(dx->dtype);
+    for (int64_t pl = begin; pl < end; pl++) {
+        int64_t n = pl / C, ch = pl % C;
+        char *dp = (char *)dx->data + (size_t)(pl * H * W) * es;
+        const char *yp =
+            (const char *)dy->data + (n * dy->strides[0] + ch * dy->strides[1]) * (int64_t)es;
+        const char *xp = x ? (const char *)x->data + (n * x->strides[0] + ch * x->strides[1]) *
+                                                         (int64_t)es
+                           : NULL;
+        int64_t xs2 = x ? x->strides[2] : 0, xs3 = x ? x->strides[3] : 0;
+        if (es == 4)
+            pool_bwd_plane_float((float *)dp, H, W, (const float *)xp, xs2, xs3,
+                                 (const float *)yp, dy->strides[2], dy->strides[3],
+                                 dy->shape[2], dy->shape[3], q->g);
+        else
+            pool_bwd_plane_double((double *)dp, H, W, (const double *)xp, xs2, xs3,
+                                  (const double *)yp, dy->strides[2], dy->strides[3],
+                                  dy->shape[2], dy->shape[3], q->g);
+    }
+}
+
+static ndm_status fast_pool2d_backward(int device, const ndm__tensor *dx, const ndm__tensor *dy,
+                                       const ndm__tensor *x, const ndm__pool2d_geom *g)
+{
+    (void)device;
+    if (dx->dtype != NDM_F32 && dx->dtype != NDM_F64)
+        return NDM_E_DTYPE;
+    pbctx q = {dx, dy, x, g};
+    int64_t per_plane = dy->shape[2] * dy->shape[3] * g->kernel[0] * g->kernel[1] +
+                        dx->shape[2] * dx->shape[3] + 1;
+    int64_t grain = per_plane >= 16384 ? 1 : 16384 / per_plane;
+    ndm__parallel_for(dx->shape[0] * dx->shape[1], grain, pool_bwd_range, &q);
+    return NDM_OK;
+}
+
 const struct ndm__backend_nn ndm__cpu_nn = {
     .conv2d_workspace = fast_conv2d_workspace,
     .conv2d = fast_conv2d,
     .pool2d = fast_pool2d,
+    .conv2d_backward_input_workspace = fast_conv2d_backward_input_workspace,
+    .conv2d_backward_input = fast_conv2d_backward_input,
+    .conv2d_backward_weight_workspace = fast_conv2d_backward_weight_workspace,
+    .conv2d_backward_weight = fast_conv2d_backward_weight,
+    .pool2d_backward = fast_pool2d_backward,
 };
 
 const struct ndm__backend_nn ndm__cpu_ref_nn = {
     .conv2d_workspace = ref_conv2d_workspace,
     .conv2d = ref_conv2d,
     .pool2d = ref_pool2d,
+    .conv2d_backward_input = ref_conv2d_backward_input,
+    .conv2d_backward_weight = ref_conv2d_backward_weight,
+    .pool2d_backward = ref_pool2d_backward,
 };
