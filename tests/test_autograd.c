@@ -402,6 +402,33 @@ static void test_grad_index(void **state)
     }
 }
 
+/* ---- convolution and pooling ------------------------------------------------------- */
+
+static ndm_array f_conv(const ndm_array *p, void *ctx)
+{
+    switch ((int)(intptr_t)ctx) {
+    case 0:
+        return ndm_conv2d_bias(p[0], p[1], p[2], NDM_CONV2D(.padding = {1, 1}));
+    case 1:
+        return ndm_conv2d(p[0], p[1], NDM_CONV2D(.stride = {2, 1}, .dilation = {1, 2}));
+    case 2:
+        return ndm_max_pool2d(ndm_relu(p[0]), NDM_POOL2D(.kernel = {2, 2}));
+    default:
+        return ndm_avg_pool2d(p[0], true, NDM_POOL2D(.kernel = {3, 3}, .stride = {2, 2},
+                                                     .padding = {1, 1}));
+    }
+}
+
+static void test_grad_conv_and_pool(void **state)
+{
+    param_spec conv[3] = {P1(4, 2, 3, 5, 6), P1(4, 4, 3, 3, 3), P1(1, 4)};
+    check(ROOT(state), "conv2d + bias", 3, conv, f_conv, (void *)0, 1e-6);
+    check(ROOT(state), "conv2d strided, dilated", 2, conv, f_conv, (void *)1, 1e-6);
+    param_spec pool[1] = {P1(4, 2, 3, 6, 4)};
+    check(ROOT(state), "max_pool2d", 1, pool, f_conv, (void *)2, 1e-6);
+    check(ROOT(state), "avg_pool2d", 1, pool, f_conv, (void *)3, 1e-6);
+}
+
 /* ---- losses -------------------------------------------------------------------------- */
 
 static ndm_array f_loss(const ndm_array *p, void *ctx)
@@ -544,6 +571,7 @@ int main(void)
         TEST(test_grad_linalg),
         TEST(test_grad_index),
         TEST(test_grad_losses),
+        TEST(test_grad_conv_and_pool),
         TEST(test_grad_accumulates_and_zeroes),
         TEST(test_grad_graph_lives_in_owner),
         TEST(test_grad_no_grad_and_errors),

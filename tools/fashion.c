@@ -128,7 +128,7 @@ static double accuracy(ndm_manager parent, ndm_module net, ndm_dataset d, bool c
     ndm_manager ev = ndm_manager_new(parent, "eval");
     LIVE(ev, "eval manager");
     ndm_loader ld = ndm_loader_new(ev, d, &(ndm_loader_options){
-        .batch_size = 1000, .flags = NDM_LOADER_SCALE_INPUTS | NDM_LOADER_LABELS_I64});
+        .batch_size = cnn ? 250 : 1000, .flags = NDM_LOADER_SCALE_INPUTS | NDM_LOADER_LABELS_I64});
     LIVE(ld, "eval loader");
     CHECK(ndm_module_set_training(net, false));
     ndm_no_grad_begin();

@@ -487,6 +487,30 @@ ndm_status ndm__ag_rule(ndm__ag_node *nd, ndm_array g, ndm_array *gi)
     case NDM__AG_TAKE:
     case NDM__AG_GATHER:
         return index_rule(nd, g, gi);
+    case NDM__AG_CONV2D: {
+        const int64_t *c = nd->p.conv;
+        ndm_conv2d_opts o = {{c[0], c[1]}, {c[2], c[3]}, {c[4], c[5]}, c[6]};
+        const ndm__array *rx = rec(nd->in[0]), *rw = rec(nd->in[1]);
+        if (nd->needs[0] &&
+            !(gi[0] = ndm_conv2d_backward_input(g, nd->in[1], &o, 4, rx->shape)).id)
+            return ndm_last_status();
+        if (nd->needs[1] &&
+            !(gi[1] = ndm_conv2d_backward_weight(g, nd->in[0], &o, 4, rw->shape)).id)
+            return ndm_last_status();
+        if (nd->n > 2 && nd->needs[2] && !(gi[2] = ndm_sum(g, false, NDM_AXES(0, 2, 3))).id)
+            return ndm_last_status();
+        return NDM_OK;
+    }
+    case NDM__AG_MAX_POOL2D:
+    case NDM__AG_AVG_POOL2D: {
+        const int64_t *c = nd->p.conv;
+        ndm_pool2d_opts o = {{c[0], c[1]}, {c[2], c[3]}, {c[4], c[5]}};
+        const ndm__array *rx = rec(nd->in[0]);
+        gi[0] = nd->op == NDM__AG_MAX_POOL2D
+                    ? ndm_max_pool2d_backward(g, nd->in[0], &o)
+                    : ndm_avg_pool2d_backward(g, nd->p.i[0] != 0, &o, 4, rx->shape);
+        return gi[0].id ? NDM_OK : ndm_last_status();
+    }
     case NDM__AG_CROSS_ENTROPY:
     case NDM__AG_NLL: {
         /* d/dscores of mean(lse - picked) = (softmax - onehot) / N; of

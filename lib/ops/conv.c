@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "autograd.h"
 #include "../backends/nn.h"
 #include "linalg_temp.h"
 
@@ -132,11 +133,11 @@ static bool conv_output_shape(const int64_t *x, const int64_t *w, ndm_dtype dt,
     return true;
 }
 
-NDM_API ndm_array ndm_conv2d_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array x, ndm_array w,
-                                   const ndm_array *bias, const ndm_conv2d_opts *opts)
+static ndm_array conv2d_impl(NDM_SITE_PARAMS, ndm_manager out, ndm_array x, ndm_array w,
+                             const ndm_array *bias, const ndm_conv2d_opts *opts)
 {
     ndm__site site = NDM__SITE;
-    const char *api = __func__;
+    const char *api = "ndm_conv2d";
     char d1[160], d2[160];
     ndm__array *rx = ndm__array_get_prop(x, api, site);
     if (!rx)
@@ -261,6 +262,48 @@ static bool pool_geometry(const ndm_pool2d_opts *opts, const int64_t *x, ndm__po
     return true;
 }
 
+NDM_API ndm_array ndm_conv2d_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array x, ndm_array w,
+                                   const ndm_array *bias, const ndm_conv2d_opts *opts)
+{
+    /* the temporaries (compute-dtype copies) are not recorded, the convolution is */
+    bool paused = ndm__ag_pause();
+    ndm_array res = conv2d_impl(ndm_file_, ndm_line_, ndm_func_, out, x, w, bias, opts);
+    ndm__ag_resume(paused);
+    if (NDM__UNLIKELY(ndm__ag_on()) && res.id) {
+        ndm__ag_params agp = {.naxes = 0};
+        if (opts) {
+            const int64_t c[7] = {opts->stride[0],   opts->stride[1],   opts->padding[0],
+                                  opts->padding[1],  opts->dilation[0], opts->dilation[1],
+                                  opts->groups};
+            for (int i = 0; i < 7; i++)
+                agp.conv[i] = c[i];
+        }
+        ndm_array in[3] = {x, w, bias ? *bias : NDM_NULL_ARRAY};
+        ndm__ag_record(NDM__AG_CONV2D, res, bias ? 3 : 2, in, &agp);
+    }
+    return res;
+}
+
+static ndm_array pool_impl(ndm__site site, const char *api, ndm_manager out, ndm_array x,
+                           bool max, bool count_include_pad, const ndm_pool2d_opts *opts);
+
+static ndm_array pool_recorded(ndm__site site, const char *api, ndm_manager out, ndm_array x,
+                               bool max, bool count_include_pad, const ndm_pool2d_opts *opts)
+{
+    bool paused = ndm__ag_pause();
+    ndm_array res = pool_impl(site, api, out, x, max, count_include_pad, opts);
+    ndm__ag_resume(paused);
+    if (NDM__UNLIKELY(ndm__ag_on()) && res.id && opts) {
+        ndm__ag_params agp = {.i = {count_include_pad}};
+        const int64_t c[6] = {opts->kernel[0],  opts->kernel[1],  opts->stride[0],
+                              opts->stride[1],  opts->padding[0], opts->padding[1]};
+        for (int i = 0; i < 6; i++)
+            agp.conv[i] = c[i];
+        ndm__ag_record(max ? NDM__AG_MAX_POOL2D : NDM__AG_AVG_POOL2D, res, 1, &x, &agp);
+    }
+    return res;
+}
+
 static ndm_array pool_impl(ndm__site site, const char *api, ndm_manager out, ndm_array x,
                            bool max, bool count_include_pad, const ndm_pool2d_opts *opts)
 {
@@ -326,13 +369,13 @@ fail:
 NDM_API ndm_array ndm_max_pool2d_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array x,
                                        const ndm_pool2d_opts *opts)
 {
-    return pool_impl(NDM__SITE, __func__, out, x, true, false, opts);
+    return pool_recorded(NDM__SITE, __func__, out, x, true, false, opts);
 }
 
 NDM_API ndm_array ndm_avg_pool2d_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array x,
                                        bool count_include_pad, const ndm_pool2d_opts *opts)
 {
-    return pool_impl(NDM__SITE, __func__, out, x, false, count_include_pad, opts);
+    return pool_recorded(NDM__SITE, __func__, out, x, false, count_include_pad, opts);
 }
 
 /* ---- gradients ------------------------------------------------------------------ */
