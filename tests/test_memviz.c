@@ -269,6 +269,48 @@ static void test_memviz_usage_is_exit_2(void **state)
     free(msg);
 }
 
+/* End to end: a snapshot written by the library's allocator, of a small
+ * training-shaped run, drawn by memviz and rendered by Chromium. */
+static void test_memviz_real_snapshot_from_the_allocator(void **state)
+{
+    assert_ok(ndm_memory_record_history(true, 100000));
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_array w = ndm_ones(model, NDM_F32, NDM_SHAPE(256, 256));
+    ndm_manager trainer = ndm_manager_new(model, "trainer");
+    for (int step = 0; step < 3; step++) {
+        ndm_manager batch = ndm_manager_new(trainer, "batch");
+        ndm_array x = ndm_ones(batch, NDM_F32, NDM_SHAPE(64, 256));
+        ndm_array h = ndm_relu(ndm_matmul(x, w));
+        assert_live(h);
+        assert_ok(ndm_manager_close(batch));
+    }
+    ndm_array keep = ndm_zeros(trainer, NDM_F32, NDM_SHAPE(1000)); /* alive in the snapshot */
+    assert_live(keep);
+    char json[256], html[256];
+    snprintf(json, sizeof json, "%s/real.json", tmp_dir);
+    snprintf(html, sizeof html, "%s/real.html", tmp_dir);
+    assert_ok(ndm_memory_dump_snapshot(json));
+    assert_ok(ndm_memory_record_history(false, 0));
+    assert_ok(ndm_manager_close(model));
+    char *out;
+    int rc = memviz_run(json, html, &out);
+    if (rc != 0)
+        fail_msg("ndm-memviz exited with %d on the library's snapshot: %s", rc, out);
+    free(out);
+    char *page = read_all(html);
+    assert_non_null(strstr(page, "system/test/model/trainer/batch"));
+    assert_non_null(strstr(page, "system/test/model/trainer"));
+    free(page);
+    NEED_CHROMIUM();
+    char *dom = rendered_dom(html);
+    if (!strstr(dom, "data-rendered=\"1\""))
+        fail_msg("the page did not finish drawing:\n%.2000s", dom);
+    assert_non_null(strstr(dom, "class=\"series\" data-manager=\"system/test/model\""));
+    assert_non_null(strstr(dom, "class=\"series\" data-manager=\"system/test/model/trainer/batch\""));
+    assert_true(count(dom, "data-state=\"active_allocated\"") >= 2); /* w and keep */
+    free(dom);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 3) {
@@ -290,6 +332,7 @@ int main(int argc, char **argv)
         TEST(test_memviz_hostile_names_stay_text),
         TEST(test_memviz_rejects_malformed_snapshots),
         TEST(test_memviz_usage_is_exit_2),
+        TEST(test_memviz_real_snapshot_from_the_allocator),
     };
     int rc = cmocka_run_group_tests_name("memviz", tests, NULL, NULL);
     char cmd[128];
