@@ -347,7 +347,7 @@ static void test_loader_state_is_freed_with_the_trainer(void **state)
     assert_false(ndm_loader_valid(ld));
     assert_false(ndm_manager_valid(b.manager));
     assert_int_equal(ndm_loader_next(ld, &b), NDM_E_CLOSED);
-    assert_error_has("was freed when its trainer 'system/test/model/trainer' was closed");
+    assert_error_has("was freed when its manager 'system/test/model/trainer' was closed");
     assert_error_has("test_data.c");
     assert_int_equal(ndm_loader_batches(ld), -1);
     assert_int_equal(ndm_loader_close(ld), NDM_ALREADY);

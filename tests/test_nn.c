@@ -62,7 +62,7 @@ static void test_nn_linear_forward_and_names(void **state)
     /* the modules died with the model */
     assert_true(ndm_forward(lin, x).id == 0);
     assert_int_equal(ndm_last_status(), NDM_E_CLOSED);
-    assert_error_has("died with the manager that owned it");
+    assert_error_has("was freed when its manager");
 }
 
 static void test_nn_init_bounds(void **state)

@@ -17,6 +17,7 @@ typedef struct obj_slot {
     void *obj;                 /* NULL when free */
     ndm__site site;            /* where it was made (kept after death) */
     ndm__site died;            /* where it was freed, or none for its owner's close */
+    char owner[120];           /* the owner's path, for messages after its close */
     uint32_t next_free;        /* slot + 1, 0: none */
 } obj_slot;
 
@@ -77,6 +78,9 @@ uint64_t ndm__object_new(const ndm__object_type *type, ndm_manager owner, void *
                          ndm__site site, const char *api)
 {
     _Static_assert(sizeof(uintptr_t) >= sizeof(uint64_t), "ids travel as hook arguments");
+    char path[sizeof slots->owner];
+    if (!ndm__manager_get(owner, api, site) || ndm_manager_path(owner, path, sizeof path) < 0)
+        return 0;
     pthread_mutex_lock(&lock);
     uint32_t s;
     if (free_head) {
@@ -103,6 +107,7 @@ uint64_t ndm__object_new(const ndm__object_type *type, ndm_manager owner, void *
     r->obj = obj;
     r->site = site;
     r->died = NDM__NO_SITE;
+    memcpy(r->owner, path, sizeof path);
     uint64_t id = make_id(s, r->gen);
     pthread_mutex_unlock(&lock);
     if (ndm_manager_on_close_at(NDM__SITE_ARGS(site), owner, on_owner_close,
@@ -140,21 +145,22 @@ void *ndm__object_get(uint64_t id, const ndm__object_type *type, const char *api
     bool known = r->gen == (next ? next : 1) && !r->obj;
     const ndm__object_type *t = r->type;
     ndm__site made = r->site, died = r->died;
+    char m[256], d[256], owner[sizeof r->owner];
+    memcpy(owner, r->owner, sizeof owner);
     pthread_mutex_unlock(&lock);
-    char m[256], d[256];
     if (r->gen == gen && r->obj && t != type)
         ndm__fail(NDM_E_INVALID, api, site, "the handle is a %s, not a %s", t->name, type->name);
     else if (!known)
         ndm__fail(NDM_E_CLOSED, api, site,
                   "stale %s handle: it was freed and its slot has been reused since", type->name);
     else if (died.file)
-        ndm__fail(NDM_E_CLOSED, api, site, "stale %s handle: the %s made at %s was freed at %s",
-                  type->name, type->name, ndm__site_str(made, m, sizeof m),
+        ndm__fail(NDM_E_CLOSED, api, site, "stale %s handle: the %s made at %s was %s at %s",
+                  type->name, type->name, ndm__site_str(made, m, sizeof m), type->ended,
                   ndm__site_str(died, d, sizeof d));
     else
         ndm__fail(NDM_E_CLOSED, api, site,
-                  "stale %s handle: the %s made at %s died with the manager that owned it",
-                  type->name, type->name, ndm__site_str(made, m, sizeof m));
+                  "stale %s handle: the %s made at %s was freed when its manager '%s' was closed",
+                  type->name, type->name, ndm__site_str(made, m, sizeof m), owner);
     return NULL;
 }
 

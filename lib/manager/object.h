@@ -1,4 +1,5 @@
-/* Owned objects behind generational handles: modules, optimizers, predictors.
+/* Owned objects behind generational handles: modules, optimizers, predictors,
+ * loaders.
  * An object belongs to a manager and dies with it (or earlier, when freed);
  * a stale handle is reported, never read. */
 #ifndef NDM_OBJECT_INTERNAL_H
@@ -9,7 +10,8 @@
 #include "core.h"
 
 typedef struct ndm__object_type {
-    const char *name;             /* "module", "optimizer": used in messages */
+    const char *name;             /* "module", "loader": used in messages */
+    const char *ended;            /* how an explicit free reads: "freed", "closed" */
     void (*destroy)(void *obj);   /* frees the object (its arrays belong to managers) */
 } ndm__object_type;
 

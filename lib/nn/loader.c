@@ -1,20 +1,18 @@
 /* The batch loader: seeded shuffling, one manager per batch under the
- * trainer, and loader state owned by the trainer. Loaders are reached
- * through generational handles so a freed one is reported, never read. */
+ * trainer, and loader state owned by the trainer. Loaders are objects of
+ * the owned-object table, so a closed one is reported, never read. */
 #include <inttypes.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../io/io.h"
+#include "../manager/object.h"
 
 #define KNOWN_FLAGS                                                                         \
     (NDM_LOADER_SHUFFLE | NDM_LOADER_DROP_LAST | NDM_LOADER_KEEP_BATCHES |                  \
      NDM_LOADER_SCALE_INPUTS | NDM_LOADER_LABELS_I64)
 
 typedef struct loader {
-    uint32_t slot;
-    bool live;                 /* false once closed; the record waits for the trainer */
     ndm_manager trainer;
     ndm_dataset data;
     int64_t n, batch_size, nbatches;
@@ -24,135 +22,7 @@ typedef struct loader {
     int64_t *order;            /* the shuffled order of order_epoch (NULL: no shuffle) */
     int64_t order_epoch;
     ndm_manager current;       /* the batch the next fetch closes */
-    ndm__site site;
-    char trainer_path[128];
 } loader;
-
-/* ---- the handle table ---------------------------------------------------------- */
-
-typedef struct slot_rec {
-    uint32_t gen;              /* the generation a live handle must carry */
-    uint32_t next_free;        /* 1-based; 0 ends the list */
-    loader *ld;                /* NULL when free */
-    ndm__site site;            /* creation site of the loader that lived here last */
-    char died[256];            /* how it died */
-} slot_rec;
-
-/* A loader id: generation (31 bits) above, tag and slot + 1 below. The tag
- * puts the low word past every array slot, so a loader handle given where an
- * array is expected (NDM_AUTO, say) is refused as not an array. */
-#define LOADER_TAG 0x80000000u
-#define GEN_MASK 0x7fffffffu
-
-static bool id_decode(uint64_t id, uint32_t *slot, uint32_t *gen)
-{
-    uint32_t low = (uint32_t)id;
-    if (!(low & LOADER_TAG) || low == LOADER_TAG)
-        return false;
-    *slot = (low & ~LOADER_TAG) - 1;
-    *gen = (uint32_t)(id >> 32) & GEN_MASK;
-    return *gen != 0;
-}
-
-static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
-static slot_rec *slots;
-static uint32_t nslots, slots_cap, free_head;
-
-static bool slot_alloc(loader *ld)
-{
-    pthread_mutex_lock(&table_lock);
-    uint32_t s;
-    if (free_head) {
-        s = free_head - 1;
-        free_head = slots[s].next_free;
-    } else {
-        if (nslots == slots_cap) {
-            uint32_t c = slots_cap ? slots_cap * 2 : 16;
-            slot_rec *q = c > slots_cap ? realloc(slots, c * sizeof *q) : NULL;
-            if (!q) {
-                pthread_mutex_unlock(&table_lock);
-                return false;
-            }
-            slots = q;
-            slots_cap = c;
-        }
-        s = nslots++;
-        memset(&slots[s], 0, sizeof slots[s]);
-        slots[s].gen = 1;
-    }
-    slots[s].ld = ld;
-    slots[s].site = ld->site;
-    slots[s].died[0] = '\0';
-    ld->slot = s;
-    pthread_mutex_unlock(&table_lock);
-    return true;
-}
-
-static ndm_loader handle_of(const loader *ld)
-{
-    pthread_mutex_lock(&table_lock);
-    uint64_t id = (uint64_t)slots[ld->slot].gen << 32 | LOADER_TAG | (ld->slot + 1);
-    pthread_mutex_unlock(&table_lock);
-    return (ndm_loader){id};
-}
-
-/* Free ld's slot; `why` is kept for messages about stale handles. */
-static void slot_free(loader *ld, const char *why)
-{
-    pthread_mutex_lock(&table_lock);
-    slot_rec *r = &slots[ld->slot];
-    snprintf(r->died, sizeof r->died, "%s", why);
-    r->ld = NULL;
-    r->gen = (r->gen + 1) & GEN_MASK ? (r->gen + 1) & GEN_MASK : 1;
-    r->next_free = free_head;
-    free_head = ld->slot + 1;
-    pthread_mutex_unlock(&table_lock);
-}
-
-static loader *lookup(ndm_loader h, const char *api, ndm__site where)
-{
-    if (!h.id) {
-        ndm__fail(NDM_E_NULL, api, where, "null loader handle");
-        return NULL;
-    }
-    uint32_t s, gen;
-    bool decoded = id_decode(h.id, &s, &gen);
-    pthread_mutex_lock(&table_lock);
-    if (!decoded || s >= nslots) {
-        pthread_mutex_unlock(&table_lock);
-        ndm__fail(NDM_E_INVALID, api, where, "not a loader handle (id 0x%016" PRIx64 ")", h.id);
-        return NULL;
-    }
-    slot_rec *r = &slots[s];
-    if (r->gen == gen && r->ld) {
-        loader *ld = r->ld;
-        pthread_mutex_unlock(&table_lock);
-        return ld;
-    }
-    char made[256], died[256];
-    ndm__site_str(r->site, made, sizeof made);
-    snprintf(died, sizeof died, "%s", r->died);
-    bool known = r->gen == (((gen + 1) & GEN_MASK) ? (gen + 1) & GEN_MASK : 1);
-    pthread_mutex_unlock(&table_lock);
-    if (known)
-        ndm__fail(NDM_E_CLOSED, api, where, "stale loader handle: the loader created at %s %s",
-                  made, died);
-    else
-        ndm__fail(NDM_E_CLOSED, api, where,
-                  "stale loader handle: the loader was freed and its slot has been reused since");
-    return NULL;
-}
-
-NDM_API bool ndm_loader_valid(ndm_loader h)
-{
-    uint32_t s, gen;
-    if (!id_decode(h.id, &s, &gen))
-        return false;
-    pthread_mutex_lock(&table_lock);
-    bool ok = s < nslots && slots[s].gen == gen && slots[s].ld;
-    pthread_mutex_unlock(&table_lock);
-    return ok;
-}
 
 /* ---- lifetime -------------------------------------------------------------------------- */
 
@@ -165,49 +35,36 @@ static void drop_current(loader *ld, ndm__site site)
     }
 }
 
-static void retire(loader *ld, const char *why)
-{
-    slot_free(ld, why);
-    ld->live = false;
-    free(ld->order);
-    ld->order = NULL;
-}
-
-/* The trainer's resource: runs when the trainer closes (after its children,
+/* Runs on ndm_loader_close and when the trainer closes (after its children,
  * the batches, are closed). */
-static void loader_free(void *p)
+static void loader_destroy(void *p)
 {
     loader *ld = p;
-    if (ld->live) {
-        char why[256];
-        snprintf(why, sizeof why, "was freed when its trainer '%s' was closed",
-                 ld->trainer_path);
-        retire(ld, why);
-    }
+    drop_current(ld, NDM__NO_SITE);
+    free(ld->order);
     free(ld);
+}
+
+static const ndm__object_type loader_type = {"loader", "closed", loader_destroy};
+
+static loader *lookup(ndm_loader h, const char *api, ndm__site site)
+{
+    return ndm__object_get(h.id, &loader_type, api, site);
+}
+
+NDM_API bool ndm_loader_valid(ndm_loader h)
+{
+    return ndm__object_valid(h.id, &loader_type);
 }
 
 NDM_API ndm_status ndm_loader_close_at(NDM_SITE_PARAMS, ndm_loader h)
 {
     ndm__site site = NDM__SITE;
-    uint32_t s, gen;
-    if (!ndm_loader_valid(h) && id_decode(h.id, &s, &gen)) {
-        /* Closed already, by this call or by its trainer: its slot has moved
-         * on to a later generation. */
-        pthread_mutex_lock(&table_lock);
-        bool known = s < nslots && slots[s].gen != gen;
-        pthread_mutex_unlock(&table_lock);
-        if (known)
-            return NDM_ALREADY;
-    }
-    loader *ld = lookup(h, __func__, site);
-    if (!ld)
-        return ndm_last_status();
-    drop_current(ld, site);
-    char where[256], why[300];
-    snprintf(why, sizeof why, "was closed at %s", ndm__site_str(site, where, sizeof where));
-    retire(ld, why);
-    return NDM_OK;
+    /* The current batch dies with this call's site in its record. */
+    loader *ld = ndm__object_valid(h.id, &loader_type) ? lookup(h, __func__, site) : NULL;
+    if (ld)
+        drop_current(ld, site);
+    return ndm__object_free(h.id, &loader_type, __func__, site);
 }
 
 NDM_API ndm_loader ndm_loader_new_at(NDM_SITE_PARAMS, ndm_manager trainer, ndm_dataset data,
@@ -269,7 +126,6 @@ NDM_API ndm_loader ndm_loader_new_at(NDM_SITE_PARAMS, ndm_manager trainer, ndm_d
         ndm__fail(NDM_E_OOM, api, site, "no memory for a loader");
         return (ndm_loader){0};
     }
-    ld->live = true;
     ld->trainer = trainer;
     ld->data = data;
     ld->n = x->shape[0];
@@ -280,8 +136,6 @@ NDM_API ndm_loader ndm_loader_new_at(NDM_SITE_PARAMS, ndm_manager trainer, ndm_d
     if (!(ld->flags & NDM_LOADER_DROP_LAST) && ld->n % ld->batch_size)
         ld->nbatches++;
     ld->order_epoch = -1;
-    ld->site = site;
-    ndm_manager_path(trainer, ld->trainer_path, sizeof ld->trainer_path);
     if ((ld->flags & NDM_LOADER_SHUFFLE) &&
         !(ld->order = malloc((size_t)(ld->n ? ld->n : 1) * sizeof *ld->order))) {
         free(ld);
@@ -289,19 +143,13 @@ NDM_API ndm_loader ndm_loader_new_at(NDM_SITE_PARAMS, ndm_manager trainer, ndm_d
                   x->shape[0]);
         return (ndm_loader){0};
     }
-    if (!slot_alloc(ld)) {
+    uint64_t id = ndm__object_new(&loader_type, trainer, ld, site, api);
+    if (!id) {
         free(ld->order);
         free(ld);
-        ndm__fail(NDM_E_OOM, api, site, "no memory for a loader handle");
         return (ndm_loader){0};
     }
-    ndm_loader h = handle_of(ld);
-    if (ndm_manager_own_at(NDM__SITE_ARGS(site), trainer, ld, loader_free, "loader") < 0) {
-        retire(ld, "was never made");
-        free(ld);
-        return (ndm_loader){0};
-    }
-    return h;
+    return (ndm_loader){id};
 }
 
 /* ---- shuffling --------------------------------------------------------------------------- */

@@ -52,7 +52,7 @@ static void module_destroy(void *p)
     free(m);
 }
 
-static const ndm__object_type module_type = {"module", module_destroy};
+static const ndm__object_type module_type = {"module", "freed", module_destroy};
 
 static module *get(ndm_module h, const char *api, ndm__site site)
 {

@@ -30,7 +30,7 @@ static void opt_destroy(void *p)
     free(o);
 }
 
-static const ndm__object_type opt_type = {"optimizer", opt_destroy};
+static const ndm__object_type opt_type = {"optimizer", "freed", opt_destroy};
 
 static optimizer *get(ndm_optimizer h, const char *api)
 {

@@ -16,7 +16,7 @@ typedef struct predictor {
 
 static void pred_destroy(void *p) { free(p); }
 
-static const ndm__object_type pred_type = {"predictor", pred_destroy};
+static const ndm__object_type pred_type = {"predictor", "freed", pred_destroy};
 
 NDM_API ndm_predictor ndm_predictor_new_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module net)
 {
