@@ -12,17 +12,10 @@
 void bench_ops_elementwise(bench_report *r);
 /* Reductions: sum over 64M floats (GB/s) against a plain read loop. */
 void bench_ops_reduce(bench_report *r);
-/* matmul f32 against a direct call of the GEMM provider and against peak,
- * with the environment as it is and again (in a child process) without
- * OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE. */
+/* matmul f32 against a direct call of the GEMM provider and against peak. */
 void bench_ops_linalg(bench_report *r);
 /* conv2d and its input and weight gradients on a Fashion-MNIST-sized batch,
  * each against the GEMM it unfolds to. */
 void bench_ops_conv(bench_report *r);
-
-/* The child run of bench_ops_linalg: true when argv asked for it (it has
- * then printed its figures and the program should exit). main calls it
- * before anything else. */
-bool bench_ops_linalg_child(int argc, char **argv);
 
 #endif
