@@ -12,7 +12,7 @@ _Atomic(ndm__array *) ndm__array_chunks[NDM__MAX_CHUNKS];
 _Atomic(ndm__manager *) ndm__manager_chunks[NDM__MAX_CHUNKS];
 
 /* Free slots wait in a global FIFO. Managers are few and use it one slot at
- * a time (under the tree lock); array slots move between it and the thread
+ * a time (under the tree lock, not the table's); array slots move between it and the thread
  * caches in batches, stored outside the records so a transfer touches none. */
 typedef struct slot_batch {
     struct slot_batch *next;
@@ -68,11 +68,11 @@ static bool ensure_chunk(bool managers, uint32_t slot)
 
 /* ---- managers: one slot at a time, under the tree lock ----------------------- */
 
+/* The tree lock, which every caller holds, guards the manager table. */
 uint32_t ndm__manager_slot_alloc(void)
 {
     ndm__table *t = &managers_tab;
     uint32_t s = 0;
-    pthread_mutex_lock(&t->lock);
     if (t->nfree) {
         s = t->free_head;
         t->free_head = ndm__manager_slot(s)->next_free;
@@ -80,14 +80,12 @@ uint32_t ndm__manager_slot_alloc(void)
     } else if (ensure_chunk(true, t->high)) {
         s = t->high++;
     }
-    pthread_mutex_unlock(&t->lock);
     return s;
 }
 
 void ndm__manager_slot_free(uint32_t slot)
 {
     ndm__table *t = &managers_tab;
-    pthread_mutex_lock(&t->lock);
     ndm__manager_slot(slot)->next_free = 0;
     if (t->nfree)
         ndm__manager_slot(t->free_tail)->next_free = slot;
@@ -95,7 +93,6 @@ void ndm__manager_slot_free(uint32_t slot)
         t->free_head = slot;
     t->free_tail = slot;
     t->nfree++;
-    pthread_mutex_unlock(&t->lock);
 }
 
 /* ---- arrays: batches between the global FIFO and the thread rings -------------- */

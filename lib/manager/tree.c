@@ -23,7 +23,12 @@ void ndm__tree_unlock(void) { pthread_mutex_unlock(&tree_lock); }
 
 static void set_name(ndm__manager *m, const char *name)
 {
-    snprintf(m->name, sizeof m->name, "%s", name && *name ? name : "manager");
+    /* a bounded copy: snprintf costs more than the rest of a creation */
+    if (!name || !*name)
+        name = "manager";
+    size_t len = strnlen(name, sizeof m->name - 1);
+    memcpy(m->name, name, len);
+    m->name[len] = '\0';
 }
 
 /* Fill a fresh record; under the tree lock. */
@@ -48,10 +53,10 @@ static void record_init(ndm__manager *m, ndm__manager *parent, const char *name,
     m->epoch = atomic_load_explicit(&ndm__epoch, memory_order_relaxed);
     m->live = m->created = m->released = m->moved_in = m->moved_out = m->resources = 0;
     m->children = 0;
-    for (int d = 0; d < NDM__MAX_DEVICES; d++) {
-        m->bytes[d] = m->peak[d] = 0;
+    memset(m->bytes, 0, sizeof m->bytes);
+    memset(m->peak, 0, sizeof m->peak);
+    for (int d = 0; d < NDM__MAX_DEVICES; d++)
         atomic_store_explicit(&m->inbox[d], 0, memory_order_relaxed);
-    }
     m->hooks = NULL;
     memset(&m->dumped, 0, sizeof m->dumped);
     if (parent) {
@@ -196,13 +201,10 @@ ndm__manager *ndm__manager_get(ndm_manager h, const char *api, ndm__site where)
 
 /* ---- creation ------------------------------------------------------------- */
 
-ndm_manager ndm__manager_new_ex(ndm__site site, const char *api, ndm_manager parent,
-                                const char *name, ndm_device device, unsigned flags)
+/* A child of the live record p (looked up by the caller). */
+static ndm_manager manager_new(ndm__site site, const char *api, ndm__manager *p, const char *name,
+                               ndm_device device, unsigned flags)
 {
-    ndm__init();
-    ndm__manager *p = ndm__manager_get(parent, api, site);
-    if (!p)
-        return NDM_NULL_MANAGER;
     if (ndm__alloc_device_check(device, api, site) < 0)
         return NDM_NULL_MANAGER;
     ndm__tree_lock();
@@ -237,6 +239,16 @@ ndm_manager ndm__manager_new_ex(ndm__site site, const char *api, ndm_manager par
     return h;
 }
 
+ndm_manager ndm__manager_new_ex(ndm__site site, const char *api, ndm_manager parent,
+                                const char *name, ndm_device device, unsigned flags)
+{
+    ndm__init();
+    ndm__manager *p = ndm__manager_get(parent, api, site);
+    if (!p)
+        return NDM_NULL_MANAGER;
+    return manager_new(site, api, p, name, device, flags);
+}
+
 NDM_API ndm_manager ndm_manager_new_on_at(NDM_SITE_PARAMS, ndm_manager parent, const char *name,
                                           ndm_device device)
 {
@@ -250,13 +262,17 @@ NDM_API ndm_manager ndm_manager_new_at(NDM_SITE_PARAMS, ndm_manager parent, cons
     ndm__manager *p = ndm__manager_get(parent, __func__, site);
     if (!p)
         return NDM_NULL_MANAGER;
-    return ndm__manager_new_ex(site, __func__, parent, name, p->device, 0);
+    return manager_new(site, __func__, p, name, p->device, 0);
 }
 
 /* ---- close ---------------------------------------------------------------- */
 
 static ndm_status run_hooks(ndm__manager *m)
 {
+    /* m is closing: add_hook saw that under m's lock, which this thread took
+     * after setting it, so nobody adds hooks any more. */
+    if (!m->hooks)
+        return NDM_OK;
     ndm__lock_take(&m->lock);
     ndm__hook *h = m->hooks;
     m->hooks = NULL;

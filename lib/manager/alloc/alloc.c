@@ -35,11 +35,11 @@ const ndm__segment_source *ndm__segment_source_for(ndm_device dev)
 
 ndm_status ndm__device_usable(ndm_device dev, char *why, size_t n)
 {
+    if (dev.type == NDM_DEVICE_CPU && dev.index == 0)
+        return NDM_OK; /* every manager creation asks: no formatting here */
     char name[32];
     ndm_device_str(dev, name, sizeof name);
     if (dev.type == NDM_DEVICE_CPU) {
-        if (dev.index == 0)
-            return NDM_OK;
         snprintf(why, n, "device %s does not exist (the CPU is device 0)", name);
         return NDM_E_DEVICE;
     }
