@@ -8,70 +8,16 @@
 #include "core.h"
 #include "thread.h"
 
-/* ---- storage headers: a per-thread free list over a global one ------------ */
-
-static pthread_mutex_t storage_lock = PTHREAD_MUTEX_INITIALIZER;
-static ndm__storage *storage_free;
-
-void ndm__storage_cache_flush(ndm__thread *t)
-{
-    if (!t->storage)
-        return;
-    ndm__storage *last = t->storage;
-    while (last->next_free)
-        last = last->next_free;
-    pthread_mutex_lock(&storage_lock);
-    last->next_free = storage_free;
-    storage_free = t->storage;
-    pthread_mutex_unlock(&storage_lock);
-    t->storage = NULL;
-    t->storage_count = 0;
-}
-
-static ndm__storage *storage_get(void)
-{
-    ndm__thread *t = ndm__thread_get();
-    ndm__storage *s = t ? t->storage : NULL;
-    if (NDM__LIKELY(s != NULL)) {
-        t->storage = s->next_free;
-        t->storage_count--;
-        return s;
-    }
-    pthread_mutex_lock(&storage_lock);
-    s = storage_free;
-    if (s)
-        storage_free = s->next_free;
-    pthread_mutex_unlock(&storage_lock);
-    if (!s)
-        s = malloc(sizeof *s);
-    return s;
-}
-
-static void storage_put(ndm__storage *s)
-{
-    ndm__thread *t = ndm__thread_get();
-    if (NDM__UNLIKELY(!t || t->storage_count >= NDM__STORAGE_CACHE)) {
-        pthread_mutex_lock(&storage_lock);
-        s->next_free = storage_free;
-        storage_free = s;
-        pthread_mutex_unlock(&storage_lock);
-        return;
-    }
-    s->next_free = t->storage;
-    t->storage = s;
-    t->storage_count++;
-}
+/* ---- storage ---------------------------------------------------------------- */
 
 /* Free the storage's memory and give its bytes back; refs reached 0. */
 static void storage_destroy(ndm__storage *s)
 {
     ndm__uncharge(ndm__manager_slot(s->charged), s->dev, (int64_t)s->nbytes);
-    if (s->block.cookie || s->block.ptr) {
+    if (s->block.cookie || s->block.ptr)
         ndm__free(s->device, &s->block);
-    } else if (s->free_fn) {
+    else if (s->free_fn)
         s->free_fn(s->data, s->free_ud);
-    }
-    storage_put(s);
 }
 
 /* ---- small helpers --------------------------------------------------------- */
@@ -160,11 +106,10 @@ ndm_status ndm__axis(int axis, int ndim, bool insert, int *out, const char *api,
 
 /* ---- checked lookup ------------------------------------------------------- */
 
-static ndm__array *array_get(ndm_array h, const char *api, ndm__site where, bool propagate)
+ndm__array *ndm__array_lookup_failed(ndm_array h, const char *api, const ndm__site *wherep,
+                                     bool propagate)
 {
-    ndm__array *r = ndm__array_peek(h);
-    if (NDM__LIKELY(r != NULL))
-        return r;
+    ndm__site where = *wherep;
     if (h.id == 0) {
         if (!propagate || ndm_last_status() >= 0)
             ndm__fail(NDM_E_NULL, api, where, "null array handle");
@@ -219,16 +164,6 @@ static ndm__array *array_get(ndm_array h, const char *api, ndm__site where, bool
     return NULL;
 }
 
-ndm__array *ndm__array_get(ndm_array h, const char *api, ndm__site where)
-{
-    return array_get(h, api, where, false);
-}
-
-ndm__array *ndm__array_get_prop(ndm_array h, const char *api, ndm__site where)
-{
-    return array_get(h, api, where, true);
-}
-
 /* ---- the output rule -------------------------------------------------------- */
 
 ndm_manager ndm__output_manager(ndm_manager named, ndm__array *first_input, const char *api,
@@ -248,11 +183,18 @@ ndm_manager ndm__output_manager(ndm_manager named, ndm__array *first_input, cons
     return NDM_NULL_MANAGER;
 }
 
+ndm__manager *ndm__output_record_slow(ndm_manager named, ndm__array *first_input,
+                                      const char *api, const ndm__site *where)
+{
+    ndm_manager m = ndm__output_manager(named, first_input, api, *where);
+    return m.id ? ndm__manager_get(m, api, *where) : NULL;
+}
+
 /* ---- creation --------------------------------------------------------------- */
 
 /* Check that manager m accepts a new array; the caller's site is named. */
-static ndm_status accepts(ndm__manager *m, const char *api, ndm__site where, ndm_dtype dtype,
-                          int ndim, const int64_t *shape)
+static ndm_status accepts(ndm__manager *m, const char *api, const ndm__site *where,
+                          ndm_dtype dtype, int ndim, const int64_t *shape)
 {
     unsigned st = atomic_load_explicit(&m->state, memory_order_acquire);
     if (NDM__LIKELY(!(st & (NDM__M_CLOSING | NDM__M_CAP_ARRAYS))))
@@ -265,93 +207,133 @@ static ndm_status accepts(ndm__manager *m, const char *api, ndm__site where, ndm
     ndm__array_desc(&tmp, desc, sizeof desc);
     ndm__manager_path(m->self, path, sizeof path);
     if (st & NDM__M_CLOSING)
-        return ndm__fail(NDM_E_CLOSED, api, where, "manager '%s' is closing; array %s refused",
+        return ndm__fail(NDM_E_CLOSED, api, *where, "manager '%s' is closing; array %s refused",
                          path, desc);
-    return ndm__fail(NDM_E_CAPPED, api, where, "manager '%s' is capped; array %s refused", path,
+    return ndm__fail(NDM_E_CAPPED, api, *where, "manager '%s' is capped; array %s refused", path,
                      desc);
 }
 
-/* Fill the shape part of a record. */
-static ndm_status set_dims(ndm__array *r, int ndim, const int64_t *shape, const int64_t *strides,
-                           const char *api, ndm__site where)
+/* Point the record at room for its shape and strides: inline, the strides
+ * right after the sizes so that a small rank stays on one cache line, or on
+ * the heap for a long shape. */
+static ndm_status dims_place(ndm__array *r, int ndim, const char *api, const ndm__site *where)
 {
     r->ndim = ndim;
-    if (ndim <= NDM__INLINE_DIMS) {
+    if (NDM__LIKELY(ndim <= NDM__INLINE_DIMS)) {
         r->shape = r->dims;
-        r->strides = r->dims + NDM__INLINE_DIMS;
-    } else {
-        int64_t *p = malloc(2 * (size_t)ndim * sizeof *p);
-        if (!p)
-            return ndm__fail(NDM_E_OOM, api, where, "no memory for a rank-%d shape", ndim);
-        r->shape = p;
-        r->strides = p + ndim;
+        r->strides = r->dims + ndim;
+        return NDM_OK;
     }
-    for (int i = 0; i < ndim; i++)
-        r->shape[i] = shape[i];
+    int64_t *p = malloc(2 * (size_t)ndim * sizeof *p);
+    if (!p)
+        return ndm__fail(NDM_E_OOM, api, *where, "no memory for a rank-%d shape", ndim);
+    r->shape = p;
+    r->strides = p + ndim;
+    return NDM_OK;
+}
+
+/* Fill the shape part of a record: the strides given, or C-contiguous ones. */
+static ndm_status set_dims(ndm__array *r, int ndim, const int64_t *shape, const int64_t *strides,
+                           const char *api, const ndm__site *where)
+{
+    if (dims_place(r, ndim, api, where) < 0)
+        return NDM_E_OOM;
     if (strides) {
-        for (int i = 0; i < ndim; i++)
+        for (int i = 0; i < ndim; i++) {
+            r->shape[i] = shape[i];
             r->strides[i] = strides[i];
-    } else {
-        ndm__contiguous_strides(ndim, r->shape, r->strides);
+        }
+        return NDM_OK;
+    }
+    int64_t stride = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        r->shape[i] = shape[i];
+        r->strides[i] = stride;
+        stride *= shape[i] ? shape[i] : 1;
     }
     return NDM_OK;
 }
 
-static void free_dims(ndm__array *r)
+static void free_heap_dims(ndm__array *r)
 {
-    if (r->shape != r->dims) {
-        /* A dead record shows its first sizes in messages. */
-        int k = r->ndim < NDM__INLINE_DIMS ? r->ndim : NDM__INLINE_DIMS;
-        for (int i = 0; i < k; i++)
-            r->dims[i] = r->shape[i];
-        free(r->shape);
-        r->shape = r->dims;
-        r->strides = r->dims + NDM__INLINE_DIMS;
-    }
+    /* A dead record shows its first sizes in messages. */
+    int k = r->ndim < NDM__INLINE_DIMS ? r->ndim : NDM__INLINE_DIMS;
+    for (int i = 0; i < k; i++)
+        r->dims[i] = r->shape[i];
+    free(r->shape);
+    r->shape = r->dims;
+    r->strides = r->dims + k;
 }
 
-/* Link a filled record into m (head = newest) and count it with its storage
- * bytes (0 for a view). Fails when m started closing since `accepts` ran. */
-static ndm_status link_new(ndm__manager *m, ndm__array *r, int dev, int64_t bytes,
-                           const char *api, ndm__site where)
+static inline void free_dims(ndm__array *r)
 {
-    ndm__lock_take(&m->lock);
-    if (NDM__UNLIKELY(atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_CLOSING)) {
-        ndm__lock_drop(&m->lock);
-        return ndm__fail(NDM_E_CLOSED, api, where, "manager '%s' started closing", m->name);
-    }
+    if (NDM__UNLIKELY(r->shape != r->dims))
+        free_heap_dims(r);
+}
+
+/* Link r into m's list (m's lock held), newest first. */
+static inline void link_into(ndm__manager *m, ndm__array *r)
+{
     r->mgr = m->self;
     r->prev = 0;
     r->next = m->arrays;
     if (m->arrays)
         ndm__array_slot(m->arrays)->prev = r->self;
     m->arrays = r->self;
+}
+
+/* Link a filled record into m and count it with its storage bytes (0 for a
+ * view). False when m started closing since the caller's check. */
+static inline bool link_new(ndm__manager *m, ndm__array *r, int dev, int64_t bytes)
+{
+    ndm__lock_take(&m->lock);
+    if (NDM__UNLIKELY(atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_CLOSING)) {
+        ndm__lock_drop(&m->lock);
+        return false;
+    }
+    link_into(m, r);
     m->live++;
     m->created++;
     ndm__bytes_add(m, dev, bytes);
     ndm__lock_drop(&m->lock);
-    return NDM_OK;
+    return true;
 }
 
-static void record_fill(ndm__array *r, ndm_dtype dtype, ndm__site site)
+static ndm_array started_closing(ndm__manager *m, const char *api, const ndm__site *site)
+{
+    ndm__fail(NDM_E_CLOSED, api, *site, "manager '%s' started closing", m->name);
+    return NDM_NULL_ARRAY;
+}
+
+/* The fields every new record sets; the storage s is its own or a base's. */
+static inline void record_init(ndm__array *r, ndm_dtype dtype, ndm__storage *s,
+                               const ndm__site *site)
 {
     r->dtype = dtype;
     r->offset = 0;
-    r->lender = r->lender_gen = 0;
-    r->sv_prev = r->sv_next = 0;
+    r->storage = s;
     r->ext = NULL;
-    r->site = site;
+    r->sv_prev = r->sv_next = 0;
+    r->lender = r->lender_gen = 0;
+    r->site = *site;
     r->epoch = atomic_load_explicit(&ndm__epoch, memory_order_relaxed);
 }
 
-static void record_kill(ndm__array *r)
+/* A fresh storage in r's own room, charged to m. Nothing can reach it yet:
+ * the slot's previous storage died before the slot was freed. */
+static inline ndm__storage *storage_init(ndm__array *r, ndm__manager *m, int d, ndm_device dev,
+                                         size_t nbytes)
 {
-    free_dims(r);
-    atomic_store_explicit(&r->live, 0, memory_order_relaxed);
-    unsigned g = atomic_load_explicit(&r->gen, memory_order_relaxed);
-    g = (g + 1) & 0x7fffffffu;
-    atomic_store_explicit(&r->gen, g ? g : 1, memory_order_release);
-    ndm__array_slot_free(r->self);
+    ndm__storage *s = &r->own;
+    atomic_init(&s->refs, 1);
+    atomic_init(&s->lock.v, 0);
+    s->charged = m->self;
+    s->charged_views = 1;
+    s->first_view = r->self;
+    s->dev = d;
+    s->device = dev;
+    s->nbytes = nbytes;
+    return s;
 }
 
 ndm_array ndm__array_new_on(ndm__site site, const char *api, ndm_manager mh, ndm_device dev,
@@ -360,7 +342,7 @@ ndm_array ndm__array_new_on(ndm__site site, const char *api, ndm_manager mh, ndm
     ndm__manager *m = ndm__manager_get(mh, api, site);
     if (!m)
         return NDM_NULL_ARRAY;
-    return ndm__array_new_in(site, api, m, dev, dtype, ndim, shape, out);
+    return ndm__array_new_in(&site, api, m, dev, dtype, ndim, shape, out);
 }
 
 /* Element bytes of a shape; false for a negative size or an overflowing
@@ -380,16 +362,22 @@ static inline bool shape_bytes(int ndim, const int64_t *shape, ndm_dtype dtype, 
     return true;
 }
 
-ndm_array ndm__array_new_in(ndm__site site, const char *api, ndm__manager *m, ndm_device dev,
-                            ndm_dtype dtype, int ndim, const int64_t *shape, ndm__array **out)
+static ndm_array shape_refused(int ndim, const int64_t *shape, ndm_dtype dtype, const char *api,
+                               const ndm__site *site)
+{
+    if (ndm__shape_check(ndim, shape, dtype, NULL, NULL, api, *site) == NDM_OK)
+        ndm__fail(NDM_E_SHAPE, api, *site, "invalid shape"); /* unreachable by design */
+    return NDM_NULL_ARRAY;
+}
+
+ndm_array ndm__array_new_in(const ndm__site *site, const char *api, ndm__manager *m,
+                            ndm_device dev, ndm_dtype dtype, int ndim, const int64_t *shape,
+                            ndm__array **out)
 {
     /* Checks first, inline; only a failure calls out to write its message. */
     size_t nbytes;
-    if (NDM__UNLIKELY(!shape_bytes(ndim, shape, dtype, &nbytes))) {
-        if (ndm__shape_check(ndim, shape, dtype, NULL, NULL, api, site) == NDM_OK)
-            ndm__fail(NDM_E_SHAPE, api, site, "invalid shape"); /* unreachable by design */
-        return NDM_NULL_ARRAY;
-    }
+    if (NDM__UNLIKELY(!shape_bytes(ndim, shape, dtype, &nbytes)))
+        return shape_refused(ndim, shape, dtype, api, site);
     if (NDM__UNLIKELY(atomic_load_explicit(&m->state, memory_order_acquire) &
                       (NDM__M_CLOSING | NDM__M_CAP_ARRAYS)) &&
         accepts(m, api, site, dtype, ndim, shape) < 0)
@@ -398,53 +386,38 @@ ndm_array ndm__array_new_in(ndm__site site, const char *api, ndm__manager *m, nd
     /* The limit is reserved before any memory is taken, and the bytes (and
      * peak) are counted only once the memory is held. */
     bool limited = atomic_load_explicit(&m->limit_anchor, memory_order_relaxed) != 0;
-    if (NDM__UNLIKELY(limited) && ndm__limit_reserve(m, d, (int64_t)nbytes, api, site) < 0)
+    if (NDM__UNLIKELY(limited) && ndm__limit_reserve(m, d, (int64_t)nbytes, api, *site) < 0)
         return NDM_NULL_ARRAY;
-    ndm__storage *s = storage_get();
-    uint32_t slot = s ? ndm__array_slot_alloc() : 0;
+    uint32_t slot = ndm__array_slot_alloc();
     if (NDM__UNLIKELY(!slot)) {
-        if (s)
-            storage_put(s);
         if (limited)
             ndm__limit_release(m, d, (int64_t)nbytes);
-        ndm__fail(NDM_E_OOM, api, site, "no memory for an array record");
+        ndm__fail(NDM_E_OOM, api, *site, "no memory for an array record");
         return NDM_NULL_ARRAY;
     }
     ndm__array *r = ndm__array_slot(slot);
-    ndm__alloc_tag tag = {m->self, site.file, site.func, site.line};
+    ndm__storage *s = &r->own;
+    ndm__alloc_tag tag = {m->self, site->file, site->func, site->line};
     if (NDM__UNLIKELY(ndm__alloc(dev, nbytes, &tag, &s->block) < 0)) {
         /* The allocator's message says what it had; name the caller too. */
-        ndm__fail(ndm_last_status(), api, site, "%s", ndm_last_error());
+        ndm__fail(ndm_last_status(), api, *site, "%s", ndm_last_error());
         goto fail;
     }
-    record_fill(r, dtype, site);
-    if (NDM__LIKELY(ndim <= NDM__INLINE_DIMS)) {
-        r->ndim = ndim;
-        r->shape = r->dims;
-        r->strides = r->dims + NDM__INLINE_DIMS;
-        int64_t stride = 1;
-        for (int i = ndim - 1; i >= 0; i--) {
-            r->shape[i] = shape[i];
-            r->strides[i] = stride;
-            stride *= shape[i] ? shape[i] : 1;
-        }
-    } else if (set_dims(r, ndim, shape, NULL, api, site) < 0) {
+    s->data = s->block.ptr;
+    record_init(r, dtype, s, site);
+    if (NDM__UNLIKELY(dims_place(r, ndim, api, site) < 0)) {
         ndm__free(dev, &s->block);
         goto fail;
     }
-    atomic_init(&s->refs, 1);
-    atomic_init(&s->lock.v, 0);
-    s->charged = m->self;
-    s->charged_views = 1;
-    s->first_view = slot;
-    s->dev = d;
-    s->device = dev;
-    s->nbytes = nbytes;
-    s->data = s->block.ptr;
-    s->free_fn = NULL;
-    s->free_ud = NULL;
-    r->storage = s;
-    if (NDM__UNLIKELY(link_new(m, r, d, (int64_t)nbytes, api, site) < 0)) {
+    int64_t stride = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        r->shape[i] = shape[i];
+        r->strides[i] = stride;
+        stride *= shape[i] ? shape[i] : 1;
+    }
+    storage_init(r, m, d, dev, nbytes);
+    if (NDM__UNLIKELY(!link_new(m, r, d, (int64_t)nbytes))) {
+        started_closing(m, api, site);
         free_dims(r);
         ndm__free(dev, &s->block);
         goto fail;
@@ -454,7 +427,6 @@ ndm_array ndm__array_new_in(ndm__site site, const char *api, ndm__manager *m, nd
         *out = r;
     return ndm__array_handle(slot, atomic_load_explicit(&r->gen, memory_order_relaxed));
 fail:
-    storage_put(s);
     ndm__array_slot_free(slot);
     if (limited)
         ndm__limit_release(m, d, (int64_t)nbytes);
@@ -467,7 +439,7 @@ ndm_array ndm__array_new(ndm__site site, const char *api, ndm_manager mh, ndm_dt
     ndm__manager *m = ndm__manager_get(mh, api, site);
     if (!m)
         return NDM_NULL_ARRAY;
-    return ndm__array_new_in(site, api, m, m->device, dtype, ndim, shape, out);
+    return ndm__array_new_in(&site, api, m, m->device, dtype, ndim, shape, out);
 }
 
 ndm_array ndm__array_wrap(ndm__site site, const char *api, ndm_manager mh, ndm_dtype dtype,
@@ -482,45 +454,35 @@ ndm_array ndm__array_wrap(ndm__site site, const char *api, ndm_manager mh, ndm_d
         return NDM_NULL_ARRAY;
     if (!data && nbytes)
         return ndm__fail(NDM_E_INVALID, api, site, "data is NULL"), NDM_NULL_ARRAY;
-    if (accepts(m, api, site, dtype, ndim, shape) < 0)
+    if (accepts(m, api, &site, dtype, ndim, shape) < 0)
         return NDM_NULL_ARRAY;
     int d = m->dev;
     if (ndm__limit_reserve(m, d, (int64_t)nbytes, api, site) < 0)
         return NDM_NULL_ARRAY;
-    ndm__storage *s = storage_get();
-    uint32_t slot = s ? ndm__array_slot_alloc() : 0;
+    uint32_t slot = ndm__array_slot_alloc();
     if (!slot) {
-        if (s)
-            storage_put(s);
         ndm__limit_release(m, d, (int64_t)nbytes);
         ndm__fail(NDM_E_OOM, api, site, "no memory for an array record");
         return NDM_NULL_ARRAY;
     }
     ndm__array *r = ndm__array_slot(slot);
-    record_fill(r, dtype, site);
-    if (set_dims(r, ndim, shape, NULL, api, site) < 0)
+    ndm__storage *s = &r->own;
+    record_init(r, dtype, s, &site);
+    if (set_dims(r, ndim, shape, NULL, api, &site) < 0)
         goto fail;
-    atomic_init(&s->refs, 1);
-    atomic_init(&s->lock.v, 0);
-    s->charged = m->self;
-    s->charged_views = 1;
-    s->first_view = slot;
-    s->dev = d;
-    s->device = m->device;
-    s->nbytes = nbytes;
+    storage_init(r, m, d, m->device, nbytes);
     s->data = data;
     s->block = (ndm__block){0};
     s->free_fn = free_fn;
     s->free_ud = ud;
-    r->storage = s;
-    if (link_new(m, r, d, (int64_t)nbytes, api, site) < 0) {
+    if (!link_new(m, r, d, (int64_t)nbytes)) {
+        started_closing(m, api, &site);
         free_dims(r);
         goto fail;
     }
     atomic_store_explicit(&r->live, 1, memory_order_release);
     return ndm__array_handle(slot, atomic_load_explicit(&r->gen, memory_order_relaxed));
 fail:
-    storage_put(s);
     ndm__array_slot_free(slot);
     ndm__limit_release(m, d, (int64_t)nbytes);
     return NDM_NULL_ARRAY;
@@ -533,7 +495,7 @@ ndm_array ndm__array_view(ndm__site site, const char *api, ndm_manager mh, ndm__
     ndm__manager *m = ndm__manager_get(mh, api, site);
     if (!m)
         return NDM_NULL_ARRAY;
-    if (accepts(m, api, site, dtype, ndim, shape) < 0)
+    if (accepts(m, api, &site, dtype, ndim, shape) < 0)
         return NDM_NULL_ARRAY;
     uint32_t slot = ndm__array_slot_alloc();
     if (!slot) {
@@ -541,26 +503,23 @@ ndm_array ndm__array_view(ndm__site site, const char *api, ndm_manager mh, ndm__
         return NDM_NULL_ARRAY;
     }
     ndm__array *r = ndm__array_slot(slot);
-    record_fill(r, dtype, site);
-    if (set_dims(r, ndim, shape, strides, api, site) < 0) {
+    ndm__storage *s = base->storage;
+    record_init(r, dtype, s, &site);
+    if (set_dims(r, ndim, shape, strides, api, &site) < 0) {
         ndm__array_slot_free(slot);
         return NDM_NULL_ARRAY;
     }
     r->offset = offset;
-    ndm__storage *s = base->storage;
-    r->storage = s;
     /* Lock order: manager, then storage. */
     ndm__lock_take(&m->lock);
     if (NDM__UNLIKELY(atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_CLOSING)) {
         ndm__lock_drop(&m->lock);
         free_dims(r);
         ndm__array_slot_free(slot);
-        ndm__fail(NDM_E_CLOSED, api, site, "manager '%s' started closing", m->name);
-        return NDM_NULL_ARRAY;
+        return started_closing(m, api, &site);
     }
     ndm__lock_take(&s->lock);
     atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
-    r->sv_prev = 0;
     r->sv_next = s->first_view;
     if (s->first_view)
         ndm__array_slot(s->first_view)->sv_prev = slot;
@@ -568,12 +527,7 @@ ndm_array ndm__array_view(ndm__site site, const char *api, ndm_manager mh, ndm__
     if (s->charged == m->self)
         s->charged_views++;
     ndm__lock_drop(&s->lock);
-    r->mgr = m->self;
-    r->prev = 0;
-    r->next = m->arrays;
-    if (m->arrays)
-        ndm__array_slot(m->arrays)->prev = slot;
-    m->arrays = slot;
+    link_into(m, r);
     m->live++;
     m->created++;
     ndm__lock_drop(&m->lock);
@@ -595,16 +549,27 @@ static uint32_t count_views(ndm__storage *s, uint32_t mgr)
     return n;
 }
 
+/* The last view of s died: its memory and bytes go back, and its home
+ * record's slot, kept while views outlived it, is freed unless that record
+ * is `dying` (which frees its own slot). */
+static void storage_dies(ndm__storage *s, ndm__array *dying)
+{
+    storage_destroy(s);
+    if (s != &dying->own)
+        ndm__array_slot_free(ndm__storage_home(s)->self);
+}
+
 /* View r of storage s dies; its manager was `from`. Manager lock of `from`
- * is held by the caller (or `from` is closing under this thread). */
-static void view_dies(ndm__array *r, ndm__manager *from)
+ * is held by the caller (or `from` is closing under this thread). Returns
+ * whether r's slot must wait: its own storage lives on in other views. */
+static bool view_dies(ndm__array *r, ndm__manager *from)
 {
     ndm__storage *s = r->storage;
     if (NDM__LIKELY(atomic_load_explicit(&s->refs, memory_order_acquire) == 1)) {
         /* The only view: nobody else can reach s. */
         atomic_store_explicit(&s->refs, 0, memory_order_relaxed);
-        storage_destroy(s);
-        return;
+        storage_dies(s, r);
+        return false;
     }
     ndm__lock_take(&s->lock);
     if (r->sv_prev)
@@ -616,8 +581,8 @@ static void view_dies(ndm__array *r, ndm__manager *from)
     unsigned left = atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) - 1;
     if (left == 0) {
         ndm__lock_drop(&s->lock);
-        storage_destroy(s);
-        return;
+        storage_dies(s, r);
+        return false;
     }
     if (s->charged == from->self && --s->charged_views == 0) {
         /* The charged manager holds no view any more: the charge moves to the
@@ -632,6 +597,26 @@ static void view_dies(ndm__array *r, ndm__manager *from)
         ndm__alloc_retag(&s->block, to_slot);
     }
     ndm__lock_drop(&s->lock);
+    return s == &r->own;
+}
+
+/* Array r dies; `from`, its manager, has unlinked it (from's lock held, or
+ * from closing under this thread). The record is marked dead before its
+ * storage reference goes: once the last view of a storage frees the slot of
+ * the storage's dead home record, nobody writes that record any more. */
+static void array_dies(ndm__array *r, ndm__manager *from, ndm__site site, uint32_t by,
+                       uint32_t by_gen)
+{
+    r->dead_site = site;
+    r->dead_by = by;
+    r->dead_by_gen = by_gen;
+    free_dims(r);
+    atomic_store_explicit(&r->live, 0, memory_order_relaxed);
+    unsigned g = atomic_load_explicit(&r->gen, memory_order_relaxed);
+    g = (g + 1) & 0x7fffffffu;
+    atomic_store_explicit(&r->gen, g ? g : 1, memory_order_release);
+    if (!view_dies(r, from))
+        ndm__array_slot_free(r->self);
 }
 
 /* View r moves from `from` to `to`; both manager locks held. Fails with
@@ -678,16 +663,6 @@ static void unlink_from(ndm__manager *m, ndm__array *r)
     r->prev = r->next = 0;
 }
 
-static void link_into(ndm__manager *m, ndm__array *r)
-{
-    r->mgr = m->self;
-    r->prev = 0;
-    r->next = m->arrays;
-    if (m->arrays)
-        ndm__array_slot(m->arrays)->prev = r->self;
-    m->arrays = r->self;
-}
-
 ndm_status ndm__array_release(ndm__array *r, ndm__site site, const char *api)
 {
     (void)api;
@@ -712,11 +687,8 @@ ndm_status ndm__array_release(ndm__array *r, ndm__site site, const char *api)
         unlink_from(m, r);
         m->live--;
         m->released++;
-        view_dies(r, m);
-        r->dead_site = site;
-        r->dead_by = r->dead_by_gen = 0;
+        array_dies(r, m, site, 0, 0);
         ndm__lock_drop(&m->lock);
-        record_kill(r);
         return NDM_OK;
     }
 }
@@ -814,11 +786,7 @@ static void drain(ndm__manager *m, const uint32_t *keep, size_t nkeep, bool sort
         unlink_from(m, r);
         m->live--;
         m->released++;
-        view_dies(r, m);
-        r->dead_site = site;
-        r->dead_by = closing ? m->self : 0;
-        r->dead_by_gen = closing ? m_gen : 0;
-        record_kill(r);
+        array_dies(r, m, site, closing ? m->self : 0, closing ? m_gen : 0);
         cur = next;
     }
     ndm__lock_drop(&m->lock);

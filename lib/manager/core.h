@@ -50,6 +50,10 @@ static inline void ndm__lock_drop(ndm__lock *l)
 
 /* ---- storage ----------------------------------------------------------- */
 
+/* A storage lives inside the record of the array that made it (its home), so
+ * a new array takes one record and no header. When the home array dies while
+ * other views still use the storage, its slot is not reused until the last
+ * view dies and frees it: the storage's memory is never reused under a view. */
 typedef struct ndm__storage {
     atomic_uint refs;          /* array records viewing it */
     ndm__lock lock;            /* guards the view list and the charge once shared */
@@ -58,40 +62,50 @@ typedef struct ndm__storage {
     uint32_t first_view;       /* list of views (array slots), newest first */
     int dev;                   /* accounting slot of `device` */
     ndm_device device;
-    size_t nbytes;
     void *data;
-    ndm__block block;          /* from the allocator; cookie NULL for wrapped buffers */
-    ndm_free_fn free_fn;       /* wrapped buffers */
+    ndm__block block;          /* from the allocator; zeroed for wrapped buffers */
+    size_t nbytes;
+    ndm_free_fn free_fn;       /* wrapped buffers only (block zeroed) */
     void *free_ud;
-    struct ndm__storage *next_free;
 } ndm__storage;
 
 /* ---- array records ------------------------------------------------------ */
 
+/* Laid out by use: a lookup and a kernel call read the first cache line; a
+ * creation writes the first four (rank <= 2 keeps its sizes there); a death
+ * writes the first three and dead_site. */
 typedef struct ndm__array {
     atomic_uint gen;           /* generation of the slot; a handle must match it */
-    uint32_t self;             /* this record's slot number */
     atomic_uint live;          /* 1 while the slot holds an array */
+    uint32_t self;             /* this record's slot number */
     uint32_t mgr;              /* owning manager slot */
-    uint32_t prev, next;       /* owner's array list: prev is newer, next is older */
-    uint32_t sv_prev, sv_next; /* storage's view list */
-    uint32_t lender;           /* temp_attach: manager slot to return to (0: none) */
-    uint32_t lender_gen;
     int32_t ndim;
     ndm_dtype dtype;
     int64_t offset;            /* elements */
     int64_t *shape;            /* = dims or heap */
-    int64_t *strides;          /* = dims + NDM__INLINE_DIMS or heap */
-    ndm__storage *storage;
+    int64_t *strides;          /* = dims + ndim or heap */
+    ndm__storage *storage;     /* &own, or the own storage of another record */
+    void *ext;                 /* per-array extension (autograd) */
+    /* second line */
+    uint32_t prev, next;       /* owner's array list: prev is newer, next is older */
+    uint32_t sv_prev, sv_next; /* storage's view list */
+    uint32_t lender;           /* temp_attach: manager slot to return to (0: none) */
+    uint32_t lender_gen;
+    uint32_t dead_by, dead_by_gen; /* manager whose close released it (0: released directly) */
     uint64_t epoch;            /* mark epoch at creation (see ndm_mark) */
     ndm__site site;
-    void *ext;                 /* per-array extension (autograd) */
-    /* how the array died, kept until the slot is reused */
-    ndm__site dead_site;
-    uint32_t dead_by, dead_by_gen; /* manager whose close released it (0: released directly) */
-    uint32_t next_free;
-    int64_t dims[2 * NDM__INLINE_DIMS];
+    /* third line on */
+    ndm__storage own;          /* the storage this array made, if it made one */
+    int64_t pad_;
+    int64_t dims[2 * NDM__INLINE_DIMS]; /* shape then strides, for ranks up to the limit */
+    ndm__site dead_site;       /* how the array died, kept until the slot is reused */
 } ndm__array;
+
+/* The record a storage lives in. */
+static inline struct ndm__array *ndm__storage_home(ndm__storage *s)
+{
+    return (struct ndm__array *)(void *)((char *)s - offsetof(struct ndm__array, own));
+}
 
 /* ---- manager records ---------------------------------------------------- */
 
@@ -223,10 +237,27 @@ static inline ndm__manager *ndm__manager_peek(ndm_manager h)
 /* Checked lookups: on failure they record NDM_E_NULL / NDM_E_CLOSED /
  * NDM_E_INVALID with a message naming the array or manager and how it died,
  * and return NULL. A null array handle keeps the previous error untouched
- * when `propagate` is true (operations on a failed result). */
-ndm__array *ndm__array_get(ndm_array h, const char *api, ndm__site where);
-ndm__array *ndm__array_get_prop(ndm_array h, const char *api, ndm__site where);
-ndm__manager *ndm__manager_get(ndm_manager h, const char *api, ndm__site where);
+ * when `propagate` is true (operations on a failed result). The checks are
+ * inline; only a failure calls out, so the site is built on that path only. */
+ndm__array *ndm__array_lookup_failed(ndm_array h, const char *api, const ndm__site *where,
+                                     bool propagate);
+ndm__manager *ndm__manager_lookup_failed(ndm_manager h, const char *api, const ndm__site *where);
+
+static inline ndm__array *ndm__array_get(ndm_array h, const char *api, ndm__site where)
+{
+    ndm__array *r = ndm__array_peek(h);
+    return NDM__LIKELY(r != NULL) ? r : ndm__array_lookup_failed(h, api, &where, false);
+}
+static inline ndm__array *ndm__array_get_prop(ndm_array h, const char *api, ndm__site where)
+{
+    ndm__array *r = ndm__array_peek(h);
+    return NDM__LIKELY(r != NULL) ? r : ndm__array_lookup_failed(h, api, &where, true);
+}
+static inline ndm__manager *ndm__manager_get(ndm_manager h, const char *api, ndm__site where)
+{
+    ndm__manager *m = ndm__manager_peek(h);
+    return NDM__LIKELY(m != NULL) ? m : ndm__manager_lookup_failed(h, api, &where);
+}
 
 static inline ndm_array ndm__array_handle_of(ndm__array *r)
 {
@@ -315,6 +346,20 @@ ndm_status ndm__shape_check(int ndim, const int64_t *shape, ndm_dtype dtype, int
 ndm_manager ndm__output_manager(ndm_manager named, ndm__array *first_input, const char *api,
                                 ndm__site where);
 
+/* The output rule resolved to a manager record, for hot paths: the common
+ * case (no manager named, no scope on this thread) is inline. NULL with the
+ * error recorded when no manager applies or the named one is stale. */
+ndm__manager *ndm__output_record_slow(ndm_manager named, ndm__array *first_input,
+                                      const char *api, const ndm__site *where);
+static inline ndm__manager *ndm__output_record(ndm_manager named, ndm__array *first_input,
+                                               const char *api, const ndm__site *where)
+{
+    ndm__thread *t = ndm__tls;
+    if (NDM__LIKELY(!named.id && first_input && (!t || t->scope_depth == 0)))
+        return ndm__manager_slot(first_input->mgr);
+    return ndm__output_record_slow(named, first_input, api, where);
+}
+
 /* Describe the array in messages: "f32[2,3]". */
 const char *ndm__array_desc(const ndm__array *r, char *buf, size_t n);
 
@@ -325,9 +370,11 @@ ndm_array ndm__array_new(ndm__site site, const char *api, ndm_manager m, ndm_dty
                          int ndim, const int64_t *shape, ndm__array **out);
 ndm_array ndm__array_new_on(ndm__site site, const char *api, ndm_manager m, ndm_device dev,
                             ndm_dtype dtype, int ndim, const int64_t *shape, ndm__array **out);
-/* The same for a manager record already looked up. */
-ndm_array ndm__array_new_in(ndm__site site, const char *api, ndm__manager *m, ndm_device dev,
-                            ndm_dtype dtype, int ndim, const int64_t *shape, ndm__array **out);
+/* The same for a manager record already looked up; the site by pointer, as
+ * hot paths pass it. */
+ndm_array ndm__array_new_in(const ndm__site *site, const char *api, ndm__manager *m,
+                            ndm_device dev, ndm_dtype dtype, int ndim, const int64_t *shape,
+                            ndm__array **out);
 /* A new view of the storage of `base` in manager `m`. */
 ndm_array ndm__array_view(ndm__site site, const char *api, ndm_manager m, ndm__array *base,
                           ndm_dtype dtype, int ndim, const int64_t *shape,

@@ -14,7 +14,6 @@ static void thread_exit(void *p)
 {
     ndm__thread *t = p;
     ndm__slot_cache_flush(t);
-    ndm__storage_cache_flush(t);
     if (t->scopes != t->scope_inline)
         free(t->scopes);
     if (ndm__tls == t)

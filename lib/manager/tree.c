@@ -160,11 +160,9 @@ char *ndm__manager_path(uint32_t slot, char *buf, size_t n)
     return buf;
 }
 
-ndm__manager *ndm__manager_get(ndm_manager h, const char *api, ndm__site where)
+ndm__manager *ndm__manager_lookup_failed(ndm_manager h, const char *api, const ndm__site *wherep)
 {
-    ndm__manager *m = ndm__manager_peek(h);
-    if (NDM__LIKELY(m != NULL))
-        return m;
+    ndm__site where = *wherep;
     if (h.id == 0) {
         ndm__fail(NDM_E_NULL, api, where, "null manager handle");
         return NULL;

@@ -353,9 +353,9 @@ static ndm_array binary(ndm__site site, const char *api, ndm_manager out, ndm__e
         sa = d.s0;
         sb = d.s1;
     }
-    ndm_manager m = ndm__output_manager(out, a, api, site);
+    ndm__manager *m = ndm__output_record(out, a, api, &site);
     ndm__array *o;
-    if (!m.id || !(h = ndm__array_new_on(site, api, m, dev, rt, nd, shape, &o)).id)
+    if (!m || !(h = ndm__array_new_in(&site, api, m, dev, rt, nd, shape, &o)).id)
         goto done;
     ndm__tensor to = ndm__ew_tensor(o);
     ndm__tensor ta = {ndm__ew_ptr(a), a->dtype, nd, shape, sa};
@@ -385,10 +385,10 @@ static ndm_array binary_scalar(ndm__site site, const char *api, ndm_manager out,
     const ndm__backend_ew *ew = ndm__ew_backend(dev, &index, api, &site);
     if (!ew)
         return NDM_NULL_ARRAY;
-    ndm_manager m = ndm__output_manager(out, a, api, site);
+    ndm__manager *m = ndm__output_record(out, a, api, &site);
     ndm__array *o;
     ndm_array h;
-    if (!m.id || !(h = ndm__array_new_on(site, api, m, dev, rt, a->ndim, a->shape, &o)).id)
+    if (!m || !(h = ndm__array_new_in(&site, api, m, dev, rt, a->ndim, a->shape, &o)).id)
         return NDM_NULL_ARRAY;
     _Alignas(8) unsigned char value[8];
     ndm__ew_scalar_value(s, via, ct, value);

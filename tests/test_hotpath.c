@@ -1,0 +1,230 @@
+/* The hot path's bookkeeping: a storage lives in the record of the array
+ * that made it, so that record's slot waits for the storage's last view;
+ * views dying on several threads at once; the inline output rule. Also run
+ * under ThreadSanitizer. */
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "helpers.h"
+
+/* Values of a float array read through the public accessor. */
+static void assert_floats(ndm_array a, const float *want, int n)
+{
+    const float *p = ndm_array_data(a);
+    assert_non_null(p);
+    assert_int_equal(ndm_array_size(a), n);
+    for (int i = 0; i < n; i++)
+        if (p[i] != want[i])
+            fail_msg("element %d is %g, expected %g", i, (double)p[i], (double)want[i]);
+}
+
+/* Make and release `n` small arrays, so that freed slots come round again. */
+static void churn(ndm_manager m, int n)
+{
+    for (int i = 0; i < n; i++) {
+        ndm_array t = ndm_empty(m, NDM_U8, NDM_SHAPE(1));
+        assert_live(t);
+        assert_ok(ndm_array_release(t));
+    }
+}
+
+/* The stale message of `dead` says whether its slot has been reused. */
+static bool slot_reused(ndm_array dead)
+{
+    ndm_clear_error();
+    assert_int_equal(ndm_array_ndim(dead), -1);
+    assert_int_equal(ndm_last_status(), NDM_E_CLOSED);
+    return strstr(ndm_last_error(), "has been reused") != NULL;
+}
+
+static int64_t allocated_now(void)
+{
+    int64_t v = -1;
+    assert_ok(ndm_memory_stat_get(NDM_CPU, "allocated_bytes.all.current", &v));
+    return v;
+}
+
+static void test_storage_home_slot_waits_for_last_view(void **state)
+{
+    ndm_manager m = ROOT(state);
+    int64_t before = allocated_now();
+    float src[6] = {1, 2, 3, 4, 5, 6};
+    int made = __LINE__; ndm_array base = ndm_from_buffer(m, NDM_F32, src, NDM_SHAPE(6));
+    ndm_array tail = ndm_slice(base, 0, 2, 6, 1);
+    assert_live(tail);
+    int freed = __LINE__; assert_ok(ndm_array_release(base));
+    /* Far more creations than the slot cache holds: the base's record still
+     * holds the storage the view reads, so its slot is not handed out. */
+    churn(m, 20000);
+    assert_false(slot_reused(base));
+    char want[256];
+    snprintf(want, sizeof want,
+             "array f32[6] created at test_hotpath.c:%d (%s) was released at "
+             "test_hotpath.c:%d (%s)",
+             made, __func__, freed, __func__);
+    assert_error_has(want);
+    assert_floats(tail, (const float[]){3, 4, 5, 6}, 4);
+    float *p = ndm_array_data(tail);
+    p[0] = 30;
+    churn(m, 100);
+    assert_floats(tail, (const float[]){30, 4, 5, 6}, 4);
+    assert_int_equal(allocated_now(), before + 512);
+    /* The last view frees the memory and, with it, the base's slot. */
+    assert_ok(ndm_array_release(tail));
+    assert_int_equal(allocated_now(), before);
+    bool reused = false;
+    for (int i = 0; i < 40 && !reused; i++) {
+        churn(m, 512);
+        reused = slot_reused(base);
+    }
+    assert_true(reused);
+    assert_manager_empty(m);
+}
+
+static int frees_seen;
+static void count_free(void *data, void *ud)
+{
+    (void)ud;
+    free(data);
+    frees_seen++;
+}
+
+static void test_storage_wrapped_buffer_freed_by_last_view(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_manager other = ndm_manager_new(m, "other");
+    float *buf = malloc(4 * sizeof *buf);
+    assert_non_null(buf);
+    for (int i = 0; i < 4; i++)
+        buf[i] = (float)(i + 1);
+    frees_seen = 0;
+    ndm_array base = ndm_wrap_buffer(m, NDM_F32, buf, count_free, NULL, NDM_SHAPE(4));
+    ndm_array mid = ndm_reshape(base, NDM_SHAPE(2, 2));
+    ndm_array last = ndm_alias(mid);
+    assert_live(last);
+    assert_ok(ndm_attach(last, other));
+    assert_ok(ndm_array_release(base));
+    assert_ok(ndm_array_release(mid));
+    assert_int_equal(frees_seen, 0);
+    assert_floats(last, (const float[]){1, 2, 3, 4}, 4);
+    /* The charge followed the last view into `other`. */
+    ndm_stats st;
+    assert_ok(ndm_manager_stats(other, NDM_CPU, 0, &st));
+    assert_int_equal(st.live_bytes, 16);
+    assert_ok(ndm_manager_stats(m, NDM_CPU, 0, &st));
+    assert_int_equal(st.live_bytes, 0);
+    assert_ok(ndm_manager_close(other));
+    assert_int_equal(frees_seen, 1);
+    assert_manager_empty(m);
+}
+
+static void test_storage_close_releases_base_before_views(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_manager batch = ndm_manager_new(m, "batch");
+    ndm_array base = ndm_full(batch, NDM_F32, 2.0, NDM_SHAPE(8));
+    /* Views made after the base are released first by the close (newest
+     * first); a view kept elsewhere outlives the close. */
+    ndm_array v1 = ndm_slice(base, 0, 0, 4, 1);
+    ndm_array kept = ndm_slice(base, 0, 4, 8, 1);
+    assert_live(kept);
+    assert_ok(ndm_attach(kept, m));
+    assert_live(v1);
+    assert_ok(ndm_manager_close(batch));
+    assert_false(ndm_array_valid(base));
+    assert_false(ndm_array_valid(v1));
+    assert_floats(kept, (const float[]){2, 2, 2, 2}, 4);
+    ndm_stats st;
+    assert_ok(ndm_manager_stats(m, NDM_CPU, 0, &st));
+    assert_int_equal(st.live_bytes, 32);
+    assert_int_equal(st.live_arrays, 1);
+    assert_ok(ndm_array_release(kept));
+    assert_manager_empty(m);
+}
+
+/* ---- views dying on two threads at once ------------------------------------------ */
+
+#define ROUNDS 2000
+#define VIEWS 3
+
+typedef struct racer {
+    pthread_barrier_t *go;
+    ndm_manager scratch;
+    ndm_array *victims; /* ROUNDS x (1 + VIEWS): this thread's share */
+    int stride, first, count;
+    int errors;
+} racer;
+
+static void *release_share(void *p)
+{
+    racer *r = p;
+    for (int round = 0; round < ROUNDS; round++) {
+        pthread_barrier_wait(r->go);
+        for (int k = 0; k < r->count; k++) {
+            ndm_array a = r->victims[round * r->stride + r->first + k];
+            float *d = ndm_array_data(a);
+            if (!d || d[0] != (float)round || ndm_array_release(a) != NDM_OK)
+                r->errors++;
+        }
+        /* New arrays take the slots just freed, the other thread's dead
+         * records among them. */
+        for (int k = 0; k < 4; k++) {
+            ndm_array t = ndm_full(r->scratch, NDM_F32, -1.0, NDM_SHAPE(4));
+            if (!t.id || ndm_array_release(t) != NDM_OK)
+                r->errors++;
+        }
+    }
+    return NULL;
+}
+
+static void test_storage_views_released_on_two_threads(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_manager a = ndm_manager_new(m, "a");
+    ndm_manager b = ndm_manager_new(m, "b");
+    int64_t before = allocated_now();
+    ndm_array *v = malloc(sizeof *v * ROUNDS * (1 + VIEWS));
+    assert_non_null(v);
+    for (int round = 0; round < ROUNDS; round++) {
+        ndm_array *row = v + round * (1 + VIEWS);
+        row[0] = ndm_full(a, NDM_F32, (double)round, NDM_SHAPE(4));
+        for (int k = 1; k <= VIEWS; k++)
+            row[k] = ndm_alias_to(k % 2 ? b : a, row[0]);
+        for (int k = 0; k <= VIEWS; k++)
+            assert_live(row[k]);
+    }
+    /* One thread releases each base and one view, the other the rest: the
+     * base and the last view die on different threads in either order. */
+    pthread_barrier_t go;
+    assert_int_equal(pthread_barrier_init(&go, NULL, 2), 0);
+    racer r1 = {&go, m, v, 1 + VIEWS, 0, 2, 0};
+    racer r2 = {&go, m, v, 1 + VIEWS, 2, VIEWS - 1, 0};
+    pthread_t t1, t2;
+    assert_int_equal(pthread_create(&t1, NULL, release_share, &r1), 0);
+    assert_int_equal(pthread_create(&t2, NULL, release_share, &r2), 0);
+    pthread_join(t1, NULL);
+    pthread_join(t2, NULL);
+    pthread_barrier_destroy(&go);
+    assert_int_equal(r1.errors + r2.errors, 0);
+    for (int i = 0; i < ROUNDS * (1 + VIEWS); i++)
+        assert_false(ndm_array_valid(v[i]));
+    free(v);
+    assert_int_equal(allocated_now(), before);
+    ndm_stats st;
+    assert_ok(ndm_manager_stats(m, NDM_CPU, NDM_STATS_SUBTREE, &st));
+    assert_int_equal(st.live_arrays, 0);
+    assert_int_equal(st.live_bytes, 0);
+    assert_ok(ndm_manager_close(a));
+    assert_ok(ndm_manager_close(b));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        TEST(test_storage_home_slot_waits_for_last_view),
+        TEST(test_storage_wrapped_buffer_freed_by_last_view),
+        TEST(test_storage_close_releases_base_before_views),
+        TEST(test_storage_views_released_on_two_threads),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
