@@ -200,17 +200,25 @@ ndm_status ndm__alloc(ndm_device dev, size_t nbytes, const ndm__alloc_tag *tag, 
     ndm__pool *p = atomic_load_explicit(&pools[i], memory_order_acquire);
     if (__builtin_expect(!p || atomic_load_explicit(&conf_bad[i], memory_order_relaxed), 0))
         return alloc_rare(dev, nbytes, tag, out);
+    if (ndm__pool_alloc_fast(p, nbytes, tag, out))
+        return NDM_OK;
     return ndm__pool_alloc(p, nbytes, tag, out);
 }
 
 void ndm__free(ndm_device dev, ndm__block *blk)
 {
-    if (!blk->cookie)
+    ndm__ablk *b = blk->cookie;
+    if (!b)
         return;
     int i = pool_index(dev);
     ndm__pool *p = i >= 0 ? atomic_load_explicit(&pools[i], memory_order_acquire) : NULL;
-    if (p)
-        ndm__pool_free(p, blk);
+    if (!p)
+        return;
+    if (ndm__tc_try_free(p, b)) {
+        *blk = (ndm__block){NULL, NULL, 0};
+        return;
+    }
+    ndm__pool_free(p, blk);
 }
 
 void ndm__alloc_retag(const ndm__block *blk, uint32_t manager)
