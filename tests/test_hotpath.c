@@ -1,7 +1,7 @@
 /* The hot path's bookkeeping: a storage lives in the record of the array
  * that made it, so that record's slot waits for the storage's last view;
- * views dying on several threads at once; the inline output rule. Also run
- * under ThreadSanitizer. */
+ * views dying on several threads at once; a manager's lock biased to the
+ * thread that made it and taken by others. Also run under ThreadSanitizer. */
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -218,6 +218,108 @@ static void test_storage_views_released_on_two_threads(void **state)
     assert_ok(ndm_manager_close(b));
 }
 
+/* ---- a manager's lock, biased to its creator, taken by another thread ------------ */
+
+#define LOCK_ROUNDS 200
+#define LOCK_ARRAYS 50
+
+typedef struct sharer {
+    pthread_barrier_t *go;
+    ndm_manager *current; /* the round's manager, set by the creator */
+    int errors;
+} sharer;
+
+static int make_and_release(ndm_manager m, float value)
+{
+    int errors = 0;
+    ndm_array keep[LOCK_ARRAYS];
+    for (int i = 0; i < LOCK_ARRAYS; i++) {
+        keep[i] = ndm_full(m, NDM_F32, value, NDM_SHAPE(4));
+        if (!keep[i].id)
+            errors++;
+    }
+    for (int i = 0; i < LOCK_ARRAYS; i++) {
+        float *d = ndm_array_data(keep[i]);
+        if (!d || d[3] != value || ndm_array_release(keep[i]) != NDM_OK)
+            errors++;
+    }
+    return errors;
+}
+
+static void *share_rounds(void *p)
+{
+    sharer *s = p;
+    for (int round = 0; round < LOCK_ROUNDS; round++) {
+        pthread_barrier_wait(s->go);
+        s->errors += make_and_release(*s->current, 2.0f);
+        pthread_barrier_wait(s->go);
+    }
+    return NULL;
+}
+
+static void test_manager_lock_taken_from_another_thread(void **state)
+{
+    ndm_manager root = ROOT(state);
+    pthread_barrier_t go;
+    assert_int_equal(pthread_barrier_init(&go, NULL, 2), 0);
+    ndm_manager current = NDM_NULL_MANAGER;
+    sharer other = {&go, &current, 0};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, share_rounds, &other), 0);
+    int errors = 0;
+    for (int round = 0; round < LOCK_ROUNDS; round++) {
+        /* A fresh manager each round: its creator works in it on the fast
+         * path while the other thread's first use takes the bias away. */
+        current = ndm_manager_new(root, "shared");
+        assert_live(current);
+        errors += make_and_release(current, 1.0f) ? 1 : 0;
+        pthread_barrier_wait(&go);
+        errors += make_and_release(current, 1.0f);
+        pthread_barrier_wait(&go);
+        ndm_stats st;
+        assert_ok(ndm_manager_stats(current, NDM_CPU, 0, &st));
+        assert_int_equal(st.created, 3 * LOCK_ARRAYS);
+        assert_int_equal(st.released, 3 * LOCK_ARRAYS);
+        assert_int_equal(st.live_arrays, 0);
+        assert_int_equal(st.live_bytes, 0);
+        assert_int_equal(st.peak_bytes >= 16 * LOCK_ARRAYS, true);
+        assert_ok(ndm_manager_close(current));
+    }
+    pthread_join(th, NULL);
+    pthread_barrier_destroy(&go);
+    assert_int_equal(errors + other.errors, 0);
+}
+
+/* A manager made on one thread and closed on another, with its arrays. */
+static void *close_it(void *p)
+{
+    ndm_manager *m = p;
+    if (ndm_manager_close(*m) != NDM_OK)
+        *m = NDM_NULL_MANAGER;
+    return NULL;
+}
+
+static void test_manager_closed_by_another_thread(void **state)
+{
+    ndm_manager root = ROOT(state);
+    for (int round = 0; round < 20; round++) {
+        ndm_manager m = ndm_manager_new(root, "request");
+        ndm_array a = ndm_full(m, NDM_F32, 3.0, NDM_SHAPE(8));
+        assert_live(a);
+        ndm_manager closing = m;
+        pthread_t th;
+        assert_int_equal(pthread_create(&th, NULL, close_it, &closing), 0);
+        pthread_join(th, NULL);
+        assert_int_equal(closing.id, m.id);
+        assert_false(ndm_array_valid(a));
+        /* The creator still works in its other managers on its fast path. */
+        ndm_manager next = ndm_manager_new(root, "next");
+        assert_int_equal(make_and_release(next, 4.0f), 0);
+        assert_ok(ndm_manager_close(next));
+    }
+    assert_manager_empty(root);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -225,6 +327,8 @@ int main(void)
         TEST(test_storage_wrapped_buffer_freed_by_last_view),
         TEST(test_storage_close_releases_base_before_views),
         TEST(test_storage_views_released_on_two_threads),
+        TEST(test_manager_lock_taken_from_another_thread),
+        TEST(test_manager_closed_by_another_thread),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -286,16 +286,16 @@ static inline void link_into(ndm__manager *m, ndm__array *r)
  * view). False when m started closing since the caller's check. */
 static inline bool link_new(ndm__manager *m, ndm__array *r, int dev, int64_t bytes)
 {
-    ndm__lock_take(&m->lock);
+    ndm__mlock_take(m);
     if (NDM__UNLIKELY(atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_CLOSING)) {
-        ndm__lock_drop(&m->lock);
+        ndm__mlock_drop(m);
         return false;
     }
     link_into(m, r);
     m->live++;
     m->created++;
     ndm__bytes_add(m, dev, bytes);
-    ndm__lock_drop(&m->lock);
+    ndm__mlock_drop(m);
     return true;
 }
 
@@ -511,9 +511,9 @@ ndm_array ndm__array_view(ndm__site site, const char *api, ndm_manager mh, ndm__
     }
     r->offset = offset;
     /* Lock order: manager, then storage. */
-    ndm__lock_take(&m->lock);
+    ndm__mlock_take(m);
     if (NDM__UNLIKELY(atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_CLOSING)) {
-        ndm__lock_drop(&m->lock);
+        ndm__mlock_drop(m);
         free_dims(r);
         ndm__array_slot_free(slot);
         return started_closing(m, api, &site);
@@ -530,7 +530,7 @@ ndm_array ndm__array_view(ndm__site site, const char *api, ndm_manager mh, ndm__
     link_into(m, r);
     m->live++;
     m->created++;
-    ndm__lock_drop(&m->lock);
+    ndm__mlock_drop(m);
     atomic_store_explicit(&r->live, 1, memory_order_release);
     if (out)
         *out = r;
@@ -669,26 +669,26 @@ ndm_status ndm__array_release(ndm__array *r, ndm__site site, const char *api)
     uint32_t gen = atomic_load_explicit(&r->gen, memory_order_relaxed);
     for (;;) {
         ndm__manager *m = ndm__manager_slot(r->mgr);
-        ndm__lock_take(&m->lock);
+        ndm__mlock_take(m);
         if (atomic_load_explicit(&r->gen, memory_order_relaxed) != gen ||
             !atomic_load_explicit(&r->live, memory_order_relaxed)) {
-            ndm__lock_drop(&m->lock);
+            ndm__mlock_drop(m);
             return NDM_ALREADY;
         }
         if (ndm__manager_slot(r->mgr) != m) { /* moved by another thread meanwhile */
-            ndm__lock_drop(&m->lock);
+            ndm__mlock_drop(m);
             continue;
         }
         if (atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_CLOSING) {
             /* Its manager's close is releasing it now. */
-            ndm__lock_drop(&m->lock);
+            ndm__mlock_drop(m);
             return NDM_ALREADY;
         }
         unlink_from(m, r);
         m->live--;
         m->released++;
         array_dies(r, m, site, 0, 0);
-        ndm__lock_drop(&m->lock);
+        ndm__mlock_drop(m);
         return NDM_OK;
     }
 }
@@ -718,11 +718,11 @@ static bool give_back(ndm__manager *from, ndm__array *r)
         return false;
     ndm__manager *a = from->self < to->self ? from : to;
     ndm__manager *b = from->self < to->self ? to : from;
-    ndm__lock_take(&a->lock);
-    ndm__lock_take(&b->lock);
+    ndm__mlock_take(a);
+    ndm__mlock_take(b);
     if (atomic_load_explicit(&to->state, memory_order_relaxed) & NDM__M_CLOSING) {
-        ndm__lock_drop(&b->lock);
-        ndm__lock_drop(&a->lock);
+        ndm__mlock_drop(b);
+        ndm__mlock_drop(a);
         return false;
     }
     unlink_from(from, r);
@@ -733,8 +733,8 @@ static bool give_back(ndm__manager *from, ndm__array *r)
     to->live++;
     to->moved_in++;
     r->lender = r->lender_gen = 0;
-    ndm__lock_drop(&b->lock);
-    ndm__lock_drop(&a->lock);
+    ndm__mlock_drop(b);
+    ndm__mlock_drop(a);
     return true;
 }
 
@@ -762,7 +762,7 @@ static void drain(ndm__manager *m, const uint32_t *keep, size_t nkeep, bool sort
                   ndm__site site, bool closing)
 {
     uint32_t m_gen = atomic_load_explicit(&m->gen, memory_order_relaxed);
-    ndm__lock_take(&m->lock);
+    ndm__mlock_take(m);
     uint32_t cur = m->arrays;
     while (cur) {
         ndm__array *r = ndm__array_slot(cur);
@@ -772,9 +772,9 @@ static void drain(ndm__manager *m, const uint32_t *keep, size_t nkeep, bool sort
         }
         if (r->lender) {
             uint32_t g = atomic_load_explicit(&r->gen, memory_order_relaxed);
-            ndm__lock_drop(&m->lock);
+            ndm__mlock_drop(m);
             bool back = give_back(m, r);
-            ndm__lock_take(&m->lock);
+            ndm__mlock_take(m);
             if (back || atomic_load_explicit(&r->gen, memory_order_relaxed) != g ||
                 r->mgr != m->self) {
                 cur = m->arrays;
@@ -789,7 +789,7 @@ static void drain(ndm__manager *m, const uint32_t *keep, size_t nkeep, bool sort
         array_dies(r, m, site, closing ? m->self : 0, closing ? m_gen : 0);
         cur = next;
     }
-    ndm__lock_drop(&m->lock);
+    ndm__mlock_drop(m);
 }
 
 void ndm__manager_drain_arrays(ndm__manager *m, ndm__site site)
@@ -846,11 +846,11 @@ static ndm_status move(ndm_array h, ndm_manager target, enum move_kind kind, con
         }
         ndm__manager *a = from->self < to->self ? from : to;
         ndm__manager *b = from->self < to->self ? to : from;
-        ndm__lock_take(&a->lock);
-        ndm__lock_take(&b->lock);
+        ndm__mlock_take(a);
+        ndm__mlock_take(b);
         if (ndm__manager_slot(r->mgr) != from) { /* moved meanwhile: start over */
-            ndm__lock_drop(&b->lock);
-            ndm__lock_drop(&a->lock);
+            ndm__mlock_drop(b);
+            ndm__mlock_drop(a);
             continue;
         }
         ndm_status st = NDM_OK;
@@ -859,13 +859,13 @@ static ndm_status move(ndm_array h, ndm_manager target, enum move_kind kind, con
         if (!atomic_load_explicit(&r->live, memory_order_relaxed) || (fs & NDM__M_CLOSING)) {
             st = ndm__fail(NDM_E_CLOSED, api, site, "the array is being released by a close");
         } else if (!(ts & NDM__M_LIVE) || (ts & NDM__M_CLOSING)) {
-            ndm__lock_drop(&b->lock);
-            ndm__lock_drop(&a->lock);
+            ndm__mlock_drop(b);
+            ndm__mlock_drop(a);
             ndm__manager_path(to->self, path, sizeof path);
             return ndm__fail(NDM_E_CLOSED, api, site, "target manager '%s' is closing", path);
         } else if ((ts & NDM__M_CAP_ARRAYS) && kind != MOVE_DETACH) {
-            ndm__lock_drop(&b->lock);
-            ndm__lock_drop(&a->lock);
+            ndm__mlock_drop(b);
+            ndm__mlock_drop(a);
             ndm__manager_path(to->self, path, sizeof path);
             return ndm__fail(NDM_E_CAPPED, api, site,
                              "manager '%s' is capped; array %s created at %s refused", path,
@@ -888,8 +888,8 @@ static ndm_status move(ndm_array h, ndm_manager target, enum move_kind kind, con
                 r->lender = r->lender_gen = 0;
             }
         }
-        ndm__lock_drop(&b->lock);
-        ndm__lock_drop(&a->lock);
+        ndm__mlock_drop(b);
+        ndm__mlock_drop(a);
         return st;
     }
 }

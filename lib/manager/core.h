@@ -145,7 +145,10 @@ typedef struct ndm__manager {
     atomic_uint gen;
     uint32_t self;             /* this record's slot number */
     atomic_uint state;         /* NDM__M_* */
-    ndm__lock lock;            /* array list, counters, hooks */
+    ndm__lock lock;            /* array list, counters, hooks: see ndm__mlock_take */
+    atomic_uint busy;          /* the creator is inside the lock on its fast path */
+    atomic_bool biased;        /* the creator may take the lock with plain stores */
+    _Atomic uint64_t creator;  /* id of the creating thread (0: none) */
     uint32_t parent;
     uint32_t parent_gen;       /* to name dead ancestors correctly */
     uint32_t first_child;      /* newest child; siblings linked newest to oldest */
@@ -173,6 +176,46 @@ typedef struct ndm__manager {
     ndm__dump_prev dumped;     /* under the tree lock */
     uint32_t next_free;
 } ndm__manager;
+
+/* ---- manager locks ------------------------------------------------------ */
+
+/* A manager's lock is biased to the thread that created it: that thread
+ * takes it with plain stores (an atomic exchange waits for every pending
+ * store, which costs more than the rest of a small array's creation). The
+ * first other thread to take it clears the bias for good, then waits for the
+ * creator to leave: a membarrier() stands in for the fence the creator's
+ * fast path leaves out, so either the creator sees the bias gone or its busy
+ * flag is seen. From then on everyone takes the exchange lock. Without
+ * membarrier() no manager is biased. */
+extern bool ndm__bias_supported;
+void ndm__bias_setup(void);              /* once, from ndm__init */
+void ndm__mlock_slow(ndm__manager *m);   /* clear the bias if set; take the lock */
+
+static inline void ndm__mlock_take(ndm__manager *m)
+{
+    ndm__thread *t = ndm__tls;
+    if (NDM__LIKELY(t && t->id == atomic_load_explicit(&m->creator, memory_order_relaxed) &&
+                    atomic_load_explicit(&m->biased, memory_order_relaxed))) {
+        atomic_store_explicit(&m->busy, 1, memory_order_relaxed);
+        atomic_signal_fence(memory_order_seq_cst);
+        if (NDM__LIKELY(atomic_load_explicit(&m->biased, memory_order_relaxed)))
+            return;
+        atomic_store_explicit(&m->busy, 0, memory_order_release);
+    }
+    ndm__mlock_slow(m);
+}
+
+static inline void ndm__mlock_drop(ndm__manager *m)
+{
+    ndm__thread *t = ndm__tls;
+    /* Only the creator sets busy, and only on its fast path. */
+    if (t && t->id == atomic_load_explicit(&m->creator, memory_order_relaxed) &&
+        atomic_load_explicit(&m->busy, memory_order_relaxed)) {
+        atomic_store_explicit(&m->busy, 0, memory_order_release);
+        return;
+    }
+    ndm__lock_drop(&m->lock);
+}
 
 /* ---- handle tables ------------------------------------------------------ */
 

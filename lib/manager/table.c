@@ -1,9 +1,12 @@
 /* Handle tables: records live in chunks that are never freed, so checking a
  * stale handle reads only memory that stays valid for the whole process. */
+#include <linux/membarrier.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "core.h"
 #include "thread.h"
@@ -222,5 +225,36 @@ void ndm__lock_slow(ndm__lock *l)
         }
         if (!atomic_exchange_explicit(&l->v, 1, memory_order_acquire))
             return;
+    }
+}
+
+/* ---- biased manager locks ------------------------------------------------------------ */
+
+bool ndm__bias_supported;
+
+void ndm__bias_setup(void)
+{
+    long r = syscall(__NR_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+    ndm__bias_supported =
+        r >= 0 && (r & MEMBARRIER_CMD_PRIVATE_EXPEDITED) &&
+        syscall(__NR_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
+}
+
+void ndm__mlock_slow(ndm__manager *m)
+{
+    ndm__lock_take(&m->lock);
+    if (!atomic_load_explicit(&m->biased, memory_order_relaxed))
+        return;
+    /* The lock is held: no other thread clears the bias at the same time. */
+    atomic_store_explicit(&m->biased, false, memory_order_relaxed);
+    syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
+    for (unsigned spins = 0; atomic_load_explicit(&m->busy, memory_order_acquire); spins++) {
+        if (spins < 64) {
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#endif
+        } else {
+            sched_yield();
+        }
     }
 }

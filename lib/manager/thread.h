@@ -15,6 +15,7 @@
 #define NDM__SCOPES_INLINE 16
 
 typedef struct ndm__thread {
+    uint64_t id;               /* never reused: managers remember their creator by it */
     /* array slots: a FIFO so a freed slot is reused late and a stale handle
      * still finds how its array died */
     uint32_t ring[NDM__SLOT_RING];

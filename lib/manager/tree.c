@@ -59,6 +59,11 @@ static void record_init(ndm__manager *m, ndm__manager *parent, const char *name,
         atomic_store_explicit(&m->inbox[d], 0, memory_order_relaxed);
     m->hooks = NULL;
     memset(&m->dumped, 0, sizeof m->dumped);
+    /* Nobody holds the lock of a free record: its bias starts afresh. */
+    ndm__thread *t = ndm__bias_supported ? ndm__thread_get() : NULL;
+    atomic_store_explicit(&m->creator, t ? t->id : 0, memory_order_relaxed);
+    atomic_store_explicit(&m->biased, t != NULL, memory_order_relaxed);
+    atomic_store_explicit(&m->busy, 0, memory_order_relaxed);
     if (parent) {
         /* newest child first */
         m->sib_next = parent->first_child;
@@ -78,6 +83,7 @@ static void leak_report_at_exit(void)
 
 static void init_process(void)
 {
+    ndm__bias_setup();
     ndm__tree_lock();
     uint32_t s = ndm__manager_slot_alloc();
     uint32_t d = ndm__manager_slot_alloc();
@@ -271,10 +277,10 @@ static ndm_status run_hooks(ndm__manager *m)
      * after setting it, so nobody adds hooks any more. */
     if (!m->hooks)
         return NDM_OK;
-    ndm__lock_take(&m->lock);
+    ndm__mlock_take(m);
     ndm__hook *h = m->hooks;
     m->hooks = NULL;
-    ndm__lock_drop(&m->lock);
+    ndm__mlock_drop(m);
     ndm_status result = NDM_OK;
     while (h) {
         ndm__hook *next = h->next;
@@ -294,9 +300,9 @@ static ndm_status run_hooks(ndm__manager *m)
         free(h);
         h = next;
     }
-    ndm__lock_take(&m->lock);
+    ndm__mlock_take(m);
     m->resources = 0;
-    ndm__lock_drop(&m->lock);
+    ndm__mlock_drop(m);
     return result;
 }
 
@@ -311,9 +317,9 @@ static ndm_status close_manager(ndm__manager *m, ndm__site site)
     }
     /* From here no child can be created under m and no array can enter or
      * leave it except through this close. */
-    ndm__lock_take(&m->lock);
+    ndm__mlock_take(m);
     atomic_fetch_or_explicit(&m->state, NDM__M_CLOSING, memory_order_acq_rel);
-    ndm__lock_drop(&m->lock);
+    ndm__mlock_drop(m);
 
     /* Children newest first. A child that another thread is closing right now
      * is waited for: it unlinks itself when done. */
@@ -391,9 +397,9 @@ NDM_API ndm_status ndm_manager_cap(ndm_manager h, unsigned flags)
         return ndm__fail(NDM_E_ROOT, __func__, NDM__NO_SITE,
                          "the built-in manager '%s' cannot be capped", m->name);
     ndm__tree_lock();
-    ndm__lock_take(&m->lock);
+    ndm__mlock_take(m);
     atomic_fetch_or_explicit(&m->state, flags << NDM__CAP_SHIFT, memory_order_acq_rel);
-    ndm__lock_drop(&m->lock);
+    ndm__mlock_drop(m);
     ndm__tree_unlock();
     return NDM_OK;
 }
@@ -409,9 +415,9 @@ NDM_API ndm_status ndm_manager_uncap(ndm_manager h, unsigned flags)
         return ndm__fail(NDM_E_ROOT, __func__, NDM__NO_SITE,
                          "the built-in manager '%s' cannot be uncapped", m->name);
     ndm__tree_lock();
-    ndm__lock_take(&m->lock);
+    ndm__mlock_take(m);
     atomic_fetch_and_explicit(&m->state, ~(flags << NDM__CAP_SHIFT), memory_order_acq_rel);
-    ndm__lock_drop(&m->lock);
+    ndm__mlock_drop(m);
     ndm__tree_unlock();
     return NDM_OK;
 }
@@ -428,9 +434,9 @@ NDM_API unsigned ndm_manager_caps(ndm_manager h)
 /* Sum of the bytes charged in the subtree of m on device slot dev; tree lock held. */
 static int64_t subtree_bytes_locked(ndm__manager *m, int dev)
 {
-    ndm__lock_take(&m->lock);
+    ndm__mlock_take(m);
     int64_t sum = ndm__bytes_of(m, dev);
-    ndm__lock_drop(&m->lock);
+    ndm__mlock_drop(m);
     for (uint32_t c = m->first_child; c; c = ndm__manager_slot(c)->sib_next)
         sum += subtree_bytes_locked(ndm__manager_slot(c), dev);
     return sum;
@@ -487,10 +493,10 @@ NDM_API uint64_t ndm_manager_limit(ndm_manager h, ndm_device device)
 
 static ndm_status add_hook(ndm__manager *m, ndm__hook *hk, const char *api, ndm__site site)
 {
-    ndm__lock_take(&m->lock);
+    ndm__mlock_take(m);
     unsigned st = atomic_load_explicit(&m->state, memory_order_relaxed);
     if (st & NDM__M_CLOSING) {
-        ndm__lock_drop(&m->lock);
+        ndm__mlock_drop(m);
         free(hk->name);
         free(hk);
         return ndm__fail(NDM_E_CLOSED, api, site, "manager '%s' is closing", m->name);
@@ -498,7 +504,7 @@ static ndm_status add_hook(ndm__manager *m, ndm__hook *hk, const char *api, ndm_
     hk->next = m->hooks;
     m->hooks = hk;
     m->resources++;
-    ndm__lock_drop(&m->lock);
+    ndm__mlock_drop(m);
     return NDM_OK;
 }
 
