@@ -10,14 +10,41 @@
 
 /* ---- storage ---------------------------------------------------------------- */
 
-/* Free the storage's memory and give its bytes back; refs reached 0. */
-static void storage_destroy(ndm__storage *s)
+/* Blocks of dead storages freed together: a close frees many, and the
+ * allocator does its bookkeeping once for a run of them (ndm__free_many). */
+#define FREE_BATCH 64
+typedef struct free_batch {
+    ndm_device dev;
+    int n;
+    ndm__block blocks[FREE_BATCH];
+} free_batch;
+
+static void batch_flush(free_batch *fb)
 {
-    ndm__uncharge(ndm__manager_slot(s->charged), s->dev, (int64_t)s->nbytes);
-    if (s->block.cookie || s->block.ptr)
-        ndm__free(s->device, &s->block);
-    else if (s->free_fn)
+    if (fb->n) {
+        ndm__free_many(fb->dev, fb->blocks, (size_t)fb->n);
+        fb->n = 0;
+    }
+}
+
+/* Free the storage's memory (now, or with the batch fb when given) and give
+ * its bytes back; refs reached 0. */
+static inline void storage_destroy(ndm__storage *s, free_batch *fb)
+{
+    ndm__uncharge(ndm__manager_rec(s->charged), s->dev, (int64_t)s->nbytes);
+    if (s->block.cookie || s->block.ptr) {
+        if (!fb) {
+            ndm__free(s->device, &s->block);
+            return;
+        }
+        if (fb->n == FREE_BATCH || (fb->n && (fb->dev.type != s->device.type ||
+                                              fb->dev.index != s->device.index)))
+            batch_flush(fb);
+        fb->dev = s->device;
+        fb->blocks[fb->n++] = s->block;
+    } else if (s->free_fn) {
         s->free_fn(s->data, s->free_ud);
+    }
 }
 
 /* ---- small helpers --------------------------------------------------------- */
@@ -106,7 +133,7 @@ ndm_status ndm__axis(int axis, int ndim, bool insert, int *out, const char *api,
 
 /* ---- checked lookup ------------------------------------------------------- */
 
-ndm__array *ndm__array_lookup_failed(ndm_array h, const char *api, const ndm__site *wherep,
+NDM__COLD ndm__array *ndm__array_lookup_failed(ndm_array h, const char *api, const ndm__site *wherep,
                                      bool propagate)
 {
     ndm__site where = *wherep;
@@ -193,7 +220,7 @@ ndm__manager *ndm__output_record_slow(ndm_manager named, ndm__array *first_input
 /* ---- creation --------------------------------------------------------------- */
 
 /* Check that manager m accepts a new array; the caller's site is named. */
-static ndm_status accepts(ndm__manager *m, const char *api, const ndm__site *where,
+static NDM__COLD ndm_status accepts(ndm__manager *m, const char *api, const ndm__site *where,
                           ndm_dtype dtype, int ndim, const int64_t *shape)
 {
     unsigned st = atomic_load_explicit(&m->state, memory_order_acquire);
@@ -254,7 +281,7 @@ static ndm_status set_dims(ndm__array *r, int ndim, const int64_t *shape, const 
     return NDM_OK;
 }
 
-static void free_heap_dims(ndm__array *r)
+static NDM__COLD void free_heap_dims(ndm__array *r)
 {
     /* A dead record shows its first sizes in messages. */
     int k = r->ndim < NDM__INLINE_DIMS ? r->ndim : NDM__INLINE_DIMS;
@@ -278,7 +305,7 @@ static inline void link_into(ndm__manager *m, ndm__array *r)
     r->prev = 0;
     r->next = m->arrays;
     if (m->arrays)
-        ndm__array_slot(m->arrays)->prev = r->self;
+        ndm__array_rec(m->arrays)->prev = r->self;
     m->arrays = r->self;
 }
 
@@ -286,20 +313,20 @@ static inline void link_into(ndm__manager *m, ndm__array *r)
  * view). False when m started closing since the caller's check. */
 static inline bool link_new(ndm__manager *m, ndm__array *r, int dev, int64_t bytes)
 {
-    ndm__mlock_take(m);
+    bool fast = ndm__mlock_acquire(m);
     if (NDM__UNLIKELY(atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_CLOSING)) {
-        ndm__mlock_drop(m);
+        ndm__mlock_release(m, fast);
         return false;
     }
     link_into(m, r);
     m->live++;
     m->created++;
     ndm__bytes_add(m, dev, bytes);
-    ndm__mlock_drop(m);
+    ndm__mlock_release(m, fast);
     return true;
 }
 
-static ndm_array started_closing(ndm__manager *m, const char *api, const ndm__site *site)
+static NDM__COLD ndm_array started_closing(ndm__manager *m, const char *api, const ndm__site *site)
 {
     ndm__fail(NDM_E_CLOSED, api, *site, "manager '%s' started closing", m->name);
     return NDM_NULL_ARRAY;
@@ -315,7 +342,9 @@ static inline void record_init(ndm__array *r, ndm_dtype dtype, ndm__storage *s,
     r->ext = NULL;
     r->sv_prev = r->sv_next = 0;
     r->lender = r->lender_gen = 0;
-    r->site = *site;
+    r->site.file = site->file;
+    r->site.func = site->func;
+    r->site.line = site->line;
     r->epoch = atomic_load_explicit(&ndm__epoch, memory_order_relaxed);
 }
 
@@ -362,7 +391,7 @@ static inline bool shape_bytes(int ndim, const int64_t *shape, ndm_dtype dtype, 
     return true;
 }
 
-static ndm_array shape_refused(int ndim, const int64_t *shape, ndm_dtype dtype, const char *api,
+static NDM__COLD ndm_array shape_refused(int ndim, const int64_t *shape, ndm_dtype dtype, const char *api,
                                const ndm__site *site)
 {
     if (ndm__shape_check(ndim, shape, dtype, NULL, NULL, api, *site) == NDM_OK)
@@ -395,7 +424,7 @@ ndm_array ndm__array_new_in(const ndm__site *site, const char *api, ndm__manager
         ndm__fail(NDM_E_OOM, api, *site, "no memory for an array record");
         return NDM_NULL_ARRAY;
     }
-    ndm__array *r = ndm__array_slot(slot);
+    ndm__array *r = ndm__array_rec(slot);
     ndm__storage *s = &r->own;
     ndm__alloc_tag tag = {m->self, site->file, site->func, site->line};
     if (NDM__UNLIKELY(ndm__alloc(dev, nbytes, &tag, &s->block) < 0)) {
@@ -409,11 +438,12 @@ ndm_array ndm__array_new_in(const ndm__site *site, const char *api, ndm__manager
         ndm__free(dev, &s->block);
         goto fail;
     }
-    int64_t stride = 1;
+    int64_t *sizes = r->shape, *strides = r->strides, stride = 1;
     for (int i = ndim - 1; i >= 0; i--) {
-        r->shape[i] = shape[i];
-        r->strides[i] = stride;
-        stride *= shape[i] ? shape[i] : 1;
+        int64_t e = shape[i];
+        sizes[i] = e;
+        strides[i] = stride;
+        stride *= e ? e : 1;
     }
     storage_init(r, m, d, dev, nbytes);
     if (NDM__UNLIKELY(!link_new(m, r, d, (int64_t)nbytes))) {
@@ -552,9 +582,9 @@ static uint32_t count_views(ndm__storage *s, uint32_t mgr)
 /* The last view of s died: its memory and bytes go back, and its home
  * record's slot, kept while views outlived it, is freed unless that record
  * is `dying` (which frees its own slot). */
-static void storage_dies(ndm__storage *s, ndm__array *dying)
+static inline void storage_dies(ndm__storage *s, ndm__array *dying, free_batch *fb)
 {
-    storage_destroy(s);
+    storage_destroy(s, fb);
     if (s != &dying->own)
         ndm__array_slot_free(ndm__storage_home(s)->self);
 }
@@ -562,15 +592,24 @@ static void storage_dies(ndm__storage *s, ndm__array *dying)
 /* View r of storage s dies; its manager was `from`. Manager lock of `from`
  * is held by the caller (or `from` is closing under this thread). Returns
  * whether r's slot must wait: its own storage lives on in other views. */
-static bool view_dies(ndm__array *r, ndm__manager *from)
+static bool shared_view_dies(ndm__array *r, ndm__manager *from, free_batch *fb);
+
+static inline bool view_dies(ndm__array *r, ndm__manager *from, free_batch *fb)
 {
     ndm__storage *s = r->storage;
     if (NDM__LIKELY(atomic_load_explicit(&s->refs, memory_order_acquire) == 1)) {
         /* The only view: nobody else can reach s. */
         atomic_store_explicit(&s->refs, 0, memory_order_relaxed);
-        storage_dies(s, r);
+        storage_dies(s, r, fb);
         return false;
     }
+    return shared_view_dies(r, from, fb);
+}
+
+/* view_dies when other views may share the storage. */
+static bool shared_view_dies(ndm__array *r, ndm__manager *from, free_batch *fb)
+{
+    ndm__storage *s = r->storage;
     ndm__lock_take(&s->lock);
     if (r->sv_prev)
         ndm__array_slot(r->sv_prev)->sv_next = r->sv_next;
@@ -581,7 +620,7 @@ static bool view_dies(ndm__array *r, ndm__manager *from)
     unsigned left = atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) - 1;
     if (left == 0) {
         ndm__lock_drop(&s->lock);
-        storage_dies(s, r);
+        storage_dies(s, r, fb);
         return false;
     }
     if (s->charged == from->self && --s->charged_views == 0) {
@@ -604,10 +643,12 @@ static bool view_dies(ndm__array *r, ndm__manager *from)
  * from closing under this thread). The record is marked dead before its
  * storage reference goes: once the last view of a storage frees the slot of
  * the storage's dead home record, nobody writes that record any more. */
-static void array_dies(ndm__array *r, ndm__manager *from, ndm__site site, uint32_t by,
-                       uint32_t by_gen)
+static inline void array_dies(ndm__array *r, ndm__manager *from, const ndm__site *site,
+                              uint32_t by, uint32_t by_gen, free_batch *fb)
 {
-    r->dead_site = site;
+    r->dead_site.file = site->file;
+    r->dead_site.func = site->func;
+    r->dead_site.line = site->line;
     r->dead_by = by;
     r->dead_by_gen = by_gen;
     free_dims(r);
@@ -615,7 +656,7 @@ static void array_dies(ndm__array *r, ndm__manager *from, ndm__site site, uint32
     unsigned g = atomic_load_explicit(&r->gen, memory_order_relaxed);
     g = (g + 1) & 0x7fffffffu;
     atomic_store_explicit(&r->gen, g ? g : 1, memory_order_release);
-    if (!view_dies(r, from))
+    if (!view_dies(r, from, fb))
         ndm__array_slot_free(r->self);
 }
 
@@ -652,14 +693,14 @@ static ndm_status view_moves(ndm__array *r, ndm__manager *from, ndm__manager *to
 
 /* ---- unlinking and killing ---------------------------------------------------- */
 
-static void unlink_from(ndm__manager *m, ndm__array *r)
+static inline void unlink_from(ndm__manager *m, ndm__array *r)
 {
     if (r->prev)
-        ndm__array_slot(r->prev)->next = r->next;
+        ndm__array_rec(r->prev)->next = r->next;
     else
         m->arrays = r->next;
     if (r->next)
-        ndm__array_slot(r->next)->prev = r->prev;
+        ndm__array_rec(r->next)->prev = r->prev;
     r->prev = r->next = 0;
 }
 
@@ -668,28 +709,25 @@ ndm_status ndm__array_release(ndm__array *r, ndm__site site, const char *api)
     (void)api;
     uint32_t gen = atomic_load_explicit(&r->gen, memory_order_relaxed);
     for (;;) {
-        ndm__manager *m = ndm__manager_slot(r->mgr);
-        ndm__mlock_take(m);
+        ndm__manager *m = ndm__manager_rec(r->mgr);
+        bool fast = ndm__mlock_acquire(m);
+        ndm_status st = NDM_ALREADY;
         if (atomic_load_explicit(&r->gen, memory_order_relaxed) != gen ||
             !atomic_load_explicit(&r->live, memory_order_relaxed)) {
-            ndm__mlock_drop(m);
-            return NDM_ALREADY;
-        }
-        if (ndm__manager_slot(r->mgr) != m) { /* moved by another thread meanwhile */
-            ndm__mlock_drop(m);
+            /* released meanwhile */
+        } else if (r->mgr != m->self) { /* moved by another thread meanwhile */
+            ndm__mlock_release(m, fast);
             continue;
+        } else if (!(atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_CLOSING)) {
+            /* (when closing, its manager's close is releasing it now) */
+            unlink_from(m, r);
+            m->live--;
+            m->released++;
+            array_dies(r, m, &site, 0, 0, NULL);
+            st = NDM_OK;
         }
-        if (atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_CLOSING) {
-            /* Its manager's close is releasing it now. */
-            ndm__mlock_drop(m);
-            return NDM_ALREADY;
-        }
-        unlink_from(m, r);
-        m->live--;
-        m->released++;
-        array_dies(r, m, site, 0, 0);
-        ndm__mlock_drop(m);
-        return NDM_OK;
+        ndm__mlock_release(m, fast);
+        return st;
     }
 }
 
@@ -761,20 +799,27 @@ static bool in_keep(uint32_t slot, const uint32_t *keep, size_t n, bool sorted)
 static void drain(ndm__manager *m, const uint32_t *keep, size_t nkeep, bool sorted,
                   ndm__site site, bool closing)
 {
-    uint32_t m_gen = atomic_load_explicit(&m->gen, memory_order_relaxed);
-    ndm__mlock_take(m);
+    uint32_t by = closing ? m->self : 0;
+    uint32_t by_gen = closing ? atomic_load_explicit(&m->gen, memory_order_relaxed) : 0;
+    uint64_t gone = 0; /* released, not yet counted: the counters catch up before unlocking */
+    free_batch fb;
+    fb.n = 0;
+    bool fast = ndm__mlock_acquire(m);
     uint32_t cur = m->arrays;
     while (cur) {
-        ndm__array *r = ndm__array_slot(cur);
+        ndm__array *r = ndm__array_rec(cur);
         if (nkeep && in_keep(cur, keep, nkeep, sorted)) {
             cur = r->next;
             continue;
         }
         if (r->lender) {
             uint32_t g = atomic_load_explicit(&r->gen, memory_order_relaxed);
-            ndm__mlock_drop(m);
+            m->live -= gone;
+            m->released += gone;
+            gone = 0;
+            ndm__mlock_release(m, fast);
             bool back = give_back(m, r);
-            ndm__mlock_take(m);
+            fast = ndm__mlock_acquire(m);
             if (back || atomic_load_explicit(&r->gen, memory_order_relaxed) != g ||
                 r->mgr != m->self) {
                 cur = m->arrays;
@@ -784,12 +829,14 @@ static void drain(ndm__manager *m, const uint32_t *keep, size_t nkeep, bool sort
         }
         uint32_t next = r->next;
         unlink_from(m, r);
-        m->live--;
-        m->released++;
-        array_dies(r, m, site, closing ? m->self : 0, closing ? m_gen : 0);
+        gone++;
+        array_dies(r, m, &site, by, by_gen, &fb);
         cur = next;
     }
-    ndm__mlock_drop(m);
+    m->live -= gone;
+    m->released += gone;
+    batch_flush(&fb);
+    ndm__mlock_release(m, fast);
 }
 
 void ndm__manager_drain_arrays(ndm__manager *m, ndm__site site)

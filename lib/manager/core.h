@@ -18,9 +18,16 @@
 #if defined(__GNUC__)
 #define NDM__LIKELY(x) __builtin_expect(!!(x), 1)
 #define NDM__UNLIKELY(x) __builtin_expect(!!(x), 0)
+/* For the few helpers of the per-array hot path that the compiler would
+ * otherwise keep out of line (a call costs as much as their body). */
+#define NDM__ALWAYS_INLINE inline __attribute__((always_inline))
+/* An error path kept out of the caller, so the caller needs no frame. */
+#define NDM__COLD __attribute__((noinline, cold))
 #else
 #define NDM__LIKELY(x) (x)
 #define NDM__UNLIKELY(x) (x)
+#define NDM__ALWAYS_INLINE inline
+#define NDM__COLD
 #endif
 
 /* Shapes up to this rank live inside the array record; longer ones on the heap. */
@@ -191,7 +198,9 @@ extern bool ndm__bias_supported;
 void ndm__bias_setup(void);              /* once, from ndm__init */
 void ndm__mlock_slow(ndm__manager *m);   /* clear the bias if set; take the lock */
 
-static inline void ndm__mlock_take(ndm__manager *m)
+/* Take m's lock; true when taken on the creator's fast path. Hand the
+ * result to ndm__mlock_release. */
+static inline bool ndm__mlock_acquire(ndm__manager *m)
 {
     ndm__thread *t = ndm__tls;
     if (NDM__LIKELY(t && t->id == atomic_load_explicit(&m->creator, memory_order_relaxed) &&
@@ -199,22 +208,29 @@ static inline void ndm__mlock_take(ndm__manager *m)
         atomic_store_explicit(&m->busy, 1, memory_order_relaxed);
         atomic_signal_fence(memory_order_seq_cst);
         if (NDM__LIKELY(atomic_load_explicit(&m->biased, memory_order_relaxed)))
-            return;
+            return true;
         atomic_store_explicit(&m->busy, 0, memory_order_release);
     }
     ndm__mlock_slow(m);
+    return false;
 }
+
+static inline void ndm__mlock_release(ndm__manager *m, bool fast)
+{
+    if (fast)
+        atomic_store_explicit(&m->busy, 0, memory_order_release);
+    else
+        ndm__lock_drop(&m->lock);
+}
+
+static inline void ndm__mlock_take(ndm__manager *m) { (void)ndm__mlock_acquire(m); }
 
 static inline void ndm__mlock_drop(ndm__manager *m)
 {
     ndm__thread *t = ndm__tls;
     /* Only the creator sets busy, and only on its fast path. */
-    if (t && t->id == atomic_load_explicit(&m->creator, memory_order_relaxed) &&
-        atomic_load_explicit(&m->busy, memory_order_relaxed)) {
-        atomic_store_explicit(&m->busy, 0, memory_order_release);
-        return;
-    }
-    ndm__lock_drop(&m->lock);
+    ndm__mlock_release(m, t && t->id == atomic_load_explicit(&m->creator, memory_order_relaxed) &&
+                              atomic_load_explicit(&m->busy, memory_order_relaxed));
 }
 
 /* ---- handle tables ------------------------------------------------------ */
@@ -244,6 +260,19 @@ static inline ndm__manager *ndm__manager_slot(uint32_t slot)
     return c ? &c[slot & (NDM__CHUNK_SIZE - 1)] : NULL;
 }
 
+/* The record of a slot known to exist (a list link, an owner, a slot from
+ * the free lists): no test for a missing chunk. */
+static inline ndm__array *ndm__array_rec(uint32_t slot)
+{
+    return &atomic_load_explicit(&ndm__array_chunks[slot >> NDM__CHUNK_BITS],
+                                 memory_order_acquire)[slot & (NDM__CHUNK_SIZE - 1)];
+}
+static inline ndm__manager *ndm__manager_rec(uint32_t slot)
+{
+    return &atomic_load_explicit(&ndm__manager_chunks[slot >> NDM__CHUNK_BITS],
+                                 memory_order_acquire)[slot & (NDM__CHUNK_SIZE - 1)];
+}
+
 static inline ndm_array ndm__array_handle(uint32_t slot, uint32_t gen)
 {
     return (ndm_array){((uint64_t)gen << 32) | slot};
@@ -253,15 +282,16 @@ static inline ndm_manager ndm__manager_handle(uint32_t slot, uint32_t gen)
     return (ndm_manager){NDM__KIND_MANAGER | ((uint64_t)gen << 32) | slot};
 }
 
-/* Fast checks with no error reporting. */
+/* Fast checks with no error reporting. The generation alone tells a live
+ * array: a slot's generation moves on when its array dies, and a handle with
+ * the new one exists only once the next array there is made. */
 static inline ndm__array *ndm__array_peek(ndm_array h)
 {
     if (NDM__UNLIKELY(h.id & NDM__KIND_MANAGER) || (uint32_t)h.id >= (NDM__MAX_CHUNKS << NDM__CHUNK_BITS))
         return NULL;
     ndm__array *r = ndm__array_slot(ndm__id_slot(h.id));
     if (NDM__UNLIKELY(!r) ||
-        atomic_load_explicit(&r->gen, memory_order_acquire) != ndm__id_gen(h.id) ||
-        !atomic_load_explicit(&r->live, memory_order_relaxed))
+        atomic_load_explicit(&r->gen, memory_order_acquire) != ndm__id_gen(h.id))
         return NULL;
     return r;
 }
@@ -328,7 +358,7 @@ static inline uint32_t ndm__array_slot_alloc(void)
     /* The FIFO hands out records freed long ago, so they are cold: fetch the
      * next one for writing now, while this one is being filled. */
     if (th->ring_count) {
-        char *next = (char *)ndm__array_slot(th->ring[th->ring_head]);
+        char *next = (char *)ndm__array_rec(th->ring[th->ring_head]);
         __builtin_prefetch(next, 1, 3);
         __builtin_prefetch(next + 64, 1, 3);
         __builtin_prefetch(next + 128, 1, 3);
@@ -399,7 +429,7 @@ static inline ndm__manager *ndm__output_record(ndm_manager named, ndm__array *fi
 {
     ndm__thread *t = ndm__tls;
     if (NDM__LIKELY(!named.id && first_input && (!t || t->scope_depth == 0)))
-        return ndm__manager_slot(first_input->mgr);
+        return ndm__manager_rec(first_input->mgr);
     return ndm__output_record_slow(named, first_input, api, where);
 }
 
@@ -474,7 +504,12 @@ static inline void ndm__bytes_add(ndm__manager *m, int dev, int64_t bytes)
 }
 
 /* Give back the bytes of a dead storage: m's count (its lock held) and limits. */
-void ndm__uncharge(ndm__manager *m, int dev, int64_t bytes);
+static inline void ndm__uncharge(ndm__manager *m, int dev, int64_t bytes)
+{
+    if (NDM__UNLIKELY(atomic_load_explicit(&m->limit_anchor, memory_order_relaxed) != 0))
+        ndm__limit_release(m, dev, bytes);
+    m->bytes[dev] -= bytes;
+}
 /* Would moving `bytes` from `from` to `to` fit the limits? (no change made) */
 ndm_status ndm__charge_check(ndm__manager *from, ndm__manager *to, int dev, int64_t bytes,
                              const char *api, ndm__site where);

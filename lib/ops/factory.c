@@ -32,8 +32,9 @@ static ndm__manager *factory_record_slow(ndm_manager m, const char *api, const n
 /* A new uninitialised array from a factory. The site goes by pointer and
  * the manager is looked up inline: a small array is made in about as many
  * instructions as these calls would otherwise copy. */
-static ndm_array make(const ndm__site *site, const char *api, ndm_manager m, ndm_dtype dtype,
-                      int ndim, const int64_t *shape, ndm__array **out)
+static NDM__ALWAYS_INLINE ndm_array make(const ndm__site *site, const char *api, ndm_manager m,
+                                         ndm_dtype dtype, int ndim, const int64_t *shape,
+                                         ndm__array **out)
 {
     ndm__manager *r = ndm__manager_peek(m);
     if (NDM__UNLIKELY(!r) && !(r = factory_record_slow(m, api, site)))

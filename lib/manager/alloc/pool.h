@@ -392,6 +392,10 @@ refuse:
     return false;
 }
 
+/* Cache blocks[0..k) as ndm__tc_try_free would, one after another, with the
+ * counters stored once; returns k (the first block refused stops it). */
+size_t ndm__tc_try_free_many(ndm__pool *p, const ndm__block *blks, size_t n);
+
 /* ---- rounding and the fast paths, inline for ndm__alloc and ndm__free ---------- */
 
 static inline size_t ndm__round_pow2_division(size_t size, unsigned divisions)
