@@ -1,7 +1,8 @@
 /* The hot path's bookkeeping: a storage lives in the record of the array
  * that made it, so that record's slot waits for the storage's last view;
  * views dying on several threads at once; a manager's lock biased to the
- * thread that made it and taken by others. Also run under ThreadSanitizer. */
+ * thread that made it, and the tree lock biased to the thread that started
+ * ndm, taken by others. Also run under ThreadSanitizer. */
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -320,9 +321,67 @@ static void test_manager_closed_by_another_thread(void **state)
     assert_manager_empty(root);
 }
 
+/* ---- the tree lock, biased to the thread that started ndm, taken by another ----- */
+
+#define TREE_ROUNDS 300
+
+typedef struct builder {
+    ndm_manager root;
+    pthread_barrier_t *go;
+    int errors;
+} builder;
+
+/* Make a small tree, fill it, close it; false on any failure. */
+static bool build_and_close(ndm_manager root, int round)
+{
+    ndm_manager top = ndm_manager_new(root, "top");
+    bool ok = top.id != 0;
+    for (int c = 0; ok && c < 4; c++) {
+        ndm_manager child = ndm_manager_new(top, "child");
+        ok = child.id && ndm_full(child, NDM_I32, (double)round, NDM_SHAPE(2)).id;
+    }
+    ndm_stats st;
+    ok = ok && ndm_manager_stats(top, NDM_CPU, NDM_STATS_SUBTREE, &st) == NDM_OK &&
+         st.live_arrays == 4 && st.children == 4;
+    return ndm_manager_close(top) == NDM_OK && ok;
+}
+
+static void *build_rounds(void *p)
+{
+    builder *b = p;
+    pthread_barrier_wait(b->go);
+    for (int round = 0; round < TREE_ROUNDS; round++)
+        b->errors += !build_and_close(b->root, round);
+    return NULL;
+}
+
+/* First in the suite: the tree lock is still biased to this thread when the
+ * other thread starts using it. */
+static void test_tree_lock_taken_from_another_thread(void **state)
+{
+    ndm_manager root = ROOT(state);
+    pthread_barrier_t go;
+    assert_int_equal(pthread_barrier_init(&go, NULL, 2), 0);
+    builder other = {root, &go, 0};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, build_rounds, &other), 0);
+    int errors = 0;
+    pthread_barrier_wait(&go);
+    for (int round = 0; round < TREE_ROUNDS; round++)
+        errors += !build_and_close(root, round);
+    pthread_join(th, NULL);
+    pthread_barrier_destroy(&go);
+    assert_int_equal(errors + other.errors, 0);
+    ndm_stats st;
+    assert_ok(ndm_manager_stats(root, NDM_CPU, 0, &st));
+    assert_int_equal(st.children, 0);
+    assert_manager_empty(root);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        TEST(test_tree_lock_taken_from_another_thread),
         TEST(test_storage_home_slot_waits_for_last_view),
         TEST(test_storage_wrapped_buffer_freed_by_last_view),
         TEST(test_storage_close_releases_base_before_views),

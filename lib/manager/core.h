@@ -196,6 +196,9 @@ typedef struct ndm__manager {
  * membarrier() no manager is biased. */
 extern bool ndm__bias_supported;
 void ndm__bias_setup(void);              /* once, from ndm__init */
+/* Clear a bias the caller saw set while holding the lock it stands in for,
+ * then wait until the owner is out of its fast path. */
+void ndm__bias_revoke(atomic_bool *biased, atomic_uint *busy);
 void ndm__mlock_slow(ndm__manager *m);   /* clear the bias if set; take the lock */
 
 /* Take m's lock; true when taken on the creator's fast path. Hand the
@@ -402,6 +405,8 @@ static inline ndm_device ndm__slot_device(int s)
 /* Records an error unless `dev` can hold arrays (see ndm__device_usable). */
 static inline ndm_status ndm__alloc_device_check(ndm_device dev, const char *api, ndm__site where)
 {
+    if (dev.type == NDM_DEVICE_CPU && dev.index == 0)
+        return NDM_OK;
     char why[256];
     ndm_status st = ndm__device_usable(dev, why, sizeof why);
     return st < 0 ? ndm__fail(st, api, where, "%s", why) : NDM_OK;

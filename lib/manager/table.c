@@ -240,15 +240,11 @@ void ndm__bias_setup(void)
         syscall(__NR_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
 }
 
-void ndm__mlock_slow(ndm__manager *m)
+void ndm__bias_revoke(atomic_bool *biased, atomic_uint *busy)
 {
-    ndm__lock_take(&m->lock);
-    if (!atomic_load_explicit(&m->biased, memory_order_relaxed))
-        return;
-    /* The lock is held: no other thread clears the bias at the same time. */
-    atomic_store_explicit(&m->biased, false, memory_order_relaxed);
+    atomic_store_explicit(biased, false, memory_order_relaxed);
     syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
-    for (unsigned spins = 0; atomic_load_explicit(&m->busy, memory_order_acquire); spins++) {
+    for (unsigned spins = 0; atomic_load_explicit(busy, memory_order_acquire); spins++) {
         if (spins < 64) {
 #if defined(__x86_64__) || defined(__i386__)
             __builtin_ia32_pause();
@@ -257,4 +253,12 @@ void ndm__mlock_slow(ndm__manager *m)
             sched_yield();
         }
     }
+}
+
+void ndm__mlock_slow(ndm__manager *m)
+{
+    ndm__lock_take(&m->lock);
+    /* The lock is held: no other thread clears the bias at the same time. */
+    if (atomic_load_explicit(&m->biased, memory_order_relaxed))
+        ndm__bias_revoke(&m->biased, &m->busy);
 }

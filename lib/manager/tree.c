@@ -14,12 +14,44 @@ _Atomic uint64_t ndm__epoch = 1;
 /* Topology (parent and child links, manager slots, names of dead managers)
  * changes under this lock; arrays and counters use each manager's own lock.
  * Lock order: tree lock, then manager locks (lower slot first), then storage
- * locks, then allocator locks. */
-static pthread_mutex_t tree_lock = PTHREAD_MUTEX_INITIALIZER;
+ * locks, then allocator locks. Like a manager's lock (ndm__mlock_take), it is
+ * biased, to the thread that started ndm: a program that makes and closes
+ * its managers on one thread takes it without an atomic read-modify-write
+ * (two of them, lock and unlock, cost more than the rest of a manager's
+ * creation); the first other thread to take it ends that for good. */
+static pthread_mutex_t tree_mutex = PTHREAD_MUTEX_INITIALIZER;
+static atomic_bool tree_biased;
+static atomic_uint tree_busy;
+static _Atomic uint64_t tree_owner;
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
-void ndm__tree_lock(void) { pthread_mutex_lock(&tree_lock); }
-void ndm__tree_unlock(void) { pthread_mutex_unlock(&tree_lock); }
+void ndm__tree_lock(void)
+{
+    ndm__thread *t = ndm__tls;
+    if (NDM__LIKELY(t && t->id == atomic_load_explicit(&tree_owner, memory_order_relaxed) &&
+                    atomic_load_explicit(&tree_biased, memory_order_relaxed))) {
+        atomic_store_explicit(&tree_busy, 1, memory_order_relaxed);
+        atomic_signal_fence(memory_order_seq_cst);
+        if (NDM__LIKELY(atomic_load_explicit(&tree_biased, memory_order_relaxed)))
+            return;
+        atomic_store_explicit(&tree_busy, 0, memory_order_release);
+    }
+    pthread_mutex_lock(&tree_mutex);
+    if (atomic_load_explicit(&tree_biased, memory_order_relaxed))
+        ndm__bias_revoke(&tree_biased, &tree_busy);
+}
+
+void ndm__tree_unlock(void)
+{
+    ndm__thread *t = ndm__tls;
+    /* Only the owner sets busy, and only on its fast path. */
+    if (t && t->id == atomic_load_explicit(&tree_owner, memory_order_relaxed) &&
+        atomic_load_explicit(&tree_busy, memory_order_relaxed)) {
+        atomic_store_explicit(&tree_busy, 0, memory_order_release);
+        return;
+    }
+    pthread_mutex_unlock(&tree_mutex);
+}
 
 static void set_name(ndm__manager *m, const char *name)
 {
@@ -90,6 +122,11 @@ static void leak_report_at_exit(void)
 static void init_process(void)
 {
     ndm__bias_setup();
+    ndm__thread *t = ndm__bias_supported ? ndm__thread_get() : NULL;
+    if (t) {
+        atomic_store_explicit(&tree_owner, t->id, memory_order_relaxed);
+        atomic_store_explicit(&tree_biased, true, memory_order_relaxed);
+    }
     ndm__tree_lock();
     uint32_t s = ndm__manager_slot_alloc();
     uint32_t d = ndm__manager_slot_alloc();
@@ -113,7 +150,16 @@ static void init_process(void)
         atexit(leak_report_at_exit);
 }
 
-void ndm__init(void) { pthread_once(&init_once, init_process); }
+static atomic_bool inited;
+
+void ndm__init(void)
+{
+    /* Every manager creation asks; pthread_once costs a call into libc. */
+    if (NDM__LIKELY(atomic_load_explicit(&inited, memory_order_acquire)))
+        return;
+    pthread_once(&init_once, init_process);
+    atomic_store_explicit(&inited, true, memory_order_release);
+}
 
 NDM_API ndm_manager ndm_system(void)
 {
