@@ -2,7 +2,8 @@
  * that made it, so that record's slot waits for the storage's last view;
  * views dying on several threads at once; a manager's lock biased to the
  * thread that made it, and the tree lock biased to the thread that started
- * ndm, taken by others. Also run under ThreadSanitizer. */
+ * ndm, taken by others; the flat elementwise path against the general one.
+ * Also run under ThreadSanitizer. */
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -141,6 +142,164 @@ static void test_storage_close_releases_base_before_views(void **state)
     assert_int_equal(st.live_arrays, 1);
     assert_ok(ndm_array_release(kept));
     assert_manager_empty(m);
+}
+
+/* ---- the flat elementwise path against the general one ---------------------------- */
+
+typedef ndm_array (*binary_to_fn)(NDM_SITE_PARAMS, ndm_manager, ndm_array, ndm_array);
+typedef ndm_status (*binary_inplace_fn)(NDM_SITE_PARAMS, ndm_array, ndm_array);
+
+static const struct {
+    const char *name;
+    binary_to_fn to;
+    binary_inplace_fn inplace;
+} flat_ops[] = {
+    {"add", ndm_add_to_at, ndm_add_inplace_at},
+    {"sub", ndm_sub_to_at, ndm_sub_inplace_at},
+    {"mul", ndm_mul_to_at, ndm_mul_inplace_at},
+    {"div", ndm_div_to_at, ndm_div_inplace_at},
+    {"pow", ndm_pow_to_at, ndm_pow_inplace_at},
+    {"maximum", ndm_maximum_to_at, ndm_maximum_inplace_at},
+    {"minimum", ndm_minimum_to_at, ndm_minimum_inplace_at},
+};
+
+/* n values of dtype t from a fixed sequence: small, of both signs where the
+ * dtype has them, so that no operation overflows a float. */
+static ndm_array sequence(ndm_manager m, ndm_dtype t, int64_t n, int seed)
+{
+    size_t es = ndm_dtype_size(t);
+    unsigned char *buf = malloc((size_t)n * es + 1);
+    assert_non_null(buf);
+    uint32_t x = 2463534242u + (uint32_t)seed;
+    for (int64_t i = 0; i < n; i++) {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        int v = (int)(x % 7) - (t == NDM_U8 ? 0 : 3); /* pow stays small: |v| <= 6 */
+        if (t == NDM_F32) {
+            float f = (float)v + 0.25f;
+            memcpy(buf + i * es, &f, es);
+        } else if (t == NDM_F64) {
+            double d = (double)v - 0.5;
+            memcpy(buf + i * es, &d, es);
+        } else if (t == NDM_I64) {
+            int64_t w = v;
+            memcpy(buf + i * es, &w, es);
+        } else if (t == NDM_I32) {
+            int32_t w = v;
+            memcpy(buf + i * es, &w, es);
+        } else {
+            buf[i] = (unsigned char)v;
+        }
+    }
+    ndm_array a = ndm_from_buffer(m, t, buf, NDM_SHAPE(n));
+    free(buf);
+    assert_live(a);
+    return a;
+}
+
+/* The same values as `a`, read through a view with stride 2: the general
+ * path (the flat one needs C-contiguous inputs). */
+static ndm_array strided_twin(ndm_manager m, ndm_array a)
+{
+    int64_t n = ndm_array_size(a);
+    ndm_array wide = ndm_zeros(m, ndm_array_dtype(a), NDM_SHAPE(2 * n));
+    ndm_array even = ndm_slice(wide, 0, 0, 2 * n, 2);
+    assert_live(even);
+    assert_ok(ndm_copy_into(even, a));
+    assert_ok(ndm_array_release(wide));
+    return even;
+}
+
+static void assert_same_bytes(ndm_array x, ndm_array y, const char *what)
+{
+    size_t nb = ndm_array_nbytes(x);
+    assert_int_equal(nb, ndm_array_nbytes(y));
+    unsigned char *p = malloc(nb + 1), *q = malloc(nb + 1);
+    assert_non_null(p);
+    assert_non_null(q);
+    assert_ok(ndm_array_copy_out(x, p, nb));
+    assert_ok(ndm_array_copy_out(y, q, nb));
+    if (memcmp(p, q, nb) != 0)
+        fail_msg("%s: the flat path and the general path disagree", what);
+    free(p);
+    free(q);
+}
+
+static void test_flat_binary_matches_general_path(void **state)
+{
+    ndm_manager m = ROOT(state);
+    const ndm_dtype types[] = {NDM_U8, NDM_I32, NDM_I64, NDM_F32, NDM_F64};
+    /* One element, a few, and more than one thread's share. */
+    const int64_t sizes[] = {1, 37, 70001};
+    char what[128];
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
+        for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++) {
+            ndm_array a = sequence(m, types[ti], sizes[si], 1);
+            ndm_array b = sequence(m, types[ti], sizes[si], 2);
+            ndm_array b2 = strided_twin(m, b);
+            for (size_t oi = 0; oi < sizeof flat_ops / sizeof *flat_ops; oi++) {
+                snprintf(what, sizeof what, "%s %s[%lld]", flat_ops[oi].name,
+                         ndm_dtype_name(types[ti]), (long long)sizes[si]);
+                ndm_array fast = flat_ops[oi].to(NDM_HERE, NDM_NULL_MANAGER, a, b);
+                ndm_array slow = flat_ops[oi].to(NDM_HERE, NDM_NULL_MANAGER, a, b2);
+                assert_live(fast);
+                assert_live(slow);
+                assert_int_equal(ndm_array_dtype(fast), ndm_array_dtype(slow));
+                assert_same_bytes(fast, slow, what);
+                /* in place: into a copy of a, from b (flat) and from b2 */
+                ndm_array x = ndm_copy(a), y = ndm_copy(a);
+                ndm_status sx = flat_ops[oi].inplace(NDM_HERE, x, b);
+                ndm_status sy = flat_ops[oi].inplace(NDM_HERE, y, b2);
+                assert_int_equal(sx, sy);
+                if (sx == NDM_OK)
+                    assert_same_bytes(x, y, what);
+                /* in place with itself: x op= x reads each element before writing it */
+                ndm_array z = ndm_copy(a), zc = ndm_copy(a);
+                ndm_array z2 = strided_twin(m, zc);
+                sx = flat_ops[oi].inplace(NDM_HERE, z, z);
+                sy = flat_ops[oi].inplace(NDM_HERE, zc, z2);
+                assert_int_equal(sx, sy);
+                if (sx == NDM_OK)
+                    assert_same_bytes(z, zc, what);
+                ndm_array all[] = {fast, slow, x, y, z, zc, z2};
+                for (size_t k = 0; k < sizeof all / sizeof *all; k++)
+                    assert_ok(ndm_array_release(all[k]));
+            }
+            assert_ok(ndm_array_release(a));
+            assert_ok(ndm_array_release(b));
+            assert_ok(ndm_array_release(b2));
+        }
+    }
+    assert_manager_empty(m);
+}
+
+static void test_flat_inplace_overlapping_buffers_read_a_copy(void **state)
+{
+    ndm_manager m = ROOT(state);
+    /* Two arrays over one caller's buffer, the destination one element
+     * ahead: written in place front to back, it would read elements it
+     * already wrote. Not the flat path, which only takes storages that
+     * cannot overlap. */
+    enum { N = 100 };
+    float *buf = calloc(N + 1, sizeof *buf);
+    assert_non_null(buf);
+    float want[N];
+    for (int i = 0; i <= N; i++)
+        buf[i] = (float)(i % 13);
+    for (int i = 0; i < N; i++)
+        want[i] = buf[i + 1] + buf[i];
+    ndm_array x = ndm_wrap_buffer(m, NDM_F32, buf + 1, NULL, NULL, NDM_SHAPE(N));
+    ndm_array y = ndm_wrap_buffer(m, NDM_F32, buf, NULL, NULL, NDM_SHAPE(N));
+    assert_live(x);
+    assert_live(y);
+    assert_ok(ndm_add_(x, y));
+    for (int i = 0; i < N; i++)
+        if (buf[i + 1] != want[i])
+            fail_msg("element %d is %g, expected %g", i, (double)buf[i + 1], (double)want[i]);
+    assert_ok(ndm_array_release(x));
+    assert_ok(ndm_array_release(y));
+    free(buf);
 }
 
 /* ---- views dying on two threads at once ------------------------------------------ */
@@ -388,6 +547,8 @@ int main(void)
         TEST(test_storage_views_released_on_two_threads),
         TEST(test_manager_lock_taken_from_another_thread),
         TEST(test_manager_closed_by_another_thread),
+        TEST(test_flat_binary_matches_general_path),
+        TEST(test_flat_inplace_overlapping_buffers_read_a_copy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
