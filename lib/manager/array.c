@@ -10,17 +10,34 @@
 
 /* ---- storage ---------------------------------------------------------------- */
 
-/* Blocks of dead storages freed together: a close frees many, and the
- * allocator does its bookkeeping once for a run of them (ndm__free_many). */
+/* The storages of a drain die in batches: their blocks are freed together
+ * (the allocator does its bookkeeping once for a run of them, see
+ * ndm__free_many) and the bytes charged to the draining manager, when it has
+ * no limit to keep current, are given back at the flush. */
 #define FREE_BATCH 64
 typedef struct free_batch {
     ndm_device dev;
     int n;
+    ndm__manager *owner; /* NULL: every charge is given back at once */
+    int slot;            /* owner's accounting slot gathered in `bytes` */
+    int64_t bytes;
     ndm__block blocks[FREE_BATCH];
 } free_batch;
 
+static void batch_init(free_batch *fb, ndm__manager *m)
+{
+    fb->n = 0;
+    fb->owner = atomic_load_explicit(&m->limit_anchor, memory_order_relaxed) ? NULL : m;
+    fb->slot = m->dev;
+    fb->bytes = 0;
+}
+
 static void batch_flush(free_batch *fb)
 {
+    if (fb->bytes) {
+        fb->owner->bytes[fb->slot] -= fb->bytes;
+        fb->bytes = 0;
+    }
     if (fb->n) {
         ndm__free_many(fb->dev, fb->blocks, (size_t)fb->n);
         fb->n = 0;
@@ -29,9 +46,12 @@ static void batch_flush(free_batch *fb)
 
 /* Free the storage's memory (now, or with the batch fb when given) and give
  * its bytes back; refs reached 0. */
-static inline void storage_destroy(ndm__storage *s, free_batch *fb)
+static NDM__ALWAYS_INLINE void storage_destroy(ndm__storage *s, free_batch *fb)
 {
-    ndm__uncharge(ndm__manager_rec(s->charged), s->dev, (int64_t)s->nbytes);
+    if (fb && fb->owner && s->charged == fb->owner->self && s->dev == fb->slot)
+        fb->bytes += (int64_t)s->nbytes;
+    else
+        ndm__uncharge(ndm__manager_rec(s->charged), s->dev, (int64_t)s->nbytes);
     if (s->block.cookie || s->block.ptr) {
         if (!fb) {
             ndm__free(s->device, &s->block);
@@ -582,7 +602,7 @@ static uint32_t count_views(ndm__storage *s, uint32_t mgr)
 /* The last view of s died: its memory and bytes go back, and its home
  * record's slot, kept while views outlived it, is freed unless that record
  * is `dying` (which frees its own slot). */
-static inline void storage_dies(ndm__storage *s, ndm__array *dying, free_batch *fb)
+static NDM__ALWAYS_INLINE void storage_dies(ndm__storage *s, ndm__array *dying, free_batch *fb)
 {
     storage_destroy(s, fb);
     if (s != &dying->own)
@@ -594,7 +614,7 @@ static inline void storage_dies(ndm__storage *s, ndm__array *dying, free_batch *
  * whether r's slot must wait: its own storage lives on in other views. */
 static bool shared_view_dies(ndm__array *r, ndm__manager *from, free_batch *fb);
 
-static inline bool view_dies(ndm__array *r, ndm__manager *from, free_batch *fb)
+static NDM__ALWAYS_INLINE bool view_dies(ndm__array *r, ndm__manager *from, free_batch *fb)
 {
     ndm__storage *s = r->storage;
     if (NDM__LIKELY(atomic_load_explicit(&s->refs, memory_order_acquire) == 1)) {
@@ -643,8 +663,9 @@ static bool shared_view_dies(ndm__array *r, ndm__manager *from, free_batch *fb)
  * from closing under this thread). The record is marked dead before its
  * storage reference goes: once the last view of a storage frees the slot of
  * the storage's dead home record, nobody writes that record any more. */
-static inline void array_dies(ndm__array *r, ndm__manager *from, const ndm__site *site,
-                              uint32_t by, uint32_t by_gen, free_batch *fb)
+static NDM__ALWAYS_INLINE void array_dies(ndm__array *r, ndm__manager *from,
+                                          const ndm__site *site, uint32_t by, uint32_t by_gen,
+                                          free_batch *fb)
 {
     r->dead_site.file = site->file;
     r->dead_site.func = site->func;
@@ -792,18 +813,16 @@ static bool in_keep(uint32_t slot, const uint32_t *keep, size_t n, bool sorted)
     return false;
 }
 
-/* Release the arrays of m newest first, except `keep`; borrowed arrays go back
- * to their lenders. When m is closing nobody else can touch its list, so the
- * walk never restarts; otherwise other threads may add or release arrays
- * while the lock is dropped to give an array back, and the walk restarts. */
+/* Release the arrays of m newest first, except `keep` (m is open: a scope's
+ * release); borrowed arrays go back to their lenders. Other threads may add
+ * or release arrays while the lock is dropped to give an array back, and
+ * the walk restarts then. */
 static void drain(ndm__manager *m, const uint32_t *keep, size_t nkeep, bool sorted,
-                  ndm__site site, bool closing)
+                  ndm__site site)
 {
-    uint32_t by = closing ? m->self : 0;
-    uint32_t by_gen = closing ? atomic_load_explicit(&m->gen, memory_order_relaxed) : 0;
     uint64_t gone = 0; /* released, not yet counted: the counters catch up before unlocking */
     free_batch fb;
-    fb.n = 0;
+    batch_init(&fb, m);
     bool fast = ndm__mlock_acquire(m);
     uint32_t cur = m->arrays;
     while (cur) {
@@ -817,6 +836,7 @@ static void drain(ndm__manager *m, const uint32_t *keep, size_t nkeep, bool sort
             m->live -= gone;
             m->released += gone;
             gone = 0;
+            batch_flush(&fb);
             ndm__mlock_release(m, fast);
             bool back = give_back(m, r);
             fast = ndm__mlock_acquire(m);
@@ -830,7 +850,7 @@ static void drain(ndm__manager *m, const uint32_t *keep, size_t nkeep, bool sort
         uint32_t next = r->next;
         unlink_from(m, r);
         gone++;
-        array_dies(r, m, &site, by, by_gen, &fb);
+        array_dies(r, m, &site, 0, 0, &fb);
         cur = next;
     }
     m->live -= gone;
@@ -839,9 +859,48 @@ static void drain(ndm__manager *m, const uint32_t *keep, size_t nkeep, bool sort
     ndm__mlock_release(m, fast);
 }
 
+/* The drain of a closing manager. Nobody else reads or changes its list
+ * meanwhile (a release or a move sees it closing and backs off; readers take
+ * its lock, held here except while an array goes back to its lender), so the
+ * records are not unlinked one by one: the list is cut as it is consumed. */
 void ndm__manager_drain_arrays(ndm__manager *m, ndm__site site)
 {
-    drain(m, NULL, 0, false, site, true);
+    uint32_t by_gen = atomic_load_explicit(&m->gen, memory_order_relaxed);
+    uint64_t gone = 0;
+    free_batch fb;
+    batch_init(&fb, m);
+    bool fast = ndm__mlock_acquire(m);
+    for (uint32_t cur = m->arrays; cur;) {
+        ndm__array *r = ndm__array_rec(cur);
+        if (NDM__UNLIKELY(r->lender)) {
+            /* The list must be whole (from r on) and counted while the lock is
+             * dropped; then start again from its head. */
+            m->arrays = cur;
+            r->prev = 0;
+            m->live -= gone;
+            m->released += gone;
+            gone = 0;
+            batch_flush(&fb);
+            uint32_t g = atomic_load_explicit(&r->gen, memory_order_relaxed);
+            ndm__mlock_release(m, fast);
+            bool back = give_back(m, r);
+            fast = ndm__mlock_acquire(m);
+            if (back || atomic_load_explicit(&r->gen, memory_order_relaxed) != g ||
+                r->mgr != m->self) {
+                cur = m->arrays;
+                continue;
+            }
+            r->lender = 0; /* the lender is gone: release it here */
+        }
+        cur = r->next;
+        gone++;
+        array_dies(r, m, &site, m->self, by_gen, &fb);
+    }
+    m->arrays = 0;
+    m->live -= gone;
+    m->released += gone;
+    batch_flush(&fb);
+    ndm__mlock_release(m, fast);
 }
 
 void ndm__manager_release_except(ndm__manager *m, const uint32_t *keep, size_t n, ndm__site site)
@@ -852,7 +911,7 @@ void ndm__manager_release_except(ndm__manager *m, const uint32_t *keep, size_t n
         qsort(sorted, n, sizeof *sorted, cmp_u32);
         keep = sorted;
     }
-    drain(m, keep, n, sorted != NULL, site, false);
+    drain(m, keep, n, sorted != NULL, site);
     free(sorted);
 }
 
