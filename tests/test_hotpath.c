@@ -302,6 +302,47 @@ static void test_flat_inplace_overlapping_buffers_read_a_copy(void **state)
     free(buf);
 }
 
+/* ---- a close that gives borrowed arrays back in the middle of its list ---------- */
+
+static void test_close_gives_back_between_its_own_arrays(void **state)
+{
+    ndm_manager root = ROOT(state);
+    ndm_manager lender = ndm_manager_new(root, "lender");
+    ndm_manager gone = ndm_manager_new(root, "gone");
+    ndm_manager step = ndm_manager_new(root, "step");
+    ndm_array first = ndm_zeros(step, NDM_F32, NDM_SHAPE(4));
+    ndm_array w = ndm_ones(lender, NDM_F32, NDM_SHAPE(8));
+    ndm_array orphan = ndm_ones(gone, NDM_F32, NDM_SHAPE(2));
+    assert_ok(ndm_temp_attach(w, step));
+    ndm_array middle = ndm_zeros(step, NDM_F32, NDM_SHAPE(3));
+    assert_ok(ndm_temp_attach(orphan, step));
+    ndm_array last = ndm_zeros(step, NDM_F32, NDM_SHAPE(5));
+    assert_ok(ndm_manager_close(gone)); /* orphan's lender goes first */
+    ndm_stats st;
+    assert_ok(ndm_manager_stats(step, NDM_CPU, 0, &st));
+    assert_int_equal(st.live_arrays, 5);
+    assert_int_equal(st.live_bytes, 4 * (4 + 8 + 2 + 3 + 5));
+    /* newest first: last, orphan (released: its lender is gone), middle, w
+     * (back to its lender), first */
+    assert_ok(ndm_manager_close(step));
+    assert_false(ndm_array_valid(first));
+    assert_false(ndm_array_valid(middle));
+    assert_false(ndm_array_valid(last));
+    assert_false(ndm_array_valid(orphan));
+    assert_true(ndm_array_valid(w));
+    assert_int_equal(ndm_array_manager(w).id, lender.id);
+    assert_ok(ndm_manager_stats(lender, NDM_CPU, 0, &st));
+    assert_int_equal(st.live_arrays, 1);
+    assert_int_equal(st.live_bytes, 32);
+    assert_int_equal(st.moved_in, 1);
+    float v[8];
+    assert_ok(ndm_array_copy_out(w, v, sizeof v));
+    for (int i = 0; i < 8; i++)
+        assert_true(v[i] == 1.0f);
+    assert_ok(ndm_manager_close(lender));
+    assert_manager_empty(root);
+}
+
 /* ---- views dying on two threads at once ------------------------------------------ */
 
 #define ROUNDS 2000
@@ -547,6 +588,7 @@ int main(void)
         TEST(test_storage_views_released_on_two_threads),
         TEST(test_manager_lock_taken_from_another_thread),
         TEST(test_manager_closed_by_another_thread),
+        TEST(test_close_gives_back_between_its_own_arrays),
         TEST(test_flat_binary_matches_general_path),
         TEST(test_flat_inplace_overlapping_buffers_read_a_copy),
     };
