@@ -206,8 +206,7 @@ void ndm__mlock_slow(ndm__manager *m);   /* clear the bias if set; take the lock
 static inline bool ndm__mlock_acquire(ndm__manager *m)
 {
     ndm__thread *t = ndm__tls;
-    if (NDM__LIKELY(t && t->id == atomic_load_explicit(&m->creator, memory_order_relaxed) &&
-                    atomic_load_explicit(&m->biased, memory_order_relaxed))) {
+    if (NDM__LIKELY(t && t->id == atomic_load_explicit(&m->creator, memory_order_relaxed))) {
         atomic_store_explicit(&m->busy, 1, memory_order_relaxed);
         atomic_signal_fence(memory_order_seq_cst);
         if (NDM__LIKELY(atomic_load_explicit(&m->biased, memory_order_relaxed)))

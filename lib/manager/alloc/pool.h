@@ -321,27 +321,36 @@ static inline bool ndm__tc_try_alloc(ndm__pool *p, size_t size, size_t req,
     ndm__ablk *b = bin->head;
     if (!b)
         goto refuse;
+    /* Each grant test, then its counter: few values live at once. */
     int64_t na = atomic_load_explicit(&tc->n_alloc, memory_order_relaxed) + 1;
+    if (na - atomic_load_explicit(&tc->n_free, memory_order_relaxed) > tc->cap[NDM__G_N])
+        goto refuse;
     int64_t ba = atomic_load_explicit(&tc->b_alloc, memory_order_relaxed) + (int64_t)size;
-    int64_t ra = atomic_load_explicit(&tc->r_alloc, memory_order_relaxed) + (int64_t)req;
-    if (na - atomic_load_explicit(&tc->n_free, memory_order_relaxed) > tc->cap[NDM__G_N] ||
-        ba - atomic_load_explicit(&tc->b_free, memory_order_relaxed) > tc->cap[NDM__G_B] ||
-        ra - atomic_load_explicit(&tc->r_free, memory_order_relaxed) > tc->cap[NDM__G_R] ||
+    if (ba - atomic_load_explicit(&tc->b_free, memory_order_relaxed) > tc->cap[NDM__G_B] ||
         ba > tc->cap_cum)
         goto refuse;
+    int64_t ra = atomic_load_explicit(&tc->r_alloc, memory_order_relaxed) + (int64_t)req;
+    if (ra - atomic_load_explicit(&tc->r_free, memory_order_relaxed) > tc->cap[NDM__G_R])
+        goto refuse;
+    atomic_store_explicit(&tc->n_alloc, na, memory_order_release);
+    atomic_store_explicit(&tc->b_alloc, ba, memory_order_release);
+    atomic_store_explicit(&tc->r_alloc, ra, memory_order_release);
     bin->head = b->link;
     atomic_store_explicit(&bin->count, atomic_load_explicit(&bin->count, memory_order_relaxed) - 1,
                           memory_order_release);
     tc->cached_bytes -= (int64_t)size;
     b->requested = req;
-    b->file = tag ? tag->file : NULL;
-    b->func = tag ? tag->func : NULL;
-    b->line = tag ? tag->line : 0;
-    atomic_store_explicit(&b->mgr, tag ? tag->manager : 0, memory_order_relaxed);
+    if (tag) {
+        b->file = tag->file;
+        b->func = tag->func;
+        b->line = tag->line;
+        atomic_store_explicit(&b->mgr, tag->manager, memory_order_relaxed);
+    } else {
+        b->file = b->func = NULL;
+        b->line = 0;
+        atomic_store_explicit(&b->mgr, 0, memory_order_relaxed);
+    }
     atomic_store_explicit(&b->state, NDM__B_ALLOCATED, memory_order_relaxed);
-    atomic_store_explicit(&tc->n_alloc, na, memory_order_release);
-    atomic_store_explicit(&tc->b_alloc, ba, memory_order_release);
-    atomic_store_explicit(&tc->r_alloc, ra, memory_order_release);
     ndm__tc_leave(tc, seq);
     out->ptr = (void *)b->addr;
     out->cookie = b;
