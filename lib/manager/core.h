@@ -78,9 +78,9 @@ typedef struct ndm__storage {
 
 /* ---- array records ------------------------------------------------------ */
 
-/* Laid out by use: a lookup and a kernel call read the first cache line; a
- * creation writes the first four (rank <= 2 keeps its sizes there); a death
- * writes the first three and dead_site. */
+/* Laid out by use: a lookup and a kernel call read the first cache line;
+ * the creation of a rank-1 array and any array's death touch the first four
+ * and no other. */
 typedef struct ndm__array {
     atomic_uint gen;           /* generation of the slot; a handle must match it */
     atomic_uint live;          /* 1 while the slot holds an array */
@@ -101,11 +101,10 @@ typedef struct ndm__array {
     uint32_t dead_by, dead_by_gen; /* manager whose close released it (0: released directly) */
     uint64_t epoch;            /* mark epoch at creation (see ndm_mark) */
     ndm__site site;
-    /* third line on */
+    /* third and fourth lines */
     ndm__storage own;          /* the storage this array made, if it made one */
-    int64_t pad_;
-    int64_t dims[2 * NDM__INLINE_DIMS]; /* shape then strides, for ranks up to the limit */
     ndm__site dead_site;       /* how the array died, kept until the slot is reused */
+    int64_t dims[2 * NDM__INLINE_DIMS]; /* shape then strides, for ranks up to the limit */
 } ndm__array;
 
 /* The record a storage lives in. */
