@@ -1,7 +1,6 @@
 /* Array records and their storage: creation, release, the close drain and
  * ownership moves, with exact per-manager accounting. */
 #include <inttypes.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -153,8 +152,8 @@ ndm_status ndm__axis(int axis, int ndim, bool insert, int *out, const char *api,
 
 /* ---- checked lookup ------------------------------------------------------- */
 
-NDM__COLD ndm__array *ndm__array_lookup_failed(ndm_array h, const char *api, const ndm__site *wherep,
-                                     bool propagate)
+NDM__COLD ndm__array *ndm__array_lookup_failed(ndm_array h, const char *api,
+                                               const ndm__site *wherep, bool propagate)
 {
     ndm__site where = *wherep;
     if (h.id == 0) {
@@ -241,7 +240,7 @@ ndm__manager *ndm__output_record_slow(ndm_manager named, ndm__array *first_input
 
 /* Check that manager m accepts a new array; the caller's site is named. */
 static NDM__COLD ndm_status accepts(ndm__manager *m, const char *api, const ndm__site *where,
-                          ndm_dtype dtype, int ndim, const int64_t *shape)
+                                    ndm_dtype dtype, int ndim, const int64_t *shape)
 {
     unsigned st = atomic_load_explicit(&m->state, memory_order_acquire);
     if (NDM__LIKELY(!(st & (NDM__M_CLOSING | NDM__M_CAP_ARRAYS))))
@@ -346,7 +345,8 @@ static inline bool link_new(ndm__manager *m, ndm__array *r, int dev, int64_t byt
     return true;
 }
 
-static NDM__COLD ndm_array started_closing(ndm__manager *m, const char *api, const ndm__site *site)
+static NDM__COLD ndm_array started_closing(ndm__manager *m, const char *api,
+                                           const ndm__site *site)
 {
     ndm__fail(NDM_E_CLOSED, api, *site, "manager '%s' started closing", m->name);
     return NDM_NULL_ARRAY;
@@ -411,8 +411,8 @@ static inline bool shape_bytes(int ndim, const int64_t *shape, ndm_dtype dtype, 
     return true;
 }
 
-static NDM__COLD ndm_array shape_refused(int ndim, const int64_t *shape, ndm_dtype dtype, const char *api,
-                               const ndm__site *site)
+static NDM__COLD ndm_array shape_refused(int ndim, const int64_t *shape, ndm_dtype dtype,
+                                         const char *api, const ndm__site *site)
 {
     if (ndm__shape_check(ndim, shape, dtype, NULL, NULL, api, *site) == NDM_OK)
         ndm__fail(NDM_E_SHAPE, api, *site, "invalid shape"); /* unreachable by design */

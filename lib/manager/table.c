@@ -15,8 +15,9 @@ _Atomic(ndm__array *) ndm__array_chunks[NDM__MAX_CHUNKS];
 _Atomic(ndm__manager *) ndm__manager_chunks[NDM__MAX_CHUNKS];
 
 /* Free slots wait in a global FIFO. Managers are few and use it one slot at
- * a time (under the tree lock, not the table's); array slots move between it and the thread
- * caches in batches, stored outside the records so a transfer touches none. */
+ * a time (under the tree lock, not the table's); array slots move between it
+ * and the thread caches in batches, stored outside the records so a transfer
+ * touches none. */
 typedef struct slot_batch {
     struct slot_batch *next;
     uint32_t n;

@@ -218,7 +218,8 @@ char *ndm__manager_path(uint32_t slot, char *buf, size_t n)
     return buf;
 }
 
-NDM__COLD ndm__manager *ndm__manager_lookup_failed(ndm_manager h, const char *api, const ndm__site *wherep)
+NDM__COLD ndm__manager *ndm__manager_lookup_failed(ndm_manager h, const char *api,
+                                                   const ndm__site *wherep)
 {
     ndm__site where = *wherep;
     if (h.id == 0) {
