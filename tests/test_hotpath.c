@@ -83,6 +83,35 @@ static void test_storage_home_slot_waits_for_last_view(void **state)
     assert_manager_empty(m);
 }
 
+/* Whatever state this thread's slot cache is in, a released array's slot
+ * waits for at least 256 other arrays before it is reused. */
+static void test_released_slot_waits_for_256_creations(void **state)
+{
+    ndm_manager m = ROOT(state);
+    enum { MAX_HELD = 600, WAIT = 256 };
+    ndm_array *held = malloc(MAX_HELD * sizeof *held);
+    assert_non_null(held);
+    for (int k = 0; k < MAX_HELD; k += 7) {
+        /* k arrays kept alive move the cache to another phase */
+        for (int i = 0; i < k; i++)
+            held[i] = ndm_empty(m, NDM_U8, NDM_SHAPE(1));
+        ndm_array dead = ndm_empty(m, NDM_U8, NDM_SHAPE(1));
+        assert_ok(ndm_array_release(dead));
+        for (int i = 0; i < WAIT; i++) {
+            ndm_array t = ndm_empty(m, NDM_U8, NDM_SHAPE(1));
+            assert_live(t);
+            assert_ok(ndm_array_release(t));
+            if (slot_reused(dead))
+                fail_msg("with %d arrays held, a released slot came back after %d creations",
+                         k, i + 1);
+        }
+        for (int i = 0; i < k; i++)
+            assert_ok(ndm_array_release(held[i]));
+    }
+    free(held);
+    assert_manager_empty(m);
+}
+
 static int frees_seen;
 static void count_free(void *data, void *ud)
 {
@@ -583,6 +612,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         TEST(test_tree_lock_taken_from_another_thread),
         TEST(test_storage_home_slot_waits_for_last_view),
+        TEST(test_released_slot_waits_for_256_creations),
         TEST(test_storage_wrapped_buffer_freed_by_last_view),
         TEST(test_storage_close_releases_base_before_views),
         TEST(test_storage_views_released_on_two_threads),

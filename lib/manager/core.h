@@ -343,15 +343,16 @@ static inline ndm_manager ndm__manager_handle_of(ndm__manager *r)
 }
 
 /* Slot allocation. Array slots come from a per-thread FIFO cache, so a slot
- * freed now is reused late and a stale handle still finds how its array died.
- * The fast paths are inline; the slow ones refill or spill a batch. */
+ * freed now is reused late (NDM__SLOT_RESERVE) and a stale handle still finds
+ * how its array died. The fast paths are inline; the slow ones refill or
+ * spill a batch. */
 uint32_t ndm__array_slot_alloc_slow(void);
 void ndm__array_slot_free_slow(uint32_t slot);
 
 static inline uint32_t ndm__array_slot_alloc(void)
 {
     ndm__thread *th = ndm__tls;
-    if (NDM__UNLIKELY(!th || th->ring_count == 0))
+    if (NDM__UNLIKELY(!th || th->ring_count <= NDM__SLOT_RESERVE))
         return ndm__array_slot_alloc_slow();
     uint32_t s = th->ring[th->ring_head];
     th->ring_head = (th->ring_head + 1) % NDM__SLOT_RING;

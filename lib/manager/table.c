@@ -180,16 +180,23 @@ uint32_t ndm__array_slot_alloc_slow(void)
         uint32_t s = 0;
         return arrays_take(&s, 1) ? s : 0;
     }
-    if (th->ring_count == 0) {
+    if (th->ring_count <= NDM__SLOT_RESERVE) {
+        /* In front of the slots released lately, which keep waiting. */
         uint32_t got[NDM__SLOT_BATCH];
         uint32_t n = arrays_take(got, NDM__SLOT_BATCH);
-        if (n == 0)
+        if (n == 0 && th->ring_count == 0)
             return 0;
+        th->ring_head = (th->ring_head + NDM__SLOT_RING - n) % NDM__SLOT_RING;
         for (uint32_t i = 0; i < n; i++)
             th->ring[(th->ring_head + i) % NDM__SLOT_RING] = got[i];
-        th->ring_count = n;
+        th->ring_count += n;
     }
-    return ndm__array_slot_alloc();
+    /* Pop as the fast path does (with no memory for more slots, the last
+     * ones in the FIFO are handed out too). */
+    uint32_t s = th->ring[th->ring_head];
+    th->ring_head = (th->ring_head + 1) % NDM__SLOT_RING;
+    th->ring_count--;
+    return s;
 }
 
 void ndm__array_slot_free_slow(uint32_t slot)

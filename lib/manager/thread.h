@@ -12,6 +12,11 @@
 
 #define NDM__SLOT_RING 2048   /* array slots cached per thread (FIFO) */
 #define NDM__SLOT_BATCH 512   /* slots moved to or from the global table at once */
+/* A thread refills its FIFO (in front) before fewer than this many slots are
+ * left, so a slot released on a thread is reused there only after at least
+ * this many other arrays were made on it: a stale handle names where its
+ * array died at least that long. */
+#define NDM__SLOT_RESERVE 256
 #define NDM__SCOPES_INLINE 16
 
 typedef struct ndm__thread {
