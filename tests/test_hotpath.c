@@ -1,6 +1,7 @@
 /* The hot path's bookkeeping: a storage lives in the record of the array
- * that made it, so that record's slot waits for the storage's last view;
- * views dying on several threads at once; a manager's lock biased to the
+ * that made it, so that record's slot waits for the storage's last view; a
+ * released slot waits for 256 creations; views dying on several threads at
+ * once; a close giving borrowed arrays back; a manager's lock biased to the
  * thread that made it, and the tree lock biased to the thread that started
  * ndm, taken by others; the flat elementwise path against the general one.
  * Also run under ThreadSanitizer. */
