@@ -817,6 +817,28 @@ static bool in_keep(uint32_t slot, const uint32_t *keep, size_t n, bool sorted)
  * release); borrowed arrays go back to their lenders. Other threads may add
  * or release arrays while the lock is dropped to give an array back, and
  * the walk restarts then. */
+/* A drain of m meets r, borrowed: bring m's counters and frees up to date,
+ * give r back to its lender with m's lock dropped, and take the lock again.
+ * True when the walk must start again from m's head (r went back, or the
+ * list changed meanwhile); false when the lender is gone and r is m's to
+ * release now. */
+static bool drain_lend_back(ndm__manager *m, ndm__array *r, bool *fast, uint64_t *gone,
+                            free_batch *fb)
+{
+    uint32_t g = atomic_load_explicit(&r->gen, memory_order_relaxed);
+    m->live -= *gone;
+    m->released += *gone;
+    *gone = 0;
+    batch_flush(fb);
+    ndm__mlock_release(m, *fast);
+    bool back = give_back(m, r);
+    *fast = ndm__mlock_acquire(m);
+    if (back || atomic_load_explicit(&r->gen, memory_order_relaxed) != g || r->mgr != m->self)
+        return true;
+    r->lender = 0; /* the lender is gone: release it here */
+    return false;
+}
+
 static void drain(ndm__manager *m, const uint32_t *keep, size_t nkeep, bool sorted,
                   ndm__site site)
 {
@@ -831,21 +853,9 @@ static void drain(ndm__manager *m, const uint32_t *keep, size_t nkeep, bool sort
             cur = r->next;
             continue;
         }
-        if (r->lender) {
-            uint32_t g = atomic_load_explicit(&r->gen, memory_order_relaxed);
-            m->live -= gone;
-            m->released += gone;
-            gone = 0;
-            batch_flush(&fb);
-            ndm__mlock_release(m, fast);
-            bool back = give_back(m, r);
-            fast = ndm__mlock_acquire(m);
-            if (back || atomic_load_explicit(&r->gen, memory_order_relaxed) != g ||
-                r->mgr != m->self) {
-                cur = m->arrays;
-                continue;
-            }
-            r->lender = 0; /* the lender is gone: release it here */
+        if (r->lender && drain_lend_back(m, r, &fast, &gone, &fb)) {
+            cur = m->arrays;
+            continue;
         }
         uint32_t next = r->next;
         unlink_from(m, r);
@@ -873,24 +883,13 @@ void ndm__manager_drain_arrays(ndm__manager *m, ndm__site site)
     for (uint32_t cur = m->arrays; cur;) {
         ndm__array *r = ndm__array_rec(cur);
         if (NDM__UNLIKELY(r->lender)) {
-            /* The list must be whole (from r on) and counted while the lock is
-             * dropped; then start again from its head. */
+            /* The list must be whole (from r on) while the lock is dropped. */
             m->arrays = cur;
             r->prev = 0;
-            m->live -= gone;
-            m->released += gone;
-            gone = 0;
-            batch_flush(&fb);
-            uint32_t g = atomic_load_explicit(&r->gen, memory_order_relaxed);
-            ndm__mlock_release(m, fast);
-            bool back = give_back(m, r);
-            fast = ndm__mlock_acquire(m);
-            if (back || atomic_load_explicit(&r->gen, memory_order_relaxed) != g ||
-                r->mgr != m->self) {
+            if (drain_lend_back(m, r, &fast, &gone, &fb)) {
                 cur = m->arrays;
                 continue;
             }
-            r->lender = 0; /* the lender is gone: release it here */
         }
         cur = r->next;
         gone++;
