@@ -92,6 +92,13 @@ typedef struct ndm__backend_ew {
     /* required: out = cond ? a : b, cond converted to bool, a and b to ct. */
     ndm_status (*where)(int device, ndm_dtype ct, const ndm__tensor *out,
                         const ndm__tensor *cond, const ndm__tensor *a, const ndm__tensor *b);
+    /* optional: out[i] = a[i] OP b[i] for i < n, three C-contiguous arrays of
+     * dtype t, which is also the computation dtype (an arithmetic op, no
+     * conversion); out may be a exactly. Small operations pay for little
+     * else, so this skips the layout checks of `binary`. NULL: the
+     * dispatcher calls `binary`. */
+    ndm_status (*binary_flat)(int device, ndm__ew_binop op, ndm_dtype t, void *out, const void *a,
+                              const void *b, int64_t n);
 } ndm__backend_ew;
 
 #endif

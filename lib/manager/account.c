@@ -62,14 +62,6 @@ void ndm__limit_release(ndm__manager *m, int dev, int64_t bytes)
         release_chain(l, NULL, dev, bytes);
 }
 
-void ndm__uncharge(ndm__manager *m, int dev, int64_t bytes)
-{
-    ndm__manager *l = anchor_of(m);
-    if (l)
-        release_chain(l, NULL, dev, bytes);
-    m->bytes[dev] -= bytes;
-}
-
 /* Is limited manager x on the chain that starts at l? */
 static bool on_chain(ndm__manager *l, ndm__manager *x)
 {

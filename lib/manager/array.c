@@ -1,77 +1,69 @@
 /* Array records and their storage: creation, release, the close drain and
  * ownership moves, with exact per-manager accounting. */
 #include <inttypes.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core.h"
 #include "thread.h"
 
-/* ---- storage headers: a per-thread free list over a global one ------------ */
+/* ---- storage ---------------------------------------------------------------- */
 
-static pthread_mutex_t storage_lock = PTHREAD_MUTEX_INITIALIZER;
-static ndm__storage *storage_free;
+/* The storages of a drain die in batches: their blocks are freed together
+ * (the allocator does its bookkeeping once for a run of them, see
+ * ndm__free_many) and the bytes charged to the draining manager, when it has
+ * no limit to keep current, are given back at the flush. */
+#define FREE_BATCH 64
+typedef struct free_batch {
+    ndm_device dev;
+    int n;
+    ndm__manager *owner; /* NULL: every charge is given back at once */
+    int slot;            /* owner's accounting slot gathered in `bytes` */
+    int64_t bytes;
+    ndm__block blocks[FREE_BATCH];
+} free_batch;
 
-void ndm__storage_cache_flush(ndm__thread *t)
+static void batch_init(free_batch *fb, ndm__manager *m)
 {
-    if (!t->storage)
-        return;
-    ndm__storage *last = t->storage;
-    while (last->next_free)
-        last = last->next_free;
-    pthread_mutex_lock(&storage_lock);
-    last->next_free = storage_free;
-    storage_free = t->storage;
-    pthread_mutex_unlock(&storage_lock);
-    t->storage = NULL;
-    t->storage_count = 0;
+    fb->n = 0;
+    fb->owner = atomic_load_explicit(&m->limit_anchor, memory_order_relaxed) ? NULL : m;
+    fb->slot = m->dev;
+    fb->bytes = 0;
 }
 
-static ndm__storage *storage_get(void)
+static void batch_flush(free_batch *fb)
 {
-    ndm__thread *t = ndm__thread_get();
-    ndm__storage *s = t ? t->storage : NULL;
-    if (NDM__LIKELY(s != NULL)) {
-        t->storage = s->next_free;
-        t->storage_count--;
-        return s;
+    if (fb->bytes) {
+        fb->owner->bytes[fb->slot] -= fb->bytes;
+        fb->bytes = 0;
     }
-    pthread_mutex_lock(&storage_lock);
-    s = storage_free;
-    if (s)
-        storage_free = s->next_free;
-    pthread_mutex_unlock(&storage_lock);
-    if (!s)
-        s = malloc(sizeof *s);
-    return s;
-}
-
-static void storage_put(ndm__storage *s)
-{
-    ndm__thread *t = ndm__thread_get();
-    if (NDM__UNLIKELY(!t || t->storage_count >= NDM__STORAGE_CACHE)) {
-        pthread_mutex_lock(&storage_lock);
-        s->next_free = storage_free;
-        storage_free = s;
-        pthread_mutex_unlock(&storage_lock);
-        return;
+    if (fb->n) {
+        ndm__free_many(fb->dev, fb->blocks, (size_t)fb->n);
+        fb->n = 0;
     }
-    s->next_free = t->storage;
-    t->storage = s;
-    t->storage_count++;
 }
 
-/* Free the storage's memory and give its bytes back; refs reached 0. */
-static void storage_destroy(ndm__storage *s)
+/* Free the storage's memory (now, or with the batch fb when given) and give
+ * its bytes back; refs reached 0. */
+static NDM__ALWAYS_INLINE void storage_destroy(ndm__storage *s, free_batch *fb)
 {
-    ndm__uncharge(ndm__manager_slot(s->charged), s->dev, (int64_t)s->nbytes);
+    if (fb && fb->owner && s->charged == fb->owner->self && s->dev == fb->slot)
+        fb->bytes += (int64_t)s->nbytes;
+    else
+        ndm__uncharge(ndm__manager_rec(s->charged), s->dev, (int64_t)s->nbytes);
     if (s->block.cookie || s->block.ptr) {
-        ndm__free(s->device, &s->block);
+        if (!fb) {
+            ndm__free(s->device, &s->block);
+            return;
+        }
+        if (fb->n == FREE_BATCH || (fb->n && (fb->dev.type != s->device.type ||
+                                              fb->dev.index != s->device.index)))
+            batch_flush(fb);
+        fb->dev = s->device;
+        fb->blocks[fb->n++] = s->block;
     } else if (s->free_fn) {
         s->free_fn(s->data, s->free_ud);
     }
-    storage_put(s);
 }
 
 /* ---- small helpers --------------------------------------------------------- */
@@ -170,11 +162,10 @@ ndm_status ndm__axis(int axis, int ndim, bool insert, int *out, const char *api,
 
 /* ---- checked lookup ------------------------------------------------------- */
 
-static ndm__array *array_get(ndm_array h, const char *api, ndm__site where, bool propagate)
+NDM__COLD ndm__array *ndm__array_lookup_failed(ndm_array h, const char *api,
+                                               const ndm__site *wherep, bool propagate)
 {
-    ndm__array *r = ndm__array_peek(h);
-    if (NDM__LIKELY(r != NULL))
-        return r;
+    ndm__site where = *wherep;
     if (h.id == 0) {
         if (!propagate || ndm_last_status() >= 0)
             ndm__fail(NDM_E_NULL, api, where, "null array handle");
@@ -229,16 +220,6 @@ static ndm__array *array_get(ndm_array h, const char *api, ndm__site where, bool
     return NULL;
 }
 
-ndm__array *ndm__array_get(ndm_array h, const char *api, ndm__site where)
-{
-    return array_get(h, api, where, false);
-}
-
-ndm__array *ndm__array_get_prop(ndm_array h, const char *api, ndm__site where)
-{
-    return array_get(h, api, where, true);
-}
-
 /* ---- the output rule -------------------------------------------------------- */
 
 ndm_manager ndm__output_manager(ndm_manager named, ndm__array *first_input, const char *api,
@@ -258,11 +239,18 @@ ndm_manager ndm__output_manager(ndm_manager named, ndm__array *first_input, cons
     return NDM_NULL_MANAGER;
 }
 
+ndm__manager *ndm__output_record_slow(ndm_manager named, ndm__array *first_input,
+                                      const char *api, const ndm__site *where)
+{
+    ndm_manager m = ndm__output_manager(named, first_input, api, *where);
+    return m.id ? ndm__manager_get(m, api, *where) : NULL;
+}
+
 /* ---- creation --------------------------------------------------------------- */
 
 /* Check that manager m accepts a new array; the caller's site is named. */
-static ndm_status accepts(ndm__manager *m, const char *api, ndm__site where, ndm_dtype dtype,
-                          int ndim, const int64_t *shape)
+static NDM__COLD ndm_status accepts(ndm__manager *m, const char *api, const ndm__site *where,
+                                    ndm_dtype dtype, int ndim, const int64_t *shape)
 {
     unsigned st = atomic_load_explicit(&m->state, memory_order_acquire);
     if (NDM__LIKELY(!(st & (NDM__M_CLOSING | NDM__M_CAP_ARRAYS))))
@@ -275,97 +263,136 @@ static ndm_status accepts(ndm__manager *m, const char *api, ndm__site where, ndm
     ndm__array_desc(&tmp, desc, sizeof desc);
     ndm__manager_path(m->self, path, sizeof path);
     if (st & NDM__M_CLOSING)
-        return ndm__fail(NDM_E_CLOSED, api, where, "manager '%s' is closing; array %s refused",
+        return ndm__fail(NDM_E_CLOSED, api, *where, "manager '%s' is closing; array %s refused",
                          path, desc);
-    return ndm__fail(NDM_E_CAPPED, api, where, "manager '%s' is capped; array %s refused", path,
+    return ndm__fail(NDM_E_CAPPED, api, *where, "manager '%s' is capped; array %s refused", path,
                      desc);
 }
 
-/* Fill the shape part of a record. */
-static ndm_status set_dims(ndm__array *r, int ndim, const int64_t *shape, const int64_t *strides,
-                           const char *api, ndm__site where)
+/* Point the record at room for its shape and strides: inline, the strides
+ * right after the sizes so that a small rank stays on one cache line, or on
+ * the heap for a long shape. */
+static ndm_status dims_place(ndm__array *r, int ndim, const char *api, const ndm__site *where)
 {
     r->ndim = ndim;
-    if (ndim <= NDM__INLINE_DIMS) {
+    if (NDM__LIKELY(ndim <= NDM__INLINE_DIMS)) {
         r->shape = r->dims;
-        r->strides = r->dims + NDM__INLINE_DIMS;
-    } else {
-        int64_t *p = malloc(2 * (size_t)ndim * sizeof *p);
-        if (!p)
-            return ndm__fail(NDM_E_OOM, api, where, "no memory for a rank-%d shape", ndim);
-        r->shape = p;
-        r->strides = p + ndim;
+        r->strides = r->dims + ndim;
+        return NDM_OK;
     }
-    for (int i = 0; i < ndim; i++)
-        r->shape[i] = shape[i];
+    int64_t *p = malloc(2 * (size_t)ndim * sizeof *p);
+    if (!p)
+        return ndm__fail(NDM_E_OOM, api, *where, "no memory for a rank-%d shape", ndim);
+    r->shape = p;
+    r->strides = p + ndim;
+    return NDM_OK;
+}
+
+/* Fill the shape part of a record: the strides given, or C-contiguous ones. */
+static ndm_status set_dims(ndm__array *r, int ndim, const int64_t *shape, const int64_t *strides,
+                           const char *api, const ndm__site *where)
+{
+    if (dims_place(r, ndim, api, where) < 0)
+        return NDM_E_OOM;
     if (strides) {
-        for (int i = 0; i < ndim; i++)
+        for (int i = 0; i < ndim; i++) {
+            r->shape[i] = shape[i];
             r->strides[i] = strides[i];
-    } else {
-        ndm__contiguous_strides(ndim, r->shape, r->strides);
+        }
+        return NDM_OK;
+    }
+    int64_t stride = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        r->shape[i] = shape[i];
+        r->strides[i] = stride;
+        stride *= shape[i] ? shape[i] : 1;
     }
     return NDM_OK;
 }
 
-static void free_dims(ndm__array *r)
+static NDM__COLD void free_heap_dims(ndm__array *r)
 {
-    if (r->shape != r->dims) {
-        /* A dead record shows its first sizes in messages. */
-        int k = r->ndim < NDM__INLINE_DIMS ? r->ndim : NDM__INLINE_DIMS;
-        for (int i = 0; i < k; i++)
-            r->dims[i] = r->shape[i];
-        free(r->shape);
-        r->shape = r->dims;
-        r->strides = r->dims + NDM__INLINE_DIMS;
-    }
+    /* A dead record shows its first sizes in messages. */
+    int k = r->ndim < NDM__INLINE_DIMS ? r->ndim : NDM__INLINE_DIMS;
+    for (int i = 0; i < k; i++)
+        r->dims[i] = r->shape[i];
+    free(r->shape);
+    r->shape = r->dims;
+    r->strides = r->dims + k;
 }
 
-/* Link a filled record into m (head = newest) and count it with its storage
- * bytes (0 for a view). Fails when m started closing since `accepts` ran. */
-static ndm_status link_new(ndm__manager *m, ndm__array *r, int dev, int64_t bytes,
-                           const char *api, ndm__site where)
+static inline void free_dims(ndm__array *r)
 {
-    ndm__lock_take(&m->lock);
-    if (NDM__UNLIKELY(atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_CLOSING)) {
-        ndm__lock_drop(&m->lock);
-        return ndm__fail(NDM_E_CLOSED, api, where, "manager '%s' started closing", m->name);
-    }
+    if (NDM__UNLIKELY(r->shape != r->dims))
+        free_heap_dims(r);
+}
+
+/* Link r into m's list (m's lock held), newest first. */
+static inline void link_into(ndm__manager *m, ndm__array *r)
+{
     r->mgr = m->self;
     r->prev = 0;
     r->next = m->arrays;
     if (m->arrays)
-        ndm__array_slot(m->arrays)->prev = r->self;
+        ndm__array_rec(m->arrays)->prev = r->self;
     m->arrays = r->self;
+}
+
+/* Link a filled record into m and count it with its storage bytes (0 for a
+ * view). False when m started closing since the caller's check. */
+static inline bool link_new(ndm__manager *m, ndm__array *r, int dev, int64_t bytes)
+{
+    bool fast = ndm__mlock_acquire(m);
+    if (NDM__UNLIKELY(atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_CLOSING)) {
+        ndm__mlock_release(m, fast);
+        return false;
+    }
+    link_into(m, r);
     m->live++;
     m->created++;
     ndm__bytes_add(m, dev, bytes);
-    ndm__lock_drop(&m->lock);
-    return NDM_OK;
+    ndm__mlock_release(m, fast);
+    return true;
 }
 
-static void record_fill(ndm__array *r, ndm_dtype dtype, ndm__site site)
+static NDM__COLD ndm_array started_closing(ndm__manager *m, const char *api,
+                                           const ndm__site *site)
+{
+    ndm__fail(NDM_E_CLOSED, api, *site, "manager '%s' started closing", m->name);
+    return NDM_NULL_ARRAY;
+}
+
+/* The fields every new record sets; the storage s is its own or a base's. */
+static inline void record_init(ndm__array *r, ndm_dtype dtype, ndm__storage *s,
+                               const ndm__site *site)
 {
     r->dtype = dtype;
     r->offset = 0;
-    r->lender = r->lender_gen = 0;
-    r->sv_prev = r->sv_next = 0;
+    r->storage = s;
     r->ext = NULL;
-    r->site = site;
+    r->sv_prev = r->sv_next = 0;
+    r->lender = r->lender_gen = 0;
+    r->site.file = site->file;
+    r->site.func = site->func;
+    r->site.line = site->line;
     r->epoch = atomic_load_explicit(&ndm__epoch, memory_order_relaxed);
 }
 
-static void record_kill(ndm__array *r)
+/* A fresh storage in r's own room, charged to m. Nothing can reach it yet:
+ * the slot's previous storage died before the slot was freed. */
+static inline ndm__storage *storage_init(ndm__array *r, ndm__manager *m, int d, ndm_device dev,
+                                         size_t nbytes)
 {
-    free_dims(r);
-    /* a parameter's record (autograd); its gradient array lives on in the
-     * manager like any other array */
-    free(r->ext);
-    r->ext = NULL;
-    atomic_store_explicit(&r->live, 0, memory_order_relaxed);
-    unsigned g = atomic_load_explicit(&r->gen, memory_order_relaxed);
-    g = (g + 1) & 0x7fffffffu;
-    atomic_store_explicit(&r->gen, g ? g : 1, memory_order_release);
-    ndm__array_slot_free(r->self);
+    ndm__storage *s = &r->own;
+    atomic_init(&s->refs, 1);
+    atomic_init(&s->lock.v, 0);
+    s->charged = m->self;
+    s->charged_views = 1;
+    s->first_view = r->self;
+    s->dev = d;
+    s->device = dev;
+    s->nbytes = nbytes;
+    return s;
 }
 
 ndm_array ndm__array_new_on(ndm__site site, const char *api, ndm_manager mh, ndm_device dev,
@@ -374,7 +401,7 @@ ndm_array ndm__array_new_on(ndm__site site, const char *api, ndm_manager mh, ndm
     ndm__manager *m = ndm__manager_get(mh, api, site);
     if (!m)
         return NDM_NULL_ARRAY;
-    return ndm__array_new_in(site, api, m, dev, dtype, ndim, shape, out);
+    return ndm__array_new_in(&site, api, m, dev, dtype, ndim, shape, out);
 }
 
 /* Element bytes of a shape; false for a negative size or an overflowing
@@ -394,16 +421,22 @@ static inline bool shape_bytes(int ndim, const int64_t *shape, ndm_dtype dtype, 
     return true;
 }
 
-ndm_array ndm__array_new_in(ndm__site site, const char *api, ndm__manager *m, ndm_device dev,
-                            ndm_dtype dtype, int ndim, const int64_t *shape, ndm__array **out)
+static NDM__COLD ndm_array shape_refused(int ndim, const int64_t *shape, ndm_dtype dtype,
+                                         const char *api, const ndm__site *site)
+{
+    if (ndm__shape_check(ndim, shape, dtype, NULL, NULL, api, *site) == NDM_OK)
+        ndm__fail(NDM_E_SHAPE, api, *site, "invalid shape"); /* unreachable by design */
+    return NDM_NULL_ARRAY;
+}
+
+ndm_array ndm__array_new_in(const ndm__site *site, const char *api, ndm__manager *m,
+                            ndm_device dev, ndm_dtype dtype, int ndim, const int64_t *shape,
+                            ndm__array **out)
 {
     /* Checks first, inline; only a failure calls out to write its message. */
     size_t nbytes;
-    if (NDM__UNLIKELY(!shape_bytes(ndim, shape, dtype, &nbytes))) {
-        if (ndm__shape_check(ndim, shape, dtype, NULL, NULL, api, site) == NDM_OK)
-            ndm__fail(NDM_E_SHAPE, api, site, "invalid shape"); /* unreachable by design */
-        return NDM_NULL_ARRAY;
-    }
+    if (NDM__UNLIKELY(!shape_bytes(ndim, shape, dtype, &nbytes)))
+        return shape_refused(ndim, shape, dtype, api, site);
     if (NDM__UNLIKELY(atomic_load_explicit(&m->state, memory_order_acquire) &
                       (NDM__M_CLOSING | NDM__M_CAP_ARRAYS)) &&
         accepts(m, api, site, dtype, ndim, shape) < 0)
@@ -412,53 +445,39 @@ ndm_array ndm__array_new_in(ndm__site site, const char *api, ndm__manager *m, nd
     /* The limit is reserved before any memory is taken, and the bytes (and
      * peak) are counted only once the memory is held. */
     bool limited = atomic_load_explicit(&m->limit_anchor, memory_order_relaxed) != 0;
-    if (NDM__UNLIKELY(limited) && ndm__limit_reserve(m, d, (int64_t)nbytes, api, site) < 0)
+    if (NDM__UNLIKELY(limited) && ndm__limit_reserve(m, d, (int64_t)nbytes, api, *site) < 0)
         return NDM_NULL_ARRAY;
-    ndm__storage *s = storage_get();
-    uint32_t slot = s ? ndm__array_slot_alloc() : 0;
+    uint32_t slot = ndm__array_slot_alloc();
     if (NDM__UNLIKELY(!slot)) {
-        if (s)
-            storage_put(s);
         if (limited)
             ndm__limit_release(m, d, (int64_t)nbytes);
-        ndm__fail(NDM_E_OOM, api, site, "no memory for an array record");
+        ndm__fail(NDM_E_OOM, api, *site, "no memory for an array record");
         return NDM_NULL_ARRAY;
     }
-    ndm__array *r = ndm__array_slot(slot);
-    ndm__alloc_tag tag = {m->self, site.file, site.func, site.line};
+    ndm__array *r = ndm__array_rec(slot);
+    ndm__storage *s = &r->own;
+    ndm__alloc_tag tag = {m->self, site->file, site->func, site->line};
     if (NDM__UNLIKELY(ndm__alloc(dev, nbytes, &tag, &s->block) < 0)) {
         /* The allocator's message says what it had; name the caller too. */
-        ndm__fail(ndm_last_status(), api, site, "%s", ndm_last_error());
+        ndm__fail(ndm_last_status(), api, *site, "%s", ndm_last_error());
         goto fail;
     }
-    record_fill(r, dtype, site);
-    if (NDM__LIKELY(ndim <= NDM__INLINE_DIMS)) {
-        r->ndim = ndim;
-        r->shape = r->dims;
-        r->strides = r->dims + NDM__INLINE_DIMS;
-        int64_t stride = 1;
-        for (int i = ndim - 1; i >= 0; i--) {
-            r->shape[i] = shape[i];
-            r->strides[i] = stride;
-            stride *= shape[i] ? shape[i] : 1;
-        }
-    } else if (set_dims(r, ndim, shape, NULL, api, site) < 0) {
+    s->data = s->block.ptr;
+    record_init(r, dtype, s, site);
+    if (NDM__UNLIKELY(dims_place(r, ndim, api, site) < 0)) {
         ndm__free(dev, &s->block);
         goto fail;
     }
-    atomic_init(&s->refs, 1);
-    atomic_init(&s->lock.v, 0);
-    s->charged = m->self;
-    s->charged_views = 1;
-    s->first_view = slot;
-    s->dev = d;
-    s->device = dev;
-    s->nbytes = nbytes;
-    s->data = s->block.ptr;
-    s->free_fn = NULL;
-    s->free_ud = NULL;
-    r->storage = s;
-    if (NDM__UNLIKELY(link_new(m, r, d, (int64_t)nbytes, api, site) < 0)) {
+    int64_t *sizes = r->shape, *strides = r->strides, stride = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        int64_t e = shape[i];
+        sizes[i] = e;
+        strides[i] = stride;
+        stride *= e ? e : 1;
+    }
+    storage_init(r, m, d, dev, nbytes);
+    if (NDM__UNLIKELY(!link_new(m, r, d, (int64_t)nbytes))) {
+        started_closing(m, api, site);
         free_dims(r);
         ndm__free(dev, &s->block);
         goto fail;
@@ -468,7 +487,6 @@ ndm_array ndm__array_new_in(ndm__site site, const char *api, ndm__manager *m, nd
         *out = r;
     return ndm__array_handle(slot, atomic_load_explicit(&r->gen, memory_order_relaxed));
 fail:
-    storage_put(s);
     ndm__array_slot_free(slot);
     if (limited)
         ndm__limit_release(m, d, (int64_t)nbytes);
@@ -481,7 +499,7 @@ ndm_array ndm__array_new(ndm__site site, const char *api, ndm_manager mh, ndm_dt
     ndm__manager *m = ndm__manager_get(mh, api, site);
     if (!m)
         return NDM_NULL_ARRAY;
-    return ndm__array_new_in(site, api, m, m->device, dtype, ndim, shape, out);
+    return ndm__array_new_in(&site, api, m, m->device, dtype, ndim, shape, out);
 }
 
 ndm_array ndm__array_wrap(ndm__site site, const char *api, ndm_manager mh, ndm_dtype dtype,
@@ -496,45 +514,35 @@ ndm_array ndm__array_wrap(ndm__site site, const char *api, ndm_manager mh, ndm_d
         return NDM_NULL_ARRAY;
     if (!data && nbytes)
         return ndm__fail(NDM_E_INVALID, api, site, "data is NULL"), NDM_NULL_ARRAY;
-    if (accepts(m, api, site, dtype, ndim, shape) < 0)
+    if (accepts(m, api, &site, dtype, ndim, shape) < 0)
         return NDM_NULL_ARRAY;
     int d = m->dev;
     if (ndm__limit_reserve(m, d, (int64_t)nbytes, api, site) < 0)
         return NDM_NULL_ARRAY;
-    ndm__storage *s = storage_get();
-    uint32_t slot = s ? ndm__array_slot_alloc() : 0;
+    uint32_t slot = ndm__array_slot_alloc();
     if (!slot) {
-        if (s)
-            storage_put(s);
         ndm__limit_release(m, d, (int64_t)nbytes);
         ndm__fail(NDM_E_OOM, api, site, "no memory for an array record");
         return NDM_NULL_ARRAY;
     }
     ndm__array *r = ndm__array_slot(slot);
-    record_fill(r, dtype, site);
-    if (set_dims(r, ndim, shape, NULL, api, site) < 0)
+    ndm__storage *s = &r->own;
+    record_init(r, dtype, s, &site);
+    if (set_dims(r, ndim, shape, NULL, api, &site) < 0)
         goto fail;
-    atomic_init(&s->refs, 1);
-    atomic_init(&s->lock.v, 0);
-    s->charged = m->self;
-    s->charged_views = 1;
-    s->first_view = slot;
-    s->dev = d;
-    s->device = m->device;
-    s->nbytes = nbytes;
+    storage_init(r, m, d, m->device, nbytes);
     s->data = data;
     s->block = (ndm__block){0};
     s->free_fn = free_fn;
     s->free_ud = ud;
-    r->storage = s;
-    if (link_new(m, r, d, (int64_t)nbytes, api, site) < 0) {
+    if (!link_new(m, r, d, (int64_t)nbytes)) {
+        started_closing(m, api, &site);
         free_dims(r);
         goto fail;
     }
     atomic_store_explicit(&r->live, 1, memory_order_release);
     return ndm__array_handle(slot, atomic_load_explicit(&r->gen, memory_order_relaxed));
 fail:
-    storage_put(s);
     ndm__array_slot_free(slot);
     ndm__limit_release(m, d, (int64_t)nbytes);
     return NDM_NULL_ARRAY;
@@ -547,7 +555,7 @@ ndm_array ndm__array_view(ndm__site site, const char *api, ndm_manager mh, ndm__
     ndm__manager *m = ndm__manager_get(mh, api, site);
     if (!m)
         return NDM_NULL_ARRAY;
-    if (accepts(m, api, site, dtype, ndim, shape) < 0)
+    if (accepts(m, api, &site, dtype, ndim, shape) < 0)
         return NDM_NULL_ARRAY;
     uint32_t slot = ndm__array_slot_alloc();
     if (!slot) {
@@ -555,26 +563,23 @@ ndm_array ndm__array_view(ndm__site site, const char *api, ndm_manager mh, ndm__
         return NDM_NULL_ARRAY;
     }
     ndm__array *r = ndm__array_slot(slot);
-    record_fill(r, dtype, site);
-    if (set_dims(r, ndim, shape, strides, api, site) < 0) {
+    ndm__storage *s = base->storage;
+    record_init(r, dtype, s, &site);
+    if (set_dims(r, ndim, shape, strides, api, &site) < 0) {
         ndm__array_slot_free(slot);
         return NDM_NULL_ARRAY;
     }
     r->offset = offset;
-    ndm__storage *s = base->storage;
-    r->storage = s;
     /* Lock order: manager, then storage. */
-    ndm__lock_take(&m->lock);
+    ndm__mlock_take(m);
     if (NDM__UNLIKELY(atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_CLOSING)) {
-        ndm__lock_drop(&m->lock);
+        ndm__mlock_drop(m);
         free_dims(r);
         ndm__array_slot_free(slot);
-        ndm__fail(NDM_E_CLOSED, api, site, "manager '%s' started closing", m->name);
-        return NDM_NULL_ARRAY;
+        return started_closing(m, api, &site);
     }
     ndm__lock_take(&s->lock);
     atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
-    r->sv_prev = 0;
     r->sv_next = s->first_view;
     if (s->first_view)
         ndm__array_slot(s->first_view)->sv_prev = slot;
@@ -582,15 +587,10 @@ ndm_array ndm__array_view(ndm__site site, const char *api, ndm_manager mh, ndm__
     if (s->charged == m->self)
         s->charged_views++;
     ndm__lock_drop(&s->lock);
-    r->mgr = m->self;
-    r->prev = 0;
-    r->next = m->arrays;
-    if (m->arrays)
-        ndm__array_slot(m->arrays)->prev = slot;
-    m->arrays = slot;
+    link_into(m, r);
     m->live++;
     m->created++;
-    ndm__lock_drop(&m->lock);
+    ndm__mlock_drop(m);
     atomic_store_explicit(&r->live, 1, memory_order_release);
     if (out)
         *out = r;
@@ -609,17 +609,37 @@ static uint32_t count_views(ndm__storage *s, uint32_t mgr)
     return n;
 }
 
+/* The last view of s died: its memory and bytes go back, and its home
+ * record's slot, kept while views outlived it, is freed unless that record
+ * is `dying` (which frees its own slot). */
+static NDM__ALWAYS_INLINE void storage_dies(ndm__storage *s, ndm__array *dying, free_batch *fb)
+{
+    storage_destroy(s, fb);
+    if (s != &dying->own)
+        ndm__array_slot_free(ndm__storage_home(s)->self);
+}
+
 /* View r of storage s dies; its manager was `from`. Manager lock of `from`
- * is held by the caller (or `from` is closing under this thread). */
-static void view_dies(ndm__array *r, ndm__manager *from)
+ * is held by the caller (or `from` is closing under this thread). Returns
+ * whether r's slot must wait: its own storage lives on in other views. */
+static bool shared_view_dies(ndm__array *r, ndm__manager *from, free_batch *fb);
+
+static NDM__ALWAYS_INLINE bool view_dies(ndm__array *r, ndm__manager *from, free_batch *fb)
 {
     ndm__storage *s = r->storage;
     if (NDM__LIKELY(atomic_load_explicit(&s->refs, memory_order_acquire) == 1)) {
         /* The only view: nobody else can reach s. */
         atomic_store_explicit(&s->refs, 0, memory_order_relaxed);
-        storage_destroy(s);
-        return;
+        storage_dies(s, r, fb);
+        return false;
     }
+    return shared_view_dies(r, from, fb);
+}
+
+/* view_dies when other views may share the storage. */
+static bool shared_view_dies(ndm__array *r, ndm__manager *from, free_batch *fb)
+{
+    ndm__storage *s = r->storage;
     ndm__lock_take(&s->lock);
     if (r->sv_prev)
         ndm__array_slot(r->sv_prev)->sv_next = r->sv_next;
@@ -630,8 +650,8 @@ static void view_dies(ndm__array *r, ndm__manager *from)
     unsigned left = atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) - 1;
     if (left == 0) {
         ndm__lock_drop(&s->lock);
-        storage_destroy(s);
-        return;
+        storage_dies(s, r, fb);
+        return false;
     }
     if (s->charged == from->self && --s->charged_views == 0) {
         /* The charged manager holds no view any more: the charge moves to the
@@ -646,6 +666,35 @@ static void view_dies(ndm__array *r, ndm__manager *from)
         ndm__alloc_retag(&s->block, to_slot);
     }
     ndm__lock_drop(&s->lock);
+    return s == &r->own;
+}
+
+/* Array r dies; `from`, its manager, has unlinked it (from's lock held, or
+ * from closing under this thread). The record is marked dead before its
+ * storage reference goes: once the last view of a storage frees the slot of
+ * the storage's dead home record, nobody writes that record any more. */
+static NDM__ALWAYS_INLINE void array_dies(ndm__array *r, ndm__manager *from,
+                                          const ndm__site *site, uint32_t by, uint32_t by_gen,
+                                          free_batch *fb)
+{
+    r->dead_site.file = site->file;
+    r->dead_site.func = site->func;
+    r->dead_site.line = site->line;
+    r->dead_by = by;
+    r->dead_by_gen = by_gen;
+    free_dims(r);
+    if (NDM__UNLIKELY(r->ext)) {
+        /* a parameter's record (autograd); its gradient array lives on in
+         * the manager like any other array */
+        free(r->ext);
+        r->ext = NULL;
+    }
+    atomic_store_explicit(&r->live, 0, memory_order_relaxed);
+    unsigned g = atomic_load_explicit(&r->gen, memory_order_relaxed);
+    g = (g + 1) & 0x7fffffffu;
+    atomic_store_explicit(&r->gen, g ? g : 1, memory_order_release);
+    if (!view_dies(r, from, fb))
+        ndm__array_slot_free(r->self);
 }
 
 /* View r moves from `from` to `to`; both manager locks held. Fails with
@@ -681,25 +730,15 @@ static ndm_status view_moves(ndm__array *r, ndm__manager *from, ndm__manager *to
 
 /* ---- unlinking and killing ---------------------------------------------------- */
 
-static void unlink_from(ndm__manager *m, ndm__array *r)
+static inline void unlink_from(ndm__manager *m, ndm__array *r)
 {
     if (r->prev)
-        ndm__array_slot(r->prev)->next = r->next;
+        ndm__array_rec(r->prev)->next = r->next;
     else
         m->arrays = r->next;
     if (r->next)
-        ndm__array_slot(r->next)->prev = r->prev;
+        ndm__array_rec(r->next)->prev = r->prev;
     r->prev = r->next = 0;
-}
-
-static void link_into(ndm__manager *m, ndm__array *r)
-{
-    r->mgr = m->self;
-    r->prev = 0;
-    r->next = m->arrays;
-    if (m->arrays)
-        ndm__array_slot(m->arrays)->prev = r->self;
-    m->arrays = r->self;
 }
 
 ndm_status ndm__array_release(ndm__array *r, ndm__site site, const char *api)
@@ -707,31 +746,25 @@ ndm_status ndm__array_release(ndm__array *r, ndm__site site, const char *api)
     (void)api;
     uint32_t gen = atomic_load_explicit(&r->gen, memory_order_relaxed);
     for (;;) {
-        ndm__manager *m = ndm__manager_slot(r->mgr);
-        ndm__lock_take(&m->lock);
+        ndm__manager *m = ndm__manager_rec(r->mgr);
+        bool fast = ndm__mlock_acquire(m);
+        ndm_status st = NDM_ALREADY;
         if (atomic_load_explicit(&r->gen, memory_order_relaxed) != gen ||
             !atomic_load_explicit(&r->live, memory_order_relaxed)) {
-            ndm__lock_drop(&m->lock);
-            return NDM_ALREADY;
-        }
-        if (ndm__manager_slot(r->mgr) != m) { /* moved by another thread meanwhile */
-            ndm__lock_drop(&m->lock);
+            /* released meanwhile */
+        } else if (r->mgr != m->self) { /* moved by another thread meanwhile */
+            ndm__mlock_release(m, fast);
             continue;
+        } else if (!(atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_CLOSING)) {
+            /* (when closing, its manager's close is releasing it now) */
+            unlink_from(m, r);
+            m->live--;
+            m->released++;
+            array_dies(r, m, &site, 0, 0, NULL);
+            st = NDM_OK;
         }
-        if (atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_CLOSING) {
-            /* Its manager's close is releasing it now. */
-            ndm__lock_drop(&m->lock);
-            return NDM_ALREADY;
-        }
-        unlink_from(m, r);
-        m->live--;
-        m->released++;
-        view_dies(r, m);
-        r->dead_site = site;
-        r->dead_by = r->dead_by_gen = 0;
-        ndm__lock_drop(&m->lock);
-        record_kill(r);
-        return NDM_OK;
+        ndm__mlock_release(m, fast);
+        return st;
     }
 }
 
@@ -760,11 +793,11 @@ static bool give_back(ndm__manager *from, ndm__array *r)
         return false;
     ndm__manager *a = from->self < to->self ? from : to;
     ndm__manager *b = from->self < to->self ? to : from;
-    ndm__lock_take(&a->lock);
-    ndm__lock_take(&b->lock);
+    ndm__mlock_take(a);
+    ndm__mlock_take(b);
     if (atomic_load_explicit(&to->state, memory_order_relaxed) & NDM__M_CLOSING) {
-        ndm__lock_drop(&b->lock);
-        ndm__lock_drop(&a->lock);
+        ndm__mlock_drop(b);
+        ndm__mlock_drop(a);
         return false;
     }
     unlink_from(from, r);
@@ -775,8 +808,8 @@ static bool give_back(ndm__manager *from, ndm__array *r)
     to->live++;
     to->moved_in++;
     r->lender = r->lender_gen = 0;
-    ndm__lock_drop(&b->lock);
-    ndm__lock_drop(&a->lock);
+    ndm__mlock_drop(b);
+    ndm__mlock_drop(a);
     return true;
 }
 
@@ -796,51 +829,93 @@ static bool in_keep(uint32_t slot, const uint32_t *keep, size_t n, bool sorted)
     return false;
 }
 
-/* Release the arrays of m newest first, except `keep`; borrowed arrays go back
- * to their lenders. When m is closing nobody else can touch its list, so the
- * walk never restarts; otherwise other threads may add or release arrays
- * while the lock is dropped to give an array back, and the walk restarts. */
-static void drain(ndm__manager *m, const uint32_t *keep, size_t nkeep, bool sorted,
-                  ndm__site site, bool closing)
+/* Release the arrays of m newest first, except `keep` (m is open: a scope's
+ * release); borrowed arrays go back to their lenders. Other threads may add
+ * or release arrays while the lock is dropped to give an array back, and
+ * the walk restarts then. */
+/* A drain of m meets r, borrowed: bring m's counters and frees up to date,
+ * give r back to its lender with m's lock dropped, and take the lock again.
+ * True when the walk must start again from m's head (r went back, or the
+ * list changed meanwhile); false when the lender is gone and r is m's to
+ * release now. */
+static bool drain_lend_back(ndm__manager *m, ndm__array *r, bool *fast, uint64_t *gone,
+                            free_batch *fb)
 {
-    uint32_t m_gen = atomic_load_explicit(&m->gen, memory_order_relaxed);
-    ndm__lock_take(&m->lock);
+    uint32_t g = atomic_load_explicit(&r->gen, memory_order_relaxed);
+    m->live -= *gone;
+    m->released += *gone;
+    *gone = 0;
+    batch_flush(fb);
+    ndm__mlock_release(m, *fast);
+    bool back = give_back(m, r);
+    *fast = ndm__mlock_acquire(m);
+    if (back || atomic_load_explicit(&r->gen, memory_order_relaxed) != g || r->mgr != m->self)
+        return true;
+    r->lender = 0; /* the lender is gone: release it here */
+    return false;
+}
+
+static void drain(ndm__manager *m, const uint32_t *keep, size_t nkeep, bool sorted,
+                  ndm__site site)
+{
+    uint64_t gone = 0; /* released, not yet counted: the counters catch up before unlocking */
+    free_batch fb;
+    batch_init(&fb, m);
+    bool fast = ndm__mlock_acquire(m);
     uint32_t cur = m->arrays;
     while (cur) {
-        ndm__array *r = ndm__array_slot(cur);
+        ndm__array *r = ndm__array_rec(cur);
         if (nkeep && in_keep(cur, keep, nkeep, sorted)) {
             cur = r->next;
             continue;
         }
-        if (r->lender) {
-            uint32_t g = atomic_load_explicit(&r->gen, memory_order_relaxed);
-            ndm__lock_drop(&m->lock);
-            bool back = give_back(m, r);
-            ndm__lock_take(&m->lock);
-            if (back || atomic_load_explicit(&r->gen, memory_order_relaxed) != g ||
-                r->mgr != m->self) {
-                cur = m->arrays;
-                continue;
-            }
-            r->lender = 0; /* the lender is gone: release it here */
+        if (r->lender && drain_lend_back(m, r, &fast, &gone, &fb)) {
+            cur = m->arrays;
+            continue;
         }
         uint32_t next = r->next;
         unlink_from(m, r);
-        m->live--;
-        m->released++;
-        view_dies(r, m);
-        r->dead_site = site;
-        r->dead_by = closing ? m->self : 0;
-        r->dead_by_gen = closing ? m_gen : 0;
-        record_kill(r);
+        gone++;
+        array_dies(r, m, &site, 0, 0, &fb);
         cur = next;
     }
-    ndm__lock_drop(&m->lock);
+    m->live -= gone;
+    m->released += gone;
+    batch_flush(&fb);
+    ndm__mlock_release(m, fast);
 }
 
+/* The drain of a closing manager. Nobody else reads or changes its list
+ * meanwhile (a release or a move sees it closing and backs off; readers take
+ * its lock, held here except while an array goes back to its lender), so the
+ * records are not unlinked one by one: the list is cut as it is consumed. */
 void ndm__manager_drain_arrays(ndm__manager *m, ndm__site site)
 {
-    drain(m, NULL, 0, false, site, true);
+    uint32_t by_gen = atomic_load_explicit(&m->gen, memory_order_relaxed);
+    uint64_t gone = 0;
+    free_batch fb;
+    batch_init(&fb, m);
+    bool fast = ndm__mlock_acquire(m);
+    for (uint32_t cur = m->arrays; cur;) {
+        ndm__array *r = ndm__array_rec(cur);
+        if (NDM__UNLIKELY(r->lender)) {
+            /* The list must be whole (from r on) while the lock is dropped. */
+            m->arrays = cur;
+            r->prev = 0;
+            if (drain_lend_back(m, r, &fast, &gone, &fb)) {
+                cur = m->arrays;
+                continue;
+            }
+        }
+        cur = r->next;
+        gone++;
+        array_dies(r, m, &site, m->self, by_gen, &fb);
+    }
+    m->arrays = 0;
+    m->live -= gone;
+    m->released += gone;
+    batch_flush(&fb);
+    ndm__mlock_release(m, fast);
 }
 
 void ndm__manager_release_except(ndm__manager *m, const uint32_t *keep, size_t n, ndm__site site)
@@ -851,7 +926,7 @@ void ndm__manager_release_except(ndm__manager *m, const uint32_t *keep, size_t n
         qsort(sorted, n, sizeof *sorted, cmp_u32);
         keep = sorted;
     }
-    drain(m, keep, n, sorted != NULL, site, false);
+    drain(m, keep, n, sorted != NULL, site);
     free(sorted);
 }
 
@@ -892,11 +967,11 @@ static ndm_status move(ndm_array h, ndm_manager target, enum move_kind kind, con
         }
         ndm__manager *a = from->self < to->self ? from : to;
         ndm__manager *b = from->self < to->self ? to : from;
-        ndm__lock_take(&a->lock);
-        ndm__lock_take(&b->lock);
+        ndm__mlock_take(a);
+        ndm__mlock_take(b);
         if (ndm__manager_slot(r->mgr) != from) { /* moved meanwhile: start over */
-            ndm__lock_drop(&b->lock);
-            ndm__lock_drop(&a->lock);
+            ndm__mlock_drop(b);
+            ndm__mlock_drop(a);
             continue;
         }
         ndm_status st = NDM_OK;
@@ -905,13 +980,13 @@ static ndm_status move(ndm_array h, ndm_manager target, enum move_kind kind, con
         if (!atomic_load_explicit(&r->live, memory_order_relaxed) || (fs & NDM__M_CLOSING)) {
             st = ndm__fail(NDM_E_CLOSED, api, site, "the array is being released by a close");
         } else if (!(ts & NDM__M_LIVE) || (ts & NDM__M_CLOSING)) {
-            ndm__lock_drop(&b->lock);
-            ndm__lock_drop(&a->lock);
+            ndm__mlock_drop(b);
+            ndm__mlock_drop(a);
             ndm__manager_path(to->self, path, sizeof path);
             return ndm__fail(NDM_E_CLOSED, api, site, "target manager '%s' is closing", path);
         } else if ((ts & NDM__M_CAP_ARRAYS) && kind != MOVE_DETACH) {
-            ndm__lock_drop(&b->lock);
-            ndm__lock_drop(&a->lock);
+            ndm__mlock_drop(b);
+            ndm__mlock_drop(a);
             ndm__manager_path(to->self, path, sizeof path);
             return ndm__fail(NDM_E_CAPPED, api, site,
                              "manager '%s' is capped; array %s created at %s refused", path,
@@ -934,8 +1009,8 @@ static ndm_status move(ndm_array h, ndm_manager target, enum move_kind kind, con
                 r->lender = r->lender_gen = 0;
             }
         }
-        ndm__lock_drop(&b->lock);
-        ndm__lock_drop(&a->lock);
+        ndm__mlock_drop(b);
+        ndm__mlock_drop(a);
         return st;
     }
 }

@@ -18,9 +18,16 @@
 #if defined(__GNUC__)
 #define NDM__LIKELY(x) __builtin_expect(!!(x), 1)
 #define NDM__UNLIKELY(x) __builtin_expect(!!(x), 0)
+/* For the few helpers of the per-array hot path that the compiler would
+ * otherwise keep out of line (a call costs as much as their body). */
+#define NDM__ALWAYS_INLINE inline __attribute__((always_inline))
+/* An error path kept out of the caller, so the caller needs no frame. */
+#define NDM__COLD __attribute__((noinline, cold))
 #else
 #define NDM__LIKELY(x) (x)
 #define NDM__UNLIKELY(x) (x)
+#define NDM__ALWAYS_INLINE inline
+#define NDM__COLD
 #endif
 
 /* Shapes up to this rank live inside the array record; longer ones on the heap. */
@@ -50,6 +57,10 @@ static inline void ndm__lock_drop(ndm__lock *l)
 
 /* ---- storage ----------------------------------------------------------- */
 
+/* A storage lives inside the record of the array that made it (its home), so
+ * a new array takes one record and no header. When the home array dies while
+ * other views still use the storage, its slot is not reused until the last
+ * view dies and frees it: the storage's memory is never reused under a view. */
 typedef struct ndm__storage {
     atomic_uint refs;          /* array records viewing it */
     ndm__lock lock;            /* guards the view list and the charge once shared */
@@ -58,40 +69,49 @@ typedef struct ndm__storage {
     uint32_t first_view;       /* list of views (array slots), newest first */
     int dev;                   /* accounting slot of `device` */
     ndm_device device;
-    size_t nbytes;
     void *data;
-    ndm__block block;          /* from the allocator; cookie NULL for wrapped buffers */
-    ndm_free_fn free_fn;       /* wrapped buffers */
+    ndm__block block;          /* from the allocator; zeroed for wrapped buffers */
+    size_t nbytes;
+    ndm_free_fn free_fn;       /* wrapped buffers only (block zeroed) */
     void *free_ud;
-    struct ndm__storage *next_free;
 } ndm__storage;
 
 /* ---- array records ------------------------------------------------------ */
 
+/* Laid out by use: a lookup and a kernel call read the first cache line;
+ * the creation of a rank-1 array and any array's death touch the first four
+ * and no other. */
 typedef struct ndm__array {
     atomic_uint gen;           /* generation of the slot; a handle must match it */
-    uint32_t self;             /* this record's slot number */
     atomic_uint live;          /* 1 while the slot holds an array */
+    uint32_t self;             /* this record's slot number */
     uint32_t mgr;              /* owning manager slot */
-    uint32_t prev, next;       /* owner's array list: prev is newer, next is older */
-    uint32_t sv_prev, sv_next; /* storage's view list */
-    uint32_t lender;           /* temp_attach: manager slot to return to (0: none) */
-    uint32_t lender_gen;
     int32_t ndim;
     ndm_dtype dtype;
     int64_t offset;            /* elements */
     int64_t *shape;            /* = dims or heap */
-    int64_t *strides;          /* = dims + NDM__INLINE_DIMS or heap */
-    ndm__storage *storage;
+    int64_t *strides;          /* = dims + ndim or heap */
+    ndm__storage *storage;     /* &own, or the own storage of another record */
+    void *ext;                 /* per-array extension (autograd) */
+    /* second line */
+    uint32_t prev, next;       /* owner's array list: prev is newer, next is older */
+    uint32_t sv_prev, sv_next; /* storage's view list */
+    uint32_t lender;           /* temp_attach: manager slot to return to (0: none) */
+    uint32_t lender_gen;
+    uint32_t dead_by, dead_by_gen; /* manager whose close released it (0: released directly) */
     uint64_t epoch;            /* mark epoch at creation (see ndm_mark) */
     ndm__site site;
-    void *ext;                 /* per-array extension (autograd) */
-    /* how the array died, kept until the slot is reused */
-    ndm__site dead_site;
-    uint32_t dead_by, dead_by_gen; /* manager whose close released it (0: released directly) */
-    uint32_t next_free;
-    int64_t dims[2 * NDM__INLINE_DIMS];
+    /* third and fourth lines */
+    ndm__storage own;          /* the storage this array made, if it made one */
+    ndm__site dead_site;       /* how the array died, kept until the slot is reused */
+    int64_t dims[2 * NDM__INLINE_DIMS]; /* shape then strides, for ranks up to the limit */
 } ndm__array;
+
+/* The record a storage lives in. */
+static inline struct ndm__array *ndm__storage_home(ndm__storage *s)
+{
+    return (struct ndm__array *)(void *)((char *)s - offsetof(struct ndm__array, own));
+}
 
 /* ---- manager records ---------------------------------------------------- */
 
@@ -131,7 +151,10 @@ typedef struct ndm__manager {
     atomic_uint gen;
     uint32_t self;             /* this record's slot number */
     atomic_uint state;         /* NDM__M_* */
-    ndm__lock lock;            /* array list, counters, hooks */
+    ndm__lock lock;            /* array list, counters, hooks: see ndm__mlock_take */
+    atomic_uint busy;          /* the creator is inside the lock on its fast path */
+    atomic_bool biased;        /* the creator may take the lock with plain stores */
+    _Atomic uint64_t creator;  /* id of the creating thread (0: none) */
     uint32_t parent;
     uint32_t parent_gen;       /* to name dead ancestors correctly */
     uint32_t first_child;      /* newest child; siblings linked newest to oldest */
@@ -160,6 +183,57 @@ typedef struct ndm__manager {
     uint32_t next_free;
 } ndm__manager;
 
+/* ---- manager locks ------------------------------------------------------ */
+
+/* A manager's lock is biased to the thread that created it: that thread
+ * takes it with plain stores (an atomic exchange waits for every pending
+ * store, which costs more than the rest of a small array's creation). The
+ * first other thread to take it clears the bias for good, then waits for the
+ * creator to leave: a membarrier() stands in for the fence the creator's
+ * fast path leaves out, so either the creator sees the bias gone or its busy
+ * flag is seen. From then on everyone takes the exchange lock. Without
+ * membarrier() no manager is biased. */
+extern bool ndm__bias_supported;
+void ndm__bias_setup(void);              /* once, from ndm__init */
+/* Clear a bias the caller saw set while holding the lock it stands in for,
+ * then wait until the owner is out of its fast path. */
+void ndm__bias_revoke(atomic_bool *biased, atomic_uint *busy);
+void ndm__mlock_slow(ndm__manager *m);   /* clear the bias if set; take the lock */
+
+/* Take m's lock; true when taken on the creator's fast path. Hand the
+ * result to ndm__mlock_release. */
+static inline bool ndm__mlock_acquire(ndm__manager *m)
+{
+    ndm__thread *t = ndm__tls;
+    if (NDM__LIKELY(t && t->id == atomic_load_explicit(&m->creator, memory_order_relaxed))) {
+        atomic_store_explicit(&m->busy, 1, memory_order_relaxed);
+        atomic_signal_fence(memory_order_seq_cst);
+        if (NDM__LIKELY(atomic_load_explicit(&m->biased, memory_order_relaxed)))
+            return true;
+        atomic_store_explicit(&m->busy, 0, memory_order_release);
+    }
+    ndm__mlock_slow(m);
+    return false;
+}
+
+static inline void ndm__mlock_release(ndm__manager *m, bool fast)
+{
+    if (fast)
+        atomic_store_explicit(&m->busy, 0, memory_order_release);
+    else
+        ndm__lock_drop(&m->lock);
+}
+
+static inline void ndm__mlock_take(ndm__manager *m) { (void)ndm__mlock_acquire(m); }
+
+static inline void ndm__mlock_drop(ndm__manager *m)
+{
+    ndm__thread *t = ndm__tls;
+    /* Only the creator sets busy, and only on its fast path. */
+    ndm__mlock_release(m, t && t->id == atomic_load_explicit(&m->creator, memory_order_relaxed) &&
+                              atomic_load_explicit(&m->busy, memory_order_relaxed));
+}
+
 /* ---- handle tables ------------------------------------------------------ */
 
 #define NDM__CHUNK_BITS 12
@@ -187,6 +261,19 @@ static inline ndm__manager *ndm__manager_slot(uint32_t slot)
     return c ? &c[slot & (NDM__CHUNK_SIZE - 1)] : NULL;
 }
 
+/* The record of a slot known to exist (a list link, an owner, a slot from
+ * the free lists): no test for a missing chunk. */
+static inline ndm__array *ndm__array_rec(uint32_t slot)
+{
+    return &atomic_load_explicit(&ndm__array_chunks[slot >> NDM__CHUNK_BITS],
+                                 memory_order_acquire)[slot & (NDM__CHUNK_SIZE - 1)];
+}
+static inline ndm__manager *ndm__manager_rec(uint32_t slot)
+{
+    return &atomic_load_explicit(&ndm__manager_chunks[slot >> NDM__CHUNK_BITS],
+                                 memory_order_acquire)[slot & (NDM__CHUNK_SIZE - 1)];
+}
+
 static inline ndm_array ndm__array_handle(uint32_t slot, uint32_t gen)
 {
     return (ndm_array){((uint64_t)gen << 32) | slot};
@@ -196,15 +283,16 @@ static inline ndm_manager ndm__manager_handle(uint32_t slot, uint32_t gen)
     return (ndm_manager){NDM__KIND_MANAGER | ((uint64_t)gen << 32) | slot};
 }
 
-/* Fast checks with no error reporting. */
+/* Fast checks with no error reporting. The generation alone tells a live
+ * array: a slot's generation moves on when its array dies, and a handle with
+ * the new one exists only once the next array there is made. */
 static inline ndm__array *ndm__array_peek(ndm_array h)
 {
     if (NDM__UNLIKELY(h.id & NDM__KIND_MANAGER) || (uint32_t)h.id >= (NDM__MAX_CHUNKS << NDM__CHUNK_BITS))
         return NULL;
     ndm__array *r = ndm__array_slot(ndm__id_slot(h.id));
     if (NDM__UNLIKELY(!r) ||
-        atomic_load_explicit(&r->gen, memory_order_acquire) != ndm__id_gen(h.id) ||
-        !atomic_load_explicit(&r->live, memory_order_relaxed))
+        atomic_load_explicit(&r->gen, memory_order_acquire) != ndm__id_gen(h.id))
         return NULL;
     return r;
 }
@@ -223,10 +311,27 @@ static inline ndm__manager *ndm__manager_peek(ndm_manager h)
 /* Checked lookups: on failure they record NDM_E_NULL / NDM_E_CLOSED /
  * NDM_E_INVALID with a message naming the array or manager and how it died,
  * and return NULL. A null array handle keeps the previous error untouched
- * when `propagate` is true (operations on a failed result). */
-ndm__array *ndm__array_get(ndm_array h, const char *api, ndm__site where);
-ndm__array *ndm__array_get_prop(ndm_array h, const char *api, ndm__site where);
-ndm__manager *ndm__manager_get(ndm_manager h, const char *api, ndm__site where);
+ * when `propagate` is true (operations on a failed result). The checks are
+ * inline; only a failure calls out, so the site is built on that path only. */
+ndm__array *ndm__array_lookup_failed(ndm_array h, const char *api, const ndm__site *where,
+                                     bool propagate);
+ndm__manager *ndm__manager_lookup_failed(ndm_manager h, const char *api, const ndm__site *where);
+
+static inline ndm__array *ndm__array_get(ndm_array h, const char *api, ndm__site where)
+{
+    ndm__array *r = ndm__array_peek(h);
+    return NDM__LIKELY(r != NULL) ? r : ndm__array_lookup_failed(h, api, &where, false);
+}
+static inline ndm__array *ndm__array_get_prop(ndm_array h, const char *api, ndm__site where)
+{
+    ndm__array *r = ndm__array_peek(h);
+    return NDM__LIKELY(r != NULL) ? r : ndm__array_lookup_failed(h, api, &where, true);
+}
+static inline ndm__manager *ndm__manager_get(ndm_manager h, const char *api, ndm__site where)
+{
+    ndm__manager *m = ndm__manager_peek(h);
+    return NDM__LIKELY(m != NULL) ? m : ndm__manager_lookup_failed(h, api, &where);
+}
 
 static inline ndm_array ndm__array_handle_of(ndm__array *r)
 {
@@ -238,15 +343,16 @@ static inline ndm_manager ndm__manager_handle_of(ndm__manager *r)
 }
 
 /* Slot allocation. Array slots come from a per-thread FIFO cache, so a slot
- * freed now is reused late and a stale handle still finds how its array died.
- * The fast paths are inline; the slow ones refill or spill a batch. */
+ * freed now is reused late (NDM__SLOT_RESERVE) and a stale handle still finds
+ * how its array died. The fast paths are inline; the slow ones refill or
+ * spill a batch. */
 uint32_t ndm__array_slot_alloc_slow(void);
 void ndm__array_slot_free_slow(uint32_t slot);
 
 static inline uint32_t ndm__array_slot_alloc(void)
 {
     ndm__thread *th = ndm__tls;
-    if (NDM__UNLIKELY(!th || th->ring_count == 0))
+    if (NDM__UNLIKELY(!th || th->ring_count <= NDM__SLOT_RESERVE))
         return ndm__array_slot_alloc_slow();
     uint32_t s = th->ring[th->ring_head];
     th->ring_head = (th->ring_head + 1) % NDM__SLOT_RING;
@@ -254,7 +360,7 @@ static inline uint32_t ndm__array_slot_alloc(void)
     /* The FIFO hands out records freed long ago, so they are cold: fetch the
      * next one for writing now, while this one is being filled. */
     if (th->ring_count) {
-        char *next = (char *)ndm__array_slot(th->ring[th->ring_head]);
+        char *next = (char *)ndm__array_rec(th->ring[th->ring_head]);
         __builtin_prefetch(next, 1, 3);
         __builtin_prefetch(next + 64, 1, 3);
         __builtin_prefetch(next + 128, 1, 3);
@@ -298,6 +404,8 @@ static inline ndm_device ndm__slot_device(int s)
 /* Records an error unless `dev` can hold arrays (see ndm__device_usable). */
 static inline ndm_status ndm__alloc_device_check(ndm_device dev, const char *api, ndm__site where)
 {
+    if (dev.type == NDM_DEVICE_CPU && dev.index == 0)
+        return NDM_OK;
     char why[256];
     ndm_status st = ndm__device_usable(dev, why, sizeof why);
     return st < 0 ? ndm__fail(st, api, where, "%s", why) : NDM_OK;
@@ -315,6 +423,20 @@ ndm_status ndm__shape_check(int ndim, const int64_t *shape, ndm_dtype dtype, int
 ndm_manager ndm__output_manager(ndm_manager named, ndm__array *first_input, const char *api,
                                 ndm__site where);
 
+/* The output rule resolved to a manager record, for hot paths: the common
+ * case (no manager named, no scope on this thread) is inline. NULL with the
+ * error recorded when no manager applies or the named one is stale. */
+ndm__manager *ndm__output_record_slow(ndm_manager named, ndm__array *first_input,
+                                      const char *api, const ndm__site *where);
+static inline ndm__manager *ndm__output_record(ndm_manager named, ndm__array *first_input,
+                                               const char *api, const ndm__site *where)
+{
+    ndm__thread *t = ndm__tls;
+    if (NDM__LIKELY(!named.id && first_input && (!t || t->scope_depth == 0)))
+        return ndm__manager_rec(first_input->mgr);
+    return ndm__output_record_slow(named, first_input, api, where);
+}
+
 /* Describe the array in messages: "f32[2,3]". */
 const char *ndm__array_desc(const ndm__array *r, char *buf, size_t n);
 
@@ -325,9 +447,11 @@ ndm_array ndm__array_new(ndm__site site, const char *api, ndm_manager m, ndm_dty
                          int ndim, const int64_t *shape, ndm__array **out);
 ndm_array ndm__array_new_on(ndm__site site, const char *api, ndm_manager m, ndm_device dev,
                             ndm_dtype dtype, int ndim, const int64_t *shape, ndm__array **out);
-/* The same for a manager record already looked up. */
-ndm_array ndm__array_new_in(ndm__site site, const char *api, ndm__manager *m, ndm_device dev,
-                            ndm_dtype dtype, int ndim, const int64_t *shape, ndm__array **out);
+/* The same for a manager record already looked up; the site by pointer, as
+ * hot paths pass it. */
+ndm_array ndm__array_new_in(const ndm__site *site, const char *api, ndm__manager *m,
+                            ndm_device dev, ndm_dtype dtype, int ndim, const int64_t *shape,
+                            ndm__array **out);
 /* A new view of the storage of `base` in manager `m`. */
 ndm_array ndm__array_view(ndm__site site, const char *api, ndm_manager m, ndm__array *base,
                           ndm_dtype dtype, int ndim, const int64_t *shape,
@@ -384,7 +508,12 @@ static inline void ndm__bytes_add(ndm__manager *m, int dev, int64_t bytes)
 }
 
 /* Give back the bytes of a dead storage: m's count (its lock held) and limits. */
-void ndm__uncharge(ndm__manager *m, int dev, int64_t bytes);
+static inline void ndm__uncharge(ndm__manager *m, int dev, int64_t bytes)
+{
+    if (NDM__UNLIKELY(atomic_load_explicit(&m->limit_anchor, memory_order_relaxed) != 0))
+        ndm__limit_release(m, dev, bytes);
+    m->bytes[dev] -= bytes;
+}
 /* Would moving `bytes` from `from` to `to` fit the limits? (no change made) */
 ndm_status ndm__charge_check(ndm__manager *from, ndm__manager *to, int dev, int64_t bytes,
                              const char *api, ndm__site where);

@@ -16,7 +16,7 @@ typedef struct figures {
 
 static void read_figures(ndm__manager *m, figures *f)
 {
-    ndm__lock_take(&m->lock);
+    ndm__mlock_take(m);
     f->live = m->live;
     f->created = m->created;
     f->released = m->released;
@@ -27,7 +27,7 @@ static void read_figures(ndm__manager *m, figures *f)
         f->bytes[d] = ndm__bytes_of(m, d);
         f->peak[d] = m->peak[d] > f->bytes[d] ? m->peak[d] : f->bytes[d];
     }
-    ndm__lock_drop(&m->lock);
+    ndm__mlock_drop(m);
     f->children = m->children;
     f->state = atomic_load_explicit(&m->state, memory_order_relaxed);
 }
@@ -282,7 +282,7 @@ static bool same_site(ndm__site a, ndm__site b)
 
 static void collect_since(ndm__manager *m, ndm_seq mark, groups *gs)
 {
-    ndm__lock_take(&m->lock);
+    ndm__mlock_take(m);
     for (uint32_t a = m->arrays; a; a = ndm__array_slot(a)->next) {
         ndm__array *r = ndm__array_slot(a);
         if (r->epoch < mark)
@@ -308,7 +308,7 @@ static void collect_since(ndm__manager *m, ndm_seq mark, groups *gs)
         gs->g[i].count++;
         gs->g[i].bytes += bytes;
     }
-    ndm__lock_drop(&m->lock);
+    ndm__mlock_drop(m);
     for (uint32_t c = m->first_child; c; c = ndm__manager_slot(c)->sib_next)
         collect_since(ndm__manager_slot(c), mark, gs);
 }
@@ -378,7 +378,7 @@ static void leak_walk(ndm__manager *m, FILE *f, uint64_t *nm, uint64_t *na, bool
                     ndm__manager_path_locked(m->self, path, sizeof path),
                     ndm__site_str(m->site, site, sizeof site));
     }
-    ndm__lock_take(&m->lock);
+    ndm__mlock_take(m);
     for (uint32_t a = m->arrays; a; a = ndm__array_slot(a)->next) {
         ndm__array *r = ndm__array_slot(a);
         (*na)++;
@@ -387,7 +387,7 @@ static void leak_walk(ndm__manager *m, FILE *f, uint64_t *nm, uint64_t *na, bool
                     ndm__manager_path_locked(m->self, path, sizeof path),
                     ndm__site_str(r->site, site, sizeof site));
     }
-    ndm__lock_drop(&m->lock);
+    ndm__mlock_drop(m);
     for (uint32_t c = oldest_child(m); c; c = ndm__manager_slot(c)->sib_prev)
         leak_walk(ndm__manager_slot(c), f, nm, na, print);
 }

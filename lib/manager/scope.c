@@ -200,14 +200,14 @@ static ndm_status move_keeps(ndm__manager *s, ndm_manager target, size_t n, cons
             (void)back; /* s is open and uncapped for its own arrays: cannot fail */
         }
         if (t && i) {
-            ndm__lock_take(&s->lock);
+            ndm__mlock_take(s);
             s->moved_in -= i;
             s->moved_out -= i;
-            ndm__lock_drop(&s->lock);
-            ndm__lock_take(&t->lock);
+            ndm__mlock_drop(s);
+            ndm__mlock_take(t);
             t->moved_in -= i;
             t->moved_out -= i;
-            ndm__lock_drop(&t->lock);
+            ndm__mlock_drop(t);
         }
         ndm_clear_error();
         return ndm__fail(st, NULL, NDM__NO_SITE, "%s", why);

@@ -1,9 +1,12 @@
 /* Handle tables: records live in chunks that are never freed, so checking a
  * stale handle reads only memory that stays valid for the whole process. */
+#include <linux/membarrier.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "core.h"
 #include "thread.h"
@@ -12,8 +15,9 @@ _Atomic(ndm__array *) ndm__array_chunks[NDM__MAX_CHUNKS];
 _Atomic(ndm__manager *) ndm__manager_chunks[NDM__MAX_CHUNKS];
 
 /* Free slots wait in a global FIFO. Managers are few and use it one slot at
- * a time (under the tree lock); array slots move between it and the thread
- * caches in batches, stored outside the records so a transfer touches none. */
+ * a time (under the tree lock, not the table's); array slots move between it
+ * and the thread caches in batches, stored outside the records so a transfer
+ * touches none. */
 typedef struct slot_batch {
     struct slot_batch *next;
     uint32_t n;
@@ -68,11 +72,11 @@ static bool ensure_chunk(bool managers, uint32_t slot)
 
 /* ---- managers: one slot at a time, under the tree lock ----------------------- */
 
+/* The tree lock, which every caller holds, guards the manager table. */
 uint32_t ndm__manager_slot_alloc(void)
 {
     ndm__table *t = &managers_tab;
     uint32_t s = 0;
-    pthread_mutex_lock(&t->lock);
     if (t->nfree) {
         s = t->free_head;
         t->free_head = ndm__manager_slot(s)->next_free;
@@ -80,14 +84,12 @@ uint32_t ndm__manager_slot_alloc(void)
     } else if (ensure_chunk(true, t->high)) {
         s = t->high++;
     }
-    pthread_mutex_unlock(&t->lock);
     return s;
 }
 
 void ndm__manager_slot_free(uint32_t slot)
 {
     ndm__table *t = &managers_tab;
-    pthread_mutex_lock(&t->lock);
     ndm__manager_slot(slot)->next_free = 0;
     if (t->nfree)
         ndm__manager_slot(t->free_tail)->next_free = slot;
@@ -95,7 +97,6 @@ void ndm__manager_slot_free(uint32_t slot)
         t->free_head = slot;
     t->free_tail = slot;
     t->nfree++;
-    pthread_mutex_unlock(&t->lock);
 }
 
 /* ---- arrays: batches between the global FIFO and the thread rings -------------- */
@@ -179,16 +180,23 @@ uint32_t ndm__array_slot_alloc_slow(void)
         uint32_t s = 0;
         return arrays_take(&s, 1) ? s : 0;
     }
-    if (th->ring_count == 0) {
+    if (th->ring_count <= NDM__SLOT_RESERVE) {
+        /* In front of the slots released lately, which keep waiting. */
         uint32_t got[NDM__SLOT_BATCH];
         uint32_t n = arrays_take(got, NDM__SLOT_BATCH);
-        if (n == 0)
+        if (n == 0 && th->ring_count == 0)
             return 0;
+        th->ring_head = (th->ring_head + NDM__SLOT_RING - n) % NDM__SLOT_RING;
         for (uint32_t i = 0; i < n; i++)
             th->ring[(th->ring_head + i) % NDM__SLOT_RING] = got[i];
-        th->ring_count = n;
+        th->ring_count += n;
     }
-    return ndm__array_slot_alloc();
+    /* Pop as the fast path does (with no memory for more slots, the last
+     * ones in the FIFO are handed out too). */
+    uint32_t s = th->ring[th->ring_head];
+    th->ring_head = (th->ring_head + 1) % NDM__SLOT_RING;
+    th->ring_count--;
+    return s;
 }
 
 void ndm__array_slot_free_slow(uint32_t slot)
@@ -226,4 +234,39 @@ void ndm__lock_slow(ndm__lock *l)
         if (!atomic_exchange_explicit(&l->v, 1, memory_order_acquire))
             return;
     }
+}
+
+/* ---- biased manager locks ------------------------------------------------------------ */
+
+bool ndm__bias_supported;
+
+void ndm__bias_setup(void)
+{
+    long r = syscall(__NR_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+    ndm__bias_supported =
+        r >= 0 && (r & MEMBARRIER_CMD_PRIVATE_EXPEDITED) &&
+        syscall(__NR_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
+}
+
+void ndm__bias_revoke(atomic_bool *biased, atomic_uint *busy)
+{
+    atomic_store_explicit(biased, false, memory_order_relaxed);
+    syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
+    for (unsigned spins = 0; atomic_load_explicit(busy, memory_order_acquire); spins++) {
+        if (spins < 64) {
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#endif
+        } else {
+            sched_yield();
+        }
+    }
+}
+
+void ndm__mlock_slow(ndm__manager *m)
+{
+    ndm__lock_take(&m->lock);
+    /* The lock is held: no other thread clears the bias at the same time. */
+    if (atomic_load_explicit(&m->biased, memory_order_relaxed))
+        ndm__bias_revoke(&m->biased, &m->busy);
 }

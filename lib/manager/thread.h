@@ -1,4 +1,4 @@
-/* Per-thread state of ndm: slot and storage caches, the scope stack and the
+/* Per-thread state of ndm: the array slot cache, the scope stack and the
  * last error, in one heap block reached through one initial-exec TLS pointer
  * (a shared library's general thread-locals cost a call on every access). */
 #ifndef NDM_THREAD_INTERNAL_H
@@ -12,19 +12,19 @@
 
 #define NDM__SLOT_RING 2048   /* array slots cached per thread (FIFO) */
 #define NDM__SLOT_BATCH 512   /* slots moved to or from the global table at once */
+/* A thread refills its FIFO (in front) before fewer than this many slots are
+ * left, so a slot released on a thread is reused there only after at least
+ * this many other arrays were made on it: a stale handle names where its
+ * array died at least that long. */
+#define NDM__SLOT_RESERVE 256
 #define NDM__SCOPES_INLINE 16
-#define NDM__STORAGE_CACHE 4096 /* free headers kept per thread (96 bytes each) */
-
-struct ndm__storage;
 
 typedef struct ndm__thread {
+    uint64_t id;               /* never reused: managers remember their creator by it */
     /* array slots: a FIFO so a freed slot is reused late and a stale handle
      * still finds how its array died */
     uint32_t ring[NDM__SLOT_RING];
     uint32_t ring_head, ring_count;
-    /* free storage headers */
-    struct ndm__storage *storage;
-    unsigned storage_count;
     /* the scope stack, innermost last */
     ndm_manager *scopes;
     int scope_depth, scope_cap;
@@ -58,8 +58,7 @@ static inline ndm__thread *ndm__thread_get(void)
     return __builtin_expect(t != 0, 1) ? t : ndm__thread_make();
 }
 
-/* Give a thread's cached slots and headers back (thread exit). */
+/* Give a thread's cached slots back (thread exit). */
 void ndm__slot_cache_flush(ndm__thread *t);
-void ndm__storage_cache_flush(ndm__thread *t);
 
 #endif

@@ -14,24 +14,63 @@ _Atomic uint64_t ndm__epoch = 1;
 /* Topology (parent and child links, manager slots, names of dead managers)
  * changes under this lock; arrays and counters use each manager's own lock.
  * Lock order: tree lock, then manager locks (lower slot first), then storage
- * locks, then allocator locks. */
-static pthread_mutex_t tree_lock = PTHREAD_MUTEX_INITIALIZER;
+ * locks, then allocator locks. Like a manager's lock (ndm__mlock_take), it is
+ * biased, to the thread that started ndm: a program that makes and closes
+ * its managers on one thread takes it without an atomic read-modify-write
+ * (two of them, lock and unlock, cost more than the rest of a manager's
+ * creation); the first other thread to take it ends that for good. */
+static pthread_mutex_t tree_mutex = PTHREAD_MUTEX_INITIALIZER;
+static atomic_bool tree_biased;
+static atomic_uint tree_busy;
+static _Atomic uint64_t tree_owner;
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
-void ndm__tree_lock(void) { pthread_mutex_lock(&tree_lock); }
-void ndm__tree_unlock(void) { pthread_mutex_unlock(&tree_lock); }
+void ndm__tree_lock(void)
+{
+    ndm__thread *t = ndm__tls;
+    if (NDM__LIKELY(t && t->id == atomic_load_explicit(&tree_owner, memory_order_relaxed) &&
+                    atomic_load_explicit(&tree_biased, memory_order_relaxed))) {
+        atomic_store_explicit(&tree_busy, 1, memory_order_relaxed);
+        atomic_signal_fence(memory_order_seq_cst);
+        if (NDM__LIKELY(atomic_load_explicit(&tree_biased, memory_order_relaxed)))
+            return;
+        atomic_store_explicit(&tree_busy, 0, memory_order_release);
+    }
+    pthread_mutex_lock(&tree_mutex);
+    if (atomic_load_explicit(&tree_biased, memory_order_relaxed))
+        ndm__bias_revoke(&tree_biased, &tree_busy);
+}
+
+void ndm__tree_unlock(void)
+{
+    ndm__thread *t = ndm__tls;
+    /* Only the owner sets busy, and only on its fast path. */
+    if (t && t->id == atomic_load_explicit(&tree_owner, memory_order_relaxed) &&
+        atomic_load_explicit(&tree_busy, memory_order_relaxed)) {
+        atomic_store_explicit(&tree_busy, 0, memory_order_release);
+        return;
+    }
+    pthread_mutex_unlock(&tree_mutex);
+}
 
 static void set_name(ndm__manager *m, const char *name)
 {
-    snprintf(m->name, sizeof m->name, "%s", name && *name ? name : "manager");
+    /* a bounded copy: snprintf costs more than the rest of a creation */
+    if (!name || !*name)
+        name = "manager";
+    size_t len = strnlen(name, sizeof m->name - 1);
+    memcpy(m->name, name, len);
+    m->name[len] = '\0';
 }
 
 /* Fill a fresh record; under the tree lock. */
 static void record_init(ndm__manager *m, ndm__manager *parent, const char *name,
                         ndm_device device, unsigned flags, ndm__site site)
 {
-    free(m->limits);
-    m->limits = NULL;
+    if (m->limits) {
+        free(m->limits);
+        m->limits = NULL;
+    }
     m->parent = parent ? parent->self : 0;
     m->parent_gen = parent ? atomic_load_explicit(&parent->gen, memory_order_relaxed) : 0;
     m->first_child = m->sib_prev = m->sib_next = 0;
@@ -48,12 +87,21 @@ static void record_init(ndm__manager *m, ndm__manager *parent, const char *name,
     m->epoch = atomic_load_explicit(&ndm__epoch, memory_order_relaxed);
     m->live = m->created = m->released = m->moved_in = m->moved_out = m->resources = 0;
     m->children = 0;
+    /* Unrolled: a loop of 17 atomic stores costs more than the stores. */
+#if defined(__GNUC__)
+#pragma GCC unroll 17
+#endif
     for (int d = 0; d < NDM__MAX_DEVICES; d++) {
         m->bytes[d] = m->peak[d] = 0;
         atomic_store_explicit(&m->inbox[d], 0, memory_order_relaxed);
     }
     m->hooks = NULL;
     memset(&m->dumped, 0, sizeof m->dumped);
+    /* Nobody holds the lock of a free record: its bias starts afresh. */
+    ndm__thread *t = ndm__bias_supported ? ndm__thread_get() : NULL;
+    atomic_store_explicit(&m->creator, t ? t->id : 0, memory_order_relaxed);
+    atomic_store_explicit(&m->biased, t != NULL, memory_order_relaxed);
+    atomic_store_explicit(&m->busy, 0, memory_order_relaxed);
     if (parent) {
         /* newest child first */
         m->sib_next = parent->first_child;
@@ -73,6 +121,12 @@ static void leak_report_at_exit(void)
 
 static void init_process(void)
 {
+    ndm__bias_setup();
+    ndm__thread *t = ndm__bias_supported ? ndm__thread_get() : NULL;
+    if (t) {
+        atomic_store_explicit(&tree_owner, t->id, memory_order_relaxed);
+        atomic_store_explicit(&tree_biased, true, memory_order_relaxed);
+    }
     ndm__tree_lock();
     uint32_t s = ndm__manager_slot_alloc();
     uint32_t d = ndm__manager_slot_alloc();
@@ -96,7 +150,16 @@ static void init_process(void)
         atexit(leak_report_at_exit);
 }
 
-void ndm__init(void) { pthread_once(&init_once, init_process); }
+static atomic_bool inited;
+
+void ndm__init(void)
+{
+    /* Every manager creation asks; pthread_once costs a call into libc. */
+    if (NDM__LIKELY(atomic_load_explicit(&inited, memory_order_acquire)))
+        return;
+    pthread_once(&init_once, init_process);
+    atomic_store_explicit(&inited, true, memory_order_release);
+}
 
 NDM_API ndm_manager ndm_system(void)
 {
@@ -155,11 +218,10 @@ char *ndm__manager_path(uint32_t slot, char *buf, size_t n)
     return buf;
 }
 
-ndm__manager *ndm__manager_get(ndm_manager h, const char *api, ndm__site where)
+NDM__COLD ndm__manager *ndm__manager_lookup_failed(ndm_manager h, const char *api,
+                                                   const ndm__site *wherep)
 {
-    ndm__manager *m = ndm__manager_peek(h);
-    if (NDM__LIKELY(m != NULL))
-        return m;
+    ndm__site where = *wherep;
     if (h.id == 0) {
         ndm__fail(NDM_E_NULL, api, where, "null manager handle");
         return NULL;
@@ -196,13 +258,10 @@ ndm__manager *ndm__manager_get(ndm_manager h, const char *api, ndm__site where)
 
 /* ---- creation ------------------------------------------------------------- */
 
-ndm_manager ndm__manager_new_ex(ndm__site site, const char *api, ndm_manager parent,
-                                const char *name, ndm_device device, unsigned flags)
+/* A child of the live record p (looked up by the caller). */
+static ndm_manager manager_new(ndm__site site, const char *api, ndm__manager *p, const char *name,
+                               ndm_device device, unsigned flags)
 {
-    ndm__init();
-    ndm__manager *p = ndm__manager_get(parent, api, site);
-    if (!p)
-        return NDM_NULL_MANAGER;
     if (ndm__alloc_device_check(device, api, site) < 0)
         return NDM_NULL_MANAGER;
     ndm__tree_lock();
@@ -237,6 +296,16 @@ ndm_manager ndm__manager_new_ex(ndm__site site, const char *api, ndm_manager par
     return h;
 }
 
+ndm_manager ndm__manager_new_ex(ndm__site site, const char *api, ndm_manager parent,
+                                const char *name, ndm_device device, unsigned flags)
+{
+    ndm__init();
+    ndm__manager *p = ndm__manager_get(parent, api, site);
+    if (!p)
+        return NDM_NULL_MANAGER;
+    return manager_new(site, api, p, name, device, flags);
+}
+
 NDM_API ndm_manager ndm_manager_new_on_at(NDM_SITE_PARAMS, ndm_manager parent, const char *name,
                                           ndm_device device)
 {
@@ -250,17 +319,21 @@ NDM_API ndm_manager ndm_manager_new_at(NDM_SITE_PARAMS, ndm_manager parent, cons
     ndm__manager *p = ndm__manager_get(parent, __func__, site);
     if (!p)
         return NDM_NULL_MANAGER;
-    return ndm__manager_new_ex(site, __func__, parent, name, p->device, 0);
+    return manager_new(site, __func__, p, name, p->device, 0);
 }
 
 /* ---- close ---------------------------------------------------------------- */
 
 static ndm_status run_hooks(ndm__manager *m)
 {
-    ndm__lock_take(&m->lock);
+    /* m is closing: add_hook saw that under m's lock, which this thread took
+     * after setting it, so nobody adds hooks any more. */
+    if (!m->hooks)
+        return NDM_OK;
+    ndm__mlock_take(m);
     ndm__hook *h = m->hooks;
     m->hooks = NULL;
-    ndm__lock_drop(&m->lock);
+    ndm__mlock_drop(m);
     ndm_status result = NDM_OK;
     while (h) {
         ndm__hook *next = h->next;
@@ -280,69 +353,75 @@ static ndm_status run_hooks(ndm__manager *m)
         free(h);
         h = next;
     }
-    ndm__lock_take(&m->lock);
+    ndm__mlock_take(m);
     m->resources = 0;
-    ndm__lock_drop(&m->lock);
+    ndm__mlock_drop(m);
     return result;
 }
 
-/* Close m and its subtree. `site` is the site of the user's close call. */
-static ndm_status close_manager(ndm__manager *m, ndm__site site)
+/* Close m and its subtree. `site` is the site of the user's close call. The
+ * tree lock is held on entry and on return; it is dropped while m's arrays
+ * are released and its hooks run, and kept from one child to the next.
+ * NDM_ALREADY (the lock still held) when m is closed or another thread is
+ * closing it. */
+static ndm_status close_locked(ndm__manager *m, const ndm__site *site)
 {
-    ndm__tree_lock();
     unsigned st = atomic_load_explicit(&m->state, memory_order_relaxed);
-    if (!(st & NDM__M_LIVE) || (st & NDM__M_CLOSING)) {
-        ndm__tree_unlock();
+    if (!(st & NDM__M_LIVE) || (st & NDM__M_CLOSING))
         return NDM_ALREADY;
-    }
     /* From here no child can be created under m and no array can enter or
-     * leave it except through this close. */
-    ndm__lock_take(&m->lock);
-    atomic_fetch_or_explicit(&m->state, NDM__M_CLOSING, memory_order_acq_rel);
-    ndm__lock_drop(&m->lock);
+     * leave it except through this close. The state changes only under the
+     * tree lock: a store, not a read-modify-write, suffices. */
+    ndm__mlock_take(m);
+    atomic_store_explicit(&m->state, st | NDM__M_CLOSING, memory_order_release);
+    ndm__mlock_drop(m);
 
     /* Children newest first. A child that another thread is closing right now
      * is waited for: it unlinks itself when done. */
     ndm_status result = NDM_OK;
-    for (;;) {
-        uint32_t c = m->first_child;
-        if (!c)
-            break;
-        ndm__manager *child = ndm__manager_slot(c);
-        ndm__tree_unlock();
-        ndm_status cs = close_manager(child, site);
-        if (cs == NDM_ALREADY)
+    for (uint32_t c; (c = m->first_child) != 0;) {
+        ndm_status cs = close_locked(ndm__manager_rec(c), site);
+        if (cs == NDM_ALREADY) {
+            ndm__tree_unlock();
             sched_yield();
-        else if (cs < 0 && result == NDM_OK)
+            ndm__tree_lock();
+        } else if (cs < 0 && result == NDM_OK) {
             result = cs;
-        ndm__tree_lock();
+        }
     }
     ndm__tree_unlock();
 
-    ndm__manager_drain_arrays(m, site);
+    ndm__manager_drain_arrays(m, *site);
     ndm_status hs = run_hooks(m);
     if (hs < 0 && result == NDM_OK)
         result = hs;
 
     ndm__tree_lock();
     if (m->parent) {
-        ndm__manager *p = ndm__manager_slot(m->parent);
+        ndm__manager *p = ndm__manager_rec(m->parent);
         if (m->sib_prev)
-            ndm__manager_slot(m->sib_prev)->sib_next = m->sib_next;
+            ndm__manager_rec(m->sib_prev)->sib_next = m->sib_next;
         else
             p->first_child = m->sib_next;
         if (m->sib_next)
-            ndm__manager_slot(m->sib_next)->sib_prev = m->sib_prev;
+            ndm__manager_rec(m->sib_next)->sib_prev = m->sib_prev;
         p->children--;
     }
-    m->dead_site = site;
+    m->dead_site = *site;
     atomic_store_explicit(&m->state, 0, memory_order_release);
     unsigned g = atomic_load_explicit(&m->gen, memory_order_relaxed);
     atomic_store_explicit(&m->gen, ((g + 1) & 0x7fffffffu) ? ((g + 1) & 0x7fffffffu) : 1,
                           memory_order_release);
     ndm__manager_slot_free(m->self);
-    ndm__tree_unlock();
     return result;
+}
+
+static ndm_status close_manager(ndm__manager *m, ndm__site site)
+{
+    ndm__tree_lock();
+    ndm_status st = close_locked(m, &site);
+    ndm__tree_unlock();
+    return st;
 }
 
 NDM_API ndm_status ndm_manager_close_at(NDM_SITE_PARAMS, ndm_manager h)
@@ -377,9 +456,9 @@ NDM_API ndm_status ndm_manager_cap(ndm_manager h, unsigned flags)
         return ndm__fail(NDM_E_ROOT, __func__, NDM__NO_SITE,
                          "the built-in manager '%s' cannot be capped", m->name);
     ndm__tree_lock();
-    ndm__lock_take(&m->lock);
+    ndm__mlock_take(m);
     atomic_fetch_or_explicit(&m->state, flags << NDM__CAP_SHIFT, memory_order_acq_rel);
-    ndm__lock_drop(&m->lock);
+    ndm__mlock_drop(m);
     ndm__tree_unlock();
     return NDM_OK;
 }
@@ -395,9 +474,9 @@ NDM_API ndm_status ndm_manager_uncap(ndm_manager h, unsigned flags)
         return ndm__fail(NDM_E_ROOT, __func__, NDM__NO_SITE,
                          "the built-in manager '%s' cannot be uncapped", m->name);
     ndm__tree_lock();
-    ndm__lock_take(&m->lock);
+    ndm__mlock_take(m);
     atomic_fetch_and_explicit(&m->state, ~(flags << NDM__CAP_SHIFT), memory_order_acq_rel);
-    ndm__lock_drop(&m->lock);
+    ndm__mlock_drop(m);
     ndm__tree_unlock();
     return NDM_OK;
 }
@@ -414,9 +493,9 @@ NDM_API unsigned ndm_manager_caps(ndm_manager h)
 /* Sum of the bytes charged in the subtree of m on device slot dev; tree lock held. */
 static int64_t subtree_bytes_locked(ndm__manager *m, int dev)
 {
-    ndm__lock_take(&m->lock);
+    ndm__mlock_take(m);
     int64_t sum = ndm__bytes_of(m, dev);
-    ndm__lock_drop(&m->lock);
+    ndm__mlock_drop(m);
     for (uint32_t c = m->first_child; c; c = ndm__manager_slot(c)->sib_next)
         sum += subtree_bytes_locked(ndm__manager_slot(c), dev);
     return sum;
@@ -473,10 +552,10 @@ NDM_API uint64_t ndm_manager_limit(ndm_manager h, ndm_device device)
 
 static ndm_status add_hook(ndm__manager *m, ndm__hook *hk, const char *api, ndm__site site)
 {
-    ndm__lock_take(&m->lock);
+    ndm__mlock_take(m);
     unsigned st = atomic_load_explicit(&m->state, memory_order_relaxed);
     if (st & NDM__M_CLOSING) {
-        ndm__lock_drop(&m->lock);
+        ndm__mlock_drop(m);
         free(hk->name);
         free(hk);
         return ndm__fail(NDM_E_CLOSED, api, site, "manager '%s' is closing", m->name);
@@ -484,7 +563,7 @@ static ndm_status add_hook(ndm__manager *m, ndm__hook *hk, const char *api, ndm_
     hk->next = m->hooks;
     m->hooks = hk;
     m->resources++;
-    ndm__lock_drop(&m->lock);
+    ndm__mlock_drop(m);
     return NDM_OK;
 }
 

@@ -98,17 +98,25 @@ NDM_API bool ndm_array_shares_storage(ndm_array a, ndm_array b)
     return x && y && x->storage == y->storage;
 }
 
+static NDM__COLD void *data_refused(ndm_array a)
+{
+    ndm__array *r = ndm__array_get(a, "ndm_array_data", NDM__NO_SITE);
+    if (!r)
+        return NULL;
+    char name[32];
+    ndm__fail(NDM_E_DEVICE, "ndm_array_data", NDM__NO_SITE,
+              "the array lives on %s; copy it out with ndm_array_copy_out",
+              ndm_device_str(r->storage->device, name, sizeof name));
+    return NULL;
+}
+
 NDM_API void *ndm_array_data(ndm_array a)
 {
-    GET(a, NULL);
-    if (r->storage->device.type != NDM_DEVICE_CPU) {
-        char name[32];
-        ndm__fail(NDM_E_DEVICE, __func__, NDM__NO_SITE,
-                  "the array lives on %s; copy it out with ndm_array_copy_out",
-                  ndm_device_str(r->storage->device, name, sizeof name));
-        return NULL;
-    }
-    return ndm__array_ptr(r);
+    /* No frame on the common path: the failures are written elsewhere. */
+    ndm__array *r = ndm__array_peek(a);
+    if (NDM__LIKELY(r && r->storage->device.type == NDM_DEVICE_CPU))
+        return ndm__array_ptr(r);
+    return data_refused(a);
 }
 
 /* Move the elements of r in C order to or from a host buffer. */

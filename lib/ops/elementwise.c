@@ -321,6 +321,56 @@ static ndm_status scalar_types(ndm__ew_binop op, ndm_dtype a, double s, ndm_dtyp
 
 /* ---- binary -------------------------------------------------------------- */
 
+/* The flat path: both inputs of one dtype t that is also the result and the
+ * computation dtype (an arithmetic op on a type that needs no conversion),
+ * the same shape, both C-contiguous. Returns the element count, or -1. */
+static inline bool flat_dtype(ndm__ew_binop op, ndm_dtype t)
+{
+    return !ndm__ew_binop_is_bool(op) && t != NDM_BOOL && t != NDM_F16 && t != NDM_BF16 &&
+           (op != NDM__EW_DIV || t == NDM_F32 || t == NDM_F64);
+}
+
+static inline int64_t c_order_count(const ndm__array *r)
+{
+    int64_t n = 1;
+    for (int i = r->ndim - 1; i >= 0; i--) {
+        if (r->shape[i] != 1 && r->strides[i] != n)
+            return -1;
+        n *= r->shape[i];
+    }
+    return n;
+}
+
+static inline int64_t flat_count(ndm__ew_binop op, const ndm__array *a, const ndm__array *b)
+{
+    if (a->dtype != b->dtype || !flat_dtype(op, a->dtype) || !same_shape(a, b))
+        return -1;
+    int64_t n = c_order_count(a);
+    return n >= 0 && c_order_count(b) == n ? n : -1;
+}
+
+/* binary when flat_count allows and the backend has the flat entry. */
+static ndm_array binary_flat(const ndm__site *site, const char *api, ndm_manager out,
+                             ndm__ew_binop op, ndm__array *a, ndm__array *b, int64_t n,
+                             const ndm__backend_ew *ew, int index)
+{
+    ndm__manager *m = ndm__output_record(out, a, api, site);
+    ndm__array *o;
+    ndm_array h;
+    if (!m ||
+        !(h = ndm__array_new_in(site, api, m, a->storage->device, a->dtype, a->ndim, a->shape, &o))
+             .id)
+        return NDM_NULL_ARRAY;
+    ndm_status st = ew->binary_flat(index, op, a->dtype, ndm__ew_ptr(o), ndm__ew_ptr(a),
+                                    ndm__ew_ptr(b), n);
+    if (st < 0) {
+        kernel_failed(st, api, site);
+        ndm__discard(h);
+        return NDM_NULL_ARRAY;
+    }
+    return h;
+}
+
 static ndm_array binary(ndm__site site, const char *api, ndm_manager out, ndm__ew_binop op,
                         ndm_array ha, ndm_array hb)
 {
@@ -330,6 +380,21 @@ static ndm_array binary(ndm__site site, const char *api, ndm_manager out, ndm__e
     ndm__array *b = ndm__array_get_prop(hb, api, site);
     if (!b || ndm__ew_same_device(a, b, api, &site) < 0)
         return NDM_NULL_ARRAY;
+    int64_t n = flat_count(op, a, b);
+    if (n >= 0) {
+        int index;
+        const ndm__backend_ew *ew = ndm__ew_backend(a->storage->device, &index, api, &site);
+        if (!ew)
+            return NDM_NULL_ARRAY;
+        if (ew->binary_flat) {
+            ndm_array h = binary_flat(&site, api, out, op, a, b, n, ew, index);
+            if (NDM__UNLIKELY(ndm__ag_on()) && h.id && ndm_dtype_is_float(a->dtype)) {
+                ndm__ag_params agp = {.i = {op}};
+                ndm__ag_record(NDM__AG_BINARY, h, 2, (ndm_array[]){ha, hb}, &agp);
+            }
+            return h;
+        }
+    }
     ndm_dtype ct, rt;
     if (binop_types(op, a->dtype, b->dtype, &ct, &rt, api, &site) < 0)
         return NDM_NULL_ARRAY;
@@ -354,9 +419,9 @@ static ndm_array binary(ndm__site site, const char *api, ndm_manager out, ndm__e
         sa = d.s0;
         sb = d.s1;
     }
-    ndm_manager m = ndm__output_manager(out, a, api, site);
+    ndm__manager *m = ndm__output_record(out, a, api, &site);
     ndm__array *o;
-    if (!m.id || !(h = ndm__array_new_on(site, api, m, dev, rt, nd, shape, &o)).id)
+    if (!m || !(h = ndm__array_new_in(&site, api, m, dev, rt, nd, shape, &o)).id)
         goto done;
     ndm__tensor to = ndm__ew_tensor(o);
     ndm__tensor ta = {ndm__ew_ptr(a), a->dtype, nd, shape, sa};
@@ -389,10 +454,10 @@ static ndm_array binary_scalar(ndm__site site, const char *api, ndm_manager out,
     const ndm__backend_ew *ew = ndm__ew_backend(dev, &index, api, &site);
     if (!ew)
         return NDM_NULL_ARRAY;
-    ndm_manager m = ndm__output_manager(out, a, api, site);
+    ndm__manager *m = ndm__output_record(out, a, api, &site);
     ndm__array *o;
     ndm_array h;
-    if (!m.id || !(h = ndm__array_new_on(site, api, m, dev, rt, a->ndim, a->shape, &o)).id)
+    if (!m || !(h = ndm__array_new_in(&site, api, m, dev, rt, a->ndim, a->shape, &o)).id)
         return NDM_NULL_ARRAY;
     _Alignas(8) unsigned char value[8];
     ndm__ew_scalar_value(s, via, ct, value);
@@ -420,6 +485,26 @@ static ndm_status binary_inplace(ndm__site site, const char *api, ndm__ew_binop 
     if (!b)
         return ndm__ew_lookup_failed(hb);
     ndm_status st = ndm__ew_same_device(a, b, api, &site);
+    if (st < 0)
+        return st;
+    /* The flat path (see binary), when b cannot overlap a other than
+     * element for element: storages from the allocator never overlap. */
+    int64_t n = flat_count(op, a, b);
+    if (n >= 0 && ((a->storage != b->storage && a->storage->block.cookie &&
+                    b->storage->block.cookie) ||
+                   ndm__ew_ptr(a) == ndm__ew_ptr(b))) {
+        int index;
+        const ndm__backend_ew *ew = ndm__ew_backend(a->storage->device, &index, api, &site);
+        if (!ew)
+            return ndm_last_status();
+        if (ew->binary_flat) {
+            void *pa = ndm__ew_ptr(a);
+            st = ew->binary_flat(index, op, a->dtype, pa, pa, ndm__ew_ptr(b), n);
+            if (st < 0)
+                kernel_failed(st, api, &site);
+            return st < 0 ? st : NDM_OK;
+        }
+    }
     ndm_dtype ct, rt;
     if (st < 0 || (st = binop_types(op, a->dtype, b->dtype, &ct, &rt, api, &site)) < 0 ||
         (st = storable(rt, a, binop_names[op], api, &site)) < 0 ||

@@ -21,21 +21,32 @@ ndm_manager ndm__factory_manager(ndm_manager m, const char *api, ndm__site where
     return s;
 }
 
-/* A new array from a factory; `fill` runs on it, or not when NULL. */
-static ndm_array make(ndm__site site, const char *api, ndm_manager m, ndm_dtype dtype, int ndim,
-                      const int64_t *shape, ndm__array **out)
+/* The record of a factory's manager: the one given, else the innermost
+ * scope; NULL with the error recorded. */
+static ndm__manager *factory_record_slow(ndm_manager m, const char *api, const ndm__site *site)
 {
-    m = ndm__factory_manager(m, api, site);
-    if (!m.id)
+    m = ndm__factory_manager(m, api, *site);
+    return m.id ? ndm__manager_get(m, api, *site) : NULL;
+}
+
+/* A new uninitialised array from a factory. The site goes by pointer and
+ * the manager is looked up inline: a small array is made in about as many
+ * instructions as these calls would otherwise copy. */
+static NDM__ALWAYS_INLINE ndm_array make(const ndm__site *site, const char *api, ndm_manager m,
+                                         ndm_dtype dtype, int ndim, const int64_t *shape,
+                                         ndm__array **out)
+{
+    ndm__manager *r = ndm__manager_peek(m);
+    if (NDM__UNLIKELY(!r) && !(r = factory_record_slow(m, api, site)))
         return NDM_NULL_ARRAY;
-    return ndm__array_new(site, api, m, dtype, ndim, shape, out);
+    return ndm__array_new_in(site, api, r, r->device, dtype, ndim, shape, out);
 }
 
 static ndm_array make_filled(ndm__site site, const char *api, ndm_manager m, ndm_dtype dtype,
                              int ndim, const int64_t *shape, double value)
 {
     ndm__array *r;
-    ndm_array a = make(site, api, m, dtype, ndim, shape, &r);
+    ndm_array a = make(&site, api, m, dtype, ndim, shape, &r);
     if (!a.id)
         return a;
     const ndm__backend *b = ndm__backend_of(r->storage->device, api, site);
@@ -53,7 +64,8 @@ static ndm_array make_filled(ndm__site site, const char *api, ndm_manager m, ndm
 NDM_API ndm_array ndm_empty_at(NDM_SITE_PARAMS, ndm_manager m, ndm_dtype dtype, int ndim,
                                const int64_t *shape)
 {
-    return make(NDM__SITE, __func__, m, dtype, ndim, shape, NULL);
+    ndm__site site = NDM__SITE;
+    return make(&site, __func__, m, dtype, ndim, shape, NULL);
 }
 
 NDM_API ndm_array ndm_zeros_at(NDM_SITE_PARAMS, ndm_manager m, ndm_dtype dtype, int ndim,
@@ -83,7 +95,7 @@ static ndm_array make_iota(ndm__site site, const char *api, ndm_manager m, ndm_d
                            int64_t n, double start, double step, bool last_is, double last)
 {
     ndm__array *r;
-    ndm_array a = make(site, api, m, dtype, 1, &n, &r);
+    ndm_array a = make(&site, api, m, dtype, 1, &n, &r);
     if (!a.id)
         return a;
     const ndm__backend *b = ndm__backend_of(r->storage->device, api, site);
@@ -152,7 +164,7 @@ NDM_API ndm_array ndm_from_buffer_at(NDM_SITE_PARAMS, ndm_manager m, ndm_dtype d
         return NDM_NULL_ARRAY;
     }
     ndm__array *r;
-    ndm_array a = make(site, __func__, m, dtype, ndim, shape, &r);
+    ndm_array a = make(&site, __func__, m, dtype, ndim, shape, &r);
     if (!a.id)
         return a;
     const ndm__backend *b = ndm__backend_of(r->storage->device, __func__, site);

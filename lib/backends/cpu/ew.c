@@ -590,6 +590,25 @@ static ndm_status cpu_binary(int device, ndm__ew_binop op, ndm_dtype ct, const n
     return st != -1 ? (ndm_status)st : bin_run(op, ct, out, a, NULL, b, NULL);
 }
 
+static ndm_status cpu_binary_flat(int device, ndm__ew_binop op, ndm_dtype t, void *out,
+                                  const void *a, const void *b, int64_t n)
+{
+    (void)device;
+    if (n > GRAIN_CHEAP) {
+        /* Large: the threaded walk, over one axis. */
+        int64_t one = 1;
+        ndm__tensor to = {out, t, 1, &n, &one}, ta = {(void *)a, t, 1, &n, &one},
+                    tb = {(void *)b, t, 1, &n, &one};
+        return bin_run(op, t, &to, &ta, NULL, &tb, NULL);
+    }
+    ndm__ew_bin_fn k = ndm__ew_isa_active()->bin[op][t];
+    if (!k)
+        return NDM_E_UNSUPPORTED;
+    if (n)
+        k(out, a, 1, b, 1, n);
+    return NDM_OK;
+}
+
 static ndm_status cpu_binary_scalar(int device, ndm__ew_binop op, ndm_dtype ct,
                                     const ndm__tensor *out, const ndm__tensor *a, const void *s,
                                     bool swap)
@@ -837,4 +856,5 @@ const ndm__backend_ew ndm__cpu_ew = {
     .binary_scalar = cpu_binary_scalar,
     .unary = cpu_unary,
     .where = cpu_where,
+    .binary_flat = cpu_binary_flat,
 };

@@ -35,11 +35,11 @@ const ndm__segment_source *ndm__segment_source_for(ndm_device dev)
 
 ndm_status ndm__device_usable(ndm_device dev, char *why, size_t n)
 {
+    if (dev.type == NDM_DEVICE_CPU && dev.index == 0)
+        return NDM_OK; /* every manager creation asks: no formatting here */
     char name[32];
     ndm_device_str(dev, name, sizeof name);
     if (dev.type == NDM_DEVICE_CPU) {
-        if (dev.index == 0)
-            return NDM_OK;
         snprintf(why, n, "device %s does not exist (the CPU is device 0)", name);
         return NDM_E_DEVICE;
     }
@@ -200,17 +200,38 @@ ndm_status ndm__alloc(ndm_device dev, size_t nbytes, const ndm__alloc_tag *tag, 
     ndm__pool *p = atomic_load_explicit(&pools[i], memory_order_acquire);
     if (__builtin_expect(!p || atomic_load_explicit(&conf_bad[i], memory_order_relaxed), 0))
         return alloc_rare(dev, nbytes, tag, out);
+    if (ndm__pool_alloc_fast(p, nbytes, tag, out))
+        return NDM_OK;
     return ndm__pool_alloc(p, nbytes, tag, out);
 }
 
 void ndm__free(ndm_device dev, ndm__block *blk)
 {
-    if (!blk->cookie)
+    ndm__ablk *b = blk->cookie;
+    if (!b)
         return;
     int i = pool_index(dev);
     ndm__pool *p = i >= 0 ? atomic_load_explicit(&pools[i], memory_order_acquire) : NULL;
-    if (p)
-        ndm__pool_free(p, blk);
+    if (!p)
+        return;
+    if (ndm__tc_try_free(p, b)) {
+        *blk = (ndm__block){NULL, NULL, 0};
+        return;
+    }
+    ndm__pool_free(p, blk);
+}
+
+void ndm__free_many(ndm_device dev, ndm__block *blks, size_t n)
+{
+    int i = pool_index(dev);
+    ndm__pool *p = i >= 0 ? atomic_load_explicit(&pools[i], memory_order_acquire) : NULL;
+    if (!p)
+        return;
+    for (size_t k = 0; k < n; k++) {
+        k += ndm__tc_try_free_many(p, blks + k, n - k);
+        if (k < n && blks[k].cookie)
+            ndm__pool_free(p, &blks[k]);
+    }
 }
 
 void ndm__alloc_retag(const ndm__block *blk, uint32_t manager)

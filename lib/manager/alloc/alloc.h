@@ -43,6 +43,10 @@ typedef struct ndm__segment_source {
 ndm_status ndm__alloc(ndm_device dev, size_t nbytes, const ndm__alloc_tag *tag, ndm__block *out);
 /* Free a block from ndm__alloc (a zeroed block is ignored). */
 void ndm__free(ndm_device dev, ndm__block *blk);
+/* Free n blocks of one device, as n ndm__free calls would (the array's
+ * contents are used up); the thread cache's bookkeeping is done once for a
+ * run of small blocks (a manager's close frees many). */
+void ndm__free_many(ndm_device dev, ndm__block *blks, size_t n);
 
 /* NDM_OK when `dev` can hold arrays in this build and on this machine;
  * otherwise NDM_E_UNSUPPORTED (no backend) or NDM_E_DEVICE (no such device),

@@ -230,38 +230,6 @@ static void stat_inc1(ndm_memory_stat *x, int64_t d)
 
 /* ---- policy ------------------------------------------------------------------------ */
 
-static size_t round_pow2_division(size_t size, unsigned divisions)
-{
-    if (!(size & (size - 1)))
-        return size;
-    size_t floor2 = (size_t)1 << (63 - __builtin_clzll(size));
-    size_t step = floor2 >> (31 - __builtin_clz(divisions));
-    if (!step)
-        return floor2 << 1;
-    size_t down = size & ~(step - 1);
-    return down == size ? size : down + step;
-}
-
-static unsigned divisions_for(ndm__pool *p, size_t size)
-{
-    int idx = (63 - __builtin_clzll(size)) - 20;
-    if (idx < 0)
-        idx = 0;
-    if (idx > NDM__DIV_INTERVALS - 1)
-        idx = NDM__DIV_INTERVALS - 1;
-    return atomic_load_explicit(&p->divisions[idx], memory_order_relaxed);
-}
-
-static size_t round_size(ndm__pool *p, size_t n)
-{
-    if (n < NDM__MIN_BLOCK)
-        return NDM__MIN_BLOCK;
-    unsigned d = divisions_for(p, n);
-    if (d > 1 && n > NDM__MIN_BLOCK * d)
-        return round_pow2_division(n, d);
-    return (n + NDM__MIN_BLOCK - 1) / NDM__MIN_BLOCK * NDM__MIN_BLOCK;
-}
-
 static int pool_for(const ndm__pool *p, size_t size)
 {
     if (p->set.strategy == NDM__PREALLOCATE)
@@ -790,6 +758,7 @@ static void finish_alloc(ndm__pool *p, ndm__ablk *b, size_t size, size_t req,
                          bool from_cache)
 {
     b = alloc_found(p, b, size, req, from_cache);
+    b->whole = b->size == b->seg->size;
     set_tag(b, tag, path);
     ndm__hist_event(p, NDM__EV_ALLOC, b->addr, req, b->path, b->file, b->func, b->line);
     ndm__trace_alloc(p, b, req);
@@ -925,7 +894,7 @@ ndm_status ndm__pool_alloc(ndm__pool *p, size_t nbytes, const ndm__alloc_tag *ta
                          "out of memory on %s: tried to allocate %s, more than any device holds",
                          p->name, ndm__fmt_size(nbytes, s, sizeof s));
     }
-    size_t size = round_size(p, nbytes);
+    size_t size = ndm__pool_round(p, nbytes);
     if (size <= NDM__TC_MAX_SIZE && ndm__tc_try_alloc(p, size, nbytes, tag, out))
         return NDM_OK;
     ndm_status st = alloc_slow(p, nbytes, size, tag, out);

@@ -66,21 +66,23 @@ void ndm__rstr_unref(ndm__rstr *r);
 
 struct ndm__aseg;
 
+/* The first cache line holds what a thread cache's fast paths touch. */
 typedef struct ndm__ablk {
     uintptr_t addr;
     size_t size;
     size_t requested;
+    struct ndm__ablk *link;          /* thread cache bin, record free list */
+    const char *file, *func;         /* creation site */
+    int line;
+    _Atomic uint32_t mgr;            /* manager slot that owns the array (0: none) */
+    uint8_t pool;
+    _Atomic uint8_t state;           /* NDM__B_*; read by merges while a cache owns it */
+    bool whole;                      /* spans its segment (set when allocated) */
     struct ndm__aseg *seg;
     struct ndm__ablk *prev, *next;   /* address neighbours in the segment */
     struct ndm__ablk *left, *right;  /* free tree */
-    struct ndm__ablk *link;          /* thread cache bin, record free list */
     uint64_t gc_base;                /* pool's search count when it became free */
     uint32_t prio;
-    uint8_t pool;
-    _Atomic uint8_t state;           /* NDM__B_*; read by merges while a cache owns it */
-    _Atomic uint32_t mgr;            /* manager slot that owns the array (0: none) */
-    const char *file, *func;         /* creation site */
-    int line;
     ndm__rstr *path;                 /* manager path when history recorded the alloc */
     /* the cache holding it, while NDM__B_CACHED (read by others' merges) */
     _Atomic(struct ndm__tcache *) cache;
@@ -319,27 +321,36 @@ static inline bool ndm__tc_try_alloc(ndm__pool *p, size_t size, size_t req,
     ndm__ablk *b = bin->head;
     if (!b)
         goto refuse;
+    /* Each grant test, then its counter: few values live at once. */
     int64_t na = atomic_load_explicit(&tc->n_alloc, memory_order_relaxed) + 1;
+    if (na - atomic_load_explicit(&tc->n_free, memory_order_relaxed) > tc->cap[NDM__G_N])
+        goto refuse;
     int64_t ba = atomic_load_explicit(&tc->b_alloc, memory_order_relaxed) + (int64_t)size;
-    int64_t ra = atomic_load_explicit(&tc->r_alloc, memory_order_relaxed) + (int64_t)req;
-    if (na - atomic_load_explicit(&tc->n_free, memory_order_relaxed) > tc->cap[NDM__G_N] ||
-        ba - atomic_load_explicit(&tc->b_free, memory_order_relaxed) > tc->cap[NDM__G_B] ||
-        ra - atomic_load_explicit(&tc->r_free, memory_order_relaxed) > tc->cap[NDM__G_R] ||
+    if (ba - atomic_load_explicit(&tc->b_free, memory_order_relaxed) > tc->cap[NDM__G_B] ||
         ba > tc->cap_cum)
         goto refuse;
+    int64_t ra = atomic_load_explicit(&tc->r_alloc, memory_order_relaxed) + (int64_t)req;
+    if (ra - atomic_load_explicit(&tc->r_free, memory_order_relaxed) > tc->cap[NDM__G_R])
+        goto refuse;
+    atomic_store_explicit(&tc->n_alloc, na, memory_order_release);
+    atomic_store_explicit(&tc->b_alloc, ba, memory_order_release);
+    atomic_store_explicit(&tc->r_alloc, ra, memory_order_release);
     bin->head = b->link;
     atomic_store_explicit(&bin->count, atomic_load_explicit(&bin->count, memory_order_relaxed) - 1,
                           memory_order_release);
     tc->cached_bytes -= (int64_t)size;
     b->requested = req;
-    b->file = tag ? tag->file : NULL;
-    b->func = tag ? tag->func : NULL;
-    b->line = tag ? tag->line : 0;
-    atomic_store_explicit(&b->mgr, tag ? tag->manager : 0, memory_order_relaxed);
+    if (tag) {
+        b->file = tag->file;
+        b->func = tag->func;
+        b->line = tag->line;
+        atomic_store_explicit(&b->mgr, tag->manager, memory_order_relaxed);
+    } else {
+        b->file = b->func = NULL;
+        b->line = 0;
+        atomic_store_explicit(&b->mgr, 0, memory_order_relaxed);
+    }
     atomic_store_explicit(&b->state, NDM__B_ALLOCATED, memory_order_relaxed);
-    atomic_store_explicit(&tc->n_alloc, na, memory_order_release);
-    atomic_store_explicit(&tc->b_alloc, ba, memory_order_release);
-    atomic_store_explicit(&tc->r_alloc, ra, memory_order_release);
     ndm__tc_leave(tc, seq);
     out->ptr = (void *)b->addr;
     out->cookie = b;
@@ -355,8 +366,7 @@ static inline bool ndm__tc_try_free(ndm__pool *p, ndm__ablk *b)
     ndm__tcache *tc = ndm__tc_mine(p);
     /* Only pieces of split small segments: a whole segment (left by the
      * system strategy) is not an inactive split block. */
-    if (!tc || b->pool != NDM__POOL_SMALL || b->size > NDM__TC_MAX_SIZE ||
-        b->size == b->seg->size)
+    if (!tc || b->pool != NDM__POOL_SMALL || b->size > NDM__TC_MAX_SIZE || b->whole)
         return false;
     size_t size = b->size;
     uint64_t seq;
@@ -389,6 +399,52 @@ static inline bool ndm__tc_try_free(ndm__pool *p, ndm__ablk *b)
 refuse:
     ndm__tc_leave(tc, seq);
     return false;
+}
+
+/* Cache blocks[0..k) as ndm__tc_try_free would, one after another, with the
+ * counters stored once; returns k (the first block refused stops it). */
+size_t ndm__tc_try_free_many(ndm__pool *p, const ndm__block *blks, size_t n);
+
+/* ---- rounding and the fast paths, inline for ndm__alloc and ndm__free ---------- */
+
+static inline size_t ndm__round_pow2_division(size_t size, unsigned divisions)
+{
+    if (!(size & (size - 1)))
+        return size;
+    size_t floor2 = (size_t)1 << (63 - __builtin_clzll(size));
+    size_t step = floor2 >> (31 - __builtin_clz(divisions));
+    if (!step)
+        return floor2 << 1;
+    size_t down = size & ~(step - 1);
+    return down == size ? size : down + step;
+}
+
+/* The size a request of n bytes takes in p: 512-byte granularity, or a
+ * power-of-two division (roundup_power2_divisions). */
+static inline size_t ndm__pool_round(ndm__pool *p, size_t n)
+{
+    if (n < NDM__MIN_BLOCK)
+        return NDM__MIN_BLOCK;
+    int idx = (63 - __builtin_clzll(n)) - 20;
+    if (idx < 0)
+        idx = 0;
+    if (idx > NDM__DIV_INTERVALS - 1)
+        idx = NDM__DIV_INTERVALS - 1;
+    unsigned d = atomic_load_explicit(&p->divisions[idx], memory_order_relaxed);
+    if (d > 1 && n > NDM__MIN_BLOCK * d)
+        return ndm__round_pow2_division(n, d);
+    return (n + NDM__MIN_BLOCK - 1) / NDM__MIN_BLOCK * NDM__MIN_BLOCK;
+}
+
+/* A small request served by the calling thread's cache, without a call;
+ * false sends the caller to ndm__pool_alloc. */
+static inline bool ndm__pool_alloc_fast(ndm__pool *p, size_t nbytes, const ndm__alloc_tag *tag,
+                                        ndm__block *out)
+{
+    if (nbytes > NDM__TC_MAX_SIZE)
+        return false;
+    size_t size = ndm__pool_round(p, nbytes);
+    return size <= NDM__TC_MAX_SIZE && ndm__tc_try_alloc(p, size, nbytes, tag, out);
 }
 
 /* ---- history and traces (history.c) ------------------------------------------- */

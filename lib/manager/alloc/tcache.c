@@ -266,6 +266,55 @@ bool ndm__tc_flush_mergeable(ndm__pool *p, ndm__tcache *tc, size_t size)
     return false;
 }
 
+size_t ndm__tc_try_free_many(ndm__pool *p, const ndm__block *blks, size_t n)
+{
+    ndm__tcache *tc = ndm__tc_mine(p);
+    if (!tc || !n)
+        return 0;
+    uint64_t seq;
+    size_t k = 0;
+    if (!ndm__tc_enter(tc, &seq))
+        goto done;
+    /* The tests of ndm__tc_try_free, block by block, on local copies: the
+     * counters are stored once, which readers see as one operation. The
+     * grants cannot change meanwhile (they change only under the pool lock,
+     * with this cache frozen or by its owner). */
+    const int64_t na = atomic_load_explicit(&tc->n_alloc, memory_order_relaxed);
+    const int64_t ba = atomic_load_explicit(&tc->b_alloc, memory_order_relaxed);
+    const int64_t min_nf = na + tc->cap[NDM__G_FN], min_bf = ba + tc->cap[NDM__G_FB];
+    int64_t nf = atomic_load_explicit(&tc->n_free, memory_order_relaxed);
+    int64_t bf = atomic_load_explicit(&tc->b_free, memory_order_relaxed);
+    int64_t rf = atomic_load_explicit(&tc->r_free, memory_order_relaxed);
+    int64_t cached = tc->cached_bytes;
+    for (; k < n; k++) {
+        ndm__ablk *b = blks[k].cookie;
+        if (!b || b->pool != NDM__POOL_SMALL || b->size > NDM__TC_MAX_SIZE || b->whole)
+            break;
+        int64_t size = (int64_t)b->size;
+        ndm__tbin *bin = &tc->bins[ndm__tc_index(b->size)];
+        uint32_t count = atomic_load_explicit(&bin->count, memory_order_relaxed);
+        if (count >= NDM__TC_BIN_MAX || cached + size > NDM__TC_MAX_BYTES || nf + 1 > min_nf ||
+            bf + size > min_bf)
+            break;
+        nf++;
+        bf += size;
+        rf += (int64_t)b->requested;
+        cached += size;
+        atomic_store_explicit(&b->cache, tc, memory_order_relaxed);
+        atomic_store_explicit(&b->state, NDM__B_CACHED, memory_order_relaxed);
+        b->link = bin->head;
+        bin->head = b;
+        atomic_store_explicit(&bin->count, count + 1, memory_order_release);
+    }
+    tc->cached_bytes = cached;
+    atomic_store_explicit(&tc->n_free, nf, memory_order_release);
+    atomic_store_explicit(&tc->b_free, bf, memory_order_release);
+    atomic_store_explicit(&tc->r_free, rf, memory_order_release);
+done:
+    ndm__tc_leave(tc, seq);
+    return k;
+}
+
 /* ---- freezing ---------------------------------------------------------------------- */
 
 static void wait_quiet(ndm__tcache *tc)

@@ -1,0 +1,627 @@
+/* The hot path's bookkeeping: a storage lives in the record of the array
+ * that made it, so that record's slot waits for the storage's last view; a
+ * released slot waits for 256 creations; views dying on several threads at
+ * once; a close giving borrowed arrays back; a manager's lock biased to the
+ * thread that made it, and the tree lock biased to the thread that started
+ * ndm, taken by others; the flat elementwise path against the general one.
+ * Also run under ThreadSanitizer. */
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "helpers.h"
+
+/* Values of a float array read through the public accessor. */
+static void assert_floats(ndm_array a, const float *want, int n)
+{
+    const float *p = ndm_array_data(a);
+    assert_non_null(p);
+    assert_int_equal(ndm_array_size(a), n);
+    for (int i = 0; i < n; i++)
+        if (p[i] != want[i])
+            fail_msg("element %d is %g, expected %g", i, (double)p[i], (double)want[i]);
+}
+
+/* Make and release `n` small arrays, so that freed slots come round again. */
+static void churn(ndm_manager m, int n)
+{
+    for (int i = 0; i < n; i++) {
+        ndm_array t = ndm_empty(m, NDM_U8, NDM_SHAPE(1));
+        assert_live(t);
+        assert_ok(ndm_array_release(t));
+    }
+}
+
+/* The stale message of `dead` says whether its slot has been reused. */
+static bool slot_reused(ndm_array dead)
+{
+    ndm_clear_error();
+    assert_int_equal(ndm_array_ndim(dead), -1);
+    assert_int_equal(ndm_last_status(), NDM_E_CLOSED);
+    return strstr(ndm_last_error(), "has been reused") != NULL;
+}
+
+static int64_t allocated_now(void)
+{
+    int64_t v = -1;
+    assert_ok(ndm_memory_stat_get(NDM_CPU, "allocated_bytes.all.current", &v));
+    return v;
+}
+
+static void test_storage_home_slot_waits_for_last_view(void **state)
+{
+    ndm_manager m = ROOT(state);
+    int64_t before = allocated_now();
+    float src[6] = {1, 2, 3, 4, 5, 6};
+    int made = __LINE__; ndm_array base = ndm_from_buffer(m, NDM_F32, src, NDM_SHAPE(6));
+    ndm_array tail = ndm_slice(base, 0, 2, 6, 1);
+    assert_live(tail);
+    int freed = __LINE__; assert_ok(ndm_array_release(base));
+    /* Far more creations than the slot cache holds: the base's record still
+     * holds the storage the view reads, so its slot is not handed out. */
+    churn(m, 20000);
+    assert_false(slot_reused(base));
+    char want[256];
+    snprintf(want, sizeof want,
+             "array f32[6] created at test_hotpath.c:%d (%s) was released at "
+             "test_hotpath.c:%d (%s)",
+             made, __func__, freed, __func__);
+    assert_error_has(want);
+    assert_floats(tail, (const float[]){3, 4, 5, 6}, 4);
+    float *p = ndm_array_data(tail);
+    p[0] = 30;
+    churn(m, 100);
+    assert_floats(tail, (const float[]){30, 4, 5, 6}, 4);
+    assert_int_equal(allocated_now(), before + 512);
+    /* The last view frees the memory and, with it, the base's slot. */
+    assert_ok(ndm_array_release(tail));
+    assert_int_equal(allocated_now(), before);
+    bool reused = false;
+    for (int i = 0; i < 40 && !reused; i++) {
+        churn(m, 512);
+        reused = slot_reused(base);
+    }
+    assert_true(reused);
+    assert_manager_empty(m);
+}
+
+/* Whatever state this thread's slot cache is in, a released array's slot
+ * waits for at least 256 other arrays before it is reused. */
+static void test_released_slot_waits_for_256_creations(void **state)
+{
+    ndm_manager m = ROOT(state);
+    enum { MAX_HELD = 600, WAIT = 256 };
+    ndm_array *held = malloc(MAX_HELD * sizeof *held);
+    assert_non_null(held);
+    for (int k = 0; k < MAX_HELD; k += 7) {
+        /* k arrays kept alive move the cache to another phase */
+        for (int i = 0; i < k; i++)
+            held[i] = ndm_empty(m, NDM_U8, NDM_SHAPE(1));
+        ndm_array dead = ndm_empty(m, NDM_U8, NDM_SHAPE(1));
+        assert_ok(ndm_array_release(dead));
+        for (int i = 0; i < WAIT; i++) {
+            ndm_array t = ndm_empty(m, NDM_U8, NDM_SHAPE(1));
+            assert_live(t);
+            assert_ok(ndm_array_release(t));
+            if (slot_reused(dead))
+                fail_msg("with %d arrays held, a released slot came back after %d creations",
+                         k, i + 1);
+        }
+        for (int i = 0; i < k; i++)
+            assert_ok(ndm_array_release(held[i]));
+    }
+    free(held);
+    assert_manager_empty(m);
+}
+
+static int frees_seen;
+static void count_free(void *data, void *ud)
+{
+    (void)ud;
+    free(data);
+    frees_seen++;
+}
+
+static void test_storage_wrapped_buffer_freed_by_last_view(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_manager other = ndm_manager_new(m, "other");
+    float *buf = malloc(4 * sizeof *buf);
+    assert_non_null(buf);
+    for (int i = 0; i < 4; i++)
+        buf[i] = (float)(i + 1);
+    frees_seen = 0;
+    ndm_array base = ndm_wrap_buffer(m, NDM_F32, buf, count_free, NULL, NDM_SHAPE(4));
+    ndm_array mid = ndm_reshape(base, NDM_SHAPE(2, 2));
+    ndm_array last = ndm_alias(mid);
+    assert_live(last);
+    assert_ok(ndm_attach(last, other));
+    assert_ok(ndm_array_release(base));
+    assert_ok(ndm_array_release(mid));
+    assert_int_equal(frees_seen, 0);
+    assert_floats(last, (const float[]){1, 2, 3, 4}, 4);
+    /* The charge followed the last view into `other`. */
+    ndm_stats st;
+    assert_ok(ndm_manager_stats(other, NDM_CPU, 0, &st));
+    assert_int_equal(st.live_bytes, 16);
+    assert_ok(ndm_manager_stats(m, NDM_CPU, 0, &st));
+    assert_int_equal(st.live_bytes, 0);
+    assert_ok(ndm_manager_close(other));
+    assert_int_equal(frees_seen, 1);
+    assert_manager_empty(m);
+}
+
+static void test_storage_close_releases_base_before_views(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_manager batch = ndm_manager_new(m, "batch");
+    ndm_array base = ndm_full(batch, NDM_F32, 2.0, NDM_SHAPE(8));
+    /* Views made after the base are released first by the close (newest
+     * first); a view kept elsewhere outlives the close. */
+    ndm_array v1 = ndm_slice(base, 0, 0, 4, 1);
+    ndm_array kept = ndm_slice(base, 0, 4, 8, 1);
+    assert_live(kept);
+    assert_ok(ndm_attach(kept, m));
+    assert_live(v1);
+    assert_ok(ndm_manager_close(batch));
+    assert_false(ndm_array_valid(base));
+    assert_false(ndm_array_valid(v1));
+    assert_floats(kept, (const float[]){2, 2, 2, 2}, 4);
+    ndm_stats st;
+    assert_ok(ndm_manager_stats(m, NDM_CPU, 0, &st));
+    assert_int_equal(st.live_bytes, 32);
+    assert_int_equal(st.live_arrays, 1);
+    assert_ok(ndm_array_release(kept));
+    assert_manager_empty(m);
+}
+
+/* ---- the flat elementwise path against the general one ---------------------------- */
+
+typedef ndm_array (*binary_to_fn)(NDM_SITE_PARAMS, ndm_manager, ndm_array, ndm_array);
+typedef ndm_status (*binary_inplace_fn)(NDM_SITE_PARAMS, ndm_array, ndm_array);
+
+static const struct {
+    const char *name;
+    binary_to_fn to;
+    binary_inplace_fn inplace;
+} flat_ops[] = {
+    {"add", ndm_add_to_at, ndm_add_inplace_at},
+    {"sub", ndm_sub_to_at, ndm_sub_inplace_at},
+    {"mul", ndm_mul_to_at, ndm_mul_inplace_at},
+    {"div", ndm_div_to_at, ndm_div_inplace_at},
+    {"pow", ndm_pow_to_at, ndm_pow_inplace_at},
+    {"maximum", ndm_maximum_to_at, ndm_maximum_inplace_at},
+    {"minimum", ndm_minimum_to_at, ndm_minimum_inplace_at},
+};
+
+/* n values of dtype t from a fixed sequence: small, of both signs where the
+ * dtype has them, so that no operation overflows a float. */
+static ndm_array sequence(ndm_manager m, ndm_dtype t, int64_t n, int seed)
+{
+    size_t es = ndm_dtype_size(t);
+    unsigned char *buf = malloc((size_t)n * es + 1);
+    assert_non_null(buf);
+    uint32_t x = 2463534242u + (uint32_t)seed;
+    for (int64_t i = 0; i < n; i++) {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        int v = (int)(x % 7) - (t == NDM_U8 ? 0 : 3); /* pow stays small: |v| <= 6 */
+        if (t == NDM_F32) {
+            float f = (float)v + 0.25f;
+            memcpy(buf + i * es, &f, es);
+        } else if (t == NDM_F64) {
+            double d = (double)v - 0.5;
+            memcpy(buf + i * es, &d, es);
+        } else if (t == NDM_I64) {
+            int64_t w = v;
+            memcpy(buf + i * es, &w, es);
+        } else if (t == NDM_I32) {
+            int32_t w = v;
+            memcpy(buf + i * es, &w, es);
+        } else {
+            buf[i] = (unsigned char)v;
+        }
+    }
+    ndm_array a = ndm_from_buffer(m, t, buf, NDM_SHAPE(n));
+    free(buf);
+    assert_live(a);
+    return a;
+}
+
+/* The same values as `a`, read through a view with stride 2: the general
+ * path (the flat one needs C-contiguous inputs). */
+static ndm_array strided_twin(ndm_manager m, ndm_array a)
+{
+    int64_t n = ndm_array_size(a);
+    ndm_array wide = ndm_zeros(m, ndm_array_dtype(a), NDM_SHAPE(2 * n));
+    ndm_array even = ndm_slice(wide, 0, 0, 2 * n, 2);
+    assert_live(even);
+    assert_ok(ndm_copy_into(even, a));
+    assert_ok(ndm_array_release(wide));
+    return even;
+}
+
+static void assert_same_bytes(ndm_array x, ndm_array y, const char *what)
+{
+    size_t nb = ndm_array_nbytes(x);
+    assert_int_equal(nb, ndm_array_nbytes(y));
+    unsigned char *p = malloc(nb + 1), *q = malloc(nb + 1);
+    assert_non_null(p);
+    assert_non_null(q);
+    assert_ok(ndm_array_copy_out(x, p, nb));
+    assert_ok(ndm_array_copy_out(y, q, nb));
+    if (memcmp(p, q, nb) != 0)
+        fail_msg("%s: the flat path and the general path disagree", what);
+    free(p);
+    free(q);
+}
+
+static void test_flat_binary_matches_general_path(void **state)
+{
+    ndm_manager m = ROOT(state);
+    const ndm_dtype types[] = {NDM_U8, NDM_I32, NDM_I64, NDM_F32, NDM_F64};
+    /* One element, a few, and more than one thread's share. */
+    const int64_t sizes[] = {1, 37, 70001};
+    char what[128];
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
+        for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++) {
+            ndm_array a = sequence(m, types[ti], sizes[si], 1);
+            ndm_array b = sequence(m, types[ti], sizes[si], 2);
+            ndm_array b2 = strided_twin(m, b);
+            for (size_t oi = 0; oi < sizeof flat_ops / sizeof *flat_ops; oi++) {
+                snprintf(what, sizeof what, "%s %s[%lld]", flat_ops[oi].name,
+                         ndm_dtype_name(types[ti]), (long long)sizes[si]);
+                ndm_array fast = flat_ops[oi].to(NDM_HERE, NDM_NULL_MANAGER, a, b);
+                ndm_array slow = flat_ops[oi].to(NDM_HERE, NDM_NULL_MANAGER, a, b2);
+                assert_live(fast);
+                assert_live(slow);
+                assert_int_equal(ndm_array_dtype(fast), ndm_array_dtype(slow));
+                assert_same_bytes(fast, slow, what);
+                /* in place: into a copy of a, from b (flat) and from b2 */
+                ndm_array x = ndm_copy(a), y = ndm_copy(a);
+                ndm_status sx = flat_ops[oi].inplace(NDM_HERE, x, b);
+                ndm_status sy = flat_ops[oi].inplace(NDM_HERE, y, b2);
+                assert_int_equal(sx, sy);
+                if (sx == NDM_OK)
+                    assert_same_bytes(x, y, what);
+                /* in place with itself: x op= x reads each element before writing it */
+                ndm_array z = ndm_copy(a), zc = ndm_copy(a);
+                ndm_array z2 = strided_twin(m, zc);
+                sx = flat_ops[oi].inplace(NDM_HERE, z, z);
+                sy = flat_ops[oi].inplace(NDM_HERE, zc, z2);
+                assert_int_equal(sx, sy);
+                if (sx == NDM_OK)
+                    assert_same_bytes(z, zc, what);
+                ndm_array all[] = {fast, slow, x, y, z, zc, z2};
+                for (size_t k = 0; k < sizeof all / sizeof *all; k++)
+                    assert_ok(ndm_array_release(all[k]));
+            }
+            assert_ok(ndm_array_release(a));
+            assert_ok(ndm_array_release(b));
+            assert_ok(ndm_array_release(b2));
+        }
+    }
+    assert_manager_empty(m);
+}
+
+static void test_flat_inplace_overlapping_buffers_read_a_copy(void **state)
+{
+    ndm_manager m = ROOT(state);
+    /* Two arrays over one caller's buffer, the destination one element
+     * ahead: written in place front to back, it would read elements it
+     * already wrote. Not the flat path, which only takes storages that
+     * cannot overlap. */
+    enum { N = 100 };
+    float *buf = calloc(N + 1, sizeof *buf);
+    assert_non_null(buf);
+    float want[N];
+    for (int i = 0; i <= N; i++)
+        buf[i] = (float)(i % 13);
+    for (int i = 0; i < N; i++)
+        want[i] = buf[i + 1] + buf[i];
+    ndm_array x = ndm_wrap_buffer(m, NDM_F32, buf + 1, NULL, NULL, NDM_SHAPE(N));
+    ndm_array y = ndm_wrap_buffer(m, NDM_F32, buf, NULL, NULL, NDM_SHAPE(N));
+    assert_live(x);
+    assert_live(y);
+    assert_ok(ndm_add_(x, y));
+    for (int i = 0; i < N; i++)
+        if (buf[i + 1] != want[i])
+            fail_msg("element %d is %g, expected %g", i, (double)buf[i + 1], (double)want[i]);
+    assert_ok(ndm_array_release(x));
+    assert_ok(ndm_array_release(y));
+    free(buf);
+}
+
+/* ---- a close that gives borrowed arrays back in the middle of its list ---------- */
+
+static void test_close_gives_back_between_its_own_arrays(void **state)
+{
+    ndm_manager root = ROOT(state);
+    ndm_manager lender = ndm_manager_new(root, "lender");
+    ndm_manager gone = ndm_manager_new(root, "gone");
+    ndm_manager step = ndm_manager_new(root, "step");
+    ndm_array first = ndm_zeros(step, NDM_F32, NDM_SHAPE(4));
+    ndm_array w = ndm_ones(lender, NDM_F32, NDM_SHAPE(8));
+    ndm_array orphan = ndm_ones(gone, NDM_F32, NDM_SHAPE(2));
+    assert_ok(ndm_temp_attach(w, step));
+    ndm_array middle = ndm_zeros(step, NDM_F32, NDM_SHAPE(3));
+    assert_ok(ndm_temp_attach(orphan, step));
+    ndm_array last = ndm_zeros(step, NDM_F32, NDM_SHAPE(5));
+    assert_ok(ndm_manager_close(gone)); /* orphan's lender goes first */
+    ndm_stats st;
+    assert_ok(ndm_manager_stats(step, NDM_CPU, 0, &st));
+    assert_int_equal(st.live_arrays, 5);
+    assert_int_equal(st.live_bytes, 4 * (4 + 8 + 2 + 3 + 5));
+    /* newest first: last, orphan (released: its lender is gone), middle, w
+     * (back to its lender), first */
+    assert_ok(ndm_manager_close(step));
+    assert_false(ndm_array_valid(first));
+    assert_false(ndm_array_valid(middle));
+    assert_false(ndm_array_valid(last));
+    assert_false(ndm_array_valid(orphan));
+    assert_true(ndm_array_valid(w));
+    assert_int_equal(ndm_array_manager(w).id, lender.id);
+    assert_ok(ndm_manager_stats(lender, NDM_CPU, 0, &st));
+    assert_int_equal(st.live_arrays, 1);
+    assert_int_equal(st.live_bytes, 32);
+    assert_int_equal(st.moved_in, 1);
+    float v[8];
+    assert_ok(ndm_array_copy_out(w, v, sizeof v));
+    for (int i = 0; i < 8; i++)
+        assert_true(v[i] == 1.0f);
+    assert_ok(ndm_manager_close(lender));
+    assert_manager_empty(root);
+}
+
+/* ---- views dying on two threads at once ------------------------------------------ */
+
+#define ROUNDS 2000
+#define VIEWS 3
+
+typedef struct racer {
+    pthread_barrier_t *go;
+    ndm_manager scratch;
+    ndm_array *victims; /* ROUNDS x (1 + VIEWS): this thread's share */
+    int stride, first, count;
+    int errors;
+} racer;
+
+static void *release_share(void *p)
+{
+    racer *r = p;
+    for (int round = 0; round < ROUNDS; round++) {
+        pthread_barrier_wait(r->go);
+        for (int k = 0; k < r->count; k++) {
+            ndm_array a = r->victims[round * r->stride + r->first + k];
+            float *d = ndm_array_data(a);
+            if (!d || d[0] != (float)round || ndm_array_release(a) != NDM_OK)
+                r->errors++;
+        }
+        /* New arrays take the slots just freed, the other thread's dead
+         * records among them. */
+        for (int k = 0; k < 4; k++) {
+            ndm_array t = ndm_full(r->scratch, NDM_F32, -1.0, NDM_SHAPE(4));
+            if (!t.id || ndm_array_release(t) != NDM_OK)
+                r->errors++;
+        }
+    }
+    return NULL;
+}
+
+static void test_storage_views_released_on_two_threads(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_manager a = ndm_manager_new(m, "a");
+    ndm_manager b = ndm_manager_new(m, "b");
+    int64_t before = allocated_now();
+    ndm_array *v = malloc(sizeof *v * ROUNDS * (1 + VIEWS));
+    assert_non_null(v);
+    for (int round = 0; round < ROUNDS; round++) {
+        ndm_array *row = v + round * (1 + VIEWS);
+        row[0] = ndm_full(a, NDM_F32, (double)round, NDM_SHAPE(4));
+        for (int k = 1; k <= VIEWS; k++)
+            row[k] = ndm_alias_to(k % 2 ? b : a, row[0]);
+        for (int k = 0; k <= VIEWS; k++)
+            assert_live(row[k]);
+    }
+    /* One thread releases each base and one view, the other the rest: the
+     * base and the last view die on different threads in either order. */
+    pthread_barrier_t go;
+    assert_int_equal(pthread_barrier_init(&go, NULL, 2), 0);
+    racer r1 = {&go, m, v, 1 + VIEWS, 0, 2, 0};
+    racer r2 = {&go, m, v, 1 + VIEWS, 2, VIEWS - 1, 0};
+    pthread_t t1, t2;
+    assert_int_equal(pthread_create(&t1, NULL, release_share, &r1), 0);
+    assert_int_equal(pthread_create(&t2, NULL, release_share, &r2), 0);
+    pthread_join(t1, NULL);
+    pthread_join(t2, NULL);
+    pthread_barrier_destroy(&go);
+    assert_int_equal(r1.errors + r2.errors, 0);
+    for (int i = 0; i < ROUNDS * (1 + VIEWS); i++)
+        assert_false(ndm_array_valid(v[i]));
+    free(v);
+    assert_int_equal(allocated_now(), before);
+    ndm_stats st;
+    assert_ok(ndm_manager_stats(m, NDM_CPU, NDM_STATS_SUBTREE, &st));
+    assert_int_equal(st.live_arrays, 0);
+    assert_int_equal(st.live_bytes, 0);
+    assert_ok(ndm_manager_close(a));
+    assert_ok(ndm_manager_close(b));
+}
+
+/* ---- a manager's lock, biased to its creator, taken by another thread ------------ */
+
+#define LOCK_ROUNDS 200
+#define LOCK_ARRAYS 50
+
+typedef struct sharer {
+    pthread_barrier_t *go;
+    ndm_manager *current; /* the round's manager, set by the creator */
+    int errors;
+} sharer;
+
+static int make_and_release(ndm_manager m, float value)
+{
+    int errors = 0;
+    ndm_array keep[LOCK_ARRAYS];
+    for (int i = 0; i < LOCK_ARRAYS; i++) {
+        keep[i] = ndm_full(m, NDM_F32, value, NDM_SHAPE(4));
+        if (!keep[i].id)
+            errors++;
+    }
+    for (int i = 0; i < LOCK_ARRAYS; i++) {
+        float *d = ndm_array_data(keep[i]);
+        if (!d || d[3] != value || ndm_array_release(keep[i]) != NDM_OK)
+            errors++;
+    }
+    return errors;
+}
+
+static void *share_rounds(void *p)
+{
+    sharer *s = p;
+    for (int round = 0; round < LOCK_ROUNDS; round++) {
+        pthread_barrier_wait(s->go);
+        s->errors += make_and_release(*s->current, 2.0f);
+        pthread_barrier_wait(s->go);
+    }
+    return NULL;
+}
+
+static void test_manager_lock_taken_from_another_thread(void **state)
+{
+    ndm_manager root = ROOT(state);
+    pthread_barrier_t go;
+    assert_int_equal(pthread_barrier_init(&go, NULL, 2), 0);
+    ndm_manager current = NDM_NULL_MANAGER;
+    sharer other = {&go, &current, 0};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, share_rounds, &other), 0);
+    int errors = 0;
+    for (int round = 0; round < LOCK_ROUNDS; round++) {
+        /* A fresh manager each round: its creator works in it on the fast
+         * path while the other thread's first use takes the bias away. */
+        current = ndm_manager_new(root, "shared");
+        assert_live(current);
+        errors += make_and_release(current, 1.0f) ? 1 : 0;
+        pthread_barrier_wait(&go);
+        errors += make_and_release(current, 1.0f);
+        pthread_barrier_wait(&go);
+        ndm_stats st;
+        assert_ok(ndm_manager_stats(current, NDM_CPU, 0, &st));
+        assert_int_equal(st.created, 3 * LOCK_ARRAYS);
+        assert_int_equal(st.released, 3 * LOCK_ARRAYS);
+        assert_int_equal(st.live_arrays, 0);
+        assert_int_equal(st.live_bytes, 0);
+        assert_int_equal(st.peak_bytes >= 16 * LOCK_ARRAYS, true);
+        assert_ok(ndm_manager_close(current));
+    }
+    pthread_join(th, NULL);
+    pthread_barrier_destroy(&go);
+    assert_int_equal(errors + other.errors, 0);
+}
+
+/* A manager made on one thread and closed on another, with its arrays. */
+static void *close_it(void *p)
+{
+    ndm_manager *m = p;
+    if (ndm_manager_close(*m) != NDM_OK)
+        *m = NDM_NULL_MANAGER;
+    return NULL;
+}
+
+static void test_manager_closed_by_another_thread(void **state)
+{
+    ndm_manager root = ROOT(state);
+    for (int round = 0; round < 20; round++) {
+        ndm_manager m = ndm_manager_new(root, "request");
+        ndm_array a = ndm_full(m, NDM_F32, 3.0, NDM_SHAPE(8));
+        assert_live(a);
+        ndm_manager closing = m;
+        pthread_t th;
+        assert_int_equal(pthread_create(&th, NULL, close_it, &closing), 0);
+        pthread_join(th, NULL);
+        assert_int_equal(closing.id, m.id);
+        assert_false(ndm_array_valid(a));
+        /* The creator still works in its other managers on its fast path. */
+        ndm_manager next = ndm_manager_new(root, "next");
+        assert_int_equal(make_and_release(next, 4.0f), 0);
+        assert_ok(ndm_manager_close(next));
+    }
+    assert_manager_empty(root);
+}
+
+/* ---- the tree lock, biased to the thread that started ndm, taken by another ----- */
+
+#define TREE_ROUNDS 300
+
+typedef struct builder {
+    ndm_manager root;
+    pthread_barrier_t *go;
+    int errors;
+} builder;
+
+/* Make a small tree, fill it, close it; false on any failure. */
+static bool build_and_close(ndm_manager root, int round)
+{
+    ndm_manager top = ndm_manager_new(root, "top");
+    bool ok = top.id != 0;
+    for (int c = 0; ok && c < 4; c++) {
+        ndm_manager child = ndm_manager_new(top, "child");
+        ok = child.id && ndm_full(child, NDM_I32, (double)round, NDM_SHAPE(2)).id;
+    }
+    ndm_stats st;
+    ok = ok && ndm_manager_stats(top, NDM_CPU, NDM_STATS_SUBTREE, &st) == NDM_OK &&
+         st.live_arrays == 4 && st.children == 4;
+    return ndm_manager_close(top) == NDM_OK && ok;
+}
+
+static void *build_rounds(void *p)
+{
+    builder *b = p;
+    pthread_barrier_wait(b->go);
+    for (int round = 0; round < TREE_ROUNDS; round++)
+        b->errors += !build_and_close(b->root, round);
+    return NULL;
+}
+
+/* First in the suite: the tree lock is still biased to this thread when the
+ * other thread starts using it. */
+static void test_tree_lock_taken_from_another_thread(void **state)
+{
+    ndm_manager root = ROOT(state);
+    pthread_barrier_t go;
+    assert_int_equal(pthread_barrier_init(&go, NULL, 2), 0);
+    builder other = {root, &go, 0};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, build_rounds, &other), 0);
+    int errors = 0;
+    pthread_barrier_wait(&go);
+    for (int round = 0; round < TREE_ROUNDS; round++)
+        errors += !build_and_close(root, round);
+    pthread_join(th, NULL);
+    pthread_barrier_destroy(&go);
+    assert_int_equal(errors + other.errors, 0);
+    ndm_stats st;
+    assert_ok(ndm_manager_stats(root, NDM_CPU, 0, &st));
+    assert_int_equal(st.children, 0);
+    assert_manager_empty(root);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        TEST(test_tree_lock_taken_from_another_thread),
+        TEST(test_storage_home_slot_waits_for_last_view),
+        TEST(test_released_slot_waits_for_256_creations),
+        TEST(test_storage_wrapped_buffer_freed_by_last_view),
+        TEST(test_storage_close_releases_base_before_views),
+        TEST(test_storage_views_released_on_two_threads),
+        TEST(test_manager_lock_taken_from_another_thread),
+        TEST(test_manager_closed_by_another_thread),
+        TEST(test_close_gives_back_between_its_own_arrays),
+        TEST(test_flat_binary_matches_general_path),
+        TEST(test_flat_inplace_overlapping_buffers_read_a_copy),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
