@@ -9,10 +9,15 @@
  * Anchors: talloc (talloc_new / talloc_size / talloc_free) and APR
  * (apr_pool_create / apr_palloc / apr_pool_destroy) with 64-byte objects.
  * glibc is pinned to its "warm" state (mmap threshold 32 MiB, trim 64 MiB)
- * before the first allocation, as the reference measurements do.
+ * before the first allocation, as the reference measurements do. glibc's
+ * malloc, under talloc and APR, takes a cheaper path while a process has
+ * one thread, and the GEMM provider may start its threads when it loads:
+ * the program then runs itself again with OPENBLAS_NUM_THREADS=1, so every
+ * contender runs in a single-threaded process, as the references did.
  *
  * usage: manager [--json] [--quick] */
 #include <malloc.h>
+#include <unistd.h>
 
 #include "bench.h"
 #include "ndm/ndm.h"
@@ -174,8 +179,28 @@ static double measure(void (*f)(long), double units_per_iter, int reps)
     return bench_median(v, reps);
 }
 
+/* Threads of this process, from /proc (0 when unknown). */
+static int process_threads(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    int n = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "Threads: %d", &n) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return n;
+}
+
 int main(int argc, char **argv)
 {
+    int threads = process_threads();
+    if (threads > 1 && !getenv("NDM_BENCH_MANAGER_RERUN")) {
+        setenv("OPENBLAS_NUM_THREADS", "1", 1);
+        setenv("NDM_BENCH_MANAGER_RERUN", "1", 1);
+        execv("/proc/self/exe", argv);
+    }
     /* pin glibc before the first allocation so every contender sees one heap state */
     mallopt(M_MMAP_THRESHOLD, 32 << 20);
     mallopt(M_TRIM_THRESHOLD, 64 << 20);
@@ -215,6 +240,9 @@ int main(int argc, char **argv)
     snprintf(note, sizeof note,
              "per array: create a 16-float array, touch it, free it with its manager; "
              "anchors allocate %d-byte objects; median of %d samples", OBJ_BYTES, reps);
+    bench_note(&rep, note);
+    snprintf(note, sizeof note, "process threads while measuring: %d%s", threads,
+             getenv("NDM_BENCH_MANAGER_RERUN") ? " (run again with OPENBLAS_NUM_THREADS=1)" : "");
     bench_note(&rep, note);
     bench_add(&rep, "scope_ns_per_array_vs_talloc", s_ndm, "ns", "talloc scope of 1000 objects",
               s_talloc);
