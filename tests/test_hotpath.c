@@ -585,6 +585,44 @@ static void *build_rounds(void *p)
     return NULL;
 }
 
+/* A handle check is a bound on the slot and a compare of the generation
+ * with the handle's upper half, kind bit included: flipping that bit, or
+ * pointing past every slot handed out, is refused with its message. */
+static void test_handle_check_refuses_other_kinds(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_array a = ndm_zeros(m, NDM_F32, NDM_SHAPE(3));
+    assert_live(a);
+    ndm_clear_error();
+    ndm_array flipped = {a.id | (UINT64_C(1) << 63)};
+    assert_int_equal(ndm_array_ndim(flipped), -1);
+    assert_int_equal(ndm_last_status(), NDM_E_INVALID);
+    assert_error_has("not an array handle");
+    assert_null(ndm_array_data(flipped));
+    assert_false(ndm_array_valid(flipped));
+    /* the slot bits of a live manager, read as an array */
+    ndm_clear_error();
+    ndm_array as_array = {m.id & ~(UINT64_C(1) << 63)};
+    assert_int_equal(ndm_array_ndim(as_array), -1);
+    assert_true(ndm_last_status() == NDM_E_INVALID || ndm_last_status() == NDM_E_CLOSED);
+    /* the same generation one slot past the last one ever made */
+    ndm_clear_error();
+    ndm_array past = {(a.id & ~UINT64_C(0xffffffff)) | 0x3ffffff0u};
+    assert_int_equal(ndm_array_ndim(past), -1);
+    assert_int_equal(ndm_last_status(), NDM_E_INVALID);
+    /* a manager handle with its kind bit cleared */
+    ndm_clear_error();
+    ndm_manager plain = {m.id & ~(UINT64_C(1) << 63)};
+    assert_status(ndm_manager_close(plain), NDM_E_INVALID);
+    assert_true(ndm_manager_new(plain, "x").id == 0);
+    assert_int_equal(ndm_last_status(), NDM_E_INVALID);
+    assert_error_has("not a manager handle");
+    /* the real ones still work */
+    assert_int_equal(ndm_array_ndim(a), 1);
+    assert_ok(ndm_array_release(a));
+    assert_manager_empty(m);
+}
+
 /* First in the suite: the tree lock is still biased to this thread when the
  * other thread starts using it. */
 static void test_tree_lock_taken_from_another_thread(void **state)
@@ -622,6 +660,7 @@ int main(void)
         TEST(test_close_gives_back_between_its_own_arrays),
         TEST(test_flat_binary_matches_general_path),
         TEST(test_flat_inplace_overlapping_buffers_read_a_copy),
+        TEST(test_handle_check_refuses_other_kinds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -243,6 +243,10 @@ static inline void ndm__mlock_drop(ndm__manager *m)
 
 extern _Atomic(ndm__array *) ndm__array_chunks[NDM__MAX_CHUNKS];
 extern _Atomic(ndm__manager *) ndm__manager_chunks[NDM__MAX_CHUNKS];
+/* Array slots below this have their chunk: one compare tells a slot that may
+ * hold an array from one that never did (stored after the chunk, released). */
+extern _Atomic uint32_t ndm__array_high;
+extern _Atomic uint32_t ndm__manager_high;
 
 static inline uint32_t ndm__id_slot(uint64_t id) { return (uint32_t)id; }
 static inline uint32_t ndm__id_gen(uint64_t id) { return (uint32_t)(id >> 32) & 0x7fffffffu; }
@@ -285,26 +289,42 @@ static inline ndm_manager ndm__manager_handle(uint32_t slot, uint32_t gen)
 
 /* Fast checks with no error reporting. The generation alone tells a live
  * array: a slot's generation moves on when its array dies, and a handle with
- * the new one exists only once the next array there is made. */
+ * the new one exists only once the next array there is made. A record's
+ * generation is never 0 and never has bit 31 set, so the compare with the
+ * handle's upper half also refuses the null handle and manager handles: a
+ * check is one compare for the slot, one load for the chunk, one compare
+ * for the generation. */
 static inline ndm__array *ndm__array_peek(ndm_array h)
 {
-    if (NDM__UNLIKELY(h.id & NDM__KIND_MANAGER) || (uint32_t)h.id >= (NDM__MAX_CHUNKS << NDM__CHUNK_BITS))
+    uint32_t slot = ndm__id_slot(h.id);
+    if (NDM__UNLIKELY(slot >= atomic_load_explicit(&ndm__array_high, memory_order_acquire)))
         return NULL;
-    ndm__array *r = ndm__array_slot(ndm__id_slot(h.id));
-    if (NDM__UNLIKELY(!r) ||
-        atomic_load_explicit(&r->gen, memory_order_acquire) != ndm__id_gen(h.id))
+    ndm__array *r = ndm__array_rec(slot);
+    if (NDM__UNLIKELY(atomic_load_explicit(&r->gen, memory_order_acquire) !=
+                      (uint32_t)(h.id >> 32)))
         return NULL;
+#if defined(__GNUC__)
+    /* (read through, so not null: callers need not test it again) */
+    if (!r)
+        __builtin_unreachable();
+#endif
     return r;
 }
 static inline ndm__manager *ndm__manager_peek(ndm_manager h)
 {
-    if (NDM__UNLIKELY(!(h.id & NDM__KIND_MANAGER)) || (uint32_t)h.id >= (NDM__MAX_CHUNKS << NDM__CHUNK_BITS))
+    uint32_t slot = ndm__id_slot(h.id);
+    if (NDM__UNLIKELY(slot >= atomic_load_explicit(&ndm__manager_high, memory_order_acquire)))
         return NULL;
-    ndm__manager *r = ndm__manager_slot(ndm__id_slot(h.id));
-    if (NDM__UNLIKELY(!r) ||
-        atomic_load_explicit(&r->gen, memory_order_acquire) != ndm__id_gen(h.id) ||
+    ndm__manager *r = ndm__manager_rec(slot);
+    /* the kind bit lands on bit 31 of the handle's upper half */
+    if (NDM__UNLIKELY((atomic_load_explicit(&r->gen, memory_order_acquire) | 0x80000000u) !=
+                      (uint32_t)(h.id >> 32)) ||
         !(atomic_load_explicit(&r->state, memory_order_acquire) & NDM__M_LIVE))
         return NULL;
+#if defined(__GNUC__)
+    if (!r)
+        __builtin_unreachable();
+#endif
     return r;
 }
 

@@ -13,6 +13,8 @@
 
 _Atomic(ndm__array *) ndm__array_chunks[NDM__MAX_CHUNKS];
 _Atomic(ndm__manager *) ndm__manager_chunks[NDM__MAX_CHUNKS];
+_Atomic uint32_t ndm__array_high;
+_Atomic uint32_t ndm__manager_high;
 
 /* Free slots wait in a global FIFO. Managers are few and use it one slot at
  * a time (under the tree lock, not the table's); array slots move between it
@@ -83,6 +85,7 @@ uint32_t ndm__manager_slot_alloc(void)
         t->nfree--;
     } else if (ensure_chunk(true, t->high)) {
         s = t->high++;
+        atomic_store_explicit(&ndm__manager_high, t->high, memory_order_release);
     }
     return s;
 }
@@ -128,6 +131,7 @@ static uint32_t arrays_take(uint32_t *out, uint32_t n)
     }
     while (k < n && ensure_chunk(false, t->high))
         out[k++] = t->high++;
+    atomic_store_explicit(&ndm__array_high, t->high, memory_order_release);
     pthread_mutex_unlock(&t->lock);
     return k;
 }
