@@ -20,7 +20,7 @@ typedef struct free_batch {
     ndm__manager *owner; /* NULL: every charge is given back at once */
     int slot;            /* owner's accounting slot gathered in `bytes` */
     int64_t bytes;
-    ndm__block blocks[FREE_BATCH];
+    void *cookies[FREE_BATCH];
 } free_batch;
 
 static void batch_init(free_batch *fb, ndm__manager *m)
@@ -38,31 +38,39 @@ static void batch_flush(free_batch *fb)
         fb->bytes = 0;
     }
     if (fb->n) {
-        ndm__free_many(fb->dev, fb->blocks, (size_t)fb->n);
+        ndm__free_many(fb->dev, fb->cookies, (size_t)fb->n);
         fb->n = 0;
     }
+}
+
+static inline bool same_device(ndm_device a, ndm_device b)
+{
+    return a.type == b.type && a.index == b.index;
 }
 
 /* Free the storage's memory (now, or with the batch fb when given) and give
  * its bytes back; refs reached 0. */
 static NDM__ALWAYS_INLINE void storage_destroy(ndm__storage *s, free_batch *fb)
 {
-    if (fb && fb->owner && s->charged == fb->owner->self && s->dev == fb->slot)
+    int dev = ndm__device_slot(s->device);
+    if (fb && fb->owner && s->charged == fb->owner->self && dev == fb->slot)
         fb->bytes += (int64_t)s->nbytes;
     else
-        ndm__uncharge(ndm__manager_rec(s->charged), s->dev, (int64_t)s->nbytes);
-    if (s->block.cookie || s->block.ptr) {
+        ndm__uncharge(ndm__manager_rec(s->charged), dev, (int64_t)s->nbytes);
+    if (s->cookie) {
         if (!fb) {
-            ndm__free(s->device, &s->block);
+            ndm__block b = {s->data, s->cookie, 0};
+            ndm__free(s->device, &b);
             return;
         }
-        if (fb->n == FREE_BATCH || (fb->n && (fb->dev.type != s->device.type ||
-                                              fb->dev.index != s->device.index)))
+        if (fb->n == FREE_BATCH || (fb->n && !same_device(fb->dev, s->device)))
             batch_flush(fb);
         fb->dev = s->device;
-        fb->blocks[fb->n++] = s->block;
-    } else if (s->free_fn) {
-        s->free_fn(s->data, s->free_ud);
+        fb->cookies[fb->n++] = s->cookie;
+    } else {
+        ndm__storage_cold *c = ndm__storage_cold_of(s);
+        if (c->free_fn)
+            c->free_fn(s->data, c->free_ud);
     }
 }
 
@@ -183,7 +191,7 @@ NDM__COLD ndm__array *ndm__array_lookup_failed(ndm_array h, const char *api,
     uint32_t want = (ndm__id_gen(h.id) + 1) & 0x7fffffffu;
     uint32_t g1 = atomic_load_explicit(&d->gen, memory_order_acquire);
     char desc[160], made[256], died[256], path[512];
-    ndm__site dead_site = d->dead_site, site = d->site;
+    ndm__site dead_site = ndm__array_dead_site(d), site = ndm__array_site(d);
     uint32_t by = d->dead_by, by_gen = d->dead_by_gen;
     ndm__array_desc(d, desc, sizeof desc);
     bool was_live = atomic_load_explicit(&d->live, memory_order_acquire);
@@ -362,7 +370,8 @@ static NDM__COLD ndm_array started_closing(ndm__manager *m, const char *api,
     return NDM_NULL_ARRAY;
 }
 
-/* The fields every new record sets; the storage s is its own or a base's. */
+/* The fields every new record sets; the storage s is its own or a base's.
+ * (The view-list links are set only for a view, see ndm__array_view.) */
 static inline void record_init(ndm__array *r, ndm_dtype dtype, ndm__storage *s,
                                const ndm__site *site)
 {
@@ -370,26 +379,22 @@ static inline void record_init(ndm__array *r, ndm_dtype dtype, ndm__storage *s,
     r->offset = 0;
     r->storage = s;
     r->ext = NULL;
-    r->sv_prev = r->sv_next = 0;
     r->lender = r->lender_gen = 0;
-    r->site.file = site->file;
-    r->site.func = site->func;
-    r->site.line = site->line;
+    r->made_file = site->file;
+    r->made_func = site->func;
+    r->made_line = site->line;
     r->epoch = atomic_load_explicit(&ndm__epoch, memory_order_relaxed);
 }
 
-/* A fresh storage in r's own room, charged to m. Nothing can reach it yet:
- * the slot's previous storage died before the slot was freed. */
-static inline ndm__storage *storage_init(ndm__array *r, ndm__manager *m, int d, ndm_device dev,
+/* A fresh storage in r's own room, charged to m, with r its one view (no
+ * list: see ndm__storage_cold). Nobody can reach it yet: the slot's previous
+ * storage died before the slot was freed, its lock free and its list ended. */
+static inline ndm__storage *storage_init(ndm__array *r, ndm__manager *m, ndm_device dev,
                                          size_t nbytes)
 {
     ndm__storage *s = &r->own;
     atomic_init(&s->refs, 1);
-    atomic_init(&s->lock.v, 0);
     s->charged = m->self;
-    s->charged_views = 1;
-    s->first_view = r->self;
-    s->dev = d;
     s->device = dev;
     s->nbytes = nbytes;
     return s;
@@ -457,15 +462,17 @@ ndm_array ndm__array_new_in(const ndm__site *site, const char *api, ndm__manager
     ndm__array *r = ndm__array_rec(slot);
     ndm__storage *s = &r->own;
     ndm__alloc_tag tag = {m->self, site->file, site->func, site->line};
-    if (NDM__UNLIKELY(ndm__alloc(dev, nbytes, &tag, &s->block) < 0)) {
+    ndm__block blk;
+    if (NDM__UNLIKELY(ndm__alloc(dev, nbytes, &tag, &blk) < 0)) {
         /* The allocator's message says what it had; name the caller too. */
         ndm__fail(ndm_last_status(), api, *site, "%s", ndm_last_error());
         goto fail;
     }
-    s->data = s->block.ptr;
+    s->data = blk.ptr;
+    s->cookie = blk.cookie;
     record_init(r, dtype, s, site);
     if (NDM__UNLIKELY(dims_place(r, ndim, api, site) < 0)) {
-        ndm__free(dev, &s->block);
+        ndm__free(dev, &blk);
         goto fail;
     }
     int64_t *sizes = r->shape, *strides = r->strides, stride = 1;
@@ -475,11 +482,11 @@ ndm_array ndm__array_new_in(const ndm__site *site, const char *api, ndm__manager
         strides[i] = stride;
         stride *= e ? e : 1;
     }
-    storage_init(r, m, d, dev, nbytes);
+    storage_init(r, m, dev, nbytes);
     if (NDM__UNLIKELY(!link_new(m, r, d, (int64_t)nbytes))) {
         started_closing(m, api, site);
         free_dims(r);
-        ndm__free(dev, &s->block);
+        ndm__free(dev, &blk);
         goto fail;
     }
     atomic_store_explicit(&r->live, 1, memory_order_release);
@@ -530,11 +537,11 @@ ndm_array ndm__array_wrap(ndm__site site, const char *api, ndm_manager mh, ndm_d
     record_init(r, dtype, s, &site);
     if (set_dims(r, ndim, shape, NULL, api, &site) < 0)
         goto fail;
-    storage_init(r, m, d, m->device, nbytes);
+    storage_init(r, m, m->device, nbytes);
     s->data = data;
-    s->block = (ndm__block){0};
-    s->free_fn = free_fn;
-    s->free_ud = ud;
+    s->cookie = NULL;
+    r->own_cold.free_fn = free_fn;
+    r->own_cold.free_ud = ud;
     if (!link_new(m, r, d, (int64_t)nbytes)) {
         started_closing(m, api, &site);
         free_dims(r);
@@ -578,15 +585,24 @@ ndm_array ndm__array_view(ndm__site site, const char *api, ndm_manager mh, ndm__
         ndm__array_slot_free(slot);
         return started_closing(m, api, &site);
     }
-    ndm__lock_take(&s->lock);
+    ndm__storage_cold *c = ndm__storage_cold_of(s);
+    ndm__lock_take(&c->lock);
     atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
-    r->sv_next = s->first_view;
-    if (s->first_view)
-        ndm__array_slot(s->first_view)->sv_prev = slot;
-    s->first_view = slot;
+    if (!c->first_view) {
+        /* The second view: the list starts with the home, the one view so
+         * far, which holds the charge. */
+        ndm__array *home = ndm__storage_home(s);
+        home->sv_prev = home->sv_next = 0;
+        c->first_view = home->self;
+        c->charged_views = 1;
+    }
+    r->sv_prev = 0;
+    r->sv_next = c->first_view;
+    ndm__array_rec(c->first_view)->sv_prev = slot;
+    c->first_view = slot;
     if (s->charged == m->self)
-        s->charged_views++;
-    ndm__lock_drop(&s->lock);
+        c->charged_views++;
+    ndm__lock_drop(&c->lock);
     link_into(m, r);
     m->live++;
     m->created++;
@@ -602,9 +618,12 @@ ndm_array ndm__array_view(ndm__site site, const char *api, ndm_manager mh, ndm__
 /* Count the views of s owned by manager slot `mgr`; storage lock held. */
 static uint32_t count_views(ndm__storage *s, uint32_t mgr)
 {
+    uint32_t first = ndm__storage_cold_of(s)->first_view;
+    if (!first)
+        return ndm__storage_home(s)->mgr == mgr;
     uint32_t n = 0;
-    for (uint32_t v = s->first_view; v; v = ndm__array_slot(v)->sv_next)
-        if (ndm__array_slot(v)->mgr == mgr)
+    for (uint32_t v = first; v; v = ndm__array_rec(v)->sv_next)
+        if (ndm__array_rec(v)->mgr == mgr)
             n++;
     return n;
 }
@@ -615,8 +634,11 @@ static uint32_t count_views(ndm__storage *s, uint32_t mgr)
 static NDM__ALWAYS_INLINE void storage_dies(ndm__storage *s, ndm__array *dying, free_batch *fb)
 {
     storage_destroy(s, fb);
-    if (s != &dying->own)
+    if (s != &dying->own) {
+        /* The last view was another record's: the home's list ends with it. */
+        ndm__storage_cold_of(s)->first_view = 0;
         ndm__array_slot_free(ndm__storage_home(s)->self);
+    }
 }
 
 /* View r of storage s dies; its manager was `from`. Manager lock of `from`
@@ -640,32 +662,38 @@ static NDM__ALWAYS_INLINE bool view_dies(ndm__array *r, ndm__manager *from, free
 static bool shared_view_dies(ndm__array *r, ndm__manager *from, free_batch *fb)
 {
     ndm__storage *s = r->storage;
-    ndm__lock_take(&s->lock);
+    ndm__storage_cold *c = ndm__storage_cold_of(s);
+    ndm__lock_take(&c->lock);
+    /* Listed: more than one view was alive when this one started to die. */
     if (r->sv_prev)
-        ndm__array_slot(r->sv_prev)->sv_next = r->sv_next;
+        ndm__array_rec(r->sv_prev)->sv_next = r->sv_next;
     else
-        s->first_view = r->sv_next;
+        c->first_view = r->sv_next;
     if (r->sv_next)
-        ndm__array_slot(r->sv_next)->sv_prev = r->sv_prev;
+        ndm__array_rec(r->sv_next)->sv_prev = r->sv_prev;
     unsigned left = atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) - 1;
     if (left == 0) {
-        ndm__lock_drop(&s->lock);
+        ndm__lock_drop(&c->lock);
         storage_dies(s, r, fb);
         return false;
     }
-    if (s->charged == from->self && --s->charged_views == 0) {
+    if (s->charged == from->self && --c->charged_views == 0) {
         /* The charged manager holds no view any more: the charge moves to the
          * manager of the newest remaining view. */
-        uint32_t to_slot = ndm__array_slot(s->first_view)->mgr;
+        uint32_t to_slot = ndm__array_rec(c->first_view)->mgr;
         ndm__manager *to = ndm__manager_slot(to_slot);
         /* to's lock is not held (taking it here could invert the lock order):
          * the bytes land in its inbox */
-        ndm__charge_move(from, to, s->dev, (int64_t)s->nbytes, true, true, NULL, NDM__NO_SITE);
+        ndm__charge_move(from, to, ndm__device_slot(s->device), (int64_t)s->nbytes, true, true,
+                         NULL, NDM__NO_SITE);
         s->charged = to_slot;
-        s->charged_views = count_views(s, to_slot);
-        ndm__alloc_retag(&s->block, to_slot);
+        c->charged_views = count_views(s, to_slot);
+        ndm__alloc_retag(s->cookie, to_slot);
     }
-    ndm__lock_drop(&s->lock);
+    /* The home alone again (it holds the charge then): the list ends. */
+    if (left == 1 && c->first_view == ndm__storage_home(s)->self)
+        c->first_view = 0;
+    ndm__lock_drop(&c->lock);
     return s == &r->own;
 }
 
@@ -677,9 +705,9 @@ static NDM__ALWAYS_INLINE void array_dies(ndm__array *r, ndm__manager *from,
                                           const ndm__site *site, uint32_t by, uint32_t by_gen,
                                           free_batch *fb)
 {
-    r->dead_site.file = site->file;
-    r->dead_site.func = site->func;
-    r->dead_site.line = site->line;
+    r->dead_file = site->file;
+    r->dead_func = site->func;
+    r->dead_line = site->line;
     r->dead_by = by;
     r->dead_by_gen = by_gen;
     free_dims(r);
@@ -704,27 +732,32 @@ static ndm_status view_moves(ndm__array *r, ndm__manager *from, ndm__manager *to
                              const char *api, ndm__site where)
 {
     ndm__storage *s = r->storage;
+    ndm__storage_cold *c = ndm__storage_cold_of(s);
     bool shared = atomic_load_explicit(&s->refs, memory_order_acquire) > 1;
     if (shared)
-        ndm__lock_take(&s->lock);
+        ndm__lock_take(&c->lock);
+    /* Unshared and unlisted, r is the home and holds the charge alone. */
+    bool listed = c->first_view != 0;
     ndm_status st = NDM_OK;
     if (s->charged == from->self) {
-        if (s->charged_views == 1) {
+        if (!listed || c->charged_views == 1) {
             /* r is the charged manager's last view: the charge follows it. */
-            st = ndm__charge_move(from, to, s->dev, (int64_t)s->nbytes, force, false, api, where);
+            st = ndm__charge_move(from, to, ndm__device_slot(s->device), (int64_t)s->nbytes,
+                                  force, false, api, where);
             if (st == NDM_OK) {
                 s->charged = to->self;
-                s->charged_views = shared ? count_views(s, to->self) + 1 : 1;
-                ndm__alloc_retag(&s->block, to->self);
+                if (listed)
+                    c->charged_views = shared ? count_views(s, to->self) + 1 : 1;
+                ndm__alloc_retag(s->cookie, to->self);
             }
         } else {
-            s->charged_views--;
+            c->charged_views--;
         }
     } else if (s->charged == to->self) {
-        s->charged_views++;
+        c->charged_views++;
     }
     if (shared)
-        ndm__lock_drop(&s->lock);
+        ndm__lock_drop(&c->lock);
     return st;
 }
 
@@ -991,7 +1024,7 @@ static ndm_status move(ndm_array h, ndm_manager target, enum move_kind kind, con
             return ndm__fail(NDM_E_CAPPED, api, site,
                              "manager '%s' is capped; array %s created at %s refused", path,
                              ndm__array_desc(r, desc, sizeof desc),
-                             ndm__site_str(r->site, made, sizeof made));
+                             ndm__site_str(ndm__array_site(r), made, sizeof made));
         } else {
             st = view_moves(r, from, to, kind == MOVE_DETACH, api, site);
         }

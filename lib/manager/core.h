@@ -60,29 +60,39 @@ static inline void ndm__lock_drop(ndm__lock *l)
 /* A storage lives inside the record of the array that made it (its home), so
  * a new array takes one record and no header. When the home array dies while
  * other views still use the storage, its slot is not reused until the last
- * view dies and frees it: the storage's memory is never reused under a view. */
+ * view dies and frees it: the storage's memory is never reused under a view.
+ * Here are the fields that the creation and the death of every array touch;
+ * the rest (ndm__storage_cold) waits in the home record's cold lines. */
 typedef struct ndm__storage {
     atomic_uint refs;          /* array records viewing it */
-    ndm__lock lock;            /* guards the view list and the charge once shared */
     uint32_t charged;          /* manager slot charged with nbytes */
-    uint32_t charged_views;    /* views owned by `charged` */
-    uint32_t first_view;       /* list of views (array slots), newest first */
-    int dev;                   /* accounting slot of `device` */
     ndm_device device;
     void *data;
-    ndm__block block;          /* from the allocator; zeroed for wrapped buffers */
+    void *cookie;              /* the allocator's block; NULL for a wrapped buffer */
     size_t nbytes;
-    ndm_free_fn free_fn;       /* wrapped buffers only (block zeroed) */
-    void *free_ud;
 } ndm__storage;
+
+/* The parts of a storage that matter once a second view exists, or for a
+ * wrapped buffer. While a storage has one view, its home, no view list is
+ * kept (first_view is 0) and that view holds the charge: the list starts
+ * when a second view comes and ends when the home is alone again or the
+ * storage dies, so a plain array never touches these. */
+typedef struct ndm__storage_cold {
+    ndm__lock lock;            /* guards the view list and the charge; free when idle */
+    uint32_t first_view;       /* views (array slots), newest first; 0: the home alone */
+    uint32_t charged_views;    /* views owned by `charged`, while listed */
+    ndm_free_fn free_fn;       /* wrapped buffers only (cookie NULL) */
+    void *free_ud;
+} ndm__storage_cold;
 
 /* ---- array records ------------------------------------------------------ */
 
-/* Laid out by use: a lookup and a kernel call read the first cache line;
- * the creation of a rank-1 array and any array's death touch the first four
- * and no other. */
+/* Laid out by use, one record per 64-byte lines, the chunks aligned to them.
+ * A lookup and a kernel call read the first line; the creation of an array
+ * of rank 0 or 1 and the death of any array touch the first three and no
+ * other. Views, borrowed arrays and long shapes reach the last two. */
 typedef struct ndm__array {
-    atomic_uint gen;           /* generation of the slot; a handle must match it */
+    _Alignas(64) atomic_uint gen; /* generation of the slot; a handle must match it */
     atomic_uint live;          /* 1 while the slot holds an array */
     uint32_t self;             /* this record's slot number */
     uint32_t mgr;              /* owning manager slot */
@@ -93,24 +103,50 @@ typedef struct ndm__array {
     int64_t *strides;          /* = dims + ndim or heap */
     ndm__storage *storage;     /* &own, or the own storage of another record */
     void *ext;                 /* per-array extension (autograd) */
-    /* second line */
+    /* second line: the owner's list, where it was made and how it died */
     uint32_t prev, next;       /* owner's array list: prev is newer, next is older */
-    uint32_t sv_prev, sv_next; /* storage's view list */
     uint32_t lender;           /* temp_attach: manager slot to return to (0: none) */
     uint32_t lender_gen;
     uint32_t dead_by, dead_by_gen; /* manager whose close released it (0: released directly) */
+    int made_line, dead_line;
+    const char *made_file, *made_func; /* creation site (ndm__array_site) */
+    const char *dead_file, *dead_func; /* death site, kept until the slot is reused */
+    /* third line: the storage this array made (if it made one), a short shape */
     uint64_t epoch;            /* mark epoch at creation (see ndm_mark) */
-    ndm__site site;
-    /* third and fourth lines */
-    ndm__storage own;          /* the storage this array made, if it made one */
-    ndm__site dead_site;       /* how the array died, kept until the slot is reused */
+    ndm__storage own;
     int64_t dims[2 * NDM__INLINE_DIMS]; /* shape then strides, for ranks up to the limit */
+    /* cold */
+    uint32_t sv_prev, sv_next; /* the storage's view list, while listed */
+    ndm__storage_cold own_cold;
 } ndm__array;
 
-/* The record a storage lives in. */
+_Static_assert(offsetof(ndm__array, prev) == 64 && offsetof(ndm__array, epoch) == 128 &&
+                   offsetof(ndm__array, dims) + 2 * sizeof(int64_t) == 192,
+               "the lines of an array record");
+
+static inline ndm__site ndm__array_site(const ndm__array *r)
+{
+    return (ndm__site){r->made_file, r->made_func, r->made_line};
+}
+static inline ndm__site ndm__array_dead_site(const ndm__array *r)
+{
+    return (ndm__site){r->dead_file, r->dead_func, r->dead_line};
+}
+
+/* The record a storage lives in, and the storage's cold part there. */
 static inline struct ndm__array *ndm__storage_home(ndm__storage *s)
 {
     return (struct ndm__array *)(void *)((char *)s - offsetof(struct ndm__array, own));
+}
+static inline ndm__storage_cold *ndm__storage_cold_of(ndm__storage *s)
+{
+    return &ndm__storage_home(s)->own_cold;
+}
+/* Views of s owned by its charged manager; its lock held, or s unshared. */
+static inline uint32_t ndm__storage_charged_views(ndm__storage *s)
+{
+    ndm__storage_cold *c = ndm__storage_cold_of(s);
+    return c->first_view ? c->charged_views : 1;
 }
 
 /* ---- manager records ---------------------------------------------------- */
@@ -378,13 +414,12 @@ static inline uint32_t ndm__array_slot_alloc(void)
     th->ring_head = (th->ring_head + 1) % NDM__SLOT_RING;
     th->ring_count--;
     /* The FIFO hands out records freed long ago, so they are cold: fetch the
-     * next one for writing now, while this one is being filled. */
+     * next one's three hot lines for writing now, while this one is filled. */
     if (th->ring_count) {
         char *next = (char *)ndm__array_rec(th->ring[th->ring_head]);
         __builtin_prefetch(next, 1, 3);
         __builtin_prefetch(next + 64, 1, 3);
         __builtin_prefetch(next + 128, 1, 3);
-        __builtin_prefetch(next + 192, 1, 3);
     }
     return s;
 }

@@ -60,9 +60,11 @@ static bool ensure_chunk(bool managers, uint32_t slot)
     } else {
         if (atomic_load_explicit(&ndm__array_chunks[c], memory_order_relaxed))
             return true;
-        ndm__array *p = calloc(NDM__CHUNK_SIZE, sizeof *p);
+        /* aligned to the records' lines (see ndm__array) */
+        ndm__array *p = aligned_alloc(_Alignof(ndm__array), NDM__CHUNK_SIZE * sizeof *p);
         if (!p)
             return false;
+        memset(p, 0, NDM__CHUNK_SIZE * sizeof *p);
         for (uint32_t i = 0; i < NDM__CHUNK_SIZE; i++) {
             atomic_init(&p[i].gen, 1);
             p[i].self = (c << NDM__CHUNK_BITS) | i;

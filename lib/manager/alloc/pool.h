@@ -401,9 +401,10 @@ refuse:
     return false;
 }
 
-/* Cache blocks[0..k) as ndm__tc_try_free would, one after another, with the
- * counters stored once; returns k (the first block refused stops it). */
-size_t ndm__tc_try_free_many(ndm__pool *p, const ndm__block *blks, size_t n);
+/* Cache the blocks of cookies[0..k) as ndm__tc_try_free would, one after
+ * another, with the counters stored once; returns k (the first block refused
+ * stops it). */
+size_t ndm__tc_try_free_many(ndm__pool *p, void *const *cookies, size_t n);
 
 /* ---- rounding and the fast paths, inline for ndm__alloc and ndm__free ---------- */
 
