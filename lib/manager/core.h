@@ -23,7 +23,9 @@
 #define NDM__ALWAYS_INLINE inline __attribute__((always_inline))
 /* An error path kept out of the caller, so the caller needs no frame. */
 #define NDM__COLD __attribute__((noinline, cold))
+#define NDM__NOINLINE __attribute__((noinline))
 #else
+#define NDM__NOINLINE
 #define NDM__LIKELY(x) (x)
 #define NDM__UNLIKELY(x) (x)
 #define NDM__ALWAYS_INLINE inline
@@ -158,7 +160,11 @@ enum {
     NDM__M_CAP_CHILDREN = 1u << 3,
     NDM__M_SCOPE = 1u << 4,
     NDM__M_BUILTIN = 1u << 5,    /* system, detached */
+    NDM__M_LIMITED = 1u << 6,    /* limit_anchor is set: byte limits apply */
 };
+/* The cases a new array must check for; one test of the state on the
+ * common path, where none applies. */
+#define NDM__M_SLOW_NEW (NDM__M_CLOSING | NDM__M_CAP_ARRAYS | NDM__M_LIMITED)
 #define NDM__CAP_SHIFT 2
 
 typedef struct ndm__limits {
@@ -210,7 +216,9 @@ typedef struct ndm__manager {
     /* Storage bytes charged here: bytes + inbox. bytes and peak change under
      * `lock`; a charge moved here by a thread that holds another manager's
      * lock (a view dying elsewhere) lands in inbox, so no thread ever takes a
-     * second manager lock out of order. */
+     * second manager lock out of order. The peak is the larger of `peak` and
+     * the total: a total only falls after ndm__bytes_sub folded it into
+     * `peak`, so a creation counts its bytes with no compare. */
     int64_t bytes[NDM__MAX_DEVICES];
     int64_t peak[NDM__MAX_DEVICES];
     _Atomic int64_t inbox[NDM__MAX_DEVICES];
@@ -237,10 +245,9 @@ void ndm__bias_revoke(atomic_bool *biased, atomic_uint *busy);
 void ndm__mlock_slow(ndm__manager *m);   /* clear the bias if set; take the lock */
 
 /* Take m's lock; true when taken on the creator's fast path. Hand the
- * result to ndm__mlock_release. */
-static inline bool ndm__mlock_acquire(ndm__manager *m)
+ * result to ndm__mlock_release. `t` is the calling thread's state (or NULL). */
+static inline bool ndm__mlock_acquire_as(ndm__manager *m, ndm__thread *t)
 {
-    ndm__thread *t = ndm__tls;
     if (NDM__LIKELY(t && t->id == atomic_load_explicit(&m->creator, memory_order_relaxed))) {
         atomic_store_explicit(&m->busy, 1, memory_order_relaxed);
         atomic_signal_fence(memory_order_seq_cst);
@@ -251,6 +258,7 @@ static inline bool ndm__mlock_acquire(ndm__manager *m)
     ndm__mlock_slow(m);
     return false;
 }
+static inline bool ndm__mlock_acquire(ndm__manager *m) { return ndm__mlock_acquire_as(m, ndm__tls); }
 
 static inline void ndm__mlock_release(ndm__manager *m, bool fast)
 {
@@ -405,24 +413,17 @@ static inline ndm_manager ndm__manager_handle_of(ndm__manager *r)
 uint32_t ndm__array_slot_alloc_slow(void);
 void ndm__array_slot_free_slow(uint32_t slot);
 
-static inline uint32_t ndm__array_slot_alloc(void)
+/* `th` is the calling thread's state (ndm__tls, NULL when not made yet). */
+static inline uint32_t ndm__array_slot_alloc_as(ndm__thread *th)
 {
-    ndm__thread *th = ndm__tls;
     if (NDM__UNLIKELY(!th || th->ring_count <= NDM__SLOT_RESERVE))
         return ndm__array_slot_alloc_slow();
     uint32_t s = th->ring[th->ring_head];
     th->ring_head = (th->ring_head + 1) % NDM__SLOT_RING;
     th->ring_count--;
-    /* The FIFO hands out records freed long ago, so they are cold: fetch the
-     * next one's three hot lines for writing now, while this one is filled. */
-    if (th->ring_count) {
-        char *next = (char *)ndm__array_rec(th->ring[th->ring_head]);
-        __builtin_prefetch(next, 1, 3);
-        __builtin_prefetch(next + 64, 1, 3);
-        __builtin_prefetch(next + 128, 1, 3);
-    }
     return s;
 }
+static inline uint32_t ndm__array_slot_alloc(void) { return ndm__array_slot_alloc_as(ndm__tls); }
 
 static inline void ndm__array_slot_free(uint32_t slot)
 {
@@ -434,6 +435,8 @@ static inline void ndm__array_slot_free(uint32_t slot)
     th->ring[(th->ring_head + th->ring_count) % NDM__SLOT_RING] = slot;
     th->ring_count++;
 }
+/* Free n slots at once, as n ndm__array_slot_free calls would. */
+void ndm__array_slot_free_many(const uint32_t *slots, uint32_t n);
 uint32_t ndm__manager_slot_alloc(void);   /* under the tree lock */
 void ndm__manager_slot_free(uint32_t slot); /* under the tree lock */
 
@@ -553,13 +556,25 @@ static inline int64_t ndm__bytes_of(ndm__manager *m, int dev)
 {
     return m->bytes[dev] + atomic_load_explicit(&m->inbox[dev], memory_order_relaxed);
 }
-/* Count bytes in m (its lock held), raising its peak. */
+/* Count bytes in m (its lock held); the peak follows lazily. */
 static inline void ndm__bytes_add(ndm__manager *m, int dev, int64_t bytes)
 {
     m->bytes[dev] += bytes;
+}
+/* Take bytes out of m's count (its lock held), the total so far folded
+ * into its peak first. */
+static inline void ndm__bytes_sub(ndm__manager *m, int dev, int64_t bytes)
+{
     int64_t now = ndm__bytes_of(m, dev);
     if (now > m->peak[dev])
         m->peak[dev] = now;
+    m->bytes[dev] -= bytes;
+}
+/* The highest total m has held on dev (its lock held). */
+static inline int64_t ndm__bytes_peak(ndm__manager *m, int dev)
+{
+    int64_t now = ndm__bytes_of(m, dev);
+    return now > m->peak[dev] ? now : m->peak[dev];
 }
 
 /* Give back the bytes of a dead storage: m's count (its lock held) and limits. */
@@ -567,7 +582,7 @@ static inline void ndm__uncharge(ndm__manager *m, int dev, int64_t bytes)
 {
     if (NDM__UNLIKELY(atomic_load_explicit(&m->limit_anchor, memory_order_relaxed) != 0))
         ndm__limit_release(m, dev, bytes);
-    m->bytes[dev] -= bytes;
+    ndm__bytes_sub(m, dev, bytes);
 }
 /* Would moving `bytes` from `from` to `to` fit the limits? (no change made) */
 ndm_status ndm__charge_check(ndm__manager *from, ndm__manager *to, int dev, int64_t bytes,

@@ -25,7 +25,7 @@ static void read_figures(ndm__manager *m, figures *f)
     f->resources = m->resources;
     for (int d = 0; d < NDM__MAX_DEVICES; d++) {
         f->bytes[d] = ndm__bytes_of(m, d);
-        f->peak[d] = m->peak[d] > f->bytes[d] ? m->peak[d] : f->bytes[d];
+        f->peak[d] = ndm__bytes_peak(m, d);
     }
     ndm__mlock_drop(m);
     f->children = m->children;

@@ -225,6 +225,20 @@ void ndm__array_slot_free_slow(uint32_t slot)
     th->ring_count++;
 }
 
+void ndm__array_slot_free_many(const uint32_t *slots, uint32_t n)
+{
+    ndm__thread *th = ndm__tls;
+    if (!th || th->ring_count + n > NDM__SLOT_RING) {
+        for (uint32_t i = 0; i < n; i++)
+            ndm__array_slot_free(slots[i]);
+        return;
+    }
+    uint32_t tail = (th->ring_head + th->ring_count) % NDM__SLOT_RING;
+    for (uint32_t i = 0; i < n; i++)
+        th->ring[(tail + i) % NDM__SLOT_RING] = slots[i];
+    th->ring_count += n;
+}
+
 void ndm__lock_slow(ndm__lock *l)
 {
     for (unsigned spins = 0;; spins++) {
