@@ -27,10 +27,34 @@ static bool dims_get(dims *d, int ndim)
     return true;
 }
 
+/* dims_get that reports a failure. */
+static bool dims_new(dims *d, int ndim, const char *api, ndm__site site)
+{
+    if (dims_get(d, ndim))
+        return true;
+    ndm__fail(NDM_E_OOM, api, site, "no memory for a rank-%d shape", ndim);
+    return false;
+}
+
 static void dims_put(dims *d)
 {
     if (d->shape != d->small)
         free(d->shape);
+}
+
+/* r's axes but axis `drop` (all its size-1 axes when drop < 0) into d;
+ * returns how many. */
+static int kept_axes(const ndm__array *r, int drop, dims *d)
+{
+    int k = 0;
+    for (int j = 0; j < r->ndim; j++) {
+        if (drop >= 0 ? j == drop : r->shape[j] == 1)
+            continue;
+        d->shape[k] = r->shape[j];
+        d->strides[k] = r->strides[j];
+        k++;
+    }
+    return k;
 }
 
 /* Look up the input and the output manager. */
@@ -145,10 +169,8 @@ NDM_API ndm_array ndm_reshape_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array 
         return NDM_NULL_ARRAY;
     }
     dims d;
-    if (!dims_get(&d, ndim)) {
-        ndm__fail(NDM_E_OOM, __func__, site, "no memory for a rank-%d shape", ndim);
+    if (!dims_new(&d, ndim, __func__, site))
         return NDM_NULL_ARRAY;
-    }
     ndm_array res = NDM_NULL_ARRAY;
     int infer = -1;
     int64_t known = 1, total = ndm__numel(r->ndim, r->shape);
@@ -210,10 +232,8 @@ NDM_API ndm_array ndm_permute_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array 
         return NDM_NULL_ARRAY;
     }
     dims d;
-    if (!dims_get(&d, nd)) {
-        ndm__fail(NDM_E_OOM, __func__, site, "no memory for a rank-%d shape", nd);
+    if (!dims_new(&d, nd, __func__, site))
         return NDM_NULL_ARRAY;
-    }
     ndm_array res = NDM_NULL_ARRAY;
     ndm__ag_params agp;
     agp.naxes = nd <= NDM__AG_MAX_AXES ? nd : -1;
@@ -260,10 +280,8 @@ NDM_API ndm_array ndm_swapaxes_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array
         ndm__axis(axis2, r->ndim, false, &y, __func__, site) < 0)
         return NDM_NULL_ARRAY;
     dims d;
-    if (!dims_get(&d, r->ndim)) {
-        ndm__fail(NDM_E_OOM, __func__, site, "no memory");
+    if (!dims_new(&d, r->ndim, __func__, site))
         return NDM_NULL_ARRAY;
-    }
     ndm__ag_params agp;
     agp.naxes = r->ndim <= NDM__AG_MAX_AXES ? r->ndim : -1;
     for (int i = 0; i < r->ndim; i++) {
@@ -316,10 +334,8 @@ NDM_API ndm_array ndm_slice_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a,
     else if (step < 0 && stop < start)
         len = (start - stop + (-step) - 1) / (-step);
     dims d;
-    if (!dims_get(&d, r->ndim)) {
-        ndm__fail(NDM_E_OOM, __func__, site, "no memory");
+    if (!dims_new(&d, r->ndim, __func__, site))
         return NDM_NULL_ARRAY;
-    }
     memcpy(d.shape, r->shape, (size_t)r->ndim * sizeof(int64_t));
     memcpy(d.strides, r->strides, (size_t)r->ndim * sizeof(int64_t));
     d.shape[ax] = len;
@@ -356,18 +372,9 @@ NDM_API ndm_array ndm_select_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
         return NDM_NULL_ARRAY;
     }
     dims d;
-    if (!dims_get(&d, r->ndim)) {
-        ndm__fail(NDM_E_OOM, __func__, site, "no memory");
+    if (!dims_new(&d, r->ndim, __func__, site))
         return NDM_NULL_ARRAY;
-    }
-    int k = 0;
-    for (int j = 0; j < r->ndim; j++) {
-        if (j == ax)
-            continue;
-        d.shape[k] = r->shape[j];
-        d.strides[k] = r->strides[j];
-        k++;
-    }
+    int k = kept_axes(r, ax, &d);
     ndm_array res = ndm__array_view(site, __func__, out, r, r->dtype, k, d.shape, d.strides,
                                     r->offset + i * r->strides[ax], NULL);
     ndm__ag_params agp = {.i = {ax, i}};
@@ -394,18 +401,9 @@ NDM_API ndm_array ndm_squeeze_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array 
         }
     }
     dims d;
-    if (!dims_get(&d, r->ndim)) {
-        ndm__fail(NDM_E_OOM, __func__, site, "no memory");
+    if (!dims_new(&d, r->ndim, __func__, site))
         return NDM_NULL_ARRAY;
-    }
-    int k = 0;
-    for (int j = 0; j < r->ndim; j++) {
-        if (ax >= 0 ? j == ax : r->shape[j] == 1)
-            continue;
-        d.shape[k] = r->shape[j];
-        d.strides[k] = r->strides[j];
-        k++;
-    }
+    int k = kept_axes(r, ax, &d);
     ndm_array res = ndm__array_view(site, __func__, out, r, r->dtype, k, d.shape, d.strides,
                                     r->offset, NULL);
     NDM__AG_RECORD(NDM__AG_RESHAPE, res, 1, &a, NULL);
@@ -423,10 +421,8 @@ NDM_API ndm_array ndm_unsqueeze_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_arra
     if (ndm__axis(axis, r->ndim, true, &ax, __func__, site) < 0)
         return NDM_NULL_ARRAY;
     dims d;
-    if (!dims_get(&d, r->ndim + 1)) {
-        ndm__fail(NDM_E_OOM, __func__, site, "no memory");
+    if (!dims_new(&d, r->ndim + 1, __func__, site))
         return NDM_NULL_ARRAY;
-    }
     for (int j = 0, k = 0; j <= r->ndim; j++) {
         if (j == ax) {
             d.shape[j] = 1;
@@ -458,10 +454,8 @@ NDM_API ndm_array ndm_expand_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
         return NDM_NULL_ARRAY;
     }
     dims d;
-    if (!dims_get(&d, ndim)) {
-        ndm__fail(NDM_E_OOM, __func__, site, "no memory");
+    if (!dims_new(&d, ndim, __func__, site))
         return NDM_NULL_ARRAY;
-    }
     ndm_array res = NDM_NULL_ARRAY;
     int lead = ndim - r->ndim;
     for (int j = 0; j < ndim; j++) {
