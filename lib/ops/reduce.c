@@ -189,65 +189,30 @@ done:
     return res;
 }
 
-NDM_API ndm_array ndm_sum_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, bool keepdim,
-                                int naxes, const int *axes)
-{
-    return reduce_impl(NDM__SITE, __func__, NDM__RED_SUM, out, a, keepdim, naxes, axes, 0);
-}
+/* The public reductions: each one line below. */
+#define NDM__REDUCTION(name, OP)                                                \
+    NDM_API ndm_array ndm_##name##_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, \
+                                         bool keepdim, int naxes, const int *axes) \
+    {                                                                           \
+        return reduce_impl(NDM__SITE, __func__, OP, out, a, keepdim, naxes, axes, 0); \
+    }
+#define NDM__REDUCTION_DDOF(name, OP)                                           \
+    NDM_API ndm_array ndm_##name##_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, \
+                                         int ddof, bool keepdim, int naxes, const int *axes) \
+    {                                                                           \
+        return reduce_impl(NDM__SITE, __func__, OP, out, a, keepdim, naxes, axes, ddof); \
+    }
 
-NDM_API ndm_array ndm_prod_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, bool keepdim,
-                                 int naxes, const int *axes)
-{
-    return reduce_impl(NDM__SITE, __func__, NDM__RED_PROD, out, a, keepdim, naxes, axes, 0);
-}
-
-NDM_API ndm_array ndm_mean_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, bool keepdim,
-                                 int naxes, const int *axes)
-{
-    return reduce_impl(NDM__SITE, __func__, NDM__RED_MEAN, out, a, keepdim, naxes, axes, 0);
-}
-
-NDM_API ndm_array ndm_var_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int ddof,
-                                bool keepdim, int naxes, const int *axes)
-{
-    return reduce_impl(NDM__SITE, __func__, NDM__RED_VAR, out, a, keepdim, naxes, axes, ddof);
-}
-
-NDM_API ndm_array ndm_std_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int ddof,
-                                bool keepdim, int naxes, const int *axes)
-{
-    return reduce_impl(NDM__SITE, __func__, NDM__RED_STD, out, a, keepdim, naxes, axes, ddof);
-}
-
-NDM_API ndm_array ndm_max_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, bool keepdim,
-                                int naxes, const int *axes)
-{
-    return reduce_impl(NDM__SITE, __func__, NDM__RED_MAX, out, a, keepdim, naxes, axes, 0);
-}
-
-NDM_API ndm_array ndm_min_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, bool keepdim,
-                                int naxes, const int *axes)
-{
-    return reduce_impl(NDM__SITE, __func__, NDM__RED_MIN, out, a, keepdim, naxes, axes, 0);
-}
-
-NDM_API ndm_array ndm_all_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, bool keepdim,
-                                int naxes, const int *axes)
-{
-    return reduce_impl(NDM__SITE, __func__, NDM__RED_ALL, out, a, keepdim, naxes, axes, 0);
-}
-
-NDM_API ndm_array ndm_any_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, bool keepdim,
-                                int naxes, const int *axes)
-{
-    return reduce_impl(NDM__SITE, __func__, NDM__RED_ANY, out, a, keepdim, naxes, axes, 0);
-}
-
-NDM_API ndm_array ndm_logsumexp_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a,
-                                      bool keepdim, int naxes, const int *axes)
-{
-    return reduce_impl(NDM__SITE, __func__, NDM__RED_LOGSUMEXP, out, a, keepdim, naxes, axes, 0);
-}
+NDM__REDUCTION(sum, NDM__RED_SUM)
+NDM__REDUCTION(prod, NDM__RED_PROD)
+NDM__REDUCTION(mean, NDM__RED_MEAN)
+NDM__REDUCTION_DDOF(var, NDM__RED_VAR)
+NDM__REDUCTION_DDOF(std, NDM__RED_STD)
+NDM__REDUCTION(max, NDM__RED_MAX)
+NDM__REDUCTION(min, NDM__RED_MIN)
+NDM__REDUCTION(all, NDM__RED_ALL)
+NDM__REDUCTION(any, NDM__RED_ANY)
+NDM__REDUCTION(logsumexp, NDM__RED_LOGSUMEXP)
 
 static ndm_array arg_impl(ndm__site site, const char *api, ndm__reduce_op op, ndm_manager out,
                           ndm_array a, int axis, bool keepdim)
