@@ -383,11 +383,8 @@ static ndm_array pool_recorded(ndm__site site, const char *api, ndm_manager out,
 static ndm_array pool_impl(ndm__site site, const char *api, ndm_manager out, ndm_array x,
                            bool max, bool count_include_pad, const ndm_pool2d_opts *opts)
 {
-    ndm__array *rx = ndm__array_get_prop(x, api, site);
+    ndm__array *rx = ndm__input(x, &out, api, site);
     if (!rx)
-        return NDM_NULL_ARRAY;
-    out = ndm__output_manager(out, rx, api, site);
-    if (!out.id)
         return NDM_NULL_ARRAY;
     if (!pool_operand(rx, "input", "(N, C, H, W)", api, site))
         return NDM_NULL_ARRAY;

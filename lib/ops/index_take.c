@@ -386,11 +386,8 @@ NDM_API ndm_array ndm_one_hot_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array 
                                     int64_t num_classes, ndm_dtype dtype)
 {
     ndm__site site = NDM__SITE;
-    ndm__array *ri = ndm__array_get_prop(indices, __func__, site);
-    if (!ri)
-        return NDM_NULL_ARRAY;
-    out = ndm__output_manager(out, ri, __func__, site);
-    if (!out.id || !index_dtype(ri, __func__, site))
+    ndm__array *ri = ndm__input(indices, &out, __func__, site);
+    if (!ri || !index_dtype(ri, __func__, site))
         return NDM_NULL_ARRAY;
     if (num_classes < 1) {
         ndm__fail(NDM_E_INVALID, __func__, site, "num_classes must be >= 1 (got %" PRId64 ")",
@@ -436,12 +433,9 @@ done:
 static ndm_array repeat(ndm__site site, const char *api, ndm_manager out, ndm_array a, int axis,
                         int n, const int64_t *reps)
 {
-    ndm__array *r = ndm__array_get_prop(a, api, site);
-    if (!r)
-        return NDM_NULL_ARRAY;
-    out = ndm__output_manager(out, r, api, site);
+    ndm__array *r = ndm__input(a, &out, api, site);
     int ax;
-    if (!out.id || ndm__axis(axis, r->ndim, false, &ax, api, site) < 0)
+    if (!r || ndm__axis(axis, r->ndim, false, &ax, api, site) < 0)
         return NDM_NULL_ARRAY;
     int64_t size = r->shape[ax], total = 0;
     if (n != 1 && n != size) {

@@ -76,11 +76,8 @@ static void axes_put(axes_buf *b)
 static ndm_array reduce_impl(ndm__site site, const char *api, ndm__reduce_op op, ndm_manager out,
                              ndm_array a, bool keepdim, int naxes, const int *axes, int64_t ddof)
 {
-    ndm__array *r = ndm__array_get_prop(a, api, site);
+    ndm__array *r = ndm__input(a, &out, api, site);
     if (!r)
-        return NDM_NULL_ARRAY;
-    out = ndm__output_manager(out, r, api, site);
-    if (!out.id)
         return NDM_NULL_ARRAY;
     if (naxes < -1) {
         ndm__fail(NDM_E_AXIS, api, site, "%d axes: pass a count >= 0, or NDM_ALL_AXES_LIST",
@@ -237,11 +234,8 @@ NDM_API ndm_array ndm_argmin_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
 static ndm_array softmax_impl(ndm__site site, const char *api, ndm_manager out, ndm_array a,
                               int axis, bool lg)
 {
-    ndm__array *r = ndm__array_get_prop(a, api, site);
+    ndm__array *r = ndm__input(a, &out, api, site);
     if (!r)
-        return NDM_NULL_ARRAY;
-    out = ndm__output_manager(out, r, api, site);
-    if (!out.id)
         return NDM_NULL_ARRAY;
     int ax = 0;
     /* A 0-d array is a single slice along axis 0 (or -1), as PyTorch has it. */

@@ -57,20 +57,10 @@ static int kept_axes(const ndm__array *r, int drop, dims *d)
     return k;
 }
 
-/* Look up the input and the output manager. */
-static ndm__array *input(ndm_array a, ndm_manager *out, const char *api, ndm__site site)
-{
-    ndm__array *r = ndm__array_get_prop(a, api, site);
-    if (!r)
-        return NULL;
-    *out = ndm__output_manager(*out, r, api, site);
-    return out->id ? r : NULL;
-}
-
 NDM_API ndm_array ndm_alias_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a)
 {
     ndm__site site = NDM__SITE;
-    ndm__array *r = input(a, &out, __func__, site);
+    ndm__array *r = ndm__input(a, &out, __func__, site);
     if (!r)
         return NDM_NULL_ARRAY;
     ndm_array res = ndm__array_view(site, __func__, out, r, r->dtype, r->ndim, r->shape,
@@ -161,7 +151,7 @@ NDM_API ndm_array ndm_reshape_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array 
                                     const int64_t *shape)
 {
     ndm__site site = NDM__SITE;
-    ndm__array *r = input(a, &out, __func__, site);
+    ndm__array *r = ndm__input(a, &out, __func__, site);
     if (!r)
         return NDM_NULL_ARRAY;
     if (ndim < 0 || (ndim > 0 && !shape)) {
@@ -223,7 +213,7 @@ NDM_API ndm_array ndm_permute_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array 
                                     const int *axes)
 {
     ndm__site site = NDM__SITE;
-    ndm__array *r = input(a, &out, __func__, site);
+    ndm__array *r = ndm__input(a, &out, __func__, site);
     if (!r)
         return NDM_NULL_ARRAY;
     int nd = r->ndim;
@@ -272,7 +262,7 @@ NDM_API ndm_array ndm_swapaxes_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array
                                      int axis2)
 {
     ndm__site site = NDM__SITE;
-    ndm__array *r = input(a, &out, __func__, site);
+    ndm__array *r = ndm__input(a, &out, __func__, site);
     if (!r)
         return NDM_NULL_ARRAY;
     int x, y;
@@ -303,7 +293,7 @@ NDM_API ndm_array ndm_slice_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a,
                                   int64_t start, int64_t stop, int64_t step)
 {
     ndm__site site = NDM__SITE;
-    ndm__array *r = input(a, &out, __func__, site);
+    ndm__array *r = ndm__input(a, &out, __func__, site);
     if (!r)
         return NDM_NULL_ARRAY;
     int ax;
@@ -358,7 +348,7 @@ NDM_API ndm_array ndm_select_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
                                    int64_t index)
 {
     ndm__site site = NDM__SITE;
-    ndm__array *r = input(a, &out, __func__, site);
+    ndm__array *r = ndm__input(a, &out, __func__, site);
     if (!r)
         return NDM_NULL_ARRAY;
     int ax;
@@ -386,7 +376,7 @@ NDM_API ndm_array ndm_select_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
 NDM_API ndm_array ndm_squeeze_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis)
 {
     ndm__site site = NDM__SITE;
-    ndm__array *r = input(a, &out, __func__, site);
+    ndm__array *r = ndm__input(a, &out, __func__, site);
     if (!r)
         return NDM_NULL_ARRAY;
     int ax = -1;
@@ -414,7 +404,7 @@ NDM_API ndm_array ndm_squeeze_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array 
 NDM_API ndm_array ndm_unsqueeze_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis)
 {
     ndm__site site = NDM__SITE;
-    ndm__array *r = input(a, &out, __func__, site);
+    ndm__array *r = ndm__input(a, &out, __func__, site);
     if (!r)
         return NDM_NULL_ARRAY;
     int ax;
@@ -445,7 +435,7 @@ NDM_API ndm_array ndm_expand_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
                                    const int64_t *shape)
 {
     ndm__site site = NDM__SITE;
-    ndm__array *r = input(a, &out, __func__, site);
+    ndm__array *r = ndm__input(a, &out, __func__, site);
     if (!r)
         return NDM_NULL_ARRAY;
     if (ndim < r->ndim || (ndim > 0 && !shape)) {
@@ -497,7 +487,7 @@ done:
 NDM_API ndm_array ndm_contiguous_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a)
 {
     ndm__site site = NDM__SITE;
-    ndm__array *r = input(a, &out, __func__, site);
+    ndm__array *r = ndm__input(a, &out, __func__, site);
     if (!r)
         return NDM_NULL_ARRAY;
     ndm_array res;
@@ -513,7 +503,7 @@ NDM_API ndm_array ndm_contiguous_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_arr
 NDM_API ndm_array ndm_copy_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a)
 {
     ndm__site site = NDM__SITE;
-    ndm__array *r = input(a, &out, __func__, site);
+    ndm__array *r = ndm__input(a, &out, __func__, site);
     if (!r)
         return NDM_NULL_ARRAY;
     ndm_array res = copy_as(site, __func__, out, r, r->ndim, r->shape);
