@@ -1,8 +1,8 @@
 /* Scalar element conversions written once for the CPU kernels (C) and the
  * CUDA kernels (nvcc, host and device code): the saturating float to integer
  * conversions, the double to float rounding "to odd", and f16 and bf16 to
- * and from f32 with round to nearest even, bit for bit what dtype.h's public
- * ndm_f32_to_f16 and friends compute. */
+ * and from f32 with round to nearest even (dtype.h's public ndm_f32_to_f16
+ * and friends call these). A leaf header: it includes nothing of ndm. */
 #ifndef NDM_BACKENDS_CONVERT_SCALAR_H
 #define NDM_BACKENDS_CONVERT_SCALAR_H
 
