@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "dtype_host.h"
 #include "helpers.h"
 
 /* xorshift64*: a fresh seeded stream per test. */
@@ -45,10 +46,6 @@ static inline void rng_fill(rng *r, ndm_dtype t, double *v, int64_t n)
     }
 }
 
-static const ndm_dtype all_dtypes[] = {NDM_BOOL, NDM_U8,   NDM_I32, NDM_I64,
-                                       NDM_F16,  NDM_BF16, NDM_F32, NDM_F64};
-#define N_ALL_DTYPES ((int)(sizeof all_dtypes / sizeof all_dtypes[0]))
-
 /* Write v[0..n) as dtype t into buf (what a cast would store). */
 static inline void to_dtype(ndm_dtype t, const double *v, int64_t n, void *buf)
 {
@@ -66,21 +63,6 @@ static inline void to_dtype(ndm_dtype t, const double *v, int64_t n, void *buf)
     }
 }
 
-static inline double from_dtype(ndm_dtype t, const void *buf, int64_t i)
-{
-    switch (t) {
-    case NDM_BOOL:
-    case NDM_U8: return ((const uint8_t *)buf)[i];
-    case NDM_I32: return ((const int32_t *)buf)[i];
-    case NDM_I64: return (double)((const int64_t *)buf)[i];
-    case NDM_F16: return ndm_f16_to_f32(((const uint16_t *)buf)[i]);
-    case NDM_BF16: return ndm_bf16_to_f32(((const uint16_t *)buf)[i]);
-    case NDM_F32: return ((const float *)buf)[i];
-    case NDM_F64: return ((const double *)buf)[i];
-    }
-    return 0;
-}
-
 /* An array of dtype t in m holding v (rounded to t; v is updated to the
  * stored values, so references see exactly what the array holds). */
 static inline ndm_array make_array(ndm_manager m, ndm_dtype t, double *v, int ndim,
@@ -93,7 +75,7 @@ static inline ndm_array make_array(ndm_manager m, ndm_dtype t, double *v, int nd
     assert_non_null(buf);
     to_dtype(t, v, n, buf);
     for (int64_t i = 0; i < n; i++)
-        v[i] = from_dtype(t, buf, i);
+        v[i] = host_get(buf, t, i);
     ndm_array a = ndm_from_buffer_at(__FILE__, __LINE__, __func__, m, t, buf, ndim, shape);
     free(buf);
     assert_live(a);
@@ -112,19 +94,9 @@ static inline double *read_array(ndm_array a)
     assert_non_null(v);
     assert_ok(ndm_array_copy_out(a, buf, ndm_array_nbytes(a)));
     for (int64_t i = 0; i < n; i++)
-        v[i] = from_dtype(t, buf, i);
+        v[i] = host_get(buf, t, i);
     free(buf);
     return v;
-}
-
-/* Equal within atol + rtol*|want|; NaN matches NaN, infinities match exactly. */
-static inline bool close_enough(double got, double want, double rtol, double atol)
-{
-    if (isnan(want))
-        return isnan(got);
-    if (isinf(want))
-        return got == want;
-    return fabs(got - want) <= atol + rtol * fabs(want);
 }
 
 /* Relative tolerance for results rounded once to dtype t. */
@@ -143,7 +115,7 @@ static inline double dtype_rtol(ndm_dtype t)
 #define assert_close_all(got, want, n, rtol, atol, what)                        \
     do {                                                                        \
         for (int64_t i_ = 0; i_ < (int64_t)(n); i_++)                           \
-            if (!close_enough((got)[i_], (want)[i_], (rtol), (atol)))           \
+            if (!close_to((got)[i_], (want)[i_], (rtol), (atol)))           \
                 fail_msg("%s: element %lld is %.17g, expected %.17g", (what),   \
                          (long long)i_, (got)[i_], (want)[i_]);                 \
     } while (0)

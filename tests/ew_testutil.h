@@ -7,11 +7,8 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "dtype_host.h"
 #include "helpers.h"
-
-static const ndm_dtype all_dtypes[] = {NDM_BOOL, NDM_U8,   NDM_I32, NDM_I64,
-                                       NDM_F16,  NDM_BF16, NDM_F32, NDM_F64};
-#define N_DTYPES 8
 
 /* splitmix64: small, seedable, good enough for test data. */
 typedef struct rng {
@@ -34,22 +31,8 @@ static inline bool is_float_dt(ndm_dtype t)
     return t == NDM_F16 || t == NDM_BF16 || t == NDM_F32 || t == NDM_F64;
 }
 
-/* The value of element i of a host buffer, as double (exact but for i64
- * beyond 2^53) and as int64 (floats truncated, for integer dtypes exact). */
-static inline double host_get(const void *buf, ndm_dtype t, int64_t i)
-{
-    switch (t) {
-    case NDM_BOOL:
-    case NDM_U8: return ((const uint8_t *)buf)[i];
-    case NDM_I32: return ((const int32_t *)buf)[i];
-    case NDM_I64: return (double)((const int64_t *)buf)[i];
-    case NDM_F16: return ndm_f16_to_f32(((const uint16_t *)buf)[i]);
-    case NDM_BF16: return ndm_bf16_to_f32(((const uint16_t *)buf)[i]);
-    case NDM_F32: return ((const float *)buf)[i];
-    case NDM_F64: return ((const double *)buf)[i];
-    }
-    return 0;
-}
+/* The value of element i of a host buffer as int64 (floats truncated, for
+ * integer dtypes exact); host_get (dtype_host.h) gives it as a double. */
 static inline int64_t host_geti(const void *buf, ndm_dtype t, int64_t i)
 {
     switch (t) {
@@ -167,17 +150,6 @@ static inline int64_t bcast_index(int64_t i, int nd, const int64_t *oshape, int 
         }
     }
     return idx;
-}
-
-/* got matches want within rtol (relative) or atol (absolute); NaN matches
- * NaN; infinities must be equal. */
-static inline bool close_to(double got, double want, double rtol, double atol)
-{
-    if (want != want)
-        return got != got;
-    if (isinf(want) || isinf(got))
-        return got == want;
-    return fabs(got - want) <= atol + rtol * fabs(want);
 }
 
 /* Promotion, written out by hand (dtype.h's rules): rows and columns in

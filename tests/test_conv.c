@@ -73,7 +73,7 @@ static void check_conv_on(const conv_case *k, ndm_array x, const double *xv, ndm
     int64_t K = (k->c / k->groups) * k->kh * k->kw;
     double u = t == NDM_F64 ? 1.2e-16 : 6e-8;
     for (int64_t i = 0; i < ndm_array_size(y); i++)
-        if (!close_enough(got[i], want[i], dtype_rtol(t), 2.0 * (double)(K + 2) * u * scale[i]))
+        if (!close_to(got[i], want[i], dtype_rtol(t), 2.0 * (double)(K + 2) * u * scale[i]))
             fail_msg("%s (%s): element %lld is %.17g, expected %.17g", what, ndm_dtype_short(t),
                      (long long)i, got[i], want[i]);
     free(want), free(scale), free(got);

@@ -120,7 +120,7 @@ static void check_sum(ndm_array a, const double *want, const double *scale, int6
     double u = t == NDM_F64 ? 1.2e-16 : 6e-8;
     double *got = read_array(a);
     for (int64_t i = 0; i < ndm_array_size(a); i++)
-        if (!close_enough(got[i], want[i], dtype_rtol(t), 2.0 * (double)(terms + 2) * u * scale[i]))
+        if (!close_to(got[i], want[i], dtype_rtol(t), 2.0 * (double)(terms + 2) * u * scale[i]))
             fail_msg("%s (%s): element %lld is %.17g, expected %.17g", what, ndm_dtype_short(t),
                      (long long)i, got[i], want[i]);
     free(got);

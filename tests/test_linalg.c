@@ -91,7 +91,7 @@ static void check_matmul(ndm_array a, ndm_array b, const char *what)
         } else if (rt == NDM_BOOL) {
             w = w != 0;
         }
-        if (!close_enough(got[i], w, rtol, atol))
+        if (!close_to(got[i], w, rtol, atol))
             fail_msg("%s (%s): element %lld is %.17g, expected %.17g", what,
                      ndm_dtype_short(rt), (long long)i, got[i], w);
     }
@@ -142,8 +142,8 @@ static void test_matmul_every_dtype(void **state)
 {
     ndm_manager m = ROOT(state);
     rng g = rng_new(2);
-    for (int d = 0; d < N_ALL_DTYPES; d++)
-        for (int e = 0; e < N_ALL_DTYPES; e += d == e ? 1 : 3) {
+    for (int d = 0; d < N_DTYPES; d++)
+        for (int e = 0; e < N_DTYPES; e += d == e ? 1 : 3) {
             ndm_array a = rand_array(m, &g, all_dtypes[d], 2, (int64_t[]){9, 14});
             ndm_array b = rand_array(m, &g, all_dtypes[e], 2, (int64_t[]){14, 35});
             char what[64];
@@ -359,7 +359,7 @@ static void test_dot_follows_numpy(void **state)
     for (int i = 0; i < 5; i++)
         want += x[i] * y[i];
     assert_ok(ndm_item(d, &got));
-    assert_true(close_enough(got, want, 1e-14, 1e-15));
+    assert_true(close_to(got, want, 1e-14, 1e-15));
     release(d);
     /* N-d with M-d: dot(a, b)[i,j,k,l] = sum_p a[i,j,p] * b[k,p,l] */
     double a[2 * 3 * 4], b[5 * 4 * 6];
@@ -378,7 +378,7 @@ static void test_dot_follows_numpy(void **state)
                     double s = 0;
                     for (int p = 0; p < 4; p++)
                         s += a[i * 4 + p] * b[(k * 4 + p) * 6 + l];
-                    assert_true(close_enough(gv[(i * 5 + k) * 6 + l], s, 1e-13, 1e-14));
+                    assert_true(close_to(gv[(i * 5 + k) * 6 + l], s, 1e-13, 1e-14));
                 }
         free(gv);
         release(D);
@@ -393,7 +393,7 @@ static void test_dot_follows_numpy(void **state)
             double s = 0;
             for (int p = 0; p < 4; p++)
                 s += x[p] * b[(k * 4 + p) * 6 + l];
-            assert_true(close_enough(gv[k * 6 + l], s, 1e-13, 1e-14));
+            assert_true(close_to(gv[k * 6 + l], s, 1e-13, 1e-14));
         }
     free(gv);
     release(D);
@@ -406,7 +406,7 @@ static void test_dot_follows_numpy(void **state)
     assert_int_equal(ndm_array_dtype(D), NDM_F64);
     gv = read_array(D);
     for (int i = 0; i < 24; i++)
-        assert_true(close_enough(gv[i], 3 * a[i], 1e-15, 0));
+        assert_true(close_to(gv[i], 3 * a[i], 1e-15, 0));
     free(gv);
     release(D);
     D = ndm_dot(B, s);
@@ -437,7 +437,7 @@ static void test_outer_flattens_views(void **state)
         double *va = read_array(at), *got = read_array(o);
         for (int i = 0; i < 6; i++)
             for (int j = 0; j < 3; j++)
-                assert_true(close_enough(got[i * 3 + j], va[i] * y[j], 1e-6, 0));
+                assert_true(close_to(got[i * 3 + j], va[i] * y[j], 1e-6, 0));
         free(va), free(got);
         release(o);
     });

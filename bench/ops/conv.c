@@ -11,48 +11,6 @@
 #include "ndm/ndm.h"
 #include "sections.h"
 
-#if NDM_HAVE_OPENBLAS
-#include <cblas.h>
-#elif NDM_HAVE_BLIS
-#include <blis.h>
-#endif
-
-static bool unfolded_gemm(int m, int n, int k, const float *a, const float *b, float *c)
-{
-#if NDM_HAVE_OPENBLAS
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a, k, b, n, 0.0f, c, n);
-    return true;
-#elif NDM_HAVE_BLIS
-    float one = 1.0f, zero = 0.0f;
-    bli_sgemm(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, m, n, k, &one, (float *)a, k, 1, (float *)b,
-              n, 1, &zero, c, n, 1);
-    return true;
-#else
-    (void)m, (void)n, (void)k, (void)a, (void)b, (void)c;
-    return false;
-#endif
-}
-
-/* The same with op(A) = A^T when ta, op(B) = B^T when tb; row-major. */
-static bool unfolded_gemm_t(bool ta, bool tb, int m, int n, int k, const float *a, int lda,
-                            const float *b, int ldb, float *c, int ldc)
-{
-#if NDM_HAVE_OPENBLAS
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m,
-                n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
-    return true;
-#elif NDM_HAVE_BLIS
-    float one = 1.0f, zero = 0.0f;
-    bli_sgemm(ta ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, tb ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, m,
-              n, k, &one, (float *)a, lda, 1, (float *)b, ldb, 1, &zero, c, ldc, 1);
-    return true;
-#else
-    (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)a, (void)lda, (void)b, (void)ldb;
-    (void)c, (void)ldc;
-    return false;
-#endif
-}
-
 enum { FORWARD, GRAD_INPUT, GRAD_WEIGHT };
 
 /* One pass: the forward (x, w, bias), or a gradient from dy. */
@@ -89,11 +47,11 @@ static bool anchor_pass(int which, int gm, int gk, int gn, const float *w, const
 {
     switch (which) {
     case GRAD_INPUT: /* col (gk x gn) = W^T (gk x gm) @ dy (gm x gn) */
-        return unfolded_gemm_t(true, false, gk, gn, gm, w, gk, dy, gn, out, gn);
+        return bench_sgemm(true, false, gk, gn, gm, w, gk, dy, gn, out, gn);
     case GRAD_WEIGHT: /* dW (gm x gk) = dy (gm x gn) @ col^T (gn x gk) */
-        return unfolded_gemm_t(false, true, gm, gk, gn, dy, gn, col, gn, out, gk);
+        return bench_sgemm(false, true, gm, gk, gn, dy, gn, col, gn, out, gk);
     default:
-        return unfolded_gemm(gm, gn, gk, w, col, out);
+        return bench_sgemm(false, false, gm, gn, gk, w, gk, col, gn, out, gn);
     }
 }
 
@@ -132,7 +90,7 @@ void bench_ops_conv(bench_report *r)
     ndm_array dy = ndm_from_buffer(m, NDM_F32, hdy, NDM_SHAPE(N, O, H, W));
     if (!dy.id)
         exit(1);
-    bool have_gemm = unfolded_gemm(gm, gn, gk, ga, gb, gc);
+    bool have_gemm = bench_sgemm(false, false, gm, gn, gk, ga, gk, gb, gn, gc, gn);
     int samples = r->o.quick ? 5 : 9;
     int calls[3];
     double tc[3][16], tg[3][16];

@@ -21,21 +21,29 @@
  * project machine. */
 #define PEAK_PER_CORE 226.0
 
-/* C = A @ B through the provider, row-major; false when there is none. */
-static bool direct_sgemm(int n, const float *a, const float *b, float *c)
+bool bench_sgemm(bool ta, bool tb, int m, int n, int k, const float *a, int lda, const float *b,
+                 int ldb, float *c, int ldc)
 {
 #if NDM_HAVE_OPENBLAS
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m,
+                n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
     return true;
 #elif NDM_HAVE_BLIS
     float one = 1.0f, zero = 0.0f;
-    bli_sgemm(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, n, n, n, &one, (float *)a, n, 1, (float *)b,
-              n, 1, &zero, c, n, 1);
+    bli_sgemm(ta ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, tb ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, m,
+              n, k, &one, (float *)a, lda, 1, (float *)b, ldb, 1, &zero, c, ldc, 1);
     return true;
 #else
-    (void)n, (void)a, (void)b, (void)c;
+    (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)a, (void)lda, (void)b, (void)ldb;
+    (void)c, (void)ldc;
     return false;
 #endif
+}
+
+/* C = A @ B, n x n, through the provider; false when there is none. */
+static bool direct_sgemm(int n, const float *a, const float *b, float *c)
+{
+    return bench_sgemm(false, false, n, n, n, a, n, b, n, c, n);
 }
 
 static double time_ndm(ndm_array a, ndm_array b, int calls)

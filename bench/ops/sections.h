@@ -14,6 +14,12 @@ void bench_ops_elementwise(bench_report *r);
 void bench_ops_reduce(bench_report *r);
 /* matmul f32 against a direct call of the GEMM provider and against peak. */
 void bench_ops_linalg(bench_report *r);
+/* C = op(A) @ op(B) in f32 through the build's GEMM provider, row-major,
+ * op(X) = X^T when its flag is set: the anchor of the linalg and conv
+ * sections (linalg.c). False when the build has no provider. */
+bool bench_sgemm(bool ta, bool tb, int m, int n, int k, const float *a, int lda, const float *b,
+                 int ldb, float *c, int ldc);
+
 /* conv2d and its input and weight gradients on a Fashion-MNIST-sized batch,
  * each against the GEMM it unfolds to. */
 void bench_ops_conv(bench_report *r);

@@ -127,6 +127,30 @@ void ndm__src_close(ndm__src *s)
     s->fd = -1;
 }
 
+ndm_array ndm__io_load_file(ndm__site site, const char *api, ndm_manager m, const char *path,
+                            bool gzip, ndm__load_fn load)
+{
+    m = ndm__io_manager(m, api, site);
+    ndm__src s;
+    if (!m.id || ndm__src_open_file(&s, path, gzip, api, site) < 0)
+        return NDM_NULL_ARRAY;
+    ndm_array a = load(site, api, m, &s);
+    ndm__src_close(&s);
+    return a;
+}
+
+ndm_array ndm__io_load_mem(ndm__site site, const char *api, ndm_manager m, const void *data,
+                           size_t len, bool gzip, ndm__load_fn load)
+{
+    m = ndm__io_manager(m, api, site);
+    ndm__src s;
+    if (!m.id || ndm__src_open_mem(&s, data, len, gzip, api, site) < 0)
+        return NDM_NULL_ARRAY;
+    ndm_array a = load(site, api, m, &s);
+    ndm__src_close(&s);
+    return a;
+}
+
 uint64_t ndm__src_bound(const ndm__src *s)
 {
     if (!ndm__src_is_gzip(s))

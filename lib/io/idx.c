@@ -73,29 +73,11 @@ static ndm_array load(ndm__site site, const char *api, ndm_manager m, ndm__src *
 
 NDM_API ndm_array ndm_idx_load_at(NDM_SITE_PARAMS, ndm_manager m, const char *path)
 {
-    ndm__site site = NDM__SITE;
-    m = ndm__io_manager(m, __func__, site);
-    if (!m.id)
-        return NDM_NULL_ARRAY;
-    ndm__src s;
-    if (ndm__src_open_file(&s, path, true, __func__, site) < 0)
-        return NDM_NULL_ARRAY;
-    ndm_array a = load(site, __func__, m, &s);
-    ndm__src_close(&s);
-    return a;
+    return ndm__io_load_file(NDM__SITE, __func__, m, path, true, load);
 }
 
 NDM_API ndm_array ndm_idx_load_buffer_at(NDM_SITE_PARAMS, ndm_manager m, const void *data,
                                          size_t len)
 {
-    ndm__site site = NDM__SITE;
-    m = ndm__io_manager(m, __func__, site);
-    if (!m.id)
-        return NDM_NULL_ARRAY;
-    ndm__src s;
-    if (ndm__src_open_mem(&s, data, len, true, __func__, site) < 0)
-        return NDM_NULL_ARRAY;
-    ndm_array a = load(site, __func__, m, &s);
-    ndm__src_close(&s);
-    return a;
+    return ndm__io_load_mem(NDM__SITE, __func__, m, data, len, true, load);
 }

@@ -127,4 +127,14 @@ static inline ndm_manager ndm__io_manager(ndm_manager m, const char *api, ndm__s
     return ndm__factory_manager(m, api, where);
 }
 
+/* One array read from an open source into manager m. */
+typedef ndm_array (*ndm__load_fn)(ndm__site site, const char *api, ndm_manager m, ndm__src *s);
+
+/* A single-array loader's frame: resolve the manager, open the file at
+ * `path` (or the buffer), read with `load`, close. */
+ndm_array ndm__io_load_file(ndm__site site, const char *api, ndm_manager m, const char *path,
+                            bool gzip, ndm__load_fn load);
+ndm_array ndm__io_load_mem(ndm__site site, const char *api, ndm_manager m, const void *data,
+                           size_t len, bool gzip, ndm__load_fn load);
+
 #endif

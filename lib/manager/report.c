@@ -426,7 +426,11 @@ typedef struct top_list {
 
 static void top_walk(ndm__manager *m, int dev, top_list *t)
 {
-    int64_t b = atomic_load_explicit(&m->bytes[dev], memory_order_relaxed);
+    /* a snapshot for a message: the count is written under m's lock, read here
+     * without it, as one relaxed load (a GNU builtin: C11 has none for plain
+     * objects) */
+    int64_t b = __atomic_load_n(&m->bytes[dev], __ATOMIC_RELAXED) +
+                atomic_load_explicit(&m->inbox[dev], memory_order_relaxed);
     if (b > 0) {
         int i = t->n < TOP_MANAGERS ? t->n++ : TOP_MANAGERS - 1;
         if (i < TOP_MANAGERS - 1 || b > t->bytes[i]) {

@@ -59,11 +59,13 @@ static module *get(ndm_module h, const char *api, ndm__site site)
     return ndm__object_get(h.id, &module_type, api, site);
 }
 
-static module *alloc_module(kind k)
+static module *alloc_module(kind k, const char *api, ndm__site site)
 {
     module *m = calloc(1, sizeof *m);
     if (m)
         m->k = k;
+    else
+        ndm__fail(NDM_E_OOM, api, site, "no memory for a module");
     return m;
 }
 
@@ -160,6 +162,31 @@ static bool check_model(ndm_manager model, const char *api, ndm__site site)
     return ndm__manager_get(model, api, site) != NULL;
 }
 
+/* A constructor's failure: m is freed, and the error set if none was. */
+static ndm_module abandon(module *m, const char *api, ndm__site site)
+{
+    if (ndm_last_status() == NDM_OK)
+        ndm__fail(NDM_E_OOM, api, site, "no memory");
+    module_destroy(m);
+    return (ndm_module){0};
+}
+
+/* A layer's parameters: its weight of shape wshape (Kaiming-uniform) and,
+ * with `bias`, m->out zeros; then the module is registered. */
+static ndm_module with_params(module *m, ndm__site site, const char *api, ndm_manager model,
+                              int wnd, const int64_t *wshape, bool bias, ndm_rng *rng)
+{
+    m->weight = make_param(site, api, model, wnd, wshape, rng, true);
+    if (!m->weight.id || !add_param(m, "weight", m->weight))
+        return abandon(m, api, site);
+    if (bias) {
+        m->bias = make_param(site, api, model, 1, &m->out, rng, false);
+        if (!m->bias.id || !add_param(m, "bias", m->bias))
+            return abandon(m, api, site);
+    }
+    return finish(m, model, site, api);
+}
+
 NDM_API ndm_module ndm_linear_at(NDM_SITE_PARAMS, ndm_manager model, int64_t in, int64_t out,
                                  bool bias, ndm_rng *rng)
 {
@@ -172,27 +199,12 @@ NDM_API ndm_module ndm_linear_at(NDM_SITE_PARAMS, ndm_manager model, int64_t in,
                   (long long)in, (long long)out);
         return (ndm_module){0};
     }
-    module *m = alloc_module(LINEAR);
-    if (!m) {
-        ndm__fail(NDM_E_OOM, api, site, "no memory for a module");
+    module *m = alloc_module(LINEAR, api, site);
+    if (!m)
         return (ndm_module){0};
-    }
     m->in = in;
     m->out = out;
-    m->weight = make_param(site, api, model, 2, (int64_t[]){out, in}, rng, true);
-    if (!m->weight.id || !add_param(m, "weight", m->weight))
-        goto fail;
-    if (bias) {
-        m->bias = make_param(site, api, model, 1, &out, rng, false);
-        if (!m->bias.id || !add_param(m, "bias", m->bias))
-            goto fail;
-    }
-    return finish(m, model, site, api);
-fail:
-    if (ndm_last_status() == NDM_OK)
-        ndm__fail(NDM_E_OOM, api, site, "no memory");
-    module_destroy(m);
-    return (ndm_module){0};
+    return with_params(m, site, api, model, 2, (int64_t[]){out, in}, bias, rng);
 }
 
 NDM_API ndm_module ndm_conv2d_module_at(NDM_SITE_PARAMS, ndm_manager model, int64_t in_ch,
@@ -210,43 +222,28 @@ NDM_API ndm_module ndm_conv2d_module_at(NDM_SITE_PARAMS, ndm_manager model, int6
                   "channels and kernel sizes must be >= 1, divisible by groups, and rng given");
         return (ndm_module){0};
     }
-    module *m = alloc_module(CONV2D);
-    if (!m) {
-        ndm__fail(NDM_E_OOM, api, site, "no memory for a module");
+    module *m = alloc_module(CONV2D, api, site);
+    if (!m)
         return (ndm_module){0};
-    }
     m->in = in_ch;
     m->out = out_ch;
     m->kh = kh;
     m->kw = kw;
     if (opts)
         m->conv = *opts;
-    m->weight =
-        make_param(site, api, model, 4, (int64_t[]){out_ch, in_ch / groups, kh, kw}, rng, true);
-    if (!m->weight.id || !add_param(m, "weight", m->weight))
-        goto fail;
-    if (bias) {
-        m->bias = make_param(site, api, model, 1, &out_ch, rng, false);
-        if (!m->bias.id || !add_param(m, "bias", m->bias))
-            goto fail;
-    }
-    return finish(m, model, site, api);
-fail:
-    if (ndm_last_status() == NDM_OK)
-        ndm__fail(NDM_E_OOM, api, site, "no memory");
-    module_destroy(m);
-    return (ndm_module){0};
+    return with_params(m, site, api, model, 4, (int64_t[]){out_ch, in_ch / groups, kh, kw}, bias,
+                       rng);
 }
 
-static ndm_module simple(ndm__site site, const char *api, ndm_manager model, kind k)
+/* A module without parameters: a copy of `proto`. */
+static ndm_module simple(ndm__site site, const char *api, ndm_manager model, module proto)
 {
     if (!check_model(model, api, site))
         return (ndm_module){0};
-    module *m = alloc_module(k);
-    if (!m) {
-        ndm__fail(NDM_E_OOM, api, site, "no memory for a module");
+    module *m = alloc_module(proto.k, api, site);
+    if (!m)
         return (ndm_module){0};
-    }
+    *m = proto;
     return finish(m, model, site, api);
 }
 
@@ -258,30 +255,23 @@ NDM_API ndm_module ndm_max_pool2d_module_at(NDM_SITE_PARAMS, ndm_manager model,
         ndm__fail(NDM_E_INVALID, "ndm_max_pool2d_module", site, "a kernel size >= 1 is required");
         return (ndm_module){0};
     }
-    ndm_module h = simple(site, "ndm_max_pool2d_module", model, MAX_POOL2D);
-    module *m = h.id ? get(h, "ndm_max_pool2d_module", site) : NULL;
-    if (m)
-        m->pool = *opts;
-    return h;
+    return simple(site, "ndm_max_pool2d_module", model, (module){.k = MAX_POOL2D, .pool = *opts});
 }
 
 NDM_API ndm_module ndm_relu_module_at(NDM_SITE_PARAMS, ndm_manager model)
 {
-    return simple(NDM__SITE, "ndm_relu_module", model, RELU);
+    return simple(NDM__SITE, "ndm_relu_module", model, (module){.k = RELU});
 }
 
 NDM_API ndm_module ndm_gelu_module_at(NDM_SITE_PARAMS, ndm_manager model)
 {
-    return simple(NDM__SITE, "ndm_gelu_module", model, GELU);
+    return simple(NDM__SITE, "ndm_gelu_module", model, (module){.k = GELU});
 }
 
 NDM_API ndm_module ndm_flatten_module_at(NDM_SITE_PARAMS, ndm_manager model, int start_axis)
 {
-    ndm_module h = simple(NDM__SITE, "ndm_flatten_module", model, FLATTEN);
-    module *m = h.id ? get(h, "ndm_flatten_module", NDM__SITE) : NULL;
-    if (m)
-        m->start_axis = start_axis;
-    return h;
+    return simple(NDM__SITE, "ndm_flatten_module", model,
+                  (module){.k = FLATTEN, .start_axis = start_axis});
 }
 
 NDM_API ndm_module ndm_dropout_module_at(NDM_SITE_PARAMS, ndm_manager model, double p,
@@ -292,14 +282,8 @@ NDM_API ndm_module ndm_dropout_module_at(NDM_SITE_PARAMS, ndm_manager model, dou
         ndm__fail(NDM_E_INVALID, "ndm_dropout_module", site, "p must be in [0, 1) (got %g)", p);
         return (ndm_module){0};
     }
-    ndm_module h = simple(site, "ndm_dropout_module", model, DROPOUT);
-    module *m = h.id ? get(h, "ndm_dropout_module", site) : NULL;
-    if (m) {
-        m->p = p;
-        m->rng = ndm_rng_new(seed);
-        m->training = true;
-    }
-    return h;
+    return simple(site, "ndm_dropout_module", model,
+                  (module){.k = DROPOUT, .p = p, .rng = ndm_rng_new(seed), .training = true});
 }
 
 NDM_API ndm_module ndm_embedding_at(NDM_SITE_PARAMS, ndm_manager model, int64_t num, int64_t dim,
@@ -313,22 +297,16 @@ NDM_API ndm_module ndm_embedding_at(NDM_SITE_PARAMS, ndm_manager model, int64_t 
         ndm__fail(NDM_E_INVALID, api, site, "sizes must be >= 1 and rng given");
         return (ndm_module){0};
     }
-    module *m = alloc_module(EMBEDDING);
-    if (!m) {
-        ndm__fail(NDM_E_OOM, api, site, "no memory for a module");
+    module *m = alloc_module(EMBEDDING, api, site);
+    if (!m)
         return (ndm_module){0};
-    }
     m->in = num;
     m->out = dim;
     m->weight = ndm_empty_at(NDM__SITE_ARGS(site), model, NDM_F32, 2, (int64_t[]){num, dim});
     if (!m->weight.id || ndm_normal_inplace_at(NDM__SITE_ARGS(site), m->weight, rng, 0, 1) < 0 ||
         ndm_requires_grad_at(NDM__SITE_ARGS(site), m->weight) < 0 ||
-        !add_param(m, "weight", m->weight)) {
-        if (ndm_last_status() == NDM_OK)
-            ndm__fail(NDM_E_OOM, api, site, "no memory");
-        module_destroy(m);
-        return (ndm_module){0};
-    }
+        !add_param(m, "weight", m->weight))
+        return abandon(m, api, site);
     return finish(m, model, site, api);
 }
 
@@ -346,8 +324,10 @@ NDM_API ndm_module ndm_sequential_at(NDM_SITE_PARAMS, ndm_manager model, int n,
     for (int i = 0; i < n; i++)
         if (!get(modules[i], api, site))
             return (ndm_module){0};
-    module *m = alloc_module(SEQUENTIAL);
-    if (!m || !(m->children = malloc((size_t)(n ? n : 1) * sizeof *m->children))) {
+    module *m = alloc_module(SEQUENTIAL, api, site);
+    if (!m)
+        return (ndm_module){0};
+    if (!(m->children = malloc((size_t)(n ? n : 1) * sizeof *m->children))) {
         free(m);
         ndm__fail(NDM_E_OOM, api, site, "no memory for a module");
         return (ndm_module){0};

@@ -133,6 +133,96 @@ static bool conv_output_shape(const int64_t *x, const int64_t *w, ndm_dtype dt,
     return true;
 }
 
+/* What a dispatcher holds around the kernel: the result, the array the
+ * kernel writes (the result, or an f32 stand-in for f16 and bf16), and the
+ * library temporaries to release before returning. */
+typedef struct call {
+    ndm__site site;
+    const char *api;
+    ndm_manager out;
+    ndm_device dev;
+    ndm_dtype cdt;
+    ndm_array res;
+    ndm__array *rres, *eres;
+    ndm_array temps[5];
+    int ntemps;
+} call;
+
+static call call_start(ndm__site site, const char *api, ndm_manager out, ndm__array *first)
+{
+    call c = {.site = site, .api = api, .out = out, .dev = first->storage->device};
+    c.cdt = first->dtype == NDM_F64 ? NDM_F64 : NDM_F32;
+    return c;
+}
+
+/* The result (dtype dt, 4-d shape) and, for f16 and bf16, its stand-in. */
+static bool call_result(call *c, ndm_dtype dt, const int64_t *shape)
+{
+    c->res = ndm__array_new_on(c->site, c->api, c->out, c->dev, dt, 4, shape, &c->rres);
+    if (!c->res.id)
+        return false;
+    c->eres = c->rres;
+    if (dt == c->cdt)
+        return true;
+    ndm_array t = ndm__array_new_on(c->site, c->api, c->out, c->dev, c->cdt, 4, shape, &c->eres);
+    if (!t.id)
+        return false;
+    c->temps[c->ntemps++] = t;
+    return true;
+}
+
+/* Input r in the compute dtype, or NULL with the error recorded. */
+static ndm__array *call_input(call *c, ndm__array *r)
+{
+    ndm_array t;
+    ndm__array *e = as_compute(c->site, c->api, c->out, r, c->cdt, &t);
+    if (t.id)
+        c->temps[c->ntemps++] = t;
+    return e;
+}
+
+/* `bytes` of scratch into *ws (NULL for none); false with the error recorded. */
+static bool call_workspace(call *c, size_t bytes, void **ws)
+{
+    *ws = NULL;
+    if (!bytes)
+        return true;
+    ndm__array *r;
+    int64_t n = (int64_t)bytes;
+    ndm_array t = ndm__array_new_on(c->site, c->api, c->out, c->dev, NDM_U8, 1, &n, &r);
+    if (!t.id)
+        return false;
+    c->temps[c->ntemps++] = t;
+    *ws = ndm__array_ptr(r);
+    return true;
+}
+
+/* After the kernel (st its status; ok false when a step before it failed):
+ * the stand-in converted into the result, temporaries released. Returns the
+ * result, or the null handle with the error recorded: "<what> failed", or,
+ * with operands, "<what> of <of> with <with> failed". */
+static ndm_array call_end(call *c, bool ok, ndm_status st, const char *what, ndm__array *of,
+                          ndm__array *with)
+{
+    if (ok && st >= 0 && c->eres != c->rres) {
+        ndm__tensor dst = ndm__tensor_of(c->rres), src = ndm__tensor_of(c->eres);
+        const ndm__backend *be = ndm__backend_of(c->dev, c->api, c->site);
+        st = be ? be->copy(c->dev.index, &dst, &src) : NDM_E_UNSUPPORTED;
+    }
+    if (ok && st < 0) {
+        char d1[160], d2[160];
+        ndm__fail(st, c->api, c->site, "%s%s%s%s%s failed: %s", what, of ? " of " : "",
+                  of ? ndm__array_desc(of, d1, sizeof d1) : "", with ? " with " : "",
+                  with ? ndm__array_desc(with, d2, sizeof d2) : "", ndm_status_str(st));
+    }
+    release_temps(c->temps, c->ntemps);
+    if (ok && st >= 0)
+        return c->res;
+    if (c->res.id)
+        ndm__discard(c->res);
+    return NDM_NULL_ARRAY;
+}
+
 static ndm_array conv2d_impl(NDM_SITE_PARAMS, ndm_manager out, ndm_array x, ndm_array w,
                              const ndm_array *bias, const ndm_conv2d_opts *opts)
 {
@@ -182,53 +272,39 @@ static ndm_array conv2d_impl(NDM_SITE_PARAMS, ndm_manager out, ndm_array x, ndm_
     const struct ndm__backend_nn *fam = family(rx, api, site);
     if (!fam)
         return NDM_NULL_ARRAY;
-    ndm_dtype cdt = rx->dtype == NDM_F64 ? NDM_F64 : NDM_F32;
-    ndm__array *ry;
-    ndm_array res = ndm__array_new_on(site, api, out, rx->storage->device, rx->dtype, 4, yshape, &ry);
-    if (!res.id)
-        return res;
-    /* temporaries: x, w, bias in the compute dtype, y in it, workspace */
-    ndm_array t[5] = {NDM_NULL_ARRAY, NDM_NULL_ARRAY, NDM_NULL_ARRAY, NDM_NULL_ARRAY,
-                      NDM_NULL_ARRAY};
-    ndm__array *ex, *ew, *eb = NULL, *ey = ry;
-    int dev = rx->storage->device.index;
-    ndm_status st = NDM_OK;
-    if (!(ex = as_compute(site, api, out, rx, cdt, &t[0])) ||
-        !(ew = as_compute(site, api, out, rw, cdt, &t[1])) ||
-        (rb && !(eb = as_compute(site, api, out, rb, cdt, &t[2]))))
-        goto fail;
-    if (cdt != rx->dtype &&
-        !(t[3] = ndm__array_new_on(site, api, out, rx->storage->device, cdt, 4, yshape, &ey)).id)
-        goto fail;
-    ndm__tensor ty = ndm__tensor_of(ey), tx = ndm__tensor_of(ex), tw = ndm__tensor_of(ew);
-    ndm__tensor tb = eb ? ndm__tensor_of(eb) : (ndm__tensor){0};
-    size_t wsb = fam->conv2d_workspace(dev, &ty, &tx, &tw, &g);
+    call c = call_start(site, api, out, rx);
+    ndm__array *ex, *ew, *eb = NULL;
     void *ws = NULL;
-    if (wsb) {
-        ndm__array *rws;
-        int64_t n = (int64_t)wsb;
-        if (!(t[4] = ndm__array_new_on(site, api, out, rx->storage->device, NDM_U8, 1, &n, &rws)).id)
-            goto fail;
-        ws = ndm__array_ptr(rws);
+    ndm_status st = NDM_OK;
+    bool ok = call_result(&c, rx->dtype, yshape) && (ex = call_input(&c, rx)) &&
+              (ew = call_input(&c, rw)) && (!rb || (eb = call_input(&c, rb)));
+    if (ok) {
+        ndm__tensor ty = ndm__tensor_of(c.eres), tx = ndm__tensor_of(ex),
+                    tw = ndm__tensor_of(ew);
+        ndm__tensor tb = eb ? ndm__tensor_of(eb) : (ndm__tensor){0};
+        ok = call_workspace(&c, fam->conv2d_workspace(c.dev.index, &ty, &tx, &tw, &g), &ws);
+        if (ok)
+            st = fam->conv2d(c.dev.index, &ty, &tx, &tw, eb ? &tb : NULL, &g, ws);
     }
-    st = fam->conv2d(dev, &ty, &tx, &tw, eb ? &tb : NULL, &g, ws);
-    if (st >= 0 && ey != ry) {
-        ndm__tensor dst = ndm__tensor_of(ry);
-        const ndm__backend *be = ndm__backend_of(rx->storage->device, api, site);
-        st = be ? be->copy(dev, &dst, &ty) : NDM_E_UNSUPPORTED;
+    return call_end(&c, ok, st, "convolution", rx, rw);
+}
+
+/* A pooling operand (`name`, laid out as `layout`): a float dtype, 4-d. */
+static bool pool_operand(ndm__array *r, const char *name, const char *layout, const char *api,
+                         ndm__site site)
+{
+    if (!ndm_dtype_is_float(r->dtype)) {
+        ndm__fail(NDM_E_DTYPE, api, site, "pooling needs a float dtype (got %s)",
+                  ndm_dtype_short(r->dtype));
+        return false;
     }
-    if (st < 0) {
-        ndm__fail(st, api, site, "convolution of %s with %s failed: %s",
-                  ndm__array_desc(rx, d1, sizeof d1), ndm__array_desc(rw, d2, sizeof d2),
-                  ndm_status_str(st));
-        goto fail;
+    if (r->ndim != 4) {
+        char d1[160];
+        ndm__fail(NDM_E_SHAPE, api, site, "%s must be 4-d %s, got %s", name, layout,
+                  ndm__array_desc(r, d1, sizeof d1));
+        return false;
     }
-    release_temps(t, 5);
-    return res;
-fail:
-    release_temps(t, 5);
-    ndm__discard(res);
-    return NDM_NULL_ARRAY;
+    return true;
 }
 
 /* Pooling options resolved into g (whose max and count_include_pad are
@@ -307,23 +383,11 @@ static ndm_array pool_recorded(ndm__site site, const char *api, ndm_manager out,
 static ndm_array pool_impl(ndm__site site, const char *api, ndm_manager out, ndm_array x,
                            bool max, bool count_include_pad, const ndm_pool2d_opts *opts)
 {
-    char d1[160];
-    ndm__array *rx = ndm__array_get_prop(x, api, site);
+    ndm__array *rx = ndm__input(x, &out, api, site);
     if (!rx)
         return NDM_NULL_ARRAY;
-    out = ndm__output_manager(out, rx, api, site);
-    if (!out.id)
+    if (!pool_operand(rx, "input", "(N, C, H, W)", api, site))
         return NDM_NULL_ARRAY;
-    if (!ndm_dtype_is_float(rx->dtype)) {
-        ndm__fail(NDM_E_DTYPE, api, site, "pooling needs a float dtype (got %s)",
-                  ndm_dtype_short(rx->dtype));
-        return NDM_NULL_ARRAY;
-    }
-    if (rx->ndim != 4) {
-        ndm__fail(NDM_E_SHAPE, api, site, "input must be 4-d (N, C, H, W), got %s",
-                  ndm__array_desc(rx, d1, sizeof d1));
-        return NDM_NULL_ARRAY;
-    }
     ndm__pool2d_geom g = {.max = max, .count_include_pad = count_include_pad};
     int64_t yshape[4];
     if (!pool_geometry(opts, rx->shape, &g, yshape, api, site))
@@ -333,37 +397,15 @@ static ndm_array pool_impl(ndm__site site, const char *api, ndm_manager out, ndm
     const struct ndm__backend_nn *fam = family(rx, api, site);
     if (!fam)
         return NDM_NULL_ARRAY;
-    ndm_dtype cdt = rx->dtype == NDM_F64 ? NDM_F64 : NDM_F32;
-    ndm__array *ry, *ex, *ey;
-    ndm_array res = ndm__array_new_on(site, api, out, rx->storage->device, rx->dtype, 4, yshape, &ry);
-    if (!res.id)
-        return res;
-    ndm_array t[2] = {NDM_NULL_ARRAY, NDM_NULL_ARRAY};
-    int dev = rx->storage->device.index;
-    ey = ry;
-    if (!(ex = as_compute(site, api, out, rx, cdt, &t[0])))
-        goto fail;
-    if (cdt != rx->dtype &&
-        !(t[1] = ndm__array_new_on(site, api, out, rx->storage->device, cdt, 4, yshape, &ey)).id)
-        goto fail;
-    ndm__tensor ty = ndm__tensor_of(ey), tx = ndm__tensor_of(ex);
-    ndm_status st = fam->pool2d(dev, &ty, &tx, &g);
-    if (st >= 0 && ey != ry) {
-        ndm__tensor dst = ndm__tensor_of(ry);
-        const ndm__backend *be = ndm__backend_of(rx->storage->device, api, site);
-        st = be ? be->copy(dev, &dst, &ty) : NDM_E_UNSUPPORTED;
+    call c = call_start(site, api, out, rx);
+    ndm__array *ex;
+    ndm_status st = NDM_OK;
+    bool ok = call_result(&c, rx->dtype, yshape) && (ex = call_input(&c, rx));
+    if (ok) {
+        ndm__tensor ty = ndm__tensor_of(c.eres), tx = ndm__tensor_of(ex);
+        st = fam->pool2d(c.dev.index, &ty, &tx, &g);
     }
-    if (st < 0) {
-        ndm__fail(st, api, site, "pooling of %s failed: %s", ndm__array_desc(rx, d1, sizeof d1),
-                  ndm_status_str(st));
-        goto fail;
-    }
-    release_temps(t, 2);
-    return res;
-fail:
-    release_temps(t, 2);
-    ndm__discard(res);
-    return NDM_NULL_ARRAY;
+    return call_end(&c, ok, st, "pooling", rx, NULL);
 }
 
 NDM_API ndm_array ndm_max_pool2d_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array x,
@@ -379,90 +421,6 @@ NDM_API ndm_array ndm_avg_pool2d_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_arr
 }
 
 /* ---- gradients ------------------------------------------------------------------ */
-
-/* What a gradient's dispatcher holds around the kernel: the result, the
- * array the kernel writes (the result, or an f32 stand-in for f16 and
- * bf16), and the library temporaries to release before returning. */
-typedef struct grad_call {
-    ndm__site site;
-    const char *api;
-    ndm_manager out;
-    ndm_device dev;
-    ndm_dtype cdt;
-    ndm_array res;
-    ndm__array *rres, *eres;
-    ndm_array temps[4];
-    int ntemps;
-} grad_call;
-
-static grad_call grad_start(ndm__site site, const char *api, ndm_manager out, ndm__array *first)
-{
-    grad_call c = {.site = site, .api = api, .out = out, .dev = first->storage->device};
-    c.cdt = first->dtype == NDM_F64 ? NDM_F64 : NDM_F32;
-    return c;
-}
-
-/* The result (dtype dt, 4-d shape) and, for f16 and bf16, its stand-in. */
-static bool grad_result(grad_call *c, ndm_dtype dt, const int64_t *shape)
-{
-    c->res = ndm__array_new_on(c->site, c->api, c->out, c->dev, dt, 4, shape, &c->rres);
-    if (!c->res.id)
-        return false;
-    c->eres = c->rres;
-    if (dt == c->cdt)
-        return true;
-    ndm_array t = ndm__array_new_on(c->site, c->api, c->out, c->dev, c->cdt, 4, shape, &c->eres);
-    if (!t.id)
-        return false;
-    c->temps[c->ntemps++] = t;
-    return true;
-}
-
-/* Input r in the compute dtype, or NULL with the error recorded. */
-static ndm__array *grad_input(grad_call *c, ndm__array *r)
-{
-    ndm_array t;
-    ndm__array *e = as_compute(c->site, c->api, c->out, r, c->cdt, &t);
-    if (t.id)
-        c->temps[c->ntemps++] = t;
-    return e;
-}
-
-/* `bytes` of scratch into *ws (NULL for none); false with the error recorded. */
-static bool grad_workspace(grad_call *c, size_t bytes, void **ws)
-{
-    *ws = NULL;
-    if (!bytes)
-        return true;
-    ndm__array *r;
-    int64_t n = (int64_t)bytes;
-    ndm_array t = ndm__array_new_on(c->site, c->api, c->out, c->dev, NDM_U8, 1, &n, &r);
-    if (!t.id)
-        return false;
-    c->temps[c->ntemps++] = t;
-    *ws = ndm__array_ptr(r);
-    return true;
-}
-
-/* After the kernel (st its status; ok false when a step before it failed):
- * the stand-in converted into the result, temporaries released. Returns the
- * result, or the null handle with the error recorded. */
-static ndm_array grad_end(grad_call *c, bool ok, ndm_status st, const char *what)
-{
-    if (ok && st >= 0 && c->eres != c->rres) {
-        ndm__tensor dst = ndm__tensor_of(c->rres), src = ndm__tensor_of(c->eres);
-        const ndm__backend *be = ndm__backend_of(c->dev, c->api, c->site);
-        st = be ? be->copy(c->dev.index, &dst, &src) : NDM_E_UNSUPPORTED;
-    }
-    if (ok && st < 0)
-        ndm__fail(st, c->api, c->site, "%s failed: %s", what, ndm_status_str(st));
-    release_temps(c->temps, c->ntemps);
-    if (ok && st >= 0)
-        return c->res;
-    if (c->res.id)
-        ndm__discard(c->res);
-    return NDM_NULL_ARRAY;
-}
 
 /* A gradient kernel the device's nn family may lack; NULL fails the call. */
 static bool grad_kernel(bool present, ndm__array *r, const char *api, ndm__site site)
@@ -564,24 +522,25 @@ static ndm_array conv_backward(ndm__site site, const char *api, ndm_manager out,
         weight ? fam->conv2d_backward_weight : fam->conv2d_backward_input;
     if (!grad_kernel(kernel != NULL, rdy, api, site))
         return NDM_NULL_ARRAY;
-    grad_call c = grad_start(site, api, out, rdy);
+    call c = call_start(site, api, out, rdy);
     ndm__array *edy, *eo;
     void *ws = NULL;
     size_t wsb = 0;
     ndm_status st = NDM_OK;
-    bool ok = grad_result(&c, rdy->dtype, shape) && (edy = grad_input(&c, rdy)) &&
-              (eo = grad_input(&c, ro));
+    bool ok = call_result(&c, rdy->dtype, shape) && (edy = call_input(&c, rdy)) &&
+              (eo = call_input(&c, ro));
     if (ok) {
         ndm__tensor tres = ndm__tensor_of(c.eres), tdy = ndm__tensor_of(edy),
                     to = ndm__tensor_of(eo);
         wsb = sizer ? sizer(c.dev.index, &tres, &tdy, &to, &g) : 0;
-        ok = grad_workspace(&c, wsb, &ws);
+        ok = call_workspace(&c, wsb, &ws);
         if (ok)
             st = kernel(c.dev.index, &tres, &tdy, &to, &g, ws, wsb);
     }
-    return grad_end(&c, ok, st,
+    return call_end(&c, ok, st,
                     weight ? "the weight gradient of the convolution"
-                           : "the input gradient of the convolution");
+                           : "the input gradient of the convolution",
+                    NULL, NULL);
 }
 
 NDM_API ndm_array ndm_conv2d_backward_input_to_at(NDM_SITE_PARAMS, ndm_manager out,
@@ -606,7 +565,6 @@ static ndm_array pool_backward(ndm__site site, const char *api, ndm_manager out,
                                ndm_array grad_out, ndm_array x, bool max, bool count_include_pad,
                                const ndm_pool2d_opts *opts, int ndim, const int64_t *input_shape)
 {
-    char d1[160];
     ndm__array *rdy = ndm__array_get_prop(grad_out, api, site);
     if (!rdy)
         return NDM_NULL_ARRAY;
@@ -621,17 +579,8 @@ static ndm_array pool_backward(ndm__site site, const char *api, ndm_manager out,
             return NDM_NULL_ARRAY;
         input_shape = rx->shape;
     } else {
-        if (!ndm_dtype_is_float(rdy->dtype)) {
-            ndm__fail(NDM_E_DTYPE, api, site, "pooling needs a float dtype (got %s)",
-                      ndm_dtype_short(rdy->dtype));
-            return NDM_NULL_ARRAY;
-        }
-        if (rdy->ndim != 4) {
-            ndm__fail(NDM_E_SHAPE, api, site, "grad_out must be 4-d (N, C, OH, OW), got %s",
-                      ndm__array_desc(rdy, d1, sizeof d1));
-            return NDM_NULL_ARRAY;
-        }
-        if (!given_shape(ndim, input_shape, rdy->dtype, "input", api, site))
+        if (!pool_operand(rdy, "grad_out", "(N, C, OH, OW)", api, site) ||
+            !given_shape(ndim, input_shape, rdy->dtype, "input", api, site))
             return NDM_NULL_ARRAY;
     }
     ndm__pool2d_geom g = {.max = max, .count_include_pad = count_include_pad};
@@ -642,18 +591,19 @@ static ndm_array pool_backward(ndm__site site, const char *api, ndm_manager out,
     const struct ndm__backend_nn *fam = family(rdy, api, site);
     if (!fam || !grad_kernel(fam->pool2d_backward != NULL, rdy, api, site))
         return NDM_NULL_ARRAY;
-    grad_call c = grad_start(site, api, out, rdy);
+    call c = call_start(site, api, out, rdy);
     ndm__array *edy, *ex = NULL;
     ndm_status st = NDM_OK;
-    bool ok = grad_result(&c, rdy->dtype, input_shape) && (edy = grad_input(&c, rdy)) &&
-              (!rx || (ex = grad_input(&c, rx)));
+    bool ok = call_result(&c, rdy->dtype, input_shape) && (edy = call_input(&c, rdy)) &&
+              (!rx || (ex = call_input(&c, rx)));
     if (ok) {
         ndm__tensor tdx = ndm__tensor_of(c.eres), tdy = ndm__tensor_of(edy);
         ndm__tensor tx = ex ? ndm__tensor_of(ex) : (ndm__tensor){0};
         st = fam->pool2d_backward(c.dev.index, &tdx, &tdy, ex ? &tx : NULL, &g);
     }
-    return grad_end(&c, ok, st, max ? "the gradient of max pooling"
-                                    : "the gradient of average pooling");
+    return call_end(&c, ok, st,
+                    max ? "the gradient of max pooling" : "the gradient of average pooling", NULL,
+                    NULL);
 }
 
 NDM_API ndm_array ndm_max_pool2d_backward_to_at(NDM_SITE_PARAMS, ndm_manager out,

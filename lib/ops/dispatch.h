@@ -11,6 +11,19 @@ static inline ndm__tensor ndm__tensor_of(const ndm__array *r)
     return (ndm__tensor){ndm__array_ptr(r), r->dtype, r->ndim, r->shape, r->strides};
 }
 
+/* The start of a one-input operation: a's record (a null or stale handle
+ * keeps the first error) and, in *out, the output manager by the output
+ * rule; NULL with the error recorded. */
+static inline ndm__array *ndm__input(ndm_array a, ndm_manager *out, const char *api,
+                                     ndm__site site)
+{
+    ndm__array *r = ndm__array_get_prop(a, api, site);
+    if (!r)
+        return NULL;
+    *out = ndm__output_manager(*out, r, api, site);
+    return out->id ? r : NULL;
+}
+
 /* The backend of an array's device; records NDM_E_UNSUPPORTED when absent. */
 static inline const ndm__backend *ndm__backend_of(ndm_device d, const char *api, ndm__site where)
 {

@@ -325,13 +325,9 @@ NDM_API ndm_status ndm_split_indices_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm
 NDM_API ndm_array ndm_flip_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis)
 {
     ndm__site site = NDM__SITE;
-    ndm__array *r = ndm__array_get_prop(a, __func__, site);
-    if (!r)
-        return NDM_NULL_ARRAY;
-    out = ndm__output_manager(out, r, __func__, site);
+    ndm__array *r = ndm__input(a, &out, __func__, site);
     int ax = -1;
-    if (!out.id ||
-        (axis != NDM_ALL_AXES && ndm__axis(axis, r->ndim, false, &ax, __func__, site) < 0))
+    if (!r || (axis != NDM_ALL_AXES && ndm__axis(axis, r->ndim, false, &ax, __func__, site) < 0))
         return NDM_NULL_ARRAY;
     ndm__scratch sc = {0};
     int64_t *strides = ndm__scratch_get(&sc, (size_t)r->ndim, __func__, site);
@@ -376,11 +372,8 @@ NDM_API ndm_array ndm_tile_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, 
                                  const int64_t *reps)
 {
     ndm__site site = NDM__SITE;
-    ndm__array *r = ndm__array_get_prop(a, __func__, site);
-    if (!r)
-        return NDM_NULL_ARRAY;
-    out = ndm__output_manager(out, r, __func__, site);
-    if (!out.id || !size_list(n, reps, "repetition", __func__, site))
+    ndm__array *r = ndm__input(a, &out, __func__, site);
+    if (!r || !size_list(n, reps, "repetition", __func__, site))
         return NDM_NULL_ARRAY;
     int nd = n > r->ndim ? n : r->ndim;
     ndm__scratch sc = {0};
@@ -428,11 +421,8 @@ NDM_API ndm_array ndm_pad_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, n
                                 double value, int n, const int64_t *widths)
 {
     ndm__site site = NDM__SITE;
-    ndm__array *r = ndm__array_get_prop(a, __func__, site);
+    ndm__array *r = ndm__input(a, &out, __func__, site);
     if (!r)
-        return NDM_NULL_ARRAY;
-    out = ndm__output_manager(out, r, __func__, site);
-    if (!out.id)
         return NDM_NULL_ARRAY;
     if (mode != NDM_PAD_CONSTANT && mode != NDM_PAD_EDGE && mode != NDM_PAD_REFLECT) {
         ndm__fail(NDM_E_INVALID, __func__, site, "unknown pad mode %d", (int)mode);
@@ -491,12 +481,9 @@ done:
 NDM_API ndm_array ndm_cumsum_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis)
 {
     ndm__site site = NDM__SITE;
-    ndm__array *r = ndm__array_get_prop(a, __func__, site);
-    if (!r)
-        return NDM_NULL_ARRAY;
-    out = ndm__output_manager(out, r, __func__, site);
+    ndm__array *r = ndm__input(a, &out, __func__, site);
     int ax;
-    if (!out.id || ndm__axis(axis, r->ndim, false, &ax, __func__, site) < 0)
+    if (!r || ndm__axis(axis, r->ndim, false, &ax, __func__, site) < 0)
         return NDM_NULL_ARRAY;
     ndm_device dev = r->storage->device;
     const struct ndm__backend_index *f = ndm__index_family(dev, __func__, site);

@@ -80,6 +80,21 @@ static const char *axis_range(char *buf, size_t n, int axis, int64_t size)
     return buf;
 }
 
+/* The index family of r's device once every entry of ri indexes axis ax of
+ * r (`axis` as the caller gave it; negative entries count from the end);
+ * NULL with the error recorded. */
+static const struct ndm__backend_index *on_axis(const ndm__array *r, const ndm__array *ri,
+                                                int axis, int ax, const char *api,
+                                                ndm__site site)
+{
+    const struct ndm__backend_index *f = ndm__index_family(r->storage->device, api, site);
+    char range[64];
+    int64_t n = r->shape[ax];
+    if (!f || !index_range(f, ri, -n, n, axis_range(range, sizeof range, axis, n), api, site))
+        return NULL;
+    return f;
+}
+
 /* ---- take and index_select --------------------------------------------------- */
 
 static ndm_array take(ndm__site site, const char *api, ndm_manager out, ndm_array a, int axis,
@@ -105,10 +120,8 @@ static ndm_array take(ndm__site site, const char *api, ndm_manager out, ndm_arra
     memcpy(shape + ax, ri->shape, (size_t)ri->ndim * sizeof *shape);
     memcpy(shape + ax + ri->ndim, r->shape + ax + 1, (size_t)(r->ndim - ax - 1) * sizeof *shape);
     ndm_device dev = r->storage->device;
-    const struct ndm__backend_index *f = ndm__index_family(dev, api, site);
-    char range[64];
-    int64_t n = r->shape[ax];
-    if (!f || !index_range(f, ri, -n, n, axis_range(range, sizeof range, axis, n), api, site))
+    const struct ndm__backend_index *f = on_axis(r, ri, axis, ax, api, site);
+    if (!f)
         goto done;
     ndm__array *o;
     res = ndm__array_new_on(site, api, out, dev, r->dtype, nd, shape, &o);
@@ -187,10 +200,8 @@ NDM_API ndm_array ndm_gather_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
     stretch(r, shape, ax, sstr);
     stretch(ri, shape, -1, istr);
     ndm_device dev = r->storage->device;
-    const struct ndm__backend_index *f = ndm__index_family(dev, __func__, site);
-    char range[64];
-    int64_t n = r->shape[ax];
-    if (!f || !index_range(f, ri, -n, n, axis_range(range, sizeof range, axis, n), __func__, site))
+    const struct ndm__backend_index *f = on_axis(r, ri, axis, ax, __func__, site);
+    if (!f)
         goto done;
     ndm__array *o;
     res = ndm__array_new_on(site, __func__, out, dev, r->dtype, nd, shape, &o);
@@ -286,11 +297,8 @@ static bool scatter_check(scatter *p, ndm_array a, int axis, ndm_array indices, 
             return false;
         }
     ndm__broadcast_strides(rs, nd, p->shape, p->sstr);
-    p->f = ndm__index_family(r->storage->device, api, site);
-    char range[64];
-    int64_t n = r->shape[p->ax];
-    return p->f && index_range(p->f, ri, -n, n, axis_range(range, sizeof range, axis, n), api,
-                               site);
+    p->f = on_axis(r, ri, axis, p->ax, api, site);
+    return p->f != NULL;
 }
 
 /* Add into `dst` (a, or its copy). src is read through a temporary in dst's
@@ -378,11 +386,8 @@ NDM_API ndm_array ndm_one_hot_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array 
                                     int64_t num_classes, ndm_dtype dtype)
 {
     ndm__site site = NDM__SITE;
-    ndm__array *ri = ndm__array_get_prop(indices, __func__, site);
-    if (!ri)
-        return NDM_NULL_ARRAY;
-    out = ndm__output_manager(out, ri, __func__, site);
-    if (!out.id || !index_dtype(ri, __func__, site))
+    ndm__array *ri = ndm__input(indices, &out, __func__, site);
+    if (!ri || !index_dtype(ri, __func__, site))
         return NDM_NULL_ARRAY;
     if (num_classes < 1) {
         ndm__fail(NDM_E_INVALID, __func__, site, "num_classes must be >= 1 (got %" PRId64 ")",
@@ -428,12 +433,9 @@ done:
 static ndm_array repeat(ndm__site site, const char *api, ndm_manager out, ndm_array a, int axis,
                         int n, const int64_t *reps)
 {
-    ndm__array *r = ndm__array_get_prop(a, api, site);
-    if (!r)
-        return NDM_NULL_ARRAY;
-    out = ndm__output_manager(out, r, api, site);
+    ndm__array *r = ndm__input(a, &out, api, site);
     int ax;
-    if (!out.id || ndm__axis(axis, r->ndim, false, &ax, api, site) < 0)
+    if (!r || ndm__axis(axis, r->ndim, false, &ax, api, site) < 0)
         return NDM_NULL_ARRAY;
     int64_t size = r->shape[ax], total = 0;
     if (n != 1 && n != size) {

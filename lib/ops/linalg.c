@@ -47,9 +47,9 @@ static ndm_dtype compute_dtype(ndm_dtype t)
     }
 }
 
-/* Both inputs, on one device. */
-static bool inputs2(ndm_array a, ndm_array b, ndm__array **ra, ndm__array **rb, const char *api,
-                    ndm__site site)
+/* Both inputs, on one device, and in *out the output manager. */
+static bool inputs2(ndm_array a, ndm_array b, ndm__array **ra, ndm__array **rb, ndm_manager *out,
+                    const char *api, ndm__site site)
 {
     *ra = ndm__array_get_prop(a, api, site);
     if (!*ra)
@@ -64,7 +64,8 @@ static bool inputs2(ndm_array a, ndm_array b, ndm__array **ra, ndm__array **rb, 
                   ndm_device_str((*rb)->storage->device, d2, sizeof d2));
         return false;
     }
-    return true;
+    *out = ndm__output_manager(*out, *ra, api, site);
+    return out->id != 0;
 }
 
 static ndm_array matmul_impl(ndm__site site, const char *api, ndm_manager out, ndm__array *ra,
@@ -192,10 +193,7 @@ NDM_API ndm_array ndm_matmul_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
 {
     ndm__site site = NDM__SITE;
     ndm__array *ra, *rb;
-    if (!inputs2(a, b, &ra, &rb, __func__, site))
-        return NDM_NULL_ARRAY;
-    out = ndm__output_manager(out, ra, __func__, site);
-    if (!out.id)
+    if (!inputs2(a, b, &ra, &rb, &out, __func__, site))
         return NDM_NULL_ARRAY;
     bool paused = ndm__ag_pause();
     ndm_array res = matmul_impl(site, __func__, out, ra, rb);
@@ -233,10 +231,7 @@ NDM_API ndm_array ndm_outer_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a,
 {
     ndm__site site = NDM__SITE;
     ndm__array *ra, *rb;
-    if (!inputs2(a, b, &ra, &rb, __func__, site))
-        return NDM_NULL_ARRAY;
-    out = ndm__output_manager(out, ra, __func__, site);
-    if (!out.id)
+    if (!inputs2(a, b, &ra, &rb, &out, __func__, site))
         return NDM_NULL_ARRAY;
     int64_t na = ndm__numel(ra->ndim, ra->shape), nb = ndm__numel(rb->ndim, rb->shape);
     int64_t sha[2] = {na, 1}, shb[2] = {1, nb}, sho[2] = {na, nb};
@@ -267,10 +262,7 @@ static ndm_array dot_impl(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, ndm_arr
 {
     ndm__site site = NDM__SITE;
     ndm__array *ra, *rb;
-    if (!inputs2(a, b, &ra, &rb, "ndm_dot", site))
-        return NDM_NULL_ARRAY;
-    out = ndm__output_manager(out, ra, "ndm_dot", site);
-    if (!out.id)
+    if (!inputs2(a, b, &ra, &rb, &out, "ndm_dot", site))
         return NDM_NULL_ARRAY;
     int na = ra->ndim, nbd = rb->ndim;
     if (na == 0 || nbd == 0) {

@@ -76,11 +76,8 @@ static void axes_put(axes_buf *b)
 static ndm_array reduce_impl(ndm__site site, const char *api, ndm__reduce_op op, ndm_manager out,
                              ndm_array a, bool keepdim, int naxes, const int *axes, int64_t ddof)
 {
-    ndm__array *r = ndm__array_get_prop(a, api, site);
+    ndm__array *r = ndm__input(a, &out, api, site);
     if (!r)
-        return NDM_NULL_ARRAY;
-    out = ndm__output_manager(out, r, api, site);
-    if (!out.id)
         return NDM_NULL_ARRAY;
     if (naxes < -1) {
         ndm__fail(NDM_E_AXIS, api, site, "%d axes: pass a count >= 0, or NDM_ALL_AXES_LIST",
@@ -189,65 +186,30 @@ done:
     return res;
 }
 
-NDM_API ndm_array ndm_sum_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, bool keepdim,
-                                int naxes, const int *axes)
-{
-    return reduce_impl(NDM__SITE, __func__, NDM__RED_SUM, out, a, keepdim, naxes, axes, 0);
-}
+/* The public reductions: each one line below. */
+#define NDM__REDUCTION(name, OP)                                                \
+    NDM_API ndm_array ndm_##name##_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, \
+                                         bool keepdim, int naxes, const int *axes) \
+    {                                                                           \
+        return reduce_impl(NDM__SITE, __func__, OP, out, a, keepdim, naxes, axes, 0); \
+    }
+#define NDM__REDUCTION_DDOF(name, OP)                                           \
+    NDM_API ndm_array ndm_##name##_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, \
+                                         int ddof, bool keepdim, int naxes, const int *axes) \
+    {                                                                           \
+        return reduce_impl(NDM__SITE, __func__, OP, out, a, keepdim, naxes, axes, ddof); \
+    }
 
-NDM_API ndm_array ndm_prod_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, bool keepdim,
-                                 int naxes, const int *axes)
-{
-    return reduce_impl(NDM__SITE, __func__, NDM__RED_PROD, out, a, keepdim, naxes, axes, 0);
-}
-
-NDM_API ndm_array ndm_mean_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, bool keepdim,
-                                 int naxes, const int *axes)
-{
-    return reduce_impl(NDM__SITE, __func__, NDM__RED_MEAN, out, a, keepdim, naxes, axes, 0);
-}
-
-NDM_API ndm_array ndm_var_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int ddof,
-                                bool keepdim, int naxes, const int *axes)
-{
-    return reduce_impl(NDM__SITE, __func__, NDM__RED_VAR, out, a, keepdim, naxes, axes, ddof);
-}
-
-NDM_API ndm_array ndm_std_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int ddof,
-                                bool keepdim, int naxes, const int *axes)
-{
-    return reduce_impl(NDM__SITE, __func__, NDM__RED_STD, out, a, keepdim, naxes, axes, ddof);
-}
-
-NDM_API ndm_array ndm_max_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, bool keepdim,
-                                int naxes, const int *axes)
-{
-    return reduce_impl(NDM__SITE, __func__, NDM__RED_MAX, out, a, keepdim, naxes, axes, 0);
-}
-
-NDM_API ndm_array ndm_min_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, bool keepdim,
-                                int naxes, const int *axes)
-{
-    return reduce_impl(NDM__SITE, __func__, NDM__RED_MIN, out, a, keepdim, naxes, axes, 0);
-}
-
-NDM_API ndm_array ndm_all_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, bool keepdim,
-                                int naxes, const int *axes)
-{
-    return reduce_impl(NDM__SITE, __func__, NDM__RED_ALL, out, a, keepdim, naxes, axes, 0);
-}
-
-NDM_API ndm_array ndm_any_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, bool keepdim,
-                                int naxes, const int *axes)
-{
-    return reduce_impl(NDM__SITE, __func__, NDM__RED_ANY, out, a, keepdim, naxes, axes, 0);
-}
-
-NDM_API ndm_array ndm_logsumexp_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a,
-                                      bool keepdim, int naxes, const int *axes)
-{
-    return reduce_impl(NDM__SITE, __func__, NDM__RED_LOGSUMEXP, out, a, keepdim, naxes, axes, 0);
-}
+NDM__REDUCTION(sum, NDM__RED_SUM)
+NDM__REDUCTION(prod, NDM__RED_PROD)
+NDM__REDUCTION(mean, NDM__RED_MEAN)
+NDM__REDUCTION_DDOF(var, NDM__RED_VAR)
+NDM__REDUCTION_DDOF(std, NDM__RED_STD)
+NDM__REDUCTION(max, NDM__RED_MAX)
+NDM__REDUCTION(min, NDM__RED_MIN)
+NDM__REDUCTION(all, NDM__RED_ALL)
+NDM__REDUCTION(any, NDM__RED_ANY)
+NDM__REDUCTION(logsumexp, NDM__RED_LOGSUMEXP)
 
 static ndm_array arg_impl(ndm__site site, const char *api, ndm__reduce_op op, ndm_manager out,
                           ndm_array a, int axis, bool keepdim)
@@ -272,11 +234,8 @@ NDM_API ndm_array ndm_argmin_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
 static ndm_array softmax_impl(ndm__site site, const char *api, ndm_manager out, ndm_array a,
                               int axis, bool lg)
 {
-    ndm__array *r = ndm__array_get_prop(a, api, site);
+    ndm__array *r = ndm__input(a, &out, api, site);
     if (!r)
-        return NDM_NULL_ARRAY;
-    out = ndm__output_manager(out, r, api, site);
-    if (!out.id)
         return NDM_NULL_ARRAY;
     int ax = 0;
     /* A 0-d array is a single slice along axis 0 (or -1), as PyTorch has it. */

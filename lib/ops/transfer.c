@@ -69,11 +69,8 @@ NDM_API ndm_array ndm_to_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, nd
 {
     ndm__site site = NDM__SITE;
     const char *api = __func__;
-    ndm__array *r = ndm__array_get_prop(a, api, site);
+    ndm__array *r = ndm__input(a, &out, api, site);
     if (!r)
-        return NDM_NULL_ARRAY;
-    out = ndm__output_manager(out, r, api, site);
-    if (!out.id)
         return NDM_NULL_ARRAY;
     ndm_device from = r->storage->device;
     if (ndm_device_eq(from, device))

@@ -27,26 +27,40 @@ static bool dims_get(dims *d, int ndim)
     return true;
 }
 
+/* dims_get that reports a failure. */
+static bool dims_new(dims *d, int ndim, const char *api, ndm__site site)
+{
+    if (dims_get(d, ndim))
+        return true;
+    ndm__fail(NDM_E_OOM, api, site, "no memory for a rank-%d shape", ndim);
+    return false;
+}
+
 static void dims_put(dims *d)
 {
     if (d->shape != d->small)
         free(d->shape);
 }
 
-/* Look up the input and the output manager. */
-static ndm__array *input(ndm_array a, ndm_manager *out, const char *api, ndm__site site)
+/* r's axes but axis `drop` (all its size-1 axes when drop < 0) into d;
+ * returns how many. */
+static int kept_axes(const ndm__array *r, int drop, dims *d)
 {
-    ndm__array *r = ndm__array_get_prop(a, api, site);
-    if (!r)
-        return NULL;
-    *out = ndm__output_manager(*out, r, api, site);
-    return out->id ? r : NULL;
+    int k = 0;
+    for (int j = 0; j < r->ndim; j++) {
+        if (drop >= 0 ? j == drop : r->shape[j] == 1)
+            continue;
+        d->shape[k] = r->shape[j];
+        d->strides[k] = r->strides[j];
+        k++;
+    }
+    return k;
 }
 
 NDM_API ndm_array ndm_alias_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a)
 {
     ndm__site site = NDM__SITE;
-    ndm__array *r = input(a, &out, __func__, site);
+    ndm__array *r = ndm__input(a, &out, __func__, site);
     if (!r)
         return NDM_NULL_ARRAY;
     ndm_array res = ndm__array_view(site, __func__, out, r, r->dtype, r->ndim, r->shape,
@@ -137,7 +151,7 @@ NDM_API ndm_array ndm_reshape_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array 
                                     const int64_t *shape)
 {
     ndm__site site = NDM__SITE;
-    ndm__array *r = input(a, &out, __func__, site);
+    ndm__array *r = ndm__input(a, &out, __func__, site);
     if (!r)
         return NDM_NULL_ARRAY;
     if (ndim < 0 || (ndim > 0 && !shape)) {
@@ -145,10 +159,8 @@ NDM_API ndm_array ndm_reshape_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array 
         return NDM_NULL_ARRAY;
     }
     dims d;
-    if (!dims_get(&d, ndim)) {
-        ndm__fail(NDM_E_OOM, __func__, site, "no memory for a rank-%d shape", ndim);
+    if (!dims_new(&d, ndim, __func__, site))
         return NDM_NULL_ARRAY;
-    }
     ndm_array res = NDM_NULL_ARRAY;
     int infer = -1;
     int64_t known = 1, total = ndm__numel(r->ndim, r->shape);
@@ -201,7 +213,7 @@ NDM_API ndm_array ndm_permute_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array 
                                     const int *axes)
 {
     ndm__site site = NDM__SITE;
-    ndm__array *r = input(a, &out, __func__, site);
+    ndm__array *r = ndm__input(a, &out, __func__, site);
     if (!r)
         return NDM_NULL_ARRAY;
     int nd = r->ndim;
@@ -210,10 +222,8 @@ NDM_API ndm_array ndm_permute_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array 
         return NDM_NULL_ARRAY;
     }
     dims d;
-    if (!dims_get(&d, nd)) {
-        ndm__fail(NDM_E_OOM, __func__, site, "no memory for a rank-%d shape", nd);
+    if (!dims_new(&d, nd, __func__, site))
         return NDM_NULL_ARRAY;
-    }
     ndm_array res = NDM_NULL_ARRAY;
     ndm__ag_params agp;
     agp.naxes = nd <= NDM__AG_MAX_AXES ? nd : -1;
@@ -252,7 +262,7 @@ NDM_API ndm_array ndm_swapaxes_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array
                                      int axis2)
 {
     ndm__site site = NDM__SITE;
-    ndm__array *r = input(a, &out, __func__, site);
+    ndm__array *r = ndm__input(a, &out, __func__, site);
     if (!r)
         return NDM_NULL_ARRAY;
     int x, y;
@@ -260,10 +270,8 @@ NDM_API ndm_array ndm_swapaxes_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array
         ndm__axis(axis2, r->ndim, false, &y, __func__, site) < 0)
         return NDM_NULL_ARRAY;
     dims d;
-    if (!dims_get(&d, r->ndim)) {
-        ndm__fail(NDM_E_OOM, __func__, site, "no memory");
+    if (!dims_new(&d, r->ndim, __func__, site))
         return NDM_NULL_ARRAY;
-    }
     ndm__ag_params agp;
     agp.naxes = r->ndim <= NDM__AG_MAX_AXES ? r->ndim : -1;
     for (int i = 0; i < r->ndim; i++) {
@@ -285,7 +293,7 @@ NDM_API ndm_array ndm_slice_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a,
                                   int64_t start, int64_t stop, int64_t step)
 {
     ndm__site site = NDM__SITE;
-    ndm__array *r = input(a, &out, __func__, site);
+    ndm__array *r = ndm__input(a, &out, __func__, site);
     if (!r)
         return NDM_NULL_ARRAY;
     int ax;
@@ -316,10 +324,8 @@ NDM_API ndm_array ndm_slice_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a,
     else if (step < 0 && stop < start)
         len = (start - stop + (-step) - 1) / (-step);
     dims d;
-    if (!dims_get(&d, r->ndim)) {
-        ndm__fail(NDM_E_OOM, __func__, site, "no memory");
+    if (!dims_new(&d, r->ndim, __func__, site))
         return NDM_NULL_ARRAY;
-    }
     memcpy(d.shape, r->shape, (size_t)r->ndim * sizeof(int64_t));
     memcpy(d.strides, r->strides, (size_t)r->ndim * sizeof(int64_t));
     d.shape[ax] = len;
@@ -342,7 +348,7 @@ NDM_API ndm_array ndm_select_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
                                    int64_t index)
 {
     ndm__site site = NDM__SITE;
-    ndm__array *r = input(a, &out, __func__, site);
+    ndm__array *r = ndm__input(a, &out, __func__, site);
     if (!r)
         return NDM_NULL_ARRAY;
     int ax;
@@ -356,18 +362,9 @@ NDM_API ndm_array ndm_select_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
         return NDM_NULL_ARRAY;
     }
     dims d;
-    if (!dims_get(&d, r->ndim)) {
-        ndm__fail(NDM_E_OOM, __func__, site, "no memory");
+    if (!dims_new(&d, r->ndim, __func__, site))
         return NDM_NULL_ARRAY;
-    }
-    int k = 0;
-    for (int j = 0; j < r->ndim; j++) {
-        if (j == ax)
-            continue;
-        d.shape[k] = r->shape[j];
-        d.strides[k] = r->strides[j];
-        k++;
-    }
+    int k = kept_axes(r, ax, &d);
     ndm_array res = ndm__array_view(site, __func__, out, r, r->dtype, k, d.shape, d.strides,
                                     r->offset + i * r->strides[ax], NULL);
     ndm__ag_params agp = {.i = {ax, i}};
@@ -379,7 +376,7 @@ NDM_API ndm_array ndm_select_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
 NDM_API ndm_array ndm_squeeze_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis)
 {
     ndm__site site = NDM__SITE;
-    ndm__array *r = input(a, &out, __func__, site);
+    ndm__array *r = ndm__input(a, &out, __func__, site);
     if (!r)
         return NDM_NULL_ARRAY;
     int ax = -1;
@@ -394,18 +391,9 @@ NDM_API ndm_array ndm_squeeze_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array 
         }
     }
     dims d;
-    if (!dims_get(&d, r->ndim)) {
-        ndm__fail(NDM_E_OOM, __func__, site, "no memory");
+    if (!dims_new(&d, r->ndim, __func__, site))
         return NDM_NULL_ARRAY;
-    }
-    int k = 0;
-    for (int j = 0; j < r->ndim; j++) {
-        if (ax >= 0 ? j == ax : r->shape[j] == 1)
-            continue;
-        d.shape[k] = r->shape[j];
-        d.strides[k] = r->strides[j];
-        k++;
-    }
+    int k = kept_axes(r, ax, &d);
     ndm_array res = ndm__array_view(site, __func__, out, r, r->dtype, k, d.shape, d.strides,
                                     r->offset, NULL);
     NDM__AG_RECORD(NDM__AG_RESHAPE, res, 1, &a, NULL);
@@ -416,17 +404,15 @@ NDM_API ndm_array ndm_squeeze_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array 
 NDM_API ndm_array ndm_unsqueeze_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis)
 {
     ndm__site site = NDM__SITE;
-    ndm__array *r = input(a, &out, __func__, site);
+    ndm__array *r = ndm__input(a, &out, __func__, site);
     if (!r)
         return NDM_NULL_ARRAY;
     int ax;
     if (ndm__axis(axis, r->ndim, true, &ax, __func__, site) < 0)
         return NDM_NULL_ARRAY;
     dims d;
-    if (!dims_get(&d, r->ndim + 1)) {
-        ndm__fail(NDM_E_OOM, __func__, site, "no memory");
+    if (!dims_new(&d, r->ndim + 1, __func__, site))
         return NDM_NULL_ARRAY;
-    }
     for (int j = 0, k = 0; j <= r->ndim; j++) {
         if (j == ax) {
             d.shape[j] = 1;
@@ -449,7 +435,7 @@ NDM_API ndm_array ndm_expand_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
                                    const int64_t *shape)
 {
     ndm__site site = NDM__SITE;
-    ndm__array *r = input(a, &out, __func__, site);
+    ndm__array *r = ndm__input(a, &out, __func__, site);
     if (!r)
         return NDM_NULL_ARRAY;
     if (ndim < r->ndim || (ndim > 0 && !shape)) {
@@ -458,10 +444,8 @@ NDM_API ndm_array ndm_expand_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
         return NDM_NULL_ARRAY;
     }
     dims d;
-    if (!dims_get(&d, ndim)) {
-        ndm__fail(NDM_E_OOM, __func__, site, "no memory");
+    if (!dims_new(&d, ndim, __func__, site))
         return NDM_NULL_ARRAY;
-    }
     ndm_array res = NDM_NULL_ARRAY;
     int lead = ndim - r->ndim;
     for (int j = 0; j < ndim; j++) {
@@ -503,7 +487,7 @@ done:
 NDM_API ndm_array ndm_contiguous_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a)
 {
     ndm__site site = NDM__SITE;
-    ndm__array *r = input(a, &out, __func__, site);
+    ndm__array *r = ndm__input(a, &out, __func__, site);
     if (!r)
         return NDM_NULL_ARRAY;
     ndm_array res;
@@ -519,7 +503,7 @@ NDM_API ndm_array ndm_contiguous_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_arr
 NDM_API ndm_array ndm_copy_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a)
 {
     ndm__site site = NDM__SITE;
-    ndm__array *r = input(a, &out, __func__, site);
+    ndm__array *r = ndm__input(a, &out, __func__, site);
     if (!r)
         return NDM_NULL_ARRAY;
     ndm_array res = copy_as(site, __func__, out, r, r->ndim, r->shape);

@@ -1,6 +1,7 @@
-/* Shared by the fuzz targets: run a load on a buffer and through a file,
- * and abort on any outcome a malformed input must not produce (a status
- * other than a clean refusal, an empty message, arrays left behind). */
+/* Shared by the fuzz targets: the driver that runs a load on a buffer and
+ * through a file, and the checks that abort on any outcome a malformed input
+ * must not produce (a status other than a clean refusal, an empty message,
+ * arrays left behind). */
 #ifndef NDM_FUZZ_COMMON_H
 #define NDM_FUZZ_COMMON_H
 
@@ -104,6 +105,41 @@ static void fuzz_close(ndm_manager m)
         fuzz_die("arrays left in the manager");
     if (ndm_manager_close(m) != NDM_OK)
         fuzz_die("close");
+}
+
+/* A loaded array is read whole; a failed load is a clean refusal. */
+static inline void fuzz_check_array(ndm_manager m, ndm_array a)
+{
+    if (a.id)
+        fuzz_consume(a);
+    else
+        fuzz_failed(m);
+}
+
+/* One load of a target into m and its check: from the buffer (data, size)
+ * when path is NULL, else from the file at path in the target's load mode
+ * `mode`. ctx is the target's own. */
+typedef void (*fuzz_load_fn)(ndm_manager m, const uint8_t *data, size_t size, const char *path,
+                             int mode, const void *ctx);
+
+/* The driver of every target: the input loaded from a buffer, then, where
+ * the system has memory files, from a file once per mode. */
+static void fuzz_run(const uint8_t *data, size_t size, int modes, fuzz_load_fn load,
+                     const void *ctx)
+{
+    ndm_manager m = fuzz_manager();
+    ndm_clear_error();
+    load(m, data, size, NULL, 0, ctx);
+    char path[64];
+    int fd = fuzz_file(data, size, path, sizeof path);
+    if (fd >= 0) {
+        for (int i = 0; i < modes; i++) {
+            ndm_clear_error();
+            load(m, NULL, 0, path, i, ctx);
+        }
+        close(fd);
+    }
+    fuzz_close(m);
 }
 
 #endif

@@ -4,15 +4,21 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static void csv_check(ndm_manager m, ndm_array a)
+typedef struct csv_args {
+    ndm_dtype dt;
+    ndm_csv_options o;
+} csv_args;
+
+static void csv_load(ndm_manager m, const uint8_t *data, size_t size, const char *path, int mode,
+                     const void *ctx)
 {
-    if (a.id) {
-        if (ndm_array_ndim(a) != 2)
-            fuzz_die("a CSV array that is not 2-D");
-        fuzz_consume(a);
-    } else {
-        fuzz_failed(m);
-    }
+    (void)mode;
+    const csv_args *c = ctx;
+    ndm_array a = path ? ndm_csv_load(m, path, c->dt, &c->o)
+                       : ndm_csv_load_buffer(m, (const char *)data, size, c->dt, &c->o);
+    if (a.id && ndm_array_ndim(a) != 2)
+        fuzz_die("a CSV array that is not 2-D");
+    fuzz_check_array(m, a);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -20,18 +26,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size < 1)
         return 0;
     static const char delims[4] = {',', ';', '\t', ' '};
-    ndm_csv_options o = {delims[(data[0] >> 4) & 3], (data[0] >> 3) & 1};
-    ndm_dtype dt = (ndm_dtype)(data[0] & 7);
-    ndm_manager m = fuzz_manager();
-    ndm_clear_error();
-    csv_check(m, ndm_csv_load_buffer(m, (const char *)data + 1, size - 1, dt, &o));
-    char path[64];
-    int fd = fuzz_file(data + 1, size - 1, path, sizeof path);
-    if (fd >= 0) {
-        ndm_clear_error();
-        csv_check(m, ndm_csv_load(m, path, dt, &o));
-        close(fd);
-    }
-    fuzz_close(m);
+    csv_args c = {(ndm_dtype)(data[0] & 7), {delims[(data[0] >> 4) & 3], (data[0] >> 3) & 1}};
+    fuzz_run(data + 1, size - 1, 1, csv_load, &c);
     return 0;
 }

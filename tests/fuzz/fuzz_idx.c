@@ -3,26 +3,15 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static void idx_check(ndm_manager m, ndm_array a)
+static void idx_load(ndm_manager m, const uint8_t *data, size_t size, const char *path,
+                     int mode, const void *ctx)
 {
-    if (a.id)
-        fuzz_consume(a);
-    else
-        fuzz_failed(m);
+    (void)mode, (void)ctx;
+    fuzz_check_array(m, path ? ndm_idx_load(m, path) : ndm_idx_load_buffer(m, data, size));
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    ndm_manager m = fuzz_manager();
-    ndm_clear_error();
-    idx_check(m, ndm_idx_load_buffer(m, data, size));
-    char path[64];
-    int fd = fuzz_file(data, size, path, sizeof path);
-    if (fd >= 0) {
-        ndm_clear_error();
-        idx_check(m, ndm_idx_load(m, path));
-        close(fd);
-    }
-    fuzz_close(m);
+    fuzz_run(data, size, 1, idx_load, NULL);
     return 0;
 }

@@ -21,21 +21,17 @@ static void st_check(ndm_manager m, const ndm_named_arrays *set)
             fuzz_die("metadata");
 }
 
+static void st_load(ndm_manager m, const uint8_t *data, size_t size, const char *path, int mode,
+                    const void *ctx)
+{
+    (void)ctx;
+    static const unsigned modes[] = {NDM_LOAD_COPY, NDM_LOAD_MMAP, NDM_LOAD_MMAP_COW};
+    st_check(m, path ? ndm_safetensors_load(m, path, modes[mode])
+                     : ndm_safetensors_load_buffer(m, data, size));
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    ndm_manager m = fuzz_manager();
-    ndm_clear_error();
-    st_check(m, ndm_safetensors_load_buffer(m, data, size));
-    char path[64];
-    int fd = fuzz_file(data, size, path, sizeof path);
-    if (fd >= 0) {
-        static const unsigned modes[] = {NDM_LOAD_COPY, NDM_LOAD_MMAP, NDM_LOAD_MMAP_COW};
-        for (int i = 0; i < 3; i++) {
-            ndm_clear_error();
-            st_check(m, ndm_safetensors_load(m, path, modes[i]));
-        }
-        close(fd);
-    }
-    fuzz_close(m);
+    fuzz_run(data, size, 3, st_load, NULL);
     return 0;
 }

@@ -38,6 +38,13 @@ static cgeo conv_geo(const ndm__tensor *y, const ndm__tensor *x, const ndm__tens
     return c;
 }
 
+static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+static inline int64_t clamp64(int64_t v, int64_t lo, int64_t hi)
+{
+    return v < lo ? lo : v > hi ? hi : v;
+}
+
 /* ---- reference ----------------------------------------------------------------- */
 
 #define NDM__REF_CONV(T)                                                        \
@@ -96,6 +103,16 @@ static ndm_status ref_conv2d(int device, const ndm__tensor *y, const ndm__tensor
     return NDM_OK;
 }
 
+/* The input rows (or columns) [*lo, *hi) under output position o of a
+ * pooling window, clipped to the input's size. */
+static inline void pool_span(int64_t o, int64_t stride, int64_t pad, int64_t k, int64_t size,
+                             int64_t *lo, int64_t *hi)
+{
+    int64_t s = o * stride - pad;
+    *hi = s + k < size ? s + k : size;
+    *lo = s > 0 ? s : 0;
+}
+
 /* One output plane of pooling; shared by both kernels (the fast one runs it
  * on many planes at once). Padding is never read: a max window covers at
  * least one input element because padding is at most half the kernel. */
@@ -105,13 +122,10 @@ static ndm_status ref_conv2d(int device, const ndm__tensor *y, const ndm__tensor
                                const ndm__pool2d_geom *g)                       \
     {                                                                           \
         for (int64_t oh = 0; oh < OH; oh++) {                                   \
-            int64_t h0 = oh * g->stride[0] - g->padding[0];                     \
-            int64_t h1 = h0 + g->kernel[0] < H ? h0 + g->kernel[0] : H;         \
-            h0 = h0 > 0 ? h0 : 0;                                               \
+            int64_t h0, h1, w0, w1;                                             \
+            pool_span(oh, g->stride[0], g->padding[0], g->kernel[0], H, &h0, &h1); \
             for (int64_t ow = 0; ow < OW; ow++) {                               \
-                int64_t w0 = ow * g->stride[1] - g->padding[1];                 \
-                int64_t w1 = w0 + g->kernel[1] < W ? w0 + g->kernel[1] : W;     \
-                w0 = w0 > 0 ? w0 : 0;                                           \
+                pool_span(ow, g->stride[1], g->padding[1], g->kernel[1], W, &w0, &w1); \
                 double r;                                                       \
                 if (g->max) {                                                   \
                     T m = -(T)INFINITY;                                         \
@@ -379,6 +393,18 @@ static bool w_is_matrix(const ndm__tensor *w)
            w->strides[1] == w->shape[2] * w->strides[2];
 }
 
+/* Pixels per tile: all of them, unless the scratch matrices (`rows` per
+ * pixel) would pass about 1M elements; then as many as fit, at least 64. */
+static int64_t tile_pixels(int64_t rows, int64_t P)
+{
+    int64_t budget = (int64_t)1 << 20;
+    if (rows <= 0 || rows * P <= budget)
+        return P;
+    int64_t tile = budget / rows;
+    tile = tile < 64 ? 64 : tile;
+    return tile > P ? P : tile;
+}
+
 static cplan conv_plan(const ndm__tensor *y, const ndm__tensor *x, const ndm__tensor *w,
                        const ndm__conv2d_geom *g)
 {
@@ -388,22 +414,15 @@ static cplan conv_plan(const ndm__tensor *y, const ndm__tensor *x, const ndm__te
     p.es = ndm_dtype_size(x->dtype);
     p.direct = c->KH == 1 && c->KW == 1 && c->sh == 1 && c->sw == 1 && c->ph == 0 &&
                c->pw == 0 && x->strides[2] == c->W * x->strides[3];
-    /* Tiles keep the unfolded matrix near 1M elements. */
-    int64_t budget = (int64_t)1 << 20;
-    p.tile = c->P;
-    if (!p.direct && c->K > 0 && c->K * c->P > budget) {
-        p.tile = budget / c->K;
-        p.tile = p.tile < 64 ? 64 : p.tile;
-        p.tile = p.tile > c->P ? c->P : p.tile;
-    }
+    p.tile = tile_pixels(p.direct ? 0 : c->K, c->P);
     p.ntiles = p.tile ? (c->P + p.tile - 1) / p.tile : 0;
     p.items = c->N * c->groups * p.ntiles;
     int threads = ndm__num_threads();
     p.parallel = threads > 1 && p.items >= threads;
     p.slots = p.parallel ? threads : 1;
-    p.slot_bytes = p.direct ? 0 : ((size_t)(c->K * p.tile) * p.es + 63) & ~(size_t)63;
+    p.slot_bytes = p.direct ? 0 : align64((size_t)(c->K * p.tile) * p.es);
     p.wcopy = !w_is_matrix(w);
-    p.wbytes = p.wcopy ? ((size_t)(c->O * c->K) * p.es + 63) & ~(size_t)63 : 0;
+    p.wbytes = p.wcopy ? align64((size_t)(c->O * c->K) * p.es) : 0;
     return p;
 }
 
@@ -415,10 +434,19 @@ static size_t fast_conv2d_workspace(int device, const ndm__tensor *y, const ndm_
     return p.wbytes + (size_t)p.slots * p.slot_bytes;
 }
 
-/* The weights gathered into an O x K matrix, once per call, when their
- * strides cannot be read as one. */
-static void gather_weights(char *dst, const ndm__tensor *w, const cgeo *c, size_t es)
+/* The weights as an O x K matrix with strides (*rs, *cs): w itself, or,
+ * when its strides cannot be read as one (`copy`), w gathered into dst,
+ * once per call. */
+static const char *weight_matrix(const ndm__tensor *w, const cgeo *c, size_t es, bool copy,
+                                 char *dst, int64_t *rs, int64_t *cs)
 {
+    if (!copy) {
+        *rs = w->strides[0];
+        *cs = w->strides[3];
+        return w->data;
+    }
+    *rs = c->K;
+    *cs = 1;
     int64_t k = 0;
     for (int64_t o = 0; o < c->O; o++)
         for (int64_t ci = 0; ci < c->Cg; ci++)
@@ -429,6 +457,19 @@ static void gather_weights(char *dst, const ndm__tensor *w, const cgeo *c, size_
                                                     kh * w->strides[2] + kw * w->strides[3]) *
                                                        (int64_t)es,
                            es);
+    return dst;
+}
+
+/* The output columns [*lo, *hi) at which tap kw reads inside an input row,
+ * iw = ow * sw + off in [0, W); returns off = kw * dw - pw. */
+static inline int64_t tap_cols(const cgeo *c, int64_t kw, int64_t *lo, int64_t *hi)
+{
+    int64_t off = kw * c->dw - c->pw;
+    int64_t l = off >= 0 ? 0 : (-off + c->sw - 1) / c->sw;
+    int64_t h = c->W - off <= 0 ? 0 : (c->W - off + c->sw - 1) / c->sw;
+    *hi = h < c->OW ? h : c->OW;
+    *lo = l < *hi ? l : *hi;
+    return off;
 }
 
 /* Unfold pixels [p0, p0 + np) of group `gi` of sample n into col (K x np). */
@@ -441,12 +482,7 @@ static void gather_weights(char *dst, const ndm__tensor *w, const cgeo *c, size_
             const T *plane = x + n * xs[0] + (gi * c->Cg + ci) * xs[1];         \
             for (int64_t kh = 0; kh < c->KH; kh++)                              \
                 for (int64_t kw = 0; kw < c->KW; kw++, row += np) {             \
-                    /* ow in [lo, hi) reads inside the row: iw = ow*sw - pw + kw*dw */ \
-                    int64_t off = kw * c->dw - c->pw;                           \
-                    int64_t lo = off >= 0 ? 0 : (-off + c->sw - 1) / c->sw;     \
-                    int64_t hi = c->W - off <= 0 ? 0 : (c->W - off + c->sw - 1) / c->sw; \
-                    hi = hi < c->OW ? hi : c->OW;                               \
-                    lo = lo < hi ? lo : hi;                                     \
+                    int64_t lo, hi, off = tap_cols(c, kw, &lo, &hi);            \
                     int64_t pp = p0, end = p0 + np;                             \
                     while (pp < end) {                                          \
                         int64_t oh = pp / c->OW, ow = pp % c->OW;               \
@@ -458,8 +494,8 @@ static void gather_weights(char *dst, const ndm__tensor *w, const cgeo *c, size_
                         } else {                                                \
                             /* zeros left of the row, the row, zeros right */   \
                             const T *src = plane + ih * xs[2];                  \
-                            int64_t a = lo < ow ? ow : lo > ow + seg ? ow + seg : lo; \
-                            int64_t b = hi < a ? a : hi > ow + seg ? ow + seg : hi; \
+                            int64_t a = clamp64(lo, ow, ow + seg);              \
+                            int64_t b = clamp64(hi, a, ow + seg);               \
                             memset(d, 0, (size_t)(a - ow) * sizeof(T));         \
                             if (c->sw == 1 && xs[3] == 1)                       \
                                 memcpy(d + (a - ow), src + a + off, (size_t)(b - a) * sizeof(T)); \
@@ -540,17 +576,10 @@ static ndm_status fast_conv2d(int device, const ndm__tensor *y, const ndm__tenso
     cplan p = conv_plan(y, x, w, g);
     if (p.items == 0 || p.c.Og == 0)
         return NDM_OK;
-    cctx q = {&p, y, x, w, bias, w->data, w->strides[0], w->strides[3], NULL, 0, 0, 0};
+    cctx q = {&p, y, x, w, bias, NULL, 0, 0, (char *)ws + p.wbytes, 0, 0, 0};
     atomic_init(&q.next_slot, 0);
     atomic_init(&q.status, NDM_OK);
-    char *wsp = ws;
-    if (p.wcopy) {
-        gather_weights(wsp, w, &p.c, p.es);
-        q.wm = wsp;
-        q.wrs = p.c.K;
-        q.wcs = 1;
-    }
-    q.ws = wsp + p.wbytes;
+    q.wm = weight_matrix(w, &p.c, p.es, p.wcopy, ws, &q.wrs, &q.wcs);
     if (p.parallel) {
         q.flags = NDM__GEMM_NO_PROVIDER;
         ndm__parallel_for(p.items, 1, conv_items, &q);
@@ -803,13 +832,12 @@ typedef struct bplan {
     cgeo c;
     int64_t tile, ntiles, units;
     int64_t dps, xps;  /* pixel strides of dy and of x (or dx) when they have one */
+    bool weight;    /* the weight's gradient (else the input's) */
     bool direct, gather, wcopy;
     bool dot;       /* weight gradient by inner products (rows of unit stride) */
     int parts;
     size_t es, col_bytes, slot_bytes, wbytes, part_bytes;
 } bplan;
-
-static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
 static int64_t numel4(const int64_t *shape)
 {
@@ -838,6 +866,7 @@ static bplan bwd_plan(const ndm__tensor *dy, const ndm__tensor *x, const ndm__te
     memset(&p, 0, sizeof p);
     p.c = conv_geo(dy, x, w, g);
     const cgeo *c = &p.c;
+    p.weight = weight;
     p.es = ndm_dtype_size(dy->dtype);
     p.units = c->N * c->groups;
     p.wcopy = !weight && !w_is_matrix(w);
@@ -859,14 +888,7 @@ static bplan bwd_plan(const ndm__tensor *dy, const ndm__tensor *x, const ndm__te
                (p.dot && p.dps != 1);
     int64_t rows = p.direct ? 0 : c->K;
     rows = p.gather && c->Og > rows ? c->Og : rows;
-    /* Tiles keep the scratch matrices near 1M elements, as in the forward. */
-    int64_t budget = (int64_t)1 << 20;
-    p.tile = c->P;
-    if (rows > 0 && rows * c->P > budget) {
-        p.tile = budget / rows;
-        p.tile = p.tile < 64 ? 64 : p.tile;
-        p.tile = p.tile > c->P ? c->P : p.tile;
-    }
+    p.tile = tile_pixels(rows, c->P);
     p.ntiles = p.tile ? (c->P + p.tile - 1) / p.tile : 0;
     p.col_bytes = p.direct ? 0 : align64((size_t)(c->K * p.tile) * p.es);
     p.slot_bytes = p.col_bytes + (p.gather ? align64((size_t)(c->Og * p.tile) * p.es) : 0);
@@ -951,11 +973,7 @@ static const char *dy_tile(const bplan *p, const ndm__tensor *dy, char *buf, int
             T *plane = dx + n * xs[0] + (gi * c->Cg + ci) * xs[1];              \
             for (int64_t kh = 0; kh < c->KH; kh++)                              \
                 for (int64_t kw = 0; kw < c->KW; kw++, row += np) {             \
-                    int64_t off = kw * c->dw - c->pw;                           \
-                    int64_t lo = off >= 0 ? 0 : (-off + c->sw - 1) / c->sw;     \
-                    int64_t hi = c->W - off <= 0 ? 0 : (c->W - off + c->sw - 1) / c->sw; \
-                    hi = hi < c->OW ? hi : c->OW;                               \
-                    lo = lo < hi ? lo : hi;                                     \
+                    int64_t lo, hi, off = tap_cols(c, kw, &lo, &hi);            \
                     int64_t pp = p0, end = p0 + np;                             \
                     while (pp < end) {                                          \
                         int64_t oh = pp / c->OW, ow = pp % c->OW;               \
@@ -964,8 +982,8 @@ static const char *dy_tile(const bplan *p, const ndm__tensor *dy, char *buf, int
                         int64_t ih = oh * c->sh - c->ph + kh * c->dh;           \
                         if (ih >= 0 && ih < c->H) {                             \
                             T *dst = plane + ih * xs[2];                        \
-                            int64_t a = lo < ow ? ow : lo > ow + seg ? ow + seg : lo; \
-                            int64_t b = hi < a ? a : hi > ow + seg ? ow + seg : hi; \
+                            int64_t a = clamp64(lo, ow, ow + seg);              \
+                            int64_t b = clamp64(hi, a, ow + seg);               \
                             if (c->sw == 1 && xs[3] == 1)                       \
                                 gk->ADD(dst + a + off, d + (a - ow), b - a);    \
                             else                                                \
@@ -986,54 +1004,151 @@ typedef struct bctx {
     const char *wm;                   /* input gradient: the weights as an O x K matrix */
     int64_t wrs, wcs;
     char *partials, *slots;
+    const grad_kernels *gk;
     unsigned flags;
     atomic_int status;
 } bctx;
 
-static void bwd_input_parts(void *ctx, int64_t begin, int64_t end)
+/* Sample n, group gi of the input gradient, tile by tile into dx. */
+static void bwd_input_unit(bctx *q, char *col, char *dyb, int64_t n, int64_t gi)
 {
-    bctx *q = ctx;
     const bplan *p = q->p;
     const cgeo *c = &p->c;
     int64_t es = (int64_t)p->es;
     ndm_dtype dt = q->out->dtype;
     const int64_t *xs = q->out->strides;
-    const grad_kernels *gk = gk_pick();
+    char *dxg = (char *)q->out->data + (n * xs[0] + gi * c->Cg * xs[1]) * es;
+    /* dx is C-contiguous: the group's channels are one block */
+    if (!p->direct)
+        memset(dxg, 0, (size_t)(c->Cg * c->H * c->W) * p->es);
+    /* W^T of the group: K x Og */
+    const char *a = q->wm + gi * c->Og * q->wrs * es;
+    for (int64_t t = 0; t < p->ntiles; t++) {
+        int64_t p0 = t * p->tile;
+        int64_t np = c->P - p0 < p->tile ? c->P - p0 : p->tile;
+        int64_t rsb, csb;
+        const char *b = dy_tile(p, q->dy, dyb, n, gi, p0, np, &rsb, &csb);
+        ndm_status st;
+        if (p->direct) {
+            st = ndm__cpu_gemm(dt, c->K, np, c->Og, a, q->wcs, q->wrs, b, rsb, csb,
+                               dxg + p0 * p->xps * es, xs[1], p->xps, q->flags);
+        } else {
+            st = ndm__cpu_gemm(dt, c->K, np, c->Og, a, q->wcs, q->wrs, b, rsb, csb, col, np, 1,
+                               q->flags);
+            if (st >= 0 && es == 4)
+                col2im_float((const float *)col, q->out->data, xs, c, n, gi, p0, np, q->gk);
+            else if (st >= 0)
+                col2im_double((const double *)col, q->out->data, xs, c, n, gi, p0, np, q->gk);
+        }
+        if (st < 0)
+            atomic_store(&q->status, st);
+    }
+}
+
+/* Sample n, group gi of the weight gradient, tile by tile, added into acc
+ * (an O x K matrix). */
+static void bwd_weight_unit(bctx *q, char *col, char *dyb, char *acc, int64_t n, int64_t gi)
+{
+    const bplan *p = q->p;
+    const cgeo *c = &p->c;
+    int64_t es = (int64_t)p->es;
+    const int64_t *xs = q->in->strides;
+    char *cg = acc + gi * c->Og * c->K * es;
+    for (int64_t t = 0; t < p->ntiles; t++) {
+        int64_t p0 = t * p->tile;
+        int64_t np = c->P - p0 < p->tile ? c->P - p0 : p->tile;
+        int64_t rsa, csa, rsb, csb;
+        const char *a = dy_tile(p, q->dy, dyb, n, gi, p0, np, &rsa, &csa);
+        const char *b;
+        if (p->direct) {
+            /* a 1x1 kernel: x's pixels are the unfolded input */
+            b = (const char *)q->in->data + (n * xs[0] + gi * c->Cg * xs[1] + p0 * p->xps) * es;
+            rsb = p->xps;
+            csb = xs[1];
+        } else {
+            if (es == 4)
+                im2col_float((float *)col, q->in->data, xs, c, n, gi, p0, np);
+            else
+                im2col_double((double *)col, q->in->data, xs, c, n, gi, p0, np);
+            b = col;
+            rsb = 1;
+            csb = np;
+        }
+        if (p->dot && es == 4) {
+            q->gk->dot_s(c->Og, c->K, np, (const float *)a, rsa, (const float *)b, csb,
+                         (float *)cg, c->K, 1);
+        } else if (p->dot) {
+            q->gk->dot_d(c->Og, c->K, np, (const double *)a, rsa, (const double *)b, csb,
+                         (double *)cg, c->K, 1);
+        } else {
+            ndm_status st = ndm__cpu_gemm(q->out->dtype, c->Og, c->K, np, a, rsa, csa, b, rsb,
+                                          csb, cg, c->K, 1, q->flags | NDM__GEMM_ACCUMULATE);
+            if (st < 0)
+                atomic_store(&q->status, st);
+        }
+    }
+}
+
+/* Parts [begin, end): each runs its share of the (sample, group) units
+ * with its own scratch slot. Part 0 of the weight gradient sums into dw
+ * itself (C-contiguous: an O x K matrix), the others into their partials. */
+static void bwd_parts(void *ctx, int64_t begin, int64_t end)
+{
+    bctx *q = ctx;
+    const bplan *p = q->p;
+    int64_t groups = p->c.groups;
     for (int64_t part = begin; part < end; part++) {
         char *col = p->slot_bytes ? q->slots + (size_t)part * p->slot_bytes : NULL;
         char *dyb = col ? col + p->col_bytes : NULL;
+        char *acc = NULL;
+        if (p->weight) {
+            acc = part ? q->partials + (size_t)(part - 1) * p->part_bytes : q->out->data;
+            memset(acc, 0, (size_t)(p->c.O * p->c.K) * p->es);
+        }
         int64_t u1 = (part + 1) * p->units / p->parts;
         for (int64_t u = part * p->units / p->parts; u < u1; u++) {
-            int64_t n = u / c->groups, gi = u % c->groups;
-            char *dxg = (char *)q->out->data + (n * xs[0] + gi * c->Cg * xs[1]) * es;
-            /* dx is C-contiguous: the group's channels are one block */
-            if (!p->direct)
-                memset(dxg, 0, (size_t)(c->Cg * c->H * c->W) * p->es);
-            /* W^T of the group: K x Og */
-            const char *a = q->wm + gi * c->Og * q->wrs * es;
-            for (int64_t t = 0; t < p->ntiles; t++) {
-                int64_t p0 = t * p->tile;
-                int64_t np = c->P - p0 < p->tile ? c->P - p0 : p->tile;
-                int64_t rsb, csb;
-                const char *b = dy_tile(p, q->dy, dyb, n, gi, p0, np, &rsb, &csb);
-                ndm_status st;
-                if (p->direct) {
-                    st = ndm__cpu_gemm(dt, c->K, np, c->Og, a, q->wcs, q->wrs, b, rsb, csb,
-                                       dxg + p0 * p->xps * es, xs[1], p->xps, q->flags);
-                } else {
-                    st = ndm__cpu_gemm(dt, c->K, np, c->Og, a, q->wcs, q->wrs, b, rsb, csb, col,
-                                       np, 1, q->flags);
-                    if (st >= 0 && es == 4)
-                        col2im_float((const float *)col, q->out->data, xs, c, n, gi, p0, np, gk);
-                    else if (st >= 0)
-                        col2im_double((const double *)col, q->out->data, xs, c, n, gi, p0, np,
-                                      gk);
-                }
-                if (st < 0)
-                    atomic_store(&q->status, st);
-            }
+            if (p->weight)
+                bwd_weight_unit(q, col, dyb, acc, u / groups, u % groups);
+            else
+                bwd_input_unit(q, col, dyb, u / groups, u % groups);
         }
     }
+}
+
+/* Either gradient: out is dx (in is then w) or dw (in is x). The workspace
+ * holds the gathered weights (input) or the partial sums of parts 1 and
+ * up (weight), then a scratch slot per part. */
+static ndm_status bwd_run(const ndm__tensor *out, const ndm__tensor *dy, const ndm__tensor *in,
+                          const ndm__conv2d_geom *g, bool weight, void *ws, size_t ws_bytes)
+{
+    if (out->dtype != NDM_F32 && out->dtype != NDM_F64)
+        return NDM_E_DTYPE;
+    if (numel4(out->shape) == 0)
+        return NDM_OK;
+    bplan p;
+    if (!bwd_plan_fit(&p, dy, weight ? in : out, weight ? out : in, g, weight, ws_bytes))
+        return NDM_E_INVALID;
+    char *wsp = ws;
+    bctx q = {&p, out, dy, in, NULL, 0, 0, wsp, NULL, gk_pick(), 0, 0};
+    atomic_init(&q.status, NDM_OK);
+    if (!weight)
+        q.wm = weight_matrix(in, &p.c, p.es, p.wcopy, wsp, &q.wrs, &q.wcs);
+    q.slots = wsp ? wsp + p.wbytes + (size_t)(p.parts - 1) * p.part_bytes : NULL;
+    if (p.parts > 1) {
+        q.flags = NDM__GEMM_NO_PROVIDER;
+        ndm__parallel_for(p.parts, 1, bwd_parts, &q);
+    } else {
+        bwd_parts(&q, 0, 1);
+    }
+    int64_t ok = p.c.O * p.c.K;
+    for (int part = 1; weight && part < p.parts; part++) {
+        const char *src = q.partials + (size_t)(part - 1) * p.part_bytes;
+        if (p.es == 4)
+            q.gk->add_s(out->data, (const float *)src, ok);
+        else
+            q.gk->add_d(out->data, (const double *)src, ok);
+    }
+    return (ndm_status)atomic_load(&q.status);
 }
 
 static size_t fast_conv2d_backward_input_workspace(int device, const ndm__tensor *dx,
@@ -1050,87 +1165,7 @@ static ndm_status fast_conv2d_backward_input(int device, const ndm__tensor *dx,
                                              size_t ws_bytes)
 {
     (void)device;
-    if (dx->dtype != NDM_F32 && dx->dtype != NDM_F64)
-        return NDM_E_DTYPE;
-    if (numel4(dx->shape) == 0)
-        return NDM_OK;
-    bplan p;
-    if (!bwd_plan_fit(&p, dy, dx, w, g, false, ws_bytes))
-        return NDM_E_INVALID;
-    bctx q = {&p, dx, dy, w, w->data, w->strides[0], w->strides[3], NULL, NULL, 0, 0};
-    atomic_init(&q.status, NDM_OK);
-    char *wsp = ws;
-    if (p.wcopy) {
-        gather_weights(wsp, w, &p.c, p.es);
-        q.wm = wsp;
-        q.wrs = p.c.K;
-        q.wcs = 1;
-    }
-    q.slots = wsp ? wsp + p.wbytes : NULL;
-    if (p.parts > 1) {
-        q.flags = NDM__GEMM_NO_PROVIDER;
-        ndm__parallel_for(p.parts, 1, bwd_input_parts, &q);
-    } else {
-        bwd_input_parts(&q, 0, 1);
-    }
-    return (ndm_status)atomic_load(&q.status);
-}
-
-static void bwd_weight_parts(void *ctx, int64_t begin, int64_t end)
-{
-    bctx *q = ctx;
-    const bplan *p = q->p;
-    const cgeo *c = &p->c;
-    int64_t es = (int64_t)p->es;
-    ndm_dtype dt = q->out->dtype;
-    const int64_t *xs = q->in->strides;
-    const grad_kernels *gk = gk_pick();
-    for (int64_t part = begin; part < end; part++) {
-        char *col = p->slot_bytes ? q->slots + (size_t)part * p->slot_bytes : NULL;
-        char *dyb = col ? col + p->col_bytes : NULL;
-        /* part 0 sums into dw itself (C-contiguous: an O x K matrix) */
-        char *acc = part ? q->partials + (size_t)(part - 1) * p->part_bytes : q->out->data;
-        memset(acc, 0, (size_t)(c->O * c->K) * p->es);
-        int64_t u1 = (part + 1) * p->units / p->parts;
-        for (int64_t u = part * p->units / p->parts; u < u1; u++) {
-            int64_t n = u / c->groups, gi = u % c->groups;
-            char *cg = acc + gi * c->Og * c->K * es;
-            for (int64_t t = 0; t < p->ntiles; t++) {
-                int64_t p0 = t * p->tile;
-                int64_t np = c->P - p0 < p->tile ? c->P - p0 : p->tile;
-                int64_t rsa, csa, rsb, csb;
-                const char *a = dy_tile(p, q->dy, dyb, n, gi, p0, np, &rsa, &csa);
-                const char *b;
-                if (p->direct) {
-                    /* a 1x1 kernel: x's pixels are the unfolded input */
-                    b = (const char *)q->in->data +
-                        (n * xs[0] + gi * c->Cg * xs[1] + p0 * p->xps) * es;
-                    rsb = p->xps;
-                    csb = xs[1];
-                } else {
-                    if (es == 4)
-                        im2col_float((float *)col, q->in->data, xs, c, n, gi, p0, np);
-                    else
-                        im2col_double((double *)col, q->in->data, xs, c, n, gi, p0, np);
-                    b = col;
-                    rsb = 1;
-                    csb = np;
-                }
-                if (p->dot && es == 4) {
-                    gk->dot_s(c->Og, c->K, np, (const float *)a, rsa, (const float *)b, csb,
-                              (float *)cg, c->K, 1);
-                } else if (p->dot) {
-                    gk->dot_d(c->Og, c->K, np, (const double *)a, rsa, (const double *)b, csb,
-                              (double *)cg, c->K, 1);
-                } else {
-                    ndm_status st = ndm__cpu_gemm(dt, c->Og, c->K, np, a, rsa, csa, b, rsb, csb,
-                                                  cg, c->K, 1, q->flags | NDM__GEMM_ACCUMULATE);
-                    if (st < 0)
-                        atomic_store(&q->status, st);
-                }
-            }
-        }
-    }
+    return bwd_run(dx, dy, w, g, false, ws, ws_bytes);
 }
 
 static size_t fast_conv2d_backward_weight_workspace(int device, const ndm__tensor *dw,
@@ -1147,33 +1182,7 @@ static ndm_status fast_conv2d_backward_weight(int device, const ndm__tensor *dw,
                                               size_t ws_bytes)
 {
     (void)device;
-    if (dw->dtype != NDM_F32 && dw->dtype != NDM_F64)
-        return NDM_E_DTYPE;
-    if (numel4(dw->shape) == 0)
-        return NDM_OK;
-    bplan p;
-    if (!bwd_plan_fit(&p, dy, x, dw, g, true, ws_bytes))
-        return NDM_E_INVALID;
-    char *wsp = ws;
-    bctx q = {&p, dw, dy, x, NULL, 0, 0, wsp,
-              wsp ? wsp + (size_t)(p.parts - 1) * p.part_bytes : NULL, 0, 0};
-    atomic_init(&q.status, NDM_OK);
-    if (p.parts > 1) {
-        q.flags = NDM__GEMM_NO_PROVIDER;
-        ndm__parallel_for(p.parts, 1, bwd_weight_parts, &q);
-    } else {
-        bwd_weight_parts(&q, 0, 1);
-    }
-    int64_t ok = p.c.O * p.c.K;
-    const grad_kernels *gk = gk_pick();
-    for (int part = 1; part < p.parts; part++) {
-        const char *src = q.partials + (size_t)(part - 1) * p.part_bytes;
-        if (p.es == 4)
-            gk->add_s(dw->data, (const float *)src, ok);
-        else
-            gk->add_d(dw->data, (const double *)src, ok);
-    }
-    return (ndm_status)atomic_load(&q.status);
+    return bwd_run(dw, dy, x, g, true, ws, ws_bytes);
 }
 
 /* One plane of pooling's gradient, windows clipped to the plane once. dx
@@ -1185,13 +1194,10 @@ static ndm_status fast_conv2d_backward_weight(int device, const ndm__tensor *dw,
     {                                                                           \
         memset(dx, 0, (size_t)(H * W) * sizeof(T));                             \
         for (int64_t oh = 0; oh < OH; oh++) {                                   \
-            int64_t h0 = oh * g->stride[0] - g->padding[0];                     \
-            int64_t h1 = h0 + g->kernel[0] < H ? h0 + g->kernel[0] : H;         \
-            h0 = h0 > 0 ? h0 : 0;                                               \
+            int64_t h0, h1, w0, w1;                                             \
+            pool_span(oh, g->stride[0], g->padding[0], g->kernel[0], H, &h0, &h1); \
             for (int64_t ow = 0; ow < OW; ow++) {                               \
-                int64_t w0 = ow * g->stride[1] - g->padding[1];                 \
-                int64_t w1 = w0 + g->kernel[1] < W ? w0 + g->kernel[1] : W;     \
-                w0 = w0 > 0 ? w0 : 0;                                           \
+                pool_span(ow, g->stride[1], g->padding[1], g->kernel[1], W, &w0, &w1); \
                 if (h0 >= h1 || w0 >= w1)                                       \
                     continue;                                                   \
                 T gv = dy[oh * ys2 + ow * ys3];                                 \

@@ -5,10 +5,9 @@
 #ifndef NDM_CPU_CONVERT_H
 #define NDM_CPU_CONVERT_H
 
-#include <math.h>
 #include <stdint.h>
-#include <string.h>
 
+#include "../convert_scalar.h"
 #include "ndm/dtype.h"
 
 /* X(NAME, dtype enum, storage type) */
@@ -32,35 +31,6 @@
 #define NDM__LD_f32(x) (x)
 #define NDM__LD_f64(x) (x)
 
-static inline int64_t ndm__sat_i64(double v)
-{
-    if (v != v)
-        return 0;
-    if (v >= 9223372036854775807.0)
-        return INT64_MAX;
-    if (v <= -9223372036854775808.0)
-        return INT64_MIN;
-    return (int64_t)v;
-}
-static inline int32_t ndm__sat_i32(double v)
-{
-    if (v != v)
-        return 0;
-    if (v >= 2147483647.0)
-        return INT32_MAX;
-    if (v <= -2147483648.0)
-        return INT32_MIN;
-    return (int32_t)v;
-}
-static inline uint8_t ndm__sat_u8(double v)
-{
-    if (v != v || v <= 0)
-        return 0;
-    if (v >= 255.0)
-        return 255;
-    return (uint8_t)v;
-}
-
 /* Store: any C arithmetic value to a storage value. _Generic picks the
  * saturating path for floating sources. */
 #define NDM__IS_FLOAT_EXPR(x) _Generic((x), float: 1, double: 1, default: 0)
@@ -68,22 +38,6 @@ static inline uint8_t ndm__sat_u8(double v)
 #define NDM__ST_u8(x) (NDM__IS_FLOAT_EXPR(x) ? ndm__sat_u8((double)(x)) : (uint8_t)(x))
 #define NDM__ST_i32(x) (NDM__IS_FLOAT_EXPR(x) ? ndm__sat_i32((double)(x)) : (int32_t)(x))
 #define NDM__ST_i64(x) (NDM__IS_FLOAT_EXPR(x) ? ndm__sat_i64((double)(x)) : (int64_t)(x))
-/* A double rounded to float "to odd": exact values stay, inexact ones get
- * their last bit set, so rounding that float to f16/bf16 gives what rounding
- * the double once would (float keeps more than two extra bits of both). */
-static inline float ndm__f64_to_f32_odd(double x)
-{
-    float f = (float)x;
-    if ((double)f == x || x != x)
-        return f;
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if (fabs((double)f) > fabs(x))
-        u -= 1; /* it rounded away from zero: step back toward it */
-    u |= 1;
-    memcpy(&f, &u, 4);
-    return f;
-}
 #define NDM__NARROW(x) _Generic((x), float: (x), default: ndm__f64_to_f32_odd((double)(x)))
 #define NDM__ST_f16(x) ndm_f32_to_f16(NDM__NARROW(x))
 #define NDM__ST_bf16(x) ndm_f32_to_bf16(NDM__NARROW(x))

@@ -70,151 +70,93 @@ NDM__MICRO_C(float, s, 4, 8)
 NDM__MICRO_C(double, d, 4, 4)
 
 #if NDM__CPU_X86
-NDM__TILE_OUT(float, 12, 32)
-NDM__TILE_OUT(float, 6, 16)
-NDM__TILE_OUT(double, 12, 16)
-NDM__TILE_OUT(double, 6, 8)
+/* The SIMD kernels keep MR rows x 2 vectors of accumulators in registers.
+ * V is the vector type, X the intrinsics' suffix (ps, pd), NR two vectors'
+ * worth of lanes. */
 
-/* AVX-512: 12 rows x 2 vectors of accumulators (24 of the 32 registers). */
-__attribute__((target("avx512f"))) static void
-micro_s_avx512(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c,
-               int64_t rsc, int64_t csc, int64_t mv, int64_t nv, bool acc, const float *init)
-{
-    __m512 r[12][2];
-    _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++) r[i][0] = r[i][1] = init ? _mm512_set1_ps(init[i]) : _mm512_setzero_ps();
-    for (int64_t p = 0; p < kc; p++) {
-        __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
-        _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++)
-        {
-            __m512 ai = _mm512_set1_ps(a[i]);
-            r[i][0] = _mm512_fmadd_ps(ai, b0, r[i][0]);
-            r[i][1] = _mm512_fmadd_ps(ai, b1, r[i][1]);
-        }
-        a += 12;
-        b += 32;
+/* AVX-512: 12 rows (24 of the 32 registers); M is the type of a lane mask. */
+#define NDM__MICRO_AVX512(T, SUF, V, X, NR, M)                                  \
+    NDM__TILE_OUT(T, 12, NR)                                                    \
+    __attribute__((target("avx512f"))) static void micro_##SUF##_avx512(        \
+        int64_t kc, const T *restrict a, const T *restrict b, T *restrict c, int64_t rsc, \
+        int64_t csc, int64_t mv, int64_t nv, bool acc, const T *init)           \
+    {                                                                           \
+        enum { L = NR / 2 };                                                    \
+        V r[12][2];                                                             \
+        _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++)                   \
+            r[i][0] = r[i][1] = init ? _mm512_set1_##X(init[i]) : _mm512_setzero_##X(); \
+        for (int64_t p = 0; p < kc; p++) {                                      \
+            V b0 = _mm512_loadu_##X(b), b1 = _mm512_loadu_##X(b + L);           \
+            _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++)               \
+            {                                                                   \
+                V ai = _mm512_set1_##X(a[i]);                                   \
+                r[i][0] = _mm512_fmadd_##X(ai, b0, r[i][0]);                    \
+                r[i][1] = _mm512_fmadd_##X(ai, b1, r[i][1]);                    \
+            }                                                                   \
+            a += 12;                                                            \
+            b += NR;                                                            \
+        }                                                                       \
+        if (csc == 1) {                                                         \
+            /* rows of C are contiguous: masked stores cover partial tiles */   \
+            M m0 = (M)(nv >= L ? ~0u : (1u << nv) - 1);                         \
+            M m1 = (M)(nv >= NR ? ~0u : nv <= L ? 0 : (1u << (nv - L)) - 1);    \
+            _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++)               \
+            {                                                                   \
+                if (i >= mv)                                                    \
+                    break;                                                      \
+                T *row = c + i * rsc;                                           \
+                if (acc) {                                                      \
+                    r[i][0] = _mm512_add_##X(r[i][0], _mm512_maskz_loadu_##X(m0, row)); \
+                    r[i][1] = _mm512_add_##X(r[i][1], _mm512_maskz_loadu_##X(m1, row + L)); \
+                }                                                               \
+                _mm512_mask_storeu_##X(row, m0, r[i][0]);                       \
+                _mm512_mask_storeu_##X(row + L, m1, r[i][1]);                   \
+            }                                                                   \
+            return;                                                             \
+        }                                                                       \
+        T t[12 * NR];                                                           \
+        _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++)                   \
+        {                                                                       \
+            _mm512_storeu_##X(t + i * NR, r[i][0]);                             \
+            _mm512_storeu_##X(t + i * NR + L, r[i][1]);                         \
+        }                                                                       \
+        tile_out_##T##_12x##NR(t, c, rsc, csc, mv, nv, acc);                    \
     }
-    if (csc == 1) {
-        /* rows of C are contiguous: masked stores cover partial tiles */
-        __mmask16 m0 = (__mmask16)(nv >= 16 ? 0xffff : (1u << nv) - 1);
-        __mmask16 m1 = (__mmask16)(nv >= 32 ? 0xffff : nv <= 16 ? 0 : (1u << (nv - 16)) - 1);
-        _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++)
-        {
-            if (i >= mv)
-                break;
-            float *row = c + i * rsc;
-            if (acc) {
-                r[i][0] = _mm512_add_ps(r[i][0], _mm512_maskz_loadu_ps(m0, row));
-                r[i][1] = _mm512_add_ps(r[i][1], _mm512_maskz_loadu_ps(m1, row + 16));
-            }
-            _mm512_mask_storeu_ps(row, m0, r[i][0]);
-            _mm512_mask_storeu_ps(row + 16, m1, r[i][1]);
-        }
-        return;
-    }
-    float t[12 * 32];
-    _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++)
-    {
-        _mm512_storeu_ps(t + i * 32, r[i][0]);
-        _mm512_storeu_ps(t + i * 32 + 16, r[i][1]);
-    }
-    tile_out_float_12x32(t, c, rsc, csc, mv, nv, acc);
-}
+NDM__MICRO_AVX512(float, s, __m512, ps, 32, __mmask16)
+NDM__MICRO_AVX512(double, d, __m512d, pd, 16, __mmask8)
 
-__attribute__((target("avx512f"))) static void
-micro_d_avx512(int64_t kc, const double *restrict a, const double *restrict b, double *restrict c,
-               int64_t rsc, int64_t csc, int64_t mv, int64_t nv, bool acc, const double *init)
-{
-    __m512d r[12][2];
-    _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++) r[i][0] = r[i][1] = init ? _mm512_set1_pd(init[i]) : _mm512_setzero_pd();
-    for (int64_t p = 0; p < kc; p++) {
-        __m512d b0 = _mm512_loadu_pd(b), b1 = _mm512_loadu_pd(b + 8);
-        _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++)
-        {
-            __m512d ai = _mm512_set1_pd(a[i]);
-            r[i][0] = _mm512_fmadd_pd(ai, b0, r[i][0]);
-            r[i][1] = _mm512_fmadd_pd(ai, b1, r[i][1]);
-        }
-        a += 12;
-        b += 16;
+/* AVX2 with FMA: 6 rows (12 of the 16 registers). */
+#define NDM__MICRO_AVX2(T, SUF, V, X, NR)                                       \
+    NDM__TILE_OUT(T, 6, NR)                                                     \
+    __attribute__((target("avx2,fma"))) static void micro_##SUF##_avx2(         \
+        int64_t kc, const T *restrict a, const T *restrict b, T *restrict c, int64_t rsc, \
+        int64_t csc, int64_t mv, int64_t nv, bool acc, const T *init)           \
+    {                                                                           \
+        enum { L = NR / 2 };                                                    \
+        V r[6][2];                                                              \
+        _Pragma("GCC unroll 6") for (int i = 0; i < 6; i++)                     \
+            r[i][0] = r[i][1] = init ? _mm256_set1_##X(init[i]) : _mm256_setzero_##X(); \
+        for (int64_t p = 0; p < kc; p++) {                                      \
+            V b0 = _mm256_loadu_##X(b), b1 = _mm256_loadu_##X(b + L);           \
+            _Pragma("GCC unroll 6") for (int i = 0; i < 6; i++)                 \
+            {                                                                   \
+                V ai = _mm256_set1_##X(a[i]);                                   \
+                r[i][0] = _mm256_fmadd_##X(ai, b0, r[i][0]);                    \
+                r[i][1] = _mm256_fmadd_##X(ai, b1, r[i][1]);                    \
+            }                                                                   \
+            a += 6;                                                             \
+            b += NR;                                                            \
+        }                                                                       \
+        T t[6 * NR];                                                            \
+        _Pragma("GCC unroll 6") for (int i = 0; i < 6; i++)                     \
+        {                                                                       \
+            _mm256_storeu_##X(t + i * NR, r[i][0]);                             \
+            _mm256_storeu_##X(t + i * NR + L, r[i][1]);                         \
+        }                                                                       \
+        tile_out_##T##_6x##NR(t, c, rsc, csc, mv, nv, acc);                     \
     }
-    if (csc == 1) {
-        __mmask8 m0 = (__mmask8)(nv >= 8 ? 0xff : (1u << nv) - 1);
-        __mmask8 m1 = (__mmask8)(nv >= 16 ? 0xff : nv <= 8 ? 0 : (1u << (nv - 8)) - 1);
-        _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++)
-        {
-            if (i >= mv)
-                break;
-            double *row = c + i * rsc;
-            if (acc) {
-                r[i][0] = _mm512_add_pd(r[i][0], _mm512_maskz_loadu_pd(m0, row));
-                r[i][1] = _mm512_add_pd(r[i][1], _mm512_maskz_loadu_pd(m1, row + 8));
-            }
-            _mm512_mask_storeu_pd(row, m0, r[i][0]);
-            _mm512_mask_storeu_pd(row + 8, m1, r[i][1]);
-        }
-        return;
-    }
-    double t[12 * 16];
-    _Pragma("GCC unroll 12") for (int i = 0; i < 12; i++)
-    {
-        _mm512_storeu_pd(t + i * 16, r[i][0]);
-        _mm512_storeu_pd(t + i * 16 + 8, r[i][1]);
-    }
-    tile_out_double_12x16(t, c, rsc, csc, mv, nv, acc);
-}
-
-/* AVX2 with FMA: 6 rows x 2 vectors (12 of the 16 registers). */
-__attribute__((target("avx2,fma"))) static void
-micro_s_avx2(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c,
-             int64_t rsc, int64_t csc, int64_t mv, int64_t nv, bool acc, const float *init)
-{
-    __m256 r[6][2];
-    _Pragma("GCC unroll 6") for (int i = 0; i < 6; i++) r[i][0] = r[i][1] = init ? _mm256_set1_ps(init[i]) : _mm256_setzero_ps();
-    for (int64_t p = 0; p < kc; p++) {
-        __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
-        _Pragma("GCC unroll 6") for (int i = 0; i < 6; i++)
-        {
-            __m256 ai = _mm256_set1_ps(a[i]);
-            r[i][0] = _mm256_fmadd_ps(ai, b0, r[i][0]);
-            r[i][1] = _mm256_fmadd_ps(ai, b1, r[i][1]);
-        }
-        a += 6;
-        b += 16;
-    }
-    float t[6 * 16];
-    _Pragma("GCC unroll 6") for (int i = 0; i < 6; i++)
-    {
-        _mm256_storeu_ps(t + i * 16, r[i][0]);
-        _mm256_storeu_ps(t + i * 16 + 8, r[i][1]);
-    }
-    tile_out_float_6x16(t, c, rsc, csc, mv, nv, acc);
-}
-
-__attribute__((target("avx2,fma"))) static void
-micro_d_avx2(int64_t kc, const double *restrict a, const double *restrict b, double *restrict c,
-             int64_t rsc, int64_t csc, int64_t mv, int64_t nv, bool acc, const double *init)
-{
-    __m256d r[6][2];
-    _Pragma("GCC unroll 6") for (int i = 0; i < 6; i++) r[i][0] = r[i][1] = init ? _mm256_set1_pd(init[i]) : _mm256_setzero_pd();
-    for (int64_t p = 0; p < kc; p++) {
-        __m256d b0 = _mm256_loadu_pd(b), b1 = _mm256_loadu_pd(b + 4);
-        _Pragma("GCC unroll 6") for (int i = 0; i < 6; i++)
-        {
-            __m256d ai = _mm256_set1_pd(a[i]);
-            r[i][0] = _mm256_fmadd_pd(ai, b0, r[i][0]);
-            r[i][1] = _mm256_fmadd_pd(ai, b1, r[i][1]);
-        }
-        a += 6;
-        b += 8;
-    }
-    double t[6 * 8];
-    _Pragma("GCC unroll 6") for (int i = 0; i < 6; i++)
-    {
-        _mm256_storeu_pd(t + i * 8, r[i][0]);
-        _mm256_storeu_pd(t + i * 8 + 4, r[i][1]);
-    }
-    tile_out_double_6x8(t, c, rsc, csc, mv, nv, acc);
-}
+NDM__MICRO_AVX2(float, s, __m256, ps, 16)
+NDM__MICRO_AVX2(double, d, __m256d, pd, 8)
 #endif
 
 /* The kernel set for this CPU, chosen once. */

@@ -18,6 +18,19 @@ static char *at(const ndm__tensor *t, int64_t off)
     return (char *)t->data + off * (int64_t)ndm_dtype_size(t->dtype);
 }
 
+/* The element of t at coordinates c. */
+static char *elem(const ndm__tensor *t, const int64_t *c)
+{
+    return at(t, dot(t->ndim, c, t->strides));
+}
+
+/* The index at coordinates c of idx; a negative one counts back from n. */
+static inline int64_t index_at(const ndm__tensor *idx, const int64_t *c, int64_t n)
+{
+    int64_t v = ndm__idx_at(idx, dot(idx->ndim, c, idx->strides));
+    return v < 0 ? v + n : v;
+}
+
 /* `value` converted to dtype t into one element at p. */
 static void store_value(ndm_dtype t, void *p, double value)
 {
@@ -71,15 +84,12 @@ ndm_status ndm__ref_take(int device, const ndm__tensor *dst, const ndm__tensor *
     int k = idx->ndim;
     int64_t n = src->shape[axis];
     do {
-        int64_t v = ndm__idx_at(idx, dot(k, c + axis, idx->strides));
-        if (v < 0)
-            v += n;
-        int64_t so = v * src->strides[axis];
+        int64_t so = index_at(idx, c + axis, n) * src->strides[axis];
         for (int d = 0; d < axis; d++)
             so += c[d] * src->strides[d];
         for (int d = axis + 1; d < src->ndim; d++)
             so += c[d + k - 1] * src->strides[d];
-        memcpy(at(dst, dot(dst->ndim, c, dst->strides)), at(src, so), es);
+        memcpy(elem(dst, c), at(src, so), es);
     } while (ndm__odo_next(dst->ndim, dst->shape, c));
     ndm__coords_put(&cs);
     return NDM_OK;
@@ -98,11 +108,9 @@ ndm_status ndm__ref_gather(int device, const ndm__tensor *dst, const ndm__tensor
     size_t es = ndm_dtype_size(dst->dtype);
     int64_t n = src->shape[axis];
     do {
-        int64_t v = ndm__idx_at(idx, dot(idx->ndim, c, idx->strides));
-        if (v < 0)
-            v += n;
+        int64_t v = index_at(idx, c, n);
         int64_t so = dot(src->ndim, c, src->strides) + (v - c[axis]) * src->strides[axis];
-        memcpy(at(dst, dot(dst->ndim, c, dst->strides)), at(src, so), es);
+        memcpy(elem(dst, c), at(src, so), es);
     } while (ndm__odo_next(dst->ndim, dst->shape, c));
     ndm__coords_put(&cs);
     return NDM_OK;
@@ -153,11 +161,9 @@ ndm_status ndm__ref_scatter_add(int device, const ndm__tensor *dst, int axis,
         return NDM_E_OOM;
     int64_t n = dst->shape[axis];
     do {
-        int64_t v = ndm__idx_at(idx, dot(idx->ndim, c, idx->strides));
-        if (v < 0)
-            v += n;
+        int64_t v = index_at(idx, c, n);
         int64_t doff = dot(dst->ndim, c, dst->strides) + (v - c[axis]) * dst->strides[axis];
-        add_to(dst->dtype, at(dst, doff), at(src, dot(src->ndim, c, src->strides)));
+        add_to(dst->dtype, at(dst, doff), elem(src, c));
     } while (ndm__odo_next(idx->ndim, idx->shape, c));
     ndm__coords_put(&cs);
     return NDM_OK;
@@ -175,7 +181,7 @@ ndm_status ndm__ref_one_hot(int device, const ndm__tensor *dst, const ndm__tenso
     int last = dst->ndim - 1;
     do {
         int64_t v = ndm__idx_at(idx, dot(idx->ndim, c, idx->strides));
-        store_value(dst->dtype, at(dst, dot(dst->ndim, c, dst->strides)), c[last] == v ? 1 : 0);
+        store_value(dst->dtype, elem(dst, c), c[last] == v ? 1 : 0);
     } while (ndm__odo_next(dst->ndim, dst->shape, c));
     ndm__coords_put(&cs);
     return NDM_OK;
@@ -200,7 +206,7 @@ ndm_status ndm__ref_pad(int device, const ndm__tensor *dst, const ndm__tensor *s
             inside = x >= 0;
             so += x * src->strides[d];
         }
-        char *p = at(dst, dot(dst->ndim, c, dst->strides));
+        char *p = elem(dst, c);
         if (inside)
             memcpy(p, at(src, so), es);
         else
@@ -225,8 +231,8 @@ ndm_status ndm__ref_cumsum(int device, const ndm__tensor *dst, const ndm__tensor
         lines[d] = d == axis ? 1 : dst->shape[d];
     int64_t n = dst->shape[axis];
     do {
-        char *d0 = at(dst, dot(dst->ndim, c, dst->strides));
-        const char *s0 = at(src, dot(src->ndim, c, src->strides));
+        char *d0 = elem(dst, c);
+        const char *s0 = elem(src, c);
         int64_t ds = dst->strides[axis] * (int64_t)ndm_dtype_size(dst->dtype);
         int64_t ss = src->strides[axis] * (int64_t)ndm_dtype_size(src->dtype);
         uint64_t iacc = 0;

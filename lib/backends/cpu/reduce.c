@@ -440,49 +440,31 @@ typedef struct blk {
 typedef double v4d __attribute__((vector_size(32)));
 typedef float v4f __attribute__((vector_size(16)));
 
-static double sum_f32_c(const float *x, int64_t n)
-{
-    v4d a0 = {0, 0, 0, 0}, a1 = a0, a2 = a0, a3 = a0;
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        v4f f0, f1, f2, f3;
-        memcpy(&f0, x + i, sizeof f0);
-        memcpy(&f1, x + i + 4, sizeof f1);
-        memcpy(&f2, x + i + 8, sizeof f2);
-        memcpy(&f3, x + i + 12, sizeof f3);
-        a0 += __builtin_convertvector(f0, v4d);
-        a1 += __builtin_convertvector(f1, v4d);
-        a2 += __builtin_convertvector(f2, v4d);
-        a3 += __builtin_convertvector(f3, v4d);
+/* The sum of a contiguous row in four vectors of f64 sums. */
+#define NDM__SUM(NAME, T, VT)                                                   \
+    static double NAME(const T *x, int64_t n)                                   \
+    {                                                                           \
+        v4d a0 = {0, 0, 0, 0}, a1 = a0, a2 = a0, a3 = a0;                       \
+        int64_t i = 0;                                                          \
+        for (; i + 16 <= n; i += 16) {                                          \
+            VT f0, f1, f2, f3;                                                  \
+            memcpy(&f0, x + i, sizeof f0);                                      \
+            memcpy(&f1, x + i + 4, sizeof f1);                                  \
+            memcpy(&f2, x + i + 8, sizeof f2);                                  \
+            memcpy(&f3, x + i + 12, sizeof f3);                                 \
+            a0 += __builtin_convertvector(f0, v4d);                             \
+            a1 += __builtin_convertvector(f1, v4d);                             \
+            a2 += __builtin_convertvector(f2, v4d);                             \
+            a3 += __builtin_convertvector(f3, v4d);                             \
+        }                                                                       \
+        v4d t = (a0 + a1) + (a2 + a3);                                          \
+        double s = (t[0] + t[1]) + (t[2] + t[3]);                               \
+        for (; i < n; i++)                                                      \
+            s += x[i];                                                          \
+        return s;                                                               \
     }
-    v4d t = (a0 + a1) + (a2 + a3);
-    double s = (t[0] + t[1]) + (t[2] + t[3]);
-    for (; i < n; i++)
-        s += x[i];
-    return s;
-}
-
-static double sum_f64_block_c(const double *x, int64_t n)
-{
-    v4d a0 = {0, 0, 0, 0}, a1 = a0, a2 = a0, a3 = a0;
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        v4d f0, f1, f2, f3;
-        memcpy(&f0, x + i, sizeof f0);
-        memcpy(&f1, x + i + 4, sizeof f1);
-        memcpy(&f2, x + i + 8, sizeof f2);
-        memcpy(&f3, x + i + 12, sizeof f3);
-        a0 += f0;
-        a1 += f1;
-        a2 += f2;
-        a3 += f3;
-    }
-    v4d t = (a0 + a1) + (a2 + a3);
-    double s = (t[0] + t[1]) + (t[2] + t[3]);
-    for (; i < n; i++)
-        s += x[i];
-    return s;
-}
+NDM__SUM(sum_f32_c, float, v4f)
+NDM__SUM(sum_f64_block_c, double, v4d)
 
 /* acc[j] += rows of x, two rows per pass (f32 or f64, unit stride). */
 #define NDM__VSUM(NAME, T, VT)                                                  \
@@ -514,41 +496,28 @@ NDM__VSUM(vsum_f64_c, double, v4d)
 #if NDM__CPU_X86
 /* AVX2 versions: converting f32 to f64 four at a time keeps a sum at the
  * speed of memory, where SSE2 conversions cannot. */
-__attribute__((target("avx2"))) static double sum_f32_avx2(const float *x, int64_t n)
-{
-    __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        a0 = _mm256_add_pd(a0, _mm256_cvtps_pd(_mm_loadu_ps(x + i)));
-        a1 = _mm256_add_pd(a1, _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4)));
-        a2 = _mm256_add_pd(a2, _mm256_cvtps_pd(_mm_loadu_ps(x + i + 8)));
-        a3 = _mm256_add_pd(a3, _mm256_cvtps_pd(_mm_loadu_ps(x + i + 12)));
-    }
-    double t[4];
-    _mm256_storeu_pd(t, _mm256_add_pd(_mm256_add_pd(a0, a1), _mm256_add_pd(a2, a3)));
-    double s = (t[0] + t[1]) + (t[2] + t[3]);
-    for (; i < n; i++)
-        s += x[i];
-    return s;
-}
+#define NDM__LD_PS(p) _mm256_cvtps_pd(_mm_loadu_ps(p))
 
-__attribute__((target("avx2"))) static double sum_f64_block_avx2(const double *x, int64_t n)
-{
-    __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        a0 = _mm256_add_pd(a0, _mm256_loadu_pd(x + i));
-        a1 = _mm256_add_pd(a1, _mm256_loadu_pd(x + i + 4));
-        a2 = _mm256_add_pd(a2, _mm256_loadu_pd(x + i + 8));
-        a3 = _mm256_add_pd(a3, _mm256_loadu_pd(x + i + 12));
+#define NDM__SUM_AVX2(NAME, T, LOAD)                                            \
+    __attribute__((target("avx2"))) static double NAME(const T *x, int64_t n)   \
+    {                                                                           \
+        __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;            \
+        int64_t i = 0;                                                          \
+        for (; i + 16 <= n; i += 16) {                                          \
+            a0 = _mm256_add_pd(a0, LOAD(x + i));                                \
+            a1 = _mm256_add_pd(a1, LOAD(x + i + 4));                            \
+            a2 = _mm256_add_pd(a2, LOAD(x + i + 8));                            \
+            a3 = _mm256_add_pd(a3, LOAD(x + i + 12));                           \
+        }                                                                       \
+        double t[4];                                                            \
+        _mm256_storeu_pd(t, _mm256_add_pd(_mm256_add_pd(a0, a1), _mm256_add_pd(a2, a3))); \
+        double s = (t[0] + t[1]) + (t[2] + t[3]);                               \
+        for (; i < n; i++)                                                      \
+            s += x[i];                                                          \
+        return s;                                                               \
     }
-    double t[4];
-    _mm256_storeu_pd(t, _mm256_add_pd(_mm256_add_pd(a0, a1), _mm256_add_pd(a2, a3)));
-    double s = (t[0] + t[1]) + (t[2] + t[3]);
-    for (; i < n; i++)
-        s += x[i];
-    return s;
-}
+NDM__SUM_AVX2(sum_f32_avx2, float, NDM__LD_PS)
+NDM__SUM_AVX2(sum_f64_block_avx2, double, _mm256_loadu_pd)
 
 /* Four rows per pass, so the accumulators are loaded and stored once per
  * four rows. */
@@ -573,7 +542,6 @@ __attribute__((target("avx2"))) static double sum_f64_block_avx2(const double *x
             for (int64_t j = 0; j < L; j++)                                     \
                 acc[j] += (double)x[r * rs + j];                                \
     }
-#define NDM__LD_PS(p) _mm256_cvtps_pd(_mm_loadu_ps(p))
 NDM__VSUM_AVX2(vsum_f32_avx2, float, NDM__LD_PS)
 NDM__VSUM_AVX2(vsum_f64_avx2, double, _mm256_loadu_pd)
 
