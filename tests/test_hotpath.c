@@ -585,6 +585,153 @@ static void *build_rounds(void *p)
     return NULL;
 }
 
+/* Storage charges against a model: random creations, views, releases and
+ * moves over three managers, with each manager's bytes checked after every
+ * step. The charge stays where it is while its manager holds a view, goes to
+ * the manager of the newest view left when it holds none, and follows the
+ * last view it holds when that moves. Thousands of steps reuse every slot
+ * many times, as a home alone, a home with views, a view. */
+enum { MODEL_STORAGES = 6, MODEL_VIEWS = 8, MODEL_MGRS = 3 };
+
+typedef struct model_storage {
+    int nviews;
+    ndm_array view[MODEL_VIEWS]; /* newest first */
+    int mgr[MODEL_VIEWS];
+    int charged;
+    int64_t bytes;
+} model_storage;
+
+static uint32_t model_rand(uint32_t *x)
+{
+    *x = *x * 1664525u + 1013904223u;
+    return *x >> 8;
+}
+
+static int model_views_in(const model_storage *s, int mgr)
+{
+    int n = 0;
+    for (int i = 0; i < s->nviews; i++)
+        n += s->mgr[i] == mgr;
+    return n;
+}
+
+static void model_check(ndm_manager *mg, model_storage *st)
+{
+    for (int k = 0; k < MODEL_MGRS; k++) {
+        int64_t want = 0;
+        for (int i = 0; i < MODEL_STORAGES; i++)
+            if (st[i].nviews && st[i].charged == k)
+                want += st[i].bytes;
+        ndm_stats ms;
+        assert_ok(ndm_manager_stats(mg[k], NDM_CPU, 0, &ms));
+        if ((int64_t)ms.live_bytes != want)
+            fail_msg("manager %d holds %llu bytes, the model %lld", k,
+                     (unsigned long long)ms.live_bytes, (long long)want);
+    }
+    for (int i = 0; i < MODEL_STORAGES; i++) {
+        if (!st[i].nviews)
+            continue;
+        float *p = ndm_array_data(st[i].view[0]);
+        assert_non_null(p);
+        for (int v = 1; v < st[i].nviews; v++)
+            assert_ptr_equal(ndm_array_data(st[i].view[v]), p);
+        p[0] = (float)i;
+    }
+}
+
+static void test_storage_charges_follow_the_model(void **state)
+{
+    ndm_manager root = ROOT(state);
+    ndm_manager mg[MODEL_MGRS];
+    for (int k = 0; k < MODEL_MGRS; k++)
+        mg[k] = ndm_manager_new(root, "m");
+    model_storage st[MODEL_STORAGES];
+    memset(st, 0, sizeof st);
+    uint32_t seed = 12345;
+    for (int step = 0; step < 6000; step++) {
+        model_storage *s = &st[model_rand(&seed) % MODEL_STORAGES];
+        int k = (int)(model_rand(&seed) % MODEL_MGRS);
+        int op = (int)(model_rand(&seed) % 4);
+        if (!s->nviews) {
+            int64_t n = 1 + model_rand(&seed) % 40;
+            s->view[0] = ndm_empty(mg[k], NDM_F32, NDM_SHAPE(n));
+            assert_live(s->view[0]);
+            s->mgr[0] = s->charged = k;
+            s->bytes = 4 * n;
+            s->nviews = 1;
+        } else if (op == 0 && s->nviews < MODEL_VIEWS) {
+            int v = (int)(model_rand(&seed) % (uint32_t)s->nviews);
+            ndm_array a = ndm_alias_to(mg[k], s->view[v]);
+            assert_live(a);
+            memmove(&s->view[1], &s->view[0], (size_t)s->nviews * sizeof s->view[0]);
+            memmove(&s->mgr[1], &s->mgr[0], (size_t)s->nviews * sizeof s->mgr[0]);
+            s->view[0] = a;
+            s->mgr[0] = k;
+            s->nviews++;
+        } else if (op == 1) {
+            int v = (int)(model_rand(&seed) % (uint32_t)s->nviews);
+            int from = s->mgr[v];
+            if (from == k)
+                continue;
+            assert_ok(ndm_attach(s->view[v], mg[k]));
+            if (s->charged == from && model_views_in(s, from) == 1)
+                s->charged = k;
+            s->mgr[v] = k;
+        } else {
+            int v = (int)(model_rand(&seed) % (uint32_t)s->nviews);
+            int from = s->mgr[v];
+            assert_ok(ndm_array_release(s->view[v]));
+            s->nviews--;
+            memmove(&s->view[v], &s->view[v + 1], (size_t)(s->nviews - v) * sizeof s->view[0]);
+            memmove(&s->mgr[v], &s->mgr[v + 1], (size_t)(s->nviews - v) * sizeof s->mgr[0]);
+            if (s->nviews && s->charged == from && !model_views_in(s, from))
+                s->charged = s->mgr[0];
+        }
+        model_check(mg, st);
+    }
+    for (int k = 0; k < MODEL_MGRS; k++)
+        assert_ok(ndm_manager_close(mg[k]));
+    assert_manager_empty(root);
+}
+
+/* A handle check is a bound on the slot and a compare of the generation
+ * with the handle's upper half, kind bit included: flipping that bit, or
+ * pointing past every slot handed out, is refused with its message. */
+static void test_handle_check_refuses_other_kinds(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_array a = ndm_zeros(m, NDM_F32, NDM_SHAPE(3));
+    assert_live(a);
+    ndm_clear_error();
+    ndm_array flipped = {a.id | (UINT64_C(1) << 63)};
+    assert_int_equal(ndm_array_ndim(flipped), -1);
+    assert_int_equal(ndm_last_status(), NDM_E_INVALID);
+    assert_error_has("not an array handle");
+    assert_null(ndm_array_data(flipped));
+    assert_false(ndm_array_valid(flipped));
+    /* the slot bits of a live manager, read as an array */
+    ndm_clear_error();
+    ndm_array as_array = {m.id & ~(UINT64_C(1) << 63)};
+    assert_int_equal(ndm_array_ndim(as_array), -1);
+    assert_true(ndm_last_status() == NDM_E_INVALID || ndm_last_status() == NDM_E_CLOSED);
+    /* the same generation one slot past the last one ever made */
+    ndm_clear_error();
+    ndm_array past = {(a.id & ~UINT64_C(0xffffffff)) | 0x3ffffff0u};
+    assert_int_equal(ndm_array_ndim(past), -1);
+    assert_int_equal(ndm_last_status(), NDM_E_INVALID);
+    /* a manager handle with its kind bit cleared */
+    ndm_clear_error();
+    ndm_manager plain = {m.id & ~(UINT64_C(1) << 63)};
+    assert_status(ndm_manager_close(plain), NDM_E_INVALID);
+    assert_true(ndm_manager_new(plain, "x").id == 0);
+    assert_int_equal(ndm_last_status(), NDM_E_INVALID);
+    assert_error_has("not a manager handle");
+    /* the real ones still work */
+    assert_int_equal(ndm_array_ndim(a), 1);
+    assert_ok(ndm_array_release(a));
+    assert_manager_empty(m);
+}
+
 /* First in the suite: the tree lock is still biased to this thread when the
  * other thread starts using it. */
 static void test_tree_lock_taken_from_another_thread(void **state)
@@ -622,6 +769,8 @@ int main(void)
         TEST(test_close_gives_back_between_its_own_arrays),
         TEST(test_flat_binary_matches_general_path),
         TEST(test_flat_inplace_overlapping_buffers_read_a_copy),
+        TEST(test_handle_check_refuses_other_kinds),
+        TEST(test_storage_charges_follow_the_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

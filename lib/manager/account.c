@@ -94,7 +94,7 @@ ndm_status ndm__charge_move(ndm__manager *from, ndm__manager *to, int dev, int64
         atomic_fetch_add_explicit(&to->inbox[dev], bytes, memory_order_relaxed);
     else
         ndm__bytes_add(to, dev, bytes);
-    from->bytes[dev] -= bytes;
+    ndm__bytes_sub(from, dev, bytes);
     return NDM_OK;
 }
 

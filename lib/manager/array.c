@@ -5,26 +5,29 @@
 #include <string.h>
 
 #include "core.h"
+#include "create.h"
 #include "thread.h"
 
 /* ---- storage ---------------------------------------------------------------- */
 
-/* The storages of a drain die in batches: their blocks are freed together
+/* The storages of a drain die in batches: their blocks (those on the
+ * draining manager's device; others are freed at once) are freed together
  * (the allocator does its bookkeeping once for a run of them, see
  * ndm__free_many) and the bytes charged to the draining manager, when it has
  * no limit to keep current, are given back at the flush. */
 #define FREE_BATCH 64
 typedef struct free_batch {
-    ndm_device dev;
+    ndm_device dev;      /* the draining manager's device */
     int n;
     ndm__manager *owner; /* NULL: every charge is given back at once */
     int slot;            /* owner's accounting slot gathered in `bytes` */
     int64_t bytes;
-    ndm__block blocks[FREE_BATCH];
+    void *cookies[FREE_BATCH];
 } free_batch;
 
 static void batch_init(free_batch *fb, ndm__manager *m)
 {
+    fb->dev = m->device;
     fb->n = 0;
     fb->owner = atomic_load_explicit(&m->limit_anchor, memory_order_relaxed) ? NULL : m;
     fb->slot = m->dev;
@@ -34,35 +37,42 @@ static void batch_init(free_batch *fb, ndm__manager *m)
 static void batch_flush(free_batch *fb)
 {
     if (fb->bytes) {
-        fb->owner->bytes[fb->slot] -= fb->bytes;
+        ndm__bytes_sub(fb->owner, fb->slot, fb->bytes);
         fb->bytes = 0;
     }
     if (fb->n) {
-        ndm__free_many(fb->dev, fb->blocks, (size_t)fb->n);
+        ndm__free_many(fb->dev, fb->cookies, (size_t)fb->n);
         fb->n = 0;
     }
+}
+
+static inline bool same_device(ndm_device a, ndm_device b)
+{
+    return a.type == b.type && a.index == b.index;
 }
 
 /* Free the storage's memory (now, or with the batch fb when given) and give
  * its bytes back; refs reached 0. */
 static NDM__ALWAYS_INLINE void storage_destroy(ndm__storage *s, free_batch *fb)
 {
-    if (fb && fb->owner && s->charged == fb->owner->self && s->dev == fb->slot)
+    int dev = ndm__device_slot(s->device);
+    if (fb && fb->owner && s->charged == fb->owner->self && dev == fb->slot)
         fb->bytes += (int64_t)s->nbytes;
     else
-        ndm__uncharge(ndm__manager_rec(s->charged), s->dev, (int64_t)s->nbytes);
-    if (s->block.cookie || s->block.ptr) {
-        if (!fb) {
-            ndm__free(s->device, &s->block);
+        ndm__uncharge(ndm__manager_rec(s->charged), dev, (int64_t)s->nbytes);
+    if (s->cookie) {
+        if (!fb || !same_device(fb->dev, s->device)) {
+            ndm__block b = {s->data, s->cookie, 0};
+            ndm__free(s->device, &b);
             return;
         }
-        if (fb->n == FREE_BATCH || (fb->n && (fb->dev.type != s->device.type ||
-                                              fb->dev.index != s->device.index)))
+        if (fb->n == FREE_BATCH)
             batch_flush(fb);
-        fb->dev = s->device;
-        fb->blocks[fb->n++] = s->block;
-    } else if (s->free_fn) {
-        s->free_fn(s->data, s->free_ud);
+        fb->cookies[fb->n++] = s->cookie;
+    } else {
+        ndm__storage_cold *c = ndm__storage_cold_of(s);
+        if (c->free_fn)
+            c->free_fn(s->data, c->free_ud);
     }
 }
 
@@ -183,7 +193,7 @@ NDM__COLD ndm__array *ndm__array_lookup_failed(ndm_array h, const char *api,
     uint32_t want = (ndm__id_gen(h.id) + 1) & 0x7fffffffu;
     uint32_t g1 = atomic_load_explicit(&d->gen, memory_order_acquire);
     char desc[160], made[256], died[256], path[512];
-    ndm__site dead_site = d->dead_site, site = d->site;
+    ndm__site dead_site = ndm__array_dead_site(d), site = ndm__array_site(d);
     uint32_t by = d->dead_by, by_gen = d->dead_by_gen;
     ndm__array_desc(d, desc, sizeof desc);
     bool was_live = atomic_load_explicit(&d->live, memory_order_acquire);
@@ -269,30 +279,11 @@ static NDM__COLD ndm_status accepts(ndm__manager *m, const char *api, const ndm_
                      desc);
 }
 
-/* Point the record at room for its shape and strides: inline, the strides
- * right after the sizes so that a small rank stays on one cache line, or on
- * the heap for a long shape. */
-static ndm_status dims_place(ndm__array *r, int ndim, const char *api, const ndm__site *where)
-{
-    r->ndim = ndim;
-    if (NDM__LIKELY(ndim <= NDM__INLINE_DIMS)) {
-        r->shape = r->dims;
-        r->strides = r->dims + ndim;
-        return NDM_OK;
-    }
-    int64_t *p = malloc(2 * (size_t)ndim * sizeof *p);
-    if (!p)
-        return ndm__fail(NDM_E_OOM, api, *where, "no memory for a rank-%d shape", ndim);
-    r->shape = p;
-    r->strides = p + ndim;
-    return NDM_OK;
-}
-
 /* Fill the shape part of a record: the strides given, or C-contiguous ones. */
 static ndm_status set_dims(ndm__array *r, int ndim, const int64_t *shape, const int64_t *strides,
                            const char *api, const ndm__site *where)
 {
-    if (dims_place(r, ndim, api, where) < 0)
+    if (ndm__array_dims_place(r, ndim, api, where) < 0)
         return NDM_E_OOM;
     if (strides) {
         for (int i = 0; i < ndim; i++) {
@@ -310,34 +301,6 @@ static ndm_status set_dims(ndm__array *r, int ndim, const int64_t *shape, const 
     return NDM_OK;
 }
 
-static NDM__COLD void free_heap_dims(ndm__array *r)
-{
-    /* A dead record shows its first sizes in messages. */
-    int k = r->ndim < NDM__INLINE_DIMS ? r->ndim : NDM__INLINE_DIMS;
-    for (int i = 0; i < k; i++)
-        r->dims[i] = r->shape[i];
-    free(r->shape);
-    r->shape = r->dims;
-    r->strides = r->dims + k;
-}
-
-static inline void free_dims(ndm__array *r)
-{
-    if (NDM__UNLIKELY(r->shape != r->dims))
-        free_heap_dims(r);
-}
-
-/* Link r into m's list (m's lock held), newest first. */
-static inline void link_into(ndm__manager *m, ndm__array *r)
-{
-    r->mgr = m->self;
-    r->prev = 0;
-    r->next = m->arrays;
-    if (m->arrays)
-        ndm__array_rec(m->arrays)->prev = r->self;
-    m->arrays = r->self;
-}
-
 /* Link a filled record into m and count it with its storage bytes (0 for a
  * view). False when m started closing since the caller's check. */
 static inline bool link_new(ndm__manager *m, ndm__array *r, int dev, int64_t bytes)
@@ -347,52 +310,12 @@ static inline bool link_new(ndm__manager *m, ndm__array *r, int dev, int64_t byt
         ndm__mlock_release(m, fast);
         return false;
     }
-    link_into(m, r);
+    ndm__array_link_into(m, r);
     m->live++;
     m->created++;
     ndm__bytes_add(m, dev, bytes);
     ndm__mlock_release(m, fast);
     return true;
-}
-
-static NDM__COLD ndm_array started_closing(ndm__manager *m, const char *api,
-                                           const ndm__site *site)
-{
-    ndm__fail(NDM_E_CLOSED, api, *site, "manager '%s' started closing", m->name);
-    return NDM_NULL_ARRAY;
-}
-
-/* The fields every new record sets; the storage s is its own or a base's. */
-static inline void record_init(ndm__array *r, ndm_dtype dtype, ndm__storage *s,
-                               const ndm__site *site)
-{
-    r->dtype = dtype;
-    r->offset = 0;
-    r->storage = s;
-    r->ext = NULL;
-    r->sv_prev = r->sv_next = 0;
-    r->lender = r->lender_gen = 0;
-    r->site.file = site->file;
-    r->site.func = site->func;
-    r->site.line = site->line;
-    r->epoch = atomic_load_explicit(&ndm__epoch, memory_order_relaxed);
-}
-
-/* A fresh storage in r's own room, charged to m. Nothing can reach it yet:
- * the slot's previous storage died before the slot was freed. */
-static inline ndm__storage *storage_init(ndm__array *r, ndm__manager *m, int d, ndm_device dev,
-                                         size_t nbytes)
-{
-    ndm__storage *s = &r->own;
-    atomic_init(&s->refs, 1);
-    atomic_init(&s->lock.v, 0);
-    s->charged = m->self;
-    s->charged_views = 1;
-    s->first_view = r->self;
-    s->dev = d;
-    s->device = dev;
-    s->nbytes = nbytes;
-    return s;
 }
 
 ndm_array ndm__array_new_on(ndm__site site, const char *api, ndm_manager mh, ndm_device dev,
@@ -404,93 +327,78 @@ ndm_array ndm__array_new_on(ndm__site site, const char *api, ndm_manager mh, ndm
     return ndm__array_new_in(&site, api, m, dev, dtype, ndim, shape, out);
 }
 
-/* Element bytes of a shape; false for a negative size or an overflowing
- * count (ndm__shape_check then writes the message). Inline: every creation
- * runs it. */
-static inline bool shape_bytes(int ndim, const int64_t *shape, ndm_dtype dtype, size_t *nbytes)
+/* ---- the out-of-line parts of creation (create.h) ---------------------------- */
+
+NDM__COLD ndm_status ndm__array_dims_on_heap(ndm__array *r, int ndim, const char *api,
+                                             const ndm__site *where)
 {
-    if ((unsigned)dtype >= NDM_DTYPE_COUNT || ndim < 0 || (ndim && !shape))
-        return false;
-    uint64_t n = 1;
-    for (int i = 0; i < ndim; i++)
-        if (shape[i] < 0 || __builtin_mul_overflow(n, (uint64_t)shape[i], &n))
-            return false;
-    if (__builtin_mul_overflow(n, (uint64_t)ndm__dtype_bytes[dtype], &n) || n > (uint64_t)INT64_MAX)
-        return false;
-    *nbytes = (size_t)n;
-    return true;
+    int64_t *p = malloc(2 * (size_t)ndim * sizeof *p);
+    if (!p)
+        return ndm__fail(NDM_E_OOM, api, *where, "no memory for a rank-%d shape", ndim);
+    r->shape = p;
+    r->strides = p + ndim;
+    return NDM_OK;
 }
 
-static NDM__COLD ndm_array shape_refused(int ndim, const int64_t *shape, ndm_dtype dtype,
-                                         const char *api, const ndm__site *site)
+NDM__COLD void ndm__array_free_heap_dims(ndm__array *r)
+{
+    /* A dead record shows its first sizes in messages. */
+    int k = r->ndim < NDM__INLINE_DIMS ? r->ndim : NDM__INLINE_DIMS;
+    for (int i = 0; i < k; i++)
+        r->dims[i] = r->shape[i];
+    free(r->shape);
+    r->shape = r->dims;
+    r->strides = r->dims + k;
+}
+
+NDM__COLD ndm_array ndm__array_shape_refused(int ndim, const int64_t *shape, ndm_dtype dtype,
+                                             const char *api, const ndm__site *site)
 {
     if (ndm__shape_check(ndim, shape, dtype, NULL, NULL, api, *site) == NDM_OK)
         ndm__fail(NDM_E_SHAPE, api, *site, "invalid shape"); /* unreachable by design */
     return NDM_NULL_ARRAY;
 }
 
+NDM__COLD ndm_array ndm__array_create_undo(ndm__array *r, uint32_t slot, ndm__manager *m,
+                                           ndm_device dev, const ndm__block *blk, size_t nbytes,
+                                           bool limited)
+{
+    if (r)
+        ndm__array_free_dims(r);
+    if (blk) {
+        ndm__block b = *blk;
+        ndm__free(dev, &b);
+    }
+    if (slot)
+        ndm__array_slot_free(slot);
+    if (limited)
+        ndm__limit_release(m, ndm__device_slot(dev), (int64_t)nbytes);
+    return NDM_NULL_ARRAY;
+}
+
+NDM__COLD void ndm__array_started_closing(ndm__manager *m, const char *api, const ndm__site *site)
+{
+    ndm__fail(NDM_E_CLOSED, api, *site, "manager '%s' started closing", m->name);
+}
+
+ndm_array ndm__array_create_checked(const ndm__site *site, const char *api, ndm__manager *m,
+                                    ndm_device dev, ndm_dtype dtype, int ndim,
+                                    const int64_t *shape, size_t nbytes, ndm__array **out)
+{
+    if (accepts(m, api, site, dtype, ndim, shape) < 0)
+        return NDM_NULL_ARRAY;
+    bool limited = atomic_load_explicit(&m->limit_anchor, memory_order_relaxed) != 0;
+    if (limited &&
+        ndm__limit_reserve(m, ndm__device_slot(dev), (int64_t)nbytes, api, *site) < 0)
+        return NDM_NULL_ARRAY;
+    return ndm__array_create(site, api, m, dev, dtype, ndim, shape, nbytes, limited, out);
+}
+
 ndm_array ndm__array_new_in(const ndm__site *site, const char *api, ndm__manager *m,
                             ndm_device dev, ndm_dtype dtype, int ndim, const int64_t *shape,
                             ndm__array **out)
 {
-    /* Checks first, inline; only a failure calls out to write its message. */
-    size_t nbytes;
-    if (NDM__UNLIKELY(!shape_bytes(ndim, shape, dtype, &nbytes)))
-        return shape_refused(ndim, shape, dtype, api, site);
-    if (NDM__UNLIKELY(atomic_load_explicit(&m->state, memory_order_acquire) &
-                      (NDM__M_CLOSING | NDM__M_CAP_ARRAYS)) &&
-        accepts(m, api, site, dtype, ndim, shape) < 0)
-        return NDM_NULL_ARRAY;
-    int d = ndm__device_slot(dev);
-    /* The limit is reserved before any memory is taken, and the bytes (and
-     * peak) are counted only once the memory is held. */
-    bool limited = atomic_load_explicit(&m->limit_anchor, memory_order_relaxed) != 0;
-    if (NDM__UNLIKELY(limited) && ndm__limit_reserve(m, d, (int64_t)nbytes, api, *site) < 0)
-        return NDM_NULL_ARRAY;
-    uint32_t slot = ndm__array_slot_alloc();
-    if (NDM__UNLIKELY(!slot)) {
-        if (limited)
-            ndm__limit_release(m, d, (int64_t)nbytes);
-        ndm__fail(NDM_E_OOM, api, *site, "no memory for an array record");
-        return NDM_NULL_ARRAY;
-    }
-    ndm__array *r = ndm__array_rec(slot);
-    ndm__storage *s = &r->own;
-    ndm__alloc_tag tag = {m->self, site->file, site->func, site->line};
-    if (NDM__UNLIKELY(ndm__alloc(dev, nbytes, &tag, &s->block) < 0)) {
-        /* The allocator's message says what it had; name the caller too. */
-        ndm__fail(ndm_last_status(), api, *site, "%s", ndm_last_error());
-        goto fail;
-    }
-    s->data = s->block.ptr;
-    record_init(r, dtype, s, site);
-    if (NDM__UNLIKELY(dims_place(r, ndim, api, site) < 0)) {
-        ndm__free(dev, &s->block);
-        goto fail;
-    }
-    int64_t *sizes = r->shape, *strides = r->strides, stride = 1;
-    for (int i = ndim - 1; i >= 0; i--) {
-        int64_t e = shape[i];
-        sizes[i] = e;
-        strides[i] = stride;
-        stride *= e ? e : 1;
-    }
-    storage_init(r, m, d, dev, nbytes);
-    if (NDM__UNLIKELY(!link_new(m, r, d, (int64_t)nbytes))) {
-        started_closing(m, api, site);
-        free_dims(r);
-        ndm__free(dev, &s->block);
-        goto fail;
-    }
-    atomic_store_explicit(&r->live, 1, memory_order_release);
-    if (out)
-        *out = r;
-    return ndm__array_handle(slot, atomic_load_explicit(&r->gen, memory_order_relaxed));
-fail:
-    ndm__array_slot_free(slot);
-    if (limited)
-        ndm__limit_release(m, d, (int64_t)nbytes);
-    return NDM_NULL_ARRAY;
+    return ndm__array_new_inline(site, api, m, dev, dtype, ndim, shape, out);
 }
 
 ndm_array ndm__array_new(ndm__site site, const char *api, ndm_manager mh, ndm_dtype dtype,
@@ -527,17 +435,17 @@ ndm_array ndm__array_wrap(ndm__site site, const char *api, ndm_manager mh, ndm_d
     }
     ndm__array *r = ndm__array_slot(slot);
     ndm__storage *s = &r->own;
-    record_init(r, dtype, s, &site);
+    ndm__array_record_init(r, dtype, s, &site);
     if (set_dims(r, ndim, shape, NULL, api, &site) < 0)
         goto fail;
-    storage_init(r, m, d, m->device, nbytes);
+    ndm__array_storage_init(r, m, m->device, nbytes);
     s->data = data;
-    s->block = (ndm__block){0};
-    s->free_fn = free_fn;
-    s->free_ud = ud;
+    s->cookie = NULL;
+    r->own_cold.free_fn = free_fn;
+    r->own_cold.free_ud = ud;
     if (!link_new(m, r, d, (int64_t)nbytes)) {
-        started_closing(m, api, &site);
-        free_dims(r);
+        ndm__array_started_closing(m, api, &site);
+        ndm__array_free_dims(r);
         goto fail;
     }
     atomic_store_explicit(&r->live, 1, memory_order_release);
@@ -564,7 +472,7 @@ ndm_array ndm__array_view(ndm__site site, const char *api, ndm_manager mh, ndm__
     }
     ndm__array *r = ndm__array_slot(slot);
     ndm__storage *s = base->storage;
-    record_init(r, dtype, s, &site);
+    ndm__array_record_init(r, dtype, s, &site);
     if (set_dims(r, ndim, shape, strides, api, &site) < 0) {
         ndm__array_slot_free(slot);
         return NDM_NULL_ARRAY;
@@ -574,20 +482,29 @@ ndm_array ndm__array_view(ndm__site site, const char *api, ndm_manager mh, ndm__
     ndm__mlock_take(m);
     if (NDM__UNLIKELY(atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_CLOSING)) {
         ndm__mlock_drop(m);
-        free_dims(r);
+        ndm__array_free_dims(r);
         ndm__array_slot_free(slot);
-        return started_closing(m, api, &site);
+        return (ndm__array_started_closing(m, api, &site), NDM_NULL_ARRAY);
     }
-    ndm__lock_take(&s->lock);
+    ndm__storage_cold *c = ndm__storage_cold_of(s);
+    ndm__lock_take(&c->lock);
     atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
-    r->sv_next = s->first_view;
-    if (s->first_view)
-        ndm__array_slot(s->first_view)->sv_prev = slot;
-    s->first_view = slot;
+    if (!c->first_view) {
+        /* The second view: the list starts with the home, the one view so
+         * far, which holds the charge. */
+        ndm__array *home = ndm__storage_home(s);
+        home->sv_prev = home->sv_next = 0;
+        c->first_view = home->self;
+        c->charged_views = 1;
+    }
+    r->sv_prev = 0;
+    r->sv_next = c->first_view;
+    ndm__array_rec(c->first_view)->sv_prev = slot;
+    c->first_view = slot;
     if (s->charged == m->self)
-        s->charged_views++;
-    ndm__lock_drop(&s->lock);
-    link_into(m, r);
+        c->charged_views++;
+    ndm__lock_drop(&c->lock);
+    ndm__array_link_into(m, r);
     m->live++;
     m->created++;
     ndm__mlock_drop(m);
@@ -602,9 +519,12 @@ ndm_array ndm__array_view(ndm__site site, const char *api, ndm_manager mh, ndm__
 /* Count the views of s owned by manager slot `mgr`; storage lock held. */
 static uint32_t count_views(ndm__storage *s, uint32_t mgr)
 {
+    uint32_t first = ndm__storage_cold_of(s)->first_view;
+    if (!first)
+        return ndm__storage_home(s)->mgr == mgr;
     uint32_t n = 0;
-    for (uint32_t v = s->first_view; v; v = ndm__array_slot(v)->sv_next)
-        if (ndm__array_slot(v)->mgr == mgr)
+    for (uint32_t v = first; v; v = ndm__array_rec(v)->sv_next)
+        if (ndm__array_rec(v)->mgr == mgr)
             n++;
     return n;
 }
@@ -615,8 +535,11 @@ static uint32_t count_views(ndm__storage *s, uint32_t mgr)
 static NDM__ALWAYS_INLINE void storage_dies(ndm__storage *s, ndm__array *dying, free_batch *fb)
 {
     storage_destroy(s, fb);
-    if (s != &dying->own)
+    if (s != &dying->own) {
+        /* The last view was another record's: the home's list ends with it. */
+        ndm__storage_cold_of(s)->first_view = 0;
         ndm__array_slot_free(ndm__storage_home(s)->self);
+    }
 }
 
 /* View r of storage s dies; its manager was `from`. Manager lock of `from`
@@ -640,32 +563,38 @@ static NDM__ALWAYS_INLINE bool view_dies(ndm__array *r, ndm__manager *from, free
 static bool shared_view_dies(ndm__array *r, ndm__manager *from, free_batch *fb)
 {
     ndm__storage *s = r->storage;
-    ndm__lock_take(&s->lock);
+    ndm__storage_cold *c = ndm__storage_cold_of(s);
+    ndm__lock_take(&c->lock);
+    /* Listed: more than one view was alive when this one started to die. */
     if (r->sv_prev)
-        ndm__array_slot(r->sv_prev)->sv_next = r->sv_next;
+        ndm__array_rec(r->sv_prev)->sv_next = r->sv_next;
     else
-        s->first_view = r->sv_next;
+        c->first_view = r->sv_next;
     if (r->sv_next)
-        ndm__array_slot(r->sv_next)->sv_prev = r->sv_prev;
+        ndm__array_rec(r->sv_next)->sv_prev = r->sv_prev;
     unsigned left = atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) - 1;
     if (left == 0) {
-        ndm__lock_drop(&s->lock);
+        ndm__lock_drop(&c->lock);
         storage_dies(s, r, fb);
         return false;
     }
-    if (s->charged == from->self && --s->charged_views == 0) {
+    if (s->charged == from->self && --c->charged_views == 0) {
         /* The charged manager holds no view any more: the charge moves to the
          * manager of the newest remaining view. */
-        uint32_t to_slot = ndm__array_slot(s->first_view)->mgr;
+        uint32_t to_slot = ndm__array_rec(c->first_view)->mgr;
         ndm__manager *to = ndm__manager_slot(to_slot);
         /* to's lock is not held (taking it here could invert the lock order):
          * the bytes land in its inbox */
-        ndm__charge_move(from, to, s->dev, (int64_t)s->nbytes, true, true, NULL, NDM__NO_SITE);
+        ndm__charge_move(from, to, ndm__device_slot(s->device), (int64_t)s->nbytes, true, true,
+                         NULL, NDM__NO_SITE);
         s->charged = to_slot;
-        s->charged_views = count_views(s, to_slot);
-        ndm__alloc_retag(&s->block, to_slot);
+        c->charged_views = count_views(s, to_slot);
+        ndm__alloc_retag(s->cookie, to_slot);
     }
-    ndm__lock_drop(&s->lock);
+    /* The home alone again (it holds the charge then): the list ends. */
+    if (left == 1 && c->first_view == ndm__storage_home(s)->self)
+        c->first_view = 0;
+    ndm__lock_drop(&c->lock);
     return s == &r->own;
 }
 
@@ -677,12 +606,12 @@ static NDM__ALWAYS_INLINE void array_dies(ndm__array *r, ndm__manager *from,
                                           const ndm__site *site, uint32_t by, uint32_t by_gen,
                                           free_batch *fb)
 {
-    r->dead_site.file = site->file;
-    r->dead_site.func = site->func;
-    r->dead_site.line = site->line;
+    r->dead_file = site->file;
+    r->dead_func = site->func;
+    r->dead_line = site->line;
     r->dead_by = by;
     r->dead_by_gen = by_gen;
-    free_dims(r);
+    ndm__array_free_dims(r);
     if (NDM__UNLIKELY(r->ext)) {
         /* a parameter's record (autograd); its gradient array lives on in
          * the manager like any other array */
@@ -704,27 +633,32 @@ static ndm_status view_moves(ndm__array *r, ndm__manager *from, ndm__manager *to
                              const char *api, ndm__site where)
 {
     ndm__storage *s = r->storage;
+    ndm__storage_cold *c = ndm__storage_cold_of(s);
     bool shared = atomic_load_explicit(&s->refs, memory_order_acquire) > 1;
     if (shared)
-        ndm__lock_take(&s->lock);
+        ndm__lock_take(&c->lock);
+    /* Unshared and unlisted, r is the home and holds the charge alone. */
+    bool listed = c->first_view != 0;
     ndm_status st = NDM_OK;
     if (s->charged == from->self) {
-        if (s->charged_views == 1) {
+        if (!listed || c->charged_views == 1) {
             /* r is the charged manager's last view: the charge follows it. */
-            st = ndm__charge_move(from, to, s->dev, (int64_t)s->nbytes, force, false, api, where);
+            st = ndm__charge_move(from, to, ndm__device_slot(s->device), (int64_t)s->nbytes,
+                                  force, false, api, where);
             if (st == NDM_OK) {
                 s->charged = to->self;
-                s->charged_views = shared ? count_views(s, to->self) + 1 : 1;
-                ndm__alloc_retag(&s->block, to->self);
+                if (listed)
+                    c->charged_views = shared ? count_views(s, to->self) + 1 : 1;
+                ndm__alloc_retag(s->cookie, to->self);
             }
         } else {
-            s->charged_views--;
+            c->charged_views--;
         }
     } else if (s->charged == to->self) {
-        s->charged_views++;
+        c->charged_views++;
     }
     if (shared)
-        ndm__lock_drop(&s->lock);
+        ndm__lock_drop(&c->lock);
     return st;
 }
 
@@ -804,7 +738,7 @@ static bool give_back(ndm__manager *from, ndm__array *r)
     from->live--;
     from->moved_out++;
     (void)view_moves(r, from, to, true, NULL, NDM__NO_SITE); /* forced: cannot fail */
-    link_into(to, r);
+    ndm__array_link_into(to, r);
     to->live++;
     to->moved_in++;
     r->lender = r->lender_gen = 0;
@@ -885,18 +819,79 @@ static void drain(ndm__manager *m, const uint32_t *keep, size_t nkeep, bool sort
     ndm__mlock_release(m, fast);
 }
 
+/* The plain arrays of a closing manager's drain: each made its storage, has
+ * no other view, is charged to m on m's device, holds memory from the
+ * allocator, a short shape, no extension and no lender. They die from `cur`
+ * on with a few stores each, their memory, bytes and slots going back in
+ * batches. Returns the first array that is not plain (0: none left), which
+ * the caller kills on the general path. */
+static uint32_t drain_plain(ndm__manager *m, uint32_t cur, const ndm__site *site,
+                            uint32_t by_gen, uint64_t *gone)
+{
+    const char *file = site->file, *func = site->func;
+    int line = site->line;
+    uint32_t by = m->self;
+    ndm_device dev = m->device;
+    void *cookies[FREE_BATCH];
+    uint32_t slots[FREE_BATCH];
+    int64_t bytes = 0;
+    uint32_t n = 0;
+    uint64_t k = 0;
+    while (cur) {
+        ndm__array *r = ndm__array_rec(cur);
+        ndm__storage *s = r->storage;
+        if (NDM__UNLIKELY(s != &r->own || r->lender || r->ext || r->shape != r->dims ||
+                          atomic_load_explicit(&s->refs, memory_order_relaxed) != 1 ||
+                          s->charged != by || !same_device(s->device, dev) || !s->cookie))
+            break;
+        cur = r->next;
+        r->dead_file = file;
+        r->dead_func = func;
+        r->dead_line = line;
+        r->dead_by = by;
+        r->dead_by_gen = by_gen;
+        atomic_store_explicit(&r->live, 0, memory_order_relaxed);
+        unsigned g = (atomic_load_explicit(&r->gen, memory_order_relaxed) + 1) & 0x7fffffffu;
+        atomic_store_explicit(&r->gen, g ? g : 1, memory_order_release);
+        atomic_store_explicit(&s->refs, 0, memory_order_relaxed);
+        bytes += (int64_t)s->nbytes;
+        cookies[n] = s->cookie;
+        slots[n] = r->self;
+        if (NDM__UNLIKELY(++n == FREE_BATCH)) {
+            ndm__bytes_sub(m, m->dev, bytes);
+            ndm__free_many(dev, cookies, n);
+            ndm__array_slot_free_many(slots, n);
+            k += n;
+            bytes = 0;
+            n = 0;
+        }
+    }
+    if (n) {
+        ndm__bytes_sub(m, m->dev, bytes);
+        ndm__free_many(dev, cookies, n);
+        ndm__array_slot_free_many(slots, n);
+        k += n;
+    }
+    *gone += k;
+    return cur;
+}
+
 /* The drain of a closing manager. Nobody else reads or changes its list
  * meanwhile (a release or a move sees it closing and backs off; readers take
  * its lock, held here except while an array goes back to its lender), so the
  * records are not unlinked one by one: the list is cut as it is consumed. */
 void ndm__manager_drain_arrays(ndm__manager *m, ndm__site site)
 {
-    uint32_t by_gen = atomic_load_explicit(&m->gen, memory_order_relaxed);
+    uint32_t by = m->self, by_gen = atomic_load_explicit(&m->gen, memory_order_relaxed);
     uint64_t gone = 0;
     free_batch fb;
     batch_init(&fb, m);
+    /* With limits to keep current, every array takes the general path. */
+    bool plain = fb.owner != NULL;
     bool fast = ndm__mlock_acquire(m);
     for (uint32_t cur = m->arrays; cur;) {
+        if (NDM__LIKELY(plain) && !(cur = drain_plain(m, cur, &site, by_gen, &gone)))
+            break;
         ndm__array *r = ndm__array_rec(cur);
         if (NDM__UNLIKELY(r->lender)) {
             /* The list must be whole (from r on) while the lock is dropped. */
@@ -909,7 +904,7 @@ void ndm__manager_drain_arrays(ndm__manager *m, ndm__site site)
         }
         cur = r->next;
         gone++;
-        array_dies(r, m, &site, m->self, by_gen, &fb);
+        array_dies(r, m, &site, by, by_gen, &fb);
     }
     m->arrays = 0;
     m->live -= gone;
@@ -991,7 +986,7 @@ static ndm_status move(ndm_array h, ndm_manager target, enum move_kind kind, con
             return ndm__fail(NDM_E_CAPPED, api, site,
                              "manager '%s' is capped; array %s created at %s refused", path,
                              ndm__array_desc(r, desc, sizeof desc),
-                             ndm__site_str(r->site, made, sizeof made));
+                             ndm__site_str(ndm__array_site(r), made, sizeof made));
         } else {
             st = view_moves(r, from, to, kind == MOVE_DETACH, api, site);
         }
@@ -999,7 +994,7 @@ static ndm_status move(ndm_array h, ndm_manager target, enum move_kind kind, con
             unlink_from(from, r);
             from->live--;
             from->moved_out++;
-            link_into(to, r);
+            ndm__array_link_into(to, r);
             to->live++;
             to->moved_in++;
             if (kind == MOVE_LEND) {

@@ -23,7 +23,9 @@
 #define NDM__ALWAYS_INLINE inline __attribute__((always_inline))
 /* An error path kept out of the caller, so the caller needs no frame. */
 #define NDM__COLD __attribute__((noinline, cold))
+#define NDM__NOINLINE __attribute__((noinline))
 #else
+#define NDM__NOINLINE
 #define NDM__LIKELY(x) (x)
 #define NDM__UNLIKELY(x) (x)
 #define NDM__ALWAYS_INLINE inline
@@ -60,29 +62,39 @@ static inline void ndm__lock_drop(ndm__lock *l)
 /* A storage lives inside the record of the array that made it (its home), so
  * a new array takes one record and no header. When the home array dies while
  * other views still use the storage, its slot is not reused until the last
- * view dies and frees it: the storage's memory is never reused under a view. */
+ * view dies and frees it: the storage's memory is never reused under a view.
+ * Here are the fields that the creation and the death of every array touch;
+ * the rest (ndm__storage_cold) waits in the home record's cold lines. */
 typedef struct ndm__storage {
     atomic_uint refs;          /* array records viewing it */
-    ndm__lock lock;            /* guards the view list and the charge once shared */
     uint32_t charged;          /* manager slot charged with nbytes */
-    uint32_t charged_views;    /* views owned by `charged` */
-    uint32_t first_view;       /* list of views (array slots), newest first */
-    int dev;                   /* accounting slot of `device` */
     ndm_device device;
     void *data;
-    ndm__block block;          /* from the allocator; zeroed for wrapped buffers */
+    void *cookie;              /* the allocator's block; NULL for a wrapped buffer */
     size_t nbytes;
-    ndm_free_fn free_fn;       /* wrapped buffers only (block zeroed) */
-    void *free_ud;
 } ndm__storage;
+
+/* The parts of a storage that matter once a second view exists, or for a
+ * wrapped buffer. While a storage has one view, its home, no view list is
+ * kept (first_view is 0) and that view holds the charge: the list starts
+ * when a second view comes and ends when the home is alone again or the
+ * storage dies, so a plain array never touches these. */
+typedef struct ndm__storage_cold {
+    ndm__lock lock;            /* guards the view list and the charge; free when idle */
+    uint32_t first_view;       /* views (array slots), newest first; 0: the home alone */
+    uint32_t charged_views;    /* views owned by `charged`, while listed */
+    ndm_free_fn free_fn;       /* wrapped buffers only (cookie NULL) */
+    void *free_ud;
+} ndm__storage_cold;
 
 /* ---- array records ------------------------------------------------------ */
 
-/* Laid out by use: a lookup and a kernel call read the first cache line;
- * the creation of a rank-1 array and any array's death touch the first four
- * and no other. */
+/* Laid out by use, one record per 64-byte lines, the chunks aligned to them.
+ * A lookup and a kernel call read the first line; the creation of an array
+ * of rank 0 or 1 and the death of any array touch the first three and no
+ * other. Views, borrowed arrays and long shapes reach the last two. */
 typedef struct ndm__array {
-    atomic_uint gen;           /* generation of the slot; a handle must match it */
+    _Alignas(64) atomic_uint gen; /* generation of the slot; a handle must match it */
     atomic_uint live;          /* 1 while the slot holds an array */
     uint32_t self;             /* this record's slot number */
     uint32_t mgr;              /* owning manager slot */
@@ -93,24 +105,50 @@ typedef struct ndm__array {
     int64_t *strides;          /* = dims + ndim or heap */
     ndm__storage *storage;     /* &own, or the own storage of another record */
     void *ext;                 /* per-array extension (autograd) */
-    /* second line */
+    /* second line: the owner's list, where it was made and how it died */
     uint32_t prev, next;       /* owner's array list: prev is newer, next is older */
-    uint32_t sv_prev, sv_next; /* storage's view list */
     uint32_t lender;           /* temp_attach: manager slot to return to (0: none) */
     uint32_t lender_gen;
     uint32_t dead_by, dead_by_gen; /* manager whose close released it (0: released directly) */
+    int made_line, dead_line;
+    const char *made_file, *made_func; /* creation site (ndm__array_site) */
+    const char *dead_file, *dead_func; /* death site, kept until the slot is reused */
+    /* third line: the storage this array made (if it made one), a short shape */
     uint64_t epoch;            /* mark epoch at creation (see ndm_mark) */
-    ndm__site site;
-    /* third and fourth lines */
-    ndm__storage own;          /* the storage this array made, if it made one */
-    ndm__site dead_site;       /* how the array died, kept until the slot is reused */
+    ndm__storage own;
     int64_t dims[2 * NDM__INLINE_DIMS]; /* shape then strides, for ranks up to the limit */
+    /* cold */
+    uint32_t sv_prev, sv_next; /* the storage's view list, while listed */
+    ndm__storage_cold own_cold;
 } ndm__array;
 
-/* The record a storage lives in. */
+_Static_assert(offsetof(ndm__array, prev) == 64 && offsetof(ndm__array, epoch) == 128 &&
+                   offsetof(ndm__array, dims) + 2 * sizeof(int64_t) == 192,
+               "the lines of an array record");
+
+static inline ndm__site ndm__array_site(const ndm__array *r)
+{
+    return (ndm__site){r->made_file, r->made_func, r->made_line};
+}
+static inline ndm__site ndm__array_dead_site(const ndm__array *r)
+{
+    return (ndm__site){r->dead_file, r->dead_func, r->dead_line};
+}
+
+/* The record a storage lives in, and the storage's cold part there. */
 static inline struct ndm__array *ndm__storage_home(ndm__storage *s)
 {
     return (struct ndm__array *)(void *)((char *)s - offsetof(struct ndm__array, own));
+}
+static inline ndm__storage_cold *ndm__storage_cold_of(ndm__storage *s)
+{
+    return &ndm__storage_home(s)->own_cold;
+}
+/* Views of s owned by its charged manager; its lock held, or s unshared. */
+static inline uint32_t ndm__storage_charged_views(ndm__storage *s)
+{
+    ndm__storage_cold *c = ndm__storage_cold_of(s);
+    return c->first_view ? c->charged_views : 1;
 }
 
 /* ---- manager records ---------------------------------------------------- */
@@ -122,7 +160,11 @@ enum {
     NDM__M_CAP_CHILDREN = 1u << 3,
     NDM__M_SCOPE = 1u << 4,
     NDM__M_BUILTIN = 1u << 5,    /* system, detached */
+    NDM__M_LIMITED = 1u << 6,    /* limit_anchor is set: byte limits apply */
 };
+/* The cases a new array must check for; one test of the state on the
+ * common path, where none applies. */
+#define NDM__M_SLOW_NEW (NDM__M_CLOSING | NDM__M_CAP_ARRAYS | NDM__M_LIMITED)
 #define NDM__CAP_SHIFT 2
 
 typedef struct ndm__limits {
@@ -174,7 +216,9 @@ typedef struct ndm__manager {
     /* Storage bytes charged here: bytes + inbox. bytes and peak change under
      * `lock`; a charge moved here by a thread that holds another manager's
      * lock (a view dying elsewhere) lands in inbox, so no thread ever takes a
-     * second manager lock out of order. */
+     * second manager lock out of order. The peak is the larger of `peak` and
+     * the total: a total only falls after ndm__bytes_sub folded it into
+     * `peak`, so a creation counts its bytes with no compare. */
     int64_t bytes[NDM__MAX_DEVICES];
     int64_t peak[NDM__MAX_DEVICES];
     _Atomic int64_t inbox[NDM__MAX_DEVICES];
@@ -201,10 +245,9 @@ void ndm__bias_revoke(atomic_bool *biased, atomic_uint *busy);
 void ndm__mlock_slow(ndm__manager *m);   /* clear the bias if set; take the lock */
 
 /* Take m's lock; true when taken on the creator's fast path. Hand the
- * result to ndm__mlock_release. */
-static inline bool ndm__mlock_acquire(ndm__manager *m)
+ * result to ndm__mlock_release. `t` is the calling thread's state (or NULL). */
+static inline bool ndm__mlock_acquire_as(ndm__manager *m, ndm__thread *t)
 {
-    ndm__thread *t = ndm__tls;
     if (NDM__LIKELY(t && t->id == atomic_load_explicit(&m->creator, memory_order_relaxed))) {
         atomic_store_explicit(&m->busy, 1, memory_order_relaxed);
         atomic_signal_fence(memory_order_seq_cst);
@@ -215,6 +258,7 @@ static inline bool ndm__mlock_acquire(ndm__manager *m)
     ndm__mlock_slow(m);
     return false;
 }
+static inline bool ndm__mlock_acquire(ndm__manager *m) { return ndm__mlock_acquire_as(m, ndm__tls); }
 
 static inline void ndm__mlock_release(ndm__manager *m, bool fast)
 {
@@ -243,6 +287,10 @@ static inline void ndm__mlock_drop(ndm__manager *m)
 
 extern _Atomic(ndm__array *) ndm__array_chunks[NDM__MAX_CHUNKS];
 extern _Atomic(ndm__manager *) ndm__manager_chunks[NDM__MAX_CHUNKS];
+/* Array slots below this have their chunk: one compare tells a slot that may
+ * hold an array from one that never did (stored after the chunk, released). */
+extern _Atomic uint32_t ndm__array_high;
+extern _Atomic uint32_t ndm__manager_high;
 
 static inline uint32_t ndm__id_slot(uint64_t id) { return (uint32_t)id; }
 static inline uint32_t ndm__id_gen(uint64_t id) { return (uint32_t)(id >> 32) & 0x7fffffffu; }
@@ -285,26 +333,42 @@ static inline ndm_manager ndm__manager_handle(uint32_t slot, uint32_t gen)
 
 /* Fast checks with no error reporting. The generation alone tells a live
  * array: a slot's generation moves on when its array dies, and a handle with
- * the new one exists only once the next array there is made. */
+ * the new one exists only once the next array there is made. A record's
+ * generation is never 0 and never has bit 31 set, so the compare with the
+ * handle's upper half also refuses the null handle and manager handles: a
+ * check is one compare for the slot, one load for the chunk, one compare
+ * for the generation. */
 static inline ndm__array *ndm__array_peek(ndm_array h)
 {
-    if (NDM__UNLIKELY(h.id & NDM__KIND_MANAGER) || (uint32_t)h.id >= (NDM__MAX_CHUNKS << NDM__CHUNK_BITS))
+    uint32_t slot = ndm__id_slot(h.id);
+    if (NDM__UNLIKELY(slot >= atomic_load_explicit(&ndm__array_high, memory_order_acquire)))
         return NULL;
-    ndm__array *r = ndm__array_slot(ndm__id_slot(h.id));
-    if (NDM__UNLIKELY(!r) ||
-        atomic_load_explicit(&r->gen, memory_order_acquire) != ndm__id_gen(h.id))
+    ndm__array *r = ndm__array_rec(slot);
+    if (NDM__UNLIKELY(atomic_load_explicit(&r->gen, memory_order_acquire) !=
+                      (uint32_t)(h.id >> 32)))
         return NULL;
+#if defined(__GNUC__)
+    /* (read through, so not null: callers need not test it again) */
+    if (!r)
+        __builtin_unreachable();
+#endif
     return r;
 }
 static inline ndm__manager *ndm__manager_peek(ndm_manager h)
 {
-    if (NDM__UNLIKELY(!(h.id & NDM__KIND_MANAGER)) || (uint32_t)h.id >= (NDM__MAX_CHUNKS << NDM__CHUNK_BITS))
+    uint32_t slot = ndm__id_slot(h.id);
+    if (NDM__UNLIKELY(slot >= atomic_load_explicit(&ndm__manager_high, memory_order_acquire)))
         return NULL;
-    ndm__manager *r = ndm__manager_slot(ndm__id_slot(h.id));
-    if (NDM__UNLIKELY(!r) ||
-        atomic_load_explicit(&r->gen, memory_order_acquire) != ndm__id_gen(h.id) ||
+    ndm__manager *r = ndm__manager_rec(slot);
+    /* the kind bit lands on bit 31 of the handle's upper half */
+    if (NDM__UNLIKELY((atomic_load_explicit(&r->gen, memory_order_acquire) | 0x80000000u) !=
+                      (uint32_t)(h.id >> 32)) ||
         !(atomic_load_explicit(&r->state, memory_order_acquire) & NDM__M_LIVE))
         return NULL;
+#if defined(__GNUC__)
+    if (!r)
+        __builtin_unreachable();
+#endif
     return r;
 }
 
@@ -349,25 +413,17 @@ static inline ndm_manager ndm__manager_handle_of(ndm__manager *r)
 uint32_t ndm__array_slot_alloc_slow(void);
 void ndm__array_slot_free_slow(uint32_t slot);
 
-static inline uint32_t ndm__array_slot_alloc(void)
+/* `th` is the calling thread's state (ndm__tls, NULL when not made yet). */
+static inline uint32_t ndm__array_slot_alloc_as(ndm__thread *th)
 {
-    ndm__thread *th = ndm__tls;
     if (NDM__UNLIKELY(!th || th->ring_count <= NDM__SLOT_RESERVE))
         return ndm__array_slot_alloc_slow();
     uint32_t s = th->ring[th->ring_head];
     th->ring_head = (th->ring_head + 1) % NDM__SLOT_RING;
     th->ring_count--;
-    /* The FIFO hands out records freed long ago, so they are cold: fetch the
-     * next one for writing now, while this one is being filled. */
-    if (th->ring_count) {
-        char *next = (char *)ndm__array_rec(th->ring[th->ring_head]);
-        __builtin_prefetch(next, 1, 3);
-        __builtin_prefetch(next + 64, 1, 3);
-        __builtin_prefetch(next + 128, 1, 3);
-        __builtin_prefetch(next + 192, 1, 3);
-    }
     return s;
 }
+static inline uint32_t ndm__array_slot_alloc(void) { return ndm__array_slot_alloc_as(ndm__tls); }
 
 static inline void ndm__array_slot_free(uint32_t slot)
 {
@@ -379,6 +435,8 @@ static inline void ndm__array_slot_free(uint32_t slot)
     th->ring[(th->ring_head + th->ring_count) % NDM__SLOT_RING] = slot;
     th->ring_count++;
 }
+/* Free n slots at once, as n ndm__array_slot_free calls would. */
+void ndm__array_slot_free_many(const uint32_t *slots, uint32_t n);
 uint32_t ndm__manager_slot_alloc(void);   /* under the tree lock */
 void ndm__manager_slot_free(uint32_t slot); /* under the tree lock */
 
@@ -498,13 +556,25 @@ static inline int64_t ndm__bytes_of(ndm__manager *m, int dev)
 {
     return m->bytes[dev] + atomic_load_explicit(&m->inbox[dev], memory_order_relaxed);
 }
-/* Count bytes in m (its lock held), raising its peak. */
+/* Count bytes in m (its lock held); the peak follows lazily. */
 static inline void ndm__bytes_add(ndm__manager *m, int dev, int64_t bytes)
 {
     m->bytes[dev] += bytes;
+}
+/* Take bytes out of m's count (its lock held), the total so far folded
+ * into its peak first. */
+static inline void ndm__bytes_sub(ndm__manager *m, int dev, int64_t bytes)
+{
     int64_t now = ndm__bytes_of(m, dev);
     if (now > m->peak[dev])
         m->peak[dev] = now;
+    m->bytes[dev] -= bytes;
+}
+/* The highest total m has held on dev (its lock held). */
+static inline int64_t ndm__bytes_peak(ndm__manager *m, int dev)
+{
+    int64_t now = ndm__bytes_of(m, dev);
+    return now > m->peak[dev] ? now : m->peak[dev];
 }
 
 /* Give back the bytes of a dead storage: m's count (its lock held) and limits. */
@@ -512,7 +582,7 @@ static inline void ndm__uncharge(ndm__manager *m, int dev, int64_t bytes)
 {
     if (NDM__UNLIKELY(atomic_load_explicit(&m->limit_anchor, memory_order_relaxed) != 0))
         ndm__limit_release(m, dev, bytes);
-    m->bytes[dev] -= bytes;
+    ndm__bytes_sub(m, dev, bytes);
 }
 /* Would moving `bytes` from `from` to `to` fit the limits? (no change made) */
 ndm_status ndm__charge_check(ndm__manager *from, ndm__manager *to, int dev, int64_t bytes,

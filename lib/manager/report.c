@@ -25,7 +25,7 @@ static void read_figures(ndm__manager *m, figures *f)
     f->resources = m->resources;
     for (int d = 0; d < NDM__MAX_DEVICES; d++) {
         f->bytes[d] = ndm__bytes_of(m, d);
-        f->peak[d] = m->peak[d] > f->bytes[d] ? m->peak[d] : f->bytes[d];
+        f->peak[d] = ndm__bytes_peak(m, d);
     }
     ndm__mlock_drop(m);
     f->children = m->children;
@@ -290,7 +290,7 @@ static void collect_since(ndm__manager *m, ndm_seq mark, groups *gs)
         gs->total++;
         uint64_t bytes = (uint64_t)ndm__numel(r->ndim, r->shape) * ndm_dtype_size(r->dtype);
         size_t i = 0;
-        while (i < gs->n && !same_site(gs->g[i].site, r->site))
+        while (i < gs->n && !same_site(gs->g[i].site, ndm__array_site(r)))
             i++;
         if (i == gs->n) {
             if (gs->n == gs->cap) {
@@ -303,7 +303,7 @@ static void collect_since(ndm__manager *m, ndm_seq mark, groups *gs)
                 gs->g = p;
                 gs->cap = cap;
             }
-            gs->g[gs->n++] = (site_group){r->site, 0, 0, m->self};
+            gs->g[gs->n++] = (site_group){ndm__array_site(r), 0, 0, m->self};
         }
         gs->g[i].count++;
         gs->g[i].bytes += bytes;
@@ -385,7 +385,7 @@ static void leak_walk(ndm__manager *m, FILE *f, uint64_t *nm, uint64_t *na, bool
         if (print)
             fprintf(f, "  array %s in %s created at %s\n", ndm__array_desc(r, desc, sizeof desc),
                     ndm__manager_path_locked(m->self, path, sizeof path),
-                    ndm__site_str(r->site, site, sizeof site));
+                    ndm__site_str(ndm__array_site(r), site, sizeof site));
     }
     ndm__mlock_drop(m);
     for (uint32_t c = oldest_child(m); c; c = ndm__manager_slot(c)->sib_prev)

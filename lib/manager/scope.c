@@ -130,7 +130,7 @@ static ndm_status check_keep(ndm__manager *m, size_t n, const ndm_array *keep, u
             return ndm__fail(NDM_E_NOT_OWNER, api, site,
                              "keep[%zu] (array %s created at %s) is owned by '%s', not by '%s'", i,
                              ndm__array_desc(r, desc, sizeof desc),
-                             ndm__site_str(r->site, made, sizeof made), owner, path);
+                             ndm__site_str(ndm__array_site(r), made, sizeof made), owner, path);
         }
         slots[i] = r->self;
     }
@@ -168,8 +168,8 @@ static ndm_status check_target(ndm__manager *s, ndm_manager target, size_t n,
                 seen = true;
             kept_views++;
         }
-        if (!seen && st->charged == s->self && st->charged_views == kept_views)
-            need[st->dev] += (int64_t)st->nbytes;
+        if (!seen && st->charged == s->self && ndm__storage_charged_views(st) == kept_views)
+            need[ndm__device_slot(st->device)] += (int64_t)st->nbytes;
     }
     for (int d = 0; d < NDM__MAX_DEVICES; d++)
         if (need[d] && ndm__charge_check(s, t, d, need[d], api, site) < 0)

@@ -13,6 +13,8 @@
 
 _Atomic(ndm__array *) ndm__array_chunks[NDM__MAX_CHUNKS];
 _Atomic(ndm__manager *) ndm__manager_chunks[NDM__MAX_CHUNKS];
+_Atomic uint32_t ndm__array_high;
+_Atomic uint32_t ndm__manager_high;
 
 /* Free slots wait in a global FIFO. Managers are few and use it one slot at
  * a time (under the tree lock, not the table's); array slots move between it
@@ -58,9 +60,11 @@ static bool ensure_chunk(bool managers, uint32_t slot)
     } else {
         if (atomic_load_explicit(&ndm__array_chunks[c], memory_order_relaxed))
             return true;
-        ndm__array *p = calloc(NDM__CHUNK_SIZE, sizeof *p);
+        /* aligned to the records' lines (see ndm__array) */
+        ndm__array *p = aligned_alloc(_Alignof(ndm__array), NDM__CHUNK_SIZE * sizeof *p);
         if (!p)
             return false;
+        memset(p, 0, NDM__CHUNK_SIZE * sizeof *p);
         for (uint32_t i = 0; i < NDM__CHUNK_SIZE; i++) {
             atomic_init(&p[i].gen, 1);
             p[i].self = (c << NDM__CHUNK_BITS) | i;
@@ -83,6 +87,7 @@ uint32_t ndm__manager_slot_alloc(void)
         t->nfree--;
     } else if (ensure_chunk(true, t->high)) {
         s = t->high++;
+        atomic_store_explicit(&ndm__manager_high, t->high, memory_order_release);
     }
     return s;
 }
@@ -128,6 +133,7 @@ static uint32_t arrays_take(uint32_t *out, uint32_t n)
     }
     while (k < n && ensure_chunk(false, t->high))
         out[k++] = t->high++;
+    atomic_store_explicit(&ndm__array_high, t->high, memory_order_release);
     pthread_mutex_unlock(&t->lock);
     return k;
 }
@@ -217,6 +223,20 @@ void ndm__array_slot_free_slow(uint32_t slot)
     }
     th->ring[(th->ring_head + th->ring_count) % NDM__SLOT_RING] = slot;
     th->ring_count++;
+}
+
+void ndm__array_slot_free_many(const uint32_t *slots, uint32_t n)
+{
+    ndm__thread *th = ndm__tls;
+    if (!th || th->ring_count + n > NDM__SLOT_RING) {
+        for (uint32_t i = 0; i < n; i++)
+            ndm__array_slot_free(slots[i]);
+        return;
+    }
+    uint32_t tail = (th->ring_head + th->ring_count) % NDM__SLOT_RING;
+    for (uint32_t i = 0; i < n; i++)
+        th->ring[(tail + i) % NDM__SLOT_RING] = slots[i];
+    th->ring_count += n;
 }
 
 void ndm__lock_slow(ndm__lock *l)

@@ -110,6 +110,8 @@ static void record_init(ndm__manager *m, ndm__manager *parent, const char *name,
         parent->first_child = m->self;
         parent->children++;
     }
+    if (atomic_load_explicit(&m->limit_anchor, memory_order_relaxed))
+        flags |= NDM__M_LIMITED;
     atomic_store_explicit(&m->state, NDM__M_LIVE | flags, memory_order_release);
 }
 
@@ -507,6 +509,7 @@ static void reanchor_locked(ndm__manager *m, uint32_t old, uint32_t anchor)
     if (atomic_load_explicit(&m->limit_anchor, memory_order_relaxed) != old)
         return; /* a limited manager below keeps its own anchor */
     atomic_store_explicit(&m->limit_anchor, anchor, memory_order_release);
+    atomic_fetch_or_explicit(&m->state, NDM__M_LIMITED, memory_order_release);
     for (uint32_t c = m->first_child; c; c = ndm__manager_slot(c)->sib_next)
         reanchor_locked(ndm__manager_slot(c), old, anchor);
 }

@@ -5,10 +5,20 @@
 
 #include "dispatch.h"
 
+/* The failure is written out of line: an accessor's check stays a few
+ * instructions with no frame. */
+static NDM__COLD void refused(ndm_array h, const char *api)
+{
+    ndm__site none = NDM__NO_SITE;
+    ndm__array_lookup_failed(h, api, &none, false);
+}
+
 #define GET(h, fail_value)                                                      \
-    ndm__array *r = ndm__array_get((h), __func__, NDM__NO_SITE);                \
-    if (!r)                                                                     \
-    return fail_value
+    ndm__array *r = ndm__array_peek(h);                                         \
+    if (NDM__UNLIKELY(!r)) {                                                    \
+        refused((h), __func__);                                                 \
+        return fail_value;                                                      \
+    }
 
 NDM_API bool ndm_array_valid(ndm_array a) { return ndm__array_peek(a) != NULL; }
 

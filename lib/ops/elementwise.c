@@ -94,7 +94,7 @@ ndm_status ndm__ew_unalias(const ndm__array *dst, const ndm__array *in, ndm__ten
     ndm__site site = *sitep;
     scratch->block = (ndm__block){NULL, NULL, 0};
     /* Storages from the allocator never overlap; wrapped buffers might. */
-    if (dst->storage != in->storage && dst->storage->block.cookie && in->storage->block.cookie)
+    if (dst->storage != in->storage && dst->storage->cookie && in->storage->cookie)
         return NDM_OK;
     ndm__tensor d = ndm__ew_tensor(dst);
     uintptr_t dl, dh, il, ih;
@@ -490,8 +490,8 @@ static ndm_status binary_inplace(ndm__site site, const char *api, ndm__ew_binop 
     /* The flat path (see binary), when b cannot overlap a other than
      * element for element: storages from the allocator never overlap. */
     int64_t n = flat_count(op, a, b);
-    if (n >= 0 && ((a->storage != b->storage && a->storage->block.cookie &&
-                    b->storage->block.cookie) ||
+    if (n >= 0 && ((a->storage != b->storage && a->storage->cookie &&
+                    b->storage->cookie) ||
                    ndm__ew_ptr(a) == ndm__ew_ptr(b))) {
         int index;
         const ndm__backend_ew *ew = ndm__ew_backend(a->storage->device, &index, api, &site);
@@ -526,8 +526,8 @@ static ndm_status binary_inplace(ndm__site site, const char *api, ndm__ew_binop 
         if ((st = broadcast_into(a, b, d.s1, api, &site)) < 0)
             goto done;
         tb.strides = d.s1;
-    } else if (a->storage == b->storage || !a->storage->block.cookie ||
-               !b->storage->block.cookie) {
+    } else if (a->storage == b->storage || !a->storage->cookie ||
+               !b->storage->cookie) {
         /* the overlap check may rewrite the strides: give it a copy */
         if (!ndm__ew_dims_get(&d, a->ndim, api, &site))
             return NDM_E_OOM;

@@ -3,6 +3,7 @@
 #include <math.h>
 
 #include "dispatch.h"
+#include "../manager/create.h"
 
 void ndm__discard(ndm_array a)
 {
@@ -29,9 +30,9 @@ static ndm__manager *factory_record_slow(ndm_manager m, const char *api, const n
     return m.id ? ndm__manager_get(m, api, *site) : NULL;
 }
 
-/* A new uninitialised array from a factory. The site goes by pointer and
- * the manager is looked up inline: a small array is made in about as many
- * instructions as these calls would otherwise copy. */
+/* A new uninitialised array from a factory. The manager is looked up and
+ * the array made inline (see create.h): a small array is made in about as
+ * many instructions as the calls would otherwise cost. */
 static NDM__ALWAYS_INLINE ndm_array make(const ndm__site *site, const char *api, ndm_manager m,
                                          ndm_dtype dtype, int ndim, const int64_t *shape,
                                          ndm__array **out)
@@ -39,7 +40,7 @@ static NDM__ALWAYS_INLINE ndm_array make(const ndm__site *site, const char *api,
     ndm__manager *r = ndm__manager_peek(m);
     if (NDM__UNLIKELY(!r) && !(r = factory_record_slow(m, api, site)))
         return NDM_NULL_ARRAY;
-    return ndm__array_new_in(site, api, r, r->device, dtype, ndim, shape, out);
+    return ndm__array_new_inline(site, api, r, r->device, dtype, ndim, shape, out);
 }
 
 static ndm_array make_filled(ndm__site site, const char *api, ndm_manager m, ndm_dtype dtype,

@@ -221,22 +221,24 @@ void ndm__free(ndm_device dev, ndm__block *blk)
     ndm__pool_free(p, blk);
 }
 
-void ndm__free_many(ndm_device dev, ndm__block *blks, size_t n)
+void ndm__free_many(ndm_device dev, void *const *cookies, size_t n)
 {
     int i = pool_index(dev);
     ndm__pool *p = i >= 0 ? atomic_load_explicit(&pools[i], memory_order_acquire) : NULL;
     if (!p)
         return;
     for (size_t k = 0; k < n; k++) {
-        k += ndm__tc_try_free_many(p, blks + k, n - k);
-        if (k < n && blks[k].cookie)
-            ndm__pool_free(p, &blks[k]);
+        k += ndm__tc_try_free_many(p, cookies + k, n - k);
+        if (k < n) {
+            ndm__block b = {NULL, cookies[k], 0};
+            ndm__pool_free(p, &b);
+        }
     }
 }
 
-void ndm__alloc_retag(const ndm__block *blk, uint32_t manager)
+void ndm__alloc_retag(void *cookie, uint32_t manager)
 {
-    ndm__ablk *b = blk->cookie;
+    ndm__ablk *b = cookie;
     if (b)
         atomic_store_explicit(&b->mgr, manager, memory_order_relaxed);
 }

@@ -43,10 +43,10 @@ typedef struct ndm__segment_source {
 ndm_status ndm__alloc(ndm_device dev, size_t nbytes, const ndm__alloc_tag *tag, ndm__block *out);
 /* Free a block from ndm__alloc (a zeroed block is ignored). */
 void ndm__free(ndm_device dev, ndm__block *blk);
-/* Free n blocks of one device, as n ndm__free calls would (the array's
- * contents are used up); the thread cache's bookkeeping is done once for a
+/* Free n blocks of one device, given by their cookies (none NULL), as n
+ * ndm__free calls would; the thread cache's bookkeeping is done once for a
  * run of small blocks (a manager's close frees many). */
-void ndm__free_many(ndm_device dev, ndm__block *blks, size_t n);
+void ndm__free_many(ndm_device dev, void *const *cookies, size_t n);
 
 /* NDM_OK when `dev` can hold arrays in this build and on this machine;
  * otherwise NDM_E_UNSUPPORTED (no backend) or NDM_E_DEVICE (no such device),
@@ -60,9 +60,9 @@ const ndm__segment_source *ndm__segment_source_for(ndm_device dev);
  * NDM_E_OOM; 0 disables. Process wide. */
 void ndm__alloc_fail_after(int64_t n);
 
-/* The storage of `blk` is now owned by manager `manager` (snapshots name the
- * owner). A relaxed store: callers may hold any lock. */
-void ndm__alloc_retag(const ndm__block *blk, uint32_t manager);
+/* The block of `cookie` (NULL: none) is now owned by manager `manager`
+ * (snapshots name the owner). A relaxed store: callers may hold any lock. */
+void ndm__alloc_retag(void *cookie, uint32_t manager);
 
 /* Hooks the manager layer registers, so the allocator can name managers
  * without knowing them. The reporter writes the managers holding the most

@@ -336,6 +336,8 @@ static inline bool ndm__tc_try_alloc(ndm__pool *p, size_t size, size_t req,
     atomic_store_explicit(&tc->b_alloc, ba, memory_order_release);
     atomic_store_explicit(&tc->r_alloc, ra, memory_order_release);
     bin->head = b->link;
+    if (b->link)
+        __builtin_prefetch(b->link, 1, 3);
     atomic_store_explicit(&bin->count, atomic_load_explicit(&bin->count, memory_order_relaxed) - 1,
                           memory_order_release);
     tc->cached_bytes -= (int64_t)size;
@@ -401,9 +403,10 @@ refuse:
     return false;
 }
 
-/* Cache blocks[0..k) as ndm__tc_try_free would, one after another, with the
- * counters stored once; returns k (the first block refused stops it). */
-size_t ndm__tc_try_free_many(ndm__pool *p, const ndm__block *blks, size_t n);
+/* Cache the blocks of cookies[0..k) as ndm__tc_try_free would, one after
+ * another, with the counters stored once; returns k (the first block refused
+ * stops it). */
+size_t ndm__tc_try_free_many(ndm__pool *p, void *const *cookies, size_t n);
 
 /* ---- rounding and the fast paths, inline for ndm__alloc and ndm__free ---------- */
 

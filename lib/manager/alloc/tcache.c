@@ -266,7 +266,7 @@ bool ndm__tc_flush_mergeable(ndm__pool *p, ndm__tcache *tc, size_t size)
     return false;
 }
 
-size_t ndm__tc_try_free_many(ndm__pool *p, const ndm__block *blks, size_t n)
+size_t ndm__tc_try_free_many(ndm__pool *p, void *const *cookies, size_t n)
 {
     ndm__tcache *tc = ndm__tc_mine(p);
     if (!tc || !n)
@@ -287,7 +287,7 @@ size_t ndm__tc_try_free_many(ndm__pool *p, const ndm__block *blks, size_t n)
     int64_t rf = atomic_load_explicit(&tc->r_free, memory_order_relaxed);
     int64_t cached = tc->cached_bytes;
     for (; k < n; k++) {
-        ndm__ablk *b = blks[k].cookie;
+        ndm__ablk *b = cookies[k];
         if (!b || b->pool != NDM__POOL_SMALL || b->size > NDM__TC_MAX_SIZE || b->whole)
             break;
         int64_t size = (int64_t)b->size;

@@ -1,0 +1,179 @@
+/* The creation of an array with fresh storage, inline where arrays are made
+ * most (ndm__array_new_in and the factories): the common case is straight-line
+ * code; closing, capped and limited managers, long shapes and failures call out. */
+#ifndef NDM_CREATE_H
+#define NDM_CREATE_H
+
+#include "core.h"
+#include "thread.h"
+
+/* Out of line (array.c). */
+ndm_status ndm__array_dims_on_heap(ndm__array *r, int ndim, const char *api,
+                                   const ndm__site *where);
+void ndm__array_free_heap_dims(ndm__array *r);
+ndm_array ndm__array_shape_refused(int ndim, const int64_t *shape, ndm_dtype dtype,
+                                   const char *api, const ndm__site *site);
+/* Undo a creation that failed after its checks: r's heap shape (r given),
+ * the memory (blk given), the slot (non-zero) and the limit reservation go
+ * back. Returns the null handle. */
+ndm_array ndm__array_create_undo(ndm__array *r, uint32_t slot, ndm__manager *m, ndm_device dev,
+                                 const ndm__block *blk, size_t nbytes, bool limited);
+void ndm__array_started_closing(ndm__manager *m, const char *api, const ndm__site *site);
+/* ndm__array_new_inline when m is closing, capped or limited: the checks,
+ * the limit reserved before any memory is taken, then the creation. */
+ndm_array ndm__array_create_checked(const ndm__site *site, const char *api, ndm__manager *m,
+                                    ndm_device dev, ndm_dtype dtype, int ndim,
+                                    const int64_t *shape, size_t nbytes, ndm__array **out);
+
+/* Point the record at room for its shape and strides: inline, the strides
+ * right after the sizes so that a small rank stays on the record's third
+ * line, or on the heap for a long shape. */
+static inline ndm_status ndm__array_dims_place(ndm__array *r, int ndim, const char *api,
+                                               const ndm__site *where)
+{
+    r->ndim = ndim;
+    if (NDM__LIKELY(ndim <= NDM__INLINE_DIMS)) {
+        r->shape = r->dims;
+        r->strides = r->dims + ndim;
+        return NDM_OK;
+    }
+    return ndm__array_dims_on_heap(r, ndim, api, where);
+}
+
+static inline void ndm__array_free_dims(ndm__array *r)
+{
+    if (NDM__UNLIKELY(r->shape != r->dims))
+        ndm__array_free_heap_dims(r);
+}
+
+/* Link r into m's list (m's lock held), newest first. */
+static inline void ndm__array_link_into(ndm__manager *m, ndm__array *r)
+{
+    r->mgr = m->self;
+    r->prev = 0;
+    r->next = m->arrays;
+    if (m->arrays)
+        ndm__array_rec(m->arrays)->prev = r->self;
+    m->arrays = r->self;
+}
+
+/* The fields every new record sets; the storage s is its own or a base's.
+ * (The view-list links are set only for a view, see ndm__array_view.) */
+static inline void ndm__array_record_init(ndm__array *r, ndm_dtype dtype, ndm__storage *s,
+                                          const ndm__site *site)
+{
+    r->dtype = dtype;
+    r->offset = 0;
+    r->storage = s;
+    r->ext = NULL;
+    r->lender = 0;
+    r->made_file = site->file;
+    r->made_func = site->func;
+    r->made_line = site->line;
+    r->epoch = atomic_load_explicit(&ndm__epoch, memory_order_relaxed);
+}
+
+/* A fresh storage in r's own room, charged to m, with r its one view (no
+ * list: see ndm__storage_cold). Nobody can reach it yet: the slot's previous
+ * storage died before the slot was freed, its lock free and its list ended. */
+static inline ndm__storage *ndm__array_storage_init(ndm__array *r, ndm__manager *m,
+                                                    ndm_device dev, size_t nbytes)
+{
+    ndm__storage *s = &r->own;
+    atomic_init(&s->refs, 1);
+    s->charged = m->self;
+    s->device = dev;
+    s->nbytes = nbytes;
+    return s;
+}
+
+/* Element bytes of a shape; false for a bad dtype, rank or size, or an
+ * overflowing count (ndm__shape_check then writes the message). */
+static inline bool ndm__shape_bytes(int ndim, const int64_t *shape, ndm_dtype dtype,
+                                    size_t *nbytes)
+{
+    if ((unsigned)dtype >= NDM_DTYPE_COUNT || ndim < 0 || (ndim && !shape))
+        return false;
+    uint64_t n = 1;
+    for (int i = 0; i < ndim; i++)
+        if (shape[i] < 0 || __builtin_mul_overflow(n, (uint64_t)shape[i], &n))
+            return false;
+    if (__builtin_mul_overflow(n, (uint64_t)ndm__dtype_bytes[dtype], &n) || n > (uint64_t)INT64_MAX)
+        return false;
+    *nbytes = (size_t)n;
+    return true;
+}
+
+/* The creation once the checks passed: a slot, the memory, the record, the
+ * link into m. `limited`: nbytes were reserved in m's limits. */
+static NDM__ALWAYS_INLINE ndm_array ndm__array_create(const ndm__site *site, const char *api,
+                                                      ndm__manager *m, ndm_device dev,
+                                                      ndm_dtype dtype, int ndim,
+                                                      const int64_t *shape, size_t nbytes,
+                                                      bool limited, ndm__array **out)
+{
+    ndm__thread *th = ndm__tls;
+    uint32_t slot = ndm__array_slot_alloc_as(th);
+    if (NDM__UNLIKELY(!slot)) {
+        ndm__fail(NDM_E_OOM, api, *site, "no memory for an array record");
+        return ndm__array_create_undo(NULL, 0, m, dev, NULL, nbytes, limited);
+    }
+    ndm__array *r = ndm__array_rec(slot);
+    ndm__storage *s = &r->own;
+    ndm__alloc_tag tag = {m->self, site->file, site->func, site->line};
+    ndm__block blk;
+    if (NDM__UNLIKELY(ndm__alloc(dev, nbytes, &tag, &blk) < 0)) {
+        /* The allocator's message says what it had; name the caller too. */
+        ndm__fail(ndm_last_status(), api, *site, "%s", ndm_last_error());
+        return ndm__array_create_undo(NULL, slot, m, dev, NULL, nbytes, limited);
+    }
+    ndm__array_record_init(r, dtype, s, site);
+    if (NDM__UNLIKELY(ndm__array_dims_place(r, ndim, api, site) < 0))
+        return ndm__array_create_undo(NULL, slot, m, dev, &blk, nbytes, limited);
+    int64_t *sizes = r->shape, *strides = r->strides, stride = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        int64_t e = shape[i];
+        sizes[i] = e;
+        strides[i] = stride;
+        stride *= e ? e : 1;
+    }
+    ndm__array_storage_init(r, m, dev, nbytes);
+    s->data = blk.ptr;
+    s->cookie = blk.cookie;
+    /* m may have started closing since the caller's check (another thread). */
+    bool fast = ndm__mlock_acquire_as(m, th);
+    if (NDM__UNLIKELY(atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_CLOSING)) {
+        ndm__mlock_release(m, fast);
+        ndm__array_started_closing(m, api, site);
+        return ndm__array_create_undo(r, slot, m, dev, &blk, nbytes, limited);
+    }
+    ndm__array_link_into(m, r);
+    m->live++;
+    m->created++;
+    ndm__bytes_add(m, ndm__device_slot(dev), (int64_t)nbytes);
+    ndm__mlock_release(m, fast);
+    atomic_store_explicit(&r->live, 1, memory_order_release);
+    if (out)
+        *out = r;
+    return ndm__array_handle(slot, atomic_load_explicit(&r->gen, memory_order_relaxed));
+}
+
+/* A new array with fresh storage (uninitialised) in manager m on `dev`,
+ * C-contiguous: ndm__array_new_in, inline. Checks come first, inline; only a
+ * failure calls out to write its message, and one test of m's state covers a
+ * close, a cap and limits. */
+static NDM__ALWAYS_INLINE ndm_array ndm__array_new_inline(const ndm__site *site,
+                                                          const char *api, ndm__manager *m,
+                                                          ndm_device dev, ndm_dtype dtype,
+                                                          int ndim, const int64_t *shape,
+                                                          ndm__array **out)
+{
+    size_t nbytes;
+    if (NDM__UNLIKELY(!ndm__shape_bytes(ndim, shape, dtype, &nbytes)))
+        return ndm__array_shape_refused(ndim, shape, dtype, api, site);
+    if (NDM__UNLIKELY(atomic_load_explicit(&m->state, memory_order_acquire) & NDM__M_SLOW_NEW))
+        return ndm__array_create_checked(site, api, m, dev, dtype, ndim, shape, nbytes, out);
+    return ndm__array_create(site, api, m, dev, dtype, ndim, shape, nbytes, false, out);
+}
+
+#endif
