@@ -105,8 +105,8 @@ typedef struct ndm__array {
     int64_t *strides;          /* = dims + ndim or heap */
     ndm__storage *storage;     /* &own, or the own storage of another record */
     void *ext;                 /* per-array extension (autograd) */
-    /* second line: the owner's list, where it was made and how it died */
-    uint32_t prev, next;       /* owner's array list: prev is newer, next is older */
+    /* second line: its place in the owner, where it was made and how it died */
+    uint32_t pos;              /* index of its entry in the owner's `arrays` */
     uint32_t lender;           /* temp_attach: manager slot to return to (0: none) */
     uint32_t lender_gen;
     uint32_t dead_by, dead_by_gen; /* manager whose close released it (0: released directly) */
@@ -122,7 +122,7 @@ typedef struct ndm__array {
     ndm__storage_cold own_cold;
 } ndm__array;
 
-_Static_assert(offsetof(ndm__array, prev) == 64 && offsetof(ndm__array, epoch) == 128 &&
+_Static_assert(offsetof(ndm__array, pos) == 64 && offsetof(ndm__array, epoch) == 128 &&
                    offsetof(ndm__array, dims) + 2 * sizeof(int64_t) == 192,
                "the lines of an array record");
 
@@ -201,7 +201,12 @@ typedef struct ndm__manager {
     uint32_t parent_gen;       /* to name dead ancestors correctly */
     uint32_t first_child;      /* newest child; siblings linked newest to oldest */
     uint32_t sib_prev, sib_next;
-    uint32_t arrays;           /* newest array */
+    /* The slots of its arrays in the order they came (a move in comes last),
+     * 0 where one has left: `narrays` entries, `holes` of them 0. A close
+     * walks them newest first with loads that do not wait on each other, as
+     * the links of a list would. Kept with the slot when the manager dies. */
+    uint32_t *arrays;
+    uint32_t narrays, arrays_cap, holes;
     atomic_uint limit_anchor;  /* nearest manager (self or ancestor) with limits */
     ndm__limits *limits;
     ndm_device device;
@@ -226,6 +231,35 @@ typedef struct ndm__manager {
     ndm__dump_prev dumped;     /* under the tree lock */
     uint32_t next_free;
 } ndm__manager;
+
+/* ---- a manager's array entries (its lock held) ------------------------ */
+
+bool ndm__arrays_grow(ndm__manager *m);   /* false: no memory */
+void ndm__arrays_compact(ndm__manager *m);
+
+/* Room for one more entry; false when memory ran out. */
+static inline bool ndm__arrays_room(ndm__manager *m)
+{
+    return NDM__LIKELY(m->narrays < m->arrays_cap) || ndm__arrays_grow(m);
+}
+
+/* Take r's entry out of m. Holes at the end go at once; others stay until
+ * they are half the entries (`compact`), or until the caller, walking the
+ * entries down from the end, compacts once it is done (positions below r's
+ * do not change here). */
+static inline void ndm__arrays_remove(ndm__manager *m, uint32_t pos, bool compact)
+{
+    m->arrays[pos] = 0;
+    if (pos + 1 == m->narrays) {
+        m->narrays--;
+        while (m->narrays && !m->arrays[m->narrays - 1]) {
+            m->narrays--;
+            m->holes--;
+        }
+    } else if (++m->holes > m->narrays / 2 && compact && m->narrays >= 64) {
+        ndm__arrays_compact(m);
+    }
+}
 
 /* ---- manager locks ------------------------------------------------------ */
 

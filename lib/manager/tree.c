@@ -63,6 +63,10 @@ static void set_name(ndm__manager *m, const char *name)
     m->name[len] = '\0';
 }
 
+/* A dead manager's slot keeps the room for its array entries up to this
+ * many, so the next manager there grows none. */
+#define ARRAYS_KEPT 1024
+
 /* Fill a fresh record; under the tree lock. */
 static void record_init(ndm__manager *m, ndm__manager *parent, const char *name,
                         ndm_device device, unsigned flags, ndm__site site)
@@ -74,7 +78,7 @@ static void record_init(ndm__manager *m, ndm__manager *parent, const char *name,
     m->parent = parent ? parent->self : 0;
     m->parent_gen = parent ? atomic_load_explicit(&parent->gen, memory_order_relaxed) : 0;
     m->first_child = m->sib_prev = m->sib_next = 0;
-    m->arrays = 0;
+    m->narrays = m->holes = 0; /* (the entries' room stays with the slot) */
     atomic_store_explicit(&m->limit_anchor,
                           parent ? atomic_load_explicit(&parent->limit_anchor, memory_order_relaxed)
                                  : 0,
@@ -414,6 +418,12 @@ static ndm_status close_locked(ndm__manager *m, const ndm__site *site)
     unsigned g = atomic_load_explicit(&m->gen, memory_order_relaxed);
     atomic_store_explicit(&m->gen, ((g + 1) & 0x7fffffffu) ? ((g + 1) & 0x7fffffffu) : 1,
                           memory_order_release);
+    if (m->arrays_cap > ARRAYS_KEPT) {
+        /* a large room is not kept for whoever takes the slot next */
+        free(m->arrays);
+        m->arrays = NULL;
+        m->arrays_cap = 0;
+    }
     ndm__manager_slot_free(m->self);
     return result;
 }
