@@ -67,9 +67,12 @@ static void set_name(ndm__manager *m, const char *name)
  * many, so the next manager there grows none. */
 #define ARRAYS_KEPT 1024
 
-/* Fill a fresh record; under the tree lock. */
+/* Fill a fresh record; under the tree lock. The site comes in its parts:
+ * a site the caller has just built, copied whole, is read with one wide load
+ * that waits until the stores of its parts have left the core. */
 static void record_init(ndm__manager *m, ndm__manager *parent, const char *name,
-                        ndm_device device, unsigned flags, ndm__site site)
+                        ndm_device device, unsigned flags, const char *file, const char *func,
+                        int line)
 {
     if (m->limits) {
         free(m->limits);
@@ -86,7 +89,7 @@ static void record_init(ndm__manager *m, ndm__manager *parent, const char *name,
     m->device = device;
     m->dev = ndm__device_slot(device);
     set_name(m, name);
-    m->site = site;
+    m->site = (ndm__site){file, func, line};
     m->dead_site = NDM__NO_SITE;
     m->epoch = atomic_load_explicit(&ndm__epoch, memory_order_relaxed);
     m->live = m->created = m->released = m->moved_in = m->moved_out = m->resources = 0;
@@ -144,8 +147,9 @@ static void init_process(void)
         abort(); /* no memory for two records at start-up: nothing sensible is left */
     }
     ndm__site here = {__FILE__, __func__, __LINE__};
-    record_init(sys, NULL, "system", NDM_CPU, NDM__M_BUILTIN, here);
-    record_init(det, sys, "detached", NDM_CPU, NDM__M_BUILTIN | NDM__M_CAP_CHILDREN, here);
+    record_init(sys, NULL, "system", NDM_CPU, NDM__M_BUILTIN, here.file, here.func, here.line);
+    record_init(det, sys, "detached", NDM_CPU, NDM__M_BUILTIN | NDM__M_CAP_CHILDREN, here.file,
+                here.func, here.line);
     ndm__system_slot = s;
     ndm__detached_slot = d;
     ndm__tree_unlock();
@@ -265,10 +269,17 @@ NDM__COLD ndm__manager *ndm__manager_lookup_failed(ndm_manager h, const char *ap
 /* ---- creation ------------------------------------------------------------- */
 
 /* A child of the live record p (looked up by the caller). */
-static ndm_manager manager_new(ndm__site site, const char *api, ndm__manager *p, const char *name,
-                               ndm_device device, unsigned flags)
+/* ndm__alloc_device_check out of line: inline, the copy of the site it
+ * takes was made on entry, a load that waited on the caller's stores. */
+static NDM__COLD bool device_refused(ndm_device device, const char *api, const ndm__site *site)
 {
-    if (ndm__alloc_device_check(device, api, site) < 0)
+    return ndm__alloc_device_check(device, api, *site) < 0;
+}
+
+static ndm_manager manager_new(const ndm__site *site, const char *api, ndm__manager *p,
+                               const char *name, ndm_device device, unsigned flags)
+{
+    if ((device.type != NDM_DEVICE_CPU || device.index != 0) && device_refused(device, api, site))
         return NDM_NULL_MANAGER;
     ndm__tree_lock();
     unsigned st = atomic_load_explicit(&p->state, memory_order_relaxed);
@@ -276,13 +287,13 @@ static ndm_manager manager_new(ndm__site site, const char *api, ndm__manager *p,
     if (!(st & NDM__M_LIVE) || (st & NDM__M_CLOSING)) {
         ndm__manager_path_locked(p->self, path, sizeof path);
         ndm__tree_unlock();
-        ndm__fail(NDM_E_CLOSED, api, site, "parent manager '%s' is closing", path);
+        ndm__fail(NDM_E_CLOSED, api, *site, "parent manager '%s' is closing", path);
         return NDM_NULL_MANAGER;
     }
     if (st & NDM__M_CAP_CHILDREN) {
         ndm__manager_path_locked(p->self, path, sizeof path);
         ndm__tree_unlock();
-        ndm__fail(p->self == ndm__detached_slot ? NDM_E_ROOT : NDM_E_CAPPED, api, site,
+        ndm__fail(p->self == ndm__detached_slot ? NDM_E_ROOT : NDM_E_CAPPED, api, *site,
                   "manager '%s' refuses new children (%s); child '%s' refused", path,
                   p->self == ndm__detached_slot ? "it holds detached arrays only"
                                                 : "capped with NDM_CAP_CHILDREN",
@@ -292,11 +303,11 @@ static ndm_manager manager_new(ndm__site site, const char *api, ndm__manager *p,
     uint32_t slot = ndm__manager_slot_alloc();
     if (!slot) {
         ndm__tree_unlock();
-        ndm__fail(NDM_E_OOM, api, site, "no memory for a manager record");
+        ndm__fail(NDM_E_OOM, api, *site, "no memory for a manager record");
         return NDM_NULL_MANAGER;
     }
     ndm__manager *m = ndm__manager_slot(slot);
-    record_init(m, p, name, device, flags, site);
+    record_init(m, p, name, device, flags, site->file, site->func, site->line);
     ndm_manager h = ndm__manager_handle_of(m);
     ndm__tree_unlock();
     return h;
@@ -309,7 +320,7 @@ ndm_manager ndm__manager_new_ex(ndm__site site, const char *api, ndm_manager par
     ndm__manager *p = ndm__manager_get(parent, api, site);
     if (!p)
         return NDM_NULL_MANAGER;
-    return manager_new(site, api, p, name, device, flags);
+    return manager_new(&site, api, p, name, device, flags);
 }
 
 NDM_API ndm_manager ndm_manager_new_on_at(NDM_SITE_PARAMS, ndm_manager parent, const char *name,
@@ -322,10 +333,12 @@ NDM_API ndm_manager ndm_manager_new_at(NDM_SITE_PARAMS, ndm_manager parent, cons
 {
     ndm__init();
     ndm__site site = NDM__SITE;
-    ndm__manager *p = ndm__manager_get(parent, __func__, site);
-    if (!p)
+    /* (the site goes by address: a copy made for the check stalled on the
+     * stores that built it, on every creation) */
+    ndm__manager *p = ndm__manager_peek(parent);
+    if (!p && !(p = ndm__manager_lookup_failed(parent, __func__, &site)))
         return NDM_NULL_MANAGER;
-    return manager_new(site, __func__, p, name, p->device, 0);
+    return manager_new(&site, __func__, p, name, p->device, 0);
 }
 
 /* ---- close ---------------------------------------------------------------- */
