@@ -801,14 +801,26 @@ static void order_drop(order_model *o, int at)
     o->n--;
 }
 
-/* The deaths since `from` are the model's ids from the newest down. */
+/* The deaths since `from` are the model's ids from the newest down, but
+ * for those marked in `spared` (NULL: none). */
+static void assert_deaths_newest_first_but(const order_model *o, int from, const bool *spared)
+{
+    int k = from;
+    for (int j = o->n - 1; j >= 0; j--) {
+        if (spared && spared[o->ids[j]])
+            continue;
+        if (k >= deaths)
+            fail_msg("array %d did not die", o->ids[j]);
+        if (death_log[k] != o->ids[j])
+            fail_msg("death %d is array %d, expected %d", k - from, death_log[k], o->ids[j]);
+        k++;
+    }
+    assert_int_equal(deaths, k);
+}
+
 static void assert_deaths_newest_first(const order_model *o, int from)
 {
-    assert_int_equal(deaths - from, o->n);
-    for (int k = 0; k < o->n; k++)
-        if (death_log[from + k] != o->ids[o->n - 1 - k])
-            fail_msg("death %d is array %d, expected %d", k, death_log[from + k],
-                     o->ids[o->n - 1 - k]);
+    assert_deaths_newest_first_but(o, from, NULL);
 }
 
 static void test_close_order_exact_after_releases_and_moves(void **state)
@@ -816,8 +828,14 @@ static void test_close_order_exact_after_releases_and_moves(void **state)
     ndm_manager root = ROOT(state);
     ndm_manager m = ndm_manager_new(root, "order");
     ndm_manager other = ndm_manager_new(root, "other");
+    /* arrays lent to m: those of `stays` go back at m's close, those of
+     * `goes` (closed first) die there in their place */
+    ndm_manager stays = ndm_manager_new(root, "stays");
+    ndm_manager goes = ndm_manager_new(root, "goes");
     static order_model o;
+    static bool back[ORDER_MAX];
     memset(&o, 0, sizeof o);
+    memset(back, 0, sizeof back);
     o.rng = 7;
     int plain = 0;
     deaths = 0;
@@ -845,15 +863,40 @@ static void test_close_order_exact_after_releases_and_moves(void **state)
             assert_ok(ndm_attach(in, m));
             o.ids[o.n++] = o.next_id - 1;
         }
+        if (k % 30 == 29) {
+            bool keep = k % 60 == 59;
+            ndm_array lent = order_wrap(&o, keep ? stays : goes);
+            assert_ok(ndm_temp_attach(lent, m));
+            o.ids[o.n++] = o.next_id - 1;
+            back[o.next_id - 1] = keep;
+        }
     }
+    /* (a released or moved lent array is out of the model already) */
+    for (int k = 0; k < o.next_id; k++)
+        if (back[k] && (!ndm_array_valid(o.h[k]) || ndm_array_manager(o.h[k]).id != m.id))
+            back[k] = false;
+    int lent_dead = deaths;
+    assert_ok(ndm_manager_close(goes)); /* its lent arrays stay in m */
+    assert_int_equal(deaths, lent_dead);
     ndm_stats st;
     assert_ok(ndm_manager_stats(m, NDM_CPU, 0, &st));
     assert_int_equal(st.live_arrays, (uint64_t)(o.n + plain));
     assert_int_equal(st.live_bytes, 4 * o.n + 16 * plain);
-    int from = deaths;
+    int from = deaths, nback = 0;
     assert_ok(ndm_manager_close(m));
-    assert_deaths_newest_first(&o, from);
+    assert_deaths_newest_first_but(&o, from, back);
+    for (int k = 0; k < o.next_id; k++) {
+        if (back[k]) {
+            assert_true(ndm_array_valid(o.h[k]));
+            assert_int_equal(ndm_array_manager(o.h[k]).id, stays.id);
+            nback++;
+        }
+    }
+    assert_true(nback > 3);
+    assert_ok(ndm_manager_stats(stays, NDM_CPU, 0, &st));
+    assert_int_equal(st.live_arrays, (uint64_t)nback);
     assert_ok(ndm_manager_close(other));
+    assert_ok(ndm_manager_close(stays));
     assert_manager_empty(root);
 }
 

@@ -945,11 +945,13 @@ void ndm__manager_drain_arrays(ndm__manager *m, ndm__site site)
         }
         ndm__array *r = ndm__array_rec(cur);
         if (NDM__UNLIKELY(r->lender)) {
-            /* The entries must be whole (up to r) while the lock is dropped. */
+            /* The entries must be whole (up to r) while the lock is dropped.
+             * Their holes are not counted again (a close with many borrowed
+             * arrays would count them once for each): i bounds them, and
+             * only r's entry, the last, leaves meanwhile, which takes no
+             * more than that bound down. */
             m->narrays = i;
-            m->holes = 0;
-            for (uint32_t j = 0; j < i; j++)
-                m->holes += !m->arrays[j];
+            m->holes = i;
             if (drain_lend_back(m, r, &fast, &gone, &fb)) {
                 i = m->narrays;
                 continue;
