@@ -943,6 +943,47 @@ static void test_release_all_but_keeps_order_for_close(void **state)
     assert_manager_empty(root);
 }
 
+/* ---- a manager slot's counts when it is taken again ------------------------------ */
+
+static void assert_counts_zero(ndm_manager m)
+{
+    ndm_stats st;
+    assert_ok(ndm_manager_stats(m, NDM_CPU, 0, &st));
+    assert_int_equal(st.live_bytes, 0);
+    assert_int_equal(st.peak_bytes, 0);
+    assert_int_equal(st.live_arrays, 0);
+}
+
+static void test_manager_counts_start_at_zero_on_reused_slots(void **state)
+{
+    ndm_manager root = ROOT(state);
+    for (int k = 0; k < 300; k++) {
+        ndm_manager a = ndm_manager_new(root, "a");
+        ndm_manager b = ndm_manager_new(root, "b");
+        assert_counts_zero(a);
+        assert_counts_zero(b);
+        /* a's charge moves to b when a's last view dies (b's inbox), then
+         * b gives it back when its own view dies: b ends with bytes and an
+         * inbox that cancel, and a peak */
+        ndm_array base = ndm_zeros(a, NDM_F32, NDM_SHAPE(4 + k % 5));
+        ndm_array v = ndm_alias(base);
+        assert_ok(ndm_attach(v, b));
+        assert_live(ndm_ones(b, NDM_F32, NDM_SHAPE(3)));
+        assert_ok(ndm_array_release(base));
+        ndm_stats st;
+        assert_ok(ndm_manager_stats(b, NDM_CPU, 0, &st));
+        assert_int_equal(st.live_bytes, 4 * (4 + k % 5) + 12);
+        assert_ok(ndm_manager_stats(a, NDM_CPU, 0, &st));
+        assert_int_equal(st.live_bytes, 0);
+        assert_int_equal(st.peak_bytes, 4 * (4 + k % 5));
+        if (k % 2)
+            assert_ok(ndm_array_release(v));
+        assert_ok(ndm_manager_close(b));
+        assert_ok(ndm_manager_close(a));
+    }
+    assert_manager_empty(root);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -961,6 +1002,7 @@ int main(void)
         TEST(test_storage_charges_follow_the_model),
         TEST(test_close_order_exact_after_releases_and_moves),
         TEST(test_release_all_but_keeps_order_for_close),
+        TEST(test_manager_counts_start_at_zero_on_reused_slots),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

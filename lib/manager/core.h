@@ -224,6 +224,10 @@ typedef struct ndm__manager {
      * second manager lock out of order. The peak is the larger of `peak` and
      * the total: a total only falls after ndm__bytes_sub folded it into
      * `peak`, so a creation counts its bytes with no compare. */
+    /* Accounting slots whose counts below may be other than 0: a new
+     * manager clears those only (most use one device, and clearing all 17
+     * touched seven lines of the record). Set before a count changes. */
+    _Atomic uint32_t dev_used;
     int64_t bytes[NDM__MAX_DEVICES];
     int64_t peak[NDM__MAX_DEVICES];
     _Atomic int64_t inbox[NDM__MAX_DEVICES];
@@ -590,15 +594,24 @@ static inline int64_t ndm__bytes_of(ndm__manager *m, int dev)
 {
     return m->bytes[dev] + atomic_load_explicit(&m->inbox[dev], memory_order_relaxed);
 }
+/* Mark m's counts on dev as in use (see dev_used); any thread. */
+static inline void ndm__dev_mark(ndm__manager *m, int dev)
+{
+    uint32_t bit = 1u << dev;
+    if (NDM__UNLIKELY(!(atomic_load_explicit(&m->dev_used, memory_order_relaxed) & bit)))
+        atomic_fetch_or_explicit(&m->dev_used, bit, memory_order_relaxed);
+}
 /* Count bytes in m (its lock held); the peak follows lazily. */
 static inline void ndm__bytes_add(ndm__manager *m, int dev, int64_t bytes)
 {
+    ndm__dev_mark(m, dev);
     m->bytes[dev] += bytes;
 }
 /* Take bytes out of m's count (its lock held), the total so far folded
  * into its peak first. */
 static inline void ndm__bytes_sub(ndm__manager *m, int dev, int64_t bytes)
 {
+    ndm__dev_mark(m, dev);
     int64_t now = ndm__bytes_of(m, dev);
     if (now > m->peak[dev])
         m->peak[dev] = now;

@@ -94,14 +94,16 @@ static void record_init(ndm__manager *m, ndm__manager *parent, const char *name,
     m->epoch = atomic_load_explicit(&ndm__epoch, memory_order_relaxed);
     m->live = m->created = m->released = m->moved_in = m->moved_out = m->resources = 0;
     m->children = 0;
-    /* Unrolled: a loop of 17 atomic stores costs more than the stores. */
-#if defined(__GNUC__)
-#pragma GCC unroll 17
-#endif
-    for (int d = 0; d < NDM__MAX_DEVICES; d++) {
+    /* Only the counts the last manager here used can be other than 0. The
+     * manager's own device is marked at once: its first array then finds
+     * the mark and needs no atomic read-modify-write. */
+    uint32_t used = atomic_load_explicit(&m->dev_used, memory_order_relaxed) | 1u << m->dev;
+    for (; used; used &= used - 1) {
+        int d = __builtin_ctz(used);
         m->bytes[d] = m->peak[d] = 0;
         atomic_store_explicit(&m->inbox[d], 0, memory_order_relaxed);
     }
+    atomic_store_explicit(&m->dev_used, 1u << m->dev, memory_order_relaxed);
     m->hooks = NULL;
     memset(&m->dumped, 0, sizeof m->dumped);
     /* Nobody holds the lock of a free record: its bias starts afresh. */
