@@ -189,6 +189,12 @@ typedef struct ndm__dump_prev {
 
 #define NDM__NAME_MAX 48
 
+/* A manager's storage bytes on one device (see ndm__manager). */
+typedef struct ndm__dev_count {
+    int64_t bytes, peak;
+    _Atomic int64_t inbox;
+} ndm__dev_count;
+
 typedef struct ndm__manager {
     atomic_uint gen;
     uint32_t self;             /* this record's slot number */
@@ -224,16 +230,16 @@ typedef struct ndm__manager {
      * second manager lock out of order. The peak is the larger of `peak` and
      * the total: a total only falls after ndm__bytes_sub folded it into
      * `peak`, so a creation counts its bytes with no compare. */
+    ndm__hook *hooks;
+    ndm__dump_prev dumped;     /* under the tree lock */
+    uint32_t next_free;
     /* Accounting slots whose counts below may be other than 0: a new
      * manager clears those only (most use one device, and clearing all 17
      * touched seven lines of the record). Set before a count changes. */
     _Atomic uint32_t dev_used;
-    int64_t bytes[NDM__MAX_DEVICES];
-    int64_t peak[NDM__MAX_DEVICES];
-    _Atomic int64_t inbox[NDM__MAX_DEVICES];
-    ndm__hook *hooks;
-    ndm__dump_prev dumped;     /* under the tree lock */
-    uint32_t next_free;
+    /* By device, the three counts side by side: a manager that uses one
+     * device touches one line of them, which follows the fields above. */
+    ndm__dev_count count[NDM__MAX_DEVICES];
 } ndm__manager;
 
 /* ---- a manager's array entries (its lock held) ------------------------ */
@@ -592,7 +598,7 @@ void ndm__limit_release(ndm__manager *m, int dev, int64_t bytes);
  * consistent reading of a manager nobody changes). */
 static inline int64_t ndm__bytes_of(ndm__manager *m, int dev)
 {
-    return m->bytes[dev] + atomic_load_explicit(&m->inbox[dev], memory_order_relaxed);
+    return m->count[dev].bytes + atomic_load_explicit(&m->count[dev].inbox, memory_order_relaxed);
 }
 /* Mark m's counts on dev as in use (see dev_used); any thread. */
 static inline void ndm__dev_mark(ndm__manager *m, int dev)
@@ -605,7 +611,7 @@ static inline void ndm__dev_mark(ndm__manager *m, int dev)
 static inline void ndm__bytes_add(ndm__manager *m, int dev, int64_t bytes)
 {
     ndm__dev_mark(m, dev);
-    m->bytes[dev] += bytes;
+    m->count[dev].bytes += bytes;
 }
 /* Take bytes out of m's count (its lock held), the total so far folded
  * into its peak first. */
@@ -613,15 +619,15 @@ static inline void ndm__bytes_sub(ndm__manager *m, int dev, int64_t bytes)
 {
     ndm__dev_mark(m, dev);
     int64_t now = ndm__bytes_of(m, dev);
-    if (now > m->peak[dev])
-        m->peak[dev] = now;
-    m->bytes[dev] -= bytes;
+    if (now > m->count[dev].peak)
+        m->count[dev].peak = now;
+    m->count[dev].bytes -= bytes;
 }
 /* The highest total m has held on dev (its lock held). */
 static inline int64_t ndm__bytes_peak(ndm__manager *m, int dev)
 {
     int64_t now = ndm__bytes_of(m, dev);
-    return now > m->peak[dev] ? now : m->peak[dev];
+    return now > m->count[dev].peak ? now : m->count[dev].peak;
 }
 
 /* Give back the bytes of a dead storage: m's count (its lock held) and limits. */

@@ -433,8 +433,8 @@ static void top_walk(ndm__manager *m, int dev, top_list *t)
     /* a snapshot for a message: the count is written under m's lock, read here
      * without it, as one relaxed load (a GNU builtin: C11 has none for plain
      * objects) */
-    int64_t b = __atomic_load_n(&m->bytes[dev], __ATOMIC_RELAXED) +
-                atomic_load_explicit(&m->inbox[dev], memory_order_relaxed);
+    int64_t b = __atomic_load_n(&m->count[dev].bytes, __ATOMIC_RELAXED) +
+                atomic_load_explicit(&m->count[dev].inbox, memory_order_relaxed);
     if (b > 0) {
         int i = t->n < TOP_MANAGERS ? t->n++ : TOP_MANAGERS - 1;
         if (i < TOP_MANAGERS - 1 || b > t->bytes[i]) {

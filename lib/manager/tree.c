@@ -100,8 +100,8 @@ static void record_init(ndm__manager *m, ndm__manager *parent, const char *name,
     uint32_t used = atomic_load_explicit(&m->dev_used, memory_order_relaxed) | 1u << m->dev;
     for (; used; used &= used - 1) {
         int d = __builtin_ctz(used);
-        m->bytes[d] = m->peak[d] = 0;
-        atomic_store_explicit(&m->inbox[d], 0, memory_order_relaxed);
+        m->count[d].bytes = m->count[d].peak = 0;
+        atomic_store_explicit(&m->count[d].inbox, 0, memory_order_relaxed);
     }
     atomic_store_explicit(&m->dev_used, 1u << m->dev, memory_order_relaxed);
     m->hooks = NULL;
