@@ -755,6 +755,235 @@ static void test_tree_lock_taken_from_another_thread(void **state)
     assert_manager_empty(root);
 }
 
+/* ---- close order through removals, moves and compactions ----------------------- */
+
+#define ORDER_MAX 2048
+
+/* Ids of wrapped arrays in the order their storages died. */
+static int death_log[ORDER_MAX];
+static int deaths;
+static float order_buf[1];
+
+static void log_death(void *data, void *ud)
+{
+    (void)data;
+    if (deaths < ORDER_MAX)
+        death_log[deaths++] = (int)(intptr_t)ud;
+}
+
+/* A model of a manager's arrays in the order they came (a move in comes
+ * last): a close must kill them from the end. */
+typedef struct order_model {
+    int ids[ORDER_MAX];
+    ndm_array h[ORDER_MAX]; /* by id */
+    int n, next_id;
+    uint32_t rng;
+} order_model;
+
+static ndm_array order_wrap(order_model *o, ndm_manager m)
+{
+    int id = o->next_id++;
+    o->h[id] = ndm_wrap_buffer(m, NDM_F32, order_buf, log_death, (void *)(intptr_t)id,
+                               NDM_SHAPE(1));
+    assert_live(o->h[id]);
+    return o->h[id];
+}
+
+static int order_pick(order_model *o)
+{
+    o->rng = o->rng * 1103515245u + 12345u;
+    return (int)((o->rng >> 8) % (uint32_t)o->n);
+}
+
+static void order_drop(order_model *o, int at)
+{
+    memmove(&o->ids[at], &o->ids[at + 1], (size_t)(o->n - at - 1) * sizeof o->ids[0]);
+    o->n--;
+}
+
+/* The deaths since `from` are the model's ids from the newest down, but
+ * for those marked in `spared` (NULL: none). */
+static void assert_deaths_newest_first_but(const order_model *o, int from, const bool *spared)
+{
+    int k = from;
+    for (int j = o->n - 1; j >= 0; j--) {
+        if (spared && spared[o->ids[j]])
+            continue;
+        if (k >= deaths)
+            fail_msg("array %d did not die", o->ids[j]);
+        if (death_log[k] != o->ids[j])
+            fail_msg("death %d is array %d, expected %d", k - from, death_log[k], o->ids[j]);
+        k++;
+    }
+    assert_int_equal(deaths, k);
+}
+
+static void assert_deaths_newest_first(const order_model *o, int from)
+{
+    assert_deaths_newest_first_but(o, from, NULL);
+}
+
+static void test_close_order_exact_after_releases_and_moves(void **state)
+{
+    ndm_manager root = ROOT(state);
+    ndm_manager m = ndm_manager_new(root, "order");
+    ndm_manager other = ndm_manager_new(root, "other");
+    /* arrays lent to m: those of `stays` go back at m's close, those of
+     * `goes` (closed first) die there in their place */
+    ndm_manager stays = ndm_manager_new(root, "stays");
+    ndm_manager goes = ndm_manager_new(root, "goes");
+    static order_model o;
+    static bool back[ORDER_MAX];
+    memset(&o, 0, sizeof o);
+    memset(back, 0, sizeof back);
+    o.rng = 7;
+    int plain = 0;
+    deaths = 0;
+    for (int k = 0; k < 900; k++) {
+        order_wrap(&o, m);
+        o.ids[o.n++] = o.next_id - 1;
+        /* plain arrays between them take the close's short path */
+        for (int j = 0; j < k % 3; j++, plain++)
+            assert_live(ndm_zeros(m, NDM_F32, NDM_SHAPE(4)));
+        if (k % 4 != 3 && o.n > 1) {
+            /* most go again, in no order: the entries fill with holes and
+             * are compacted again and again */
+            int at = order_pick(&o);
+            int before = deaths;
+            assert_ok(ndm_array_release(o.h[o.ids[at]]));
+            assert_int_equal(deaths, before + 1);
+            order_drop(&o, at);
+        }
+        if (k % 50 == 49) {
+            /* one moves out, one moves in (the newest then) */
+            int at = order_pick(&o);
+            assert_ok(ndm_attach(o.h[o.ids[at]], other));
+            order_drop(&o, at);
+            ndm_array in = order_wrap(&o, other);
+            assert_ok(ndm_attach(in, m));
+            o.ids[o.n++] = o.next_id - 1;
+        }
+        if (k % 30 == 29) {
+            bool keep = k % 60 == 59;
+            ndm_array lent = order_wrap(&o, keep ? stays : goes);
+            assert_ok(ndm_temp_attach(lent, m));
+            o.ids[o.n++] = o.next_id - 1;
+            back[o.next_id - 1] = keep;
+        }
+    }
+    /* (a released or moved lent array is out of the model already) */
+    for (int k = 0; k < o.next_id; k++)
+        if (back[k] && (!ndm_array_valid(o.h[k]) || ndm_array_manager(o.h[k]).id != m.id))
+            back[k] = false;
+    int lent_dead = deaths;
+    assert_ok(ndm_manager_close(goes)); /* its lent arrays stay in m */
+    assert_int_equal(deaths, lent_dead);
+    ndm_stats st;
+    assert_ok(ndm_manager_stats(m, NDM_CPU, 0, &st));
+    assert_int_equal(st.live_arrays, (uint64_t)(o.n + plain));
+    assert_int_equal(st.live_bytes, 4 * o.n + 16 * plain);
+    int from = deaths, nback = 0;
+    assert_ok(ndm_manager_close(m));
+    assert_deaths_newest_first_but(&o, from, back);
+    for (int k = 0; k < o.next_id; k++) {
+        if (back[k]) {
+            assert_true(ndm_array_valid(o.h[k]));
+            assert_int_equal(ndm_array_manager(o.h[k]).id, stays.id);
+            nback++;
+        }
+    }
+    assert_true(nback > 3);
+    assert_ok(ndm_manager_stats(stays, NDM_CPU, 0, &st));
+    assert_int_equal(st.live_arrays, (uint64_t)nback);
+    assert_ok(ndm_manager_close(other));
+    assert_ok(ndm_manager_close(stays));
+    assert_manager_empty(root);
+}
+
+static void test_release_all_but_keeps_order_for_close(void **state)
+{
+    ndm_manager root = ROOT(state);
+    ndm_manager m = ndm_manager_new(root, "partial");
+    static order_model o;
+    memset(&o, 0, sizeof o);
+    o.rng = 11;
+    deaths = 0;
+    for (int k = 0; k < 300; k++) {
+        order_wrap(&o, m);
+        o.ids[o.n++] = o.next_id - 1;
+        assert_live(ndm_ones(m, NDM_F32, NDM_SHAPE(2)));
+    }
+    /* keep every seventh wrapped array; the rest die newest first */
+    ndm_array keep[64];
+    static order_model kept, gone;
+    memset(&kept, 0, sizeof kept);
+    memset(&gone, 0, sizeof gone);
+    size_t nkeep = 0;
+    for (int k = 0; k < o.n; k++) {
+        if (k % 7 == 0 && nkeep < 64) {
+            keep[nkeep++] = o.h[o.ids[k]];
+            kept.ids[kept.n++] = o.ids[k];
+        } else {
+            gone.ids[gone.n++] = o.ids[k];
+        }
+    }
+    assert_ok(ndm_scope_release_all_but(m, nkeep, keep));
+    assert_deaths_newest_first(&gone, 0);
+    ndm_stats st;
+    assert_ok(ndm_manager_stats(m, NDM_CPU, 0, &st));
+    assert_int_equal(st.live_arrays, nkeep);
+    /* new arrays come after the kept ones, and die before them */
+    for (int k = 0; k < 100; k++) {
+        order_wrap(&o, m);
+        kept.ids[kept.n++] = o.next_id - 1;
+    }
+    int from = deaths;
+    assert_ok(ndm_manager_close(m));
+    assert_deaths_newest_first(&kept, from);
+    assert_manager_empty(root);
+}
+
+/* ---- a manager slot's counts when it is taken again ------------------------------ */
+
+static void assert_counts_zero(ndm_manager m)
+{
+    ndm_stats st;
+    assert_ok(ndm_manager_stats(m, NDM_CPU, 0, &st));
+    assert_int_equal(st.live_bytes, 0);
+    assert_int_equal(st.peak_bytes, 0);
+    assert_int_equal(st.live_arrays, 0);
+}
+
+static void test_manager_counts_start_at_zero_on_reused_slots(void **state)
+{
+    ndm_manager root = ROOT(state);
+    for (int k = 0; k < 300; k++) {
+        ndm_manager a = ndm_manager_new(root, "a");
+        ndm_manager b = ndm_manager_new(root, "b");
+        assert_counts_zero(a);
+        assert_counts_zero(b);
+        /* a's charge moves to b when a's last view dies (b's inbox), then
+         * b gives it back when its own view dies: b ends with bytes and an
+         * inbox that cancel, and a peak */
+        ndm_array base = ndm_zeros(a, NDM_F32, NDM_SHAPE(4 + k % 5));
+        ndm_array v = ndm_alias(base);
+        assert_ok(ndm_attach(v, b));
+        assert_live(ndm_ones(b, NDM_F32, NDM_SHAPE(3)));
+        assert_ok(ndm_array_release(base));
+        ndm_stats st;
+        assert_ok(ndm_manager_stats(b, NDM_CPU, 0, &st));
+        assert_int_equal(st.live_bytes, 4 * (4 + k % 5) + 12);
+        assert_ok(ndm_manager_stats(a, NDM_CPU, 0, &st));
+        assert_int_equal(st.live_bytes, 0);
+        assert_int_equal(st.peak_bytes, 4 * (4 + k % 5));
+        if (k % 2)
+            assert_ok(ndm_array_release(v));
+        assert_ok(ndm_manager_close(b));
+        assert_ok(ndm_manager_close(a));
+    }
+    assert_manager_empty(root);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -771,6 +1000,9 @@ int main(void)
         TEST(test_flat_inplace_overlapping_buffers_read_a_copy),
         TEST(test_handle_check_refuses_other_kinds),
         TEST(test_storage_charges_follow_the_model),
+        TEST(test_close_order_exact_after_releases_and_moves),
+        TEST(test_release_all_but_keeps_order_for_close),
+        TEST(test_manager_counts_start_at_zero_on_reused_slots),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

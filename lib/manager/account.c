@@ -90,8 +90,10 @@ ndm_status ndm__charge_move(ndm__manager *from, ndm__manager *to, int dev, int64
     }
     if (lf)
         release_chain(lf, common, dev, bytes);
-    if (to_unlocked)
-        atomic_fetch_add_explicit(&to->inbox[dev], bytes, memory_order_relaxed);
+    if (to_unlocked) {
+        ndm__dev_mark(to, dev);
+        atomic_fetch_add_explicit(&to->count[dev].inbox, bytes, memory_order_relaxed);
+    }
     else
         ndm__bytes_add(to, dev, bytes);
     ndm__bytes_sub(from, dev, bytes);

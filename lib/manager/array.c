@@ -302,12 +302,20 @@ static ndm_status set_dims(ndm__array *r, int ndim, const int64_t *shape, const 
 }
 
 /* Link a filled record into m and count it with its storage bytes (0 for a
- * view). False when m started closing since the caller's check. */
-static inline bool link_new(ndm__manager *m, ndm__array *r, int dev, int64_t bytes)
+ * view). False, with the error recorded, when m started closing since the
+ * caller's check or no memory was left for its entry. */
+static inline bool link_new(ndm__manager *m, ndm__array *r, int dev, int64_t bytes,
+                            const char *api, const ndm__site *site)
 {
     bool fast = ndm__mlock_acquire(m);
     if (NDM__UNLIKELY(atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_CLOSING)) {
         ndm__mlock_release(m, fast);
+        ndm__array_started_closing(m, api, site);
+        return false;
+    }
+    if (NDM__UNLIKELY(!ndm__arrays_room(m))) {
+        ndm__mlock_release(m, fast);
+        ndm__fail(NDM_E_OOM, api, *site, "no memory for the array list of '%s'", m->name);
         return false;
     }
     ndm__array_link_into(m, r);
@@ -443,8 +451,7 @@ ndm_array ndm__array_wrap(ndm__site site, const char *api, ndm_manager mh, ndm_d
     s->cookie = NULL;
     r->own_cold.free_fn = free_fn;
     r->own_cold.free_ud = ud;
-    if (!link_new(m, r, d, (int64_t)nbytes)) {
-        ndm__array_started_closing(m, api, &site);
+    if (!link_new(m, r, d, (int64_t)nbytes, api, &site)) {
         ndm__array_free_dims(r);
         goto fail;
     }
@@ -485,6 +492,13 @@ ndm_array ndm__array_view(ndm__site site, const char *api, ndm_manager mh, ndm__
         ndm__array_free_dims(r);
         ndm__array_slot_free(slot);
         return (ndm__array_started_closing(m, api, &site), NDM_NULL_ARRAY);
+    }
+    if (NDM__UNLIKELY(!ndm__arrays_room(m))) {
+        ndm__mlock_drop(m);
+        ndm__array_free_dims(r);
+        ndm__array_slot_free(slot);
+        ndm__fail(NDM_E_OOM, api, site, "no memory for the array list of '%s'", m->name);
+        return NDM_NULL_ARRAY;
     }
     ndm__storage_cold *c = ndm__storage_cold_of(s);
     ndm__lock_take(&c->lock);
@@ -666,13 +680,34 @@ static ndm_status view_moves(ndm__array *r, ndm__manager *from, ndm__manager *to
 
 static inline void unlink_from(ndm__manager *m, ndm__array *r)
 {
-    if (r->prev)
-        ndm__array_rec(r->prev)->next = r->next;
-    else
-        m->arrays = r->next;
-    if (r->next)
-        ndm__array_rec(r->next)->prev = r->prev;
-    r->prev = r->next = 0;
+    ndm__arrays_remove(m, r->pos, true);
+}
+
+bool ndm__arrays_grow(ndm__manager *m)
+{
+    uint32_t cap = m->arrays_cap ? 2 * m->arrays_cap : 64;
+    if (cap <= m->arrays_cap)
+        return false;
+    uint32_t *p = realloc(m->arrays, (size_t)cap * sizeof *p);
+    if (!p)
+        return false;
+    m->arrays = p;
+    m->arrays_cap = cap;
+    return true;
+}
+
+void ndm__arrays_compact(ndm__manager *m)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < m->narrays; i++) {
+        uint32_t a = m->arrays[i];
+        if (a) {
+            m->arrays[n] = a;
+            ndm__array_rec(a)->pos = n++;
+        }
+    }
+    m->narrays = n;
+    m->holes = 0;
 }
 
 ndm_status ndm__array_release(ndm__array *r, ndm__site site, const char *api)
@@ -729,7 +764,10 @@ static bool give_back(ndm__manager *from, ndm__array *r)
     ndm__manager *b = from->self < to->self ? to : from;
     ndm__mlock_take(a);
     ndm__mlock_take(b);
-    if (atomic_load_explicit(&to->state, memory_order_relaxed) & NDM__M_CLOSING) {
+    /* (with no memory for its entry there, r dies with the borrower, as when
+     * the lender is gone) */
+    if ((atomic_load_explicit(&to->state, memory_order_relaxed) & NDM__M_CLOSING) ||
+        !ndm__arrays_room(to)) {
         ndm__mlock_drop(b);
         ndm__mlock_drop(a);
         return false;
@@ -796,23 +834,27 @@ static void drain(ndm__manager *m, const uint32_t *keep, size_t nkeep, bool sort
     free_batch fb;
     batch_init(&fb, m);
     bool fast = ndm__mlock_acquire(m);
-    uint32_t cur = m->arrays;
-    while (cur) {
+    /* Entries at and above i are done; removals leave the ones below in
+     * place (no compaction until the walk ends). */
+    uint32_t i = m->narrays;
+    while (i) {
+        uint32_t cur = m->arrays[i - 1];
+        if (!cur || (nkeep && in_keep(cur, keep, nkeep, sorted))) {
+            i--;
+            continue;
+        }
         ndm__array *r = ndm__array_rec(cur);
-        if (nkeep && in_keep(cur, keep, nkeep, sorted)) {
-            cur = r->next;
-            continue;
-        }
         if (r->lender && drain_lend_back(m, r, &fast, &gone, &fb)) {
-            cur = m->arrays;
+            i = m->narrays;
             continue;
         }
-        uint32_t next = r->next;
-        unlink_from(m, r);
+        i = r->pos; /* (the entries may have moved while the lock was dropped) */
+        ndm__arrays_remove(m, r->pos, false);
         gone++;
         array_dies(r, m, &site, 0, 0, &fb);
-        cur = next;
     }
+    if (m->holes > m->narrays / 2)
+        ndm__arrays_compact(m);
     m->live -= gone;
     m->released += gone;
     batch_flush(&fb);
@@ -821,30 +863,34 @@ static void drain(ndm__manager *m, const uint32_t *keep, size_t nkeep, bool sort
 
 /* The plain arrays of a closing manager's drain: each made its storage, has
  * no other view, is charged to m on m's device, holds memory from the
- * allocator, a short shape, no extension and no lender. They die from `cur`
- * on with a few stores each, their memory, bytes and slots going back in
- * batches. Returns the first array that is not plain (0: none left), which
- * the caller kills on the general path. */
-static uint32_t drain_plain(ndm__manager *m, uint32_t cur, const ndm__site *site,
+ * allocator, a short shape, no extension and no lender. They die from entry
+ * i - 1 down with a few stores each, their memory, bytes and slots going
+ * back in batches. Returns the number of entries left below the first array
+ * that is not plain, plus one (0: none left): the caller kills that one on
+ * the general path. */
+static uint32_t drain_plain(ndm__manager *m, uint32_t i, const ndm__site *site,
                             uint32_t by_gen, uint64_t *gone)
 {
     const char *file = site->file, *func = site->func;
     int line = site->line;
     uint32_t by = m->self;
     ndm_device dev = m->device;
+    const uint32_t *arrays = m->arrays;
     void *cookies[FREE_BATCH];
     uint32_t slots[FREE_BATCH];
     int64_t bytes = 0;
     uint32_t n = 0;
     uint64_t k = 0;
-    while (cur) {
+    for (; i; i--) {
+        uint32_t cur = arrays[i - 1];
+        if (!cur)
+            continue;
         ndm__array *r = ndm__array_rec(cur);
         ndm__storage *s = r->storage;
         if (NDM__UNLIKELY(s != &r->own || r->lender || r->ext || r->shape != r->dims ||
                           atomic_load_explicit(&s->refs, memory_order_relaxed) != 1 ||
                           s->charged != by || !same_device(s->device, dev) || !s->cookie))
             break;
-        cur = r->next;
         r->dead_file = file;
         r->dead_func = func;
         r->dead_line = line;
@@ -856,7 +902,7 @@ static uint32_t drain_plain(ndm__manager *m, uint32_t cur, const ndm__site *site
         atomic_store_explicit(&s->refs, 0, memory_order_relaxed);
         bytes += (int64_t)s->nbytes;
         cookies[n] = s->cookie;
-        slots[n] = r->self;
+        slots[n] = cur;
         if (NDM__UNLIKELY(++n == FREE_BATCH)) {
             ndm__bytes_sub(m, m->dev, bytes);
             ndm__free_many(dev, cookies, n);
@@ -873,13 +919,13 @@ static uint32_t drain_plain(ndm__manager *m, uint32_t cur, const ndm__site *site
         k += n;
     }
     *gone += k;
-    return cur;
+    return i;
 }
 
-/* The drain of a closing manager. Nobody else reads or changes its list
+/* The drain of a closing manager. Nobody else reads or changes its entries
  * meanwhile (a release or a move sees it closing and backs off; readers take
  * its lock, held here except while an array goes back to its lender), so the
- * records are not unlinked one by one: the list is cut as it is consumed. */
+ * entries are not removed one by one: they are cut off as they are consumed. */
 void ndm__manager_drain_arrays(ndm__manager *m, ndm__site site)
 {
     uint32_t by = m->self, by_gen = atomic_load_explicit(&m->gen, memory_order_relaxed);
@@ -889,24 +935,35 @@ void ndm__manager_drain_arrays(ndm__manager *m, ndm__site site)
     /* With limits to keep current, every array takes the general path. */
     bool plain = fb.owner != NULL;
     bool fast = ndm__mlock_acquire(m);
-    for (uint32_t cur = m->arrays; cur;) {
-        if (NDM__LIKELY(plain) && !(cur = drain_plain(m, cur, &site, by_gen, &gone)))
+    for (uint32_t i = m->narrays; i;) {
+        if (NDM__LIKELY(plain) && !(i = drain_plain(m, i, &site, by_gen, &gone)))
             break;
+        uint32_t cur = m->arrays[i - 1];
+        if (!cur) {
+            i--;
+            continue;
+        }
         ndm__array *r = ndm__array_rec(cur);
         if (NDM__UNLIKELY(r->lender)) {
-            /* The list must be whole (from r on) while the lock is dropped. */
-            m->arrays = cur;
-            r->prev = 0;
+            /* The entries must be whole (up to r) while the lock is dropped.
+             * Their holes are not counted again (a close with many borrowed
+             * arrays would count them once for each): i bounds them, and
+             * only r's entry, the last, leaves meanwhile, which takes no
+             * more than that bound down. */
+            m->narrays = i;
+            m->holes = i;
             if (drain_lend_back(m, r, &fast, &gone, &fb)) {
-                cur = m->arrays;
+                i = m->narrays;
                 continue;
             }
+            i = r->pos + 1;
         }
-        cur = r->next;
+        i--;
         gone++;
         array_dies(r, m, &site, by, by_gen, &fb);
     }
-    m->arrays = 0;
+    m->narrays = 0;
+    m->holes = 0;
     m->live -= gone;
     m->released += gone;
     batch_flush(&fb);
@@ -987,6 +1044,11 @@ static ndm_status move(ndm_array h, ndm_manager target, enum move_kind kind, con
                              "manager '%s' is capped; array %s created at %s refused", path,
                              ndm__array_desc(r, desc, sizeof desc),
                              ndm__site_str(ndm__array_site(r), made, sizeof made));
+        } else if (!ndm__arrays_room(to)) {
+            ndm__mlock_drop(b);
+            ndm__mlock_drop(a);
+            ndm__manager_path(to->self, path, sizeof path);
+            return ndm__fail(NDM_E_OOM, api, site, "no memory for the array list of '%s'", path);
         } else {
             st = view_moves(r, from, to, kind == MOVE_DETACH, api, site);
         }

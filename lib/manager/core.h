@@ -105,8 +105,8 @@ typedef struct ndm__array {
     int64_t *strides;          /* = dims + ndim or heap */
     ndm__storage *storage;     /* &own, or the own storage of another record */
     void *ext;                 /* per-array extension (autograd) */
-    /* second line: the owner's list, where it was made and how it died */
-    uint32_t prev, next;       /* owner's array list: prev is newer, next is older */
+    /* second line: its place in the owner, where it was made and how it died */
+    uint32_t pos;              /* index of its entry in the owner's `arrays` */
     uint32_t lender;           /* temp_attach: manager slot to return to (0: none) */
     uint32_t lender_gen;
     uint32_t dead_by, dead_by_gen; /* manager whose close released it (0: released directly) */
@@ -122,7 +122,7 @@ typedef struct ndm__array {
     ndm__storage_cold own_cold;
 } ndm__array;
 
-_Static_assert(offsetof(ndm__array, prev) == 64 && offsetof(ndm__array, epoch) == 128 &&
+_Static_assert(offsetof(ndm__array, pos) == 64 && offsetof(ndm__array, epoch) == 128 &&
                    offsetof(ndm__array, dims) + 2 * sizeof(int64_t) == 192,
                "the lines of an array record");
 
@@ -189,6 +189,12 @@ typedef struct ndm__dump_prev {
 
 #define NDM__NAME_MAX 48
 
+/* A manager's storage bytes on one device (see ndm__manager). */
+typedef struct ndm__dev_count {
+    int64_t bytes, peak;
+    _Atomic int64_t inbox;
+} ndm__dev_count;
+
 typedef struct ndm__manager {
     atomic_uint gen;
     uint32_t self;             /* this record's slot number */
@@ -201,7 +207,12 @@ typedef struct ndm__manager {
     uint32_t parent_gen;       /* to name dead ancestors correctly */
     uint32_t first_child;      /* newest child; siblings linked newest to oldest */
     uint32_t sib_prev, sib_next;
-    uint32_t arrays;           /* newest array */
+    /* The slots of its arrays in the order they came (a move in comes last),
+     * 0 where one has left: `narrays` entries, `holes` of them 0. A close
+     * walks them newest first with loads that do not wait on each other, as
+     * the links of a list would. Kept with the slot when the manager dies. */
+    uint32_t *arrays;
+    uint32_t narrays, arrays_cap, holes;
     atomic_uint limit_anchor;  /* nearest manager (self or ancestor) with limits */
     ndm__limits *limits;
     ndm_device device;
@@ -219,13 +230,46 @@ typedef struct ndm__manager {
      * second manager lock out of order. The peak is the larger of `peak` and
      * the total: a total only falls after ndm__bytes_sub folded it into
      * `peak`, so a creation counts its bytes with no compare. */
-    int64_t bytes[NDM__MAX_DEVICES];
-    int64_t peak[NDM__MAX_DEVICES];
-    _Atomic int64_t inbox[NDM__MAX_DEVICES];
     ndm__hook *hooks;
     ndm__dump_prev dumped;     /* under the tree lock */
     uint32_t next_free;
+    /* Accounting slots whose counts below may be other than 0: a new
+     * manager clears those only (most use one device, and clearing all 17
+     * touched seven lines of the record). Set before a count changes. */
+    _Atomic uint32_t dev_used;
+    /* By device, the three counts side by side: a manager that uses one
+     * device touches one line of them, which follows the fields above. */
+    ndm__dev_count count[NDM__MAX_DEVICES];
 } ndm__manager;
+
+/* ---- a manager's array entries (its lock held) ------------------------ */
+
+bool ndm__arrays_grow(ndm__manager *m);   /* false: no memory */
+void ndm__arrays_compact(ndm__manager *m);
+
+/* Room for one more entry; false when memory ran out. */
+static inline bool ndm__arrays_room(ndm__manager *m)
+{
+    return NDM__LIKELY(m->narrays < m->arrays_cap) || ndm__arrays_grow(m);
+}
+
+/* Take r's entry out of m. Holes at the end go at once; others stay until
+ * they are half the entries (`compact`), or until the caller, walking the
+ * entries down from the end, compacts once it is done (positions below r's
+ * do not change here). */
+static inline void ndm__arrays_remove(ndm__manager *m, uint32_t pos, bool compact)
+{
+    m->arrays[pos] = 0;
+    if (pos + 1 == m->narrays) {
+        m->narrays--;
+        while (m->narrays && !m->arrays[m->narrays - 1]) {
+            m->narrays--;
+            m->holes--;
+        }
+    } else if (++m->holes > m->narrays / 2 && compact && m->narrays >= 64) {
+        ndm__arrays_compact(m);
+    }
+}
 
 /* ---- manager locks ------------------------------------------------------ */
 
@@ -554,27 +598,36 @@ void ndm__limit_release(ndm__manager *m, int dev, int64_t bytes);
  * consistent reading of a manager nobody changes). */
 static inline int64_t ndm__bytes_of(ndm__manager *m, int dev)
 {
-    return m->bytes[dev] + atomic_load_explicit(&m->inbox[dev], memory_order_relaxed);
+    return m->count[dev].bytes + atomic_load_explicit(&m->count[dev].inbox, memory_order_relaxed);
+}
+/* Mark m's counts on dev as in use (see dev_used); any thread. */
+static inline void ndm__dev_mark(ndm__manager *m, int dev)
+{
+    uint32_t bit = 1u << dev;
+    if (NDM__UNLIKELY(!(atomic_load_explicit(&m->dev_used, memory_order_relaxed) & bit)))
+        atomic_fetch_or_explicit(&m->dev_used, bit, memory_order_relaxed);
 }
 /* Count bytes in m (its lock held); the peak follows lazily. */
 static inline void ndm__bytes_add(ndm__manager *m, int dev, int64_t bytes)
 {
-    m->bytes[dev] += bytes;
+    ndm__dev_mark(m, dev);
+    m->count[dev].bytes += bytes;
 }
 /* Take bytes out of m's count (its lock held), the total so far folded
  * into its peak first. */
 static inline void ndm__bytes_sub(ndm__manager *m, int dev, int64_t bytes)
 {
+    ndm__dev_mark(m, dev);
     int64_t now = ndm__bytes_of(m, dev);
-    if (now > m->peak[dev])
-        m->peak[dev] = now;
-    m->bytes[dev] -= bytes;
+    if (now > m->count[dev].peak)
+        m->count[dev].peak = now;
+    m->count[dev].bytes -= bytes;
 }
 /* The highest total m has held on dev (its lock held). */
 static inline int64_t ndm__bytes_peak(ndm__manager *m, int dev)
 {
     int64_t now = ndm__bytes_of(m, dev);
-    return now > m->peak[dev] ? now : m->peak[dev];
+    return now > m->count[dev].peak ? now : m->count[dev].peak;
 }
 
 /* Give back the bytes of a dead storage: m's count (its lock held) and limits. */

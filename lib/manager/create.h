@@ -46,15 +46,12 @@ static inline void ndm__array_free_dims(ndm__array *r)
         ndm__array_free_heap_dims(r);
 }
 
-/* Link r into m's list (m's lock held), newest first. */
+/* Enter r as m's newest array (m's lock held, room made by ndm__arrays_room). */
 static inline void ndm__array_link_into(ndm__manager *m, ndm__array *r)
 {
     r->mgr = m->self;
-    r->prev = 0;
-    r->next = m->arrays;
-    if (m->arrays)
-        ndm__array_rec(m->arrays)->prev = r->self;
-    m->arrays = r->self;
+    r->pos = m->narrays;
+    m->arrays[m->narrays++] = r->self;
 }
 
 /* The fields every new record sets; the storage s is its own or a base's.
@@ -145,6 +142,11 @@ static NDM__ALWAYS_INLINE ndm_array ndm__array_create(const ndm__site *site, con
     if (NDM__UNLIKELY(atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_CLOSING)) {
         ndm__mlock_release(m, fast);
         ndm__array_started_closing(m, api, site);
+        return ndm__array_create_undo(r, slot, m, dev, &blk, nbytes, limited);
+    }
+    if (NDM__UNLIKELY(!ndm__arrays_room(m))) {
+        ndm__mlock_release(m, fast);
+        ndm__fail(NDM_E_OOM, api, *site, "no memory for the array list of '%s'", m->name);
         return ndm__array_create_undo(r, slot, m, dev, &blk, nbytes, limited);
     }
     ndm__array_link_into(m, r);

@@ -283,8 +283,10 @@ static bool same_site(ndm__site a, ndm__site b)
 static void collect_since(ndm__manager *m, ndm_seq mark, groups *gs)
 {
     ndm__mlock_take(m);
-    for (uint32_t a = m->arrays; a; a = ndm__array_slot(a)->next) {
-        ndm__array *r = ndm__array_slot(a);
+    for (uint32_t e = m->narrays; e-- > 0;) {
+        if (!m->arrays[e])
+            continue;
+        ndm__array *r = ndm__array_rec(m->arrays[e]);
         if (r->epoch < mark)
             continue;
         gs->total++;
@@ -379,8 +381,10 @@ static void leak_walk(ndm__manager *m, FILE *f, uint64_t *nm, uint64_t *na, bool
                     ndm__site_str(m->site, site, sizeof site));
     }
     ndm__mlock_take(m);
-    for (uint32_t a = m->arrays; a; a = ndm__array_slot(a)->next) {
-        ndm__array *r = ndm__array_slot(a);
+    for (uint32_t e = m->narrays; e-- > 0;) {
+        if (!m->arrays[e])
+            continue;
+        ndm__array *r = ndm__array_rec(m->arrays[e]);
         (*na)++;
         if (print)
             fprintf(f, "  array %s in %s created at %s\n", ndm__array_desc(r, desc, sizeof desc),
@@ -429,8 +433,8 @@ static void top_walk(ndm__manager *m, int dev, top_list *t)
     /* a snapshot for a message: the count is written under m's lock, read here
      * without it, as one relaxed load (a GNU builtin: C11 has none for plain
      * objects) */
-    int64_t b = __atomic_load_n(&m->bytes[dev], __ATOMIC_RELAXED) +
-                atomic_load_explicit(&m->inbox[dev], memory_order_relaxed);
+    int64_t b = __atomic_load_n(&m->count[dev].bytes, __ATOMIC_RELAXED) +
+                atomic_load_explicit(&m->count[dev].inbox, memory_order_relaxed);
     if (b > 0) {
         int i = t->n < TOP_MANAGERS ? t->n++ : TOP_MANAGERS - 1;
         if (i < TOP_MANAGERS - 1 || b > t->bytes[i]) {

@@ -63,9 +63,16 @@ static void set_name(ndm__manager *m, const char *name)
     m->name[len] = '\0';
 }
 
-/* Fill a fresh record; under the tree lock. */
+/* A dead manager's slot keeps the room for its array entries up to this
+ * many, so the next manager there grows none. */
+#define ARRAYS_KEPT 1024
+
+/* Fill a fresh record; under the tree lock. The site comes in its parts:
+ * a site the caller has just built, copied whole, is read with one wide load
+ * that waits until the stores of its parts have left the core. */
 static void record_init(ndm__manager *m, ndm__manager *parent, const char *name,
-                        ndm_device device, unsigned flags, ndm__site site)
+                        ndm_device device, unsigned flags, const char *file, const char *func,
+                        int line)
 {
     if (m->limits) {
         free(m->limits);
@@ -74,7 +81,7 @@ static void record_init(ndm__manager *m, ndm__manager *parent, const char *name,
     m->parent = parent ? parent->self : 0;
     m->parent_gen = parent ? atomic_load_explicit(&parent->gen, memory_order_relaxed) : 0;
     m->first_child = m->sib_prev = m->sib_next = 0;
-    m->arrays = 0;
+    m->narrays = m->holes = 0; /* (the entries' room stays with the slot) */
     atomic_store_explicit(&m->limit_anchor,
                           parent ? atomic_load_explicit(&parent->limit_anchor, memory_order_relaxed)
                                  : 0,
@@ -82,19 +89,21 @@ static void record_init(ndm__manager *m, ndm__manager *parent, const char *name,
     m->device = device;
     m->dev = ndm__device_slot(device);
     set_name(m, name);
-    m->site = site;
+    m->site = (ndm__site){file, func, line};
     m->dead_site = NDM__NO_SITE;
     m->epoch = atomic_load_explicit(&ndm__epoch, memory_order_relaxed);
     m->live = m->created = m->released = m->moved_in = m->moved_out = m->resources = 0;
     m->children = 0;
-    /* Unrolled: a loop of 17 atomic stores costs more than the stores. */
-#if defined(__GNUC__)
-#pragma GCC unroll 17
-#endif
-    for (int d = 0; d < NDM__MAX_DEVICES; d++) {
-        m->bytes[d] = m->peak[d] = 0;
-        atomic_store_explicit(&m->inbox[d], 0, memory_order_relaxed);
+    /* Only the counts the last manager here used can be other than 0. The
+     * manager's own device is marked at once: its first array then finds
+     * the mark and needs no atomic read-modify-write. */
+    uint32_t used = atomic_load_explicit(&m->dev_used, memory_order_relaxed) | 1u << m->dev;
+    for (; used; used &= used - 1) {
+        int d = __builtin_ctz(used);
+        m->count[d].bytes = m->count[d].peak = 0;
+        atomic_store_explicit(&m->count[d].inbox, 0, memory_order_relaxed);
     }
+    atomic_store_explicit(&m->dev_used, 1u << m->dev, memory_order_relaxed);
     m->hooks = NULL;
     memset(&m->dumped, 0, sizeof m->dumped);
     /* Nobody holds the lock of a free record: its bias starts afresh. */
@@ -140,8 +149,9 @@ static void init_process(void)
         abort(); /* no memory for two records at start-up: nothing sensible is left */
     }
     ndm__site here = {__FILE__, __func__, __LINE__};
-    record_init(sys, NULL, "system", NDM_CPU, NDM__M_BUILTIN, here);
-    record_init(det, sys, "detached", NDM_CPU, NDM__M_BUILTIN | NDM__M_CAP_CHILDREN, here);
+    record_init(sys, NULL, "system", NDM_CPU, NDM__M_BUILTIN, here.file, here.func, here.line);
+    record_init(det, sys, "detached", NDM_CPU, NDM__M_BUILTIN | NDM__M_CAP_CHILDREN, here.file,
+                here.func, here.line);
     ndm__system_slot = s;
     ndm__detached_slot = d;
     ndm__tree_unlock();
@@ -261,10 +271,17 @@ NDM__COLD ndm__manager *ndm__manager_lookup_failed(ndm_manager h, const char *ap
 /* ---- creation ------------------------------------------------------------- */
 
 /* A child of the live record p (looked up by the caller). */
-static ndm_manager manager_new(ndm__site site, const char *api, ndm__manager *p, const char *name,
-                               ndm_device device, unsigned flags)
+/* ndm__alloc_device_check out of line: inline, the copy of the site it
+ * takes was made on entry, a load that waited on the caller's stores. */
+static NDM__COLD bool device_refused(ndm_device device, const char *api, const ndm__site *site)
 {
-    if (ndm__alloc_device_check(device, api, site) < 0)
+    return ndm__alloc_device_check(device, api, *site) < 0;
+}
+
+static ndm_manager manager_new(const ndm__site *site, const char *api, ndm__manager *p,
+                               const char *name, ndm_device device, unsigned flags)
+{
+    if ((device.type != NDM_DEVICE_CPU || device.index != 0) && device_refused(device, api, site))
         return NDM_NULL_MANAGER;
     ndm__tree_lock();
     unsigned st = atomic_load_explicit(&p->state, memory_order_relaxed);
@@ -272,13 +289,13 @@ static ndm_manager manager_new(ndm__site site, const char *api, ndm__manager *p,
     if (!(st & NDM__M_LIVE) || (st & NDM__M_CLOSING)) {
         ndm__manager_path_locked(p->self, path, sizeof path);
         ndm__tree_unlock();
-        ndm__fail(NDM_E_CLOSED, api, site, "parent manager '%s' is closing", path);
+        ndm__fail(NDM_E_CLOSED, api, *site, "parent manager '%s' is closing", path);
         return NDM_NULL_MANAGER;
     }
     if (st & NDM__M_CAP_CHILDREN) {
         ndm__manager_path_locked(p->self, path, sizeof path);
         ndm__tree_unlock();
-        ndm__fail(p->self == ndm__detached_slot ? NDM_E_ROOT : NDM_E_CAPPED, api, site,
+        ndm__fail(p->self == ndm__detached_slot ? NDM_E_ROOT : NDM_E_CAPPED, api, *site,
                   "manager '%s' refuses new children (%s); child '%s' refused", path,
                   p->self == ndm__detached_slot ? "it holds detached arrays only"
                                                 : "capped with NDM_CAP_CHILDREN",
@@ -288,11 +305,11 @@ static ndm_manager manager_new(ndm__site site, const char *api, ndm__manager *p,
     uint32_t slot = ndm__manager_slot_alloc();
     if (!slot) {
         ndm__tree_unlock();
-        ndm__fail(NDM_E_OOM, api, site, "no memory for a manager record");
+        ndm__fail(NDM_E_OOM, api, *site, "no memory for a manager record");
         return NDM_NULL_MANAGER;
     }
     ndm__manager *m = ndm__manager_slot(slot);
-    record_init(m, p, name, device, flags, site);
+    record_init(m, p, name, device, flags, site->file, site->func, site->line);
     ndm_manager h = ndm__manager_handle_of(m);
     ndm__tree_unlock();
     return h;
@@ -305,7 +322,7 @@ ndm_manager ndm__manager_new_ex(ndm__site site, const char *api, ndm_manager par
     ndm__manager *p = ndm__manager_get(parent, api, site);
     if (!p)
         return NDM_NULL_MANAGER;
-    return manager_new(site, api, p, name, device, flags);
+    return manager_new(&site, api, p, name, device, flags);
 }
 
 NDM_API ndm_manager ndm_manager_new_on_at(NDM_SITE_PARAMS, ndm_manager parent, const char *name,
@@ -318,10 +335,12 @@ NDM_API ndm_manager ndm_manager_new_at(NDM_SITE_PARAMS, ndm_manager parent, cons
 {
     ndm__init();
     ndm__site site = NDM__SITE;
-    ndm__manager *p = ndm__manager_get(parent, __func__, site);
-    if (!p)
+    /* (the site goes by address: a copy made for the check stalled on the
+     * stores that built it, on every creation) */
+    ndm__manager *p = ndm__manager_peek(parent);
+    if (!p && !(p = ndm__manager_lookup_failed(parent, __func__, &site)))
         return NDM_NULL_MANAGER;
-    return manager_new(site, __func__, p, name, p->device, 0);
+    return manager_new(&site, __func__, p, name, p->device, 0);
 }
 
 /* ---- close ---------------------------------------------------------------- */
@@ -414,6 +433,12 @@ static ndm_status close_locked(ndm__manager *m, const ndm__site *site)
     unsigned g = atomic_load_explicit(&m->gen, memory_order_relaxed);
     atomic_store_explicit(&m->gen, ((g + 1) & 0x7fffffffu) ? ((g + 1) & 0x7fffffffu) : 1,
                           memory_order_release);
+    if (m->arrays_cap > ARRAYS_KEPT) {
+        /* a large room is not kept for whoever takes the slot next */
+        free(m->arrays);
+        m->arrays = NULL;
+        m->arrays_cap = 0;
+    }
     ndm__manager_slot_free(m->self);
     return result;
 }
