@@ -3,6 +3,7 @@
  * sizes), leaving every manager and counter as it was. */
 #include "helpers.h"
 #include "manager/alloc/alloc.h"
+#include "manager/core.h"
 
 typedef ndm_array (*maker)(ndm_manager m, ndm_array src);
 
@@ -153,12 +154,90 @@ static void test_oom_respects_scope_and_limits(void **state)
     assert_ok(ndm_manager_close(lim));
 }
 
+/* Fill m with f32[4] arrays until its array list needs to grow a second time
+ * and that growth is refused; returns how many went in. */
+static int fill_to_list_edge(ndm_manager m)
+{
+    ndm__arrays_grow_fail_after(2);
+    for (int i = 0; i < 5000; i++) {
+        if (!ndm_zeros(m, NDM_F32, NDM_SHAPE(4)).id) {
+            ndm__arrays_grow_fail_after(0);
+            return i;
+        }
+    }
+    ndm__arrays_grow_fail_after(0);
+    fail_msg("the array list never grew in 5000 arrays");
+    return -1;
+}
+
+static void expect_list_oom(ndm_manager m, int live, const char *what)
+{
+    if (ndm_last_status() != NDM_E_OOM)
+        fail_msg("%s: %s instead of NDM_E_OOM: %s", what, ndm_status_name(ndm_last_status()),
+                 ndm_last_error());
+    assert_error_has("no memory for the array list of '");
+    assert_error_has("m' [at test_oom.c:"); /* the manager and the caller's line */
+    ndm_stats st;
+    assert_ok(ndm_manager_stats(m, NDM_CPU, 0, &st));
+    assert_int_equal(st.live_arrays, live);
+    assert_int_equal(st.live_bytes, 16 * live);
+}
+
+/* A manager's list of arrays that cannot grow refuses a creation, a view, a
+ * wrapped buffer and a move before anything changes; the allocator gets its
+ * block back, and the same calls succeed once the list can grow. */
+static void test_oom_array_list_growth(void **state)
+{
+    ndm_manager other = ndm_manager_new(ROOT(state), "other");
+    ndm_array src = ndm_arange(other, NDM_F32, 0, 4, 1);
+    ndm_array mover = ndm_ones(other, NDM_F32, NDM_SHAPE(4));
+    static float buf[4] = {1, 2, 3, 4};
+    ndm_manager m = ndm_manager_new(ROOT(state), "m");
+    int n = fill_to_list_edge(m);
+    assert_true(n >= 64); /* the first growth went through */
+    expect_list_oom(m, n, "creation");
+
+    ndm_memory_stats s0, s1;
+    assert_ok(ndm_memory_stats_get(NDM_CPU, &s0));
+    ndm__arrays_grow_fail_after(1);
+    assert_true(ndm_full(m, NDM_F32, 2.0, NDM_SHAPE(4)).id == 0);
+    expect_list_oom(m, n, "creation");
+    ndm__arrays_grow_fail_after(1);
+    assert_true(ndm_reshape_to(m, src, NDM_SHAPE(2, 2)).id == 0);
+    expect_list_oom(m, n, "view");
+    ndm__arrays_grow_fail_after(1);
+    assert_true(ndm_wrap_buffer(m, NDM_F32, buf, NULL, NULL, NDM_SHAPE(4)).id == 0);
+    expect_list_oom(m, n, "wrapped buffer");
+    ndm__arrays_grow_fail_after(1);
+    assert_status(ndm_attach(mover, m), NDM_E_OOM);
+    expect_list_oom(m, n, "move");
+    assert_ok(ndm_memory_stats_get(NDM_CPU, &s1));
+    assert_int_equal(s1.allocated_bytes[NDM_POOL_ALL].current,
+                     s0.allocated_bytes[NDM_POOL_ALL].current);
+    ndm__arrays_grow_fail_after(0);
+    ndm_stats st;
+    assert_ok(ndm_manager_stats(other, NDM_CPU, 0, &st));
+    assert_int_equal(st.live_arrays, 2); /* the refused move left it where it was */
+    assert_true(ndm_array_manager(mover).id == other.id);
+
+    /* with room again, each goes in */
+    assert_live(ndm_full(m, NDM_F32, 2.0, NDM_SHAPE(4)));
+    assert_live(ndm_reshape_to(m, src, NDM_SHAPE(2, 2)));
+    assert_live(ndm_wrap_buffer(m, NDM_F32, buf, NULL, NULL, NDM_SHAPE(4)));
+    assert_ok(ndm_attach(mover, m));
+    assert_ok(ndm_manager_stats(m, NDM_CPU, 0, &st));
+    assert_int_equal(st.live_arrays, n + 4);
+    assert_ok(ndm_manager_close(m));
+    assert_ok(ndm_manager_close(other));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         TEST(test_oom_every_constructor),
         TEST(test_oom_absurd_size),
         TEST(test_oom_respects_scope_and_limits),
+        TEST(test_oom_array_list_growth),
     };
     return cmocka_run_group_tests_name("oom", tests, NULL, NULL);
 }

@@ -683,10 +683,17 @@ static inline void unlink_from(ndm__manager *m, ndm__array *r)
     ndm__arrays_remove(m, r->pos, true);
 }
 
+static _Atomic int grow_fail_countdown;
+
+void ndm__arrays_grow_fail_after(int n) { atomic_store(&grow_fail_countdown, n); }
+
 bool ndm__arrays_grow(ndm__manager *m)
 {
     uint32_t cap = m->arrays_cap ? 2 * m->arrays_cap : 64;
     if (cap <= m->arrays_cap)
+        return false;
+    if (NDM__UNLIKELY(atomic_load_explicit(&grow_fail_countdown, memory_order_relaxed) > 0) &&
+        atomic_fetch_sub(&grow_fail_countdown, 1) == 1)
         return false;
     uint32_t *p = realloc(m->arrays, (size_t)cap * sizeof *p);
     if (!p)

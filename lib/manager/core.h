@@ -245,6 +245,9 @@ typedef struct ndm__manager {
 /* ---- a manager's array entries (its lock held) ------------------------ */
 
 bool ndm__arrays_grow(ndm__manager *m);   /* false: no memory */
+/* Test hook: the n-th next growth of an array list (1 = the next) fails as if
+ * memory ran out; 0 disables. Process wide. */
+void ndm__arrays_grow_fail_after(int n);
 void ndm__arrays_compact(ndm__manager *m);
 
 /* Room for one more entry; false when memory ran out. */
