@@ -290,6 +290,47 @@ static void test_max_pool2d_nan_and_padding(void **state)
     release(x);
 }
 
+/* The 2x2, stride 2 window has its own kernels: they agree bit for bit with
+ * the reference on ties (the first maximum wins), NaNs (the last NaN wins),
+ * signed zeros, an odd plane (the last row and column are in no window),
+ * forward and backward, max and average. */
+static void test_pool2d_2x2_fast_path_matches_reference(void **state)
+{
+    ndm_manager m = ROOT(state);
+    double v[5 * 5] = {1,  1,   -0.0, 0.0, 9,  /* ties, then -0 before +0 */
+                       1,  1,   0.0,  -0.0, 9,
+                       NAN, 2,  -3,   -3,  9,  /* a NaN first, then larger */
+                       5,  NAN, -3,   -4,  9,
+                       7,  7,   7,    7,   7};
+    double gv[2 * 2] = {1.5, -0.0, 2.5, -4};
+    ndm_array x = make_array(m, NDM_F32, v, NDM_SHAPE(1, 1, 5, 5));
+    ndm_array dy = make_array(m, NDM_F32, gv, NDM_SHAPE(1, 1, 2, 2));
+    ndm_pool2d_opts o = {{2, 2}, {2, 2}, {0, 0}};
+    float got[2][4][25];
+    for (int ref = 0; ref < 2; ref++) {
+        ndm__cpu_force_reference(ref);
+        ndm_array r[4] = {ndm_max_pool2d(x, &o), ndm_avg_pool2d(x, false, &o),
+                          ndm_max_pool2d_backward(dy, x, &o),
+                          ndm_avg_pool2d_backward(dy, false, &o, NDM_SHAPE(1, 1, 5, 5))};
+        for (int k = 0; k < 4; k++) {
+            assert_live(r[k]);
+            memset(got[ref][k], 0, sizeof got[ref][k]);
+            size_t bytes = (size_t)ndm_array_size(r[k]) * sizeof(float);
+            assert_ok(ndm_array_copy_out(r[k], got[ref][k], bytes));
+            release(r[k]);
+        }
+    }
+    ndm__cpu_force_reference(false);
+    for (int k = 0; k < 4; k++)
+        if (memcmp(got[0][k], got[1][k], sizeof got[0][k]) != 0)
+            fail_msg("2x2 pooling result %d differs from the reference", k);
+    /* and the values themselves: the first of the tied ones, the NaN */
+    assert_true(got[0][0][0] == 1 && isnan(got[0][0][2]));
+    assert_true(got[0][2][0] == 1.5f && got[0][2][1] == 0 && got[0][2][5] == 0);
+    assert_true(got[0][2][24] == 0); /* outside every window */
+    release(dy), release(x);
+}
+
 static void test_conv2d_errors(void **state)
 {
     ndm_manager m = ROOT(state);
@@ -426,6 +467,7 @@ int main(void)
         TEST(test_conv2d_strided_views),
         TEST(test_pool2d_matches_direct_loops),
         TEST(test_max_pool2d_nan_and_padding),
+        TEST(test_pool2d_2x2_fast_path_matches_reference),
         TEST(test_conv2d_errors),
         TEST(test_pool2d_errors),
         TEST(test_conv2d_stale_and_null_inputs),

@@ -597,10 +597,55 @@ typedef struct pctx {
     const ndm__pool2d_geom *g;
 } pctx;
 
+/* The common 2x2 window of stride 2 without padding, f32, rows contiguous:
+ * windows do not overlap and lie inside the plane, so no clipping; the same
+ * comparisons in the same order as pool_plane_float, so the same results. */
+static bool pool_is_2x2(const ndm__pool2d_geom *g, const ndm__tensor *a, const ndm__tensor *b)
+{
+    return a->dtype == NDM_F32 && g->kernel[0] == 2 && g->kernel[1] == 2 && g->stride[0] == 2 &&
+           g->stride[1] == 2 && g->padding[0] == 0 && g->padding[1] == 0 &&
+           a->strides[3] == 1 && b->strides[3] == 1;
+}
+
+static void pool2x2_plane(const float *x, int64_t xs2, float *y, int64_t ys2, int64_t OH,
+                          int64_t OW, bool max)
+{
+    for (int64_t oh = 0; oh < OH; oh++) {
+        const float *r0 = x + 2 * oh * xs2, *r1 = r0 + xs2;
+        float *yo = y + oh * ys2;
+        if (max) {
+            for (int64_t ow = 0; ow < OW; ow++) {
+                float m = r0[2 * ow], v = r0[2 * ow + 1];
+                m = (v > m || v != v) ? v : m;
+                v = r1[2 * ow];
+                m = (v > m || v != v) ? v : m;
+                v = r1[2 * ow + 1];
+                yo[ow] = (v > m || v != v) ? v : m;
+            }
+        } else {
+            for (int64_t ow = 0; ow < OW; ow++)
+                yo[ow] = (float)(((double)r0[2 * ow] + r0[2 * ow + 1] + r1[2 * ow] +
+                                  r1[2 * ow + 1]) / 4.0);
+        }
+    }
+}
+
 static void pool_range(void *ctx, int64_t begin, int64_t end)
 {
     const pctx *q = ctx;
-    pool_planes(q->y, q->x, q->g, begin, end);
+    const ndm__tensor *x = q->x, *y = q->y;
+    if (!pool_is_2x2(q->g, x, y)) {
+        pool_planes(y, x, q->g, begin, end);
+        return;
+    }
+    int64_t C = x->shape[1];
+    for (int64_t pl = begin; pl < end; pl++) {
+        int64_t n = pl / C, ch = pl % C;
+        pool2x2_plane((const float *)x->data + n * x->strides[0] + ch * x->strides[1],
+                      x->strides[2],
+                      (float *)y->data + n * y->strides[0] + ch * y->strides[1], y->strides[2],
+                      y->shape[2], y->shape[3], q->g->max);
+    }
 }
 
 static ndm_status fast_pool2d(int device, const ndm__tensor *y, const ndm__tensor *x,
@@ -1230,12 +1275,47 @@ typedef struct pbctx {
     const ndm__pool2d_geom *g;
 } pbctx;
 
+/* pool_bwd_plane_float for the 2x2 window of stride 2 without padding (see
+ * pool_is_2x2): the same winner and the same sums. */
+static void pool2x2_bwd_plane(float *dx, int64_t H, int64_t W, const float *x, int64_t xs2,
+                              const float *dy, int64_t ys2, int64_t OH, int64_t OW, bool max)
+{
+    memset(dx, 0, (size_t)(H * W) * sizeof(float));
+    for (int64_t oh = 0; oh < OH; oh++) {
+        float *d0 = dx + 2 * oh * W, *d1 = d0 + W;
+        const float *g = dy + oh * ys2;
+        if (max) {
+            const float *r0 = x + 2 * oh * xs2, *r1 = r0 + xs2;
+            for (int64_t ow = 0; ow < OW; ow++) {
+                float m = r0[2 * ow], v = r0[2 * ow + 1];
+                float *at = d0 + 2 * ow;
+                if (v > m || v != v)
+                    m = v, at = d0 + 2 * ow + 1;
+                v = r1[2 * ow];
+                if (v > m || v != v)
+                    m = v, at = d1 + 2 * ow;
+                v = r1[2 * ow + 1];
+                if (v > m || v != v)
+                    at = d1 + 2 * ow + 1;
+                *at += g[ow];
+            }
+        } else {
+            for (int64_t ow = 0; ow < OW; ow++) {
+                float share = (float)((double)g[ow] / 4.0);
+                d0[2 * ow] += share, d0[2 * ow + 1] += share;
+                d1[2 * ow] += share, d1[2 * ow + 1] += share;
+            }
+        }
+    }
+}
+
 static void pool_bwd_range(void *ctx, int64_t begin, int64_t end)
 {
     const pbctx *q = ctx;
     const ndm__tensor *dx = q->dx, *dy = q->dy, *x = q->x;
     int64_t C = dx->shape[1], H = dx->shape[2], W = dx->shape[3];
     size_t es = ndm_dtype_size(dx->dtype);
+    bool fast = pool_is_2x2(q->g, dx, dy) && (!x || x->strides[3] == 1);
     for (int64_t pl = begin; pl < end; pl++) {
         int64_t n = pl / C, ch = pl % C;
         char *dp = (char *)dx->data + (size_t)(pl * H * W) * es;
@@ -1245,7 +1325,10 @@ static void pool_bwd_range(void *ctx, int64_t begin, int64_t end)
                                                          (int64_t)es
                            : NULL;
         int64_t xs2 = x ? x->strides[2] : 0, xs3 = x ? x->strides[3] : 0;
-        if (es == 4)
+        if (fast)
+            pool2x2_bwd_plane((float *)dp, H, W, (const float *)xp, xs2, (const float *)yp,
+                              dy->strides[2], dy->shape[2], dy->shape[3], q->g->max);
+        else if (es == 4)
             pool_bwd_plane_float((float *)dp, H, W, (const float *)xp, xs2, xs3,
                                  (const float *)yp, dy->strides[2], dy->strides[3],
                                  dy->shape[2], dy->shape[3], q->g);
