@@ -298,7 +298,7 @@ static ndm_array parse(csv *c, ndm_manager m)
             header_done = true;
             continue;
         }
-        const char *p = l.p, *fs, *fe;
+        const char *p = l.p, *fs = NULL, *fe = NULL;
         for (int64_t j = 0; j < cols && st == NDM_OK; j++) {
             (void)next_field(c, &p, l.e, &fs, &fe);
             st = parse_value(c, &l, j + 1, fs, fe, dst + (size_t)(i * cols + j) * isz);

@@ -13,9 +13,8 @@ static inline ndm__manager *anchor_of(ndm__manager *m)
 /* The next limited manager strictly above the limited manager l. */
 static inline ndm__manager *anchor_above(ndm__manager *l)
 {
-    if (!l->parent)
-        return NULL;
-    return anchor_of(ndm__manager_slot(l->parent));
+    ndm__manager *p = l->parent ? ndm__manager_slot(l->parent) : NULL;
+    return p ? anchor_of(p) : NULL;
 }
 
 /* Reserve n bytes on every limited manager from l upwards, stopping before

@@ -136,7 +136,7 @@ static ndm_status fans(ndm_array a, const char *api, ndm__site site, double *fan
 NDM_API ndm_status ndm_init_kaiming_uniform_inplace_at(NDM_SITE_PARAMS, ndm_array a, ndm_rng *rng)
 {
     ndm__site site = NDM__SITE;
-    double fi, fo;
+    double fi = 0, fo = 0;
     ndm_status st = fans(a, "ndm_init_kaiming_uniform_", site, &fi, &fo);
     if (st < 0)
         return st;
@@ -147,7 +147,7 @@ NDM_API ndm_status ndm_init_kaiming_uniform_inplace_at(NDM_SITE_PARAMS, ndm_arra
 NDM_API ndm_status ndm_init_xavier_uniform_inplace_at(NDM_SITE_PARAMS, ndm_array a, ndm_rng *rng)
 {
     ndm__site site = NDM__SITE;
-    double fi, fo;
+    double fi = 0, fo = 0;
     ndm_status st = fans(a, "ndm_init_xavier_uniform_", site, &fi, &fo);
     if (st < 0)
         return st;

@@ -498,7 +498,7 @@ static int provider_gemm(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const vo
         return 0;
     size_t es = ndm_dtype_size(dt);
     void *ta = NULL, *tb = NULL;
-    int64_t lda, ldb;
+    int64_t lda = 0, ldb = 0;
     int la = blas_layout(m, k, rsa, csa, &lda), lb = blas_layout(k, n, rsb, csb, &ldb);
     /* A layout the provider cannot read is copied when the product is big
      * enough for the copy (O(mk)) to be small beside it (O(mnk)). */

@@ -168,7 +168,7 @@ __global__ void ndm__k_trap(void) { __trap(); }
 
 extern "C" ndm_status ndm__cuda_test_fault(int device)
 {
-    cudaStream_t s;
+    cudaStream_t s = nullptr;
     ndm_status st = ndm__cuda_enter(device, &s);
     if (st < 0)
         return st;
@@ -418,7 +418,7 @@ static ndm_status cuda_copy(int device, const ndm__tensor *dst, const ndm__tenso
 {
     if (!ndm_dtype_valid(dst->dtype) || !ndm_dtype_valid(src->dtype))
         return ndm__fail(NDM_E_DTYPE, NULL, no_site, "copy: invalid dtype");
-    cudaStream_t s;
+    cudaStream_t s = nullptr;
     ndm_status st = ndm__cuda_enter(device, &s);
     if (st < 0)
         return st;
@@ -531,7 +531,7 @@ extern "C" ndm_status ndm__cuda_test_fill_on_host(const ndm__tensor *dst, double
 
 static ndm_status cuda_fill(int device, const ndm__tensor *dst, double value)
 {
-    cudaStream_t s;
+    cudaStream_t s = nullptr;
     ndm_status st = ndm__cuda_enter(device, &s);
     if (st < 0)
         return st;
@@ -552,7 +552,7 @@ __global__ void ndm__k_iota(typename DD::T *dst, int64_t ds, int64_t n, double s
 
 static ndm_status cuda_iota(int device, const ndm__tensor *dst, double start, double step)
 {
-    cudaStream_t s;
+    cudaStream_t s = nullptr;
     ndm_status st = ndm__cuda_enter(device, &s);
     if (st < 0)
         return st;
@@ -580,7 +580,7 @@ static ndm_status cuda_iota(int device, const ndm__tensor *dst, double start, do
  * reused (or read) at once, whether it is pageable or pinned. */
 static ndm_status cuda_upload(int device, void *dst, const void *src_host, size_t n)
 {
-    cudaStream_t s;
+    cudaStream_t s = nullptr;
     ndm_status st = ndm__cuda_enter(device, &s);
     if (st < 0 || !n)
         return st;
@@ -591,7 +591,7 @@ static ndm_status cuda_upload(int device, void *dst, const void *src_host, size_
 
 static ndm_status cuda_download(int device, void *dst_host, const void *src, size_t n)
 {
-    cudaStream_t s;
+    cudaStream_t s = nullptr;
     ndm_status st = ndm__cuda_enter(device, &s);
     if (st < 0 || !n)
         return st;
@@ -602,7 +602,7 @@ static ndm_status cuda_download(int device, void *dst_host, const void *src, siz
 
 static ndm_status cuda_sync(int device)
 {
-    cudaStream_t s;
+    cudaStream_t s = nullptr;
     ndm_status st = ndm__cuda_enter(device, &s);
     if (st < 0)
         return st;
@@ -613,7 +613,7 @@ static ndm_status cuda_sync(int device)
 static ndm_status cuda_peer_copy(int device, void *dst, int src_device, const void *src,
                                  size_t n)
 {
-    cudaStream_t ss, ds;
+    cudaStream_t ss = nullptr, ds = nullptr;
     ndm_status st = ndm__cuda_enter(src_device, &ss);
     if (st < 0)
         return st;
@@ -658,7 +658,7 @@ static ndm_status cuda_map(void *ctx, size_t size, void **out)
 {
     int device = ((ndm__cuda_source_ctx *)ctx)->device;
     *out = NULL;
-    cudaStream_t s;
+    cudaStream_t s = nullptr;
     ndm_status st = ndm__cuda_enter(device, &s);
     if (st < 0)
         return st;
@@ -687,7 +687,7 @@ static ndm_status cuda_mem_info(void *ctx, size_t *free_bytes, size_t *total_byt
 {
     int device = ((ndm__cuda_source_ctx *)ctx)->device;
     *free_bytes = *total_bytes = 0;
-    cudaStream_t s;
+    cudaStream_t s = nullptr;
     ndm_status st = ndm__cuda_enter(device, &s);
     if (st < 0)
         return st;
