@@ -27,8 +27,9 @@ typedef struct strategy {
 } strategy;
 
 static const strategy strategies[] = {
-    {"pytorch", "thread_cache:False", 0},       /* PyTorch's policy, exactly */
-    {"ndm", "", 0},                              /* the default: thread caches in front */
+    {"pytorch", "thread_cache:False,policy:pytorch", 0}, /* PyTorch's policy, exactly */
+    {"ndm", "", 0},                 /* the default: compact segments, thread caches in front */
+    {"ndm_pytorch_segments", "policy:pytorch", 0}, /* thread caches over PyTorch's segments */
     {"ndm_gc", "garbage_collection_threshold:0.8", 0},
     {"max_split", "max_split_size_mb:64", 0},
     {"preallocate", "strategy:preallocate", (size_t)16 << 30},
@@ -119,7 +120,7 @@ int main(int argc, char **argv)
         bench_note(&rep, note);
         for (int si = 0; si < nstrat; si++) {
             const strategy *s = &strategies[si];
-            if (rep.o.quick && si >= 2 && strcmp(s->name, "system"))
+            if (rep.o.quick && si >= 3 && strcmp(s->name, "system"))
                 continue;
             rp_result r;
             if (rp_run(&t, s->conf, s->capacity, true, &r) < 0 || !r.ok) {
