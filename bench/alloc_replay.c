@@ -8,7 +8,8 @@
  * the requested sizes of the allocations alive at once, the lower bound any
  * allocator must reach), the smallest memory_limit_mb that completes the
  * trace (bisection) over peak live, and p50/p99 allocation latency against
- * glibc malloc replaying the same trace in the same run. */
+ * glibc malloc replaying the same trace in the same run, and the segments
+ * mapped against PyTorch's policy on the same trace. */
 #include <dirent.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -118,6 +119,7 @@ int main(int argc, char **argv)
         snprintf(note, sizeof note, "%s: %zu events, %u allocations, peak live %.1f MiB", t.name,
                  t.n, t.ids, live_mb);
         bench_note(&rep, note);
+        double pytorch_maps = 0;
         for (int si = 0; si < nstrat; si++) {
             const strategy *s = &strategies[si];
             if (rep.o.quick && si >= 3 && strcmp(s->name, "system"))
@@ -146,6 +148,13 @@ int main(int argc, char **argv)
             bench_add(&rep, name, bench_median(p50, 3), "ns", "glibc malloc p50, same trace", m50);
             snprintf(name, sizeof name, "%.40s/%s/alloc_p99_ns_vs_malloc", t.name, s->name);
             bench_add(&rep, name, bench_median(p99, 3), "ns", "glibc malloc p99, same trace", m99);
+            /* Segment maps: free on the simulated device, an mmap and fresh
+             * pages on the CPU, a cudaMalloc on CUDA. */
+            if (si == 0)
+                pytorch_maps = (double)r.maps;
+            snprintf(name, sizeof name, "%.40s/%s/segment_maps_vs_pytorch", t.name, s->name);
+            bench_add(&rep, name, (double)r.maps, "maps", "pytorch's segment maps, same trace",
+                      pytorch_maps);
         }
         free(t.ev);
     }

@@ -278,8 +278,8 @@ static ndm__ablk *get_free_block(ndm__pool *p, int pool, size_t size)
     /* Where segments are cheap to map, a whole free segment at least twice
      * the request is not carved up: attempt() gives it back and maps one that
      * fits, so a transient large block does not pin its size for good. */
-    if (p->set.release_free_segments && pool == NDM__POOL_LARGE && !is_split(b) &&
-        !b->seg->pinned && b->size / 2 >= size)
+    if (p->set.segment_refit && pool == NDM__POOL_LARGE && !is_split(b) && !b->seg->pinned &&
+        b->size / 2 >= size)
         return NULL;
     tree_remove(p, b);
     return b;
@@ -413,7 +413,8 @@ static void release_cached(ndm__pool *p, bool count)
 
 /* Before the pool grows, whole free segments of both pools go back: none of
  * them could serve the request, and on a device where mapping is cheap a
- * segment held idle only raises the peak. Thread caches are left alone. */
+ * segment held idle only raises the peak. Thread caches keep their blocks:
+ * flushing them at every growth would cost the fast path its hits. */
 static void release_idle(ndm__pool *p)
 {
     release_pool(p, NDM__POOL_LARGE, false);
@@ -704,7 +705,7 @@ static ndm__ablk *attempt(ndm__pool *p, ndm__tcache *tc, size_t size)
         return b;
     if (p->set.gc_threshold > 0)
         garbage_collect(p);
-    if (p->set.release_free_segments)
+    if (p->set.release_free_segments || p->set.segment_refit)
         release_idle(p);
     return map_block(p, pool, segment_size_for(p, size), false, false);
 }

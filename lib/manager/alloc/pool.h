@@ -38,6 +38,7 @@ typedef struct ndm__settings {
     size_t pressure_every;        /* 0: off */
     bool thread_cache;
     bool release_free_segments;   /* unmap whole free segments before mapping one */
+    bool segment_refit;           /* a whole free segment twice the request: remapped */
     size_t segment_round;         /* large-pool segments are rounded up to this */
 } ndm__settings;
 

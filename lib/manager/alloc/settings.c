@@ -20,6 +20,7 @@ static void policy_preset(ndm__settings *s, bool compact)
     s->large_segment_size = (size_t)(compact ? 2 : 20) << 20;
     s->segment_round = compact ? (size_t)512 << 10 : NDM__ROUND_LARGE;
     s->release_free_segments = compact;
+    s->segment_refit = compact;
 }
 
 void ndm__settings_default(ndm__settings *s, ndm_device dev)
@@ -147,7 +148,7 @@ static const char *const known_keys =
     "strategy, preallocate_fraction, memory_limit_mb, max_split_size_mb, "
     "max_non_split_rounding_mb, large_segment_size_mb, roundup_power2_divisions, "
     "garbage_collection_threshold, pressure_every_mb, thread_cache, policy, "
-    "release_free_segments, segment_round_kb";
+    "release_free_segments, segment_refit, segment_round_kb";
 
 typedef struct parser {
     const lexer *lx;
@@ -336,6 +337,8 @@ static int apply_key(parser *ps, const char *key, ndm__settings *s)
         return bool_value(ps, key, &s->thread_cache);
     if (!strcmp(key, "release_free_segments"))
         return bool_value(ps, key, &s->release_free_segments);
+    if (!strcmp(key, "segment_refit"))
+        return bool_value(ps, key, &s->segment_refit);
     if (!strcmp(key, "segment_round_kb")) {
         const char *v = value_of(ps, key);
         uint64_t kb;
@@ -467,12 +470,13 @@ int ndm__settings_str(const ndm__settings *s, char *buf, size_t n)
                     "max_split_size_mb:%s,max_non_split_rounding_mb:%zu,"
                     "large_segment_size_mb:%zu,roundup_power2_divisions:%s,"
                     "garbage_collection_threshold:%g,pressure_every_mb:%zu,thread_cache:%s,"
-                    "release_free_segments:%s,segment_round_kb:%zu",
+                    "release_free_segments:%s,segment_refit:%s,segment_round_kb:%zu",
                     ndm__strategy_name(s->strategy), s->preallocate_fraction,
                     s->memory_limit / NDM__MB, split, s->max_non_split_rounding / NDM__MB,
                     s->large_segment_size / NDM__MB, div, s->gc_threshold,
                     s->pressure_every / NDM__MB, s->thread_cache ? "True" : "False",
-                    s->release_free_segments ? "True" : "False", s->segment_round >> 10);
+                    s->release_free_segments ? "True" : "False",
+                    s->segment_refit ? "True" : "False", s->segment_round >> 10);
 }
 
 void ndm__settings_json(const ndm__settings *s, FILE *f)
@@ -484,10 +488,12 @@ void ndm__settings_json(const ndm__settings *s, FILE *f)
             "\"max_split_size_mb\": %lld, \"max_non_split_rounding_mb\": %zu, "
             "\"large_segment_size_mb\": %zu, \"roundup_power2_divisions\": \"%s\", "
             "\"garbage_collection_threshold\": %g, \"pressure_every_mb\": %zu, "
-            "\"thread_cache\": %s, \"release_free_segments\": %s, \"segment_round_kb\": %zu",
+            "\"thread_cache\": %s, \"release_free_segments\": %s, \"segment_refit\": %s, "
+            "\"segment_round_kb\": %zu",
             ndm__strategy_name(s->strategy), s->preallocate_fraction, s->memory_limit / NDM__MB,
             s->max_split_size == SIZE_MAX ? -1LL : (long long)(s->max_split_size / NDM__MB),
             s->max_non_split_rounding / NDM__MB, s->large_segment_size / NDM__MB, div,
             s->gc_threshold, s->pressure_every / NDM__MB, s->thread_cache ? "true" : "false",
-            s->release_free_segments ? "true" : "false", s->segment_round >> 10);
+            s->release_free_segments ? "true" : "false", s->segment_refit ? "true" : "false",
+            s->segment_round >> 10);
 }
