@@ -1,5 +1,6 @@
 /* The caching allocator core on a simulated device: PyTorch's policy, the
- * statistics against the snapshot after every step, limits, retries, OOM. */
+ * compact segment policy, the statistics against the snapshot after every
+ * step, limits, retries, OOM. */
 #include <inttypes.h>
 #include <stdlib.h>
 

@@ -1,6 +1,7 @@
 /* The caching pool engine: PyTorch's block policy (rounding, small and large
  * pools, best fit by size then address, split and oversize rules, the retry
- * ladder) over one segment source, with exact PyTorch statistics. */
+ * ladder) over one segment source, with exact PyTorch statistics; segments
+ * sized and returned by PyTorch's rules or by the compact ones. */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
