@@ -192,7 +192,7 @@ static void fragmentation(bench_report *rep)
             continue;
         rp_result ours, theirs;
         rp_run(&t, "", 0, false, &ours);
-        rp_run(&t, "thread_cache:False", 0, false, &theirs);
+        rp_run(&t, "thread_cache:False,policy:pytorch", 0, false, &theirs);
         double live = (double)t.peak_live;
         char fig[96];
         snprintf(fig, sizeof fig, "frag_%.40s_peak_reserved_over_live", t.name);
@@ -203,7 +203,8 @@ static void fragmentation(bench_report *rep)
          * is that capacity. */
         uint64_t arena_mb = rp_min_capacity_mb(&t, "strategy:preallocate,preallocate_fraction:1",
                                                theirs.peak_reserved);
-        uint64_t torch_mb = rp_min_capacity_mb(&t, "thread_cache:False", theirs.peak_reserved);
+        uint64_t torch_mb =
+            rp_min_capacity_mb(&t, "thread_cache:False,policy:pytorch", theirs.peak_reserved);
         snprintf(fig, sizeof fig, "frag_%.40s_arena_reserved_over_live", t.name);
         bench_add(rep, fig, (double)(arena_mb << 20) / live, "x",
                   "PyTorch policy at its smallest limit", (double)(torch_mb << 20) / live);

@@ -8,7 +8,8 @@
  * the requested sizes of the allocations alive at once, the lower bound any
  * allocator must reach), the smallest memory_limit_mb that completes the
  * trace (bisection) over peak live, and p50/p99 allocation latency against
- * glibc malloc replaying the same trace in the same run. */
+ * glibc malloc replaying the same trace in the same run, and the segments
+ * mapped against PyTorch's policy on the same trace. */
 #include <dirent.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -27,8 +28,9 @@ typedef struct strategy {
 } strategy;
 
 static const strategy strategies[] = {
-    {"pytorch", "thread_cache:False", 0},       /* PyTorch's policy, exactly */
-    {"ndm", "", 0},                              /* the default: thread caches in front */
+    {"pytorch", "thread_cache:False,policy:pytorch", 0}, /* PyTorch's policy, exactly */
+    {"ndm", "", 0},                 /* the default: compact segments, thread caches in front */
+    {"ndm_pytorch_segments", "policy:pytorch", 0}, /* thread caches over PyTorch's segments */
     {"ndm_gc", "garbage_collection_threshold:0.8", 0},
     {"max_split", "max_split_size_mb:64", 0},
     {"preallocate", "strategy:preallocate", (size_t)16 << 30},
@@ -117,9 +119,10 @@ int main(int argc, char **argv)
         snprintf(note, sizeof note, "%s: %zu events, %u allocations, peak live %.1f MiB", t.name,
                  t.n, t.ids, live_mb);
         bench_note(&rep, note);
+        double pytorch_maps = 0;
         for (int si = 0; si < nstrat; si++) {
             const strategy *s = &strategies[si];
-            if (rep.o.quick && si >= 2 && strcmp(s->name, "system"))
+            if (rep.o.quick && si >= 3 && strcmp(s->name, "system"))
                 continue;
             rp_result r;
             if (rp_run(&t, s->conf, s->capacity, true, &r) < 0 || !r.ok) {
@@ -145,6 +148,13 @@ int main(int argc, char **argv)
             bench_add(&rep, name, bench_median(p50, 3), "ns", "glibc malloc p50, same trace", m50);
             snprintf(name, sizeof name, "%.40s/%s/alloc_p99_ns_vs_malloc", t.name, s->name);
             bench_add(&rep, name, bench_median(p99, 3), "ns", "glibc malloc p99, same trace", m99);
+            /* Segment maps: free on the simulated device, an mmap and fresh
+             * pages on the CPU, a cudaMalloc on CUDA. */
+            if (si == 0)
+                pytorch_maps = (double)r.maps;
+            snprintf(name, sizeof name, "%.40s/%s/segment_maps_vs_pytorch", t.name, s->name);
+            bench_add(&rep, name, (double)r.maps, "maps", "pytorch's segment maps, same trace",
+                      pytorch_maps);
         }
         free(t.ev);
     }

@@ -1,5 +1,6 @@
 /* The caching allocator core on a simulated device: PyTorch's policy, the
- * statistics against the snapshot after every step, limits, retries, OOM. */
+ * compact segment policy, the statistics against the snapshot after every
+ * step, limits, retries, OOM. */
 #include <inttypes.h>
 #include <stdlib.h>
 
@@ -8,6 +9,10 @@
 
 #define KiB ((size_t)1 << 10)
 #define MiB ((size_t)1 << 20)
+
+/* PyTorch's segment policy: the CPU's default is the compact one, so tests
+ * that pin PyTorch's behaviour name it. */
+#define PYTORCH "policy:pytorch"
 
 /* ---- fixtures ------------------------------------------------------------------ */
 
@@ -138,7 +143,7 @@ static oracle check_oracle(fixture *f)
 static void test_alloc_rounds_to_512_and_picks_pools(void **state)
 {
     (void)state;
-    fixture f = make(0, NULL);
+    fixture f = make(0, PYTORCH);
     struct {
         size_t req, size;
         int pool;
@@ -176,7 +181,7 @@ static void test_alloc_segment_sizes_follow_pytorch(void **state)
         {41 * MiB, 42 * MiB},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        fixture f = make(0, NULL);
+        fixture f = make(0, PYTORCH);
         ndm__block b = get(&f, cases[i].req);
         assert_int_equal(ndm__sim_mapped(f.sim), cases[i].segment);
         assert_int_equal(stats(&f).segment[NDM_POOL_ALL].current, 1);
@@ -184,7 +189,7 @@ static void test_alloc_segment_sizes_follow_pytorch(void **state)
         done(&f);
     }
     /* large_segment_size_mb changes the segment for 1-10 MiB requests */
-    fixture f = make(0, "large_segment_size_mb:4");
+    fixture f = make(0, PYTORCH ",large_segment_size_mb:4");
     ndm__block b = get(&f, 3 * MiB);
     assert_int_equal(ndm__sim_mapped(f.sim), 4 * MiB);
     put(&f, &b);
@@ -194,7 +199,7 @@ static void test_alloc_segment_sizes_follow_pytorch(void **state)
 static void test_alloc_best_fit_by_size_then_address(void **state)
 {
     (void)state;
-    fixture f = make(0, NULL);
+    fixture f = make(0, PYTORCH);
     /* Four large segments of 12, 14, 12 and 16 MiB, each one block, then free. */
     size_t sizes[] = {12 * MiB, 14 * MiB, 12 * MiB, 16 * MiB};
     ndm__block b[4];
@@ -227,7 +232,7 @@ static void test_alloc_split_rules(void **state)
 {
     (void)state;
     /* Small pool: any remainder of at least 512 bytes is split off. */
-    fixture f = make(0, NULL);
+    fixture f = make(0, PYTORCH);
     ndm__block a = get(&f, 1536);
     ndm__block b = get(&f, 512);
     assert_int_equal((uintptr_t)b.ptr, (uintptr_t)a.ptr + 1536);
@@ -238,7 +243,7 @@ static void test_alloc_split_rules(void **state)
     done(&f);
 
     /* Large pool: split only when more than 1 MiB would remain. */
-    f = make(0, NULL);
+    f = make(0, PYTORCH);
     ndm__block big = get(&f, 12 * MiB); /* a 12 MiB segment */
     put(&f, &big);
     ndm__block c = get(&f, 11 * MiB);     /* 1 MiB would remain: no split */
@@ -260,7 +265,7 @@ static void test_alloc_split_rules(void **state)
 static void test_alloc_oversize_rules_with_max_split(void **state)
 {
     (void)state;
-    fixture f = make(0, "max_split_size_mb:40");
+    fixture f = make(0, PYTORCH ",max_split_size_mb:40");
     ndm__block big = get(&f, 64 * MiB);
     put(&f, &big);
     /* A request under max_split never takes a block of max_split or more. */
@@ -299,7 +304,7 @@ static size_t reference_round(size_t size, unsigned div)
 static void test_alloc_roundup_power2_divisions(void **state)
 {
     (void)state;
-    fixture f = make(0, "roundup_power2_divisions:4");
+    fixture f = make(0, PYTORCH ",roundup_power2_divisions:4");
     size_t sizes[] = {84 * MiB + 3, 400 * MiB, 1200, 5 * MiB + 1, 3 * MiB};
     for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
         ndm__block b = get(&f, sizes[i]);
@@ -308,7 +313,7 @@ static void test_alloc_roundup_power2_divisions(void **state)
     }
     done(&f);
     /* The list: below 256 MiB 1 division (none), 256-512 MiB 2, above 8. */
-    f = make(0, "roundup_power2_divisions:[256:1,512:2,>:8]");
+    f = make(0, PYTORCH ",roundup_power2_divisions:[256:1,512:2,>:8]");
     ndm__block b = get(&f, 100 * MiB + 1);
     assert_int_equal(b.size, 100 * MiB + 512);
     put(&f, &b);
@@ -324,6 +329,174 @@ static void test_alloc_roundup_power2_divisions(void **state)
     ndm__pool_settings(f.pool, &s, NULL, 0);
     ndm__settings_str(&s, buf, sizeof buf);
     assert_non_null(strstr(buf, "roundup_power2_divisions:[256:1,512:2,>:8]"));
+    done(&f);
+}
+
+/* ---- the compact policy (the CPU default) ---------------------------------------------- */
+
+static void test_alloc_compact_segments_fit_the_request(void **state)
+{
+    (void)state;
+    struct {
+        size_t req, segment;
+    } cases[] = {
+        {100, 2 * MiB},          {MiB, 2 * MiB},           {MiB + 1, 2 * MiB},
+        {3 * MiB, 3 * MiB},      {3 * MiB + 1, 3 * MiB + 512 * KiB},
+        {9 * MiB, 9 * MiB},      {11 * MiB + 1, 11 * MiB + 512 * KiB},
+        {41 * MiB, 41 * MiB},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        fixture f = make(0, NULL);
+        ndm__block b = get(&f, cases[i].req);
+        assert_int_equal(ndm__sim_mapped(f.sim), cases[i].segment);
+        assert_int_equal(stats(&f).segment[NDM_POOL_ALL].current, 1);
+        put(&f, &b);
+        check_oracle(&f);
+        done(&f);
+    }
+    /* segment_round_kb and large_segment_size_mb still apply */
+    fixture f = make(0, "segment_round_kb:1024,large_segment_size_mb:4");
+    ndm__block a = get(&f, 3 * MiB), b = get(&f, 5 * MiB + 1);
+    assert_int_equal(ndm__sim_mapped(f.sim), 4 * MiB + 6 * MiB);
+    put(&f, &a);
+    put(&f, &b);
+    done(&f);
+}
+
+static void test_alloc_compact_returns_free_segments_before_growing(void **state)
+{
+    (void)state;
+    /* Whole free segments of both pools go back when a request needs a new
+     * one; a segment still in use stays. (A small block freed into a thread
+     * cache keeps its segment in use, so the cache is off here.) */
+    fixture f = make(0, "thread_cache:False");
+    ndm__block s = get(&f, 4 * KiB), a = get(&f, 4 * MiB), keep = get(&f, 3 * MiB);
+    put(&f, &s);
+    put(&f, &a);
+    assert_int_equal(ndm__sim_mapped(f.sim), 2 * MiB + 4 * MiB + 3 * MiB);
+    ndm__block c = get(&f, 6 * MiB);
+    assert_int_equal(ndm__sim_mapped(f.sim), 3 * MiB + 6 * MiB);
+    ndm_memory_stats st = stats(&f);
+    assert_int_equal(st.num_device_free, 2);
+    assert_int_equal(st.reserved_bytes[NDM_POOL_ALL].peak, (int64_t)(9 * MiB));
+    check_oracle(&f);
+    /* a request that a free block serves maps and unmaps nothing */
+    uintptr_t at = (uintptr_t)c.ptr;
+    put(&f, &c);
+    ndm__block d = get(&f, 5 * MiB);
+    assert_int_equal((uintptr_t)d.ptr, at);
+    assert_int_equal(stats(&f).num_device_free, 2);
+    assert_int_equal(ndm__sim_maps(f.sim), 4);
+    put(&f, &d);
+    put(&f, &keep);
+    check_oracle(&f);
+    done(&f);
+
+    /* PyTorch's policy keeps them */
+    f = make(0, PYTORCH ",thread_cache:False,large_segment_size_mb:2,segment_round_kb:512");
+    s = get(&f, 4 * KiB);
+    a = get(&f, 4 * MiB);
+    put(&f, &s);
+    put(&f, &a);
+    c = get(&f, 6 * MiB);
+    assert_int_equal(ndm__sim_mapped(f.sim), 2 * MiB + 4 * MiB + 6 * MiB);
+    assert_int_equal(stats(&f).num_device_free, 0);
+    put(&f, &c);
+    done(&f);
+}
+
+static void test_alloc_compact_does_not_carve_a_much_larger_free_segment(void **state)
+{
+    (void)state;
+    fixture f = make(0, NULL);
+    ndm__block big = get(&f, 16 * MiB);
+    put(&f, &big);
+    /* 8 MiB: half the free segment, which goes back for an 8 MiB one */
+    ndm__block a = get(&f, 8 * MiB);
+    assert_int_equal(ndm__sim_mapped(f.sim), 8 * MiB);
+    assert_int_equal(a.size, 8 * MiB);
+    uintptr_t at = (uintptr_t)a.ptr;
+    put(&f, &a);
+    /* 5 MiB: more than half of the 8 MiB segment, which is split */
+    ndm__block b = get(&f, 5 * MiB);
+    assert_int_equal((uintptr_t)b.ptr, at);
+    assert_int_equal(ndm__sim_mapped(f.sim), 8 * MiB);
+    oracle o = check_oracle(&f);
+    assert_int_equal(o.isplit_n[NDM_POOL_LARGE], 1);
+    /* a free piece of a segment in use is carved as before */
+    ndm__block c = get(&f, 2 * MiB);
+    assert_int_equal((uintptr_t)c.ptr, (uintptr_t)b.ptr + 5 * MiB);
+    assert_int_equal(ndm__sim_maps(f.sim), 2);
+    put(&f, &b);
+    put(&f, &c);
+    check_oracle(&f);
+    done(&f);
+
+    /* Without segment_refit the free segment is carved, as PyTorch does. */
+    f = make(0, "segment_refit:False");
+    big = get(&f, 16 * MiB);
+    at = (uintptr_t)big.ptr;
+    put(&f, &big);
+    a = get(&f, 8 * MiB);
+    assert_int_equal((uintptr_t)a.ptr, at);
+    assert_int_equal(ndm__sim_mapped(f.sim), 16 * MiB);
+    put(&f, &a);
+    done(&f);
+
+    /* Under a limit the swap still fits: the large segment goes first. */
+    f = make(0, "memory_limit_mb:16");
+    big = get(&f, 16 * MiB);
+    put(&f, &big);
+    a = get(&f, 4 * MiB);
+    assert_int_equal(ndm__sim_mapped(f.sim), 4 * MiB);
+    ndm__block x = get(&f, 12 * MiB);
+    assert_int_equal(ndm__sim_mapped(f.sim), 16 * MiB);
+    put(&f, &a);
+    put(&f, &x);
+    check_oracle(&f);
+    done(&f);
+}
+
+static void test_alloc_compact_no_growth_after_many_rounds(void **state)
+{
+    (void)state;
+    /* A training-like loop: the same sizes every round. After the first
+     * round, the segments in place serve everything. */
+    fixture f = make(0, NULL);
+    size_t mix[] = {300, 7 * KiB, 900 * KiB, 3 * MiB, 17 * MiB, 2 * KiB, 5 * MiB + 3, 64};
+    ndm__block b[8];
+    size_t reserved = 0;
+    uint64_t maps = 0;
+    for (int round = 0; round < 1000; round++) {
+        for (int i = 0; i < 8; i++)
+            b[i] = get(&f, mix[i]);
+        for (int i = 0; i < 8; i++)
+            put(&f, &b[(i * 3 + round) % 8]);
+        if (round == 1) {
+            reserved = ndm__sim_mapped(f.sim);
+            maps = ndm__sim_maps(f.sim);
+        }
+    }
+    assert_int_equal(ndm__sim_mapped(f.sim), reserved);
+    assert_int_equal(ndm__sim_maps(f.sim), maps);
+    check_oracle(&f);
+    done(&f);
+
+    /* Sizes that rotate every round: segments are remapped, but the peak
+     * reached in the first rotation is never passed. */
+    f = make(0, NULL);
+    int64_t peak = 0;
+    for (int round = 0; round < 1000; round++) {
+        for (int i = 0; i < 8; i++)
+            b[i] = get(&f, mix[(i + round) % 8]);
+        for (int i = 0; i < 8; i++)
+            put(&f, &b[(i * 3 + round) % 8]);
+        if (round == 15)
+            peak = stats(&f).reserved_bytes[NDM_POOL_ALL].peak;
+    }
+    assert_int_equal(stats(&f).reserved_bytes[NDM_POOL_ALL].peak, peak);
+    assert_true(ndm__sim_mapped(f.sim) <= (size_t)peak);
+    check_oracle(&f);
     done(&f);
 }
 
@@ -405,9 +578,13 @@ static void oracle_run(const char *conf, uint64_t seed, int steps, int check_eve
 static void test_alloc_stats_match_snapshot_every_step(void **state)
 {
     (void)state;
-    oracle_run(NULL, 0x9e3779b97f4a7c15ull, 3000, 1);
+    oracle_run(NULL, 0x9e3779b97f4a7c15ull, 3000, 1); /* the CPU default: compact */
+    oracle_run(PYTORCH, 0x9e3779b97f4a7c15ull, 3000, 1);
+    oracle_run(PYTORCH ",max_split_size_mb:24,roundup_power2_divisions:[64:2,>:4]", 12345, 2000,
+               1);
     oracle_run("max_split_size_mb:24,roundup_power2_divisions:[64:2,>:4]", 12345, 2000, 1);
     oracle_run("thread_cache:False", 777, 2000, 1);
+    oracle_run(PYTORCH ",thread_cache:False", 777, 2000, 1);
     oracle_run("strategy:system", 4242, 1500, 1);
 }
 
@@ -422,7 +599,7 @@ static void test_alloc_stats_exact_while_thread_cache_runs(void **state)
 static void test_alloc_peaks_exact_through_thread_cache(void **state)
 {
     (void)state;
-    fixture f = make(0, NULL);
+    fixture f = make(0, PYTORCH);
     /* Warm: 8 blocks of 4 KiB allocated then freed into the thread cache. */
     ndm__block b[8];
     for (int i = 0; i < 8; i++)
@@ -459,7 +636,7 @@ static void test_alloc_peaks_exact_through_thread_cache(void **state)
 static void test_alloc_thread_cache_gives_back_before_mapping(void **state)
 {
     (void)state;
-    fixture f = make(0, NULL);
+    fixture f = make(0, PYTORCH);
     /* Fill one small segment with 8 blocks of 256 KiB, then free them: they
      * wait in this thread's cache, unmerged. */
     ndm__block b[8];
@@ -483,7 +660,7 @@ static void test_alloc_thread_cache_gives_back_before_mapping(void **state)
 static void test_alloc_reset_accumulated_keeps_current(void **state)
 {
     (void)state;
-    fixture f = make(0, NULL);
+    fixture f = make(0, PYTORCH);
     ndm__block a = get(&f, 3 * KiB), b = get(&f, 5 * MiB);
     put(&f, &a);
     ndm__pool_reset_accumulated(f.pool);
@@ -503,7 +680,7 @@ static void test_alloc_reset_accumulated_keeps_current(void **state)
 static void test_alloc_no_growth_after_many_rounds(void **state)
 {
     (void)state;
-    fixture f = make(0, NULL);
+    fixture f = make(0, PYTORCH);
     size_t mix[] = {300, 7 * KiB, 900 * KiB, 3 * MiB, 17 * MiB, 2 * KiB, 5 * MiB + 3, 64};
     ndm__block b[8];
     size_t reserved = 0;
@@ -527,7 +704,7 @@ static void test_alloc_no_growth_after_many_rounds(void **state)
 static void test_alloc_memory_limit_caps_reserved(void **state)
 {
     (void)state;
-    fixture f = make(0, "memory_limit_mb:50");
+    fixture f = make(0, PYTORCH ",memory_limit_mb:50");
     ndm__block b[3];
     b[0] = get(&f, 20 * MiB);
     b[1] = get(&f, 20 * MiB);
@@ -548,7 +725,7 @@ static void test_alloc_memory_limit_caps_reserved(void **state)
 static void test_alloc_retry_frees_cached_segments(void **state)
 {
     (void)state;
-    fixture f = make(60 * MiB, NULL);
+    fixture f = make(60 * MiB, PYTORCH);
     /* Two 20 MiB segments, cached after their blocks are freed. */
     ndm__block a = get(&f, 15 * MiB), b = get(&f, 15 * MiB);
     assert_int_equal(ndm__sim_mapped(f.sim), 32 * MiB); /* 15 MiB rounds to 16 */
@@ -569,7 +746,7 @@ static void test_alloc_retry_frees_cached_segments(void **state)
 static void test_alloc_oom_message_and_recovery(void **state)
 {
     (void)state;
-    fixture f = make(48 * MiB, NULL);
+    fixture f = make(48 * MiB, PYTORCH);
     ndm__block a = get(&f, 30 * MiB);
     ndm__block small = get(&f, 100 * KiB);
     ndm__block x;
@@ -597,7 +774,7 @@ static void test_alloc_oom_message_and_recovery(void **state)
 static void test_alloc_max_split_releases_oversize_first(void **state)
 {
     (void)state;
-    fixture f = make(100 * MiB, "max_split_size_mb:20");
+    fixture f = make(100 * MiB, PYTORCH ",max_split_size_mb:20");
     ndm__block a = get(&f, 30 * MiB), b = get(&f, 30 * MiB);
     put(&f, &a);
     put(&f, &b);
@@ -617,7 +794,7 @@ static void test_alloc_garbage_collection_frees_old_segments(void **state)
     (void)state;
     /* Limit 100 MiB, threshold 0.5: when reserved passes 50 MiB, a miss frees
      * the oldest whole free large segments before mapping. */
-    fixture f = make(0, "memory_limit_mb:100,garbage_collection_threshold:0.5");
+    fixture f = make(0, PYTORCH ",memory_limit_mb:100,garbage_collection_threshold:0.5");
     ndm__block b[4];
     for (int i = 0; i < 4; i++)
         b[i] = get(&f, 14 * MiB);
@@ -635,7 +812,7 @@ static void test_alloc_garbage_collection_frees_old_segments(void **state)
 static void test_alloc_preallocate_maps_one_arena(void **state)
 {
     (void)state;
-    fixture f = make(0, "strategy:preallocate,memory_limit_mb:100,preallocate_fraction:0.5");
+    fixture f = make(0, PYTORCH ",strategy:preallocate,memory_limit_mb:100,preallocate_fraction:0.5");
     ndm__block a = get(&f, 100), b = get(&f, 5 * MiB), c = get(&f, 20 * MiB);
     assert_int_equal(ndm__sim_maps(f.sim), 1);
     assert_int_equal(ndm__sim_mapped(f.sim), 50 * MiB);
@@ -658,7 +835,7 @@ static void test_alloc_preallocate_maps_one_arena(void **state)
 static void test_alloc_system_strategy_reserves_what_is_used(void **state)
 {
     (void)state;
-    fixture f = make(0, "strategy:system");
+    fixture f = make(0, PYTORCH ",strategy:system");
     ndm__block a = get(&f, 1000), b = get(&f, 3 * MiB + 5);
     ndm_memory_stats st = stats(&f);
     assert_int_equal(st.reserved_bytes[NDM_POOL_ALL].current,
@@ -695,7 +872,7 @@ static void on_pressure(const ndm_pressure_event *ev, void *ud)
 static void test_alloc_pressure_runs_periodically_and_on_failure(void **state)
 {
     (void)state;
-    fixture f = make(64 * MiB, "pressure_every_mb:10");
+    fixture f = make(64 * MiB, PYTORCH ",pressure_every_mb:10");
     pressure_log log = {0, 0, &f, NULL};
     assert_ok(ndm_on_pressure(on_pressure, &log));
     assert_int_equal(ndm_on_pressure(on_pressure, &log), NDM_ALREADY);
@@ -750,6 +927,12 @@ static void test_alloc_config_rejects_bad_keys_and_values(void **state)
     expect_config_error("thread_cache:maybe", "thread_cache: expected True or False");
     expect_config_error("cuda:1:bogus:2", "unknown key 'bogus'"); /* checked, though not ours */
     expect_config_error("strategy:system:x", "expected ','");
+    expect_config_error("policy:tight", "policy: 'tight' is not one of pytorch, compact");
+    expect_config_error("release_free_segments:2", "release_free_segments: expected True or");
+    expect_config_error("segment_refit:yes", "segment_refit: expected True or False");
+    expect_config_error("segment_round_kb:4096", "segment_round_kb must be 512, 1024 or 2048");
+    expect_config_error("segment_round_kb:768", "segment_round_kb must be 512, 1024 or 2048");
+    expect_config_error("large_segment_size_mb:1", "large_segment_size_mb must be at least 2");
 }
 
 static void test_alloc_config_applies_device_prefixes(void **state)
@@ -774,9 +957,36 @@ static void test_alloc_config_applies_device_prefixes(void **state)
     ndm__settings_str(&s, buf, sizeof buf);
     assert_string_equal(buf, "strategy:auto_growth,preallocate_fraction:0.92,memory_limit_mb:0,"
                              "max_split_size_mb:unlimited,max_non_split_rounding_mb:20,"
-                             "large_segment_size_mb:20,roundup_power2_divisions:0,"
+                             "large_segment_size_mb:2,roundup_power2_divisions:0,"
                              "garbage_collection_threshold:0,pressure_every_mb:0,"
-                             "thread_cache:True");
+                             "thread_cache:True,release_free_segments:True,"
+                             "segment_refit:True,segment_round_kb:512");
+    /* CUDA keeps PyTorch's segments; policy:pytorch gives them on the CPU */
+    const char *pytorch = "strategy:auto_growth,preallocate_fraction:0.92,memory_limit_mb:0,"
+                          "max_split_size_mb:unlimited,max_non_split_rounding_mb:20,"
+                          "large_segment_size_mb:20,roundup_power2_divisions:0,"
+                          "garbage_collection_threshold:0,pressure_every_mb:0,"
+                          "thread_cache:True,release_free_segments:False,"
+                          "segment_refit:False,segment_round_kb:2048";
+    assert_ok(ndm__settings_parse("", NDM_CUDA(0), &s, err, sizeof err));
+    ndm__settings_str(&s, buf, sizeof buf);
+    assert_string_equal(buf, pytorch);
+    assert_ok(ndm__settings_parse("policy:pytorch", NDM_CPU, &s, err, sizeof err));
+    ndm__settings_str(&s, buf, sizeof buf);
+    assert_string_equal(buf, pytorch);
+    /* a preset sets its keys where it stands: later items still win */
+    assert_ok(ndm__settings_parse("release_free_segments:False,policy:compact,"
+                                  "segment_round_kb:1024", NDM_CUDA(0), &s, err, sizeof err));
+    assert_true(s.release_free_segments);
+    assert_true(s.segment_refit);
+    assert_int_equal(s.large_segment_size, 2 * MiB);
+    assert_int_equal(s.segment_round, 1024 * KiB);
+    assert_ok(ndm__settings_parse("cpu:policy:pytorch,large_segment_size_mb:6", NDM_CPU, &s, err,
+                                  sizeof err));
+    assert_false(s.release_free_segments);
+    assert_false(s.segment_refit);
+    assert_int_equal(s.large_segment_size, 6 * MiB);
+    assert_int_equal(s.segment_round, 2 * MiB);
 }
 
 /* ---- history ---------------------------------------------------------------------------- */
@@ -784,7 +994,7 @@ static void test_alloc_config_applies_device_prefixes(void **state)
 static void test_alloc_history_ring_keeps_the_last_events(void **state)
 {
     (void)state;
-    fixture f = make(0, NULL);
+    fixture f = make(0, PYTORCH);
     ndm__pool_lock(f.pool);
     ndm__hist_enable(f.pool, 5);
     ndm__pool_unlock(f.pool);
@@ -824,6 +1034,10 @@ int main(void)
         TEST(test_alloc_split_rules),
         TEST(test_alloc_oversize_rules_with_max_split),
         TEST(test_alloc_roundup_power2_divisions),
+        TEST(test_alloc_compact_segments_fit_the_request),
+        TEST(test_alloc_compact_returns_free_segments_before_growing),
+        TEST(test_alloc_compact_does_not_carve_a_much_larger_free_segment),
+        TEST(test_alloc_compact_no_growth_after_many_rounds),
         TEST(test_alloc_stats_match_snapshot_every_step),
         TEST(test_alloc_stats_exact_while_thread_cache_runs),
         TEST(test_alloc_peaks_exact_through_thread_cache),

@@ -287,6 +287,43 @@ static void test_memory_empty_cache_returns_free_segments(void **state)
     assert_int_equal(st.free_bytes, CUR(st, reserved_bytes, ALL) - CUR(st, allocated_bytes, ALL));
 }
 
+static void test_memory_compact_policy_returns_and_refits_segments(void **state)
+{
+    ndm_manager root = ROOT(state);
+    assert_ok(ndm_memory_empty_cache(NDM_CPU));
+    ndm_memory_stats s0 = mstats();
+    /* 8 MiB: a segment of its size, not PyTorch's 20 MiB */
+    ndm_array a = ndm_empty(root, NDM_F32, NDM_SHAPE(2 << 20));
+    ndm_memory_stats s1 = mstats();
+    assert_int_equal(DELTA(s0, s1, reserved_bytes, LARGE), 8 * MiB);
+    assert_ok(ndm_array_release(a));
+    /* 12 MiB does not fit: the free 8 MiB segment goes back before the map */
+    ndm_array b = ndm_empty(root, NDM_F32, NDM_SHAPE(3 << 20));
+    ndm_memory_stats s2 = mstats();
+    assert_int_equal(DELTA(s0, s2, reserved_bytes, LARGE), 12 * MiB);
+    assert_int_equal(s2.num_device_free, s1.num_device_free + 1);
+    assert_ok(ndm_array_release(b));
+    /* 4 MiB would leave two thirds of the free 12 MiB segment idle: refitted */
+    ndm_array c = ndm_empty(root, NDM_F32, NDM_SHAPE(1 << 20));
+    ndm_memory_stats s3 = mstats();
+    assert_int_equal(DELTA(s0, s3, reserved_bytes, LARGE), 4 * MiB);
+    assert_int_equal(s3.num_device_free, s2.num_device_free + 1);
+    assert_ok(ndm_array_release(c));
+    /* PyTorch's policy on the same requests keeps one 20 MiB segment */
+    assert_ok(ndm_alloc_configure(NDM_CPU, "policy:pytorch"));
+    s0 = mstats();
+    a = ndm_empty(root, NDM_F32, NDM_SHAPE(2 << 20));
+    assert_ok(ndm_array_release(a));
+    b = ndm_empty(root, NDM_F32, NDM_SHAPE(3 << 20));
+    assert_ok(ndm_array_release(b));
+    c = ndm_empty(root, NDM_F32, NDM_SHAPE(1 << 20));
+    s1 = mstats();
+    assert_int_equal(DELTA(s0, s1, reserved_bytes, LARGE), 20 * MiB);
+    assert_int_equal(s1.num_device_free, s0.num_device_free);
+    assert_ok(ndm_array_release(c));
+    assert_ok(ndm_alloc_configure(NDM_CPU, ""));
+}
+
 /* ---- OOM under a limit ------------------------------------------------------------- */
 
 static void test_memory_oom_names_managers_and_recovers(void **state)
@@ -399,6 +436,25 @@ static void test_memory_configure_rejects_and_keeps_settings(void **state)
     assert_ok(ndm_alloc_configure(NDM_CPU, NULL));
     ndm_alloc_settings(NDM_CPU, after, sizeof after);
     assert_string_equal(before, after);
+    /* The CPU's default is the compact policy; policy:pytorch restores
+     * PyTorch's segments, and the keys after it still apply. */
+    const char *compact[] = {"large_segment_size_mb:2,", "release_free_segments:True,",
+                             "segment_refit:True,", "segment_round_kb:512"};
+    for (size_t i = 0; i < sizeof compact / sizeof *compact; i++)
+        if (!strstr(before, compact[i]))
+            fail_msg("default settings lack \"%s\": %s", compact[i], before);
+    assert_ok(ndm_alloc_configure(NDM_CPU, "policy:pytorch,segment_refit:True"));
+    ndm_alloc_settings(NDM_CPU, after, sizeof after);
+    assert_non_null(strstr(after, "large_segment_size_mb:20,"));
+    assert_non_null(strstr(after, "release_free_segments:False,segment_refit:True,"
+                                  "segment_round_kb:2048"));
+    assert_int_equal(ndm_alloc_configure(NDM_CPU, "segment_round_kb:100"), NDM_E_CONFIG);
+    assert_error_has("ndm_alloc_configure: segment_round_kb must be 512, 1024 or 2048 (got '100')");
+    assert_int_equal(ndm_alloc_configure(NDM_CPU, "policy:greedy"), NDM_E_CONFIG);
+    assert_error_has("policy: 'greedy' is not one of pytorch, compact");
+    ndm_alloc_settings(NDM_CPU, before, sizeof before);
+    assert_string_equal(before, after);
+    assert_ok(ndm_alloc_configure(NDM_CPU, NULL));
     /* Devices this build or machine lacks. */
     ndm_memory_stats st;
     ndm_status s = ndm_memory_stats_get(NDM_CUDA(0), &st);
@@ -450,7 +506,8 @@ static void test_memory_summary_prints_pytorch_table(void **state)
     const char *expect[] = {"ndm memory summary, device cpu", "| Allocated memory      |",
                             "|       from small pool |", "| Non-releasable allocs |",
                             "| Oversize segments     |", "Fragmentation: ",
-                            "Settings: strategy:auto_growth,"};
+                            "Settings: strategy:auto_growth,",
+                            "release_free_segments:True,segment_refit:True,segment_round_kb:512"};
     for (size_t i = 0; i < sizeof expect / sizeof *expect; i++)
         if (!strstr(buf, expect[i]))
             fail_msg("summary lacks \"%s\":\n%s", expect[i], buf);
@@ -492,6 +549,9 @@ static void test_memory_snapshot_has_tiled_segments_and_history(void **state)
     const jval *settings = jmust(&root_v, "allocator_settings", J_OBJ);
     assert_string_equal(jmust(settings, "strategy", J_STR)->str, "auto_growth");
     jmust(settings, "max_split_size_mb", J_NUM);
+    assert_true(jmust(settings, "release_free_segments", J_BOOL)->num == 1);
+    assert_true(jmust(settings, "segment_refit", J_BOOL)->num == 1);
+    assert_true(jmust(settings, "segment_round_kb", J_NUM)->num == 512);
 
     int found_batch = 0, found_moved = 0, found_model = 0;
     for (size_t i = 0; i < segs->n; i++) {
@@ -637,6 +697,7 @@ int main(void)
         TEST(test_memory_stat_keys_follow_pytorch),
         TEST(test_memory_reset_peak_sets_peak_to_current),
         TEST(test_memory_empty_cache_returns_free_segments),
+        TEST(test_memory_compact_policy_returns_and_refits_segments),
         TEST(test_memory_oom_names_managers_and_recovers),
         TEST(test_memory_pressure_callback_frees_and_allocation_succeeds),
         TEST(test_memory_pressure_runs_every_mb),

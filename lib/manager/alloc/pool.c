@@ -1,6 +1,7 @@
 /* The caching pool engine: PyTorch's block policy (rounding, small and large
  * pools, best fit by size then address, split and oversize rules, the retry
- * ladder) over one segment source, with exact PyTorch statistics. */
+ * ladder) over one segment source, with exact PyTorch statistics; segments
+ * sized and returned by PyTorch's rules or by the compact ones. */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -243,7 +244,8 @@ static size_t segment_size_for(const ndm__pool *p, size_t size)
         return size;
     if (size <= NDM__SMALL_SIZE)
         return NDM__SMALL_BUFFER;
-    size_t rounded = (size + NDM__ROUND_LARGE - 1) / NDM__ROUND_LARGE * NDM__ROUND_LARGE;
+    size_t r = p->set.segment_round;
+    size_t rounded = (size + r - 1) / r * r;
     if (size < NDM__MIN_LARGE_ALLOC)
         return p->set.large_segment_size > rounded ? p->set.large_segment_size : rounded;
     return rounded;
@@ -273,6 +275,12 @@ static ndm__ablk *get_free_block(ndm__pool *p, int pool, size_t size)
     if (size < max_split && b->size >= max_split)
         return NULL;
     if (size >= max_split && b->size >= size + p->set.max_non_split_rounding)
+        return NULL;
+    /* Where segments are cheap to map, a whole free segment at least twice
+     * the request is not carved up: attempt() gives it back and maps one that
+     * fits, so a transient large block does not pin its size for good. */
+    if (p->set.segment_refit && pool == NDM__POOL_LARGE && !is_split(b) && !b->seg->pinned &&
+        b->size / 2 >= size)
         return NULL;
     tree_remove(p, b);
     return b;
@@ -400,6 +408,16 @@ static void release_cached(ndm__pool *p, bool count)
     if (count)
         p->st.num_sync_all_streams++;
     ndm__tc_freeze_all(p, true);
+    release_pool(p, NDM__POOL_LARGE, false);
+    release_pool(p, NDM__POOL_SMALL, false);
+}
+
+/* Before the pool grows, whole free segments of both pools go back: none of
+ * them could serve the request, and on a device where mapping is cheap a
+ * segment held idle only raises the peak. Thread caches keep their blocks:
+ * flushing them at every growth would cost the fast path its hits. */
+static void release_idle(ndm__pool *p)
+{
     release_pool(p, NDM__POOL_LARGE, false);
     release_pool(p, NDM__POOL_SMALL, false);
 }
@@ -688,6 +706,8 @@ static ndm__ablk *attempt(ndm__pool *p, ndm__tcache *tc, size_t size)
         return b;
     if (p->set.gc_threshold > 0)
         garbage_collect(p);
+    if (p->set.release_free_segments || p->set.segment_refit)
+        release_idle(p);
     return map_block(p, pool, segment_size_for(p, size), false, false);
 }
 
@@ -956,7 +976,7 @@ ndm__pool *ndm__pool_new(const ndm__segment_source *src, ndm_device device, cons
     p->device = device;
     p->real_device = real_device;
     snprintf(p->name, sizeof p->name, "%s", name);
-    ndm__settings_default(&p->set);
+    ndm__settings_default(&p->set, device);
     p->prio_seed = 0x9e3779b9u ^ (uint32_t)(uintptr_t)p;
     if (!p->prio_seed)
         p->prio_seed = 1;

@@ -37,9 +37,14 @@ typedef struct ndm__settings {
     double gc_threshold;          /* 0: off */
     size_t pressure_every;        /* 0: off */
     bool thread_cache;
+    bool release_free_segments;   /* unmap whole free segments before mapping one */
+    bool segment_refit;           /* a whole free segment twice the request: remapped */
+    size_t segment_round;         /* large-pool segments are rounded up to this */
 } ndm__settings;
 
-void ndm__settings_default(ndm__settings *s);
+/* The defaults of device `dev`: PyTorch's policy, with the compact policy's
+ * segment rules on the CPU (see include/ndm/memory.h). */
+void ndm__settings_default(ndm__settings *s, ndm_device dev);
 /* Parse `conf` onto the defaults for device `dev`. NDM_E_CONFIG with the
  * reason in err (naming the key) on failure; *out is untouched then. */
 ndm_status ndm__settings_parse(const char *conf, ndm_device dev, ndm__settings *out, char *err,

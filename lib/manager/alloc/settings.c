@@ -11,7 +11,19 @@
 
 #include "pool.h"
 
-void ndm__settings_default(ndm__settings *s)
+/* The segment rules of a named policy. PyTorch's suits CUDA, where a
+ * cudaMalloc costs about a millisecond; the compact one suits the CPU, where
+ * an mmap costs microseconds: segments sized to the request and whole free
+ * segments returned before the pool grows. */
+static void policy_preset(ndm__settings *s, bool compact)
+{
+    s->large_segment_size = (size_t)(compact ? 2 : 20) << 20;
+    s->segment_round = compact ? (size_t)512 << 10 : NDM__ROUND_LARGE;
+    s->release_free_segments = compact;
+    s->segment_refit = compact;
+}
+
+void ndm__settings_default(ndm__settings *s, ndm_device dev)
 {
     memset(s, 0, sizeof *s);
     s->strategy = NDM__AUTO_GROWTH;
@@ -19,10 +31,10 @@ void ndm__settings_default(ndm__settings *s)
     s->memory_limit = 0;
     s->max_split_size = SIZE_MAX;
     s->max_non_split_rounding = (size_t)20 << 20;
-    s->large_segment_size = (size_t)20 << 20;
     s->gc_threshold = 0;
     s->pressure_every = 0;
     s->thread_cache = true;
+    policy_preset(s, dev.type == NDM_DEVICE_CPU);
 }
 
 const char *ndm__strategy_name(int strategy)
@@ -135,7 +147,8 @@ static int log2_floor(uint64_t v)
 static const char *const known_keys =
     "strategy, preallocate_fraction, memory_limit_mb, max_split_size_mb, "
     "max_non_split_rounding_mb, large_segment_size_mb, roundup_power2_divisions, "
-    "garbage_collection_threshold, pressure_every_mb, thread_cache";
+    "garbage_collection_threshold, pressure_every_mb, thread_cache, policy, "
+    "release_free_segments, segment_refit, segment_round_kb";
 
 typedef struct parser {
     const lexer *lx;
@@ -322,6 +335,29 @@ static int apply_key(parser *ps, const char *key, ndm__settings *s)
         return divisions_value(ps, s);
     if (!strcmp(key, "thread_cache"))
         return bool_value(ps, key, &s->thread_cache);
+    if (!strcmp(key, "release_free_segments"))
+        return bool_value(ps, key, &s->release_free_segments);
+    if (!strcmp(key, "segment_refit"))
+        return bool_value(ps, key, &s->segment_refit);
+    if (!strcmp(key, "segment_round_kb")) {
+        const char *v = value_of(ps, key);
+        uint64_t kb;
+        if (!v)
+            return -1;
+        if (!parse_u64(v, &kb) || !pow2(kb) || kb < 512 || kb > 2048)
+            return fail(ps, "segment_round_kb must be 512, 1024 or 2048 (got '%s')", v);
+        s->segment_round = (size_t)kb << 10;
+        return 0;
+    }
+    if (!strcmp(key, "policy")) {
+        const char *v = value_of(ps, key);
+        if (!v)
+            return -1;
+        if (strcmp(v, "pytorch") && strcmp(v, "compact"))
+            return fail(ps, "policy: '%s' is not one of pytorch, compact", v);
+        policy_preset(s, v[0] == 'c');
+        return 0;
+    }
     return fail(ps, "unknown key '%s' (known keys: %s)", key, known_keys);
 }
 
@@ -329,7 +365,7 @@ ndm_status ndm__settings_parse(const char *conf, ndm_device dev, ndm__settings *
                                size_t n)
 {
     ndm__settings s;
-    ndm__settings_default(&s);
+    ndm__settings_default(&s, dev);
     if (!conf || !*conf) {
         *out = s;
         return NDM_OK;
@@ -433,11 +469,14 @@ int ndm__settings_str(const ndm__settings *s, char *buf, size_t n)
                     "strategy:%s,preallocate_fraction:%g,memory_limit_mb:%zu,"
                     "max_split_size_mb:%s,max_non_split_rounding_mb:%zu,"
                     "large_segment_size_mb:%zu,roundup_power2_divisions:%s,"
-                    "garbage_collection_threshold:%g,pressure_every_mb:%zu,thread_cache:%s",
+                    "garbage_collection_threshold:%g,pressure_every_mb:%zu,thread_cache:%s,"
+                    "release_free_segments:%s,segment_refit:%s,segment_round_kb:%zu",
                     ndm__strategy_name(s->strategy), s->preallocate_fraction,
                     s->memory_limit / NDM__MB, split, s->max_non_split_rounding / NDM__MB,
                     s->large_segment_size / NDM__MB, div, s->gc_threshold,
-                    s->pressure_every / NDM__MB, s->thread_cache ? "True" : "False");
+                    s->pressure_every / NDM__MB, s->thread_cache ? "True" : "False",
+                    s->release_free_segments ? "True" : "False",
+                    s->segment_refit ? "True" : "False", s->segment_round >> 10);
 }
 
 void ndm__settings_json(const ndm__settings *s, FILE *f)
@@ -449,9 +488,12 @@ void ndm__settings_json(const ndm__settings *s, FILE *f)
             "\"max_split_size_mb\": %lld, \"max_non_split_rounding_mb\": %zu, "
             "\"large_segment_size_mb\": %zu, \"roundup_power2_divisions\": \"%s\", "
             "\"garbage_collection_threshold\": %g, \"pressure_every_mb\": %zu, "
-            "\"thread_cache\": %s",
+            "\"thread_cache\": %s, \"release_free_segments\": %s, \"segment_refit\": %s, "
+            "\"segment_round_kb\": %zu",
             ndm__strategy_name(s->strategy), s->preallocate_fraction, s->memory_limit / NDM__MB,
             s->max_split_size == SIZE_MAX ? -1LL : (long long)(s->max_split_size / NDM__MB),
             s->max_non_split_rounding / NDM__MB, s->large_segment_size / NDM__MB, div,
-            s->gc_threshold, s->pressure_every / NDM__MB, s->thread_cache ? "true" : "false");
+            s->gc_threshold, s->pressure_every / NDM__MB, s->thread_cache ? "true" : "false",
+            s->release_free_segments ? "true" : "false", s->segment_refit ? "true" : "false",
+            s->segment_round >> 10);
 }
