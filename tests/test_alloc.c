@@ -457,45 +457,52 @@ static void test_alloc_compact_does_not_carve_a_much_larger_free_segment(void **
     done(&f);
 }
 
+/* Rounds of the mix of 8 sizes (rotated by one each round when `rotate`),
+ * freed in a scrambled order; at round `at` it notes the bytes mapped, the
+ * maps made and the peak reserved. */
+typedef struct mix_mark {
+    size_t mapped;
+    uint64_t maps;
+    int64_t peak;
+} mix_mark;
+
+static mix_mark mix_rounds(fixture *f, const size_t mix[8], bool rotate, int rounds, int at)
+{
+    ndm__block b[8];
+    mix_mark m = {0, 0, 0};
+    for (int round = 0; round < rounds; round++) {
+        for (int i = 0; i < 8; i++)
+            b[i] = get(f, mix[rotate ? (i + round) % 8 : i]);
+        for (int i = 0; i < 8; i++)
+            put(f, &b[(i * 3 + round) % 8]);
+        if (round == at)
+            m = (mix_mark){ndm__sim_mapped(f->sim), ndm__sim_maps(f->sim),
+                           stats(f).reserved_bytes[NDM_POOL_ALL].peak};
+    }
+    return m;
+}
+
+static const size_t round_mix[8] = {300,      7 * KiB, 900 * KiB,   3 * MiB,
+                                    17 * MiB, 2 * KiB, 5 * MiB + 3, 64};
+
 static void test_alloc_compact_no_growth_after_many_rounds(void **state)
 {
     (void)state;
     /* A training-like loop: the same sizes every round. After the first
      * round, the segments in place serve everything. */
     fixture f = make(0, NULL);
-    size_t mix[] = {300, 7 * KiB, 900 * KiB, 3 * MiB, 17 * MiB, 2 * KiB, 5 * MiB + 3, 64};
-    ndm__block b[8];
-    size_t reserved = 0;
-    uint64_t maps = 0;
-    for (int round = 0; round < 1000; round++) {
-        for (int i = 0; i < 8; i++)
-            b[i] = get(&f, mix[i]);
-        for (int i = 0; i < 8; i++)
-            put(&f, &b[(i * 3 + round) % 8]);
-        if (round == 1) {
-            reserved = ndm__sim_mapped(f.sim);
-            maps = ndm__sim_maps(f.sim);
-        }
-    }
-    assert_int_equal(ndm__sim_mapped(f.sim), reserved);
-    assert_int_equal(ndm__sim_maps(f.sim), maps);
+    mix_mark m = mix_rounds(&f, round_mix, false, 1000, 1);
+    assert_int_equal(ndm__sim_mapped(f.sim), m.mapped);
+    assert_int_equal(ndm__sim_maps(f.sim), m.maps);
     check_oracle(&f);
     done(&f);
 
     /* Sizes that rotate every round: segments are remapped, but the peak
      * reached in the first rotation is never passed. */
     f = make(0, NULL);
-    int64_t peak = 0;
-    for (int round = 0; round < 1000; round++) {
-        for (int i = 0; i < 8; i++)
-            b[i] = get(&f, mix[(i + round) % 8]);
-        for (int i = 0; i < 8; i++)
-            put(&f, &b[(i * 3 + round) % 8]);
-        if (round == 15)
-            peak = stats(&f).reserved_bytes[NDM_POOL_ALL].peak;
-    }
-    assert_int_equal(stats(&f).reserved_bytes[NDM_POOL_ALL].peak, peak);
-    assert_true(ndm__sim_mapped(f.sim) <= (size_t)peak);
+    m = mix_rounds(&f, round_mix, true, 1000, 15);
+    assert_int_equal(stats(&f).reserved_bytes[NDM_POOL_ALL].peak, m.peak);
+    assert_true(ndm__sim_mapped(f.sim) <= (size_t)m.peak);
     check_oracle(&f);
     done(&f);
 }
@@ -681,22 +688,9 @@ static void test_alloc_no_growth_after_many_rounds(void **state)
 {
     (void)state;
     fixture f = make(0, PYTORCH);
-    size_t mix[] = {300, 7 * KiB, 900 * KiB, 3 * MiB, 17 * MiB, 2 * KiB, 5 * MiB + 3, 64};
-    ndm__block b[8];
-    size_t reserved = 0;
-    uint64_t maps = 0;
-    for (int round = 0; round < 1000; round++) {
-        for (int i = 0; i < 8; i++)
-            b[i] = get(&f, mix[(i + round) % 8]);
-        for (int i = 0; i < 8; i++)
-            put(&f, &b[(i * 3 + round) % 8]);
-        if (round == 0) {
-            reserved = ndm__sim_mapped(f.sim);
-            maps = ndm__sim_maps(f.sim);
-        }
-    }
-    assert_int_equal(ndm__sim_mapped(f.sim), reserved);
-    assert_int_equal(ndm__sim_maps(f.sim), maps);
+    mix_mark m = mix_rounds(&f, round_mix, true, 1000, 0);
+    assert_int_equal(ndm__sim_mapped(f.sim), m.mapped);
+    assert_int_equal(ndm__sim_maps(f.sim), m.maps);
     check_oracle(&f);
     done(&f);
 }
