@@ -23,9 +23,7 @@
 #define NDM__ALWAYS_INLINE inline __attribute__((always_inline))
 /* An error path kept out of the caller, so the caller needs no frame. */
 #define NDM__COLD __attribute__((noinline, cold))
-#define NDM__NOINLINE __attribute__((noinline))
 #else
-#define NDM__NOINLINE
 #define NDM__LIKELY(x) (x)
 #define NDM__UNLIKELY(x) (x)
 #define NDM__ALWAYS_INLINE inline

@@ -401,6 +401,16 @@ static void release_pool(ndm__pool *p, int pool, bool include_pinned)
     free(v);
 }
 
+/* Whole free segments of both pools go back. Before the pool grows none of
+ * them could serve the request, and on a device where mapping is cheap a
+ * segment held idle only raises the peak; thread caches keep their blocks
+ * then, since flushing them at every growth would cost the fast path its hits. */
+static void release_idle(ndm__pool *p)
+{
+    release_pool(p, NDM__POOL_LARGE, false);
+    release_pool(p, NDM__POOL_SMALL, false);
+}
+
 /* PyTorch's release_cached_blocks: every thread cache is flushed first so
  * its blocks can merge, then every whole free segment goes back. */
 static void release_cached(ndm__pool *p, bool count)
@@ -408,18 +418,7 @@ static void release_cached(ndm__pool *p, bool count)
     if (count)
         p->st.num_sync_all_streams++;
     ndm__tc_freeze_all(p, true);
-    release_pool(p, NDM__POOL_LARGE, false);
-    release_pool(p, NDM__POOL_SMALL, false);
-}
-
-/* Before the pool grows, whole free segments of both pools go back: none of
- * them could serve the request, and on a device where mapping is cheap a
- * segment held idle only raises the peak. Thread caches keep their blocks:
- * flushing them at every growth would cost the fast path its hits. */
-static void release_idle(ndm__pool *p)
-{
-    release_pool(p, NDM__POOL_LARGE, false);
-    release_pool(p, NDM__POOL_SMALL, false);
+    release_idle(p);
 }
 
 /* PyTorch's release_available_cached_blocks (only with max_split_size set):
