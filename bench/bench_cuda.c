@@ -14,13 +14,16 @@ static double time_median(int reps, void (*fn)(void *), void *ud)
     double t[64];
     if (reps > 64)
         reps = 64;
+    /* ndm's streams do not wait for the runtime's legacy stream, where the
+     * anchors' device-to-device cudaMemcpy runs asynchronously: wait for both. */
     fn(ud); /* warm up: first-touch, module load */
-    if (ndm_device_synchronize(NDM_CUDA(0)) != NDM_OK)
+    if (ndm_device_synchronize(NDM_CUDA(0)) != NDM_OK || cudaDeviceSynchronize() != cudaSuccess)
         return -1;
     for (int i = 0; i < reps; i++) {
         double t0 = bench_now();
         fn(ud);
-        if (ndm_device_synchronize(NDM_CUDA(0)) != NDM_OK)
+        if (ndm_device_synchronize(NDM_CUDA(0)) != NDM_OK ||
+            cudaDeviceSynchronize() != cudaSuccess)
             return -1;
         t[i] = bench_now() - t0;
     }

@@ -179,8 +179,13 @@ static ndm_status transfer(ndm__array *r, void *host, size_t nbytes, bool out, c
     }
     if (cs != cs_small)
         free(cs);
-    if (st < 0)
-        return ndm__fail(st, api, NDM__NO_SITE, "transfer failed: %s", ndm_status_str(st));
+    /* The backend recorded why (a device's sticky error says which launch
+     * broke it): keep its words rather than the status's generic text. */
+    if (st < 0) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", ndm_last_error());
+        return ndm__fail(st, api, NDM__NO_SITE, "transfer failed: %s", why);
+    }
     return NDM_OK;
 }
 
