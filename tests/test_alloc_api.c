@@ -8,6 +8,11 @@
 
 #include "helpers.h"
 
+/* A ring larger than any address space must come back from malloc as NULL,
+ * as C says, rather than stop the suite under AddressSanitizer. */
+const char *__asan_default_options(void);
+const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
+
 #define MiB ((int64_t)1 << 20)
 
 /* ---- a small JSON reader for the snapshot ------------------------------------- */
@@ -642,6 +647,74 @@ static void test_memory_snapshot_reports_io_errors(void **state)
     assert_int_equal(ndm_memory_record_trace("/nonexistent-dir/x/trace.txt"), NDM_E_IO);
 }
 
+/* Alloc events of manager `path` in the recorded history of the CPU. */
+static int history_allocs(const char *path)
+{
+    char file[256];
+    temp_path(file, sizeof file, "history");
+    assert_ok(ndm_memory_dump_snapshot(file));
+    char *text = read_file(file);
+    jparser jp = {text, false};
+    jval root;
+    if (!jparse(&jp, &root) || jp.bad)
+        fail_msg("snapshot is not JSON near: %.60s", jp.s);
+    const jval *ev = &jmust(&root, "device_traces", J_ARR)->items[0];
+    int n = 0;
+    for (size_t i = 0; i < ev->n; i++)
+        n += !strcmp(jmust(&ev->items[i], "action", J_STR)->str, "alloc") &&
+             !strcmp(jmust(&ev->items[i], "manager", J_STR)->str, path);
+    jfree(&root);
+    free(text);
+    unlink(file);
+    return n;
+}
+
+static void make_and_release(ndm_manager m)
+{
+    ndm_array a = ndm_empty(m, NDM_F32, NDM_SHAPE(123));
+    assert_live(a);
+    assert_ok(ndm_array_release(a));
+}
+
+static void test_history_refuses_a_ring_whose_size_overflows(void **state)
+{
+    ndm_manager m = ndm_manager_new(ROOT(state), "hist");
+    assert_ok(ndm_memory_record_history(true, 100));
+    make_and_release(m);
+    /* (2^58 + 1) events of 64 bytes wrap to 64 bytes in size_t. */
+    ndm_clear_error();
+    assert_status(ndm_memory_record_history(true, ((size_t)1 << 58) + 1), NDM_E_OVERFLOW);
+    assert_error_has("overflows the size of its ring");
+    assert_status(ndm_memory_record_history(true, SIZE_MAX), NDM_E_OVERFLOW);
+    /* The ring recorded so far is kept and recording goes on. */
+    make_and_release(m);
+    assert_int_equal(history_allocs("system/test/hist"), 2);
+    assert_ok(ndm_memory_record_history(false, 0));
+    assert_manager_empty(m);
+    assert_ok(ndm_manager_close(m));
+}
+
+static void test_history_reports_a_ring_it_cannot_allocate(void **state)
+{
+    ndm_manager m = ndm_manager_new(ROOT(state), "hist");
+    /* 2^57 events need 2^63 bytes: more than any address space holds. */
+    const size_t huge = (size_t)1 << 57;
+    assert_ok(ndm_memory_record_history(true, 100));
+    make_and_release(m);
+    ndm_clear_error();
+    assert_status(ndm_memory_record_history(true, huge), NDM_E_OOM);
+    assert_error_has("no memory for a history of 144115188075855872 events");
+    make_and_release(m);
+    assert_int_equal(history_allocs("system/test/hist"), 2);
+    /* Refused while off: it stays off. */
+    assert_ok(ndm_memory_record_history(false, 0));
+    assert_status(ndm_memory_record_history(true, huge), NDM_E_OOM);
+    make_and_release(m);
+    assert_int_equal(history_allocs("system/test/hist"), 0);
+    assert_manager_empty(m);
+    assert_ok(ndm_manager_close(m));
+}
+
 /* ---- traces ---------------------------------------------------------------------- */
 
 static void test_memory_trace_records_allocations_and_frees(void **state)
@@ -706,6 +779,8 @@ int main(void)
         TEST(test_memory_summary_prints_pytorch_table),
         TEST(test_memory_snapshot_has_tiled_segments_and_history),
         TEST(test_memory_snapshot_reports_io_errors),
+        TEST(test_history_refuses_a_ring_whose_size_overflows),
+        TEST(test_history_reports_a_ring_it_cannot_allocate),
         TEST(test_memory_trace_records_allocations_and_frees),
     };
     return cmocka_run_group_tests_name("alloc_api", tests, NULL, NULL);

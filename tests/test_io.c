@@ -6,10 +6,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <inttypes.h>
 #include <locale.h>
 #include <math.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -30,6 +33,10 @@
 #undef LLVMFuzzerTestOneInput
 #define LLVMFuzzerTestOneInput fuzz_entry_csv
 #include "fuzz/fuzz_csv.c"
+#undef LLVMFuzzerTestOneInput
+#define NDM_FUZZ_IN_SUITE
+#define LLVMFuzzerTestOneInput fuzz_entry_gzip
+#include "fuzz/fuzz_gzip.c"
 #undef LLVMFuzzerTestOneInput
 
 /* ---- helpers ------------------------------------------------------------------- */
@@ -1105,6 +1112,254 @@ static void test_csv_reads_numbers_into_2d_arrays(void **state)
     unlink(path);
 }
 
+/* `total` bytes made of `unit` repeated, gzip-compressed into the file at
+ * path as they are made (the decoded text is never held whole). Returns
+ * the compressed size. */
+static size_t write_gzip_repeated(const char *path, const char *unit, size_t total)
+{
+    enum { CHUNK = 1 << 20 };
+    size_t un = strlen(unit);
+    char *in = malloc(CHUNK), *out = malloc(CHUNK);
+    assert_true(in && out && CHUNK % un == 0 && total % CHUNK == 0);
+    for (size_t i = 0; i < CHUNK; i += un)
+        memcpy(in + i, unit, un);
+    z_stream zs;
+    memset(&zs, 0, sizeof zs);
+    assert_int_equal(deflateInit2(&zs, 9, Z_DEFLATED, 16 + MAX_WBITS, 9, Z_DEFAULT_STRATEGY),
+                     Z_OK);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    size_t written = 0;
+    for (size_t done = 0; done < total; done += CHUNK) {
+        bool last = done + CHUNK == total;
+        zs.next_in = (Bytef *)in;
+        zs.avail_in = CHUNK;
+        int rc;
+        do {
+            zs.next_out = (Bytef *)out;
+            zs.avail_out = CHUNK;
+            rc = deflate(&zs, last ? Z_FINISH : Z_NO_FLUSH);
+            assert_true(rc == Z_OK || rc == Z_STREAM_END || rc == Z_BUF_ERROR);
+            size_t k = CHUNK - zs.avail_out;
+            assert_int_equal(fwrite(out, 1, k, f), k);
+            written += k;
+        } while (zs.avail_out == 0 || (last && rc != Z_STREAM_END));
+    }
+    deflateEnd(&zs);
+    assert_int_equal(fclose(f), 0);
+    free(in);
+    free(out);
+    return written;
+}
+
+/* Resident set of this process now, in KiB. */
+static long rss_now_kib(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    long size = 0, resident = 0;
+    if (!f)
+        return 0;
+    if (fscanf(f, "%ld %ld", &size, &resident) != 2)
+        resident = 0;
+    fclose(f);
+    return resident * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+/* What the child that loads a bomb reports. */
+typedef struct bomb_report {
+    ndm_status status;
+    char message[1024];
+    int64_t reserved_peak, allocated_before, allocated_after, memory_limit;
+    uint64_t live_arrays, live_bytes;
+    long rss_start_kib, rss_peak_kib;
+} bomb_report;
+
+static void test_csv_gzip_bomb_is_refused_at_the_memory_limit(void **state)
+{
+    (void)state;
+    char path[600];
+    tpath(path, sizeof path, "bomb.csv.gz");
+    /* 512 MiB of a valid table (32 Mi rows of eight zeros) in about 0.5 MB. */
+    const size_t expanded = (size_t)512 << 20;
+    size_t packed = write_gzip_repeated(path, "0,0,0,0,0,0,0,0\n", expanded);
+    assert_true(packed < expanded / 500);
+    /* The load runs in a child: its peak resident set is its own, and the
+     * limit set there leaves this suite's allocator as it was. */
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(fds[0]);
+        bomb_report r;
+        memset(&r, 0, sizeof r);
+        r.rss_start_kib = rss_now_kib();
+        ndm_status st = ndm_alloc_configure(NDM_CPU, "memory_limit_mb:64");
+        st = st == NDM_OK ? ndm_memory_reset_peak_stats(NDM_CPU) : st;
+        st = st == NDM_OK ? ndm_memory_stat_get(NDM_CPU, "allocated_bytes.all.current",
+                                                &r.allocated_before)
+                          : st;
+        ndm_manager m = ndm_manager_new(ndm_system(), "bomb");
+        ndm_array a = ndm_csv_load(m, path, NDM_F32, NULL);
+        r.status = a.id ? NDM_OK : ndm_last_status();
+        snprintf(r.message, sizeof r.message, "%s", ndm_last_error());
+        ndm_stats ms;
+        if (st == NDM_OK && ndm_manager_stats(m, NDM_CPU, NDM_STATS_SUBTREE, &ms) == NDM_OK) {
+            r.live_arrays = ms.live_arrays;
+            r.live_bytes = ms.live_bytes;
+        }
+        if (ndm_memory_stat_get(NDM_CPU, "reserved_bytes.all.peak", &r.reserved_peak) != NDM_OK ||
+            ndm_memory_stat_get(NDM_CPU, "allocated_bytes.all.current", &r.allocated_after) !=
+                NDM_OK ||
+            ndm_memory_stat_get(NDM_CPU, "memory_limit", &r.memory_limit) != NDM_OK)
+            r.memory_limit = -1;
+        struct rusage ru;
+        getrusage(RUSAGE_SELF, &ru);
+        r.rss_peak_kib = ru.ru_maxrss;
+        (void)!write(fds[1], &r, sizeof r);
+        _exit(st == NDM_OK && ndm_manager_close(m) == NDM_OK ? 0 : 1);
+    }
+    close(fds[1]);
+    bomb_report r;
+    size_t got = 0;
+    while (got < sizeof r) {
+        ssize_t k = read(fds[0], (char *)&r + got, sizeof r - got);
+        if (k <= 0)
+            break;
+        got += (size_t)k;
+    }
+    close(fds[0]);
+    int wst = 0;
+    assert_int_equal(waitpid(pid, &wst, 0), pid);
+    assert_true(WIFEXITED(wst) && WEXITSTATUS(wst) == 0);
+    assert_int_equal(got, sizeof r);
+    unlink(path);
+    print_message("bomb: %zu bytes packed, %zu expanded; child rss %ld KiB at start, peak %ld KiB;"
+                  " allocator reserved peak %" PRId64 " bytes\n",
+                  packed, expanded, r.rss_start_kib, r.rss_peak_kib, r.reserved_peak);
+    if (r.status != NDM_E_OOM || !strstr(r.message, "bomb.csv.gz") ||
+        !strstr(r.message, "decoded bytes") || !strstr(r.message, "limit 64"))
+        fail_msg("the bomb gave %s: \"%s\"", ndm_status_name(r.status), r.message);
+    assert_int_equal(r.memory_limit, INT64_C(64) << 20);
+    assert_true(r.reserved_peak <= r.memory_limit);
+    /* Far below the expanded size: the limit, plus the decoder's buffers. */
+    assert_true(r.rss_peak_kib - r.rss_start_kib < (long)(expanded / 4 / 1024));
+    /* Nothing stays: no array, no temporary. */
+    assert_int_equal(r.live_arrays, 0);
+    assert_int_equal(r.live_bytes, 0);
+    assert_int_equal(r.allocated_after, r.allocated_before);
+}
+
+/* The text of a CSV file is held in the allocator's memory while it is
+ * parsed, so it counts in the allocator's statistics. */
+static void test_csv_text_is_held_in_allocator_memory(void **state)
+{
+    ndm_manager m = ROOT(state);
+    char path[600];
+    tpath(path, sizeof path, "long.csv.gz");
+    /* 64 bytes of text per f32 (0.1 and 61 zeros): the text dwarfs the array. */
+    char one[65];
+    memset(one, '0', 63);
+    one[1] = '.';
+    one[2] = '1';
+    one[63] = '\n';
+    one[64] = '\0';
+    size_t text = (size_t)4 << 20;
+    write_gzip_repeated(path, one, text);
+    assert_ok(ndm_memory_reset_peak_stats(NDM_CPU));
+    int64_t before, peak, after;
+    assert_ok(ndm_memory_stat_get(NDM_CPU, "allocated_bytes.all.current", &before));
+    ndm_array a = ndm_csv_load(m, path, NDM_F32, NULL);
+    assert_live(a);
+    assert_int_equal(ndm_array_dim(a, 0), (int64_t)(text / 64));
+    assert_int_equal(ndm_array_dim(a, 1), 1);
+    assert_ok(ndm_memory_stat_get(NDM_CPU, "allocated_bytes.all.peak", &peak));
+    assert_ok(ndm_memory_stat_get(NDM_CPU, "allocated_bytes.all.current", &after));
+    /* The text was there at the peak; only the array is left. */
+    assert_true(peak - before >= (int64_t)text);
+    assert_int_equal(after - before, (int64_t)ndm_array_nbytes(a));
+    ndm_array head = ndm_slice(a, 0, 0, 2, 1);
+    float v[2];
+    assert_ok(ndm_array_copy_out(head, v, sizeof v));
+    assert_true(v[0] == 0.1f && v[1] == 0.1f);
+    release(head);
+    release(a);
+    unlink(path);
+    assert_manager_empty(m);
+}
+
+static void test_csv_rejects_malformed_gzip_with_a_message(void **state)
+{
+    ndm_manager m = ROOT(state);
+    char path[600];
+    tpath(path, sizeof path, "bad.csv.gz");
+    fuzz_seed gz = seed_gzip(seed_cat("1,2\n3,4\n5,6\n", 12, NULL, 0));
+    struct {
+        size_t keep;     /* bytes of the stream kept */
+        long flip;       /* byte to invert (-1: none; negative from the end) */
+        const char *msg;
+    } cases[] = {
+        {gz.n - 6, -1, "the gzip data is truncated or corrupt"},
+        {12, -1, "the gzip data is truncated or corrupt"},
+        {gz.n, 2, "corrupt"},
+        {gz.n, 12, "corrupt"},
+        {gz.n, -8, "incorrect data check"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        uint8_t buf[256];
+        memcpy(buf, gz.p, gz.n);
+        if (cases[i].flip != -1)
+            buf[cases[i].flip >= 0 ? (size_t)cases[i].flip : gz.n + (size_t)cases[i].flip] ^= 0xff;
+        write_all(path, buf, cases[i].keep);
+        ndm_clear_error();
+        ndm_array a = ndm_csv_load(m, path, NDM_F32, NULL);
+        if (a.id || ndm_last_status() != NDM_E_FORMAT || !strstr(ndm_last_error(), cases[i].msg) ||
+            !strstr(ndm_last_error(), "bad.csv.gz"))
+            fail_msg("case %zu: got %s \"%s\", want \"%s\"", i, ndm_status_name(ndm_last_status()),
+                     ndm_last_error(), cases[i].msg);
+        assert_manager_empty(m);
+    }
+    free(gz.p);
+    unlink(path);
+}
+
+/* A field with a carriage return or a NUL is quoted with them escaped, so
+ * the message shows them and is not cut at the NUL. */
+static void test_csv_messages_escape_control_bytes(void **state)
+{
+    ndm_manager m = ROOT(state);
+    static const struct {
+        const char *text;
+        size_t len;
+        const char *msg;
+    } cases[] = {
+        {"1,2\r3\n", 6, "line 1, column 2: '2\\r3' is not a number"},
+        {"1,2\n4,\0" "5\n", 9, "line 2, column 2: '\\05' is not a number"},
+        {"7\x01x\n", 4, "line 1, column 1: '7\\x01x' is not a number"},
+        {"\"1\t\r\"\n", 6, "'1\\t\\r' is not a number"},
+        {"9\r\r\n", 4, "'9\\r' is not a number"},
+        {"1234567890123456789012345678901234567890x\n", 42,
+         "'1234567890123456789012345678901234567890...' is not a number"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        ndm_clear_error();
+        ndm_array a = ndm_csv_load_buffer(m, cases[i].text, cases[i].len, NDM_F32, NULL);
+        if (a.id || ndm_last_status() != NDM_E_FORMAT || !strstr(ndm_last_error(), cases[i].msg))
+            fail_msg("case %zu: got %s \"%s\", want \"%s\"", i, ndm_status_name(ndm_last_status()),
+                     ndm_last_error(), cases[i].msg);
+    }
+    /* The same from a file. */
+    char path[600];
+    tpath(path, sizeof path, "ctl.csv");
+    write_all(path, "5,6\r\0\n", 6);
+    ndm_clear_error();
+    assert_false(ndm_csv_load(m, path, NDM_I32, NULL).id);
+    assert_int_equal(ndm_last_status(), NDM_E_FORMAT);
+    assert_error_has("'6\\r\\0' is not");
+    unlink(path);
+    assert_manager_empty(m);
+}
+
 static void test_csv_ignores_the_process_locale(void **state)
 {
     ndm_manager m = ROOT(state);
@@ -1396,6 +1651,7 @@ static void test_fuzz_targets_survive_corpus_and_mutations(void **state)
         {(uint8_t *)"\x8a\x0d\x0a\xcc\x0a\x0d\x0d\x0d", 8}, /* strtoll past a field */
     };
     run_corpus("csv", fuzz_entry_csv, csv_found, 1, 3000);
+    run_corpus("gzip", fuzz_entry_gzip, NULL, 0, 3000);
     assert_int_equal(count_fds(), fds); /* no descriptor leaked on any path */
 }
 
@@ -1435,6 +1691,10 @@ int main(void)
         TEST(test_csv_reads_numbers_into_2d_arrays),
         TEST(test_csv_ignores_the_process_locale),
         TEST(test_csv_rejects_bad_text_with_line_and_column),
+        TEST(test_csv_gzip_bomb_is_refused_at_the_memory_limit),
+        TEST(test_csv_text_is_held_in_allocator_memory),
+        TEST(test_csv_rejects_malformed_gzip_with_a_message),
+        TEST(test_csv_messages_escape_control_bytes),
         TEST(test_fashion_mnist_loads_from_the_debian_package),
         TEST(test_fuzz_targets_survive_corpus_and_mutations),
     };

@@ -4,6 +4,13 @@
 #   bash tools/run.sh test   installs what is missing, builds, runs every test suite
 #                            in a plain build and in an address+undefined sanitizer build,
 #                            and the threaded suites (threads, allocator) under ThreadSanitizer
+# and for the parsers:
+#   bash tools/run.sh fuzz [seconds per target (default 60)] [targets...]
+#                            builds the libFuzzer targets of tests/fuzz with clang under
+#                            address+undefined sanitizers (build-fuzz/) and runs each from
+#                            its seed corpus; prints per target the executions, libFuzzer's
+#                            coverage (cov: edges, ft: features) and the inputs it found
+#                            (kept under build-fuzz/findings/<target>/)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,6 +40,65 @@ build() { # build DIR [meson options...]
     ninja -C "$dir"
 }
 
+fuzz() { # fuzz [seconds per target] [targets...]
+    local secs=${1:-60}
+    shift || true
+    local targets=("$@") f
+    if [ ${#targets[@]} -eq 0 ]; then
+        for f in tests/fuzz/fuzz_*.c; do
+            f=${f##*/fuzz_}
+            f=${f%.c}
+            [ "$f" = seeds ] || targets+=("$f")
+        done
+    fi
+    if ! command -v clang >/dev/null; then
+        echo "installing: clang"
+        local sudo=""
+        [ "$(id -u)" -eq 0 ] || sudo="sudo"
+        $sudo apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq clang >/dev/null
+    fi
+    if [ ! -f build-fuzz/build.ninja ]; then
+        CC=clang meson setup build-fuzz -Dfuzz=true -Dcuda=disabled -Dtools=false -Dbench=false \
+            -Db_sanitize=address,undefined -Db_lundef=false
+    fi
+    ninja -C build-fuzz
+    mkdir -p build-fuzz/logs
+    local t found=() lines=()
+    for t in "${targets[@]}"; do
+        local corpus=build-fuzz/corpus/$t findings=build-fuzz/findings/$t
+        local log=build-fuzz/logs/$t.log
+        mkdir -p "$corpus" "$findings"
+        build-fuzz/tests/fuzz/fuzz_seeds "$t" "$corpus"
+        local before
+        before=$(find "$findings" -type f | wc -l)
+        echo "== fuzz_$t for ${secs}s (log: $log)"
+        local rc=0
+        UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+            build-fuzz/tests/fuzz/fuzz_"$t" -max_total_time="$secs" -timeout=10 \
+            -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 \
+            -artifact_prefix="$findings/" "$corpus" >"$log" 2>&1 || rc=$?
+        # The last status line carries the coverage; the final stats the executions.
+        local execs cov ft corp after
+        execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
+        cov=$(grep -E '^#[0-9]+' "$log" | grep ' cov: ' | tail -n 1 || true)
+        ft=$(sed -n 's/.* ft: \([0-9]*\).*/\1/p' <<<"$cov")
+        corp=$(sed -n 's/.* corp: \([0-9]*\/[0-9]*[a-zA-Z]*\).*/\1/p' <<<"$cov")
+        cov=$(sed -n 's/.* cov: \([0-9]*\).*/\1/p' <<<"$cov")
+        after=$(find "$findings" -type f | wc -l)
+        lines+=("$(printf '%-12s executions %10s  cov %6s  ft %6s  corpus %-12s findings %d new (%d kept)%s' \
+            "fuzz_$t" "${execs:-?}" "${cov:-?}" "${ft:-?}" "${corp:-?}" $((after - before)) "$after" \
+            "$([ "$rc" -eq 0 ] || echo ", exit $rc")")")
+        [ "$rc" -eq 0 ] && [ "$after" -eq "$before" ] || found+=("$t")
+    done
+    echo
+    printf '%s\n' "${lines[@]}"
+    if [ ${#found[@]} -gt 0 ]; then
+        echo "findings for: ${found[*]} (inputs under build-fuzz/findings/, logs under build-fuzz/logs/)" >&2
+        return 1
+    fi
+}
+
 case "${1:-}" in
 demo)
     install_missing
@@ -54,8 +120,12 @@ test)
     build build-tsan -Db_sanitize=thread -Db_lundef=false -Dbench=false -Dtools=false
     TSAN_OPTIONS=halt_on_error=1 meson test -C build-tsan --suite tsan --print-errorlogs
     ;;
+fuzz)
+    shift
+    fuzz "$@"
+    ;;
 *)
-    echo "usage: bash tools/run.sh demo|test" >&2
+    echo "usage: bash tools/run.sh demo|test|fuzz [seconds per target] [targets...]" >&2
     exit 2
     ;;
 esac

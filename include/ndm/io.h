@@ -154,8 +154,12 @@ typedef struct ndm_csv_options {
  *  different number of fields, text that is not a number, or a value out of
  *  the dtype's range is NDM_E_FORMAT, naming the line and column. No rows
  *  give shape [0, columns of the header] (or [0, 0]). A gzip file is
- *  decoded; the text is held in memory while it is parsed. The options
- *  come last, so a compound literal can be passed:
+ *  decoded; the text is held while it is parsed, in the CPU allocator's
+ *  memory: it counts against the CPU's memory_limit_mb, so a file whose
+ *  text would pass the limit (a decompression bomb) is NDM_E_OOM once its
+ *  decoded bytes reach it, not after. A field quoted in a message shows
+ *  control bytes escaped (\r, \0, \xNN). The options come last, so a
+ *  compound literal can be passed:
  *      ndm_csv_load(m, "x.csv", NDM_F32, &(ndm_csv_options){.header = true}) */
 #define ndm_csv_load(m, path, dtype, ...)                                       \
     ndm_csv_load_at(NDM_HERE, (m), (path), (dtype), __VA_ARGS__)

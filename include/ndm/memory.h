@@ -210,7 +210,10 @@ NDM_API NDM_NODISCARD ndm_status ndm_pressure_remove(ndm_pressure_fn fn, void *u
 /** Start (on) or stop recording allocator events on every device: a ring of
  *  the last max_entries (0: 100000) per device with time, size, manager path
  *  and creation site. Stopping clears the ring. While recording, every
- *  allocation takes the shared path (the thread caches are bypassed). */
+ *  allocation takes the shared path (the thread caches are bypassed).
+ *  NDM_E_OVERFLOW when max_entries events overflow the ring's byte size,
+ *  NDM_E_OOM when a ring cannot be allocated: on either error the previous
+ *  recording (on or off, and its events) is left as it was. */
 NDM_API NDM_NODISCARD ndm_status ndm_memory_record_history(bool on, size_t max_entries);
 
 /** Write the segments, blocks and recorded events of every device used so far

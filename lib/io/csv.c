@@ -25,6 +25,7 @@ static double to_double(const char *s, char **end)
 
 typedef struct csv {
     const char *text, *end;
+    ndm_manager m;             /* the loader's, which temporaries are tagged with */
     char delim;
     bool header;
     ndm_dtype dtype;
@@ -136,12 +137,42 @@ static ndm_status count_fields(const csv *c, const line *l, int64_t *n)
     return NDM_OK;
 }
 
+/* A field as messages quote it: its first bytes, control bytes escaped so
+ * that a carriage return or a NUL stays visible and ends nothing. */
+static const char *quoted(const char *text, size_t len, char *buf, size_t n)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t k = 0, i = 0;
+    for (; i < len && i < 40 && k + 5 < n; i++) {
+        unsigned char ch = (unsigned char)text[i];
+        const char *esc = ch == '\0' ? "\\0" : ch == '\r' ? "\\r" : ch == '\t' ? "\\t" : NULL;
+        if (esc) {
+            buf[k++] = esc[0];
+            buf[k++] = esc[1];
+        } else if (ch < 0x20 || ch == 0x7f) {
+            buf[k++] = '\\';
+            buf[k++] = 'x';
+            buf[k++] = hex[ch >> 4];
+            buf[k++] = hex[ch & 15];
+        } else {
+            buf[k++] = (char)ch;
+        }
+    }
+    if (i < len && k + 3 < n) {
+        memcpy(buf + k, "...", 3);
+        k += 3;
+    }
+    buf[k] = '\0';
+    return buf;
+}
+
 static ndm_status bad_value(const csv *c, const line *l, int64_t col, const char *text,
                             size_t len, const char *why)
 {
+    char q[4 * 40 + 8];
     return ndm__fail(NDM_E_FORMAT, c->api, c->where,
-                     "'%s': line %" PRId64 ", column %" PRId64 ": '%.*s' %s", c->name, l->no,
-                     col, (int)(len < 40 ? len : 40), text, why);
+                     "'%s': line %" PRId64 ", column %" PRId64 ": '%s' %s", c->name, l->no, col,
+                     quoted(text, len, q, sizeof q), why);
 }
 
 static bool is_word(const char *s, size_t n, const char *w)
@@ -155,11 +186,14 @@ static ndm_status parse_value(const csv *c, const line *l, int64_t col, const ch
 {
     /* strtod and strtoll take C strings: the field is copied and terminated
      * (the text itself may end without a terminator). */
-    char small[128], *heap = NULL;
+    char small[128], *num = small;
     size_t n = (size_t)(fe - fs);
-    char *num = n < sizeof small ? small : (heap = malloc(n + 1));
-    if (!num)
-        return ndm__fail(NDM_E_OOM, c->api, c->where, "no memory for a field");
+    ndm__tmp heap = {0};
+    if (n >= sizeof small) {
+        if (ndm__tmp_resize(&heap, c->m, n + 1, 0, "a long field", c->api, c->where) < 0)
+            return ndm_last_status();
+        num = heap.blk.ptr;
+    }
     memcpy(num, fs, n);
     num[n] = '\0';
     ndm_status st = NDM_OK;
@@ -232,7 +266,7 @@ static ndm_status parse_value(const csv *c, const line *l, int64_t col, const ch
     default: *(uint8_t *)out = (uint8_t)v; break;
     }
 done:
-    free(heap);
+    ndm__tmp_free(&heap);
     return st;
 }
 
@@ -285,8 +319,12 @@ static ndm_array parse(csv *c, ndm_manager m)
         return a;
     size_t isz = ndm_dtype_size(c->dtype);
     bool on_cpu = r->storage->device.type == NDM_DEVICE_CPU;
-    char *dst = on_cpu ? ndm__array_ptr(r) : malloc(r->storage->nbytes ? r->storage->nbytes : 1);
-    ndm_status st = dst ? NDM_OK : ndm__fail(NDM_E_OOM, c->api, c->where, "no memory");
+    /* A device array is parsed on the host first. */
+    ndm__tmp stage = {0};
+    ndm_status st = on_cpu ? NDM_OK
+                           : ndm__tmp_resize(&stage, c->m, r->storage->nbytes, 0,
+                                             "the host copy of the array", c->api, c->where);
+    char *dst = on_cpu ? ndm__array_ptr(r) : stage.blk.ptr;
     at = c->text;
     l.no = 0;
     header_done = !c->header;
@@ -307,8 +345,7 @@ static ndm_array parse(csv *c, ndm_manager m)
     }
     if (st == NDM_OK && !on_cpu)
         st = ndm__io_fill_array_mem(r, dst, false, c->api, c->where);
-    if (!on_cpu)
-        free(dst);
+    ndm__tmp_free(&stage);
     if (st < 0) {
         ndm__discard(a);
         return NDM_NULL_ARRAY;
@@ -316,11 +353,12 @@ static ndm_array parse(csv *c, ndm_manager m)
     return a;
 }
 
-static csv csv_of(const ndm_csv_options *opts, ndm_dtype dtype, const char *name,
-                  const char *api, ndm__site where)
+static csv csv_of(ndm_manager m, const ndm_csv_options *opts, ndm_dtype dtype,
+                  const char *name, const char *api, ndm__site where)
 {
     csv c = {0};
     c.delim = opts && opts->delimiter ? opts->delimiter : ',';
+    c.m = m;
     c.header = opts && opts->header;
     c.dtype = dtype;
     c.name = name;
@@ -341,7 +379,7 @@ NDM_API ndm_array ndm_csv_load_buffer_at(NDM_SITE_PARAMS, ndm_manager m, const c
         ndm__fail(NDM_E_INVALID, __func__, site, "text is NULL for %zu bytes", len);
         return NDM_NULL_ARRAY;
     }
-    csv c = csv_of(opts, dtype, "<buffer>", __func__, site);
+    csv c = csv_of(m, opts, dtype, "<buffer>", __func__, site);
     if (!text)
         text = ""; /* no arithmetic on a null pointer, even by 0 */
     c.text = text;
@@ -360,32 +398,18 @@ NDM_API ndm_array ndm_csv_load_at(NDM_SITE_PARAMS, ndm_manager m, const char *pa
     ndm__src s;
     if (ndm__src_open_file(&s, path, true, api, site) < 0)
         return NDM_NULL_ARRAY;
-    /* The text is read whole: plain files in one read of their size,
-     * gzip files into a buffer that doubles as it fills. */
-    size_t cap = ndm__src_is_gzip(&s) ? (size_t)1 << 16 : (size_t)s.size + 1;
+    /* The text is read whole, in the allocator's memory: a compressed file
+     * that expands past the CPU's memory limit is refused as it inflates. */
+    ndm__tmp text = {0};
     size_t len = 0;
-    char *text = malloc(cap);
-    ndm_status st = text ? NDM_OK : ndm__fail(NDM_E_OOM, api, site, "no memory for '%s'", path);
-    while (st == NDM_OK) {
-        size_t got;
-        st = ndm__src_read(&s, text + len, cap - len, &got, api, site);
-        len += got;
-        if (st < 0 || len < cap)
-            break;
-        char *q = cap <= SIZE_MAX / 2 ? realloc(text, cap * 2) : NULL;
-        if (!q)
-            st = ndm__fail(NDM_E_OOM, api, site, "no memory for '%s'", path);
-        else
-            text = q, cap *= 2;
-    }
     ndm_array a = NDM_NULL_ARRAY;
-    if (st == NDM_OK) {
-        csv c = csv_of(opts, dtype, path, api, site);
-        c.text = text;
-        c.end = text + len;
+    if (ndm__src_read_all(&s, &text, &len, m, api, site) == NDM_OK) {
+        csv c = csv_of(m, opts, dtype, path, api, site);
+        c.text = text.blk.ptr;
+        c.end = c.text + len;
         a = parse(&c, m);
     }
-    free(text);
+    ndm__tmp_free(&text);
     ndm__src_close(&s);
     return a;
 }

@@ -315,6 +315,67 @@ ndm_status ndm__src_expect_end(ndm__src *s, const char *api, ndm__site where)
     return NDM_OK;
 }
 
+/* ---- temporaries ----------------------------------------------------------------- */
+
+ndm_status ndm__tmp_resize(ndm__tmp *t, ndm_manager m, size_t n, size_t keep, const char *what,
+                           const char *api, ndm__site where)
+{
+    ndm__alloc_tag tag = {ndm__id_slot(m.id), where.file, where.func, where.line};
+    ndm__block b;
+    if (ndm__alloc(NDM_CPU, n, &tag, &b) < 0)
+        return ndm__fail(ndm_last_status(), api, where, "no memory for %s (%zu bytes): %s", what,
+                         n, ndm_last_error());
+    if (t->blk.ptr && keep)
+        memcpy(b.ptr, t->blk.ptr, keep < n ? keep : n);
+    ndm__tmp_free(t);
+    t->blk = b;
+    return NDM_OK;
+}
+
+void ndm__tmp_free(ndm__tmp *t)
+{
+    if (t->blk.cookie)
+        ndm__free(NDM_CPU, &t->blk);
+    memset(&t->blk, 0, sizeof t->blk);
+}
+
+ndm_status ndm__src_read_all(ndm__src *s, ndm__tmp *t, size_t *len, ndm_manager m,
+                             const char *api, ndm__site where)
+{
+    /* Plain data in one read of its size (one byte more to see its end);
+     * gzip into a buffer that doubles as it fills. */
+    uint64_t left = s->size - s->pos;
+    size_t cap = ndm__src_is_gzip(s) ? (size_t)1 << 16
+                 : left < SIZE_MAX ? (size_t)left + 1
+                                   : SIZE_MAX;
+    char what[64 + 256];
+    snprintf(what, sizeof what, "the contents of '%s'", s->name);
+    ndm_status st = ndm__tmp_resize(t, m, cap, 0, what, api, where);
+    size_t n = 0;
+    while (st == NDM_OK) {
+        size_t got;
+        st = ndm__src_read(s, (char *)t->blk.ptr + n, cap - n, &got, api, where);
+        n += got;
+        if (st < 0 || n < cap)
+            break;
+        size_t grown;
+        if (ndm__ckd_mul_size(&grown, cap, 2)) {
+            st = ndm__fail(NDM_E_OVERFLOW, api, where, "'%s' decodes to more than %zu bytes",
+                           s->name, cap);
+            break;
+        }
+        snprintf(what, sizeof what, "the contents of '%s' past %zu decoded bytes", s->name, n);
+        st = ndm__tmp_resize(t, m, grown, n, what, api, where);
+        cap = grown;
+    }
+    if (st < 0) {
+        ndm__tmp_free(t);
+        return st;
+    }
+    *len = n;
+    return NDM_OK;
+}
+
 /* ---- byte order and arrays ------------------------------------------------- */
 
 void ndm__swap_bytes(void *p, size_t n, size_t size)

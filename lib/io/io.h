@@ -58,6 +58,29 @@ ndm_status ndm__src_read_exact(ndm__src *s, void *dst, size_t n, const char *wha
 /* NDM_E_FORMAT when bytes remain after the data. */
 ndm_status ndm__src_expect_end(ndm__src *s, const char *api, ndm__site where);
 
+/* ---- temporaries ------------------------------------------------------------ */
+
+/* Host memory a loader holds while it reads (decoded text, long fields,
+ * staging), taken from the CPU caching allocator rather than malloc: it
+ * counts against the CPU's memory_limit_mb and shows in its statistics and
+ * history (tagged with the loader's manager), and a request over the limit
+ * fails with NDM_E_OOM before any memory is used. */
+typedef struct ndm__tmp {
+    ndm__block blk;
+} ndm__tmp;
+
+/* Size t to n bytes (the first call, or a growth keeping its first `keep`
+ * bytes). On failure t is unchanged and the error names `what`. */
+ndm_status ndm__tmp_resize(ndm__tmp *t, ndm_manager m, size_t n, size_t keep, const char *what,
+                           const char *api, ndm__site where);
+void ndm__tmp_free(ndm__tmp *t);
+
+/* All the decoded bytes of s into t (growing, with room for one byte more),
+ * their count in *len. A gzip source grows the buffer as it inflates, so a
+ * decompression bomb stops at the memory limit, not at its decoded size. */
+ndm_status ndm__src_read_all(ndm__src *s, ndm__tmp *t, size_t *len, ndm_manager m,
+                             const char *api, ndm__site where);
+
 /* ---- byte order ------------------------------------------------------------ */
 
 static inline bool ndm__host_little_endian(void)

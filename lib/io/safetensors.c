@@ -273,12 +273,12 @@ static ndm_status validate(parse_ctx *c, uint64_t data_len, size_t **order)
         int span_axis = -1;
         for (int d = 0; d < e->ndim; d++) {
             uint64_t dim = (uint64_t)h->dims[e->dims + d];
-            if (__builtin_mul_overflow(numel, dim, &numel) || numel > (uint64_t)INT64_MAX)
+            if (ndm__ckd_mul_u64(&numel, numel, dim) || numel > (uint64_t)INT64_MAX)
                 return ndm__fail(NDM_E_OVERFLOW, c->api, c->where,
                                  "'%s': tensor '%s': the element count overflows at axis %d",
                                  c->src, name, d);
             if (dim && span_axis < 0 &&
-                (__builtin_mul_overflow(span, dim, &span) || span > (uint64_t)INT64_MAX / isz))
+                (ndm__ckd_mul_u64(&span, span, dim) || span > (uint64_t)INT64_MAX / isz))
                 span_axis = d;
         }
         /* An empty tensor's strides multiply its other sizes: they must fit. */
@@ -287,7 +287,7 @@ static ndm_status validate(parse_ctx *c, uint64_t data_len, size_t **order)
                              "'%s': tensor '%s': the strides overflow at axis %d", c->src, name,
                              span_axis);
         uint64_t nbytes;
-        if (__builtin_mul_overflow(numel, (uint64_t)ndm_dtype_size(e->dtype), &nbytes) ||
+        if (ndm__ckd_mul_u64(&nbytes, numel, (uint64_t)ndm_dtype_size(e->dtype)) ||
             nbytes > (uint64_t)INT64_MAX)
             return ndm__fail(NDM_E_OVERFLOW, c->api, c->where,
                              "'%s': tensor '%s': %" PRIu64 " elements of %s overflow the byte "

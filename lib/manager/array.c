@@ -126,32 +126,37 @@ ndm_status ndm__shape_check(int ndim, const int64_t *shape, ndm_dtype dtype, int
         return ndm__fail(NDM_E_SHAPE, api, where, "negative rank %d", ndim);
     if (ndim > 0 && !shape)
         return ndm__fail(NDM_E_SHAPE, api, where, "shape is NULL for rank %d", ndim);
-    int64_t n = 1, span = 1, span_bytes;
-    int span_axis = -1;
+    /* The extent (the product of the non-zero sizes) bounds every stride
+     * and, times the element size, every byte offset; for an array with
+     * elements it is the element count. */
+    int64_t isz = (int64_t)ndm__dtype_bytes[dtype], span = 1, span_bytes = isz;
+    bool empty = false, count_over = false;
+    int bad = -1;
     for (int i = 0; i < ndim; i++) {
         if (shape[i] < 0)
             return ndm__fail(NDM_E_SHAPE, api, where, "negative size %" PRId64 " on axis %d",
                              shape[i], i);
-        if (__builtin_mul_overflow(n, shape[i], &n))
-            return ndm__fail(NDM_E_OVERFLOW, api, where,
-                             "the element count overflows at axis %d (size %" PRId64 ")", i,
-                             shape[i]);
-        if (shape[i] && span_axis < 0 &&
-            (__builtin_mul_overflow(span, shape[i], &span) ||
-             __builtin_mul_overflow(span, (int64_t)ndm_dtype_size(dtype), &span_bytes)))
-            span_axis = i;
+        empty |= shape[i] == 0;
+        if (bad < 0 && shape[i]) {
+            count_over = ndm__ckd_mul_i64(&span, span, shape[i]);
+            if (count_over || ndm__ckd_mul_i64(&span_bytes, span, isz))
+                bad = i;
+        }
     }
-    /* Strides multiply the non-zero sizes, so an empty array's must fit too. */
-    if (n == 0 && span_axis >= 0)
+    if (bad >= 0 && empty)
         return ndm__fail(NDM_E_OVERFLOW, api, where,
                          "the strides of an empty array overflow at axis %d (size %" PRId64 ")",
-                         span_axis, shape[span_axis]);
-    size_t bytes;
-    if (__builtin_mul_overflow((size_t)n, (size_t)ndm__dtype_bytes[dtype], &bytes) ||
-        bytes > (size_t)INT64_MAX)
+                         bad, shape[bad]);
+    if (bad >= 0 && count_over)
         return ndm__fail(NDM_E_OVERFLOW, api, where,
-                         "%" PRId64 " elements of %s overflow the byte count", n,
+                         "the element count overflows at axis %d (size %" PRId64 ")", bad,
+                         shape[bad]);
+    if (bad >= 0)
+        return ndm__fail(NDM_E_OVERFLOW, api, where,
+                         "%" PRId64 " elements of %s overflow the byte count", span,
                          ndm_dtype_name(dtype));
+    int64_t n = empty ? 0 : span;
+    size_t bytes = (size_t)(empty ? 0 : span_bytes);
     if (numel)
         *numel = n;
     if (nbytes)

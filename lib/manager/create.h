@@ -84,20 +84,19 @@ static inline ndm__storage *ndm__array_storage_init(ndm__array *r, ndm__manager 
     return s;
 }
 
-/* Element bytes of a shape; false for a bad dtype, rank or size, or an
- * overflowing count (ndm__shape_check then writes the message). */
+/* Element bytes of a shape; false for a bad dtype, rank or size, or when
+ * the extent of the shape (the product of its non-zero sizes, which bounds
+ * its strides) overflows in bytes, for an empty array too (ndm__shape_check
+ * then writes the message). */
 static inline bool ndm__shape_bytes(int ndim, const int64_t *shape, ndm_dtype dtype,
                                     size_t *nbytes)
 {
     if ((unsigned)dtype >= NDM_DTYPE_COUNT || ndim < 0 || (ndim && !shape))
         return false;
-    uint64_t n = 1;
-    for (int i = 0; i < ndim; i++)
-        if (shape[i] < 0 || __builtin_mul_overflow(n, (uint64_t)shape[i], &n))
-            return false;
-    if (__builtin_mul_overflow(n, (uint64_t)ndm__dtype_bytes[dtype], &n) || n > (uint64_t)INT64_MAX)
+    int64_t isz = (int64_t)ndm__dtype_bytes[dtype], extent, numel;
+    if (ndm__ckd_extent(ndim, shape, isz, &extent, &numel))
         return false;
-    *nbytes = (size_t)n;
+    *nbytes = (size_t)numel * (size_t)isz;
     return true;
 }
 
@@ -127,6 +126,8 @@ static NDM__ALWAYS_INLINE ndm_array ndm__array_create(const ndm__site *site, con
     ndm__array_record_init(r, dtype, s, site);
     if (NDM__UNLIKELY(ndm__array_dims_place(r, ndim, api, site) < 0))
         return ndm__array_create_undo(NULL, slot, m, dev, &blk, nbytes, limited);
+    /* The strides are partial products of the extent that ndm__shape_bytes
+     * bounded, so they cannot overflow. */
     int64_t *sizes = r->shape, *strides = r->strides, stride = 1;
     for (int i = ndim - 1; i >= 0; i--) {
         int64_t e = shape[i];

@@ -14,8 +14,8 @@ static int64_t out_size(int64_t in, int64_t k, int64_t stride, int64_t pad, int6
                         const char *what, const char *api, ndm__site site)
 {
     int64_t span, padded;
-    if (__builtin_mul_overflow(dil, k - 1, &span) || __builtin_add_overflow(span, 1, &span) ||
-        __builtin_mul_overflow(pad, 2, &padded) || __builtin_add_overflow(padded, in, &padded)) {
+    if (ndm__ckd_mul_i64(&span, dil, k - 1) || ndm__ckd_add_i64(&span, span, 1) ||
+        ndm__ckd_mul_i64(&padded, pad, 2) || ndm__ckd_add_i64(&padded, padded, in)) {
         ndm__fail(NDM_E_OVERFLOW, api, site, "%s: the padded size or the window overflows", what);
         return -1;
     }

@@ -122,6 +122,9 @@ static ndm_status place(const struct ndm__backend_index *f, int n, ndm__array *c
                         ndm__array *res, int ax, bool drop, int64_t *strides)
 {
     int nd = r[0]->ndim;
+    /* Nothing to copy, and no offsets to step through an empty result. */
+    if (ndm__numel(res->ndim, res->shape) == 0)
+        return NDM_OK;
     for (int d = 0, k = 0; d < res->ndim; d++)
         if (!(drop && d == ax))
             strides[k++] = res->strides[d];
@@ -161,7 +164,7 @@ static ndm_array join(ndm__site site, const char *api, ndm_manager out, int axis
     if (!stack) {
         int64_t total = 0;
         for (int i = 0; i < n; i++)
-            if (__builtin_add_overflow(total, r[i]->shape[ax], &total)) {
+            if (ndm__ckd_add_i64(&total, total, r[i]->shape[ax])) {
                 ndm__fail(NDM_E_OVERFLOW, api, site, "the joined axis overflows");
                 goto done;
             }
@@ -216,8 +219,15 @@ static ndm_status cut(ndm__site site, const char *api, ndm_manager out, ndm__arr
     ndm_status st = NDM_OK;
     for (int64_t i = 0; i < count; i++) {
         shape[ax] = cuts[i + 1] - cuts[i];
-        outs[i] = ndm__array_view(site, api, out, r, r->dtype, r->ndim, shape, r->strides,
-                                  r->offset + (shape[ax] ? cuts[i] * r->strides[ax] : 0), NULL);
+        int64_t offset = r->offset;
+        if (shape[ax] && ndm__ckd_offset(&offset, r->offset, cuts[i], r->strides[ax])) {
+            outs[i] = NDM_NULL_ARRAY;
+            ndm__fail(NDM_E_OVERFLOW, api, site, "the offset of index %" PRId64
+                      " on axis %d overflows", cuts[i], ax);
+        } else {
+            outs[i] = ndm__array_view(site, api, out, r, r->dtype, r->ndim, shape, r->strides,
+                                      offset, NULL);
+        }
         if (!outs[i].id) {
             st = ndm_last_status();
             for (int64_t j = 0; j < i; j++) {
@@ -337,7 +347,12 @@ NDM_API ndm_array ndm_flip_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, 
     for (int d = 0; d < r->ndim; d++) {
         strides[d] = r->strides[d];
         if ((ax < 0 || d == ax) && r->shape[d] > 0) {
-            offset += (r->shape[d] - 1) * r->strides[d];
+            if (ndm__ckd_offset(&offset, offset, r->shape[d] - 1, r->strides[d])) {
+                ndm__fail(NDM_E_OVERFLOW, __func__, site, "the offset of the last index on axis %d"
+                          " overflows", d);
+                ndm__scratch_put(&sc);
+                return NDM_NULL_ARRAY;
+            }
             strides[d] = -r->strides[d];
         }
     }
@@ -386,7 +401,7 @@ NDM_API ndm_array ndm_tile_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, 
     for (int d = 0; d < nd; d++) {
         int rd = d - (nd - r->ndim), pd = d - (nd - n);
         int64_t s = rd >= 0 ? r->shape[rd] : 1, k = pd >= 0 ? reps[pd] : 1;
-        if (__builtin_mul_overflow(s, k, &shape[d])) {
+        if (ndm__ckd_mul_i64(&shape[d], s, k)) {
             ndm__fail(NDM_E_OVERFLOW, __func__, site, "tiled axis %d overflows", d);
             goto done;
         }
@@ -403,7 +418,11 @@ NDM_API ndm_array ndm_tile_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, 
     res = ndm__array_new_on(site, __func__, out, dev, r->dtype, nd, shape, &o);
     if (!res.id)
         goto done;
-    /* The result, read as (reps, size) pairs, is `a` broadcast over the reps. */
+    /* The result, read as (reps, size) pairs, is `a` broadcast over the reps;
+     * an empty result has nothing to copy, and its pairs' strides (a rep
+     * beside a size 0) need not fit. */
+    if (ndm__numel(nd, shape) == 0)
+        goto done;
     ndm__contiguous_strides(2 * nd, pair, dstr);
     ndm__tensor dst = {ndm__array_ptr(o), o->dtype, 2 * nd, pair, dstr};
     ndm__tensor src = {ndm__array_ptr(r), r->dtype, 2 * nd, pair, sstr};
@@ -445,8 +464,8 @@ NDM_API ndm_array ndm_pad_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, n
     for (int d = 0; d < nd; d++) {
         const int64_t *w = n == 2 ? widths : widths + 2 * d;
         before[d] = w[0];
-        if (__builtin_add_overflow(r->shape[d], w[0], &shape[d]) ||
-            __builtin_add_overflow(shape[d], w[1], &shape[d])) {
+        if (ndm__ckd_add_i64(&shape[d], r->shape[d], w[0]) ||
+            ndm__ckd_add_i64(&shape[d], shape[d], w[1])) {
             ndm__fail(NDM_E_OVERFLOW, __func__, site, "padded axis %d overflows", d);
             goto done;
         }

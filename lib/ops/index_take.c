@@ -455,7 +455,7 @@ static ndm_array repeat(ndm__site site, const char *api, ndm_manager out, ndm_ar
                       ") is negative", k, n == 1 ? 0 : i);
             return NDM_NULL_ARRAY;
         }
-        if (__builtin_add_overflow(total, k, &total)) {
+        if (ndm__ckd_add_i64(&total, total, k)) {
             ndm__fail(NDM_E_OVERFLOW, api, site, "the repeated axis overflows");
             return NDM_NULL_ARRAY;
         }

@@ -175,7 +175,7 @@ NDM_API ndm_array ndm_reshape_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array 
             ndm__fail(NDM_E_SHAPE, __func__, site, "negative size %" PRId64 " on axis %d",
                       shape[i], i);
             goto done;
-        } else if (__builtin_mul_overflow(known, shape[i], &known)) {
+        } else if (ndm__ckd_mul_i64(&known, known, shape[i])) {
             ndm__fail(NDM_E_OVERFLOW, __func__, site, "the target shape overflows");
             goto done;
         }
@@ -198,6 +198,10 @@ NDM_API ndm_array ndm_reshape_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array 
                   ndm__array_desc(r, desc, sizeof desc), total, known);
         goto done;
     }
+    /* An empty array takes any shape with no elements: its strides must
+     * still fit. */
+    if (ndm__shape_check(ndim, d.shape, r->dtype, NULL, NULL, __func__, site) < 0)
+        goto done;
     if (reshape_strides(r, ndim, d.shape, d.strides))
         res = ndm__array_view(site, __func__, out, r, r->dtype, ndim, d.shape, d.strides,
                               r->offset, NULL);
@@ -318,19 +322,34 @@ NDM_API ndm_array ndm_slice_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a,
         stop = stop + n < lo ? lo : stop + n;
     else
         stop = stop > hi ? hi : stop;
+    /* start and stop lie in [-1, n], so their distance fits; the count is
+     * 1 + (distance - 1) / |step|, which cannot overflow as the rounded-up
+     * sum would with a huge step. */
     int64_t len = 0;
     if (step > 0 && stop > start)
-        len = (stop - start + step - 1) / step;
+        len = 1 + (stop - start - 1) / step;
     else if (step < 0 && stop < start)
-        len = (start - stop + (-step) - 1) / (-step);
+        len = 1 + (start - stop - 1) / -step;
+    /* With one element or none the stride of the axis is never applied:
+     * keep the input's rather than a product that may overflow. */
+    int64_t stride = r->strides[ax], offset = r->offset;
+    if (len > 1 && ndm__ckd_mul_i64(&stride, r->strides[ax], step)) {
+        ndm__fail(NDM_E_OVERFLOW, __func__, site, "the stride of axis %d times %" PRId64
+                  " overflows", ax, step);
+        return NDM_NULL_ARRAY;
+    }
+    if (len && ndm__ckd_offset(&offset, r->offset, start, r->strides[ax])) {
+        ndm__fail(NDM_E_OVERFLOW, __func__, site, "the offset of index %" PRId64
+                  " on axis %d overflows", start, ax);
+        return NDM_NULL_ARRAY;
+    }
     dims d;
     if (!dims_new(&d, r->ndim, __func__, site))
         return NDM_NULL_ARRAY;
     memcpy(d.shape, r->shape, (size_t)r->ndim * sizeof(int64_t));
     memcpy(d.strides, r->strides, (size_t)r->ndim * sizeof(int64_t));
     d.shape[ax] = len;
-    d.strides[ax] = r->strides[ax] * step;
-    int64_t offset = r->offset + (len ? start * r->strides[ax] : 0);
+    d.strides[ax] = stride;
     ndm_array res = ndm__array_view(site, __func__, out, r, r->dtype, r->ndim, d.shape, d.strides,
                                     offset, NULL);
     if (NDM__UNLIKELY(ndm__ag_on()) && res.id) {
@@ -361,12 +380,18 @@ NDM_API ndm_array ndm_select_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
                   "index %" PRId64 " is out of range for axis %d of size %" PRId64, index, axis, n);
         return NDM_NULL_ARRAY;
     }
+    int64_t offset;
+    if (ndm__ckd_offset(&offset, r->offset, i, r->strides[ax])) {
+        ndm__fail(NDM_E_OVERFLOW, __func__, site, "the offset of index %" PRId64
+                  " on axis %d overflows", i, ax);
+        return NDM_NULL_ARRAY;
+    }
     dims d;
     if (!dims_new(&d, r->ndim, __func__, site))
         return NDM_NULL_ARRAY;
     int k = kept_axes(r, ax, &d);
     ndm_array res = ndm__array_view(site, __func__, out, r, r->dtype, k, d.shape, d.strides,
-                                    r->offset + i * r->strides[ax], NULL);
+                                    offset, NULL);
     ndm__ag_params agp = {.i = {ax, i}};
     NDM__AG_RECORD(NDM__AG_SELECT, res, 1, &a, &agp);
     dims_put(&d);
@@ -416,8 +441,10 @@ NDM_API ndm_array ndm_unsqueeze_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_arra
     for (int j = 0, k = 0; j <= r->ndim; j++) {
         if (j == ax) {
             d.shape[j] = 1;
-            /* Any stride works for a size-1 axis; keep the view contiguous-looking. */
-            d.strides[j] = k < r->ndim ? r->strides[k] * r->shape[k] : 1;
+            /* Any stride works for a size-1 axis; keep the view contiguous-looking
+             * where the product fits. */
+            if (k >= r->ndim || ndm__ckd_mul_i64(&d.strides[j], r->strides[k], r->shape[k]))
+                d.strides[j] = 1;
             continue;
         }
         d.shape[j] = r->shape[k];

@@ -1,5 +1,5 @@
 /* Writes the seed corpus of one fuzz target into a directory:
- *     fuzz_seeds safetensors|npy|idx|csv DIR */
+ *     fuzz_seeds safetensors|npy|idx|csv|gzip DIR */
 #include <stdio.h>
 
 #include "ndm/ndm.h"
@@ -8,7 +8,7 @@
 int main(int argc, char **argv)
 {
     if (argc != 3) {
-        fprintf(stderr, "usage: %s safetensors|npy|idx|csv DIR\n", argv[0]);
+        fprintf(stderr, "usage: %s safetensors|npy|idx|csv|gzip DIR\n", argv[0]);
         return 2;
     }
     fuzz_seed s[32];

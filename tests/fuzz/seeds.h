@@ -99,13 +99,21 @@ static fuzz_seed seed_gzip(fuzz_seed in)
     return out;
 }
 
+/* A gzip stream without its first two bytes (the magic). */
+static fuzz_seed seed_unmagic(fuzz_seed in)
+{
+    fuzz_seed out = seed_cat(in.p + 2, in.n - 2, NULL, 0);
+    free(in.p);
+    return out;
+}
+
 static fuzz_seed seed_text(uint8_t opts, const char *text)
 {
     return seed_cat(&opts, 1, text, strlen(text));
 }
 
 /* Fill out[] with the seeds of `format` ("safetensors", "npy", "idx",
- * "csv"); returns how many (at most cap). The caller frees each .p. */
+ * "csv", "gzip"); returns how many (at most cap). The caller frees each .p. */
 static size_t fuzz_seeds(const char *format, fuzz_seed *out, size_t cap)
 {
     size_t n = 0;
@@ -170,6 +178,26 @@ static size_t fuzz_seeds(const char *format, fuzz_seed *out, size_t cap)
         PUT(seed_idx(0x0E, 1, (const uint32_t[]){2}, be32, 16));
         PUT(seed_gzip(seed_idx(0x08, 3, (const uint32_t[]){3, 2, 2}, img, sizeof img)));
         PUT(seed_gzip(seed_idx(0x08, 1, (const uint32_t[]){5}, "\1\2\3\4\5", 5)));
+    } else if (!strcmp(format, "gzip")) {
+        /* gzip streams without their two magic bytes (the target adds them):
+         * IDX and CSV contents, two members, and a stream that expands a
+         * thousandfold. */
+        uint8_t img[3 * 2 * 2];
+        for (size_t i = 0; i < sizeof img; i++)
+            img[i] = (uint8_t)(i * 20);
+        PUT(seed_unmagic(seed_gzip(seed_idx(0x08, 3, (const uint32_t[]){3, 2, 2}, img,
+                                            sizeof img))));
+        PUT(seed_unmagic(seed_gzip(seed_cat("1,2,3\n4.5,-6,7e2\n", 17, NULL, 0))));
+        fuzz_seed a = seed_gzip(seed_cat("1,2\n", 4, NULL, 0));
+        fuzz_seed b = seed_gzip(seed_cat("3,4\n", 4, NULL, 0));
+        PUT(seed_unmagic(seed_cat(a.p, a.n, b.p, b.n)));
+        free(a.p);
+        free(b.p);
+        uint8_t *zeros = calloc(1, 1 << 20);
+        if (!zeros)
+            abort();
+        PUT(seed_unmagic(seed_gzip(seed_cat(zeros, 1 << 20, NULL, 0))));
+        free(zeros);
     } else if (!strcmp(format, "csv")) {
         PUT(seed_text(NDM_F32, "1,2,3\n4.5,-6,7e2\n"));
         PUT(seed_text(NDM_I64 | 8, "a,b\n1,2\n3,4\r\n"));

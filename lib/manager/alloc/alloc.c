@@ -445,14 +445,12 @@ NDM_API int ndm_alloc_settings(ndm_device device, char *buf, size_t n)
     return ndm__settings_str(&s, buf, n);
 }
 
-static void refresh_all(bool history, size_t max_entries)
+static void refresh_all(void)
 {
     ndm__pool *list[MAX_POOLS];
     int n = used_pools(list);
     for (int i = 0; i < n; i++) {
         ndm__pool_lock(list[i]);
-        if (history)
-            ndm__hist_enable(list[i], max_entries);
         ndm__pool_refresh(list[i]);
         ndm__pool_unlock(list[i]);
     }
@@ -460,11 +458,36 @@ static void refresh_all(bool history, size_t max_entries)
 
 NDM_API ndm_status ndm_memory_record_history(bool on, size_t max_entries)
 {
-    if (on && !max_entries)
+    if (!on)
+        max_entries = 0;
+    else if (!max_entries)
         max_entries = 100000;
+    size_t bytes = 0;
+    if (on && !ndm__hist_bytes(max_entries, &bytes))
+        return ndm__fail(NDM_E_OVERFLOW, __func__, NDM__NO_SITE,
+                         "a history of %zu events overflows the size of its ring", max_entries);
+    /* Every ring is made before any is replaced, so a failure leaves the
+     * recording as it was. */
     pthread_mutex_lock(&pools_lock);
+    ndm__pool *list[MAX_POOLS];
+    struct ndm__history *rings[MAX_POOLS] = {0};
+    int n = used_pools(list);
+    for (int i = 0; on && i < n; i++) {
+        if (!(rings[i] = ndm__hist_new(max_entries))) {
+            for (int j = 0; j < i; j++)
+                ndm__hist_free(rings[j]);
+            pthread_mutex_unlock(&pools_lock);
+            return ndm__fail(NDM_E_OOM, __func__, NDM__NO_SITE,
+                             "no memory for a history of %zu events (%zu bytes per device)",
+                             max_entries, bytes);
+        }
+    }
     ndm__hist_set(on, max_entries);
-    refresh_all(true, on ? max_entries : 0);
+    for (int i = 0; i < n; i++) {
+        ndm__pool_lock(list[i]);
+        ndm__hist_install(list[i], rings[i]);
+        ndm__pool_unlock(list[i]);
+    }
     pthread_mutex_unlock(&pools_lock);
     return NDM_OK;
 }
@@ -496,7 +519,7 @@ NDM_API ndm_status ndm_memory_record_trace(const char *path)
     pthread_mutex_lock(&pools_lock);
     trace_env_done = true;
     ndm_status st = ndm__trace_start(path, err, sizeof err);
-    refresh_all(false, 0);
+    refresh_all();
     pthread_mutex_unlock(&pools_lock);
     if (st < 0)
         return ndm__fail(st, __func__, NDM__NO_SITE, "%s", err);

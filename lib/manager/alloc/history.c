@@ -5,6 +5,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../checked.h"
 #include "pool.h"
 
 atomic_int ndm__instrumented; /* bit 0: history, bit 1: trace */
@@ -54,41 +55,56 @@ void ndm__hist_set(bool on, size_t max_entries)
 
 size_t ndm__hist_max(void) { return atomic_load(&history_max); }
 
-static struct ndm__history *hist_new(size_t max_entries);
-
-void ndm__hist_drop(ndm__pool *p)
+void ndm__hist_free(struct ndm__history *h)
 {
-    struct ndm__history *h = p->hist;
     if (!h)
         return;
     for (size_t i = 0; i < h->n; i++)
         ndm__rstr_unref(h->ring[i].path);
     free(h->ring);
     free(h);
+}
+
+void ndm__hist_drop(ndm__pool *p)
+{
+    ndm__hist_free(p->hist);
     p->hist = NULL;
 }
 
-void ndm__hist_enable(ndm__pool *p, size_t max_entries)
+bool ndm__hist_bytes(size_t max_entries, size_t *bytes)
 {
-    ndm__hist_drop(p);
-    if (max_entries)
-        p->hist = hist_new(max_entries);
-    /* Every event must pass the shared path while recording. */
-    ndm__pool_refresh(p);
+    return !ndm__ckd_mul_size(bytes, max_entries, sizeof(hev)) &&
+           !ndm__ckd_add_size(bytes, *bytes, sizeof(struct ndm__history));
 }
 
-static struct ndm__history *hist_new(size_t max_entries)
+struct ndm__history *ndm__hist_new(size_t max_entries)
 {
+    size_t ring_bytes;
+    if (!max_entries || ndm__ckd_mul_size(&ring_bytes, max_entries, sizeof(hev)))
+        return NULL;
     struct ndm__history *h = calloc(1, sizeof *h);
     if (!h)
         return NULL;
-    h->ring = malloc(max_entries * sizeof *h->ring);
+    h->ring = malloc(ring_bytes);
     if (!h->ring) {
         free(h);
         return NULL;
     }
     h->cap = max_entries;
     return h;
+}
+
+void ndm__hist_install(ndm__pool *p, struct ndm__history *h)
+{
+    ndm__hist_drop(p);
+    p->hist = h;
+    /* Every event must pass the shared path while recording. */
+    ndm__pool_refresh(p);
+}
+
+void ndm__hist_enable(ndm__pool *p, size_t max_entries)
+{
+    ndm__hist_install(p, max_entries ? ndm__hist_new(max_entries) : NULL);
 }
 
 void ndm__hist_record(ndm__pool *p, int action, uintptr_t addr, size_t size, ndm__rstr *path,

@@ -496,8 +496,17 @@ static inline void ndm__trace_free(ndm__pool *p, ndm__ablk *b)
 }
 bool ndm__hist_recording(void);
 void ndm__hist_drop(ndm__pool *p);
-/* Begin/end history on one pool (lock held). */
+/* Begin/end history on one pool (lock held); a ring that cannot be made
+ * leaves the pool without history. */
 void ndm__hist_enable(ndm__pool *p, size_t max_entries);
+/* A ring of max_entries events, or NULL when its size overflows or memory
+ * runs out; ndm__hist_bytes says whether the size fits and what it is. */
+struct ndm__history *ndm__hist_new(size_t max_entries);
+bool ndm__hist_bytes(size_t max_entries, size_t *bytes);
+void ndm__hist_free(struct ndm__history *h);
+/* Replace the pool's ring by h (made by ndm__hist_new, or NULL to stop);
+ * lock held. */
+void ndm__hist_install(ndm__pool *p, struct ndm__history *h);
 /* Write the snapshot of these pools (no lock held). */
 ndm_status ndm__snapshot_write(FILE *f, ndm__pool **pools, int n);
 /* Start/stop the trace file (NULL stops). */
