@@ -41,25 +41,20 @@ int progress_format(char *buf, size_t n, int width, const progress_state *s)
     snprintf(rate, sizeof rate, "  %.0f examples/s", s->rate);
     int fixed = (int)(strlen(head) + strlen(count));
     int lossw = (int)strlen(loss), ratew = (int)strlen(rate);
-    /* widest first: bar of up to 30 cells, rate, loss; then narrower bars,
-     * then without the rate, then without the loss, then no bar at all */
+    /* what gives way as the width shrinks: the rate, then the bar (30
+     * cells down to 10), then the loss; the rest is cut at the width */
     bool with_rate = true, with_loss = true;
-    int bar = 0;
-    for (int pass = 0; pass < 3; pass++) {
-        int left = room - fixed - (with_loss ? lossw : 0) - (with_rate ? ratew : 0) - 3;
-        bar = left > 30 ? 30 : left;
-        if (bar >= 10)
-            break;
-        bar = 0;
-        if (pass == 0)
-            with_rate = false;
-        else if (pass == 1)
-            with_loss = false;
+    int bar = room - fixed - lossw - ratew - 3;
+    if (bar < 10) {
+        with_rate = false;
+        bar = room - fixed - lossw - 3;
     }
-    if (bar == 0) {
-        with_rate = room >= fixed + lossw + ratew;
+    if (bar < 10) {
+        bar = 0;
         with_loss = room >= fixed + lossw;
     }
+    if (bar > 30)
+        bar = 30;
     char line[512];
     int len = snprintf(line, sizeof line, "%s", head);
     if (bar > 0) {

@@ -30,8 +30,8 @@ typedef struct progress_state {
 void progress_init(progress *p, FILE *out, double every);
 
 /* The line for s in at most width - 1 characters (so it never wraps): the
- * bar, the rate, then the loss give way as the width shrinks. Returns its
- * length. */
+ * rate, then the bar, then the loss give way as the width shrinks. Returns
+ * its length. */
 int progress_format(char *buf, size_t n, int width, const progress_state *s);
 
 /* Report a step at time `now` (seconds): on a terminal, redraw the line; in
