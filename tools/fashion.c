@@ -516,6 +516,8 @@ static int train(train_opts o)
             printf("RSS after epoch %d and after epoch %lld: %.1f -> %.1f MiB (%+.2f%%)\n",
                    rss_epoch, (long long)o.epochs, rss_base.rss, last.rss,
                    rss_base.rss > 0 ? 100.0 * (last.rss - rss_base.rss) / rss_base.rss : 0.0);
+        else
+            printf("RSS: not compared (the first epoch grows the caches; it takes 3 epochs)\n");
     } else {
         printf("memory: one epoch, nothing to compare (the check needs --epochs 2 or more)\n");
     }
