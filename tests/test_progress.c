@@ -115,7 +115,10 @@ static void test_progress_redraws_in_place_on_a_terminal(void **state)
         s.done = 100 + i;
         progress_update(&p, &s, i);
     }
-    progress_end_epoch(&p, &s, 3);
+    s.done = 9; /* fewer digits: padded, the bar stays where it was */
+    progress_update(&p, &s, 3.01);
+    progress_update(&p, &s, 3.02); /* within 50 ms of the last frame: not drawn */
+    progress_end_epoch(&p, &s, 4);
     char text[4096];
     size_t n = 0;
     struct pollfd pf = {.fd = master, .events = POLLIN};
@@ -139,7 +142,8 @@ static void test_progress_redraws_in_place_on_a_terminal(void **state)
             fail_msg("a frame of %d characters on a 50-column terminal", len);
         frames++;
     }
-    assert_int_equal(frames, 4); /* three updates and the erase */
+    assert_int_equal(frames, 5); /* four updates drawn, then the erase */
+    assert_non_null(strstr(text, "   9/469 batches"));
     assert_string_equal(strrchr(text, '\r'), "\r\033[K");
 }
 

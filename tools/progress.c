@@ -36,7 +36,10 @@ int progress_format(char *buf, size_t n, int width, const progress_state *s)
         room = (int)n - 1;
     char head[48], count[64], loss[32], rate[40];
     snprintf(head, sizeof head, "epoch %d/%d", s->epoch, s->epochs);
-    snprintf(count, sizeof count, " %lld/%lld batches", (long long)s->done, (long long)s->total);
+    /* the count padded to the total's width, so the bar does not move */
+    int digits = snprintf(NULL, 0, "%lld", (long long)s->total);
+    snprintf(count, sizeof count, " %*lld/%lld batches", digits, (long long)s->done,
+             (long long)s->total);
     snprintf(loss, sizeof loss, "  loss %.4f", s->loss);
     snprintf(rate, sizeof rate, "  %.0f examples/s", s->rate);
     int fixed = (int)(strlen(head) + strlen(count));
@@ -86,6 +89,10 @@ static void plain_line(progress *p, const progress_state *s, double now)
 void progress_update(progress *p, const progress_state *s, double now)
 {
     if (p->tty) {
+        /* at most 20 frames a second, and always the last batch's */
+        if (p->drawn && now - p->last_draw < 0.05 && s->done < s->total)
+            return;
+        p->last_draw = now;
         char line[512];
         progress_format(line, sizeof line, p->width, s);
         /* back to the start of the line, the new text, erase what is left */

@@ -15,6 +15,7 @@ typedef struct progress {
     double every;      /* plain mode: seconds between lines within an epoch */
     double last_line;  /* plain mode: when the last line was written */
     bool drawn;        /* tty: a bar is on screen */
+    double last_draw;  /* tty: when it was drawn */
 } progress;
 
 /* One step's figures. */
