@@ -11,16 +11,24 @@ if [ ! -f "$data/train-images-idx3-ubyte.gz" ]; then
 fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-NDM_LEAK_REPORT=1 "$bin" train --limit 6000 --epochs 3 --quiet --out "$tmp/m.safetensors" \
-    > "$tmp/train.log" 2>&1 || { cat "$tmp/train.log"; exit 1; }
+NDM_LEAK_REPORT=1 "$bin" train --limit 6000 --epochs 3 --out "$tmp/m.safetensors" \
+    > "$tmp/train.log" 2> "$tmp/progress.log" || { cat "$tmp/train.log" "$tmp/progress.log"; exit 1; }
 cat "$tmp/train.log"
-acc=$(sed -n 's/^final test accuracy: \([0-9.]*\)%$/\1/p' "$tmp/train.log")
+# stderr is a file: plain progress lines, one per epoch, no redrawing
+cat "$tmp/progress.log"
+! grep -q $'\r' "$tmp/progress.log" || { echo "progress redrawn in a file"; exit 1; }
+[ "$(grep -c '^epoch [123]/3: 47/47 batches, loss ' "$tmp/progress.log")" -eq 3 ] ||
+    { echo "not one progress line per epoch"; exit 1; }
+acc=$(sed -n 's/^final test accuracy: \([0-9.]*\)% on 1000 test examples$/\1/p' "$tmp/train.log")
 awk -v a="$acc" 'BEGIN { exit !(a >= 70) }' || { echo "accuracy $acc% is below 70%"; exit 1; }
-grep -q "manager counts identical" "$tmp/train.log" || { echo "counts changed"; exit 1; }
-grep -q "ndm leak report: nothing alive" "$tmp/train.log" || { echo "leaks at exit"; exit 1; }
-NDM_LEAK_REPORT=1 "$bin" serve --model "$tmp/m.safetensors" --requests 500 --threads 4 \
+grep -q "^memory after epoch 1 and after epoch 3: live arrays and bytes of model, trainer and data identical" \
+    "$tmp/train.log" || { echo "counts changed"; exit 1; }
+grep -q "ndm leak report: nothing alive" "$tmp/progress.log" || { echo "leaks at exit"; exit 1; }
+# more requests than test images: they are served in turn, none dropped
+NDM_LEAK_REPORT=1 "$bin" serve --model "$tmp/m.safetensors" --requests 10100 --threads 4 \
     > "$tmp/serve.log" 2>&1 || { cat "$tmp/serve.log"; exit 1; }
 cat "$tmp/serve.log"
+grep -q "10100 requests from 4 threads (the 10000 test images in turn)" "$tmp/serve.log"
 grep -q "live request managers: 0, live request arrays: 0" "$tmp/serve.log"
 grep -q " 0 errors" "$tmp/serve.log"
 grep -q "ndm leak report: nothing alive" "$tmp/serve.log"

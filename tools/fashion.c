@@ -1,7 +1,9 @@
 /* ndm-fashion: the main job. `train` fits an MLP (or a small CNN) to
  * Fashion-MNIST with flat memory, `serve` answers concurrent requests with a
  * manager each, `leak-demo` shows a deliberate leak caught by its line. */
+#include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -14,25 +16,27 @@
 
 #include "fashion_net.h"
 #include "ndm/ndm.h"
+#include "progress.h"
 
 #define DEFAULT_DATA "/usr/share/datasets/fashion-mnist"
 
-static void die(const char *what)
+/* A library call failed: say what we were doing, then ndm's own message
+ * (which names the cause and the line). */
+static void die(const char *doing)
 {
-    fprintf(stderr, "ndm-fashion: %s: %s (%s)\n", what, ndm_last_error(),
-            ndm_status_name(ndm_last_status()));
+    fprintf(stderr, "ndm-fashion: %s failed: %s\n", doing, ndm_last_error());
     exit(1);
 }
 
-#define CHECK(expr)                                                             \
+#define CHECK(expr, doing)                                                      \
     do {                                                                        \
         if ((expr) < 0)                                                         \
-            die(#expr);                                                         \
+            die(doing);                                                         \
     } while (0)
-#define LIVE(h, what)                                                           \
+#define LIVE(h, doing)                                                          \
     do {                                                                        \
         if (!(h).id)                                                            \
-            die(what);                                                          \
+            die(doing);                                                         \
     } while (0)
 
 static double now(void)
@@ -80,27 +84,73 @@ static void find_data(char *dir, size_t n)
     pclose(p);
 }
 
-static ndm_dataset load_split(ndm_manager data, const char *dir, const char *split, int64_t limit)
+/* The data folder: --data, else where the package put it. */
+static void data_dir(const char *given, char *dir, size_t n)
 {
-    char img[1200], lab[1200];
-    snprintf(img, sizeof img, "%s/%s-images-idx3-ubyte.gz", dir, split);
-    snprintf(lab, sizeof lab, "%s/%s-labels-idx1-ubyte.gz", dir, split);
-    if (!exists(img) || !exists(lab)) {
-        fprintf(stderr,
-                "ndm-fashion: %s not found; install the Debian package dataset-fashion-mnist "
-                "or pass --data DIR with MNIST-format files\n",
-                img);
-        exit(1);
+    if (given)
+        snprintf(dir, n, "%s", given);
+    else
+        find_data(dir, n);
+}
+
+/* Both files of a split, or a message naming the one that is missing. */
+static void split_paths(const char *cmd, const char *dir, const char *split, char *img, char *lab,
+                        size_t n)
+{
+    snprintf(img, n, "%s/%s-images-idx3-ubyte.gz", dir, split);
+    snprintf(lab, n, "%s/%s-labels-idx1-ubyte.gz", dir, split);
+    const char *what[2] = {"images", "labels"}, *path[2] = {img, lab};
+    for (int i = 0; i < 2; i++) {
+        if (!exists(path[i])) {
+            fprintf(stderr,
+                    "ndm-fashion %s: the %s %s are not at %s; install the Debian package "
+                    "dataset-fashion-mnist or pass --data DIR with MNIST-format files\n",
+                    cmd, !strcmp(split, "train") ? "training" : "test", what[i], path[i]);
+            exit(1);
+        }
     }
+}
+
+/* Can `path` be written? Checked before training so a run does not end in
+ * an error after its work. Names the reason when not. */
+static bool writable(const char *path, char *why, size_t n)
+{
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash)
+        snprintf(dir, sizeof dir, ".");
+    else if (slash == dir)
+        dir[1] = '\0';
+    else
+        *slash = '\0';
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        snprintf(why, n, "the folder %s does not exist", dir);
+        return false;
+    }
+    if (access(dir, W_OK) != 0) {
+        snprintf(why, n, "the folder %s is not writable", dir);
+        return false;
+    }
+    if (stat(path, &st) == 0 && (S_ISDIR(st.st_mode) || access(path, W_OK) != 0)) {
+        snprintf(why, n, "%s exists and cannot be overwritten", path);
+        return false;
+    }
+    return true;
+}
+
+static ndm_dataset load_split(ndm_manager data, const char *img, const char *lab, int64_t limit)
+{
     ndm_dataset d;
-    CHECK(ndm_dataset_load_idx(data, img, lab, &d));
+    CHECK(ndm_dataset_load_idx(data, img, lab, &d), "loading the dataset");
     if (limit > 0 && limit < ndm_dataset_size(d)) {
         /* a prefix of the examples (CI trains on a subset) */
         ndm_dataset s = {ndm_slice_to(data, d.inputs, 0, 0, limit, 1),
                          ndm_slice_to(data, d.labels, 0, 0, limit, 1)};
-        LIVE(s.inputs, "slice");
-        LIVE(s.labels, "slice");
-        CHECK(ndm_dataset_release(&d));
+        LIVE(s.inputs, "taking a subset of the dataset");
+        LIVE(s.labels, "taking a subset of the dataset");
+        CHECK(ndm_dataset_release(&d), "releasing the full dataset");
         return s;
     }
     return d;
@@ -111,26 +161,27 @@ static ndm_dataset load_split(ndm_manager data, const char *dir, const char *spl
 static ndm_module build(ndm_manager model, const char *arch, ndm_rng *rng)
 {
     ndm_module net = fashion_net(model, arch, rng);
-    LIVE(net, "build the network");
+    LIVE(net, "building the network");
     return net;
 }
 
 static ndm_array shaped(ndm_array x, bool cnn)
 {
     ndm_array y = fashion_input(x, cnn);
-    LIVE(y, "reshape");
+    LIVE(y, "shaping a batch for the network");
     return y;
 }
 
 /* Correct predictions of net over a dataset, in a manager of its own. */
 static double accuracy(ndm_manager parent, ndm_module net, ndm_dataset d, bool cnn)
 {
+    const char *doing = "measuring the test accuracy";
     ndm_manager ev = ndm_manager_new(parent, "eval");
-    LIVE(ev, "eval manager");
+    LIVE(ev, doing);
     ndm_loader ld = ndm_loader_new(ev, d, &(ndm_loader_options){
         .batch_size = cnn ? 250 : 1000, .flags = NDM_LOADER_SCALE_INPUTS | NDM_LOADER_LABELS_I64});
-    LIVE(ld, "eval loader");
-    CHECK(ndm_module_set_training(net, false));
+    LIVE(ld, doing);
+    CHECK(ndm_module_set_training(net, false), doing);
     ndm_no_grad_begin();
     int64_t right = 0, total = 0;
     ndm_batch b;
@@ -140,170 +191,355 @@ static double accuracy(ndm_manager parent, ndm_module net, ndm_dataset d, bool c
         ndm_array hits = ndm_sum(ndm_eq(ndm_argmax(logits, 1, false), b.labels), false,
                                  NDM_ALL_AXES_LIST);
         int64_t h;
-        CHECK(ndm_item_i64(hits, &h));
+        CHECK(ndm_item_i64(hits, &h), doing);
         right += h;
         total += b.size;
     }
-    CHECK(rc);
+    CHECK(rc, doing);
     ndm_no_grad_end();
-    CHECK(ndm_module_set_training(net, true));
-    CHECK(ndm_manager_close(ev));
+    CHECK(ndm_module_set_training(net, true), doing);
+    CHECK(ndm_manager_close(ev), doing);
     return total ? (double)right / (double)total : 0;
 }
 
-static void progress(int epoch, int epochs, int64_t done, int64_t total, double loss, double rate)
-{
-    int width = 30, filled = total ? (int)(width * done / total) : width;
-    char bar[64];
-    for (int i = 0; i < width; i++)
-        bar[i] = i < filled ? '#' : '.';
-    bar[width] = '\0';
-    printf("\r  epoch %2d/%d [%s] %4lld/%lld batches  loss %.4f  %6.0f examples/s", epoch, epochs,
-           bar, (long long)done, (long long)total, loss, rate);
-    fflush(stdout);
-}
-
-/* Live arrays of every manager of a subtree, in order, for the flatness check. */
+/* Live arrays and bytes of each manager watched, for the flatness check. */
 typedef struct snapshot {
-    uint64_t arrays[64];
-    uint64_t bytes[64];
+    uint64_t arrays[8];
+    uint64_t bytes[8];
     int n;
     double rss;
 } snapshot;
 
-static void snap_walk(ndm_manager m, snapshot *s)
+static void snap_add(ndm_manager m, snapshot *s)
 {
     ndm_stats st;
-    if (s->n < 64 && ndm_manager_stats(m, NDM_CPU, NDM_STATS_SUBTREE, &st) == NDM_OK) {
+    if (s->n < 8 && ndm_manager_stats(m, NDM_CPU, NDM_STATS_SUBTREE, &st) == NDM_OK) {
         s->arrays[s->n] = st.live_arrays;
         s->bytes[s->n] = st.live_bytes;
         s->n++;
     }
 }
 
+/* ---- options ------------------------------------------------------------------- */
+
+/* One option of a command: its name, the value it takes, the accepted range
+ * and where the value goes. The help text and the errors come from here. */
+typedef enum opt_kind { OPT_FLAG, OPT_INT, OPT_REAL, OPT_TEXT } opt_kind;
+
+typedef struct cli_opt {
+    const char *name;  /* "--epochs" */
+    const char *arg;   /* "N" (NULL for a flag) */
+    opt_kind kind;
+    int64_t ilo, ihi;  /* OPT_INT: accepted range */
+    double rlo, rhi;   /* OPT_REAL: accepted range, rlo excluded */
+    void *dst;         /* bool, int64_t, double or const char * */
+    const char *dflt;  /* the default in words (NULL: the initial value) */
+    const char *help;
+} cli_opt;
+
+typedef struct command {
+    const char *name;
+    const char *summary;
+    const cli_opt *opts;
+    int nopts;
+} command;
+
+static const char *prog = "ndm-fashion";
+
+static void print_default(FILE *f, const cli_opt *o)
+{
+    if (o->dflt)
+        fprintf(f, " default: %s", o->dflt);
+    else if (o->kind == OPT_INT)
+        fprintf(f, " default: %lld", (long long)*(int64_t *)o->dst);
+    else if (o->kind == OPT_REAL)
+        fprintf(f, " default: %g", *(double *)o->dst);
+    else if (o->kind == OPT_TEXT && *(const char **)o->dst)
+        fprintf(f, " default: %s", *(const char **)o->dst);
+}
+
+static void describe_range(char *buf, size_t n, const cli_opt *o)
+{
+    if (o->kind == OPT_INT)
+        snprintf(buf, n, "a whole number from %lld to %lld", (long long)o->ilo, (long long)o->ihi);
+    else
+        snprintf(buf, n, "a number above %g and at most %g", o->rlo, o->rhi);
+}
+
+static void command_help(FILE *f, const command *c)
+{
+    fprintf(f, "usage: %s %s%s\n  %s\n", prog, c->name, c->nopts ? " [options]" : "", c->summary);
+    if (c->nopts)
+        fprintf(f, "options:\n");
+    for (int i = 0; i < c->nopts; i++) {
+        const cli_opt *o = &c->opts[i];
+        char lhs[64];
+        snprintf(lhs, sizeof lhs, "%s%s%s", o->name, o->arg ? " " : "", o->arg ? o->arg : "");
+        fprintf(f, "  %-16s %s\n", lhs, o->help);
+        if (o->kind == OPT_FLAG)
+            continue;
+        fprintf(f, "  %-16s", "");
+        if (o->kind == OPT_INT || o->kind == OPT_REAL) {
+            char range[96];
+            describe_range(range, sizeof range, o);
+            fprintf(f, " %s;", range);
+        }
+        print_default(f, o);
+        fprintf(f, "\n");
+    }
+    fprintf(f, "  %-16s %s\n", "-h, --help", "print this help and exit");
+}
+
+/* A bad command line: say what and why, point at the help, exit 2. */
+static void bad_usage(const command *c, const char *fmt, const char *a, const char *b,
+                      const char *range)
+{
+    fprintf(stderr, "%s %s: ", prog, c->name);
+    fprintf(stderr, fmt, a, b, range);
+    fprintf(stderr, "\n(`%s %s --help` lists the options)\n", prog, c->name);
+    exit(2);
+}
+
+/* Parse a whole value: no trailing text, no leading blanks, in range. */
+static void parse_value(const command *c, const cli_opt *o, const char *v)
+{
+    char range[96] = "";
+    if (o->kind == OPT_TEXT) {
+        if (!*v)
+            bad_usage(c, "%s needs a non-empty %s%s", o->name, o->arg, "");
+        *(const char **)o->dst = v;
+        return;
+    }
+    describe_range(range, sizeof range, o);
+    char *end = NULL;
+    errno = 0;
+    bool ok = *v && !isspace((unsigned char)*v);
+    if (o->kind == OPT_INT) {
+        long long x = ok ? strtoll(v, &end, 10) : 0;
+        if (!ok || *end || errno == ERANGE)
+            bad_usage(c, "%s '%s' is not a whole number; it takes %s", o->name, v, range);
+        if (x < o->ilo || x > o->ihi)
+            bad_usage(c, "%s '%s' is out of range; it takes %s", o->name, v, range);
+        *(int64_t *)o->dst = x;
+    } else {
+        double x = ok ? strtod(v, &end) : 0;
+        if (!ok || *end || errno == ERANGE || !isfinite(x))
+            bad_usage(c, "%s '%s' is not a number; it takes %s", o->name, v, range);
+        if (!(x > o->rlo) || x > o->rhi)
+            bad_usage(c, "%s '%s' is out of range; it takes %s", o->name, v, range);
+        *(double *)o->dst = x;
+    }
+}
+
+/* Fill the options of c from argv[2..]; --help prints the help and exits 0. */
+static void parse_options(const command *c, int argc, char **argv)
+{
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h") || !strcmp(a, "help")) {
+            command_help(stdout, c);
+            exit(0);
+        }
+    }
+    for (int i = 2; i < argc; i++) {
+        char name[64];
+        const char *a = argv[i], *eq = strchr(a, '='), *v = NULL;
+        snprintf(name, sizeof name, "%.*s", eq ? (int)(eq - a) : (int)strlen(a), a);
+        const cli_opt *o = NULL;
+        for (int k = 0; k < c->nopts && !o; k++)
+            if (!strcmp(c->opts[k].name, name))
+                o = &c->opts[k];
+        if (!o)
+            bad_usage(c, "unknown option '%s'%s%s", name, "", "");
+        if (o->kind == OPT_FLAG) {
+            if (eq)
+                bad_usage(c, "%s takes no value (got '%s')%s", o->name, eq + 1, "");
+            *(bool *)o->dst = true;
+            continue;
+        }
+        if (eq)
+            v = eq + 1;
+        else if (i + 1 < argc)
+            v = argv[++i];
+        else if (o->kind == OPT_TEXT)
+            bad_usage(c, "%s needs a value (%s)%s", o->name, o->arg, "");
+        else {
+            char range[96];
+            describe_range(range, sizeof range, o);
+            bad_usage(c, "%s needs a value: %s%s", o->name, range, "");
+        }
+        parse_value(c, o, v);
+    }
+}
+
 /* ---- train -------------------------------------------------------------------- */
 
 typedef struct train_opts {
-    const char *arch;
+    bool cnn;
     const char *data;
     const char *out;
-    int epochs;
+    int64_t epochs;
     int64_t batch;
     int64_t limit;
     double lr;
-    uint64_t seed;
+    int64_t seed;
     bool quiet;
+    bool no_save;
 } train_opts;
 
 static int train(train_opts o)
 {
-    bool cnn = !strcmp(o.arch, "cnn");
-    char dir[1024];
-    if (o.data)
-        snprintf(dir, sizeof dir, "%s", o.data);
-    else
-        find_data(dir, sizeof dir);
-    printf("ndm-fashion train: %s on %s, %d epochs, batch %lld, Adam lr %g (cosine), seed %llu\n",
-           cnn ? "CNN" : "MLP 784-256-128-10", dir, o.epochs, (long long)o.batch, o.lr,
-           (unsigned long long)o.seed);
+    const char *arch = o.cnn ? "cnn" : "mlp";
+    char dir[1024], why[1200];
+    data_dir(o.data, dir, sizeof dir);
+    /* everything that can be known wrong is checked before the first step */
+    char timg[1200], tlab[1200], vimg[1200], vlab[1200];
+    split_paths("train", dir, "train", timg, tlab, sizeof timg);
+    split_paths("train", dir, "t10k", vimg, vlab, sizeof vimg);
+    if (!o.no_save && !writable(o.out, why, sizeof why)) {
+        fprintf(stderr, "ndm-fashion train: cannot save the model to %s: %s (choose another --out, "
+                "or --no-save)\n", o.out, why);
+        return 1;
+    }
+    printf("ndm-fashion train: %s on %s, %lld epochs, batch %lld, Adam lr %g (cosine), seed %lld\n",
+           o.cnn ? "CNN" : "MLP 784-256-128-10", dir, (long long)o.epochs, (long long)o.batch,
+           o.lr, (long long)o.seed);
 
     /* system/data holds the datasets; system/model the parameters and the
      * optimizer's state, capped before the first step; model/trainer the
      * loader, and a batch manager per step under it */
     ndm_manager data = ndm_manager_new(ndm_system(), "data");
     ndm_manager model = ndm_manager_new(ndm_system(), "model");
-    LIVE(data, "data manager");
-    LIVE(model, "model manager");
-    ndm_dataset train_set = load_split(data, dir, "train", o.limit);
-    ndm_dataset test_set = load_split(data, dir, "t10k", o.limit ? o.limit / 6 + 1 : 0);
+    LIVE(data, "creating the data manager");
+    LIVE(model, "creating the model manager");
+    ndm_dataset train_set = load_split(data, timg, tlab, o.limit);
+    /* the test split keeps the training split's proportion (60000 : 10000) */
+    ndm_dataset test_set = load_split(data, vimg, vlab, o.limit ? (o.limit + 5) / 6 : 0);
     printf("  %lld training and %lld test examples\n", (long long)ndm_dataset_size(train_set),
            (long long)ndm_dataset_size(test_set));
-    ndm_rng rng = ndm_rng_new(o.seed);
-    ndm_module net = build(model, o.arch, &rng);
+    ndm_rng rng = ndm_rng_new((uint64_t)o.seed);
+    ndm_module net = build(model, arch, &rng);
     char desc[512];
     ndm_module_describe(net, desc, sizeof desc);
     printf("  %s\n", desc);
     ndm_optimizer opt = ndm_adam(model, net, o.lr, 0.9, 0.999, 1e-8, 0.0);
-    LIVE(opt, "optimizer");
-    CHECK(ndm_manager_cap(model, NDM_CAP_ARRAYS));
+    LIVE(opt, "creating the optimizer");
+    CHECK(ndm_manager_cap(model, NDM_CAP_ARRAYS), "capping the model");
     ndm_manager trainer = ndm_manager_new(model, "trainer");
-    LIVE(trainer, "trainer");
+    LIVE(trainer, "creating the trainer");
     ndm_loader ld = ndm_loader_new(trainer, train_set, &(ndm_loader_options){
-        .batch_size = o.batch, .seed = o.seed,
+        .batch_size = o.batch, .seed = (uint64_t)o.seed,
         .flags = NDM_LOADER_SHUFFLE | NDM_LOADER_SCALE_INPUTS | NDM_LOADER_LABELS_I64});
-    LIVE(ld, "loader");
+    LIVE(ld, "creating the batch loader");
     int64_t nb = ndm_loader_batches(ld);
 
-    snapshot snaps[256];
-    int nsnaps = 0;
+    progress bar;
+    progress_init(&bar, stderr, 10.0);
+    /* the counts must be equal from the end of the first epoch on (the
+     * optimizer's state exists by then); the RSS from the second on, after
+     * the allocator's caches have grown to their working size */
+    snapshot first = {0}, last = {0}, rss_base = {0};
+    int first_epoch = 0, rss_epoch = 0;
     double acc = 0;
     for (int epoch = 1; epoch <= o.epochs; epoch++) {
-        CHECK(ndm_optimizer_set_lr(opt, ndm_lr_cosine(o.lr, o.lr * 0.05, epoch - 1, o.epochs)));
+        const char *doing = "a training step";
+        CHECK(ndm_optimizer_set_lr(opt, ndm_lr_cosine(o.lr, o.lr * 0.05, epoch - 1, o.epochs)),
+              "setting the learning rate");
         double t0 = now(), loss_sum = 0;
         int64_t seen = 0;
         ndm_batch b;
         int rc;
+        progress_state ps = {epoch, (int)o.epochs, 0, nb, 0, 0};
         while ((rc = ndm_loader_next(ld, &b)) > 0) {
             /* the graph lives in the batch manager, which the next fetch closes */
-            CHECK(ndm_grad_begin(b.manager));
-            ndm_array logits = ndm_forward(net, shaped(b.inputs, cnn));
+            CHECK(ndm_grad_begin(b.manager), doing);
+            ndm_array logits = ndm_forward(net, shaped(b.inputs, o.cnn));
             ndm_array loss = ndm_cross_entropy(logits, b.labels);
-            LIVE(loss, "loss");
-            CHECK(ndm_backward(loss));
-            CHECK(ndm_grad_end());
-            CHECK(ndm_optimizer_step(opt));
-            CHECK(ndm_optimizer_zero_grad(opt));
+            LIVE(loss, doing);
+            CHECK(ndm_backward(loss), doing);
+            CHECK(ndm_grad_end(), doing);
+            CHECK(ndm_optimizer_step(opt), doing);
+            CHECK(ndm_optimizer_zero_grad(opt), doing);
             double l;
-            CHECK(ndm_item(loss, &l));
+            CHECK(ndm_item(loss, &l), doing);
             loss_sum += l * (double)b.size;
             seen += b.size;
-            if (!o.quiet && (b.index % 25 == 0 || b.index + 1 == nb))
-                progress(epoch, o.epochs, b.index + 1, nb, loss_sum / (double)seen,
-                         (double)seen / (now() - t0));
+            double t = now();
+            ps.done = b.index + 1;
+            ps.loss = loss_sum / (double)seen;
+            ps.rate = (double)seen / (t - t0);
+            if (!o.quiet)
+                progress_update(&bar, &ps, t);
         }
-        CHECK(rc);
+        CHECK(rc, "fetching a batch");
         double secs = now() - t0;
         if (!o.quiet)
-            printf("\n");
-        acc = accuracy(trainer, net, test_set, cnn);
-        snapshot *s = &snaps[nsnaps < 256 ? nsnaps++ : 255];
-        s->n = 0;
-        snap_walk(model, s);
-        snap_walk(trainer, s);
-        snap_walk(data, s);
-        s->rss = rss_mib();
+            progress_end_epoch(&bar, &ps, now());
+        acc = accuracy(trainer, net, test_set, o.cnn);
+        snapshot s = {0};
+        snap_add(model, &s);
+        snap_add(trainer, &s);
+        snap_add(data, &s);
+        s.rss = rss_mib();
+        if (epoch == 1) {
+            first = s;
+            first_epoch = epoch;
+        }
+        if (epoch == 2 || o.epochs == 1) {
+            rss_base = s;
+            rss_epoch = epoch;
+        }
+        last = s;
         printf("  epoch %2d: train loss %.4f  test accuracy %.2f%%  %.1f s  %.0f examples/s  "
                "RSS %.1f MiB\n",
-               epoch, loss_sum / (double)seen, 100 * acc, secs, (double)seen / secs, s->rss);
-        CHECK(ndm_debug_dump(model, stdout));
+               epoch, loss_sum / (double)seen, 100 * acc, secs, (double)seen / secs, s.rss);
+        fflush(stdout);
+        if (!o.quiet)
+            (void)ndm_debug_dump(model, stdout);
     }
 
-    /* flat memory from the second epoch on: every count and the RSS */
-    if (nsnaps >= 2) {
-        snapshot *a = &snaps[1], *z = &snaps[nsnaps - 1];
-        bool flat = a->n == z->n;
-        for (int i = 0; i < a->n && flat; i++)
-            flat = a->arrays[i] == z->arrays[i] && a->bytes[i] == z->bytes[i];
-        double growth = a->rss > 0 ? 100.0 * (z->rss - a->rss) / a->rss : 0;
-        printf("memory from epoch 2 to %d: manager counts %s, RSS %.1f -> %.1f MiB (%+.2f%%)\n",
-               nsnaps, flat ? "identical" : "CHANGED", a->rss, z->rss, growth);
+    /* flat memory: the live arrays and bytes of model, trainer and data at
+     * the end of each epoch, and the RSS */
+    if (o.epochs >= 2) {
+        bool flat = first.n == last.n;
+        uint64_t arrays = 0, bytes = 0;
+        for (int i = 0; i < last.n; i++) {
+            flat = flat && first.arrays[i] == last.arrays[i] && first.bytes[i] == last.bytes[i];
+            arrays += last.arrays[i];
+            bytes += last.bytes[i];
+        }
+        printf("memory after epoch %d and after epoch %lld: live arrays and bytes of model, "
+               "trainer and data %s (%llu arrays, %.1f MiB)\n",
+               first_epoch, (long long)o.epochs, flat ? "identical" : "CHANGED",
+               (unsigned long long)arrays, (double)bytes / (1024.0 * 1024.0));
+        if (o.epochs > rss_epoch)
+            printf("RSS after epoch %d and after epoch %lld: %.1f -> %.1f MiB (%+.2f%%)\n",
+                   rss_epoch, (long long)o.epochs, rss_base.rss, last.rss,
+                   rss_base.rss > 0 ? 100.0 * (last.rss - rss_base.rss) / rss_base.rss : 0.0);
+        else
+            printf("RSS: not compared (the first epoch grows the caches; it takes 3 epochs)\n");
+    } else {
+        printf("memory: one epoch, nothing to compare (the check needs --epochs 2 or more)\n");
     }
-    printf("final test accuracy: %.2f%%\n", 100 * acc);
+    printf("final test accuracy: %.2f%% on %lld test examples\n", 100 * acc,
+           (long long)ndm_dataset_size(test_set));
 
-    if (o.out) {
+    if (!o.no_save) {
         /* the parameters and the architecture, for serve */
         const char *names[64];
         ndm_array params[64];
         int n = ndm_module_named_parameters(net, names, params, 64);
-        char accs[32];
+        char accs[32], tested[32];
         snprintf(accs, sizeof accs, "%.4f", acc);
-        const char *keys[2] = {"arch", "test_accuracy"}, *vals[2] = {o.arch, accs};
-        ndm_named_arrays set = {(size_t)n, names, params, 2, keys, vals};
-        CHECK(ndm_safetensors_save(o.out, &set));
+        snprintf(tested, sizeof tested, "%lld", (long long)ndm_dataset_size(test_set));
+        const char *keys[3] = {"arch", "test_accuracy", "test_examples"};
+        const char *vals[3] = {arch, accs, tested};
+        ndm_named_arrays set = {(size_t)n, names, params, 3, keys, vals};
+        CHECK(ndm_safetensors_save(o.out, &set), "saving the model");
         printf("saved %d parameters to %s\n", n, o.out);
     }
-    CHECK(ndm_manager_close(model));
-    CHECK(ndm_manager_close(data));
+    CHECK(ndm_manager_close(model), "closing the model");
+    CHECK(ndm_manager_close(data), "closing the data");
     return 0;
 }
 
@@ -316,6 +552,7 @@ typedef struct client {
     ndm_array labels;
     bool cnn;
     int64_t first, count;   /* requests [first, first + count) */
+    int64_t avail;          /* images; request k shows image k mod avail */
     double *latency;        /* seconds per request */
     int64_t right;
     int errors;
@@ -326,7 +563,7 @@ static void *serve_worker(void *p)
 {
     client *c = p;
     for (int64_t i = 0; i < c->count; i++) {
-        int64_t k = c->first + i;
+        int64_t k = (c->first + i) % c->avail;
         double t0 = now();
         /* each request gets a manager for its input and its answer */
         ndm_manager req = ndm_manager_new(c->home, "client");
@@ -355,23 +592,35 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static int serve(const char *path, const char *datadir, int64_t requests, int threads)
+typedef struct serve_opts {
+    const char *model;
+    const char *data;
+    int64_t requests;
+    int64_t threads;
+} serve_opts;
+
+static int serve(serve_opts o)
 {
-    char dir[1024];
-    if (datadir)
-        snprintf(dir, sizeof dir, "%s", datadir);
-    else
-        find_data(dir, sizeof dir);
+    char dir[1024], ipath[1200], lpath[1200];
+    data_dir(o.data, dir, sizeof dir);
+    split_paths("serve", dir, "t10k", ipath, lpath, sizeof ipath);
+    if (!exists(o.model)) {
+        fprintf(stderr, "ndm-fashion serve: no model at %s (run `ndm-fashion train --out %s` "
+                "first, or pass --model FILE)\n", o.model, o.model);
+        return 1;
+    }
+    int threads = (int)o.threads;
+    int64_t requests = o.requests;
     ndm_manager data = ndm_manager_new(ndm_system(), "data");
     ndm_manager model = ndm_manager_new(ndm_system(), "model");
-    LIVE(data, "data");
-    LIVE(model, "model");
+    LIVE(data, "creating the data manager");
+    LIVE(model, "creating the model manager");
     /* the file is mapped: its tensors are copied into the parameters, then
      * the mapping dies with the loading manager */
     ndm_manager loading = ndm_manager_new(model, "loading");
-    const ndm_named_arrays *w = ndm_safetensors_load(loading, path, NDM_LOAD_MMAP);
+    const ndm_named_arrays *w = ndm_safetensors_load(loading, o.model, NDM_LOAD_MMAP);
     if (!w)
-        die("load the model (run `ndm-fashion train` first)");
+        die("loading the model");
     const char *arch = ndm_named_arrays_meta(w, "arch");
     if (!arch)
         arch = "mlp";
@@ -384,34 +633,34 @@ static int serve(const char *path, const char *datadir, int64_t requests, int th
     for (int i = 0; i < n; i++) {
         int64_t k = ndm_named_arrays_find(w, names[i]);
         if (k < 0) {
-            fprintf(stderr, "ndm-fashion: %s has no tensor %s\n", path, names[i]);
+            fprintf(stderr, "ndm-fashion serve: %s has no tensor %s; is it a model that "
+                    "`ndm-fashion train` saved?\n", o.model, names[i]);
             return 1;
         }
-        CHECK(ndm_copy_into(params[i], w->arrays[k]));
+        CHECK(ndm_copy_into(params[i], w->arrays[k]), "reading the model's parameters");
     }
-    CHECK(ndm_manager_close(loading));
+    CHECK(ndm_manager_close(loading), "closing the model file");
     ndm_predictor pred = ndm_predictor_new(model, net);
-    LIVE(pred, "predictor");
-    char ipath[1200], lpath[1200];
-    snprintf(ipath, sizeof ipath, "%s/t10k-images-idx3-ubyte.gz", dir);
-    snprintf(lpath, sizeof lpath, "%s/t10k-labels-idx1-ubyte.gz", dir);
+    LIVE(pred, "creating the predictor");
     ndm_array images = ndm_idx_load(data, ipath);
+    LIVE(images, "loading the test images");
     ndm_array labels = ndm_idx_load(data, lpath);
-    LIVE(images, "test images");
-    LIVE(labels, "test labels");
+    LIVE(labels, "loading the test labels");
     int64_t avail = ndm_array_dim(images, 0);
+    printf("ndm-fashion serve: %s model from %s, %lld requests from %d threads", cnn ? "CNN" : "MLP",
+           o.model, (long long)requests, threads);
     if (requests > avail)
-        requests = avail;
-    printf("ndm-fashion serve: %s model from %s, %lld requests from %d threads\n",
-           cnn ? "CNN" : "MLP", path, (long long)requests, threads);
+        printf(" (the %lld test images in turn)", (long long)avail);
+    printf("\n");
 
     ndm_manager workers = ndm_manager_new(ndm_system(), "workers");
-    LIVE(workers, "workers");
+    LIVE(workers, "creating the workers' manager");
     client *cs = calloc((size_t)threads, sizeof *cs);
     pthread_t *th = calloc((size_t)threads, sizeof *th);
     double *lat = calloc((size_t)requests, sizeof *lat);
     if (!cs || !th || !lat) {
-        fprintf(stderr, "ndm-fashion: out of memory\n");
+        fprintf(stderr, "ndm-fashion serve: out of memory for %lld requests\n",
+                (long long)requests);
         return 1;
     }
     int64_t per = requests / threads, extra = requests % threads, at = 0;
@@ -420,11 +669,11 @@ static int serve(const char *path, const char *datadir, int64_t requests, int th
         char nm[32];
         snprintf(nm, sizeof nm, "worker-%d", t);
         cs[t] = (client){pred, ndm_manager_new(workers, nm), images, labels, cnn, at,
-                         per + (t < extra), lat + at, 0, 0, ""};
-        LIVE(cs[t].home, "worker manager");
+                         per + (t < extra), avail, lat + at, 0, 0, ""};
+        LIVE(cs[t].home, "creating a worker's manager");
         at += cs[t].count;
         if (pthread_create(&th[t], NULL, serve_worker, &cs[t]) != 0) {
-            fprintf(stderr, "ndm-fashion: cannot start a thread\n");
+            fprintf(stderr, "ndm-fashion serve: cannot start thread %d of %d\n", t + 1, threads);
             return 1;
         }
     }
@@ -445,18 +694,19 @@ static int serve(const char *path, const char *datadir, int64_t requests, int th
            (double)requests / secs, 1e6 * lat[requests / 2], 1e6 * lat[(requests * 99) / 100],
            100.0 * (double)right / (double)requests, errors);
     printf("after the requests:\n");
-    CHECK(ndm_debug_dump(model, stdout));
-    CHECK(ndm_debug_dump(workers, stdout));
+    (void)ndm_debug_dump(model, stdout);
+    (void)ndm_debug_dump(workers, stdout);
     ndm_stats ps;
-    CHECK(ndm_manager_stats(ndm_predictor_manager(pred), NDM_CPU, NDM_STATS_SUBTREE, &ps));
+    CHECK(ndm_manager_stats(ndm_predictor_manager(pred), NDM_CPU, NDM_STATS_SUBTREE, &ps),
+          "counting the request managers");
     printf("live request managers: %llu, live request arrays: %llu\n",
            (unsigned long long)ps.children, (unsigned long long)ps.live_arrays);
     free(cs);
     free(th);
     free(lat);
-    CHECK(ndm_manager_close(workers));
-    CHECK(ndm_manager_close(model));
-    CHECK(ndm_manager_close(data));
+    CHECK(ndm_manager_close(workers), "closing the workers' manager");
+    CHECK(ndm_manager_close(model), "closing the model");
+    CHECK(ndm_manager_close(data), "closing the data");
     return errors ? 1 : 0;
 }
 
@@ -464,6 +714,7 @@ static int serve(const char *path, const char *datadir, int64_t requests, int th
 
 static int leak_demo(void)
 {
+    const char *doing = "a step of the demo";
     printf("ndm-fashion leak-demo: a training loop that keeps a per-step statistic in the "
            "trainer by mistake\n");
     ndm_manager model = ndm_manager_new(ndm_system(), "model");
@@ -472,8 +723,8 @@ static int leak_demo(void)
                                                        ndm_relu_module(model),
                                                        ndm_linear(model, 8, 4, true, &rng)));
     ndm_optimizer opt = ndm_sgd(model, net, 0.1, 0.0, 0.0);
-    LIVE(opt, "optimizer");
-    CHECK(ndm_manager_cap(model, NDM_CAP_ARRAYS));
+    LIVE(opt, "creating the optimizer");
+    CHECK(ndm_manager_cap(model, NDM_CAP_ARRAYS), "capping the model");
     ndm_manager trainer = ndm_manager_new(model, "trainer");
     ndm_seq mark = 0;
     for (int step = 0; step < 30; step++) {
@@ -482,95 +733,126 @@ static int leak_demo(void)
         ndm_manager batch = ndm_manager_new(trainer, "batch");
         ndm_array x = ndm_uniform(batch, &rng, NDM_F32, -1, 1, NDM_SHAPE(32, 16));
         ndm_array y = ndm_randint(batch, &rng, NDM_I64, 0, 4, NDM_SHAPE(32));
-        CHECK(ndm_grad_begin(batch));
+        CHECK(ndm_grad_begin(batch), doing);
         ndm_array loss = ndm_cross_entropy(ndm_forward(net, x), y);
-        CHECK(ndm_backward(loss));
-        CHECK(ndm_grad_end());
-        CHECK(ndm_optimizer_step(opt));
-        CHECK(ndm_optimizer_zero_grad(opt));
+        CHECK(ndm_backward(loss), doing);
+        CHECK(ndm_grad_end(), doing);
+        CHECK(ndm_optimizer_step(opt), doing);
+        CHECK(ndm_optimizer_zero_grad(opt), doing);
         ndm_array kept = ndm_copy_to(trainer, loss); /* the bug: should have stayed in the batch */
-        LIVE(kept, "copy");
-        CHECK(ndm_manager_close(batch));
+        LIVE(kept, doing);
+        CHECK(ndm_manager_close(batch), doing);
     }
     printf("\nndm_debug_dump after 30 steps: the trainer grows by one array per step\n");
-    CHECK(ndm_debug_dump(model, stdout));
+    (void)ndm_debug_dump(model, stdout);
     printf("\nndm_report_since(model, mark taken at step 10):\n");
-    CHECK(ndm_report_since(model, mark, stdout));
+    (void)ndm_report_since(model, mark, stdout);
     printf("\nand a stray array into the capped model fails at once, at its line:\n");
     ndm_array stray = ndm_zeros(model, NDM_F32, NDM_SHAPE(32, 8));
     if (!stray.id)
         printf("  %s\n", ndm_last_error());
-    CHECK(ndm_manager_close(model));
+    CHECK(ndm_manager_close(model), "closing the model");
     return 0;
 }
 
 /* ---- main ----------------------------------------------------------------------- */
 
-static void usage(void)
+static train_opts topt = {false, NULL, "fashion-model.safetensors", 10, 128, 0, 1e-3, 1, false,
+                          false};
+static serve_opts sopt = {"fashion-model.safetensors", NULL, 10000, 4};
+
+static const cli_opt train_opts_list[] = {
+    {"--cnn", NULL, OPT_FLAG, 0, 0, 0, 0, &topt.cnn, NULL,
+     "train the convolutional network instead of the MLP"},
+    {"--epochs", "N", OPT_INT, 1, 1000, 0, 0, &topt.epochs, NULL, "passes over the training set"},
+    {"--batch", "N", OPT_INT, 1, 60000, 0, 0, &topt.batch, NULL, "examples per step"},
+    {"--lr", "X", OPT_REAL, 0, 0, 0, 10, &topt.lr, NULL,
+     "Adam's learning rate, decayed to 5% on a cosine"},
+    {"--seed", "N", OPT_INT, 0, INT64_MAX, 0, 0, &topt.seed, NULL,
+     "seed of the initial weights and the shuffle"},
+    {"--limit", "N", OPT_INT, 0, 60000, 0, 0, &topt.limit, "0, every example",
+     "train on the first N examples and test on the first N/6"},
+    {"--data", "DIR", OPT_TEXT, 0, 0, 0, 0, &topt.data, "where dataset-fashion-mnist is installed",
+     "folder with the MNIST-format files"},
+    {"--out", "FILE", OPT_TEXT, 0, 0, 0, 0, &topt.out, NULL, "where to save the model"},
+    {"--no-save", NULL, OPT_FLAG, 0, 0, 0, 0, &topt.no_save, NULL, "do not save the model"},
+    {"--quiet", NULL, OPT_FLAG, 0, 0, 0, 0, &topt.quiet, NULL,
+     "no progress and no per-epoch dump; the summary lines only"},
+};
+static const cli_opt serve_opts_list[] = {
+    {"--model", "FILE", OPT_TEXT, 0, 0, 0, 0, &sopt.model, NULL, "the model `train` saved"},
+    {"--requests", "N", OPT_INT, 1, 10000000, 0, 0, &sopt.requests, NULL,
+     "requests to answer, one test image each (in turn when N exceeds them)"},
+    {"--threads", "N", OPT_INT, 1, 256, 0, 0, &sopt.threads, NULL, "concurrent clients"},
+    {"--data", "DIR", OPT_TEXT, 0, 0, 0, 0, &sopt.data, "where dataset-fashion-mnist is installed",
+     "folder with the MNIST-format test files"},
+};
+static const command commands[] = {
+    {"train", "train a network on Fashion-MNIST, checking that memory stays flat", train_opts_list,
+     (int)(sizeof train_opts_list / sizeof train_opts_list[0])},
+    {"serve", "answer concurrent requests with a saved model, a manager per request",
+     serve_opts_list, (int)(sizeof serve_opts_list / sizeof serve_opts_list[0])},
+    {"leak-demo", "a training loop that leaks on purpose, and the leak found by its line", NULL,
+     0},
+};
+enum { NCOMMANDS = (int)(sizeof commands / sizeof commands[0]) };
+
+static void help(FILE *f)
 {
-    fprintf(stderr,
-            "usage: ndm-fashion train [--cnn] [--epochs N] [--batch N] [--lr X] [--seed N]\n"
-            "                         [--limit N] [--data DIR] [--out FILE] [--quiet]\n"
-            "       ndm-fashion serve [--model FILE] [--requests N] [--threads N] [--data DIR]\n"
-            "       ndm-fashion leak-demo\n");
-    exit(2);
+    fprintf(f, "usage: %s COMMAND [options]   run train, serve or leak-demo\n"
+               "       %s COMMAND --help      the options of one command\n"
+               "       %s --help | --version\n\n",
+            prog, prog, prog);
+    for (int i = 0; i < NCOMMANDS; i++) {
+        command_help(f, &commands[i]);
+        fprintf(f, "\n");
+    }
+    fprintf(f, "Errors name the option and what it accepts, and exit with status 2.\n"
+               "Progress goes to stderr: a bar on a terminal, a line per epoch otherwise.\n");
+}
+
+static const command *find_command(const char *name)
+{
+    for (int i = 0; i < NCOMMANDS; i++)
+        if (!strcmp(commands[i].name, name))
+            return &commands[i];
+    return NULL;
 }
 
 int main(int argc, char **argv)
 {
-    if (argc < 2)
-        usage();
-    if (!strcmp(argv[1], "train")) {
-        train_opts o = {"mlp", NULL, "fashion-model.safetensors", 10, 128, 0, 1e-3, 1, false};
-        for (int i = 2; i < argc; i++) {
-            const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-            if (!strcmp(a, "--cnn"))
-                o.arch = "cnn";
-            else if (!strcmp(a, "--quiet"))
-                o.quiet = true;
-            else if (v && !strcmp(a, "--epochs") && ++i)
-                o.epochs = atoi(v);
-            else if (v && !strcmp(a, "--batch") && ++i)
-                o.batch = atoll(v);
-            else if (v && !strcmp(a, "--lr") && ++i)
-                o.lr = atof(v);
-            else if (v && !strcmp(a, "--seed") && ++i)
-                o.seed = strtoull(v, NULL, 10);
-            else if (v && !strcmp(a, "--limit") && ++i)
-                o.limit = atoll(v);
-            else if (v && !strcmp(a, "--data") && ++i)
-                o.data = v;
-            else if (v && !strcmp(a, "--out") && ++i)
-                o.out = v;
-            else
-                usage();
-        }
-        if (o.epochs < 1 || o.batch < 1 || !(o.lr > 0))
-            usage();
-        return train(o);
+    if (argc < 2) {
+        fprintf(stderr, "%s: which command? train, serve or leak-demo (`%s --help` says more)\n",
+                prog, prog);
+        return 2;
     }
-    if (!strcmp(argv[1], "serve")) {
-        const char *model = "fashion-model.safetensors", *data = NULL;
-        int64_t requests = 10000;
-        int threads = 4;
-        for (int i = 2; i < argc; i++) {
-            const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-            if (v && !strcmp(a, "--model") && ++i)
-                model = v;
-            else if (v && !strcmp(a, "--requests") && ++i)
-                requests = atoll(v);
-            else if (v && !strcmp(a, "--threads") && ++i)
-                threads = atoi(v);
-            else if (v && !strcmp(a, "--data") && ++i)
-                data = v;
-            else
-                usage();
-        }
-        if (requests < 1 || threads < 1 || threads > 256)
-            usage();
-        return serve(model, data, requests, threads);
+    const char *a = argv[1];
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+        help(stdout);
+        return 0;
     }
-    if (!strcmp(argv[1], "leak-demo"))
-        return leak_demo();
-    usage();
+    if (!strcmp(a, "help")) {
+        const command *c = argc > 2 ? find_command(argv[2]) : NULL;
+        if (c)
+            command_help(stdout, c);
+        else
+            help(stdout);
+        return 0;
+    }
+    if (!strcmp(a, "--version")) {
+        printf("%s %s (libndm %s)\n", prog, NDM_VERSION_STRING, ndm_version());
+        return 0;
+    }
+    const command *c = find_command(a);
+    if (!c) {
+        fprintf(stderr, "%s: unknown command '%s'; the commands are train, serve and leak-demo "
+                "(`%s --help` says more)\n", prog, a, prog);
+        return 2;
+    }
+    parse_options(c, argc, argv);
+    if (c == &commands[0])
+        return train(topt);
+    if (c == &commands[1])
+        return serve(sopt);
+    return leak_demo();
 }

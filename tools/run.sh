@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(meson ninja-build gcc pkg-config libcmocka-dev libopenblas-dev zlib1g-dev
-          libtalloc-dev libapr1-dev dataset-fashion-mnist chromium)
+          libtalloc-dev libapr1-dev dataset-fashion-mnist chromium doxygen cmake)
 
 install_missing() {
     local missing=()

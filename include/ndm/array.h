@@ -133,7 +133,7 @@ NDM_API NDM_NODISCARD ndm_status ndm_item_i64(ndm_array a, int64_t *out);
 
 /** Print like numpy's repr: `array([[1., 2.], [3., 4.]], dtype=float32)`,
  *  summarised with "..." above 1000 elements. */
-NDM_API NDM_NODISCARD ndm_status ndm_array_print(ndm_array a, FILE *f);
+NDM_API ndm_status ndm_array_print(ndm_array a, FILE *f);
 /** The same text into buf (truncated to n, NUL-terminated); returns the full
  *  length or a negative status. */
 NDM_API int ndm_array_format(ndm_array a, char *buf, size_t n);

@@ -22,12 +22,41 @@
 #define NDM_API
 #endif
 
-#if defined(__GNUC__)
+/* NDM_NODISCARD marks a status that must be looked at: ignoring it loses
+ * the news that the state is not what the caller thinks (a close, a move, a
+ * cap that did not happen). A `(void)` cast says "ignored on purpose" and
+ * silences it everywhere: [[nodiscard]] in C++17 and, in GCC's C modes,
+ * before C23 too (GCC's warn_unused_result ignores casts; Clang's honours
+ * them). Printing functions are not marked. */
+#if defined(__cplusplus) && __cplusplus >= 201703L
+#define NDM_NODISCARD [[nodiscard]]
+#elif !defined(__cplusplus) && !defined(__clang__) && !defined(NDM_BUILDING_LIBRARY) &&         \
+    defined(__GNUC__) && __GNUC__ >= 11
+#define NDM_NODISCARD __extension__ [[nodiscard]]
+#elif defined(__GNUC__)
 #define NDM_NODISCARD __attribute__((warn_unused_result))
-#define NDM_PRINTF(fmt, args) __attribute__((format(printf, fmt, args)))
 #else
 #define NDM_NODISCARD
+#endif
+#if defined(__GNUC__)
+#define NDM_PRINTF(fmt, args) __attribute__((format(printf, fmt, args)))
+#else
 #define NDM_PRINTF(fmt, args)
+#endif
+
+/* List and struct literals for the macros below and in other headers:
+ * compound literals in C; in C++, which has none, an initializer_list (its
+ * array lives to the end of the full expression, as a compound literal
+ * passed as an argument does) and a braced temporary. */
+#ifdef __cplusplus
+#include <initializer_list>
+#define NDM_LIST_COUNT_(T, ...) ((int)std::initializer_list<T>{__VA_ARGS__}.size())
+#define NDM_LIST_(T, ...) (std::initializer_list<T>{__VA_ARGS__}.begin())
+#define NDM_LITERAL_(T, ...) (T{__VA_ARGS__})
+#else
+#define NDM_LIST_COUNT_(T, ...) ((int)(sizeof((const T[]){__VA_ARGS__}) / sizeof(T)))
+#define NDM_LIST_(T, ...) ((const T[]){__VA_ARGS__})
+#define NDM_LITERAL_(T, ...) ((T){__VA_ARGS__})
 #endif
 
 #ifdef __cplusplus
@@ -46,8 +75,8 @@ typedef struct ndm_manager {
     uint64_t id;
 } ndm_manager;
 
-#define NDM_NULL_ARRAY ((ndm_array){0})
-#define NDM_NULL_MANAGER ((ndm_manager){0})
+#define NDM_NULL_ARRAY NDM_LITERAL_(ndm_array, 0)
+#define NDM_NULL_MANAGER NDM_LITERAL_(ndm_manager, 0)
 
 static inline bool ndm_array_is_null(ndm_array a) { return a.id == 0; }
 static inline bool ndm_manager_is_null(ndm_manager m) { return m.id == 0; }
@@ -62,8 +91,7 @@ static inline bool ndm_manager_is_null(ndm_manager m) { return m.id == 0; }
 /* A shape literal: NDM_SHAPE(2, 3) expands to `2, (const int64_t[]){2, 3}`,
  * the (ndim, shape) pair that every shape-taking function accepts. */
 #define NDM_SHAPE(...)                                                          \
-    (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)),            \
-        (const int64_t[]){__VA_ARGS__}
+    NDM_LIST_COUNT_(int64_t, __VA_ARGS__), NDM_LIST_(int64_t, __VA_ARGS__)
 
 /* A scalar shape (0-d array). */
 #define NDM_SCALAR 0, (const int64_t *)0

@@ -62,12 +62,12 @@ NDM_API NDM_NODISCARD ndm_status ndm_manager_stats(ndm_manager m, ndm_device dev
                                                    ndm_stats *out);
 
 /** Print the subtree of `m` (format above). */
-NDM_API NDM_NODISCARD ndm_status ndm_debug_dump(ndm_manager m, FILE *f);
+NDM_API ndm_status ndm_debug_dump(ndm_manager m, FILE *f);
 /** The subtree as one JSON object:
  *  {"name":..,"path":..,"device":..,"scope":bool,"capped":[..],"live_arrays":..,"created":..,
  *   "released":..,"moved_in":..,"moved_out":..,"resources":..,
  *   "bytes":{"cpu":{"live":..,"peak":..},..},"children":[..]} */
-NDM_API NDM_NODISCARD ndm_status ndm_debug_dump_json(ndm_manager m, FILE *f);
+NDM_API ndm_status ndm_debug_dump_json(ndm_manager m, FILE *f);
 
 /** A point in the sequence of array creations (process wide). */
 typedef uint64_t ndm_seq;
@@ -76,7 +76,7 @@ NDM_API ndm_seq ndm_mark(ndm_manager m);
 /** List the arrays of the subtree of `m` created after `mark` and still
  *  alive, grouped by creation site, largest group first. Writes nothing
  *  but a header line when there are none. */
-NDM_API NDM_NODISCARD ndm_status ndm_report_since(ndm_manager m, ndm_seq mark, FILE *f);
+NDM_API ndm_status ndm_report_since(ndm_manager m, ndm_seq mark, FILE *f);
 /** How many arrays of the subtree were created after `mark` and are alive
  *  (negative status on error). */
 NDM_API int64_t ndm_count_since(ndm_manager m, ndm_seq mark);

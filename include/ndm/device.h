@@ -25,8 +25,8 @@ typedef struct ndm_device {
     int index;
 } ndm_device;
 
-#define NDM_CPU ((ndm_device){NDM_DEVICE_CPU, 0})
-#define NDM_CUDA(i) ((ndm_device){NDM_DEVICE_CUDA, (i)})
+#define NDM_CPU NDM_LITERAL_(ndm_device, NDM_DEVICE_CPU, 0)
+#define NDM_CUDA(i) NDM_LITERAL_(ndm_device, NDM_DEVICE_CUDA, (i))
 
 static inline bool ndm_device_eq(ndm_device a, ndm_device b)
 {

@@ -42,8 +42,7 @@ extern "C" {
 /* An array list literal: NDM_ARRAYS(a, b) expands to
  * `2, (const ndm_array[]){a, b}`, the (n, arrays) pair concat and stack take. */
 #define NDM_ARRAYS(...)                                                         \
-    (int)(sizeof((const ndm_array[]){__VA_ARGS__}) / sizeof(ndm_array)),        \
-        (const ndm_array[]){__VA_ARGS__}
+    NDM_LIST_COUNT_(ndm_array, __VA_ARGS__), NDM_LIST_(ndm_array, __VA_ARGS__)
 
 /** Join n >= 1 arrays along an existing axis. All have the same rank (>= 1)
  *  and the same sizes except along `axis`, and live on one device. The

@@ -173,7 +173,7 @@ NDM_API NDM_NODISCARD ndm_status ndm_memory_empty_cache(ndm_device device);
 
 /** Print PyTorch's summary table for `device`, then the fragmentation
  *  figures and the effective settings. */
-NDM_API NDM_NODISCARD ndm_status ndm_memory_summary(ndm_device device, FILE *f);
+NDM_API ndm_status ndm_memory_summary(ndm_device device, FILE *f);
 
 /** Configure the allocator of `device` from `conf` (grammar above): the
  *  defaults, then `conf`; items for other devices are checked and skipped.

@@ -55,8 +55,7 @@ typedef struct ndm_predictor {
 
 /* A module list literal: NDM_MODULES(a, b) is `2, (const ndm_module[]){a, b}`. */
 #define NDM_MODULES(...)                                                        \
-    (int)(sizeof((const ndm_module[]){__VA_ARGS__}) / sizeof(ndm_module)),      \
-        (const ndm_module[]) { __VA_ARGS__ }
+    NDM_LIST_COUNT_(ndm_module, __VA_ARGS__), NDM_LIST_(ndm_module, __VA_ARGS__)
 
 /* ---- initialisation (in place, from the seeded generator) ------------------- */
 

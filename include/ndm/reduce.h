@@ -58,7 +58,7 @@ extern "C" {
 
 /* Axis lists: NDM_AXES(0, -1) expands to `2, (const int[]){0, -1}`. */
 #define NDM_AXES(...)                                                           \
-    (int)(sizeof((const int[]){__VA_ARGS__}) / sizeof(int)), (const int[]){__VA_ARGS__}
+    NDM_LIST_COUNT_(int, __VA_ARGS__), NDM_LIST_(int, __VA_ARGS__)
 /* Every axis (n = -1). */
 #define NDM_ALL_AXES_LIST (-1), (const int *)0
 /* No axis (numpy's axis=()): the result has the input's shape. */

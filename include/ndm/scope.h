@@ -89,12 +89,32 @@ NDM_API ndm_array ndm_scoped_at(NDM_SITE_PARAMS, ndm_manager parent, ndm_scoped_
 NDM_API ndm_array ndm_scope_finish_at(NDM_SITE_PARAMS, ndm_manager scope, ndm_array result);
 
 /* NDM_AUTO: cleanup at block exit. The handle's kind is in its id, so one
- * attribute serves managers, scopes and arrays. Errors during cleanup go to
- * the log callback. */
-#if defined(__GNUC__)
+ * function serves managers, scopes and arrays. Errors during cleanup go to
+ * the log callback. Other handles (modules, optimizers, loaders, predictors)
+ * die with their manager and are refused: with GCC at compile time (the
+ * cleanup takes only a manager or array pointer), with Clang at run time. */
+NDM_API void ndm_auto_cleanup(void *handle);
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__cplusplus)
+typedef union __attribute__((transparent_union)) ndm_auto_handle_ {
+    ndm_array *array;
+    ndm_manager *manager;
+} ndm_auto_handle_;
+static inline void ndm_auto_cleanup_checked_(ndm_auto_handle_ h) { ndm_auto_cleanup(h.array); }
+/* __extension__: ISO C has no argument conversion to a union. */
+#define NDM_AUTO __extension__ __attribute__((cleanup(ndm_auto_cleanup_checked_)))
+#elif defined(__GNUC__) && !defined(__clang__) /* C++ */
+} /* extern "C" */
+struct ndm_auto_handle_ {
+    ndm_auto_handle_(ndm_array *a) : p(a) {}
+    ndm_auto_handle_(ndm_manager *m) : p(m) {}
+    void *p;
+};
+static inline void ndm_auto_cleanup_checked_(ndm_auto_handle_ h) { ndm_auto_cleanup(h.p); }
+extern "C" {
+#define NDM_AUTO __attribute__((cleanup(ndm_auto_cleanup_checked_)))
+#elif defined(__GNUC__)
 #define NDM_AUTO __attribute__((cleanup(ndm_auto_cleanup)))
 #endif
-NDM_API void ndm_auto_cleanup(void *handle);
 
 #ifdef __cplusplus
 }

@@ -74,7 +74,9 @@ typedef enum ndm_log_level {
 typedef void (*ndm_log_fn)(ndm_log_level level, const char *msg, void *ud);
 
 /** Install a log callback (NULL restores the default, which prints warnings
- *  to stderr). Errors are also passed to it at NDM_LOG_ERROR. */
+ *  to stderr, and errors too when the environment variable NDM_LOG_ERRORS
+ *  is set and not "0"). Errors are also passed to it at NDM_LOG_ERROR, with
+ *  the same message as ndm_last_error(), as they happen. */
 NDM_API void ndm_set_log_fn(ndm_log_fn fn, void *ud);
 
 #ifdef __cplusplus

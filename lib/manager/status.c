@@ -78,10 +78,17 @@ NDM_API void ndm_set_log_fn(ndm_log_fn fn, void *ud)
 
 static void ndm__log(ndm_log_level level, const char *msg)
 {
-    if (log_fn)
+    if (log_fn) {
         log_fn(level, msg, log_ud);
-    else if (level == NDM_LOG_WARN)
+    } else if (level == NDM_LOG_WARN) {
         fprintf(stderr, "ndm: warning: %s\n", msg);
+    } else if (level == NDM_LOG_ERROR) {
+        /* read at each failure, not cached: failures are rare, and a test
+         * may set it after the first one */
+        const char *env = getenv("NDM_LOG_ERRORS");
+        if (env && *env && strcmp(env, "0") != 0)
+            fprintf(stderr, "ndm: error: %s\n", msg);
+    }
 }
 
 const char *ndm__site_str(ndm__site s, char *buf, size_t n)
@@ -164,4 +171,14 @@ void ndm__warn(const char *fmt, ...)
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
     ndm__log(NDM_LOG_WARN, buf);
+}
+
+NDM_API const char *ndm_version(void)
+{
+    return NDM_VERSION_STRING;
+}
+
+NDM_API unsigned ndm_version_number(void)
+{
+    return NDM_VERSION;
 }

@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""The README's C blocks and the programs under examples/: the README shows
+each example file verbatim and what it prints; an example's run must print
+exactly that (or examples/NAME.out for those the README does not show).
+
+  check_examples.py readme README.md EXAMPLES_DIR
+      every ```c block is preceded by <!-- example: examples/NAME.c --> and
+      equals that file; every example named has its program in EXAMPLES_DIR
+  check_examples.py run NAME EXAMPLE_BIN README.md EXAMPLES_DIR [options]
+      runs the program in a fresh folder ({tmp} in --args is that folder)
+      and compares its stdout with the README's <!-- output: examples/NAME -->
+      block, else with EXAMPLES_DIR/NAME.out; options (see --help) set its
+      environment, the exit status and stderr text it must give, and a
+      command to run after it
+
+Exit status: 0 ok, 1 a difference (printed as a diff), 77 skipped.
+"""
+import difflib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+FENCE = re.compile(r"^```(\w*)\s*$")
+MARK = re.compile(r"^<!--\s*(example|output):\s*(\S+)\s*-->\s*$")
+
+
+def blocks(path):
+    """(language, text, marker or None, first line) for each fenced block."""
+    lines = open(path, encoding="utf-8").read().split("\n")
+    out, i, mark = [], 0, None
+    while i < len(lines):
+        m = MARK.match(lines[i])
+        if m:
+            mark = (m.group(1), m.group(2))
+            i += 1
+            continue
+        f = FENCE.match(lines[i])
+        if f:
+            lang, start = f.group(1), i + 1
+            j = start
+            while j < len(lines) and not FENCE.match(lines[j]):
+                j += 1
+            out.append((lang, "\n".join(lines[start:j]) + "\n", mark, start))
+            mark = None
+            i = j + 1
+            continue
+        if lines[i].strip():
+            mark = None  # a marker applies to the block right after it
+        i += 1
+    return out
+
+
+def diff(want, got, wname, gname):
+    sys.stdout.writelines(difflib.unified_diff(
+        want.splitlines(True), got.splitlines(True), wname, gname))
+
+
+def check_readme(readme, src_dir):
+    root = os.path.dirname(os.path.abspath(readme))
+    bad = 0
+    seen = 0
+    for lang, text, mark, line in blocks(readme):
+        if lang != "c":
+            continue
+        seen += 1
+        if not mark or mark[0] != "example":
+            print(f"{readme}:{line}: a C block without <!-- example: examples/NAME.c --> "
+                  "before it; every C block must be an example the tests run")
+            bad += 1
+            continue
+        path = os.path.join(root, mark[1])
+        if not os.path.isfile(path):
+            print(f"{readme}:{line}: {mark[1]} does not exist")
+            bad += 1
+            continue
+        have = open(path, encoding="utf-8").read()
+        if have != text:
+            print(f"{readme}:{line}: the block differs from {mark[1]}:")
+            diff(have, text, mark[1], "README.md")
+            bad += 1
+    if seen == 0:
+        print(f"{readme}: no C block found")
+        bad += 1
+    print(f"{seen} C blocks checked against examples/")
+    return 1 if bad else 0
+
+
+def expected_output(name, readme, src_dir):
+    for lang, text, mark, line in blocks(readme):
+        if mark and mark[0] == "output" and mark[1] == f"examples/{name}":
+            return text, f"README.md:{line}"
+    path = os.path.join(src_dir, name + ".out")
+    if os.path.isfile(path):
+        return open(path, encoding="utf-8").read(), path
+    return None, None
+
+
+def run(o):
+    for path in o.needs:
+        if not os.path.exists(path):
+            print(f"{path} is not there (dataset-fashion-mnist is not installed): skipped")
+            return 77
+    want, where = None, None
+    if o.stdout:
+        want, where = expected_output(o.name, o.readme, o.examples)
+        if want is None:
+            print(f"no expected output for {o.name}: neither the README nor {o.name}.out")
+            return 1
+    env = dict(os.environ)
+    env.pop("NDM_LOG_ERRORS", None)
+    for kv in o.env:
+        k, _, v = kv.partition("=")
+        env[k] = v
+    with tempfile.TemporaryDirectory() as tmp:
+        # meson gives the programs' paths relative to the build folder
+        argv = [os.path.abspath(o.exe)] + [a.replace("{tmp}", tmp) for a in o.args]
+        if o.then and os.path.exists(o.then[0]):
+            o.then[0] = os.path.abspath(o.then[0])
+        p = subprocess.run(argv, cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
+        if p.returncode != o.rc:
+            print(f"{o.name} exited with {p.returncode}, not {o.rc}; stdout:\n{p.stdout}"
+                  f"stderr:\n{p.stderr}")
+            return 1
+        for text in o.stderr_has:
+            if text not in p.stderr:
+                print(f"{o.name}: stderr lacks {text!r}; it was:\n{p.stderr}")
+                return 1
+        if o.stderr_empty and p.stderr:
+            print(f"{o.name}: stderr should be empty; it was:\n{p.stderr}")
+            return 1
+        if want is not None and p.stdout != want:
+            sys.stdout.write(p.stderr)
+            print(f"{o.name} printed something else than {where} shows:")
+            diff(want, p.stdout, where, o.name)
+            return 1
+        if o.then:
+            q = subprocess.run(o.then, cwd=tmp, capture_output=True, text=True, timeout=300)
+            if q.returncode != 0:
+                print(f"{' '.join(o.then)} exited with {q.returncode}:\n{q.stdout}{q.stderr}")
+                return 1
+            for f in o.then_makes:
+                path = os.path.join(tmp, f)
+                if not os.path.isfile(path) or os.path.getsize(path) == 0:
+                    print(f"{' '.join(o.then)} did not write {f}")
+                    return 1
+    print(f"{o.name}: exit status {o.rc}" + (f", output as {where} shows" if where else ""))
+    return 0
+
+
+def main():
+    if len(sys.argv) >= 4 and sys.argv[1] == "readme":
+        return check_readme(sys.argv[2], sys.argv[3])
+    if len(sys.argv) >= 2 and sys.argv[1] == "run":
+        import argparse
+        ap = argparse.ArgumentParser()
+        ap.add_argument("name")
+        ap.add_argument("exe")
+        ap.add_argument("readme")
+        ap.add_argument("examples")
+        ap.add_argument("--needs", action="append", default=[],
+                        help="a file without which the test is skipped")
+        ap.add_argument("--env", action="append", default=[], help="K=V for the program")
+        ap.add_argument("--rc", type=int, default=0, help="the exit status it must give")
+        ap.add_argument("--no-stdout", dest="stdout", action="store_false",
+                        help="do not compare stdout")
+        ap.add_argument("--stderr-has", action="append", default=[])
+        ap.add_argument("--stderr-empty", action="store_true")
+        ap.add_argument("--then", nargs="+", default=[],
+                        help="a command run after it in the same folder (last option)")
+        ap.add_argument("--then-makes", action="append", default=[],
+                        help="a file the --then command must write")
+        ap.add_argument("--args", nargs="*", default=[], help="the program's arguments")
+        return run(ap.parse_args(sys.argv[2:]))
+    print(__doc__)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,19 @@
+// The same from C++17 without GNU extensions.
+#include <cstdio>
+#include <cstring>
+
+#include <ndm/ndm.h>
+
+int main()
+{
+    ndm_manager m = ndm_manager_new(ndm_system(), "consumer");
+    ndm_array a = ndm_ones(m, NDM_F32, NDM_SHAPE(2, 3));
+    double s = 0;
+    if (!a.id || ndm_item(ndm_sum(a, false, NDM_AXES(0, 1)), &s) != NDM_OK ||
+        ndm_manager_close(m) != NDM_OK) {
+        std::fprintf(stderr, "%s\n", ndm_last_error());
+        return 1;
+    }
+    std::printf("C++: headers %s, library %s, sum %.0f\n", NDM_VERSION_STRING, ndm_version(), s);
+    return std::strcmp(NDM_VERSION_STRING, ndm_version()) != 0;
+}
