@@ -554,7 +554,7 @@ NDM_API ndm_status ndm_manager_set_limit(ndm_manager h, ndm_device device, uint6
     int dev = ndm__device_slot(device);
     ndm__tree_lock();
     if (!m->limits) {
-        ndm__limits *l = calloc(1, sizeof *l);
+        ndm__limits *l = ndm__calloc(1, sizeof *l, NDM__INJ_RECORD);
         if (!l) {
             ndm__tree_unlock();
             return ndm__fail(NDM_E_OOM, __func__, NDM__NO_SITE, "no memory for a limit record");
@@ -618,8 +618,8 @@ NDM_API ndm_status ndm_manager_own_at(NDM_SITE_PARAMS, ndm_manager h, void *ptr,
         return st;
     if (!free_fn)
         return ndm__fail(NDM_E_INVALID, __func__, site, "free_fn is NULL");
-    ndm__hook *hk = calloc(1, sizeof *hk);
-    char *nm = name ? strdup(name) : NULL;
+    ndm__hook *hk = ndm__calloc(1, sizeof *hk, NDM__INJ_OBJECT);
+    char *nm = name && !ndm__inject(NDM__INJ_OBJECT) ? strdup(name) : NULL;
     if (!hk || (name && !nm)) {
         free(hk);
         free(nm);
@@ -642,7 +642,7 @@ NDM_API ndm_status ndm_manager_on_close_at(NDM_SITE_PARAMS, ndm_manager h, ndm_c
         return st;
     if (!fn)
         return ndm__fail(NDM_E_INVALID, __func__, site, "fn is NULL");
-    ndm__hook *hk = calloc(1, sizeof *hk);
+    ndm__hook *hk = ndm__calloc(1, sizeof *hk, NDM__INJ_OBJECT);
     if (!hk)
         return ndm__fail(NDM_E_OOM, __func__, site, "no memory for a hook record");
     hk->close_fn = fn;
