@@ -94,6 +94,7 @@ static void record_init(ndm__manager *m, ndm__manager *parent, const char *name,
     m->epoch = atomic_load_explicit(&ndm__epoch, memory_order_relaxed);
     m->live = m->created = m->released = m->moved_in = m->moved_out = m->resources = 0;
     m->children = 0;
+    m->closed_created = m->closed_released = 0;
     /* Only the counts the last manager here used can be other than 0. The
      * manager's own device is marked at once: its first array then finds
      * the mark and needs no atomic read-modify-write. */
@@ -418,6 +419,7 @@ static ndm_status close_locked(ndm__manager *m, const ndm__site *site)
         result = hs;
 
     ndm__tree_lock();
+    ndm__lifetime_fold(m);
     if (m->parent) {
         ndm__manager *p = ndm__manager_rec(m->parent);
         if (m->sib_prev)
