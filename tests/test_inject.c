@@ -418,6 +418,46 @@ static void test_inject_predict_every_allocation(void **state)
                   sw.failed, sw.absorbed);
 }
 
+/* Building a model, its optimizer and a predictor fails cleanly at each of
+ * its allocations: the error is NDM_E_OOM, and once the model closes nothing
+ * is left, in the tree or the allocator (leaked objects: LeakSanitizer). */
+static void test_inject_model_setup_every_allocation(void **state)
+{
+    ndm_manager root = ROOT(state);
+    figures before, after;
+    take(&before, &root, 1);
+    int64_t failed = 0;
+    for (int64_t n = 1; n <= MAX_SWEEP; n++) {
+        ndm_manager model = ndm_manager_new(root, "model");
+        assert_live(model);
+        ndm__inject_fail_after(n, NDM__INJ_ALL);
+        ndm_rng rng = ndm_rng_new(1);
+        ndm_module net = ndm_sequential(model,
+                                        NDM_MODULES(ndm_linear(model, 4, 8, true, &rng),
+                                                    ndm_relu_module(model),
+                                                    ndm_linear(model, 8, 3, true, &rng)));
+        ndm_optimizer opt = net.id ? ndm_adam(model, net, 0.01, 0.9, 0.999, 1e-8, 0)
+                                   : (ndm_optimizer){0};
+        ndm_predictor pred = opt.id ? ndm_predictor_new(model, net) : (ndm_predictor){0};
+        ndm_status st = pred.id ? NDM_OK : ndm_last_status();
+        bool pending = ndm__inject_pending();
+        ndm__inject_fail_after(0, 0);
+        if (!pred.id && st != NDM_E_OOM)
+            fail_msg("failure %" PRId64 " of the setup: %s, \"%s\"", n, ndm_status_name(st),
+                     ndm_last_error());
+        failed += !pred.id;
+        assert_ok(ndm_manager_close(model));
+        take(&after, &root, 1);
+        same(&before, &after, &root, 1, "model setup", n);
+        if (pred.id && pending)
+            break;
+        if (n == MAX_SWEEP)
+            fail_msg("the setup still allocates after %d allocations", MAX_SWEEP);
+    }
+    assert_true(failed > 10);
+    print_message("model setup: %" PRId64 " allocations failed in turn\n", failed);
+}
+
 /* This program again, as a child that runs both sweeps with NDM_LEAK_REPORT=1:
  * its exit report must say that nothing is alive. */
 static void test_inject_sweeps_leave_nothing_at_exit(void **state)
@@ -479,6 +519,7 @@ int main(int argc, char **argv)
         TEST(test_inject_counts_only_armed_kinds),
         TEST(test_inject_train_step_every_allocation),
         TEST(test_inject_predict_every_allocation),
+        TEST(test_inject_model_setup_every_allocation),
         TEST(test_inject_sweeps_leave_nothing_at_exit),
         TEST(test_asan_overrun_of_cached_array_caught),
     };

@@ -87,7 +87,8 @@ static bool add_param(module *m, const char *name, ndm_array a)
     if (!p)
         return false;
     m->params = p;
-    char(*n)[NAME_MAX_LEN] = ndm__realloc(m->names, (size_t)(m->nparams + 1) * sizeof *n, NDM__INJ_OBJECT);
+    char(*n)[NAME_MAX_LEN] =
+        ndm__realloc(m->names, (size_t)(m->nparams + 1) * sizeof *n, NDM__INJ_OBJECT);
     if (!n)
         return false;
     m->names = n;
@@ -321,9 +322,14 @@ NDM_API ndm_module ndm_sequential_at(NDM_SITE_PARAMS, ndm_manager model, int n,
         ndm__fail(NDM_E_INVALID, api, site, "invalid module list (n = %d)", n);
         return (ndm_module){0};
     }
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
+        /* the null handle of a constructor that failed inside the list keeps
+         * that failure as the error, as a chain of operations does */
+        if (!modules[i].id && ndm_last_status() < 0)
+            return (ndm_module){0};
         if (!get(modules[i], api, site))
             return (ndm_module){0};
+    }
     module *m = alloc_module(SEQUENTIAL, api, site);
     if (!m)
         return (ndm_module){0};

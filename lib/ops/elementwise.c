@@ -118,7 +118,9 @@ ndm_status ndm__ew_unalias(const ndm__array *dst, const ndm__array *in, ndm__ten
     }
     scratch->device = dev;
     int64_t small[16];
-    int64_t *cs = in->ndim <= 16 ? small : ndm__malloc(sizeof(int64_t) * (size_t)in->ndim, NDM__INJ_SCRATCH);
+    int64_t *cs = in->ndim <= 16
+                      ? small
+                      : ndm__malloc(sizeof(int64_t) * (size_t)in->ndim, NDM__INJ_SCRATCH);
     if (!cs) {
         ndm__ew_scratch_free(scratch);
         return ndm__fail(NDM_E_OOM, api, site, "no memory for strides");

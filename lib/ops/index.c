@@ -11,7 +11,9 @@
 
 int64_t *ndm__scratch_get(ndm__scratch *s, size_t n, const char *api, ndm__site site)
 {
-    s->p = n <= sizeof s->small / sizeof s->small[0] ? s->small : ndm__malloc(n * sizeof(int64_t), NDM__INJ_SCRATCH);
+    s->p = n <= sizeof s->small / sizeof s->small[0]
+               ? s->small
+               : ndm__malloc(n * sizeof(int64_t), NDM__INJ_SCRATCH);
     if (!s->p)
         ndm__fail(NDM_E_OOM, api, site, "no memory for %zu sizes", n);
     return s->p;

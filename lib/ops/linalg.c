@@ -91,7 +91,8 @@ static ndm_array matmul_impl(ndm__site site, const char *api, ndm_manager out, n
     int nb = ba > bb ? ba : bb, nd = nb + 2;
     /* shapes and strides: output, kernel a, b, c (nd each) */
     int64_t small[7 * 18];
-    int64_t *buf = nd <= 18 ? small : ndm__malloc(7 * (size_t)nd * sizeof(int64_t), NDM__INJ_SCRATCH);
+    int64_t *buf =
+        nd <= 18 ? small : ndm__malloc(7 * (size_t)nd * sizeof(int64_t), NDM__INJ_SCRATCH);
     if (!buf) {
         ndm__fail(NDM_E_OOM, api, site, "no memory for a rank-%d product", nd);
         return NDM_NULL_ARRAY;
