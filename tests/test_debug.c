@@ -91,7 +91,8 @@ static void test_stats_subtree_figures(void **state)
     assert_stats(ROOT(state), NDM_STATS_SUBTREE, 2, 3, 1, 1, 1, 140, 240, 2, 3);
     assert_stats(ROOT(state), 0, 0, 0, 0, 0, 0, 0, 0, 0, 1);
     close_ok(t.c);
-    assert_stats(t.m, NDM_STATS_SUBTREE, 2, 2, 1, 1, 0, 140, 140, 2, 0);
+    /* c's lifetime stays in m's totals: it made b (now in m) */
+    assert_stats(t.m, NDM_STATS_SUBTREE, 2, 3, 1, 1, 0, 140, 140, 2, 0);
     close_ok(t.m);
 }
 
@@ -320,6 +321,111 @@ static void test_dump_marks(void **state)
     close_ok(model);
 }
 
+static char *json_text(ndm_manager m)
+{
+    check_capture c;
+    FILE *f = check_capture_open(&c);
+    assert_ok(ndm_debug_dump_json(m, f));
+    return (char *)check_capture_close(&c);
+}
+
+/* A closed child's lifetime counts stay in its parent's: on the parent's
+ * line after its own, in the subtree statistics, in the JSON. */
+static void test_dump_keeps_counts_of_closed_children(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_manager trainer = ndm_manager_new(model, "trainer");
+    ndm_array w = ndm_zeros(model, NDM_F32, NDM_SHAPE(2));
+    for (int step = 0; step < 3; step++) {
+        ndm_manager batch = ndm_manager_new(trainer, "batch");
+        ndm_array x = ndm_zeros(batch, NDM_F32, NDM_SHAPE(4));
+        ndm_array y = ndm_ones(batch, NDM_F32, NDM_SHAPE(4));
+        release_ok(y);
+        /* a scope inside the step: its arrays count in the batch's totals */
+        ndm_manager s = ndm_scope_begin(batch, "scope");
+        ndm_array t = ndm_zeros(s, NDM_U8, NDM_SHAPE(1));
+        (void)t;
+        (void)x;
+        assert_ok(ndm_scope_end(s, 0, NULL));
+        close_ok(batch);
+    }
+    /* 3 steps x (2 in the batch + 1 in its scope), all released */
+    assert_stats(trainer, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    assert_stats(trainer, NDM_STATS_SUBTREE, 0, 9, 9, 0, 0, 0, 0, 0, 0);
+    assert_stats(model, NDM_STATS_SUBTREE, 1, 10, 9, 0, 0, 8, 8, 0, 1);
+    assert_dump(model,
+                "ndm dump: system/test/model (arrays, bytes; [change since the previous dump])\n"
+                "model      cpu     arrays 1 [new]  bytes 8 [new]  created 1  released 0"
+                "  peak 8\n"
+                "  trainer  cpu     arrays 0 [new]  bytes 0 [new]"
+                "  created 0 (+9 in closed children)  released 0 (+9 in closed children)"
+                "  peak 0\n");
+    /* closing the trainer hands all of it to the model */
+    close_ok(trainer);
+    assert_stats(model, NDM_STATS_SUBTREE, 1, 10, 9, 0, 0, 8, 8, 0, 0);
+    assert_dump(model,
+                "ndm dump: system/test/model (arrays, bytes; [change since the previous dump])\n"
+                "model  cpu     arrays 1 [=]  bytes 8 [=]  created 1 (+9 in closed children)"
+                "  released 0 (+9 in closed children)  peak 8\n");
+    char *j = json_text(model);
+    if (!strstr(j, "\"created\":1,\"released\":0,\"closed_created\":9,\"closed_released\":9,"))
+        fail_msg("JSON lacks the closed children's counts:\n%s", j);
+    free(j);
+    release_ok(w);
+    close_ok(model);
+    /* and the test's manager keeps the model's lifetime */
+    assert_stats(ROOT(state), NDM_STATS_SUBTREE, 0, 10, 10, 0, 0, 0, 0, 0, 0);
+}
+
+/* Arrays on loan and storage shared between managers are marked. */
+static void test_dump_marks_loans_and_shared_storage(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_manager lender = ndm_manager_new(model, "lender");
+    ndm_manager req = ndm_manager_new(model, "req");
+    ndm_manager views = ndm_manager_new(model, "views");
+    ndm_array a = ndm_zeros(lender, NDM_F32, NDM_SHAPE(4));
+    ndm_array b = ndm_zeros(lender, NDM_F32, NDM_SHAPE(2));
+    assert_ok(ndm_temp_attach(a, req));
+    assert_ok(ndm_temp_attach(b, req));
+    /* two views of c's storage in another manager; d's views stay home */
+    ndm_array c = ndm_zeros(lender, NDM_U8, NDM_SHAPE(6));
+    ndm_array v1 = ndm_reshape_to(views, c, NDM_SHAPE(2, 3));
+    ndm_array v2 = ndm_alias_to(views, c);
+    ndm_array d = ndm_zeros(lender, NDM_U8, NDM_SHAPE(3));
+    ndm_array d2 = ndm_alias(d);
+    assert_live(v1);
+    assert_live(v2);
+    assert_live(d2);
+    assert_dump(model,
+                "ndm dump: system/test/model (arrays, bytes; [change since the previous dump])\n"
+                "model     cpu     arrays 0 [new]  bytes 0 [new]  created 0  released 0  peak 0\n"
+                "  lender  cpu     arrays 3 [new]  bytes 9 [new]  created 5  released 0  peak 24"
+                "  lent 2  shared 1\n"
+                "  req     cpu     arrays 2 [new]  bytes 24 [new]  created 0  released 0  peak 24"
+                "  borrowed 2\n"
+                "  views   cpu     arrays 2 [new]  bytes 0 [new]  created 2  released 0  peak 0"
+                "  shared 2\n");
+    char *j = json_text(model);
+    const char *want[3] = {
+        "\"path\":\"system/test/model/lender\"",
+        "\"resources\":0,\"lent\":2,\"borrowed\":0,\"shared\":1,",
+        "\"resources\":0,\"lent\":0,\"borrowed\":2,\"shared\":0,",
+    };
+    for (int i = 0; i < 3; i++)
+        if (!strstr(j, want[i]))
+            fail_msg("JSON lacks %s:\n%s", want[i], j);
+    free(j);
+    /* the loans end with the borrower */
+    close_ok(req);
+    assert_dump(lender,
+                "ndm dump: system/test/model/lender (arrays, bytes; [change since the previous "
+                "dump])\n"
+                "lender  cpu     arrays 5 [+2]  bytes 33 [+24]  created 5  released 0  peak 33"
+                "  shared 1\n");
+    close_ok(model);
+}
+
 static void test_dump_errors(void **state)
 {
     ndm_manager gone = ndm_manager_new(ROOT(state), "gone");
@@ -394,7 +500,8 @@ static void j_string(jreader *r, char *out, size_t cap)
 
 static const char *const manager_keys[] = {
     "name", "path", "device", "scope", "capped", "live_arrays", "created", "released",
-    "moved_in", "moved_out", "resources", "bytes", "children",
+    "closed_created", "closed_released", "moved_in", "moved_out", "resources", "lent",
+    "borrowed", "shared", "bytes", "children",
 };
 #define N_MANAGER_KEYS (sizeof manager_keys / sizeof *manager_keys)
 
@@ -496,14 +603,6 @@ static void j_value(jreader *r, char *string_out, size_t cap)
     }
 }
 
-static char *json_text(ndm_manager m)
-{
-    check_capture c;
-    FILE *f = check_capture_open(&c);
-    assert_ok(ndm_debug_dump_json(m, f));
-    return (char *)check_capture_close(&c);
-}
-
 static void test_dump_json_exact(void **state)
 {
     ndm_manager model = ndm_manager_new(ROOT(state), "model");
@@ -518,11 +617,14 @@ static void test_dump_json_exact(void **state)
     char *got = json_text(model);
     const char *want =
         "{\"name\":\"model\",\"path\":\"system/test/model\",\"device\":\"cpu\",\"scope\":false,"
-        "\"capped\":[\"arrays\"],\"live_arrays\":2,\"created\":1,\"released\":0,\"moved_in\":1,"
-        "\"moved_out\":0,\"resources\":0,\"bytes\":{\"cpu\":{\"live\":19,\"peak\":19}},"
+        "\"capped\":[\"arrays\"],\"live_arrays\":2,\"created\":1,\"released\":0,"
+        "\"closed_created\":0,\"closed_released\":0,\"moved_in\":1,"
+        "\"moved_out\":0,\"resources\":0,\"lent\":0,\"borrowed\":0,\"shared\":0,"
+        "\"bytes\":{\"cpu\":{\"live\":19,\"peak\":19}},"
         "\"children\":[{\"name\":\"batch\",\"path\":\"system/test/model/batch\","
         "\"device\":\"cpu\",\"scope\":false,\"capped\":[],\"live_arrays\":0,\"created\":2,"
-        "\"released\":1,\"moved_in\":0,\"moved_out\":1,\"resources\":1,"
+        "\"released\":1,\"closed_created\":0,\"closed_released\":0,\"moved_in\":0,"
+        "\"moved_out\":1,\"resources\":1,\"lent\":0,\"borrowed\":0,\"shared\":0,"
         "\"bytes\":{\"cpu\":{\"live\":0,\"peak\":3}},\"children\":[]}]}\n";
     if (strcmp(got, want) != 0) {
         print_error("got:\n%s\nexpected:\n%s\n", got, want);
@@ -690,12 +792,12 @@ static void test_leak_report_lists_live(void **state)
     const char *expect[4];
     char buf[3][256];
     snprintf(buf[0], sizeof buf[0],
-             "  array i32[4] in system/detached created at test_debug.c:%d (%s)\n", dline,
+             "  1 array, 16 bytes, created at test_debug.c:%d (%s) in system/detached\n", dline,
              __func__);
     snprintf(buf[1], sizeof buf[1], "  manager system/test/req created at test_debug.c:%d (%s)\n",
              mline, __func__);
     snprintf(buf[2], sizeof buf[2],
-             "  array f32[2,3] in system/test/req created at test_debug.c:%d (%s)\n", aline,
+             "  1 array, 24 bytes, created at test_debug.c:%d (%s) in system/test/req\n", aline,
              __func__);
     expect[0] = "ndm leak report: 2 live managers, 2 live arrays\n";
     expect[1] = buf[0];
@@ -791,14 +893,16 @@ static void test_leak_report_at_exit(void **state)
     int rc = run_leak_child("1", &out, &err);
     if (rc != 0)
         fail_msg("leak_child exited with %d: %s", rc, err);
-    int mline = 0, aline = 0;
-    assert_int_equal(sscanf(out, "manager %d\narray %d", &mline, &aline), 2);
+    int mline = 0, aline = 0, lline = 0;
+    assert_int_equal(sscanf(out, "manager %d\narray %d\nloop %d", &mline, &aline, &lline), 3);
+    /* one line per creation site, the largest group first */
     char want[512];
     snprintf(want, sizeof want,
-             "ndm leak report: 1 live manager, 1 live array\n"
+             "ndm leak report: 1 live manager, 321 live arrays\n"
              "  manager system/leaky created at leak_child.c:%d (main)\n"
-             "  array f32[2,3] in system/leaky created at leak_child.c:%d (main)\n",
-             mline, aline);
+             "  320 arrays, 5120 bytes, created at leak_child.c:%d (main) in system/leaky\n"
+             "  1 array, 24 bytes, created at leak_child.c:%d (main) in system/leaky\n",
+             mline, lline, aline);
     if (!strstr(err, want))
         fail_msg("stderr of leak_child:\n%s\nlacks:\n%s", err, want);
     free(out);
@@ -834,6 +938,8 @@ int main(void)
         TEST(test_dump_deltas_on_second_dump),
         TEST(test_dump_deltas_per_manager),
         TEST(test_dump_marks),
+        TEST(test_dump_keeps_counts_of_closed_children),
+        TEST(test_dump_marks_loans_and_shared_storage),
         TEST(test_dump_errors),
         TEST(test_dump_json_exact),
         TEST(test_dump_json_parses),

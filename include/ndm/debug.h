@@ -16,14 +16,22 @@
  *
  * Names are indented two spaces per level and padded to the widest; the
  * device column is six wide; a manager's first dump shows [new] in place of
- * the change. Optional fields follow: bytes on other devices
- * ("cuda:0 bytes N peak N"), "resources N", "capped(arrays,children)",
- * "scope".
+ * the change. When closed children created or released arrays, their
+ * numbers follow the manager's own: "created 0 (+120 in closed children)
+ * released 0 (+120 in closed children)" (a close folds a child's lifetime
+ * counts, its own closed children's included, into its parent, so a
+ * subtree's totals keep them). Optional fields follow: bytes on other
+ * devices ("cuda:0 bytes N peak N"), "resources N", "lent N" (its arrays
+ * that another manager borrows, ndm_temp_attach), "borrowed N" (arrays
+ * here on loan from another manager), "shared N" (arrays here whose storage
+ * another manager's array also views; its bytes count once, where charged),
+ * "capped(arrays,children)", "scope".
  *
  * Leak hunting: m0 = ndm_mark(model); ... ndm_report_since(model, m0, stderr)
  * lists the arrays of the subtree created after the mark and still alive,
  * grouped by creation site. With NDM_LEAK_REPORT=1 in the environment every
- * live array and manager is listed with its path and creation site at exit.
+ * live manager is listed with its path and creation site at exit, and its
+ * live arrays grouped by creation site with a count and bytes.
  *
  * Thread rules: all functions are thread-safe; figures read while other
  * threads work are a consistent snapshot of each manager, not of the tree.
@@ -43,8 +51,9 @@ extern "C" {
 
 typedef struct ndm_stats {
     uint64_t live_arrays;  /* arrays owned now */
-    uint64_t created;      /* arrays created in it */
-    uint64_t released;     /* arrays released from it (explicitly or by a close) */
+    uint64_t created;      /* arrays created in it (subtree: closed children's too) */
+    uint64_t released;     /* arrays released from it (explicitly or by a close;
+                              subtree: closed children's too) */
     uint64_t moved_in;     /* arrays attached to it from elsewhere */
     uint64_t moved_out;    /* arrays it gave away */
     uint64_t live_bytes;   /* storage bytes charged to it on the device asked */
@@ -65,8 +74,10 @@ NDM_API NDM_NODISCARD ndm_status ndm_manager_stats(ndm_manager m, ndm_device dev
 NDM_API ndm_status ndm_debug_dump(ndm_manager m, FILE *f);
 /** The subtree as one JSON object:
  *  {"name":..,"path":..,"device":..,"scope":bool,"capped":[..],"live_arrays":..,"created":..,
- *   "released":..,"moved_in":..,"moved_out":..,"resources":..,
- *   "bytes":{"cpu":{"live":..,"peak":..},..},"children":[..]} */
+ *   "released":..,"closed_created":..,"closed_released":..,"moved_in":..,"moved_out":..,
+ *   "resources":..,"lent":..,"borrowed":..,"shared":..,
+ *   "bytes":{"cpu":{"live":..,"peak":..},..},"children":[..]}
+ *  (closed_*: by closed children, as in the text dump) */
 NDM_API ndm_status ndm_debug_dump_json(ndm_manager m, FILE *f);
 
 /** A point in the sequence of array creations (process wide). */
@@ -81,9 +92,14 @@ NDM_API ndm_status ndm_report_since(ndm_manager m, ndm_seq mark, FILE *f);
  *  (negative status on error). */
 NDM_API int64_t ndm_count_since(ndm_manager m, ndm_seq mark);
 
-/** Print every live array and manager under system (except the built-in
- *  nodes themselves) with path and creation site; returns the number of
- *  live arrays. This is what NDM_LEAK_REPORT=1 prints at exit. */
+/** Print every live manager under system (except the built-in nodes
+ *  themselves) with path and creation site, oldest first, each followed by
+ *  its live arrays grouped by creation site, largest group first:
+ *    ndm leak report: 1 live manager, 320 live arrays
+ *      manager system/leaky created at main.c:10 (main)
+ *      320 arrays, 7680 bytes, created at main.c:12 (main) in system/leaky
+ *  or "ndm leak report: nothing alive". Returns the number of live arrays.
+ *  This is what NDM_LEAK_REPORT=1 prints at exit. */
 NDM_API int64_t ndm_leak_report(FILE *f);
 
 #ifdef __cplusplus

@@ -106,7 +106,9 @@ NDM_API ndm_module ndm_dropout_module_at(NDM_SITE_PARAMS, ndm_manager model, dou
 #define ndm_embedding(model, num, dim, rng) ndm_embedding_at(NDM_HERE, (model), (num), (dim), (rng))
 NDM_API ndm_module ndm_embedding_at(NDM_SITE_PARAMS, ndm_manager model, int64_t num, int64_t dim,
                                     ndm_rng *rng);
-/** The modules applied in order. They must belong to `model` too. */
+/** The modules applied in order. They must belong to `model` too. A null
+ *  module in the list (a constructor inside it failed) makes the result null
+ *  and keeps that constructor's error, as chained operations do. */
 #define ndm_sequential(model, ...) ndm_sequential_at(NDM_HERE, (model), __VA_ARGS__)
 NDM_API ndm_module ndm_sequential_at(NDM_SITE_PARAMS, ndm_manager model, int n,
                                      const ndm_module *modules);

@@ -1,5 +1,6 @@
-/* Byte accounting: per-manager live and peak bytes, and subtree limits.
- * Limits are kept only on managers that set one, so unlimited trees pay nothing. */
+/* Byte accounting: per-manager live and peak bytes, subtree limits, and the
+ * lifetime counts a closing child leaves to its parent. Limits are kept only
+ * on managers that set one, so unlimited trees pay nothing. */
 #include <inttypes.h>
 
 #include "core.h"
@@ -119,4 +120,16 @@ ndm_status ndm__charge_check(ndm__manager *from, ndm__manager *to, int dev, int6
         }
     }
     return NDM_OK;
+}
+
+void ndm__lifetime_fold(ndm__manager *m)
+{
+    if (!m->parent)
+        return;
+    ndm__manager *p = ndm__manager_rec(m->parent);
+    ndm__mlock_take(m);
+    uint64_t created = m->created, released = m->released;
+    ndm__mlock_drop(m);
+    p->closed_created += created + m->closed_created;
+    p->closed_released += released + m->closed_released;
 }

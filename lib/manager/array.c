@@ -345,7 +345,7 @@ ndm_array ndm__array_new_on(ndm__site site, const char *api, ndm_manager mh, ndm
 NDM__COLD ndm_status ndm__array_dims_on_heap(ndm__array *r, int ndim, const char *api,
                                              const ndm__site *where)
 {
-    int64_t *p = malloc(2 * (size_t)ndim * sizeof *p);
+    int64_t *p = ndm__malloc(2 * (size_t)ndim * sizeof *p, NDM__INJ_RECORD);
     if (!p)
         return ndm__fail(NDM_E_OOM, api, *where, "no memory for a rank-%d shape", ndim);
     r->shape = p;
@@ -688,19 +688,14 @@ static inline void unlink_from(ndm__manager *m, ndm__array *r)
     ndm__arrays_remove(m, r->pos, true);
 }
 
-static _Atomic int grow_fail_countdown;
-
-void ndm__arrays_grow_fail_after(int n) { atomic_store(&grow_fail_countdown, n); }
+void ndm__arrays_grow_fail_after(int n) { ndm__inject_fail_after(n, NDM__INJ_ARRAYS); }
 
 bool ndm__arrays_grow(ndm__manager *m)
 {
     uint32_t cap = m->arrays_cap ? 2 * m->arrays_cap : 64;
     if (cap <= m->arrays_cap)
         return false;
-    if (NDM__UNLIKELY(atomic_load_explicit(&grow_fail_countdown, memory_order_relaxed) > 0) &&
-        atomic_fetch_sub(&grow_fail_countdown, 1) == 1)
-        return false;
-    uint32_t *p = realloc(m->arrays, (size_t)cap * sizeof *p);
+    uint32_t *p = ndm__realloc(m->arrays, (size_t)cap * sizeof *p, NDM__INJ_LIST | NDM__INJ_ARRAYS);
     if (!p)
         return false;
     m->arrays = p;
@@ -985,7 +980,7 @@ void ndm__manager_drain_arrays(ndm__manager *m, ndm__site site)
 void ndm__manager_release_except(ndm__manager *m, const uint32_t *keep, size_t n, ndm__site site)
 {
     uint32_t *sorted = NULL;
-    if (n > 16 && (sorted = malloc(n * sizeof *sorted))) {
+    if (n > 16 && (sorted = ndm__malloc(n * sizeof *sorted, NDM__INJ_SCRATCH))) {
         memcpy(sorted, keep, n * sizeof *sorted);
         qsort(sorted, n, sizeof *sorted, cmp_u32);
         keep = sorted;

@@ -223,6 +223,10 @@ typedef struct ndm__manager {
     /* counters, under `lock` */
     uint64_t live, created, released, moved_in, moved_out, resources;
     uint64_t children;         /* under the tree lock */
+    /* arrays created and released by closed children and their subtrees:
+     * a close folds them into the parent, so subtree totals keep them;
+     * under the tree lock */
+    uint64_t closed_created, closed_released;
     /* Storage bytes charged here: bytes + inbox. bytes and peak change under
      * `lock`; a charge moved here by a thread that holds another manager's
      * lock (a view dying elsewhere) lands in inbox, so no thread ever takes a
@@ -248,6 +252,9 @@ bool ndm__arrays_grow(ndm__manager *m);   /* false: no memory */
  * memory ran out; 0 disables. Process wide. */
 void ndm__arrays_grow_fail_after(int n);
 void ndm__arrays_compact(ndm__manager *m);
+/* A closing m's lifetime counts join its parent's closed-children totals;
+ * tree lock held, m's arrays drained. */
+void ndm__lifetime_fold(ndm__manager *m);
 
 /* Room for one more entry; false when memory ran out. */
 static inline bool ndm__arrays_room(ndm__manager *m)

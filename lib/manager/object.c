@@ -89,7 +89,8 @@ uint64_t ndm__object_new(const ndm__object_type *type, ndm_manager owner, void *
     } else {
         if (nslots == cap) {
             uint32_t c = cap ? cap * 2 : 64;
-            obj_slot *p = c < (1u << 30) ? realloc(slots, c * sizeof *p) : NULL;
+            obj_slot *p =
+                c < (1u << 30) ? ndm__realloc(slots, c * sizeof *p, NDM__INJ_OBJECT) : NULL;
             if (!p) {
                 pthread_mutex_unlock(&lock);
                 ndm__fail(NDM_E_OOM, api, site, "no memory for an object record");

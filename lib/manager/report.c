@@ -9,13 +9,35 @@
 
 typedef struct figures {
     uint64_t live, created, released, moved_in, moved_out, resources, children;
+    uint64_t closed_created, closed_released; /* by closed children */
+    uint64_t borrowed, shared, lent;          /* with `loans` only */
     int64_t bytes[NDM__MAX_DEVICES];
     int64_t peak[NDM__MAX_DEVICES];
     unsigned state;
 } figures;
 
-static void read_figures(ndm__manager *m, figures *f)
+/* Whether view r of m shares its storage with a view in another manager:
+ * its bytes are charged elsewhere, or another manager holds a view of the
+ * storage charged here. m's lock held (then the storage's: the order of moves). */
+static bool shares_storage(const ndm__manager *m, ndm__array *r)
 {
+    ndm__storage *s = r->storage;
+    if (atomic_load_explicit(&s->refs, memory_order_acquire) < 2)
+        return false;
+    ndm__storage_cold *c = ndm__storage_cold_of(s);
+    ndm__lock_take(&c->lock);
+    bool shared = s->charged != m->self ||
+                  atomic_load_explicit(&s->refs, memory_order_relaxed) >
+                      ndm__storage_charged_views(s);
+    ndm__lock_drop(&c->lock);
+    return shared;
+}
+
+/* Read m's figures; `loans` also counts its borrowed and shared arrays (a
+ * walk of its list: the dumps ask, statistics do not). Tree lock held. */
+static void read_figures(ndm__manager *m, figures *f, bool loans)
+{
+    memset(f, 0, sizeof *f);
     ndm__mlock_take(m);
     f->live = m->live;
     f->created = m->created;
@@ -27,18 +49,66 @@ static void read_figures(ndm__manager *m, figures *f)
         f->bytes[d] = ndm__bytes_of(m, d);
         f->peak[d] = ndm__bytes_peak(m, d);
     }
+    for (uint32_t e = 0; loans && e < m->narrays; e++) {
+        if (!m->arrays[e])
+            continue;
+        ndm__array *r = ndm__array_rec(m->arrays[e]);
+        f->borrowed += r->lender != 0;
+        f->shared += shares_storage(m, r);
+    }
     ndm__mlock_drop(m);
     f->children = m->children;
+    f->closed_created = m->closed_created;
+    f->closed_released = m->closed_released;
     f->state = atomic_load_explicit(&m->state, memory_order_relaxed);
+}
+
+/* Arrays lent by each live manager, by slot (a walk of the whole tree: a
+ * borrower may be anywhere). NULL when out of memory: dumps then omit it. */
+typedef struct lent_table {
+    uint32_t *n;
+    uint32_t size;
+} lent_table;
+
+static void lent_walk(ndm__manager *m, lent_table *t)
+{
+    ndm__mlock_take(m);
+    for (uint32_t e = 0; e < m->narrays; e++) {
+        if (!m->arrays[e])
+            continue;
+        ndm__array *r = ndm__array_rec(m->arrays[e]);
+        if (!r->lender || r->lender >= t->size)
+            continue;
+        ndm__manager *l = ndm__manager_slot(r->lender);
+        if (l && atomic_load_explicit(&l->gen, memory_order_relaxed) == r->lender_gen)
+            t->n[r->lender]++;
+    }
+    ndm__mlock_drop(m);
+    for (uint32_t c = m->first_child; c; c = ndm__manager_slot(c)->sib_next)
+        lent_walk(ndm__manager_slot(c), t);
+}
+
+static lent_table lent_collect(void)
+{
+    lent_table t = {NULL, atomic_load_explicit(&ndm__manager_high, memory_order_acquire)};
+    t.n = calloc(t.size ? t.size : 1, sizeof *t.n);
+    if (t.n)
+        lent_walk(ndm__manager_slot(ndm__system_slot), &t);
+    return t;
+}
+
+static uint64_t lent_of(const lent_table *t, const ndm__manager *m)
+{
+    return t->n && m->self < t->size ? t->n[m->self] : 0;
 }
 
 static void add_subtree(ndm__manager *m, int dev, ndm_stats *out, bool top)
 {
     figures f;
-    read_figures(m, &f);
+    read_figures(m, &f, false);
     out->live_arrays += f.live;
-    out->created += f.created;
-    out->released += f.released;
+    out->created += f.created + f.closed_created;
+    out->released += f.released + f.closed_released;
     out->moved_in += f.moved_in;
     out->moved_out += f.moved_out;
     out->resources += f.resources;
@@ -70,7 +140,7 @@ NDM_API ndm_status ndm_manager_stats(ndm_manager h, ndm_device device, unsigned 
         add_subtree(m, dev, out, true);
     } else {
         figures f;
-        read_figures(m, &f);
+        read_figures(m, &f, false);
         out->live_arrays = f.live;
         out->created = f.created;
         out->released = f.released;
@@ -118,20 +188,26 @@ static const char *delta(char *buf, size_t n, int64_t now, int64_t before, bool 
     return buf;
 }
 
-static void dump_node(ndm__manager *m, FILE *f, int depth, int width)
+static void dump_node(ndm__manager *m, FILE *f, int depth, int width, const lent_table *lt)
 {
     figures fg;
-    read_figures(m, &fg);
+    read_figures(m, &fg, true);
+    fg.lent = lent_of(lt, m);
     char dev[32], d1[32], d2[32];
     ndm_device_str(m->device, dev, sizeof dev);
     int own = m->dev;
     int pad = width - 2 * depth;
-    fprintf(f, "%*s%-*s  %-6s  arrays %" PRIu64 " %s  bytes %" PRId64 " %s  created %" PRIu64
-               "  released %" PRIu64 "  peak %" PRId64,
+    fprintf(f, "%*s%-*s  %-6s  arrays %" PRIu64 " %s  bytes %" PRId64 " %s  created %" PRIu64,
             2 * depth, "", pad, m->name, dev, fg.live,
             delta(d1, sizeof d1, (int64_t)fg.live, (int64_t)m->dumped.live, m->dumped.seen),
             fg.bytes[own], delta(d2, sizeof d2, fg.bytes[own], m->dumped.bytes, m->dumped.seen),
-            fg.created, fg.released, fg.peak[own]);
+            fg.created);
+    if (fg.closed_created)
+        fprintf(f, " (+%" PRIu64 " in closed children)", fg.closed_created);
+    fprintf(f, "  released %" PRIu64, fg.released);
+    if (fg.closed_released)
+        fprintf(f, " (+%" PRIu64 " in closed children)", fg.closed_released);
+    fprintf(f, "  peak %" PRId64, fg.peak[own]);
     for (int d = 0; d < NDM__MAX_DEVICES; d++) {
         if (d == own || (fg.bytes[d] == 0 && fg.peak[d] == 0))
             continue;
@@ -140,6 +216,14 @@ static void dump_node(ndm__manager *m, FILE *f, int depth, int width)
     }
     if (fg.resources)
         fprintf(f, "  resources %" PRIu64, fg.resources);
+    /* arrays on loan (ndm_temp_attach) and views of storage another manager
+     * also views: the bytes of such storage count once, where it is charged */
+    if (fg.lent)
+        fprintf(f, "  lent %" PRIu64, fg.lent);
+    if (fg.borrowed)
+        fprintf(f, "  borrowed %" PRIu64, fg.borrowed);
+    if (fg.shared)
+        fprintf(f, "  shared %" PRIu64, fg.shared);
     unsigned caps = (fg.state >> NDM__CAP_SHIFT) & (NDM_CAP_ARRAYS | NDM_CAP_CHILDREN);
     if (caps && !(fg.state & NDM__M_BUILTIN))
         fprintf(f, "  capped(%s%s%s)", caps & NDM_CAP_ARRAYS ? "arrays" : "",
@@ -154,7 +238,7 @@ static void dump_node(ndm__manager *m, FILE *f, int depth, int width)
     m->dumped.bytes = fg.bytes[own];
     m->dumped.seen = true;
     for (uint32_t c = oldest_child(m); c; c = ndm__manager_slot(c)->sib_prev)
-        dump_node(ndm__manager_slot(c), f, depth + 1, width);
+        dump_node(ndm__manager_slot(c), f, depth + 1, width, lt);
 }
 
 NDM_API ndm_status ndm_debug_dump(ndm_manager h, FILE *f)
@@ -168,8 +252,10 @@ NDM_API ndm_status ndm_debug_dump(ndm_manager h, FILE *f)
     char path[1024];
     ndm__manager_path_locked(m->self, path, sizeof path);
     fprintf(f, "ndm dump: %s (arrays, bytes; [change since the previous dump])\n", path);
-    dump_node(m, f, 0, name_width(m, 0));
+    lent_table lt = lent_collect();
+    dump_node(m, f, 0, name_width(m, 0), &lt);
     ndm__tree_unlock();
+    free(lt.n);
     fflush(f);
     return NDM_OK;
 }
@@ -191,10 +277,11 @@ static void json_string(FILE *f, const char *s)
     fputc('"', f);
 }
 
-static void json_node(ndm__manager *m, FILE *f)
+static void json_node(ndm__manager *m, FILE *f, const lent_table *lt)
 {
     figures fg;
-    read_figures(m, &fg);
+    read_figures(m, &fg, true);
+    fg.lent = lent_of(lt, m);
     char path[1024], dev[32];
     ndm__manager_path_locked(m->self, path, sizeof path);
     ndm_device_str(m->device, dev, sizeof dev);
@@ -212,9 +299,12 @@ static void json_node(ndm__manager *m, FILE *f)
             caps & NDM_CAP_CHILDREN ? "\"children\"" : "");
     fprintf(f,
             ",\"live_arrays\":%" PRIu64 ",\"created\":%" PRIu64 ",\"released\":%" PRIu64
+            ",\"closed_created\":%" PRIu64 ",\"closed_released\":%" PRIu64
             ",\"moved_in\":%" PRIu64 ",\"moved_out\":%" PRIu64 ",\"resources\":%" PRIu64
+            ",\"lent\":%" PRIu64 ",\"borrowed\":%" PRIu64 ",\"shared\":%" PRIu64
             ",\"bytes\":{",
-            fg.live, fg.created, fg.released, fg.moved_in, fg.moved_out, fg.resources);
+            fg.live, fg.created, fg.released, fg.closed_created, fg.closed_released, fg.moved_in,
+            fg.moved_out, fg.resources, fg.lent, fg.borrowed, fg.shared);
     bool first = true;
     for (int d = 0; d < NDM__MAX_DEVICES; d++) {
         if (d != m->dev && fg.bytes[d] == 0 && fg.peak[d] == 0)
@@ -229,7 +319,7 @@ static void json_node(ndm__manager *m, FILE *f)
     for (uint32_t c = oldest_child(m); c; c = ndm__manager_slot(c)->sib_prev) {
         if (!first)
             fputc(',', f);
-        json_node(ndm__manager_slot(c), f);
+        json_node(ndm__manager_slot(c), f, lt);
         first = false;
     }
     fputs("]}", f);
@@ -243,8 +333,10 @@ NDM_API ndm_status ndm_debug_dump_json(ndm_manager h, FILE *f)
     if (!f)
         return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "FILE is NULL");
     ndm__tree_lock();
-    json_node(m, f);
+    lent_table lt = lent_collect();
+    json_node(m, f, &lt);
     ndm__tree_unlock();
+    free(lt.n);
     fputc('\n', f);
     fflush(f);
     return NDM_OK;
@@ -280,7 +372,8 @@ static bool same_site(ndm__site a, ndm__site b)
            (a.func == b.func || (a.func && b.func && !strcmp(a.func, b.func)));
 }
 
-static void collect_since(ndm__manager *m, ndm_seq mark, groups *gs)
+/* Group m's own arrays created at or after `mark` by creation site. */
+static void collect_one(ndm__manager *m, ndm_seq mark, groups *gs)
 {
     ndm__mlock_take(m);
     for (uint32_t e = m->narrays; e-- > 0;) {
@@ -311,6 +404,11 @@ static void collect_since(ndm__manager *m, ndm_seq mark, groups *gs)
         gs->g[i].bytes += bytes;
     }
     ndm__mlock_drop(m);
+}
+
+static void collect_since(ndm__manager *m, ndm_seq mark, groups *gs)
+{
+    collect_one(m, mark, gs);
     for (uint32_t c = m->first_child; c; c = ndm__manager_slot(c)->sib_next)
         collect_since(ndm__manager_slot(c), mark, gs);
 }
@@ -369,9 +467,11 @@ NDM_API ndm_status ndm_report_since(ndm_manager h, ndm_seq mark, FILE *f)
 
 /* ---- leak report at exit ----------------------------------------------------------- */
 
+/* Count (print: list) the live managers and arrays under m, oldest first:
+ * a manager's line, then its arrays grouped by creation site, most first. */
 static void leak_walk(ndm__manager *m, FILE *f, uint64_t *nm, uint64_t *na, bool print)
 {
-    char path[1024], site[256], desc[160];
+    char path[1024], site[256];
     bool builtin = atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_BUILTIN;
     if (!builtin) {
         (*nm)++;
@@ -380,18 +480,28 @@ static void leak_walk(ndm__manager *m, FILE *f, uint64_t *nm, uint64_t *na, bool
                     ndm__manager_path_locked(m->self, path, sizeof path),
                     ndm__site_str(m->site, site, sizeof site));
     }
-    ndm__mlock_take(m);
-    for (uint32_t e = m->narrays; e-- > 0;) {
-        if (!m->arrays[e])
-            continue;
-        ndm__array *r = ndm__array_rec(m->arrays[e]);
-        (*na)++;
-        if (print)
-            fprintf(f, "  array %s in %s created at %s\n", ndm__array_desc(r, desc, sizeof desc),
-                    ndm__manager_path_locked(m->self, path, sizeof path),
-                    ndm__site_str(ndm__array_site(r), site, sizeof site));
+    if (!print) {
+        ndm__mlock_take(m);
+        for (uint32_t e = 0; e < m->narrays; e++)
+            *na += m->arrays[e] != 0;
+        ndm__mlock_drop(m);
+    } else {
+        groups gs = {0};
+        collect_one(m, 0, &gs);
+        *na += gs.total;
+        if (gs.n) {
+            qsort(gs.g, gs.n, sizeof *gs.g, by_count);
+            ndm__manager_path_locked(m->self, path, sizeof path);
+        }
+        for (size_t i = 0; i < gs.n; i++)
+            fprintf(f, "  %" PRIu64 " array%s, %" PRIu64 " bytes, created at %s in %s\n",
+                    gs.g[i].count, gs.g[i].count == 1 ? "" : "s", gs.g[i].bytes,
+                    ndm__site_str(gs.g[i].site, site, sizeof site), path);
+        if (gs.oom)
+            fprintf(f, "  (some arrays of %s were not grouped: out of memory)\n",
+                    ndm__manager_path_locked(m->self, path, sizeof path));
+        free(gs.g);
     }
-    ndm__mlock_drop(m);
     for (uint32_t c = oldest_child(m); c; c = ndm__manager_slot(c)->sib_prev)
         leak_walk(ndm__manager_slot(c), f, nm, na, print);
 }

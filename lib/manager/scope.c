@@ -16,7 +16,7 @@ static bool push(ndm_manager m)
         return false;
     if (t->scope_depth == t->scope_cap) {
         int cap = t->scope_cap * 2;
-        ndm_manager *p = malloc((size_t)cap * sizeof *p);
+        ndm_manager *p = ndm__malloc((size_t)cap * sizeof *p, NDM__INJ_LIST);
         if (!p)
             return false;
         memcpy(p, t->scopes, (size_t)t->scope_depth * sizeof *p);
@@ -243,7 +243,7 @@ NDM_API ndm_status ndm_scope_end_at(NDM_SITE_PARAMS, ndm_manager sh, size_t n,
     if (st & NDM__M_CLOSING)
         return NDM_ALREADY;
     uint32_t inline_slots[16];
-    uint32_t *slots = n <= 16 ? inline_slots : malloc(n * sizeof *slots);
+    uint32_t *slots = n <= 16 ? inline_slots : ndm__malloc(n * sizeof *slots, NDM__INJ_SCRATCH);
     if (!slots)
         return ndm__fail(NDM_E_OOM, __func__, site, "no memory for %zu kept arrays", n);
     ndm_status rc = check_keep(s, n, keep, slots, __func__, site);
@@ -266,7 +266,7 @@ NDM_API ndm_status ndm_scope_release_all_but_at(NDM_SITE_PARAMS, ndm_manager sh,
     if (!s)
         return ndm_last_status();
     uint32_t inline_slots[16];
-    uint32_t *slots = n <= 16 ? inline_slots : malloc(n * sizeof *slots);
+    uint32_t *slots = n <= 16 ? inline_slots : ndm__malloc(n * sizeof *slots, NDM__INJ_SCRATCH);
     if (!slots)
         return ndm__fail(NDM_E_OOM, __func__, site, "no memory for %zu kept arrays", n);
     ndm_status rc = check_keep(s, n, keep, slots, __func__, site);

@@ -49,7 +49,7 @@ static bool ensure_chunk(bool managers, uint32_t slot)
     if (managers) {
         if (atomic_load_explicit(&ndm__manager_chunks[c], memory_order_relaxed))
             return true;
-        ndm__manager *p = calloc(NDM__CHUNK_SIZE, sizeof *p);
+        ndm__manager *p = ndm__calloc(NDM__CHUNK_SIZE, sizeof *p, NDM__INJ_RECORD);
         if (!p)
             return false;
         for (uint32_t i = 0; i < NDM__CHUNK_SIZE; i++) {
@@ -61,7 +61,8 @@ static bool ensure_chunk(bool managers, uint32_t slot)
         if (atomic_load_explicit(&ndm__array_chunks[c], memory_order_relaxed))
             return true;
         /* aligned to the records' lines (see ndm__array) */
-        ndm__array *p = aligned_alloc(_Alignof(ndm__array), NDM__CHUNK_SIZE * sizeof *p);
+        ndm__array *p = ndm__inject(NDM__INJ_RECORD) ? NULL
+                        : aligned_alloc(_Alignof(ndm__array), NDM__CHUNK_SIZE * sizeof *p);
         if (!p)
             return false;
         memset(p, 0, NDM__CHUNK_SIZE * sizeof *p);

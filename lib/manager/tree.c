@@ -94,6 +94,7 @@ static void record_init(ndm__manager *m, ndm__manager *parent, const char *name,
     m->epoch = atomic_load_explicit(&ndm__epoch, memory_order_relaxed);
     m->live = m->created = m->released = m->moved_in = m->moved_out = m->resources = 0;
     m->children = 0;
+    m->closed_created = m->closed_released = 0;
     /* Only the counts the last manager here used can be other than 0. The
      * manager's own device is marked at once: its first array then finds
      * the mark and needs no atomic read-modify-write. */
@@ -418,6 +419,7 @@ static ndm_status close_locked(ndm__manager *m, const ndm__site *site)
         result = hs;
 
     ndm__tree_lock();
+    ndm__lifetime_fold(m);
     if (m->parent) {
         ndm__manager *p = ndm__manager_rec(m->parent);
         if (m->sib_prev)
@@ -554,7 +556,7 @@ NDM_API ndm_status ndm_manager_set_limit(ndm_manager h, ndm_device device, uint6
     int dev = ndm__device_slot(device);
     ndm__tree_lock();
     if (!m->limits) {
-        ndm__limits *l = calloc(1, sizeof *l);
+        ndm__limits *l = ndm__calloc(1, sizeof *l, NDM__INJ_RECORD);
         if (!l) {
             ndm__tree_unlock();
             return ndm__fail(NDM_E_OOM, __func__, NDM__NO_SITE, "no memory for a limit record");
@@ -618,8 +620,8 @@ NDM_API ndm_status ndm_manager_own_at(NDM_SITE_PARAMS, ndm_manager h, void *ptr,
         return st;
     if (!free_fn)
         return ndm__fail(NDM_E_INVALID, __func__, site, "free_fn is NULL");
-    ndm__hook *hk = calloc(1, sizeof *hk);
-    char *nm = name ? strdup(name) : NULL;
+    ndm__hook *hk = ndm__calloc(1, sizeof *hk, NDM__INJ_OBJECT);
+    char *nm = name && !ndm__inject(NDM__INJ_OBJECT) ? strdup(name) : NULL;
     if (!hk || (name && !nm)) {
         free(hk);
         free(nm);
@@ -642,7 +644,7 @@ NDM_API ndm_status ndm_manager_on_close_at(NDM_SITE_PARAMS, ndm_manager h, ndm_c
         return st;
     if (!fn)
         return ndm__fail(NDM_E_INVALID, __func__, site, "fn is NULL");
-    ndm__hook *hk = calloc(1, sizeof *hk);
+    ndm__hook *hk = ndm__calloc(1, sizeof *hk, NDM__INJ_OBJECT);
     if (!hk)
         return ndm__fail(NDM_E_OOM, __func__, site, "no memory for a hook record");
     hk->close_fn = fn;

@@ -61,7 +61,7 @@ static module *get(ndm_module h, const char *api, ndm__site site)
 
 static module *alloc_module(kind k, const char *api, ndm__site site)
 {
-    module *m = calloc(1, sizeof *m);
+    module *m = ndm__calloc(1, sizeof *m, NDM__INJ_OBJECT);
     if (m)
         m->k = k;
     else
@@ -83,11 +83,12 @@ static ndm_module finish(module *m, ndm_manager model, ndm__site site, const cha
 
 static bool add_param(module *m, const char *name, ndm_array a)
 {
-    ndm_array *p = realloc(m->params, (size_t)(m->nparams + 1) * sizeof *p);
+    ndm_array *p = ndm__realloc(m->params, (size_t)(m->nparams + 1) * sizeof *p, NDM__INJ_OBJECT);
     if (!p)
         return false;
     m->params = p;
-    char(*n)[NAME_MAX_LEN] = realloc(m->names, (size_t)(m->nparams + 1) * sizeof *n);
+    char(*n)[NAME_MAX_LEN] =
+        ndm__realloc(m->names, (size_t)(m->nparams + 1) * sizeof *n, NDM__INJ_OBJECT);
     if (!n)
         return false;
     m->names = n;
@@ -321,13 +322,18 @@ NDM_API ndm_module ndm_sequential_at(NDM_SITE_PARAMS, ndm_manager model, int n,
         ndm__fail(NDM_E_INVALID, api, site, "invalid module list (n = %d)", n);
         return (ndm_module){0};
     }
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
+        /* the null handle of a constructor that failed inside the list keeps
+         * that failure as the error, as a chain of operations does */
+        if (!modules[i].id && ndm_last_status() < 0)
+            return (ndm_module){0};
         if (!get(modules[i], api, site))
             return (ndm_module){0};
+    }
     module *m = alloc_module(SEQUENTIAL, api, site);
     if (!m)
         return (ndm_module){0};
-    if (!(m->children = malloc((size_t)(n ? n : 1) * sizeof *m->children))) {
+    if (!(m->children = ndm__malloc((size_t)(n ? n : 1) * sizeof *m->children, NDM__INJ_OBJECT))) {
         free(m);
         ndm__fail(NDM_E_OOM, api, site, "no memory for a module");
         return (ndm_module){0};

@@ -46,7 +46,7 @@ static ndm_optimizer make(ndm__site site, const char *api, ndm_manager model, nd
         return (ndm_optimizer){0};
     }
     /* one block: params, grads, and up to four arrays of state per parameter */
-    o->param = calloc((size_t)(n ? n : 1) * 6, sizeof(ndm_array));
+    o->param = ndm__calloc((size_t)(n ? n : 1) * 6, sizeof(ndm_array), NDM__INJ_OBJECT);
     if (!o->param) {
         free(o);
         ndm__fail(NDM_E_OOM, api, site, "no memory for an optimizer");
@@ -105,7 +105,7 @@ NDM_API ndm_optimizer ndm_sgd_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module 
         !check_rate(momentum, false, "momentum", "ndm_sgd", site) ||
         !check_rate(weight_decay, false, "weight_decay", "ndm_sgd", site))
         return (ndm_optimizer){0};
-    optimizer *o = calloc(1, sizeof *o);
+    optimizer *o = ndm__calloc(1, sizeof *o, NDM__INJ_OBJECT);
     if (!o) {
         ndm__fail(NDM_E_OOM, "ndm_sgd", site, "no memory");
         return (ndm_optimizer){0};
@@ -127,7 +127,7 @@ NDM_API ndm_optimizer ndm_adam_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module
         ndm__fail(NDM_E_INVALID, api, site, "betas must be in [0, 1) (got %g, %g)", beta1, beta2);
         return (ndm_optimizer){0};
     }
-    optimizer *o = calloc(1, sizeof *o);
+    optimizer *o = ndm__calloc(1, sizeof *o, NDM__INJ_OBJECT);
     if (!o) {
         ndm__fail(NDM_E_OOM, api, site, "no memory");
         return (ndm_optimizer){0};

@@ -28,7 +28,7 @@ NDM_API ndm_predictor ndm_predictor_new_at(NDM_SITE_PARAMS, ndm_manager model, n
         ndm__fail(NDM_E_CLOSED, api, site, "the module handle is stale or null");
         return (ndm_predictor){0};
     }
-    predictor *p = calloc(1, sizeof *p);
+    predictor *p = ndm__calloc(1, sizeof *p, NDM__INJ_OBJECT);
     if (!p) {
         ndm__fail(NDM_E_OOM, api, site, "no memory for a predictor");
         return (ndm_predictor){0};

@@ -148,7 +148,7 @@ static ndm_status transfer(ndm__array *r, void *host, size_t nbytes, bool out, c
     ndm__tensor t = ndm__tensor_of(r);
     int64_t cs_small[16];
     int64_t *cs = cs_small;
-    if (r->ndim > 16 && !(cs = malloc((size_t)r->ndim * sizeof *cs)))
+    if (r->ndim > 16 && !(cs = ndm__malloc((size_t)r->ndim * sizeof *cs, NDM__INJ_SCRATCH)))
         return ndm__fail(NDM_E_OOM, api, NDM__NO_SITE, "no memory");
     ndm__contiguous_strides(r->ndim, r->shape, cs);
     ndm_status st;

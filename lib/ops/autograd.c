@@ -55,8 +55,8 @@ static bool graph_put(graph *g, uint64_t id, ndm__ag_node *nd)
 {
     if ((g->count + 1) * 2 > g->cap) {
         size_t cap = g->cap ? g->cap * 2 : 256;
-        uint64_t *k = calloc(cap, sizeof *k);
-        ndm__ag_node **v = calloc(cap, sizeof *v);
+        uint64_t *k = ndm__calloc(cap, sizeof *k, NDM__INJ_NODE);
+        ndm__ag_node **v = ndm__calloc(cap, sizeof *v, NDM__INJ_NODE);
         if (!k || !v) {
             free(k);
             free(v);
@@ -79,7 +79,7 @@ static bool graph_put(graph *g, uint64_t id, ndm__ag_node *nd)
     }
     if (g->nall == g->capall) {
         size_t c = g->capall ? g->capall * 2 : 256;
-        ndm__ag_node **a = realloc(g->all, c * sizeof *a);
+        ndm__ag_node **a = ndm__realloc(g->all, c * sizeof *a, NDM__INJ_NODE);
         if (!a)
             return false;
         g->all = a;
@@ -135,7 +135,7 @@ NDM_API ndm_status ndm_requires_grad_at(NDM_SITE_PARAMS, ndm_array param)
                          "only float arrays have gradients; %s is not one",
                          ndm__array_desc(r, desc, sizeof desc));
     }
-    param_info *pi = malloc(sizeof *pi);
+    param_info *pi = ndm__malloc(sizeof *pi, NDM__INJ_NODE);
     if (!pi)
         return ndm__fail(NDM_E_OOM, __func__, site, "no memory for a parameter record");
     ndm__array *gr;
@@ -221,7 +221,7 @@ NDM_API ndm_status ndm_grad_begin_at(NDM_SITE_PARAMS, ndm_manager owner)
     ndm_manager gm = ndm_manager_new_at(NDM__SITE_ARGS(site), owner, "graph");
     if (!gm.id)
         return ndm_last_status();
-    graph *g = calloc(1, sizeof *g);
+    graph *g = ndm__calloc(1, sizeof *g, NDM__INJ_NODE);
     if (!g) {
         (void)!ndm_manager_close(gm);
         return ndm__fail(NDM_E_OOM, __func__, site, "no memory for a graph");
@@ -289,7 +289,7 @@ void ndm__ag_record(ndm__ag_op op, ndm_array out, int n, const ndm_array *in,
     if (!ro)
         return;
     size_t bytes = sizeof(ndm__ag_node) + (size_t)n * (2 * sizeof(ndm_array) + sizeof(void *) + 1);
-    ndm__ag_node *nd = calloc(1, bytes);
+    ndm__ag_node *nd = ndm__calloc(1, bytes, NDM__INJ_NODE);
     if (!nd) {
         g->failed = true;
         return;
@@ -365,8 +365,8 @@ static int by_order_desc(const void *a, const void *b)
 static ndm__ag_node **reachable(ndm__ag_node *root, size_t *count)
 {
     size_t cap = 64, n = 0, sp = 0, scap = 64;
-    ndm__ag_node **out = malloc(cap * sizeof *out);
-    ndm__ag_node **stack = malloc(scap * sizeof *stack);
+    ndm__ag_node **out = ndm__malloc(cap * sizeof *out, NDM__INJ_SCRATCH);
+    ndm__ag_node **stack = ndm__malloc(scap * sizeof *stack, NDM__INJ_SCRATCH);
     if (!out || !stack) {
         free(out);
         free(stack);
@@ -377,7 +377,7 @@ static ndm__ag_node **reachable(ndm__ag_node *root, size_t *count)
     while (sp) {
         ndm__ag_node *nd = stack[--sp];
         if (n == cap) {
-            ndm__ag_node **o = realloc(out, (cap *= 2) * sizeof *o);
+            ndm__ag_node **o = ndm__realloc(out, (cap *= 2) * sizeof *o, NDM__INJ_SCRATCH);
             if (!o)
                 goto oom;
             out = o;
@@ -389,7 +389,7 @@ static ndm__ag_node **reachable(ndm__ag_node *root, size_t *count)
                 continue;
             p->seen = 1;
             if (sp == scap) {
-                ndm__ag_node **s = realloc(stack, (scap *= 2) * sizeof *s);
+                ndm__ag_node **s = ndm__realloc(stack, (scap *= 2) * sizeof *s, NDM__INJ_SCRATCH);
                 if (!s)
                     goto oom;
                 stack = s;
@@ -439,6 +439,10 @@ NDM_API ndm_status ndm_backward_with_at(NDM_SITE_PARAMS, ndm_array out, ndm_arra
     if (!ro)
         return ndm_last_status();
     graph *g = current_graph();
+    /* a failed recording first: the output it missed may be `out` itself */
+    if (g && g->failed)
+        return ndm__fail(NDM_E_OOM, __func__, site,
+                         "the graph is incomplete: an operation could not be recorded (no memory)");
     ndm__ag_node *root = g ? graph_find(g, out.id) : NULL;
     if (!root) {
         char desc[160];
@@ -448,9 +452,6 @@ NDM_API ndm_status ndm_backward_with_at(NDM_SITE_PARAMS, ndm_array out, ndm_arra
                          "or recorded results are recorded)",
                          ndm__array_desc(ro, desc, sizeof desc));
     }
-    if (g->failed)
-        return ndm__fail(NDM_E_OOM, __func__, site,
-                         "the graph is incomplete: an operation could not be recorded (no memory)");
     ndm__array *rg = NULL;
     if (grad.id) {
         rg = ndm__array_get(grad, __func__, site);
@@ -489,7 +490,7 @@ NDM_API ndm_status ndm_backward_with_at(NDM_SITE_PARAMS, ndm_array out, ndm_arra
         if (!nd->g.id)
             continue; /* nothing reached it */
         ndm_array gi[64] = {{0}};
-        ndm_array *gv = nd->n <= 64 ? gi : calloc((size_t)nd->n, sizeof *gv);
+        ndm_array *gv = nd->n <= 64 ? gi : ndm__calloc((size_t)nd->n, sizeof *gv, NDM__INJ_SCRATCH);
         if (!gv) {
             st = ndm__fail(NDM_E_OOM, __func__, site, "no memory");
             break;

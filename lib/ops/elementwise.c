@@ -14,7 +14,7 @@ bool ndm__ew_dims_get(ndm__ew_dims *d, int ndim, const char *api, const ndm__sit
     int64_t *m = d->small;
     d->heap = NULL;
     if (cap > NDM__EW_SMALL) {
-        d->heap = malloc(4 * cap * sizeof(int64_t));
+        d->heap = ndm__malloc(4 * cap * sizeof(int64_t), NDM__INJ_SCRATCH);
         if (!d->heap) {
             ndm__fail(NDM_E_OOM, api, *site, "no memory for a rank-%d shape", ndim);
             return false;
@@ -118,7 +118,9 @@ ndm_status ndm__ew_unalias(const ndm__array *dst, const ndm__array *in, ndm__ten
     }
     scratch->device = dev;
     int64_t small[16];
-    int64_t *cs = in->ndim <= 16 ? small : malloc(sizeof(int64_t) * (size_t)in->ndim);
+    int64_t *cs = in->ndim <= 16
+                      ? small
+                      : ndm__malloc(sizeof(int64_t) * (size_t)in->ndim, NDM__INJ_SCRATCH);
     if (!cs) {
         ndm__ew_scratch_free(scratch);
         return ndm__fail(NDM_E_OOM, api, site, "no memory for strides");

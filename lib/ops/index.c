@@ -11,7 +11,9 @@
 
 int64_t *ndm__scratch_get(ndm__scratch *s, size_t n, const char *api, ndm__site site)
 {
-    s->p = n <= sizeof s->small / sizeof s->small[0] ? s->small : malloc(n * sizeof(int64_t));
+    s->p = n <= sizeof s->small / sizeof s->small[0]
+               ? s->small
+               : ndm__malloc(n * sizeof(int64_t), NDM__INJ_SCRATCH);
     if (!s->p)
         ndm__fail(NDM_E_OOM, api, site, "no memory for %zu sizes", n);
     return s->p;
@@ -66,7 +68,7 @@ static ndm__array **inputs(int n, const ndm_array *arrays, ndm__array **small, i
                   arrays ? "" : ", NULL list");
         return NULL;
     }
-    ndm__array **r = n <= nsmall ? small : malloc((size_t)n * sizeof *r);
+    ndm__array **r = n <= nsmall ? small : ndm__malloc((size_t)n * sizeof *r, NDM__INJ_SCRATCH);
     if (!r) {
         ndm__fail(NDM_E_OOM, api, site, "no memory for %d inputs", n);
         return NULL;

@@ -480,7 +480,7 @@ static ndm_array repeat(ndm__site site, const char *api, ndm_manager out, ndm_ar
     if (ndm__numel(r->ndim, shape) == 0)
         goto done;
     tmp = ndm__array_new_on(site, api, out, dev, NDM_I64, 1, &total, &t);
-    host = malloc((size_t)total * sizeof *host);
+    host = ndm__malloc((size_t)total * sizeof *host, NDM__INJ_SCRATCH);
     if (!tmp.id || !host) {
         if (tmp.id)
             ndm__fail(NDM_E_OOM, api, site, "no memory for %" PRId64 " indices", total);

@@ -91,7 +91,8 @@ static ndm_array matmul_impl(ndm__site site, const char *api, ndm_manager out, n
     int nb = ba > bb ? ba : bb, nd = nb + 2;
     /* shapes and strides: output, kernel a, b, c (nd each) */
     int64_t small[7 * 18];
-    int64_t *buf = nd <= 18 ? small : malloc(7 * (size_t)nd * sizeof(int64_t));
+    int64_t *buf =
+        nd <= 18 ? small : ndm__malloc(7 * (size_t)nd * sizeof(int64_t), NDM__INJ_SCRATCH);
     if (!buf) {
         ndm__fail(NDM_E_OOM, api, site, "no memory for a rank-%d product", nd);
         return NDM_NULL_ARRAY;
@@ -286,8 +287,8 @@ static ndm_array dot_impl(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, ndm_arr
         return NDM_NULL_ARRAY;
     }
     int ond = na - 1 + nbd - 1;
-    int *perm = malloc((size_t)nbd * sizeof *perm);
-    int64_t *oshape = malloc((size_t)ond * sizeof *oshape);
+    int *perm = ndm__malloc((size_t)nbd * sizeof *perm, NDM__INJ_SCRATCH);
+    int64_t *oshape = ndm__malloc((size_t)ond * sizeof *oshape, NDM__INJ_SCRATCH);
     ndm_array res = NDM_NULL_ARRAY;
     if (!perm || !oshape) {
         ndm__fail(NDM_E_OOM, "ndm_dot", site, "no memory for a rank-%d dot", ond);

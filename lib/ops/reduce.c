@@ -63,7 +63,7 @@ typedef struct axes_buf {
 
 static bool axes_get(axes_buf *b, int nd)
 {
-    b->p = nd <= 16 ? b->small : malloc(6 * (size_t)nd * sizeof(int64_t));
+    b->p = nd <= 16 ? b->small : ndm__malloc(6 * (size_t)nd * sizeof(int64_t), NDM__INJ_SCRATCH);
     return b->p != NULL;
 }
 

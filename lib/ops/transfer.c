@@ -22,7 +22,7 @@ static ndm_status packed_source(ndm__array *r, const ndm__backend *b, size_t n,
     }
     int64_t small[16];
     int64_t *cs = small;
-    if (r->ndim > 16 && !(cs = malloc((size_t)r->ndim * sizeof *cs)))
+    if (r->ndim > 16 && !(cs = ndm__malloc((size_t)r->ndim * sizeof *cs, NDM__INJ_SCRATCH)))
         return ndm__fail(NDM_E_OOM, NULL, NDM__NO_SITE, "no memory for strides");
     ndm__contiguous_strides(r->ndim, r->shape, cs);
     ndm_status st = ndm__alloc(r->storage->device, n, tag, tmp);

@@ -19,7 +19,7 @@ static bool dims_get(dims *d, int ndim)
     if (ndim <= 16) {
         d->shape = d->small;
     } else {
-        d->shape = malloc(2 * (size_t)ndim * sizeof(int64_t));
+        d->shape = ndm__malloc(2 * (size_t)ndim * sizeof(int64_t), NDM__INJ_SCRATCH);
         if (!d->shape)
             return false;
     }
@@ -232,7 +232,7 @@ NDM_API ndm_array ndm_permute_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array 
     ndm__ag_params agp;
     agp.naxes = nd <= NDM__AG_MAX_AXES ? nd : -1;
     unsigned char seen_small[64] = {0};
-    unsigned char *seen = nd <= 64 ? seen_small : calloc((size_t)nd, 1);
+    unsigned char *seen = nd <= 64 ? seen_small : ndm__calloc((size_t)nd, 1, NDM__INJ_SCRATCH);
     if (!seen) {
         ndm__fail(NDM_E_OOM, __func__, site, "no memory");
         goto done;

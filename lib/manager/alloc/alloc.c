@@ -112,6 +112,7 @@ static ndm__pool *get_pool(ndm_device dev, const char *api)
         }
         p = ndm__pool_new(src, dev, name, true);
         if (p) {
+            p->poison = NDM__ASAN && dev.type == NDM_DEVICE_CPU;
             const char *conf = getenv("NDM_ALLOC_CONF");
             ndm__settings s;
             char err[256];
@@ -156,18 +157,60 @@ static int used_pools(ndm__pool **out)
 
 /* ---- the manager layer's interface --------------------------------------------------- */
 
-static _Atomic int64_t fail_countdown;
+_Atomic int64_t ndm__inject_countdown;
+static _Atomic unsigned inject_kinds;
+static _Atomic int64_t inject_fired;
+static _Atomic unsigned inject_fired_kind;
 
-void ndm__alloc_fail_after(int64_t n) { atomic_store(&fail_countdown, n); }
-
-static bool take_failure(void)
+void ndm__inject_fail_after(int64_t n, unsigned kinds)
 {
-    int64_t c = atomic_load_explicit(&fail_countdown, memory_order_relaxed);
+    atomic_store(&ndm__inject_countdown, 0);
+    atomic_store(&inject_fired, 0);
+    atomic_store(&inject_fired_kind, 0);
+    atomic_store(&inject_kinds, kinds);
+    atomic_store(&ndm__inject_countdown, n > 0 ? n : 0);
+}
+
+void ndm__alloc_fail_after(int64_t n) { ndm__inject_fail_after(n, NDM__INJ_STORAGE); }
+
+int64_t ndm__inject_fired(void) { return atomic_load(&inject_fired); }
+bool ndm__inject_pending(void) { return atomic_load(&ndm__inject_countdown) > 0; }
+unsigned ndm__inject_fired_kind(void) { return atomic_load(&inject_fired_kind); }
+
+bool ndm__inject_take(unsigned kind)
+{
+    if (!(atomic_load_explicit(&inject_kinds, memory_order_relaxed) & kind))
+        return false;
+    int64_t c = atomic_load_explicit(&ndm__inject_countdown, memory_order_relaxed);
     while (c > 0) {
-        if (atomic_compare_exchange_weak(&fail_countdown, &c, c - 1))
-            return c - 1 == 0;
+        if (atomic_compare_exchange_weak(&ndm__inject_countdown, &c, c - 1)) {
+            if (c - 1 != 0)
+                return false;
+            atomic_store(&inject_fired_kind, kind);
+            atomic_fetch_add(&inject_fired, 1);
+            return true;
+        }
     }
     return false;
+}
+
+/* A block leaves the pool: its requested bytes become addressable, the
+ * slack up to its rounded size stays poisoned (ASan builds only). */
+static inline ndm_status handed_out(ndm__pool *p, ndm_status st, size_t nbytes,
+                                    const ndm__block *out)
+{
+    if (NDM__ASAN && st == NDM_OK && p->poison) {
+        ndm__unpoison(out->ptr, nbytes);
+        ndm__poison((char *)out->ptr + nbytes, out->size - nbytes);
+    }
+    return st;
+}
+
+/* A block goes back: all of it is the pool's again. */
+static inline void taken_back(ndm__pool *p, const ndm__ablk *b)
+{
+    if (NDM__ASAN && p->poison)
+        ndm__poison(b->addr, b->size);
 }
 
 static ndm_status alloc_rare(ndm_device dev, size_t nbytes, const ndm__alloc_tag *tag,
@@ -175,7 +218,7 @@ static ndm_status alloc_rare(ndm_device dev, size_t nbytes, const ndm__alloc_tag
 {
     memset(out, 0, sizeof *out);
     char name[32];
-    if (take_failure()) {
+    if (ndm__inject_take(NDM__INJ_STORAGE)) {
         ndm_device_str(dev, name, sizeof name);
         return ndm__fail(NDM_E_OOM, NULL, NDM__NO_SITE,
                          "out of memory: %zu bytes on %s (failure injected for a test)", nbytes,
@@ -187,22 +230,22 @@ static ndm_status alloc_rare(ndm_device dev, size_t nbytes, const ndm__alloc_tag
     int i = pool_index(dev);
     if (atomic_load(&conf_bad[i]))
         return ndm__fail(NDM_E_CONFIG, NULL, NDM__NO_SITE, "%s", conf_error[i]);
-    return ndm__pool_alloc(p, nbytes, tag, out);
+    return handed_out(p, ndm__pool_alloc(p, nbytes, tag, out), nbytes, out);
 }
 
 ndm_status ndm__alloc(ndm_device dev, size_t nbytes, const ndm__alloc_tag *tag, ndm__block *out)
 {
     int i = dev.type == NDM_DEVICE_CPU ? 0 : 1 + dev.index;
     if (__builtin_expect(i < 0 || i >= MAX_POOLS ||
-                             atomic_load_explicit(&fail_countdown, memory_order_relaxed) > 0,
+                             atomic_load_explicit(&ndm__inject_countdown, memory_order_relaxed) > 0,
                          0))
         return alloc_rare(dev, nbytes, tag, out);
     ndm__pool *p = atomic_load_explicit(&pools[i], memory_order_acquire);
     if (__builtin_expect(!p || atomic_load_explicit(&conf_bad[i], memory_order_relaxed), 0))
         return alloc_rare(dev, nbytes, tag, out);
     if (ndm__pool_alloc_fast(p, nbytes, tag, out))
-        return NDM_OK;
-    return ndm__pool_alloc(p, nbytes, tag, out);
+        return handed_out(p, NDM_OK, nbytes, out);
+    return handed_out(p, ndm__pool_alloc(p, nbytes, tag, out), nbytes, out);
 }
 
 void ndm__free(ndm_device dev, ndm__block *blk)
@@ -214,6 +257,7 @@ void ndm__free(ndm_device dev, ndm__block *blk)
     ndm__pool *p = i >= 0 ? atomic_load_explicit(&pools[i], memory_order_acquire) : NULL;
     if (!p)
         return;
+    taken_back(p, b);
     if (ndm__tc_try_free(p, b)) {
         *blk = (ndm__block){NULL, NULL, 0};
         return;
@@ -227,6 +271,9 @@ void ndm__free_many(ndm_device dev, void *const *cookies, size_t n)
     ndm__pool *p = i >= 0 ? atomic_load_explicit(&pools[i], memory_order_acquire) : NULL;
     if (!p)
         return;
+    if (NDM__ASAN && p->poison)
+        for (size_t k = 0; k < n; k++)
+            taken_back(p, cookies[k]);
     for (size_t k = 0; k < n; k++) {
         k += ndm__tc_try_free_many(p, cookies + k, n - k);
         if (k < n) {

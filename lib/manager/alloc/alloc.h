@@ -5,6 +5,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "ndm/device.h"
 #include "ndm/status.h"
@@ -56,8 +57,67 @@ ndm_status ndm__device_usable(ndm_device dev, char *why, size_t n);
 /* The segment source of a device (NULL when the device has none in this build). */
 const ndm__segment_source *ndm__segment_source_for(ndm_device dev);
 
-/* Test hook: make the n-th next allocation (1 = the next one) fail with
- * NDM_E_OOM; 0 disables. Process wide. */
+/* ---- allocation-failure injection (test hook) ----------------------------------
+ * One process-wide countdown that every allocation site of the library
+ * consults: array storage, handle-table chunks and manager records, growing
+ * lists (a manager's arrays, hooks, names, scope stacks), autograd graphs and
+ * nodes, module/optimizer/predictor objects, and an operation's temporary
+ * buffers. Armed with a set of kinds, it counts only allocations of those
+ * kinds and fails the n-th one (1 = the next). Unarmed, a site pays one
+ * predictable branch on a global. (C only: the CUDA sources allocate none.) */
+#ifndef __cplusplus
+#include <stdatomic.h>
+#include <stdbool.h>
+
+enum {
+    NDM__INJ_STORAGE = 1u << 0, /* array storage: ndm__alloc */
+    NDM__INJ_RECORD = 1u << 1,  /* table chunks, manager, thread and limit records */
+    NDM__INJ_LIST = 1u << 2,    /* growing lists: a manager's arrays, scope stacks */
+    NDM__INJ_NODE = 1u << 3,    /* autograd graphs, nodes and their tables */
+    NDM__INJ_OBJECT = 1u << 4,  /* hooks, owned objects, modules, optimizers, predictors */
+    NDM__INJ_SCRATCH = 1u << 5, /* an operation's temporary buffers */
+    NDM__INJ_ARRAYS = 1u << 6,  /* the growth of a manager's array list (a LIST too) */
+    NDM__INJ_ALL = 0x3fu,
+};
+
+extern _Atomic int64_t ndm__inject_countdown;
+bool ndm__inject_take(unsigned kind);
+
+/* True when this allocation of `kind` must fail. */
+static inline bool ndm__inject(unsigned kind)
+{
+    return __builtin_expect(
+               atomic_load_explicit(&ndm__inject_countdown, memory_order_relaxed) > 0, 0) &&
+           ndm__inject_take(kind);
+}
+
+/* Arm: the n-th next allocation of one of `kinds` fails (0 disarms). Resets
+ * the count of injected failures. */
+void ndm__inject_fail_after(int64_t n, unsigned kinds);
+/* Failures injected since the last arming, and whether the armed one is
+ * still to come. */
+int64_t ndm__inject_fired(void);
+bool ndm__inject_pending(void);
+/* The kinds of the site that took the last injected failure (0: none yet). */
+unsigned ndm__inject_fired_kind(void);
+
+/* malloc, calloc, realloc and aligned_alloc that the injection can fail. */
+static inline void *ndm__malloc(size_t n, unsigned kind)
+{
+    return ndm__inject(kind) ? NULL : malloc(n);
+}
+static inline void *ndm__calloc(size_t n, size_t size, unsigned kind)
+{
+    return ndm__inject(kind) ? NULL : calloc(n, size);
+}
+static inline void *ndm__realloc(void *p, size_t n, unsigned kind)
+{
+    return ndm__inject(kind) ? NULL : realloc(p, n);
+}
+#endif
+
+/* Test hook: make the n-th next storage allocation (1 = the next one) fail
+ * with NDM_E_OOM; 0 disables. Process wide; the injection above, storage only. */
 void ndm__alloc_fail_after(int64_t n);
 
 /* The block of `cookie` (NULL: none) is now owned by manager `manager`

@@ -327,6 +327,8 @@ static ndm__ablk *map_block(ndm__pool *p, int pool, size_t seg_size, bool retry,
     }
     *s = (ndm__aseg){.addr = (uintptr_t)ptr, .size = seg_size, .base = ptr, .pool = (uint8_t)pool,
                      .pinned = pinned};
+    if (p->poison)
+        ndm__poison(ptr, seg_size); /* all free until handed out */
     link_segment(p, s);
     b->addr = s->addr;
     b->size = seg_size;
@@ -350,6 +352,8 @@ static void release_block(ndm__pool *p, ndm__ablk *b)
     tree_remove(p, b);
     p->st.num_device_free++;
     ndm__hist_event(p, NDM__EV_SEGMENT_FREE, s->addr, s->size, NULL, NULL, NULL, 0);
+    if (p->poison)
+        ndm__unpoison(s->base, s->size); /* the range may be mapped again by anyone */
     p->src->unmap(p->src->ctx, s->base, s->size);
     p->reserved -= s->size;
     stat_add(p, p->st.segment, s->pool, -1, -1);
@@ -995,6 +999,8 @@ void ndm__pool_destroy(ndm__pool *p)
     ndm__tc_drop_all(p);
     for (ndm__aseg *s = p->segs, *n; s; s = n) {
         n = s->next;
+        if (p->poison)
+            ndm__unpoison(s->base, s->size);
         p->src->unmap(p->src->ctx, s->base, s->size);
         free(s);
     }

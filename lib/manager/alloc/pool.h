@@ -112,6 +112,31 @@ typedef struct ndm__aseg {
  * inactive_split); CUM bounds bytes allocated (pressure_every_mb). */
 enum { NDM__G_N, NDM__G_B, NDM__G_R, NDM__G_FN, NDM__G_FB, NDM__G_KINDS };
 
+/* AddressSanitizer builds poison the bytes the caching allocator holds for
+ * itself (free and cached blocks, the slack between a request and its
+ * rounded size), so overruns and uses after free inside a segment are caught,
+ * not only at the segment's edges. Only pools of host memory that hand
+ * blocks out through ndm__alloc do it (p->poison); a block is unpoisoned up
+ * to its requested size when handed out, and a segment before it is unmapped. */
+#if defined(__SANITIZE_ADDRESS__)
+#define NDM__ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define NDM__ASAN 1
+#endif
+#endif
+#ifndef NDM__ASAN
+#define NDM__ASAN 0
+#endif
+#if NDM__ASAN
+#include <sanitizer/asan_interface.h>
+#define ndm__poison(addr, n) ASAN_POISON_MEMORY_REGION((void *)(addr), (n))
+#define ndm__unpoison(addr, n) ASAN_UNPOISON_MEMORY_REGION((void *)(addr), (n))
+#else
+#define ndm__poison(addr, n) ((void)(addr), (void)(n))
+#define ndm__unpoison(addr, n) ((void)(addr), (void)(n))
+#endif
+
 struct ndm__tcache;
 struct ndm__history;
 
@@ -120,6 +145,7 @@ typedef struct ndm__pool {
     const ndm__segment_source *src;
     ndm_device device;
     bool real_device;              /* reports managers on OOM */
+    bool poison;                   /* host memory under ASan: what is free is poisoned */
     char name[24];
     int slot;                      /* thread-cache slot, -1: none */
     uint32_t gen;
