@@ -663,11 +663,11 @@ static void test_random_ownership(void **state)
 {
     ndm_manager m = ROOT(state);
     ndm_rng r = ndm_rng_new(1);
-    /* a null manager inside a scope means the scope */
+    /* NDM_CURRENT_SCOPE inside a scope means the scope */
     ndm_manager s = ndm_scope_begin(m, "init");
-    ndm_array a = ndm_normal(NDM_NULL_MANAGER, &r, NDM_F32, 0, 1, NDM_SHAPE(3));
+    ndm_array a = ndm_normal(NDM_CURRENT_SCOPE, &r, NDM_F32, 0, 1, NDM_SHAPE(3));
     assert_int_equal(ndm_array_manager(a).id, s.id);
-    ndm_array p = ndm_permutation(NDM_NULL_MANAGER, &r, 4);
+    ndm_array p = ndm_permutation(NDM_CURRENT_SCOPE, &r, 4);
     assert_int_equal(ndm_array_manager(p).id, s.id);
     assert_ok(ndm_scope_end(s, 0, NULL));
     /* a capped model refuses new arrays but its weights can be re-initialised */
