@@ -20,9 +20,12 @@
  * stale: releasing or closing it again is NDM_ALREADY, any other use
  * NDM_E_CLOSED. A handle that ndm never issued (a generation its slot has
  * not reached, a manager handle passed as an array, random bits) is
- * NDM_E_INVALID everywhere, release and close included. Generations wrap
- * after 2^31 - 1 uses of a slot; a handle kept across more than 2^30 reuses
- * of its slot reads as never issued.
+ * NDM_E_INVALID, release and close included, so that a corrupted handle is
+ * never taken for one already released. (Other calls keep their one-compare
+ * check of the generation: an array handle forged with exactly the next
+ * generation of a released array's slot is not told from it there.)
+ * Generations wrap after 2^31 - 1 uses of a slot; a handle kept across more
+ * than 2^30 reuses of its slot reads as never issued.
  *
  * Thread rules: the last error is per thread. The log callback is process
  * wide and may be called from any thread that uses ndm.
