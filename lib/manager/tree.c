@@ -240,9 +240,18 @@ bool ndm__manager_issued(ndm_manager h)
     if (!r)
         return false;
     uint32_t g = atomic_load_explicit(&r->gen, memory_order_acquire);
-    return ndm__id_gen(h.id) == g
-               ? (atomic_load_explicit(&r->state, memory_order_acquire) & NDM__M_LIVE) != 0
-               : ndm__gen_stale(ndm__id_gen(h.id), g);
+    if (ndm__id_gen(h.id) == g &&
+        !(atomic_load_explicit(&r->state, memory_order_acquire) & NDM__M_LIVE)) {
+        /* a close clears the state, then moves the generation on, both under
+         * the tree lock: read them again where they agree */
+        ndm__tree_lock();
+        g = atomic_load_explicit(&r->gen, memory_order_relaxed);
+        bool live = atomic_load_explicit(&r->state, memory_order_relaxed) & NDM__M_LIVE;
+        ndm__tree_unlock();
+        if (ndm__id_gen(h.id) == g)
+            return live;
+    }
+    return ndm__id_gen(h.id) == g || ndm__gen_stale(ndm__id_gen(h.id), g);
 }
 
 NDM__COLD ndm__manager *ndm__manager_lookup_failed(ndm_manager h, const char *api,
