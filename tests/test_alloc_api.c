@@ -432,6 +432,15 @@ static void test_memory_configure_rejects_and_keeps_settings(void **state)
     assert_error_has("ndm_alloc_configure: max_split_size_mb must be at least 20");
     assert_int_equal(ndm_alloc_configure(NDM_CPU, "memory_limit_mb:64,colour:blue"), NDM_E_CONFIG);
     assert_error_has("unknown key 'colour'");
+    /* values that do not fit: refused, not truncated or accepted */
+    assert_int_equal(ndm_alloc_configure(NDM_CPU, "roundup_power2_divisions:4294967296"),
+                     NDM_E_CONFIG);
+    assert_error_has("roundup_power2_divisions: 4294967296 is above the largest");
+    assert_int_equal(ndm_alloc_configure(NDM_CPU, "roundup_power2_divisions:[256:4294967296,>:8]"),
+                     NDM_E_CONFIG);
+    assert_int_equal(ndm_alloc_configure(NDM_CPU, "large_segment_size_mb:100000000"),
+                     NDM_E_CONFIG);
+    assert_error_has("large_segment_size_mb must be at most 1024");
     ndm_alloc_settings(NDM_CPU, after, sizeof after);
     assert_string_equal(before, after);
     assert_ok(ndm_alloc_configure(NDM_CPU, "cpu:max_split_size_mb:64,cuda:strategy:system"));

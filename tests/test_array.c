@@ -830,10 +830,46 @@ static void test_factory_null_manager_without_scope(void **state)
     assert_manager_empty(m);
 }
 
-static void test_factory_null_manager_uses_scope(void **state)
+static void test_factory_current_scope_without_scope(void **state)
 {
     ndm_manager m = ROOT(state);
-    const ndm_manager none = NDM_NULL_MANAGER;
+    assert_null(ndm_scope_current().id);
+    assert_fails(ndm_zeros(NDM_CURRENT_SCOPE, NDM_F32, SHAPE23), NDM_E_NULL);
+    assert_error_has("no scope is active");
+    ndm_clear_error();
+    assert_fails(ndm_zeros(NDM_OUTPUT_RULE, NDM_F32, SHAPE23), NDM_E_INVALID);
+    assert_error_has("NDM_OUTPUT_RULE");
+    assert_manager_empty(m);
+}
+
+/* A null manager is an error even inside a scope: a failed ndm_manager_new
+ * must not turn into arrays of whatever scope is active. */
+static void test_factory_null_manager_inside_scope(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_manager s = ndm_scope_begin(m, "scope");
+    ndm_clear_error();
+    ndm_manager gpu = ndm_manager_new_on(m, "gpu", NDM_CUDA(15));
+    assert_null(gpu.id);
+    ndm_status why = ndm_last_status();
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", ndm_last_error());
+    assert_true(why < 0);
+    ndm_array z = ndm_zeros(gpu, NDM_F32, SHAPE23);
+    assert_null(z.id);
+    assert_int_equal(ndm_last_status(), why); /* the first error stays */
+    assert_string_equal(ndm_last_error(), msg);
+    assert_fails(ndm_zeros(gpu, NDM_F32, SHAPE23), NDM_E_NULL);
+    assert_error_has("null manager handle");
+    assert_int_equal(test_live_arrays(s), 0);
+    assert_ok(ndm_scope_end(s, 0, NULL));
+    assert_manager_empty(m);
+}
+
+static void test_factory_current_scope_uses_scope(void **state)
+{
+    ndm_manager m = ROOT(state);
+    const ndm_manager none = NDM_CURRENT_SCOPE;
     float buf[6] = {0};
     ndm_manager s = ndm_scope_begin(m, "factories");
     assert_live(s);
@@ -1844,7 +1880,9 @@ int main(void)
         TEST(test_shape_byte_overflow),
         TEST(test_dtype_invalid),
         TEST(test_factory_null_manager_without_scope),
-        TEST(test_factory_null_manager_uses_scope),
+        TEST(test_factory_current_scope_uses_scope),
+        TEST(test_factory_current_scope_without_scope),
+        TEST(test_factory_null_manager_inside_scope),
         TEST(test_factory_stale_manager),
         TEST(test_factory_failure_allocates_nothing),
         TEST(test_accessors_valid_handle),

@@ -129,7 +129,7 @@ static void check(ndm_manager root, const char *name, int np, const param_spec *
 typedef ndm_array (*bin_fn)(NDM_SITE_PARAMS, ndm_manager, ndm_array, ndm_array);
 static ndm_array call_bin(const ndm_array *p, void *ctx)
 {
-    return ((bin_fn)ctx)(NDM_HERE, NDM_NULL_MANAGER, p[0], p[1]);
+    return ((bin_fn)ctx)(NDM_HERE, NDM_OUTPUT_RULE, p[0], p[1]);
 }
 
 static void test_grad_binary(void **state)
@@ -160,7 +160,7 @@ typedef struct scalar_case {
 static ndm_array call_scalar(const ndm_array *p, void *ctx)
 {
     scalar_case *c = ctx;
-    return c->fn(NDM_HERE, NDM_NULL_MANAGER, p[0], c->s);
+    return c->fn(NDM_HERE, NDM_OUTPUT_RULE, p[0], c->s);
 }
 
 static void test_grad_scalar_forms(void **state)
@@ -190,7 +190,7 @@ static void test_grad_scalar_forms(void **state)
 typedef ndm_array (*un_fn)(NDM_SITE_PARAMS, ndm_manager, ndm_array);
 static ndm_array call_un(const ndm_array *p, void *ctx)
 {
-    return ((un_fn)ctx)(NDM_HERE, NDM_NULL_MANAGER, p[0]);
+    return ((un_fn)ctx)(NDM_HERE, NDM_OUTPUT_RULE, p[0]);
 }
 
 static void test_grad_unary(void **state)

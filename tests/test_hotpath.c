@@ -271,8 +271,8 @@ static void test_flat_binary_matches_general_path(void **state)
             for (size_t oi = 0; oi < sizeof flat_ops / sizeof *flat_ops; oi++) {
                 snprintf(what, sizeof what, "%s %s[%lld]", flat_ops[oi].name,
                          ndm_dtype_name(types[ti]), (long long)sizes[si]);
-                ndm_array fast = flat_ops[oi].to(NDM_HERE, NDM_NULL_MANAGER, a, b);
-                ndm_array slow = flat_ops[oi].to(NDM_HERE, NDM_NULL_MANAGER, a, b2);
+                ndm_array fast = flat_ops[oi].to(NDM_HERE, NDM_OUTPUT_RULE, a, b);
+                ndm_array slow = flat_ops[oi].to(NDM_HERE, NDM_OUTPUT_RULE, a, b2);
                 assert_live(fast);
                 assert_live(slow);
                 assert_int_equal(ndm_array_dtype(fast), ndm_array_dtype(slow));

@@ -601,11 +601,19 @@ static void test_safetensors_refusals_leave_nothing(void **state)
     assert_null(ndm_safetensors_load(m, path, 7));
     assert_int_equal(ndm_last_status(), NDM_E_INVALID);
 
-    /* With no manager, a scope catches the arrays. */
+    /* NDM_CURRENT_SCOPE: the scope catches the arrays; a null manager is
+     * refused even inside it. */
+    ndm_clear_error();
     assert_null(ndm_safetensors_load(NDM_NULL_MANAGER, path, NDM_LOAD_COPY));
     assert_int_equal(ndm_last_status(), NDM_E_NULL);
+    ndm_clear_error();
+    assert_null(ndm_safetensors_load(NDM_CURRENT_SCOPE, path, NDM_LOAD_COPY));
+    assert_int_equal(ndm_last_status(), NDM_E_NULL);
     ndm_manager s = ndm_scope_begin(m, "scope");
-    const ndm_named_arrays *got = ndm_safetensors_load(NDM_NULL_MANAGER, path, NDM_LOAD_COPY);
+    ndm_clear_error();
+    assert_null(ndm_safetensors_load(NDM_NULL_MANAGER, path, NDM_LOAD_COPY));
+    assert_int_equal(ndm_last_status(), NDM_E_NULL);
+    const ndm_named_arrays *got = ndm_safetensors_load(NDM_CURRENT_SCOPE, path, NDM_LOAD_COPY);
     assert_non_null(got);
     assert_true(ndm_array_manager(got->arrays[2]).id == s.id);
     assert_ok(ndm_scope_end(s, 0, NULL));

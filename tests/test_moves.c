@@ -57,6 +57,7 @@ static void test_move_refused_changes_nothing(void **state)
     assert_error_has(want); /* the refused array's creation site */
     assert_status(ndm_attach(x, small), NDM_E_QUOTA);
     assert_status(ndm_attach(x, closed), NDM_E_CLOSED);
+    ndm_clear_error(); /* a null handle would keep the error above */
     assert_status(ndm_attach(x, NDM_NULL_MANAGER), NDM_E_NULL);
     assert_status(ndm_temp_attach(x, capped), NDM_E_CAPPED);
     ndm_stats after = stats_of(a);
@@ -222,6 +223,106 @@ static void test_move_charge_across_limits(void **state)
     assert_ok(ndm_manager_close(out));
 }
 
+/* Lending a borrowed array again: each borrower's close gives it one step
+ * back, to the lender it came from. */
+static void test_move_temp_attach_chain_returns_step_by_step(void **state)
+{
+    ndm_manager o = ndm_manager_new(ROOT(state), "o");
+    ndm_manager a = ndm_manager_new(ROOT(state), "a");
+    ndm_manager c = ndm_manager_new(ROOT(state), "c");
+    ndm_array x = ndm_zeros(o, NDM_F32, NDM_SHAPE(4));
+    assert_ok(ndm_temp_attach(x, a));
+    assert_ok(ndm_temp_attach(x, c));
+    assert_true(ndm_array_manager(x).id == c.id);
+    assert_ok(ndm_manager_close(c));
+    assert_true(ndm_array_manager(x).id == a.id);
+    assert_ok(ndm_manager_close(a));
+    assert_true(ndm_array_valid(x)); /* back with its original owner, not released */
+    assert_true(ndm_array_manager(x).id == o.id);
+    assert_int_equal(stats_of(o).live_arrays, 1);
+    /* a lender in the middle that is gone passes it on to the one before */
+    ndm_manager a2 = ndm_manager_new(ROOT(state), "a2");
+    ndm_manager c2 = ndm_manager_new(ROOT(state), "c2");
+    assert_ok(ndm_temp_attach(x, a2));
+    assert_ok(ndm_temp_attach(x, c2));
+    assert_ok(ndm_manager_close(a2));
+    assert_true(ndm_array_valid(x));
+    assert_ok(ndm_manager_close(c2));
+    assert_true(ndm_array_manager(x).id == o.id);
+    /* an attach ends the chain: the new owner keeps it */
+    ndm_manager a3 = ndm_manager_new(ROOT(state), "a3");
+    ndm_manager c3 = ndm_manager_new(ROOT(state), "c3");
+    assert_ok(ndm_temp_attach(x, a3));
+    assert_ok(ndm_temp_attach(x, c3));
+    assert_ok(ndm_attach(x, c3));
+    assert_ok(ndm_manager_close(a3));
+    assert_true(ndm_array_manager(x).id == c3.id);
+    assert_ok(ndm_manager_close(c3));
+    assert_false(ndm_array_valid(x));
+    /* a chained array released early frees its chain (ASan checks) */
+    ndm_manager a4 = ndm_manager_new(ROOT(state), "a4");
+    ndm_manager c4 = ndm_manager_new(ROOT(state), "c4");
+    ndm_array y = ndm_zeros(o, NDM_F32, NDM_SHAPE(4));
+    assert_ok(ndm_temp_attach(y, a4));
+    assert_ok(ndm_temp_attach(y, c4));
+    assert_ok(ndm_array_release(y));
+    assert_ok(ndm_manager_close(c4));
+    assert_ok(ndm_manager_close(a4));
+    assert_ok(ndm_manager_close(o));
+}
+
+/* Lending to a manager that never closes would never give the array back. */
+static void test_move_temp_attach_to_builtin_refused(void **state)
+{
+    ndm_manager o = ndm_manager_new(ROOT(state), "o");
+    ndm_array x = ndm_zeros(o, NDM_F32, NDM_SHAPE(4));
+    ndm_stats before = stats_of(ndm_system());
+    assert_status(ndm_temp_attach(x, ndm_system()), NDM_E_ROOT);
+    assert_error_has("never closes");
+    assert_status(ndm_temp_attach(x, ndm_detached()), NDM_E_ROOT);
+    assert_true(ndm_array_manager(x).id == o.id);
+    assert_int_equal(stats_of(o).live_arrays, 1);
+    assert_int_equal(stats_of(o).moved_out, 0);
+    assert_int_equal(stats_of(ndm_system()).moved_in, before.moved_in);
+    assert_ok(ndm_manager_close(o));
+}
+
+typedef struct rescue {
+    ndm_array a;
+    ndm_manager to;
+    ndm_status st;
+} rescue;
+
+static int rescue_hook(void *ud)
+{
+    rescue *r = ud;
+    r->st = ndm_attach(r->a, r->to);
+    return 0;
+}
+
+/* By the close order a child closes (hooks included) before its parent's
+ * arrays are released, so a child's hook may still move them. */
+static void test_move_child_hook_moves_parent_array(void **state)
+{
+    ndm_manager parent = ndm_manager_new(ROOT(state), "parent");
+    ndm_manager child = ndm_manager_new(parent, "child");
+    ndm_manager keeper = ndm_manager_new(ROOT(state), "keeper");
+    rescue r = {ndm_ones(parent, NDM_F32, NDM_SHAPE(3)), keeper, NDM_E_INVALID};
+    assert_ok(ndm_manager_on_close(child, rescue_hook, &r));
+    assert_ok(ndm_manager_close(parent));
+    assert_ok(r.st);
+    assert_true(ndm_array_valid(r.a));
+    assert_true(ndm_array_manager(r.a).id == keeper.id);
+    /* a parent's own hooks run after its arrays are gone: nothing to move */
+    ndm_manager p2 = ndm_manager_new(ROOT(state), "p2");
+    rescue late = {ndm_ones(p2, NDM_F32, NDM_SHAPE(3)), keeper, NDM_OK};
+    assert_ok(ndm_manager_on_close(p2, rescue_hook, &late));
+    assert_ok(ndm_manager_close(p2));
+    assert_int_equal(late.st, NDM_E_CLOSED);
+    assert_int_equal(stats_of(keeper).live_arrays, 1);
+    assert_ok(ndm_manager_close(keeper));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -231,6 +332,9 @@ int main(void)
         TEST(test_move_detach_is_counted),
         TEST(test_move_temp_attach_returns_on_close),
         TEST(test_move_temp_attach_lender_gone),
+        TEST(test_move_temp_attach_chain_returns_step_by_step),
+        TEST(test_move_temp_attach_to_builtin_refused),
+        TEST(test_move_child_hook_moves_parent_array),
         TEST(test_move_shared_storage_counted_once),
         TEST(test_move_charge_across_limits),
     };

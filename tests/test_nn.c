@@ -355,6 +355,110 @@ static void test_nn_embedding_and_loss_errors(void **state)
     assert_ok(ndm_manager_close(model));
 }
 
+/* A failure inside a forward pass names the caller's line, and the calls
+ * that receive its null result keep that first error. */
+static void test_nn_null_result_keeps_first_error(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_rng rng = ndm_rng_new(3);
+    ndm_module net = ndm_sequential(model, NDM_MODULES(ndm_flatten_module(model, 1),
+                                                       ndm_linear(model, 784, 16, true, &rng)));
+    assert_live(model);
+    ndm_manager b = ndm_manager_new(model, "batch");
+    ndm_array x = ndm_zeros(b, NDM_F32, NDM_SHAPE(4, 28, 27)); /* 756 features, not 784 */
+    assert_ok(ndm_grad_begin(b));
+    ndm_clear_error();
+    ndm_array y = ndm_forward(net, x);
+    assert_null(y.id);
+    ndm_status first = ndm_last_status();
+    assert_int_equal(first, NDM_E_SHAPE);
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", ndm_last_error());
+    assert_non_null(strstr(msg, "ndm_matmul"));
+    assert_non_null(strstr(msg, "test_nn.c")); /* the caller's line, not the library's */
+    assert_null(strstr(msg, "module.c"));
+    /* every later call on the null result leaves the first error in place */
+    ndm_array loss = ndm_cross_entropy(y, x);
+    assert_null(loss.id);
+    assert_int_equal(ndm_backward(loss), first);
+    double v = 0;
+    assert_int_equal(ndm_item(loss, &v), first);
+    float out[1];
+    assert_int_equal(ndm_array_copy_out(loss, out, sizeof out), first);
+    assert_null(ndm_relu(ndm_add(loss, x)).id);
+    assert_int_equal(ndm_add_(loss, x), first);
+    assert_int_equal(ndm_last_status(), first);
+    assert_string_equal(ndm_last_error(), msg);
+    /* after ndm_clear_error a null handle is NDM_E_NULL again */
+    ndm_clear_error();
+    assert_int_equal(ndm_item(loss, &v), NDM_E_NULL);
+    assert_error_has("null array handle");
+    assert_ok(ndm_grad_end());
+    assert_ok(ndm_manager_close(model));
+}
+
+static void test_nn_list_contracts(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_clear_error();
+    assert_int_equal(ndm_zero_grad(1, NULL), NDM_E_INVALID);
+    assert_error_has("params is NULL");
+    assert_ok(ndm_zero_grad(0, NULL));
+    /* an empty sequential is the identity (no copy from a NULL list) */
+    ndm_module empty = ndm_sequential(model, 0, NULL);
+    assert_true(empty.id != 0);
+    ndm_array x = ndm_ones(model, NDM_F32, NDM_SHAPE(2));
+    ndm_array y = ndm_forward(empty, x);
+    assert_live(y);
+    assert_true(y.id != x.id);
+    assert_ok(ndm_array_release(y));
+    assert_ok(ndm_array_release(x));
+    /* the null module is NDM_E_NULL, a stale one NDM_E_CLOSED */
+    ndm_clear_error();
+    assert_null(ndm_predictor_new(model, (ndm_module){0}).id);
+    assert_int_equal(ndm_last_status(), NDM_E_NULL);
+    assert_int_equal(ndm_manager_caps(model), 0);
+    assert_ok(ndm_manager_close(model));
+}
+
+/* nn.h: a sequential's modules and a predictor's parameters belong to the
+ * model; the predictor caps that model and no other. */
+static void test_nn_modules_belong_to_model(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_manager other = ndm_manager_new(ROOT(state), "other");
+    ndm_rng rng = ndm_rng_new(5);
+    ndm_module mine = ndm_linear(model, 4, 4, true, &rng);
+    ndm_module theirs = ndm_linear(other, 4, 4, true, &rng);
+    ndm_module relu_there = ndm_relu_module(other);
+    ndm_clear_error();
+    assert_null(ndm_sequential(model, NDM_MODULES(mine, theirs)).id);
+    assert_int_equal(ndm_last_status(), NDM_E_NOT_OWNER);
+    assert_error_has("system/test/other");
+    ndm_clear_error();
+    assert_null(ndm_sequential(model, NDM_MODULES(mine, relu_there)).id);
+    assert_int_equal(ndm_last_status(), NDM_E_NOT_OWNER);
+    /* a net registered with model but whose parameters live elsewhere */
+    ndm_manager sub = ndm_manager_new(model, "sub");
+    ndm_module deep = ndm_linear(sub, 4, 4, false, &rng);
+    ndm_clear_error();
+    assert_null(ndm_predictor_new(model, theirs).id);
+    assert_int_equal(ndm_last_status(), NDM_E_NOT_OWNER);
+    assert_null(ndm_predictor_new(model, deep).id);
+    assert_int_equal(ndm_last_status(), NDM_E_NOT_OWNER);
+    assert_int_equal(ndm_manager_caps(model), 0);
+    assert_int_equal(ndm_manager_caps(sub), 0);
+    assert_int_equal(ndm_manager_caps(other), 0);
+    /* the model's own net is accepted */
+    ndm_module net = ndm_sequential(model, NDM_MODULES(mine, ndm_relu_module(model)));
+    assert_true(net.id != 0);
+    ndm_predictor p = ndm_predictor_new(model, net);
+    assert_true(p.id != 0);
+    assert_true(ndm_manager_caps(model) != 0);
+    assert_ok(ndm_manager_close(other));
+    assert_ok(ndm_manager_close(model));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -366,6 +470,9 @@ int main(void)
         TEST(test_nn_training_converges),
         TEST(test_nn_predictor_threads),
         TEST(test_nn_embedding_and_loss_errors),
+        TEST(test_nn_null_result_keeps_first_error),
+        TEST(test_nn_list_contracts),
+        TEST(test_nn_modules_belong_to_model),
     };
     return cmocka_run_group_tests_name("nn", tests, NULL, NULL);
 }

@@ -131,7 +131,7 @@ static void test_oom_respects_scope_and_limits(void **state)
 {
     /* an injected failure inside a scope leaves the scope consistent */
     ndm_manager s = ndm_scope_begin(ROOT(state), "s");
-    ndm_array x = ndm_ones(NDM_NULL_MANAGER, NDM_F32, NDM_SHAPE(4));
+    ndm_array x = ndm_ones(NDM_CURRENT_SCOPE, NDM_F32, NDM_SHAPE(4));
     ndm__alloc_fail_after(2); /* the second allocation from now fails */
     ndm_array y = ndm_copy(x);
     ndm_array z = ndm_copy(x);

@@ -21,7 +21,7 @@ static void test_scope_catches_and_keeps(void **state)
     assert_true(ndm_manager_is_scope(s));
     assert_true(ndm_scope_current().id == s.id);
     ndm_array t1 = ndm_transpose(x);       /* x's manager is batch, but the scope wins */
-    ndm_array t2 = ndm_zeros(NDM_NULL_MANAGER, NDM_F32, NDM_SHAPE(3)); /* null manager: the scope */
+    ndm_array t2 = ndm_zeros(NDM_CURRENT_SCOPE, NDM_F32, NDM_SHAPE(3)); /* the scope */
     ndm_array named = ndm_alias_to(batch, x); /* a named manager beats the scope */
     assert_true(ndm_array_manager(t1).id == s.id);
     assert_true(ndm_array_manager(t2).id == s.id);
@@ -42,7 +42,7 @@ static void test_scope_nested_keep_goes_to_enclosing(void **state)
     ndm_manager outer = ndm_scope_begin(batch, "outer");
     ndm_manager other = ndm_manager_new(ROOT(state), "elsewhere");
     ndm_manager inner = ndm_scope_begin(other, "inner"); /* a parent outside the outer scope */
-    ndm_array r = ndm_zeros(NDM_NULL_MANAGER, NDM_F32, NDM_SHAPE(2));
+    ndm_array r = ndm_zeros(NDM_CURRENT_SCOPE, NDM_F32, NDM_SHAPE(2));
     assert_true(ndm_array_manager(r).id == inner.id);
     assert_ok(ndm_scope_end(inner, 1, &r));
     assert_true(ndm_array_manager(r).id == outer.id); /* the enclosing scope, not the parent */
@@ -164,12 +164,12 @@ static void test_scope_out_of_order_end(void **state)
     ndm_manager batch = ndm_manager_new(ROOT(state), "batch");
     ndm_manager s1 = ndm_scope_begin(batch, "s1");
     ndm_manager s2 = ndm_scope_begin(batch, "s2"); /* not a child of s1 */
-    ndm_array x = ndm_zeros(NDM_NULL_MANAGER, NDM_F32, NDM_SHAPE(2));
+    ndm_array x = ndm_zeros(NDM_CURRENT_SCOPE, NDM_F32, NDM_SHAPE(2));
     assert_true(ndm_array_manager(x).id == s2.id);
     /* the caller ends s1 first (a callee forgot s2) */
     assert_ok(ndm_scope_end(s1, 0, NULL));
     assert_true(ndm_scope_current().id == s2.id);
-    ndm_array y = ndm_zeros(NDM_NULL_MANAGER, NDM_F32, NDM_SHAPE(2));
+    ndm_array y = ndm_zeros(NDM_CURRENT_SCOPE, NDM_F32, NDM_SHAPE(2));
     assert_true(ndm_array_manager(y).id == s2.id);
     /* s2's enclosing scope is gone: keeps go to its parent */
     assert_ok(ndm_scope_end(s2, 1, &y));
@@ -196,25 +196,36 @@ static void test_scope_end_errors(void **state)
     ndm_manager m = ndm_manager_new(ROOT(state), "plain");
     assert_status(ndm_scope_end(m, 0, NULL), NDM_E_INVALID);
     assert_error_has("not a scope");
+    ndm_clear_error();
     assert_status(ndm_scope_end(NDM_NULL_MANAGER, 0, NULL), NDM_E_NULL);
-    ndm_manager s = ndm_scope_begin(NDM_NULL_MANAGER, "s");
+    ndm_clear_error();
+    ndm_manager s = ndm_scope_begin(NDM_CURRENT_SCOPE, "s");
     assert_true(s.id == 0);
     assert_int_equal(ndm_last_status(), NDM_E_NULL);
-    ndm_array a = ndm_zeros(NDM_NULL_MANAGER, NDM_F32, NDM_SHAPE(1));
+    assert_error_has("no scope is active");
+    ndm_clear_error();
+    ndm_array a = ndm_zeros(NDM_CURRENT_SCOPE, NDM_F32, NDM_SHAPE(1));
     assert_true(a.id == 0);
     assert_int_equal(ndm_last_status(), NDM_E_NULL);
-    /* a null parent inside a scope means the current scope */
+    /* NDM_CURRENT_SCOPE as the parent inside a scope: the current scope */
     ndm_manager outer = ndm_scope_begin(m, "outer");
-    ndm_manager inner = ndm_scope_begin(NDM_NULL_MANAGER, "inner");
+    ndm_manager inner = ndm_scope_begin(NDM_CURRENT_SCOPE, "inner");
     assert_true(ndm_manager_parent(inner).id == outer.id);
+    /* a null parent is refused even inside a scope */
+    ndm_clear_error();
+    assert_true(ndm_scope_begin(NDM_NULL_MANAGER, "s").id == 0);
+    assert_int_equal(ndm_last_status(), NDM_E_NULL);
+    assert_true(ndm_scope_current().id == inner.id);
     assert_ok(ndm_scope_end(outer, 0, NULL));
     assert_ok(ndm_manager_close(m));
 }
 
+static ndm_array return_input(void *ud) { return *(ndm_array *)ud; }
+
 static ndm_array make_sum(void *ud)
 {
     ndm_manager *where = ud;
-    ndm_array t = ndm_ones(NDM_NULL_MANAGER, NDM_F32, NDM_SHAPE(2, 3)); /* temporary */
+    ndm_array t = ndm_ones(NDM_CURRENT_SCOPE, NDM_F32, NDM_SHAPE(2, 3)); /* temporary */
     *where = ndm_array_manager(t);
     return ndm_reshape(ndm_transpose(t), NDM_SHAPE(6)); /* a copy: transposed strides */
 }
@@ -236,10 +247,38 @@ static void test_scope_one_expression_helpers(void **state)
     float v[6];
     assert_ok(ndm_array_copy_out(y, v, sizeof v));
     assert_true(v[1] == 3.0f && v[2] == 1.0f);
-    /* an expression that returns an existing array leaves it where it is */
+    /* an expression that returns one of its inputs gives a fresh alias (one
+     * disposal protocol: every handle that comes out is the caller's) */
     ndm_array z = NDM_SCOPED(batch, x);
-    assert_true(z.id == x.id);
+    assert_live(z);
+    assert_true(z.id != x.id);
+    assert_true(ndm_array_manager(z).id == batch.id);
+    assert_ok(ndm_array_release(z));
     assert_true(ndm_array_valid(x));
+    assert_ok(ndm_array_copy_out(x, v, sizeof v));
+    assert_true(v[5] == 5.0f);
+    assert_int_equal(stats_of(batch).live_arrays, 3);
+    ndm_array w = ndm_scoped(batch, return_input, &x);
+    assert_live(w);
+    assert_true(w.id != x.id);
+    assert_ok(ndm_array_release(w));
+    assert_true(ndm_array_valid(x));
+    assert_ok(ndm_manager_close(batch));
+}
+
+/* An array handle is not a scope: ndm_scope_end refuses it rather than
+ * taking it for an ended scope (NDM_SCOPED would then hand back an array
+ * of a scope that is still active). */
+static void test_scope_end_refuses_array_handle(void **state)
+{
+    ndm_manager batch = ndm_manager_new(ROOT(state), "batch");
+    ndm_manager s = ndm_scope_begin(batch, "s");
+    ndm_array a = ndm_zeros(s, NDM_F32, NDM_SHAPE(2));
+    assert_status(ndm_scope_end((ndm_manager){a.id}, 0, NULL), NDM_E_INVALID);
+    assert_error_has("not a manager handle");
+    assert_true(ndm_scope_current().id == s.id);
+    assert_true(ndm_array_valid(a));
+    assert_ok(ndm_scope_end(s, 0, NULL));
     assert_ok(ndm_manager_close(batch));
 }
 
@@ -318,6 +357,7 @@ int main(void)
         TEST(test_scope_out_of_order_end),
         TEST(test_scope_end_errors),
         TEST(test_scope_one_expression_helpers),
+        TEST(test_scope_end_refuses_array_handle),
         TEST(test_scope_auto_cleanup),
         TEST(test_scope_is_per_thread),
     };

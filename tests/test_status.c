@@ -196,6 +196,7 @@ static void test_error_message_drops_at_suffix(void **state)
     assert_true(!strncmp(ndm_last_error(), "ndm_manager_new: ", 17));
     assert_st(ndm_attach(a, gone), NDM_E_CLOSED);
     assert_true(!strncmp(ndm_last_error(), "ndm_attach: ", 12));
+    ndm_clear_error(); /* a null handle would keep the error above */
     assert_st(ndm_manager_close(NDM_NULL_MANAGER), NDM_E_NULL);
     assert_true(!strncmp(ndm_last_error(), "ndm_manager_close: ", 19));
     assert_st(ndm_scope_end(m, 0, NULL), NDM_E_INVALID);
@@ -250,6 +251,71 @@ static void test_error_first_in_chain_kept(void **state)
     snprintf(want, sizeof want, "ndm_zeros: negative size -4 on axis 1 [at test_status.c:%d (%s)]",
              line, __func__);
     assert_string_equal(ndm_last_error(), want);
+    assert_manager_empty(m);
+}
+
+/* A null handle keeps the thread's last error, for managers as for arrays:
+ * a failed ndm_manager_new is not silently another manager. */
+static void test_error_null_manager_keeps_first_error(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_manager gone = ndm_manager_new(m, "gone");
+    close_ok(gone);
+    ndm_clear_error();
+    ndm_manager child = ndm_manager_new(gone, "child");
+    assert_null(child.id);
+    assert_int_equal(ndm_last_status(), NDM_E_CLOSED);
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", ndm_last_error());
+    ndm_array a = ndm_zeros(child, NDM_F32, NDM_SHAPE(2));
+    assert_null(a.id);
+    assert_int_equal(ndm_manager_close(child), NDM_E_CLOSED);
+    assert_null(ndm_scope_begin(child, "s").id);
+    assert_int_equal(ndm_last_status(), NDM_E_CLOSED);
+    assert_string_equal(ndm_last_error(), msg);
+    ndm_array x = ndm_zeros(m, NDM_F32, NDM_SHAPE(2));
+    assert_int_equal(ndm_attach(x, child), NDM_E_CLOSED);
+    assert_null(ndm_add_to(child, x, x).id);
+    assert_string_equal(ndm_last_error(), msg);
+    ndm_clear_error();
+    assert_st(ndm_attach(x, child), NDM_E_NULL);
+    assert_error_has("null manager handle");
+    release_ok(x);
+    assert_manager_empty(m);
+}
+
+/* A handle whose generation was never issued is not an array or manager
+ * handle; one that was issued and has died is NDM_ALREADY on release. */
+static void test_error_forged_handles(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_array a = ndm_zeros(m, NDM_F32, NDM_SHAPE(2));
+    ndm_array ahead = {a.id + (UINT64_C(3) << 32)}; /* the slot never reached it */
+    assert_st(ndm_array_release(ahead), NDM_E_INVALID);
+    assert_error_has("not an array handle");
+    assert_true(ndm_array_valid(a));
+    release_ok(a);
+    assert_st(ndm_array_release(a), NDM_ALREADY);
+    ndm_array next = {a.id + (UINT64_C(1) << 32)}; /* the next one, not made yet */
+    assert_st(ndm_array_release(next), NDM_E_INVALID);
+    double v;
+    assert_st(ndm_item(ahead, &v), NDM_E_INVALID);
+    assert_st(ndm_item(a, &v), NDM_E_CLOSED);
+    ndm_manager c = ndm_manager_new(m, "c");
+    ndm_manager c_ahead = {c.id + (UINT64_C(2) << 32)};
+    assert_st(ndm_manager_close(c_ahead), NDM_E_INVALID);
+    assert_error_has("not a manager handle");
+    assert_true(ndm_manager_valid(c));
+    close_ok(c);
+    assert_st(ndm_manager_close(c), NDM_ALREADY);
+    ndm_manager c_next = {c.id + (UINT64_C(1) << 32)};
+    assert_st(ndm_manager_close(c_next), NDM_E_INVALID);
+    /* an array handle is not a scope, and a scope end is not faked by it */
+    ndm_array b = ndm_zeros(m, NDM_F32, NDM_SHAPE(2));
+    assert_st(ndm_scope_end((ndm_manager){b.id}, 0, NULL), NDM_E_INVALID);
+    assert_st(ndm_manager_close((ndm_manager){b.id}), NDM_E_INVALID);
+    assert_true(ndm_array_valid(b));
+    release_ok(b);
     assert_manager_empty(m);
 }
 
@@ -397,6 +463,8 @@ int main(void)
         TEST(test_error_message_names_site),
         TEST(test_error_message_without_site),
         TEST(test_error_first_in_chain_kept),
+        TEST(test_error_null_manager_keeps_first_error),
+        TEST(test_error_forged_handles),
         TEST(test_log_receives_errors),
         TEST(test_log_receives_warnings),
         TEST(test_log_null_restores_default),

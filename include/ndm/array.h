@@ -9,9 +9,10 @@
  *     ndm_full(m, NDM_F32, 0.5, NDM_SHAPE(2, 3))
  *
  * Ownership. Every factory takes the manager that will own the result (the
- * output rule's named manager; a null manager means the innermost scope of
- * this thread, and is NDM_E_NULL when there is none) and returns a fresh
- * handle; on failure it returns the null handle and allocates nothing.
+ * output rule's named manager; NDM_CURRENT_SCOPE means the innermost scope of
+ * this thread, NDM_E_NULL when there is none; a null manager is NDM_E_NULL,
+ * NDM_OUTPUT_RULE is NDM_E_INVALID) and returns a fresh handle; on failure
+ * it returns the null handle and allocates nothing.
  * ndm_array_release frees one handle early; releasing a released array
  * returns NDM_ALREADY.
  *

@@ -50,10 +50,11 @@ NDM_API bool ndm_array_requires_grad(ndm_array a);
  *  output rule (the `_to` manager, else the innermost scope, else the
  *  parameter's manager — refused when that one is capped: name a manager).
  *  NDM_E_INVALID when `param` is not a parameter. */
-#define ndm_grad(param) ndm_grad_to_at(NDM_HERE, NDM_NULL_MANAGER, (param))
+#define ndm_grad(param) ndm_grad_to_at(NDM_HERE, NDM_OUTPUT_RULE, (param))
 #define ndm_grad_to(m, param) ndm_grad_to_at(NDM_HERE, (m), (param))
 NDM_API ndm_array ndm_grad_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array param);
-/** Set the gradient of each parameter to zero. */
+/** Set the gradient of each parameter to zero. NDM_E_INVALID when params is
+ *  NULL with n > 0 or one is not a parameter (those before it are zeroed). */
 NDM_API NDM_NODISCARD ndm_status ndm_zero_grad(size_t n, const ndm_array *params);
 
 /** Start recording this thread's operations into a new graph under `owner`

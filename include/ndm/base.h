@@ -5,7 +5,20 @@
  * slot number and a generation; every call checks both, so a handle whose
  * array was released or whose manager was closed is reported as stale
  * (NDM_E_CLOSED) without ndm ever reading freed memory. A zeroed handle is the
- * null handle.
+ * null handle: passed anywhere, it is NDM_E_NULL (see status.h for how a
+ * null handle that a failure returned keeps that failure's error).
+ *
+ * Two reserved manager values say what a null manager used to mean, so that
+ * a null one (a failed ndm_manager_new, a zeroed variable) is always an
+ * error and never silently becomes another manager:
+ *   NDM_CURRENT_SCOPE  the innermost scope of the calling thread at the time
+ *                      of the call (ndm_scope_current()); accepted wherever a
+ *                      manager is taken; NDM_E_NULL when no scope is active.
+ *   NDM_OUTPUT_RULE    no manager named: an operation applies the output rule
+ *                      (manager.h). The plain operation macros (ndm_add...)
+ *                      pass it to their `_to` functions; a function that
+ *                      needs a manager (a factory, ndm_attach...) refuses it
+ *                      with NDM_E_INVALID.
  *
  * Thread rules: handles are plain values and may be copied between threads.
  */
@@ -77,6 +90,10 @@ typedef struct ndm_manager {
 
 #define NDM_NULL_ARRAY NDM_LITERAL_(ndm_array, 0)
 #define NDM_NULL_MANAGER NDM_LITERAL_(ndm_manager, 0)
+/* Reserved values (above): generation 0 with the manager kind bit, which no
+ * real handle carries. */
+#define NDM_OUTPUT_RULE NDM_LITERAL_(ndm_manager, UINT64_C(0x8000000000000001))
+#define NDM_CURRENT_SCOPE NDM_LITERAL_(ndm_manager, UINT64_C(0x8000000000000002))
 
 static inline bool ndm_array_is_null(ndm_array a) { return a.id == 0; }
 static inline bool ndm_manager_is_null(ndm_manager m) { return m.id == 0; }

@@ -52,10 +52,10 @@ typedef struct ndm_conv2d_opts {
  *  float dtype (NDM_E_DTYPE) and one device (NDM_E_DEVICE); C and O must
  *  divide by groups and weight.shape[1] equal C/groups (NDM_E_SHAPE). */
 #define ndm_conv2d(x, w, ...)                                                   \
-    ndm_conv2d_to_at(NDM_HERE, NDM_NULL_MANAGER, (x), (w), NULL, __VA_ARGS__)
+    ndm_conv2d_to_at(NDM_HERE, NDM_OUTPUT_RULE, (x), (w), NULL, __VA_ARGS__)
 #define ndm_conv2d_to(m, x, w, ...) ndm_conv2d_to_at(NDM_HERE, (m), (x), (w), NULL, __VA_ARGS__)
 #define ndm_conv2d_bias(x, w, b, ...)                                           \
-    ndm_conv2d_to_at(NDM_HERE, NDM_NULL_MANAGER, (x), (w), (const ndm_array[]){(b)}, __VA_ARGS__)
+    ndm_conv2d_to_at(NDM_HERE, NDM_OUTPUT_RULE, (x), (w), (const ndm_array[]){(b)}, __VA_ARGS__)
 #define ndm_conv2d_bias_to(m, x, w, b, ...)                                     \
     ndm_conv2d_to_at(NDM_HERE, (m), (x), (w), (const ndm_array[]){(b)}, __VA_ARGS__)
 /** `bias` NULL: no bias; otherwise it points at the bias handle. */
@@ -72,7 +72,7 @@ typedef struct ndm_pool2d_opts {
 
 /** Largest element of each window (padding never wins; NaN propagates):
  *  (N, C, H, W) -> (N, C, OH, OW), same dtype. */
-#define ndm_max_pool2d(x, ...) ndm_max_pool2d_to_at(NDM_HERE, NDM_NULL_MANAGER, (x), __VA_ARGS__)
+#define ndm_max_pool2d(x, ...) ndm_max_pool2d_to_at(NDM_HERE, NDM_OUTPUT_RULE, (x), __VA_ARGS__)
 #define ndm_max_pool2d_to(m, x, ...) ndm_max_pool2d_to_at(NDM_HERE, (m), (x), __VA_ARGS__)
 NDM_API ndm_array ndm_max_pool2d_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array x,
                                        const ndm_pool2d_opts *opts);
@@ -82,7 +82,7 @@ NDM_API ndm_array ndm_max_pool2d_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_arr
  *  it, by the number of input elements the window covers (TensorFlow's
  *  "SAME" pooling). Without padding both are the same. */
 #define ndm_avg_pool2d(x, count_include_pad, ...)                               \
-    ndm_avg_pool2d_to_at(NDM_HERE, NDM_NULL_MANAGER, (x), (count_include_pad), __VA_ARGS__)
+    ndm_avg_pool2d_to_at(NDM_HERE, NDM_OUTPUT_RULE, (x), (count_include_pad), __VA_ARGS__)
 #define ndm_avg_pool2d_to(m, x, count_include_pad, ...)                         \
     ndm_avg_pool2d_to_at(NDM_HERE, (m), (x), (count_include_pad), __VA_ARGS__)
 NDM_API ndm_array ndm_avg_pool2d_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array x,
@@ -109,7 +109,7 @@ NDM_API ndm_array ndm_avg_pool2d_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_arr
  *  several input sizes give the same output size. grad_out and weight
  *  share one float dtype and one device. */
 #define ndm_conv2d_backward_input(grad_out, w, opts, ...)                       \
-    ndm_conv2d_backward_input_to_at(NDM_HERE, NDM_NULL_MANAGER, (grad_out), (w), (opts), \
+    ndm_conv2d_backward_input_to_at(NDM_HERE, NDM_OUTPUT_RULE, (grad_out), (w), (opts), \
                                     __VA_ARGS__)
 #define ndm_conv2d_backward_input_to(m, grad_out, w, opts, ...)                 \
     ndm_conv2d_backward_input_to_at(NDM_HERE, (m), (grad_out), (w), (opts), __VA_ARGS__)
@@ -123,7 +123,7 @@ NDM_API ndm_array ndm_conv2d_backward_input_to_at(NDM_SITE_PARAMS, ndm_manager o
  *  input x (N, C, H, W): grad_out times the unfolded x, summed over the
  *  batch. grad_out and x share one float dtype and one device. */
 #define ndm_conv2d_backward_weight(grad_out, x, opts, ...)                      \
-    ndm_conv2d_backward_weight_to_at(NDM_HERE, NDM_NULL_MANAGER, (grad_out), (x), (opts), \
+    ndm_conv2d_backward_weight_to_at(NDM_HERE, NDM_OUTPUT_RULE, (grad_out), (x), (opts), \
                                      __VA_ARGS__)
 #define ndm_conv2d_backward_weight_to(m, grad_out, x, opts, ...)                \
     ndm_conv2d_backward_weight_to_at(NDM_HERE, (m), (grad_out), (x), (opts), __VA_ARGS__)
@@ -139,7 +139,7 @@ NDM_API ndm_array ndm_conv2d_backward_weight_to_at(NDM_SITE_PARAMS, ndm_manager 
  *  earlier one); overlapping windows add up. grad_out and x share one
  *  float dtype and one device. */
 #define ndm_max_pool2d_backward(grad_out, x, ...)                               \
-    ndm_max_pool2d_backward_to_at(NDM_HERE, NDM_NULL_MANAGER, (grad_out), (x), __VA_ARGS__)
+    ndm_max_pool2d_backward_to_at(NDM_HERE, NDM_OUTPUT_RULE, (grad_out), (x), __VA_ARGS__)
 #define ndm_max_pool2d_backward_to(m, grad_out, x, ...)                         \
     ndm_max_pool2d_backward_to_at(NDM_HERE, (m), (grad_out), (x), __VA_ARGS__)
 NDM_API ndm_array ndm_max_pool2d_backward_to_at(NDM_SITE_PARAMS, ndm_manager out,
@@ -151,7 +151,7 @@ NDM_API ndm_array ndm_max_pool2d_backward_to_at(NDM_SITE_PARAMS, ndm_manager out
  *  the input elements of its window, divided as the forward divides
  *  (count_include_pad as given to it); overlapping windows add up. */
 #define ndm_avg_pool2d_backward(grad_out, count_include_pad, opts, ...)          \
-    ndm_avg_pool2d_backward_to_at(NDM_HERE, NDM_NULL_MANAGER, (grad_out), (count_include_pad), \
+    ndm_avg_pool2d_backward_to_at(NDM_HERE, NDM_OUTPUT_RULE, (grad_out), (count_include_pad), \
                                   (opts), __VA_ARGS__)
 #define ndm_avg_pool2d_backward_to(m, grad_out, count_include_pad, opts, ...)    \
     ndm_avg_pool2d_backward_to_at(NDM_HERE, (m), (grad_out), (count_include_pad), (opts), \

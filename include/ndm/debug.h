@@ -66,7 +66,9 @@ enum {
     NDM_STATS_SUBTREE = 1u << 0, /* add up the whole subtree */
 };
 
-/** Fill *out for `m` on `device` (flags: NDM_STATS_SUBTREE). */
+/** Fill *out for `m` on `device` (flags: NDM_STATS_SUBTREE). NDM_E_INVALID
+ *  for other flag bits, NDM_E_DEVICE for a device this process cannot use
+ *  (cuda:0 without a GPU). */
 NDM_API NDM_NODISCARD ndm_status ndm_manager_stats(ndm_manager m, ndm_device device, unsigned flags,
                                                    ndm_stats *out);
 

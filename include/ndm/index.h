@@ -49,14 +49,14 @@ extern "C" {
  *  result's dtype is ndm_result_type over the inputs; each is converted.
  *  NDM_E_SHAPE (sizes or ranks differ), NDM_E_AXIS, NDM_E_DEVICE,
  *  NDM_E_INVALID (n < 1 or arrays NULL). */
-#define ndm_concat(axis, ...) ndm_concat_to_at(NDM_HERE, NDM_NULL_MANAGER, (axis), __VA_ARGS__)
+#define ndm_concat(axis, ...) ndm_concat_to_at(NDM_HERE, NDM_OUTPUT_RULE, (axis), __VA_ARGS__)
 #define ndm_concat_to(m, axis, ...) ndm_concat_to_at(NDM_HERE, (m), (axis), __VA_ARGS__)
 NDM_API ndm_array ndm_concat_to_at(NDM_SITE_PARAMS, ndm_manager out, int axis, int n,
                                    const ndm_array *arrays);
 
 /** Join n >= 1 arrays of one shape along a new axis, which has index `axis`
  *  in the result (in [-ndim-1, ndim]). dtypes combine as in ndm_concat. */
-#define ndm_stack(axis, ...) ndm_stack_to_at(NDM_HERE, NDM_NULL_MANAGER, (axis), __VA_ARGS__)
+#define ndm_stack(axis, ...) ndm_stack_to_at(NDM_HERE, NDM_OUTPUT_RULE, (axis), __VA_ARGS__)
 #define ndm_stack_to(m, axis, ...) ndm_stack_to_at(NDM_HERE, (m), (axis), __VA_ARGS__)
 NDM_API ndm_array ndm_stack_to_at(NDM_SITE_PARAMS, ndm_manager out, int axis, int n,
                                   const ndm_array *arrays);
@@ -67,7 +67,7 @@ NDM_API ndm_array ndm_stack_to_at(NDM_SITE_PARAMS, ndm_manager out, int axis, in
  *  outs entry is the null handle and nothing was created; the status says
  *  why (a null input returns the first error's status). */
 #define ndm_split(a, axis, sections, outs)                                      \
-    ndm_split_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (axis), (sections), (outs))
+    ndm_split_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (axis), (sections), (outs))
 #define ndm_split_to(m, a, axis, sections, outs)                                \
     ndm_split_to_at(NDM_HERE, (m), (a), (axis), (sections), (outs))
 NDM_API NDM_NODISCARD ndm_status ndm_split_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a,
@@ -79,7 +79,7 @@ NDM_API NDM_NODISCARD ndm_status ndm_split_to_at(NDM_SITE_PARAMS, ndm_manager ou
  *  not decrease (NDM_E_INVALID naming the index), so pieces may be empty
  *  but never overlap. All or nothing, as ndm_split. */
 #define ndm_split_indices(a, axis, outs, ...)                                   \
-    ndm_split_indices_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (axis), (outs), __VA_ARGS__)
+    ndm_split_indices_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (axis), (outs), __VA_ARGS__)
 #define ndm_split_indices_to(m, a, axis, outs, ...)                             \
     ndm_split_indices_to_at(NDM_HERE, (m), (a), (axis), (outs), __VA_ARGS__)
 NDM_API NDM_NODISCARD ndm_status ndm_split_indices_to_at(NDM_SITE_PARAMS, ndm_manager out,
@@ -91,13 +91,13 @@ NDM_API NDM_NODISCARD ndm_status ndm_split_indices_to_at(NDM_SITE_PARAMS, ndm_ma
  *  a.shape[:axis] + indices.shape + a.shape[axis+1:]; 0-d indices remove the
  *  axis, 2-d indices into axis 0 of a table are an embedding lookup. */
 #define ndm_take(a, axis, indices)                                              \
-    ndm_take_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (axis), (indices))
+    ndm_take_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (axis), (indices))
 #define ndm_take_to(m, a, axis, indices) ndm_take_to_at(NDM_HERE, (m), (a), (axis), (indices))
 NDM_API ndm_array ndm_take_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis,
                                  ndm_array indices);
 /** ndm_take with a 1-d index array (NDM_E_SHAPE otherwise). */
 #define ndm_index_select(a, axis, indices)                                      \
-    ndm_index_select_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (axis), (indices))
+    ndm_index_select_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (axis), (indices))
 #define ndm_index_select_to(m, a, axis, indices)                                \
     ndm_index_select_to_at(NDM_HERE, (m), (a), (axis), (indices))
 NDM_API ndm_array ndm_index_select_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis,
@@ -108,7 +108,7 @@ NDM_API ndm_array ndm_index_select_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_a
  *  indices has a's rank; its other axes broadcast against a's. The result
  *  has the broadcast shape with indices' size along `axis`. */
 #define ndm_gather(a, axis, indices)                                            \
-    ndm_gather_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (axis), (indices))
+    ndm_gather_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (axis), (indices))
 #define ndm_gather_to(m, a, axis, indices) ndm_gather_to_at(NDM_HERE, (m), (a), (axis), (indices))
 NDM_API ndm_array ndm_gather_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis,
                                    ndm_array indices);
@@ -120,7 +120,7 @@ NDM_API ndm_array ndm_gather_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
  *  ndm_scatter_add_ writes into `a` (a capped manager's arrays too);
  *  ndm_scatter_add returns an updated copy. */
 #define ndm_scatter_add(a, axis, indices, src)                                  \
-    ndm_scatter_add_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (axis), (indices), (src))
+    ndm_scatter_add_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (axis), (indices), (src))
 #define ndm_scatter_add_to(m, a, axis, indices, src)                            \
     ndm_scatter_add_to_at(NDM_HERE, (m), (a), (axis), (indices), (src))
 NDM_API ndm_array ndm_scatter_add_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis,
@@ -135,7 +135,7 @@ NDM_API NDM_NODISCARD ndm_status ndm_scatter_add_inplace_at(NDM_SITE_PARAMS, ndm
  *  equals the index, 0 elsewhere. num_classes >= 1; every index must lie in
  *  [0, num_classes) (NDM_E_INVALID naming the first that does not). */
 #define ndm_one_hot(indices, num_classes, dtype)                                \
-    ndm_one_hot_to_at(NDM_HERE, NDM_NULL_MANAGER, (indices), (num_classes), (dtype))
+    ndm_one_hot_to_at(NDM_HERE, NDM_OUTPUT_RULE, (indices), (num_classes), (dtype))
 #define ndm_one_hot_to(m, indices, num_classes, dtype)                          \
     ndm_one_hot_to_at(NDM_HERE, (m), (indices), (num_classes), (dtype))
 NDM_API ndm_array ndm_one_hot_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array indices,
@@ -152,7 +152,7 @@ typedef enum ndm_pad_mode {
  *  order, or n == 2 for the same pair on every axis. Widths are >= 0. EDGE
  *  and REFLECT need a non-empty axis wherever they pad (NDM_E_SHAPE). */
 #define ndm_pad(a, mode, value, ...)                                            \
-    ndm_pad_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (mode), (value), __VA_ARGS__)
+    ndm_pad_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (mode), (value), __VA_ARGS__)
 #define ndm_pad_to(m, a, mode, value, ...)                                      \
     ndm_pad_to_at(NDM_HERE, (m), (a), (mode), (value), __VA_ARGS__)
 NDM_API ndm_array ndm_pad_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, ndm_pad_mode mode,
@@ -160,28 +160,28 @@ NDM_API ndm_array ndm_pad_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, n
 
 /** `a` reversed along `axis`, or along every axis with NDM_ALL_AXES: a view
  *  with a negative stride, no copy. */
-#define ndm_flip(a, axis) ndm_flip_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (axis))
+#define ndm_flip(a, axis) ndm_flip_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (axis))
 #define ndm_flip_to(m, a, axis) ndm_flip_to_at(NDM_HERE, (m), (a), (axis))
 NDM_API ndm_array ndm_flip_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis);
 
 /** numpy's tile: `a` repeated reps[i] times along each axis. With fewer reps
  *  than axes, leading reps are 1; with more, `a` gains leading size-1 axes.
  *  Reps are >= 0. */
-#define ndm_tile(a, ...) ndm_tile_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), __VA_ARGS__)
+#define ndm_tile(a, ...) ndm_tile_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), __VA_ARGS__)
 #define ndm_tile_to(m, a, ...) ndm_tile_to_at(NDM_HERE, (m), (a), __VA_ARGS__)
 NDM_API ndm_array ndm_tile_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int n,
                                  const int64_t *reps);
 
 /** numpy's repeat along `axis`: each entry `repeats` (>= 0) times in a row. */
 #define ndm_repeat(a, axis, repeats)                                            \
-    ndm_repeat_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (axis), (repeats))
+    ndm_repeat_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (axis), (repeats))
 #define ndm_repeat_to(m, a, axis, repeats) ndm_repeat_to_at(NDM_HERE, (m), (a), (axis), (repeats))
 NDM_API ndm_array ndm_repeat_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis,
                                    int64_t repeats);
 /** Entry i along `axis` repeated repeats[i] times; n equals the axis size,
  *  or n == 1 repeats every entry alike. */
 #define ndm_repeat_each(a, axis, ...)                                           \
-    ndm_repeat_each_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (axis), __VA_ARGS__)
+    ndm_repeat_each_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (axis), __VA_ARGS__)
 #define ndm_repeat_each_to(m, a, axis, ...)                                     \
     ndm_repeat_each_to_at(NDM_HERE, (m), (a), (axis), __VA_ARGS__)
 NDM_API ndm_array ndm_repeat_each_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis,
@@ -190,7 +190,7 @@ NDM_API ndm_array ndm_repeat_each_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_ar
 /** Running sums along `axis`. bool and integer inputs accumulate in int64
  *  and give i64 (wrapping on overflow); floats give their own dtype,
  *  accumulating in it (f16 and bf16 in f32). */
-#define ndm_cumsum(a, axis) ndm_cumsum_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (axis))
+#define ndm_cumsum(a, axis) ndm_cumsum_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (axis))
 #define ndm_cumsum_to(m, a, axis) ndm_cumsum_to_at(NDM_HERE, (m), (a), (axis))
 NDM_API ndm_array ndm_cumsum_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis);
 

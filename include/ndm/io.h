@@ -1,7 +1,7 @@
 /* ndm file formats: safetensors, .npy, IDX (the MNIST format) and CSV.
  *
  * Loading is a factory: every array a load makes belongs to the manager
- * passed in (a null manager means the innermost scope of this thread), and
+ * passed in (NDM_CURRENT_SCOPE means the innermost scope of this thread), and
  * for safetensors so does the list of names and metadata. Nothing is
  * allocated until the whole header has been checked against the size of the
  * file, so a malformed or hostile file gives an error, never an allocation

@@ -44,7 +44,7 @@ extern "C" {
  *  (k) -> (1, k) and a 1-D `b` a column, the added axis removed from the
  *  result; leading (batch) axes broadcast: (2, 1, m, k) @ (3, k, n) gives
  *  (2, 3, m, n). 0-d operands are NDM_E_SHAPE. */
-#define ndm_matmul(a, b) ndm_matmul_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (b))
+#define ndm_matmul(a, b) ndm_matmul_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (b))
 #define ndm_matmul_to(m, a, b) ndm_matmul_to_at(NDM_HERE, (m), (a), (b))
 NDM_API ndm_array ndm_matmul_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, ndm_array b);
 
@@ -53,12 +53,12 @@ NDM_API ndm_array ndm_matmul_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
  *  (M >= 2) a sum over the last axis of `a` and the second-to-last of `b`,
  *  shape a.shape[:-1] + b.shape[:-2] + b.shape[-1:]; a 0-d operand scales
  *  the other. */
-#define ndm_dot(a, b) ndm_dot_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (b))
+#define ndm_dot(a, b) ndm_dot_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (b))
 #define ndm_dot_to(m, a, b) ndm_dot_to_at(NDM_HERE, (m), (a), (b))
 NDM_API ndm_array ndm_dot_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, ndm_array b);
 
 /** numpy.outer: out[i, j] = a.flat[i] * b.flat[j], shape (a.size, b.size). */
-#define ndm_outer(a, b) ndm_outer_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (b))
+#define ndm_outer(a, b) ndm_outer_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (b))
 #define ndm_outer_to(m, a, b) ndm_outer_to_at(NDM_HERE, (m), (a), (b))
 NDM_API ndm_array ndm_outer_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, ndm_array b);
 

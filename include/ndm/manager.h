@@ -12,6 +12,8 @@
  * on-close hooks (newest first). Closing something already closed returns
  * NDM_ALREADY and changes nothing; any other use of a closed manager is
  * NDM_E_CLOSED. `system` and `detached` cannot be closed (NDM_E_ROOT).
+ * Where a manager is expected, NDM_CURRENT_SCOPE stands for the innermost
+ * scope of the calling thread, and a null manager is NDM_E_NULL (base.h).
  *
  * The output rule. An operation attaches its output to the manager of its
  * first array input, with two overrides, strongest first:
@@ -22,9 +24,19 @@
  * Moves. ndm_attach steals an array, ndm_ret gives it to its manager's parent,
  * ndm_detach moves it under `detached` (the caller must release it), and
  * ndm_temp_attach lends it: when the borrower closes, the array goes back to
- * its lender (even a capped one), or is released if the lender is gone. A
- * refused move (target closed, capped or over its byte limit) changes
- * nothing.
+ * its lender (even a capped one), or is released if the lender is gone.
+ * Lending a borrowed array again chains the loans: each borrower's close
+ * gives it one step back (a lender that is gone passes it to the one
+ * before); ndm_attach, ndm_ret and ndm_detach end the chain. Lending to
+ * system or detached, which never close, is refused (NDM_E_ROOT). A refused
+ * move (target closed, capped or over its byte limit) changes nothing.
+ *
+ * Hooks and ancestors. A manager's close marks it closing (no new arrays
+ * or children), closes its children (each child's arrays, then its hooks),
+ * then releases its own arrays, then runs its own hooks. So a child's
+ * on-close hook may still release or move (ndm_attach...) the arrays of
+ * its closing ancestors, but not put anything into them; a manager's own
+ * hooks find its arrays released (NDM_E_CLOSED).
  *
  * Checks come before allocation: an array whose manager is closed, capped or
  * over its limit is refused before any memory is taken.
@@ -88,7 +100,8 @@ NDM_API unsigned ndm_manager_caps(ndm_manager m);
 /** Limit the bytes that the subtree of `m` holds on `device`. A request that
  *  would exceed it fails with NDM_E_QUOTA; other requests go on. 0 removes
  *  the limit. Setting a limit below the current use is allowed: it refuses
- *  new bytes until enough are freed. */
+ *  new bytes until enough are freed. NDM_E_DEVICE for a device that this
+ *  process cannot use (cuda:0 without a GPU). */
 NDM_API NDM_NODISCARD ndm_status ndm_manager_set_limit(ndm_manager m, ndm_device device,
                                                        uint64_t bytes);
 /** The limit on `device` (0 = none). */
@@ -135,7 +148,8 @@ NDM_API NDM_NODISCARD ndm_status ndm_ret_at(NDM_SITE_PARAMS, ndm_array a);
 /** Move `a` under the `detached` node; the caller must release it. */
 #define ndm_detach(a) ndm_detach_at(NDM_HERE, (a))
 NDM_API NDM_NODISCARD ndm_status ndm_detach_at(NDM_SITE_PARAMS, ndm_array a);
-/** Lend `a` to `m`; it returns to its current manager when m closes. */
+/** Lend `a` to `m`; it returns to its current manager when m closes (see
+ *  the chains above). NDM_E_ROOT for system or detached. */
 #define ndm_temp_attach(a, m) ndm_temp_attach_at(NDM_HERE, (a), (m))
 NDM_API NDM_NODISCARD ndm_status ndm_temp_attach_at(NDM_SITE_PARAMS, ndm_array a, ndm_manager m);
 

@@ -51,10 +51,10 @@
  *                                release_free_segments
  *   segment_round_kb             512 (CPU default) | 1024 | 2048 (CUDA):
  *                                large segments are rounded up to this
- *   large_segment_size_mb        >= 2, default 2 on the CPU, 20 on CUDA: the
- *                                smallest segment for requests between 1 and
- *                                10 MiB
- *   roundup_power2_divisions     n (a power of two), or a list like
+ *   large_segment_size_mb        2 to 1024, default 2 on the CPU, 20 on CUDA:
+ *                                the smallest segment for requests between 1
+ *                                and 10 MiB
+ *   roundup_power2_divisions     n (a power of two up to 2^31), or a list like
  *                                [256:1,512:2,1024:4,>:8]: sizes below 256 MiB
  *                                use 1 division, 256-512 MiB use 2, 512 MiB to
  *                                1 GiB use 4, the rest 8 (PyTorch's documented

@@ -19,10 +19,14 @@
  *     ndm_optimizer_zero_grad(opt);
  *
  * Parameters are arrays in the model manager made by the layer constructors,
- * with gradients (ndm_requires_grad). A forward pass follows the output rule
- * with the input first: its results and temporaries go to the input's
- * manager (the batch), or the innermost scope, or a named manager — never to
- * the model.
+ * with gradients (ndm_requires_grad), and a module belongs to the model it
+ * was made with: ndm_sequential and ndm_predictor_new refuse
+ * (NDM_E_NOT_OWNER) a module of another manager, so that closing or capping
+ * the model covers the whole net. A failure inside a forward pass is
+ * reported at the caller's line of ndm_forward. A forward pass follows the
+ * output rule with the input first: its results and temporaries go to the
+ * input's manager (the batch), or the innermost scope, or a named manager —
+ * never to the model.
  *
  * Thread rules: a module's forward pass only reads its parameters, so many
  * threads may run it at once (predictors do), except dropout in training
@@ -106,9 +110,10 @@ NDM_API ndm_module ndm_dropout_module_at(NDM_SITE_PARAMS, ndm_manager model, dou
 #define ndm_embedding(model, num, dim, rng) ndm_embedding_at(NDM_HERE, (model), (num), (dim), (rng))
 NDM_API ndm_module ndm_embedding_at(NDM_SITE_PARAMS, ndm_manager model, int64_t num, int64_t dim,
                                     ndm_rng *rng);
-/** The modules applied in order. They must belong to `model` too. A null
- *  module in the list (a constructor inside it failed) makes the result null
- *  and keeps that constructor's error, as chained operations do. */
+/** The modules applied in order (n = 0: the identity, returning an alias).
+ *  They must belong to `model` with their parameters (NDM_E_NOT_OWNER). A
+ *  null module in the list (a constructor inside it failed) makes the result
+ *  null and keeps that constructor's error, as chained operations do. */
 #define ndm_sequential(model, ...) ndm_sequential_at(NDM_HERE, (model), __VA_ARGS__)
 NDM_API ndm_module ndm_sequential_at(NDM_SITE_PARAMS, ndm_manager model, int n,
                                      const ndm_module *modules);
@@ -116,7 +121,7 @@ NDM_API ndm_module ndm_sequential_at(NDM_SITE_PARAMS, ndm_manager model, int n,
 /** Run a module on x: a fresh array attached by the output rule (the `_to`
  *  manager, else the innermost scope, else x's manager). Recorded for
  *  gradients when this thread records. */
-#define ndm_forward(m, x) ndm_forward_to_at(NDM_HERE, NDM_NULL_MANAGER, (m), (x))
+#define ndm_forward(m, x) ndm_forward_to_at(NDM_HERE, NDM_OUTPUT_RULE, (m), (x))
 #define ndm_forward_to(out, m, x) ndm_forward_to_at(NDM_HERE, (out), (m), (x))
 NDM_API ndm_array ndm_forward_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_module m, ndm_array x);
 
@@ -138,18 +143,18 @@ NDM_API int ndm_module_describe(ndm_module m, char *buf, size_t n);
 /** Mean over the batch of -log softmax(logits)[label]: logits (N, C) float,
  *  labels (N) integer in [0, C) (NDM_E_INVALID otherwise). A 0-d result. */
 #define ndm_cross_entropy(logits, labels)                                       \
-    ndm_cross_entropy_to_at(NDM_HERE, NDM_NULL_MANAGER, (logits), (labels))
+    ndm_cross_entropy_to_at(NDM_HERE, NDM_OUTPUT_RULE, (logits), (labels))
 #define ndm_cross_entropy_to(m, logits, labels)                                 \
     ndm_cross_entropy_to_at(NDM_HERE, (m), (logits), (labels))
 NDM_API ndm_array ndm_cross_entropy_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array logits,
                                           ndm_array labels);
 /** Mean over the batch of -logp[label]: logp (N, C), labels (N). */
-#define ndm_nll_loss(logp, labels) ndm_nll_loss_to_at(NDM_HERE, NDM_NULL_MANAGER, (logp), (labels))
+#define ndm_nll_loss(logp, labels) ndm_nll_loss_to_at(NDM_HERE, NDM_OUTPUT_RULE, (logp), (labels))
 #define ndm_nll_loss_to(m, logp, labels) ndm_nll_loss_to_at(NDM_HERE, (m), (logp), (labels))
 NDM_API ndm_array ndm_nll_loss_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array logp,
                                      ndm_array labels);
 /** Mean of (a - b)^2 (broadcasting). */
-#define ndm_mse_loss(a, b) ndm_mse_loss_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (b))
+#define ndm_mse_loss(a, b) ndm_mse_loss_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (b))
 #define ndm_mse_loss_to(m, a, b) ndm_mse_loss_to_at(NDM_HERE, (m), (a), (b))
 NDM_API ndm_array ndm_mse_loss_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, ndm_array b);
 
@@ -187,16 +192,19 @@ NDM_API double ndm_lr_cosine(double base, double min_lr, int64_t t, int64_t tota
 
 /* ---- predictors -------------------------------------------------------------------- */
 
-/** A predictor for `net` (whose parameters live in `model`): caps `model`
- *  (arrays and children, except the predictor's own manager "predictor",
- *  made now) and puts net in evaluation mode. */
+/** A predictor for `net`, which must belong to `model` with every parameter
+ *  owned by `model` itself (NDM_E_NOT_OWNER otherwise, and nothing is
+ *  capped): caps `model` (arrays and children, except the predictor's own
+ *  manager "predictor", made now) and puts net in evaluation mode. A null
+ *  net is NDM_E_NULL, a freed one NDM_E_CLOSED. */
 #define ndm_predictor_new(model, net) ndm_predictor_new_at(NDM_HERE, (model), (net))
 NDM_API ndm_predictor ndm_predictor_new_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module net);
 /** Run net on `input` in a fresh request manager (a child of the
  *  predictor's manager, closed before return) and return the result in
- *  `out` (null: the innermost scope, else input's manager). Thread-safe:
+ *  `out` (NDM_OUTPUT_RULE: the innermost scope, else input's manager).
+ *  Thread-safe:
  *  many threads may predict at once. */
-#define ndm_predict(p, input) ndm_predict_to_at(NDM_HERE, NDM_NULL_MANAGER, (p), (input))
+#define ndm_predict(p, input) ndm_predict_to_at(NDM_HERE, NDM_OUTPUT_RULE, (p), (input))
 #define ndm_predict_to(out, p, input) ndm_predict_to_at(NDM_HERE, (out), (p), (input))
 NDM_API ndm_array ndm_predict_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_predictor p,
                                     ndm_array input);

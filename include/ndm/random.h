@@ -47,8 +47,8 @@
  * on the CPU, so its values agree with the formula to a few units in the last
  * place of f32 (about 1e-6 relative) and to about 1e-13 in f64.
  *
- * Ownership: factories take the manager that will own the result (null: the
- * innermost scope of this thread) like ndm_zeros, and return a fresh handle
+ * Ownership: factories take the manager that will own the result
+ * (NDM_CURRENT_SCOPE: the innermost scope of this thread) like ndm_zeros, and return a fresh handle
  * or the null handle; the in-place forms (ndm_uniform_ ...) fill an existing
  * array of any layout, even one in a capped manager, and return a status.
  * Errors: NDM_E_INVALID for a NULL generator or bad parameters (hi <= lo,

@@ -71,21 +71,21 @@ extern "C" {
 
 /** Sum. */
 #define ndm_sum(a, keepdim, ...)                                                \
-    ndm_sum_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (keepdim), __VA_ARGS__)
+    ndm_sum_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (keepdim), __VA_ARGS__)
 #define ndm_sum_to(m, a, keepdim, ...) ndm_sum_to_at(NDM_HERE, (m), (a), (keepdim), __VA_ARGS__)
 NDM_API ndm_array ndm_sum_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, bool keepdim,
                                 int naxes, const int *axes);
 
 /** Product. */
 #define ndm_prod(a, keepdim, ...)                                               \
-    ndm_prod_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (keepdim), __VA_ARGS__)
+    ndm_prod_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (keepdim), __VA_ARGS__)
 #define ndm_prod_to(m, a, keepdim, ...) ndm_prod_to_at(NDM_HERE, (m), (a), (keepdim), __VA_ARGS__)
 NDM_API ndm_array ndm_prod_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, bool keepdim,
                                  int naxes, const int *axes);
 
 /** Arithmetic mean (NaN for an empty reduction). */
 #define ndm_mean(a, keepdim, ...)                                               \
-    ndm_mean_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (keepdim), __VA_ARGS__)
+    ndm_mean_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (keepdim), __VA_ARGS__)
 #define ndm_mean_to(m, a, keepdim, ...) ndm_mean_to_at(NDM_HERE, (m), (a), (keepdim), __VA_ARGS__)
 NDM_API ndm_array ndm_mean_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, bool keepdim,
                                  int naxes, const int *axes);
@@ -95,7 +95,7 @@ NDM_API ndm_array ndm_mean_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, 
  *  unbiased sample variance; n - ddof <= 0 gives inf or NaN as numpy does.
  *  ddof < 0 is NDM_E_INVALID. */
 #define ndm_var(a, ddof, keepdim, ...)                                          \
-    ndm_var_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (ddof), (keepdim), __VA_ARGS__)
+    ndm_var_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (ddof), (keepdim), __VA_ARGS__)
 #define ndm_var_to(m, a, ddof, keepdim, ...)                                    \
     ndm_var_to_at(NDM_HERE, (m), (a), (ddof), (keepdim), __VA_ARGS__)
 NDM_API ndm_array ndm_var_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int ddof,
@@ -103,7 +103,7 @@ NDM_API ndm_array ndm_var_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, i
 
 /** Standard deviation: the square root of ndm_var. */
 #define ndm_std(a, ddof, keepdim, ...)                                          \
-    ndm_std_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (ddof), (keepdim), __VA_ARGS__)
+    ndm_std_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (ddof), (keepdim), __VA_ARGS__)
 #define ndm_std_to(m, a, ddof, keepdim, ...)                                    \
     ndm_std_to_at(NDM_HERE, (m), (a), (ddof), (keepdim), __VA_ARGS__)
 NDM_API ndm_array ndm_std_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int ddof,
@@ -111,28 +111,28 @@ NDM_API ndm_array ndm_std_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, i
 
 /** Largest element (NaN if any is NaN). NDM_E_SHAPE for an empty reduction. */
 #define ndm_max(a, keepdim, ...)                                                \
-    ndm_max_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (keepdim), __VA_ARGS__)
+    ndm_max_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (keepdim), __VA_ARGS__)
 #define ndm_max_to(m, a, keepdim, ...) ndm_max_to_at(NDM_HERE, (m), (a), (keepdim), __VA_ARGS__)
 NDM_API ndm_array ndm_max_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, bool keepdim,
                                 int naxes, const int *axes);
 
 /** Smallest element (NaN if any is NaN). NDM_E_SHAPE for an empty reduction. */
 #define ndm_min(a, keepdim, ...)                                                \
-    ndm_min_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (keepdim), __VA_ARGS__)
+    ndm_min_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (keepdim), __VA_ARGS__)
 #define ndm_min_to(m, a, keepdim, ...) ndm_min_to_at(NDM_HERE, (m), (a), (keepdim), __VA_ARGS__)
 NDM_API ndm_array ndm_min_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, bool keepdim,
                                 int naxes, const int *axes);
 
 /** True where every element is non-zero (true for an empty reduction). */
 #define ndm_all(a, keepdim, ...)                                                \
-    ndm_all_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (keepdim), __VA_ARGS__)
+    ndm_all_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (keepdim), __VA_ARGS__)
 #define ndm_all_to(m, a, keepdim, ...) ndm_all_to_at(NDM_HERE, (m), (a), (keepdim), __VA_ARGS__)
 NDM_API ndm_array ndm_all_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, bool keepdim,
                                 int naxes, const int *axes);
 
 /** True where some element is non-zero (false for an empty reduction). */
 #define ndm_any(a, keepdim, ...)                                                \
-    ndm_any_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (keepdim), __VA_ARGS__)
+    ndm_any_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (keepdim), __VA_ARGS__)
 #define ndm_any_to(m, a, keepdim, ...) ndm_any_to_at(NDM_HERE, (m), (a), (keepdim), __VA_ARGS__)
 NDM_API ndm_array ndm_any_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, bool keepdim,
                                 int naxes, const int *axes);
@@ -140,7 +140,7 @@ NDM_API ndm_array ndm_any_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, b
 /** log(sum(exp(x))), computed as max + log(sum(exp(x - max))) so that it
  *  neither overflows nor underflows; -inf for an empty reduction. */
 #define ndm_logsumexp(a, keepdim, ...)                                          \
-    ndm_logsumexp_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (keepdim), __VA_ARGS__)
+    ndm_logsumexp_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (keepdim), __VA_ARGS__)
 #define ndm_logsumexp_to(m, a, keepdim, ...)                                    \
     ndm_logsumexp_to_at(NDM_HERE, (m), (a), (keepdim), __VA_ARGS__)
 NDM_API ndm_array ndm_logsumexp_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a,
@@ -151,13 +151,13 @@ NDM_API ndm_array ndm_logsumexp_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_arra
  *  NaN if there is one. keepdim keeps the axis (every axis, flattened) with
  *  size 1. NDM_E_SHAPE for an empty reduction. */
 #define ndm_argmax(a, axis, keepdim)                                            \
-    ndm_argmax_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (axis), (keepdim))
+    ndm_argmax_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (axis), (keepdim))
 #define ndm_argmax_to(m, a, axis, keepdim) ndm_argmax_to_at(NDM_HERE, (m), (a), (axis), (keepdim))
 NDM_API ndm_array ndm_argmax_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis,
                                    bool keepdim);
 /** Index of the smallest element; as ndm_argmax. */
 #define ndm_argmin(a, axis, keepdim)                                            \
-    ndm_argmin_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (axis), (keepdim))
+    ndm_argmin_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (axis), (keepdim))
 #define ndm_argmin_to(m, a, axis, keepdim) ndm_argmin_to_at(NDM_HERE, (m), (a), (axis), (keepdim))
 NDM_API ndm_array ndm_argmin_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis,
                                    bool keepdim);
@@ -166,12 +166,12 @@ NDM_API ndm_array ndm_argmin_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
  *  for bool and integer inputs, the input dtype for floats (computed in f64).
  *  A 0-d input takes axis 0 or -1. A slice whose max is +inf or NaN gives
  *  NaN; one that is all -inf gives NaN too (0/0), as PyTorch. */
-#define ndm_softmax(a, axis) ndm_softmax_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (axis))
+#define ndm_softmax(a, axis) ndm_softmax_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (axis))
 #define ndm_softmax_to(m, a, axis) ndm_softmax_to_at(NDM_HERE, (m), (a), (axis))
 NDM_API ndm_array ndm_softmax_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis);
 
 /** x - max - log(sum(exp(x - max))) along `axis`; as ndm_softmax. */
-#define ndm_log_softmax(a, axis) ndm_log_softmax_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (axis))
+#define ndm_log_softmax(a, axis) ndm_log_softmax_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (axis))
 #define ndm_log_softmax_to(m, a, axis) ndm_log_softmax_to_at(NDM_HERE, (m), (a), (axis))
 NDM_API ndm_array ndm_log_softmax_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis);
 

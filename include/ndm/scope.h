@@ -2,8 +2,9 @@
  *
  * ndm_scope_begin(parent, name) makes a child manager of `parent` and pushes
  * it as the calling thread's innermost scope. Until the scope ends, every
- * array created on this thread attaches to it (library temporaries
- * included) unless the caller names an output manager. ndm_scope_end
+ * operation's output on this thread attaches to it (library temporaries
+ * included) unless the caller names an output manager; factories name
+ * theirs, NDM_CURRENT_SCOPE (base.h) being the innermost scope. ndm_scope_end
  * releases everything the scope holds except the `keep` arrays, which move
  * to the enclosing scope of this thread, or to `parent` when there is none.
  *
@@ -34,8 +35,9 @@
 extern "C" {
 #endif
 
-/** Begin a scope under `parent` (null: under the innermost scope). Returns
- *  the scope's manager or the null handle. */
+/** Begin a scope under `parent` (NDM_CURRENT_SCOPE: under the innermost
+ *  scope; a null parent is NDM_E_NULL). Returns the scope's manager or the
+ *  null handle. */
 #define ndm_scope_begin(parent, name) ndm_scope_begin_at(NDM_HERE, (parent), (name))
 NDM_API ndm_manager ndm_scope_begin_at(NDM_SITE_PARAMS, ndm_manager parent, const char *name);
 
@@ -43,7 +45,9 @@ NDM_API ndm_manager ndm_scope_begin_at(NDM_SITE_PARAMS, ndm_manager parent, cons
  *  the scope and pop it. Every kept array must be owned by the scope
  *  (NDM_E_NOT_OWNER otherwise), and the target must accept them
  *  (NDM_E_CAPPED, NDM_E_QUOTA, NDM_E_CLOSED); on any error nothing changes
- *  and the scope stays active. NDM_ALREADY for an ended scope. */
+ *  and the scope stays active. NDM_ALREADY for an ended scope; NDM_E_INVALID
+ *  for a handle that is not a manager's (an array handle, a forged one),
+ *  which ends nothing. */
 #define ndm_scope_end(scope, n, keep) ndm_scope_end_at(NDM_HERE, (scope), (n), (keep))
 NDM_API NDM_NODISCARD ndm_status ndm_scope_end_at(NDM_SITE_PARAMS, ndm_manager scope, size_t n,
                                                   const ndm_array *keep);
@@ -68,7 +72,11 @@ NDM_API bool ndm_manager_is_scope(ndm_manager m);
 
 /** Run fn(ud) inside a fresh scope under `parent` and move its result out
  *  (to the enclosing scope or `parent`); everything else fn created is
- *  released. Returns the result, or the null handle when fn returned it. */
+ *  released. Returns the result, or the null handle when fn returned it.
+ *  When fn returns an array it did not make in the scope (one of its
+ *  inputs), the result is a fresh alias of it, moved out the same way: the
+ *  handle that comes back is always a new one for the caller to release
+ *  (one disposal protocol), and the input's own handle stays its owner's. */
 typedef ndm_array (*ndm_scoped_fn)(void *ud);
 #define ndm_scoped(parent, fn, ud) ndm_scoped_at(NDM_HERE, (parent), (fn), (ud))
 NDM_API ndm_array ndm_scoped_at(NDM_SITE_PARAMS, ndm_manager parent, ndm_scoped_fn fn, void *ud);
@@ -76,7 +84,8 @@ NDM_API ndm_array ndm_scoped_at(NDM_SITE_PARAMS, ndm_manager parent, ndm_scoped_
 /* The one-expression form (GCC/Clang statement expression):
  *     ndm_array y = NDM_SCOPED(batch, ndm_relu(ndm_add(ndm_matmul(x, w), b)));
  * evaluates the expression inside a scope under `parent`, keeps its value and
- * releases the temporaries. */
+ * releases the temporaries; an expression that yields an existing array
+ * gives a fresh alias of it (see ndm_scoped). */
 #define NDM_SCOPED(parent, expr)                                                \
     __extension__({                                                             \
         ndm_manager ndm_s_ = ndm_scope_begin((parent), "scoped");               \
@@ -84,8 +93,10 @@ NDM_API ndm_array ndm_scoped_at(NDM_SITE_PARAMS, ndm_manager parent, ndm_scoped_
         ndm_r_ = ndm_scope_finish_at(NDM_HERE, ndm_s_, ndm_r_);                 \
         ndm_r_;                                                                 \
     })
-/** End `scope` keeping `result` (which may be null); returns result or the
- *  null handle when the scope could not be ended. Used by NDM_SCOPED. */
+/** End `scope` keeping `result` (which may be null; one made outside the
+ *  scope is kept as a fresh alias, as ndm_scoped does); returns the kept
+ *  handle, or the null handle when the scope could not be ended. Used by
+ *  NDM_SCOPED. */
 NDM_API ndm_array ndm_scope_finish_at(NDM_SITE_PARAMS, ndm_manager scope, ndm_array result);
 
 /* NDM_AUTO: cleanup at block exit. The handle's kind is in its id, so one

@@ -3,9 +3,29 @@
  * One status type serves the whole API: 0 is success, positive values are
  * non-error outcomes (NDM_ALREADY), negative values are errors. Functions that
  * create arrays or managers return a handle and, on failure, the null handle;
- * the reason is then in ndm_last_status()/ndm_last_error(). A null input
- * handle makes an operation return the null handle without overwriting the
- * first error, so a chain of operations reports where it first went wrong.
+ * the reason is then in ndm_last_status()/ndm_last_error().
+ *
+ * Null handles. Any function given a null handle (array, manager, module...)
+ * fails: it returns the null handle, or a negative status, and changes
+ * nothing. If this thread's last status is already an error (a failure since
+ * the last ndm_clear_error()), that status and message stay in place, and a
+ * status-returning function returns that status; otherwise it records
+ * NDM_E_NULL. A null handle most often is the result of that failure, so a
+ * chain of calls (ndm_backward(ndm_sum(ndm_forward(net, x)...))) reports
+ * where it first went wrong, at the caller's line. Call ndm_clear_error()
+ * before a step whose errors you test, so that an old error is not taken
+ * for the reason of a new null handle.
+ *
+ * Stale and forged handles. A handle whose array or manager has died is
+ * stale: releasing or closing it again is NDM_ALREADY, any other use
+ * NDM_E_CLOSED. A handle that ndm never issued (a generation its slot has
+ * not reached, a manager handle passed as an array, random bits) is
+ * NDM_E_INVALID, release and close included, so that a corrupted handle is
+ * never taken for one already released. (Other calls keep their one-compare
+ * check of the generation: an array handle forged with exactly the next
+ * generation of a released array's slot is not told from it there.)
+ * Generations wrap after 2^31 - 1 uses of a slot; a handle kept across more
+ * than 2^30 reuses of its slot reads as never issued.
  *
  * Thread rules: the last error is per thread. The log callback is process
  * wide and may be called from any thread that uses ndm.

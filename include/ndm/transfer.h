@@ -25,7 +25,7 @@ extern "C" {
 #endif
 
 /** A contiguous copy of `a` on `device`, or an alias when it is there. */
-#define ndm_to(a, device) ndm_to_to_at(NDM_HERE, NDM_NULL_MANAGER, (a), (device))
+#define ndm_to(a, device) ndm_to_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (device))
 #define ndm_to_to(m, a, device) ndm_to_to_at(NDM_HERE, (m), (a), (device))
 NDM_API ndm_array ndm_to_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, ndm_device device);
 

@@ -177,23 +177,38 @@ ndm_status ndm__axis(int axis, int ndim, bool insert, int *out, const char *api,
 
 /* ---- checked lookup ------------------------------------------------------- */
 
+/* Could h be a handle that ndm issued (live or stale)? False for a manager
+ * handle, a slot never allocated, generation 0, or a generation the slot has
+ * not reached (see ndm__gen_stale). */
+bool ndm__array_issued(ndm_array h)
+{
+    uint32_t slot = ndm__id_slot(h.id);
+    if ((h.id & NDM__KIND_MANAGER) || slot == 0 || ndm__id_gen(h.id) == 0 ||
+        slot >= (NDM__MAX_CHUNKS << NDM__CHUNK_BITS))
+        return false;
+    ndm__array *d = ndm__array_slot(slot);
+    if (!d)
+        return false;
+    uint32_t g = atomic_load_explicit(&d->gen, memory_order_acquire);
+    return ndm__id_gen(h.id) == g ? atomic_load_explicit(&d->live, memory_order_acquire) != 0
+                                  : ndm__gen_stale(ndm__id_gen(h.id), g);
+}
+
 NDM__COLD ndm__array *ndm__array_lookup_failed(ndm_array h, const char *api,
                                                const ndm__site *wherep, bool propagate)
 {
     ndm__site where = *wherep;
+    (void)propagate;
     if (h.id == 0) {
-        if (!propagate || ndm_last_status() >= 0)
-            ndm__fail(NDM_E_NULL, api, where, "null array handle");
+        ndm__fail_null(api, where, "array");
         return NULL;
     }
-    uint32_t slot = ndm__id_slot(h.id);
-    ndm__array *d = !(h.id & NDM__KIND_MANAGER) && slot < (NDM__MAX_CHUNKS << NDM__CHUNK_BITS)
-                        ? ndm__array_slot(slot)
-                        : NULL;
-    if (!d || slot == 0 || ndm__id_gen(h.id) == 0) {
+    if (!ndm__array_issued(h)) {
         ndm__fail(NDM_E_INVALID, api, where, "not an array handle (id 0x%016" PRIx64 ")", h.id);
         return NULL;
     }
+    uint32_t slot = ndm__id_slot(h.id);
+    ndm__array *d = ndm__array_slot(slot);
     /* Read the dead record, then check that the slot was not reused meanwhile. */
     uint32_t want = (ndm__id_gen(h.id) + 1) & 0x7fffffffu;
     uint32_t g1 = atomic_load_explicit(&d->gen, memory_order_acquire);
@@ -240,7 +255,15 @@ NDM__COLD ndm__array *ndm__array_lookup_failed(ndm_array h, const char *api,
 ndm_manager ndm__output_manager(ndm_manager named, ndm__array *first_input, const char *api,
                                 ndm__site where)
 {
-    if (named.id)
+    if (named.id == NDM__CURRENT_SCOPE_ID) {
+        ndm__manager *s = ndm__manager_get(named, api, where);
+        return s ? ndm__manager_handle_of(s) : NDM_NULL_MANAGER;
+    }
+    if (named.id == 0) {
+        ndm__fail_null(api, where, "manager");
+        return NDM_NULL_MANAGER;
+    }
+    if (named.id != NDM__OUTPUT_RULE_ID)
         return named;
     ndm_manager s = ndm__scope_innermost();
     if (s.id)
@@ -621,6 +644,33 @@ static bool shared_view_dies(ndm__array *r, ndm__manager *from, free_batch *fb)
  * from closing under this thread). The record is marked dead before its
  * storage reference goes: once the last view of a storage frees the slot of
  * the storage's dead home record, nobody writes that record any more. */
+/* Forget every lender of r (its lock held, or r dying). */
+static NDM__COLD void lenders_drop(ndm__array *r)
+{
+    for (ndm__lend *l = r->lenders, *next; l; l = next) {
+        next = l->next;
+        free(l);
+    }
+    r->lenders = NULL;
+    r->lender = r->lender_gen = 0;
+}
+
+/* r went back one step (or its lender is gone): the lender before becomes
+ * its lender. False when there was none. */
+static bool lenders_pop(ndm__array *r)
+{
+    ndm__lend *l = r->lenders;
+    if (!l) {
+        r->lender = r->lender_gen = 0;
+        return false;
+    }
+    r->lender = l->slot;
+    r->lender_gen = l->gen;
+    r->lenders = l->next;
+    free(l);
+    return true;
+}
+
 static NDM__ALWAYS_INLINE void array_dies(ndm__array *r, ndm__manager *from,
                                           const ndm__site *site, uint32_t by, uint32_t by_gen,
                                           free_batch *fb)
@@ -631,6 +681,8 @@ static NDM__ALWAYS_INLINE void array_dies(ndm__array *r, ndm__manager *from,
     r->dead_by = by;
     r->dead_by_gen = by_gen;
     ndm__array_free_dims(r);
+    if (NDM__UNLIKELY(r->lender))
+        lenders_drop(r);
     if (NDM__UNLIKELY(r->ext)) {
         /* a parameter's record (autograd); its gradient array lives on in
          * the manager like any other array */
@@ -731,8 +783,8 @@ ndm_status ndm__array_release(ndm__array *r, ndm__site site, const char *api)
         } else if (r->mgr != m->self) { /* moved by another thread meanwhile */
             ndm__mlock_release(m, fast);
             continue;
-        } else if (!(atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_CLOSING)) {
-            /* (when closing, its manager's close is releasing it now) */
+        } else if (!(atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_DRAINING)) {
+            /* (when draining, its manager's close is releasing it now) */
             unlink_from(m, r);
             m->live--;
             m->released++;
@@ -750,46 +802,57 @@ NDM_API ndm_status ndm_array_release_at(NDM_SITE_PARAMS, ndm_array h)
     ndm__array *r = ndm__array_peek(h);
     if (!r) {
         if (h.id == 0)
-            return ndm__fail(NDM_E_NULL, __func__, site, "null array handle");
-        if ((h.id & NDM__KIND_MANAGER) || ndm__id_gen(h.id) == 0 ||
-            ndm__id_slot(h.id) >= (NDM__MAX_CHUNKS << NDM__CHUNK_BITS) ||
-            !ndm__array_slot(ndm__id_slot(h.id)))
-            return ndm__fail(NDM_E_INVALID, __func__, site, "not an array handle");
+            return ndm__fail_null(__func__, site, "array");
+        if (!ndm__array_issued(h))
+            return ndm__fail(NDM_E_INVALID, __func__, site,
+                             "not an array handle (id 0x%016" PRIx64 ")", h.id);
         return NDM_ALREADY;
     }
+    /* the fast check passes a dead slot's next generation, never issued yet */
+    if (NDM__UNLIKELY(!atomic_load_explicit(&r->live, memory_order_acquire)) &&
+        !ndm__array_issued(h))
+        return ndm__fail(NDM_E_INVALID, __func__, site,
+                         "not an array handle (id 0x%016" PRIx64 ")", h.id);
     return ndm__array_release(r, site, __func__);
 }
 
-/* Give a borrowed array back to its lender during the borrower's close.
- * Returns false when the lender is gone (the caller releases the array). */
+/* Give a borrowed array back to its lender during the borrower's close; a
+ * lender that is gone (or closing) passes it on to the one before it.
+ * Returns false when none is left (the caller releases the array). */
 static bool give_back(ndm__manager *from, ndm__array *r)
 {
-    ndm__manager *to = ndm__manager_peek(ndm__manager_handle(r->lender, r->lender_gen));
-    if (!to)
-        return false;
-    ndm__manager *a = from->self < to->self ? from : to;
-    ndm__manager *b = from->self < to->self ? to : from;
-    ndm__mlock_take(a);
-    ndm__mlock_take(b);
-    /* (with no memory for its entry there, r dies with the borrower, as when
-     * the lender is gone) */
-    if ((atomic_load_explicit(&to->state, memory_order_relaxed) & NDM__M_CLOSING) ||
-        !ndm__arrays_room(to)) {
-        ndm__mlock_drop(b);
-        ndm__mlock_drop(a);
-        return false;
+    for (;;) {
+        ndm__manager *to = ndm__manager_peek(ndm__manager_handle(r->lender, r->lender_gen));
+        if (to && to != from) {
+            ndm__manager *a = from->self < to->self ? from : to;
+            ndm__manager *b = from->self < to->self ? to : from;
+            ndm__mlock_take(a);
+            ndm__mlock_take(b);
+            /* (with no memory for its entry there, r goes on as when the
+             * lender is gone) */
+            if (!(atomic_load_explicit(&to->state, memory_order_relaxed) & NDM__M_CLOSING) &&
+                ndm__arrays_room(to)) {
+                unlink_from(from, r);
+                from->live--;
+                from->moved_out++;
+                (void)view_moves(r, from, to, true, NULL, NDM__NO_SITE); /* forced */
+                ndm__array_link_into(to, r);
+                to->live++;
+                to->moved_in++;
+                lenders_pop(r);
+                ndm__mlock_drop(b);
+                ndm__mlock_drop(a);
+                return true;
+            }
+            ndm__mlock_drop(b);
+            ndm__mlock_drop(a);
+        }
+        ndm__mlock_take(from);
+        bool more = r->mgr == from->self && r->lender && lenders_pop(r);
+        ndm__mlock_drop(from);
+        if (!more)
+            return false;
     }
-    unlink_from(from, r);
-    from->live--;
-    from->moved_out++;
-    (void)view_moves(r, from, to, true, NULL, NDM__NO_SITE); /* forced: cannot fail */
-    ndm__array_link_into(to, r);
-    to->live++;
-    to->moved_in++;
-    r->lender = r->lender_gen = 0;
-    ndm__mlock_drop(b);
-    ndm__mlock_drop(a);
-    return true;
 }
 
 static int cmp_u32(const void *a, const void *b)
@@ -830,7 +893,7 @@ static bool drain_lend_back(ndm__manager *m, ndm__array *r, bool *fast, uint64_t
     *fast = ndm__mlock_acquire(m);
     if (back || atomic_load_explicit(&r->gen, memory_order_relaxed) != g || r->mgr != m->self)
         return true;
-    r->lender = 0; /* the lender is gone: release it here */
+    lenders_drop(r); /* every lender is gone: release it here */
     return false;
 }
 
@@ -993,12 +1056,28 @@ void ndm__manager_release_except(ndm__manager *m, const uint32_t *keep, size_t n
 
 enum move_kind { MOVE_ATTACH, MOVE_RET, MOVE_DETACH, MOVE_LEND };
 
+static ndm_status move_locked(ndm__array *r, ndm_manager target, enum move_kind kind,
+                              ndm__lend **prev, const char *api, ndm__site site);
+
 static ndm_status move(ndm_array h, ndm_manager target, enum move_kind kind, const char *api,
                        ndm__site site)
 {
     ndm__array *r = ndm__array_get(h, api, site);
     if (!r)
         return ndm_last_status();
+    /* A loan records the current lender, if any, as the one before: room
+     * for it is taken before any lock (it is rare, and freed if unused). */
+    ndm__lend *prev = NULL;
+    if (kind == MOVE_LEND && !(prev = malloc(sizeof *prev)))
+        return ndm__fail(NDM_E_OOM, api, site, "no memory to record the lender");
+    ndm_status st = move_locked(r, target, kind, &prev, api, site);
+    free(prev);
+    return st;
+}
+
+static ndm_status move_locked(ndm__array *r, ndm_manager target, enum move_kind kind,
+                              ndm__lend **prev, const char *api, ndm__site site)
+{
     for (;;) {
         ndm__manager *from = ndm__manager_slot(r->mgr);
         ndm__manager *to;
@@ -1018,10 +1097,22 @@ static ndm_status move(ndm_array h, ndm_manager target, enum move_kind kind, con
             to = ndm__manager_get(target, api, site);
             if (!to)
                 return ndm_last_status();
+            if (kind == MOVE_LEND &&
+                (atomic_load_explicit(&to->state, memory_order_relaxed) & NDM__M_BUILTIN)) {
+                ndm__manager_path(to->self, path, sizeof path);
+                return ndm__fail(NDM_E_ROOT, api, site,
+                                 "'%s' never closes, so array %s lent to it would never come "
+                                 "back: use ndm_attach or ndm_detach",
+                                 path, ndm__array_desc(r, desc, sizeof desc));
+            }
         }
         if (to == from) {
-            if (kind == MOVE_ATTACH)
-                r->lender = r->lender_gen = 0;
+            if (kind == MOVE_ATTACH && r->lender) {
+                ndm__mlock_take(from);
+                if (r->mgr == from->self)
+                    lenders_drop(r);
+                ndm__mlock_drop(from);
+            }
             return NDM_OK;
         }
         ndm__manager *a = from->self < to->self ? from : to;
@@ -1036,7 +1127,9 @@ static ndm_status move(ndm_array h, ndm_manager target, enum move_kind kind, con
         ndm_status st = NDM_OK;
         unsigned fs = atomic_load_explicit(&from->state, memory_order_relaxed);
         unsigned ts = atomic_load_explicit(&to->state, memory_order_relaxed);
-        if (!atomic_load_explicit(&r->live, memory_order_relaxed) || (fs & NDM__M_CLOSING)) {
+        if (!atomic_load_explicit(&r->live, memory_order_relaxed) || (fs & NDM__M_DRAINING)) {
+            /* (a manager that is closing its children still lets its arrays
+             * go: a child's on-close hook may move them) */
             st = ndm__fail(NDM_E_CLOSED, api, site, "the array is being released by a close");
         } else if (!(ts & NDM__M_LIVE) || (ts & NDM__M_CLOSING)) {
             ndm__mlock_drop(b);
@@ -1067,10 +1160,19 @@ static ndm_status move(ndm_array h, ndm_manager target, enum move_kind kind, con
             to->live++;
             to->moved_in++;
             if (kind == MOVE_LEND) {
+                if (r->lender) {
+                    (*prev)->slot = r->lender;
+                    (*prev)->gen = r->lender_gen;
+                    (*prev)->next = r->lenders;
+                    r->lenders = *prev;
+                    *prev = NULL;
+                } else {
+                    r->lenders = NULL;
+                }
                 r->lender = from->self;
                 r->lender_gen = atomic_load_explicit(&from->gen, memory_order_relaxed);
-            } else {
-                r->lender = r->lender_gen = 0;
+            } else if (r->lender) {
+                lenders_drop(r);
             }
         }
         ndm__mlock_drop(b);

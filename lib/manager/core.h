@@ -119,11 +119,21 @@ typedef struct ndm__array {
     /* cold */
     uint32_t sv_prev, sv_next; /* the storage's view list, while listed */
     ndm__storage_cold own_cold;
+    struct ndm__lend *lenders; /* older lenders, newest first; read only while lender != 0 */
 } ndm__array;
+
+/* An older lender of a borrowed array: lending an array that is already
+ * borrowed pushes its lender here, and each borrower's close gives the array
+ * one step back. */
+typedef struct ndm__lend {
+    struct ndm__lend *next;
+    uint32_t slot, gen;
+} ndm__lend;
 
 _Static_assert(offsetof(ndm__array, pos) == 64 && offsetof(ndm__array, epoch) == 128 &&
                    offsetof(ndm__array, dims) + 2 * sizeof(int64_t) == 192,
                "the lines of an array record");
+_Static_assert(sizeof(ndm__array) <= 320, "an array record is five lines");
 
 static inline ndm__site ndm__array_site(const ndm__array *r)
 {
@@ -160,6 +170,7 @@ enum {
     NDM__M_SCOPE = 1u << 4,
     NDM__M_BUILTIN = 1u << 5,    /* system, detached */
     NDM__M_LIMITED = 1u << 6,    /* limit_anchor is set: byte limits apply */
+    NDM__M_DRAINING = 1u << 7,   /* closing, its children closed: its arrays are going */
 };
 /* The cases a new array must check for; one test of the state on the
  * common path, where none applies. */
@@ -348,6 +359,23 @@ extern _Atomic uint32_t ndm__manager_high;
 static inline uint32_t ndm__id_slot(uint64_t id) { return (uint32_t)id; }
 static inline uint32_t ndm__id_gen(uint64_t id) { return (uint32_t)(id >> 32) & 0x7fffffffu; }
 
+/* The reserved manager values of base.h (generation 0: never a real handle). */
+#define NDM__OUTPUT_RULE_ID UINT64_C(0x8000000000000001)
+#define NDM__CURRENT_SCOPE_ID UINT64_C(0x8000000000000002)
+
+/* Did a handle of generation h exist before its slot's record reached
+ * generation g (the live object's, or the next to be issued while the slot
+ * is empty)? Generations run 1..2^31-1 and wrap to 1; one lying less than
+ * half a cycle behind g was issued (a stale handle), one ahead of g, or
+ * equal to it while the slot is empty, never was (a forged or corrupted
+ * handle). A handle kept across 2^30 reuses of its slot is thus taken for a
+ * forged one. */
+static inline bool ndm__gen_stale(uint32_t h, uint32_t g)
+{
+    uint32_t behind = g >= h ? g - h : g + 0x7fffffffu - h;
+    return behind > 0 && behind < (1u << 30);
+}
+
 /* The record of a slot, or NULL when the slot was never allocated. */
 static inline ndm__array *ndm__array_slot(uint32_t slot)
 {
@@ -427,12 +455,19 @@ static inline ndm__manager *ndm__manager_peek(ndm_manager h)
 
 /* Checked lookups: on failure they record NDM_E_NULL / NDM_E_CLOSED /
  * NDM_E_INVALID with a message naming the array or manager and how it died,
- * and return NULL. A null array handle keeps the previous error untouched
- * when `propagate` is true (operations on a failed result). The checks are
- * inline; only a failure calls out, so the site is built on that path only. */
+ * and return NULL. A null handle keeps the thread's last error when there is
+ * one (ndm__fail_null; `propagate` is kept for the callers that pass it and
+ * no longer changes this). A manager lookup resolves NDM_CURRENT_SCOPE to the
+ * innermost scope. The checks are inline; only a failure calls out, so the
+ * site is built on that path only. */
 ndm__array *ndm__array_lookup_failed(ndm_array h, const char *api, const ndm__site *where,
                                      bool propagate);
 ndm__manager *ndm__manager_lookup_failed(ndm_manager h, const char *api, const ndm__site *where);
+/* Whether h was ever issued (it may be stale) as an array or manager handle:
+ * what tells a stale handle (NDM_ALREADY on release or close) from a forged
+ * one (NDM_E_INVALID). */
+bool ndm__array_issued(ndm_array h);
+bool ndm__manager_issued(ndm_manager h);
 
 static inline ndm__array *ndm__array_get(ndm_array h, const char *api, ndm__site where)
 {
@@ -528,9 +563,10 @@ static inline ndm_status ndm__alloc_device_check(ndm_device dev, const char *api
 ndm_status ndm__shape_check(int ndim, const int64_t *shape, ndm_dtype dtype, int64_t *numel,
                             size_t *nbytes, const char *api, ndm__site where);
 
-/* The output rule, written once: the manager named by the caller, else the
- * innermost scope of this thread, else the manager of the first input.
- * Returns the null handle (error recorded) when none applies. */
+/* The output rule, written once: the manager named by the caller, else (the
+ * caller passed NDM_OUTPUT_RULE) the innermost scope of this thread, else the
+ * manager of the first input. NDM_CURRENT_SCOPE is resolved; a null `named`
+ * is NDM_E_NULL. Returns the null handle (error recorded) when none applies. */
 ndm_manager ndm__output_manager(ndm_manager named, ndm__array *first_input, const char *api,
                                 ndm__site where);
 
@@ -543,7 +579,8 @@ static inline ndm__manager *ndm__output_record(ndm_manager named, ndm__array *fi
                                                const char *api, const ndm__site *where)
 {
     ndm__thread *t = ndm__tls;
-    if (NDM__LIKELY(!named.id && first_input && (!t || t->scope_depth == 0)))
+    if (NDM__LIKELY(named.id == NDM__OUTPUT_RULE_ID && first_input &&
+                    (!t || t->scope_depth == 0)))
         return ndm__manager_rec(first_input->mgr);
     return ndm__output_record_slow(named, first_input, api, where);
 }

@@ -25,6 +25,11 @@ ndm_status ndm__fail(ndm_status st, const char *api, ndm__site where, const char
     NDM_PRINTF(4, 5);
 ndm_status ndm__vfail(ndm_status st, const char *api, ndm__site where, const char *fmt,
                       va_list ap);
+/* A null handle given to `api`: records NDM_E_NULL ("null <what> handle")
+ * unless this thread's last status is already an error, which stays in
+ * place (a null handle most often comes from that failure). Returns the
+ * thread's last status afterwards. */
+ndm_status ndm__fail_null(const char *api, ndm__site where, const char *what);
 /* Send a warning to the log callback. */
 void ndm__warn(const char *fmt, ...) NDM_PRINTF(1, 2);
 /* Formats a site as "file:line (func)" into buf. */

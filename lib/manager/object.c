@@ -18,6 +18,7 @@ typedef struct obj_slot {
     ndm__site site;            /* where it was made (kept after death) */
     ndm__site died;            /* where it was freed, or none for its owner's close */
     char owner[120];           /* the owner's path, for messages after its close */
+    ndm_manager owner_h;       /* the owner itself */
     uint32_t next_free;        /* slot + 1, 0: none */
 } obj_slot;
 
@@ -79,7 +80,11 @@ uint64_t ndm__object_new(const ndm__object_type *type, ndm_manager owner, void *
 {
     _Static_assert(sizeof(uintptr_t) >= sizeof(uint64_t), "ids travel as hook arguments");
     char path[sizeof slots->owner];
-    if (!ndm__manager_get(owner, api, site) || ndm_manager_path(owner, path, sizeof path) < 0)
+    ndm__manager *om = ndm__manager_get(owner, api, site);
+    if (!om)
+        return 0;
+    owner = ndm__manager_handle_of(om); /* NDM_CURRENT_SCOPE resolved */
+    if (ndm_manager_path(owner, path, sizeof path) < 0)
         return 0;
     pthread_mutex_lock(&lock);
     uint32_t s;
@@ -109,6 +114,7 @@ uint64_t ndm__object_new(const ndm__object_type *type, ndm_manager owner, void *
     r->site = site;
     r->died = NDM__NO_SITE;
     memcpy(r->owner, path, sizeof path);
+    r->owner_h = owner;
     uint64_t id = make_id(s, r->gen);
     pthread_mutex_unlock(&lock);
     if (ndm_manager_on_close_at(NDM__SITE_ARGS(site), owner, on_owner_close,
@@ -125,7 +131,7 @@ void *ndm__object_get(uint64_t id, const ndm__object_type *type, const char *api
                       ndm__site site)
 {
     if (!id) {
-        ndm__fail(NDM_E_NULL, api, site, "null %s handle", type->name);
+        ndm__fail_null(api, site, type->name);
         return NULL;
     }
     uint32_t s, gen;
@@ -181,7 +187,7 @@ ndm_status ndm__object_free(uint64_t id, const ndm__object_type *type, const cha
 {
     uint32_t s, gen;
     if (!id)
-        return ndm__fail(NDM_E_NULL, api, site, "null %s handle", type->name);
+        return ndm__fail_null(api, site, type->name);
     if (!decode(id, &s, &gen))
         return ndm__fail(NDM_E_INVALID, api, site, "not a %s handle", type->name);
     pthread_mutex_lock(&lock);
@@ -199,4 +205,17 @@ ndm_status ndm__object_free(uint64_t id, const ndm__object_type *type, const cha
     pthread_mutex_unlock(&lock);
     type->destroy(obj);
     return NDM_OK;
+}
+
+ndm_manager ndm__object_owner(uint64_t id)
+{
+    uint32_t s, gen;
+    ndm_manager owner = NDM_NULL_MANAGER;
+    if (!decode(id, &s, &gen))
+        return owner;
+    pthread_mutex_lock(&lock);
+    if (s < nslots && slots[s].gen == gen && slots[s].obj)
+        owner = slots[s].owner_h;
+    pthread_mutex_unlock(&lock);
+    return owner;
 }

@@ -26,6 +26,8 @@ void *ndm__object_get(uint64_t id, const ndm__object_type *type, const char *api
                       ndm__site site);
 /* Is id a live object of that type? */
 bool ndm__object_valid(uint64_t id, const ndm__object_type *type);
+/* The manager that owns live object id (null when it is not live). */
+ndm_manager ndm__object_owner(uint64_t id);
 /* Destroy the object now; NDM_ALREADY when it is gone. */
 ndm_status ndm__object_free(uint64_t id, const ndm__object_type *type, const char *api,
                             ndm__site site);

@@ -133,6 +133,11 @@ NDM_API ndm_status ndm_manager_stats(ndm_manager h, ndm_device device, unsigned 
         (device.type == NDM_DEVICE_CPU && device.index != 0))
         return ndm__fail(NDM_E_DEVICE, __func__, NDM__NO_SITE, "not a device: type %d index %d",
                          (int)device.type, device.index);
+    if (flags & ~(unsigned)NDM_STATS_SUBTREE)
+        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "unknown flags 0x%x",
+                         flags & ~(unsigned)NDM_STATS_SUBTREE);
+    if (ndm__alloc_device_check(device, __func__, NDM__NO_SITE) < 0)
+        return ndm_last_status(); /* a device that cannot exist in this process */
     memset(out, 0, sizeof *out);
     int dev = ndm__device_slot(device);
     ndm__tree_lock();

@@ -1,6 +1,7 @@
 /* Scopes: a per-thread stack of scope managers that catches temporaries,
  * moving kept results out when a scope ends. Dead entries (a scope closed by
  * any other path) are skipped and pruned, so out-of-order ends stay safe. */
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -74,16 +75,10 @@ NDM_API bool ndm_manager_is_scope(ndm_manager h)
 NDM_API ndm_manager ndm_scope_begin_at(NDM_SITE_PARAMS, ndm_manager parent, const char *name)
 {
     ndm__site site = NDM__SITE;
-    if (!parent.id) {
-        parent = ndm__scope_innermost();
-        if (!parent.id) {
-            ndm__fail(NDM_E_NULL, __func__, site, "null parent and no enclosing scope");
-            return NDM_NULL_MANAGER;
-        }
-    }
     ndm__manager *p = ndm__manager_get(parent, __func__, site);
     if (!p)
         return NDM_NULL_MANAGER;
+    parent = ndm__manager_handle_of(p); /* NDM_CURRENT_SCOPE resolved */
     ndm_manager s = ndm__manager_new_ex(site, __func__, parent, name ? name : "scope", p->device,
                                         NDM__M_SCOPE);
     if (!s.id)
@@ -231,10 +226,20 @@ NDM_API ndm_status ndm_scope_end_at(NDM_SITE_PARAMS, ndm_manager sh, size_t n,
     ndm__site site = NDM__SITE;
     ndm__manager *s = ndm__manager_peek(sh);
     if (!s) {
-        if (!sh.id)
-            return ndm__fail(NDM_E_NULL, __func__, site, "null scope handle");
-        pop_entry(sh);
-        return NDM_ALREADY;
+        /* Only a manager handle that was issued is an ended scope; anything
+         * else (an array handle, a forged one) is refused, so that NDM_SCOPED
+         * and its callers never take a bad handle for an ended scope. */
+        if (sh.id == 0 || sh.id == NDM__CURRENT_SCOPE_ID || sh.id == NDM__OUTPUT_RULE_ID) {
+            if (!(s = ndm__manager_lookup_failed(sh, __func__, &site)))
+                return ndm_last_status();
+            sh = ndm__manager_handle_of(s);
+        } else if (!ndm__manager_issued(sh)) {
+            return ndm__fail(NDM_E_INVALID, __func__, site,
+                             "not a manager handle (id 0x%016" PRIx64 ")", sh.id);
+        } else {
+            pop_entry(sh);
+            return NDM_ALREADY;
+        }
     }
     unsigned st = atomic_load_explicit(&s->state, memory_order_relaxed);
     if (!(st & NDM__M_SCOPE))
@@ -299,13 +304,26 @@ NDM_API ndm_array ndm_scope_finish_at(NDM_SITE_PARAMS, ndm_manager scope, ndm_ar
     ndm__site site = NDM__SITE;
     ndm__array *r = ndm__array_peek(result);
     ndm__manager *s = ndm__manager_peek(scope);
-    /* A result owned elsewhere (the expression returned an existing array)
-     * stays where it is; only the scope's own arrays can be kept. */
-    bool keep = r && s && r->mgr == s->self;
+    /* A result owned elsewhere (the expression returned one of its inputs)
+     * is returned as a fresh alias made in the scope and kept like any
+     * result: every handle that comes out is the caller's to release, and
+     * the input's own handle is left to its owner. */
+    if (r && s && r->mgr != s->self) {
+        result = ndm_alias_to_at(NDM__SITE_ARGS(site), scope, result);
+        if (!result.id) {
+            ndm_status es = ndm_scope_end_at(NDM__SITE_ARGS(site), scope, 0, NULL);
+            (void)es; /* the alias's failure is the error to report */
+            return NDM_NULL_ARRAY;
+        }
+        r = ndm__array_peek(result);
+    }
+    if (!r && result.id)
+        ndm__array_lookup_failed(result, __func__, &site, true); /* a stale result */
+    bool keep = r && s;
     ndm_status st = ndm_scope_end_at(NDM__SITE_ARGS(site), scope, keep ? 1 : 0, &result);
     if (st < 0)
         return NDM_NULL_ARRAY;
-    return result;
+    return keep ? result : NDM_NULL_ARRAY;
 }
 
 NDM_API ndm_array ndm_scoped_at(NDM_SITE_PARAMS, ndm_manager parent, ndm_scoped_fn fn, void *ud)

@@ -163,6 +163,14 @@ ndm_status ndm__fail(ndm_status st, const char *api, ndm__site where, const char
     return st;
 }
 
+ndm_status ndm__fail_null(const char *api, ndm__site where, const char *what)
+{
+    ndm_status last = ndm_last_status();
+    if (last < 0)
+        return last;
+    return ndm__fail(NDM_E_NULL, api, where, "null %s handle", what);
+}
+
 void ndm__warn(const char *fmt, ...)
 {
     char buf[1024];

@@ -231,22 +231,55 @@ char *ndm__manager_path(uint32_t slot, char *buf, size_t n)
     return buf;
 }
 
+bool ndm__manager_issued(ndm_manager h)
+{
+    uint32_t slot = ndm__id_slot(h.id);
+    if (!(h.id & NDM__KIND_MANAGER) || slot == 0 || ndm__id_gen(h.id) == 0 ||
+        slot >= (NDM__MAX_CHUNKS << NDM__CHUNK_BITS))
+        return false;
+    ndm__manager *r = ndm__manager_slot(slot);
+    if (!r)
+        return false;
+    uint32_t g = atomic_load_explicit(&r->gen, memory_order_acquire);
+    if (ndm__id_gen(h.id) == g &&
+        !(atomic_load_explicit(&r->state, memory_order_acquire) & NDM__M_LIVE)) {
+        /* a close clears the state, then moves the generation on, both under
+         * the tree lock: read them again where they agree */
+        ndm__tree_lock();
+        g = atomic_load_explicit(&r->gen, memory_order_relaxed);
+        bool live = atomic_load_explicit(&r->state, memory_order_relaxed) & NDM__M_LIVE;
+        ndm__tree_unlock();
+        if (ndm__id_gen(h.id) == g)
+            return live;
+    }
+    return ndm__id_gen(h.id) == g || ndm__gen_stale(ndm__id_gen(h.id), g);
+}
+
 NDM__COLD ndm__manager *ndm__manager_lookup_failed(ndm_manager h, const char *api,
                                                    const ndm__site *wherep)
 {
     ndm__site where = *wherep;
-    if (h.id == 0) {
-        ndm__fail(NDM_E_NULL, api, where, "null manager handle");
+    if (h.id == NDM__CURRENT_SCOPE_ID) {
+        ndm__manager *s = ndm__manager_peek(ndm__scope_innermost());
+        if (!s)
+            ndm__fail(NDM_E_NULL, api, where, "NDM_CURRENT_SCOPE: no scope is active on this thread");
+        return s;
+    }
+    if (h.id == NDM__OUTPUT_RULE_ID) {
+        ndm__fail(NDM_E_INVALID, api, where,
+                  "NDM_OUTPUT_RULE names no manager: pass a manager or NDM_CURRENT_SCOPE");
         return NULL;
     }
-    uint32_t slot = ndm__id_slot(h.id);
-    ndm__manager *r = (h.id & NDM__KIND_MANAGER) && slot < (NDM__MAX_CHUNKS << NDM__CHUNK_BITS)
-                          ? ndm__manager_slot(slot)
-                          : NULL;
-    if (!r || slot == 0 || ndm__id_gen(h.id) == 0) {
+    if (h.id == 0) {
+        ndm__fail_null(api, where, "manager");
+        return NULL;
+    }
+    if (!ndm__manager_issued(h)) {
         ndm__fail(NDM_E_INVALID, api, where, "not a manager handle (id 0x%016" PRIx64 ")", h.id);
         return NULL;
     }
+    uint32_t slot = ndm__id_slot(h.id);
+    ndm__manager *r = ndm__manager_slot(slot);
     ndm__tree_lock();
     uint32_t g = atomic_load_explicit(&r->gen, memory_order_relaxed);
     bool live = atomic_load_explicit(&r->state, memory_order_relaxed) & NDM__M_LIVE;
@@ -411,6 +444,11 @@ static ndm_status close_locked(ndm__manager *m, const ndm__site *site)
             result = cs;
         }
     }
+    /* Until now (the children's hooks included) arrays could still leave m;
+     * from here its drain owns them. */
+    ndm__mlock_take(m);
+    atomic_fetch_or_explicit(&m->state, NDM__M_DRAINING, memory_order_release);
+    ndm__mlock_drop(m);
     ndm__tree_unlock();
 
     ndm__manager_drain_arrays(m, *site);
@@ -458,12 +496,15 @@ NDM_API ndm_status ndm_manager_close_at(NDM_SITE_PARAMS, ndm_manager h)
     ndm__site site = NDM__SITE;
     ndm__manager *m = ndm__manager_peek(h);
     if (!m) {
-        if (h.id == 0)
-            return ndm__fail(NDM_E_NULL, __func__, site, "null manager handle");
-        ndm__manager *r = (h.id & NDM__KIND_MANAGER) ? ndm__manager_slot(ndm__id_slot(h.id)) : NULL;
-        if (!r || ndm__id_gen(h.id) == 0)
-            return ndm__fail(NDM_E_INVALID, __func__, site, "not a manager handle");
-        return NDM_ALREADY; /* closing a closed manager changes nothing */
+        if (h.id == NDM__CURRENT_SCOPE_ID || h.id == NDM__OUTPUT_RULE_ID || h.id == 0) {
+            if (!(m = ndm__manager_lookup_failed(h, __func__, &site)))
+                return ndm_last_status();
+        } else if (!ndm__manager_issued(h)) {
+            return ndm__fail(NDM_E_INVALID, __func__, site,
+                             "not a manager handle (id 0x%016" PRIx64 ")", h.id);
+        } else {
+            return NDM_ALREADY; /* closing a closed manager changes nothing */
+        }
     }
     if (atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_BUILTIN) {
         return ndm__fail(NDM_E_ROOT, __func__, site, "the built-in manager '%s' cannot be closed",
@@ -553,6 +594,8 @@ NDM_API ndm_status ndm_manager_set_limit(ndm_manager h, ndm_device device, uint6
     if (bytes > (uint64_t)INT64_MAX)
         return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "limit %" PRIu64 " is too large",
                          bytes);
+    if (ndm__alloc_device_check(device, __func__, NDM__NO_SITE) < 0)
+        return ndm_last_status(); /* a limit on a missing device would never apply */
     int dev = ndm__device_slot(device);
     ndm__tree_lock();
     if (!m->limits) {

@@ -87,8 +87,11 @@ NDM_API ndm_array ndm_mse_loss_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array
     ndm_manager s = ndm_scope_begin_at(NDM__SITE_ARGS(site), dst, "loss");
     if (!s.id)
         return NDM_NULL_ARRAY;
-    ndm_array d = ndm_sub(a, b);
-    ndm_array loss = ndm_mean(ndm_mul(d, d), false, NDM_ALL_AXES_LIST);
+    /* at the caller's site: a shape mismatch names the user's line */
+    ndm_array d = ndm_sub_to_at(NDM__SITE_ARGS(site), NDM_OUTPUT_RULE, a, b);
+    ndm_array loss = ndm_mean_to_at(NDM__SITE_ARGS(site), NDM_OUTPUT_RULE,
+                                    ndm_mul_to_at(NDM__SITE_ARGS(site), NDM_OUTPUT_RULE, d, d),
+                                    false, NDM_ALL_AXES_LIST);
     if (ndm_scope_end_at(NDM__SITE_ARGS(site), s, loss.id ? 1 : 0, &loss) < 0)
         return NDM_NULL_ARRAY;
     return loss;

@@ -323,11 +323,8 @@ NDM_API ndm_module ndm_sequential_at(NDM_SITE_PARAMS, ndm_manager model, int n,
         return (ndm_module){0};
     }
     for (int i = 0; i < n; i++) {
-        /* the null handle of a constructor that failed inside the list keeps
-         * that failure as the error, as a chain of operations does */
-        if (!modules[i].id && ndm_last_status() < 0)
-            return (ndm_module){0};
-        if (!get(modules[i], api, site))
+        /* (a null module from a constructor that failed keeps its error) */
+        if (ndm__module_check_owner(modules[i], model, api, site) < 0)
             return (ndm_module){0};
     }
     module *m = alloc_module(SEQUENTIAL, api, site);
@@ -339,7 +336,8 @@ NDM_API ndm_module ndm_sequential_at(NDM_SITE_PARAMS, ndm_manager model, int n,
         return (ndm_module){0};
     }
     m->nchildren = n;
-    memcpy(m->children, modules, (size_t)n * sizeof *modules);
+    if (n)
+        memcpy(m->children, modules, (size_t)n * sizeof *modules);
     for (int i = 0; i < n; i++) {
         module *c = get(modules[i], api, site);
         for (int k = 0; k < c->nparams; k++) {
@@ -357,22 +355,25 @@ NDM_API ndm_module ndm_sequential_at(NDM_SITE_PARAMS, ndm_manager model, int n,
 
 /* ---- forward ------------------------------------------------------------------------ */
 
+/* The layers' operations are given the caller's site, so that a failure
+ * inside a forward pass names the user's line, not this file. */
+#define AT NDM__SITE_ARGS(site), NDM_OUTPUT_RULE
+
 static ndm_array run(module *m, ndm_array x, const char *api, ndm__site site)
 {
     switch (m->k) {
     case LINEAR: {
-        ndm_array y = ndm_matmul(x, ndm_transpose(m->weight));
-        return m->bias.id ? ndm_add(y, m->bias) : y;
+        ndm_array y = ndm_matmul_to_at(AT, x, ndm_permute_to_at(AT, m->weight, 0, NULL));
+        return m->bias.id ? ndm_add_to_at(AT, y, m->bias) : y;
     }
     case CONV2D:
-        return m->bias.id ? ndm_conv2d_bias(x, m->weight, m->bias, &m->conv)
-                          : ndm_conv2d(x, m->weight, &m->conv);
+        return ndm_conv2d_to_at(AT, x, m->weight, m->bias.id ? &m->bias : NULL, &m->conv);
     case MAX_POOL2D:
-        return ndm_max_pool2d(x, &m->pool);
+        return ndm_max_pool2d_to_at(AT, x, &m->pool);
     case RELU:
-        return ndm_relu(x);
+        return ndm_relu_to_at(AT, x);
     case GELU:
-        return ndm_gelu(x);
+        return ndm_gelu_to_at(AT, x);
     case FLATTEN: {
         int nd = ndm_array_ndim(x);
         int ax;
@@ -382,32 +383,34 @@ static ndm_array run(module *m, ndm_array x, const char *api, ndm__site site)
         if (nd > 64 || ndm_array_shape(x, shape, 64) < 0)
             return NDM_NULL_ARRAY;
         shape[ax] = -1;
-        return ndm_reshape_to_at(NDM__SITE_ARGS(site), NDM_NULL_MANAGER, x, ax + 1, shape);
+        return ndm_reshape_to_at(AT, x, ax + 1, shape);
     }
     case DROPOUT: {
         if (!m->training || m->p == 0)
-            return ndm_alias(x);
+            return ndm_alias_to_at(AT, x);
         int nd = ndm_array_ndim(x);
         int64_t shape[64];
         if (nd < 0 || nd > 64 || ndm_array_shape(x, shape, 64) < 0)
             return NDM_NULL_ARRAY;
-        ndm_array keep = ndm_bernoulli_at(NDM__SITE_ARGS(site), NDM_NULL_MANAGER, &m->rng,
+        ndm_array keep = ndm_bernoulli_at(NDM__SITE_ARGS(site), NDM_CURRENT_SCOPE, &m->rng,
                                           ndm_array_dtype(x), 1.0 - m->p, nd, shape);
-        return ndm_mul(x, ndm_mul_scalar(keep, 1.0 / (1.0 - m->p)));
+        return ndm_mul_to_at(AT, x, ndm_mul_scalar_to_at(AT, keep, 1.0 / (1.0 - m->p)));
     }
     case EMBEDDING:
-        return ndm_take(m->weight, 0, x);
+        return ndm_take_to_at(AT, m->weight, 0, x);
     case SEQUENTIAL: {
         ndm_array y = x;
         for (int i = 0; i < m->nchildren && y.id; i++) {
             module *c = get(m->children[i], api, site);
             y = c ? run(c, y, api, site) : NDM_NULL_ARRAY;
         }
-        return m->nchildren ? y : ndm_alias(x);
+        return m->nchildren ? y : ndm_alias_to_at(AT, x);
     }
     }
     return NDM_NULL_ARRAY;
 }
+
+#undef AT
 
 NDM_API ndm_array ndm_forward_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_module mh, ndm_array x)
 {
@@ -522,3 +525,34 @@ NDM_API int ndm_module_describe(ndm_module mh, char *buf, size_t n)
 }
 
 bool ndm__module_valid(ndm_module m) { return ndm__object_valid(m.id, &module_type); }
+
+ndm_status ndm__module_check_owner(ndm_module mh, ndm_manager model, const char *api,
+                                   ndm__site site)
+{
+    module *m = get(mh, api, site);
+    ndm__manager *mr = m ? ndm__manager_get(model, api, site) : NULL;
+    if (!mr)
+        return ndm_last_status();
+    uint32_t want = mr->self;
+    char path[512], other[512];
+    ndm_manager owner = ndm__object_owner(mh.id);
+    if (owner.id != ndm__manager_handle_of(mr).id) {
+        ndm_manager_path(owner, other, sizeof other);
+        ndm__manager_path(want, path, sizeof path);
+        return ndm__fail(NDM_E_NOT_OWNER, api, site,
+                         "the module belongs to '%s', not to the model '%s'", other, path);
+    }
+    for (int k = 0; k < m->nparams; k++) {
+        ndm__array *r = ndm__array_get(m->params[k], api, site);
+        if (!r)
+            return ndm_last_status();
+        if (r->mgr != want) {
+            ndm__manager_path(r->mgr, other, sizeof other);
+            ndm__manager_path(want, path, sizeof path);
+            return ndm__fail(NDM_E_NOT_OWNER, api, site,
+                             "parameter '%s' of the module lives in '%s', not in the model '%s'",
+                             m->names[k], other, path);
+        }
+    }
+    return NDM_OK;
+}

@@ -3,8 +3,13 @@
 #define NDM_NN_INTERNAL_H
 
 #include "ndm/nn.h"
+#include "../manager/error.h"
 
 /* Is m a live module? */
 bool ndm__module_valid(ndm_module m);
+/* Does module m belong to `model`, and do its parameters live there?
+ * NDM_OK, or NDM_E_NOT_OWNER (or the handles' errors) recorded for api. */
+ndm_status ndm__module_check_owner(ndm_module m, ndm_manager model, const char *api,
+                                   ndm__site site);
 
 #endif

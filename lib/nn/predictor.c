@@ -22,12 +22,13 @@ NDM_API ndm_predictor ndm_predictor_new_at(NDM_SITE_PARAMS, ndm_manager model, n
 {
     ndm__site site = NDM__SITE;
     const char *api = "ndm_predictor_new";
-    if (!ndm__manager_get(model, api, site))
+    ndm__manager *mr = ndm__manager_get(model, api, site);
+    if (!mr)
         return (ndm_predictor){0};
-    if (!ndm__module_valid(net)) {
-        ndm__fail(NDM_E_CLOSED, api, site, "the module handle is stale or null");
+    model = ndm__manager_handle_of(mr); /* NDM_CURRENT_SCOPE resolved */
+    /* The cap below protects the net only if its parameters live in model. */
+    if (ndm__module_check_owner(net, model, api, site) < 0)
         return (ndm_predictor){0};
-    }
     predictor *p = ndm__calloc(1, sizeof *p, NDM__INJ_OBJECT);
     if (!p) {
         ndm__fail(NDM_E_OOM, api, site, "no memory for a predictor");

@@ -184,6 +184,8 @@ NDM_API ndm_array ndm_grad_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array par
 
 NDM_API ndm_status ndm_zero_grad(size_t n, const ndm_array *params)
 {
+    if (n && !params)
+        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "params is NULL with n = %zu", n);
     for (size_t i = 0; i < n; i++) {
         ndm__array *r = ndm__array_get(params[i], __func__, NDM__NO_SITE);
         if (!r)
@@ -480,7 +482,7 @@ NDM_API ndm_status ndm_backward_with_at(NDM_SITE_PARAMS, ndm_array out, ndm_arra
         st = ndm_last_status();
         goto done;
     }
-    root->g = grad.id ? ndm_alias(grad) : ndm_ones(NDM_NULL_MANAGER, ro->dtype, ro->ndim, ro->shape);
+    root->g = grad.id ? ndm_alias(grad) : ndm_ones(NDM_CURRENT_SCOPE, ro->dtype, ro->ndim, ro->shape);
     if (!root->g.id) {
         st = ndm_last_status();
         goto end;

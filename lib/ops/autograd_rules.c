@@ -36,7 +36,7 @@ ndm_array ndm__ag_sum_to(ndm_array g, int ndim, const int64_t *shape)
         if (j < lead || (shape[j - lead] == 1 && r->shape[j] != 1))
             axes[n++] = j;
     ndm_array s = n ? ndm_sum(g, true, n, axes) : g;
-    return ndm_reshape_to_at(NDM_HERE, NDM_NULL_MANAGER, s, ndim, shape);
+    return ndm_reshape_to_at(NDM_HERE, NDM_OUTPUT_RULE, s, ndim, shape);
 }
 
 /* g of a reduction, brought back to the input's shape. */
@@ -57,9 +57,9 @@ static ndm_array unreduce(ndm__ag_node *nd, ndm_array g)
                 reduced[nd->p.axes[k]] = true;
         for (int j = 0; j < in->ndim; j++)
             shape[j] = reduced[j] ? 1 : in->shape[j];
-        u = ndm_reshape_to_at(NDM_HERE, NDM_NULL_MANAGER, g, in->ndim, shape);
+        u = ndm_reshape_to_at(NDM_HERE, NDM_OUTPUT_RULE, g, in->ndim, shape);
     }
-    return ndm_expand_to_at(NDM_HERE, NDM_NULL_MANAGER, u, in->ndim, in->shape);
+    return ndm_expand_to_at(NDM_HERE, NDM_OUTPUT_RULE, u, in->ndim, in->shape);
 }
 
 static double reduced_count(ndm__ag_node *nd)
@@ -337,7 +337,7 @@ static ndm_status view_rule(ndm__ag_node *nd, ndm_array g, ndm_array *gi)
         gi[0] = g;
         break;
     case NDM__AG_RESHAPE:
-        gi[0] = ndm_reshape_to_at(NDM_HERE, NDM_NULL_MANAGER, g, in->ndim, in->shape);
+        gi[0] = ndm_reshape_to_at(NDM_HERE, NDM_OUTPUT_RULE, g, in->ndim, in->shape);
         break;
     case NDM__AG_PERMUTE: {
         int inv[NDM__AG_MAX_AXES];
@@ -348,7 +348,7 @@ static ndm_status view_rule(ndm__ag_node *nd, ndm_array g, ndm_array *gi)
     }
     case NDM__AG_SLICE:
     case NDM__AG_SELECT: {
-        ndm_array z = ndm_zeros(NDM_NULL_MANAGER, ndm_array_dtype(g), in->ndim, in->shape);
+        ndm_array z = ndm_zeros(NDM_CURRENT_SCOPE, ndm_array_dtype(g), in->ndim, in->shape);
         ndm_array v = nd->op == NDM__AG_SLICE
                           ? ndm_slice(z, (int)nd->p.i[0], nd->p.i[1], nd->p.i[2], nd->p.i[3])
                           : ndm_select(z, (int)nd->p.i[0], nd->p.i[1]);
@@ -400,9 +400,9 @@ static ndm_status index_rule(ndm__ag_node *nd, ndm_array g, ndm_array *gi)
             gshape[j] = j == ax ? k : ra->shape[j];
             ishape[j] = j == ax ? k : 1;
         }
-        ndm_array gr = ndm_reshape_to_at(NDM_HERE, NDM_NULL_MANAGER, g, ra->ndim, gshape);
-        ndm_array ir = ndm_reshape_to_at(NDM_HERE, NDM_NULL_MANAGER, nd->in[1], ra->ndim, ishape);
-        ndm_array z = ndm_zeros(NDM_NULL_MANAGER, ndm_array_dtype(g), ra->ndim, ra->shape);
+        ndm_array gr = ndm_reshape_to_at(NDM_HERE, NDM_OUTPUT_RULE, g, ra->ndim, gshape);
+        ndm_array ir = ndm_reshape_to_at(NDM_HERE, NDM_OUTPUT_RULE, nd->in[1], ra->ndim, ishape);
+        ndm_array z = ndm_zeros(NDM_CURRENT_SCOPE, ndm_array_dtype(g), ra->ndim, ra->shape);
         if (!gr.id || !ir.id || !z.id || ndm_scatter_add_(z, ax, ir, gr) < 0)
             return ndm_last_status();
         gi[0] = z;
@@ -410,7 +410,7 @@ static ndm_status index_rule(ndm__ag_node *nd, ndm_array g, ndm_array *gi)
     }
     case NDM__AG_GATHER: {
         const ndm__array *ra = rec(nd->in[0]);
-        ndm_array z = ndm_zeros(NDM_NULL_MANAGER, ndm_array_dtype(g), ra->ndim, ra->shape);
+        ndm_array z = ndm_zeros(NDM_CURRENT_SCOPE, ndm_array_dtype(g), ra->ndim, ra->shape);
         if (!z.id || ndm_scatter_add_(z, axis, nd->in[1], g) < 0)
             return ndm_last_status();
         gi[0] = z;
@@ -446,7 +446,7 @@ ndm_status ndm__ag_rule(ndm__ag_node *nd, ndm_array g, ndm_array *gi)
                                           ndm_le_scalar(nd->in[0], nd->p.s[1])));
         return gi[0].id ? NDM_OK : ndm_last_status();
     case NDM__AG_WHERE: {
-        ndm_array zero = ndm_zeros(NDM_NULL_MANAGER, ndm_array_dtype(g), NDM_SCALAR);
+        ndm_array zero = ndm_zeros(NDM_CURRENT_SCOPE, ndm_array_dtype(g), NDM_SCALAR);
         if (nd->needs[1])
             gi[1] = ndm_where(nd->in[0], g, zero);
         if (nd->needs[2])

@@ -39,7 +39,8 @@ static inline const ndm__backend *ndm__backend_of(ndm_device d, const char *api,
 /* Release a half-made result on an error path, keeping the error message. */
 void ndm__discard(ndm_array a);
 
-/* Resolve a factory's manager: the one given, else the innermost scope. */
+/* Resolve a factory's manager: the one given, NDM_CURRENT_SCOPE resolved,
+ * the null handle and NDM_OUTPUT_RULE refused (null returned, error recorded). */
 ndm_manager ndm__factory_manager(ndm_manager m, const char *api, ndm__site where);
 
 #endif

@@ -37,12 +37,13 @@ static inline void *ndm__ew_ptr(const ndm__array *r)
     return (char *)r->storage->data + r->offset * (int64_t)ndm__ew_esize(r->dtype);
 }
 
-/* The status of an in-place call whose handle h did not resolve: a stale
- * handle's own error (NDM_E_CLOSED...), NDM_E_NULL for the null handle (the
- * first error of a failed chain stays the thread's last error). */
+/* The status of an in-place call whose handle h did not resolve: the one
+ * the failed lookup left as the thread's last (for a null handle, the first
+ * error of a failed chain, else NDM_E_NULL). */
 static inline ndm_status ndm__ew_lookup_failed(ndm_array h)
 {
-    return h.id ? ndm_last_status() : NDM_E_NULL;
+    (void)h;
+    return ndm_last_status();
 }
 
 /* Shape and strides scratch: on the stack for common ranks. */

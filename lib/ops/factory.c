@@ -14,16 +14,15 @@ void ndm__discard(ndm_array a)
 
 ndm_manager ndm__factory_manager(ndm_manager m, const char *api, ndm__site where)
 {
-    if (m.id)
+    if (m.id && m.id != NDM__CURRENT_SCOPE_ID && m.id != NDM__OUTPUT_RULE_ID)
         return m;
-    ndm_manager s = ndm__scope_innermost();
-    if (!s.id)
-        ndm__fail(NDM_E_NULL, api, where, "null manager and no active scope");
-    return s;
+    /* the reserved values and the null handle: resolved or refused there */
+    ndm__manager *r = ndm__manager_lookup_failed(m, api, &where);
+    return r ? ndm__manager_handle_of(r) : NDM_NULL_MANAGER;
 }
 
-/* The record of a factory's manager: the one given, else the innermost
- * scope; NULL with the error recorded. */
+/* The record of a factory's manager: the one given, NDM_CURRENT_SCOPE
+ * resolved; NULL with the error recorded. */
 static ndm__manager *factory_record_slow(ndm_manager m, const char *api, const ndm__site *site)
 {
     m = ndm__factory_manager(m, api, *site);

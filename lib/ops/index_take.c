@@ -343,7 +343,7 @@ NDM_API ndm_status ndm_scatter_add_inplace_at(NDM_SITE_PARAMS, ndm_array a, int 
     if (scatter_check(&p, a, axis, indices, src, NULL, __func__, site)) {
         /* A temporary follows the output rule of src, the input that is not
          * updated, so a capped model's arrays can still be updated in place. */
-        ndm_manager tm = ndm__output_manager(NDM_NULL_MANAGER, p.src, __func__, site);
+        ndm_manager tm = ndm__output_manager(NDM_OUTPUT_RULE, p.src, __func__, site);
         st = scatter_run(&p, p.a, tm, __func__, site);
     } else {
         st = ndm_last_status();

@@ -304,7 +304,10 @@ NDM_API ndm_array ndm_slice_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a,
     if (ndm__axis(axis, r->ndim, false, &ax, __func__, site) < 0)
         return NDM_NULL_ARRAY;
     if (step == 0 || step == INT64_MIN) {
-        ndm__fail(NDM_E_INVALID, __func__, site, "slice step must be non-zero");
+        /* -INT64_MIN does not exist: the step's magnitude must fit int64 */
+        ndm__fail(NDM_E_INVALID, __func__, site,
+                  step ? "slice step INT64_MIN is out of range (its negation overflows)"
+                       : "slice step must be non-zero");
         return NDM_NULL_ARRAY;
     }
     /* Python's slice.indices(): clamp into range, with open bounds per sign. */

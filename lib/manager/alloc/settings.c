@@ -203,6 +203,13 @@ static int mb_value(parser *ps, const char *key, size_t min_mb, size_t *out, boo
     return 0;
 }
 
+/* The largest division count a table entry holds (an unsigned); the
+ * rounding step bottoms out at one byte well before it. */
+#define MAX_DIVISIONS (1u << 31)
+/* A large segment serves requests of 1 to 10 MiB; a bigger one than this
+ * would make every large request ask the device for an unreasonable block. */
+#define MAX_LARGE_SEGMENT_MB 1024
+
 static int divisions_value(parser *ps, ndm__settings *s)
 {
     const char *key = "roundup_power2_divisions";
@@ -217,6 +224,8 @@ static int divisions_value(parser *ps, ndm__settings *s)
         uint64_t d;
         if (!parse_u64(v, &d) || !pow2(d))
             return fail(ps, "%s: '%s' is not a power of two", key, v);
+        if (d > MAX_DIVISIONS)
+            return fail(ps, "%s: %" PRIu64 " is above the largest, %u", key, d, MAX_DIVISIONS);
         for (int k = 0; k < NDM__DIV_INTERVALS; k++)
             s->divisions[k] = (unsigned)d;
         return 0;
@@ -247,6 +256,8 @@ static int divisions_value(parser *ps, ndm__settings *s)
         uint64_t d;
         if (!parse_u64(v, &d) || (d && !pow2(d)))
             return fail(ps, "%s: divisions '%s' must be a power of two or 0", key, v);
+        if (d > MAX_DIVISIONS)
+            return fail(ps, "%s: %" PRIu64 " is above the largest, %u", key, d, MAX_DIVISIONS);
         int to;
         if (!strcmp(k, ">")) {
             to = NDM__DIV_INTERVALS;
@@ -329,8 +340,16 @@ static int apply_key(parser *ps, const char *key, ndm__settings *s)
         return mb_value(ps, key, 20, &s->max_split_size, false);
     if (!strcmp(key, "max_non_split_rounding_mb"))
         return mb_value(ps, key, 20, &s->max_non_split_rounding, false);
-    if (!strcmp(key, "large_segment_size_mb"))
-        return mb_value(ps, key, 2, &s->large_segment_size, false);
+    if (!strcmp(key, "large_segment_size_mb")) {
+        size_t v = 0;
+        if (mb_value(ps, key, 2, &v, false) < 0)
+            return -1;
+        if (v > (size_t)MAX_LARGE_SEGMENT_MB * NDM__MB)
+            return fail(ps, "%s must be at most %d (got %zu)", key, MAX_LARGE_SEGMENT_MB,
+                        v / NDM__MB);
+        s->large_segment_size = v;
+        return 0;
+    }
     if (!strcmp(key, "roundup_power2_divisions"))
         return divisions_value(ps, s);
     if (!strcmp(key, "thread_cache"))
