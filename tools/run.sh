@@ -62,7 +62,8 @@ fuzz() { # fuzz [seconds per target] [targets...]
         CC=clang meson setup build-fuzz -Dfuzz=true -Dcuda=disabled -Dtools=false -Dbench=false \
             -Db_sanitize=address,undefined -Db_lundef=false
     fi
-    ninja -C build-fuzz
+    # Only the targets and the seed writer, not the suites the tree also has.
+    ninja -C build-fuzz tests/fuzz/fuzz_seeds "${targets[@]/#/tests/fuzz/fuzz_}"
     mkdir -p build-fuzz/logs
     local t found=() lines=()
     for t in "${targets[@]}"; do
