@@ -9,9 +9,11 @@
 #include "helpers.h"
 
 /* A ring larger than any address space must come back from malloc as NULL,
- * as C says, rather than stop the suite under AddressSanitizer. */
+ * as C says, rather than stop the suite under a sanitizer. */
 const char *__asan_default_options(void);
 const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
+const char *__tsan_default_options(void);
+const char *__tsan_default_options(void) { return "allocator_may_return_null=1"; }
 
 #define MiB ((int64_t)1 << 20)
 

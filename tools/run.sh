@@ -62,7 +62,8 @@ fuzz() { # fuzz [seconds per target] [targets...]
         CC=clang meson setup build-fuzz -Dfuzz=true -Dcuda=disabled -Dtools=false -Dbench=false \
             -Db_sanitize=address,undefined -Db_lundef=false
     fi
-    ninja -C build-fuzz
+    # Only the targets and the seed writer, not the suites the tree also has.
+    ninja -C build-fuzz tests/fuzz/fuzz_seeds "${targets[@]/#/tests/fuzz/fuzz_}"
     mkdir -p build-fuzz/logs
     local t found=() lines=()
     for t in "${targets[@]}"; do
@@ -86,7 +87,7 @@ fuzz() { # fuzz [seconds per target] [targets...]
         corp=$(sed -n 's/.* corp: \([0-9]*\/[0-9]*[a-zA-Z]*\).*/\1/p' <<<"$cov")
         cov=$(sed -n 's/.* cov: \([0-9]*\).*/\1/p' <<<"$cov")
         after=$(find "$findings" -type f | wc -l)
-        lines+=("$(printf '%-12s executions %10s  cov %6s  ft %6s  corpus %-12s findings %d new (%d kept)%s' \
+        lines+=("$(printf '%-16s executions %10s  cov %6s  ft %6s  corpus %-12s findings %d new (%d kept)%s' \
             "fuzz_$t" "${execs:-?}" "${cov:-?}" "${ft:-?}" "${corp:-?}" $((after - before)) "$after" \
             "$([ "$rc" -eq 0 ] || echo ", exit $rc")")")
         [ "$rc" -eq 0 ] && [ "$after" -eq "$before" ] || found+=("$t")
