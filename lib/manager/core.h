@@ -159,6 +159,7 @@ enum {
     NDM__M_SCOPE = 1u << 4,
     NDM__M_BUILTIN = 1u << 5,    /* system, detached */
     NDM__M_LIMITED = 1u << 6,    /* limit_anchor is set: byte limits apply */
+    NDM__M_UNLINKED = 1u << 7,   /* closing, already taken out of its parent's children */
 };
 /* The cases a new array must check for; one test of the state on the
  * common path, where none applies. */
@@ -187,10 +188,15 @@ typedef struct ndm__dump_prev {
 
 #define NDM__NAME_MAX 48
 
-/* A manager's storage bytes on one device (see ndm__manager). */
+/* A manager's storage bytes on one device (see ndm__manager). `reserved`:
+ * bytes reserved in its limits by creations still in progress (under the
+ * lock); a close gives back what is left of it when it ends, so that a
+ * creation that then finds the manager gone owes nothing to limits that may
+ * belong to other managers by then. */
 typedef struct ndm__dev_count {
     int64_t bytes, peak;
     _Atomic int64_t inbox;
+    int64_t reserved;
 } ndm__dev_count;
 
 typedef struct ndm__manager {
@@ -594,6 +600,19 @@ ndm_status ndm__axis(int axis, int ndim, bool insert, int *out, const char *api,
 ndm_status ndm__limit_reserve(ndm__manager *m, int dev, int64_t bytes, const char *api,
                               ndm__site where);
 void ndm__limit_release(ndm__manager *m, int dev, int64_t bytes);
+/* A limit that refused a charge, for a message written later. */
+typedef struct ndm__quota_miss {
+    uint32_t slot;             /* the limited manager */
+    int dev;
+    int64_t bytes, used;
+    uint64_t limit;
+} ndm__quota_miss;
+/* ndm__limit_reserve that writes no message (callers holding manager locks:
+ * the message takes the tree lock); NDM_E_QUOTA with `miss` filled. */
+ndm_status ndm__limit_reserve_quiet(ndm__manager *m, int dev, int64_t bytes,
+                                    ndm__quota_miss *miss);
+/* Record NDM_E_QUOTA for `miss` (no lock held: it takes the tree lock). */
+ndm_status ndm__quota_fail(const ndm__quota_miss *miss, const char *api, ndm__site where);
 
 /* Bytes charged to m on accounting slot dev (its lock held, or for a
  * consistent reading of a manager nobody changes). */
@@ -641,6 +660,9 @@ static inline void ndm__uncharge(ndm__manager *m, int dev, int64_t bytes)
 /* Would moving `bytes` from `from` to `to` fit the limits? (no change made) */
 ndm_status ndm__charge_check(ndm__manager *from, ndm__manager *to, int dev, int64_t bytes,
                              const char *api, ndm__site where);
+/* ndm__charge_check without a message (for callers holding manager locks). */
+ndm_status ndm__charge_fits(ndm__manager *from, ndm__manager *to, int dev, int64_t bytes,
+                            ndm__quota_miss *miss);
 /* Move a charge between managers; limited ancestors common to both keep it.
  * `from`'s lock is held; so is `to`'s unless `to_unlocked`, when the bytes go
  * to its inbox. */
