@@ -565,6 +565,7 @@ ndm_array ndm__array_view(ndm__site site, const char *api, ndm_manager mh, ndm__
     /* Lock order: managers (lower slot first), then the storage. */
     ndm__manager *bm;
     const char *why = NULL;
+    char oom[NDM__NAME_MAX + 48];
     ndm_status st = NDM_OK;
     ndm__quota_miss miss;
     for (;;) {
@@ -588,7 +589,8 @@ ndm_array ndm__array_view(ndm__site site, const char *api, ndm_manager mh, ndm__
         why = "the manager was closed meanwhile";
     } else if (st == NDM_OK && NDM__UNLIKELY(!ndm__arrays_room(m))) {
         st = NDM_E_OOM;
-        why = "no memory for the array list";
+        snprintf(oom, sizeof oom, "no memory for the array list of '%s'", m->name);
+        why = oom;
     }
     ndm__storage *s = st == NDM_OK ? base->storage : NULL;
     ndm__storage_cold *c = s ? ndm__storage_cold_of(s) : NULL;

@@ -287,7 +287,10 @@ static inline void ndm__arrays_remove(ndm__manager *m, uint32_t pos, bool compac
  * creator to leave: a membarrier() stands in for the fence the creator's
  * fast path leaves out, so either the creator sees the bias gone or its busy
  * flag is seen. From then on everyone takes the exchange lock. Without
- * membarrier() no manager is biased. */
+ * membarrier() no manager is biased. A record keeps its first owner for
+ * good: a later manager in the slot is biased only when that thread makes it
+ * (see record_init), so a thread that read `creator` for an earlier manager
+ * there never shares the fast path with another. */
 extern bool ndm__bias_supported;
 void ndm__bias_setup(void);              /* once, from ndm__init */
 /* Clear a bias the caller saw set while holding the lock it stands in for,
