@@ -318,6 +318,8 @@ static inline bool link_new(ndm__manager *m, uint32_t gen, ndm__array *r, int de
         ndm__fail(NDM_E_OOM, api, *site, "no memory for the array list of '%s'", m->name);
         return false;
     }
+    /* live before the lock goes: from then on a close of m may kill it */
+    atomic_store_explicit(&r->live, 1, memory_order_relaxed);
     ndm__array_link_into(m, r);
     m->live++;
     m->created++;
@@ -500,12 +502,13 @@ ndm_array ndm__array_wrap(ndm__site site, const char *api, ndm_manager mh, ndm_d
     s->cookie = NULL;
     r->own_cold.free_fn = free_fn;
     r->own_cold.free_ud = ud;
+    /* (the generation before the link: a close may kill the array after it) */
+    ndm_array h = ndm__array_handle(slot, atomic_load_explicit(&r->gen, memory_order_relaxed));
     if (!link_new(m, gen, r, d, (int64_t)nbytes, api, &site)) {
         ndm__array_free_dims(r);
         goto fail;
     }
-    atomic_store_explicit(&r->live, 1, memory_order_release);
-    return ndm__array_handle(slot, atomic_load_explicit(&r->gen, memory_order_relaxed));
+    return h;
 fail:
     ndm__array_slot_free(slot);
     reserve_undo(m, gen, d, (int64_t)nbytes);
@@ -569,7 +572,7 @@ ndm_array ndm__array_view(ndm__site site, const char *api, ndm_manager mh, ndm__
     ndm_status st = NDM_OK;
     ndm__quota_miss miss;
     for (;;) {
-        bm = ndm__manager_rec(base->mgr);
+        bm = ndm__manager_rec(ndm__array_mgr_unlocked(base));
         lock_pair(m, bm);
         if (atomic_load_explicit(&base->gen, memory_order_relaxed) != bgen ||
             !atomic_load_explicit(&base->live, memory_order_relaxed)) {
@@ -633,14 +636,17 @@ ndm_array ndm__array_view(ndm__site site, const char *api, ndm_manager mh, ndm__
     if (s->charged == m->self)
         c->charged_views++;
     ndm__lock_drop(&c->lock);
+    /* Live, and its handle's generation read, before the locks go: from then
+     * on a close of m may kill it. */
+    atomic_store_explicit(&r->live, 1, memory_order_relaxed);
+    ndm_array h = ndm__array_handle(slot, atomic_load_explicit(&r->gen, memory_order_relaxed));
     ndm__array_link_into(m, r);
     m->live++;
     m->created++;
     unlock_pair(m, bm);
-    atomic_store_explicit(&r->live, 1, memory_order_release);
     if (out)
         *out = r;
-    return ndm__array_handle(slot, atomic_load_explicit(&r->gen, memory_order_relaxed));
+    return h;
 }
 
 /* ---- storage bookkeeping when a view leaves a manager ----------------------- */
@@ -848,7 +854,7 @@ ndm_status ndm__array_release(ndm__array *r, ndm__site site, const char *api)
     (void)api;
     uint32_t gen = atomic_load_explicit(&r->gen, memory_order_relaxed);
     for (;;) {
-        ndm__manager *m = ndm__manager_rec(r->mgr);
+        ndm__manager *m = ndm__manager_rec(ndm__array_mgr_unlocked(r));
         bool fast = ndm__mlock_acquire(m);
         ndm_status st = NDM_ALREADY;
         if (atomic_load_explicit(&r->gen, memory_order_relaxed) != gen ||
@@ -1126,7 +1132,7 @@ static ndm_status move(ndm_array h, ndm_manager target, enum move_kind kind, con
         return ndm_last_status();
     uint32_t rgen = ndm__id_gen(h.id);
     for (;;) {
-        ndm__manager *from = ndm__manager_slot(r->mgr);
+        ndm__manager *from = ndm__manager_slot(ndm__array_mgr_unlocked(r));
         ndm__manager *to;
         char path[512], desc[160], made[256];
         if (kind == MOVE_RET) {

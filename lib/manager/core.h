@@ -124,6 +124,15 @@ _Static_assert(offsetof(ndm__array, pos) == 64 && offsetof(ndm__array, epoch) ==
                    offsetof(ndm__array, dims) + 2 * sizeof(int64_t) == 192,
                "the lines of an array record");
 
+/* r's manager slot, read without that manager's lock, which a move into
+ * another manager may change meanwhile: the caller takes the lock of the
+ * manager read and checks it again under the lock. (Its stores are atomic,
+ * in ndm__array_link_into; reads under the lock need not be.) */
+static inline uint32_t ndm__array_mgr_unlocked(const ndm__array *r)
+{
+    return __atomic_load_n(&r->mgr, __ATOMIC_RELAXED);
+}
+
 static inline ndm__site ndm__array_site(const ndm__array *r)
 {
     return (ndm__site){r->made_file, r->made_func, r->made_line};

@@ -72,7 +72,8 @@ static inline void ndm__array_free_dims(ndm__array *r)
 /* Enter r as m's newest array (m's lock held, room made by ndm__arrays_room). */
 static inline void ndm__array_link_into(ndm__manager *m, ndm__array *r)
 {
-    r->mgr = m->self;
+    /* (an atomic store: see ndm__array_mgr_unlocked) */
+    __atomic_store_n(&r->mgr, m->self, __ATOMIC_RELAXED);
     r->pos = m->narrays;
     m->arrays[m->narrays++] = r->self;
 }
@@ -177,6 +178,10 @@ static NDM__ALWAYS_INLINE ndm_array ndm__array_create(const ndm__site *site, con
         ndm__fail(NDM_E_OOM, api, *site, "no memory for the array list of '%s'", m->name);
         return ndm__array_create_undo(r, slot, m, gen, dev, &blk, nbytes, limited);
     }
+    /* Live, and its handle's generation read, before the lock goes: from
+     * then on a close of m may kill it (the handle then names a dead array). */
+    atomic_store_explicit(&r->live, 1, memory_order_relaxed);
+    ndm_array h = ndm__array_handle(slot, atomic_load_explicit(&r->gen, memory_order_relaxed));
     ndm__array_link_into(m, r);
     m->live++;
     m->created++;
@@ -185,10 +190,9 @@ static NDM__ALWAYS_INLINE ndm_array ndm__array_create(const ndm__site *site, con
         m->count[d].reserved -= (int64_t)nbytes; /* the reservation is the charge now */
     ndm__bytes_add(m, d, (int64_t)nbytes);
     ndm__mlock_release(m, fast);
-    atomic_store_explicit(&r->live, 1, memory_order_release);
     if (out)
         *out = r;
-    return ndm__array_handle(slot, atomic_load_explicit(&r->gen, memory_order_relaxed));
+    return h;
 }
 
 /* A new array with fresh storage (uninitialised) in manager m on `dev`,

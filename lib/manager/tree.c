@@ -508,10 +508,15 @@ static ndm_status close_locked(ndm__manager *m, const ndm__site *site)
     return result;
 }
 
-static ndm_status close_manager(ndm__manager *m, ndm__site site)
+/* Close m if it is still the manager of generation gen: under the tree lock,
+ * so that a close racing with another close of the same handle cannot take
+ * a new manager that got the slot meanwhile for it. */
+static ndm_status close_manager(ndm__manager *m, uint32_t gen, ndm__site site)
 {
     ndm__tree_lock();
-    ndm_status st = close_locked(m, &site);
+    ndm_status st = atomic_load_explicit(&m->gen, memory_order_relaxed) == gen
+                        ? close_locked(m, &site)
+                        : NDM_ALREADY;
     ndm__tree_unlock();
     return st;
 }
@@ -532,7 +537,7 @@ NDM_API ndm_status ndm_manager_close_at(NDM_SITE_PARAMS, ndm_manager h)
         return ndm__fail(NDM_E_ROOT, __func__, site, "the built-in manager '%s' cannot be closed",
                          m->name);
     }
-    return close_manager(m, site);
+    return close_manager(m, ndm__id_gen(h.id), site);
 }
 
 /* ---- caps, limits, resources ------------------------------------------------ */
