@@ -464,8 +464,8 @@ ndm_array ndm__array_new(ndm__site site, const char *api, ndm_manager mh, ndm_dt
     ndm__manager *m = ndm__manager_get(mh, api, site);
     if (!m)
         return NDM_NULL_ARRAY;
-    return ndm__array_new_inline(&site, api, m, ndm__id_gen(mh.id), m->device, dtype, ndim,
-                                 shape, out);
+    return ndm__array_new_inline(&site, api, m, ndm__id_gen(mh.id), ndm__manager_device_of(m),
+                                 dtype, ndim, shape, out);
 }
 
 ndm_array ndm__array_wrap(ndm__site site, const char *api, ndm_manager mh, ndm_dtype dtype,
@@ -483,7 +483,8 @@ ndm_array ndm__array_wrap(ndm__site site, const char *api, ndm_manager mh, ndm_d
     if (accepts(m, api, &site, dtype, ndim, shape) < 0)
         return NDM_NULL_ARRAY;
     uint32_t gen = ndm__id_gen(mh.id);
-    int d = m->dev;
+    ndm_device device = ndm__manager_device_of(m);
+    int d = ndm__device_slot(device);
     if (reserve_in(m, gen, d, (int64_t)nbytes, api, &site) < 0)
         return NDM_NULL_ARRAY;
     uint32_t slot = ndm__array_slot_alloc();
@@ -497,7 +498,7 @@ ndm_array ndm__array_wrap(ndm__site site, const char *api, ndm_manager mh, ndm_d
     ndm__array_record_init(r, dtype, s, &site);
     if (set_dims(r, ndim, shape, NULL, api, &site) < 0)
         goto fail;
-    ndm__array_storage_init(r, m, m->device, nbytes);
+    ndm__array_storage_init(r, m, device, nbytes);
     s->data = data;
     s->cookie = NULL;
     r->own_cold.free_fn = free_fn;

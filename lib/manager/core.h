@@ -255,6 +255,16 @@ typedef struct ndm__manager {
     ndm__dev_count count[NDM__MAX_DEVICES];
 } ndm__manager;
 
+/* m's device, read before m's lock is taken: m may be closed and its record
+ * filled for a new manager meanwhile (the check under the lock then refuses
+ * the work), so the store in record_init and this load are atomic. */
+static inline ndm_device ndm__manager_device_of(ndm__manager *m)
+{
+    ndm_device d;
+    __atomic_load(&m->device, &d, __ATOMIC_RELAXED);
+    return d;
+}
+
 /* ---- a manager's array entries (its lock held) ------------------------ */
 
 bool ndm__arrays_grow(ndm__manager *m);   /* false: no memory */

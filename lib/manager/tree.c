@@ -86,7 +86,7 @@ static void record_init(ndm__manager *m, ndm__manager *parent, const char *name,
                           parent ? atomic_load_explicit(&parent->limit_anchor, memory_order_relaxed)
                                  : 0,
                           memory_order_relaxed);
-    m->device = device;
+    __atomic_store(&m->device, &device, __ATOMIC_RELAXED); /* see ndm__manager_device_of */
     m->dev = ndm__device_slot(device);
     set_name(m, name);
     m->site = (ndm__site){file, func, line};

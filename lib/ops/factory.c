@@ -43,7 +43,8 @@ static NDM__ALWAYS_INLINE ndm_array make(const ndm__site *site, const char *api,
     uint32_t gen = ndm__id_gen(m.id);
     if (NDM__UNLIKELY(!r) && !(r = factory_record_slow(m, api, site, &gen)))
         return NDM_NULL_ARRAY;
-    return ndm__array_new_inline(site, api, r, gen, r->device, dtype, ndim, shape, out);
+    return ndm__array_new_inline(site, api, r, gen, ndm__manager_device_of(r), dtype, ndim, shape,
+                                 out);
 }
 
 static ndm_array make_filled(ndm__site site, const char *api, ndm_manager m, ndm_dtype dtype,
