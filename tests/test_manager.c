@@ -1,6 +1,8 @@
 /* The manager tree: creation, names and paths, deterministic close order,
  * built-in nodes, stale handles, caps, byte limits, owned resources and hooks. */
+#include <pthread.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "helpers.h"
 
@@ -378,6 +380,166 @@ static void test_manager_counts_return_to_baseline(void **state)
     assert_ok(ndm_manager_close(trainer));
 }
 
+/* ---- closes that race with the work they interrupt ------------------------ */
+
+/* A pressure callback (run inside the allocation of a new array) closes the
+ * manager the array is for, then makes managers until one takes the closed
+ * one's slot, so the record is live again under another generation. */
+typedef struct close_in_alloc {
+    ndm_manager target, parent, reused;
+    ndm_manager others[4096];
+    int nothers;
+    int calls;
+} close_in_alloc;
+
+static void close_target(const ndm_pressure_event *ev, void *ud)
+{
+    (void)ev;
+    close_in_alloc *c = ud;
+    if (c->calls++ || !ndm_manager_valid(c->target))
+        return;
+    if (ndm_manager_close(c->target) != NDM_OK)
+        return;
+    uint32_t slot = (uint32_t)c->target.id;
+    while (c->nothers < 4096) {
+        ndm_manager m = ndm_manager_new(c->parent, "other");
+        if (!m.id)
+            return;
+        if ((uint32_t)m.id == slot) {
+            c->reused = m;
+            return;
+        }
+        c->others[c->nothers++] = m;
+    }
+}
+
+static void test_manager_closed_by_pressure_callback_refuses_array(void **state)
+{
+    ndm_manager root = ROOT(state);
+    ndm_manager lim = ndm_manager_new(root, "limited");
+    assert_ok(ndm_manager_set_limit(lim, NDM_CPU, 8u << 20));
+    static close_in_alloc c;
+    memset(&c, 0, sizeof c);
+    c.target = ndm_manager_new(lim, "target");
+    c.parent = root;
+    assert_ok(ndm_alloc_configure(NDM_CPU, "pressure_every_mb:1"));
+    assert_ok(ndm_on_pressure(close_target, &c));
+    ndm_clear_error();
+    ndm_array a = ndm_empty(c.target, NDM_U8, NDM_SHAPE(2 << 20));
+    assert_ok(ndm_pressure_remove(close_target, &c));
+    assert_ok(ndm_alloc_configure(NDM_CPU, ""));
+    assert_true(c.calls >= 1);
+    assert_false(ndm_manager_valid(c.target));
+    assert_live(c.reused);
+    /* the array was refused: its manager closed while it was being made */
+    assert_true(a.id == 0);
+    assert_int_equal(ndm_last_status(), NDM_E_CLOSED);
+    /* the manager now in the slot holds nothing, and counts right */
+    ndm_stats st;
+    assert_ok(ndm_manager_stats(c.reused, NDM_CPU, 0, &st));
+    assert_int_equal(st.live_arrays, 0);
+    assert_int_equal(st.created, 0);
+    assert_int_equal(st.live_bytes, 0);
+    ndm_array b = ndm_zeros(c.reused, NDM_U8, NDM_SHAPE(100));
+    assert_live(b);
+    assert_ok(ndm_manager_stats(c.reused, NDM_CPU, 0, &st));
+    assert_int_equal(st.live_arrays, 1);
+    assert_int_equal(st.live_bytes, 100);
+    /* the reservation went back to the limit it was taken from: all of it
+     * is free again */
+    ndm_array full = ndm_empty(lim, NDM_U8, NDM_SHAPE(8 << 20));
+    assert_live(full);
+    assert_ok(ndm_array_release(full));
+    assert_ok(ndm_array_release(b));
+    assert_ok(ndm_manager_close(c.reused));
+    for (int i = 0; i < c.nothers; i++)
+        assert_ok(ndm_manager_close(c.others[i]));
+    assert_ok(ndm_manager_close(lim));
+}
+
+/* An on-close hook of a child closes its parent while only the child is
+ * being closed: the parent closes at once and the child's close ends. */
+typedef struct parent_closer {
+    ndm_manager parent;
+    ndm_status got;
+    int ran;
+} parent_closer;
+
+static int close_parent_hook(void *ud)
+{
+    parent_closer *pc = ud;
+    pc->ran++;
+    pc->got = ndm_manager_close(pc->parent);
+    return 0;
+}
+
+static int count_hook(void *ud)
+{
+    (*(int *)ud)++;
+    return 0;
+}
+
+typedef struct hook_case {
+    ndm_manager root;
+    _Atomic int done;
+    char failure[256];
+} hook_case;
+
+static void *run_hook_case(void *p)
+{
+    hook_case *hc = p;
+    ndm_manager grand = ndm_manager_new(hc->root, "grand");
+    ndm_manager parent = ndm_manager_new(grand, "parent");
+    ndm_manager child = ndm_manager_new(parent, "child");
+    ndm_manager sibling = ndm_manager_new(parent, "sibling");
+    static parent_closer pc;
+    pc = (parent_closer){grand, NDM_OK, 0};
+    int later = 0, sib = 0;
+    ndm_status st = NDM_OK;
+    /* the hooks run newest first: count_hook after close_parent_hook */
+    if (ndm_manager_on_close(child, count_hook, &later) != NDM_OK ||
+        ndm_manager_on_close(child, close_parent_hook, &pc) != NDM_OK ||
+        ndm_manager_on_close(sibling, count_hook, &sib) != NDM_OK ||
+        !ndm_zeros(child, NDM_F32, NDM_SHAPE(8)).id ||
+        !ndm_zeros(parent, NDM_F32, NDM_SHAPE(8)).id ||
+        !ndm_zeros(sibling, NDM_F32, NDM_SHAPE(8)).id)
+        snprintf(hc->failure, sizeof hc->failure, "setup: %s", ndm_last_error());
+    else if ((st = ndm_manager_close(child)) != NDM_OK)
+        snprintf(hc->failure, sizeof hc->failure, "close of the child: %s", ndm_status_name(st));
+    else if (pc.ran != 1 || pc.got != NDM_OK || later != 1 || sib != 1)
+        snprintf(hc->failure, sizeof hc->failure,
+                 "hook ran %d times, its close returned %s; later hook %d, sibling's %d", pc.ran,
+                 ndm_status_name(pc.got), later, sib);
+    else if (ndm_manager_valid(child) || ndm_manager_valid(parent) ||
+             ndm_manager_valid(sibling) || ndm_manager_valid(grand))
+        snprintf(hc->failure, sizeof hc->failure, "a manager is still open");
+    hc->done = 1;
+    return NULL;
+}
+
+static void test_manager_hook_closes_ancestor_of_closing_child(void **state)
+{
+    hook_case hc = {ROOT(state), 0, ""};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, run_hook_case, &hc), 0);
+    /* A close that waits for itself never ends: give it a few seconds. */
+    for (int i = 0; i < 500 && !hc.done; i++)
+        usleep(10000);
+    if (!hc.done) {
+        fprintf(stderr, "the close of a manager whose hook closes an ancestor never ended\n");
+        fflush(stderr);
+        _exit(1);
+    }
+    pthread_join(th, NULL);
+    if (hc.failure[0])
+        fail_msg("%s", hc.failure);
+    ndm_stats st;
+    assert_ok(ndm_manager_stats(ROOT(state), NDM_CPU, NDM_STATS_SUBTREE, &st));
+    assert_int_equal(st.children, 0);
+    assert_int_equal(st.live_arrays, 0);
+    assert_int_equal(st.live_bytes, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -397,6 +559,8 @@ int main(void)
         TEST(test_manager_failing_hook_reported),
         TEST(test_manager_own_errors),
         TEST(test_manager_counts_return_to_baseline),
+        TEST(test_manager_closed_by_pressure_callback_refuses_array),
+        TEST(test_manager_hook_closes_ancestor_of_closing_child),
     };
     return cmocka_run_group_tests_name("manager", tests, NULL, NULL);
 }

@@ -323,6 +323,73 @@ static void test_move_child_hook_moves_parent_array(void **state)
     assert_ok(ndm_manager_close(keeper));
 }
 
+/* A view is no way around a limit: a view in a limited manager of storage
+ * charged outside it may come to hold the charge, so it must fit. */
+static void test_move_view_into_limit_checked(void **state)
+{
+    ndm_manager big = ndm_manager_new(ROOT(state), "big");
+    ndm_manager lim = ndm_manager_new(ROOT(state), "limited");
+    assert_ok(ndm_manager_set_limit(lim, NDM_CPU, 1024));
+    ndm_array x = ndm_zeros(big, NDM_U8, NDM_SHAPE(4 << 20));
+    assert_live(x);
+    assert_status(ndm_attach(x, lim), NDM_E_QUOTA);
+    /* an empty view of it is refused too, naming the limit */
+    ndm_clear_error();
+    ndm_array v = ndm_slice_to(lim, x, 0, 0, 0, 1);
+    assert_true(v.id == 0);
+    assert_int_equal(ndm_last_status(), NDM_E_QUOTA);
+    assert_error_has("system/test/limited");
+    assert_int_equal(stats_of(lim).live_arrays, 0);
+    /* releasing the original leaves the limited manager as it was */
+    assert_ok(ndm_array_release(x));
+    assert_int_equal(stats_of(lim).live_bytes, 0);
+    assert_int_equal(stats_of(big).live_bytes, 0);
+    /* a view whose storage fits is made, and the charge can come in */
+    ndm_array y = ndm_zeros(big, NDM_U8, NDM_SHAPE(1000));
+    ndm_array w = ndm_alias_to(lim, y);
+    assert_live(w);
+    assert_ok(ndm_array_release(y));
+    assert_int_equal(stats_of(lim).live_bytes, 1000);
+    assert_int_equal(stats_of(big).live_bytes, 0);
+    /* storage charged inside the limit needs no room for a view there */
+    ndm_array z = ndm_alias_to(lim, w);
+    assert_live(z);
+    assert_ok(ndm_array_release(w));
+    assert_ok(ndm_array_release(z));
+    assert_int_equal(stats_of(lim).live_bytes, 0);
+    assert_ok(ndm_manager_close(big));
+    assert_ok(ndm_manager_close(lim));
+}
+
+/* When a charge moves and the newest view's manager has no room left under
+ * its limit, an older view's manager with room takes it. */
+static void test_move_shared_charge_goes_where_it_fits(void **state)
+{
+    ndm_manager a = ndm_manager_new(ROOT(state), "a");
+    ndm_manager open = ndm_manager_new(ROOT(state), "open");
+    ndm_manager lim = ndm_manager_new(ROOT(state), "limited");
+    assert_ok(ndm_manager_set_limit(lim, NDM_CPU, 1024));
+    ndm_array x = ndm_zeros(a, NDM_U8, NDM_SHAPE(1000));
+    ndm_array v1 = ndm_alias_to(open, x);
+    ndm_array v2 = ndm_alias_to(lim, x); /* fits now */
+    assert_live(v1);
+    assert_live(v2);
+    ndm_array filler = ndm_zeros(lim, NDM_U8, NDM_SHAPE(512)); /* no room for x any more */
+    assert_live(filler);
+    assert_ok(ndm_array_release(x));
+    assert_int_equal(stats_of(lim).live_bytes, 512);
+    assert_int_equal(stats_of(open).live_bytes, 1000);
+    assert_int_equal(stats_of(a).live_bytes, 0);
+    assert_ok(ndm_array_release(v1));
+    assert_ok(ndm_array_release(v2));
+    assert_ok(ndm_array_release(filler));
+    assert_int_equal(stats_of(open).live_bytes, 0);
+    assert_int_equal(stats_of(lim).live_bytes, 0);
+    assert_ok(ndm_manager_close(a));
+    assert_ok(ndm_manager_close(open));
+    assert_ok(ndm_manager_close(lim));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -337,6 +404,8 @@ int main(void)
         TEST(test_move_child_hook_moves_parent_array),
         TEST(test_move_shared_storage_counted_once),
         TEST(test_move_charge_across_limits),
+        TEST(test_move_view_into_limit_checked),
+        TEST(test_move_shared_charge_goes_where_it_fits),
     };
     return cmocka_run_group_tests_name("moves", tests, NULL, NULL);
 }

@@ -45,7 +45,11 @@
  * children of one shared manager and read its arrays at the same time.
  * Closing a manager while another thread still computes with its arrays is a
  * caller bug (the other thread sees NDM_E_CLOSED or stale data, never freed
- * memory).
+ * memory). A close may race with creations in the manager, views of its
+ * arrays and moves into or out of it: each of those either completes before
+ * the close drains the manager (the close then releases what it made) or
+ * fails with NDM_E_CLOSED, changing nothing; none leaves an array in a
+ * closed manager.
  */
 #ifndef NDM_MANAGER_H
 #define NDM_MANAGER_H
@@ -77,8 +81,14 @@ NDM_API ndm_manager ndm_manager_new_on_at(NDM_SITE_PARAMS, ndm_manager parent,
                                           const char *name, ndm_device device);
 
 /** Close a manager and everything it owns (order above). NDM_OK, or
- *  NDM_ALREADY if it was closed, NDM_E_ROOT for system/detached, NDM_E_HOOK
- *  when a hook failed (the close still completed). */
+ *  NDM_ALREADY if it was closed or is being closed, NDM_E_ROOT for
+ *  system/detached, NDM_E_HOOK when a hook failed (the close still
+ *  completed). A close that meets a child being closed by another thread
+ *  waits for that close to end. A hook (or an owned resource's free_fn) may
+ *  close an ancestor of its manager: the ancestor's close runs at once and
+ *  completes, taking the closing manager out of the tree without waiting
+ *  for it; that manager's close then finishes its remaining hooks as usual.
+ *  A hook that closes its own manager gets NDM_ALREADY. */
 #define ndm_manager_close(m) ndm_manager_close_at(NDM_HERE, (m))
 NDM_API NDM_NODISCARD ndm_status ndm_manager_close_at(NDM_SITE_PARAMS, ndm_manager m);
 
@@ -101,7 +111,15 @@ NDM_API unsigned ndm_manager_caps(ndm_manager m);
  *  would exceed it fails with NDM_E_QUOTA; other requests go on. 0 removes
  *  the limit. Setting a limit below the current use is allowed: it refuses
  *  new bytes until enough are freed. NDM_E_DEVICE for a device that this
- *  process cannot use (cuda:0 without a GPU). */
+ *  process cannot use (cuda:0 without a GPU).
+ *  Views: storage shared by views is charged to one manager that owns a
+ *  view of it; when that manager's last view goes, the charge moves to the
+ *  manager of another view. So a view made into a manager under a limit, of
+ *  storage charged outside that limit, is refused with NDM_E_QUOTA unless the
+ *  storage's whole size fits under the limit then (even a view of no
+ *  elements). When a charge moves, it goes to the newest view's manager that
+ *  still has room under its limits; only when none has does a limit take it
+ *  regardless (the storage is alive and must be counted somewhere). */
 NDM_API NDM_NODISCARD ndm_status ndm_manager_set_limit(ndm_manager m, ndm_device device,
                                                        uint64_t bytes);
 /** The limit on `device` (0 = none). */

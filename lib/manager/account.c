@@ -19,9 +19,12 @@ static inline ndm__manager *anchor_above(ndm__manager *l)
 }
 
 /* Reserve n bytes on every limited manager from l upwards, stopping before
- * `stop` (a limited manager that already holds them). */
+ * `stop` (a limited manager that already holds them). With no `api` a
+ * refusal writes no message (the caller may hold manager locks, and the
+ * message takes the tree lock) and is described in `miss` when given. */
 static ndm_status reserve_chain(ndm__manager *l, ndm__manager *stop, int dev, int64_t n,
-                                bool force, const char *api, ndm__site where)
+                                bool force, const char *api, ndm__site where,
+                                ndm__quota_miss *miss)
 {
     for (ndm__manager *x = l; x && x != stop; x = anchor_above(x)) {
         int64_t now = atomic_fetch_add_explicit(&x->limits->used[dev], n, memory_order_relaxed) + n;
@@ -30,6 +33,11 @@ static ndm_status reserve_chain(ndm__manager *l, ndm__manager *stop, int dev, in
             atomic_fetch_sub_explicit(&x->limits->used[dev], n, memory_order_relaxed);
             for (ndm__manager *y = l; y != x; y = anchor_above(y))
                 atomic_fetch_sub_explicit(&y->limits->used[dev], n, memory_order_relaxed);
+            if (!api) {
+                if (miss)
+                    *miss = (ndm__quota_miss){x->self, dev, n, now - n, lim};
+                return NDM_E_QUOTA;
+            }
             char path[512], devs[32];
             ndm__manager_path(x->self, path, sizeof path);
             ndm_device_str(ndm__slot_device(dev), devs, sizeof devs);
@@ -52,7 +60,25 @@ ndm_status ndm__limit_reserve(ndm__manager *m, int dev, int64_t bytes, const cha
                               ndm__site where)
 {
     ndm__manager *l = anchor_of(m);
-    return l ? reserve_chain(l, NULL, dev, bytes, false, api, where) : NDM_OK;
+    return l ? reserve_chain(l, NULL, dev, bytes, false, api, where, NULL) : NDM_OK;
+}
+
+ndm_status ndm__limit_reserve_quiet(ndm__manager *m, int dev, int64_t bytes,
+                                    ndm__quota_miss *miss)
+{
+    ndm__manager *l = anchor_of(m);
+    return l ? reserve_chain(l, NULL, dev, bytes, false, NULL, NDM__NO_SITE, miss) : NDM_OK;
+}
+
+ndm_status ndm__quota_fail(const ndm__quota_miss *miss, const char *api, ndm__site where)
+{
+    char path[512], devs[32];
+    ndm__manager_path(miss->slot, path, sizeof path);
+    ndm_device_str(ndm__slot_device(miss->dev), devs, sizeof devs);
+    return ndm__fail(NDM_E_QUOTA, api, where,
+                     "%" PRId64 " bytes on %s would exceed the limit of manager '%s' "
+                     "(limit %" PRIu64 ", in use %" PRId64 ")",
+                     miss->bytes, devs, path, miss->limit, miss->used);
 }
 
 void ndm__limit_release(ndm__manager *m, int dev, int64_t bytes)
@@ -84,7 +110,7 @@ ndm_status ndm__charge_move(ndm__manager *from, ndm__manager *to, int dev, int64
             break;
         }
     if (lt) {
-        ndm_status st = reserve_chain(lt, common, dev, bytes, force, api, where);
+        ndm_status st = reserve_chain(lt, common, dev, bytes, force, api, where, NULL);
         if (st < 0)
             return st;
     }
@@ -103,6 +129,14 @@ ndm_status ndm__charge_move(ndm__manager *from, ndm__manager *to, int dev, int64
 ndm_status ndm__charge_check(ndm__manager *from, ndm__manager *to, int dev, int64_t bytes,
                              const char *api, ndm__site where)
 {
+    ndm__quota_miss miss;
+    ndm_status st = ndm__charge_fits(from, to, dev, bytes, &miss);
+    return st == NDM_OK ? st : ndm__quota_fail(&miss, api, where);
+}
+
+ndm_status ndm__charge_fits(ndm__manager *from, ndm__manager *to, int dev, int64_t bytes,
+                            ndm__quota_miss *miss)
+{
     ndm__manager *lf = anchor_of(from), *lt = anchor_of(to);
     for (ndm__manager *x = lt; x; x = anchor_above(x)) {
         if (on_chain(lf, x))
@@ -110,13 +144,8 @@ ndm_status ndm__charge_check(ndm__manager *from, ndm__manager *to, int dev, int6
         int64_t used = atomic_load_explicit(&x->limits->used[dev], memory_order_relaxed);
         uint64_t lim = atomic_load_explicit(&x->limits->limit[dev], memory_order_relaxed);
         if (lim && used + bytes > (int64_t)lim) {
-            char path[512], devs[32];
-            ndm__manager_path(x->self, path, sizeof path);
-            ndm_device_str(ndm__slot_device(dev), devs, sizeof devs);
-            return ndm__fail(NDM_E_QUOTA, api, where,
-                             "%" PRId64 " bytes on %s would exceed the limit of manager '%s' "
-                             "(limit %" PRIu64 ", in use %" PRId64 ")",
-                             bytes, devs, path, lim, used);
+            *miss = (ndm__quota_miss){x->self, dev, bytes, used, lim};
+            return NDM_E_QUOTA;
         }
     }
     return NDM_OK;

@@ -329,16 +329,16 @@ static ndm_status set_dims(ndm__array *r, int ndim, const int64_t *shape, const 
     return NDM_OK;
 }
 
-/* Link a filled record into m and count it with its storage bytes (0 for a
- * view). False, with the error recorded, when m started closing since the
- * caller's check or no memory was left for its entry. */
-static inline bool link_new(ndm__manager *m, ndm__array *r, int dev, int64_t bytes,
+/* Link a filled record into m and count it with its storage bytes, which
+ * were reserved in m's limits (see ndm__array_create). False, with the error
+ * recorded, when m is no longer the open manager of generation gen or no
+ * memory was left for its entry. */
+static inline bool link_new(ndm__manager *m, uint32_t gen, ndm__array *r, int dev, int64_t bytes,
                             const char *api, const ndm__site *site)
 {
     bool fast = ndm__mlock_acquire(m);
-    if (NDM__UNLIKELY(atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_CLOSING)) {
-        ndm__mlock_release(m, fast);
-        ndm__array_started_closing(m, api, site);
+    if (NDM__UNLIKELY(!ndm__manager_open_as(m, gen))) {
+        ndm__array_refused_closed(m, gen, fast, api, site);
         return false;
     }
     if (NDM__UNLIKELY(!ndm__arrays_room(m))) {
@@ -346,9 +346,12 @@ static inline bool link_new(ndm__manager *m, ndm__array *r, int dev, int64_t byt
         ndm__fail(NDM_E_OOM, api, *site, "no memory for the array list of '%s'", m->name);
         return false;
     }
+    /* live before the lock goes: from then on a close of m may kill it */
+    atomic_store_explicit(&r->live, 1, memory_order_relaxed);
     ndm__array_link_into(m, r);
     m->live++;
     m->created++;
+    m->count[dev].reserved -= bytes;
     ndm__bytes_add(m, dev, bytes);
     ndm__mlock_release(m, fast);
     return true;
@@ -360,7 +363,8 @@ ndm_array ndm__array_new_on(ndm__site site, const char *api, ndm_manager mh, ndm
     ndm__manager *m = ndm__manager_get(mh, api, site);
     if (!m)
         return NDM_NULL_ARRAY;
-    return ndm__array_new_in(&site, api, m, dev, dtype, ndim, shape, out);
+    return ndm__array_new_inline(&site, api, m, ndm__manager_expected_gen(mh, m), dev, dtype, ndim,
+                                 shape, out);
 }
 
 /* ---- the out-of-line parts of creation (create.h) ---------------------------- */
@@ -395,9 +399,43 @@ NDM__COLD ndm_array ndm__array_shape_refused(int ndim, const int64_t *shape, ndm
     return NDM_NULL_ARRAY;
 }
 
+/* Give back a reservation counted in m's `reserved` (see ndm__array_create),
+ * unless m's close, which came first, gave it back already. */
+static void reserve_undo(ndm__manager *m, uint32_t gen, int dev, int64_t bytes)
+{
+    bool fast = ndm__mlock_acquire(m);
+    if (atomic_load_explicit(&m->gen, memory_order_relaxed) == gen) {
+        m->count[dev].reserved -= bytes;
+        ndm__limit_release(m, dev, bytes);
+    }
+    ndm__mlock_release(m, fast);
+}
+
+/* Reserve bytes in the limits over m, counted in m's `reserved` under its
+ * lock while m is the open manager of generation gen (see ndm__array_create).
+ * The refusal's message is written once no lock is held (it takes the tree
+ * lock). */
+static NDM__COLD ndm_status reserve_in(ndm__manager *m, uint32_t gen, int dev, int64_t bytes,
+                                       const char *api, const ndm__site *site)
+{
+    bool fast = ndm__mlock_acquire(m);
+    if (!ndm__manager_open_as(m, gen)) {
+        ndm__array_refused_closed(m, gen, fast, api, site);
+        return NDM_E_CLOSED;
+    }
+    ndm__quota_miss miss;
+    ndm_status st = ndm__limit_reserve_quiet(m, dev, bytes, &miss);
+    if (st == NDM_OK) {
+        ndm__dev_mark(m, dev);
+        m->count[dev].reserved += bytes;
+    }
+    ndm__mlock_release(m, fast);
+    return st == NDM_OK ? st : ndm__quota_fail(&miss, api, *site);
+}
+
 NDM__COLD ndm_array ndm__array_create_undo(ndm__array *r, uint32_t slot, ndm__manager *m,
-                                           ndm_device dev, const ndm__block *blk, size_t nbytes,
-                                           bool limited)
+                                           uint32_t gen, ndm_device dev, const ndm__block *blk,
+                                           size_t nbytes, bool limited)
 {
     if (r)
         ndm__array_free_dims(r);
@@ -408,33 +446,45 @@ NDM__COLD ndm_array ndm__array_create_undo(ndm__array *r, uint32_t slot, ndm__ma
     if (slot)
         ndm__array_slot_free(slot);
     if (limited)
-        ndm__limit_release(m, ndm__device_slot(dev), (int64_t)nbytes);
+        reserve_undo(m, gen, ndm__device_slot(dev), (int64_t)nbytes);
     return NDM_NULL_ARRAY;
 }
 
-NDM__COLD void ndm__array_started_closing(ndm__manager *m, const char *api, const ndm__site *site)
+NDM__COLD void ndm__array_refused_closed(ndm__manager *m, uint32_t gen, bool fast,
+                                         const char *api, const ndm__site *site)
 {
-    ndm__fail(NDM_E_CLOSED, api, *site, "manager '%s' started closing", m->name);
+    /* The name is read under the lock: once the generation has moved on, the
+     * record may be a new manager's, filled by another thread. */
+    char name[NDM__NAME_MAX];
+    bool same = atomic_load_explicit(&m->gen, memory_order_relaxed) == gen;
+    if (same)
+        memcpy(name, m->name, sizeof name);
+    ndm__mlock_release(m, fast);
+    if (same)
+        ndm__fail(NDM_E_CLOSED, api, *site, "manager '%s' started closing", name);
+    else
+        ndm__fail(NDM_E_CLOSED, api, *site, "the manager was closed meanwhile");
 }
 
 ndm_array ndm__array_create_checked(const ndm__site *site, const char *api, ndm__manager *m,
-                                    ndm_device dev, ndm_dtype dtype, int ndim,
+                                    uint32_t gen, ndm_device dev, ndm_dtype dtype, int ndim,
                                     const int64_t *shape, size_t nbytes, ndm__array **out)
 {
     if (accepts(m, api, site, dtype, ndim, shape) < 0)
         return NDM_NULL_ARRAY;
     bool limited = atomic_load_explicit(&m->limit_anchor, memory_order_relaxed) != 0;
-    if (limited &&
-        ndm__limit_reserve(m, ndm__device_slot(dev), (int64_t)nbytes, api, *site) < 0)
+    if (limited && reserve_in(m, gen, ndm__device_slot(dev), (int64_t)nbytes, api, site) < 0)
         return NDM_NULL_ARRAY;
-    return ndm__array_create(site, api, m, dev, dtype, ndim, shape, nbytes, limited, out);
+    return ndm__array_create(site, api, m, gen, dev, dtype, ndim, shape, nbytes, limited, out);
 }
 
 ndm_array ndm__array_new_in(const ndm__site *site, const char *api, ndm__manager *m,
                             ndm_device dev, ndm_dtype dtype, int ndim, const int64_t *shape,
                             ndm__array **out)
 {
-    return ndm__array_new_inline(site, api, m, dev, dtype, ndim, shape, out);
+    /* (read right after the caller's lookup: see ndm__manager_open_as) */
+    uint32_t gen = atomic_load_explicit(&m->gen, memory_order_acquire);
+    return ndm__array_new_inline(site, api, m, gen, dev, dtype, ndim, shape, out);
 }
 
 ndm_array ndm__array_new(ndm__site site, const char *api, ndm_manager mh, ndm_dtype dtype,
@@ -443,7 +493,8 @@ ndm_array ndm__array_new(ndm__site site, const char *api, ndm_manager mh, ndm_dt
     ndm__manager *m = ndm__manager_get(mh, api, site);
     if (!m)
         return NDM_NULL_ARRAY;
-    return ndm__array_new_in(&site, api, m, m->device, dtype, ndim, shape, out);
+    return ndm__array_new_inline(&site, api, m, ndm__manager_expected_gen(mh, m),
+                                 ndm__manager_device_of(m), dtype, ndim, shape, out);
 }
 
 ndm_array ndm__array_wrap(ndm__site site, const char *api, ndm_manager mh, ndm_dtype dtype,
@@ -460,12 +511,14 @@ ndm_array ndm__array_wrap(ndm__site site, const char *api, ndm_manager mh, ndm_d
         return ndm__fail(NDM_E_INVALID, api, site, "data is NULL"), NDM_NULL_ARRAY;
     if (accepts(m, api, &site, dtype, ndim, shape) < 0)
         return NDM_NULL_ARRAY;
-    int d = m->dev;
-    if (ndm__limit_reserve(m, d, (int64_t)nbytes, api, site) < 0)
+    uint32_t gen = ndm__manager_expected_gen(mh, m);
+    ndm_device device = ndm__manager_device_of(m);
+    int d = ndm__device_slot(device);
+    if (reserve_in(m, gen, d, (int64_t)nbytes, api, &site) < 0)
         return NDM_NULL_ARRAY;
     uint32_t slot = ndm__array_slot_alloc();
     if (!slot) {
-        ndm__limit_release(m, d, (int64_t)nbytes);
+        reserve_undo(m, gen, d, (int64_t)nbytes);
         ndm__fail(NDM_E_OOM, api, site, "no memory for an array record");
         return NDM_NULL_ARRAY;
     }
@@ -474,30 +527,60 @@ ndm_array ndm__array_wrap(ndm__site site, const char *api, ndm_manager mh, ndm_d
     ndm__array_record_init(r, dtype, s, &site);
     if (set_dims(r, ndim, shape, NULL, api, &site) < 0)
         goto fail;
-    ndm__array_storage_init(r, m, m->device, nbytes);
+    ndm__array_storage_init(r, m, device, nbytes);
     s->data = data;
     s->cookie = NULL;
     r->own_cold.free_fn = free_fn;
     r->own_cold.free_ud = ud;
-    if (!link_new(m, r, d, (int64_t)nbytes, api, &site)) {
+    /* (the generation before the link: a close may kill the array after it) */
+    ndm_array h = ndm__array_handle(slot, atomic_load_explicit(&r->gen, memory_order_relaxed));
+    if (!link_new(m, gen, r, d, (int64_t)nbytes, api, &site)) {
         ndm__array_free_dims(r);
         goto fail;
     }
-    atomic_store_explicit(&r->live, 1, memory_order_release);
-    return ndm__array_handle(slot, atomic_load_explicit(&r->gen, memory_order_relaxed));
+    return h;
 fail:
     ndm__array_slot_free(slot);
-    ndm__limit_release(m, d, (int64_t)nbytes);
+    reserve_undo(m, gen, d, (int64_t)nbytes);
     return NDM_NULL_ARRAY;
 }
 
+/* Take the locks of m and of bm in slot order (one lock when they are the
+ * same manager); ndm__mlock_take and ndm__mlock_drop pair up by themselves. */
+static void lock_pair(ndm__manager *m, ndm__manager *bm)
+{
+    ndm__manager *a = m->self < bm->self ? m : bm;
+    ndm__manager *b = m->self < bm->self ? bm : m;
+    ndm__mlock_take(a);
+    if (b != a)
+        ndm__mlock_take(b);
+}
+static void unlock_pair(ndm__manager *m, ndm__manager *bm)
+{
+    ndm__manager *a = m->self < bm->self ? m : bm;
+    ndm__manager *b = m->self < bm->self ? bm : m;
+    if (b != a)
+        ndm__mlock_drop(b);
+    ndm__mlock_drop(a);
+}
+
+/* A view takes a reference to its base's storage while holding the lock of
+ * the base's manager as well as its own: every path that kills an array
+ * (a release, a close's drain, a move back to a lender) holds the lock of the
+ * array's manager, so the base cannot die between the test that it lives
+ * and the new reference, and the fast paths that free a storage seen with
+ * one reference (view_dies, drain_plain) cannot miss the new one. A base
+ * whose manager is closing is refused: its close is releasing it. */
 ndm_array ndm__array_view(ndm__site site, const char *api, ndm_manager mh, ndm__array *base,
                           ndm_dtype dtype, int ndim, const int64_t *shape,
                           const int64_t *strides, int64_t offset, ndm__array **out)
 {
+    /* (read right after the caller's lookup of the base) */
+    uint32_t bgen = atomic_load_explicit(&base->gen, memory_order_acquire);
     ndm__manager *m = ndm__manager_get(mh, api, site);
     if (!m)
         return NDM_NULL_ARRAY;
+    uint32_t gen = ndm__manager_expected_gen(mh, m);
     if (accepts(m, api, &site, dtype, ndim, shape) < 0)
         return NDM_NULL_ARRAY;
     uint32_t slot = ndm__array_slot_alloc();
@@ -506,30 +589,67 @@ ndm_array ndm__array_view(ndm__site site, const char *api, ndm_manager mh, ndm__
         return NDM_NULL_ARRAY;
     }
     ndm__array *r = ndm__array_slot(slot);
-    ndm__storage *s = base->storage;
-    ndm__array_record_init(r, dtype, s, &site);
+    ndm__array_record_init(r, dtype, NULL, &site);
     if (set_dims(r, ndim, shape, strides, api, &site) < 0) {
         ndm__array_slot_free(slot);
         return NDM_NULL_ARRAY;
     }
     r->offset = offset;
-    /* Lock order: manager, then storage. */
-    ndm__mlock_take(m);
-    if (NDM__UNLIKELY(atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_CLOSING)) {
-        ndm__mlock_drop(m);
-        ndm__array_free_dims(r);
-        ndm__array_slot_free(slot);
-        return (ndm__array_started_closing(m, api, &site), NDM_NULL_ARRAY);
+    /* Lock order: managers (lower slot first), then the storage. */
+    ndm__manager *bm;
+    const char *why = NULL;
+    char oom[NDM__NAME_MAX + 48];
+    ndm_status st = NDM_OK;
+    ndm__quota_miss miss;
+    for (;;) {
+        bm = ndm__manager_rec(ndm__array_mgr_unlocked(base));
+        lock_pair(m, bm);
+        if (atomic_load_explicit(&base->gen, memory_order_relaxed) != bgen ||
+            !atomic_load_explicit(&base->live, memory_order_relaxed)) {
+            st = NDM_E_CLOSED;
+            why = "the array was released meanwhile";
+            break;
+        }
+        if (base->mgr == bm->self)
+            break;
+        unlock_pair(m, bm); /* moved meanwhile: lock its new manager */
     }
-    if (NDM__UNLIKELY(!ndm__arrays_room(m))) {
-        ndm__mlock_drop(m);
+    if (st == NDM_OK && (atomic_load_explicit(&bm->state, memory_order_relaxed) & NDM__M_CLOSING)) {
+        st = NDM_E_CLOSED;
+        why = "the array is being released by a close";
+    } else if (st == NDM_OK && !ndm__manager_open_as(m, gen)) {
+        st = NDM_E_CLOSED;
+        why = "the manager was closed meanwhile";
+    } else if (st == NDM_OK && NDM__UNLIKELY(!ndm__arrays_room(m))) {
+        st = NDM_E_OOM;
+        snprintf(oom, sizeof oom, "no memory for the array list of '%s'", m->name);
+        why = oom;
+    }
+    ndm__storage *s = st == NDM_OK ? base->storage : NULL;
+    ndm__storage_cold *c = s ? ndm__storage_cold_of(s) : NULL;
+    if (s) {
+        ndm__lock_take(&c->lock);
+        /* A view in a limited manager may come to hold the storage's charge
+         * when the other views die (shared_view_dies): it must fit there now. */
+        if (s->charged != m->self &&
+            atomic_load_explicit(&m->limit_anchor, memory_order_relaxed) != 0 &&
+            ndm__charge_fits(ndm__manager_rec(s->charged), m, ndm__device_slot(s->device),
+                             (int64_t)s->nbytes, &miss) < 0) {
+            ndm__lock_drop(&c->lock);
+            st = NDM_E_QUOTA;
+        }
+    }
+    if (st != NDM_OK) {
+        unlock_pair(m, bm);
         ndm__array_free_dims(r);
         ndm__array_slot_free(slot);
-        ndm__fail(NDM_E_OOM, api, site, "no memory for the array list of '%s'", m->name);
+        if (st == NDM_E_QUOTA)
+            ndm__quota_fail(&miss, api, site);
+        else
+            ndm__fail(st, api, site, "%s", why);
         return NDM_NULL_ARRAY;
     }
-    ndm__storage_cold *c = ndm__storage_cold_of(s);
-    ndm__lock_take(&c->lock);
+    r->storage = s;
     atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
     if (!c->first_view) {
         /* The second view: the list starts with the home, the one view so
@@ -546,14 +666,17 @@ ndm_array ndm__array_view(ndm__site site, const char *api, ndm_manager mh, ndm__
     if (s->charged == m->self)
         c->charged_views++;
     ndm__lock_drop(&c->lock);
+    /* Live, and its handle's generation read, before the locks go: from then
+     * on a close of m may kill it. */
+    atomic_store_explicit(&r->live, 1, memory_order_relaxed);
+    ndm_array h = ndm__array_handle(slot, atomic_load_explicit(&r->gen, memory_order_relaxed));
     ndm__array_link_into(m, r);
     m->live++;
     m->created++;
-    ndm__mlock_drop(m);
-    atomic_store_explicit(&r->live, 1, memory_order_release);
+    unlock_pair(m, bm);
     if (out)
         *out = r;
-    return ndm__array_handle(slot, atomic_load_explicit(&r->gen, memory_order_relaxed));
+    return h;
 }
 
 /* ---- storage bookkeeping when a view leaves a manager ----------------------- */
@@ -622,13 +745,24 @@ static bool shared_view_dies(ndm__array *r, ndm__manager *from, free_batch *fb)
     }
     if (s->charged == from->self && --c->charged_views == 0) {
         /* The charged manager holds no view any more: the charge moves to the
-         * manager of the newest remaining view. */
-        uint32_t to_slot = ndm__array_rec(c->first_view)->mgr;
-        ndm__manager *to = ndm__manager_slot(to_slot);
-        /* to's lock is not held (taking it here could invert the lock order):
-         * the bytes land in its inbox */
-        ndm__charge_move(from, to, ndm__device_slot(s->device), (int64_t)s->nbytes, true, true,
-                         NULL, NDM__NO_SITE);
+         * manager of the newest remaining view that has room for it under its
+         * limits (views in limited managers were checked for that when they
+         * were made), or to the newest's when none has room any more. to's
+         * lock is not held (taking it here could invert the lock order): the
+         * bytes land in its inbox. */
+        int dev = ndm__device_slot(s->device);
+        uint32_t to_slot = 0;
+        for (uint32_t v = c->first_view; v && !to_slot; v = ndm__array_rec(v)->sv_next) {
+            uint32_t t = ndm__array_rec(v)->mgr;
+            if (ndm__charge_move(from, ndm__manager_slot(t), dev, (int64_t)s->nbytes, false, true,
+                                 NULL, NDM__NO_SITE) == NDM_OK)
+                to_slot = t;
+        }
+        if (!to_slot) {
+            to_slot = ndm__array_rec(c->first_view)->mgr;
+            ndm__charge_move(from, ndm__manager_slot(to_slot), dev, (int64_t)s->nbytes, true,
+                             true, NULL, NDM__NO_SITE);
+        }
         s->charged = to_slot;
         c->charged_views = count_views(s, to_slot);
         ndm__alloc_retag(s->cookie, to_slot);
@@ -774,7 +908,7 @@ ndm_status ndm__array_release(ndm__array *r, ndm__site site, const char *api)
     (void)api;
     uint32_t gen = atomic_load_explicit(&r->gen, memory_order_relaxed);
     for (;;) {
-        ndm__manager *m = ndm__manager_rec(r->mgr);
+        ndm__manager *m = ndm__manager_rec(ndm__array_mgr_unlocked(r));
         bool fast = ndm__mlock_acquire(m);
         ndm_status st = NDM_ALREADY;
         if (atomic_load_explicit(&r->gen, memory_order_relaxed) != gen ||
@@ -830,8 +964,7 @@ static bool give_back(ndm__manager *from, ndm__array *r)
             ndm__mlock_take(b);
             /* (with no memory for its entry there, r goes on as when the
              * lender is gone) */
-            if (!(atomic_load_explicit(&to->state, memory_order_relaxed) & NDM__M_CLOSING) &&
-                ndm__arrays_room(to)) {
+            if (ndm__manager_open_as(to, r->lender_gen) && ndm__arrays_room(to)) {
                 unlink_from(from, r);
                 from->live--;
                 from->moved_out++;
@@ -1056,8 +1189,9 @@ void ndm__manager_release_except(ndm__manager *m, const uint32_t *keep, size_t n
 
 enum move_kind { MOVE_ATTACH, MOVE_RET, MOVE_DETACH, MOVE_LEND };
 
-static ndm_status move_locked(ndm__array *r, ndm_manager target, enum move_kind kind,
-                              ndm__lend **prev, const char *api, ndm__site site);
+static ndm_status move_locked(ndm__array *r, uint32_t rgen, ndm_manager target,
+                              enum move_kind kind, ndm__lend **prev, const char *api,
+                              ndm__site site);
 
 static ndm_status move(ndm_array h, ndm_manager target, enum move_kind kind, const char *api,
                        ndm__site site)
@@ -1070,17 +1204,19 @@ static ndm_status move(ndm_array h, ndm_manager target, enum move_kind kind, con
     ndm__lend *prev = NULL;
     if (kind == MOVE_LEND && !(prev = malloc(sizeof *prev)))
         return ndm__fail(NDM_E_OOM, api, site, "no memory to record the lender");
-    ndm_status st = move_locked(r, target, kind, &prev, api, site);
+    ndm_status st = move_locked(r, ndm__id_gen(h.id), target, kind, &prev, api, site);
     free(prev);
     return st;
 }
 
-static ndm_status move_locked(ndm__array *r, ndm_manager target, enum move_kind kind,
-                              ndm__lend **prev, const char *api, ndm__site site)
+static ndm_status move_locked(ndm__array *r, uint32_t rgen, ndm_manager target,
+                              enum move_kind kind, ndm__lend **prev, const char *api,
+                              ndm__site site)
 {
     for (;;) {
-        ndm__manager *from = ndm__manager_slot(r->mgr);
+        ndm__manager *from = ndm__manager_slot(ndm__array_mgr_unlocked(r));
         ndm__manager *to;
+        uint32_t named_gen = 0;
         char path[512], desc[160], made[256];
         if (kind == MOVE_RET) {
             if (atomic_load_explicit(&from->state, memory_order_relaxed) & NDM__M_BUILTIN ||
@@ -1097,6 +1233,9 @@ static ndm_status move_locked(ndm__array *r, ndm_manager target, enum move_kind 
             to = ndm__manager_get(target, api, site);
             if (!to)
                 return ndm_last_status();
+            /* (a reserved value, NDM_CURRENT_SCOPE, has no generation of its
+             * own: the resolved manager's, read right after the lookup) */
+            named_gen = ndm__manager_expected_gen(target, to);
             if (kind == MOVE_LEND &&
                 (atomic_load_explicit(&to->state, memory_order_relaxed) & NDM__M_BUILTIN)) {
                 ndm__manager_path(to->self, path, sizeof path);
@@ -1127,13 +1266,22 @@ static ndm_status move_locked(ndm__array *r, ndm_manager target, enum move_kind 
         ndm_status st = NDM_OK;
         unsigned fs = atomic_load_explicit(&from->state, memory_order_relaxed);
         unsigned ts = atomic_load_explicit(&to->state, memory_order_relaxed);
-        if (!atomic_load_explicit(&r->live, memory_order_relaxed) || (fs & NDM__M_DRAINING)) {
+        /* The generations tell an array released and a target closed since
+         * their lookups, slots reused or not (see ndm__manager_open_as). */
+        uint32_t tgen = kind == MOVE_RET      ? from->parent_gen
+                        : kind == MOVE_DETACH ? atomic_load_explicit(&to->gen, memory_order_relaxed)
+                                              : named_gen;
+        if (!atomic_load_explicit(&r->live, memory_order_relaxed) ||
+            atomic_load_explicit(&r->gen, memory_order_relaxed) != rgen || (fs & NDM__M_DRAINING)) {
             /* (a manager that is closing its children still lets its arrays
              * go: a child's on-close hook may move them) */
             st = ndm__fail(NDM_E_CLOSED, api, site, "the array is being released by a close");
-        } else if (!(ts & NDM__M_LIVE) || (ts & NDM__M_CLOSING)) {
+        } else if (!(ts & NDM__M_LIVE) || (ts & NDM__M_CLOSING) ||
+                   atomic_load_explicit(&to->gen, memory_order_relaxed) != tgen) {
             ndm__mlock_drop(b);
             ndm__mlock_drop(a);
+            if (atomic_load_explicit(&to->gen, memory_order_relaxed) != tgen)
+                return ndm__fail(NDM_E_CLOSED, api, site, "the target manager was closed");
             ndm__manager_path(to->self, path, sizeof path);
             return ndm__fail(NDM_E_CLOSED, api, site, "target manager '%s' is closing", path);
         } else if ((ts & NDM__M_CAP_ARRAYS) && kind != MOVE_DETACH) {

@@ -135,6 +135,15 @@ _Static_assert(offsetof(ndm__array, pos) == 64 && offsetof(ndm__array, epoch) ==
                "the lines of an array record");
 _Static_assert(sizeof(ndm__array) <= 320, "an array record is five lines");
 
+/* r's manager slot, read without that manager's lock, which a move into
+ * another manager may change meanwhile: the caller takes the lock of the
+ * manager read and checks it again under the lock. (Its stores are atomic,
+ * in ndm__array_link_into; reads under the lock need not be.) */
+static inline uint32_t ndm__array_mgr_unlocked(const ndm__array *r)
+{
+    return __atomic_load_n(&r->mgr, __ATOMIC_RELAXED);
+}
+
 static inline ndm__site ndm__array_site(const ndm__array *r)
 {
     return (ndm__site){r->made_file, r->made_func, r->made_line};
@@ -171,6 +180,7 @@ enum {
     NDM__M_BUILTIN = 1u << 5,    /* system, detached */
     NDM__M_LIMITED = 1u << 6,    /* limit_anchor is set: byte limits apply */
     NDM__M_DRAINING = 1u << 7,   /* closing, its children closed: its arrays are going */
+    NDM__M_UNLINKED = 1u << 8,   /* closing, already taken out of its parent's children */
 };
 /* The cases a new array must check for; one test of the state on the
  * common path, where none applies. */
@@ -199,10 +209,15 @@ typedef struct ndm__dump_prev {
 
 #define NDM__NAME_MAX 48
 
-/* A manager's storage bytes on one device (see ndm__manager). */
+/* A manager's storage bytes on one device (see ndm__manager). `reserved`:
+ * bytes reserved in its limits by creations still in progress (under the
+ * lock); a close gives back what is left of it when it ends, so that a
+ * creation that then finds the manager gone owes nothing to limits that may
+ * belong to other managers by then. */
 typedef struct ndm__dev_count {
     int64_t bytes, peak;
     _Atomic int64_t inbox;
+    int64_t reserved;
 } ndm__dev_count;
 
 typedef struct ndm__manager {
@@ -256,6 +271,16 @@ typedef struct ndm__manager {
     ndm__dev_count count[NDM__MAX_DEVICES];
 } ndm__manager;
 
+/* m's device, read before m's lock is taken: m may be closed and its record
+ * filled for a new manager meanwhile (the check under the lock then refuses
+ * the work), so the store in record_init and this load are atomic. */
+static inline ndm_device ndm__manager_device_of(ndm__manager *m)
+{
+    ndm_device d;
+    __atomic_load(&m->device, &d, __ATOMIC_RELAXED);
+    return d;
+}
+
 /* ---- a manager's array entries (its lock held) ------------------------ */
 
 bool ndm__arrays_grow(ndm__manager *m);   /* false: no memory */
@@ -300,7 +325,10 @@ static inline void ndm__arrays_remove(ndm__manager *m, uint32_t pos, bool compac
  * creator to leave: a membarrier() stands in for the fence the creator's
  * fast path leaves out, so either the creator sees the bias gone or its busy
  * flag is seen. From then on everyone takes the exchange lock. Without
- * membarrier() no manager is biased. */
+ * membarrier() no manager is biased. A record keeps its first owner for
+ * good: a later manager in the slot is biased only when that thread makes it
+ * (see record_init), so a thread that read `creator` for an earlier manager
+ * there never shares the fast path with another. */
 extern bool ndm__bias_supported;
 void ndm__bias_setup(void);              /* once, from ndm__init */
 /* Clear a bias the caller saw set while holding the lock it stands in for,
@@ -362,6 +390,13 @@ static inline uint32_t ndm__id_gen(uint64_t id) { return (uint32_t)(id >> 32) & 
 /* The reserved manager values of base.h (generation 0: never a real handle). */
 #define NDM__OUTPUT_RULE_ID UINT64_C(0x8000000000000001)
 #define NDM__CURRENT_SCOPE_ID UINT64_C(0x8000000000000002)
+/* The generation that creations into m (looked up from h) must still find
+ * under m's lock: h's own, or, for a reserved value such as
+ * NDM_CURRENT_SCOPE (generation 0, which no record has), m's as read right
+ * after the lookup. */
+#define ndm__manager_expected_gen(h, m)                                                  \
+    (ndm__id_gen((h).id) ? ndm__id_gen((h).id)                                          \
+                         : atomic_load_explicit(&(m)->gen, memory_order_acquire))
 
 /* Did a handle of generation h exist before its slot's record reached
  * generation g (the live object's, or the next to be issued while the slot
@@ -639,6 +674,19 @@ ndm_status ndm__axis(int axis, int ndim, bool insert, int *out, const char *api,
 ndm_status ndm__limit_reserve(ndm__manager *m, int dev, int64_t bytes, const char *api,
                               ndm__site where);
 void ndm__limit_release(ndm__manager *m, int dev, int64_t bytes);
+/* A limit that refused a charge, for a message written later. */
+typedef struct ndm__quota_miss {
+    uint32_t slot;             /* the limited manager */
+    int dev;
+    int64_t bytes, used;
+    uint64_t limit;
+} ndm__quota_miss;
+/* ndm__limit_reserve that writes no message (callers holding manager locks:
+ * the message takes the tree lock); NDM_E_QUOTA with `miss` filled. */
+ndm_status ndm__limit_reserve_quiet(ndm__manager *m, int dev, int64_t bytes,
+                                    ndm__quota_miss *miss);
+/* Record NDM_E_QUOTA for `miss` (no lock held: it takes the tree lock). */
+ndm_status ndm__quota_fail(const ndm__quota_miss *miss, const char *api, ndm__site where);
 
 /* Bytes charged to m on accounting slot dev (its lock held, or for a
  * consistent reading of a manager nobody changes). */
@@ -686,6 +734,9 @@ static inline void ndm__uncharge(ndm__manager *m, int dev, int64_t bytes)
 /* Would moving `bytes` from `from` to `to` fit the limits? (no change made) */
 ndm_status ndm__charge_check(ndm__manager *from, ndm__manager *to, int dev, int64_t bytes,
                              const char *api, ndm__site where);
+/* ndm__charge_check without a message (for callers holding manager locks). */
+ndm_status ndm__charge_fits(ndm__manager *from, ndm__manager *to, int dev, int64_t bytes,
+                            ndm__quota_miss *miss);
 /* Move a charge between managers; limited ancestors common to both keep it.
  * `from`'s lock is held; so is `to`'s unless `to_unlocked`, when the bytes go
  * to its inbox. */

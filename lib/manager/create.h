@@ -14,16 +14,39 @@ void ndm__array_free_heap_dims(ndm__array *r);
 ndm_array ndm__array_shape_refused(int ndim, const int64_t *shape, ndm_dtype dtype,
                                    const char *api, const ndm__site *site);
 /* Undo a creation that failed after its checks: r's heap shape (r given),
- * the memory (blk given), the slot (non-zero) and the limit reservation go
- * back. Returns the null handle. */
-ndm_array ndm__array_create_undo(ndm__array *r, uint32_t slot, ndm__manager *m, ndm_device dev,
-                                 const ndm__block *blk, size_t nbytes, bool limited);
-void ndm__array_started_closing(ndm__manager *m, const char *api, const ndm__site *site);
+ * the memory (blk given), the slot (non-zero) and the limit reservation
+ * (see ndm__array_create) go back. Returns the null handle. */
+ndm_array ndm__array_create_undo(ndm__array *r, uint32_t slot, ndm__manager *m, uint32_t gen,
+                                 ndm_device dev, const ndm__block *blk, size_t nbytes,
+                                 bool limited);
+/* m's lock held: m is not the live, open manager of generation gen. Drops
+ * the lock (`fast` as ndm__mlock_acquire returned it) and records
+ * NDM_E_CLOSED. */
+void ndm__array_refused_closed(ndm__manager *m, uint32_t gen, bool fast, const char *api,
+                               const ndm__site *site);
 /* ndm__array_new_inline when m is closing, capped or limited: the checks,
  * the limit reserved before any memory is taken, then the creation. */
 ndm_array ndm__array_create_checked(const ndm__site *site, const char *api, ndm__manager *m,
-                                    ndm_device dev, ndm_dtype dtype, int ndim,
+                                    uint32_t gen, ndm_device dev, ndm_dtype dtype, int ndim,
                                     const int64_t *shape, size_t nbytes, ndm__array **out);
+
+/* Whether m, its lock held, is still the live, open manager of generation
+ * gen: the test every creation and move makes before it links an array into
+ * m. Close protocol: a close sets NDM__M_CLOSING under m's lock before it
+ * drains m, and makes its last change (the state to 0, the generation
+ * moved on) under m's lock too, before the slot can be reused; so a thread
+ * that passes this test under the lock links into a manager whose drain
+ * has not started and will see the entry. The generation, which the caller
+ * took from its handle (or read right after its lookup), tells a manager
+ * that closed, and a slot that a new manager took, since the lookup: the
+ * state alone tells neither. Only atomics are read before the test passes:
+ * a new manager's record_init may be writing the rest of a reused record. */
+static inline bool ndm__manager_open_as(ndm__manager *m, uint32_t gen)
+{
+    unsigned st = atomic_load_explicit(&m->state, memory_order_relaxed);
+    return NDM__LIKELY((st & (NDM__M_LIVE | NDM__M_CLOSING)) == NDM__M_LIVE) &&
+           NDM__LIKELY(atomic_load_explicit(&m->gen, memory_order_relaxed) == gen);
+}
 
 /* Point the record at room for its shape and strides: inline, the strides
  * right after the sizes so that a small rank stays on the record's third
@@ -49,7 +72,8 @@ static inline void ndm__array_free_dims(ndm__array *r)
 /* Enter r as m's newest array (m's lock held, room made by ndm__arrays_room). */
 static inline void ndm__array_link_into(ndm__manager *m, ndm__array *r)
 {
-    r->mgr = m->self;
+    /* (an atomic store: see ndm__array_mgr_unlocked) */
+    __atomic_store_n(&r->mgr, m->self, __ATOMIC_RELAXED);
     r->pos = m->narrays;
     m->arrays[m->narrays++] = r->self;
 }
@@ -101,9 +125,14 @@ static inline bool ndm__shape_bytes(int ndim, const int64_t *shape, ndm_dtype dt
 }
 
 /* The creation once the checks passed: a slot, the memory, the record, the
- * link into m. `limited`: nbytes were reserved in m's limits. */
+ * link into m, if m is still the open manager of generation gen. `limited`:
+ * nbytes were reserved in m's limits and counted in m's `reserved` (under
+ * its lock, see ndm__dev_count), so that a close that comes first gives the
+ * reservation back and the creation, finding the generation moved, leaves
+ * it alone. */
 static NDM__ALWAYS_INLINE ndm_array ndm__array_create(const ndm__site *site, const char *api,
-                                                      ndm__manager *m, ndm_device dev,
+                                                      ndm__manager *m, uint32_t gen,
+                                                      ndm_device dev,
                                                       ndm_dtype dtype, int ndim,
                                                       const int64_t *shape, size_t nbytes,
                                                       bool limited, ndm__array **out)
@@ -112,7 +141,7 @@ static NDM__ALWAYS_INLINE ndm_array ndm__array_create(const ndm__site *site, con
     uint32_t slot = ndm__array_slot_alloc_as(th);
     if (NDM__UNLIKELY(!slot)) {
         ndm__fail(NDM_E_OOM, api, *site, "no memory for an array record");
-        return ndm__array_create_undo(NULL, 0, m, dev, NULL, nbytes, limited);
+        return ndm__array_create_undo(NULL, 0, m, gen, dev, NULL, nbytes, limited);
     }
     ndm__array *r = ndm__array_rec(slot);
     ndm__storage *s = &r->own;
@@ -121,11 +150,11 @@ static NDM__ALWAYS_INLINE ndm_array ndm__array_create(const ndm__site *site, con
     if (NDM__UNLIKELY(ndm__alloc(dev, nbytes, &tag, &blk) < 0)) {
         /* The allocator's message says what it had; name the caller too. */
         ndm__fail(ndm_last_status(), api, *site, "%s", ndm_last_error());
-        return ndm__array_create_undo(NULL, slot, m, dev, NULL, nbytes, limited);
+        return ndm__array_create_undo(NULL, slot, m, gen, dev, NULL, nbytes, limited);
     }
     ndm__array_record_init(r, dtype, s, site);
     if (NDM__UNLIKELY(ndm__array_dims_place(r, ndim, api, site) < 0))
-        return ndm__array_create_undo(NULL, slot, m, dev, &blk, nbytes, limited);
+        return ndm__array_create_undo(NULL, slot, m, gen, dev, &blk, nbytes, limited);
     /* The strides are partial products of the extent that ndm__shape_bytes
      * bounded, so they cannot overflow. */
     int64_t *sizes = r->shape, *strides = r->strides, stride = 1;
@@ -138,45 +167,52 @@ static NDM__ALWAYS_INLINE ndm_array ndm__array_create(const ndm__site *site, con
     ndm__array_storage_init(r, m, dev, nbytes);
     s->data = blk.ptr;
     s->cookie = blk.cookie;
-    /* m may have started closing since the caller's check (another thread). */
+    /* m may have closed since the caller's check (another thread, or a
+     * pressure callback inside ndm__alloc on this one). */
     bool fast = ndm__mlock_acquire_as(m, th);
-    if (NDM__UNLIKELY(atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_CLOSING)) {
-        ndm__mlock_release(m, fast);
-        ndm__array_started_closing(m, api, site);
-        return ndm__array_create_undo(r, slot, m, dev, &blk, nbytes, limited);
+    if (NDM__UNLIKELY(!ndm__manager_open_as(m, gen))) {
+        ndm__array_refused_closed(m, gen, fast, api, site);
+        return ndm__array_create_undo(r, slot, m, gen, dev, &blk, nbytes, limited);
     }
     if (NDM__UNLIKELY(!ndm__arrays_room(m))) {
         ndm__mlock_release(m, fast);
         ndm__fail(NDM_E_OOM, api, *site, "no memory for the array list of '%s'", m->name);
-        return ndm__array_create_undo(r, slot, m, dev, &blk, nbytes, limited);
+        return ndm__array_create_undo(r, slot, m, gen, dev, &blk, nbytes, limited);
     }
+    /* Live, and its handle's generation read, before the lock goes: from
+     * then on a close of m may kill it (the handle then names a dead array). */
+    atomic_store_explicit(&r->live, 1, memory_order_relaxed);
+    ndm_array h = ndm__array_handle(slot, atomic_load_explicit(&r->gen, memory_order_relaxed));
     ndm__array_link_into(m, r);
     m->live++;
     m->created++;
-    ndm__bytes_add(m, ndm__device_slot(dev), (int64_t)nbytes);
+    int d = ndm__device_slot(dev);
+    if (NDM__UNLIKELY(limited))
+        m->count[d].reserved -= (int64_t)nbytes; /* the reservation is the charge now */
+    ndm__bytes_add(m, d, (int64_t)nbytes);
     ndm__mlock_release(m, fast);
-    atomic_store_explicit(&r->live, 1, memory_order_release);
     if (out)
         *out = r;
-    return ndm__array_handle(slot, atomic_load_explicit(&r->gen, memory_order_relaxed));
+    return h;
 }
 
 /* A new array with fresh storage (uninitialised) in manager m on `dev`,
- * C-contiguous: ndm__array_new_in, inline. Checks come first, inline; only a
+ * C-contiguous: ndm__array_new_in, inline. `gen` is the generation of the
+ * handle m was looked up with (see ndm__manager_open_as). Checks come first, inline; only a
  * failure calls out to write its message, and one test of m's state covers a
  * close, a cap and limits. */
 static NDM__ALWAYS_INLINE ndm_array ndm__array_new_inline(const ndm__site *site,
                                                           const char *api, ndm__manager *m,
-                                                          ndm_device dev, ndm_dtype dtype,
-                                                          int ndim, const int64_t *shape,
-                                                          ndm__array **out)
+                                                          uint32_t gen, ndm_device dev,
+                                                          ndm_dtype dtype, int ndim,
+                                                          const int64_t *shape, ndm__array **out)
 {
     size_t nbytes;
     if (NDM__UNLIKELY(!ndm__shape_bytes(ndim, shape, dtype, &nbytes)))
         return ndm__array_shape_refused(ndim, shape, dtype, api, site);
     if (NDM__UNLIKELY(atomic_load_explicit(&m->state, memory_order_acquire) & NDM__M_SLOW_NEW))
-        return ndm__array_create_checked(site, api, m, dev, dtype, ndim, shape, nbytes, out);
-    return ndm__array_create(site, api, m, dev, dtype, ndim, shape, nbytes, false, out);
+        return ndm__array_create_checked(site, api, m, gen, dev, dtype, ndim, shape, nbytes, out);
+    return ndm__array_create(site, api, m, gen, dev, dtype, ndim, shape, nbytes, false, out);
 }
 
 #endif

@@ -86,7 +86,7 @@ static void record_init(ndm__manager *m, ndm__manager *parent, const char *name,
                           parent ? atomic_load_explicit(&parent->limit_anchor, memory_order_relaxed)
                                  : 0,
                           memory_order_relaxed);
-    m->device = device;
+    __atomic_store(&m->device, &device, __ATOMIC_RELAXED); /* see ndm__manager_device_of */
     m->dev = ndm__device_slot(device);
     set_name(m, name);
     m->site = (ndm__site){file, func, line};
@@ -101,17 +101,28 @@ static void record_init(ndm__manager *m, ndm__manager *parent, const char *name,
     uint32_t used = atomic_load_explicit(&m->dev_used, memory_order_relaxed) | 1u << m->dev;
     for (; used; used &= used - 1) {
         int d = __builtin_ctz(used);
-        m->count[d].bytes = m->count[d].peak = 0;
+        m->count[d].bytes = m->count[d].peak = m->count[d].reserved = 0;
         atomic_store_explicit(&m->count[d].inbox, 0, memory_order_relaxed);
     }
     atomic_store_explicit(&m->dev_used, 1u << m->dev, memory_order_relaxed);
     m->hooks = NULL;
     memset(&m->dumped, 0, sizeof m->dumped);
-    /* Nobody holds the lock of a free record: its bias starts afresh. */
+    /* A record's bias goes to the first thread that makes a manager in it and
+     * stays with that thread: a thread that looked up the previous manager
+     * here may still be on its way into the lock's fast path (it read
+     * `creator` before this manager existed), so biasing the record to
+     * another thread could let both in, and that thread's stores to `busy`
+     * could hide the other's from a revoker. The owner itself is not on such
+     * a way while it makes this manager (it runs this code), so the bias
+     * comes back when the owner makes the next manager here; managers made
+     * here by other threads start unbiased. */
     ndm__thread *t = ndm__bias_supported ? ndm__thread_get() : NULL;
-    atomic_store_explicit(&m->creator, t ? t->id : 0, memory_order_relaxed);
-    atomic_store_explicit(&m->biased, t != NULL, memory_order_relaxed);
-    atomic_store_explicit(&m->busy, 0, memory_order_relaxed);
+    uint64_t owner = atomic_load_explicit(&m->creator, memory_order_relaxed);
+    if (t && (owner == 0 || owner == t->id)) {
+        atomic_store_explicit(&m->creator, t->id, memory_order_relaxed);
+        atomic_store_explicit(&m->busy, 0, memory_order_relaxed);
+        atomic_store_explicit(&m->biased, true, memory_order_relaxed);
+    }
     if (parent) {
         /* newest child first */
         m->sib_next = parent->first_child;
@@ -414,6 +425,39 @@ static ndm_status run_hooks(ndm__manager *m)
     return result;
 }
 
+/* The closes in progress on this thread, innermost first: a close that meets
+ * a child being closed waits for it, unless this very thread is closing it
+ * further up its stack (a hook of the child closes an ancestor). */
+typedef struct close_frame {
+    ndm__manager *m;
+    struct close_frame *up;
+} close_frame;
+static _Thread_local close_frame *closing_here NDM__TLS_MODEL;
+
+static bool closing_on_this_thread(ndm__manager *m)
+{
+    for (close_frame *f = closing_here; f; f = f->up)
+        if (f->m == m)
+            return true;
+    return false;
+}
+
+/* Take child c, whose close is in progress further up this thread's stack,
+ * out of its parent p now (tree lock held): p's close can then end, and c's
+ * ends later without touching p, which may be gone by then. */
+static void unlink_closing_child(ndm__manager *p, ndm__manager *c)
+{
+    if (c->sib_prev)
+        ndm__manager_rec(c->sib_prev)->sib_next = c->sib_next;
+    else
+        p->first_child = c->sib_next;
+    if (c->sib_next)
+        ndm__manager_rec(c->sib_next)->sib_prev = c->sib_prev;
+    c->sib_prev = c->sib_next = 0;
+    p->children--;
+    atomic_fetch_or_explicit(&c->state, NDM__M_UNLINKED, memory_order_relaxed);
+}
+
 /* Close m and its subtree. `site` is the site of the user's close call. The
  * tree lock is held on entry and on return; it is dropped while m's arrays
  * are released and its hooks run, and kept from one child to the next.
@@ -430,13 +474,19 @@ static ndm_status close_locked(ndm__manager *m, const ndm__site *site)
     ndm__mlock_take(m);
     atomic_store_explicit(&m->state, st | NDM__M_CLOSING, memory_order_release);
     ndm__mlock_drop(m);
+    close_frame frame = {m, closing_here};
+    closing_here = &frame;
 
     /* Children newest first. A child that another thread is closing right now
-     * is waited for: it unlinks itself when done. */
+     * is waited for: it unlinks itself when done. One that this thread is
+     * closing (its hook closes m) cannot be waited for: it leaves m now. */
     ndm_status result = NDM_OK;
     for (uint32_t c; (c = m->first_child) != 0;) {
-        ndm_status cs = close_locked(ndm__manager_rec(c), site);
-        if (cs == NDM_ALREADY) {
+        ndm__manager *cm = ndm__manager_rec(c);
+        ndm_status cs = close_locked(cm, site);
+        if (cs == NDM_ALREADY && closing_on_this_thread(cm)) {
+            unlink_closing_child(m, cm);
+        } else if (cs == NDM_ALREADY) {
             ndm__tree_unlock();
             sched_yield();
             ndm__tree_lock();
@@ -457,8 +507,12 @@ static ndm_status close_locked(ndm__manager *m, const ndm__site *site)
         result = hs;
 
     ndm__tree_lock();
-    ndm__lifetime_fold(m);
-    if (m->parent) {
+    closing_here = frame.up;
+    bool linked = !(atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_UNLINKED);
+    /* (an unlinked m's parent may be gone: its counts go nowhere) */
+    if (linked)
+        ndm__lifetime_fold(m);
+    if (m->parent && linked) {
         ndm__manager *p = ndm__manager_rec(m->parent);
         if (m->sib_prev)
             ndm__manager_rec(m->sib_prev)->sib_next = m->sib_next;
@@ -469,10 +523,24 @@ static ndm_status close_locked(ndm__manager *m, const ndm__site *site)
         p->children--;
     }
     m->dead_site = *site;
+    /* The last change, under m's lock as well (see ndm__manager_open_as):
+     * a creation or a move that takes the lock after it sees the new
+     * generation and backs off. Limit reservations of creations still in
+     * progress go back now, while the limits over m are still its own. */
+    ndm__mlock_take(m);
+    for (uint32_t used = atomic_load_explicit(&m->dev_used, memory_order_relaxed); used;
+         used &= used - 1) {
+        int d = __builtin_ctz(used);
+        if (m->count[d].reserved) {
+            ndm__limit_release(m, d, m->count[d].reserved);
+            m->count[d].reserved = 0;
+        }
+    }
     atomic_store_explicit(&m->state, 0, memory_order_release);
     unsigned g = atomic_load_explicit(&m->gen, memory_order_relaxed);
     atomic_store_explicit(&m->gen, ((g + 1) & 0x7fffffffu) ? ((g + 1) & 0x7fffffffu) : 1,
                           memory_order_release);
+    ndm__mlock_drop(m);
     if (m->arrays_cap > ARRAYS_KEPT) {
         /* a large room is not kept for whoever takes the slot next */
         free(m->arrays);
@@ -483,10 +551,15 @@ static ndm_status close_locked(ndm__manager *m, const ndm__site *site)
     return result;
 }
 
-static ndm_status close_manager(ndm__manager *m, ndm__site site)
+/* Close m if it is still the manager of generation gen: under the tree lock,
+ * so that a close racing with another close of the same handle cannot take
+ * a new manager that got the slot meanwhile for it. */
+static ndm_status close_manager(ndm__manager *m, uint32_t gen, ndm__site site)
 {
     ndm__tree_lock();
-    ndm_status st = close_locked(m, &site);
+    ndm_status st = atomic_load_explicit(&m->gen, memory_order_relaxed) == gen
+                        ? close_locked(m, &site)
+                        : NDM_ALREADY;
     ndm__tree_unlock();
     return st;
 }
@@ -510,7 +583,7 @@ NDM_API ndm_status ndm_manager_close_at(NDM_SITE_PARAMS, ndm_manager h)
         return ndm__fail(NDM_E_ROOT, __func__, site, "the built-in manager '%s' cannot be closed",
                          m->name);
     }
-    return close_manager(m, site);
+    return close_manager(m, ndm__id_gen(h.id), site);
 }
 
 /* ---- caps, limits, resources ------------------------------------------------ */

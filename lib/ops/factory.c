@@ -22,10 +22,12 @@ ndm_manager ndm__factory_manager(ndm_manager m, const char *api, ndm__site where
 }
 
 /* The record of a factory's manager: the one given, NDM_CURRENT_SCOPE
- * resolved; NULL with the error recorded. */
-static ndm__manager *factory_record_slow(ndm_manager m, const char *api, const ndm__site *site)
+ * resolved; NULL with the error recorded. *gen: the generation of its handle. */
+static ndm__manager *factory_record_slow(ndm_manager m, const char *api, const ndm__site *site,
+                                         uint32_t *gen)
 {
     m = ndm__factory_manager(m, api, *site);
+    *gen = ndm__id_gen(m.id);
     return m.id ? ndm__manager_get(m, api, *site) : NULL;
 }
 
@@ -37,9 +39,11 @@ static NDM__ALWAYS_INLINE ndm_array make(const ndm__site *site, const char *api,
                                          ndm__array **out)
 {
     ndm__manager *r = ndm__manager_peek(m);
-    if (NDM__UNLIKELY(!r) && !(r = factory_record_slow(m, api, site)))
+    uint32_t gen = ndm__id_gen(m.id);
+    if (NDM__UNLIKELY(!r) && !(r = factory_record_slow(m, api, site, &gen)))
         return NDM_NULL_ARRAY;
-    return ndm__array_new_inline(site, api, r, r->device, dtype, ndim, shape, out);
+    return ndm__array_new_inline(site, api, r, gen, ndm__manager_device_of(r), dtype, ndim, shape,
+                                 out);
 }
 
 static ndm_array make_filled(ndm__site site, const char *api, ndm_manager m, ndm_dtype dtype,
