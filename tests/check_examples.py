@@ -13,6 +13,10 @@ exactly that (or examples/NAME.out for those the README does not show).
       environment, the exit status and stderr text it must give, and a
       command to run after it
 
+With NDM_EXAMPLES_UPDATE=1 in the environment, a run whose output differs
+rewrites the README block or NAME.out with what the program printed (for a
+change that alters dumps or messages on purpose; review the diff).
+
 Exit status: 0 ok, 1 a difference (printed as a diff), 77 skipped.
 """
 import difflib
@@ -97,6 +101,21 @@ def expected_output(name, readme, src_dir):
     return None, None
 
 
+def update(where, readme, want, got):
+    """Write `got` where `want` was shown: README.md:LINE (a block's first
+    line) or an .out file."""
+    path, _, line = where.rpartition(":")
+    if path.endswith("README.md") and line.isdigit():
+        path = readme
+        lines = open(path, encoding="utf-8").read().split("\n")
+        start, n = int(line), len(want.split("\n")) - 1
+        lines[start:start + n] = got.rstrip("\n").split("\n")
+        open(path, "w", encoding="utf-8").write("\n".join(lines))
+    else:
+        open(where, "w", encoding="utf-8").write(got)
+    print(f"updated {where}")
+
+
 def run(o):
     for path in o.needs:
         if not os.path.exists(path):
@@ -134,6 +153,8 @@ def run(o):
             sys.stdout.write(p.stderr)
             print(f"{o.name} printed something else than {where} shows:")
             diff(want, p.stdout, where, o.name)
+            if os.environ.get("NDM_EXAMPLES_UPDATE") == "1":
+                update(where, o.readme, want, p.stdout)
             return 1
         if o.then:
             q = subprocess.run(o.then, cwd=tmp, capture_output=True, text=True, timeout=300)
