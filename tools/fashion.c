@@ -647,8 +647,8 @@ static int serve(serve_opts o)
     ndm_array labels = ndm_idx_load(data, lpath);
     LIVE(labels, "loading the test labels");
     int64_t avail = ndm_array_dim(images, 0);
-    printf("ndm-fashion serve: %s model from %s, %lld requests from %d threads", cnn ? "CNN" : "MLP",
-           o.model, (long long)requests, threads);
+    printf("ndm-fashion serve: %s model from %s, %lld requests from %d threads",
+           cnn ? "CNN" : "MLP", o.model, (long long)requests, threads);
     if (requests > avail)
         printf(" (the %lld test images in turn)", (long long)avail);
     printf("\n");
