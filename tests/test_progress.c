@@ -40,7 +40,7 @@ static void test_progress_line_gives_way_in_order(void **state)
     /* wide: everything, a 30-cell bar with 120/469 of it filled */
     progress_format(buf, sizeof buf, 200, &mid);
     assert_string_equal(buf, "epoch 3/10 [#######.......................] 120/469 batches  "
-                             "loss 0.4321  78325 examples/s");
+                             "loss 0.4321   78325 examples/s");
     /* 80 columns: still everything, the bar narrower */
     progress_format(buf, sizeof buf, 80, &mid);
     assert_non_null(strstr(buf, "examples/s"));

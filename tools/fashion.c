@@ -647,8 +647,8 @@ static int serve(serve_opts o)
     ndm_array labels = ndm_idx_load(data, lpath);
     LIVE(labels, "loading the test labels");
     int64_t avail = ndm_array_dim(images, 0);
-    printf("ndm-fashion serve: %s model from %s, %lld requests from %d threads", cnn ? "CNN" : "MLP",
-           o.model, (long long)requests, threads);
+    printf("ndm-fashion serve: %s model from %s, %lld requests from %d threads",
+           cnn ? "CNN" : "MLP", o.model, (long long)requests, threads);
     if (requests > avail)
         printf(" (the %lld test images in turn)", (long long)avail);
     printf("\n");
@@ -771,7 +771,7 @@ static const cli_opt train_opts_list[] = {
     {"--seed", "N", OPT_INT, 0, INT64_MAX, 0, 0, &topt.seed, NULL,
      "seed of the initial weights and the shuffle"},
     {"--limit", "N", OPT_INT, 0, 60000, 0, 0, &topt.limit, "0, every example",
-     "train on the first N examples and test on the first N/6"},
+     "train on the first N examples and test on the first N/6, rounded up"},
     {"--data", "DIR", OPT_TEXT, 0, 0, 0, 0, &topt.data, "where dataset-fashion-mnist is installed",
      "folder with the MNIST-format files"},
     {"--out", "FILE", OPT_TEXT, 0, 0, 0, 0, &topt.out, NULL, "where to save the model"},

@@ -41,7 +41,8 @@ int progress_format(char *buf, size_t n, int width, const progress_state *s)
     snprintf(count, sizeof count, " %*lld/%lld batches", digits, (long long)s->done,
              (long long)s->total);
     snprintf(loss, sizeof loss, "  loss %.4f", s->loss);
-    snprintf(rate, sizeof rate, "  %.0f examples/s", s->rate);
+    /* six digits wide, like the count, so that the bar keeps its width */
+    snprintf(rate, sizeof rate, "  %6.0f examples/s", s->rate);
     int fixed = (int)(strlen(head) + strlen(count));
     int lossw = (int)strlen(loss), ratew = (int)strlen(rate);
     /* what gives way as the width shrinks: the rate, then the bar (30
