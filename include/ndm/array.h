@@ -39,35 +39,43 @@ extern "C" {
 
 /** Uninitialised contents. */
 #define ndm_empty(m, dtype, ...) ndm_empty_at(NDM_HERE, (m), (dtype), __VA_ARGS__)
+/** ndm_empty() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_empty_at(NDM_SITE_PARAMS, ndm_manager m, ndm_dtype dtype, int ndim,
                                const int64_t *shape);
 #define ndm_zeros(m, dtype, ...) ndm_zeros_at(NDM_HERE, (m), (dtype), __VA_ARGS__)
+/** ndm_zeros() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_zeros_at(NDM_SITE_PARAMS, ndm_manager m, ndm_dtype dtype, int ndim,
                                const int64_t *shape);
 #define ndm_ones(m, dtype, ...) ndm_ones_at(NDM_HERE, (m), (dtype), __VA_ARGS__)
+/** ndm_ones() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_ones_at(NDM_SITE_PARAMS, ndm_manager m, ndm_dtype dtype, int ndim,
                               const int64_t *shape);
 /** Every element = value, converted to dtype as a cast would. */
 #define ndm_full(m, dtype, value, ...) ndm_full_at(NDM_HERE, (m), (dtype), (value), __VA_ARGS__)
+/** ndm_full() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_full_at(NDM_SITE_PARAMS, ndm_manager m, ndm_dtype dtype, double value,
                               int ndim, const int64_t *shape);
 /** A 0-d array holding value. */
 #define ndm_scalar(m, dtype, value) ndm_scalar_at(NDM_HERE, (m), (dtype), (value))
+/** ndm_scalar() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_scalar_at(NDM_SITE_PARAMS, ndm_manager m, ndm_dtype dtype, double value);
 /** 1-d: start, start+step, ... while < stop (> stop for a negative step),
  *  numpy's length ceil((stop-start)/step). step 0 is NDM_E_INVALID. */
 #define ndm_arange(m, dtype, start, stop, step)                                 \
     ndm_arange_at(NDM_HERE, (m), (dtype), (start), (stop), (step))
+/** ndm_arange() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_arange_at(NDM_SITE_PARAMS, ndm_manager m, ndm_dtype dtype, double start,
                                 double stop, double step);
 /** 1-d: num evenly spaced values from start to stop inclusive (num >= 0). */
 #define ndm_linspace(m, dtype, start, stop, num)                                \
     ndm_linspace_at(NDM_HERE, (m), (dtype), (start), (stop), (num))
+/** ndm_linspace() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_linspace_at(NDM_SITE_PARAMS, ndm_manager m, ndm_dtype dtype, double start,
                                   double stop, int64_t num);
 /** A copy of a C-ordered host buffer of prod(shape) elements of dtype. */
 #define ndm_from_buffer(m, dtype, src, ...)                                     \
     ndm_from_buffer_at(NDM_HERE, (m), (dtype), (src), __VA_ARGS__)
+/** ndm_from_buffer() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_from_buffer_at(NDM_SITE_PARAMS, ndm_manager m, ndm_dtype dtype,
                                      const void *src, int ndim, const int64_t *shape);
 
@@ -79,6 +87,7 @@ typedef void (*ndm_free_fn)(void *data, void *ud);
  *  count in the manager's accounting but not in the allocator's. */
 #define ndm_wrap_buffer(m, dtype, data, free_fn, ud, ...)                       \
     ndm_wrap_buffer_at(NDM_HERE, (m), (dtype), (data), (free_fn), (ud), __VA_ARGS__)
+/** ndm_wrap_buffer() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_wrap_buffer_at(NDM_SITE_PARAMS, ndm_manager m, ndm_dtype dtype, void *data,
                                      ndm_free_fn free_fn, void *ud, int ndim,
                                      const int64_t *shape);
@@ -86,6 +95,7 @@ NDM_API ndm_array ndm_wrap_buffer_at(NDM_SITE_PARAMS, ndm_manager m, ndm_dtype d
 /** Release one array handle now. Its storage dies with its last view.
  *  NDM_ALREADY for an array already released (by this call or by a close). */
 #define ndm_array_release(a) ndm_array_release_at(NDM_HERE, (a))
+/** ndm_array_release() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_array_release_at(NDM_SITE_PARAMS, ndm_array a);
 
 /* Accessors. On a null or stale handle they return the value shown and set

@@ -53,9 +53,11 @@ typedef struct ndm_conv2d_opts {
  *  divide by groups and weight.shape[1] equal C/groups (NDM_E_SHAPE). */
 #define ndm_conv2d(x, w, ...)                                                   \
     ndm_conv2d_to_at(NDM_HERE, NDM_OUTPUT_RULE, (x), (w), NULL, __VA_ARGS__)
+/** ndm_conv2d() with the result attached to m instead of by the output rule. */
 #define ndm_conv2d_to(m, x, w, ...) ndm_conv2d_to_at(NDM_HERE, (m), (x), (w), NULL, __VA_ARGS__)
 #define ndm_conv2d_bias(x, w, b, ...)                                           \
     ndm_conv2d_to_at(NDM_HERE, NDM_OUTPUT_RULE, (x), (w), (const ndm_array[]){(b)}, __VA_ARGS__)
+/** ndm_conv2d_bias() with the result attached to m instead of by the output rule. */
 #define ndm_conv2d_bias_to(m, x, w, b, ...)                                     \
     ndm_conv2d_to_at(NDM_HERE, (m), (x), (w), (const ndm_array[]){(b)}, __VA_ARGS__)
 /** `bias` NULL: no bias; otherwise it points at the bias handle. */
@@ -73,7 +75,9 @@ typedef struct ndm_pool2d_opts {
 /** Largest element of each window (padding never wins; NaN propagates):
  *  (N, C, H, W) -> (N, C, OH, OW), same dtype. */
 #define ndm_max_pool2d(x, ...) ndm_max_pool2d_to_at(NDM_HERE, NDM_OUTPUT_RULE, (x), __VA_ARGS__)
+/** ndm_max_pool2d() with the result attached to m instead of by the output rule. */
 #define ndm_max_pool2d_to(m, x, ...) ndm_max_pool2d_to_at(NDM_HERE, (m), (x), __VA_ARGS__)
+/** ndm_max_pool2d_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_max_pool2d_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array x,
                                        const ndm_pool2d_opts *opts);
 
@@ -83,8 +87,10 @@ NDM_API ndm_array ndm_max_pool2d_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_arr
  *  "SAME" pooling). Without padding both are the same. */
 #define ndm_avg_pool2d(x, count_include_pad, ...)                               \
     ndm_avg_pool2d_to_at(NDM_HERE, NDM_OUTPUT_RULE, (x), (count_include_pad), __VA_ARGS__)
+/** ndm_avg_pool2d() with the result attached to m instead of by the output rule. */
 #define ndm_avg_pool2d_to(m, x, count_include_pad, ...)                         \
     ndm_avg_pool2d_to_at(NDM_HERE, (m), (x), (count_include_pad), __VA_ARGS__)
+/** ndm_avg_pool2d_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_avg_pool2d_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array x,
                                        bool count_include_pad, const ndm_pool2d_opts *opts);
 
@@ -111,8 +117,10 @@ NDM_API ndm_array ndm_avg_pool2d_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_arr
 #define ndm_conv2d_backward_input(grad_out, w, opts, ...)                       \
     ndm_conv2d_backward_input_to_at(NDM_HERE, NDM_OUTPUT_RULE, (grad_out), (w), (opts), \
                                     __VA_ARGS__)
+/** ndm_conv2d_backward_input() with the result attached to m instead of by the output rule. */
 #define ndm_conv2d_backward_input_to(m, grad_out, w, opts, ...)                 \
     ndm_conv2d_backward_input_to_at(NDM_HERE, (m), (grad_out), (w), (opts), __VA_ARGS__)
+/** ndm_conv2d_backward_input_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_conv2d_backward_input_to_at(NDM_SITE_PARAMS, ndm_manager out,
                                                   ndm_array grad_out, ndm_array w,
                                                   const ndm_conv2d_opts *opts, int ndim,
@@ -125,8 +133,10 @@ NDM_API ndm_array ndm_conv2d_backward_input_to_at(NDM_SITE_PARAMS, ndm_manager o
 #define ndm_conv2d_backward_weight(grad_out, x, opts, ...)                      \
     ndm_conv2d_backward_weight_to_at(NDM_HERE, NDM_OUTPUT_RULE, (grad_out), (x), (opts), \
                                      __VA_ARGS__)
+/** ndm_conv2d_backward_weight() with the result attached to m instead of by the output rule. */
 #define ndm_conv2d_backward_weight_to(m, grad_out, x, opts, ...)                \
     ndm_conv2d_backward_weight_to_at(NDM_HERE, (m), (grad_out), (x), (opts), __VA_ARGS__)
+/** ndm_conv2d_backward_weight_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_conv2d_backward_weight_to_at(NDM_SITE_PARAMS, ndm_manager out,
                                                    ndm_array grad_out, ndm_array x,
                                                    const ndm_conv2d_opts *opts, int ndim,
@@ -140,8 +150,10 @@ NDM_API ndm_array ndm_conv2d_backward_weight_to_at(NDM_SITE_PARAMS, ndm_manager 
  *  float dtype and one device. */
 #define ndm_max_pool2d_backward(grad_out, x, ...)                               \
     ndm_max_pool2d_backward_to_at(NDM_HERE, NDM_OUTPUT_RULE, (grad_out), (x), __VA_ARGS__)
+/** ndm_max_pool2d_backward() with the result attached to m instead of by the output rule. */
 #define ndm_max_pool2d_backward_to(m, grad_out, x, ...)                         \
     ndm_max_pool2d_backward_to_at(NDM_HERE, (m), (grad_out), (x), __VA_ARGS__)
+/** ndm_max_pool2d_backward_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_max_pool2d_backward_to_at(NDM_SITE_PARAMS, ndm_manager out,
                                                 ndm_array grad_out, ndm_array x,
                                                 const ndm_pool2d_opts *opts);
@@ -153,9 +165,11 @@ NDM_API ndm_array ndm_max_pool2d_backward_to_at(NDM_SITE_PARAMS, ndm_manager out
 #define ndm_avg_pool2d_backward(grad_out, count_include_pad, opts, ...)          \
     ndm_avg_pool2d_backward_to_at(NDM_HERE, NDM_OUTPUT_RULE, (grad_out), (count_include_pad), \
                                   (opts), __VA_ARGS__)
+/** ndm_avg_pool2d_backward() with the result attached to m instead of by the output rule. */
 #define ndm_avg_pool2d_backward_to(m, grad_out, count_include_pad, opts, ...)    \
     ndm_avg_pool2d_backward_to_at(NDM_HERE, (m), (grad_out), (count_include_pad), (opts), \
                                   __VA_ARGS__)
+/** ndm_avg_pool2d_backward_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_avg_pool2d_backward_to_at(NDM_SITE_PARAMS, ndm_manager out,
                                                 ndm_array grad_out, bool count_include_pad,
                                                 const ndm_pool2d_opts *opts, int ndim,

@@ -55,6 +55,7 @@ typedef struct ndm_dataset {
  *  (NDM_E_SHAPE). On failure *out is zeroed and nothing is left in `m`. */
 #define ndm_dataset_load_idx(m, images_path, labels_path, out)                  \
     ndm_dataset_load_idx_at(NDM_HERE, (m), (images_path), (labels_path), (out))
+/** ndm_dataset_load_idx() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_dataset_load_idx_at(NDM_SITE_PARAMS, ndm_manager m,
                                                          const char *images_path,
                                                          const char *labels_path,
@@ -65,6 +66,7 @@ NDM_API int64_t ndm_dataset_size(ndm_dataset d);
 
 /** Release both arrays and zero *d. */
 #define ndm_dataset_release(d) ndm_dataset_release_at(NDM_HERE, (d))
+/** ndm_dataset_release() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_dataset_release_at(NDM_SITE_PARAMS, ndm_dataset *d);
 
 /** A loader handle: generational like arrays and managers, so a loader
@@ -103,6 +105,7 @@ typedef struct ndm_loader_options {
  *  refusals. The options come last so a compound literal can be passed. */
 #define ndm_loader_new(trainer, data, ...)                                      \
     ndm_loader_new_at(NDM_HERE, (trainer), (data), __VA_ARGS__)
+/** ndm_loader_new() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_loader ndm_loader_new_at(NDM_SITE_PARAMS, ndm_manager trainer, ndm_dataset data,
                                      const ndm_loader_options *opts);
 
@@ -121,6 +124,7 @@ typedef struct ndm_batch {
  *  *out filled, 0 when the epoch is over (*out zeroed; the next call starts
  *  the next epoch), or a negative ndm_status (*out zeroed). */
 #define ndm_loader_next(l, out) ndm_loader_next_at(NDM_HERE, (l), (out))
+/** ndm_loader_next() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD int ndm_loader_next_at(NDM_SITE_PARAMS, ndm_loader l, ndm_batch *out);
 
 /** Keep the current batch: the next fetch leaves its manager open and the
@@ -141,6 +145,7 @@ NDM_API bool ndm_loader_valid(ndm_loader l);
  *  record that the trainer owns stays until the trainer closes. NDM_ALREADY
  *  for a loader already freed. */
 #define ndm_loader_close(l) ndm_loader_close_at(NDM_HERE, (l))
+/** ndm_loader_close() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_loader_close_at(NDM_SITE_PARAMS, ndm_loader l);
 
 #ifdef __cplusplus

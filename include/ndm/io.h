@@ -78,11 +78,13 @@ enum {
  *  (other tensors still share the mapping); bools are kept as the file has
  *  them, while NDM_LOAD_COPY stores them as 0 or 1. Returns NULL on failure. */
 #define ndm_safetensors_load(m, path, flags) ndm_safetensors_load_at(NDM_HERE, (m), (path), (flags))
+/** ndm_safetensors_load() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API const ndm_named_arrays *ndm_safetensors_load_at(NDM_SITE_PARAMS, ndm_manager m,
                                                         const char *path, unsigned flags);
 /** The same from the `len` bytes at `data`, which are copied. */
 #define ndm_safetensors_load_buffer(m, data, len)                               \
     ndm_safetensors_load_buffer_at(NDM_HERE, (m), (data), (len))
+/** ndm_safetensors_load_buffer() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API const ndm_named_arrays *ndm_safetensors_load_buffer_at(NDM_SITE_PARAMS, ndm_manager m,
                                                                const void *data, size_t len);
 
@@ -91,6 +93,7 @@ NDM_API const ndm_named_arrays *ndm_safetensors_load_buffer_at(NDM_SITE_PARAMS, 
  *  its element size in the file (what mapping needs). Names must be
  *  distinct, valid UTF-8 and not "__metadata__" (NDM_E_INVALID). */
 #define ndm_safetensors_save(path, set) ndm_safetensors_save_at(NDM_HERE, (path), (set))
+/** ndm_safetensors_save() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_safetensors_save_at(NDM_SITE_PARAMS, const char *path,
                                                          const ndm_named_arrays *set);
 
@@ -111,13 +114,16 @@ NDM_API const char *ndm_named_arrays_meta(const ndm_named_arrays *set, const cha
 /** Load a .npy file into `m` as a C-ordered array. Data after the array is
  *  ignored (several arrays may be saved one after another in one file). */
 #define ndm_npy_load(m, path) ndm_npy_load_at(NDM_HERE, (m), (path))
+/** ndm_npy_load() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_npy_load_at(NDM_SITE_PARAMS, ndm_manager m, const char *path);
 #define ndm_npy_load_buffer(m, data, len) ndm_npy_load_buffer_at(NDM_HERE, (m), (data), (len))
+/** ndm_npy_load_buffer() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_npy_load_buffer_at(NDM_SITE_PARAMS, ndm_manager m, const void *data,
                                          size_t len);
 /** Save `a` as .npy: version 1.0 (2.0 when the header needs it),
  *  little-endian, C order, header padded to 64 bytes as numpy does. */
 #define ndm_npy_save(path, a) ndm_npy_save_at(NDM_HERE, (path), (a))
+/** ndm_npy_save() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_npy_save_at(NDM_SITE_PARAMS, const char *path, ndm_array a);
 
 /* ---- IDX ------------------------------------------------------------------------
@@ -131,8 +137,10 @@ NDM_API NDM_NODISCARD ndm_status ndm_npy_save_at(NDM_SITE_PARAMS, const char *pa
 
 /** Load an IDX file, plain or gzip, into `m`. */
 #define ndm_idx_load(m, path) ndm_idx_load_at(NDM_HERE, (m), (path))
+/** ndm_idx_load() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_idx_load_at(NDM_SITE_PARAMS, ndm_manager m, const char *path);
 #define ndm_idx_load_buffer(m, data, len) ndm_idx_load_buffer_at(NDM_HERE, (m), (data), (len))
+/** ndm_idx_load_buffer() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_idx_load_buffer_at(NDM_SITE_PARAMS, ndm_manager m, const void *data,
                                          size_t len);
 
@@ -163,10 +171,12 @@ typedef struct ndm_csv_options {
  *      ndm_csv_load(m, "x.csv", NDM_F32, &(ndm_csv_options){.header = true}) */
 #define ndm_csv_load(m, path, dtype, ...)                                       \
     ndm_csv_load_at(NDM_HERE, (m), (path), (dtype), __VA_ARGS__)
+/** ndm_csv_load() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_csv_load_at(NDM_SITE_PARAMS, ndm_manager m, const char *path,
                                   ndm_dtype dtype, const ndm_csv_options *opts);
 #define ndm_csv_load_buffer(m, text, len, dtype, ...)                           \
     ndm_csv_load_buffer_at(NDM_HERE, (m), (text), (len), (dtype), __VA_ARGS__)
+/** ndm_csv_load_buffer() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_csv_load_buffer_at(NDM_SITE_PARAMS, ndm_manager m, const char *text,
                                          size_t len, ndm_dtype dtype,
                                          const ndm_csv_options *opts);

@@ -67,12 +67,14 @@ NDM_API ndm_manager ndm_detached(void);
  *  NULL gives "manager"). Returns the null handle on failure: parent stale
  *  (NDM_E_CLOSED), null (NDM_E_NULL), capped for children (NDM_E_CAPPED). */
 #define ndm_manager_new(parent, name) ndm_manager_new_at(NDM_HERE, (parent), (name))
+/** ndm_manager_new() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_manager ndm_manager_new_at(NDM_SITE_PARAMS, ndm_manager parent, const char *name);
 
 /** Like ndm_manager_new, on another device (NDM_E_DEVICE when it does not
  *  exist, NDM_E_UNSUPPORTED without its backend). */
 #define ndm_manager_new_on(parent, name, device)                                \
     ndm_manager_new_on_at(NDM_HERE, (parent), (name), (device))
+/** ndm_manager_new_on() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_manager ndm_manager_new_on_at(NDM_SITE_PARAMS, ndm_manager parent,
                                           const char *name, ndm_device device);
 
@@ -80,6 +82,7 @@ NDM_API ndm_manager ndm_manager_new_on_at(NDM_SITE_PARAMS, ndm_manager parent,
  *  NDM_ALREADY if it was closed, NDM_E_ROOT for system/detached, NDM_E_HOOK
  *  when a hook failed (the close still completed). */
 #define ndm_manager_close(m) ndm_manager_close_at(NDM_HERE, (m))
+/** ndm_manager_close() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_manager_close_at(NDM_SITE_PARAMS, ndm_manager m);
 
 /** What a cap refuses. */
@@ -112,6 +115,7 @@ NDM_API uint64_t ndm_manager_limit(ndm_manager m, ndm_device device);
  *  On failure free_fn is NOT called; the caller still owns ptr. */
 #define ndm_manager_own(m, ptr, free_fn, name)                                  \
     ndm_manager_own_at(NDM_HERE, (m), (ptr), (free_fn), (name))
+/** ndm_manager_own() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_manager_own_at(NDM_SITE_PARAMS, ndm_manager m, void *ptr,
                                                     void (*free_fn)(void *ptr), const char *name);
 
@@ -120,6 +124,7 @@ NDM_API NDM_NODISCARD ndm_status ndm_manager_own_at(NDM_SITE_PARAMS, ndm_manager
  *  NDM_E_HOOK; the close still completes. */
 typedef int (*ndm_close_fn)(void *ud);
 #define ndm_manager_on_close(m, fn, ud) ndm_manager_on_close_at(NDM_HERE, (m), (fn), (ud))
+/** ndm_manager_on_close() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_manager_on_close_at(NDM_SITE_PARAMS, ndm_manager m,
                                                          ndm_close_fn fn, void *ud);
 
@@ -140,17 +145,21 @@ NDM_API int ndm_manager_path(ndm_manager m, char *buf, size_t n);
  *  when m is closed (NDM_E_CLOSED), capped (NDM_E_CAPPED) or over its limit
  *  (NDM_E_QUOTA). Attaching to its current manager is NDM_OK. */
 #define ndm_attach(a, m) ndm_attach_at(NDM_HERE, (a), (m))
+/** ndm_attach() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_attach_at(NDM_SITE_PARAMS, ndm_array a, ndm_manager m);
 /** Move `a` to its manager's parent. NDM_E_ROOT when the owner is system
  *  or detached. */
 #define ndm_ret(a) ndm_ret_at(NDM_HERE, (a))
+/** ndm_ret() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_ret_at(NDM_SITE_PARAMS, ndm_array a);
 /** Move `a` under the `detached` node; the caller must release it. */
 #define ndm_detach(a) ndm_detach_at(NDM_HERE, (a))
+/** ndm_detach() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_detach_at(NDM_SITE_PARAMS, ndm_array a);
 /** Lend `a` to `m`; it returns to its current manager when m closes (see
  *  the chains above). NDM_E_ROOT for system or detached. */
 #define ndm_temp_attach(a, m) ndm_temp_attach_at(NDM_HERE, (a), (m))
+/** ndm_temp_attach() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_temp_attach_at(NDM_SITE_PARAMS, ndm_array a, ndm_manager m);
 
 #ifdef __cplusplus

@@ -66,11 +66,13 @@ typedef struct ndm_predictor {
 /** He/Kaiming uniform: U(-b, b) with b = gain * sqrt(3 / fan_in), gain =
  *  sqrt(2) (ReLU). fan_in is the size of every axis but the first. */
 #define ndm_init_kaiming_uniform_(a, rng) ndm_init_kaiming_uniform_inplace_at(NDM_HERE, (a), (rng))
+/** ndm_init_kaiming_uniform_() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_init_kaiming_uniform_inplace_at(NDM_SITE_PARAMS, ndm_array a,
                                                                     ndm_rng *rng);
 /** Glorot/Xavier uniform: U(-b, b) with b = sqrt(6 / (fan_in + fan_out)),
  *  fan_out = a.shape[0] * receptive field. */
 #define ndm_init_xavier_uniform_(a, rng) ndm_init_xavier_uniform_inplace_at(NDM_HERE, (a), (rng))
+/** ndm_init_xavier_uniform_() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_init_xavier_uniform_inplace_at(NDM_SITE_PARAMS, ndm_array a,
                                                                    ndm_rng *rng);
 
@@ -80,34 +82,42 @@ NDM_API NDM_NODISCARD ndm_status ndm_init_xavier_uniform_inplace_at(NDM_SITE_PAR
  *  f32. x is (..., in). */
 #define ndm_linear(model, in, out, bias, rng)                                   \
     ndm_linear_at(NDM_HERE, (model), (in), (out), (bias), (rng))
+/** ndm_linear() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_module ndm_linear_at(NDM_SITE_PARAMS, ndm_manager model, int64_t in, int64_t out,
                                  bool bias, ndm_rng *rng);
 /** 2-d convolution: weight (out_ch, in_ch / groups, kh, kw) (Kaiming
  *  uniform), bias (out_ch) (zeros), options as ndm_conv2d. */
 #define ndm_conv2d_module(model, in_ch, out_ch, kh, kw, bias, rng, opts)        \
     ndm_conv2d_module_at(NDM_HERE, (model), (in_ch), (out_ch), (kh), (kw), (bias), (rng), (opts))
+/** ndm_conv2d_module() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_module ndm_conv2d_module_at(NDM_SITE_PARAMS, ndm_manager model, int64_t in_ch,
                                         int64_t out_ch, int64_t kh, int64_t kw, bool bias,
                                         ndm_rng *rng, const ndm_conv2d_opts *opts);
 #define ndm_max_pool2d_module(model, opts) ndm_max_pool2d_module_at(NDM_HERE, (model), (opts))
+/** ndm_max_pool2d_module() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_module ndm_max_pool2d_module_at(NDM_SITE_PARAMS, ndm_manager model,
                                             const ndm_pool2d_opts *opts);
 #define ndm_relu_module(model) ndm_relu_module_at(NDM_HERE, (model))
+/** ndm_relu_module() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_module ndm_relu_module_at(NDM_SITE_PARAMS, ndm_manager model);
 #define ndm_gelu_module(model) ndm_gelu_module_at(NDM_HERE, (model))
+/** ndm_gelu_module() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_module ndm_gelu_module_at(NDM_SITE_PARAMS, ndm_manager model);
 /** Flatten every axis from `start_axis` on into one (PyTorch's Flatten: 1). */
 #define ndm_flatten_module(model, start_axis) ndm_flatten_module_at(NDM_HERE, (model), (start_axis))
+/** ndm_flatten_module() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_module ndm_flatten_module_at(NDM_SITE_PARAMS, ndm_manager model, int start_axis);
 /** In training mode, zero each element with probability p and scale the
  *  rest by 1/(1-p); in evaluation mode the identity. Its generator starts
  *  from `seed` (0 <= p < 1). */
 #define ndm_dropout_module(model, p, seed) ndm_dropout_module_at(NDM_HERE, (model), (p), (seed))
+/** ndm_dropout_module() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_module ndm_dropout_module_at(NDM_SITE_PARAMS, ndm_manager model, double p,
                                          uint64_t seed);
 /** A lookup table (num, dim) (N(0, 1)): integer indices of any shape give
  *  indices.shape + (dim). */
 #define ndm_embedding(model, num, dim, rng) ndm_embedding_at(NDM_HERE, (model), (num), (dim), (rng))
+/** ndm_embedding() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_module ndm_embedding_at(NDM_SITE_PARAMS, ndm_manager model, int64_t num, int64_t dim,
                                     ndm_rng *rng);
 /** The modules applied in order (n = 0: the identity, returning an alias).
@@ -115,6 +125,7 @@ NDM_API ndm_module ndm_embedding_at(NDM_SITE_PARAMS, ndm_manager model, int64_t 
  *  null module in the list (a constructor inside it failed) makes the result
  *  null and keeps that constructor's error, as chained operations do. */
 #define ndm_sequential(model, ...) ndm_sequential_at(NDM_HERE, (model), __VA_ARGS__)
+/** ndm_sequential() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_module ndm_sequential_at(NDM_SITE_PARAMS, ndm_manager model, int n,
                                      const ndm_module *modules);
 
@@ -122,7 +133,9 @@ NDM_API ndm_module ndm_sequential_at(NDM_SITE_PARAMS, ndm_manager model, int n,
  *  manager, else the innermost scope, else x's manager). Recorded for
  *  gradients when this thread records. */
 #define ndm_forward(m, x) ndm_forward_to_at(NDM_HERE, NDM_OUTPUT_RULE, (m), (x))
+/** ndm_forward() with the result attached to out instead of by the output rule. */
 #define ndm_forward_to(out, m, x) ndm_forward_to_at(NDM_HERE, (out), (m), (x))
+/** ndm_forward_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_forward_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_module m, ndm_array x);
 
 /** Training mode (dropout active) or evaluation mode, for m and its children. */
@@ -144,18 +157,24 @@ NDM_API int ndm_module_describe(ndm_module m, char *buf, size_t n);
  *  labels (N) integer in [0, C) (NDM_E_INVALID otherwise). A 0-d result. */
 #define ndm_cross_entropy(logits, labels)                                       \
     ndm_cross_entropy_to_at(NDM_HERE, NDM_OUTPUT_RULE, (logits), (labels))
+/** ndm_cross_entropy() with the result attached to m instead of by the output rule. */
 #define ndm_cross_entropy_to(m, logits, labels)                                 \
     ndm_cross_entropy_to_at(NDM_HERE, (m), (logits), (labels))
+/** ndm_cross_entropy_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_cross_entropy_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array logits,
                                           ndm_array labels);
 /** Mean over the batch of -logp[label]: logp (N, C), labels (N). */
 #define ndm_nll_loss(logp, labels) ndm_nll_loss_to_at(NDM_HERE, NDM_OUTPUT_RULE, (logp), (labels))
+/** ndm_nll_loss() with the result attached to m instead of by the output rule. */
 #define ndm_nll_loss_to(m, logp, labels) ndm_nll_loss_to_at(NDM_HERE, (m), (logp), (labels))
+/** ndm_nll_loss_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_nll_loss_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array logp,
                                      ndm_array labels);
 /** Mean of (a - b)^2 (broadcasting). */
 #define ndm_mse_loss(a, b) ndm_mse_loss_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (b))
+/** ndm_mse_loss() with the result attached to m instead of by the output rule. */
 #define ndm_mse_loss_to(m, a, b) ndm_mse_loss_to_at(NDM_HERE, (m), (a), (b))
+/** ndm_mse_loss_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_mse_loss_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, ndm_array b);
 
 /* ---- optimizers ------------------------------------------------------------------- */
@@ -166,6 +185,7 @@ NDM_API ndm_array ndm_mse_loss_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array
  *  allocate nothing. */
 #define ndm_sgd(model, net, lr, momentum, weight_decay)                         \
     ndm_sgd_at(NDM_HERE, (model), (net), (lr), (momentum), (weight_decay))
+/** ndm_sgd() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_optimizer ndm_sgd_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module net, double lr,
                                  double momentum, double weight_decay);
 /** Adam (L2 weight decay added to the gradient) over the parameters of net. */
@@ -174,6 +194,7 @@ NDM_API ndm_optimizer ndm_sgd_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module 
 /** AdamW: weight decay applied to the weights directly (decoupled). */
 #define ndm_adamw(model, net, lr, beta1, beta2, eps, weight_decay)              \
     ndm_adam_at(NDM_HERE, (model), (net), (lr), (beta1), (beta2), (eps), (weight_decay), true)
+/** ndm_adam() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_optimizer ndm_adam_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module net, double lr,
                                   double beta1, double beta2, double eps, double weight_decay,
                                   bool decoupled);
@@ -198,6 +219,7 @@ NDM_API double ndm_lr_cosine(double base, double min_lr, int64_t t, int64_t tota
  *  manager "predictor", made now) and puts net in evaluation mode. A null
  *  net is NDM_E_NULL, a freed one NDM_E_CLOSED. */
 #define ndm_predictor_new(model, net) ndm_predictor_new_at(NDM_HERE, (model), (net))
+/** ndm_predictor_new() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_predictor ndm_predictor_new_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module net);
 /** Run net on `input` in a fresh request manager (a child of the
  *  predictor's manager, closed before return) and return the result in
@@ -205,7 +227,9 @@ NDM_API ndm_predictor ndm_predictor_new_at(NDM_SITE_PARAMS, ndm_manager model, n
  *  Thread-safe:
  *  many threads may predict at once. */
 #define ndm_predict(p, input) ndm_predict_to_at(NDM_HERE, NDM_OUTPUT_RULE, (p), (input))
+/** ndm_predict() with the result attached to out instead of by the output rule. */
 #define ndm_predict_to(out, p, input) ndm_predict_to_at(NDM_HERE, (out), (p), (input))
+/** ndm_predict_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_predict_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_predictor p,
                                     ndm_array input);
 /** The manager that holds the request managers (for dumps). */

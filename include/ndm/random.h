@@ -91,41 +91,54 @@ static inline uint64_t ndm_rng_blocks(uint64_t n, unsigned w) { return (n * w + 
 /** Uniform on [lo, hi) (float dtypes). */
 #define ndm_uniform(m, rng, dtype, lo, hi, ...)                                 \
     ndm_uniform_at(NDM_HERE, (m), (rng), (dtype), (lo), (hi), __VA_ARGS__)
+/** ndm_uniform() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_uniform_at(NDM_SITE_PARAMS, ndm_manager m, ndm_rng *rng, ndm_dtype dtype,
                                  double lo, double hi, int ndim, const int64_t *shape);
+/** ndm_uniform() in place: writes the result into a; returns a status. */
 #define ndm_uniform_(a, rng, lo, hi) ndm_uniform_inplace_at(NDM_HERE, (a), (rng), (lo), (hi))
+/** ndm_uniform_() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_uniform_inplace_at(NDM_SITE_PARAMS, ndm_array a,
                                                         ndm_rng *rng, double lo, double hi);
 
 /** Normal with mean and standard deviation std >= 0 (float dtypes). */
 #define ndm_normal(m, rng, dtype, mean, std, ...)                               \
     ndm_normal_at(NDM_HERE, (m), (rng), (dtype), (mean), (std), __VA_ARGS__)
+/** ndm_normal() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_normal_at(NDM_SITE_PARAMS, ndm_manager m, ndm_rng *rng, ndm_dtype dtype,
                                 double mean, double std, int ndim, const int64_t *shape);
+/** ndm_normal() in place: writes the result into a; returns a status. */
 #define ndm_normal_(a, rng, mean, std) ndm_normal_inplace_at(NDM_HERE, (a), (rng), (mean), (std))
+/** ndm_normal_() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_normal_inplace_at(NDM_SITE_PARAMS, ndm_array a, ndm_rng *rng,
                                                        double mean, double std);
 
 /** Integers uniform on [lo, hi) (u8, i32, i64; the range must fit the dtype). */
 #define ndm_randint(m, rng, dtype, lo, hi, ...)                                 \
     ndm_randint_at(NDM_HERE, (m), (rng), (dtype), (lo), (hi), __VA_ARGS__)
+/** ndm_randint() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_randint_at(NDM_SITE_PARAMS, ndm_manager m, ndm_rng *rng, ndm_dtype dtype,
                                  int64_t lo, int64_t hi, int ndim, const int64_t *shape);
+/** ndm_randint() in place: writes the result into a; returns a status. */
 #define ndm_randint_(a, rng, lo, hi) ndm_randint_inplace_at(NDM_HERE, (a), (rng), (lo), (hi))
+/** ndm_randint_() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_randint_inplace_at(NDM_SITE_PARAMS, ndm_array a,
                                                         ndm_rng *rng, int64_t lo, int64_t hi);
 
 /** 1 with probability p, else 0, in any dtype (bool for masks). */
 #define ndm_bernoulli(m, rng, dtype, p, ...)                                    \
     ndm_bernoulli_at(NDM_HERE, (m), (rng), (dtype), (p), __VA_ARGS__)
+/** ndm_bernoulli() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_bernoulli_at(NDM_SITE_PARAMS, ndm_manager m, ndm_rng *rng, ndm_dtype dtype,
                                    double p, int ndim, const int64_t *shape);
+/** ndm_bernoulli() in place: writes the result into a; returns a status. */
 #define ndm_bernoulli_(a, rng, p) ndm_bernoulli_inplace_at(NDM_HERE, (a), (rng), (p))
+/** ndm_bernoulli_() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_bernoulli_inplace_at(NDM_SITE_PARAMS, ndm_array a,
                                                           ndm_rng *rng, double p);
 
 /** A random permutation of 0..n-1 as a 1-d i64 array (n >= 0). */
 #define ndm_permutation(m, rng, n) ndm_permutation_at(NDM_HERE, (m), (rng), (n))
+/** ndm_permutation() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_permutation_at(NDM_SITE_PARAMS, ndm_manager m, ndm_rng *rng, int64_t n);
 
 #ifdef __cplusplus

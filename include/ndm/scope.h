@@ -39,6 +39,7 @@ extern "C" {
  *  scope; a null parent is NDM_E_NULL). Returns the scope's manager or the
  *  null handle. */
 #define ndm_scope_begin(parent, name) ndm_scope_begin_at(NDM_HERE, (parent), (name))
+/** ndm_scope_begin() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_manager ndm_scope_begin_at(NDM_SITE_PARAMS, ndm_manager parent, const char *name);
 
 /** End a scope: move `keep[0..n)` out (see above), release the rest, close
@@ -49,6 +50,7 @@ NDM_API ndm_manager ndm_scope_begin_at(NDM_SITE_PARAMS, ndm_manager parent, cons
  *  for a handle that is not a manager's (an array handle, a forged one),
  *  which ends nothing. */
 #define ndm_scope_end(scope, n, keep) ndm_scope_end_at(NDM_HERE, (scope), (n), (keep))
+/** ndm_scope_end() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_scope_end_at(NDM_SITE_PARAMS, ndm_manager scope, size_t n,
                                                   const ndm_array *keep);
 
@@ -56,6 +58,7 @@ NDM_API NDM_NODISCARD ndm_status ndm_scope_end_at(NDM_SITE_PARAMS, ndm_manager s
  *  must be owned by it (NDM_E_NOT_OWNER, nothing changes). The scope stays. */
 #define ndm_scope_release_all_but(scope, n, keep)                               \
     ndm_scope_release_all_but_at(NDM_HERE, (scope), (n), (keep))
+/** ndm_scope_release_all() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_scope_release_all_but_at(NDM_SITE_PARAMS, ndm_manager scope,
                                                               size_t n, const ndm_array *keep);
 #define ndm_scope_release_all(scope) ndm_scope_release_all_but_at(NDM_HERE, (scope), 0, NULL)
@@ -63,6 +66,7 @@ NDM_API NDM_NODISCARD ndm_status ndm_scope_release_all_but_at(NDM_SITE_PARAMS, n
 /** Move `a` out of its scope now, to where ndm_scope_end would move a kept
  *  array. NDM_E_NOT_OWNER when `a` is not owned by a scope. */
 #define ndm_scope_move_out(a) ndm_scope_move_out_at(NDM_HERE, (a))
+/** ndm_scope_move_out() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_scope_move_out_at(NDM_SITE_PARAMS, ndm_array a);
 
 /** The innermost live scope of this thread (null if none). */
@@ -79,6 +83,7 @@ NDM_API bool ndm_manager_is_scope(ndm_manager m);
  *  (one disposal protocol), and the input's own handle stays its owner's. */
 typedef ndm_array (*ndm_scoped_fn)(void *ud);
 #define ndm_scoped(parent, fn, ud) ndm_scoped_at(NDM_HERE, (parent), (fn), (ud))
+/** ndm_scoped() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_scoped_at(NDM_SITE_PARAMS, ndm_manager parent, ndm_scoped_fn fn, void *ud);
 
 /* The one-expression form (GCC/Clang statement expression):
