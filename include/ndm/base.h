@@ -90,7 +90,6 @@ typedef struct ndm_array {
  *  resources, and frees them all when it is closed. */
 typedef struct ndm_manager {
     uint64_t id; /**< Slot, generation and kind bit; 0 is the null handle. Opaque. */
-
 } ndm_manager;
 
 /** The null array handle: what a failed call returns. */

@@ -59,7 +59,6 @@ NDM_API uint16_t ndm_f32_to_bf16(float x);
 /** The bits of a bfloat16 to float (exact). */
 NDM_API float ndm_bf16_to_f32(uint16_t h);
 
-
 #ifdef __cplusplus
 }
 #endif

@@ -123,6 +123,9 @@ NDM_API NDM_NODISCARD ndm_status ndm_manager_own_at(NDM_SITE_PARAMS, ndm_manager
  *  return is reported through the log callback and makes the close return
  *  NDM_E_HOOK; the close still completes. */
 typedef int (*ndm_close_fn)(void *ud);
+/** Register fn(ud) to run when `m` closes (see ndm_close_fn). NDM_OK;
+ *  NDM_E_INVALID for a NULL fn, NDM_E_CLOSED for a closed or closing m,
+ *  NDM_E_ROOT for system/detached, NDM_E_OOM; nothing is registered then. */
 #define ndm_manager_on_close(m, fn, ud) ndm_manager_on_close_at(NDM_HERE, (m), (fn), (ud))
 /** ndm_manager_on_close() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_manager_on_close_at(NDM_SITE_PARAMS, ndm_manager m,

@@ -98,7 +98,6 @@ typedef enum ndm_log_level {
  *  given to ndm_set_log_fn(). May be called from any thread that uses ndm. */
 typedef void (*ndm_log_fn)(ndm_log_level level, const char *msg, void *ud);
 
-
 /** Install a log callback (NULL restores the default, which prints warnings
  *  to stderr, and errors too when the environment variable NDM_LOG_ERRORS
  *  is set and not "0"). Errors are also passed to it at NDM_LOG_ERROR, with

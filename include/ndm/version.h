@@ -28,7 +28,6 @@
 #define NDM_VERSION_STR2_(x) #x
 #define NDM_VERSION_STR_(x) NDM_VERSION_STR2_(x)
 /** The headers' version as text, "0.1.0". */
-
 #define NDM_VERSION_STRING                                                      \
     NDM_VERSION_STR_(NDM_VERSION_MAJOR)                                         \
     "." NDM_VERSION_STR_(NDM_VERSION_MINOR) "." NDM_VERSION_STR_(NDM_VERSION_PATCH)
