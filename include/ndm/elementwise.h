@@ -66,7 +66,14 @@
 extern "C" {
 #endif
 
-/* ---- arithmetic (a OP b, broadcast) ---- */
+/** @name Arithmetic (a OP b, broadcast)
+ *  Each returns a new array attached by the output rule (the `_to` form:
+ *  to m), which the caller releases or its manager's close does, or the null
+ *  handle with nothing allocated: NDM_E_SHAPE (shapes do not broadcast),
+ *  NDM_E_DTYPE, NDM_E_DEVICE (operands on different devices), NDM_E_NULL /
+ *  NDM_E_CLOSED (an input or m), NDM_E_CAPPED / NDM_E_QUOTA (the output
+ *  manager), NDM_E_OOM, NDM_E_UNSUPPORTED (a backend without the kernel). */
+/** @{ */
 
 /** a + b. */
 #define ndm_add(a, b) ndm_add_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (b))
@@ -111,7 +118,11 @@ NDM_API ndm_array ndm_maximum_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array 
 /** ndm_minimum_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_minimum_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, ndm_array b);
 
-/* ---- comparisons and logic (bool results) ---- */
+/** @} */
+
+/** @name Comparisons and logic (bool results)
+ *  Returns, ownership and errors as for the arithmetic functions. */
+/** @{ */
 
 /** a == b. */
 #define ndm_eq(a, b) ndm_eq_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (b))
@@ -177,7 +188,13 @@ NDM_API ndm_array ndm_logical_xor_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_ar
 NDM_API ndm_array ndm_where_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array cond, ndm_array a,
                                   ndm_array b);
 
-/* ---- with a scalar (weak scalar rules above) ---- */
+/** @} */
+
+/** @name With a scalar (weak scalar rules in the file description)
+ *  Returns, ownership and errors as for the arithmetic functions, plus
+ *  NDM_E_INVALID for an integral scalar that does not fit an integer array's
+ *  dtype (arithmetic only: comparisons never fail on the scalar). */
+/** @{ */
 
 /** a + s. */
 #define ndm_add_scalar(a, s) ndm_add_scalar_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (s))
@@ -276,9 +293,14 @@ NDM_API ndm_array ndm_gt_scalar_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_arra
 /** ndm_ge_scalar_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_ge_scalar_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, double s);
 
-/* ---- in place: write into a, return a status ----
- * Errors: those of the returning forms, plus NDM_E_DTYPE when the result
- * cannot be stored into a's dtype and NDM_E_INVALID for a broadcast view. */
+/** @} */
+
+/** @name In place: write into a, return a status
+ *  NDM_OK, or the errors of the returning forms, plus NDM_E_DTYPE when the
+ *  result cannot be stored into a's dtype and NDM_E_INVALID for a broadcast
+ *  view; a is unchanged then. They create no array, so a capped manager's
+ *  arrays can be updated. */
+/** @{ */
 
 /** a += b */
 #define ndm_add_(a, b) ndm_add_inplace_at(NDM_HERE, (a), (b))
@@ -347,9 +369,17 @@ NDM_API NDM_NODISCARD ndm_status ndm_maximum_scalar_inplace_at(NDM_SITE_PARAMS, 
 NDM_API NDM_NODISCARD ndm_status ndm_minimum_scalar_inplace_at(NDM_SITE_PARAMS, ndm_array a,
                                                                double s);
 
-/* ---- unary ----
- * Each has three forms: ndm_exp(a) (new array, output rule), ndm_exp_to(m, a)
- * (new array in m) and ndm_exp_(a) (in place, returns a status). */
+/** @} */
+
+/** @name Unary functions
+ *  Each has three forms: ndm_exp(a) (new array, output rule), ndm_exp_to(m, a)
+ *  (new array in m) and ndm_exp_(a) (in place, returns a status). The
+ *  returning forms give a new array that the caller releases (or its
+ *  manager's close does), or the null handle, with the errors of the
+ *  arithmetic functions; the in-place forms return NDM_OK or those errors,
+ *  plus NDM_E_DTYPE when the result does not fit a's dtype (exp_ of an
+ *  integer array). */
+/** @{ */
 
 /** -a; integers wrap; NDM_E_DTYPE for bool. */
 #define ndm_neg(a) ndm_neg_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a))
@@ -577,11 +607,14 @@ NDM_API ndm_array ndm_clamp_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a,
 NDM_API NDM_NODISCARD ndm_status ndm_clamp_inplace_at(NDM_SITE_PARAMS, ndm_array a, double lo,
                                                       double hi);
 
-/* ---- casts ----
- * Conversions between dtypes: float to integer truncates toward zero and
- * saturates (NaN gives 0), integer to integer wraps, anything to bool is
- * "!= 0" (NaN is true), to f16/bf16 rounds to nearest even (from i64 and
- * f64 through f32, as the core copy does). */
+/** @} */
+
+/** @name Casts
+ *  Conversions between dtypes: float to integer truncates toward zero and
+ *  saturates (NaN gives 0), integer to integer wraps, anything to bool is
+ *  "!= 0" (NaN is true), to f16/bf16 rounds to nearest even (from i64 and
+ *  f64 through f32, as the core copy does). */
+/** @{ */
 
 /** A new C-contiguous array of `dtype` with a's values converted: ALWAYS a
  *  copy on new storage, even when a already has that dtype (for a second
@@ -601,6 +634,7 @@ NDM_API ndm_array ndm_astype_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
 #define ndm_copy_into(dst, src) ndm_copy_into_at(NDM_HERE, (dst), (src))
 /** ndm_copy_into() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_copy_into_at(NDM_SITE_PARAMS, ndm_array dst, ndm_array src);
+/** @} */
 
 #ifdef __cplusplus
 }
