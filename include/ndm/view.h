@@ -22,6 +22,15 @@
 extern "C" {
 #endif
 
+/** @name Views and copies
+ *  Each returns a new handle attached by the output rule (the `_to` form: to
+ *  m), which the caller releases or its manager's close does, or the null
+ *  handle: NDM_E_NULL / NDM_E_CLOSED (a or m), NDM_E_AXIS (axis out of range
+ *  or repeated), NDM_E_SHAPE (a shape that does not fit), NDM_E_OVERFLOW,
+ *  NDM_E_CAPPED / NDM_E_QUOTA (the output manager), NDM_E_OOM (copies and
+ *  handle records). A view keeps the storage alive after `a` is released. */
+/** @{ */
+
 /** A second handle on the same view of `a`. */
 #define ndm_alias(a) ndm_alias_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a))
 /** ndm_alias() with the result attached to m instead of by the output rule. */
@@ -62,6 +71,8 @@ NDM_API ndm_array ndm_swapaxes_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array
  *  from the end, bounds clamp, step may be negative but not 0. Use
  *  NDM_END for an open bound. */
 #define NDM_END INT64_MAX
+/** a[start:stop:step] along `axis`, a view (see NDM_END). A step of 0 is
+ *  NDM_E_INVALID. */
 #define ndm_slice(a, axis, start, stop, step)                                   \
     ndm_slice_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (axis), (start), (stop), (step))
 /** ndm_slice() with the result attached to m instead of by the output rule. */
@@ -82,6 +93,8 @@ NDM_API ndm_array ndm_select_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
 /** Remove size-1 axis `axis`, or every size-1 axis with NDM_ALL_AXES.
  *  Squeezing an axis whose size is not 1 is NDM_E_SHAPE. */
 #define NDM_ALL_AXES INT32_MIN
+/** Remove size-1 axis `axis` (NDM_ALL_AXES: every size-1 axis), a view;
+ *  NDM_E_SHAPE when that axis's size is not 1. */
 #define ndm_squeeze(a, axis) ndm_squeeze_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (axis))
 /** ndm_squeeze() with the result attached to m instead of by the output rule. */
 #define ndm_squeeze_to(m, a, axis) ndm_squeeze_to_at(NDM_HERE, (m), (a), (axis))
@@ -116,6 +129,7 @@ NDM_API ndm_array ndm_contiguous_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_arr
 #define ndm_copy_to(m, a) ndm_copy_to_at(NDM_HERE, (m), (a))
 /** ndm_copy_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_copy_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a);
+/** @} */
 
 #ifdef __cplusplus
 }
