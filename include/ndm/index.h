@@ -39,8 +39,8 @@
 extern "C" {
 #endif
 
-/* An array list literal: NDM_ARRAYS(a, b) expands to
- * `2, (const ndm_array[]){a, b}`, the (n, arrays) pair concat and stack take. */
+/** An array list literal: NDM_ARRAYS(a, b) expands to
+ *  `2, (const ndm_array[]){a, b}`, the (n, arrays) pair concat and stack take. */
 #define NDM_ARRAYS(...)                                                         \
     NDM_LIST_COUNT_(ndm_array, __VA_ARGS__), NDM_LIST_(ndm_array, __VA_ARGS__)
 
@@ -141,6 +141,8 @@ NDM_API ndm_array ndm_gather_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
 /** ndm_scatter_add_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_scatter_add_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis,
                                         ndm_array indices, ndm_array src);
+/** ndm_scatter_add() in place: adds into `a` and returns NDM_OK or the
+ *  error (a unchanged then); creates nothing. */
 #define ndm_scatter_add_(a, axis, indices, src)                                 \
     ndm_scatter_add_inplace_at(NDM_HERE, (a), (axis), (indices), (src))
 /** ndm_scatter_add_() with an explicit call site (the macro passes NDM_HERE). */
@@ -160,11 +162,12 @@ NDM_API NDM_NODISCARD ndm_status ndm_scatter_add_inplace_at(NDM_SITE_PARAMS, ndm
 NDM_API ndm_array ndm_one_hot_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array indices,
                                     int64_t num_classes, ndm_dtype dtype);
 
+/** What ndm_pad() fills the new border with. */
 typedef enum ndm_pad_mode {
-    NDM_PAD_CONSTANT = 0, /* `value`, converted to the array's dtype */
-    NDM_PAD_EDGE = 1,     /* the nearest edge element */
-    NDM_PAD_REFLECT = 2,  /* mirrored about the edge element, not repeating it
-                             (numpy's "reflect"); wide pads keep mirroring */
+    NDM_PAD_CONSTANT = 0, /**< `value`, converted to the array's dtype */
+    NDM_PAD_EDGE = 1,     /**< the nearest edge element */
+    NDM_PAD_REFLECT = 2,  /**< mirrored about the edge element, not repeating it
+                               (numpy's "reflect"); wide pads keep mirroring */
 } ndm_pad_mode;
 
 /** `a` grown by widths: n == 2 * ndim entries (before, after) per axis in
