@@ -56,18 +56,22 @@
 extern "C" {
 #endif
 
-/* Axis lists: NDM_AXES(0, -1) expands to `2, (const int[]){0, -1}`. */
+/** Axis lists: NDM_AXES(0, -1) expands to `2, (const int[]){0, -1}`. */
 #define NDM_AXES(...)                                                           \
     NDM_LIST_COUNT_(int, __VA_ARGS__), NDM_LIST_(int, __VA_ARGS__)
-/* Every axis (n = -1). */
+/** Every axis (n = -1). */
 #define NDM_ALL_AXES_LIST (-1), (const int *)0
-/* No axis (numpy's axis=()): the result has the input's shape. */
+/** No axis (numpy's axis=()): the result has the input's shape. */
 #define NDM_NO_AXES 0, (const int *)0
 
-/* Common errors of the functions below: NDM_E_AXIS (axis out of range or
- * repeated, n < -1), NDM_E_INVALID (n > 0 with axes NULL), NDM_E_CLOSED for
- * a stale input, the output manager's NDM_E_CLOSED/NDM_E_CAPPED/NDM_E_QUOTA,
- * NDM_E_OOM. */
+/** @name Reductions and softmax
+ *  Each returns a new array attached by the output rule (the `_to` form: to
+ *  m), which the caller releases or its manager's close does, or the null
+ *  handle. Common errors: NDM_E_AXIS (axis out of range or repeated,
+ *  n < -1), NDM_E_INVALID (n > 0 with axes NULL), NDM_E_CLOSED for a stale
+ *  input, the output manager's NDM_E_CLOSED/NDM_E_CAPPED/NDM_E_QUOTA,
+ *  NDM_E_OOM. */
+/** @{ */
 
 /** Sum. */
 #define ndm_sum(a, keepdim, ...)                                                \
@@ -202,6 +206,7 @@ NDM_API ndm_array ndm_softmax_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array 
 #define ndm_log_softmax_to(m, a, axis) ndm_log_softmax_to_at(NDM_HERE, (m), (a), (axis))
 /** ndm_log_softmax_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_log_softmax_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis);
+/** @} */
 
 #ifdef __cplusplus
 }
