@@ -40,6 +40,12 @@
 extern "C" {
 #endif
 
+/** @name Products
+ *  Each returns a new array attached by the output rule (the `_to` form: to
+ *  m), which the caller releases or its manager's close does, or the null
+ *  handle with the errors listed in the file description. */
+/** @{ */
+
 /** numpy.matmul: 2-D operands multiply as matrices; a 1-D `a` is a row
  *  (k) -> (1, k) and a 1-D `b` a column, the added axis removed from the
  *  result; leading (batch) axes broadcast: (2, 1, m, k) @ (3, k, n) gives
@@ -67,6 +73,7 @@ NDM_API ndm_array ndm_dot_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, n
 #define ndm_outer_to(m, a, b) ndm_outer_to_at(NDM_HERE, (m), (a), (b))
 /** ndm_outer_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_outer_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, ndm_array b);
+/** @} */
 
 /** The CPU GEMM provider compiled in: "openblas", "blis" or "none"
  *  (static string). */
