@@ -73,6 +73,7 @@ NDM_API ndm_status ndm_grad_end(void);
 NDM_API bool ndm_grad_recording(void);
 /** Pause recording on this thread (nests); inference code can run inside. */
 NDM_API void ndm_no_grad_begin(void);
+/** End one ndm_no_grad_begin(); without one open it does nothing. */
 NDM_API void ndm_no_grad_end(void);
 
 /** Add d(loss)/d(param) to the gradient of every parameter `loss` depends
@@ -84,7 +85,9 @@ NDM_API void ndm_no_grad_end(void);
 /** The same with an explicit gradient for `out` (of its shape), for outputs
  *  with more than one element. */
 #define ndm_backward_with(out, grad) ndm_backward_with_at(NDM_HERE, (out), (grad))
-/** ndm_backward() with an explicit call site (the macro passes NDM_HERE). */
+/** ndm_backward() and ndm_backward_with() with an explicit call site (grad
+ *  null: the loss form). NDM_OK, or NDM_E_SHAPE, NDM_E_INVALID (not a
+ *  recorded result), NDM_E_OOM (also when the recording of the step failed). */
 NDM_API NDM_NODISCARD ndm_status ndm_backward_with_at(NDM_SITE_PARAMS, ndm_array out,
                                                       ndm_array grad);
 
