@@ -73,9 +73,9 @@ extern "C" {
 /** A generator: which stream to read (seed, stream) and where (offset, in
  *  128-bit blocks). All three fields are the caller's to set. */
 typedef struct ndm_rng {
-    uint64_t seed;
-    uint64_t stream;
-    uint64_t offset;
+    uint64_t seed;   /**< the Philox key */
+    uint64_t stream; /**< the stream, the counter's high 64 bits */
+    uint64_t offset; /**< the next block to read, the counter's low 64 bits */
 } ndm_rng;
 
 /** Stream 0 of `seed`, from its start. */
@@ -94,7 +94,8 @@ static inline uint64_t ndm_rng_blocks(uint64_t n, unsigned w) { return (n * w + 
 /** ndm_uniform() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_uniform_at(NDM_SITE_PARAMS, ndm_manager m, ndm_rng *rng, ndm_dtype dtype,
                                  double lo, double hi, int ndim, const int64_t *shape);
-/** ndm_uniform() in place: writes the result into a; returns a status. */
+/** ndm_uniform() into the existing array `a` (any layout, even in a capped manager):
+ *  NDM_OK, or an error with the generator unchanged. */
 #define ndm_uniform_(a, rng, lo, hi) ndm_uniform_inplace_at(NDM_HERE, (a), (rng), (lo), (hi))
 /** ndm_uniform_() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_uniform_inplace_at(NDM_SITE_PARAMS, ndm_array a,
@@ -106,7 +107,8 @@ NDM_API NDM_NODISCARD ndm_status ndm_uniform_inplace_at(NDM_SITE_PARAMS, ndm_arr
 /** ndm_normal() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_normal_at(NDM_SITE_PARAMS, ndm_manager m, ndm_rng *rng, ndm_dtype dtype,
                                 double mean, double std, int ndim, const int64_t *shape);
-/** ndm_normal() in place: writes the result into a; returns a status. */
+/** ndm_normal() into the existing array `a` (any layout, even in a capped manager):
+ *  NDM_OK, or an error with the generator unchanged. */
 #define ndm_normal_(a, rng, mean, std) ndm_normal_inplace_at(NDM_HERE, (a), (rng), (mean), (std))
 /** ndm_normal_() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_normal_inplace_at(NDM_SITE_PARAMS, ndm_array a, ndm_rng *rng,
@@ -118,7 +120,8 @@ NDM_API NDM_NODISCARD ndm_status ndm_normal_inplace_at(NDM_SITE_PARAMS, ndm_arra
 /** ndm_randint() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_randint_at(NDM_SITE_PARAMS, ndm_manager m, ndm_rng *rng, ndm_dtype dtype,
                                  int64_t lo, int64_t hi, int ndim, const int64_t *shape);
-/** ndm_randint() in place: writes the result into a; returns a status. */
+/** ndm_randint() into the existing array `a` (any layout, even in a capped manager):
+ *  NDM_OK, or an error with the generator unchanged. */
 #define ndm_randint_(a, rng, lo, hi) ndm_randint_inplace_at(NDM_HERE, (a), (rng), (lo), (hi))
 /** ndm_randint_() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_randint_inplace_at(NDM_SITE_PARAMS, ndm_array a,
@@ -130,7 +133,8 @@ NDM_API NDM_NODISCARD ndm_status ndm_randint_inplace_at(NDM_SITE_PARAMS, ndm_arr
 /** ndm_bernoulli() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_bernoulli_at(NDM_SITE_PARAMS, ndm_manager m, ndm_rng *rng, ndm_dtype dtype,
                                    double p, int ndim, const int64_t *shape);
-/** ndm_bernoulli() in place: writes the result into a; returns a status. */
+/** ndm_bernoulli() into the existing array `a` (any layout, even in a capped manager):
+ *  NDM_OK, or an error with the generator unchanged. */
 #define ndm_bernoulli_(a, rng, p) ndm_bernoulli_inplace_at(NDM_HERE, (a), (rng), (p))
 /** ndm_bernoulli_() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_bernoulli_inplace_at(NDM_SITE_PARAMS, ndm_array a,
