@@ -45,19 +45,23 @@
 extern "C" {
 #endif
 
+/** A module handle: a layer or a sequence of them, owned by its model
+ *  manager and freed when that manager closes. */
 typedef struct ndm_module {
-    uint64_t id;
+    uint64_t id; /**< Slot and generation; 0 is the null module. Opaque. */
 } ndm_module;
 
+/** An optimizer handle, owned by its model manager. */
 typedef struct ndm_optimizer {
-    uint64_t id;
+    uint64_t id; /**< Slot and generation; 0 is the null optimizer. Opaque. */
 } ndm_optimizer;
 
+/** A predictor handle, owned by its model manager. */
 typedef struct ndm_predictor {
-    uint64_t id;
+    uint64_t id; /**< Slot and generation; 0 is the null predictor. Opaque. */
 } ndm_predictor;
 
-/* A module list literal: NDM_MODULES(a, b) is `2, (const ndm_module[]){a, b}`. */
+/** A module list literal: NDM_MODULES(a, b) is `2, (const ndm_module[]){a, b}`. */
 #define NDM_MODULES(...)                                                        \
     NDM_LIST_COUNT_(ndm_module, __VA_ARGS__), NDM_LIST_(ndm_module, __VA_ARGS__)
 
@@ -78,6 +82,14 @@ NDM_API NDM_NODISCARD ndm_status ndm_init_xavier_uniform_inplace_at(NDM_SITE_PAR
 
 /* ---- layers -------------------------------------------------------------------- */
 
+/** @name Layers
+ *  Each constructor returns a module owned by `model` (it dies when `model`
+ *  closes), its parameters made in `model` with gradients, or the null
+ *  module: NDM_E_INVALID (sizes < 1, a NULL
+ *  generator where one is needed, bad options), NDM_E_OOM, and `model`'s
+ *  refusals (NDM_E_NULL, NDM_E_CLOSED, NDM_E_CAPPED, NDM_E_QUOTA). */
+/** @{ */
+
 /** y = x W^T + b with W (out, in) (Kaiming uniform) and b (out) (zeros),
  *  f32. x is (..., in). */
 #define ndm_linear(model, in, out, bias, rng)                                   \
@@ -93,13 +105,16 @@ NDM_API ndm_module ndm_linear_at(NDM_SITE_PARAMS, ndm_manager model, int64_t in,
 NDM_API ndm_module ndm_conv2d_module_at(NDM_SITE_PARAMS, ndm_manager model, int64_t in_ch,
                                         int64_t out_ch, int64_t kh, int64_t kw, bool bias,
                                         ndm_rng *rng, const ndm_conv2d_opts *opts);
+/** Max pooling with `opts` (a kernel size is required), no parameters. */
 #define ndm_max_pool2d_module(model, opts) ndm_max_pool2d_module_at(NDM_HERE, (model), (opts))
 /** ndm_max_pool2d_module() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_module ndm_max_pool2d_module_at(NDM_SITE_PARAMS, ndm_manager model,
                                             const ndm_pool2d_opts *opts);
+/** ndm_relu() as a module. */
 #define ndm_relu_module(model) ndm_relu_module_at(NDM_HERE, (model))
 /** ndm_relu_module() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_module ndm_relu_module_at(NDM_SITE_PARAMS, ndm_manager model);
+/** ndm_gelu() (the exact form) as a module. */
 #define ndm_gelu_module(model) ndm_gelu_module_at(NDM_HERE, (model))
 /** ndm_gelu_module() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_module ndm_gelu_module_at(NDM_SITE_PARAMS, ndm_manager model);
@@ -128,6 +143,7 @@ NDM_API ndm_module ndm_embedding_at(NDM_SITE_PARAMS, ndm_manager model, int64_t 
 /** ndm_sequential() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_module ndm_sequential_at(NDM_SITE_PARAMS, ndm_manager model, int n,
                                      const ndm_module *modules);
+/** @} */
 
 /** Run a module on x: a fresh array attached by the output rule (the `_to`
  *  manager, else the innermost scope, else x's manager). Recorded for
@@ -202,6 +218,7 @@ NDM_API ndm_optimizer ndm_adam_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module
 NDM_API NDM_NODISCARD ndm_status ndm_optimizer_step(ndm_optimizer o);
 /** Zero every parameter's gradient. */
 NDM_API NDM_NODISCARD ndm_status ndm_optimizer_zero_grad(ndm_optimizer o);
+/** Set the learning rate (> 0 and finite: NDM_E_INVALID otherwise). */
 NDM_API NDM_NODISCARD ndm_status ndm_optimizer_set_lr(ndm_optimizer o, double lr);
 /** The learning rate, or a negative value for a stale handle. */
 NDM_API double ndm_optimizer_lr(ndm_optimizer o);
