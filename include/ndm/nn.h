@@ -169,6 +169,14 @@ NDM_API int ndm_module_describe(ndm_module m, char *buf, size_t n);
 
 /* ---- losses (recorded for gradients) -------------------------------------------- */
 
+/** @name Losses
+ *  Each returns a new 0-d array attached by the output rule (the `_to`
+ *  form: to m), which the caller releases or its manager's close does, or
+ *  the null handle: NDM_E_SHAPE, NDM_E_DTYPE (logits not float, labels not
+ *  integer), NDM_E_INVALID (a label out of range), and the errors of the
+ *  elementwise and reduction functions it is made of. */
+/** @{ */
+
 /** Mean over the batch of -log softmax(logits)[label]: logits (N, C) float,
  *  labels (N) integer in [0, C) (NDM_E_INVALID otherwise). A 0-d result. */
 #define ndm_cross_entropy(logits, labels)                                       \
@@ -192,8 +200,18 @@ NDM_API ndm_array ndm_nll_loss_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array
 #define ndm_mse_loss_to(m, a, b) ndm_mse_loss_to_at(NDM_HERE, (m), (a), (b))
 /** ndm_mse_loss_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_mse_loss_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, ndm_array b);
+/** @} */
 
 /* ---- optimizers ------------------------------------------------------------------- */
+
+/** @name Optimizers
+ *  A constructor returns an optimizer owned by `model` (freed when it
+ *  closes), with its state arrays in `model`, or the null optimizer:
+ *  NDM_E_INVALID (a rate that is not finite, lr or eps <= 0, a beta outside
+ *  [0, 1)), NDM_E_OOM, the errors of net's handle, and `model`'s refusals;
+ *  state arrays made before a failure stay in `model` until it closes. A
+ *  step or zero_grad returns NDM_OK or the first in-place update's error. */
+/** @{ */
 
 /** SGD over the parameters of `net`: v = momentum v + g + weight_decay w;
  *  w -= lr v (plain SGD with momentum 0). Its state (velocities and scratch)
@@ -227,6 +245,7 @@ NDM_API double ndm_optimizer_lr(ndm_optimizer o);
 NDM_API double ndm_lr_step(double base, int64_t epoch, int64_t step_size, double gamma);
 /** Cosine annealing from base (t = 0) to min_lr (t = total). */
 NDM_API double ndm_lr_cosine(double base, double min_lr, int64_t t, int64_t total);
+/** @} */
 
 /* ---- predictors -------------------------------------------------------------------- */
 
@@ -234,15 +253,16 @@ NDM_API double ndm_lr_cosine(double base, double min_lr, int64_t t, int64_t tota
  *  owned by `model` itself (NDM_E_NOT_OWNER otherwise, and nothing is
  *  capped): caps `model` (arrays and children, except the predictor's own
  *  manager "predictor", made now) and puts net in evaluation mode. A null
- *  net is NDM_E_NULL, a freed one NDM_E_CLOSED. */
+ *  net is NDM_E_NULL, a freed one NDM_E_CLOSED. Returns the predictor, owned
+ *  by `model`, or the null predictor. */
 #define ndm_predictor_new(model, net) ndm_predictor_new_at(NDM_HERE, (model), (net))
 /** ndm_predictor_new() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_predictor ndm_predictor_new_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module net);
 /** Run net on `input` in a fresh request manager (a child of the
  *  predictor's manager, closed before return) and return the result in
  *  `out` (NDM_OUTPUT_RULE: the innermost scope, else input's manager).
- *  Thread-safe:
- *  many threads may predict at once. */
+ *  Thread-safe: many threads may predict at once. Returns a new handle, the
+ *  caller's to release, or the null handle with the forward pass's error. */
 #define ndm_predict(p, input) ndm_predict_to_at(NDM_HERE, NDM_OUTPUT_RULE, (p), (input))
 /** ndm_predict() with the result attached to out instead of by the output rule. */
 #define ndm_predict_to(out, p, input) ndm_predict_to_at(NDM_HERE, (out), (p), (input))
