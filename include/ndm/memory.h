@@ -175,6 +175,11 @@ NDM_API NDM_NODISCARD ndm_status ndm_memory_stats_get(ndm_device device, ndm_mem
 NDM_API NDM_NODISCARD ndm_status ndm_memory_stat_get(ndm_device device, const char *key,
                                                      int64_t *out);
 
+/** @name Per-device maintenance
+ *  Each returns NDM_OK, or NDM_E_DEVICE / NDM_E_UNSUPPORTED for a device
+ *  this build or machine does not have (ndm_memory_summary also
+ *  NDM_E_INVALID for a NULL f). */
+/** @{ */
 /** Set every peak to its current value. */
 NDM_API NDM_NODISCARD ndm_status ndm_memory_reset_peak_stats(ndm_device device);
 /** Zero the allocated/freed sums and the event counters. */
@@ -186,6 +191,7 @@ NDM_API NDM_NODISCARD ndm_status ndm_memory_empty_cache(ndm_device device);
 /** Print PyTorch's summary table for `device`, then the fragmentation
  *  figures and the effective settings. */
 NDM_API ndm_status ndm_memory_summary(ndm_device device, FILE *f);
+/** @} */
 
 /** Configure the allocator of `device` from `conf` (grammar above): the
  *  defaults, then `conf`; items for other devices are checked and skipped.
