@@ -93,9 +93,10 @@ enum {
 
 /** Cap a manager: it refuses what `flags` names, reporting the refused
  *  array's creation site. In-place updates of its arrays still work, and
- *  borrowed arrays can still come back. */
+ *  borrowed arrays can still come back. NDM_OK; NDM_E_INVALID for unknown
+ *  flag bits, NDM_E_ROOT for system/detached. */
 NDM_API NDM_NODISCARD ndm_status ndm_manager_cap(ndm_manager m, unsigned flags);
-/** Lift the caps named by `flags`. */
+/** Lift the caps named by `flags`. Errors as for ndm_manager_cap(). */
 NDM_API NDM_NODISCARD ndm_status ndm_manager_uncap(ndm_manager m, unsigned flags);
 /** The manager's current cap flags (0 when stale). */
 NDM_API unsigned ndm_manager_caps(ndm_manager m);
