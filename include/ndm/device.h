@@ -33,8 +33,7 @@ typedef struct ndm_device {
 #define NDM_CUDA(i) NDM_LITERAL_(ndm_device, NDM_DEVICE_CUDA, (i))
 
 /** Same kind and index? */
-static inline
- bool ndm_device_eq(ndm_device a, ndm_device b)
+static inline bool ndm_device_eq(ndm_device a, ndm_device b)
 {
     return a.type == b.type && a.index == b.index;
 }
