@@ -67,6 +67,12 @@ typedef struct ndm_predictor {
 
 /* ---- initialisation (in place, from the seeded generator) ------------------- */
 
+/** @name Initialisation
+ *  Each fills an existing float array in place (a capped model's too) and
+ *  returns NDM_OK, or NDM_E_SHAPE (rank 0 or above 16, a fan-in of 0) and
+ *  the errors of ndm_uniform_(), with the generator unchanged. */
+/** @{ */
+
 /** He/Kaiming uniform: U(-b, b) with b = gain * sqrt(3 / fan_in), gain =
  *  sqrt(2) (ReLU). fan_in is the size of every axis but the first. */
 #define ndm_init_kaiming_uniform_(a, rng) ndm_init_kaiming_uniform_inplace_at(NDM_HERE, (a), (rng))
@@ -79,6 +85,7 @@ NDM_API NDM_NODISCARD ndm_status ndm_init_kaiming_uniform_inplace_at(NDM_SITE_PA
 /** ndm_init_xavier_uniform_() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_init_xavier_uniform_inplace_at(NDM_SITE_PARAMS, ndm_array a,
                                                                    ndm_rng *rng);
+/** @} */
 
 /* ---- layers -------------------------------------------------------------------- */
 
@@ -146,8 +153,9 @@ NDM_API ndm_module ndm_sequential_at(NDM_SITE_PARAMS, ndm_manager model, int n,
 /** @} */
 
 /** Run a module on x: a fresh array attached by the output rule (the `_to`
- *  manager, else the innermost scope, else x's manager). Recorded for
- *  gradients when this thread records. */
+ *  manager, else the innermost scope, else x's manager), the caller's to
+ *  release, or the null handle with the failing operation's error, reported
+ *  at the caller's line. Recorded for gradients when this thread records. */
 #define ndm_forward(m, x) ndm_forward_to_at(NDM_HERE, NDM_OUTPUT_RULE, (m), (x))
 /** ndm_forward() with the result attached to out instead of by the output rule. */
 #define ndm_forward_to(out, m, x) ndm_forward_to_at(NDM_HERE, (out), (m), (x))
@@ -164,7 +172,9 @@ NDM_API int ndm_module_parameters(ndm_module m, ndm_array *out, int cap);
  *  points into the module and lives as long as it does. */
 NDM_API int ndm_module_named_parameters(ndm_module m, const char **names, ndm_array *out,
                                         int cap);
-/** A one-line description: "Sequential(Linear(784, 256), ReLU, Linear(256, 10))". */
+/** A one-line description: "Sequential(Linear(784, 256), ReLU, Linear(256, 10))",
+ *  into buf (truncated to n, NUL-terminated; buf may be NULL); returns the
+ *  full length, or a negative status for a bad handle. */
 NDM_API int ndm_module_describe(ndm_module m, char *buf, size_t n);
 
 /* ---- losses (recorded for gradients) -------------------------------------------- */
