@@ -44,6 +44,16 @@ extern "C" {
 #define NDM_ARRAYS(...)                                                         \
     NDM_LIST_COUNT_(ndm_array, __VA_ARGS__), NDM_LIST_(ndm_array, __VA_ARGS__)
 
+/** @name Shape and indexing operations
+ *  Each returns a new handle attached by the output rule (the `_to` form:
+ *  to m), which the caller releases or its manager's close does, or the null
+ *  handle with nothing allocated; ndm_split and ndm_split_indices fill outs
+ *  and return a status, ndm_scatter_add_ writes in place. Errors are checked
+ *  before any allocation: those named per function, NDM_E_AXIS, NDM_E_DTYPE
+ *  (index arrays), NDM_E_DEVICE, NDM_E_OVERFLOW, the handles' NDM_E_NULL /
+ *  NDM_E_CLOSED, the output manager's NDM_E_CAPPED / NDM_E_QUOTA, NDM_E_OOM. */
+/** @{ */
+
 /** Join n >= 1 arrays along an existing axis. All have the same rank (>= 1)
  *  and the same sizes except along `axis`, and live on one device. The
  *  result's dtype is ndm_result_type over the inputs; each is converted.
@@ -227,6 +237,7 @@ NDM_API ndm_array ndm_repeat_each_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_ar
 #define ndm_cumsum_to(m, a, axis) ndm_cumsum_to_at(NDM_HERE, (m), (a), (axis))
 /** ndm_cumsum_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_cumsum_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis);
+/** @} */
 
 #ifdef __cplusplus
 }

@@ -113,7 +113,9 @@ NDM_API uint64_t ndm_manager_limit(ndm_manager m, ndm_device device);
 
 /** Make `m` own another resource: free_fn(ptr) runs when `m` closes (newest
  *  first, after the arrays). `name` (copied, may be NULL) shows in reports.
- *  On failure free_fn is NOT called; the caller still owns ptr. */
+ *  On failure free_fn is NOT called; the caller still owns ptr. NDM_OK;
+ *  NDM_E_INVALID for a NULL free_fn, NDM_E_CLOSED for a closed or closing
+ *  m, NDM_E_ROOT for system/detached, NDM_E_OOM. */
 #define ndm_manager_own(m, ptr, free_fn, name)                                  \
     ndm_manager_own_at(NDM_HERE, (m), (ptr), (free_fn), (name))
 /** ndm_manager_own() with an explicit call site (the macro passes NDM_HERE). */

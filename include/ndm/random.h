@@ -88,6 +88,14 @@ static inline ndm_rng ndm_rng_new(uint64_t seed)
 /** Blocks a call on n elements with w words each consumes: ceil(n*w / 4). */
 static inline uint64_t ndm_rng_blocks(uint64_t n, unsigned w) { return (n * w + 3) / 4; }
 
+/** @name Distributions
+ *  The factories return a new array owned by `m`, the caller's to release
+ *  (or m's close releases it), or the null handle with nothing allocated
+ *  and the generator unchanged: NDM_E_INVALID (a NULL generator, bad
+ *  parameters), NDM_E_DTYPE (a dtype the distribution does not make), and
+ *  the factory errors of array.h. The in-place forms return a status. */
+/** @{ */
+
 /** Uniform on [lo, hi) (float dtypes). */
 #define ndm_uniform(m, rng, dtype, lo, hi, ...)                                 \
     ndm_uniform_at(NDM_HERE, (m), (rng), (dtype), (lo), (hi), __VA_ARGS__)
@@ -144,6 +152,7 @@ NDM_API NDM_NODISCARD ndm_status ndm_bernoulli_inplace_at(NDM_SITE_PARAMS, ndm_a
 #define ndm_permutation(m, rng, n) ndm_permutation_at(NDM_HERE, (m), (rng), (n))
 /** ndm_permutation() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_permutation_at(NDM_SITE_PARAMS, ndm_manager m, ndm_rng *rng, int64_t n);
+/** @} */
 
 #ifdef __cplusplus
 }
