@@ -112,7 +112,8 @@ NDM_API const char *ndm_named_arrays_meta(const ndm_named_arrays *set, const cha
  */
 
 /** Load a .npy file into `m` as a C-ordered array. Data after the array is
- *  ignored (several arrays may be saved one after another in one file). */
+ *  ignored (several arrays may be saved one after another in one file).
+ *  Returns a new array owned by `m`, or the null handle (errors above). */
 #define ndm_npy_load(m, path) ndm_npy_load_at(NDM_HERE, (m), (path))
 /** ndm_npy_load() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_npy_load_at(NDM_SITE_PARAMS, ndm_manager m, const char *path);
@@ -122,7 +123,8 @@ NDM_API ndm_array ndm_npy_load_at(NDM_SITE_PARAMS, ndm_manager m, const char *pa
 NDM_API ndm_array ndm_npy_load_buffer_at(NDM_SITE_PARAMS, ndm_manager m, const void *data,
                                          size_t len);
 /** Save `a` as .npy: version 1.0 (2.0 when the header needs it),
- *  little-endian, C order, header padded to 64 bytes as numpy does. */
+ *  little-endian, C order, header padded to 64 bytes as numpy does. NDM_OK,
+ *  or an error above with any previous file left intact. */
 #define ndm_npy_save(path, a) ndm_npy_save_at(NDM_HERE, (path), (a))
 /** ndm_npy_save() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_npy_save_at(NDM_SITE_PARAMS, const char *path, ndm_array a);
@@ -136,7 +138,8 @@ NDM_API NDM_NODISCARD ndm_status ndm_npy_save_at(NDM_SITE_PARAMS, const char *pa
  * recognised by their magic bytes and decoded with zlib.
  */
 
-/** Load an IDX file, plain or gzip, into `m`. */
+/** Load an IDX file, plain or gzip, into `m`: a new array owned by `m`, or
+ *  the null handle (errors above). */
 #define ndm_idx_load(m, path) ndm_idx_load_at(NDM_HERE, (m), (path))
 /** ndm_idx_load() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_idx_load_at(NDM_SITE_PARAMS, ndm_manager m, const char *path);
