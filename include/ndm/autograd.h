@@ -43,6 +43,7 @@ extern "C" {
  *  the array (call this before capping a model). Float dtypes only
  *  (NDM_E_DTYPE). */
 #define ndm_requires_grad(param) ndm_requires_grad_at(NDM_HERE, (param))
+/** ndm_requires_grad() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_requires_grad_at(NDM_SITE_PARAMS, ndm_array param);
 /** Is `a` a parameter? */
 NDM_API bool ndm_array_requires_grad(ndm_array a);
@@ -51,7 +52,9 @@ NDM_API bool ndm_array_requires_grad(ndm_array a);
  *  parameter's manager — refused when that one is capped: name a manager).
  *  NDM_E_INVALID when `param` is not a parameter. */
 #define ndm_grad(param) ndm_grad_to_at(NDM_HERE, NDM_OUTPUT_RULE, (param))
+/** ndm_grad() with the result attached to m instead of by the output rule. */
 #define ndm_grad_to(m, param) ndm_grad_to_at(NDM_HERE, (m), (param))
+/** ndm_grad_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_grad_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array param);
 /** Set the gradient of each parameter to zero. NDM_E_INVALID when params is
  *  NULL with n > 0 or one is not a parameter (those before it are zeroed). */
@@ -61,6 +64,7 @@ NDM_API NDM_NODISCARD ndm_status ndm_zero_grad(size_t n, const ndm_array *params
  *  (a child manager named "graph"). NDM_E_INVALID when this thread already
  *  records (end it first). */
 #define ndm_grad_begin(owner) ndm_grad_begin_at(NDM_HERE, (owner))
+/** ndm_grad_begin() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_grad_begin_at(NDM_SITE_PARAMS, ndm_manager owner);
 /** Stop recording. The graph stays until its owner closes, so backward may
  *  also run after this. NDM_ALREADY when this thread does not record. */
@@ -69,6 +73,7 @@ NDM_API ndm_status ndm_grad_end(void);
 NDM_API bool ndm_grad_recording(void);
 /** Pause recording on this thread (nests); inference code can run inside. */
 NDM_API void ndm_no_grad_begin(void);
+/** End one ndm_no_grad_begin(); without one open it does nothing. */
 NDM_API void ndm_no_grad_end(void);
 
 /** Add d(loss)/d(param) to the gradient of every parameter `loss` depends
@@ -80,6 +85,9 @@ NDM_API void ndm_no_grad_end(void);
 /** The same with an explicit gradient for `out` (of its shape), for outputs
  *  with more than one element. */
 #define ndm_backward_with(out, grad) ndm_backward_with_at(NDM_HERE, (out), (grad))
+/** ndm_backward() and ndm_backward_with() with an explicit call site (grad
+ *  null: the loss form). NDM_OK, or NDM_E_SHAPE, NDM_E_INVALID (not a
+ *  recorded result), NDM_E_OOM (also when the recording of the step failed). */
 NDM_API NDM_NODISCARD ndm_status ndm_backward_with_at(NDM_SITE_PARAMS, ndm_array out,
                                                       ndm_array grad);
 

@@ -29,13 +29,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/** Marks an exported function: default visibility while the library is
+ *  built, nothing for its users. */
 #if defined(NDM_BUILDING_LIBRARY) && defined(__GNUC__)
 #define NDM_API __attribute__((visibility("default")))
 #else
 #define NDM_API
 #endif
 
-/* NDM_NODISCARD marks a status that must be looked at: ignoring it loses
+/** NDM_NODISCARD marks a status that must be looked at: ignoring it loses
  * the news that the state is not what the caller thinks (a close, a move, a
  * cap that did not happen). A `(void)` cast says "ignored on purpose" and
  * silences it everywhere: [[nodiscard]] in C++17 and, in GCC's C modes,
@@ -51,6 +53,8 @@
 #else
 #define NDM_NODISCARD
 #endif
+/** Lets the compiler check a printf-style format (argument fmt) against
+ *  its arguments (from argument args on). */
 #if defined(__GNUC__)
 #define NDM_PRINTF(fmt, args) __attribute__((format(printf, fmt, args)))
 #else
@@ -79,38 +83,48 @@ extern "C" {
 /** An n-dimensional array: a view (dtype, shape, strides, offset) on a
  *  refcounted storage, owned by exactly one manager. */
 typedef struct ndm_array {
-    uint64_t id;
+    uint64_t id; /**< Slot and generation; 0 is the null handle. Opaque. */
 } ndm_array;
 
 /** A node of the manager tree; it owns arrays, child managers and other
  *  resources, and frees them all when it is closed. */
 typedef struct ndm_manager {
-    uint64_t id;
+    uint64_t id; /**< Slot, generation and kind bit; 0 is the null handle. Opaque. */
 } ndm_manager;
 
+/** The null array handle: what a failed call returns. */
 #define NDM_NULL_ARRAY NDM_LITERAL_(ndm_array, 0)
+/** The null manager handle: what a failed call returns. */
 #define NDM_NULL_MANAGER NDM_LITERAL_(ndm_manager, 0)
 /* Reserved values (above): generation 0 with the manager kind bit, which no
  * real handle carries. */
+/** As an output manager (`_to` forms): attach the result by the output rule,
+ *  as the form without `_to` does. Factories refuse it (NDM_E_INVALID). */
 #define NDM_OUTPUT_RULE NDM_LITERAL_(ndm_manager, UINT64_C(0x8000000000000001))
+/** As a manager: the innermost scope active on this thread (NDM_E_NULL
+ *  when there is none). */
 #define NDM_CURRENT_SCOPE NDM_LITERAL_(ndm_manager, UINT64_C(0x8000000000000002))
 
+/** Is this the null array handle? (A stale handle is not null.) */
 static inline bool ndm_array_is_null(ndm_array a) { return a.id == 0; }
+/** Is this the null manager handle? (A closed manager's handle is not null.) */
 static inline bool ndm_manager_is_null(ndm_manager m) { return m.id == 0; }
 
-/* Creation sites. Public entry points that create, move or release things
- * are macros that pass the caller's file, line and function to an `_at`
- * function; the `_at` functions are public too, for wrappers that want to
- * pass their own caller's site. */
+/** Creation sites. Public entry points that create, move or release things
+ *  are macros that pass the caller's file, line and function to an `_at`
+ *  function; the `_at` functions are public too, for wrappers that want to
+ *  pass their own caller's site. NDM_HERE is this site's three arguments. */
 #define NDM_HERE __FILE__, __LINE__, __func__
+/** The three site parameters every `_at` function takes first (file, line,
+ *  function: NDM_HERE, or a wrapper's own caller's site). */
 #define NDM_SITE_PARAMS const char *ndm_file_, int ndm_line_, const char *ndm_func_
 
-/* A shape literal: NDM_SHAPE(2, 3) expands to `2, (const int64_t[]){2, 3}`,
+/** A shape literal: NDM_SHAPE(2, 3) expands to `2, (const int64_t[]){2, 3}`,
  * the (ndim, shape) pair that every shape-taking function accepts. */
 #define NDM_SHAPE(...)                                                          \
     NDM_LIST_COUNT_(int64_t, __VA_ARGS__), NDM_LIST_(int64_t, __VA_ARGS__)
 
-/* A scalar shape (0-d array). */
+/** A scalar shape (0-d array). */
 #define NDM_SCALAR 0, (const int64_t *)0
 
 #ifdef __cplusplus

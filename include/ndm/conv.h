@@ -39,11 +39,13 @@ extern "C" {
 /** Convolution options; a zero field takes the default shown. Index 0 is
  *  the height (H) axis, index 1 the width (W) axis. */
 typedef struct ndm_conv2d_opts {
-    int64_t stride[2];   /* step between windows; 0: 1 */
-    int64_t padding[2];  /* zeros added before and after each axis; 0: none */
-    int64_t dilation[2]; /* step between kernel taps; 0: 1 */
-    int64_t groups;      /* C and O split in `groups` independent parts; 0: 1 */
+    int64_t stride[2];   /**< step between windows; 0: 1 */
+    int64_t padding[2];  /**< zeros added before and after each axis; 0: none */
+    int64_t dilation[2]; /**< step between kernel taps; 0: 1 */
+    int64_t groups;      /**< C and O split in `groups` independent parts; 0: 1 */
 } ndm_conv2d_opts;
+/** A pointer to convolution options written as designated initialisers:
+ *  NDM_CONV2D(.stride = {2, 2}); valid to the end of the full expression. */
 #define NDM_CONV2D(...) (&(const ndm_conv2d_opts){__VA_ARGS__})
 
 /** Cross-correlation (PyTorch's conv2d): x (N, C, H, W) with weight
@@ -53,9 +55,12 @@ typedef struct ndm_conv2d_opts {
  *  divide by groups and weight.shape[1] equal C/groups (NDM_E_SHAPE). */
 #define ndm_conv2d(x, w, ...)                                                   \
     ndm_conv2d_to_at(NDM_HERE, NDM_OUTPUT_RULE, (x), (w), NULL, __VA_ARGS__)
+/** ndm_conv2d() with the result attached to m instead of by the output rule. */
 #define ndm_conv2d_to(m, x, w, ...) ndm_conv2d_to_at(NDM_HERE, (m), (x), (w), NULL, __VA_ARGS__)
+/** ndm_conv2d() plus bias b (O) added to every output channel. */
 #define ndm_conv2d_bias(x, w, b, ...)                                           \
     ndm_conv2d_to_at(NDM_HERE, NDM_OUTPUT_RULE, (x), (w), (const ndm_array[]){(b)}, __VA_ARGS__)
+/** ndm_conv2d_bias() with the result attached to m instead of by the output rule. */
 #define ndm_conv2d_bias_to(m, x, w, b, ...)                                     \
     ndm_conv2d_to_at(NDM_HERE, (m), (x), (w), (const ndm_array[]){(b)}, __VA_ARGS__)
 /** `bias` NULL: no bias; otherwise it points at the bias handle. */
@@ -64,16 +69,19 @@ NDM_API ndm_array ndm_conv2d_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array x
 
 /** Pooling options; index 0 is H, index 1 is W. */
 typedef struct ndm_pool2d_opts {
-    int64_t kernel[2];  /* window size; required (>= 1) */
-    int64_t stride[2];  /* 0: the kernel size (non-overlapping windows) */
-    int64_t padding[2]; /* 0: none; at most half the kernel size */
+    int64_t kernel[2];  /**< window size; required (>= 1) */
+    int64_t stride[2];  /**< 0: the kernel size (non-overlapping windows) */
+    int64_t padding[2]; /**< 0: none; at most half the kernel size */
 } ndm_pool2d_opts;
+/** A pointer to pooling options, as NDM_CONV2D does for convolutions. */
 #define NDM_POOL2D(...) (&(const ndm_pool2d_opts){__VA_ARGS__})
 
 /** Largest element of each window (padding never wins; NaN propagates):
  *  (N, C, H, W) -> (N, C, OH, OW), same dtype. */
 #define ndm_max_pool2d(x, ...) ndm_max_pool2d_to_at(NDM_HERE, NDM_OUTPUT_RULE, (x), __VA_ARGS__)
+/** ndm_max_pool2d() with the result attached to m instead of by the output rule. */
 #define ndm_max_pool2d_to(m, x, ...) ndm_max_pool2d_to_at(NDM_HERE, (m), (x), __VA_ARGS__)
+/** ndm_max_pool2d_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_max_pool2d_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array x,
                                        const ndm_pool2d_opts *opts);
 
@@ -83,25 +91,30 @@ NDM_API ndm_array ndm_max_pool2d_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_arr
  *  "SAME" pooling). Without padding both are the same. */
 #define ndm_avg_pool2d(x, count_include_pad, ...)                               \
     ndm_avg_pool2d_to_at(NDM_HERE, NDM_OUTPUT_RULE, (x), (count_include_pad), __VA_ARGS__)
+/** ndm_avg_pool2d() with the result attached to m instead of by the output rule. */
 #define ndm_avg_pool2d_to(m, x, count_include_pad, ...)                         \
     ndm_avg_pool2d_to_at(NDM_HERE, (m), (x), (count_include_pad), __VA_ARGS__)
+/** ndm_avg_pool2d_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_avg_pool2d_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array x,
                                        bool count_include_pad, const ndm_pool2d_opts *opts);
 
-/* Gradients, for reverse-mode differentiation. Each takes grad_out, the
- * gradient of a loss with respect to the forward's result (so shaped like
- * it: NDM_E_SHAPE otherwise), and the forward's options, and returns the
- * gradient with respect to one operand, shaped like that operand, in
- * grad_out's dtype. grad_out may have any strides (a broadcast gradient
- * works as is); it is the first input of the output rule. Shapes given as
- * (ndim, shape) come last and must be 4-d:
+/** @name Gradients
+ *  For reverse-mode differentiation. Each takes grad_out, the
+ *  gradient of a loss with respect to the forward's result (so shaped like
+ *  it: NDM_E_SHAPE otherwise), and the forward's options, and returns the
+ *  gradient with respect to one operand, shaped like that operand, in
+ *  grad_out's dtype: a new array attached by the output rule, or the null
+ *  handle. grad_out may have any strides (a broadcast gradient
+ *  works as is); it is the first input of the output rule. Shapes given as
+ *  (ndim, shape) come last and must be 4-d:
  *
- *     ndm_conv2d_backward_input(dy, w, NDM_CONV2D(.padding = {1, 1}), NDM_SHAPE(128, 1, 28, 28))
+ *      ndm_conv2d_backward_input(dy, w, NDM_CONV2D(.padding = {1, 1}), NDM_SHAPE(128, 1, 28, 28))
  *
- * Errors are the forward's (NDM_E_DTYPE, NDM_E_DEVICE, NDM_E_SHAPE,
- * NDM_E_INVALID, NDM_E_OVERFLOW), plus NDM_E_UNSUPPORTED on a device whose
- * backend has no such gradient. The bias gradient of conv2d_bias is
- * grad_out summed over axes 0, 2 and 3 (ndm_sum). */
+ *  Errors are the forward's (NDM_E_DTYPE, NDM_E_DEVICE, NDM_E_SHAPE,
+ *  NDM_E_INVALID, NDM_E_OVERFLOW), plus NDM_E_UNSUPPORTED on a device whose
+ *  backend has no such gradient. The bias gradient of conv2d_bias is
+ *  grad_out summed over axes 0, 2 and 3 (ndm_sum). */
+/** @{ */
 
 /** Gradient of ndm_conv2d with respect to its input x (N, C, H, W), given
  *  grad_out (N, O, OH, OW) and the weight (O, C/groups, KH, KW): the
@@ -111,8 +124,10 @@ NDM_API ndm_array ndm_avg_pool2d_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_arr
 #define ndm_conv2d_backward_input(grad_out, w, opts, ...)                       \
     ndm_conv2d_backward_input_to_at(NDM_HERE, NDM_OUTPUT_RULE, (grad_out), (w), (opts), \
                                     __VA_ARGS__)
+/** ndm_conv2d_backward_input() with the result attached to m instead of by the output rule. */
 #define ndm_conv2d_backward_input_to(m, grad_out, w, opts, ...)                 \
     ndm_conv2d_backward_input_to_at(NDM_HERE, (m), (grad_out), (w), (opts), __VA_ARGS__)
+/** ndm_conv2d_backward_input_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_conv2d_backward_input_to_at(NDM_SITE_PARAMS, ndm_manager out,
                                                   ndm_array grad_out, ndm_array w,
                                                   const ndm_conv2d_opts *opts, int ndim,
@@ -125,8 +140,10 @@ NDM_API ndm_array ndm_conv2d_backward_input_to_at(NDM_SITE_PARAMS, ndm_manager o
 #define ndm_conv2d_backward_weight(grad_out, x, opts, ...)                      \
     ndm_conv2d_backward_weight_to_at(NDM_HERE, NDM_OUTPUT_RULE, (grad_out), (x), (opts), \
                                      __VA_ARGS__)
+/** ndm_conv2d_backward_weight() with the result attached to m instead of by the output rule. */
 #define ndm_conv2d_backward_weight_to(m, grad_out, x, opts, ...)                \
     ndm_conv2d_backward_weight_to_at(NDM_HERE, (m), (grad_out), (x), (opts), __VA_ARGS__)
+/** ndm_conv2d_backward_weight_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_conv2d_backward_weight_to_at(NDM_SITE_PARAMS, ndm_manager out,
                                                    ndm_array grad_out, ndm_array x,
                                                    const ndm_conv2d_opts *opts, int ndim,
@@ -140,8 +157,10 @@ NDM_API ndm_array ndm_conv2d_backward_weight_to_at(NDM_SITE_PARAMS, ndm_manager 
  *  float dtype and one device. */
 #define ndm_max_pool2d_backward(grad_out, x, ...)                               \
     ndm_max_pool2d_backward_to_at(NDM_HERE, NDM_OUTPUT_RULE, (grad_out), (x), __VA_ARGS__)
+/** ndm_max_pool2d_backward() with the result attached to m instead of by the output rule. */
 #define ndm_max_pool2d_backward_to(m, grad_out, x, ...)                         \
     ndm_max_pool2d_backward_to_at(NDM_HERE, (m), (grad_out), (x), __VA_ARGS__)
+/** ndm_max_pool2d_backward_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_max_pool2d_backward_to_at(NDM_SITE_PARAMS, ndm_manager out,
                                                 ndm_array grad_out, ndm_array x,
                                                 const ndm_pool2d_opts *opts);
@@ -153,13 +172,16 @@ NDM_API ndm_array ndm_max_pool2d_backward_to_at(NDM_SITE_PARAMS, ndm_manager out
 #define ndm_avg_pool2d_backward(grad_out, count_include_pad, opts, ...)          \
     ndm_avg_pool2d_backward_to_at(NDM_HERE, NDM_OUTPUT_RULE, (grad_out), (count_include_pad), \
                                   (opts), __VA_ARGS__)
+/** ndm_avg_pool2d_backward() with the result attached to m instead of by the output rule. */
 #define ndm_avg_pool2d_backward_to(m, grad_out, count_include_pad, opts, ...)    \
     ndm_avg_pool2d_backward_to_at(NDM_HERE, (m), (grad_out), (count_include_pad), (opts), \
                                   __VA_ARGS__)
+/** ndm_avg_pool2d_backward_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_avg_pool2d_backward_to_at(NDM_SITE_PARAMS, ndm_manager out,
                                                 ndm_array grad_out, bool count_include_pad,
                                                 const ndm_pool2d_opts *opts, int ndim,
                                                 const int64_t *input_shape);
+/** @} */
 
 #ifdef __cplusplus
 }

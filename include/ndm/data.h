@@ -46,8 +46,8 @@ extern "C" {
 
 /** Inputs and labels with examples along the first axis. */
 typedef struct ndm_dataset {
-    ndm_array inputs;
-    ndm_array labels; /* may be the null handle */
+    ndm_array inputs; /**< [n, ...]: example i is inputs[i] */
+    ndm_array labels; /**< [n, ...]; may be the null handle */
 } ndm_dataset;
 
 /** Load an IDX image file and an IDX label file (plain or gzip), as the
@@ -55,6 +55,7 @@ typedef struct ndm_dataset {
  *  (NDM_E_SHAPE). On failure *out is zeroed and nothing is left in `m`. */
 #define ndm_dataset_load_idx(m, images_path, labels_path, out)                  \
     ndm_dataset_load_idx_at(NDM_HERE, (m), (images_path), (labels_path), (out))
+/** ndm_dataset_load_idx() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_dataset_load_idx_at(NDM_SITE_PARAMS, ndm_manager m,
                                                          const char *images_path,
                                                          const char *labels_path,
@@ -63,8 +64,10 @@ NDM_API NDM_NODISCARD ndm_status ndm_dataset_load_idx_at(NDM_SITE_PARAMS, ndm_ma
 /** Number of examples (the inputs' first axis), or -1 with an error. */
 NDM_API int64_t ndm_dataset_size(ndm_dataset d);
 
-/** Release both arrays and zero *d. */
+/** Release both arrays and zero *d. NDM_OK (NDM_ALREADY when neither was
+ *  live), NDM_E_INVALID for a NULL d, or a release's error. */
 #define ndm_dataset_release(d) ndm_dataset_release_at(NDM_HERE, (d))
+/** ndm_dataset_release() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_dataset_release_at(NDM_SITE_PARAMS, ndm_dataset *d);
 
 /** A loader handle: generational like arrays and managers, so a loader
@@ -72,7 +75,7 @@ NDM_API NDM_NODISCARD ndm_status ndm_dataset_release_at(NDM_SITE_PARAMS, ndm_dat
  *  or manager handle (NDM_AUTO refuses it): a loader dies with its trainer,
  *  or earlier with ndm_loader_close. */
 typedef struct ndm_loader {
-    uint64_t id;
+    uint64_t id; /**< Slot and generation; 0 is the null loader. Opaque. */
 } ndm_loader;
 
 enum {
@@ -89,10 +92,11 @@ enum {
     NDM_LOADER_LABELS_I64 = 1u << 4,
 };
 
+/** How a loader deals batches. */
 typedef struct ndm_loader_options {
-    int64_t batch_size; /* >= 1 */
-    uint64_t seed;      /* the shuffle's seed */
-    unsigned flags;     /* NDM_LOADER_* */
+    int64_t batch_size; /**< examples per batch, >= 1 */
+    uint64_t seed;      /**< the shuffle's seed */
+    unsigned flags;     /**< NDM_LOADER_* */
 } ndm_loader_options;
 
 /** A loader over `data` whose state belongs to `trainer` (it must be a CPU
@@ -100,35 +104,39 @@ typedef struct ndm_loader_options {
  *  NDM_E_INVALID (batch size < 1, unknown flags), NDM_E_SHAPE (a rank-0
  *  array, first axes that differ), NDM_E_DTYPE (the conversion asked for
  *  does not apply), NDM_E_DEVICE (data off the CPU), and the trainer's
- *  refusals. The options come last so a compound literal can be passed. */
+ *  refusals. The options come last so a compound literal can be passed.
+ *  Returns the loader, owned by the trainer (ndm_loader_close() frees it
+ *  earlier), or the null loader. */
 #define ndm_loader_new(trainer, data, ...)                                      \
     ndm_loader_new_at(NDM_HERE, (trainer), (data), __VA_ARGS__)
+/** ndm_loader_new() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_loader ndm_loader_new_at(NDM_SITE_PARAMS, ndm_manager trainer, ndm_dataset data,
                                      const ndm_loader_options *opts);
 
 /** One batch. Its arrays belong to `manager`. */
 typedef struct ndm_batch {
-    ndm_manager manager; /* "batch-<step>", a child of the trainer */
-    ndm_array inputs;    /* [size, ...] */
-    ndm_array labels;    /* [size, ...]; null when the dataset has none */
-    int64_t size;        /* examples in the batch */
-    int64_t epoch;
-    int64_t index;       /* the batch's number in its epoch, from 0 */
-    int64_t step;        /* batches this loader made before it, over all epochs */
+    ndm_manager manager; /**< "batch-<step>", a child of the trainer */
+    ndm_array inputs;    /**< [size, ...] */
+    ndm_array labels;    /**< [size, ...]; null when the dataset has none */
+    int64_t size;        /**< examples in the batch */
+    int64_t epoch;       /**< the epoch it belongs to, from 0 */
+    int64_t index;       /**< the batch's number in its epoch, from 0 */
+    int64_t step;        /**< batches this loader made before it, over all epochs */
 } ndm_batch;
 
 /** Close the previous batch (unless kept) and fetch the next. Returns 1 with
  *  *out filled, 0 when the epoch is over (*out zeroed; the next call starts
  *  the next epoch), or a negative ndm_status (*out zeroed). */
 #define ndm_loader_next(l, out) ndm_loader_next_at(NDM_HERE, (l), (out))
+/** ndm_loader_next() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD int ndm_loader_next_at(NDM_SITE_PARAMS, ndm_loader l, ndm_batch *out);
 
 /** Keep the current batch: the next fetch leaves its manager open and the
  *  caller closes it. NDM_E_INVALID when there is no current batch. */
 NDM_API NDM_NODISCARD ndm_status ndm_loader_keep(ndm_loader l);
 
-/** Start epoch `epoch` (>= 0) from its first batch; the current batch is
- *  closed unless kept. */
+/** Start epoch `epoch` (>= 0, NDM_E_INVALID otherwise) from its first
+ *  batch; the current batch is closed unless kept. */
 NDM_API NDM_NODISCARD ndm_status ndm_loader_set_epoch(ndm_loader l, int64_t epoch);
 
 /** Batches per epoch, or -1 with an error. */
@@ -141,6 +149,7 @@ NDM_API bool ndm_loader_valid(ndm_loader l);
  *  record that the trainer owns stays until the trainer closes. NDM_ALREADY
  *  for a loader already freed. */
 #define ndm_loader_close(l) ndm_loader_close_at(NDM_HERE, (l))
+/** ndm_loader_close() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_loader_close_at(NDM_SITE_PARAMS, ndm_loader l);
 
 #ifdef __cplusplus

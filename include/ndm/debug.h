@@ -49,21 +49,22 @@
 extern "C" {
 #endif
 
+/** Counters of one manager, or of its subtree (NDM_STATS_SUBTREE). */
 typedef struct ndm_stats {
-    uint64_t live_arrays;  /* arrays owned now */
-    uint64_t created;      /* arrays created in it (subtree: closed children's too) */
-    uint64_t released;     /* arrays released from it (explicitly or by a close;
-                              subtree: closed children's too) */
-    uint64_t moved_in;     /* arrays attached to it from elsewhere */
-    uint64_t moved_out;    /* arrays it gave away */
-    uint64_t live_bytes;   /* storage bytes charged to it on the device asked */
-    uint64_t peak_bytes;   /* highest live_bytes (per manager; for a subtree, the sum) */
-    uint64_t resources;    /* owned resources and on-close hooks */
-    uint64_t children;     /* live child managers (subtree: all descendants) */
+    uint64_t live_arrays;  /**< arrays owned now */
+    uint64_t created;      /**< arrays created in it (subtree: closed children's too) */
+    uint64_t released;     /**< arrays released from it (explicitly or by a close;
+                               subtree: closed children's too) */
+    uint64_t moved_in;     /**< arrays attached to it from elsewhere */
+    uint64_t moved_out;    /**< arrays it gave away */
+    uint64_t live_bytes;   /**< storage bytes charged to it on the device asked */
+    uint64_t peak_bytes;   /**< highest live_bytes (per manager; for a subtree, the sum) */
+    uint64_t resources;    /**< owned resources and on-close hooks */
+    uint64_t children;     /**< live child managers (subtree: all descendants) */
 } ndm_stats;
 
 enum {
-    NDM_STATS_SUBTREE = 1u << 0, /* add up the whole subtree */
+    NDM_STATS_SUBTREE = 1u << 0, /**< add up the whole subtree */
 };
 
 /** Fill *out for `m` on `device` (flags: NDM_STATS_SUBTREE). NDM_E_INVALID
@@ -72,23 +73,27 @@ enum {
 NDM_API NDM_NODISCARD ndm_status ndm_manager_stats(ndm_manager m, ndm_device device, unsigned flags,
                                                    ndm_stats *out);
 
-/** Print the subtree of `m` (format above). */
+/** Print the subtree of `m` (format above). NDM_OK, or NDM_E_INVALID for a
+ *  NULL f (and the handle errors of status.h). */
 NDM_API ndm_status ndm_debug_dump(ndm_manager m, FILE *f);
 /** The subtree as one JSON object:
  *  {"name":..,"path":..,"device":..,"scope":bool,"capped":[..],"live_arrays":..,"created":..,
  *   "released":..,"closed_created":..,"closed_released":..,"moved_in":..,"moved_out":..,
  *   "resources":..,"lent":..,"borrowed":..,"shared":..,
  *   "bytes":{"cpu":{"live":..,"peak":..},..},"children":[..]}
- *  (closed_*: by closed children, as in the text dump) */
+ *  (closed_*: by closed children, as in the text dump). Statuses as for
+ *  ndm_debug_dump(). */
 NDM_API ndm_status ndm_debug_dump_json(ndm_manager m, FILE *f);
 
 /** A point in the sequence of array creations (process wide). */
 typedef uint64_t ndm_seq;
-/** The current point; `m` is checked but the sequence is process wide. */
+/** The current point; `m` is checked but the sequence is process wide.
+ *  0 when `m` is not a live manager (the error is recorded). */
 NDM_API ndm_seq ndm_mark(ndm_manager m);
 /** List the arrays of the subtree of `m` created after `mark` and still
  *  alive, grouped by creation site, largest group first. Writes nothing
- *  but a header line when there are none. */
+ *  but a header line when there are none. NDM_OK, or NDM_E_INVALID for a
+ *  NULL f. */
 NDM_API ndm_status ndm_report_since(ndm_manager m, ndm_seq mark, FILE *f);
 /** How many arrays of the subtree were created after `mark` and are alive
  *  (negative status on error). */

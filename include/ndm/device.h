@@ -15,19 +15,24 @@
 extern "C" {
 #endif
 
+/** The kind of a device. */
 typedef enum ndm_device_type {
-    NDM_DEVICE_CPU = 0,
-    NDM_DEVICE_CUDA = 1,
+    NDM_DEVICE_CPU = 0,  /**< Host memory. */
+    NDM_DEVICE_CUDA = 1, /**< A CUDA GPU (needs the CUDA backend). */
 } ndm_device_type;
 
+/** A device: its kind and, for CUDA, its ordinal. A plain value. */
 typedef struct ndm_device {
-    ndm_device_type type;
-    int index;
+    ndm_device_type type; /**< CPU or CUDA. */
+    int index;            /**< The CUDA device ordinal; 0 for the CPU. */
 } ndm_device;
 
+/** The CPU device. */
 #define NDM_CPU NDM_LITERAL_(ndm_device, NDM_DEVICE_CPU, 0)
+/** CUDA device number i. */
 #define NDM_CUDA(i) NDM_LITERAL_(ndm_device, NDM_DEVICE_CUDA, (i))
 
+/** Same kind and index? */
 static inline bool ndm_device_eq(ndm_device a, ndm_device b)
 {
     return a.type == b.type && a.index == b.index;

@@ -15,17 +15,19 @@
 extern "C" {
 #endif
 
+/** Element types. */
 typedef enum ndm_dtype {
-    NDM_BOOL = 0,
-    NDM_U8 = 1,
-    NDM_I32 = 2,
-    NDM_I64 = 3,
-    NDM_F16 = 4,
-    NDM_BF16 = 5,
-    NDM_F32 = 6,
-    NDM_F64 = 7,
+    NDM_BOOL = 0, /**< bool, one byte holding 0 or 1. */
+    NDM_U8 = 1,   /**< uint8_t. */
+    NDM_I32 = 2,  /**< int32_t. */
+    NDM_I64 = 3,  /**< int64_t. */
+    NDM_F16 = 4,  /**< IEEE half precision, stored as uint16_t. */
+    NDM_BF16 = 5, /**< bfloat16, stored as uint16_t. */
+    NDM_F32 = 6,  /**< float. */
+    NDM_F64 = 7,  /**< double. */
 } ndm_dtype;
 
+/** The number of dtypes: valid values are 0 .. NDM_DTYPE_COUNT - 1. */
 #define NDM_DTYPE_COUNT 8
 
 /** Bytes per element; 0 for a value that is not a dtype. */
@@ -34,7 +36,9 @@ NDM_API size_t ndm_dtype_size(ndm_dtype t);
 NDM_API const char *ndm_dtype_name(ndm_dtype t);
 /** Short name used in messages and dumps: "f32", "i64", "bool"... */
 NDM_API const char *ndm_dtype_short(ndm_dtype t);
+/** Is t one of the dtypes above? */
 NDM_API bool ndm_dtype_valid(ndm_dtype t);
+/** Is t f16, bf16, f32 or f64? (false for values that are not dtypes) */
 NDM_API bool ndm_dtype_is_float(ndm_dtype t);
 
 /** The dtype two operands are computed in (promotion):
@@ -45,10 +49,14 @@ NDM_API bool ndm_dtype_is_float(ndm_dtype t);
  *  NDM_F32 for values that are not dtypes. */
 NDM_API ndm_dtype ndm_result_type(ndm_dtype a, ndm_dtype b);
 
-/** IEEE half and bfloat16 conversions (round to nearest even; NaN stays NaN). */
+/** IEEE half and bfloat16 conversions (round to nearest even; NaN stays NaN).
+ *  This one: float to the bits of a half. */
 NDM_API uint16_t ndm_f32_to_f16(float x);
+/** The bits of a half to float (exact). */
 NDM_API float ndm_f16_to_f32(uint16_t h);
+/** float to the bits of a bfloat16 (round to nearest even; NaN stays NaN). */
 NDM_API uint16_t ndm_f32_to_bf16(float x);
+/** The bits of a bfloat16 to float (exact). */
 NDM_API float ndm_bf16_to_f32(uint16_t h);
 
 #ifdef __cplusplus

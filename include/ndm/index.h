@@ -39,10 +39,20 @@
 extern "C" {
 #endif
 
-/* An array list literal: NDM_ARRAYS(a, b) expands to
- * `2, (const ndm_array[]){a, b}`, the (n, arrays) pair concat and stack take. */
+/** An array list literal: NDM_ARRAYS(a, b) expands to
+ *  `2, (const ndm_array[]){a, b}`, the (n, arrays) pair concat and stack take. */
 #define NDM_ARRAYS(...)                                                         \
     NDM_LIST_COUNT_(ndm_array, __VA_ARGS__), NDM_LIST_(ndm_array, __VA_ARGS__)
+
+/** @name Shape and indexing operations
+ *  Each returns a new handle attached by the output rule (the `_to` form:
+ *  to m), which the caller releases or its manager's close does, or the null
+ *  handle with nothing allocated; ndm_split and ndm_split_indices fill outs
+ *  and return a status, ndm_scatter_add_ writes in place. Errors are checked
+ *  before any allocation: those named per function, NDM_E_AXIS, NDM_E_DTYPE
+ *  (index arrays), NDM_E_DEVICE, NDM_E_OVERFLOW, the handles' NDM_E_NULL /
+ *  NDM_E_CLOSED, the output manager's NDM_E_CAPPED / NDM_E_QUOTA, NDM_E_OOM. */
+/** @{ */
 
 /** Join n >= 1 arrays along an existing axis. All have the same rank (>= 1)
  *  and the same sizes except along `axis`, and live on one device. The
@@ -50,14 +60,18 @@ extern "C" {
  *  NDM_E_SHAPE (sizes or ranks differ), NDM_E_AXIS, NDM_E_DEVICE,
  *  NDM_E_INVALID (n < 1 or arrays NULL). */
 #define ndm_concat(axis, ...) ndm_concat_to_at(NDM_HERE, NDM_OUTPUT_RULE, (axis), __VA_ARGS__)
+/** ndm_concat() with the result attached to m instead of by the output rule. */
 #define ndm_concat_to(m, axis, ...) ndm_concat_to_at(NDM_HERE, (m), (axis), __VA_ARGS__)
+/** ndm_concat_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_concat_to_at(NDM_SITE_PARAMS, ndm_manager out, int axis, int n,
                                    const ndm_array *arrays);
 
 /** Join n >= 1 arrays of one shape along a new axis, which has index `axis`
  *  in the result (in [-ndim-1, ndim]). dtypes combine as in ndm_concat. */
 #define ndm_stack(axis, ...) ndm_stack_to_at(NDM_HERE, NDM_OUTPUT_RULE, (axis), __VA_ARGS__)
+/** ndm_stack() with the result attached to m instead of by the output rule. */
 #define ndm_stack_to(m, axis, ...) ndm_stack_to_at(NDM_HERE, (m), (axis), __VA_ARGS__)
+/** ndm_stack_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_stack_to_at(NDM_SITE_PARAMS, ndm_manager out, int axis, int n,
                                   const ndm_array *arrays);
 
@@ -68,8 +82,10 @@ NDM_API ndm_array ndm_stack_to_at(NDM_SITE_PARAMS, ndm_manager out, int axis, in
  *  why (a null input returns the first error's status). */
 #define ndm_split(a, axis, sections, outs)                                      \
     ndm_split_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (axis), (sections), (outs))
+/** ndm_split() with the result attached to m instead of by the output rule. */
 #define ndm_split_to(m, a, axis, sections, outs)                                \
     ndm_split_to_at(NDM_HERE, (m), (a), (axis), (sections), (outs))
+/** ndm_split_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_split_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a,
                                                  int axis, int64_t sections, ndm_array *outs);
 
@@ -80,8 +96,10 @@ NDM_API NDM_NODISCARD ndm_status ndm_split_to_at(NDM_SITE_PARAMS, ndm_manager ou
  *  but never overlap. All or nothing, as ndm_split. */
 #define ndm_split_indices(a, axis, outs, ...)                                   \
     ndm_split_indices_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (axis), (outs), __VA_ARGS__)
+/** ndm_split_indices() with the result attached to m instead of by the output rule. */
 #define ndm_split_indices_to(m, a, axis, outs, ...)                             \
     ndm_split_indices_to_at(NDM_HERE, (m), (a), (axis), (outs), __VA_ARGS__)
+/** ndm_split_indices_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_split_indices_to_at(NDM_SITE_PARAMS, ndm_manager out,
                                                          ndm_array a, int axis, ndm_array *outs,
                                                          int n, const int64_t *indices);
@@ -92,14 +110,18 @@ NDM_API NDM_NODISCARD ndm_status ndm_split_indices_to_at(NDM_SITE_PARAMS, ndm_ma
  *  axis, 2-d indices into axis 0 of a table are an embedding lookup. */
 #define ndm_take(a, axis, indices)                                              \
     ndm_take_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (axis), (indices))
+/** ndm_take() with the result attached to m instead of by the output rule. */
 #define ndm_take_to(m, a, axis, indices) ndm_take_to_at(NDM_HERE, (m), (a), (axis), (indices))
+/** ndm_take_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_take_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis,
                                  ndm_array indices);
 /** ndm_take with a 1-d index array (NDM_E_SHAPE otherwise). */
 #define ndm_index_select(a, axis, indices)                                      \
     ndm_index_select_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (axis), (indices))
+/** ndm_index_select() with the result attached to m instead of by the output rule. */
 #define ndm_index_select_to(m, a, axis, indices)                                \
     ndm_index_select_to_at(NDM_HERE, (m), (a), (axis), (indices))
+/** ndm_index_select_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_index_select_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis,
                                          ndm_array indices);
 
@@ -109,7 +131,9 @@ NDM_API ndm_array ndm_index_select_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_a
  *  has the broadcast shape with indices' size along `axis`. */
 #define ndm_gather(a, axis, indices)                                            \
     ndm_gather_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (axis), (indices))
+/** ndm_gather() with the result attached to m instead of by the output rule. */
 #define ndm_gather_to(m, a, axis, indices) ndm_gather_to_at(NDM_HERE, (m), (a), (axis), (indices))
+/** ndm_gather_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_gather_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis,
                                    ndm_array indices);
 
@@ -121,12 +145,17 @@ NDM_API ndm_array ndm_gather_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
  *  ndm_scatter_add returns an updated copy. */
 #define ndm_scatter_add(a, axis, indices, src)                                  \
     ndm_scatter_add_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (axis), (indices), (src))
+/** ndm_scatter_add() with the result attached to m instead of by the output rule. */
 #define ndm_scatter_add_to(m, a, axis, indices, src)                            \
     ndm_scatter_add_to_at(NDM_HERE, (m), (a), (axis), (indices), (src))
+/** ndm_scatter_add_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_scatter_add_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis,
                                         ndm_array indices, ndm_array src);
+/** ndm_scatter_add() in place: adds into `a` and returns NDM_OK or the
+ *  error (a unchanged then); creates nothing. */
 #define ndm_scatter_add_(a, axis, indices, src)                                 \
     ndm_scatter_add_inplace_at(NDM_HERE, (a), (axis), (indices), (src))
+/** ndm_scatter_add_() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_scatter_add_inplace_at(NDM_SITE_PARAMS, ndm_array a,
                                                             int axis, ndm_array indices,
                                                             ndm_array src);
@@ -136,16 +165,19 @@ NDM_API NDM_NODISCARD ndm_status ndm_scatter_add_inplace_at(NDM_SITE_PARAMS, ndm
  *  [0, num_classes) (NDM_E_INVALID naming the first that does not). */
 #define ndm_one_hot(indices, num_classes, dtype)                                \
     ndm_one_hot_to_at(NDM_HERE, NDM_OUTPUT_RULE, (indices), (num_classes), (dtype))
+/** ndm_one_hot() with the result attached to m instead of by the output rule. */
 #define ndm_one_hot_to(m, indices, num_classes, dtype)                          \
     ndm_one_hot_to_at(NDM_HERE, (m), (indices), (num_classes), (dtype))
+/** ndm_one_hot_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_one_hot_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array indices,
                                     int64_t num_classes, ndm_dtype dtype);
 
+/** What ndm_pad() fills the new border with. */
 typedef enum ndm_pad_mode {
-    NDM_PAD_CONSTANT = 0, /* `value`, converted to the array's dtype */
-    NDM_PAD_EDGE = 1,     /* the nearest edge element */
-    NDM_PAD_REFLECT = 2,  /* mirrored about the edge element, not repeating it
-                             (numpy's "reflect"); wide pads keep mirroring */
+    NDM_PAD_CONSTANT = 0, /**< `value`, converted to the array's dtype */
+    NDM_PAD_EDGE = 1,     /**< the nearest edge element */
+    NDM_PAD_REFLECT = 2,  /**< mirrored about the edge element, not repeating it
+                               (numpy's "reflect"); wide pads keep mirroring */
 } ndm_pad_mode;
 
 /** `a` grown by widths: n == 2 * ndim entries (before, after) per axis in
@@ -153,37 +185,47 @@ typedef enum ndm_pad_mode {
  *  and REFLECT need a non-empty axis wherever they pad (NDM_E_SHAPE). */
 #define ndm_pad(a, mode, value, ...)                                            \
     ndm_pad_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (mode), (value), __VA_ARGS__)
+/** ndm_pad() with the result attached to m instead of by the output rule. */
 #define ndm_pad_to(m, a, mode, value, ...)                                      \
     ndm_pad_to_at(NDM_HERE, (m), (a), (mode), (value), __VA_ARGS__)
+/** ndm_pad_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_pad_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, ndm_pad_mode mode,
                                 double value, int n, const int64_t *widths);
 
 /** `a` reversed along `axis`, or along every axis with NDM_ALL_AXES: a view
  *  with a negative stride, no copy. */
 #define ndm_flip(a, axis) ndm_flip_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (axis))
+/** ndm_flip() with the result attached to m instead of by the output rule. */
 #define ndm_flip_to(m, a, axis) ndm_flip_to_at(NDM_HERE, (m), (a), (axis))
+/** ndm_flip_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_flip_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis);
 
 /** numpy's tile: `a` repeated reps[i] times along each axis. With fewer reps
  *  than axes, leading reps are 1; with more, `a` gains leading size-1 axes.
  *  Reps are >= 0. */
 #define ndm_tile(a, ...) ndm_tile_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), __VA_ARGS__)
+/** ndm_tile() with the result attached to m instead of by the output rule. */
 #define ndm_tile_to(m, a, ...) ndm_tile_to_at(NDM_HERE, (m), (a), __VA_ARGS__)
+/** ndm_tile_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_tile_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int n,
                                  const int64_t *reps);
 
 /** numpy's repeat along `axis`: each entry `repeats` (>= 0) times in a row. */
 #define ndm_repeat(a, axis, repeats)                                            \
     ndm_repeat_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (axis), (repeats))
+/** ndm_repeat() with the result attached to m instead of by the output rule. */
 #define ndm_repeat_to(m, a, axis, repeats) ndm_repeat_to_at(NDM_HERE, (m), (a), (axis), (repeats))
+/** ndm_repeat_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_repeat_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis,
                                    int64_t repeats);
 /** Entry i along `axis` repeated repeats[i] times; n equals the axis size,
  *  or n == 1 repeats every entry alike. */
 #define ndm_repeat_each(a, axis, ...)                                           \
     ndm_repeat_each_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (axis), __VA_ARGS__)
+/** ndm_repeat_each() with the result attached to m instead of by the output rule. */
 #define ndm_repeat_each_to(m, a, axis, ...)                                     \
     ndm_repeat_each_to_at(NDM_HERE, (m), (a), (axis), __VA_ARGS__)
+/** ndm_repeat_each_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_repeat_each_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis,
                                         int n, const int64_t *repeats);
 
@@ -191,8 +233,11 @@ NDM_API ndm_array ndm_repeat_each_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_ar
  *  and give i64 (wrapping on overflow); floats give their own dtype,
  *  accumulating in it (f16 and bf16 in f32). */
 #define ndm_cumsum(a, axis) ndm_cumsum_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (axis))
+/** ndm_cumsum() with the result attached to m instead of by the output rule. */
 #define ndm_cumsum_to(m, a, axis) ndm_cumsum_to_at(NDM_HERE, (m), (a), (axis))
+/** ndm_cumsum_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_cumsum_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis);
+/** @} */
 
 #ifdef __cplusplus
 }

@@ -49,12 +49,12 @@ extern "C" {
  *  save, fill one in (`arrays` may have any strides or device); a load
  *  returns one whose memory belongs to the load's manager. */
 typedef struct ndm_named_arrays {
-    size_t count;
-    const char *const *names;
-    const ndm_array *arrays;
-    size_t meta_count;
-    const char *const *meta_keys;
-    const char *const *meta_values;
+    size_t count;                   /**< number of arrays */
+    const char *const *names;       /**< count names, NUL-terminated UTF-8 */
+    const ndm_array *arrays;        /**< count arrays, names[i] naming arrays[i] */
+    size_t meta_count;              /**< number of metadata entries */
+    const char *const *meta_keys;   /**< meta_count keys */
+    const char *const *meta_values; /**< meta_count values, meta_values[i] for meta_keys[i] */
 } ndm_named_arrays;
 
 /** How a safetensors file is loaded. */
@@ -78,11 +78,13 @@ enum {
  *  (other tensors still share the mapping); bools are kept as the file has
  *  them, while NDM_LOAD_COPY stores them as 0 or 1. Returns NULL on failure. */
 #define ndm_safetensors_load(m, path, flags) ndm_safetensors_load_at(NDM_HERE, (m), (path), (flags))
+/** ndm_safetensors_load() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API const ndm_named_arrays *ndm_safetensors_load_at(NDM_SITE_PARAMS, ndm_manager m,
                                                         const char *path, unsigned flags);
 /** The same from the `len` bytes at `data`, which are copied. */
 #define ndm_safetensors_load_buffer(m, data, len)                               \
     ndm_safetensors_load_buffer_at(NDM_HERE, (m), (data), (len))
+/** ndm_safetensors_load_buffer() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API const ndm_named_arrays *ndm_safetensors_load_buffer_at(NDM_SITE_PARAMS, ndm_manager m,
                                                                const void *data, size_t len);
 
@@ -91,6 +93,7 @@ NDM_API const ndm_named_arrays *ndm_safetensors_load_buffer_at(NDM_SITE_PARAMS, 
  *  its element size in the file (what mapping needs). Names must be
  *  distinct, valid UTF-8 and not "__metadata__" (NDM_E_INVALID). */
 #define ndm_safetensors_save(path, set) ndm_safetensors_save_at(NDM_HERE, (path), (set))
+/** ndm_safetensors_save() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_safetensors_save_at(NDM_SITE_PARAMS, const char *path,
                                                          const ndm_named_arrays *set);
 
@@ -109,15 +112,21 @@ NDM_API const char *ndm_named_arrays_meta(const ndm_named_arrays *set, const cha
  */
 
 /** Load a .npy file into `m` as a C-ordered array. Data after the array is
- *  ignored (several arrays may be saved one after another in one file). */
+ *  ignored (several arrays may be saved one after another in one file).
+ *  Returns a new array owned by `m`, or the null handle (errors above). */
 #define ndm_npy_load(m, path) ndm_npy_load_at(NDM_HERE, (m), (path))
+/** ndm_npy_load() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_npy_load_at(NDM_SITE_PARAMS, ndm_manager m, const char *path);
+/** ndm_npy_load() from the `len` bytes at `data`. */
 #define ndm_npy_load_buffer(m, data, len) ndm_npy_load_buffer_at(NDM_HERE, (m), (data), (len))
+/** ndm_npy_load_buffer() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_npy_load_buffer_at(NDM_SITE_PARAMS, ndm_manager m, const void *data,
                                          size_t len);
 /** Save `a` as .npy: version 1.0 (2.0 when the header needs it),
- *  little-endian, C order, header padded to 64 bytes as numpy does. */
+ *  little-endian, C order, header padded to 64 bytes as numpy does. NDM_OK,
+ *  or an error above with any previous file left intact. */
 #define ndm_npy_save(path, a) ndm_npy_save_at(NDM_HERE, (path), (a))
+/** ndm_npy_save() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_npy_save_at(NDM_SITE_PARAMS, const char *path, ndm_array a);
 
 /* ---- IDX ------------------------------------------------------------------------
@@ -129,10 +138,14 @@ NDM_API NDM_NODISCARD ndm_status ndm_npy_save_at(NDM_SITE_PARAMS, const char *pa
  * recognised by their magic bytes and decoded with zlib.
  */
 
-/** Load an IDX file, plain or gzip, into `m`. */
+/** Load an IDX file, plain or gzip, into `m`: a new array owned by `m`, or
+ *  the null handle (errors above). */
 #define ndm_idx_load(m, path) ndm_idx_load_at(NDM_HERE, (m), (path))
+/** ndm_idx_load() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_idx_load_at(NDM_SITE_PARAMS, ndm_manager m, const char *path);
+/** ndm_idx_load() from the `len` bytes at `data` (plain or gzip). */
 #define ndm_idx_load_buffer(m, data, len) ndm_idx_load_buffer_at(NDM_HERE, (m), (data), (len))
+/** ndm_idx_load_buffer() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_idx_load_buffer_at(NDM_SITE_PARAMS, ndm_manager m, const void *data,
                                          size_t len);
 
@@ -141,12 +154,12 @@ NDM_API ndm_array ndm_idx_load_buffer_at(NDM_SITE_PARAMS, ndm_manager m, const v
 /** How CSV text is read; a zeroed struct (or NULL) means comma-separated,
  *  no header row. */
 typedef struct ndm_csv_options {
-    char delimiter; /* 0: ',' */
-    bool header;    /* the first row holds column names: skip it */
+    char delimiter; /**< 0: ',' */
+    bool header;    /**< the first row holds column names: skip it */
 } ndm_csv_options;
 
 /** Load CSV numbers into a 2-D array [rows, columns] of `dtype`. Fields may
- *  have spaces around them and double quotes; rows end with \n or \r\n;
+ *  have spaces around them and double quotes; rows end with `\n` or `\r\n`;
  *  blank lines are skipped. Numbers are read in the C locale whatever the
  *  process's locale. An empty field is NaN for float dtypes and an error
  *  for the others. Integer dtypes take integers, or decimals with an
@@ -158,15 +171,18 @@ typedef struct ndm_csv_options {
  *  memory: it counts against the CPU's memory_limit_mb, so a file whose
  *  text would pass the limit (a decompression bomb) is NDM_E_OOM once its
  *  decoded bytes reach it, not after. A field quoted in a message shows
- *  control bytes escaped (\r, \0, \xNN). The options come last, so a
+ *  control bytes escaped (`\r`, `\0`, `\xNN`). The options come last, so a
  *  compound literal can be passed:
  *      ndm_csv_load(m, "x.csv", NDM_F32, &(ndm_csv_options){.header = true}) */
 #define ndm_csv_load(m, path, dtype, ...)                                       \
     ndm_csv_load_at(NDM_HERE, (m), (path), (dtype), __VA_ARGS__)
+/** ndm_csv_load() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_csv_load_at(NDM_SITE_PARAMS, ndm_manager m, const char *path,
                                   ndm_dtype dtype, const ndm_csv_options *opts);
+/** ndm_csv_load() from the `len` bytes of text at `text`. */
 #define ndm_csv_load_buffer(m, text, len, dtype, ...)                           \
     ndm_csv_load_buffer_at(NDM_HERE, (m), (text), (len), (dtype), __VA_ARGS__)
+/** ndm_csv_load_buffer() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_csv_load_buffer_at(NDM_SITE_PARAMS, ndm_manager m, const char *text,
                                          size_t len, ndm_dtype dtype,
                                          const ndm_csv_options *opts);

@@ -40,12 +40,20 @@
 extern "C" {
 #endif
 
+/** @name Products
+ *  Each returns a new array attached by the output rule (the `_to` form: to
+ *  m), which the caller releases or its manager's close does, or the null
+ *  handle with the errors listed in the file description. */
+/** @{ */
+
 /** numpy.matmul: 2-D operands multiply as matrices; a 1-D `a` is a row
  *  (k) -> (1, k) and a 1-D `b` a column, the added axis removed from the
  *  result; leading (batch) axes broadcast: (2, 1, m, k) @ (3, k, n) gives
  *  (2, 3, m, n). 0-d operands are NDM_E_SHAPE. */
 #define ndm_matmul(a, b) ndm_matmul_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (b))
+/** ndm_matmul() with the result attached to m instead of by the output rule. */
 #define ndm_matmul_to(m, a, b) ndm_matmul_to_at(NDM_HERE, (m), (a), (b))
+/** ndm_matmul_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_matmul_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, ndm_array b);
 
 /** numpy.dot: the inner product of two 1-D arrays (a 0-d result); for
@@ -54,13 +62,18 @@ NDM_API ndm_array ndm_matmul_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
  *  shape a.shape[:-1] + b.shape[:-2] + b.shape[-1:]; a 0-d operand scales
  *  the other. */
 #define ndm_dot(a, b) ndm_dot_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (b))
+/** ndm_dot() with the result attached to m instead of by the output rule. */
 #define ndm_dot_to(m, a, b) ndm_dot_to_at(NDM_HERE, (m), (a), (b))
+/** ndm_dot_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_dot_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, ndm_array b);
 
 /** numpy.outer: out[i, j] = a.flat[i] * b.flat[j], shape (a.size, b.size). */
 #define ndm_outer(a, b) ndm_outer_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (b))
+/** ndm_outer() with the result attached to m instead of by the output rule. */
 #define ndm_outer_to(m, a, b) ndm_outer_to_at(NDM_HERE, (m), (a), (b))
+/** ndm_outer_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_outer_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, ndm_array b);
+/** @} */
 
 /** The CPU GEMM provider compiled in: "openblas", "blis" or "none"
  *  (static string). */

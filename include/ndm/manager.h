@@ -71,12 +71,14 @@ NDM_API ndm_manager ndm_detached(void);
  *  NULL gives "manager"). Returns the null handle on failure: parent stale
  *  (NDM_E_CLOSED), null (NDM_E_NULL), capped for children (NDM_E_CAPPED). */
 #define ndm_manager_new(parent, name) ndm_manager_new_at(NDM_HERE, (parent), (name))
+/** ndm_manager_new() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_manager ndm_manager_new_at(NDM_SITE_PARAMS, ndm_manager parent, const char *name);
 
 /** Like ndm_manager_new, on another device (NDM_E_DEVICE when it does not
  *  exist, NDM_E_UNSUPPORTED without its backend). */
 #define ndm_manager_new_on(parent, name, device)                                \
     ndm_manager_new_on_at(NDM_HERE, (parent), (name), (device))
+/** ndm_manager_new_on() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_manager ndm_manager_new_on_at(NDM_SITE_PARAMS, ndm_manager parent,
                                           const char *name, ndm_device device);
 
@@ -90,6 +92,7 @@ NDM_API ndm_manager ndm_manager_new_on_at(NDM_SITE_PARAMS, ndm_manager parent,
  *  for it; that manager's close then finishes its remaining hooks as usual.
  *  A hook that closes its own manager gets NDM_ALREADY. */
 #define ndm_manager_close(m) ndm_manager_close_at(NDM_HERE, (m))
+/** ndm_manager_close() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_manager_close_at(NDM_SITE_PARAMS, ndm_manager m);
 
 /** What a cap refuses. */
@@ -100,9 +103,10 @@ enum {
 
 /** Cap a manager: it refuses what `flags` names, reporting the refused
  *  array's creation site. In-place updates of its arrays still work, and
- *  borrowed arrays can still come back. */
+ *  borrowed arrays can still come back. NDM_OK; NDM_E_INVALID for unknown
+ *  flag bits, NDM_E_ROOT for system/detached. */
 NDM_API NDM_NODISCARD ndm_status ndm_manager_cap(ndm_manager m, unsigned flags);
-/** Lift the caps named by `flags`. */
+/** Lift the caps named by `flags`. Errors as for ndm_manager_cap(). */
 NDM_API NDM_NODISCARD ndm_status ndm_manager_uncap(ndm_manager m, unsigned flags);
 /** The manager's current cap flags (0 when stale). */
 NDM_API unsigned ndm_manager_caps(ndm_manager m);
@@ -127,9 +131,12 @@ NDM_API uint64_t ndm_manager_limit(ndm_manager m, ndm_device device);
 
 /** Make `m` own another resource: free_fn(ptr) runs when `m` closes (newest
  *  first, after the arrays). `name` (copied, may be NULL) shows in reports.
- *  On failure free_fn is NOT called; the caller still owns ptr. */
+ *  On failure free_fn is NOT called; the caller still owns ptr. NDM_OK;
+ *  NDM_E_INVALID for a NULL free_fn, NDM_E_CLOSED for a closed or closing
+ *  m, NDM_E_ROOT for system/detached, NDM_E_OOM. */
 #define ndm_manager_own(m, ptr, free_fn, name)                                  \
     ndm_manager_own_at(NDM_HERE, (m), (ptr), (free_fn), (name))
+/** ndm_manager_own() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_manager_own_at(NDM_SITE_PARAMS, ndm_manager m, void *ptr,
                                                     void (*free_fn)(void *ptr), const char *name);
 
@@ -137,7 +144,11 @@ NDM_API NDM_NODISCARD ndm_status ndm_manager_own_at(NDM_SITE_PARAMS, ndm_manager
  *  return is reported through the log callback and makes the close return
  *  NDM_E_HOOK; the close still completes. */
 typedef int (*ndm_close_fn)(void *ud);
+/** Register fn(ud) to run when `m` closes (see ndm_close_fn). NDM_OK;
+ *  NDM_E_INVALID for a NULL fn, NDM_E_CLOSED for a closed or closing m,
+ *  NDM_E_ROOT for system/detached, NDM_E_OOM; nothing is registered then. */
 #define ndm_manager_on_close(m, fn, ud) ndm_manager_on_close_at(NDM_HERE, (m), (fn), (ud))
+/** ndm_manager_on_close() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_manager_on_close_at(NDM_SITE_PARAMS, ndm_manager m,
                                                          ndm_close_fn fn, void *ud);
 
@@ -158,17 +169,21 @@ NDM_API int ndm_manager_path(ndm_manager m, char *buf, size_t n);
  *  when m is closed (NDM_E_CLOSED), capped (NDM_E_CAPPED) or over its limit
  *  (NDM_E_QUOTA). Attaching to its current manager is NDM_OK. */
 #define ndm_attach(a, m) ndm_attach_at(NDM_HERE, (a), (m))
+/** ndm_attach() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_attach_at(NDM_SITE_PARAMS, ndm_array a, ndm_manager m);
 /** Move `a` to its manager's parent. NDM_E_ROOT when the owner is system
  *  or detached. */
 #define ndm_ret(a) ndm_ret_at(NDM_HERE, (a))
+/** ndm_ret() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_ret_at(NDM_SITE_PARAMS, ndm_array a);
 /** Move `a` under the `detached` node; the caller must release it. */
 #define ndm_detach(a) ndm_detach_at(NDM_HERE, (a))
+/** ndm_detach() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_detach_at(NDM_SITE_PARAMS, ndm_array a);
 /** Lend `a` to `m`; it returns to its current manager when m closes (see
  *  the chains above). NDM_E_ROOT for system or detached. */
 #define ndm_temp_attach(a, m) ndm_temp_attach_at(NDM_HERE, (a), (m))
+/** ndm_temp_attach() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_temp_attach_at(NDM_SITE_PARAMS, ndm_array a, ndm_manager m);
 
 #ifdef __cplusplus

@@ -109,47 +109,59 @@
 extern "C" {
 #endif
 
-/* Which blocks a figure covers (PyTorch's StatType). */
+/** Which blocks a figure covers (PyTorch's StatType). */
 typedef enum ndm_memory_pool {
-    NDM_POOL_ALL = 0,
-    NDM_POOL_SMALL = 1, /* blocks of at most 1 MiB, in 2 MiB segments */
-    NDM_POOL_LARGE = 2,
-    NDM_POOL_COUNT = 3,
+    NDM_POOL_ALL = 0,   /**< every block */
+    NDM_POOL_SMALL = 1, /**< blocks of at most 1 MiB, in 2 MiB segments */
+    NDM_POOL_LARGE = 2, /**< larger blocks */
+    NDM_POOL_COUNT = 3, /**< the number of pools (array sizes) */
 } ndm_memory_pool;
 
-/* One figure: its value now, its highest value since the last peak reset,
- * and the sums of its increases and decreases since the last reset of
- * accumulated figures. */
+/** One figure: its value now, its highest value since the last peak reset,
+ *  and the sums of its increases and decreases since the last reset of
+ *  accumulated figures. */
 typedef struct ndm_memory_stat {
     int64_t current, peak, allocated, freed;
 } ndm_memory_stat;
+/** @var ndm_memory_stat::current
+ *  The value now. */
+/** @var ndm_memory_stat::peak
+ *  The highest value since the last peak reset. */
+/** @var ndm_memory_stat::allocated
+ *  The sum of its increases since the last reset. */
+/** @var ndm_memory_stat::freed
+ *  The sum of its decreases since the last reset. */
 
-/* A device's allocator statistics; arrays are indexed by ndm_memory_pool. */
+/** A device's allocator statistics; arrays are indexed by ndm_memory_pool. */
 typedef struct ndm_memory_stats {
-    ndm_memory_stat allocation[NDM_POOL_COUNT];           /* live blocks */
-    ndm_memory_stat segment[NDM_POOL_COUNT];              /* segments held from the device */
-    ndm_memory_stat active[NDM_POOL_COUNT];               /* allocated or awaiting a free */
-    ndm_memory_stat inactive_split[NDM_POOL_COUNT];       /* free blocks inside split segments */
-    ndm_memory_stat allocated_bytes[NDM_POOL_COUNT];      /* bytes of live blocks (rounded) */
-    ndm_memory_stat reserved_bytes[NDM_POOL_COUNT];       /* bytes of segments */
-    ndm_memory_stat active_bytes[NDM_POOL_COUNT];
-    ndm_memory_stat inactive_split_bytes[NDM_POOL_COUNT]; /* cannot be returned to the device */
-    ndm_memory_stat requested_bytes[NDM_POOL_COUNT];      /* bytes the callers asked for */
-    ndm_memory_stat oversize_allocations;                 /* blocks >= max_split_size */
-    ndm_memory_stat oversize_segments;
-    int64_t num_alloc_retries;    /* allocations retried after freeing the cache */
-    int64_t num_ooms;             /* allocations that failed with NDM_E_OOM */
-    int64_t num_sync_all_streams; /* cache flushes */
-    int64_t num_device_alloc;     /* segments mapped */
-    int64_t num_device_free;      /* segments unmapped */
-    int64_t num_pressure_calls;   /* times the pressure callbacks ran */
-    int64_t max_split_size;       /* bytes; -1 when unlimited */
-    int64_t memory_limit;         /* bytes; 0 when unlimited */
-    int64_t largest_free_block;   /* largest cached free block, bytes */
-    int64_t free_bytes;           /* reserved - allocated */
-    double fragmentation;         /* (free - largest free) / free; 0 when nothing is free */
-    int64_t device_free, device_total; /* as the device reports them (0 when unknown) */
+    ndm_memory_stat allocation[NDM_POOL_COUNT];           /**< live blocks */
+    ndm_memory_stat segment[NDM_POOL_COUNT];              /**< segments held from the device */
+    ndm_memory_stat active[NDM_POOL_COUNT];               /**< allocated or awaiting a free */
+    ndm_memory_stat inactive_split[NDM_POOL_COUNT];       /**< free blocks inside split segments */
+    ndm_memory_stat allocated_bytes[NDM_POOL_COUNT];      /**< bytes of live blocks (rounded) */
+    ndm_memory_stat reserved_bytes[NDM_POOL_COUNT];       /**< bytes of segments */
+    ndm_memory_stat active_bytes[NDM_POOL_COUNT];         /**< bytes of active blocks */
+    ndm_memory_stat inactive_split_bytes[NDM_POOL_COUNT]; /**< cannot be returned to the device */
+    ndm_memory_stat requested_bytes[NDM_POOL_COUNT];      /**< bytes the callers asked for */
+    ndm_memory_stat oversize_allocations;                 /**< blocks >= max_split_size */
+    ndm_memory_stat oversize_segments;                    /**< segments >= max_split_size */
+    int64_t num_alloc_retries;    /**< allocations retried after freeing the cache */
+    int64_t num_ooms;             /**< allocations that failed with NDM_E_OOM */
+    int64_t num_sync_all_streams; /**< cache flushes */
+    int64_t num_device_alloc;     /**< segments mapped */
+    int64_t num_device_free;      /**< segments unmapped */
+    int64_t num_pressure_calls;   /**< times the pressure callbacks ran */
+    int64_t max_split_size;       /**< bytes; -1 when unlimited */
+    int64_t memory_limit;         /**< bytes; 0 when unlimited */
+    int64_t largest_free_block;   /**< largest cached free block, bytes */
+    int64_t free_bytes;           /**< reserved - allocated */
+    double fragmentation;         /**< (free - largest free) / free; 0 when nothing is free */
+    int64_t device_free, device_total;
 } ndm_memory_stats;
+/** @var ndm_memory_stats::device_free
+ *  Free memory as the device reports it (0 when unknown). */
+/** @var ndm_memory_stats::device_total
+ *  Total memory as the device reports it (0 when unknown). */
 
 /** Fill *out with the statistics of the allocator of `device` (zeros when it
  *  has not been used). NDM_E_DEVICE / NDM_E_UNSUPPORTED for a device this
@@ -163,6 +175,11 @@ NDM_API NDM_NODISCARD ndm_status ndm_memory_stats_get(ndm_device device, ndm_mem
 NDM_API NDM_NODISCARD ndm_status ndm_memory_stat_get(ndm_device device, const char *key,
                                                      int64_t *out);
 
+/** @name Per-device maintenance
+ *  Each returns NDM_OK, or NDM_E_DEVICE / NDM_E_UNSUPPORTED for a device
+ *  this build or machine does not have (ndm_memory_summary also
+ *  NDM_E_INVALID for a NULL f). */
+/** @{ */
 /** Set every peak to its current value. */
 NDM_API NDM_NODISCARD ndm_status ndm_memory_reset_peak_stats(ndm_device device);
 /** Zero the allocated/freed sums and the event counters. */
@@ -174,6 +191,7 @@ NDM_API NDM_NODISCARD ndm_status ndm_memory_empty_cache(ndm_device device);
 /** Print PyTorch's summary table for `device`, then the fragmentation
  *  figures and the effective settings. */
 NDM_API ndm_status ndm_memory_summary(ndm_device device, FILE *f);
+/** @} */
 
 /** Configure the allocator of `device` from `conf` (grammar above): the
  *  defaults, then `conf`; items for other devices are checked and skipped.
@@ -185,20 +203,22 @@ NDM_API NDM_NODISCARD ndm_status ndm_alloc_configure(ndm_device device, const ch
  *  buf; returns the length they need (like snprintf), or -1 on a bad device. */
 NDM_API int ndm_alloc_settings(ndm_device device, char *buf, size_t n);
 
-/* Why the pressure callbacks run. */
+/** Why the pressure callbacks run. */
 typedef enum ndm_pressure_reason {
-    NDM_PRESSURE_PERIODIC = 0, /* another pressure_every_mb allocated */
-    NDM_PRESSURE_FAILED = 1,   /* the device could not provide a segment */
+    NDM_PRESSURE_PERIODIC = 0, /**< another pressure_every_mb allocated */
+    NDM_PRESSURE_FAILED = 1,   /**< the device could not provide a segment */
 } ndm_pressure_reason;
 
+/** What a pressure callback is told. */
 typedef struct ndm_pressure_event {
-    ndm_device device;
-    ndm_pressure_reason reason;
-    size_t request;     /* bytes asked for by the allocation that triggered it */
-    int64_t allocated;  /* allocated_bytes.all.current */
-    int64_t reserved;   /* reserved_bytes.all.current */
+    ndm_device device;          /**< the allocator's device */
+    ndm_pressure_reason reason; /**< why it runs */
+    size_t request;     /**< bytes asked for by the allocation that triggered it */
+    int64_t allocated;  /**< allocated_bytes.all.current */
+    int64_t reserved;   /**< reserved_bytes.all.current */
 } ndm_pressure_event;
 
+/** A pressure callback: ev is valid during the call; ud as registered. */
 typedef void (*ndm_pressure_fn)(const ndm_pressure_event *ev, void *ud);
 
 /** Register a pressure callback (called in registration order). The same

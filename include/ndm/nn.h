@@ -45,69 +45,101 @@
 extern "C" {
 #endif
 
+/** A module handle: a layer or a sequence of them, owned by its model
+ *  manager and freed when that manager closes. */
 typedef struct ndm_module {
-    uint64_t id;
+    uint64_t id; /**< Slot and generation; 0 is the null module. Opaque. */
 } ndm_module;
 
+/** An optimizer handle, owned by its model manager. */
 typedef struct ndm_optimizer {
-    uint64_t id;
+    uint64_t id; /**< Slot and generation; 0 is the null optimizer. Opaque. */
 } ndm_optimizer;
 
+/** A predictor handle, owned by its model manager. */
 typedef struct ndm_predictor {
-    uint64_t id;
+    uint64_t id; /**< Slot and generation; 0 is the null predictor. Opaque. */
 } ndm_predictor;
 
-/* A module list literal: NDM_MODULES(a, b) is `2, (const ndm_module[]){a, b}`. */
+/** A module list literal: NDM_MODULES(a, b) is `2, (const ndm_module[]){a, b}`. */
 #define NDM_MODULES(...)                                                        \
     NDM_LIST_COUNT_(ndm_module, __VA_ARGS__), NDM_LIST_(ndm_module, __VA_ARGS__)
 
 /* ---- initialisation (in place, from the seeded generator) ------------------- */
 
+/** @name Initialisation
+ *  Each fills an existing float array in place (a capped model's too) and
+ *  returns NDM_OK, or NDM_E_SHAPE (rank 0 or above 16, a fan-in of 0) and
+ *  the errors of ndm_uniform_(), with the generator unchanged. */
+/** @{ */
+
 /** He/Kaiming uniform: U(-b, b) with b = gain * sqrt(3 / fan_in), gain =
  *  sqrt(2) (ReLU). fan_in is the size of every axis but the first. */
 #define ndm_init_kaiming_uniform_(a, rng) ndm_init_kaiming_uniform_inplace_at(NDM_HERE, (a), (rng))
+/** ndm_init_kaiming_uniform_() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_init_kaiming_uniform_inplace_at(NDM_SITE_PARAMS, ndm_array a,
                                                                     ndm_rng *rng);
 /** Glorot/Xavier uniform: U(-b, b) with b = sqrt(6 / (fan_in + fan_out)),
  *  fan_out = a.shape[0] * receptive field. */
 #define ndm_init_xavier_uniform_(a, rng) ndm_init_xavier_uniform_inplace_at(NDM_HERE, (a), (rng))
+/** ndm_init_xavier_uniform_() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_init_xavier_uniform_inplace_at(NDM_SITE_PARAMS, ndm_array a,
                                                                    ndm_rng *rng);
+/** @} */
 
 /* ---- layers -------------------------------------------------------------------- */
+
+/** @name Layers
+ *  Each constructor returns a module owned by `model` (it dies when `model`
+ *  closes), its parameters made in `model` with gradients, or the null
+ *  module: NDM_E_INVALID (sizes < 1, a NULL
+ *  generator where one is needed, bad options), NDM_E_OOM, and `model`'s
+ *  refusals (NDM_E_NULL, NDM_E_CLOSED, NDM_E_CAPPED, NDM_E_QUOTA). */
+/** @{ */
 
 /** y = x W^T + b with W (out, in) (Kaiming uniform) and b (out) (zeros),
  *  f32. x is (..., in). */
 #define ndm_linear(model, in, out, bias, rng)                                   \
     ndm_linear_at(NDM_HERE, (model), (in), (out), (bias), (rng))
+/** ndm_linear() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_module ndm_linear_at(NDM_SITE_PARAMS, ndm_manager model, int64_t in, int64_t out,
                                  bool bias, ndm_rng *rng);
 /** 2-d convolution: weight (out_ch, in_ch / groups, kh, kw) (Kaiming
  *  uniform), bias (out_ch) (zeros), options as ndm_conv2d. */
 #define ndm_conv2d_module(model, in_ch, out_ch, kh, kw, bias, rng, opts)        \
     ndm_conv2d_module_at(NDM_HERE, (model), (in_ch), (out_ch), (kh), (kw), (bias), (rng), (opts))
+/** ndm_conv2d_module() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_module ndm_conv2d_module_at(NDM_SITE_PARAMS, ndm_manager model, int64_t in_ch,
                                         int64_t out_ch, int64_t kh, int64_t kw, bool bias,
                                         ndm_rng *rng, const ndm_conv2d_opts *opts);
+/** Max pooling with `opts` (a kernel size is required), no parameters. */
 #define ndm_max_pool2d_module(model, opts) ndm_max_pool2d_module_at(NDM_HERE, (model), (opts))
+/** ndm_max_pool2d_module() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_module ndm_max_pool2d_module_at(NDM_SITE_PARAMS, ndm_manager model,
                                             const ndm_pool2d_opts *opts);
+/** ndm_relu() as a module. */
 #define ndm_relu_module(model) ndm_relu_module_at(NDM_HERE, (model))
+/** ndm_relu_module() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_module ndm_relu_module_at(NDM_SITE_PARAMS, ndm_manager model);
+/** ndm_gelu() (the exact form) as a module. */
 #define ndm_gelu_module(model) ndm_gelu_module_at(NDM_HERE, (model))
+/** ndm_gelu_module() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_module ndm_gelu_module_at(NDM_SITE_PARAMS, ndm_manager model);
 /** Flatten every axis from `start_axis` on into one (PyTorch's Flatten: 1). */
 #define ndm_flatten_module(model, start_axis) ndm_flatten_module_at(NDM_HERE, (model), (start_axis))
+/** ndm_flatten_module() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_module ndm_flatten_module_at(NDM_SITE_PARAMS, ndm_manager model, int start_axis);
 /** In training mode, zero each element with probability p and scale the
  *  rest by 1/(1-p); in evaluation mode the identity. Its generator starts
  *  from `seed` (0 <= p < 1). */
 #define ndm_dropout_module(model, p, seed) ndm_dropout_module_at(NDM_HERE, (model), (p), (seed))
+/** ndm_dropout_module() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_module ndm_dropout_module_at(NDM_SITE_PARAMS, ndm_manager model, double p,
                                          uint64_t seed);
 /** A lookup table (num, dim) (N(0, 1)): integer indices of any shape give
  *  indices.shape + (dim). */
 #define ndm_embedding(model, num, dim, rng) ndm_embedding_at(NDM_HERE, (model), (num), (dim), (rng))
+/** ndm_embedding() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_module ndm_embedding_at(NDM_SITE_PARAMS, ndm_manager model, int64_t num, int64_t dim,
                                     ndm_rng *rng);
 /** The modules applied in order (n = 0: the identity, returning an alias).
@@ -115,14 +147,19 @@ NDM_API ndm_module ndm_embedding_at(NDM_SITE_PARAMS, ndm_manager model, int64_t 
  *  null module in the list (a constructor inside it failed) makes the result
  *  null and keeps that constructor's error, as chained operations do. */
 #define ndm_sequential(model, ...) ndm_sequential_at(NDM_HERE, (model), __VA_ARGS__)
+/** ndm_sequential() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_module ndm_sequential_at(NDM_SITE_PARAMS, ndm_manager model, int n,
                                      const ndm_module *modules);
+/** @} */
 
 /** Run a module on x: a fresh array attached by the output rule (the `_to`
- *  manager, else the innermost scope, else x's manager). Recorded for
- *  gradients when this thread records. */
+ *  manager, else the innermost scope, else x's manager), the caller's to
+ *  release, or the null handle with the failing operation's error, reported
+ *  at the caller's line. Recorded for gradients when this thread records. */
 #define ndm_forward(m, x) ndm_forward_to_at(NDM_HERE, NDM_OUTPUT_RULE, (m), (x))
+/** ndm_forward() with the result attached to out instead of by the output rule. */
 #define ndm_forward_to(out, m, x) ndm_forward_to_at(NDM_HERE, (out), (m), (x))
+/** ndm_forward_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_forward_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_module m, ndm_array x);
 
 /** Training mode (dropout active) or evaluation mode, for m and its children. */
@@ -135,30 +172,56 @@ NDM_API int ndm_module_parameters(ndm_module m, ndm_array *out, int cap);
  *  points into the module and lives as long as it does. */
 NDM_API int ndm_module_named_parameters(ndm_module m, const char **names, ndm_array *out,
                                         int cap);
-/** A one-line description: "Sequential(Linear(784, 256), ReLU, Linear(256, 10))". */
+/** A one-line description: "Sequential(Linear(784, 256), ReLU, Linear(256, 10))",
+ *  into buf (truncated to n, NUL-terminated; buf may be NULL); returns the
+ *  full length, or a negative status for a bad handle. */
 NDM_API int ndm_module_describe(ndm_module m, char *buf, size_t n);
 
 /* ---- losses (recorded for gradients) -------------------------------------------- */
+
+/** @name Losses
+ *  Each returns a new 0-d array attached by the output rule (the `_to`
+ *  form: to m), which the caller releases or its manager's close does, or
+ *  the null handle: NDM_E_SHAPE, NDM_E_DTYPE (logits not float, labels not
+ *  integer), NDM_E_INVALID (a label out of range), and the errors of the
+ *  elementwise and reduction functions it is made of. */
+/** @{ */
 
 /** Mean over the batch of -log softmax(logits)[label]: logits (N, C) float,
  *  labels (N) integer in [0, C) (NDM_E_INVALID otherwise). A 0-d result. */
 #define ndm_cross_entropy(logits, labels)                                       \
     ndm_cross_entropy_to_at(NDM_HERE, NDM_OUTPUT_RULE, (logits), (labels))
+/** ndm_cross_entropy() with the result attached to m instead of by the output rule. */
 #define ndm_cross_entropy_to(m, logits, labels)                                 \
     ndm_cross_entropy_to_at(NDM_HERE, (m), (logits), (labels))
+/** ndm_cross_entropy_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_cross_entropy_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array logits,
                                           ndm_array labels);
 /** Mean over the batch of -logp[label]: logp (N, C), labels (N). */
 #define ndm_nll_loss(logp, labels) ndm_nll_loss_to_at(NDM_HERE, NDM_OUTPUT_RULE, (logp), (labels))
+/** ndm_nll_loss() with the result attached to m instead of by the output rule. */
 #define ndm_nll_loss_to(m, logp, labels) ndm_nll_loss_to_at(NDM_HERE, (m), (logp), (labels))
+/** ndm_nll_loss_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_nll_loss_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array logp,
                                      ndm_array labels);
 /** Mean of (a - b)^2 (broadcasting). */
 #define ndm_mse_loss(a, b) ndm_mse_loss_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (b))
+/** ndm_mse_loss() with the result attached to m instead of by the output rule. */
 #define ndm_mse_loss_to(m, a, b) ndm_mse_loss_to_at(NDM_HERE, (m), (a), (b))
+/** ndm_mse_loss_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_mse_loss_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, ndm_array b);
+/** @} */
 
 /* ---- optimizers ------------------------------------------------------------------- */
+
+/** @name Optimizers
+ *  A constructor returns an optimizer owned by `model` (freed when it
+ *  closes), with its state arrays in `model`, or the null optimizer:
+ *  NDM_E_INVALID (a rate that is not finite, lr or eps <= 0, a beta outside
+ *  [0, 1)), NDM_E_OOM, the errors of net's handle, and `model`'s refusals;
+ *  state arrays made before a failure stay in `model` until it closes. A
+ *  step or zero_grad returns NDM_OK or the first in-place update's error. */
+/** @{ */
 
 /** SGD over the parameters of `net`: v = momentum v + g + weight_decay w;
  *  w -= lr v (plain SGD with momentum 0). Its state (velocities and scratch)
@@ -166,6 +229,7 @@ NDM_API ndm_array ndm_mse_loss_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array
  *  allocate nothing. */
 #define ndm_sgd(model, net, lr, momentum, weight_decay)                         \
     ndm_sgd_at(NDM_HERE, (model), (net), (lr), (momentum), (weight_decay))
+/** ndm_sgd() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_optimizer ndm_sgd_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module net, double lr,
                                  double momentum, double weight_decay);
 /** Adam (L2 weight decay added to the gradient) over the parameters of net. */
@@ -174,6 +238,7 @@ NDM_API ndm_optimizer ndm_sgd_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module 
 /** AdamW: weight decay applied to the weights directly (decoupled). */
 #define ndm_adamw(model, net, lr, beta1, beta2, eps, weight_decay)              \
     ndm_adam_at(NDM_HERE, (model), (net), (lr), (beta1), (beta2), (eps), (weight_decay), true)
+/** ndm_adam() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_optimizer ndm_adam_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module net, double lr,
                                   double beta1, double beta2, double eps, double weight_decay,
                                   bool decoupled);
@@ -181,6 +246,7 @@ NDM_API ndm_optimizer ndm_adam_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module
 NDM_API NDM_NODISCARD ndm_status ndm_optimizer_step(ndm_optimizer o);
 /** Zero every parameter's gradient. */
 NDM_API NDM_NODISCARD ndm_status ndm_optimizer_zero_grad(ndm_optimizer o);
+/** Set the learning rate (> 0 and finite: NDM_E_INVALID otherwise). */
 NDM_API NDM_NODISCARD ndm_status ndm_optimizer_set_lr(ndm_optimizer o, double lr);
 /** The learning rate, or a negative value for a stale handle. */
 NDM_API double ndm_optimizer_lr(ndm_optimizer o);
@@ -189,6 +255,7 @@ NDM_API double ndm_optimizer_lr(ndm_optimizer o);
 NDM_API double ndm_lr_step(double base, int64_t epoch, int64_t step_size, double gamma);
 /** Cosine annealing from base (t = 0) to min_lr (t = total). */
 NDM_API double ndm_lr_cosine(double base, double min_lr, int64_t t, int64_t total);
+/** @} */
 
 /* ---- predictors -------------------------------------------------------------------- */
 
@@ -196,16 +263,20 @@ NDM_API double ndm_lr_cosine(double base, double min_lr, int64_t t, int64_t tota
  *  owned by `model` itself (NDM_E_NOT_OWNER otherwise, and nothing is
  *  capped): caps `model` (arrays and children, except the predictor's own
  *  manager "predictor", made now) and puts net in evaluation mode. A null
- *  net is NDM_E_NULL, a freed one NDM_E_CLOSED. */
+ *  net is NDM_E_NULL, a freed one NDM_E_CLOSED. Returns the predictor, owned
+ *  by `model`, or the null predictor. */
 #define ndm_predictor_new(model, net) ndm_predictor_new_at(NDM_HERE, (model), (net))
+/** ndm_predictor_new() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_predictor ndm_predictor_new_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module net);
 /** Run net on `input` in a fresh request manager (a child of the
  *  predictor's manager, closed before return) and return the result in
  *  `out` (NDM_OUTPUT_RULE: the innermost scope, else input's manager).
- *  Thread-safe:
- *  many threads may predict at once. */
+ *  Thread-safe: many threads may predict at once. Returns a new handle, the
+ *  caller's to release, or the null handle with the forward pass's error. */
 #define ndm_predict(p, input) ndm_predict_to_at(NDM_HERE, NDM_OUTPUT_RULE, (p), (input))
+/** ndm_predict() with the result attached to out instead of by the output rule. */
 #define ndm_predict_to(out, p, input) ndm_predict_to_at(NDM_HERE, (out), (p), (input))
+/** ndm_predict_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_predict_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_predictor p,
                                     ndm_array input);
 /** The manager that holds the request managers (for dumps). */

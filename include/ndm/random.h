@@ -73,9 +73,9 @@ extern "C" {
 /** A generator: which stream to read (seed, stream) and where (offset, in
  *  128-bit blocks). All three fields are the caller's to set. */
 typedef struct ndm_rng {
-    uint64_t seed;
-    uint64_t stream;
-    uint64_t offset;
+    uint64_t seed;   /**< the Philox key */
+    uint64_t stream; /**< the stream, the counter's high 64 bits */
+    uint64_t offset; /**< the next block to read, the counter's low 64 bits */
 } ndm_rng;
 
 /** Stream 0 of `seed`, from its start. */
@@ -88,45 +88,71 @@ static inline ndm_rng ndm_rng_new(uint64_t seed)
 /** Blocks a call on n elements with w words each consumes: ceil(n*w / 4). */
 static inline uint64_t ndm_rng_blocks(uint64_t n, unsigned w) { return (n * w + 3) / 4; }
 
+/** @name Distributions
+ *  The factories return a new array owned by `m`, the caller's to release
+ *  (or m's close releases it), or the null handle with nothing allocated
+ *  and the generator unchanged: NDM_E_INVALID (a NULL generator, bad
+ *  parameters), NDM_E_DTYPE (a dtype the distribution does not make), and
+ *  the factory errors of array.h. The in-place forms return a status. */
+/** @{ */
+
 /** Uniform on [lo, hi) (float dtypes). */
 #define ndm_uniform(m, rng, dtype, lo, hi, ...)                                 \
     ndm_uniform_at(NDM_HERE, (m), (rng), (dtype), (lo), (hi), __VA_ARGS__)
+/** ndm_uniform() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_uniform_at(NDM_SITE_PARAMS, ndm_manager m, ndm_rng *rng, ndm_dtype dtype,
                                  double lo, double hi, int ndim, const int64_t *shape);
+/** ndm_uniform() into the existing array `a` (any layout, even in a capped manager):
+ *  NDM_OK, or an error with the generator unchanged. */
 #define ndm_uniform_(a, rng, lo, hi) ndm_uniform_inplace_at(NDM_HERE, (a), (rng), (lo), (hi))
+/** ndm_uniform_() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_uniform_inplace_at(NDM_SITE_PARAMS, ndm_array a,
                                                         ndm_rng *rng, double lo, double hi);
 
 /** Normal with mean and standard deviation std >= 0 (float dtypes). */
 #define ndm_normal(m, rng, dtype, mean, std, ...)                               \
     ndm_normal_at(NDM_HERE, (m), (rng), (dtype), (mean), (std), __VA_ARGS__)
+/** ndm_normal() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_normal_at(NDM_SITE_PARAMS, ndm_manager m, ndm_rng *rng, ndm_dtype dtype,
                                 double mean, double std, int ndim, const int64_t *shape);
+/** ndm_normal() into the existing array `a` (any layout, even in a capped manager):
+ *  NDM_OK, or an error with the generator unchanged. */
 #define ndm_normal_(a, rng, mean, std) ndm_normal_inplace_at(NDM_HERE, (a), (rng), (mean), (std))
+/** ndm_normal_() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_normal_inplace_at(NDM_SITE_PARAMS, ndm_array a, ndm_rng *rng,
                                                        double mean, double std);
 
 /** Integers uniform on [lo, hi) (u8, i32, i64; the range must fit the dtype). */
 #define ndm_randint(m, rng, dtype, lo, hi, ...)                                 \
     ndm_randint_at(NDM_HERE, (m), (rng), (dtype), (lo), (hi), __VA_ARGS__)
+/** ndm_randint() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_randint_at(NDM_SITE_PARAMS, ndm_manager m, ndm_rng *rng, ndm_dtype dtype,
                                  int64_t lo, int64_t hi, int ndim, const int64_t *shape);
+/** ndm_randint() into the existing array `a` (any layout, even in a capped manager):
+ *  NDM_OK, or an error with the generator unchanged. */
 #define ndm_randint_(a, rng, lo, hi) ndm_randint_inplace_at(NDM_HERE, (a), (rng), (lo), (hi))
+/** ndm_randint_() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_randint_inplace_at(NDM_SITE_PARAMS, ndm_array a,
                                                         ndm_rng *rng, int64_t lo, int64_t hi);
 
 /** 1 with probability p, else 0, in any dtype (bool for masks). */
 #define ndm_bernoulli(m, rng, dtype, p, ...)                                    \
     ndm_bernoulli_at(NDM_HERE, (m), (rng), (dtype), (p), __VA_ARGS__)
+/** ndm_bernoulli() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_bernoulli_at(NDM_SITE_PARAMS, ndm_manager m, ndm_rng *rng, ndm_dtype dtype,
                                    double p, int ndim, const int64_t *shape);
+/** ndm_bernoulli() into the existing array `a` (any layout, even in a capped manager):
+ *  NDM_OK, or an error with the generator unchanged. */
 #define ndm_bernoulli_(a, rng, p) ndm_bernoulli_inplace_at(NDM_HERE, (a), (rng), (p))
+/** ndm_bernoulli_() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_bernoulli_inplace_at(NDM_SITE_PARAMS, ndm_array a,
                                                           ndm_rng *rng, double p);
 
 /** A random permutation of 0..n-1 as a 1-d i64 array (n >= 0). */
 #define ndm_permutation(m, rng, n) ndm_permutation_at(NDM_HERE, (m), (rng), (n))
+/** ndm_permutation() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_permutation_at(NDM_SITE_PARAMS, ndm_manager m, ndm_rng *rng, int64_t n);
+/** @} */
 
 #ifdef __cplusplus
 }

@@ -56,37 +56,47 @@
 extern "C" {
 #endif
 
-/* Axis lists: NDM_AXES(0, -1) expands to `2, (const int[]){0, -1}`. */
+/** Axis lists: NDM_AXES(0, -1) expands to `2, (const int[]){0, -1}`. */
 #define NDM_AXES(...)                                                           \
     NDM_LIST_COUNT_(int, __VA_ARGS__), NDM_LIST_(int, __VA_ARGS__)
-/* Every axis (n = -1). */
+/** Every axis (n = -1). */
 #define NDM_ALL_AXES_LIST (-1), (const int *)0
-/* No axis (numpy's axis=()): the result has the input's shape. */
+/** No axis (numpy's axis=()): the result has the input's shape. */
 #define NDM_NO_AXES 0, (const int *)0
 
-/* Common errors of the functions below: NDM_E_AXIS (axis out of range or
- * repeated, n < -1), NDM_E_INVALID (n > 0 with axes NULL), NDM_E_CLOSED for
- * a stale input, the output manager's NDM_E_CLOSED/NDM_E_CAPPED/NDM_E_QUOTA,
- * NDM_E_OOM. */
+/** @name Reductions and softmax
+ *  Each returns a new array attached by the output rule (the `_to` form: to
+ *  m), which the caller releases or its manager's close does, or the null
+ *  handle. Common errors: NDM_E_AXIS (axis out of range or repeated,
+ *  n < -1), NDM_E_INVALID (n > 0 with axes NULL), NDM_E_CLOSED for a stale
+ *  input, the output manager's NDM_E_CLOSED/NDM_E_CAPPED/NDM_E_QUOTA,
+ *  NDM_E_OOM. */
+/** @{ */
 
 /** Sum. */
 #define ndm_sum(a, keepdim, ...)                                                \
     ndm_sum_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (keepdim), __VA_ARGS__)
+/** ndm_sum() with the result attached to m instead of by the output rule. */
 #define ndm_sum_to(m, a, keepdim, ...) ndm_sum_to_at(NDM_HERE, (m), (a), (keepdim), __VA_ARGS__)
+/** ndm_sum_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_sum_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, bool keepdim,
                                 int naxes, const int *axes);
 
 /** Product. */
 #define ndm_prod(a, keepdim, ...)                                               \
     ndm_prod_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (keepdim), __VA_ARGS__)
+/** ndm_prod() with the result attached to m instead of by the output rule. */
 #define ndm_prod_to(m, a, keepdim, ...) ndm_prod_to_at(NDM_HERE, (m), (a), (keepdim), __VA_ARGS__)
+/** ndm_prod_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_prod_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, bool keepdim,
                                  int naxes, const int *axes);
 
 /** Arithmetic mean (NaN for an empty reduction). */
 #define ndm_mean(a, keepdim, ...)                                               \
     ndm_mean_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (keepdim), __VA_ARGS__)
+/** ndm_mean() with the result attached to m instead of by the output rule. */
 #define ndm_mean_to(m, a, keepdim, ...) ndm_mean_to_at(NDM_HERE, (m), (a), (keepdim), __VA_ARGS__)
+/** ndm_mean_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_mean_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, bool keepdim,
                                  int naxes, const int *axes);
 
@@ -96,44 +106,56 @@ NDM_API ndm_array ndm_mean_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, 
  *  ddof < 0 is NDM_E_INVALID. */
 #define ndm_var(a, ddof, keepdim, ...)                                          \
     ndm_var_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (ddof), (keepdim), __VA_ARGS__)
+/** ndm_var() with the result attached to m instead of by the output rule. */
 #define ndm_var_to(m, a, ddof, keepdim, ...)                                    \
     ndm_var_to_at(NDM_HERE, (m), (a), (ddof), (keepdim), __VA_ARGS__)
+/** ndm_var_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_var_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int ddof,
                                 bool keepdim, int naxes, const int *axes);
 
 /** Standard deviation: the square root of ndm_var. */
 #define ndm_std(a, ddof, keepdim, ...)                                          \
     ndm_std_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (ddof), (keepdim), __VA_ARGS__)
+/** ndm_std() with the result attached to m instead of by the output rule. */
 #define ndm_std_to(m, a, ddof, keepdim, ...)                                    \
     ndm_std_to_at(NDM_HERE, (m), (a), (ddof), (keepdim), __VA_ARGS__)
+/** ndm_std_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_std_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int ddof,
                                 bool keepdim, int naxes, const int *axes);
 
 /** Largest element (NaN if any is NaN). NDM_E_SHAPE for an empty reduction. */
 #define ndm_max(a, keepdim, ...)                                                \
     ndm_max_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (keepdim), __VA_ARGS__)
+/** ndm_max() with the result attached to m instead of by the output rule. */
 #define ndm_max_to(m, a, keepdim, ...) ndm_max_to_at(NDM_HERE, (m), (a), (keepdim), __VA_ARGS__)
+/** ndm_max_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_max_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, bool keepdim,
                                 int naxes, const int *axes);
 
 /** Smallest element (NaN if any is NaN). NDM_E_SHAPE for an empty reduction. */
 #define ndm_min(a, keepdim, ...)                                                \
     ndm_min_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (keepdim), __VA_ARGS__)
+/** ndm_min() with the result attached to m instead of by the output rule. */
 #define ndm_min_to(m, a, keepdim, ...) ndm_min_to_at(NDM_HERE, (m), (a), (keepdim), __VA_ARGS__)
+/** ndm_min_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_min_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, bool keepdim,
                                 int naxes, const int *axes);
 
 /** True where every element is non-zero (true for an empty reduction). */
 #define ndm_all(a, keepdim, ...)                                                \
     ndm_all_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (keepdim), __VA_ARGS__)
+/** ndm_all() with the result attached to m instead of by the output rule. */
 #define ndm_all_to(m, a, keepdim, ...) ndm_all_to_at(NDM_HERE, (m), (a), (keepdim), __VA_ARGS__)
+/** ndm_all_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_all_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, bool keepdim,
                                 int naxes, const int *axes);
 
 /** True where some element is non-zero (false for an empty reduction). */
 #define ndm_any(a, keepdim, ...)                                                \
     ndm_any_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (keepdim), __VA_ARGS__)
+/** ndm_any() with the result attached to m instead of by the output rule. */
 #define ndm_any_to(m, a, keepdim, ...) ndm_any_to_at(NDM_HERE, (m), (a), (keepdim), __VA_ARGS__)
+/** ndm_any_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_any_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, bool keepdim,
                                 int naxes, const int *axes);
 
@@ -141,8 +163,10 @@ NDM_API ndm_array ndm_any_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, b
  *  neither overflows nor underflows; -inf for an empty reduction. */
 #define ndm_logsumexp(a, keepdim, ...)                                          \
     ndm_logsumexp_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (keepdim), __VA_ARGS__)
+/** ndm_logsumexp() with the result attached to m instead of by the output rule. */
 #define ndm_logsumexp_to(m, a, keepdim, ...)                                    \
     ndm_logsumexp_to_at(NDM_HERE, (m), (a), (keepdim), __VA_ARGS__)
+/** ndm_logsumexp_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_logsumexp_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a,
                                       bool keepdim, int naxes, const int *axes);
 
@@ -152,13 +176,17 @@ NDM_API ndm_array ndm_logsumexp_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_arra
  *  size 1. NDM_E_SHAPE for an empty reduction. */
 #define ndm_argmax(a, axis, keepdim)                                            \
     ndm_argmax_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (axis), (keepdim))
+/** ndm_argmax() with the result attached to m instead of by the output rule. */
 #define ndm_argmax_to(m, a, axis, keepdim) ndm_argmax_to_at(NDM_HERE, (m), (a), (axis), (keepdim))
+/** ndm_argmax_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_argmax_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis,
                                    bool keepdim);
 /** Index of the smallest element; as ndm_argmax. */
 #define ndm_argmin(a, axis, keepdim)                                            \
     ndm_argmin_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (axis), (keepdim))
+/** ndm_argmin() with the result attached to m instead of by the output rule. */
 #define ndm_argmin_to(m, a, axis, keepdim) ndm_argmin_to_at(NDM_HERE, (m), (a), (axis), (keepdim))
+/** ndm_argmin_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_argmin_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis,
                                    bool keepdim);
 
@@ -167,13 +195,18 @@ NDM_API ndm_array ndm_argmin_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
  *  A 0-d input takes axis 0 or -1. A slice whose max is +inf or NaN gives
  *  NaN; one that is all -inf gives NaN too (0/0), as PyTorch. */
 #define ndm_softmax(a, axis) ndm_softmax_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (axis))
+/** ndm_softmax() with the result attached to m instead of by the output rule. */
 #define ndm_softmax_to(m, a, axis) ndm_softmax_to_at(NDM_HERE, (m), (a), (axis))
+/** ndm_softmax_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_softmax_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis);
 
 /** x - max - log(sum(exp(x - max))) along `axis`; as ndm_softmax. */
 #define ndm_log_softmax(a, axis) ndm_log_softmax_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (axis))
+/** ndm_log_softmax() with the result attached to m instead of by the output rule. */
 #define ndm_log_softmax_to(m, a, axis) ndm_log_softmax_to_at(NDM_HERE, (m), (a), (axis))
+/** ndm_log_softmax_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_log_softmax_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis);
+/** @} */
 
 #ifdef __cplusplus
 }

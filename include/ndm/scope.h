@@ -39,6 +39,7 @@ extern "C" {
  *  scope; a null parent is NDM_E_NULL). Returns the scope's manager or the
  *  null handle. */
 #define ndm_scope_begin(parent, name) ndm_scope_begin_at(NDM_HERE, (parent), (name))
+/** ndm_scope_begin() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_manager ndm_scope_begin_at(NDM_SITE_PARAMS, ndm_manager parent, const char *name);
 
 /** End a scope: move `keep[0..n)` out (see above), release the rest, close
@@ -49,6 +50,7 @@ NDM_API ndm_manager ndm_scope_begin_at(NDM_SITE_PARAMS, ndm_manager parent, cons
  *  for a handle that is not a manager's (an array handle, a forged one),
  *  which ends nothing. */
 #define ndm_scope_end(scope, n, keep) ndm_scope_end_at(NDM_HERE, (scope), (n), (keep))
+/** ndm_scope_end() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_scope_end_at(NDM_SITE_PARAMS, ndm_manager scope, size_t n,
                                                   const ndm_array *keep);
 
@@ -56,13 +58,17 @@ NDM_API NDM_NODISCARD ndm_status ndm_scope_end_at(NDM_SITE_PARAMS, ndm_manager s
  *  must be owned by it (NDM_E_NOT_OWNER, nothing changes). The scope stays. */
 #define ndm_scope_release_all_but(scope, n, keep)                               \
     ndm_scope_release_all_but_at(NDM_HERE, (scope), (n), (keep))
+/** ndm_scope_release_all_but() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_scope_release_all_but_at(NDM_SITE_PARAMS, ndm_manager scope,
                                                               size_t n, const ndm_array *keep);
+/** Release every array of the scope (or manager); the scope stays. Returns
+ *  NDM_OK or the error of ndm_scope_release_all_but(). */
 #define ndm_scope_release_all(scope) ndm_scope_release_all_but_at(NDM_HERE, (scope), 0, NULL)
 
 /** Move `a` out of its scope now, to where ndm_scope_end would move a kept
  *  array. NDM_E_NOT_OWNER when `a` is not owned by a scope. */
 #define ndm_scope_move_out(a) ndm_scope_move_out_at(NDM_HERE, (a))
+/** ndm_scope_move_out() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_scope_move_out_at(NDM_SITE_PARAMS, ndm_array a);
 
 /** The innermost live scope of this thread (null if none). */
@@ -78,14 +84,19 @@ NDM_API bool ndm_manager_is_scope(ndm_manager m);
  *  handle that comes back is always a new one for the caller to release
  *  (one disposal protocol), and the input's own handle stays its owner's. */
 typedef ndm_array (*ndm_scoped_fn)(void *ud);
+/** Run fn(ud) in a fresh scope under `parent` (see ndm_scoped_fn): returns
+ *  the new handle of fn's result, the caller's to release, or the null
+ *  handle (NDM_E_INVALID for a NULL fn; the scope's and the move's errors). */
 #define ndm_scoped(parent, fn, ud) ndm_scoped_at(NDM_HERE, (parent), (fn), (ud))
+/** ndm_scoped() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_scoped_at(NDM_SITE_PARAMS, ndm_manager parent, ndm_scoped_fn fn, void *ud);
 
-/* The one-expression form (GCC/Clang statement expression):
- *     ndm_array y = NDM_SCOPED(batch, ndm_relu(ndm_add(ndm_matmul(x, w), b)));
- * evaluates the expression inside a scope under `parent`, keeps its value and
- * releases the temporaries; an expression that yields an existing array
- * gives a fresh alias of it (see ndm_scoped). */
+/** The one-expression form (GCC/Clang statement expression):
+ *  `ndm_array y = NDM_SCOPED(batch, ndm_relu(ndm_add(ndm_matmul(x, w), b)));`
+ *  evaluates the expression inside a scope under `parent`, keeps its value and
+ *  releases the temporaries; an expression that yields an existing array
+ *  gives a fresh alias of it (see ndm_scoped). The value is a new handle,
+ *  the caller's to release, or the null handle with the error recorded. */
 #define NDM_SCOPED(parent, expr)                                                \
     __extension__({                                                             \
         ndm_manager ndm_s_ = ndm_scope_begin((parent), "scoped");               \
@@ -99,18 +110,25 @@ NDM_API ndm_array ndm_scoped_at(NDM_SITE_PARAMS, ndm_manager parent, ndm_scoped_
  *  NDM_SCOPED. */
 NDM_API ndm_array ndm_scope_finish_at(NDM_SITE_PARAMS, ndm_manager scope, ndm_array result);
 
+/** The cleanup behind NDM_AUTO: `handle` points to an ndm_manager or
+ *  ndm_array variable, which it closes, ends (a scope) or releases; a null
+ *  handle is left alone. Errors go to the log callback as warnings. */
+NDM_API void ndm_auto_cleanup(void *handle);
 /* NDM_AUTO: cleanup at block exit. The handle's kind is in its id, so one
  * function serves managers, scopes and arrays. Errors during cleanup go to
  * the log callback. Other handles (modules, optimizers, loaders, predictors)
  * die with their manager and are refused: with GCC at compile time (the
  * cleanup takes only a manager or array pointer), with Clang at run time. */
-NDM_API void ndm_auto_cleanup(void *handle);
 #if defined(__GNUC__) && !defined(__clang__) && !defined(__cplusplus)
+/** @cond */
 typedef union __attribute__((transparent_union)) ndm_auto_handle_ {
     ndm_array *array;
     ndm_manager *manager;
 } ndm_auto_handle_;
 static inline void ndm_auto_cleanup_checked_(ndm_auto_handle_ h) { ndm_auto_cleanup(h.array); }
+/** @endcond */
+/** Declares a manager, scope or array variable that is closed, ended or
+ *  released when its block exits by any path (ndm_auto_cleanup()). */
 /* __extension__: ISO C has no argument conversion to a union. */
 #define NDM_AUTO __extension__ __attribute__((cleanup(ndm_auto_cleanup_checked_)))
 #elif defined(__GNUC__) && !defined(__clang__) /* C++ */

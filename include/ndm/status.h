@@ -39,8 +39,8 @@
 extern "C" {
 #endif
 
-/* X(name, value, text): the one list the enum, ndm_status_name() and
- * ndm_status_str() are generated from. */
+/** X(name, value, text): the one list the enum, ndm_status_name() and
+ *  ndm_status_str() are generated from. */
 #define NDM_STATUS_LIST(X)                                                      \
     X(OK, 0, "success")                                                         \
     X(ALREADY, 1, "already closed or released; nothing changed")                \
@@ -64,6 +64,8 @@ extern "C" {
     X(E_CONFIG, -18, "invalid configuration")                                   \
     X(E_INTERNAL, -19, "internal error")
 
+/** The result of a call: NDM_OK (0), NDM_ALREADY (positive, not an error)
+ *  or a negative error; the values and their texts are NDM_STATUS_LIST. */
 typedef enum ndm_status {
 #define NDM_STATUS_ENUM_(name, value, text) NDM_##name = value,
     NDM_STATUS_LIST(NDM_STATUS_ENUM_)
@@ -85,12 +87,15 @@ NDM_API const char *ndm_last_error(void);
 /** Forget this thread's last failure. */
 NDM_API void ndm_clear_error(void);
 
+/** How serious a logged message is. */
 typedef enum ndm_log_level {
-    NDM_LOG_ERROR = 0,
-    NDM_LOG_WARN = 1,
-    NDM_LOG_INFO = 2,
+    NDM_LOG_ERROR = 0, /**< A failure, as recorded for ndm_last_error(). */
+    NDM_LOG_WARN = 1,  /**< A problem that failed no call (a failed on-close hook...). */
+    NDM_LOG_INFO = 2,  /**< Information (ndm itself sends none today). */
 } ndm_log_level;
 
+/** A log callback: msg is valid during the call only; ud is the pointer
+ *  given to ndm_set_log_fn(). May be called from any thread that uses ndm. */
 typedef void (*ndm_log_fn)(ndm_log_level level, const char *msg, void *ud);
 
 /** Install a log callback (NULL restores the default, which prints warnings

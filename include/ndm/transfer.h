@@ -24,9 +24,13 @@
 extern "C" {
 #endif
 
-/** A contiguous copy of `a` on `device`, or an alias when it is there. */
+/** A contiguous copy of `a` on `device`, or an alias when it is there: a
+ *  new handle by the output rule, the caller's to release, or the null
+ *  handle (errors in the file description). */
 #define ndm_to(a, device) ndm_to_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (device))
+/** ndm_to() with the result attached to m instead of by the output rule. */
 #define ndm_to_to(m, a, device) ndm_to_to_at(NDM_HERE, (m), (a), (device))
+/** ndm_to_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_to_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, ndm_device device);
 
 #ifdef __cplusplus

@@ -13,18 +13,21 @@
 
 #include "base.h"
 
+/** The headers' major version: incompatible API changes. */
 #define NDM_VERSION_MAJOR 0
+/** The headers' minor version: compatible additions. */
 #define NDM_VERSION_MINOR 1
+/** The headers' patch version: fixes. */
 #define NDM_VERSION_PATCH 0
 
-/* One comparable number per version: NDM_VERSION_NUMBER(0, 1, 0) is 0x000100. */
+/** One comparable number per version: NDM_VERSION_NUMBER(0, 1, 0) is 0x000100. */
 #define NDM_VERSION_NUMBER(major, minor, patch) (((major) << 16) | ((minor) << 8) | (patch))
-/* The headers' version as a number, for `#if NDM_VERSION >= NDM_VERSION_NUMBER(0, 2, 0)`. */
+/** The headers' version as a number, for `#if NDM_VERSION >= NDM_VERSION_NUMBER(0, 2, 0)`. */
 #define NDM_VERSION NDM_VERSION_NUMBER(NDM_VERSION_MAJOR, NDM_VERSION_MINOR, NDM_VERSION_PATCH)
 
 #define NDM_VERSION_STR2_(x) #x
 #define NDM_VERSION_STR_(x) NDM_VERSION_STR2_(x)
-/* The headers' version as text, "0.1.0". */
+/** The headers' version as text, "0.1.0". */
 #define NDM_VERSION_STRING                                                      \
     NDM_VERSION_STR_(NDM_VERSION_MAJOR)                                         \
     "." NDM_VERSION_STR_(NDM_VERSION_MINOR) "." NDM_VERSION_STR_(NDM_VERSION_PATCH)
