@@ -471,12 +471,16 @@ static void test_memory_configure_rejects_and_keeps_settings(void **state)
     ndm_alloc_settings(NDM_CPU, before, sizeof before);
     assert_string_equal(before, after);
     assert_ok(ndm_alloc_configure(NDM_CPU, NULL));
-    /* Devices this build or machine lacks. */
+    /* Devices this build or machine lacks: the first CUDA index past the
+     * devices present (cuda:0 where there is no GPU). */
     ndm_memory_stats st;
-    ndm_status s = ndm_memory_stats_get(NDM_CUDA(0), &st);
+    int missing = ndm_cuda_device_count();
+    char name[32];
+    snprintf(name, sizeof name, "cuda:%d", missing);
+    ndm_status s = ndm_memory_stats_get(NDM_CUDA(missing), &st);
     assert_true(s == NDM_E_UNSUPPORTED || s == NDM_E_DEVICE);
-    assert_error_has("cuda:0");
-    assert_int_equal(ndm_alloc_configure(NDM_CUDA(0), ""), s);
+    assert_error_has(name);
+    assert_int_equal(ndm_alloc_configure(NDM_CUDA(missing), ""), s);
     assert_int_equal(ndm_alloc_settings((ndm_device){NDM_DEVICE_CPU, 3}, after, sizeof after), -1);
 }
 
