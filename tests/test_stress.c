@@ -137,8 +137,8 @@ static void scope_some(worker *w)
     /* Arrays made in the scope (the innermost) and not written: the close of
      * the shared manager may close the scope at any time, and computing
      * with arrays of a manager that another thread closes is a caller bug. */
-    ndm_array a = ndm_empty(NDM_NULL_MANAGER, NDM_F32, NDM_SHAPE(8));
-    ndm_array c = ndm_empty(NDM_NULL_MANAGER, NDM_F32, NDM_SHAPE(8));
+    ndm_array a = ndm_empty(NDM_CURRENT_SCOPE, NDM_F32, NDM_SHAPE(8));
+    ndm_array c = ndm_empty(NDM_CURRENT_SCOPE, NDM_F32, NDM_SHAPE(8));
     /* (a closed scope is no longer the innermost: then there is none) */
     if ((!a.id || !c.id) && ndm_last_status() != NDM_E_NULL)
         expect_closed(w, "ndm_empty in a scope");

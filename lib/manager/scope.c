@@ -242,6 +242,11 @@ NDM_API ndm_status ndm_scope_end_at(NDM_SITE_PARAMS, ndm_manager sh, size_t n,
         }
     }
     unsigned st = atomic_load_explicit(&s->state, memory_order_relaxed);
+    if (!(st & NDM__M_LIVE)) {
+        /* closed since the lookup (its parent's close, on another thread) */
+        pop_entry(sh);
+        return NDM_ALREADY;
+    }
     if (!(st & NDM__M_SCOPE))
         return ndm__fail(NDM_E_INVALID, __func__, site,
                          "manager '%s' is not a scope (use ndm_manager_close)", s->name);
