@@ -1246,9 +1246,11 @@ static ndm_status move_locked(ndm__array *r, uint32_t rgen, ndm_manager target,
             }
         }
         if (to == from) {
-            if (kind == MOVE_ATTACH && r->lender) {
+            if (kind == MOVE_ATTACH) {
+                /* (the lender is read under the lock: a close giving r back
+                 * may be changing it) */
                 ndm__mlock_take(from);
-                if (r->mgr == from->self)
+                if (r->mgr == from->self && r->lender)
                     lenders_drop(r);
                 ndm__mlock_drop(from);
             }
