@@ -255,10 +255,8 @@ NDM__COLD ndm__array *ndm__array_lookup_failed(ndm_array h, const char *api,
 ndm_manager ndm__output_manager(ndm_manager named, ndm__array *first_input, const char *api,
                                 ndm__site where)
 {
-    if (named.id == NDM__CURRENT_SCOPE_ID) {
-        ndm__manager *s = ndm__manager_get(named, api, where);
-        return s ? ndm__manager_handle_of(s) : NDM_NULL_MANAGER;
-    }
+    if (named.id == NDM__CURRENT_SCOPE_ID)
+        return ndm__current_scope(api, where);
     if (named.id == 0) {
         ndm__fail_null(api, where, "manager");
         return NDM_NULL_MANAGER;

@@ -769,5 +769,8 @@ void ndm__describe_manager_path(uint32_t slot, char *buf, size_t n);
 
 /* Scopes (scope.c): the innermost live scope of this thread, or null. */
 ndm_manager ndm__scope_innermost(void);
+/* NDM_CURRENT_SCOPE resolved: the innermost scope's handle, or the null
+ * handle with NDM_E_NULL recorded when this thread has none. */
+ndm_manager ndm__current_scope(const char *api, ndm__site where);
 
 #endif

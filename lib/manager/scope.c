@@ -64,6 +64,18 @@ ndm_manager ndm__scope_innermost(void)
     return NDM_NULL_MANAGER;
 }
 
+ndm_manager ndm__current_scope(const char *api, ndm__site where)
+{
+    /* The scope stack's own handle, not one made from the record: a scope
+     * that closes meanwhile (its parent's close on another thread) then
+     * reads as closed, where a handle made from its record after the close
+     * would carry the next generation and read as never issued. */
+    ndm_manager s = ndm__scope_innermost();
+    if (!s.id)
+        ndm__fail(NDM_E_NULL, api, where, "NDM_CURRENT_SCOPE: no scope is active on this thread");
+    return s;
+}
+
 NDM_API ndm_manager ndm_scope_current(void) { return ndm__scope_innermost(); }
 
 NDM_API bool ndm_manager_is_scope(ndm_manager h)

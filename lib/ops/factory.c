@@ -16,6 +16,8 @@ ndm_manager ndm__factory_manager(ndm_manager m, const char *api, ndm__site where
 {
     if (m.id && m.id != NDM__CURRENT_SCOPE_ID && m.id != NDM__OUTPUT_RULE_ID)
         return m;
+    if (m.id == NDM__CURRENT_SCOPE_ID)
+        return ndm__current_scope(api, where);
     /* the reserved values and the null handle: resolved or refused there */
     ndm__manager *r = ndm__manager_lookup_failed(m, api, &where);
     return r ? ndm__manager_handle_of(r) : NDM_NULL_MANAGER;
