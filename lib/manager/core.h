@@ -772,5 +772,13 @@ ndm_manager ndm__scope_innermost(void);
 /* NDM_CURRENT_SCOPE resolved: the innermost scope's handle, or the null
  * handle with NDM_E_NULL recorded when this thread has none. */
 ndm_manager ndm__current_scope(const char *api, ndm__site where);
+/* The handle that h names, for a caller that looked it up and keeps it:
+ * h itself, or the innermost scope's own handle for NDM_CURRENT_SCOPE
+ * (never one made from the record, which a close on another thread may
+ * have moved to the next generation since the lookup). */
+static inline ndm_manager ndm__manager_resolved(ndm_manager h, const char *api, ndm__site where)
+{
+    return h.id == NDM__CURRENT_SCOPE_ID ? ndm__current_scope(api, where) : h;
+}
 
 #endif

@@ -83,7 +83,7 @@ uint64_t ndm__object_new(const ndm__object_type *type, ndm_manager owner, void *
     ndm__manager *om = ndm__manager_get(owner, api, site);
     if (!om)
         return 0;
-    owner = ndm__manager_handle_of(om); /* NDM_CURRENT_SCOPE resolved */
+    owner = ndm__manager_resolved(owner, api, site);
     if (ndm_manager_path(owner, path, sizeof path) < 0)
         return 0;
     pthread_mutex_lock(&lock);

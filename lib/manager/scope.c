@@ -90,7 +90,7 @@ NDM_API ndm_manager ndm_scope_begin_at(NDM_SITE_PARAMS, ndm_manager parent, cons
     ndm__manager *p = ndm__manager_get(parent, __func__, site);
     if (!p)
         return NDM_NULL_MANAGER;
-    parent = ndm__manager_handle_of(p); /* NDM_CURRENT_SCOPE resolved */
+    parent = ndm__manager_resolved(parent, __func__, site);
     ndm_manager s = ndm__manager_new_ex(site, __func__, parent, name ? name : "scope", p->device,
                                         NDM__M_SCOPE);
     if (!s.id)

@@ -25,7 +25,7 @@ NDM_API ndm_predictor ndm_predictor_new_at(NDM_SITE_PARAMS, ndm_manager model, n
     ndm__manager *mr = ndm__manager_get(model, api, site);
     if (!mr)
         return (ndm_predictor){0};
-    model = ndm__manager_handle_of(mr); /* NDM_CURRENT_SCOPE resolved */
+    model = ndm__manager_resolved(model, api, site);
     /* The cap below protects the net only if its parameters live in model. */
     if (ndm__module_check_owner(net, model, api, site) < 0)
         return (ndm_predictor){0};
