@@ -11,7 +11,7 @@
 #include <stdio.h>
 
 #include "ndm/ndm.h"
-#include "checked.h"
+#include "../base/checked.h"
 #include "error.h"
 #include "thread.h"
 #include "alloc/alloc.h"

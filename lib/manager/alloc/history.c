@@ -5,7 +5,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "../checked.h"
+#include "../../base/checked.h"
 #include "pool.h"
 
 atomic_int ndm__instrumented; /* bit 0: history, bit 1: trace */
