@@ -200,20 +200,31 @@ typedef struct sweep {
     unsigned kinds;    /* the kinds of the sites that failed */
 } sweep;
 
-static sweep sweep_train(ndm_manager root)
+/* One piece of work swept: every allocation it makes fails in turn. */
+typedef struct swept {
+    const char *what;            /* "step", "request": for messages */
+    outcome (*run)(void *ctx);   /* the work, once */
+    void (*check)(void *ctx);    /* asserts the result of a run that succeeded (or NULL) */
+    void *ctx;
+    ndm_manager *ms;             /* managers whose figures must not change */
+    int nms;
+    bool same_after_retry;       /* a retry too leaves the figures as they were */
+} swept;
+
+/* Fail the n-th allocation of the work for n = 1, 2, ... until a run makes
+ * no more than n - 1: each failure must be NDM_E_OOM with a message, leave
+ * every figure exact, and be followed by a retry that succeeds. */
+static sweep sweep_work(const swept *w)
 {
-    trainer t;
-    trainer_make(&t, root);
-    ndm_manager ms[3] = {t.model, t.trainer, root};
-    outcome warm = train_step(&t); /* the first step makes the optimizer's state */
+    outcome warm = w->run(w->ctx);
     if (warm.st < 0)
-        fail_msg("the step fails without injection: %s", warm.msg);
+        fail_msg("the %s fails without injection: %s", w->what, warm.msg);
     sweep sw = {0, 0, 0, 0};
     for (int64_t n = 1; n <= MAX_SWEEP; n++) {
         figures before, after;
-        take(&before, ms, 3);
+        take(&before, w->ms, w->nms);
         ndm__inject_fail_after(n, NDM__INJ_ALL);
-        outcome o = train_step(&t);
+        outcome o = w->run(w->ctx);
         bool pending = ndm__inject_pending();
         int64_t fired = ndm__inject_fired();
         sw.kinds |= ndm__inject_fired_kind();
@@ -221,31 +232,65 @@ static sweep sweep_train(ndm_manager root)
             fprintf(stderr, "failure %" PRId64 " (kind %#x): %s\n", n,
                     ndm__inject_fired_kind(), o.st < 0 ? o.msg : "(absorbed)");
         ndm__inject_fail_after(0, 0);
-        take(&after, ms, 3);
-        same(&before, &after, ms, 3, "training step", n);
+        take(&after, w->ms, w->nms);
+        same(&before, &after, w->ms, w->nms, w->what, n);
         if (o.st < 0) {
             if (fired != 1)
-                fail_msg("the step failed with no injected failure: %s", o.msg);
+                fail_msg("the %s failed with no injected failure: %s", w->what, o.msg);
             if (o.st != NDM_E_OOM || !o.msg[0])
-                fail_msg("failure %" PRId64 " of the step: %s, \"%s\"", n, ndm_status_name(o.st),
-                         o.msg);
+                fail_msg("failure %" PRId64 " of the %s: %s, \"%s\"", n, w->what,
+                         ndm_status_name(o.st), o.msg);
             sw.failed++;
-            outcome r = train_step(&t);
+            outcome r = w->run(w->ctx);
             if (r.st < 0)
                 fail_msg("the retry after failure %" PRId64 " (%s) failed: %s", n, o.msg, r.msg);
-            take(&after, ms, 3);
-            same(&before, &after, ms, 3, "retried step", n);
+            if (w->same_after_retry) {
+                take(&after, w->ms, w->nms);
+                same(&before, &after, w->ms, w->nms, "retried work", n);
+            }
         } else if (pending) {
             sw.reached = n;
-            break;
         } else {
             sw.absorbed++;
         }
+        if (w->check)
+            w->check(w->ctx);
+        if (sw.reached)
+            break;
     }
     if (!sw.reached)
-        fail_msg("the step still allocates after %d allocations", MAX_SWEEP);
+        fail_msg("the %s still allocates after %d allocations", w->what, MAX_SWEEP);
+    return sw;
+}
+
+static outcome train_once(void *ctx) { return train_step(ctx); }
+
+static sweep sweep_train(ndm_manager root)
+{
+    trainer t;
+    trainer_make(&t, root);
+    ndm_manager ms[3] = {t.model, t.trainer, root};
+    sweep sw = sweep_work(&(swept){"training step", train_once, NULL, &t, ms, 3, true});
     assert_ok(ndm_manager_close(t.model));
     return sw;
+}
+
+typedef struct serve_ctx {
+    server *s;
+    float want[4], got[4];
+} serve_ctx;
+
+static outcome serve_once(void *ctx)
+{
+    serve_ctx *c = ctx;
+    memset(c->got, 0, sizeof c->got);
+    return serve_request(c->s, c->got);
+}
+
+static void serve_check(void *ctx)
+{
+    serve_ctx *c = ctx;
+    assert_memory_equal(c->got, c->want, sizeof c->want);
 }
 
 static sweep sweep_serve(ndm_manager root)
@@ -253,48 +298,11 @@ static sweep sweep_serve(ndm_manager root)
     server s;
     server_make(&s, root);
     ndm_manager ms[4] = {s.model, s.callers, ndm_predictor_manager(s.pred), root};
-    float want[4], got[4];
-    outcome warm = serve_request(&s, want);
+    serve_ctx c = {&s, {0}, {0}};
+    outcome warm = serve_request(&s, c.want);
     if (warm.st < 0)
         fail_msg("a request fails without injection: %s", warm.msg);
-    sweep sw = {0, 0, 0, 0};
-    for (int64_t n = 1; n <= MAX_SWEEP; n++) {
-        figures before, after;
-        take(&before, ms, 4);
-        ndm__inject_fail_after(n, NDM__INJ_ALL);
-        outcome o = serve_request(&s, got);
-        bool pending = ndm__inject_pending();
-        int64_t fired = ndm__inject_fired();
-        sw.kinds |= ndm__inject_fired_kind();
-        if (getenv("NDM_TEST_VERBOSE") && fired)
-            fprintf(stderr, "failure %" PRId64 " (kind %#x): %s\n", n,
-                    ndm__inject_fired_kind(), o.st < 0 ? o.msg : "(absorbed)");
-        ndm__inject_fail_after(0, 0);
-        take(&after, ms, 4);
-        same(&before, &after, ms, 4, "request", n);
-        if (o.st < 0) {
-            if (fired != 1)
-                fail_msg("the request failed with no injected failure: %s", o.msg);
-            if (o.st != NDM_E_OOM || !o.msg[0])
-                fail_msg("failure %" PRId64 " of the request: %s, \"%s\"", n,
-                         ndm_status_name(o.st), o.msg);
-            sw.failed++;
-            memset(got, 0, sizeof got);
-            outcome r = serve_request(&s, got);
-            if (r.st < 0)
-                fail_msg("the retry after failure %" PRId64 " (%s) failed: %s", n, o.msg, r.msg);
-            assert_memory_equal(got, want, sizeof want);
-        } else if (pending) {
-            assert_memory_equal(got, want, sizeof want);
-            sw.reached = n;
-            break;
-        } else {
-            assert_memory_equal(got, want, sizeof want);
-            sw.absorbed++;
-        }
-    }
-    if (!sw.reached)
-        fail_msg("the request still allocates after %d allocations", MAX_SWEEP);
+    sweep sw = sweep_work(&(swept){"request", serve_once, serve_check, &c, ms, 4, false});
     assert_ok(ndm_manager_close(s.callers));
     assert_ok(ndm_manager_close(s.model));
     return sw;
