@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "ndm/io.h"
 #include "../ops/dispatch.h"
 
 /* Deflate cannot expand a byte of input into more than 1032 bytes of output,

@@ -10,26 +10,24 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "ndm/ndm.h"
+#include "ndm/config.h"
+#include "ndm/version.h"
+#include "ndm/base.h"
+#include "ndm/status.h"
+#include "ndm/device.h"
+#include "ndm/dtype.h"
+#include "ndm/manager.h"
+#include "ndm/array.h"
+#include "ndm/view.h"
+#include "ndm/scope.h"
+#include "ndm/debug.h"
+#include "ndm/memory.h"
 #include "../base/checked.h"
-#include "error.h"
+#include "../base/compiler.h"
+#include "../base/dtype.h"
+#include "../base/error.h"
 #include "thread.h"
 #include "alloc/alloc.h"
-
-#if defined(__GNUC__)
-#define NDM__LIKELY(x) __builtin_expect(!!(x), 1)
-#define NDM__UNLIKELY(x) __builtin_expect(!!(x), 0)
-/* For the few helpers of the per-array hot path that the compiler would
- * otherwise keep out of line (a call costs as much as their body). */
-#define NDM__ALWAYS_INLINE inline __attribute__((always_inline))
-/* An error path kept out of the caller, so the caller needs no frame. */
-#define NDM__COLD __attribute__((noinline, cold))
-#else
-#define NDM__LIKELY(x) (x)
-#define NDM__UNLIKELY(x) (x)
-#define NDM__ALWAYS_INLINE inline
-#define NDM__COLD
-#endif
 
 /* Shapes up to this rank live inside the array record; longer ones on the heap. */
 #define NDM__INLINE_DIMS 6
@@ -648,7 +646,6 @@ ndm_array ndm__array_wrap(ndm__site site, const char *api, ndm_manager m, ndm_dt
 ndm_status ndm__array_release(ndm__array *r, ndm__site site, const char *api);
 
 /* Element sizes by dtype, for hot paths (ndm_dtype_size checks its argument). */
-extern const uint8_t ndm__dtype_bytes[NDM_DTYPE_COUNT];
 
 /* Address of the first element. */
 static inline void *ndm__array_ptr(const ndm__array *r)

@@ -1,6 +1,6 @@
-/* Per-thread state of ndm: the array slot cache, the scope stack and the
- * last error, in one heap block reached through one initial-exec TLS pointer
- * (a shared library's general thread-locals cost a call on every access). */
+/* Per-thread state of the manager layer: the array slot cache, the scope
+ * stack and autograd's recording state, in one heap block reached through
+ * one initial-exec TLS pointer. (The last error is the base layer's.) */
 #ifndef NDM_THREAD_INTERNAL_H
 #define NDM_THREAD_INTERNAL_H
 
@@ -9,6 +9,7 @@
 
 #include "ndm/base.h"
 #include "ndm/status.h"
+#include "../base/compiler.h"
 
 #define NDM__SLOT_RING 2048   /* array slots cached per thread (FIFO) */
 #define NDM__SLOT_BATCH 512   /* slots moved to or from the global table at once */
@@ -35,16 +36,7 @@ typedef struct ndm__thread {
     void *ag_ctx;
     ndm_manager ag_ctx_mgr;
     int ag_pause;
-    /* the last failure */
-    ndm_status status;
-    char msg[1024];
 } ndm__thread;
-
-#if defined(__GNUC__)
-#define NDM__TLS_MODEL __attribute__((tls_model("initial-exec")))
-#else
-#define NDM__TLS_MODEL
-#endif
 
 extern _Thread_local ndm__thread *ndm__tls NDM__TLS_MODEL;
 

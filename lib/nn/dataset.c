@@ -3,6 +3,8 @@
 #include <inttypes.h>
 #include <string.h>
 
+#include "ndm/data.h"
+#include "ndm/io.h"
 #include "../ops/dispatch.h"
 
 NDM_API ndm_status ndm_dataset_load_idx_at(NDM_SITE_PARAMS, ndm_manager m,

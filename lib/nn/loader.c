@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ndm/data.h"
 #include "../io/io.h"
 #include "../manager/object.h"
 

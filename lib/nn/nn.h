@@ -3,7 +3,7 @@
 #define NDM_NN_INTERNAL_H
 
 #include "ndm/nn.h"
-#include "../manager/error.h"
+#include "../base/error.h"
 
 /* Is m a live module? */
 bool ndm__module_valid(ndm_module m);

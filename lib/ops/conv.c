@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ndm/conv.h"
 #include "autograd.h"
 #include "../backends/nn.h"
 #include "linalg_temp.h"

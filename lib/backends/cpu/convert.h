@@ -7,7 +7,7 @@
 
 #include <stdint.h>
 
-#include "../convert_scalar.h"
+#include "../../base/convert_scalar.h"
 #include "ndm/dtype.h"
 
 /* X(NAME, dtype enum, storage type) */

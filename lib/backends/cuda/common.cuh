@@ -7,11 +7,11 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "../convert_scalar.h"
+#include "../../base/convert_scalar.h"
 #include "cuda.h"
 
 extern "C" {
-#include "../../manager/error.h"
+#include "../../base/error.h"
 }
 
 /* ---- devices, streams, errors -------------------------------------------

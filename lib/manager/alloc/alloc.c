@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../error.h"
+#include "../../base/error.h"
 #include "ndm/config.h"
 #include "pool.h"
 

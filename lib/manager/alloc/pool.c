@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../error.h"
+#include "../../base/error.h"
 #include "pool.h"
 
 /* ---- locking ----------------------------------------------------------------- */

@@ -1,12 +1,14 @@
 /* Status names, the per-thread last error and the log callback.
  * Messages say what failed, why, and the caller's site when known. */
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "core.h"
-#include "thread.h"
+#include "ndm/version.h"
+#include "compiler.h"
+#include "error.h"
 
 #ifndef NDM_DEBUG_ABORT
 #define NDM_DEBUG_ABORT 0
@@ -19,6 +21,40 @@ static const char no_room[] = "out of memory (no room for the error message)";
 
 static ndm_log_fn log_fn;
 static void *log_ud;
+
+/* A thread's last failure, made on its first failure (most threads never
+ * fail) and freed when it exits. */
+typedef struct error_state {
+    ndm_status status;
+    char msg[1024];
+} error_state;
+
+static _Thread_local error_state *tls NDM__TLS_MODEL;
+static pthread_key_t key;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+static void thread_exit(void *p)
+{
+    if (tls == p)
+        tls = NULL;
+    free(p);
+}
+
+static void make_key(void) { (void)pthread_key_create(&key, thread_exit); }
+
+static error_state *state_make(void)
+{
+    error_state *t = tls;
+    if (t)
+        return t;
+    pthread_once(&once, make_key);
+    t = calloc(1, sizeof *t);
+    if (t && pthread_setspecific(key, t) != 0) {
+        free(t);
+        t = NULL;
+    }
+    return tls = t;
+}
 
 NDM_API const char *ndm_status_name(ndm_status s)
 {
@@ -46,13 +82,13 @@ NDM_API const char *ndm_status_str(ndm_status s)
 
 NDM_API ndm_status ndm_last_status(void)
 {
-    ndm__thread *t = ndm__tls;
+    error_state *t = tls;
     return t ? t->status : fallback_status;
 }
 
 NDM_API const char *ndm_last_error(void)
 {
-    ndm__thread *t = ndm__tls;
+    error_state *t = tls;
     if (t)
         return t->msg;
     return fallback_status ? no_room : "";
@@ -60,7 +96,7 @@ NDM_API const char *ndm_last_error(void)
 
 NDM_API void ndm_clear_error(void)
 {
-    ndm__thread *t = ndm__tls;
+    error_state *t = tls;
     if (t) {
         t->status = NDM_OK;
         t->msg[0] = '\0';
@@ -109,7 +145,7 @@ const char *ndm__site_str(ndm__site s, char *buf, size_t n)
 ndm_status ndm__vfail(ndm_status st, const char *api, ndm__site where, const char *fmt,
                       va_list ap)
 {
-    ndm__thread *t = ndm__thread_get();
+    error_state *t = state_make();
     if (!t) {
         fallback_status = st;
         ndm__log(NDM_LOG_ERROR, no_room);

@@ -2,8 +2,10 @@
 #include <math.h>
 #include <string.h>
 
-#include "../backends/convert_scalar.h"
-#include "core.h"
+#include "ndm/base.h"
+#include "ndm/dtype.h"
+#include "convert_scalar.h"
+#include "dtype.h"
 
 static const struct {
     size_t size;
