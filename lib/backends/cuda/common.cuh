@@ -10,10 +10,6 @@
 #include "../convert_scalar.h"
 #include "cuda.h"
 
-extern "C" {
-#include "../../manager/error.h"
-}
-
 /* ---- devices, streams, errors -------------------------------------------
  *
  * Every entry point of a CUDA family starts with ndm__cuda_enter, which
