@@ -9,9 +9,6 @@
 #include "helpers.h"
 #include "ndm/config.h"
 #include "ops/dispatch.h"
-#if NDM_HAVE_CUDA
-#include "backends/cuda/cuda.h"
-#endif
 
 static const char *self_path;
 
@@ -22,6 +19,19 @@ static const char *self_path;
             skip();                                                             \
         }                                                                       \
     } while (0)
+
+#if NDM_HAVE_CUDA
+/* The CUDA module's test hooks, through the registry (the module exports
+ * nothing else); loading it is part of the test. */
+static const ndm__backend_test *cuda_hooks(void)
+{
+    const ndm__backend *b = ndm__backend_for(NDM_DEVICE_CUDA);
+    if (!b)
+        fail_msg("the CUDA module did not load: %s", ndm__backend_unavailable(NDM_DEVICE_CUDA));
+    assert_non_null(b->test);
+    return b->test;
+}
+#endif
 
 static const ndm_dtype all_dtypes[NDM_DTYPE_COUNT] = {NDM_BOOL, NDM_U8,   NDM_I32, NDM_I64,
                                                       NDM_F16,  NDM_BF16, NDM_F32, NDM_F64};
@@ -364,7 +374,7 @@ static void host_copy_check(ndm_manager m, ndm_array src, ndm_dtype to, const ch
     ndm_array got = ndm_empty(m, to, nd, shape);
     ndm__tensor w = tensor(want), g = tensor(got), x = tensor(src);
     assert_ok(ndm__cpu_ref_backend.copy(0, &w, &x));
-    assert_ok(ndm__cuda_test_copy_on_host(&g, &x));
+    assert_ok(cuda_hooks()->copy_on_host(&g, &x));
     char buf[96];
     snprintf(buf, sizeof buf, "%s %s -> %s", what, ndm_dtype_short(ndm_array_dtype(src)),
              ndm_dtype_short(to));
@@ -424,12 +434,12 @@ static void test_cuda_strided_plans_match_cpu_on_host(void **state)
             ndm__tensor tw = tensor(ndm_slice(w, 1, 1, NDM_END, 3));
             ndm__tensor tg = tensor(ndm_slice(g, 1, 1, NDM_END, 3));
             assert_ok(ndm__cpu_ref_backend.fill(0, &tw, probe_values[i]));
-            assert_ok(ndm__cuda_test_fill_on_host(&tg, probe_values[i]));
+            assert_ok(cuda_hooks()->fill_on_host(&tg, probe_values[i]));
             assert_same_elements(all_dtypes[k], ndm_array_data(w), ndm_array_data(g), 35,
                                  "strided fill");
         }
         ndm__tensor td = tensor(ndm_transpose(deep));
-        assert_ok(ndm__cuda_test_fill_on_host(&td, -4.0));
+        assert_ok(cuda_hooks()->fill_on_host(&td, -4.0));
         int32_t *d = ndm_array_data(deep);
         assert_true(d[0] == -4 && d[16383] == -4 && d[8191] == -4);
     }
@@ -677,7 +687,7 @@ static void test_cuda_sticky_error_reported_by_every_call(void **state)
     ndm_array g = ndm_ones(p.gpu, NDM_F32, NDM_SHAPE(16));
     ndm_array c = ndm_ones(p.cpu, NDM_F32, NDM_SHAPE(16));
     assert_live(g);
-    ndm__cuda_test_set_sticky(0, true);
+    cuda_hooks()->set_sticky(0, true);
 
     assert_int_equal(ndm_device_synchronize(NDM_CUDA(0)), NDM_E_DEVICE);
     assert_error_has("cuda:0 failed asynchronously");
@@ -695,7 +705,7 @@ static void test_cuda_sticky_error_reported_by_every_call(void **state)
     assert_ok(ndm_device_synchronize(NDM_CPU));
     assert_ok(ndm_array_copy_out(c, buf, sizeof buf));
 
-    ndm__cuda_test_set_sticky(0, false);
+    cuda_hooks()->set_sticky(0, false);
     assert_ok(ndm_device_synchronize(NDM_CUDA(0)));
     assert_ok(ndm_array_copy_out(g, buf, sizeof buf));
     assert_true(buf[15] == 1.0f);
@@ -716,7 +726,7 @@ static int fault_child(void)
         printf("fault child: setup failed: %s\n", ndm_last_error());
         return 1;
     }
-    if (ndm__cuda_test_fault(0) != NDM_OK) {
+    if (cuda_hooks()->fault(0) != NDM_OK) {
         printf("fault child: the trapping launch itself failed: %s\n", ndm_last_error());
         return 1;
     }

@@ -1,7 +1,15 @@
 /* ndm devices. A device is a {type, index} value; the CPU is always there.
- * CUDA devices exist when the library was built with the CUDA backend and a
- * GPU is present at run time; otherwise using one fails with
- * NDM_E_UNSUPPORTED (no backend in this build) or NDM_E_DEVICE (no such GPU).
+ * CUDA devices exist when the library was built with the CUDA backend, its
+ * module (libndm-cuda.so) is found, and a GPU is present at run time;
+ * otherwise using one fails with NDM_E_UNSUPPORTED (no backend in this
+ * build, or the module could not be loaded: the message says what was looked
+ * for, where, and why it failed) or NDM_E_DEVICE (no such GPU).
+ *
+ * The module is loaded by the first call that needs a CUDA device (this
+ * count, a manager or an allocator setting on one), once per process. It is
+ * looked for in the directories of NDM_BACKEND_PATH (one, or a
+ * colon-separated list), then in the directory libndm was loaded from, then
+ * on the loader's default path. A failed load is not retried.
  *
  * Thread rules: all functions are safe from any thread.
  */
@@ -41,7 +49,8 @@ static inline bool ndm_device_eq(ndm_device a, ndm_device b)
 /** Writes "cpu" or "cuda:N" into buf (at most n bytes); returns buf. */
 NDM_API char *ndm_device_str(ndm_device d, char *buf, size_t n);
 
-/** Number of usable CUDA devices (0 without the backend or without a GPU). */
+/** Number of usable CUDA devices: 0 without the backend (not built, or its
+ *  module not found) or without a GPU. Loads the module on first call. */
 NDM_API int ndm_cuda_device_count(void);
 
 /** Wait until the work queued on `device` is done. NDM_OK, or the device's

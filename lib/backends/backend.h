@@ -4,6 +4,7 @@
 #ifndef NDM_BACKEND_H
 #define NDM_BACKEND_H
 
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -12,7 +13,11 @@
 #include "ndm/dtype.h"
 #include "ndm/status.h"
 
-#define NDM__BACKEND_ABI 1
+#include "../base/segment.h"
+
+/* The layout of ndm__backend, ndm__host_api and the family tables: a module
+ * built against another value is refused when loaded. */
+#define NDM__BACKEND_ABI 2
 
 /* A kernel's view of an array: `data` points at the first element; strides
  * count elements and may be 0 (broadcast) or negative (flipped views). */
@@ -23,6 +28,59 @@ typedef struct ndm__tensor {
     const int64_t *shape;
     const int64_t *strides;
 } ndm__tensor;
+
+/* What a backend tells of one of its devices. */
+typedef struct ndm__device_props {
+    char name[128];        /* the GPU's or the CPU's model name */
+    uint64_t memory_bytes; /* total memory of the device; 0 when unknown */
+    int cc_major;          /* CUDA compute capability; 0.0 elsewhere */
+    int cc_minor;
+    char features[128];    /* CPU: instruction-set extensions in use, "" elsewhere */
+} ndm__device_props;
+
+/* The families of operations, as supports() is asked about them. */
+typedef enum ndm__op_family {
+    NDM__OPS_CORE,   /* copy, fill, iota: the table's required members */
+    NDM__OPS_EW,
+    NDM__OPS_REDUCE,
+    NDM__OPS_LINALG,
+    NDM__OPS_INDEX,
+    NDM__OPS_NN,
+    NDM__OPS_RANDOM,
+} ndm__op_family;
+
+/* Operand layouts of a call, as bits: a backend may run some only. */
+#define NDM__LAYOUT_STRIDED 1u   /* an operand is not one dense run */
+#define NDM__LAYOUT_BROADCAST 2u /* an input has a stride 0 over a longer axis */
+#define NDM__LAYOUT_EMPTY 4u     /* no element */
+
+/* One case a dispatcher is about to run: `op` is the family's operation
+ * (its enum value; 0 for a core member, which `name` tells apart), dtypes
+ * are the operands' (the output first). */
+#define NDM__OP_MAX_OPERANDS 4
+typedef struct ndm__op_case {
+    ndm__op_family family;
+    int op;
+    const char *name;
+    unsigned layout;
+    int ndtypes;
+    ndm_dtype dtypes[NDM__OP_MAX_OPERANDS];
+} ndm__op_case;
+
+/* Test hooks of a backend, reached through its table (a module exports
+ * nothing else). NULL members: the backend has no such hook. */
+typedef struct ndm__backend_test {
+    /* Mark a device as failed (as an asynchronous fault would) or clear that
+     * mark; a real fault cannot be cleared. */
+    void (*set_sticky)(int device, bool on);
+    /* Launch work that faults asynchronously: the launch reports success, and
+     * the device is lost to this process. */
+    ndm_status (*fault)(int device);
+    /* The backend's copy and fill plans run by a host loop on host memory, so
+     * the CPU checks conversions and index math without the device. */
+    ndm_status (*copy_on_host)(const ndm__tensor *dst, const ndm__tensor *src);
+    ndm_status (*fill_on_host)(const ndm__tensor *dst, double value);
+} ndm__backend_test;
 
 /* Operation families. Each is declared in its own header under lib/backends/
  * and filled by the backends that provide it. */
@@ -37,6 +95,21 @@ typedef struct ndm__backend {
     uint32_t abi;          /* NDM__BACKEND_ABI */
     const char *name;      /* "cpu", "cuda" */
     ndm_device_type type;  /* identity: never compare function pointers */
+
+    /* required except for the CPU: devices of this type on this machine, 0
+     * without a driver or a device (never an abort); asked often, so cached. */
+    int (*device_count)(void);
+    /* optional: what device `device` is; NDM_E_DEVICE for one that is not
+     * there. Default: the name of the type and nothing else. */
+    ndm_status (*device_props)(int device, ndm__device_props *out);
+    /* required except for the CPU (whose source is the allocator's own): the
+     * segment source of device `device`, NULL for one that is not there. */
+    const ndm__segment_source *(*segment_source)(int device);
+    /* optional: false when this backend declines case `c` on `device`; the
+     * dispatcher then fails with NDM_E_UNSUPPORTED naming the op, its dtypes
+     * and the device. Default (NULL): it runs whatever its families offer,
+     * and the dispatcher pays one pointer test. */
+    bool (*supports)(int device, const ndm__op_case *c);
 
     /* required: dst = src converted to dst's dtype, element by element over
      * dst's shape. src has the same shape; its strides may be 0. dst's
@@ -64,10 +137,31 @@ typedef struct ndm__backend {
     const struct ndm__backend_index *index;
     const struct ndm__backend_nn *nn;
     const struct ndm__backend_random *random;
+
+    const ndm__backend_test *test; /* NULL: none */
 } ndm__backend;
 
-/* The backend of a device type; NULL when not built in. */
-const ndm__backend *ndm__backend_for(ndm_device_type type);
+/* ---- modules ----------------------------------------------------------------
+ *
+ * A backend outside libndm (the CUDA backend, libndm-cuda.so) is a shared
+ * module that links nothing of libndm: what it needs of the library comes in
+ * this table, handed to its one exported entry point. */
+
+typedef struct ndm__host_api {
+    uint32_t abi; /* NDM__BACKEND_ABI of the library: first, in every version */
+    /* Record a failure for the calling thread, as every ndm error is
+     * recorded (ndm_last_status, ndm_last_error); returns st. */
+    ndm_status (*vfail)(ndm_status st, const char *fmt, va_list ap);
+    size_t (*dtype_size)(ndm_dtype t);
+    bool (*dtype_valid)(ndm_dtype t);
+} ndm__host_api;
+
+/* The entry point of a backend module: its table, or NULL when it cannot
+ * serve this library (an ABI it was not built for; the failure recorded
+ * through host->vfail when host->abi matches). Called once per process. */
+typedef const ndm__backend *(*ndm__backend_entry)(const ndm__host_api *host);
+#define NDM__CUDA_MODULE "libndm-cuda.so"
+#define NDM__CUDA_ENTRY "ndm_backend_cuda_register"
 
 /* The CPU has two tables with the same families: the fast kernels, and the
  * plain C reference kernels they are tested against (and the CUDA backend

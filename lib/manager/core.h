@@ -585,7 +585,7 @@ static inline ndm_status ndm__alloc_device_check(ndm_device dev, const char *api
 {
     if (dev.type == NDM_DEVICE_CPU && dev.index == 0)
         return NDM_OK;
-    char why[256];
+    char why[768];
     ndm_status st = ndm__device_usable(dev, why, sizeof why);
     return st < 0 ? ndm__fail(st, api, where, "%s", why) : NDM_OK;
 }

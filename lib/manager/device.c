@@ -1,12 +1,7 @@
-/* Device names and counts. */
+/* Device names (their counts come from the backend registry). */
 #include <stdio.h>
 
-#include "ndm/config.h"
 #include "core.h"
-
-#if NDM_HAVE_CUDA
-int ndm__cuda_count(void);
-#endif
 
 NDM_API char *ndm_device_str(ndm_device d, char *buf, size_t n)
 {
@@ -19,13 +14,4 @@ NDM_API char *ndm_device_str(ndm_device d, char *buf, size_t n)
     else
         snprintf(buf, n, "device(%d,%d)", (int)d.type, d.index);
     return buf;
-}
-
-NDM_API int ndm_cuda_device_count(void)
-{
-#if NDM_HAVE_CUDA
-    return ndm__cuda_count();
-#else
-    return 0;
-#endif
 }

@@ -2,7 +2,7 @@
 #ifndef NDM_OPS_DISPATCH_H
 #define NDM_OPS_DISPATCH_H
 
-#include "../backends/backend.h"
+#include "../backends/registry.h"
 #include "../manager/core.h"
 
 /* The kernel view of an array record. */
@@ -24,16 +24,41 @@ static inline ndm__array *ndm__input(ndm_array a, ndm_manager *out, const char *
     return out->id ? r : NULL;
 }
 
-/* The backend of an array's device; records NDM_E_UNSUPPORTED when absent. */
+/* The backend of an array's device; records NDM_E_UNSUPPORTED when absent,
+ * with the registry's reason (a module that could not be loaded). */
 static inline const ndm__backend *ndm__backend_of(ndm_device d, const char *api, ndm__site where)
 {
     const ndm__backend *b = ndm__backend_for(d.type);
     if (!b) {
         char name[32];
-        ndm__fail(NDM_E_UNSUPPORTED, api, where, "no backend for device %s in this build",
-                  ndm_device_str(d, name, sizeof name));
+        ndm__fail(NDM_E_UNSUPPORTED, api, where, "no backend for device %s: %s",
+                  ndm_device_str(d, name, sizeof name), ndm__backend_unavailable(d.type));
     }
     return b;
+}
+
+/* True, with NDM_E_UNSUPPORTED recorded, when backend b declines to run a
+ * case on device dev: the arguments after `where` initialise an ndm__op_case
+ * (family, op, name, layout, ndtypes, {dtypes}). A backend that runs
+ * everything has no supports member: the case is not even built. */
+#define NDM__BACKEND_DECLINES(b, dev, api, where, ...)                          \
+    (NDM__UNLIKELY((b)->supports != NULL) &&                                    \
+     ndm__backend_declines((b), (dev), &(const ndm__op_case){__VA_ARGS__}, (api), (where).file, \
+                           (where).func, (where).line))
+
+/* The layout bits of an operand for ndm__op_case. */
+static inline unsigned ndm__layout_of(const ndm__array *r)
+{
+    unsigned l = 0;
+    int64_t want = 1;
+    for (int i = r->ndim - 1; i >= 0; i--) {
+        if (r->shape[i] == 0)
+            l |= NDM__LAYOUT_EMPTY;
+        if (r->shape[i] != 1 && r->strides[i] != want)
+            l |= r->strides[i] == 0 ? NDM__LAYOUT_BROADCAST : NDM__LAYOUT_STRIDED;
+        want *= r->shape[i];
+    }
+    return l;
 }
 
 /* Release a half-made result on an error path, keeping the error message. */

@@ -16,7 +16,8 @@ NDM_API ndm_array ndm_astype_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
     }
     ndm_device dev = r->storage->device;
     const ndm__backend *b = ndm__backend_of(dev, api, site);
-    if (!b)
+    if (!b || NDM__BACKEND_DECLINES(b, dev, api, site, NDM__OPS_CORE, 0, "copy",
+                                    ndm__layout_of(r), 2, {dtype, r->dtype}))
         return NDM_NULL_ARRAY;
     ndm_manager m = ndm__output_manager(out, r, api, site);
     ndm__array *o;
@@ -59,7 +60,9 @@ NDM_API ndm_status ndm_copy_into_at(NDM_SITE_PARAMS, ndm_array dst, ndm_array sr
     }
     ndm_device dev = d->storage->device;
     const ndm__backend *b = ndm__backend_of(dev, api, site);
-    if (!b)
+    if (!b || NDM__BACKEND_DECLINES(b, dev, api, site, NDM__OPS_CORE, 0, "copy",
+                                    ndm__layout_of(d) | ndm__layout_of(s), 2,
+                                    {d->dtype, s->dtype}))
         return ndm_last_status();
     ndm__ew_dims dims;
     if (!ndm__ew_dims_get(&dims, d->ndim, api, &site))

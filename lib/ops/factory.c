@@ -56,6 +56,9 @@ static ndm_array make_filled(ndm__site site, const char *api, ndm_manager m, ndm
     if (!a.id)
         return a;
     const ndm__backend *b = ndm__backend_of(r->storage->device, api, site);
+    if (b && NDM__BACKEND_DECLINES(b, r->storage->device, api, site, NDM__OPS_CORE, 0, "fill",
+                                   ndm__layout_of(r), 1, {dtype}))
+        b = NULL;
     ndm__tensor t = ndm__tensor_of(r);
     ndm_status st = b ? b->fill(r->storage->device.index, &t, value) : NDM_E_UNSUPPORTED;
     if (st < 0) {
@@ -105,6 +108,9 @@ static ndm_array make_iota(ndm__site site, const char *api, ndm_manager m, ndm_d
     if (!a.id)
         return a;
     const ndm__backend *b = ndm__backend_of(r->storage->device, api, site);
+    if (b && NDM__BACKEND_DECLINES(b, r->storage->device, api, site, NDM__OPS_CORE, 0, "iota",
+                                   ndm__layout_of(r), 1, {dtype}))
+        b = NULL;
     ndm__tensor t = ndm__tensor_of(r);
     ndm_status st = b ? b->iota(r->storage->device.index, &t, start, step) : NDM_E_UNSUPPORTED;
     if (st == NDM_OK && last_is && n > 1) {

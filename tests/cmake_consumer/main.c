@@ -1,5 +1,6 @@
 /* Built by CMake against the installed ndm: the headers' and the library's
- * versions, and a manager that holds nothing at the end. */
+ * versions, a manager that holds nothing at the end, and whether the CUDA
+ * module was found beside the library. */
 #include <stdio.h>
 #include <string.h>
 
@@ -16,6 +17,18 @@ int main(void)
         return 1;
     }
     printf("C: headers %s, library %s, sum %.0f\n", NDM_VERSION_STRING, ndm_version(), s);
+    /* The CUDA backend is a module beside the library: found, it answers for
+     * cuda:0 (a manager, or "does not exist" without a GPU); not found, the
+     * device type has no backend. */
+    ndm_manager g = ndm_manager_new_on(ndm_system(), "gpu", NDM_CUDA(0));
+    if (g.id)
+        printf("cuda: backend loaded, %d device(s)\n", ndm_cuda_device_count());
+    else
+        printf("cuda: %s (%s)\n",
+               ndm_last_status() == NDM_E_UNSUPPORTED ? "no backend" : "backend loaded",
+               ndm_last_error());
+    if (g.id && ndm_manager_close(g) != NDM_OK)
+        return 1;
     return strcmp(NDM_VERSION_STRING, ndm_version()) != 0 ||
            ndm_version_number() != NDM_VERSION;
 }

@@ -10,10 +10,6 @@
 #include "../../base/convert_scalar.h"
 #include "cuda.h"
 
-extern "C" {
-#include "../../base/error.h"
-}
-
 /* ---- devices, streams, errors -------------------------------------------
  *
  * Every entry point of a CUDA family starts with ndm__cuda_enter, which

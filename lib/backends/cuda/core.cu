@@ -1,5 +1,6 @@
-/* The CUDA backend's table and its core: device discovery, per-device streams
- * and sticky errors, converting strided copy, fill, iota, transfers, segments. */
+/* The CUDA backend's table and its core: the module's entry point, device
+ * discovery, per-device streams and sticky errors, converting strided copy,
+ * fill, iota, transfers, segments. */
 #include <atomic>
 #include <mutex>
 #include <type_traits>
@@ -9,7 +10,18 @@
 
 #include "common.cuh"
 
-static const ndm__site no_site = {NULL, NULL, 0};
+/* ---- the module -------------------------------------------------------------- */
+
+const ndm__host_api *ndm__cuda_host;
+
+extern "C" ndm_status ndm__cuda_fail(ndm_status st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    st = ndm__cuda_host->vfail(st, fmt, ap);
+    va_end(ap);
+    return st;
+}
 
 /* ---- devices -------------------------------------------------------------- */
 
@@ -105,24 +117,23 @@ ndm_status ndm__cuda_check(int device, cudaError_t e, const char *what)
                     "cuda:%d failed asynchronously: %s (%s), found by %s; the device cannot "
                     "run anything more in this process",
                     device, text, name, what);
-        return ndm__fail((ndm_status)d->sticky.load(std::memory_order_acquire), NULL, no_site,
-                         "%s", d->sticky_msg);
+        return ndm__cuda_fail((ndm_status)d->sticky.load(std::memory_order_acquire), "%s",
+                              d->sticky_msg);
     }
     ndm_status st = e == cudaErrorMemoryAllocation ? NDM_E_OOM : NDM_E_DEVICE;
-    return ndm__fail(st, NULL, no_site, "cuda:%d: %s failed: %s (%s)", device, what, text, name);
+    return ndm__cuda_fail(st, "cuda:%d: %s failed: %s (%s)", device, what, text, name);
 }
 
 ndm_status ndm__cuda_enter(int device, cudaStream_t *stream)
 {
     int count = ndm__cuda_count();
     if (device < 0 || device >= count)
-        return ndm__fail(NDM_E_DEVICE, NULL, no_site,
-                         "cuda:%d does not exist (%d CUDA device%s found)", device, count,
-                         count == 1 ? "" : "s");
+        return ndm__cuda_fail(NDM_E_DEVICE, "cuda:%d does not exist (%d CUDA device%s found)",
+                              device, count, count == 1 ? "" : "s");
     ndm__cuda_device *d = &devices[device];
     int sticky = d->sticky.load(std::memory_order_acquire);
     if (sticky)
-        return ndm__fail((ndm_status)sticky, NULL, no_site, "%s", d->sticky_msg);
+        return ndm__cuda_fail((ndm_status)sticky, "%s", d->sticky_msg);
     NDM__CUDA_TRY(device, cudaSetDevice(device));
     if (!d->ready.load(std::memory_order_acquire)) {
         std::lock_guard<std::mutex> g(d->lock);
@@ -132,9 +143,8 @@ ndm_status ndm__cuda_enter(int device, cudaStream_t *stream)
             cudaError_t e = cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking);
             if (e != cudaSuccess) {
                 (void)cudaGetLastError();
-                return ndm__fail(NDM_E_DEVICE, NULL, no_site,
-                                 "cuda:%d: cannot create a stream: %s (%s)", device,
-                                 cudaGetErrorString(e), cudaGetErrorName(e));
+                return ndm__cuda_fail(NDM_E_DEVICE, "cuda:%d: cannot create a stream: %s (%s)",
+                                      device, cudaGetErrorString(e), cudaGetErrorName(e));
             }
             d->ready.store(true, std::memory_order_release);
         }
@@ -143,7 +153,7 @@ ndm_status ndm__cuda_enter(int device, cudaStream_t *stream)
     return NDM_OK;
 }
 
-extern "C" void ndm__cuda_test_set_sticky(int device, bool on)
+static void cuda_test_set_sticky(int device, bool on)
 {
     if (device < 0 || device >= NDM__CUDA_MAX_DEVICES)
         return;
@@ -166,7 +176,7 @@ extern "C" void ndm__cuda_test_set_sticky(int device, bool on)
 
 __global__ void ndm__k_trap(void) { __trap(); }
 
-extern "C" ndm_status ndm__cuda_test_fault(int device)
+static ndm_status cuda_test_fault(int device)
 {
     cudaStream_t s = nullptr;
     ndm_status st = ndm__cuda_enter(device, &s);
@@ -241,7 +251,7 @@ static ndm_status run_strided(int ndim, const int64_t *shape, int nops, char *co
     int64_t small[4 * 16];
     int64_t *buf = ndim <= 16 ? small : (int64_t *)malloc(4 * (size_t)ndim * sizeof(int64_t));
     if (!buf)
-        return ndm__fail(NDM_E_OOM, NULL, no_site, "no memory for a rank-%d iteration", ndim);
+        return ndm__cuda_fail(NDM_E_OOM, "no memory for a rank-%d iteration", ndim);
     int cap = ndim <= 16 ? 16 : ndim;
     int64_t *cs = buf, *cst[2] = {buf + cap, buf + 2 * cap};
     int r = coalesce(ndim, shape, nops, strides, cs, cst);
@@ -402,7 +412,7 @@ static ndm_status copy_any(int device, cudaStream_t s, const ndm__tensor *dst,
 {
     if (dst->dtype != src->dtype)
         return (Host ? conv_table_host : conv_table)[src->dtype][dst->dtype](device, s, dst, src);
-    switch (ndm_dtype_size(dst->dtype)) {
+    switch (ndm__cuda_host->dtype_size(dst->dtype)) {
     case 1:
         return copy_typed<ndm__cu_raw<uint8_t>, ndm__cu_raw<uint8_t>, Host>(device, s, dst, src);
     case 2:
@@ -416,8 +426,8 @@ static ndm_status copy_any(int device, cudaStream_t s, const ndm__tensor *dst,
 
 static ndm_status cuda_copy(int device, const ndm__tensor *dst, const ndm__tensor *src)
 {
-    if (!ndm_dtype_valid(dst->dtype) || !ndm_dtype_valid(src->dtype))
-        return ndm__fail(NDM_E_DTYPE, NULL, no_site, "copy: invalid dtype");
+    if (!ndm__cuda_host->dtype_valid(dst->dtype) || !ndm__cuda_host->dtype_valid(src->dtype))
+        return ndm__cuda_fail(NDM_E_DTYPE, "copy: invalid dtype");
     cudaStream_t s = nullptr;
     ndm_status st = ndm__cuda_enter(device, &s);
     if (st < 0)
@@ -425,9 +435,9 @@ static ndm_status cuda_copy(int device, const ndm__tensor *dst, const ndm__tenso
     return copy_any<false>(device, s, dst, src);
 }
 
-extern "C" ndm_status ndm__cuda_test_copy_on_host(const ndm__tensor *dst, const ndm__tensor *src)
+static ndm_status cuda_test_copy_on_host(const ndm__tensor *dst, const ndm__tensor *src)
 {
-    if (!ndm_dtype_valid(dst->dtype) || !ndm_dtype_valid(src->dtype))
+    if (!ndm__cuda_host->dtype_valid(dst->dtype) || !ndm__cuda_host->dtype_valid(src->dtype))
         return NDM_E_DTYPE;
     return copy_any<true>(0, NULL, dst, src);
 }
@@ -521,10 +531,10 @@ static ndm_status fill_any(int device, cudaStream_t s, const ndm__tensor *dst, d
     case NDM_F64:
         return fill_typed<double, Host>(device, s, dst, ndm__cu_dt<NDM_F64>::st(value));
     }
-    return ndm__fail(NDM_E_DTYPE, NULL, no_site, "fill: invalid dtype %d", (int)dst->dtype);
+    return ndm__cuda_fail(NDM_E_DTYPE, "fill: invalid dtype %d", (int)dst->dtype);
 }
 
-extern "C" ndm_status ndm__cuda_test_fill_on_host(const ndm__tensor *dst, double value)
+static ndm_status cuda_test_fill_on_host(const ndm__tensor *dst, double value)
 {
     return fill_any<true>(0, NULL, dst, value);
 }
@@ -571,7 +581,7 @@ static ndm_status cuda_iota(int device, const ndm__tensor *dst, double start, do
         NDM__CU_DTYPES(NDM__CU_IOTA_CASE)
 #undef NDM__CU_IOTA_CASE
     }
-    return ndm__fail(NDM_E_DTYPE, NULL, no_site, "iota: invalid dtype %d", (int)dst->dtype);
+    return ndm__cuda_fail(NDM_E_DTYPE, "iota: invalid dtype %d", (int)dst->dtype);
 }
 
 /* ---- transfers -------------------------------------------------------------- */
@@ -629,24 +639,6 @@ static ndm_status cuda_peer_copy(int device, void *dst, int src_device, const vo
     return NDM_OK;
 }
 
-extern "C" const ndm__backend ndm__cuda_backend = {
-    .abi = NDM__BACKEND_ABI,
-    .name = "cuda",
-    .type = NDM_DEVICE_CUDA,
-    .copy = cuda_copy,
-    .fill = cuda_fill,
-    .iota = cuda_iota,
-    .upload = cuda_upload,
-    .download = cuda_download,
-    .sync = cuda_sync,
-    .peer_copy = cuda_peer_copy,
-    .ew = NULL,
-    .reduce = NULL,
-    .linalg = NULL,
-    .index = NULL,
-    .nn = NULL,
-    .random = NULL,
-};
 
 /* ---- segment source ------------------------------------------------------------ */
 
@@ -699,7 +691,7 @@ static ndm__cuda_source_ctx source_ctx[NDM__CUDA_MAX_DEVICES];
 static ndm__segment_source sources[NDM__CUDA_MAX_DEVICES];
 static std::once_flag sources_once;
 
-extern "C" const ndm__segment_source *ndm__cuda_segment_source(int index)
+static const ndm__segment_source *cuda_segment_source(int index)
 {
     if (index < 0 || index >= ndm__cuda_count())
         return NULL;
@@ -714,4 +706,64 @@ extern "C" const ndm__segment_source *ndm__cuda_segment_source(int index)
         }
     });
     return &sources[index];
+}
+
+/* ---- the table and the entry point ---------------------------------------------- */
+
+static ndm_status cuda_device_props(int device, ndm__device_props *out)
+{
+    if (device < 0 || device >= ndm__cuda_count())
+        return ndm__cuda_fail(NDM_E_DEVICE, "cuda:%d does not exist", device);
+    cudaDeviceProp p;
+    cudaError_t e = cudaGetDeviceProperties(&p, device);
+    if (e != cudaSuccess)
+        return ndm__cuda_check(device, e, "cudaGetDeviceProperties");
+    snprintf(out->name, sizeof out->name, "%.127s", p.name);
+    out->memory_bytes = (uint64_t)p.totalGlobalMem;
+    out->cc_major = p.major;
+    out->cc_minor = p.minor;
+    out->features[0] = '\0';
+    return NDM_OK;
+}
+
+static const ndm__backend_test cuda_test = {
+    .set_sticky = cuda_test_set_sticky,
+    .fault = cuda_test_fault,
+    .copy_on_host = cuda_test_copy_on_host,
+    .fill_on_host = cuda_test_fill_on_host,
+};
+
+extern "C" const ndm__backend ndm__cuda_backend = {
+    .abi = NDM__BACKEND_ABI,
+    .name = "cuda",
+    .type = NDM_DEVICE_CUDA,
+    .device_count = ndm__cuda_count,
+    .device_props = cuda_device_props,
+    .segment_source = cuda_segment_source,
+    .supports = NULL,
+    .copy = cuda_copy,
+    .fill = cuda_fill,
+    .iota = cuda_iota,
+    .upload = cuda_upload,
+    .download = cuda_download,
+    .sync = cuda_sync,
+    .peer_copy = cuda_peer_copy,
+    .ew = NULL,
+    .reduce = NULL,
+    .linalg = NULL,
+    .index = NULL,
+    .nn = NULL,
+    .random = NULL,
+    .test = &cuda_test,
+};
+
+/* The module's one export. libndm checks the table it returns; the module
+ * checks the host's ABI, the first member of every version of it. */
+extern "C" __attribute__((visibility("default"))) const ndm__backend *
+ndm_backend_cuda_register(const ndm__host_api *host)
+{
+    if (!host || host->abi != NDM__BACKEND_ABI)
+        return NULL;
+    ndm__cuda_host = host;
+    return &ndm__cuda_backend;
 }

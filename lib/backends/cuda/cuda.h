@@ -1,5 +1,5 @@
-/* What the CUDA backend offers to C code: device discovery, the backend
- * table, one segment source per device, and the test hooks of the suite. */
+/* The CUDA module's private ground: what libndm handed it (the host API),
+ * device discovery, and its backend table. Nothing here is seen by libndm. */
 #ifndef NDM_CUDA_H
 #define NDM_CUDA_H
 
@@ -12,34 +12,25 @@
 extern "C" {
 #endif
 
-/* The private headers below have no C++ guards of their own. */
+/* backend.h has no C++ guards of its own. */
 #include "../backend.h"
-#include "../../manager/alloc/alloc.h"
+#include "ndm/base.h"
 
 /* Accounting has a slot per CUDA device up to this many (NDM__MAX_CUDA in
  * the manager core); devices past it are not offered. */
 #define NDM__CUDA_MAX_DEVICES 16
+
+/* The library's services, set by the entry point before any other call. */
+extern const ndm__host_api *ndm__cuda_host;
+
+/* Record a failure for the calling thread through the host; returns st. */
+ndm_status ndm__cuda_fail(ndm_status st, const char *fmt, ...) NDM_PRINTF(2, 3);
 
 /* Usable CUDA devices: 0 without a driver or a GPU, never an abort. Asked
  * once per process; CUDA_VISIBLE_DEVICES applies as usual. */
 int ndm__cuda_count(void);
 
 extern const ndm__backend ndm__cuda_backend;
-
-/* cudaMalloc/cudaFree on device `index` (NULL when it does not exist). */
-const ndm__segment_source *ndm__cuda_segment_source(int index);
-
-/* Test hooks. set_sticky marks a device as failed (as an asynchronous
- * fault would) or clears that mark; a real fault cannot be cleared. fault
- * launches a kernel that traps, so the device fails asynchronously: the
- * launch itself reports success, and the device is lost to this process. */
-void ndm__cuda_test_set_sticky(int device, bool on);
-ndm_status ndm__cuda_test_fault(int device);
-/* The copy and fill of the backend (same conversions, same coalescing and
- * index math) with a host loop in place of the kernels, on host memory: the
- * CPU checks them against its reference without a GPU. */
-ndm_status ndm__cuda_test_copy_on_host(const ndm__tensor *dst, const ndm__tensor *src);
-ndm_status ndm__cuda_test_fill_on_host(const ndm__tensor *dst, double value);
 
 #ifdef __cplusplus
 }

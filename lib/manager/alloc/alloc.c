@@ -8,28 +8,32 @@
 #include <string.h>
 
 #include "../../base/error.h"
-#include "ndm/config.h"
 #include "pool.h"
 
 const ndm__segment_source *ndm__cpu_segment_source(void);
-#if NDM_HAVE_CUDA
-const ndm__segment_source *ndm__cuda_segment_source(int index);
-int ndm__cuda_count(void);
-#endif
 
 #define MAX_CUDA 16
 #define MAX_POOLS (1 + MAX_CUDA)
 
 /* ---- devices and their sources --------------------------------------------------- */
 
+/* The CUDA devices' memory, as the backend registry registered it (NULL:
+ * nothing registered, no backend for the type). */
+static _Atomic(const ndm__device_memory *) cuda_memory;
+
+void ndm__alloc_register_device_memory(ndm_device_type type, const ndm__device_memory *m)
+{
+    if (type == NDM_DEVICE_CUDA)
+        atomic_store_explicit(&cuda_memory, m, memory_order_release);
+}
+
 const ndm__segment_source *ndm__segment_source_for(ndm_device dev)
 {
     if (dev.type == NDM_DEVICE_CPU && dev.index == 0)
         return ndm__cpu_segment_source();
-#if NDM_HAVE_CUDA
-    if (dev.type == NDM_DEVICE_CUDA && dev.index >= 0 && dev.index < ndm__cuda_count())
-        return ndm__cuda_segment_source(dev.index);
-#endif
+    const ndm__device_memory *m = atomic_load_explicit(&cuda_memory, memory_order_acquire);
+    if (dev.type == NDM_DEVICE_CUDA && m && dev.index >= 0 && dev.index < MAX_CUDA)
+        return m->source(dev.index);
     return NULL;
 }
 
@@ -47,18 +51,17 @@ ndm_status ndm__device_usable(ndm_device dev, char *why, size_t n)
         snprintf(why, n, "unknown device type %d", (int)dev.type);
         return NDM_E_DEVICE;
     }
-#if NDM_HAVE_CUDA
-    int count = ndm__cuda_count();
-    if (dev.index < 0 || dev.index >= count || dev.index >= MAX_CUDA) {
-        snprintf(why, n, "device %s does not exist (%d CUDA device%s found)", name, count,
-                 count == 1 ? "" : "s");
+    const ndm__device_memory *m = atomic_load_explicit(&cuda_memory, memory_order_acquire);
+    if (!m) {
+        snprintf(why, n, "device %s: this build of ndm has no CUDA backend", name);
+        return NDM_E_UNSUPPORTED;
+    }
+    ndm_status st = m->usable(dev.index, why, n);
+    if (st == NDM_OK && dev.index >= MAX_CUDA) {
+        snprintf(why, n, "device %s is past the %d CUDA devices ndm serves", name, MAX_CUDA);
         return NDM_E_DEVICE;
     }
-    return NDM_OK;
-#else
-    snprintf(why, n, "device %s: this build of ndm has no CUDA backend", name);
-    return NDM_E_UNSUPPORTED;
-#endif
+    return st;
 }
 
 /* ---- the pools ----------------------------------------------------------------------- */
@@ -87,7 +90,7 @@ static ndm__pool *get_pool(ndm_device dev, const char *api)
     ndm__pool *p = i >= 0 ? atomic_load_explicit(&pools[i], memory_order_acquire) : NULL;
     if (p)
         return p;
-    char why[256];
+    char why[768];
     ndm_status st = ndm__device_usable(dev, why, sizeof why);
     if (st < 0) {
         ndm__fail(st, api, NDM__NO_SITE, "%s", why);

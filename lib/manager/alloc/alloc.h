@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "../../base/segment.h"
 #include "ndm/device.h"
 #include "ndm/status.h"
 
@@ -26,18 +27,6 @@ typedef struct ndm__block {
     size_t size;
 } ndm__block;
 
-/* A segment source maps large ranges of device memory; the allocator carves
- * blocks out of them. */
-typedef struct ndm__segment_source {
-    const char *name;
-    /* required: map `size` bytes (a multiple of the source's granularity) */
-    ndm_status (*map)(void *ctx, size_t size, void **out);
-    /* required: unmap a range returned by map */
-    void (*unmap)(void *ctx, void *ptr, size_t size);
-    /* optional: free and total bytes of the device; default: unknown (0, 0) */
-    ndm_status (*mem_info)(void *ctx, size_t *free_bytes, size_t *total_bytes);
-    void *ctx;
-} ndm__segment_source;
 
 /* Allocate nbytes (0 allowed: a valid block of size 0) on `dev`, aligned to 64
  * bytes. NDM_E_OOM with a message on failure; *out is zeroed then. */
@@ -53,6 +42,20 @@ void ndm__free_many(ndm_device dev, void *const *cookies, size_t n);
  * otherwise NDM_E_UNSUPPORTED (no backend) or NDM_E_DEVICE (no such device),
  * with the reason written into why. */
 ndm_status ndm__device_usable(ndm_device dev, char *why, size_t n);
+
+/* The memory of the devices of one type other than the CPU, as the layer
+ * that knows them (the backend registry) offers it: the allocator declares
+ * no function of any backend. usable answers NDM_OK when device `index`
+ * exists and can hold memory, otherwise NDM_E_UNSUPPORTED (no backend for
+ * the type) or NDM_E_DEVICE (no such device) with the reason in why; it may
+ * load a backend on first use. source gives the device's segment source
+ * (NULL when none). Registered once, before any pool of the type is made;
+ * a later registration replaces the earlier (tests). */
+typedef struct ndm__device_memory {
+    ndm_status (*usable)(int index, char *why, size_t n);
+    const ndm__segment_source *(*source)(int index);
+} ndm__device_memory;
+void ndm__alloc_register_device_memory(ndm_device_type type, const ndm__device_memory *m);
 
 /* The segment source of a device (NULL when the device has none in this build). */
 const ndm__segment_source *ndm__segment_source_for(ndm_device dev);
