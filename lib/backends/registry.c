@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "../manager/alloc/alloc.h"
-#include "../manager/error.h"
+#include "../base/error.h"
 #include "ndm/config.h"
 #include "registry.h"
 

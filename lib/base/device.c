@@ -1,7 +1,8 @@
 /* Device names (their counts come from the backend registry). */
 #include <stdio.h>
 
-#include "core.h"
+#include "ndm/base.h"
+#include "ndm/device.h"
 
 NDM_API char *ndm_device_str(ndm_device d, char *buf, size_t n)
 {
