@@ -2,6 +2,16 @@
 #ifndef NDM_OPS_DISPATCH_H
 #define NDM_OPS_DISPATCH_H
 
+/* The public declarations this layer defines (the manager core names only
+ * its own), so every definition is checked against its prototype. */
+#include "ndm/autograd.h"
+#include "ndm/conv.h"
+#include "ndm/elementwise.h"
+#include "ndm/index.h"
+#include "ndm/linalg.h"
+#include "ndm/random.h"
+#include "ndm/reduce.h"
+#include "ndm/transfer.h"
 #include "../backends/registry.h"
 #include "../manager/core.h"
 
