@@ -92,7 +92,7 @@ class Exported:
     def __init__(self, tensor):
         self.tensor = tensor
 
-    def __dlpack__(self, stream=None):
+    def __dlpack__(self, stream=None, **kwargs):
         return capsule_new(self.tensor, b"dltensor", None)
 
     def __dlpack_device__(self):
@@ -161,6 +161,52 @@ refs = sys.getrefcount(z)
 manager_close(*here, m)  # the close calls numpy's deleter
 gc.collect()
 check(sys.getrefcount(z) < refs, "numpy -> ndm: closing the manager releases numpy's array")
+
+# ---- PyTorch, when it is installed (not in CI: the note reports it) -------------
+try:
+    import torch
+    import torch.utils.dlpack
+except ImportError:
+    torch = None
+    print("PyTorch is not installed: its round trip is skipped")
+if torch is not None:
+    print("PyTorch %s" % torch.__version__)
+    m = manager_new(*here, ndm_system(), b"torch-export")
+    a = arange(*here, m, F32, 0, 6, 1)
+    x = torch.from_dlpack(Exported(to_dlpack(*here, a)))
+    check(x.dtype == torch.float32 and tuple(x.shape) == (6,), "ndm -> torch: dtype, shape")
+    check(x.data_ptr() == array_data(a), "ndm -> torch: same address (no copy)")
+    x[2] = 42.0
+    copy_out(a, out, C.sizeof(out))
+    check(out[2] == 42.0, "ndm -> torch: a write through torch is read by ndm")
+    add_scalar_(*here, a, 1.0)
+    check(x[0].item() == 1.0 and x[2].item() == 43.0,
+          "ndm -> torch: a write through ndm is read by torch")
+    manager_close(*here, m)
+    check(x.tolist() == [1, 2, 43, 4, 5, 6], "ndm -> torch: storage outlives the ndm manager")
+    del x
+    gc.collect()
+    check(live(ndm_detached()) == (0, 0), "ndm -> torch: torch's release frees the storage")
+    m = manager_new(*here, ndm_system(), b"torch-import")
+    y = torch.arange(12, dtype=torch.float32).reshape(3, 4).t()  # strided
+    cap = torch.utils.dlpack.to_dlpack(y)
+    b = from_dlpack(*here, m, capsule_ptr(cap, b"dltensor"))
+    check(b.id != 0, "torch -> ndm: a transposed tensor is adopted")
+    if b.id:
+        capsule_rename(cap, b"used_dltensor")
+        check(array_data(b) == y.data_ptr(), "torch -> ndm: same address (no copy)")
+        y[1, 2] = 100.0
+        buf = np.empty((4, 3), dtype=np.float32)
+        copy_out(b, buf.ctypes.data, buf.nbytes)
+        check(buf[1, 2] == 100.0 and buf[3, 0] == 3.0,
+              "torch -> ndm: a write through torch is read by ndm (strides kept)")
+        add_scalar_(*here, b, 1.0)
+        check(y[0, 0].item() == 1.0 and y[1, 2].item() == 101.0,
+              "torch -> ndm: a write through ndm is read by torch")
+    del cap
+    manager_close(*here, m)
+    check(y[1, 2].item() == 101.0, "torch -> ndm: torch's tensor lives on after the close")
+
 check(live(ndm_system()) == (0, 0), "every manager is empty at the end")
 
 print("%d failure(s)" % len(failures))

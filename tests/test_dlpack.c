@@ -291,6 +291,32 @@ static void test_dlpack_versioned_matches_the_header(void **state)
     assert_ok(ndm_array_release(a));
 }
 
+static void test_dlpack_cuda_device_fields(void **state)
+{
+    if (ndm_cuda_device_count() == 0) {
+        print_message("no CUDA device: skipped\n");
+        skip();
+    }
+    ndm_manager gpu = ndm_manager_new_on(ROOT(state), "gpu", NDM_CUDA(0));
+    assert_live(gpu);
+    ndm_array a = ndm_arange(gpu, NDM_F32, 0, 8, 1);
+    DLManagedTensor *dl = ndm_to_dlpack(a);
+    assert_non_null(dl);
+    assert_int_equal(dl->dl_tensor.device.device_type, kDLCUDA);
+    assert_int_equal(dl->dl_tensor.device.device_id, 0);
+    /* a CPU manager cannot adopt device memory; the CUDA one can */
+    assert_int_equal(ndm_from_dlpack(ROOT(state), dl).id, 0);
+    assert_int_equal(ndm_last_status(), NDM_E_DEVICE);
+    ndm_array b = ndm_from_dlpack(gpu, dl);
+    assert_live(b);
+    assert_true(ndm_device_eq(ndm_array_device(b), NDM_CUDA(0)));
+    assert_ok(ndm_add_scalar_(b, 1)); /* written through b, read through a */
+    double v;
+    assert_ok(ndm_item(ndm_select(a, 0, 7), &v));
+    assert_true(v == 8);
+    assert_ok(ndm_manager_close(gpu));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -303,6 +329,7 @@ int main(void)
         TEST(test_dlpack_import_refuses_bad_tensors),
         TEST(test_dlpack_round_trip_through_ndm),
         TEST(test_dlpack_versioned_matches_the_header),
+        TEST(test_dlpack_cuda_device_fields),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
