@@ -71,6 +71,7 @@ static void test_dlpack_export_keeps_storage_and_shows_lent(void **state)
 {
     ndm_manager m = ndm_manager_new(ROOT(state), "src");
     ndm_array a = ndm_full(m, NDM_F64, 2.5, NDM_SHAPE(4));
+    assert_ok(ndm_manager_cap(m, NDM_CAP_ARRAYS)); /* a capped model can still export */
     DLManagedTensor *dl = ndm_to_dlpack(a);
     assert_non_null(dl);
     char *d = dump_of(ndm_system());

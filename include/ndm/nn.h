@@ -29,8 +29,9 @@
  * never to the model.
  *
  * Thread rules: a module's forward pass only reads its parameters, so many
- * threads may run it at once (predictors do), except dropout in training
- * mode, which draws numbers from the module's generator. Optimizer steps and
+ * threads may run it at once (predictors do), except in training mode
+ * dropout, which draws numbers from the module's generator, and batch norm,
+ * which updates its running statistics. Optimizer steps and
  * backward write the shared parameters and gradients: one at a time.
  */
 #ifndef NDM_NN_H

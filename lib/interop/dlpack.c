@@ -51,8 +51,7 @@ typedef struct export_ctx {
 
 static void export_free(export_ctx *c)
 {
-    /* the alias may already be gone (released by the leak report's
-     * teardown, say): releasing it again is harmless */
+    /* (NDM_ALREADY if it is gone already: nothing else to undo) */
     ndm_status st = ndm_array_release(c->alias);
     (void)st;
     free(c->dims);
