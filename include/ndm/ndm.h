@@ -30,6 +30,7 @@
 #include "transfer.h"
 
 #include "io.h"
+#include "dlpack.h"
 #include "data.h"
 
 #endif

@@ -29,8 +29,9 @@
  * never to the model.
  *
  * Thread rules: a module's forward pass only reads its parameters, so many
- * threads may run it at once (predictors do), except dropout in training
- * mode, which draws numbers from the module's generator. Optimizer steps and
+ * threads may run it at once (predictors do), except in training mode
+ * dropout, which draws numbers from the module's generator, and batch norm,
+ * which updates its running statistics. Optimizer steps and
  * backward write the shared parameters and gradients: one at a time.
  */
 #ifndef NDM_NN_H
@@ -94,7 +95,10 @@ NDM_API NDM_NODISCARD ndm_status ndm_init_xavier_uniform_inplace_at(NDM_SITE_PAR
  *  closes), its parameters made in `model` with gradients, or the null
  *  module: NDM_E_INVALID (sizes < 1, a NULL
  *  generator where one is needed, bad options), NDM_E_OOM, and `model`'s
- *  refusals (NDM_E_NULL, NDM_E_CLOSED, NDM_E_CAPPED, NDM_E_QUOTA). */
+ *  refusals (NDM_E_NULL, NDM_E_CLOSED, NDM_E_CAPPED, NDM_E_QUOTA).
+ *  A constructor called while this thread's gradients are paused
+ *  (ndm_no_grad_begin()) makes its parameters without gradient arrays: an
+ *  inference model, which optimizers refuse (NDM_E_INVALID). */
 /** @{ */
 
 /** y = x W^T + b with W (out, in) (Kaiming uniform) and b (out) (zeros),
@@ -142,6 +146,36 @@ NDM_API ndm_module ndm_dropout_module_at(NDM_SITE_PARAMS, ndm_manager model, dou
 /** ndm_embedding() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_module ndm_embedding_at(NDM_SITE_PARAMS, ndm_manager model, int64_t num, int64_t dim,
                                     ndm_rng *rng);
+/** Batch normalisation over (N, C) or (N, C, L) inputs (PyTorch's
+ *  BatchNorm1d; eps 1e-5 and momentum 0.1 are PyTorch's defaults): y = (x -
+ *  mean) / sqrt(var + eps) * weight + bias per channel. In training mode the
+ *  batch's statistics are used (biased variance) and the running ones,
+ *  buffers in `model` (running_mean zeros, running_var ones,
+ *  num_batches_tracked an i64 0-d count), are updated in place as PyTorch
+ *  does: running = (1 - momentum) running + momentum batch, with the
+ *  unbiased variance; in evaluation mode the running statistics are used.
+ *  Modules start in training mode. With `affine`, weight (ones) and bias
+ *  (zeros) of shape (C) are parameters. A training forward pass writes the
+ *  buffers: like dropout, one thread at a time. */
+#define ndm_batch_norm1d(model, features, eps, momentum, affine)                \
+    ndm_batch_norm_at(NDM_HERE, (model), 1, (features), (eps), (momentum), (affine))
+/** The same over (N, C, H, W) inputs (PyTorch's BatchNorm2d). */
+#define ndm_batch_norm2d(model, features, eps, momentum, affine)                \
+    ndm_batch_norm_at(NDM_HERE, (model), 2, (features), (eps), (momentum), (affine))
+/** ndm_batch_norm1d() (spatial 1) and ndm_batch_norm2d() (spatial 2) with an
+ *  explicit call site. NDM_E_INVALID also for eps <= 0 or momentum outside
+ *  [0, 1]; a forward pass on another rank or channel count is NDM_E_SHAPE. */
+NDM_API ndm_module ndm_batch_norm_at(NDM_SITE_PARAMS, ndm_manager model, int spatial,
+                                     int64_t features, double eps, double momentum, bool affine);
+/** Layer normalisation over the last `ndim` axes, of sizes `shape` (1 to 8
+ *  axes; PyTorch's LayerNorm, eps 1e-5 by default): y = (x - mean) /
+ *  sqrt(var + eps) * weight + bias, biased variance, with weight (ones) and
+ *  bias (zeros) of `shape` as parameters when `affine`. */
+#define ndm_layer_norm(model, eps, affine, ...)                                 \
+    ndm_layer_norm_at(NDM_HERE, (model), __VA_ARGS__, (eps), (affine))
+/** ndm_layer_norm() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_module ndm_layer_norm_at(NDM_SITE_PARAMS, ndm_manager model, int ndim,
+                                     const int64_t *shape, double eps, bool affine);
 /** The modules applied in order (n = 0: the identity, returning an alias).
  *  They must belong to `model` with their parameters (NDM_E_NOT_OWNER). A
  *  null module in the list (a constructor inside it failed) makes the result
@@ -172,6 +206,11 @@ NDM_API int ndm_module_parameters(ndm_module m, ndm_array *out, int cap);
  *  points into the module and lives as long as it does. */
 NDM_API int ndm_module_named_parameters(ndm_module m, const char **names, ndm_array *out,
                                         int cap);
+/** The state of m and its children, in the order and with the names of
+ *  PyTorch's state_dict: parameters and buffers (batch norm's running_mean,
+ *  running_var, num_batches_tracked). Same contract as
+ *  ndm_module_named_parameters(). */
+NDM_API int ndm_module_named_state(ndm_module m, const char **names, ndm_array *out, int cap);
 /** A one-line description: "Sequential(Linear(784, 256), ReLU, Linear(256, 10))",
  *  into buf (truncated to n, NUL-terminated; buf may be NULL); returns the
  *  full length, or a negative status for a bad handle. */
@@ -242,6 +281,28 @@ NDM_API ndm_optimizer ndm_sgd_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module 
 NDM_API ndm_optimizer ndm_adam_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module net, double lr,
                                   double beta1, double beta2, double eps, double weight_decay,
                                   bool decoupled);
+/** SGD over any list of n parameters (arrays with gradients, made by
+ *  ndm_requires_grad), for networks built without modules. The list is
+ *  copied; NDM_E_INVALID for an array that is not a parameter. */
+#define ndm_sgd_params(model, n, params, lr, momentum, weight_decay)            \
+    ndm_sgd_params_at(NDM_HERE, (model), (n), (params), (lr), (momentum), (weight_decay))
+/** ndm_sgd_params() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_optimizer ndm_sgd_params_at(NDM_SITE_PARAMS, ndm_manager model, int n,
+                                        const ndm_array *params, double lr, double momentum,
+                                        double weight_decay);
+/** Adam over any list of n parameters (as ndm_sgd_params()). */
+#define ndm_adam_params(model, n, params, lr, beta1, beta2, eps, weight_decay)  \
+    ndm_adam_params_at(NDM_HERE, (model), (n), (params), (lr), (beta1), (beta2), (eps),      \
+                       (weight_decay), false)
+/** AdamW over any list of n parameters (as ndm_sgd_params()). */
+#define ndm_adamw_params(model, n, params, lr, beta1, beta2, eps, weight_decay) \
+    ndm_adam_params_at(NDM_HERE, (model), (n), (params), (lr), (beta1), (beta2), (eps),      \
+                       (weight_decay), true)
+/** ndm_adam_params() and ndm_adamw_params() with an explicit call site. */
+NDM_API ndm_optimizer ndm_adam_params_at(NDM_SITE_PARAMS, ndm_manager model, int n,
+                                         const ndm_array *params, double lr, double beta1,
+                                         double beta2, double eps, double weight_decay,
+                                         bool decoupled);
 /** Update every parameter from its gradient (in place). */
 NDM_API NDM_NODISCARD ndm_status ndm_optimizer_step(ndm_optimizer o);
 /** Zero every parameter's gradient. */
@@ -251,11 +312,65 @@ NDM_API NDM_NODISCARD ndm_status ndm_optimizer_set_lr(ndm_optimizer o, double lr
 /** The learning rate, or a negative value for a stale handle. */
 NDM_API double ndm_optimizer_lr(ndm_optimizer o);
 
+/** Save the optimizer's state as safetensors: its state arrays under
+ *  PyTorch's names ("state.0.momentum_buffer", "state.0.exp_avg",
+ *  "state.0.exp_avg_sq", by parameter index) and, as metadata, the
+ *  algorithm ("sgd", "adam", "adamw"), the step count, the learning rate
+ *  and the parameter count. NDM_OK or the errors of ndm_safetensors_save(). */
+#define ndm_optimizer_save(o, path) ndm_optimizer_save_at(NDM_HERE, (o), (path))
+/** ndm_optimizer_save() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API NDM_NODISCARD ndm_status ndm_optimizer_save_at(NDM_SITE_PARAMS, ndm_optimizer o,
+                                                       const char *path);
+/** Restore a state saved by ndm_optimizer_save() into an optimizer of the
+ *  same algorithm over parameters of the same shapes: the state arrays (in
+ *  place: a capped model accepts it), the step count and the learning rate,
+ *  so that a resumed run takes the steps an unbroken one would. Everything
+ *  is checked first: on failure nothing changes. NDM_E_INVALID (another
+ *  algorithm or parameter count), NDM_E_FORMAT (not an optimizer state, a
+ *  tensor missing or extra), NDM_E_SHAPE, and the load's errors. */
+#define ndm_optimizer_load(o, path) ndm_optimizer_load_at(NDM_HERE, (o), (path))
+/** ndm_optimizer_load() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API NDM_NODISCARD ndm_status ndm_optimizer_load_at(NDM_SITE_PARAMS, ndm_optimizer o,
+                                                       const char *path);
+
 /** Step decay: base * gamma^floor(epoch / step_size). */
 NDM_API double ndm_lr_step(double base, int64_t epoch, int64_t step_size, double gamma);
 /** Cosine annealing from base (t = 0) to min_lr (t = total). */
 NDM_API double ndm_lr_cosine(double base, double min_lr, int64_t t, int64_t total);
 /** @} */
+
+/* ---- checkpoints ------------------------------------------------------------------- */
+
+/** How ndm_module_load() treats names that do not match. */
+enum {
+    /** Every tensor of the module must be in the file and nothing else
+     *  (PyTorch's strict=True). */
+    NDM_CHECKPOINT_STRICT = 0,
+    /** Tensors missing from the file keep their values; tensors the module
+     *  lacks are ignored (strict=False). Shapes must still match. */
+    NDM_CHECKPOINT_LENIENT = 1,
+};
+
+/** Save the state of m (ndm_module_named_state(): parameters and buffers
+ *  under PyTorch's state_dict names, "0.weight", "2.bias", ...) as a
+ *  safetensors file that PyTorch's safetensors.torch.load_file() and
+ *  load_state_dict() read. NDM_OK or the errors of ndm_safetensors_save(). */
+#define ndm_module_save(m, path) ndm_module_save_at(NDM_HERE, (m), (path))
+/** ndm_module_save() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API NDM_NODISCARD ndm_status ndm_module_save_at(NDM_SITE_PARAMS, ndm_module m,
+                                                    const char *path);
+/** Load a safetensors state (one written by ndm_module_save(), or a PyTorch
+ *  state_dict saved with safetensors) into m, in place (a capped model
+ *  accepts it), converting dtypes as a cast would. Names and shapes are all
+ *  checked before anything is written, so on these errors m is unchanged:
+ *  NDM_E_SHAPE names every mis-shaped tensor with both shapes; in strict
+ *  mode NDM_E_FORMAT names the missing and unexpected tensors. Returns the
+ *  number of tensors loaded, or a negative status (also NDM_E_INVALID for
+ *  an unknown mode, and the errors of ndm_safetensors_load()). The file is
+ *  read through a private mapping held only during the call. */
+#define ndm_module_load(m, path, mode) ndm_module_load_at(NDM_HERE, (m), (path), (mode))
+/** ndm_module_load() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API int ndm_module_load_at(NDM_SITE_PARAMS, ndm_module m, const char *path, unsigned mode);
 
 /* ---- predictors -------------------------------------------------------------------- */
 
@@ -279,6 +394,16 @@ NDM_API ndm_predictor ndm_predictor_new_at(NDM_SITE_PARAMS, ndm_manager model, n
 /** ndm_predict_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_predict_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_predictor p,
                                     ndm_array input);
+/** Load a checkpoint into net (strict, as ndm_module_load()) and make a
+ *  predictor of it (as ndm_predictor_new()). For serving, build the net
+ *  between ndm_no_grad_begin() and ndm_no_grad_end(): layers made while
+ *  gradients are paused get no gradient arrays, so the model holds the
+ *  weights once instead of twice. Returns the predictor or the null
+ *  predictor with the load's or ndm_predictor_new()'s error. */
+#define ndm_predictor_load(model, net, path) ndm_predictor_load_at(NDM_HERE, (model), (net), (path))
+/** ndm_predictor_load() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_predictor ndm_predictor_load_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module net,
+                                            const char *path);
 /** The manager that holds the request managers (for dumps). */
 NDM_API ndm_manager ndm_predictor_manager(ndm_predictor p);
 

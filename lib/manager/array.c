@@ -677,6 +677,30 @@ ndm_array ndm__array_view(ndm__site site, const char *api, ndm_manager mh, ndm__
     return h;
 }
 
+/* An alias of `base` under the detached node, recorded as lent by base's
+ * manager: what an export hands to another library, so that dumps show the
+ * storage as lent out until the other side releases it. */
+ndm_array ndm__array_lend_out(ndm__site site, const char *api, ndm__array *base)
+{
+    uint32_t lender = ndm__array_mgr_unlocked(base);
+    uint32_t lender_gen = atomic_load_explicit(&ndm__manager_rec(lender)->gen, memory_order_acquire);
+    ndm__array *r;
+    ndm_array h = ndm__array_view(site, api, ndm_detached(), base, base->dtype, base->ndim,
+                                  base->shape, base->strides, base->offset, &r);
+    if (!h.id)
+        return h;
+    ndm__manager *d = ndm__manager_rec(ndm__detached_slot);
+    ndm__mlock_take(d);
+    /* (released meanwhile by another thread's deleter: nothing to mark) */
+    if (atomic_load_explicit(&r->gen, memory_order_relaxed) == ndm__id_gen(h.id) &&
+        r->mgr == d->self && !r->lender) {
+        r->lender = lender;
+        r->lender_gen = lender_gen;
+    }
+    ndm__mlock_drop(d);
+    return h;
+}
+
 /* ---- storage bookkeeping when a view leaves a manager ----------------------- */
 
 /* Count the views of s owned by manager slot `mgr`; storage lock held. */

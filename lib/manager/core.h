@@ -637,6 +637,8 @@ ndm_array ndm__array_new_in(const ndm__site *site, const char *api, ndm__manager
 ndm_array ndm__array_view(ndm__site site, const char *api, ndm_manager m, ndm__array *base,
                           ndm_dtype dtype, int ndim, const int64_t *shape,
                           const int64_t *strides, int64_t offset, ndm__array **out);
+/* An alias of `base` under the detached node, lent by base's manager (an export). */
+ndm_array ndm__array_lend_out(ndm__site site, const char *api, ndm__array *base);
 /* A new array over a caller's buffer. */
 ndm_array ndm__array_wrap(ndm__site site, const char *api, ndm_manager m, ndm_dtype dtype,
                           int ndim, const int64_t *shape, void *data, ndm_free_fn free_fn,

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "../manager/object.h"
+#include "../manager/thread.h"
 #include "../ops/dispatch.h"
 #include "ndm/ndm.h"
 #include "ndm/nn.h"
@@ -22,13 +23,27 @@ typedef enum kind {
     FLATTEN,
     DROPOUT,
     EMBEDDING,
+    BATCH_NORM,
+    LAYER_NORM,
     SEQUENTIAL,
 } kind;
+
+/* Named arrays of a module: its parameters, or its whole state (parameters
+ * and buffers, in the order of PyTorch's state_dict). */
+typedef struct named_list {
+    int n;
+    ndm_array *a;
+    char (*names)[NAME_MAX_LEN];
+} named_list;
 
 typedef struct module {
     kind k;
     ndm_array weight, bias;
+    ndm_array running_mean, running_var, batches; /* batch norm's buffers */
     int64_t in, out, kh, kw;
+    int norm_nd;                  /* layer norm: normalized axes; batch norm: 1 or 2 */
+    int64_t norm_shape[8];
+    double eps, momentum;
     ndm_conv2d_opts conv;
     ndm_pool2d_opts pool;
     int start_axis;
@@ -38,17 +53,19 @@ typedef struct module {
     int nchildren;
     ndm_module *children;
     /* parameters of this module and its children, with names */
-    int nparams;
-    ndm_array *params;
-    char (*names)[NAME_MAX_LEN];
+    named_list params;
+    /* parameters and buffers, for checkpoints */
+    named_list state;
 } module;
 
 static void module_destroy(void *p)
 {
     module *m = p;
     free(m->children);
-    free(m->params);
-    free(m->names);
+    free(m->params.a);
+    free(m->params.names);
+    free(m->state.a);
+    free(m->state.names);
     free(m);
 }
 
@@ -81,20 +98,33 @@ static ndm_module finish(module *m, ndm_manager model, ndm__site site, const cha
     return (ndm_module){id};
 }
 
-static bool add_param(module *m, const char *name, ndm_array a)
+static bool list_add(named_list *l, const char *name, ndm_array a)
 {
-    ndm_array *p = ndm__realloc(m->params, (size_t)(m->nparams + 1) * sizeof *p, NDM__INJ_OBJECT);
+    ndm_array *p = ndm__realloc(l->a, (size_t)(l->n + 1) * sizeof *p, NDM__INJ_OBJECT);
     if (!p)
         return false;
-    m->params = p;
-    char(*n)[NAME_MAX_LEN] =
-        ndm__realloc(m->names, (size_t)(m->nparams + 1) * sizeof *n, NDM__INJ_OBJECT);
+    l->a = p;
+    char(*n)[NAME_MAX_LEN] = ndm__realloc(l->names, (size_t)(l->n + 1) * sizeof *n, NDM__INJ_OBJECT);
     if (!n)
         return false;
-    m->names = n;
-    snprintf(m->names[m->nparams], NAME_MAX_LEN, "%s", name);
-    m->params[m->nparams++] = a;
+    l->names = n;
+    snprintf(l->names[l->n], NAME_MAX_LEN, "%s", name);
+    l->a[l->n++] = a;
     return true;
+}
+
+/* A parameter is part of the state too (checkpoints save both). */
+static bool add_param(module *m, const char *name, ndm_array a)
+{
+    return list_add(&m->params, name, a) && list_add(&m->state, name, a);
+}
+
+/* Built with gradients paused on this thread (ndm_no_grad_begin): an
+ * inference model, whose parameters get no gradient arrays. */
+static bool grads_wanted(void)
+{
+    ndm__thread *t = ndm__tls;
+    return !t || t->ag_pause == 0;
 }
 
 /* A parameter: an array of `shape` in the model with a gradient. */
@@ -106,7 +136,7 @@ static ndm_array make_param(ndm__site site, const char *api, ndm_manager model, 
     if (!a.id)
         return a;
     if ((kaiming && ndm_init_kaiming_uniform_inplace_at(NDM__SITE_ARGS(site), a, rng) < 0) ||
-        ndm_requires_grad_at(NDM__SITE_ARGS(site), a) < 0) {
+        (grads_wanted() && ndm_requires_grad_at(NDM__SITE_ARGS(site), a) < 0)) {
         ndm__discard(a);
         return NDM_NULL_ARRAY;
     }
@@ -305,9 +335,97 @@ NDM_API ndm_module ndm_embedding_at(NDM_SITE_PARAMS, ndm_manager model, int64_t 
     m->out = dim;
     m->weight = ndm_empty_at(NDM__SITE_ARGS(site), model, NDM_F32, 2, (int64_t[]){num, dim});
     if (!m->weight.id || ndm_normal_inplace_at(NDM__SITE_ARGS(site), m->weight, rng, 0, 1) < 0 ||
-        ndm_requires_grad_at(NDM__SITE_ARGS(site), m->weight) < 0 ||
+        (grads_wanted() && ndm_requires_grad_at(NDM__SITE_ARGS(site), m->weight) < 0) ||
         !add_param(m, "weight", m->weight))
         return abandon(m, api, site);
+    return finish(m, model, site, api);
+}
+
+/* An array of the model filled with `value`, with no gradient (a buffer) or
+ * with one (a parameter, unless gradients are paused). */
+static ndm_array filled(ndm__site site, ndm_manager model, ndm_dtype dt, int nd,
+                        const int64_t *shape, double value, bool param)
+{
+    ndm_array a = ndm_full_at(NDM__SITE_ARGS(site), model, dt, value, nd, shape);
+    if (a.id && param && grads_wanted() && ndm_requires_grad_at(NDM__SITE_ARGS(site), a) < 0) {
+        ndm__discard(a);
+        return NDM_NULL_ARRAY;
+    }
+    return a;
+}
+
+NDM_API ndm_module ndm_batch_norm_at(NDM_SITE_PARAMS, ndm_manager model, int spatial,
+                                     int64_t features, double eps, double momentum, bool affine)
+{
+    ndm__site site = NDM__SITE;
+    const char *api = spatial == 2 ? "ndm_batch_norm2d" : "ndm_batch_norm1d";
+    if (!check_model(model, api, site))
+        return (ndm_module){0};
+    if ((spatial != 1 && spatial != 2) || features < 1 || !(eps > 0) || !isfinite(eps) ||
+        !(momentum >= 0 && momentum <= 1)) {
+        ndm__fail(NDM_E_INVALID, api, site,
+                  "features must be >= 1, eps > 0 and momentum in [0, 1] (got %lld, %g, %g)",
+                  (long long)features, eps, momentum);
+        return (ndm_module){0};
+    }
+    module *m = alloc_module(BATCH_NORM, api, site);
+    if (!m)
+        return (ndm_module){0};
+    m->norm_nd = spatial;
+    m->out = features;
+    m->eps = eps;
+    m->momentum = momentum;
+    if (affine) {
+        m->weight = filled(site, model, NDM_F32, 1, &features, 1.0, true);
+        if (!m->weight.id || !add_param(m, "weight", m->weight))
+            return abandon(m, api, site);
+        m->bias = filled(site, model, NDM_F32, 1, &features, 0.0, true);
+        if (!m->bias.id || !add_param(m, "bias", m->bias))
+            return abandon(m, api, site);
+    }
+    m->running_mean = filled(site, model, NDM_F32, 1, &features, 0.0, false);
+    if (!m->running_mean.id || !list_add(&m->state, "running_mean", m->running_mean))
+        return abandon(m, api, site);
+    m->running_var = filled(site, model, NDM_F32, 1, &features, 1.0, false);
+    if (!m->running_var.id || !list_add(&m->state, "running_var", m->running_var))
+        return abandon(m, api, site);
+    m->batches = filled(site, model, NDM_I64, 0, NULL, 0.0, false);
+    if (!m->batches.id || !list_add(&m->state, "num_batches_tracked", m->batches))
+        return abandon(m, api, site);
+    m->training = true;
+    return finish(m, model, site, api);
+}
+
+NDM_API ndm_module ndm_layer_norm_at(NDM_SITE_PARAMS, ndm_manager model, int ndim,
+                                     const int64_t *shape, double eps, bool affine)
+{
+    ndm__site site = NDM__SITE;
+    const char *api = "ndm_layer_norm";
+    if (!check_model(model, api, site))
+        return (ndm_module){0};
+    bool ok = ndim >= 1 && ndim <= 8 && shape && eps > 0 && isfinite(eps);
+    for (int i = 0; ok && i < ndim; i++)
+        ok = shape[i] >= 1;
+    if (!ok) {
+        ndm__fail(NDM_E_INVALID, api, site,
+                  "the normalized shape needs 1 to 8 sizes >= 1, and eps > 0 (got %d axes, %g)",
+                  ndim, eps);
+        return (ndm_module){0};
+    }
+    module *m = alloc_module(LAYER_NORM, api, site);
+    if (!m)
+        return (ndm_module){0};
+    m->norm_nd = ndim;
+    memcpy(m->norm_shape, shape, (size_t)ndim * sizeof *shape);
+    m->eps = eps;
+    if (affine) {
+        m->weight = filled(site, model, NDM_F32, ndim, shape, 1.0, true);
+        if (!m->weight.id || !add_param(m, "weight", m->weight))
+            return abandon(m, api, site);
+        m->bias = filled(site, model, NDM_F32, ndim, shape, 0.0, true);
+        if (!m->bias.id || !add_param(m, "bias", m->bias))
+            return abandon(m, api, site);
+    }
     return finish(m, model, site, api);
 }
 
@@ -340,13 +458,16 @@ NDM_API ndm_module ndm_sequential_at(NDM_SITE_PARAMS, ndm_manager model, int n,
         memcpy(m->children, modules, (size_t)n * sizeof *modules);
     for (int i = 0; i < n; i++) {
         module *c = get(modules[i], api, site);
-        for (int k = 0; k < c->nparams; k++) {
-            char name[NAME_MAX_LEN];
-            snprintf(name, sizeof name, "%d.%s", i, c->names[k]);
-            if (!add_param(m, name, c->params[k])) {
-                module_destroy(m);
-                ndm__fail(NDM_E_OOM, api, site, "no memory");
-                return (ndm_module){0};
+        for (int pass = 0; pass < 2; pass++) {
+            named_list *from = pass ? &c->state : &c->params, *to = pass ? &m->state : &m->params;
+            for (int k = 0; k < from->n; k++) {
+                char name[NAME_MAX_LEN];
+                snprintf(name, sizeof name, "%d.%s", i, from->names[k]);
+                if (!list_add(to, name, from->a[k])) {
+                    module_destroy(m);
+                    ndm__fail(NDM_E_OOM, api, site, "no memory");
+                    return (ndm_module){0};
+                }
             }
         }
     }
@@ -358,6 +479,112 @@ NDM_API ndm_module ndm_sequential_at(NDM_SITE_PARAMS, ndm_manager model, int n,
 /* The layers' operations are given the caller's site, so that a failure
  * inside a forward pass names the user's line, not this file. */
 #define AT NDM__SITE_ARGS(site), NDM_OUTPUT_RULE
+
+/* a (C) seen as (1, C, 1, ...) for an input of rank nd. */
+static ndm_array per_channel(ndm__site site, ndm_array a, int nd)
+{
+    int64_t shape[8] = {1, -1, 1, 1, 1, 1, 1, 1};
+    return ndm_reshape_to_at(AT, a, nd, shape);
+}
+
+/* Batch norm: normalise each channel (axis 1) over every other axis, with
+ * the batch's statistics in training (and the running ones updated in place:
+ * PyTorch's momentum and unbiased variance), with the running ones in
+ * evaluation. */
+static ndm_array batch_norm(module *m, ndm_array x, const char *api, ndm__site site)
+{
+    int nd = ndm_array_ndim(x);
+    if (nd < 0)
+        return NDM_NULL_ARRAY;
+    int64_t shape[8];
+    bool rank_ok = m->norm_nd == 2 ? nd == 4 : nd == 2 || nd == 3;
+    if (!rank_ok || ndm_array_shape(x, shape, 8) < 0 || shape[1] != m->out) {
+        ndm__fail(NDM_E_SHAPE, api, site,
+                  "BatchNorm%dd(%lld) takes (N, %lld%s), not a rank-%d input%s", m->norm_nd,
+                  (long long)m->out, (long long)m->out,
+                  m->norm_nd == 2 ? ", H, W" : "[, L]", nd,
+                  rank_ok ? " with another channel count" : "");
+        return NDM_NULL_ARRAY;
+    }
+    int axes[3] = {0, 2, 3};
+    int nax = nd - 1;
+    ndm_array mean, var;
+    if (m->training) {
+        int64_t count = shape[0];
+        for (int i = 2; i < nd; i++)
+            count *= shape[i];
+        if (count < 2) {
+            ndm__fail(NDM_E_SHAPE, api, site,
+                      "batch norm in training needs more than one value per channel");
+            return NDM_NULL_ARRAY;
+        }
+        mean = ndm_mean_to_at(AT, x, true, nax, axes);
+        ndm_array d = ndm_sub_to_at(AT, x, mean);
+        var = ndm_mean_to_at(AT, ndm_mul_to_at(AT, d, d), true, nax, axes);
+        /* running = (1 - momentum) running + momentum batch (variance unbiased) */
+        ndm_no_grad_begin();
+        ndm_array bm = ndm_reshape_to_at(AT, mean, 1, (int64_t[]){-1});
+        ndm_array bv = ndm_mul_scalar_to_at(AT, ndm_reshape_to_at(AT, var, 1, (int64_t[]){-1}),
+                                            m->momentum * (double)count / (double)(count - 1));
+        ndm_status st = bm.id && bv.id ? NDM_OK : ndm_last_status();
+        if (st == NDM_OK)
+            st = ndm_mul_scalar_inplace_at(NDM__SITE_ARGS(site), m->running_mean, 1 - m->momentum);
+        if (st == NDM_OK)
+            st = ndm_add_inplace_at(NDM__SITE_ARGS(site), m->running_mean,
+                                    ndm_mul_scalar_to_at(AT, bm, m->momentum));
+        if (st == NDM_OK)
+            st = ndm_mul_scalar_inplace_at(NDM__SITE_ARGS(site), m->running_var, 1 - m->momentum);
+        if (st == NDM_OK)
+            st = ndm_add_inplace_at(NDM__SITE_ARGS(site), m->running_var, bv);
+        if (st == NDM_OK)
+            st = ndm_add_scalar_inplace_at(NDM__SITE_ARGS(site), m->batches, 1);
+        ndm_no_grad_end();
+        if (st < 0)
+            return NDM_NULL_ARRAY;
+        ndm_array y = ndm_mul_to_at(AT, d, ndm_rsqrt_to_at(AT, ndm_add_scalar_to_at(AT, var, m->eps)));
+        if (m->weight.id)
+            y = ndm_add_to_at(AT, ndm_mul_to_at(AT, y, per_channel(site, m->weight, nd)),
+                              per_channel(site, m->bias, nd));
+        return y;
+    }
+    mean = per_channel(site, m->running_mean, nd);
+    var = per_channel(site, m->running_var, nd);
+    ndm_array y = ndm_mul_to_at(AT, ndm_sub_to_at(AT, x, mean),
+                                ndm_rsqrt_to_at(AT, ndm_add_scalar_to_at(AT, var, m->eps)));
+    if (m->weight.id)
+        y = ndm_add_to_at(AT, ndm_mul_to_at(AT, y, per_channel(site, m->weight, nd)),
+                          per_channel(site, m->bias, nd));
+    return y;
+}
+
+/* Layer norm: normalise over the last norm_nd axes (biased variance). */
+static ndm_array layer_norm(module *m, ndm_array x, const char *api, ndm__site site)
+{
+    int nd = ndm_array_ndim(x);
+    int64_t shape[64];
+    if (nd < 0 || nd > 64 || ndm_array_shape(x, shape, 64) < 0)
+        return NDM_NULL_ARRAY;
+    bool ok = nd >= m->norm_nd;
+    for (int i = 0; ok && i < m->norm_nd; i++)
+        ok = shape[nd - m->norm_nd + i] == m->norm_shape[i];
+    if (!ok) {
+        ndm__fail(NDM_E_SHAPE, api, site,
+                  "LayerNorm over %d trailing axes of sizes starting %lld does not fit a "
+                  "rank-%d input",
+                  m->norm_nd, (long long)m->norm_shape[0], nd);
+        return NDM_NULL_ARRAY;
+    }
+    int axes[8];
+    for (int i = 0; i < m->norm_nd; i++)
+        axes[i] = nd - m->norm_nd + i;
+    ndm_array mean = ndm_mean_to_at(AT, x, true, m->norm_nd, axes);
+    ndm_array d = ndm_sub_to_at(AT, x, mean);
+    ndm_array var = ndm_mean_to_at(AT, ndm_mul_to_at(AT, d, d), true, m->norm_nd, axes);
+    ndm_array y = ndm_mul_to_at(AT, d, ndm_rsqrt_to_at(AT, ndm_add_scalar_to_at(AT, var, m->eps)));
+    if (m->weight.id)
+        y = ndm_add_to_at(AT, ndm_mul_to_at(AT, y, m->weight), m->bias);
+    return y;
+}
 
 static ndm_array run(module *m, ndm_array x, const char *api, ndm__site site)
 {
@@ -398,6 +625,10 @@ static ndm_array run(module *m, ndm_array x, const char *api, ndm__site site)
     }
     case EMBEDDING:
         return ndm_take_to_at(AT, m->weight, 0, x);
+    case BATCH_NORM:
+        return batch_norm(m, x, api, site);
+    case LAYER_NORM:
+        return layer_norm(m, x, api, site);
     case SEQUENTIAL: {
         ndm_array y = x;
         for (int i = 0; i < m->nchildren && y.id; i++) {
@@ -453,13 +684,27 @@ NDM_API int ndm_module_named_parameters(ndm_module mh, const char **names, ndm_a
     module *m = get(mh, __func__, NDM__NO_SITE);
     if (!m)
         return ndm_last_status();
-    for (int i = 0; i < m->nparams && i < cap; i++) {
+    for (int i = 0; i < m->params.n && i < cap; i++) {
         if (out)
-            out[i] = m->params[i];
+            out[i] = m->params.a[i];
         if (names)
-            names[i] = m->names[i];
+            names[i] = m->params.names[i];
     }
-    return m->nparams;
+    return m->params.n;
+}
+
+NDM_API int ndm_module_named_state(ndm_module mh, const char **names, ndm_array *out, int cap)
+{
+    module *m = get(mh, __func__, NDM__NO_SITE);
+    if (!m)
+        return ndm_last_status();
+    for (int i = 0; i < m->state.n && i < cap; i++) {
+        if (out)
+            out[i] = m->state.a[i];
+        if (names)
+            names[i] = m->state.names[i];
+    }
+    return m->state.n;
 }
 
 NDM_API int ndm_module_parameters(ndm_module mh, ndm_array *out, int cap)
@@ -496,6 +741,15 @@ static size_t describe(module *m, char *buf, size_t n, size_t len)
         break;
     case EMBEDDING:
         PUT("Embedding(%lld, %lld)", (long long)m->in, (long long)m->out);
+        break;
+    case BATCH_NORM:
+        PUT("BatchNorm%dd(%lld)", m->norm_nd, (long long)m->out);
+        break;
+    case LAYER_NORM:
+        PUT("LayerNorm(");
+        for (int i = 0; i < m->norm_nd; i++)
+            PUT(i ? ", %lld" : "%lld", (long long)m->norm_shape[i]);
+        PUT(")");
         break;
     case SEQUENTIAL:
         PUT("Sequential(");
@@ -542,8 +796,8 @@ ndm_status ndm__module_check_owner(ndm_module mh, ndm_manager model, const char 
         return ndm__fail(NDM_E_NOT_OWNER, api, site,
                          "the module belongs to '%s', not to the model '%s'", other, path);
     }
-    for (int k = 0; k < m->nparams; k++) {
-        ndm__array *r = ndm__array_get(m->params[k], api, site);
+    for (int k = 0; k < m->state.n; k++) {
+        ndm__array *r = ndm__array_get(m->state.a[k], api, site);
         if (!r)
             return ndm_last_status();
         if (r->mgr != want) {
@@ -551,7 +805,7 @@ ndm_status ndm__module_check_owner(ndm_module mh, ndm_manager model, const char 
             ndm__manager_path(want, path, sizeof path);
             return ndm__fail(NDM_E_NOT_OWNER, api, site,
                              "parameter '%s' of the module lives in '%s', not in the model '%s'",
-                             m->names[k], other, path);
+                             m->state.names[k], other, path);
         }
     }
     return NDM_OK;

@@ -2,8 +2,11 @@
  * state and scratch arrays are made once in the model, and a step is a
  * sequence of in-place operations, so steps allocate nothing and work on a
  * capped model. */
+#include <inttypes.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "../manager/object.h"
 #include "ndm/ndm.h"
@@ -37,10 +40,17 @@ static optimizer *get(ndm_optimizer h, const char *api)
     return ndm__object_get(h.id, &opt_type, api, NDM__NO_SITE);
 }
 
+/* The optimizer over the n arrays of `params` (a module's parameters when
+ * params is NULL and net given). */
 static ndm_optimizer make(ndm__site site, const char *api, ndm_manager model, ndm_module net,
-                          optimizer *o)
+                          int n, const ndm_array *params, optimizer *o)
 {
-    int n = ndm_module_parameters(net, NULL, 0);
+    if (!params)
+        n = ndm_module_parameters(net, NULL, 0);
+    else if (n < 0) {
+        ndm__fail(NDM_E_INVALID, api, site, "a negative parameter count (%d)", n);
+        n = NDM_E_INVALID;
+    }
     if (n < 0) {
         free(o);
         return (ndm_optimizer){0};
@@ -58,8 +68,19 @@ static ndm_optimizer make(ndm__site site, const char *api, ndm_manager model, nd
     o->s2 = o->s1 + n;
     o->tmp = o->s2 + n;
     o->tmp2 = o->tmp + n;
-    ndm_module_parameters(net, o->param, n);
+    if (params)
+        memcpy(o->param, params, (size_t)n * sizeof *params);
+    else
+        ndm_module_parameters(net, o->param, n);
     for (int i = 0; i < n; i++) {
+        if (!ndm_array_requires_grad(o->param[i])) {
+            if (ndm_array_valid(o->param[i]))
+                ndm__fail(NDM_E_INVALID, api, site,
+                          "array %d of the list is not a parameter (ndm_requires_grad)", i);
+            else
+                ndm_array_ndim(o->param[i]); /* the handle's own error */
+            goto fail;
+        }
         int nd = ndm_array_ndim(o->param[i]);
         int64_t shape[16];
         if (nd < 0 || nd > 16 || ndm_array_shape(o->param[i], shape, 16) < 0)
@@ -97,10 +118,9 @@ static bool check_rate(double v, bool positive, const char *what, const char *ap
     return false;
 }
 
-NDM_API ndm_optimizer ndm_sgd_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module net, double lr,
-                                 double momentum, double weight_decay)
+static ndm_optimizer sgd(ndm__site site, ndm_manager model, ndm_module net, int n,
+                         const ndm_array *params, double lr, double momentum, double weight_decay)
 {
-    ndm__site site = NDM__SITE;
     if (!check_rate(lr, true, "lr", "ndm_sgd", site) ||
         !check_rate(momentum, false, "momentum", "ndm_sgd", site) ||
         !check_rate(weight_decay, false, "weight_decay", "ndm_sgd", site))
@@ -111,14 +131,33 @@ NDM_API ndm_optimizer ndm_sgd_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module 
         return (ndm_optimizer){0};
     }
     *o = (optimizer){.a = SGD, .lr = lr, .momentum = momentum, .weight_decay = weight_decay};
-    return make(site, "ndm_sgd", model, net, o);
+    return make(site, "ndm_sgd", model, net, n, params, o);
 }
 
-NDM_API ndm_optimizer ndm_adam_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module net, double lr,
-                                  double beta1, double beta2, double eps, double weight_decay,
-                                  bool decoupled)
+NDM_API ndm_optimizer ndm_sgd_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module net, double lr,
+                                 double momentum, double weight_decay)
+{
+    return sgd(NDM__SITE, model, net, 0, NULL, lr, momentum, weight_decay);
+}
+
+NDM_API ndm_optimizer ndm_sgd_params_at(NDM_SITE_PARAMS, ndm_manager model, int n,
+                                        const ndm_array *params, double lr, double momentum,
+                                        double weight_decay)
 {
     ndm__site site = NDM__SITE;
+    if (n > 0 && !params) {
+        ndm__fail(NDM_E_INVALID, "ndm_sgd", site, "params is NULL");
+        return (ndm_optimizer){0};
+    }
+    static const ndm_array none[1];
+    return sgd(site, model, (ndm_module){0}, n, params ? params : none, lr, momentum,
+               weight_decay);
+}
+
+static ndm_optimizer adam(ndm__site site, ndm_manager model, ndm_module net, int n,
+                          const ndm_array *params, double lr, double beta1, double beta2,
+                          double eps, double weight_decay, bool decoupled)
+{
     const char *api = decoupled ? "ndm_adamw" : "ndm_adam";
     if (!check_rate(lr, true, "lr", api, site) || !check_rate(eps, true, "eps", api, site) ||
         !check_rate(weight_decay, false, "weight_decay", api, site))
@@ -134,7 +173,29 @@ NDM_API ndm_optimizer ndm_adam_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module
     }
     *o = (optimizer){.a = ADAM, .lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps,
                      .weight_decay = weight_decay, .decoupled = decoupled};
-    return make(site, api, model, net, o);
+    return make(site, api, model, net, n, params, o);
+}
+
+NDM_API ndm_optimizer ndm_adam_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module net, double lr,
+                                  double beta1, double beta2, double eps, double weight_decay,
+                                  bool decoupled)
+{
+    return adam(NDM__SITE, model, net, 0, NULL, lr, beta1, beta2, eps, weight_decay, decoupled);
+}
+
+NDM_API ndm_optimizer ndm_adam_params_at(NDM_SITE_PARAMS, ndm_manager model, int n,
+                                         const ndm_array *params, double lr, double beta1,
+                                         double beta2, double eps, double weight_decay,
+                                         bool decoupled)
+{
+    ndm__site site = NDM__SITE;
+    if (n > 0 && !params) {
+        ndm__fail(NDM_E_INVALID, decoupled ? "ndm_adamw" : "ndm_adam", site, "params is NULL");
+        return (ndm_optimizer){0};
+    }
+    static const ndm_array none[1];
+    return adam(site, model, (ndm_module){0}, n, params ? params : none, lr, beta1, beta2, eps,
+                weight_decay, decoupled);
 }
 
 /* tmp = g + wd * w (L2 decay folded into the gradient); returns the array to use. */
@@ -252,4 +313,142 @@ NDM_API double ndm_lr_cosine(double base, double min_lr, int64_t t, int64_t tota
     if (t > total)
         t = total;
     return min_lr + 0.5 * (base - min_lr) * (1 + cos(M_PI * (double)t / (double)total));
+}
+
+/* ---- state: save and restore ------------------------------------------------------ */
+
+static const char *algo_name(const optimizer *o)
+{
+    return o->a == SGD ? "sgd" : o->decoupled ? "adamw" : "adam";
+}
+
+/* The state arrays of o with PyTorch's names ("state.3.exp_avg"); returns
+ * how many, or -1 out of memory. names[k] is malloc'd. */
+static int state_list(const optimizer *o, char **names, ndm_array *arrays)
+{
+    int k = 0;
+    for (int i = 0; i < o->n; i++) {
+        for (int which = 0; which < 2; which++) {
+            ndm_array a = which ? o->s2[i] : o->s1[i];
+            if (!a.id)
+                continue;
+            const char *what = o->a == SGD ? "momentum_buffer" : which ? "exp_avg_sq" : "exp_avg";
+            char buf[64];
+            snprintf(buf, sizeof buf, "state.%d.%s", i, what);
+            if (!(names[k] = strdup(buf)))
+                return -1;
+            arrays[k++] = a;
+        }
+    }
+    return k;
+}
+
+static void names_free(char **names, size_t n)
+{
+    for (size_t i = 0; names && i < n; i++)
+        free(names[i]);
+    free(names);
+}
+
+NDM_API ndm_status ndm_optimizer_save_at(NDM_SITE_PARAMS, ndm_optimizer h, const char *path)
+{
+    ndm__site site = NDM__SITE;
+    const char *api = "ndm_optimizer_save";
+    optimizer *o = ndm__object_get(h.id, &opt_type, api, site);
+    if (!o)
+        return ndm_last_status();
+    size_t cap = (size_t)o->n * 2 + 1;
+    char **names = calloc(cap, sizeof *names);
+    ndm_array *arrays = calloc(cap, sizeof *arrays);
+    int k = names && arrays ? state_list(o, names, arrays) : -1;
+    ndm_status st;
+    if (k < 0) {
+        st = ndm__fail(NDM_E_OOM, api, site, "no memory");
+    } else {
+        char step[32], lr[32], count[32];
+        snprintf(step, sizeof step, "%" PRId64, o->t);
+        snprintf(lr, sizeof lr, "%.17g", o->lr);
+        snprintf(count, sizeof count, "%d", o->n);
+        const char *keys[] = {"optimizer", "step", "lr", "params"};
+        const char *values[] = {algo_name(o), step, lr, count};
+        ndm_named_arrays set = {(size_t)k, (const char *const *)names, arrays, 4, keys, values};
+        st = ndm_safetensors_save_at(NDM__SITE_ARGS(site), path, &set);
+    }
+    names_free(names, cap);
+    free(arrays);
+    return st;
+}
+
+/* Does a match b's rank and shape? */
+static bool same_shape(ndm_array a, ndm_array b)
+{
+    int64_t sa[16], sb[16];
+    int na = ndm_array_shape(a, sa, 16), nb = ndm_array_shape(b, sb, 16);
+    return na >= 0 && na == nb && !memcmp(sa, sb, (size_t)na * sizeof *sa);
+}
+
+NDM_API ndm_status ndm_optimizer_load_at(NDM_SITE_PARAMS, ndm_optimizer h, const char *path)
+{
+    ndm__site site = NDM__SITE;
+    const char *api = "ndm_optimizer_load";
+    optimizer *o = ndm__object_get(h.id, &opt_type, api, site);
+    if (!o)
+        return ndm_last_status();
+    ndm_manager tmp = ndm_manager_new_at(NDM__SITE_ARGS(site), ndm_system(), "checkpoint");
+    if (!tmp.id)
+        return ndm_last_status();
+    ndm_status st = NDM_OK;
+    size_t cap = (size_t)o->n * 2 + 1;
+    char **names = calloc(cap, sizeof *names);
+    ndm_array *arrays = calloc(cap, sizeof *arrays);
+    int64_t *found = calloc(cap, sizeof *found);
+    int k = names && arrays && found ? state_list(o, names, arrays) : -1;
+    const ndm_named_arrays *set = NULL;
+    if (k < 0)
+        st = ndm__fail(NDM_E_OOM, api, site, "no memory");
+    else if (!(set = ndm_safetensors_load_at(NDM__SITE_ARGS(site), tmp, path, NDM_LOAD_COPY)))
+        st = ndm_last_status();
+    /* everything is checked before anything is written */
+    const char *kind = set ? ndm_named_arrays_meta(set, "optimizer") : NULL;
+    const char *step = set ? ndm_named_arrays_meta(set, "step") : NULL;
+    const char *lr = set ? ndm_named_arrays_meta(set, "lr") : NULL;
+    const char *count = set ? ndm_named_arrays_meta(set, "params") : NULL;
+    char *end = NULL;
+    long long t = step ? strtoll(step, &end, 10) : -1;
+    double rate = lr ? strtod(lr, NULL) : 0;
+    if (st == NDM_OK && (!kind || !step || !end || *end || t < 0 || !count || !(rate > 0)))
+        st = ndm__fail(NDM_E_FORMAT, api, site,
+                       "'%s' is not an optimizer state (optimizer, step, lr and params "
+                       "metadata expected)",
+                       path);
+    if (st == NDM_OK && (strcmp(kind, algo_name(o)) || atoi(count) != o->n))
+        st = ndm__fail(NDM_E_INVALID, api, site,
+                       "'%s' holds the state of %s over %s parameters, not of %s over %d", path,
+                       kind, count, algo_name(o), o->n);
+    for (int i = 0; st == NDM_OK && i < k; i++) {
+        found[i] = -1;
+        for (size_t j = 0; j < set->count; j++)
+            if (!strcmp(set->names[j], names[i]))
+                found[i] = (int64_t)j;
+        if (found[i] < 0)
+            st = ndm__fail(NDM_E_FORMAT, api, site, "'%s' lacks '%s'", path, names[i]);
+        else if (!same_shape(arrays[i], set->arrays[found[i]]))
+            st = ndm__fail(NDM_E_SHAPE, api, site, "'%s' in '%s' has another shape", names[i],
+                           path);
+    }
+    if (st == NDM_OK && set->count != (size_t)k)
+        st = ndm__fail(NDM_E_FORMAT, api, site, "'%s' holds %zu tensors, %d expected", path,
+                       set->count, k);
+    for (int i = 0; st == NDM_OK && i < k; i++)
+        st = ndm_copy_into_at(NDM__SITE_ARGS(site), arrays[i], set->arrays[found[i]]);
+    if (st == NDM_OK) {
+        o->t = t;
+        o->lr = rate;
+    }
+    names_free(names, cap);
+    free(arrays);
+    free(found);
+    ndm_status cs = ndm_manager_close_at(NDM__SITE_ARGS(site), tmp);
+    (void)cs;
+    return st;
 }

@@ -83,3 +83,12 @@ NDM_API ndm_manager ndm_predictor_manager(ndm_predictor h)
     predictor *p = ndm__object_get(h.id, &pred_type, __func__, NDM__NO_SITE);
     return p ? p->mgr : NDM_NULL_MANAGER;
 }
+
+NDM_API ndm_predictor ndm_predictor_load_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module net,
+                                            const char *path)
+{
+    ndm__site site = NDM__SITE;
+    if (ndm_module_load_at(NDM__SITE_ARGS(site), net, path, NDM_CHECKPOINT_STRICT) < 0)
+        return (ndm_predictor){0};
+    return ndm_predictor_new_at(NDM__SITE_ARGS(site), model, net);
+}

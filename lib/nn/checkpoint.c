@@ -1,0 +1,134 @@
+/* Checkpoints: a module's state (parameters and buffers) saved and loaded as
+ * safetensors under PyTorch's state_dict names, checked name by name. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../base/error.h"
+#include "ndm/ndm.h"
+#include "ndm/nn.h"
+#include "nn.h"
+
+NDM_API ndm_status ndm_module_save_at(NDM_SITE_PARAMS, ndm_module m, const char *path)
+{
+    ndm__site site = NDM__SITE;
+    int n = ndm_module_named_state(m, NULL, NULL, 0);
+    if (n < 0)
+        return n;
+    const char **names = calloc((size_t)n + 1, sizeof *names);
+    ndm_array *arrays = calloc((size_t)n + 1, sizeof *arrays);
+    ndm_status st;
+    if (!names || !arrays) {
+        st = ndm__fail(NDM_E_OOM, "ndm_module_save", site, "no memory");
+    } else {
+        ndm_module_named_state(m, names, arrays, n);
+        /* PyTorch's safetensors.torch.save_model writes this too */
+        const char *keys[] = {"format"}, *values[] = {"pt"};
+        ndm_named_arrays set = {(size_t)n, names, arrays, 1, keys, values};
+        st = ndm_safetensors_save_at(NDM__SITE_ARGS(site), path, &set);
+    }
+    free(names);
+    free(arrays);
+    return st;
+}
+
+/* Append ", name" (or a shape note) to a message buffer, noting overflow once. */
+static void note(char *buf, size_t cap, int *count, const char *fmt, const char *name,
+                 const char *extra)
+{
+    size_t len = strlen(buf);
+    if ((*count)++ < 8 && len < cap)
+        snprintf(buf + len, cap - len, fmt, *count > 1 ? ", " : "", name, extra);
+    else if (*count == 9 && len < cap)
+        snprintf(buf + len, cap - len, ", ...");
+}
+
+static void shape_str(ndm_array a, char *buf, size_t cap)
+{
+    int64_t s[16];
+    int nd = ndm_array_shape(a, s, 16);
+    size_t len = (size_t)snprintf(buf, cap, "(");
+    for (int i = 0; i < nd && len < cap; i++)
+        len += (size_t)snprintf(buf + len, cap - len, i ? ", %lld" : "%lld", (long long)s[i]);
+    if (len < cap)
+        snprintf(buf + len, cap - len, ")");
+}
+
+NDM_API int ndm_module_load_at(NDM_SITE_PARAMS, ndm_module m, const char *path, unsigned mode)
+{
+    ndm__site site = NDM__SITE;
+    const char *api = "ndm_module_load";
+    if (mode > NDM_CHECKPOINT_LENIENT)
+        return ndm__fail(NDM_E_INVALID, api, site, "unknown mode %u", mode);
+    int n = ndm_module_named_state(m, NULL, NULL, 0);
+    if (n < 0)
+        return n;
+    ndm_manager tmp = ndm_manager_new_at(NDM__SITE_ARGS(site), ndm_system(), "checkpoint");
+    if (!tmp.id)
+        return ndm_last_status();
+    const char **names = calloc((size_t)n + 1, sizeof *names);
+    ndm_array *arrays = calloc((size_t)n + 1, sizeof *arrays);
+    int64_t *found = calloc((size_t)n + 1, sizeof *found);
+    const ndm_named_arrays *set = NULL;
+    ndm_status st = NDM_OK;
+    bool *used = NULL;
+    if (!names || !arrays || !found)
+        st = ndm__fail(NDM_E_OOM, api, site, "no memory");
+    else if (!(set = ndm_safetensors_load_at(NDM__SITE_ARGS(site), tmp, path, NDM_LOAD_MMAP_COW)))
+        st = ndm_last_status();
+    else if (!(used = calloc(set->count + 1, sizeof *used)))
+        st = ndm__fail(NDM_E_OOM, api, site, "no memory");
+    int loaded = 0;
+    if (st == NDM_OK) {
+        ndm_module_named_state(m, names, arrays, n);
+        char missing[400] = "", unexpected[400] = "", shapes[600] = "";
+        int nmissing = 0, nunexpected = 0, nshapes = 0;
+        /* every name and shape is checked before anything is written */
+        for (int i = 0; i < n; i++) {
+            found[i] = -1;
+            for (size_t j = 0; j < set->count && found[i] < 0; j++)
+                if (!strcmp(set->names[j], names[i]))
+                    found[i] = (int64_t)j;
+            if (found[i] < 0) {
+                note(missing, sizeof missing, &nmissing, "%s'%s'%s", names[i], "");
+                continue;
+            }
+            used[found[i]] = true;
+            int64_t a[16], b[16];
+            int na = ndm_array_shape(arrays[i], a, 16);
+            int nb = ndm_array_shape(set->arrays[found[i]], b, 16);
+            if (na != nb || na < 0 || memcmp(a, b, (size_t)na * sizeof *a)) {
+                char want[128], got[128], both[300];
+                shape_str(arrays[i], want, sizeof want);
+                shape_str(set->arrays[found[i]], got, sizeof got);
+                snprintf(both, sizeof both, " is %s in the file, %s in the module", got, want);
+                note(shapes, sizeof shapes, &nshapes, "%s'%s'%s", names[i], both);
+            }
+        }
+        for (size_t j = 0; j < set->count; j++)
+            if (!used[j])
+                note(unexpected, sizeof unexpected, &nunexpected, "%s'%s'%s", set->names[j], "");
+        if (nshapes)
+            st = ndm__fail(NDM_E_SHAPE, api, site, "'%s' does not fit the module: %s", path,
+                           shapes);
+        else if (mode == NDM_CHECKPOINT_STRICT && (nmissing || nunexpected))
+            st = ndm__fail(NDM_E_FORMAT, api, site,
+                           "'%s' does not match the module: %d missing%s%s%s; %d unexpected%s%s%s",
+                           path, nmissing, nmissing ? " (" : "", missing, nmissing ? ")" : "",
+                           nunexpected, nunexpected ? " (" : "", unexpected,
+                           nunexpected ? ")" : "");
+        for (int i = 0; st == NDM_OK && i < n; i++) {
+            if (found[i] < 0)
+                continue;
+            st = ndm_copy_into_at(NDM__SITE_ARGS(site), arrays[i], set->arrays[found[i]]);
+            loaded++;
+        }
+    }
+    free(names);
+    free(arrays);
+    free(found);
+    free(used);
+    ndm_status cs = ndm_manager_close_at(NDM__SITE_ARGS(site), tmp);
+    (void)cs;
+    return st < 0 ? st : loaded;
+}
