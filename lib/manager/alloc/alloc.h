@@ -27,7 +27,6 @@ typedef struct ndm__block {
     size_t size;
 } ndm__block;
 
-
 /* Allocate nbytes (0 allowed: a valid block of size 0) on `dev`, aligned to 64
  * bytes. NDM_E_OOM with a message on failure; *out is zeroed then. */
 ndm_status ndm__alloc(ndm_device dev, size_t nbytes, const ndm__alloc_tag *tag, ndm__block *out);
@@ -49,8 +48,8 @@ ndm_status ndm__device_usable(ndm_device dev, char *why, size_t n);
  * exists and can hold memory, otherwise NDM_E_UNSUPPORTED (no backend for
  * the type) or NDM_E_DEVICE (no such device) with the reason in why; it may
  * load a backend on first use. source gives the device's segment source
- * (NULL when none). Registered once, before any pool of the type is made;
- * a later registration replaces the earlier (tests). */
+ * (NULL when none). Registered when the library is loaded, before any
+ * pool of the type can be made. */
 typedef struct ndm__device_memory {
     ndm_status (*usable)(int index, char *why, size_t n);
     const ndm__segment_source *(*source)(int index);
