@@ -80,7 +80,7 @@ ndm__rstr *ndm__hist_context(uint32_t manager, const ndm__alloc_tag *tag)
     const char *file = tag->file, *func = tag->func;
     int line = tag->line;
     if (tag->api)
-        fr[n++] = (ndm__frame){tag->api, "??", 0};
+        fr[n++] = (ndm__frame){tag->api, "?\?", 0};
     for (int k = nc - 1; k >= 0; k--) {
         const ndm__call_frame *e = &cf[k];
         if (file && !same_site(file, line, e->file, e->line))
@@ -417,7 +417,10 @@ static void em_float(emitter *em, double v)
 {
     em_item(em);
     if (!em->pickle) {
-        fprintf(em->f, "%.17g", v);
+        /* Always a number with a point, so readers see a float. */
+        char buf[40];
+        snprintf(buf, sizeof buf, "%.17g", v);
+        fprintf(em->f, "%s%s", buf, strpbrk(buf, ".en") ? "" : ".0");
         return;
     }
     uint64_t u;
