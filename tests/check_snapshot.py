@@ -58,10 +58,23 @@ def check_frames(frames, where):
             problem(f"{w}: empty name")
 
 
+# The opcodes the unpickler of PyTorch's web viewer (MemoryViz.js) decodes
+# that a snapshot needs; a pickle with any other is one it may not open.
+VIEWER_OPCODES = {"PROTO", "EMPTY_DICT", "EMPTY_LIST", "MARK", "SETITEMS", "APPENDS",
+                  "BININT1", "BININT", "BININT2", "LONG1", "BINFLOAT", "SHORT_BINUNICODE",
+                  "BINUNICODE", "NONE", "NEWTRUE", "NEWFALSE", "BINPUT", "BINGET", "STOP"}
+
+
 def load(path):
     with open(path, "rb") as f:
         data = f.read()
     if path.endswith(".pickle"):
+        import pickletools
+        used = {op.name for op, _, _ in pickletools.genops(data)}
+        for name in sorted(used - VIEWER_OPCODES):
+            problem(f"opcode {name} is outside the set the writer keeps to")
+        if data[:2] != b"\x80\x02":
+            problem("not a protocol 2 pickle")
         return pickle.loads(data)
     return json.loads(data)
 
