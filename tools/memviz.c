@@ -1,7 +1,9 @@
-/* ndm-memviz: turns a memory snapshot (ndm_memory_dump_snapshot's JSON) into one
- * self-contained HTML page: bytes over time stacked by manager, and the segment map.
+/* ndm-memviz: turns a memory snapshot (ndm_memory_dump_snapshot's JSON or pickle,
+ * or PyTorch's pickle) into one self-contained HTML page: bytes over time stacked
+ * by manager, and the segment map with a replay of it at any event.
  *
  *   ndm-memviz snapshot.json out.html
+ *   ndm-memviz before.pickle after.pickle out.html     (compares the two)
  *
  * The page carries its data, CSS and script inline and fetches nothing. Its
  * script draws the plots as SVG, then marks <body data-rendered="1"> with the
