@@ -478,6 +478,41 @@ static void test_memviz_compares_two_snapshots(void **state)
     free(dom);
 }
 
+/* A ring that wrapped: the model's weights were allocated long before its
+ * window, yet the timeline draws them from the start (the state before the
+ * first event is replayed backwards from the segments). */
+static void test_memviz_draws_blocks_from_before_the_window(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_array w = ndm_zeros(model, NDM_F32, NDM_SHAPE(256, 1024)); /* 1 MiB */
+    assert_live(w);
+    assert_ok(ndm_memory_record_history(true, 20));
+    ndm_array w2 = ndm_zeros(model, NDM_F32, NDM_SHAPE(1024)); /* then pushed out */
+    assert_live(w2);
+    for (int step = 0; step < 30; step++) {
+        ndm_manager batch = ndm_manager_new(model, "batch");
+        assert_live(ndm_ones(batch, NDM_F32, NDM_SHAPE(100)));
+        assert_ok(ndm_manager_close(batch));
+    }
+    char json[256], html_path[256], *out;
+    snprintf(json, sizeof json, "%s/wrapped.json", tmp_dir);
+    snprintf(html_path, sizeof html_path, "%s/wrapped.html", tmp_dir);
+    assert_ok(ndm_memory_dump_snapshot(json));
+    assert_ok(ndm_memory_record_history(false, 0));
+    assert_ok(ndm_manager_close(model));
+    int rc = memviz_run(json, html_path, &out);
+    if (rc != 0)
+        fail_msg("ndm-memviz exited with %d: %s", rc, out);
+    free(out);
+    char *page = read_all(html_path);
+    /* 1 MiB + 4 KiB of weights, all alive before the window's first event */
+    if (!strstr(page, "{\"manager\":\"system/test/model\",\"peak\":1052672}"))
+        fail_msg("the model's weights are missing from the timeline:\n%.600s",
+                 strstr(page, "\"series\""));
+    assert_non_null(strstr(page, "\"unknown_frees\":0"));
+    free(page);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 5) {
@@ -506,6 +541,7 @@ int main(int argc, char **argv)
         TEST(test_memviz_zoom_and_segments_to_scale),
         TEST(test_memviz_reads_pytorch_pickles),
         TEST(test_memviz_compares_two_snapshots),
+        TEST(test_memviz_draws_blocks_from_before_the_window),
     };
     int rc = cmocka_run_group_tests_name("memviz", tests, NULL, NULL);
     char cmd[128];

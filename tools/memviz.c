@@ -1054,6 +1054,9 @@ typedef struct timeline {
     vec reserved;          /* int64_t per point */
     vec ooms;              /* int64_t times */
     int64_t unknown_frees, events, peak_total, total;
+    vec initial;           /* live_entry: blocks alive before the first event */
+    vec initial_manager;   /* const char *, by live_entry.series */
+    int64_t initial_reserved;
 } timeline;
 
 static size_t hash_str(const char *s)
@@ -1147,6 +1150,66 @@ static void series_add(timeline *tl, int si, int64_t bytes)
 }
 
 typedef void (*visit_fn)(timeline *tl, size_t k, const event *e, int64_t reserved, void *ud);
+static void emit_point(timeline *tl, int64_t t, const int64_t *vals, int64_t reserved);
+
+/* The state before the first event, replayed backwards from the segments:
+ * the blocks a ring that wrapped no longer shows being allocated are drawn
+ * from the start (PyTorch's viewer does the same), and so are the
+ * segments mapped before it. */
+static void window_start(timeline *tl, const snapshot *s, const vec *events)
+{
+    live_map live = {NULL, 0, 0};
+    live_grow(&live);
+    tl->initial = (vec){NULL, 0, 0, sizeof(live_entry)};
+    tl->initial_manager = (vec){NULL, 0, 0, sizeof(const char *)};
+    int64_t reserved = 0;
+    for (size_t i = 0; i < s->segments.n; i++) {
+        const segment *g = &VEC_AT(s->segments, segment, i);
+        if (strcmp(g->device, tl->device))
+            continue;
+        reserved += g->total;
+        for (size_t k = 0; k < g->blocks.n; k++) {
+            const block *b = &VEC_AT(g->blocks, block, k);
+            if (!strcmp(b->state, "inactive"))
+                continue;
+            if (2 * (live.n + 1) > live.cap)
+                live_grow(&live);
+            live_entry *x = live_find(&live, b->address);
+            if (x->addr != -1)
+                continue;
+            *(const char **)vec_push(&tl->initial_manager) = b->manager;
+            *x = (live_entry){b->address, b->size, (int)tl->initial_manager.n - 1};
+            live.n++;
+        }
+    }
+    for (size_t k = events->n; k-- > 0;) {
+        const event *e = &VEC_AT(*events, event, k);
+        const char *a = e->action;
+        if (!strcmp(a, "alloc")) {
+            live_entry *x = live_find(&live, e->addr);
+            if (x->addr != -1)
+                live_remove(&live, x);
+        } else if (!strcmp(a, "free_completed")) {
+            if (2 * (live.n + 1) > live.cap)
+                live_grow(&live);
+            live_entry *x = live_find(&live, e->addr);
+            if (x->addr == -1) {
+                *(const char **)vec_push(&tl->initial_manager) = e->manager;
+                *x = (live_entry){e->addr, e->size, (int)tl->initial_manager.n - 1};
+                live.n++;
+            }
+        } else if (!strcmp(a, "segment_alloc") || !strcmp(a, "segment_map")) {
+            reserved -= e->size;
+        } else if (!strcmp(a, "segment_free") || !strcmp(a, "segment_unmap")) {
+            reserved += e->size;
+        }
+    }
+    for (size_t i = 0; i < live.cap; i++)
+        if (live.t[i].addr != -1)
+            *(live_entry *)vec_push(&tl->initial) = live.t[i];
+    tl->initial_reserved = reserved > 0 ? reserved : 0;
+    free(live.t);
+}
 
 /* One pass over the events, calling visit (when given) after each. */
 static void replay(timeline *tl, const vec *events, visit_fn visit, void *ud)
@@ -1155,9 +1218,20 @@ static void replay(timeline *tl, const vec *events, visit_fn visit, void *ud)
     live_grow(&live);
     for (size_t k = 0; k < tl->series.n; k++)
         VEC_AT(tl->series, series, k).now = 0;
-    int64_t reserved = 0;
+    int64_t reserved = tl->initial_reserved;
     tl->unknown_frees = 0;
     tl->total = 0;
+    for (size_t k = 0; k < tl->initial.n; k++) {
+        const live_entry *b = &VEC_AT(tl->initial, live_entry, k);
+        if (2 * (live.n + 1) > live.cap)
+            live_grow(&live);
+        int si = series_of(tl, VEC_AT(tl->initial_manager, const char *, b->series));
+        *live_find(&live, b->addr) = (live_entry){b->addr, b->size, si};
+        live.n++;
+        series_add(tl, si, b->size);
+    }
+    if (visit && events->n)
+        emit_point(tl, VEC_AT(*events, event, 0).time_us, tl->group_now, reserved);
     for (size_t k = 0; k < events->n; k++) {
         const event *e = &VEC_AT(*events, event, k);
         const char *a = e->action;
@@ -1234,7 +1308,8 @@ static void sample(timeline *tl, size_t k, const event *e, int64_t reserved, voi
     }
 }
 
-static void build_timeline(timeline *tl, const char *device, const vec *events)
+static void build_timeline(timeline *tl, const char *device, const vec *events,
+                           const snapshot *s)
 {
     memset(tl, 0, sizeof *tl);
     tl->device = device;
@@ -1245,6 +1320,7 @@ static void build_timeline(timeline *tl, const char *device, const vec *events)
     tl->ooms = (vec){NULL, 0, 0, sizeof(int64_t)};
     tl->events = (int64_t)events->n;
     index_rebuild(tl, 64);
+    window_start(tl, s, events);
     /* First pass: the managers and their peaks. */
     replay(tl, events, NULL, NULL);
     size_t ns = tl->series.n;
@@ -1266,8 +1342,6 @@ static void build_timeline(timeline *tl, const char *device, const vec *events)
     sm.bucket = events->n > MAX_POINTS ? (events->n + MAX_POINTS - 1) / MAX_POINTS : 1;
     sm.best = xalloc(gsz);
     tl->peak_total = 0;
-    if (events->n)
-        emit_point(tl, VEC_AT(*events, event, 0).time_us, tl->group_now, 0);
     replay(tl, events, sample, &sm);
 }
 
@@ -2201,7 +2275,7 @@ int main(int argc, char **argv)
     timeline *tls = xalloc((ntl ? ntl : 1) * sizeof *tls);
     for (size_t d = 0; d < ntl; d++)
         build_timeline(&tls[d], VEC_AT(s.devices, const char *, d),
-                       &VEC_AT(s.traces, vec, d));
+                       &VEC_AT(s.traces, vec, d), &s);
 
     /* Written beside the target, then renamed: a failed run leaves no half page. */
     char tmp[4096];
