@@ -1001,7 +1001,7 @@ static void test_alloc_history_ring_keeps_the_last_events(void **state)
     size_t len = 0;
     FILE *m = open_memstream(&buf, &len);
     ndm__pool *pools[1] = {f.pool};
-    assert_ok(ndm__snapshot_write(m, pools, 1));
+    assert_ok(ndm__snapshot_write(m, pools, 1, false));
     fclose(m);
     /* ring of 5: alloc(b), free_requested, free_completed, segment_free, snapshot */
     const char *order[] = {"\"action\": \"alloc\", \"addr\"", "\"free_requested\"",

@@ -385,6 +385,7 @@ typedef struct train_opts {
     int64_t seed;
     bool quiet;
     bool no_save;
+    const char *snapshot;
 } train_opts;
 
 static int train(train_opts o)
@@ -407,7 +408,10 @@ static int train(train_opts o)
 
     /* system/data holds the datasets; system/model the parameters and the
      * optimizer's state, capped before the first step; model/trainer the
-     * loader, and a batch manager per step under it */
+     * loader, and a batch manager per step under it; with --snapshot every
+     * allocation from here on is recorded with its stack */
+    if (o.snapshot)
+        CHECK(ndm_memory_record_history(true, 0), "starting the memory history");
     ndm_manager data = ndm_manager_new(ndm_system(), "data");
     ndm_manager model = ndm_manager_new(ndm_system(), "model");
     LIVE(data, "creating the data manager");
@@ -537,6 +541,12 @@ static int train(train_opts o)
         ndm_named_arrays set = {(size_t)n, names, params, 3, keys, vals};
         CHECK(ndm_safetensors_save(o.out, &set), "saving the model");
         printf("saved %d parameters to %s\n", n, o.out);
+    }
+    if (o.snapshot) {
+        CHECK(ndm_memory_dump_snapshot(o.snapshot), "writing the memory snapshot");
+        CHECK(ndm_memory_record_history(false, 0), "stopping the memory history");
+        printf("wrote the memory snapshot to %s (ndm-memviz draws it; a .pickle opens in "
+               "PyTorch's tools)\n", o.snapshot);
     }
     CHECK(ndm_manager_close(model), "closing the model");
     CHECK(ndm_manager_close(data), "closing the data");
@@ -758,7 +768,7 @@ static int leak_demo(void)
 /* ---- main ----------------------------------------------------------------------- */
 
 static train_opts topt = {false, NULL, "fashion-model.safetensors", 10, 128, 0, 1e-3, 1, false,
-                          false};
+                          false, NULL};
 static serve_opts sopt = {"fashion-model.safetensors", NULL, 10000, 4};
 
 static const cli_opt train_opts_list[] = {
@@ -776,6 +786,9 @@ static const cli_opt train_opts_list[] = {
      "folder with the MNIST-format files"},
     {"--out", "FILE", OPT_TEXT, 0, 0, 0, 0, &topt.out, NULL, "where to save the model"},
     {"--no-save", NULL, OPT_FLAG, 0, 0, 0, 0, &topt.no_save, NULL, "do not save the model"},
+    {"--snapshot", "FILE", OPT_TEXT, 0, 0, 0, 0, &topt.snapshot, NULL,
+     "record the allocator's history and write a memory snapshot at the end (.pickle: "
+     "PyTorch's format, else JSON)"},
     {"--quiet", NULL, OPT_FLAG, 0, 0, 0, 0, &topt.quiet, NULL,
      "no progress and no per-epoch dump; the summary lines only"},
 };

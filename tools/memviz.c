@@ -1,7 +1,9 @@
-/* ndm-memviz: turns a memory snapshot (ndm_memory_dump_snapshot's JSON) into one
- * self-contained HTML page: bytes over time stacked by manager, and the segment map.
+/* ndm-memviz: turns a memory snapshot (ndm_memory_dump_snapshot's JSON or pickle,
+ * or PyTorch's pickle) into one self-contained HTML page: bytes over time stacked
+ * by manager, and the segment map with a replay of it at any event.
  *
  *   ndm-memviz snapshot.json out.html
+ *   ndm-memviz before.pickle after.pickle out.html     (compares the two)
  *
  * The page carries its data, CSS and script inline and fetches nothing. Its
  * script draws the plots as SVG, then marks <body data-rendered="1"> with the
@@ -450,6 +452,281 @@ static jval *jget(const jval *o, const char *key)
     return NULL;
 }
 
+/* ---- pickle ---------------------------------------------------------------------
+ *
+ * PyTorch's snapshots are pickles (torch.cuda.memory._dump_snapshot): the
+ * subset of opcodes Python's pickler writes for dicts, lists, tuples,
+ * strings, numbers, booleans and None (protocols 2 to 5, with the memo) is
+ * read into the same tree as JSON; any other opcode (a class, a reduce) is
+ * refused, so nothing in the file is ever executed. */
+
+typedef struct pkreader {
+    const unsigned char *p, *end, *start;
+    vec stack; /* jval * */
+    vec marks; /* size_t */
+    vec memo;  /* jval * */
+} pkreader;
+
+static void pkfail(const pkreader *r, const char *fmt, ...) NORETURN PRINTF(2, 3);
+static void pkfail(const pkreader *r, const char *fmt, ...)
+{
+    char msg[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fail("pickle byte %zu: %s", (size_t)(r->p - r->start), msg);
+}
+
+static const unsigned char *pk_take(pkreader *r, size_t n)
+{
+    if ((size_t)(r->end - r->p) < n)
+        pkfail(r, "unexpected end of input");
+    const unsigned char *at = r->p;
+    r->p += n;
+    return at;
+}
+
+static uint64_t pk_le(pkreader *r, size_t n)
+{
+    const unsigned char *b = pk_take(r, n);
+    uint64_t v = 0;
+    for (size_t i = 0; i < n; i++)
+        v |= (uint64_t)b[i] << (8 * i);
+    return v;
+}
+
+static jval *pk_new(jtype t)
+{
+    jval *v = xalloc(sizeof *v);
+    memset(v, 0, sizeof *v);
+    v->t = t;
+    return v;
+}
+
+static void pk_push(pkreader *r, jval *v) { *(jval **)vec_push(&r->stack) = v; }
+
+static jval *pk_pop(pkreader *r)
+{
+    if (!r->stack.n || (r->marks.n && VEC_AT(r->marks, size_t, r->marks.n - 1) >= r->stack.n))
+        pkfail(r, "stack underflow");
+    return VEC_AT(r->stack, jval *, --r->stack.n);
+}
+
+static jval *pk_top(pkreader *r)
+{
+    if (!r->stack.n)
+        pkfail(r, "stack underflow");
+    return VEC_AT(r->stack, jval *, r->stack.n - 1);
+}
+
+static size_t pk_mark(pkreader *r)
+{
+    if (!r->marks.n)
+        pkfail(r, "no mark");
+    return VEC_AT(r->marks, size_t, --r->marks.n);
+}
+
+/* Containers grow by appending: their arrays are rebuilt from a vec. */
+static void pk_append(pkreader *r, jval *list, jval **items, size_t n)
+{
+    if (list->t != J_ARR)
+        pkfail(r, "append to %s", list->t == J_OBJ ? "a dict" : "a scalar");
+    jval **grown = xalloc((list->n + n + 1) * sizeof *grown);
+    if (list->n)
+        memcpy(grown, list->items, list->n * sizeof *grown);
+    if (n)
+        memcpy(grown + list->n, items, n * sizeof *grown);
+    list->items = grown;
+    list->n += n;
+}
+
+static void pk_setitems(pkreader *r, jval *d, jval **kv, size_t n)
+{
+    if (d->t != J_OBJ || n % 2)
+        pkfail(r, "setitems on %s", d->t == J_OBJ ? "an odd count" : "no dict");
+    jval **items = xalloc((d->n + n / 2 + 1) * sizeof *items);
+    const char **keys = xalloc((d->n + n / 2 + 1) * sizeof *keys);
+    if (d->n) {
+        memcpy(items, d->items, d->n * sizeof *items);
+        memcpy(keys, d->keys, d->n * sizeof *keys);
+    }
+    for (size_t k = 0; k < n; k += 2) {
+        const jval *key = kv[k];
+        char buf[32];
+        const char *ks;
+        if (key->t == J_STR) {
+            ks = key->s;
+        } else if (key->t == J_NUM && key->is_int) {
+            snprintf(buf, sizeof buf, "%" PRId64, key->i);
+            char *c = xalloc(strlen(buf) + 1);
+            ks = strcpy(c, buf);
+        } else {
+            pkfail(r, "a dict key must be a string or an integer");
+        }
+        keys[d->n] = ks;
+        items[d->n] = kv[k + 1];
+        d->n++;
+    }
+    d->items = items;
+    d->keys = keys;
+}
+
+static jval *pk_str(pkreader *r, size_t n)
+{
+    const unsigned char *b = pk_take(r, n);
+    if (memchr(b, '\0', n))
+        pkfail(r, "a string holds a NUL byte");
+    char *s = xalloc(n + 1);
+    memcpy(s, b, n);
+    s[n] = '\0';
+    jval *v = pk_new(J_STR);
+    v->s = s;
+    return v;
+}
+
+static jval *pk_int(int64_t i)
+{
+    jval *v = pk_new(J_NUM);
+    v->is_int = true;
+    v->i = i;
+    v->d = (double)i;
+    return v;
+}
+
+static jval *pickle_parse(const char *text, size_t len)
+{
+    pkreader r = {(const unsigned char *)text, (const unsigned char *)text + len,
+                  (const unsigned char *)text,
+                  {NULL, 0, 0, sizeof(jval *)}, {NULL, 0, 0, sizeof(size_t)},
+                  {NULL, 0, 0, sizeof(jval *)}};
+    for (;;) {
+        unsigned op = *pk_take(&r, 1);
+        switch (op) {
+        case 0x80: /* PROTO */
+            if (*pk_take(&r, 1) > 5)
+                pkfail(&r, "protocol above 5");
+            break;
+        case 0x95: pk_take(&r, 8); break; /* FRAME */
+        case '}': pk_push(&r, pk_new(J_OBJ)); break;
+        case ']': case ')': pk_push(&r, pk_new(J_ARR)); break; /* tuples read as lists */
+        case '(':
+            if (r.marks.n > JSON_MAX_DEPTH)
+                pkfail(&r, "nested too deeply");
+            *(size_t *)vec_push(&r.marks) = r.stack.n;
+            break;
+        case 'N': pk_push(&r, pk_new(J_NULL)); break;
+        case 0x88: case 0x89: {
+            jval *v = pk_new(J_BOOL);
+            v->b = op == 0x88;
+            pk_push(&r, v);
+            break;
+        }
+        case 'K': pk_push(&r, pk_int((int64_t)pk_le(&r, 1))); break;
+        case 'M': pk_push(&r, pk_int((int64_t)pk_le(&r, 2))); break;
+        case 'J': pk_push(&r, pk_int((int32_t)(uint32_t)pk_le(&r, 4))); break;
+        case 0x8a: { /* LONG1 */
+            size_t n = *pk_take(&r, 1);
+            if (n > 8)
+                pkfail(&r, "an integer wider than 64 bits");
+            uint64_t u = n ? pk_le(&r, n) : 0;
+            if (n && n < 8 && (u >> (8 * n - 1)) & 1)
+                u |= ~UINT64_C(0) << (8 * n); /* sign-extend */
+            pk_push(&r, pk_int((int64_t)u));
+            break;
+        }
+        case 'G': { /* BINFLOAT, big-endian */
+            const unsigned char *b = pk_take(&r, 8);
+            uint64_t u = 0;
+            for (int i = 0; i < 8; i++)
+                u = u << 8 | b[i];
+            double d;
+            memcpy(&d, &u, sizeof d);
+            jval *v = pk_new(J_NUM);
+            v->d = d;
+            v->is_int = false;
+            pk_push(&r, v);
+            break;
+        }
+        case 0x8c: pk_push(&r, pk_str(&r, *pk_take(&r, 1))); break; /* SHORT_BINUNICODE */
+        case 'X': pk_push(&r, pk_str(&r, pk_le(&r, 4))); break;    /* BINUNICODE */
+        case 0x8d: pk_push(&r, pk_str(&r, pk_le(&r, 8))); break;   /* BINUNICODE8 */
+        case 0x94: *(jval **)vec_push(&r.memo) = pk_top(&r); break; /* MEMOIZE */
+        case 'q': case 'r': { /* BINPUT, LONG_BINPUT */
+            size_t i = op == 'q' ? (size_t)pk_le(&r, 1) : (size_t)pk_le(&r, 4);
+            if (i > r.memo.n + 1024)
+                pkfail(&r, "memo index %zu out of range", i);
+            while (r.memo.n <= i)
+                *(jval **)vec_push(&r.memo) = NULL;
+            VEC_AT(r.memo, jval *, i) = pk_top(&r);
+            break;
+        }
+        case 'h': case 'j': { /* BINGET, LONG_BINGET */
+            size_t i = op == 'h' ? (size_t)pk_le(&r, 1) : (size_t)pk_le(&r, 4);
+            if (i >= r.memo.n || !VEC_AT(r.memo, jval *, i))
+                pkfail(&r, "memo index %zu not set", i);
+            pk_push(&r, VEC_AT(r.memo, jval *, i));
+            break;
+        }
+        case 'a': { /* APPEND */
+            jval *v = pk_pop(&r);
+            pk_append(&r, pk_top(&r), &v, 1);
+            break;
+        }
+        case 'e': case 'u': case 'l': case 't': case 'd': { /* APPENDS SETITEMS LIST TUPLE DICT */
+            size_t m = pk_mark(&r);
+            jval **items = (jval **)r.stack.items + m;
+            size_t n = r.stack.n - m;
+            if (op == 'e' || op == 'u') {
+                if (!m)
+                    pkfail(&r, "nothing below the mark");
+                jval *c = VEC_AT(r.stack, jval *, m - 1);
+                if (op == 'e')
+                    pk_append(&r, c, items, n);
+                else
+                    pk_setitems(&r, c, items, n);
+                r.stack.n = m;
+            } else {
+                jval *c = pk_new(op == 'd' ? J_OBJ : J_ARR);
+                if (op == 'd')
+                    pk_setitems(&r, c, items, n);
+                else
+                    pk_append(&r, c, items, n);
+                r.stack.n = m;
+                pk_push(&r, c);
+            }
+            break;
+        }
+        case 's': { /* SETITEM */
+            jval *kv[2];
+            kv[1] = pk_pop(&r);
+            kv[0] = pk_pop(&r);
+            pk_setitems(&r, pk_top(&r), kv, 2);
+            break;
+        }
+        case 0x85: case 0x86: case 0x87: { /* TUPLE1..3 */
+            size_t n = op - 0x84;
+            if (r.stack.n < n)
+                pkfail(&r, "stack underflow");
+            jval *c = pk_new(J_ARR);
+            pk_append(&r, c, (jval **)r.stack.items + r.stack.n - n, n);
+            r.stack.n -= n;
+            pk_push(&r, c);
+            break;
+        }
+        case '.': { /* STOP */
+            jval *v = pk_pop(&r);
+            if (r.p != r.end)
+                pkfail(&r, "unexpected bytes after STOP");
+            return v;
+        }
+        default:
+            r.p--;
+            pkfail(&r, "opcode 0x%02x is not one a snapshot holds (objects are refused)", op);
+        }
+    }
+}
+
 /* ---- the snapshot --------------------------------------------------------------
  *
  * Field access with errors that name the path: "segments[2].blocks[0].size". */
@@ -513,9 +790,25 @@ typedef struct segment {
 } segment;
 
 typedef struct event {
-    const char *action, *manager;
+    const char *action, *manager, *frames;
     int64_t addr, size, time_us;
 } event;
+
+/* Who holds a block: ndm's manager path, else PyTorch's user_metadata, else
+ * its category. */
+static const char *owner(const jval *o, const char *path)
+{
+    const char *m = opt_str(o, "manager", path, "");
+    if (!*m) {
+        const jval *u = jget(o, "user_metadata");
+        m = u && u->t == J_STR ? u->s : "";
+    }
+    if (!*m) {
+        const jval *c = jget(o, "category");
+        m = c && c->t == J_STR && strcmp(c->s, "unknown") ? c->s : "";
+    }
+    return m;
+}
 
 /* "file:line name; ..." from a frames list, for hover text. */
 static const char *frames_text(const jval *frames, const char *path)
@@ -558,11 +851,23 @@ static void read_snapshot(const jval *root, snapshot *s)
     s->segments = (vec){NULL, 0, 0, sizeof(segment)};
     s->traces = (vec){NULL, 0, 0, sizeof(vec)};
 
-    const jval *devs = need(root, "devices", J_ARR, "");
-    for (size_t i = 0; i < devs->n; i++) {
-        if (devs->items[i]->t != J_STR)
-            fail("devices[%zu] must be a string (found %s)", i, jtype_name(devs->items[i]));
-        *(const char **)vec_push(&s->devices) = devs->items[i]->s;
+    /* ndm names its devices; PyTorch's snapshots index CUDA devices. */
+    const jval *devs = jget(root, "devices");
+    const jval *traces = need(root, "device_traces", J_ARR, "");
+    if (devs) {
+        if (devs->t != J_ARR)
+            fail("\"devices\" must be an array (found %s)", jtype_name(devs));
+        for (size_t i = 0; i < devs->n; i++) {
+            if (devs->items[i]->t != J_STR)
+                fail("devices[%zu] must be a string (found %s)", i, jtype_name(devs->items[i]));
+            *(const char **)vec_push(&s->devices) = devs->items[i]->s;
+        }
+    } else {
+        for (size_t i = 0; i < traces->n; i++) {
+            char *name = xalloc(32);
+            snprintf(name, 32, "cuda:%zu", i);
+            *(const char **)vec_push(&s->devices) = name;
+        }
     }
 
     const jval *segs = jget(root, "segments");
@@ -575,7 +880,13 @@ static void read_snapshot(const jval *root, snapshot *s)
             fail("%s must be an object (found %s)", path, jtype_name(js));
         segment *g = vec_push(&s->segments);
         memset(g, 0, sizeof *g);
-        g->device = need(js, "device", J_STR, path)->s;
+        const jval *jd = jget(js, "device");
+        if (jd && jd->t == J_NUM && jd->is_int && jd->i >= 0 && (size_t)jd->i < s->devices.n)
+            g->device = VEC_AT(s->devices, const char *, jd->i);
+        else if (jd && jd->t == J_NUM)
+            fail("%s.\"device\" %.17g is no index into \"device_traces\"", path, jd->d);
+        else
+            g->device = need(js, "device", J_STR, path)->s;
         g->type = opt_str(js, "segment_type", path, "");
         g->address = need_uint(js, "address", path, true, 0);
         g->total = need_uint(js, "total_size", path, true, 0);
@@ -593,11 +904,12 @@ static void read_snapshot(const jval *root, snapshot *s)
             if (b->t != J_OBJ)
                 fail("%s must be an object (found %s)", bpath, jtype_name(b));
             block *x = vec_push(&g->blocks);
-            x->address = need_uint(b, "address", bpath, true, 0);
+            /* PyTorch's blocks may leave out their address: they tile. */
+            x->address = need_uint(b, "address", bpath, false, next);
             x->size = need_uint(b, "size", bpath, true, 0);
             x->requested = need_uint(b, "requested_size", bpath, false, 0);
             x->state = need(b, "state", J_STR, bpath)->s;
-            x->manager = opt_str(b, "manager", bpath, "");
+            x->manager = owner(b, bpath);
             x->frames = frames_text(jget(b, "frames"), bpath);
             if (strcmp(x->state, "active_allocated") && strcmp(x->state, "active_pending_free") &&
                 strcmp(x->state, "inactive"))
@@ -612,10 +924,9 @@ static void read_snapshot(const jval *root, snapshot *s)
                  next - g->address, g->total);
     }
 
-    const jval *traces = need(root, "device_traces", J_ARR, "");
-    if (traces->n != devs->n)
+    if (traces->n != s->devices.n)
         fail("\"device_traces\" has %zu list%s for %zu device%s: one list per device", traces->n,
-             traces->n == 1 ? "" : "s", devs->n, devs->n == 1 ? "" : "s");
+             traces->n == 1 ? "" : "s", s->devices.n, s->devices.n == 1 ? "" : "s");
     for (size_t d = 0; d < traces->n; d++) {
         const jval *list = traces->items[d];
         if (list->t != J_ARR)
@@ -630,10 +941,15 @@ static void read_snapshot(const jval *root, snapshot *s)
                 fail("%s must be an object (found %s)", path, jtype_name(je));
             event *e = vec_push(ev);
             e->action = need(je, "action", J_STR, path)->s;
+            /* An out-of-memory entry gives the free device bytes instead. */
             e->addr = need_uint(je, "addr", path, false, 0);
+            if (!strcmp(e->action, "oom"))
+                e->addr = need_uint(je, "device_free", path, false, e->addr);
             e->size = need_uint(je, "size", path, false, 0);
-            e->time_us = need_uint(je, "time_us", path, false, last == INT64_MIN ? 0 : last);
-            e->manager = opt_str(je, "manager", path, "");
+            /* Snapshots without times are drawn by event index. */
+            e->time_us = need_uint(je, "time_us", path, false, last == INT64_MIN ? 0 : last + 1);
+            e->manager = owner(je, path);
+            e->frames = frames_text(jget(je, "frames"), path);
             if (e->time_us < last) {
                 warn("%s: time_us goes back from %" PRId64 " to %" PRId64 "; drawn at %" PRId64,
                      path, last, e->time_us, last);
@@ -738,6 +1054,9 @@ typedef struct timeline {
     vec reserved;          /* int64_t per point */
     vec ooms;              /* int64_t times */
     int64_t unknown_frees, events, peak_total, total;
+    vec initial;           /* live_entry: blocks alive before the first event */
+    vec initial_manager;   /* const char *, by live_entry.series */
+    int64_t initial_reserved;
 } timeline;
 
 static size_t hash_str(const char *s)
@@ -762,16 +1081,49 @@ static void index_rebuild(timeline *tl, size_t cap)
     }
 }
 
+/* Per-step managers fold into one series: a path component "<name>-<digits>"
+ * becomes "<name>-*", so a training run's thousand "batch-N" managers are
+ * one series, "system/model/trainer/batch-*". */
+static const char *fold_manager(const char *m, char *buf, size_t cap)
+{
+    size_t o = 0;
+    const char *p = m;
+    while (*p && o + 3 < cap) {
+        size_t n = strcspn(p, "/");
+        size_t d = n;
+        while (d > 0 && p[d - 1] >= '0' && p[d - 1] <= '9')
+            d--;
+        bool fold = d < n && d >= 2 && p[d - 1] == '-';
+        size_t take = fold ? d : n;
+        if (o + take + 3 >= cap)
+            return m;
+        memcpy(buf + o, p, take);
+        o += take;
+        if (fold)
+            buf[o++] = '*';
+        p += n;
+        if (*p == '/')
+            buf[o++] = *p++;
+    }
+    if (*p)
+        return m;
+    buf[o] = '\0';
+    return buf;
+}
+
 static int series_of(timeline *tl, const char *manager)
 {
+    char fb[1024];
     if (!*manager)
         manager = "(unknown manager)";
+    manager = fold_manager(manager, fb, sizeof fb);
     size_t i = hash_str(manager) & (tl->index_cap - 1);
     for (; tl->index[i] != SIZE_MAX; i = (i + 1) & (tl->index_cap - 1))
         if (!strcmp(VEC_AT(tl->series, series, tl->index[i]).manager, manager))
             return (int)tl->index[i];
     series *x = vec_push(&tl->series);
-    x->manager = manager;
+    char *kept = xalloc(strlen(manager) + 1);
+    x->manager = strcpy(kept, manager);
     x->now = x->peak = 0;
     if (2 * tl->series.n > tl->index_cap)
         index_rebuild(tl, 2 * tl->index_cap);
@@ -798,6 +1150,66 @@ static void series_add(timeline *tl, int si, int64_t bytes)
 }
 
 typedef void (*visit_fn)(timeline *tl, size_t k, const event *e, int64_t reserved, void *ud);
+static void emit_point(timeline *tl, int64_t t, const int64_t *vals, int64_t reserved);
+
+/* The state before the first event, replayed backwards from the segments:
+ * the blocks a ring that wrapped no longer shows being allocated are drawn
+ * from the start (PyTorch's viewer does the same), and so are the
+ * segments mapped before it. */
+static void window_start(timeline *tl, const snapshot *s, const vec *events)
+{
+    live_map live = {NULL, 0, 0};
+    live_grow(&live);
+    tl->initial = (vec){NULL, 0, 0, sizeof(live_entry)};
+    tl->initial_manager = (vec){NULL, 0, 0, sizeof(const char *)};
+    int64_t reserved = 0;
+    for (size_t i = 0; i < s->segments.n; i++) {
+        const segment *g = &VEC_AT(s->segments, segment, i);
+        if (strcmp(g->device, tl->device))
+            continue;
+        reserved += g->total;
+        for (size_t k = 0; k < g->blocks.n; k++) {
+            const block *b = &VEC_AT(g->blocks, block, k);
+            if (!strcmp(b->state, "inactive"))
+                continue;
+            if (2 * (live.n + 1) > live.cap)
+                live_grow(&live);
+            live_entry *x = live_find(&live, b->address);
+            if (x->addr != -1)
+                continue;
+            *(const char **)vec_push(&tl->initial_manager) = b->manager;
+            *x = (live_entry){b->address, b->size, (int)tl->initial_manager.n - 1};
+            live.n++;
+        }
+    }
+    for (size_t k = events->n; k-- > 0;) {
+        const event *e = &VEC_AT(*events, event, k);
+        const char *a = e->action;
+        if (!strcmp(a, "alloc")) {
+            live_entry *x = live_find(&live, e->addr);
+            if (x->addr != -1)
+                live_remove(&live, x);
+        } else if (!strcmp(a, "free_completed")) {
+            if (2 * (live.n + 1) > live.cap)
+                live_grow(&live);
+            live_entry *x = live_find(&live, e->addr);
+            if (x->addr == -1) {
+                *(const char **)vec_push(&tl->initial_manager) = e->manager;
+                *x = (live_entry){e->addr, e->size, (int)tl->initial_manager.n - 1};
+                live.n++;
+            }
+        } else if (!strcmp(a, "segment_alloc") || !strcmp(a, "segment_map")) {
+            reserved -= e->size;
+        } else if (!strcmp(a, "segment_free") || !strcmp(a, "segment_unmap")) {
+            reserved += e->size;
+        }
+    }
+    for (size_t i = 0; i < live.cap; i++)
+        if (live.t[i].addr != -1)
+            *(live_entry *)vec_push(&tl->initial) = live.t[i];
+    tl->initial_reserved = reserved > 0 ? reserved : 0;
+    free(live.t);
+}
 
 /* One pass over the events, calling visit (when given) after each. */
 static void replay(timeline *tl, const vec *events, visit_fn visit, void *ud)
@@ -806,9 +1218,20 @@ static void replay(timeline *tl, const vec *events, visit_fn visit, void *ud)
     live_grow(&live);
     for (size_t k = 0; k < tl->series.n; k++)
         VEC_AT(tl->series, series, k).now = 0;
-    int64_t reserved = 0;
+    int64_t reserved = tl->initial_reserved;
     tl->unknown_frees = 0;
     tl->total = 0;
+    for (size_t k = 0; k < tl->initial.n; k++) {
+        const live_entry *b = &VEC_AT(tl->initial, live_entry, k);
+        if (2 * (live.n + 1) > live.cap)
+            live_grow(&live);
+        int si = series_of(tl, VEC_AT(tl->initial_manager, const char *, b->series));
+        *live_find(&live, b->addr) = (live_entry){b->addr, b->size, si};
+        live.n++;
+        series_add(tl, si, b->size);
+    }
+    if (visit && events->n)
+        emit_point(tl, VEC_AT(*events, event, 0).time_us, tl->group_now, reserved);
     for (size_t k = 0; k < events->n; k++) {
         const event *e = &VEC_AT(*events, event, k);
         const char *a = e->action;
@@ -885,7 +1308,8 @@ static void sample(timeline *tl, size_t k, const event *e, int64_t reserved, voi
     }
 }
 
-static void build_timeline(timeline *tl, const char *device, const vec *events)
+static void build_timeline(timeline *tl, const char *device, const vec *events,
+                           const snapshot *s)
 {
     memset(tl, 0, sizeof *tl);
     tl->device = device;
@@ -896,6 +1320,7 @@ static void build_timeline(timeline *tl, const char *device, const vec *events)
     tl->ooms = (vec){NULL, 0, 0, sizeof(int64_t)};
     tl->events = (int64_t)events->n;
     index_rebuild(tl, 64);
+    window_start(tl, s, events);
     /* First pass: the managers and their peaks. */
     replay(tl, events, NULL, NULL);
     size_t ns = tl->series.n;
@@ -917,8 +1342,6 @@ static void build_timeline(timeline *tl, const char *device, const vec *events)
     sm.bucket = events->n > MAX_POINTS ? (events->n + MAX_POINTS - 1) / MAX_POINTS : 1;
     sm.best = xalloc(gsz);
     tl->peak_total = 0;
-    if (events->n)
-        emit_point(tl, VEC_AT(*events, event, 0).time_us, tl->group_now, 0);
     replay(tl, events, sample, &sm);
 }
 
@@ -980,8 +1403,82 @@ static void put_i64_list(FILE *f, const vec *v)
     fputc(']', f);
 }
 
-static void write_data(FILE *f, const snapshot *s, const timeline *tls, size_t ntl)
+/* Strings the page refers to by index (managers, stacks), each once. */
+typedef struct strtab {
+    vec list;      /* const char * */
+    size_t *slot;  /* open addressing: index + 1, 0 empty */
+    size_t cap;
+} strtab;
+
+static size_t str_id(strtab *t, const char *s)
 {
+    if (2 * (t->list.n + 1) > t->cap) {
+        size_t cap = t->cap ? 2 * t->cap : 1024;
+        t->slot = xalloc(cap * sizeof *t->slot);
+        memset(t->slot, 0, cap * sizeof *t->slot);
+        t->cap = cap;
+        for (size_t k = 0; k < t->list.n; k++) {
+            size_t i = hash_str(VEC_AT(t->list, const char *, k)) & (cap - 1);
+            while (t->slot[i])
+                i = (i + 1) & (cap - 1);
+            t->slot[i] = k + 1;
+        }
+    }
+    size_t i = hash_str(s) & (t->cap - 1);
+    for (; t->slot[i]; i = (i + 1) & (t->cap - 1))
+        if (!strcmp(VEC_AT(t->list, const char *, t->slot[i] - 1), s))
+            return t->slot[i] - 1;
+    *(const char **)vec_push(&t->list) = s;
+    t->slot[i] = t->list.n;
+    return t->list.n - 1;
+}
+
+/* The events the page replays (hover, the segment slider): the last
+ * MAX_REPLAY of each device, as parallel arrays. The replay runs backwards
+ * from the segments, so a window that starts late is still exact. */
+#define MAX_REPLAY 200000
+
+static const char *const action_codes[] = {"alloc",        "free_requested", "free_completed",
+                                           "segment_alloc", "segment_free",  "segment_map",
+                                           "segment_unmap", "oom",           "snapshot"};
+
+static void write_events(FILE *f, const vec *events, strtab *st)
+{
+    size_t first = events->n > MAX_REPLAY ? events->n - MAX_REPLAY : 0;
+    static const char *const keys[] = {"t", "a", "addr", "size", "m", "f"};
+    fprintf(f, ",\"skipped\":%zu,\"ev\":{", first);
+    for (int key = 0; key < 6; key++) {
+        fprintf(f, "%s\"%s\":[", key ? "," : "", keys[key]);
+        for (size_t k = first; k < events->n; k++) {
+            const event *e = &VEC_AT(*events, event, k);
+            int64_t v = 0;
+            switch (key) {
+            case 0: v = e->time_us; break;
+            case 1:
+                v = 9;
+                for (int c = 0; c < 9; c++)
+                    if (!strcmp(e->action, action_codes[c]))
+                        v = c;
+                break;
+            case 2: v = e->addr; break;
+            case 3: v = e->size; break;
+            case 4: v = (int64_t)str_id(st, e->manager); break;
+            case 5: v = (int64_t)str_id(st, e->frames); break;
+            }
+            fprintf(f, "%s%" PRId64, k > first ? "," : "", v);
+        }
+        fputc(']', f);
+    }
+    fputc('}', f);
+}
+
+static void write_compare(FILE *f, const snapshot *before, const char *before_name,
+                          const snapshot *after);
+
+static void write_data(FILE *f, const snapshot *s, const timeline *tls, size_t ntl,
+                       const snapshot *before, const char *before_name)
+{
+    strtab st = {{NULL, 0, 0, sizeof(const char *)}, NULL, 0};
     fprintf(f, "{\"source\":");
     put_jstr(f, input_name);
     fprintf(f, ",\"timelines\":[");
@@ -1014,6 +1511,7 @@ static void write_data(FILE *f, const snapshot *s, const timeline *tls, size_t n
         put_i64_list(f, &tl->reserved);
         fprintf(f, ",\"ooms\":");
         put_i64_list(f, &tl->ooms);
+        write_events(f, &VEC_AT(s->traces, vec, d), &st);
         fprintf(f, "}");
     }
     fprintf(f, "],\"segments\":[");
@@ -1047,6 +1545,17 @@ static void write_data(FILE *f, const snapshot *s, const timeline *tls, size_t n
         put_jval(f, s->settings);
     else
         fputs("{}", f);
+    fprintf(f, ",\"strings\":[");
+    for (size_t k = 0; k < st.list.n; k++) {
+        if (k)
+            fputc(',', f);
+        put_jstr(f, VEC_AT(st.list, const char *, k));
+    }
+    fprintf(f, "],\"compare\":");
+    if (before)
+        write_compare(f, before, before_name, s);
+    else
+        fputs("null", f);
     fprintf(f, ",\"warnings\":[");
     for (size_t k = 0; k < warnings.n; k++) {
         if (k)
@@ -1054,6 +1563,102 @@ static void write_data(FILE *f, const snapshot *s, const timeline *tls, size_t n
         put_jstr(f, VEC_AT(warnings, char *, k));
     }
     fprintf(f, "]}");
+}
+
+/* ---- comparison ---------------------------------------------------------------------
+ * Two snapshots side by side: the live bytes of each (folded) manager in
+ * their segments, and the segments only one of them has (PyTorch's compare). */
+
+typedef struct held {
+    const char *manager;
+    int64_t before, after;
+} held;
+
+static void add_held(vec *v, const char *manager, int64_t bytes, bool after)
+{
+    char fb[1024];
+    const char *m = fold_manager(*manager ? manager : "(unknown manager)", fb, sizeof fb);
+    for (size_t k = 0; k < v->n; k++) {
+        held *h = &VEC_AT(*v, held, k);
+        if (!strcmp(h->manager, m)) {
+            *(after ? &h->after : &h->before) += bytes;
+            return;
+        }
+    }
+    held *h = vec_push(v);
+    char *kept = xalloc(strlen(m) + 1);
+    h->manager = strcpy(kept, m);
+    h->before = after ? 0 : bytes;
+    h->after = after ? bytes : 0;
+}
+
+static int cmp_held(const void *a, const void *b)
+{
+    const held *x = a, *y = b;
+    int64_t dx = llabs(x->after - x->before), dy = llabs(y->after - y->before);
+    return dx < dy ? 1 : dx > dy ? -1 : strcmp(x->manager, y->manager);
+}
+
+static bool has_segment(const snapshot *s, const segment *g)
+{
+    for (size_t i = 0; i < s->segments.n; i++) {
+        const segment *h = &VEC_AT(s->segments, segment, i);
+        if (h->address == g->address && h->total == g->total && !strcmp(h->device, g->device))
+            return true;
+    }
+    return false;
+}
+
+static void write_only(FILE *f, const snapshot *s, const snapshot *other)
+{
+    fputc('[', f);
+    bool first = true;
+    for (size_t i = 0; i < s->segments.n; i++) {
+        const segment *g = &VEC_AT(s->segments, segment, i);
+        if (has_segment(other, g))
+            continue;
+        fprintf(f, "%s{\"device\":", first ? "" : ",");
+        put_jstr(f, g->device);
+        fprintf(f, ",\"address\":%" PRId64 ",\"total\":%" PRId64 "}", g->address, g->total);
+        first = false;
+    }
+    fputc(']', f);
+}
+
+static void write_compare(FILE *f, const snapshot *before, const char *before_name,
+                          const snapshot *after)
+{
+    vec hv = {NULL, 0, 0, sizeof(held)};
+    const snapshot *both[2] = {before, after};
+    int64_t reserved[2] = {0, 0};
+    for (int w = 0; w < 2; w++)
+        for (size_t i = 0; i < both[w]->segments.n; i++) {
+            const segment *g = &VEC_AT(both[w]->segments, segment, i);
+            reserved[w] += g->total;
+            for (size_t k = 0; k < g->blocks.n; k++) {
+                const block *b = &VEC_AT(g->blocks, block, k);
+                if (strcmp(b->state, "inactive"))
+                    add_held(&hv, b->manager, b->size, w == 1);
+            }
+        }
+    if (hv.n)
+        qsort(hv.items, hv.n, sizeof(held), cmp_held);
+    fprintf(f, "{\"source\":");
+    put_jstr(f, before_name);
+    fprintf(f, ",\"reserved_before\":%" PRId64 ",\"reserved_after\":%" PRId64
+               ",\"managers\":[",
+            reserved[0], reserved[1]);
+    for (size_t k = 0; k < hv.n; k++) {
+        const held *h = &VEC_AT(hv, held, k);
+        fprintf(f, "%s{\"manager\":", k ? "," : "");
+        put_jstr(f, h->manager);
+        fprintf(f, ",\"before\":%" PRId64 ",\"after\":%" PRId64 "}", h->before, h->after);
+    }
+    fprintf(f, "],\"only_before\":");
+    write_only(f, before, after);
+    fprintf(f, ",\"only_after\":");
+    write_only(f, after, before);
+    fputc('}', f);
 }
 
 /* The page around the data: CSS and the drawing script. */
@@ -1071,11 +1676,19 @@ static const char page_head[] =
     "path.series:hover{opacity:.75}rect.block:hover{stroke:#000;stroke-width:1.5}\n"
     ".legend{display:flex;flex-wrap:wrap;gap:4px 16px;margin:2px 0 8px}\n"
     ".legend span i{display:inline-block;width:10px;height:10px;margin-right:4px}\n"
-    "table{border-collapse:collapse}td{padding:1px 10px 1px 0}\n"
+    "table{border-collapse:collapse}td{padding:1px 10px 1px 0}td+td{max-width:1000px;"
+    "overflow-wrap:anywhere}\n"
     "#tip{position:fixed;pointer-events:none;background:#fffbe6;border:1px solid #bbb;"
     "padding:4px 6px;font-size:12px;white-space:pre;display:none;max-width:640px}\n"
+    "svg.plot{overflow:hidden;margin:0}.timeline{cursor:crosshair;user-select:none}\n"
+    ".cursor{stroke:#000;stroke-width:.5}h3{font-size:13px;margin:14px 0 2px}\n"
+    ".replay input{width:600px;vertical-align:middle}\n"
+    "th{text-align:left;padding:1px 10px 1px 0}.grow{color:#b00}.shrink{color:#070}\n"
+    "i.bar{display:inline-block;height:9px}i.bar.grow{background:#e15759}"
+    "i.bar.shrink{background:#59a14f}\n"
     "</style>\n</head>\n<body data-rendered=\"0\">\n<h1>ndm memory snapshot</h1>\n"
     "<div id=\"source\" class=\"note\"></div>\n<div id=\"warnings\"></div>\n"
+    "<div id=\"compare\"></div>\n"
     "<div id=\"timelines\"></div>\n<h2>Segments</h2>\n"
     "<div class=\"legend\" id=\"states\"></div>\n<div id=\"segments\"></div>\n"
     "<h2>Allocator settings</h2>\n<table id=\"settings\"></table>\n"
@@ -1087,6 +1700,7 @@ static const char page_tail[] =
     "'use strict';\n"
     "var NS = 'http://www.w3.org/2000/svg';\n"
     "var D = JSON.parse(document.getElementById('ndm-data').textContent);\n"
+    "var S = D.strings;\n"
     "var palette = ['#4e79a7','#f28e2b','#59a14f','#e15759','#76b7b2','#edc948','#b07aa1',\n"
     "  '#ff9da7','#9c755f','#86bcb6','#d37295','#8cd17d','#499894','#bab0ac','#79706e'];\n"
     "var colors = {};\n"
@@ -1108,99 +1722,330 @@ static const char page_tail[] =
     "  return e;\n"
     "}\n"
     "function bytes(n) {\n"
-    "  var u = ['B', 'KiB', 'MiB', 'GiB', 'TiB'], i = 0;\n"
-    "  while (Math.abs(n) >= 1024 && i < u.length - 1) { n /= 1024; i++; }\n"
-    "  return (i ? n.toFixed(n < 10 ? 2 : 1) : String(n)) + ' ' + u[i];\n"
+    "  var u = ['B', 'KiB', 'MiB', 'GiB', 'TiB'], i = 0, neg = n < 0;\n"
+    "  n = Math.abs(n);\n"
+    "  while (n >= 1024 && i < u.length - 1) { n /= 1024; i++; }\n"
+    "  return (neg ? '-' : '') + (i ? n.toFixed(n < 10 ? 2 : 1) : String(n)) + ' ' + u[i];\n"
     "}\n"
     "function secs(us) {\n"
     "  if (Math.abs(us) >= 1e6) return (us / 1e6).toFixed(2) + ' s';\n"
     "  if (Math.abs(us) >= 1e3) return (us / 1e3).toFixed(1) + ' ms';\n"
-    "  return us + ' us';\n"
+    "  return Math.round(us) + ' us';\n"
+    "}\n"
+    "function hex(a) { return '0x' + a.toString(16); }\n"
+    "/* Per-step managers as one series: \"batch-12\" -> \"batch-*\" (as ndm-memviz folds). */\n"
+    "function fold(m) {\n"
+    "  return (m || '(unknown manager)').split('/').map(function (c) {\n"
+    "    return c.replace(/^(.+-)[0-9]+$/, '$1*');\n"
+    "  }).join('/');\n"
     "}\n"
     "var tip = document.getElementById('tip');\n"
+    "function showTip(text, x, y) {\n"
+    "  tip.textContent = text; tip.style.display = 'block';\n"
+    "  tip.style.left = (x + 14) + 'px'; tip.style.top = (y + 14) + 'px';\n"
+    "}\n"
     "function hover(node, text) {\n"
     "  el('title', {}, node).textContent = text;\n"
-    "  node.addEventListener('mousemove', function (ev) {\n"
-    "    tip.textContent = text; tip.style.display = 'block';\n"
-    "    tip.style.left = (ev.clientX + 14) + 'px'; tip.style.top = (ev.clientY + 14) + 'px';\n"
-    "  });\n"
+    "  node.addEventListener('mousemove', function (ev) { showTip(text, ev.clientX, ev.clientY); });\n"
     "  node.addEventListener('mouseleave', function () { tip.style.display = 'none'; });\n"
     "}\n"
+    "var params = {};\n"
+    "location.hash.replace(/^#/, '').split('&').forEach(function (kv) {\n"
+    "  var i = kv.indexOf('=');\n"
+    "  if (i > 0) params[decodeURIComponent(kv.slice(0, i))] = decodeURIComponent(kv.slice(i + 1));\n"
+    "});\n"
+    "function hashArgs(key, dev) {\n"
+    "  var v = params[key];\n"
+    "  if (!v) return null;\n"
+    "  var parts = v.split(':');\n"
+    "  var name = parts.slice(0, parts.length - (key === 'replay' ? 1 : 2)).join(':');\n"
+    "  return name === dev ? parts.slice(parts.length - (key === 'replay' ? 1 : 2)).map(Number) : null;\n"
+    "}\n"
+    "\n"
+    "/* ---- the allocator state at any event: backwards from the segments ---- */\n"
+    "var ACT = ['alloc', 'free_requested', 'free_completed', 'segment_alloc', 'segment_free',\n"
+    "           'segment_map', 'segment_unmap', 'oom', 'snapshot', 'other'];\n"
+    "function finalState(dev) {\n"
+    "  var st = {segs: new Map(), blocks: new Map()};\n"
+    "  D.segments.forEach(function (s) {\n"
+    "    if (s.device !== dev) return;\n"
+    "    st.segs.set(s.address, {size: s.total, type: s.type});\n"
+    "    s.blocks.forEach(function (b) {\n"
+    "      if (b.state === 'inactive') return;\n"
+    "      st.blocks.set(s.address + b.offset, {size: b.size, req: b.requested, state: b.state,\n"
+    "                                           m: b.manager, f: b.frames});\n"
+    "    });\n"
+    "  });\n"
+    "  return st;\n"
+    "}\n"
+    "function Replayer(tl) {\n"
+    "  var ev = tl.ev, n = ev.t.length, st = finalState(tl.device), cur = n;\n"
+    "  function undo(i) {\n"
+    "    var a = ev.a[i], addr = ev.addr[i], b;\n"
+    "    if (a === 0) st.blocks.delete(addr);\n"
+    "    else if (a === 1) { b = st.blocks.get(addr); if (b) b.state = 'active_allocated'; }\n"
+    "    else if (a === 2) st.blocks.set(addr, {size: ev.size[i], req: ev.size[i],\n"
+    "                                           state: 'active_pending_free', m: S[ev.m[i]],\n"
+    "                                           f: S[ev.f[i]]});\n"
+    "    else if (a === 3 || a === 5) st.segs.delete(addr);\n"
+    "    else if (a === 4 || a === 6) st.segs.set(addr, {size: ev.size[i], type: ''});\n"
+    "  }\n"
+    "  function apply(i) {\n"
+    "    var a = ev.a[i], addr = ev.addr[i], b;\n"
+    "    if (a === 0) st.blocks.set(addr, {size: ev.size[i], req: ev.size[i],\n"
+    "                                      state: 'active_allocated', m: S[ev.m[i]], f: S[ev.f[i]]});\n"
+    "    else if (a === 1) { b = st.blocks.get(addr); if (b) b.state = 'active_pending_free'; }\n"
+    "    else if (a === 2) st.blocks.delete(addr);\n"
+    "    else if (a === 3 || a === 5) st.segs.set(addr, {size: ev.size[i], type: ''});\n"
+    "    else if (a === 4 || a === 6) st.segs.delete(addr);\n"
+    "  }\n"
+    "  return {\n"
+    "    n: n,\n"
+    "    /* The state after the first k events of the window. */\n"
+    "    at: function (k) {\n"
+    "      k = Math.max(0, Math.min(n, k));\n"
+    "      if (k > cur && n - k < k - cur) { st = finalState(tl.device); cur = n; }\n"
+    "      while (cur > k) undo(--cur);\n"
+    "      while (cur < k) apply(cur++);\n"
+    "      return st;\n"
+    "    },\n"
+    "    /* Events whose time is at most t. */\n"
+    "    count: function (t) {\n"
+    "      var lo = 0, hi = n;\n"
+    "      while (lo < hi) { var mid = (lo + hi) >> 1; if (ev.t[mid] <= t) lo = mid + 1; else hi = mid; }\n"
+    "      return lo;\n"
+    "    }\n"
+    "  };\n"
+    "}\n"
+    "\n"
     "var drawnSeries = 0, drawnBlocks = 0, drawnSegments = 0;\n"
+    "var replayers = {};\n"
+    "\n"
+    "/* ---- timelines: zoom with the wheel, pan by dragging, hover one allocation ---- */\n"
     "function drawTimeline(tl, host) {\n"
     "  html('h2', 'Allocated bytes over time on ' + tl.device + ', stacked by manager', host);\n"
     "  var info = tl.events + ' events, peak ' + bytes(tl.peak_total);\n"
     "  if (tl.unknown_frees) info += '; ' + tl.unknown_frees +\n"
     "    ' frees of blocks allocated before the trace began were left out';\n"
-    "  html('div', info, host, 'note');\n"
-    "  var W = 900, H = 260, L = 70, B = 24;\n"
+    "  html('div', info + '. Wheel: zoom; drag: pan; double click: whole trace.', host, 'note');\n"
+    "  var W = Math.max(600, Math.min(2400, (host.clientWidth || 1000) - 90)), H = 280, L = 70,\n"
+    "      B = 24;\n"
     "  var svg = el('svg', {width: W + L + 10, height: H + B + 10, 'class': 'timeline',\n"
     "                      'data-device': tl.device}, host);\n"
     "  var n = tl.t.length, k = tl.series.length;\n"
     "  if (!n) { html('div', 'no events on this device', host, 'note'); return; }\n"
-    "  /* past the last event, so that the final state shows */\n"
-    "  var t0 = tl.t[0], t1 = tl.t[n - 1]; t1 += Math.max(1, Math.round((t1 - t0) / 20));\n"
+    "  var rp = replayers[tl.device] = Replayer(tl);\n"
+    "  var T0 = tl.t[0], T1 = tl.t[n - 1];\n"
+    "  T1 += Math.max(1, Math.round((T1 - T0) / 20)); /* past the last event: the final state shows */\n"
+    "  var view = [T0, T1];\n"
     "  var ymax = 1;\n"
     "  for (var i = 0; i < n; i++) {\n"
     "    var s = 0; for (var j = 0; j < k; j++) s += tl.values[i * k + j];\n"
     "    ymax = Math.max(ymax, s, tl.reserved[i]);\n"
     "  }\n"
-    "  function X(t) { return L + (t - t0) / (t1 - t0) * W; }\n"
+    "  var axes = el('g', {}, svg);\n"
+    "  /* a nested svg clips the plot to its area, in the outer coordinates */\n"
+    "  var plot = el('svg', {x: L, y: 5, width: W, height: H,\n"
+    "                        viewBox: L + ' 5 ' + W + ' ' + H, 'class': 'plot'}, svg);\n"
+    "  var cursor = el('line', {y1: 5, y2: H + 5, 'class': 'cursor', visibility: 'hidden'}, svg);\n"
+    "  function X(t) { return L + (t - view[0]) / (view[1] - view[0]) * W; }\n"
     "  function Y(v) { return 5 + H - v / ymax * H; }\n"
-    "  for (var g = 0; g <= 4; g++) {\n"
-    "    var v = ymax * g / 4;\n"
-    "    el('line', {x1: L, x2: L + W, y1: Y(v), y2: Y(v), 'class': 'grid'}, svg);\n"
-    "    el('text', {x: L - 6, y: Y(v) + 4, 'text-anchor': 'end', 'class': 'label'}, svg)\n"
-    "      .textContent = bytes(Math.round(v));\n"
-    "  }\n"
-    "  for (var g2 = 0; g2 <= 4; g2++) {\n"
-    "    var tt = t0 + (t1 - t0) * g2 / 4;\n"
-    "    el('text', {x: X(tt), y: H + B, 'text-anchor': 'middle', 'class': 'label'}, svg)\n"
-    "      .textContent = secs(Math.round(tt - t0));\n"
-    "  }\n"
-    "  var below = new Array(n).fill(0);\n"
     "  var legend = html('div', null, host, 'legend');\n"
     "  for (var j2 = 0; j2 < k; j2++) {\n"
-    "    var top = [], d = '';\n"
-    "    for (var i2 = 0; i2 < n; i2++) top.push(below[i2] + tl.values[i2 * k + j2]);\n"
-    "    for (var i3 = 0; i3 < n; i3++) {\n"
-    "      var x = X(tl.t[i3]), xn = i3 + 1 < n ? X(tl.t[i3 + 1]) : L + W;\n"
-    "      d += (i3 ? 'L' : 'M') + x.toFixed(1) + ',' + Y(top[i3]).toFixed(1) +\n"
-    "           'L' + xn.toFixed(1) + ',' + Y(top[i3]).toFixed(1);\n"
-    "    }\n"
-    "    for (var i4 = n - 1; i4 >= 0; i4--) {\n"
-    "      var xa = X(tl.t[i4]), xb = i4 + 1 < n ? X(tl.t[i4 + 1]) : L + W;\n"
-    "      d += 'L' + xb.toFixed(1) + ',' + Y(below[i4]).toFixed(1) +\n"
-    "           'L' + xa.toFixed(1) + ',' + Y(below[i4]).toFixed(1);\n"
-    "    }\n"
-    "    var m = tl.series[j2].manager;\n"
-    "    var p = el('path', {d: d + 'Z', fill: color(m), 'class': 'series', 'data-manager': m,\n"
-    "                        'data-peak': tl.series[j2].peak}, svg);\n"
-    "    hover(p, m + '\\npeak ' + bytes(tl.series[j2].peak));\n"
-    "    var item = html('span', null, legend);\n"
+    "    var m = tl.series[j2].manager, item = html('span', null, legend);\n"
     "    html('i', null, item).style.background = color(m);\n"
-    "    var peak = ' (peak ' + bytes(tl.series[j2].peak) + ')';\n"
-    "    item.appendChild(document.createTextNode(m + peak));\n"
-    "    below = top; drawnSeries++;\n"
+    "    item.appendChild(document.createTextNode(m + ' (peak ' + bytes(tl.series[j2].peak) + ')'));\n"
     "  }\n"
-    "  var r = '';\n"
-    "  for (var i5 = 0; i5 < n; i5++) {\n"
-    "    var xr = X(tl.t[i5]), xs = i5 + 1 < n ? X(tl.t[i5 + 1]) : L + W;\n"
-    "    r += (i5 ? 'L' : 'M') + xr.toFixed(1) + ',' + Y(tl.reserved[i5]).toFixed(1) +\n"
-    "         'L' + xs.toFixed(1) + ',' + Y(tl.reserved[i5]).toFixed(1);\n"
+    "  html('span', '- - reserved', legend);\n"
+    "  function render() {\n"
+    "    while (plot.firstChild) plot.removeChild(plot.firstChild);\n"
+    "    while (axes.firstChild) axes.removeChild(axes.firstChild);\n"
+    "    for (var g = 0; g <= 4; g++) {\n"
+    "      var v = ymax * g / 4;\n"
+    "      el('line', {x1: L, x2: L + W, y1: Y(v), y2: Y(v), 'class': 'grid'}, axes);\n"
+    "      el('text', {x: L - 6, y: Y(v) + 4, 'text-anchor': 'end', 'class': 'label'}, axes)\n"
+    "        .textContent = bytes(Math.round(v));\n"
+    "    }\n"
+    "    for (var g2 = 0; g2 <= 4; g2++) {\n"
+    "      var tt = view[0] + (view[1] - view[0]) * g2 / 4;\n"
+    "      el('text', {x: X(tt), y: H + B, 'text-anchor': 'middle', 'class': 'label'}, axes)\n"
+    "        .textContent = secs(tt - T0);\n"
+    "    }\n"
+    "    /* only the points in view, and one either side */\n"
+    "    var a = 0, b = n - 1;\n"
+    "    while (a + 1 < n && tl.t[a + 1] < view[0]) a++;\n"
+    "    while (b > a && tl.t[b - 1] > view[1]) b--;\n"
+    "    var below = [];\n"
+    "    for (var i2 = a; i2 <= b; i2++) below.push(0);\n"
+    "    for (var j3 = 0; j3 < k; j3++) {\n"
+    "      var top = [], d = '';\n"
+    "      for (var i3 = a; i3 <= b; i3++) top.push(below[i3 - a] + tl.values[i3 * k + j3]);\n"
+    "      for (var i4 = a; i4 <= b; i4++) {\n"
+    "        var x = X(tl.t[i4]), xn = i4 + 1 < n ? X(tl.t[i4 + 1]) : X(T1);\n"
+    "        d += (i4 > a ? 'L' : 'M') + x.toFixed(1) + ',' + Y(top[i4 - a]).toFixed(1) +\n"
+    "             'L' + xn.toFixed(1) + ',' + Y(top[i4 - a]).toFixed(1);\n"
+    "      }\n"
+    "      for (var i5 = b; i5 >= a; i5--) {\n"
+    "        var xa = X(tl.t[i5]), xb = i5 + 1 < n ? X(tl.t[i5 + 1]) : X(T1);\n"
+    "        d += 'L' + xb.toFixed(1) + ',' + Y(below[i5 - a]).toFixed(1) +\n"
+    "             'L' + xa.toFixed(1) + ',' + Y(below[i5 - a]).toFixed(1);\n"
+    "      }\n"
+    "      var mm = tl.series[j3].manager;\n"
+    "      el('path', {d: d + 'Z', fill: color(mm), 'class': 'series', 'data-manager': mm,\n"
+    "                  'data-peak': tl.series[j3].peak}, plot);\n"
+    "      below = top;\n"
+    "    }\n"
+    "    var r = '';\n"
+    "    for (var i6 = a; i6 <= b; i6++) {\n"
+    "      var xr = X(tl.t[i6]), xs = i6 + 1 < n ? X(tl.t[i6 + 1]) : X(T1);\n"
+    "      r += (i6 > a ? 'L' : 'M') + xr.toFixed(1) + ',' + Y(tl.reserved[i6]).toFixed(1) +\n"
+    "           'L' + xs.toFixed(1) + ',' + Y(tl.reserved[i6]).toFixed(1);\n"
+    "    }\n"
+    "    el('path', {d: r, 'class': 'reserved'}, plot);\n"
+    "    tl.ooms.forEach(function (t) {\n"
+    "      hover(el('line', {x1: X(t), x2: X(t), y1: 5, y2: H + 5, 'class': 'oom'}, plot),\n"
+    "            'out of memory at ' + secs(t - T0));\n"
+    "    });\n"
+    "    el('line', {x1: L, x2: L, y1: 5, y2: H + 5, 'class': 'axis'}, axes);\n"
+    "    el('line', {x1: L, x2: L + W, y1: H + 5, y2: H + 5, 'class': 'axis'}, axes);\n"
+    "    svg.setAttribute('data-view', Math.round(view[0] - T0) + ',' + Math.round(view[1] - T0));\n"
     "  }\n"
-    "  hover(el('path', {d: r, 'class': 'reserved'}, svg), 'reserved by segments');\n"
-    "  tl.ooms.forEach(function (t) {\n"
-    "    hover(el('line', {x1: X(t), x2: X(t), y1: 5, y2: H + 5, 'class': 'oom'}, svg),\n"
-    "          'out of memory at ' + secs(t - t0));\n"
+    "  render();\n"
+    "  drawnSeries += k;\n"
+    "  /* The allocation under (t, bytes): the band of its series at t, then the\n"
+    "   * live blocks of that series at the event before t, stacked by address. */\n"
+    "  function pick(t, v) {\n"
+    "    var i = 0;\n"
+    "    while (i + 1 < n && tl.t[i + 1] <= t) i++;\n"
+    "    var base = 0, band = -1, bandH = 0;\n"
+    "    for (var j = 0; j < k; j++) {\n"
+    "      var h = tl.values[i * k + j];\n"
+    "      if (v >= base && v < base + h) { band = j; bandH = h; break; }\n"
+    "      base += h;\n"
+    "    }\n"
+    "    if (band < 0) return null;\n"
+    "    var name = tl.series[band].manager, other = /^\\(\\d+ other managers\\)$/.test(name);\n"
+    "    var shown = {};\n"
+    "    tl.series.forEach(function (s) { shown[s.manager] = true; });\n"
+    "    var st = rp.at(rp.count(t)), live = [];\n"
+    "    st.blocks.forEach(function (b, addr) {\n"
+    "      var f = fold(b.m);\n"
+    "      if (other ? !shown[f] : f === name) live.push([addr, b]);\n"
+    "    });\n"
+    "    live.sort(function (x, y) { return x[0] - y[0]; });\n"
+    "    var sum = 0;\n"
+    "    live.forEach(function (x) { sum += x[1].req || x[1].size; });\n"
+    "    if (!sum) return null;\n"
+    "    var off = (v - base) / bandH * sum, acc = 0;\n"
+    "    for (var q = 0; q < live.length; q++) {\n"
+    "      acc += live[q][1].req || live[q][1].size;\n"
+    "      if (off < acc) return {addr: live[q][0], b: live[q][1], series: name};\n"
+    "    }\n"
+    "    return {addr: live[live.length - 1][0], b: live[live.length - 1][1], series: name};\n"
+    "  }\n"
+    "  function describe(p) {\n"
+    "    var b = p.b;\n"
+    "    return bytes(b.req || b.size) + ' at ' + hex(p.addr) + ' (' + b.state + ')\\n' +\n"
+    "      (b.m || '(no manager)') + '\\n' + (b.f ? b.f.split('; ').join('\\n') : '(no stack recorded)');\n"
+    "  }\n"
+    "  function hoverAt(t, v, cx, cy) {\n"
+    "    var p = pick(t, v);\n"
+    "    cursor.setAttribute('x1', X(t)); cursor.setAttribute('x2', X(t));\n"
+    "    cursor.setAttribute('visibility', 'visible');\n"
+    "    if (!p) { tip.style.display = 'none'; svg.removeAttribute('data-hover-addr'); return; }\n"
+    "    svg.setAttribute('data-hover-addr', String(p.addr));\n"
+    "    svg.setAttribute('data-hover-manager', p.b.m);\n"
+    "    showTip(describe(p), cx, cy);\n"
+    "  }\n"
+    "  function local(ev) {\n"
+    "    var r = svg.getBoundingClientRect();\n"
+    "    return [ev.clientX - r.left, ev.clientY - r.top];\n"
+    "  }\n"
+    "  var drag = null, pending = null;\n"
+    "  svg.addEventListener('wheel', function (ev) {\n"
+    "    var p = local(ev);\n"
+    "    if (p[0] < L || p[0] > L + W) return;\n"
+    "    ev.preventDefault();\n"
+    "    var t = view[0] + (p[0] - L) / W * (view[1] - view[0]);\n"
+    "    var f = ev.deltaY < 0 ? 0.8 : 1.25;\n"
+    "    var a = t - (t - view[0]) * f, b = t + (view[1] - t) * f;\n"
+    "    view = [Math.max(T0, a), Math.min(T1, b)];\n"
+    "    if (view[1] - view[0] < 2) view = [t - 1, t + 1];\n"
+    "    render();\n"
+    "  }, {passive: false});\n"
+    "  svg.addEventListener('mousedown', function (ev) {\n"
+    "    drag = {x: local(ev)[0], view: view.slice()};\n"
+    "    ev.preventDefault();\n"
     "  });\n"
-    "  el('line', {x1: L, x2: L, y1: 5, y2: H + 5, 'class': 'axis'}, svg);\n"
-    "  el('line', {x1: L, x2: L + W, y1: H + 5, y2: H + 5, 'class': 'axis'}, svg);\n"
-    "  var key = html('span', null, legend);\n"
-    "  key.textContent = '- - reserved';\n"
+    "  window.addEventListener('mouseup', function () { drag = null; });\n"
+    "  svg.addEventListener('dblclick', function () { view = [T0, T1]; render(); });\n"
+    "  svg.addEventListener('mousemove', function (ev) {\n"
+    "    var p = local(ev);\n"
+    "    if (drag) {\n"
+    "      var span = drag.view[1] - drag.view[0];\n"
+    "      var dt = (p[0] - drag.x) / W * span;\n"
+    "      var a = Math.max(T0, Math.min(T1 - span, drag.view[0] - dt));\n"
+    "      view = [a, a + span];\n"
+    "      render();\n"
+    "      return;\n"
+    "    }\n"
+    "    if (p[0] < L || p[0] > L + W || p[1] < 5 || p[1] > H + 5) return;\n"
+    "    var cx = ev.clientX, cy = ev.clientY;\n"
+    "    var t = view[0] + (p[0] - L) / W * (view[1] - view[0]), v = (H + 5 - p[1]) / H * ymax;\n"
+    "    if (!pending) window.requestAnimationFrame(function () {\n"
+    "      hoverAt(pending[0], pending[1], pending[2], pending[3]); pending = null;\n"
+    "    });\n"
+    "    pending = [t, v, cx, cy];\n"
+    "  });\n"
+    "  svg.addEventListener('mouseleave', function () {\n"
+    "    tip.style.display = 'none'; cursor.setAttribute('visibility', 'hidden');\n"
+    "  });\n"
+    "  var z = hashArgs('zoom', tl.device);\n"
+    "  if (z) { view = [T0 + z[0], T0 + z[1]]; render(); }\n"
+    "  var hv = hashArgs('hover', tl.device);\n"
+    "  if (hv) {\n"
+    "    var box = svg.getBoundingClientRect();\n"
+    "    hoverAt(hv[0], hv[1], box.left + X(hv[0]), box.top + Y(hv[1]));\n"
+    "  }\n"
     "}\n"
+    "\n"
+    "/* ---- the segment map, to scale, with a slider that replays it ---- */\n"
     "var stateColor = {active_allocated: '#4e79a7', active_pending_free: '#f28e2b',\n"
     "                  inactive: '#e4e4e4'};\n"
+    "function drawSegmap(host, dev, segs, maxSeg, blocksOf, label) {\n"
+    "  while (host.firstChild) host.removeChild(host.firstChild);\n"
+    "  var total = 0, live = 0;\n"
+    "  segs.forEach(function (s) { total += s.total; });\n"
+    "  var W = 900, L = 200, RH = 16, GAP = 4;\n"
+    "  var svg = el('svg', {width: L + W + 10, height: segs.length * (RH + GAP) + 4,\n"
+    "                      'class': 'segmap', 'data-device': dev}, host);\n"
+    "  var scale = W / Math.max(1, maxSeg);\n"
+    "  segs.forEach(function (s, i) {\n"
+    "    var y = 2 + i * (RH + GAP), w = Math.max(2, s.total * scale);\n"
+    "    el('text', {x: L - 6, y: y + RH - 4, 'text-anchor': 'end', 'class': 'label'}, svg)\n"
+    "      .textContent = hex(s.address) + ' ' + bytes(s.total) + (s.type ? ' ' + s.type : '');\n"
+    "    var frame = el('rect', {x: L, y: y, width: w.toFixed(1), height: RH, fill: '#f6f6f6',\n"
+    "                            stroke: '#999', 'class': 'segment', 'data-total': s.total}, svg);\n"
+    "    hover(frame, 'segment ' + hex(s.address) + '\\n' + bytes(s.total) +\n"
+    "          (s.allocated !== undefined ? ', allocated ' + bytes(s.allocated) : ''));\n"
+    "    blocksOf(s).forEach(function (b) {\n"
+    "      var rc = el('rect', {x: L + b.offset * scale, y: y + 1,\n"
+    "                           width: Math.max(0.5, b.size * scale), height: RH - 2,\n"
+    "                           fill: stateColor[b.state] || '#c00', stroke: '#fff',\n"
+    "                           'stroke-width': 0.5, 'class': 'block',\n"
+    "                           'data-state': b.state, 'data-manager': b.manager}, svg);\n"
+    "      if (b.state !== 'inactive') live++;\n"
+    "      hover(rc, (b.manager || '(no manager)') + '\\n' + b.state + ', ' + bytes(b.size) +\n"
+    "            ' (requested ' + bytes(b.requested) + ')\\n' + hex(s.address + b.offset) +\n"
+    "            (b.frames ? '\\n' + b.frames.split('; ').join('\\n') : ''));\n"
+    "    });\n"
+    "  });\n"
+    "  svg.setAttribute('data-live-blocks', live);\n"
+    "  html('div', label + ': ' + segs.length + ' segments, ' + bytes(total) + ' reserved, ' +\n"
+    "       live + ' blocks in use', host, 'note');\n"
+    "  if (!segs.length) html('div', 'no segments', host, 'note');\n"
+    "  return svg;\n"
+    "}\n"
     "function drawSegments(host) {\n"
     "  var states = document.getElementById('states');\n"
     "  Object.keys(stateColor).forEach(function (s) {\n"
@@ -1208,47 +2053,124 @@ static const char page_tail[] =
     "    html('i', null, item).style.background = stateColor[s];\n"
     "    item.appendChild(document.createTextNode(s));\n"
     "  });\n"
-    "  var byDev = {};\n"
-    "  D.segments.forEach(function (s) { (byDev[s.device] = byDev[s.device] || []).push(s); });\n"
-    "  Object.keys(byDev).forEach(function (dev) {\n"
-    "    var segs = byDev[dev].slice().sort(function (a, b) { return a.address - b.address; });\n"
-    "    var total = 0;\n"
-    "    segs.forEach(function (s) { total += s.total; });\n"
-    "    html('div', dev + ': ' + segs.length + ' segments, ' + bytes(total) + ' reserved',\n"
-    "         host, 'note');\n"
-    "    /* every segment gets the full width: small ones stay readable */\n"
-    "    var W = 900, L = 200, RH = 16, GAP = 4;\n"
-    "    var svg = el('svg', {width: L + W + 10, height: segs.length * (RH + GAP) + 4,\n"
-    "                        'class': 'segmap', 'data-device': dev}, host);\n"
-    "    segs.forEach(function (s, i) {\n"
-    "      var y = 2 + i * (RH + GAP), scale = W / Math.max(1, s.total);\n"
-    "      el('text', {x: L - 6, y: y + RH - 4, 'text-anchor': 'end', 'class': 'label'}, svg)\n"
-    "        .textContent = '0x' + s.address.toString(16) + ' ' + bytes(s.total) +\n"
-    "                       (s.type ? ' ' + s.type : '');\n"
-    "      var frame = el('rect', {x: L, y: y, width: Math.max(1, s.total * scale), height: RH,\n"
-    "                              fill: 'none', stroke: '#999'}, svg);\n"
-    "      hover(frame, 'segment 0x' + s.address.toString(16) + '\\n' + bytes(s.total) +\n"
-    "            ', allocated ' + bytes(s.allocated) + ', stream ' + s.stream);\n"
-    "      s.blocks.forEach(function (b) {\n"
-    "        var rc = el('rect', {x: L + b.offset * scale, y: y + 1,\n"
-    "                             width: Math.max(0.5, b.size * scale), height: RH - 2,\n"
-    "                             fill: stateColor[b.state] || '#c00', stroke: '#fff',\n"
-    "                             'stroke-width': 0.5, 'class': 'block',\n"
-    "                             'data-state': b.state, 'data-manager': b.manager}, svg);\n"
-    "        hover(rc, (b.manager || '(no manager)') + '\\n' + b.state + ', ' + bytes(b.size) +\n"
-    "              ' (requested ' + bytes(b.requested) + ')\\n0x' +\n"
-    "              (s.address + b.offset).toString(16) + (b.frames ? '\\n' + b.frames : ''));\n"
-    "        drawnBlocks++;\n"
-    "      });\n"
-    "      drawnSegments++;\n"
-    "    });\n"
+    "  var devs = [];\n"
+    "  D.timelines.forEach(function (tl) { devs.push(tl.device); });\n"
+    "  D.segments.forEach(function (s) { if (devs.indexOf(s.device) < 0) devs.push(s.device); });\n"
+    "  devs.forEach(function (dev) {\n"
+    "    var segs = D.segments.filter(function (s) { return s.device === dev; })\n"
+    "      .sort(function (a, b) { return a.address - b.address; });\n"
+    "    var tl = D.timelines.filter(function (t) { return t.device === dev; })[0];\n"
+    "    if (!segs.length && !(tl && tl.ev.t.length)) return;\n"
+    "    /* one scale for every state of the replay: the largest segment ever seen */\n"
+    "    var maxSeg = 1;\n"
+    "    segs.forEach(function (s) { maxSeg = Math.max(maxSeg, s.total); });\n"
+    "    if (tl) tl.ev.a.forEach(function (a, i) { if (a >= 3 && a <= 6) maxSeg = Math.max(maxSeg, tl.ev.size[i]); });\n"
+    "    html('h3', dev, host);\n"
+    "    var box = html('div', null, host);\n"
+    "    function drawFinal() {\n"
+    "      var svg = drawSegmap(box, dev, segs, maxSeg, function (s) { return s.blocks; },\n"
+    "                           'at the snapshot');\n"
+    "      s2count(segs);\n"
+    "      return svg;\n"
+    "    }\n"
+    "    var counted = false;\n"
+    "    function s2count(list) {\n"
+    "      if (counted) return;\n"
+    "      counted = true;\n"
+    "      list.forEach(function (s) { drawnSegments++; drawnBlocks += s.blocks.length; });\n"
+    "    }\n"
+    "    var svg = drawFinal();\n"
+    "    if (!tl || !tl.ev.t.length) return;\n"
+    "    var rp = replayers[dev] || Replayer(tl), n = rp.n;\n"
+    "    var ctl = html('div', null, host, 'replay');\n"
+    "    html('label', 'Replay: event ', ctl);\n"
+    "    var slider = html('input', null, ctl);\n"
+    "    slider.type = 'range'; slider.min = 0; slider.max = n; slider.value = n;\n"
+    "    slider.setAttribute('data-device', dev);\n"
+    "    var what = html('span', '', ctl, 'note');\n"
+    "    function show(k) {\n"
+    "      slider.value = k;\n"
+    "      if (k >= n) {\n"
+    "        svg = drawFinal();\n"
+    "        what.textContent = ' ' + n + ' of ' + n + ' (the snapshot)';\n"
+    "      } else {\n"
+    "        var st = rp.at(k), list = [];\n"
+    "        st.segs.forEach(function (v, addr) { list.push({address: addr, total: v.size, type: v.type}); });\n"
+    "        list.sort(function (a, b) { return a.address - b.address; });\n"
+    "        var byAddr = list.slice();\n"
+    "        function segOf(addr) {\n"
+    "          var lo = 0, hi = byAddr.length - 1;\n"
+    "          while (lo <= hi) {\n"
+    "            var mid = (lo + hi) >> 1, s = byAddr[mid];\n"
+    "            if (addr < s.address) hi = mid - 1;\n"
+    "            else if (addr >= s.address + s.total) lo = mid + 1;\n"
+    "            else return s;\n"
+    "          }\n"
+    "          return null;\n"
+    "        }\n"
+    "        var per = new Map(), orphans = 0;\n"
+    "        st.blocks.forEach(function (b, addr) {\n"
+    "          var s = segOf(addr);\n"
+    "          if (!s) { orphans++; return; }\n"
+    "          if (!per.has(s.address)) per.set(s.address, []);\n"
+    "          per.get(s.address).push({offset: addr - s.address, size: b.size, requested: b.req,\n"
+    "                                   state: b.state, manager: b.m, frames: b.f});\n"
+    "        });\n"
+    "        var t = tl.ev.t[Math.max(0, k - 1)] - tl.ev.t[0];\n"
+    "        svg = drawSegmap(box, dev, list, maxSeg, function (s) { return per.get(s.address) || []; },\n"
+    "                         'after event ' + k + ' (' + secs(t) + ')');\n"
+    "        svg.setAttribute('data-orphans', orphans);\n"
+    "        var e = k > 0 ? k - 1 : 0;\n"
+    "        what.textContent = ' ' + k + ' of ' + n + ': last ' + ACT[tl.ev.a[e]] + ' ' +\n"
+    "          bytes(tl.ev.size[e]) + ' ' + (S[tl.ev.m[e]] || '');\n"
+    "      }\n"
+    "      svg.setAttribute('data-event', k);\n"
+    "    }\n"
+    "    slider.addEventListener('input', function () { show(Number(slider.value)); });\n"
+    "    var r = hashArgs('replay', dev);\n"
+    "    if (r) show(r[0]); else svg.setAttribute('data-event', n);\n"
     "  });\n"
     "  if (!D.segments.length) html('div', 'no segments in the snapshot', host, 'note');\n"
     "}\n"
+    "\n"
+    "/* ---- two snapshots ---- */\n"
+    "function drawCompare(host) {\n"
+    "  var C = D.compare;\n"
+    "  if (!C) return;\n"
+    "  html('h2', 'Compared with ' + C.source, host);\n"
+    "  html('div', 'reserved ' + bytes(C.reserved_before) + ' before, ' + bytes(C.reserved_after) +\n"
+    "       ' now; ' + C.only_before.length + ' segments only before, ' + C.only_after.length +\n"
+    "       ' only now', host, 'note');\n"
+    "  var t = html('table', null, host, 'compare');\n"
+    "  var head = html('tr', null, t);\n"
+    "  ['manager', 'before', 'now', 'change', ''].forEach(function (h) { html('th', h, head); });\n"
+    "  var most = 1;\n"
+    "  C.managers.forEach(function (m) { most = Math.max(most, Math.abs(m.after - m.before)); });\n"
+    "  C.managers.forEach(function (m) {\n"
+    "    var row = html('tr', null, t), d = m.after - m.before;\n"
+    "    row.setAttribute('data-manager', m.manager);\n"
+    "    row.setAttribute('data-delta', d);\n"
+    "    html('td', m.manager, row);\n"
+    "    html('td', bytes(m.before), row);\n"
+    "    html('td', bytes(m.after), row);\n"
+    "    html('td', (d > 0 ? '+' : '') + bytes(d), row, d > 0 ? 'grow' : d < 0 ? 'shrink' : '');\n"
+    "    var bar = html('i', null, html('td', null, row));\n"
+    "    bar.className = 'bar ' + (d > 0 ? 'grow' : 'shrink');\n"
+    "    bar.style.width = Math.round(Math.abs(d) / most * 200) + 'px';\n"
+    "  });\n"
+    "  [['only before', C.only_before], ['only now', C.only_after]].forEach(function (x) {\n"
+    "    if (!x[1].length) return;\n"
+    "    html('div', x[0] + ': ' + x[1].map(function (s) {\n"
+    "      return s.device + ' ' + hex(s.address) + ' ' + bytes(s.total);\n"
+    "    }).join(', '), host, 'note');\n"
+    "  });\n"
+    "}\n"
+    "\n"
     "try {\n"
     "  document.getElementById('source').textContent = D.source;\n"
     "  var w = document.getElementById('warnings');\n"
     "  D.warnings.forEach(function (m) { html('div', 'warning: ' + m, w, 'warn'); });\n"
+    "  drawCompare(document.getElementById('compare'));\n"
     "  var th = document.getElementById('timelines');\n"
     "  D.timelines.forEach(function (tl) { drawTimeline(tl, th); });\n"
     "  drawSegments(document.getElementById('segments'));\n"
@@ -1264,7 +2186,7 @@ static const char page_tail[] =
     "  document.body.setAttribute('data-rendered', '1');\n"
     "} catch (e) {\n"
     "  document.body.setAttribute('data-rendered', 'error');\n"
-    "  html('pre', 'drawing failed: ' + e, document.body, 'warn');\n"
+    "  html('pre', 'drawing failed: ' + e + '\\n' + (e.stack || ''), document.body, 'warn');\n"
     "}\n"
     "})();\n"
     "</script>\n</body>\n</html>\n";
@@ -1303,27 +2225,57 @@ static char *read_file(const char *path, size_t *len)
 int main(int argc, char **argv)
 {
     bool help = argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"));
-    if (argc != 3 || help) {
+    if ((argc != 3 && argc != 4) || help) {
         fprintf(help ? stdout : stderr,
                 "usage: %s snapshot.json out.html\n"
-                "Writes one self-contained HTML page from an ndm memory snapshot: bytes over\n"
-                "time stacked by manager (one chart per device) and the segment map.\n",
-                argc > 0 ? argv[0] : "ndm-memviz");
+                "       %s before.json after.json out.html\n"
+                "Writes one self-contained HTML page from a memory snapshot (ndm's JSON or\n"
+                "pickle, or PyTorch's pickle): bytes over time stacked by manager (one chart\n"
+                "per device, zoom with the wheel, pan by dragging, hover for one allocation),\n"
+                "and the segment map with a slider that replays it at any event. Given two\n"
+                "snapshots, the page also compares the first with the second.\n",
+                argc > 0 ? argv[0] : "ndm-memviz", argc > 0 ? argv[0] : "ndm-memviz");
         return help ? 0 : 2;
+    }
+    snapshot before_snap, *before = NULL;
+    const char *before_name = NULL;
+    if (argc == 4) {
+        before_name = input_name = argv[1];
+        size_t blen;
+        input_text = read_file(argv[1], &blen);
+        jval *broot;
+        if (blen && (unsigned char)input_text[0] == 0x80) {
+            broot = pickle_parse(input_text, blen);
+        } else {
+            if (memchr(input_text, '\0', blen))
+                fail("the file holds a NUL byte: not a JSON text");
+            broot = json_parse(input_text, blen);
+        }
+        read_snapshot(broot, &before_snap);
+        before = &before_snap;
+        /* Strings of the tree live in the arena; the text may go. */
+        argv++;
     }
     input_name = argv[1];
     size_t len;
+    char *prev_text = input_text;
     input_text = read_file(argv[1], &len);
-    if (memchr(input_text, '\0', len))
-        fail("the file holds a NUL byte: not a JSON text");
-    jval *root = json_parse(input_text, len);
+    free(prev_text);
+    jval *root;
+    if (len && (unsigned char)input_text[0] == 0x80) {
+        root = pickle_parse(input_text, len);
+    } else {
+        if (memchr(input_text, '\0', len))
+            fail("the file holds a NUL byte: not a JSON text");
+        root = json_parse(input_text, len);
+    }
     snapshot s;
     read_snapshot(root, &s);
     size_t ntl = s.devices.n;
     timeline *tls = xalloc((ntl ? ntl : 1) * sizeof *tls);
     for (size_t d = 0; d < ntl; d++)
         build_timeline(&tls[d], VEC_AT(s.devices, const char *, d),
-                       &VEC_AT(s.traces, vec, d));
+                       &VEC_AT(s.traces, vec, d), &s);
 
     /* Written beside the target, then renamed: a failed run leaves no half page. */
     char tmp[4096];
@@ -1338,7 +2290,7 @@ int main(int argc, char **argv)
         return 1;
     }
     fputs(page_head, out);
-    write_data(out, &s, tls, ntl);
+    write_data(out, &s, tls, ntl, before, before_name);
     fputs(page_tail, out);
     bool bad = ferror(out);
     if (fclose(out) != 0 || bad || rename(tmp, argv[2]) != 0) {

@@ -229,16 +229,45 @@ NDM_API NDM_NODISCARD ndm_status ndm_pressure_remove(ndm_pressure_fn fn, void *u
 
 /** Start (on) or stop recording allocator events on every device: a ring of
  *  the last max_entries (0: 100000) per device with time, size, manager path
- *  and creation site. Stopping clears the ring. While recording, every
+ *  and call frames. Stopping clears the ring. While recording, every
  *  allocation takes the shared path (the thread caches are bypassed).
+ *
+ *  The frames of an event run innermost first, as PyTorch's do: the public
+ *  function that allocated (file "??", line 0: ndm does not track its own
+ *  lines), then each enclosing public function that works through others
+ *  (ndm_forward, ndm_predict, ndm_backward, the losses) at its place in the
+ *  library, then the user's function at the line that called into ndm. A
+ *  segment event carries the frames of the allocation that mapped or
+ *  unmapped it. Functions that take no call site (ndm_optimizer_step) end
+ *  their stacks inside the library. File names are relative to the source
+ *  root (a build directory's "../" and the working directory are dropped).
+ *  With history off, frames cost one predictable branch per enclosing call.
  *  NDM_E_OVERFLOW when max_entries events overflow the ring's byte size,
  *  NDM_E_OOM when a ring cannot be allocated: on either error the previous
  *  recording (on or off, and its events) is left as it was. */
 NDM_API NDM_NODISCARD ndm_status ndm_memory_record_history(bool on, size_t max_entries);
 
 /** Write the segments, blocks and recorded events of every device used so far
- *  as one JSON object shaped like PyTorch's memory snapshot (the format memviz
- *  reads). NDM_E_IO when the file cannot be written. */
+ *  as PyTorch's memory snapshot: a pickle (protocol 2, the opcodes PyTorch's
+ *  web viewer decodes) when path ends in ".pickle", so that
+ *  `python -m torch.cuda._memory_viz` and the viewer open it unchanged, and
+ *  the same tree as JSON otherwise (ndm-memviz reads both).
+ *
+ *  The tree has PyTorch's keys: "segments" (each with an integer "device",
+ *  an index into "device_traces", and ndm's "device_name"; blocks with
+ *  "frames", "manager" and "category"), "device_traces" (events with
+ *  "action", "addr" or, for "oom", "device_free", "size", "stream",
+ *  Unix-epoch "time_us", "frames", the manager path as "user_metadata" and
+ *  "manager", and the manager under system as "category": "model", "data",
+ *  or "unknown" for events of no manager), "allocator_settings" (PyTorch's
+ *  keys from the first device's settings, ndm's own per device under
+ *  "ndm"), "external_annotations" (empty) and ndm's "devices" (the name of
+ *  each index). The last event of each device is the dump's own "snapshot"
+ *  entry, whose size is the bytes of allocated blocks. Each device's
+ *  segments and events are copied under one hold of its allocator's lock,
+ *  so replaying the events backwards from the segments is exact even while
+ *  other threads allocate.
+ *  NDM_E_IO when the file cannot be written. */
 NDM_API NDM_NODISCARD ndm_status ndm_memory_dump_snapshot(const char *path);
 
 /** Start writing an allocator-independent trace of every allocation and free

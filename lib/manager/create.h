@@ -145,7 +145,7 @@ static NDM__ALWAYS_INLINE ndm_array ndm__array_create(const ndm__site *site, con
     }
     ndm__array *r = ndm__array_rec(slot);
     ndm__storage *s = &r->own;
-    ndm__alloc_tag tag = {m->self, site->file, site->func, site->line};
+    ndm__alloc_tag tag = {m->self, site->file, site->func, site->line, api};
     ndm__block blk;
     if (NDM__UNLIKELY(ndm__alloc(dev, nbytes, &tag, &blk) < 0)) {
         /* The allocator's message says what it had; name the caller too. */

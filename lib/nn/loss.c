@@ -38,6 +38,7 @@ static bool check_pair(ndm_array scores, ndm_array labels, const char *api, ndm_
 static ndm_array picked_mean(ndm__site site, const char *api, ndm_manager out, ndm_array scores,
                              ndm_array labels, bool with_lse)
 {
+    NDM__CALL_FRAME(api, site);
     ndm__array *rs;
     if (!check_pair(scores, labels, api, site, &rs))
         return NDM_NULL_ARRAY;
@@ -77,6 +78,7 @@ NDM_API ndm_array ndm_nll_loss_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array
 NDM_API ndm_array ndm_mse_loss_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, ndm_array b)
 {
     ndm__site site = NDM__SITE;
+    NDM__CALL_FRAME("ndm_mse_loss", site);
     ndm__array *ra = ndm__array_get_prop(a, "ndm_mse_loss", site);
     if (!ra)
         return NDM_NULL_ARRAY;

@@ -647,6 +647,7 @@ NDM_API ndm_array ndm_forward_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_module
 {
     ndm__site site = NDM__SITE;
     const char *api = "ndm_forward";
+    NDM__CALL_FRAME(api, site);
     module *m = get(mh, api, site);
     ndm__array *rx = m ? ndm__array_get_prop(x, api, site) : NULL;
     if (!rx)

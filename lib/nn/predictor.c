@@ -58,6 +58,7 @@ NDM_API ndm_array ndm_predict_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_predic
 {
     ndm__site site = NDM__SITE;
     const char *api = "ndm_predict";
+    NDM__CALL_FRAME(api, site);
     predictor *p = ndm__object_get(h.id, &pred_type, api, site);
     ndm__array *rx = p ? ndm__array_get_prop(input, api, site) : NULL;
     if (!rx)

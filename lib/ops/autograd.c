@@ -437,6 +437,7 @@ static ndm_status deliver(ndm__ag_node *nd, int i, ndm_array gi, const char *api
 NDM_API ndm_status ndm_backward_with_at(NDM_SITE_PARAMS, ndm_array out, ndm_array grad)
 {
     ndm__site site = NDM__SITE;
+    NDM__CALL_FRAME("ndm_backward", site);
     ndm__array *ro = ndm__array_get(out, __func__, site);
     if (!ro)
         return ndm_last_status();

@@ -550,10 +550,12 @@ NDM_API ndm_status ndm_memory_dump_snapshot(const char *path)
     if (!get_pool(NDM_CPU, __func__))
         return ndm_last_status();
     int n = used_pools(list);
-    FILE *f = fopen(path, "w");
+    size_t len = strlen(path);
+    bool pickle = len >= 7 && !strcmp(path + len - 7, ".pickle");
+    FILE *f = fopen(path, pickle ? "wb" : "w");
     if (!f)
         return ndm__fail(NDM_E_IO, __func__, NDM__NO_SITE, "cannot open '%s' for writing", path);
-    ndm_status st = ndm__snapshot_write(f, list, n);
+    ndm_status st = ndm__snapshot_write(f, list, n, pickle);
     if (fclose(f) != 0 && st == NDM_OK)
         st = NDM_E_IO;
     if (st == NDM_E_IO)

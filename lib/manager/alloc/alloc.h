@@ -11,12 +11,14 @@
 #include "ndm/device.h"
 #include "ndm/status.h"
 
-/* Where an allocation comes from, for history and OOM reports. */
+/* Where an allocation comes from, for history and OOM reports: the caller's
+ * site, and the public function that allocates (NULL: none named). */
 typedef struct ndm__alloc_tag {
     uint32_t manager; /* manager slot (0: none) */
     const char *file;
     const char *func;
     int line;
+    const char *api;
 } ndm__alloc_tag;
 
 /* One allocation. `cookie` is the allocator's own record, so freeing needs no
@@ -136,5 +138,56 @@ typedef void (*ndm__oom_reporter)(ndm_device dev, char *buf, size_t n);
 typedef void (*ndm__manager_describer)(uint32_t slot, char *buf, size_t n);
 void ndm__alloc_set_oom_reporter(ndm__oom_reporter fn);
 void ndm__alloc_set_describer(ndm__manager_describer fn);
+
+/* ---- call frames for history -------------------------------------------------
+ * A public function that does its work through other public functions (a
+ * layer's forward, backward, an optimizer step) pushes a frame while history
+ * is recorded: its name, the site its caller gave, and where in the library
+ * it runs. An allocation inside takes the calling thread's frames, so its
+ * recorded stack leads from the function that allocated out to the user's
+ * own line. With history off, entering costs one predictable branch. */
+typedef struct ndm__call_frame {
+    const char *api;       /* the public function ("ndm_module_forward") */
+    const char *file;      /* the site its caller passed */
+    const char *func;
+    int line;
+    const char *body_file; /* where in the library it runs (__FILE__, __LINE__) */
+    int body_line;
+} ndm__call_frame;
+
+#ifndef __cplusplus
+#include <stdatomic.h>
+/* Bit 0: history is recorded; bit 1: a trace is written (relaxed reads). */
+extern atomic_int ndm__instrumented;
+#endif
+
+/* The calling thread's frames, innermost last; *out stays valid until the
+ * thread pushes or pops one. */
+int ndm__frames_current(const ndm__call_frame **out);
+/* Push a frame when history is recorded; returns whether it pushed (pass it
+ * to ndm__frame_pop). A frame beyond the stack's depth is not kept. */
+int ndm__frame_push_slow(const ndm__call_frame *f);
+void ndm__frame_pop_slow(void);
+#ifndef __cplusplus
+static inline int ndm__frame_push(const char *api, const char *file, const char *func, int line,
+                                  const char *body_file, int body_line)
+{
+    if (__builtin_expect(!(atomic_load_explicit(&ndm__instrumented, memory_order_relaxed) & 1),
+                         1))
+        return 0;
+    ndm__call_frame f = {api, file, func, line, body_file, body_line};
+    return ndm__frame_push_slow(&f);
+}
+static inline void ndm__frame_pop(const int *pushed)
+{
+    if (__builtin_expect(*pushed, 0))
+        ndm__frame_pop_slow();
+}
+/* In a public function with a `site` (ndm__site) and an `api` name: the
+ * frame lives until the enclosing block exits. */
+#define NDM__CALL_FRAME(api_, site_)                                                     \
+    int ndm__frame_pushed_ __attribute__((cleanup(ndm__frame_pop), unused)) =            \
+        ndm__frame_push((api_), (site_).file, (site_).func, (site_).line, __FILE__, __LINE__)
+#endif
 
 #endif

@@ -341,7 +341,7 @@ static ndm__ablk *map_block(ndm__pool *p, int pool, size_t seg_size, bool retry,
     if (seg_size >= p->set.max_split_size)
         stat_inc1(&p->st.oversize_segments, 1);
     p->st.num_device_alloc++;
-    ndm__hist_event(p, NDM__EV_SEGMENT_ALLOC, s->addr, seg_size, NULL, NULL, NULL, 0);
+    ndm__hist_event(p, NDM__EV_SEGMENT_ALLOC, s->addr, seg_size, p->hist_cause);
     return b;
 }
 
@@ -351,7 +351,7 @@ static void release_block(ndm__pool *p, ndm__ablk *b)
     ndm__aseg *s = b->seg;
     tree_remove(p, b);
     p->st.num_device_free++;
-    ndm__hist_event(p, NDM__EV_SEGMENT_FREE, s->addr, s->size, NULL, NULL, NULL, 0);
+    ndm__hist_event(p, NDM__EV_SEGMENT_FREE, s->addr, s->size, p->hist_cause);
     if (p->poison)
         ndm__unpoison(s->base, s->size); /* the range may be mapped again by anyone */
     p->src->unmap(p->src->ctx, s->base, s->size);
@@ -783,7 +783,7 @@ static void finish_alloc(ndm__pool *p, ndm__ablk *b, size_t size, size_t req,
     b = alloc_found(p, b, size, req, from_cache);
     b->whole = b->size == b->seg->size;
     set_tag(b, tag, path);
-    ndm__hist_event(p, NDM__EV_ALLOC, b->addr, req, b->path, b->file, b->func, b->line);
+    ndm__hist_event(p, NDM__EV_ALLOC, b->addr, req, b->path);
     ndm__trace_alloc(p, b, req);
     out->ptr = (void *)b->addr;
     out->cookie = b;
@@ -803,7 +803,7 @@ const char *ndm__fmt_size(size_t n, char *buf, size_t len)
     return buf;
 }
 
-static ndm_status oom(ndm__pool *p, size_t req, size_t size)
+static ndm_status oom(ndm__pool *p, size_t req, size_t size, ndm__rstr *cause)
 {
     char s_req[32], s_round[32], s_alloc[32], s_res[32], s_free[32], s_large[32], s_lim[48];
     char s_dfree[32], s_dtotal[32];
@@ -812,7 +812,7 @@ static ndm_status oom(ndm__pool *p, size_t req, size_t size)
     size_t dfree = 0, dtotal = 0;
     if (p->src->mem_info)
         (void)p->src->mem_info(p->src->ctx, &dfree, &dtotal);
-    ndm__hist_event(p, NDM__EV_OOM, dfree, req, NULL, NULL, NULL, 0);
+    ndm__hist_event(p, NDM__EV_OOM, dfree, req, cause);
     ndm_memory_stats st = p->st;
     int64_t largest_cached = 0;
     ndm__tc_add_unfolded(p, &st, &largest_cached);
@@ -855,10 +855,12 @@ static ndm_status oom(ndm__pool *p, size_t req, size_t size)
 static ndm_status alloc_slow(ndm__pool *p, size_t req, size_t size, const ndm__alloc_tag *tag,
                              ndm__block *out)
 {
+    /* While recording, the allocation's context (manager path and frames)
+     * is made before the lock: describing a manager takes the tree lock. */
     ndm__rstr *path = NULL;
-    if (atomic_load_explicit(&ndm__instrumented, memory_order_relaxed) && p->real_device && tag &&
-        tag->manager && ndm__hist_recording())
-        path = ndm__describe_manager(tag->manager);
+    if (__builtin_expect(atomic_load_explicit(&ndm__instrumented, memory_order_relaxed) & 1, 0) &&
+        tag && ndm__hist_recording())
+        path = ndm__hist_context(p->real_device ? tag->manager : 0, tag);
     ndm_status st = NDM_OK;
     bool periodic = false, failed = false;
     /* Only small-pool operations touch the thread cache; the others leave
@@ -866,6 +868,7 @@ static ndm_status alloc_slow(ndm__pool *p, size_t req, size_t size, const ndm__a
     ndm__pool_lock(p);
     bool small = pool_for(p, size) == NDM__POOL_SMALL;
     ndm__tcache *tc = small ? slow_begin(p) : NULL;
+    p->hist_cause = path; /* segment events name the allocation that caused them */
     ndm__ablk *b = cache_take_locked(p, tc, size);
     bool from_cache = b != NULL;
     if (!b)
@@ -874,6 +877,7 @@ static ndm_status alloc_slow(ndm__pool *p, size_t req, size_t size, const ndm__a
         finish_alloc(p, b, size, req, tag, path, out, from_cache);
         periodic = pressure_due(p);
     }
+    p->hist_cause = NULL;
     slow_end(p, tc);
     ndm__pool_unlock(p);
     if (!b) {
@@ -883,6 +887,7 @@ static ndm_status alloc_slow(ndm__pool *p, size_t req, size_t size, const ndm__a
         ndm__pool_lock(p);
         small = pool_for(p, size) == NDM__POOL_SMALL;
         tc = small ? slow_begin(p) : NULL;
+        p->hist_cause = path;
         if (failed) {
             int pool = pool_for(p, size);
             b = p->set.strategy == NDM__SYSTEM ? NULL : get_free_block(p, pool, size);
@@ -895,10 +900,11 @@ static ndm_status alloc_slow(ndm__pool *p, size_t req, size_t size, const ndm__a
             finish_alloc(p, b, size, req, tag, path, out, false);
             periodic = pressure_due(p);
         }
+        p->hist_cause = NULL;
         slow_end(p, tc);
         ndm__pool_unlock(p);
         if (!b)
-            st = oom(p, req, size);
+            st = oom(p, req, size, path);
     }
     if (path)
         ndm__rstr_unref(path);
@@ -947,11 +953,9 @@ void ndm__pool_free(ndm__pool *p, ndm__block *blk)
         ndm__pool_unlock(p);
         return;
     }
-    ndm__hist_event(p, NDM__EV_FREE_REQUESTED, b->addr, b->requested, b->path, b->file, b->func,
-                    b->line);
+    ndm__hist_event(p, NDM__EV_FREE_REQUESTED, b->addr, b->requested, b->path);
     ndm__trace_free(p, b);
-    ndm__hist_event(p, NDM__EV_FREE_COMPLETED, b->addr, b->requested, b->path, b->file, b->func,
-                    b->line);
+    ndm__hist_event(p, NDM__EV_FREE_COMPLETED, b->addr, b->requested, b->path);
     free_block(p, b, false);
     if (p->set.strategy == NDM__SYSTEM && !is_split(b))
         release_block(p, b);
@@ -1168,7 +1172,7 @@ ndm_status ndm__pool_snapshot(ndm__pool *p, ndm__snapshot *out)
         ndm__snapshot_free(out);
         return NDM_E_OOM;
     }
-    size_t k = 0, j = 0;
+    size_t k = 0, j = 0, active = 0;
     for (ndm__aseg *s = p->segs; s; s = s->next) {
         ndm__snap_seg *g = &out->segs[k++];
         *g = (ndm__snap_seg){s->addr, s->size, s->pool, s->pinned, j, 0};
@@ -1187,11 +1191,25 @@ ndm_status ndm__pool_snapshot(ndm__pool *p, ndm__snapshot *out)
                 .path = state == NDM__B_ALLOCATED && b->path ? ndm__rstr_ref(b->path) : NULL,
             };
             g->count++;
+            if (state == NDM__B_ALLOCATED)
+                active += b->size;
         }
     }
-    ndm__hist_event(p, NDM__EV_SNAPSHOT, 0, 0, NULL, NULL, NULL, 0);
+    /* PyTorch's snapshot entry carries the active bytes; the ring is copied
+     * after it, under the same hold of the lock as the segments, so a
+     * replay of the trace backwards from the segments is exact. */
+    ndm__hist_event(p, NDM__EV_SNAPSHOT, 0, active, NULL);
+    ndm_status st = ndm__hist_copy(p, &out->trace, &out->ntrace);
+    out->active = active;
+    out->set = p->set;
+    snprintf(out->conf, sizeof out->conf, "%s", p->conf);
     slow_end(p, tc);
     ndm__pool_unlock(p);
+    if (st < 0) {
+        out->nblocks = nblocks;
+        ndm__snapshot_free(out);
+        return st;
+    }
     out->nsegs = nsegs;
     out->nblocks = nblocks;
     qsort(out->segs, nsegs, sizeof *out->segs, seg_cmp);
@@ -1204,6 +1222,7 @@ void ndm__snapshot_free(ndm__snapshot *s)
         for (size_t i = 0; i < s->nblocks; i++)
             if (s->blocks[i].path)
                 ndm__rstr_unref(s->blocks[i].path);
+    ndm__hist_copy_free(s->trace, s->ntrace);
     free(s->segs);
     free(s->blocks);
     memset(s, 0, sizeof *s);
@@ -1218,6 +1237,8 @@ ndm__rstr *ndm__rstr_new(const char *s)
     if (!r)
         return NULL;
     atomic_init(&r->refs, 1);
+    r->nframes = 0;
+    r->frames = NULL;
     memcpy(r->s, s, n + 1);
     return r;
 }

@@ -51,8 +51,8 @@ ndm_status ndm__settings_parse(const char *conf, ndm_device dev, ndm__settings *
                                size_t n);
 /* "strategy:auto_growth,max_split_size_mb:..." (like snprintf). */
 int ndm__settings_str(const ndm__settings *s, char *buf, size_t n);
-/* The settings as the members of a JSON object (no braces). */
-void ndm__settings_json(const ndm__settings *s, FILE *f);
+/* roundup_power2_divisions as the grammar writes it (like snprintf). */
+int ndm__divisions_str(const unsigned *d, char *buf, size_t n);
 const char *ndm__strategy_name(int strategy);
 
 /* ---- blocks and segments ---------------------------------------------------- */
@@ -60,9 +60,20 @@ const char *ndm__strategy_name(int strategy);
 enum { NDM__POOL_SMALL = 0, NDM__POOL_LARGE = 1 };
 enum { NDM__B_FREE = 0, NDM__B_ALLOCATED = 1, NDM__B_CACHED = 2 };
 
-/* A refcounted string (manager paths kept by history entries and blocks). */
+/* One frame of a recorded stack, as PyTorch's snapshots name it: the
+ * function, and the file and line inside it. */
+typedef struct ndm__frame {
+    const char *name, *file;
+    int line;
+} ndm__frame;
+
+/* A refcounted string (manager paths kept by history entries and blocks);
+ * while history is recorded it also holds the allocation's frames,
+ * innermost first, in the same allocation. */
 typedef struct ndm__rstr {
     atomic_uint refs;
+    unsigned nframes;
+    const ndm__frame *frames;
     char s[];
 } ndm__rstr;
 ndm__rstr *ndm__rstr_new(const char *s);
@@ -178,6 +189,7 @@ typedef struct ndm__pool {
 
     /* instrumentation (history.c) */
     struct ndm__history *hist;
+    ndm__rstr *hist_cause;         /* the allocation being served, for segment events */
     uint64_t next_trace_id;
 } ndm__pool;
 
@@ -224,14 +236,30 @@ typedef struct ndm__snap_seg {
     size_t first, count;           /* into blocks[] */
 } ndm__snap_seg;
 
+/* One history event, as copied out of the ring. */
+typedef struct ndm__hist_entry {
+    uint8_t action;
+    uintptr_t addr;
+    size_t size;
+    int64_t time_us;
+    ndm__rstr *ctx;
+} ndm__hist_entry;
+
 typedef struct ndm__snapshot {
     ndm__snap_seg *segs;
     size_t nsegs;
     ndm__snap_block *blocks;
     size_t nblocks;
+    ndm__hist_entry *trace;        /* the history, copied under the same lock */
+    size_t ntrace;
+    size_t active;                 /* bytes of allocated blocks */
+    ndm__settings set;
+    char conf[512];
 } ndm__snapshot;
 
-/* Segments sorted by address. NDM_E_OOM when the copy cannot be made. */
+/* Segments sorted by address, and the history and settings at the same
+ * moment (one hold of the pool's lock). NDM_E_OOM when the copy cannot be
+ * made. */
 ndm_status ndm__pool_snapshot(ndm__pool *p, ndm__snapshot *out);
 void ndm__snapshot_free(ndm__snapshot *s);
 
@@ -483,9 +511,6 @@ static inline bool ndm__pool_alloc_fast(ndm__pool *p, size_t nbytes, const ndm__
 
 /* ---- history and traces (history.c) ------------------------------------------- */
 
-/* Bit 0: history is recorded; bit 1: a trace is written (relaxed reads). */
-extern atomic_int ndm__instrumented;
-
 enum {
     NDM__EV_ALLOC,
     NDM__EV_FREE_REQUESTED,
@@ -498,9 +523,18 @@ enum {
     NDM__EV_SNAPSHOT,
 };
 
-/* Record an event (lock held; no-op unless recording). */
-void ndm__hist_record(ndm__pool *p, int action, uintptr_t addr, size_t size, ndm__rstr *path,
-                      const char *file, const char *func, int line);
+/* Record an event (lock held; no-op unless recording); ctx: the manager path
+ * and frames of the allocation it concerns (NULL: none). */
+void ndm__hist_record(ndm__pool *p, int action, uintptr_t addr, size_t size, ndm__rstr *ctx);
+/* The context history keeps for an allocation from `tag`: the path of
+ * manager slot `manager` (0: none) and the frames from the allocating
+ * function out to the caller's site. No lock may be held. NULL without
+ * memory (the events then carry none). */
+ndm__rstr *ndm__hist_context(uint32_t manager, const ndm__alloc_tag *tag);
+/* A copy of the ring (lock held), oldest first, each entry referencing its
+ * context; ndm__hist_copy_free releases it. */
+ndm_status ndm__hist_copy(ndm__pool *p, ndm__hist_entry **out, size_t *n);
+void ndm__hist_copy_free(ndm__hist_entry *e, size_t n);
 #define ndm__hist_event(p, ...)                                                         \
     do {                                                                                \
         if (__builtin_expect((p)->hist != NULL, 0))                                     \
@@ -533,8 +567,9 @@ void ndm__hist_free(struct ndm__history *h);
 /* Replace the pool's ring by h (made by ndm__hist_new, or NULL to stop);
  * lock held. */
 void ndm__hist_install(ndm__pool *p, struct ndm__history *h);
-/* Write the snapshot of these pools (no lock held). */
-ndm_status ndm__snapshot_write(FILE *f, ndm__pool **pools, int n);
+/* Write the snapshot of these pools (no lock held): PyTorch's pickle, or
+ * the same tree as JSON. */
+ndm_status ndm__snapshot_write(FILE *f, ndm__pool **pools, int n, bool pickle);
 /* Start/stop the trace file (NULL stops). */
 ndm_status ndm__trace_start(const char *path, char *err, size_t n);
 /* Start/stop history: the flag only; pools follow with ndm__hist_enable. */

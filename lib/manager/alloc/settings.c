@@ -452,7 +452,7 @@ ndm_status ndm__settings_parse(const char *conf, ndm_device dev, ndm__settings *
 
 /* ---- printing ------------------------------------------------------------- */
 
-static int divisions_str(const unsigned *d, char *buf, size_t n)
+int ndm__divisions_str(const unsigned *d, char *buf, size_t n)
 {
     bool same = true;
     for (int k = 1; k < NDM__DIV_INTERVALS; k++)
@@ -483,7 +483,7 @@ int ndm__settings_str(const ndm__settings *s, char *buf, size_t n)
         snprintf(split, sizeof split, "unlimited");
     else
         snprintf(split, sizeof split, "%zu", s->max_split_size / NDM__MB);
-    divisions_str(s->divisions, div, sizeof div);
+    ndm__divisions_str(s->divisions, div, sizeof div);
     return snprintf(buf, n,
                     "strategy:%s,preallocate_fraction:%g,memory_limit_mb:%zu,"
                     "max_split_size_mb:%s,max_non_split_rounding_mb:%zu,"
@@ -496,23 +496,4 @@ int ndm__settings_str(const ndm__settings *s, char *buf, size_t n)
                     s->pressure_every / NDM__MB, s->thread_cache ? "True" : "False",
                     s->release_free_segments ? "True" : "False",
                     s->segment_refit ? "True" : "False", s->segment_round >> 10);
-}
-
-void ndm__settings_json(const ndm__settings *s, FILE *f)
-{
-    char div[160];
-    divisions_str(s->divisions, div, sizeof div);
-    fprintf(f,
-            "\"strategy\": \"%s\", \"preallocate_fraction\": %g, \"memory_limit_mb\": %zu, "
-            "\"max_split_size_mb\": %lld, \"max_non_split_rounding_mb\": %zu, "
-            "\"large_segment_size_mb\": %zu, \"roundup_power2_divisions\": \"%s\", "
-            "\"garbage_collection_threshold\": %g, \"pressure_every_mb\": %zu, "
-            "\"thread_cache\": %s, \"release_free_segments\": %s, \"segment_refit\": %s, "
-            "\"segment_round_kb\": %zu",
-            ndm__strategy_name(s->strategy), s->preallocate_fraction, s->memory_limit / NDM__MB,
-            s->max_split_size == SIZE_MAX ? -1LL : (long long)(s->max_split_size / NDM__MB),
-            s->max_non_split_rounding / NDM__MB, s->large_segment_size / NDM__MB, div,
-            s->gc_threshold, s->pressure_every / NDM__MB, s->thread_cache ? "true" : "false",
-            s->release_free_segments ? "true" : "false", s->segment_refit ? "true" : "false",
-            s->segment_round >> 10);
 }
