@@ -690,6 +690,11 @@ static void test_backend_ops_cuda_matches_reference(void **state)
 
 typedef ndm_array (*fwd_fn)(const void *op, ndm_array x, ndm_array y);
 
+/* The loss's weights: fixed, exact in f32. */
+static const double weights[24] = {0.5,  -1.25, 2,    0.75,  -0.5, 1.5,  1,    -2,
+                                   0.25, 1.75,  -1,   0.625, 2.5,  -0.75, 1.25, 0.5,
+                                   -1.5, 2.25,  0.375, -0.25, 1,    -1.75, 0.875, 1.5};
+
 static ndm_array fwd_un(const void *op, ndm_array x, ndm_array y)
 {
     (void)y;
@@ -733,8 +738,8 @@ static void grads(ndm_manager root, ndm_dtype dt, fwd_fn f, const void *op, cons
     ndm_manager s = ndm_scope_begin(batch, "forward");
     ndm_array out = f(op, x, y);
     assert_live(out);
-    ndm_array w = ndm_from_buffer(batch, dt, f32 ? (const void *)yf : yv, NDM_SHAPE(4, 6));
-    ndm_array loss = ndm_sum(ndm_mul(out, ndm_add_scalar(w, 0.5)), false, NDM_ALL_AXES_LIST);
+    ndm_array w = ndm_astype(ndm_from_buffer(batch, NDM_F64, weights, NDM_SHAPE(4, 6)), dt);
+    ndm_array loss = ndm_sum(ndm_mul(out, w), false, NDM_ALL_AXES_LIST);
     assert_live(loss);
     assert_ok(ndm_scope_end(s, 1, &loss));
     assert_ok(ndm_backward(loss));
@@ -752,6 +757,52 @@ static void grads(ndm_manager root, ndm_dtype dt, fwd_fn f, const void *op, cons
     ndm_clear_error();
     assert_ok(ndm_scope_end(rd, 0, NULL));
     assert_ok(ndm_manager_close(model));
+}
+
+/* sum(w * f(x, y)) in f64 without recording, for finite differences. */
+static double loss_value(ndm_manager root, fwd_fn f, const void *op, const double *xv,
+                         const double *yv)
+{
+    ndm_manager s = ndm_scope_begin(root, "numeric");
+    ndm_array x = ndm_from_buffer(s, NDM_F64, xv, NDM_SHAPE(4, 6));
+    ndm_array y = ndm_from_buffer(s, NDM_F64, yv, NDM_SHAPE(4, 6));
+    ndm_array w = ndm_from_buffer(s, NDM_F64, weights, NDM_SHAPE(4, 6));
+    ndm_array loss = ndm_sum(ndm_mul(f(op, x, y), w), false, NDM_ALL_AXES_LIST);
+    double v = NAN;
+    assert_live(loss);
+    assert_ok(ndm_array_copy_out(loss, &v, sizeof v));
+    assert_ok(ndm_scope_end(s, 0, NULL));
+    return v;
+}
+
+/* The reference backend's analytic gradients (rx, ry) against central
+ * differences: the gradient rules of the lists are right, not only equal
+ * across tables. */
+static void check_numeric(ndm_manager root, const char *name, fwd_fn f, const void *op,
+                          double *xv, double *yv, int n, const double *rx, const double *ry,
+                          tally *t)
+{
+    for (int k = 0; k < 2; k++) {
+        double *v = k ? yv : xv;
+        const double *ga = k ? ry : rx;
+        for (int i = 0; i < n; i++) {
+            double keep = v[i], h = 1e-6;
+            v[i] = keep + h;
+            double lp = loss_value(root, f, op, xv, yv);
+            v[i] = keep - h;
+            double lm = loss_value(root, f, op, xv, yv);
+            v[i] = keep;
+            double num = (lp - lm) / (2 * h);
+            if (close_to(ga[i], num, 1e-5, 1e-6))
+                continue;
+            if (!t->mismatches++)
+                snprintf(t->first, sizeof t->first,
+                         "gradient rule of %s (float64): d/d%s element %d: analytic %.9g, "
+                         "numeric %.9g",
+                         name, k ? "y" : "x", i, ga[i], num);
+            return;
+        }
+    }
 }
 
 static void test_backend_ops_backward_matches_reference(void **state)
@@ -792,6 +843,8 @@ static void test_backend_ops_backward_matches_reference(void **state)
                     grads(root, dts[d], f, op, xv, yv, N, gx, gy);
                     ndm__cpu_force_reference(true);
                     grads(root, dts[d], f, op, xv, yv, N, rx, ry);
+                    if (level == 0 && dts[d] == NDM_F64)
+                        check_numeric(root, name, f, op, xv, yv, N, rx, ry, &t);
                     ndm__cpu_force_reference(false);
                     double rtol = dts[d] == NDM_F32 ? 1e-4 : 1e-10;
                     for (int i = 0; i < 2 * N; i++) {
