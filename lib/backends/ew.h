@@ -65,6 +65,8 @@
       NDM__EW_GRAD(ndm_neg(g)))                                                 \
     X(ABS, abs, U, 0, 0, fabs(x), x < 0 ? (int64_t)(0 - (uint64_t)x) : x,       \
       NDM__EW_GRAD(ndm_mul(g, ndm_sign(a))))                                    \
+    X(SQUARE, square, U, 0, 0, x * x, (int64_t)((uint64_t)x * (uint64_t)x),     \
+      NDM__EW_GRAD(ndm_mul(g, ndm_mul_scalar(a, 2.0))))                         \
     X(SIGN, sign, U, 0, 0, x > 0 ? 1.0 : x < 0 ? -1.0 : x, (x > 0) - (x < 0),   \
       NDM__EW_NOGRAD)                                                           \
     X(RELU, relu, U, 0, 0, x < 0 ? 0.0 : x, x < 0 ? 0 : x,                     \
