@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../lib/backends/cpu/ew_cpu.h"
 #include "../lib/backends/cpu/features.h"
 #include "../lib/backends/ew.h"
 #include "../lib/backends/reduce.h"
@@ -894,10 +895,73 @@ static void test_backend_ops_lists_and_levels(void **state)
     assert_int_equal(ndm__cpu_isa_parse("sse9"), -1);
 }
 
+/* Every (operation, computation dtype) slot of every level's elementwise
+ * table has a kernel: the fast tables start from the reference loops. */
+static void test_backend_ops_cpu_tables_have_every_slot(void **state)
+{
+    (void)state;
+    static const ndm_dtype cts[] = {NDM_BOOL, NDM_U8, NDM_I32, NDM_I64, NDM_F32, NDM_F64};
+    for (int level = 0; level < NDM__CPU_ISA_COUNT; level++) {
+        const ndm__ew_isa *t = ndm__ew_isa_of(level);
+        for (int k = 0; k < 6; k++) {
+            ndm_dtype ct = cts[k];
+            for (int op = 0; op < NDM__EW_UNOP_COUNT; op++)
+                if (!t->un[op][ct])
+                    fail_msg("%s table: no kernel for %s in %s", ndm__cpu_isa_name(level),
+                             ndm__ew_unop_name(op), ndm_dtype_name(ct));
+            for (int op = 0; op < NDM__EW_BINOP_COUNT; op++)
+                if (!t->bin[op][ct])
+                    fail_msg("%s table: no kernel for %s in %s", ndm__cpu_isa_name(level),
+                             ndm__ew_binop_name(op), ndm_dtype_name(ct));
+            assert_non_null(t->where[ct]);
+        }
+        for (int a = 0; a < NDM_DTYPE_COUNT; a++)
+            for (int b = 0; b < NDM_DTYPE_COUNT; b++)
+                assert_non_null(t->conv[a][b]);
+    }
+}
+
+static void keep_warning(ndm_log_level level, const char *msg, void *ud)
+{
+    if (level == NDM_LOG_WARN)
+        snprintf(ud, 256, "%s", msg);
+}
+
+/* NDM_CPU_ISA lowers the level; a value the CPU cannot run, or an unknown
+ * one, is ignored with a warning that names it. */
+static void test_backend_ops_env_lowers_level(void **state)
+{
+    (void)state;
+    char warned[256] = "";
+    ndm_set_log_fn(keep_warning, warned);
+    ndm__cpu_isa best = ndm__cpu_isa_detected();
+    setenv("NDM_CPU_ISA", "ref", 1);
+    assert_true(ndm__cpu_isa_force(-1));
+    assert_int_equal(ndm__cpu_isa_level(), NDM__CPU_ISA_REF);
+    assert_string_equal(warned, "");
+    setenv("NDM_CPU_ISA", "sse9", 1);
+    assert_true(ndm__cpu_isa_force(-1));
+    assert_int_equal(ndm__cpu_isa_level(), best);
+    assert_non_null(strstr(warned, "NDM_CPU_ISA=sse9"));
+    if (best < NDM__CPU_ISA_AVX512) {
+        warned[0] = 0;
+        setenv("NDM_CPU_ISA", "avx512", 1);
+        assert_true(ndm__cpu_isa_force(-1));
+        assert_int_equal(ndm__cpu_isa_level(), best);
+        assert_non_null(strstr(warned, "runs at most"));
+    }
+    unsetenv("NDM_CPU_ISA");
+    ndm_set_log_fn(NULL, NULL);
+    assert_true(ndm__cpu_isa_force(-1));
+    assert_int_equal(ndm__cpu_isa_level(), best);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         TEST(test_backend_ops_lists_and_levels),
+        TEST(test_backend_ops_env_lowers_level),
+        TEST(test_backend_ops_cpu_tables_have_every_slot),
         TEST(test_backend_ops_cpu_tables_match_reference),
         TEST(test_backend_ops_backward_matches_reference),
         TEST(test_backend_ops_cuda_matches_reference),
