@@ -20,14 +20,19 @@ static ndm__ew_isa tables[NDM__CPU_ISA_COUNT];
 static _Atomic int tables_built;
 static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
 
+/* Take every non-NULL function pointer of src[0, bytes) into dst (memcpy:
+ * the slots have several function pointer types). */
+static void overlay_slots(void *dst, const void *src, size_t bytes)
+{
+    for (size_t o = 0; o + sizeof(void (*)(void)) <= bytes; o += sizeof(void (*)(void))) {
+        void (*f)(void);
+        memcpy(&f, (const char *)src + o, sizeof f);
+        if (f)
+            memcpy((char *)dst + o, &f, sizeof f);
+    }
+}
 #define NDM__EW_OVERLAY(dst, src, field)                                        \
-    do {                                                                        \
-        void (**d_)(void) = (void (**)(void))(void *)&(dst)->field;             \
-        void (*const *s_)(void) = (void (*const *)(void))(const void *)&(src)->field; \
-        for (size_t i_ = 0; i_ < sizeof (dst)->field / sizeof(void (*)(void)); i_++) \
-            if (s_[i_])                                                         \
-                d_[i_] = s_[i_];                                                \
-    } while (0)
+    overlay_slots(&(dst)->field, &(src)->field, sizeof(dst)->field)
 
 static void overlay(ndm__ew_isa *t, const ndm__ew_isa *k)
 {
