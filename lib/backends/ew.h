@@ -24,7 +24,9 @@
  *   3. optional, lib/backends/cpu/ew_kern.h: a vectorised kernel and its
  *      row in the table (without it the fast tables run the reference loop);
  *   4. CHANGELOG.md.
- * No test edit: the conformance suite walks the list.
+ * No test edit: the conformance suite walks the list. Other backends see the
+ * new enum member and flags; until they have a kernel for it they return
+ * NDM_E_UNSUPPORTED, which the suite reports as declined.
  *
  * Columns of NDM__EW_UNOPS: X(ID, name, form, flags, tol, ref_f, ref_i, grad)
  *   ID     the enum member NDM__EW_<ID>
