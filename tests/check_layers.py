@@ -15,6 +15,9 @@ import shutil
 import sys
 import tempfile
 
+# What the ops layer and those above it stand on.
+OPS_BELOW = {"base", "manager/alloc", "manager", "backends", "backends/registry.h"}
+
 # folder under lib/ -> the folders under lib/ its files may include
 LAYERS = {
     "base": {"base"},
@@ -24,11 +27,11 @@ LAYERS = {
     "backends/registry.c": {"base", "manager/alloc", "backends", "backends/registry.h"},
     "backends/registry.h": {"base", "backends"},
     "manager": {"base", "manager/alloc", "manager"},
-    "ops": {"base", "manager/alloc", "manager", "backends", "backends/registry.h", "ops"},
-    "io": {"base", "manager/alloc", "manager", "backends", "backends/registry.h", "ops", "io"},
-    "nn": {"base", "manager/alloc", "manager", "backends", "backends/registry.h", "ops", "io", "nn"},
-    "interop": {"base", "manager/alloc", "manager", "backends", "backends/registry.h", "ops", "io", "nn", "interop"},
-    "dist": {"base", "manager/alloc", "manager", "backends", "backends/registry.h", "ops", "io", "nn", "dist"},
+    "ops": OPS_BELOW | {"ops"},
+    "io": OPS_BELOW | {"ops", "io"},
+    "nn": OPS_BELOW | {"ops", "io", "nn"},
+    "interop": OPS_BELOW | {"ops", "io", "nn", "interop"},
+    "dist": OPS_BELOW | {"ops", "io", "nn", "dist"},
 }
 
 # The public headers a layer may include: the leaf ones that only declare

@@ -11,6 +11,14 @@
  * colon-separated list), then in the directory libndm was loaded from, then
  * on the loader's default path. A failed load is not retried.
  *
+ * CPU kernels pick their instruction set once per process, the widest this
+ * CPU and OS run (AVX-512, AVX2, or the portable C kernels). The
+ * environment variable NDM_CPU_ISA=ref|avx2|avx512, read on first use,
+ * lowers it, to compare results or timings across instruction sets; a value
+ * this CPU cannot run or an unknown one is ignored with a warning to the log
+ * callback. Results may differ between instruction sets within the
+ * tolerances the kernels document (float functions, summation order).
+ *
  * Thread rules: all functions are safe from any thread.
  */
 #ifndef NDM_DEVICE_H

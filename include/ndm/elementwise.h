@@ -401,6 +401,16 @@ NDM_API NDM_NODISCARD ndm_status ndm_neg_inplace_at(NDM_SITE_PARAMS, ndm_array a
 NDM_API ndm_array ndm_abs_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a);
 /** ndm_abs_() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_abs_inplace_at(NDM_SITE_PARAMS, ndm_array a);
+/** a * a, in a's dtype: integers wrap, bool stays bool (a and a). */
+#define ndm_square(a) ndm_square_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a))
+/** ndm_square() with the result attached to m instead of by the output rule. */
+#define ndm_square_to(m, a) ndm_square_to_at(NDM_HERE, (m), (a))
+/** ndm_square() in place: writes the result into a; returns a status. */
+#define ndm_square_(a) ndm_square_inplace_at(NDM_HERE, (a))
+/** ndm_square_to() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_array ndm_square_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a);
+/** ndm_square_() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API NDM_NODISCARD ndm_status ndm_square_inplace_at(NDM_SITE_PARAMS, ndm_array a);
 /** -1, 0 or 1 (0 keeps its sign, NaN stays NaN); bool stays bool. */
 #define ndm_sign(a) ndm_sign_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a))
 /** ndm_sign() with the result attached to m instead of by the output rule. */

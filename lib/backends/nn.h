@@ -79,8 +79,9 @@ extern const struct ndm__backend_nn ndm__cpu_nn;
 extern const struct ndm__backend_nn ndm__cpu_ref_nn;
 
 /* Test hook (process wide): the fast CPU gradients use the vector kernels
- * for `isa` (1 portable C, 2 AVX2, 3 AVX-512; 0 the best this CPU has).
- * False when this CPU cannot run them. */
+ * for `isa` (1 portable C, 2 AVX2, 3 AVX-512; 0 the default level), as
+ * every CPU family does (ndm__cpu_isa_force in cpu/isa.h). False,
+ * changing nothing, when this CPU cannot run them. */
 bool ndm__cpu_conv_grad_isa(int isa);
 
 #endif

@@ -26,7 +26,8 @@ struct ndm__backend_random {
 
 extern const struct ndm__backend_random ndm__cpu_random;
 extern const struct ndm__backend_random ndm__cpu_ref_random;
-/* Test hook: let the fast CPU kernels use SIMD code paths (default on). */
+/* Test hook: let the fast CPU kernels use SIMD code paths (default on);
+ * off forces the reference level on every CPU family (cpu/isa.h). */
 void ndm__cpu_random_simd(bool on);
 
 /* Words per element: the layout contract between dispatcher and kernels. */

@@ -11,6 +11,7 @@
 #include "../manager/alloc/alloc.h"
 #include "../base/error.h"
 #include "ndm/config.h"
+#include "cpu/isa.h"
 #include "registry.h"
 
 /* ---- the CPU ---------------------------------------------------------------- */
@@ -228,24 +229,7 @@ static void cpu_props(ndm__device_props *out)
         snprintf(out->name, sizeof out->name, "cpu");
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     out->memory_bytes = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
-    size_t len = 0;
-#if defined(__x86_64__) && defined(__GNUC__)
-    /* __builtin_cpu_supports takes a string literal per feature. */
-#define NDM__CPU_FEATURE(f)                                                     \
-    if (__builtin_cpu_supports(f) && len < sizeof out->features)               \
-        len += (size_t)snprintf(out->features + len, sizeof out->features - len, "%s%s", \
-                                len ? " " : "", f);
-    NDM__CPU_FEATURE("sse4.2")
-    NDM__CPU_FEATURE("avx")
-    NDM__CPU_FEATURE("avx2")
-    NDM__CPU_FEATURE("fma")
-    NDM__CPU_FEATURE("f16c")
-    NDM__CPU_FEATURE("avx512f")
-    NDM__CPU_FEATURE("avx512bw")
-    NDM__CPU_FEATURE("avx512vl")
-#undef NDM__CPU_FEATURE
-#endif
-    (void)len;
+    ndm__cpu_features_str(out->features, sizeof out->features);
 }
 
 ndm_status ndm__backend_device_props(ndm_device dev, ndm__device_props *out)

@@ -98,72 +98,62 @@ static ndm_array gelu_derivative(ndm_array x)
     return dev.type == NDM_DEVICE_CPU ? h : ndm_to(h, dev);
 }
 
+/* d/dx of x * Phi(x) with Phi(x) ~ sigmoid(2u), u = k (x + c x^3):
+ * 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 c x^2), t = tanh(u). */
+static ndm_array gelu_tanh_derivative(ndm_array a)
+{
+    const double k = 0.7978845608028654, c = 0.044715;
+    ndm_array x2 = ndm_mul(a, a);
+    ndm_array t = ndm_tanh(ndm_mul_scalar(ndm_add(a, ndm_mul_scalar(ndm_mul(x2, a), c)), k));
+    ndm_array left = ndm_mul_scalar(ndm_add_scalar(t, 1.0), 0.5);
+    ndm_array right = ndm_mul(ndm_mul_scalar(ndm_mul(a, ndm_rsub_scalar(ndm_mul(t, t), 1.0)),
+                                             0.5 * k),
+                              ndm_add_scalar(ndm_mul_scalar(x2, 3.0 * c), 1.0));
+    return ndm_add(left, right);
+}
+
+/* d/dx of x * sigmoid(x): s * (1 + x * (1 - s)). */
+static ndm_array silu_derivative(ndm_array a)
+{
+    ndm_array s = ndm_sigmoid(a);
+    return ndm_mul(s, ndm_add_scalar(ndm_mul(a, ndm_rsub_scalar(s, 1.0)), 1.0));
+}
+
+/* The gradient of maximum (mx) or minimum for its operand a against b: g
+ * where a wins, half of g where they tie. */
+static ndm_array extreme_grad(ndm_array g, ndm_array a, ndm_array b, bool mx)
+{
+    ndm_array half = ndm_mul_scalar(masked(g, ndm_eq(a, b)), 0.5);
+    return ndm_add(masked(g, mx ? ndm_gt(a, b) : ndm_lt(a, b)), half);
+}
+static ndm_array extreme_grad_scalar(ndm_array g, ndm_array a, double s, bool mx)
+{
+    ndm_array half = ndm_mul_scalar(masked(g, ndm_eq_scalar(a, s)), 0.5);
+    return ndm_add(masked(g, mx ? ndm_gt_scalar(a, s) : ndm_lt_scalar(a, s)), half);
+}
+
+/* The rules come from the lists in ../backends/ew.h (the grad columns). */
+#define NDM__EW_GRAD(e)                                                         \
+    gi[0] = (e);                                                                \
+    break;
+#define NDM__EW_GRAD2(ea, eb)                                                   \
+    gi[0] = nd->needs[0] ? (ea) : NDM_NULL_ARRAY;                               \
+    gi[1] = nd->needs[1] ? (eb) : NDM_NULL_ARRAY;                               \
+    break;
+#define NDM__EW_NOGRAD return NDM_OK; /* zero almost everywhere, or no float input */
+
 static ndm_status unary_rule(ndm__ag_node *nd, ndm_array g, ndm_array *gi)
 {
     ndm_array a = nd->in[0], out = nd->saved_out;
+    (void)a;
+    (void)out;
     switch ((ndm__ew_unop)nd->p.i[0]) {
-    case NDM__EW_NEG:
-        gi[0] = ndm_neg(g);
-        break;
-    case NDM__EW_ABS:
-        gi[0] = ndm_mul(g, ndm_sign(a));
-        break;
-    case NDM__EW_RELU:
-        gi[0] = masked(g, ndm_gt_scalar(a, 0.0));
-        break;
-    case NDM__EW_EXP:
-        gi[0] = ndm_mul(g, out);
-        break;
-    case NDM__EW_LOG:
-        gi[0] = ndm_div(g, a);
-        break;
-    case NDM__EW_LOG1P:
-        gi[0] = ndm_div(g, ndm_add_scalar(a, 1.0));
-        break;
-    case NDM__EW_EXPM1:
-        gi[0] = ndm_mul(g, ndm_add_scalar(out, 1.0));
-        break;
-    case NDM__EW_SQRT:
-        gi[0] = ndm_div(ndm_mul_scalar(g, 0.5), out);
-        break;
-    case NDM__EW_RSQRT: /* -x^(-3/2) / 2 = -out^3 / 2 */
-        gi[0] = ndm_mul(ndm_mul_scalar(g, -0.5), ndm_pow_scalar(out, 3.0));
-        break;
-    case NDM__EW_SIN:
-        gi[0] = ndm_mul(g, ndm_cos(a));
-        break;
-    case NDM__EW_COS:
-        gi[0] = ndm_neg(ndm_mul(g, ndm_sin(a)));
-        break;
-    case NDM__EW_TANH:
-        gi[0] = ndm_mul(g, ndm_rsub_scalar(ndm_mul(out, out), 1.0));
-        break;
-    case NDM__EW_SIGMOID:
-        gi[0] = ndm_mul(g, ndm_mul(out, ndm_rsub_scalar(out, 1.0)));
-        break;
-    case NDM__EW_SILU: {
-        ndm_array s = ndm_sigmoid(a);
-        /* s * (1 + x * (1 - s)) */
-        gi[0] = ndm_mul(g, ndm_mul(s, ndm_add_scalar(ndm_mul(a, ndm_rsub_scalar(s, 1.0)), 1.0)));
-        break;
-    }
-    case NDM__EW_GELU:
-        gi[0] = ndm_mul(g, ndm_astype(gelu_derivative(a), ndm_array_dtype(g)));
-        break;
-    case NDM__EW_GELU_TANH: {
-        /* 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 c x^2), t = tanh(k (x + c x^3)) */
-        const double k = 0.7978845608028654, c = 0.044715;
-        ndm_array x2 = ndm_mul(a, a);
-        ndm_array t = ndm_tanh(ndm_mul_scalar(ndm_add(a, ndm_mul_scalar(ndm_mul(x2, a), c)), k));
-        ndm_array left = ndm_mul_scalar(ndm_add_scalar(t, 1.0), 0.5);
-        ndm_array right = ndm_mul(ndm_mul_scalar(ndm_mul(a, ndm_rsub_scalar(ndm_mul(t, t), 1.0)),
-                                                 0.5 * k),
-                                  ndm_add_scalar(ndm_mul_scalar(x2, 3.0 * c), 1.0));
-        gi[0] = ndm_mul(g, ndm_add(left, right));
-        break;
-    }
+#define NDM__EW_CASE_(ID, name, form, flags, tol, ref_f, ref_i, grad)           \
+    case NDM__EW_##ID:                                                          \
+        grad
+        NDM__EW_UNOPS(NDM__EW_CASE_)
+#undef NDM__EW_CASE_
     default:
-        /* sign, floor, ceil, round: zero almost everywhere; not's input is not float */
         return NDM_OK;
     }
     return gi[0].id ? NDM_OK : ndm_last_status();
@@ -172,39 +162,17 @@ static ndm_status unary_rule(ndm__ag_node *nd, ndm_array g, ndm_array *gi)
 static ndm_status binary_rule(ndm__ag_node *nd, ndm_array g, ndm_array *gi)
 {
     ndm_array a = nd->in[0], b = nd->in[1], out = nd->saved_out;
+    (void)a;
+    (void)b;
+    (void)out;
     switch ((ndm__ew_binop)nd->p.i[0]) {
-    case NDM__EW_ADD:
-        gi[0] = g;
-        gi[1] = g;
-        break;
-    case NDM__EW_SUB:
-        gi[0] = g;
-        gi[1] = nd->needs[1] ? ndm_neg(g) : NDM_NULL_ARRAY;
-        break;
-    case NDM__EW_MUL:
-        gi[0] = nd->needs[0] ? ndm_mul(g, b) : NDM_NULL_ARRAY;
-        gi[1] = nd->needs[1] ? ndm_mul(g, a) : NDM_NULL_ARRAY;
-        break;
-    case NDM__EW_DIV:
-        gi[0] = nd->needs[0] ? ndm_div(g, b) : NDM_NULL_ARRAY;
-        gi[1] = nd->needs[1] ? ndm_neg(ndm_div(ndm_mul(g, out), b)) : NDM_NULL_ARRAY;
-        break;
-    case NDM__EW_POW:
-        gi[0] = nd->needs[0] ? ndm_mul(g, ndm_mul(b, ndm_pow(a, ndm_sub_scalar(b, 1.0))))
-                             : NDM_NULL_ARRAY;
-        gi[1] = nd->needs[1] ? ndm_mul(g, ndm_mul(out, ndm_log(a))) : NDM_NULL_ARRAY;
-        break;
-    case NDM__EW_MAXIMUM:
-    case NDM__EW_MINIMUM: {
-        /* the larger (smaller) takes the gradient; ties split it */
-        bool mx = nd->p.i[0] == NDM__EW_MAXIMUM;
-        ndm_array half = ndm_mul_scalar(masked(g, ndm_eq(a, b)), 0.5);
-        gi[0] = ndm_add(masked(g, mx ? ndm_gt(a, b) : ndm_lt(a, b)), half);
-        gi[1] = ndm_add(masked(g, mx ? ndm_gt(b, a) : ndm_lt(b, a)), half);
-        break;
-    }
+#define NDM__EW_CASE_(ID, name, form, flags, tol, ref_f, ref_i, grad2, grads)   \
+    case NDM__EW_##ID:                                                          \
+        grad2
+        NDM__EW_BINOPS(NDM__EW_CASE_)
+#undef NDM__EW_CASE_
     default:
-        return NDM_OK; /* comparisons and logic: no gradient */
+        return NDM_OK;
     }
     for (int i = 0; i < 2; i++)
         if (nd->needs[i] && !gi[i].id)
@@ -217,35 +185,25 @@ static ndm_status scalar_rule(ndm__ag_node *nd, ndm_array g, ndm_array *gi)
     ndm_array a = nd->in[0], out = nd->saved_out;
     bool swap = nd->p.i[1];
     double s = nd->p.s[0];
+    (void)a;
+    (void)out;
+    (void)swap;
+    (void)s;
     switch ((ndm__ew_binop)nd->p.i[0]) {
-    case NDM__EW_ADD:
-        gi[0] = g;
-        break;
-    case NDM__EW_SUB:
-        gi[0] = swap ? ndm_neg(g) : g;
-        break;
-    case NDM__EW_MUL:
-        gi[0] = ndm_mul_scalar(g, s);
-        break;
-    case NDM__EW_DIV: /* a / s, or s / a with derivative -s / a^2 = -out / a */
-        gi[0] = swap ? ndm_neg(ndm_div(ndm_mul(g, out), a)) : ndm_div_scalar(g, s);
-        break;
-    case NDM__EW_POW: /* a^s, or s^a with derivative out * log(s) */
-        gi[0] = swap ? ndm_mul_scalar(ndm_mul(g, out), log(s))
-                     : ndm_mul(g, ndm_mul_scalar(ndm_pow_scalar(a, s - 1.0), s));
-        break;
-    case NDM__EW_MAXIMUM:
-    case NDM__EW_MINIMUM: {
-        bool mx = nd->p.i[0] == NDM__EW_MAXIMUM;
-        ndm_array half = ndm_mul_scalar(masked(g, ndm_eq_scalar(a, s)), 0.5);
-        gi[0] = ndm_add(masked(g, mx ? ndm_gt_scalar(a, s) : ndm_lt_scalar(a, s)), half);
-        break;
-    }
+#define NDM__EW_CASE_(ID, name, form, flags, tol, ref_f, ref_i, grad2, grads)   \
+    case NDM__EW_##ID:                                                          \
+        grads
+        NDM__EW_BINOPS(NDM__EW_CASE_)
+#undef NDM__EW_CASE_
     default:
         return NDM_OK;
     }
     return gi[0].id ? NDM_OK : ndm_last_status();
 }
+
+#undef NDM__EW_GRAD
+#undef NDM__EW_GRAD2
+#undef NDM__EW_NOGRAD
 
 /* matmul with numpy's rules: 1-d operands are promoted, then the axis added
  * is removed; batch axes broadcast (deliver sums them back). */

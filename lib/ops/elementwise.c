@@ -253,17 +253,12 @@ static ndm_status storable(ndm_dtype rt, const ndm__array *dst, const char *what
 
 /* ---- dtype rules --------------------------------------------------------- */
 
-static const char *const binop_names[NDM__EW_BINOP_COUNT] = {
-    "add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge",
-    "logical_and", "logical_or", "logical_xor",
-};
-
 /* Array with array: the computation dtype ct and the result dtype rt. */
 static ndm_status binop_types(ndm__ew_binop op, ndm_dtype a, ndm_dtype b, ndm_dtype *ct,
                               ndm_dtype *rt, const char *api, const ndm__site *site)
 {
     ndm_dtype t = ndm__ew_promote(a, b);
-    if (op >= NDM__EW_AND) {
+    if (ndm__ew_binop_has(op, NDM__EWF_BOOL)) {
         *ct = *rt = NDM_BOOL;
         return NDM_OK;
     }
@@ -272,11 +267,11 @@ static ndm_status binop_types(ndm__ew_binop op, ndm_dtype a, ndm_dtype b, ndm_dt
         *rt = NDM_BOOL;
         return NDM_OK;
     }
-    if (op == NDM__EW_DIV && !ndm_dtype_is_float(t))
+    if (ndm__ew_binop_has(op, NDM__EWF_FLOAT) && !ndm_dtype_is_float(t))
         t = NDM_F32; /* true division */
-    if (t == NDM_BOOL && (op == NDM__EW_SUB || op == NDM__EW_POW))
+    if (t == NDM_BOOL && ndm__ew_binop_has(op, NDM__EWF_NO_BOOL))
         return ndm__fail(NDM_E_DTYPE, api, *site,
-                         "%s of two bool arrays is not defined (%s)", binop_names[op],
+                         "%s of two bool arrays is not defined (%s)", ndm__ew_binop_name(op),
                          op == NDM__EW_SUB ? "use ndm_logical_xor, or cast to an integer dtype"
                                            : "cast to an integer dtype first");
     *rt = t;
@@ -308,13 +303,13 @@ static ndm_status scalar_types(ndm__ew_binop op, ndm_dtype a, double s, ndm_dtyp
                   : !integral             ? NDM_F32
                   : kind == NDM__KIND_BOOL ? NDM_I64
                                            : a;
-    if (op == NDM__EW_DIV && !ndm_dtype_is_float(t))
+    if (ndm__ew_binop_has(op, NDM__EWF_FLOAT) && !ndm_dtype_is_float(t))
         t = NDM_F32;
     if (!ndm_dtype_is_float(t) && !ndm__ew_fits(s, t))
         return ndm__fail(NDM_E_INVALID, api, *site,
                          "the scalar %.17g does not fit %s, the dtype of the result of %s "
                          "(cast the array first)",
-                         s, ndm_dtype_name(t), binop_names[op]);
+                         s, ndm_dtype_name(t), ndm__ew_binop_name(op));
     *rt = t;
     *ct = ndm__ew_compute(t);
     *via = kind == NDM__KIND_FLOAT ? a : t;
@@ -329,7 +324,7 @@ static ndm_status scalar_types(ndm__ew_binop op, ndm_dtype a, double s, ndm_dtyp
 static inline bool flat_dtype(ndm__ew_binop op, ndm_dtype t)
 {
     return !ndm__ew_binop_is_bool(op) && t != NDM_BOOL && t != NDM_F16 && t != NDM_BF16 &&
-           (op != NDM__EW_DIV || t == NDM_F32 || t == NDM_F64);
+           (!ndm__ew_binop_has(op, NDM__EWF_FLOAT) || t == NDM_F32 || t == NDM_F64);
 }
 
 static inline int64_t c_order_count(const ndm__array *r)
@@ -509,7 +504,7 @@ static ndm_status binary_inplace(ndm__site site, const char *api, ndm__ew_binop 
     }
     ndm_dtype ct, rt;
     if (st < 0 || (st = binop_types(op, a->dtype, b->dtype, &ct, &rt, api, &site)) < 0 ||
-        (st = storable(rt, a, binop_names[op], api, &site)) < 0 ||
+        (st = storable(rt, a, ndm__ew_binop_name(op), api, &site)) < 0 ||
         (st = ndm__ew_check_writable(a, api, &site)) < 0)
         return st;
     int index;
@@ -556,7 +551,7 @@ static ndm_status binary_scalar_inplace(ndm__site site, const char *api, ndm__ew
         return ndm__ew_lookup_failed(ha);
     ndm_dtype ct, rt, via;
     ndm_status st = scalar_types(op, a->dtype, s, &ct, &rt, &via, api, &site);
-    if (st < 0 || (st = storable(rt, a, binop_names[op], api, &site)) < 0 ||
+    if (st < 0 || (st = storable(rt, a, ndm__ew_binop_name(op), api, &site)) < 0 ||
         (st = ndm__ew_check_writable(a, api, &site)) < 0)
         return st;
     int index;
@@ -597,57 +592,25 @@ static ndm_status binary_scalar_inplace(ndm__site site, const char *api, ndm__ew
         return binary_scalar_inplace(NDM__SITE, "ndm_" #name "_", OP, a, s, SWAP);      \
     }
 
-NDM__EW_BINARY(add, NDM__EW_ADD)
-NDM__EW_BINARY(sub, NDM__EW_SUB)
-NDM__EW_BINARY(mul, NDM__EW_MUL)
-NDM__EW_BINARY(div, NDM__EW_DIV)
-NDM__EW_BINARY(pow, NDM__EW_POW)
-NDM__EW_BINARY(maximum, NDM__EW_MAXIMUM)
-NDM__EW_BINARY(minimum, NDM__EW_MINIMUM)
-NDM__EW_BINARY(eq, NDM__EW_EQ)
-NDM__EW_BINARY(ne, NDM__EW_NE)
-NDM__EW_BINARY(lt, NDM__EW_LT)
-NDM__EW_BINARY(le, NDM__EW_LE)
-NDM__EW_BINARY(gt, NDM__EW_GT)
-NDM__EW_BINARY(ge, NDM__EW_GE)
-NDM__EW_BINARY(logical_and, NDM__EW_AND)
-NDM__EW_BINARY(logical_or, NDM__EW_OR)
-NDM__EW_BINARY(logical_xor, NDM__EW_XOR)
-
-NDM__EW_SCALAR(add_scalar, NDM__EW_ADD, false)
-NDM__EW_SCALAR(sub_scalar, NDM__EW_SUB, false)
-NDM__EW_SCALAR(rsub_scalar, NDM__EW_SUB, true)
-NDM__EW_SCALAR(mul_scalar, NDM__EW_MUL, false)
-NDM__EW_SCALAR(div_scalar, NDM__EW_DIV, false)
-NDM__EW_SCALAR(rdiv_scalar, NDM__EW_DIV, true)
-NDM__EW_SCALAR(pow_scalar, NDM__EW_POW, false)
-NDM__EW_SCALAR(rpow_scalar, NDM__EW_POW, true)
-NDM__EW_SCALAR(maximum_scalar, NDM__EW_MAXIMUM, false)
-NDM__EW_SCALAR(minimum_scalar, NDM__EW_MINIMUM, false)
-NDM__EW_SCALAR(eq_scalar, NDM__EW_EQ, false)
-NDM__EW_SCALAR(ne_scalar, NDM__EW_NE, false)
-NDM__EW_SCALAR(lt_scalar, NDM__EW_LT, false)
-NDM__EW_SCALAR(le_scalar, NDM__EW_LE, false)
-NDM__EW_SCALAR(gt_scalar, NDM__EW_GT, false)
-NDM__EW_SCALAR(ge_scalar, NDM__EW_GE, false)
-
-NDM__EW_INPLACE(add, NDM__EW_ADD)
-NDM__EW_INPLACE(sub, NDM__EW_SUB)
-NDM__EW_INPLACE(mul, NDM__EW_MUL)
-NDM__EW_INPLACE(div, NDM__EW_DIV)
-NDM__EW_INPLACE(pow, NDM__EW_POW)
-NDM__EW_INPLACE(maximum, NDM__EW_MAXIMUM)
-NDM__EW_INPLACE(minimum, NDM__EW_MINIMUM)
-
-NDM__EW_SCALAR_INPLACE(add_scalar, NDM__EW_ADD, false)
-NDM__EW_SCALAR_INPLACE(sub_scalar, NDM__EW_SUB, false)
-NDM__EW_SCALAR_INPLACE(rsub_scalar, NDM__EW_SUB, true)
-NDM__EW_SCALAR_INPLACE(mul_scalar, NDM__EW_MUL, false)
-NDM__EW_SCALAR_INPLACE(div_scalar, NDM__EW_DIV, false)
-NDM__EW_SCALAR_INPLACE(rdiv_scalar, NDM__EW_DIV, true)
-NDM__EW_SCALAR_INPLACE(pow_scalar, NDM__EW_POW, false)
-NDM__EW_SCALAR_INPLACE(maximum_scalar, NDM__EW_MAXIMUM, false)
-NDM__EW_SCALAR_INPLACE(minimum_scalar, NDM__EW_MINIMUM, false)
+/* The forms of each operation, by its list's `form` column. */
+#define NDM__EW_FORM_LOGIC(name, OP) NDM__EW_BINARY(name, OP)
+#define NDM__EW_FORM_CMP(name, OP)                                              \
+    NDM__EW_BINARY(name, OP)                                                    \
+    NDM__EW_SCALAR(name##_scalar, OP, false)
+#define NDM__EW_FORM_ARITH(name, OP)                                            \
+    NDM__EW_FORM_CMP(name, OP)                                                  \
+    NDM__EW_INPLACE(name, OP)                                                   \
+    NDM__EW_SCALAR_INPLACE(name##_scalar, OP, false)
+#define NDM__EW_FORM_ARITH_R(name, OP)                                          \
+    NDM__EW_FORM_ARITH(name, OP)                                                \
+    NDM__EW_SCALAR(r##name##_scalar, OP, true)                                  \
+    NDM__EW_SCALAR_INPLACE(r##name##_scalar, OP, true)
+#define NDM__EW_FORM_ARITH_RN(name, OP)                                         \
+    NDM__EW_FORM_ARITH(name, OP)                                                \
+    NDM__EW_SCALAR(r##name##_scalar, OP, true)
+#define NDM__EW_API_(ID, name, form, ...) NDM__EW_FORM_##form(name, NDM__EW_##ID)
+NDM__EW_BINOPS(NDM__EW_API_)
+#undef NDM__EW_API_
 
 /* ---- where --------------------------------------------------------------- */
 

@@ -5,21 +5,16 @@
 #include "autograd.h"
 #include "elementwise.h"
 
-static const char *const unop_names[NDM__EW_UNOP_COUNT] = {
-    "neg",  "abs",  "sign",  "relu", "floor", "ceil",    "round", "clamp",     "exp",
-    "log",  "log1p", "expm1", "sqrt", "rsqrt", "sin",    "cos",   "tanh",      "sigmoid",
-    "gelu", "gelu_tanh", "silu", "logical_not",
-};
-
 /* The computation and result dtypes of a unary op on dtype a; clamp's
  * bounds decide with the weak-scalar rules (ndm_clamp in the header). */
 static ndm_status unop_types(ndm__ew_unop op, ndm_dtype a, const double *bounds, ndm_dtype *ct,
                              ndm_dtype *rt, const char *api, const ndm__site *site)
 {
     ndm_dtype t = a;
-    if (op == NDM__EW_NEG && a == NDM_BOOL)
-        return ndm__fail(NDM_E_DTYPE, api, *site,
-                         "neg of a bool array is not defined (use ndm_logical_not)");
+    if (a == NDM_BOOL && ndm__ew_unop_has(op, NDM__EWF_NO_BOOL))
+        return ndm__fail(NDM_E_DTYPE, api, *site, "%s of a bool array is not defined%s",
+                         ndm__ew_unop_name(op),
+                         op == NDM__EW_NEG ? " (use ndm_logical_not)" : "");
     if (ndm__ew_unop_is_float(op) && !ndm_dtype_is_float(a))
         t = NDM_F32;
     if (op == NDM__EW_CLAMP && !ndm_dtype_is_float(a)) {
@@ -27,7 +22,7 @@ static ndm_status unop_types(ndm__ew_unop op, ndm_dtype a, const double *bounds,
             if (!ndm__ew_integral(bounds[i]) && !isinf(bounds[i]))
                 t = NDM_F32;
     }
-    if (op == NDM__EW_NOT)
+    if (ndm__ew_unop_has(op, NDM__EWF_BOOL))
         t = NDM_BOOL;
     *rt = t;
     *ct = ndm__ew_compute(t);
@@ -106,7 +101,7 @@ static ndm_status unary_inplace(ndm__site site, const char *api, ndm__ew_unop op
         return ndm__fail(NDM_E_DTYPE, api, site,
                          "the result of %s is %s, which cannot be written into %s in place "
                          "(cast with ndm_astype or use the form that returns a new array)",
-                         unop_names[op], ndm_dtype_name(rt), ndm__array_desc(a, desc, sizeof desc));
+                         ndm__ew_unop_name(op), ndm_dtype_name(rt), ndm__array_desc(a, desc, sizeof desc));
     }
     if ((st = ndm__ew_check_writable(a, api, &site)) < 0)
         return st;
@@ -134,27 +129,12 @@ static ndm_status unary_inplace(ndm__site site, const char *api, ndm__ew_unop op
         return unary_inplace(NDM__SITE, "ndm_" #name "_", OP, a, NULL);                 \
     }
 
-NDM__EW_UNARY(neg, NDM__EW_NEG)
-NDM__EW_UNARY(abs, NDM__EW_ABS)
-NDM__EW_UNARY(sign, NDM__EW_SIGN)
-NDM__EW_UNARY(relu, NDM__EW_RELU)
-NDM__EW_UNARY(floor, NDM__EW_FLOOR)
-NDM__EW_UNARY(ceil, NDM__EW_CEIL)
-NDM__EW_UNARY(round, NDM__EW_ROUND)
-NDM__EW_UNARY(exp, NDM__EW_EXP)
-NDM__EW_UNARY(log, NDM__EW_LOG)
-NDM__EW_UNARY(log1p, NDM__EW_LOG1P)
-NDM__EW_UNARY(expm1, NDM__EW_EXPM1)
-NDM__EW_UNARY(sqrt, NDM__EW_SQRT)
-NDM__EW_UNARY(rsqrt, NDM__EW_RSQRT)
-NDM__EW_UNARY(sin, NDM__EW_SIN)
-NDM__EW_UNARY(cos, NDM__EW_COS)
-NDM__EW_UNARY(tanh, NDM__EW_TANH)
-NDM__EW_UNARY(sigmoid, NDM__EW_SIGMOID)
-NDM__EW_UNARY(gelu, NDM__EW_GELU)
-NDM__EW_UNARY(gelu_tanh, NDM__EW_GELU_TANH)
-NDM__EW_UNARY(silu, NDM__EW_SILU)
-NDM__EW_UNARY(logical_not, NDM__EW_NOT)
+/* Every operation of the list whose form is U; P (parameters) below. */
+#define NDM__EW_FORM_U(name, OP) NDM__EW_UNARY(name, OP)
+#define NDM__EW_FORM_P(name, OP)
+#define NDM__EW_API_(ID, name, form, ...) NDM__EW_FORM_##form(name, NDM__EW_##ID)
+NDM__EW_UNOPS(NDM__EW_API_)
+#undef NDM__EW_API_
 
 NDM_API ndm_array ndm_clamp_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, double lo,
                                   double hi)

@@ -10,33 +10,12 @@
 
 static ndm_dtype result_dtype(ndm__reduce_op op, ndm_dtype t)
 {
-    bool fl = ndm_dtype_is_float(t);
-    switch (op) {
-    case NDM__RED_SUM:
-    case NDM__RED_PROD:
-        return fl ? t : NDM_I64;
-    case NDM__RED_MEAN:
-    case NDM__RED_VAR:
-    case NDM__RED_STD:
-    case NDM__RED_LOGSUMEXP:
-        return fl ? t : NDM_F32;
-    case NDM__RED_MAX:
-    case NDM__RED_MIN:
-        return t;
-    case NDM__RED_ARGMAX:
-    case NDM__RED_ARGMIN:
-        return NDM_I64;
-    case NDM__RED_ALL:
-    case NDM__RED_ANY:
-        return NDM_BOOL;
-    }
-    return t;
+    return ndm__reduce_result_dtype(op, t);
 }
 
 static bool has_identity(ndm__reduce_op op)
 {
-    return op != NDM__RED_MAX && op != NDM__RED_MIN && op != NDM__RED_ARGMAX &&
-           op != NDM__RED_ARGMIN;
+    return (ndm__reduce_flags[op] & NDM__REDF_IDENTITY) != 0;
 }
 
 /* The reduce family of the input's device, or NULL with the error recorded. */
@@ -171,13 +150,11 @@ static ndm_array reduce_impl(ndm__site site, const char *api, ndm__reduce_op op,
         ndm__discard(res);
         res = NDM_NULL_ARRAY;
     } else if (NDM__UNLIKELY(ndm__ag_on()) && ndm_dtype_is_float(o->dtype)) {
-        /* prod, var and std record no gradient */
-        ndm__ag_op rec = op == NDM__RED_SUM         ? NDM__AG_SUM
-                         : op == NDM__RED_MEAN      ? NDM__AG_MEAN
-                         : op == NDM__RED_MAX       ? NDM__AG_MAX
-                         : op == NDM__RED_MIN       ? NDM__AG_MIN
-                         : op == NDM__RED_LOGSUMEXP ? NDM__AG_LOGSUMEXP
-                                                    : NDM__AG_OP_COUNT;
+        /* the list's grad column: prod, var and std record no gradient */
+#define NDM__RED_GRAD_(ID, name, form, result, flags, grad, ...) grad,
+        static const ndm__ag_op grads[NDM__RED_COUNT] = {NDM__REDUCE_OPS(NDM__RED_GRAD_)};
+#undef NDM__RED_GRAD_
+        ndm__ag_op rec = grads[op];
         if (rec != NDM__AG_OP_COUNT)
             ndm__ag_record_reduce(rec, res, a, r->ndim, keepdim, naxes, axes);
     }
@@ -200,16 +177,12 @@ done:
         return reduce_impl(NDM__SITE, __func__, OP, out, a, keepdim, naxes, axes, ddof); \
     }
 
-NDM__REDUCTION(sum, NDM__RED_SUM)
-NDM__REDUCTION(prod, NDM__RED_PROD)
-NDM__REDUCTION(mean, NDM__RED_MEAN)
-NDM__REDUCTION_DDOF(var, NDM__RED_VAR)
-NDM__REDUCTION_DDOF(std, NDM__RED_STD)
-NDM__REDUCTION(max, NDM__RED_MAX)
-NDM__REDUCTION(min, NDM__RED_MIN)
-NDM__REDUCTION(all, NDM__RED_ALL)
-NDM__REDUCTION(any, NDM__RED_ANY)
-NDM__REDUCTION(logsumexp, NDM__RED_LOGSUMEXP)
+#define NDM__RED_FORM_R(name, OP) NDM__REDUCTION(name, OP)
+#define NDM__RED_FORM_DDOF(name, OP) NDM__REDUCTION_DDOF(name, OP)
+#define NDM__RED_FORM_ARG(name, OP)
+#define NDM__RED_API_(ID, name, form, ...) NDM__RED_FORM_##form(name, NDM__RED_##ID)
+NDM__REDUCE_OPS(NDM__RED_API_)
+#undef NDM__RED_API_
 
 static ndm_array arg_impl(ndm__site site, const char *api, ndm__reduce_op op, ndm_manager out,
                           ndm_array a, int axis, bool keepdim)

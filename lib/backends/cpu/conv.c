@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "../nn.h"
+#include "isa.h"
 #include "gemm.h"
 #include "parallel.h"
 
@@ -818,47 +819,21 @@ static const grad_kernels gk_portable = {dot_c_float, dot_c_double, add_c_float,
 static const grad_kernels gk_avx512 = {dot_s_avx512, dot_d_avx512, add_s_avx512, add_d_avx512};
 static const grad_kernels gk_avx2 = {dot_s_avx2, dot_d_avx2, add_s_avx2, add_d_avx2};
 #endif
-static _Atomic(const grad_kernels *) gk_forced;
-
-/* The best kernels this CPU runs, at most `isa` (1 portable, 2 AVX2, 3
- * AVX-512). */
-static const grad_kernels *gk_best(int isa)
-{
-#if NDM__CPU_X86
-    __builtin_cpu_init();
-    if (isa >= 3 && __builtin_cpu_supports("avx512f"))
-        return &gk_avx512;
-    if (isa >= 2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        return &gk_avx2;
-#endif
-    (void)isa;
-    return &gk_portable;
-}
-
-/* The kernels for this CPU, chosen once, unless a test forced others. */
+/* The kernels of the CPU level in effect (isa.h). */
 static const grad_kernels *gk_pick(void)
 {
-    static _Atomic(const grad_kernels *) chosen;
-    const grad_kernels *k = atomic_load_explicit(&gk_forced, memory_order_acquire);
-    if (k)
-        return k;
-    k = atomic_load_explicit(&chosen, memory_order_acquire);
-    if (!k) {
-        k = gk_best(3);
-        atomic_store_explicit(&chosen, k, memory_order_release);
-    }
-    return k;
+#if NDM__CPU_X86
+    static const grad_kernels *const by_level[NDM__CPU_ISA_COUNT] = {&gk_portable, &gk_avx2,
+                                                                      &gk_avx512};
+    return by_level[ndm__cpu_isa_level()];
+#else
+    return &gk_portable;
+#endif
 }
 
 bool ndm__cpu_conv_grad_isa(int isa)
 {
-    const grad_kernels *k = isa > 0 ? gk_best(isa) : NULL;
-    atomic_store_explicit(&gk_forced, k, memory_order_release);
-#if NDM__CPU_X86
-    return isa <= 0 || k == (isa >= 3 ? &gk_avx512 : isa == 2 ? &gk_avx2 : &gk_portable);
-#else
-    return isa <= 1;
-#endif
+    return ndm__cpu_isa_force(isa <= 0 ? -1 : isa - 1);
 }
 
 /* ---- fast gradients -------------------------------------------------------------

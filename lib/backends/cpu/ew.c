@@ -7,60 +7,77 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <pthread.h>
+
 #include "ew_cpu.h"
+#include "isa.h"
 #include "parallel.h"
 
 /* ---- instruction set choice ---------------------------------------------- */
 
-static _Atomic(const ndm__ew_isa *) active_isa;
+/* One table per level, each the one below with its own kernels laid over. */
+static ndm__ew_isa tables[NDM__CPU_ISA_COUNT];
+static _Atomic int tables_built;
+static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
 
-static const ndm__ew_isa *isa_best(void)
+/* Take every non-NULL function pointer of src[0, bytes) into dst (memcpy:
+ * the slots have several function pointer types). */
+static void overlay_slots(void *dst, const void *src, size_t bytes)
 {
+    for (size_t o = 0; o + sizeof(void (*)(void)) <= bytes; o += sizeof(void (*)(void))) {
+        void (*f)(void);
+        memcpy(&f, (const char *)src + o, sizeof f);
+        if (f)
+            memcpy((char *)dst + o, &f, sizeof f);
+    }
+}
+#define NDM__EW_OVERLAY(dst, src, field)                                        \
+    overlay_slots(&(dst)->field, &(src)->field, sizeof(dst)->field)
+
+static void overlay(ndm__ew_isa *t, const ndm__ew_isa *k)
+{
+    t->name = k->name;
+    NDM__EW_OVERLAY(t, k, bin);
+    NDM__EW_OVERLAY(t, k, un);
+    NDM__EW_OVERLAY(t, k, where);
+    NDM__EW_OVERLAY(t, k, conv);
+    NDM__EW_OVERLAY(t, k, move);
+    t->stream = k->stream;
+    t->fence = k->fence;
+}
+
+static void tables_build(void)
+{
+    ndm__ew_isa *ref = &tables[NDM__CPU_ISA_REF];
+    ndm__ew_isa_fill_reference(ref);
+    overlay(ref, &ndm__ew_isa_generic);
+    tables[NDM__CPU_ISA_AVX2] = *ref;
+    tables[NDM__CPU_ISA_AVX512] = *ref;
 #if NDM__EW_X86_TABLES
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
-        return &ndm__ew_isa_avx512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("bmi2"))
-        return &ndm__ew_isa_avx2;
+    overlay(&tables[NDM__CPU_ISA_AVX2], &ndm__ew_isa_avx2);
+    tables[NDM__CPU_ISA_AVX512] = tables[NDM__CPU_ISA_AVX2];
+    overlay(&tables[NDM__CPU_ISA_AVX512], &ndm__ew_isa_avx512);
 #endif
-    return &ndm__ew_isa_generic;
+    atomic_store_explicit(&tables_built, 1, memory_order_release);
 }
 
-const ndm__ew_isa *ndm__ew_isa_active(void)
+const ndm__ew_isa *ndm__ew_isa_of(int level)
 {
-    const ndm__ew_isa *t = atomic_load_explicit(&active_isa, memory_order_acquire);
-    if (t)
-        return t;
-    t = isa_best();
-    atomic_store_explicit(&active_isa, t, memory_order_release);
-    return t;
+    if (__builtin_expect(!atomic_load_explicit(&tables_built, memory_order_acquire), 0))
+        pthread_once(&tables_once, tables_build);
+    return &tables[level];
 }
+
+const ndm__ew_isa *ndm__ew_isa_active(void) { return ndm__ew_isa_of(ndm__cpu_isa_level()); }
 
 int ndm__ew_isa_select(const char *name)
 {
-    const ndm__ew_isa *best = isa_best();
-    if (!name) {
-        atomic_store(&active_isa, best);
-        return NDM_OK;
-    }
-    const ndm__ew_isa *order[] = {
-#if NDM__EW_X86_TABLES
-        &ndm__ew_isa_avx512, &ndm__ew_isa_avx2,
-#endif
-        &ndm__ew_isa_generic};
-    bool reachable = false;
-    for (size_t i = 0; i < sizeof order / sizeof *order; i++) {
-        reachable |= order[i] == best;
-        if (!strcmp(order[i]->name, name)) {
-            if (!reachable)
-                return NDM_E_UNSUPPORTED;
-            atomic_store(&active_isa, order[i]);
-            return NDM_OK;
-        }
-    }
-    return NDM_E_INVALID;
+    if (!name)
+        return ndm__cpu_isa_force(-1) ? NDM_OK : NDM_E_UNSUPPORTED;
+    int level = !strcmp(name, "generic") ? NDM__CPU_ISA_REF : ndm__cpu_isa_parse(name);
+    if (level < 0)
+        return NDM_E_INVALID;
+    return ndm__cpu_isa_force(level) ? NDM_OK : NDM_E_UNSUPPORTED;
 }
 
 /* ---- tuning ---------------------------------------------------------------- */
@@ -532,7 +549,7 @@ static ndm__ew_conv_fn conv_or_null(const ndm__ew_isa *isa, ndm_dtype from, ndm_
     return from == to ? NULL : isa->conv[from][to];
 }
 
-static bool is_math(ndm__ew_binop op) { return op == NDM__EW_POW; }
+static bool is_math(ndm__ew_binop op) { return ndm__ew_binop_has(op, NDM__EWF_COSTLY); }
 
 /* The planned path (its frame holds the plan: kept out of the small path). */
 __attribute__((noinline)) static ndm_status bin_run(ndm__ew_binop op, ndm_dtype ct,
@@ -696,7 +713,7 @@ __attribute__((noinline)) static ndm_status un_run(ndm__ew_unop op, ndm_dtype ct
     const int64_t *strides[2] = {out->strides, a->strides};
     size_t es[2] = {J.es_o, J.es_a};
     return job_run(&J.h, out->ndim, out->shape, 2, data, strides, es,
-                   ndm__ew_unop_is_float(op) ? GRAIN_MATH : GRAIN_CHEAP);
+                   ndm__ew_unop_has(op, NDM__EWF_COSTLY) ? GRAIN_MATH : GRAIN_CHEAP);
 }
 
 static ndm_status cpu_unary(int device, ndm__ew_unop op, ndm_dtype ct, const ndm__tensor *out,

@@ -23,9 +23,16 @@ typedef void (*ndm__ew_conv_fn)(void *d, int64_t ds, const void *s, int64_t ss, 
 /* Copy n bytes with non-temporal stores where d allows. */
 typedef void (*ndm__ew_stream_fn)(void *d, const void *s, size_t n);
 
+/* The tables the kernel files define (ew_kern_<isa>.c) hold the kernels
+ * written for their instruction set and NULL elsewhere; the tables the
+ * driver uses (ndm__ew_isa_active) start from the reference loops (cpu/
+ * ew_ref.c) and take each of those kernels in turn, generic then AVX2 then
+ * AVX-512 (BLIS's way), so every (operation, computation dtype) slot of
+ * bin and un has a kernel, and so does where for every computation dtype.
+ * f16 and bf16 are never computation dtypes: their slots stay NULL. */
 typedef struct ndm__ew_isa {
     const char *name;
-    /* by computation dtype; NULL where the dispatcher never asks */
+    /* by computation dtype */
     ndm__ew_bin_fn bin[NDM__EW_BINOP_COUNT][NDM_DTYPE_COUNT];
     ndm__ew_un_fn un[NDM__EW_UNOP_COUNT][NDM_DTYPE_COUNT];
     ndm__ew_where_fn where[NDM_DTYPE_COUNT];
@@ -51,12 +58,18 @@ extern const ndm__ew_isa ndm__ew_isa_avx2;
 extern const ndm__ew_isa ndm__ew_isa_avx512;
 #endif
 
-/* The table the fast backend uses: the best this CPU runs. */
+/* The table the fast backend uses: the one of the CPU level in effect
+ * (isa.h). Built on first use; then a load and an index. */
 const ndm__ew_isa *ndm__ew_isa_active(void);
-/* Test and benchmark hook: use the named table ("generic", "avx2",
- * "avx512"), or the best one for NULL. NDM_E_UNSUPPORTED when the CPU
- * lacks it. Process wide; not while kernels run. */
+/* The table of a level, for tests that compare levels. */
+const ndm__ew_isa *ndm__ew_isa_of(int level);
+/* Test and benchmark hook over ndm__cpu_isa_force: use the named level
+ * ("generic" or "ref", "avx2", "avx512") for every CPU family, or the
+ * default one for NULL. NDM_E_UNSUPPORTED when the CPU lacks it,
+ * NDM_E_INVALID for an unknown name. Process wide; not while kernels run. */
 int ndm__ew_isa_select(const char *name);
+/* Fill every bin and un slot with the reference loop (ew_ref.c). */
+void ndm__ew_isa_fill_reference(ndm__ew_isa *t);
 
 /* Test hook: outputs of at least this many bytes use non-temporal stores
  * (default 64 MiB). */

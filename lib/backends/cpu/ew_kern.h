@@ -204,6 +204,11 @@ NDM__BIN_KERNEL(XOR, b8, uint8_t, uint8_t, (x != 0) ^ (y != 0))
 #define OPU_ABS_SINT(T, U, x) ((x) < 0 ? (T)(0u - (U)(x)) : (x))
 #define OPU_ABS_F32(T, U, x) fabsf(x)
 #define OPU_ABS_F64(T, U, x) fabs(x)
+#define OPU_SQUARE_BOOL(T, U, x) (x)
+#define OPU_SQUARE_UINT(T, U, x) ((T)((U)(x) * (U)(x)))
+#define OPU_SQUARE_SINT OPU_SQUARE_UINT
+#define OPU_SQUARE_F32(T, U, x) ((x) * (x))
+#define OPU_SQUARE_F64 OPU_SQUARE_F32
 #define OPU_SIGN_BOOL(T, U, x) (x)
 #define OPU_SIGN_UINT(T, U, x) ((T)((x) != 0))
 #define OPU_SIGN_SINT(T, U, x) ((T)(((x) > 0) - ((x) < 0)))
@@ -246,6 +251,7 @@ NDM__BIN_KERNEL(XOR, b8, uint8_t, uint8_t, (x != 0) ^ (y != 0))
 #define NDM__UN_EXPR(OPN, N, E, T, U, K) NDM__UN_KERNEL(OPN, N, T, T, OPU_##OPN##_##K(T, U, x))
 #define NDM__UN_NEG(N, E, T, U, K) NDM__UN_EXPR(NEG, N, E, T, U, K)
 #define NDM__UN_ABS(N, E, T, U, K) NDM__UN_EXPR(ABS, N, E, T, U, K)
+#define NDM__UN_SQUARE(N, E, T, U, K) NDM__UN_EXPR(SQUARE, N, E, T, U, K)
 #define NDM__UN_SIGN(N, E, T, U, K) NDM__UN_EXPR(SIGN, N, E, T, U, K)
 #define NDM__UN_RELU(N, E, T, U, K) NDM__UN_EXPR(RELU, N, E, T, U, K)
 #define NDM__UN_FLOOR(N, E, T, U, K) NDM__UN_EXPR(FLOOR, N, E, T, U, K)
@@ -253,6 +259,7 @@ NDM__BIN_KERNEL(XOR, b8, uint8_t, uint8_t, (x != 0) ^ (y != 0))
 #define NDM__UN_ROUND(N, E, T, U, K) NDM__UN_EXPR(ROUND, N, E, T, U, K)
 NDM__EW_CT(NDM__UN_NEG)
 NDM__EW_CT(NDM__UN_ABS)
+NDM__EW_CT(NDM__UN_SQUARE)
 NDM__EW_CT(NDM__UN_SIGN)
 NDM__EW_CT(NDM__UN_RELU)
 NDM__EW_CT(NDM__UN_FLOOR)
@@ -566,6 +573,7 @@ const ndm__ew_isa NDM__EW_ISA_TABLE = {
     .un = {
         [NDM__EW_NEG] = NDM__ROW6(un_NEG),
         [NDM__EW_ABS] = NDM__ROW6(un_ABS),
+        [NDM__EW_SQUARE] = NDM__ROW6(un_SQUARE),
         [NDM__EW_SIGN] = NDM__ROW6(un_SIGN),
         [NDM__EW_RELU] = NDM__ROW6(un_RELU),
         [NDM__EW_FLOOR] = NDM__ROW6(un_FLOOR),

@@ -3,6 +3,7 @@
  * fast kernels (and other backends) are tested against, not a fast path. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "convert.h"
 #include "ew_cpu.h"
@@ -107,7 +108,8 @@ static void st(char *p, ndm_dtype dt, ndm_dtype ct, val v)
 
 /* ---- binary -------------------------------------------------------------- */
 
-static int64_t ipow(int64_t x, int64_t y)
+/* Helpers the lists' reference columns name. */
+static inline int64_t ndm__ref_ipow(int64_t x, int64_t y)
 {
     if (y < 0)
         return x == 1 ? 1 : x == -1 ? ((y & 1) ? -1 : 1) : 0;
@@ -120,26 +122,25 @@ static int64_t ipow(int64_t x, int64_t y)
     return (int64_t)r;
 }
 
+/* Operations outside their dtype rule (integer division, a float function
+ * in an integer dtype) are never asked for by the dispatcher; the slots
+ * exist so that every table slot has a kernel, and compute in double,
+ * converted as a copy converts. */
+static bool bin_via_double(ndm__ew_binop op, ndm_dtype ct)
+{
+    return ndm__ew_binop_has(op, NDM__EWF_FLOAT) && ct != NDM_F32 && ct != NDM_F64;
+}
+
 static val bin_int(ndm__ew_binop op, int64_t x, int64_t y)
 {
-    uint64_t ux = (uint64_t)x, uy = (uint64_t)y;
     val r = {0, 0};
     switch (op) {
-    case NDM__EW_ADD: r.i = (int64_t)(ux + uy); break;
-    case NDM__EW_SUB: r.i = (int64_t)(ux - uy); break;
-    case NDM__EW_MUL: r.i = (int64_t)(ux * uy); break;
-    case NDM__EW_POW: r.i = ipow(x, y); break;
-    case NDM__EW_MAXIMUM: r.i = x > y ? x : y; break;
-    case NDM__EW_MINIMUM: r.i = x < y ? x : y; break;
-    case NDM__EW_EQ: r.i = x == y; break;
-    case NDM__EW_NE: r.i = x != y; break;
-    case NDM__EW_LT: r.i = x < y; break;
-    case NDM__EW_LE: r.i = x <= y; break;
-    case NDM__EW_GT: r.i = x > y; break;
-    case NDM__EW_GE: r.i = x >= y; break;
-    case NDM__EW_AND: r.i = x && y; break;
-    case NDM__EW_OR: r.i = x || y; break;
-    case NDM__EW_XOR: r.i = !x != !y; break;
+#define NDM__REF_CASE_(ID, name, form, flags, tol, ref_f, ref_i, ...)           \
+    case NDM__EW_##ID:                                                          \
+        r.i = (int64_t)(ref_i);                                                 \
+        break;
+        NDM__EW_BINOPS(NDM__REF_CASE_)
+#undef NDM__REF_CASE_
     default: break;
     }
     return r;
@@ -148,20 +149,17 @@ static val bin_int(ndm__ew_binop op, int64_t x, int64_t y)
 static val bin_flt(ndm__ew_binop op, double x, double y)
 {
     val r = {0, 0};
+    bool cmp = ndm__ew_binop_is_bool(op);
     switch (op) {
-    case NDM__EW_ADD: r.f = x + y; break;
-    case NDM__EW_SUB: r.f = x - y; break;
-    case NDM__EW_MUL: r.f = x * y; break;
-    case NDM__EW_DIV: r.f = x / y; break;
-    case NDM__EW_POW: r.f = pow(x, y); break;
-    case NDM__EW_MAXIMUM: r.f = isnan(x) || x > y ? x : y; break;
-    case NDM__EW_MINIMUM: r.f = isnan(x) || x < y ? x : y; break;
-    case NDM__EW_EQ: r.i = x == y; break;
-    case NDM__EW_NE: r.i = x != y; break;
-    case NDM__EW_LT: r.i = x < y; break;
-    case NDM__EW_LE: r.i = x <= y; break;
-    case NDM__EW_GT: r.i = x > y; break;
-    case NDM__EW_GE: r.i = x >= y; break;
+#define NDM__REF_CASE_(ID, name, form, flags, tol, ref_f, ...)                  \
+    case NDM__EW_##ID:                                                          \
+        if (cmp)                                                                \
+            r.i = (int64_t)(ref_f);                                             \
+        else                                                                    \
+            r.f = (double)(ref_f);                                              \
+        break;
+        NDM__EW_BINOPS(NDM__REF_CASE_)
+#undef NDM__REF_CASE_
     default: break;
     }
     return r;
@@ -178,10 +176,15 @@ static void bin_row(void *ctx, char *const *p, const int64_t *s, int64_t n)
     const bin_ctx *c = ctx;
     bool flt = c->ct == NDM_F32 || c->ct == NDM_F64;
     bool cmp = ndm__ew_binop_is_bool(c->op);
+    bool via = bin_via_double(c->op, c->ct);
     for (int64_t i = 0; i < n; i++) {
         char *o = p[0] + i * s[0] * (int64_t)c->eo;
         val x = ld(p[1] + i * s[1] * (int64_t)c->ea, c->ad, c->ct);
         val y = ld(p[2] + i * s[2] * (int64_t)c->eb, c->bd, c->ct);
+        if (via) {
+            st_double(o, c->od, bin_flt(c->op, (double)x.i, (double)y.i).f);
+            continue;
+        }
         val r = flt ? bin_flt(c->op, x.f, y.f) : bin_int(c->op, x.i, y.i);
         if (cmp)
             st_int(o, c->od, r.i != 0);
@@ -194,8 +197,8 @@ static ndm_status ref_bin(ndm__ew_binop op, ndm_dtype ct, const ndm__tensor *out
                           const ndm__tensor *a, const void *as, const ndm__tensor *b,
                           const void *bs)
 {
-    int64_t *zeros = calloc((size_t)(out->ndim ? out->ndim : 1), sizeof *zeros);
-    if (!zeros)
+    int64_t *zeros = NULL;
+    if ((!a || !b) && !(zeros = calloc((size_t)(out->ndim ? out->ndim : 1), sizeof *zeros)))
         return NDM_E_OOM;
     bin_ctx c = {op, ct, out->dtype, a ? a->dtype : ct, b ? b->dtype : ct,
                  ndm_dtype_size(out->dtype), 0, 0};
@@ -226,65 +229,58 @@ static ndm_status ref_binary_scalar(int device, ndm__ew_binop op, ndm_dtype ct,
 
 /* ---- unary --------------------------------------------------------------- */
 
-static double gelu(double x)
+static inline double ndm__ref_gelu(double x)
 {
     return x == -INFINITY ? -0.0 : 0.5 * x * erfc(-x / sqrt(2.0));
 }
 /* 0.5 (1 + tanh(u)) = sigmoid(2u): the same function without cancelling. */
-static double sigmoid(double x)
+static inline double ndm__ref_sigmoid(double x)
 {
     return x >= 0 ? 1.0 / (1.0 + exp(-x)) : exp(x) / (1.0 + exp(x));
 }
-static double gelu_tanh(double x)
+static inline double ndm__ref_gelu_tanh(double x)
 {
     const double c = sqrt(2.0 / 3.14159265358979323846);
-    return x == -INFINITY ? -0.0 : x * sigmoid(2.0 * c * (x + 0.044715 * x * x * x));
+    return x == -INFINITY ? -0.0 : x * ndm__ref_sigmoid(2.0 * c * (x + 0.044715 * x * x * x));
 }
-static double silu(double x) { return x == -INFINITY ? -0.0 : x / (1.0 + exp(-x)); }
+static inline double ndm__ref_silu(double x) { return x == -INFINITY ? -0.0 : x / (1.0 + exp(-x)); }
+static inline double ndm__ref_clamp_f(double x, double lo, double hi)
+{
+    if (isnan(lo) || isnan(hi))
+        return NAN;
+    x = x < lo ? lo : x;
+    return x > hi ? hi : x;
+}
+static inline int64_t ndm__ref_clamp_i(int64_t x, int64_t lo, int64_t hi)
+{
+    x = x < lo ? lo : x;
+    return x > hi ? hi : x;
+}
 
 static double un_flt(ndm__ew_unop op, double x, double lo, double hi)
 {
+    (void)lo;
+    (void)hi;
     switch (op) {
-    case NDM__EW_NEG: return -x;
-    case NDM__EW_ABS: return fabs(x);
-    case NDM__EW_SIGN: return x > 0 ? 1.0 : x < 0 ? -1.0 : x;
-    case NDM__EW_RELU: return x < 0 ? 0.0 : x;
-    case NDM__EW_FLOOR: return floor(x);
-    case NDM__EW_CEIL: return ceil(x);
-    case NDM__EW_ROUND: return nearbyint(x);
-    case NDM__EW_CLAMP:
-        if (isnan(lo) || isnan(hi))
-            return NAN;
-        x = x < lo ? lo : x;
-        return x > hi ? hi : x;
-    case NDM__EW_EXP: return exp(x);
-    case NDM__EW_LOG: return log(x);
-    case NDM__EW_LOG1P: return log1p(x);
-    case NDM__EW_EXPM1: return expm1(x);
-    case NDM__EW_SQRT: return sqrt(x);
-    case NDM__EW_RSQRT: return 1.0 / sqrt(x);
-    case NDM__EW_SIN: return sin(x);
-    case NDM__EW_COS: return cos(x);
-    case NDM__EW_TANH: return tanh(x);
-    case NDM__EW_SIGMOID: return sigmoid(x);
-    case NDM__EW_GELU: return gelu(x);
-    case NDM__EW_GELU_TANH: return gelu_tanh(x);
-    case NDM__EW_SILU: return silu(x);
+#define NDM__REF_CASE_(ID, name, form, flags, tol, ref_f, ...)                  \
+    case NDM__EW_##ID:                                                          \
+        return (double)(ref_f);
+        NDM__EW_UNOPS(NDM__REF_CASE_)
+#undef NDM__REF_CASE_
     default: return x;
     }
 }
 
 static int64_t un_int(ndm__ew_unop op, int64_t x, int64_t lo, int64_t hi)
 {
+    (void)lo;
+    (void)hi;
     switch (op) {
-    case NDM__EW_NEG: return (int64_t)(0 - (uint64_t)x);
-    case NDM__EW_ABS: return x < 0 ? (int64_t)(0 - (uint64_t)x) : x;
-    case NDM__EW_SIGN: return (x > 0) - (x < 0);
-    case NDM__EW_RELU: return x < 0 ? 0 : x;
-    case NDM__EW_CLAMP:
-        x = x < lo ? lo : x;
-        return x > hi ? hi : x;
-    case NDM__EW_NOT: return !x;
+#define NDM__REF_CASE_(ID, name, form, flags, tol, ref_f, ref_i, ...)           \
+    case NDM__EW_##ID:                                                          \
+        return (int64_t)(ref_i);
+        NDM__EW_UNOPS(NDM__REF_CASE_)
+#undef NDM__REF_CASE_
     default: return x;
     }
 }
@@ -300,9 +296,16 @@ static void un_row(void *ctx, char *const *p, const int64_t *s, int64_t n)
 {
     const un_ctx *c = ctx;
     bool flt = c->ct == NDM_F32 || c->ct == NDM_F64;
+    /* a float function in an integer dtype: see bin_via_double */
+    bool via = !flt && ndm__ew_unop_is_float(c->op);
     for (int64_t i = 0; i < n; i++) {
         val x = ld(p[1] + i * s[1] * (int64_t)c->ea, c->ad, c->ct);
         val r = {0, 0};
+        if (via) {
+            st_double(p[0] + i * s[0] * (int64_t)c->eo, c->od,
+                      un_flt(c->op, (double)x.i, (double)c->lo.i, (double)c->hi.i));
+            continue;
+        }
         if (flt)
             r.f = un_flt(c->op, x.f, c->lo.f, c->hi.f);
         else
@@ -371,3 +374,69 @@ const ndm__backend_ew ndm__cpu_ref_ew = {
     .unary = ref_unary,
     .where = ref_where,
 };
+
+/* ---- the reference loops of the fast tables --------------------------------
+ * One contiguous kernel per (operation, computation dtype) slot, generated
+ * from the lists: the fast tables start from these and override the slots
+ * that have faster kernels, so every slot has one. */
+
+#define NDM__REF_CTS(Y, A)                                                      \
+    Y(A, b8, NDM_BOOL) Y(A, u8, NDM_U8) Y(A, i32, NDM_I32) Y(A, i64, NDM_I64)   \
+        Y(A, f32, NDM_F32) Y(A, f64, NDM_F64)
+
+static void cref_un(ndm__ew_unop op, ndm_dtype ct, void *o, const void *a, int64_t n,
+                    const void *params)
+{
+    size_t e = ndm__ew_esize(ct);
+    un_ctx c = {op, ct, ct, ct, e, e, {0, 0}, {0, 0}};
+    if (params) {
+        c.lo = ld(params, ct, ct);
+        c.hi = ld((const char *)params + e, ct, ct);
+    }
+    char *p[2] = {o, (char *)a};
+    int64_t s[2] = {1, 1};
+    un_row(&c, p, s, n);
+}
+
+static void cref_bin(ndm__ew_binop op, ndm_dtype ct, void *o, const void *a, int64_t sa,
+                     const void *b, int64_t sb, int64_t n)
+{
+    ndm_dtype rt = ndm__ew_binop_is_bool(op) ? NDM_BOOL : ct;
+    size_t e = ndm__ew_esize(ct);
+    bin_ctx c = {op, ct, rt, ct, ct, ndm__ew_esize(rt), e, e};
+    char *p[3] = {o, (char *)a, (char *)b};
+    int64_t s[3] = {1, sa, sb};
+    bin_row(&c, p, s, n);
+}
+
+#define NDM__CREF_UN_(ID, N, E)                                                 \
+    static void cref_un_##ID##_##N(void *o, const void *a, int64_t n, const void *params) \
+    {                                                                           \
+        cref_un(NDM__EW_##ID, E, o, a, n, params);                              \
+    }
+#define NDM__CREF_BIN_(ID, N, E)                                                \
+    static void cref_bin_##ID##_##N(void *o, const void *a, int64_t sa, const void *b, \
+                                    int64_t sb, int64_t n)                      \
+    {                                                                           \
+        cref_bin(NDM__EW_##ID, E, o, a, sa, b, sb, n);                          \
+    }
+#define NDM__CREF_UN_OP_(ID, ...) NDM__REF_CTS(NDM__CREF_UN_, ID)
+#define NDM__CREF_BIN_OP_(ID, ...) NDM__REF_CTS(NDM__CREF_BIN_, ID)
+NDM__EW_UNOPS(NDM__CREF_UN_OP_)
+NDM__EW_BINOPS(NDM__CREF_BIN_OP_)
+
+#define NDM__CREF_SLOT_(ID, N, E) [E] = ID##_##N,
+#define NDM__CREF_UN_ROW_(ID, ...) [NDM__EW_##ID] = {NDM__REF_CTS(NDM__CREF_SLOT_, cref_un_##ID)},
+#define NDM__CREF_BIN_ROW_(ID, ...)                                             \
+    [NDM__EW_##ID] = {NDM__REF_CTS(NDM__CREF_SLOT_, cref_bin_##ID)},
+
+static const ndm__ew_un_fn cref_un_table[NDM__EW_UNOP_COUNT][NDM_DTYPE_COUNT] = {
+    NDM__EW_UNOPS(NDM__CREF_UN_ROW_)};
+static const ndm__ew_bin_fn cref_bin_table[NDM__EW_BINOP_COUNT][NDM_DTYPE_COUNT] = {
+    NDM__EW_BINOPS(NDM__CREF_BIN_ROW_)};
+
+void ndm__ew_isa_fill_reference(ndm__ew_isa *t)
+{
+    memcpy(t->bin, cref_bin_table, sizeof t->bin);
+    memcpy(t->un, cref_un_table, sizeof t->un);
+}

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "../linalg.h"
+#include "isa.h"
 #include "gemm.h"
 #include "ndm/config.h"
 #include "parallel.h"
@@ -166,25 +167,15 @@ typedef struct kernels {
     micro_d_fn d;
 } kernels;
 
+/* The micro-kernels of the CPU level in effect (isa.h). */
 static const kernels *cpu_kernels(void)
 {
     static const kernels portable = {4, 8, 4, 4, micro_s_c, micro_d_c};
 #if NDM__CPU_X86
     static const kernels avx512 = {12, 32, 12, 16, micro_s_avx512, micro_d_avx512};
     static const kernels avx2 = {6, 16, 6, 8, micro_s_avx2, micro_d_avx2};
-    static _Atomic(const kernels *) chosen;
-    const kernels *k = atomic_load_explicit(&chosen, memory_order_acquire);
-    if (k)
-        return k;
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f"))
-        k = &avx512;
-    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        k = &avx2;
-    else
-        k = &portable;
-    atomic_store_explicit(&chosen, k, memory_order_release);
-    return k;
+    static const kernels *const by_level[NDM__CPU_ISA_COUNT] = {&portable, &avx2, &avx512};
+    return by_level[ndm__cpu_isa_level()];
 #else
     return &portable;
 #endif

@@ -13,6 +13,7 @@
 #endif
 
 #include "../random.h"
+#include "isa.h"
 #include "convert.h"
 #include "index_cpu.h"
 #include "parallel.h"
@@ -141,17 +142,14 @@ __attribute__((target("avx2"))) static void philox_avx2(ndm_rng rng, uint64_t b0
 }
 #endif
 
-static _Atomic int simd_allowed = 1;
-
-void ndm__cpu_random_simd(bool on) { atomic_store(&simd_allowed, on); }
+void ndm__cpu_random_simd(bool on) { (void)ndm__cpu_isa_force(on ? -1 : NDM__CPU_ISA_REF); }
 
 /* Blocks [b0, b0 + nb) of the stream into out, with the widest code this
  * CPU runs; every version gives the same words. */
 static void philox_blocks(ndm_rng rng, uint64_t b0, int64_t nb, uint32_t *out)
 {
 #ifdef HAVE_AVX2_PATH
-    if (atomic_load_explicit(&simd_allowed, memory_order_relaxed) &&
-        __builtin_cpu_supports("avx2")) {
+    if (ndm__cpu_isa_level() >= NDM__CPU_ISA_AVX2) {
         philox_avx2(rng, b0, nb, out);
         return;
     }

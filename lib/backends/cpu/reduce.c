@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../reduce.h"
+#include "isa.h"
 #include "convert.h"
 #include "gemm.h"
 #include "parallel.h"
@@ -649,7 +650,7 @@ static void exp_row_c(double *x, int64_t n)
         x[i] = expd(x[i]);
 }
 
-/* The row kernels for this CPU, chosen once. The optional ones (NULL)
+/* The row kernels of the CPU level in effect (isa.h). The optional ones (NULL)
  * leave the row to the generic path. */
 typedef struct sums {
     double (*f32)(const float *, int64_t);
@@ -671,14 +672,8 @@ static const sums *cpu_sums(void)
     static const sums avx2 = {sum_f32_avx2, sum_f64_block_avx2, vsum_f32_avx2, vsum_f64_avx2,
                               exp_row_avx2, max_f32_avx2, min_f32_avx2, max_f64_avx2,
                               min_f64_avx2, dev_f32_avx2, dev_f64_avx2};
-    static _Atomic(const sums *) chosen;
-    const sums *k = atomic_load_explicit(&chosen, memory_order_acquire);
-    if (!k) {
-        __builtin_cpu_init();
-        k = __builtin_cpu_supports("avx2") ? &avx2 : &portable;
-        atomic_store_explicit(&chosen, k, memory_order_release);
-    }
-    return k;
+    static const sums *const by_level[NDM__CPU_ISA_COUNT] = {&portable, &avx2, &avx2};
+    return by_level[ndm__cpu_isa_level()];
 #else
     return &portable;
 #endif
