@@ -8,8 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../manager/alloc/alloc.h"
 #include "../base/error.h"
+#include "../base/segment.h"
 #include "ndm/config.h"
 #include "cpu/isa.h"
 #include "registry.h"
@@ -315,5 +315,5 @@ static const ndm__device_memory cuda_memory = {cuda_usable, cuda_source};
  * archive starts), before any allocation can ask about a CUDA device. */
 __attribute__((constructor)) static void register_device_memory(void)
 {
-    ndm__alloc_register_device_memory(NDM_DEVICE_CUDA, &cuda_memory);
+    ndm__device_memory_register(NDM_DEVICE_CUDA, &cuda_memory);
 }

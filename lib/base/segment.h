@@ -5,6 +5,7 @@
 
 #include <stddef.h>
 
+#include "ndm/device.h"
 #include "ndm/status.h"
 
 /* A segment source maps large ranges of device memory; the allocator carves
@@ -19,5 +20,22 @@ typedef struct ndm__segment_source {
     ndm_status (*mem_info)(void *ctx, size_t *free_bytes, size_t *total_bytes);
     void *ctx;
 } ndm__segment_source;
+
+/* The memory of the devices of one type other than the CPU, as the layer
+ * that knows them (the backend registry) offers it to the allocator, which
+ * declares no function of any backend: both meet here. usable answers
+ * NDM_OK when device `index` exists and can hold memory, otherwise
+ * NDM_E_UNSUPPORTED (no backend for the type) or NDM_E_DEVICE (no such
+ * device) with the reason in why; it may load a backend on first use.
+ * source gives the device's segment source (NULL when none). */
+typedef struct ndm__device_memory {
+    ndm_status (*usable)(int index, char *why, size_t n);
+    const ndm__segment_source *(*source)(int index);
+} ndm__device_memory;
+
+/* Registered when the library is loaded, before any allocation can ask. */
+void ndm__device_memory_register(ndm_device_type type, const ndm__device_memory *m);
+/* What was registered for `type`; NULL when nothing was (no backend). */
+const ndm__device_memory *ndm__device_memory_of(ndm_device_type type);
 
 #endif

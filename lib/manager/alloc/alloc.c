@@ -17,21 +17,11 @@ const ndm__segment_source *ndm__cpu_segment_source(void);
 
 /* ---- devices and their sources --------------------------------------------------- */
 
-/* The CUDA devices' memory, as the backend registry registered it (NULL:
- * nothing registered, no backend for the type). */
-static _Atomic(const ndm__device_memory *) cuda_memory;
-
-void ndm__alloc_register_device_memory(ndm_device_type type, const ndm__device_memory *m)
-{
-    if (type == NDM_DEVICE_CUDA)
-        atomic_store_explicit(&cuda_memory, m, memory_order_release);
-}
-
 const ndm__segment_source *ndm__segment_source_for(ndm_device dev)
 {
     if (dev.type == NDM_DEVICE_CPU && dev.index == 0)
         return ndm__cpu_segment_source();
-    const ndm__device_memory *m = atomic_load_explicit(&cuda_memory, memory_order_acquire);
+    const ndm__device_memory *m = ndm__device_memory_of(NDM_DEVICE_CUDA);
     if (dev.type == NDM_DEVICE_CUDA && m && dev.index >= 0 && dev.index < MAX_CUDA)
         return m->source(dev.index);
     return NULL;
@@ -51,7 +41,7 @@ ndm_status ndm__device_usable(ndm_device dev, char *why, size_t n)
         snprintf(why, n, "unknown device type %d", (int)dev.type);
         return NDM_E_DEVICE;
     }
-    const ndm__device_memory *m = atomic_load_explicit(&cuda_memory, memory_order_acquire);
+    const ndm__device_memory *m = ndm__device_memory_of(NDM_DEVICE_CUDA);
     if (!m) {
         snprintf(why, n, "device %s: this build of ndm has no CUDA backend", name);
         return NDM_E_UNSUPPORTED;

@@ -44,20 +44,6 @@ void ndm__free_many(ndm_device dev, void *const *cookies, size_t n);
  * with the reason written into why. */
 ndm_status ndm__device_usable(ndm_device dev, char *why, size_t n);
 
-/* The memory of the devices of one type other than the CPU, as the layer
- * that knows them (the backend registry) offers it: the allocator declares
- * no function of any backend. usable answers NDM_OK when device `index`
- * exists and can hold memory, otherwise NDM_E_UNSUPPORTED (no backend for
- * the type) or NDM_E_DEVICE (no such device) with the reason in why; it may
- * load a backend on first use. source gives the device's segment source
- * (NULL when none). Registered when the library is loaded, before any
- * pool of the type can be made. */
-typedef struct ndm__device_memory {
-    ndm_status (*usable)(int index, char *why, size_t n);
-    const ndm__segment_source *(*source)(int index);
-} ndm__device_memory;
-void ndm__alloc_register_device_memory(ndm_device_type type, const ndm__device_memory *m);
-
 /* The segment source of a device (NULL when the device has none in this build). */
 const ndm__segment_source *ndm__segment_source_for(ndm_device dev);
 
