@@ -3,6 +3,7 @@
 #ifndef NDM_BACKEND_EW_H
 #define NDM_BACKEND_EW_H
 
+#include "../base/dtype.h"
 #include "backend.h"
 
 /* ---- the operation lists -------------------------------------------------
@@ -184,11 +185,7 @@ static inline bool ndm__ew_binop_has(ndm__ew_binop op, unsigned flag)
 }
 
 /* Bytes per element without a call (hot paths of small operations). */
-static inline size_t ndm__ew_esize(ndm_dtype t)
-{
-    static const unsigned char bytes[NDM_DTYPE_COUNT] = {1, 1, 4, 8, 2, 2, 4, 8};
-    return bytes[t];
-}
+static inline size_t ndm__ew_esize(ndm_dtype t) { return ndm__dtype_bytes[t]; }
 
 /* The result of a comparison or logical operation is bool. */
 static inline bool ndm__ew_binop_is_bool(ndm__ew_binop op)
