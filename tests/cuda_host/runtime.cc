@@ -101,9 +101,10 @@ void break_device(int d, const char *why)
 
 enum region_kind { R_DEVICE, R_MAPPED, R_PINNED, R_REGISTERED };
 struct region {
-    size_t size;
+    size_t size;   /* as asked: copies past it are refused */
     region_kind kind;
     int device;
+    size_t charge; /* what it takes of the device's memory */
 };
 static std::mutex mem_lock;
 static std::map<uintptr_t, region> regions; /* by start; they never overlap */
@@ -155,7 +156,7 @@ void unreserve_bytes(int d, size_t n)
 void map_range(void *p, size_t n, int d)
 {
     std::lock_guard<std::mutex> g(mem_lock);
-    regions[(uintptr_t)p] = region{n, R_MAPPED, d};
+    regions[(uintptr_t)p] = region{n, R_MAPPED, d, 0};
 }
 
 void unmap_range(void *p, size_t n)
@@ -552,7 +553,7 @@ static cudaError_t device_alloc(void **ptr, size_t size, int d)
     }
     {
         std::lock_guard<std::mutex> g(mem_lock);
-        regions[(uintptr_t)p] = region{n, R_DEVICE, d};
+        regions[(uintptr_t)p] = region{size, R_DEVICE, d, n};
     }
     *ptr = p;
     return cudaSuccess;
@@ -577,7 +578,7 @@ extern "C" cudaError_t cudaFree(void *ptr)
         if (it == regions.end() || it->second.kind != R_DEVICE)
             return fail(cudaErrorInvalidValue);
         d = it->second.device;
-        n = it->second.size;
+        n = it->second.charge;
         regions.erase(it);
         used[d] -= n;
     }
@@ -626,7 +627,7 @@ extern "C" cudaError_t cudaHostAlloc(void **ptr, size_t size, unsigned flags)
     if (!p)
         return fail(cudaErrorMemoryAllocation);
     std::lock_guard<std::mutex> g(mem_lock);
-    regions[(uintptr_t)p] = region{n, R_PINNED, -1};
+    regions[(uintptr_t)p] = region{size, R_PINNED, -1, 0};
     *ptr = p;
     return cudaSuccess;
 }
@@ -659,7 +660,7 @@ extern "C" cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned flags)
     auto it = regions.lower_bound(a);
     if ((it != regions.end() && it->first < a + size) || region_at(ptr) != regions.end())
         return fail(cudaErrorHostMemoryAlreadyRegistered);
-    regions[a] = region{size, R_REGISTERED, -1};
+    regions[a] = region{size, R_REGISTERED, -1, 0};
     return cudaSuccess;
 }
 

@@ -147,6 +147,7 @@ struct sched {
     size_t dyn_cap = 0;
     bool failed = false;
     char why[200] = "";
+    unsigned long long parks = 0; /* threads that had to wait, ever */
 
     ~sched()
     {
@@ -304,6 +305,7 @@ void arrive(barrier &b, int expected, unsigned *gen)
     fiber *f = S.cur;
     f->state = WAITING;
     b.waiters.push_back(f);
+    S.parks++;
     to_main(f);
 }
 
@@ -374,6 +376,8 @@ unsigned __ballot_sync(unsigned mask, int predicate)
             out |= 1u << l;
     return out;
 }
+
+extern "C" unsigned long long ndm__hx_parks(void) { return S.parks; }
 
 int ndm__hx_lane(void) { return S.cur ? S.cur->linear & 31 : 0; }
 

@@ -142,6 +142,9 @@ void ndm__hx_stream_hold(cudaStream_t s, int on);
 /* Kernel launches run so far in this process (for tests that a path ran on
  * the device). */
 unsigned long long ndm__hx_launch_count(void);
+/* Times a kernel thread on the calling OS thread had to wait for others (a
+ * fiber switch away from it): zero for kernels that never synchronise. */
+unsigned long long ndm__hx_parks(void);
 }
 
 /* ---- device facilities ---------------------------------------------------------- */
