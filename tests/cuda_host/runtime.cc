@@ -885,6 +885,22 @@ extern "C" void ndm__hx_stream_hold(cudaStream_t s, int on)
         drain_locked(s);
 }
 
+extern "C" int ndm__hx_device_hold(int device, int on)
+{
+    if (device < 0 || device >= device_count())
+        return 0;
+    std::vector<cudaStream_t> mine;
+    {
+        std::lock_guard<std::mutex> g(streams_lock);
+        for (cudaStream_t s : streams)
+            if (s->device == device)
+                mine.push_back(s);
+    }
+    for (cudaStream_t s : mine)
+        ndm__hx_stream_hold(s, on);
+    return (int)mine.size();
+}
+
 /* ---- events --------------------------------------------------------------------------- */
 
 extern "C" cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags)

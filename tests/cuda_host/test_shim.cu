@@ -525,6 +525,15 @@ static void test_stream_hold_queues_work_until_released(void **state)
     CHECK(cudaStreamDestroy(s));
     CHECK(cudaMemcpy(h, buf, sizeof h, cudaMemcpyDeviceToHost));
     assert_int_equal(h[1], 8);
+    /* a device-wide hold takes every stream of the device, the default too */
+    assert_true(ndm__hx_device_hold(DEV_OK, 1) >= 2);
+    NDM__LAUNCH(1, 64, 0, nullptr, k_fill)(buf, 9, n);
+    NDM__LAUNCH(1, 64, 0, t, k_fill)(buf, 10, n);
+    assert_int_equal(cudaStreamQuery(nullptr), cudaErrorNotReady);
+    assert_int_equal(cudaStreamQuery(t), cudaErrorNotReady);
+    assert_int_equal(ndm__hx_device_hold(DEV_OK, 0), ndm__hx_device_hold(DEV_OK, 0));
+    CHECK(cudaStreamQuery(nullptr));
+    CHECK(cudaStreamQuery(t));
     CHECK(cudaStreamDestroy(t));
     CHECK(cudaEventDestroy(e));
     CHECK(cudaFree(buf));

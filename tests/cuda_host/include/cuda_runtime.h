@@ -131,20 +131,28 @@ cudaError_t cudaEventQuery(cudaEvent_t e);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
 
-/* ---- host execution's own controls (tests only) ---- */
+/* ---- host execution's own controls (tests only) ----
+ *
+ * Exported from the host-execution module, so a C test reaches them with
+ * dlsym on dlopen("<NDM_BACKEND_PATH>/libndm-cuda.so", RTLD_NOW | RTLD_NOLOAD)
+ * once ndm has loaded the module. */
+#define NDM__HX_EXPORT __attribute__((visibility("default")))
 
 /* While on, work submitted to s is queued instead of run: events recorded
  * on s stay not ready, cudaStreamQuery(s) says cudaErrorNotReady. Turning it
  * off runs the queue in order. Synchronising s (or its device, or an event
  * recorded on it), or making another stream wait for such an event, runs
  * the queue up to that point, as the GPU would eventually finish it. */
-void ndm__hx_stream_hold(cudaStream_t s, int on);
+NDM__HX_EXPORT void ndm__hx_stream_hold(cudaStream_t s, int on);
+/* The same for every stream of `device` that exists now (the module's own
+ * included); returns how many. */
+NDM__HX_EXPORT int ndm__hx_device_hold(int device, int on);
 /* Kernel launches run so far in this process (for tests that a path ran on
  * the device). */
-unsigned long long ndm__hx_launch_count(void);
+NDM__HX_EXPORT unsigned long long ndm__hx_launch_count(void);
 /* Times a kernel thread on the calling OS thread had to wait for others (a
  * fiber switch away from it): zero for kernels that never synchronise. */
-unsigned long long ndm__hx_parks(void);
+NDM__HX_EXPORT unsigned long long ndm__hx_parks(void);
 }
 
 /* ---- device facilities ---------------------------------------------------------- */
