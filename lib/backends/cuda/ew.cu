@@ -266,7 +266,6 @@ __device__ __forceinline__ void bin_flat_body(typename ndm__cu_dt<RT>::T *o,
                 x = ((const ndm__cu_vec<T> *)a)[j];
             if (b)
                 y = ((const ndm__cu_vec<T> *)b)[j];
-#pragma unroll
             for (int k = 0; k < NDM__CU_VEC; k++) {
                 V xv = a ? flat_ld<CT>(x.v[k]) : sa;
                 V yv = b ? flat_ld<CT>(y.v[k]) : sb;
@@ -319,7 +318,6 @@ __device__ __forceinline__ void un_flat_body(typename ndm__cu_dt<CT>::T *o,
         NDM__CU_LOOP(I, j, nv)
         {
             ndm__cu_vec<T> x = ((const ndm__cu_vec<T> *)a)[j], r;
-#pragma unroll
             for (int k = 0; k < NDM__CU_VEC; k++) {
                 V xv = flat_ld<CT>(x.v[k]);
                 if constexpr (ndm__cu_ct<CT>::flt)
