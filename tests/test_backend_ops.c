@@ -494,6 +494,15 @@ static ndm_status run_where(const ndm__backend *b, int device, const fcase *c,
 /* One value of computation dtype ct into buf. */
 static void ct_value(void *buf, ndm_dtype ct, double v) { host_set(buf, ct, 0, v); }
 
+/* Casts are the backend's copy between dtypes: every pair, every layout. */
+static ndm_status run_cast(const ndm__backend *b, int device, const fcase *c,
+                           const ndm__tensor *t, const void *ctx)
+{
+    (void)c;
+    (void)ctx;
+    return b->copy(device, &t[0], &t[1]);
+}
+
 static void ew_forward(const target *tg, rng *r, tally *t)
 {
     for (int oi = 0; oi < N_UN; oi++) {
@@ -553,6 +562,18 @@ static void ew_forward(const target *tg, rng *r, tally *t)
                 c.dt[0] = rt, c.dt[1] = c.dt[2] = dt;
                 c.v[0] = c.v[1] = c.v[2] = in_view(L_CONTIGUOUS, 0);
                 run_case(tg, &c, run_binary, &x, r, 1, t);
+            }
+        }
+    }
+    for (int si = 0; si < N_DTYPES; si++) {
+        for (int di = 0; di < N_DTYPES; di++) {
+            for (int l = 0; l < L_COUNT; l++) {
+                fcase c = {.op = "cast", .l = (layout)l, .nops = 2};
+                snprintf(c.dtypes, sizeof c.dtypes, "%s to %s", ndm_dtype_name(all_dtypes[si]),
+                         ndm_dtype_name(all_dtypes[di]));
+                c.dt[0] = all_dtypes[di], c.dt[1] = all_dtypes[si];
+                c.v[0] = out_view((layout)l), c.v[1] = in_view((layout)l, 1);
+                run_case(tg, &c, run_cast, NULL, r, 1, t);
             }
         }
     }
@@ -815,11 +836,13 @@ static void test_backend_ops_cuda_matches_reference(void **state)
     rng r = {7};
     tally t = {0};
     ew_forward(&tg, &r, &t);
+    long declined_ew = t.declined;
     reduce_forward(&tg, &r, &t);
     long before_random = t.declined;
     random_forward(&tg, &r, &t);
     assert_ok(ndm_manager_close(tg.m));
-    /* the CUDA module provides the random family */
+    /* the CUDA module provides the elementwise and random families whole */
+    assert_int_equal(declined_ew, 0);
     assert_int_equal(t.declined, before_random);
     printf("[ conformance ] cuda:0 families: ew %s, reduce %s, random %s\n",
            b->ew ? "yes" : "declined", b->reduce ? "yes" : "declined",

@@ -793,9 +793,11 @@ static void test_cuda_elementwise_views_and_in_place_match_cpu(void **state)
             c[d] = ndm_lt_to(m[d], ndm_transpose(x[d]), row[d]);
             w[d] = ndm_where_to(m[d], c[d], y[d], ndm_clamp_to(m[d], y[d], -4.0, 9.0));
             assert_live(w[d]);
-            /* in place: x += x (the same array on both sides), then relu */
+            /* in place: x += x (the same array on both sides), then clamp */
             assert_ok(ndm_add_(x[d], x[d]));
             assert_ok(ndm_clamp_(x[d], 0.0, 30.0));
+            /* in place through a flipped, stepped view */
+            assert_ok(ndm_mul_scalar_(ndm_slice(x[d], 1, NDM_END, NDM_END, -2), 3.0));
         }
         assert_int_equal(ndm_array_device(y[1]).type, NDM_DEVICE_CUDA);
         assert_arrays_match(y[0], y[1], "transposed times broadcast row");
