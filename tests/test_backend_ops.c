@@ -742,7 +742,7 @@ static void random_forward(const target *tg, rng *r, tally *t)
                               .rng = {rnext(r), rnext(r) % 5, rnext(r) % 1000}};
                 switch (kind) {
                 case RND_UNIFORM: x.a = -1.5, x.b = 2.25; break;
-                case RND_NORMAL: x.a = 0.5, x.b = 2.0; break;
+                case RND_NORMAL: x.a = 0.3, x.b = 1.7; break;
                 case RND_BERNOULLI: x.a = 0.3; break;
                 default:
                     x.lo = dt == NDM_U8 ? 3 : variant ? -((int64_t)1 << 40) : -1000;
