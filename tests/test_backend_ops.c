@@ -1,5 +1,5 @@
 /* The conformance suite: every operation of the operation lists
- * (lib/backends/ew.h, reduce.h) x dtype x layout, on every backend and every
+ * (lib/backends/ew.h, reduce.h) and of the random family x dtype x layout, on every backend and every
  * CPU instruction-set table this CPU runs, against the CPU reference kernels;
  * forward at the kernel level, backward through the public API and autograd.
  * A new operation in a list is picked up here with no edit. */
@@ -13,6 +13,7 @@
 #include "../lib/backends/cpu/isa.h"
 #include "../lib/backends/registry.h"
 #include "../lib/backends/ew.h"
+#include "../lib/backends/random.h"
 #include "../lib/backends/reduce.h"
 #include "../lib/manager/core.h"
 #include "../lib/ops/autograd.h"
@@ -493,6 +494,15 @@ static ndm_status run_where(const ndm__backend *b, int device, const fcase *c,
 /* One value of computation dtype ct into buf. */
 static void ct_value(void *buf, ndm_dtype ct, double v) { host_set(buf, ct, 0, v); }
 
+/* Casts are the backend's copy between dtypes: every pair, every layout. */
+static ndm_status run_cast(const ndm__backend *b, int device, const fcase *c,
+                           const ndm__tensor *t, const void *ctx)
+{
+    (void)c;
+    (void)ctx;
+    return b->copy(device, &t[0], &t[1]);
+}
+
 static void ew_forward(const target *tg, rng *r, tally *t)
 {
     for (int oi = 0; oi < N_UN; oi++) {
@@ -552,6 +562,18 @@ static void ew_forward(const target *tg, rng *r, tally *t)
                 c.dt[0] = rt, c.dt[1] = c.dt[2] = dt;
                 c.v[0] = c.v[1] = c.v[2] = in_view(L_CONTIGUOUS, 0);
                 run_case(tg, &c, run_binary, &x, r, 1, t);
+            }
+        }
+    }
+    for (int si = 0; si < N_DTYPES; si++) {
+        for (int di = 0; di < N_DTYPES; di++) {
+            for (int l = 0; l < L_COUNT; l++) {
+                fcase c = {.op = "cast", .l = (layout)l, .nops = 2};
+                snprintf(c.dtypes, sizeof c.dtypes, "%s to %s", ndm_dtype_name(all_dtypes[si]),
+                         ndm_dtype_name(all_dtypes[di]));
+                c.dt[0] = all_dtypes[di], c.dt[1] = all_dtypes[si];
+                c.v[0] = out_view((layout)l), c.v[1] = in_view((layout)l, 1);
+                run_case(tg, &c, run_cast, NULL, r, 1, t);
             }
         }
     }
@@ -617,6 +639,136 @@ static void reduce_forward(const target *tg, rng *r, tally *t)
     }
 }
 
+/* ---- random ------------------------------------------------------------------
+ * A seeded draw on a target against the same draw on the CPU: bit for bit
+ * against the CPU's fast kernels (the backends share the stream, the
+ * formulas and normal's polynomials), and, for the CPU itself, against the
+ * reference kernels, which are exact except for normal's libm (ndm/random.h:
+ * a few units in the last place). The whole buffer is compared, so an
+ * element written outside the view fails too. */
+
+enum { RND_UNIFORM, RND_NORMAL, RND_RANDINT, RND_BERNOULLI, RND_PERMUTATION, RND_COUNT };
+static const char *const rnd_names[RND_COUNT] = {"uniform", "normal", "randint", "bernoulli",
+                                                 "permutation"};
+
+typedef struct rnd_case {
+    int kind;
+    ndm_rng rng;
+    double a, b;
+    int64_t lo, hi;
+} rnd_case;
+
+static ndm_status run_random(const ndm__backend *b, int device, const ndm__tensor *t,
+                             const rnd_case *x)
+{
+    if (!b->random)
+        return NDM_E_UNSUPPORTED;
+    switch (x->kind) {
+    case RND_UNIFORM: return b->random->uniform(device, t, x->rng, x->a, x->b);
+    case RND_NORMAL: return b->random->normal(device, t, x->rng, x->a, x->b);
+    case RND_RANDINT: return b->random->randint(device, t, x->rng, x->lo, x->hi);
+    case RND_BERNOULLI: return b->random->bernoulli(device, t, x->rng, x->a);
+    default: return b->random->permutation(device, t, x->rng);
+    }
+}
+
+static void random_case(const target *tg, const rnd_case *x, ndm_dtype dt, const view *v,
+                        const char *lname, tally *t)
+{
+    bool vs_ref = tg->dev.type == NDM_DEVICE_CPU;
+    const ndm__backend *oracle = vs_ref ? &ndm__cpu_ref_backend : ndm__backend_for(NDM_DEVICE_CPU);
+    size_t es = ndm__ew_esize(dt), bytes = (size_t)v->count * es;
+    unsigned char *want = malloc(bytes + 1), *got = malloc(bytes + 1);
+    assert_true(want && got);
+    memset(want, 0xa5, bytes);
+    ndm__tensor w = {want + v->offset * (int64_t)es, dt, v->ndim, v->shape, v->strides};
+    ndm_status rs = run_random(oracle, 0, &w, x);
+    if (rs != NDM_OK)
+        fail_msg("%s (%s), %s: the CPU failed: %s", rnd_names[x->kind], ndm_dtype_name(dt),
+                 lname, ndm_status_name(rs));
+    dbuf d;
+    assert_true(dbuf_get(tg, &d, bytes));
+    memset(got, 0xa5, bytes);
+    dbuf_up(tg, &d, got, bytes);
+    ndm__tensor tt = {(char *)d.p + v->offset * (int64_t)es, dt, v->ndim, v->shape, v->strides};
+    ndm_status ts = run_random(tg->b, tg->dev.index, &tt, x);
+    if (ts == NDM_E_UNSUPPORTED) {
+        t->declined++;
+    } else if (ts != NDM_OK) {
+        if (!t->mismatches++)
+            snprintf(t->first, sizeof t->first, "%s (%s), %s, %s: failed with %s",
+                     rnd_names[x->kind], ndm_dtype_name(dt), lname, tg->name,
+                     ndm_status_name(ts));
+    } else {
+        dbuf_down(tg, &d, got, bytes);
+        t->checked++;
+        for (int64_t i = 0; i < v->count; i++) {
+            const unsigned char *g = got + i * (int64_t)es, *e = want + i * (int64_t)es;
+            bool ok = !memcmp(g, e, es);
+            if (!ok && vs_ref && x->kind == RND_NORMAL) {
+                double rtol = dt == NDM_F64 ? 1e-12 : dt == NDM_F32 ? 1e-5 : 8e-3;
+                ok = close_to(host_get(g, dt, 0), host_get(e, dt, 0), rtol, rtol);
+            }
+            if (ok)
+                continue;
+            if (!t->mismatches++)
+                snprintf(t->first, sizeof t->first,
+                         "%s (%s), %s, %s: buffer element %" PRId64 " got %.17g, expected %.17g",
+                         rnd_names[x->kind], ndm_dtype_name(dt), lname, tg->name, i,
+                         host_get(g, dt, 0), host_get(e, dt, 0));
+            break;
+        }
+    }
+    dbuf_put(&d);
+    free(want);
+    free(got);
+}
+
+static void random_forward(const target *tg, rng *r, tally *t)
+{
+    /* parameters per distribution and dtype: randint's i64 takes both word
+     * counts (ranges up to 2^32 and above) */
+    for (int kind = 0; kind < RND_PERMUTATION; kind++) {
+        for (int di = 0; di < N_DTYPES; di++) {
+            ndm_dtype dt = all_dtypes[di];
+            bool flt = is_float(dt);
+            if ((kind == RND_UNIFORM || kind == RND_NORMAL) && !flt)
+                continue;
+            if (kind == RND_RANDINT && dt != NDM_U8 && dt != NDM_I32 && dt != NDM_I64)
+                continue;
+            for (int variant = 0; variant < (kind == RND_RANDINT && dt == NDM_I64 ? 2 : 1);
+                 variant++) {
+                rnd_case x = {.kind = kind,
+                              .rng = {rnext(r), rnext(r) % 5, rnext(r) % 1000}};
+                switch (kind) {
+                case RND_UNIFORM: x.a = -1.5, x.b = 2.25; break;
+                case RND_NORMAL: x.a = 0.3, x.b = 1.7; break;
+                case RND_BERNOULLI: x.a = 0.3; break;
+                default:
+                    x.lo = dt == NDM_U8 ? 3 : variant ? -((int64_t)1 << 40) : -1000;
+                    x.hi = dt == NDM_U8 ? 200 : variant ? (int64_t)1 << 41 : 1000;
+                    break;
+                }
+                /* every output layout: broadcast has no meaning for an output */
+                for (int l = 0; l < L_COUNT; l++) {
+                    if (l == L_BROADCAST)
+                        continue;
+                    view v = l == L_STEPPED ? in_view(L_STEPPED, 1) : out_view((layout)l);
+                    random_case(tg, &x, dt, &v, layout_names[l], t);
+                }
+            }
+        }
+    }
+    /* permutation: 1-d i64, forward, reversed with a step, empty */
+    static const view pviews[3] = {{1, {35}, {1}, 0, 35}, {1, {35}, {-2}, 68, 70},
+                                   {1, {0}, {1}, 0, 0}};
+    static const char *const pnames[3] = {"contiguous", "reversed with a step", "size-0"};
+    for (int k = 0; k < 3; k++) {
+        rnd_case x = {.kind = RND_PERMUTATION, .rng = {rnext(r), 1, rnext(r) % 1000}};
+        random_case(tg, &x, NDM_I64, &pviews[k], pnames[k], t);
+    }
+}
+
 /* ---- the suite -------------------------------------------------------------- */
 
 static void report(const char *what, const tally *t)
@@ -646,6 +798,7 @@ static void test_backend_ops_cpu_tables_match_reference(void **state)
         tally t = {0};
         ew_forward(&tg, &r, &t);
         reduce_forward(&tg, &r, &t);
+        random_forward(&tg, &r, &t);
         printf("[ conformance ] %s: %ld cases checked\n", tg.name, t.checked);
         all.checked += t.checked;
         all.declined += t.declined;
@@ -683,10 +836,17 @@ static void test_backend_ops_cuda_matches_reference(void **state)
     rng r = {7};
     tally t = {0};
     ew_forward(&tg, &r, &t);
+    long declined_ew = t.declined;
     reduce_forward(&tg, &r, &t);
+    long before_random = t.declined;
+    random_forward(&tg, &r, &t);
     assert_ok(ndm_manager_close(tg.m));
-    printf("[ conformance ] cuda:0 families: ew %s, reduce %s\n", b->ew ? "yes" : "declined",
-           b->reduce ? "yes" : "declined");
+    /* the CUDA module provides the elementwise and random families whole */
+    assert_int_equal(declined_ew, 0);
+    assert_int_equal(t.declined, before_random);
+    printf("[ conformance ] cuda:0 families: ew %s, reduce %s, random %s\n",
+           b->ew ? "yes" : "declined", b->reduce ? "yes" : "declined",
+           b->random ? "yes" : "declined");
     report("cuda:0", &t);
 }
 

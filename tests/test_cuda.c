@@ -1,7 +1,8 @@
 /* The CUDA backend against the CPU reference (copy, fill, iota, transfers for
- * every dtype, strided and broadcast views, sticky errors; on a GPU, or on
- * "cuda (host execution)" when NDM_BACKEND_PATH names tests/cuda_host's
- * module; skipped otherwise), and what a machine without a GPU answers. */
+ * every dtype, strided and broadcast views, sticky errors; elementwise
+ * operations and seeded random draws; on a GPU, or on "cuda (host execution)"
+ * when NDM_BACKEND_PATH names tests/cuda_host's module; skipped otherwise),
+ * and what a machine or build without a GPU answers. */
 #include <math.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -747,6 +748,94 @@ static void test_cuda_fault_is_sticky_in_a_fresh_process(void **state)
     assert_int_equal(WEXITSTATUS(status), 0);
 }
 
+/* ---- elementwise and random on the device ----------------------------------- */
+
+/* The same expressions on the CPU and on the GPU, through the public API:
+ * views (transposed, flipped with a step, broadcast rows) go to the kernels
+ * as strides, in-place updates write their input, f16 storage converts on
+ * the device; all of these operations are exact, so the bytes agree. */
+static void test_cuda_elementwise_views_and_in_place_match_cpu(void **state)
+{
+    NEED_GPU();
+    pair p = pair_new(ROOT(state));
+    static const ndm_dtype dts[] = {NDM_F32, NDM_I32, NDM_F16, NDM_U8};
+    for (size_t k = 0; k < sizeof dts / sizeof dts[0]; k++) {
+        ndm_array x[2], row[2], y[2], z[2], w[2], c[2];
+        ndm_manager m[2] = {p.cpu, p.gpu};
+        for (int d = 0; d < 2; d++) {
+            x[d] = ndm_reshape(ndm_arange(m[d], dts[k], 0, 60, 1), NDM_SHAPE(6, 10));
+            row[d] = ndm_arange(m[d], dts[k], 1, 7, 1);
+            assert_live(x[d]);
+            /* (10, 6) transposed view times a broadcast (6,) row, minus 3 */
+            y[d] = ndm_sub_scalar_to(m[d], ndm_mul_to(m[d], ndm_transpose(x[d]), row[d]), 3.0);
+            /* every other column, flipped, against 1.5 as the left operand */
+            z[d] = ndm_rsub_scalar_to(m[d], ndm_slice(x[d], 1, NDM_END, NDM_END, -2), 1.5);
+            c[d] = ndm_lt_to(m[d], ndm_transpose(x[d]), row[d]);
+            w[d] = ndm_where_to(m[d], c[d], y[d], ndm_clamp_to(m[d], y[d], -4.0, 9.0));
+            assert_live(w[d]);
+            /* in place: x += x (the same array on both sides), then clamp */
+            assert_ok(ndm_add_(x[d], x[d]));
+            assert_ok(ndm_clamp_(x[d], 0.0, 30.0));
+            /* in place through a flipped, stepped view */
+            assert_ok(ndm_mul_scalar_(ndm_slice(x[d], 1, NDM_END, NDM_END, -2), 3.0));
+        }
+        assert_int_equal(ndm_array_device(y[1]).type, NDM_DEVICE_CUDA);
+        assert_arrays_match(y[0], y[1], "transposed times broadcast row");
+        assert_arrays_match(z[0], z[1], "scalar minus flipped view");
+        assert_arrays_match(c[0], c[1], "comparison");
+        assert_arrays_match(w[0], w[1], "where");
+        assert_arrays_match(x[0], x[1], "in place");
+    }
+    pair_close(p);
+}
+
+/* A seeded draw on the GPU gives the CPU's bytes, for every distribution and
+ * dtype, into fresh arrays and into a transposed view, and advances the
+ * generator as far. */
+static void test_cuda_random_draws_match_cpu_bit_for_bit(void **state)
+{
+    NEED_GPU();
+    pair p = pair_new(ROOT(state));
+    static const ndm_dtype floats[] = {NDM_F32, NDM_F64, NDM_F16, NDM_BF16};
+    for (int k = 0; k < 4; k++) {
+        ndm_rng rc = ndm_rng_new(1234 + (uint64_t)k), rg = rc;
+        ndm_array uc = ndm_uniform(p.cpu, &rc, floats[k], -2.0, 3.0, NDM_SHAPE(37, 3));
+        ndm_array ug = ndm_uniform(p.gpu, &rg, floats[k], -2.0, 3.0, NDM_SHAPE(37, 3));
+        assert_arrays_match(uc, ug, "uniform");
+        ndm_array nc = ndm_normal(p.cpu, &rc, floats[k], 0.3, 1.7, NDM_SHAPE(5, 7));
+        ndm_array ng = ndm_normal(p.gpu, &rg, floats[k], 0.3, 1.7, NDM_SHAPE(5, 7));
+        assert_arrays_match(nc, ng, "normal");
+        /* into a transposed view of an existing array */
+        ndm_array tc = ndm_zeros(p.cpu, floats[k], NDM_SHAPE(4, 9));
+        ndm_array tg = ndm_zeros(p.gpu, floats[k], NDM_SHAPE(4, 9));
+        assert_ok(ndm_normal_(ndm_transpose(tc), &rc, -1.1, 0.45));
+        assert_ok(ndm_normal_(ndm_transpose(tg), &rg, -1.1, 0.45));
+        assert_arrays_match(tc, tg, "normal into a transposed view");
+        assert_memory_equal(&rc, &rg, sizeof rc);
+    }
+    ndm_rng rc = ndm_rng_new(99), rg = rc;
+    static const ndm_dtype ints[] = {NDM_U8, NDM_I32, NDM_I64};
+    for (int k = 0; k < 3; k++) {
+        ndm_array ic = ndm_randint(p.cpu, &rc, ints[k], 0, 100, NDM_SHAPE(41));
+        ndm_array ig = ndm_randint(p.gpu, &rg, ints[k], 0, 100, NDM_SHAPE(41));
+        assert_arrays_match(ic, ig, "randint");
+    }
+    ndm_array wc = ndm_randint(p.cpu, &rc, NDM_I64, -((int64_t)1 << 50), (int64_t)1 << 50,
+                               NDM_SHAPE(9));
+    ndm_array wg = ndm_randint(p.gpu, &rg, NDM_I64, -((int64_t)1 << 50), (int64_t)1 << 50,
+                               NDM_SHAPE(9));
+    assert_arrays_match(wc, wg, "randint over a wide range");
+    for (int k = 0; k < NDM_DTYPE_COUNT; k++) {
+        ndm_array bc = ndm_bernoulli(p.cpu, &rc, all_dtypes[k], 0.4, NDM_SHAPE(3, 11));
+        ndm_array bg = ndm_bernoulli(p.gpu, &rg, all_dtypes[k], 0.4, NDM_SHAPE(3, 11));
+        assert_arrays_match(bc, bg, "bernoulli");
+    }
+    ndm_array pc = ndm_permutation(p.cpu, &rc, 300), pg = ndm_permutation(p.gpu, &rg, 300);
+    assert_arrays_match(pc, pg, "permutation");
+    assert_memory_equal(&rc, &rg, sizeof rc);
+    pair_close(p);
+}
+
 int main(int argc, char **argv)
 {
     self_path = argc > 0 ? argv[0] : "test_cuda";
@@ -773,6 +862,8 @@ int main(int argc, char **argv)
         TEST(test_cuda_to_round_trips_every_dtype),
         TEST(test_cuda_sticky_error_reported_by_every_call),
         TEST(test_cuda_fault_is_sticky_in_a_fresh_process),
+        TEST(test_cuda_elementwise_views_and_in_place_match_cpu),
+        TEST(test_cuda_random_draws_match_cpu_bit_for_bit),
     };
     return cmocka_run_group_tests_name("cuda", tests, NULL, NULL);
 }

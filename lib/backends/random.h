@@ -1,12 +1,36 @@
 /* The random family of the backend table, and the Philox-4x32-10 block
- * function and stream layout that every backend follows (see ndm/random.h). */
+ * function, stream layout and element formulas that every backend follows
+ * (see ndm/random.h), written once for the CPU and the CUDA kernels. */
 #ifndef NDM_BACKEND_RANDOM_H
 #define NDM_BACKEND_RANDOM_H
 
 #include <math.h>
 
+#include "../base/convert_scalar.h"
 #include "backend.h"
 #include "ndm/random.h"
+
+/* The scalar helpers below run on the CPU and, compiled by nvcc, in CUDA
+ * kernels. Float arithmetic that must give the same bits on both goes
+ * through NDM__RNG_ADD/MUL: on the GPU they are the explicitly rounded
+ * intrinsics, which nvcc never fuses into a multiply-add (plain C here is
+ * ISO C, which does not contract either). */
+#ifdef __CUDACC__
+#define NDM__SCALAR static __host__ __device__ __forceinline__
+#else
+#define NDM__SCALAR static inline
+#endif
+#ifdef __CUDA_ARCH__
+#define NDM__RNG_FADD(a, b) __fadd_rn((a), (b))
+#define NDM__RNG_FMUL(a, b) __fmul_rn((a), (b))
+#define NDM__RNG_DADD(a, b) __dadd_rn((a), (b))
+#define NDM__RNG_DMUL(a, b) __dmul_rn((a), (b))
+#else
+#define NDM__RNG_FADD(a, b) ((a) + (b))
+#define NDM__RNG_FMUL(a, b) ((a) * (b))
+#define NDM__RNG_DADD(a, b) ((a) + (b))
+#define NDM__RNG_DMUL(a, b) ((a) * (b))
+#endif
 
 /* Kernels fill every element of dst (any strides) from the stream of `rng`
  * as ndm/random.h defines it; the dispatcher checks the parameters and
@@ -45,7 +69,7 @@ static inline unsigned ndm__rng_words_randint(int64_t lo, int64_t hi)
 #define NDM__PHILOX_W1 UINT32_C(0xBB67AE85)
 
 /* Philox-4x32-10 in place on one counter. */
-static inline void ndm__philox(uint32_t c[4], uint32_t k0, uint32_t k1)
+NDM__SCALAR void ndm__philox(uint32_t c[4], uint32_t k0, uint32_t k1)
 {
     for (int r = 0; r < 10; r++) {
         uint64_t p0 = (uint64_t)NDM__PHILOX_M0 * c[0];
@@ -62,7 +86,7 @@ static inline void ndm__philox(uint32_t c[4], uint32_t k0, uint32_t k1)
 }
 
 /* Block b of the stream of rng. */
-static inline void ndm__rng_block(ndm_rng rng, uint64_t b, uint32_t out[4])
+NDM__SCALAR void ndm__rng_block(ndm_rng rng, uint64_t b, uint32_t out[4])
 {
     uint64_t c = rng.offset + b;
     out[0] = (uint32_t)c;
@@ -73,7 +97,7 @@ static inline void ndm__rng_block(ndm_rng rng, uint64_t b, uint32_t out[4])
 }
 
 /* Word j of the stream of rng. */
-static inline uint32_t ndm__rng_word(ndm_rng rng, uint64_t j)
+NDM__SCALAR uint32_t ndm__rng_word(ndm_rng rng, uint64_t j)
 {
     uint32_t w[4];
     ndm__rng_block(rng, j / 4, w);
@@ -81,9 +105,11 @@ static inline uint32_t ndm__rng_word(ndm_rng rng, uint64_t j)
 }
 
 /* The high 64 bits of a 64x64-bit product. */
-static inline uint64_t ndm__mulhi64(uint64_t a, uint64_t b)
+NDM__SCALAR uint64_t ndm__mulhi64(uint64_t a, uint64_t b)
 {
-#ifdef __SIZEOF_INT128__
+#if defined(__CUDA_ARCH__)
+    return __umul64hi(a, b);
+#elif defined(__SIZEOF_INT128__)
     return (uint64_t)(((unsigned __int128)a * b) >> 64);
 #else
     uint64_t al = (uint32_t)a, ah = a >> 32, bl = (uint32_t)b, bh = b >> 32;
@@ -95,24 +121,24 @@ static inline uint64_t ndm__mulhi64(uint64_t a, uint64_t b)
 
 /* Element values from their words: the formulas of ndm/random.h. Multi-word
  * values read their words little-endian (the first word is the lowest). */
-static inline uint64_t ndm__rng_x64(const uint32_t *w)
+NDM__SCALAR uint64_t ndm__rng_x64(const uint32_t *w)
 {
     return (uint64_t)w[0] | (uint64_t)w[1] << 32;
 }
 /* [0, 1) */
-static inline double ndm__rng_u24(uint32_t w) { return (double)(w >> 8) * 0x1p-24; }
-static inline double ndm__rng_u53(const uint32_t *w)
+NDM__SCALAR double ndm__rng_u24(uint32_t w) { return (double)(w >> 8) * 0x1p-24; }
+NDM__SCALAR double ndm__rng_u53(const uint32_t *w)
 {
     return (double)(ndm__rng_x64(w) >> 11) * 0x1p-53;
 }
 /* (0, 1] */
-static inline double ndm__rng_u24_open(uint32_t w) { return (double)((w >> 8) + 1) * 0x1p-24; }
-static inline double ndm__rng_u53_open(const uint32_t *w)
+NDM__SCALAR double ndm__rng_u24_open(uint32_t w) { return (double)((w >> 8) + 1) * 0x1p-24; }
+NDM__SCALAR double ndm__rng_u53_open(const uint32_t *w)
 {
     return (double)((ndm__rng_x64(w) >> 11) + 1) * 0x1p-53;
 }
 /* lo + floor(x * range / 2^64) over 2 words, or 2^128 over 4 (range > 2^32). */
-static inline int64_t ndm__rng_randint(const uint32_t *w, unsigned words, int64_t lo,
+NDM__SCALAR int64_t ndm__rng_randint(const uint32_t *w, unsigned words, int64_t lo,
                                        uint64_t range)
 {
     uint64_t q;
@@ -126,7 +152,7 @@ static inline int64_t ndm__rng_randint(const uint32_t *w, unsigned words, int64_
     return (int64_t)((uint64_t)lo + q);
 }
 /* A word is below this with probability p (to within 2^-32). */
-static inline uint64_t ndm__rng_threshold(double p)
+NDM__SCALAR uint64_t ndm__rng_threshold(double p)
 {
     return p >= 1.0 ? UINT64_C(1) << 32 : (uint64_t)(p * 4294967296.0);
 }
@@ -154,13 +180,124 @@ static inline ndm__below ndm__uniform_below(double hi)
     b.f32 = (float)hi;
     if ((double)b.f32 >= hi)
         b.f32 = nextafterf(b.f32, -INFINITY);
-    b.f16 = ndm_f32_to_f16((float)hi);
-    while ((double)ndm_f16_to_f32(b.f16) >= hi)
+    b.f16 = ndm__f32_to_f16((float)hi);
+    while ((double)ndm__f16_to_f32(b.f16) >= hi)
         b.f16 = ndm__half_down(b.f16);
-    b.bf16 = ndm_f32_to_bf16((float)hi);
-    while ((double)ndm_bf16_to_f32(b.bf16) >= hi)
+    b.bf16 = ndm__f32_to_bf16((float)hi);
+    while ((double)ndm__bf16_to_f32(b.bf16) >= hi)
         b.bf16 = ndm__half_down(b.bf16);
     return b;
 }
+
+/* ---- ln, sin and cos for Box-Muller -------------------------------------------
+ * normal's own polynomials (ndm/random.h): plain +, *, / and exact steps
+ * only, so that the CPU and the GPU give the same bits. The CPU vectorises
+ * loops over them only when they have no branches and no call: conditions
+ * pick between constants that then multiply. */
+
+/* ln x for normal x > 0: x = m 2^e with m in [sqrt(1/2), sqrt(2)), then
+ * ln m = 2 atanh(s), s = (m-1)/(m+1), |s| < 0.1716, as a series in s^2. */
+NDM__SCALAR float ndm__rng_log_f32(float x)
+{
+    uint32_t b = ndm__f32_bits(x);
+    int32_t e = (int32_t)(b >> 23) - 127;
+    b = (b & 0x7fffffu) | 0x3f800000u;
+    float m = ndm__bits_f32(b);
+    int32_t big = (b & 0x7fffffu) > 0x3504f3u; /* m > sqrt(2) */
+    m = NDM__RNG_FMUL(m, big ? 0.5f : 1.0f);
+    e += big;
+    float s = (m - 1.0f) / (m + 1.0f), z = NDM__RNG_FMUL(s, s);
+    float p = NDM__RNG_FADD(1.0f / 7, NDM__RNG_FMUL(z, 1.0f / 9));
+    p = NDM__RNG_FADD(1.0f / 5, NDM__RNG_FMUL(z, p));
+    p = NDM__RNG_FADD(1.0f / 3, NDM__RNG_FMUL(z, p));
+    p = NDM__RNG_FADD(1.0f, NDM__RNG_FMUL(z, p));
+    float fe = (float)e;
+    return NDM__RNG_FADD(NDM__RNG_FMUL(fe, 0.693145751953125f),
+                         NDM__RNG_FADD(NDM__RNG_FMUL(fe, 1.428606765330187045e-06f),
+                                       NDM__RNG_FMUL(NDM__RNG_FMUL(2.0f, s), p)));
+}
+
+NDM__SCALAR double ndm__rng_log_f64(double x)
+{
+    uint64_t b;
+    memcpy(&b, &x, 8);
+    /* the exponent as a double without an integer conversion: 2^52 + k - 2^52 */
+    uint64_t eb = UINT64_C(0x4330000000000000) | (b >> 52);
+    double e;
+    memcpy(&e, &eb, 8);
+    e -= 4503599627370496.0 + 1023.0;
+    b = (b & UINT64_C(0xfffffffffffff)) | UINT64_C(0x3ff0000000000000);
+    double m;
+    memcpy(&m, &b, 8);
+    int64_t big = (b & UINT64_C(0xfffffffffffff)) > UINT64_C(0x6a09e667f3bcd); /* m > sqrt(2) */
+    m = NDM__RNG_DMUL(m, big ? 0.5 : 1.0);
+    e = e + (big ? 1.0 : 0.0);
+    double s = (m - 1.0) / (m + 1.0), z = NDM__RNG_DMUL(s, s);
+    double p = NDM__RNG_DADD(1.0 / 19, NDM__RNG_DMUL(z, 1.0 / 21));
+    p = NDM__RNG_DADD(1.0 / 17, NDM__RNG_DMUL(z, p));
+    p = NDM__RNG_DADD(1.0 / 15, NDM__RNG_DMUL(z, p));
+    p = NDM__RNG_DADD(1.0 / 13, NDM__RNG_DMUL(z, p));
+    p = NDM__RNG_DADD(1.0 / 11, NDM__RNG_DMUL(z, p));
+    p = NDM__RNG_DADD(1.0 / 9, NDM__RNG_DMUL(z, p));
+    p = NDM__RNG_DADD(1.0 / 7, NDM__RNG_DMUL(z, p));
+    p = NDM__RNG_DADD(1.0 / 5, NDM__RNG_DMUL(z, p));
+    p = NDM__RNG_DADD(1.0 / 3, NDM__RNG_DMUL(z, p));
+    p = NDM__RNG_DADD(1.0, NDM__RNG_DMUL(z, p));
+    return NDM__RNG_DADD(NDM__RNG_DMUL(e, 6.93147180369123816490e-01),
+                         NDM__RNG_DADD(NDM__RNG_DMUL(e, 1.90821492927058770002e-10),
+                                       NDM__RNG_DMUL(NDM__RNG_DMUL(2.0, s), p)));
+}
+
+/* sin and cos of 2 pi u for u in [0, 1): the nearest quarter turn q is taken
+ * out exactly (4u is exact), the rest x in [-pi/4, pi/4] goes through Taylor
+ * series, and the quarter turns swap and negate the pair. */
+NDM__SCALAR void ndm__rng_sincos2pi_f32(float u, float *sn, float *cs)
+{
+    float t = 4.0f * u;
+    int32_t q = (int32_t)(t + 0.5f);
+    float x = NDM__RNG_FMUL(t - (float)q, 1.57079632679489662f), z = NDM__RNG_FMUL(x, x);
+    float s = NDM__RNG_FADD(-1.0f / 5040, NDM__RNG_FMUL(z, 1.0f / 362880));
+    s = NDM__RNG_FADD(1.0f / 120, NDM__RNG_FMUL(z, s));
+    s = NDM__RNG_FADD(-1.0f / 6, NDM__RNG_FMUL(z, s));
+    s = NDM__RNG_FMUL(x, NDM__RNG_FADD(1.0f, NDM__RNG_FMUL(z, s)));
+    float c = NDM__RNG_FADD(1.0f / 40320, NDM__RNG_FMUL(z, -1.0f / 3628800));
+    c = NDM__RNG_FADD(-1.0f / 720, NDM__RNG_FMUL(z, c));
+    c = NDM__RNG_FADD(1.0f / 24, NDM__RNG_FMUL(z, c));
+    c = NDM__RNG_FADD(-0.5f, NDM__RNG_FMUL(z, c));
+    c = NDM__RNG_FADD(1.0f, NDM__RNG_FMUL(z, c));
+    float a = q & 1 ? c : s, b = q & 1 ? s : c;
+    *sn = a * (q & 2 ? -1.0f : 1.0f);
+    *cs = b * ((q + 1) & 2 ? -1.0f : 1.0f);
+}
+
+NDM__SCALAR void ndm__rng_sincos2pi_f64(double u, double *sn, double *cs)
+{
+    double t = 4.0 * u;
+    int64_t q = (int64_t)(t + 0.5);
+    double x = NDM__RNG_DMUL(t - (double)q, 1.57079632679489661923), z = NDM__RNG_DMUL(x, x);
+    double s = 1.0 / 355687428096000.0; /* 1/17! */
+    s = NDM__RNG_DADD(-1.0 / 1307674368000.0, NDM__RNG_DMUL(z, s));
+    s = NDM__RNG_DADD(1.0 / 6227020800.0, NDM__RNG_DMUL(z, s));
+    s = NDM__RNG_DADD(-1.0 / 39916800.0, NDM__RNG_DMUL(z, s));
+    s = NDM__RNG_DADD(1.0 / 362880.0, NDM__RNG_DMUL(z, s));
+    s = NDM__RNG_DADD(-1.0 / 5040.0, NDM__RNG_DMUL(z, s));
+    s = NDM__RNG_DADD(1.0 / 120.0, NDM__RNG_DMUL(z, s));
+    s = NDM__RNG_DADD(-1.0 / 6.0, NDM__RNG_DMUL(z, s));
+    s = NDM__RNG_DMUL(x, NDM__RNG_DADD(1.0, NDM__RNG_DMUL(z, s)));
+    double c = 1.0 / 20922789888000.0; /* 1/16! */
+    c = NDM__RNG_DADD(-1.0 / 87178291200.0, NDM__RNG_DMUL(z, c));
+    c = NDM__RNG_DADD(1.0 / 479001600.0, NDM__RNG_DMUL(z, c));
+    c = NDM__RNG_DADD(-1.0 / 3628800.0, NDM__RNG_DMUL(z, c));
+    c = NDM__RNG_DADD(1.0 / 40320.0, NDM__RNG_DMUL(z, c));
+    c = NDM__RNG_DADD(-1.0 / 720.0, NDM__RNG_DMUL(z, c));
+    c = NDM__RNG_DADD(1.0 / 24.0, NDM__RNG_DMUL(z, c));
+    c = NDM__RNG_DADD(-0.5, NDM__RNG_DMUL(z, c));
+    c = NDM__RNG_DADD(1.0, NDM__RNG_DMUL(z, c));
+    double a = q & 1 ? c : s, b = q & 1 ? s : c;
+    *sn = a * (q & 2 ? -1.0 : 1.0);
+    *cs = b * ((q + 1) & 2 ? -1.0 : 1.0);
+}
+
+#undef NDM__SCALAR
 
 #endif

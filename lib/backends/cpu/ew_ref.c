@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../ew_scalar.h"
 #include "convert.h"
 #include "ew_cpu.h"
 #include "iter.h"
@@ -108,20 +109,6 @@ static void st(char *p, ndm_dtype dt, ndm_dtype ct, val v)
 
 /* ---- binary -------------------------------------------------------------- */
 
-/* Helpers the lists' reference columns name. */
-static inline int64_t ndm__ref_ipow(int64_t x, int64_t y)
-{
-    if (y < 0)
-        return x == 1 ? 1 : x == -1 ? ((y & 1) ? -1 : 1) : 0;
-    uint64_t r = 1, b = (uint64_t)x;
-    for (uint64_t e = (uint64_t)y; e; e >>= 1) {
-        if (e & 1)
-            r *= b;
-        b *= b;
-    }
-    return (int64_t)r;
-}
-
 /* Operations outside their dtype rule (integer division, a float function
  * in an integer dtype) are never asked for by the dispatcher; the slots
  * exist so that every table slot has a kernel, and compute in double,
@@ -133,35 +120,18 @@ static bool bin_via_double(ndm__ew_binop op, ndm_dtype ct)
 
 static val bin_int(ndm__ew_binop op, int64_t x, int64_t y)
 {
-    val r = {0, 0};
-    switch (op) {
-#define NDM__REF_CASE_(ID, name, form, flags, tol, ref_f, ref_i, ...)           \
-    case NDM__EW_##ID:                                                          \
-        r.i = (int64_t)(ref_i);                                                 \
-        break;
-        NDM__EW_BINOPS(NDM__REF_CASE_)
-#undef NDM__REF_CASE_
-    default: break;
-    }
+    val r = {ndm__ew_binop_i(op, x, y), 0};
     return r;
 }
 
 static val bin_flt(ndm__ew_binop op, double x, double y)
 {
     val r = {0, 0};
-    bool cmp = ndm__ew_binop_is_bool(op);
-    switch (op) {
-#define NDM__REF_CASE_(ID, name, form, flags, tol, ref_f, ...)                  \
-    case NDM__EW_##ID:                                                          \
-        if (cmp)                                                                \
-            r.i = (int64_t)(ref_f);                                             \
-        else                                                                    \
-            r.f = (double)(ref_f);                                              \
-        break;
-        NDM__EW_BINOPS(NDM__REF_CASE_)
-#undef NDM__REF_CASE_
-    default: break;
-    }
+    double v = ndm__ew_binop_f(op, x, y);
+    if (ndm__ew_binop_is_bool(op))
+        r.i = (int64_t)v;
+    else
+        r.f = v;
     return r;
 }
 
@@ -229,60 +199,14 @@ static ndm_status ref_binary_scalar(int device, ndm__ew_binop op, ndm_dtype ct,
 
 /* ---- unary --------------------------------------------------------------- */
 
-static inline double ndm__ref_gelu(double x)
-{
-    return x == -INFINITY ? -0.0 : 0.5 * x * erfc(-x / sqrt(2.0));
-}
-/* 0.5 (1 + tanh(u)) = sigmoid(2u): the same function without cancelling. */
-static inline double ndm__ref_sigmoid(double x)
-{
-    return x >= 0 ? 1.0 / (1.0 + exp(-x)) : exp(x) / (1.0 + exp(x));
-}
-static inline double ndm__ref_gelu_tanh(double x)
-{
-    const double c = sqrt(2.0 / 3.14159265358979323846);
-    return x == -INFINITY ? -0.0 : x * ndm__ref_sigmoid(2.0 * c * (x + 0.044715 * x * x * x));
-}
-static inline double ndm__ref_silu(double x) { return x == -INFINITY ? -0.0 : x / (1.0 + exp(-x)); }
-static inline double ndm__ref_clamp_f(double x, double lo, double hi)
-{
-    if (isnan(lo) || isnan(hi))
-        return NAN;
-    x = x < lo ? lo : x;
-    return x > hi ? hi : x;
-}
-static inline int64_t ndm__ref_clamp_i(int64_t x, int64_t lo, int64_t hi)
-{
-    x = x < lo ? lo : x;
-    return x > hi ? hi : x;
-}
-
 static double un_flt(ndm__ew_unop op, double x, double lo, double hi)
 {
-    (void)lo;
-    (void)hi;
-    switch (op) {
-#define NDM__REF_CASE_(ID, name, form, flags, tol, ref_f, ...)                  \
-    case NDM__EW_##ID:                                                          \
-        return (double)(ref_f);
-        NDM__EW_UNOPS(NDM__REF_CASE_)
-#undef NDM__REF_CASE_
-    default: return x;
-    }
+    return ndm__ew_unop_f(op, x, lo, hi);
 }
 
 static int64_t un_int(ndm__ew_unop op, int64_t x, int64_t lo, int64_t hi)
 {
-    (void)lo;
-    (void)hi;
-    switch (op) {
-#define NDM__REF_CASE_(ID, name, form, flags, tol, ref_f, ref_i, ...)           \
-    case NDM__EW_##ID:                                                          \
-        return (int64_t)(ref_i);
-        NDM__EW_UNOPS(NDM__REF_CASE_)
-#undef NDM__REF_CASE_
-    default: return x;
-    }
+    return ndm__ew_unop_i(op, x, lo, hi);
 }
 
 typedef struct un_ctx {

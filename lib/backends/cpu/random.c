@@ -157,104 +157,11 @@ static void philox_blocks(ndm_rng rng, uint64_t b0, int64_t nb, uint32_t *out)
     philox_lanes(rng, b0, nb, out);
 }
 
-/* ---- log, sin and cos for Box-Muller ------------------------------------------------ */
+/* ---- Box-Muller ------------------------------------------------------------------ */
 
-/* The compiler vectorises a loop only when it has no branches and no call:
- * conditions pick between constants that then multiply (a conditional
- * arithmetic operation would count as control flow), and square roots go
- * through SSE, because sqrtf keeps its errno path. */
-
-/* ln x for normal x > 0: x = m 2^e with m in [sqrt(1/2), sqrt(2)), then
- * ln m = 2 atanh(s), s = (m-1)/(m+1), |s| < 0.1716, as a series in s^2. */
-static inline float log_f32(float x)
-{
-    uint32_t b;
-    memcpy(&b, &x, 4);
-    int32_t e = (int32_t)(b >> 23) - 127;
-    b = (b & 0x7fffffu) | 0x3f800000u;
-    float m;
-    memcpy(&m, &b, 4);
-    int32_t big = (b & 0x7fffffu) > 0x3504f3u; /* m > sqrt(2) */
-    m = m * (big ? 0.5f : 1.0f);
-    e += big;
-    float s = (m - 1.0f) / (m + 1.0f), z = s * s;
-    float p = 1.0f + z * (1.0f / 3 + z * (1.0f / 5 + z * (1.0f / 7 + z * (1.0f / 9))));
-    return (float)e * 0.693145751953125f + ((float)e * 1.428606765330187045e-06f + 2.0f * s * p);
-}
-
-static inline double log_f64(double x)
-{
-    uint64_t b;
-    memcpy(&b, &x, 8);
-    /* the exponent as a double without an integer conversion: 2^52 + k - 2^52 */
-    uint64_t eb = UINT64_C(0x4330000000000000) | (b >> 52);
-    double e;
-    memcpy(&e, &eb, 8);
-    e -= 4503599627370496.0 + 1023.0;
-    b = (b & UINT64_C(0xfffffffffffff)) | UINT64_C(0x3ff0000000000000);
-    double m;
-    memcpy(&m, &b, 8);
-    int64_t big = (b & UINT64_C(0xfffffffffffff)) > UINT64_C(0x6a09e667f3bcd); /* m > sqrt(2) */
-    m = m * (big ? 0.5 : 1.0);
-    e = e + (big ? 1.0 : 0.0);
-    double s = (m - 1.0) / (m + 1.0), z = s * s;
-    double p = 1.0 / 19 + z * (1.0 / 21);
-    p = 1.0 / 17 + z * p;
-    p = 1.0 / 15 + z * p;
-    p = 1.0 / 13 + z * p;
-    p = 1.0 / 11 + z * p;
-    p = 1.0 / 9 + z * p;
-    p = 1.0 / 7 + z * p;
-    p = 1.0 / 5 + z * p;
-    p = 1.0 / 3 + z * p;
-    p = 1.0 + z * p;
-    return e * 6.93147180369123816490e-01 + (e * 1.90821492927058770002e-10 + 2.0 * s * p);
-}
-
-/* sin and cos of 2 pi u for u in [0, 1): the nearest quarter turn q is taken
- * out exactly (4u is exact), the rest x in [-pi/4, pi/4] goes through Taylor
- * series, and the quarter turns swap and negate the pair. */
-static inline void sincos2pi_f32(float u, float *sn, float *cs)
-{
-    float t = 4.0f * u;
-    int32_t q = (int32_t)(t + 0.5f);
-    float x = (t - (float)q) * 1.57079632679489662f, z = x * x;
-    float s = x * (1 + z * (-1.0f / 6 + z * (1.0f / 120 + z * (-1.0f / 5040 +
-                                                              z * (1.0f / 362880)))));
-    float c = 1 + z * (-0.5f + z * (1.0f / 24 + z * (-1.0f / 720 + z * (1.0f / 40320 +
-                                                                      z * (-1.0f / 3628800)))));
-    float a = q & 1 ? c : s, b = q & 1 ? s : c;
-    *sn = a * (q & 2 ? -1.0f : 1.0f);
-    *cs = b * ((q + 1) & 2 ? -1.0f : 1.0f);
-}
-
-static inline void sincos2pi_f64(double u, double *sn, double *cs)
-{
-    double t = 4.0 * u;
-    int64_t q = (int64_t)(t + 0.5);
-    double x = (t - (double)q) * 1.57079632679489661923, z = x * x;
-    double s = 1.0 / 355687428096000.0; /* 1/17! */
-    s = -1.0 / 1307674368000.0 + z * s;
-    s = 1.0 / 6227020800.0 + z * s;
-    s = -1.0 / 39916800.0 + z * s;
-    s = 1.0 / 362880.0 + z * s;
-    s = -1.0 / 5040.0 + z * s;
-    s = 1.0 / 120.0 + z * s;
-    s = -1.0 / 6.0 + z * s;
-    s = x * (1.0 + z * s);
-    double c = 1.0 / 20922789888000.0; /* 1/16! */
-    c = -1.0 / 87178291200.0 + z * c;
-    c = 1.0 / 479001600.0 + z * c;
-    c = -1.0 / 3628800.0 + z * c;
-    c = 1.0 / 40320.0 + z * c;
-    c = -1.0 / 720.0 + z * c;
-    c = 1.0 / 24.0 + z * c;
-    c = -0.5 + z * c;
-    c = 1.0 + z * c;
-    double a = q & 1 ? c : s, b = q & 1 ? s : c;
-    *sn = a * (q & 2 ? -1.0 : 1.0);
-    *cs = b * ((q + 1) & 2 ? -1.0 : 1.0);
-}
+/* ln, sin and cos are random.h's (shared with the CUDA kernels); square roots
+ * go through SSE, because sqrtf keeps its errno path, which stops the
+ * vectoriser. */
 
 /* In-place square roots of n values >= 0 (exact IEEE roots either way). */
 static inline void sqrt_f32(float *v, int64_t n)
@@ -366,11 +273,11 @@ static void box_muller_f32(const uint32_t *restrict w, int64_t np, float *restri
 {
     float r[PAIRS + 1], u[PAIRS + 1], sn[PAIRS + 1], cs[PAIRS + 1];
     FOR_N(q, np, PAIRS, {
-        r[q] = -2.0f * log_f32((float)((int32_t)(w[2 * q] >> 8) + 1) * 0x1p-24f);
+        r[q] = -2.0f * ndm__rng_log_f32((float)((int32_t)(w[2 * q] >> 8) + 1) * 0x1p-24f);
         u[q] = (float)(int32_t)(w[2 * q + 1] >> 8) * 0x1p-24f;
     });
     sqrt_f32(r, np);
-    FOR_N(q, np, PAIRS, sincos2pi_f32(u[q], &sn[q], &cs[q]));
+    FOR_N(q, np, PAIRS, ndm__rng_sincos2pi_f32(u[q], &sn[q], &cs[q]));
     FOR_N(q, np, PAIRS, {
         z[2 * q] = r[q] * cs[q];
         z[2 * q + 1] = r[q] * sn[q];
@@ -407,11 +314,11 @@ static void normal_f64(const rand_job *j, const uint32_t *restrict w, uint64_t f
     double r[PAIRS + 1], u[PAIRS + 1], sn[PAIRS + 1], cs[PAIRS + 1], *o = vals;
     int64_t np = m / 2;
     FOR_N(q, np, PAIRS, {
-        r[q] = -2.0 * log_f64(ndm__rng_u53_open(w + 4 * q));
+        r[q] = -2.0 * ndm__rng_log_f64(ndm__rng_u53_open(w + 4 * q));
         u[q] = ndm__rng_u53(w + 4 * q + 2);
     });
     sqrt_f64(r, np);
-    FOR_N(q, np, PAIRS, sincos2pi_f64(u[q], &sn[q], &cs[q]));
+    FOR_N(q, np, PAIRS, ndm__rng_sincos2pi_f64(u[q], &sn[q], &cs[q]));
     FOR_N(q, np, PAIRS, {
         o[2 * q] = j->a + j->b * (r[q] * cs[q]);
         o[2 * q + 1] = j->a + j->b * (r[q] * sn[q]);

@@ -624,12 +624,12 @@ extern "C" const ndm__backend ndm__cuda_backend = {
     .download = cuda_download,
     .sync = cuda_sync,
     .peer_copy = cuda_peer_copy,
-    .ew = NULL,
+    .ew = &ndm__cuda_ew,
     .reduce = NULL,
     .linalg = NULL,
     .index = NULL,
     .nn = NULL,
-    .random = NULL,
+    .random = &ndm__cuda_random,
     .test = &cuda_test,
 };
 

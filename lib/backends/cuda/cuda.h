@@ -31,6 +31,8 @@ ndm_status ndm__cuda_fail(ndm_status st, const char *fmt, ...) NDM_PRINTF(2, 3);
 int ndm__cuda_count(void);
 
 extern const ndm__backend ndm__cuda_backend;
+extern const struct ndm__backend_ew ndm__cuda_ew;
+extern const struct ndm__backend_random ndm__cuda_random;
 
 #ifdef __cplusplus
 }
