@@ -32,6 +32,10 @@ int ndm__cuda_count(void);
 
 extern const ndm__backend ndm__cuda_backend;
 
+/* The families, one .cu each. */
+extern const struct ndm__backend_reduce ndm__cuda_reduce;
+extern const struct ndm__backend_index ndm__cuda_index;
+
 #ifdef __cplusplus
 }
 #endif
