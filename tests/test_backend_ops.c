@@ -619,8 +619,8 @@ static ndm_status run_reduce(const ndm__backend *b, int device, const fcase *c,
 /* Long reductions, so that a backend's paths for many elements per output
  * run too: a few long rows (a block per output, split in parts), many short
  * strided rows (a thread per output), middling rows (a warp per output) and
- * one reduction of a whole vector. The values make every order of summing
- * exact. */
+ * one reduction of a whole vector. The values and the power-of-two lengths
+ * make every order of summing exact, the deviations of var and std too. */
 typedef struct long_shape {
     const char *name;
     view in, out;
@@ -630,12 +630,12 @@ typedef struct long_shape {
 static void reduce_long(const target *tg, const red_op *o, ndm_dtype dt, rng *r, tally *t)
 {
     static const long_shape shapes[] = {
-        {"3 long rows", {2, {3, 5000}, {5000, 1}, 0, 15000}, {1, {3}, {1}, 0, 3}, L_CONTIGUOUS},
-        {"4100 strided rows of 20", {2, {4100, 20}, {1, 4100}, 0, 82000},
+        {"3 long rows", {2, {3, 4096}, {4096, 1}, 0, 12288}, {1, {3}, {1}, 0, 3}, L_CONTIGUOUS},
+        {"4100 strided rows of 32", {2, {4100, 32}, {1, 4100}, 0, 131200},
          {1, {4100}, {1}, 0, 4100}, L_TRANSPOSED},
-        {"40 rows of 100", {2, {40, 100}, {100, 1}, 0, 4000}, {1, {40}, {1}, 0, 40},
+        {"40 rows of 128", {2, {40, 128}, {128, 1}, 0, 5120}, {1, {40}, {1}, 0, 40},
          L_CONTIGUOUS},
-        {"a whole vector", {1, {20000}, {1}, 0, 20000}, {0, {0}, {0}, 0, 1}, L_CONTIGUOUS},
+        {"a whole vector", {1, {16384}, {1}, 0, 16384}, {0, {0}, {0}, 0, 1}, L_CONTIGUOUS},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
         const long_shape *sh = &shapes[i];
@@ -669,8 +669,8 @@ static ndm_status run_softmax(const ndm__backend *b, int device, const fcase *c,
  * long rows. */
 static void softmax_forward(const target *tg, rng *r, tally *t)
 {
-    static const view long_in[2] = {{2, {3, 5000}, {5000, 1}, 0, 15000},
-                                    {2, {40, 100}, {1, 40}, 0, 4000}};
+    static const view long_in[2] = {{2, {3, 4096}, {4096, 1}, 0, 12288},
+                                    {2, {40, 128}, {1, 40}, 0, 5120}};
     for (int di = 0; di < N_DTYPES; di++) {
         ndm_dtype dt = all_dtypes[di];
         for (int lg = 0; lg < 2; lg++) {
