@@ -897,6 +897,18 @@ static void index_forward(const target *tg, rng *r, tally *t)
                     view vs[3] = {dense_view(2, dsh), idx, src};
                     ix_case(tg, r, t, "scatter_add", dt, (layout)l, &x, 3, dts, vs, 1, it);
                 }
+                /* long lines (300 sources onto 7 targets each), whose
+                 * additions a backend may spread over threads but must
+                 * make in order; transposed sources */
+                if (l == L_CONTIGUOUS) {
+                    ix_ctx x = {.kind = IX_SCATTER, .axis = 1, .lo = -C, .hi = C};
+                    int64_t ish[2] = {3, 300}, dsh[2] = {3, C};
+                    view src = {2, {3, 300}, {1, 3}, 0, 900};
+                    ndm_dtype dts[3] = {dt, it, dt};
+                    view vs[3] = {dense_view(2, dsh), dense_view(2, ish), src};
+                    ix_case(tg, r, t, "scatter_add, long lines", dt, (layout)l, &x, 3, dts, vs,
+                            1, it);
+                }
             }
             /* one_hot: indices of this layout (their dtype), classes 6, the
              * data dtype as the output's */

@@ -1048,6 +1048,71 @@ static void test_cuda_take_out_of_range_index_fails_cleanly(void **state)
     pair_close(p);
 }
 
+/* The gradient of sum(f(x)^2) for f through reductions, softmax and the
+ * index family, on CUDA against the CPU. Backward needs the elementwise
+ * family as well: skipped while the CUDA table lacks it. */
+static ndm_array ag_f(int k, ndm_array x, ndm_array idx, ndm_array gidx)
+{
+    switch (k) {
+    case 0: return ndm_sum(x, false, NDM_AXES(1));
+    case 1: return ndm_mean(x, true, NDM_AXES(0));
+    case 2: return ndm_max(x, false, NDM_AXES(1));
+    case 3: return ndm_min(x, false, NDM_ALL_AXES_LIST);
+    case 4: return ndm_logsumexp(x, false, NDM_AXES(0));
+    case 5: return ndm_softmax(x, 1);
+    case 6: return ndm_log_softmax(x, 0);
+    case 7: return ndm_take(x, 1, idx);
+    case 8: return ndm_gather(x, 1, gidx);
+    case 9: return ndm_concat(0, NDM_ARRAYS(x, ndm_flip(x, 1)));
+    default: return ndm_stack(1, NDM_ARRAYS(x, x));
+    }
+}
+
+static void ag_grad(ndm_manager root, ndm_device dev, int k, float *out)
+{
+    static const int64_t iv[6] = {0, 4, 4, -1, 2, 0};
+    static const int64_t gv[12] = {1, 1, 0, 4, 3, 2, 2, 2, 0, 0, 4, 1};
+    ndm_manager model = ndm_manager_new_on(root, "model", dev);
+    ndm_manager host = ndm_manager_new(root, "host");
+    float xv[15];
+    for (int i = 0; i < 15; i++)
+        xv[i] = (float)((i * 7) % 11) * 0.25f - 1.0f;
+    ndm_array x = ndm_to_to(model, ndm_from_buffer(host, NDM_F32, xv, NDM_SHAPE(3, 5)), dev);
+    ndm_array idx = ndm_to_to(model, ndm_from_buffer(host, NDM_I64, iv, NDM_SHAPE(6)), dev);
+    ndm_array gidx = ndm_to_to(model, ndm_from_buffer(host, NDM_I64, gv, NDM_SHAPE(3, 4)), dev);
+    assert_live(x);
+    assert_ok(ndm_requires_grad(x));
+    ndm_manager batch = ndm_manager_new(model, "batch");
+    assert_ok(ndm_grad_begin(batch));
+    ndm_array y = ag_f(k, x, idx, gidx);
+    ndm_array loss = ndm_sum(ndm_mul(y, y), false, NDM_ALL_AXES_LIST);
+    assert_live(loss);
+    assert_ok(ndm_backward(loss));
+    assert_ok(ndm_grad_end());
+    assert_ok(ndm_array_copy_out(ndm_grad(x), out, 15 * sizeof(float)));
+    assert_ok(ndm_manager_close(host));
+    assert_ok(ndm_manager_close(model));
+}
+
+static void test_cuda_autograd_through_reductions_and_index(void **state)
+{
+    NEED_GPU();
+    const ndm__backend *b = ndm__backend_for(NDM_DEVICE_CUDA);
+    if (!b || !b->ew) {
+        print_message("the CUDA backend has no elementwise family: skipped\n");
+        skip();
+    }
+    for (int k = 0; k < 11; k++) {
+        float gc[15], gg[15];
+        ag_grad(ROOT(state), NDM_CPU, k, gc);
+        ag_grad(ROOT(state), NDM_CUDA(0), k, gg);
+        for (int i = 0; i < 15; i++)
+            if (!(fabsf(gc[i] - gg[i]) <= 1e-5f * fabsf(gc[i]) + 1e-6f))
+                fail_msg("function %d: gradient element %d: CPU %.9g, CUDA %.9g", k, i, gc[i],
+                         gg[i]);
+    }
+}
+
 int main(int argc, char **argv)
 {
     self_path = argc > 0 ? argv[0] : "test_cuda";
@@ -1080,6 +1145,7 @@ int main(int argc, char **argv)
         TEST(test_cuda_reduction_of_a_view_makes_no_copy),
         TEST(test_cuda_index_ops_match_cpu),
         TEST(test_cuda_take_out_of_range_index_fails_cleanly),
+        TEST(test_cuda_autograd_through_reductions_and_index),
     };
     return cmocka_run_group_tests_name("cuda", tests, NULL, NULL);
 }

@@ -1,6 +1,7 @@
 /* CUDA index kernels: take, gather, scatter_add, one_hot, pad, cumsum and the
  * index range check, each over strided operands without a hidden copy. */
 #include <stdlib.h>
+#include <type_traits>
 
 #include "iter.cuh"
 #include "reduce.cuh"
@@ -217,10 +218,10 @@ static ndm_status cuda_gather(int device, const ndm__tensor *dst, const ndm__ten
 }
 
 /* ---- scatter_add ------------------------------------------------------------------------
- * One thread per line along the axis walks the index in order: two sources
- * with the same target lie on one line (the other coordinates name the
- * target), so adding in line order is adding in C order, and the sums equal
- * the CPU's bit for bit whatever the threads' timing. */
+ * Lines along the axis are independent: two sources with the same target lie
+ * on one line (the other coordinates name the target), so adding in line
+ * order is adding in C order, and the sums equal the CPU's bit for bit
+ * whatever the threads' timing. A short line is walked by one thread. */
 
 template <ndm_dtype E> NDM__HD void ix_add(typename ndm__cu_dt<E>::T *d, typename ndm__cu_dt<E>::T s)
 {
@@ -254,6 +255,56 @@ __global__ void ndm__k_scatter_add(ndm__cu_geom g, typename ndm__cu_dt<E>::T *ds
     }
 }
 
+/* Long lines: a warp per line takes 32 entries at a time; the first lane
+ * holding each target in those 32 adds the entries for it in lane order
+ * (the others hand theirs over by shuffles) and writes once. Each target
+ * still sees its additions one by one in C order, as the CPU makes them. */
+template <class T> __device__ __forceinline__ T ix_shfl(T v, int k)
+{
+    if constexpr (std::is_same<T, float>::value || std::is_same<T, double>::value)
+        return __shfl_sync(0xffffffffu, v, k);
+    else
+        return (T)__shfl_sync(0xffffffffu, (long long)v, k);
+}
+
+template <ndm_dtype E>
+__global__ void ndm__k_scatter_add_warp(ndm__cu_geom g, typename ndm__cu_dt<E>::T *dst,
+                                        const char *idx, ndm_dtype it,
+                                        const typename ndm__cu_dt<E>::T *src, int64_t lines,
+                                        int64_t m, int64_t dst_n, int64_t dax, int64_t iax,
+                                        int64_t sax)
+{
+    typedef typename ndm__cu_dt<E>::T T;
+    const int lane = (int)threadIdx.x % 32;
+    const int64_t per_block = blockDim.x / 32;
+    for (int64_t line = (int64_t)blockIdx.x * per_block + threadIdx.x / 32; line < lines;
+         line += (int64_t)gridDim.x * per_block) {
+        int64_t off[3];
+        ndm__cu_offsets<3, int64_t>(g, line, off);
+        for (int64_t j0 = 0; j0 < m; j0 += 32) {
+            int64_t j = j0 + lane;
+            bool live = j < m;
+            int64_t v = live ? idx_norm(idx_at(idx, it, off[1] + j * iax), dst_n) : -1;
+            T sv = live ? src[off[2] + j * sax] : (T)0;
+            T acc = live ? dst[off[0] + v * dax] : (T)0;
+            bool owner = live;
+            for (int k = 0; k < 32; k++) {
+                int64_t vk = ix_shfl(v, k);
+                T sk = ix_shfl(sv, k);
+                if (live && vk == v) {
+                    if (k < lane)
+                        owner = false;
+                    else if (owner)
+                        ix_add<E>(&acc, sk);
+                }
+            }
+            if (owner)
+                dst[off[0] + v * dax] = acc;
+            __syncwarp(); /* the next 32 read what these wrote */
+        }
+    }
+}
+
 static ndm_status cuda_scatter_add(int device, const ndm__tensor *dst, int axis,
                                    const ndm__tensor *idx, const ndm__tensor *src)
 {
@@ -281,10 +332,17 @@ static ndm_status cuda_scatter_add(int device, const ndm__tensor *dst, int axis,
         switch (dst->dtype) {
 #define NDM__SCAT_CASE(E)                                                       \
     case E:                                                                     \
-        NDM__LAUNCH(ndm__cuda_blocks(n), NDM__CUDA_THREADS, 0, s,               \
-                    ndm__k_scatter_add<E>)(                                     \
-            g, (typename ndm__cu_dt<E>::T *)p[0], p[1], idx->dtype,             \
-            (const typename ndm__cu_dt<E>::T *)p[2], n, m, dn, dax, iax, sax);  \
+        if (m >= 64) {                                                          \
+            NDM__LAUNCH(ndm__cuda_blocks(n * 32), NDM__CUDA_THREADS, 0, s,      \
+                        ndm__k_scatter_add_warp<E>)(                            \
+                g, (typename ndm__cu_dt<E>::T *)p[0], p[1], idx->dtype,         \
+                (const typename ndm__cu_dt<E>::T *)p[2], n, m, dn, dax, iax, sax); \
+        } else {                                                                \
+            NDM__LAUNCH(ndm__cuda_blocks(n), NDM__CUDA_THREADS, 0, s,           \
+                        ndm__k_scatter_add<E>)(                                 \
+                g, (typename ndm__cu_dt<E>::T *)p[0], p[1], idx->dtype,         \
+                (const typename ndm__cu_dt<E>::T *)p[2], n, m, dn, dax, iax, sax); \
+        }                                                                       \
         NDM__CUDA_LAUNCHED(device, "the scatter_add kernel");                   \
         return NDM_OK;
             NDM__CU_DTYPES(NDM__SCAT_CASE)
