@@ -1,5 +1,6 @@
 /* The conformance suite: every operation of the operation lists
  * (lib/backends/ew.h, reduce.h) and of the random family x dtype x layout, on every backend and every
+ * (lib/backends/ew.h, reduce.h, index.h) x dtype x layout, on every backend and every
  * CPU instruction-set table this CPU runs, against the CPU reference kernels;
  * forward at the kernel level, backward through the public API and autograd.
  * A new operation in a list is picked up here with no edit. */
@@ -15,6 +16,7 @@
 #include "../lib/backends/ew.h"
 #include "../lib/backends/random.h"
 #include "../lib/backends/reduce.h"
+#include "../lib/backends/index.h"
 #include "../lib/manager/core.h"
 #include "../lib/ops/autograd.h"
 #include "dtype_host.h"
@@ -148,6 +150,23 @@ static void fill_random(void *buf, ndm_dtype t, int64_t n, rng *r)
     }
 }
 
+/* Indices in [lo, hi) (an index dtype: u8, i32, i64). */
+static void fill_index(void *buf, ndm_dtype t, int64_t n, int64_t lo, int64_t hi, rng *r)
+{
+    for (int64_t i = 0; i < n; i++)
+        host_set(buf, t, i, (double)(lo + (int64_t)(rnext(r) % (uint64_t)(hi - lo))));
+}
+
+/* +-0.5, +-1, +-2 and a rare NaN: sums and products of many of them are
+ * exact in any order, so a long reduction split over threads must give the
+ * reference's value; ties are common, which tests argmax's first position. */
+static void fill_exact(void *buf, ndm_dtype t, int64_t n, rng *r)
+{
+    static const double vals[] = {0.5, 1, 2, -0.5, -1, -2};
+    for (int64_t i = 0; i < n; i++)
+        host_set(buf, t, i, rnext(r) % 3000 == 0 ? NAN : vals[rnext(r) % 6]);
+}
+
 /* ---- layouts ------------------------------------------------------------------
  * An operand of logical shape `shape` seen through strides and an offset
  * into a buffer of `count` elements. Outputs are contiguous except in the
@@ -168,7 +187,7 @@ static const char *const layout_names[L_COUNT] = {"contiguous",         "transpo
 
 typedef struct view {
     int ndim;
-    int64_t shape[2], strides[2], offset, count;
+    int64_t shape[4], strides[4], offset, count;
 } view;
 
 static const int64_t R = 5, C = 7;
@@ -277,6 +296,11 @@ static void dbuf_down(const target *t, const dbuf *d, void *host, size_t bytes)
 
 enum { MAX_OPS = 4 }; /* operand 0 is the output */
 
+/* How an input is filled: random values with a few special ones, values
+ * whose sums and products are exact in any order (the long reductions), or
+ * indices in [lo, hi). */
+enum { FILL_RANDOM, FILL_EXACT, FILL_INDEX };
+
 typedef struct fcase {
     const char *op;    /* for messages */
     char dtypes[48];   /* for messages */
@@ -285,6 +309,8 @@ typedef struct fcase {
     view v[MAX_OPS];
     int nops;
     double tol;
+    unsigned char fill[MAX_OPS];
+    int64_t lo[MAX_OPS], hi[MAX_OPS];
 } fcase;
 
 typedef struct tally {
@@ -308,6 +334,10 @@ static void host_make(const fcase *c, hostops *h, rng *r)
         assert_non_null(h->buf[k]);
         if (k == 0)
             memset(h->buf[k], 0xa5, h->bytes[k]); /* elements outside the view stay */
+        else if (c->fill[k] == FILL_INDEX)
+            fill_index(h->buf[k], c->dt[k], c->v[k].count, c->lo[k], c->hi[k], r);
+        else if (c->fill[k] == FILL_EXACT && is_float(c->dt[k]))
+            fill_exact(h->buf[k], c->dt[k], c->v[k].count, r);
         else
             fill_random(h->buf[k], c->dt[k], c->v[k].count, r);
     }
@@ -609,6 +639,91 @@ static ndm_status run_reduce(const ndm__backend *b, int device, const fcase *c,
     return b->reduce->reduce(device, x->op, &t[0], &t[1], x->nred, 1);
 }
 
+/* Long reductions, so that a backend's paths for many elements per output
+ * run too: a few long rows (a block per output, split in parts), many short
+ * strided rows (a thread per output), middling rows (a warp per output) and
+ * one reduction of a whole vector. The values and the power-of-two lengths
+ * make every order of summing exact, the deviations of var and std too. */
+typedef struct long_shape {
+    const char *name;
+    view in, out;
+    layout l;
+} long_shape;
+
+static void reduce_long(const target *tg, const red_op *o, ndm_dtype dt, rng *r, tally *t)
+{
+    static const long_shape shapes[] = {
+        {"3 long rows", {2, {3, 4096}, {4096, 1}, 0, 12288}, {1, {3}, {1}, 0, 3}, L_CONTIGUOUS},
+        {"4100 strided rows of 32", {2, {4100, 32}, {1, 4100}, 0, 131200},
+         {1, {4100}, {1}, 0, 4100}, L_TRANSPOSED},
+        {"40 rows of 128", {2, {40, 128}, {128, 1}, 0, 5120}, {1, {40}, {1}, 0, 40},
+         L_CONTIGUOUS},
+        {"a whole vector", {1, {16384}, {1}, 0, 16384}, {0, {0}, {0}, 0, 1}, L_CONTIGUOUS},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+        const long_shape *sh = &shapes[i];
+        red_ctx x = {o->op, sh->in.ndim - sh->out.ndim};
+        fcase c = {.op = o->name, .l = sh->l, .nops = 2, .tol = o->tol};
+        snprintf(c.dtypes, sizeof c.dtypes, "%s, %s", ndm_dtype_name(dt), sh->name);
+        c.dt[0] = ndm__reduce_result_dtype(o->op, dt), c.dt[1] = dt;
+        c.v[0] = sh->out, c.v[1] = sh->in;
+        c.fill[1] = FILL_EXACT;
+        run_case(tg, &c, run_reduce, &x, r, 10, t);
+    }
+}
+
+typedef struct smx_ctx {
+    int axis;
+    bool log;
+} smx_ctx;
+
+static ndm_status run_softmax(const ndm__backend *b, int device, const fcase *c,
+                              const ndm__tensor *t, const void *ctx)
+{
+    (void)c;
+    const smx_ctx *x = ctx;
+    if (!b->reduce)
+        return NDM_E_UNSUPPORTED;
+    return b->reduce->softmax(device, &t[0], &t[1], x->axis, x->log);
+}
+
+/* softmax and log_softmax along either axis of every layout (rank 0 comes
+ * as one element with stride 0, as the dispatcher passes it), then along
+ * long rows. */
+static void softmax_forward(const target *tg, rng *r, tally *t)
+{
+    static const view long_in[2] = {{2, {3, 4096}, {4096, 1}, 0, 12288},
+                                    {2, {40, 128}, {1, 40}, 0, 5120}};
+    for (int di = 0; di < N_DTYPES; di++) {
+        ndm_dtype dt = all_dtypes[di];
+        for (int lg = 0; lg < 2; lg++) {
+            for (int l = 0; l < L_COUNT; l++) {
+                for (int axis = 0; axis < (l == L_RANK0 ? 1 : 2); axis++) {
+                    smx_ctx x = {axis, lg};
+                    fcase c = {.op = lg ? "log_softmax" : "softmax", .l = (layout)l, .nops = 2,
+                               .tol = 1e-5};
+                    snprintf(c.dtypes, sizeof c.dtypes, "%s, axis %d", ndm_dtype_name(dt), axis);
+                    c.dt[0] = is_float(dt) ? dt : NDM_F32, c.dt[1] = dt;
+                    c.v[0] = out_view((layout)l), c.v[1] = in_view((layout)l, 0);
+                    if (l == L_RANK0)
+                        c.v[0] = c.v[1] = (view){1, {1}, {0}, 0, 1};
+                    run_case(tg, &c, run_softmax, &x, r, 10, t);
+                }
+            }
+            for (int i = 0; i < 2; i++) {
+                smx_ctx x = {1, lg};
+                fcase c = {.op = lg ? "log_softmax" : "softmax",
+                           .l = i ? L_TRANSPOSED : L_CONTIGUOUS, .nops = 2, .tol = 1e-5};
+                snprintf(c.dtypes, sizeof c.dtypes, "%s, long rows", ndm_dtype_name(dt));
+                c.dt[0] = is_float(dt) ? dt : NDM_F32, c.dt[1] = dt;
+                c.v[0] = c.v[1] = long_in[i];
+                c.fill[1] = FILL_EXACT;
+                run_case(tg, &c, run_softmax, &x, r, 10, t);
+            }
+        }
+    }
+}
+
 static void reduce_forward(const target *tg, rng *r, tally *t)
 {
     for (int oi = 0; oi < N_RED; oi++) {
@@ -633,6 +748,226 @@ static void reduce_forward(const target *tg, rng *r, tally *t)
                     c.v[0] = (view){x.nred == 2 ? 0 : 1, {c.v[1].shape[0]}, {1}, 0,
                                     x.nred == 2 ? 1 : c.v[1].shape[0]};
                     run_case(tg, &c, run_reduce, &x, r, 10, t);
+                }
+            }
+            reduce_long(tg, o, dt, r, t);
+        }
+    }
+    softmax_forward(tg, r, t);
+}
+
+/* ---- index ----------------------------------------------------------------- */
+
+typedef struct ix_ctx {
+    int kind, axis;
+    ndm_pad_mode mode;
+    int64_t before[2];
+    int64_t lo, hi;
+} ix_ctx;
+
+enum { IX_COPY, IX_FIND, IX_TAKE, IX_GATHER, IX_SCATTER, IX_ONE_HOT, IX_PAD, IX_CUMSUM };
+
+static ndm_status run_index(const ndm__backend *b, int device, const fcase *c,
+                            const ndm__tensor *t, const void *ctx)
+{
+    (void)c;
+    const ix_ctx *x = ctx;
+    const struct ndm__backend_index *f = b->index;
+    if (!f)
+        return NDM_E_UNSUPPORTED;
+    switch (x->kind) {
+    case IX_COPY: return f->copy(device, &t[0], &t[1]);
+    case IX_FIND: {
+        /* the answer goes into the output operand, which is compared */
+        int64_t res[2] = {-7, -7};
+        ndm_status st = f->find_outside(device, &t[1], x->lo, x->hi, &res[0], &res[1]);
+        if (st < 0)
+            return st;
+        if (res[0] < 0)
+            res[1] = 0;
+        if (b->type == NDM_DEVICE_CPU)
+            memcpy(t[0].data, res, sizeof res);
+        else
+            st = b->upload(device, t[0].data, res, sizeof res);
+        return st;
+    }
+    case IX_TAKE: return f->take(device, &t[0], &t[1], x->axis, &t[2]);
+    case IX_GATHER: return f->gather(device, &t[0], &t[1], x->axis, &t[2]);
+    case IX_SCATTER: return f->scatter_add(device, &t[0], x->axis, &t[1], &t[2]);
+    case IX_ONE_HOT: return f->one_hot(device, &t[0], &t[1]);
+    case IX_PAD: return f->pad(device, &t[0], &t[1], x->before, x->mode, -1.5);
+    case IX_CUMSUM: return f->cumsum(device, &t[0], &t[1], x->axis);
+    }
+    return NDM_E_INVALID;
+}
+
+static view dense_view(int ndim, const int64_t *shape)
+{
+    view v = {ndim, {0}, {0}, 0, 1};
+    for (int d = ndim - 1; d >= 0; d--) {
+        v.shape[d] = shape[d];
+        v.strides[d] = v.count;
+        v.count *= shape[d];
+    }
+    return v;
+}
+
+static const ndm_dtype index_dtypes[3] = {NDM_U8, NDM_I32, NDM_I64};
+
+/* One case of the index family: operand views and dtypes given. */
+static void ix_case(const target *tg, rng *r, tally *t, const char *op, ndm_dtype dt, layout l,
+                    const ix_ctx *x, int nops, const ndm_dtype *dts, const view *vs,
+                    int idx_operand, ndm_dtype it)
+{
+    fcase c = {.op = op, .l = l, .nops = nops};
+    snprintf(c.dtypes, sizeof c.dtypes, "%s, %s indices", ndm_dtype_name(dt), ndm_dtype_name(it));
+    for (int k = 0; k < nops; k++)
+        c.dt[k] = dts[k], c.v[k] = vs[k];
+    if (idx_operand > 0) {
+        c.fill[idx_operand] = FILL_INDEX;
+        c.lo[idx_operand] = it == NDM_U8 && x->lo < 0 ? 0 : x->lo;
+        c.hi[idx_operand] = x->hi;
+    }
+    run_case(tg, &c, run_index, x, r, 1, t);
+}
+
+/* Every member of the index family, every data dtype, the layouts of the
+ * source (contiguous, transposed, stepped, broadcast, size-0; rank-0 where
+ * the operation takes it), indices of the three index dtypes in turn and
+ * broadcast indices where the contract allows them. */
+static void index_forward(const target *tg, rng *r, tally *t)
+{
+    for (int di = 0; di < N_DTYPES; di++) {
+        ndm_dtype dt = all_dtypes[di];
+        for (int l = 0; l < L_COUNT; l++) {
+            ndm_dtype it = index_dtypes[(di + l) % 3];
+            view in = in_view((layout)l, 1);
+            bool empty = l == L_EMPTY, rank0 = l == L_RANK0;
+            /* copy, converting too */
+            for (int conv = 0; conv < 2; conv++) {
+                ix_ctx x = {.kind = IX_COPY};
+                ndm_dtype dts[2] = {conv ? NDM_F32 : dt, dt};
+                view vs[2] = {out_view((layout)l), in};
+                ix_case(tg, r, t, conv ? "copy to float32" : "copy", dt, (layout)l, &x, 2, dts,
+                        vs, 0, dt);
+            }
+            /* find_outside: the answer in a two-element i64 output */
+            if (dt == NDM_U8 || dt == NDM_I32 || dt == NDM_I64) {
+                for (int hi = 3; hi <= 41; hi += 38) {
+                    ix_ctx x = {.kind = IX_FIND, .lo = dt == NDM_U8 ? 0 : -20, .hi = hi};
+                    ndm_dtype dts[2] = {NDM_I64, dt};
+                    view vs[2] = {{1, {2}, {1}, 0, 2}, in};
+                    ix_case(tg, r, t, hi == 41 ? "find_outside, none" : "find_outside", dt,
+                            (layout)l, &x, 2, dts, vs, 0, dt);
+                }
+            }
+            if (!rank0) {
+                /* take along either axis with a 1-d index; along axis 0 with
+                 * a 2-d one */
+                for (int axis = 0; axis < 2; axis++) {
+                    int64_t n = in.shape[axis];
+                    if (n == 0)
+                        continue;
+                    ix_ctx x = {.kind = IX_TAKE, .axis = axis, .lo = -n, .hi = n};
+                    int64_t osh[2] = {axis ? in.shape[0] : 4, axis ? 4 : in.shape[1]};
+                    view idx = {1, {4}, {1}, 0, 4};
+                    ndm_dtype dts[3] = {dt, dt, it};
+                    view vs[3] = {dense_view(2, osh), in, idx};
+                    ix_case(tg, r, t, "take", dt, (layout)l, &x, 3, dts, vs, 2, it);
+                }
+                {
+                    ix_ctx x = {.kind = IX_TAKE, .axis = 1, .lo = -C, .hi = C};
+                    int64_t osh[3] = {in.shape[0], 2, 3};
+                    view idx = {2, {2, 3}, {1, 2}, 0, 6}; /* a transposed index */
+                    ndm_dtype dts[3] = {dt, dt, it};
+                    view vs[3] = {dense_view(3, osh), in, idx};
+                    ix_case(tg, r, t, "take, 2-d index", dt, (layout)l, &x, 3, dts, vs, 2, it);
+                }
+                /* gather along axis 1: a (rows, 4) index, dense or broadcast
+                 * down the rows */
+                for (int bc = 0; bc < 2; bc++) {
+                    ix_ctx x = {.kind = IX_GATHER, .axis = 1, .lo = -C, .hi = C};
+                    int64_t osh[2] = {in.shape[0], 4};
+                    view idx = dense_view(2, osh);
+                    if (bc)
+                        idx.strides[0] = 0, idx.count = 4;
+                    ndm_dtype dts[3] = {dt, dt, it};
+                    view vs[3] = {dense_view(2, osh), in, idx};
+                    ix_case(tg, r, t, bc ? "gather, broadcast index" : "gather", dt, (layout)l,
+                            &x, 3, dts, vs, 2, it);
+                }
+                /* scatter_add into a (rows, 7) destination along either axis
+                 * from 9 sources per line: repeated targets are certain. The
+                 * sources take the layout; the index is broadcast in the
+                 * broadcast layout. */
+                for (int axis = 0; axis < 2; axis++) {
+                    int64_t n = axis ? C : in.shape[0];
+                    if (n == 0 && !empty)
+                        continue;
+                    ix_ctx x = {.kind = IX_SCATTER, .axis = axis, .lo = -n, .hi = n ? n : 1};
+                    int64_t ish[2] = {axis ? in.shape[0] : 9, axis ? 9 : C};
+                    int64_t dsh[2] = {in.shape[0], C};
+                    view idx = dense_view(2, ish), src = dense_view(2, ish);
+                    if (l == L_TRANSPOSED)
+                        src.strides[0] = 1, src.strides[1] = ish[0];
+                    if (l == L_STEPPED)
+                        src.strides[0] = -ish[1], src.offset = (ish[0] - 1) * ish[1];
+                    if (l == L_BROADCAST)
+                        idx.strides[1 - axis] = 0, src.strides[1 - axis] = 0;
+                    if (empty && axis == 0)
+                        idx.shape[0] = src.shape[0] = 0, idx.count = src.count = 0;
+                    ndm_dtype dts[3] = {dt, it, dt};
+                    view vs[3] = {dense_view(2, dsh), idx, src};
+                    ix_case(tg, r, t, "scatter_add", dt, (layout)l, &x, 3, dts, vs, 1, it);
+                }
+                /* long lines (300 sources onto 7 targets each), whose
+                 * additions a backend may spread over threads but must
+                 * make in order; transposed sources */
+                if (l == L_CONTIGUOUS) {
+                    ix_ctx x = {.kind = IX_SCATTER, .axis = 1, .lo = -C, .hi = C};
+                    int64_t ish[2] = {3, 300}, dsh[2] = {3, C};
+                    view src = {2, {3, 300}, {1, 3}, 0, 900};
+                    ndm_dtype dts[3] = {dt, it, dt};
+                    view vs[3] = {dense_view(2, dsh), dense_view(2, ish), src};
+                    ix_case(tg, r, t, "scatter_add, long lines", dt, (layout)l, &x, 3, dts, vs,
+                            1, it);
+                }
+            }
+            /* one_hot: indices of this layout (their dtype), classes 6, the
+             * data dtype as the output's */
+            {
+                ix_ctx x = {.kind = IX_ONE_HOT, .lo = 0, .hi = 6};
+                view idx = in;
+                if (l == L_BROADCAST)
+                    idx = in_view((layout)l, 0);
+                int64_t osh[3] = {idx.shape[0], idx.shape[1], 6};
+                if (rank0)
+                    osh[0] = 6;
+                ndm_dtype dts[2] = {dt, it};
+                view vs[2] = {dense_view(idx.ndim + 1, osh), idx};
+                ix_case(tg, r, t, "one_hot", dt, (layout)l, &x, 2, dts, vs, 1, it);
+            }
+            if (!rank0) {
+                /* pad: every mode; reflect wider than the axis */
+                for (int mode = 0; mode < 3; mode++) {
+                    ix_ctx x = {.kind = IX_PAD, .mode = (ndm_pad_mode)mode,
+                                .before = {empty && mode ? 0 : 1, 9}};
+                    int64_t after[2] = {empty && mode ? 0 : 2, 3};
+                    int64_t osh[2] = {in.shape[0] + x.before[0] + after[0],
+                                      in.shape[1] + x.before[1] + after[1]};
+                    ndm_dtype dts[2] = {dt, dt};
+                    view vs[2] = {dense_view(2, osh), in};
+                    static const char *const names[3] = {"pad, constant", "pad, edge",
+                                                         "pad, reflect"};
+                    ix_case(tg, r, t, names[mode], dt, (layout)l, &x, 2, dts, vs, 0, dt);
+                }
+                /* cumsum along either axis */
+                for (int axis = 0; axis < 2; axis++) {
+                    ix_ctx x = {.kind = IX_CUMSUM, .axis = axis};
+                    ndm_dtype dts[2] = {is_float(dt) ? dt : NDM_I64, dt};
+                    view vs[2] = {out_view((layout)l), in};
+                    ix_case(tg, r, t, axis ? "cumsum, axis 1" : "cumsum, axis 0", dt, (layout)l,
+                            &x, 2, dts, vs, 0, dt);
                 }
             }
         }
@@ -799,6 +1134,7 @@ static void test_backend_ops_cpu_tables_match_reference(void **state)
         ew_forward(&tg, &r, &t);
         reduce_forward(&tg, &r, &t);
         random_forward(&tg, &r, &t);
+        index_forward(&tg, &r, &t);
         printf("[ conformance ] %s: %ld cases checked\n", tg.name, t.checked);
         all.checked += t.checked;
         all.declined += t.declined;
@@ -834,7 +1170,7 @@ static void test_backend_ops_cuda_matches_reference(void **state)
     tg.m = ndm_manager_new_on(ROOT(state), "cuda", tg.dev);
     assert_true(tg.m.id != 0);
     rng r = {7};
-    tally t = {0};
+    tally t = {0}, ri = {0};
     ew_forward(&tg, &r, &t);
     long declined_ew = t.declined;
     reduce_forward(&tg, &r, &t);
@@ -847,7 +1183,22 @@ static void test_backend_ops_cuda_matches_reference(void **state)
     printf("[ conformance ] cuda:0 families: ew %s, reduce %s, random %s\n",
            b->ew ? "yes" : "declined", b->reduce ? "yes" : "declined",
            b->random ? "yes" : "declined");
+    /* the families this module provides in full: nothing of them is declined */
+    reduce_forward(&tg, &r, &ri);
+    index_forward(&tg, &r, &ri);
+    printf("[ conformance ] cuda:0 reduce and index: %ld cases checked, %ld declined\n",
+           ri.checked, ri.declined);
+    t.checked += ri.checked;
+    t.declined += ri.declined;
+    if (ri.mismatches && !t.mismatches)
+        memcpy(t.first, ri.first, sizeof t.first);
+    t.mismatches += ri.mismatches;
+    assert_ok(ndm_manager_close(tg.m));
+    printf("[ conformance ] cuda:0 families: ew %s, reduce %s, index %s\n",
+           b->ew ? "yes" : "declined", b->reduce ? "yes" : "declined",
+           b->index ? "yes" : "declined");
     report("cuda:0", &t);
+    assert_int_equal(ri.declined, 0);
 }
 
 /* ---- backward ------------------------------------------------------------------

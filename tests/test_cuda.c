@@ -836,6 +836,352 @@ static void test_cuda_random_draws_match_cpu_bit_for_bit(void **state)
     pair_close(p);
 }
 
+/* ---- reductions and the index family through the public API ----------------- */
+
+/* Elements of a CPU and a CUDA array (C order) equal, or within rtol for a
+ * float dtype (summing order differs); NaN matches NaN. */
+static void assert_arrays_close(ndm_array cpu, ndm_array gpu, double rtol, const char *what)
+{
+    assert_live(cpu);
+    assert_live(gpu);
+    ndm_dtype dt = ndm_array_dtype(cpu);
+    assert_int_equal(dt, ndm_array_dtype(gpu));
+    assert_int_equal(ndm_array_size(cpu), ndm_array_size(gpu));
+    int64_t sc[8], sg[8];
+    int nd = ndm_array_shape(cpu, sc, 8);
+    assert_int_equal(ndm_array_shape(gpu, sg, 8), nd);
+    for (int i = 0; i < nd; i++)
+        assert_int_equal(sc[i], sg[i]);
+    if (!ndm_dtype_is_float(dt) || rtol == 0) {
+        assert_arrays_match(cpu, gpu, what);
+        return;
+    }
+    size_t es = ndm_dtype_size(dt);
+    char *w = copy_out(cpu), *g = copy_out(gpu);
+    for (int64_t i = 0; i < ndm_array_size(cpu); i++) {
+        double wv = element_as_double(dt, w + i * (int64_t)es);
+        double gv = element_as_double(dt, g + i * (int64_t)es);
+        bool ok = isnan(wv) ? isnan(gv)
+                  : isinf(wv) ? gv == wv
+                              : fabs(gv - wv) <= rtol * fabs(wv) + 1e-6;
+        if (!ok)
+            fail_msg("%s (%s): element %lld: CPU %.17g, CUDA %.17g", what, ndm_dtype_short(dt),
+                     (long long)i, wv, gv);
+    }
+    test_free(w);
+    test_free(g);
+}
+
+/* A (6, 40, 50) array of dtype dt on the CPU with many ties and a few
+ * fractions; f16/bf16 keep every value exactly. */
+static ndm_array pattern(ndm_manager m, ndm_dtype dt)
+{
+    enum { N = 6 * 40 * 50 };
+    double *v = test_malloc(N * sizeof *v);
+    for (int i = 0; i < N; i++)
+        v[i] = (double)((i * 37) % 23 - 11) + (i % 5 == 0 ? 0.25 : 0.0);
+    ndm_array a = ndm_astype_to(m, ndm_from_buffer(m, NDM_F64, v, NDM_SHAPE(6, 40, 50)), dt);
+    test_free(v);
+    assert_live(a);
+    return a;
+}
+
+/* The views each case runs on: the array, its axes permuted (2, 0, 1) and
+ * flipped along the last axis; the same on both devices. */
+static ndm_array view_of(int k, ndm_array a)
+{
+    static const int perm[3] = {2, 0, 1};
+    switch (k) {
+    case 1: return ndm_permute(a, 3, perm);
+    case 2: return ndm_flip(a, 2);
+    default: return ndm_alias(a);
+    }
+}
+
+static void test_cuda_reductions_match_cpu(void **state)
+{
+    NEED_GPU();
+    pair p = pair_new(ROOT(state));
+    static const ndm_dtype dts[] = {NDM_F32, NDM_F64, NDM_F16, NDM_I32, NDM_U8, NDM_BOOL};
+    static const char *const vnames[3] = {"contiguous", "permuted", "flipped"};
+    for (size_t d = 0; d < sizeof dts / sizeof *dts; d++) {
+        ndm_manager sc = ndm_scope_begin(p.cpu, "reductions");
+        ndm_array xc = pattern(sc, dts[d]);
+        ndm_array xg = ndm_to_to(p.gpu, xc, NDM_CUDA(0));
+        assert_live(xg);
+        for (int k = 0; k < 3; k++) {
+            ndm_array vc = view_of(k, xc), vg = view_of(k, xg);
+            /* axis sets: one axis, two apart, every axis (a long split) */
+            static const int ax1[1] = {1}, ax2[2] = {0, 2};
+            const int *sets[3] = {ax1, ax2, NULL};
+            const int ns[3] = {1, 2, -1};
+            for (int a = 0; a < 3; a++) {
+                bool kd = a == 1;
+                char what[96];
+#define NDM__RED_PAIR(name, call_c, call_g, tol)                                \
+    do {                                                                        \
+        snprintf(what, sizeof what, "%s over set %d of a %s view", name, a, vnames[k]); \
+        ndm_array rc = call_c, rg = call_g;                                     \
+        assert_true(ndm_array_device(rg).type == NDM_DEVICE_CUDA);              \
+        assert_arrays_close(rc, rg, tol, what);                                 \
+    } while (0)
+                NDM__RED_PAIR("sum", ndm_sum(vc, kd, ns[a], sets[a]),
+                              ndm_sum(vg, kd, ns[a], sets[a]), 1e-5);
+                NDM__RED_PAIR("mean", ndm_mean(vc, kd, ns[a], sets[a]),
+                              ndm_mean(vg, kd, ns[a], sets[a]), 1e-5);
+                NDM__RED_PAIR("var", ndm_var(vc, 1, kd, ns[a], sets[a]),
+                              ndm_var(vg, 1, kd, ns[a], sets[a]), 1e-4);
+                NDM__RED_PAIR("std", ndm_std(vc, 0, kd, ns[a], sets[a]),
+                              ndm_std(vg, 0, kd, ns[a], sets[a]), 1e-4);
+                NDM__RED_PAIR("max", ndm_max(vc, kd, ns[a], sets[a]),
+                              ndm_max(vg, kd, ns[a], sets[a]), 0);
+                NDM__RED_PAIR("min", ndm_min(vc, kd, ns[a], sets[a]),
+                              ndm_min(vg, kd, ns[a], sets[a]), 0);
+                NDM__RED_PAIR("all", ndm_all(vc, kd, ns[a], sets[a]),
+                              ndm_all(vg, kd, ns[a], sets[a]), 0);
+                NDM__RED_PAIR("any", ndm_any(vc, kd, ns[a], sets[a]),
+                              ndm_any(vg, kd, ns[a], sets[a]), 0);
+                NDM__RED_PAIR("logsumexp", ndm_logsumexp(vc, kd, ns[a], sets[a]),
+                              ndm_logsumexp(vg, kd, ns[a], sets[a]), 1e-5);
+                if (!ndm_dtype_is_float(dts[d]) && dts[d] != NDM_BOOL)
+                    NDM__RED_PAIR("prod", ndm_prod(vc, kd, ns[a], sets[a]),
+                                  ndm_prod(vg, kd, ns[a], sets[a]), 0);
+            }
+            for (int axis = -1; axis < 3; axis++) {
+                int ax = axis < 0 ? NDM_ALL_AXES : axis;
+                char what[96];
+                int a = axis;
+                NDM__RED_PAIR("argmax", ndm_argmax(vc, ax, false), ndm_argmax(vg, ax, false), 0);
+                NDM__RED_PAIR("argmin", ndm_argmin(vc, ax, true), ndm_argmin(vg, ax, true), 0);
+                if (axis >= 0) {
+                    NDM__RED_PAIR("softmax", ndm_softmax(vc, ax), ndm_softmax(vg, ax), 1e-5);
+                    NDM__RED_PAIR("log_softmax", ndm_log_softmax(vc, ax),
+                                  ndm_log_softmax(vg, ax), 1e-5);
+                }
+            }
+#undef NDM__RED_PAIR
+        }
+        assert_ok(ndm_scope_end(sc, 0, NULL));
+        assert_ok(ndm_array_release(xg));
+    }
+    pair_close(p);
+}
+
+/* A reduction or softmax of a strided view creates its result and nothing
+ * else on the device: the kernels take the strides. */
+static void test_cuda_reduction_of_a_view_makes_no_copy(void **state)
+{
+    NEED_GPU();
+    pair p = pair_new(ROOT(state));
+    ndm_array xc = pattern(p.cpu, NDM_F32);
+    ndm_array xg = ndm_to_to(p.gpu, xc, NDM_CUDA(0));
+    static const int perm[3] = {2, 0, 1};
+    ndm_array vg = ndm_flip(ndm_permute(xg, 3, perm), 1);
+    assert_live(vg);
+    ndm_stats before, after;
+    assert_ok(ndm_manager_stats(p.gpu, NDM_CUDA(0), 0, &before));
+    ndm_array s = ndm_sum(vg, false, NDM_AXES(0, 2));
+    ndm_array m = ndm_softmax(vg, 1);
+    ndm_array c = ndm_cumsum(vg, 2);
+    assert_live(s);
+    assert_live(m);
+    assert_live(c);
+    assert_ok(ndm_manager_stats(p.gpu, NDM_CUDA(0), 0, &after));
+    assert_int_equal(after.created - before.created, 3);
+    assert_int_equal(after.live_bytes - before.live_bytes,
+                     ndm_array_nbytes(s) + ndm_array_nbytes(m) + ndm_array_nbytes(c));
+    pair_close(p);
+}
+
+static void test_cuda_index_ops_match_cpu(void **state)
+{
+    NEED_GPU();
+    pair p = pair_new(ROOT(state));
+    static const ndm_dtype dts[] = {NDM_F32, NDM_I64, NDM_F16, NDM_U8, NDM_BOOL};
+    static const char *const vnames[3] = {"contiguous", "permuted", "flipped"};
+    int64_t iv[7] = {3, -1, 0, 3, 5, -6, 2};
+    for (size_t d = 0; d < sizeof dts / sizeof *dts; d++) {
+        ndm_manager sc = ndm_scope_begin(p.cpu, "index");
+        ndm_array xc = pattern(sc, dts[d]);
+        ndm_array xg = ndm_to_to(p.gpu, xc, NDM_CUDA(0));
+        ndm_array ic = ndm_from_buffer(sc, NDM_I64, iv, NDM_SHAPE(7));
+        ndm_array ig = ndm_to_to(p.gpu, ic, NDM_CUDA(0));
+        ndm_array i32c = ndm_astype(ic, NDM_I32);
+        ndm_array i32g = ndm_to_to(p.gpu, i32c, NDM_CUDA(0));
+        assert_live(xg);
+        assert_live(ig);
+        assert_live(i32g);
+        for (int k = 0; k < 3; k++) {
+            ndm_array vc = view_of(k, xc), vg = view_of(k, xg);
+            char what[96];
+#define NDM__IX_PAIR(name, call_c, call_g)                                      \
+    do {                                                                        \
+        snprintf(what, sizeof what, "%s of a %s view", name, vnames[k]);        \
+        ndm_array rc = call_c, rg = call_g;                                     \
+        assert_true(ndm_array_device(rg).type == NDM_DEVICE_CUDA);              \
+        assert_arrays_match(rc, rg, what);                                      \
+    } while (0)
+            /* joins convert: a second operand of another dtype */
+            ndm_array oc = ndm_astype(ndm_slice(vc, 1, 0, 3, 1), NDM_F64);
+            ndm_array og = ndm_to_to(p.gpu, oc, NDM_CUDA(0));
+            NDM__IX_PAIR("concat", ndm_concat(1, NDM_ARRAYS(vc, oc, vc)),
+                         ndm_concat(1, NDM_ARRAYS(vg, og, vg)));
+            NDM__IX_PAIR("stack", ndm_stack(2, NDM_ARRAYS(vc, vc)),
+                         ndm_stack(2, NDM_ARRAYS(vg, vg)));
+            ndm_array pc[2], pg[2];
+            assert_ok(ndm_split(vc, 0, 2, pc));
+            assert_ok(ndm_split(vg, 0, 2, pg));
+            NDM__IX_PAIR("split", ndm_copy(pc[1]), ndm_copy(pg[1]));
+            NDM__IX_PAIR("flip", ndm_copy(ndm_flip(vc, 1)), ndm_copy(ndm_flip(vg, 1)));
+            NDM__IX_PAIR("tile", ndm_tile(vc, NDM_SHAPE(2, 1, 3)), ndm_tile(vg, NDM_SHAPE(2, 1, 3)));
+            NDM__IX_PAIR("repeat", ndm_repeat(vc, 2, 3), ndm_repeat(vg, 2, 3));
+            NDM__IX_PAIR("take", ndm_take(vc, 1, ic), ndm_take(vg, 1, ig));
+            NDM__IX_PAIR("take with i32 indices", ndm_take(vc, 2, i32c), ndm_take(vg, 2, i32g));
+            NDM__IX_PAIR("index_select", ndm_index_select(vc, 1, ic),
+                         ndm_index_select(vg, 1, ig));
+            /* gather and scatter_add with a (n0, n1, 7) index of repeated targets */
+            int64_t sh[3];
+            assert_int_equal(ndm_array_shape(vc, sh, 3), 3);
+            ndm_array gic = ndm_astype(ndm_tile(ndm_reshape(ic, NDM_SHAPE(1, 1, 7)),
+                                                NDM_SHAPE(sh[0], sh[1], 1)),
+                                       NDM_I64);
+            ndm_array gig = ndm_to_to(p.gpu, gic, NDM_CUDA(0));
+            NDM__IX_PAIR("gather", ndm_gather(vc, 2, gic), ndm_gather(vg, 2, gig));
+            ndm_array srcc = ndm_slice(vc, 2, 0, 7, 1), srcg = ndm_slice(vg, 2, 0, 7, 1);
+            if (dts[d] != NDM_BOOL) {
+                NDM__IX_PAIR("scatter_add", ndm_scatter_add(vc, 2, gic, srcc),
+                             ndm_scatter_add(vg, 2, gig, srcg));
+                ndm_array tc = ndm_copy(vc), tg = ndm_copy(vg);
+                assert_ok(ndm_scatter_add_(tc, 2, gic, srcc));
+                assert_ok(ndm_scatter_add_(tg, 2, gig, srcg));
+                NDM__IX_PAIR("scatter_add in place", tc, tg);
+            }
+            NDM__IX_PAIR("pad constant", ndm_pad(vc, NDM_PAD_CONSTANT, 7.0, NDM_SHAPE(1, 2)),
+                         ndm_pad(vg, NDM_PAD_CONSTANT, 7.0, NDM_SHAPE(1, 2)));
+            NDM__IX_PAIR("pad edge", ndm_pad(vc, NDM_PAD_EDGE, 0.0, NDM_SHAPE(0, 1, 2, 0, 3, 3)),
+                         ndm_pad(vg, NDM_PAD_EDGE, 0.0, NDM_SHAPE(0, 1, 2, 0, 3, 3)));
+            NDM__IX_PAIR("pad reflect",
+                         ndm_pad(vc, NDM_PAD_REFLECT, 0.0, NDM_SHAPE(7, 8, 1, 1, 0, 2)),
+                         ndm_pad(vg, NDM_PAD_REFLECT, 0.0, NDM_SHAPE(7, 8, 1, 1, 0, 2)));
+            for (int axis = 0; axis < 3; axis++)
+                NDM__IX_PAIR("cumsum", ndm_cumsum(vc, axis), ndm_cumsum(vg, axis));
+#undef NDM__IX_PAIR
+        }
+        char what[64];
+        snprintf(what, sizeof what, "one_hot into %s", ndm_dtype_short(dts[d]));
+        ndm_array hc = ndm_one_hot(ndm_reshape(ndm_astype(ndm_abs(ic), NDM_U8), NDM_SHAPE(7, 1)),
+                                   7, dts[d]);
+        ndm_array ug = ndm_to_to(p.gpu, ndm_reshape(ndm_astype(ndm_abs(ic), NDM_U8),
+                                                    NDM_SHAPE(7, 1)), NDM_CUDA(0));
+        assert_arrays_match(hc, ndm_one_hot(ug, 7, dts[d]), what);
+        assert_ok(ndm_scope_end(sc, 0, NULL));
+        assert_ok(ndm_manager_close(p.gpu));
+        p.gpu = ndm_manager_new_on(ROOT(state), "gpu", NDM_CUDA(0));
+        assert_live(p.gpu);
+    }
+    pair_close(p);
+}
+
+/* An index out of range is found on the device and named with its position
+ * and value; nothing is created and the managers are intact. */
+static void test_cuda_take_out_of_range_index_fails_cleanly(void **state)
+{
+    NEED_GPU();
+    pair p = pair_new(ROOT(state));
+    ndm_array xg = ndm_arange(p.gpu, NDM_F32, 0, 20, 1);
+    int32_t iv[6] = {1, 2, -20, 19, 20, -21};
+    ndm_array ig = ndm_to_to(p.gpu, ndm_from_buffer(p.cpu, NDM_I32, iv, NDM_SHAPE(2, 3)),
+                             NDM_CUDA(0));
+    assert_live(xg);
+    assert_live(ig);
+    ndm_stats before, after;
+    assert_ok(ndm_manager_stats(p.gpu, NDM_CUDA(0), 0, &before));
+    ndm_array r = ndm_take(xg, 0, ig);
+    assert_int_equal(r.id, 0);
+    assert_int_equal(ndm_last_status(), NDM_E_INVALID);
+    const char *msg = ndm_last_error();
+    /* the first one in C order: 20 at [1,1], not -21 after it */
+    assert_non_null(strstr(msg, "index 20 at [1,1]"));
+    assert_ok(ndm_manager_stats(p.gpu, NDM_CUDA(0), 0, &after));
+    assert_int_equal(after.live_arrays, before.live_arrays);
+    assert_int_equal(after.live_bytes, before.live_bytes);
+    ndm_clear_error();
+    /* the device goes on: the same take with the index in range */
+    int32_t ok[6] = {1, 2, -20, 19, 0, -1};
+    ndm_array og = ndm_to_to(p.gpu, ndm_from_buffer(p.cpu, NDM_I32, ok, NDM_SHAPE(2, 3)),
+                             NDM_CUDA(0));
+    float got[6];
+    assert_ok(ndm_array_copy_out(ndm_take(xg, 0, og), got, sizeof got));
+    assert_true(got[0] == 1 && got[1] == 2 && got[2] == 0 && got[3] == 19 && got[4] == 0 &&
+                got[5] == 19);
+    pair_close(p);
+}
+
+/* The gradient of sum(f(x)^2) for f through reductions, softmax and the
+ * index family, on CUDA against the CPU. Backward needs the elementwise
+ * family as well: skipped while the CUDA table lacks it. */
+static ndm_array ag_f(int k, ndm_array x, ndm_array idx, ndm_array gidx)
+{
+    switch (k) {
+    case 0: return ndm_sum(x, false, NDM_AXES(1));
+    case 1: return ndm_mean(x, true, NDM_AXES(0));
+    case 2: return ndm_max(x, false, NDM_AXES(1));
+    case 3: return ndm_min(x, false, NDM_ALL_AXES_LIST);
+    case 4: return ndm_logsumexp(x, false, NDM_AXES(0));
+    case 5: return ndm_softmax(x, 1);
+    case 6: return ndm_log_softmax(x, 0);
+    case 7: return ndm_take(x, 1, idx);
+    case 8: return ndm_gather(x, 1, gidx);
+    case 9: return ndm_concat(0, NDM_ARRAYS(x, ndm_flip(x, 1)));
+    default: return ndm_stack(1, NDM_ARRAYS(x, x));
+    }
+}
+
+static void ag_grad(ndm_manager root, ndm_device dev, int k, float *out)
+{
+    static const int64_t iv[6] = {0, 4, 4, -1, 2, 0};
+    static const int64_t gv[12] = {1, 1, 0, 4, 3, 2, 2, 2, 0, 0, 4, 1};
+    ndm_manager model = ndm_manager_new_on(root, "model", dev);
+    ndm_manager host = ndm_manager_new(root, "host");
+    float xv[15];
+    for (int i = 0; i < 15; i++)
+        xv[i] = (float)((i * 7) % 11) * 0.25f - 1.0f;
+    ndm_array x = ndm_to_to(model, ndm_from_buffer(host, NDM_F32, xv, NDM_SHAPE(3, 5)), dev);
+    ndm_array idx = ndm_to_to(model, ndm_from_buffer(host, NDM_I64, iv, NDM_SHAPE(6)), dev);
+    ndm_array gidx = ndm_to_to(model, ndm_from_buffer(host, NDM_I64, gv, NDM_SHAPE(3, 4)), dev);
+    assert_live(x);
+    assert_ok(ndm_requires_grad(x));
+    ndm_manager batch = ndm_manager_new(model, "batch");
+    assert_ok(ndm_grad_begin(batch));
+    ndm_array y = ag_f(k, x, idx, gidx);
+    ndm_array loss = ndm_sum(ndm_mul(y, y), false, NDM_ALL_AXES_LIST);
+    assert_live(loss);
+    assert_ok(ndm_backward(loss));
+    assert_ok(ndm_grad_end());
+    assert_ok(ndm_array_copy_out(ndm_grad(x), out, 15 * sizeof(float)));
+    assert_ok(ndm_manager_close(host));
+    assert_ok(ndm_manager_close(model));
+}
+
+static void test_cuda_autograd_through_reductions_and_index(void **state)
+{
+    NEED_GPU();
+    const ndm__backend *b = ndm__backend_for(NDM_DEVICE_CUDA);
+    if (!b || !b->ew) {
+        print_message("the CUDA backend has no elementwise family: skipped\n");
+        skip();
+    }
+    for (int k = 0; k < 11; k++) {
+        float gc[15], gg[15];
+        ag_grad(ROOT(state), NDM_CPU, k, gc);
+        ag_grad(ROOT(state), NDM_CUDA(0), k, gg);
+        for (int i = 0; i < 15; i++)
+            if (!(fabsf(gc[i] - gg[i]) <= 1e-5f * fabsf(gc[i]) + 1e-6f))
+                fail_msg("function %d: gradient element %d: CPU %.9g, CUDA %.9g", k, i, gc[i],
+                         gg[i]);
+    }
+}
+
 int main(int argc, char **argv)
 {
     self_path = argc > 0 ? argv[0] : "test_cuda";
@@ -864,6 +1210,11 @@ int main(int argc, char **argv)
         TEST(test_cuda_fault_is_sticky_in_a_fresh_process),
         TEST(test_cuda_elementwise_views_and_in_place_match_cpu),
         TEST(test_cuda_random_draws_match_cpu_bit_for_bit),
+        TEST(test_cuda_reductions_match_cpu),
+        TEST(test_cuda_reduction_of_a_view_makes_no_copy),
+        TEST(test_cuda_index_ops_match_cpu),
+        TEST(test_cuda_take_out_of_range_index_fails_cleanly),
+        TEST(test_cuda_autograd_through_reductions_and_index),
     };
     return cmocka_run_group_tests_name("cuda", tests, NULL, NULL);
 }

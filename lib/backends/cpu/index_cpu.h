@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "../index.h"
+#include "../index_scalar.h"
 
 /* Coordinates for any rank: on the stack up to 32 axes. */
 typedef struct ndm__coords {
@@ -116,22 +117,5 @@ ndm_status ndm__ref_one_hot(int device, const ndm__tensor *dst, const ndm__tenso
 ndm_status ndm__ref_pad(int device, const ndm__tensor *dst, const ndm__tensor *src,
                         const int64_t *before, ndm_pad_mode mode, double value);
 ndm_status ndm__ref_cumsum(int device, const ndm__tensor *dst, const ndm__tensor *src, int axis);
-
-/* Source position of padded coordinate x on an axis of size n (n > 0 for
- * EDGE and REFLECT); -1 for the constant. */
-static inline int64_t ndm__pad_source(int64_t x, int64_t n, ndm_pad_mode mode)
-{
-    if (x >= 0 && x < n)
-        return x;
-    if (mode == NDM_PAD_CONSTANT)
-        return -1;
-    if (mode == NDM_PAD_EDGE || n == 1)
-        return x < 0 ? 0 : n - 1;
-    int64_t p = 2 * (n - 1);
-    int64_t m = x % p;
-    if (m < 0)
-        m += p;
-    return m < n ? m : p - m;
-}
 
 #endif

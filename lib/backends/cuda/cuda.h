@@ -34,6 +34,10 @@ extern const ndm__backend ndm__cuda_backend;
 extern const struct ndm__backend_ew ndm__cuda_ew;
 extern const struct ndm__backend_random ndm__cuda_random;
 
+/* The families, one .cu each. */
+extern const struct ndm__backend_reduce ndm__cuda_reduce;
+extern const struct ndm__backend_index ndm__cuda_index;
+
 #ifdef __cplusplus
 }
 #endif

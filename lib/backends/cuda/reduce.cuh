@@ -1,0 +1,57 @@
+/* Shared by the CUDA reduction and index kernels: stores of a double or an
+ * int64 into an element of a dtype known at run time, and stream-ordered
+ * scratch memory for a call's partial results. */
+#ifndef NDM_CUDA_REDUCE_CUH
+#define NDM_CUDA_REDUCE_CUH
+
+#include "common.cuh"
+
+/* The size of an element of dtype t, in device code. */
+NDM__HD int ndm__cu_esize(ndm_dtype t)
+{
+    switch (t) {
+#define NDM__CU_ES_CASE(E)                                                      \
+    case E:                                                                     \
+        return (int)sizeof(typename ndm__cu_dt<E>::T);
+        NDM__CU_DTYPES(NDM__CU_ES_CASE)
+#undef NDM__CU_ES_CASE
+    }
+    return 1;
+}
+
+/* v converted to dtype t at p, by the CPU's store rules (saturating from
+ * floats, wrapping between integers). A switch, not a template parameter:
+ * the output dtype follows from the input's, so templating on both would
+ * only multiply the instantiations. */
+NDM__HD void ndm__cu_store_d(char *p, ndm_dtype t, double v)
+{
+    switch (t) {
+#define NDM__CU_STD_CASE(E)                                                     \
+    case E:                                                                     \
+        *(typename ndm__cu_dt<E>::T *)p = ndm__cu_dt<E>::st(v);                 \
+        break;
+        NDM__CU_DTYPES(NDM__CU_STD_CASE)
+#undef NDM__CU_STD_CASE
+    }
+}
+
+NDM__HD void ndm__cu_store_i(char *p, ndm_dtype t, int64_t v)
+{
+    switch (t) {
+#define NDM__CU_STI_CASE(E)                                                     \
+    case E:                                                                     \
+        *(typename ndm__cu_dt<E>::T *)p = ndm__cu_dt<E>::st(v);                 \
+        break;
+        NDM__CU_DTYPES(NDM__CU_STI_CASE)
+#undef NDM__CU_STI_CASE
+    }
+}
+
+/* Scratch memory ordered on the device's stream: what a call allocates is
+ * free for the next one once the stream reaches the free, so nothing waits
+ * on the host. NDM_E_OOM with a message naming `what` when it fails. */
+ndm_status ndm__cu_scratch_get(int device, cudaStream_t s, size_t bytes, void **out,
+                               const char *what);
+ndm_status ndm__cu_scratch_put(int device, cudaStream_t s, void *p);
+
+#endif
