@@ -13,6 +13,8 @@
 #include "../lib/backends/cpu/isa.h"
 #include "../lib/backends/registry.h"
 #include "../lib/backends/ew.h"
+#include "../lib/backends/linalg.h"
+#include "../lib/backends/nn.h"
 #include "../lib/backends/reduce.h"
 #include "../lib/manager/core.h"
 #include "../lib/ops/autograd.h"
@@ -147,6 +149,13 @@ static void fill_random(void *buf, ndm_dtype t, int64_t n, rng *r)
     }
 }
 
+/* n random finite elements of float dtype t. */
+static void fill_finite(void *buf, ndm_dtype t, int64_t n, rng *r)
+{
+    for (int64_t i = 0; i < n; i++)
+        host_set(buf, t, i, runif(r, -3, 3));
+}
+
 /* ---- layouts ------------------------------------------------------------------
  * An operand of logical shape `shape` seen through strides and an offset
  * into a buffer of `count` elements. Outputs are contiguous except in the
@@ -167,7 +176,7 @@ static const char *const layout_names[L_COUNT] = {"contiguous",         "transpo
 
 typedef struct view {
     int ndim;
-    int64_t shape[2], strides[2], offset, count;
+    int64_t shape[4], strides[4], offset, count;
 } view;
 
 static const int64_t R = 5, C = 7;
@@ -284,6 +293,7 @@ typedef struct fcase {
     view v[MAX_OPS];
     int nops;
     double tol;
+    bool finite; /* inputs without infinities and NaN */
 } fcase;
 
 typedef struct tally {
@@ -307,6 +317,8 @@ static void host_make(const fcase *c, hostops *h, rng *r)
         assert_non_null(h->buf[k]);
         if (k == 0)
             memset(h->buf[k], 0xa5, h->bytes[k]); /* elements outside the view stay */
+        else if (c->finite)
+            fill_finite(h->buf[k], c->dt[k], c->v[k].count, r);
         else
             fill_random(h->buf[k], c->dt[k], c->v[k].count, r);
     }
@@ -617,6 +629,334 @@ static void reduce_forward(const target *tg, rng *r, tally *t)
     }
 }
 
+/* ---- linear algebra and convolution ------------------------------------------
+ * Batched matmul and the nn family (convolution, pooling, their gradients)
+ * on operands of up to four axes. Each case names its layout; the sizes are
+ * small and odd so that tiles and batches have ragged edges. */
+
+/* A C-contiguous view of `shape` (count elements). */
+static view dense_view(int nd, const int64_t *shape)
+{
+    view v = {nd, {0}, {0}, 0, 1};
+    for (int i = nd - 1; i >= 0; i--) {
+        v.shape[i] = shape[i];
+        v.strides[i] = v.count;
+        v.count *= shape[i];
+    }
+    return v;
+}
+
+/* `shape` seen through a buffer laid out in the axis order `perm` (perm[0]
+ * outermost): a transposed or channels-last operand. */
+static view permuted_view(int nd, const int64_t *shape, const int *perm)
+{
+    view v = {nd, {0}, {0}, 0, 1};
+    for (int i = nd - 1; i >= 0; i--) {
+        v.shape[perm[i]] = shape[perm[i]];
+        v.strides[perm[i]] = v.count;
+        v.count *= shape[perm[i]];
+    }
+    return v;
+}
+
+/* `shape` with the last axis reversed and every stride doubled: a step on
+ * every axis, a negative one on the last. */
+static view stepped_view(int nd, const int64_t *shape)
+{
+    view v = dense_view(nd, shape);
+    for (int i = 0; i < nd; i++)
+        v.strides[i] *= 2;
+    v.strides[nd - 1] = -v.strides[nd - 1];
+    v.offset = (shape[nd - 1] - 1) * 2;
+    v.count = 2 * v.count;
+    if (v.count == 0)
+        v.offset = 0;
+    return v;
+}
+
+/* `shape` with axis `axis` broadcast (stride 0). */
+static view bcast_view(int nd, const int64_t *shape, int axis)
+{
+    int64_t one[4];
+    memcpy(one, shape, (size_t)nd * sizeof *one);
+    one[axis] = 1;
+    view v = dense_view(nd, one);
+    v.shape[axis] = shape[axis];
+    v.strides[axis] = 0;
+    return v;
+}
+
+static ndm_status run_matmul(const ndm__backend *b, int device, const fcase *c,
+                             const ndm__tensor *t, const void *ctx)
+{
+    (void)c, (void)ctx;
+    if (!b->linalg)
+        return NDM_E_UNSUPPORTED;
+    return b->linalg->matmul(device, &t[0], &t[1], &t[2]);
+}
+
+static void linalg_forward(const target *tg, rng *r, tally *t)
+{
+    static const ndm_dtype dts[] = {NDM_F32, NDM_F64, NDM_I64};
+    enum { LM_PLAIN, LM_MATRIX, LM_TRANSPOSED, LM_STEPPED, LM_BCAST_B, LM_BCAST_LOOP,
+           LM_EMPTY, LM_K0, LM_COUNT };
+    static const char *const what[LM_COUNT] = {
+        "batched", "one matrix", "every operand transposed", "steps and a reversed axis",
+        "b broadcast over the batch", "batch axes that do not collapse", "empty batch",
+        "k = 0"};
+    static const layout lay[LM_COUNT] = {L_CONTIGUOUS, L_CONTIGUOUS, L_TRANSPOSED, L_STEPPED,
+                                         L_BROADCAST, L_BROADCAST, L_EMPTY, L_EMPTY};
+    for (int di = 0; di < 3; di++) {
+        ndm_dtype dt = dts[di];
+        for (int l = 0; l < LM_COUNT; l++) {
+            int64_t bt = l == LM_EMPTY ? 0 : 3, m = 4, k = l == LM_K0 ? 0 : 5, n = 6;
+            /* 3-d: (batch, rows, cols); the non-collapsing batch is (2, 3) */
+            int nd = l == LM_MATRIX ? 2 : l == LM_BCAST_LOOP ? 4 : 3;
+            int64_t sc[4], sa[4], sb[4];
+            int q = 0;
+            if (nd == 4)
+                sc[q] = sa[q] = sb[q] = 2, q++;
+            if (nd >= 3)
+                sc[q] = sa[q] = sb[q] = bt, q++;
+            sc[q] = sa[q] = m, sb[q] = k, q++;
+            sc[q] = sb[q] = n, sa[q] = k;
+            fcase c = {.op = "matmul", .l = lay[l], .nops = 3, .tol = 1e-5};
+            snprintf(c.dtypes, sizeof c.dtypes, "%s, %s", ndm_dtype_name(dt), what[l]);
+            c.dt[0] = c.dt[1] = c.dt[2] = dt;
+            c.v[0] = dense_view(nd, sc), c.v[1] = dense_view(nd, sa), c.v[2] = dense_view(nd, sb);
+            if (l == LM_TRANSPOSED) {
+                int perm[3] = {0, 2, 1};
+                c.v[0] = permuted_view(nd, sc, perm);
+                c.v[1] = permuted_view(nd, sa, perm);
+                c.v[2] = permuted_view(nd, sb, perm);
+            } else if (l == LM_STEPPED) {
+                c.v[1] = stepped_view(nd, sa);
+                int perm[3] = {0, 2, 1};
+                c.v[2] = permuted_view(nd, sb, perm);
+                c.v[2].strides[0] *= 2, c.v[2].strides[1] *= 3, c.v[2].strides[2] *= 2;
+                c.v[2].count *= 6;
+            } else if (l == LM_BCAST_B) {
+                c.v[2] = bcast_view(nd, sb, 0); /* one b for every batch */
+            } else if (l == LM_BCAST_LOOP) {
+                c.v[1] = bcast_view(nd, sa, 0);
+            }
+            run_case(tg, &c, run_matmul, NULL, r, 100, t);
+        }
+    }
+}
+
+/* ---- nn ---- */
+
+typedef enum nn_op { NN_CONV, NN_CONV_INPUT, NN_CONV_WEIGHT, NN_POOL, NN_POOL_BWD } nn_op;
+
+typedef struct nn_ctx {
+    nn_op op;
+    ndm__conv2d_geom cg;
+    ndm__pool2d_geom pg;
+    bool bias;
+    const target *tg; /* for the workspace on the target's device */
+} nn_ctx;
+
+/* The workspace a member asks for, on the device that runs it. */
+static ndm_status with_workspace(const ndm__backend *b, const nn_ctx *x, size_t bytes,
+                                 void **ws, dbuf *d)
+{
+    *ws = NULL;
+    d->h = NDM_NULL_ARRAY, d->p = NULL;
+    if (!bytes)
+        return NDM_OK;
+    if (b == &ndm__cpu_ref_backend || x->tg->dev.type == NDM_DEVICE_CPU) {
+        d->p = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+        if (!d->p)
+            return NDM_E_OOM;
+    } else if (!dbuf_get(x->tg, d, bytes)) {
+        return NDM_E_OOM;
+    }
+    *ws = d->p;
+    return NDM_OK;
+}
+
+static ndm_status run_nn(const ndm__backend *b, int device, const fcase *c, const ndm__tensor *t,
+                         const void *ctx)
+{
+    (void)c;
+    const nn_ctx *x = ctx;
+    if (!b->nn)
+        return NDM_E_UNSUPPORTED;
+    const struct ndm__backend_nn *nn = b->nn;
+    size_t bytes = 0;
+    void *ws;
+    dbuf d;
+    ndm_status st;
+    switch (x->op) {
+    case NN_CONV:
+        bytes = nn->conv2d_workspace(device, &t[0], &t[1], &t[2], &x->cg);
+        if ((st = with_workspace(b, x, bytes, &ws, &d)) < 0)
+            return st;
+        st = nn->conv2d(device, &t[0], &t[1], &t[2], x->bias ? &t[3] : NULL, &x->cg, ws);
+        break;
+    case NN_CONV_INPUT:
+        if (!nn->conv2d_backward_input)
+            return NDM_E_UNSUPPORTED;
+        bytes = nn->conv2d_backward_input_workspace
+                    ? nn->conv2d_backward_input_workspace(device, &t[0], &t[1], &t[2], &x->cg)
+                    : 0;
+        if ((st = with_workspace(b, x, bytes, &ws, &d)) < 0)
+            return st;
+        st = nn->conv2d_backward_input(device, &t[0], &t[1], &t[2], &x->cg, ws, bytes);
+        break;
+    case NN_CONV_WEIGHT:
+        if (!nn->conv2d_backward_weight)
+            return NDM_E_UNSUPPORTED;
+        bytes = nn->conv2d_backward_weight_workspace
+                    ? nn->conv2d_backward_weight_workspace(device, &t[0], &t[1], &t[2], &x->cg)
+                    : 0;
+        if ((st = with_workspace(b, x, bytes, &ws, &d)) < 0)
+            return st;
+        st = nn->conv2d_backward_weight(device, &t[0], &t[1], &t[2], &x->cg, ws, bytes);
+        break;
+    case NN_POOL:
+        return nn->pool2d(device, &t[0], &t[1], &x->pg);
+    default:
+        if (!nn->pool2d_backward)
+            return NDM_E_UNSUPPORTED;
+        return nn->pool2d_backward(device, &t[0], &t[1], x->pg.max ? &t[2] : NULL, &x->pg);
+    }
+    if (d.h.id) {
+        /* the kernels are queued: the buffer goes when they are done */
+        if (st >= 0 && x->tg->b->sync)
+            st = x->tg->b->sync(x->tg->dev.index);
+        dbuf_put(&d);
+    } else {
+        free(d.p);
+    }
+    return st;
+}
+
+/* The layouts of a 4-d input operand; a weight's channels-last is its
+ * output channels last (NL_O_LAST), which gemm reads as a transpose. */
+enum { NL_CONTIGUOUS, NL_CHANNELS_LAST, NL_STEPPED, NL_BROADCAST, NL_COUNT, NL_O_LAST };
+static const layout nn_lay[NL_COUNT] = {L_CONTIGUOUS, L_TRANSPOSED, L_STEPPED, L_BROADCAST};
+static const char *const nn_what[NL_COUNT] = {"", ", channels last", ", steps, reversed W",
+                                              ", broadcast"};
+
+static view nn_view(int l, const int64_t *shape)
+{
+    static const int nhwc[4] = {0, 2, 3, 1};
+    switch (l) {
+    case NL_CHANNELS_LAST: return permuted_view(4, shape, nhwc);
+    case NL_O_LAST: {
+        static const int olast[4] = {1, 2, 3, 0};
+        return permuted_view(4, shape, olast);
+    }
+    case NL_STEPPED: return stepped_view(4, shape);
+    case NL_BROADCAST: return bcast_view(4, shape, 0);
+    default: return dense_view(4, shape);
+    }
+}
+
+typedef struct conv_shape {
+    int64_t n, c, h, w, o, kh, kw;
+    ndm__conv2d_geom g;
+    bool bias;
+} conv_shape;
+
+static void nn_forward(const target *tg, rng *r, tally *t)
+{
+    static const ndm_dtype dts[] = {NDM_F32, NDM_F64};
+    static const conv_shape convs[] = {
+        /* groups, stride, padding and dilation, all unequal across H and W */
+        {2, 4, 7, 6, 6, 3, 2, {{2, 1}, {1, 1}, {1, 2}, 2}, false},
+        {3, 3, 5, 5, 4, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 1}, true},
+        {2, 3, 4, 4, 5, 1, 1, {{1, 1}, {0, 0}, {1, 1}, 1}, true},
+        {0, 3, 4, 4, 5, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 1}, true}, /* empty batch */
+    };
+    for (int di = 0; di < 2; di++) {
+        ndm_dtype dt = dts[di];
+        for (size_t ci = 0; ci < sizeof convs / sizeof *convs; ci++) {
+            const conv_shape *s = &convs[ci];
+            const ndm__conv2d_geom *g = &s->g;
+            int64_t oh = (s->h + 2 * g->padding[0] - g->dilation[0] * (s->kh - 1) - 1) / g->stride[0] + 1;
+            int64_t ow = (s->w + 2 * g->padding[1] - g->dilation[1] * (s->kw - 1) - 1) / g->stride[1] + 1;
+            int64_t xs[4] = {s->n, s->c, s->h, s->w}, ws[4] = {s->o, s->c / g->groups, s->kh, s->kw};
+            int64_t ys[4] = {s->n, s->o, oh, ow}, bs[1] = {s->o};
+            for (int op = NN_CONV; op <= NN_CONV_WEIGHT; op++)
+                for (int l = 0; l < NL_COUNT; l++) {
+                    if (s->n == 0 && l != NL_CONTIGUOUS)
+                        continue;
+                    nn_ctx x = {.op = (nn_op)op, .cg = *g, .bias = s->bias && op == NN_CONV, .tg = tg};
+                    static const char *const names[3] = {"conv2d", "conv2d_backward_input",
+                                                         "conv2d_backward_weight"};
+                    fcase c = {.op = names[op], .l = s->n == 0 ? L_EMPTY : nn_lay[l],
+                               .nops = x.bias ? 4 : 3, .tol = 1e-4, .finite = true};
+                    snprintf(c.dtypes, sizeof c.dtypes, "%s, shape %zu%s%s", ndm_dtype_name(dt),
+                             ci, x.bias ? ", bias" : "", nn_what[l]);
+                    c.dt[0] = c.dt[1] = c.dt[2] = c.dt[3] = dt;
+                    if (op == NN_CONV) {
+                        /* the layout applies to x and w (and a stepped bias) */
+                        c.v[0] = dense_view(4, ys), c.v[1] = nn_view(l, xs);
+                        c.v[2] = nn_view(l == NL_BROADCAST ? NL_CONTIGUOUS : l == NL_CHANNELS_LAST ? NL_O_LAST : l, ws);
+                        c.v[3] = dense_view(1, bs);
+                        if (l == NL_STEPPED)
+                            c.v[3].strides[0] = -3, c.v[3].offset = 3 * (s->o - 1),
+                            c.v[3].count = 3 * s->o;
+                    } else if (op == NN_CONV_INPUT) {
+                        c.v[0] = dense_view(4, xs), c.v[1] = nn_view(l, ys);
+                        c.v[2] = nn_view(l == NL_BROADCAST ? NL_CONTIGUOUS : l == NL_CHANNELS_LAST ? NL_O_LAST : l, ws);
+                    } else {
+                        c.v[0] = dense_view(4, ws), c.v[1] = nn_view(l, ys);
+                        c.v[2] = nn_view(l == NL_BROADCAST ? NL_CONTIGUOUS : l, xs);
+                    }
+                    run_case(tg, &c, run_nn, &x, r, 1000, t);
+                }
+        }
+    }
+    /* pooling: the inputs include NaN and infinities (the max's rules) */
+    static const struct {
+        int64_t n, c, h, w;
+        ndm__pool2d_geom g;
+    } pools[] = {
+        {2, 3, 7, 6, {{3, 3}, {2, 2}, {1, 1}, true, false}},  /* overlapping, padded */
+        {2, 2, 6, 6, {{2, 2}, {2, 2}, {0, 0}, true, false}},
+        {2, 3, 7, 5, {{3, 2}, {1, 2}, {1, 1}, true, false}},
+        {2, 3, 7, 6, {{3, 3}, {1, 1}, {1, 1}, false, true}},
+        {2, 3, 7, 6, {{3, 3}, {2, 1}, {1, 1}, false, false}},
+        {2, 2, 5, 7, {{2, 3}, {2, 1}, {1, 1}, false, true}},
+        {0, 2, 5, 7, {{2, 2}, {2, 2}, {0, 0}, true, false}}, /* empty batch */
+    };
+    for (int di = 0; di < 2; di++) {
+        ndm_dtype dt = dts[di];
+        for (size_t pi = 0; pi < sizeof pools / sizeof *pools; pi++) {
+            const ndm__pool2d_geom *g = &pools[pi].g;
+            int64_t xs[4] = {pools[pi].n, pools[pi].c, pools[pi].h, pools[pi].w};
+            int64_t ys[4] = {xs[0], xs[1], (xs[2] + 2 * g->padding[0] - g->kernel[0]) / g->stride[0] + 1,
+                             (xs[3] + 2 * g->padding[1] - g->kernel[1]) / g->stride[1] + 1};
+            for (int op = NN_POOL; op <= NN_POOL_BWD; op++)
+                for (int l = 0; l < NL_COUNT; l++) {
+                    if (xs[0] == 0 && l != NL_CONTIGUOUS)
+                        continue;
+                    nn_ctx x = {.op = (nn_op)op, .pg = *g, .tg = tg};
+                    const char *kind = g->max ? "max" : g->count_include_pad ? "avg, padding counted" : "avg";
+                    fcase c = {.op = op == NN_POOL ? "pool2d" : "pool2d_backward",
+                               .l = xs[0] == 0 ? L_EMPTY : nn_lay[l], .tol = 0};
+                    snprintf(c.dtypes, sizeof c.dtypes, "%s, %s, shape %zu%s", ndm_dtype_name(dt),
+                             kind, pi, nn_what[l]);
+                    c.dt[0] = c.dt[1] = c.dt[2] = dt;
+                    if (op == NN_POOL) {
+                        c.nops = 2;
+                        c.v[0] = dense_view(4, ys), c.v[1] = nn_view(l, xs);
+                    } else {
+                        /* dy in the layout; the forward's input in another */
+                        c.nops = g->max ? 3 : 2;
+                        c.v[0] = dense_view(4, xs), c.v[1] = nn_view(l, ys);
+                        c.v[2] = nn_view(l == NL_STEPPED ? NL_CHANNELS_LAST : NL_STEPPED, xs);
+                    }
+                    run_case(tg, &c, run_nn, &x, r, 1, t);
+                }
+        }
+    }
+}
+
 /* ---- the suite -------------------------------------------------------------- */
 
 static void report(const char *what, const tally *t)
@@ -646,6 +986,8 @@ static void test_backend_ops_cpu_tables_match_reference(void **state)
         tally t = {0};
         ew_forward(&tg, &r, &t);
         reduce_forward(&tg, &r, &t);
+        linalg_forward(&tg, &r, &t);
+        nn_forward(&tg, &r, &t);
         printf("[ conformance ] %s: %ld cases checked\n", tg.name, t.checked);
         all.checked += t.checked;
         all.declined += t.declined;
@@ -680,6 +1022,20 @@ static void test_backend_ops_cuda_matches_reference(void **state)
     tally t = {0};
     ew_forward(&tg, &r, &t);
     reduce_forward(&tg, &r, &t);
+    tally tl = {0}, tn = {0};
+    linalg_forward(&tg, &r, &tl);
+    nn_forward(&tg, &r, &tn);
+    printf("[ conformance ] cuda:0 linalg: %ld (op, dtype, layout) cases checked, %ld declined\n",
+           tl.checked, tl.declined);
+    printf("[ conformance ] cuda:0 nn: %ld (op, dtype, layout) cases checked, %ld declined\n",
+           tn.checked, tn.declined);
+    for (int i = 0; i < 2; i++) {
+        const tally *f = i ? &tn : &tl;
+        t.checked += f->checked, t.declined += f->declined;
+        if (f->mismatches && !t.mismatches)
+            memcpy(t.first, f->first, sizeof t.first);
+        t.mismatches += f->mismatches;
+    }
     assert_ok(ndm_manager_close(tg.m));
     printf("[ conformance ] cuda:0 families: ew %s, reduce %s\n", b->ew ? "yes" : "declined",
            b->reduce ? "yes" : "declined");

@@ -626,9 +626,9 @@ extern "C" const ndm__backend ndm__cuda_backend = {
     .peer_copy = cuda_peer_copy,
     .ew = NULL,
     .reduce = NULL,
-    .linalg = NULL,
+    .linalg = &ndm__cuda_linalg,
     .index = NULL,
-    .nn = NULL,
+    .nn = &ndm__cuda_nn,
     .random = NULL,
     .test = &cuda_test,
 };

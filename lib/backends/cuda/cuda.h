@@ -32,6 +32,10 @@ int ndm__cuda_count(void);
 
 extern const ndm__backend ndm__cuda_backend;
 
+/* Families (linalg.cu, nn.cu). */
+extern const struct ndm__backend_linalg ndm__cuda_linalg;
+extern const struct ndm__backend_nn ndm__cuda_nn;
+
 #ifdef __cplusplus
 }
 #endif
