@@ -699,17 +699,20 @@ static void linalg_forward(const target *tg, rng *r, tally *t)
 {
     static const ndm_dtype dts[] = {NDM_F32, NDM_F64, NDM_I64};
     enum { LM_PLAIN, LM_MATRIX, LM_TRANSPOSED, LM_STEPPED, LM_BCAST_B, LM_BCAST_LOOP,
-           LM_EMPTY, LM_K0, LM_COUNT };
+           LM_EMPTY, LM_K0, LM_TILES, LM_COUNT };
     static const char *const what[LM_COUNT] = {
         "batched", "one matrix", "every operand transposed", "steps and a reversed axis",
         "b broadcast over the batch", "batch axes that do not collapse", "empty batch",
-        "k = 0"};
+        "k = 0", "sizes past one tile"};
     static const layout lay[LM_COUNT] = {L_CONTIGUOUS, L_CONTIGUOUS, L_TRANSPOSED, L_STEPPED,
-                                         L_BROADCAST, L_BROADCAST, L_EMPTY, L_EMPTY};
+                                         L_BROADCAST, L_BROADCAST, L_EMPTY, L_EMPTY,
+                                         L_CONTIGUOUS};
     for (int di = 0; di < 3; di++) {
         ndm_dtype dt = dts[di];
         for (int l = 0; l < LM_COUNT; l++) {
             int64_t bt = l == LM_EMPTY ? 0 : 3, m = 4, k = l == LM_K0 ? 0 : 5, n = 6;
+            if (l == LM_TILES) /* ragged tiles of 16 on every axis */
+                bt = 2, m = 19, k = 37, n = 21;
             /* 3-d: (batch, rows, cols); the non-collapsing batch is (2, 3) */
             int nd = l == LM_MATRIX ? 2 : l == LM_BCAST_LOOP ? 4 : 3;
             int64_t sc[4], sa[4], sb[4];
@@ -870,6 +873,7 @@ static void nn_forward(const target *tg, rng *r, tally *t)
         {3, 3, 5, 5, 4, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 1}, true},
         {2, 3, 4, 4, 5, 1, 1, {{1, 1}, {0, 0}, {1, 1}, 1}, true},
         {0, 3, 4, 4, 5, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 1}, true}, /* empty batch */
+        {2, 4, 12, 12, 8, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 1}, true}, /* a few grid strides */
     };
     for (int di = 0; di < 2; di++) {
         ndm_dtype dt = dts[di];
@@ -923,6 +927,7 @@ static void nn_forward(const target *tg, rng *r, tally *t)
         {2, 3, 7, 6, {{3, 3}, {2, 1}, {1, 1}, false, false}},
         {2, 2, 5, 7, {{2, 3}, {2, 1}, {1, 1}, false, true}},
         {0, 2, 5, 7, {{2, 2}, {2, 2}, {0, 0}, true, false}}, /* empty batch */
+        {2, 4, 21, 20, {{3, 3}, {2, 2}, {1, 1}, true, false}}, /* a few grid strides */
     };
     for (int di = 0; di < 2; di++) {
         ndm_dtype dt = dts[di];
