@@ -103,8 +103,9 @@ typedef struct conv_plan {
 } conv_plan;
 
 /* The column matrix of this many bytes at most, unless one sample needs
- * more: larger chunks only save launches. */
-#define NDM__CONV_COL_CAP ((size_t)128 << 20)
+ * more. Past a few thousand columns per product, larger chunks only save
+ * launches, while the workspace adds to the device's peak memory. */
+#define NDM__CONV_COL_CAP ((size_t)32 << 20)
 
 static conv_plan conv_plan_of(conv_kind kind, const ndm__tensor *y, const ndm__tensor *x,
                               const ndm__tensor *w, const ndm__conv2d_geom *g)
