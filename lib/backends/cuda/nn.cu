@@ -105,7 +105,13 @@ typedef struct conv_plan {
 /* The column matrix of this many bytes at most, unless one sample needs
  * more. Past a few thousand columns per product, larger chunks only save
  * launches, while the workspace adds to the device's peak memory. */
+#ifdef NDM__CUDA_HOST_EXEC
+/* Host execution: a few kilobytes, so that the tests' small convolutions
+ * run in chunks of one and two samples, a partial last one included. */
+#define NDM__CONV_COL_CAP ((size_t)6000)
+#else
 #define NDM__CONV_COL_CAP ((size_t)32 << 20)
+#endif
 
 static conv_plan conv_plan_of(conv_kind kind, const ndm__tensor *y, const ndm__tensor *x,
                               const ndm__tensor *w, const ndm__conv2d_geom *g)
