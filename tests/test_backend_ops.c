@@ -1,6 +1,6 @@
 /* The conformance suite: every operation of the operation lists
- * (lib/backends/ew.h, reduce.h) and of the random family x dtype x layout, on every backend and every
- * (lib/backends/ew.h, reduce.h, index.h) x dtype x layout, on every backend and every
+ * (lib/backends/ew.h, reduce.h) and of the random, index, linalg and nn
+ * families x dtype x layout, on every backend and every
  * CPU instruction-set table this CPU runs, against the CPU reference kernels;
  * forward at the kernel level, backward through the public API and autograd.
  * A new operation in a list is picked up here with no edit. */
@@ -15,6 +15,8 @@
 #include "../lib/backends/registry.h"
 #include "../lib/backends/ew.h"
 #include "../lib/backends/random.h"
+#include "../lib/backends/linalg.h"
+#include "../lib/backends/nn.h"
 #include "../lib/backends/reduce.h"
 #include "../lib/backends/index.h"
 #include "../lib/manager/core.h"
@@ -165,6 +167,11 @@ static void fill_exact(void *buf, ndm_dtype t, int64_t n, rng *r)
     static const double vals[] = {0.5, 1, 2, -0.5, -1, -2};
     for (int64_t i = 0; i < n; i++)
         host_set(buf, t, i, rnext(r) % 3000 == 0 ? NAN : vals[rnext(r) % 6]);
+/* n random finite elements of float dtype t. */
+static void fill_finite(void *buf, ndm_dtype t, int64_t n, rng *r)
+{
+    for (int64_t i = 0; i < n; i++)
+        host_set(buf, t, i, runif(r, -3, 3));
 }
 
 /* ---- layouts ------------------------------------------------------------------
@@ -311,6 +318,7 @@ typedef struct fcase {
     double tol;
     unsigned char fill[MAX_OPS];
     int64_t lo[MAX_OPS], hi[MAX_OPS];
+    bool finite; /* inputs without infinities and NaN */
 } fcase;
 
 typedef struct tally {
@@ -338,6 +346,8 @@ static void host_make(const fcase *c, hostops *h, rng *r)
             fill_index(h->buf[k], c->dt[k], c->v[k].count, c->lo[k], c->hi[k], r);
         else if (c->fill[k] == FILL_EXACT && is_float(c->dt[k]))
             fill_exact(h->buf[k], c->dt[k], c->v[k].count, r);
+        else if (c->finite)
+            fill_finite(h->buf[k], c->dt[k], c->v[k].count, r);
         else
             fill_random(h->buf[k], c->dt[k], c->v[k].count, r);
     }
@@ -1104,6 +1114,339 @@ static void random_forward(const target *tg, rng *r, tally *t)
     }
 }
 
+/* ---- linear algebra and convolution ------------------------------------------
+ * Batched matmul and the nn family (convolution, pooling, their gradients)
+ * on operands of up to four axes. Each case names its layout; the sizes are
+ * small and odd so that tiles and batches have ragged edges. */
+
+/* A C-contiguous view of `shape` (count elements). */
+static view dense_view(int nd, const int64_t *shape)
+{
+    view v = {nd, {0}, {0}, 0, 1};
+    for (int i = nd - 1; i >= 0; i--) {
+        v.shape[i] = shape[i];
+        v.strides[i] = v.count;
+        v.count *= shape[i];
+    }
+    return v;
+}
+
+/* `shape` seen through a buffer laid out in the axis order `perm` (perm[0]
+ * outermost): a transposed or channels-last operand. */
+static view permuted_view(int nd, const int64_t *shape, const int *perm)
+{
+    view v = {nd, {0}, {0}, 0, 1};
+    for (int i = nd - 1; i >= 0; i--) {
+        v.shape[perm[i]] = shape[perm[i]];
+        v.strides[perm[i]] = v.count;
+        v.count *= shape[perm[i]];
+    }
+    return v;
+}
+
+/* `shape` with the last axis reversed and every stride doubled: a step on
+ * every axis, a negative one on the last. */
+static view stepped_view(int nd, const int64_t *shape)
+{
+    view v = dense_view(nd, shape);
+    for (int i = 0; i < nd; i++)
+        v.strides[i] *= 2;
+    v.strides[nd - 1] = -v.strides[nd - 1];
+    v.offset = (shape[nd - 1] - 1) * 2;
+    v.count = 2 * v.count;
+    if (v.count == 0)
+        v.offset = 0;
+    return v;
+}
+
+/* `shape` with axis `axis` broadcast (stride 0). */
+static view bcast_view(int nd, const int64_t *shape, int axis)
+{
+    int64_t one[4];
+    memcpy(one, shape, (size_t)nd * sizeof *one);
+    one[axis] = 1;
+    view v = dense_view(nd, one);
+    v.shape[axis] = shape[axis];
+    v.strides[axis] = 0;
+    return v;
+}
+
+static ndm_status run_matmul(const ndm__backend *b, int device, const fcase *c,
+                             const ndm__tensor *t, const void *ctx)
+{
+    (void)c, (void)ctx;
+    if (!b->linalg)
+        return NDM_E_UNSUPPORTED;
+    return b->linalg->matmul(device, &t[0], &t[1], &t[2]);
+}
+
+static void linalg_forward(const target *tg, rng *r, tally *t)
+{
+    static const ndm_dtype dts[] = {NDM_F32, NDM_F64, NDM_I64};
+    enum { LM_PLAIN, LM_MATRIX, LM_TRANSPOSED, LM_STEPPED, LM_BCAST_B, LM_BCAST_LOOP,
+           LM_EMPTY, LM_K0, LM_TILES, LM_COUNT };
+    static const char *const what[LM_COUNT] = {
+        "batched", "one matrix", "every operand transposed", "steps and a reversed axis",
+        "b broadcast over the batch", "batch axes that do not collapse", "empty batch",
+        "k = 0", "sizes past one tile"};
+    static const layout lay[LM_COUNT] = {L_CONTIGUOUS, L_CONTIGUOUS, L_TRANSPOSED, L_STEPPED,
+                                         L_BROADCAST, L_BROADCAST, L_EMPTY, L_EMPTY,
+                                         L_CONTIGUOUS};
+    for (int di = 0; di < 3; di++) {
+        ndm_dtype dt = dts[di];
+        for (int l = 0; l < LM_COUNT; l++) {
+            int64_t bt = l == LM_EMPTY ? 0 : 3, m = 4, k = l == LM_K0 ? 0 : 5, n = 6;
+            if (l == LM_TILES) /* ragged tiles of 16 on every axis */
+                bt = 2, m = 19, k = 37, n = 21;
+            /* 3-d: (batch, rows, cols); the non-collapsing batch is (2, 3) */
+            int nd = l == LM_MATRIX ? 2 : l == LM_BCAST_LOOP ? 4 : 3;
+            int64_t sc[4], sa[4], sb[4];
+            int q = 0;
+            if (nd == 4)
+                sc[q] = sa[q] = sb[q] = 2, q++;
+            if (nd >= 3)
+                sc[q] = sa[q] = sb[q] = bt, q++;
+            sc[q] = sa[q] = m, sb[q] = k, q++;
+            sc[q] = sb[q] = n, sa[q] = k;
+            fcase c = {.op = "matmul", .l = lay[l], .nops = 3, .tol = 1e-5};
+            snprintf(c.dtypes, sizeof c.dtypes, "%s, %s", ndm_dtype_name(dt), what[l]);
+            c.dt[0] = c.dt[1] = c.dt[2] = dt;
+            c.v[0] = dense_view(nd, sc), c.v[1] = dense_view(nd, sa), c.v[2] = dense_view(nd, sb);
+            if (l == LM_TRANSPOSED) {
+                int perm[3] = {0, 2, 1};
+                c.v[0] = permuted_view(nd, sc, perm);
+                c.v[1] = permuted_view(nd, sa, perm);
+                c.v[2] = permuted_view(nd, sb, perm);
+            } else if (l == LM_STEPPED) {
+                c.v[1] = stepped_view(nd, sa);
+                int perm[3] = {0, 2, 1};
+                c.v[2] = permuted_view(nd, sb, perm);
+                c.v[2].strides[0] *= 2, c.v[2].strides[1] *= 3, c.v[2].strides[2] *= 2;
+                c.v[2].count *= 6;
+            } else if (l == LM_BCAST_B) {
+                c.v[2] = bcast_view(nd, sb, 0); /* one b for every batch */
+            } else if (l == LM_BCAST_LOOP) {
+                c.v[1] = bcast_view(nd, sa, 0);
+            }
+            run_case(tg, &c, run_matmul, NULL, r, 100, t);
+        }
+    }
+}
+
+/* ---- nn ---- */
+
+typedef enum nn_op { NN_CONV, NN_CONV_INPUT, NN_CONV_WEIGHT, NN_POOL, NN_POOL_BWD } nn_op;
+
+typedef struct nn_ctx {
+    nn_op op;
+    ndm__conv2d_geom cg;
+    ndm__pool2d_geom pg;
+    bool bias;
+    const target *tg; /* for the workspace on the target's device */
+} nn_ctx;
+
+/* The workspace a member asks for, on the device that runs it. */
+static ndm_status with_workspace(const ndm__backend *b, const nn_ctx *x, size_t bytes,
+                                 void **ws, dbuf *d)
+{
+    *ws = NULL;
+    d->h = NDM_NULL_ARRAY, d->p = NULL;
+    if (!bytes)
+        return NDM_OK;
+    if (b == &ndm__cpu_ref_backend || x->tg->dev.type == NDM_DEVICE_CPU) {
+        d->p = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+        if (!d->p)
+            return NDM_E_OOM;
+    } else if (!dbuf_get(x->tg, d, bytes)) {
+        return NDM_E_OOM;
+    }
+    *ws = d->p;
+    return NDM_OK;
+}
+
+static ndm_status run_nn(const ndm__backend *b, int device, const fcase *c, const ndm__tensor *t,
+                         const void *ctx)
+{
+    (void)c;
+    const nn_ctx *x = ctx;
+    if (!b->nn)
+        return NDM_E_UNSUPPORTED;
+    const struct ndm__backend_nn *nn = b->nn;
+    size_t bytes = 0;
+    void *ws;
+    dbuf d;
+    ndm_status st;
+    switch (x->op) {
+    case NN_CONV:
+        bytes = nn->conv2d_workspace(device, &t[0], &t[1], &t[2], &x->cg);
+        if ((st = with_workspace(b, x, bytes, &ws, &d)) < 0)
+            return st;
+        st = nn->conv2d(device, &t[0], &t[1], &t[2], x->bias ? &t[3] : NULL, &x->cg, ws);
+        break;
+    case NN_CONV_INPUT:
+        if (!nn->conv2d_backward_input)
+            return NDM_E_UNSUPPORTED;
+        bytes = nn->conv2d_backward_input_workspace
+                    ? nn->conv2d_backward_input_workspace(device, &t[0], &t[1], &t[2], &x->cg)
+                    : 0;
+        if ((st = with_workspace(b, x, bytes, &ws, &d)) < 0)
+            return st;
+        st = nn->conv2d_backward_input(device, &t[0], &t[1], &t[2], &x->cg, ws, bytes);
+        break;
+    case NN_CONV_WEIGHT:
+        if (!nn->conv2d_backward_weight)
+            return NDM_E_UNSUPPORTED;
+        bytes = nn->conv2d_backward_weight_workspace
+                    ? nn->conv2d_backward_weight_workspace(device, &t[0], &t[1], &t[2], &x->cg)
+                    : 0;
+        if ((st = with_workspace(b, x, bytes, &ws, &d)) < 0)
+            return st;
+        st = nn->conv2d_backward_weight(device, &t[0], &t[1], &t[2], &x->cg, ws, bytes);
+        break;
+    case NN_POOL:
+        return nn->pool2d(device, &t[0], &t[1], &x->pg);
+    default:
+        if (!nn->pool2d_backward)
+            return NDM_E_UNSUPPORTED;
+        return nn->pool2d_backward(device, &t[0], &t[1], x->pg.max ? &t[2] : NULL, &x->pg);
+    }
+    if (d.h.id) {
+        /* the kernels are queued: the buffer goes when they are done */
+        if (st >= 0 && x->tg->b->sync)
+            st = x->tg->b->sync(x->tg->dev.index);
+        dbuf_put(&d);
+    } else {
+        free(d.p);
+    }
+    return st;
+}
+
+/* The layouts of a 4-d input operand; a weight's channels-last is its
+ * output channels last (NL_O_LAST), which gemm reads as a transpose. */
+enum { NL_CONTIGUOUS, NL_CHANNELS_LAST, NL_STEPPED, NL_BROADCAST, NL_COUNT, NL_O_LAST };
+static const layout nn_lay[NL_COUNT] = {L_CONTIGUOUS, L_TRANSPOSED, L_STEPPED, L_BROADCAST};
+static const char *const nn_what[NL_COUNT] = {"", ", channels last", ", steps, reversed W",
+                                              ", broadcast"};
+
+static view nn_view(int l, const int64_t *shape)
+{
+    static const int nhwc[4] = {0, 2, 3, 1};
+    switch (l) {
+    case NL_CHANNELS_LAST: return permuted_view(4, shape, nhwc);
+    case NL_O_LAST: {
+        static const int olast[4] = {1, 2, 3, 0};
+        return permuted_view(4, shape, olast);
+    }
+    case NL_STEPPED: return stepped_view(4, shape);
+    case NL_BROADCAST: return bcast_view(4, shape, 0);
+    default: return dense_view(4, shape);
+    }
+}
+
+typedef struct conv_shape {
+    int64_t n, c, h, w, o, kh, kw;
+    ndm__conv2d_geom g;
+    bool bias;
+} conv_shape;
+
+static void nn_forward(const target *tg, rng *r, tally *t)
+{
+    static const ndm_dtype dts[] = {NDM_F32, NDM_F64};
+    static const conv_shape convs[] = {
+        /* groups, stride, padding and dilation, all unequal across H and W */
+        {2, 4, 7, 6, 6, 3, 2, {{2, 1}, {1, 1}, {1, 2}, 2}, false},
+        {3, 3, 5, 5, 4, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 1}, true},
+        {2, 3, 4, 4, 5, 1, 1, {{1, 1}, {0, 0}, {1, 1}, 1}, true},
+        {0, 3, 4, 4, 5, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 1}, true}, /* empty batch */
+        {2, 4, 12, 12, 8, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 1}, true}, /* a few grid strides */
+    };
+    for (int di = 0; di < 2; di++) {
+        ndm_dtype dt = dts[di];
+        for (size_t ci = 0; ci < sizeof convs / sizeof *convs; ci++) {
+            const conv_shape *s = &convs[ci];
+            const ndm__conv2d_geom *g = &s->g;
+            int64_t oh = (s->h + 2 * g->padding[0] - g->dilation[0] * (s->kh - 1) - 1) / g->stride[0] + 1;
+            int64_t ow = (s->w + 2 * g->padding[1] - g->dilation[1] * (s->kw - 1) - 1) / g->stride[1] + 1;
+            int64_t xs[4] = {s->n, s->c, s->h, s->w}, ws[4] = {s->o, s->c / g->groups, s->kh, s->kw};
+            int64_t ys[4] = {s->n, s->o, oh, ow}, bs[1] = {s->o};
+            for (int op = NN_CONV; op <= NN_CONV_WEIGHT; op++)
+                for (int l = 0; l < NL_COUNT; l++) {
+                    if (s->n == 0 && l != NL_CONTIGUOUS)
+                        continue;
+                    nn_ctx x = {.op = (nn_op)op, .cg = *g, .bias = s->bias && op == NN_CONV, .tg = tg};
+                    static const char *const names[3] = {"conv2d", "conv2d_backward_input",
+                                                         "conv2d_backward_weight"};
+                    fcase c = {.op = names[op], .l = s->n == 0 ? L_EMPTY : nn_lay[l],
+                               .nops = x.bias ? 4 : 3, .tol = 1e-4, .finite = true};
+                    snprintf(c.dtypes, sizeof c.dtypes, "%s, shape %zu%s%s", ndm_dtype_name(dt),
+                             ci, x.bias ? ", bias" : "", nn_what[l]);
+                    c.dt[0] = c.dt[1] = c.dt[2] = c.dt[3] = dt;
+                    if (op == NN_CONV) {
+                        /* the layout applies to x and w (and a stepped bias) */
+                        c.v[0] = dense_view(4, ys), c.v[1] = nn_view(l, xs);
+                        c.v[2] = nn_view(l == NL_BROADCAST ? NL_CONTIGUOUS : l == NL_CHANNELS_LAST ? NL_O_LAST : l, ws);
+                        c.v[3] = dense_view(1, bs);
+                        if (l == NL_STEPPED)
+                            c.v[3].strides[0] = -3, c.v[3].offset = 3 * (s->o - 1),
+                            c.v[3].count = 3 * s->o;
+                    } else if (op == NN_CONV_INPUT) {
+                        c.v[0] = dense_view(4, xs), c.v[1] = nn_view(l, ys);
+                        c.v[2] = nn_view(l == NL_BROADCAST ? NL_CONTIGUOUS : l == NL_CHANNELS_LAST ? NL_O_LAST : l, ws);
+                    } else {
+                        c.v[0] = dense_view(4, ws), c.v[1] = nn_view(l, ys);
+                        c.v[2] = nn_view(l == NL_BROADCAST ? NL_CONTIGUOUS : l, xs);
+                    }
+                    run_case(tg, &c, run_nn, &x, r, 1000, t);
+                }
+        }
+    }
+    /* pooling: the inputs include NaN and infinities (the max's rules) */
+    static const struct {
+        int64_t n, c, h, w;
+        ndm__pool2d_geom g;
+    } pools[] = {
+        {2, 3, 7, 6, {{3, 3}, {2, 2}, {1, 1}, true, false}},  /* overlapping, padded */
+        {2, 2, 6, 6, {{2, 2}, {2, 2}, {0, 0}, true, false}},
+        {2, 3, 7, 5, {{3, 2}, {1, 2}, {1, 1}, true, false}},
+        {2, 3, 7, 6, {{3, 3}, {1, 1}, {1, 1}, false, true}},
+        {2, 3, 7, 6, {{3, 3}, {2, 1}, {1, 1}, false, false}},
+        {2, 2, 5, 7, {{2, 3}, {2, 1}, {1, 1}, false, true}},
+        {0, 2, 5, 7, {{2, 2}, {2, 2}, {0, 0}, true, false}}, /* empty batch */
+        {2, 4, 21, 20, {{3, 3}, {2, 2}, {1, 1}, true, false}}, /* a few grid strides */
+    };
+    for (int di = 0; di < 2; di++) {
+        ndm_dtype dt = dts[di];
+        for (size_t pi = 0; pi < sizeof pools / sizeof *pools; pi++) {
+            const ndm__pool2d_geom *g = &pools[pi].g;
+            int64_t xs[4] = {pools[pi].n, pools[pi].c, pools[pi].h, pools[pi].w};
+            int64_t ys[4] = {xs[0], xs[1], (xs[2] + 2 * g->padding[0] - g->kernel[0]) / g->stride[0] + 1,
+                             (xs[3] + 2 * g->padding[1] - g->kernel[1]) / g->stride[1] + 1};
+            for (int op = NN_POOL; op <= NN_POOL_BWD; op++)
+                for (int l = 0; l < NL_COUNT; l++) {
+                    if (xs[0] == 0 && l != NL_CONTIGUOUS)
+                        continue;
+                    nn_ctx x = {.op = (nn_op)op, .pg = *g, .tg = tg};
+                    const char *kind = g->max ? "max" : g->count_include_pad ? "avg, padding counted" : "avg";
+                    fcase c = {.op = op == NN_POOL ? "pool2d" : "pool2d_backward",
+                               .l = xs[0] == 0 ? L_EMPTY : nn_lay[l], .tol = 0};
+                    snprintf(c.dtypes, sizeof c.dtypes, "%s, %s, shape %zu%s", ndm_dtype_name(dt),
+                             kind, pi, nn_what[l]);
+                    c.dt[0] = c.dt[1] = c.dt[2] = dt;
+                    if (op == NN_POOL) {
+                        c.nops = 2;
+                        c.v[0] = dense_view(4, ys), c.v[1] = nn_view(l, xs);
+                    } else {
+                        /* dy in the layout; the forward's input in another */
+                        c.nops = g->max ? 3 : 2;
+                        c.v[0] = dense_view(4, xs), c.v[1] = nn_view(l, ys);
+                        c.v[2] = nn_view(l == NL_STEPPED ? NL_CHANNELS_LAST : NL_STEPPED, xs);
+                    }
+                    run_case(tg, &c, run_nn, &x, r, 1, t);
+                }
+        }
+    }
+}
+
 /* ---- the suite -------------------------------------------------------------- */
 
 static void report(const char *what, const tally *t)
@@ -1135,6 +1478,8 @@ static void test_backend_ops_cpu_tables_match_reference(void **state)
         reduce_forward(&tg, &r, &t);
         random_forward(&tg, &r, &t);
         index_forward(&tg, &r, &t);
+        linalg_forward(&tg, &r, &t);
+        nn_forward(&tg, &r, &t);
         printf("[ conformance ] %s: %ld cases checked\n", tg.name, t.checked);
         all.checked += t.checked;
         all.declined += t.declined;
@@ -1150,8 +1495,10 @@ static void test_backend_ops_cpu_tables_match_reference(void **state)
     report("cpu, every instruction-set table", &all);
 }
 
-/* CUDA, when a device is there: the same cases, uploaded, run, downloaded.
- * A family the CUDA table lacks counts as declined. */
+/* CUDA, when a device is there (a GPU, or "cuda (host execution)" when
+ * NDM_BACKEND_PATH names the host stand-in's module): the same cases,
+ * uploaded, run, downloaded. The CUDA module provides every family whole:
+ * nothing is declined. */
 static void test_backend_ops_cuda_matches_reference(void **state)
 {
     int n = ndm_cuda_device_count();
@@ -1163,42 +1510,32 @@ static void test_backend_ops_cuda_matches_reference(void **state)
     }
     target tg = {.b = b, .dev = {NDM_DEVICE_CUDA, 0}};
     snprintf(tg.name, sizeof tg.name, "cuda:0");
-    /* which device ran the cases: a GPU, or "cuda (host execution)" */
     ndm__device_props props;
     assert_ok(b->device_props(0, &props));
     printf("[ conformance ] cuda:0 is %s\n", props.name);
     tg.m = ndm_manager_new_on(ROOT(state), "cuda", tg.dev);
     assert_true(tg.m.id != 0);
     rng r = {7};
-    tally t = {0}, ri = {0};
-    ew_forward(&tg, &r, &t);
-    long declined_ew = t.declined;
-    reduce_forward(&tg, &r, &t);
-    long before_random = t.declined;
-    random_forward(&tg, &r, &t);
+    static const char *const names[] = {"ew", "reduce", "random", "index", "linalg", "nn"};
+    void (*const families[])(const target *, rng *, tally *) = {
+        ew_forward, reduce_forward, random_forward, index_forward, linalg_forward, nn_forward};
+    tally t = {0};
+    for (int i = 0; i < 6; i++) {
+        tally f = {0};
+        families[i](&tg, &r, &f);
+        printf("[ conformance ] cuda:0 (%s) %s: %ld (op, dtype, layout) cases checked, "
+               "%ld declined\n",
+               props.name, names[i], f.checked, f.declined);
+        assert_true(f.checked > 0);
+        t.checked += f.checked;
+        t.declined += f.declined;
+        if (f.mismatches && !t.mismatches)
+            memcpy(t.first, f.first, sizeof t.first);
+        t.mismatches += f.mismatches;
+    }
     assert_ok(ndm_manager_close(tg.m));
-    /* the CUDA module provides the elementwise and random families whole */
-    assert_int_equal(declined_ew, 0);
-    assert_int_equal(t.declined, before_random);
-    printf("[ conformance ] cuda:0 families: ew %s, reduce %s, random %s\n",
-           b->ew ? "yes" : "declined", b->reduce ? "yes" : "declined",
-           b->random ? "yes" : "declined");
-    /* the families this module provides in full: nothing of them is declined */
-    reduce_forward(&tg, &r, &ri);
-    index_forward(&tg, &r, &ri);
-    printf("[ conformance ] cuda:0 reduce and index: %ld cases checked, %ld declined\n",
-           ri.checked, ri.declined);
-    t.checked += ri.checked;
-    t.declined += ri.declined;
-    if (ri.mismatches && !t.mismatches)
-        memcpy(t.first, ri.first, sizeof t.first);
-    t.mismatches += ri.mismatches;
-    assert_ok(ndm_manager_close(tg.m));
-    printf("[ conformance ] cuda:0 families: ew %s, reduce %s, index %s\n",
-           b->ew ? "yes" : "declined", b->reduce ? "yes" : "declined",
-           b->index ? "yes" : "declined");
     report("cuda:0", &t);
-    assert_int_equal(ri.declined, 0);
+    assert_int_equal(t.declined, 0);
 }
 
 /* ---- backward ------------------------------------------------------------------

@@ -1182,6 +1182,162 @@ static void test_cuda_autograd_through_reductions_and_index(void **state)
     }
 }
 
+/* ---- convolution, pooling and matmul through the API ----------------------- */
+
+/* A small convolutional net's forward and its gradients, on the device of
+ * manager `m`: x (2, 3, 8, 8) through conv 3x3 (padding 1), max pool 2x2, a
+ * grouped conv 3x3, avg pool 3x3 (stride 1, padding 1), a flattening
+ * reshape and a matmul; the backward pass starts from a fixed gradient of
+ * the output. out and the gradients of x, w1, w2 and w3 come back as f64,
+ * in that order, each `len` long, into res. The forward with a bias (no
+ * gradient) comes back as the sixth. */
+enum { NET_PARTS = 6 };
+static const int64_t net_len[NET_PARTS] = {2 * 5, 2 * 3 * 8 * 8, 4 * 3 * 3 * 3, 6 * 2 * 3 * 3,
+                                           96 * 5, 2 * 4 * 8 * 8};
+
+static ndm_array net_param(ndm_manager model, ndm_device dev, ndm_dtype dt, int nd,
+                           const int64_t *shape, uint64_t seed)
+{
+    int64_t n = 1;
+    for (int i = 0; i < nd; i++)
+        n *= shape[i];
+    double *v = test_malloc((size_t)n * sizeof *v);
+    uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+    for (int64_t i = 0; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        v[i] = (double)(s >> 11) * 0x1p-53 * 2.0 - 1.0;
+    }
+    ndm_manager sc = ndm_scope_begin(model, "init");
+    ndm_array h = ndm_astype(ndm_from_buffer(sc, NDM_F64, v, nd, shape), dt);
+    ndm_array a = ndm_to_to(model, h, dev);
+    assert_live(a);
+    assert_ok(ndm_scope_end(sc, 0, NULL));
+    test_free(v);
+    return a;
+}
+
+static void net_read(ndm_array a, double *out, int64_t n)
+{
+    ndm_array d = ndm_astype(a, NDM_F64);
+    assert_live(d);
+    assert_int_equal(ndm_array_size(d), n);
+    assert_ok(ndm_array_copy_out(d, out, (size_t)n * sizeof *out));
+}
+
+/* The net's gradients by the public gradient functions, layer by layer
+ * (the chain rule written out), or by autograd (`tape`), whose accumulation
+ * into the parameters' gradients also needs the elementwise family. */
+static void net_run(ndm_manager root, ndm_device dev, ndm_dtype dt, bool tape, double **res)
+{
+    ndm_manager model = ndm_manager_new_on(root, "model", dev);
+    assert_live(model);
+    ndm_array x = net_param(model, dev, dt, 4, (const int64_t[]){2, 3, 8, 8}, 1);
+    ndm_array w1 = net_param(model, dev, dt, 4, (const int64_t[]){4, 3, 3, 3}, 2);
+    ndm_array w2 = net_param(model, dev, dt, 4, (const int64_t[]){6, 2, 3, 3}, 3);
+    ndm_array w3 = net_param(model, dev, dt, 2, (const int64_t[]){96, 5}, 4);
+    ndm_array b1 = net_param(model, dev, dt, 1, (const int64_t[]){4}, 5);
+    ndm_array g = net_param(model, dev, dt, 2, (const int64_t[]){2, 5}, 6);
+    ndm_array params[4] = {x, w1, w2, w3};
+    const ndm_conv2d_opts *c1 = NDM_CONV2D(.padding = {1, 1});
+    const ndm_conv2d_opts *c2 = NDM_CONV2D(.padding = {1, 1}, .groups = 2);
+    const ndm_pool2d_opts *p1 = NDM_POOL2D(.kernel = {2, 2});
+    const ndm_pool2d_opts *p2 = NDM_POOL2D(.kernel = {3, 3}, .stride = {1, 1}, .padding = {1, 1});
+    ndm_manager batch = ndm_manager_new(model, "batch");
+    if (tape) {
+        for (int i = 0; i < 4; i++)
+            assert_ok(ndm_requires_grad(params[i]));
+        assert_ok(ndm_grad_begin(batch));
+    }
+    ndm_manager s = ndm_scope_begin(batch, "forward");
+    ndm_array h1 = ndm_conv2d(x, w1, c1);
+    ndm_array q1 = ndm_max_pool2d(h1, p1);
+    ndm_array h2 = ndm_conv2d(q1, w2, c2);
+    ndm_array q2 = ndm_avg_pool2d(h2, true, p2);
+    ndm_array f = ndm_reshape(q2, NDM_SHAPE(2, 96));
+    ndm_array out = ndm_matmul(f, w3);
+    assert_live(out);
+    assert_int_equal(ndm_array_device(out).type, dev.type);
+    ndm_array grads[4];
+    if (tape) {
+        assert_ok(ndm_scope_end(s, 1, &out));
+        assert_ok(ndm_backward_with(out, g));
+        assert_ok(ndm_grad_end());
+        s = ndm_scope_begin(batch, "read");
+        for (int i = 0; i < 4; i++)
+            grads[i] = ndm_grad(params[i]);
+    } else {
+        /* matmul's gradients take the transposes as views */
+        grads[3] = ndm_matmul(ndm_transpose(f), g);
+        ndm_array dq2 = ndm_reshape(ndm_matmul(g, ndm_transpose(w3)), NDM_SHAPE(2, 6, 4, 4));
+        ndm_array dh2 = ndm_avg_pool2d_backward(dq2, true, p2, NDM_SHAPE(2, 6, 4, 4));
+        grads[2] = ndm_conv2d_backward_weight(dh2, q1, c2, NDM_SHAPE(6, 2, 3, 3));
+        ndm_array dq1 = ndm_conv2d_backward_input(dh2, w2, c2, NDM_SHAPE(2, 4, 4, 4));
+        ndm_array dh1 = ndm_max_pool2d_backward(dq1, h1, p1);
+        grads[1] = ndm_conv2d_backward_weight(dh1, x, c1, NDM_SHAPE(4, 3, 3, 3));
+        grads[0] = ndm_conv2d_backward_input(dh1, w1, c1, NDM_SHAPE(2, 3, 8, 8));
+    }
+    net_read(out, res[0], net_len[0]);
+    for (int i = 0; i < 4; i++) {
+        assert_live(grads[i]);
+        assert_int_equal(ndm_array_device(grads[i]).type, dev.type);
+        net_read(grads[i], res[1 + i], net_len[1 + i]);
+    }
+    net_read(ndm_conv2d_bias(x, w1, b1, c1), res[5], net_len[5]);
+    assert_ok(ndm_scope_end(s, 0, NULL));
+    assert_ok(ndm_manager_close(model));
+}
+
+static void net_compare(ndm_manager root, bool tape)
+{
+    static const char *const names[NET_PARTS] = {"output", "d x", "d w1", "d w2", "d w3",
+                                                 "conv2d with bias"};
+    static const ndm_dtype dts[2] = {NDM_F32, NDM_F64};
+    for (int d = 0; d < 2; d++) {
+        double *cpu[NET_PARTS], *gpu[NET_PARTS];
+        for (int i = 0; i < NET_PARTS; i++) {
+            cpu[i] = test_malloc((size_t)net_len[i] * sizeof(double));
+            gpu[i] = test_malloc((size_t)net_len[i] * sizeof(double));
+        }
+        net_run(root, NDM_CPU, dts[d], tape, cpu);
+        net_run(root, NDM_CUDA(0), dts[d], tape, gpu);
+        /* f32: cuBLAS sums in f32 in its own order, the CPU in another;
+         * relative to the largest element of each result */
+        double tol = dts[d] == NDM_F32 ? 2e-5 : 1e-12;
+        for (int i = 0; i < NET_PARTS; i++) {
+            double scale = 0;
+            for (int64_t k = 0; k < net_len[i]; k++)
+                scale = fmax(scale, fabs(cpu[i][k]));
+            assert_true(scale > 0); /* the gradient reached every operand */
+            for (int64_t k = 0; k < net_len[i]; k++)
+                if (!(fabs(gpu[i][k] - cpu[i][k]) <= tol * scale))
+                    fail_msg("%s (%s), element %lld: CUDA %.17g, CPU %.17g", names[i],
+                             ndm_dtype_short(dts[d]), (long long)k, gpu[i][k], cpu[i][k]);
+            test_free(cpu[i]);
+            test_free(gpu[i]);
+        }
+    }
+}
+
+/* Forward, then each layer's gradient by the public gradient functions. */
+static void test_cuda_conv_net_forward_and_backward_match_cpu(void **state)
+{
+    NEED_GPU();
+    net_compare(ROOT(state), false);
+}
+
+/* The same by autograd, which adds gradients into the parameters' with the
+ * elementwise family: skipped while the CUDA table lacks it. */
+static void test_cuda_conv_net_autograd_matches_cpu(void **state)
+{
+    NEED_GPU();
+    const ndm__backend *b = ndm__backend_for(NDM_DEVICE_CUDA);
+    if (!b || !b->ew) {
+        print_message("the CUDA backend has no elementwise family: skipped\n");
+        skip();
+    }
+    net_compare(ROOT(state), true);
+}
+
 int main(int argc, char **argv)
 {
     self_path = argc > 0 ? argv[0] : "test_cuda";
@@ -1215,6 +1371,8 @@ int main(int argc, char **argv)
         TEST(test_cuda_index_ops_match_cpu),
         TEST(test_cuda_take_out_of_range_index_fails_cleanly),
         TEST(test_cuda_autograd_through_reductions_and_index),
+        TEST(test_cuda_conv_net_forward_and_backward_match_cpu),
+        TEST(test_cuda_conv_net_autograd_matches_cpu),
     };
     return cmocka_run_group_tests_name("cuda", tests, NULL, NULL);
 }

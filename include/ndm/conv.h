@@ -23,6 +23,13 @@
  *
  * Thread rules: as for arrays; the CPU kernels split the batch over the
  * thread pool when it has enough samples.
+ *
+ * On a CUDA device, convolutions and their gradients unfold the input
+ * (im2col) into the scratch memory above, a bounded number of samples at a
+ * time, and multiply with cuBLAS (f32 in f32, never TF32): results agree
+ * with the CPU's to rounding. Pooling and its gradients compute each element
+ * in the CPU's order and arithmetic, so they equal the CPU's bit for bit;
+ * overlapping windows add up without atomics, so results are deterministic.
  */
 #ifndef NDM_CONV_H
 #define NDM_CONV_H

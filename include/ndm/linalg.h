@@ -10,6 +10,14 @@
  * one thread unless one of them is set). Without a provider, and for the
  * other dtypes, ndm's own blocked GEMM runs on the thread pool.
  *
+ * On a CUDA device, f32 and f64 products go through cuBLAS in its default
+ * math mode: an f32 product is computed in f32, never in TF32, so it agrees
+ * with the CPU's to f32 rounding (the order of the sums differs). Transposed
+ * views are gemm's transpose flags; batch axes that step evenly (a broadcast
+ * one included) are one strided-batched call; layouts cuBLAS cannot read
+ * (a reversed axis, a step on both matrix axes) are copied on the device
+ * first. Integer products run ndm's own kernel, wrapping as on the CPU.
+ *
  * Dtypes: the operands are promoted (ndm_result_type) and the result has
  * that dtype. f16 and bf16 compute in f32 and round once; bool, u8, i32 and
  * i64 accumulate in int64 and wrap to the result dtype as numpy does (a

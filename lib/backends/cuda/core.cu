@@ -626,9 +626,9 @@ extern "C" const ndm__backend ndm__cuda_backend = {
     .peer_copy = cuda_peer_copy,
     .ew = &ndm__cuda_ew,
     .reduce = &ndm__cuda_reduce,
-    .linalg = NULL,
+    .linalg = &ndm__cuda_linalg,
     .index = &ndm__cuda_index,
-    .nn = NULL,
+    .nn = &ndm__cuda_nn,
     .random = &ndm__cuda_random,
     .test = &cuda_test,
 };

@@ -38,6 +38,10 @@ extern const struct ndm__backend_random ndm__cuda_random;
 extern const struct ndm__backend_reduce ndm__cuda_reduce;
 extern const struct ndm__backend_index ndm__cuda_index;
 
+/* Families (linalg.cu, nn.cu). */
+extern const struct ndm__backend_linalg ndm__cuda_linalg;
+extern const struct ndm__backend_nn ndm__cuda_nn;
+
 #ifdef __cplusplus
 }
 #endif
