@@ -167,6 +167,8 @@ static void fill_exact(void *buf, ndm_dtype t, int64_t n, rng *r)
     static const double vals[] = {0.5, 1, 2, -0.5, -1, -2};
     for (int64_t i = 0; i < n; i++)
         host_set(buf, t, i, rnext(r) % 3000 == 0 ? NAN : vals[rnext(r) % 6]);
+}
+
 /* n random finite elements of float dtype t. */
 static void fill_finite(void *buf, ndm_dtype t, int64_t n, rng *r)
 {
@@ -811,6 +813,7 @@ static ndm_status run_index(const ndm__backend *b, int device, const fcase *c,
     return NDM_E_INVALID;
 }
 
+/* A C-contiguous view of `shape` (count elements). */
 static view dense_view(int ndim, const int64_t *shape)
 {
     view v = {ndim, {0}, {0}, 0, 1};
@@ -1118,18 +1121,6 @@ static void random_forward(const target *tg, rng *r, tally *t)
  * Batched matmul and the nn family (convolution, pooling, their gradients)
  * on operands of up to four axes. Each case names its layout; the sizes are
  * small and odd so that tiles and batches have ragged edges. */
-
-/* A C-contiguous view of `shape` (count elements). */
-static view dense_view(int nd, const int64_t *shape)
-{
-    view v = {nd, {0}, {0}, 0, 1};
-    for (int i = nd - 1; i >= 0; i--) {
-        v.shape[i] = shape[i];
-        v.strides[i] = v.count;
-        v.count *= shape[i];
-    }
-    return v;
-}
 
 /* `shape` seen through a buffer laid out in the axis order `perm` (perm[0]
  * outermost): a transposed or channels-last operand. */
