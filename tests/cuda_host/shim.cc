@@ -162,7 +162,25 @@ struct sched {
     }
 };
 
-thread_local sched S;
+/* Each OS thread's scheduler, made on first use. Its fibers are freed when
+ * the thread ends; a launch after that (from an exit handler) makes a new one. */
+struct sched_holder {
+    sched *p = nullptr;
+    ~sched_holder()
+    {
+        delete p;
+        p = nullptr;
+    }
+};
+thread_local sched_holder holder;
+
+inline sched &now()
+{
+    if (__builtin_expect(!holder.p, 0))
+        holder.p = new sched;
+    return *holder.p;
+}
+#define S (now())
 
 void fiber_entry();
 
