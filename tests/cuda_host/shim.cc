@@ -75,8 +75,8 @@ ndm__hx_switch:
 
 thread_local uint3 ndm__hx_threadIdx;
 thread_local uint3 ndm__hx_blockIdx;
-thread_local dim3 ndm__hx_blockDim;
-thread_local dim3 ndm__hx_gridDim;
+thread_local uint3 ndm__hx_blockDim;
+thread_local uint3 ndm__hx_gridDim;
 
 namespace {
 
@@ -442,8 +442,8 @@ bool ndm__hx::run_grid(dim3 grid, dim3 block, size_t shmem, void (*body)(void *)
             return false;
         }
     }
-    ndm__hx_gridDim = grid;
-    ndm__hx_blockDim = block;
+    ndm__hx_gridDim = uint3{grid.x, grid.y, grid.z};
+    ndm__hx_blockDim = uint3{block.x, block.y, block.z};
 #ifdef HX_TSAN
     S.tsan_main = __tsan_get_current_fiber();
 #endif

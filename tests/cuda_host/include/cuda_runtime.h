@@ -157,10 +157,13 @@ NDM__HX_EXPORT unsigned long long ndm__hx_parks(void);
 
 /* ---- device facilities ---------------------------------------------------------- */
 
+/* All four are uint3 (CUDA's blockDim and gridDim are dim3, which converts
+ * from it): a thread_local of a type with a constructor is reached through
+ * a wrapper function, slower, and which UBSan misreads as null. */
 extern thread_local uint3 ndm__hx_threadIdx;
 extern thread_local uint3 ndm__hx_blockIdx;
-extern thread_local dim3 ndm__hx_blockDim;
-extern thread_local dim3 ndm__hx_gridDim;
+extern thread_local uint3 ndm__hx_blockDim;
+extern thread_local uint3 ndm__hx_gridDim;
 #define threadIdx ndm__hx_threadIdx
 #define blockIdx ndm__hx_blockIdx
 #define blockDim ndm__hx_blockDim
