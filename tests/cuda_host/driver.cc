@@ -27,9 +27,11 @@ struct mapping {
 std::mutex lock;
 bool initialised;
 unsigned long long next_handle = 1;
-std::map<CUmemGenericAllocationHandle, physical> handles;
-std::map<CUdeviceptr, reservation> reserved;
-std::map<CUdeviceptr, mapping> mapped;
+/* Never destroyed (see runtime.cc). */
+std::map<CUmemGenericAllocationHandle, physical> &handles =
+    *new std::map<CUmemGenericAllocationHandle, physical>;
+std::map<CUdeviceptr, reservation> &reserved = *new std::map<CUdeviceptr, reservation>;
+std::map<CUdeviceptr, mapping> &mapped = *new std::map<CUdeviceptr, mapping>;
 
 bool inside_reservation(CUdeviceptr p, size_t n)
 {

@@ -106,8 +106,11 @@ struct region {
     int device;
     size_t charge; /* what it takes of the device's memory */
 };
+/* The runtime's tables are never destroyed: the library frees device memory
+ * from its own exit handlers, which may run after this module's static
+ * destructors would have. */
 static std::mutex mem_lock;
-static std::map<uintptr_t, region> regions; /* by start; they never overlap */
+static std::map<uintptr_t, region> &regions = *new std::map<uintptr_t, region>; /* by start */
 static size_t used[MAX_DEVICES];
 
 static std::map<uintptr_t, region>::iterator region_at(const void *p)
@@ -204,7 +207,7 @@ struct ndm__hx_event {
 namespace ndm__hx {
 
 static std::mutex streams_lock;
-static std::set<cudaStream_t> streams; /* every live stream, the defaults too */
+static std::set<cudaStream_t> &streams = *new std::set<cudaStream_t>; /* the defaults too */
 
 static void setup_streams()
 {
@@ -506,7 +509,8 @@ extern "C" cudaError_t cudaDeviceGetStreamPriorityRange(int *least, int *greates
 }
 
 static std::mutex func_lock;
-static std::unordered_map<const void *, size_t> func_shared;
+static std::unordered_map<const void *, size_t> &func_shared =
+    *new std::unordered_map<const void *, size_t>;
 
 size_t ndm__hx::dyn_shared_limit(const void *kernel)
 {
@@ -714,6 +718,19 @@ static cudaError_t check_kind(void *dst, const void *src, size_t n, cudaMemcpyKi
     return cudaSuccess;
 }
 
+static bool is_pinned_range(const void *p, size_t n)
+{
+    std::lock_guard<std::mutex> g(mem_lock);
+    auto it = region_at(p);
+    return it != regions.end() &&
+           (it->second.kind == R_PINNED || it->second.kind == R_REGISTERED) &&
+           (uintptr_t)p + n <= it->first + it->second.size;
+}
+
+/* Pageable host memory behaves as CUDA says it does: a copy from it is
+ * staged at the call (the caller may reuse its buffer at once), a copy into
+ * it returns when it has arrived (the stream's earlier work done). Pinned
+ * memory is used when the stream gets to the copy. */
 extern "C" cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind,
                                        cudaStream_t s)
 {
@@ -722,7 +739,14 @@ extern "C" cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cud
     cudaError_t e = check_kind(dst, src, n, kind);
     if (e != cudaSuccess)
         return e;
-    return submit(s, [=] { memmove(dst, src, n); });
+    if (kind == cudaMemcpyHostToDevice && !is_pinned_range(src, n)) {
+        auto staged = std::make_shared<std::vector<char>>((const char *)src, (const char *)src + n);
+        return submit(s, [=] { memcpy(dst, staged->data(), n); });
+    }
+    e = submit(s, [=] { memmove(dst, src, n); });
+    if (e == cudaSuccess && kind == cudaMemcpyDeviceToHost && !is_pinned_range(dst, n))
+        e = cudaStreamSynchronize(s);
+    return e;
 }
 
 extern "C" cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind)

@@ -73,10 +73,20 @@ ndm__hx_switch:
 #include <ucontext.h>
 #endif
 
-thread_local uint3 ndm__hx_threadIdx;
-thread_local uint3 ndm__hx_blockIdx;
-thread_local dim3 ndm__hx_blockDim;
-thread_local dim3 ndm__hx_gridDim;
+/* The running kernel thread's coordinates, as plain scalars per OS thread. */
+static thread_local unsigned t_idx[3], b_idx[3], b_dim[3], g_dim[3];
+
+static inline void put(unsigned *d, unsigned x, unsigned y, unsigned z)
+{
+    d[0] = x;
+    d[1] = y;
+    d[2] = z;
+}
+
+uint3 ndm__hx_thread_idx(void) { return uint3{t_idx[0], t_idx[1], t_idx[2]}; }
+uint3 ndm__hx_block_idx(void) { return uint3{b_idx[0], b_idx[1], b_idx[2]}; }
+uint3 ndm__hx_block_dim(void) { return uint3{b_dim[0], b_dim[1], b_dim[2]}; }
+uint3 ndm__hx_grid_dim(void) { return uint3{g_dim[0], g_dim[1], g_dim[2]}; }
 
 namespace {
 
@@ -162,7 +172,25 @@ struct sched {
     }
 };
 
-thread_local sched S;
+/* Each OS thread's scheduler, made on first use. Its fibers are freed when
+ * the thread ends; a launch after that (from an exit handler) makes a new one. */
+struct sched_holder {
+    sched *p = nullptr;
+    ~sched_holder()
+    {
+        delete p;
+        p = nullptr;
+    }
+};
+thread_local sched_holder holder;
+
+inline sched &now()
+{
+    if (__builtin_expect(!holder.p, 0))
+        holder.p = new sched;
+    return *holder.p;
+}
+#define S (now())
 
 void fiber_entry();
 
@@ -221,7 +249,7 @@ void to_fiber(fiber *f)
         init_fiber(f);
     S.cur = f;
     f->state = RUNNING;
-    ndm__hx_threadIdx = f->tid;
+    put(t_idx, f->tid.x, f->tid.y, f->tid.z);
 #ifdef HX_ASAN
     void *fake = nullptr;
     __sanitizer_start_switch_fiber(&fake, f->stack, STACK);
@@ -273,7 +301,7 @@ void fiber_entry()
                 f->tid.x = (unsigned)t % S.block.x;
                 f->tid.y = (unsigned)t / S.block.x % S.block.y;
                 f->tid.z = (unsigned)t / (S.block.x * S.block.y);
-                ndm__hx_threadIdx = f->tid;
+                put(t_idx, f->tid.x, f->tid.y, f->tid.z);
                 S.body(S.ctx);
                 S.live--;
             }
@@ -390,8 +418,8 @@ void __trap(void)
         fprintf(stderr, "host execution: __trap() outside a kernel\n");
         abort();
     }
-    fail_launch("__trap() in block (%u,%u,%u), thread (%u,%u,%u)", ndm__hx_blockIdx.x,
-                ndm__hx_blockIdx.y, ndm__hx_blockIdx.z, f->tid.x, f->tid.y, f->tid.z);
+    fail_launch("__trap() in block (%u,%u,%u), thread (%u,%u,%u)", b_idx[0], b_idx[1],
+                b_idx[2], f->tid.x, f->tid.y, f->tid.z);
     _longjmp(f->trap, 1);
 }
 
@@ -424,15 +452,15 @@ bool ndm__hx::run_grid(dim3 grid, dim3 block, size_t shmem, void (*body)(void *)
             return false;
         }
     }
-    ndm__hx_gridDim = grid;
-    ndm__hx_blockDim = block;
+    put(g_dim, grid.x, grid.y, grid.z);
+    put(b_dim, block.x, block.y, block.z);
 #ifdef HX_TSAN
     S.tsan_main = __tsan_get_current_fiber();
 #endif
     for (unsigned bz = 0; bz < grid.z && !S.failed; bz++)
         for (unsigned by = 0; by < grid.y && !S.failed; by++)
             for (unsigned bx = 0; bx < grid.x && !S.failed; bx++) {
-                ndm__hx_blockIdx = uint3{bx, by, bz};
+                put(b_idx, bx, by, bz);
                 S.next_start = 0;
                 S.live = S.nthreads;
                 S.block_bar = barrier();

@@ -539,6 +539,45 @@ static void test_stream_hold_queues_work_until_released(void **state)
     CHECK(cudaFree(buf));
 }
 
+static void test_stream_copies_treat_pinned_and_pageable_memory_as_cuda_does(void **state)
+{
+    (void)state;
+    CHECK(cudaSetDevice(DEV_OK));
+    int *d = dev_alloc<int>(2);
+    int *pinned = nullptr;
+    CHECK(cudaMallocHost((void **)&pinned, 2 * sizeof(int)));
+    int pageable[2] = {1, 1};
+    pinned[0] = pinned[1] = 1;
+    cudaStream_t s;
+    CHECK(cudaStreamCreate(&s));
+    ndm__hx_stream_hold(s, 1);
+    /* from pageable memory: staged at the call, the buffer is free again */
+    CHECK(cudaMemcpyAsync(d, pageable, sizeof(int), cudaMemcpyHostToDevice, s));
+    pageable[0] = 2;
+    /* from pinned memory: read when the stream gets there */
+    CHECK(cudaMemcpyAsync(d + 1, pinned, sizeof(int), cudaMemcpyHostToDevice, s));
+    pinned[0] = 2;
+    ndm__hx_stream_hold(s, 0);
+    int h[2];
+    CHECK(cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost));
+    assert_int_equal(h[0], 1);
+    assert_int_equal(h[1], 2);
+    /* into pinned memory: arrives with the stream; into pageable: at return */
+    ndm__hx_stream_hold(s, 1);
+    pinned[0] = pinned[1] = 0;
+    CHECK(cudaMemcpyAsync(pinned, d, sizeof h, cudaMemcpyDeviceToHost, s));
+    assert_int_equal(pinned[0], 0);
+    assert_int_equal(cudaStreamQuery(s), cudaErrorNotReady);
+    CHECK(cudaMemcpyAsync(pageable, d, sizeof h, cudaMemcpyDeviceToHost, s));
+    assert_int_equal(pageable[0], 1);
+    assert_int_equal(pinned[1], 2); /* the earlier copy ran first, in order */
+    CHECK(cudaStreamQuery(s));
+    ndm__hx_stream_hold(s, 0);
+    CHECK(cudaStreamDestroy(s));
+    CHECK(cudaFreeHost(pinned));
+    CHECK(cudaFree(d));
+}
+
 static void test_event_elapsed_time_needs_timing(void **state)
 {
     (void)state;
@@ -853,6 +892,7 @@ int main(void)
         cmocka_unit_test(test_shim_exited_lanes_at_a_shuffle_are_a_launch_failure),
         cmocka_unit_test(test_shim_trap_breaks_the_context),
         cmocka_unit_test(test_stream_hold_queues_work_until_released),
+        cmocka_unit_test(test_stream_copies_treat_pinned_and_pageable_memory_as_cuda_does),
         cmocka_unit_test(test_event_elapsed_time_needs_timing),
         cmocka_unit_test(test_memory_is_tracked_and_bounded),
         cmocka_unit_test(test_driver_vmm_grows_a_range_in_place),

@@ -157,14 +157,17 @@ NDM__HX_EXPORT unsigned long long ndm__hx_parks(void);
 
 /* ---- device facilities ---------------------------------------------------------- */
 
-extern thread_local uint3 ndm__hx_threadIdx;
-extern thread_local uint3 ndm__hx_blockIdx;
-extern thread_local dim3 ndm__hx_blockDim;
-extern thread_local dim3 ndm__hx_gridDim;
-#define threadIdx ndm__hx_threadIdx
-#define blockIdx ndm__hx_blockIdx
-#define blockDim ndm__hx_blockDim
-#define gridDim ndm__hx_gridDim
+/* Read through functions (values, not lvalues, as CUDA's are read-only):
+ * the shim switches fibers under the compiler's feet, and UBSan misreads a
+ * member of a thread_local struct reached from a fiber as a null access. */
+uint3 ndm__hx_thread_idx(void);
+uint3 ndm__hx_block_idx(void);
+uint3 ndm__hx_block_dim(void);
+uint3 ndm__hx_grid_dim(void);
+#define threadIdx (ndm__hx_thread_idx())
+#define blockIdx (ndm__hx_block_idx())
+#define blockDim (ndm__hx_block_dim())
+#define gridDim (ndm__hx_grid_dim())
 static constexpr int warpSize = 32;
 
 /* Barriers: a fiber switch when the thread must wait. */
