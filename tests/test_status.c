@@ -53,6 +53,7 @@ static void test_status_values_are_stable(void **state)
         NDM_E_OOM, -9, NDM_E_QUOTA, -10, NDM_E_CAPPED, -11, NDM_E_NOT_OWNER, -12,
         NDM_E_ROOT, -13, NDM_E_HOOK, -14, NDM_E_UNSUPPORTED, -15, NDM_E_IO, -16,
         NDM_E_FORMAT, -17, NDM_E_CONFIG, -18, NDM_E_INTERNAL, -19,
+        NDM_E_TIMEOUT, -20,
     };
     for (size_t i = 0; i < sizeof want / sizeof *want; i += 2)
         assert_int_equal(want[i], want[i + 1]);
