@@ -108,6 +108,10 @@ NDM_API ndm_status ndm_dist_finalize(void)
                              "unfinalized", group.nabandoned, 10 * group.timeout_s);
         free(group.abandoned);
         group.abandoned = NULL;
+        for (int i = 0; i < group.nkept; i++)
+            free(group.kept[i]);
+        free(group.kept);
+        group.kept = NULL;
         if (group.keep.id)
             (void)!ndm_manager_close(group.keep);
         group.broken = false;
@@ -217,35 +221,41 @@ ndm_status ndm__dist_agree(ndm__dist_group *g, ndm__dist_kind kind, int64_t arg,
                            const ndm__array *a, ndm_status local, const char *msg,
                            const char *api, ndm__site site)
 {
-    rec mine;
-    memset(&mine, 0, sizeof mine);
-    mine.status = local < 0 ? local : NDM_OK;
-    mine.kind = kind;
-    mine.arg = arg;
-    if (local < 0)
-        snprintf(mine.msg, sizeof mine.msg, "%s", msg ? msg : ndm_last_error());
-    if (a) {
-        mine.has_array = 1;
-        mine.dtype = a->dtype;
-        mine.ndim = a->ndim;
-        mine.dev_type = a->storage->device.type;
-        mine.dev_index = a->storage->device.index;
-        mine.numel = ndm__numel(a->ndim, a->shape);
-        for (int i = 0; i < a->ndim && i < REC_DIMS; i++)
-            mine.shape[i] = a->shape[i];
-    }
-    rec *all = malloc((size_t)g->size * sizeof *all);
+    /* one block for the ranks' records and ours: after a timeout MPI may
+     * still read ours and write theirs, so the block is then kept */
+    rec *all = calloc((size_t)g->size + 1, sizeof *all);
     if (!all)
         return ndm__fail(NDM_E_OOM, api, site, "no memory for %d agreement records", g->size);
+    rec *mine = all + g->size;
+    mine->status = local < 0 ? local : NDM_OK;
+    mine->kind = kind;
+    mine->arg = arg;
+    if (local < 0)
+        snprintf(mine->msg, sizeof mine->msg, "%s", msg ? msg : ndm_last_error());
+    if (a) {
+        mine->has_array = 1;
+        mine->dtype = a->dtype;
+        mine->ndim = a->ndim;
+        mine->dev_type = a->storage->device.type;
+        mine->dev_index = a->storage->device.index;
+        mine->numel = ndm__numel(a->ndim, a->shape);
+        for (int i = 0; i < a->ndim && i < REC_DIMS; i++)
+            mine->shape[i] = a->shape[i];
+    }
     MPI_Request req;
-    if (MPI_Iallgather(&mine, (int)sizeof mine, MPI_BYTE, all, (int)sizeof mine, MPI_BYTE, g->comm,
+    if (MPI_Iallgather(mine, (int)sizeof *mine, MPI_BYTE, all, (int)sizeof *mine, MPI_BYTE, g->comm,
                        &req) != MPI_SUCCESS) {
         free(all);
         return ndm__fail(NDM_E_IO, api, site, "MPI_Iallgather failed");
     }
     ndm_status st = ndm__dist_wait(g, &req, 1, NULL, 0, api, site);
     if (st < 0) {
-        /* MPI may still write the records: they stay allocated */
+        /* MPI may still use the records: they stay until the finalize */
+        void **k = realloc(g->kept, (size_t)(g->nkept + 1) * sizeof *k);
+        if (k) {
+            k[g->nkept++] = all;
+            g->kept = k;
+        }
         return st;
     }
     for (int r = 0; r < g->size && st == NDM_OK; r++)

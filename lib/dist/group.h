@@ -32,6 +32,8 @@ typedef struct ndm__dist_group {
     MPI_Request *abandoned;   /* the requests a timeout left behind */
     int nabandoned;
     ndm_manager keep;         /* "dist" under system: views of their buffers */
+    void **kept;              /* and the group's own buffers they use */
+    int nkept;
 } ndm__dist_group;
 
 ndm__dist_group *ndm__dist_group_get(const char *api, ndm__site site);
