@@ -287,6 +287,26 @@ static void test_collective_bad_arguments_fail_on_every_rank(void **state)
     assert_ok(ndm_array_release(a));
 }
 
+/* CUDA arrays go over NCCL, which waits for operations on CUDA arrays:
+ * every rank is told so, with no hang. The suite runs with the test
+ * stand-in for the CUDA module (host memory behind one CUDA device). */
+static void test_collective_on_cuda_arrays_is_unsupported_on_every_rank(void **state)
+{
+    ndm_manager gpu = ndm_manager_new_on(ROOT(state), "gpu", NDM_CUDA(0));
+    ndm_array a = gpu.id ? ndm_zeros(gpu, NDM_F32, 1, (int64_t[]){4}) : NDM_NULL_ARRAY;
+    /* every rank has the stand-in or none does: the same path everywhere */
+    if (!a.id) {
+        (void)!ndm_manager_close(gpu);
+        skip();
+    }
+    ndm_clear_error();
+    assert_status(ndm_all_reduce_(a, NDM_DIST_SUM), NDM_E_UNSUPPORTED);
+    assert_error_has("rank 0: ");
+    assert_error_has("NCCL");
+    assert_ok(ndm_manager_close(gpu));
+    assert_ok(ndm_dist_barrier());
+}
+
 /* ---- reports ---------------------------------------------------------------------------------- */
 
 static void test_dist_reports_gather_every_rank_with_its_prefix(void **state)
@@ -577,6 +597,7 @@ int main(void)
         TEST(test_collective_other_operation_fails_on_every_rank),
         TEST(test_failing_rank_fails_the_collective_with_its_message),
         TEST(test_collective_bad_arguments_fail_on_every_rank),
+        TEST(test_collective_on_cuda_arrays_is_unsupported_on_every_rank),
         TEST(test_dist_reports_gather_every_rank_with_its_prefix),
         TEST(test_loader_shards_every_example_once_per_epoch),
         TEST(test_ddp_matches_one_process_at_the_same_global_batch),
