@@ -157,11 +157,14 @@ typedef struct ndm_ddp_options {
 
 /** Wrap `net` and its optimizer `opt` (both owned by `model`) for
  *  data-parallel training. Collective: broadcasts every parameter and
- *  buffer of net from rank 0, then makes the gradient buckets, arrays
- *  "ddp.bucket<k>" in `model` (so call it before capping the model: they
- *  are made once and reused by every step, and show in ndm_debug_dump).
- *  Buckets follow the parameters in reverse order, where backward produces
- *  their gradients first, and group parameters of one dtype. Returns the
+ *  buffer of net from rank 0, then makes the gradient buckets: one array
+ *  per bucket (its gradients and a failure flag) in "ddp", a child manager
+ *  of `model`, made once and reused by every step, so they show in
+ *  ndm_debug_dump (call it before capping the model's children). Buckets
+ *  follow the parameters in reverse order, where backward produces their
+ *  gradients first, and group parameters of one dtype. Closing the model
+ *  or the wrapper between ndm_ddp_backward() and ndm_ddp_step() is a
+ *  caller bug: MPI may still be writing the buckets. Returns the
  *  wrapper, owned by `model`, or the null wrapper: NDM_E_NOT_OWNER (net or
  *  opt of another manager), NDM_E_UNSUPPORTED, the agreement errors (the
  *  ranks' parameter lists differ), and `model`'s refusals. */
