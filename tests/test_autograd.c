@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "helpers.h"
+#include "ops/autograd.h"
 
 /* ---- the finite-difference checker -------------------------------------------- */
 
@@ -559,6 +560,58 @@ static void test_grad_no_grad_and_errors(void **state)
     assert_ok(ndm_manager_close(model));
 }
 
+/* What the completion hook saw: each gradient once, with its final value. */
+typedef struct seen_grads {
+    int n;
+    uint64_t ids[8];
+    float values[8][4];
+} seen_grads;
+
+static void record_ready(void *ud, ndm_array g)
+{
+    seen_grads *s = ud;
+    if (s->n < 8) {
+        s->ids[s->n] = g.id;
+        assert_ok(ndm_array_copy_out(g, s->values[s->n], ndm_array_nbytes(g)));
+    }
+    s->n++;
+}
+
+static void test_backward_reports_each_gradient_when_complete(void **state)
+{
+    ndm_manager m = ndm_manager_new(ROOT(state), "model");
+    /* w is used twice, late and early; b once; unused is not in the graph */
+    ndm_array w = ndm_full(m, NDM_F32, 2.0, 1, (int64_t[]){4});
+    ndm_array b = ndm_full(m, NDM_F32, 1.0, 1, (int64_t[]){4});
+    ndm_array unused = ndm_zeros(m, NDM_F32, 1, (int64_t[]){4});
+    assert_ok(ndm_requires_grad(w));
+    assert_ok(ndm_requires_grad(b));
+    assert_ok(ndm_requires_grad(unused));
+    ndm_manager batch = ndm_manager_new(m, "batch");
+    assert_ok(ndm_grad_begin(batch));
+    ndm_manager sc = ndm_scope_begin(batch, "step");
+    ndm_array h = ndm_mul(w, b);                 /* early use of w */
+    ndm_array loss = ndm_sum(ndm_mul(ndm_add(h, b), w), false, NDM_ALL_AXES_LIST); /* late use */
+    assert_live(loss);
+    (void)ndm_grad_end();
+    seen_grads s = {0};
+    assert_ok(ndm__ag_backward_hooked((ndm__site){__FILE__, __func__, __LINE__}, loss,
+                                      NDM_NULL_ARRAY, record_ready, &s));
+    assert_int_equal(s.n, 2);
+    assert_true(s.ids[0] != s.ids[1]);
+    ndm_array gw = ndm__ag_grad_of(w), gb = ndm__ag_grad_of(b);
+    assert_true((s.ids[0] == gw.id || s.ids[0] == gb.id) && (s.ids[1] == gw.id || s.ids[1] == gb.id));
+    assert_false(ndm__ag_grad_of(h).id);
+    /* loss = sum((w b + b) w): d/dw = 2 w b + b = 5, d/db = w^2 + w = 6, final when reported */
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 4; i++)
+            assert_true(s.values[k][i] == (s.ids[k] == gw.id ? 5.0f : 6.0f));
+    assert_ok(ndm_scope_end(sc, 0, NULL));
+    assert_ok(ndm_manager_close(batch));
+    (void)unused;
+    assert_ok(ndm_manager_close(m));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -573,6 +626,7 @@ int main(void)
         TEST(test_grad_losses),
         TEST(test_grad_conv_and_pool),
         TEST(test_grad_accumulates_and_zeroes),
+        TEST(test_backward_reports_each_gradient_when_complete),
         TEST(test_grad_graph_lives_in_owner),
         TEST(test_grad_no_grad_and_errors),
     };

@@ -585,6 +585,69 @@ static void test_loader_runs_an_epoch_of_fashion_mnist(void **state)
     assert_ok(ndm_manager_close(data));
 }
 
+/* Shards of one epoch: together, batch k of the S shards is batch k of one
+ * loader with batch size S * B (the same examples, in the same order when
+ * the shards' runs are laid end to end), every shard has the same number
+ * of batches, and the short last global batch is split evenly. */
+static void test_loader_shards_split_each_global_batch(void **state)
+{
+    tree t = make_tree(state);
+    ndm_dataset d = numbered(ROOT(state), 103);
+    for (int drop = 0; drop < 2; drop++)
+        for (int64_t S = 1; S <= 4; S++) {
+            unsigned flags = NDM_LOADER_SHUFFLE | (drop ? NDM_LOADER_DROP_LAST : 0);
+            ndm_loader whole = ndm_loader_new(t.trainer, d, &(ndm_loader_options){
+                .batch_size = 8 * S, .seed = 9, .flags = flags});
+            ndm_loader sh[4];
+            for (int64_t s = 0; s < S; s++) {
+                sh[s] = ndm_loader_new(t.trainer, d, &(ndm_loader_options){
+                    .batch_size = 8, .seed = 9, .flags = flags, .num_shards = S, .shard = s});
+                assert_true(ndm_loader_valid(sh[s]));
+                assert_int_equal(ndm_loader_batches(sh[s]), ndm_loader_batches(whole));
+            }
+            for (int e = 0; e < 2; e++) {
+                int64_t want[103], got[103], nw = 0, ng = 0;
+                ndm_batch b;
+                while (ndm_loader_next(whole, &b) > 0) {
+                    int64_t k0 = nw;
+                    check_batch(&b, want, &nw);
+                    int64_t from = ng;
+                    for (int64_t s = 0; s < S; s++) {
+                        ndm_batch p;
+                        assert_int_equal(ndm_loader_next(sh[s], &p), 1);
+                        assert_int_equal(p.index, b.index);
+                        /* even: shards differ by one example at most */
+                        int64_t even = (nw - k0) / S;
+                        assert_true(p.size == even || p.size == even + 1);
+                        check_batch(&p, got, &ng);
+                    }
+                    assert_int_equal(ng - from, nw - k0);
+                }
+                for (int64_t s = 0; s < S; s++) {
+                    ndm_batch p;
+                    assert_int_equal(ndm_loader_next(sh[s], &p), 0);
+                }
+                assert_int_equal(ng, nw);
+                assert_int_equal(nw, drop ? 103 / (8 * S) * 8 * S : 103);
+                assert_memory_equal(got, want, (size_t)nw * sizeof *got);
+            }
+            for (int64_t s = 0; s < S; s++)
+                assert_ok(ndm_loader_close(sh[s]));
+            assert_ok(ndm_loader_close(whole));
+        }
+    /* a shard outside the range */
+    ndm_clear_error();
+    assert_false(ndm_loader_new(t.trainer, d, &(ndm_loader_options){
+        .batch_size = 8, .num_shards = 2, .shard = 2}).id);
+    assert_int_equal(ndm_last_status(), NDM_E_INVALID);
+    assert_error_has("shard 2 of 2");
+    assert_false(ndm_loader_new(t.trainer, d, &(ndm_loader_options){
+        .batch_size = 8, .num_shards = -1}).id);
+    assert_int_equal(ndm_last_status(), NDM_E_INVALID);
+    assert_ok(ndm_manager_close(t.model));
+    assert_ok(ndm_dataset_release(&d));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -592,6 +655,7 @@ int main(void)
         TEST(test_loader_same_seed_same_order_other_seed_other),
         TEST(test_loader_deals_every_example_once_per_epoch),
         TEST(test_loader_drop_last_drops_the_short_batch),
+        TEST(test_loader_shards_split_each_global_batch),
         TEST(test_loader_closes_each_batch_on_the_next_fetch),
         TEST(test_loader_kept_batch_survives_the_next_fetch),
         TEST(test_loader_state_is_freed_with_the_trainer),

@@ -386,11 +386,31 @@ typedef struct train_opts {
     bool quiet;
     bool no_save;
     const char *snapshot;
+    bool dist;
 } train_opts;
 
 static int train(train_opts o)
 {
     const char *arch = o.cnn ? "cnn" : "mlp";
+    /* --dist: every rank trains on its shard of each global batch; rank 0
+     * speaks and saves, the others stay silent */
+    int rank = 0, ranks = 1;
+    if (o.dist) {
+        CHECK(ndm_dist_init(), "joining the MPI job");
+        rank = ndm_dist_rank();
+        ranks = ndm_dist_size();
+        if (o.batch % ranks) {
+            fprintf(stderr, "ndm-fashion train: --batch %lld is not divisible by the %d ranks\n",
+                    (long long)o.batch, ranks);
+            return 1;
+        }
+        if (rank != 0) {
+            o.no_save = true;
+            o.snapshot = NULL;
+            if (!freopen("/dev/null", "w", stdout))
+                die("silencing a rank other than 0");
+        }
+    }
     char dir[1024], why[1200];
     data_dir(o.data, dir, sizeof dir);
     /* everything that can be known wrong is checked before the first step */
@@ -428,12 +448,22 @@ static int train(train_opts o)
     printf("  %s\n", desc);
     ndm_optimizer opt = ndm_adam(model, net, o.lr, 0.9, 0.999, 1e-8, 0.0);
     LIVE(opt, "creating the optimizer");
+    ndm_ddp ddp = {0};
+    if (o.dist) {
+        ddp = ndm_ddp_new(model, net, opt, NULL); /* its buckets go in the model, before the cap */
+        LIVE(ddp, "wrapping the model for data-parallel training");
+        printf("  data-parallel over %d processes, %lld examples per process and step, "
+               "%d gradient bucket(s)\n", ranks, (long long)(o.batch / ranks),
+               ndm_ddp_buckets(ddp));
+    }
     CHECK(ndm_manager_cap(model, NDM_CAP_ARRAYS), "capping the model");
     ndm_manager trainer = ndm_manager_new(model, "trainer");
     LIVE(trainer, "creating the trainer");
-    ndm_loader ld = ndm_loader_new(trainer, train_set, &(ndm_loader_options){
-        .batch_size = o.batch, .seed = (uint64_t)o.seed,
-        .flags = NDM_LOADER_SHUFFLE | NDM_LOADER_SCALE_INPUTS | NDM_LOADER_LABELS_I64});
+    ndm_loader_options lopts = {
+        .batch_size = o.batch / ranks, .seed = (uint64_t)o.seed,
+        .flags = NDM_LOADER_SHUFFLE | NDM_LOADER_SCALE_INPUTS | NDM_LOADER_LABELS_I64};
+    ndm_loader ld = o.dist ? ndm_dist_loader_new(trainer, train_set, &lopts)
+                           : ndm_loader_new(trainer, train_set, &lopts);
     LIVE(ld, "creating the batch loader");
     int64_t nb = ndm_loader_batches(ld);
 
@@ -459,11 +489,19 @@ static int train(train_opts o)
             CHECK(ndm_grad_begin(b.manager), doing);
             ndm_array logits = ndm_forward(net, shaped(b.inputs, o.cnn));
             ndm_array loss = ndm_cross_entropy(logits, b.labels);
-            LIVE(loss, doing);
-            CHECK(ndm_backward(loss), doing);
-            CHECK(ndm_grad_end(), doing);
-            CHECK(ndm_optimizer_step(opt), doing);
-            CHECK(ndm_optimizer_zero_grad(opt), doing);
+            if (o.dist) {
+                /* a rank that fails here still sends its buckets, so every
+                 * rank's step ends with its message */
+                (void)ndm_ddp_backward(ddp, loss);
+                CHECK(ndm_grad_end(), doing);
+                CHECK(ndm_ddp_step(ddp), doing);
+            } else {
+                LIVE(loss, doing);
+                CHECK(ndm_backward(loss), doing);
+                CHECK(ndm_grad_end(), doing);
+                CHECK(ndm_optimizer_step(opt), doing);
+                CHECK(ndm_optimizer_zero_grad(opt), doing);
+            }
             double l;
             CHECK(ndm_item(loss, &l), doing);
             loss_sum += l * (double)b.size;
@@ -499,7 +537,7 @@ static int train(train_opts o)
                epoch, loss_sum / (double)seen, 100 * acc, secs, (double)seen / secs, s.rss);
         fflush(stdout);
         if (!o.quiet)
-            (void)ndm_debug_dump(model, stdout);
+            (void)(o.dist ? ndm_dist_debug_dump(model, stdout) : ndm_debug_dump(model, stdout));
     }
 
     /* flat memory: the live arrays and bytes of model, trainer and data at
@@ -550,6 +588,8 @@ static int train(train_opts o)
     }
     CHECK(ndm_manager_close(model), "closing the model");
     CHECK(ndm_manager_close(data), "closing the data");
+    if (o.dist)
+        CHECK(ndm_dist_finalize(), "leaving the MPI job");
     return 0;
 }
 
@@ -768,7 +808,7 @@ static int leak_demo(void)
 /* ---- main ----------------------------------------------------------------------- */
 
 static train_opts topt = {false, NULL, "fashion-model.safetensors", 10, 128, 0, 1e-3, 1, false,
-                          false, NULL};
+                          false, NULL, false};
 static serve_opts sopt = {"fashion-model.safetensors", NULL, 10000, 4};
 
 static const cli_opt train_opts_list[] = {
@@ -791,6 +831,9 @@ static const cli_opt train_opts_list[] = {
      "PyTorch's format, else JSON)"},
     {"--quiet", NULL, OPT_FLAG, 0, 0, 0, 0, &topt.quiet, NULL,
      "no progress and no per-epoch dump; the summary lines only"},
+    {"--dist", NULL, OPT_FLAG, 0, 0, 0, 0, &topt.dist, NULL,
+     "data-parallel over the processes of mpirun: --batch is the global batch, split over "
+     "the ranks; rank 0 prints and saves"},
 };
 static const cli_opt serve_opts_list[] = {
     {"--model", "FILE", OPT_TEXT, 0, 0, 0, 0, &sopt.model, NULL, "the model `train` saved"},

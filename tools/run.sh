@@ -15,7 +15,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(meson ninja-build gcc g++ pkg-config libcmocka-dev libopenblas-dev zlib1g-dev libdlpack-dev python3-numpy
-          libtalloc-dev libapr1-dev dataset-fashion-mnist chromium doxygen cmake)
+          libtalloc-dev libapr1-dev dataset-fashion-mnist chromium doxygen cmake openmpi-bin
+          libopenmpi-dev)
 
 install_missing() {
     local missing=()

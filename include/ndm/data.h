@@ -31,6 +31,19 @@
  * and items i and j are swapped. The order depends only on (seed, epoch, n),
  * so a run can be resumed at any epoch with ndm_loader_set_epoch.
  *
+ * Sharding. With num_shards = S > 1 (one loader per data-parallel rank,
+ * all with the same seed), the epoch's order is cut into global batches of
+ * S * batch_size examples; batch k of shard s is the s-th run of
+ * batch_size examples of global batch k, so the S shards of batch k hold
+ * exactly the examples one unsharded loader with batch size S * batch_size
+ * would put in its batch k. Every example goes to exactly one shard each
+ * epoch, and every shard has the same number of batches (collectives stay
+ * matched). A short last global batch of r examples is kept unless
+ * NDM_LOADER_DROP_LAST, and then split as evenly as possible: shard s gets
+ * positions [s*r/S, (s+1)*r/S) of it, so shards differ by one example at
+ * most and, when r < S, some shards get an empty batch (size 0). With
+ * NDM_LOADER_DROP_LAST that global batch is dropped on every shard.
+ *
  * Thread rules: a loader is used by one thread at a time. Closing its
  * trainer while another thread fetches from it is a caller bug.
  */
@@ -94,9 +107,11 @@ enum {
 
 /** How a loader deals batches. */
 typedef struct ndm_loader_options {
-    int64_t batch_size; /**< examples per batch, >= 1 */
+    int64_t batch_size; /**< examples per batch, >= 1 (per shard when sharded) */
     uint64_t seed;      /**< the shuffle's seed */
     unsigned flags;     /**< NDM_LOADER_* */
+    int64_t num_shards; /**< loaders that share the epoch (data-parallel ranks); 0 or 1: one */
+    int64_t shard;      /**< which of them this one is, 0 .. num_shards-1 */
 } ndm_loader_options;
 
 /** A loader over `data` whose state belongs to `trainer` (it must be a CPU

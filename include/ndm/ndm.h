@@ -32,5 +32,6 @@
 #include "io.h"
 #include "dlpack.h"
 #include "data.h"
+#include "dist.h"
 
 #endif

@@ -62,7 +62,8 @@ extern "C" {
     X(E_IO, -16, "file input/output error")                                     \
     X(E_FORMAT, -17, "malformed file or data")                                  \
     X(E_CONFIG, -18, "invalid configuration")                                   \
-    X(E_INTERNAL, -19, "internal error")
+    X(E_INTERNAL, -19, "internal error")                                        \
+    X(E_TIMEOUT, -20, "a wait for other processes timed out")
 
 /** The result of a call: NDM_OK (0), NDM_ALREADY (positive, not an error)
  *  or a negative error; the values and their texts are NDM_STATUS_LIST. */

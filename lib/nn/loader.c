@@ -17,6 +17,7 @@ typedef struct loader {
     ndm_manager trainer;
     ndm_dataset data;
     int64_t n, batch_size, nbatches;
+    int64_t shards, shard;     /* this loader's part of each global batch (data.h) */
     uint64_t seed;
     unsigned flags;
     int64_t epoch, index, step;
@@ -77,6 +78,13 @@ NDM_API ndm_loader ndm_loader_new_at(NDM_SITE_PARAMS, ndm_manager trainer, ndm_d
         ndm__fail(NDM_E_INVALID, api, site, "opts is NULL");
         return (ndm_loader){0};
     }
+    if (opts->num_shards < 0 || opts->shard < 0 ||
+        opts->shard >= (opts->num_shards > 1 ? opts->num_shards : 1)) {
+        ndm__fail(NDM_E_INVALID, api, site,
+                  "shard %" PRId64 " of %" PRId64 ": the shard must be in 0 .. num_shards-1",
+                  opts->shard, opts->num_shards);
+        return (ndm_loader){0};
+    }
     if (opts->batch_size < 1 || (opts->flags & ~(unsigned)KNOWN_FLAGS)) {
         ndm__fail(NDM_E_INVALID, api, site, "%s", opts->batch_size < 1
                                                       ? "the batch size must be at least 1"
@@ -133,8 +141,17 @@ NDM_API ndm_loader ndm_loader_new_at(NDM_SITE_PARAMS, ndm_manager trainer, ndm_d
     ld->batch_size = opts->batch_size;
     ld->seed = opts->seed;
     ld->flags = opts->flags;
-    ld->nbatches = ld->n / ld->batch_size;
-    if (!(ld->flags & NDM_LOADER_DROP_LAST) && ld->n % ld->batch_size)
+    ld->shards = opts->num_shards > 1 ? opts->num_shards : 1;
+    ld->shard = opts->shard;
+    if (ld->batch_size > INT64_MAX / ld->shards) {
+        free(ld);
+        ndm__fail(NDM_E_OVERFLOW, api, site, "batch size %" PRId64 " times %" PRId64 " shards",
+                  opts->batch_size, opts->num_shards);
+        return (ndm_loader){0};
+    }
+    int64_t global = ld->batch_size * ld->shards;
+    ld->nbatches = ld->n / global;
+    if (!(ld->flags & NDM_LOADER_DROP_LAST) && ld->n % global)
         ld->nbatches++;
     ld->order_epoch = -1;
     if ((ld->flags & NDM_LOADER_SHUFFLE) &&
@@ -313,8 +330,18 @@ NDM_API int ndm_loader_next_at(NDM_SITE_PARAMS, ndm_loader h, ndm_batch *out)
         shuffle(ld->order, ld->n, ld->seed, ld->epoch);
         ld->order_epoch = ld->epoch;
     }
-    int64_t first = ld->index * ld->batch_size;
-    int64_t count = ld->n - first < ld->batch_size ? ld->n - first : ld->batch_size;
+    /* this shard's run of its global batch (data.h); one shard: the batch */
+    int64_t global = ld->batch_size * ld->shards;
+    int64_t gfirst = ld->index * global;
+    int64_t gcount = ld->n - gfirst < global ? ld->n - gfirst : global;
+    int64_t first, count;
+    if (gcount == global) {
+        first = gfirst + ld->shard * ld->batch_size;
+        count = ld->batch_size;
+    } else {
+        first = gfirst + ld->shard * gcount / ld->shards;
+        count = gfirst + (ld->shard + 1) * gcount / ld->shards - first;
+    }
     char name[48];
     snprintf(name, sizeof name, "batch-%" PRId64, ld->step);
     ndm_manager bm = ndm_manager_new_at(NDM__SITE_ARGS(site), ld->trainer, name);

@@ -434,9 +434,73 @@ static ndm_status deliver(ndm__ag_node *nd, int i, ndm_array gi, const char *api
     return NDM_OK;
 }
 
+ndm_array ndm__ag_grad_of(ndm_array param)
+{
+    ndm__array *r = ndm__array_peek(param);
+    param_info *pi = r ? param_of(r) : NULL;
+    return pi ? pi->grad : NDM_NULL_ARRAY;
+}
+
+/* When each parameter's gradient is complete: after the last node, in
+ * backward's order, that delivers to it. */
+typedef struct ready_at {
+    uint64_t grad;  /* the gradient array's handle */
+    size_t k;       /* the position in the order after which it is complete */
+} ready_at;
+
+static int by_grad_then_k_desc(const void *a, const void *b)
+{
+    const ready_at *x = a, *y = b;
+    if (x->grad != y->grad)
+        return x->grad < y->grad ? -1 : 1;
+    return x->k < y->k ? 1 : x->k > y->k ? -1 : 0;
+}
+
+static int by_k(const void *a, const void *b)
+{
+    const ready_at *x = a, *y = b;
+    return x->k < y->k ? -1 : x->k > y->k ? 1 : 0;
+}
+
+/* The parameters' completion points, ordered by position; NULL with *n = 0
+ * when there are none, NULL with *n = SIZE_MAX when out of memory. */
+static ready_at *ready_points(ndm__ag_node **order, size_t count, size_t *n)
+{
+    size_t m = 0;
+    for (size_t k = 0; k < count; k++)
+        for (int i = 0; i < order[k]->n; i++)
+            m += order[k]->needs[i] && order[k]->leaf[i].id;
+    *n = 0;
+    if (!m)
+        return NULL;
+    ready_at *r = ndm__malloc(m * sizeof *r, NDM__INJ_SCRATCH);
+    if (!r) {
+        *n = SIZE_MAX;
+        return NULL;
+    }
+    m = 0;
+    for (size_t k = 0; k < count; k++)
+        for (int i = 0; i < order[k]->n; i++)
+            if (order[k]->needs[i] && order[k]->leaf[i].id)
+                r[m++] = (ready_at){order[k]->leaf[i].id, k};
+    qsort(r, m, sizeof *r, by_grad_then_k_desc);
+    size_t u = 0;
+    for (size_t j = 0; j < m; j++)
+        if (!u || r[u - 1].grad != r[j].grad)
+            r[u++] = r[j];
+    qsort(r, u, sizeof *r, by_k);
+    *n = u;
+    return r;
+}
+
 NDM_API ndm_status ndm_backward_with_at(NDM_SITE_PARAMS, ndm_array out, ndm_array grad)
 {
-    ndm__site site = NDM__SITE;
+    return ndm__ag_backward_hooked(NDM__SITE, out, grad, NULL, NULL);
+}
+
+ndm_status ndm__ag_backward_hooked(ndm__site site, ndm_array out, ndm_array grad,
+                                   ndm__ag_ready_fn ready, void *ud)
+{
     NDM__CALL_FRAME("ndm_backward", site);
     ndm__array *ro = ndm__array_get(out, __func__, site);
     if (!ro)
@@ -475,6 +539,14 @@ NDM_API ndm_status ndm_backward_with_at(NDM_SITE_PARAMS, ndm_array out, ndm_arra
     ndm__ag_node **order = reachable(root, &count);
     if (!order)
         return ndm__fail(NDM_E_OOM, __func__, site, "no memory to order the graph");
+    size_t nready = 0, next_ready = 0;
+    ready_at *points = ready ? ready_points(order, count, &nready) : NULL;
+    if (nready == SIZE_MAX) {
+        for (size_t k = 0; k < count; k++)
+            order[k]->seen = 0;
+        free(order);
+        return ndm__fail(NDM_E_OOM, __func__, site, "no memory to order the graph");
+    }
     ndm__thread *t = ndm__tls;
     t->ag_pause++;
     ndm_status st = NDM_OK;
@@ -490,6 +562,8 @@ NDM_API ndm_status ndm_backward_with_at(NDM_SITE_PARAMS, ndm_array out, ndm_arra
     }
     for (size_t k = 0; k < count && st == NDM_OK; k++) {
         ndm__ag_node *nd = order[k];
+        for (; next_ready < nready && points[next_ready].k < k && st == NDM_OK; next_ready++)
+            ready(ud, (ndm_array){points[next_ready].grad});
         if (!nd->g.id)
             continue; /* nothing reached it */
         ndm_array gi[64] = {{0}};
@@ -505,6 +579,8 @@ NDM_API ndm_status ndm_backward_with_at(NDM_SITE_PARAMS, ndm_array out, ndm_arra
         if (gv != gi)
             free(gv);
     }
+    for (; next_ready < nready && st == NDM_OK; next_ready++)
+        ready(ud, (ndm_array){points[next_ready].grad});
     if (st < 0 && ndm_last_status() == NDM_OK)
         ndm__fail(st, __func__, site, "backward failed");
 end:
@@ -515,6 +591,7 @@ done:
         order[k]->seen = 0;
     }
     free(order);
+    free(points);
     t->ag_pause--;
     return st;
 }

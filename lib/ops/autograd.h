@@ -115,5 +115,18 @@ typedef struct ndm__ag_node {
  * (backward runs inside a scope). */
 ndm_status ndm__ag_rule(ndm__ag_node *nd, ndm_array g, ndm_array *gi);
 
+/* Backward as ndm_backward_with_at(), calling ready(ud, g) as soon as the
+ * gradient array g of a parameter is complete: no node left to run adds to
+ * it (data-parallel training starts communicating it then). Each parameter
+ * the graph reaches is reported once, in the order backward finishes them;
+ * after an error no more are reported. */
+typedef void (*ndm__ag_ready_fn)(void *ud, ndm_array grad);
+ndm_status ndm__ag_backward_hooked(ndm__site site, ndm_array out, ndm_array grad,
+                                   ndm__ag_ready_fn ready, void *ud);
+
+/* The gradient array of parameter `param` itself (not a fresh handle), or
+ * the null handle when it is not a parameter. */
+ndm_array ndm__ag_grad_of(ndm_array param);
+
 /* Sum g over the axes broadcasting added to reach `shape`. */
 ndm_array ndm__ag_sum_to(ndm_array g, int ndim, const int64_t *shape);

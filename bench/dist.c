@@ -1,0 +1,289 @@
+/* bench/dist: run under mpirun -np 2. All-reduce bus bandwidth of
+ * ndm_all_reduce_ against a bare MPI_Allreduce of the same buffers, the share
+ * of all-reduce time hidden behind backward in an MLP step, and steps/s of
+ * one process against two at the same global batch. */
+#include <math.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bench.h"
+#include "ndm/ndm.h"
+
+static int R, S;
+
+#define DIE(...)                                                                \
+    do {                                                                        \
+        fprintf(stderr, "bench/dist: " __VA_ARGS__);                            \
+        fprintf(stderr, ": %s\n", ndm_last_error());                            \
+        MPI_Abort(MPI_COMM_WORLD, 1);                                           \
+    } while (0)
+
+/* The slowest rank's time for what ran since t0 (all ranks start after a barrier). */
+static double job_time(double t0)
+{
+    double t = bench_now() - t0, m;
+    MPI_Allreduce(&t, &m, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    return m;
+}
+
+/* ---- all-reduce bandwidth -------------------------------------------------------------- */
+
+/* NCCL's bus bandwidth: what each link carries in a ring all-reduce. */
+static double busbw(double bytes, double secs) { return bytes * 2.0 * (S - 1) / S / secs / 1e9; }
+
+static void bandwidth(bench_report *rep, bool quick)
+{
+    ndm_manager m = ndm_manager_new(ndm_system(), "bench-allreduce");
+    int64_t top = quick ? (int64_t)16 << 20 : (int64_t)256 << 20;
+    double ratios[16];
+    int nr = 0;
+    for (int64_t bytes = 4096; bytes <= top; bytes *= 4) {
+        int64_t n = bytes / 4;
+        ndm_array a = ndm_ones(m, NDM_F32, 1, &n);
+        if (!a.id)
+            DIE("allocating %lld bytes", (long long)bytes);
+        float *p = ndm_array_data(a);
+        /* interleaved pairs: ours then bare, so drift hits both alike */
+        int pairs = bytes <= (1 << 20) ? (quick ? 50 : 200) : bytes <= (16 << 20) ? 15 : 5;
+        if (quick && bytes > (1 << 20))
+            pairs = 5;
+        double *ours = malloc((size_t)pairs * sizeof *ours);
+        double *bare = malloc((size_t)pairs * sizeof *bare);
+        double *ratio = malloc((size_t)pairs * sizeof *ratio);
+        for (int k = -1; k < pairs; k++) { /* k = -1: warm-up */
+            MPI_Barrier(MPI_COMM_WORLD);
+            double t0 = bench_now();
+            if (ndm_all_reduce_(a, NDM_DIST_SUM) != NDM_OK)
+                DIE("ndm_all_reduce_");
+            double to = job_time(t0);
+            MPI_Barrier(MPI_COMM_WORLD);
+            t0 = bench_now();
+            MPI_Allreduce(MPI_IN_PLACE, p, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            double tb = job_time(t0);
+            if (k < 0)
+                continue;
+            ours[k] = to;
+            bare[k] = tb;
+            ratio[k] = tb / to; /* bandwidth ratio: ours over bare */
+        }
+        double mo = bench_median(ours, pairs), mb = bench_median(bare, pairs);
+        double mr = bench_median(ratio, pairs);
+        double lo = ratio[pairs / 10], hi = ratio[pairs - 1 - pairs / 10];
+        char name[96], anchor[160];
+        const char *unit = bytes >= (1 << 20) ? "MiB" : "KiB";
+        long long shown = bytes >= (1 << 20) ? bytes >> 20 : bytes >> 10;
+        snprintf(name, sizeof name, "allreduce_busbw_%lld%s_GBps", shown, unit);
+        snprintf(anchor, sizeof anchor,
+                 "bare MPI_Allreduce, same buffer; pairs %d, ratio median %.3f, p10-p90 %.3f-%.3f",
+                 pairs, mr, lo, hi);
+        bench_add(rep, name, busbw((double)bytes, mo), "GB/s", anchor, busbw((double)bytes, mb));
+        if (nr < 16)
+            ratios[nr++] = mr;
+        free(ours);
+        free(bare);
+        free(ratio);
+        if (ndm_array_release(a) != NDM_OK)
+            DIE("release");
+    }
+    double med = bench_median(ratios, nr);
+    bench_add(rep, "allreduce_bandwidth_median_ratio_over_sizes", med, "x",
+              "1.0 = bare MPI_Allreduce", 1.0);
+    (void)!ndm_manager_close(m);
+}
+
+/* ---- overlap of all-reduce with backward ---------------------------------------------------- */
+
+static ndm_module mlp(ndm_manager model, int64_t width)
+{
+    ndm_rng rng = ndm_rng_new(1);
+    return ndm_sequential(model, NDM_MODULES(ndm_linear(model, 784, width, true, &rng),
+                                             ndm_relu_module(model),
+                                             ndm_linear(model, width, width, true, &rng),
+                                             ndm_relu_module(model),
+                                             ndm_linear(model, width, 10, true, &rng)));
+}
+
+/* Seconds per phase, medians over steps. */
+typedef struct phases {
+    double backward, step;
+} phases;
+
+static phases run_steps(ndm_module net, ndm_optimizer opt, ndm_ddp d, ndm_array x, ndm_array y,
+                        int steps)
+{
+    double *bw = malloc((size_t)steps * sizeof *bw), *st = malloc((size_t)steps * sizeof *st);
+    for (int k = -1; k < steps; k++) {
+        ndm_manager batch = ndm_manager_new(ndm_system(), "batch");
+        if (ndm_grad_begin(batch) != NDM_OK)
+            DIE("grad_begin");
+        ndm_array loss = ndm_cross_entropy(ndm_forward(net, x), y);
+        MPI_Barrier(MPI_COMM_WORLD);
+        double t0 = bench_now();
+        ndm_status s = d.id ? ndm_ddp_backward(d, loss) : ndm_backward(loss);
+        double t1 = bench_now();
+        (void)ndm_grad_end();
+        if (s == NDM_OK)
+            s = d.id ? ndm_ddp_step(d) : ndm_optimizer_step(opt);
+        if (s == NDM_OK && !d.id)
+            s = ndm_optimizer_zero_grad(opt);
+        double t2 = bench_now();
+        if (s != NDM_OK)
+            DIE("a step");
+        (void)!ndm_manager_close(batch);
+        if (k >= 0) {
+            bw[k] = t1 - t0;
+            st[k] = t2 - t1;
+        }
+    }
+    phases p = {bench_median(bw, steps), bench_median(st, steps)};
+    free(bw);
+    free(st);
+    return p;
+}
+
+static void overlap(bench_report *rep, bool quick)
+{
+    const int64_t widths[] = {256, 1024, 2048};
+    int nw = quick ? 2 : 3;
+    int steps = quick ? 5 : 15;
+    const int64_t bucket = (int64_t)1 << 20;
+    for (int w = 0; w < nw; w++) {
+        ndm_manager model = ndm_manager_new(ndm_system(), "model");
+        ndm_module net = mlp(model, widths[w]);
+        ndm_optimizer opt = ndm_sgd(model, net, 0.01, 0.0, 0.0);
+        ndm_ddp d = ndm_ddp_new(model, net, opt, &(ndm_ddp_options){.bucket_bytes = bucket});
+        if (!d.id)
+            DIE("ndm_ddp_new");
+        ndm_manager data = ndm_manager_new(ndm_system(), "data");
+        ndm_rng rng = ndm_rng_new(2);
+        ndm_array x = ndm_uniform(data, &rng, NDM_F32, 0, 1, 2, (int64_t[]){64, 784});
+        ndm_array y = ndm_randint(data, &rng, NDM_I64, 0, 10, 1, (int64_t[]){64});
+        /* the gradients' all-reduce alone, blocking, as the buckets would go */
+        int64_t np = 784 * widths[w] + widths[w] + widths[w] * widths[w] + widths[w] +
+                     widths[w] * 10 + 10;
+        ndm_array flat = ndm_zeros(data, NDM_F32, 1, &np);
+        double *c = malloc((size_t)steps * sizeof *c);
+        for (int k = 0; k < steps; k++) {
+            MPI_Barrier(MPI_COMM_WORLD);
+            double t0 = bench_now();
+            for (int64_t off = 0; off < np; off += bucket / 4) {
+                int cnt = (int)(np - off < bucket / 4 ? np - off : bucket / 4);
+                MPI_Allreduce(MPI_IN_PLACE, (float *)ndm_array_data(flat) + off, cnt, MPI_FLOAT,
+                              MPI_SUM, MPI_COMM_WORLD);
+            }
+            c[k] = bench_now() - t0;
+        }
+        double comm = bench_median(c, steps);
+        free(c);
+        phases plain = run_steps(net, opt, (ndm_ddp){0}, x, y, steps);
+        phases dp = run_steps(net, opt, d, x, y, steps);
+        /* what data-parallel adds to backward and step is the all-reduce time
+         * backward did not hide */
+        double exposed = (dp.backward + dp.step) - (plain.backward + plain.step);
+        double hidden = comm > 0 ? 1.0 - exposed / comm : 0;
+        hidden = hidden < 0 ? 0 : hidden > 1 ? 1 : hidden;
+        char name[96], anchor[160];
+        snprintf(name, sizeof name, "allreduce_hidden_share_mlp%lld", (long long)widths[w]);
+        snprintf(anchor, sizeof anchor,
+                 "%lld params, 1 MiB buckets: all-reduce %.2f ms, exposed %.2f ms, backward %.2f ms",
+                 (long long)np, comm * 1e3, exposed * 1e3, plain.backward * 1e3);
+        bench_add(rep, name, hidden, "share", anchor, 0);
+        (void)!ndm_manager_close(data);
+        (void)!ndm_manager_close(model);
+    }
+}
+
+/* ---- steps/s, 1 process against 2 ------------------------------------------------------------- */
+
+static void scaling(bench_report *rep, bool quick)
+{
+    const int64_t global = 128;
+    int steps = quick ? 10 : 40;
+    ndm_manager model = ndm_manager_new(ndm_system(), "model");
+    ndm_module net = mlp(model, 512);
+    ndm_optimizer opt = ndm_sgd(model, net, 0.01, 0.0, 0.0);
+    ndm_ddp d = ndm_ddp_new(model, net, opt, NULL);
+    ndm_manager data = ndm_manager_new(ndm_system(), "data");
+    ndm_rng rng = ndm_rng_new(3);
+    ndm_array x1 = ndm_uniform(data, &rng, NDM_F32, 0, 1, 2, (int64_t[]){global, 784});
+    ndm_array y1 = ndm_randint(data, &rng, NDM_I64, 0, 10, 1, (int64_t[]){global});
+    ndm_array xs = ndm_uniform(data, &rng, NDM_F32, 0, 1, 2, (int64_t[]){global / S, 784});
+    ndm_array ys = ndm_randint(data, &rng, NDM_I64, 0, 10, 1, (int64_t[]){global / S});
+    if (!d.id || !ys.id)
+        DIE("setting up the scaling run");
+    /* one process: rank 0 alone at the global batch, the others asleep */
+    double one = 0;
+    if (R == 0) {
+        double t0 = bench_now();
+        for (int k = 0; k < steps; k++) {
+            ndm_manager batch = ndm_manager_new(ndm_system(), "batch");
+            (void)!ndm_grad_begin(batch);
+            ndm_array loss = ndm_cross_entropy(ndm_forward(net, x1), y1);
+            if (ndm_backward(loss) != NDM_OK || (ndm_grad_end(), ndm_optimizer_step(opt)) ||
+                ndm_optimizer_zero_grad(opt))
+                DIE("a one-process step");
+            (void)!ndm_manager_close(batch);
+        }
+        one = steps / (bench_now() - t0);
+    }
+    MPI_Request req;
+    MPI_Ibarrier(MPI_COMM_WORLD, &req);
+    for (int done = 0; !done;) {
+        MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+        if (!done)
+            nanosleep(&(struct timespec){0, 1000000}, NULL);
+    }
+    MPI_Bcast(&one, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    double t0 = bench_now();
+    for (int k = 0; k < steps; k++) {
+        ndm_manager batch = ndm_manager_new(ndm_system(), "batch");
+        (void)!ndm_grad_begin(batch);
+        ndm_array loss = ndm_cross_entropy(ndm_forward(net, xs), ys);
+        (void)ndm_ddp_backward(d, loss);
+        (void)ndm_grad_end();
+        if (ndm_ddp_step(d) != NDM_OK)
+            DIE("a data-parallel step");
+        (void)!ndm_manager_close(batch);
+    }
+    double two = steps / job_time(t0);
+    char name[64], anchor[160];
+    snprintf(name, sizeof name, "steps_per_s_%d_processes_mlp512_batch128", S);
+    snprintf(anchor, sizeof anchor, "1 process at the same global batch (%d cores shared)", 2);
+    bench_add(rep, name, two, "steps/s", anchor, one);
+    (void)!ndm_manager_close(data);
+    (void)!ndm_manager_close(model);
+}
+
+int main(int argc, char **argv)
+{
+    bench_opts o = bench_parse(argc, argv);
+    if (ndm_dist_init() != NDM_OK) {
+        fprintf(stderr, "bench/dist: %s\n", ndm_last_error());
+        return 1;
+    }
+    R = ndm_dist_rank();
+    S = ndm_dist_size();
+    if (S < 2) {
+        fprintf(stderr, "bench/dist: run it under mpirun -np 2 (or more)\n");
+        (void)ndm_dist_finalize();
+        return 1;
+    }
+    static bench_report rep;
+    rep.o = o;
+    bandwidth(&rep, o.quick);
+    overlap(&rep, o.quick);
+    scaling(&rep, o.quick);
+    char note[256];
+    snprintf(note, sizeof note,
+             "%d processes on one machine over shared memory; every figure is the slowest rank's",
+             S);
+    bench_note(&rep, note);
+    bench_note(&rep, "hidden share: 1 - (data-parallel backward+step - plain backward+step) / "
+                     "blocking all-reduce of the same buckets");
+    if (R == 0)
+        bench_print(&rep);
+    return ndm_dist_finalize() == NDM_OK ? 0 : 1;
+}

@@ -1,0 +1,215 @@
+/* ndm dist: a process group over MPI, collectives on arrays in place, and
+ * data-parallel training.
+ *
+ * One process group per process: ndm_dist_init() joins the job that
+ * mpirun/srun started (it initialises MPI unless the program already did)
+ * and every rank keeps its own manager tree. Collectives work on arrays in
+ * place; all-gather and reduce-scatter make their result in a named
+ * manager. CPU arrays go over MPI. CUDA arrays are meant for NCCL (its
+ * communicator bootstrapped over MPI); until CUDA arrays can run
+ * operations, a collective on one is NDM_E_UNSUPPORTED. Without MPI in the
+ * build every function here answers NDM_E_UNSUPPORTED with a message
+ * (ndm_dist_available() says which build this is).
+ *
+ * Agreement before communication. Every collective first exchanges one
+ * small record per rank (an all-gather): the rank's status, the operation,
+ * dtype, shape and device of its array. Then every rank checks the same
+ * records, so every rank gives the same answer:
+ *   - a rank that arrives with an error (ndm_dist_check(), or a failed
+ *     data-parallel step) makes the collective fail on every rank with that
+ *     rank's status and message, prefixed "rank N: ";
+ *   - a dtype mismatch is NDM_E_DTYPE, a shape mismatch NDM_E_SHAPE, another
+ *     operation or root NDM_E_INVALID, a device mismatch NDM_E_DEVICE, each
+ *     naming the lowest rank that differs from rank 0 and both values;
+ *   no data moves and the arrays are unchanged.
+ * Waits are bounded: MPI is driven with nonblocking calls and a test loop;
+ * a rank that does not take part within NDM_DIST_TIMEOUT_S seconds (default
+ * 300; ndm_dist_set_timeout() overrides it) makes the call fail with
+ * NDM_E_TIMEOUT. After a timeout the group is broken: MPI may still write
+ * into the abandoned operation's buffers, so the group keeps a view of them
+ * (in its "dist" manager under system) and every later collective fails
+ * with NDM_E_TIMEOUT; ndm_dist_finalize() waits once more, up to ten
+ * timeouts, for the abandoned operations before it finalizes MPI.
+ *
+ * Thread rules: MPI is initialised with MPI_THREAD_SERIALIZED: collectives
+ * must be called by one thread at a time, in the same order on every rank.
+ */
+#ifndef NDM_DIST_H
+#define NDM_DIST_H
+
+#include <stdio.h>
+
+#include "base.h"
+#include "data.h"
+#include "nn.h"
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** How a collective combines the ranks' values. */
+typedef enum ndm_dist_op {
+    /** The sum (bool: logical or). f16/bf16 add in f32 and round once per
+     *  step of MPI's reduction, so results may depend on the rank count's
+     *  reduction order, as with any MPI sum of floats. */
+    NDM_DIST_SUM = 0,
+    /** The sum divided by the group size (integers: truncated toward zero,
+     *  as C's division; bool is NDM_E_DTYPE). */
+    NDM_DIST_MEAN = 1,
+    /** The element-wise maximum (bool: logical or). */
+    NDM_DIST_MAX = 2,
+} ndm_dist_op;
+
+/* ---- the process group ------------------------------------------------------------ */
+
+/** Was ndm built with MPI? (false: every other function answers NDM_E_UNSUPPORTED.) */
+NDM_API bool ndm_dist_available(void);
+/** Join the job: initialise MPI (MPI_THREAD_SERIALIZED) unless the program
+ *  did, and read rank, size and local rank (the rank among the processes of
+ *  this machine, from MPI_Comm_split_type; OMPI_COMM_WORLD_LOCAL_RANK
+ *  agrees). Again is NDM_ALREADY. NDM_E_UNSUPPORTED without MPI,
+ *  NDM_E_CONFIG for a bad NDM_DIST_TIMEOUT_S, NDM_E_IO when MPI fails. */
+NDM_API NDM_NODISCARD ndm_status ndm_dist_init(void);
+/** Leave the job (collective): finalize MPI when ndm_dist_init()
+ *  initialised it. NDM_ALREADY when not joined; NDM_E_TIMEOUT when the group
+ *  broke and its abandoned operations did not finish (MPI is then left
+ *  unfinalized). */
+NDM_API ndm_status ndm_dist_finalize(void);
+/** This process's rank, 0 .. size-1 (0 when not joined). */
+NDM_API int ndm_dist_rank(void);
+/** The number of processes (1 when not joined). */
+NDM_API int ndm_dist_size(void);
+/** This process's rank among those on its machine (0 when not joined). */
+NDM_API int ndm_dist_local_rank(void);
+/** Set the bound on every wait, in seconds (> 0; NDM_E_INVALID otherwise). */
+NDM_API NDM_NODISCARD ndm_status ndm_dist_set_timeout(double seconds);
+
+/* ---- collectives (every rank calls each, in the same order) ------------------------ */
+
+/** A barrier that carries a status: NDM_OK when every rank passed NDM_OK;
+ *  otherwise every rank gets the status of the lowest failing rank and a
+ *  message "rank N: <that rank's last error>" (the caller's own failure
+ *  included). Use it where one rank may fail alone, so that all stop. */
+#define ndm_dist_check(local) ndm_dist_check_at(NDM_HERE, (local))
+/** ndm_dist_check() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API NDM_NODISCARD ndm_status ndm_dist_check_at(NDM_SITE_PARAMS, ndm_status local);
+/** ndm_dist_check(NDM_OK). */
+#define ndm_dist_barrier() ndm_dist_check_at(NDM_HERE, NDM_OK)
+
+/** Combine `a` across ranks, in place: every rank ends with the result.
+ *  `a` may be any dtype and layout (a strided view is staged through a
+ *  contiguous copy). NDM_OK, or the agreement errors above, NDM_E_INVALID
+ *  (an unknown op), NDM_E_DTYPE (the mean of bool), NDM_E_TIMEOUT, the
+ *  handle's errors; on error `a` is unchanged, except after NDM_E_TIMEOUT. */
+#define ndm_all_reduce_(a, op) ndm_all_reduce_inplace_at(NDM_HERE, (a), (op))
+/** ndm_all_reduce_() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API NDM_NODISCARD ndm_status ndm_all_reduce_inplace_at(NDM_SITE_PARAMS, ndm_array a,
+                                                           ndm_dist_op op);
+/** Copy root's `a` into every rank's `a` (same dtype and shape on every
+ *  rank). NDM_E_INVALID for a root outside 0 .. size-1 or roots that differ. */
+#define ndm_broadcast_(a, root) ndm_broadcast_inplace_at(NDM_HERE, (a), (root))
+/** ndm_broadcast_() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API NDM_NODISCARD ndm_status ndm_broadcast_inplace_at(NDM_SITE_PARAMS, ndm_array a, int root);
+/** Every rank's `a` (same dtype and shape, rank >= 1) concatenated along
+ *  the first axis in rank order: a new array of shape (size * a.shape[0],
+ *  ...) in `out` (a manager; NDM_OUTPUT_RULE: a's manager or the innermost
+ *  scope), the caller's to release, or the null handle with the error. */
+#define ndm_all_gather_to(out, a) ndm_all_gather_to_at(NDM_HERE, (out), (a))
+/** ndm_all_gather_to() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_array ndm_all_gather_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a);
+/** Combine every rank's `a` (same dtype and shape, first axis divisible by
+ *  the size: NDM_E_SHAPE otherwise) and give rank r the r-th of `size`
+ *  equal parts along the first axis: a new array in `out` (as
+ *  ndm_all_gather_to()), or the null handle with the error. */
+#define ndm_reduce_scatter_to(out, a, op) ndm_reduce_scatter_to_at(NDM_HERE, (out), (a), (op))
+/** ndm_reduce_scatter_to() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_array ndm_reduce_scatter_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a,
+                                           ndm_dist_op op);
+
+/* ---- job-wide reports ---------------------------------------------------------------- */
+
+/** Every rank's ndm_debug_dump() of its `m` (each rank names its own
+ *  manager, usually the same path), printed by rank 0 in rank order, each
+ *  line's manager path prefixed "rankN/": "ndm dump: rank1/system/model".
+ *  Other ranks print nothing. A collective: NDM_OK, or a rank's dump error
+ *  on every rank, or NDM_E_TIMEOUT. f may be NULL on ranks other than 0. */
+NDM_API NDM_NODISCARD ndm_status ndm_dist_debug_dump(ndm_manager m, FILE *f);
+/** Every rank's ndm_leak_report(), printed by rank 0, paths prefixed
+ *  "rankN/" ("manager rank1/system/leaky created at ..."). Returns the live
+ *  arrays of the whole job (the same on every rank), or a negative status. */
+NDM_API int64_t ndm_dist_leak_report(FILE *f);
+
+/* ---- data-parallel training ------------------------------------------------------------ */
+
+/** A data-parallel wrapper, owned by its model manager (freed when it
+ *  closes, or by ndm_ddp_close()). */
+typedef struct ndm_ddp {
+    uint64_t id; /**< Slot and generation; 0 is the null wrapper. Opaque. */
+} ndm_ddp;
+
+/** Options of ndm_ddp_new(); zero fields take the defaults. */
+typedef struct ndm_ddp_options {
+    /** Bytes per gradient bucket; 0: 25 MiB (DistributedDataParallel's
+     *  default). A parameter larger than this gets a bucket of its own. */
+    int64_t bucket_bytes;
+} ndm_ddp_options;
+
+/** Wrap `net` and its optimizer `opt` (both owned by `model`) for
+ *  data-parallel training. Collective: broadcasts every parameter and
+ *  buffer of net from rank 0, then makes the gradient buckets: one array
+ *  per bucket (its gradients and a failure flag) in "ddp", a child manager
+ *  of `model`, made once and reused by every step, so they show in
+ *  ndm_debug_dump (call it before capping the model's children). Buckets
+ *  follow the parameters in reverse order, where backward produces their
+ *  gradients first, and group parameters of one dtype. Closing the model
+ *  or the wrapper between ndm_ddp_backward() and ndm_ddp_step() is a
+ *  caller bug: MPI may still be writing the buckets. Returns the
+ *  wrapper, owned by `model`, or the null wrapper: NDM_E_NOT_OWNER (net or
+ *  opt of another manager), NDM_E_UNSUPPORTED, the agreement errors (the
+ *  ranks' parameter lists differ), and `model`'s refusals. */
+#define ndm_ddp_new(model, net, opt, opts) ndm_ddp_new_at(NDM_HERE, (model), (net), (opt), (opts))
+/** ndm_ddp_new() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_ddp ndm_ddp_new_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module net,
+                               ndm_optimizer opt, const ndm_ddp_options *opts);
+/** Backward from `loss` (as ndm_backward()), starting each bucket's
+ *  all-reduce (MPI_Iallreduce) as soon as backward has produced all its
+ *  gradients, while backward goes on. Call it on every rank every step,
+ *  also when this rank's forward pass failed (loss null): the failure is
+ *  then sent with the buckets and ends the step on every rank. Returns this
+ *  rank's backward status (the job's comes from ndm_ddp_step()). */
+#define ndm_ddp_backward(d, loss) ndm_ddp_backward_at(NDM_HERE, (d), (loss))
+/** ndm_ddp_backward() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_status ndm_ddp_backward_at(NDM_SITE_PARAMS, ndm_ddp d, ndm_array loss);
+/** Wait for every bucket (bounded: NDM_E_TIMEOUT), write the mean of the
+ *  ranks' gradients into every parameter's gradient, take the optimizer
+ *  step and zero the gradients. When any rank failed this step, no rank
+ *  steps: every rank returns the lowest failing rank's status and message
+ *  ("rank N: ...") and its gradients are zeroed, so the next step starts
+ *  clean on every rank. */
+#define ndm_ddp_step(d) ndm_ddp_step_at(NDM_HERE, (d))
+/** ndm_ddp_step() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API NDM_NODISCARD ndm_status ndm_ddp_step_at(NDM_SITE_PARAMS, ndm_ddp d);
+/** Buckets of the wrapper, or a negative status. */
+NDM_API int ndm_ddp_buckets(ndm_ddp d);
+/** Free the wrapper and its buckets now. NDM_ALREADY when already freed. */
+NDM_API ndm_status ndm_ddp_close(ndm_ddp d);
+
+/* ---- sharded loading ---------------------------------------------------------------------- */
+
+/** ndm_loader_new() for this rank's shard: a loader whose epoch is the
+ *  ranks' common epoch (same seed, the same shuffled order on every rank)
+ *  cut into global batches of size * batch_size examples, of which this
+ *  rank takes its part (ndm_loader_options.num_shards and .shard set from
+ *  the group). See data.h for the split and drop_last. Not a collective. */
+#define ndm_dist_loader_new(trainer, data, ...)                                 \
+    ndm_dist_loader_new_at(NDM_HERE, (trainer), (data), __VA_ARGS__)
+/** ndm_dist_loader_new() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_loader ndm_dist_loader_new_at(NDM_SITE_PARAMS, ndm_manager trainer, ndm_dataset data,
+                                          const ndm_loader_options *opts);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

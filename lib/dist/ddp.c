@@ -1,0 +1,423 @@
+/* Data-parallel training: gradients gathered into buckets while backward
+ * runs, each all-reduced as soon as it is full, averaged before the step. */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "group.h"
+#include "ndm/array.h"
+#include "ndm/autograd.h"
+#include "ndm/manager.h"
+#include "../base/convert_scalar.h"
+#include "../manager/object.h"
+#include "../nn/nn.h"
+#include "../ops/autograd.h"
+
+#define DEFAULT_BUCKET_BYTES ((int64_t)25 << 20)
+
+typedef struct bucket {
+    ndm_array buf;     /* numel gradients, then one failure flag */
+    ndm_dtype dtype;
+    int first, count;  /* parameters first .. first+count-1 of the bucket order */
+    int64_t numel;
+    int pending;       /* its parameters whose gradient is not in yet */
+    bool posted;
+    MPI_Request req;
+} bucket;
+
+typedef struct ddp {
+    ndm_manager model, mgr;  /* mgr: "ddp" under model, holding the buckets */
+    ndm_module net;
+    ndm_optimizer opt;
+    int np, nb;
+    ndm_array *params;       /* in bucket order: the net's parameters reversed */
+    ndm_array *grads;        /* their gradient arrays (not fresh handles) */
+    int *bucket_of;
+    int64_t *offset;         /* element offset in the bucket */
+    bool *ready;
+    bucket *b;
+    int next_post;           /* buckets are posted in order, the same on every rank */
+    bool in_step;            /* backward ran, step not yet */
+    ndm_status failed;       /* this rank's failure this step */
+    char msg[400];
+} ddp;
+
+static void ddp_destroy(void *p)
+{
+    ddp *d = p;
+    /* the buckets are arrays of the model's "ddp" manager: gone with it, or
+     * closed here when the wrapper goes first */
+    if (d->mgr.id && ndm_manager_valid(d->mgr))
+        (void)!ndm_manager_close(d->mgr);
+    free(d->params);
+    free(d->grads);
+    free(d->bucket_of);
+    free(d->offset);
+    free(d->ready);
+    free(d->b);
+    free(d);
+}
+
+static const ndm__object_type ddp_type = {"data-parallel wrapper", "closed", ddp_destroy};
+
+static ddp *lookup(ndm_ddp h, const char *api, ndm__site site)
+{
+    return ndm__object_get(h.id, &ddp_type, api, site);
+}
+
+NDM_API ndm_status ndm_ddp_close(ndm_ddp h)
+{
+    return ndm__object_free(h.id, &ddp_type, __func__, NDM__NO_SITE);
+}
+
+NDM_API int ndm_ddp_buckets(ndm_ddp h)
+{
+    ddp *d = lookup(h, __func__, NDM__NO_SITE);
+    return d ? d->nb : ndm_last_status();
+}
+
+/* Lay out the buckets: parameters in reverse order (backward finishes the
+ * last layers first), a new bucket when the dtype changes or the next
+ * gradient would pass the size. */
+static ndm_status plan(ddp *d, int64_t cap_bytes, const char *api, ndm__site site)
+{
+    d->b = calloc((size_t)d->np, sizeof *d->b);
+    if (!d->b)
+        return ndm__fail(NDM_E_OOM, api, site, "no memory for the bucket plan");
+    int nb = 0;
+    int64_t bytes = 0;
+    for (int i = 0; i < d->np; i++) {
+        ndm__array *r = ndm__array_peek(d->params[i]);
+        int64_t n = ndm__numel(r->ndim, r->shape);
+        int64_t sz = n * (int64_t)ndm_dtype_size(r->dtype);
+        bucket *cur = nb ? &d->b[nb - 1] : NULL;
+        if (!cur || cur->dtype != r->dtype || (bytes + sz > cap_bytes && cur->count)) {
+            cur = &d->b[nb++];
+            cur->dtype = r->dtype;
+            cur->first = i;
+            bytes = 0;
+        }
+        d->bucket_of[i] = nb - 1;
+        d->offset[i] = cur->numel;
+        cur->numel += n;
+        cur->count++;
+        bytes += sz;
+    }
+    d->nb = nb;
+    for (int k = 0; k < nb; k++) {
+        if (d->b[k].numel + 1 > INT32_MAX)
+            return ndm__fail(NDM_E_OVERFLOW, api, site,
+                             "bucket %d holds %" PRId64 " elements: MPI counts stop at 2^31-1", k,
+                             d->b[k].numel);
+        int64_t len = d->b[k].numel + 1;
+        d->b[k].buf = ndm__array_new(site, api, d->mgr, d->b[k].dtype, 1, &len, NULL);
+        if (!d->b[k].buf.id)
+            return ndm_last_status();
+        d->b[k].req = MPI_REQUEST_NULL;
+    }
+    return NDM_OK;
+}
+
+NDM_API ndm_ddp ndm_ddp_new_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module net,
+                               ndm_optimizer opt, const ndm_ddp_options *opts)
+{
+    ndm__site site = NDM__SITE;
+    const char *api = __func__;
+    ndm__dist_group *g = ndm__dist_group_get(api, site);
+    if (!g)
+        return (ndm_ddp){0};
+    ndm_status local = NDM_OK;
+    int64_t cap = opts && opts->bucket_bytes ? opts->bucket_bytes : DEFAULT_BUCKET_BYTES;
+    if (cap < 0)
+        local = ndm__fail(NDM_E_INVALID, api, site, "bucket_bytes %" PRId64 " is negative", cap);
+    if (local == NDM_OK)
+        local = ndm__module_check_owner(net, model, api, site);
+    if (local == NDM_OK && ndm__object_owner(opt.id).id != model.id)
+        local = ndm_optimizer_lr(opt) < 0
+                    ? ndm_last_status()
+                    : ndm__fail(NDM_E_NOT_OWNER, api, site,
+                                "the optimizer belongs to another manager than the model");
+    int np = local == NDM_OK ? ndm_module_parameters(net, NULL, 0) : 0;
+    int ns = local == NDM_OK ? ndm_module_named_state(net, NULL, NULL, 0) : 0;
+    if (np < 0 || ns < 0)
+        local = ndm_last_status();
+    ddp *d = NULL;
+    ndm_array *state = NULL;
+    if (local == NDM_OK) {
+        d = calloc(1, sizeof *d);
+        state = malloc((size_t)(ns ? ns : 1) * sizeof *state);
+        if (d) {
+            size_t n = (size_t)(np ? np : 1);
+            d->params = malloc(n * sizeof *d->params);
+            d->grads = malloc(n * sizeof *d->grads);
+            d->bucket_of = malloc(n * sizeof *d->bucket_of);
+            d->offset = malloc(n * sizeof *d->offset);
+            d->ready = calloc(n, sizeof *d->ready);
+        }
+        if (!d || !state || !d->params || !d->grads || !d->bucket_of || !d->offset || !d->ready)
+            local = ndm__fail(NDM_E_OOM, api, site, "no memory for a data-parallel wrapper");
+    }
+    if (local == NDM_OK) {
+        d->model = model;
+        d->net = net;
+        d->opt = opt;
+        d->np = np;
+        ndm_array *tmp = malloc((size_t)(np ? np : 1) * sizeof *tmp);
+        if (!tmp || ndm_module_parameters(net, tmp, np) != np ||
+            ndm_module_named_state(net, NULL, state, ns) != ns) {
+            local = tmp ? ndm_last_status() : ndm__fail(NDM_E_OOM, api, site, "no memory");
+        } else {
+            for (int i = 0; i < np; i++) {
+                d->params[i] = tmp[np - 1 - i];
+                d->grads[i] = ndm__ag_grad_of(d->params[i]);
+                if (!d->grads[i].id && local == NDM_OK)
+                    local = ndm__fail(NDM_E_INVALID, api, site,
+                                      "parameter %d has no gradient (made without gradients?)",
+                                      np - 1 - i);
+            }
+        }
+        free(tmp);
+    }
+    if (local == NDM_OK) {
+        d->mgr = ndm_manager_new_at(NDM__SITE_ARGS(site), model, "ddp");
+        if (!d->mgr.id)
+            local = ndm_last_status();
+        else
+            local = plan(d, cap, api, site);
+    }
+    /* every rank has the same parameter count, or none goes on */
+    ndm_status st = ndm__dist_agree(g, NDM__DIST_DDP_NEW, local == NDM_OK ? ns : -1, NULL, local,
+                                    NULL, api, site);
+    /* rank 0's parameters and buffers everywhere (each checks dtype and shape) */
+    for (int i = 0; i < ns && st == NDM_OK; i++)
+        st = ndm_broadcast_inplace_at(NDM__SITE_ARGS(site), state[i], 0);
+    free(state);
+    uint64_t id = 0;
+    if (st == NDM_OK && !(id = ndm__object_new(&ddp_type, model, d, site, api)))
+        st = ndm_last_status();
+    if (st < 0) {
+        if (d)
+            ddp_destroy(d);
+        return (ndm_ddp){0};
+    }
+    return (ndm_ddp){id};
+}
+
+/* ---- a step ------------------------------------------------------------------------------- */
+
+static void set_flag(bucket *b, bool failed)
+{
+    ndm__array *r = ndm__array_peek(b->buf);
+    char *p = ndm__array_ptr(r);
+    float v = failed ? 1.0f : 0.0f;
+    switch (b->dtype) {
+    case NDM_F16: ((uint16_t *)p)[b->numel] = ndm__f32_to_f16(v); break;
+    case NDM_BF16: ((uint16_t *)p)[b->numel] = ndm__f32_to_bf16(v); break;
+    case NDM_F32: ((float *)p)[b->numel] = v; break;
+    case NDM_F64: ((double *)p)[b->numel] = v; break;
+    default: break; /* parameters are float */
+    }
+}
+
+static bool flag_set(const bucket *b)
+{
+    ndm__array *r = ndm__array_peek(b->buf);
+    const char *p = ndm__array_ptr(r);
+    switch (b->dtype) {
+    case NDM_F16: return ndm__f16_to_f32(((const uint16_t *)p)[b->numel]) != 0;
+    case NDM_BF16: return ndm__bf16_to_f32(((const uint16_t *)p)[b->numel]) != 0;
+    case NDM_F32: return ((const float *)p)[b->numel] != 0;
+    case NDM_F64: return ((const double *)p)[b->numel] != 0;
+    default: return false;
+    }
+}
+
+static void post(ddp *d, bucket *b)
+{
+    ndm__dist_group *g = ndm__dist_group_get("ndm_ddp_backward", NDM__NO_SITE);
+    set_flag(b, d->failed < 0);
+    b->posted = true;
+    if (!g) {
+        b->req = MPI_REQUEST_NULL;
+        return;
+    }
+    ndm__array *r = ndm__array_peek(b->buf);
+    if (MPI_Iallreduce(MPI_IN_PLACE, ndm__array_ptr(r), (int)(b->numel + 1),
+                       ndm__dist_mpi_type(b->dtype), ndm__dist_mpi_op(b->dtype, NDM_DIST_SUM),
+                       g->comm, &b->req) != MPI_SUCCESS)
+        b->req = MPI_REQUEST_NULL;
+}
+
+/* Post every bucket whose gradients are all in, in order; let MPI advance
+ * those in flight (OpenMPI moves nonblocking collectives inside its calls). */
+static void post_ready(ddp *d)
+{
+    while (d->next_post < d->nb && d->b[d->next_post].pending == 0)
+        post(d, &d->b[d->next_post++]);
+    for (int k = 0; k < d->next_post; k++)
+        if (d->b[k].req != MPI_REQUEST_NULL) {
+            int done;
+            MPI_Test(&d->b[k].req, &done, MPI_STATUS_IGNORE);
+        }
+}
+
+static void take(ddp *d, int i)
+{
+    if (d->ready[i])
+        return;
+    d->ready[i] = true;
+    bucket *b = &d->b[d->bucket_of[i]];
+    ndm__array *g = ndm__array_peek(d->grads[i]);
+    ndm__array *br = ndm__array_peek(b->buf);
+    if (g && br) {
+        size_t es = ndm_dtype_size(b->dtype);
+        memcpy((char *)ndm__array_ptr(br) + d->offset[i] * (int64_t)es, ndm__array_ptr(g),
+               (size_t)ndm__numel(g->ndim, g->shape) * es);
+    }
+    b->pending--;
+}
+
+/* backward's report that a gradient is complete */
+static void on_ready(void *ud, ndm_array grad)
+{
+    ddp *d = ud;
+    for (int i = 0; i < d->np; i++)
+        if (d->grads[i].id == grad.id) {
+            take(d, i);
+            post_ready(d);
+            return;
+        }
+}
+
+static void start_step(ddp *d)
+{
+    d->in_step = true;
+    d->failed = NDM_OK;
+    d->msg[0] = 0;
+    d->next_post = 0;
+    for (int i = 0; i < d->np; i++)
+        d->ready[i] = false;
+    for (int k = 0; k < d->nb; k++) {
+        d->b[k].pending = d->b[k].count;
+        d->b[k].posted = false;
+        d->b[k].req = MPI_REQUEST_NULL;
+    }
+}
+
+static void note_failure(ddp *d, ndm_status st)
+{
+    if (d->failed < 0)
+        return;
+    d->failed = st < 0 ? st : NDM_E_INTERNAL;
+    snprintf(d->msg, sizeof d->msg, "%s", ndm_last_error());
+}
+
+/* Post what backward left unposted: parameters it did not reach keep their
+ * gradients (usually zeros), as DistributedDataParallel's
+ * find_unused_parameters would. */
+static void finish_posting(ddp *d)
+{
+    for (int i = 0; i < d->np; i++)
+        take(d, i);
+    post_ready(d);
+}
+
+NDM_API ndm_status ndm_ddp_backward_at(NDM_SITE_PARAMS, ndm_ddp h, ndm_array loss)
+{
+    ndm__site site = NDM__SITE;
+    ddp *d = lookup(h, __func__, site);
+    if (!d)
+        return ndm_last_status();
+    if (d->in_step) {
+        /* its buckets are out already: this rank fails the step for all */
+        ndm_status st = ndm__fail(NDM_E_INVALID, __func__, site,
+                                  "backward ran twice without ndm_ddp_step between");
+        note_failure(d, st);
+        return st;
+    }
+    start_step(d);
+    ndm_status st;
+    if (!loss.id) {
+        st = ndm__fail_null(__func__, site, "loss");
+        note_failure(d, st);
+    } else {
+        st = ndm__ag_backward_hooked(site, loss, NDM_NULL_ARRAY, on_ready, d);
+        if (st < 0)
+            note_failure(d, st);
+    }
+    finish_posting(d);
+    return st;
+}
+
+NDM_API ndm_status ndm_ddp_step_at(NDM_SITE_PARAMS, ndm_ddp h)
+{
+    ndm__site site = NDM__SITE;
+    const char *api = __func__;
+    ddp *d = lookup(h, api, site);
+    if (!d)
+        return ndm_last_status();
+    ndm__dist_group *g = ndm__dist_group_get(api, site);
+    if (!g)
+        return ndm_last_status();
+    if (!d->in_step) {
+        /* the others have posted their buckets: send ours, marked failed */
+        start_step(d);
+        note_failure(d, ndm__fail(NDM_E_INVALID, api, site,
+                                  "ndm_ddp_step without ndm_ddp_backward before it"));
+        finish_posting(d);
+    }
+    d->in_step = false;
+    MPI_Request *reqs = malloc((size_t)d->nb * sizeof *reqs);
+    ndm_array *keep = malloc((size_t)d->nb * sizeof *keep);
+    if (!reqs || !keep) {
+        /* cannot wait without memory: a bucket-sized wait at a time */
+        free(reqs);
+        free(keep);
+        ndm_status st = NDM_OK;
+        for (int k = 0; k < d->nb && st == NDM_OK; k++)
+            st = ndm__dist_wait(g, &d->b[k].req, 1, &d->b[k].buf, 1, api, site);
+        if (st < 0)
+            return st;
+    } else {
+        for (int k = 0; k < d->nb; k++) {
+            reqs[k] = d->b[k].req;
+            keep[k] = d->b[k].buf;
+        }
+        ndm_status st = ndm__dist_wait(g, reqs, d->nb, keep, d->nb, api, site);
+        free(reqs);
+        free(keep);
+        if (st < 0)
+            return st;
+    }
+    for (int k = 0; k < d->nb; k++)
+        d->b[k].req = MPI_REQUEST_NULL;
+    bool any_failed = false;
+    for (int k = 0; k < d->nb; k++)
+        any_failed |= flag_set(&d->b[k]);
+    if (any_failed || d->failed < 0) {
+        /* learn who failed and why, all ranks alike */
+        ndm_status st = ndm__dist_agree(g, NDM__DIST_DDP_STEP, 0, NULL, d->failed,
+                                        d->failed < 0 ? d->msg : NULL, api, site);
+        if (st == NDM_OK) /* cannot happen: a flag was set */
+            st = ndm__fail(NDM_E_INTERNAL, api, site, "a rank failed but none says so");
+        /* in place, so it leaves the error of the step in place */
+        (void)!ndm_optimizer_zero_grad(d->opt);
+        return st;
+    }
+    for (int i = 0; i < d->np; i++) {
+        bucket *b = &d->b[d->bucket_of[i]];
+        ndm__array *gr = ndm__array_peek(d->grads[i]);
+        ndm__array *br = ndm__array_peek(b->buf);
+        if (!gr || !br)
+            return ndm__fail(NDM_E_CLOSED, api, site, "a gradient or bucket was released");
+        size_t es = ndm_dtype_size(b->dtype);
+        int64_t n = ndm__numel(gr->ndim, gr->shape);
+        char *src = (char *)ndm__array_ptr(br) + d->offset[i] * (int64_t)es;
+        ndm__dist_divide(src, n, b->dtype, g->size);
+        memcpy(ndm__array_ptr(gr), src, (size_t)n * es);
+    }
+    ndm_status st = ndm_optimizer_step(d->opt);
+    if (st == NDM_OK)
+        st = ndm_optimizer_zero_grad(d->opt);
+    return st;
+}

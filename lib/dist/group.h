@@ -1,0 +1,63 @@
+/* Private interface of the MPI process group: the agreement record every
+ * collective exchanges first, bounded waits, and MPI's names for dtypes. */
+#ifndef NDM_DIST_GROUP_H
+#define NDM_DIST_GROUP_H
+
+#include <mpi.h>
+
+#include "ndm/dist.h"
+#include "../manager/core.h"
+
+/* What a collective is, in the agreement record: ranks that disagree fail. */
+typedef enum ndm__dist_kind {
+    NDM__DIST_CHECK = 1,
+    NDM__DIST_ALL_REDUCE,
+    NDM__DIST_BROADCAST,
+    NDM__DIST_ALL_GATHER,
+    NDM__DIST_REDUCE_SCATTER,
+    NDM__DIST_DUMP,
+    NDM__DIST_LEAKS,
+    NDM__DIST_DDP_NEW,
+    NDM__DIST_DDP_STEP,
+} ndm__dist_kind;
+
+/* The group, or NULL with NDM_E_UNSUPPORTED/NDM_E_INVALID (not joined) or
+ * NDM_E_TIMEOUT (broken) recorded for `api`. */
+typedef struct ndm__dist_group {
+    MPI_Comm comm;
+    int rank, size, local_rank;
+    bool we_initialised;
+    double timeout_s;
+    bool broken;
+    MPI_Request *abandoned;   /* the requests a timeout left behind */
+    int nabandoned;
+    ndm_manager keep;         /* "dist" under system: views of their buffers */
+    void **kept;              /* and the group's own buffers they use */
+    int nkept;
+} ndm__dist_group;
+
+ndm__dist_group *ndm__dist_group_get(const char *api, ndm__site site);
+
+/* Exchange one record per rank (status, kind, arg, and a's dtype, shape
+ * and device when r is not NULL) and check them: NDM_OK when every rank
+ * agrees, else the same error on every rank (dist.h). A local failure is
+ * told with `msg`, or this thread's last error when msg is NULL. */
+ndm_status ndm__dist_agree(ndm__dist_group *g, ndm__dist_kind kind, int64_t arg,
+                           const ndm__array *r, ndm_status local, const char *msg,
+                           const char *api, ndm__site site);
+
+/* Wait for n requests, bounded by the group's timeout. On a timeout the
+ * group breaks, keeps the requests and a view of each of the `nkeep`
+ * arrays whose memory MPI may still write, and NDM_E_TIMEOUT is returned. */
+ndm_status ndm__dist_wait(ndm__dist_group *g, MPI_Request *reqs, int n, const ndm_array *keep,
+                          int nkeep, const char *api, ndm__site site);
+
+/* MPI's datatype and operation for a dtype and ndm_dist_op (MEAN: SUM, the
+ * division is the caller's). f16 and bf16 use ops of ndm's own. */
+MPI_Datatype ndm__dist_mpi_type(ndm_dtype dt);
+MPI_Op ndm__dist_mpi_op(ndm_dtype dt, ndm_dist_op op);
+
+/* Divide n elements at p of dtype dt by the group size, in place (MEAN). */
+void ndm__dist_divide(void *p, int64_t n, ndm_dtype dt, int size);
+
+#endif
