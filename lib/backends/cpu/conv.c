@@ -529,8 +529,9 @@ static void conv_items(void *ctx, int64_t begin, int64_t end)
     cctx *q = ctx;
     const cplan *p = q->p;
     const cgeo *c = &p->c;
-    int slot = atomic_fetch_add(&q->next_slot, 1);
-    char *col = q->ws + (size_t)slot * p->slot_bytes;
+    /* the slot of this thread: chunks are many more than threads */
+    int slot = ndm__parallel_thread_index();
+    char *col = q->ws + (size_t)(slot < p->slots ? slot : 0) * p->slot_bytes;
     int64_t es = (int64_t)p->es;
     const int64_t *ys = q->y->strides, *xs = q->x->strides;
     for (int64_t it = begin; it < end; it++) {
