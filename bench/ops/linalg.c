@@ -102,12 +102,16 @@ static void measure(bench_report *r)
             tn[i] = time_ndm(a, b, calls);
         }
         double flop = 2.0 * (double)n * (double)n * (double)n;
-        double g_ndm = flop / bench_median(tn, samples) * 1e-9;
-        double g_dir = have_direct ? flop / bench_median(td, samples) * 1e-9 : 0;
+        bench_pairs p = bench_pair_stats(tn, td, samples, true);
+        double g_ndm = flop / p.fig_t * 1e-9;
+        double g_dir = have_direct ? flop / p.anchor_t * 1e-9 : 0;
         char name[96], what[160];
         snprintf(name, sizeof name, "matmul_f32_n%d_gflops", n);
         snprintf(what, sizeof what, "direct %s sgemm, %d threads", ndm_gemm_provider(), threads);
-        bench_add(r, name, g_ndm, "GFLOP/s", have_direct ? what : "", g_dir);
+        if (have_direct)
+            bench_add_pairs(r, name, g_ndm, "GFLOP/s", what, g_dir, p);
+        else
+            bench_add(r, name, g_ndm, "GFLOP/s", "", 0);
         snprintf(name, sizeof name, "matmul_f32_n%d_vs_peak", n);
         snprintf(what, sizeof what, "peak %.0f GFLOP/s per core x %d threads", PEAK_PER_CORE,
                  threads);
