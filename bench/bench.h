@@ -60,6 +60,7 @@ typedef struct bench_figure {
     char anchor[160];
     double anchor_value;
     double ratio;
+    double ratio_lo, ratio_hi; /* spread of interleaved pairs' ratios; 0 when none */
 } bench_figure;
 
 typedef struct bench_report {
@@ -83,6 +84,7 @@ static inline void bench_add(bench_report *r, const char *name, double value, co
     snprintf(f->anchor, sizeof f->anchor, "%s", anchor ? anchor : "");
     f->anchor_value = anchor_value;
     f->ratio = anchor_value != 0 ? value / anchor_value : 0;
+    f->ratio_lo = f->ratio_hi = 0;
 }
 
 /* A line of context printed with the table (and as "notes" in JSON). */
@@ -115,7 +117,10 @@ static inline void bench_print(const bench_report *r)
             bench_json_str(stdout, f->unit);
             printf(", \"anchor\": ");
             bench_json_str(stdout, f->anchor);
-            printf(", \"anchor_value\": %.6g, \"ratio\": %.4g}", f->anchor_value, f->ratio);
+            printf(", \"anchor_value\": %.6g, \"ratio\": %.4g", f->anchor_value, f->ratio);
+            if (f->ratio_hi > 0)
+                printf(", \"ratio_lo\": %.4g, \"ratio_hi\": %.4g", f->ratio_lo, f->ratio_hi);
+            printf("}");
         }
         if (r->nnotes) {
             printf("%s\n  \"notes\": [", r->n ? "," : "");
@@ -130,12 +135,65 @@ static inline void bench_print(const bench_report *r)
     }
     for (int i = 0; i < r->nnotes; i++)
         printf("# %s\n", r->notes[i]);
-    printf("%-44s %14s %-10s %14s %8s  %s\n", "figure", "value", "unit", "anchor", "ratio",
-           "anchor is");
+    printf("%-44s %14s %-10s %14s %8s %13s  %s\n", "figure", "value", "unit", "anchor",
+           "ratio", "pairs' spread", "anchor is");
     for (int i = 0; i < r->n; i++) {
         const bench_figure *f = &r->f[i];
-        printf("%-44s %14.4g %-10s %14.4g %8.3f  %s\n", f->name, f->value, f->unit,
-               f->anchor_value, f->ratio, f->anchor);
+        char spread[32] = "";
+        if (f->ratio_hi > 0)
+            snprintf(spread, sizeof spread, "%.3f-%.3f", f->ratio_lo, f->ratio_hi);
+        printf("%-44s %14.4g %-10s %14.4g %8.3f %13s  %s\n", f->name, f->value, f->unit,
+               f->anchor_value, f->ratio, spread, f->anchor);
+    }
+}
+
+/* ---- figures measured with their anchors, interleaved -------------------------
+ * Shared machines drift (memory bandwidth, other tenants) within a run, so a
+ * figure and its anchor are sampled alternately, figure then anchor, and the
+ * ratio reported is the median of the pairs' ratios, with their spread. */
+
+typedef struct bench_pairs {
+    double fig_t, anchor_t; /* medians of the figure's and the anchor's times */
+    double ratio, lo, hi;   /* median, least and greatest of the pairs' ratios */
+} bench_pairs;
+
+/* From n pairs of times (fig_t[i] and anchor_t[i] measured one after the
+ * other). `rate`: the figure is a rate (work / time, more is better), so a
+ * pair's ratio is anchor time / figure time; else figure time / anchor time. */
+static inline bench_pairs bench_pair_stats(const double *fig_t, const double *anchor_t, int n,
+                                           bool rate)
+{
+    bench_pairs p = {0, 0, 0, 0, 0};
+    double f[64], a[64], q[64];
+    if (n > 64)
+        n = 64;
+    if (n <= 0)
+        return p;
+    for (int i = 0; i < n; i++) {
+        f[i] = fig_t[i];
+        a[i] = anchor_t[i];
+        q[i] = rate ? anchor_t[i] / fig_t[i] : fig_t[i] / anchor_t[i];
+    }
+    p.fig_t = bench_median(f, n);
+    p.anchor_t = bench_median(a, n);
+    p.ratio = bench_median(q, n); /* sorts q */
+    p.lo = q[0];
+    p.hi = q[n - 1];
+    return p;
+}
+
+/* bench_add with the pairs' median ratio and spread in place of
+ * value / anchor_value. */
+static inline void bench_add_pairs(bench_report *r, const char *name, double value,
+                                   const char *unit, const char *anchor, double anchor_value,
+                                   bench_pairs p)
+{
+    bench_add(r, name, value, unit, anchor, anchor_value);
+    if (r->n > 0 && anchor_value != 0) {
+        bench_figure *f = &r->f[r->n - 1];
+        f->ratio = p.ratio;
+        f->ratio_lo = p.lo;
+        f->ratio_hi = p.hi;
     }
 }
 

@@ -64,8 +64,9 @@ void bench_blas_child_emit(const bench_report *r)
     printf("core\t%s\t%d\n", bench_blas_core(), bench_blas_threads());
     for (int i = 0; i < r->n; i++) {
         const bench_figure *f = &r->f[i];
-        printf("%s\t%.9g\t%s\t%.9g\t%s\n", f->name, f->value, f->unit, f->anchor_value,
-               f->anchor);
+        printf("%s\t%.9g\t%s\t%.9g\t%s\t%.9g\t%.9g\t%.9g\n", f->name, f->value, f->unit,
+               f->anchor_value, f->anchor[0] ? f->anchor : "-", f->ratio, f->ratio_lo,
+               f->ratio_hi);
     }
     fflush(stdout);
 }
@@ -116,9 +117,9 @@ void bench_blas_rerun(bench_report *r, const char *label, int argc, char **argv)
     char line[512];
     while (f && fgets(line, sizeof line, f)) {
         line[strcspn(line, "\n")] = 0;
-        char *fields[5] = {0};
+        char *fields[8] = {0};
         char *save = NULL, *p = strtok_r(line, "\t", &save);
-        for (int i = 0; i < 5 && p; i++, p = strtok_r(NULL, "\t", &save))
+        for (int i = 0; i < 8 && p; i++, p = strtok_r(NULL, "\t", &save))
             fields[i] = p;
         if (fields[0] && !strcmp(fields[0], "core") && fields[2]) {
             snprintf(note, sizeof note,
@@ -129,8 +130,15 @@ void bench_blas_rerun(bench_report *r, const char *label, int argc, char **argv)
         } else if (fields[3]) {
             char name[96];
             snprintf(name, sizeof name, "%s_noenv", fields[0]);
-            bench_add(r, name, atof(fields[1]), fields[2], fields[4] ? fields[4] : "",
-                      atof(fields[3]));
+            bench_add(r, name, atof(fields[1]), fields[2],
+                      fields[4] && strcmp(fields[4], "-") ? fields[4] : "", atof(fields[3]));
+            /* the child's paired ratio and spread, when it measured pairs */
+            if (fields[7] && atof(fields[7]) > 0 && r->n > 0) {
+                bench_figure *fg = &r->f[r->n - 1];
+                fg->ratio = atof(fields[5]);
+                fg->ratio_lo = atof(fields[6]);
+                fg->ratio_hi = atof(fields[7]);
+            }
         }
     }
     if (f)

@@ -5,6 +5,7 @@
 #include "backends/backend.h"
 #include "backends/cpu/parallel.h"
 #include "backends/nn.h"
+#include "backends/registry.h"
 #include "check_numeric.h"
 #include "manager/alloc/alloc.h"
 
@@ -766,6 +767,66 @@ static void test_max_pool2d_backward_picks_the_forwards_element(void **state)
         }
 }
 
+/* Max pooling's 2x2, stride-2 kernel over planes with odd sides, values
+ * drawn from a few levels (many ties) with NaNs sprinkled in, against the
+ * definition; the kernel's dx first holds NaNs, so an element it fails to
+ * write (the odd last row and column) shows. */
+static void test_max_pool2d_backward_2x2_ties_nans_odd_sides(void **state)
+{
+    ndm_manager m = ROOT(state);
+    rng g = rng_new(29);
+    const int64_t xs[4] = {3, 5, 13, 17};
+    int64_t n = shape_numel(4, xs);
+    pool_case pc = {{2, 2}, {0, 0}, {0, 0}};
+    int64_t ys[4];
+    pool_out(xs, &pc, ys);
+    double *xv = malloc((size_t)n * sizeof(double)), *dyv = malloc((size_t)n * sizeof(double));
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t r = (uint64_t)(i * 2654435761u) ^ (uint64_t)(i >> 3);
+        xv[i] = r % 11 == 0 ? NAN : (double)(r % 3);
+    }
+    /* the CPU kernel itself, on a dx that holds NaNs */
+    int64_t xst[4] = {xs[1] * xs[2] * xs[3], xs[2] * xs[3], xs[3], 1};
+    int64_t yst[4] = {ys[1] * ys[2] * ys[3], ys[2] * ys[3], ys[3], 1};
+    int64_t ny = shape_numel(4, ys);
+    float *xf = malloc((size_t)n * sizeof(float)), *dxf = malloc((size_t)n * sizeof(float));
+    float *dyf = malloc((size_t)ny * sizeof(float));
+    for (int64_t i = 0; i < n; i++)
+        xf[i] = (float)xv[i];
+    for (int64_t i = 0; i < ny; i++)
+        dyf[i] = (float)(dyv[i] = (double)(i % 7) - 2.5);
+    const ndm__backend *b = ndm__backend_for(NDM_DEVICE_CPU);
+    for (int max = 0; max < 2; max++)
+        for (int md = 0; md < N_MODES; md++) {
+            int keep = mode_enter(md);
+            ndm__tensor tx = {xf, NDM_F32, 4, xs, xst}, tdx = {dxf, NDM_F32, 4, xs, xst};
+            ndm__tensor tdy = {dyf, NDM_F32, 4, ys, yst};
+            ndm__pool2d_geom geom = {{2, 2}, {2, 2}, {0, 0}, max, false};
+            for (int64_t i = 0; i < n; i++)
+                dxf[i] = NAN;
+            assert_ok(b->nn->pool2d_backward(0, &tdx, &tdy, &tx, &geom));
+            double *scale, *want = ref_pool_grad(xv, dyv, xs, &pc, max, false, &scale);
+            for (int64_t i = 0; i < n; i++)
+                if (!((double)dxf[i] == want[i]))
+                    fail_msg("%s, mode %d: dx[%lld] = %g, want %g", max ? "max" : "avg", md,
+                             (long long)i, (double)dxf[i], want[i]);
+            free(want), free(scale);
+            mode_leave(keep);
+        }
+    free(xf), free(dxf), free(dyf);
+    /* and through the API */
+    for (int md = 0; md < N_MODES; md++) {
+        int keep = mode_enter(md);
+        ndm_array x = make_array(m, NDM_F32, xv, 4, xs);
+        ndm_array dy = rand_array(m, &g, NDM_F32, dyv, 4, ys);
+        check_pool_grad(x, xv, dy, dyv, &pc, true, false, "2x2 ties and NaNs");
+        check_pool_grad(x, xv, dy, dyv, &pc, false, false, "2x2 average");
+        release(x), release(dy);
+        mode_leave(keep);
+    }
+    free(xv), free(dyv);
+}
+
 /* A 2x2 plane of ones under a 2x2 window, stride 1, padding 1 (3x3
  * windows): with count_include_pad every window divides by 4, without it
  * corner windows by 1, edge ones by 2, the middle one by 4. */
@@ -1031,6 +1092,7 @@ int main(void)
         TEST(test_pool2d_backward_matches_direct_loops),
         TEST(test_pool2d_backward_central_differences),
         TEST(test_max_pool2d_backward_picks_the_forwards_element),
+        TEST(test_max_pool2d_backward_2x2_ties_nans_odd_sides),
         TEST(test_avg_pool2d_backward_divisors),
         TEST(test_conv2d_backward_errors),
         TEST(test_pool2d_backward_errors),

@@ -2,6 +2,9 @@
  * transposed and other strided views, batches that broadcast, the 1-D rules;
  * the error paths, the output rule, and the provider against ndm's kernel. */
 #include "backends/backend.h"
+#include "backends/cpu/gemm.h"
+#include "backends/cpu/isa.h"
+#include "backends/cpu/parallel.h"
 #include "check_numeric.h"
 #include "manager/alloc/alloc.h"
 
@@ -528,6 +531,95 @@ static void test_matmul_capped_and_failing_allocations(void **state)
     assert_ok(ndm_manager_close(model));
 }
 
+/* One small product (few rows of C) against a float64 product: B read as
+ * columns (dot form, w is n x k) or as rows (axpy form, k x n), C strided or
+ * not, with a bias per row or accumulating. */
+static void check_small(ndm_dtype dt, int64_t m, int64_t n, int64_t k, bool dot, int64_t csc,
+                        int mode, const char *level)
+{
+    size_t es = ndm_dtype_size(dt);
+    int64_t rsa = k + 3; /* rows of A apart */
+    char *a = malloc((size_t)(m * rsa + 1) * es), *b = malloc((size_t)(k * n + 1) * es);
+    char *c = malloc((size_t)(m * n * csc + 1) * es), *bias = malloc((size_t)(m + 1) * es);
+    double *want = malloc((size_t)(m * n + 1) * sizeof(double));
+    uint64_t seed = (uint64_t)(m * 1000003 + n * 1009 + k);
+#define VAL() ((double)((seed = seed * 6364136223846793005ull + 1442695040888963407ull) >> 40) / \
+                   (double)(1ull << 24) - 0.5)
+#define PUT(buf, i, v) (dt == NDM_F32 ? (void)(((float *)(buf))[i] = (float)(v)) \
+                                      : (void)(((double *)(buf))[i] = (v)))
+#define GET(buf, i) (dt == NDM_F32 ? (double)((float *)(buf))[i] : ((double *)(buf))[i])
+    for (int64_t i = 0; i < m * rsa; i++)
+        PUT(a, i, VAL());
+    for (int64_t i = 0; i < k * n; i++)
+        PUT(b, i, VAL());
+    for (int64_t i = 0; i < m; i++)
+        PUT(bias, i, VAL());
+    for (int64_t i = 0; i < m * n * csc; i++)
+        PUT(c, i, VAL());
+    int64_t rsb = dot ? 1 : n, csb = dot ? k : 1;
+    double tol = dt == NDM_F32 ? 1e-5 : 1e-13;
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            double s = mode == 1 ? GET(bias, i) : mode == 2 ? GET(c, (i * n + j) * csc) : 0;
+            for (int64_t p = 0; p < k; p++)
+                s += GET(a, i * rsa + p) * GET(b, p * rsb + j * csb);
+            want[i * n + j] = s;
+        }
+    ndm_status st = ndm__cpu_gemm_bias(dt, m, n, k, a, rsa, 1, b, rsb, csb, c, n * csc, csc,
+                                       mode == 1 ? bias : NULL, 1,
+                                       mode == 2 ? NDM__GEMM_ACCUMULATE : 0);
+    if (st != NDM_OK)
+        fail_msg("%s gemm returned %s", level, ndm_status_name(st));
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            double got = GET(c, (i * n + j) * csc), w = want[i * n + j];
+            if (!(fabs(got - w) <= tol * (1.0 + (double)k)))
+                fail_msg("%s %s m=%lld n=%lld k=%lld %s csc=%lld mode=%d: C[%lld][%lld] = %.9g, "
+                         "want %.9g", level, ndm_dtype_name(dt), (long long)m, (long long)n,
+                         (long long)k, dot ? "dot" : "axpy", (long long)csc, mode, (long long)i,
+                         (long long)j, got, w);
+        }
+#undef VAL
+#undef PUT
+#undef GET
+    free(a), free(b), free(c), free(bias), free(want);
+}
+
+/* The small-product path (batch-1 and small-batch shapes) at every CPU
+ * level this machine runs, odd sizes around the vector widths, one and
+ * several threads. */
+static void test_gemm_small_path_every_level(void **state)
+{
+    (void)state;
+    static const int64_t ns[] = {1, 3, 4, 5, 17, 33, 64, 65, 130, 300};
+    static const int64_t ks[] = {1, 2, 7, 8, 9, 16, 31, 33, 100, 784};
+    static const ndm_dtype dts[] = {NDM_F32, NDM_F64};
+    int keep = ndm__set_num_threads(1);
+    int levels = 0;
+    for (int level = 0; level < NDM__CPU_ISA_COUNT; level++) {
+        if (!ndm__cpu_isa_force(level))
+            continue;
+        levels++;
+        const char *name = ndm__cpu_isa_name((ndm__cpu_isa)level);
+        for (int threads = 1; threads <= 3; threads += 2) {
+            ndm__set_num_threads(threads);
+            for (size_t d = 0; d < 2; d++)
+                for (int64_t m = 1; m <= 5; m++)
+                    for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
+                        for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++)
+                            for (int form = 0; form < 2; form++) {
+                                int mode = (int)((ni + ki + (size_t)m) % 3);
+                                int64_t csc = form == 0 && ni % 2 ? 2 : 1;
+                                check_small(dts[d], m, ns[ni], ks[ki], form == 0, csc, mode,
+                                            name);
+                            }
+        }
+    }
+    assert_true(ndm__cpu_isa_force(-1));
+    ndm__set_num_threads(keep);
+    assert_true(levels >= 1);
+}
+
 static void test_gemm_provider_is_named(void **state)
 {
     (void)state;
@@ -554,6 +646,7 @@ int main(void)
         TEST(test_matmul_output_rule_and_temporaries),
         TEST(test_matmul_capped_and_failing_allocations),
         TEST(test_gemm_provider_is_named),
+        TEST(test_gemm_small_path_every_level),
     };
     return cmocka_run_group_tests_name("linalg", tests, NULL, NULL);
 }

@@ -98,16 +98,11 @@ void bench_ops_conv(bench_report *r)
         double est = time_pass(which, x, w, b, dy, 1);
         calls[which] = est >= 0.02 ? 1 : (int)(0.02 / est) + 1;
     }
-    /* ndm first, the provider after: its threads keep spinning for a while
-     * after a call (OpenBLAS: about 2^28 cycles) and would take cores from
-     * ndm's pool; the pause lets those of earlier calls go to sleep */
-    struct timespec pause = {0, 300000000};
-    nanosleep(&pause, NULL);
-    for (int i = 0; i < samples; i++)
-        for (int which = 0; which < 3; which++)
-            tc[which][i] = time_pass(which, x, w, b, dy, calls[which]);
+    /* ndm's pass and the provider's alternate (ABAB...), so that a change of
+     * load or bandwidth hits both; the ratio is the median of the pairs' */
     for (int i = 0; i < samples; i++)
         for (int which = 0; which < 3; which++) {
+            tc[which][i] = time_pass(which, x, w, b, dy, calls[which]);
             double t0 = bench_now();
             for (int j = 0; have_gemm && j < calls[which]; j++)
                 anchor_pass(which, gm, gk, gn, ga, gb, gd, gc);
@@ -128,9 +123,12 @@ void bench_ops_conv(bench_report *r)
             snprintf(shape, sizeof shape, "%dx%d @ %dx%d, B transposed", gm, gn, gn, gk);
         snprintf(what, sizeof what, "the unfolded GEMM (%s), direct %s sgemm", shape,
                  ndm_gemm_provider());
-        bench_add(r, names[which], flop / bench_median(tc[which], samples) * 1e-9, "GFLOP/s",
-                  have_gemm ? what : "",
-                  have_gemm ? flop / bench_median(tg[which], samples) * 1e-9 : 0);
+        bench_pairs p = bench_pair_stats(tc[which], tg[which], samples, true);
+        if (have_gemm)
+            bench_add_pairs(r, names[which], flop / p.fig_t * 1e-9, "GFLOP/s", what,
+                            flop / p.anchor_t * 1e-9, p);
+        else
+            bench_add(r, names[which], flop / p.fig_t * 1e-9, "GFLOP/s", "", 0);
     }
     free(ga), free(gb), free(gc), free(gd), free(hx), free(hw), free(hdy);
     if (ndm_manager_close(m) < 0)

@@ -106,16 +106,24 @@ static void bandwidth(bench_report *r, ndm_manager m)
             double bytes = (op == OP_RELU ? 8.0 : 12.0) * (double)BIG;
             for (int alloc = 0; alloc <= 1; alloc++) {
                 time_op(op, alloc, x, y);
+                /* the op and the triad alternate: the ratio of each pair */
+                double ta[16];
                 for (int i = 0; i < reps; i++) {
                     samples[i] = time_op(op, alloc, x, y);
                     /* keep the values bounded: x stays near 1 */
                     if (!alloc && op != OP_RELU)
                         check(ndm_copy_into(x, y), "reset");
+                    ta[i] = time_triad(a, b, c, BIG);
                 }
-                double gbs = bytes / median_of(samples, reps) * 1e-9;
+                /* per byte: the op's bytes differ from the triad's */
+                double tf[16];
+                for (int i = 0; i < reps; i++)
+                    tf[i] = samples[i] / bytes, ta[i] /= 12.0 * (double)BIG;
+                bench_pairs p = bench_pair_stats(tf, ta, reps, true);
+                double gbs = 1e-9 / p.fig_t;
                 snprintf(name, sizeof name, "%s_f32_64M%s_%dt_vs_triad", op_names[op],
                          alloc ? "_new" : "_inplace", threads);
-                bench_add(r, name, gbs, "GB/s", anchor, triad_gbs);
+                bench_add_pairs(r, name, gbs, "GB/s", anchor, 1e-9 / p.anchor_t, p);
             }
         }
     }
@@ -184,13 +192,16 @@ static void overhead(bench_report *r, ndm_manager m)
         inplace[i] = ndm_small(SMALL_ADD_INPLACE, m, a, b, iters);
         empty[i] = ndm_small(SMALL_EMPTY, m, a, b, iters);
     }
-    double anchor = median_of(plain, reps);
+    /* each figure's samples alternate with the anchor's: ratios per pair */
     const char *what = "plain C: malloc 64 B, add 16 floats, free";
-    bench_add(r, "small_add_16_ns_per_call_vs_plain_c", median_of(add, reps), "ns", what, anchor);
-    bench_add(r, "small_add_inplace_16_ns_per_call_vs_plain_c", median_of(inplace, reps), "ns",
-              what, anchor);
-    bench_add(r, "small_empty_release_16_ns_per_call_vs_plain_c", median_of(empty, reps), "ns",
-              what, anchor);
+    bench_pairs p = bench_pair_stats(add, plain, reps, false);
+    bench_add_pairs(r, "small_add_16_ns_per_call_vs_plain_c", p.fig_t, "ns", what, p.anchor_t, p);
+    p = bench_pair_stats(inplace, plain, reps, false);
+    bench_add_pairs(r, "small_add_inplace_16_ns_per_call_vs_plain_c", p.fig_t, "ns", what,
+                    p.anchor_t, p);
+    p = bench_pair_stats(empty, plain, reps, false);
+    bench_add_pairs(r, "small_empty_release_16_ns_per_call_vs_plain_c", p.fig_t, "ns", what,
+                    p.anchor_t, p);
     bench_note(r, "small_add: c = ndm_add(a, b) of two f32[16] and ndm_array_release(c); "
                   "small_add_inplace: ndm_add_(a, b); small_empty_release: ndm_empty + release");
     check(ndm_array_release(a), "release");

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../lib/backends/cpu/gemm.h"
 #include "../blas_env.h"
 #include "ndm/ndm.h"
 #include "sections.h"
@@ -102,12 +103,16 @@ static void measure(bench_report *r)
             tn[i] = time_ndm(a, b, calls);
         }
         double flop = 2.0 * (double)n * (double)n * (double)n;
-        double g_ndm = flop / bench_median(tn, samples) * 1e-9;
-        double g_dir = have_direct ? flop / bench_median(td, samples) * 1e-9 : 0;
+        bench_pairs p = bench_pair_stats(tn, td, samples, true);
+        double g_ndm = flop / p.fig_t * 1e-9;
+        double g_dir = have_direct ? flop / p.anchor_t * 1e-9 : 0;
         char name[96], what[160];
         snprintf(name, sizeof name, "matmul_f32_n%d_gflops", n);
         snprintf(what, sizeof what, "direct %s sgemm, %d threads", ndm_gemm_provider(), threads);
-        bench_add(r, name, g_ndm, "GFLOP/s", have_direct ? what : "", g_dir);
+        if (have_direct)
+            bench_add_pairs(r, name, g_ndm, "GFLOP/s", what, g_dir, p);
+        else
+            bench_add(r, name, g_ndm, "GFLOP/s", "", 0);
         snprintf(name, sizeof name, "matmul_f32_n%d_vs_peak", n);
         snprintf(what, sizeof what, "peak %.0f GFLOP/s per core x %d threads", PEAK_PER_CORE,
                  threads);
@@ -131,8 +136,105 @@ static void measure(bench_report *r)
         exit(1);
 }
 
+/* ndm's own blocked GEMM threaded by ndm's pool (the provider left out)
+ * against the provider called directly with its own threads: the other way
+ * to keep all CPU work on one pool. */
+static void own_kernel(bench_report *r)
+{
+    static const int sizes[] = {256, 512, 1024};
+    int count = r->o.quick ? 2 : 3, threads = bench_blas_threads();
+    for (int s = 0; s < count; s++) {
+        int n = sizes[s];
+        size_t nn = (size_t)n * (size_t)n;
+        float *a = malloc(nn * sizeof(float)), *b = malloc(nn * sizeof(float));
+        float *c = malloc(nn * sizeof(float));
+        if (!a || !b || !c)
+            exit(1);
+        for (size_t i = 0; i < nn; i++) {
+            a[i] = (float)((i * 7919) % 1000) * 1e-3f - 0.5f;
+            b[i] = (float)((i * 104729) % 1000) * 1e-3f - 0.5f;
+        }
+        if (!direct_sgemm(n, a, b, c)) {
+            free(a), free(b), free(c);
+            return;
+        }
+        double t0 = bench_now();
+        ndm__cpu_gemm(NDM_F32, n, n, n, a, n, 1, b, n, 1, c, n, 1, NDM__GEMM_NO_PROVIDER);
+        double est = bench_now() - t0;
+        int calls = est >= 0.02 ? 1 : (int)(0.02 / est) + 1;
+        int samples = r->o.quick ? 5 : 7;
+        double tn[8], td[8];
+        for (int i = 0; i < samples; i++) {
+            t0 = bench_now();
+            for (int j = 0; j < calls; j++)
+                ndm__cpu_gemm(NDM_F32, n, n, n, a, n, 1, b, n, 1, c, n, 1,
+                              NDM__GEMM_NO_PROVIDER);
+            tn[i] = (bench_now() - t0) / calls;
+            td[i] = time_direct(n, a, b, c, calls);
+        }
+        double flop = 2.0 * (double)n * (double)n * (double)n;
+        bench_pairs p = bench_pair_stats(tn, td, samples, true);
+        char name[96], what[160];
+        snprintf(name, sizeof name, "gemm_ndm_kernel_f32_n%d_gflops", n);
+        snprintf(what, sizeof what, "direct %s sgemm, %d threads", ndm_gemm_provider(), threads);
+        bench_add_pairs(r, name, flop / p.fig_t * 1e-9, "GFLOP/s", what, flop / p.anchor_t * 1e-9,
+                        p);
+        free(a), free(b), free(c);
+    }
+}
+
+/* Batch-1 inference's products: x (1 x k) @ W^T with W (n x k) row-major,
+ * the layers of a 784-256-128-10 MLP, in microseconds per forward, against
+ * the provider called directly on the same operands. */
+static void batch1(bench_report *r)
+{
+    static const int dims[] = {784, 256, 128, 10};
+    float *w[3], *x = calloc(1024, sizeof(float)), *y = calloc(1024, sizeof(float));
+    if (!x || !y)
+        exit(1);
+    for (int l = 0; l < 3; l++) {
+        size_t sz = (size_t)dims[l] * (size_t)dims[l + 1];
+        w[l] = malloc(sz * sizeof(float));
+        if (!w[l])
+            exit(1);
+        for (size_t i = 0; i < sz; i++)
+            w[l][i] = (float)((i * 7919) % 1000) * 1e-4f - 0.05f;
+    }
+    for (int i = 0; i < 784; i++)
+        x[i] = (float)(i % 10) * 0.1f;
+    int calls = 2000, samples = r->o.quick ? 5 : 9;
+    double tn[16], td[16];
+    bool have = bench_sgemm(false, true, 1, dims[1], dims[0], x, dims[0], w[0], dims[0], y,
+                            dims[1]);
+    for (int i = 0; i < samples; i++) {
+        double t0 = bench_now();
+        for (int j = 0; j < calls; j++)
+            for (int l = 0; l < 3; l++)
+                ndm__cpu_gemm(NDM_F32, 1, dims[l + 1], dims[l], l ? y : x, 0, 1, w[l], 1,
+                              dims[l], l ? y + 512 : y, 0, 1, 0);
+        tn[i] = (bench_now() - t0) / calls;
+        t0 = bench_now();
+        for (int j = 0; have && j < calls; j++)
+            for (int l = 0; l < 3; l++)
+                bench_sgemm(false, true, 1, dims[l + 1], dims[l], l ? y : x, dims[l], w[l],
+                            dims[l], l ? y + 512 : y, dims[l + 1]);
+        td[i] = (bench_now() - t0) / calls;
+    }
+    bench_pairs p = bench_pair_stats(tn, td, samples, false);
+    if (have)
+        bench_add_pairs(r, "gemv_mlp_784_256_128_10_batch1_us", p.fig_t * 1e6, "us",
+                        "the same products through the provider directly", p.anchor_t * 1e6, p);
+    else
+        bench_add(r, "gemv_mlp_784_256_128_10_batch1_us", p.fig_t * 1e6, "us", "", 0);
+    for (int l = 0; l < 3; l++)
+        free(w[l]);
+    free(x), free(y);
+}
+
 void bench_ops_linalg(bench_report *r)
 {
     bench_blas_note(r, "linalg");
     measure(r);
+    own_kernel(r);
+    batch1(r);
 }

@@ -107,14 +107,16 @@ void bench_ops_reduce(bench_report *r)
         tcol[i] = time_sum(sq, NDM_AXES(0));
     }
     double gb = (double)bytes * 1e-9;
-    double anchor = gb / bench_median(tr, samples);
     char what[160];
     snprintf(what, sizeof what, "plain read loop over the same memory, %d threads", threads);
-    bench_add(r, "sum_f32_64M_gbps", gb / bench_median(ts, samples), "GB/s", what, anchor);
-    bench_add(r, "sum_f32_8k_x_8k_axis1_gbps", gb / bench_median(trow, samples), "GB/s", what,
-              anchor);
-    bench_add(r, "sum_f32_8k_x_8k_axis0_gbps", gb / bench_median(tcol, samples), "GB/s", what,
-              anchor);
+    static const char *const names[] = {"sum_f32_64M_gbps", "sum_f32_8k_x_8k_axis1_gbps",
+                                        "sum_f32_8k_x_8k_axis0_gbps"};
+    double *figs[] = {ts, trow, tcol};
+    for (int f = 0; f < 3; f++) {
+        /* each sample's figure against the read loop measured just before it */
+        bench_pairs p = bench_pair_stats(figs[f], tr, samples, true);
+        bench_add_pairs(r, names[f], gb / p.fig_t, "GB/s", what, gb / p.anchor_t, p);
+    }
     char note[200];
     snprintf(note, sizeof note, "reduce: %d pool threads; sums accumulate in f64; median of %d",
              threads, samples);

@@ -529,8 +529,9 @@ static void conv_items(void *ctx, int64_t begin, int64_t end)
     cctx *q = ctx;
     const cplan *p = q->p;
     const cgeo *c = &p->c;
-    int slot = atomic_fetch_add(&q->next_slot, 1);
-    char *col = q->ws + (size_t)slot * p->slot_bytes;
+    /* the slot of this thread: chunks are many more than threads */
+    int slot = ndm__parallel_thread_index();
+    char *col = q->ws + (size_t)(slot < p->slots ? slot : 0) * p->slot_bytes;
     int64_t es = (int64_t)p->es;
     const int64_t *ys = q->y->strides, *xs = q->x->strides;
     for (int64_t it = begin; it < end; it++) {
@@ -1251,37 +1252,50 @@ typedef struct pbctx {
 } pbctx;
 
 /* pool_bwd_plane_float for the 2x2 window of stride 2 without padding (see
- * pool_is_2x2): the same winner and the same sums. */
+ * pool_is_2x2): the same winner and the same sums. The windows tile the
+ * plane, so each element of dx is written once, from the window that holds
+ * it (0 + g for the winner, as the sum onto zeros would give: -0 becomes +0),
+ * without clearing dx first; only a last odd row and column, which no window
+ * holds, are cleared. The winner is found without branches: the first
+ * maximum, or the last NaN (the forward's comparison). */
 static void pool2x2_bwd_plane(float *dx, int64_t H, int64_t W, const float *x, int64_t xs2,
                               const float *dy, int64_t ys2, int64_t OH, int64_t OW, bool max)
 {
-    memset(dx, 0, (size_t)(H * W) * sizeof(float));
     for (int64_t oh = 0; oh < OH; oh++) {
         float *d0 = dx + 2 * oh * W, *d1 = d0 + W;
         const float *g = dy + oh * ys2;
         if (max) {
             const float *r0 = x + 2 * oh * xs2, *r1 = r0 + xs2;
             for (int64_t ow = 0; ow < OW; ow++) {
-                float m = r0[2 * ow], v = r0[2 * ow + 1];
-                float *at = d0 + 2 * ow;
-                if (v > m || v != v)
-                    m = v, at = d0 + 2 * ow + 1;
-                v = r1[2 * ow];
-                if (v > m || v != v)
-                    m = v, at = d1 + 2 * ow;
-                v = r1[2 * ow + 1];
-                if (v > m || v != v)
-                    at = d1 + 2 * ow + 1;
-                *at += g[ow];
+                float a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1];
+                float m = a;
+                int w = 0;
+                bool t = b > m || b != b;
+                m = t ? b : m;
+                w = t ? 1 : w;
+                t = c > m || c != c;
+                m = t ? c : m;
+                w = t ? 2 : w;
+                t = d > m || d != d;
+                w = t ? 3 : w;
+                float gv = 0.0f + g[ow];
+                d0[2 * ow] = w == 0 ? gv : 0.0f;
+                d0[2 * ow + 1] = w == 1 ? gv : 0.0f;
+                d1[2 * ow] = w == 2 ? gv : 0.0f;
+                d1[2 * ow + 1] = w == 3 ? gv : 0.0f;
             }
         } else {
             for (int64_t ow = 0; ow < OW; ow++) {
-                float share = (float)((double)g[ow] / 4.0);
-                d0[2 * ow] += share, d0[2 * ow + 1] += share;
-                d1[2 * ow] += share, d1[2 * ow + 1] += share;
+                float share = 0.0f + (float)((double)g[ow] / 4.0);
+                d0[2 * ow] = share, d0[2 * ow + 1] = share;
+                d1[2 * ow] = share, d1[2 * ow + 1] = share;
             }
         }
+        for (int64_t iw = 2 * OW; iw < W; iw++)
+            d0[iw] = d1[iw] = 0.0f;
     }
+    if (2 * OH < H)
+        memset(dx + 2 * OH * W, 0, (size_t)((H - 2 * OH) * W) * sizeof(float));
 }
 
 static void pool_bwd_range(void *ctx, int64_t begin, int64_t end)

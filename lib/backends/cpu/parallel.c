@@ -1,5 +1,8 @@
-/* A small fork-join pool: persistent workers spin briefly, then sleep on a
- * condition variable. One job runs at a time; a second caller runs inline. */
+/* The CPU thread pool: persistent workers that spin briefly and then sleep
+ * on a futex; the caller runs chunks too, and chunks are claimed one at a time. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -7,103 +10,196 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#endif
+
 #include "parallel.h"
 
 #define MAX_THREADS 256
-#define SPIN 20000
+/* Chunks per thread: with several, a thread that loses its core for a while
+ * holds up at most one small chunk while the others take the rest. */
+#define CHUNKS_PER_THREAD 4
+/* Pauses before a waiting thread sleeps: a few microseconds, long enough to
+ * catch the next job of a tight loop of kernels, short enough that an idle
+ * pool gives its cores back at once. */
+#define SPIN 2000
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+#if defined(__linux__)
+/* Sleep while *w == expect (returns at once otherwise, or on a wake). */
+static void futex_wait(atomic_uint *w, unsigned expect)
+{
+    syscall(SYS_futex, (unsigned *)w, FUTEX_WAIT_PRIVATE, expect, NULL, NULL, 0);
+}
+
+static void futex_wake(atomic_uint *w, int n)
+{
+    syscall(SYS_futex, (unsigned *)w, FUTEX_WAKE_PRIVATE, n, NULL, NULL, 0);
+}
+#else
+/* Without futexes the sleeps become yields: correct, and still no pure spin. */
+static void futex_wait(atomic_uint *w, unsigned expect)
+{
+    (void)w, (void)expect;
+    sched_yield();
+}
+
+static void futex_wake(atomic_uint *w, int n)
+{
+    (void)w, (void)n;
+}
+#endif
+
+/* The claim word: job generation (32 bits) | chunk count (16) | next chunk
+ * (16). One compare-and-swap both claims a chunk and checks that the job is
+ * still the one the worker saw, so a worker that wakes late never touches
+ * the next job's chunks. */
+#define CLAIM(gen, chunks, next) ((uint64_t)(gen) << 32 | (uint64_t)(chunks) << 16 | (next))
 
 typedef struct pool {
     int n;                      /* threads a job uses, including the caller */
     int started;                /* threads that exist, including the caller */
-    pthread_mutex_t lock;
-    pthread_cond_t wake;
-    atomic_uint job;            /* generation of the current job */
-    atomic_int pending;         /* workers still running the current job */
+    pthread_t tid[MAX_THREADS];
+    unsigned born[MAX_THREADS]; /* the generation when each worker was made */
+    atomic_uint gen;            /* job generation: workers sleep on it */
+    atomic_int sleepers;        /* workers asleep or about to be */
+    atomic_int quit_from;       /* workers with this id or above exit */
+    _Atomic uint64_t claim;
+    atomic_uint done;           /* chunks of the current job finished */
+    atomic_int caller_asleep;
     atomic_flag busy;           /* a caller owns the pool */
+    /* the current job: written before `claim` publishes it */
     ndm__range_fn fn;
     void *ctx;
     int64_t n_items, chunk;
-    int chunks;
 } pool;
 
-static pool P = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER,
-                 .busy = ATOMIC_FLAG_INIT};
+static pool P = {.busy = ATOMIC_FLAG_INIT, .quit_from = MAX_THREADS};
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static _Thread_local bool in_pool;
+static _Thread_local int thread_index; /* 0: a caller; workers 1 and up */
 
-static void run_chunk(int c)
+/* Claim and run chunks of job `gen` until none is left or the job has been
+ * replaced. */
+static void run_chunks(unsigned gen)
 {
-    int64_t b = (int64_t)c * P.chunk;
-    int64_t e = b + P.chunk < P.n_items ? b + P.chunk : P.n_items;
-    if (b < e)
-        P.fn(P.ctx, b, e);
+    uint64_t cw = atomic_load_explicit(&P.claim, memory_order_acquire);
+    for (;;) {
+        if ((unsigned)(cw >> 32) != gen)
+            return;
+        unsigned chunks = (unsigned)(cw >> 16) & 0xffffu, next = (unsigned)cw & 0xffffu;
+        if (next >= chunks)
+            return;
+        if (!atomic_compare_exchange_weak_explicit(&P.claim, &cw, cw + 1, memory_order_acq_rel,
+                                                   memory_order_acquire))
+            continue;
+        int64_t b = (int64_t)next * P.chunk;
+        int64_t e = b + P.chunk < P.n_items ? b + P.chunk : P.n_items;
+        if (b < e)
+            P.fn(P.ctx, b, e);
+        unsigned d = atomic_fetch_add(&P.done, 1) + 1;
+        if (d == chunks && atomic_load(&P.caller_asleep))
+            futex_wake(&P.done, 1);
+        cw = atomic_load_explicit(&P.claim, memory_order_acquire);
+    }
 }
 
-/* arg packs the worker's id and the job generation when it was made. */
 static void *worker(void *arg)
 {
-    int id = (int)((uintptr_t)arg & 0xffffu);
-    unsigned seen = (unsigned)((uintptr_t)arg >> 16);
+    int id = (int)(intptr_t)arg;
     in_pool = true;
+    thread_index = id;
+    /* Not the generation of now: a worker that starts late must still see
+     * the jobs (and a shrink) published since it was made. */
+    unsigned seen = P.born[id];
     for (;;) {
-        unsigned job;
+        unsigned gen;
         int spins = 0;
-        while ((job = atomic_load_explicit(&P.job, memory_order_acquire)) == seen) {
+        while ((gen = atomic_load_explicit(&P.gen, memory_order_acquire)) == seen) {
             if (++spins < SPIN) {
-#if defined(__x86_64__) || defined(__i386__)
-                __builtin_ia32_pause();
-#endif
+                cpu_relax();
                 continue;
             }
-            pthread_mutex_lock(&P.lock);
-            while ((job = atomic_load_explicit(&P.job, memory_order_acquire)) == seen)
-                pthread_cond_wait(&P.wake, &P.lock);
-            pthread_mutex_unlock(&P.lock);
-            break;
+            /* Announce the sleep before the last look, so the caller that
+             * bumps `gen` after that look sees a sleeper and wakes it. */
+            atomic_fetch_add(&P.sleepers, 1);
+            if (atomic_load(&P.gen) == seen)
+                futex_wait(&P.gen, seen);
+            atomic_fetch_sub(&P.sleepers, 1);
+            spins = 0;
         }
-        seen = job;
-        /* Every started worker answers every job, so none can lag into the
-         * next; those beyond the job's size (ndm__set_num_threads) run no
-         * chunk. */
-        int n = P.n;
-        for (int c = id; id < n && c < P.chunks; c += n)
-            run_chunk(c);
-        atomic_fetch_sub_explicit(&P.pending, 1, memory_order_acq_rel);
+        seen = gen;
+        if (id >= atomic_load(&P.quit_from))
+            return NULL;
+        run_chunks(gen);
     }
-    return NULL;
 }
 
 /* Start workers up to n threads in all; returns how many exist. */
 static int grow(int n)
 {
     for (int i = P.started; i < n; i++) {
-        pthread_t t;
-        pthread_attr_t at;
-        pthread_attr_init(&at);
-        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-        uintptr_t arg = (uintptr_t)i | (uintptr_t)atomic_load(&P.job) << 16;
-        if (pthread_create(&t, &at, worker, (void *)arg) != 0) {
-            pthread_attr_destroy(&at);
+        P.born[i] = atomic_load(&P.gen);
+        if (pthread_create(&P.tid[i], NULL, worker, (void *)(intptr_t)i) != 0)
             break;
-        }
-        pthread_attr_destroy(&at);
         P.started = i + 1;
     }
     return P.started;
 }
 
-static void start(void)
+/* Stop the workers with id >= n (the caller owns the pool, no job runs). */
+static void shrink(int n)
 {
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int n = cores > 0 ? (int)cores : 1;
+    if (n >= P.started)
+        return;
+    atomic_store(&P.quit_from, n);
+    atomic_store(&P.claim, CLAIM(atomic_load(&P.gen) + 1, 0, 0));
+    atomic_fetch_add(&P.gen, 1);
+    futex_wake(&P.gen, MAX_THREADS);
+    for (int i = n; i < P.started; i++)
+        pthread_join(P.tid[i], NULL);
+    P.started = n;
+    atomic_store(&P.quit_from, MAX_THREADS);
+}
+
+static int default_threads(void)
+{
     const char *env = getenv("NDM_NUM_THREADS");
     if (env && *env) {
-        long v = strtol(env, NULL, 10);
-        if (v >= 1)
-            n = v > MAX_THREADS ? MAX_THREADS : (int)v;
+        char *end;
+        long v = strtol(env, &end, 10);
+        if (v >= 1 && *end == '\0')
+            return v > MAX_THREADS ? MAX_THREADS : (int)v;
     }
+#if defined(__linux__)
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        int c = CPU_COUNT(&set);
+        if (c >= 1)
+            return c > MAX_THREADS ? MAX_THREADS : c;
+    }
+#endif
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    return cores < 1 ? 1 : cores > MAX_THREADS ? MAX_THREADS : (int)cores;
+}
+
+static void start(void)
+{
     P.started = 1;
-    P.n = grow(n);
+    P.n = grow(default_threads());
+}
+
+int ndm__default_num_threads(void)
+{
+    return default_threads();
 }
 
 int ndm__set_num_threads(int n)
@@ -117,7 +213,8 @@ int ndm__set_num_threads(int n)
     while (atomic_flag_test_and_set_explicit(&P.busy, memory_order_acquire))
         sched_yield();
     int before = P.n;
-    P.n = grow(n) < n ? P.started : n;
+    shrink(n);
+    P.n = grow(n);
     atomic_flag_clear_explicit(&P.busy, memory_order_release);
     return before;
 }
@@ -128,12 +225,41 @@ int ndm__num_threads(void)
     return P.n;
 }
 
+int ndm__pool_workers(void)
+{
+    pthread_once(&once, start);
+    while (atomic_flag_test_and_set_explicit(&P.busy, memory_order_acquire))
+        sched_yield();
+    int w = P.started - 1;
+    atomic_flag_clear_explicit(&P.busy, memory_order_release);
+    return w;
+}
+
+int ndm__parallel_thread_index(void)
+{
+    return thread_index;
+}
+
+int64_t ndm__parallel_chunks(int64_t n, int64_t grain, int threads)
+{
+    if (n <= 0)
+        return 0;
+    if (grain < 1)
+        grain = 1;
+    int64_t want = (n + grain - 1) / grain;
+    int64_t cap = (int64_t)threads * CHUNKS_PER_THREAD;
+    if (threads <= 1 || want <= 1)
+        return 1;
+    if (want > cap)
+        want = cap;
+    int64_t chunk = (n + want - 1) / want;
+    return (n + chunk - 1) / chunk;
+}
+
 void ndm__parallel_for(int64_t n, int64_t grain, ndm__range_fn fn, void *ctx)
 {
     if (n <= 0)
         return;
-    if (grain < 1)
-        grain = 1;
     int threads = ndm__num_threads();
     if (threads == 1 || n <= grain || in_pool ||
         atomic_flag_test_and_set_explicit(&P.busy, memory_order_acquire)) {
@@ -141,26 +267,40 @@ void ndm__parallel_for(int64_t n, int64_t grain, ndm__range_fn fn, void *ctx)
         return;
     }
     threads = P.n; /* fixed while we own the pool */
-    int64_t want = (n + grain - 1) / grain;
-    int chunks = want < threads ? (int)want : threads;
+    int64_t want = ndm__parallel_chunks(n, grain, threads);
+    int64_t chunk = (n + want - 1) / want;
+    unsigned chunks = (unsigned)((n + chunk - 1) / chunk);
+    if (chunks <= 1 || P.started == 1) {
+        atomic_flag_clear_explicit(&P.busy, memory_order_release);
+        fn(ctx, 0, n);
+        return;
+    }
     P.fn = fn;
     P.ctx = ctx;
     P.n_items = n;
-    P.chunk = (n + chunks - 1) / chunks;
-    P.chunks = chunks;
-    atomic_store_explicit(&P.pending, P.started - 1, memory_order_relaxed);
-    pthread_mutex_lock(&P.lock);
-    atomic_fetch_add_explicit(&P.job, 1, memory_order_release);
-    pthread_cond_broadcast(&P.wake);
-    pthread_mutex_unlock(&P.lock);
+    P.chunk = chunk;
+    atomic_store_explicit(&P.done, 0, memory_order_relaxed);
+    unsigned gen = atomic_load_explicit(&P.gen, memory_order_relaxed) + 1;
+    atomic_store_explicit(&P.claim, CLAIM(gen, chunks, 0), memory_order_release);
+    atomic_store(&P.gen, gen);
+    if (atomic_load(&P.sleepers) > 0)
+        futex_wake(&P.gen, P.started - 1);
     in_pool = true;
-    for (int c = 0; c < chunks; c += threads)
-        run_chunk(c);
+    run_chunks(gen);
     in_pool = false;
-    while (atomic_load_explicit(&P.pending, memory_order_acquire) > 0) {
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#endif
+    /* Every chunk is claimed; wait for those still running elsewhere. */
+    unsigned d;
+    int spins = 0;
+    while ((d = atomic_load_explicit(&P.done, memory_order_acquire)) != chunks) {
+        if (++spins < SPIN) {
+            cpu_relax();
+            continue;
+        }
+        atomic_store(&P.caller_asleep, 1);
+        if (atomic_load(&P.done) == d)
+            futex_wait(&P.done, d);
+        atomic_store(&P.caller_asleep, 0);
+        spins = 0;
     }
     atomic_flag_clear_explicit(&P.busy, memory_order_release);
 }
