@@ -1,6 +1,8 @@
 /* The CUDA backend against the CPU reference (copy, fill, iota, transfers for
- * every dtype, strided and broadcast views, sticky errors; skipped without a
- * GPU), and what a machine or build without a GPU answers. */
+ * every dtype, strided and broadcast views, sticky errors), the public API on
+ * a CUDA device (loader, checkpoints, training, predictor; skipped without a
+ * GPU, or while the module cannot run a training step), and what a machine or
+ * build without a GPU answers. */
 #include <math.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -767,6 +769,294 @@ static void test_cuda_fault_is_sticky_in_a_fresh_process(void **state)
 #endif
 }
 
+/* ---- the public API on CUDA: loader, checkpoints, training, serving ------- */
+
+/* The subtree of m holds nothing on the CPU nor on cuda:0. */
+static void assert_empty_on_both(ndm_manager m)
+{
+    assert_manager_empty(m);
+    ndm_stats st;
+    assert_ok(ndm_manager_stats(m, NDM_CUDA(0), NDM_STATS_SUBTREE, &st));
+    assert_int_equal(st.live_bytes, 0);
+}
+
+/* A two-layer MLP (8 -> 16 -> 4) in model, its weights from seed. */
+static ndm_module small_mlp(ndm_manager model, uint64_t seed)
+{
+    ndm_rng rng = ndm_rng_new(seed);
+    ndm_module net = ndm_sequential(model, NDM_MODULES(ndm_linear(model, 8, 16, true, &rng),
+                                                       ndm_relu_module(model),
+                                                       ndm_linear(model, 16, 4, true, &rng)));
+    assert_true(net.id != 0);
+    return net;
+}
+
+/* Skip unless cuda:0 runs a whole training step: the CUDA module gains its
+ * operation families one by one, and a step needs elementwise, reduction,
+ * index and matrix operations. Any failure other than an unsupported
+ * operation is a real one. */
+static void need_cuda_training(ndm_manager root)
+{
+    NEED_GPU();
+    ndm_manager g = ndm_manager_new_on(root, "probe", NDM_CUDA(0));
+    assert_live(g);
+    ndm_module net = small_mlp(g, 1);
+    ndm_optimizer opt = ndm_sgd(g, net, 0.1, 0.0, 0.0);
+    ndm_manager step = ndm_manager_new(g, "step");
+    ndm_rng rng = ndm_rng_new(2);
+    ndm_array x = ndm_uniform(step, &rng, NDM_F32, -1, 1, NDM_SHAPE(4, 8));
+    ndm_array y = ndm_randint(step, &rng, NDM_I64, 0, 4, NDM_SHAPE(4));
+    ndm_status st = opt.id && x.id && y.id ? ndm_grad_begin(step) : ndm_last_status();
+    if (st == NDM_OK) {
+        ndm_array loss = ndm_cross_entropy(ndm_forward(net, x), y);
+        st = loss.id ? ndm_backward(loss) : ndm_last_status();
+        (void)ndm_grad_end();
+    }
+    if (st == NDM_OK)
+        st = ndm_optimizer_step(opt);
+    char why[512];
+    snprintf(why, sizeof why, "%s", ndm_last_error());
+    assert_ok(ndm_manager_close(g));
+    if (st == NDM_E_UNSUPPORTED) {
+        print_message("the CUDA module cannot run a training step yet (%s): skipped\n", why);
+        ndm_clear_error();
+        skip();
+    }
+    if (st != NDM_OK)
+        fail_msg("a training step on cuda:0 failed: %s", why);
+}
+
+/* The elements of f32 array a (any device) as doubles, test_malloc'd: read
+ * with ndm_array_copy_out, which makes nothing in a's (perhaps capped)
+ * manager. */
+static double *values_of(ndm_array a)
+{
+    int64_t n = ndm_array_size(a);
+    assert_true(n >= 0);
+    assert_int_equal(ndm_array_dtype(a), NDM_F32);
+    float *f = test_malloc((size_t)(n ? n : 1) * sizeof *f);
+    assert_ok(ndm_array_copy_out(a, f, (size_t)n * sizeof *f));
+    double *v = test_malloc((size_t)(n ? n : 1) * sizeof *v);
+    for (int64_t i = 0; i < n; i++)
+        v[i] = f[i];
+    test_free(f);
+    return v;
+}
+
+/* Every parameter of nets a and b within tol (relative to 1). */
+static void assert_same_parameters(ndm_module a, ndm_module b, double tol)
+{
+    const char *na[16], *nb[16];
+    ndm_array pa[16], pb[16];
+    int n = ndm_module_named_parameters(a, na, pa, 16);
+    assert_int_equal(ndm_module_named_parameters(b, nb, pb, 16), n);
+    assert_true(n > 0);
+    for (int i = 0; i < n; i++) {
+        assert_string_equal(na[i], nb[i]);
+        int64_t k = ndm_array_size(pa[i]);
+        assert_int_equal(ndm_array_size(pb[i]), k);
+        double *x = values_of(pa[i]), *y = values_of(pb[i]);
+        for (int64_t j = 0; j < k; j++)
+            if (fabs(x[j] - y[j]) > tol * (1 + fabs(x[j])))
+                fail_msg("%s[%lld]: %.9g and %.9g", na[i], (long long)j, x[j], y[j]);
+        test_free(x);
+        test_free(y);
+    }
+}
+
+static void test_cuda_array_data_refuses_device_memory(void **state)
+{
+    ndm_manager root = ROOT(state);
+    NEED_GPU();
+    ndm_manager g = ndm_manager_new_on(root, "gpu", NDM_CUDA(0));
+    assert_live(g);
+    ndm_array d = ndm_full(g, NDM_F32, 2.5, NDM_SHAPE(2, 3));
+    ndm_array c = ndm_full(root, NDM_F32, 2.5, NDM_SHAPE(2, 3));
+    assert_live(d);
+    assert_null(ndm_array_data(d));
+    assert_int_equal(ndm_last_status(), NDM_E_DEVICE);
+    assert_error_has("ndm_array_copy_out");
+    /* reads through a transfer answer as on the CPU */
+    double v = 0;
+    assert_ok(ndm_item(ndm_slice(d, 1, 2, 3, 1), &v));
+    assert_true(v == 2.5);
+    char on_gpu[256], on_cpu[256];
+    assert_true(ndm_array_format(d, on_gpu, sizeof on_gpu) > 0);
+    assert_true(ndm_array_format(c, on_cpu, sizeof on_cpu) > 0);
+    assert_string_equal(on_gpu, on_cpu);
+    assert_ok(ndm_array_release(c));
+    assert_ok(ndm_manager_close(g));
+    assert_empty_on_both(root);
+}
+
+static void test_cuda_loader_batches_land_on_device(void **state)
+{
+    ndm_manager root = ROOT(state);
+    NEED_GPU();
+    ndm_manager data = ndm_manager_new(root, "data");
+    ndm_rng rng = ndm_rng_new(7);
+    /* 37 u8 "images" of 3x5 and their labels: the last batch is short */
+    ndm_dataset ds = {ndm_randint(data, &rng, NDM_U8, 0, 256, NDM_SHAPE(37, 3, 5)),
+                      ndm_randint(data, &rng, NDM_U8, 0, 10, NDM_SHAPE(37))};
+    assert_live(ds.inputs);
+    assert_live(ds.labels);
+    ndm_manager tc = ndm_manager_new(root, "cpu-trainer");
+    ndm_manager tg = ndm_manager_new_on(root, "gpu-trainer", NDM_CUDA(0));
+    assert_live(tg);
+    ndm_loader_options o = {.batch_size = 8, .seed = 3,
+                            .flags = NDM_LOADER_SHUFFLE | NDM_LOADER_SCALE_INPUTS |
+                                     NDM_LOADER_LABELS_I64};
+    ndm_loader lc = ndm_loader_new(tc, ds, &o), lg = ndm_loader_new(tg, ds, &o);
+    assert_true(lc.id && lg.id);
+    for (int epoch = 0; epoch < 2; epoch++) {
+        ndm_batch bc, bg;
+        int rc, batches = 0;
+        while ((rc = ndm_loader_next(lc, &bc)) > 0) {
+            assert_int_equal(ndm_loader_next(lg, &bg), 1);
+            assert_int_equal(bg.size, bc.size);
+            assert_int_equal(ndm_array_device(bg.inputs).type, NDM_DEVICE_CUDA);
+            assert_int_equal(ndm_array_device(bg.labels).type, NDM_DEVICE_CUDA);
+            assert_arrays_match(bc.inputs, bg.inputs, "batch inputs");
+            assert_arrays_match(bc.labels, bg.labels, "batch labels");
+            batches++;
+        }
+        assert_int_equal(rc, 0);
+        assert_int_equal(ndm_loader_next(lg, &bg), 0);
+        assert_int_equal(batches, 5);
+    }
+    /* the batches went with their managers: only the datasets remain */
+    ndm_stats st;
+    assert_ok(ndm_manager_stats(tg, NDM_CUDA(0), NDM_STATS_SUBTREE, &st));
+    assert_int_equal(st.live_bytes, 0);
+    assert_ok(ndm_manager_close(tg));
+    assert_ok(ndm_manager_close(tc));
+    assert_ok(ndm_manager_close(data));
+    assert_empty_on_both(root);
+}
+
+static void test_cuda_checkpoint_moves_between_devices(void **state)
+{
+    ndm_manager root = ROOT(state);
+    NEED_GPU();
+    char path[] = "/tmp/ndm-test-cuda-ckpt-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    ndm_manager mc = ndm_manager_new(root, "cpu-model");
+    ndm_manager mg = ndm_manager_new_on(root, "gpu-model", NDM_CUDA(0));
+    assert_live(mg);
+    ndm_module cpu = small_mlp(mc, 11), gpu = small_mlp(mg, 12);
+    /* CPU to GPU: the file is read on the host, the parameters live on the GPU */
+    assert_ok(ndm_module_save(cpu, path));
+    assert_int_equal(ndm_module_load(gpu, path, NDM_CHECKPOINT_STRICT), 4);
+    assert_same_parameters(cpu, gpu, 0);
+    /* and back: a GPU module's file loads into a fresh CPU module */
+    ndm_module back = small_mlp(mc, 13);
+    assert_ok(ndm_module_save(gpu, path));
+    assert_int_equal(ndm_module_load(back, path, NDM_CHECKPOINT_STRICT), 4);
+    assert_same_parameters(cpu, back, 0);
+    unlink(path);
+    assert_ok(ndm_manager_close(mg));
+    assert_ok(ndm_manager_close(mc));
+    assert_empty_on_both(root);
+}
+
+static void test_cuda_training_steps_match_cpu(void **state)
+{
+    ndm_manager root = ROOT(state);
+    need_cuda_training(root);
+    char path[] = "/tmp/ndm-test-cuda-train-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    ndm_manager mc = ndm_manager_new(root, "cpu-model");
+    ndm_manager mg = ndm_manager_new_on(root, "gpu-model", NDM_CUDA(0));
+    ndm_module cpu = small_mlp(mc, 21), gpu = small_mlp(mg, 22);
+    assert_ok(ndm_module_save(cpu, path));
+    assert_int_equal(ndm_module_load(gpu, path, NDM_CHECKPOINT_STRICT), 4);
+    ndm_optimizer oc = ndm_adam(mc, cpu, 0.01, 0.9, 0.999, 1e-8, 0.0);
+    ndm_optimizer og = ndm_adam(mg, gpu, 0.01, 0.9, 0.999, 1e-8, 0.0);
+    assert_true(oc.id && og.id);
+    ndm_rng rng = ndm_rng_new(5);
+    ndm_manager step = ndm_manager_new(root, "step");
+    for (int s = 0; s < 5; s++) {
+        ndm_array x = ndm_uniform(step, &rng, NDM_F32, -1, 1, NDM_SHAPE(6, 8));
+        ndm_array y = ndm_randint(step, &rng, NDM_I64, 0, 4, NDM_SHAPE(6));
+        ndm_module nets[2] = {cpu, gpu};
+        ndm_optimizer opts[2] = {oc, og};
+        double losses[2];
+        for (int k = 0; k < 2; k++) {
+            ndm_manager b = ndm_manager_new_on(root, "batch", k ? NDM_CUDA(0) : NDM_CPU);
+            ndm_array bx = ndm_to_to(b, x, ndm_manager_device(b));
+            ndm_array by = ndm_to_to(b, y, ndm_manager_device(b));
+            assert_ok(ndm_grad_begin(b));
+            ndm_array loss = ndm_cross_entropy(ndm_forward(nets[k], bx), by);
+            assert_live(loss);
+            assert_int_equal(ndm_array_device(loss).type,
+                             k ? NDM_DEVICE_CUDA : NDM_DEVICE_CPU);
+            assert_ok(ndm_backward(loss));
+            assert_ok(ndm_grad_end());
+            assert_ok(ndm_optimizer_step(opts[k]));
+            assert_ok(ndm_optimizer_zero_grad(opts[k]));
+            assert_ok(ndm_item(loss, &losses[k]));
+            assert_ok(ndm_manager_close(b));
+        }
+        assert_true(fabs(losses[0] - losses[1]) <= 1e-4 * (1 + fabs(losses[0])));
+        assert_ok(ndm_array_release(x));
+        assert_ok(ndm_array_release(y));
+    }
+    assert_same_parameters(cpu, gpu, 1e-4);
+    /* the optimizer's state, saved on the GPU, loads on the GPU */
+    assert_ok(ndm_optimizer_save(og, path));
+    assert_ok(ndm_optimizer_load(og, path));
+    unlink(path);
+    assert_ok(ndm_manager_close(step));
+    assert_ok(ndm_manager_close(mg));
+    assert_ok(ndm_manager_close(mc));
+    assert_empty_on_both(root);
+}
+
+static void test_cuda_predictor_answers_cpu_requests(void **state)
+{
+    ndm_manager root = ROOT(state);
+    need_cuda_training(root);
+    char path[] = "/tmp/ndm-test-cuda-pred-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    ndm_manager mc = ndm_manager_new(root, "cpu-model");
+    ndm_manager mg = ndm_manager_new_on(root, "gpu-model", NDM_CUDA(0));
+    ndm_module cpu = small_mlp(mc, 31), gpu = small_mlp(mg, 32);
+    assert_ok(ndm_module_save(cpu, path));
+    ndm_predictor pc = ndm_predictor_load(mc, cpu, path);
+    ndm_predictor pg = ndm_predictor_load(mg, gpu, path);
+    unlink(path);
+    assert_true(pc.id && pg.id);
+    ndm_manager req = ndm_manager_new(root, "requests");
+    ndm_rng rng = ndm_rng_new(9);
+    ndm_array x = ndm_uniform(req, &rng, NDM_F32, -1, 1, NDM_SHAPE(3, 8));
+    ndm_array yc = ndm_predict(pc, x), yg = ndm_predict(pg, x);
+    assert_live(yc);
+    assert_live(yg);
+    /* the answer is computed, and stays, on the model's device, owned by
+     * the request's manager */
+    assert_int_equal(ndm_array_device(yg).type, NDM_DEVICE_CUDA);
+    assert_true(ndm_array_manager(yg).id == req.id);
+    double *a = values_of(yc), *b = values_of(yg);
+    for (int i = 0; i < 12; i++)
+        assert_true(fabs(a[i] - b[i]) <= 1e-5 * (1 + fabs(a[i])));
+    test_free(a);
+    test_free(b);
+    ndm_stats st;
+    assert_ok(ndm_manager_stats(ndm_predictor_manager(pg), NDM_CUDA(0), NDM_STATS_SUBTREE, &st));
+    assert_int_equal(st.children, 0);
+    assert_int_equal(st.live_bytes, 0);
+    assert_ok(ndm_manager_close(req));
+    assert_ok(ndm_manager_close(mg));
+    assert_ok(ndm_manager_close(mc));
+    assert_empty_on_both(root);
+}
+
 int main(int argc, char **argv)
 {
     self_path = argc > 0 ? argv[0] : "test_cuda";
@@ -795,6 +1085,11 @@ int main(int argc, char **argv)
         TEST(test_cuda_to_round_trips_every_dtype),
         TEST(test_cuda_sticky_error_reported_by_every_call),
         TEST(test_cuda_fault_is_sticky_in_a_fresh_process),
+        TEST(test_cuda_array_data_refuses_device_memory),
+        TEST(test_cuda_loader_batches_land_on_device),
+        TEST(test_cuda_checkpoint_moves_between_devices),
+        TEST(test_cuda_training_steps_match_cpu),
+        TEST(test_cuda_predictor_answers_cpu_requests),
     };
     return cmocka_run_group_tests_name("cuda", tests, NULL, NULL);
 }

@@ -100,7 +100,10 @@ typedef struct ndm_loader_options {
 } ndm_loader_options;
 
 /** A loader over `data` whose state belongs to `trainer` (it must be a CPU
- *  dataset; the trainer's device is where batches are made). Errors:
+ *  dataset; the trainer's device is where batches are made: for a GPU
+ *  trainer each batch is gathered into a host buffer that the loader keeps
+ *  for its life, then copied to the device before ndm_loader_next()
+ *  returns). Errors:
  *  NDM_E_INVALID (batch size < 1, unknown flags), NDM_E_SHAPE (a rank-0
  *  array, first axes that differ), NDM_E_DTYPE (the conversion asked for
  *  does not apply), NDM_E_DEVICE (data off the CPU), and the trainer's

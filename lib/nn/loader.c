@@ -23,6 +23,8 @@ typedef struct loader {
     int64_t *order;            /* the shuffled order of order_epoch (NULL: no shuffle) */
     int64_t order_epoch;
     ndm_manager current;       /* the batch the next fetch closes */
+    void *stage;               /* host staging of device batches, kept between batches */
+    size_t stage_cap;
 } loader;
 
 /* ---- lifetime -------------------------------------------------------------------------- */
@@ -43,6 +45,7 @@ static void loader_destroy(void *p)
     loader *ld = p;
     drop_current(ld, NDM__NO_SITE);
     free(ld->order);
+    free(ld->stage);
     free(ld);
 }
 
@@ -250,11 +253,39 @@ static ndm_status gather(const ndm__array *src, const int64_t *rows, int64_t fir
     return st;
 }
 
+/* The host buffer a device batch of `bytes` is gathered into: the loader's,
+ * grown when a batch needs more, so steady-state training allocates none. */
+static void *stage_buffer(loader *ld, size_t bytes, const char *api, ndm__site site)
+{
+    if (bytes > ld->stage_cap) {
+        void *p = realloc(ld->stage, bytes);
+        if (!p) {
+            ndm__fail(NDM_E_OOM, api, site, "no memory to stage a batch of %zu bytes", bytes);
+            return NULL;
+        }
+        ld->stage = p;
+        ld->stage_cap = bytes;
+    }
+    return ld->stage;
+}
+
+/* Copy a gathered batch from the host staging buffer into its device array.
+ * This is the one place where a batch meets the device: the copy is
+ * synchronous (it returns when the data has arrived), from pageable memory.
+ * Overlapping it with compute belongs here and only here: stage into pinned
+ * host memory, issue the upload on a copy stream, record an event that the
+ * compute stream waits on, and keep the pinned buffer until the event
+ * completes. */
+static ndm_status upload_batch(ndm__array *r, const void *stage, const char *api, ndm__site site)
+{
+    return ndm__io_fill_array_mem(r, stage, false, api, site);
+}
+
 /* A batch array in manager bm: rows of src, converted; device batches are
- * staged on the host. */
-static ndm_array make_part(ndm__site site, const char *api, ndm_manager bm, const ndm__array *src,
-                           const int64_t *rows, int64_t first, int64_t count, ndm_dtype dtype,
-                           bool scale)
+ * gathered on the host, then uploaded. */
+static ndm_array make_part(ndm__site site, const char *api, loader *ld, ndm_manager bm,
+                           const ndm__array *src, const int64_t *rows, int64_t first,
+                           int64_t count, ndm_dtype dtype, bool scale)
 {
     int64_t small[8], *shape = small;
     if (src->ndim > 8 && !(shape = malloc((size_t)src->ndim * sizeof *shape))) {
@@ -273,12 +304,11 @@ static ndm_array make_part(ndm__site site, const char *api, ndm_manager bm, cons
     if (r->storage->device.type == NDM_DEVICE_CPU) {
         st = gather(src, rows, first, count, ndm__array_ptr(r), dtype, scale, api, site);
     } else {
-        char *stage = malloc(r->storage->nbytes ? r->storage->nbytes : 1);
+        char *stage = stage_buffer(ld, r->storage->nbytes ? r->storage->nbytes : 1, api, site);
         st = stage ? gather(src, rows, first, count, stage, dtype, scale, api, site)
-                   : ndm__fail(NDM_E_OOM, api, site, "no memory to stage a batch");
+                   : ndm_last_status();
         if (st == NDM_OK)
-            st = ndm__io_fill_array_mem(r, stage, false, api, site);
-        free(stage);
+            st = upload_batch(r, stage, api, site);
     }
     if (st < 0) {
         ndm__discard(a);
@@ -321,11 +351,11 @@ NDM_API int ndm_loader_next_at(NDM_SITE_PARAMS, ndm_loader h, ndm_batch *out)
     if (!bm.id)
         return ndm_last_status();
     bool scale = ld->flags & NDM_LOADER_SCALE_INPUTS;
-    ndm_array bx = make_part(site, api, bm, x, ld->order, first, count,
+    ndm_array bx = make_part(site, api, ld, bm, x, ld->order, first, count,
                              scale ? NDM_F32 : x->dtype, scale);
     ndm_array by = NDM_NULL_ARRAY;
     if (bx.id && y)
-        by = make_part(site, api, bm, y, ld->order, first, count,
+        by = make_part(site, api, ld, bm, y, ld->order, first, count,
                        ld->flags & NDM_LOADER_LABELS_I64 ? NDM_I64 : y->dtype, false);
     if (!bx.id || (y && !by.id)) {
         ndm_status st = ndm_last_status();
