@@ -1057,9 +1057,102 @@ static void test_cuda_predictor_answers_cpu_requests(void **state)
     assert_empty_on_both(root);
 }
 
+/* Runs in a child process whose CUDA module is the registry suite's stand-in
+ * (host memory behind the CUDA device type, copies and transfers only): a
+ * GPU trainer's loader deals the batches a CPU trainer's deals, on the
+ * device, epoch after epoch, and they leave nothing behind. 0 on success. */
+static int loader_child(void)
+{
+#define CHILD_CHECK(c, ...)                                                     \
+    do {                                                                        \
+        if (!(c)) {                                                             \
+            printf("loader child: " __VA_ARGS__);                               \
+            printf(" (%s)\n", ndm_last_error());                                \
+            return 1;                                                           \
+        }                                                                       \
+    } while (0)
+    ndm_manager data = ndm_manager_new(ndm_system(), "data");
+    ndm_rng rng = ndm_rng_new(7);
+    ndm_dataset ds = {ndm_randint(data, &rng, NDM_U8, 0, 256, NDM_SHAPE(37, 3, 5)),
+                      ndm_randint(data, &rng, NDM_U8, 0, 10, NDM_SHAPE(37))};
+    CHILD_CHECK(ds.inputs.id && ds.labels.id, "no dataset");
+    ndm_manager tc = ndm_manager_new(ndm_system(), "cpu-trainer");
+    ndm_manager tg = ndm_manager_new_on(ndm_system(), "gpu-trainer", NDM_CUDA(0));
+    CHILD_CHECK(tg.id, "no trainer on the stand-in's cuda:0");
+    ndm_loader_options o = {.batch_size = 8, .seed = 3,
+                            .flags = NDM_LOADER_SHUFFLE | NDM_LOADER_SCALE_INPUTS |
+                                     NDM_LOADER_LABELS_I64};
+    ndm_loader lc = ndm_loader_new(tc, ds, &o), lg = ndm_loader_new(tg, ds, &o);
+    CHILD_CHECK(lc.id && lg.id, "no loaders");
+    static char got[8 * 15 * 8];
+    for (int epoch = 0; epoch < 3; epoch++) {
+        ndm_batch bc, bg;
+        int rc, batches = 0;
+        while ((rc = ndm_loader_next(lc, &bc)) > 0) {
+            CHILD_CHECK(ndm_loader_next(lg, &bg) == 1, "the GPU loader ended early");
+            CHILD_CHECK(bg.size == bc.size, "batch sizes differ");
+            ndm_array pairs[2][2] = {{bc.inputs, bg.inputs}, {bc.labels, bg.labels}};
+            for (int k = 0; k < 2; k++) {
+                ndm_array c = pairs[k][0], g = pairs[k][1];
+                CHILD_CHECK(ndm_array_device(g).type == NDM_DEVICE_CUDA, "a batch is not on cuda:0");
+                CHILD_CHECK(ndm_array_manager(g).id == bg.manager.id, "a batch is not in its manager");
+                CHILD_CHECK(ndm_array_dtype(g) == ndm_array_dtype(c), "dtypes differ");
+                size_t n = ndm_array_nbytes(c);
+                CHILD_CHECK(n <= sizeof got && ndm_array_nbytes(g) == n, "sizes differ");
+                CHILD_CHECK(ndm_array_copy_out(g, got, n) == NDM_OK, "copy_out failed");
+                CHILD_CHECK(!memcmp(got, ndm_array_data(c), n),
+                            "epoch %d batch %d: %s differ from the CPU loader's", epoch, batches,
+                            k ? "labels" : "inputs");
+            }
+            batches++;
+        }
+        CHILD_CHECK(rc == 0 && ndm_loader_next(lg, &bg) == 0 && batches == 5, "epoch %d", epoch);
+    }
+    ndm_stats st;
+    CHILD_CHECK(ndm_manager_stats(tg, NDM_CUDA(0), NDM_STATS_SUBTREE, &st) == NDM_OK &&
+                    st.live_bytes == 0 && st.children == 0,
+                "the GPU trainer still holds %llu bytes in %llu managers",
+                (unsigned long long)st.live_bytes, (unsigned long long)st.children);
+    CHILD_CHECK(ndm_manager_close(tg) == NDM_OK && ndm_manager_close(tc) == NDM_OK &&
+                    ndm_manager_close(data) == NDM_OK,
+                "closing");
+    printf("loader child: 3 epochs of 5 batches matched on cuda:0 (stand-in)\n");
+    return 0;
+#undef CHILD_CHECK
+}
+
+/* The loader's device path on every machine: through the stand-in module. */
+static void test_loader_batches_reach_a_device_module(void **state)
+{
+    (void)state;
+    const char *dir = getenv("NDM_TEST_STAND_IN_DIR");
+    if (!dir) {
+        print_message("NDM_TEST_STAND_IN_DIR is not set (the build's test runner sets it): "
+                      "skipped\n");
+        skip();
+    }
+    fflush(stdout);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        setenv("NDM_BACKEND_PATH", dir, 1);
+        execl(self_path, self_path, "--loader-child", (char *)NULL);
+        _exit(127);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
 int main(int argc, char **argv)
 {
     self_path = argc > 0 ? argv[0] : "test_cuda";
+    if (argc > 1 && !strcmp(argv[1], "--loader-child")) {
+        int rc = loader_child();
+        fflush(stdout);
+        return rc;
+    }
 #if NDM_HAVE_CUDA
     if (argc > 1 && !strcmp(argv[1], "--fault-child")) {
         int rc = fault_child();
@@ -1087,6 +1180,7 @@ int main(int argc, char **argv)
         TEST(test_cuda_fault_is_sticky_in_a_fresh_process),
         TEST(test_cuda_array_data_refuses_device_memory),
         TEST(test_cuda_loader_batches_land_on_device),
+        TEST(test_loader_batches_reach_a_device_module),
         TEST(test_cuda_checkpoint_moves_between_devices),
         TEST(test_cuda_training_steps_match_cpu),
         TEST(test_cuda_predictor_answers_cpu_requests),
