@@ -502,7 +502,8 @@ int main(int argc, char **argv)
         snprintf(note, sizeof note, "PyTorch figures skipped: %.200s", why);
         bench_note(r, note);
     } else {
-        snprintf(note, sizeof note, "PyTorch %s; training steps: batch %lld, Adam, f32, TF32 off",
+        snprintf(note, sizeof note, "PyTorch %s; training steps: batch %lld, Adam, f32, TF32 off; "
+                 "ndm's step also copies the batch into its step manager, as a loader's is",
                  tp.version, (long long)batch);
         bench_note(r, note);
         double vo[MAXPAIRS], va[MAXPAIRS];
@@ -517,6 +518,8 @@ int main(int argc, char **argv)
         if (k == pairs)
             add_ratio(r, "alloc_free_ns_vs_torch", "ns", "torch.empty + del of 1 MiB (caching)",
                       vo, va, k);
+        else
+            bench_note(r, "alloc_free_ns_vs_torch: PyTorch answered an error (on stderr)");
         const char *archs[2] = {"mlp", "cnn"};
         for (int q = 0; q < 2; q++) {
             trainer t;
@@ -536,10 +539,13 @@ int main(int argc, char **argv)
             if (ndm_manager_close(t.model) != NDM_OK)
                 die("closing the model");
             char name[96], what[160];
+            snprintf(name, sizeof name, "%s_step_s_vs_torch", archs[q]);
             if (k == pairs) {
-                snprintf(name, sizeof name, "%s_step_s_vs_torch", archs[q]);
                 snprintf(what, sizeof what, "PyTorch %s step, median of %d", archs[q], reps);
                 add_ratio(r, name, "s", what, vo, va, k);
+            } else {
+                snprintf(what, sizeof what, "%s: PyTorch answered an error (on stderr)", name);
+                bench_note(r, what);
             }
             int steps = 10;
             double ours = peak_reserved(root, archs[q], batch, steps);
