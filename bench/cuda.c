@@ -502,10 +502,11 @@ int main(int argc, char **argv)
         snprintf(note, sizeof note, "PyTorch figures skipped: %.200s", why);
         bench_note(r, note);
     } else {
-        snprintf(note, sizeof note, "PyTorch %s; training steps: batch %lld, Adam, f32, TF32 off; "
-                 "ndm's step also copies the batch into its step manager, as a loader's is",
+        char tnote[512];
+        snprintf(tnote, sizeof tnote, "PyTorch %s; steps: batch %lld, Adam, f32, TF32 off; ndm's "
+                 "step also copies its batch into the step's manager, as a loader does",
                  tp.version, (long long)batch);
-        bench_note(r, note);
+        bench_note(r, tnote);
         double vo[MAXPAIRS], va[MAXPAIRS];
         int k = 0;
         (void)timed(alloc_ndm, &a, 100);
