@@ -380,9 +380,13 @@ bool ndm__pressure_run(ndm__pool *p, ndm_pressure_reason why, size_t request)
     ndm__pool_stats(p, &st);
     ndm__pool_lock(p);
     p->st.num_pressure_calls++;
+    ndm__settings set = p->set;
     ndm__pool_unlock(p);
-    ndm_pressure_event ev = {p->device, why, request, st.allocated_bytes[NDM_POOL_ALL].current,
-                             st.reserved_bytes[NDM_POOL_ALL].current};
+    int64_t allocated = st.allocated_bytes[NDM_POOL_ALL].current;
+    int64_t reserved = st.reserved_bytes[NDM_POOL_ALL].current;
+    int64_t total = set.memory_limit ? (int64_t)set.memory_limit : st.device_total;
+    ndm_pressure_event ev = {p->device, why, request, allocated, reserved,
+                             ndm__pressure_level(&set, allocated, reserved, total)};
     in_pressure = true;
     for (size_t i = 0; i < n; i++)
         list[i].fn(&ev, list[i].ud);
@@ -392,7 +396,38 @@ bool ndm__pressure_run(ndm__pool *p, ndm_pressure_reason why, size_t request)
     return true;
 }
 
+ndm_pressure_level ndm__pressure_level(const ndm__settings *s, int64_t allocated,
+                                       int64_t reserved, int64_t total)
+{
+    /* R torch's should_call_gc: a device mostly empty needs nothing; one
+     * whose memory is mostly allocated, or whose cache is mostly allocated,
+     * needs everything released; otherwise a light pass. Without a known
+     * total, the reserved bytes stand in for it. */
+    double t = (double)(total > 0 ? total : reserved);
+    if (t <= 0 || (double)reserved / t < s->reserved_rate)
+        return NDM_RECLAIM_NONE;
+    if ((double)allocated / t > s->allocated_rate)
+        return NDM_RECLAIM_FULL;
+    if (reserved > 0 && (double)allocated / (double)reserved > s->allocated_reserved_rate)
+        return NDM_RECLAIM_FULL;
+    return NDM_RECLAIM_LIGHT;
+}
+
 /* ---- the public memory API ------------------------------------------------------------- */
+
+NDM_API ndm_pressure_level ndm_memory_pressure_level(ndm_device device)
+{
+    ndm__pool *p = get_pool(device, __func__);
+    if (!p)
+        return NDM_RECLAIM_NONE;
+    ndm_memory_stats st;
+    ndm__pool_stats(p, &st);
+    ndm__settings set;
+    ndm__pool_settings(p, &set, NULL, 0);
+    int64_t total = set.memory_limit ? (int64_t)set.memory_limit : st.device_total;
+    return ndm__pressure_level(&set, st.allocated_bytes[NDM_POOL_ALL].current,
+                               st.reserved_bytes[NDM_POOL_ALL].current, total);
+}
 
 NDM_API ndm_status ndm_memory_stats_get(ndm_device device, ndm_memory_stats *out)
 {
