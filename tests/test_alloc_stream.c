@@ -575,6 +575,52 @@ static void test_expandable_without_reserve_maps_segments(void **state)
     done(&f);
 }
 
+/* The CPU's own source: a reserved range without access, committed in
+ * place; data written before a growth is still there after it. */
+const ndm__segment_source *ndm__cpu_segment_source(void);
+
+static void test_expandable_cpu_source_commits_in_place(void **state)
+{
+    (void)state;
+    ndm__pool *p = ndm__pool_new(ndm__cpu_segment_source(), NDM_CPU, "cpu-test", false);
+    assert_non_null(p);
+    const char *conf = EXP ",memory_limit_mb:64";
+    ndm__settings s;
+    char err[256];
+    assert_ok(ndm__settings_parse(conf, NDM_CPU, &s, err, sizeof err));
+    assert_ok(ndm__pool_configure(p, &s, conf));
+    ndm__block a, b, c;
+    assert_ok(ndm__pool_alloc(p, 3 * MiB, NULL, &a));
+    memset(a.ptr, 0x5a, 3 * MiB);
+    assert_ok(ndm__pool_alloc(p, 5 * MiB, NULL, &b));
+    assert_int_equal((uintptr_t)b.ptr, (uintptr_t)a.ptr + 3 * MiB);
+    memset(b.ptr, 0xa5, 5 * MiB);
+    const unsigned char *x = a.ptr;
+    assert_int_equal(x[0], 0x5a);
+    assert_int_equal(x[3 * MiB - 1], 0x5a);
+    ndm_memory_stats st;
+    ndm__pool_stats(p, &st);
+    assert_int_equal(st.segment[NDM_POOL_ALL].current, 1);
+    assert_int_equal(st.reserved_bytes[NDM_POOL_ALL].current, (int64_t)(8 * MiB));
+    /* past the 64 MiB range: refused, nothing changed */
+    assert_int_equal(ndm__pool_alloc(p, 60 * MiB, NULL, &c), NDM_E_OOM);
+    ndm__pool_free(p, &b);
+    ndm__pool_empty_cache(p);
+    ndm__pool_stats(p, &st);
+    assert_int_equal(st.reserved_bytes[NDM_POOL_ALL].current, (int64_t)(4 * MiB));
+    /* committed again after a decommit: usable (fresh zero pages) */
+    assert_ok(ndm__pool_alloc(p, 5 * MiB, NULL, &b));
+    memset(b.ptr, 1, 5 * MiB);
+    assert_int_equal(x[3 * MiB - 1], 0x5a);
+    ndm__pool_free(p, &a);
+    ndm__pool_free(p, &b);
+    ndm__pool_empty_cache(p);
+    ndm__pool_stats(p, &st);
+    assert_int_equal(st.reserved_bytes[NDM_POOL_ALL].current, 0);
+    assert_int_equal(st.segment[NDM_POOL_ALL].current, 0);
+    ndm__pool_destroy(p);
+}
+
 /* ---- settings and reclaim levels ------------------------------------------------------ */
 
 static void expect_config_error(const char *conf, const char *needle)
@@ -691,6 +737,7 @@ int main(void)
         cmocka_unit_test(test_expandable_limit_and_oom),
         cmocka_unit_test(test_expandable_one_segment_per_stream_and_pool),
         cmocka_unit_test(test_expandable_without_reserve_maps_segments),
+        cmocka_unit_test(test_expandable_cpu_source_commits_in_place),
         cmocka_unit_test(test_reclaim_settings_parse_and_reject),
         cmocka_unit_test(test_reclaim_level_follows_the_rates),
         cmocka_unit_test(test_reclaim_level_reaches_the_callbacks),
