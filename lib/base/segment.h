@@ -57,6 +57,9 @@ typedef struct ndm__segment_source {
 typedef struct ndm__device_memory {
     ndm_status (*usable)(int index, char *why, size_t n);
     const ndm__segment_source *(*source)(int index);
+    /* page-locked host memory for transfers to and from device `index`
+     * (NULL, or a NULL result: none) */
+    const ndm__segment_source *(*pinned_source)(int index);
 } ndm__device_memory;
 
 /* Registered when the library is loaded, before any allocation can ask. */
