@@ -10,6 +10,7 @@
 
 #include "helpers.h"
 #include "ndm/config.h"
+#include "ndm/stream.h"
 #include "ops/dispatch.h"
 
 static const char *self_path;
@@ -1132,6 +1133,11 @@ static int loader_child(void)
                     st.live_bytes == 0 && st.children == 0,
                 "the GPU trainer still holds %llu bytes in %llu managers",
                 (unsigned long long)st.live_bytes, (unsigned long long)st.children);
+    /* the batches went up on the loader's own stream, and the thread's
+     * current stream is back */
+    CHILD_CHECK(ndm_stream_current(NDM_CUDA(0)).id == ndm_stream_default(NDM_CUDA(0)).id,
+                "the loader left its copy stream current");
+    CHILD_CHECK(ndm_loader_close(lg) == NDM_OK, "closing the GPU loader");
     CHILD_CHECK(ndm_manager_close(tg) == NDM_OK && ndm_manager_close(tc) == NDM_OK &&
                     ndm_manager_close(data) == NDM_OK,
                 "closing");
