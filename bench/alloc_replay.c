@@ -9,7 +9,11 @@
  * allocator must reach), the smallest memory_limit_mb that completes the
  * trace (bisection) over peak live, and p50/p99 allocation latency against
  * glibc malloc replaying the same trace in the same run, and the segments
- * mapped against PyTorch's policy on the same trace. */
+ * mapped against PyTorch's policy on the same trace. Then, for people, a
+ * table comparing the three segment policies on each trace (PyTorch's,
+ * the compact one, and expandable segments grown in place): peak reserved,
+ * the share of it that is never live at once (1 - peak live / peak
+ * reserved), and the replay's time per allocation. */
 #include <dirent.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -31,6 +35,8 @@ static const strategy strategies[] = {
     {"pytorch", "thread_cache:False,policy:pytorch", 0}, /* PyTorch's policy, exactly */
     {"ndm", "", 0},                 /* the default: compact segments, thread caches in front */
     {"ndm_pytorch_segments", "policy:pytorch", 0}, /* thread caches over PyTorch's segments */
+    /* PyTorch's block policy in one range per pool that grows in place */
+    {"expandable", "thread_cache:False,policy:pytorch,expandable_segments:True", 0},
     {"ndm_gc", "garbage_collection_threshold:0.8", 0},
     {"max_split", "max_split_size_mb:64", 0},
     {"preallocate", "strategy:preallocate", (size_t)16 << 30},
@@ -90,6 +96,35 @@ static int default_traces(char paths[][512], int max)
     return n;
 }
 
+/* One row of the policy table. */
+typedef struct policy_row {
+    char trace[48];
+    double live_mb, reserved_mb[3], p50_ns[3];
+} policy_row;
+
+/* The three segment policies, as the strategies above name them. */
+static const char *const policy_names[3] = {"pytorch", "ndm", "expandable"};
+
+static void print_policies(const policy_row *rows, int n)
+{
+    printf("\nsegment policies: peak reserved MiB, waste = 1 - peak live / peak reserved, "
+           "p50 ns per allocation\n");
+    printf("%-18s %9s", "trace", "live MiB");
+    static const char *const heads[3] = {"pytorch", "compact", "expandable"};
+    for (int k = 0; k < 3; k++)
+        printf(" | %-27s", heads[k]);
+    printf("\n");
+    for (int i = 0; i < n; i++) {
+        const policy_row *r = &rows[i];
+        printf("%-18.18s %9.1f", r->trace, r->live_mb);
+        for (int k = 0; k < 3; k++) {
+            double frag = r->reserved_mb[k] > 0 ? 1 - r->live_mb / r->reserved_mb[k] : 0;
+            printf(" | %9.1f %6.1f%% %7.0f ns", r->reserved_mb[k], 100 * frag, r->p50_ns[k]);
+        }
+        printf("\n");
+    }
+}
+
 int main(int argc, char **argv)
 {
     static bench_report rep;
@@ -108,6 +143,8 @@ int main(int argc, char **argv)
     bench_note(&rep, "simulated device: no memory behind the addresses; latency is the "
                      "allocator's own bookkeeping");
     int nstrat = (int)(sizeof strategies / sizeof *strategies);
+    policy_row rows[16];
+    memset(rows, 0, sizeof rows);
     for (int ti = 0; ti < np; ti++) {
         rp_trace t;
         if (rp_load(paths[ti], &t) < 0)
@@ -120,9 +157,12 @@ int main(int argc, char **argv)
                  t.n, t.ids, live_mb);
         bench_note(&rep, note);
         double pytorch_maps = 0;
+        policy_row *row = &rows[ti];
+        snprintf(row->trace, sizeof row->trace, "%.40s", t.name);
+        row->live_mb = live_mb;
         for (int si = 0; si < nstrat; si++) {
             const strategy *s = &strategies[si];
-            if (rep.o.quick && si >= 3 && strcmp(s->name, "system"))
+            if (rep.o.quick && si >= 4 && strcmp(s->name, "system"))
                 continue;
             rp_result r;
             if (rp_run(&t, s->conf, s->capacity, true, &r) < 0 || !r.ok) {
@@ -148,6 +188,12 @@ int main(int argc, char **argv)
             bench_add(&rep, name, bench_median(p50, 3), "ns", "glibc malloc p50, same trace", m50);
             snprintf(name, sizeof name, "%.40s/%s/alloc_p99_ns_vs_malloc", t.name, s->name);
             bench_add(&rep, name, bench_median(p99, 3), "ns", "glibc malloc p99, same trace", m99);
+            for (int k = 0; k < 3; k++) {
+                if (!strcmp(s->name, policy_names[k])) {
+                    row->reserved_mb[k] = reserved_mb;
+                    row->p50_ns[k] = bench_median(p50, 3);
+                }
+            }
             /* Segment maps: free on the simulated device, an mmap and fresh
              * pages on the CPU, a cudaMalloc on CUDA. */
             if (si == 0)
@@ -159,5 +205,7 @@ int main(int argc, char **argv)
         free(t.ev);
     }
     bench_print(&rep);
+    if (!rep.o.json)
+        print_policies(rows, np);
     return 0;
 }

@@ -226,6 +226,8 @@ static inline int rp_run(const rp_trace *t, const char *conf, size_t capacity, b
         return -1;
     }
     ndm__sim *sim = ndm__sim_new(capacity);
+    /* reserve and commit, for configurations with expandable segments */
+    ndm__sim_enable_expandable(sim, 0);
     ndm__pool *p = ndm__pool_new(ndm__sim_source(sim), NDM_CPU, "sim", false);
     (void)ndm__pool_configure(p, &s, conf);
     ndm__block *blk = calloc(t->ids ? t->ids : 1, sizeof *blk);

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # ndm-fashion's command line: help on stdout with every option and its
 # default, errors that name the option, the value and the accepted range
-# (exit 2), checks made before any training, --version.
+# (exit 2), checks made before any training, --version, and --device: a
+# bad name (exit 2), a CUDA device on a machine or build without one (exit 1,
+# with the reason, before the data is read).
 set -uo pipefail
 bin=$1
 version=$2
@@ -11,11 +13,12 @@ fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 
 # expect RC STDOUT_PATTERN STDERR_PATTERN -- ARGS...: exit status and what
-# each stream must contain ('' : must be empty)
+# each stream must contain ('' : must be empty); the command pre[] comes first
+pre=()
 expect() {
     local rc=$1 out=$2 err=$3
     shift 4
-    "$bin" "$@" > "$tmp/out" 2> "$tmp/err"
+    ${pre[@]+"${pre[@]}"} "$bin" "$@" > "$tmp/out" 2> "$tmp/err"
     local got=$?
     [ "$got" -eq "$rc" ] || fail "ndm-fashion $*: exit $got, not $rc ($(head -c 300 "$tmp/err"))"
     if [ -z "$out" ]; then
@@ -36,10 +39,11 @@ for args in "--help" "-h" "help"; do
 done
 "$bin" --help > "$tmp/help"
 for opt in --cnn --epochs --batch --lr --seed --limit --data --out --no-save --quiet \
-           --model --requests --threads; do
+           --model --requests --threads --device; do
     grep -q -- "  $opt" "$tmp/help" || fail "--help does not list $opt"
 done
-for opt in --epochs --batch --lr --seed --limit --data --out --model --requests --threads; do
+for opt in --epochs --batch --lr --seed --limit --data --out --model --requests --threads \
+           --device; do
     # the line after the option's carries its default
     grep -A1 -- "  $opt " "$tmp/help" | grep -q "default: " || fail "--help gives no default for $opt"
 done
@@ -83,6 +87,24 @@ expect 1 "" "cannot save the model to /nonexistent/dir/m.safetensors: the folder
 expect 1 "ndm-fashion train: MLP" "ndm-fashion: loading the dataset failed: ndm_idx_load: " -- train --data "$tmp/data" --no-save
 expect 1 "" "the training images are not at $tmp/train-images-idx3-ubyte.gz" -- train --data "$tmp" --no-save
 expect 1 "" "the test images are not at /nonexistent/t10k-images-idx3-ubyte.gz" -- serve --data /nonexistent
+
+# --device: the name is checked first (exit 2); a CUDA device that this
+# machine or build lacks is refused with the registry's reason before the
+# data files are read (they are empty here). CUDA_VISIBLE_DEVICES hides any
+# GPU, and the host stand-in of the tests is not on the module path.
+expect 2 "" "--device 'gpu' is not a device; it takes cpu, cuda or cuda:N" -- train --device gpu
+expect 2 "" "--device 'cuda:x' is not a device" -- serve --device cuda:x
+expect 2 "" "--device 'cuda:' is not a device" -- train --device=cuda:
+pre=(env -u NDM_BACKEND_PATH CUDA_VISIBLE_DEVICES=)
+expect 1 "" "ndm-fashion train: cannot use --device cuda:0: " -- train --data "$tmp/data" --no-save --device cuda
+grep -qF "0 CUDA devices usable here; run with --device cpu" "$tmp/err" ||
+    fail "train --device cuda without a GPU does not say what to do: $(cat "$tmp/err")"
+grep -qF "loading the dataset" "$tmp/err" && fail "train --device cuda read the data before the device check"
+expect 1 "" "ndm-fashion train: cannot use --device cuda:3: " -- train --data "$tmp/data" --no-save --device cuda:3
+: > "$tmp/model.safetensors"
+expect 1 "" "ndm-fashion serve: cannot use --device cuda:0: " -- serve --data "$tmp/data" --model "$tmp/model.safetensors" --device cuda
+pre=()
+expect 1 "device cpu" "loading the dataset failed" -- train --data "$tmp/data" --no-save --device cpu
 
 [ "$fails" -eq 0 ] || { echo "$fails checks failed"; exit 1; }
 echo ok

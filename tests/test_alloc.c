@@ -954,14 +954,18 @@ static void test_alloc_config_applies_device_prefixes(void **state)
                              "large_segment_size_mb:2,roundup_power2_divisions:0,"
                              "garbage_collection_threshold:0,pressure_every_mb:0,"
                              "thread_cache:True,release_free_segments:True,"
-                             "segment_refit:True,segment_round_kb:512");
+                             "segment_refit:True,segment_round_kb:512,"
+                             "expandable_segments:False,reserved_rate:0.2,allocated_rate:0.8,"
+                             "allocated_reserved_rate:0.8");
     /* CUDA keeps PyTorch's segments; policy:pytorch gives them on the CPU */
     const char *pytorch = "strategy:auto_growth,preallocate_fraction:0.92,memory_limit_mb:0,"
                           "max_split_size_mb:unlimited,max_non_split_rounding_mb:20,"
                           "large_segment_size_mb:20,roundup_power2_divisions:0,"
                           "garbage_collection_threshold:0,pressure_every_mb:0,"
                           "thread_cache:True,release_free_segments:False,"
-                          "segment_refit:False,segment_round_kb:2048";
+                          "segment_refit:False,segment_round_kb:2048,"
+                          "expandable_segments:False,reserved_rate:0.2,allocated_rate:0.8,"
+                          "allocated_reserved_rate:0.8";
     assert_ok(ndm__settings_parse("", NDM_CUDA(0), &s, err, sizeof err));
     ndm__settings_str(&s, buf, sizeof buf);
     assert_string_equal(buf, pytorch);

@@ -3,6 +3,10 @@
  * operations and seeded random draws; on a GPU, or on "cuda (host execution)"
  * when NDM_BACKEND_PATH names tests/cuda_host's module; skipped otherwise),
  * and what a machine or build without a GPU answers. */
+ * every dtype, strided and broadcast views, sticky errors), the public API on
+ * a CUDA device (loader, checkpoints, training, predictor; skipped without a
+ * GPU, or while the module cannot run a training step), and what a machine or
+ * build without a GPU answers. */
 #include <math.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -10,6 +14,7 @@
 
 #include "helpers.h"
 #include "ndm/config.h"
+#include "ndm/stream.h"
 #include "ops/dispatch.h"
 
 static const char *self_path;
@@ -1338,9 +1343,415 @@ static void test_cuda_conv_net_autograd_matches_cpu(void **state)
     net_compare(ROOT(state), true);
 }
 
+/* ---- the public API on CUDA: loader, checkpoints, training, serving ------- */
+
+/* The subtree of m holds nothing on the CPU nor on cuda:0. */
+static void assert_empty_on_both(ndm_manager m)
+{
+    assert_manager_empty(m);
+    ndm_stats st;
+    assert_ok(ndm_manager_stats(m, NDM_CUDA(0), NDM_STATS_SUBTREE, &st));
+    assert_int_equal(st.live_bytes, 0);
+}
+
+/* A two-layer MLP (8 -> 16 -> 4) in model, its weights from seed (the null
+ * module when the device cannot make it). */
+static ndm_module try_small_mlp(ndm_manager model, uint64_t seed)
+{
+    ndm_rng rng = ndm_rng_new(seed);
+    return ndm_sequential(model, NDM_MODULES(ndm_linear(model, 8, 16, true, &rng),
+                                             ndm_relu_module(model),
+                                             ndm_linear(model, 16, 4, true, &rng)));
+}
+
+static ndm_module small_mlp(ndm_manager model, uint64_t seed)
+{
+    ndm_module net = try_small_mlp(model, seed);
+    if (!net.id)
+        fail_msg("building the MLP failed: %s", ndm_last_error());
+    return net;
+}
+
+/* Skip unless cuda:0 runs a whole training step: the CUDA module gains its
+ * operation families one by one, and a step needs elementwise, reduction,
+ * index and matrix operations. Any failure other than an unsupported
+ * operation is a real one. */
+static void need_cuda_training(ndm_manager root)
+{
+    NEED_GPU();
+    ndm_manager g = ndm_manager_new_on(root, "probe", NDM_CUDA(0));
+    assert_live(g);
+    ndm_module net = try_small_mlp(g, 1);
+    ndm_optimizer opt = net.id ? ndm_sgd(g, net, 0.1, 0.0, 0.0) : (ndm_optimizer){0};
+    ndm_manager step = ndm_manager_new(g, "step");
+    ndm_rng rng = ndm_rng_new(2);
+    ndm_array x = ndm_uniform(step, &rng, NDM_F32, -1, 1, NDM_SHAPE(4, 8));
+    ndm_array y = ndm_randint(step, &rng, NDM_I64, 0, 4, NDM_SHAPE(4));
+    ndm_status st = opt.id && x.id && y.id ? ndm_grad_begin(step) : ndm_last_status();
+    if (st == NDM_OK) {
+        ndm_array loss = ndm_cross_entropy(ndm_forward(net, x), y);
+        st = loss.id ? ndm_backward(loss) : ndm_last_status();
+        (void)ndm_grad_end();
+    }
+    if (st == NDM_OK)
+        st = ndm_optimizer_step(opt);
+    char why[512];
+    snprintf(why, sizeof why, "%s", ndm_last_error());
+    assert_ok(ndm_manager_close(g));
+    if (st == NDM_E_UNSUPPORTED) {
+        print_message("the CUDA module cannot run a training step yet (%s): skipped\n", why);
+        ndm_clear_error();
+        skip();
+    }
+    if (st != NDM_OK)
+        fail_msg("a training step on cuda:0 failed: %s", why);
+}
+
+/* The elements of f32 array a (any device) as doubles, test_malloc'd: read
+ * with ndm_array_copy_out, which makes nothing in a's (perhaps capped)
+ * manager. */
+static double *values_of(ndm_array a)
+{
+    int64_t n = ndm_array_size(a);
+    assert_true(n >= 0);
+    assert_int_equal(ndm_array_dtype(a), NDM_F32);
+    float *f = test_malloc((size_t)(n ? n : 1) * sizeof *f);
+    assert_ok(ndm_array_copy_out(a, f, (size_t)n * sizeof *f));
+    double *v = test_malloc((size_t)(n ? n : 1) * sizeof *v);
+    for (int64_t i = 0; i < n; i++)
+        v[i] = f[i];
+    test_free(f);
+    return v;
+}
+
+/* Every parameter of nets a and b within tol (relative to 1). */
+static void assert_same_parameters(ndm_module a, ndm_module b, double tol)
+{
+    const char *na[16], *nb[16];
+    ndm_array pa[16], pb[16];
+    int n = ndm_module_named_parameters(a, na, pa, 16);
+    assert_int_equal(ndm_module_named_parameters(b, nb, pb, 16), n);
+    assert_true(n > 0);
+    for (int i = 0; i < n; i++) {
+        assert_string_equal(na[i], nb[i]);
+        int64_t k = ndm_array_size(pa[i]);
+        assert_int_equal(ndm_array_size(pb[i]), k);
+        double *x = values_of(pa[i]), *y = values_of(pb[i]);
+        for (int64_t j = 0; j < k; j++)
+            if (fabs(x[j] - y[j]) > tol * (1 + fabs(x[j])))
+                fail_msg("%s[%lld]: %.9g and %.9g", na[i], (long long)j, x[j], y[j]);
+        test_free(x);
+        test_free(y);
+    }
+}
+
+static void test_cuda_array_data_refuses_device_memory(void **state)
+{
+    ndm_manager root = ROOT(state);
+    NEED_GPU();
+    ndm_manager g = ndm_manager_new_on(root, "gpu", NDM_CUDA(0));
+    assert_live(g);
+    ndm_array d = ndm_full(g, NDM_F32, 2.5, NDM_SHAPE(2, 3));
+    ndm_array c = ndm_full(root, NDM_F32, 2.5, NDM_SHAPE(2, 3));
+    assert_live(d);
+    assert_null(ndm_array_data(d));
+    assert_int_equal(ndm_last_status(), NDM_E_DEVICE);
+    assert_error_has("ndm_array_copy_out");
+    /* reads through a transfer answer as on the CPU */
+    double v = 0;
+    assert_ok(ndm_item(ndm_slice(d, 1, 2, 3, 1), &v));
+    assert_true(v == 2.5);
+    char on_gpu[256], on_cpu[256];
+    assert_true(ndm_array_format(d, on_gpu, sizeof on_gpu) > 0);
+    assert_true(ndm_array_format(c, on_cpu, sizeof on_cpu) > 0);
+    assert_string_equal(on_gpu, on_cpu);
+    assert_ok(ndm_array_release(c));
+    assert_ok(ndm_manager_close(g));
+    assert_empty_on_both(root);
+}
+
+static void test_cuda_loader_batches_land_on_device(void **state)
+{
+    ndm_manager root = ROOT(state);
+    NEED_GPU();
+    ndm_manager data = ndm_manager_new(root, "data");
+    ndm_rng rng = ndm_rng_new(7);
+    /* 37 u8 "images" of 3x5 and their labels: the last batch is short */
+    ndm_dataset ds = {ndm_randint(data, &rng, NDM_U8, 0, 256, NDM_SHAPE(37, 3, 5)),
+                      ndm_randint(data, &rng, NDM_U8, 0, 10, NDM_SHAPE(37))};
+    assert_live(ds.inputs);
+    assert_live(ds.labels);
+    ndm_manager tc = ndm_manager_new(root, "cpu-trainer");
+    ndm_manager tg = ndm_manager_new_on(root, "gpu-trainer", NDM_CUDA(0));
+    assert_live(tg);
+    ndm_loader_options o = {.batch_size = 8, .seed = 3,
+                            .flags = NDM_LOADER_SHUFFLE | NDM_LOADER_SCALE_INPUTS |
+                                     NDM_LOADER_LABELS_I64};
+    ndm_loader lc = ndm_loader_new(tc, ds, &o), lg = ndm_loader_new(tg, ds, &o);
+    assert_true(lc.id && lg.id);
+    for (int epoch = 0; epoch < 2; epoch++) {
+        ndm_batch bc, bg;
+        int rc, batches = 0;
+        while ((rc = ndm_loader_next(lc, &bc)) > 0) {
+            assert_int_equal(ndm_loader_next(lg, &bg), 1);
+            assert_int_equal(bg.size, bc.size);
+            assert_int_equal(ndm_array_device(bg.inputs).type, NDM_DEVICE_CUDA);
+            assert_int_equal(ndm_array_device(bg.labels).type, NDM_DEVICE_CUDA);
+            assert_arrays_match(bc.inputs, bg.inputs, "batch inputs");
+            assert_arrays_match(bc.labels, bg.labels, "batch labels");
+            batches++;
+        }
+        assert_int_equal(rc, 0);
+        assert_int_equal(ndm_loader_next(lg, &bg), 0);
+        assert_int_equal(batches, 5);
+    }
+    /* the batches went with their managers: only the datasets remain */
+    ndm_stats st;
+    assert_ok(ndm_manager_stats(tg, NDM_CUDA(0), NDM_STATS_SUBTREE, &st));
+    assert_int_equal(st.live_bytes, 0);
+    assert_ok(ndm_manager_close(tg));
+    assert_ok(ndm_manager_close(tc));
+    assert_ok(ndm_manager_close(data));
+    assert_empty_on_both(root);
+}
+
+static void test_cuda_checkpoint_moves_between_devices(void **state)
+{
+    ndm_manager root = ROOT(state);
+    need_cuda_training(root);
+    char path[] = "/tmp/ndm-test-cuda-ckpt-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    ndm_manager mc = ndm_manager_new(root, "cpu-model");
+    ndm_manager mg = ndm_manager_new_on(root, "gpu-model", NDM_CUDA(0));
+    assert_live(mg);
+    ndm_module cpu = small_mlp(mc, 11), gpu = small_mlp(mg, 12);
+    /* CPU to GPU: the file is read on the host, the parameters live on the GPU */
+    assert_ok(ndm_module_save(cpu, path));
+    assert_int_equal(ndm_module_load(gpu, path, NDM_CHECKPOINT_STRICT), 4);
+    assert_same_parameters(cpu, gpu, 0);
+    /* and back: a GPU module's file loads into a fresh CPU module */
+    ndm_module back = small_mlp(mc, 13);
+    assert_ok(ndm_module_save(gpu, path));
+    assert_int_equal(ndm_module_load(back, path, NDM_CHECKPOINT_STRICT), 4);
+    assert_same_parameters(cpu, back, 0);
+    unlink(path);
+    assert_ok(ndm_manager_close(mg));
+    assert_ok(ndm_manager_close(mc));
+    assert_empty_on_both(root);
+}
+
+/* One training step of net with opt on (x, y), copied to dev in a batch
+ * manager of root; returns the loss. */
+static double step_on(ndm_manager root, ndm_device dev, ndm_module net, ndm_optimizer opt,
+                      ndm_array x, ndm_array y)
+{
+    ndm_manager b = ndm_manager_new_on(root, "batch", dev);
+    assert_live(b);
+    ndm_array bx = ndm_to_to(b, x, dev), by = ndm_to_to(b, y, dev);
+    assert_ok(ndm_grad_begin(b));
+    ndm_array loss = ndm_cross_entropy(ndm_forward(net, bx), by);
+    assert_live(loss);
+    assert_int_equal(ndm_array_device(loss).type, dev.type);
+    assert_ok(ndm_backward(loss));
+    assert_ok(ndm_grad_end());
+    assert_ok(ndm_optimizer_step(opt));
+    assert_ok(ndm_optimizer_zero_grad(opt));
+    double l = 0;
+    assert_ok(ndm_item(loss, &l));
+    assert_ok(ndm_manager_close(b));
+    return l;
+}
+
+static void test_cuda_training_steps_match_cpu(void **state)
+{
+    ndm_manager root = ROOT(state);
+    need_cuda_training(root);
+    char path[] = "/tmp/ndm-test-cuda-train-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    ndm_manager mc = ndm_manager_new(root, "cpu-model");
+    ndm_manager mg = ndm_manager_new_on(root, "gpu-model", NDM_CUDA(0));
+    ndm_module cpu = small_mlp(mc, 21), gpu = small_mlp(mg, 22);
+    assert_ok(ndm_module_save(cpu, path));
+    assert_int_equal(ndm_module_load(gpu, path, NDM_CHECKPOINT_STRICT), 4);
+    /* SGD with momentum: its update follows the gradient's small rounding
+     * differences smoothly (Adam's divides them by near-zero moments) */
+    ndm_optimizer oc = ndm_sgd(mc, cpu, 0.1, 0.9, 0.0);
+    ndm_optimizer og = ndm_sgd(mg, gpu, 0.1, 0.9, 0.0);
+    assert_true(oc.id && og.id);
+    ndm_rng rng = ndm_rng_new(5);
+    ndm_manager data = ndm_manager_new(root, "data");
+    ndm_array x = ndm_uniform(data, &rng, NDM_F32, -1, 1, NDM_SHAPE(6, 8));
+    ndm_array y = ndm_randint(data, &rng, NDM_I64, 0, 4, NDM_SHAPE(6));
+    for (int s = 0; s < 5; s++) {
+        double lc = step_on(root, NDM_CPU, cpu, oc, x, y);
+        double lg = step_on(root, NDM_CUDA(0), gpu, og, x, y);
+        if (fabs(lc - lg) > 1e-4 * (1 + fabs(lc)))
+            fail_msg("step %d: loss %.9g on the CPU, %.9g on cuda:0", s, lc, lg);
+    }
+    assert_same_parameters(cpu, gpu, 1e-4);
+    /* the CPU optimizer's momentum, saved, loads into a fresh optimizer of
+     * the GPU net: the next steps agree only if it arrived */
+    assert_ok(ndm_optimizer_save(oc, path));
+    ndm_optimizer fresh = ndm_sgd(mg, gpu, 0.1, 0.9, 0.0);
+    assert_true(fresh.id != 0);
+    assert_ok(ndm_optimizer_load(fresh, path));
+    unlink(path);
+    (void)step_on(root, NDM_CPU, cpu, oc, x, y);
+    (void)step_on(root, NDM_CUDA(0), gpu, fresh, x, y);
+    assert_same_parameters(cpu, gpu, 1e-4);
+    assert_ok(ndm_manager_close(data));
+    assert_ok(ndm_manager_close(mg));
+    assert_ok(ndm_manager_close(mc));
+    assert_empty_on_both(root);
+}
+
+static void test_cuda_predictor_answers_cpu_requests(void **state)
+{
+    ndm_manager root = ROOT(state);
+    need_cuda_training(root);
+    char path[] = "/tmp/ndm-test-cuda-pred-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    ndm_manager mc = ndm_manager_new(root, "cpu-model");
+    ndm_manager mg = ndm_manager_new_on(root, "gpu-model", NDM_CUDA(0));
+    ndm_module cpu = small_mlp(mc, 31), gpu = small_mlp(mg, 32);
+    assert_ok(ndm_module_save(cpu, path));
+    ndm_predictor pc = ndm_predictor_load(mc, cpu, path);
+    ndm_predictor pg = ndm_predictor_load(mg, gpu, path);
+    unlink(path);
+    assert_true(pc.id && pg.id);
+    ndm_manager req = ndm_manager_new(root, "requests");
+    ndm_rng rng = ndm_rng_new(9);
+    ndm_array x = ndm_uniform(req, &rng, NDM_F32, -1, 1, NDM_SHAPE(3, 8));
+    ndm_array yc = ndm_predict(pc, x), yg = ndm_predict(pg, x);
+    assert_live(yc);
+    assert_live(yg);
+    /* the answer is computed, and stays, on the model's device, owned by
+     * the request's manager */
+    assert_int_equal(ndm_array_device(yg).type, NDM_DEVICE_CUDA);
+    assert_true(ndm_array_manager(yg).id == req.id);
+    double *a = values_of(yc), *b = values_of(yg);
+    for (int i = 0; i < 12; i++)
+        assert_true(fabs(a[i] - b[i]) <= 1e-5 * (1 + fabs(a[i])));
+    test_free(a);
+    test_free(b);
+    ndm_stats st;
+    assert_ok(ndm_manager_stats(ndm_predictor_manager(pg), NDM_CUDA(0), NDM_STATS_SUBTREE, &st));
+    assert_int_equal(st.children, 0);
+    assert_int_equal(st.live_bytes, 0);
+    assert_ok(ndm_manager_close(req));
+    assert_ok(ndm_manager_close(mg));
+    assert_ok(ndm_manager_close(mc));
+    assert_empty_on_both(root);
+}
+
+/* Runs in a child process whose CUDA module is the registry suite's stand-in
+ * (host memory behind the CUDA device type, copies and transfers only): a
+ * GPU trainer's loader deals the batches a CPU trainer's deals, on the
+ * device, epoch after epoch, and they leave nothing behind. 0 on success. */
+static int loader_child(void)
+{
+#define CHILD_CHECK(c, ...)                                                     \
+    do {                                                                        \
+        if (!(c)) {                                                             \
+            printf("loader child: " __VA_ARGS__);                               \
+            printf(" (%s)\n", ndm_last_error());                                \
+            return 1;                                                           \
+        }                                                                       \
+    } while (0)
+    ndm_manager data = ndm_manager_new(ndm_system(), "data");
+    ndm_rng rng = ndm_rng_new(7);
+    ndm_dataset ds = {ndm_randint(data, &rng, NDM_U8, 0, 256, NDM_SHAPE(37, 3, 5)),
+                      ndm_randint(data, &rng, NDM_U8, 0, 10, NDM_SHAPE(37))};
+    CHILD_CHECK(ds.inputs.id && ds.labels.id, "no dataset");
+    ndm_manager tc = ndm_manager_new(ndm_system(), "cpu-trainer");
+    ndm_manager tg = ndm_manager_new_on(ndm_system(), "gpu-trainer", NDM_CUDA(0));
+    CHILD_CHECK(tg.id, "no trainer on the stand-in's cuda:0");
+    ndm_loader_options o = {.batch_size = 8, .seed = 3,
+                            .flags = NDM_LOADER_SHUFFLE | NDM_LOADER_SCALE_INPUTS |
+                                     NDM_LOADER_LABELS_I64};
+    ndm_loader lc = ndm_loader_new(tc, ds, &o), lg = ndm_loader_new(tg, ds, &o);
+    CHILD_CHECK(lc.id && lg.id, "no loaders");
+    static char got[8 * 15 * 8];
+    for (int epoch = 0; epoch < 3; epoch++) {
+        ndm_batch bc, bg;
+        int rc, batches = 0;
+        while ((rc = ndm_loader_next(lc, &bc)) > 0) {
+            CHILD_CHECK(ndm_loader_next(lg, &bg) == 1, "the GPU loader ended early");
+            CHILD_CHECK(bg.size == bc.size, "batch sizes differ");
+            ndm_array pairs[2][2] = {{bc.inputs, bg.inputs}, {bc.labels, bg.labels}};
+            for (int k = 0; k < 2; k++) {
+                ndm_array c = pairs[k][0], g = pairs[k][1];
+                CHILD_CHECK(ndm_array_device(g).type == NDM_DEVICE_CUDA, "a batch is not on cuda:0");
+                CHILD_CHECK(ndm_array_manager(g).id == bg.manager.id, "a batch is not in its manager");
+                CHILD_CHECK(ndm_array_dtype(g) == ndm_array_dtype(c), "dtypes differ");
+                size_t n = ndm_array_nbytes(c);
+                CHILD_CHECK(n <= sizeof got && ndm_array_nbytes(g) == n, "sizes differ");
+                CHILD_CHECK(ndm_array_copy_out(g, got, n) == NDM_OK, "copy_out failed");
+                CHILD_CHECK(!memcmp(got, ndm_array_data(c), n),
+                            "epoch %d batch %d: %s differ from the CPU loader's", epoch, batches,
+                            k ? "labels" : "inputs");
+            }
+            batches++;
+        }
+        CHILD_CHECK(rc == 0 && ndm_loader_next(lg, &bg) == 0 && batches == 5, "epoch %d", epoch);
+    }
+    ndm_stats st;
+    CHILD_CHECK(ndm_manager_stats(tg, NDM_CUDA(0), NDM_STATS_SUBTREE, &st) == NDM_OK &&
+                    st.live_bytes == 0 && st.children == 0,
+                "the GPU trainer still holds %llu bytes in %llu managers",
+                (unsigned long long)st.live_bytes, (unsigned long long)st.children);
+    /* the batches went up on the loader's own stream, and the thread's
+     * current stream is back */
+    CHILD_CHECK(ndm_stream_current(NDM_CUDA(0)).id == ndm_stream_default(NDM_CUDA(0)).id,
+                "the loader left its copy stream current");
+    CHILD_CHECK(ndm_loader_close(lg) == NDM_OK, "closing the GPU loader");
+    CHILD_CHECK(ndm_manager_close(tg) == NDM_OK && ndm_manager_close(tc) == NDM_OK &&
+                    ndm_manager_close(data) == NDM_OK,
+                "closing");
+    printf("loader child: 3 epochs of 5 batches matched on cuda:0 (stand-in)\n");
+    return 0;
+#undef CHILD_CHECK
+}
+
+/* The loader's device path on every machine: through the stand-in module. */
+static void test_loader_batches_reach_a_device_module(void **state)
+{
+    (void)state;
+    const char *dir = getenv("NDM_TEST_STAND_IN_DIR");
+    if (!dir) {
+        print_message("NDM_TEST_STAND_IN_DIR is not set (the build's test runner sets it): "
+                      "skipped\n");
+        skip();
+    }
+    fflush(stdout);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        setenv("NDM_BACKEND_PATH", dir, 1);
+        execl(self_path, self_path, "--loader-child", (char *)NULL);
+        _exit(127);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
 int main(int argc, char **argv)
 {
     self_path = argc > 0 ? argv[0] : "test_cuda";
+    if (argc > 1 && !strcmp(argv[1], "--loader-child")) {
+        int rc = loader_child();
+        fflush(stdout);
+        return rc;
+    }
+#if NDM_HAVE_CUDA
     if (argc > 1 && !strcmp(argv[1], "--fault-child")) {
         int rc = fault_child();
         fflush(stdout);
@@ -1373,6 +1784,12 @@ int main(int argc, char **argv)
         TEST(test_cuda_autograd_through_reductions_and_index),
         TEST(test_cuda_conv_net_forward_and_backward_match_cpu),
         TEST(test_cuda_conv_net_autograd_matches_cpu),
+        TEST(test_cuda_array_data_refuses_device_memory),
+        TEST(test_cuda_loader_batches_land_on_device),
+        TEST(test_loader_batches_reach_a_device_module),
+        TEST(test_cuda_checkpoint_moves_between_devices),
+        TEST(test_cuda_training_steps_match_cpu),
+        TEST(test_cuda_predictor_answers_cpu_requests),
     };
     return cmocka_run_group_tests_name("cuda", tests, NULL, NULL);
 }

@@ -172,6 +172,62 @@ static ndm_array shaped(ndm_array x, bool cnn)
     return y;
 }
 
+/* ---- the device ----------------------------------------------------------------- */
+
+/* "cpu", "cuda" (device 0) or "cuda:N"; false for anything else. */
+static bool parse_device(const char *text, ndm_device *out)
+{
+    if (!strcmp(text, "cpu")) {
+        *out = NDM_CPU;
+        return true;
+    }
+    if (!strcmp(text, "cuda")) {
+        *out = NDM_CUDA(0);
+        return true;
+    }
+    if (strncmp(text, "cuda:", 5) || !isdigit((unsigned char)text[5]))
+        return false;
+    char *end = NULL;
+    errno = 0;
+    long i = strtol(text + 5, &end, 10);
+    if (*end || errno == ERANGE || i > 1024)
+        return false;
+    *out = NDM_CUDA((int)i);
+    return true;
+}
+
+/* The model manager on `dev`; on a machine without that GPU, or a build or
+ * install without the CUDA module, a message saying which and exit 1
+ * before any work. */
+static ndm_manager model_manager(const char *cmd, ndm_device dev)
+{
+    ndm_manager model = ndm_manager_new_on(ndm_system(), "model", dev);
+    if (!model.id) {
+        char name[32];
+        ndm_device_str(dev, name, sizeof name);
+        fprintf(stderr, "ndm-fashion %s: cannot use --device %s: %s\n", cmd, name,
+                ndm_last_error());
+        if (dev.type == NDM_DEVICE_CUDA)
+            fprintf(stderr, "ndm-fashion %s: %d CUDA devices usable here; run with --device cpu, "
+                    "or on a machine with a GPU and a build with the CUDA module "
+                    "(libndm-cuda.so)\n", cmd, ndm_cuda_device_count());
+        exit(1);
+    }
+    return model;
+}
+
+/* The device's allocator: allocated and reserved bytes now, for the
+ * flatness check across epochs. */
+static void device_bytes(ndm_device dev, uint64_t *allocated, uint64_t *reserved)
+{
+    int64_t a = 0, r = 0;
+    if (ndm_memory_stat_get(dev, "allocated_bytes.all.current", &a) != NDM_OK ||
+        ndm_memory_stat_get(dev, "reserved_bytes.all.current", &r) != NDM_OK)
+        a = r = 0;
+    *allocated = (uint64_t)a;
+    *reserved = (uint64_t)r;
+}
+
 /* Correct predictions of net over a dataset, in a manager of its own. */
 static double accuracy(ndm_manager parent, ndm_module net, ndm_dataset d, bool cnn)
 {
@@ -208,12 +264,19 @@ typedef struct snapshot {
     uint64_t bytes[8];
     int n;
     double rss;
+    uint64_t dev_allocated, dev_reserved; /* the device's allocator (not the CPU) */
 } snapshot;
 
-static void snap_add(ndm_manager m, snapshot *s)
+/* Counts of manager m: its live arrays, and its bytes on the CPU plus, with
+ * a GPU, on dev (the model and the batches live there, the datasets on the
+ * CPU). */
+static void snap_add(ndm_manager m, ndm_device dev, snapshot *s)
 {
-    ndm_stats st;
+    ndm_stats st, sd;
     if (s->n < 8 && ndm_manager_stats(m, NDM_CPU, NDM_STATS_SUBTREE, &st) == NDM_OK) {
+        if (dev.type != NDM_DEVICE_CPU &&
+            ndm_manager_stats(m, dev, NDM_STATS_SUBTREE, &sd) == NDM_OK)
+            st.live_bytes += sd.live_bytes;
         s->arrays[s->n] = st.live_arrays;
         s->bytes[s->n] = st.live_bytes;
         s->n++;
@@ -374,6 +437,18 @@ static void parse_options(const command *c, int argc, char **argv)
 
 /* ---- train -------------------------------------------------------------------- */
 
+/* --device's value, or a usage error (exit 2) naming what it takes. */
+static ndm_device device_option(const char *cmd, const char *text)
+{
+    ndm_device dev;
+    if (!parse_device(text, &dev)) {
+        fprintf(stderr, "%s %s: --device '%s' is not a device; it takes cpu, cuda or cuda:N\n"
+                "(`%s %s --help` lists the options)\n", prog, cmd, text, prog, cmd);
+        exit(2);
+    }
+    return dev;
+}
+
 typedef struct train_opts {
     bool cnn;
     const char *data;
@@ -387,6 +462,7 @@ typedef struct train_opts {
     bool no_save;
     const char *snapshot;
     bool dist;
+    const char *device;
 } train_opts;
 
 static int train(train_opts o)
@@ -411,7 +487,9 @@ static int train(train_opts o)
                 die("silencing a rank other than 0");
         }
     }
-    char dir[1024], why[1200];
+    char dir[1024], why[1200], devname[32];
+    ndm_device dev = device_option("train", o.device);
+    ndm_device_str(dev, devname, sizeof devname);
     data_dir(o.data, dir, sizeof dir);
     /* everything that can be known wrong is checked before the first step */
     char timg[1200], tlab[1200], vimg[1200], vlab[1200];
@@ -422,20 +500,22 @@ static int train(train_opts o)
                 "or --no-save)\n", o.out, why);
         return 1;
     }
-    printf("ndm-fashion train: %s on %s, %lld epochs, batch %lld, Adam lr %g (cosine), seed %lld\n",
+    /* the device last: a missing GPU is reported before the data is read */
+    ndm_manager model = model_manager("train", dev);
+    printf("ndm-fashion train: %s on %s, %lld epochs, batch %lld, Adam lr %g (cosine), seed %lld, "
+           "device %s\n",
            o.cnn ? "CNN" : "MLP 784-256-128-10", dir, (long long)o.epochs, (long long)o.batch,
-           o.lr, (long long)o.seed);
+           o.lr, (long long)o.seed, devname);
 
-    /* system/data holds the datasets; system/model the parameters and the
-     * optimizer's state, capped before the first step; model/trainer the
-     * loader, and a batch manager per step under it; with --snapshot every
-     * allocation from here on is recorded with its stack */
+    /* system/data holds the datasets, on the CPU; system/model, on --device,
+     * the parameters and the optimizer's state, capped before the first step;
+     * model/trainer the loader, and a batch manager per step under it (the
+     * loader copies each batch to the trainer's device); with --snapshot
+     * every allocation from here on is recorded with its stack */
     if (o.snapshot)
         CHECK(ndm_memory_record_history(true, 0), "starting the memory history");
     ndm_manager data = ndm_manager_new(ndm_system(), "data");
-    ndm_manager model = ndm_manager_new(ndm_system(), "model");
     LIVE(data, "creating the data manager");
-    LIVE(model, "creating the model manager");
     ndm_dataset train_set = load_split(data, timg, tlab, o.limit);
     /* the test split keeps the training split's proportion (60000 : 10000) */
     ndm_dataset test_set = load_split(data, vimg, vlab, o.limit ? (o.limit + 5) / 6 : 0);
@@ -519,10 +599,12 @@ static int train(train_opts o)
             progress_end_epoch(&bar, &ps, now());
         acc = accuracy(trainer, net, test_set, o.cnn);
         snapshot s = {0};
-        snap_add(model, &s);
-        snap_add(trainer, &s);
-        snap_add(data, &s);
+        snap_add(model, dev, &s);
+        snap_add(trainer, dev, &s);
+        snap_add(data, dev, &s);
         s.rss = rss_mib();
+        if (dev.type != NDM_DEVICE_CPU)
+            device_bytes(dev, &s.dev_allocated, &s.dev_reserved);
         if (epoch == 1) {
             first = s;
             first_epoch = epoch;
@@ -533,8 +615,13 @@ static int train(train_opts o)
         }
         last = s;
         printf("  epoch %2d: train loss %.4f  test accuracy %.2f%%  %.1f s  %.0f examples/s  "
-               "RSS %.1f MiB\n",
+               "RSS %.1f MiB",
                epoch, loss_sum / (double)seen, 100 * acc, secs, (double)seen / secs, s.rss);
+        if (dev.type != NDM_DEVICE_CPU)
+            printf("  %s allocated %.1f MiB, reserved %.1f MiB", devname,
+                   (double)s.dev_allocated / (1024.0 * 1024.0),
+                   (double)s.dev_reserved / (1024.0 * 1024.0));
+        printf("\n");
         fflush(stdout);
         if (!o.quiet)
             (void)(o.dist ? ndm_dist_debug_dump(model, stdout) : ndm_debug_dump(model, stdout));
@@ -560,6 +647,22 @@ static int train(train_opts o)
                    rss_base.rss > 0 ? 100.0 * (last.rss - rss_base.rss) / rss_base.rss : 0.0);
         else
             printf("RSS: not compared (the first epoch grows the caches; it takes 3 epochs)\n");
+        if (dev.type != NDM_DEVICE_CPU) {
+            /* the device's allocator: what is allocated at the end of each
+             * epoch must be equal, and what it reserves must not grow once
+             * its cache has reached the working size (from the second epoch) */
+            printf("%s allocated after epoch %d and after epoch %lld: %.1f -> %.1f MiB (%s)\n",
+                   devname, first_epoch, (long long)o.epochs,
+                   (double)first.dev_allocated / (1024.0 * 1024.0),
+                   (double)last.dev_allocated / (1024.0 * 1024.0),
+                   first.dev_allocated == last.dev_allocated ? "identical" : "CHANGED");
+            if (o.epochs > rss_epoch)
+                printf("%s reserved after epoch %d and after epoch %lld: %.1f -> %.1f MiB (%s)\n",
+                       devname, rss_epoch, (long long)o.epochs,
+                       (double)rss_base.dev_reserved / (1024.0 * 1024.0),
+                       (double)last.dev_reserved / (1024.0 * 1024.0),
+                       last.dev_reserved <= rss_base.dev_reserved ? "not grown" : "GREW");
+        }
     } else {
         printf("memory: one epoch, nothing to compare (the check needs --epochs 2 or more)\n");
     }
@@ -588,6 +691,10 @@ static int train(train_opts o)
     }
     CHECK(ndm_manager_close(model), "closing the model");
     CHECK(ndm_manager_close(data), "closing the data");
+    if (dev.type != NDM_DEVICE_CPU) {
+        printf("the allocator of %s at the end:\n", devname);
+        CHECK(ndm_memory_summary(dev, stdout), "printing the device's allocator summary");
+    }
     if (o.dist)
         CHECK(ndm_dist_finalize(), "leaving the MPI job");
     return 0;
@@ -647,11 +754,14 @@ typedef struct serve_opts {
     const char *data;
     int64_t requests;
     int64_t threads;
+    const char *device;
 } serve_opts;
 
 static int serve(serve_opts o)
 {
-    char dir[1024], ipath[1200], lpath[1200];
+    char dir[1024], ipath[1200], lpath[1200], devname[32];
+    ndm_device dev = device_option("serve", o.device);
+    ndm_device_str(dev, devname, sizeof devname);
     data_dir(o.data, dir, sizeof dir);
     split_paths("serve", dir, "t10k", ipath, lpath, sizeof ipath);
     if (!exists(o.model)) {
@@ -661,13 +771,14 @@ static int serve(serve_opts o)
     }
     int threads = (int)o.threads;
     int64_t requests = o.requests;
+    ndm_manager model = model_manager("serve", dev);
     ndm_manager data = ndm_manager_new(ndm_system(), "data");
-    ndm_manager model = ndm_manager_new(ndm_system(), "model");
     LIVE(data, "creating the data manager");
-    LIVE(model, "creating the model manager");
-    /* the file is mapped: its tensors are copied into the parameters, then
-     * the mapping dies with the loading manager */
-    ndm_manager loading = ndm_manager_new(model, "loading");
+    /* the file is mapped (on the CPU, whatever the model's device): its
+     * tensors are copied into the parameters, then the mapping dies with the
+     * loading manager */
+    ndm_manager loading = ndm_manager_new_on(model, "loading", NDM_CPU);
+    LIVE(loading, "creating the loading manager");
     const ndm_named_arrays *w = ndm_safetensors_load(loading, o.model, NDM_LOAD_MMAP);
     if (!w)
         die("loading the model");
@@ -687,7 +798,9 @@ static int serve(serve_opts o)
                     "`ndm-fashion train` saved?\n", o.model, names[i]);
             return 1;
         }
-        CHECK(ndm_copy_into(params[i], w->arrays[k]), "reading the model's parameters");
+        ndm_array t = ndm_to_to(loading, w->arrays[k], dev); /* the device's copy (an alias on the CPU) */
+        LIVE(t, "copying the model's parameters to the device");
+        CHECK(ndm_copy_into(params[i], t), "reading the model's parameters");
     }
     CHECK(ndm_manager_close(loading), "closing the model file");
     ndm_predictor pred = ndm_predictor_new(model, net);
@@ -697,8 +810,8 @@ static int serve(serve_opts o)
     ndm_array labels = ndm_idx_load(data, lpath);
     LIVE(labels, "loading the test labels");
     int64_t avail = ndm_array_dim(images, 0);
-    printf("ndm-fashion serve: %s model from %s, %lld requests from %d threads",
-           cnn ? "CNN" : "MLP", o.model, (long long)requests, threads);
+    printf("ndm-fashion serve: %s model from %s on %s, %lld requests from %d threads",
+           cnn ? "CNN" : "MLP", o.model, devname, (long long)requests, threads);
     if (requests > avail)
         printf(" (the %lld test images in turn)", (long long)avail);
     printf("\n");
@@ -757,6 +870,10 @@ static int serve(serve_opts o)
     CHECK(ndm_manager_close(workers), "closing the workers' manager");
     CHECK(ndm_manager_close(model), "closing the model");
     CHECK(ndm_manager_close(data), "closing the data");
+    if (dev.type != NDM_DEVICE_CPU) {
+        printf("the allocator of %s at the end:\n", devname);
+        CHECK(ndm_memory_summary(dev, stdout), "printing the device's allocator summary");
+    }
     return errors ? 1 : 0;
 }
 
@@ -808,8 +925,8 @@ static int leak_demo(void)
 /* ---- main ----------------------------------------------------------------------- */
 
 static train_opts topt = {false, NULL, "fashion-model.safetensors", 10, 128, 0, 1e-3, 1, false,
-                          false, NULL, false};
-static serve_opts sopt = {"fashion-model.safetensors", NULL, 10000, 4};
+                          false, NULL, false, "cpu"};
+static serve_opts sopt = {"fashion-model.safetensors", NULL, 10000, 4, "cpu"};
 
 static const cli_opt train_opts_list[] = {
     {"--cnn", NULL, OPT_FLAG, 0, 0, 0, 0, &topt.cnn, NULL,
@@ -834,6 +951,8 @@ static const cli_opt train_opts_list[] = {
     {"--dist", NULL, OPT_FLAG, 0, 0, 0, 0, &topt.dist, NULL,
      "data-parallel over the processes of mpirun: --batch is the global batch, split over "
      "the ranks; rank 0 prints and saves"},
+    {"--device", "DEV", OPT_TEXT, 0, 0, 0, 0, &topt.device, NULL,
+     "where the model and the batches live: cpu, cuda or cuda:N"},
 };
 static const cli_opt serve_opts_list[] = {
     {"--model", "FILE", OPT_TEXT, 0, 0, 0, 0, &sopt.model, NULL, "the model `train` saved"},
@@ -842,6 +961,8 @@ static const cli_opt serve_opts_list[] = {
     {"--threads", "N", OPT_INT, 1, 256, 0, 0, &sopt.threads, NULL, "concurrent clients"},
     {"--data", "DIR", OPT_TEXT, 0, 0, 0, 0, &sopt.data, "where dataset-fashion-mnist is installed",
      "folder with the MNIST-format test files"},
+    {"--device", "DEV", OPT_TEXT, 0, 0, 0, 0, &sopt.device, NULL,
+     "where the model runs: cpu, cuda or cuda:N (requests come from the CPU)"},
 };
 static const command commands[] = {
     {"train", "train a network on Fashion-MNIST, checking that memory stays flat", train_opts_list,

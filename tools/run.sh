@@ -11,6 +11,21 @@
 #                            its seed corpus; prints per target the executions, libFuzzer's
 #                            coverage (cov: edges, ft: features) and the inputs it found
 #                            (kept under build-fuzz/findings/<target>/)
+# and for a GPU machine (nvcc, meson, ninja, python3 with torch; no Debian
+# packages, no network):
+#   bash tools/run.sh gpu-deps DIR
+#                            run where apt works: downloads into DIR the .deb files
+#                            the GPU run needs (cmocka, OpenBLAS, pkgconf, the
+#                            Fashion-MNIST data; about 45 MB) and checks they unpack
+#   bash tools/run.sh gpu    builds for sm_80 and sm_90 (a release tree and a test
+#                            tree), runs the conformance suite and every CUDA test on
+#                            the GPU, compute-sanitizer memcheck and racecheck on the
+#                            conformance suite, ndm-fashion train and serve with
+#                            --device cuda, and bench/cuda --json; everything goes to
+#                            $OUT (default build-gpu/out). NDM_GPU_DEPS=DIR names the
+#                            folder gpu-deps filled, unpacked with dpkg -x into
+#                            build-gpu/deps (never into /); without it only the two
+#                            CUDA suites are built, against tests/cmocka_lite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -101,7 +116,139 @@ fuzz() { # fuzz [seconds per target] [targets...]
     fi
 }
 
+# What the GPU run needs that a bare GPU machine lacks, as Debian packages.
+gpu_packages=(libcmocka0 libcmocka-dev libopenblas0 libopenblas0-pthread libopenblas-dev
+              libopenblas-pthread-dev libgfortran5 pkgconf pkgconf-bin libpkgconf3
+              dataset-fashion-mnist)
+
+gpu_deps() { # gpu-deps DIR
+    local dir=${1:?usage: bash tools/run.sh gpu-deps DIR}
+    mkdir -p "$dir"
+    (cd "$dir" && apt-get download "${gpu_packages[@]}")
+    # check here that they unpack; the GPU run unpacks them again where it builds
+    local f tmp
+    tmp=$(mktemp -d)
+    for f in "$dir"/*.deb; do
+        dpkg -x "$f" "$tmp"
+    done
+    rm -rf "$tmp"
+    echo "$(ls "$dir"/*.deb | wc -l) packages ($(du -sh "$dir" | cut -f1)) in $dir; on the GPU" \
+         "machine: NDM_GPU_DEPS=$dir bash tools/run.sh gpu"
+}
+
+gpu() {
+    local out=${OUT:-build-gpu/out}
+    mkdir -p "$out"
+    out=$(cd "$out" && pwd)
+    local log=$out/gpu.log
+    : > "$log"
+    rm -f "$out/fashion.txt"
+    local failed=()
+    step() { # step NAME COMMAND...: run, log, remember a failure, go on
+        local name=$1
+        shift
+        echo "== $name" | tee -a "$log"
+        if "$@" >>"$log" 2>&1; then
+            echo "   ok" | tee -a "$log"
+        else
+            echo "   FAILED (exit $?; see $log)" | tee -a "$log"
+            failed+=("$name")
+        fi
+    }
+    export PATH=/usr/local/cuda/bin:$PATH
+    {
+        nvidia-smi || true
+        nvcc --version || true
+        python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name(0))' || true
+    } >>"$log" 2>&1
+    local tests=disabled deps=${NDM_GPU_DEPS:-}
+    local root=""
+    if [ -n "$deps" ]; then
+        # the .deb files unpacked into a folder of the build, never into /
+        root=$PWD/build-gpu/deps
+        rm -rf "$root"
+        mkdir -p "$root"
+        local f
+        for f in "$deps"/*.deb; do
+            dpkg -x "$f" "$root"
+        done
+        local lib=$root/usr/lib/x86_64-linux-gnu
+        # the unpacked packages' .pc files name /usr: the sysroot prefixes their paths
+        export PKG_CONFIG_SYSROOT_DIR=$root
+        export PKG_CONFIG_LIBDIR=$lib/pkgconfig:$lib/openblas-pthread/pkgconfig:$root/usr/share/pkgconfig
+        export PATH=$root/usr/bin:$PATH
+        export LD_LIBRARY_PATH=$lib:$lib/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+        export LIBRARY_PATH=$lib:$lib/openblas-pthread${LIBRARY_PATH:+:$LIBRARY_PATH}
+        tests=enabled
+    else
+        echo "NDM_GPU_DEPS is not set: of the test suites only the CUDA ones are built" \
+             "(without cmocka); 'bash tools/run.sh gpu-deps DIR' where apt works fetches" \
+             "the rest" | tee -a "$log"
+    fi
+    local arch="-Dgpu_arch=80;90"
+    step "configure the release tree (sm_80, sm_90)" \
+        build build-gpu/release --buildtype=release -Dcuda=enabled "$arch" -Dtests=disabled
+    # the suites: every one from the test tree with cmocka, else the two CUDA
+    # suites of the release tree built against tests/cmocka_lite
+    local suites
+    if [ "$tests" = enabled ]; then
+        step "configure the test tree (sm_80, sm_90)" \
+            build build-gpu/test -Dcuda=enabled "$arch" -Dtests=enabled -Dbench=false
+        suites=build-gpu/test
+    else
+        step "the CUDA suites without cmocka" ninja -C build-gpu/release tests/test_cuda \
+            tests/test_backend_ops
+        suites=build-gpu/release
+    fi
+    export NDM_BACKEND_PATH=$PWD/$suites/lib
+    step "conformance suite on the GPU" sh -c "$suites/tests/test_backend_ops > $out/conformance.txt 2>&1"
+    step "CUDA tests on the GPU" sh -c "$suites/tests/test_cuda > $out/test_cuda.txt 2>&1"
+    if [ "$tests" = enabled ]; then
+        step "every test in the test tree" meson test -C build-gpu/test --print-errorlogs \
+            --num-processes 4
+        cp build-gpu/test/meson-logs/testlog.txt "$out/testlog.txt" 2>/dev/null || true
+    fi
+    local tool
+    for tool in memcheck racecheck; do
+        step "compute-sanitizer $tool, conformance suite" sh -c "compute-sanitizer --tool $tool \
+            --error-exitcode 1 $suites/tests/test_backend_ops > $out/sanitizer_$tool.txt 2>&1"
+    done
+    export NDM_BACKEND_PATH=$PWD/build-gpu/release/lib
+    local data=""
+    if [ -n "$root" ] && [ -d "$root/usr/share/datasets/fashion-mnist" ]; then
+        data=$root/usr/share/datasets/fashion-mnist
+    elif [ -d /usr/share/datasets/fashion-mnist ]; then
+        data=/usr/share/datasets/fashion-mnist
+    fi
+    if [ -n "$data" ]; then
+        local fashion=build-gpu/release/tools/ndm-fashion model=build-gpu/fashion-model.safetensors
+        step "ndm-fashion train --device cuda (MLP)" sh -c "$fashion train --device cuda \
+            --data $data --epochs 3 --quiet --out $model >> $out/fashion.txt 2>&1"
+        step "ndm-fashion serve --device cuda" sh -c "$fashion serve --device cuda --data $data \
+            --model $model --requests 20000 >> $out/fashion.txt 2>&1"
+        step "ndm-fashion train --device cuda --cnn" sh -c "$fashion train --device cuda --cnn \
+            --data $data --epochs 2 --quiet --no-save >> $out/fashion.txt 2>&1"
+    else
+        echo "no Fashion-MNIST data (NDM_GPU_DEPS from gpu-deps carries it): the main job" \
+             "is not run" | tee -a "$log"
+    fi
+    step "bench/cuda --json" sh -c "build-gpu/release/bench/cuda --json --python python3 \
+        > $out/bench_cuda.json"
+    echo "results in $out: $(cd "$out" && ls | tr '\n' ' ')"
+    if [ ${#failed[@]} -gt 0 ]; then
+        printf 'failed: %s\n' "${failed[@]}" >&2
+        return 1
+    fi
+}
+
 case "${1:-}" in
+gpu-deps)
+    shift
+    gpu_deps "$@"
+    ;;
+gpu)
+    gpu
+    ;;
 demo)
     install_missing
     build build-release --buildtype=release -Dtests=disabled
@@ -130,7 +277,7 @@ fuzz)
     fuzz "$@"
     ;;
 *)
-    echo "usage: bash tools/run.sh demo|test|fuzz [seconds per target] [targets...]" >&2
+    echo "usage: bash tools/run.sh demo|test|fuzz [seconds per target] [targets...]|gpu|gpu-deps DIR" >&2
     exit 2
     ;;
 esac

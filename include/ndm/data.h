@@ -115,7 +115,13 @@ typedef struct ndm_loader_options {
 } ndm_loader_options;
 
 /** A loader over `data` whose state belongs to `trainer` (it must be a CPU
- *  dataset; the trainer's device is where batches are made). Errors:
+ *  dataset; the trainer's device is where batches are made: for a GPU
+ *  trainer each batch is gathered into pinned host memory (pageable memory
+ *  the loader keeps where the device has none) and copied to the device on
+ *  a second stream that the loader makes in the trainer, so the copy runs
+ *  beside the work still queued on the thread's current stream; the batch
+ *  has arrived when ndm_loader_next() returns, and its memory is not reused
+ *  before the current stream's work on it is done). Errors:
  *  NDM_E_INVALID (batch size < 1, unknown flags), NDM_E_SHAPE (a rank-0
  *  array, first axes that differ), NDM_E_DTYPE (the conversion asked for
  *  does not apply), NDM_E_DEVICE (data off the CPU), and the trainer's

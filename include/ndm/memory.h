@@ -67,7 +67,30 @@
  *                                many MiB more have been allocated (sizes as
  *                                rounded, thread caches included); 0 = never
  *   thread_cache                 True (default) | False: keep recently freed
- *                                small blocks in a per-thread cache
+ *                                small blocks in a per-thread cache (never
+ *                                on a device with streams: a cached block
+ *                                would not know which stream freed it)
+ *   expandable_segments          False (default) | True: each pool keeps,
+ *                                per stream, one segment that grows in
+ *                                place: a range of addresses as large as
+ *                                the device (or memory_limit_mb) is
+ *                                reserved, and memory is committed at its
+ *                                end as requests need it (CUDA: the
+ *                                driver's virtual memory management; the
+ *                                CPU: mmap without access, then
+ *                                mprotect). A freed block merges with its
+ *                                neighbours across what were separate
+ *                                segments, so large sizes that change from
+ *                                step to step do not fragment.
+ *                                ndm_memory_empty_cache decommits the free
+ *                                end of the range (memory inside, between
+ *                                live blocks, stays committed). Where the
+ *                                device cannot reserve, segments are
+ *                                mapped as usual.
+ *   reserved_rate                [0, 1], default 0.2 \
+ *   allocated_rate               [0, 1], default 0.8  > the reclaim level of
+ *   allocated_reserved_rate      [0, 1], default 0.8 /  pressure events
+ *                                (R torch's rates; see ndm_pressure_level)
  *
  * Unknown keys and out-of-range values are NDM_E_CONFIG, with a message that
  * names the key. The strategy `system` caches nothing: every block is its own
@@ -85,11 +108,21 @@
  *
  * Pressure: callbacks registered with ndm_on_pressure run every
  * pressure_every_mb allocated and when a device cannot provide memory. They
- * may release arrays and close managers. After them the allocator searches
+ * may release arrays and close managers; the event's level says whether a
+ * light or a full reclaim is due. After them the allocator searches
  * again, then frees every cached free segment and retries, then fails with
  * NDM_E_OOM and a message that gives the request, what is allocated,
  * reserved, free and limited, the largest free block, and the managers that
  * hold the most bytes on the device.
+ *
+ * Streams (see stream.h): on a device with streams, a block is tied to the
+ * stream it was allocated on (the calling thread's current stream) and a
+ * freed block is reused only by allocations on that stream, which runs in
+ * order. A block also used on other streams (ndm_array_record_stream) is
+ * held after its free until events recorded on those streams complete;
+ * the allocator looks at them when it next needs a block it does not have
+ * (never on the CPU's fast path), and ndm_memory_empty_cache waits for
+ * them. While held, a block counts as active, not allocated.
  *
  * Thread rules: every function is thread-safe. Pressure callbacks run on the
  * thread whose allocation needs memory, with no ndm lock held; a callback that
@@ -209,6 +242,20 @@ typedef enum ndm_pressure_reason {
     NDM_PRESSURE_FAILED = 1,   /**< the device could not provide a segment */
 } ndm_pressure_reason;
 
+/** How much a pressure callback should reclaim (R torch's levels). The
+ *  allocator decides from the figures and three rates of its settings
+ *  (total = the device's memory, or memory_limit_mb when set):
+ *  reserved / total < reserved_rate: NDM_RECLAIM_NONE (nothing is due; the
+ *  callbacks still run, told so, and may ignore it); otherwise
+ *  allocated / total > allocated_rate, or allocated / reserved >
+ *  allocated_reserved_rate: NDM_RECLAIM_FULL (release everything that can
+ *  go); otherwise NDM_RECLAIM_LIGHT (release what is cheap to find). */
+typedef enum ndm_pressure_level {
+    NDM_RECLAIM_NONE = 0,
+    NDM_RECLAIM_LIGHT = 1,
+    NDM_RECLAIM_FULL = 2,
+} ndm_pressure_level;
+
 /** What a pressure callback is told. */
 typedef struct ndm_pressure_event {
     ndm_device device;          /**< the allocator's device */
@@ -216,7 +263,13 @@ typedef struct ndm_pressure_event {
     size_t request;     /**< bytes asked for by the allocation that triggered it */
     int64_t allocated;  /**< allocated_bytes.all.current */
     int64_t reserved;   /**< reserved_bytes.all.current */
+    ndm_pressure_level level; /**< how much to reclaim (see ndm_pressure_level) */
 } ndm_pressure_event;
+
+/** The reclaim level the allocator of `device` would name now, by the rates
+ *  above; NDM_RECLAIM_NONE for a device this build or machine lacks (the
+ *  error recorded). */
+NDM_API ndm_pressure_level ndm_memory_pressure_level(ndm_device device);
 
 /** A pressure callback: ev is valid during the call; ud as registered. */
 typedef void (*ndm_pressure_fn)(const ndm_pressure_event *ev, void *ud);

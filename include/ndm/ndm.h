@@ -28,6 +28,7 @@
 #include "autograd.h"
 #include "nn.h"
 #include "transfer.h"
+#include "stream.h"
 
 #include "io.h"
 #include "dlpack.h"

@@ -386,6 +386,10 @@ NDM_API ndm_predictor ndm_predictor_new_at(NDM_SITE_PARAMS, ndm_manager model, n
 /** Run net on `input` in a fresh request manager (a child of the
  *  predictor's manager, closed before return) and return the result in
  *  `out` (NDM_OUTPUT_RULE: the innermost scope, else input's manager).
+ *  An input on another device than the model manager's is copied to the
+ *  model's device first (inside the request), so a CPU request reaches a
+ *  GPU model unchanged; the result stays on the model's device (read it with
+ *  ndm_item() or ndm_array_copy_out(), or move it with ndm_to()).
  *  Thread-safe: many threads may predict at once. Returns a new handle, the
  *  caller's to release, or the null handle with the forward pass's error. */
 #define ndm_predict(p, input) ndm_predict_to_at(NDM_HERE, NDM_OUTPUT_RULE, (p), (input))

@@ -17,7 +17,7 @@
 
 /* The layout of ndm__backend, ndm__host_api and the family tables: a module
  * built against another value is refused when loaded. */
-#define NDM__BACKEND_ABI 2
+#define NDM__BACKEND_ABI 3
 
 /* A kernel's view of an array: `data` points at the first element; strides
  * count elements and may be 0 (broadcast) or negative (flipped views). */
@@ -82,6 +82,32 @@ typedef struct ndm__backend_test {
     ndm_status (*fill_on_host)(const ndm__tensor *dst, double value);
 } ndm__backend_test;
 
+/* Streams and events of a backend whose devices run work asynchronously.
+ * Streams and events are the backend's own values; NULL names the device's
+ * default stream. A backend without this table (the CPU) does its work
+ * before its calls return: its streams and events are always complete. */
+typedef struct ndm__backend_streams {
+    /* a new stream on `device` (its work is not ordered with the default
+     * stream's); release it when done */
+    ndm_status (*stream_new)(int device, void **out);
+    void (*stream_release)(int device, void *stream);
+    /* wait for everything queued on the stream */
+    ndm_status (*stream_sync)(int device, void *stream);
+    /* *done: everything queued on the stream has run */
+    ndm_status (*stream_query)(int device, void *stream, bool *done);
+    /* the stream the calling thread's work on `device` goes to from now on */
+    void (*stream_set_current)(int device, void *stream);
+    ndm_status (*event_new)(int device, void **out);
+    void (*event_release)(int device, void *event);
+    /* mark the point the stream has reached now */
+    ndm_status (*event_record)(int device, void *event, void *stream);
+    /* *done: the stream has passed the point recorded (true if never recorded) */
+    ndm_status (*event_query)(int device, void *event, bool *done);
+    ndm_status (*event_sync)(int device, void *event);
+    /* work queued on `stream` from now on waits for the event's point */
+    ndm_status (*stream_wait_event)(int device, void *stream, void *event);
+} ndm__backend_streams;
+
 /* Operation families. Each is declared in its own header under lib/backends/
  * and filled by the backends that provide it. */
 struct ndm__backend_ew;     /* elementwise and casts */
@@ -139,6 +165,13 @@ typedef struct ndm__backend {
     const struct ndm__backend_random *random;
 
     const ndm__backend_test *test; /* NULL: none */
+
+    /* optional: streams and events (see ndm__backend_streams); NULL: none */
+    const ndm__backend_streams *streams;
+    /* optional: page-locked host memory for transfers, as a segment source
+     * the allocator caches (event-guarded reuse through its events); NULL:
+     * none (transfers use pageable memory) */
+    const ndm__segment_source *(*pinned_source)(int device);
 } ndm__backend;
 
 /* ---- modules ----------------------------------------------------------------

@@ -317,7 +317,13 @@ static const ndm__segment_source *cuda_source(int index)
     return b ? b->segment_source(index) : NULL;
 }
 
-static const ndm__device_memory cuda_memory = {cuda_usable, cuda_source};
+static const ndm__segment_source *cuda_pinned_source(int index)
+{
+    const ndm__backend *b = atomic_load_explicit(&cuda_table, memory_order_acquire);
+    return b && b->pinned_source ? b->pinned_source(index) : NULL;
+}
+
+static const ndm__device_memory cuda_memory = {cuda_usable, cuda_source, cuda_pinned_source};
 
 /* Registered when the library is loaded (or the program that links the
  * archive starts), before any allocation can ask about a CUDA device. */

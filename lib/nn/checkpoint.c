@@ -9,6 +9,19 @@
 #include "ndm/nn.h"
 #include "nn.h"
 
+ndm_status ndm__nn_copy_into(ndm__site site, ndm_manager scratch, ndm_array dst, ndm_array src)
+{
+    ndm_device to = ndm_array_device(dst), from = ndm_array_device(src);
+    if (ndm_device_eq(to, from))
+        return ndm_copy_into_at(NDM__SITE_ARGS(site), dst, src);
+    ndm_array t = ndm_to_to_at(NDM__SITE_ARGS(site), scratch, src, to);
+    if (!t.id)
+        return ndm_last_status();
+    ndm_status st = ndm_copy_into_at(NDM__SITE_ARGS(site), dst, t);
+    ndm_status rs = ndm_array_release(t);
+    return st < 0 ? st : rs;
+}
+
 NDM_API ndm_status ndm_module_save_at(NDM_SITE_PARAMS, ndm_module m, const char *path)
 {
     ndm__site site = NDM__SITE;
@@ -120,7 +133,7 @@ NDM_API int ndm_module_load_at(NDM_SITE_PARAMS, ndm_module m, const char *path, 
         for (int i = 0; st == NDM_OK && i < n; i++) {
             if (found[i] < 0)
                 continue;
-            st = ndm_copy_into_at(NDM__SITE_ARGS(site), arrays[i], set->arrays[found[i]]);
+            st = ndm__nn_copy_into(site, tmp, arrays[i], set->arrays[found[i]]);
             loaded++;
         }
     }

@@ -6,7 +6,10 @@
 #include <string.h>
 
 #include "ndm/data.h"
+#include "ndm/stream.h"
+#include "../backends/registry.h"
 #include "../io/io.h"
+#include "../manager/alloc/alloc.h"
 #include "../manager/object.h"
 
 #define KNOWN_FLAGS                                                                         \
@@ -24,6 +27,10 @@ typedef struct loader {
     int64_t *order;            /* the shuffled order of order_epoch (NULL: no shuffle) */
     int64_t order_epoch;
     ndm_manager current;       /* the batch the next fetch closes */
+    void *stage;               /* pageable staging of device batches, kept between batches */
+    size_t stage_cap;
+    ndm_stream copy;           /* a device trainer's copy stream (owned by the trainer) */
+    bool copy_made;
 } loader;
 
 /* ---- lifetime -------------------------------------------------------------------------- */
@@ -44,6 +51,7 @@ static void loader_destroy(void *p)
     loader *ld = p;
     drop_current(ld, NDM__NO_SITE);
     free(ld->order);
+    free(ld->stage);
     free(ld);
 }
 
@@ -64,8 +72,12 @@ NDM_API ndm_status ndm_loader_close_at(NDM_SITE_PARAMS, ndm_loader h)
     ndm__site site = NDM__SITE;
     /* The current batch dies with this call's site in its record. */
     loader *ld = ndm__object_valid(h.id, &loader_type) ? lookup(h, __func__, site) : NULL;
-    if (ld)
+    if (ld) {
         drop_current(ld, site);
+        /* (when the trainer closes, the stream goes with it) */
+        if (ld->copy_made)
+            (void)!ndm_stream_release(ld->copy);
+    }
     return ndm__object_free(h.id, &loader_type, __func__, site);
 }
 
@@ -267,11 +279,60 @@ static ndm_status gather(const ndm__array *src, const int64_t *rows, int64_t fir
     return st;
 }
 
+/* The host buffer a device batch of `bytes` is gathered into: the loader's,
+ * grown when a batch needs more, so steady-state training allocates none. */
+static void *stage_buffer(loader *ld, size_t bytes, const char *api, ndm__site site)
+{
+    if (bytes > ld->stage_cap) {
+        void *p = realloc(ld->stage, bytes);
+        if (!p) {
+            ndm__fail(NDM_E_OOM, api, site, "no memory to stage a batch of %zu bytes", bytes);
+            return NULL;
+        }
+        ld->stage = p;
+        ld->stage_cap = bytes;
+    }
+    return ld->stage;
+}
+
+/* Copy a gathered batch from host memory into its device array, on the
+ * calling thread's current stream (the loader's copy stream, see
+ * ndm_loader_next_at); it returns when the bytes have arrived. */
+static ndm_status upload_batch(ndm__array *r, const void *stage, const char *api, ndm__site site)
+{
+    return ndm__io_fill_array_mem(r, stage, false, api, site);
+}
+
+/* Gather rows of src into device array r: through a pinned host buffer when
+ * the device has them (a DMA copy, no driver bounce), else through the
+ * loader's pageable one. The pinned buffer goes back to its cache at once:
+ * the upload has finished with it. */
+static ndm_status gather_to_device(loader *ld, ndm__array *r, const ndm__array *src,
+                                   const int64_t *rows, int64_t first, int64_t count,
+                                   ndm_dtype dtype, bool scale, const char *api, ndm__site site)
+{
+    size_t bytes = r->storage->nbytes ? r->storage->nbytes : 1;
+    ndm_device dev = r->storage->device;
+    ndm__block pin = {0};
+    char *stage = NULL;
+    const ndm__backend *b = ndm__backend_for(dev.type);
+    if (b && b->pinned_source && ndm__alloc_pinned(dev, bytes, NULL, &pin) == NDM_OK)
+        stage = pin.ptr;
+    else if (!(stage = stage_buffer(ld, bytes, api, site)))
+        return ndm_last_status();
+    ndm_status st = gather(src, rows, first, count, stage, dtype, scale, api, site);
+    if (st == NDM_OK)
+        st = upload_batch(r, stage, api, site);
+    if (pin.ptr)
+        ndm__free_pinned(dev, &pin);
+    return st;
+}
+
 /* A batch array in manager bm: rows of src, converted; device batches are
- * staged on the host. */
-static ndm_array make_part(ndm__site site, const char *api, ndm_manager bm, const ndm__array *src,
-                           const int64_t *rows, int64_t first, int64_t count, ndm_dtype dtype,
-                           bool scale)
+ * gathered on the host, then uploaded. */
+static ndm_array make_part(ndm__site site, const char *api, loader *ld, ndm_manager bm,
+                           const ndm__array *src, const int64_t *rows, int64_t first,
+                           int64_t count, ndm_dtype dtype, bool scale, ndm_stream compute)
 {
     int64_t small[8], *shape = small;
     if (src->ndim > 8 && !(shape = malloc((size_t)src->ndim * sizeof *shape))) {
@@ -290,12 +351,10 @@ static ndm_array make_part(ndm__site site, const char *api, ndm_manager bm, cons
     if (r->storage->device.type == NDM_DEVICE_CPU) {
         st = gather(src, rows, first, count, ndm__array_ptr(r), dtype, scale, api, site);
     } else {
-        char *stage = malloc(r->storage->nbytes ? r->storage->nbytes : 1);
-        st = stage ? gather(src, rows, first, count, stage, dtype, scale, api, site)
-                   : ndm__fail(NDM_E_OOM, api, site, "no memory to stage a batch");
-        if (st == NDM_OK)
-            st = ndm__io_fill_array_mem(r, stage, false, api, site);
-        free(stage);
+        st = gather_to_device(ld, r, src, rows, first, count, dtype, scale, api, site);
+        /* the compute stream reads it: its free waits for that work */
+        if (st == NDM_OK && compute.id)
+            st = ndm_array_record_stream(a, compute);
     }
     if (st < 0) {
         ndm__discard(a);
@@ -348,12 +407,37 @@ NDM_API int ndm_loader_next_at(NDM_SITE_PARAMS, ndm_loader h, ndm_batch *out)
     if (!bm.id)
         return ndm_last_status();
     bool scale = ld->flags & NDM_LOADER_SCALE_INPUTS;
-    ndm_array bx = make_part(site, api, bm, x, ld->order, first, count,
-                             scale ? NDM_F32 : x->dtype, scale);
+    /* A GPU batch is allocated on, and uploaded by, the loader's copy
+     * stream: the upload does not queue behind the kernels of the step
+     * before, which the compute stream may still be running (the copy
+     * overlaps them); the host returns once the bytes have arrived, so the
+     * compute stream reads them without an event, and each array is
+     * recorded on the compute stream so its memory is not reused for the
+     * next batch before the compute stream is done with it. */
+    ndm_device dev = ndm_manager_device(bm);
+    ndm_stream compute = {0};
+    if (dev.type != NDM_DEVICE_CPU) {
+        ndm_status st = NDM_OK;
+        if (!ld->copy.id && (st = ndm_stream_new(ld->trainer, &ld->copy)) == NDM_OK)
+            ld->copy_made = true;
+        compute = st == NDM_OK ? ndm_stream_current(dev) : (ndm_stream){0};
+        if (st == NDM_OK && !compute.id)
+            st = ndm_last_status();
+        if (st == NDM_OK && (st = ndm_stream_set_current(ld->copy)) < 0)
+            compute = (ndm_stream){0};
+        if (st < 0) {
+            (void)!ndm_manager_close_at(NDM__SITE_ARGS(site), bm);
+            return st;
+        }
+    }
+    ndm_array bx = make_part(site, api, ld, bm, x, ld->order, first, count,
+                             scale ? NDM_F32 : x->dtype, scale, compute);
     ndm_array by = NDM_NULL_ARRAY;
     if (bx.id && y)
-        by = make_part(site, api, bm, y, ld->order, first, count,
-                       ld->flags & NDM_LOADER_LABELS_I64 ? NDM_I64 : y->dtype, false);
+        by = make_part(site, api, ld, bm, y, ld->order, first, count,
+                       ld->flags & NDM_LOADER_LABELS_I64 ? NDM_I64 : y->dtype, false, compute);
+    if (compute.id)
+        (void)!ndm_stream_set_current(compute); /* current a moment ago: it cannot have gone */
     if (!bx.id || (y && !by.id)) {
         ndm_status st = ndm_last_status();
         (void)!ndm_manager_close_at(NDM__SITE_ARGS(site), bm);

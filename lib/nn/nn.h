@@ -12,4 +12,9 @@ bool ndm__module_valid(ndm_module m);
 ndm_status ndm__module_check_owner(ndm_module m, ndm_manager model, const char *api,
                                    ndm__site site);
 
+/* Write src into dst as ndm_copy_into does, also when src lives on another
+ * device (a checkpoint read on the host into a GPU module's state): then
+ * through a transfer into `scratch`, released before return. */
+ndm_status ndm__nn_copy_into(ndm__site site, ndm_manager scratch, ndm_array dst, ndm_array src);
+
 #endif

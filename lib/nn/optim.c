@@ -440,7 +440,7 @@ NDM_API ndm_status ndm_optimizer_load_at(NDM_SITE_PARAMS, ndm_optimizer h, const
         st = ndm__fail(NDM_E_FORMAT, api, site, "'%s' holds %zu tensors, %d expected", path,
                        set->count, k);
     for (int i = 0; st == NDM_OK && i < k; i++)
-        st = ndm_copy_into_at(NDM__SITE_ARGS(site), arrays[i], set->arrays[found[i]]);
+        st = ndm__nn_copy_into(site, tmp, arrays[i], set->arrays[found[i]]);
     if (st == NDM_OK) {
         o->t = t;
         o->lr = rate;

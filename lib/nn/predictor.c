@@ -69,8 +69,14 @@ NDM_API ndm_array ndm_predict_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_predic
     ndm_manager req = ndm_manager_new_at(NDM__SITE_ARGS(site), p->mgr, "request");
     if (!req.id)
         return NDM_NULL_ARRAY;
+    /* An input on another device than the model's (a CPU request for a GPU
+     * model) is copied there inside the request, so it dies with it. */
+    ndm_device mdev = ndm_manager_device(p->model);
+    ndm_array x = input;
+    if (!ndm_device_eq(rx->storage->device, mdev))
+        x = ndm_to_to_at(NDM__SITE_ARGS(site), req, input, mdev);
     ndm_no_grad_begin();
-    ndm_array y = ndm_forward_to_at(NDM__SITE_ARGS(site), req, p->net, input);
+    ndm_array y = x.id ? ndm_forward_to_at(NDM__SITE_ARGS(site), req, p->net, x) : NDM_NULL_ARRAY;
     ndm_no_grad_end();
     if (y.id && ndm_attach_at(NDM__SITE_ARGS(site), y, dst) < 0)
         y = NDM_NULL_ARRAY;

@@ -119,7 +119,7 @@ static ndm_status map(void *ctx, size_t size, void **out)
 
 static void unmap(void *ctx, void *ptr, size_t size) { free(ptr); }
 
-static const ndm__segment_source source = {"stand-in", map, unmap, NULL, NULL};
+static const ndm__segment_source source = {.name = "stand-in", .map = map, .unmap = unmap};
 
 static const ndm__segment_source *segment_source(int device)
 {

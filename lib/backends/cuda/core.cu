@@ -1,6 +1,6 @@
 /* The CUDA backend's table and its core: the module's entry point, device
- * discovery, per-device streams and sticky errors, converting strided copy,
- * fill, iota, transfers, segments. */
+ * discovery, the default stream per device and sticky errors, converting
+ * strided copy, fill, iota, transfers (memory.cu and stream.cu: the rest). */
 #include <atomic>
 #include <mutex>
 #include <type_traits>
@@ -10,6 +10,7 @@
 
 #include "common.cuh"
 #include "iter.cuh"
+#include "stream.cuh"
 
 /* ---- the module -------------------------------------------------------------- */
 
@@ -150,7 +151,9 @@ ndm_status ndm__cuda_enter(int device, cudaStream_t *stream)
             d->ready.store(true, std::memory_order_release);
         }
     }
-    *stream = d->stream;
+    /* The calling thread's current stream, else the device's default. */
+    cudaStream_t cur = ndm__cuda_current(device);
+    *stream = cur ? cur : d->stream;
     return NDM_OK;
 }
 
@@ -516,74 +519,6 @@ static ndm_status cuda_peer_copy(int device, void *dst, int src_device, const vo
 }
 
 
-/* ---- segment source ------------------------------------------------------------ */
-
-typedef struct ndm__cuda_source_ctx {
-    int device;
-} ndm__cuda_source_ctx;
-
-static ndm_status cuda_map(void *ctx, size_t size, void **out)
-{
-    int device = ((ndm__cuda_source_ctx *)ctx)->device;
-    *out = NULL;
-    cudaStream_t s = nullptr;
-    ndm_status st = ndm__cuda_enter(device, &s);
-    if (st < 0)
-        return st;
-    void *p = NULL;
-    NDM__CUDA_TRY(device, cudaMalloc(&p, size));
-    *out = p;
-    return NDM_OK;
-}
-
-static void cuda_unmap(void *ctx, void *ptr, size_t size)
-{
-    (void)size;
-    int device = ((ndm__cuda_source_ctx *)ctx)->device;
-    /* Freeing must go on when the device has failed: the memory is gone with
-     * its context anyway, and the caller cannot act on an error here. */
-    if (cudaSetDevice(device) == cudaSuccess) {
-        cudaError_t e = cudaFree(ptr);
-        if (e != cudaSuccess)
-            (void)ndm__cuda_check(device, e, "cudaFree");
-    } else {
-        (void)cudaGetLastError();
-    }
-}
-
-static ndm_status cuda_mem_info(void *ctx, size_t *free_bytes, size_t *total_bytes)
-{
-    int device = ((ndm__cuda_source_ctx *)ctx)->device;
-    *free_bytes = *total_bytes = 0;
-    cudaStream_t s = nullptr;
-    ndm_status st = ndm__cuda_enter(device, &s);
-    if (st < 0)
-        return st;
-    NDM__CUDA_TRY(device, cudaMemGetInfo(free_bytes, total_bytes));
-    return NDM_OK;
-}
-
-static ndm__cuda_source_ctx source_ctx[NDM__CUDA_MAX_DEVICES];
-static ndm__segment_source sources[NDM__CUDA_MAX_DEVICES];
-static std::once_flag sources_once;
-
-static const ndm__segment_source *cuda_segment_source(int index)
-{
-    if (index < 0 || index >= ndm__cuda_count())
-        return NULL;
-    std::call_once(sources_once, [] {
-        for (int i = 0; i < NDM__CUDA_MAX_DEVICES; i++) {
-            source_ctx[i].device = i;
-            sources[i].name = "cuda";
-            sources[i].map = cuda_map;
-            sources[i].unmap = cuda_unmap;
-            sources[i].mem_info = cuda_mem_info;
-            sources[i].ctx = &source_ctx[i];
-        }
-    });
-    return &sources[index];
-}
-
 /* ---- the table and the entry point ---------------------------------------------- */
 
 static ndm_status cuda_device_props(int device, ndm__device_props *out)
@@ -615,7 +550,7 @@ extern "C" const ndm__backend ndm__cuda_backend = {
     .type = NDM_DEVICE_CUDA,
     .device_count = ndm__cuda_count,
     .device_props = cuda_device_props,
-    .segment_source = cuda_segment_source,
+    .segment_source = ndm__cuda_segment_source,
     .supports = NULL,
     .copy = cuda_copy,
     .fill = cuda_fill,
@@ -631,6 +566,8 @@ extern "C" const ndm__backend ndm__cuda_backend = {
     .nn = &ndm__cuda_nn,
     .random = &ndm__cuda_random,
     .test = &cuda_test,
+    .streams = &ndm__cuda_streams,
+    .pinned_source = ndm__cuda_pinned_source,
 };
 
 /* The module's one export. libndm checks the table it returns; the module

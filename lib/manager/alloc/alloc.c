@@ -206,6 +206,29 @@ static inline void taken_back(ndm__pool *p, const ndm__ablk *b)
         ndm__poison(b->addr, b->size);
 }
 
+/* The calling thread's current stream per device (0: the default). */
+static _Thread_local uintptr_t cur_stream[MAX_POOLS];
+
+void ndm__alloc_set_stream(ndm_device dev, uintptr_t stream)
+{
+    int i = pool_index(dev);
+    if (i > 0)
+        cur_stream[i] = stream;
+}
+
+uintptr_t ndm__alloc_stream(ndm_device dev)
+{
+    int i = pool_index(dev);
+    return i > 0 ? cur_stream[i] : 0;
+}
+
+ndm_status ndm__alloc_record_stream(ndm_device dev, void *cookie, uintptr_t stream)
+{
+    int i = pool_index(dev);
+    ndm__pool *p = i > 0 ? atomic_load_explicit(&pools[i], memory_order_acquire) : NULL;
+    return p ? ndm__pool_record_stream(p, cookie, stream) : NDM_OK;
+}
+
 static ndm_status alloc_rare(ndm_device dev, size_t nbytes, const ndm__alloc_tag *tag,
                              ndm__block *out)
 {
@@ -223,7 +246,8 @@ static ndm_status alloc_rare(ndm_device dev, size_t nbytes, const ndm__alloc_tag
     int i = pool_index(dev);
     if (atomic_load(&conf_bad[i]))
         return ndm__fail(NDM_E_CONFIG, NULL, NDM__NO_SITE, "%s", conf_error[i]);
-    return handed_out(p, ndm__pool_alloc(p, nbytes, tag, out), nbytes, out);
+    uintptr_t stream = i > 0 ? cur_stream[i] : 0;
+    return handed_out(p, ndm__pool_alloc_on(p, nbytes, stream, tag, out), nbytes, out);
 }
 
 ndm_status ndm__alloc(ndm_device dev, size_t nbytes, const ndm__alloc_tag *tag, ndm__block *out)
@@ -238,7 +262,9 @@ ndm_status ndm__alloc(ndm_device dev, size_t nbytes, const ndm__alloc_tag *tag, 
         return alloc_rare(dev, nbytes, tag, out);
     if (ndm__pool_alloc_fast(p, nbytes, tag, out))
         return handed_out(p, NDM_OK, nbytes, out);
-    return handed_out(p, ndm__pool_alloc(p, nbytes, tag, out), nbytes, out);
+    /* The CPU has one stream; other devices tie the block to the thread's. */
+    uintptr_t stream = i ? cur_stream[i] : 0;
+    return handed_out(p, ndm__pool_alloc_on(p, nbytes, stream, tag, out), nbytes, out);
 }
 
 void ndm__free(ndm_device dev, ndm__block *blk)
@@ -274,6 +300,87 @@ void ndm__free_many(ndm_device dev, void *const *cookies, size_t n)
             ndm__pool_free(p, &b);
         }
     }
+}
+
+/* ---- pinned host memory --------------------------------------------------------------- */
+
+static _Atomic(ndm__pool *) pinned_pools[MAX_CUDA];
+
+static ndm__pool *pinned_pool(ndm_device dev)
+{
+    if (dev.type != NDM_DEVICE_CUDA || dev.index < 0 || dev.index >= MAX_CUDA) {
+        char name[32];
+        ndm__fail(NDM_E_DEVICE, NULL, NDM__NO_SITE, "no pinned host memory for device %s",
+                  ndm_device_str(dev, name, sizeof name));
+        return NULL;
+    }
+    ndm__pool *p = atomic_load_explicit(&pinned_pools[dev.index], memory_order_acquire);
+    if (p)
+        return p;
+    /* The device pool first: it checks the device and loads its backend. */
+    if (!get_pool(dev, NULL))
+        return NULL;
+    const ndm__device_memory *m = ndm__device_memory_of(NDM_DEVICE_CUDA);
+    const ndm__segment_source *src = m && m->pinned_source ? m->pinned_source(dev.index) : NULL;
+    if (!src) {
+        ndm__fail(NDM_E_UNSUPPORTED, NULL, NDM__NO_SITE,
+                  "the backend of cuda:%d has no pinned host memory", dev.index);
+        return NULL;
+    }
+    pthread_mutex_lock(&pools_lock);
+    p = atomic_load_explicit(&pinned_pools[dev.index], memory_order_relaxed);
+    if (!p) {
+        char name[32];
+        snprintf(name, sizeof name, "cuda:%d pinned", dev.index);
+        p = ndm__pool_new(src, dev, name, false);
+        if (p)
+            atomic_store_explicit(&pinned_pools[dev.index], p, memory_order_release);
+    }
+    pthread_mutex_unlock(&pools_lock);
+    if (!p)
+        ndm__fail(NDM_E_OOM, NULL, NDM__NO_SITE, "no memory for the pinned pool of cuda:%d",
+                  dev.index);
+    return p;
+}
+
+ndm_status ndm__alloc_pinned(ndm_device dev, size_t nbytes, const ndm__alloc_tag *tag,
+                             ndm__block *out)
+{
+    memset(out, 0, sizeof *out);
+    ndm__pool *p = pinned_pool(dev);
+    if (!p)
+        return ndm_last_status();
+    /* Host work is done when it returns: the buffer belongs to no device
+     * stream, so every stream that copies it is another user to wait for. */
+    return ndm__pool_alloc_on(p, nbytes, NDM__HOST_STREAM, tag, out);
+}
+
+void ndm__free_pinned(ndm_device dev, ndm__block *blk)
+{
+    if (!blk->cookie || dev.type != NDM_DEVICE_CUDA || dev.index < 0 || dev.index >= MAX_CUDA)
+        return;
+    ndm__pool *p = atomic_load_explicit(&pinned_pools[dev.index], memory_order_acquire);
+    if (p)
+        ndm__pool_free(p, blk);
+}
+
+ndm_status ndm__pinned_record_stream(ndm_device dev, void *cookie, uintptr_t stream)
+{
+    if (dev.type != NDM_DEVICE_CUDA || dev.index < 0 || dev.index >= MAX_CUDA)
+        return NDM_OK;
+    ndm__pool *p = atomic_load_explicit(&pinned_pools[dev.index], memory_order_acquire);
+    return p ? ndm__pool_record_stream(p, cookie, stream) : NDM_OK;
+}
+
+ndm_status ndm__pinned_stats(ndm_device dev, ndm_memory_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (dev.type != NDM_DEVICE_CUDA || dev.index < 0 || dev.index >= MAX_CUDA)
+        return NDM_E_DEVICE;
+    ndm__pool *p = atomic_load_explicit(&pinned_pools[dev.index], memory_order_acquire);
+    if (p)
+        ndm__pool_stats(p, out);
+    return NDM_OK;
 }
 
 void ndm__alloc_retag(void *cookie, uint32_t manager)
@@ -380,9 +487,13 @@ bool ndm__pressure_run(ndm__pool *p, ndm_pressure_reason why, size_t request)
     ndm__pool_stats(p, &st);
     ndm__pool_lock(p);
     p->st.num_pressure_calls++;
+    ndm__settings set = p->set;
     ndm__pool_unlock(p);
-    ndm_pressure_event ev = {p->device, why, request, st.allocated_bytes[NDM_POOL_ALL].current,
-                             st.reserved_bytes[NDM_POOL_ALL].current};
+    int64_t allocated = st.allocated_bytes[NDM_POOL_ALL].current;
+    int64_t reserved = st.reserved_bytes[NDM_POOL_ALL].current;
+    int64_t total = set.memory_limit ? (int64_t)set.memory_limit : st.device_total;
+    ndm_pressure_event ev = {p->device, why, request, allocated, reserved,
+                             ndm__pressure_level(&set, allocated, reserved, total)};
     in_pressure = true;
     for (size_t i = 0; i < n; i++)
         list[i].fn(&ev, list[i].ud);
@@ -392,7 +503,38 @@ bool ndm__pressure_run(ndm__pool *p, ndm_pressure_reason why, size_t request)
     return true;
 }
 
+ndm_pressure_level ndm__pressure_level(const ndm__settings *s, int64_t allocated,
+                                       int64_t reserved, int64_t total)
+{
+    /* R torch's should_call_gc: a device mostly empty needs nothing; one
+     * whose memory is mostly allocated, or whose cache is mostly allocated,
+     * needs everything released; otherwise a light pass. Without a known
+     * total, the reserved bytes stand in for it. */
+    double t = (double)(total > 0 ? total : reserved);
+    if (t <= 0 || (double)reserved / t < s->reserved_rate)
+        return NDM_RECLAIM_NONE;
+    if ((double)allocated / t > s->allocated_rate)
+        return NDM_RECLAIM_FULL;
+    if (reserved > 0 && (double)allocated / (double)reserved > s->allocated_reserved_rate)
+        return NDM_RECLAIM_FULL;
+    return NDM_RECLAIM_LIGHT;
+}
+
 /* ---- the public memory API ------------------------------------------------------------- */
+
+NDM_API ndm_pressure_level ndm_memory_pressure_level(ndm_device device)
+{
+    ndm__pool *p = get_pool(device, __func__);
+    if (!p)
+        return NDM_RECLAIM_NONE;
+    ndm_memory_stats st;
+    ndm__pool_stats(p, &st);
+    ndm__settings set;
+    ndm__pool_settings(p, &set, NULL, 0);
+    int64_t total = set.memory_limit ? (int64_t)set.memory_limit : st.device_total;
+    return ndm__pressure_level(&set, st.allocated_bytes[NDM_POOL_ALL].current,
+                               st.reserved_bytes[NDM_POOL_ALL].current, total);
+}
 
 NDM_API ndm_status ndm_memory_stats_get(ndm_device device, ndm_memory_stats *out)
 {

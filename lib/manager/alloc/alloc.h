@@ -9,6 +9,7 @@
 
 #include "../../base/segment.h"
 #include "ndm/device.h"
+#include "ndm/memory.h"
 #include "ndm/status.h"
 
 /* Where an allocation comes from, for history and OOM reports: the caller's
@@ -38,6 +39,40 @@ void ndm__free(ndm_device dev, ndm__block *blk);
  * ndm__free calls would; the thread cache's bookkeeping is done once for a
  * run of small blocks (a manager's close frees many). */
 void ndm__free_many(ndm_device dev, void *const *cookies, size_t n);
+
+/* ---- streams --------------------------------------------------------------------
+ * On a device with streams (a source with events), an allocation is tied to
+ * the calling thread's current stream for that device, and a block used on
+ * other streams waits for their events after its free (pool.c). The CPU has
+ * none: these calls cost its allocations nothing. */
+
+/* The calling thread's current stream on `dev` (the backend's value, 0: the
+ * default stream); set by the stream API, read by ndm__alloc. */
+void ndm__alloc_set_stream(ndm_device dev, uintptr_t stream);
+uintptr_t ndm__alloc_stream(ndm_device dev);
+/* Block `cookie` of `dev`, allocated, is used by work on `stream` too: its
+ * free waits for that work. NDM_OK (also where the device has no streams,
+ * or for the block's own stream), NDM_E_OOM; errors are not recorded. */
+ndm_status ndm__alloc_record_stream(ndm_device dev, void *cookie, uintptr_t stream);
+
+/* ---- pinned host memory ----------------------------------------------------------
+ * Page-locked host memory for transfers to and from CUDA device `dev`
+ * (cudaHostAlloc), cached by the same engine as device memory: a buffer
+ * handed to an asynchronous copy is recorded on the copy's stream
+ * (ndm__alloc_record_stream with the pinned block, through
+ * ndm__pinned_record_stream) and is not reused before the copy is done.
+ * For the data loader: take a buffer, fill it, queue its upload on a second
+ * stream, record that stream, free it; the next batch gets another buffer
+ * until the copy has passed. NDM_E_UNSUPPORTED (recorded) where the device's
+ * backend has no pinned memory; then use pageable memory. */
+/* The stream of host work (pinned buffers), never a device's. */
+#define NDM__HOST_STREAM UINTPTR_MAX
+ndm_status ndm__alloc_pinned(ndm_device dev, size_t nbytes, const ndm__alloc_tag *tag,
+                             ndm__block *out);
+void ndm__free_pinned(ndm_device dev, ndm__block *blk);
+ndm_status ndm__pinned_record_stream(ndm_device dev, void *cookie, uintptr_t stream);
+/* The statistics of the pinned pool of `dev` (zeros before its first use). */
+ndm_status ndm__pinned_stats(ndm_device dev, ndm_memory_stats *out);
 
 /* NDM_OK when `dev` can hold arrays in this build and on this machine;
  * otherwise NDM_E_UNSUPPORTED (no backend) or NDM_E_DEVICE (no such device),

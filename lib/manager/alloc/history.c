@@ -597,16 +597,19 @@ static const char *path_for(path_cache *pc, uint32_t slot)
 static void em_segments(emitter *em, int device, const char *name, const ndm__snapshot *s,
                         path_cache *pc)
 {
-    static const char *const states[] = {"inactive", "active_allocated", "inactive"};
+    static const char *const states[] = {"inactive", "active_allocated", "inactive",
+                                         "active_pending_free"};
     for (size_t i = 0; i < s->nsegs; i++) {
         const ndm__snap_seg *g = &s->segs[i];
-        size_t allocated = 0, requested = 0;
+        size_t allocated = 0, requested = 0, active = 0;
         for (size_t k = 0; k < g->count; k++) {
             const ndm__snap_block *b = &s->blocks[g->first + k];
             if (b->state == NDM__B_ALLOCATED) {
                 allocated += b->size;
                 requested += b->requested;
             }
+            if (b->state == NDM__B_ALLOCATED || b->state == NDM__B_PENDING)
+                active += b->size;
         }
         em_open(em, true);
         em_key(em, "device");
@@ -620,7 +623,7 @@ static void em_segments(emitter *em, int device, const char *name, const ndm__sn
         em_key(em, "allocated_size");
         em_uint(em, allocated);
         em_key(em, "active_size");
-        em_uint(em, allocated);
+        em_uint(em, active);
         em_key(em, "requested_size");
         em_uint(em, requested);
         em_key(em, "stream");
@@ -633,7 +636,7 @@ static void em_segments(emitter *em, int device, const char *name, const ndm__sn
         em_int(em, 0);
         em_close(em);
         em_key(em, "is_expandable");
-        em_bool(em, false);
+        em_bool(em, g->expandable);
         em_key(em, "frames");
         em_frames(em, NULL, NULL, NULL, 0);
         em_key(em, "blocks");

@@ -1,7 +1,8 @@
 /* The caching pool engine: PyTorch's block policy (rounding, small and large
- * pools, best fit by size then address, split and oversize rules, the retry
- * ladder) over one segment source, with exact PyTorch statistics; segments
- * sized and returned by PyTorch's rules or by the compact ones. */
+ * pools, best fit by stream, size then address, split and oversize rules,
+ * frees that wait on other streams' events, the retry ladder) over one
+ * segment source, with exact PyTorch statistics; segments sized and returned
+ * by PyTorch's rules or by the compact ones, or grown in place. */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,14 +58,19 @@ static void blk_put(ndm__pool *p, ndm__ablk *b)
     if (b->path)
         ndm__rstr_unref(b->path);
     b->path = NULL;
+    free(b->uses);
+    b->uses = NULL;
     b->link = p->spare;
     p->spare = b;
 }
 
-/* ---- the free tree: a treap ordered by (size, address) ----------------------------- */
+/* ---- the free tree: a treap ordered by (stream, size, address) ---------------------- */
 
+/* On a pool without streams every stream is 0: the order is (size, address). */
 static inline bool key_less(const ndm__ablk *a, const ndm__ablk *b)
 {
+    if (a->stream != b->stream)
+        return a->stream < b->stream;
     return a->size < b->size || (a->size == b->size && a->addr < b->addr);
 }
 
@@ -139,19 +145,19 @@ static void tree_remove(ndm__pool *p, ndm__ablk *b)
     b->left = b->right = NULL;
 }
 
-/* The smallest block of at least `size` bytes, lowest address first. */
-static ndm__ablk *tree_lower_bound(ndm__ablk *t, size_t size)
+/* The smallest block of `stream` of at least `size` bytes, lowest address first. */
+static ndm__ablk *tree_lower_bound(ndm__ablk *t, uintptr_t stream, size_t size)
 {
     ndm__ablk *best = NULL;
     while (t) {
-        if (t->size >= size) {
+        if (t->stream > stream || (t->stream == stream && t->size >= size)) {
             best = t;
             t = t->left;
         } else {
             t = t->right;
         }
     }
-    return best;
+    return best && best->stream == stream ? best : NULL;
 }
 
 static ndm__ablk *tree_max(ndm__ablk *t)
@@ -159,6 +165,25 @@ static ndm__ablk *tree_max(ndm__ablk *t)
     while (t && t->right)
         t = t->right;
     return t;
+}
+
+/* The largest free block of a pool: the last in order, unless several
+ * streams share the tree. */
+static size_t largest_in(const ndm__ablk *t)
+{
+    if (!t)
+        return 0;
+    size_t l = largest_in(t->left), r = largest_in(t->right);
+    size_t m = l > r ? l : r;
+    return t->size > m ? t->size : m;
+}
+
+static size_t largest_free(const ndm__pool *p, int pool)
+{
+    if (p->streamed)
+        return largest_in(p->tree[pool]);
+    ndm__ablk *m = tree_max(p->tree[pool]);
+    return m ? m->size : 0;
 }
 
 /* Free blocks in ascending (size, address) order into v (at most cap). */
@@ -256,6 +281,10 @@ static bool should_split(const ndm__pool *p, const ndm__ablk *b, size_t size)
     size_t remaining = b->size - size;
     if (p->set.strategy == NDM__SYSTEM)
         return false;
+    /* As PyTorch: in a range that grows in place a remainder is never
+     * stranded (it merges with what is mapped after it). */
+    if (b->seg->expandable)
+        return remaining >= NDM__MIN_BLOCK;
     if (b->pool == NDM__POOL_SMALL || p->set.strategy == NDM__PREALLOCATE)
         return remaining >= NDM__MIN_BLOCK;
     return size < p->set.max_split_size && remaining > NDM__SMALL_SIZE;
@@ -263,12 +292,13 @@ static bool should_split(const ndm__pool *p, const ndm__ablk *b, size_t size)
 
 static inline bool is_split(const ndm__ablk *b) { return b->prev || b->next; }
 
-/* Best fit with PyTorch's oversize rules; the block leaves the tree. */
-static ndm__ablk *get_free_block(ndm__pool *p, int pool, size_t size)
+/* Best fit on the request's stream with PyTorch's oversize rules; the block
+ * leaves the tree. */
+static ndm__ablk *get_free_block(ndm__pool *p, int pool, uintptr_t stream, size_t size)
 {
     if (p->set.gc_threshold > 0)
         p->searches[pool]++;
-    ndm__ablk *b = tree_lower_bound(p->tree[pool], size);
+    ndm__ablk *b = tree_lower_bound(p->tree[pool], stream, size);
     if (!b)
         return NULL;
     size_t max_split = p->set.max_split_size;
@@ -280,7 +310,7 @@ static ndm__ablk *get_free_block(ndm__pool *p, int pool, size_t size)
      * the request is not carved up: attempt() gives it back and maps one that
      * fits, so a transient large block does not pin its size for good. */
     if (p->set.segment_refit && pool == NDM__POOL_LARGE && !is_split(b) && !b->seg->pinned &&
-        b->size / 2 >= size)
+        !b->seg->expandable && b->size / 2 >= size)
         return NULL;
     tree_remove(p, b);
     return b;
@@ -309,7 +339,8 @@ static void unlink_segment(ndm__pool *p, ndm__aseg *s)
 
 /* Map a segment for a request of `size` (rounded) in `pool`; its one block is
  * returned, not in the tree. NULL when the limit or the device refuses. */
-static ndm__ablk *map_block(ndm__pool *p, int pool, size_t seg_size, bool retry, bool pinned)
+static ndm__ablk *map_block(ndm__pool *p, int pool, size_t seg_size, bool retry, bool pinned,
+                            uintptr_t stream)
 {
     if (retry)
         p->st.num_alloc_retries++;
@@ -326,7 +357,7 @@ static ndm__ablk *map_block(ndm__pool *p, int pool, size_t seg_size, bool retry,
         return NULL;
     }
     *s = (ndm__aseg){.addr = (uintptr_t)ptr, .size = seg_size, .base = ptr, .pool = (uint8_t)pool,
-                     .pinned = pinned};
+                     .pinned = pinned, .stream = stream, .span = seg_size};
     if (p->poison)
         ndm__poison(ptr, seg_size); /* all free until handed out */
     link_segment(p, s);
@@ -334,7 +365,8 @@ static ndm__ablk *map_block(ndm__pool *p, int pool, size_t seg_size, bool retry,
     b->size = seg_size;
     b->seg = s;
     b->pool = (uint8_t)pool;
-    s->head = b;
+    b->stream = stream;
+    s->head = s->tail = b;
     p->reserved += seg_size;
     stat_add(p, p->st.segment, pool, 1, -1);
     stat_add(p, p->st.reserved_bytes, pool, (int64_t)seg_size, -1);
@@ -354,7 +386,12 @@ static void release_block(ndm__pool *p, ndm__ablk *b)
     ndm__hist_event(p, NDM__EV_SEGMENT_FREE, s->addr, s->size, p->hist_cause);
     if (p->poison)
         ndm__unpoison(s->base, s->size); /* the range may be mapped again by anyone */
-    p->src->unmap(p->src->ctx, s->base, s->size);
+    if (s->expandable) {
+        p->src->decommit(p->src->ctx, s->base, s->size);
+        p->src->unreserve(p->src->ctx, s->base, s->span);
+    } else {
+        p->src->unmap(p->src->ctx, s->base, s->size);
+    }
     p->reserved -= s->size;
     stat_add(p, p->st.segment, s->pool, -1, -1);
     stat_add(p, p->st.reserved_bytes, s->pool, -(int64_t)s->size, -1);
@@ -415,26 +452,305 @@ static void release_idle(ndm__pool *p)
     release_pool(p, NDM__POOL_SMALL, false);
 }
 
-/* PyTorch's release_cached_blocks: every thread cache is flushed first so
- * its blocks can merge, then every whole free segment goes back. */
+/* ---- expandable segments ---------------------------------------------------------- */
+
+static size_t commit_granularity(const ndm__pool *p)
+{
+    size_t g = p->src->commit_granularity;
+    return g ? g : NDM__ROUND_LARGE;
+}
+
+static bool expandable_on(const ndm__pool *p)
+{
+    return p->can_expand && p->set.expandable && p->set.strategy == NDM__AUTO_GROWTH;
+}
+
+/* Free block b of a split segment counts as inactive (sign +1) or stops
+ * counting (-1). */
+static void count_inactive(ndm__pool *p, const ndm__ablk *b, int sign)
+{
+    if (!is_split(b))
+        return;
+    stat_add(p, p->st.inactive_split, b->pool, sign, NDM__G_FN);
+    stat_add(p, p->st.inactive_split_bytes, b->pool, sign * (int64_t)b->size, NDM__G_FB);
+}
+
+/* The range reserved for one expandable segment: the device's memory (a
+ * limit when one is set), so that one segment can grow to hold anything the
+ * device can. */
+static size_t expandable_span(ndm__pool *p, size_t at_least)
+{
+    size_t span = p->set.memory_limit, fr = 0, total = 0;
+    if (!span && p->src->mem_info && p->src->mem_info(p->src->ctx, &fr, &total) == NDM_OK)
+        span = total;
+    if (!span)
+        span = (size_t)64 << 30;
+    if (span < at_least)
+        span = at_least;
+    size_t g = commit_granularity(p);
+    return span > SIZE_MAX - g ? 0 : (span + g - 1) / g * g;
+}
+
+static void drop_empty_expandable(ndm__pool *p, ndm__aseg *s)
+{
+    p->src->unreserve(p->src->ctx, s->base, s->span);
+    unlink_segment(p, s);
+    free(s);
+}
+
+/* Grow the expandable segment of (pool, stream), reserving it first, until
+ * the free block at its end holds `size` bytes; that block is returned, out
+ * of the tree. NULL when the reserve, the limit or the device refuses;
+ * *reserved says whether a range was there to grow (else the caller maps a
+ * segment as usual). */
+static ndm__ablk *expand(ndm__pool *p, int pool, uintptr_t stream, size_t size, bool *reserved)
+{
+    size_t g = commit_granularity(p);
+    ndm__aseg *s = p->segs;
+    while (s && !(s->expandable && s->pool == pool && s->stream == stream))
+        s = s->next;
+    *reserved = s != NULL;
+    if (!s) {
+        size_t span = expandable_span(p, size);
+        void *base = NULL;
+        s = span ? malloc(sizeof *s) : NULL;
+        if (!s || p->src->reserve(p->src->ctx, span, &base) < 0 || !base) {
+            free(s);
+            return NULL;
+        }
+        *s = (ndm__aseg){.addr = (uintptr_t)base, .size = 0, .base = base, .pool = (uint8_t)pool,
+                         .expandable = true, .stream = stream, .span = span};
+        link_segment(p, s);
+        *reserved = true;
+    }
+    ndm__ablk *t = s->tail;
+    size_t have = t && atomic_load_explicit(&t->state, memory_order_relaxed) == NDM__B_FREE
+                      ? t->size
+                      : 0;
+    size_t need = (size - have + g - 1) / g * g;
+    size_t limit = p->set.memory_limit;
+    ndm__ablk *nb = have ? NULL : blk_new(p);
+    if ((!have && !nb) || need > s->span - s->size ||
+        (limit && (need > limit || p->reserved > limit - need)) ||
+        p->src->commit(p->src->ctx, (void *)(s->addr + s->size), need) < 0) {
+        if (nb)
+            blk_put(p, nb);
+        if (!s->size)
+            drop_empty_expandable(p, s);
+        return NULL;
+    }
+    if (p->poison)
+        ndm__poison(s->addr + s->size, need);
+    if (have) {
+        tree_remove(p, t);
+        count_inactive(p, t, -1);
+        t->size += need;
+    } else {
+        nb->addr = s->addr + s->size;
+        nb->size = need;
+        nb->seg = s;
+        nb->pool = (uint8_t)pool;
+        nb->stream = stream;
+        nb->prev = t;
+        if (t)
+            t->next = nb;
+        else
+            s->head = nb;
+        s->tail = t = nb;
+    }
+    /* alloc_found takes a split block as counted inactive */
+    count_inactive(p, t, +1);
+    if (!s->size)
+        stat_add(p, p->st.segment, pool, 1, -1);
+    s->size += need;
+    p->reserved += need;
+    stat_add(p, p->st.reserved_bytes, pool, (int64_t)need, -1);
+    p->st.num_device_alloc++;
+    ndm__hist_event(p, NDM__EV_SEGMENT_MAP, t->addr + t->size - need, need, p->hist_cause);
+    return t;
+}
+
+/* Decommit the free end of every expandable segment, whole granules only;
+ * a segment left with nothing committed gives its range back. Thread caches
+ * are flushed by the caller, so the block before a removed end is not an
+ * inactive one. */
+static void shrink_expandable(ndm__pool *p)
+{
+    size_t g = commit_granularity(p);
+    for (ndm__aseg *s = p->segs, *n; s; s = n) {
+        n = s->next;
+        ndm__ablk *t = s->tail;
+        if (!s->expandable || !t || atomic_load_explicit(&t->state, memory_order_relaxed) != NDM__B_FREE)
+            continue;
+        uintptr_t end = s->addr + s->size;
+        uintptr_t from = s->addr + (t->addr - s->addr + g - 1) / g * g;
+        if (from >= end)
+            continue;
+        size_t cut = end - from;
+        if (from == s->addr) {
+            release_block(p, t); /* nothing stays committed */
+            continue;
+        }
+        tree_remove(p, t);
+        count_inactive(p, t, -1);
+        if (p->poison)
+            ndm__unpoison(from, cut);
+        p->src->decommit(p->src->ctx, (void *)from, cut);
+        t->size -= cut;
+        if (!t->size) {
+            s->tail = t->prev;
+            t->prev->next = NULL;
+            blk_put(p, t);
+        } else {
+            tree_insert(p, t);
+            count_inactive(p, t, +1);
+        }
+        s->size -= cut;
+        p->reserved -= cut;
+        stat_add(p, p->st.reserved_bytes, s->pool, -(int64_t)cut, -1);
+        p->st.num_device_free++;
+        ndm__hist_event(p, NDM__EV_SEGMENT_UNMAP, from, cut, p->hist_cause);
+    }
+}
+
+/* A new segment for a request: grown in place when expandable segments are
+ * on and the device reserves, mapped otherwise. */
+static ndm__ablk *grow(ndm__pool *p, int pool, uintptr_t stream, size_t size, bool retry)
+{
+    if (expandable_on(p)) {
+        bool reserved = false;
+        ndm__ablk *b = expand(p, pool, stream, size, &reserved);
+        if (b || reserved) {
+            if (retry)
+                p->st.num_alloc_retries++;
+            return b;
+        }
+    }
+    return map_block(p, pool, segment_size_for(p, size), retry, false, stream);
+}
+
+/* ---- frees that wait on other streams ------------------------------------------------ */
+
+static void free_block(ndm__pool *p, ndm__ablk *b, bool counted);
+
+static void complete_free(ndm__pool *p, ndm__ablk *b)
+{
+    ndm__hist_event(p, NDM__EV_FREE_COMPLETED, b->addr, b->requested, b->path);
+    free_block(p, b, false);
+}
+
+static bool pending_push(ndm__pool *p, void *event, ndm__ablk *b, uintptr_t stream)
+{
+    if (p->npending == p->pending_cap) {
+        size_t cap = p->pending_cap ? 2 * p->pending_cap : 16;
+        ndm__pending *v = realloc(p->pending, cap * sizeof *v);
+        if (!v)
+            return false;
+        p->pending = v;
+        p->pending_cap = cap;
+    }
+    p->pending[p->npending++] = (ndm__pending){event, b, stream};
+    return true;
+}
+
+/* Block b, used on other streams, is freed: an event is recorded on each of
+ * them and b waits, active, until all are complete (PyTorch's
+ * insert_events). A record that fails leaves an entry without an event,
+ * which only a full synchronisation completes; with no room for an entry the
+ * event is waited for at once. */
+static void defer_free(ndm__pool *p, ndm__ablk *b)
+{
+    atomic_store_explicit(&b->state, NDM__B_PENDING, memory_order_relaxed);
+    for (uint32_t i = 0; i < b->nuses; i++) {
+        void *ev = NULL;
+        if (p->src->event_record(p->src->ctx, b->uses[i], &ev) < 0)
+            ev = NULL;
+        if (!pending_push(p, ev, b, b->uses[i])) {
+            if (ev) {
+                (void)p->src->event_sync(p->src->ctx, ev);
+                p->src->event_release(p->src->ctx, ev);
+            }
+            continue;
+        }
+        b->events++;
+    }
+    free(b->uses);
+    b->uses = NULL;
+    b->nuses = b->uses_cap = 0;
+    if (!b->events)
+        complete_free(p, b);
+}
+
+static void pending_done(ndm__pool *p, const ndm__pending *e)
+{
+    if (e->event)
+        p->src->event_release(p->src->ctx, e->event);
+    if (--e->b->events == 0)
+        complete_free(p, e->b);
+}
+
+/* Frees whose events are complete become free blocks. Events of one stream
+ * complete in order, so a stream's first pending event stops its scan
+ * (PyTorch's process_events); other streams go on. */
+static void process_events(ndm__pool *p)
+{
+    uintptr_t blocked[16];
+    int nblocked = 0;
+    size_t w = 0;
+    for (size_t i = 0; i < p->npending; i++) {
+        ndm__pending e = p->pending[i];
+        bool skip = false;
+        for (int k = 0; k < nblocked && !skip; k++)
+            skip = blocked[k] == e.stream;
+        if (skip || !e.event || p->src->event_query(p->src->ctx, e.event) != 1) {
+            if (!skip && nblocked < 16)
+                blocked[nblocked++] = e.stream;
+            p->pending[w++] = e;
+            continue;
+        }
+        pending_done(p, &e);
+    }
+    p->npending = w;
+}
+
+/* Wait for every pending event and complete the frees. */
+static void sync_pending(ndm__pool *p)
+{
+    size_t n = p->npending;
+    p->npending = 0;
+    for (size_t i = 0; i < n; i++) {
+        ndm__pending e = p->pending[i];
+        if (e.event)
+            (void)p->src->event_sync(p->src->ctx, e.event);
+        pending_done(p, &e);
+    }
+}
+
+/* PyTorch's release_cached_blocks: pending frees are waited for, every
+ * thread cache is flushed so its blocks can merge, then every whole free
+ * segment goes back and the free ends of expandable segments are
+ * decommitted. */
 static void release_cached(ndm__pool *p, bool count)
 {
     if (count)
         p->st.num_sync_all_streams++;
+    if (p->npending)
+        sync_pending(p);
     ndm__tc_freeze_all(p, true);
     release_idle(p);
+    shrink_expandable(p);
 }
 
 /* PyTorch's release_available_cached_blocks (only with max_split_size set):
  * free one oversize block that covers the request, or oversize blocks from
  * the largest down until enough is freed. */
-static bool release_available(ndm__pool *p, int pool, size_t size)
+static bool release_available(ndm__pool *p, int pool, uintptr_t stream, size_t size)
 {
     size_t max_split = p->set.max_split_size;
     if (max_split == SIZE_MAX)
         return false;
     size_t target = size < max_split ? max_split : size;
-    ndm__ablk *b = tree_lower_bound(p->tree[pool], target);
+    ndm__ablk *b = tree_lower_bound(p->tree[pool], stream, target);
     if (b && !releasable(b))
         b = NULL;
     if (b) {
@@ -523,7 +839,7 @@ static void map_arena(ndm__pool *p)
     size = size / NDM__ROUND_LARGE * NDM__ROUND_LARGE;
     if (!size)
         return;
-    ndm__ablk *b = map_block(p, NDM__POOL_LARGE, size, false, true);
+    ndm__ablk *b = map_block(p, NDM__POOL_LARGE, size, false, true, 0);
     if (!b)
         return;
     p->arena = b->seg;
@@ -549,6 +865,7 @@ static ndm__ablk *alloc_found(ndm__pool *p, ndm__ablk *b, size_t size, size_t re
         front->size = size;
         front->seg = rem->seg;
         front->pool = rem->pool;
+        front->stream = rem->stream;
         front->prev = rem->prev;
         if (front->prev)
             front->prev->next = front;
@@ -608,6 +925,8 @@ static void free_block(ndm__pool *p, ndm__ablk *b, bool counted)
             b->next = c->next;
             if (b->next)
                 b->next->prev = b;
+            if (b->seg->tail == c)
+                b->seg->tail = b;
         }
         b->size += c->size;
         dn -= 1;
@@ -696,39 +1015,40 @@ static ndm__ablk *cache_take_locked(ndm__pool *p, ndm__tcache *tc, size_t size)
  * segment is mapped, the calling thread's cached blocks go back if merging
  * them with their free neighbours makes room for the request, so the cache
  * does not cost memory that PyTorch's policy would not have taken. */
-static ndm__ablk *attempt(ndm__pool *p, ndm__tcache *tc, size_t size)
+static ndm__ablk *attempt(ndm__pool *p, ndm__tcache *tc, uintptr_t stream, size_t size)
 {
     int pool = pool_for(p, size);
     if (p->set.strategy == NDM__PREALLOCATE && !p->arena_tried)
         map_arena(p);
-    ndm__ablk *b = p->set.strategy == NDM__SYSTEM ? NULL : get_free_block(p, pool, size);
+    ndm__ablk *b = p->set.strategy == NDM__SYSTEM ? NULL : get_free_block(p, pool, stream, size);
     if (!b && pool == NDM__POOL_SMALL && tc && tc->cached_bytes &&
         ndm__tc_flush_mergeable(p, tc, size))
-        b = get_free_block(p, pool, size);
+        b = get_free_block(p, pool, stream, size);
     if (b)
         return b;
     if (p->set.gc_threshold > 0)
         garbage_collect(p);
     if (p->set.release_free_segments || p->set.segment_refit)
         release_idle(p);
-    return map_block(p, pool, segment_size_for(p, size), false, false);
+    return grow(p, pool, stream, size, false);
 }
 
 /* The last resorts, as PyTorch: free oversize blocks and retry the device,
  * then flush everything, search again and retry. */
-static ndm__ablk *attempt_after_release(ndm__pool *p, size_t size)
+static ndm__ablk *attempt_after_release(ndm__pool *p, uintptr_t stream, size_t size)
 {
     int pool = pool_for(p, size);
-    size_t seg = segment_size_for(p, size);
     ndm__ablk *b = NULL;
-    if (release_available(p, pool, size))
-        b = map_block(p, pool, seg, false, false);
+    if (release_available(p, pool, stream, size))
+        b = grow(p, pool, stream, size, false);
     if (b)
         return b;
+    /* The events are waited for here, so a block they held is found by the
+     * search that follows. */
     release_cached(p, true);
     if (p->set.strategy != NDM__SYSTEM)
-        b = get_free_block(p, pool, size);
-    return b ? b : map_block(p, pool, seg, true, false);
+        b = get_free_block(p, pool, stream, size);
+    return b ? b : grow(p, pool, stream, size, true);
 }
 
 static void set_tag(ndm__ablk *b, const ndm__alloc_tag *tag, ndm__rstr *path)
@@ -816,12 +1136,12 @@ static ndm_status oom(ndm__pool *p, size_t req, size_t size, ndm__rstr *cause)
     ndm_memory_stats st = p->st;
     int64_t largest_cached = 0;
     ndm__tc_add_unfolded(p, &st, &largest_cached);
-    ndm__ablk *l0 = tree_max(p->tree[0]), *l1 = tree_max(p->tree[1]);
+    size_t l0 = largest_free(p, 0), l1 = largest_free(p, 1);
     size_t largest = (size_t)largest_cached;
-    if (l0 && l0->size > largest)
-        largest = l0->size;
-    if (l1 && l1->size > largest)
-        largest = l1->size;
+    if (l0 > largest)
+        largest = l0;
+    if (l1 > largest)
+        largest = l1;
     size_t limit = p->set.memory_limit;
     ndm__pool_unlock(p);
     int64_t allocated = st.allocated_bytes[NDM_POOL_ALL].current;
@@ -852,8 +1172,8 @@ static ndm_status oom(ndm__pool *p, size_t req, size_t size, ndm__rstr *cause)
         managers[0] ? "; managers holding the most: " : "", managers);
 }
 
-static ndm_status alloc_slow(ndm__pool *p, size_t req, size_t size, const ndm__alloc_tag *tag,
-                             ndm__block *out)
+static ndm_status alloc_slow(ndm__pool *p, size_t req, size_t size, uintptr_t stream,
+                             const ndm__alloc_tag *tag, ndm__block *out)
 {
     /* While recording, the allocation's context (manager path and frames)
      * is made before the lock: describing a manager takes the tree lock. */
@@ -869,10 +1189,12 @@ static ndm_status alloc_slow(ndm__pool *p, size_t req, size_t size, const ndm__a
     bool small = pool_for(p, size) == NDM__POOL_SMALL;
     ndm__tcache *tc = small ? slow_begin(p) : NULL;
     p->hist_cause = path; /* segment events name the allocation that caused them */
+    if (p->npending)
+        process_events(p);
     ndm__ablk *b = cache_take_locked(p, tc, size);
     bool from_cache = b != NULL;
     if (!b)
-        b = attempt(p, tc, size);
+        b = attempt(p, tc, stream, size);
     if (b) {
         finish_alloc(p, b, size, req, tag, path, out, from_cache);
         periodic = pressure_due(p);
@@ -890,12 +1212,12 @@ static ndm_status alloc_slow(ndm__pool *p, size_t req, size_t size, const ndm__a
         p->hist_cause = path;
         if (failed) {
             int pool = pool_for(p, size);
-            b = p->set.strategy == NDM__SYSTEM ? NULL : get_free_block(p, pool, size);
+            b = p->set.strategy == NDM__SYSTEM ? NULL : get_free_block(p, pool, stream, size);
             if (!b)
-                b = map_block(p, pool, segment_size_for(p, size), false, false);
+                b = grow(p, pool, stream, size, false);
         }
         if (!b)
-            b = attempt_after_release(p, size);
+            b = attempt_after_release(p, stream, size);
         if (b) {
             finish_alloc(p, b, size, req, tag, path, out, false);
             periodic = pressure_due(p);
@@ -916,6 +1238,12 @@ static ndm_status alloc_slow(ndm__pool *p, size_t req, size_t size, const ndm__a
 ndm_status ndm__pool_alloc(ndm__pool *p, size_t nbytes, const ndm__alloc_tag *tag,
                            ndm__block *out)
 {
+    return ndm__pool_alloc_on(p, nbytes, 0, tag, out);
+}
+
+ndm_status ndm__pool_alloc_on(ndm__pool *p, size_t nbytes, uintptr_t stream,
+                              const ndm__alloc_tag *tag, ndm__block *out)
+{
     if (__builtin_expect(nbytes > (SIZE_MAX >> 2), 0)) {
         char s[32];
         memset(out, 0, sizeof *out);
@@ -926,7 +1254,7 @@ ndm_status ndm__pool_alloc(ndm__pool *p, size_t nbytes, const ndm__alloc_tag *ta
     size_t size = ndm__pool_round(p, nbytes);
     if (size <= NDM__TC_MAX_SIZE && ndm__tc_try_alloc(p, size, nbytes, tag, out))
         return NDM_OK;
-    ndm_status st = alloc_slow(p, nbytes, size, tag, out);
+    ndm_status st = alloc_slow(p, nbytes, size, p->streamed ? stream : 0, tag, out);
     if (st < 0)
         memset(out, 0, sizeof *out);
     return st;
@@ -955,6 +1283,12 @@ void ndm__pool_free(ndm__pool *p, ndm__block *blk)
     }
     ndm__hist_event(p, NDM__EV_FREE_REQUESTED, b->addr, b->requested, b->path);
     ndm__trace_free(p, b);
+    if (b->nuses) {
+        defer_free(p, b);
+        slow_end(p, tc);
+        ndm__pool_unlock(p);
+        return;
+    }
     ndm__hist_event(p, NDM__EV_FREE_COMPLETED, b->addr, b->requested, b->path);
     free_block(p, b, false);
     if (p->set.strategy == NDM__SYSTEM && !is_split(b))
@@ -965,9 +1299,46 @@ void ndm__pool_free(ndm__pool *p, ndm__block *blk)
 
 /* ---- lifecycle ------------------------------------------------------------------------ */
 
+ndm_status ndm__pool_record_stream(ndm__pool *p, void *cookie, uintptr_t stream)
+{
+    ndm__ablk *b = cookie;
+    if (!b || !p->streamed)
+        return NDM_OK;
+    ndm_status st = NDM_OK;
+    ndm__pool_lock(p);
+    bool known = stream == b->stream;
+    for (uint32_t i = 0; i < b->nuses && !known; i++)
+        known = b->uses[i] == stream;
+    if (atomic_load_explicit(&b->state, memory_order_relaxed) != NDM__B_ALLOCATED) {
+        st = NDM_E_INVALID;
+    } else if (!known) {
+        if (b->nuses == b->uses_cap) {
+            uint32_t cap = b->uses_cap ? 2 * b->uses_cap : 2;
+            uintptr_t *u = realloc(b->uses, cap * sizeof *u);
+            if (!u) {
+                ndm__pool_unlock(p);
+                return NDM_E_OOM;
+            }
+            b->uses = u;
+            b->uses_cap = cap;
+        }
+        b->uses[b->nuses++] = stream;
+    }
+    ndm__pool_unlock(p);
+    return st;
+}
+
+size_t ndm__pool_pending(ndm__pool *p)
+{
+    ndm__pool_lock(p);
+    size_t n = p->npending;
+    ndm__pool_unlock(p);
+    return n;
+}
+
 static void update_tc_allowed(ndm__pool *p)
 {
-    p->tc_allowed = ndm__tc_supported && p->slot >= 0 && p->set.thread_cache &&
+    p->tc_allowed = ndm__tc_supported && p->slot >= 0 && p->set.thread_cache && !p->streamed &&
                     p->set.strategy == NDM__AUTO_GROWTH && !p->hist &&
                     !(atomic_load_explicit(&ndm__instrumented, memory_order_relaxed) & 2);
 }
@@ -988,6 +1359,8 @@ ndm__pool *ndm__pool_new(const ndm__segment_source *src, ndm_device device, cons
     if (!p->prio_seed)
         p->prio_seed = 1;
     p->st.max_split_size = -1;
+    p->streamed = src->event_record && src->event_query && src->event_sync && src->event_release;
+    p->can_expand = src->reserve && src->unreserve && src->commit && src->decommit;
     p->slot = ndm__tc_slot_acquire(&p->gen);
     update_tc_allowed(p);
     return p;
@@ -1001,20 +1374,31 @@ void ndm__pool_destroy(ndm__pool *p)
         ndm__tc_slot_release(p->slot);
     ndm__pool_lock(p);
     ndm__tc_drop_all(p);
+    for (size_t i = 0; i < p->npending; i++)
+        if (p->pending[i].event)
+            p->src->event_release(p->src->ctx, p->pending[i].event);
+    free(p->pending);
     for (ndm__aseg *s = p->segs, *n; s; s = n) {
         n = s->next;
         if (p->poison)
             ndm__unpoison(s->base, s->size);
-        p->src->unmap(p->src->ctx, s->base, s->size);
+        if (s->expandable) {
+            p->src->decommit(p->src->ctx, s->base, s->size);
+            p->src->unreserve(p->src->ctx, s->base, s->span);
+        } else {
+            p->src->unmap(p->src->ctx, s->base, s->size);
+        }
         free(s);
     }
     p->segs = NULL;
     ndm__hist_drop(p);
     for (size_t i = 0; i < p->nchunks; i++) {
         ndm__ablk *c = p->chunks[i];
-        for (int k = 0; k < RECORDS_PER_CHUNK; k++)
+        for (int k = 0; k < RECORDS_PER_CHUNK; k++) {
             if (c[k].path)
                 ndm__rstr_unref(c[k].path);
+            free(c[k].uses);
+        }
         free(c);
     }
     free(p->chunks);
@@ -1078,9 +1462,9 @@ void ndm__pool_stats(ndm__pool *p, ndm_memory_stats *out)
     int64_t largest = 0;
     ndm__tc_add_unfolded(p, out, &largest);
     for (int pool = 0; pool < 2; pool++) {
-        ndm__ablk *m = tree_max(p->tree[pool]);
-        if (m && (int64_t)m->size > largest)
-            largest = (int64_t)m->size;
+        size_t m = largest_free(p, pool);
+        if ((int64_t)m > largest)
+            largest = (int64_t)m;
     }
     out->memory_limit = (int64_t)p->set.memory_limit;
     ndm__pool_unlock(p);
@@ -1175,7 +1559,9 @@ ndm_status ndm__pool_snapshot(ndm__pool *p, ndm__snapshot *out)
     size_t k = 0, j = 0, active = 0;
     for (ndm__aseg *s = p->segs; s; s = s->next) {
         ndm__snap_seg *g = &out->segs[k++];
-        *g = (ndm__snap_seg){s->addr, s->size, s->pool, s->pinned, j, 0};
+        *g = (ndm__snap_seg){.addr = s->addr, .size = s->size, .pool = s->pool,
+                             .pinned = s->pinned, .expandable = s->expandable,
+                             .stream = s->stream, .first = j, .count = 0};
         for (ndm__ablk *b = s->head; b; b = b->next) {
             int state = atomic_load_explicit(&b->state, memory_order_relaxed);
             uint32_t mgr = atomic_load_explicit(&b->mgr, memory_order_relaxed);
@@ -1183,7 +1569,8 @@ ndm_status ndm__pool_snapshot(ndm__pool *p, ndm__snapshot *out)
                 .addr = b->addr,
                 .size = b->size,
                 .requested = state == NDM__B_ALLOCATED ? b->requested : 0,
-                .state = state == NDM__B_ALLOCATED ? NDM__B_ALLOCATED : NDM__B_FREE,
+                .state = state == NDM__B_ALLOCATED || state == NDM__B_PENDING ? state : NDM__B_FREE,
+                .stream = b->stream,
                 .mgr = state == NDM__B_ALLOCATED ? mgr : 0,
                 .file = state == NDM__B_ALLOCATED ? b->file : NULL,
                 .func = state == NDM__B_ALLOCATED ? b->func : NULL,

@@ -40,6 +40,9 @@ typedef struct ndm__settings {
     bool release_free_segments;   /* unmap whole free segments before mapping one */
     bool segment_refit;           /* a whole free segment twice the request: remapped */
     size_t segment_round;         /* large-pool segments are rounded up to this */
+    bool expandable;              /* expandable_segments: grow one segment in place */
+    /* R torch's reclaim rates: which level a pressure event asks for */
+    double reserved_rate, allocated_rate, allocated_reserved_rate;
 } ndm__settings;
 
 /* The defaults of device `dev`: PyTorch's policy, with the compact policy's
@@ -58,7 +61,9 @@ const char *ndm__strategy_name(int strategy);
 /* ---- blocks and segments ---------------------------------------------------- */
 
 enum { NDM__POOL_SMALL = 0, NDM__POOL_LARGE = 1 };
-enum { NDM__B_FREE = 0, NDM__B_ALLOCATED = 1, NDM__B_CACHED = 2 };
+/* PENDING: freed by its owner, not reusable until the events recorded on the
+ * other streams that used it are complete (still active in the figures). */
+enum { NDM__B_FREE = 0, NDM__B_ALLOCATED = 1, NDM__B_CACHED = 2, NDM__B_PENDING = 3 };
 
 /* One frame of a recorded stack, as PyTorch's snapshots name it: the
  * function, and the file and line inside it. */
@@ -103,6 +108,13 @@ typedef struct ndm__ablk {
     /* the cache holding it, while NDM__B_CACHED (read by others' merges) */
     _Atomic(struct ndm__tcache *) cache;
     uint64_t trace_id;
+    /* Streams: the allocation stream (the segment's), the other streams
+     * recorded as users while allocated, and the events still pending after
+     * its free. Zero everywhere on a pool without streams. */
+    uintptr_t stream;
+    uintptr_t *uses;
+    uint32_t nuses, uses_cap;
+    uint32_t events;
 } ndm__ablk;
 
 typedef struct ndm__aseg {
@@ -111,8 +123,12 @@ typedef struct ndm__aseg {
     void *base;                      /* as the source returned it */
     struct ndm__aseg *prev, *next;   /* the pool's segments */
     ndm__ablk *head;                 /* first block by address */
+    ndm__ablk *tail;                 /* last block by address */
     uint8_t pool;
     bool pinned;                     /* the preallocated arena: never unmapped by the cache */
+    bool expandable;                 /* size bytes committed of a reserve of `span` bytes */
+    uintptr_t stream;                /* the stream whose requests it serves */
+    size_t span;
 } ndm__aseg;
 
 /* ---- the pool -------------------------------------------------------------------- */
@@ -191,7 +207,19 @@ typedef struct ndm__pool {
     struct ndm__history *hist;
     ndm__rstr *hist_cause;         /* the allocation being served, for segment events */
     uint64_t next_trace_id;
+
+    /* streams: the source has events; frees waiting on them, oldest first */
+    bool streamed;
+    bool can_expand;               /* the source reserves and commits */
+    struct ndm__pending *pending;
+    size_t npending, pending_cap;
 } ndm__pool;
+
+typedef struct ndm__pending {
+    void *event;                   /* NULL: recording failed, wait for a full sync */
+    ndm__ablk *b;
+    uintptr_t stream;
+} ndm__pending;
 
 /* Lifecycle. The source must outlive the pool. `device` is what messages and
  * snapshots name; real_device: OOM messages list managers. */
@@ -207,6 +235,16 @@ void ndm__pool_refresh(ndm__pool *p);
 
 ndm_status ndm__pool_alloc(ndm__pool *p, size_t nbytes, const ndm__alloc_tag *tag,
                            ndm__block *out);
+/* The same for work queued on `stream` (0: the default stream); on a pool
+ * without streams the stream is ignored. */
+ndm_status ndm__pool_alloc_on(ndm__pool *p, size_t nbytes, uintptr_t stream,
+                              const ndm__alloc_tag *tag, ndm__block *out);
+/* Block `cookie`, allocated, is used by work on `stream` too: its free will
+ * wait for that work (PyTorch's record_stream). NDM_E_OOM when the record
+ * cannot grow; a no-op on a pool without streams or for its own stream. */
+ndm_status ndm__pool_record_stream(ndm__pool *p, void *cookie, uintptr_t stream);
+/* Frees still waiting on events (for tests and summaries). */
+size_t ndm__pool_pending(ndm__pool *p);
 void ndm__pool_free(ndm__pool *p, ndm__block *blk);
 
 void ndm__pool_stats(ndm__pool *p, ndm_memory_stats *out);
@@ -222,6 +260,7 @@ typedef struct ndm__snap_block {
     uintptr_t addr;
     size_t size, requested;
     int state;                     /* NDM__B_* (cached blocks are free to the user) */
+    uintptr_t stream;
     uint32_t mgr;
     const char *file, *func;
     int line;
@@ -233,6 +272,8 @@ typedef struct ndm__snap_seg {
     size_t size;
     int pool;
     bool pinned;
+    bool expandable;
+    uintptr_t stream;
     size_t first, count;           /* into blocks[] */
 } ndm__snap_seg;
 
@@ -580,6 +621,10 @@ size_t ndm__hist_max(void);
 
 /* Run the registered pressure callbacks (no pool lock held). Returns whether any ran. */
 bool ndm__pressure_run(ndm__pool *p, ndm_pressure_reason why, size_t request);
+/* R torch's decision for figures (allocated, reserved) of a device of
+ * `total` bytes (0: unknown, reserved stands in): none, light or full. */
+ndm_pressure_level ndm__pressure_level(const ndm__settings *s, int64_t allocated,
+                                       int64_t reserved, int64_t total);
 /* Managers holding the most bytes on a device, for OOM messages ("" if none). */
 void ndm__report_managers(ndm_device dev, char *buf, size_t n);
 /* The manager path of slot (for history), or "" (no lock may be held). */
@@ -599,6 +644,20 @@ size_t ndm__sim_mapped(const ndm__sim *s);
 size_t ndm__sim_peak(const ndm__sim *s);
 uint64_t ndm__sim_maps(const ndm__sim *s);
 uint64_t ndm__sim_unmaps(const ndm__sim *s);
+/* Give the simulated device streams and events (before a pool is made over
+ * it): events recorded on a held stream stay pending until it is released,
+ * as work queued behind a busy kernel would. */
+void ndm__sim_enable_streams(ndm__sim *s);
+void ndm__sim_stream_hold(ndm__sim *s, uintptr_t stream, bool on);
+/* Events made and not released; events synchronised. */
+uint64_t ndm__sim_events_live(const ndm__sim *s);
+uint64_t ndm__sim_event_syncs(const ndm__sim *s);
+/* Give it expandable segments: reserved ranges cost nothing, committed
+ * bytes count against the capacity like mapped ones. Before a pool is made. */
+void ndm__sim_enable_expandable(ndm__sim *s, size_t granularity);
+size_t ndm__sim_committed(const ndm__sim *s);
+/* Fail the next event record (test of the fallback). */
+void ndm__sim_fail_next_record(ndm__sim *s);
 
 /* Size formatting for messages: "512 bytes", "1.50 MiB". */
 const char *ndm__fmt_size(size_t n, char *buf, size_t len);

@@ -34,6 +34,10 @@ void ndm__settings_default(ndm__settings *s, ndm_device dev)
     s->gc_threshold = 0;
     s->pressure_every = 0;
     s->thread_cache = true;
+    s->expandable = false;
+    s->reserved_rate = 0.2;
+    s->allocated_rate = 0.8;
+    s->allocated_reserved_rate = 0.8;
     policy_preset(s, dev.type == NDM_DEVICE_CPU);
 }
 
@@ -148,7 +152,8 @@ static const char *const known_keys =
     "strategy, preallocate_fraction, memory_limit_mb, max_split_size_mb, "
     "max_non_split_rounding_mb, large_segment_size_mb, roundup_power2_divisions, "
     "garbage_collection_threshold, pressure_every_mb, thread_cache, policy, "
-    "release_free_segments, segment_refit, segment_round_kb";
+    "release_free_segments, segment_refit, segment_round_kb, expandable_segments, "
+    "reserved_rate, allocated_rate, allocated_reserved_rate";
 
 typedef struct parser {
     const lexer *lx;
@@ -332,6 +337,23 @@ static int apply_key(parser *ps, const char *key, ndm__settings *s)
             s->gc_threshold = d;
         return 0;
     }
+    if (!strcmp(key, "reserved_rate") || !strcmp(key, "allocated_rate") ||
+        !strcmp(key, "allocated_reserved_rate")) {
+        const char *v = value_of(ps, key);
+        double d;
+        if (!v)
+            return -1;
+        if (!parse_double(v, &d))
+            return fail(ps, "%s: '%s' is not a number", key, v);
+        if (!(d >= 0 && d <= 1))
+            return fail(ps, "%s must be in [0, 1] (got %s)", key, v);
+        *(key[0] == 'r'                 ? &s->reserved_rate
+          : !strcmp(key, "allocated_rate") ? &s->allocated_rate
+                                          : &s->allocated_reserved_rate) = d;
+        return 0;
+    }
+    if (!strcmp(key, "expandable_segments"))
+        return bool_value(ps, key, &s->expandable);
     if (!strcmp(key, "memory_limit_mb"))
         return mb_value(ps, key, 0, &s->memory_limit, true);
     if (!strcmp(key, "pressure_every_mb"))
@@ -489,11 +511,15 @@ int ndm__settings_str(const ndm__settings *s, char *buf, size_t n)
                     "max_split_size_mb:%s,max_non_split_rounding_mb:%zu,"
                     "large_segment_size_mb:%zu,roundup_power2_divisions:%s,"
                     "garbage_collection_threshold:%g,pressure_every_mb:%zu,thread_cache:%s,"
-                    "release_free_segments:%s,segment_refit:%s,segment_round_kb:%zu",
+                    "release_free_segments:%s,segment_refit:%s,segment_round_kb:%zu,"
+                    "expandable_segments:%s,reserved_rate:%g,allocated_rate:%g,"
+                    "allocated_reserved_rate:%g",
                     ndm__strategy_name(s->strategy), s->preallocate_fraction,
                     s->memory_limit / NDM__MB, split, s->max_non_split_rounding / NDM__MB,
                     s->large_segment_size / NDM__MB, div, s->gc_threshold,
                     s->pressure_every / NDM__MB, s->thread_cache ? "True" : "False",
                     s->release_free_segments ? "True" : "False",
-                    s->segment_refit ? "True" : "False", s->segment_round >> 10);
+                    s->segment_refit ? "True" : "False", s->segment_round >> 10,
+                    s->expandable ? "True" : "False", s->reserved_rate, s->allocated_rate,
+                    s->allocated_reserved_rate);
 }

@@ -1,7 +1,9 @@
 /* The CPU segment source: anonymous mmap aligned to 2 MiB with transparent
  * huge pages requested for segments of 2 MiB and more (a fresh 4 KiB page
  * fault costs about 10 us; one 2 MiB fault covers 512 pages), and 64-byte
- * aligned heap memory for the small exact segments of the system strategy. */
+ * aligned heap memory for the small exact segments of the system strategy;
+ * for expandable segments, ranges reserved without access and committed in
+ * place, 2 MiB at a time. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -56,6 +58,57 @@ static void cpu_unmap(void *ctx, void *ptr, size_t size)
         free(ptr);
 }
 
+/* A reserve is address space only (no access, no swap accounted); commit
+ * opens pages for reading and writing, decommit maps fresh inaccessible
+ * pages over them, which gives the memory back to the system. */
+static ndm_status cpu_reserve(void *ctx, size_t size, void **out)
+{
+    (void)ctx;
+    *out = NULL;
+    if (size > SIZE_MAX - HUGE_PAGE)
+        return NDM_E_OOM;
+    char *raw = mmap(NULL, size + HUGE_PAGE, PROT_NONE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (raw == MAP_FAILED)
+        return NDM_E_OOM;
+    char *p = (char *)round_up((uintptr_t)raw, HUGE_PAGE);
+    if (p > raw)
+        munmap(raw, (size_t)(p - raw));
+    size_t tail = (size_t)(raw + size + HUGE_PAGE - (p + size));
+    if (tail)
+        munmap(p + size, tail);
+    *out = p;
+    return NDM_OK;
+}
+
+static void cpu_unreserve(void *ctx, void *ptr, size_t size)
+{
+    (void)ctx;
+    munmap(ptr, size);
+}
+
+static ndm_status cpu_commit(void *ctx, void *ptr, size_t size)
+{
+    (void)ctx;
+    if (mprotect(ptr, size, PROT_READ | PROT_WRITE) != 0)
+        return NDM_E_OOM;
+#ifdef MADV_HUGEPAGE
+    madvise(ptr, size, MADV_HUGEPAGE);
+#endif
+    return NDM_OK;
+}
+
+static void cpu_decommit(void *ctx, void *ptr, size_t size)
+{
+    (void)ctx;
+    if (mmap(ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1,
+             0) == MAP_FAILED) {
+        /* Keep the range reserved either way: at least drop its pages. */
+        madvise(ptr, size, MADV_DONTNEED);
+        mprotect(ptr, size, PROT_NONE);
+    }
+}
+
 static ndm_status cpu_mem_info(void *ctx, size_t *free_bytes, size_t *total_bytes)
 {
     (void)ctx;
@@ -71,6 +124,11 @@ static const ndm__segment_source cpu_source = {
     .map = cpu_map,
     .unmap = cpu_unmap,
     .mem_info = cpu_mem_info,
+    .reserve = cpu_reserve,
+    .unreserve = cpu_unreserve,
+    .commit = cpu_commit,
+    .decommit = cpu_decommit,
+    .commit_granularity = HUGE_PAGE,
     .ctx = NULL,
 };
 
