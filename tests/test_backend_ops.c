@@ -674,6 +674,10 @@ static void test_backend_ops_cuda_matches_reference(void **state)
     }
     target tg = {.b = b, .dev = {NDM_DEVICE_CUDA, 0}};
     snprintf(tg.name, sizeof tg.name, "cuda:0");
+    /* which device ran the cases: a GPU, or "cuda (host execution)" */
+    ndm__device_props props;
+    assert_ok(b->device_props(0, &props));
+    printf("[ conformance ] cuda:0 is %s\n", props.name);
     tg.m = ndm_manager_new_on(ROOT(state), "cuda", tg.dev);
     assert_true(tg.m.id != 0);
     rng r = {7};

@@ -14,7 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(meson ninja-build gcc pkg-config libcmocka-dev libopenblas-dev zlib1g-dev libdlpack-dev python3-numpy
+packages=(meson ninja-build gcc g++ pkg-config libcmocka-dev libopenblas-dev zlib1g-dev libdlpack-dev python3-numpy
           libtalloc-dev libapr1-dev dataset-fashion-mnist chromium doxygen cmake)
 
 install_missing() {

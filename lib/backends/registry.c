@@ -22,7 +22,6 @@ void ndm__cpu_force_reference(bool on) { atomic_store(&force_reference, on); }
 
 /* ---- modules ---------------------------------------------------------------- */
 
-#if NDM_HAVE_CUDA
 static ndm_status host_vfail(ndm_status st, const char *fmt, va_list ap)
 {
     return ndm__vfail(st, NULL, NDM__NO_SITE, fmt, ap);
@@ -34,7 +33,6 @@ static const ndm__host_api host_api = {
     .dtype_size = ndm_dtype_size,
     .dtype_valid = ndm_dtype_valid,
 };
-#endif
 
 /* The CUDA slot: set once, by the loader or by the test hook, and never
  * cleared (a loaded module stays loaded: its tables and the memory it
@@ -57,7 +55,6 @@ static const char *table_fault(const ndm__backend *b, ndm_device_type type)
     return NULL;
 }
 
-#if NDM_HAVE_CUDA
 /* Append "; <text>" to cuda_why, keeping the start when it is full. */
 static void why_add(const char *fmt, ...) NDM_PRINTF(1, 2);
 static void why_add(const char *fmt, ...)
@@ -109,6 +106,7 @@ static bool try_module(const char *path)
     return true;
 }
 
+#if NDM_HAVE_CUDA
 /* The directory of the file this code was loaded from (libndm.so, or the
  * program that linked the static archive); false when unknown. */
 static bool own_dir(char *buf, size_t n)
@@ -122,6 +120,7 @@ static bool own_dir(char *buf, size_t n)
     int k = snprintf(buf, n, "%.*s", (int)(slash - info.dli_fname), info.dli_fname);
     return k > 0 && (size_t)k < n;
 }
+#endif
 
 static bool try_in(const char *dir, size_t len)
 {
@@ -130,15 +129,13 @@ static bool try_in(const char *dir, size_t len)
     return k > 0 && (size_t)k < sizeof path && try_module(path);
 }
 
-#endif
-
-/* NDM_BACKEND_PATH (a directory or a colon-separated list), then the
- * directory of libndm itself, then the loader's default search. */
+/* NDM_BACKEND_PATH (a directory or a colon-separated list), then, in a build
+ * with the CUDA backend, the directory of libndm itself and the loader's
+ * default search. */
 static void load_cuda(void)
 {
     if (atomic_load_explicit(&cuda_table, memory_order_acquire))
         return; /* a stand-in was registered */
-#if NDM_HAVE_CUDA
     const char *env = getenv("NDM_BACKEND_PATH");
     if (env && *env) {
         for (const char *p = env; *p;) {
@@ -148,6 +145,7 @@ static void load_cuda(void)
             p += len + (p[len] == ':');
         }
     }
+#if NDM_HAVE_CUDA
     char dir[4096];
     if (own_dir(dir, sizeof dir) && try_in(dir, strlen(dir)))
         return;
@@ -161,7 +159,17 @@ static void load_cuda(void)
              "beside libndm, and on the loader's path): %.400s",
              NDM__CUDA_MODULE, env && *env ? env : "(unset)", tmp);
 #else
-    snprintf(cuda_why, sizeof cuda_why, "this build of ndm has no CUDA backend");
+    /* No module was built beside this libndm; one that NDM_BACKEND_PATH
+     * names is still loaded (the tests' host execution of the CUDA path). */
+    char tmp[sizeof cuda_why];
+    snprintf(tmp, sizeof tmp, "%s", cuda_why);
+    if (env && *env)
+        snprintf(cuda_why, sizeof cuda_why,
+                 "this build of ndm has no CUDA backend, and NDM_BACKEND_PATH=%.100s holds no "
+                 "loadable %s: %.400s",
+                 env, NDM__CUDA_MODULE, tmp);
+    else
+        snprintf(cuda_why, sizeof cuda_why, "this build of ndm has no CUDA backend");
 #endif
 }
 

@@ -48,6 +48,33 @@ ndm_status ndm__cuda_check(int device, cudaError_t e, const char *what);
             return ndm__cuda_check((dev), e_, "launch of " kernel);             \
     } while (0)
 
+/* ---- launches: one source for the GPU and for host execution ---------------
+ *
+ * The kernels compile two ways: by nvcc for the GPU, and as host C++ against
+ * the test-only stand-in of the CUDA runtime, driver and cuBLAS (tests/
+ * cuda_host/, whose cuda_runtime.h defines NDM__CUDA_HOST_EXEC), which runs a
+ * block's threads as cooperative fibers so that __syncthreads, shared memory,
+ * atomics and warp shuffles behave. So a kernel is launched with
+ *     NDM__LAUNCH(grid, block, shmem_bytes, stream, kernel<T...>)(args...);
+ * (the kernel last, so that template arguments may hold commas), never with
+ * the triple-chevron syntax, and dynamic shared memory is declared with
+ *     NDM__DYN_SHARED(T, name);   // T *name, shmem_bytes long
+ * Everything else a kernel uses (threadIdx, blockIdx, blockDim, gridDim,
+ * warpSize, __syncthreads, __shfl_*_sync, atomicAdd/CAS/Max/Min/Exch, the
+ * __*_rn arithmetic, the math library) the stand-in provides under the same
+ * names. */
+#ifdef NDM__CUDA_HOST_EXEC
+#define NDM__LAUNCH(grid, block, shmem, stream, ...)                            \
+    ndm__hx_launch_of((grid), (block), (shmem), (stream), __VA_ARGS__)
+#define NDM__DYN_SHARED(T, name) T *name = (T *)ndm__hx_dyn_shared()
+#else
+#define NDM__LAUNCH(grid, block, shmem, stream, ...)                            \
+    __VA_ARGS__<<<(grid), (block), (shmem), (stream)>>>
+#define NDM__DYN_SHARED(T, name)                                                \
+    extern __shared__ __align__(16) unsigned char ndm__dyn_smem[];              \
+    T *name = reinterpret_cast<T *>(ndm__dyn_smem)
+#endif
+
 /* Grid-stride loops: enough blocks to fill the device, no more. */
 #define NDM__CUDA_THREADS 256
 static inline unsigned ndm__cuda_blocks(int64_t n)
@@ -56,7 +83,14 @@ static inline unsigned ndm__cuda_blocks(int64_t n)
     /* 132 SMs x 16 resident blocks on an H100 is about 2100: beyond that a
      * block only loops, so the cap costs nothing and keeps the index math in
      * range. */
-    return (unsigned)(b < 4096 ? (b > 0 ? b : 1) : 4096);
+#ifdef NDM__CUDA_HOST_EXEC
+    /* Host execution runs blocks one after another: a few blocks still
+     * exercise the grid-stride loops without paying for 4096. */
+    const int64_t cap = 8;
+#else
+    const int64_t cap = 4096;
+#endif
+    return (unsigned)(b < cap ? (b > 0 ? b : 1) : cap);
 }
 
 /* ---- element conversions -------------------------------------------------

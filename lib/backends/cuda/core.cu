@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "common.cuh"
+#include "iter.cuh"
 #include "stream.cuh"
 
 /* ---- the module -------------------------------------------------------------- */
@@ -185,134 +186,9 @@ static ndm_status cuda_test_fault(int device)
     ndm_status st = ndm__cuda_enter(device, &s);
     if (st < 0)
         return st;
-    ndm__k_trap<<<1, 1, 0, s>>>();
+    NDM__LAUNCH(1, 1, 0, s, ndm__k_trap)();
     NDM__CUDA_LAUNCHED(device, "ndm__k_trap");
     return NDM_OK;
-}
-
-/* ---- strided iteration -----------------------------------------------------
- *
- * Host side: size-1 axes are dropped and axes that every operand walks as one
- * are merged, so most copies become one flat loop. The kernel decomposes each
- * linear index over at most NDM__CU_DIMS axes (passed by value); a deeper
- * iteration runs one launch per index of its outer axes. */
-
-#define NDM__CU_DIMS 10
-
-typedef struct ndm__cu_geom {
-    int ndim;
-    int64_t shape[NDM__CU_DIMS];
-    int64_t stride[2][NDM__CU_DIMS];
-} ndm__cu_geom;
-
-/* Coalesce (ndim, shape, strides of nops operands) into out arrays of at
- * least ndim entries; returns the new rank. */
-static int coalesce(int ndim, const int64_t *shape, int nops, const int64_t *const *strides,
-                    int64_t *oshape, int64_t *const *ostr)
-{
-    int r = 0; /* built innermost first, reversed at the end */
-    for (int i = ndim - 1; i >= 0; i--) {
-        if (shape[i] == 1)
-            continue;
-        bool merge = r > 0;
-        for (int k = 0; merge && k < nops; k++)
-            merge = strides[k][i] == oshape[r - 1] * ostr[k][r - 1];
-        if (merge) {
-            oshape[r - 1] *= shape[i];
-            continue;
-        }
-        oshape[r] = shape[i];
-        for (int k = 0; k < nops; k++)
-            ostr[k][r] = strides[k][i];
-        r++;
-    }
-    for (int a = 0, b = r - 1; a < b; a++, b--) {
-        int64_t t = oshape[a];
-        oshape[a] = oshape[b];
-        oshape[b] = t;
-        for (int k = 0; k < nops; k++) {
-            t = ostr[k][a];
-            ostr[k][a] = ostr[k][b];
-            ostr[k][b] = t;
-        }
-    }
-    return r;
-}
-
-/* Run launch(geom, p0, p1, n) over a strided iteration of up to two operands
- * (element sizes esize) sharing `shape`. */
-template <class F>
-static ndm_status run_strided(int ndim, const int64_t *shape, int nops, char *const *data,
-                              const int64_t *const *strides, const size_t *esize, F launch)
-{
-    int64_t n = 1;
-    for (int i = 0; i < ndim; i++)
-        n *= shape[i];
-    if (n == 0)
-        return NDM_OK;
-    /* shape, two operands' strides and the outer odometer, ndim each */
-    int64_t small[4 * 16];
-    int64_t *buf = ndim <= 16 ? small : (int64_t *)malloc(4 * (size_t)ndim * sizeof(int64_t));
-    if (!buf)
-        return ndm__cuda_fail(NDM_E_OOM, "no memory for a rank-%d iteration", ndim);
-    int cap = ndim <= 16 ? 16 : ndim;
-    int64_t *cs = buf, *cst[2] = {buf + cap, buf + 2 * cap};
-    int r = coalesce(ndim, shape, nops, strides, cs, cst);
-    ndm__cu_geom g;
-    memset(&g, 0, sizeof g);
-    int outer = r > NDM__CU_DIMS ? r - NDM__CU_DIMS : 0;
-    g.ndim = r - outer;
-    int64_t inner_n = 1;
-    for (int i = 0; i < g.ndim; i++) {
-        g.shape[i] = cs[outer + i];
-        inner_n *= g.shape[i];
-        for (int k = 0; k < nops; k++)
-            g.stride[k][i] = cst[k][outer + i];
-    }
-    int64_t *idx = buf + 3 * cap;
-    for (int i = 0; i < outer; i++)
-        idx[i] = 0;
-    ndm_status st = NDM_OK;
-    for (;;) {
-        char *p[2] = {data[0], nops > 1 ? data[1] : NULL};
-        for (int i = 0; i < outer; i++)
-            for (int k = 0; k < nops; k++)
-                p[k] += idx[i] * cst[k][i] * (int64_t)esize[k];
-        st = launch(g, p[0], p[1], inner_n);
-        if (st < 0)
-            break;
-        int i = outer - 1;
-        while (i >= 0 && ++idx[i] == cs[i])
-            idx[i--] = 0;
-        if (i < 0)
-            break;
-    }
-    if (buf != small)
-        free(buf);
-    return st;
-}
-
-/* The flat index of the grid-stride loop in I (uint32_t when n < 2^31, so no
- * step overflows; int64_t otherwise). */
-#define NDM__CU_LOOP(I, i, n)                                                   \
-    for (I i = (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x; i < (I)(n);      \
-         i += (I)gridDim.x * (I)blockDim.x)
-
-/* The element offsets of flat index i over g. */
-template <class I>
-__host__ __device__ __forceinline__ void ndm__cu_offsets(const ndm__cu_geom &g, I i, int nops,
-                                                int64_t *off)
-{
-    off[0] = 0;
-    off[1] = 0;
-    for (int d = g.ndim - 1; d >= 0; d--) {
-        I len = (I)g.shape[d];
-        I c = i % len;
-        i /= len;
-        off[0] += (int64_t)c * g.stride[0][d];
-        if (nops > 1)
-            off[1] += (int64_t)c * g.stride[1][d];
-    }
 }
 
 /* Same-dtype copies move raw elements of the dtype's size. */
@@ -344,7 +220,7 @@ __global__ void ndm__k_copy_nd(ndm__cu_geom g, typename DD::T *dst, const typena
     NDM__CU_LOOP(I, i, n)
     {
         int64_t off[2];
-        ndm__cu_offsets<I>(g, i, 2, off);
+        ndm__cu_offsets<2, I>(g, i, off);
         dst[off[0]] = DD::st(SD::ld(src[off[1]]));
     }
 }
@@ -358,14 +234,14 @@ static ndm_status copy_typed(int device, cudaStream_t s, const ndm__tensor *dst,
     char *data[2] = {(char *)dst->data, (char *)src->data};
     const int64_t *strides[2] = {dst->strides, src->strides};
     size_t es[2] = {sizeof(typename DD::T), sizeof(typename SD::T)};
-    return run_strided(dst->ndim, dst->shape, 2, data, strides, es,
-                       [&](const ndm__cu_geom &g, char *pd, char *ps, int64_t n) -> ndm_status {
-        typename DD::T *d = (typename DD::T *)pd;
-        const typename SD::T *x = (const typename SD::T *)ps;
+    return ndm__cu_run_strided(dst->ndim, dst->shape, 2, data, strides, es,
+                               [&](const ndm__cu_geom &g, char *const *p, int64_t n) -> ndm_status {
+        typename DD::T *d = (typename DD::T *)p[0];
+        const typename SD::T *x = (const typename SD::T *)p[1];
         if constexpr (Host) {
             for (int64_t i = 0; i < n; i++) {
                 int64_t off[2];
-                ndm__cu_offsets<int64_t>(g, i, 2, off);
+                ndm__cu_offsets<2, int64_t>(g, i, off);
                 d[off[0]] = DD::st(SD::ld(x[off[1]]));
             }
             return NDM_OK;
@@ -379,13 +255,13 @@ static ndm_status copy_typed(int device, cudaStream_t s, const ndm__tensor *dst,
                                                       cudaMemcpyDeviceToDevice, s));
                 return NDM_OK;
             }
-            ndm__k_copy_flat<SD, DD><<<blocks, NDM__CUDA_THREADS, 0, s>>>(d, sd, x, ss, n);
+            NDM__LAUNCH(blocks, NDM__CUDA_THREADS, 0, s, ndm__k_copy_flat<SD, DD>)(d, sd, x, ss, n);
             NDM__CUDA_LAUNCHED(device, "the flat copy kernel");
         } else if (n < ((int64_t)1 << 31)) {
-            ndm__k_copy_nd<SD, DD, uint32_t><<<blocks, NDM__CUDA_THREADS, 0, s>>>(g, d, x, n);
+            NDM__LAUNCH(blocks, NDM__CUDA_THREADS, 0, s, ndm__k_copy_nd<SD, DD, uint32_t>)(g, d, x, n);
             NDM__CUDA_LAUNCHED(device, "the strided copy kernel");
         } else {
-            ndm__k_copy_nd<SD, DD, int64_t><<<blocks, NDM__CUDA_THREADS, 0, s>>>(g, d, x, n);
+            NDM__LAUNCH(blocks, NDM__CUDA_THREADS, 0, s, ndm__k_copy_nd<SD, DD, int64_t>)(g, d, x, n);
             NDM__CUDA_LAUNCHED(device, "the strided copy kernel");
         }
         return NDM_OK;
@@ -465,7 +341,7 @@ __global__ void ndm__k_fill_nd(ndm__cu_geom g, U *dst, U v, int64_t n)
     NDM__CU_LOOP(I, i, n)
     {
         int64_t off[2];
-        ndm__cu_offsets<I>(g, i, 1, off);
+        ndm__cu_offsets<1, I>(g, i, off);
         dst[off[0]] = v;
     }
 }
@@ -476,13 +352,13 @@ static ndm_status fill_typed(int device, cudaStream_t s, const ndm__tensor *dst,
     char *data[2] = {(char *)dst->data, NULL};
     const int64_t *strides[2] = {dst->strides, NULL};
     size_t es[2] = {sizeof(U), 0};
-    return run_strided(dst->ndim, dst->shape, 1, data, strides, es,
-                       [&](const ndm__cu_geom &g, char *pd, char *, int64_t n) -> ndm_status {
-        U *d = (U *)pd;
+    return ndm__cu_run_strided(dst->ndim, dst->shape, 1, data, strides, es,
+                               [&](const ndm__cu_geom &g, char *const *p, int64_t n) -> ndm_status {
+        U *d = (U *)p[0];
         if constexpr (Host) {
             for (int64_t i = 0; i < n; i++) {
                 int64_t off[2];
-                ndm__cu_offsets<int64_t>(g, i, 1, off);
+                ndm__cu_offsets<1, int64_t>(g, i, off);
                 d[off[0]] = v;
             }
             return NDM_OK;
@@ -499,13 +375,13 @@ static ndm_status fill_typed(int device, cudaStream_t s, const ndm__tensor *dst,
                 NDM__CUDA_TRY(device, cudaMemsetAsync(d, b[0], (size_t)n * sizeof v, s));
                 return NDM_OK;
             }
-            ndm__k_fill_flat<U><<<blocks, NDM__CUDA_THREADS, 0, s>>>(d, sd, v, n);
+            NDM__LAUNCH(blocks, NDM__CUDA_THREADS, 0, s, ndm__k_fill_flat<U>)(d, sd, v, n);
             NDM__CUDA_LAUNCHED(device, "the flat fill kernel");
         } else if (n < ((int64_t)1 << 31)) {
-            ndm__k_fill_nd<U, uint32_t><<<blocks, NDM__CUDA_THREADS, 0, s>>>(g, d, v, n);
+            NDM__LAUNCH(blocks, NDM__CUDA_THREADS, 0, s, ndm__k_fill_nd<U, uint32_t>)(g, d, v, n);
             NDM__CUDA_LAUNCHED(device, "the strided fill kernel");
         } else {
-            ndm__k_fill_nd<U, int64_t><<<blocks, NDM__CUDA_THREADS, 0, s>>>(g, d, v, n);
+            NDM__LAUNCH(blocks, NDM__CUDA_THREADS, 0, s, ndm__k_fill_nd<U, int64_t>)(g, d, v, n);
             NDM__CUDA_LAUNCHED(device, "the strided fill kernel");
         }
         return NDM_OK;
@@ -577,7 +453,7 @@ static ndm_status cuda_iota(int device, const ndm__tensor *dst, double start, do
     switch (dst->dtype) {
 #define NDM__CU_IOTA_CASE(E)                                                    \
     case E:                                                                     \
-        ndm__k_iota<ndm__cu_dt<E>><<<blocks, NDM__CUDA_THREADS, 0, s>>>(          \
+        NDM__LAUNCH(blocks, NDM__CUDA_THREADS, 0, s, ndm__k_iota<ndm__cu_dt<E>>)(          \
             (typename ndm__cu_dt<E>::T *)dst->data, ds, n, start, step);        \
         NDM__CUDA_LAUNCHED(device, "the iota kernel");                          \
         return NDM_OK;
@@ -666,6 +542,11 @@ static const ndm__backend_test cuda_test = {
     .fault = cuda_test_fault,
     .copy_on_host = cuda_test_copy_on_host,
     .fill_on_host = cuda_test_fill_on_host,
+#ifdef NDM__CUDA_HOST_EXEC
+    .stream_hold = ndm__cuda_test_stream_hold,
+#else
+    .stream_hold = NULL,
+#endif
 };
 
 extern "C" const ndm__backend ndm__cuda_backend = {

@@ -191,6 +191,15 @@ static ndm_status stream_wait_event(int device, void *s, void *e)
     return NDM_OK;
 }
 
+#ifdef NDM__CUDA_HOST_EXEC
+void ndm__cuda_test_stream_hold(int device, void *s, bool on)
+{
+    cudaStream_t cs = nullptr;
+    if (ndm__cuda_stream_or_default(device, s, &cs) == NDM_OK)
+        ndm__hx_stream_hold(cs, on);
+}
+#endif
+
 extern "C" const ndm__backend_streams ndm__cuda_streams = {
     .stream_new = stream_new,
     .stream_release = stream_release,
