@@ -369,6 +369,47 @@ static void test_stream_cuda_current_stream_owns_its_allocations(void **state)
     assert_int_equal(ndm_stream_current(dev).id, ndm_stream_default(dev).id);
 }
 
+/* Expandable segments on the device: the driver's virtual memory, committed
+ * in place; the data survives a growth and the free end is decommitted. */
+static void test_stream_cuda_expandable_segments_grow_in_place(void **state)
+{
+    NEED_HELD_STREAMS();
+    ndm_device dev = NDM_CUDA(0);
+    ndm_manager m = ndm_manager_new_on(ROOT(state), "gpu", dev);
+    assert_ok(ndm_memory_empty_cache(dev));
+    assert_ok(ndm_alloc_configure(dev, "expandable_segments:True"));
+    ndm_array a = ndm_full(m, NDM_U8, 7, NDM_SHAPE(3 << 20));
+    ndm_array b = ndm_full(m, NDM_U8, 9, NDM_SHAPE(5 << 20));
+    assert_live(a);
+    assert_live(b);
+    if (stat_of(dev, "segment.large_pool.current") != 1) {
+        /* a device without virtual memory management maps as usual */
+        print_message("no expandable segments on this device\n");
+    } else {
+        assert_ptr_equal(device_ptr(b), (char *)device_ptr(a) + (3 << 20));
+        assert_int_equal(stat_of(dev, "reserved_bytes.large_pool.current"), 8 << 20);
+    }
+    ndm_array ha = ndm_to(a, NDM_CPU), hb = ndm_to(b, NDM_CPU);
+    const uint8_t *pa = ndm_array_data(ha), *pb = ndm_array_data(hb);
+    assert_non_null(pa);
+    assert_non_null(pb);
+    assert_int_equal(pa[0], 7);
+    assert_int_equal(pa[(3 << 20) - 1], 7);
+    assert_int_equal(pb[0], 9);
+    assert_int_equal(pb[(5 << 20) - 1], 9);
+    assert_ok(ndm_array_release(ha));
+    assert_ok(ndm_array_release(hb));
+    assert_ok(ndm_array_release(b));
+    assert_ok(ndm_memory_empty_cache(dev));
+    assert_int_equal(stat_of(dev, "reserved_bytes.large_pool.current"), 4 << 20);
+    assert_ok(ndm_array_release(a));
+    assert_ok(ndm_memory_empty_cache(dev));
+    assert_int_equal(stat_of(dev, "reserved_bytes.all.current"), 0);
+    assert_ok(ndm_alloc_configure(dev, NULL));
+    assert_manager_empty(m);
+    assert_ok(ndm_manager_close(m));
+}
+
 /* A pinned transfer buffer handed to a copy on a held stream is not given
  * out again until that copy has passed. */
 static void test_stream_cuda_pinned_buffer_waits_for_its_copy(void **state)
@@ -426,6 +467,7 @@ int main(void)
         TEST(test_stream_cuda_record_stream_holds_memory),
         TEST(test_stream_cuda_current_stream_owns_its_allocations),
         TEST(test_stream_cuda_pinned_buffer_waits_for_its_copy),
+        TEST(test_stream_cuda_expandable_segments_grow_in_place),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

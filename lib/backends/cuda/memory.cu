@@ -131,7 +131,8 @@ static void vmm_load(void)
     vmm = ndm__vmm{cuMemAddressReserve, cuMemAddressFree, cuMemCreate,
                    cuMemRelease,        cuMemMap,         cuMemUnmap,
                    cuMemSetAccess,      cuMemGetAllocationGranularity};
-    vmm_ok = true;
+    /* the runtime initialises the real driver; the stand-in's is its own */
+    vmm_ok = cuInit(0) == CUDA_SUCCESS;
 }
 #else
 static bool vmm_entry(const char *name, void *fn)
