@@ -47,7 +47,9 @@ typedef struct ndm__cuda_pool {
     std::vector<void *> streams, events;
 } ndm__cuda_pool;
 
-static ndm__cuda_pool pools[NDM__CUDA_MAX_DEVICES];
+/* Never destroyed, not even at exit: the streams it keeps are still
+ * reachable then (a thread may still use one), as the driver's are. */
+static ndm__cuda_pool *const pools = new ndm__cuda_pool[NDM__CUDA_MAX_DEVICES];
 
 static void *pool_take(int device, bool stream)
 {
