@@ -4,6 +4,9 @@
 #include <pthread.h>
 
 #include "helpers.h"
+#include "manager/alloc/alloc.h"
+#include "ops/dispatch.h"
+#include "ops/stream_hook.h"
 
 static void test_stream_default_is_complete_and_current(void **state)
 {
@@ -231,6 +234,225 @@ static void test_stream_churn_reuses_slots(void **state)
     assert_int_equal(ndm_stream_release(kept), NDM_ALREADY);
 }
 
+/* ---- on CUDA: a device whose streams a test can hold (the host stand-in) ---------- */
+
+#define NEED_HELD_STREAMS()                                                     \
+    do {                                                                        \
+        if (ndm_cuda_device_count() == 0) {                                     \
+            print_message("no CUDA device: skipped\n");                        \
+            skip();                                                             \
+        }                                                                       \
+    } while (0)
+
+/* Where an array's elements are on its device (ndm_array_data is for the CPU). */
+static void *device_ptr(ndm_array a)
+{
+    ndm__array *r = ndm__array_peek(a);
+    assert_non_null(r);
+    return ndm__array_ptr(r);
+}
+
+static int64_t stat_of(ndm_device d, const char *key)
+{
+    int64_t v = -1;
+    assert_ok(ndm_memory_stat_get(d, key, &v));
+    return v;
+}
+
+/* PyTorch's record_stream test: a block used on a second stream is not
+ * handed out again while that stream's work is pending, and is after. */
+static void test_stream_cuda_record_stream_holds_memory(void **state)
+{
+    NEED_HELD_STREAMS();
+    ndm_device dev = NDM_CUDA(0);
+    ndm_manager m = ndm_manager_new_on(ROOT(state), "gpu", dev);
+    assert_live(m);
+    assert_ok(ndm_memory_empty_cache(dev));
+    ndm_stream side;
+    ndm_event e;
+    assert_ok(ndm_stream_new(m, &side));
+    assert_ok(ndm_event_new(m, &e));
+    if (ndm__stream_hold(side, true) == NDM_E_UNSUPPORTED) {
+        assert_ok(ndm_manager_close(m));
+        print_message("the device cannot hold a stream (a real GPU): skipped\n");
+        skip();
+    }
+    /* 12 MiB: a segment of its own, so addresses tell blocks apart */
+    ndm_array a = ndm_zeros(m, NDM_U8, NDM_SHAPE(12 << 20));
+    assert_live(a);
+    void *at = device_ptr(a);
+    assert_ok(ndm_array_record_stream(a, side));
+    assert_ok(ndm_event_record(e, side));
+    bool done = true;
+    assert_ok(ndm_event_query(e, &done));
+    assert_false(done);
+    assert_ok(ndm_stream_query(side, &done));
+    assert_false(done);
+    int64_t active = stat_of(dev, "active_bytes.all.current");
+    assert_ok(ndm_array_release(a));
+    /* freed, but the side stream may still read it */
+    assert_int_equal(stat_of(dev, "active_bytes.all.current"), active);
+    assert_int_equal(stat_of(dev, "allocated_bytes.all.current"), active - (12 << 20));
+    ndm_array b = ndm_zeros(m, NDM_U8, NDM_SHAPE(12 << 20));
+    assert_live(b);
+    assert_ptr_not_equal(device_ptr(b), at);
+    assert_ok(ndm_array_release(b));
+    /* the side stream's work runs: the memory comes back */
+    assert_ok(ndm__stream_hold(side, false));
+    assert_ok(ndm_event_synchronize(e));
+    assert_ok(ndm_event_query(e, &done));
+    assert_true(done);
+    ndm_array c = ndm_zeros(m, NDM_U8, NDM_SHAPE(12 << 20));
+    ndm_array d = ndm_zeros(m, NDM_U8, NDM_SHAPE(12 << 20));
+    assert_live(c);
+    assert_live(d);
+    assert_true(device_ptr(c) == at || device_ptr(d) == at);
+    assert_int_equal(stat_of(dev, "active_bytes.all.current"),
+                     stat_of(dev, "allocated_bytes.all.current"));
+    assert_ok(ndm_array_release(c));
+    assert_ok(ndm_array_release(d));
+    assert_manager_empty(m);
+    assert_ok(ndm_manager_close(m));
+    assert_ok(ndm_memory_empty_cache(dev));
+    assert_int_equal(stat_of(dev, "active_bytes.all.current"), 0);
+}
+
+/* Work of the thread's current stream: arrays allocated while a side stream
+ * is current belong to it, and its memory is not given to the default
+ * stream's work. An event lets the default stream wait for it. */
+static void test_stream_cuda_current_stream_owns_its_allocations(void **state)
+{
+    NEED_HELD_STREAMS();
+    ndm_device dev = NDM_CUDA(0);
+    ndm_manager m = ndm_manager_new_on(ROOT(state), "gpu", dev);
+    ndm_stream side;
+    ndm_event e;
+    assert_ok(ndm_stream_new(m, &side));
+    assert_ok(ndm_event_new(m, &e));
+    assert_ok(ndm_stream_set_current(side));
+    assert_int_equal(ndm_stream_current(dev).id, side.id);
+    ndm_array a = ndm_full(m, NDM_F32, 7.0, NDM_SHAPE(1 << 20));
+    assert_live(a);
+    void *at = device_ptr(a);
+    assert_ok(ndm_array_release(a));
+    assert_ok(ndm_event_record(e, side));
+    assert_ok(ndm_stream_set_current(ndm_stream_default(dev)));
+    assert_ok(ndm_stream_wait_event(ndm_stream_default(dev), e));
+    /* the default stream does not take the side stream's free block */
+    ndm_array b = ndm_zeros(m, NDM_F32, NDM_SHAPE(1 << 20));
+    assert_live(b);
+    assert_ptr_not_equal(device_ptr(b), at);
+    /* back on the side stream, the block is its own again */
+    assert_ok(ndm_stream_set_current(side));
+    ndm_array c = ndm_zeros(m, NDM_F32, NDM_SHAPE(1 << 20));
+    assert_ptr_equal(device_ptr(c), at);
+    assert_ok(ndm_stream_synchronize(side));
+    assert_ok(ndm_array_release(b));
+    assert_ok(ndm_array_release(c));
+    /* a stream of another device: refused */
+    if (ndm_cuda_device_count() > 1) {
+        ndm_manager m1 = ndm_manager_new_on(ROOT(state), "gpu1", NDM_CUDA(1));
+        ndm_stream s1;
+        assert_ok(ndm_stream_new(m1, &s1));
+        ndm_clear_error();
+        assert_int_equal(ndm_event_record(e, s1), NDM_E_DEVICE);
+        assert_error_has("the event is on cuda:0, the stream on cuda:1");
+        assert_int_equal(ndm_stream_wait_event(s1, e), NDM_E_DEVICE);
+        ndm_array x = ndm_zeros(m, NDM_F32, NDM_SHAPE(4));
+        assert_int_equal(ndm_array_record_stream(x, s1), NDM_E_DEVICE);
+        assert_ok(ndm_array_release(x));
+        assert_ok(ndm_manager_close(m1));
+    }
+    assert_manager_empty(m);
+    assert_ok(ndm_manager_close(m));
+    /* the manager took its stream along: the thread is on the default again */
+    assert_int_equal(ndm_stream_current(dev).id, ndm_stream_default(dev).id);
+}
+
+/* Expandable segments on the device: the driver's virtual memory, committed
+ * in place; the data survives a growth and the free end is decommitted. */
+static void test_stream_cuda_expandable_segments_grow_in_place(void **state)
+{
+    NEED_HELD_STREAMS();
+    ndm_device dev = NDM_CUDA(0);
+    ndm_manager m = ndm_manager_new_on(ROOT(state), "gpu", dev);
+    assert_ok(ndm_memory_empty_cache(dev));
+    assert_ok(ndm_alloc_configure(dev, "expandable_segments:True"));
+    ndm_array a = ndm_full(m, NDM_U8, 7, NDM_SHAPE(3 << 20));
+    ndm_array b = ndm_full(m, NDM_U8, 9, NDM_SHAPE(5 << 20));
+    assert_live(a);
+    assert_live(b);
+    if (stat_of(dev, "segment.large_pool.current") != 1) {
+        /* a device without virtual memory management maps as usual */
+        print_message("no expandable segments on this device\n");
+    } else {
+        assert_ptr_equal(device_ptr(b), (char *)device_ptr(a) + (3 << 20));
+        assert_int_equal(stat_of(dev, "reserved_bytes.large_pool.current"), 8 << 20);
+    }
+    ndm_array ha = ndm_to(a, NDM_CPU), hb = ndm_to(b, NDM_CPU);
+    const uint8_t *pa = ndm_array_data(ha), *pb = ndm_array_data(hb);
+    assert_non_null(pa);
+    assert_non_null(pb);
+    assert_int_equal(pa[0], 7);
+    assert_int_equal(pa[(3 << 20) - 1], 7);
+    assert_int_equal(pb[0], 9);
+    assert_int_equal(pb[(5 << 20) - 1], 9);
+    assert_ok(ndm_array_release(ha));
+    assert_ok(ndm_array_release(hb));
+    assert_ok(ndm_array_release(b));
+    assert_ok(ndm_memory_empty_cache(dev));
+    assert_int_equal(stat_of(dev, "reserved_bytes.large_pool.current"), 4 << 20);
+    assert_ok(ndm_array_release(a));
+    assert_ok(ndm_memory_empty_cache(dev));
+    assert_int_equal(stat_of(dev, "reserved_bytes.all.current"), 0);
+    assert_ok(ndm_alloc_configure(dev, NULL));
+    assert_manager_empty(m);
+    assert_ok(ndm_manager_close(m));
+}
+
+/* A pinned transfer buffer handed to a copy on a held stream is not given
+ * out again until that copy has passed. */
+static void test_stream_cuda_pinned_buffer_waits_for_its_copy(void **state)
+{
+    NEED_HELD_STREAMS();
+    ndm_device dev = NDM_CUDA(0);
+    ndm_manager m = ndm_manager_new_on(ROOT(state), "gpu", dev);
+    ndm_stream copy;
+    assert_ok(ndm_stream_new(m, &copy));
+    ndm_device sd;
+    uintptr_t sv = 0;
+    assert_ok(ndm__stream_value(copy, &sd, &sv));
+    assert_true(ndm_device_eq(sd, dev));
+    if (ndm__stream_hold(copy, true) == NDM_E_UNSUPPORTED) {
+        assert_ok(ndm_manager_close(m));
+        skip();
+    }
+    ndm__block a, b, c;
+    assert_ok(ndm__alloc_pinned(dev, 12 << 20, NULL, &a));
+    void *at = a.ptr;
+    memset(a.ptr, 1, 12 << 20); /* host memory: the host writes it */
+    assert_ok(ndm__pinned_record_stream(dev, a.cookie, sv));
+    ndm__free_pinned(dev, &a);
+    assert_ok(ndm__alloc_pinned(dev, 12 << 20, NULL, &b));
+    assert_ptr_not_equal(b.ptr, at);
+    ndm__free_pinned(dev, &b);
+    assert_ok(ndm__stream_hold(copy, false));
+    assert_ok(ndm__alloc_pinned(dev, 12 << 20, NULL, &b));
+    assert_ok(ndm__alloc_pinned(dev, 12 << 20, NULL, &c));
+    assert_true(b.ptr == at || c.ptr == at);
+    ndm_memory_stats st;
+    assert_ok(ndm__pinned_stats(dev, &st));
+    assert_int_equal(st.allocated_bytes[NDM_POOL_ALL].current, 2 * (12 << 20));
+    ndm__free_pinned(dev, &b);
+    ndm__free_pinned(dev, &c);
+    assert_ok(ndm__pinned_stats(dev, &st));
+    assert_int_equal(st.active_bytes[NDM_POOL_ALL].current, 0);
+    /* the CPU has no pinned pool */
+    assert_int_equal(ndm__alloc_pinned(NDM_CPU, 16, NULL, &a), NDM_E_DEVICE);
+    assert_null(a.cookie);
+    assert_ok(ndm_manager_close(m));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -242,6 +464,10 @@ int main(void)
         TEST(test_stream_record_stream_of_arrays),
         TEST(test_stream_current_is_per_thread),
         TEST(test_stream_churn_reuses_slots),
+        TEST(test_stream_cuda_record_stream_holds_memory),
+        TEST(test_stream_cuda_current_stream_owns_its_allocations),
+        TEST(test_stream_cuda_pinned_buffer_waits_for_its_copy),
+        TEST(test_stream_cuda_expandable_segments_grow_in_place),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

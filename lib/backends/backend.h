@@ -80,6 +80,10 @@ typedef struct ndm__backend_test {
      * the CPU checks conversions and index math without the device. */
     ndm_status (*copy_on_host)(const ndm__tensor *dst, const ndm__tensor *src);
     ndm_status (*fill_on_host)(const ndm__tensor *dst, double value);
+    /* Hold back the work of a stream (the stream table's value; NULL: the
+     * default) so that events recorded on it stay pending until released
+     * (on == false). Only where the device can be told so (a stand-in). */
+    void (*stream_hold)(int device, void *stream, bool on);
 } ndm__backend_test;
 
 /* Streams and events of a backend whose devices run work asynchronously.

@@ -6,6 +6,7 @@
 
 #include "dispatch.h"
 #include "ndm/stream.h"
+#include "stream_hook.h"
 
 /* ---- handles ---------------------------------------------------------------------
  * A default stream is named by its device: the top bit set, the device type
@@ -520,5 +521,31 @@ NDM_API ndm_status ndm_array_record_stream(ndm_array a, ndm_stream s)
     st = ndm__alloc_record_stream(sto->device, sto->cookie, (uintptr_t)f.obj);
     if (st < 0)
         return ndm__fail(st, api, NDM__NO_SITE, "no memory to record the stream");
+    return NDM_OK;
+}
+
+/* ---- test hook ----------------------------------------------------------------------- */
+
+ndm_status ndm__stream_hold(ndm_stream s, bool on)
+{
+    found f;
+    ndm_status st = lookup(s.id, KIND_STREAM, __func__, &f);
+    if (st < 0)
+        return st;
+    const ndm__backend *b = ndm__backend_for(f.device.type);
+    if (!b || !b->test || !b->test->stream_hold)
+        return NDM_E_UNSUPPORTED;
+    b->test->stream_hold(f.device.index, f.obj, on);
+    return NDM_OK;
+}
+
+ndm_status ndm__stream_value(ndm_stream s, ndm_device *dev, uintptr_t *value)
+{
+    found f;
+    ndm_status st = lookup(s.id, KIND_STREAM, __func__, &f);
+    if (st < 0)
+        return st;
+    *dev = f.device;
+    *value = (uintptr_t)f.obj;
     return NDM_OK;
 }

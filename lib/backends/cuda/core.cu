@@ -542,6 +542,11 @@ static const ndm__backend_test cuda_test = {
     .fault = cuda_test_fault,
     .copy_on_host = cuda_test_copy_on_host,
     .fill_on_host = cuda_test_fill_on_host,
+#ifdef NDM__CUDA_HOST_EXEC
+    .stream_hold = ndm__cuda_test_stream_hold,
+#else
+    .stream_hold = NULL,
+#endif
 };
 
 extern "C" const ndm__backend ndm__cuda_backend = {

@@ -114,14 +114,27 @@ typedef struct ndm__vmm {
     CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
     CUresult (*granularity)(size_t *, const CUmemAllocationProp *,
                             CUmemAllocationGranularity_flags);
+#ifndef NDM__CUDA_HOST_EXEC
     CUresult (*device_get)(CUdevice *, int);
     CUresult (*attribute)(int *, CUdevice_attribute, CUdevice);
+#endif
 } ndm__vmm;
 
 static ndm__vmm vmm;
 static bool vmm_ok;
 static std::once_flag vmm_once;
 
+#ifdef NDM__CUDA_HOST_EXEC
+/* The host stand-in of the runtime defines the driver's calls themselves. */
+static void vmm_load(void)
+{
+    vmm = ndm__vmm{cuMemAddressReserve, cuMemAddressFree, cuMemCreate,
+                   cuMemRelease,        cuMemMap,         cuMemUnmap,
+                   cuMemSetAccess,      cuMemGetAllocationGranularity};
+    /* the runtime initialises the real driver; the stand-in's is its own */
+    vmm_ok = cuInit(0) == CUDA_SUCCESS;
+}
+#else
 static bool vmm_entry(const char *name, void *fn)
 {
     void *p = nullptr;
@@ -146,6 +159,7 @@ static void vmm_load(void)
              vmm_entry("cuDeviceGet", &vmm.device_get) &&
              vmm_entry("cuDeviceGetAttribute", &vmm.attribute);
 }
+#endif
 
 static CUmemAllocationProp device_prop(int device)
 {
@@ -303,6 +317,7 @@ static bool vmm_usable(int device)
     std::call_once(vmm_once, vmm_load);
     if (!vmm_ok)
         return false;
+#ifndef NDM__CUDA_HOST_EXEC
     CUdevice dev = 0;
     int supported = 0;
     if (vmm.device_get(&dev, device) != CUDA_SUCCESS ||
@@ -310,6 +325,7 @@ static bool vmm_usable(int device)
             CUDA_SUCCESS ||
         !supported)
         return false;
+#endif
     CUmemAllocationProp prop = device_prop(device);
     size_t g = 0;
     if (vmm.granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS || !g)

@@ -47,7 +47,9 @@ typedef struct ndm__cuda_pool {
     std::vector<void *> streams, events;
 } ndm__cuda_pool;
 
-static ndm__cuda_pool pools[NDM__CUDA_MAX_DEVICES];
+/* Never destroyed, not even at exit: the streams it keeps are still
+ * reachable then (a thread may still use one), as the driver's are. */
+static ndm__cuda_pool *const pools = new ndm__cuda_pool[NDM__CUDA_MAX_DEVICES];
 
 static void *pool_take(int device, bool stream)
 {
@@ -190,6 +192,15 @@ static ndm_status stream_wait_event(int device, void *s, void *e)
     NDM__CUDA_TRY(device, cudaStreamWaitEvent(cs, (cudaEvent_t)e, 0));
     return NDM_OK;
 }
+
+#ifdef NDM__CUDA_HOST_EXEC
+void ndm__cuda_test_stream_hold(int device, void *s, bool on)
+{
+    cudaStream_t cs = nullptr;
+    if (ndm__cuda_stream_or_default(device, s, &cs) == NDM_OK)
+        ndm__hx_stream_hold(cs, on);
+}
+#endif
 
 extern "C" const ndm__backend_streams ndm__cuda_streams = {
     .stream_new = stream_new,

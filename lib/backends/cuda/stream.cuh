@@ -24,6 +24,10 @@ ndm_status ndm__cuda_event_query(int device, void *e, bool *done);
 ndm_status ndm__cuda_event_sync(int device, void *e);
 
 extern "C" const ndm__backend_streams ndm__cuda_streams;
+#ifdef NDM__CUDA_HOST_EXEC
+/* Test hook of the host stand-in: hold a stream's work back. */
+void ndm__cuda_test_stream_hold(int device, void *s, bool on);
+#endif
 /* The segment source of a device (memory.cu): cudaMalloc segments, the
  * driver's virtual memory for expandable segments, stream events. */
 const ndm__segment_source *ndm__cuda_segment_source(int device);
