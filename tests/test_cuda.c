@@ -1,12 +1,10 @@
 /* The CUDA backend against the CPU reference (copy, fill, iota, transfers for
- * every dtype, strided and broadcast views, sticky errors; elementwise
- * operations and seeded random draws; on a GPU, or on "cuda (host execution)"
- * when NDM_BACKEND_PATH names tests/cuda_host's module; skipped otherwise),
- * and what a machine or build without a GPU answers. */
- * every dtype, strided and broadcast views, sticky errors), the public API on
- * a CUDA device (loader, checkpoints, training, predictor; skipped without a
- * GPU, or while the module cannot run a training step), and what a machine or
- * build without a GPU answers. */
+ * every dtype, strided and broadcast views, sticky errors; every operation
+ * family through the public API; seeded random draws), the public API on a
+ * CUDA device (loader, checkpoints, training, predictor), and what a machine
+ * or build without a GPU answers. The device is a GPU, or "cuda (host
+ * execution)" when NDM_BACKEND_PATH names tests/cuda_host's module; without
+ * either the device tests skip, saying so. */
 #include <math.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -1751,7 +1749,6 @@ int main(int argc, char **argv)
         fflush(stdout);
         return rc;
     }
-#if NDM_HAVE_CUDA
     if (argc > 1 && !strcmp(argv[1], "--fault-child")) {
         int rc = fault_child();
         fflush(stdout);
