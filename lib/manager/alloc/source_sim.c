@@ -106,22 +106,29 @@ static bool give_range(ndm__sim *s, uintptr_t addr, size_t size)
     return true;
 }
 
+/* Count `size` more bytes as mapped, within the capacity; s->lock held. A
+ * mapped range and a committed part of a reserved one cost the same. */
+static ndm_status charge(ndm__sim *s, size_t size)
+{
+    if (size == 0 || (s->capacity && (size > s->capacity || s->mapped > s->capacity - size)))
+        return NDM_E_OOM;
+    s->mapped += size;
+    if (s->mapped > s->peak)
+        s->peak = s->mapped;
+    s->maps++;
+    return NDM_OK;
+}
+
 static ndm_status sim_map(void *ctx, size_t size, void **out)
 {
     ndm__sim *s = ctx;
     *out = NULL;
     pthread_mutex_lock(&s->lock);
-    if (size == 0 || (s->capacity && (size > s->capacity || s->mapped > s->capacity - size))) {
-        pthread_mutex_unlock(&s->lock);
-        return NDM_E_OOM;
-    }
-    *out = (void *)take_range(s, size);
-    s->mapped += size;
-    if (s->mapped > s->peak)
-        s->peak = s->mapped;
-    s->maps++;
+    ndm_status st = charge(s, size);
+    if (st == NDM_OK)
+        *out = (void *)take_range(s, size);
     pthread_mutex_unlock(&s->lock);
-    return NDM_OK;
+    return st;
 }
 
 static void sim_unmap(void *ctx, void *ptr, size_t size)
@@ -227,16 +234,9 @@ static ndm_status sim_commit(void *ctx, void *ptr, size_t size)
     ndm__sim *s = ctx;
     (void)ptr;
     pthread_mutex_lock(&s->lock);
-    if (size == 0 || (s->capacity && (size > s->capacity || s->mapped > s->capacity - size))) {
-        pthread_mutex_unlock(&s->lock);
-        return NDM_E_OOM;
-    }
-    s->mapped += size;
-    if (s->mapped > s->peak)
-        s->peak = s->mapped;
-    s->maps++;
+    ndm_status st = charge(s, size);
     pthread_mutex_unlock(&s->lock);
-    return NDM_OK;
+    return st;
 }
 
 static void sim_decommit(void *ctx, void *ptr, size_t size)
