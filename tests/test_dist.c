@@ -222,6 +222,29 @@ static void test_collective_shape_mismatch_fails_on_every_rank(void **state)
     assert_ok(ndm_dist_barrier());
 }
 
+/* The agreement record holds eight dimensions; the rest still count. */
+static void test_collective_shape_mismatch_past_eight_dims_fails_on_every_rank(void **state)
+{
+    ndm_manager m = ROOT(state);
+    int64_t shape[10] = {1, 1, 1, 1, 1, 1, 1, 1, 2, 3};
+    if (R == S - 1) {
+        shape[8] = 3;
+        shape[9] = 2;
+    }
+    ndm_array a = filled(m, NDM_F32, R, 10, shape);
+    ndm_clear_error();
+    assert_status(ndm_all_reduce_(a, NDM_DIST_SUM), NDM_E_SHAPE);
+    char want[160];
+    snprintf(want, sizeof want, "and rank %d has float32 [1, 1, 1, 1, 1, 1, 1, 1, ...", S - 1);
+    assert_error_has(want);
+    double *v = values(a);
+    for (int64_t i = 0; i < 6; i++)
+        assert_true(v[i] == value(NDM_F32, R, i));
+    free(v);
+    assert_ok(ndm_array_release(a));
+    assert_ok(ndm_dist_barrier());
+}
+
 static void test_collective_dtype_mismatch_fails_on_every_rank(void **state)
 {
     ndm_manager m = ROOT(state);
@@ -550,6 +573,47 @@ static void test_ddp_failing_rank_ends_the_step_on_every_rank(void **state)
     assert_ok(ndm_manager_close(model));
 }
 
+/* Buckets in flight on the communication thread, then a collective of
+ * the caller's own: it waits for them, and every rank sees both in order. */
+static void test_ddp_collective_between_backward_and_step_keeps_the_order(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_manager model = ndm_manager_new(m, "model");
+    ndm_module net = mlp(model);
+    ndm_optimizer opt = ndm_sgd(model, net, 0.1, 0.0, 0.0);
+    ndm_ddp d = ndm_ddp_new(model, net, opt, &(ndm_ddp_options){.bucket_bytes = 1});
+    assert_int_equal(ndm_ddp_buckets(d), 4);
+    ndm_manager batch = ndm_manager_new(m, "batch");
+    for (int step = 0; step < 3; step++) {
+        ndm_array x = filled(batch, NDM_F32, R, 2, (int64_t[]){4, IN});
+        ndm_array y = ndm_zeros(batch, NDM_I64, 1, (int64_t[]){4});
+        assert_ok(ndm_grad_begin(batch));
+        ndm_array loss = ndm_cross_entropy(ndm_forward(net, x), y);
+        assert_ok(ndm_ddp_backward(d, loss));
+        (void)ndm_grad_end();
+        ndm_array c = filled(batch, NDM_I64, R, 1, (int64_t[]){1000});
+        assert_ok(ndm_all_reduce_(c, NDM_DIST_SUM));
+        double *v = values(c);
+        for (int64_t i = 0; i < 1000; i++)
+            assert_true(v[i] == reference(NDM_I64, NDM_DIST_SUM, i));
+        free(v);
+        assert_ok(ndm_ddp_step(d));
+        /* the same parameters everywhere afterwards */
+        ndm_array w;
+        assert_int_equal(ndm_module_parameters(net, &w, 1), 4);
+        ndm_array w0 = ndm_astype(w, NDM_F64);
+        assert_ok(ndm_broadcast_(w0, 0));
+        double *mine = values(w), *root = values(w0);
+        assert_memory_equal(mine, root, sizeof(double) * HID * IN);
+        free(mine);
+        free(root);
+        assert_ok(ndm_manager_close(batch));
+        batch = ndm_manager_new(m, "batch");
+    }
+    assert_ok(ndm_manager_close(batch));
+    assert_ok(ndm_manager_close(model));
+}
+
 static void test_ddp_buckets_are_model_arrays_shown_in_dumps(void **state)
 {
     ndm_manager m = ROOT(state);
@@ -593,6 +657,7 @@ int main(void)
         TEST(test_all_gather_concatenates_in_rank_order),
         TEST(test_reduce_scatter_gives_each_rank_its_part),
         TEST(test_collective_shape_mismatch_fails_on_every_rank),
+        TEST(test_collective_shape_mismatch_past_eight_dims_fails_on_every_rank),
         TEST(test_collective_dtype_mismatch_fails_on_every_rank),
         TEST(test_collective_other_operation_fails_on_every_rank),
         TEST(test_failing_rank_fails_the_collective_with_its_message),
@@ -602,6 +667,7 @@ int main(void)
         TEST(test_loader_shards_every_example_once_per_epoch),
         TEST(test_ddp_matches_one_process_at_the_same_global_batch),
         TEST(test_ddp_failing_rank_ends_the_step_on_every_rank),
+        TEST(test_ddp_collective_between_backward_and_step_keeps_the_order),
         TEST(test_ddp_buckets_are_model_arrays_shown_in_dumps),
     };
     char name[32];

@@ -12,27 +12,45 @@
  * (ndm_dist_available() says which build this is).
  *
  * Agreement before communication. Every collective first exchanges one
- * small record per rank (an all-gather): the rank's status, the operation,
- * dtype, shape and device of its array. Then every rank checks the same
- * records, so every rank gives the same answer:
+ * small fixed record per rank (point-to-point messages, ceil(log2 size)
+ * rounds): the rank's status, the operation, dtype, shape and device of its
+ * array. Then every rank checks the same records, so every rank gives the
+ * same answer:
  *   - a rank that arrives with an error (ndm_dist_check(), or a failed
  *     data-parallel step) makes the collective fail on every rank with that
- *     rank's status and message, prefixed "rank N: ";
+ *     rank's status and message, prefixed "rank N: " (the messages go in a
+ *     second exchange, made only then);
  *   - a dtype mismatch is NDM_E_DTYPE, a shape mismatch NDM_E_SHAPE, another
  *     operation or root NDM_E_INVALID, a device mismatch NDM_E_DEVICE, each
  *     naming the lowest rank that differs from rank 0 and both values;
  *   no data moves and the arrays are unchanged.
- * Waits are bounded: MPI is driven with nonblocking calls and a test loop;
- * a rank that does not take part within NDM_DIST_TIMEOUT_S seconds (default
- * 300; ndm_dist_set_timeout() overrides it) makes the call fail with
- * NDM_E_TIMEOUT. After a timeout the group is broken: MPI may still write
- * into the abandoned operation's buffers, so the group keeps a view of them
- * (in its "dist" manager under system) and every later collective fails
- * with NDM_E_TIMEOUT; ndm_dist_finalize() waits once more, up to ten
+ * Waits are bounded: the agreement is driven with nonblocking calls and a
+ * test loop; a rank that does not take part within NDM_DIST_TIMEOUT_S
+ * seconds (default 300; ndm_dist_set_timeout() overrides it) makes the call
+ * fail with NDM_E_TIMEOUT. Once every rank has agreed, every rank is
+ * present, and the data moves with MPI's own blocking collective
+ * (MPI_Allreduce, MPI_Bcast, ...), at MPI's speed: a rank that dies in that
+ * transfer is then mpirun's business, as in any MPI program (mpirun ends
+ * the job). After a timeout the group is broken: MPI may still use the
+ * abandoned operation's buffers, so the group keeps them (a view of any
+ * array, in its "dist" manager under system) and every later collective
+ * fails with NDM_E_TIMEOUT; ndm_dist_finalize() waits once more, up to ten
  * timeouts, for the abandoned operations before it finalizes MPI.
+ *
+ * Data-parallel steps agree once, in ndm_ddp_new(), on the bucket layout;
+ * then each step's buckets go straight to MPI_Allreduce on one
+ * communication thread per process (started by the first bucket, ended by
+ * ndm_dist_finalize()), while backward goes on; each bucket carries a
+ * failure flag, and the messages are exchanged only when a flag is set.
+ * ndm_ddp_step() waits for the buckets, bounded by the same timeout.
  *
  * Thread rules: MPI is initialised with MPI_THREAD_SERIALIZED: collectives
  * must be called by one thread at a time, in the same order on every rank.
+ * The communication thread is the only other thread ndm lets into MPI; a
+ * collective called while buckets are in flight waits for them first. A
+ * program that initialised MPI itself with less than MPI_THREAD_SERIALIZED
+ * gets no communication thread: each bucket is then all-reduced inside
+ * ndm_ddp_backward(), without overlap.
  */
 #ifndef NDM_DIST_H
 #define NDM_DIST_H
@@ -172,9 +190,9 @@ typedef struct ndm_ddp_options {
 /** ndm_ddp_new() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_ddp ndm_ddp_new_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module net,
                                ndm_optimizer opt, const ndm_ddp_options *opts);
-/** Backward from `loss` (as ndm_backward()), starting each bucket's
- *  all-reduce (MPI_Iallreduce) as soon as backward has produced all its
- *  gradients, while backward goes on. Call it on every rank every step,
+/** Backward from `loss` (as ndm_backward()), handing each bucket's
+ *  all-reduce to the communication thread as soon as backward has produced
+ *  all its gradients, while backward goes on. Call it on every rank every step,
  *  also when this rank's forward pass failed (loss null): the failure is
  *  then sent with the buckets and ends the step on every rank. Returns this
  *  rank's backward status (the job's comes from ndm_ddp_step()). */

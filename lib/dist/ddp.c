@@ -1,5 +1,6 @@
 /* Data-parallel training: gradients gathered into buckets while backward
- * runs, each all-reduced as soon as it is full, averaged before the step. */
+ * runs, each handed to the communication thread as soon as it is full,
+ * averaged before the step. */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +23,7 @@ typedef struct bucket {
     int64_t numel;
     int pending;       /* its parameters whose gradient is not in yet */
     bool posted;
-    MPI_Request req;
+    ndm__dist_job job; /* its all-reduce on the communication thread */
 } bucket;
 
 typedef struct ddp {
@@ -42,9 +43,18 @@ typedef struct ddp {
     char msg[400];
 } ddp;
 
+static ndm_status drain(ddp *d, ndm__dist_group *g, const char *api, ndm__site site);
+
 static void ddp_destroy(void *p)
 {
     ddp *d = p;
+    /* buckets still in flight (a caller bug, dist.h): their memory stays
+     * for MPI, with the group, if they do not come back in time */
+    if (d->in_step) {
+        ndm__dist_group *g = ndm__dist_group_get("ndm_ddp_close", NDM__NO_SITE);
+        if (g)
+            (void)drain(d, g, "ndm_ddp_close", NDM__NO_SITE);
+    }
     /* the buckets are arrays of the model's "ddp" manager: gone with it, or
      * closed here when the wrapper goes first */
     if (d->mgr.id && ndm_manager_valid(d->mgr))
@@ -113,7 +123,6 @@ static ndm_status plan(ddp *d, int64_t cap_bytes, const char *api, ndm__site sit
         d->b[k].buf = ndm__array_new(site, api, d->mgr, d->b[k].dtype, 1, &len, NULL);
         if (!d->b[k].buf.id)
             return ndm_last_status();
-        d->b[k].req = MPI_REQUEST_NULL;
     }
     return NDM_OK;
 }
@@ -232,33 +241,34 @@ static bool flag_set(const bucket *b)
     }
 }
 
+static void note_failure(ddp *d, ndm_status st);
+
 static void post(ddp *d, bucket *b)
 {
     ndm__dist_group *g = ndm__dist_group_get("ndm_ddp_backward", NDM__NO_SITE);
     set_flag(b, d->failed < 0);
     b->posted = true;
-    if (!g) {
-        b->req = MPI_REQUEST_NULL;
-        return;
-    }
+    if (!g)
+        return; /* broken: the step says so */
     ndm__array *r = ndm__array_peek(b->buf);
-    if (MPI_Iallreduce(MPI_IN_PLACE, ndm__array_ptr(r), (int)(b->numel + 1),
-                       ndm__dist_mpi_type(b->dtype), ndm__dist_mpi_op(b->dtype, NDM_DIST_SUM),
-                       g->comm, &b->req) != MPI_SUCCESS)
-        b->req = MPI_REQUEST_NULL;
+    b->job = (ndm__dist_job){ndm__array_ptr(r), (int)(b->numel + 1), ndm__dist_mpi_type(b->dtype),
+                             ndm__dist_mpi_op(b->dtype, NDM_DIST_SUM), NULL};
+    if (ndm__dist_post(g, &b->job, "ndm_ddp_backward", NDM__NO_SITE) < 0) {
+        /* no thread (MPI_THREAD_SINGLE or FUNNELED, or none could start):
+         * this bucket goes now, from here, without overlap */
+        if (MPI_Allreduce(MPI_IN_PLACE, b->job.p, b->job.count, b->job.type, b->job.op, g->comm) !=
+            MPI_SUCCESS)
+            note_failure(d, ndm__fail(NDM_E_IO, "ndm_ddp_backward", NDM__NO_SITE,
+                                      "MPI_Allreduce failed"));
+    }
 }
 
-/* Post every bucket whose gradients are all in, in order; let MPI advance
- * those in flight (OpenMPI moves nonblocking collectives inside its calls). */
+/* Post every bucket whose gradients are all in, in order (the same order
+ * on every rank). */
 static void post_ready(ddp *d)
 {
     while (d->next_post < d->nb && d->b[d->next_post].pending == 0)
         post(d, &d->b[d->next_post++]);
-    for (int k = 0; k < d->next_post; k++)
-        if (d->b[k].req != MPI_REQUEST_NULL) {
-            int done;
-            MPI_Test(&d->b[k].req, &done, MPI_STATUS_IGNORE);
-        }
 }
 
 static void take(ddp *d, int i)
@@ -300,7 +310,6 @@ static void start_step(ddp *d)
     for (int k = 0; k < d->nb; k++) {
         d->b[k].pending = d->b[k].count;
         d->b[k].posted = false;
-        d->b[k].req = MPI_REQUEST_NULL;
     }
 }
 
@@ -349,6 +358,20 @@ NDM_API ndm_status ndm_ddp_backward_at(NDM_SITE_PARAMS, ndm_ddp h, ndm_array los
     return st;
 }
 
+/* Wait for this step's buckets (bounded). On a timeout the group keeps
+ * views of the buckets the thread may still write. */
+static ndm_status drain(ddp *d, ndm__dist_group *g, const char *api, ndm__site site)
+{
+    ndm_array small[8], *keep = d->nb <= 8 ? small : malloc((size_t)d->nb * sizeof *keep);
+    int nkeep = keep ? d->nb : 0;
+    for (int k = 0; k < nkeep; k++)
+        keep[k] = d->b[k].buf;
+    ndm_status st = ndm__dist_drain(g, keep, nkeep, api, site);
+    if (keep != small)
+        free(keep);
+    return st;
+}
+
 NDM_API ndm_status ndm_ddp_step_at(NDM_SITE_PARAMS, ndm_ddp h)
 {
     ndm__site site = NDM__SITE;
@@ -366,37 +389,16 @@ NDM_API ndm_status ndm_ddp_step_at(NDM_SITE_PARAMS, ndm_ddp h)
                                   "ndm_ddp_step without ndm_ddp_backward before it"));
         finish_posting(d);
     }
+    ndm_status st = drain(d, g, api, site);
     d->in_step = false;
-    MPI_Request *reqs = malloc((size_t)d->nb * sizeof *reqs);
-    ndm_array *keep = malloc((size_t)d->nb * sizeof *keep);
-    if (!reqs || !keep) {
-        /* cannot wait without memory: a bucket-sized wait at a time */
-        free(reqs);
-        free(keep);
-        ndm_status st = NDM_OK;
-        for (int k = 0; k < d->nb && st == NDM_OK; k++)
-            st = ndm__dist_wait(g, &d->b[k].req, 1, &d->b[k].buf, 1, api, site);
-        if (st < 0)
-            return st;
-    } else {
-        for (int k = 0; k < d->nb; k++) {
-            reqs[k] = d->b[k].req;
-            keep[k] = d->b[k].buf;
-        }
-        ndm_status st = ndm__dist_wait(g, reqs, d->nb, keep, d->nb, api, site);
-        free(reqs);
-        free(keep);
-        if (st < 0)
-            return st;
-    }
-    for (int k = 0; k < d->nb; k++)
-        d->b[k].req = MPI_REQUEST_NULL;
+    if (st < 0)
+        return st;
     bool any_failed = false;
     for (int k = 0; k < d->nb; k++)
         any_failed |= flag_set(&d->b[k]);
     if (any_failed || d->failed < 0) {
         /* learn who failed and why, all ranks alike */
-        ndm_status st = ndm__dist_agree(g, NDM__DIST_DDP_STEP, 0, NULL, d->failed,
+        st = ndm__dist_agree(g, NDM__DIST_DDP_STEP, 0, NULL, d->failed,
                                         d->failed < 0 ? d->msg : NULL, api, site);
         if (st == NDM_OK) /* cannot happen: a flag was set */
             st = ndm__fail(NDM_E_INTERNAL, api, site, "a rank failed but none says so");
@@ -416,7 +418,7 @@ NDM_API ndm_status ndm_ddp_step_at(NDM_SITE_PARAMS, ndm_ddp h)
         ndm__dist_divide(src, n, b->dtype, g->size);
         memcpy(ndm__array_ptr(gr), src, (size_t)n * es);
     }
-    ndm_status st = ndm_optimizer_step(d->opt);
+    st = ndm_optimizer_step(d->opt);
     if (st == NDM_OK)
         st = ndm_optimizer_zero_grad(d->opt);
     return st;

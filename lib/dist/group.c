@@ -1,11 +1,15 @@
 /* The process group over MPI and the collectives on arrays: every call
- * agrees on what it does across ranks first, then moves data with
- * nonblocking MPI and a bounded test loop. */
+ * agrees on what it does across ranks first (a small bounded exchange),
+ * then moves the data with MPI's tuned blocking collectives. */
 #include <inttypes.h>
+#include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <sched.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "group.h"
 #include "ndm/array.h"
@@ -68,6 +72,10 @@ NDM_API ndm_status ndm_dist_init(void)
             return ndm__fail(NDM_E_IO, __func__, NDM__NO_SITE, "MPI_Init_thread failed");
         group.we_initialised = true;
     }
+    /* a program that initialised MPI may have asked for less: the
+     * communication thread then stays off */
+    MPI_Query_thread(&provided);
+    group.threads_ok = provided >= MPI_THREAD_SERIALIZED;
     /* our own communicator: the program's MPI traffic cannot match ours */
     if (MPI_Comm_dup(MPI_COMM_WORLD, &group.comm) != MPI_SUCCESS)
         return ndm__fail(NDM_E_IO, __func__, NDM__NO_SITE, "MPI_Comm_dup failed");
@@ -84,6 +92,9 @@ NDM_API ndm_status ndm_dist_init(void)
         group.local_rank = lr ? atoi(lr) : 0;
     }
     group.timeout_s = timeout;
+    pthread_mutex_init(&group.mu, NULL);
+    pthread_cond_init(&group.work, NULL);
+    pthread_cond_init(&group.idle, NULL);
     joined = true;
     return NDM_OK;
 }
@@ -92,6 +103,24 @@ NDM_API ndm_status ndm_dist_finalize(void)
 {
     if (!joined)
         return NDM_ALREADY;
+    if (group.worker) {
+        /* its jobs first (no other thread may be in MPI meanwhile): after
+         * a timeout the late ranks get ten timeouts to come */
+        double t = group.timeout_s;
+        group.timeout_s = group.broken ? 10 * t : t;
+        ndm_status st = ndm__dist_drain(&group, NULL, 0, __func__, NDM__NO_SITE);
+        group.timeout_s = t;
+        if (st == NDM_E_TIMEOUT)
+            return ndm__fail(NDM_E_TIMEOUT, __func__, NDM__NO_SITE,
+                             "the communication thread is still inside MPI after %g s: MPI is "
+                             "left unfinalized", group.broken ? 10 * t : t);
+        pthread_mutex_lock(&group.mu);
+        group.stop = true;
+        pthread_cond_signal(&group.work);
+        pthread_mutex_unlock(&group.mu);
+        pthread_join(group.thread, NULL);
+        group.worker = false;
+    }
     if (group.broken) {
         /* the abandoned operations may finish once the late ranks come:
          * they get ten timeouts to do so */
@@ -116,6 +145,11 @@ NDM_API ndm_status ndm_dist_finalize(void)
             (void)!ndm_manager_close(group.keep);
         group.broken = false;
     }
+    free(group.recs);
+    group.recs = NULL;
+    pthread_cond_destroy(&group.idle);
+    pthread_cond_destroy(&group.work);
+    pthread_mutex_destroy(&group.mu);
     MPI_Comm_free(&group.comm);
     joined = false;
     int finalized = 0;
@@ -183,17 +217,118 @@ ndm_status ndm__dist_wait(ndm__dist_group *g, MPI_Request *reqs, int n, const nd
                      g->rank, g->timeout_s);
 }
 
+/* ---- the worker thread ------------------------------------------------------------------ */
+
+/* Data-parallel buckets go through one thread that calls the blocking
+ * MPI_Allreduce, as PyTorch's ProcessGroupMPI and Horovod do: OpenMPI moves
+ * a nonblocking collective only inside MPI calls, so nothing would move
+ * while backward computes; a thread in the blocking call moves it all the
+ * time, with OpenMPI's tuned algorithms. */
+static void *worker_main(void *arg)
+{
+    ndm__dist_group *g = arg;
+    pthread_mutex_lock(&g->mu);
+    for (;;) {
+        while (!g->head && !g->stop)
+            pthread_cond_wait(&g->work, &g->mu);
+        if (!g->head)
+            break;
+        ndm__dist_job *j = g->head;
+        g->head = j->next;
+        if (!g->head)
+            g->tail = NULL;
+        pthread_mutex_unlock(&g->mu);
+        int rc = MPI_Allreduce(MPI_IN_PLACE, j->p, j->count, j->type, j->op, g->comm);
+        pthread_mutex_lock(&g->mu);
+        if (rc != MPI_SUCCESS && !g->failed_rc)
+            g->failed_rc = rc;
+        g->done++;
+        if (g->done == g->posted)
+            pthread_cond_signal(&g->idle);
+    }
+    pthread_mutex_unlock(&g->mu);
+    return NULL;
+}
+
+ndm_status ndm__dist_post(ndm__dist_group *g, ndm__dist_job *j, const char *api, ndm__site site)
+{
+    if (!g->worker) {
+        if (!g->threads_ok)
+            return NDM_E_UNSUPPORTED;
+        if (pthread_create(&g->thread, NULL, worker_main, g))
+            return ndm__fail(NDM_E_OOM, api, site, "cannot start the communication thread");
+        g->worker = true;
+    }
+    j->next = NULL;
+    pthread_mutex_lock(&g->mu);
+    if (g->tail)
+        g->tail->next = j;
+    else
+        g->head = j;
+    g->tail = j;
+    g->posted++;
+    pthread_cond_signal(&g->work);
+    pthread_mutex_unlock(&g->mu);
+    return NDM_OK;
+}
+
+ndm_status ndm__dist_drain(ndm__dist_group *g, const ndm_array *keep, int nkeep, const char *api,
+                           ndm__site site)
+{
+    if (!g->worker)
+        return NDM_OK;
+    pthread_mutex_lock(&g->mu);
+    if (g->done != g->posted) {
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        double s = floor(g->timeout_s);
+        dl.tv_sec += (time_t)s;
+        dl.tv_nsec += (long)((g->timeout_s - s) * 1e9);
+        if (dl.tv_nsec >= 1000000000L) {
+            dl.tv_sec++;
+            dl.tv_nsec -= 1000000000L;
+        }
+        int rc = 0;
+        while (g->done != g->posted && rc != ETIMEDOUT)
+            rc = pthread_cond_timedwait(&g->idle, &g->mu, &dl);
+    }
+    bool late = g->done != g->posted;
+    int failed = g->failed_rc;
+    g->failed_rc = 0;
+    pthread_mutex_unlock(&g->mu);
+    if (late) {
+        if (nkeep) {
+            if (!g->keep.id)
+                g->keep = ndm_manager_new(ndm_system(), "dist");
+            for (int i = 0; i < nkeep && g->keep.id; i++)
+                (void)ndm_alias_to(g->keep, keep[i]);
+        }
+        g->broken = true;
+        return ndm__fail(NDM_E_TIMEOUT, api, site,
+                         "rank %d waited %g s (NDM_DIST_TIMEOUT_S) for the other ranks' "
+                         "gradients: one of them is not taking part (dead, stuck, or calling "
+                         "collectives in another order)",
+                         g->rank, g->timeout_s);
+    }
+    if (failed)
+        return ndm__fail(NDM_E_IO, api, site, "MPI_Allreduce failed (MPI error %d)", failed);
+    return NDM_OK;
+}
+
 /* ---- agreement ------------------------------------------------------------------------------ */
 
 #define REC_DIMS 8
 #define REC_MSG 400
 
+/* What every rank tells the others about a collective: small and of fixed
+ * size, so that agreeing costs about one short message per round. The
+ * ranks' messages go in a second exchange, only when one of them failed. */
 typedef struct rec {
     int32_t status, kind, dtype, ndim;
     int32_t dev_type, dev_index, has_array, pad;
     int64_t arg, numel;
+    uint64_t shape_hash; /* every dimension, also those past REC_DIMS */
     int64_t shape[REC_DIMS];
-    char msg[REC_MSG];
 } rec;
 
 static const char *kind_name(int k)
@@ -208,30 +343,103 @@ static const char *kind_name(int k)
 static void shape_str(const rec *r, char *buf, size_t n)
 {
     size_t o = (size_t)snprintf(buf, n, "%s [", ndm_dtype_name((ndm_dtype)r->dtype));
-    for (int i = 0; i < r->ndim && o < n; i++)
-        o += (size_t)snprintf(buf + o, n - o, i ? ", %" PRId64 : "%" PRId64,
-                              i < REC_DIMS ? r->shape[i] : 0);
+    for (int i = 0; i < r->ndim && i < REC_DIMS && o < n; i++)
+        o += (size_t)snprintf(buf + o, n - o, i ? ", %" PRId64 : "%" PRId64, r->shape[i]);
+    /* the record holds the first dimensions only */
     if (r->ndim > REC_DIMS && o < n)
-        o += (size_t)snprintf(buf + o, n - o, ", ... (%" PRId64 " elements)", r->numel);
+        o += (size_t)snprintf(buf + o, n - o, ", ... (%d dims, %" PRId64 " elements)", r->ndim,
+                              r->numel);
     if (o < n)
         snprintf(buf + o, n - o, "]");
+}
+
+/* Keep a block MPI may still read or write after a timeout, until the finalize. */
+static void keep_block(ndm__dist_group *g, void *p)
+{
+    void **k = realloc(g->kept, (size_t)(g->nkept + 1) * sizeof *k);
+    if (k) {
+        k[g->nkept++] = p;
+        g->kept = k;
+    }
+}
+
+/* Every rank's block of `sz` bytes, in rank order, into out (size blocks;
+ * ours is out[rank]), by point-to-point messages in ceil(log2 size) rounds
+ * (Bruck's all-gather): OpenMPI's nonblocking collectives cost several
+ * times more than the messages themselves. tmp is size blocks of scratch.
+ * On a timeout both out and tmp are the group's to keep. Completes only
+ * once every rank has sent its block, so every rank is then present. */
+static ndm_status exchange(ndm__dist_group *g, char *out, char *tmp, size_t sz, int tag,
+                           const char *api, ndm__site site)
+{
+    int n = g->size, me = g->rank;
+    memcpy(tmp, out + (size_t)me * sz, sz);
+    for (int k = 0, dist = 1; dist < n; k++, dist *= 2) {
+        int c = dist < n - dist ? dist : n - dist;
+        MPI_Request req[2];
+        if (MPI_Irecv(tmp + (size_t)dist * sz, (int)((size_t)c * sz), MPI_BYTE, (me + dist) % n,
+                      tag + k, g->comm, &req[0]) != MPI_SUCCESS ||
+            MPI_Isend(tmp, (int)((size_t)c * sz), MPI_BYTE, (me - dist + n) % n, tag + k, g->comm,
+                      &req[1]) != MPI_SUCCESS)
+            return ndm__fail(NDM_E_IO, api, site, "MPI_Isend/MPI_Irecv failed");
+        ndm_status st = ndm__dist_wait(g, req, 2, NULL, 0, api, site);
+        if (st < 0)
+            return st;
+    }
+    /* tmp[j] is rank (me + j) % n's block */
+    for (int j = 0; j < n; j++)
+        if ((me + j) % n != me)
+            memcpy(out + (size_t)((me + j) % n) * sz, tmp + (size_t)j * sz, sz);
+    return NDM_OK;
+}
+
+#define TAG_RECORDS 1000
+#define TAG_MESSAGES 2000
+
+/* The ranks' messages, when the records say one failed: a second exchange
+ * every rank makes, as every rank saw the same records. */
+static ndm_status failure(ndm__dist_group *g, const rec *all, ndm_status local, const char *msg,
+                          const char *api, ndm__site site)
+{
+    size_t n = (size_t)g->size;
+    char *msgs = calloc(2 * n, REC_MSG);
+    if (!msgs)
+        return ndm__fail(NDM_E_OOM, api, site, "no memory for %d messages", g->size);
+    if (local < 0)
+        snprintf(msgs + (size_t)g->rank * REC_MSG, REC_MSG, "%s", msg ? msg : ndm_last_error());
+    ndm_status st = exchange(g, msgs, msgs + n * REC_MSG, REC_MSG, TAG_MESSAGES, api, site);
+    if (st < 0) {
+        keep_block(g, msgs);
+        return st;
+    }
+    for (int r = 0; r < g->size; r++)
+        if (all[r].status < 0) {
+            char *m = msgs + (size_t)r * REC_MSG;
+            m[REC_MSG - 1] = 0;
+            st = ndm__fail((ndm_status)all[r].status, api, site, "rank %d: %s", r,
+                           m[0] ? m : ndm_status_str((ndm_status)all[r].status));
+            break;
+        }
+    free(msgs);
+    return st;
 }
 
 ndm_status ndm__dist_agree(ndm__dist_group *g, ndm__dist_kind kind, int64_t arg,
                            const ndm__array *a, ndm_status local, const char *msg,
                            const char *api, ndm__site site)
 {
-    /* one block for the ranks' records and ours: after a timeout MPI may
-     * still read ours and write theirs, so the block is then kept */
-    rec *all = calloc((size_t)g->size + 1, sizeof *all);
-    if (!all)
+    /* the data-parallel worker may be inside MPI: it finishes first */
+    ndm_status st = ndm__dist_drain(g, NULL, 0, api, site);
+    if (st < 0)
+        return st;
+    /* records and scratch, made once; a timeout hands them to the kept blocks */
+    if (!g->recs && !(g->recs = calloc(2 * (size_t)g->size, sizeof(rec))))
         return ndm__fail(NDM_E_OOM, api, site, "no memory for %d agreement records", g->size);
-    rec *mine = all + g->size;
+    rec *all = g->recs, *mine = all + g->rank;
+    memset(mine, 0, sizeof *mine);
     mine->status = local < 0 ? local : NDM_OK;
     mine->kind = kind;
     mine->arg = arg;
-    if (local < 0)
-        snprintf(mine->msg, sizeof mine->msg, "%s", msg ? msg : ndm_last_error());
     if (a) {
         mine->has_array = 1;
         mine->dtype = a->dtype;
@@ -239,31 +447,23 @@ ndm_status ndm__dist_agree(ndm__dist_group *g, ndm__dist_kind kind, int64_t arg,
         mine->dev_type = a->storage->device.type;
         mine->dev_index = a->storage->device.index;
         mine->numel = ndm__numel(a->ndim, a->shape);
-        for (int i = 0; i < a->ndim && i < REC_DIMS; i++)
-            mine->shape[i] = a->shape[i];
-    }
-    MPI_Request req;
-    if (MPI_Iallgather(mine, (int)sizeof *mine, MPI_BYTE, all, (int)sizeof *mine, MPI_BYTE, g->comm,
-                       &req) != MPI_SUCCESS) {
-        free(all);
-        return ndm__fail(NDM_E_IO, api, site, "MPI_Iallgather failed");
-    }
-    ndm_status st = ndm__dist_wait(g, &req, 1, NULL, 0, api, site);
-    if (st < 0) {
-        /* MPI may still use the records: they stay until the finalize */
-        void **k = realloc(g->kept, (size_t)(g->nkept + 1) * sizeof *k);
-        if (k) {
-            k[g->nkept++] = all;
-            g->kept = k;
+        uint64_t h = 1469598103934665603u; /* FNV-1a over the dimensions */
+        for (int i = 0; i < a->ndim; i++) {
+            if (i < REC_DIMS)
+                mine->shape[i] = a->shape[i];
+            h = (h ^ (uint64_t)a->shape[i]) * 1099511628211u;
         }
+        mine->shape_hash = h;
+    }
+    st = exchange(g, (char *)all, (char *)(all + g->size), sizeof *all, TAG_RECORDS, api, site);
+    if (st < 0) {
+        keep_block(g, g->recs);
+        g->recs = NULL;
         return st;
     }
-    for (int r = 0; r < g->size && st == NDM_OK; r++)
-        if (all[r].status < 0) {
-            all[r].msg[REC_MSG - 1] = 0;
-            st = ndm__fail((ndm_status)all[r].status, api, site, "rank %d: %s", r,
-                           all[r].msg[0] ? all[r].msg : ndm_status_str((ndm_status)all[r].status));
-        }
+    for (int r = 0; r < g->size; r++)
+        if (all[r].status < 0)
+            return failure(g, all, local, msg, api, site);
     const rec *z = &all[0];
     for (int r = 1; r < g->size && st == NDM_OK; r++) {
         const rec *o = &all[r];
@@ -288,7 +488,7 @@ ndm_status ndm__dist_agree(ndm__dist_group *g, ndm__dist_kind kind, int64_t arg,
             shape_str(o, s1, sizeof s1);
             st = ndm__fail(NDM_E_DTYPE, api, site, "%s: rank 0 has %s and rank %d has %s",
                            kind_name(z->kind), s0, r, s1);
-        } else if (o->ndim != z->ndim || o->numel != z->numel ||
+        } else if (o->ndim != z->ndim || o->numel != z->numel || o->shape_hash != z->shape_hash ||
                    memcmp(o->shape, z->shape, sizeof z->shape)) {
             shape_str(z, s0, sizeof s0);
             shape_str(o, s1, sizeof s1);
@@ -296,7 +496,6 @@ ndm_status ndm__dist_agree(ndm__dist_group *g, ndm__dist_kind kind, int64_t arg,
                            kind_name(z->kind), s0, r, s1);
         }
     }
-    free(all);
     return st;
 }
 
@@ -431,9 +630,11 @@ static ndm_status check_op(ndm_dist_op op, ndm_dtype dt, const char *api, ndm__s
     return NDM_OK;
 }
 
-/* In-place all-reduce or broadcast over the contiguous array r. */
-static ndm_status run_inplace(ndm__dist_group *g, ndm__array *r, ndm_array keep, bool bcast,
-                              ndm_dist_op op, int root, const char *api, ndm__site site)
+/* In-place all-reduce or broadcast over the contiguous array r. Every rank
+ * has agreed and is present: MPI's blocking collective moves the data (a
+ * rank that dies now is mpirun's to end, as with any MPI program). */
+static ndm_status run_inplace(ndm__dist_group *g, ndm__array *r, bool bcast, ndm_dist_op op,
+                              int root, const char *api, ndm__site site)
 {
     int64_t n = ndm__numel(r->ndim, r->shape);
     char *p = ndm__array_ptr(r);
@@ -442,15 +643,10 @@ static ndm_status run_inplace(ndm__dist_group *g, ndm__array *r, ndm_array keep,
     MPI_Op mo = ndm__dist_mpi_op(r->dtype, op);
     for (int64_t off = 0; off < n; off += CHUNK) {
         int c = (int)(n - off < CHUNK ? n - off : CHUNK);
-        MPI_Request req;
-        int rc = bcast ? MPI_Ibcast(p + off * (int64_t)es, c, t, root, g->comm, &req)
-                       : MPI_Iallreduce(MPI_IN_PLACE, p + off * (int64_t)es, c, t, mo, g->comm,
-                                        &req);
+        int rc = bcast ? MPI_Bcast(p + off * (int64_t)es, c, t, root, g->comm)
+                       : MPI_Allreduce(MPI_IN_PLACE, p + off * (int64_t)es, c, t, mo, g->comm);
         if (rc != MPI_SUCCESS)
-            return ndm__fail(NDM_E_IO, api, site, "%s failed", bcast ? "MPI_Ibcast" : "MPI_Iallreduce");
-        ndm_status st = ndm__dist_wait(g, &req, 1, &keep, 1, api, site);
-        if (st < 0)
-            return st;
+            return ndm__fail(NDM_E_IO, api, site, "%s failed", bcast ? "MPI_Bcast" : "MPI_Allreduce");
     }
     if (!bcast && op == NDM_DIST_MEAN)
         ndm__dist_divide(p, n, r->dtype, g->size);
@@ -481,12 +677,11 @@ static ndm_status inplace_collective(ndm_array a, bool bcast, ndm_dist_op op, in
     ndm_status st = ndm__dist_agree(g, kind, bcast ? root : (int64_t)op, local < 0 ? NULL : r,
                                     local, NULL, api, site);
     if (st == NDM_OK)
-        st = tmp.id ? run_inplace(g, ndm__array_peek(tmp), tmp, bcast, op, root, api, site)
-                    : run_inplace(g, r, a, bcast, op, root, api, site);
+        st = run_inplace(g, tmp.id ? ndm__array_peek(tmp) : r, bcast, op, root, api, site);
     if (st == NDM_OK && tmp.id)
         st = ndm_copy_into(a, tmp);
     if (tmp.id)
-        (void)!ndm_array_release(tmp); /* after a timeout the group keeps its own view */
+        (void)!ndm_array_release(tmp);
     return st;
 }
 
@@ -555,25 +750,21 @@ static ndm_array gather_scatter(ndm_manager out, ndm_array a, bool scatter, ndm_
         int64_t n = ndm__numel(s->ndim, s->shape);
         int64_t part = scatter ? n / g->size : n;
         MPI_Datatype t = ndm__dist_mpi_type(r->dtype);
-        MPI_Request req;
         int rc;
         if (part > INT32_MAX) {
             st = ndm__fail(NDM_E_OVERFLOW, api, site,
                            "%" PRId64 " elements per rank: MPI counts stop at 2^31-1", part);
         } else {
+            /* agreed and present: MPI's blocking collective, as in run_inplace */
             if (scatter)
-                rc = MPI_Ireduce_scatter_block(ndm__array_ptr(s), ndm__array_ptr(d), (int)part, t,
-                                               ndm__dist_mpi_op(r->dtype, op), g->comm, &req);
+                rc = MPI_Reduce_scatter_block(ndm__array_ptr(s), ndm__array_ptr(d), (int)part, t,
+                                              ndm__dist_mpi_op(r->dtype, op), g->comm);
             else
-                rc = MPI_Iallgather(ndm__array_ptr(s), (int)part, t, ndm__array_ptr(d), (int)part,
-                                    t, g->comm, &req);
+                rc = MPI_Allgather(ndm__array_ptr(s), (int)part, t, ndm__array_ptr(d), (int)part,
+                                   t, g->comm);
             if (rc != MPI_SUCCESS)
                 st = ndm__fail(NDM_E_IO, api, site, "%s failed",
-                               scatter ? "MPI_Ireduce_scatter_block" : "MPI_Iallgather");
-            else {
-                ndm_array keep[2] = {src.id ? src : a, res};
-                st = ndm__dist_wait(g, &req, 1, keep, 2, api, site);
-            }
+                               scatter ? "MPI_Reduce_scatter_block" : "MPI_Allgather");
         }
         if (st == NDM_OK && scatter && op == NDM_DIST_MEAN)
             ndm__dist_divide(ndm__array_ptr(d), part, r->dtype, g->size);

@@ -1,9 +1,11 @@
-/* Private interface of the MPI process group: the agreement record every
- * collective exchanges first, bounded waits, and MPI's names for dtypes. */
+/* Private interface of the MPI process group: the agreement every
+ * collective makes first, bounded waits, the data-parallel worker thread,
+ * and MPI's names for dtypes. */
 #ifndef NDM_DIST_GROUP_H
 #define NDM_DIST_GROUP_H
 
 #include <mpi.h>
+#include <pthread.h>
 
 #include "ndm/dist.h"
 #include "../manager/core.h"
@@ -21,6 +23,16 @@ typedef enum ndm__dist_kind {
     NDM__DIST_DDP_STEP,
 } ndm__dist_kind;
 
+/* One blocking all-reduce for the worker thread, in place; the caller
+ * owns it and its buffer until ndm__dist_drain() has returned NDM_OK. */
+typedef struct ndm__dist_job {
+    void *p;
+    int count;
+    MPI_Datatype type;
+    MPI_Op op;
+    struct ndm__dist_job *next;
+} ndm__dist_job;
+
 /* The group, or NULL with NDM_E_UNSUPPORTED/NDM_E_INVALID (not joined) or
  * NDM_E_TIMEOUT (broken) recorded for `api`. */
 typedef struct ndm__dist_group {
@@ -34,6 +46,18 @@ typedef struct ndm__dist_group {
     ndm_manager keep;         /* "dist" under system: views of their buffers */
     void **kept;              /* and the group's own buffers they use */
     int nkept;
+    void *recs;               /* the agreement's records and scratch, made once */
+    /* the worker: one thread that runs posted jobs in order. posted is the
+     * posting thread's own; the rest is under mu */
+    bool threads_ok;          /* MPI grants MPI_THREAD_SERIALIZED or more */
+    bool worker;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t work, idle;
+    ndm__dist_job *head, *tail;
+    uint64_t posted, done;
+    int failed_rc;            /* an MPI error in a job, told by the next drain */
+    bool stop;
 } ndm__dist_group;
 
 ndm__dist_group *ndm__dist_group_get(const char *api, ndm__site site);
@@ -51,6 +75,20 @@ ndm_status ndm__dist_agree(ndm__dist_group *g, ndm__dist_kind kind, int64_t arg,
  * arrays whose memory MPI may still write, and NDM_E_TIMEOUT is returned. */
 ndm_status ndm__dist_wait(ndm__dist_group *g, MPI_Request *reqs, int n, const ndm_array *keep,
                           int nkeep, const char *api, ndm__site site);
+
+/* Hand a job to the worker thread (started on first use), which runs the
+ * posted jobs one after another with MPI's blocking all-reduce. While jobs
+ * are out, the calling thread makes no MPI call of its own (MPI is
+ * initialised MPI_THREAD_SERIALIZED): ndm__dist_agree() drains first. */
+ndm_status ndm__dist_post(ndm__dist_group *g, ndm__dist_job *j, const char *api, ndm__site site);
+/* (NDM_E_UNSUPPORTED, with no message, when MPI grants too little
+ * threading: the caller then runs the job itself.) */
+
+/* Wait, bounded by the group's timeout, until the worker has run every
+ * posted job. On a timeout the group breaks and keeps a view of the
+ * `nkeep` arrays the worker may still write: NDM_E_TIMEOUT. */
+ndm_status ndm__dist_drain(ndm__dist_group *g, const ndm_array *keep, int nkeep, const char *api,
+                           ndm__site site);
 
 /* MPI's datatype and operation for a dtype and ndm_dist_op (MEAN: SUM, the
  * division is the caller's). f16 and bf16 use ops of ndm's own. */
