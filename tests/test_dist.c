@@ -464,21 +464,23 @@ static double reference_step(ndm_module net, ndm_optimizer opt, ndm_batch *b)
     return l;
 }
 
-static void test_ddp_matches_one_process_at_the_same_global_batch(void **state)
+/* Data-parallel training of build()'s net with per-rank batch `batch` on
+ * ds against one process with batch batch * S, for `steps` steps: the
+ * global batch's losses agree to a relative 1e-4 (float32 sums in another
+ * order). */
+static void check_parity(ndm_manager m, ndm_module (*build)(ndm_manager), ndm_dataset ds,
+                         int64_t batch, int steps, const char *what)
 {
-    ndm_manager m = ROOT(state);
-    ndm_manager data = ndm_manager_new(m, "data");
-    ndm_dataset ds = synthetic(data, (int64_t)B * S * 20 + 5);
-    /* the reference: one process, batch B * S */
+    /* the reference: one process, batch batch * S */
     ndm_manager rmodel = ndm_manager_new(m, "reference");
-    ndm_module rnet = mlp(rmodel);
+    ndm_module rnet = build(rmodel);
     ndm_optimizer ropt = ndm_sgd(rmodel, rnet, 0.1, 0.9, 0.0);
     ndm_manager rtrainer = ndm_manager_new(rmodel, "trainer");
     ndm_loader rld = ndm_loader_new(rtrainer, ds, &(ndm_loader_options){
-        .batch_size = B * S, .seed = 5, .flags = NDM_LOADER_SHUFFLE | NDM_LOADER_DROP_LAST});
-    /* data-parallel: this rank's shard, batch B */
+        .batch_size = batch * S, .seed = 5, .flags = NDM_LOADER_SHUFFLE | NDM_LOADER_DROP_LAST});
+    /* data-parallel: this rank's shard, batch `batch` */
     ndm_manager model = ndm_manager_new(m, "model");
-    ndm_module net = mlp(model);
+    ndm_module net = build(model);
     ndm_optimizer opt = ndm_sgd(model, net, 0.1, 0.9, 0.0);
     /* small buckets: several all-reduces in flight during backward */
     ndm_ddp d = ndm_ddp_new(model, net, opt, &(ndm_ddp_options){.bucket_bytes = 1024});
@@ -486,20 +488,20 @@ static void test_ddp_matches_one_process_at_the_same_global_batch(void **state)
     assert_true(ndm_ddp_buckets(d) >= 3);
     ndm_manager trainer = ndm_manager_new(model, "trainer");
     ndm_loader ld = ndm_dist_loader_new(trainer, ds, &(ndm_loader_options){
-        .batch_size = B, .seed = 5, .flags = NDM_LOADER_SHUFFLE | NDM_LOADER_DROP_LAST});
+        .batch_size = batch, .seed = 5, .flags = NDM_LOADER_SHUFFLE | NDM_LOADER_DROP_LAST});
     assert_true(ndm_loader_valid(rld) && ndm_loader_valid(ld));
     assert_int_equal(ndm_loader_batches(ld), ndm_loader_batches(rld));
     /* the buckets are made: a capped model takes every step in place */
     assert_ok(ndm_manager_cap(model, NDM_CAP_ARRAYS));
     double worst = 0;
-    for (int step = 0; step < STEPS; step++) {
+    for (int step = 0; step < steps; step++) {
         ndm_batch rb, b;
         if (ndm_loader_next(rld, &rb) == 0) {
             assert_int_equal(ndm_loader_next(rld, &rb), 1);
             assert_int_equal(ndm_loader_next(ld, &b), 0);
         }
         assert_int_equal(ndm_loader_next(ld, &b), 1);
-        assert_int_equal(b.size, B);
+        assert_int_equal(b.size, batch);
         double want = reference_step(rnet, ropt, &rb);
         assert_ok(ndm_grad_begin(b.manager));
         ndm_array loss = ndm_cross_entropy(ndm_forward(net, b.inputs), b.labels);
@@ -515,16 +517,49 @@ static void test_ddp_matches_one_process_at_the_same_global_batch(void **state)
         assert_ok(ndm_array_release(l));
         double err = fabs(got - want) / fmax(1.0, fabs(want));
         worst = err > worst ? err : worst;
-        /* float32 sums in another order: a relative 1e-4 over 50 steps */
         if (err > 1e-4)
-            fail_msg("step %d: data-parallel loss %.9g, one process %.9g", step, got, want);
+            fail_msg("%s, step %d: data-parallel loss %.9g, one process %.9g", what, step, got,
+                     want);
     }
     if (R == 0)
-        printf("ddp vs one process over %d steps: worst relative loss difference %.3g\n", STEPS,
-               worst);
+        printf("%s: ddp vs one process over %d steps: worst relative loss difference %.3g\n", what,
+               steps, worst);
     assert_ok(ndm_manager_close(trainer));
     assert_ok(ndm_manager_close(model));
     assert_ok(ndm_manager_close(rmodel));
+}
+
+static void test_ddp_matches_one_process_at_the_same_global_batch(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_manager data = ndm_manager_new(m, "data");
+    check_parity(m, mlp, synthetic(data, (int64_t)B * S * 20 + 5), B, STEPS, "mlp");
+    assert_ok(ndm_manager_close(data));
+}
+
+/* A small convolutional net on 8x8 single-channel images. */
+static ndm_module cnn(ndm_manager model)
+{
+    ndm_rng rng = ndm_rng_new(4);
+    ndm_module net = ndm_sequential(
+        model, NDM_MODULES(ndm_conv2d_module(model, 1, 4, 3, 3, true, &rng, NULL),
+                           ndm_relu_module(model), ndm_flatten_module(model, 1),
+                           ndm_linear(model, 4 * 6 * 6, CLASSES, true, &rng)));
+    assert_true(net.id);
+    return net;
+}
+
+static void test_ddp_cnn_matches_one_process_at_the_same_global_batch(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_manager data = ndm_manager_new(m, "data");
+    int64_t n = (int64_t)16 * S * 10 + 3;
+    ndm_rng rng = ndm_rng_new(12);
+    ndm_array x = ndm_normal(data, &rng, NDM_F32, 0.0, 1.0, 4, (int64_t[]){n, 1, 8, 8});
+    ndm_array y = ndm_randint(data, &rng, NDM_I64, 0, CLASSES, 1, (int64_t[]){n});
+    assert_live(x);
+    assert_live(y);
+    check_parity(m, cnn, (ndm_dataset){x, y}, 16, 20, "cnn");
     assert_ok(ndm_manager_close(data));
 }
 
@@ -666,6 +701,7 @@ int main(void)
         TEST(test_dist_reports_gather_every_rank_with_its_prefix),
         TEST(test_loader_shards_every_example_once_per_epoch),
         TEST(test_ddp_matches_one_process_at_the_same_global_batch),
+        TEST(test_ddp_cnn_matches_one_process_at_the_same_global_batch),
         TEST(test_ddp_failing_rank_ends_the_step_on_every_rank),
         TEST(test_ddp_collective_between_backward_and_step_keeps_the_order),
         TEST(test_ddp_buckets_are_model_arrays_shown_in_dumps),
