@@ -415,8 +415,19 @@ NDM_API ndm_status ndm_ddp_step_at(NDM_SITE_PARAMS, ndm_ddp h)
         size_t es = ndm_dtype_size(b->dtype);
         int64_t n = ndm__numel(gr->ndim, gr->shape);
         char *src = (char *)ndm__array_ptr(br) + d->offset[i] * (int64_t)es;
-        ndm__dist_divide(src, n, b->dtype, g->size);
-        memcpy(ndm__array_ptr(gr), src, (size_t)n * es);
+        void *dst = ndm__array_ptr(gr);
+        /* the mean on the way back: one pass over the common dtypes */
+        if (b->dtype == NDM_F32) {
+            float k = (float)g->size;
+            for (int64_t e = 0; e < n; e++)
+                ((float *)dst)[e] = ((const float *)src)[e] / k;
+        } else if (b->dtype == NDM_F64) {
+            for (int64_t e = 0; e < n; e++)
+                ((double *)dst)[e] = ((const double *)src)[e] / g->size;
+        } else {
+            ndm__dist_divide(src, n, b->dtype, g->size);
+            memcpy(dst, src, (size_t)n * es);
+        }
     }
     st = ndm_optimizer_step(d->opt);
     if (st == NDM_OK)
