@@ -42,7 +42,10 @@
  * communication thread per process (started by the first bucket, ended by
  * ndm_dist_finalize()), while backward goes on; each bucket carries a
  * failure flag, and the messages are exchanged only when a flag is set.
- * ndm_ddp_step() waits for the buckets, bounded by the same timeout.
+ * ndm_ddp_step() waits for the buckets, bounded by the same timeout; after
+ * a timeout the group keeps (views of) the buckets still in flight or not
+ * yet started and lets them run when the late ranks come, so closing the
+ * model then is safe.
  *
  * Thread rules: MPI is initialised with MPI_THREAD_SERIALIZED: collectives
  * must be called by one thread at a time, in the same order on every rank.
@@ -50,7 +53,7 @@
  * collective called while buckets are in flight waits for them first. A
  * program that initialised MPI itself with less than MPI_THREAD_SERIALIZED
  * gets no communication thread: each bucket is then all-reduced inside
- * ndm_ddp_backward(), without overlap.
+ * ndm_ddp_backward(), without overlap and without the bound on the wait.
  */
 #ifndef NDM_DIST_H
 #define NDM_DIST_H

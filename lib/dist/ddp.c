@@ -43,17 +43,15 @@ typedef struct ddp {
     char msg[400];
 } ddp;
 
-static ndm_status drain(ddp *d, ndm__dist_group *g, const char *api, ndm__site site);
-
 static void ddp_destroy(void *p)
 {
     ddp *d = p;
-    /* buckets still in flight (a caller bug, dist.h): their memory stays
-     * for MPI, with the group, if they do not come back in time */
+    /* buckets still in flight (a caller bug, dist.h): waited for; the one
+     * inside MPI stays with the group if it does not come back in time */
     if (d->in_step) {
         ndm__dist_group *g = ndm__dist_group_get("ndm_ddp_close", NDM__NO_SITE);
         if (g)
-            (void)drain(d, g, "ndm_ddp_close", NDM__NO_SITE);
+            (void)ndm__dist_drain(g, "ndm_ddp_close", NDM__NO_SITE);
     }
     /* the buckets are arrays of the model's "ddp" manager: gone with it, or
      * closed here when the wrapper goes first */
@@ -252,7 +250,7 @@ static void post(ddp *d, bucket *b)
         return; /* broken: the step says so */
     ndm__array *r = ndm__array_peek(b->buf);
     b->job = (ndm__dist_job){ndm__array_ptr(r), (int)(b->numel + 1), ndm__dist_mpi_type(b->dtype),
-                             ndm__dist_mpi_op(b->dtype, NDM_DIST_SUM), NULL};
+                             ndm__dist_mpi_op(b->dtype, NDM_DIST_SUM), b->buf, false, NULL};
     if (ndm__dist_post(g, &b->job, "ndm_ddp_backward", NDM__NO_SITE) < 0) {
         /* no thread (MPI_THREAD_SINGLE or FUNNELED, or none could start):
          * this bucket goes now, from here, without overlap */
@@ -358,20 +356,6 @@ NDM_API ndm_status ndm_ddp_backward_at(NDM_SITE_PARAMS, ndm_ddp h, ndm_array los
     return st;
 }
 
-/* Wait for this step's buckets (bounded). On a timeout the group keeps
- * views of the buckets the thread may still write. */
-static ndm_status drain(ddp *d, ndm__dist_group *g, const char *api, ndm__site site)
-{
-    ndm_array small[8], *keep = d->nb <= 8 ? small : malloc((size_t)d->nb * sizeof *keep);
-    int nkeep = keep ? d->nb : 0;
-    for (int k = 0; k < nkeep; k++)
-        keep[k] = d->b[k].buf;
-    ndm_status st = ndm__dist_drain(g, keep, nkeep, api, site);
-    if (keep != small)
-        free(keep);
-    return st;
-}
-
 NDM_API ndm_status ndm_ddp_step_at(NDM_SITE_PARAMS, ndm_ddp h)
 {
     ndm__site site = NDM__SITE;
@@ -389,7 +373,8 @@ NDM_API ndm_status ndm_ddp_step_at(NDM_SITE_PARAMS, ndm_ddp h)
                                   "ndm_ddp_step without ndm_ddp_backward before it"));
         finish_posting(d);
     }
-    ndm_status st = drain(d, g, api, site);
+    /* bounded; on a timeout the group keeps the bucket MPI may still write */
+    ndm_status st = ndm__dist_drain(g, api, site);
     d->in_step = false;
     if (st < 0)
         return st;

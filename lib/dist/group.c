@@ -108,7 +108,7 @@ NDM_API ndm_status ndm_dist_finalize(void)
          * a timeout the late ranks get ten timeouts to come */
         double t = group.timeout_s;
         group.timeout_s = group.broken ? 10 * t : t;
-        ndm_status st = ndm__dist_drain(&group, NULL, 0, __func__, NDM__NO_SITE);
+        ndm_status st = ndm__dist_drain(&group, __func__, NDM__NO_SITE);
         group.timeout_s = t;
         if (st == NDM_E_TIMEOUT)
             return ndm__fail(NDM_E_TIMEOUT, __func__, NDM__NO_SITE,
@@ -237,9 +237,19 @@ static void *worker_main(void *arg)
         g->head = j->next;
         if (!g->head)
             g->tail = NULL;
+        g->current = j;
+        void *p = j->p;
+        int count = j->count;
+        MPI_Datatype type = j->type;
+        MPI_Op op = j->op;
+        bool owned = j->owned;
         pthread_mutex_unlock(&g->mu);
-        int rc = MPI_Allreduce(MPI_IN_PLACE, j->p, j->count, j->type, j->op, g->comm);
+        /* the caller's j is not read again: after a timeout it may be gone */
+        int rc = MPI_Allreduce(MPI_IN_PLACE, p, count, type, op, g->comm);
+        if (owned)
+            free(j);
         pthread_mutex_lock(&g->mu);
+        g->current = NULL;
         if (rc != MPI_SUCCESS && !g->failed_rc)
             g->failed_rc = rc;
         g->done++;
@@ -272,8 +282,7 @@ ndm_status ndm__dist_post(ndm__dist_group *g, ndm__dist_job *j, const char *api,
     return NDM_OK;
 }
 
-ndm_status ndm__dist_drain(ndm__dist_group *g, const ndm_array *keep, int nkeep, const char *api,
-                           ndm__site site)
+ndm_status ndm__dist_drain(ndm__dist_group *g, const char *api, ndm__site site)
 {
     if (!g->worker)
         return NDM_OK;
@@ -293,16 +302,47 @@ ndm_status ndm__dist_drain(ndm__dist_group *g, const ndm_array *keep, int nkeep,
             rc = pthread_cond_timedwait(&g->idle, &g->mu, &dl);
     }
     bool late = g->done != g->posted;
+    /* after a timeout: the arrays the worker may still write, kept below */
+    int nkeep = 0;
+    ndm_array *keep = NULL;
+    if (late && !g->broken) { /* once: a later drain finds copies and views made */
+        int n = g->current ? 1 : 0;
+        for (ndm__dist_job *j = g->head; j; j = j->next)
+            n++;
+        keep = malloc((size_t)n * sizeof *keep);
+        if (g->current && keep)
+            keep[nkeep++] = g->current->buf;
+        /* the jobs not started run still (late ranks meet them), from
+         * copies of the group's own: the caller's may be gone by then */
+        ndm__dist_job **link = &g->head;
+        g->tail = NULL;
+        while (*link) {
+            ndm__dist_job *j = *link, *c = j->owned ? j : malloc(sizeof *c);
+            if (!c) { /* dropped: no memory to keep it */
+                *link = j->next;
+                g->posted--;
+                continue;
+            }
+            if (c != j) {
+                *c = *j;
+                c->owned = true;
+            }
+            *link = c;
+            if (keep)
+                keep[nkeep++] = c->buf;
+            g->tail = c;
+            link = &c->next;
+        }
+    }
     int failed = g->failed_rc;
     g->failed_rc = 0;
     pthread_mutex_unlock(&g->mu);
     if (late) {
-        if (nkeep) {
-            if (!g->keep.id)
-                g->keep = ndm_manager_new(ndm_system(), "dist");
-            for (int i = 0; i < nkeep && g->keep.id; i++)
-                (void)ndm_alias_to(g->keep, keep[i]);
-        }
+        if (nkeep && !g->keep.id)
+            g->keep = ndm_manager_new(ndm_system(), "dist");
+        for (int i = 0; i < nkeep && g->keep.id; i++)
+            (void)ndm_alias_to(g->keep, keep[i]);
+        free(keep);
         g->broken = true;
         return ndm__fail(NDM_E_TIMEOUT, api, site,
                          "rank %d waited %g s (NDM_DIST_TIMEOUT_S) for the other ranks' "
@@ -429,7 +469,7 @@ ndm_status ndm__dist_agree(ndm__dist_group *g, ndm__dist_kind kind, int64_t arg,
                            const char *api, ndm__site site)
 {
     /* the data-parallel worker may be inside MPI: it finishes first */
-    ndm_status st = ndm__dist_drain(g, NULL, 0, api, site);
+    ndm_status st = ndm__dist_drain(g, api, site);
     if (st < 0)
         return st;
     /* records and scratch, made once; a timeout hands them to the kept blocks */

@@ -30,6 +30,8 @@ typedef struct ndm__dist_job {
     int count;
     MPI_Datatype type;
     MPI_Op op;
+    ndm_array buf;            /* the array p is in: kept by the group after a timeout */
+    bool owned;               /* the group's copy, freed once run */
     struct ndm__dist_job *next;
 } ndm__dist_job;
 
@@ -55,6 +57,7 @@ typedef struct ndm__dist_group {
     pthread_mutex_t mu;
     pthread_cond_t work, idle;
     ndm__dist_job *head, *tail;
+    ndm__dist_job *current;   /* the job inside MPI now */
     uint64_t posted, done;
     int failed_rc;            /* an MPI error in a job, told by the next drain */
     bool stop;
@@ -85,10 +88,11 @@ ndm_status ndm__dist_post(ndm__dist_group *g, ndm__dist_job *j, const char *api,
  * threading: the caller then runs the job itself.) */
 
 /* Wait, bounded by the group's timeout, until the worker has run every
- * posted job. On a timeout the group breaks and keeps a view of the
- * `nkeep` arrays the worker may still write: NDM_E_TIMEOUT. */
-ndm_status ndm__dist_drain(ndm__dist_group *g, const ndm_array *keep, int nkeep, const char *api,
-                           ndm__site site);
+ * posted job. On a timeout the group breaks, keeps a view of every array
+ * the worker may still write, takes copies of the jobs not started (the
+ * caller's are not read after that; late ranks still meet them) and
+ * returns NDM_E_TIMEOUT. */
+ndm_status ndm__dist_drain(ndm__dist_group *g, const char *api, ndm__site site);
 
 /* MPI's datatype and operation for a dtype and ndm_dist_op (MEAN: SUM, the
  * division is the caller's). f16 and bf16 use ops of ndm's own. */
