@@ -67,8 +67,9 @@ ndm__dist_group *ndm__dist_group_get(const char *api, ndm__site site);
 
 /* Exchange one record per rank (status, kind, arg, and a's dtype, shape
  * and device when r is not NULL) and check them: NDM_OK when every rank
- * agrees, else the same error on every rank (dist.h). A local failure is
- * told with `msg`, or this thread's last error when msg is NULL. */
+ * agrees, and then every rank is present; else the same error on every
+ * rank (dist.h). A local failure is told with `msg`, or this thread's last
+ * error when msg is NULL. Waits for the worker's jobs first. */
 ndm_status ndm__dist_agree(ndm__dist_group *g, ndm__dist_kind kind, int64_t arg,
                            const ndm__array *r, ndm_status local, const char *msg,
                            const char *api, ndm__site site);
