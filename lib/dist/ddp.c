@@ -46,8 +46,8 @@ typedef struct ddp {
 static void ddp_destroy(void *p)
 {
     ddp *d = p;
-    /* buckets still in flight (a caller bug, dist.h): waited for; the one
-     * inside MPI stays with the group if it does not come back in time */
+    /* buckets still out (a caller bug, dist.h): waited for; those that do
+     * not come back in time stay with the group (ndm__dist_drain) */
     if (d->in_step) {
         ndm__dist_group *g = ndm__dist_group_get("ndm_ddp_close", NDM__NO_SITE);
         if (g)
@@ -373,7 +373,7 @@ NDM_API ndm_status ndm_ddp_step_at(NDM_SITE_PARAMS, ndm_ddp h)
                                   "ndm_ddp_step without ndm_ddp_backward before it"));
         finish_posting(d);
     }
-    /* bounded; on a timeout the group keeps the bucket MPI may still write */
+    /* bounded; on a timeout the group keeps the buckets MPI may still write */
     ndm_status st = ndm__dist_drain(g, api, site);
     d->in_step = false;
     if (st < 0)
@@ -384,7 +384,7 @@ NDM_API ndm_status ndm_ddp_step_at(NDM_SITE_PARAMS, ndm_ddp h)
     if (any_failed || d->failed < 0) {
         /* learn who failed and why, all ranks alike */
         st = ndm__dist_agree(g, NDM__DIST_DDP_STEP, 0, NULL, d->failed,
-                                        d->failed < 0 ? d->msg : NULL, api, site);
+                             d->failed < 0 ? d->msg : NULL, api, site);
         if (st == NDM_OK) /* cannot happen: a flag was set */
             st = ndm__fail(NDM_E_INTERNAL, api, site, "a rank failed but none says so");
         /* in place, so it leaves the error of the step in place */
