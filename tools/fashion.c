@@ -595,6 +595,18 @@ static int train(train_opts o)
         }
         CHECK(rc, "fetching a batch");
         double secs = now() - t0;
+        if (o.dist) {
+            /* the job's loss and examples, not this rank's share of them */
+            const char *summing = "summing the epoch over the ranks";
+            double v[2] = {loss_sum, (double)seen};
+            ndm_array t = ndm_from_buffer(data, NDM_F64, v, 1, (int64_t[]){2});
+            LIVE(t, summing);
+            CHECK(ndm_all_reduce_(t, NDM_DIST_SUM), summing);
+            CHECK(ndm_array_copy_out(t, v, sizeof v), summing);
+            CHECK(ndm_array_release(t), summing);
+            loss_sum = v[0];
+            seen = (int64_t)v[1];
+        }
         if (!o.quiet)
             progress_end_epoch(&bar, &ps, now());
         acc = accuracy(trainer, net, test_set, o.cnn);

@@ -224,6 +224,28 @@ ndm_status ndm__dist_wait(ndm__dist_group *g, MPI_Request *reqs, int n, const nd
  * a nonblocking collective only inside MPI calls, so nothing would move
  * while backward computes; a thread in the blocking call moves it all the
  * time, with OpenMPI's tuned algorithms. */
+#define TAG_READY 4000
+
+/* Return once every rank's worker has come to this job (a dissemination
+ * barrier of empty messages), sleeping between polls: MPI's blocking
+ * collectives spin while they wait for a late rank, on a core that this
+ * rank's backward wants. The main thread bounds the wait, not this. */
+static void worker_ready(ndm__dist_group *g)
+{
+    for (int k = 0, dist = 1; dist < g->size; k++, dist *= 2) {
+        MPI_Request req[2];
+        char none = 0;
+        MPI_Irecv(NULL, 0, MPI_BYTE, (g->rank - dist + g->size) % g->size, TAG_READY + k, g->comm,
+                  &req[0]);
+        MPI_Isend(&none, 0, MPI_BYTE, (g->rank + dist) % g->size, TAG_READY + k, g->comm, &req[1]);
+        for (int done = 0;;) {
+            if (MPI_Testall(2, req, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS || done)
+                break;
+            nanosleep(&(struct timespec){0, 20000}, NULL);
+        }
+    }
+}
+
 static void *worker_main(void *arg)
 {
     ndm__dist_group *g = arg;
@@ -245,6 +267,7 @@ static void *worker_main(void *arg)
         bool owned = j->owned;
         pthread_mutex_unlock(&g->mu);
         /* the caller's j is not read again: after a timeout it may be gone */
+        worker_ready(g);
         int rc = MPI_Allreduce(MPI_IN_PLACE, p, count, type, op, g->comm);
         if (owned)
             free(j);
