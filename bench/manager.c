@@ -271,8 +271,8 @@ int main(int argc, char **argv)
     /* a missing anchor (null): ndm's figure alone */
     const double *none = NULL;
     const double *ta = talloc_at ? ts[talloc_at] : none, *aa = apr_at ? ts[apr_at] : none;
-    bench_add_paired_time(&rep, "scope_ns_per_array_vs_talloc", "ns", 1, "talloc scope of 1000 objects",
-                          ts[0], ta, reps);
+    bench_add_paired_time(&rep, "scope_ns_per_array_vs_talloc", "ns", 1,
+                          "talloc scope of 1000 objects", ts[0], ta, reps);
     bench_add_paired_time(&rep, "scope_ns_per_array_vs_apr", "ns", 1, "APR pool of 1000 objects",
                           ts[0], aa, reps);
     ta = talloc_at ? tt[talloc_at] : none, aa = apr_at ? tt[apr_at] : none;

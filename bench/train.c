@@ -14,6 +14,7 @@
  * Everything is measured again without the OpenBLAS variables (blas_env.h). */
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -383,8 +384,8 @@ static void vs_train(bench_report *r, torch_proc *tp, const char *arch, ndm_data
         }
         char name[96], anchor[160];
         snprintf(name, sizeof name, "%s_step_ms_%dt_vs_torch", arch, threads);
-        snprintf(anchor, sizeof anchor, "PyTorch %.100s, same step, %d thread%s", tp ? tp->version : "",
-                 threads, threads > 1 ? "s" : "");
+        snprintf(anchor, sizeof anchor, "PyTorch %.100s, same step, %d thread%s",
+                 tp ? tp->version : "", threads, threads > 1 ? "s" : "");
         vs_add(r, name, "ms", 1e3, anchor, ms, mt, pairs, have);
         snprintf(name, sizeof name, "%s_%d_steps_s_%dt_vs_torch", arch, steps, threads);
         vs_add(r, name, "s", 1.0, anchor, ts, tt, pairs, have);
@@ -396,8 +397,8 @@ static void vs_train(bench_report *r, torch_proc *tp, const char *arch, ndm_data
     }
     char name[96];
     snprintf(name, sizeof name, "%s_speedup_1_to_2t_vs_torch", arch);
-    bench_add(r, name, step_t[0][0] / step_t[1][0], "x", have ? "PyTorch's speedup, same steps" : NULL,
-              have ? step_t[0][1] / step_t[1][1] : 0);
+    bench_add(r, name, step_t[0][0] / step_t[1][0], "x",
+              have ? "PyTorch's speedup, same steps" : NULL, have ? step_t[0][1] / step_t[1][1] : 0);
     if (ndm_manager_close(v.model) < 0)
         die("close");
 }
@@ -486,6 +487,8 @@ static void vs_torch(bench_report *r, ndm_dataset ds, const char *dir, int argc,
     }
     torch_proc t, *tp = &t;
     char why[512], note[256], ans[256];
+    /* a co-process that dies is reported by its answers, not by SIGPIPE */
+    signal(SIGPIPE, SIG_IGN);
     if (!torch_start(&t, o.python, why, sizeof why)) {
         snprintf(note, sizeof note, "no PyTorch (%.200s): ndm's figures alone", why);
         bench_note(r, note);
@@ -500,10 +503,10 @@ static void vs_torch(bench_report *r, ndm_dataset ds, const char *dir, int argc,
         bench_note(r, note);
     }
     snprintf(note, sizeof note,
-             "batch 128 in file order, SGD lr %g momentum %g; %d pairs (ndm's block, then "
-             "PyTorch's); a block: %d MLP / %d CNN steps after warm-up; ms/step: median of a "
-             "block",
-             VS_LR, VS_MOMENTUM, o.pairs, o.mlp_steps, o.cnn_steps);
+             "batch 128 in file order, SGD lr %g momentum %g; %d pair%s of turns (ndm's block, "
+             "then PyTorch's); a block: %d MLP / %d CNN steps after warm-up; ms/step: median of "
+             "a block",
+             VS_LR, VS_MOMENTUM, o.pairs, o.pairs > 1 ? "s" : "", o.mlp_steps, o.cnn_steps);
     bench_note(r, note);
     char tmp[512];
     const char *td = getenv("TMPDIR");
