@@ -139,14 +139,6 @@ static double write_loop_gbps(bool use_ndm, int iters)
     return (double)n * iters / (bench_now() - t) / 1e9;
 }
 
-static double median_of(double (*fn)(void *), void *ctx, int runs)
-{
-    double v[16];
-    for (int i = 0; i < runs; i++)
-        v[i] = fn(ctx);
-    return bench_median(v, runs);
-}
-
 typedef struct pair_ctx {
     size_t size;
     int iters;
@@ -164,11 +156,26 @@ typedef struct write_ctx {
     int iters;
 } write_ctx;
 
+/* Seconds per byte written (the loop reports GB/s). */
 static double write_run(void *c)
 {
     write_ctx *x = c;
-    return write_loop_gbps(x->use_ndm, x->iters);
+    return 1e-9 / write_loop_gbps(x->use_ndm, x->iters);
 }
+
+typedef struct array_ctx {
+    ndm_manager m;
+    int iters;
+} array_ctx;
+
+static double array_run(void *c)
+{
+    array_ctx *x = c;
+    return array_pair_ns(x->m, x->iters);
+}
+
+static double manager_run(void *c) { return manager_1000_ns(*(int *)c); }
+static double malloc_1000_run(void *c) { return malloc_1000_ns(*(int *)c); }
 
 static void fragmentation(bench_report *rep)
 {
@@ -259,13 +266,15 @@ int main(int argc, char **argv)
     bench_note(&rep, "alloc+free target: <= 25 ns for sizes the thread cache holds (<= 1 MiB); "
                      "larger blocks take the shared pool's lock");
 
+    bench_note(&rep, "each figure and its anchor are sampled turn about; ratio: median of "
+                     "the pairs' ratios");
+    static double t[2][BENCH_MAXSAMPLES];
     /* Cached alloc+free, 64 B to 64 MiB. */
     for (size_t size = 64; size <= ((size_t)64 << 20); size *= 4) {
         int iters = quick ? 20000 : 200000;
         int miters = size >= ((size_t)32 << 20) ? iters / 50 : iters;
         pair_ctx a = {size, iters, true}, b = {size, miters, false};
-        double ours = median_of(pair_run, &a, runs);
-        double theirs = median_of(pair_run, &b, runs);
+        bench_interleave(2, (bench_sample_fn[]){pair_run, pair_run}, (void *[]){&a, &b}, runs, t);
         char fig[96];
         if (size >= ((size_t)1 << 20))
             snprintf(fig, sizeof fig, "alloc_free_%zuMiB_ns_vs_malloc", size >> 20);
@@ -273,34 +282,33 @@ int main(int argc, char **argv)
             snprintf(fig, sizeof fig, "alloc_free_%zuKiB_ns_vs_malloc", size >> 10);
         else
             snprintf(fig, sizeof fig, "alloc_free_%zuB_ns_vs_malloc", size);
-        bench_add(&rep, fig, ours, "ns", "glibc malloc+free, same size", theirs);
+        bench_add_paired_time(&rep, fig, "ns", 1, "glibc malloc+free, same size", t[0], t[1],
+                              runs);
     }
 
     /* The array path: what a manager pays per array. */
     ndm_manager m = ndm_manager_new(ndm_system(), "bench");
-    double av[16];
-    for (int i = 0; i < runs; i++)
-        av[i] = array_pair_ns(m, quick ? 20000 : 200000);
+    array_ctx arr = {m, quick ? 20000 : 200000};
     pair_ctx small = {64, quick ? 20000 : 200000, false};
-    bench_add(&rep, "array_empty_release_16f_ns_vs_malloc", bench_median(av, runs), "ns",
-              "glibc malloc+free of 64 B", median_of(pair_run, &small, runs));
+    bench_interleave(2, (bench_sample_fn[]){array_run, pair_run}, (void *[]){&arr, &small}, runs,
+                     t);
+    bench_add_paired_time(&rep, "array_empty_release_16f_ns_vs_malloc", "ns", 1,
+                          "glibc malloc+free of 64 B", t[0], t[1], runs);
     (void)!ndm_manager_close(m);
 
     /* The manager benchmark's shape: a sub-manager, 1000 arrays, close. */
-    double mv[16], xv[16];
-    for (int i = 0; i < runs; i++) {
-        mv[i] = manager_1000_ns(quick ? 20 : 200);
-        xv[i] = malloc_1000_ns(quick ? 20 : 200);
-    }
-    bench_add(&rep, "manager_1000_arrays_16f_ns_per_array_vs_malloc", bench_median(mv, runs), "ns",
-              "1000 x malloc(64) then free", bench_median(xv, runs));
+    int rounds = quick ? 20 : 200;
+    bench_interleave(2, (bench_sample_fn[]){manager_run, malloc_1000_run},
+                     (void *[]){&rounds, &rounds}, runs, t);
+    bench_add_paired_time(&rep, "manager_1000_arrays_16f_ns_per_array_vs_malloc", "ns", 1,
+                          "1000 x malloc(64) then free", t[0], t[1], runs);
 
     /* 64 MiB allocated, written and freed each iteration. */
     write_ctx wo = {true, quick ? 10 : 40}, wm = {false, quick ? 2 : 5};
-    double ours = median_of(write_run, &wo, quick ? 3 : 5);
-    double theirs = median_of(write_run, &wm, quick ? 3 : 5);
-    bench_add(&rep, "write_64MiB_loop_gbps_vs_malloc", ours, "GB/s",
-              "the same loop through glibc malloc", theirs);
+    int wruns = quick ? 3 : 5;
+    bench_interleave(2, (bench_sample_fn[]){write_run, write_run}, (void *[]){&wo, &wm}, wruns, t);
+    bench_add_paired_rate(&rep, "write_64MiB_loop_gbps_vs_malloc", "GB/s", 1e-9,
+                          "the same loop through glibc malloc", 1, t[0], 1, t[1], wruns);
     /* The ceiling: writing a buffer that stays mapped. */
     {
         size_t n = (size_t)64 << 20;
@@ -308,12 +316,12 @@ int main(int argc, char **argv)
         memset(buf, 1, n);
         double v[5];
         for (int r = 0; r < 5; r++) {
-            double t = bench_now();
+            double t0 = bench_now();
             for (int i = 0; i < 8; i++) {
                 memset(buf, i, n);
                 __asm__ volatile("" : : "r"(buf) : "memory");
             }
-            v[r] = (double)n * 8 / (bench_now() - t) / 1e9;
+            v[r] = (double)n * 8 / (bench_now() - t0) / 1e9;
         }
         free(buf);
         snprintf(note, sizeof note,

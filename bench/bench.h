@@ -197,4 +197,67 @@ static inline void bench_add_pairs(bench_report *r, const char *name, double val
     }
 }
 
+/* ---- sampling contenders turn about --------------------------------------------
+ * The one way every benchmark interleaves: k contenders (the figure first,
+ * then its anchors) are sampled round-robin, ABAB... or ABCABC..., after one
+ * warm-up sample each, so that drift in the machine hits all of them alike. */
+
+#define BENCH_MAXSAMPLES 64
+
+/* One sample of a contender: a time (seconds, or ns per unit: any unit, as
+ * long as the contenders compared agree). */
+typedef double (*bench_sample_fn)(void *ctx);
+
+/* t[j][i] = contender j's i-th of n samples (n at most BENCH_MAXSAMPLES). */
+static inline void bench_interleave(int k, const bench_sample_fn *fn, void *const *ctx, int n,
+                                    double (*t)[BENCH_MAXSAMPLES])
+{
+    if (n > BENCH_MAXSAMPLES)
+        n = BENCH_MAXSAMPLES;
+    for (int j = 0; j < k; j++)
+        (void)fn[j](ctx[j]);
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < k; j++)
+            t[j][i] = fn[j](ctx[j]);
+}
+
+/* A time figure from paired samples: value and anchor_value are the medians
+ * times `scale` (e.g. 1e6 for seconds shown as us), ratio the pairs' median
+ * of figure / anchor, with their spread. A null anchor_t: the figure alone. */
+static inline void bench_add_paired_time(bench_report *r, const char *name, const char *unit,
+                                         double scale, const char *anchor, const double *fig_t,
+                                         const double *anchor_t, int n)
+{
+    if (!anchor_t) {
+        double f[BENCH_MAXSAMPLES];
+        if (n > BENCH_MAXSAMPLES)
+            n = BENCH_MAXSAMPLES;
+        memcpy(f, fig_t, (size_t)n * sizeof *f);
+        bench_add(r, name, bench_median(f, n) * scale, unit, NULL, 0);
+        return;
+    }
+    bench_pairs p = bench_pair_stats(fig_t, anchor_t, n, false);
+    bench_add_pairs(r, name, p.fig_t * scale, unit, anchor, p.anchor_t * scale, p);
+}
+
+/* A rate figure from paired times: the figure does `fig_work` units per
+ * sample (bytes, examples...) and the anchor `anchor_work`; value and
+ * anchor_value are work per second times `scale` (1e-9 for GB/s), ratio the
+ * pairs' median of figure rate / anchor rate, with their spread. */
+static inline void bench_add_paired_rate(bench_report *r, const char *name, const char *unit,
+                                         double scale, const char *anchor, double fig_work,
+                                         const double *fig_t, double anchor_work,
+                                         const double *anchor_t, int n)
+{
+    double f[BENCH_MAXSAMPLES], a[BENCH_MAXSAMPLES];
+    if (n > BENCH_MAXSAMPLES)
+        n = BENCH_MAXSAMPLES;
+    for (int i = 0; i < n; i++) {
+        f[i] = fig_t[i] / fig_work;
+        a[i] = anchor_t[i] / anchor_work;
+    }
+    bench_pairs p = bench_pair_stats(f, a, n, true);
+    bench_add_pairs(r, name, scale / p.fig_t, unit, anchor, scale / p.anchor_t, p);
+}
+
 #endif

@@ -94,28 +94,27 @@ static void run_transpose_copy(kcase *c)
     (void)!ndm_array_release(t);
 }
 
-static double median_time(kcase *c, int reps)
+/* One sample of the kernel, and one of the memcpy anchor. */
+static double kernel_s(void *ctx)
 {
-    double t[64];
-    c->run(c); /* warm */
-    for (int r = 0; r < reps; r++) {
-        double t0 = bench_now();
-        c->run(c);
-        t[r] = bench_now() - t0;
-    }
-    return bench_median(t, reps);
+    kcase *c = ctx;
+    double t0 = bench_now();
+    c->run(c);
+    return bench_now() - t0;
 }
 
-static double median_memcpy(char *dst, const char *src, size_t n, int reps)
+typedef struct copy_job {
+    char *dst;
+    const char *src;
+    size_t n;
+} copy_job;
+
+static double memcpy_s(void *ctx)
 {
-    double t[64];
-    pool_memcpy(dst, src, n);
-    for (int r = 0; r < reps; r++) {
-        double t0 = bench_now();
-        pool_memcpy(dst, src, n);
-        t[r] = bench_now() - t0;
-    }
-    return bench_median(t, reps);
+    copy_job *j = ctx;
+    double t0 = bench_now();
+    pool_memcpy(j->dst, j->src, j->n);
+    return bench_now() - t0;
 }
 
 int main(int argc, char **argv)
@@ -174,13 +173,15 @@ int main(int argc, char **argv)
     memset(b, 2, big);
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         kcase *c = &cases[k];
-        double t = median_time(c, reps);
         size_t half = (size_t)(c->bytes / 2) < big ? (size_t)(c->bytes / 2) : big;
-        double tm = median_memcpy(a, b, half, reps);
+        copy_job j = {a, b, half};
+        /* the kernel and its memcpy turn about: each pair's ratio */
+        static double t[2][BENCH_MAXSAMPLES];
+        bench_interleave(2, (bench_sample_fn[]){kernel_s, memcpy_s}, (void *[]){c, &j}, reps, t);
         char name[96];
         snprintf(name, sizeof name, "%s_gbps_vs_memcpy", c->name);
-        bench_add(&rep, name, c->bytes / t * 1e-9, "GB/s", "memcpy of the same bytes, same pool",
-                  (double)half * 2 / tm * 1e-9);
+        bench_add_paired_rate(&rep, name, "GB/s", 1e-9, "memcpy of the same bytes, same pool",
+                              c->bytes, t[0], (double)half * 2, t[1], reps);
         (void)!ndm_array_release(c->out);
     }
     free(a);

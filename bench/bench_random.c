@@ -13,6 +13,7 @@
 
 typedef struct ms {
     char *dst;
+    int64_t n;
 } ms;
 
 static void set_range(void *ctx, int64_t b, int64_t e)
@@ -35,18 +36,29 @@ static void run(const struct ndm__backend_random *k, what w, ndm_array a, ndm_rn
     }
 }
 
-static double median_run(const struct ndm__backend_random *k, what w, ndm_array a, int reps)
+/* One sample of a kernel: each draws fresh numbers (a new offset). */
+typedef struct kernel_job {
+    const struct ndm__backend_random *k;
+    what w;
+    ndm_array a;
+    ndm_rng g;
+} kernel_job;
+
+static double kernel_s(void *ctx)
 {
-    double t[64];
-    ndm_rng g = ndm_rng_new(7);
-    run(k, w, a, g);
-    for (int r = 0; r < reps; r++) {
-        g.offset += 1u << 30;
-        double t0 = bench_now();
-        run(k, w, a, g);
-        t[r] = bench_now() - t0;
-    }
-    return bench_median(t, reps);
+    kernel_job *j = ctx;
+    j->g.offset += 1u << 30;
+    double t0 = bench_now();
+    run(j->k, j->w, j->a, j->g);
+    return bench_now() - t0;
+}
+
+static double memset_s(void *ctx)
+{
+    ms *c = ctx;
+    double t0 = bench_now();
+    ndm__parallel_for(c->n, 1 << 16, set_range, c);
+    return bench_now() - t0;
 }
 
 int main(int argc, char **argv)
@@ -75,22 +87,25 @@ int main(int argc, char **argv)
         int64_t rlen = cases[k].w == PERMUTATION ? nref / 4 : nref;
         ndm_array a = ndm_zeros(m, cases[k].t, NDM_SHAPE(len));
         ndm_array r = ndm_zeros(m, cases[k].t, NDM_SHAPE(rlen));
-        double t = median_run(ndm__cpu_backend.random, cases[k].w, a, reps) / (double)len;
-        double tr = median_run(ndm__cpu_ref_backend.random, cases[k].w, r, o.quick ? 3 : 5) /
-                    (double)rlen;
-        double ts[64];
-        ms c = {ndm_array_data(a)};
-        for (int i = 0; i < reps; i++) {
-            double t0 = bench_now();
-            ndm__parallel_for((int64_t)ndm_array_nbytes(a), 1 << 16, set_range, &c);
-            ts[i] = bench_now() - t0;
+        /* the kernel, the memset and the reference kernel turn about */
+        kernel_job fast = {ndm__cpu_backend.random, cases[k].w, a, ndm_rng_new(7)};
+        kernel_job ref = {ndm__cpu_ref_backend.random, cases[k].w, r, ndm_rng_new(7)};
+        ms c = {ndm_array_data(a), (int64_t)ndm_array_nbytes(a)};
+        static double t[3][BENCH_MAXSAMPLES];
+        bench_interleave(3, (bench_sample_fn[]){kernel_s, memset_s, kernel_s},
+                         (void *[]){&fast, &c, &ref}, reps, t);
+        for (int i = 0; i < reps; i++) { /* per element */
+            t[0][i] /= (double)len;
+            t[1][i] /= (double)len;
+            t[2][i] /= (double)rlen;
         }
-        double tm = bench_median(ts, reps) / (double)len;
         char name[96];
         snprintf(name, sizeof name, "%s_ns_per_elem_vs_memset", cases[k].name);
-        bench_add(&rep, name, t * 1e9, "ns", "memset of the same bytes, same pool", tm * 1e9);
+        bench_add_paired_time(&rep, name, "ns", 1e9, "memset of the same bytes, same pool", t[0],
+                              t[1], reps);
         snprintf(name, sizeof name, "%s_ns_per_elem_vs_reference", cases[k].name);
-        bench_add(&rep, name, t * 1e9, "ns", "reference kernel (plain C, libm)", tr * 1e9);
+        bench_add_paired_time(&rep, name, "ns", 1e9, "reference kernel (plain C, libm)", t[0],
+                              t[2], reps);
         (void)!ndm_array_release(a);
         (void)!ndm_array_release(r);
     }

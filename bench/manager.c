@@ -157,9 +157,15 @@ static void tree_apr(long iters)
 
 /* ---- measuring ----------------------------------------------------------------------- */
 
-/* Calibrate to >= 20 ms per sample (the calibration is the warm-up), then the
- * median over `reps` samples of ns per unit. */
-static double measure(void (*f)(long), double units_per_iter, int reps)
+/* A contender at its calibrated size: one sample is ns per unit. */
+typedef struct contender {
+    void (*f)(long);
+    double units_per_iter;
+    long iters;
+} contender;
+
+/* Calibrate to >= 20 ms per sample. */
+static contender calibrate(void (*f)(long), double units_per_iter)
 {
     long iters = 1;
     for (;;) {
@@ -170,13 +176,23 @@ static double measure(void (*f)(long), double units_per_iter, int reps)
             break;
         iters *= t < 0.002 ? 10 : 2;
     }
-    double v[64];
-    for (int r = 0; r < reps; r++) {
-        double t = bench_now();
-        f(iters);
-        v[r] = (bench_now() - t) * 1e9 / ((double)iters * units_per_iter);
-    }
-    return bench_median(v, reps);
+    return (contender){f, units_per_iter, iters};
+}
+
+static double sample(void *ctx)
+{
+    contender *c = ctx;
+    double t = bench_now();
+    c->f(c->iters);
+    return (bench_now() - t) * 1e9 / ((double)c->iters * c->units_per_iter);
+}
+
+/* ndm (first) and its anchors sampled turn about, `reps` rounds: t[j][i]. */
+static void measure(int k, contender *c, int reps, double (*t)[BENCH_MAXSAMPLES])
+{
+    bench_sample_fn fn[3] = {sample, sample, sample};
+    void *ctx[3] = {&c[0], &c[1], &c[2]};
+    bench_interleave(k, fn, ctx, reps, t);
 }
 
 /* Threads of this process, from /proc (0 when unknown). */
@@ -214,45 +230,59 @@ int main(int argc, char **argv)
     if (!g_root.id)
         fail("root");
 
-    double s_ndm = measure(scope_ndm, NOBJ, reps);
-    double t_ndm = measure(tree_ndm, NOBJ, reps);
+    /* Each shape: ndm, then talloc, then APR, round after round. */
+    static double ts[3][BENCH_MAXSAMPLES], tt[3][BENCH_MAXSAMPLES], tc[2][BENCH_MAXSAMPLES];
+    contender cs[3] = {calibrate(scope_ndm, NOBJ)}, ct[3] = {calibrate(tree_ndm, NOBJ)};
     g_handle = ndm_zeros(g_root, NDM_F32, NDM_SHAPE(16));
-    double c_ndm = measure(check_ndm, 1, reps);
-
-    double s_talloc = 0, t_talloc = 0, c_talloc = 0, s_apr = 0, t_apr = 0;
+    contender cc[2] = {calibrate(check_ndm, 1)};
+    int k = 1, kc = 1, talloc_at = 0, apr_at = 0;
 #if NDM_BENCH_HAVE_TALLOC
-    s_talloc = measure(scope_talloc, NOBJ, reps);
-    t_talloc = measure(tree_talloc, NOBJ, reps);
+    talloc_at = k++;
+    cs[talloc_at] = calibrate(scope_talloc, NOBJ);
+    ct[talloc_at] = calibrate(tree_talloc, NOBJ);
     g_talloc_obj = talloc_size(NULL, OBJ_BYTES);
-    c_talloc = measure(check_talloc, 1, reps);
-    talloc_free(g_talloc_obj);
+    cc[kc++] = calibrate(check_talloc, 1);
 #else
     bench_note(&rep, "talloc not found at build time: no talloc anchors");
 #endif
 #if NDM_BENCH_HAVE_APR
-    s_apr = measure(scope_apr, NOBJ, reps);
-    t_apr = measure(tree_apr, NOBJ, reps);
+    apr_at = k++;
+    cs[apr_at] = calibrate(scope_apr, NOBJ);
+    ct[apr_at] = calibrate(tree_apr, NOBJ);
 #else
     bench_note(&rep, "APR not found at build time: no APR anchors");
+#endif
+    measure(k, cs, reps, ts);
+    measure(k, ct, reps, tt);
+    measure(kc, cc, reps, tc);
+#if NDM_BENCH_HAVE_TALLOC
+    talloc_free(g_talloc_obj);
 #endif
 
     char note[256];
     snprintf(note, sizeof note,
              "per array: create a 16-float array, touch it, free it with its manager; "
-             "anchors allocate %d-byte objects; median of %d samples", OBJ_BYTES, reps);
+             "anchors allocate %d-byte objects; %d rounds, ndm and its anchors sampled turn "
+             "about", OBJ_BYTES, reps);
     bench_note(&rep, note);
     snprintf(note, sizeof note, "process threads while measuring: %d%s", threads,
              getenv("NDM_BENCH_MANAGER_RERUN") ? " (run again with OPENBLAS_NUM_THREADS=1)" : "");
     bench_note(&rep, note);
-    bench_add(&rep, "scope_ns_per_array_vs_talloc", s_ndm, "ns", "talloc scope of 1000 objects",
-              s_talloc);
-    bench_add(&rep, "scope_ns_per_array_vs_apr", s_ndm, "ns", "APR pool of 1000 objects", s_apr);
-    bench_add(&rep, "tree_ns_per_array_vs_talloc", t_ndm, "ns",
-              "talloc tree of 100 contexts x 10 objects", t_talloc);
-    bench_add(&rep, "tree_ns_per_array_vs_apr", t_ndm, "ns",
-              "APR tree of 100 pools x 10 objects", t_apr);
-    bench_add(&rep, "handle_check_ns_vs_talloc", c_ndm, "ns",
-              "talloc_get_size (magic-checked access)", c_talloc);
+    /* a missing anchor (null): ndm's figure alone */
+    const double *none = NULL;
+    const double *ta = talloc_at ? ts[talloc_at] : none, *aa = apr_at ? ts[apr_at] : none;
+    bench_add_paired_time(&rep, "scope_ns_per_array_vs_talloc", "ns", 1,
+                          "talloc scope of 1000 objects", ts[0], ta, reps);
+    bench_add_paired_time(&rep, "scope_ns_per_array_vs_apr", "ns", 1, "APR pool of 1000 objects",
+                          ts[0], aa, reps);
+    ta = talloc_at ? tt[talloc_at] : none, aa = apr_at ? tt[apr_at] : none;
+    bench_add_paired_time(&rep, "tree_ns_per_array_vs_talloc", "ns", 1,
+                          "talloc tree of 100 contexts x 10 objects", tt[0], ta, reps);
+    bench_add_paired_time(&rep, "tree_ns_per_array_vs_apr", "ns", 1,
+                          "APR tree of 100 pools x 10 objects", tt[0], aa, reps);
+    bench_add_paired_time(&rep, "handle_check_ns_vs_talloc", "ns", 1,
+                          "talloc_get_size (magic-checked access)", tc[0], kc > 1 ? tc[1] : none,
+                          reps);
     bench_print(&rep);
 
     if (ndm_manager_close(g_root) != NDM_OK)
