@@ -476,6 +476,24 @@ static int blas_layout(int64_t r, int64_t c, int64_t rs, int64_t cs, int64_t *ld
     return 0;
 }
 
+/* OpenBLAS runs a product on the calling thread when m * n * k is at most
+ * 65536 * GEMM_MULTITHREAD_THRESHOLD (4 unless its build changed it), and
+ * on its own thread pool above that: a pool that spins (sched_yield) after
+ * each product on the cores ndm's pool works on, and whose size the
+ * library may not change. Cut into tiles below that bound, the provider ran
+ * slower than ndm's kernel on every shape of a training step we measured;
+ * so products between that bound and PROVIDER_OWN_POOL_MNK go to ndm's
+ * kernel on ndm's pool, and only larger ones, where the provider's speed
+ * pays for its pool, to the provider whole. */
+#define PROVIDER_ONE_THREAD_MNK 262144.0
+#define PROVIDER_OWN_POOL_MNK 67108864.0
+
+static bool provider_takes(int64_t m, int64_t n, int64_t k)
+{
+    double mnk = (double)m * (double)n * (double)k;
+    return mnk <= PROVIDER_ONE_THREAD_MNK || mnk > PROVIDER_OWN_POOL_MNK;
+}
+
 /* 1 when OpenBLAS did the product, 0 when it cannot take these operands,
  * or a negative status. */
 static int provider_gemm(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const void *a,
@@ -577,6 +595,13 @@ static int provider_gemm(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const vo
     free(ta);
     free(tb);
     return 1;
+}
+
+/* BLIS runs on the calling thread unless its user asks for more. */
+static bool provider_takes(int64_t m, int64_t n, int64_t k)
+{
+    (void)m, (void)n, (void)k;
+    return true;
 }
 #endif
 
@@ -875,7 +900,7 @@ static ndm_status gemm_bias_impl(ndm_dtype dt, int64_t m, int64_t n, int64_t k, 
     if (gemm_small(dt, m, n, k, a, rsa, csa, b, rsb, csb, c, rsc, csc, acc, bias, sbias))
         return NDM_OK;
 #if NDM_HAVE_OPENBLAS || NDM_HAVE_BLIS
-    if (!(flags & NDM__GEMM_NO_PROVIDER)) {
+    if (!(flags & NDM__GEMM_NO_PROVIDER) && provider_takes(m, n, k)) {
         /* the provider adds onto C, so a bias is written first */
         if (bias && !acc)
             fill_rows(dt, m, n, c, rsc, csc, bias, sbias);
@@ -890,6 +915,16 @@ static ndm_status gemm_bias_impl(ndm_dtype dt, int64_t m, int64_t n, int64_t k, 
     }
 #endif
     return gemm_blocked(dt, m, n, k, a, rsa, csa, b, rsb, csb, c, rsc, csc, acc, bias, sbias);
+}
+
+bool ndm__gemm_uses_provider(int64_t m, int64_t n, int64_t k)
+{
+#if NDM_HAVE_OPENBLAS || NDM_HAVE_BLIS
+    return provider_takes(m, n, k);
+#else
+    (void)m, (void)n, (void)k;
+    return false;
+#endif
 }
 
 /* ---- profiling: when GEMMs run (bench/train) -------------------------------- */
