@@ -1,6 +1,8 @@
 /* matmul, dot and outer against float64 products computed here: every dtype,
  * transposed and other strided views, batches that broadcast, the 1-D rules;
  * the error paths, the output rule, and the provider against ndm's kernel. */
+#include <time.h>
+
 #include "backends/backend.h"
 #include "backends/cpu/gemm.h"
 #include "backends/cpu/isa.h"
@@ -620,6 +622,95 @@ static void test_gemm_small_path_every_level(void **state)
     assert_true(levels >= 1);
 }
 
+/* With OpenBLAS, the products of a training step (a convolution's, a linear
+ * layer's) run on ndm's pool, not the provider's; products it runs on the
+ * calling thread and very large ones still go to it. */
+static void test_gemm_step_products_avoid_provider_pool(void **state)
+{
+    (void)state;
+    static const int64_t step[][3] = {{64, 196, 288}, {288, 196, 64}, {64, 288, 196},
+                                      {128, 128, 3136}, {128, 3136, 128}, {3136, 128, 128},
+                                      {128, 256, 784}, {256, 256, 256}};
+    static const int64_t provider[][3] = {{64, 64, 64}, {2, 2, 2}, {1024, 1024, 1024}};
+    bool openblas = !strcmp(ndm_gemm_provider(), "openblas");
+    bool blis = !strcmp(ndm_gemm_provider(), "blis");
+    for (size_t i = 0; i < sizeof step / sizeof step[0]; i++) {
+        bool uses = ndm__gemm_uses_provider(step[i][0], step[i][1], step[i][2]);
+        if (uses != blis)
+            fail_msg("%lld x %lld x %lld: provider %s", (long long)step[i][0],
+                     (long long)step[i][1], (long long)step[i][2], uses ? "yes" : "no");
+    }
+    for (size_t i = 0; i < sizeof provider / sizeof provider[0]; i++)
+        assert_true(ndm__gemm_uses_provider(provider[i][0], provider[i][1], provider[i][2]) ==
+                    (openblas || blis));
+}
+
+/* Mid-sized products (the range ndm's kernel takes from the provider):
+ * edges along m, n and k, a bias, accumulation; against float64 products,
+ * on one thread and on several. */
+static void test_gemm_mid_products_match_float64(void **state)
+{
+    (void)state;
+    static const int64_t shapes[][3] = {
+        {70, 150, 300}, {130, 67, 1000}, {5, 3000, 200}, {300, 20, 129}, {9, 9, 5000}};
+    int keep = ndm__set_num_threads(1);
+    for (int threads = 1; threads <= 3; threads += 2) {
+        ndm__set_num_threads(threads);
+        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+            for (int d = 0; d < 2; d++)
+                for (int form = 0; form < 2; form++)
+                    check_small(d ? NDM_F64 : NDM_F32, shapes[i][0], shapes[i][1],
+                                shapes[i][2], form == 0, 1, (int)((i + (size_t)form) % 3),
+                                "mid");
+    }
+    ndm__set_num_threads(keep);
+}
+
+#if defined(__linux__)
+static double cpu_seconds(clockid_t id)
+{
+    struct timespec ts;
+    clock_gettime(id, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+#endif
+
+/* With a pool of one thread, a step-sized product runs on the calling
+ * thread alone: the provider's own threads (OpenBLAS starts some when it loads)
+ * take no share of the work and do not spin beside it. Measured as CPU
+ * time, not wall time, so other load on the machine does not matter. */
+static void test_gemm_provider_runs_on_calling_thread(void **state)
+{
+    (void)state;
+#if defined(__linux__)
+    int keep = ndm__set_num_threads(1);
+    /* threads the provider woke earlier in this process fall asleep */
+    struct timespec pause = {0, 300 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+    int64_t n = 384;
+    float *a = malloc((size_t)(n * n) * sizeof(float)), *b = malloc((size_t)(n * n) * sizeof(float));
+    float *c = malloc((size_t)(n * n) * sizeof(float));
+    assert_non_null(a), assert_non_null(b), assert_non_null(c);
+    for (int64_t i = 0; i < n * n; i++) {
+        a[i] = (float)(i % 17) * 0.25f - 2.0f;
+        b[i] = (float)(i % 13) * 0.5f - 3.0f;
+    }
+    double p0 = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID), t0 = cpu_seconds(CLOCK_THREAD_CPUTIME_ID);
+    for (int r = 0; r < 4; r++)
+        assert_int_equal(ndm__cpu_gemm(NDM_F32, n, n, n, a, n, 1, b, n, 1, c, n, 1, 0), NDM_OK);
+    double own = cpu_seconds(CLOCK_THREAD_CPUTIME_ID) - t0;
+    double others = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID) - p0 - own;
+    double want = 0;
+    for (int64_t p = 0; p < n; p++)
+        want += (double)a[5 * n + p] * (double)b[p * n + 7];
+    assert_true(fabs(c[5 * n + 7] - want) <= 1e-3 * (1.0 + fabs(want)));
+    if (others > 0.1 * own)
+        fail_msg("other threads used %.3f s of CPU beside the caller's %.3f s", others, own);
+    free(a), free(b), free(c);
+    ndm__set_num_threads(keep);
+#endif
+}
+
 static void test_gemm_provider_is_named(void **state)
 {
     (void)state;
@@ -647,6 +738,9 @@ int main(void)
         TEST(test_matmul_capped_and_failing_allocations),
         TEST(test_gemm_provider_is_named),
         TEST(test_gemm_small_path_every_level),
+        TEST(test_gemm_step_products_avoid_provider_pool),
+        TEST(test_gemm_mid_products_match_float64),
+        TEST(test_gemm_provider_runs_on_calling_thread),
     };
     return cmocka_run_group_tests_name("linalg", tests, NULL, NULL);
 }

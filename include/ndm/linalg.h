@@ -7,7 +7,11 @@
  * leading dimension; BLIS takes any positive strides); other layouts are
  * copied first. The provider's own threading applies: ndm never changes
  * OPENBLAS_NUM_THREADS, BLIS_NUM_THREADS or OMP_NUM_THREADS (BLIS runs on
- * one thread unless one of them is set). Without a provider, and for the
+ * one thread unless one of them is set). With OpenBLAS, by choice, products
+ * of m * n * k between 2^18 (the largest it runs on the calling thread) and
+ * 2^26 (a training step's sizes) run ndm's own blocked GEMM on ndm's thread
+ * pool instead, so that OpenBLAS's threads never compete with that pool;
+ * smaller and larger ones go to OpenBLAS. Without a provider, and for the
  * other dtypes, ndm's own blocked GEMM runs on the thread pool.
  *
  * On a CUDA device, f32 and f64 products go through cuBLAS in its default

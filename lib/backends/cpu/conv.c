@@ -898,7 +898,11 @@ static bplan bwd_plan(const ndm__tensor *dy, const ndm__tensor *x, const ndm__te
      * product over the provider's threads costs time. */
     if (p.parts > 1 && p.part_bytes * (size_t)(p.parts - 1) > ((size_t)32 << 20))
         p.parts = 1;
-    p.dot = weight && p.parts > 1;
+    /* Inner products suit a short K (a first layer's few taps, where a GEMM
+     * tile would be mostly padding); longer ones run ndm's GEMM, which
+     * keeps a block of dw in registers: inner products over a 64 x 288
+     * dw took a fifth of a 2-thread CNN step. */
+    p.dot = weight && p.parts > 1 && c->K <= 64;
     p.direct = c->KH == 1 && c->KW == 1 && c->sh == 1 && c->sw == 1 && c->ph == 0 &&
                c->pw == 0 && pixel_stride(c->H, c->W, x->strides[2], x->strides[3], &p.xps) &&
                (!p.dot || p.xps == 1);

@@ -2,6 +2,7 @@
  * picked by the CPU at run time), the glue to the build's GEMM provider, and
  * the batched matmul kernels of the linalg family (reference and fast). */
 #include <limits.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <time.h>
 #include <stdlib.h>
@@ -215,6 +216,63 @@ static void *alloc64(size_t bytes)
     return aligned_alloc(64, sz ? sz : 64);
 }
 
+/* The packing buffers, one of each kind per thread, kept from call to call:
+ * blocks this large come fresh from mmap on every call otherwise, and
+ * touching them first (page faults, zeroed huge pages) cost about a tenth
+ * of a training step. A thread's buffers are freed when it ends. Within a
+ * thread the calls never nest: a product runs inline on a pool thread. */
+enum { PACK_A, PACK_B, PACK_KINDS };
+
+typedef struct pack_cache {
+    void *p[PACK_KINDS];
+    size_t cap[PACK_KINDS];
+} pack_cache;
+
+static pthread_key_t pack_key;
+static bool pack_key_ok;
+static pthread_once_t pack_once = PTHREAD_ONCE_INIT;
+
+static void pack_cache_free(void *v)
+{
+    pack_cache *pc = v;
+    for (int i = 0; i < PACK_KINDS; i++)
+        free(pc->p[i]);
+    free(pc);
+}
+
+static void pack_key_make(void)
+{
+    pack_key_ok = pthread_key_create(&pack_key, pack_cache_free) == 0;
+}
+
+/* A buffer of at least `bytes` for this thread, or NULL when memory (or a
+ * thread key) cannot be had. Owned by the thread: never freed by callers. */
+static void *pack_buffer(int kind, size_t bytes)
+{
+    pthread_once(&pack_once, pack_key_make);
+    if (!pack_key_ok)
+        return NULL;
+    pack_cache *pc = pthread_getspecific(pack_key);
+    if (!pc) {
+        pc = calloc(1, sizeof *pc);
+        if (!pc)
+            return NULL;
+        if (pthread_setspecific(pack_key, pc) != 0) {
+            free(pc);
+            return NULL;
+        }
+    }
+    if (pc->cap[kind] < bytes) {
+        void *p = alloc64(bytes);
+        if (!p)
+            return NULL;
+        free(pc->p[kind]);
+        pc->p[kind] = p;
+        pc->cap[kind] = bytes;
+    }
+    return pc->p[kind];
+}
+
 /* Pack `rows` x `kc` of A (starting at `a`) into panels of MR rows, zero-padded. */
 #define NDM__PACK_A(T)                                                          \
     static void pack_a_##T(T *restrict dst, const T *a, int64_t rsa, int64_t csa, int64_t rows, \
@@ -289,7 +347,7 @@ static void pack_b_range(void *ctx, int64_t begin, int64_t end)
 static void compute_range(void *ctx, int64_t begin, int64_t end)
 {
     blocked *g = ctx;
-    char *ap = alloc64((size_t)(g->mc * g->kc) * g->es);
+    char *ap = pack_buffer(PACK_A, (size_t)(g->mc * g->kc) * g->es);
     if (!ap) {
         atomic_store(&g->failed, 1);
         return;
@@ -340,7 +398,6 @@ static void compute_range(void *ctx, int64_t begin, int64_t end)
             }
         }
     }
-    free(ap);
 }
 
 static ndm_status gemm_blocked(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const void *a,
@@ -365,7 +422,7 @@ static ndm_status gemm_blocked(ndm_dtype dt, int64_t m, int64_t n, int64_t k, co
     int threads = ndm__num_threads();
     int64_t ncap = n < NC ? n : NC;
     int64_t kcap = k < KC ? k : KC;
-    g.bp = alloc64((size_t)(kcap * ((ncap + g.nr - 1) / g.nr) * g.nr) * g.es);
+    g.bp = pack_buffer(PACK_B, (size_t)(kcap * ((ncap + g.nr - 1) / g.nr) * g.nr) * g.es);
     if (!g.bp)
         return NDM_E_OOM;
     for (g.jc = 0; g.jc < n; g.jc += NC) {
@@ -388,13 +445,10 @@ static ndm_status gemm_blocked(ndm_dtype dt, int64_t m, int64_t n, int64_t k, co
             int64_t flops = 2 * g.mc * g.kc * g.panels_per_group * g.nr;
             int64_t grain = flops >= (1 << 18) ? 1 : ((1 << 18) + flops - 1) / flops;
             ndm__parallel_for(g.nic * g.njg, grain, compute_range, &g);
-            if (atomic_load(&g.failed)) {
-                free(g.bp);
+            if (atomic_load(&g.failed))
                 return NDM_E_OOM;
-            }
         }
     }
-    free(g.bp);
     return NDM_OK;
 }
 
@@ -474,6 +528,24 @@ static int blas_layout(int64_t r, int64_t c, int64_t rs, int64_t cs, int64_t *ld
         return *ld <= INT_MAX ? 2 : 0;
     }
     return 0;
+}
+
+/* OpenBLAS runs a product on the calling thread when m * n * k is at most
+ * 65536 * GEMM_MULTITHREAD_THRESHOLD (4 unless its build changed it), and
+ * on its own thread pool above that: a pool that spins (sched_yield) after
+ * each product on the cores ndm's pool works on, and whose size the
+ * library may not change. Cut into tiles below that bound, the provider ran
+ * slower than ndm's kernel on every shape of a training step we measured;
+ * so products between that bound and PROVIDER_OWN_POOL_MNK go to ndm's
+ * kernel on ndm's pool, and only larger ones, where the provider's speed
+ * pays for its pool, to the provider whole. */
+#define PROVIDER_ONE_THREAD_MNK 262144.0
+#define PROVIDER_OWN_POOL_MNK 67108864.0
+
+static bool provider_takes(int64_t m, int64_t n, int64_t k)
+{
+    double mnk = (double)m * (double)n * (double)k;
+    return mnk <= PROVIDER_ONE_THREAD_MNK || mnk > PROVIDER_OWN_POOL_MNK;
 }
 
 /* 1 when OpenBLAS did the product, 0 when it cannot take these operands,
@@ -577,6 +649,13 @@ static int provider_gemm(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const vo
     free(ta);
     free(tb);
     return 1;
+}
+
+/* BLIS runs on the calling thread unless its user asks for more. */
+static bool provider_takes(int64_t m, int64_t n, int64_t k)
+{
+    (void)m, (void)n, (void)k;
+    return true;
 }
 #endif
 
@@ -875,7 +954,7 @@ static ndm_status gemm_bias_impl(ndm_dtype dt, int64_t m, int64_t n, int64_t k, 
     if (gemm_small(dt, m, n, k, a, rsa, csa, b, rsb, csb, c, rsc, csc, acc, bias, sbias))
         return NDM_OK;
 #if NDM_HAVE_OPENBLAS || NDM_HAVE_BLIS
-    if (!(flags & NDM__GEMM_NO_PROVIDER)) {
+    if (!(flags & NDM__GEMM_NO_PROVIDER) && provider_takes(m, n, k)) {
         /* the provider adds onto C, so a bias is written first */
         if (bias && !acc)
             fill_rows(dt, m, n, c, rsc, csc, bias, sbias);
@@ -890,6 +969,16 @@ static ndm_status gemm_bias_impl(ndm_dtype dt, int64_t m, int64_t n, int64_t k, 
     }
 #endif
     return gemm_blocked(dt, m, n, k, a, rsa, csa, b, rsb, csb, c, rsc, csc, acc, bias, sbias);
+}
+
+bool ndm__gemm_uses_provider(int64_t m, int64_t n, int64_t k)
+{
+#if NDM_HAVE_OPENBLAS || NDM_HAVE_BLIS
+    return provider_takes(m, n, k);
+#else
+    (void)m, (void)n, (void)k;
+    return false;
+#endif
 }
 
 /* ---- profiling: when GEMMs run (bench/train) -------------------------------- */

@@ -66,6 +66,14 @@ double ndm__gemm_profile_seconds(void);
 ndm_status ndm__cpu_gemm(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const void *a,
                          int64_t rsa, int64_t csa, const void *b, int64_t rsb, int64_t csb,
                          void *c, int64_t rsc, int64_t csc, unsigned flags);
+/* Whether a product of these sizes (f32 or f64, a layout the provider
+ * reads, no NDM__GEMM_NO_PROVIDER) goes to the provider. With OpenBLAS:
+ * those it runs on the calling thread (m * n * k <= 2^18) and those above
+ * 2^26, where its own thread pool pays; the sizes between (a training
+ * step's products) run ndm's kernel on ndm's pool, so that the provider's
+ * threads neither take cores from that pool nor spin beside it. */
+bool ndm__gemm_uses_provider(int64_t m, int64_t n, int64_t k);
+
 /* The same with C = bias + A @ B: bias[i * sbias] starts row i (not with
  * NDM__GEMM_ACCUMULATE). ndm's kernel adds it as it writes C; the provider
  * path writes it into C first. */
