@@ -11,9 +11,12 @@
  * hundred kilobytes before a second thread pays for its wake-up. */
 #define GRAIN ((int64_t)1 << 16)
 
-/* This file is compiled without FMA contraction (the library's flags), so
- * each product and sum below rounds as the separate operations do; the
- * results are those of the unfused sequences bit for bit. */
+/* This file is compiled apart (meson.build): without FMA contraction, so
+ * each product and sum below rounds to its type as the separate operations
+ * do, in the order written, and the results are those of the unfused
+ * sequences bit for bit; and without errno or traps assumed, so sqrt is one
+ * instruction and selects need no branch and the loops vectorise (nothing
+ * here reads errno or traps). */
 
 typedef struct relu_job {
     void *out;
@@ -49,57 +52,69 @@ ndm_status ndm__cpu_relu_grad_flat(int device, ndm_dtype t, void *out, const voi
 }
 
 /* The optimizer step, written once for float and double: every scalar is
- * converted to T first, as the elementwise operations convert theirs. */
-#define NDM__OPTIM_RANGE(NAME, T, SQRT)                                         \
-    static void NAME(const ndm__optim_args *a, int64_t b, int64_t e)           \
+ * converted to T first, as the elementwise operations convert theirs. The
+ * arrays are apart (the dispatcher checks), hence restrict; each option
+ * combination gets its own loop (constant flags), so each loop vectorises. */
+#define NDM__OPTIM_RANGE(N, T, SQRT)                                            \
+    static inline __attribute__((always_inline)) void sgd_##N(                  \
+        T *restrict w, const T *restrict g, T *restrict m, int64_t b, int64_t e, \
+        T lr, T mom, T wd, bool l2, bool momentum)                              \
+    {                                                                           \
+        for (int64_t i = b; i < e; i++) {                                       \
+            T d = g[i];                                                         \
+            if (l2)                                                             \
+                d = w[i] * wd + d;                                              \
+            if (momentum)                                                       \
+                d = m[i] = m[i] * mom + d;                                      \
+            T u = d * lr;                                                       \
+            w[i] = w[i] - u;                                                    \
+        }                                                                       \
+    }                                                                           \
+    static inline __attribute__((always_inline)) void adam_##N(                 \
+        T *restrict w, const T *restrict g, T *restrict m, T *restrict v,       \
+        int64_t b, int64_t e, const ndm__optim_args *a, bool l2, bool decoupled) \
+    {                                                                           \
+        const T wd = (T)a->wd, decay = (T)a->decay, b1 = (T)a->b1;              \
+        const T ob1 = (T)a->one_b1, b2 = (T)a->b2, ob2 = (T)a->one_b2;          \
+        const T ibc2 = (T)a->inv_bc2, eps = (T)a->eps, lrb = (T)a->lr_bc1;      \
+        for (int64_t i = b; i < e; i++) {                                       \
+            T d = g[i], x = w[i];                                               \
+            if (l2)                                                             \
+                d = x * wd + d;                                                 \
+            if (decoupled)                                                      \
+                x = x * decay;                                                  \
+            T mm = m[i] * b1 + d * ob1;                                         \
+            T vv = v[i] * b2 + d * d * ob2;                                     \
+            m[i] = mm;                                                          \
+            v[i] = vv;                                                          \
+            T q = mm / (SQRT(vv * ibc2) + eps) * lrb;                           \
+            w[i] = x - q;                                                       \
+        }                                                                       \
+    }                                                                           \
+    static void optim_##N(const ndm__optim_args *a, int64_t b, int64_t e)      \
     {                                                                           \
         T *w = a->w, *m = a->m, *v = a->v;                                      \
         const T *g = a->g;                                                      \
-        const T lr = (T)a->lr, mom = (T)a->momentum, wd = (T)a->wd;             \
         if (a->kind == 0) {                                                     \
-            for (int64_t i = b; i < e; i++) {                                   \
-                T d = g[i];                                                     \
-                if (a->l2) {                                                    \
-                    T t = w[i] * wd;                                            \
-                    d = t + d;                                                  \
-                }                                                               \
-                if (m) {                                                        \
-                    T t = m[i] * mom;                                           \
-                    d = m[i] = t + d;                                           \
-                }                                                               \
-                T u = d * lr;                                                   \
-                w[i] = w[i] - u;                                                \
-            }                                                                   \
-            return;                                                             \
-        }                                                                       \
-        const T decay = (T)a->decay, b1 = (T)a->b1, ob1 = (T)a->one_b1;         \
-        const T b2 = (T)a->b2, ob2 = (T)a->one_b2, ibc2 = (T)a->inv_bc2;        \
-        const T eps = (T)a->eps, lrb = (T)a->lr_bc1;                            \
-        for (int64_t i = b; i < e; i++) {                                       \
-            T d = g[i], x = w[i];                                               \
-            if (a->l2) {                                                        \
-                T t = x * wd;                                                   \
-                d = t + d;                                                      \
-            }                                                                   \
-            if (a->decoupled)                                                   \
-                x = x * decay;                                                  \
-            T mm = m[i] * b1, t1 = d * ob1;                                     \
-            mm = mm + t1;                                                       \
-            T vv = v[i] * b2, t2 = d * d;                                       \
-            t2 = t2 * ob2;                                                      \
-            vv = vv + t2;                                                       \
-            m[i] = mm;                                                          \
-            v[i] = vv;                                                          \
-            T s = vv * ibc2;                                                    \
-            s = SQRT(s);                                                        \
-            s = s + eps;                                                        \
-            T q = mm / s;                                                       \
-            q = q * lrb;                                                        \
-            w[i] = x - q;                                                       \
+            const T lr = (T)a->lr, mom = (T)a->momentum, wd = (T)a->wd;         \
+            if (a->l2 && m)                                                     \
+                sgd_##N(w, g, m, b, e, lr, mom, wd, true, true);                \
+            else if (a->l2)                                                     \
+                sgd_##N(w, g, m, b, e, lr, mom, wd, true, false);               \
+            else if (m)                                                         \
+                sgd_##N(w, g, m, b, e, lr, mom, wd, false, true);               \
+            else                                                                \
+                sgd_##N(w, g, m, b, e, lr, mom, wd, false, false);              \
+        } else if (a->l2) {                                                     \
+            adam_##N(w, g, m, v, b, e, a, true, false);                         \
+        } else if (a->decoupled) {                                              \
+            adam_##N(w, g, m, v, b, e, a, false, true);                         \
+        } else {                                                                \
+            adam_##N(w, g, m, v, b, e, a, false, false);                        \
         }                                                                       \
     }
-NDM__OPTIM_RANGE(optim_f32, float, sqrtf)
-NDM__OPTIM_RANGE(optim_f64, double, sqrt)
+NDM__OPTIM_RANGE(f32, float, sqrtf)
+NDM__OPTIM_RANGE(f64, double, sqrt)
 
 typedef struct optim_job {
     const ndm__optim_args *a;
