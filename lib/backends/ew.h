@@ -73,7 +73,7 @@
     X(SIGN, sign, U, 0, 0, x > 0 ? 1.0 : x < 0 ? -1.0 : x, (x > 0) - (x < 0),   \
       NDM__EW_NOGRAD)                                                           \
     X(RELU, relu, U, 0, 0, x < 0 ? 0.0 : x, x < 0 ? 0 : x,                     \
-      NDM__EW_GRAD(ndm__relu_grad(g, a)))                           \
+      NDM__EW_GRAD(ndm__relu_grad(g, a)))                                      \
     X(FLOOR, floor, U, 0, 0, floor(x), x, NDM__EW_NOGRAD)                       \
     X(CEIL, ceil, U, 0, 0, ceil(x), x, NDM__EW_NOGRAD)                          \
     X(ROUND, round, U, 0, 0, nearbyint(x), x, NDM__EW_NOGRAD)                   \
@@ -198,21 +198,13 @@ static inline bool ndm__ew_unop_is_float(ndm__ew_unop op)
     return ndm__ew_unop_has(op, NDM__EWF_FLOAT);
 }
 
-/* Common contract. `ct` (the computation dtype) is one of bool, u8, i32,
- * i64, f32, f64, never f16 or bf16. Every input is converted to ct as the
- * core copy converts, the operation runs in ct, and the result is converted
- * to out's dtype (which may differ: f16 storage, bool results, in-place
- * updates of a narrower array). Inputs have out's shape; their strides may be
- * 0 (broadcast) or negative. out's elements do not overlap each other, and an
- * input either does not overlap out or is exactly out (in place).
- * Integer arithmetic wraps; float to integer conversion saturates. */
-/* One fused optimizer step (optim_flat). `kind` 0 is SGD: with decay,
- * d = g + wd * w (else d = g); with momentum, v = momentum * v + d and
- * w -= lr * v, else w -= lr * d. `kind` 1 is Adam: with decay (L2), d = g +
- * wd * w; with decoupled decay, w *= decay; m = b1 * m + (1 - b1) d;
- * v = b2 * v + (1 - b2) d^2; w -= lr_bc1 * m / (sqrt(v * inv_bc2) + eps).
- * Every product and sum is rounded to t in the order written, as the
- * elementwise operations would. */
+/* One fused optimizer step (optim_flat). `kind` 0 is SGD: d = (w * wd) + g
+ * with L2 decay, else d = g; with momentum (m not NULL), m = (m * momentum)
+ * + d and d = m; then w = w - (d * lr). `kind` 1 is Adam: d as for SGD;
+ * with decoupled decay, w = w * decay; m = (m * b1) + (d * one_b1);
+ * v = (v * b2) + ((d * d) * one_b2); w = w - ((m / (sqrt(v * inv_bc2) +
+ * eps)) * lr_bc1). Every product, quotient, sum and root is rounded to t
+ * as parenthesised, as the optimizer's separate operations round. */
 typedef struct ndm__optim_args {
     int kind;      /* 0 SGD, 1 Adam */
     void *w;       /* the parameter, updated */
@@ -224,6 +216,14 @@ typedef struct ndm__optim_args {
     bool l2, decoupled;
 } ndm__optim_args;
 
+/* Common contract. `ct` (the computation dtype) is one of bool, u8, i32,
+ * i64, f32, f64, never f16 or bf16. Every input is converted to ct as the
+ * core copy converts, the operation runs in ct, and the result is converted
+ * to out's dtype (which may differ: f16 storage, bool results, in-place
+ * updates of a narrower array). Inputs have out's shape; their strides may be
+ * 0 (broadcast) or negative. out's elements do not overlap each other, and an
+ * input either does not overlap out or is exactly out (in place).
+ * Integer arithmetic wraps; float to integer conversion saturates. */
 typedef struct ndm__backend_ew {
     /* required: out = a OP b. */
     ndm_status (*binary)(int device, ndm__ew_binop op, ndm_dtype ct, const ndm__tensor *out,
