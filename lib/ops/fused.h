@@ -4,7 +4,7 @@
 #define NDM_OPS_FUSED_H
 
 #include "../backends/ew.h"
-#include "ndm/ndm.h"
+#include "dispatch.h"
 
 /* The gradient of relu at x for the incoming gradient g: g * (x > 0), a new
  * array under the output rule (g's manager or the innermost scope). Bit for
