@@ -6,6 +6,7 @@
 
 #include "helpers.h"
 #include "ops/autograd.h"
+#include "ops/fused.h"
 
 /* ---- the finite-difference checker -------------------------------------------- */
 
@@ -612,12 +613,99 @@ static void test_backward_reports_each_gradient_when_complete(void **state)
     assert_ok(ndm_manager_close(m));
 }
 
+/* relu's gradient is g * (x > 0) bit for bit (a negative g over x <= 0 gives
+ * -0, a NaN g over x > 0 stays NaN), contiguous or through a transposed
+ * view, in f32 and f64, split across threads or not; and the contiguous case
+ * makes no temporaries: its backward creates as many arrays as neg's. */
+static uint64_t backward_created(ndm_manager model, ndm_array x, ndm_array gy, int op,
+                                 bool transposed)
+{
+    ndm_manager batch = ndm_manager_new(model, "batch");
+    assert_ok(ndm_grad_begin(batch));
+    ndm_manager sc = ndm_scope_begin(batch, "step");
+    ndm_array in = transposed ? ndm_transpose(x) : x;
+    ndm_array y = op ? ndm_relu(in) : ndm_neg(in);
+    assert_live(y);
+    ndm_stats before, after;
+    assert_ok(ndm_manager_stats(batch, NDM_CPU, NDM_STATS_SUBTREE, &before));
+    assert_ok(ndm_backward_with(y, gy));
+    assert_ok(ndm_manager_stats(batch, NDM_CPU, NDM_STATS_SUBTREE, &after));
+    assert_ok(ndm_scope_end(sc, 0, NULL));
+    assert_ok(ndm_grad_end());
+    assert_ok(ndm_manager_close(batch));
+    return after.created - before.created;
+}
+
+static void test_grad_relu_one_pass_same_bits(void **state)
+{
+    enum { R = 300, C = 257 }; /* 77100 elements: above one task of the pool */
+    const int64_t n = (int64_t)R * C;
+    for (int f64 = 0; f64 < 2; f64++)
+        for (int transposed = 0; transposed < 2; transposed++) {
+            ndm_manager model = ndm_manager_new(ROOT(state), "model");
+            ndm_dtype dt = f64 ? NDM_F64 : NDM_F32;
+            double *xv = malloc((size_t)n * sizeof *xv), *gv = malloc((size_t)n * sizeof *gv);
+            assert_non_null(xv);
+            assert_non_null(gv);
+            for (int64_t i = 0; i < n; i++) {
+                xv[i] = i % 7 == 0 ? 0.0 : i % 11 == 0 ? -0.0 : uniform(-1, 1);
+                gv[i] = i % 13 == 0 ? NAN : uniform(-2, 2);
+            }
+            ndm_array x64 = ndm_from_buffer(model, NDM_F64, xv, NDM_SHAPE(R, C));
+            ndm_array x = ndm_astype(x64, dt);
+            int64_t gr = transposed ? C : R, gc = transposed ? R : C;
+            ndm_array gy = ndm_astype(ndm_from_buffer(model, NDM_F64, gv, NDM_SHAPE(gr, gc)), dt);
+            assert_live(x);
+            assert_live(gy);
+            assert_ok(ndm_requires_grad(x));
+            uint64_t made_neg = backward_created(model, x, gy, 0, transposed);
+            assert_ok(ndm_zero_grad(1, &x));
+            uint64_t made_relu = backward_created(model, x, gy, 1, transposed);
+            if (!transposed)
+                assert_int_equal(made_relu, made_neg);
+            /* the expected gradient, in the array's dtype, from the same values */
+            ndm_manager sc = ndm_scope_begin(model, "read");
+            ndm_array gx = ndm_astype(ndm_grad(x), NDM_F64);
+            ndm_array xr = ndm_astype(x, NDM_F64), gr64 = ndm_astype(gy, NDM_F64);
+            if (transposed)
+                gr64 = ndm_contiguous(ndm_transpose(gr64));
+            const double *got = ndm_array_data(gx), *xs = ndm_array_data(xr),
+                         *gs = ndm_array_data(gr64);
+            assert_non_null(got);
+            assert_non_null(xs);
+            assert_non_null(gs);
+            /* the gradient is added to the zeroed one: 0 + (-0) is +0 */
+            for (int64_t i = 0; i < n; i++) {
+                double want = f64 ? 0.0 + gs[i] * (xs[i] > 0 ? 1.0 : 0.0)
+                                  : (double)(0.0f + (float)gs[i] * (xs[i] > 0 ? 1.0f : 0.0f));
+                if (memcmp(&want, &got[i], sizeof want) && !(isnan(want) && isnan(got[i])))
+                    fail_msg("%s%s: element %lld: %a, expected %a", f64 ? "f64" : "f32",
+                             transposed ? " transposed" : "", (long long)i, got[i], want);
+            }
+            /* the rule's own result, -0 and NaN payloads included, against
+             * the composition it replaces */
+            if (!transposed) {
+                ndm_array fused = ndm__relu_grad(gy, x);
+                ndm_array composed = ndm_mul(gy, ndm_astype(ndm_gt_scalar(x, 0.0), dt));
+                assert_live(fused);
+                assert_live(composed);
+                assert_memory_equal(ndm_array_data(fused), ndm_array_data(composed),
+                                    ndm_array_nbytes(composed));
+            }
+            assert_ok(ndm_scope_end(sc, 0, NULL));
+            free(xv);
+            free(gv);
+            assert_ok(ndm_manager_close(model));
+        }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         TEST(test_grad_binary),
         TEST(test_grad_scalar_forms),
         TEST(test_grad_unary),
+        TEST(test_grad_relu_one_pass_same_bits),
         TEST(test_grad_clamp_where_cast),
         TEST(test_grad_views),
         TEST(test_grad_reductions),

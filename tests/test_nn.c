@@ -150,6 +150,113 @@ static void test_nn_optimizer_updates(void **state)
     }
 }
 
+/* The composed update the optimizers are defined by: the in-place
+ * operations below, each rounded to the array's dtype. */
+static void composed_step(int which, int64_t t, ndm_array w, ndm_array g, ndm_array m,
+                          ndm_array v, ndm_array t1, ndm_array t2)
+{
+    const double lr = 0.1, wd = 0.01, b1 = 0.9, b2 = 0.999, eps = 1e-8;
+    bool decay = which == 1 || which == 2 || which == 3, adam = which >= 3;
+    ndm_array d = g;
+    if (decay && which != 4) { /* L2: d = w * wd + g */
+        assert_ok(ndm_copy_into(t1, w));
+        assert_ok(ndm_mul_scalar_(t1, wd));
+        assert_ok(ndm_add_(t1, g));
+        d = t1;
+    }
+    if (!adam) {
+        if (which != 2) { /* momentum */
+            assert_ok(ndm_mul_scalar_(m, 0.9));
+            assert_ok(ndm_add_(m, d));
+            d = m;
+        }
+        assert_ok(ndm_copy_into(t2, d));
+        assert_ok(ndm_mul_scalar_(t2, lr));
+        assert_ok(ndm_sub_(w, t2));
+        return;
+    }
+    double bc1 = 1 - pow(b1, (double)t), bc2 = 1 - pow(b2, (double)t);
+    if (which == 4)
+        assert_ok(ndm_mul_scalar_(w, 1 - lr * wd));
+    assert_ok(ndm_mul_scalar_(m, b1));
+    assert_ok(ndm_copy_into(t2, d));
+    assert_ok(ndm_mul_scalar_(t2, 1 - b1));
+    assert_ok(ndm_add_(m, t2));
+    assert_ok(ndm_mul_scalar_(v, b2));
+    assert_ok(ndm_copy_into(t2, d));
+    assert_ok(ndm_mul_(t2, d));
+    assert_ok(ndm_mul_scalar_(t2, 1 - b2));
+    assert_ok(ndm_add_(v, t2));
+    assert_ok(ndm_copy_into(t2, v));
+    assert_ok(ndm_mul_scalar_(t2, 1 / bc2));
+    assert_ok(ndm_sqrt_(t2));
+    assert_ok(ndm_add_scalar_(t2, eps));
+    assert_ok(ndm_copy_into(t1, m));
+    assert_ok(ndm_div_(t1, t2));
+    assert_ok(ndm_mul_scalar_(t1, lr / bc1));
+    assert_ok(ndm_sub_(w, t1));
+}
+
+/* Each optimizer's step leaves the very bits of the composed in-place
+ * operations: SGD plain, with momentum and L2 decay, with decay alone, Adam
+ * with L2 decay, AdamW; f32 and f64; a size the pool splits, with a tail. */
+static void test_nn_optimizer_step_same_bits(void **state)
+{
+    const int64_t n = 70001;
+    double *wv = malloc((size_t)n * sizeof *wv), *gv = malloc((size_t)n * sizeof *gv);
+    assert_non_null(wv);
+    assert_non_null(gv);
+    uint64_t r = 12345;
+    for (int64_t i = 0; i < n; i++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        wv[i] = ((double)(r >> 11) / 9007199254740992.0 - 0.5) * 4;
+    }
+    for (int which = 0; which < 5; which++)
+        for (int f64 = 0; f64 < 2; f64++) {
+            ndm_dtype dt = f64 ? NDM_F64 : NDM_F32;
+            ndm_manager model = ndm_manager_new(ROOT(state), "model");
+            ndm_array w = ndm_astype(ndm_from_buffer(model, NDM_F64, wv, NDM_SHAPE(n)), dt);
+            /* the reference: the same values in storage of its own */
+            ndm_array rw = ndm_astype(ndm_from_buffer(model, NDM_F64, wv, NDM_SHAPE(n)), dt);
+            ndm_array rm = ndm_zeros(model, dt, NDM_SHAPE(n)), rv = ndm_zeros(model, dt, NDM_SHAPE(n));
+            ndm_array t1 = ndm_zeros(model, dt, NDM_SHAPE(n)), t2 = ndm_zeros(model, dt, NDM_SHAPE(n));
+            assert_live(rw);
+            assert_ok(ndm_requires_grad(w));
+            double lr = 0.1, wd = which == 0 ? 0.0 : 0.01;
+            ndm_optimizer o = which == 0   ? ndm_sgd_params(model, 1, &w, lr, 0.9, 0.0)
+                              : which == 1 ? ndm_sgd_params(model, 1, &w, lr, 0.9, wd)
+                              : which == 2 ? ndm_sgd_params(model, 1, &w, lr, 0.0, wd)
+                              : which == 3 ? ndm_adam_params(model, 1, &w, lr, 0.9, 0.999, 1e-8, wd)
+                                           : ndm_adamw_params(model, 1, &w, lr, 0.9, 0.999, 1e-8, wd);
+            assert_live(o);
+            ndm_manager b = ndm_manager_new(model, "b");
+            for (int64_t t = 1; t <= 3; t++) {
+                for (int64_t i = 0; i < n; i++) {
+                    r = r * 6364136223846793005ull + 1442695040888963407ull;
+                    gv[i] = ((double)(r >> 11) / 9007199254740992.0 - 0.5) * (i % 5 ? 1 : 1e-3);
+                }
+                ndm_array g = ndm_astype(ndm_from_buffer(b, NDM_F64, gv, NDM_SHAPE(n)), dt);
+                assert_ok(ndm_copy_into(ndm_grad_to(b, w), g));
+                assert_ok(ndm_optimizer_step(o));
+                composed_step(which, t, rw, g, rm, rv, t1, t2);
+            }
+            size_t bytes = (size_t)ndm_array_nbytes(w);
+            char *a = malloc(bytes), *e = malloc(bytes);
+            assert_non_null(a);
+            assert_non_null(e);
+            assert_ok(ndm_array_copy_out(w, a, bytes));
+            assert_ok(ndm_array_copy_out(rw, e, bytes));
+            if (memcmp(a, e, bytes))
+                fail_msg("optimizer %d (%s): the step differs from the composed operations",
+                         which, f64 ? "f64" : "f32");
+            free(a);
+            free(e);
+            assert_ok(ndm_manager_close(model));
+        }
+    free(wv);
+    free(gv);
+}
+
 static void test_nn_schedules(void **state)
 {
     (void)state;
@@ -465,6 +572,7 @@ int main(void)
         TEST(test_nn_linear_forward_and_names),
         TEST(test_nn_init_bounds),
         TEST(test_nn_optimizer_updates),
+        TEST(test_nn_optimizer_step_same_bits),
         TEST(test_nn_schedules),
         TEST(test_nn_dropout_and_flatten),
         TEST(test_nn_training_converges),

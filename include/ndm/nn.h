@@ -303,7 +303,13 @@ NDM_API ndm_optimizer ndm_adam_params_at(NDM_SITE_PARAMS, ndm_manager model, int
                                          const ndm_array *params, double lr, double beta1,
                                          double beta2, double eps, double weight_decay,
                                          bool decoupled);
-/** Update every parameter from its gradient (in place). */
+/** Update every parameter from its gradient (in place). Where the backend
+ *  has a fused kernel (the CPU) and the parameter, its gradient and its
+ *  state are contiguous f32 or f64 arrays apart from each other, the update
+ *  is one pass per parameter; either way its result is, bit for bit, that of
+ *  the formulas above evaluated as separate elementwise operations in the
+ *  parameter's dtype (each scalar converted to it first, no fused
+ *  multiply-add). */
 NDM_API NDM_NODISCARD ndm_status ndm_optimizer_step(ndm_optimizer o);
 /** Zero every parameter's gradient. */
 NDM_API NDM_NODISCARD ndm_status ndm_optimizer_zero_grad(ndm_optimizer o);

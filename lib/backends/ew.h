@@ -73,7 +73,7 @@
     X(SIGN, sign, U, 0, 0, x > 0 ? 1.0 : x < 0 ? -1.0 : x, (x > 0) - (x < 0),   \
       NDM__EW_NOGRAD)                                                           \
     X(RELU, relu, U, 0, 0, x < 0 ? 0.0 : x, x < 0 ? 0 : x,                     \
-      NDM__EW_GRAD(masked(g, ndm_gt_scalar(a, 0.0))))                           \
+      NDM__EW_GRAD(ndm__relu_grad(g, a)))                                      \
     X(FLOOR, floor, U, 0, 0, floor(x), x, NDM__EW_NOGRAD)                       \
     X(CEIL, ceil, U, 0, 0, ceil(x), x, NDM__EW_NOGRAD)                          \
     X(ROUND, round, U, 0, 0, nearbyint(x), x, NDM__EW_NOGRAD)                   \
@@ -198,6 +198,24 @@ static inline bool ndm__ew_unop_is_float(ndm__ew_unop op)
     return ndm__ew_unop_has(op, NDM__EWF_FLOAT);
 }
 
+/* One fused optimizer step (optim_flat). `kind` 0 is SGD: d = (w * wd) + g
+ * with L2 decay, else d = g; with momentum (m not NULL), m = (m * momentum)
+ * + d and d = m; then w = w - (d * lr). `kind` 1 is Adam: d as for SGD;
+ * with decoupled decay, w = w * decay; m = (m * b1) + (d * one_b1);
+ * v = (v * b2) + ((d * d) * one_b2); w = w - ((m / (sqrt(v * inv_bc2) +
+ * eps)) * lr_bc1). Every product, quotient, sum and root is rounded to t
+ * as parenthesised, as the optimizer's separate operations round. */
+typedef struct ndm__optim_args {
+    int kind;      /* 0 SGD, 1 Adam */
+    void *w;       /* the parameter, updated */
+    const void *g; /* its gradient */
+    void *m;       /* SGD: velocity (NULL without momentum); Adam: first moment */
+    void *v;       /* Adam: second moment */
+    /* scalars as doubles; kernels convert each to t before use */
+    double lr, momentum, wd, decay, b1, one_b1, b2, one_b2, inv_bc2, eps, lr_bc1;
+    bool l2, decoupled;
+} ndm__optim_args;
+
 /* Common contract. `ct` (the computation dtype) is one of bool, u8, i32,
  * i64, f32, f64, never f16 or bf16. Every input is converted to ct as the
  * core copy converts, the operation runs in ct, and the result is converted
@@ -229,6 +247,18 @@ typedef struct ndm__backend_ew {
      * dispatcher calls `binary`. */
     ndm_status (*binary_flat)(int device, ndm__ew_binop op, ndm_dtype t, void *out, const void *a,
                               const void *b, int64_t n);
+    /* optional: the gradient of relu, out[i] = g[i] * (x[i] > 0 ? 1 : 0), for
+     * i < n, three C-contiguous arrays of float dtype t (f32 or f64); out may
+     * be g exactly. Bit for bit the product of g and the converted mask, in
+     * one pass and no temporaries. NULL: the rule composes gt, astype, mul. */
+    ndm_status (*relu_grad_flat)(int device, ndm_dtype t, void *out, const void *g, const void *x,
+                                 int64_t n);
+    /* optional: one optimizer step over n elements of C-contiguous arrays of
+     * float dtype t (f32 or f64), the same arithmetic as the optimizer's
+     * sequence of in-place operations in t, each scalar converted to t
+     * first (see ndm__optim_args); NULL: the optimizer runs that sequence. */
+    ndm_status (*optim_flat)(int device, ndm_dtype t, const ndm__optim_args *args,
+                             int64_t n);
 } ndm__backend_ew;
 
 #endif

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "../manager/object.h"
+#include "../ops/fused.h"
 #include "ndm/ndm.h"
 #include "ndm/nn.h"
 #include "nn.h"
@@ -213,8 +214,36 @@ static ndm_status l2(optimizer *o, int i, ndm_array *src)
     return NDM_OK;
 }
 
+/* The whole update of parameter i in one pass (the backend's fused kernel,
+ * the same arithmetic as the sequences below); false when the backend or
+ * the layouts do not allow it and the sequence must run. */
+static bool fused_step(optimizer *o, int i)
+{
+    ndm__optim_args a = {.kind = o->a == SGD ? 0 : 1, .lr = o->lr, .wd = o->weight_decay};
+    a.l2 = o->weight_decay != 0 && !(o->a == ADAM && o->decoupled);
+    if (o->a == SGD) {
+        a.momentum = o->momentum;
+    } else {
+        double bc1 = 1 - pow(o->beta1, (double)o->t), bc2 = 1 - pow(o->beta2, (double)o->t);
+        a.decoupled = o->decoupled && o->weight_decay != 0;
+        a.decay = 1 - o->lr * o->weight_decay;
+        a.b1 = o->beta1;
+        a.one_b1 = 1 - o->beta1;
+        a.b2 = o->beta2;
+        a.one_b2 = 1 - o->beta2;
+        a.inv_bc2 = 1 / bc2;
+        a.eps = o->eps;
+        a.lr_bc1 = o->lr / bc1;
+    }
+    ndm_array m = o->a == ADAM || o->momentum != 0 ? o->s1[i] : (ndm_array){0};
+    ndm_array v = o->a == ADAM ? o->s2[i] : (ndm_array){0};
+    return ndm__optim_fused(&a, o->param[i], o->grad[i], m, v) == NDM_OK;
+}
+
 static ndm_status sgd_step(optimizer *o, int i)
 {
+    if (fused_step(o, i))
+        return NDM_OK;
     ndm_array g;
     ndm_status st = l2(o, i, &g);
     if (st < 0)
@@ -233,6 +262,8 @@ static ndm_status sgd_step(optimizer *o, int i)
 
 static ndm_status adam_step(optimizer *o, int i)
 {
+    if (fused_step(o, i))
+        return NDM_OK;
     ndm_array g;
     ndm_status st = l2(o, i, &g);
     if (st < 0)

@@ -8,6 +8,7 @@
 #include "../backends/ew.h"
 #include "autograd.h"
 #include "dispatch.h"
+#include "fused.h"
 #include "ndm/autograd.h"
 #include "ndm/conv.h"
 #include "ndm/elementwise.h"

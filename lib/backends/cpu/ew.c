@@ -874,4 +874,6 @@ const ndm__backend_ew ndm__cpu_ew = {
     .unary = cpu_unary,
     .where = cpu_where,
     .binary_flat = cpu_binary_flat,
+    .relu_grad_flat = ndm__cpu_relu_grad_flat,
+    .optim_flat = ndm__cpu_optim_flat,
 };

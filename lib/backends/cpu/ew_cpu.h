@@ -75,6 +75,11 @@ void ndm__ew_isa_fill_reference(ndm__ew_isa *t);
  * (default 64 MiB). */
 void ndm__ew_set_stream_min(int64_t bytes);
 
+/* The fused kernels of the training step (ew_fused.c), slots of the fast table. */
+ndm_status ndm__cpu_relu_grad_flat(int device, ndm_dtype t, void *out, const void *g,
+                                   const void *x, int64_t n);
+ndm_status ndm__cpu_optim_flat(int device, ndm_dtype t, const ndm__optim_args *args, int64_t n);
+
 /* Fast CPU family table and the reference one. */
 extern const ndm__backend_ew ndm__cpu_ew;
 extern const ndm__backend_ew ndm__cpu_ref_ew;

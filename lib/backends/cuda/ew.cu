@@ -608,4 +608,7 @@ extern "C" const ndm__backend_ew ndm__cuda_ew = {
     .unary = cuda_unary,
     .where = cuda_where,
     .binary_flat = cuda_binary_flat,
+    /* no fused step kernels yet: the composed operations run */
+    .relu_grad_flat = nullptr,
+    .optim_flat = nullptr,
 };

@@ -1,0 +1,112 @@
+/* Fused operations of the training step: validation, the output rule and
+ * the fallback to the composed operations around the backend's kernels. */
+#include <stdint.h>
+
+#include "autograd.h"
+#include "elementwise.h"
+#include "fused.h"
+
+/* The element count when r is C-contiguous, else -1. */
+static int64_t c_count(const ndm__array *r)
+{
+    int64_t n = 1;
+    for (int i = r->ndim - 1; i >= 0; i--) {
+        if (r->shape[i] != 1 && r->strides[i] != n)
+            return -1;
+        n *= r->shape[i];
+    }
+    return n;
+}
+
+static bool same_layout(const ndm__array *a, const ndm__array *b)
+{
+    if (a->ndim != b->ndim || a->dtype != b->dtype)
+        return false;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i])
+            return false;
+    ndm_device da = a->storage->device, db = b->storage->device;
+    return da.type == db.type && da.index == db.index;
+}
+
+static bool fusable_dtype(ndm_dtype t)
+{
+    return t == NDM_F32 || t == NDM_F64;
+}
+
+ndm_array ndm__relu_grad(ndm_array hg, ndm_array hx)
+{
+    static const char api[] = "ndm_backward";
+    ndm__site site = {__FILE__, __func__, __LINE__};
+    /* A lookup that fails here is repeated, and reported, by the fallback. */
+    ndm__array *g = ndm__array_peek(hg);
+    ndm__array *x = g ? ndm__array_peek(hx) : NULL;
+    int64_t n = -1;
+    const ndm__backend_ew *ew = NULL;
+    int index = 0;
+    if (x && !ndm__ag_on() && fusable_dtype(g->dtype) && same_layout(g, x) &&
+        (n = c_count(g)) >= 0 && c_count(x) == n) {
+        const ndm__backend *b = ndm__backend_for(g->storage->device.type);
+        index = g->storage->device.index;
+        ew = b && b->ew && b->ew->relu_grad_flat ? b->ew : NULL;
+    }
+    if (!ew)
+        return ndm_mul(hg, ndm_astype(ndm_gt_scalar(hx, 0.0), ndm_array_dtype(hg)));
+    ndm__manager *m = ndm__output_record(NDM_OUTPUT_RULE, g, api, &site);
+    ndm__array *o;
+    ndm_array h;
+    if (!m || !(h = ndm__array_new_in(&site, api, m, g->storage->device, g->dtype, g->ndim,
+                                      g->shape, &o))
+                   .id)
+        return NDM_NULL_ARRAY;
+    ndm_status st = ew->relu_grad_flat(index, g->dtype, ndm__ew_ptr(o), ndm__ew_ptr(g),
+                                       ndm__ew_ptr(x), n);
+    if (st < 0) {
+        ndm__discard(h);
+        return ndm_mul(hg, ndm_astype(ndm_gt_scalar(hx, 0.0), ndm_array_dtype(hg)));
+    }
+    return h;
+}
+
+/* The array of a handle when it has w's layout (C-contiguous, so no
+ * broadcast view is ever written). */
+static ndm__array *member(ndm_array h, const ndm__array *w, int64_t n)
+{
+    ndm__array *r = ndm__array_peek(h);
+    return r && same_layout(r, w) && c_count(r) == n ? r : NULL;
+}
+
+/* Do the bytes of a and b overlap? */
+static bool overlap(const ndm__array *a, const ndm__array *b, int64_t n)
+{
+    uintptr_t pa = (uintptr_t)ndm__ew_ptr(a), pb = (uintptr_t)ndm__ew_ptr(b);
+    size_t bytes = (size_t)n * ndm__ew_esize(a->dtype);
+    return pa < pb + bytes && pb < pa + bytes;
+}
+
+ndm_status ndm__optim_fused(ndm__optim_args *a, ndm_array hw, ndm_array hg, ndm_array hm,
+                            ndm_array hv)
+{
+    ndm__array *w = ndm__array_peek(hw);
+    if (!w || !fusable_dtype(w->dtype))
+        return NDM_E_UNSUPPORTED;
+    int64_t n = c_count(w);
+    const ndm__backend *b = ndm__backend_for(w->storage->device.type);
+    if (n < 0 || !b || !b->ew || !b->ew->optim_flat)
+        return NDM_E_UNSUPPORTED;
+    ndm__array *g = member(hg, w, n);
+    ndm__array *m = hm.id ? member(hm, w, n) : NULL;
+    ndm__array *v = hv.id ? member(hv, w, n) : NULL;
+    if (!g || (hm.id && !m) || (hv.id && !v) || overlap(w, g, n) ||
+        (m && (overlap(m, w, n) || overlap(m, g, n))) ||
+        (v && (overlap(v, w, n) || overlap(v, g, n) || (m && overlap(v, m, n)))))
+        return NDM_E_UNSUPPORTED;
+    a->w = ndm__ew_ptr(w);
+    a->g = ndm__ew_ptr(g);
+    a->m = m ? ndm__ew_ptr(m) : NULL;
+    a->v = v ? ndm__ew_ptr(v) : NULL;
+    if (n == 0)
+        return NDM_OK;
+    return b->ew->optim_flat(w->storage->device.index, w->dtype, a, n) < 0 ? NDM_E_UNSUPPORTED
+                                                                          : NDM_OK;
+}
