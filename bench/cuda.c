@@ -14,14 +14,11 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #pragma GCC diagnostic pop
-#include <signal.h>
 #include <stdarg.h>
-#include <sys/types.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "bench.h"
 #include "fashion_net.h"
+#include "torch_proc.h"
 #include "ndm/ndm.h"
 
 #ifndef NDM_BENCH_TORCH_SCRIPT
@@ -117,94 +114,24 @@ static void interleave(bench_report *r, const char *name, const char *unit, cons
 
 /* ---- the PyTorch co-process ----------------------------------------------------- */
 
-typedef struct torch_proc {
-    pid_t pid;
-    FILE *to, *from;
-    char version[160];
-} torch_proc;
-
-/* Start `python` on the script; false (with *why) when it cannot answer. */
-static bool torch_start(torch_proc *t, const char *python, char *why, size_t n)
-{
-    int in[2], out[2];
-    memset(t, 0, sizeof *t);
-    if (pipe(in) != 0 || pipe(out) != 0) {
-        snprintf(why, n, "pipe failed");
-        return false;
-    }
-    pid_t pid = fork();
-    if (pid < 0) {
-        snprintf(why, n, "fork failed");
-        return false;
-    }
-    if (pid == 0) {
-        dup2(in[0], 0);
-        dup2(out[1], 1);
-        close(in[0]);
-        close(in[1]);
-        close(out[0]);
-        close(out[1]);
-        execlp(python, python, "-u", NDM_BENCH_TORCH_SCRIPT, (char *)NULL);
-        fprintf(stderr, "bench/cuda: cannot run %s\n", python);
-        _exit(127);
-    }
-    close(in[0]);
-    close(out[1]);
-    t->pid = pid;
-    t->to = fdopen(in[1], "w");
-    t->from = fdopen(out[0], "r");
-    char line[256] = "";
-    if (!t->to || !t->from || !fgets(line, sizeof line, t->from) || strncmp(line, "ok ", 3)) {
-        line[strcspn(line, "\n")] = '\0';
-        snprintf(why, n, "%s on %s: %s", python, NDM_BENCH_TORCH_SCRIPT,
-                 line[0] ? line : "no answer (is PyTorch installed?)");
-        if (t->to)
-            fclose(t->to);
-        if (t->from)
-            fclose(t->from);
-        waitpid(pid, NULL, 0);
-        t->pid = 0;
-        return false;
-    }
-    line[strcspn(line, "\n")] = '\0';
-    snprintf(t->version, sizeof t->version, "%.150s", line + 3);
-    return true;
-}
-
 /* One request, one number back (negative when PyTorch answered an error). */
-static double torch_ask(torch_proc *t, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static double torch_ask(torch_proc *t, const char *fmt, ...)
+static double torch_num(torch_proc *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static double torch_num(torch_proc *t, const char *fmt, ...)
 {
+    char ans[512];
     va_list ap;
     va_start(ap, fmt);
-    vfprintf(t->to, fmt, ap);
+    bool ok = torch_vask(t, ans, sizeof ans, fmt, ap);
     va_end(ap);
-    fputc('\n', t->to);
-    fflush(t->to);
-    char line[512];
-    if (!fgets(line, sizeof line, t->from)) {
-        fprintf(stderr, "bench/cuda: PyTorch stopped answering\n");
+    if (!ok)
         return -1;
-    }
     char *end = NULL;
-    double v = strtod(line, &end);
-    if (end == line) {
-        fprintf(stderr, "bench/cuda: PyTorch: %s", line);
+    double v = strtod(ans, &end);
+    if (end == ans) {
+        fprintf(stderr, "bench/cuda: PyTorch: %s\n", ans);
         return -1;
     }
     return v;
-}
-
-static void torch_stop(torch_proc *t)
-{
-    if (!t->pid)
-        return;
-    fprintf(t->to, "quit\n");
-    fclose(t->to);
-    fclose(t->from);
-    waitpid(t->pid, NULL, 0);
-    t->pid = 0;
 }
 
 /* ---- what is measured -------------------------------------------------------- */
@@ -498,7 +425,7 @@ int main(int argc, char **argv)
     int64_t batch = 128;
     if (!python || !*python) {
         bench_note(r, "PyTorch figures skipped: no Python given (--python or NDM_BENCH_PYTHON)");
-    } else if (!torch_start(&tp, python, why, sizeof why)) {
+    } else if (!torch_start(&tp, python, NDM_BENCH_TORCH_SCRIPT, why, sizeof why)) {
         snprintf(note, sizeof note, "PyTorch figures skipped: %.200s", why);
         bench_note(r, note);
     } else {
@@ -512,7 +439,7 @@ int main(int argc, char **argv)
         (void)timed(alloc_ndm, &a, 100);
         for (int i = 0; i < pairs; i++, k++) {
             vo[k] = 1e9 * timed(alloc_ndm, &a, 1000);
-            va[k] = torch_ask(&tp, "alloc %lld 5", (long long)MIB);
+            va[k] = torch_num(&tp, "alloc %lld 5", (long long)MIB);
             if (va[k] <= 0)
                 break;
         }
@@ -533,7 +460,7 @@ int main(int argc, char **argv)
                 for (int s = 0; s < reps; s++)
                     ts[s] = timed(train_step, &t, 1);
                 vo[k] = bench_median(ts, reps);
-                va[k] = torch_ask(&tp, "step %s %lld 1 %d", archs[q], (long long)batch, reps);
+                va[k] = torch_num(&tp, "step %s %lld 1 %d", archs[q], (long long)batch, reps);
                 if (va[k] <= 0)
                     break;
             }
@@ -550,7 +477,7 @@ int main(int argc, char **argv)
             }
             int steps = 10;
             double ours = peak_reserved(root, archs[q], batch, steps);
-            double theirs = torch_ask(&tp, "peak %s %lld 1 %d", archs[q], (long long)batch, steps);
+            double theirs = torch_num(&tp, "peak %s %lld 1 %d", archs[q], (long long)batch, steps);
             if (theirs > 0) {
                 snprintf(name, sizeof name, "%s_peak_reserved_bytes_vs_torch", archs[q]);
                 snprintf(what, sizeof what, "torch.cuda.max_memory_reserved() over %d steps",

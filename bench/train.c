@@ -14,11 +14,8 @@
  * Everything is measured again without the OpenBLAS variables (blas_env.h). */
 #include <limits.h>
 #include <math.h>
-#include <signal.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "../lib/backends/cpu/gemm.h"
@@ -26,6 +23,7 @@
 #include "bench.h"
 #include "blas_env.h"
 #include "fashion_net.h"
+#include "torch_proc.h"
 #include "ndm/ndm.h"
 
 static void die(const char *what)
@@ -118,12 +116,6 @@ typedef struct vs_opts {
     int pairs, mlp_steps, cnn_steps, loss_steps, infer_calls;
 } vs_opts;
 
-typedef struct torch_proc {
-    pid_t pid;
-    FILE *to, *from;
-    char version[160];
-} torch_proc;
-
 /* The script: beside this program (the build copies it there), else in the
  * source tree. */
 static void torch_script(char *path, size_t n)
@@ -141,96 +133,6 @@ static void torch_script(char *path, size_t n)
         }
     }
     snprintf(path, n, "%s", NDM_BENCH_TRAIN_TORCH_SCRIPT);
-}
-
-/* Start `python` on the script; false (with *why) when it does not answer
- * that PyTorch is there. */
-static bool torch_start(torch_proc *t, const char *python, char *why, size_t n)
-{
-    char script[PATH_MAX + 32];
-    torch_script(script, sizeof script);
-    memset(t, 0, sizeof *t);
-    int in[2], out[2];
-    if (pipe(in) != 0)
-        return snprintf(why, n, "pipe failed"), false;
-    if (pipe(out) != 0) {
-        close(in[0]), close(in[1]);
-        return snprintf(why, n, "pipe failed"), false;
-    }
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid < 0) {
-        close(in[0]), close(in[1]), close(out[0]), close(out[1]);
-        return snprintf(why, n, "fork failed"), false;
-    }
-    if (pid == 0) {
-        dup2(in[0], 0);
-        dup2(out[1], 1);
-        close(in[0]), close(in[1]), close(out[0]), close(out[1]);
-        execlp(python, python, "-u", script, (char *)NULL);
-        _exit(127);
-    }
-    close(in[0]);
-    close(out[1]);
-    t->pid = pid;
-    t->to = fdopen(in[1], "w");
-    t->from = fdopen(out[0], "r");
-    char line[256] = "";
-    if (!t->to || !t->from || !fgets(line, sizeof line, t->from) || strncmp(line, "ok ", 3)) {
-        line[strcspn(line, "\n")] = '\0';
-        snprintf(why, n, "%.100s on %.250s: %.120s", python, script,
-                 line[0] ? line : "no answer (no such program?)");
-        if (t->to)
-            fclose(t->to);
-        else
-            close(in[1]);
-        if (t->from)
-            fclose(t->from);
-        else
-            close(out[0]);
-        waitpid(pid, NULL, 0);
-        t->pid = 0;
-        return false;
-    }
-    line[strcspn(line, "\n")] = '\0';
-    snprintf(t->version, sizeof t->version, "%.150s", line + 3);
-    return true;
-}
-
-/* One request; its answer in `ans` (without the newline). False when
- * PyTorch answered an error or stopped: said on stderr. */
-static bool torch_ask(torch_proc *t, char *ans, size_t n, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static bool torch_ask(torch_proc *t, char *ans, size_t n, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vfprintf(t->to, fmt, ap);
-    va_end(ap);
-    fputc('\n', t->to);
-    fflush(t->to);
-    if (!fgets(ans, (int)n, t->from)) {
-        fprintf(stderr, "bench/train: PyTorch stopped answering\n");
-        ans[0] = '\0';
-        return false;
-    }
-    ans[strcspn(ans, "\n")] = '\0';
-    if (!strncmp(ans, "error", 5)) {
-        fprintf(stderr, "bench/train: PyTorch: %s\n", ans);
-        return false;
-    }
-    return true;
-}
-
-static void torch_stop(torch_proc *t)
-{
-    if (!t->pid)
-        return;
-    fprintf(t->to, "quit\n");
-    fclose(t->to);
-    fclose(t->from);
-    waitpid(t->pid, NULL, 0);
-    t->pid = 0;
 }
 
 /* ndm's side: a model trained with SGD and momentum on batches in file order. */
@@ -486,10 +388,9 @@ static void vs_torch(bench_report *r, ndm_dataset ds, const char *dir, int argc,
         exit(2);
     }
     torch_proc t, *tp = &t;
-    char why[512], note[256], ans[256];
-    /* a co-process that dies is reported by its answers, not by SIGPIPE */
-    signal(SIGPIPE, SIG_IGN);
-    if (!torch_start(&t, o.python, why, sizeof why)) {
+    char why[512], note[256], ans[256], script[PATH_MAX + 32];
+    torch_script(script, sizeof script);
+    if (!torch_start(&t, o.python, script, why, sizeof why)) {
         snprintf(note, sizeof note, "no PyTorch (%.200s): ndm's figures alone", why);
         bench_note(r, note);
         tp = NULL;
