@@ -465,35 +465,27 @@ int main(int argc, char **argv)
         bench_blas_note(&rep, "train");
     if (vs) {
         vs_torch(&rep, ds, dir, argc, argv, o.quick);
-        if (ndm_manager_close(data) < 0)
-            die("close");
-        if (child) {
-            bench_blas_child_emit(&rep);
-            return 0;
+    } else {
+        char note[256];
+        snprintf(note, sizeof note,
+                 "%s: batch 128, Adam; GEMM provider %s; a step is forward, cross-entropy, "
+                 "backward and the optimizer",
+                 o.quick ? "quick: 120 measured batches" : "one measured epoch of 60000 examples",
+                 ndm_gemm_provider());
+        bench_note(&rep, note);
+        const char *archs[2] = {"mlp", "cnn"};
+        for (int i = 0; i < 2; i++) {
+            result r = run(archs[i], ds, o.quick);
+            char name[64], anchor[128];
+            snprintf(name, sizeof name, "%s_epoch_seconds", archs[i]);
+            bench_add(&rep, name, r.epoch_s, "s", NULL, 0);
+            snprintf(name, sizeof name, "%s_examples_per_s_vs_gemm_bound", archs[i]);
+            snprintf(anchor, sizeof anchor, "the rate if the %s step did only its GEMMs",
+                     archs[i]);
+            bench_add(&rep, name, r.rate, "examples/s", anchor, r.gemm_rate);
+            snprintf(name, sizeof name, "%s_gemm_share_of_step", archs[i]);
+            bench_add(&rep, name, r.share, "fraction", NULL, 0);
         }
-        bench_blas_rerun(&rep, "train", argc - 1, argv + 1);
-        bench_print(&rep);
-        return 0;
-    }
-    char note[256];
-    snprintf(note, sizeof note,
-             "%s: batch 128, Adam; GEMM provider %s; a step is forward, cross-entropy, backward "
-             "and the optimizer",
-             o.quick ? "quick: 120 measured batches" : "one measured epoch of 60000 examples",
-             ndm_gemm_provider());
-    bench_note(&rep, note);
-    const char *archs[2] = {"mlp", "cnn"};
-    for (int i = 0; i < 2; i++) {
-        result r = run(archs[i], ds, o.quick);
-        char name[64], anchor[128];
-        snprintf(name, sizeof name, "%s_epoch_seconds", archs[i]);
-        bench_add(&rep, name, r.epoch_s, "s", NULL, 0);
-        snprintf(name, sizeof name, "%s_examples_per_s_vs_gemm_bound", archs[i]);
-        snprintf(anchor, sizeof anchor, "the rate if the %s step did only its GEMMs",
-                 archs[i]);
-        bench_add(&rep, name, r.rate, "examples/s", anchor, r.gemm_rate);
-        snprintf(name, sizeof name, "%s_gemm_share_of_step", archs[i]);
-        bench_add(&rep, name, r.share, "fraction", NULL, 0);
     }
     if (ndm_manager_close(data) < 0)
         die("close");

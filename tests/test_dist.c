@@ -199,21 +199,16 @@ static void test_reduce_scatter_gives_each_rank_its_part(void **state)
 
 /* ---- agreement ------------------------------------------------------------------------------- */
 
-static void test_collective_shape_mismatch_fails_on_every_rank(void **state)
+/* The last rank's array has `theirs` for shape, the others `mine`: every
+ * rank fails with a message holding `want`, its array unchanged. */
+static void shape_mismatch(void **state, int ndim, const int64_t *mine, const int64_t *theirs,
+                           const char *want)
 {
     ndm_manager m = ROOT(state);
-    int64_t shape[2] = {2, 3};
-    if (R == S - 1) {
-        shape[0] = 3;
-        shape[1] = 2;
-    }
-    ndm_array a = filled(m, NDM_F32, R, 2, shape);
+    ndm_array a = filled(m, NDM_F32, R, ndim, R == S - 1 ? theirs : mine);
     ndm_clear_error();
     assert_status(ndm_all_reduce_(a, NDM_DIST_SUM), NDM_E_SHAPE);
-    char want[128];
-    snprintf(want, sizeof want, "rank 0 has float32 [2, 3] and rank %d has float32 [3, 2]", S - 1);
     assert_error_has(want);
-    /* unchanged */
     double *v = values(a);
     for (int64_t i = 0; i < 6; i++)
         assert_true(v[i] == value(NDM_F32, R, i));
@@ -222,27 +217,20 @@ static void test_collective_shape_mismatch_fails_on_every_rank(void **state)
     assert_ok(ndm_dist_barrier());
 }
 
+static void test_collective_shape_mismatch_fails_on_every_rank(void **state)
+{
+    char want[128];
+    snprintf(want, sizeof want, "rank 0 has float32 [2, 3] and rank %d has float32 [3, 2]", S - 1);
+    shape_mismatch(state, 2, (int64_t[]){2, 3}, (int64_t[]){3, 2}, want);
+}
+
 /* The agreement record holds eight dimensions; the rest still count. */
 static void test_collective_shape_mismatch_past_eight_dims_fails_on_every_rank(void **state)
 {
-    ndm_manager m = ROOT(state);
-    int64_t shape[10] = {1, 1, 1, 1, 1, 1, 1, 1, 2, 3};
-    if (R == S - 1) {
-        shape[8] = 3;
-        shape[9] = 2;
-    }
-    ndm_array a = filled(m, NDM_F32, R, 10, shape);
-    ndm_clear_error();
-    assert_status(ndm_all_reduce_(a, NDM_DIST_SUM), NDM_E_SHAPE);
     char want[160];
     snprintf(want, sizeof want, "and rank %d has float32 [1, 1, 1, 1, 1, 1, 1, 1, ...", S - 1);
-    assert_error_has(want);
-    double *v = values(a);
-    for (int64_t i = 0; i < 6; i++)
-        assert_true(v[i] == value(NDM_F32, R, i));
-    free(v);
-    assert_ok(ndm_array_release(a));
-    assert_ok(ndm_dist_barrier());
+    shape_mismatch(state, 10, (int64_t[]){1, 1, 1, 1, 1, 1, 1, 1, 2, 3},
+                   (int64_t[]){1, 1, 1, 1, 1, 1, 1, 1, 3, 2}, want);
 }
 
 static void test_collective_dtype_mismatch_fails_on_every_rank(void **state)
