@@ -23,6 +23,7 @@ def main():
     try:
         import torch
         from torch import nn
+        from fashion_torch import net
     except Exception as e:  # no PyTorch: the C side reports it and goes on
         print("error no torch:", e, flush=True)
         return
@@ -33,15 +34,6 @@ def main():
     # the float32 matrix products run in float32, as ndm's do
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-
-    def net(arch):
-        if arch == "cnn":
-            return nn.Sequential(
-                nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                nn.Flatten(1), nn.Linear(64 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
-        return nn.Sequential(nn.Flatten(1), nn.Linear(784, 256), nn.ReLU(),
-                             nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 10))
 
     def setup(arch, batch, seed):
         torch.manual_seed(seed)

@@ -65,20 +65,11 @@ def main():
     warnings.filterwarnings("ignore")
     try:
         import torch
-        from torch import nn
+        from fashion_torch import net
     except Exception as e:  # no PyTorch: the C side says so and goes on alone
         print("error no torch:", str(e).replace("\n", " "), flush=True)
         return
     F = torch.nn.functional
-
-    def net(arch):
-        if arch == "cnn":
-            return nn.Sequential(
-                nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                nn.Flatten(1), nn.Linear(64 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
-        return nn.Sequential(nn.Flatten(1), nn.Linear(784, 256), nn.ReLU(),
-                             nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 10))
 
     st = {"cursor": 0}
 
