@@ -40,6 +40,15 @@ static inline double bench_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* A new private folder `ndm-bench-<what>-XXXXXX` under $TMPDIR, else the
+ * system's (P_tmpdir); false when it cannot be made. */
+static inline bool bench_tempdir(char *dir, size_t n, const char *what)
+{
+    const char *t = getenv("TMPDIR");
+    snprintf(dir, n, "%s/ndm-bench-%s-XXXXXX", t && *t ? t : P_tmpdir, what);
+    return mkdtemp(dir) != NULL;
+}
+
 static inline int bench_cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;

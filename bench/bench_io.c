@@ -78,9 +78,7 @@ int main(int argc, char **argv)
     bench_opts o = bench_parse(argc, argv);
     bench_report rep = {.o = o};
     const int reps = o.quick ? 3 : 7;
-    const char *t = getenv("TMPDIR");
-    snprintf(dir, sizeof dir, "%s/ndm-bench-io-XXXXXX", t && *t ? t : "/tmp");
-    if (!mkdtemp(dir))
+    if (!bench_tempdir(dir, sizeof dir, "io"))
         die("mkdtemp");
     ndm_manager m = ndm_manager_new(ndm_system(), "bench");
     char path[600], note[256];

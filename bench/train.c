@@ -410,9 +410,7 @@ static void vs_torch(bench_report *r, ndm_dataset ds, const char *dir, int argc,
              VS_LR, VS_MOMENTUM, o.pairs, o.pairs > 1 ? "s" : "", o.mlp_steps, o.cnn_steps);
     bench_note(r, note);
     char tmp[512];
-    const char *td = getenv("TMPDIR");
-    snprintf(tmp, sizeof tmp, "%s/ndm-bench-train-XXXXXX", td && *td ? td : "/tmp");
-    if (!mkdtemp(tmp))
+    if (!bench_tempdir(tmp, sizeof tmp, "train"))
         die("a temporary folder");
     char wm[600], wc[600];
     snprintf(wm, sizeof wm, "%s/mlp.safetensors", tmp);
