@@ -249,6 +249,7 @@ void ndm__hist_copy_free(ndm__hist_entry *e, size_t n)
  * LONG1, BINFLOAT, SHORT_BINUNICODE/BINUNICODE, NONE, NEWTRUE/NEWFALSE, STOP.
  * No memo: no value is shared. */
 
+/* EM_DEPTH: more levels than the writers below ever nest (a fixed shape) */
 enum { EM_DEPTH = 16, EM_BATCH = 1000 };
 
 typedef struct emitter {
@@ -307,10 +308,8 @@ static void em_open(emitter *em, bool dict)
     } else {
         fputc(dict ? '{' : '[', em->f);
     }
-    if (em->depth < EM_DEPTH) {
-        em->dict[em->depth] = dict;
-        em->count[em->depth] = 0;
-    }
+    em->dict[em->depth] = dict;
+    em->count[em->depth] = 0;
     em->depth++;
 }
 
