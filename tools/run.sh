@@ -15,13 +15,16 @@
 # packages, no network):
 #   bash tools/run.sh gpu-deps DIR
 #                            run where apt works: downloads into DIR the .deb files
-#                            the GPU run needs (cmocka, OpenBLAS, pkgconf, the
-#                            Fashion-MNIST data; about 45 MB) and checks they unpack
-#   bash tools/run.sh gpu    builds for sm_80 and sm_90 (a release tree and a test
-#                            tree), runs the conformance suite and every CUDA test on
-#                            the GPU, compute-sanitizer memcheck and racecheck on the
-#                            conformance suite, ndm-fashion train and serve with
-#                            --device cuda, and bench/cuda --json; everything goes to
+#                            the GPU run needs (cmocka, OpenBLAS, pkgconf, OpenMPI,
+#                            the Fashion-MNIST data; about 50 MB) and checks they unpack
+#   bash tools/run.sh gpu    builds one release tree for sm_80 and sm_90 (NDM_GPU_ARCH
+#                            names others, e.g. 90), runs the conformance suite and
+#                            every CUDA test on the GPU, compute-sanitizer memcheck and
+#                            racecheck on the conformance suite, ndm-fashion train and
+#                            serve with --device cuda, bench/cuda --json, and last the
+#                            whole test suite; each step ends after NDM_GPU_STEP_S
+#                            seconds (default 300), NDM_GPU_SUITE=0 leaves out the
+#                            whole suite; everything goes to
 #                            $OUT (default build-gpu/out). NDM_GPU_DEPS=DIR names the
 #                            folder gpu-deps filled, unpacked with dpkg -x into
 #                            build-gpu/deps (never into /); without it only the two
@@ -119,7 +122,11 @@ fuzz() { # fuzz [seconds per target] [targets...]
 # What the GPU run needs that a bare GPU machine lacks, as Debian packages.
 gpu_packages=(libcmocka0 libcmocka-dev libopenblas0 libopenblas0-pthread libopenblas-dev
               libopenblas-pthread-dev libgfortran5 pkgconf pkgconf-bin libpkgconf3
-              dataset-fashion-mnist)
+              dataset-fashion-mnist
+              # OpenMPI and what it loads, for the process group and NCCL's bootstrap
+              openmpi-bin openmpi-common libopenmpi3 libopenmpi-dev libpmix2 libfabric1 libucx0
+              libhwloc15 libibverbs1 librdmacm1 libpsm2-2 libpsm-infinipath1 libnl-3-200
+              libnl-route-3-200 libevent-core-2.1-7 libevent-pthreads-2.1-7 libmunge2 libnuma1)
 
 gpu_deps() { # gpu-deps DIR
     local dir=${1:?usage: bash tools/run.sh gpu-deps DIR}
@@ -148,10 +155,13 @@ gpu() {
         local name=$1
         shift
         echo "== $name" | tee -a "$log"
-        if "$@" >>"$log" 2>&1; then
-            echo "   ok" | tee -a "$log"
+        local t0=$SECONDS limit=()
+        # a step that hangs on the device ends at NDM_GPU_STEP_S; builds run whole
+        [ "$(type -t "$1")" = function ] || limit=(timeout "${NDM_GPU_STEP_S:-300}")
+        if "${limit[@]}" "$@" >>"$log" 2>&1; then
+            echo "   ok ($((SECONDS - t0)) s)" | tee -a "$log"
         else
-            echo "   FAILED (exit $?; see $log)" | tee -a "$log"
+            echo "   FAILED (exit $?, $((SECONDS - t0)) s; see $log)" | tee -a "$log"
             failed+=("$name")
         fi
     }
@@ -179,35 +189,45 @@ gpu() {
         export PATH=$root/usr/bin:$PATH
         export LD_LIBRARY_PATH=$lib:$lib/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
         export LIBRARY_PATH=$lib:$lib/openblas-pthread${LIBRARY_PATH:+:$LIBRARY_PATH}
+        if [ -x "$root/usr/bin/mpirun.openmpi" ]; then
+            # OpenMPI outside /usr finds its plugins and orted through OPAL_PREFIX
+            export OPAL_PREFIX=$root/usr
+            ln -sf mpirun.openmpi "$root/usr/bin/mpirun"
+        fi
         tests=enabled
     else
         echo "NDM_GPU_DEPS is not set: of the test suites only the CUDA ones are built" \
              "(without cmocka); 'bash tools/run.sh gpu-deps DIR' where apt works fetches" \
              "the rest" | tee -a "$log"
     fi
-    local arch="-Dgpu_arch=80;90"
-    step "configure the release tree (sm_80, sm_90)" \
-        build build-gpu/release --buildtype=release -Dcuda=enabled "$arch" -Dtests=disabled
-    # the suites: every one from the test tree with cmocka, else the two CUDA
-    # suites of the release tree built against tests/cmocka_lite
-    local suites
-    if [ "$tests" = enabled ]; then
-        step "configure the test tree (sm_80, sm_90)" \
-            build build-gpu/test -Dcuda=enabled "$arch" -Dtests=enabled -Dbench=false
-        suites=build-gpu/test
-    else
+    if [ ! -f /usr/local/cuda/include/nccl.h ]; then
+        # NCCL from Python's nvidia-nccl package, where the toolkit has none: the
+        # build looks for libnccl.so and nccl.h on the compiler's paths
+        local nccl
+        nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' \
+               2>/dev/null || true)
+        if [ -n "$nccl" ] && [ -f "$nccl/include/nccl.h" ]; then
+            mkdir -p build-gpu/nccl
+            ln -sf "$nccl"/lib/libnccl.so.* build-gpu/nccl/
+            ln -sf "$(ls "$nccl"/lib/libnccl.so.* | head -1)" build-gpu/nccl/libnccl.so
+            export CPATH=$nccl/include${CPATH:+:$CPATH}
+            export LIBRARY_PATH=$PWD/build-gpu/nccl${LIBRARY_PATH:+:$LIBRARY_PATH}
+            export LD_LIBRARY_PATH=$PWD/build-gpu/nccl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+        fi
+    fi
+    local arch="-Dgpu_arch=${NDM_GPU_ARCH:-80;90}"
+    # one release tree: its suites (with cmocka), the main job and the benchmark
+    step "configure and build the release tree ($arch)" \
+        build build-gpu/release --buildtype=release -Dcuda=enabled "$arch" -Dtests=$tests
+    local suites=build-gpu/release
+    if [ "$tests" = disabled ]; then
+        # only the two CUDA suites, built against tests/cmocka_lite
         step "the CUDA suites without cmocka" ninja -C build-gpu/release tests/test_cuda \
             tests/test_backend_ops
-        suites=build-gpu/release
     fi
     export NDM_BACKEND_PATH=$PWD/$suites/lib
     step "conformance suite on the GPU" sh -c "$suites/tests/test_backend_ops > $out/conformance.txt 2>&1"
     step "CUDA tests on the GPU" sh -c "$suites/tests/test_cuda > $out/test_cuda.txt 2>&1"
-    if [ "$tests" = enabled ]; then
-        step "every test in the test tree" meson test -C build-gpu/test --print-errorlogs \
-            --num-processes 4
-        cp build-gpu/test/meson-logs/testlog.txt "$out/testlog.txt" 2>/dev/null || true
-    fi
     local tool
     for tool in memcheck racecheck; do
         step "compute-sanitizer $tool, conformance suite" sh -c "compute-sanitizer --tool $tool \
@@ -234,6 +254,12 @@ gpu() {
     fi
     step "bench/cuda --json" sh -c "build-gpu/release/bench/cuda --json --python python3 \
         > $out/bench_cuda.json"
+    # last, so that a slow suite cannot cost the GPU-only steps above
+    if [ "$tests" = enabled ] && [ "${NDM_GPU_SUITE:-1}" = 1 ]; then
+        step "every test in the release tree" meson test -C build-gpu/release --print-errorlogs \
+            --num-processes "$(nproc)"
+        cp build-gpu/release/meson-logs/testlog.txt "$out/testlog.txt" 2>/dev/null || true
+    fi
     echo "results in $out: $(cd "$out" && ls | tr '\n' ' ')"
     if [ ${#failed[@]} -gt 0 ]; then
         printf 'failed: %s\n' "${failed[@]}" >&2
