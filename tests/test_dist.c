@@ -651,16 +651,48 @@ static void test_ddp_buckets_are_model_arrays_shown_in_dumps(void **state)
     FILE *f = open_memstream(&buf, &len);
     assert_ok(ndm_debug_dump(model, f));
     fclose(f);
-    /* 4 buckets of (gradients + 1 flag) floats */
+    /* 4 buckets of (gradients + 1 flag) floats, and the 4 gradients as
+     * views of them: their storage counts once */
     char want[128];
     int64_t bytes = 4 * ((int64_t)HID * IN + HID + CLASSES * HID + CLASSES + 4);
-    snprintf(want, sizeof want, "arrays 4 [new]  bytes %lld", (long long)bytes);
+    snprintf(want, sizeof want, "arrays 8 [new]  bytes %lld", (long long)bytes);
     if (!strstr(buf, "ddp") || !strstr(buf, want))
         fail_msg("no ddp line with \"%s\" in:\n%s", want, buf);
     free(buf);
     assert_ok(ndm_ddp_close(d));
     assert_status(ndm_ddp_close(d), NDM_ALREADY);
     assert_int_equal(ndm_ddp_buckets(d), NDM_E_CLOSED);
+    assert_ok(ndm_manager_close(model));
+}
+
+/* Backward accumulates straight into the buckets: each gradient is a view
+ * of its bucket, holding what the gradient held before, until the wrapper
+ * closes and gives every parameter its own array back with the values. */
+static void test_ddp_gradients_live_in_the_buckets_until_the_close(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_manager model = ndm_manager_new(m, "model");
+    ndm_module net = mlp(model);
+    ndm_optimizer opt = ndm_sgd(model, net, 0.1, 0.0, 0.0);
+    ndm_array p[4];
+    assert_int_equal(ndm_module_parameters(net, p, 4), 4);
+    ndm_array own = ndm_grad_to(m, p[0]);
+    float *o = ndm_array_data(own);
+    o[0] = 3;
+    ndm_ddp d = ndm_ddp_new(model, net, opt, NULL);
+    assert_int_equal(ndm_ddp_buckets(d), 1);
+    ndm_array in_bucket = ndm_grad_to(m, p[0]);
+    float *b = ndm_array_data(in_bucket);
+    assert_ptr_not_equal(b, o);
+    assert_true(b[0] == 3);
+    b[0] = 5;
+    assert_ok(ndm_ddp_close(d));
+    ndm_array back = ndm_grad_to(m, p[0]);
+    assert_ptr_equal(ndm_array_data(back), o);
+    assert_true(o[0] == 5);
+    assert_ok(ndm_array_release(back));
+    assert_ok(ndm_array_release(in_bucket));
+    assert_ok(ndm_array_release(own));
     assert_ok(ndm_manager_close(model));
 }
 
@@ -766,6 +798,7 @@ int main(void)
         TEST(test_ddp_failing_rank_ends_the_step_on_every_rank),
         TEST(test_ddp_collective_between_backward_and_step_keeps_the_order),
         TEST(test_ddp_buckets_are_model_arrays_shown_in_dumps),
+        TEST(test_ddp_gradients_live_in_the_buckets_until_the_close),
         TEST(test_all_reduce_carried_against_other_sizes_fails_on_every_rank),
         TEST(test_all_reduce_one_strided_rank_among_carrying_ones_matches_the_reference),
     };

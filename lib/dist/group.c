@@ -10,6 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 
 #include "group.h"
 #include "ndm/array.h"
@@ -257,6 +260,11 @@ static void worker_ready(ndm__dist_group *g)
 static void *worker_main(void *arg)
 {
     ndm__dist_group *g = arg;
+#ifdef PR_SET_TIMERSLACK
+    /* the ready barrier's 20 us sleeps last 80 us under Linux's default
+     * 50 us slack; about 30 us without */
+    (void)prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+#endif
     pthread_mutex_lock(&g->mu);
     for (;;) {
         while (!g->head && !g->stop)
