@@ -602,12 +602,13 @@ static ndm_status agree(ndm__dist_group *g, ndm__dist_kind kind, int64_t arg, co
     if (carry)
         mine->carried = bytes;
     int mine_pieces = carry ? carry_pieces(bytes) : 0;
+    for (int i = 0; i < 2 * CARRY_RANKS; i++)
+        recv[i] = MPI_REQUEST_NULL;
     if (carry) {
         /* the receives first, for the others carry too when all goes well:
          * the data then moves with the records */
         for (int r = 0; r < g->size; r++)
             for (int i = 0; i < mine_pieces; i++) {
-                recv[2 * r + i] = MPI_REQUEST_NULL;
                 if (r != g->rank && carry_recv(g, r, i, tag, &recv[2 * r + i]) != MPI_SUCCESS) {
                     abandon(g, recv, 2 * r + i, NULL, 0);
                     return ndm__fail(NDM_E_IO, api, site, "MPI_Irecv failed");
