@@ -141,7 +141,8 @@ static ndm_status plan(ddp *d, int64_t cap_bytes, const char *api, ndm__site sit
     for (int i = 0; i < d->np; i++) {
         ndm__array *p = ndm__array_peek(d->params[i]), *g = ndm__array_peek(d->grads[i]);
         ndm__array *br = ndm__array_peek(d->b[d->bucket_of[i]].buf);
-        int64_t small[8], *strides = p->ndim <= 8 ? small : malloc((size_t)p->ndim * sizeof *strides);
+        int64_t small[8];
+        int64_t *strides = p->ndim <= 8 ? small : malloc((size_t)p->ndim * sizeof *strides);
         if (!strides)
             return ndm__fail(NDM_E_OOM, api, site, "no memory for a shape");
         int64_t step = 1;

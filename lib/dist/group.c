@@ -590,8 +590,8 @@ static ndm_status agree(ndm__dist_group *g, ndm__dist_kind kind, int64_t arg, co
         }
         mine->shape_hash = h;
     }
-    /* a tag of this agreement's own: a receive of carried data posted for a
-     * rank that sent none can match nothing later while it is cancelled */
+    /* a receive posted for carried data that does not come is cancelled;
+     * a tag of this agreement's own keeps it from matching a later one's */
     static unsigned seq;
     int tag = TAG_CARRY + 2 * (int)(seq++ % 1024);
     MPI_Request req[4 * CARRY_RANKS], recv[2 * CARRY_RANKS];
@@ -938,8 +938,8 @@ static ndm_status inplace_collective(ndm_array a, bool bcast, ndm_dist_op op, in
             local = ndm_last_status();
     }
     /* small: the data goes with the record */
-    int64_t bytes = local == NDM_OK ? ndm__numel(r->ndim, r->shape) * (int64_t)ndm_dtype_size(r->dtype)
-                                    : 0;
+    int64_t bytes =
+        local == NDM_OK ? ndm__numel(r->ndim, r->shape) * (int64_t)ndm_dtype_size(r->dtype) : 0;
     bool carry = !bcast && !tmp.id && g->size <= CARRY_RANKS && bytes > 0 && bytes <= CARRY_BYTES;
     bool carried = false;
     ndm_status st = agree(g, kind, bcast ? root : (int64_t)op, local < 0 ? NULL : r, local, NULL,
