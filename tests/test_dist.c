@@ -720,14 +720,15 @@ static void assert_reference_sum(ndm_array a)
 }
 
 /* The last rank's array differs in size from the others': too large to
- * carry (32 KiB), then carried in two pieces against one. Every rank fails
- * with both shapes named, keeps its own values, and the next all-reduce
- * finds no data left over from the failed one. */
+ * carry (32 KiB), carried in two pieces, and carried in one message of its
+ * own, against a small one. Every rank fails with both shapes named, keeps
+ * its own values, and the next all-reduce finds no data left over from
+ * the failed one. */
 static void test_all_reduce_carried_against_other_sizes_fails_on_every_rank(void **state)
 {
     ndm_manager m = ROOT(state);
-    const int64_t last[] = {8192, 700}, others = 16;
-    for (int k = 0; k < 2; k++) {
+    const int64_t last[] = {8192, 700, 2000}, others = 16;
+    for (int k = 0; k < 3; k++) {
         ndm_array a = filled(m, NDM_F32, R, 1, (int64_t[]){R == S - 1 ? last[k] : others});
         ndm_clear_error();
         assert_status(ndm_all_reduce_(a, NDM_DIST_SUM), NDM_E_SHAPE);

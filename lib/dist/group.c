@@ -526,19 +526,51 @@ static ndm_status agree(ndm__dist_group *g, ndm__dist_kind kind, int64_t arg, co
 
 /* Up to 4 KiB go in two pieces of at most 2 KiB: the shared-memory
  * transport sends a message of up to 4 KiB with its header at once, and
- * a longer one only once its receive is matched (a round trip more). A
- * rank's second piece lands past room for a whole message. */
+ * a longer one only once its receive is matched (a round trip more). Two
+ * ranks send the first piece in the record's message. A rank's slot holds
+ * room for its record, then its data; the second piece lands past room
+ * for a whole message. */
 #define CARRY_PIECE 2048
-#define CARRY_SLOT (CARRY_BYTES + CARRY_PIECE)
+#define CARRY_SLOT (sizeof(rec) + CARRY_BYTES + CARRY_PIECE)
 
 static int carry_pieces(int bytes)
 {
     return bytes <= 0 ? 0 : bytes > CARRY_PIECE && bytes <= 2 * CARRY_PIECE ? 2 : 1;
 }
 
+/* The first piece of `bytes` that goes in a message of its own: 1 when the
+ * first rides with a pair's record (up to 4 KiB: the message stays eager). */
+static int carry_alone(ndm__dist_group *g, int bytes)
+{
+    return g->size == 2 && bytes > 0 && bytes <= 2 * CARRY_PIECE;
+}
+
 static char *carried_data(ndm__dist_group *g, int r)
 {
-    return (char *)g->recs + 2 * (size_t)g->size * sizeof(rec) + (size_t)r * CARRY_SLOT;
+    return (char *)g->recs + 2 * (size_t)g->size * sizeof(rec) + (size_t)r * CARRY_SLOT +
+           sizeof(rec);
+}
+
+/* Two ranks' records, each with the first `first` bytes of its carried
+ * data in the same message; the receive has room for any. */
+static ndm_status exchange_pair(ndm__dist_group *g, rec *all, const void *carry, int first,
+                                const char *api, ndm__site site)
+{
+    int peer = 1 - g->rank;
+    char *out = carried_data(g, g->rank) - sizeof(rec), *in = carried_data(g, peer) - sizeof(rec);
+    memcpy(out, &all[g->rank], sizeof(rec));
+    if (first)
+        memcpy(out + sizeof(rec), carry, (size_t)first);
+    MPI_Request req[2];
+    if (MPI_Irecv(in, (int)(sizeof(rec) + CARRY_BYTES), MPI_BYTE, peer, TAG_RECORDS, g->comm,
+                  &req[0]) != MPI_SUCCESS ||
+        MPI_Isend(out, (int)sizeof(rec) + first, MPI_BYTE, peer, TAG_RECORDS, g->comm,
+                  &req[1]) != MPI_SUCCESS)
+        return ndm__fail(NDM_E_IO, api, site, "MPI_Isend/MPI_Irecv failed");
+    ndm_status st = ndm__dist_wait(g, req, 2, NULL, 0, api, site);
+    if (st == NDM_OK)
+        memcpy(&all[peer], in, sizeof(rec));
+    return st;
 }
 
 /* Post the receive of piece i of what rank r carries. */
@@ -601,21 +633,21 @@ static ndm_status agree(ndm__dist_group *g, ndm__dist_kind kind, int64_t arg, co
         carry = NULL; /* the caller's mistake: agree without */
     if (carry)
         mine->carried = bytes;
-    int mine_pieces = carry ? carry_pieces(bytes) : 0;
+    int mine_pieces = carry ? carry_pieces(bytes) : 0, alone = carry_alone(g, carry ? bytes : 0);
     for (int i = 0; i < 2 * CARRY_RANKS; i++)
         recv[i] = MPI_REQUEST_NULL;
     if (carry) {
         /* the receives first, for the others carry too when all goes well:
          * the data then moves with the records */
         for (int r = 0; r < g->size; r++)
-            for (int i = 0; i < mine_pieces; i++) {
+            for (int i = alone; i < mine_pieces; i++) {
                 if (r != g->rank && carry_recv(g, r, i, tag, &recv[2 * r + i]) != MPI_SUCCESS) {
                     abandon(g, recv, 2 * r + i, NULL, 0);
                     return ndm__fail(NDM_E_IO, api, site, "MPI_Irecv failed");
                 }
             }
         for (int r = 0; r < g->size; r++)
-            for (int i = 0; i < mine_pieces && r != g->rank; i++) {
+            for (int i = alone; i < mine_pieces && r != g->rank; i++) {
                 int off = i * CARRY_PIECE, n = mine_pieces == 1 ? bytes : i ? bytes - CARRY_PIECE
                                                                             : CARRY_PIECE;
                 req[nreq++] = recv[2 * r + i];
@@ -626,11 +658,15 @@ static ndm_status agree(ndm__dist_group *g, ndm__dist_kind kind, int64_t arg, co
                 }
             }
     }
-    st = exchange(g, (char *)all, (char *)(all + g->size), sizeof *all, TAG_RECORDS, api, site);
+    if (g->size == 2)
+        st = exchange_pair(g, all, carry, !alone ? 0 : mine_pieces == 1 ? bytes : CARRY_PIECE, api,
+                           site);
+    else
+        st = exchange(g, (char *)all, (char *)(all + g->size), sizeof *all, TAG_RECORDS, api, site);
     if (st < 0) {
         /* a late rank may carry nothing: the receives must not wait for it */
         for (int r = 0; r < g->size; r++)
-            for (int i = 0; i < mine_pieces && r != g->rank; i++)
+            for (int i = alone; i < mine_pieces && r != g->rank; i++)
                 MPI_Cancel(&recv[2 * r + i]);
         if (nreq)
             abandon(g, req, nreq, &keep, keep.id != 0);
@@ -650,13 +686,18 @@ static ndm_status agree(ndm__dist_group *g, ndm__dist_kind kind, int64_t arg, co
             return ndm__fail(NDM_E_IO, api, site, "rank %d sent %d bytes that cannot be received",
                              r, n);
         }
-        for (int i = sent; i < mine_pieces; i++)
-            MPI_Cancel(&recv[2 * r + i]);
-        for (int i = mine_pieces; i < sent; i++)
-            if (carry_recv(g, r, i, tag, &req[nreq++]) != MPI_SUCCESS) {
+        /* pieces lo .. sent-1 came in messages of their own; alone ..
+         * mine_pieces-1 were awaited so */
+        int lo = carry_alone(g, n);
+        for (int i = 0; i < 2; i++) {
+            bool awaited = i >= alone && i < mine_pieces, came = i >= lo && i < sent;
+            if (awaited && !came)
+                MPI_Cancel(&recv[2 * r + i]);
+            else if (came && !awaited && carry_recv(g, r, i, tag, &req[nreq++]) != MPI_SUCCESS) {
                 abandon(g, req, nreq - 1, &keep, keep.id != 0);
                 return ndm__fail(NDM_E_IO, api, site, "MPI_Irecv failed");
             }
+        }
     }
     if (nreq && (st = ndm__dist_wait(g, req, nreq, &keep, keep.id != 0, api, site)) < 0) {
         keep_block(g, g->recs);
