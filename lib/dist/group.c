@@ -6,6 +6,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -237,10 +238,17 @@ ndm_status ndm__dist_wait(ndm__dist_group *g, MPI_Request *reqs, int n, const nd
  * time, with OpenMPI's tuned algorithms. */
 #define TAG_READY 4000
 
+/* Set while the main thread waits in ndm__dist_drain: backward is over,
+ * and the core is the worker's. */
+static atomic_bool draining;
+
 /* Return once every rank's worker has come to this job (a dissemination
- * barrier of empty messages), sleeping between polls: MPI's blocking
- * collectives spin while they wait for a late rank, on a core that this
- * rank's backward wants. The main thread bounds the wait, not this. */
+ * barrier of empty messages), sleeping between polls while backward runs:
+ * MPI's blocking collectives spin while they wait for a late rank, on a
+ * core that this rank's backward wants. Once the main thread only waits,
+ * a sleep would only add a wake-up to every bucket left: the worker then
+ * offers the core (sched_yield) instead. The main thread bounds the wait,
+ * not this. */
 static void worker_ready(ndm__dist_group *g)
 {
     for (int k = 0, dist = 1; dist < g->size; k++, dist *= 2) {
@@ -252,7 +260,10 @@ static void worker_ready(ndm__dist_group *g)
         for (int done = 0;;) {
             if (MPI_Testall(2, req, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS || done)
                 break;
-            nanosleep(&(struct timespec){0, 20000}, NULL);
+            if (atomic_load_explicit(&draining, memory_order_relaxed))
+                sched_yield();
+            else
+                nanosleep(&(struct timespec){0, 20000}, NULL);
         }
     }
 }
@@ -337,8 +348,10 @@ ndm_status ndm__dist_drain(ndm__dist_group *g, const char *api, ndm__site site)
             dl.tv_nsec -= 1000000000L;
         }
         int rc = 0;
+        atomic_store_explicit(&draining, true, memory_order_relaxed);
         while (g->done != g->posted && rc != ETIMEDOUT)
             rc = pthread_cond_timedwait(&g->idle, &g->mu, &dl);
+        atomic_store_explicit(&draining, false, memory_order_relaxed);
     }
     bool late = g->done != g->posted;
     /* after a timeout: the arrays the worker may still write, kept below */
