@@ -46,7 +46,8 @@
  * communication thread per process (started by the first bucket, ended by
  * ndm_dist_finalize()), while backward goes on; the thread waits, asleep,
  * until every rank has reached the bucket, so that MPI's call does not
- * spin on a core backward wants while a rank is late; each bucket carries a
+ * spin on a core backward wants while a rank is late (once ndm_ddp_step()
+ * waits, it yields the core between polls instead); each bucket carries a
  * failure flag, and the messages are exchanged only when a flag is set.
  * ndm_ddp_step() waits for the buckets, bounded by the same timeout; after
  * a timeout the group keeps (views of) the buckets still in flight or not
