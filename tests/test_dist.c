@@ -651,10 +651,11 @@ static void test_ddp_buckets_are_model_arrays_shown_in_dumps(void **state)
     FILE *f = open_memstream(&buf, &len);
     assert_ok(ndm_debug_dump(model, f));
     fclose(f);
-    /* 4 buckets of (gradients + 1 flag) floats */
+    /* 4 buckets of (gradients + 1 flag) floats, and the 4 gradients as
+     * views of them: their storage counts once */
     char want[128];
     int64_t bytes = 4 * ((int64_t)HID * IN + HID + CLASSES * HID + CLASSES + 4);
-    snprintf(want, sizeof want, "arrays 4 [new]  bytes %lld", (long long)bytes);
+    snprintf(want, sizeof want, "arrays 8 [new]  bytes %lld", (long long)bytes);
     if (!strstr(buf, "ddp") || !strstr(buf, want))
         fail_msg("no ddp line with \"%s\" in:\n%s", want, buf);
     free(buf);
@@ -662,6 +663,111 @@ static void test_ddp_buckets_are_model_arrays_shown_in_dumps(void **state)
     assert_status(ndm_ddp_close(d), NDM_ALREADY);
     assert_int_equal(ndm_ddp_buckets(d), NDM_E_CLOSED);
     assert_ok(ndm_manager_close(model));
+}
+
+/* Backward accumulates straight into the buckets: each gradient is a view
+ * of its bucket, holding what the gradient held before, until the wrapper
+ * closes and gives every parameter its own array back with the values. */
+static void test_ddp_gradients_live_in_the_buckets_until_the_close(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_manager model = ndm_manager_new(m, "model");
+    ndm_module net = mlp(model);
+    ndm_optimizer opt = ndm_sgd(model, net, 0.1, 0.0, 0.0);
+    ndm_array p[4];
+    assert_int_equal(ndm_module_parameters(net, p, 4), 4);
+    ndm_array own = ndm_grad_to(m, p[0]);
+    float *o = ndm_array_data(own);
+    o[0] = 3;
+    ndm_ddp d = ndm_ddp_new(model, net, opt, NULL);
+    assert_int_equal(ndm_ddp_buckets(d), 1);
+    ndm_array in_bucket = ndm_grad_to(m, p[0]);
+    float *b = ndm_array_data(in_bucket);
+    assert_ptr_not_equal(b, o);
+    assert_true(b[0] == 3);
+    b[0] = 5;
+    assert_ok(ndm_ddp_close(d));
+    ndm_array back = ndm_grad_to(m, p[0]);
+    assert_ptr_equal(ndm_array_data(back), o);
+    assert_true(o[0] == 5);
+    assert_ok(ndm_array_release(back));
+    assert_ok(ndm_array_release(in_bucket));
+    assert_ok(ndm_array_release(own));
+    assert_ok(ndm_manager_close(model));
+}
+
+/* ---- small all-reduces carry their data with the agreement ------------------------------ */
+
+/* Each rank's own values, unchanged: what a failed collective must leave. */
+static void assert_own_values(ndm_array a)
+{
+    double *v = values(a);
+    for (int64_t i = 0; i < ndm_array_size(a); i++)
+        if (v[i] != value(ndm_array_dtype(a), R, i))
+            fail_msg("element %lld: %g, want this rank's own %g", (long long)i, v[i],
+                     value(ndm_array_dtype(a), R, i));
+    free(v);
+}
+
+static void assert_reference_sum(ndm_array a)
+{
+    double *v = values(a);
+    for (int64_t i = 0; i < ndm_array_size(a); i++)
+        if (v[i] != reference(ndm_array_dtype(a), NDM_DIST_SUM, i))
+            fail_msg("element %lld: %g, want %g", (long long)i, v[i],
+                     reference(ndm_array_dtype(a), NDM_DIST_SUM, i));
+    free(v);
+}
+
+/* The last rank's array differs in size from the others': too large to
+ * carry (32 KiB), carried in two pieces, and carried in one message of its
+ * own, against a small one. Every rank fails with both shapes named, keeps
+ * its own values, and the next all-reduce finds no data left over from
+ * the failed one. */
+static void test_all_reduce_carried_against_other_sizes_fails_on_every_rank(void **state)
+{
+    ndm_manager m = ROOT(state);
+    const int64_t last[] = {8192, 700, 2000}, others = 16;
+    for (int k = 0; k < 3; k++) {
+        ndm_array a = filled(m, NDM_F32, R, 1, (int64_t[]){R == S - 1 ? last[k] : others});
+        ndm_clear_error();
+        assert_status(ndm_all_reduce_(a, NDM_DIST_SUM), NDM_E_SHAPE);
+        char want[128];
+        snprintf(want, sizeof want, "rank 0 has float32 [%lld] and rank %d has float32 [%lld]",
+                 (long long)others, S - 1, (long long)last[k]);
+        assert_error_has(want);
+        assert_own_values(a);
+        assert_ok(ndm_array_release(a));
+        ndm_array b = filled(m, NDM_F32, R, 1, (int64_t[]){700});
+        assert_ok(ndm_all_reduce_(b, NDM_DIST_SUM));
+        assert_reference_sum(b);
+        assert_ok(ndm_array_release(b));
+    }
+}
+
+/* Rank 0 passes a strided view, which it cannot send as it is: the others,
+ * who could carry theirs, fall back with it to MPI's all-reduce. */
+static void test_all_reduce_one_strided_rank_among_carrying_ones_matches_the_reference(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_array c = filled(m, NDM_F32, R, 2, (int64_t[]){4, 3});
+    ndm_array base = NDM_NULL_ARRAY, a = c;
+    if (R == 0) {
+        /* a [4, 3] view whose row-major elements are c's */
+        ndm_array t = ndm_transpose(c);
+        base = ndm_contiguous(t);
+        assert_ok(ndm_array_release(t));
+        a = ndm_transpose(base);
+        assert_live(a);
+        assert_false(ndm_array_is_contiguous(a));
+    }
+    assert_ok(ndm_all_reduce_(a, NDM_DIST_SUM));
+    assert_reference_sum(a);
+    if (R == 0) {
+        assert_ok(ndm_array_release(a));
+        assert_ok(ndm_array_release(base));
+    }
+    assert_ok(ndm_array_release(c));
 }
 
 int main(void)
@@ -693,6 +799,9 @@ int main(void)
         TEST(test_ddp_failing_rank_ends_the_step_on_every_rank),
         TEST(test_ddp_collective_between_backward_and_step_keeps_the_order),
         TEST(test_ddp_buckets_are_model_arrays_shown_in_dumps),
+        TEST(test_ddp_gradients_live_in_the_buckets_until_the_close),
+        TEST(test_all_reduce_carried_against_other_sizes_fails_on_every_rank),
+        TEST(test_all_reduce_one_strided_rank_among_carrying_ones_matches_the_reference),
     };
     char name[32];
     snprintf(name, sizeof name, "dist rank %d of %d", R, S);

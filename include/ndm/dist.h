@@ -24,6 +24,10 @@
  *     operation or root NDM_E_INVALID, a device mismatch NDM_E_DEVICE, each
  *     naming the lowest rank that differs from rank 0 and both values;
  *   no data moves and the arrays are unchanged.
+ * An all-reduce of up to 16 KiB in a group of up to 4 ranks sends its data
+ * with the agreement record and every rank sums the ranks' data in rank
+ * order (the same bits on every rank), so the call costs one round of
+ * messages; any other collective agrees first, then calls MPI.
  * Waits are bounded: the agreement is driven with nonblocking calls and a
  * test loop; a rank that does not take part within NDM_DIST_TIMEOUT_S
  * seconds (default 300; ndm_dist_set_timeout() overrides it) makes the call
@@ -42,7 +46,8 @@
  * communication thread per process (started by the first bucket, ended by
  * ndm_dist_finalize()), while backward goes on; the thread waits, asleep,
  * until every rank has reached the bucket, so that MPI's call does not
- * spin on a core backward wants while a rank is late; each bucket carries a
+ * spin on a core backward wants while a rank is late (once ndm_ddp_step()
+ * waits, it yields the core between polls instead); each bucket carries a
  * failure flag, and the messages are exchanged only when a flag is set.
  * ndm_ddp_step() waits for the buckets, bounded by the same timeout; after
  * a timeout the group keeps (views of) the buckets still in flight or not
@@ -183,7 +188,12 @@ typedef struct ndm_ddp_options {
  *  buffer of net from rank 0, then makes the gradient buckets: one array
  *  per bucket (its gradients and a failure flag) in "ddp", a child manager
  *  of `model`, made once and reused by every step, so they show in
- *  ndm_debug_dump (call it before capping the model's children). Buckets
+ *  ndm_debug_dump (call it before capping the model's children). Each
+ *  parameter's gradient becomes a view of its bucket (in "ddp", holding
+ *  the gradient's values), so backward accumulates straight into the
+ *  buckets: gradient handles taken with ndm_grad_to() before this call,
+ *  and graphs recorded before it, keep the former gradient array, which
+ *  ndm_ddp_close() gives back to the parameter with the views' values. Buckets
  *  follow the parameters in reverse order, where backward produces their
  *  gradients first, and group parameters of one dtype. Closing the model
  *  or the wrapper between ndm_ddp_backward() and ndm_ddp_step() is a
@@ -195,7 +205,8 @@ typedef struct ndm_ddp_options {
 /** ndm_ddp_new() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_ddp ndm_ddp_new_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module net,
                                ndm_optimizer opt, const ndm_ddp_options *opts);
-/** Backward from `loss` (as ndm_backward()), handing each bucket's
+/** Backward from `loss` (as ndm_backward(), but seeded with 1/size, so that
+ *  the buckets' sum is the ranks' mean), handing each bucket's
  *  all-reduce to the communication thread as soon as backward has produced
  *  all its gradients, while backward goes on. Call it on every rank every step,
  *  also when this rank's forward pass failed (loss null): the failure is
@@ -204,8 +215,8 @@ NDM_API ndm_ddp ndm_ddp_new_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module ne
 #define ndm_ddp_backward(d, loss) ndm_ddp_backward_at(NDM_HERE, (d), (loss))
 /** ndm_ddp_backward() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_status ndm_ddp_backward_at(NDM_SITE_PARAMS, ndm_ddp d, ndm_array loss);
-/** Wait for every bucket (bounded: NDM_E_TIMEOUT), write the mean of the
- *  ranks' gradients into every parameter's gradient, take the optimizer
+/** Wait for every bucket (bounded: NDM_E_TIMEOUT), which leaves the mean
+ *  of the ranks' gradients in every parameter's gradient, take the optimizer
  *  step and zero the gradients. When any rank failed this step, no rank
  *  steps: every rank returns the lowest failing rank's status and message
  *  ("rank N: ...") and its gradients are zeroed, so the next step starts
@@ -215,7 +226,9 @@ NDM_API ndm_status ndm_ddp_backward_at(NDM_SITE_PARAMS, ndm_ddp d, ndm_array los
 NDM_API NDM_NODISCARD ndm_status ndm_ddp_step_at(NDM_SITE_PARAMS, ndm_ddp d);
 /** Buckets of the wrapper, or a negative status. */
 NDM_API int ndm_ddp_buckets(ndm_ddp d);
-/** Free the wrapper and its buckets now. NDM_ALREADY when already freed. */
+/** Give each parameter its own gradient array back (with the values of
+ *  its view), then free the wrapper and its buckets. NDM_ALREADY when
+ *  already freed. */
 NDM_API ndm_status ndm_ddp_close(ndm_ddp d);
 
 /* ---- sharded loading ---------------------------------------------------------------------- */

@@ -1,6 +1,6 @@
-/* Data-parallel training: gradients gathered into buckets while backward
- * runs, each handed to the communication thread as soon as it is full,
- * averaged before the step. */
+/* Data-parallel training: gradients are views of communication buckets,
+ * so backward accumulates straight into them; each bucket goes to the
+ * communication thread as soon as backward has finished its gradients. */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,7 +32,8 @@ typedef struct ddp {
     ndm_optimizer opt;
     int np, nb;
     ndm_array *params;       /* in bucket order: the net's parameters reversed */
-    ndm_array *grads;        /* their gradient arrays (not fresh handles) */
+    ndm_array *grads;        /* their gradients: views of the buckets, in mgr */
+    ndm_array *orig;         /* the gradient arrays they replace, given back at the close */
     int *bucket_of;
     int64_t *offset;         /* element offset in the bucket */
     bool *ready;
@@ -53,12 +54,25 @@ static void ddp_destroy(void *p)
         if (g)
             (void)ndm__dist_drain(g, "ndm_ddp_close", NDM__NO_SITE);
     }
+    /* the parameters that outlive the wrapper get their own gradient arrays
+     * back, with the values of the views */
+    for (int i = 0; d->orig && i < d->np; i++) {
+        if (!d->orig[i].id || !ndm_array_valid(d->params[i]))
+            continue;
+        ndm__array *v = ndm__array_peek(d->grads[i]), *o = ndm__array_peek(d->orig[i]);
+        if (v && o)
+            memcpy(ndm__array_ptr(o), ndm__array_ptr(v),
+                   (size_t)ndm__numel(o->ndim, o->shape) * ndm_dtype_size(o->dtype));
+        if (o)
+            (void)ndm__ag_set_grad(d->params[i], d->orig[i]);
+    }
     /* the buckets are arrays of the model's "ddp" manager: gone with it, or
      * closed here when the wrapper goes first */
     if (d->mgr.id && ndm_manager_valid(d->mgr))
         (void)!ndm_manager_close(d->mgr);
     free(d->params);
     free(d->grads);
+    free(d->orig);
     free(d->bucket_of);
     free(d->offset);
     free(d->ready);
@@ -122,6 +136,32 @@ static ndm_status plan(ddp *d, int64_t cap_bytes, const char *api, ndm__site sit
         if (!d->b[k].buf.id)
             return ndm_last_status();
     }
+    /* every gradient becomes a view of its place in the bucket, holding
+     * what the gradient held */
+    for (int i = 0; i < d->np; i++) {
+        ndm__array *p = ndm__array_peek(d->params[i]), *g = ndm__array_peek(d->grads[i]);
+        ndm__array *br = ndm__array_peek(d->b[d->bucket_of[i]].buf);
+        int64_t small[8];
+        int64_t *strides = p->ndim <= 8 ? small : malloc((size_t)p->ndim * sizeof *strides);
+        if (!strides)
+            return ndm__fail(NDM_E_OOM, api, site, "no memory for a shape");
+        int64_t step = 1;
+        for (int k = p->ndim - 1; k >= 0; k--) {
+            strides[k] = step;
+            step *= p->shape[k];
+        }
+        ndm__array *vr;
+        ndm_array v = ndm__array_view(site, api, d->mgr, br, p->dtype, p->ndim, p->shape, strides,
+                                      d->offset[i], &vr);
+        if (strides != small)
+            free(strides);
+        if (!v.id)
+            return ndm_last_status();
+        memcpy(ndm__array_ptr(vr), ndm__array_ptr(g),
+               (size_t)ndm__numel(p->ndim, p->shape) * ndm_dtype_size(p->dtype));
+        d->orig[i] = ndm__ag_set_grad(d->params[i], v);
+        d->grads[i] = v;
+    }
     return NDM_OK;
 }
 
@@ -157,11 +197,13 @@ NDM_API ndm_ddp ndm_ddp_new_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module ne
             size_t n = (size_t)(np ? np : 1);
             d->params = malloc(n * sizeof *d->params);
             d->grads = malloc(n * sizeof *d->grads);
+            d->orig = calloc(n, sizeof *d->orig);
             d->bucket_of = malloc(n * sizeof *d->bucket_of);
             d->offset = malloc(n * sizeof *d->offset);
             d->ready = calloc(n, sizeof *d->ready);
         }
-        if (!d || !state || !d->params || !d->grads || !d->bucket_of || !d->offset || !d->ready)
+        if (!d || !state || !d->params || !d->grads || !d->orig || !d->bucket_of || !d->offset ||
+            !d->ready)
             local = ndm__fail(NDM_E_OOM, api, site, "no memory for a data-parallel wrapper");
     }
     if (local == NDM_OK) {
@@ -274,15 +316,7 @@ static void take(ddp *d, int i)
     if (d->ready[i])
         return;
     d->ready[i] = true;
-    bucket *b = &d->b[d->bucket_of[i]];
-    ndm__array *g = ndm__array_peek(d->grads[i]);
-    ndm__array *br = ndm__array_peek(b->buf);
-    if (g && br) {
-        size_t es = ndm_dtype_size(b->dtype);
-        memcpy((char *)ndm__array_ptr(br) + d->offset[i] * (int64_t)es, ndm__array_ptr(g),
-               (size_t)ndm__numel(g->ndim, g->shape) * es);
-    }
-    b->pending--;
+    d->b[d->bucket_of[i]].pending--;
 }
 
 /* backward's report that a gradient is complete */
@@ -348,7 +382,20 @@ NDM_API ndm_status ndm_ddp_backward_at(NDM_SITE_PARAMS, ndm_ddp h, ndm_array los
         st = ndm__fail_null(__func__, site, "loss");
         note_failure(d, st);
     } else {
-        st = ndm__ag_backward_hooked(site, loss, NDM_NULL_ARRAY, on_ready, d);
+        /* backward from 1/size instead of 1: the buckets' sum is then the
+         * ranks' mean, with no pass over the gradients after it */
+        ndm__dist_group *g = ndm__dist_group_get(__func__, site);
+        ndm__array *lr = ndm__array_peek(loss);
+        ndm_array seed = NDM_NULL_ARRAY;
+        if (g && g->size > 1 && lr)
+            seed = ndm_full_at(NDM__SITE_ARGS(site), ndm_array_manager(loss), lr->dtype,
+                               1.0 / g->size, lr->ndim, lr->shape);
+        if (g && g->size > 1 && lr && !seed.id)
+            st = ndm_last_status();
+        else
+            st = ndm__ag_backward_hooked(site, loss, seed, on_ready, d);
+        if (seed.id)
+            (void)!ndm_array_release(seed);
         if (st < 0)
             note_failure(d, st);
     }
@@ -379,8 +426,11 @@ NDM_API ndm_status ndm_ddp_step_at(NDM_SITE_PARAMS, ndm_ddp h)
     if (st < 0)
         return st;
     bool any_failed = false;
-    for (int k = 0; k < d->nb; k++)
+    for (int k = 0; k < d->nb; k++) {
+        if (!ndm__array_peek(d->b[k].buf))
+            return ndm__fail(NDM_E_CLOSED, api, site, "a bucket was released");
         any_failed |= flag_set(&d->b[k]);
+    }
     if (any_failed || d->failed < 0) {
         /* learn who failed and why, all ranks alike */
         st = ndm__dist_agree(g, NDM__DIST_DDP_STEP, 0, NULL, d->failed,
@@ -391,29 +441,7 @@ NDM_API ndm_status ndm_ddp_step_at(NDM_SITE_PARAMS, ndm_ddp h)
         (void)!ndm_optimizer_zero_grad(d->opt);
         return st;
     }
-    for (int i = 0; i < d->np; i++) {
-        bucket *b = &d->b[d->bucket_of[i]];
-        ndm__array *gr = ndm__array_peek(d->grads[i]);
-        ndm__array *br = ndm__array_peek(b->buf);
-        if (!gr || !br)
-            return ndm__fail(NDM_E_CLOSED, api, site, "a gradient or bucket was released");
-        size_t es = ndm_dtype_size(b->dtype);
-        int64_t n = ndm__numel(gr->ndim, gr->shape);
-        char *src = (char *)ndm__array_ptr(br) + d->offset[i] * (int64_t)es;
-        void *dst = ndm__array_ptr(gr);
-        /* the mean on the way back: one pass over the common dtypes */
-        if (b->dtype == NDM_F32) {
-            float k = (float)g->size;
-            for (int64_t e = 0; e < n; e++)
-                ((float *)dst)[e] = ((const float *)src)[e] / k;
-        } else if (b->dtype == NDM_F64) {
-            for (int64_t e = 0; e < n; e++)
-                ((double *)dst)[e] = ((const double *)src)[e] / g->size;
-        } else {
-            ndm__dist_divide(src, n, b->dtype, g->size);
-            memcpy(dst, src, (size_t)n * es);
-        }
-    }
+    /* the gradients are the buckets' views and hold the mean already */
     st = ndm_optimizer_step(d->opt);
     if (st == NDM_OK)
         st = ndm_optimizer_zero_grad(d->opt);

@@ -6,10 +6,14 @@
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 
 #include "group.h"
 #include "ndm/array.h"
@@ -177,6 +181,26 @@ NDM_API ndm_status ndm_dist_set_timeout(double seconds)
 
 /* ---- bounded waits ---------------------------------------------------------------------- */
 
+/* Break the group, keeping n requests MPI may still complete and a view of
+ * each of the nkeep arrays they may still read or write. */
+static void abandon(ndm__dist_group *g, MPI_Request *reqs, int n, const ndm_array *keep,
+                    int nkeep)
+{
+    MPI_Request *kept = realloc(g->abandoned, (size_t)(g->nabandoned + n) * sizeof *kept);
+    if (kept) {
+        memcpy(kept + g->nabandoned, reqs, (size_t)n * sizeof *reqs);
+        g->abandoned = kept;
+        g->nabandoned += n;
+    }
+    if (nkeep) {
+        if (!g->keep.id)
+            g->keep = ndm_manager_new(ndm_system(), "dist");
+        for (int i = 0; i < nkeep && g->keep.id; i++)
+            (void)ndm_alias_to(g->keep, keep[i]);
+    }
+    g->broken = true;
+}
+
 ndm_status ndm__dist_wait(ndm__dist_group *g, MPI_Request *reqs, int n, const ndm_array *keep,
                           int nkeep, const char *api, ndm__site site)
 {
@@ -198,19 +222,7 @@ ndm_status ndm__dist_wait(ndm__dist_group *g, MPI_Request *reqs, int n, const nd
             break;
         sched_yield();
     }
-    MPI_Request *kept = realloc(g->abandoned, (size_t)(g->nabandoned + n) * sizeof *kept);
-    if (kept) {
-        memcpy(kept + g->nabandoned, reqs, (size_t)n * sizeof *reqs);
-        g->abandoned = kept;
-        g->nabandoned += n;
-    }
-    if (nkeep) {
-        if (!g->keep.id)
-            g->keep = ndm_manager_new(ndm_system(), "dist");
-        for (int i = 0; i < nkeep && g->keep.id; i++)
-            (void)ndm_alias_to(g->keep, keep[i]);
-    }
-    g->broken = true;
+    abandon(g, reqs, n, keep, nkeep);
     return ndm__fail(NDM_E_TIMEOUT, api, site,
                      "rank %d waited %g s (NDM_DIST_TIMEOUT_S) for the other ranks: one of them "
                      "is not taking part (dead, stuck, or calling collectives in another order)",
@@ -226,10 +238,17 @@ ndm_status ndm__dist_wait(ndm__dist_group *g, MPI_Request *reqs, int n, const nd
  * time, with OpenMPI's tuned algorithms. */
 #define TAG_READY 4000
 
+/* Set while the main thread waits in ndm__dist_drain: backward is over,
+ * and the core is the worker's. */
+static atomic_bool draining;
+
 /* Return once every rank's worker has come to this job (a dissemination
- * barrier of empty messages), sleeping between polls: MPI's blocking
- * collectives spin while they wait for a late rank, on a core that this
- * rank's backward wants. The main thread bounds the wait, not this. */
+ * barrier of empty messages), sleeping between polls while backward runs:
+ * MPI's blocking collectives spin while they wait for a late rank, on a
+ * core that this rank's backward wants. Once the main thread only waits,
+ * a sleep would only add a wake-up to every bucket left: the worker then
+ * offers the core (sched_yield) instead. The main thread bounds the wait,
+ * not this. */
 static void worker_ready(ndm__dist_group *g)
 {
     for (int k = 0, dist = 1; dist < g->size; k++, dist *= 2) {
@@ -241,7 +260,10 @@ static void worker_ready(ndm__dist_group *g)
         for (int done = 0;;) {
             if (MPI_Testall(2, req, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS || done)
                 break;
-            nanosleep(&(struct timespec){0, 20000}, NULL);
+            if (atomic_load_explicit(&draining, memory_order_relaxed))
+                sched_yield();
+            else
+                nanosleep(&(struct timespec){0, 20000}, NULL);
         }
     }
 }
@@ -249,6 +271,11 @@ static void worker_ready(ndm__dist_group *g)
 static void *worker_main(void *arg)
 {
     ndm__dist_group *g = arg;
+#ifdef PR_SET_TIMERSLACK
+    /* the ready barrier's 20 us sleeps last 80 us under Linux's default
+     * 50 us slack; about 30 us without */
+    (void)prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+#endif
     pthread_mutex_lock(&g->mu);
     for (;;) {
         while (!g->head && !g->stop)
@@ -321,8 +348,10 @@ ndm_status ndm__dist_drain(ndm__dist_group *g, const char *api, ndm__site site)
             dl.tv_nsec -= 1000000000L;
         }
         int rc = 0;
+        atomic_store_explicit(&draining, true, memory_order_relaxed);
         while (g->done != g->posted && rc != ETIMEDOUT)
             rc = pthread_cond_timedwait(&g->idle, &g->mu, &dl);
+        atomic_store_explicit(&draining, false, memory_order_relaxed);
     }
     bool late = g->done != g->posted;
     /* after a timeout: the arrays the worker may still write, kept below */
@@ -388,7 +417,8 @@ ndm_status ndm__dist_drain(ndm__dist_group *g, const char *api, ndm__site site)
  * ranks' messages go in a second exchange, only when one of them failed. */
 typedef struct rec {
     int32_t status, kind, dtype, ndim;
-    int32_t dev_type, dev_index, has_array, pad;
+    int32_t dev_type, dev_index, has_array;
+    int32_t carried;     /* bytes of data sent with the record to every other rank */
     int64_t arg, numel;
     uint64_t shape_hash; /* every dimension, also those past REC_DIMS */
     int64_t shape[REC_DIMS];
@@ -487,16 +517,103 @@ static ndm_status failure(ndm__dist_group *g, const rec *all, ndm_status local, 
     return st;
 }
 
+/* Small all-reduces in small groups send their data with the record to
+ * every other rank and reduce locally once the records agree: one round of
+ * messages instead of the agreement's and then MPI's. Past CARRY_BYTES,
+ * MPI's all-reduce moves less than everyone's data to everyone, and the
+ * agreement is a small part of its time. */
+#define CARRY_BYTES (16 << 10)
+#define CARRY_RANKS 4
+#define TAG_CARRY 8192
+
+/* The agreement of ndm__dist_agree; when `carry` is not NULL, its `bytes`
+ * go to every other rank alongside the record (bytes <= CARRY_BYTES, and
+ * size <= CARRY_RANKS), and *carried says on return whether every rank did
+ * so with records that agree: then rank r's data is at carried_data(g, r)
+ * for r != rank. Every rank receives whatever was sent to it, agreeing or
+ * not, so that nothing is left to match a later receive. `keep` is the
+ * array carry lies in, kept by the group when a wait times out. */
+static ndm_status agree(ndm__dist_group *g, ndm__dist_kind kind, int64_t arg, const ndm__array *a,
+                        ndm_status local, const char *msg, const void *carry, int bytes,
+                        ndm_array keep, bool *carried, const char *api, ndm__site site);
+
+/* Up to 4 KiB go in two pieces of at most 2 KiB: the shared-memory
+ * transport sends a message of up to 4 KiB with its header at once, and
+ * a longer one only once its receive is matched (a round trip more). Two
+ * ranks send the first piece in the record's message. A rank's slot holds
+ * room for its record, then its data; the second piece lands past room
+ * for a whole message. */
+#define CARRY_PIECE 2048
+#define CARRY_SLOT (sizeof(rec) + CARRY_BYTES + CARRY_PIECE)
+
+static int carry_pieces(int bytes)
+{
+    return bytes <= 0 ? 0 : bytes > CARRY_PIECE && bytes <= 2 * CARRY_PIECE ? 2 : 1;
+}
+
+/* The first piece of `bytes` that goes in a message of its own: 1 when the
+ * first rides with a pair's record (up to 4 KiB: the message stays eager). */
+static int carry_alone(ndm__dist_group *g, int bytes)
+{
+    return g->size == 2 && bytes > 0 && bytes <= 2 * CARRY_PIECE;
+}
+
+static char *carried_data(ndm__dist_group *g, int r)
+{
+    return (char *)g->recs + 2 * (size_t)g->size * sizeof(rec) + (size_t)r * CARRY_SLOT +
+           sizeof(rec);
+}
+
+/* Two ranks' records, each with the first `first` bytes of its carried
+ * data in the same message; the receive has room for any. */
+static ndm_status exchange_pair(ndm__dist_group *g, rec *all, const void *carry, int first,
+                                const char *api, ndm__site site)
+{
+    int peer = 1 - g->rank;
+    char *out = carried_data(g, g->rank) - sizeof(rec), *in = carried_data(g, peer) - sizeof(rec);
+    memcpy(out, &all[g->rank], sizeof(rec));
+    if (first)
+        memcpy(out + sizeof(rec), carry, (size_t)first);
+    MPI_Request req[2];
+    if (MPI_Irecv(in, (int)(sizeof(rec) + CARRY_BYTES), MPI_BYTE, peer, TAG_RECORDS, g->comm,
+                  &req[0]) != MPI_SUCCESS ||
+        MPI_Isend(out, (int)sizeof(rec) + first, MPI_BYTE, peer, TAG_RECORDS, g->comm,
+                  &req[1]) != MPI_SUCCESS)
+        return ndm__fail(NDM_E_IO, api, site, "MPI_Isend/MPI_Irecv failed");
+    ndm_status st = ndm__dist_wait(g, req, 2, NULL, 0, api, site);
+    if (st == NDM_OK)
+        memcpy(&all[peer], in, sizeof(rec));
+    return st;
+}
+
+/* Post the receive of piece i of what rank r carries. */
+static int carry_recv(ndm__dist_group *g, int r, int i, int tag, MPI_Request *req)
+{
+    return MPI_Irecv(carried_data(g, r) + (i ? CARRY_BYTES : 0), i ? CARRY_PIECE : CARRY_BYTES,
+                     MPI_BYTE, r, tag + i, g->comm, req);
+}
+
 ndm_status ndm__dist_agree(ndm__dist_group *g, ndm__dist_kind kind, int64_t arg,
                            const ndm__array *a, ndm_status local, const char *msg,
                            const char *api, ndm__site site)
 {
+    return agree(g, kind, arg, a, local, msg, NULL, 0, NDM_NULL_ARRAY, NULL, api, site);
+}
+
+static ndm_status agree(ndm__dist_group *g, ndm__dist_kind kind, int64_t arg, const ndm__array *a,
+                        ndm_status local, const char *msg, const void *carry, int bytes,
+                        ndm_array keep, bool *carried, const char *api, ndm__site site)
+{
+    if (carried)
+        *carried = false;
     /* the data-parallel worker may be inside MPI: it finishes first */
     ndm_status st = ndm__dist_drain(g, api, site);
     if (st < 0)
         return st;
-    /* records and scratch, made once; a timeout hands them to the kept blocks */
-    if (!g->recs && !(g->recs = calloc(2 * (size_t)g->size, sizeof(rec))))
+    /* records, scratch and room for carried data, made once; a timeout
+     * hands them to the kept blocks */
+    size_t carry_room = g->size <= CARRY_RANKS ? (size_t)g->size * CARRY_SLOT : 0;
+    if (!g->recs && !(g->recs = calloc(1, 2 * (size_t)g->size * sizeof(rec) + carry_room)))
         return ndm__fail(NDM_E_OOM, api, site, "no memory for %d agreement records", g->size);
     rec *all = g->recs, *mine = all + g->rank;
     memset(mine, 0, sizeof *mine);
@@ -518,11 +635,94 @@ ndm_status ndm__dist_agree(ndm__dist_group *g, ndm__dist_kind kind, int64_t arg,
         }
         mine->shape_hash = h;
     }
-    st = exchange(g, (char *)all, (char *)(all + g->size), sizeof *all, TAG_RECORDS, api, site);
+    /* a receive posted for carried data that does not come is cancelled;
+     * a tag of this agreement's own keeps it from matching a later one's */
+    static unsigned seq;
+    int tag = TAG_CARRY + 2 * (int)(seq++ % 1024);
+    MPI_Request req[4 * CARRY_RANKS], recv[2 * CARRY_RANKS];
+    bool all_carried;
+    int nreq = 0;
+    if (carry && (g->size > CARRY_RANKS || bytes <= 0 || bytes > CARRY_BYTES))
+        carry = NULL; /* the caller's mistake: agree without */
+    if (carry)
+        mine->carried = bytes;
+    int mine_pieces = carry ? carry_pieces(bytes) : 0, alone = carry_alone(g, carry ? bytes : 0);
+    for (int i = 0; i < 2 * CARRY_RANKS; i++)
+        recv[i] = MPI_REQUEST_NULL;
+    if (carry) {
+        /* the receives first, for the others carry too when all goes well:
+         * the data then moves with the records */
+        for (int r = 0; r < g->size; r++)
+            for (int i = alone; i < mine_pieces; i++) {
+                if (r != g->rank && carry_recv(g, r, i, tag, &recv[2 * r + i]) != MPI_SUCCESS) {
+                    abandon(g, recv, 2 * r + i, NULL, 0);
+                    return ndm__fail(NDM_E_IO, api, site, "MPI_Irecv failed");
+                }
+            }
+        for (int r = 0; r < g->size; r++)
+            for (int i = alone; i < mine_pieces && r != g->rank; i++) {
+                int off = i * CARRY_PIECE, n = mine_pieces == 1 ? bytes : i ? bytes - CARRY_PIECE
+                                                                            : CARRY_PIECE;
+                req[nreq++] = recv[2 * r + i];
+                if (MPI_Isend((const char *)carry + off, n, MPI_BYTE, r, tag + i, g->comm,
+                              &req[nreq++]) != MPI_SUCCESS) {
+                    abandon(g, req, nreq - 1, &keep, keep.id != 0);
+                    return ndm__fail(NDM_E_IO, api, site, "MPI_Isend failed");
+                }
+            }
+    }
+    if (g->size == 2)
+        st = exchange_pair(g, all, carry, !alone ? 0 : mine_pieces == 1 ? bytes : CARRY_PIECE, api,
+                           site);
+    else
+        st = exchange(g, (char *)all, (char *)(all + g->size), sizeof *all, TAG_RECORDS, api, site);
     if (st < 0) {
+        /* a late rank may carry nothing: the receives must not wait for it */
+        for (int r = 0; r < g->size; r++)
+            for (int i = alone; i < mine_pieces && r != g->rank; i++)
+                MPI_Cancel(&recv[2 * r + i]);
+        if (nreq)
+            abandon(g, req, nreq, &keep, keep.id != 0);
         keep_block(g, g->recs);
         g->recs = NULL;
         return st;
+    }
+    /* whatever the records say, every piece sent is received, and a receive
+     * posted for a piece that was not sent is cancelled */
+    for (int r = 0; r < g->size; r++) {
+        int n = all[r].carried, sent = carry_pieces(n);
+        if (r == g->rank)
+            continue;
+        if (n > CARRY_BYTES || (sent && !carry_room)) {
+            /* a rank of another build: nothing can be trusted */
+            abandon(g, req, nreq, &keep, keep.id != 0);
+            return ndm__fail(NDM_E_IO, api, site, "rank %d sent %d bytes that cannot be received",
+                             r, n);
+        }
+        /* pieces lo .. sent-1 came in messages of their own; alone ..
+         * mine_pieces-1 were awaited so */
+        int lo = carry_alone(g, n);
+        for (int i = 0; i < 2; i++) {
+            bool awaited = i >= alone && i < mine_pieces, came = i >= lo && i < sent;
+            if (awaited && !came)
+                MPI_Cancel(&recv[2 * r + i]);
+            else if (came && !awaited && carry_recv(g, r, i, tag, &req[nreq++]) != MPI_SUCCESS) {
+                abandon(g, req, nreq - 1, &keep, keep.id != 0);
+                return ndm__fail(NDM_E_IO, api, site, "MPI_Irecv failed");
+            }
+        }
+    }
+    if (nreq && (st = ndm__dist_wait(g, req, nreq, &keep, keep.id != 0, api, site)) < 0) {
+        keep_block(g, g->recs);
+        g->recs = NULL;
+        return st;
+    }
+    all_carried = true;
+    for (int r = 0; r < g->size; r++) {
+        all_carried &= all[r].carried > 0 && all[r].carried == bytes;
+        if (r != g->rank && carry_pieces(all[r].carried) == 2) /* the second piece in place */
+            memmove(carried_data(g, r) + CARRY_PIECE, carried_data(g, r) + CARRY_BYTES,
+                    (size_t)(all[r].carried - CARRY_PIECE));
     }
     for (int r = 0; r < g->size; r++)
         if (all[r].status < 0)
@@ -559,6 +759,8 @@ ndm_status ndm__dist_agree(ndm__dist_group *g, ndm__dist_kind kind, int64_t arg,
                            kind_name(z->kind), s0, r, s1);
         }
     }
+    if (carried)
+        *carried = st == NDM_OK && all_carried;
     return st;
 }
 
@@ -716,6 +918,58 @@ static ndm_status run_inplace(ndm__dist_group *g, ndm__array *r, bool bcast, ndm
     return NDM_OK;
 }
 
+/* acc = acc op x over n elements, as MPI's op for the dtype would (NaN
+ * wins a max; integers wrap). */
+static void combine(void *acc, const void *x, int64_t n, ndm_dtype dt, ndm_dist_op op)
+{
+    bool max = op == NDM_DIST_MAX;
+#define COMBINE(T)                                                                      \
+    do {                                                                                \
+        T *p = acc;                                                                     \
+        const T *q = x;                                                                 \
+        if (max)                                                                        \
+            for (int64_t i = 0; i < n; i++)                                             \
+                p[i] = q[i] > p[i] || q[i] != q[i] ? q[i] : p[i];                       \
+        else                                                                            \
+            for (int64_t i = 0; i < n; i++)                                             \
+                p[i] = (T)(p[i] + q[i]);                                                \
+    } while (0)
+    switch (dt) {
+    case NDM_BOOL:
+        for (int64_t i = 0; i < n; i++)
+            ((bool *)acc)[i] = ((bool *)acc)[i] || ((const bool *)x)[i];
+        break;
+    case NDM_U8: COMBINE(uint8_t); break;
+    case NDM_I32: COMBINE(uint32_t); break; /* wraps, as MPI's does */
+    case NDM_I64: COMBINE(uint64_t); break;
+    case NDM_F32: COMBINE(float); break;
+    case NDM_F64: COMBINE(double); break;
+    case NDM_F16:
+    case NDM_BF16: {
+        int len = (int)n;
+        half_op((void *)x, acc, &len, NULL, dt == NDM_BF16, max);
+        break;
+    }
+    }
+#undef COMBINE
+}
+
+/* The all-reduce of data every rank carried with its record: every rank
+ * folds the ranks' data in rank order, so all get the same bits. */
+static void reduce_carried(ndm__dist_group *g, ndm__array *r, ndm_dist_op op)
+{
+    int64_t n = ndm__numel(r->ndim, r->shape);
+    size_t bytes = (size_t)n * ndm_dtype_size(r->dtype);
+    char *mine = ndm__array_ptr(r);
+    char *acc = g->rank == 0 ? mine : carried_data(g, 0);
+    for (int k = 1; k < g->size; k++)
+        combine(acc, k == g->rank ? mine : carried_data(g, k), n, r->dtype, op);
+    if (acc != mine)
+        memcpy(mine, acc, bytes);
+    if (op == NDM_DIST_MEAN)
+        ndm__dist_divide(mine, n, r->dtype, g->size);
+}
+
 static ndm_status inplace_collective(ndm_array a, bool bcast, ndm_dist_op op, int root,
                                      ndm__dist_kind kind, const char *api, ndm__site site)
 {
@@ -737,9 +991,16 @@ static ndm_status inplace_collective(ndm_array a, bool bcast, ndm_dist_op op, in
         if (!tmp.id)
             local = ndm_last_status();
     }
-    ndm_status st = ndm__dist_agree(g, kind, bcast ? root : (int64_t)op, local < 0 ? NULL : r,
-                                    local, NULL, api, site);
-    if (st == NDM_OK)
+    /* small: the data goes with the record */
+    int64_t bytes =
+        local == NDM_OK ? ndm__numel(r->ndim, r->shape) * (int64_t)ndm_dtype_size(r->dtype) : 0;
+    bool carry = !bcast && !tmp.id && g->size <= CARRY_RANKS && bytes > 0 && bytes <= CARRY_BYTES;
+    bool carried = false;
+    ndm_status st = agree(g, kind, bcast ? root : (int64_t)op, local < 0 ? NULL : r, local, NULL,
+                          carry ? ndm__array_ptr(r) : NULL, (int)bytes, a, &carried, api, site);
+    if (st == NDM_OK && carried)
+        reduce_carried(g, r, op);
+    else if (st == NDM_OK)
         st = run_inplace(g, tmp.id ? ndm__array_peek(tmp) : r, bcast, op, root, api, site);
     if (st == NDM_OK && tmp.id)
         st = ndm_copy_into(a, tmp);

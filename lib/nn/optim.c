@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "../manager/object.h"
+#include "../ops/autograd.h"
 #include "../ops/fused.h"
 #include "ndm/ndm.h"
 #include "ndm/nn.h"
@@ -199,16 +200,24 @@ NDM_API ndm_optimizer ndm_adam_params_at(NDM_SITE_PARAMS, ndm_manager model, int
                 weight_decay, decoupled);
 }
 
+/* Parameter i's gradient now: data-parallel training makes it a view of
+ * a communication bucket after the optimizer was made. */
+static ndm_array grad_of(optimizer *o, int i)
+{
+    ndm_array g = ndm__ag_grad_of(o->param[i]);
+    return g.id ? g : o->grad[i];
+}
+
 /* tmp = g + wd * w (L2 decay folded into the gradient); returns the array to use. */
 static ndm_status l2(optimizer *o, int i, ndm_array *src)
 {
-    *src = o->grad[i];
+    *src = grad_of(o, i);
     if (o->weight_decay == 0 || (o->a == ADAM && o->decoupled))
         return NDM_OK;
     ndm_status st;
     if ((st = ndm_copy_into(o->tmp[i], o->param[i])) < 0 ||
         (st = ndm_mul_scalar_(o->tmp[i], o->weight_decay)) < 0 ||
-        (st = ndm_add_(o->tmp[i], o->grad[i])) < 0)
+        (st = ndm_add_(o->tmp[i], *src)) < 0)
         return st;
     *src = o->tmp[i];
     return NDM_OK;
@@ -237,7 +246,7 @@ static bool fused_step(optimizer *o, int i)
     }
     ndm_array m = o->a == ADAM || o->momentum != 0 ? o->s1[i] : (ndm_array){0};
     ndm_array v = o->a == ADAM ? o->s2[i] : (ndm_array){0};
-    return ndm__optim_fused(&a, o->param[i], o->grad[i], m, v) == NDM_OK;
+    return ndm__optim_fused(&a, o->param[i], grad_of(o, i), m, v) == NDM_OK;
 }
 
 static ndm_status sgd_step(optimizer *o, int i)

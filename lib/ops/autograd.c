@@ -441,6 +441,18 @@ ndm_array ndm__ag_grad_of(ndm_array param)
     return pi ? pi->grad : NDM_NULL_ARRAY;
 }
 
+ndm_array ndm__ag_set_grad(ndm_array param, ndm_array grad)
+{
+    ndm__array *r = ndm__array_peek(param);
+    /* the record itself: its gradient may be gone already */
+    param_info *pi = r ? r->ext : NULL;
+    if (!pi)
+        return NDM_NULL_ARRAY;
+    ndm_array old = pi->grad;
+    pi->grad = grad;
+    return old;
+}
+
 /* When each parameter's gradient is complete: after the last node, in
  * backward's order, that delivers to it. */
 typedef struct ready_at {

@@ -128,5 +128,11 @@ ndm_status ndm__ag_backward_hooked(ndm__site site, ndm_array out, ndm_array grad
  * the null handle when it is not a parameter. */
 ndm_array ndm__ag_grad_of(ndm_array param);
 
+/* Make `grad` (an array of the parameter's dtype and shape, owned by the
+ * caller) the gradient that backward accumulates into and the optimizers
+ * read, and return the one it replaces (not released); the null handle
+ * when param is not a parameter. Graphs recorded before keep the old one. */
+ndm_array ndm__ag_set_grad(ndm_array param, ndm_array grad);
+
 /* Sum g over the axes broadcasting added to reach `shape`. */
 ndm_array ndm__ag_sum_to(ndm_array g, int ndim, const int64_t *shape);
