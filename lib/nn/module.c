@@ -673,6 +673,12 @@ NDM_API ndm_array ndm_forward_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_module
     return y.id && st == NDM_OK ? y : NDM_NULL_ARRAY;
 }
 
+ndm_array ndm__module_run(ndm_module mh, ndm_array x, const char *api, ndm__site site)
+{
+    module *m = get(mh, api, site);
+    return m ? run(m, x, api, site) : NDM_NULL_ARRAY;
+}
+
 NDM_API ndm_status ndm_module_set_training(ndm_module mh, bool training)
 {
     module *m = get(mh, __func__, NDM__NO_SITE);
