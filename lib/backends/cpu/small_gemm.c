@@ -1,6 +1,5 @@
 /* Small matrix products (batch-1 and small-batch inference): kernels that read
  * A and B where they lie, and the linear layer's forward with its epilogue. */
-#include <stdlib.h>
 
 #include "gemm.h"
 #include "isa.h"

@@ -25,11 +25,11 @@ typedef struct ndm__gemm_epi {
     bool relu;
 } ndm__gemm_epi;
 
-/* C (m x n) = A (m x k) @ B (k x n) with the epilogue e, when m <= 
+/* C (m x n) = A (m x k) @ B (k x n) with the epilogue e, when m <=
  * NDM__GEMM_SMALL_M, the dtype is f32 or f64, k >= 1 and the layout is one
- * the kernels read directly (A's rows or B's columns contiguous, with C's
- * rows contiguous for the latter); false, touching nothing, otherwise. Runs
- * on the thread pool when n * k is large. */
+ * the kernels read directly (A's rows and B's columns contiguous, or B's
+ * and C's rows contiguous); false, touching nothing, otherwise. Runs on the
+ * thread pool when n * k is large. */
 bool ndm__gemm_small(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const void *a, int64_t rsa,
                      int64_t csa, const void *b, int64_t rsb, int64_t csb, void *c, int64_t rsc,
                      int64_t csc, const ndm__gemm_epi *e);
