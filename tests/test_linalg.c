@@ -7,6 +7,7 @@
 #include "backends/cpu/gemm.h"
 #include "backends/cpu/isa.h"
 #include "backends/cpu/parallel.h"
+#include "backends/cpu/small_gemm.h"
 #include "check_numeric.h"
 #include "manager/alloc/alloc.h"
 
@@ -535,7 +536,8 @@ static void test_matmul_capped_and_failing_allocations(void **state)
 
 /* One small product (few rows of C) against a float64 product: B read as
  * columns (dot form, w is n x k) or as rows (axpy form, k x n), C strided or
- * not, with a bias per row or accumulating. */
+ * not; mode 0 plain, 1 a bias per row, 2 accumulating, 3 a bias per column
+ * then relu (a linear layer's epilogue), 4 relu alone. */
 static void check_small(ndm_dtype dt, int64_t m, int64_t n, int64_t k, bool dot, int64_t csc,
                         int mode, const char *level)
 {
@@ -543,6 +545,7 @@ static void check_small(ndm_dtype dt, int64_t m, int64_t n, int64_t k, bool dot,
     int64_t rsa = k + 3; /* rows of A apart */
     char *a = malloc((size_t)(m * rsa + 1) * es), *b = malloc((size_t)(k * n + 1) * es);
     char *c = malloc((size_t)(m * n * csc + 1) * es), *bias = malloc((size_t)(m + 1) * es);
+    char *cbias = malloc((size_t)(n + 1) * es);
     double *want = malloc((size_t)(m * n + 1) * sizeof(double));
     uint64_t seed = (uint64_t)(m * 1000003 + n * 1009 + k);
 #define VAL() ((double)((seed = seed * 6364136223846793005ull + 1442695040888963407ull) >> 40) / \
@@ -556,6 +559,8 @@ static void check_small(ndm_dtype dt, int64_t m, int64_t n, int64_t k, bool dot,
         PUT(b, i, VAL());
     for (int64_t i = 0; i < m; i++)
         PUT(bias, i, VAL());
+    for (int64_t j = 0; j < n; j++)
+        PUT(cbias, j, VAL());
     for (int64_t i = 0; i < m * n * csc; i++)
         PUT(c, i, VAL());
     int64_t rsb = dot ? 1 : n, csb = dot ? k : 1;
@@ -565,17 +570,33 @@ static void check_small(ndm_dtype dt, int64_t m, int64_t n, int64_t k, bool dot,
             double s = mode == 1 ? GET(bias, i) : mode == 2 ? GET(c, (i * n + j) * csc) : 0;
             for (int64_t p = 0; p < k; p++)
                 s += GET(a, i * rsa + p) * GET(b, p * rsb + j * csb);
-            want[i * n + j] = s;
+            want[i * n + j] = s + (mode == 3 ? GET(cbias, j) : 0);
         }
-    ndm_status st = ndm__cpu_gemm_bias(dt, m, n, k, a, rsa, 1, b, rsb, csb, c, n * csc, csc,
-                                       mode == 1 ? bias : NULL, 1,
-                                       mode == 2 ? NDM__GEMM_ACCUMULATE : 0);
-    if (st != NDM_OK)
-        fail_msg("%s gemm returned %s", level, ndm_status_name(st));
+    if (mode >= 3) {
+        ndm__gemm_epi e = {false, NULL, 0, mode == 3 ? cbias : NULL, 1, true};
+        bool took = ndm__gemm_small(dt, m, n, k, a, rsa, 1, b, rsb, csb, c, n * csc, csc, &e);
+        if (took != (m <= NDM__GEMM_SMALL_M))
+            fail_msg("%s m=%lld: the small path %s", level, (long long)m,
+                     took ? "took a product too large" : "declined");
+        if (!took) {
+            free(a), free(b), free(c), free(bias), free(cbias), free(want);
+            return;
+        }
+    } else {
+        ndm_status st = ndm__cpu_gemm_bias(dt, m, n, k, a, rsa, 1, b, rsb, csb, c, n * csc, csc,
+                                           mode == 1 ? bias : NULL, 1,
+                                           mode == 2 ? NDM__GEMM_ACCUMULATE : 0);
+        if (st != NDM_OK)
+            fail_msg("%s gemm returned %s", level, ndm_status_name(st));
+    }
+    double bound = tol * (1.0 + (double)k);
     for (int64_t i = 0; i < m; i++)
         for (int64_t j = 0; j < n; j++) {
             double got = GET(c, (i * n + j) * csc), w = want[i * n + j];
-            if (!(fabs(got - w) <= tol * (1.0 + (double)k)))
+            /* relu: exactly 0 where the sum is surely negative */
+            bool bad = mode >= 3 ? (w < -bound ? got != 0 : !(fabs(got - (w < 0 ? 0 : w)) <= bound))
+                                 : !(fabs(got - w) <= bound);
+            if (bad)
                 fail_msg("%s %s m=%lld n=%lld k=%lld %s csc=%lld mode=%d: C[%lld][%lld] = %.9g, "
                          "want %.9g", level, ndm_dtype_name(dt), (long long)m, (long long)n,
                          (long long)k, dot ? "dot" : "axpy", (long long)csc, mode, (long long)i,
@@ -584,7 +605,7 @@ static void check_small(ndm_dtype dt, int64_t m, int64_t n, int64_t k, bool dot,
 #undef VAL
 #undef PUT
 #undef GET
-    free(a), free(b), free(c), free(bias), free(want);
+    free(a), free(b), free(c), free(bias), free(cbias), free(want);
 }
 
 /* The small-product path (batch-1 and small-batch shapes) at every CPU
@@ -593,7 +614,7 @@ static void check_small(ndm_dtype dt, int64_t m, int64_t n, int64_t k, bool dot,
 static void test_gemm_small_path_every_level(void **state)
 {
     (void)state;
-    static const int64_t ns[] = {1, 3, 4, 5, 17, 33, 64, 65, 130, 300};
+    static const int64_t ns[] = {1, 3, 4, 5, 7, 9, 17, 33, 64, 65, 130, 300, 784};
     static const int64_t ks[] = {1, 2, 7, 8, 9, 16, 31, 33, 100, 784};
     static const ndm_dtype dts[] = {NDM_F32, NDM_F64};
     int keep = ndm__set_num_threads(1);
@@ -610,7 +631,7 @@ static void test_gemm_small_path_every_level(void **state)
                     for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
                         for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++)
                             for (int form = 0; form < 2; form++) {
-                                int mode = (int)((ni + ki + (size_t)m) % 3);
+                                int mode = (int)((ni + ki + (size_t)m) % 5);
                                 int64_t csc = form == 0 && ni % 2 ? 2 : 1;
                                 check_small(dts[d], m, ns[ni], ks[ki], form == 0, csc, mode,
                                             name);
@@ -620,6 +641,69 @@ static void test_gemm_small_path_every_level(void **state)
     assert_true(ndm__cpu_isa_force(-1));
     ndm__set_num_threads(keep);
     assert_true(levels >= 1);
+}
+
+/* The CPU backend's linear kernel, relu(x @ w^T + b) or without bias or
+ * relu, against float64: few rows (the small path, whose epilogue adds the
+ * bias and relu as it writes) and more (the general product, then one pass),
+ * with x's rows apart. */
+static void test_linear_kernel_matches_float64(void **state)
+{
+    (void)state;
+    static const int64_t ns[] = {1, 7, 9, 33, 130};
+    static const int64_t ks[] = {1, 7, 9, 33, 784};
+    int keep = ndm__set_num_threads(1);
+    for (int level = 0; level < NDM__CPU_ISA_COUNT; level++) {
+        if (!ndm__cpu_isa_force(level))
+            continue;
+        for (int64_t m = 1; m <= 6; m++)
+            for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
+                for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++)
+                    for (int variant = 0; variant < 3; variant++) {
+                        int64_t n = ns[ni], k = ks[ki], ldx = k + 5;
+                        bool with_bias = variant != 1, relu = variant != 2;
+                        float *x = malloc((size_t)(m * ldx) * sizeof(float));
+                        float *w = malloc((size_t)(n * k) * sizeof(float));
+                        float *b = malloc((size_t)n * sizeof(float));
+                        float *y = malloc((size_t)(m * n) * sizeof(float));
+                        assert_true(x && w && b && y);
+                        uint64_t seed = (uint64_t)(m * 7919 + n * 31 + k);
+                        for (int64_t i = 0; i < m * ldx; i++)
+                            x[i] = (float)((double)((seed = seed * 6364136223846793005ull + 1) >> 40) /
+                                               (double)(1ull << 24) - 0.5);
+                        for (int64_t i = 0; i < n * k; i++)
+                            w[i] = (float)((double)((seed = seed * 6364136223846793005ull + 1) >> 40) /
+                                               (double)(1ull << 24) - 0.5);
+                        for (int64_t j = 0; j < n; j++)
+                            b[j] = (float)j * 0.01f - 0.3f;
+                        int64_t xs[2] = {m, k}, xst[2] = {ldx, 1}, ws[2] = {n, k}, wst[2] = {k, 1};
+                        int64_t bs[1] = {n}, bst[1] = {1}, ys[2] = {m, n}, yst[2] = {n, 1};
+                        ndm__tensor tx = {x, NDM_F32, 2, xs, xst}, tw = {w, NDM_F32, 2, ws, wst};
+                        ndm__tensor tb = {b, NDM_F32, 1, bs, bst}, ty = {y, NDM_F32, 2, ys, yst};
+                        assert_int_equal(ndm__cpu_linear(0, &ty, &tx, &tw, with_bias ? &tb : NULL,
+                                                         relu),
+                                         NDM_OK);
+                        double bound = 1e-5 * (1.0 + (double)k);
+                        for (int64_t i = 0; i < m; i++)
+                            for (int64_t j = 0; j < n; j++) {
+                                double want = with_bias ? b[j] : 0;
+                                for (int64_t p = 0; p < k; p++)
+                                    want += (double)x[i * ldx + p] * (double)w[j * k + p];
+                                double got = y[i * n + j];
+                                bool bad = relu && want < -bound ? got != 0
+                                           : !(fabs(got - (relu && want < 0 ? 0 : want)) <= bound);
+                                if (bad)
+                                    fail_msg("%s m=%lld n=%lld k=%lld bias %d relu %d: y[%lld][%lld] "
+                                             "= %.9g, want %.9g",
+                                             ndm__cpu_isa_name((ndm__cpu_isa)level), (long long)m,
+                                             (long long)n, (long long)k, with_bias, relu,
+                                             (long long)i, (long long)j, got, want);
+                            }
+                        free(x), free(w), free(b), free(y);
+                    }
+    }
+    assert_true(ndm__cpu_isa_force(-1));
+    ndm__set_num_threads(keep);
 }
 
 /* With OpenBLAS, the products of a training step (a convolution's, a linear
@@ -738,6 +822,7 @@ int main(void)
         TEST(test_matmul_capped_and_failing_allocations),
         TEST(test_gemm_provider_is_named),
         TEST(test_gemm_small_path_every_level),
+        TEST(test_linear_kernel_matches_float64),
         TEST(test_gemm_step_products_avoid_provider_pool),
         TEST(test_gemm_mid_products_match_float64),
         TEST(test_gemm_provider_runs_on_calling_thread),

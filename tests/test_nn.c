@@ -566,6 +566,108 @@ static void test_nn_modules_belong_to_model(void **state)
     assert_ok(ndm_manager_close(model));
 }
 
+/* relu(x @ w^T + b) by the public operations, in a scope; the result moves out. */
+static ndm_array composed_layer(ndm_manager out, ndm_array x, ndm_array w, ndm_array b, bool relu)
+{
+    ndm_manager s = ndm_scope_begin(out, "composed");
+    ndm_array y = ndm_matmul(x, ndm_permute(w, 0, NULL));
+    if (b.id)
+        y = ndm_add(y, b);
+    if (relu)
+        y = ndm_relu(y);
+    assert_ok(ndm_scope_end(s, 1, &y));
+    return y;
+}
+
+/* Out of training, a linear layer and the relu after it run as one
+ * operation: the same bits as matmul, add and relu in turn, one array per
+ * layer and no temporaries; batches of the small path and beyond it, and an
+ * input of rank 3 (the composed path). */
+static void test_nn_linear_relu_fused_matches_composed(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_rng rng = ndm_rng_new(11);
+    ndm_module l0 = ndm_linear(model, 37, 33, true, &rng), l1 = ndm_linear(model, 33, 9, true, &rng);
+    ndm_module l2 = ndm_linear(model, 9, 7, false, &rng);
+    ndm_module net = ndm_sequential(model, NDM_MODULES(l0, ndm_relu_module(model), l1,
+                                                       ndm_relu_module(model), l2));
+    assert_true(net.id != 0);
+    ndm_manager batch = ndm_manager_new(ROOT(state), "batch");
+    static const int64_t rows[] = {1, 3, 6, 0};
+    for (size_t t = 0; t < sizeof rows / sizeof rows[0]; t++) {
+        /* rows 0: a (2, 2, 37) input, which the fused kernel does not take */
+        ndm_array x = rows[t] ? ndm_normal(batch, &rng, NDM_F32, 0.0, 1.0, NDM_SHAPE(rows[t], 37))
+                              : ndm_normal(batch, &rng, NDM_F32, 0.0, 1.0, NDM_SHAPE(2, 2, 37));
+        assert_live(x);
+        ndm_stats before, after;
+        assert_ok(ndm_manager_stats(batch, NDM_CPU, NDM_STATS_SUBTREE, &before));
+        ndm_no_grad_begin();
+        ndm_array y = ndm_forward(net, x);
+        ndm_no_grad_end();
+        assert_live(y);
+        assert_ok(ndm_manager_stats(batch, NDM_CPU, NDM_STATS_SUBTREE, &after));
+        if (rows[t])
+            assert_int_equal(after.created - before.created, 3);
+        ndm_array h = composed_layer(batch, x, param(l0, 0), param(l0, 1), true);
+        ndm_array h2 = composed_layer(batch, h, param(l1, 0), param(l1, 1), true);
+        ndm_array want = composed_layer(batch, h2, param(l2, 0), NDM_NULL_ARRAY, false);
+        assert_live(want);
+        assert_int_equal(ndm_array_nbytes(y), ndm_array_nbytes(want));
+        assert_memory_equal(ndm_array_data(y), ndm_array_data(want), ndm_array_nbytes(y));
+        assert_ok(ndm_array_release(x));
+        assert_ok(ndm_array_release(y));
+        assert_ok(ndm_array_release(h));
+        assert_ok(ndm_array_release(h2));
+        assert_ok(ndm_array_release(want));
+        assert_manager_empty(batch);
+    }
+    assert_ok(ndm_manager_close(batch));
+    assert_ok(ndm_manager_close(model));
+}
+
+/* A request runs inside the caller's scope: the answer follows the output
+ * rule into it, the scope stays the innermost one afterwards, and a request
+ * that fails (an input of the wrong width) returns null with the layer's
+ * error and leaves nothing in the predictor or the caller's scope. */
+static void test_nn_predict_requests_leave_only_answers(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_rng rng = ndm_rng_new(12);
+    ndm_module net = ndm_sequential(model, NDM_MODULES(ndm_flatten_module(model, 1),
+                                                       ndm_linear(model, 12, 8, true, &rng),
+                                                       ndm_relu_module(model),
+                                                       ndm_linear(model, 8, 3, true, &rng)));
+    ndm_predictor p = ndm_predictor_new(model, net);
+    assert_true(p.id != 0);
+    ndm_manager caller = ndm_manager_new(ROOT(state), "caller");
+    ndm_array x = ndm_normal(caller, &rng, NDM_F32, 0.0, 1.0, NDM_SHAPE(2, 3, 4));
+    ndm_array bad = ndm_normal(caller, &rng, NDM_F32, 0.0, 1.0, NDM_SHAPE(1, 11));
+    ndm_manager s = ndm_scope_begin(caller, "serving");
+    ndm_array y = ndm_predict(p, x);
+    assert_live(y);
+    assert_true(ndm_array_manager(y).id == s.id);
+    assert_true(ndm_scope_current().id == s.id);
+    int64_t shape[2];
+    assert_int_equal(ndm_array_ndim(y), 2);
+    assert_int_equal(ndm_array_shape(y, shape, 2), 2);
+    assert_true(shape[0] == 2 && shape[1] == 3);
+    assert_true(ndm_predict(p, bad).id == 0);
+    assert_int_equal(ndm_last_status(), NDM_E_SHAPE);
+    assert_true(ndm_scope_current().id == s.id);
+    assert_int_equal(test_live_arrays(s), 1);
+    ndm_stats ps;
+    assert_ok(ndm_manager_stats(ndm_predictor_manager(p), NDM_CPU, NDM_STATS_SUBTREE, &ps));
+    assert_int_equal(ps.children, 0);
+    assert_int_equal(ps.live_arrays, 0);
+    assert_int_equal(ps.live_bytes, 0);
+    assert_ok(ndm_scope_end(s, 0, NULL));
+    assert_ok(ndm_array_release(x));
+        assert_ok(ndm_array_release(bad));
+    assert_manager_empty(caller);
+    assert_ok(ndm_manager_close(caller));
+    assert_ok(ndm_manager_close(model));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -581,6 +683,8 @@ int main(void)
         TEST(test_nn_null_result_keeps_first_error),
         TEST(test_nn_list_contracts),
         TEST(test_nn_modules_belong_to_model),
+        TEST(test_nn_linear_relu_fused_matches_composed),
+        TEST(test_nn_predict_requests_leave_only_answers),
     };
     return cmocka_run_group_tests_name("nn", tests, NULL, NULL);
 }

@@ -189,7 +189,10 @@ NDM_API ndm_module ndm_sequential_at(NDM_SITE_PARAMS, ndm_manager model, int n,
 /** Run a module on x: a fresh array attached by the output rule (the `_to`
  *  manager, else the innermost scope, else x's manager), the caller's to
  *  release, or the null handle with the failing operation's error, reported
- *  at the caller's line. Recorded for gradients when this thread records. */
+ *  at the caller's line. Recorded for gradients when this thread records.
+ *  When it does not, a linear layer (and a ReLU right after it in a
+ *  sequential) runs as one fused operation: the same bits as matmul, add
+ *  and relu in turn, without their intermediate arrays. */
 #define ndm_forward(m, x) ndm_forward_to_at(NDM_HERE, NDM_OUTPUT_RULE, (m), (x))
 /** ndm_forward() with the result attached to out instead of by the output rule. */
 #define ndm_forward_to(out, m, x) ndm_forward_to_at(NDM_HERE, (out), (m), (x))
@@ -390,7 +393,9 @@ NDM_API int ndm_module_load_at(NDM_SITE_PARAMS, ndm_module m, const char *path, 
 /** ndm_predictor_new() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_predictor ndm_predictor_new_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module net);
 /** Run net on `input` in a fresh request manager (a child of the
- *  predictor's manager, closed before return) and return the result in
+ *  predictor's manager, the calling thread's innermost scope while the net
+ *  runs, so every intermediate lands in it; closed before return) and
+ *  return the result in
  *  `out` (NDM_OUTPUT_RULE: the innermost scope, else input's manager).
  *  An input on another device than the model manager's is copied to the
  *  model's device first (inside the request), so a CPU request reaches a

@@ -17,7 +17,7 @@
 
 /* The layout of ndm__backend, ndm__host_api and the family tables: a module
  * built against another value is refused when loaded. */
-#define NDM__BACKEND_ABI 3
+#define NDM__BACKEND_ABI 4
 
 /* A kernel's view of an array: `data` points at the first element; strides
  * count elements and may be 0 (broadcast) or negative (flipped views). */

@@ -8,6 +8,7 @@
 #include "../manager/object.h"
 #include "../manager/thread.h"
 #include "../ops/dispatch.h"
+#include "../ops/fused.h"
 #include "ndm/ndm.h"
 #include "ndm/nn.h"
 #include "nn.h"
@@ -589,10 +590,8 @@ static ndm_array layer_norm(module *m, ndm_array x, const char *api, ndm__site s
 static ndm_array run(module *m, ndm_array x, const char *api, ndm__site site)
 {
     switch (m->k) {
-    case LINEAR: {
-        ndm_array y = ndm_matmul_to_at(AT, x, ndm_permute_to_at(AT, m->weight, 0, NULL));
-        return m->bias.id ? ndm_add_to_at(AT, y, m->bias) : y;
-    }
+    case LINEAR:
+        return ndm__linear(site, api, x, m->weight, m->bias, false);
     case CONV2D:
         return ndm_conv2d_to_at(AT, x, m->weight, m->bias.id ? &m->bias : NULL, &m->conv);
     case MAX_POOL2D:
@@ -633,6 +632,15 @@ static ndm_array run(module *m, ndm_array x, const char *api, ndm__site site)
         ndm_array y = x;
         for (int i = 0; i < m->nchildren && y.id; i++) {
             module *c = get(m->children[i], api, site);
+            module *next = c && c->k == LINEAR && i + 1 < m->nchildren
+                               ? get(m->children[i + 1], api, site)
+                               : NULL;
+            if (next && next->k == RELU) {
+                /* a linear layer and its relu in one pass */
+                y = ndm__linear(site, api, y, c->weight, c->bias, true);
+                i++;
+                continue;
+            }
             y = c ? run(c, y, api, site) : NDM_NULL_ARRAY;
         }
         return m->nchildren ? y : ndm_alias_to_at(AT, x);
@@ -663,6 +671,12 @@ NDM_API ndm_array ndm_forward_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_module
     ndm_array y = run(m, x, api, site);
     ndm_status st = ndm_scope_end_at(NDM__SITE_ARGS(site), s, y.id ? 1 : 0, &y);
     return y.id && st == NDM_OK ? y : NDM_NULL_ARRAY;
+}
+
+ndm_array ndm__module_run(ndm_module mh, ndm_array x, const char *api, ndm__site site)
+{
+    module *m = get(mh, api, site);
+    return m ? run(m, x, api, site) : NDM_NULL_ARRAY;
 }
 
 NDM_API ndm_status ndm_module_set_training(ndm_module mh, bool training)

@@ -12,6 +12,12 @@ bool ndm__module_valid(ndm_module m);
 ndm_status ndm__module_check_owner(ndm_module m, ndm_manager model, const char *api,
                                    ndm__site site);
 
+/* m's forward pass on x, without the scope ndm_forward makes: every array
+ * it creates follows the output rule, so the caller's innermost scope must
+ * be the one that owns them (a predictor's request). Null on failure, with
+ * the error recorded for api. */
+ndm_array ndm__module_run(ndm_module m, ndm_array x, const char *api, ndm__site site);
+
 /* Write src into dst as ndm_copy_into does, also when src lives on another
  * device (a checkpoint read on the host into a GPU module's state): then
  * through a transfer into `scratch`, released before return. */

@@ -66,7 +66,11 @@ NDM_API ndm_array ndm_predict_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_predic
     ndm_manager dst = ndm__output_manager(out, rx, api, site);
     if (!dst.id)
         return NDM_NULL_ARRAY;
-    ndm_manager req = ndm_manager_new_at(NDM__SITE_ARGS(site), p->mgr, "request");
+    /* The request is the innermost scope while the net runs: every array
+     * the forward pass makes lands in it, and ending it frees them all;
+     * only the answer moves out. One manager per request, not a request
+     * and a forward scope inside it. */
+    ndm_manager req = ndm_scope_begin_at(NDM__SITE_ARGS(site), p->mgr, "request");
     if (!req.id)
         return NDM_NULL_ARRAY;
     /* An input on another device than the model's (a CPU request for a GPU
@@ -76,11 +80,11 @@ NDM_API ndm_array ndm_predict_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_predic
     if (!ndm_device_eq(rx->storage->device, mdev))
         x = ndm_to_to_at(NDM__SITE_ARGS(site), req, input, mdev);
     ndm_no_grad_begin();
-    ndm_array y = x.id ? ndm_forward_to_at(NDM__SITE_ARGS(site), req, p->net, x) : NDM_NULL_ARRAY;
+    ndm_array y = x.id ? ndm__module_run(p->net, x, api, site) : NDM_NULL_ARRAY;
     ndm_no_grad_end();
     if (y.id && ndm_attach_at(NDM__SITE_ARGS(site), y, dst) < 0)
         y = NDM_NULL_ARRAY;
-    ndm_status cs = ndm_manager_close_at(NDM__SITE_ARGS(site), req);
+    ndm_status cs = ndm_scope_end_at(NDM__SITE_ARGS(site), req, 0, NULL);
     (void)cs;
     return y;
 }

@@ -1,7 +1,9 @@
-/* Fused operations of the training step: validation, the output rule and
- * the fallback to the composed operations around the backend's kernels. */
+/* Fused operations of the training step and of inference: validation, the
+ * output rule and the fallback to the composed operations around the
+ * backend's kernels. */
 #include <stdint.h>
 
+#include "../backends/linalg.h"
 #include "autograd.h"
 #include "elementwise.h"
 #include "fused.h"
@@ -109,4 +111,49 @@ ndm_status ndm__optim_fused(ndm__optim_args *a, ndm_array hw, ndm_array hg, ndm_
         return NDM_OK;
     return b->ew->optim_flat(w->storage->device.index, w->dtype, a, n) < 0 ? NDM_E_UNSUPPORTED
                                                                           : NDM_OK;
+}
+
+ndm_array ndm__linear(ndm__site site, const char *api, ndm_array hx, ndm_array hw, ndm_array hb,
+                      bool relu)
+{
+    /* A lookup that fails here is repeated, and reported, by the fallback. */
+    ndm__array *x = ndm__array_peek(hx), *w = x ? ndm__array_peek(hw) : NULL;
+    ndm__array *b = hb.id && w ? ndm__array_peek(hb) : NULL;
+    const ndm__backend *be = NULL;
+    if (w && (b || !hb.id) && !ndm__ag_on() && fusable_dtype(x->dtype) && x->ndim == 2 &&
+        w->ndim == 2 && w->dtype == x->dtype && x->shape[1] == w->shape[1] &&
+        ndm_device_eq(x->storage->device, w->storage->device) &&
+        (!b || (b->ndim == 1 && b->dtype == x->dtype && b->shape[0] == w->shape[0] &&
+                ndm_device_eq(b->storage->device, x->storage->device)))) {
+        be = ndm__backend_for(x->storage->device.type);
+        if (be && !(be->linalg && be->linalg->linear))
+            be = NULL;
+    }
+    if (be) {
+        ndm__manager *m = ndm__output_record(NDM_OUTPUT_RULE, x, api, &site);
+        if (!m)
+            return NDM_NULL_ARRAY;
+        ndm__array *o;
+        int64_t shape[2] = {x->shape[0], w->shape[0]};
+        ndm_array h = ndm__array_new_in(&site, api, m, x->storage->device, x->dtype, 2, shape, &o);
+        if (!h.id)
+            return NDM_NULL_ARRAY;
+        ndm__tensor ty = ndm__tensor_of(o), tx = ndm__tensor_of(x), tw = ndm__tensor_of(w);
+        ndm__tensor tb = b ? ndm__tensor_of(b) : (ndm__tensor){0};
+        ndm_status st = be->linalg->linear(x->storage->device.index, &ty, &tx, &tw,
+                                           b ? &tb : NULL, relu);
+        if (st == NDM_OK)
+            return h;
+        ndm__discard(h);
+        if (st != NDM_E_UNSUPPORTED) {
+            ndm__fail(st, api, site, "linear layer's product failed: %s", ndm_status_str(st));
+            return NDM_NULL_ARRAY;
+        }
+    }
+    ndm_array y = ndm_matmul_to_at(NDM__SITE_ARGS(site), NDM_OUTPUT_RULE, hx,
+                                   ndm_permute_to_at(NDM__SITE_ARGS(site), NDM_OUTPUT_RULE, hw, 0,
+                                                     NULL));
+    if (hb.id)
+        y = ndm_add_to_at(NDM__SITE_ARGS(site), NDM_OUTPUT_RULE, y, hb);
+    return relu ? ndm_relu_to_at(NDM__SITE_ARGS(site), NDM_OUTPUT_RULE, y) : y;
 }

@@ -14,6 +14,17 @@
  * error recorded. */
 ndm_array ndm__relu_grad(ndm_array g, ndm_array x);
 
+/* A linear layer's forward, relu(x @ w^T + b) when `relu`, else x @ w^T + b
+ * (b may be the null handle): a new array under the output rule. While
+ * recording is off and x (m, k), w (n, k) and b (n) share one float dtype
+ * and device, the backend's linear kernel writes it in one pass with no
+ * temporaries; otherwise (recording, other shapes or dtypes, a backend
+ * without the kernel) the composed matmul, add and relu run, with their
+ * errors. Either way the values are the same bit for bit. Null on failure,
+ * with the error recorded (api names the caller's operation). */
+ndm_array ndm__linear(ndm__site site, const char *api, ndm_array x, ndm_array w, ndm_array b,
+                      bool relu);
+
 /* One optimizer step over a parameter with the backend's fused kernel:
  * every array of `a` named by handle (w, g, and m, v where used) must be
  * C-contiguous, of one float dtype and shape on one device, with w, m and v

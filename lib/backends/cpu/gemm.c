@@ -13,6 +13,7 @@
 #include "gemm.h"
 #include "ndm/config.h"
 #include "parallel.h"
+#include "small_gemm.h"
 
 #if NDM_HAVE_OPENBLAS
 #include <cblas.h>
@@ -659,241 +660,6 @@ static bool provider_takes(int64_t m, int64_t n, int64_t k)
 }
 #endif
 
-/* ---- small products ----------------------------------------------------------
- * With a few rows of C (batch-1 and small-batch inference), packing B costs
- * as much as the product itself, and a provider may repack B on every call:
- * these kernels read A and B where they lie, in one of two forms by B's
- * layout. "dot" when B's columns are contiguous (x @ W^T with W row-major,
- * as a linear layer holds its weight): each C value is a dot product along
- * k, four columns at a time so that each load of A serves four. "axpy" when
- * B's rows are contiguous: rows of C accumulate A[i, p] * B[p, :], four
- * vectors wide. */
-
-#define SMALL_M 4
-
-typedef struct small_ctx {
-    int64_t m, k;
-    const void *a, *b, *bias;
-    void *c;
-    int64_t rsa, csa, rsb, csb, rsc, csc, sbias;
-    bool acc;
-} small_ctx;
-
-/* The value C[i][j] starts from: itself, the bias of row i, or 0. */
-#define NDM__SMALL_START(T, g, i, cij)                                          \
-    ((g)->acc ? *(cij) : (g)->bias ? ((const T *)(g)->bias)[(i) * (g)->sbias] : (T)0)
-
-/* Portable forms: the same loop order, one lane. */
-#define NDM__SMALL_REF(T, SUF)                                                  \
-    static void small_dot_##SUF##_ref(const small_ctx *g, int64_t j0, int64_t j1) \
-    {                                                                           \
-        const T *a = g->a, *b = g->b;                                           \
-        T *c = g->c;                                                            \
-        for (int64_t i = 0; i < g->m; i++)                                      \
-            for (int64_t j = j0; j < j1; j++) {                                 \
-                const T *ai = a + i * g->rsa, *bj = b + j * g->csb;             \
-                T s = 0;                                                        \
-                for (int64_t p = 0; p < g->k; p++)                              \
-                    s += ai[p] * bj[p];                                         \
-                T *cij = c + i * g->rsc + j * g->csc;                           \
-                *cij = NDM__SMALL_START(T, g, i, cij) + s;                      \
-            }                                                                   \
-    }                                                                           \
-    static void small_axpy_##SUF##_ref(const small_ctx *g, int64_t j0, int64_t j1) \
-    {                                                                           \
-        const T *a = g->a, *b = g->b;                                           \
-        T *c = g->c;                                                            \
-        for (int64_t i = 0; i < g->m; i++) {                                    \
-            T *ci = c + i * g->rsc;                                             \
-            for (int64_t j = j0; j < j1; j++)                                   \
-                ci[j] = NDM__SMALL_START(T, g, i, ci + j);                      \
-            for (int64_t p = 0; p < g->k; p++) {                                \
-                T aip = a[i * g->rsa + p * g->csa];                             \
-                const T *bp = b + p * g->rsb;                                   \
-                for (int64_t j = j0; j < j1; j++)                               \
-                    ci[j] += aip * bp[j];                                       \
-            }                                                                   \
-        }                                                                       \
-    }
-NDM__SMALL_REF(float, s)
-NDM__SMALL_REF(double, d)
-
-#if NDM__CPU_X86
-__attribute__((target("avx2,fma"))) static inline float hsum_s_avx2(__m256 v)
-{
-    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_add_ss(x, _mm_movehdup_ps(x));
-    return _mm_cvtss_f32(x);
-}
-
-__attribute__((target("avx2,fma"))) static inline double hsum_d_avx2(__m256d v)
-{
-    __m128d x = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
-    x = _mm_add_sd(x, _mm_unpackhi_pd(x, x));
-    return _mm_cvtsd_f64(x);
-}
-
-__attribute__((target("avx512f"))) static inline float hsum_s_avx512(__m512 v)
-{
-    return _mm512_reduce_add_ps(v);
-}
-
-__attribute__((target("avx512f"))) static inline double hsum_d_avx512(__m512d v)
-{
-    return _mm512_reduce_add_pd(v);
-}
-
-/* SIMD forms. V the vector type, L its lanes, P the intrinsics' prefix
- * (_mm256, _mm512), X their suffix (ps, pd), TGT the target. Tails along k
- * (dot) and along n (axpy) run one lane at a time. */
-#define NDM__SMALL_SIMD(T, SUF, LVL, V, L, P, X, TGT)                           \
-    __attribute__((target(TGT))) static void small_dot_##SUF##_##LVL(          \
-        const small_ctx *g, int64_t j0, int64_t j1)                             \
-    {                                                                           \
-        const T *a = g->a, *b = g->b;                                           \
-        T *c = g->c;                                                            \
-        int64_t k = g->k, kv = k / L * L;                                       \
-        for (int64_t j = j0; j < j1; j += 4) {                                  \
-            int64_t nj = j1 - j < 4 ? j1 - j : 4;                               \
-            const T *b0 = b + j * g->csb;                                       \
-            const T *b1 = nj > 1 ? b0 + g->csb : b0, *b2 = nj > 2 ? b1 + g->csb : b0; \
-            const T *b3 = nj > 3 ? b2 + g->csb : b0;                            \
-            for (int64_t i = 0; i < g->m; i++) {                                \
-                const T *ai = a + i * g->rsa;                                   \
-                V s0 = P##_setzero_##X(), s1 = s0, s2 = s0, s3 = s0;            \
-                for (int64_t p = 0; p < kv; p += L) {                           \
-                    V x = P##_loadu_##X(ai + p);                                \
-                    s0 = P##_fmadd_##X(x, P##_loadu_##X(b0 + p), s0);           \
-                    s1 = P##_fmadd_##X(x, P##_loadu_##X(b1 + p), s1);           \
-                    s2 = P##_fmadd_##X(x, P##_loadu_##X(b2 + p), s2);           \
-                    s3 = P##_fmadd_##X(x, P##_loadu_##X(b3 + p), s3);           \
-                }                                                               \
-                T r[4] = {hsum_##SUF##_##LVL(s0), hsum_##SUF##_##LVL(s1),       \
-                          hsum_##SUF##_##LVL(s2), hsum_##SUF##_##LVL(s3)};      \
-                for (int64_t p = kv; p < k; p++) {                              \
-                    r[0] += ai[p] * b0[p], r[1] += ai[p] * b1[p];               \
-                    r[2] += ai[p] * b2[p], r[3] += ai[p] * b3[p];               \
-                }                                                               \
-                for (int64_t q = 0; q < nj; q++) {                              \
-                    T *cij = c + i * g->rsc + (j + q) * g->csc;                 \
-                    *cij = NDM__SMALL_START(T, g, i, cij) + r[q];               \
-                }                                                               \
-            }                                                                   \
-        }                                                                       \
-    }                                                                           \
-    __attribute__((target(TGT))) static void small_axpy_##SUF##_##LVL(         \
-        const small_ctx *g, int64_t j0, int64_t j1)                             \
-    {                                                                           \
-        const T *a = g->a, *b = g->b;                                           \
-        T *c = g->c;                                                            \
-        for (int64_t i = 0; i < g->m; i++) {                                    \
-            T *ci = c + i * g->rsc;                                             \
-            const T *ai = a + i * g->rsa;                                       \
-            T start = g->acc ? 0 : g->bias ? ((const T *)g->bias)[i * g->sbias] : (T)0; \
-            int64_t j = j0;                                                     \
-            for (; j + 4 * L <= j1; j += 4 * L) {                               \
-                V s0 = P##_set1_##X(start), s1 = s0, s2 = s0, s3 = s0;          \
-                if (g->acc) {                                                   \
-                    s0 = P##_loadu_##X(ci + j), s1 = P##_loadu_##X(ci + j + L);  \
-                    s2 = P##_loadu_##X(ci + j + 2 * L);                         \
-                    s3 = P##_loadu_##X(ci + j + 3 * L);                         \
-                }                                                               \
-                const T *bp = b + j;                                            \
-                for (int64_t p = 0; p < g->k; p++, bp += g->rsb) {              \
-                    V x = P##_set1_##X(ai[p * g->csa]);                         \
-                    s0 = P##_fmadd_##X(x, P##_loadu_##X(bp), s0);               \
-                    s1 = P##_fmadd_##X(x, P##_loadu_##X(bp + L), s1);           \
-                    s2 = P##_fmadd_##X(x, P##_loadu_##X(bp + 2 * L), s2);       \
-                    s3 = P##_fmadd_##X(x, P##_loadu_##X(bp + 3 * L), s3);       \
-                }                                                               \
-                P##_storeu_##X(ci + j, s0), P##_storeu_##X(ci + j + L, s1);     \
-                P##_storeu_##X(ci + j + 2 * L, s2), P##_storeu_##X(ci + j + 3 * L, s3); \
-            }                                                                   \
-            for (; j + L <= j1; j += L) {                                       \
-                V s0 = g->acc ? P##_loadu_##X(ci + j) : P##_set1_##X(start);    \
-                const T *bp = b + j;                                            \
-                for (int64_t p = 0; p < g->k; p++, bp += g->rsb)                \
-                    s0 = P##_fmadd_##X(P##_set1_##X(ai[p * g->csa]), P##_loadu_##X(bp), s0); \
-                P##_storeu_##X(ci + j, s0);                                     \
-            }                                                                   \
-            for (; j < j1; j++) {                                               \
-                T s = g->acc ? ci[j] : start;                                   \
-                for (int64_t p = 0; p < g->k; p++)                              \
-                    s += ai[p * g->csa] * b[p * g->rsb + j];                    \
-                ci[j] = s;                                                      \
-            }                                                                   \
-        }                                                                       \
-    }
-NDM__SMALL_SIMD(float, s, avx2, __m256, 8, _mm256, ps, "avx2,fma")
-NDM__SMALL_SIMD(double, d, avx2, __m256d, 4, _mm256, pd, "avx2,fma")
-NDM__SMALL_SIMD(float, s, avx512, __m512, 16, _mm512, ps, "avx512f")
-NDM__SMALL_SIMD(double, d, avx512, __m512d, 8, _mm512, pd, "avx512f")
-#endif
-
-typedef void (*small_fn)(const small_ctx *g, int64_t j0, int64_t j1);
-
-typedef struct small_job {
-    small_ctx g;
-    small_fn fn;
-    int64_t n;
-} small_job;
-
-/* begin and end count blocks of 64 columns: every chunk but the last keeps
- * the dot form's groups of four and the axpy form's vectors whole. */
-static void small_range(void *ctx, int64_t begin, int64_t end)
-{
-    const small_job *q = ctx;
-    q->fn(&q->g, begin * 64, end * 64 < q->n ? end * 64 : q->n);
-}
-
-/* The small path when it applies: few rows of C and a layout one of the two
- * forms reads directly (f32 and f64); false otherwise. */
-static bool gemm_small(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const void *a,
-                       int64_t rsa, int64_t csa, const void *b, int64_t rsb, int64_t csb,
-                       void *c, int64_t rsc, int64_t csc, bool acc, const void *bias,
-                       int64_t sbias)
-{
-    if (m > SMALL_M || (dt != NDM_F32 && dt != NDM_F64))
-        return false;
-    /* sizes of 1 leave their stride free */
-    if (m == 1)
-        rsa = rsc = 0;
-    if (k == 1)
-        csa = 1, rsb = 1;
-    if (n == 1)
-        csb = 1, csc = 1;
-    bool dot = rsb == 1 && csa == 1;
-    bool axpy = !dot && csb == 1 && csc == 1;
-    if (!dot && !axpy)
-        return false;
-    int level = ndm__cpu_isa_level();
-    small_job q = {{m, k, a, b, bias, c, rsa, csa, rsb, csb, rsc, csc, sbias, acc}, NULL, n};
-    bool s = dt == NDM_F32;
-#if NDM__CPU_X86
-    if (level == NDM__CPU_ISA_AVX512)
-        q.fn = dot ? (s ? small_dot_s_avx512 : small_dot_d_avx512)
-                   : (s ? small_axpy_s_avx512 : small_axpy_d_avx512);
-    else if (level == NDM__CPU_ISA_AVX2)
-        q.fn = dot ? (s ? small_dot_s_avx2 : small_dot_d_avx2)
-                   : (s ? small_axpy_s_avx2 : small_axpy_d_avx2);
-#else
-    (void)level;
-#endif
-    if (!q.fn)
-        q.fn = dot ? (s ? small_dot_s_ref : small_dot_d_ref)
-                   : (s ? small_axpy_s_ref : small_axpy_d_ref);
-    /* Chunks of about 2^16 multiply-adds: a thread is worth it only for the
-     * large layers. */
-    int64_t per_block = 64 * (m * k + 1);
-    int64_t blocks = (n + 63) / 64, grain = (65536 + per_block - 1) / per_block;
-    if (grain >= blocks)
-        q.fn(&q.g, 0, n);
-    else
-        ndm__parallel_for(blocks, grain, small_range, &q);
-    return true;
-}
-
 /* ---- entry point ------------------------------------------------------------ */
 
 /* C's rows set to the bias (or zeros): typed loops, no call per element. */
@@ -951,7 +717,8 @@ static ndm_status gemm_bias_impl(ndm_dtype dt, int64_t m, int64_t n, int64_t k, 
     }
     if (dt != NDM_F32 && dt != NDM_F64)
         return NDM_E_DTYPE;
-    if (gemm_small(dt, m, n, k, a, rsa, csa, b, rsb, csb, c, rsc, csc, acc, bias, sbias))
+    ndm__gemm_epi epi = {acc, bias, sbias, NULL, 0, false};
+    if (ndm__gemm_small(dt, m, n, k, a, rsa, csa, b, rsb, csb, c, rsc, csc, &epi))
         return NDM_OK;
 #if NDM_HAVE_OPENBLAS || NDM_HAVE_BLIS
     if (!(flags & NDM__GEMM_NO_PROVIDER) && provider_takes(m, n, k)) {
@@ -1198,6 +965,7 @@ static ndm_status cpu_ref_matmul(int device, const ndm__tensor *c, const ndm__te
 
 const struct ndm__backend_linalg ndm__cpu_linalg = {
     .matmul = cpu_matmul,
+    .linear = ndm__cpu_linear,
 };
 
 const struct ndm__backend_linalg ndm__cpu_ref_linalg = {
