@@ -8,7 +8,7 @@ lib=$1 module=$2
 needed() { readelf -d "$1" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'; }
 echo "libndm.so needs: $(needed "$lib" | tr '\n' ' ')"
 echo "libndm-cuda.so needs: $(needed "$module" | tr '\n' ' ')"
-if needed "$lib" | grep -Eq '^lib(cudart|cublas|cuda|nvrtc)'; then
+if needed "$lib" | grep -Eq '^lib(cudart|cublas|cuda|nvrtc|nccl)'; then
     echo "libndm.so links a CUDA library"; exit 1
 fi
 needed "$module" | grep -q '^libcudart' || { echo "the module does not link the CUDA runtime"; exit 1; }

@@ -4,6 +4,7 @@
  * sharding and data-parallel training against one process. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "helpers.h"
 #include "ndm/dist.h"
@@ -298,23 +299,291 @@ static void test_collective_bad_arguments_fail_on_every_rank(void **state)
     assert_ok(ndm_array_release(a));
 }
 
-/* CUDA arrays go over NCCL, which waits for operations on CUDA arrays:
- * every rank is told so, with no hang. The suite runs with the test
- * stand-in for the CUDA module (host memory behind one CUDA device). */
-static void test_collective_on_cuda_arrays_is_unsupported_on_every_rank(void **state)
+/* ---- CUDA arrays over NCCL ------------------------------------------------------------------
+ *
+ * The suite runs with host execution's CUDA module, whose NCCL stand-in
+ * moves device memory (host memory there) between the ranks through shared
+ * memory: every result is checked against the CPU path's (MPI) on the same
+ * data, element for element. */
+
+/* A manager on cuda:0 under m, or the null handle when this run has no CUDA
+ * device: every rank has the module or none has, so all skip alike. */
+static ndm_manager gpu_manager(ndm_manager m)
 {
-    ndm_manager gpu = ndm_manager_new_on(ROOT(state), "gpu", NDM_CUDA(0));
-    ndm_array a = gpu.id ? ndm_zeros(gpu, NDM_F32, 1, (int64_t[]){4}) : NDM_NULL_ARRAY;
-    /* every rank has the stand-in or none does: the same path everywhere */
-    if (!a.id) {
-        (void)!ndm_manager_close(gpu);
-        skip();
+    ndm_manager gpu = ndm_manager_new_on(m, "gpu", NDM_CUDA(0));
+    ndm_array probe = gpu.id ? ndm_zeros(gpu, NDM_F32, 1, (int64_t[]){1}) : NDM_NULL_ARRAY;
+    if (!probe.id) {
+        if (gpu.id)
+            (void)!ndm_manager_close(gpu);
+        return (ndm_manager){0};
     }
-    ndm_clear_error();
-    assert_status(ndm_all_reduce_(a, NDM_DIST_SUM), NDM_E_UNSUPPORTED);
-    assert_error_has("rank 0: ");
-    assert_error_has("NCCL");
+    assert_ok(ndm_array_release(probe));
+    return gpu;
+}
+
+/* A copy of the CPU array c on cuda:0, in gpu. */
+static ndm_array on_gpu(ndm_manager gpu, ndm_array c)
+{
+    ndm_array g = ndm_to_to(gpu, c, NDM_CUDA(0));
+    assert_live(g);
+    assert_int_equal(ndm_array_device(g).type, NDM_DEVICE_CUDA);
+    return g;
+}
+
+/* The CUDA array g holds what the CPU array c holds, exactly. */
+static void assert_same_values(ndm_array g, ndm_array c, const char *what)
+{
+    assert_int_equal(ndm_array_device(g).type, NDM_DEVICE_CUDA);
+    assert_int_equal(ndm_array_dtype(g), ndm_array_dtype(c));
+    assert_int_equal(ndm_array_size(g), ndm_array_size(c));
+    double *vg = values(g), *vc = values(c);
+    for (int64_t i = 0; i < ndm_array_size(c); i++)
+        if (!(vg[i] == vc[i]))
+            fail_msg("%s %s element %lld: cuda %g, cpu %g", what,
+                     ndm_dtype_name(ndm_array_dtype(c)), (long long)i, vg[i], vc[i]);
+    free(vg);
+    free(vc);
+}
+
+/* Close gpu, asserting that it held nothing on the device. */
+static void close_gpu(ndm_manager gpu)
+{
+    ndm_stats st;
+    assert_ok(ndm_manager_stats(gpu, NDM_CUDA(0), NDM_STATS_SUBTREE, &st));
+    assert_int_equal(st.live_arrays, 0);
+    assert_int_equal(st.live_bytes, 0);
     assert_ok(ndm_manager_close(gpu));
+}
+
+#define GPU_OR_SKIP(gpu, m)                                                     \
+    ndm_manager gpu = gpu_manager(m);                                           \
+    if (!gpu.id)                                                                \
+    skip()
+
+static void test_cuda_all_reduce_matches_the_cpu_path_for_every_dtype(void **state)
+{
+    ndm_manager m = ROOT(state);
+    GPU_OR_SKIP(gpu, m);
+    const ndm_dist_op ops[] = {NDM_DIST_SUM, NDM_DIST_MEAN, NDM_DIST_MAX};
+    for (size_t t = 0; t < sizeof all_dtypes / sizeof *all_dtypes; t++)
+        for (size_t o = 0; o < 3; o++) {
+            ndm_dtype dt = all_dtypes[t];
+            if (dt == NDM_BOOL && ops[o] == NDM_DIST_MEAN)
+                continue;
+            for (size_t s = 0; s < sizeof ranks_of / sizeof *ranks_of; s++) {
+                ndm_array c = filled(m, dt, R, ranks_of[s], shapes[s]);
+                ndm_array g = on_gpu(gpu, c);
+                assert_ok(ndm_all_reduce_(c, ops[o]));
+                assert_ok(ndm_all_reduce_(g, ops[o]));
+                assert_same_values(g, c, "all-reduce");
+                assert_ok(ndm_array_release(g));
+                assert_ok(ndm_array_release(c));
+            }
+        }
+    close_gpu(gpu);
+}
+
+/* The bool rule of the CPU path: sum and max are both "any", and every
+ * byte stays a bool's 0 or 1 (a sum of bytes would give 2, or wrap). */
+static void test_cuda_all_reduce_of_bools_is_any(void **state)
+{
+    ndm_manager m = ROOT(state);
+    GPU_OR_SKIP(gpu, m);
+    for (int o = 0; o < 2; o++) {
+        /* true on every rank at 0 (and where the pattern says) */
+        ndm_array c = filled(m, NDM_BOOL, 0, 1, (int64_t[]){9});
+        ndm_array g = on_gpu(gpu, c);
+        assert_ok(ndm_all_reduce_(g, o ? NDM_DIST_MAX : NDM_DIST_SUM));
+        uint8_t bytes[9];
+        assert_ok(ndm_array_copy_out(g, bytes, sizeof bytes));
+        for (int64_t i = 0; i < 9; i++)
+            assert_int_equal(bytes[i], value(NDM_BOOL, 0, i) != 0);
+        assert_ok(ndm_array_release(g));
+        assert_ok(ndm_array_release(c));
+        c = filled(m, NDM_BOOL, R, 1, (int64_t[]){9});
+        g = on_gpu(gpu, c);
+        assert_ok(ndm_all_reduce_(g, o ? NDM_DIST_MAX : NDM_DIST_SUM));
+        assert_ok(ndm_array_copy_out(g, bytes, sizeof bytes));
+        for (int64_t i = 0; i < 9; i++) {
+            bool any = false;
+            for (int r = 0; r < S; r++)
+                any |= value(NDM_BOOL, r, i) != 0;
+            assert_int_equal(bytes[i], any);
+        }
+        assert_ok(ndm_array_release(g));
+        assert_ok(ndm_array_release(c));
+    }
+    close_gpu(gpu);
+}
+
+static void test_cuda_broadcast_copies_the_root_for_every_dtype(void **state)
+{
+    ndm_manager m = ROOT(state);
+    GPU_OR_SKIP(gpu, m);
+    for (int root = 0; root < S; root += S - 1) {
+        for (size_t t = 0; t < sizeof all_dtypes / sizeof *all_dtypes; t++)
+            for (size_t s = 0; s < sizeof ranks_of / sizeof *ranks_of; s++) {
+                ndm_array c = filled(m, all_dtypes[t], R, ranks_of[s], shapes[s]);
+                ndm_array g = on_gpu(gpu, c);
+                assert_ok(ndm_broadcast_(c, root));
+                assert_ok(ndm_broadcast_(g, root));
+                assert_same_values(g, c, "broadcast");
+                assert_ok(ndm_array_release(g));
+                assert_ok(ndm_array_release(c));
+            }
+        if (S == 1)
+            break;
+    }
+    close_gpu(gpu);
+}
+
+static void test_cuda_all_gather_and_reduce_scatter_match_the_cpu_path(void **state)
+{
+    ndm_manager m = ROOT(state);
+    GPU_OR_SKIP(gpu, m);
+    ndm_manager out = ndm_manager_new(m, "out");
+    const int64_t shapes2[][2] = {{S, 1}, {2 * S, 3}, {S * 7, 5}};
+    const ndm_dist_op ops[] = {NDM_DIST_SUM, NDM_DIST_MEAN, NDM_DIST_MAX};
+    for (size_t t = 0; t < sizeof all_dtypes / sizeof *all_dtypes; t++)
+        for (size_t s = 0; s < 3; s++) {
+            ndm_dtype dt = all_dtypes[t];
+            ndm_array c = filled(m, dt, R, 2, shapes2[s]);
+            ndm_array g = on_gpu(gpu, c);
+            /* into a CPU manager: the result stays on the input's device */
+            ndm_array gc = ndm_all_gather_to(out, c), gg = ndm_all_gather_to(out, g);
+            assert_live(gg);
+            assert_true(ndm_array_manager(gg).id == out.id);
+            assert_int_equal(ndm_array_dim(gg, 0), shapes2[s][0] * S);
+            assert_same_values(gg, gc, "all-gather");
+            assert_ok(ndm_array_release(gg));
+            assert_ok(ndm_array_release(gc));
+            for (size_t o = 0; o < 3; o++) {
+                if (dt == NDM_BOOL && ops[o] == NDM_DIST_MEAN)
+                    continue;
+                ndm_array pc = ndm_reduce_scatter_to(gpu, c, ops[o]);
+                ndm_array pg = ndm_reduce_scatter_to(gpu, g, ops[o]);
+                assert_live(pg);
+                assert_int_equal(ndm_array_dim(pg, 0), shapes2[s][0] / S);
+                assert_same_values(pg, pc, "reduce-scatter");
+                assert_ok(ndm_array_release(pg));
+                assert_ok(ndm_array_release(pc));
+            }
+            assert_ok(ndm_array_release(g));
+            assert_ok(ndm_array_release(c));
+        }
+    assert_ok(ndm_manager_close(out));
+    close_gpu(gpu);
+}
+
+/* Buffers larger than the stand-in's 1 MiB slot per rank go through in
+ * pieces; a reduce-scatter's piece boundaries fall inside rank blocks. */
+static void test_cuda_collectives_of_large_buffers_match_the_cpu_path(void **state)
+{
+    ndm_manager m = ROOT(state);
+    GPU_OR_SKIP(gpu, m);
+    int64_t n = 300001;
+    ndm_array c = filled(m, NDM_F64, R, 1, &n);
+    ndm_array g = on_gpu(gpu, c);
+    assert_ok(ndm_all_reduce_(c, NDM_DIST_MEAN));
+    assert_ok(ndm_all_reduce_(g, NDM_DIST_MEAN));
+    assert_same_values(g, c, "all-reduce");
+    ndm_array gc = ndm_all_gather_to(m, c), gg = ndm_all_gather_to(gpu, g);
+    assert_same_values(gg, gc, "all-gather");
+    assert_ok(ndm_array_release(gg));
+    assert_ok(ndm_array_release(gc));
+    assert_ok(ndm_array_release(g));
+    assert_ok(ndm_array_release(c));
+    int64_t per = 200003 * S;
+    c = filled(m, NDM_F32, R, 1, &per);
+    g = on_gpu(gpu, c);
+    ndm_array pc = ndm_reduce_scatter_to(m, c, NDM_DIST_SUM);
+    ndm_array pg = ndm_reduce_scatter_to(gpu, g, NDM_DIST_SUM);
+    assert_same_values(pg, pc, "reduce-scatter");
+    assert_ok(ndm_array_release(pg));
+    assert_ok(ndm_array_release(pc));
+    assert_ok(ndm_array_release(g));
+    assert_ok(ndm_array_release(c));
+    close_gpu(gpu);
+}
+
+static void test_cuda_all_reduce_stages_a_strided_view(void **state)
+{
+    ndm_manager m = ROOT(state);
+    GPU_OR_SKIP(gpu, m);
+    ndm_array c = filled(m, NDM_F32, R, 2, (int64_t[]){3, 4});
+    ndm_array g = on_gpu(gpu, c);
+    ndm_array t = ndm_transpose(g);
+    assert_live(t);
+    assert_false(ndm_array_is_contiguous(t));
+    assert_ok(ndm_all_reduce_(t, NDM_DIST_SUM));
+    double *v = values(g);
+    for (int64_t i = 0; i < 12; i++)
+        assert_true(v[i] == reference(NDM_F32, NDM_DIST_SUM, i));
+    free(v);
+    assert_ok(ndm_array_release(t));
+    assert_ok(ndm_array_release(g));
+    assert_ok(ndm_array_release(c));
+    close_gpu(gpu);
+}
+
+/* The last rank's CUDA array differs in dtype, then in shape: every rank
+ * fails before anything moves, every array unchanged. */
+static void test_cuda_collective_mismatch_fails_on_every_rank(void **state)
+{
+    ndm_manager m = ROOT(state);
+    GPU_OR_SKIP(gpu, m);
+    bool odd = R == S - 1;
+    ndm_array c = filled(m, odd ? NDM_F64 : NDM_F32, R, 1, (int64_t[]){4});
+    ndm_array g = on_gpu(gpu, c);
+    ndm_clear_error();
+    assert_status(ndm_all_reduce_(g, NDM_DIST_SUM), NDM_E_DTYPE);
+    char want[128];
+    snprintf(want, sizeof want, "rank 0 has float32 [4] and rank %d has float64 [4]", S - 1);
+    assert_error_has(want);
+    assert_same_values(g, c, "unchanged");
+    assert_ok(ndm_array_release(g));
+    assert_ok(ndm_array_release(c));
+    c = filled(m, NDM_F32, R, 2, odd ? (int64_t[]){3, 2} : (int64_t[]){2, 3});
+    g = on_gpu(gpu, c);
+    ndm_clear_error();
+    assert_false(ndm_all_gather_to(gpu, g).id);
+    assert_int_equal(ndm_last_status(), NDM_E_SHAPE);
+    snprintf(want, sizeof want, "rank 0 has float32 [2, 3] and rank %d has float32 [3, 2]", S - 1);
+    assert_error_has(want);
+    assert_same_values(g, c, "unchanged");
+    assert_ok(ndm_array_release(g));
+    assert_ok(ndm_array_release(c));
+    /* and the group goes on */
+    c = filled(m, NDM_I32, R, 1, (int64_t[]){5});
+    g = on_gpu(gpu, c);
+    assert_ok(ndm_all_reduce_(c, NDM_DIST_SUM));
+    assert_ok(ndm_all_reduce_(g, NDM_DIST_SUM));
+    assert_same_values(g, c, "after the mismatch");
+    assert_ok(ndm_array_release(g));
+    assert_ok(ndm_array_release(c));
+    close_gpu(gpu);
+}
+
+/* Rank 0 passes a CUDA array, the others CPU arrays: every rank fails. */
+static void test_cuda_and_cpu_arrays_mixed_fail_on_every_rank(void **state)
+{
+    ndm_manager m = ROOT(state);
+    GPU_OR_SKIP(gpu, m);
+    ndm_array c = filled(m, NDM_F32, R, 1, (int64_t[]){6});
+    ndm_array g = on_gpu(gpu, c);
+    ndm_array mine = R == 0 ? g : c;
+    ndm_clear_error();
+    assert_status(ndm_all_reduce_(mine, NDM_DIST_MAX), NDM_E_DEVICE);
+    assert_error_has("rank 0's array is on cuda:0 and rank 1's on cpu:0");
+    ndm_clear_error();
+    assert_status(ndm_broadcast_(mine, 0), NDM_E_DEVICE);
+    ndm_clear_error();
+    assert_false(ndm_reduce_scatter_to(m, R == 0 ? g : c, NDM_DIST_SUM).id);
+    assert_int_equal(ndm_last_status(), NDM_E_DEVICE);
+    assert_same_values(g, c, "unchanged");
+    assert_ok(ndm_array_release(g));
+    assert_ok(ndm_array_release(c));
+    close_gpu(gpu);
     assert_ok(ndm_dist_barrier());
 }
 
@@ -771,6 +1040,48 @@ static void test_all_reduce_one_strided_rank_among_carrying_ones_matches_the_ref
 }
 
 int main(void)
+/* The buckets are host memory moved by MPI: a model on a GPU is refused on
+ * every rank, saying why, rather than moving device memory as host memory. */
+static void test_ddp_of_a_cuda_model_is_unsupported_on_every_rank(void **state)
+{
+    ndm_manager m = ROOT(state);
+    GPU_OR_SKIP(gpu, m);
+    ndm_manager model = ndm_manager_new(gpu, "model");
+    ndm_module net = mlp(model);
+    ndm_optimizer opt = ndm_sgd(model, net, 0.1, 0.0, 0.0);
+    ndm_clear_error();
+    ndm_ddp d = ndm_ddp_new(model, net, opt, NULL);
+    assert_false(d.id);
+    assert_int_equal(ndm_last_status(), NDM_E_UNSUPPORTED);
+    assert_error_has("rank 0: ");
+    assert_error_has("NCCL");
+    assert_ok(ndm_manager_close(model));
+    close_gpu(gpu);
+}
+
+/* Run with a CUDA module that has no collectives (the registry's stand-in,
+ * as a module built without NCCL): every rank is told so, with no hang. */
+static void test_collective_on_cuda_arrays_without_nccl_is_unsupported_on_every_rank(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_manager gpu = gpu_manager(m); /* this mode runs with the stand-in module */
+    assert_true(gpu.id);
+    ndm_array a = ndm_zeros(gpu, NDM_F32, 1, (int64_t[]){4});
+    assert_live(a);
+    ndm_clear_error();
+    assert_status(ndm_all_reduce_(a, NDM_DIST_SUM), NDM_E_UNSUPPORTED);
+    assert_error_has("rank 0: ");
+    assert_error_has("built without it");
+    assert_error_has("NCCL");
+    ndm_clear_error();
+    assert_false(ndm_all_gather_to(gpu, a).id);
+    assert_int_equal(ndm_last_status(), NDM_E_UNSUPPORTED);
+    assert_ok(ndm_array_release(a));
+    close_gpu(gpu);
+    assert_ok(ndm_dist_barrier());
+}
+
+int main(int argc, char **argv)
 {
     if (ndm_dist_init() != NDM_OK) {
         fprintf(stderr, "ndm_dist_init: %s\n", ndm_last_error());
@@ -791,7 +1102,14 @@ int main(void)
         TEST(test_collective_other_operation_fails_on_every_rank),
         TEST(test_failing_rank_fails_the_collective_with_its_message),
         TEST(test_collective_bad_arguments_fail_on_every_rank),
-        TEST(test_collective_on_cuda_arrays_is_unsupported_on_every_rank),
+        TEST(test_cuda_all_reduce_matches_the_cpu_path_for_every_dtype),
+        TEST(test_cuda_all_reduce_of_bools_is_any),
+        TEST(test_cuda_broadcast_copies_the_root_for_every_dtype),
+        TEST(test_cuda_all_gather_and_reduce_scatter_match_the_cpu_path),
+        TEST(test_cuda_collectives_of_large_buffers_match_the_cpu_path),
+        TEST(test_cuda_all_reduce_stages_a_strided_view),
+        TEST(test_cuda_collective_mismatch_fails_on_every_rank),
+        TEST(test_cuda_and_cpu_arrays_mixed_fail_on_every_rank),
         TEST(test_dist_reports_gather_every_rank_with_its_prefix),
         TEST(test_loader_shards_every_example_once_per_epoch),
         TEST(test_ddp_matches_one_process_at_the_same_global_batch),
@@ -802,10 +1120,20 @@ int main(void)
         TEST(test_ddp_gradients_live_in_the_buckets_until_the_close),
         TEST(test_all_reduce_carried_against_other_sizes_fails_on_every_rank),
         TEST(test_all_reduce_one_strided_rank_among_carrying_ones_matches_the_reference),
+        TEST(test_ddp_of_a_cuda_model_is_unsupported_on_every_rank),
     };
-    char name[32];
-    snprintf(name, sizeof name, "dist rank %d of %d", R, S);
-    int failed = cmocka_run_group_tests_name(name, tests, NULL, NULL);
+    const struct CMUnitTest no_nccl[] = {
+        TEST(test_collective_on_cuda_arrays_without_nccl_is_unsupported_on_every_rank),
+    };
+    char name[48];
+    int failed;
+    if (argc > 1 && !strcmp(argv[1], "no-nccl")) {
+        snprintf(name, sizeof name, "dist without NCCL rank %d of %d", R, S);
+        failed = cmocka_run_group_tests_name(name, no_nccl, NULL, NULL);
+    } else {
+        snprintf(name, sizeof name, "dist rank %d of %d", R, S);
+        failed = cmocka_run_group_tests_name(name, tests, NULL, NULL);
+    }
     /* a rank whose test failed early may be out of step with the others:
      * leave without the collective finalize then */
     if (failed)

@@ -96,6 +96,13 @@ static void test_registry_cpu_is_built_in(void **state)
     assert_error_has("cpu:1 does not exist");
 }
 
+static int no_devices(void) { return 0; }
+static const ndm__segment_source *no_source(int device)
+{
+    (void)device;
+    return NULL;
+}
+
 static void test_registry_register_refuses_bad_tables(void **state)
 {
     (void)state;
@@ -106,6 +113,16 @@ static void test_registry_register_refuses_bad_tables(void **state)
     assert_status(ndm__backend_register(&t), NDM_E_INVALID);
     assert_error_has("odd: its table lacks a required member");
     assert_status(ndm__backend_register(&ndm__cpu_backend), NDM_E_INVALID);
+    /* a collective table is whole or absent */
+    ndm__backend whole = ndm__cpu_backend;
+    whole.name = "odd";
+    whole.type = NDM_DEVICE_CUDA;
+    whole.device_count = no_devices;
+    whole.segment_source = no_source;
+    ndm__backend_collective half = {.id_bytes = 128};
+    whole.collective = &half;
+    assert_status(ndm__backend_register(&whole), NDM_E_INVALID);
+    assert_error_has("odd: its collective table lacks a member");
 }
 
 static void test_registry_missing_module_says_what_where_why(void **state)

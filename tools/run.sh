@@ -228,6 +228,17 @@ gpu() {
     export NDM_BACKEND_PATH=$PWD/$suites/lib
     step "conformance suite on the GPU" sh -c "$suites/tests/test_backend_ops > $out/conformance.txt 2>&1"
     step "CUDA tests on the GPU" sh -c "$suites/tests/test_cuda > $out/test_cuda.txt 2>&1"
+    # NCCL on the GPU, one rank: the bootstrap and every collective on CUDA
+    # arrays of every dtype (tests/dist_gpu.c); needs MPI in the build (and
+    # so NCCL, from the toolkit or Python's package above) and mpirun here
+    if command -v mpirun >/dev/null &&
+        ninja -C "$suites" -t targets all 2>/dev/null | grep -q '^tests/dist_gpu:'; then
+        step "NCCL collectives on the GPU (mpirun -np 1)" sh -c "ninja -C $suites tests/dist_gpu \
+            && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 1 \
+            --oversubscribe $suites/tests/dist_gpu > $out/dist_gpu.txt 2>&1"
+    else
+        echo "no mpirun, or no MPI in the build: the NCCL check is not run" | tee -a "$log"
+    fi
     local tool
     for tool in memcheck racecheck; do
         step "compute-sanitizer $tool, conformance suite" sh -c "compute-sanitizer --tool $tool \

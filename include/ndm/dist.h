@@ -5,11 +5,27 @@
  * mpirun/srun started (it initialises MPI unless the program already did)
  * and every rank keeps its own manager tree. Collectives work on arrays in
  * place; all-gather and reduce-scatter make their result in a named
- * manager. CPU arrays go over MPI. CUDA arrays are meant for NCCL (its
- * communicator bootstrapped over MPI); until CUDA arrays can run
- * operations, a collective on one is NDM_E_UNSUPPORTED. Without MPI in the
- * build every function here answers NDM_E_UNSUPPORTED with a message
- * (ndm_dist_available() says which build this is).
+ * manager. CPU arrays go over MPI. CUDA arrays go over NCCL, which the
+ * CUDA module (libndm-cuda.so) links when NCCL was found at build time
+ * (libndm itself links no CUDA library): the first collective on a CUDA
+ * array of device cuda:N makes this rank's NCCL communicator for cuda:N
+ * (rank 0 makes NCCL's unique id, MPI broadcasts it, every rank joins; a
+ * failure on any rank is the same error on every rank and none keeps a
+ * communicator), later ones reuse it, and ndm_dist_finalize() frees it.
+ * Every rank must then pass a CUDA array of the same device index (the
+ * agreement below checks the device as a whole): give each rank its own GPU
+ * with CUDA_VISIBLE_DEVICES, as NCCL wants one GPU per rank. The transfer
+ * is queued on the calling thread's current stream of that device, in order
+ * with the work before and after it there (ndm_stream_set_current); the
+ * call returns once it is queued. The dtypes, the operations and their
+ * rules are the CPU path's: bool travels as a byte reduced with max (sum
+ * and max are both "or"), and the mean is the sum divided on the device,
+ * integers truncated. A CUDA module without NCCL makes a collective on a
+ * CUDA array NDM_E_UNSUPPORTED on every rank, saying so. A data-parallel
+ * wrapper (ndm_ddp_new) does not take a model on a CUDA device yet
+ * (NDM_E_UNSUPPORTED): its buckets are host memory moved by MPI. Without
+ * MPI in the build every function here answers NDM_E_UNSUPPORTED with a
+ * message (ndm_dist_available() says which build this is).
  *
  * Agreement before communication. Every collective first exchanges one
  * small fixed record per rank (point-to-point messages, ceil(log2 size)
@@ -33,12 +49,12 @@
  * seconds (default 300; ndm_dist_set_timeout() overrides it) makes the call
  * fail with NDM_E_TIMEOUT. Once every rank has agreed, every rank is
  * present, and the data moves with MPI's own blocking collective
- * (MPI_Allreduce, MPI_Bcast, ...), at MPI's speed: a rank that dies in that
- * transfer is then mpirun's business, as in any MPI program (mpirun ends
- * the job). After a timeout the group is broken: MPI may still use the
- * abandoned operation's buffers, so the group keeps them (a view of any
- * array, in its "dist" manager under system) and every later collective
- * fails with NDM_E_TIMEOUT; ndm_dist_finalize() waits once more, up to ten
+ * (MPI_Allreduce, MPI_Bcast, ...) or NCCL's, at their speed: a rank that
+ * dies in that transfer is then mpirun's business, as in any MPI program
+ * (mpirun ends the job). After a timeout the group is broken: MPI may
+ * still use the abandoned operation's buffers, so the group keeps them (a
+ * view of any array, in its "dist" manager under system) and every later
+ * collective fails with NDM_E_TIMEOUT; ndm_dist_finalize() waits once more, up to ten
  * timeouts, for the abandoned operations before it finalizes MPI.
  *
  * Data-parallel steps agree once, in ndm_ddp_new(), on the bucket layout;
@@ -79,8 +95,8 @@ extern "C" {
 /** How a collective combines the ranks' values. */
 typedef enum ndm_dist_op {
     /** The sum (bool: logical or). f16/bf16 add in f32 and round once per
-     *  step of MPI's reduction, so results may depend on the rank count's
-     *  reduction order, as with any MPI sum of floats. */
+     *  step of MPI's (NCCL's) reduction, so results may depend on the rank
+     *  count's reduction order, as with any MPI or NCCL sum of floats. */
     NDM_DIST_SUM = 0,
     /** The sum divided by the group size (integers: truncated toward zero,
      *  as C's division; bool is NDM_E_DTYPE). */
@@ -141,8 +157,9 @@ NDM_API NDM_NODISCARD ndm_status ndm_all_reduce_inplace_at(NDM_SITE_PARAMS, ndm_
 NDM_API NDM_NODISCARD ndm_status ndm_broadcast_inplace_at(NDM_SITE_PARAMS, ndm_array a, int root);
 /** Every rank's `a` (same dtype and shape, rank >= 1) concatenated along
  *  the first axis in rank order: a new array of shape (size * a.shape[0],
- *  ...) in `out` (a manager; NDM_OUTPUT_RULE: a's manager or the innermost
- *  scope), the caller's to release, or the null handle with the error. */
+ *  ...) on a's device in `out` (a manager, whatever its device;
+ *  NDM_OUTPUT_RULE: a's manager or the innermost scope), the caller's to
+ *  release, or the null handle with the error. */
 #define ndm_all_gather_to(out, a) ndm_all_gather_to_at(NDM_HERE, (out), (a))
 /** ndm_all_gather_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_all_gather_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a);
@@ -199,8 +216,9 @@ typedef struct ndm_ddp_options {
  *  or the wrapper between ndm_ddp_backward() and ndm_ddp_step() is a
  *  caller bug: MPI may still be writing the buckets. Returns the
  *  wrapper, owned by `model`, or the null wrapper: NDM_E_NOT_OWNER (net or
- *  opt of another manager), NDM_E_UNSUPPORTED, the agreement errors (the
- *  ranks' parameter lists differ), and `model`'s refusals. */
+ *  opt of another manager), NDM_E_UNSUPPORTED (also for a model on a CUDA
+ *  device), the agreement errors (the ranks' parameter lists differ), and
+ *  `model`'s refusals. */
 #define ndm_ddp_new(model, net, opt, opts) ndm_ddp_new_at(NDM_HERE, (model), (net), (opt), (opts))
 /** ndm_ddp_new() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_ddp ndm_ddp_new_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module net,

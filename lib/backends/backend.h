@@ -112,6 +112,43 @@ typedef struct ndm__backend_streams {
     ndm_status (*stream_wait_event)(int device, void *stream, void *event);
 } ndm__backend_streams;
 
+/* Collectives between processes on a backend's devices (NCCL on CUDA),
+ * for the process group (lib/dist), which bootstraps them: rank 0 makes a
+ * unique id, the group broadcasts its bytes, every rank makes its
+ * communicator from them. Every member is required when the table is
+ * given; a member may answer NDM_E_UNSUPPORTED with a message (a module
+ * built without NCCL, a dtype the library cannot move). Work is queued on
+ * the calling thread's current stream of the communicator's device, in
+ * order with the kernels there; counts are elements. A bool travels as
+ * one byte reduced with max (sum and max are both "any"). */
+typedef enum ndm__coll_op {
+    NDM__COLL_SUM,
+    NDM__COLL_MAX,
+    NDM__COLL_MEAN, /* sum, then divided by the group size on the device
+                     * (integers truncate, as C's division) */
+} ndm__coll_op;
+
+#define NDM__COLL_ID_MAX 256 /* the largest id_bytes a group can bootstrap */
+
+typedef struct ndm__backend_collective {
+    size_t id_bytes; /* the size of a unique id, at most NDM__COLL_ID_MAX */
+    /* rank 0's part of the bootstrap: a fresh id into id (id_bytes) */
+    ndm_status (*unique_id)(void *id);
+    /* this rank's communicator among `size` ranks on `device`: a call every
+     * rank makes with the same id, which returns once all have come (or
+     * fails); release it with comm_free */
+    ndm_status (*comm_new)(const void *id, int size, int rank, int device, void **comm);
+    void (*comm_free)(void *comm);
+    /* in place over n elements at buf */
+    ndm_status (*all_reduce)(void *comm, void *buf, size_t n, ndm_dtype dt, ndm__coll_op op);
+    ndm_status (*broadcast)(void *comm, void *buf, size_t n, ndm_dtype dt, int root);
+    /* recv (n * size elements) = every rank's send (n elements), in rank order */
+    ndm_status (*all_gather)(void *comm, const void *send, void *recv, size_t n, ndm_dtype dt);
+    /* recv (n elements) = the reduction of every rank's send[rank * n ...] */
+    ndm_status (*reduce_scatter)(void *comm, const void *send, void *recv, size_t n,
+                                 ndm_dtype dt, ndm__coll_op op);
+} ndm__backend_collective;
+
 /* Operation families. Each is declared in its own header under lib/backends/
  * and filled by the backends that provide it. */
 struct ndm__backend_ew;     /* elementwise and casts */
@@ -176,6 +213,9 @@ typedef struct ndm__backend {
      * the allocator caches (event-guarded reuse through its events); NULL:
      * none (transfers use pageable memory) */
     const ndm__segment_source *(*pinned_source)(int device);
+    /* optional: collectives between processes (ndm__backend_collective);
+     * NULL: none (collectives on its arrays are NDM_E_UNSUPPORTED) */
+    const ndm__backend_collective *collective;
 } ndm__backend;
 
 /* ---- modules ----------------------------------------------------------------

@@ -52,6 +52,11 @@ static const char *table_fault(const ndm__backend *b, ndm_device_type type)
     if (!b->name || !b->device_count || !b->segment_source || !b->copy || !b->fill || !b->iota ||
         !b->upload || !b->download)
         return "its table lacks a required member";
+    const ndm__backend_collective *c = b->collective;
+    if (c && (!c->id_bytes || c->id_bytes > NDM__COLL_ID_MAX || !c->unique_id || !c->comm_new ||
+              !c->comm_free || !c->all_reduce || !c->broadcast || !c->all_gather ||
+              !c->reduce_scatter))
+        return "its collective table lacks a member or has an id of 0 or more than 256 bytes";
     return NULL;
 }
 

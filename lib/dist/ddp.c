@@ -165,6 +165,11 @@ static ndm_status plan(ddp *d, int64_t cap_bytes, const char *api, ndm__site sit
     return NDM_OK;
 }
 
+#define CUDA_MODEL                                                                          \
+    "data-parallel training of a model on a CUDA device is not available: its gradient "    \
+    "buckets would go over NCCL, which this wrapper does not use yet (keep the model on "   \
+    "the CPU, or all-reduce its gradients with ndm_all_reduce_)"
+
 NDM_API ndm_ddp ndm_ddp_new_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module net,
                                ndm_optimizer opt, const ndm_ddp_options *opts)
 {
@@ -179,6 +184,10 @@ NDM_API ndm_ddp ndm_ddp_new_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module ne
         local = ndm__fail(NDM_E_INVALID, api, site, "bucket_bytes %" PRId64 " is negative", cap);
     if (local == NDM_OK)
         local = ndm__module_check_owner(net, model, api, site);
+    /* the buckets are host memory moved by MPI: a model on a GPU would need
+     * them on its device and over NCCL, which this wrapper does not do yet */
+    if (local == NDM_OK && ndm_manager_device(model).type != NDM_DEVICE_CPU)
+        local = ndm__fail(NDM_E_UNSUPPORTED, api, site, CUDA_MODEL);
     if (local == NDM_OK && ndm__object_owner(opt.id).id != model.id)
         local = ndm_optimizer_lr(opt) < 0
                     ? ndm_last_status()
@@ -219,6 +228,8 @@ NDM_API ndm_ddp ndm_ddp_new_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module ne
             for (int i = 0; i < np; i++) {
                 d->params[i] = tmp[np - 1 - i];
                 d->grads[i] = ndm__ag_grad_of(d->params[i]);
+                if (ndm_array_device(d->params[i]).type != NDM_DEVICE_CPU && local == NDM_OK)
+                    local = ndm__fail(NDM_E_UNSUPPORTED, api, site, CUDA_MODEL);
                 if (!d->grads[i].id && local == NDM_OK)
                     local = ndm__fail(NDM_E_INVALID, api, site,
                                       "parameter %d has no gradient (made without gradients?)",

@@ -149,6 +149,7 @@ NDM_API ndm_status ndm_dist_finalize(void)
             (void)!ndm_manager_close(group.keep);
         group.broken = false;
     }
+    ndm__nccl_free_all(&group);
     free(group.recs);
     group.recs = NULL;
     pthread_cond_destroy(&group.idle);
@@ -877,10 +878,10 @@ static ndm__array *collective_array(ndm_array a, const char *api, ndm__site site
         *local = ndm_last_status();
         return NULL;
     }
-    if (r->storage->device.type != NDM_DEVICE_CPU) {
-        *local = ndm__fail(NDM_E_UNSUPPORTED, api, site,
-                           "collectives on CUDA arrays go over NCCL, which needs operations on "
-                           "CUDA arrays: not available in this build");
+    /* CUDA arrays go over the module's NCCL: told now, before agreeing,
+     * when this build or this module has none */
+    if (r->storage->device.type == NDM_DEVICE_CUDA && !ndm__nccl_table(api, site)) {
+        *local = ndm_last_status();
         return NULL;
     }
     return r;
@@ -895,12 +896,39 @@ static ndm_status check_op(ndm_dist_op op, ndm_dtype dt, const char *api, ndm__s
     return NDM_OK;
 }
 
+static ndm__coll_op coll_op(ndm_dist_op op)
+{
+    return op == NDM_DIST_MAX    ? NDM__COLL_MAX
+           : op == NDM_DIST_MEAN ? NDM__COLL_MEAN
+                                 : NDM__COLL_SUM;
+}
+
+/* The same on a CUDA array: NCCL on the thread's current stream of the
+ * array's device (the communicator made by the first such call). */
+static ndm_status run_inplace_cuda(ndm__dist_group *g, ndm__array *r, bool bcast, ndm_dist_op op,
+                                   int root, const char *api, ndm__site site)
+{
+    const ndm__backend_collective *t;
+    void *comm;
+    ndm_status st = ndm__nccl_comm(g, r->storage->device.index, &t, &comm, api, site);
+    if (st < 0)
+        return st;
+    size_t n = (size_t)ndm__numel(r->ndim, r->shape);
+    void *p = ndm__array_ptr(r);
+    st = bcast ? t->broadcast(comm, p, n, r->dtype, root)
+               : t->all_reduce(comm, p, n, r->dtype, coll_op(op));
+    /* the module's message, said of this call */
+    return st < 0 ? ndm__fail(st, api, site, "%s", ndm_last_error()) : NDM_OK;
+}
+
 /* In-place all-reduce or broadcast over the contiguous array r. Every rank
  * has agreed and is present: MPI's blocking collective moves the data (a
  * rank that dies now is mpirun's to end, as with any MPI program). */
 static ndm_status run_inplace(ndm__dist_group *g, ndm__array *r, bool bcast, ndm_dist_op op,
                               int root, const char *api, ndm__site site)
 {
+    if (r->storage->device.type == NDM_DEVICE_CUDA)
+        return run_inplace_cuda(g, r, bcast, op, root, api, site);
     int64_t n = ndm__numel(r->ndim, r->shape);
     char *p = ndm__array_ptr(r);
     size_t es = ndm_dtype_size(r->dtype);
@@ -1056,7 +1084,10 @@ static ndm_array gather_scatter(ndm_manager out, ndm_array a, bool scatter, ndm_
                 shape[0] = scatter ? shape[0] / g->size : shape[0] * g->size;
                 /* checks come before allocation: a refused manager is a local failure */
                 ndm_manager m = ndm__output_manager(out, r, api, site);
-                res = m.id ? ndm__array_new(site, api, m, r->dtype, r->ndim, shape, NULL)
+                /* on the input's device, whatever the manager's: the
+                 * collective writes it where it reads */
+                res = m.id ? ndm__array_new_on(site, api, m, r->storage->device, r->dtype,
+                                               r->ndim, shape, NULL)
                            : NDM_NULL_ARRAY;
                 if (!res.id)
                     local = ndm_last_status();
@@ -1075,7 +1106,19 @@ static ndm_array gather_scatter(ndm_manager out, ndm_array a, bool scatter, ndm_
         int64_t part = scatter ? n / g->size : n;
         MPI_Datatype t = ndm__dist_mpi_type(r->dtype);
         int rc;
-        if (part > INT32_MAX) {
+        if (r->storage->device.type == NDM_DEVICE_CUDA) {
+            const ndm__backend_collective *ct;
+            void *comm;
+            st = ndm__nccl_comm(g, r->storage->device.index, &ct, &comm, api, site);
+            if (st == NDM_OK) {
+                st = scatter ? ct->reduce_scatter(comm, ndm__array_ptr(s), ndm__array_ptr(d),
+                                                  (size_t)part, r->dtype, coll_op(op))
+                             : ct->all_gather(comm, ndm__array_ptr(s), ndm__array_ptr(d),
+                                              (size_t)part, r->dtype);
+                if (st < 0) /* the module's message, said of this call */
+                    st = ndm__fail(st, api, site, "%s", ndm_last_error());
+            }
+        } else if (part > INT32_MAX) {
             st = ndm__fail(NDM_E_OVERFLOW, api, site,
                            "%" PRId64 " elements per rank: MPI counts stop at 2^31-1", part);
         } else {
@@ -1090,7 +1133,8 @@ static ndm_array gather_scatter(ndm_manager out, ndm_array a, bool scatter, ndm_
                 st = ndm__fail(NDM_E_IO, api, site, "%s failed",
                                scatter ? "MPI_Reduce_scatter_block" : "MPI_Allgather");
         }
-        if (st == NDM_OK && scatter && op == NDM_DIST_MEAN)
+        if (st == NDM_OK && scatter && op == NDM_DIST_MEAN &&
+            r->storage->device.type != NDM_DEVICE_CUDA)
             ndm__dist_divide(ndm__array_ptr(d), part, r->dtype, g->size);
     }
     if (src.id)

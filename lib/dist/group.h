@@ -9,6 +9,7 @@
 
 #include "ndm/dist.h"
 #include "../manager/core.h"
+#include "../backends/backend.h"
 
 /* What a collective is, in the agreement record: ranks that disagree fail. */
 typedef enum ndm__dist_kind {
@@ -61,6 +62,9 @@ typedef struct ndm__dist_group {
     uint64_t posted, done;
     int failed_rc;            /* an MPI error in a job, told by the next drain */
     bool stop;
+    /* NCCL communicators of the CUDA module, per device, made by the first
+     * collective on a CUDA array of the device (every rank at once) */
+    void *nccl[NDM__MAX_CUDA];
 } ndm__dist_group;
 
 ndm__dist_group *ndm__dist_group_get(const char *api, ndm__site site);
@@ -102,5 +106,23 @@ MPI_Op ndm__dist_mpi_op(ndm_dtype dt, ndm_dist_op op);
 
 /* Divide n elements at p of dtype dt by the group size, in place (MEAN). */
 void ndm__dist_divide(void *p, int64_t n, ndm_dtype dt, int size);
+
+/* ---- CUDA arrays (nccl.c) ---- */
+
+/* The CUDA module's collectives, or NULL with NDM_E_UNSUPPORTED recorded
+ * (no module, or one built without NCCL): a check each rank makes before
+ * agreeing. */
+const ndm__backend_collective *ndm__nccl_table(const char *api, ndm__site site);
+
+/* The table and this rank's communicator on CUDA device `device`, made on
+ * the first call for the device. Every rank calls it at once, after an
+ * agreement on a CUDA array of that device index: making a communicator
+ * is itself collective, and a failure on any rank is the same error on
+ * every rank (none then holds one). */
+ndm_status ndm__nccl_comm(ndm__dist_group *g, int device, const ndm__backend_collective **table,
+                          void **comm, const char *api, ndm__site site);
+
+/* Free every communicator (ndm_dist_finalize). */
+void ndm__nccl_free_all(ndm__dist_group *g);
 
 #endif

@@ -573,6 +573,9 @@ extern "C" const ndm__backend ndm__cuda_backend = {
     .test = &cuda_test,
     .streams = &ndm__cuda_streams,
     .pinned_source = ndm__cuda_pinned_source,
+#if NDM_HAVE_NCCL
+    .collective = &ndm__cuda_collective,
+#endif
 };
 
 /* The module's one export. libndm checks the table it returns; the module

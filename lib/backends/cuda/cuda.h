@@ -42,6 +42,12 @@ extern const struct ndm__backend_index ndm__cuda_index;
 extern const struct ndm__backend_linalg ndm__cuda_linalg;
 extern const struct ndm__backend_nn ndm__cuda_nn;
 
+/* Collectives between processes over NCCL (collective.cu), in modules
+ * built with NCCL (NDM_HAVE_NCCL). */
+#if NDM_HAVE_NCCL
+extern const ndm__backend_collective ndm__cuda_collective;
+#endif
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,204 @@
+/* The NCCL path on a real GPU, for a machine that has one (tools/run.sh gpu
+ * runs it under `mpirun -np 1`; any rank count works, all on cuda:0 of
+ * their own machine): the bootstrap, then every collective on CUDA arrays
+ * of every dtype, each result checked on the host. Plain C, no cmocka, so
+ * that a release tree builds it. Exit status 0 when every check passed. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "ndm/ndm.h"
+
+static int R, S, failures;
+
+/* Rank r's element i: small integers, exact in every dtype. */
+static double value(ndm_dtype dt, int r, int64_t i)
+{
+    if (dt == NDM_BOOL)
+        return (i + r) % 3 == 0;
+    return (double)((i * 3 + r * 5) % 7);
+}
+
+/* What every rank's element i gives under op: the CPU path's rules (bool:
+ * "any"; integer means truncate). */
+static double reduced(ndm_dtype dt, ndm_dist_op op, int64_t i)
+{
+    double sum = 0, max = -INFINITY;
+    for (int r = 0; r < S; r++) {
+        double x = value(dt, r, i);
+        sum += x;
+        max = x > max ? x : max;
+    }
+    if (dt == NDM_BOOL)
+        return sum > 0;
+    if (op == NDM_DIST_MAX)
+        return max;
+    if (op == NDM_DIST_SUM)
+        return sum;
+    return ndm_dtype_is_float(dt) ? sum / S : trunc(sum / S);
+}
+
+/* n elements of rank r on the GPU, in m. */
+static ndm_array filled(ndm_manager m, ndm_dtype dt, int r, int64_t n)
+{
+    double *v = malloc((size_t)n * sizeof *v);
+    for (int64_t i = 0; i < n; i++)
+        v[i] = value(dt, r, i);
+    ndm_array d = ndm_from_buffer(m, NDM_F64, v, 1, &n);
+    free(v);
+    ndm_array a = d.id ? ndm_astype(d, dt) : NDM_NULL_ARRAY;
+    if (d.id)
+        (void)!ndm_array_release(d);
+    return a;
+}
+
+/* Compare a's elements with want(i); a failure is counted and printed. */
+static void check(const char *what, ndm_dtype dt, ndm_array a,
+                  double (*want)(ndm_dtype, int64_t, void *), void *ctx)
+{
+    if (!a.id) {
+        printf("FAIL %s %s: %s\n", ndm_dtype_name(dt), what, ndm_last_error());
+        failures++;
+        return;
+    }
+    if (ndm_array_device(a).type != NDM_DEVICE_CUDA) {
+        printf("FAIL %s %s: the result is not on the GPU\n", ndm_dtype_name(dt), what);
+        failures++;
+        return;
+    }
+    ndm_array d = ndm_astype(a, NDM_F64);
+    int64_t n = ndm_array_size(a);
+    double *v = malloc((size_t)n * sizeof *v);
+    if (!d.id || ndm_array_copy_out(d, v, (size_t)n * sizeof *v) != NDM_OK) {
+        printf("FAIL %s %s: reading the result: %s\n", ndm_dtype_name(dt), what, ndm_last_error());
+        failures++;
+    } else {
+        for (int64_t i = 0; i < n; i++) {
+            double w = want(dt, i, ctx);
+            /* a mean may not be exact in the dtype: within its rounding */
+            double tol = dt == NDM_F16    ? 1e-3
+                         : dt == NDM_BF16 ? 1e-2
+                         : dt == NDM_F32  ? 1e-6
+                                          : 1e-12;
+            if (!(fabs(v[i] - w) <= (ndm_dtype_is_float(dt) ? tol * fmax(1, fabs(w)) : 0))) {
+                printf("FAIL %s %s: element %lld is %g, want %g\n", ndm_dtype_name(dt), what,
+                       (long long)i, v[i], w);
+                failures++;
+                break;
+            }
+        }
+    }
+    free(v);
+    if (d.id)
+        (void)!ndm_array_release(d);
+}
+
+static double want_reduced(ndm_dtype dt, int64_t i, void *op)
+{
+    return reduced(dt, *(ndm_dist_op *)op, i);
+}
+static double want_root(ndm_dtype dt, int64_t i, void *root) { return value(dt, *(int *)root, i); }
+static double want_gathered(ndm_dtype dt, int64_t i, void *n)
+{
+    int64_t per = *(int64_t *)n;
+    return value(dt, (int)(i / per), i % per);
+}
+static double want_part(ndm_dtype dt, int64_t i, void *op)
+{
+    return reduced(dt, *(ndm_dist_op *)op, (int64_t)R * 1000 + i);
+}
+
+static ndm_status run(ndm_manager gpu)
+{
+    static const ndm_dtype dtypes[] = {NDM_BOOL, NDM_U8, NDM_I32, NDM_I64,
+                                       NDM_F16,  NDM_BF16, NDM_F32, NDM_F64};
+    static const ndm_dist_op ops[] = {NDM_DIST_SUM, NDM_DIST_MEAN, NDM_DIST_MAX};
+    static const char *op_names[] = {"sum", "mean", "max"};
+    const int64_t n = 1000;
+    for (size_t t = 0; t < sizeof dtypes / sizeof *dtypes; t++) {
+        ndm_dtype dt = dtypes[t];
+        int before = failures;
+        for (int o = 0; o < 3; o++) {
+            if (dt == NDM_BOOL && ops[o] == NDM_DIST_MEAN)
+                continue;
+            char what[64];
+            snprintf(what, sizeof what, "all-reduce %s", op_names[o]);
+            ndm_array a = filled(gpu, dt, R, n);
+            ndm_status st = a.id ? ndm_all_reduce_(a, ops[o]) : ndm_last_status();
+            check(what, dt, st == NDM_OK ? a : NDM_NULL_ARRAY, want_reduced, (void *)&ops[o]);
+            if (a.id)
+                (void)!ndm_array_release(a);
+            snprintf(what, sizeof what, "reduce-scatter %s", op_names[o]);
+            ndm_array whole = filled(gpu, dt, R, n * S);
+            ndm_array part = whole.id ? ndm_reduce_scatter_to(gpu, whole, ops[o]) : NDM_NULL_ARRAY;
+            check(what, dt, part, want_part, (void *)&ops[o]);
+            if (part.id)
+                (void)!ndm_array_release(part);
+            if (whole.id)
+                (void)!ndm_array_release(whole);
+        }
+        int root = S - 1;
+        ndm_array b = filled(gpu, dt, R, n);
+        ndm_status st = b.id ? ndm_broadcast_(b, root) : ndm_last_status();
+        check("broadcast", dt, st == NDM_OK ? b : NDM_NULL_ARRAY, want_root, &root);
+        if (b.id)
+            (void)!ndm_array_release(b);
+        ndm_array a = filled(gpu, dt, R, n);
+        ndm_array g = a.id ? ndm_all_gather_to(gpu, a) : NDM_NULL_ARRAY;
+        check("all-gather", dt, g, want_gathered, (void *)&n);
+        if (g.id)
+            (void)!ndm_array_release(g);
+        if (a.id)
+            (void)!ndm_array_release(a);
+        if (R == 0)
+            printf("%-8s all-reduce sum/mean/max, reduce-scatter, broadcast, all-gather: %s\n",
+                   ndm_dtype_name(dt), failures == before ? "ok" : "FAILED");
+    }
+    return ndm_device_synchronize(NDM_CUDA(0));
+}
+
+int main(void)
+{
+    if (ndm_dist_init() != NDM_OK) {
+        fprintf(stderr, "ndm_dist_init: %s\n", ndm_last_error());
+        return 1;
+    }
+    R = ndm_dist_rank();
+    S = ndm_dist_size();
+    int ndev = ndm_cuda_device_count();
+    if (ndev < 1) {
+        fprintf(stderr, "rank %d: no CUDA device\n", R);
+        return 1;
+    }
+    ndm_manager gpu = ndm_manager_new_on(ndm_system(), "gpu", NDM_CUDA(0));
+    if (!gpu.id) {
+        fprintf(stderr, "rank %d: %s\n", R, ndm_last_error());
+        return 1;
+    }
+    if (R == 0)
+        printf("%d rank(s) on cuda:0 each\n", S);
+    ndm_status st = run(gpu);
+    if (st != NDM_OK) {
+        printf("FAIL synchronize: %s\n", ndm_last_error());
+        failures++;
+    }
+    ndm_stats stats;
+    if (ndm_manager_stats(gpu, NDM_CUDA(0), NDM_STATS_SUBTREE, &stats) != NDM_OK ||
+        stats.live_arrays) {
+        printf("FAIL the GPU manager still holds arrays\n");
+        failures++;
+    }
+    (void)!ndm_manager_close(gpu);
+    /* every rank learns whether any failed */
+    ndm_status mine = failures ? NDM_E_INVALID : NDM_OK;
+    st = ndm_dist_check(mine);
+    if (ndm_dist_finalize() != NDM_OK || st != NDM_OK) {
+        if (!failures)
+            printf("FAIL rank %d: another rank failed or finalize failed: %s\n", R,
+                   ndm_last_error());
+        return 1;
+    }
+    if (R == 0)
+        printf("ok\n");
+    return 0;
+}
