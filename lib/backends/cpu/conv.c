@@ -371,20 +371,22 @@ static ndm_status ref_pool2d_backward(int device, const ndm__tensor *dx, const n
 }
 
 /* ---- fast convolution --------------------------------------------------------
- * Each work item is (sample, group, tile of output pixels): unfold the
- * input window under each pixel into a K x tile matrix (im2col) in this
- * thread's slot of the workspace, then one GEMM writes the Og x tile block
- * of y. A 1x1 convolution with unit stride and no padding reads x as the
- * matrix directly. Items run in parallel over the batch with ndm's GEMM on
- * each thread; a batch too small for the threads runs item after item with
- * the provider's threaded GEMM. */
+ * y = W @ unfold(x) per (sample, group) on ndm's packed GEMM: the weights
+ * are packed once per call, and the unfolded input is never stored: each
+ * work item copies its sample's planes once with the padding made real
+ * (zeros around, a few KiB), after which tap t of output pixel p reads
+ * xpad[toff[t] + poff(p)], offsets that split by tap and by pixel, so
+ * each panel of B is written straight from xpad (with unit stride, a few
+ * vector copies per tap). Items run in parallel over the batch, cut into
+ * pixel tiles when the batch is smaller than the pool. */
 
 typedef struct cplan {
     cgeo c;
     int64_t tile, ntiles, items;
-    bool direct, parallel, wcopy;
+    int64_t Hp, Wp;  /* the padded planes */
+    bool parallel, wcopy;
     int slots;
-    size_t es, slot_bytes, wbytes;
+    size_t es, slot_bytes, wbytes, abytes, toff_bytes;
 } cplan;
 
 /* Strides let (C, KH, KW) of w read as one axis of a matrix. */
@@ -406,6 +408,22 @@ static int64_t tile_pixels(int64_t rows, int64_t P)
     return tile > P ? P : tile;
 }
 
+/* The planes of one (sample, group) with the padding made real: rows and
+ * columns enough for every tap of every pixel, plus a vector's slack so a
+ * panel writer may copy whole vectors. */
+static void padded_dims(const cgeo *c, int64_t *Hp, int64_t *Wp)
+{
+    *Hp = c->OH ? (c->OH - 1) * c->sh + (c->KH - 1) * c->dh + 1 : 0;
+    *Wp = c->OW ? (c->OW - 1) * c->sw + (c->KW - 1) * c->dw + 1 : 0;
+}
+
+#define PAD_SLACK 64 /* elements: more than any panel's width */
+
+static size_t padded_bytes(const cgeo *c, int64_t Hp, int64_t Wp, size_t es)
+{
+    return align64((size_t)(c->Cg * Hp * Wp + PAD_SLACK) * es);
+}
+
 static cplan conv_plan(const ndm__tensor *y, const ndm__tensor *x, const ndm__tensor *w,
                        const ndm__conv2d_geom *g)
 {
@@ -413,17 +431,27 @@ static cplan conv_plan(const ndm__tensor *y, const ndm__tensor *x, const ndm__te
     p.c = conv_geo(y, x, w, g);
     const cgeo *c = &p.c;
     p.es = ndm_dtype_size(x->dtype);
-    p.direct = c->KH == 1 && c->KW == 1 && c->sh == 1 && c->sw == 1 && c->ph == 0 &&
-               c->pw == 0 && x->strides[2] == c->W * x->strides[3];
-    p.tile = tile_pixels(p.direct ? 0 : c->K, c->P);
-    p.ntiles = p.tile ? (c->P + p.tile - 1) / p.tile : 0;
-    p.items = c->N * c->groups * p.ntiles;
+    padded_dims(c, &p.Hp, &p.Wp);
     int threads = ndm__num_threads();
-    p.parallel = threads > 1 && p.items >= threads;
+    int64_t units = c->N * c->groups;
+    /* a batch smaller than the pool: two pixel tiles per thread, each a
+     * whole number of panels (32 pixels, the widest) */
+    p.ntiles = 1;
+    if (threads > 1 && units > 0 && units < threads) {
+        int64_t want = (2 * threads + units - 1) / units, most = (c->P + 31) / 32;
+        p.ntiles = want < most ? want : most > 0 ? most : 1;
+    }
+    p.tile = (c->P + p.ntiles - 1) / p.ntiles;
+    p.tile = (p.tile + 31) / 32 * 32;
+    p.ntiles = p.tile ? (c->P + p.tile - 1) / p.tile : 0;
+    p.items = c->P ? units * p.ntiles : 0;
+    p.parallel = threads > 1 && p.items > 1;
     p.slots = p.parallel ? threads : 1;
-    p.slot_bytes = p.direct ? 0 : align64((size_t)(c->K * p.tile) * p.es);
+    p.slot_bytes = padded_bytes(c, p.Hp, p.Wp, p.es);
     p.wcopy = !w_is_matrix(w);
     p.wbytes = p.wcopy ? align64((size_t)(c->O * c->K) * p.es) : 0;
+    p.abytes = align64(ndm__gemm_packed_a_bytes(x->dtype, c->Og, c->K));
+    p.toff_bytes = align64((size_t)c->K * sizeof(int64_t));
     return p;
 }
 
@@ -432,7 +460,8 @@ static size_t fast_conv2d_workspace(int device, const ndm__tensor *y, const ndm_
 {
     (void)device;
     cplan p = conv_plan(y, x, w, g);
-    return p.wbytes + (size_t)p.slots * p.slot_bytes;
+    return p.wbytes + (size_t)p.c.groups * p.abytes + p.toff_bytes +
+           (size_t)p.slots * p.slot_bytes;
 }
 
 /* The weights as an O x K matrix with strides (*rs, *cs): w itself, or,
@@ -513,14 +542,142 @@ static inline int64_t tap_cols(const cgeo *c, int64_t kw, int64_t *lo, int64_t *
 NDM__IM2COL(float)
 NDM__IM2COL(double)
 
+/* The Cg planes of group gi of sample n into xp (Hp x Wp each), padding
+ * and rows or columns past the input as zeros, then the slack. */
+#define NDM__PAD_INPUT(T)                                                       \
+    static void pad_input_##T(T *restrict xp, const T *x, const int64_t *xs, const cgeo *c, \
+                              int64_t Hp, int64_t Wp, int64_t n, int64_t gi)    \
+    {                                                                           \
+        int64_t w0 = c->pw < Wp ? c->pw : Wp;                                   \
+        int64_t w1 = c->pw + c->W < Wp ? c->pw + c->W : Wp;                     \
+        w1 = w1 > w0 ? w1 : w0;                                                 \
+        for (int64_t ci = 0; ci < c->Cg; ci++) {                                \
+            const T *plane = x + n * xs[0] + (gi * c->Cg + ci) * xs[1];         \
+            T *d = xp + ci * Hp * Wp;                                           \
+            for (int64_t r = 0; r < Hp; r++, d += Wp) {                         \
+                int64_t ih = r - c->ph;                                         \
+                if (ih < 0 || ih >= c->H) {                                     \
+                    memset(d, 0, (size_t)Wp * sizeof(T));                       \
+                    continue;                                                   \
+                }                                                               \
+                const T *src = plane + ih * xs[2] + (w0 - c->pw) * xs[3];       \
+                memset(d, 0, (size_t)w0 * sizeof(T));                           \
+                if (xs[3] == 1)                                                 \
+                    memcpy(d + w0, src, (size_t)(w1 - w0) * sizeof(T));         \
+                else                                                            \
+                    for (int64_t j = w0; j < w1; j++)                           \
+                        d[j] = src[(j - w0) * xs[3]];                           \
+                memset(d + w1, 0, (size_t)(Wp - w1) * sizeof(T));               \
+            }                                                                   \
+        }                                                                       \
+        memset(xp + c->Cg * Hp * Wp, 0, PAD_SLACK * sizeof(T));                 \
+    }
+NDM__PAD_INPUT(float)
+NDM__PAD_INPUT(double)
+
+/* Where tap t = (ci, kh, kw) of pixel 0 reads in the padded planes. */
+static void tap_offsets(int64_t *toff, const cgeo *c, int64_t Hp, int64_t Wp)
+{
+    int64_t t = 0;
+    for (int64_t ci = 0; ci < c->Cg; ci++)
+        for (int64_t kh = 0; kh < c->KH; kh++)
+            for (int64_t kw = 0; kw < c->KW; kw++)
+                toff[t++] = ci * Hp * Wp + kh * c->dh * Wp + kw * c->dw;
+}
+
+/* The unfolded input of one (sample, group) as a panel source. */
+typedef struct unfold {
+    const char *xp;       /* padded planes */
+    const int64_t *toff;  /* per tap */
+    const cgeo *c;
+    int64_t Wp, p_base;   /* pixel j of a product is pixel p_base + j */
+} unfold;
+
+/* Where pixels [p, p + cols) read in the padded planes, relative to a tap. */
+static void pixel_offsets(int64_t *po, const unfold *u, int64_t p, int64_t cols)
+{
+    const cgeo *c = u->c;
+    int64_t oh = p / c->OW, ow = p % c->OW;
+    for (int64_t j = 0; j < cols; j++) {
+        po[j] = oh * c->sh * u->Wp + ow * c->sw;
+        if (++ow == c->OW)
+            ow = 0, oh++;
+    }
+}
+
+/* Forward: B = unfold(x), rows taps, columns pixels. With unit stride a
+ * full panel is a few runs of consecutive elements (one per output row it
+ * spans); each run is copied as a whole vector of nr elements, the next
+ * run (or the next row) overwriting what spilt past it. */
+#define NDM__UNFOLD_PANEL(T)                                                    \
+    static void unfold_panel_##T(void *ctx, void *dst, int64_t t0, int64_t kc, int64_t j0, \
+                                 int64_t cols, int nr)                          \
+    {                                                                           \
+        const unfold *u = ctx;                                                  \
+        const T *xp = (const T *)u->xp;                                         \
+        T *d = dst;                                                             \
+        int64_t po[64];                                                         \
+        pixel_offsets(po, u, u->p_base + j0, cols);                             \
+        if (cols == nr && u->c->sw == 1) {                                      \
+            int64_t run[64], nrun = 0;                                          \
+            for (int64_t j = 0; j < cols; j++)                                  \
+                if (j == 0 || po[j] != po[j - 1] + 1)                           \
+                    run[nrun++] = j;                                            \
+            for (int64_t t = t0; t < t0 + kc; t++, d += nr) {                   \
+                const T *src = xp + u->toff[t];                                 \
+                for (int64_t r = 0; r < nrun; r++) {                            \
+                    int64_t j = run[r];                                         \
+                    if (nr * sizeof(T) == 64)                                   \
+                        memcpy(d + j, src + po[j], 64);                         \
+                    else                                                        \
+                        memcpy(d + j, src + po[j], (size_t)nr * sizeof(T));     \
+                }                                                               \
+            }                                                                   \
+            return;                                                             \
+        }                                                                       \
+        for (int64_t t = t0; t < t0 + kc; t++, d += nr) {                       \
+            const T *src = xp + u->toff[t];                                     \
+            int64_t j = 0;                                                      \
+            for (; j < cols; j++)                                               \
+                d[j] = src[po[j]];                                              \
+            for (; j < nr; j++)                                                 \
+                d[j] = 0;                                                       \
+        }                                                                       \
+    }
+NDM__UNFOLD_PANEL(float)
+NDM__UNFOLD_PANEL(double)
+
+/* Weight gradient: B = unfold(x)^T, rows pixels, columns taps. */
+#define NDM__UNFOLD_T_PANEL(T)                                                  \
+    static void unfold_t_panel_##T(void *ctx, void *dst, int64_t p0, int64_t kc, int64_t j0, \
+                                   int64_t cols, int nr)                        \
+    {                                                                           \
+        const unfold *u = ctx;                                                  \
+        const cgeo *c = u->c;                                                   \
+        const T *xp = (const T *)u->xp;                                         \
+        T *d = dst;                                                             \
+        const int64_t *to = u->toff + j0;                                       \
+        int64_t p = u->p_base + p0, oh = p / c->OW, ow = p % c->OW;             \
+        for (int64_t i = 0; i < kc; i++, d += nr) {                             \
+            const T *src = xp + oh * c->sh * u->Wp + ow * c->sw;                \
+            int64_t j = 0;                                                      \
+            for (; j < cols; j++)                                               \
+                d[j] = src[to[j]];                                              \
+            for (; j < nr; j++)                                                 \
+                d[j] = 0;                                                       \
+            if (++ow == c->OW)                                                  \
+                ow = 0, oh++;                                                   \
+        }                                                                       \
+    }
+NDM__UNFOLD_T_PANEL(float)
+NDM__UNFOLD_T_PANEL(double)
+
 typedef struct cctx {
     const cplan *p;
-    const ndm__tensor *y, *x, *w, *bias;
-    const char *wm;           /* weights as an O x K matrix */
-    int64_t wrs, wcs;
+    const ndm__tensor *y, *x, *bias;
+    const char *ap;           /* packed weights, one block per group */
+    const int64_t *toff;
     char *ws;                 /* slots */
-    unsigned flags;
-    atomic_int next_slot;
     atomic_int status;
 } cctx;
 
@@ -531,38 +688,32 @@ static void conv_items(void *ctx, int64_t begin, int64_t end)
     const cgeo *c = &p->c;
     /* the slot of this thread: chunks are many more than threads */
     int slot = ndm__parallel_thread_index();
-    char *col = q->ws + (size_t)(slot < p->slots ? slot : 0) * p->slot_bytes;
+    char *xp = q->ws + (size_t)(slot < p->slots ? slot : 0) * p->slot_bytes;
     int64_t es = (int64_t)p->es;
     const int64_t *ys = q->y->strides, *xs = q->x->strides;
+    int64_t padded = -1; /* the (sample, group) now in xp */
     for (int64_t it = begin; it < end; it++) {
         int64_t tile = it % p->ntiles, ng = it / p->ntiles;
         int64_t gi = ng % c->groups, n = ng / c->groups;
         int64_t p0 = tile * p->tile;
         int64_t np = c->P - p0 < p->tile ? c->P - p0 : p->tile;
+        if (ng != padded) {
+            if (es == 4)
+                pad_input_float((float *)xp, q->x->data, xs, c, p->Hp, p->Wp, n, gi);
+            else
+                pad_input_double((double *)xp, q->x->data, xs, c, p->Hp, p->Wp, n, gi);
+            padded = ng;
+        }
         /* y's (OH, OW) plane is contiguous (dispatcher): pixel p at p * ys[3] */
         char *yb = (char *)q->y->data + (n * ys[0] + gi * c->Og * ys[1] + p0 * ys[3]) * es;
         const char *bias = NULL;
         if (q->bias)
             bias = (const char *)q->bias->data + gi * c->Og * q->bias->strides[0] * es;
-        const char *a = q->wm + gi * c->Og * q->wrs * es;
-        const char *b;
-        int64_t rsb, csb;
-        if (p->direct) {
-            b = (const char *)q->x->data + (n * xs[0] + gi * c->Cg * xs[1] + p0 * xs[3]) * es;
-            rsb = xs[1];
-            csb = xs[3];
-        } else {
-            if (es == 4)
-                im2col_float((float *)col, q->x->data, xs, c, n, gi, p0, np);
-            else
-                im2col_double((double *)col, q->x->data, xs, c, n, gi, p0, np);
-            b = col;
-            rsb = np;
-            csb = 1;
-        }
-        ndm_status st = ndm__cpu_gemm_bias(q->y->dtype, c->Og, np, c->K, a, q->wrs, q->wcs, b,
-                                           rsb, csb, yb, ys[1], ys[3], bias,
-                                           q->bias ? q->bias->strides[0] : 0, q->flags);
+        unfold u = {xp, q->toff, c, p->Wp, p0};
+        ndm_status st = ndm__gemm_packed(
+            q->y->dtype, c->Og, np, c->K, q->ap + (size_t)gi * p->abytes,
+            es == 4 ? unfold_panel_float : unfold_panel_double, &u, yb, ys[1], ys[3], bias,
+            q->bias ? q->bias->strides[0] : 0, 0);
         if (st < 0)
             atomic_store(&q->status, st);
     }
@@ -578,19 +729,21 @@ static ndm_status fast_conv2d(int device, const ndm__tensor *y, const ndm__tenso
     cplan p = conv_plan(y, x, w, g);
     if (p.items == 0 || p.c.Og == 0)
         return NDM_OK;
-    cctx q = {&p, y, x, w, bias, NULL, 0, 0, (char *)ws + p.wbytes, 0, 0, 0};
-    atomic_init(&q.next_slot, 0);
+    char *wsp = ws;
+    int64_t wrs, wcs;
+    const char *wm = weight_matrix(w, &p.c, p.es, p.wcopy, wsp, &wrs, &wcs);
+    char *ap = wsp + p.wbytes;
+    for (int64_t gi = 0; gi < p.c.groups; gi++)
+        ndm__gemm_pack_a(y->dtype, p.c.Og, p.c.K, wm + gi * p.c.Og * wrs * (int64_t)p.es, wrs,
+                         wcs, ap + (size_t)gi * p.abytes);
+    int64_t *toff = (int64_t *)(ap + (size_t)p.c.groups * p.abytes);
+    tap_offsets(toff, &p.c, p.Hp, p.Wp);
+    cctx q = {&p, y, x, bias, ap, toff, (char *)toff + p.toff_bytes, 0};
     atomic_init(&q.status, NDM_OK);
-    q.wm = weight_matrix(w, &p.c, p.es, p.wcopy, ws, &q.wrs, &q.wcs);
-    if (p.parallel) {
-        q.flags = NDM__GEMM_NO_PROVIDER;
+    if (p.parallel)
         ndm__parallel_for(p.items, 1, conv_items, &q);
-    } else {
-        /* ndm's kernel writes the bias with C; with a short contraction
-         * that saves a pass over y worth more than the provider's speed */
-        q.flags = p.c.K <= 64 ? NDM__GEMM_NO_PROVIDER : 0;
+    else
         conv_items(&q, 0, p.items);
-    }
     return (ndm_status)atomic_load(&q.status);
 }
 
@@ -856,8 +1009,10 @@ typedef struct bplan {
     bool weight;    /* the weight's gradient (else the input's) */
     bool direct, gather, wcopy;
     bool dot;       /* weight gradient by inner products (rows of unit stride) */
+    bool packed;    /* ndm's GEMM on packed operands, a part per thread */
     int parts;
-    size_t es, col_bytes, slot_bytes, wbytes, part_bytes;
+    int64_t Hp, Wp; /* weight gradient, packed: x's padded planes */
+    size_t es, col_bytes, slot_bytes, wbytes, part_bytes, abytes, toff_bytes;
 } bplan;
 
 static int64_t numel4(const int64_t *shape)
@@ -917,12 +1072,32 @@ static bplan bwd_plan(const ndm__tensor *dy, const ndm__tensor *x, const ndm__te
     p.ntiles = p.tile ? (c->P + p.tile - 1) / p.tile : 0;
     p.col_bytes = p.direct ? 0 : align64((size_t)(c->K * p.tile) * p.es);
     p.slot_bytes = p.col_bytes + (p.gather ? align64((size_t)(c->Og * p.tile) * p.es) : 0);
+    /* Packed operands where each thread runs whole units (one thread, or a
+     * batch that fills the pool): the input gradient packs W^T once; the
+     * weight gradient packs each unit's dy and writes unfold(x)^T straight
+     * into B's panels from x's padded planes, whole planes at a time. A
+     * few taps (a first layer's) would leave most of each panel zeros:
+     * those keep the provider's small product or the inner products. */
+    p.packed = (p.parts > 1 || threads == 1) &&
+               (weight ? !p.dot && !p.gather && c->K > 64 : true);
+    if (p.packed && weight) {
+        padded_dims(c, &p.Hp, &p.Wp);
+        p.tile = c->P;
+        p.ntiles = c->P ? 1 : 0;
+        p.col_bytes = 0;
+        p.slot_bytes = padded_bytes(c, p.Hp, p.Wp, p.es) +
+                       align64(ndm__gemm_packed_a_bytes(dy->dtype, c->Og, c->P));
+        p.toff_bytes = align64((size_t)c->K * sizeof(int64_t));
+    } else if (p.packed) {
+        p.abytes = align64(ndm__gemm_packed_a_bytes(dy->dtype, c->K, c->Og));
+    }
     return p;
 }
 
 static size_t bwd_workspace(const bplan *p)
 {
-    return p->wbytes + (size_t)(p->parts - 1) * p->part_bytes + (size_t)p->parts * p->slot_bytes;
+    return p->wbytes + (size_t)p->c.groups * p->abytes + p->toff_bytes +
+           (size_t)(p->parts - 1) * p->part_bytes + (size_t)p->parts * p->slot_bytes;
 }
 
 static size_t bwd_workspace_for(const ndm__tensor *dy, const ndm__tensor *x,
@@ -1028,6 +1203,8 @@ typedef struct bctx {
     const ndm__tensor *out, *dy, *in; /* out: dx or dw; in: w or x */
     const char *wm;                   /* input gradient: the weights as an O x K matrix */
     int64_t wrs, wcs;
+    const char *ap;                   /* packed: W^T per group (input) */
+    const int64_t *toff;              /* packed: tap offsets (weight) */
     char *partials, *slots;
     const grad_kernels *gk;
     unsigned flags;
@@ -1054,7 +1231,17 @@ static void bwd_input_unit(bctx *q, char *col, char *dyb, int64_t n, int64_t gi)
         int64_t rsb, csb;
         const char *b = dy_tile(p, q->dy, dyb, n, gi, p0, np, &rsb, &csb);
         ndm_status st;
-        if (p->direct) {
+        if (p->packed) {
+            ndm__gemm_matrix mb = {b, rsb, csb, p->es};
+            const char *ag = q->ap + (size_t)gi * p->abytes;
+            char *cp = p->direct ? dxg + p0 * p->xps * es : col;
+            st = ndm__gemm_packed(dt, c->K, np, c->Og, ag, ndm__gemm_matrix_panel, &mb, cp,
+                                  p->direct ? xs[1] : np, p->direct ? p->xps : 1, NULL, 0, 0);
+            if (st >= 0 && !p->direct && es == 4)
+                col2im_float((const float *)col, q->out->data, xs, c, n, gi, p0, np, q->gk);
+            else if (st >= 0 && !p->direct)
+                col2im_double((const double *)col, q->out->data, xs, c, n, gi, p0, np, q->gk);
+        } else if (p->direct) {
             st = ndm__cpu_gemm(dt, c->K, np, c->Og, a, q->wcs, q->wrs, b, rsb, csb,
                                dxg + p0 * p->xps * es, xs[1], p->xps, q->flags);
         } else {
@@ -1079,6 +1266,25 @@ static void bwd_weight_unit(bctx *q, char *col, char *dyb, char *acc, int64_t n,
     int64_t es = (int64_t)p->es;
     const int64_t *xs = q->in->strides;
     char *cg = acc + gi * c->Og * c->K * es;
+    if (p->packed) {
+        /* the slot: x's padded planes, then this unit's dy packed */
+        char *xp = col, *ap = col + padded_bytes(c, p->Hp, p->Wp, p->es);
+        if (es == 4)
+            pad_input_float((float *)xp, q->in->data, xs, c, p->Hp, p->Wp, n, gi);
+        else
+            pad_input_double((double *)xp, q->in->data, xs, c, p->Hp, p->Wp, n, gi);
+        const int64_t *ds = q->dy->strides;
+        const char *dyg = (const char *)q->dy->data + (n * ds[0] + gi * c->Og * ds[1]) * es;
+        ndm__gemm_pack_a(q->out->dtype, c->Og, c->P, dyg, ds[1], p->dps, ap);
+        unfold u = {xp, q->toff, c, p->Wp, 0};
+        ndm_status st = ndm__gemm_packed(
+            q->out->dtype, c->Og, c->K, c->P, ap,
+            es == 4 ? unfold_t_panel_float : unfold_t_panel_double, &u, cg, c->K, 1, NULL, 0,
+            NDM__GEMM_ACCUMULATE);
+        if (st < 0)
+            atomic_store(&q->status, st);
+        return;
+    }
     for (int64_t t = 0; t < p->ntiles; t++) {
         int64_t p0 = t * p->tile;
         int64_t np = c->P - p0 < p->tile ? c->P - p0 : p->tile;
@@ -1154,11 +1360,26 @@ static ndm_status bwd_run(const ndm__tensor *out, const ndm__tensor *dy, const n
     if (!bwd_plan_fit(&p, dy, weight ? in : out, weight ? out : in, g, weight, ws_bytes))
         return NDM_E_INVALID;
     char *wsp = ws;
-    bctx q = {&p, out, dy, in, NULL, 0, 0, wsp, NULL, gk_pick(), 0, 0};
+    bctx q = {&p, out, dy, in, NULL, 0, 0, NULL, NULL, NULL, NULL, gk_pick(), 0, 0};
     atomic_init(&q.status, NDM_OK);
+    /* the workspace: gathered weights, packed W^T per group, tap offsets,
+     * partial sums, slots */
+    char *at = wsp ? wsp + p.wbytes : NULL;
     if (!weight)
         q.wm = weight_matrix(in, &p.c, p.es, p.wcopy, wsp, &q.wrs, &q.wcs);
-    q.slots = wsp ? wsp + p.wbytes + (size_t)(p.parts - 1) * p.part_bytes : NULL;
+    if (!weight && p.packed) {
+        q.ap = at;
+        for (int64_t gi = 0; gi < p.c.groups; gi++)
+            ndm__gemm_pack_a(out->dtype, p.c.K, p.c.Og, q.wm + gi * p.c.Og * q.wrs * (int64_t)p.es,
+                             q.wcs, q.wrs, at + (size_t)gi * p.abytes);
+    }
+    at = at ? at + (size_t)p.c.groups * p.abytes : NULL;
+    if (weight && p.packed) {
+        tap_offsets((int64_t *)at, &p.c, p.Hp, p.Wp);
+        q.toff = (const int64_t *)at;
+    }
+    q.partials = at ? at + p.toff_bytes : NULL;
+    q.slots = q.partials ? q.partials + (size_t)(p.parts - 1) * p.part_bytes : NULL;
     if (p.parts > 1) {
         q.flags = NDM__GEMM_NO_PROVIDER;
         ndm__parallel_for(p.parts, 1, bwd_parts, &q);
@@ -1262,15 +1483,74 @@ typedef struct pbctx {
  * without clearing dx first; only a last odd row and column, which no window
  * holds, are cleared. The winner is found without branches: the first
  * maximum, or the last NaN (the forward's comparison). */
+#if NDM__CPU_X86
+/* Eight windows at a time of one row of pool2x2_bwd_plane: the same
+ * comparisons, lane by lane; returns how many windows it did. */
+NDM__AVX2 static int64_t pool2x2_bwd_row_avx2(float *d0, float *d1, const float *r0,
+                                              const float *r1, const float *g, int64_t OW,
+                                              bool max)
+{
+    int64_t ow = 0;
+    const __m256 zero = _mm256_setzero_ps();
+    for (; ow + 8 <= OW; ow += 8) {
+        __m256 gv = _mm256_add_ps(zero, _mm256_loadu_ps(g + ow));
+        __m256 pa, pb, pc, pd;
+        if (max) {
+            /* even and odd columns of the two rows, in window order */
+            __m256 u0 = _mm256_loadu_ps(r0 + 2 * ow), u1 = _mm256_loadu_ps(r0 + 2 * ow + 8);
+            __m256 v0 = _mm256_loadu_ps(r1 + 2 * ow), v1 = _mm256_loadu_ps(r1 + 2 * ow + 8);
+            __m256 a = _mm256_castpd_ps(_mm256_permute4x64_pd(
+                _mm256_castps_pd(_mm256_shuffle_ps(u0, u1, 0x88)), 0xd8));
+            __m256 b = _mm256_castpd_ps(_mm256_permute4x64_pd(
+                _mm256_castps_pd(_mm256_shuffle_ps(u0, u1, 0xdd)), 0xd8));
+            __m256 c = _mm256_castpd_ps(_mm256_permute4x64_pd(
+                _mm256_castps_pd(_mm256_shuffle_ps(v0, v1, 0x88)), 0xd8));
+            __m256 d = _mm256_castpd_ps(_mm256_permute4x64_pd(
+                _mm256_castps_pd(_mm256_shuffle_ps(v0, v1, 0xdd)), 0xd8));
+            __m256 m = a;
+            __m256 tb = _mm256_or_ps(_mm256_cmp_ps(b, m, _CMP_GT_OQ), _mm256_cmp_ps(b, b, _CMP_UNORD_Q));
+            m = _mm256_blendv_ps(m, b, tb);
+            __m256 tc = _mm256_or_ps(_mm256_cmp_ps(c, m, _CMP_GT_OQ), _mm256_cmp_ps(c, c, _CMP_UNORD_Q));
+            m = _mm256_blendv_ps(m, c, tc);
+            __m256 td = _mm256_or_ps(_mm256_cmp_ps(d, m, _CMP_GT_OQ), _mm256_cmp_ps(d, d, _CMP_UNORD_Q));
+            /* the last comparison that moved the maximum names the winner */
+            pd = _mm256_and_ps(td, gv);
+            pc = _mm256_and_ps(_mm256_andnot_ps(td, tc), gv);
+            pb = _mm256_and_ps(_mm256_andnot_ps(_mm256_or_ps(tc, td), tb), gv);
+            pa = _mm256_andnot_ps(_mm256_or_ps(tb, _mm256_or_ps(tc, td)), gv);
+        } else {
+            pa = pb = pc = pd = _mm256_add_ps(zero, _mm256_mul_ps(gv, _mm256_set1_ps(0.25f)));
+        }
+        /* back to interleaved columns */
+        __m256 lo = _mm256_unpacklo_ps(pa, pb), hi = _mm256_unpackhi_ps(pa, pb);
+        _mm256_storeu_ps(d0 + 2 * ow, _mm256_permute2f128_ps(lo, hi, 0x20));
+        _mm256_storeu_ps(d0 + 2 * ow + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+        lo = _mm256_unpacklo_ps(pc, pd), hi = _mm256_unpackhi_ps(pc, pd);
+        _mm256_storeu_ps(d1 + 2 * ow, _mm256_permute2f128_ps(lo, hi, 0x20));
+        _mm256_storeu_ps(d1 + 2 * ow + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+    }
+    return ow;
+}
+#endif
+
 static void pool2x2_bwd_plane(float *dx, int64_t H, int64_t W, const float *x, int64_t xs2,
                               const float *dy, int64_t ys2, int64_t OH, int64_t OW, bool max)
 {
+#if NDM__CPU_X86
+    bool avx2 = ndm__cpu_isa_level() >= NDM__CPU_ISA_AVX2;
+#endif
     for (int64_t oh = 0; oh < OH; oh++) {
         float *d0 = dx + 2 * oh * W, *d1 = d0 + W;
         const float *g = dy + oh * ys2;
+        int64_t done = 0;
+#if NDM__CPU_X86
+        if (avx2)
+            done = pool2x2_bwd_row_avx2(d0, d1, max ? x + 2 * oh * xs2 : NULL,
+                                        max ? x + 2 * oh * xs2 + xs2 : NULL, g, OW, max);
+#endif
         if (max) {
             const float *r0 = x + 2 * oh * xs2, *r1 = r0 + xs2;
-            for (int64_t ow = 0; ow < OW; ow++) {
+            for (int64_t ow = done; ow < OW; ow++) {
                 float a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1];
                 float m = a;
                 int w = 0;
@@ -1289,7 +1569,7 @@ static void pool2x2_bwd_plane(float *dx, int64_t H, int64_t W, const float *x, i
                 d1[2 * ow + 1] = w == 3 ? gv : 0.0f;
             }
         } else {
-            for (int64_t ow = 0; ow < OW; ow++) {
+            for (int64_t ow = done; ow < OW; ow++) {
                 float share = 0.0f + (float)((double)g[ow] / 4.0);
                 d0[2 * ow] = share, d0[2 * ow + 1] = share;
                 d1[2 * ow] = share, d1[2 * ow + 1] = share;
