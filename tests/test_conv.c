@@ -2,6 +2,8 @@
  * dilation, groups, bias, 1x1 and large convolutions, strided views, every
  * float dtype; the error paths, the output rule, and both CPU tables. */
 #include "backends/backend.h"
+#include "backends/cpu/parallel.h"
+#include "backends/nn.h"
 #include "check_numeric.h"
 #include "manager/alloc/alloc.h"
 
@@ -141,6 +143,42 @@ static void test_conv2d_parallel_and_tiled(void **state)
     check_conv(ROOT(state), &g, &mnist, NDM_F32, "mnist batch");
     check_conv(ROOT(state), &g, &deep, NDM_F32, "tiled");
     check_conv(ROOT(state), &g, &wide, NDM_F64, "grouped");
+}
+
+/* The fast forward packs the weights once per call and writes each panel
+ * of the unfolded input from a padded copy of the sample: kernels 1, 3
+ * and 5, strides 2, padding, dilation, channels and filters that fill no
+ * panel, a batch of 1 (cut into pixel tiles over the threads), a depth
+ * over one block (K = 405) and weights over the row block (200 x 1152),
+ * on 1, 2 and 3 threads, with the CPU's micro-kernels and portable C. */
+static void test_conv2d_packed_odd_shapes(void **state)
+{
+    rng g = rng_new(5);
+    static const conv_case odd[] = {
+        {1, 3, 9, 11, 5, 1, 1, {1, 1}, {0, 0}, {1, 1}, 1, true},
+        {2, 5, 9, 10, 7, 1, 1, {2, 2}, {0, 0}, {1, 1}, 1, false},
+        {1, 7, 12, 13, 9, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
+        {3, 6, 11, 9, 13, 5, 5, {2, 2}, {2, 2}, {1, 1}, 1, true},
+        {2, 5, 10, 12, 11, 5, 3, {1, 2}, {2, 0}, {2, 1}, 1, false},
+        {2, 6, 7, 7, 9, 3, 3, {1, 1}, {2, 2}, {1, 1}, 3, true},
+        {2, 45, 8, 7, 10, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
+        {1, 128, 6, 6, 200, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
+    };
+    static const int threads[] = {1, 2, 3};
+    for (size_t t = 0; t < sizeof threads / sizeof threads[0]; t++)
+        for (int isa = 0; isa < 2; isa++) {
+            int before = ndm__set_num_threads(threads[t]);
+            (void)ndm__cpu_conv_grad_isa(isa); /* 0: the CPU's best; 1: portable C */
+            for (size_t c = 0; c < sizeof odd / sizeof odd[0]; c++) {
+                char what[64];
+                snprintf(what, sizeof what, "case %zu, %d threads%s", c, threads[t],
+                         isa ? ", portable" : "");
+                check_conv(ROOT(state), &g, &odd[c], NDM_F32, what);
+                check_conv(ROOT(state), &g, &odd[c], NDM_F64, what);
+            }
+            (void)ndm__cpu_conv_grad_isa(0);
+            ndm__set_num_threads(before);
+        }
 }
 
 /* Inputs as views: NHWC storage seen as NCHW, and weights stored (O, KH,
@@ -465,6 +503,7 @@ int main(void)
         TEST(test_conv2d_half_precision),
         TEST(test_conv2d_parallel_and_tiled),
         TEST(test_conv2d_strided_views),
+        TEST(test_conv2d_packed_odd_shapes),
         TEST(test_pool2d_matches_direct_loops),
         TEST(test_max_pool2d_nan_and_padding),
         TEST(test_pool2d_2x2_fast_path_matches_reference),
