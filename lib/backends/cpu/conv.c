@@ -1010,6 +1010,7 @@ typedef struct bplan {
     bool direct, gather, wcopy;
     bool dot;       /* weight gradient by inner products (rows of unit stride) */
     bool packed;    /* ndm's GEMM on packed operands, a part per thread */
+    bool padx;      /* input gradient, packed: summed into padded planes */
     int parts;
     int64_t Hp, Wp; /* weight gradient, packed: x's padded planes */
     size_t es, col_bytes, slot_bytes, wbytes, part_bytes, abytes, toff_bytes;
@@ -1090,6 +1091,14 @@ static bplan bwd_plan(const ndm__tensor *dy, const ndm__tensor *x, const ndm__te
         p.toff_bytes = align64((size_t)c->K * sizeof(int64_t));
     } else if (p.packed) {
         p.abytes = align64(ndm__gemm_packed_a_bytes(dy->dtype, c->K, c->Og));
+        /* col2im adds whole rows into padded planes, no edge to clip, which
+         * are then copied into dx once: dx is written, never cleared */
+        p.padx = !p.direct;
+        if (p.padx) {
+            padded_dims(c, &p.Hp, &p.Wp);
+            p.toff_bytes = align64((size_t)c->K * sizeof(int64_t));
+            p.slot_bytes += padded_bytes(c, p.Hp, p.Wp, p.es);
+        }
     }
     return p;
 }
@@ -1198,6 +1207,88 @@ static const char *dy_tile(const bplan *p, const ndm__tensor *dy, char *buf, int
 NDM__COL2IM(float, add_s)
 NDM__COL2IM(double, add_d)
 
+/* col2im into padded planes (see pad_input): add col (K x np), the
+ * gradient of the unfolded pixels [p0, p0 + np), at xp[toff[t] + poff(p)];
+ * with unit stride, a run of consecutive elements per output row. */
+#define NDM__COL2IM_PAD(T, ATTR, NAME, VEC)                                     \
+    ATTR static void NAME(const T *col, T *xp, const int64_t *toff, const cgeo *c, int64_t Wp, \
+                          int64_t p0, int64_t np)                               \
+    {                                                                           \
+        for (int64_t t = 0; t < c->K; t++) {                                    \
+            const T *row = col + t * np;                                        \
+            T *base = xp + toff[t];                                             \
+            int64_t pp = p0, end = p0 + np;                                     \
+            while (pp < end) {                                                  \
+                int64_t oh = pp / c->OW, ow = pp % c->OW;                       \
+                int64_t seg = c->OW - ow < end - pp ? c->OW - ow : end - pp;    \
+                T *d = base + oh * c->sh * Wp + ow * c->sw;                     \
+                const T *s = row + (pp - p0);                                   \
+                int64_t i = 0;                                                  \
+                if (c->sw == 1) {                                               \
+                    VEC                                                         \
+                    for (; i < seg; i++)                                        \
+                        d[i] += s[i];                                           \
+                } else {                                                        \
+                    for (; i < seg; i++)                                        \
+                        d[i * c->sw] += s[i];                                   \
+                }                                                               \
+                pp += seg;                                                      \
+            }                                                                   \
+        }                                                                       \
+    }
+NDM__COL2IM_PAD(float, , col2im_pad_float, )
+NDM__COL2IM_PAD(double, , col2im_pad_double, )
+#if NDM__CPU_X86
+NDM__COL2IM_PAD(float, NDM__AVX2, col2im_pad_float_avx2,
+                for (; i + 8 <= seg; i += 8) _mm256_storeu_ps(
+                    d + i, _mm256_add_ps(_mm256_loadu_ps(d + i), _mm256_loadu_ps(s + i)));)
+#endif
+
+static void col2im_pad(const char *col, char *xp, const int64_t *toff, const cgeo *c, int64_t Wp,
+                       int64_t p0, int64_t np, int64_t es)
+{
+    if (es == 8) {
+        col2im_pad_double((const double *)col, (double *)xp, toff, c, Wp, p0, np);
+        return;
+    }
+#if NDM__CPU_X86
+    if (ndm__cpu_isa_level() >= NDM__CPU_ISA_AVX2) {
+        col2im_pad_float_avx2((const float *)col, (float *)xp, toff, c, Wp, p0, np);
+        return;
+    }
+#endif
+    col2im_pad_float((const float *)col, (float *)xp, toff, c, Wp, p0, np);
+}
+
+/* The inverse of pad_input: the planes of group gi's block of dx (at dx,
+ * strides xs) from the padded ones; input elements no tap reads get 0. */
+#define NDM__UNPAD(T)                                                           \
+    static void unpad_##T(T *dx, const int64_t *xs, const T *xp, const cgeo *c, int64_t Hp, \
+                          int64_t Wp)                                           \
+    {                                                                           \
+        int64_t wv = Wp - c->pw < c->W ? Wp - c->pw : c->W;                     \
+        wv = wv > 0 ? wv : 0;                                                   \
+        for (int64_t ci = 0; ci < c->Cg; ci++)                                  \
+            for (int64_t ih = 0; ih < c->H; ih++) {                             \
+                T *d = dx + ci * xs[1] + ih * xs[2];                            \
+                int64_t r = ih + c->ph, iw = 0;                                 \
+                if (r < Hp) {                                                   \
+                    const T *s = xp + (ci * Hp + r) * Wp + c->pw;               \
+                    if (xs[3] == 1) {                                           \
+                        memcpy(d, s, (size_t)wv * sizeof(T));                   \
+                        iw = wv;                                                \
+                    } else {                                                    \
+                        for (; iw < wv; iw++)                                   \
+                            d[iw * xs[3]] = s[iw];                              \
+                    }                                                           \
+                }                                                               \
+                for (; iw < c->W; iw++)                                         \
+                    d[iw * xs[3]] = 0;                                          \
+            }                                                                   \
+    }
+NDM__UNPAD(float)
+NDM__UNPAD(double)
+
 typedef struct bctx {
     const bplan *p;
     const ndm__tensor *out, *dy, *in; /* out: dx or dw; in: w or x */
@@ -1221,8 +1312,13 @@ static void bwd_input_unit(bctx *q, char *col, char *dyb, int64_t n, int64_t gi)
     const int64_t *xs = q->out->strides;
     char *dxg = (char *)q->out->data + (n * xs[0] + gi * c->Cg * xs[1]) * es;
     /* dx is C-contiguous: the group's channels are one block */
-    if (!p->direct)
+    char *dxp = NULL;
+    if (p->padx) {
+        dxp = col + p->slot_bytes - padded_bytes(c, p->Hp, p->Wp, p->es);
+        memset(dxp, 0, (size_t)(c->Cg * p->Hp * p->Wp) * p->es);
+    } else if (!p->direct) {
         memset(dxg, 0, (size_t)(c->Cg * c->H * c->W) * p->es);
+    }
     /* W^T of the group: K x Og */
     const char *a = q->wm + gi * c->Og * q->wrs * es;
     for (int64_t t = 0; t < p->ntiles; t++) {
@@ -1237,10 +1333,8 @@ static void bwd_input_unit(bctx *q, char *col, char *dyb, int64_t n, int64_t gi)
             char *cp = p->direct ? dxg + p0 * p->xps * es : col;
             st = ndm__gemm_packed(dt, c->K, np, c->Og, ag, ndm__gemm_matrix_panel, &mb, cp,
                                   p->direct ? xs[1] : np, p->direct ? p->xps : 1, NULL, 0, 0);
-            if (st >= 0 && !p->direct && es == 4)
-                col2im_float((const float *)col, q->out->data, xs, c, n, gi, p0, np, q->gk);
-            else if (st >= 0 && !p->direct)
-                col2im_double((const double *)col, q->out->data, xs, c, n, gi, p0, np, q->gk);
+            if (st >= 0 && p->padx)
+                col2im_pad(col, dxp, q->toff, c, p->Wp, p0, np, es);
         } else if (p->direct) {
             st = ndm__cpu_gemm(dt, c->K, np, c->Og, a, q->wcs, q->wrs, b, rsb, csb,
                                dxg + p0 * p->xps * es, xs[1], p->xps, q->flags);
@@ -1255,6 +1349,10 @@ static void bwd_input_unit(bctx *q, char *col, char *dyb, int64_t n, int64_t gi)
         if (st < 0)
             atomic_store(&q->status, st);
     }
+    if (p->padx && es == 4)
+        unpad_float((float *)dxg, xs, (const float *)dxp, c, p->Hp, p->Wp);
+    else if (p->padx)
+        unpad_double((double *)dxg, xs, (const double *)dxp, c, p->Hp, p->Wp);
 }
 
 /* Sample n, group gi of the weight gradient, tile by tile, added into acc
@@ -1374,7 +1472,7 @@ static ndm_status bwd_run(const ndm__tensor *out, const ndm__tensor *dy, const n
                              q.wcs, q.wrs, at + (size_t)gi * p.abytes);
     }
     at = at ? at + (size_t)p.c.groups * p.abytes : NULL;
-    if (weight && p.packed) {
+    if ((weight && p.packed) || p.padx) {
         tap_offsets((int64_t *)at, &p.c, p.Hp, p.Wp);
         q.toff = (const int64_t *)at;
     }
