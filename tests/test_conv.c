@@ -369,6 +369,56 @@ static void test_pool2d_2x2_fast_path_matches_reference(void **state)
     release(dy), release(x);
 }
 
+/* The 2x2 windows eight and four at a time (rows of 19, 15, 7 and 8
+ * windows, and an odd width): ties, -0 and +0, NaNs anywhere in a window,
+ * bit for bit the reference's forward and gradients, max and average. */
+static void test_pool2d_2x2_vector_rows_match_reference(void **state)
+{
+    ndm_manager m = ROOT(state);
+    static const int64_t widths[] = {38, 30, 14, 17};
+    ndm_pool2d_opts o = {{2, 2}, {2, 2}, {0, 0}};
+    for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
+        int64_t W = widths[wi], H = 6, OW = W / 2, n = 2 * 3 * H * W, ny = 2 * 3 * (H / 2) * OW;
+        double *v = malloc((size_t)n * sizeof(double)), *gv = malloc((size_t)ny * sizeof(double));
+        static const double pick[] = {1, 1, -0.0, 0.0, 2, -3, NAN, 5, -1e30, 1};
+        for (int64_t i = 0; i < n; i++) {
+            uint64_t r = (uint64_t)i * 2654435761u;
+            v[i] = pick[(r >> 7) % 10];
+        }
+        for (int64_t i = 0; i < ny; i++)
+            gv[i] = i % 5 == 0 ? -0.0 : (double)(i % 9) - 3.75;
+        ndm_array x = make_array(m, NDM_F32, v, NDM_SHAPE(2, 3, H, W));
+        ndm_array dy = make_array(m, NDM_F32, gv, NDM_SHAPE(2, 3, H / 2, OW));
+        for (int isa = 0; isa < 2; isa++) {
+            (void)ndm__cpu_conv_grad_isa(isa); /* 0: the CPU's best; 1: portable C */
+            float *got[2][4];
+            size_t len[4] = {(size_t)ny, (size_t)ny, (size_t)n, (size_t)n};
+            for (int ref = 0; ref < 2; ref++) {
+                ndm__cpu_force_reference(ref);
+                ndm_array r[4] = {ndm_max_pool2d(x, &o), ndm_avg_pool2d(x, false, &o),
+                                  ndm_max_pool2d_backward(dy, x, &o),
+                                  ndm_avg_pool2d_backward(dy, false, &o, NDM_SHAPE(2, 3, H, W))};
+                for (int k = 0; k < 4; k++) {
+                    assert_live(r[k]);
+                    got[ref][k] = malloc(len[k] * sizeof(float));
+                    assert_ok(ndm_array_copy_out(r[k], got[ref][k], len[k] * sizeof(float)));
+                    release(r[k]);
+                }
+            }
+            ndm__cpu_force_reference(false);
+            for (int k = 0; k < 4; k++) {
+                if (memcmp(got[0][k], got[1][k], len[k] * sizeof(float)) != 0)
+                    fail_msg("width %lld%s: 2x2 pooling result %d differs from the reference",
+                             (long long)W, isa ? ", portable" : "", k);
+                free(got[0][k]), free(got[1][k]);
+            }
+        }
+        (void)ndm__cpu_conv_grad_isa(0);
+        release(x), release(dy);
+        free(v), free(gv);
+    }
+}
+
 static void test_conv2d_errors(void **state)
 {
     ndm_manager m = ROOT(state);
@@ -507,6 +557,7 @@ int main(void)
         TEST(test_pool2d_matches_direct_loops),
         TEST(test_max_pool2d_nan_and_padding),
         TEST(test_pool2d_2x2_fast_path_matches_reference),
+        TEST(test_pool2d_2x2_vector_rows_match_reference),
         TEST(test_conv2d_errors),
         TEST(test_pool2d_errors),
         TEST(test_conv2d_stale_and_null_inputs),

@@ -762,14 +762,65 @@ static bool pool_is_2x2(const ndm__pool2d_geom *g, const ndm__tensor *a, const n
            a->strides[3] == 1 && b->strides[3] == 1;
 }
 
+#if NDM__CPU_X86
+/* Eight maxima at a time of one row of pool2x2_plane, the same comparisons
+ * lane by lane; returns how many windows it did. */
+__attribute__((target("avx2,fma"))) static int64_t pool2x2_max_row_avx2(const float *r0,
+                                                                       const float *r1,
+                                                                       float *yo, int64_t OW)
+{
+    int64_t ow = 0;
+    for (; ow + 8 <= OW; ow += 8) {
+        __m256 u0 = _mm256_loadu_ps(r0 + 2 * ow), u1 = _mm256_loadu_ps(r0 + 2 * ow + 8);
+        __m256 v0 = _mm256_loadu_ps(r1 + 2 * ow), v1 = _mm256_loadu_ps(r1 + 2 * ow + 8);
+        __m256 a = _mm256_castpd_ps(
+            _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(u0, u1, 0x88)), 0xd8));
+        __m256 b = _mm256_castpd_ps(
+            _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(u0, u1, 0xdd)), 0xd8));
+        __m256 c = _mm256_castpd_ps(
+            _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(v0, v1, 0x88)), 0xd8));
+        __m256 d = _mm256_castpd_ps(
+            _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(v0, v1, 0xdd)), 0xd8));
+        __m256 m = a;
+        m = _mm256_blendv_ps(m, b, _mm256_or_ps(_mm256_cmp_ps(b, m, _CMP_GT_OQ),
+                                                _mm256_cmp_ps(b, b, _CMP_UNORD_Q)));
+        m = _mm256_blendv_ps(m, c, _mm256_or_ps(_mm256_cmp_ps(c, m, _CMP_GT_OQ),
+                                                _mm256_cmp_ps(c, c, _CMP_UNORD_Q)));
+        m = _mm256_blendv_ps(m, d, _mm256_or_ps(_mm256_cmp_ps(d, m, _CMP_GT_OQ),
+                                                _mm256_cmp_ps(d, d, _CMP_UNORD_Q)));
+        _mm256_storeu_ps(yo + ow, m);
+    }
+    for (; ow + 4 <= OW; ow += 4) {
+        __m128 u0 = _mm_loadu_ps(r0 + 2 * ow), u1 = _mm_loadu_ps(r0 + 2 * ow + 4);
+        __m128 v0 = _mm_loadu_ps(r1 + 2 * ow), v1 = _mm_loadu_ps(r1 + 2 * ow + 4);
+        __m128 a = _mm_shuffle_ps(u0, u1, 0x88), b = _mm_shuffle_ps(u0, u1, 0xdd);
+        __m128 c = _mm_shuffle_ps(v0, v1, 0x88), d = _mm_shuffle_ps(v0, v1, 0xdd);
+        __m128 m = a;
+        m = _mm_blendv_ps(m, b, _mm_or_ps(_mm_cmp_ps(b, m, _CMP_GT_OQ), _mm_cmp_ps(b, b, _CMP_UNORD_Q)));
+        m = _mm_blendv_ps(m, c, _mm_or_ps(_mm_cmp_ps(c, m, _CMP_GT_OQ), _mm_cmp_ps(c, c, _CMP_UNORD_Q)));
+        m = _mm_blendv_ps(m, d, _mm_or_ps(_mm_cmp_ps(d, m, _CMP_GT_OQ), _mm_cmp_ps(d, d, _CMP_UNORD_Q)));
+        _mm_storeu_ps(yo + ow, m);
+    }
+    return ow;
+}
+#endif
+
 static void pool2x2_plane(const float *x, int64_t xs2, float *y, int64_t ys2, int64_t OH,
                           int64_t OW, bool max)
 {
+#if NDM__CPU_X86
+    bool avx2 = max && ndm__cpu_isa_level() >= NDM__CPU_ISA_AVX2;
+#endif
     for (int64_t oh = 0; oh < OH; oh++) {
         const float *r0 = x + 2 * oh * xs2, *r1 = r0 + xs2;
         float *yo = y + oh * ys2;
         if (max) {
-            for (int64_t ow = 0; ow < OW; ow++) {
+            int64_t ow = 0;
+#if NDM__CPU_X86
+            if (avx2)
+                ow = pool2x2_max_row_avx2(r0, r1, yo, OW);
+#endif
+            for (; ow < OW; ow++) {
                 float m = r0[2 * ow], v = r0[2 * ow + 1];
                 m = (v > m || v != v) ? v : m;
                 v = r1[2 * ow];
@@ -1626,6 +1677,33 @@ NDM__AVX2 static int64_t pool2x2_bwd_row_avx2(float *d0, float *d1, const float 
         lo = _mm256_unpacklo_ps(pc, pd), hi = _mm256_unpackhi_ps(pc, pd);
         _mm256_storeu_ps(d1 + 2 * ow, _mm256_permute2f128_ps(lo, hi, 0x20));
         _mm256_storeu_ps(d1 + 2 * ow + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+    }
+    /* four more with half vectors (a row of 7 windows, say) */
+    for (; ow + 4 <= OW; ow += 4) {
+        __m128 z = _mm_setzero_ps(), gv = _mm_add_ps(z, _mm_loadu_ps(g + ow));
+        __m128 pa, pb, pc, pd;
+        if (max) {
+            __m128 u0 = _mm_loadu_ps(r0 + 2 * ow), u1 = _mm_loadu_ps(r0 + 2 * ow + 4);
+            __m128 v0 = _mm_loadu_ps(r1 + 2 * ow), v1 = _mm_loadu_ps(r1 + 2 * ow + 4);
+            __m128 a = _mm_shuffle_ps(u0, u1, 0x88), b = _mm_shuffle_ps(u0, u1, 0xdd);
+            __m128 c = _mm_shuffle_ps(v0, v1, 0x88), d = _mm_shuffle_ps(v0, v1, 0xdd);
+            __m128 m = a;
+            __m128 tb = _mm_or_ps(_mm_cmp_ps(b, m, _CMP_GT_OQ), _mm_cmp_ps(b, b, _CMP_UNORD_Q));
+            m = _mm_blendv_ps(m, b, tb);
+            __m128 tc = _mm_or_ps(_mm_cmp_ps(c, m, _CMP_GT_OQ), _mm_cmp_ps(c, c, _CMP_UNORD_Q));
+            m = _mm_blendv_ps(m, c, tc);
+            __m128 td = _mm_or_ps(_mm_cmp_ps(d, m, _CMP_GT_OQ), _mm_cmp_ps(d, d, _CMP_UNORD_Q));
+            pd = _mm_and_ps(td, gv);
+            pc = _mm_and_ps(_mm_andnot_ps(td, tc), gv);
+            pb = _mm_and_ps(_mm_andnot_ps(_mm_or_ps(tc, td), tb), gv);
+            pa = _mm_andnot_ps(_mm_or_ps(tb, _mm_or_ps(tc, td)), gv);
+        } else {
+            pa = pb = pc = pd = _mm_add_ps(z, _mm_mul_ps(gv, _mm_set1_ps(0.25f)));
+        }
+        _mm_storeu_ps(d0 + 2 * ow, _mm_unpacklo_ps(pa, pb));
+        _mm_storeu_ps(d0 + 2 * ow + 4, _mm_unpackhi_ps(pa, pb));
+        _mm_storeu_ps(d1 + 2 * ow, _mm_unpacklo_ps(pc, pd));
+        _mm_storeu_ps(d1 + 2 * ow + 4, _mm_unpackhi_ps(pc, pd));
     }
     return ow;
 }
