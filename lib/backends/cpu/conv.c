@@ -3,6 +3,7 @@
  * gradients as GEMM plus col2im and as inner products, split over the
  * batch; pooling split over planes). */
 #include <math.h>
+#include <stdint.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -672,6 +673,49 @@ NDM__UNFOLD_PANEL(double)
 NDM__UNFOLD_T_PANEL(float)
 NDM__UNFOLD_T_PANEL(double)
 
+#if NDM__CPU_X86
+/* unfold_t_panel_float for whole panels of 16 taps: each pixel's row of
+ * the panel is two gathers at the taps' offsets. */
+__attribute__((target("avx2,fma"))) static void unfold_t_panel_float_avx2(
+    void *ctx, void *dst, int64_t p0, int64_t kc, int64_t j0, int64_t cols, int nr)
+{
+    const unfold *u = ctx;
+    const cgeo *c = u->c;
+    const int64_t *to = u->toff + j0;
+    if (nr != 16 || cols != 16 || to[15] > INT32_MAX) {
+        unfold_t_panel_float(ctx, dst, p0, kc, j0, cols, nr);
+        return;
+    }
+    int32_t o32[16];
+    for (int j = 0; j < 16; j++)
+        o32[j] = (int32_t)to[j];
+    __m256i i0 = _mm256_loadu_si256((const __m256i *)o32);
+    __m256i i1 = _mm256_loadu_si256((const __m256i *)(o32 + 8));
+    const float *xp = (const float *)u->xp;
+    float *d = dst;
+    int64_t p = u->p_base + p0, oh = p / c->OW, ow = p % c->OW;
+    for (int64_t i = 0; i < kc; i++, d += 16) {
+        const float *src = xp + oh * c->sh * u->Wp + ow * c->sw;
+        _mm256_storeu_ps(d, _mm256_i32gather_ps(src, i0, 4));
+        _mm256_storeu_ps(d + 8, _mm256_i32gather_ps(src, i1, 4));
+        if (++ow == c->OW)
+            ow = 0, oh++;
+    }
+}
+#endif
+
+/* The weight gradient's panel writer for this dtype and CPU. */
+static ndm__gemm_panel_fn unfold_t_pick(size_t es)
+{
+    if (es == 8)
+        return unfold_t_panel_double;
+#if NDM__CPU_X86
+    if (ndm__cpu_isa_level() >= NDM__CPU_ISA_AVX2)
+        return unfold_t_panel_float_avx2;
+#endif
+    return unfold_t_panel_float;
+}
+
 typedef struct cctx {
     const cplan *p;
     const ndm__tensor *y, *x, *bias;
@@ -1265,15 +1309,14 @@ NDM__COL2IM(double, add_d)
     ATTR static void NAME(const T *col, T *xp, const int64_t *toff, const cgeo *c, int64_t Wp, \
                           int64_t p0, int64_t np)                               \
     {                                                                           \
+        int64_t oh0 = p0 / c->OW, ow0 = p0 % c->OW, end = p0 + np;              \
         for (int64_t t = 0; t < c->K; t++) {                                    \
-            const T *row = col + t * np;                                        \
+            const T *s = col + t * np;                                          \
             T *base = xp + toff[t];                                             \
-            int64_t pp = p0, end = p0 + np;                                     \
+            int64_t oh = oh0, ow = ow0, pp = p0;                                \
             while (pp < end) {                                                  \
-                int64_t oh = pp / c->OW, ow = pp % c->OW;                       \
                 int64_t seg = c->OW - ow < end - pp ? c->OW - ow : end - pp;    \
                 T *d = base + oh * c->sh * Wp + ow * c->sw;                     \
-                const T *s = row + (pp - p0);                                   \
                 int64_t i = 0;                                                  \
                 if (c->sw == 1) {                                               \
                     VEC                                                         \
@@ -1283,16 +1326,26 @@ NDM__COL2IM(double, add_d)
                     for (; i < seg; i++)                                        \
                         d[i * c->sw] += s[i];                                   \
                 }                                                               \
-                pp += seg;                                                      \
+                s += seg, pp += seg, oh++, ow = 0;                              \
             }                                                                   \
         }                                                                       \
     }
 NDM__COL2IM_PAD(float, , col2im_pad_float, )
 NDM__COL2IM_PAD(double, , col2im_pad_double, )
 #if NDM__CPU_X86
+/* lanes [8 - r, 16 - r) of this hold r ones then zeros: the mask of an
+ * r-element tail */
+static const int32_t tail_mask[16] = {-1, -1, -1, -1, -1, -1, -1, -1};
 NDM__COL2IM_PAD(float, NDM__AVX2, col2im_pad_float_avx2,
                 for (; i + 8 <= seg; i += 8) _mm256_storeu_ps(
-                    d + i, _mm256_add_ps(_mm256_loadu_ps(d + i), _mm256_loadu_ps(s + i)));)
+                    d + i, _mm256_add_ps(_mm256_loadu_ps(d + i), _mm256_loadu_ps(s + i)));
+                if (i < seg) {
+                    __m256i mk = _mm256_loadu_si256((const __m256i *)(tail_mask + 8 - (seg - i)));
+                    _mm256_maskstore_ps(d + i, mk,
+                                        _mm256_add_ps(_mm256_maskload_ps(d + i, mk),
+                                                      _mm256_maskload_ps(s + i, mk)));
+                    i = seg;
+                })
 #endif
 
 static void col2im_pad(const char *col, char *xp, const int64_t *toff, const cgeo *c, int64_t Wp,
@@ -1427,8 +1480,7 @@ static void bwd_weight_unit(bctx *q, char *col, char *dyb, char *acc, int64_t n,
         ndm__gemm_pack_a(q->out->dtype, c->Og, c->P, dyg, ds[1], p->dps, ap);
         unfold u = {xp, q->toff, c, p->Wp, 0};
         ndm_status st = ndm__gemm_packed(
-            q->out->dtype, c->Og, c->K, c->P, ap,
-            es == 4 ? unfold_t_panel_float : unfold_t_panel_double, &u, cg, c->K, 1, NULL, 0,
+            q->out->dtype, c->Og, c->K, c->P, ap, unfold_t_pick(p->es), &u, cg, c->K, 1, NULL, 0,
             NDM__GEMM_ACCUMULATE);
         if (st < 0)
             atomic_store(&q->status, st);
