@@ -1172,10 +1172,10 @@ static bplan bwd_plan(const ndm__tensor *dy, const ndm__tensor *x, const ndm__te
      * batch that fills the pool): the input gradient packs W^T once; the
      * weight gradient packs each unit's dy and writes unfold(x)^T straight
      * into B's panels from x's padded planes, whole planes at a time. A
-     * few taps (a first layer's) would leave most of each panel zeros:
-     * those keep the provider's small product or the inner products. */
-    p.packed = (p.parts > 1 || threads == 1) &&
-               (weight ? !p.dot && !p.gather && c->K > 64 : true);
+     * few taps (a first layer's) would leave most of each panel (or each
+     * row panel of W^T) zeros: those keep the provider's small product or
+     * the inner products. */
+    p.packed = (p.parts > 1 || threads == 1) && c->K > 64 && (!weight || (!p.dot && !p.gather));
     if (p.packed && weight) {
         padded_dims(c, &p.Hp, &p.Wp);
         p.tile = c->P;
