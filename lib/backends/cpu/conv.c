@@ -1,7 +1,7 @@
 /* CPU convolution and pooling and their gradients: direct loops as the
- * reference, and the fast kernels (convolution as im2col plus GEMM, its
- * gradients as GEMM plus col2im and as inner products, split over the
- * batch; pooling split over planes). */
+ * reference, and the fast kernels (convolution as a GEMM whose B panels are
+ * unfolded straight from the input, its gradients as GEMM plus col2im and
+ * as inner products, split over the batch; pooling split over planes). */
 #include <math.h>
 #include <stdint.h>
 #include <stdatomic.h>
