@@ -2,6 +2,8 @@
  * dilation, groups, bias, 1x1 and large convolutions, strided views, every
  * float dtype; the error paths, the output rule, and both CPU tables. */
 #include "backends/backend.h"
+#include "backends/cpu/parallel.h"
+#include "backends/nn.h"
 #include "check_numeric.h"
 #include "manager/alloc/alloc.h"
 
@@ -141,6 +143,42 @@ static void test_conv2d_parallel_and_tiled(void **state)
     check_conv(ROOT(state), &g, &mnist, NDM_F32, "mnist batch");
     check_conv(ROOT(state), &g, &deep, NDM_F32, "tiled");
     check_conv(ROOT(state), &g, &wide, NDM_F64, "grouped");
+}
+
+/* The fast forward packs the weights once per call and writes each panel
+ * of the unfolded input from a padded copy of the sample: kernels 1, 3
+ * and 5, strides 2, padding, dilation, channels and filters that fill no
+ * panel, a batch of 1 (cut into pixel tiles over the threads), a depth
+ * over one block (K = 405) and weights over the row block (200 x 1152),
+ * on 1, 2 and 3 threads, with the CPU's micro-kernels and portable C. */
+static void test_conv2d_packed_odd_shapes(void **state)
+{
+    rng g = rng_new(5);
+    static const conv_case odd[] = {
+        {1, 3, 9, 11, 5, 1, 1, {1, 1}, {0, 0}, {1, 1}, 1, true},
+        {2, 5, 9, 10, 7, 1, 1, {2, 2}, {0, 0}, {1, 1}, 1, false},
+        {1, 7, 12, 13, 9, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
+        {3, 6, 11, 9, 13, 5, 5, {2, 2}, {2, 2}, {1, 1}, 1, true},
+        {2, 5, 10, 12, 11, 5, 3, {1, 2}, {2, 0}, {2, 1}, 1, false},
+        {2, 6, 7, 7, 9, 3, 3, {1, 1}, {2, 2}, {1, 1}, 3, true},
+        {2, 45, 8, 7, 10, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
+        {1, 128, 6, 6, 200, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
+    };
+    static const int threads[] = {1, 2, 3};
+    for (size_t t = 0; t < sizeof threads / sizeof threads[0]; t++)
+        for (int isa = 0; isa < 2; isa++) {
+            int before = ndm__set_num_threads(threads[t]);
+            (void)ndm__cpu_conv_grad_isa(isa); /* 0: the CPU's best; 1: portable C */
+            for (size_t c = 0; c < sizeof odd / sizeof odd[0]; c++) {
+                char what[64];
+                snprintf(what, sizeof what, "case %zu, %d threads%s", c, threads[t],
+                         isa ? ", portable" : "");
+                check_conv(ROOT(state), &g, &odd[c], NDM_F32, what);
+                check_conv(ROOT(state), &g, &odd[c], NDM_F64, what);
+            }
+            (void)ndm__cpu_conv_grad_isa(0);
+            ndm__set_num_threads(before);
+        }
 }
 
 /* Inputs as views: NHWC storage seen as NCHW, and weights stored (O, KH,
@@ -331,6 +369,56 @@ static void test_pool2d_2x2_fast_path_matches_reference(void **state)
     release(dy), release(x);
 }
 
+/* The 2x2 windows eight and four at a time (rows of 19, 15, 7 and 8
+ * windows, and an odd width): ties, -0 and +0, NaNs anywhere in a window,
+ * bit for bit the reference's forward and gradients, max and average. */
+static void test_pool2d_2x2_vector_rows_match_reference(void **state)
+{
+    ndm_manager m = ROOT(state);
+    static const int64_t widths[] = {38, 30, 14, 17};
+    ndm_pool2d_opts o = {{2, 2}, {2, 2}, {0, 0}};
+    for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
+        int64_t W = widths[wi], H = 6, OW = W / 2, n = 2 * 3 * H * W, ny = 2 * 3 * (H / 2) * OW;
+        double *v = malloc((size_t)n * sizeof(double)), *gv = malloc((size_t)ny * sizeof(double));
+        static const double pick[] = {1, 1, -0.0, 0.0, 2, -3, NAN, 5, -1e30, 1};
+        for (int64_t i = 0; i < n; i++) {
+            uint64_t r = (uint64_t)i * 2654435761u;
+            v[i] = pick[(r >> 7) % 10];
+        }
+        for (int64_t i = 0; i < ny; i++)
+            gv[i] = i % 5 == 0 ? -0.0 : (double)(i % 9) - 3.75;
+        ndm_array x = make_array(m, NDM_F32, v, NDM_SHAPE(2, 3, H, W));
+        ndm_array dy = make_array(m, NDM_F32, gv, NDM_SHAPE(2, 3, H / 2, OW));
+        for (int isa = 0; isa < 2; isa++) {
+            (void)ndm__cpu_conv_grad_isa(isa); /* 0: the CPU's best; 1: portable C */
+            float *got[2][4];
+            size_t len[4] = {(size_t)ny, (size_t)ny, (size_t)n, (size_t)n};
+            for (int ref = 0; ref < 2; ref++) {
+                ndm__cpu_force_reference(ref);
+                ndm_array r[4] = {ndm_max_pool2d(x, &o), ndm_avg_pool2d(x, false, &o),
+                                  ndm_max_pool2d_backward(dy, x, &o),
+                                  ndm_avg_pool2d_backward(dy, false, &o, NDM_SHAPE(2, 3, H, W))};
+                for (int k = 0; k < 4; k++) {
+                    assert_live(r[k]);
+                    got[ref][k] = malloc(len[k] * sizeof(float));
+                    assert_ok(ndm_array_copy_out(r[k], got[ref][k], len[k] * sizeof(float)));
+                    release(r[k]);
+                }
+            }
+            ndm__cpu_force_reference(false);
+            for (int k = 0; k < 4; k++) {
+                if (memcmp(got[0][k], got[1][k], len[k] * sizeof(float)) != 0)
+                    fail_msg("width %lld%s: 2x2 pooling result %d differs from the reference",
+                             (long long)W, isa ? ", portable" : "", k);
+                free(got[0][k]), free(got[1][k]);
+            }
+        }
+        (void)ndm__cpu_conv_grad_isa(0);
+        release(x), release(dy);
+        free(v), free(gv);
+    }
+}
+
 static void test_conv2d_errors(void **state)
 {
     ndm_manager m = ROOT(state);
@@ -465,9 +553,11 @@ int main(void)
         TEST(test_conv2d_half_precision),
         TEST(test_conv2d_parallel_and_tiled),
         TEST(test_conv2d_strided_views),
+        TEST(test_conv2d_packed_odd_shapes),
         TEST(test_pool2d_matches_direct_loops),
         TEST(test_max_pool2d_nan_and_padding),
         TEST(test_pool2d_2x2_fast_path_matches_reference),
+        TEST(test_pool2d_2x2_vector_rows_match_reference),
         TEST(test_conv2d_errors),
         TEST(test_pool2d_errors),
         TEST(test_conv2d_stale_and_null_inputs),

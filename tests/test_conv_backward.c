@@ -386,6 +386,33 @@ static void test_conv2d_backward_threads_and_tiles(void **state)
     release(x), release(w), release(dy);
 }
 
+/* The packed gradients: the weight's from each sample's dy packed and
+ * unfold(x)^T written straight into the panels (more than 64 taps), the
+ * input's from W^T packed once per call. Kernels 1, 3 and 5, strides 2,
+ * padding, dilation, groups, channels that fill no panel, a batch of 1,
+ * 400 pixels (two depth blocks of the weight's product) and 1152 taps
+ * (more rows of W^T than one row block), in every mode. */
+static void test_conv2d_backward_packed_odd_shapes(void **state)
+{
+    rng g = rng_new(15);
+    static const conv_case odd[] = {
+        {1, 9, 8, 7, 5, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1},
+        {3, 8, 9, 11, 6, 5, 5, {2, 2}, {2, 2}, {1, 1}, 1},
+        {2, 10, 7, 9, 7, 3, 5, {1, 2}, {1, 2}, {2, 1}, 1},
+        {2, 70, 5, 6, 11, 1, 1, {1, 1}, {0, 0}, {1, 1}, 1},
+        {2, 75, 7, 6, 9, 1, 1, {2, 2}, {0, 0}, {1, 1}, 1},
+        {2, 24, 6, 6, 8, 3, 3, {1, 1}, {1, 1}, {1, 1}, 2},
+        {2, 8, 20, 20, 5, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1},
+        {1, 128, 5, 5, 64, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1},
+    };
+    for (size_t c = 0; c < sizeof odd / sizeof odd[0]; c++) {
+        char what[32];
+        snprintf(what, sizeof what, "case %zu", c);
+        check_grads(ROOT(state), &g, &odd[c], NDM_F32, what);
+        check_grads(ROOT(state), &g, &odd[c], NDM_F64, what);
+    }
+}
+
 /* Operands as views: x stored NHWC, w stored (O, KH, KW, C) (the fast
  * input gradient gathers it), grad_out transposed (no single pixel
  * stride: gathered a tile at a time), read backwards, and broadcast from
@@ -1087,6 +1114,7 @@ int main(void)
         TEST(test_conv2d_backward_half_precision),
         TEST(test_conv2d_backward_central_differences),
         TEST(test_conv2d_backward_threads_and_tiles),
+        TEST(test_conv2d_backward_packed_odd_shapes),
         TEST(test_conv2d_backward_views_and_broadcast),
         TEST(test_conv2d_backward_kernels_fit_their_workspace),
         TEST(test_pool2d_backward_matches_direct_loops),

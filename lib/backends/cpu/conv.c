@@ -1,8 +1,9 @@
 /* CPU convolution and pooling and their gradients: direct loops as the
- * reference, and the fast kernels (convolution as im2col plus GEMM, its
- * gradients as GEMM plus col2im and as inner products, split over the
- * batch; pooling split over planes). */
+ * reference, and the fast kernels (convolution as a GEMM whose B panels are
+ * unfolded straight from the input, its gradients as GEMM plus col2im and
+ * as inner products, split over the batch; pooling split over planes). */
 #include <math.h>
+#include <stdint.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -371,20 +372,22 @@ static ndm_status ref_pool2d_backward(int device, const ndm__tensor *dx, const n
 }
 
 /* ---- fast convolution --------------------------------------------------------
- * Each work item is (sample, group, tile of output pixels): unfold the
- * input window under each pixel into a K x tile matrix (im2col) in this
- * thread's slot of the workspace, then one GEMM writes the Og x tile block
- * of y. A 1x1 convolution with unit stride and no padding reads x as the
- * matrix directly. Items run in parallel over the batch with ndm's GEMM on
- * each thread; a batch too small for the threads runs item after item with
- * the provider's threaded GEMM. */
+ * y = W @ unfold(x) per (sample, group) on ndm's packed GEMM: the weights
+ * are packed once per call, and the unfolded input is never stored: each
+ * work item copies its sample's planes once with the padding made real
+ * (zeros around, a few KiB), after which tap t of output pixel p reads
+ * xpad[toff[t] + poff(p)], offsets that split by tap and by pixel, so
+ * each panel of B is written straight from xpad (with unit stride, a few
+ * vector copies per tap). Items run in parallel over the batch, cut into
+ * pixel tiles when the batch is smaller than the pool. */
 
 typedef struct cplan {
     cgeo c;
     int64_t tile, ntiles, items;
-    bool direct, parallel, wcopy;
+    int64_t Hp, Wp;  /* the padded planes */
+    bool parallel, wcopy;
     int slots;
-    size_t es, slot_bytes, wbytes;
+    size_t es, slot_bytes, wbytes, abytes, toff_bytes;
 } cplan;
 
 /* Strides let (C, KH, KW) of w read as one axis of a matrix. */
@@ -406,6 +409,22 @@ static int64_t tile_pixels(int64_t rows, int64_t P)
     return tile > P ? P : tile;
 }
 
+/* The planes of one (sample, group) with the padding made real: rows and
+ * columns enough for every tap of every pixel, plus a vector's slack so a
+ * panel writer may copy whole vectors. */
+static void padded_dims(const cgeo *c, int64_t *Hp, int64_t *Wp)
+{
+    *Hp = c->OH ? (c->OH - 1) * c->sh + (c->KH - 1) * c->dh + 1 : 0;
+    *Wp = c->OW ? (c->OW - 1) * c->sw + (c->KW - 1) * c->dw + 1 : 0;
+}
+
+#define PAD_SLACK 64 /* elements: more than any panel's width */
+
+static size_t padded_bytes(const cgeo *c, int64_t Hp, int64_t Wp, size_t es)
+{
+    return align64((size_t)(c->Cg * Hp * Wp + PAD_SLACK) * es);
+}
+
 static cplan conv_plan(const ndm__tensor *y, const ndm__tensor *x, const ndm__tensor *w,
                        const ndm__conv2d_geom *g)
 {
@@ -413,17 +432,27 @@ static cplan conv_plan(const ndm__tensor *y, const ndm__tensor *x, const ndm__te
     p.c = conv_geo(y, x, w, g);
     const cgeo *c = &p.c;
     p.es = ndm_dtype_size(x->dtype);
-    p.direct = c->KH == 1 && c->KW == 1 && c->sh == 1 && c->sw == 1 && c->ph == 0 &&
-               c->pw == 0 && x->strides[2] == c->W * x->strides[3];
-    p.tile = tile_pixels(p.direct ? 0 : c->K, c->P);
-    p.ntiles = p.tile ? (c->P + p.tile - 1) / p.tile : 0;
-    p.items = c->N * c->groups * p.ntiles;
+    padded_dims(c, &p.Hp, &p.Wp);
     int threads = ndm__num_threads();
-    p.parallel = threads > 1 && p.items >= threads;
+    int64_t units = c->N * c->groups;
+    /* a batch smaller than the pool: two pixel tiles per thread, each a
+     * whole number of panels (32 pixels, the widest) */
+    p.ntiles = 1;
+    if (threads > 1 && units > 0 && units < threads) {
+        int64_t want = (2 * threads + units - 1) / units, most = (c->P + 31) / 32;
+        p.ntiles = want < most ? want : most > 0 ? most : 1;
+    }
+    p.tile = (c->P + p.ntiles - 1) / p.ntiles;
+    p.tile = (p.tile + 31) / 32 * 32;
+    p.ntiles = p.tile ? (c->P + p.tile - 1) / p.tile : 0;
+    p.items = c->P ? units * p.ntiles : 0;
+    p.parallel = threads > 1 && p.items > 1;
     p.slots = p.parallel ? threads : 1;
-    p.slot_bytes = p.direct ? 0 : align64((size_t)(c->K * p.tile) * p.es);
+    p.slot_bytes = padded_bytes(c, p.Hp, p.Wp, p.es);
     p.wcopy = !w_is_matrix(w);
     p.wbytes = p.wcopy ? align64((size_t)(c->O * c->K) * p.es) : 0;
+    p.abytes = align64(ndm__gemm_packed_a_bytes(x->dtype, c->Og, c->K));
+    p.toff_bytes = align64((size_t)c->K * sizeof(int64_t));
     return p;
 }
 
@@ -432,7 +461,8 @@ static size_t fast_conv2d_workspace(int device, const ndm__tensor *y, const ndm_
 {
     (void)device;
     cplan p = conv_plan(y, x, w, g);
-    return p.wbytes + (size_t)p.slots * p.slot_bytes;
+    return p.wbytes + (size_t)p.c.groups * p.abytes + p.toff_bytes +
+           (size_t)p.slots * p.slot_bytes;
 }
 
 /* The weights as an O x K matrix with strides (*rs, *cs): w itself, or,
@@ -513,14 +543,185 @@ static inline int64_t tap_cols(const cgeo *c, int64_t kw, int64_t *lo, int64_t *
 NDM__IM2COL(float)
 NDM__IM2COL(double)
 
+/* The Cg planes of group gi of sample n into xp (Hp x Wp each), padding
+ * and rows or columns past the input as zeros, then the slack. */
+#define NDM__PAD_INPUT(T)                                                       \
+    static void pad_input_##T(T *restrict xp, const T *x, const int64_t *xs, const cgeo *c, \
+                              int64_t Hp, int64_t Wp, int64_t n, int64_t gi)    \
+    {                                                                           \
+        int64_t w0 = c->pw < Wp ? c->pw : Wp;                                   \
+        int64_t w1 = c->pw + c->W < Wp ? c->pw + c->W : Wp;                     \
+        w1 = w1 > w0 ? w1 : w0;                                                 \
+        for (int64_t ci = 0; ci < c->Cg; ci++) {                                \
+            const T *plane = x + n * xs[0] + (gi * c->Cg + ci) * xs[1];         \
+            T *d = xp + ci * Hp * Wp;                                           \
+            for (int64_t r = 0; r < Hp; r++, d += Wp) {                         \
+                int64_t ih = r - c->ph;                                         \
+                if (ih < 0 || ih >= c->H) {                                     \
+                    memset(d, 0, (size_t)Wp * sizeof(T));                       \
+                    continue;                                                   \
+                }                                                               \
+                const T *src = plane + ih * xs[2] + (w0 - c->pw) * xs[3];       \
+                memset(d, 0, (size_t)w0 * sizeof(T));                           \
+                if (xs[3] == 1)                                                 \
+                    memcpy(d + w0, src, (size_t)(w1 - w0) * sizeof(T));         \
+                else                                                            \
+                    for (int64_t j = w0; j < w1; j++)                           \
+                        d[j] = src[(j - w0) * xs[3]];                           \
+                memset(d + w1, 0, (size_t)(Wp - w1) * sizeof(T));               \
+            }                                                                   \
+        }                                                                       \
+        memset(xp + c->Cg * Hp * Wp, 0, PAD_SLACK * sizeof(T));                 \
+    }
+NDM__PAD_INPUT(float)
+NDM__PAD_INPUT(double)
+
+/* Where tap t = (ci, kh, kw) of pixel 0 reads in the padded planes. */
+static void tap_offsets(int64_t *toff, const cgeo *c, int64_t Hp, int64_t Wp)
+{
+    int64_t t = 0;
+    for (int64_t ci = 0; ci < c->Cg; ci++)
+        for (int64_t kh = 0; kh < c->KH; kh++)
+            for (int64_t kw = 0; kw < c->KW; kw++)
+                toff[t++] = ci * Hp * Wp + kh * c->dh * Wp + kw * c->dw;
+}
+
+/* The unfolded input of one (sample, group) as a panel source. */
+typedef struct unfold {
+    const char *xp;       /* padded planes */
+    const int64_t *toff;  /* per tap */
+    const cgeo *c;
+    int64_t Wp, p_base;   /* pixel j of a product is pixel p_base + j */
+} unfold;
+
+/* Where pixels [p, p + cols) read in the padded planes, relative to a tap. */
+static void pixel_offsets(int64_t *po, const unfold *u, int64_t p, int64_t cols)
+{
+    const cgeo *c = u->c;
+    int64_t oh = p / c->OW, ow = p % c->OW;
+    for (int64_t j = 0; j < cols; j++) {
+        po[j] = oh * c->sh * u->Wp + ow * c->sw;
+        if (++ow == c->OW)
+            ow = 0, oh++;
+    }
+}
+
+/* Forward: B = unfold(x), rows taps, columns pixels. With unit stride a
+ * full panel is a few runs of consecutive elements (one per output row it
+ * spans); each run is copied as a whole vector of nr elements, the next
+ * run (or the next row) overwriting what spilt past it. */
+#define NDM__UNFOLD_PANEL(T)                                                    \
+    static void unfold_panel_##T(void *ctx, void *dst, int64_t t0, int64_t kc, int64_t j0, \
+                                 int64_t cols, int nr)                          \
+    {                                                                           \
+        const unfold *u = ctx;                                                  \
+        const T *xp = (const T *)u->xp;                                         \
+        T *d = dst;                                                             \
+        int64_t po[64];                                                         \
+        pixel_offsets(po, u, u->p_base + j0, cols);                             \
+        if (cols == nr && u->c->sw == 1) {                                      \
+            int64_t run[64], nrun = 0;                                          \
+            for (int64_t j = 0; j < cols; j++)                                  \
+                if (j == 0 || po[j] != po[j - 1] + 1)                           \
+                    run[nrun++] = j;                                            \
+            for (int64_t t = t0; t < t0 + kc; t++, d += nr) {                   \
+                const T *src = xp + u->toff[t];                                 \
+                for (int64_t r = 0; r < nrun; r++) {                            \
+                    int64_t j = run[r];                                         \
+                    if (nr * sizeof(T) == 64)                                   \
+                        memcpy(d + j, src + po[j], 64);                         \
+                    else                                                        \
+                        memcpy(d + j, src + po[j], (size_t)nr * sizeof(T));     \
+                }                                                               \
+            }                                                                   \
+            return;                                                             \
+        }                                                                       \
+        for (int64_t t = t0; t < t0 + kc; t++, d += nr) {                       \
+            const T *src = xp + u->toff[t];                                     \
+            int64_t j = 0;                                                      \
+            for (; j < cols; j++)                                               \
+                d[j] = src[po[j]];                                              \
+            for (; j < nr; j++)                                                 \
+                d[j] = 0;                                                       \
+        }                                                                       \
+    }
+NDM__UNFOLD_PANEL(float)
+NDM__UNFOLD_PANEL(double)
+
+/* Weight gradient: B = unfold(x)^T, rows pixels, columns taps. */
+#define NDM__UNFOLD_T_PANEL(T)                                                  \
+    static void unfold_t_panel_##T(void *ctx, void *dst, int64_t p0, int64_t kc, int64_t j0, \
+                                   int64_t cols, int nr)                        \
+    {                                                                           \
+        const unfold *u = ctx;                                                  \
+        const cgeo *c = u->c;                                                   \
+        const T *xp = (const T *)u->xp;                                         \
+        T *d = dst;                                                             \
+        const int64_t *to = u->toff + j0;                                       \
+        int64_t p = u->p_base + p0, oh = p / c->OW, ow = p % c->OW;             \
+        for (int64_t i = 0; i < kc; i++, d += nr) {                             \
+            const T *src = xp + oh * c->sh * u->Wp + ow * c->sw;                \
+            int64_t j = 0;                                                      \
+            for (; j < cols; j++)                                               \
+                d[j] = src[to[j]];                                              \
+            for (; j < nr; j++)                                                 \
+                d[j] = 0;                                                       \
+            if (++ow == c->OW)                                                  \
+                ow = 0, oh++;                                                   \
+        }                                                                       \
+    }
+NDM__UNFOLD_T_PANEL(float)
+NDM__UNFOLD_T_PANEL(double)
+
+#if NDM__CPU_X86
+/* unfold_t_panel_float for whole panels of 16 taps: each pixel's row of
+ * the panel is two gathers at the taps' offsets. */
+__attribute__((target("avx2,fma"))) static void unfold_t_panel_float_avx2(
+    void *ctx, void *dst, int64_t p0, int64_t kc, int64_t j0, int64_t cols, int nr)
+{
+    const unfold *u = ctx;
+    const cgeo *c = u->c;
+    const int64_t *to = u->toff + j0;
+    if (nr != 16 || cols != 16 || to[15] > INT32_MAX) {
+        unfold_t_panel_float(ctx, dst, p0, kc, j0, cols, nr);
+        return;
+    }
+    int32_t o32[16];
+    for (int j = 0; j < 16; j++)
+        o32[j] = (int32_t)to[j];
+    __m256i i0 = _mm256_loadu_si256((const __m256i *)o32);
+    __m256i i1 = _mm256_loadu_si256((const __m256i *)(o32 + 8));
+    const float *xp = (const float *)u->xp;
+    float *d = dst;
+    int64_t p = u->p_base + p0, oh = p / c->OW, ow = p % c->OW;
+    for (int64_t i = 0; i < kc; i++, d += 16) {
+        const float *src = xp + oh * c->sh * u->Wp + ow * c->sw;
+        _mm256_storeu_ps(d, _mm256_i32gather_ps(src, i0, 4));
+        _mm256_storeu_ps(d + 8, _mm256_i32gather_ps(src, i1, 4));
+        if (++ow == c->OW)
+            ow = 0, oh++;
+    }
+}
+#endif
+
+/* The weight gradient's panel writer for this dtype and CPU. */
+static ndm__gemm_panel_fn unfold_t_pick(size_t es)
+{
+    if (es == 8)
+        return unfold_t_panel_double;
+#if NDM__CPU_X86
+    if (ndm__cpu_isa_level() >= NDM__CPU_ISA_AVX2)
+        return unfold_t_panel_float_avx2;
+#endif
+    return unfold_t_panel_float;
+}
+
 typedef struct cctx {
     const cplan *p;
-    const ndm__tensor *y, *x, *w, *bias;
-    const char *wm;           /* weights as an O x K matrix */
-    int64_t wrs, wcs;
+    const ndm__tensor *y, *x, *bias;
+    const char *ap;           /* packed weights, one block per group */
+    const int64_t *toff;
     char *ws;                 /* slots */
-    unsigned flags;
-    atomic_int next_slot;
     atomic_int status;
 } cctx;
 
@@ -531,38 +732,32 @@ static void conv_items(void *ctx, int64_t begin, int64_t end)
     const cgeo *c = &p->c;
     /* the slot of this thread: chunks are many more than threads */
     int slot = ndm__parallel_thread_index();
-    char *col = q->ws + (size_t)(slot < p->slots ? slot : 0) * p->slot_bytes;
+    char *xp = q->ws + (size_t)(slot < p->slots ? slot : 0) * p->slot_bytes;
     int64_t es = (int64_t)p->es;
     const int64_t *ys = q->y->strides, *xs = q->x->strides;
+    int64_t padded = -1; /* the (sample, group) now in xp */
     for (int64_t it = begin; it < end; it++) {
         int64_t tile = it % p->ntiles, ng = it / p->ntiles;
         int64_t gi = ng % c->groups, n = ng / c->groups;
         int64_t p0 = tile * p->tile;
         int64_t np = c->P - p0 < p->tile ? c->P - p0 : p->tile;
+        if (ng != padded) {
+            if (es == 4)
+                pad_input_float((float *)xp, q->x->data, xs, c, p->Hp, p->Wp, n, gi);
+            else
+                pad_input_double((double *)xp, q->x->data, xs, c, p->Hp, p->Wp, n, gi);
+            padded = ng;
+        }
         /* y's (OH, OW) plane is contiguous (dispatcher): pixel p at p * ys[3] */
         char *yb = (char *)q->y->data + (n * ys[0] + gi * c->Og * ys[1] + p0 * ys[3]) * es;
         const char *bias = NULL;
         if (q->bias)
             bias = (const char *)q->bias->data + gi * c->Og * q->bias->strides[0] * es;
-        const char *a = q->wm + gi * c->Og * q->wrs * es;
-        const char *b;
-        int64_t rsb, csb;
-        if (p->direct) {
-            b = (const char *)q->x->data + (n * xs[0] + gi * c->Cg * xs[1] + p0 * xs[3]) * es;
-            rsb = xs[1];
-            csb = xs[3];
-        } else {
-            if (es == 4)
-                im2col_float((float *)col, q->x->data, xs, c, n, gi, p0, np);
-            else
-                im2col_double((double *)col, q->x->data, xs, c, n, gi, p0, np);
-            b = col;
-            rsb = np;
-            csb = 1;
-        }
-        ndm_status st = ndm__cpu_gemm_bias(q->y->dtype, c->Og, np, c->K, a, q->wrs, q->wcs, b,
-                                           rsb, csb, yb, ys[1], ys[3], bias,
-                                           q->bias ? q->bias->strides[0] : 0, q->flags);
+        unfold u = {xp, q->toff, c, p->Wp, p0};
+        ndm_status st = ndm__gemm_packed(
+            q->y->dtype, c->Og, np, c->K, q->ap + (size_t)gi * p->abytes,
+            es == 4 ? unfold_panel_float : unfold_panel_double, &u, yb, ys[1], ys[3], bias,
+            q->bias ? q->bias->strides[0] : 0, 0);
         if (st < 0)
             atomic_store(&q->status, st);
     }
@@ -578,19 +773,21 @@ static ndm_status fast_conv2d(int device, const ndm__tensor *y, const ndm__tenso
     cplan p = conv_plan(y, x, w, g);
     if (p.items == 0 || p.c.Og == 0)
         return NDM_OK;
-    cctx q = {&p, y, x, w, bias, NULL, 0, 0, (char *)ws + p.wbytes, 0, 0, 0};
-    atomic_init(&q.next_slot, 0);
+    char *wsp = ws;
+    int64_t wrs, wcs;
+    const char *wm = weight_matrix(w, &p.c, p.es, p.wcopy, wsp, &wrs, &wcs);
+    char *ap = wsp + p.wbytes;
+    for (int64_t gi = 0; gi < p.c.groups; gi++)
+        ndm__gemm_pack_a(y->dtype, p.c.Og, p.c.K, wm + gi * p.c.Og * wrs * (int64_t)p.es, wrs,
+                         wcs, ap + (size_t)gi * p.abytes);
+    int64_t *toff = (int64_t *)(ap + (size_t)p.c.groups * p.abytes);
+    tap_offsets(toff, &p.c, p.Hp, p.Wp);
+    cctx q = {&p, y, x, bias, ap, toff, (char *)toff + p.toff_bytes, 0};
     atomic_init(&q.status, NDM_OK);
-    q.wm = weight_matrix(w, &p.c, p.es, p.wcopy, ws, &q.wrs, &q.wcs);
-    if (p.parallel) {
-        q.flags = NDM__GEMM_NO_PROVIDER;
+    if (p.parallel)
         ndm__parallel_for(p.items, 1, conv_items, &q);
-    } else {
-        /* ndm's kernel writes the bias with C; with a short contraction
-         * that saves a pass over y worth more than the provider's speed */
-        q.flags = p.c.K <= 64 ? NDM__GEMM_NO_PROVIDER : 0;
+    else
         conv_items(&q, 0, p.items);
-    }
     return (ndm_status)atomic_load(&q.status);
 }
 
@@ -609,14 +806,65 @@ static bool pool_is_2x2(const ndm__pool2d_geom *g, const ndm__tensor *a, const n
            a->strides[3] == 1 && b->strides[3] == 1;
 }
 
+#if NDM__CPU_X86
+/* Eight maxima at a time of one row of pool2x2_plane, the same comparisons
+ * lane by lane; returns how many windows it did. */
+__attribute__((target("avx2,fma"))) static int64_t pool2x2_max_row_avx2(const float *r0,
+                                                                       const float *r1,
+                                                                       float *yo, int64_t OW)
+{
+    int64_t ow = 0;
+    for (; ow + 8 <= OW; ow += 8) {
+        __m256 u0 = _mm256_loadu_ps(r0 + 2 * ow), u1 = _mm256_loadu_ps(r0 + 2 * ow + 8);
+        __m256 v0 = _mm256_loadu_ps(r1 + 2 * ow), v1 = _mm256_loadu_ps(r1 + 2 * ow + 8);
+        __m256 a = _mm256_castpd_ps(
+            _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(u0, u1, 0x88)), 0xd8));
+        __m256 b = _mm256_castpd_ps(
+            _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(u0, u1, 0xdd)), 0xd8));
+        __m256 c = _mm256_castpd_ps(
+            _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(v0, v1, 0x88)), 0xd8));
+        __m256 d = _mm256_castpd_ps(
+            _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(v0, v1, 0xdd)), 0xd8));
+        __m256 m = a;
+        m = _mm256_blendv_ps(m, b, _mm256_or_ps(_mm256_cmp_ps(b, m, _CMP_GT_OQ),
+                                                _mm256_cmp_ps(b, b, _CMP_UNORD_Q)));
+        m = _mm256_blendv_ps(m, c, _mm256_or_ps(_mm256_cmp_ps(c, m, _CMP_GT_OQ),
+                                                _mm256_cmp_ps(c, c, _CMP_UNORD_Q)));
+        m = _mm256_blendv_ps(m, d, _mm256_or_ps(_mm256_cmp_ps(d, m, _CMP_GT_OQ),
+                                                _mm256_cmp_ps(d, d, _CMP_UNORD_Q)));
+        _mm256_storeu_ps(yo + ow, m);
+    }
+    for (; ow + 4 <= OW; ow += 4) {
+        __m128 u0 = _mm_loadu_ps(r0 + 2 * ow), u1 = _mm_loadu_ps(r0 + 2 * ow + 4);
+        __m128 v0 = _mm_loadu_ps(r1 + 2 * ow), v1 = _mm_loadu_ps(r1 + 2 * ow + 4);
+        __m128 a = _mm_shuffle_ps(u0, u1, 0x88), b = _mm_shuffle_ps(u0, u1, 0xdd);
+        __m128 c = _mm_shuffle_ps(v0, v1, 0x88), d = _mm_shuffle_ps(v0, v1, 0xdd);
+        __m128 m = a;
+        m = _mm_blendv_ps(m, b, _mm_or_ps(_mm_cmp_ps(b, m, _CMP_GT_OQ), _mm_cmp_ps(b, b, _CMP_UNORD_Q)));
+        m = _mm_blendv_ps(m, c, _mm_or_ps(_mm_cmp_ps(c, m, _CMP_GT_OQ), _mm_cmp_ps(c, c, _CMP_UNORD_Q)));
+        m = _mm_blendv_ps(m, d, _mm_or_ps(_mm_cmp_ps(d, m, _CMP_GT_OQ), _mm_cmp_ps(d, d, _CMP_UNORD_Q)));
+        _mm_storeu_ps(yo + ow, m);
+    }
+    return ow;
+}
+#endif
+
 static void pool2x2_plane(const float *x, int64_t xs2, float *y, int64_t ys2, int64_t OH,
                           int64_t OW, bool max)
 {
+#if NDM__CPU_X86
+    bool avx2 = max && ndm__cpu_isa_level() >= NDM__CPU_ISA_AVX2;
+#endif
     for (int64_t oh = 0; oh < OH; oh++) {
         const float *r0 = x + 2 * oh * xs2, *r1 = r0 + xs2;
         float *yo = y + oh * ys2;
         if (max) {
-            for (int64_t ow = 0; ow < OW; ow++) {
+            int64_t ow = 0;
+#if NDM__CPU_X86
+            if (avx2)
+                ow = pool2x2_max_row_avx2(r0, r1, yo, OW);
+#endif
+            for (; ow < OW; ow++) {
                 float m = r0[2 * ow], v = r0[2 * ow + 1];
                 m = (v > m || v != v) ? v : m;
                 v = r1[2 * ow];
@@ -856,8 +1104,11 @@ typedef struct bplan {
     bool weight;    /* the weight's gradient (else the input's) */
     bool direct, gather, wcopy;
     bool dot;       /* weight gradient by inner products (rows of unit stride) */
+    bool packed;    /* ndm's GEMM on packed operands, a part per thread */
+    bool padx;      /* input gradient, packed: summed into padded planes */
     int parts;
-    size_t es, col_bytes, slot_bytes, wbytes, part_bytes;
+    int64_t Hp, Wp; /* weight gradient, packed: x's padded planes */
+    size_t es, col_bytes, slot_bytes, wbytes, part_bytes, abytes, toff_bytes;
 } bplan;
 
 static int64_t numel4(const int64_t *shape)
@@ -917,12 +1168,40 @@ static bplan bwd_plan(const ndm__tensor *dy, const ndm__tensor *x, const ndm__te
     p.ntiles = p.tile ? (c->P + p.tile - 1) / p.tile : 0;
     p.col_bytes = p.direct ? 0 : align64((size_t)(c->K * p.tile) * p.es);
     p.slot_bytes = p.col_bytes + (p.gather ? align64((size_t)(c->Og * p.tile) * p.es) : 0);
+    /* Packed operands where each thread runs whole units (one thread, or a
+     * batch that fills the pool): the input gradient packs W^T once; the
+     * weight gradient packs each unit's dy and writes unfold(x)^T straight
+     * into B's panels from x's padded planes, whole planes at a time. A
+     * few taps (a first layer's) would leave most of each panel (or each
+     * row panel of W^T) zeros: those keep the provider's small product or
+     * the inner products. */
+    p.packed = (p.parts > 1 || threads == 1) && c->K > 64 && (!weight || (!p.dot && !p.gather));
+    if (p.packed && weight) {
+        padded_dims(c, &p.Hp, &p.Wp);
+        p.tile = c->P;
+        p.ntiles = c->P ? 1 : 0;
+        p.col_bytes = 0;
+        p.slot_bytes = padded_bytes(c, p.Hp, p.Wp, p.es) +
+                       align64(ndm__gemm_packed_a_bytes(dy->dtype, c->Og, c->P));
+        p.toff_bytes = align64((size_t)c->K * sizeof(int64_t));
+    } else if (p.packed) {
+        p.abytes = align64(ndm__gemm_packed_a_bytes(dy->dtype, c->K, c->Og));
+        /* col2im adds whole rows into padded planes, no edge to clip, which
+         * are then copied into dx once: dx is written, never cleared */
+        p.padx = !p.direct;
+        if (p.padx) {
+            padded_dims(c, &p.Hp, &p.Wp);
+            p.toff_bytes = align64((size_t)c->K * sizeof(int64_t));
+            p.slot_bytes += padded_bytes(c, p.Hp, p.Wp, p.es);
+        }
+    }
     return p;
 }
 
 static size_t bwd_workspace(const bplan *p)
 {
-    return p->wbytes + (size_t)(p->parts - 1) * p->part_bytes + (size_t)p->parts * p->slot_bytes;
+    return p->wbytes + (size_t)p->c.groups * p->abytes + p->toff_bytes +
+           (size_t)(p->parts - 1) * p->part_bytes + (size_t)p->parts * p->slot_bytes;
 }
 
 static size_t bwd_workspace_for(const ndm__tensor *dy, const ndm__tensor *x,
@@ -1023,11 +1302,104 @@ static const char *dy_tile(const bplan *p, const ndm__tensor *dy, char *buf, int
 NDM__COL2IM(float, add_s)
 NDM__COL2IM(double, add_d)
 
+/* col2im into padded planes (see pad_input): add col (K x np), the
+ * gradient of the unfolded pixels [p0, p0 + np), at xp[toff[t] + poff(p)];
+ * with unit stride, a run of consecutive elements per output row. */
+#define NDM__COL2IM_PAD(T, ATTR, NAME, VEC)                                     \
+    ATTR static void NAME(const T *col, T *xp, const int64_t *toff, const cgeo *c, int64_t Wp, \
+                          int64_t p0, int64_t np)                               \
+    {                                                                           \
+        int64_t oh0 = p0 / c->OW, ow0 = p0 % c->OW, end = p0 + np;              \
+        for (int64_t t = 0; t < c->K; t++) {                                    \
+            const T *s = col + t * np;                                          \
+            T *base = xp + toff[t];                                             \
+            int64_t oh = oh0, ow = ow0, pp = p0;                                \
+            while (pp < end) {                                                  \
+                int64_t seg = c->OW - ow < end - pp ? c->OW - ow : end - pp;    \
+                T *d = base + oh * c->sh * Wp + ow * c->sw;                     \
+                int64_t i = 0;                                                  \
+                if (c->sw == 1) {                                               \
+                    VEC                                                         \
+                    for (; i < seg; i++)                                        \
+                        d[i] += s[i];                                           \
+                } else {                                                        \
+                    for (; i < seg; i++)                                        \
+                        d[i * c->sw] += s[i];                                   \
+                }                                                               \
+                s += seg, pp += seg, oh++, ow = 0;                              \
+            }                                                                   \
+        }                                                                       \
+    }
+NDM__COL2IM_PAD(float, , col2im_pad_float, )
+NDM__COL2IM_PAD(double, , col2im_pad_double, )
+#if NDM__CPU_X86
+/* lanes [8 - r, 16 - r) of this hold r ones then zeros: the mask of an
+ * r-element tail */
+static const int32_t tail_mask[16] = {-1, -1, -1, -1, -1, -1, -1, -1};
+NDM__COL2IM_PAD(float, NDM__AVX2, col2im_pad_float_avx2,
+                for (; i + 8 <= seg; i += 8) _mm256_storeu_ps(
+                    d + i, _mm256_add_ps(_mm256_loadu_ps(d + i), _mm256_loadu_ps(s + i)));
+                if (i < seg) {
+                    __m256i mk = _mm256_loadu_si256((const __m256i *)(tail_mask + 8 - (seg - i)));
+                    _mm256_maskstore_ps(d + i, mk,
+                                        _mm256_add_ps(_mm256_maskload_ps(d + i, mk),
+                                                      _mm256_maskload_ps(s + i, mk)));
+                    i = seg;
+                })
+#endif
+
+static void col2im_pad(const char *col, char *xp, const int64_t *toff, const cgeo *c, int64_t Wp,
+                       int64_t p0, int64_t np, int64_t es)
+{
+    if (es == 8) {
+        col2im_pad_double((const double *)col, (double *)xp, toff, c, Wp, p0, np);
+        return;
+    }
+#if NDM__CPU_X86
+    if (ndm__cpu_isa_level() >= NDM__CPU_ISA_AVX2) {
+        col2im_pad_float_avx2((const float *)col, (float *)xp, toff, c, Wp, p0, np);
+        return;
+    }
+#endif
+    col2im_pad_float((const float *)col, (float *)xp, toff, c, Wp, p0, np);
+}
+
+/* The inverse of pad_input: the planes of group gi's block of dx (at dx,
+ * strides xs) from the padded ones; input elements no tap reads get 0. */
+#define NDM__UNPAD(T)                                                           \
+    static void unpad_##T(T *dx, const int64_t *xs, const T *xp, const cgeo *c, int64_t Hp, \
+                          int64_t Wp)                                           \
+    {                                                                           \
+        int64_t wv = Wp - c->pw < c->W ? Wp - c->pw : c->W;                     \
+        wv = wv > 0 ? wv : 0;                                                   \
+        for (int64_t ci = 0; ci < c->Cg; ci++)                                  \
+            for (int64_t ih = 0; ih < c->H; ih++) {                             \
+                T *d = dx + ci * xs[1] + ih * xs[2];                            \
+                int64_t r = ih + c->ph, iw = 0;                                 \
+                if (r < Hp) {                                                   \
+                    const T *s = xp + (ci * Hp + r) * Wp + c->pw;               \
+                    if (xs[3] == 1) {                                           \
+                        memcpy(d, s, (size_t)wv * sizeof(T));                   \
+                        iw = wv;                                                \
+                    } else {                                                    \
+                        for (; iw < wv; iw++)                                   \
+                            d[iw * xs[3]] = s[iw];                              \
+                    }                                                           \
+                }                                                               \
+                for (; iw < c->W; iw++)                                         \
+                    d[iw * xs[3]] = 0;                                          \
+            }                                                                   \
+    }
+NDM__UNPAD(float)
+NDM__UNPAD(double)
+
 typedef struct bctx {
     const bplan *p;
     const ndm__tensor *out, *dy, *in; /* out: dx or dw; in: w or x */
     const char *wm;                   /* input gradient: the weights as an O x K matrix */
     int64_t wrs, wcs;
+    const char *ap;                   /* packed: W^T per group (input) */
+    const int64_t *toff;              /* packed: tap offsets (weight) */
     char *partials, *slots;
     const grad_kernels *gk;
     unsigned flags;
@@ -1044,8 +1416,13 @@ static void bwd_input_unit(bctx *q, char *col, char *dyb, int64_t n, int64_t gi)
     const int64_t *xs = q->out->strides;
     char *dxg = (char *)q->out->data + (n * xs[0] + gi * c->Cg * xs[1]) * es;
     /* dx is C-contiguous: the group's channels are one block */
-    if (!p->direct)
+    char *dxp = NULL;
+    if (p->padx) {
+        dxp = col + p->slot_bytes - padded_bytes(c, p->Hp, p->Wp, p->es);
+        memset(dxp, 0, (size_t)(c->Cg * p->Hp * p->Wp) * p->es);
+    } else if (!p->direct) {
         memset(dxg, 0, (size_t)(c->Cg * c->H * c->W) * p->es);
+    }
     /* W^T of the group: K x Og */
     const char *a = q->wm + gi * c->Og * q->wrs * es;
     for (int64_t t = 0; t < p->ntiles; t++) {
@@ -1054,7 +1431,15 @@ static void bwd_input_unit(bctx *q, char *col, char *dyb, int64_t n, int64_t gi)
         int64_t rsb, csb;
         const char *b = dy_tile(p, q->dy, dyb, n, gi, p0, np, &rsb, &csb);
         ndm_status st;
-        if (p->direct) {
+        if (p->packed) {
+            ndm__gemm_matrix mb = {b, rsb, csb, p->es};
+            const char *ag = q->ap + (size_t)gi * p->abytes;
+            char *cp = p->direct ? dxg + p0 * p->xps * es : col;
+            st = ndm__gemm_packed(dt, c->K, np, c->Og, ag, ndm__gemm_matrix_panel, &mb, cp,
+                                  p->direct ? xs[1] : np, p->direct ? p->xps : 1, NULL, 0, 0);
+            if (st >= 0 && p->padx)
+                col2im_pad(col, dxp, q->toff, c, p->Wp, p0, np, es);
+        } else if (p->direct) {
             st = ndm__cpu_gemm(dt, c->K, np, c->Og, a, q->wcs, q->wrs, b, rsb, csb,
                                dxg + p0 * p->xps * es, xs[1], p->xps, q->flags);
         } else {
@@ -1068,6 +1453,10 @@ static void bwd_input_unit(bctx *q, char *col, char *dyb, int64_t n, int64_t gi)
         if (st < 0)
             atomic_store(&q->status, st);
     }
+    if (p->padx && es == 4)
+        unpad_float((float *)dxg, xs, (const float *)dxp, c, p->Hp, p->Wp);
+    else if (p->padx)
+        unpad_double((double *)dxg, xs, (const double *)dxp, c, p->Hp, p->Wp);
 }
 
 /* Sample n, group gi of the weight gradient, tile by tile, added into acc
@@ -1079,6 +1468,24 @@ static void bwd_weight_unit(bctx *q, char *col, char *dyb, char *acc, int64_t n,
     int64_t es = (int64_t)p->es;
     const int64_t *xs = q->in->strides;
     char *cg = acc + gi * c->Og * c->K * es;
+    if (p->packed) {
+        /* the slot: x's padded planes, then this unit's dy packed */
+        char *xp = col, *ap = col + padded_bytes(c, p->Hp, p->Wp, p->es);
+        if (es == 4)
+            pad_input_float((float *)xp, q->in->data, xs, c, p->Hp, p->Wp, n, gi);
+        else
+            pad_input_double((double *)xp, q->in->data, xs, c, p->Hp, p->Wp, n, gi);
+        const int64_t *ds = q->dy->strides;
+        const char *dyg = (const char *)q->dy->data + (n * ds[0] + gi * c->Og * ds[1]) * es;
+        ndm__gemm_pack_a(q->out->dtype, c->Og, c->P, dyg, ds[1], p->dps, ap);
+        unfold u = {xp, q->toff, c, p->Wp, 0};
+        ndm_status st = ndm__gemm_packed(
+            q->out->dtype, c->Og, c->K, c->P, ap, unfold_t_pick(p->es), &u, cg, c->K, 1, NULL, 0,
+            NDM__GEMM_ACCUMULATE);
+        if (st < 0)
+            atomic_store(&q->status, st);
+        return;
+    }
     for (int64_t t = 0; t < p->ntiles; t++) {
         int64_t p0 = t * p->tile;
         int64_t np = c->P - p0 < p->tile ? c->P - p0 : p->tile;
@@ -1154,11 +1561,26 @@ static ndm_status bwd_run(const ndm__tensor *out, const ndm__tensor *dy, const n
     if (!bwd_plan_fit(&p, dy, weight ? in : out, weight ? out : in, g, weight, ws_bytes))
         return NDM_E_INVALID;
     char *wsp = ws;
-    bctx q = {&p, out, dy, in, NULL, 0, 0, wsp, NULL, gk_pick(), 0, 0};
+    bctx q = {&p, out, dy, in, NULL, 0, 0, NULL, NULL, NULL, NULL, gk_pick(), 0, 0};
     atomic_init(&q.status, NDM_OK);
+    /* the workspace: gathered weights, packed W^T per group, tap offsets,
+     * partial sums, slots */
+    char *at = wsp ? wsp + p.wbytes : NULL;
     if (!weight)
         q.wm = weight_matrix(in, &p.c, p.es, p.wcopy, wsp, &q.wrs, &q.wcs);
-    q.slots = wsp ? wsp + p.wbytes + (size_t)(p.parts - 1) * p.part_bytes : NULL;
+    if (!weight && p.packed) {
+        q.ap = at;
+        for (int64_t gi = 0; gi < p.c.groups; gi++)
+            ndm__gemm_pack_a(out->dtype, p.c.K, p.c.Og, q.wm + gi * p.c.Og * q.wrs * (int64_t)p.es,
+                             q.wcs, q.wrs, at + (size_t)gi * p.abytes);
+    }
+    at = at ? at + (size_t)p.c.groups * p.abytes : NULL;
+    if ((weight && p.packed) || p.padx) {
+        tap_offsets((int64_t *)at, &p.c, p.Hp, p.Wp);
+        q.toff = (const int64_t *)at;
+    }
+    q.partials = at ? at + p.toff_bytes : NULL;
+    q.slots = q.partials ? q.partials + (size_t)(p.parts - 1) * p.part_bytes : NULL;
     if (p.parts > 1) {
         q.flags = NDM__GEMM_NO_PROVIDER;
         ndm__parallel_for(p.parts, 1, bwd_parts, &q);
@@ -1262,15 +1684,101 @@ typedef struct pbctx {
  * without clearing dx first; only a last odd row and column, which no window
  * holds, are cleared. The winner is found without branches: the first
  * maximum, or the last NaN (the forward's comparison). */
+#if NDM__CPU_X86
+/* Eight windows at a time of one row of pool2x2_bwd_plane: the same
+ * comparisons, lane by lane; returns how many windows it did. */
+NDM__AVX2 static int64_t pool2x2_bwd_row_avx2(float *d0, float *d1, const float *r0,
+                                              const float *r1, const float *g, int64_t OW,
+                                              bool max)
+{
+    int64_t ow = 0;
+    const __m256 zero = _mm256_setzero_ps();
+    for (; ow + 8 <= OW; ow += 8) {
+        __m256 gv = _mm256_add_ps(zero, _mm256_loadu_ps(g + ow));
+        __m256 pa, pb, pc, pd;
+        if (max) {
+            /* even and odd columns of the two rows, in window order */
+            __m256 u0 = _mm256_loadu_ps(r0 + 2 * ow), u1 = _mm256_loadu_ps(r0 + 2 * ow + 8);
+            __m256 v0 = _mm256_loadu_ps(r1 + 2 * ow), v1 = _mm256_loadu_ps(r1 + 2 * ow + 8);
+            __m256 a = _mm256_castpd_ps(_mm256_permute4x64_pd(
+                _mm256_castps_pd(_mm256_shuffle_ps(u0, u1, 0x88)), 0xd8));
+            __m256 b = _mm256_castpd_ps(_mm256_permute4x64_pd(
+                _mm256_castps_pd(_mm256_shuffle_ps(u0, u1, 0xdd)), 0xd8));
+            __m256 c = _mm256_castpd_ps(_mm256_permute4x64_pd(
+                _mm256_castps_pd(_mm256_shuffle_ps(v0, v1, 0x88)), 0xd8));
+            __m256 d = _mm256_castpd_ps(_mm256_permute4x64_pd(
+                _mm256_castps_pd(_mm256_shuffle_ps(v0, v1, 0xdd)), 0xd8));
+            __m256 m = a;
+            __m256 tb = _mm256_or_ps(_mm256_cmp_ps(b, m, _CMP_GT_OQ), _mm256_cmp_ps(b, b, _CMP_UNORD_Q));
+            m = _mm256_blendv_ps(m, b, tb);
+            __m256 tc = _mm256_or_ps(_mm256_cmp_ps(c, m, _CMP_GT_OQ), _mm256_cmp_ps(c, c, _CMP_UNORD_Q));
+            m = _mm256_blendv_ps(m, c, tc);
+            __m256 td = _mm256_or_ps(_mm256_cmp_ps(d, m, _CMP_GT_OQ), _mm256_cmp_ps(d, d, _CMP_UNORD_Q));
+            /* the last comparison that moved the maximum names the winner */
+            pd = _mm256_and_ps(td, gv);
+            pc = _mm256_and_ps(_mm256_andnot_ps(td, tc), gv);
+            pb = _mm256_and_ps(_mm256_andnot_ps(_mm256_or_ps(tc, td), tb), gv);
+            pa = _mm256_andnot_ps(_mm256_or_ps(tb, _mm256_or_ps(tc, td)), gv);
+        } else {
+            pa = pb = pc = pd = _mm256_add_ps(zero, _mm256_mul_ps(gv, _mm256_set1_ps(0.25f)));
+        }
+        /* back to interleaved columns */
+        __m256 lo = _mm256_unpacklo_ps(pa, pb), hi = _mm256_unpackhi_ps(pa, pb);
+        _mm256_storeu_ps(d0 + 2 * ow, _mm256_permute2f128_ps(lo, hi, 0x20));
+        _mm256_storeu_ps(d0 + 2 * ow + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+        lo = _mm256_unpacklo_ps(pc, pd), hi = _mm256_unpackhi_ps(pc, pd);
+        _mm256_storeu_ps(d1 + 2 * ow, _mm256_permute2f128_ps(lo, hi, 0x20));
+        _mm256_storeu_ps(d1 + 2 * ow + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+    }
+    /* four more with half vectors (a row of 7 windows, say) */
+    for (; ow + 4 <= OW; ow += 4) {
+        __m128 z = _mm_setzero_ps(), gv = _mm_add_ps(z, _mm_loadu_ps(g + ow));
+        __m128 pa, pb, pc, pd;
+        if (max) {
+            __m128 u0 = _mm_loadu_ps(r0 + 2 * ow), u1 = _mm_loadu_ps(r0 + 2 * ow + 4);
+            __m128 v0 = _mm_loadu_ps(r1 + 2 * ow), v1 = _mm_loadu_ps(r1 + 2 * ow + 4);
+            __m128 a = _mm_shuffle_ps(u0, u1, 0x88), b = _mm_shuffle_ps(u0, u1, 0xdd);
+            __m128 c = _mm_shuffle_ps(v0, v1, 0x88), d = _mm_shuffle_ps(v0, v1, 0xdd);
+            __m128 m = a;
+            __m128 tb = _mm_or_ps(_mm_cmp_ps(b, m, _CMP_GT_OQ), _mm_cmp_ps(b, b, _CMP_UNORD_Q));
+            m = _mm_blendv_ps(m, b, tb);
+            __m128 tc = _mm_or_ps(_mm_cmp_ps(c, m, _CMP_GT_OQ), _mm_cmp_ps(c, c, _CMP_UNORD_Q));
+            m = _mm_blendv_ps(m, c, tc);
+            __m128 td = _mm_or_ps(_mm_cmp_ps(d, m, _CMP_GT_OQ), _mm_cmp_ps(d, d, _CMP_UNORD_Q));
+            pd = _mm_and_ps(td, gv);
+            pc = _mm_and_ps(_mm_andnot_ps(td, tc), gv);
+            pb = _mm_and_ps(_mm_andnot_ps(_mm_or_ps(tc, td), tb), gv);
+            pa = _mm_andnot_ps(_mm_or_ps(tb, _mm_or_ps(tc, td)), gv);
+        } else {
+            pa = pb = pc = pd = _mm_add_ps(z, _mm_mul_ps(gv, _mm_set1_ps(0.25f)));
+        }
+        _mm_storeu_ps(d0 + 2 * ow, _mm_unpacklo_ps(pa, pb));
+        _mm_storeu_ps(d0 + 2 * ow + 4, _mm_unpackhi_ps(pa, pb));
+        _mm_storeu_ps(d1 + 2 * ow, _mm_unpacklo_ps(pc, pd));
+        _mm_storeu_ps(d1 + 2 * ow + 4, _mm_unpackhi_ps(pc, pd));
+    }
+    return ow;
+}
+#endif
+
 static void pool2x2_bwd_plane(float *dx, int64_t H, int64_t W, const float *x, int64_t xs2,
                               const float *dy, int64_t ys2, int64_t OH, int64_t OW, bool max)
 {
+#if NDM__CPU_X86
+    bool avx2 = ndm__cpu_isa_level() >= NDM__CPU_ISA_AVX2;
+#endif
     for (int64_t oh = 0; oh < OH; oh++) {
         float *d0 = dx + 2 * oh * W, *d1 = d0 + W;
         const float *g = dy + oh * ys2;
+        int64_t done = 0;
+#if NDM__CPU_X86
+        if (avx2)
+            done = pool2x2_bwd_row_avx2(d0, d1, max ? x + 2 * oh * xs2 : NULL,
+                                        max ? x + 2 * oh * xs2 + xs2 : NULL, g, OW, max);
+#endif
         if (max) {
             const float *r0 = x + 2 * oh * xs2, *r1 = r0 + xs2;
-            for (int64_t ow = 0; ow < OW; ow++) {
+            for (int64_t ow = done; ow < OW; ow++) {
                 float a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1];
                 float m = a;
                 int w = 0;
@@ -1289,7 +1797,7 @@ static void pool2x2_bwd_plane(float *dx, int64_t H, int64_t W, const float *x, i
                 d1[2 * ow + 1] = w == 3 ? gv : 0.0f;
             }
         } else {
-            for (int64_t ow = 0; ow < OW; ow++) {
+            for (int64_t ow = done; ow < OW; ow++) {
                 float share = 0.0f + (float)((double)g[ow] / 4.0);
                 d0[2 * ow] = share, d0[2 * ow + 1] = share;
                 d1[2 * ow] = share, d1[2 * ow + 1] = share;

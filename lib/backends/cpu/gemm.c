@@ -150,6 +150,22 @@ NDM__MICRO_AVX512(double, d, __m512d, pd, 16, __mmask8)
             a += 6;                                                             \
             b += NR;                                                            \
         }                                                                       \
+        if (csc == 1 && nv == NR) {                                             \
+            /* whole rows of contiguous C: no trip through memory */            \
+            _Pragma("GCC unroll 6") for (int i = 0; i < 6; i++)                 \
+            {                                                                   \
+                if (i >= mv)                                                    \
+                    break;                                                      \
+                T *row = c + i * rsc;                                           \
+                if (acc) {                                                      \
+                    r[i][0] = _mm256_add_##X(r[i][0], _mm256_loadu_##X(row));   \
+                    r[i][1] = _mm256_add_##X(r[i][1], _mm256_loadu_##X(row + L)); \
+                }                                                               \
+                _mm256_storeu_##X(row, r[i][0]);                                \
+                _mm256_storeu_##X(row + L, r[i][1]);                            \
+            }                                                                   \
+            return;                                                             \
+        }                                                                       \
         T t[6 * NR];                                                            \
         _Pragma("GCC unroll 6") for (int i = 0; i < 6; i++)                     \
         {                                                                       \
@@ -448,6 +464,164 @@ static ndm_status gemm_blocked(ndm_dtype dt, int64_t m, int64_t n, int64_t k, co
             ndm__parallel_for(g.nic * g.njg, grain, compute_range, &g);
             if (atomic_load(&g.failed))
                 return NDM_E_OOM;
+        }
+    }
+    return NDM_OK;
+}
+
+/* ---- operands packed by the caller ------------------------------------------
+ * A convolution multiplies the same weights by every sample's unfolded
+ * input: it packs A once per call (ndm__gemm_pack_a) and writes each panel
+ * of B straight from its input as the product reaches it, so that no
+ * unfolded matrix is written and then copied again. The depth is cut into
+ * balanced blocks whose B panel stays in L1; the rows of A into blocks
+ * that stay in L2, over which a chunk of B panels is reused. */
+
+#define PANEL_L1_BYTES 24576
+#define A_L2_BYTES 262144
+#define B_CHUNK_BYTES 131072
+
+static void fill_rows(ndm_dtype dt, int64_t m, int64_t n, void *c, int64_t rsc, int64_t csc,
+                      const void *bias, int64_t sbias);
+
+/* The depth blocks for a k of this dtype: *kc each (the last may be
+ * shorter). */
+static int64_t packed_kc(size_t es, int nr, int64_t k)
+{
+    int64_t cap = PANEL_L1_BYTES / ((int64_t)nr * (int64_t)es);
+    cap = cap < 64 ? 64 : cap > 512 ? 512 : cap;
+    if (k <= cap)
+        return k > 0 ? k : 1;
+    int64_t blocks = (k + cap - 1) / cap;
+    return (k + blocks - 1) / blocks;
+}
+
+static void packed_shape(ndm_dtype dt, int *mr, int *nr)
+{
+    const kernels *kn = cpu_kernels();
+    *mr = dt == NDM_F32 ? kn->smr : kn->dmr;
+    *nr = dt == NDM_F32 ? kn->snr : kn->dnr;
+}
+
+size_t ndm__gemm_packed_a_bytes(ndm_dtype dt, int64_t m, int64_t k)
+{
+    int mr, nr;
+    packed_shape(dt, &mr, &nr);
+    int64_t mpad = (m + mr - 1) / mr * mr;
+    return (size_t)(mpad * (k > 0 ? k : 0)) * ndm_dtype_size(dt);
+}
+
+/* Block pc of the depth starts at element pc * mpad; in it, the panel of
+ * rows [ir, ir + mr) at ir * kc. */
+void ndm__gemm_pack_a(ndm_dtype dt, int64_t m, int64_t k, const void *a, int64_t rsa,
+                      int64_t csa, void *dst)
+{
+    int mr, nr;
+    packed_shape(dt, &mr, &nr);
+    size_t es = ndm_dtype_size(dt);
+    int64_t mpad = (m + mr - 1) / mr * mr, kcb = packed_kc(es, nr, k);
+    for (int64_t pc = 0; pc < k; pc += kcb) {
+        int64_t kc = k - pc < kcb ? k - pc : kcb;
+        const char *src = (const char *)a + pc * csa * (int64_t)es;
+        char *d = (char *)dst + (size_t)(pc * mpad) * es;
+        if (dt == NDM_F32)
+            pack_a_float((float *)d, (const float *)src, rsa, csa, m, kc, mr);
+        else
+            pack_a_double((double *)d, (const double *)src, rsa, csa, m, kc, mr);
+    }
+}
+
+void ndm__gemm_matrix_panel(void *ctx, void *dst, int64_t p0, int64_t kc, int64_t j0,
+                            int64_t cols, int nr)
+{
+    const ndm__gemm_matrix *b = ctx;
+    const char *src = (const char *)b->data + (p0 * b->rs + j0 * b->cs) * (int64_t)b->es;
+    if (b->es == sizeof(float))
+        pack_b_float(dst, (const float *)src, b->rs, b->cs, kc, cols, nr);
+    else
+        pack_b_double(dst, (const double *)src, b->rs, b->cs, kc, cols, nr);
+}
+
+static ndm_status gemm_packed_impl(ndm_dtype dt, int64_t m, int64_t n, int64_t k,
+                                   const void *ap, ndm__gemm_panel_fn panel, void *ctx, void *c,
+                                   int64_t rsc, int64_t csc, const void *bias, int64_t sbias,
+                                   unsigned flags)
+{
+    bool accumulate = flags & NDM__GEMM_ACCUMULATE;
+    if (m <= 0 || n <= 0)
+        return NDM_OK;
+    if (dt != NDM_F32 && dt != NDM_F64)
+        return NDM_E_DTYPE;
+    if (k <= 0) {
+        if (!accumulate)
+            fill_rows(dt, m, n, c, rsc, csc, bias, sbias);
+        return NDM_OK;
+    }
+    const kernels *kn = cpu_kernels();
+    int mr, nr;
+    packed_shape(dt, &mr, &nr);
+    size_t es = ndm_dtype_size(dt);
+    int64_t mpad = (m + mr - 1) / mr * mr, kcb = packed_kc(es, nr, k);
+    int64_t npanels = (n + nr - 1) / nr;
+    /* All of A's block in L2: one panel of B at a time, still in L1 when
+     * every row block has read it. Else blocks of mc rows over a chunk of
+     * panels. */
+    int64_t mc = A_L2_BYTES / (kcb * (int64_t)es) / mr * mr;
+    mc = mc < mr ? mr : mc;
+    int64_t chunk = 1;
+    if (mpad > mc) {
+        chunk = B_CHUNK_BYTES / (kcb * nr * (int64_t)es);
+        chunk = chunk < 1 ? 1 : chunk > npanels ? npanels : chunk;
+    } else {
+        mc = mpad;
+    }
+    size_t panel_elems = (size_t)(kcb * nr);
+    /* one panel of slack: a panel writer may store a vector past its end */
+    char *bp = pack_buffer(PACK_B, (size_t)(chunk + 1) * panel_elems * es);
+    if (!bp)
+        return NDM_E_OOM;
+    for (int64_t pc = 0; pc < k; pc += kcb) {
+        int64_t kc = k - pc < kcb ? k - pc : kcb;
+        const char *ablock = (const char *)ap + (size_t)(pc * mpad) * es;
+        bool acc = accumulate || pc > 0;
+        bool with = bias && pc == 0 && !accumulate;
+        for (int64_t q0 = 0; q0 < npanels; q0 += chunk) {
+            int64_t q1 = q0 + chunk < npanels ? q0 + chunk : npanels;
+            for (int64_t q = q0; q < q1; q++) {
+                int64_t j0 = q * nr;
+                panel(ctx, bp + (size_t)((q - q0) * kc * nr) * es, pc, kc, j0,
+                      n - j0 < nr ? n - j0 : nr, nr);
+            }
+            for (int64_t i0 = 0; i0 < m; i0 += mc) {
+                int64_t i1 = i0 + mc < m ? i0 + mc : m;
+                for (int64_t q = q0; q < q1; q++) {
+                    int64_t j0 = q * nr;
+                    int64_t nv = n - j0 < nr ? n - j0 : nr;
+                    const char *bq = bp + (size_t)((q - q0) * kc * nr) * es;
+                    for (int64_t ir = i0; ir < i1; ir += mr) {
+                        int64_t mv = i1 - ir < mr ? i1 - ir : mr;
+                        const char *aq = ablock + (size_t)(ir * kc) * es;
+                        char *cq = (char *)c + (ir * rsc + j0 * csc) * (int64_t)es;
+                        union {
+                            float s[16];
+                            double d[16];
+                        } init;
+                        for (int64_t i = 0; with && i < mr; i++) {
+                            const char *b = (const char *)bias + (ir + i) * sbias * (int64_t)es;
+                            if (es == sizeof(float))
+                                init.s[i] = i < mv ? *(const float *)b : 0.0f;
+                            else
+                                init.d[i] = i < mv ? *(const double *)b : 0.0;
+                        }
+                        if (es == sizeof(float))
+                            kn->s(kc, (const float *)aq, (const float *)bq, (float *)cq, rsc, csc,
+                                  mv, nv, acc, with ? init.s : NULL);
+                        else
+                            kn->d(kc, (const double *)aq, (const double *)bq, (double *)cq, rsc,
+                                  csc, mv, nv, acc, with ? init.d : NULL);
+                    }
+                }
+            }
         }
     }
     return NDM_OK;
@@ -971,3 +1145,23 @@ const struct ndm__backend_linalg ndm__cpu_linalg = {
 const struct ndm__backend_linalg ndm__cpu_ref_linalg = {
     .matmul = cpu_ref_matmul,
 };
+
+/* Profiled whole: the panels its callback writes (a convolution's
+ * unfolding) count as GEMM time, as the packing of B does elsewhere. */
+ndm_status ndm__gemm_packed(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const void *ap,
+                            ndm__gemm_panel_fn panel, void *ctx, void *c, int64_t rsc,
+                            int64_t csc, const void *bias, int64_t sbias, unsigned flags)
+{
+    if (__builtin_expect(atomic_load_explicit(&profiling, memory_order_relaxed), 0)) {
+        double t0 = profile_now();
+        ndm_status st =
+            gemm_packed_impl(dt, m, n, k, ap, panel, ctx, c, rsc, csc, bias, sbias, flags);
+        long i = atomic_fetch_add(&profile_n, 1);
+        if (i < PROFILE_CAP) {
+            profile_iv[i][0] = t0;
+            profile_iv[i][1] = profile_now();
+        }
+        return st;
+    }
+    return gemm_packed_impl(dt, m, n, k, ap, panel, ctx, c, rsc, csc, bias, sbias, flags);
+}

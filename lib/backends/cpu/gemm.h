@@ -4,6 +4,7 @@
 #define NDM_CPU_GEMM_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -81,5 +82,39 @@ ndm_status ndm__cpu_gemm_bias(ndm_dtype dt, int64_t m, int64_t n, int64_t k, con
                               int64_t rsa, int64_t csa, const void *b, int64_t rsb, int64_t csb,
                               void *c, int64_t rsc, int64_t csc, const void *bias, int64_t sbias,
                               unsigned flags);
+
+/* ndm's kernel with operands packed by the caller, on the calling thread:
+ * a convolution packs its weights once per call and writes its unfolded
+ * input straight into B's panels. A (m x k) packed by ndm__gemm_pack_a
+ * into ndm__gemm_packed_a_bytes(dt, m, k) bytes, 64-byte aligned; the
+ * layout depends only on dt, m and k. f32 and f64. */
+size_t ndm__gemm_packed_a_bytes(ndm_dtype dt, int64_t m, int64_t k);
+void ndm__gemm_pack_a(ndm_dtype dt, int64_t m, int64_t k, const void *a, int64_t rsa,
+                      int64_t csa, void *dst);
+
+/* Writes one panel of B: rows [p0, p0 + kc), columns [j0, j0 + cols)
+ * (cols <= nr), as kc rows of nr values (row p at dst + (p - p0) * nr),
+ * columns cols to nr - 1 zero. It may store up to nr values past the
+ * panel's end: the driver leaves room, and panels are written in order. */
+typedef void (*ndm__gemm_panel_fn)(void *ctx, void *dst, int64_t p0, int64_t kc, int64_t j0,
+                                   int64_t cols, int nr);
+
+/* A strided matrix as a panel source (ctx of ndm__gemm_matrix_panel). */
+typedef struct ndm__gemm_matrix {
+    const void *data;
+    int64_t rs, cs;
+    size_t es;
+} ndm__gemm_matrix;
+void ndm__gemm_matrix_panel(void *ctx, void *dst, int64_t p0, int64_t kc, int64_t j0,
+                            int64_t cols, int nr);
+
+/* C (m x n) = [bias +] A @ B, or C += A @ B with NDM__GEMM_ACCUMULATE (no
+ * bias then): A packed as above, B's panels written by panel(ctx, ...)
+ * as the product reaches them, each panel once per depth block. C's
+ * strides as ndm__cpu_gemm's. NDM_E_OOM when the panel buffer cannot be
+ * had (C is then partly written). */
+ndm_status ndm__gemm_packed(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const void *ap,
+                            ndm__gemm_panel_fn panel, void *ctx, void *c, int64_t rsc,
+                            int64_t csc, const void *bias, int64_t sbias, unsigned flags);
 
 #endif
