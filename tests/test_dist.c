@@ -1039,7 +1039,6 @@ static void test_all_reduce_one_strided_rank_among_carrying_ones_matches_the_ref
     assert_ok(ndm_array_release(c));
 }
 
-int main(void)
 /* The buckets are host memory moved by MPI: a model on a GPU is refused on
  * every rank, saying why, rather than moving device memory as host memory. */
 static void test_ddp_of_a_cuda_model_is_unsupported_on_every_rank(void **state)
