@@ -1019,10 +1019,12 @@ static ndm_status inplace_collective(ndm_array a, bool bcast, ndm_dist_op op, in
         if (!tmp.id)
             local = ndm_last_status();
     }
-    /* small: the data goes with the record */
+    /* small CPU arrays: the data goes with the record (the host reads and
+     * folds it; a CUDA array's memory is the device's, for NCCL) */
     int64_t bytes =
         local == NDM_OK ? ndm__numel(r->ndim, r->shape) * (int64_t)ndm_dtype_size(r->dtype) : 0;
-    bool carry = !bcast && !tmp.id && g->size <= CARRY_RANKS && bytes > 0 && bytes <= CARRY_BYTES;
+    bool carry = !bcast && !tmp.id && g->size <= CARRY_RANKS && bytes > 0 &&
+                 bytes <= CARRY_BYTES && r->storage->device.type == NDM_DEVICE_CPU;
     bool carried = false;
     ndm_status st = agree(g, kind, bcast ? root : (int64_t)op, local < 0 ? NULL : r, local, NULL,
                           carry ? ndm__array_ptr(r) : NULL, (int)bytes, a, &carried, api, site);
