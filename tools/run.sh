@@ -20,7 +20,8 @@
 #   bash tools/run.sh gpu    builds one release tree for sm_80 and sm_90 (NDM_GPU_ARCH
 #                            names others, e.g. 90), runs the conformance suite and
 #                            every CUDA test on the GPU, compute-sanitizer memcheck and
-#                            racecheck on the conformance suite, ndm-fashion train and
+#                            racecheck on the conformance suite, with mpirun the NCCL
+#                            check and bench/dist, ndm-fashion train and
 #                            serve with --device cuda, bench/cuda --json, and last the
 #                            whole test suite; each step ends after NDM_GPU_STEP_S
 #                            seconds (default 300), NDM_GPU_SUITE=0 leaves out the
@@ -236,6 +237,16 @@ gpu() {
         step "NCCL collectives on the GPU (mpirun -np 1)" sh -c "ninja -C $suites tests/dist_gpu \
             && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 1 \
             --oversubscribe $suites/tests/dist_gpu > $out/dist_gpu.txt 2>&1"
+        # bench/dist on the host's cores: a core per rank (the documented
+        # command), then two ranks of 4 threads each with cores to spare
+        local dist=build-gpu/release/bench/bench_dist
+        if [ -x "$dist" ]; then
+            export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+            step "bench/dist, 2 ranks, a core each" sh -c "mpirun -np 2 $dist \
+                > $out/bench_dist.txt 2>&1"
+            step "bench/dist, 2 ranks of 4 threads" sh -c "mpirun -np 2 --bind-to none \
+                -x NDM_NUM_THREADS=4 $dist > $out/bench_dist_4t.txt 2>&1"
+        fi
     else
         echo "no mpirun, or no MPI in the build: the NCCL check is not run" | tee -a "$log"
     fi
