@@ -141,6 +141,19 @@ static void coll_comm_free(void *comm)
     delete c;
 }
 
+/* After a reduction queued on s: a mean is the sum divided on the device
+ * by the communicator's size. */
+static ndm_status finish(ndm__cuda_comm *c, cudaStream_t s, void *buf, size_t n, ndm_dtype dt,
+                         ndm__coll_op op)
+{
+    if (op != NDM__COLL_MEAN)
+        return NDM_OK;
+    int size = 0;
+    ncclResult_t rc = ncclCommCount(c->nc, &size);
+    return rc == ncclSuccess ? divide(c->device, s, buf, n, dt, size)
+                             : nccl_fail("ncclCommCount", rc);
+}
+
 static ndm_status coll_all_reduce(void *comm, void *buf, size_t n, ndm_dtype dt, ndm__coll_op op)
 {
     ndm__cuda_comm *c = (ndm__cuda_comm *)comm;
@@ -150,14 +163,7 @@ static ndm_status coll_all_reduce(void *comm, void *buf, size_t n, ndm_dtype dt,
     if (st < 0 || n == 0)
         return st;
     ncclResult_t rc = ncclAllReduce(buf, buf, n, t, nccl_op(dt, op), c->nc, s);
-    if (rc != ncclSuccess)
-        return nccl_fail("ncclAllReduce", rc);
-    if (op != NDM__COLL_MEAN)
-        return NDM_OK;
-    int size = 0;
-    if ((rc = ncclCommCount(c->nc, &size)) != ncclSuccess)
-        return nccl_fail("ncclCommCount", rc);
-    return divide(c->device, s, buf, n, dt, size);
+    return rc == ncclSuccess ? finish(c, s, buf, n, dt, op) : nccl_fail("ncclAllReduce", rc);
 }
 
 static ndm_status coll_broadcast(void *comm, void *buf, size_t n, ndm_dtype dt, int root)
@@ -194,14 +200,7 @@ static ndm_status coll_reduce_scatter(void *comm, const void *send, void *recv, 
     if (st < 0 || n == 0)
         return st;
     ncclResult_t rc = ncclReduceScatter(send, recv, n, t, nccl_op(dt, op), c->nc, s);
-    if (rc != ncclSuccess)
-        return nccl_fail("ncclReduceScatter", rc);
-    if (op != NDM__COLL_MEAN)
-        return NDM_OK;
-    int size = 0;
-    if ((rc = ncclCommCount(c->nc, &size)) != ncclSuccess)
-        return nccl_fail("ncclCommCount", rc);
-    return divide(c->device, s, recv, n, dt, size);
+    return rc == ncclSuccess ? finish(c, s, recv, n, dt, op) : nccl_fail("ncclReduceScatter", rc);
 }
 
 extern "C" const ndm__backend_collective ndm__cuda_collective = {
