@@ -7,43 +7,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "dist_values.h"
 #include "ndm/ndm.h"
 
 static int R, S, failures;
-
-/* Rank r's element i: small integers, exact in every dtype. */
-static double value(ndm_dtype dt, int r, int64_t i)
-{
-    if (dt == NDM_BOOL)
-        return (i + r) % 3 == 0;
-    return (double)((i * 3 + r * 5) % 7);
-}
-
-/* What every rank's element i gives under op: the CPU path's rules (bool:
- * "any"; integer means truncate). */
-static double reduced(ndm_dtype dt, ndm_dist_op op, int64_t i)
-{
-    double sum = 0, max = -INFINITY;
-    for (int r = 0; r < S; r++) {
-        double x = value(dt, r, i);
-        sum += x;
-        max = x > max ? x : max;
-    }
-    if (dt == NDM_BOOL)
-        return sum > 0;
-    if (op == NDM_DIST_MAX)
-        return max;
-    if (op == NDM_DIST_SUM)
-        return sum;
-    return ndm_dtype_is_float(dt) ? sum / S : trunc(sum / S);
-}
 
 /* n elements of rank r on the GPU, in m. */
 static ndm_array filled(ndm_manager m, ndm_dtype dt, int r, int64_t n)
 {
     double *v = malloc((size_t)n * sizeof *v);
     for (int64_t i = 0; i < n; i++)
-        v[i] = value(dt, r, i);
+        v[i] = dist_value(dt, r, i);
     ndm_array d = ndm_from_buffer(m, NDM_F64, v, 1, &n);
     free(v);
     ndm_array a = d.id ? ndm_astype(d, dt) : NDM_NULL_ARRAY;
@@ -95,17 +69,20 @@ static void check(const char *what, ndm_dtype dt, ndm_array a,
 
 static double want_reduced(ndm_dtype dt, int64_t i, void *op)
 {
-    return reduced(dt, *(ndm_dist_op *)op, i);
+    return dist_reference(dt, *(ndm_dist_op *)op, i, S);
 }
-static double want_root(ndm_dtype dt, int64_t i, void *root) { return value(dt, *(int *)root, i); }
+static double want_root(ndm_dtype dt, int64_t i, void *root)
+{
+    return dist_value(dt, *(int *)root, i);
+}
 static double want_gathered(ndm_dtype dt, int64_t i, void *n)
 {
     int64_t per = *(int64_t *)n;
-    return value(dt, (int)(i / per), i % per);
+    return dist_value(dt, (int)(i / per), i % per);
 }
 static double want_part(ndm_dtype dt, int64_t i, void *op)
 {
-    return reduced(dt, *(ndm_dist_op *)op, (int64_t)R * 1000 + i);
+    return dist_reference(dt, *(ndm_dist_op *)op, (int64_t)R * 1000 + i, S);
 }
 
 static ndm_status run(ndm_manager gpu)

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dist_values.h"
 #include "helpers.h"
 #include "ndm/dist.h"
 
@@ -16,14 +17,6 @@ static int R, S; /* this rank, the group size */
 static const ndm_dtype all_dtypes[] = {NDM_BOOL, NDM_U8, NDM_I32, NDM_I64,
                                        NDM_F16,  NDM_BF16, NDM_F32, NDM_F64};
 
-/* Rank r's element i: small integers, exact in every dtype. */
-static double value(ndm_dtype dt, int r, int64_t i)
-{
-    if (dt == NDM_BOOL)
-        return (i + r) % 3 == 0;
-    return (double)((i * 3 + r * 5) % 7);
-}
-
 static ndm_array filled(ndm_manager m, ndm_dtype dt, int r, int ndim, const int64_t *shape)
 {
     int64_t n = 1;
@@ -31,7 +24,7 @@ static ndm_array filled(ndm_manager m, ndm_dtype dt, int r, int ndim, const int6
         n *= shape[k];
     double *v = malloc((size_t)(n ? n : 1) * sizeof *v);
     for (int64_t i = 0; i < n; i++)
-        v[i] = value(dt, r, i);
+        v[i] = dist_value(dt, r, i);
     ndm_array d = ndm_from_buffer(m, NDM_F64, v, ndim, shape);
     free(v);
     assert_live(d);
@@ -53,22 +46,6 @@ static double *values(ndm_array a)
     return v;
 }
 
-static double reference(ndm_dtype dt, ndm_dist_op op, int64_t i)
-{
-    double sum = 0, max = -INFINITY;
-    for (int r = 0; r < S; r++) {
-        double x = value(dt, r, i);
-        sum += x;
-        max = x > max ? x : max;
-    }
-    if (dt == NDM_BOOL)
-        return sum > 0;
-    if (op == NDM_DIST_MAX)
-        return max;
-    if (op == NDM_DIST_SUM)
-        return sum;
-    return ndm_dtype_is_float(dt) ? sum / S : trunc(sum / S);
-}
 
 static double tolerance(ndm_dtype dt)
 {
@@ -107,7 +84,7 @@ static void test_all_reduce_matches_the_reference_for_every_dtype(void **state)
                 assert_ok(ndm_all_reduce_(a, ops[o]));
                 double *v = values(a);
                 for (int64_t i = 0; i < ndm_array_size(a); i++) {
-                    double want = reference(dt, ops[o], i);
+                    double want = dist_reference(dt, ops[o], i, S);
                     if (fabs(v[i] - want) > tolerance(dt) * fmax(1, fabs(want)))
                         fail_msg("%s op %d shape %zu element %lld: %g, want %g",
                                  ndm_dtype_name(dt), (int)ops[o], s, (long long)i, v[i], want);
@@ -128,7 +105,7 @@ static void test_all_reduce_stages_a_strided_view(void **state)
     assert_ok(ndm_all_reduce_(t, NDM_DIST_SUM));
     double *v = values(a);
     for (int64_t i = 0; i < 12; i++)
-        assert_true(v[i] == reference(NDM_F32, NDM_DIST_SUM, i));
+        assert_true(v[i] == dist_reference(NDM_F32, NDM_DIST_SUM, i, S));
     free(v);
     assert_ok(ndm_array_release(t));
     assert_ok(ndm_array_release(a));
@@ -144,7 +121,7 @@ static void test_broadcast_copies_the_root_for_every_dtype(void **state)
             assert_ok(ndm_broadcast_(a, root));
             double *v = values(a);
             for (int64_t i = 0; i < ndm_array_size(a); i++)
-                assert_true(v[i] == value(all_dtypes[t], root, i));
+                assert_true(v[i] == dist_value(all_dtypes[t], root, i));
             free(v);
             assert_ok(ndm_array_release(a));
         }
@@ -164,7 +141,7 @@ static void test_all_gather_concatenates_in_rank_order(void **state)
         double *v = values(g);
         for (int r = 0; r < S; r++)
             for (int64_t i = 0; i < 6; i++)
-                assert_true(v[r * 6 + i] == value(all_dtypes[t], r, i));
+                assert_true(v[r * 6 + i] == dist_value(all_dtypes[t], r, i));
         free(v);
         assert_ok(ndm_array_release(g));
         assert_ok(ndm_array_release(a));
@@ -183,7 +160,7 @@ static void test_reduce_scatter_gives_each_rank_its_part(void **state)
         assert_int_equal(ndm_array_dim(p, 0), 2);
         double *v = values(p);
         for (int64_t i = 0; i < 6; i++)
-            assert_true(v[i] == reference(dt, NDM_DIST_SUM, R * 6 + i));
+            assert_true(v[i] == dist_reference(dt, NDM_DIST_SUM, R * 6 + i, S));
         free(v);
         assert_ok(ndm_array_release(p));
         assert_ok(ndm_array_release(a));
@@ -212,7 +189,7 @@ static void shape_mismatch(void **state, int ndim, const int64_t *mine, const in
     assert_error_has(want);
     double *v = values(a);
     for (int64_t i = 0; i < 6; i++)
-        assert_true(v[i] == value(NDM_F32, R, i));
+        assert_true(v[i] == dist_value(NDM_F32, R, i));
     free(v);
     assert_ok(ndm_array_release(a));
     assert_ok(ndm_dist_barrier());
@@ -272,7 +249,7 @@ static void test_failing_rank_fails_the_collective_with_its_message(void **state
     assert_error_has(want);
     assert_error_has("released");
     double *v = values(a);
-    assert_true(v[1] == value(NDM_F32, R, 1));
+    assert_true(v[1] == dist_value(NDM_F32, R, 1));
     free(v);
     /* ndm_dist_check carries a status the same way */
     ndm_clear_error();
@@ -397,7 +374,7 @@ static void test_cuda_all_reduce_of_bools_is_any(void **state)
         uint8_t bytes[9];
         assert_ok(ndm_array_copy_out(g, bytes, sizeof bytes));
         for (int64_t i = 0; i < 9; i++)
-            assert_int_equal(bytes[i], value(NDM_BOOL, 0, i) != 0);
+            assert_int_equal(bytes[i], dist_value(NDM_BOOL, 0, i) != 0);
         assert_ok(ndm_array_release(g));
         assert_ok(ndm_array_release(c));
         c = filled(m, NDM_BOOL, R, 1, (int64_t[]){9});
@@ -407,7 +384,7 @@ static void test_cuda_all_reduce_of_bools_is_any(void **state)
         for (int64_t i = 0; i < 9; i++) {
             bool any = false;
             for (int r = 0; r < S; r++)
-                any |= value(NDM_BOOL, r, i) != 0;
+                any |= dist_value(NDM_BOOL, r, i) != 0;
             assert_int_equal(bytes[i], any);
         }
         assert_ok(ndm_array_release(g));
@@ -518,7 +495,7 @@ static void test_cuda_all_reduce_stages_a_strided_view(void **state)
     assert_ok(ndm_all_reduce_(t, NDM_DIST_SUM));
     double *v = values(g);
     for (int64_t i = 0; i < 12; i++)
-        assert_true(v[i] == reference(NDM_F32, NDM_DIST_SUM, i));
+        assert_true(v[i] == dist_reference(NDM_F32, NDM_DIST_SUM, i, S));
     free(v);
     assert_ok(ndm_array_release(t));
     assert_ok(ndm_array_release(g));
@@ -887,7 +864,7 @@ static void test_ddp_collective_between_backward_and_step_keeps_the_order(void *
         assert_ok(ndm_all_reduce_(c, NDM_DIST_SUM));
         double *v = values(c);
         for (int64_t i = 0; i < 1000; i++)
-            assert_true(v[i] == reference(NDM_I64, NDM_DIST_SUM, i));
+            assert_true(v[i] == dist_reference(NDM_I64, NDM_DIST_SUM, i, S));
         free(v);
         assert_ok(ndm_ddp_step(d));
         /* the same parameters everywhere afterwards */
@@ -972,9 +949,9 @@ static void assert_own_values(ndm_array a)
 {
     double *v = values(a);
     for (int64_t i = 0; i < ndm_array_size(a); i++)
-        if (v[i] != value(ndm_array_dtype(a), R, i))
+        if (v[i] != dist_value(ndm_array_dtype(a), R, i))
             fail_msg("element %lld: %g, want this rank's own %g", (long long)i, v[i],
-                     value(ndm_array_dtype(a), R, i));
+                     dist_value(ndm_array_dtype(a), R, i));
     free(v);
 }
 
@@ -982,9 +959,9 @@ static void assert_reference_sum(ndm_array a)
 {
     double *v = values(a);
     for (int64_t i = 0; i < ndm_array_size(a); i++)
-        if (v[i] != reference(ndm_array_dtype(a), NDM_DIST_SUM, i))
+        if (v[i] != dist_reference(ndm_array_dtype(a), NDM_DIST_SUM, i, S))
             fail_msg("element %lld: %g, want %g", (long long)i, v[i],
-                     reference(ndm_array_dtype(a), NDM_DIST_SUM, i));
+                     dist_reference(ndm_array_dtype(a), NDM_DIST_SUM, i, S));
     free(v);
 }
 
