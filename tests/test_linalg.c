@@ -706,6 +706,108 @@ static void test_linear_kernel_matches_float64(void **state)
     ndm__set_num_threads(keep);
 }
 
+/* Four batch-1 products over large Bs inside w (157 x 785 values) at
+ * offsets 1..4, none of them at w itself. */
+static void small_products_elsewhere(ndm_dtype dt, const char *w, const char *x, char *y)
+{
+    size_t es = ndm_dtype_size(dt);
+    for (int other = 0; other < 4; other++) {
+        ndm__gemm_epi e = {false, NULL, 0, NULL, 0, false};
+        int64_t n = 67 - other, k = 257;
+        assert_true(ndm__gemm_small(dt, 1, n, k, x, k, 1, w + (size_t)(other + 1) * es, 1, k, y,
+                                    n, 1, &e));
+    }
+}
+
+/* A batch-1 forward over three weights, as an MLP's request runs them,
+ * repeated: the dot form alternates its direction over each B of 64 KiB or
+ * more (per thread) and keeps it forward over smaller ones, every call gives
+ * the first call's bits, and those agree with float64; odd sizes, so that
+ * the first group met going backwards is the ragged one; f32 and f64, one
+ * and three threads. */
+static void test_gemm_small_direction_alternates_same_bits(void **state)
+{
+    (void)state;
+    /* n x k per weight: two large (tracked), one small */
+    static const int64_t shape[3][2] = {{157, 785}, {67, 257}, {11, 67}};
+    int keep = ndm__set_num_threads(1);
+    for (int level = 0; level < NDM__CPU_ISA_COUNT; level++) {
+        if (!ndm__cpu_isa_force(level))
+            continue;
+        const char *name = ndm__cpu_isa_name((ndm__cpu_isa)level);
+        for (int threads = 1; threads <= 3; threads += 2)
+            for (int d = 0; d < 2; d++) {
+                ndm__set_num_threads(threads);
+                ndm_dtype dt = d ? NDM_F64 : NDM_F32;
+                size_t es = ndm_dtype_size(dt);
+                char *w[3], *bias[3], *x[3], *y[3], *first[3];
+                uint64_t seed = (uint64_t)(level * 2 + d + 1);
+                for (int l = 0; l < 3; l++) {
+                    int64_t n = shape[l][0], k = shape[l][1];
+                    w[l] = malloc((size_t)(n * k) * es), bias[l] = malloc((size_t)n * es);
+                    x[l] = malloc((size_t)k * es), y[l] = malloc((size_t)n * es);
+                    first[l] = malloc((size_t)n * es);
+                    assert_true(w[l] && bias[l] && x[l] && y[l] && first[l]);
+#define VAL() ((double)((seed = seed * 6364136223846793005ull + 1442695040888963407ull) >> 40) / \
+                   (double)(1ull << 24) - 0.5)
+#define PUT(buf, i, v) (dt == NDM_F32 ? (void)(((float *)(buf))[i] = (float)(v)) \
+                                      : (void)(((double *)(buf))[i] = (v)))
+#define GET(buf, i) (dt == NDM_F32 ? (double)((float *)(buf))[i] : ((double *)(buf))[i])
+                    for (int64_t i = 0; i < n * k; i++)
+                        PUT(w[l], i, VAL());
+                    for (int64_t j = 0; j < n; j++)
+                        PUT(bias[l], j, VAL());
+                    for (int64_t p = 0; p < k; p++)
+                        PUT(x[l], p, VAL());
+                }
+                /* what this thread saw before (a freed B's address reused) forgotten */
+                small_products_elsewhere(dt, w[0], x[1], y[1]);
+                for (int call = 0; call < 5; call++)
+                    for (int l = 0; l < 3; l++) {
+                        int64_t n = shape[l][0], k = shape[l][1];
+                        bool tracked = n * k * (int64_t)es >= 64 * 1024;
+                        /* a new B starts forward, then alternates */
+                        bool rev = ndm__gemm_small_next_reversed(w[l]);
+                        if (rev != (tracked && call % 2 == 1))
+                            fail_msg("%s %s threads %d call %d weight %d: direction %d",
+                                     name, ndm_dtype_name(dt), threads, call, l, rev);
+                        ndm__gemm_epi e = {false, NULL, 0, bias[l], 1, true};
+                        assert_true(ndm__gemm_small(dt, 1, n, k, x[l], k, 1, w[l], 1, k, y[l], n,
+                                                    1, &e));
+                        if (call == 0) {
+                            memcpy(first[l], y[l], (size_t)n * es);
+                            double bound = (dt == NDM_F32 ? 1e-5 : 1e-13) * (1.0 + (double)k);
+                            for (int64_t j = 0; j < n; j++) {
+                                double want = GET(bias[l], j);
+                                for (int64_t p = 0; p < k; p++)
+                                    want += GET(x[l], p) * GET(w[l], j * k + p);
+                                double got = GET(y[l], j);
+                                if (want < -bound ? got != 0
+                                                  : !(fabs(got - (want < 0 ? 0 : want)) <= bound))
+                                    fail_msg("%s %s weight %d: y[%lld] = %.17g, want %.17g", name,
+                                             ndm_dtype_name(dt), l, (long long)j, got, want);
+                            }
+                        } else if (memcmp(first[l], y[l], (size_t)n * es) != 0) {
+                            fail_msg("%s %s threads %d call %d weight %d: not the first "
+                                     "call's bits", name, ndm_dtype_name(dt), threads, call, l);
+                        }
+                    }
+#undef VAL
+#undef PUT
+#undef GET
+                /* the thread keeps a few Bs: four other large ones push the
+                 * first out, and it starts forward again */
+                assert_true(ndm__gemm_small_next_reversed(w[0]));
+                small_products_elsewhere(dt, w[0], x[1], y[1]);
+                assert_false(ndm__gemm_small_next_reversed(w[0]));
+                for (int l = 0; l < 3; l++)
+                    free(w[l]), free(bias[l]), free(x[l]), free(y[l]), free(first[l]);
+            }
+    }
+    assert_true(ndm__cpu_isa_force(-1));
+    ndm__set_num_threads(keep);
+}
+
 /* With OpenBLAS, the products of a training step (a convolution's, a linear
  * layer's) run on ndm's pool, not the provider's; products it runs on the
  * calling thread and very large ones still go to it. */
@@ -823,6 +925,7 @@ int main(void)
         TEST(test_gemm_provider_is_named),
         TEST(test_gemm_small_path_every_level),
         TEST(test_linear_kernel_matches_float64),
+        TEST(test_gemm_small_direction_alternates_same_bits),
         TEST(test_gemm_step_products_avoid_provider_pool),
         TEST(test_gemm_mid_products_match_float64),
         TEST(test_gemm_provider_runs_on_calling_thread),

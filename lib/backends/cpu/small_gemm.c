@@ -1,6 +1,7 @@
 /* Small matrix products (batch-1 and small-batch inference): kernels that read
  * A and B where they lie, and the linear layer's forward with its epilogue. */
 
+#include "../../base/compiler.h"
 #include "gemm.h"
 #include "isa.h"
 #include "parallel.h"
@@ -25,6 +26,7 @@ typedef struct small_ctx {
     void *c;
     int64_t rsa, csa, rsb, csb, rsc, csc;
     ndm__gemm_epi e;
+    bool rev; /* the dot form takes its groups last to first */
 } small_ctx;
 
 /* The dot form's group of columns; the parallel split keeps groups whole. */
@@ -48,7 +50,37 @@ NDM__SMALL_OUT(double)
 /* The dot form's nj values r of row i from column j, through the epilogue.
  * A whole group with contiguous C and bias takes fixed-length loops the
  * compiler turns into a few vector instructions, the branches taken once. */
-#define NDM__SMALL_OUT8(T)                                                          static inline void out8_##T(const small_ctx *g, int64_t i, int64_t j, int64_t nj,                                 const T *r)                                         {                                                                                   const ndm__gemm_epi *e = &g->e;                                                 T *ci = (T *)g->c + i * g->rsc + j * g->csc;                                    if (nj < GROUP || g->csc != 1 || (e->cbias && e->scbias != 1)) {                    for (int64_t q = 0; q < nj; q++)                                                    out_##T(g, i, j + q, ci + q * g->csc, r[q]);                                return;                                                                     }                                                                               T v[GROUP];                                                                     if (e->acc) {                                                                       for (int q = 0; q < GROUP; q++)                                                     v[q] = ci[q] + r[q];                                                    } else {                                                                            T start = e->bias ? ((const T *)e->bias)[i * e->sbias] : (T)0;                  for (int q = 0; q < GROUP; q++)                                                     v[q] = start + r[q];                                                    }                                                                               if (e->cbias) {                                                                     const T *cb = (const T *)e->cbias + j;                                          for (int q = 0; q < GROUP; q++)                                                     v[q] += cb[q];                                                          }                                                                               if (e->relu)                                                                        for (int q = 0; q < GROUP; q++)                                                     v[q] = v[q] < 0 ? (T)0 : v[q];                                          for (int q = 0; q < GROUP; q++)                                                     ci[q] = v[q];                                                           }
+#define NDM__SMALL_OUT8(T)                                                      \
+    static inline void out8_##T(const small_ctx *g, int64_t i, int64_t j, int64_t nj, \
+                                const T *r)                                     \
+    {                                                                           \
+        const ndm__gemm_epi *e = &g->e;                                         \
+        T *ci = (T *)g->c + i * g->rsc + j * g->csc;                            \
+        if (nj < GROUP || g->csc != 1 || (e->cbias && e->scbias != 1)) {        \
+            for (int64_t q = 0; q < nj; q++)                                    \
+                out_##T(g, i, j + q, ci + q * g->csc, r[q]);                    \
+            return;                                                             \
+        }                                                                       \
+        T v[GROUP];                                                             \
+        if (e->acc) {                                                           \
+            for (int q = 0; q < GROUP; q++)                                     \
+                v[q] = ci[q] + r[q];                                            \
+        } else {                                                                \
+            T start = e->bias ? ((const T *)e->bias)[i * e->sbias] : (T)0;      \
+            for (int q = 0; q < GROUP; q++)                                     \
+                v[q] = start + r[q];                                            \
+        }                                                                       \
+        if (e->cbias) {                                                         \
+            const T *cb = (const T *)e->cbias + j;                              \
+            for (int q = 0; q < GROUP; q++)                                     \
+                v[q] += cb[q];                                                  \
+        }                                                                       \
+        if (e->relu)                                                            \
+            for (int q = 0; q < GROUP; q++)                                     \
+                v[q] = v[q] < 0 ? (T)0 : v[q];                                  \
+        for (int q = 0; q < GROUP; q++)                                         \
+            ci[q] = v[q];                                                       \
+    }
 NDM__SMALL_OUT8(float)
 NDM__SMALL_OUT8(double)
 
@@ -83,7 +115,8 @@ NDM__SMALL_POST(double)
         const T *a = g->a, *b = g->b;                                           \
         T *c = g->c;                                                            \
         for (int64_t i = 0; i < g->m; i++)                                      \
-            for (int64_t j = j0; j < j1; j++) {                                 \
+            for (int64_t t = j0; t < j1; t++) {                                 \
+                int64_t j = g->rev ? j0 + j1 - 1 - t : t;                       \
                 const T *ai = a + i * g->rsa, *bj = b + j * g->csb;             \
                 T s = 0;                                                        \
                 for (int64_t p = 0; p < g->k; p++)                              \
@@ -181,7 +214,9 @@ __attribute__((target("avx512f"))) static inline void red8_d_avx512(const __m512
         const T *a = g->a, *b = g->b;                                           \
         int64_t k = g->k, csb = g->csb, k1 = k / L * L, k2 = k / (2 * L) * (2 * L); \
         M tail = TAIL_MASK_##SUF##_##LVL(k - k1);                               \
-        for (int64_t j = j0; j < j1; j += GROUP) {                              \
+        int64_t groups = (j1 - j0 + GROUP - 1) / GROUP;                         \
+        for (int64_t t = 0; t < groups; t++) {                                  \
+            int64_t j = j0 + (g->rev ? groups - 1 - t : t) * GROUP;             \
             int64_t nj = j1 - j < GROUP ? j1 - j : GROUP;                       \
             const T *bq[GROUP];                                                 \
             for (int q = 0; q < GROUP; q++)                                     \
@@ -270,6 +305,57 @@ NDM__SMALL_SIMD(double, d, avx512, __m512d, 8, _mm512, pd, __mmask8, "avx512f")
 
 typedef void (*small_fn)(const small_ctx *g, int64_t j0, int64_t j1);
 
+/* ---- the dot form's direction ------------------------------------------------ */
+
+/* A model's weights can outgrow L2 (an MLP's 784x256 layer holds 800 KB, a
+ * core's L2 512 KB). Read first to last on every call, each call evicts the
+ * rows the next one starts with, and all of them come from L3; read in the
+ * other direction over the same B on every other call, the rows the last
+ * call read last, still in L2, come first. Each value's reduction is the
+ * same in both directions, so no bit of C changes. The calling thread keeps
+ * its few most recent large Bs, most recent first, each with the direction
+ * its last product took: no lock, no atomic, each thread alternates its
+ * own. Bs below DIR_MIN_BYTES stay in L2 anyway and take no slot. */
+#define DIR_SLOTS 4
+#define DIR_MIN_BYTES ((int64_t)64 * 1024)
+
+typedef struct dir_state {
+    const void *b[DIR_SLOTS];
+    unsigned rev; /* bit s: b[s]'s last product ran last to first */
+} dir_state;
+
+static _Thread_local dir_state dir NDM__TLS_MODEL;
+
+static int dir_find(const void *b)
+{
+    int s = 0;
+    while (s < DIR_SLOTS && dir.b[s] != b)
+        s++;
+    return s;
+}
+
+/* The direction of this product over b, recorded for the next one. */
+static bool dir_take(const void *b)
+{
+    int s = dir_find(b);
+    bool rev = s < DIR_SLOTS && !((dir.rev >> s) & 1u);
+    /* b to the front; those before its slot (or all, a new b evicting the
+     * oldest) one back */
+    int last = s < DIR_SLOTS ? s : DIR_SLOTS - 1;
+    for (int t = last; t > 0; t--)
+        dir.b[t] = dir.b[t - 1];
+    dir.b[0] = b;
+    unsigned below = (1u << last) - 1u, above = ~((2u << last) - 1u);
+    dir.rev = (dir.rev & above) | ((dir.rev & below) << 1) | (unsigned)rev;
+    return rev;
+}
+
+bool ndm__gemm_small_next_reversed(const void *b)
+{
+    int s = dir_find(b);
+    return s < DIR_SLOTS && !((dir.rev >> s) & 1u);
+}
+
 typedef struct small_job {
     small_ctx g;
     small_fn fn;
@@ -302,8 +388,9 @@ bool ndm__gemm_small(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const void *
     if (!dot && !axpy)
         return false;
     int level = ndm__cpu_isa_level();
-    small_job q = {{m, k, a, b, c, rsa, csa, rsb, csb, rsc, csc, *e}, NULL, n};
     bool s = dt == NDM_F32;
+    bool rev = dot && ((n - 1) * csb + k) * (s ? 4 : 8) >= DIR_MIN_BYTES && dir_take(b);
+    small_job q = {{m, k, a, b, c, rsa, csa, rsb, csb, rsc, csc, *e, rev}, NULL, n};
 #if NDM__CPU_X86
     if (level == NDM__CPU_ISA_AVX512)
         q.fn = dot ? (s ? small_dot_s_avx512 : small_dot_d_avx512)

@@ -34,6 +34,13 @@ bool ndm__gemm_small(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const void *
                      int64_t csa, const void *b, int64_t rsb, int64_t csb, void *c, int64_t rsc,
                      int64_t csc, const ndm__gemm_epi *e);
 
+/* Whether the calling thread's next dot-form product (B's columns
+ * contiguous) over the B at b runs its groups of columns last to first.
+ * Successive products over a B of 64 KiB or more alternate the direction,
+ * per thread, so that the rows the last one read last, still in L2, come
+ * first; the values are the same bits either way. */
+bool ndm__gemm_small_next_reversed(const void *b);
+
 /* The CPU backend's linear slot (linalg.h): y = x @ w^T + b, then relu. */
 ndm_status ndm__cpu_linear(int device, const ndm__tensor *y, const ndm__tensor *x,
                            const ndm__tensor *w, const ndm__tensor *b, bool relu);
