@@ -286,7 +286,7 @@ static void *worker_main(void *arg)
 #endif
     pthread_mutex_lock(&g->mu);
     for (;;) {
-        while (!g->stop && (!g->head || (g->defer && !g->waiting)))
+        while (!g->stop && (!g->head || (g->defer && g->head->seq > g->want)))
             pthread_cond_wait(&g->work, &g->mu);
         if (!g->head)
             break;
@@ -349,7 +349,7 @@ ndm_status ndm__dist_post(ndm__dist_group *g, ndm__dist_job *j, const char *api,
          * spinning on top of the all-reduce. It then runs the jobs only
          * while this thread waits for them. */
         g->defer = !spare_core(g);
-        g->waiting = false;
+        g->want = 0;
         if (pthread_create(&g->thread, NULL, worker_main, g))
             return ndm__fail(NDM_E_OOM, api, site, "cannot start the communication thread");
         g->worker = true;
@@ -384,13 +384,13 @@ static ndm_status wait_done(ndm__dist_group *g, uint64_t upto, const char *api, 
             dl.tv_nsec -= 1000000000L;
         }
         int rc = 0;
-        g->waiting = true;
+        g->want = upto;
         pthread_cond_signal(&g->work);
         atomic_store_explicit(&draining, true, memory_order_relaxed);
         while (g->done < upto && rc != ETIMEDOUT)
             rc = pthread_cond_timedwait(&g->idle, &g->mu, &dl);
         atomic_store_explicit(&draining, false, memory_order_relaxed);
-        g->waiting = false;
+        g->want = 0;
     }
     bool late = g->done < upto;
     /* broken: the jobs left run whenever their ranks come, not only

@@ -62,9 +62,10 @@ typedef struct ndm__dist_group {
     ndm__dist_job *head, *tail;
     ndm__dist_job *current;   /* the job inside MPI now */
     uint64_t posted, done;
-    /* no core of its own (defer): the worker runs jobs only while the
-     * posting thread waits for them (waiting), not against its compute */
-    bool defer, waiting;
+    /* no core of its own (defer): the worker runs a job only while the
+     * posting thread waits for it (seq <= want), not against its compute */
+    bool defer;
+    uint64_t want;
     int failed_rc;            /* an MPI error in a job, told by the next drain */
     bool stop;
     /* NCCL communicators of the CUDA module, per device, made by the first
