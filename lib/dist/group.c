@@ -395,8 +395,10 @@ static ndm_status wait_done(ndm__dist_group *g, uint64_t upto, const char *api, 
     bool late = g->done < upto;
     /* broken: the jobs left run whenever their ranks come, not only
      * while this thread waits */
-    if (late)
+    if (late && g->defer) {
         g->defer = false;
+        pthread_cond_signal(&g->work);
+    }
     /* after a timeout: the arrays the worker may still write, kept below */
     int nkeep = 0;
     ndm_array *keep = NULL;
