@@ -311,8 +311,10 @@ static void *worker_main(void *arg)
         if (rc != MPI_SUCCESS && !g->failed_rc)
             g->failed_rc = rc;
         g->done++;
-        /* a waiter may want this job, not all of them */
-        pthread_cond_signal(&g->idle);
+        /* the waiter, once the job it waits for is done (not every job:
+         * each wake-up takes the core from the next job) */
+        if (g->want && g->done >= g->want)
+            pthread_cond_signal(&g->idle);
     }
     pthread_mutex_unlock(&g->mu);
     return NULL;
