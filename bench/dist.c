@@ -2,7 +2,8 @@
  * rank). What the agreement alone costs, all-reduce bus bandwidth of
  * ndm_all_reduce_ against a bare MPI_Allreduce of the same buffers, the
  * share of all-reduce time hidden behind backward in an MLP step, and
- * steps/s of one process against two at the same global batch. */
+ * steps/s of one process against two at the same global batch (the
+ * argument "overlap": the hidden share alone). */
 #include <math.h>
 #include <mpi.h>
 #include <sched.h>
@@ -348,8 +349,12 @@ static void scaling(bench_report *rep, bool quick, double one)
 int main(int argc, char **argv)
 {
     bench_opts o = bench_parse(argc, argv);
+    /* "overlap": that part alone (measuring changes to the step) */
+    bool only_overlap = false;
+    for (int i = 1; i < argc; i++)
+        only_overlap |= !strcmp(argv[i], "overlap");
     /* before MPI: a process that forks after MPI_Init is on its own */
-    double one = one_process(o.quick);
+    double one = only_overlap ? 0 : one_process(o.quick);
     if (ndm_dist_init() != NDM_OK) {
         fprintf(stderr, "bench/dist: %s\n", ndm_last_error());
         return 1;
@@ -363,10 +368,13 @@ int main(int argc, char **argv)
     }
     static bench_report rep;
     rep.o = o;
-    agreement(&rep, o.quick);
-    bandwidth(&rep, o.quick);
+    if (!only_overlap) {
+        agreement(&rep, o.quick);
+        bandwidth(&rep, o.quick);
+    }
     overlap(&rep, o.quick);
-    scaling(&rep, o.quick, one);
+    if (!only_overlap)
+        scaling(&rep, o.quick, one);
     char note[256];
     snprintf(note, sizeof note,
              "%d processes on one machine over shared memory; every figure is the slowest rank's",

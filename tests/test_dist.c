@@ -1057,6 +1057,125 @@ static void test_collective_on_cuda_arrays_without_nccl_is_unsupported_on_every_
     assert_ok(ndm_dist_barrier());
 }
 
+/* ---- the step per bucket ------------------------------------------------------------------- */
+
+/* One data-parallel step of net on this rank's batch (input value R + k). */
+static void ddp_step_on(ndm_manager m, ndm_module net, ndm_ddp d, int k)
+{
+    ndm_manager batch = ndm_manager_new(m, "batch");
+    ndm_array x = ndm_full(batch, NDM_F32, (R + 1) * 0.25 + k, 2, (int64_t[]){4, IN});
+    ndm_array y = ndm_full(batch, NDM_I64, (R + k) % CLASSES, 1, (int64_t[]){4});
+    assert_ok(ndm_grad_begin(batch));
+    ndm_array loss = ndm_cross_entropy(ndm_forward(net, x), y);
+    assert_live(loss);
+    assert_ok(ndm_ddp_backward(d, loss));
+    (void)ndm_grad_end();
+    assert_ok(ndm_ddp_step(d));
+    assert_ok(ndm_manager_close(batch));
+}
+
+/* An optimizer over the net's parameters steps them bucket by bucket, the
+ * buckets before the last while the last is on the wire; one that also
+ * steps an array outside the net takes the whole step after the last
+ * bucket. The same buckets (so the same all-reduces) and the same steps
+ * give the same bits either way, with Adam's step count taken once. */
+static void test_ddp_step_per_bucket_gives_the_bits_of_the_whole_step(void **state)
+{
+    ndm_manager m = ROOT(state);
+    for (int adam = 0; adam < 2; adam++) {
+        ndm_manager ma = ndm_manager_new(m, "per-bucket");
+        ndm_manager mb = ndm_manager_new(m, "whole");
+        ndm_module na = mlp(ma), nb = mlp(mb);
+        ndm_array pa[5], pb[5];
+        assert_int_equal(ndm_module_parameters(na, pa, 4), 4);
+        assert_int_equal(ndm_module_parameters(nb, pb, 4), 4);
+        pb[4] = ndm_zeros(mb, NDM_F32, 1, (int64_t[]){3});
+        assert_ok(ndm_requires_grad(pb[4]));
+        ndm_optimizer oa = adam ? ndm_adam(ma, na, 0.01, 0.9, 0.999, 1e-8, 0.01)
+                                : ndm_sgd(ma, na, 0.1, 0.9, 0.01);
+        ndm_optimizer ob = adam ? ndm_adam_params(mb, 5, pb, 0.01, 0.9, 0.999, 1e-8, 0.01)
+                                : ndm_sgd_params(mb, 5, pb, 0.1, 0.9, 0.01);
+        ndm_ddp da = ndm_ddp_new(ma, na, oa, &(ndm_ddp_options){.bucket_bytes = 1});
+        ndm_ddp db = ndm_ddp_new(mb, nb, ob, &(ndm_ddp_options){.bucket_bytes = 1});
+        assert_int_equal(ndm_ddp_buckets(da), 4);
+        assert_int_equal(ndm_ddp_buckets(db), 4);
+        double *start = values(pa[0]);
+        for (int k = 0; k < 4; k++) {
+            ddp_step_on(m, na, da, k);
+            ddp_step_on(m, nb, db, k);
+        }
+        for (int i = 0; i < 4; i++) {
+            int64_t n = ndm_array_size(pa[i]);
+            double *a = values(pa[i]), *b = values(pb[i]);
+            for (int64_t j = 0; j < n; j++)
+                if (memcmp(&a[j], &b[j], sizeof a[j]))
+                    fail_msg("%s, parameter %d element %lld: %.17g per bucket, %.17g whole",
+                             adam ? "adam" : "sgd", i, (long long)j, a[j], b[j]);
+            if (i == 0) /* the steps moved it */
+                assert_true(memcmp(a, start, (size_t)n * sizeof *a) != 0);
+            free(a);
+            free(b);
+        }
+        free(start);
+        assert_ok(ndm_manager_close(mb));
+        assert_ok(ndm_manager_close(ma));
+    }
+}
+
+/* With the step per bucket, a rank that fails still ends the step on every
+ * rank with its message before any rank steps a bucket: every parameter
+ * keeps its values. The next step goes on. */
+static void test_ddp_step_per_bucket_failing_rank_ends_the_step_on_every_rank(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_manager model = ndm_manager_new(m, "model");
+    ndm_module net = mlp(model);
+    ndm_optimizer opt = ndm_adam(model, net, 0.01, 0.9, 0.999, 1e-8, 0.0);
+    ndm_ddp d = ndm_ddp_new(model, net, opt, &(ndm_ddp_options){.bucket_bytes = 1});
+    assert_int_equal(ndm_ddp_buckets(d), 4);
+    ndm_array p[4];
+    assert_int_equal(ndm_module_parameters(net, p, 4), 4);
+    double *before[4];
+    for (int i = 0; i < 4; i++)
+        before[i] = values(p[i]);
+    for (int round = 0; round < 3; round++) {
+        /* round 0: the last rank's forward fails; round 1: the first rank
+         * steps without backward; round 2: all well */
+        bool bad = (round == 0 && R == S - 1) || (round == 1 && R == 0);
+        ndm_manager batch = ndm_manager_new(m, "batch");
+        ndm_array x = ndm_zeros(batch, NDM_F32, 2, (int64_t[]){8, round == 0 && bad ? IN + 1 : IN});
+        ndm_array y = ndm_zeros(batch, NDM_I64, 1, (int64_t[]){8});
+        ndm_clear_error();
+        assert_ok(ndm_grad_begin(batch));
+        ndm_array loss = ndm_cross_entropy(ndm_forward(net, x), y);
+        ndm_status st = round == 1 && bad ? NDM_OK : ndm_ddp_backward(d, loss);
+        (void)ndm_grad_end();
+        assert_true(round == 0 && bad ? st < 0 : st == NDM_OK);
+        st = ndm_ddp_step(d);
+        if (round < 2) {
+            assert_int_equal(st, round == 0 ? NDM_E_SHAPE : NDM_E_INVALID);
+            char want[32];
+            snprintf(want, sizeof want, "rank %d: ", round == 0 ? S - 1 : 0);
+            assert_error_has(want);
+            for (int i = 0; i < 4; i++) { /* no rank stepped any bucket */
+                double *now = values(p[i]);
+                assert_memory_equal(before[i], now,
+                                    (size_t)ndm_array_size(p[i]) * sizeof *now);
+                free(now);
+            }
+        } else {
+            assert_ok(st);
+            double *now = values(p[3]); /* the first bucket's parameter moved */
+            assert_true(memcmp(before[3], now, (size_t)ndm_array_size(p[3]) * sizeof *now));
+            free(now);
+        }
+        assert_ok(ndm_manager_close(batch));
+    }
+    for (int i = 0; i < 4; i++)
+        free(before[i]);
+    assert_ok(ndm_manager_close(model));
+}
+
 int main(int argc, char **argv)
 {
     if (ndm_dist_init() != NDM_OK) {
@@ -1097,6 +1216,8 @@ int main(int argc, char **argv)
         TEST(test_all_reduce_carried_against_other_sizes_fails_on_every_rank),
         TEST(test_all_reduce_one_strided_rank_among_carrying_ones_matches_the_reference),
         TEST(test_ddp_of_a_cuda_model_is_unsupported_on_every_rank),
+        TEST(test_ddp_step_per_bucket_gives_the_bits_of_the_whole_step),
+        TEST(test_ddp_step_per_bucket_failing_rank_ends_the_step_on_every_rank),
     };
     const struct CMUnitTest no_nccl[] = {
         TEST(test_collective_on_cuda_arrays_without_nccl_is_unsupported_on_every_rank),

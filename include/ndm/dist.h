@@ -65,6 +65,17 @@
  * spin on a core backward wants while a rank is late (once ndm_ddp_step()
  * waits, it yields the core between polls instead); each bucket carries a
  * failure flag, and the messages are exchanged only when a flag is set.
+ * By choice, when the process has no core for the thread besides its
+ * compute threads (NDM_NUM_THREADS, or one per core of its affinity mask;
+ * an unbound mask counts as shared by the node's ranks), the thread runs
+ * the buckets only while ndm_ddp_step() (or another collective) waits for
+ * them: sharing the core with backward would cost the step more than the
+ * all-reduce, as MPI spins while a peer computes. When the optimizer steps
+ * exactly the wrapper's parameters and there are several buckets, the last
+ * bucket's flag goes out alone before it, and once it says that no rank
+ * failed, ndm_ddp_step() takes the optimizer step of the other buckets
+ * while the last (the first layer's gradients, the last that backward
+ * makes) is on the wire; the result has the bits of the whole step.
  * ndm_ddp_step() waits for the buckets, bounded by the same timeout; after
  * a timeout the group keeps (views of) the buckets still in flight or not
  * yet started and lets them run when the late ranks come, so closing the

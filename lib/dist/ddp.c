@@ -1,6 +1,7 @@
 /* Data-parallel training: gradients are views of communication buckets,
  * so backward accumulates straight into them; each bucket goes to the
- * communication thread as soon as backward has finished its gradients. */
+ * communication thread as soon as backward has finished its gradients,
+ * and the step of the buckets that are in runs while the last is out. */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,13 @@ typedef struct ddp {
     int64_t *offset;         /* element offset in the bucket */
     bool *ready;
     bucket *b;
+    /* the step per bucket (stepwise): the last bucket's failure flag goes
+     * out alone just before the bucket, so that the step of the others can
+     * run while the last is on the wire, once no rank failed */
+    bool stepwise;
+    int *oidx;               /* each parameter's index in the optimizer */
+    ndm__dist_job status_job;
+    bool status_out;         /* posted this step, or all-reduced in place */
     int next_post;           /* buckets are posted in order, the same on every rank */
     bool in_step;            /* backward ran, step not yet */
     ndm_status failed;       /* this rank's failure this step */
@@ -77,6 +85,7 @@ static void ddp_destroy(void *p)
     free(d->offset);
     free(d->ready);
     free(d->b);
+    free(d->oidx);
     free(d);
 }
 
@@ -96,6 +105,33 @@ NDM_API int ndm_ddp_buckets(ndm_ddp h)
 {
     ddp *d = lookup(h, __func__, NDM__NO_SITE);
     return d ? d->nb : ndm_last_status();
+}
+
+/* The step per bucket, when the optimizer steps exactly the net's
+ * parameters (each once) and there are buckets to overlap: else the whole
+ * step after the last bucket. */
+static ndm_status plan_steps(ddp *d, const char *api, ndm__site site)
+{
+    if (d->nb < 2 || ndm__optimizer_count(d->opt) != d->np)
+        return NDM_OK;
+    d->oidx = malloc((size_t)d->np * sizeof *d->oidx);
+    bool *seen = calloc((size_t)d->np, sizeof *seen);
+    if (!d->oidx || !seen) {
+        free(seen);
+        return ndm__fail(NDM_E_OOM, api, site, "no memory for the bucket plan");
+    }
+    bool ok = true;
+    for (int i = 0; i < d->np && ok; i++) {
+        int k = ndm__optimizer_find(d->opt, d->params[i]);
+        ok = k >= 0 && !seen[k];
+        if (ok) {
+            seen[k] = true;
+            d->oidx[i] = k;
+        }
+    }
+    free(seen);
+    d->stepwise = ok;
+    return NDM_OK;
 }
 
 /* Lay out the buckets: parameters in reverse order (backward finishes the
@@ -162,7 +198,7 @@ static ndm_status plan(ddp *d, int64_t cap_bytes, const char *api, ndm__site sit
         d->orig[i] = ndm__ag_set_grad(d->params[i], v);
         d->grads[i] = v;
     }
-    return NDM_OK;
+    return plan_steps(d, api, site);
 }
 
 #define CUDA_MODEL                                                                          \
@@ -297,13 +333,17 @@ static void note_failure(ddp *d, ndm_status st);
 static void post(ddp *d, bucket *b)
 {
     ndm__dist_group *g = ndm__dist_group_get("ndm_ddp_backward", NDM__NO_SITE);
-    set_flag(b, d->failed < 0);
+    /* stepwise, the last bucket's flag went out before it (post_status) */
+    bool flag_out = d->stepwise && b == &d->b[d->nb - 1];
+    if (!flag_out)
+        set_flag(b, d->failed < 0);
     b->posted = true;
     if (!g)
         return; /* broken: the step says so */
     ndm__array *r = ndm__array_peek(b->buf);
-    b->job = (ndm__dist_job){ndm__array_ptr(r), (int)(b->numel + 1), ndm__dist_mpi_type(b->dtype),
-                             ndm__dist_mpi_op(b->dtype, NDM_DIST_SUM), b->buf, false, NULL};
+    b->job = (ndm__dist_job){ndm__array_ptr(r), (int)(b->numel + !flag_out),
+                             ndm__dist_mpi_type(b->dtype), ndm__dist_mpi_op(b->dtype, NDM_DIST_SUM),
+                             b->buf, false, NULL, 0};
     if (ndm__dist_post(g, &b->job, "ndm_ddp_backward", NDM__NO_SITE) < 0) {
         /* no thread (MPI_THREAD_SINGLE or FUNNELED, or none could start):
          * this bucket goes now, from here, without overlap */
@@ -314,12 +354,42 @@ static void post(ddp *d, bucket *b)
     }
 }
 
-/* Post every bucket whose gradients are all in, in order (the same order
- * on every rank). */
-static void post_ready(ddp *d)
+/* Every rank's status of the step (stepwise): the last bucket's failure
+ * flag, all-reduced alone. */
+static void post_status(ddp *d)
 {
-    while (d->next_post < d->nb && d->b[d->next_post].pending == 0)
+    ndm__dist_group *g = ndm__dist_group_get("ndm_ddp_backward", NDM__NO_SITE);
+    bucket *b = &d->b[d->nb - 1];
+    set_flag(b, d->failed < 0);
+    if (!g)
+        return; /* broken: the step says so */
+    ndm__array *r = ndm__array_peek(b->buf);
+    char *p = (char *)ndm__array_ptr(r) + b->numel * (int64_t)ndm_dtype_size(b->dtype);
+    MPI_Datatype t = ndm__dist_mpi_type(b->dtype);
+    MPI_Op op = ndm__dist_mpi_op(b->dtype, NDM_DIST_SUM);
+    d->status_job = (ndm__dist_job){p, 1, t, op, b->buf, false, NULL, 0};
+    d->status_out = true;
+    if (ndm__dist_post(g, &d->status_job, "ndm_ddp_backward", NDM__NO_SITE) < 0 &&
+        MPI_Allreduce(MPI_IN_PLACE, p, 1, t, op, g->comm) != MPI_SUCCESS) {
+        d->status_out = false;
+        note_failure(d, ndm__fail(NDM_E_IO, "ndm_ddp_backward", NDM__NO_SITE,
+                                  "MPI_Allreduce failed"));
+    }
+}
+
+/* Post every bucket whose gradients are all in, in order (the same order
+ * on every rank). Stepwise, the last one waits for the end of backward
+ * (`finishing`), behind the status: a rank may still fail before then. */
+static void post_ready(ddp *d, bool finishing)
+{
+    while (d->next_post < d->nb && d->b[d->next_post].pending == 0) {
+        if (d->stepwise && d->next_post == d->nb - 1) {
+            if (!finishing)
+                return;
+            post_status(d);
+        }
         post(d, &d->b[d->next_post++]);
+    }
 }
 
 static void take(ddp *d, int i)
@@ -337,7 +407,7 @@ static void on_ready(void *ud, ndm_array grad)
     for (int i = 0; i < d->np; i++)
         if (d->grads[i].id == grad.id) {
             take(d, i);
-            post_ready(d);
+            post_ready(d, false);
             return;
         }
 }
@@ -348,6 +418,7 @@ static void start_step(ddp *d)
     d->failed = NDM_OK;
     d->msg[0] = 0;
     d->next_post = 0;
+    d->status_out = false;
     for (int i = 0; i < d->np; i++)
         d->ready[i] = false;
     for (int k = 0; k < d->nb; k++) {
@@ -371,7 +442,7 @@ static void finish_posting(ddp *d)
 {
     for (int i = 0; i < d->np; i++)
         take(d, i);
-    post_ready(d);
+    post_ready(d, true);
 }
 
 NDM_API ndm_status ndm_ddp_backward_at(NDM_SITE_PARAMS, ndm_ddp h, ndm_array loss)
@@ -414,6 +485,27 @@ NDM_API ndm_status ndm_ddp_backward_at(NDM_SITE_PARAMS, ndm_ddp h, ndm_array los
     return st;
 }
 
+static bool buckets_live(const ddp *d, int k0, int n)
+{
+    for (int k = k0; k < k0 + n; k++)
+        if (!ndm__array_peek(d->b[k].buf))
+            return false;
+    return true;
+}
+
+/* The optimizer step of buckets k0 .. k0+n-1, then their gradients zeroed
+ * (`start`: the step's first part). */
+static ndm_status step_buckets(ddp *d, int k0, int n, bool start)
+{
+    int first = d->b[k0].first, count = 0;
+    for (int k = k0; k < k0 + n; k++)
+        count += d->b[k].count;
+    ndm_status st = ndm__optimizer_step_some(d->opt, d->oidx + first, count, start);
+    if (st == NDM_OK)
+        st = ndm_zero_grad((size_t)count, d->params + first);
+    return st;
+}
+
 NDM_API ndm_status ndm_ddp_step_at(NDM_SITE_PARAMS, ndm_ddp h)
 {
     ndm__site site = NDM__SITE;
@@ -432,10 +524,33 @@ NDM_API ndm_status ndm_ddp_step_at(NDM_SITE_PARAMS, ndm_ddp h)
         finish_posting(d);
     }
     /* bounded; on a timeout the group keeps the buckets MPI may still write */
-    ndm_status st = ndm__dist_drain(g, api, site);
+    ndm_status st = NDM_OK, early = NDM_OK;
+    bool stepped = false;
+    if (d->stepwise && d->status_out && d->failed == NDM_OK) {
+        /* the buckets before the last are in when the status is */
+        st = ndm__dist_wait_job(g, d->status_job.seq, api, site);
+        /* the flag only: the worker may be writing the rest of the bucket */
+        if (st == NDM_OK && buckets_live(d, 0, d->nb) && !flag_set(&d->b[d->nb - 1])) {
+            /* no rank failed: the step of these, while the last is out */
+            early = step_buckets(d, 0, d->nb - 1, true);
+            stepped = true;
+        }
+    }
+    if (st == NDM_OK)
+        st = ndm__dist_drain(g, api, site);
     d->in_step = false;
     if (st < 0)
         return st;
+    if (stepped) {
+        /* the optimizer's own failure is this rank's, as the whole step's */
+        if (early < 0)
+            return early;
+        if (d->failed < 0) /* the last bucket's all-reduce, made here, failed */
+            return ndm__fail(d->failed, api, site, "%s", d->msg);
+        if (!buckets_live(d, d->nb - 1, 1))
+            return ndm__fail(NDM_E_CLOSED, api, site, "a bucket was released");
+        return step_buckets(d, d->nb - 1, 1, false);
+    }
     bool any_failed = false;
     for (int k = 0; k < d->nb; k++) {
         if (!ndm__array_peek(d->b[k].buf))

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #ifdef __linux__
 #include <sys/prctl.h>
 #endif
@@ -20,6 +21,7 @@
 #include "ndm/elementwise.h"
 #include "ndm/manager.h"
 #include "ndm/view.h"
+#include "../backends/cpu/parallel.h"
 #include "../base/convert_scalar.h"
 #include "../ops/dispatch.h"
 
@@ -90,11 +92,16 @@ NDM_API ndm_status ndm_dist_init(void)
     if (MPI_Comm_split_type(group.comm, MPI_COMM_TYPE_SHARED, group.rank, MPI_INFO_NULL, &local) ==
         MPI_SUCCESS) {
         MPI_Comm_rank(local, &group.local_rank);
+        MPI_Comm_size(local, &group.local_size);
         MPI_Comm_free(&local);
     } else {
         const char *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+        const char *ls = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
         group.local_rank = lr ? atoi(lr) : 0;
+        group.local_size = ls ? atoi(ls) : 1;
     }
+    if (group.local_size < 1)
+        group.local_size = 1;
     group.timeout_s = timeout;
     pthread_mutex_init(&group.mu, NULL);
     pthread_cond_init(&group.work, NULL);
@@ -279,7 +286,7 @@ static void *worker_main(void *arg)
 #endif
     pthread_mutex_lock(&g->mu);
     for (;;) {
-        while (!g->head && !g->stop)
+        while (!g->stop && (!g->head || (g->defer && g->head->seq > g->want)))
             pthread_cond_wait(&g->work, &g->mu);
         if (!g->head)
             break;
@@ -304,11 +311,33 @@ static void *worker_main(void *arg)
         if (rc != MPI_SUCCESS && !g->failed_rc)
             g->failed_rc = rc;
         g->done++;
-        if (g->done == g->posted)
+        /* the waiter, once the job it waits for is done (not every job:
+         * each wake-up takes the core from the next job) */
+        if (g->want && g->done >= g->want)
             pthread_cond_signal(&g->idle);
     }
     pthread_mutex_unlock(&g->mu);
     return NULL;
+}
+
+/* Is there a core for the worker besides the compute threads? The cores
+ * this process may run on, shared by the node's ranks when unbound (a mask
+ * of every online core), against the pool's threads plus the worker. */
+static bool spare_core(const ndm__dist_group *g)
+{
+#ifdef __linux__
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) != 0)
+        return true;
+    long cores = CPU_COUNT(&set), online = sysconf(_SC_NPROCESSORS_ONLN);
+    long want = ndm__num_threads() + 1L;
+    if (cores >= online)
+        want *= g->local_size;
+    return cores >= want;
+#else
+    (void)g;
+    return true;
+#endif
 }
 
 ndm_status ndm__dist_post(ndm__dist_group *g, ndm__dist_job *j, const char *api, ndm__site site)
@@ -316,6 +345,13 @@ ndm_status ndm__dist_post(ndm__dist_group *g, ndm__dist_job *j, const char *api,
     if (!g->worker) {
         if (!g->threads_ok)
             return NDM_E_UNSUPPORTED;
+        /* Without a core of its own the worker would take turns with
+         * backward on its core: OpenMPI's all-reduce spins while it waits
+         * for a peer that is itself computing, and the step pays for the
+         * spinning on top of the all-reduce. It then runs the jobs only
+         * while this thread waits for them. */
+        g->defer = !spare_core(g);
+        g->want = 0;
         if (pthread_create(&g->thread, NULL, worker_main, g))
             return ndm__fail(NDM_E_OOM, api, site, "cannot start the communication thread");
         g->worker = true;
@@ -327,18 +363,19 @@ ndm_status ndm__dist_post(ndm__dist_group *g, ndm__dist_job *j, const char *api,
     else
         g->head = j;
     g->tail = j;
-    g->posted++;
+    j->seq = ++g->posted;
     pthread_cond_signal(&g->work);
     pthread_mutex_unlock(&g->mu);
     return NDM_OK;
 }
 
-ndm_status ndm__dist_drain(ndm__dist_group *g, const char *api, ndm__site site)
+/* Wait until the worker has run `upto` jobs (ndm__dist_wait_job). */
+static ndm_status wait_done(ndm__dist_group *g, uint64_t upto, const char *api, ndm__site site)
 {
     if (!g->worker)
         return NDM_OK;
     pthread_mutex_lock(&g->mu);
-    if (g->done != g->posted) {
+    if (g->done < upto) {
         struct timespec dl;
         clock_gettime(CLOCK_REALTIME, &dl);
         double s = floor(g->timeout_s);
@@ -349,12 +386,21 @@ ndm_status ndm__dist_drain(ndm__dist_group *g, const char *api, ndm__site site)
             dl.tv_nsec -= 1000000000L;
         }
         int rc = 0;
+        g->want = upto;
+        pthread_cond_signal(&g->work);
         atomic_store_explicit(&draining, true, memory_order_relaxed);
-        while (g->done != g->posted && rc != ETIMEDOUT)
+        while (g->done < upto && rc != ETIMEDOUT)
             rc = pthread_cond_timedwait(&g->idle, &g->mu, &dl);
         atomic_store_explicit(&draining, false, memory_order_relaxed);
+        g->want = 0;
     }
-    bool late = g->done != g->posted;
+    bool late = g->done < upto;
+    /* broken: the jobs left run whenever their ranks come, not only
+     * while this thread waits */
+    if (late && g->defer) {
+        g->defer = false;
+        pthread_cond_signal(&g->work);
+    }
     /* after a timeout: the arrays the worker may still write, kept below */
     int nkeep = 0;
     ndm_array *keep = NULL;
@@ -406,6 +452,16 @@ ndm_status ndm__dist_drain(ndm__dist_group *g, const char *api, ndm__site site)
     if (failed)
         return ndm__fail(NDM_E_IO, api, site, "MPI_Allreduce failed (MPI error %d)", failed);
     return NDM_OK;
+}
+
+ndm_status ndm__dist_drain(ndm__dist_group *g, const char *api, ndm__site site)
+{
+    return wait_done(g, g->posted, api, site);
+}
+
+ndm_status ndm__dist_wait_job(ndm__dist_group *g, uint64_t seq, const char *api, ndm__site site)
+{
+    return wait_done(g, seq, api, site);
 }
 
 /* ---- agreement ------------------------------------------------------------------------------ */

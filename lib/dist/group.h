@@ -34,6 +34,7 @@ typedef struct ndm__dist_job {
     ndm_array buf;            /* the array p is in: kept by the group after a timeout */
     bool owned;               /* the group's copy, freed once run */
     struct ndm__dist_job *next;
+    uint64_t seq;             /* its place among the posted jobs, set by ndm__dist_post() */
 } ndm__dist_job;
 
 /* The group, or NULL with NDM_E_UNSUPPORTED/NDM_E_INVALID (not joined) or
@@ -41,6 +42,7 @@ typedef struct ndm__dist_job {
 typedef struct ndm__dist_group {
     MPI_Comm comm;
     int rank, size, local_rank;
+    int local_size;           /* the ranks on this node */
     bool we_initialised;
     double timeout_s;
     bool broken;
@@ -60,6 +62,10 @@ typedef struct ndm__dist_group {
     ndm__dist_job *head, *tail;
     ndm__dist_job *current;   /* the job inside MPI now */
     uint64_t posted, done;
+    /* no core of its own (defer): the worker runs a job only while the
+     * posting thread waits for it (seq <= want), not against its compute */
+    bool defer;
+    uint64_t want;
     int failed_rc;            /* an MPI error in a job, told by the next drain */
     bool stop;
     /* NCCL communicators of the CUDA module, per device, made by the first
@@ -98,6 +104,9 @@ ndm_status ndm__dist_post(ndm__dist_group *g, ndm__dist_job *j, const char *api,
  * caller's are not read after that; late ranks still meet them) and
  * returns NDM_E_TIMEOUT. */
 ndm_status ndm__dist_drain(ndm__dist_group *g, const char *api, ndm__site site);
+/* The same until the worker has run the job whose seq is `seq` and those
+ * before it (jobs run in the order posted): the later ones may still run. */
+ndm_status ndm__dist_wait_job(ndm__dist_group *g, uint64_t seq, const char *api, ndm__site site);
 
 /* MPI's datatype and operation for a dtype and ndm_dist_op (MEAN: SUM, the
  * division is the caller's). f16 and bf16 use ops of ndm's own. */

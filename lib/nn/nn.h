@@ -23,4 +23,14 @@ ndm_array ndm__module_run(ndm_module m, ndm_array x, const char *api, ndm__site 
  * through a transfer into `scratch`, released before return. */
 ndm_status ndm__nn_copy_into(ndm__site site, ndm_manager scratch, ndm_array dst, ndm_array src);
 
+/* The optimizer's parameter count (or the handle's error), and the index
+ * of `param` among its parameters (-1 when it has none such). */
+int ndm__optimizer_count(ndm_optimizer h);
+int ndm__optimizer_find(ndm_optimizer h, ndm_array param);
+/* ndm_optimizer_step() over the parameters idx[0..n-1] only. `start`
+ * begins a step (Adam counts it for its bias correction): true on a step's
+ * first subset, false on the others. Subsets that cover every parameter
+ * once give the bits of ndm_optimizer_step(). */
+ndm_status ndm__optimizer_step_some(ndm_optimizer h, const int *idx, int n, bool start);
+
 #endif

@@ -312,6 +312,41 @@ NDM_API ndm_status ndm_optimizer_step(ndm_optimizer h)
     return NDM_OK;
 }
 
+int ndm__optimizer_count(ndm_optimizer h)
+{
+    optimizer *o = get(h, "ndm_optimizer_step");
+    return o ? o->n : ndm_last_status();
+}
+
+int ndm__optimizer_find(ndm_optimizer h, ndm_array param)
+{
+    optimizer *o = get(h, "ndm_optimizer_step");
+    for (int i = 0; o && i < o->n; i++)
+        if (o->param[i].id == param.id)
+            return i;
+    return -1;
+}
+
+ndm_status ndm__optimizer_step_some(ndm_optimizer h, const int *idx, int n, bool start)
+{
+    optimizer *o = get(h, "ndm_optimizer_step");
+    if (!o)
+        return ndm_last_status();
+    /* each parameter's update reads only its own state: the subsets of a
+     * step give the bits of the whole step, in any order */
+    if (start)
+        o->t++;
+    for (int k = 0; k < n; k++) {
+        if (idx[k] < 0 || idx[k] >= o->n)
+            return ndm__fail(NDM_E_INTERNAL, "ndm_optimizer_step", NDM__NO_SITE,
+                             "parameter index %d of %d", idx[k], o->n);
+        ndm_status st = o->a == SGD ? sgd_step(o, idx[k]) : adam_step(o, idx[k]);
+        if (st < 0)
+            return st;
+    }
+    return NDM_OK;
+}
+
 NDM_API ndm_status ndm_optimizer_zero_grad(ndm_optimizer h)
 {
     optimizer *o = get(h, __func__);
