@@ -414,22 +414,26 @@ static bool pack_b_fast_double(double *restrict dst, const double *b, int64_t rs
     return false;
 }
 
-/* Copy mr values of a contiguous run: a call to memcpy per panel row cost
- * more than the copy; fixed sizes compile to a few moves. */
-#define NDM__COPY_MR(T)                                                         \
-    static inline void copy_mr_##T(T *restrict dst, const T *src, int mr)      \
+/* Copy one panel row (mr or nr values) of a contiguous run: a call to
+ * memcpy per panel row cost more than the copy; the panel widths are fixed
+ * sizes that compile to a few moves. */
+#define NDM__COPY_RUN(T)                                                        \
+    static inline void copy_run_##T(T *restrict dst, const T *src, int len)    \
     {                                                                           \
-        switch (mr) {                                                           \
+        switch (len) {                                                          \
         case 4: memcpy(dst, src, 4 * sizeof(T)); break;                         \
         case 6: memcpy(dst, src, 6 * sizeof(T)); break;                         \
+        case 8: memcpy(dst, src, 8 * sizeof(T)); break;                         \
         case 12: memcpy(dst, src, 12 * sizeof(T)); break;                       \
+        case 16: memcpy(dst, src, 16 * sizeof(T)); break;                       \
+        case 32: memcpy(dst, src, 32 * sizeof(T)); break;                       \
         default:                                                                \
-            for (int i = 0; i < mr; i++)                                        \
+            for (int i = 0; i < len; i++)                                       \
                 dst[i] = src[i];                                                \
         }                                                                       \
     }
-NDM__COPY_MR(float)
-NDM__COPY_MR(double)
+NDM__COPY_RUN(float)
+NDM__COPY_RUN(double)
 
 /* Pack `rows` x `kc` of A (starting at `a`) into panels of MR rows, zero-padded. */
 #define NDM__PACK_A(T)                                                          \
@@ -456,7 +460,7 @@ NDM__COPY_MR(double)
             if (rsa == 1 && mv == mr) {                                         \
                 /* columns contiguous (A = x^T): a run of mr per depth */       \
                 for (int64_t p = 0; p < kc; p++)                                \
-                    copy_mr_##T(dst + p * mr, a + i0 + p * csa, mr);            \
+                    copy_run_##T(dst + p * mr, a + i0 + p * csa, mr);          \
                 dst += kc * mr;                                                 \
                 continue;                                                       \
             }                                                                   \
@@ -483,7 +487,7 @@ NDM__PACK_A(double)
             return;                                                             \
         if (csb == 1 && cols == nr) {                                           \
             for (int64_t p = 0; p < kc; p++)                                    \
-                memcpy(dst + p * nr, b + p * rsb, (size_t)nr * sizeof(T));      \
+                copy_run_##T(dst + p * nr, b + p * rsb, nr);                    \
             return;                                                             \
         }                                                                       \
         for (int64_t p = 0; p < kc; p++) {                                      \
