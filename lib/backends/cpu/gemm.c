@@ -460,7 +460,7 @@ NDM__COPY_RUN(double)
             if (rsa == 1 && mv == mr) {                                         \
                 /* columns contiguous (A = x^T): a run of mr per depth */       \
                 for (int64_t p = 0; p < kc; p++)                                \
-                    copy_run_##T(dst + p * mr, a + i0 + p * csa, mr);          \
+                    copy_run_##T(dst + p * mr, a + i0 + p * csa, mr);           \
                 dst += kc * mr;                                                 \
                 continue;                                                       \
             }                                                                   \
