@@ -337,6 +337,12 @@ static ndm_array f_matmul(const ndm_array *p, void *ctx)
     (void)ctx;
     return ndm_matmul(p[0], p[1]);
 }
+/* x @ w^T with w (n, k) held row by row, as a linear layer holds it */
+static ndm_array f_matmul_wt(const ndm_array *p, void *ctx)
+{
+    (void)ctx;
+    return ndm_matmul(p[0], ndm_transpose(p[1]));
+}
 static ndm_array f_dot(const ndm_array *p, void *ctx)
 {
     (void)ctx;
@@ -352,6 +358,8 @@ static void test_grad_linalg(void **state)
 {
     param_spec mm[2] = {P1(2, 3, 4), P1(2, 4, 5)};
     check(ROOT(state), "matmul 2d", 2, mm, f_matmul, NULL, 1e-6);
+    param_spec wt[2] = {P1(2, 3, 4), P1(2, 5, 4)};
+    check(ROOT(state), "matmul 2d @ transposed", 2, wt, f_matmul_wt, NULL, 1e-6);
     param_spec bb[2] = {P1(3, 2, 3, 4), P1(2, 4, 2)}; /* the second broadcasts over the batch */
     check(ROOT(state), "matmul batched", 2, bb, f_matmul, NULL, 1e-6);
     param_spec vm[2] = {P1(1, 4), P1(3, 2, 4, 3)};

@@ -852,6 +852,150 @@ static void test_gemm_mid_products_match_float64(void **state)
     ndm__set_num_threads(keep);
 }
 
+/* ndm's blocked kernel (no provider) on one layout of A and B: A's rows
+ * contiguous or its columns (a layer's input transposed, for a weight's
+ * gradient), B's rows contiguous or its columns (a weight read as W^T), both
+ * with gaps between lines; mode 0 plain, 1 a bias per row, 2 accumulating.
+ * Against float64; the gaps of C must stay as they were. */
+static void check_blocked(ndm_dtype dt, int64_t m, int64_t n, int64_t k, bool ta, bool tb,
+                          int mode, const char *level)
+{
+    size_t es = ndm_dtype_size(dt);
+    int64_t lda = ta ? m + 1 : k + 3, ldb = tb ? k + 2 : n + 1, ldc = n + 2;
+    int64_t rsa = ta ? 1 : lda, csa = ta ? lda : 1, rsb = tb ? 1 : ldb, csb = tb ? ldb : 1;
+    int64_t na = (ta ? k : m) * lda, nb = (tb ? n : k) * ldb, nc = m * ldc;
+    char *a = malloc((size_t)na * es), *b = malloc((size_t)nb * es);
+    char *c = malloc((size_t)nc * es), *bias = malloc((size_t)m * es);
+    double *c0 = malloc((size_t)nc * sizeof(double));
+    assert_true(a && b && c && bias && c0);
+    uint64_t seed = (uint64_t)(m * 1000003 + n * 1009 + k * 7 + ta * 2 + tb);
+#define VAL() ((double)((seed = seed * 6364136223846793005ull + 1442695040888963407ull) >> 40) / \
+                   (double)(1ull << 24) - 0.5)
+#define PUT(buf, i, v) (dt == NDM_F32 ? (void)(((float *)(buf))[i] = (float)(v)) \
+                                      : (void)(((double *)(buf))[i] = (v)))
+#define GET(buf, i) (dt == NDM_F32 ? (double)((float *)(buf))[i] : ((double *)(buf))[i])
+    for (int64_t i = 0; i < na; i++)
+        PUT(a, i, VAL());
+    for (int64_t i = 0; i < nb; i++)
+        PUT(b, i, VAL());
+    for (int64_t i = 0; i < m; i++)
+        PUT(bias, i, VAL());
+    for (int64_t i = 0; i < nc; i++) {
+        PUT(c, i, VAL());
+        c0[i] = GET(c, i);
+    }
+    ndm_status st = ndm__cpu_gemm_bias(dt, m, n, k, a, rsa, csa, b, rsb, csb, c, ldc, 1,
+                                       mode == 1 ? bias : NULL, 1,
+                                       NDM__GEMM_NO_PROVIDER |
+                                           (mode == 2 ? NDM__GEMM_ACCUMULATE : 0));
+    if (st != NDM_OK)
+        fail_msg("%s gemm returned %s", level, ndm_status_name(st));
+    double tol = (dt == NDM_F32 ? 1e-6 : 1e-14) * (1.0 + (double)k);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < ldc; j++) {
+            double got = GET(c, i * ldc + j), want = c0[i * ldc + j];
+            if (j < n) {
+                want = mode == 1 ? GET(bias, i) : mode == 2 ? want : 0;
+                for (int64_t p = 0; p < k; p++)
+                    want += GET(a, i * rsa + p * csa) * GET(b, p * rsb + j * csb);
+            }
+            if (!(fabs(got - want) <= (j < n ? tol : 0)))
+                fail_msg("%s %s m=%lld n=%lld k=%lld A%s B%s mode=%d: C[%lld][%lld] = %.9g, "
+                         "want %.9g", level, ndm_dtype_name(dt), (long long)m, (long long)n,
+                         (long long)k, ta ? "^T" : "", tb ? "^T" : "", mode, (long long)i,
+                         (long long)j, got, want);
+        }
+#undef VAL
+#undef PUT
+#undef GET
+    free(a), free(b), free(c), free(bias), free(c0);
+}
+
+/* The blocked kernel's packing at every CPU level: A and B in both
+ * layouts (the transposing packs take A's contiguous rows and B's
+ * contiguous columns), sizes around the panel widths (6, 12, 16, 32) and
+ * the transposes' 8, depths that leave a remainder of a block or split
+ * into several blocks, partial panels, one thread and several. */
+static void test_gemm_blocked_packs_every_layout(void **state)
+{
+    (void)state;
+    static const int64_t ms[] = {5, 6, 7, 13, 25, 130};
+    static const int64_t ns[] = {7, 16, 17, 40, 65};
+    static const int64_t ks[] = {5, 8, 9, 23, 300, 784};
+    int keep = ndm__set_num_threads(1);
+    int levels = 0;
+    for (int level = 0; level < NDM__CPU_ISA_COUNT; level++) {
+        if (!ndm__cpu_isa_force(level))
+            continue;
+        levels++;
+        const char *name = ndm__cpu_isa_name((ndm__cpu_isa)level);
+        for (int threads = 1; threads <= 2; threads++) {
+            ndm__set_num_threads(threads);
+            for (int d = 0; d < 2; d++)
+                for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++)
+                    for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
+                        for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++)
+                            for (int form = 0; form < 4; form++) {
+                                if (threads == 2 && (mi + ni + ki) % 3)
+                                    continue;
+                                check_blocked(d ? NDM_F64 : NDM_F32, ms[mi], ns[ni], ks[ki],
+                                              form & 1, form & 2,
+                                              (int)((mi + ni + ki + (size_t)form) % 3), name);
+                            }
+        }
+    }
+    assert_true(ndm__cpu_isa_force(-1));
+    ndm__set_num_threads(keep);
+    assert_true(levels >= 1);
+}
+
+/* The convolution's entry (A packed by the caller, B's panels written by a
+ * callback) reading B through ndm__gemm_matrix_panel in both layouts. */
+static void test_gemm_packed_matrix_panels_both_layouts(void **state)
+{
+    (void)state;
+    static const int64_t shapes[][3] = {{7, 17, 9}, {13, 40, 300}, {25, 65, 23}, {6, 16, 8}};
+    for (int level = 0; level < NDM__CPU_ISA_COUNT; level++) {
+        if (!ndm__cpu_isa_force(level))
+            continue;
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (int form = 0; form < 4; form++) {
+                int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+                bool ta = form & 1, tb = form & 2;
+                int64_t lda = ta ? m + 1 : k + 3, ldb = tb ? k + 2 : n + 1;
+                float *a = malloc((size_t)((ta ? k : m) * lda) * sizeof(float));
+                float *b = malloc((size_t)((tb ? n : k) * ldb) * sizeof(float));
+                float *c = malloc((size_t)(m * n) * sizeof(float));
+                void *ap = aligned_alloc(64, (ndm__gemm_packed_a_bytes(NDM_F32, m, k) + 63) / 64 * 64);
+                assert_true(a && b && c && ap);
+                for (int64_t i = 0; i < (ta ? k : m) * lda; i++)
+                    a[i] = (float)((i * 37) % 101) / 101.0f - 0.5f;
+                for (int64_t i = 0; i < (tb ? n : k) * ldb; i++)
+                    b[i] = (float)((i * 53) % 97) / 97.0f - 0.5f;
+                int64_t rsa = ta ? 1 : lda, csa = ta ? lda : 1;
+                ndm__gemm_matrix bm = {b, tb ? 1 : ldb, tb ? ldb : 1, sizeof(float)};
+                ndm__gemm_pack_a(NDM_F32, m, k, a, rsa, csa, ap);
+                assert_int_equal(ndm__gemm_packed(NDM_F32, m, n, k, ap, ndm__gemm_matrix_panel,
+                                                  &bm, c, n, 1, NULL, 0, 0),
+                                 NDM_OK);
+                for (int64_t i = 0; i < m; i++)
+                    for (int64_t j = 0; j < n; j++) {
+                        double want = 0;
+                        for (int64_t p = 0; p < k; p++)
+                            want += (double)a[i * rsa + p * csa] * (double)b[p * bm.rs + j * bm.cs];
+                        if (!(fabs(c[i * n + j] - want) <= 1e-6 * (1.0 + (double)k)))
+                            fail_msg("%s m=%lld n=%lld k=%lld A%s B%s: C[%lld][%lld] = %.9g, "
+                                     "want %.9g", ndm__cpu_isa_name((ndm__cpu_isa)level),
+                                     (long long)m, (long long)n, (long long)k, ta ? "^T" : "",
+                                     tb ? "^T" : "", (long long)i, (long long)j, c[i * n + j],
+                                     want);
+                    }
+                free(a), free(b), free(c), free(ap);
+            }
+    }
+    assert_true(ndm__cpu_isa_force(-1));
+}
+
 #if defined(__linux__)
 static double cpu_seconds(clockid_t id)
 {
@@ -928,6 +1072,8 @@ int main(void)
         TEST(test_gemm_small_direction_alternates_same_bits),
         TEST(test_gemm_step_products_avoid_provider_pool),
         TEST(test_gemm_mid_products_match_float64),
+        TEST(test_gemm_blocked_packs_every_layout),
+        TEST(test_gemm_packed_matrix_panels_both_layouts),
         TEST(test_gemm_provider_runs_on_calling_thread),
     };
     return cmocka_run_group_tests_name("linalg", tests, NULL, NULL);

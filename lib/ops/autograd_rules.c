@@ -228,7 +228,14 @@ static ndm_status matmul_rule(ndm__ag_node *nd, ndm_array g, ndm_array *gi)
             return ndm_last_status();
     }
     if (nd->needs[1]) {
-        ndm_array gb = ndm_matmul(ndm_swapaxes(A, -1, -2), G);
+        /* b a transposed 2-d view (x @ w^T, a linear layer's weight): its
+         * gradient computed as (G^T @ A)^T lies in w's own order, so that
+         * adding it to w's gradient reads memory in order instead of
+         * transposing a matrix the size of w on every step. */
+        bool bt = ra->ndim == 2 && rb->ndim == 2 && rb->shape[0] > 1 && rb->shape[1] > 1 &&
+                  rb->strides[0] == 1 && rb->strides[1] != 1;
+        ndm_array gb = bt ? ndm_transpose(ndm_matmul(ndm_transpose(G), A))
+                          : ndm_matmul(ndm_swapaxes(A, -1, -2), G);
         gi[1] = b1 ? ndm_reshape(ndm__ag_sum_to(gb, 2, (int64_t[]){rb->shape[0], 1}), NDM_SHAPE(-1))
                    : gb;
         if (!gi[1].id)
