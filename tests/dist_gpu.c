@@ -1,8 +1,10 @@
 /* The NCCL path on a real GPU, for a machine that has one (tools/run.sh gpu
  * runs it under `mpirun -np 1`; any rank count works, all on cuda:0 of
  * their own machine): the bootstrap, then every collective on CUDA arrays
- * of every dtype, each result checked on the host. Plain C, no cmocka, so
- * that a release tree builds it. Exit status 0 when every check passed. */
+ * of every dtype, each result checked on the host, then a few data-parallel
+ * steps of a small MLP on the GPU against the same steps without the
+ * wrapper. Plain C, no cmocka, so that a release tree builds it. Exit
+ * status 0 when every check passed. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -134,6 +136,128 @@ static ndm_status run(ndm_manager gpu)
     return ndm_device_synchronize(NDM_CUDA(0));
 }
 
+/* ---- data-parallel steps ------------------------------------------------------------ */
+
+#define DDP_IN 24
+#define DDP_HID 48
+#define DDP_OUT 10
+#define DDP_BATCH 32
+#define DDP_STEPS 5
+
+/* The same small MLP every time (a fixed seed), on the GPU model manager m. */
+static ndm_module ddp_mlp(ndm_manager m)
+{
+    ndm_rng rng = ndm_rng_new(7);
+    return ndm_sequential(m, NDM_MODULES(ndm_linear(m, DDP_IN, DDP_HID, true, &rng),
+                                         ndm_relu_module(m),
+                                         ndm_linear(m, DDP_HID, DDP_OUT, true, &rng)));
+}
+
+/* Step `step`'s batch, the same on every rank, in batch (on the GPU). */
+static ndm_status ddp_batch(ndm_manager batch, int step, ndm_array *x, ndm_array *y)
+{
+    ndm_rng rng = ndm_rng_new(100 + (uint64_t)step);
+    *x = ndm_normal(batch, &rng, NDM_F32, 0.0, 1.0, 2, (int64_t[]){DDP_BATCH, DDP_IN});
+    *y = ndm_randint(batch, &rng, NDM_I64, 0, DDP_OUT, 1, (int64_t[]){DDP_BATCH});
+    return x->id && y->id ? NDM_OK : ndm_last_status();
+}
+
+/* Train a fresh MLP for DDP_STEPS steps, under ndm_ddp or not; its losses
+ * into loss[] and its first layer's weight into w (DDP_HID * DDP_IN). */
+static ndm_status ddp_train(ndm_manager gpu, bool wrapped, double *loss, float *w)
+{
+    ndm_manager model = ndm_manager_new(gpu, "model");
+    ndm_module net = model.id ? ddp_mlp(model) : (ndm_module){0};
+    ndm_optimizer opt = net.id ? ndm_sgd(model, net, 0.1, 0.9, 0.0) : (ndm_optimizer){0};
+    ndm_ddp d = {0};
+    ndm_status st = opt.id ? NDM_OK : ndm_last_status();
+    if (st == NDM_OK && wrapped) {
+        /* small buckets: several all-reduces queued while backward runs */
+        d = ndm_ddp_new(model, net, opt, &(ndm_ddp_options){.bucket_bytes = 4096});
+        st = d.id ? NDM_OK : ndm_last_status();
+    }
+    if (st == NDM_OK)
+        st = ndm_manager_cap(model, NDM_CAP_ARRAYS);
+    for (int step = 0; step < DDP_STEPS && st == NDM_OK; step++) {
+        ndm_manager batch = ndm_manager_new(gpu, "batch");
+        ndm_array x, y;
+        st = batch.id ? ddp_batch(batch, step, &x, &y) : ndm_last_status();
+        if (st == NDM_OK)
+            st = ndm_grad_begin(batch);
+        ndm_array l = st == NDM_OK ? ndm_cross_entropy(ndm_forward(net, x), y) : NDM_NULL_ARRAY;
+        if (st == NDM_OK && wrapped) {
+            st = ndm_ddp_backward(d, l);
+            (void)ndm_grad_end();
+            ndm_status s2 = ndm_ddp_step(d);
+            st = st < 0 ? st : s2;
+        } else if (st == NDM_OK) {
+            st = l.id ? ndm_backward(l) : ndm_last_status();
+            (void)ndm_grad_end();
+            if (st == NDM_OK)
+                st = ndm_optimizer_step(opt);
+            if (st == NDM_OK)
+                st = ndm_optimizer_zero_grad(opt);
+        }
+        if (st == NDM_OK)
+            st = ndm_item(l, &loss[step]);
+        if (batch.id)
+            (void)!ndm_manager_close(batch);
+    }
+    ndm_array p;
+    if (st == NDM_OK && ndm_module_parameters(net, &p, 1) < 1)
+        st = ndm_last_status();
+    if (st == NDM_OK)
+        st = ndm_array_copy_out(p, w, sizeof(float) * DDP_HID * DDP_IN) == NDM_OK
+                 ? NDM_OK
+                 : ndm_last_status();
+    if (d.id)
+        (void)!ndm_ddp_close(d);
+    if (model.id)
+        (void)!ndm_manager_close(model);
+    return st;
+}
+
+/* Every rank trains on the same batches, so the ranks' mean gradient is the
+ * one process's: at one rank (and any power of two, where 1/size is exact)
+ * the two runs must agree bit for bit; otherwise to a relative 1e-5. */
+static void run_ddp(ndm_manager gpu)
+{
+    double lw[DDP_STEPS], lp[DDP_STEPS];
+    float ww[DDP_HID * DDP_IN], wp[DDP_HID * DDP_IN];
+    ndm_status st = ddp_train(gpu, true, lw, ww);
+    if (st == NDM_OK)
+        st = ddp_train(gpu, false, lp, wp);
+    if (st != NDM_OK) {
+        printf("FAIL ddp: %s\n", ndm_last_error());
+        failures++;
+        return;
+    }
+    bool exact = (S & (S - 1)) == 0;
+    double tol = exact ? 0 : 1e-5, worst = 0;
+    int before = failures;
+    for (int i = 0; i < DDP_STEPS; i++) {
+        double e = fabs(lw[i] - lp[i]) / fmax(1, fabs(lp[i]));
+        worst = e > worst ? e : worst;
+        if (!(e <= tol)) {
+            printf("FAIL ddp step %d: loss %.9g under ndm_ddp, %.9g without\n", i, lw[i], lp[i]);
+            failures++;
+        }
+    }
+    for (int i = 0; i < DDP_HID * DDP_IN; i++) {
+        double e = fabs((double)ww[i] - wp[i]) / fmax(1, fabs((double)wp[i]));
+        worst = e > worst ? e : worst;
+        if (!(e <= tol)) {
+            printf("FAIL ddp weight %d: %.9g under ndm_ddp, %.9g without\n", i, ww[i], wp[i]);
+            failures++;
+            break;
+        }
+    }
+    if (R == 0)
+        printf("ddp      %d steps of an MLP against the same steps without it "
+               "(tolerance %g, worst %.3g): %s\n",
+               DDP_STEPS, tol, worst, failures == before ? "ok" : "FAILED");
+}
+
 int main(void)
 {
     if (ndm_dist_init() != NDM_OK) {
@@ -155,6 +279,8 @@ int main(void)
     if (R == 0)
         printf("%d rank(s) on cuda:0 each\n", S);
     ndm_status st = run(gpu);
+    if (st == NDM_OK)
+        run_ddp(gpu);
     if (st != NDM_OK) {
         printf("FAIL synchronize: %s\n", ndm_last_error());
         failures++;

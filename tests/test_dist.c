@@ -698,22 +698,47 @@ static double reference_step(ndm_module net, ndm_optimizer opt, ndm_batch *b)
     return l;
 }
 
-/* Data-parallel training of build()'s net with per-rank batch `batch` on
- * ds against one process with batch batch * S, for `steps` steps: the
- * global batch's losses agree to a relative 1e-4 (float32 sums in another
- * order). */
-static void check_parity(ndm_manager m, ndm_module (*build)(ndm_manager), ndm_dataset ds,
-                         int64_t batch, int steps, const char *what)
+/* Every parameter of net holds rank 0's values, bit for bit. */
+static void assert_parameters_agree(ndm_manager m, ndm_module net)
+{
+    ndm_array p[16];
+    int np = ndm_module_parameters(net, p, 16);
+    assert_true(np > 0 && np <= 16);
+    for (int i = 0; i < np; i++) {
+        /* copies in m: the model may be capped */
+        ndm_array own = ndm_astype_to(m, p[i], NDM_F64), root = ndm_astype_to(m, p[i], NDM_F64);
+        assert_live(own);
+        assert_live(root);
+        assert_ok(ndm_broadcast_(root, 0));
+        double *mine = values(own), *theirs = values(root);
+        for (int64_t k = 0; k < ndm_array_size(p[i]); k++)
+            if (mine[k] != theirs[k])
+                fail_msg("parameter %d element %lld: rank %d has %.9g, rank 0 %.9g", i,
+                         (long long)k, R, mine[k], theirs[k]);
+        free(mine);
+        free(theirs);
+        assert_ok(ndm_array_release(own));
+        assert_ok(ndm_array_release(root));
+    }
+}
+
+/* Data-parallel training of build()'s net on `dev` with per-rank batch
+ * `batch` on ds against one process with batch batch * S on the same
+ * device, for `steps` steps: the global batch's losses agree to a relative
+ * 1e-4 (float32 sums in another order), and every rank ends with rank 0's
+ * parameters. */
+static void check_parity_on(ndm_manager m, ndm_device dev, ndm_module (*build)(ndm_manager),
+                            ndm_dataset ds, int64_t batch, int steps, const char *what)
 {
     /* the reference: one process, batch batch * S */
-    ndm_manager rmodel = ndm_manager_new(m, "reference");
+    ndm_manager rmodel = ndm_manager_new_on(m, "reference", dev);
     ndm_module rnet = build(rmodel);
     ndm_optimizer ropt = ndm_sgd(rmodel, rnet, 0.1, 0.9, 0.0);
     ndm_manager rtrainer = ndm_manager_new(rmodel, "trainer");
     ndm_loader rld = ndm_loader_new(rtrainer, ds, &(ndm_loader_options){
         .batch_size = batch * S, .seed = 5, .flags = NDM_LOADER_SHUFFLE | NDM_LOADER_DROP_LAST});
     /* data-parallel: this rank's shard, batch `batch` */
-    ndm_manager model = ndm_manager_new(m, "model");
+    ndm_manager model = ndm_manager_new_on(m, "model", dev);
     ndm_module net = build(model);
     ndm_optimizer opt = ndm_sgd(model, net, 0.1, 0.9, 0.0);
     /* small buckets: several all-reduces in flight during backward */
@@ -736,6 +761,7 @@ static void check_parity(ndm_manager m, ndm_module (*build)(ndm_manager), ndm_da
         }
         assert_int_equal(ndm_loader_next(ld, &b), 1);
         assert_int_equal(b.size, batch);
+        assert_int_equal(ndm_array_device(b.inputs).type, dev.type);
         double want = reference_step(rnet, ropt, &rb);
         assert_ok(ndm_grad_begin(b.manager));
         ndm_array loss = ndm_cross_entropy(ndm_forward(net, b.inputs), b.labels);
@@ -758,9 +784,16 @@ static void check_parity(ndm_manager m, ndm_module (*build)(ndm_manager), ndm_da
     if (R == 0)
         printf("%s: ddp vs one process over %d steps: worst relative loss difference %.3g\n", what,
                steps, worst);
+    assert_parameters_agree(m, net);
     assert_ok(ndm_manager_close(trainer));
     assert_ok(ndm_manager_close(model));
     assert_ok(ndm_manager_close(rmodel));
+}
+
+static void check_parity(ndm_manager m, ndm_module (*build)(ndm_manager), ndm_dataset ds,
+                         int64_t batch, int steps, const char *what)
+{
+    check_parity_on(m, NDM_CPU, build, ds, batch, steps, what);
 }
 
 static void test_ddp_matches_one_process_at_the_same_global_batch(void **state)
@@ -838,6 +871,44 @@ static void test_ddp_failing_rank_ends_the_step_on_every_rank(void **state)
         batch = ndm_manager_new(m, "batch");
     }
     free(before);
+    assert_ok(ndm_manager_close(batch));
+    assert_ok(ndm_manager_close(model));
+}
+
+/* A second backward before the step, on one rank, is refused and does
+ * nothing else: the first backward's buckets are out on every rank, every
+ * rank steps on them, and the parameters still agree. */
+static void test_ddp_backward_twice_is_refused_and_the_step_goes_on(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_manager model = ndm_manager_new(m, "model");
+    ndm_module net = mlp(model);
+    ndm_optimizer opt = ndm_sgd(model, net, 0.1, 0.0, 0.0);
+    ndm_ddp d = ndm_ddp_new(model, net, opt, &(ndm_ddp_options){.bucket_bytes = 1});
+    assert_true(d.id);
+    ndm_array w;
+    assert_int_equal(ndm_module_parameters(net, &w, 1), 4);
+    double *before = values(w);
+    ndm_manager batch = ndm_manager_new(m, "batch");
+    ndm_array x = filled(batch, NDM_F32, R, 2, (int64_t[]){8, IN});
+    ndm_array y = ndm_zeros(batch, NDM_I64, 1, (int64_t[]){8});
+    assert_ok(ndm_grad_begin(batch));
+    ndm_array loss = ndm_cross_entropy(ndm_forward(net, x), y);
+    assert_ok(ndm_ddp_backward(d, loss));
+    if (R == S - 1) {
+        assert_int_equal(ndm_ddp_backward(d, loss), NDM_E_INVALID);
+        assert_error_has("backward ran twice");
+    }
+    (void)ndm_grad_end();
+    assert_ok(ndm_ddp_step(d));
+    double *after = values(w);
+    bool moved = false;
+    for (int i = 0; i < HID * IN; i++)
+        moved |= after[i] != before[i];
+    assert_true(moved);
+    assert_parameters_agree(m, net);
+    free(before);
+    free(after);
     assert_ok(ndm_manager_close(batch));
     assert_ok(ndm_manager_close(model));
 }
@@ -942,6 +1013,155 @@ static void test_ddp_gradients_live_in_the_buckets_until_the_close(void **state)
     assert_ok(ndm_manager_close(model));
 }
 
+/* ---- data-parallel training on a CUDA device (NCCL) ------------------------------------------- */
+
+/* The buckets on cuda:0 go over NCCL in stream order: the same losses as
+ * one process on cuda:0 at the same global batch, the same parameters on
+ * every rank, and nothing left on the device. */
+static void test_ddp_cuda_matches_one_process_at_the_same_global_batch(void **state)
+{
+    ndm_manager m = ROOT(state);
+    GPU_OR_SKIP(gpu, m);
+    ndm_manager data = ndm_manager_new(m, "data");
+    check_parity_on(gpu, NDM_CUDA(0), mlp, synthetic(data, (int64_t)B * S * 20 + 5), B, 20,
+                    "mlp on cuda:0");
+    assert_ok(ndm_manager_close(data));
+    close_gpu(gpu);
+}
+
+/* One step of a CUDA model under d on a batch of 8 in `batch`; `bad` feeds
+ * a wrongly shaped input (the loss is then null), `skip` calls the step
+ * without backward. Returns the step's status. */
+static ndm_status cuda_step(ndm_ddp d, ndm_module net, ndm_manager batch, bool bad, bool skip)
+{
+    /* ones: every weight has a gradient */
+    ndm_array xc = ndm_ones(batch, NDM_F32, 2, (int64_t[]){8, bad ? IN + 1 : IN});
+    ndm_array x = ndm_to_to(batch, xc, NDM_CUDA(0));
+    ndm_array y = ndm_zeros(batch, NDM_I64, 1, (int64_t[]){8});
+    ndm_array yg = ndm_to_to(batch, y, NDM_CUDA(0));
+    assert_live(x);
+    assert_live(yg);
+    ndm_clear_error();
+    assert_ok(ndm_grad_begin(batch));
+    ndm_array loss = ndm_cross_entropy(ndm_forward(net, x), yg);
+    assert_true(bad ? !loss.id : loss.id != 0);
+    if (!skip) {
+        ndm_status st = ndm_ddp_backward(d, loss);
+        assert_true(bad ? st < 0 : st == NDM_OK);
+    }
+    (void)ndm_grad_end();
+    return ndm_ddp_step(d);
+}
+
+/* A rank whose forward pass failed (null loss), then a rank that steps
+ * without backward: each time every rank's step fails with that rank's
+ * message and no rank steps; then all goes on. */
+static void test_ddp_cuda_failing_rank_ends_the_step_on_every_rank(void **state)
+{
+    ndm_manager m = ROOT(state);
+    GPU_OR_SKIP(gpu, m);
+    ndm_manager model = ndm_manager_new(gpu, "model");
+    ndm_module net = mlp(model);
+    ndm_optimizer opt = ndm_sgd(model, net, 0.1, 0.0, 0.0);
+    /* one bucket per parameter: a failure in the middle of backward */
+    ndm_ddp d = ndm_ddp_new(model, net, opt, &(ndm_ddp_options){.bucket_bytes = 1});
+    assert_true(d.id);
+    assert_int_equal(ndm_ddp_buckets(d), 4);
+    ndm_array w;
+    assert_int_equal(ndm_module_parameters(net, &w, 1), 4);
+    double *before = values(w);
+    char want[32];
+    snprintf(want, sizeof want, "rank %d: ", S - 1);
+    for (int round = 0; round < 3; round++) {
+        ndm_manager batch = ndm_manager_new(gpu, "batch");
+        bool last = R == S - 1;
+        ndm_status st = cuda_step(d, net, batch, round == 0 && last, round == 1 && last);
+        if (round < 2) {
+            assert_int_equal(st, round == 0 ? NDM_E_SHAPE : NDM_E_INVALID);
+            assert_error_has(want);
+            if (round == 1)
+                assert_error_has("without ndm_ddp_backward");
+            double *after = values(w);
+            assert_memory_equal(before, after, sizeof(double) * HID * IN); /* no rank stepped */
+            free(after);
+        } else {
+            assert_ok(st);
+            double *after = values(w);
+            assert_true(memcmp(before, after, sizeof(double) * HID * IN) != 0);
+            free(after);
+        }
+        assert_ok(ndm_manager_close(batch));
+    }
+    assert_parameters_agree(m, net);
+    free(before);
+    assert_ok(ndm_manager_close(model));
+    close_gpu(gpu);
+}
+
+/* The buckets, their gradient views and the flags are arrays of the model's
+ * "ddp" manager on the parameters' device, made once: steps add nothing,
+ * and the close gives every parameter its own gradient back. */
+static void test_ddp_cuda_buckets_are_device_arrays_of_the_model(void **state)
+{
+    ndm_manager m = ROOT(state);
+    GPU_OR_SKIP(gpu, m);
+    ndm_manager model = ndm_manager_new(gpu, "model");
+    ndm_module net = mlp(model);
+    ndm_optimizer opt = ndm_sgd(model, net, 0.1, 0.0, 0.0);
+    ndm_stats before;
+    assert_ok(ndm_manager_stats(model, NDM_CUDA(0), NDM_STATS_SUBTREE, &before));
+    ndm_ddp d = ndm_ddp_new(model, net, opt, &(ndm_ddp_options){.bucket_bytes = 1});
+    assert_int_equal(ndm_ddp_buckets(d), 4);
+    assert_ok(ndm_manager_cap(model, NDM_CAP_ARRAYS));
+    for (int step = 0; step < 2; step++) {
+        ndm_manager batch = ndm_manager_new(gpu, "batch");
+        assert_ok(cuda_step(d, net, batch, false, false));
+        assert_ok(ndm_manager_close(batch));
+    }
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    assert_ok(ndm_debug_dump(model, f));
+    fclose(f);
+    /* 4 buckets of (gradients + 1 flag) floats, the 4 gradients as views of
+     * them (their storage counts once), and the 4 flags gathered as f32 */
+    char want[128];
+    int64_t bytes = 4 * ((int64_t)HID * IN + HID + CLASSES * HID + CLASSES + 4) + 4 * 4;
+    snprintf(want, sizeof want, "cuda:0  arrays 9 [new]  bytes %lld", (long long)bytes);
+    if (!strstr(buf, "ddp") || !strstr(buf, want))
+        fail_msg("no ddp line with \"%s\" in:\n%s", want, buf);
+    free(buf);
+    ndm_stats during;
+    assert_ok(ndm_manager_stats(model, NDM_CUDA(0), NDM_STATS_SUBTREE, &during));
+    assert_int_equal(during.live_bytes, before.live_bytes + bytes);
+    assert_ok(ndm_ddp_close(d));
+    ndm_stats after;
+    assert_ok(ndm_manager_stats(model, NDM_CUDA(0), NDM_STATS_SUBTREE, &after));
+    assert_int_equal(after.live_arrays, before.live_arrays);
+    assert_int_equal(after.live_bytes, before.live_bytes);
+    assert_ok(ndm_manager_close(model));
+    close_gpu(gpu);
+}
+
+/* Rank 0's model on cuda:0 and the others' on the CPU: refused on every
+ * rank, naming both devices, with nothing left behind. */
+static void test_ddp_of_mixed_devices_is_refused_on_every_rank(void **state)
+{
+    ndm_manager m = ROOT(state);
+    GPU_OR_SKIP(gpu, m);
+    ndm_manager model = ndm_manager_new(R == 0 ? gpu : m, "model");
+    ndm_module net = mlp(model);
+    ndm_optimizer opt = ndm_sgd(model, net, 0.1, 0.0, 0.0);
+    ndm_clear_error();
+    ndm_ddp d = ndm_ddp_new(model, net, opt, NULL);
+    assert_false(d.id);
+    assert_int_equal(ndm_last_status(), NDM_E_DEVICE);
+    assert_error_has("rank 0's array is on cuda:0 and rank 1's on cpu:0");
+    assert_ok(ndm_manager_close(model));
+    close_gpu(gpu);
+    assert_ok(ndm_dist_barrier());
+}
+
 /* ---- small all-reduces carry their data with the agreement ------------------------------ */
 
 /* Each rank's own values, unchanged: what a failed collective must leave. */
@@ -1014,25 +1234,6 @@ static void test_all_reduce_one_strided_rank_among_carrying_ones_matches_the_ref
         assert_ok(ndm_array_release(base));
     }
     assert_ok(ndm_array_release(c));
-}
-
-/* The buckets are host memory moved by MPI: a model on a GPU is refused on
- * every rank, saying why, rather than moving device memory as host memory. */
-static void test_ddp_of_a_cuda_model_is_unsupported_on_every_rank(void **state)
-{
-    ndm_manager m = ROOT(state);
-    GPU_OR_SKIP(gpu, m);
-    ndm_manager model = ndm_manager_new(gpu, "model");
-    ndm_module net = mlp(model);
-    ndm_optimizer opt = ndm_sgd(model, net, 0.1, 0.0, 0.0);
-    ndm_clear_error();
-    ndm_ddp d = ndm_ddp_new(model, net, opt, NULL);
-    assert_false(d.id);
-    assert_int_equal(ndm_last_status(), NDM_E_UNSUPPORTED);
-    assert_error_has("rank 0: ");
-    assert_error_has("NCCL");
-    assert_ok(ndm_manager_close(model));
-    close_gpu(gpu);
 }
 
 /* Run with a CUDA module that has no collectives (the registry's stand-in,
@@ -1213,11 +1414,15 @@ int main(int argc, char **argv)
         TEST(test_ddp_collective_between_backward_and_step_keeps_the_order),
         TEST(test_ddp_buckets_are_model_arrays_shown_in_dumps),
         TEST(test_ddp_gradients_live_in_the_buckets_until_the_close),
+        TEST(test_ddp_cuda_matches_one_process_at_the_same_global_batch),
+        TEST(test_ddp_cuda_failing_rank_ends_the_step_on_every_rank),
+        TEST(test_ddp_cuda_buckets_are_device_arrays_of_the_model),
+        TEST(test_ddp_of_mixed_devices_is_refused_on_every_rank),
         TEST(test_all_reduce_carried_against_other_sizes_fails_on_every_rank),
         TEST(test_all_reduce_one_strided_rank_among_carrying_ones_matches_the_reference),
-        TEST(test_ddp_of_a_cuda_model_is_unsupported_on_every_rank),
         TEST(test_ddp_step_per_bucket_gives_the_bits_of_the_whole_step),
         TEST(test_ddp_step_per_bucket_failing_rank_ends_the_step_on_every_rank),
+        TEST(test_ddp_backward_twice_is_refused_and_the_step_goes_on),
     };
     const struct CMUnitTest no_nccl[] = {
         TEST(test_collective_on_cuda_arrays_without_nccl_is_unsupported_on_every_rank),

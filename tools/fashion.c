@@ -489,6 +489,10 @@ static int train(train_opts o)
     }
     char dir[1024], why[1200], devname[32];
     ndm_device dev = device_option("train", o.device);
+    /* --dist --device cuda: the ranks of a machine share its GPUs, one
+     * each while there are enough (cuda:N given explicitly is kept) */
+    if (o.dist && !strcmp(o.device, "cuda") && ndm_cuda_device_count() > 0)
+        dev = NDM_CUDA(ndm_dist_local_rank() % ndm_cuda_device_count());
     ndm_device_str(dev, devname, sizeof devname);
     data_dir(o.data, dir, sizeof dir);
     /* everything that can be known wrong is checked before the first step */
@@ -964,7 +968,8 @@ static const cli_opt train_opts_list[] = {
      "data-parallel over the processes of mpirun: --batch is the global batch, split over "
      "the ranks; rank 0 prints and saves"},
     {"--device", "DEV", OPT_TEXT, 0, 0, 0, 0, &topt.device, NULL,
-     "where the model and the batches live: cpu, cuda or cuda:N"},
+     "where the model and the batches live: cpu, cuda or cuda:N (with --dist, cuda is "
+     "cuda:(local rank % GPUs))"},
 };
 static const cli_opt serve_opts_list[] = {
     {"--model", "FILE", OPT_TEXT, 0, 0, 0, 0, &sopt.model, NULL, "the model `train` saved"},

@@ -21,9 +21,8 @@
  * rules are the CPU path's: bool travels as a byte reduced with max (sum
  * and max are both "or"), and the mean is the sum divided on the device,
  * integers truncated. A CUDA module without NCCL makes a collective on a
- * CUDA array NDM_E_UNSUPPORTED on every rank, saying so. A data-parallel
- * wrapper (ndm_ddp_new) does not take a model on a CUDA device yet
- * (NDM_E_UNSUPPORTED): its buckets are host memory moved by MPI. Without
+ * CUDA array NDM_E_UNSUPPORTED on every rank, saying so (and so a
+ * data-parallel wrapper of a model on a CUDA device). Without
  * MPI in the build every function here answers NDM_E_UNSUPPORTED with a
  * message (ndm_dist_available() says which build this is).
  *
@@ -80,6 +79,27 @@
  * a timeout the group keeps (views of) the buckets still in flight or not
  * yet started and lets them run when the late ranks come, so closing the
  * model then is safe.
+ *
+ * Data-parallel steps on a CUDA device (the model's parameters all on one
+ * device, cuda:N, the same N on every rank) use no thread: the buckets are
+ * arrays on that device, and ndm_ddp_backward() queues each bucket's NCCL
+ * all-reduce (a sum: backward was seeded with 1/size) on the calling
+ * thread's current stream of the device as soon as backward has queued
+ * the kernels that write its gradients, so stream order puts the transfer
+ * after them and NCCL runs on the GPU while the host queues the rest of
+ * backward. Each bucket's failure flag is written on the device (a
+ * one-element fill) before its all-reduce, and the reduced flag is copied
+ * into a small f32 array of flags (one per bucket, in "ddp"), which
+ * ndm_ddp_step() reads in one device-to-host copy once the stream has
+ * passed the last all-reduce (an event recorded there, polled up to the
+ * group's timeout: then NDM_E_TIMEOUT, and the group breaks, keeping views
+ * of the buckets, as on the CPU; NCCL's queued work cannot be cancelled,
+ * so a rank that never comes leaves it waiting on the GPU). A rank that
+ * fails during backward still queues every remaining bucket, its flag
+ * set, so NCCL never waits for a rank that left; the messages then go over
+ * MPI as on the CPU. Call ndm_ddp_backward() and ndm_ddp_step() from the
+ * same thread; the optimizer's step runs on that thread's current stream,
+ * after the wait.
  *
  * Thread rules: MPI is initialised with MPI_THREAD_SERIALIZED: collectives
  * must be called by one thread at a time, in the same order on every rank.
@@ -215,8 +235,10 @@ typedef struct ndm_ddp_options {
  *  data-parallel training. Collective: broadcasts every parameter and
  *  buffer of net from rank 0, then makes the gradient buckets: one array
  *  per bucket (its gradients and a failure flag) in "ddp", a child manager
- *  of `model`, made once and reused by every step, so they show in
- *  ndm_debug_dump (call it before capping the model's children). Each
+ *  of `model` on the parameters' device (the CPU, or one CUDA device, with
+ *  the flags array too: see above), made once and reused by every step, so
+ *  they show in ndm_debug_dump (call it before capping the model's
+ *  children). Each
  *  parameter's gradient becomes a view of its bucket (in "ddp", holding
  *  the gradient's values), so backward accumulates straight into the
  *  buckets: gradient handles taken with ndm_grad_to() before this call,
@@ -227,17 +249,19 @@ typedef struct ndm_ddp_options {
  *  or the wrapper between ndm_ddp_backward() and ndm_ddp_step() is a
  *  caller bug: MPI may still be writing the buckets. Returns the
  *  wrapper, owned by `model`, or the null wrapper: NDM_E_NOT_OWNER (net or
- *  opt of another manager), NDM_E_UNSUPPORTED (also for a model on a CUDA
- *  device), the agreement errors (the ranks' parameter lists differ), and
- *  `model`'s refusals. */
+ *  opt of another manager), NDM_E_DEVICE (parameters on several devices,
+ *  or on another device than rank 0's), NDM_E_UNSUPPORTED (a model on a
+ *  CUDA device and a CUDA module without NCCL), the agreement errors (the
+ *  ranks' parameter lists differ), and `model`'s refusals. */
 #define ndm_ddp_new(model, net, opt, opts) ndm_ddp_new_at(NDM_HERE, (model), (net), (opt), (opts))
 /** ndm_ddp_new() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_ddp ndm_ddp_new_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module net,
                                ndm_optimizer opt, const ndm_ddp_options *opts);
 /** Backward from `loss` (as ndm_backward(), but seeded with 1/size, so that
  *  the buckets' sum is the ranks' mean), handing each bucket's
- *  all-reduce to the communication thread as soon as backward has produced
- *  all its gradients, while backward goes on. Call it on every rank every step,
+ *  all-reduce to the communication thread (on a CUDA device: queuing it
+ *  for NCCL on the current stream) as soon as backward has produced all
+ *  its gradients, while backward goes on. Call it on every rank every step,
  *  also when this rank's forward pass failed (loss null): the failure is
  *  then sent with the buckets and ends the step on every rank. Returns this
  *  rank's backward status (the job's comes from ndm_ddp_step()). */

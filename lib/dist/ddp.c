@@ -1,15 +1,22 @@
 /* Data-parallel training: gradients are views of communication buckets,
  * so backward accumulates straight into them; each bucket goes to the
- * communication thread as soon as backward has finished its gradients,
- * and the step of the buckets that are in runs while the last is out. */
+ * communication thread as soon as backward has finished its gradients
+ * (on a CUDA device: to NCCL, queued on the stream behind backward), and
+ * on the CPU the step of the buckets that are in runs while the last is out. */
 #include <inttypes.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "group.h"
 #include "ndm/array.h"
 #include "ndm/autograd.h"
+#include "ndm/elementwise.h"
 #include "ndm/manager.h"
+#include "ndm/stream.h"
+#include "ndm/view.h"
+#include "../backends/registry.h"
 #include "../base/convert_scalar.h"
 #include "../manager/object.h"
 #include "../nn/nn.h"
@@ -50,7 +57,28 @@ typedef struct ddp {
     bool in_step;            /* backward ran, step not yet */
     ndm_status failed;       /* this rank's failure this step */
     char msg[400];
+    ndm_device dev;          /* the parameters' device: the CPU or one CUDA device */
+    /* CUDA: each bucket's reduced flag lands in flags[k] (f32, in mgr), so
+     * that the step reads them all in one copy; `posted` is recorded on the
+     * stream behind the last bucket's all-reduce */
+    ndm_array flags;
+    ndm_event done;
 } ddp;
+
+static ndm_status wait_cuda(ddp *d, ndm__dist_group *g, const char *api, ndm__site site);
+
+/* dst = src's values, two arrays of the same dtype and shape on d's device. */
+static void copy_values(ddp *d, ndm_array dst, ndm_array src)
+{
+    ndm__array *v = ndm__array_peek(dst), *o = ndm__array_peek(src);
+    if (!v || !o)
+        return;
+    if (d->dev.type == NDM_DEVICE_CPU)
+        memcpy(ndm__array_ptr(v), ndm__array_ptr(o),
+               (size_t)ndm__numel(o->ndim, o->shape) * ndm_dtype_size(o->dtype));
+    else
+        (void)!ndm_copy_into(dst, src); /* queued in stream order */
+}
 
 static void ddp_destroy(void *p)
 {
@@ -59,7 +87,9 @@ static void ddp_destroy(void *p)
      * not come back in time stay with the group (ndm__dist_drain) */
     if (d->in_step) {
         ndm__dist_group *g = ndm__dist_group_get("ndm_ddp_close", NDM__NO_SITE);
-        if (g)
+        if (g && d->dev.type == NDM_DEVICE_CUDA)
+            (void)wait_cuda(d, g, "ndm_ddp_close", NDM__NO_SITE);
+        else if (g)
             (void)ndm__dist_drain(g, "ndm_ddp_close", NDM__NO_SITE);
     }
     /* the parameters that outlive the wrapper get their own gradient arrays
@@ -67,11 +97,8 @@ static void ddp_destroy(void *p)
     for (int i = 0; d->orig && i < d->np; i++) {
         if (!d->orig[i].id || !ndm_array_valid(d->params[i]))
             continue;
-        ndm__array *v = ndm__array_peek(d->grads[i]), *o = ndm__array_peek(d->orig[i]);
-        if (v && o)
-            memcpy(ndm__array_ptr(o), ndm__array_ptr(v),
-                   (size_t)ndm__numel(o->ndim, o->shape) * ndm_dtype_size(o->dtype));
-        if (o)
+        copy_values(d, d->orig[i], d->grads[i]);
+        if (ndm__array_peek(d->orig[i]))
             (void)ndm__ag_set_grad(d->params[i], d->orig[i]);
     }
     /* the buckets are arrays of the model's "ddp" manager: gone with it, or
@@ -134,6 +161,17 @@ static ndm_status plan_steps(ddp *d, const char *api, ndm__site site)
     return NDM_OK;
 }
 
+/* On a CUDA device: the array the buckets' flags are gathered in and the
+ * event that marks the end of a step's all-reduces, both in "ddp". */
+static ndm_status plan_cuda(ddp *d, const char *api, ndm__site site)
+{
+    int64_t nb = d->nb ? d->nb : 1;
+    d->flags = ndm__array_new(site, api, d->mgr, NDM_F32, 1, &nb, NULL);
+    if (!d->flags.id)
+        return ndm_last_status();
+    return ndm_event_new(d->mgr, &d->done);
+}
+
 /* Lay out the buckets: parameters in reverse order (backward finishes the
  * last layers first), a new bucket when the dtype changes or the next
  * gradient would pass the size. */
@@ -175,7 +213,7 @@ static ndm_status plan(ddp *d, int64_t cap_bytes, const char *api, ndm__site sit
     /* every gradient becomes a view of its place in the bucket, holding
      * what the gradient held */
     for (int i = 0; i < d->np; i++) {
-        ndm__array *p = ndm__array_peek(d->params[i]), *g = ndm__array_peek(d->grads[i]);
+        ndm__array *p = ndm__array_peek(d->params[i]);
         ndm__array *br = ndm__array_peek(d->b[d->bucket_of[i]].buf);
         int64_t small[8];
         int64_t *strides = p->ndim <= 8 ? small : malloc((size_t)p->ndim * sizeof *strides);
@@ -193,18 +231,15 @@ static ndm_status plan(ddp *d, int64_t cap_bytes, const char *api, ndm__site sit
             free(strides);
         if (!v.id)
             return ndm_last_status();
-        memcpy(ndm__array_ptr(vr), ndm__array_ptr(g),
-               (size_t)ndm__numel(p->ndim, p->shape) * ndm_dtype_size(p->dtype));
+        copy_values(d, v, d->grads[i]);
         d->orig[i] = ndm__ag_set_grad(d->params[i], v);
         d->grads[i] = v;
     }
+    /* on a CUDA device the step waits for the stream, then steps whole */
+    if (d->dev.type == NDM_DEVICE_CUDA)
+        return plan_cuda(d, api, site);
     return plan_steps(d, api, site);
 }
-
-#define CUDA_MODEL                                                                          \
-    "data-parallel training of a model on a CUDA device is not available: its gradient "    \
-    "buckets would go over NCCL, which this wrapper does not use yet (keep the model on "   \
-    "the CPU, or all-reduce its gradients with ndm_all_reduce_)"
 
 NDM_API ndm_ddp ndm_ddp_new_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module net,
                                ndm_optimizer opt, const ndm_ddp_options *opts)
@@ -220,10 +255,6 @@ NDM_API ndm_ddp ndm_ddp_new_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module ne
         local = ndm__fail(NDM_E_INVALID, api, site, "bucket_bytes %" PRId64 " is negative", cap);
     if (local == NDM_OK)
         local = ndm__module_check_owner(net, model, api, site);
-    /* the buckets are host memory moved by MPI: a model on a GPU would need
-     * them on its device and over NCCL, which this wrapper does not do yet */
-    if (local == NDM_OK && ndm_manager_device(model).type != NDM_DEVICE_CPU)
-        local = ndm__fail(NDM_E_UNSUPPORTED, api, site, CUDA_MODEL);
     if (local == NDM_OK && ndm__object_owner(opt.id).id != model.id)
         local = ndm_optimizer_lr(opt) < 0
                     ? ndm_last_status()
@@ -261,11 +292,21 @@ NDM_API ndm_ddp ndm_ddp_new_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module ne
             ndm_module_named_state(net, NULL, state, ns) != ns) {
             local = tmp ? ndm_last_status() : ndm__fail(NDM_E_OOM, api, site, "no memory");
         } else {
+            /* the buckets live where the parameters do: all on one device */
+            d->dev = np ? ndm_array_device(tmp[0]) : ndm_manager_device(model);
             for (int i = 0; i < np; i++) {
                 d->params[i] = tmp[np - 1 - i];
                 d->grads[i] = ndm__ag_grad_of(d->params[i]);
-                if (ndm_array_device(d->params[i]).type != NDM_DEVICE_CPU && local == NDM_OK)
-                    local = ndm__fail(NDM_E_UNSUPPORTED, api, site, CUDA_MODEL);
+                ndm_device pd = ndm_array_device(d->params[i]);
+                if ((pd.type != d->dev.type || pd.index != d->dev.index) && local == NDM_OK) {
+                    char a[32], b[32];
+                    ndm_device_str(d->dev, a, sizeof a);
+                    ndm_device_str(pd, b, sizeof b);
+                    local = ndm__fail(NDM_E_DEVICE, api, site,
+                                      "parameter 0 is on %s and parameter %d on %s: the "
+                                      "gradient buckets need every parameter on one device",
+                                      a, np - 1 - i, b);
+                }
                 if (!d->grads[i].id && local == NDM_OK)
                     local = ndm__fail(NDM_E_INVALID, api, site,
                                       "parameter %d has no gradient (made without gradients?)",
@@ -274,20 +315,33 @@ NDM_API ndm_ddp ndm_ddp_new_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module ne
         }
         free(tmp);
     }
+    /* on a GPU the buckets go over NCCL: a build or module without it is
+     * told now, on every rank */
+    if (local == NDM_OK && d->dev.type == NDM_DEVICE_CUDA && !ndm__nccl_table(api, site))
+        local = ndm_last_status();
     if (local == NDM_OK) {
-        d->mgr = ndm_manager_new_at(NDM__SITE_ARGS(site), model, "ddp");
+        d->mgr = ndm_manager_new_on_at(NDM__SITE_ARGS(site), model, "ddp", d->dev);
         if (!d->mgr.id)
             local = ndm_last_status();
         else
             local = plan(d, cap, api, site);
     }
-    /* every rank has the same parameter count, or none goes on */
-    ndm_status st = ndm__dist_agree(g, NDM__DIST_DDP_NEW, local == NDM_OK ? ns : -1, NULL, local,
+    /* every rank has the same parameter count, and the first parameter on
+     * the same kind of device, or none goes on */
+    ndm__array *first = local == NDM_OK && d->np ? ndm__array_peek(d->params[d->np - 1]) : NULL;
+    ndm_status st = ndm__dist_agree(g, NDM__DIST_DDP_NEW, local == NDM_OK ? ns : -1, first, local,
                                     NULL, api, site);
     /* rank 0's parameters and buffers everywhere (each checks dtype and shape) */
     for (int i = 0; i < ns && st == NDM_OK; i++)
         st = ndm_broadcast_inplace_at(NDM__SITE_ARGS(site), state[i], 0);
     free(state);
+    /* the communicator of the device, made now by every rank together when
+     * no collective made it before */
+    if (st == NDM_OK && d->dev.type == NDM_DEVICE_CUDA) {
+        const ndm__backend_collective *t;
+        void *comm;
+        st = ndm__nccl_comm(g, d->dev.index, &t, &comm, api, site);
+    }
     uint64_t id = 0;
     if (st == NDM_OK && !(id = ndm__object_new(&ddp_type, model, d, site, api)))
         st = ndm_last_status();
@@ -330,8 +384,110 @@ static bool flag_set(const bucket *b)
 
 static void note_failure(ddp *d, ndm_status st);
 
+/* ---- buckets on a CUDA device ------------------------------------------------------------- */
+
+/* One element of the device array r at element offset `at`, as a kernel sees it. */
+static ndm__tensor element(ndm__array *r, int64_t at, const int64_t *one)
+{
+    return (ndm__tensor){(char *)ndm__array_ptr(r) + at * (int64_t)ndm_dtype_size(r->dtype),
+                         r->dtype, 1, one, one};
+}
+
+/* Queue bucket k on the calling thread's current stream, behind the
+ * kernels that wrote its gradients: its flag (a one-element fill), NCCL's
+ * sum over the bucket and flag, and the reduced flag's copy into flags[k].
+ * No thread: NCCL runs on the device while the host queues the rest of
+ * backward. Every call is queued even after a failure, so that NCCL
+ * meets the same all-reduces on every rank. */
+static void post_cuda(ddp *d, bucket *b)
+{
+    static const int64_t one[1] = {1};
+    const char *api = "ndm_ddp_backward";
+    ndm__dist_group *g = ndm__dist_group_get(api, NDM__NO_SITE);
+    if (!g)
+        return; /* broken: the step says so */
+    const ndm__backend *be = ndm__backend_for(NDM_DEVICE_CUDA);
+    void *comm = g->nccl[d->dev.index];
+    ndm__array *r = ndm__array_peek(b->buf), *f = ndm__array_peek(d->flags);
+    if (!be || !be->collective || !comm || !r || !f) {
+        note_failure(d, ndm__fail(NDM_E_CLOSED, api, NDM__NO_SITE,
+                                  "the bucket's communicator or arrays are gone (the process "
+                                  "group finalized, or the buckets released)"));
+        return;
+    }
+    int dev = d->dev.index;
+    ndm__tensor flag = element(r, b->numel, one), slot = element(f, b - d->b, one);
+    ndm_status st = be->fill(dev, &flag, d->failed < 0 ? 1.0 : 0.0);
+    if (st < 0)
+        note_failure(d, st);
+    st = be->collective->all_reduce(comm, ndm__array_ptr(r), (size_t)(b->numel + 1), b->dtype,
+                                    NDM__COLL_SUM);
+    if (st < 0)
+        note_failure(d, ndm__fail(st, api, NDM__NO_SITE, "%s", ndm_last_error()));
+    st = be->copy(dev, &slot, &flag);
+    if (st < 0)
+        note_failure(d, st);
+}
+
+/* After the last bucket: the point of the stream the step waits for. */
+static void mark_posted_cuda(ddp *d)
+{
+    ndm_stream s = ndm_stream_current(d->dev);
+    ndm_status st = s.id ? ndm_event_record(d->done, s) : ndm_last_status();
+    if (st < 0)
+        note_failure(d, st);
+}
+
+/* Wait, bounded by the group's timeout, until the stream has passed the
+ * step's last all-reduce. The module has no way to cancel NCCL's work: on
+ * a timeout the group breaks and keeps views of the buckets and flags, so
+ * that their memory outlives whatever NCCL may still write. */
+static ndm_status wait_cuda(ddp *d, ndm__dist_group *g, const char *api, ndm__site site)
+{
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (unsigned spins = 0;; spins++) {
+        bool done = false;
+        ndm_status st = ndm_event_query(d->done, &done);
+        if (st < 0)
+            return ndm__fail(st, api, site, "waiting for the gradient buckets: %s",
+                             ndm_last_error());
+        if (done)
+            return NDM_OK;
+        /* NCCL is quick once every rank is there: poll often at first,
+         * then offer the core */
+        if (spins < 256) {
+            sched_yield();
+            continue;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        double waited = (double)(now.tv_sec - t0.tv_sec) + (now.tv_nsec - t0.tv_nsec) * 1e-9;
+        if (waited > g->timeout_s)
+            break;
+        nanosleep(&(struct timespec){0, 20000}, NULL);
+    }
+    if (!g->keep.id)
+        g->keep = ndm_manager_new(ndm_system(), "dist");
+    for (int k = 0; k < d->nb && g->keep.id; k++)
+        (void)ndm_alias_to(g->keep, d->b[k].buf);
+    if (g->keep.id)
+        (void)ndm_alias_to(g->keep, d->flags);
+    g->broken = true;
+    return ndm__fail(NDM_E_TIMEOUT, api, site,
+                     "rank %d waited %g s (NDM_DIST_TIMEOUT_S) for the other ranks' gradients "
+                     "(NCCL): one of them is not taking part (dead, stuck, or calling "
+                     "collectives in another order)",
+                     g->rank, g->timeout_s);
+}
+
+/* ---- posting ------------------------------------------------------------------------------ */
+
 static void post(ddp *d, bucket *b)
 {
+    if (d->dev.type == NDM_DEVICE_CUDA) {
+        post_cuda(d, b);
+        return;
+    }
     ndm__dist_group *g = ndm__dist_group_get("ndm_ddp_backward", NDM__NO_SITE);
     /* stepwise, the last bucket's flag went out before it (post_status) */
     bool flag_out = d->stepwise && b == &d->b[d->nb - 1];
@@ -443,6 +599,8 @@ static void finish_posting(ddp *d)
     for (int i = 0; i < d->np; i++)
         take(d, i);
     post_ready(d, true);
+    if (d->dev.type == NDM_DEVICE_CUDA)
+        mark_posted_cuda(d);
 }
 
 NDM_API ndm_status ndm_ddp_backward_at(NDM_SITE_PARAMS, ndm_ddp h, ndm_array loss)
@@ -451,13 +609,13 @@ NDM_API ndm_status ndm_ddp_backward_at(NDM_SITE_PARAMS, ndm_ddp h, ndm_array los
     ddp *d = lookup(h, __func__, site);
     if (!d)
         return ndm_last_status();
-    if (d->in_step) {
-        /* its buckets are out already: this rank fails the step for all */
-        ndm_status st = ndm__fail(NDM_E_INVALID, __func__, site,
-                                  "backward ran twice without ndm_ddp_step between");
-        note_failure(d, st);
-        return st;
-    }
+    if (d->in_step)
+        /* refused, and nothing else: the first backward's buckets are out
+         * with clean flags, the other ranks step on them, and so can this
+         * one (a failure noted now would reach no other rank) */
+        return ndm__fail(NDM_E_INVALID, __func__, site,
+                         "backward ran twice without ndm_ddp_step between (the second did "
+                         "nothing: the step takes the first one's gradients)");
     start_step(d);
     ndm_status st;
     if (!loss.id) {
@@ -506,6 +664,44 @@ static ndm_status step_buckets(ddp *d, int k0, int n, bool start)
     return st;
 }
 
+/* The step's end on a CUDA device: the wait for the stream, the flags in
+ * one copy to the host, then as on the CPU. */
+static ndm_status step_cuda(ddp *d, ndm__dist_group *g, const char *api, ndm__site site)
+{
+    ndm_status st = wait_cuda(d, g, api, site);
+    d->in_step = false;
+    if (st < 0)
+        return st;
+    float small[64], *flags = d->nb <= 64 ? small : malloc((size_t)d->nb * sizeof *flags);
+    if (!flags)
+        return ndm__fail(NDM_E_OOM, api, site, "no memory for %d flags", d->nb);
+    for (int k = 0; k < d->nb && st == NDM_OK; k++)
+        if (!ndm__array_peek(d->b[k].buf))
+            st = ndm__fail(NDM_E_CLOSED, api, site, "a bucket was released");
+    if (st == NDM_OK && d->nb)
+        st = ndm_array_copy_out(d->flags, flags, (size_t)d->nb * sizeof *flags);
+    bool any_failed = false;
+    for (int k = 0; k < d->nb && st == NDM_OK; k++)
+        any_failed |= flags[k] != 0;
+    if (flags != small)
+        free(flags);
+    if (st < 0)
+        return st;
+    if (any_failed || d->failed < 0) {
+        /* learn who failed and why, all ranks alike */
+        st = ndm__dist_agree(g, NDM__DIST_DDP_STEP, 0, NULL, d->failed,
+                             d->failed < 0 ? d->msg : NULL, api, site);
+        if (st == NDM_OK) /* cannot happen: a flag was set */
+            st = ndm__fail(NDM_E_INTERNAL, api, site, "a rank failed but none says so");
+        (void)!ndm_optimizer_zero_grad(d->opt);
+        return st;
+    }
+    st = ndm_optimizer_step(d->opt);
+    if (st == NDM_OK)
+        st = ndm_optimizer_zero_grad(d->opt);
+    return st;
+}
+
 NDM_API ndm_status ndm_ddp_step_at(NDM_SITE_PARAMS, ndm_ddp h)
 {
     ndm__site site = NDM__SITE;
@@ -523,6 +719,8 @@ NDM_API ndm_status ndm_ddp_step_at(NDM_SITE_PARAMS, ndm_ddp h)
                                   "ndm_ddp_step without ndm_ddp_backward before it"));
         finish_posting(d);
     }
+    if (d->dev.type == NDM_DEVICE_CUDA)
+        return step_cuda(d, g, api, site);
     /* bounded; on a timeout the group keeps the buckets MPI may still write */
     ndm_status st = NDM_OK, early = NDM_OK;
     bool stepped = false;
