@@ -270,6 +270,13 @@ gpu() {
             --model $model --requests 20000 >> $out/fashion.txt 2>&1"
         step "ndm-fashion train --device cuda --cnn" sh -c "$fashion train --device cuda --cnn \
             --data $data --epochs 2 --quiet --no-save >> $out/fashion.txt 2>&1"
+        # data-parallel on the GPU: one rank, its buckets over NCCL
+        if command -v mpirun >/dev/null && "$fashion" --help 2>&1 | grep -q -- --dist; then
+            step "ndm-fashion train --dist --device cuda (mpirun -np 1)" sh -c "\
+                OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 1 \
+                --oversubscribe $fashion train --dist --device cuda --data $data --epochs 2 \
+                --no-save >> $out/fashion_dist.txt 2>&1"
+        fi
     else
         echo "no Fashion-MNIST data (NDM_GPU_DEPS from gpu-deps carries it): the main job" \
              "is not run" | tee -a "$log"
