@@ -621,6 +621,51 @@ static void test_backward_reports_each_gradient_when_complete(void **state)
     assert_ok(ndm_manager_close(m));
 }
 
+/* With a completion hook, a product's weight gradient is made and reported
+ * before the gradient of its other input is computed (data-parallel
+ * training sends it while that product runs): under a limit that the
+ * weight's gradient fits and the input's does not, backward fails at the
+ * input's gradient with the weight already reported, at its final value. */
+static void record_ready_head(void *ud, ndm_array g)
+{
+    seen_grads *s = ud;
+    if (s->n < 8) {
+        s->ids[s->n] = g.id;
+        memcpy(s->values[s->n], ndm_array_data(g), sizeof s->values[0]); /* the first 4 */
+    }
+    s->n++;
+}
+
+static void test_backward_hook_reports_a_weight_before_its_input_gradient(void **state)
+{
+    ndm_manager m = ndm_manager_new(ROOT(state), "model");
+    ndm_array w = ndm_full(m, NDM_F32, 0.5, 2, (int64_t[]){2, 512});
+    ndm_array c = ndm_ones(m, NDM_F32, 1, (int64_t[]){512});
+    assert_ok(ndm_requires_grad(w));
+    assert_ok(ndm_requires_grad(c));
+    ndm_manager batch = ndm_manager_new(m, "batch");
+    ndm_array x = ndm_ones(batch, NDM_F32, 2, (int64_t[]){256, 512});
+    assert_ok(ndm_grad_begin(batch));
+    ndm_array a = ndm_mul(x, c); /* needs a gradient, and is no parameter */
+    ndm_array loss = ndm_sum(ndm_matmul(a, ndm_transpose(w)), false, NDM_ALL_AXES_LIST);
+    assert_live(loss);
+    (void)ndm_grad_end();
+    ndm_stats st;
+    assert_ok(ndm_manager_stats(batch, NDM_CPU, NDM_STATS_SUBTREE, &st));
+    /* a's gradient (512 KiB) does not fit; w's (4 KiB) does */
+    assert_ok(ndm_manager_set_limit(batch, NDM_CPU, st.live_bytes + 64 * 1024));
+    seen_grads s = {0};
+    ndm_status bs = ndm__ag_backward_hooked((ndm__site){__FILE__, __func__, __LINE__}, loss,
+                                            NDM_NULL_ARRAY, record_ready_head, &s);
+    assert_int_equal(bs, NDM_E_QUOTA);
+    assert_int_equal(s.n, 1);
+    assert_true(s.ids[0] == ndm__ag_grad_of(w).id);
+    for (int i = 0; i < 4; i++) /* d/dw[o][i] = sum over the batch of a[b][i] */
+        assert_true(s.values[0][i] == 256.0f);
+    assert_ok(ndm_manager_close(batch));
+    assert_ok(ndm_manager_close(m));
+}
+
 /* relu's gradient is g * (x > 0) bit for bit (a negative g over x <= 0 gives
  * -0, a NaN g over x > 0 stays NaN), contiguous or through a transposed
  * view, in f32 and f64, split across threads or not; and the contiguous case
@@ -723,6 +768,7 @@ int main(void)
         TEST(test_grad_conv_and_pool),
         TEST(test_grad_accumulates_and_zeroes),
         TEST(test_backward_reports_each_gradient_when_complete),
+        TEST(test_backward_hook_reports_a_weight_before_its_input_gradient),
         TEST(test_grad_graph_lives_in_owner),
         TEST(test_grad_no_grad_and_errors),
     };

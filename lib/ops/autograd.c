@@ -510,6 +510,38 @@ NDM_API ndm_status ndm_backward_with_at(NDM_SITE_PARAMS, ndm_array out, ndm_arra
     return ndm__ag_backward_hooked(NDM__SITE, out, grad, NULL, NULL);
 }
 
+/* A product whose input 0 is an activation and whose input 1 is a
+ * parameter, or a view of one made just before it (a linear layer's
+ * transposed weight): the node whose completion finishes the weight's
+ * gradient early (nd itself, or the view's node at k + 1), or NULL when
+ * the node runs whole. */
+static ndm__ag_node *weight_first(ndm__ag_node *nd, ndm__ag_node **order, size_t count, size_t k)
+{
+    if ((nd->op != NDM__AG_MATMUL && nd->op != NDM__AG_CONV2D) || nd->n < 2 || nd->n > 8 ||
+        !nd->needs[0] || !nd->needs[1] || nd->leaf[0].id)
+        return NULL;
+    if (nd->leaf[1].id && !nd->prod[1])
+        return nd;
+    ndm__ag_node *v = nd->prod[1];
+    if (v && v != nd->prod[0] && k + 1 < count && order[k + 1] == v && v->op == NDM__AG_PERMUTE &&
+        v->n == 1 && v->needs[0] && v->leaf[0].id && !v->prod[0])
+        return v;
+    return NULL;
+}
+
+/* Run one node's rule and deliver what it gives. */
+static ndm_status run_node(ndm__ag_node *nd, const char *api, ndm__site site)
+{
+    ndm_array gi[8] = {{0}};
+    if (nd->n > 8)
+        return ndm__fail(NDM_E_INTERNAL, api, site, "a view node with %d inputs", nd->n);
+    ndm_status st = ndm__ag_rule(nd, nd->g, gi);
+    for (int i = 0; i < nd->n && st == NDM_OK; i++)
+        if (nd->needs[i] && gi[i].id)
+            st = deliver(nd, i, gi[i], api, site);
+    return st;
+}
+
 ndm_status ndm__ag_backward_hooked(ndm__site site, ndm_array out, ndm_array grad,
                                    ndm__ag_ready_fn ready, void *ud)
 {
@@ -584,10 +616,47 @@ ndm_status ndm__ag_backward_hooked(ndm__site site, ndm_array out, ndm_array grad
             st = ndm__fail(NDM_E_OOM, __func__, site, "no memory");
             break;
         }
-        st = ndm__ag_rule(nd, nd->g, gv);
-        for (int i = 0; i < nd->n && st == NDM_OK; i++)
-            if (nd->needs[i] && gv[i].id)
-                st = deliver(nd, i, gv[i], __func__, site);
+        ndm__ag_node *view = ready ? weight_first(nd, order, count, k) : NULL;
+        if (view) {
+            /* the weight's part first, then its view's node (next in the
+             * order, and complete once this node has delivered to it):
+             * the weight's gradient is reported before the input's
+             * gradient is computed, so that communicating it overlaps
+             * with that product */
+            nd->needs[0] = 0;
+            st = ndm__ag_rule(nd, nd->g, gv);
+            nd->needs[0] = 1;
+            for (int i = 1; i < nd->n && st == NDM_OK; i++)
+                if (nd->needs[i] && gv[i].id)
+                    st = deliver(nd, i, gv[i], __func__, site);
+            size_t upto = k;
+            if (st == NDM_OK && view != nd) {
+                st = run_node(view, __func__, site);
+                view->g = NDM_NULL_ARRAY; /* done: skipped when the loop comes to it */
+                upto = k + 1;
+            }
+            for (; next_ready < nready && points[next_ready].k <= upto && st == NDM_OK;
+                 next_ready++)
+                ready(ud, (ndm_array){points[next_ready].grad});
+            for (int i = 1; i < nd->n; i++)
+                gv[i] = NDM_NULL_ARRAY;
+            unsigned char keep[8];
+            for (int i = 1; i < nd->n; i++) {
+                keep[i] = nd->needs[i];
+                nd->needs[i] = 0;
+            }
+            if (st == NDM_OK)
+                st = ndm__ag_rule(nd, nd->g, gv);
+            for (int i = 1; i < nd->n; i++)
+                nd->needs[i] = keep[i];
+            if (st == NDM_OK && gv[0].id)
+                st = deliver(nd, 0, gv[0], __func__, site);
+        } else {
+            st = ndm__ag_rule(nd, nd->g, gv);
+            for (int i = 0; i < nd->n && st == NDM_OK; i++)
+                if (nd->needs[i] && gv[i].id)
+                    st = deliver(nd, i, gv[i], __func__, site);
+        }
         if (gv != gi)
             free(gv);
     }
