@@ -263,8 +263,11 @@ NDM_API ndm_ddp ndm_ddp_new_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module ne
  *  for NCCL on the current stream) as soon as backward has produced all
  *  its gradients, while backward goes on. Call it on every rank every step,
  *  also when this rank's forward pass failed (loss null): the failure is
- *  then sent with the buckets and ends the step on every rank. Returns this
- *  rank's backward status (the job's comes from ndm_ddp_step()). */
+ *  then sent with the buckets and ends the step on every rank. A second
+ *  call before ndm_ddp_step() is refused (NDM_E_INVALID) and does nothing
+ *  else: its buckets are out already, and the step takes the first call's
+ *  gradients on every rank. Returns this rank's backward status (the
+ *  job's comes from ndm_ddp_step()). */
 #define ndm_ddp_backward(d, loss) ndm_ddp_backward_at(NDM_HERE, (d), (loss))
 /** ndm_ddp_backward() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_status ndm_ddp_backward_at(NDM_SITE_PARAMS, ndm_ddp d, ndm_array loss);
