@@ -664,6 +664,28 @@ static ndm_status step_buckets(ddp *d, int k0, int n, bool start)
     return st;
 }
 
+/* The step's end once every bucket is in: when any rank failed, every
+ * rank learns who and why and none steps (the gradients are zeroed in
+ * place, which leaves the step's error in place); else the optimizer step
+ * over gradients that are the buckets' views and hold the mean already. */
+static ndm_status step_whole(ddp *d, ndm__dist_group *g, bool any_failed, const char *api,
+                             ndm__site site)
+{
+    ndm_status st;
+    if (any_failed || d->failed < 0) {
+        st = ndm__dist_agree(g, NDM__DIST_DDP_STEP, 0, NULL, d->failed,
+                             d->failed < 0 ? d->msg : NULL, api, site);
+        if (st == NDM_OK) /* cannot happen: a flag was set */
+            st = ndm__fail(NDM_E_INTERNAL, api, site, "a rank failed but none says so");
+        (void)!ndm_optimizer_zero_grad(d->opt);
+        return st;
+    }
+    st = ndm_optimizer_step(d->opt);
+    if (st == NDM_OK)
+        st = ndm_optimizer_zero_grad(d->opt);
+    return st;
+}
+
 /* The step's end on a CUDA device: the wait for the stream, the flags in
  * one copy to the host, then as on the CPU. */
 static ndm_status step_cuda(ddp *d, ndm__dist_group *g, const char *api, ndm__site site)
@@ -687,19 +709,7 @@ static ndm_status step_cuda(ddp *d, ndm__dist_group *g, const char *api, ndm__si
         free(flags);
     if (st < 0)
         return st;
-    if (any_failed || d->failed < 0) {
-        /* learn who failed and why, all ranks alike */
-        st = ndm__dist_agree(g, NDM__DIST_DDP_STEP, 0, NULL, d->failed,
-                             d->failed < 0 ? d->msg : NULL, api, site);
-        if (st == NDM_OK) /* cannot happen: a flag was set */
-            st = ndm__fail(NDM_E_INTERNAL, api, site, "a rank failed but none says so");
-        (void)!ndm_optimizer_zero_grad(d->opt);
-        return st;
-    }
-    st = ndm_optimizer_step(d->opt);
-    if (st == NDM_OK)
-        st = ndm_optimizer_zero_grad(d->opt);
-    return st;
+    return step_whole(d, g, any_failed, api, site);
 }
 
 NDM_API ndm_status ndm_ddp_step_at(NDM_SITE_PARAMS, ndm_ddp h)
@@ -755,19 +765,5 @@ NDM_API ndm_status ndm_ddp_step_at(NDM_SITE_PARAMS, ndm_ddp h)
             return ndm__fail(NDM_E_CLOSED, api, site, "a bucket was released");
         any_failed |= flag_set(&d->b[k]);
     }
-    if (any_failed || d->failed < 0) {
-        /* learn who failed and why, all ranks alike */
-        st = ndm__dist_agree(g, NDM__DIST_DDP_STEP, 0, NULL, d->failed,
-                             d->failed < 0 ? d->msg : NULL, api, site);
-        if (st == NDM_OK) /* cannot happen: a flag was set */
-            st = ndm__fail(NDM_E_INTERNAL, api, site, "a rank failed but none says so");
-        /* in place, so it leaves the error of the step in place */
-        (void)!ndm_optimizer_zero_grad(d->opt);
-        return st;
-    }
-    /* the gradients are the buckets' views and hold the mean already */
-    st = ndm_optimizer_step(d->opt);
-    if (st == NDM_OK)
-        st = ndm_optimizer_zero_grad(d->opt);
-    return st;
+    return step_whole(d, g, any_failed, api, site);
 }
