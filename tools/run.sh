@@ -229,11 +229,13 @@ gpu() {
     export NDM_BACKEND_PATH=$PWD/$suites/lib
     step "conformance suite on the GPU" sh -c "$suites/tests/test_backend_ops > $out/conformance.txt 2>&1"
     step "CUDA tests on the GPU" sh -c "$suites/tests/test_cuda > $out/test_cuda.txt 2>&1"
+    # (no grep -q after a pipe here: under pipefail, grep leaving at the first
+    # match can end the writer with SIGPIPE and fail the test at random)
     # NCCL on the GPU, one rank: the bootstrap and every collective on CUDA
     # arrays of every dtype (tests/dist_gpu.c); needs MPI in the build (and
     # so NCCL, from the toolkit or Python's package above) and mpirun here
     if command -v mpirun >/dev/null &&
-        ninja -C "$suites" -t targets all 2>/dev/null | grep -q '^tests/dist_gpu:'; then
+        ninja -C "$suites" -t targets all 2>/dev/null | grep '^tests/dist_gpu:' >/dev/null; then
         step "NCCL collectives on the GPU (mpirun -np 1)" sh -c "ninja -C $suites tests/dist_gpu \
             && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 1 \
             --oversubscribe $suites/tests/dist_gpu > $out/dist_gpu.txt 2>&1"
@@ -271,7 +273,7 @@ gpu() {
         step "ndm-fashion train --device cuda --cnn" sh -c "$fashion train --device cuda --cnn \
             --data $data --epochs 2 --quiet --no-save >> $out/fashion.txt 2>&1"
         # data-parallel on the GPU: one rank, its buckets over NCCL
-        if command -v mpirun >/dev/null && "$fashion" --help 2>&1 | grep -q -- --dist; then
+        if command -v mpirun >/dev/null && "$fashion" --help 2>&1 | grep -- --dist >/dev/null; then
             step "ndm-fashion train --dist --device cuda (mpirun -np 1)" sh -c "\
                 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 1 \
                 --oversubscribe $fashion train --dist --device cuda --data $data --epochs 2 \
