@@ -466,13 +466,9 @@ static ndm_status wait_cuda(ddp *d, ndm__dist_group *g, const char *api, ndm__si
             break;
         nanosleep(&(struct timespec){0, 20000}, NULL);
     }
-    if (!g->keep.id)
-        g->keep = ndm_manager_new(ndm_system(), "dist");
-    for (int k = 0; k < d->nb && g->keep.id; k++)
-        (void)ndm_alias_to(g->keep, d->b[k].buf);
-    if (g->keep.id)
-        (void)ndm_alias_to(g->keep, d->flags);
-    g->broken = true;
+    for (int k = 0; k < d->nb; k++)
+        ndm__dist_keep(g, &d->b[k].buf, 1);
+    ndm__dist_keep(g, &d->flags, 1);
     return ndm__fail(NDM_E_TIMEOUT, api, site,
                      "rank %d waited %g s (NDM_DIST_TIMEOUT_S) for the other ranks' gradients "
                      "(NCCL): one of them is not taking part (dead, stuck, or calling "
@@ -481,6 +477,18 @@ static ndm_status wait_cuda(ddp *d, ndm__dist_group *g, const char *api, ndm__si
 }
 
 /* ---- posting ------------------------------------------------------------------------------ */
+
+/* Hand job j to the communication thread; without one (MPI_THREAD_SINGLE
+ * or FUNNELED, or none could start) it runs now, from here, without
+ * overlap. False when that all-reduce failed (noted as this rank's). */
+static bool send(ddp *d, ndm__dist_group *g, ndm__dist_job *j)
+{
+    if (ndm__dist_post(g, j, "ndm_ddp_backward", NDM__NO_SITE) == NDM_OK ||
+        MPI_Allreduce(MPI_IN_PLACE, j->p, j->count, j->type, j->op, g->comm) == MPI_SUCCESS)
+        return true;
+    note_failure(d, ndm__fail(NDM_E_IO, "ndm_ddp_backward", NDM__NO_SITE, "MPI_Allreduce failed"));
+    return false;
+}
 
 static void post(ddp *d, bucket *b)
 {
@@ -500,14 +508,7 @@ static void post(ddp *d, bucket *b)
     b->job = (ndm__dist_job){ndm__array_ptr(r), (int)(b->numel + !flag_out),
                              ndm__dist_mpi_type(b->dtype), ndm__dist_mpi_op(b->dtype, NDM_DIST_SUM),
                              b->buf, false, NULL, 0};
-    if (ndm__dist_post(g, &b->job, "ndm_ddp_backward", NDM__NO_SITE) < 0) {
-        /* no thread (MPI_THREAD_SINGLE or FUNNELED, or none could start):
-         * this bucket goes now, from here, without overlap */
-        if (MPI_Allreduce(MPI_IN_PLACE, b->job.p, b->job.count, b->job.type, b->job.op, g->comm) !=
-            MPI_SUCCESS)
-            note_failure(d, ndm__fail(NDM_E_IO, "ndm_ddp_backward", NDM__NO_SITE,
-                                      "MPI_Allreduce failed"));
-    }
+    (void)send(d, g, &b->job);
 }
 
 /* Every rank's status of the step (stepwise): the last bucket's failure
@@ -524,13 +525,7 @@ static void post_status(ddp *d)
     MPI_Datatype t = ndm__dist_mpi_type(b->dtype);
     MPI_Op op = ndm__dist_mpi_op(b->dtype, NDM_DIST_SUM);
     d->status_job = (ndm__dist_job){p, 1, t, op, b->buf, false, NULL, 0};
-    d->status_out = true;
-    if (ndm__dist_post(g, &d->status_job, "ndm_ddp_backward", NDM__NO_SITE) < 0 &&
-        MPI_Allreduce(MPI_IN_PLACE, p, 1, t, op, g->comm) != MPI_SUCCESS) {
-        d->status_out = false;
-        note_failure(d, ndm__fail(NDM_E_IO, "ndm_ddp_backward", NDM__NO_SITE,
-                                  "MPI_Allreduce failed"));
-    }
+    d->status_out = send(d, g, &d->status_job);
 }
 
 /* Post every bucket whose gradients are all in, in order (the same order
@@ -694,13 +689,12 @@ static ndm_status step_cuda(ddp *d, ndm__dist_group *g, const char *api, ndm__si
     d->in_step = false;
     if (st < 0)
         return st;
+    if (!buckets_live(d, 0, d->nb))
+        return ndm__fail(NDM_E_CLOSED, api, site, "a bucket was released");
     float small[64], *flags = d->nb <= 64 ? small : malloc((size_t)d->nb * sizeof *flags);
     if (!flags)
         return ndm__fail(NDM_E_OOM, api, site, "no memory for %d flags", d->nb);
-    for (int k = 0; k < d->nb && st == NDM_OK; k++)
-        if (!ndm__array_peek(d->b[k].buf))
-            st = ndm__fail(NDM_E_CLOSED, api, site, "a bucket was released");
-    if (st == NDM_OK && d->nb)
+    if (d->nb)
         st = ndm_array_copy_out(d->flags, flags, (size_t)d->nb * sizeof *flags);
     bool any_failed = false;
     for (int k = 0; k < d->nb && st == NDM_OK; k++)
@@ -759,11 +753,10 @@ NDM_API ndm_status ndm_ddp_step_at(NDM_SITE_PARAMS, ndm_ddp h)
             return ndm__fail(NDM_E_CLOSED, api, site, "a bucket was released");
         return step_buckets(d, d->nb - 1, 1, false);
     }
+    if (!buckets_live(d, 0, d->nb))
+        return ndm__fail(NDM_E_CLOSED, api, site, "a bucket was released");
     bool any_failed = false;
-    for (int k = 0; k < d->nb; k++) {
-        if (!ndm__array_peek(d->b[k].buf))
-            return ndm__fail(NDM_E_CLOSED, api, site, "a bucket was released");
+    for (int k = 0; k < d->nb; k++)
         any_failed |= flag_set(&d->b[k]);
-    }
     return step_whole(d, g, any_failed, api, site);
 }

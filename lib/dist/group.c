@@ -189,6 +189,15 @@ NDM_API ndm_status ndm_dist_set_timeout(double seconds)
 
 /* ---- bounded waits ---------------------------------------------------------------------- */
 
+void ndm__dist_keep(ndm__dist_group *g, const ndm_array *keep, int nkeep)
+{
+    if (nkeep && !g->keep.id)
+        g->keep = ndm_manager_new(ndm_system(), "dist");
+    for (int i = 0; i < nkeep && g->keep.id; i++)
+        (void)ndm_alias_to(g->keep, keep[i]);
+    g->broken = true;
+}
+
 /* Break the group, keeping n requests MPI may still complete and a view of
  * each of the nkeep arrays they may still read or write. */
 static void abandon(ndm__dist_group *g, MPI_Request *reqs, int n, const ndm_array *keep,
@@ -200,13 +209,7 @@ static void abandon(ndm__dist_group *g, MPI_Request *reqs, int n, const ndm_arra
         g->abandoned = kept;
         g->nabandoned += n;
     }
-    if (nkeep) {
-        if (!g->keep.id)
-            g->keep = ndm_manager_new(ndm_system(), "dist");
-        for (int i = 0; i < nkeep && g->keep.id; i++)
-            (void)ndm_alias_to(g->keep, keep[i]);
-    }
-    g->broken = true;
+    ndm__dist_keep(g, keep, nkeep);
 }
 
 ndm_status ndm__dist_wait(ndm__dist_group *g, MPI_Request *reqs, int n, const ndm_array *keep,
@@ -369,13 +372,12 @@ ndm_status ndm__dist_post(ndm__dist_group *g, ndm__dist_job *j, const char *api,
     return NDM_OK;
 }
 
-/* Wait until the worker has run `upto` jobs (ndm__dist_wait_job). */
-static ndm_status wait_done(ndm__dist_group *g, uint64_t upto, const char *api, ndm__site site)
+ndm_status ndm__dist_wait_job(ndm__dist_group *g, uint64_t seq, const char *api, ndm__site site)
 {
     if (!g->worker)
         return NDM_OK;
     pthread_mutex_lock(&g->mu);
-    if (g->done < upto) {
+    if (g->done < seq) {
         struct timespec dl;
         clock_gettime(CLOCK_REALTIME, &dl);
         double s = floor(g->timeout_s);
@@ -386,15 +388,15 @@ static ndm_status wait_done(ndm__dist_group *g, uint64_t upto, const char *api, 
             dl.tv_nsec -= 1000000000L;
         }
         int rc = 0;
-        g->want = upto;
+        g->want = seq;
         pthread_cond_signal(&g->work);
         atomic_store_explicit(&draining, true, memory_order_relaxed);
-        while (g->done < upto && rc != ETIMEDOUT)
+        while (g->done < seq && rc != ETIMEDOUT)
             rc = pthread_cond_timedwait(&g->idle, &g->mu, &dl);
         atomic_store_explicit(&draining, false, memory_order_relaxed);
         g->want = 0;
     }
-    bool late = g->done < upto;
+    bool late = g->done < seq;
     /* broken: the jobs left run whenever their ranks come, not only
      * while this thread waits */
     if (late && g->defer) {
@@ -437,12 +439,8 @@ static ndm_status wait_done(ndm__dist_group *g, uint64_t upto, const char *api, 
     g->failed_rc = 0;
     pthread_mutex_unlock(&g->mu);
     if (late) {
-        if (nkeep && !g->keep.id)
-            g->keep = ndm_manager_new(ndm_system(), "dist");
-        for (int i = 0; i < nkeep && g->keep.id; i++)
-            (void)ndm_alias_to(g->keep, keep[i]);
+        ndm__dist_keep(g, keep, nkeep);
         free(keep);
-        g->broken = true;
         return ndm__fail(NDM_E_TIMEOUT, api, site,
                          "rank %d waited %g s (NDM_DIST_TIMEOUT_S) for the other ranks' "
                          "gradients: one of them is not taking part (dead, stuck, or calling "
@@ -456,12 +454,7 @@ static ndm_status wait_done(ndm__dist_group *g, uint64_t upto, const char *api, 
 
 ndm_status ndm__dist_drain(ndm__dist_group *g, const char *api, ndm__site site)
 {
-    return wait_done(g, g->posted, api, site);
-}
-
-ndm_status ndm__dist_wait_job(ndm__dist_group *g, uint64_t seq, const char *api, ndm__site site)
-{
-    return wait_done(g, seq, api, site);
+    return ndm__dist_wait_job(g, g->posted, api, site);
 }
 
 /* ---- agreement ------------------------------------------------------------------------------ */

@@ -84,6 +84,11 @@ ndm_status ndm__dist_agree(ndm__dist_group *g, ndm__dist_kind kind, int64_t arg,
                            const ndm__array *r, ndm_status local, const char *msg,
                            const char *api, ndm__site site);
 
+/* Break the group (its timeout passed), keeping a view of each of the
+ * `nkeep` arrays whose memory MPI or NCCL may still write, in the group's
+ * own manager, so that the memory outlives the caller's handles. */
+void ndm__dist_keep(ndm__dist_group *g, const ndm_array *keep, int nkeep);
+
 /* Wait for n requests, bounded by the group's timeout. On a timeout the
  * group breaks, keeps the requests and a view of each of the `nkeep`
  * arrays whose memory MPI may still write, and NDM_E_TIMEOUT is returned. */

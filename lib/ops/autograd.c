@@ -529,16 +529,28 @@ static ndm__ag_node *weight_first(ndm__ag_node *nd, ndm__ag_node **order, size_t
     return NULL;
 }
 
-/* Run one node's rule and deliver what it gives. */
-static ndm_status run_node(ndm__ag_node *nd, const char *api, ndm__site site)
+/* Run nd's rule for its inputs lo .. hi-1 and deliver their gradients
+ * (gv: room for nd->n). The other inputs' needs are masked for the call,
+ * which a partial run (nd->n <= 8, weight_first) asks for. */
+static ndm_status run_inputs(ndm__ag_node *nd, int lo, int hi, ndm_array *gv, const char *api,
+                             ndm__site site)
 {
-    ndm_array gi[8] = {{0}};
-    if (nd->n > 8)
-        return ndm__fail(NDM_E_INTERNAL, api, site, "a view node with %d inputs", nd->n);
-    ndm_status st = ndm__ag_rule(nd, nd->g, gi);
-    for (int i = 0; i < nd->n && st == NDM_OK; i++)
-        if (nd->needs[i] && gi[i].id)
-            st = deliver(nd, i, gi[i], api, site);
+    unsigned char keep[8];
+    bool part = lo > 0 || hi < nd->n;
+    for (int i = 0; i < nd->n; i++) {
+        gv[i] = NDM_NULL_ARRAY;
+        if (part && (i < lo || i >= hi)) {
+            keep[i] = nd->needs[i];
+            nd->needs[i] = 0;
+        }
+    }
+    ndm_status st = ndm__ag_rule(nd, nd->g, gv);
+    for (int i = 0; part && i < nd->n; i++)
+        if (i < lo || i >= hi)
+            nd->needs[i] = keep[i];
+    for (int i = lo; i < hi && st == NDM_OK; i++)
+        if (nd->needs[i] && gv[i].id)
+            st = deliver(nd, i, gv[i], api, site);
     return st;
 }
 
@@ -617,45 +629,27 @@ ndm_status ndm__ag_backward_hooked(ndm__site site, ndm_array out, ndm_array grad
             break;
         }
         ndm__ag_node *view = ready ? weight_first(nd, order, count, k) : NULL;
-        if (view) {
+        if (!view) {
+            st = run_inputs(nd, 0, nd->n, gv, __func__, site);
+        } else {
             /* the weight's part first, then its view's node (next in the
              * order, and complete once this node has delivered to it):
              * the weight's gradient is reported before the input's
              * gradient is computed, so that communicating it overlaps
              * with that product */
-            nd->needs[0] = 0;
-            st = ndm__ag_rule(nd, nd->g, gv);
-            nd->needs[0] = 1;
-            for (int i = 1; i < nd->n && st == NDM_OK; i++)
-                if (nd->needs[i] && gv[i].id)
-                    st = deliver(nd, i, gv[i], __func__, site);
+            st = run_inputs(nd, 1, nd->n, gv, __func__, site);
             size_t upto = k;
             if (st == NDM_OK && view != nd) {
-                st = run_node(view, __func__, site);
+                ndm_array gview[1];
+                st = run_inputs(view, 0, 1, gview, __func__, site);
                 view->g = NDM_NULL_ARRAY; /* done: skipped when the loop comes to it */
                 upto = k + 1;
             }
             for (; next_ready < nready && points[next_ready].k <= upto && st == NDM_OK;
                  next_ready++)
                 ready(ud, (ndm_array){points[next_ready].grad});
-            for (int i = 1; i < nd->n; i++)
-                gv[i] = NDM_NULL_ARRAY;
-            unsigned char keep[8];
-            for (int i = 1; i < nd->n; i++) {
-                keep[i] = nd->needs[i];
-                nd->needs[i] = 0;
-            }
             if (st == NDM_OK)
-                st = ndm__ag_rule(nd, nd->g, gv);
-            for (int i = 1; i < nd->n; i++)
-                nd->needs[i] = keep[i];
-            if (st == NDM_OK && gv[0].id)
-                st = deliver(nd, 0, gv[0], __func__, site);
-        } else {
-            st = ndm__ag_rule(nd, nd->g, gv);
-            for (int i = 0; i < nd->n && st == NDM_OK; i++)
-                if (nd->needs[i] && gv[i].id)
-                    st = deliver(nd, i, gv[i], __func__, site);
+                st = run_inputs(nd, 0, 1, gv, __func__, site);
         }
         if (gv != gi)
             free(gv);
