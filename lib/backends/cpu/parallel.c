@@ -1,5 +1,5 @@
-/* The CPU thread pool: persistent workers that spin briefly and then sleep
- * on a futex; the caller runs chunks too, and chunks are claimed one at a time. */
+/* The CPU thread pool: persistent workers that wait briefly awake, then
+ * sleep on a futex; the caller runs chunks too, and chunks are claimed one at a time. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -8,6 +8,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 #if defined(__linux__)
@@ -21,16 +22,50 @@
 /* Chunks per thread: with several, a thread that loses its core for a while
  * holds up at most one small chunk while the others take the rest. */
 #define CHUNKS_PER_THREAD 4
-/* Pauses before a waiting thread sleeps: a few microseconds, long enough to
- * catch the next job of a tight loop of kernels, short enough that an idle
- * pool gives its cores back at once. */
-#define SPIN 2000
+/* How a waiting thread waits, by time (a pause takes 10 to 140 cycles by
+ * the CPU): pauses for WAIT_PAUSE_NS, long enough for the next job of a
+ * tight loop of kernels; then yields until WAIT_YIELD_NS, so that any other
+ * runnable thread takes the core at once while the core itself stays awake;
+ * then sleeps on a futex. A sleeping thread's wake-up costs a system call
+ * and, in a virtual machine, the host's scheduling of the halted CPU: tens
+ * of microseconds up to milliseconds, during which the caller does the
+ * job alone. */
+#define WAIT_PAUSE_NS 50000
+#define WAIT_YIELD_NS 1000000
+/* Pauses between looks at the clock */
+#define WAIT_CHECK 32
 
 static inline void cpu_relax(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #endif
+}
+
+static int64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* One step of a wait that began at *start (0: not yet): false once the
+ * thread should sleep. */
+static bool wait_awake(int64_t *start, int *spins)
+{
+    if (++*spins % WAIT_CHECK)
+        return cpu_relax(), true;
+    int64_t t = now_ns();
+    if (!*start)
+        *start = t;
+    int64_t waited = t - *start;
+    if (waited < WAIT_PAUSE_NS)
+        cpu_relax();
+    else if (waited < WAIT_YIELD_NS)
+        sched_yield();
+    else
+        return false;
+    return true;
 }
 
 #if defined(__linux__)
@@ -123,18 +158,17 @@ static void *worker(void *arg)
     for (;;) {
         unsigned gen;
         int spins = 0;
+        int64_t since = 0;
         while ((gen = atomic_load_explicit(&P.gen, memory_order_acquire)) == seen) {
-            if (++spins < SPIN) {
-                cpu_relax();
+            if (wait_awake(&since, &spins))
                 continue;
-            }
             /* Announce the sleep before the last look, so the caller that
              * bumps `gen` after that look sees a sleeper and wakes it. */
             atomic_fetch_add(&P.sleepers, 1);
             if (atomic_load(&P.gen) == seen)
                 futex_wait(&P.gen, seen);
             atomic_fetch_sub(&P.sleepers, 1);
-            spins = 0;
+            spins = 0, since = 0;
         }
         seen = gen;
         if (id >= atomic_load(&P.quit_from))
@@ -291,16 +325,15 @@ void ndm__parallel_for(int64_t n, int64_t grain, ndm__range_fn fn, void *ctx)
     /* Every chunk is claimed; wait for those still running elsewhere. */
     unsigned d;
     int spins = 0;
+    int64_t since = 0;
     while ((d = atomic_load_explicit(&P.done, memory_order_acquire)) != chunks) {
-        if (++spins < SPIN) {
-            cpu_relax();
+        if (wait_awake(&since, &spins))
             continue;
-        }
         atomic_store(&P.caller_asleep, 1);
         if (atomic_load(&P.done) == d)
             futex_wait(&P.done, d);
         atomic_store(&P.caller_asleep, 0);
-        spins = 0;
+        spins = 0, since = 0;
     }
     atomic_flag_clear_explicit(&P.busy, memory_order_release);
 }
