@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "../../lib/backends/cpu/gemm.h"
 #include "../blas_env.h"
@@ -45,6 +46,19 @@ bool bench_sgemm(bool ta, bool tb, int m, int n, int k, const float *a, int lda,
 static bool direct_sgemm(int n, const float *a, const float *b, float *c)
 {
     return bench_sgemm(false, false, n, n, n, a, n, b, n, c, n);
+}
+
+/* OpenBLAS's idle threads keep yielding on the cores for about 0.1 s after
+ * a product (until their timeout of 2^28 cycles), and CFS gives a thread
+ * that yields in a loop its full share of a core: a sample of ndm's pool
+ * started in that window runs on about one core. ndm's idle workers stay
+ * awake for at most a millisecond. So every sample of either side starts a
+ * quarter of a second after the last one, with the other side's threads
+ * asleep: each side is timed from its own idle state. */
+static void settle(void)
+{
+    struct timespec t = {0, 250000000};
+    nanosleep(&t, NULL);
 }
 
 static double time_ndm(ndm_array a, ndm_array b, int calls)
@@ -91,15 +105,17 @@ static void measure(bench_report *r)
         if (!a.id || !b.id)
             exit(1);
         bool have_direct = direct_sgemm(n, ha, hb, hc);
-        /* warm up both, then size the calls per sample to about 20 ms */
+        /* warm up both, then size the calls per sample to about 0.1 s */
         double est = time_ndm(a, b, 1);
         if (have_direct)
             est = time_direct(n, ha, hb, hc, 1);
-        int calls = est >= 0.02 ? 1 : (int)(0.02 / est) + 1;
+        int calls = est >= 0.1 ? 1 : (int)(0.1 / est) + 1;
         int samples = n >= 4096 ? 3 : quick ? 5 : 7;
         double tn[8], td[8];
         for (int i = 0; i < samples; i++) {
+            settle();
             td[i] = have_direct ? time_direct(n, ha, hb, hc, calls) : 0;
+            settle();
             tn[i] = time_ndm(a, b, calls);
         }
         double flop = 2.0 * (double)n * (double)n * (double)n;
@@ -161,15 +177,17 @@ static void own_kernel(bench_report *r)
         double t0 = bench_now();
         ndm__cpu_gemm(NDM_F32, n, n, n, a, n, 1, b, n, 1, c, n, 1, NDM__GEMM_NO_PROVIDER);
         double est = bench_now() - t0;
-        int calls = est >= 0.02 ? 1 : (int)(0.02 / est) + 1;
+        int calls = est >= 0.1 ? 1 : (int)(0.1 / est) + 1;
         int samples = r->o.quick ? 5 : 7;
         double tn[8], td[8];
         for (int i = 0; i < samples; i++) {
+            settle();
             t0 = bench_now();
             for (int j = 0; j < calls; j++)
                 ndm__cpu_gemm(NDM_F32, n, n, n, a, n, 1, b, n, 1, c, n, 1,
                               NDM__GEMM_NO_PROVIDER);
             tn[i] = (bench_now() - t0) / calls;
+            settle();
             td[i] = time_direct(n, a, b, c, calls);
         }
         double flop = 2.0 * (double)n * (double)n * (double)n;
