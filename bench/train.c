@@ -10,7 +10,7 @@
  *              [--cnn-steps N] [--loss-steps N] [--json] [--quick] [--data DIR]
  *   the same networks trained with SGD and momentum beside PyTorch
  *   (train_torch.py, a co-process), turn about, at 1 and 2 threads, and
- *   batch-1 inference; see vs_torch() below.
+ *   batch-1 inference at 1 and 2 threads; see vs_torch() below.
  * Everything is measured again without the OpenBLAS variables (blas_env.h). */
 #include <limits.h>
 #include <math.h>
@@ -334,14 +334,15 @@ static void vs_train(bench_report *r, torch_proc *tp, const char *arch, ndm_data
         die("close");
 }
 
-/* Batch-1 MLP inference, one thread: p50 of ndm_predict (from C) against
- * p50 of a no-grad forward (from Python), `calls` requests per turn. */
+/* Batch-1 MLP inference at `threads` on both sides: p50 of ndm_predict
+ * (from C) against p50 of a no-grad forward (from Python), `calls` requests
+ * per turn. */
 static void vs_infer(bench_report *r, torch_proc *tp, ndm_dataset ds, const char *weights,
-                     int calls, int pairs)
+                     int calls, int pairs, int threads)
 {
-    ndm__set_num_threads(1);
+    ndm__set_num_threads(threads);
     char ans[256];
-    bool have = tp && torch_ask(tp, ans, sizeof ans, "threads 1") &&
+    bool have = tp && torch_ask(tp, ans, sizeof ans, "threads %d", threads) &&
                 torch_ask(tp, ans, sizeof ans, "infer_setup %s", weights);
     ndm_manager model = ndm_manager_new(ndm_system(), "serve");
     ndm_manager req = ndm_manager_new(ndm_system(), "requests");
@@ -378,9 +379,12 @@ static void vs_infer(bench_report *r, torch_proc *tp, ndm_dataset ds, const char
             ours[i] = p50;
     }
     free(lat);
-    vs_add(r, "mlp_batch1_infer_p50_us_1t_vs_torch", "us", 1e6,
-           "PyTorch no-grad forward from Python, 1 thread (ndm: ndm_predict from C)", ours,
-           theirs, pairs, have);
+    char name[64], anchor[128];
+    snprintf(name, sizeof name, "mlp_batch1_infer_p50_us_%dt_vs_torch", threads);
+    snprintf(anchor, sizeof anchor,
+             "PyTorch no-grad forward from Python, %d thread%s (ndm: ndm_predict from C)", threads,
+             threads > 1 ? "s" : "");
+    vs_add(r, name, "us", 1e6, anchor, ours, theirs, pairs, have);
     if (ndm_manager_close(req) < 0 || ndm_manager_close(model) < 0)
         die("close");
 }
@@ -449,7 +453,8 @@ static void vs_torch(bench_report *r, ndm_dataset ds, const char *dir, int argc,
     vs_losses(r, tp, "cnn", ds, wc, o.loss_steps);
     vs_train(r, tp, "mlp", ds, wm, o.mlp_steps, o.pairs);
     vs_train(r, tp, "cnn", ds, wc, o.cnn_steps, o.pairs);
-    vs_infer(r, tp, ds, wm, o.infer_calls, quick ? 3 : 5);
+    vs_infer(r, tp, ds, wm, o.infer_calls, quick ? 3 : 5, 1);
+    vs_infer(r, tp, ds, wm, o.infer_calls, quick ? 3 : 5, 2);
     ndm__set_num_threads(before);
     if (tp)
         torch_stop(tp);

@@ -20,7 +20,8 @@ notes = d.pop("notes")
 assert sum("no PyTorch" in n for n in notes) == 1, notes
 want = ["mlp_step_ms_1t_vs_torch", "mlp_step_ms_2t_vs_torch", "mlp_2_steps_s_1t_vs_torch",
         "cnn_step_ms_1t_vs_torch", "cnn_step_ms_2t_vs_torch", "cnn_1_steps_s_2t_vs_torch",
-        "cnn_speedup_1_to_2t_vs_torch", "mlp_batch1_infer_p50_us_1t_vs_torch"]
+        "cnn_speedup_1_to_2t_vs_torch", "mlp_batch1_infer_p50_us_1t_vs_torch",
+        "mlp_batch1_infer_p50_us_2t_vs_torch"]
 for name in want + [w + "_noenv" for w in want]:
     f = d[name]
     assert f["value"] > 0 and f["anchor_value"] == 0 and f["ratio"] == 0, (name, f)
