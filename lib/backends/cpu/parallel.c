@@ -23,15 +23,18 @@
  * holds up at most one small chunk while the others take the rest. */
 #define CHUNKS_PER_THREAD 4
 /* How a waiting thread waits, by time (a pause takes 10 to 140 cycles by
- * the CPU): pauses for WAIT_PAUSE_NS, long enough for the next job of a
- * tight loop of kernels; then yields until WAIT_YIELD_NS, so that any other
- * runnable thread takes the core at once while the core itself stays awake;
- * then sleeps on a futex. A sleeping thread's wake-up costs a system call
- * and, in a virtual machine, the host's scheduling of the halted CPU: tens
- * of microseconds up to milliseconds, during which the caller does the
- * job alone. */
+ * the CPU): it pauses for WAIT_PAUSE_NS, long enough for the next job of a
+ * tight loop of kernels; then yields, so that any other runnable thread
+ * takes the core at once while the core itself stays awake; then sleeps on
+ * a futex. A sleeping thread's wake-up costs a system call and, in a
+ * virtual machine, the host's scheduling of the halted CPU: long enough
+ * that a worker woken for each job of a loop of 256x256 products (jobs
+ * more than 50 microseconds apart) came too late to help with most.
+ * An idle worker stays awake WAIT_WORKER_NS; the caller joining its job,
+ * whose wait is on the job's path, WAIT_CALLER_NS. */
 #define WAIT_PAUSE_NS 50000
-#define WAIT_YIELD_NS 1000000
+#define WAIT_WORKER_NS 300000
+#define WAIT_CALLER_NS 1000000
 /* Pauses between looks at the clock */
 #define WAIT_CHECK 32
 
@@ -50,8 +53,8 @@ static int64_t now_ns(void)
 }
 
 /* One step of a wait that began at *start (0: not yet): false once the
- * thread should sleep. */
-static bool wait_awake(int64_t *start, int *spins)
+ * thread has been awake for `awake` nanoseconds and should sleep. */
+static bool wait_awake(int64_t *start, int *spins, int64_t awake)
 {
     if (++*spins % WAIT_CHECK)
         return cpu_relax(), true;
@@ -61,7 +64,7 @@ static bool wait_awake(int64_t *start, int *spins)
     int64_t waited = t - *start;
     if (waited < WAIT_PAUSE_NS)
         cpu_relax();
-    else if (waited < WAIT_YIELD_NS)
+    else if (waited < awake)
         sched_yield();
     else
         return false;
@@ -160,7 +163,7 @@ static void *worker(void *arg)
         int spins = 0;
         int64_t since = 0;
         while ((gen = atomic_load_explicit(&P.gen, memory_order_acquire)) == seen) {
-            if (wait_awake(&since, &spins))
+            if (wait_awake(&since, &spins, WAIT_WORKER_NS))
                 continue;
             /* Announce the sleep before the last look, so the caller that
              * bumps `gen` after that look sees a sleeper and wakes it. */
@@ -327,7 +330,7 @@ void ndm__parallel_for(int64_t n, int64_t grain, ndm__range_fn fn, void *ctx)
     int spins = 0;
     int64_t since = 0;
     while ((d = atomic_load_explicit(&P.done, memory_order_acquire)) != chunks) {
-        if (wait_awake(&since, &spins))
+        if (wait_awake(&since, &spins, WAIT_CALLER_NS))
             continue;
         atomic_store(&P.caller_asleep, 1);
         if (atomic_load(&P.done) == d)

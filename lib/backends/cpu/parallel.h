@@ -12,7 +12,7 @@
  * pool (so concurrent callers never wait for each other). Chunk boundaries
  * depend only on n, grain and the pool size, never on timing: see
  * ndm__parallel_chunks. Idle workers pause for 50 microseconds, yield until
- * a millisecond has passed, then sleep. */
+ * 300 have passed, then sleep. */
 typedef void (*ndm__range_fn)(void *ctx, int64_t begin, int64_t end);
 void ndm__parallel_for(int64_t n, int64_t grain, ndm__range_fn fn, void *ctx);
 
