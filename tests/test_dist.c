@@ -954,6 +954,19 @@ static void test_ddp_collective_between_backward_and_step_keeps_the_order(void *
     assert_ok(ndm_manager_close(model));
 }
 
+/* model's dump names its "ddp" manager and holds `want`. */
+static void assert_ddp_dump_has(ndm_manager model, const char *want)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    assert_ok(ndm_debug_dump(model, f));
+    fclose(f);
+    if (!strstr(buf, "ddp") || !strstr(buf, want))
+        fail_msg("no ddp line with \"%s\" in:\n%s", want, buf);
+    free(buf);
+}
+
 static void test_ddp_buckets_are_model_arrays_shown_in_dumps(void **state)
 {
     ndm_manager m = ROOT(state);
@@ -963,19 +976,12 @@ static void test_ddp_buckets_are_model_arrays_shown_in_dumps(void **state)
     ndm_ddp d = ndm_ddp_new(model, net, opt, &(ndm_ddp_options){.bucket_bytes = 1});
     /* one bucket per parameter when none fits */
     assert_int_equal(ndm_ddp_buckets(d), 4);
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    assert_ok(ndm_debug_dump(model, f));
-    fclose(f);
     /* 4 buckets of (gradients + 1 flag) floats, and the 4 gradients as
      * views of them: their storage counts once */
     char want[128];
     int64_t bytes = 4 * ((int64_t)HID * IN + HID + CLASSES * HID + CLASSES + 4);
     snprintf(want, sizeof want, "arrays 8 [new]  bytes %lld", (long long)bytes);
-    if (!strstr(buf, "ddp") || !strstr(buf, want))
-        fail_msg("no ddp line with \"%s\" in:\n%s", want, buf);
-    free(buf);
+    assert_ddp_dump_has(model, want);
     assert_ok(ndm_ddp_close(d));
     assert_status(ndm_ddp_close(d), NDM_ALREADY);
     assert_int_equal(ndm_ddp_buckets(d), NDM_E_CLOSED);
@@ -1118,19 +1124,12 @@ static void test_ddp_cuda_buckets_are_device_arrays_of_the_model(void **state)
         assert_ok(cuda_step(d, net, batch, false, false));
         assert_ok(ndm_manager_close(batch));
     }
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    assert_ok(ndm_debug_dump(model, f));
-    fclose(f);
     /* 4 buckets of (gradients + 1 flag) floats, the 4 gradients as views of
      * them (their storage counts once), and the 4 flags gathered as f32 */
     char want[128];
     int64_t bytes = 4 * ((int64_t)HID * IN + HID + CLASSES * HID + CLASSES + 4) + 4 * 4;
     snprintf(want, sizeof want, "cuda:0  arrays 9 [new]  bytes %lld", (long long)bytes);
-    if (!strstr(buf, "ddp") || !strstr(buf, want))
-        fail_msg("no ddp line with \"%s\" in:\n%s", want, buf);
-    free(buf);
+    assert_ddp_dump_has(model, want);
     ndm_stats during;
     assert_ok(ndm_manager_stats(model, NDM_CUDA(0), NDM_STATS_SUBTREE, &during));
     assert_int_equal(during.live_bytes, before.live_bytes + bytes);
