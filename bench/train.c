@@ -10,7 +10,9 @@
  *              [--cnn-steps N] [--loss-steps N] [--json] [--quick] [--data DIR]
  *   the same networks trained with SGD and momentum beside PyTorch
  *   (train_torch.py, a co-process), turn about, at 1 and 2 threads, and
- *   batch-1 inference at 1 and 2 threads; see vs_torch() below.
+ *   batch-1 inference at 1 and 2 threads; see vs_torch() below. At one
+ *   thread the latency has a second anchor: one thread reading the model's
+ *   weights (weights_read.h), the memory floor of a forward pass.
  * Everything is measured again without the OpenBLAS variables (blas_env.h). */
 #include <limits.h>
 #include <math.h>
@@ -24,6 +26,7 @@
 #include "blas_env.h"
 #include "fashion_net.h"
 #include "torch_proc.h"
+#include "weights_read.h"
 #include "ndm/ndm.h"
 
 static void die(const char *what)
@@ -360,7 +363,13 @@ static void vs_infer(bench_report *r, torch_proc *tp, ndm_dataset ds, const char
     float *xf = ndm_array_data(x);
     for (int i = 0; i < 784; i++)
         xf[i] = (float)px[i] / 255.0f;
-    double *lat = malloc((size_t)calls * sizeof *lat), ours[VS_MAXPAIRS], theirs[VS_MAXPAIRS];
+    /* At one thread, the same number of passes that only read the weights
+     * follow each block of requests: the floor beside the figure. */
+    weights_read wr;
+    bool floor = threads == 1 && weights_read_init(&wr, net);
+    double *lat = malloc((size_t)calls * sizeof *lat), ours[VS_MAXPAIRS], theirs[VS_MAXPAIRS],
+           reads[VS_MAXPAIRS];
+    volatile float sink = 0;
     if (!lat)
         die("memory");
     for (int i = -1; i < pairs; i++) { /* -1: the warm-up turn */
@@ -372,6 +381,13 @@ static void vs_infer(bench_report *r, torch_proc *tp, ndm_dataset ds, const char
             lat[c] = bench_now() - t0;
         }
         double p50 = bench_median(lat, calls), warm;
+        for (int c = 0; floor && c < calls; c++) {
+            double t0 = bench_now();
+            sink += weights_read_pass(&wr);
+            lat[c] = bench_now() - t0;
+        }
+        if (floor && i >= 0)
+            reads[i] = bench_median(lat, calls);
         if (have && !(torch_ask(tp, ans, sizeof ans, "infer %d", calls) &&
                       sscanf(ans, "%lf", i >= 0 ? &theirs[i] : &warm) == 1))
             have = false;
@@ -385,6 +401,15 @@ static void vs_infer(bench_report *r, torch_proc *tp, ndm_dataset ds, const char
              "PyTorch no-grad forward from Python, %d thread%s (ndm: ndm_predict from C)", threads,
              threads > 1 ? "s" : "");
     vs_add(r, name, "us", 1e6, anchor, ours, theirs, pairs, have);
+    if (floor) {
+        snprintf(name, sizeof name, "mlp_batch1_infer_p50_us_%dt_vs_weights_read", threads);
+        snprintf(anchor, sizeof anchor,
+                 "one thread reading the model's %.0f KiB of weights once, in the predictor's "
+                 "order (p50 of as many passes)", (double)wr.bytes / 1024.0);
+        bench_pairs p = bench_pair_stats(ours, reads, pairs, false);
+        bench_add_pairs(r, name, p.fig_t * 1e6, "us", anchor, p.anchor_t * 1e6, p);
+    }
+    (void)sink;
     if (ndm_manager_close(req) < 0 || ndm_manager_close(model) < 0)
         die("close");
 }
