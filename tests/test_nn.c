@@ -3,6 +3,7 @@
  * predictor under threads, and the error paths. */
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "helpers.h"
@@ -415,6 +416,89 @@ static void test_nn_predictor_threads(void **state)
     assert_ok(ndm_manager_close(model));
 }
 
+/* Handle lookups take no lock: they must see a live object whole and never
+ * take a stale handle for the object that reuses its slot, while another
+ * thread makes and frees objects and the table grows by chunks. */
+typedef struct churn_arg {
+    ndm_manager root;
+    _Atomic int done;
+    int errors;
+} churn_arg;
+
+typedef struct lookup_arg {
+    churn_arg *churn;
+    ndm_module live, stale;
+    long live_ok, stale_closed, wrong;
+} lookup_arg;
+
+static void *churn_objects(void *v)
+{
+    churn_arg *a = v;
+    for (int i = 0; i < 1500; i++) {
+        ndm_manager m = ndm_manager_new(a->root, "churn");
+        /* every 100th round holds more objects than a chunk of the table */
+        int n = i % 100 == 0 ? 300 : 3;
+        for (int k = 0; k < n; k++) {
+            ndm_module mod = ndm_relu_module(m);
+            if (!mod.id || ndm_module_parameters(mod, NULL, 0) != 0)
+                a->errors++;
+        }
+        if (ndm_manager_close(m) != NDM_OK)
+            a->errors++;
+    }
+    atomic_store(&a->done, 1);
+    return NULL;
+}
+
+static void *lookup_objects(void *v)
+{
+    lookup_arg *a = v;
+    while (!atomic_load(&a->churn->done)) {
+        int n = ndm_module_parameters(a->live, NULL, 0);
+        if (n == 2)
+            a->live_ok++;
+        else
+            a->wrong++;
+        n = ndm_module_parameters(a->stale, NULL, 0);
+        if (n == NDM_E_CLOSED)
+            a->stale_closed++;
+        else
+            a->wrong++;
+        /* a module's handle is never a predictor's */
+        if (ndm_predictor_manager((ndm_predictor){a->live.id}).id != 0)
+            a->wrong++;
+    }
+    return NULL;
+}
+
+static void test_nn_object_lookups_race_churn(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_rng rng = ndm_rng_new(3);
+    ndm_module live = ndm_linear(model, 3, 2, true, &rng);
+    ndm_manager gone = ndm_manager_new(ROOT(state), "gone");
+    ndm_module stale = ndm_relu_module(gone);
+    assert_true(live.id && stale.id);
+    assert_ok(ndm_manager_close(gone));
+    churn_arg c = {.root = ROOT(state)};
+    lookup_arg l[2] = {{&c, live, stale, 0, 0, 0}, {&c, live, stale, 0, 0, 0}};
+    pthread_t tc, tl[2];
+    assert_int_equal(pthread_create(&tc, NULL, churn_objects, &c), 0);
+    for (int t = 0; t < 2; t++)
+        assert_int_equal(pthread_create(&tl[t], NULL, lookup_objects, &l[t]), 0);
+    pthread_join(tc, NULL);
+    for (int t = 0; t < 2; t++) {
+        pthread_join(tl[t], NULL);
+        assert_int_equal(l[t].wrong, 0);
+        assert_true(l[t].live_ok > 0 && l[t].stale_closed == l[t].live_ok);
+    }
+    assert_int_equal(c.errors, 0);
+    /* the stale handle still says what it was, after its slot's reuse */
+    assert_int_equal(ndm_module_parameters(stale, NULL, 0), NDM_E_CLOSED);
+    assert_error_has("stale module handle");
+    assert_ok(ndm_manager_close(model));
+}
+
 static void test_nn_embedding_and_loss_errors(void **state)
 {
     ndm_manager model = ndm_manager_new(ROOT(state), "model");
@@ -679,6 +763,7 @@ int main(void)
         TEST(test_nn_dropout_and_flatten),
         TEST(test_nn_training_converges),
         TEST(test_nn_predictor_threads),
+        TEST(test_nn_object_lookups_race_churn),
         TEST(test_nn_embedding_and_loss_errors),
         TEST(test_nn_null_result_keeps_first_error),
         TEST(test_nn_list_contracts),
