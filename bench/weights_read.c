@@ -1,6 +1,7 @@
 /* One thread reading a model's parameters: see weights_read.h. */
 #include <stdio.h>
 
+#include "../lib/backends/cpu/small_gemm.h"
 #include "weights_read.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -10,8 +11,6 @@
 #define WEIGHTS_READ_X86 0
 #endif
 
-/* The small-matrix path's threshold for alternating directions. */
-#define ALTERNATE_BYTES ((int64_t)64 * 1024)
 
 bool weights_read_init(weights_read *w, ndm_module net)
 {
@@ -44,11 +43,11 @@ __attribute__((target("avx2"))) static float sum_avx2(const float *a, int64_t n,
     int64_t whole = n / 64 * 64;
     if (!rev) {
         for (int64_t i = 0; i < whole; i += 64)
-            for (int q = 0; q < 8; q++)
+            _Pragma("GCC unroll 8") for (int q = 0; q < 8; q++)
                 s[q] = _mm256_add_ps(s[q], _mm256_loadu_ps(a + i + 8 * q));
     } else {
         for (int64_t i = whole; i > 0; i -= 64)
-            for (int q = 0; q < 8; q++)
+            _Pragma("GCC unroll 8") for (int q = 0; q < 8; q++)
                 s[q] = _mm256_add_ps(s[q], _mm256_loadu_ps(a + i - 64 + 8 * q));
     }
     for (int q = 1; q < 8; q++)
@@ -88,7 +87,8 @@ float weights_read_pass(weights_read *w)
 #endif
     float t = 0;
     for (int i = 0; i < w->arrays; i++) {
-        bool rev = odd && w->count[i] * (int64_t)sizeof(float) >= ALTERNATE_BYTES;
+        int64_t bytes = w->count[i] * (int64_t)sizeof(float);
+        bool rev = odd && bytes >= NDM__GEMM_SMALL_ALTERNATE_BYTES;
 #if WEIGHTS_READ_X86
         if (avx2) {
             t += sum_avx2(w->data[i], w->count[i], rev);

@@ -315,9 +315,9 @@ typedef void (*small_fn)(const small_ctx *g, int64_t j0, int64_t j1);
  * same in both directions, so no bit of C changes. The calling thread keeps
  * its few most recent large Bs, most recent first, each with the direction
  * its last product took: no lock, no atomic, each thread alternates its
- * own. Bs below DIR_MIN_BYTES stay in L2 anyway and take no slot. */
+ * own. Bs below NDM__GEMM_SMALL_ALTERNATE_BYTES (small_gemm.h) stay in L2
+ * anyway and take no slot. */
 #define DIR_SLOTS 4
-#define DIR_MIN_BYTES ((int64_t)64 * 1024)
 
 typedef struct dir_state {
     const void *b[DIR_SLOTS];
@@ -389,7 +389,8 @@ bool ndm__gemm_small(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const void *
         return false;
     int level = ndm__cpu_isa_level();
     bool s = dt == NDM_F32;
-    bool rev = dot && ((n - 1) * csb + k) * (s ? 4 : 8) >= DIR_MIN_BYTES && dir_take(b);
+    bool rev = dot && ((n - 1) * csb + k) * (s ? 4 : 8) >= NDM__GEMM_SMALL_ALTERNATE_BYTES &&
+               dir_take(b);
     small_job q = {{m, k, a, b, c, rsa, csa, rsb, csb, rsc, csc, *e, rev}, NULL, n};
 #if NDM__CPU_X86
     if (level == NDM__CPU_ISA_AVX512)

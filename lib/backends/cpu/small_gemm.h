@@ -11,6 +11,10 @@
 /* Products with at most this many rows of C take the small path. */
 #define NDM__GEMM_SMALL_M 4
 
+/* Dot-form products over a B of this many bytes or more alternate their
+ * direction (ndm__gemm_small_next_reversed). */
+#define NDM__GEMM_SMALL_ALTERNATE_BYTES ((int64_t)64 * 1024)
+
 /* What is done to each C value as it is written, in this order:
  * v = (acc ? C : bias ? bias[i * sbias] : 0) + (A @ B)[i][j];
  * v += cbias[j * scbias] when cbias; v = v < 0 ? 0 : v when relu.
