@@ -42,20 +42,19 @@ static void *serve_requests(void *v)
 }
 
 /* Seconds for `threads` callers to serve their requests at once. */
-static double run_callers(server *s, caller *c, int threads)
+static double run_callers(caller *c, int threads)
 {
     pthread_t th[THREADS];
     double t0 = bench_now();
     for (int t = 0; t < threads; t++)
         if (pthread_create(&th[t], NULL, serve_requests, &c[t]) != 0)
-            s->errors++;
+            c[t].s->errors++;
     for (int t = 0; t < threads; t++)
         pthread_join(th[t], NULL);
     return bench_now() - t0;
 }
 
 typedef struct turn {
-    server *s;
     caller *c;
     int threads;
 } turn;
@@ -63,7 +62,7 @@ typedef struct turn {
 static double sample(void *ctx)
 {
     turn *t = ctx;
-    return run_callers(t->s, t->c, t->threads);
+    return run_callers(t->c, t->threads);
 }
 
 int main(int argc, char **argv)
@@ -94,11 +93,11 @@ int main(int argc, char **argv)
     }
     /* about 20 ms per sample for one thread */
     s.requests = 1000;
-    while (run_callers(&s, c, 1) < 0.02 && s.requests < (1L << 30))
+    while (run_callers(c, 1) < 0.02 && s.requests < (1L << 30))
         s.requests *= 2;
 
     static double t[2][BENCH_MAXSAMPLES];
-    turn both = {&s, c, THREADS}, alone = {&s, c, 1};
+    turn both = {c, THREADS}, alone = {c, 1};
     bench_sample_fn fn[2] = {sample, sample};
     void *ctx[2] = {&both, &alone};
     bench_interleave(2, fn, ctx, reps, t);
