@@ -70,7 +70,12 @@ static void module_destroy(void *p)
     free(m);
 }
 
-static const ndm__object_type module_type = {"module", "freed", module_destroy};
+static const ndm__object_type module_type = {
+    .name = "module",
+    .ended = "freed",
+    .destroy = module_destroy,
+    .later = true,
+};
 
 static module *get(ndm_module h, const char *api, ndm__site site)
 {
@@ -653,6 +658,7 @@ static ndm_array run(module *m, ndm_array x, const char *api, ndm__site site)
 
 NDM_API ndm_array ndm_forward_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_module mh, ndm_array x)
 {
+    NDM__OP_GUARD();
     ndm__site site = NDM__SITE;
     const char *api = "ndm_forward";
     NDM__CALL_FRAME(api, site);
@@ -675,6 +681,7 @@ NDM_API ndm_array ndm_forward_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_module
 
 ndm_array ndm__module_run(ndm_module mh, ndm_array x, const char *api, ndm__site site)
 {
+    NDM__OP_GUARD();
     module *m = get(mh, api, site);
     return m ? run(m, x, api, site) : NDM_NULL_ARRAY;
 }

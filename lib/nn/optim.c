@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "../manager/object.h"
+#include "../manager/reclaim.h"
 #include "../ops/autograd.h"
 #include "../ops/fused.h"
 #include "ndm/ndm.h"
@@ -35,7 +36,12 @@ static void opt_destroy(void *p)
     free(o);
 }
 
-static const ndm__object_type opt_type = {"optimizer", "freed", opt_destroy};
+static const ndm__object_type opt_type = {
+    .name = "optimizer",
+    .ended = "freed",
+    .destroy = opt_destroy,
+    .later = true,
+};
 
 static optimizer *get(ndm_optimizer h, const char *api)
 {
@@ -300,6 +306,7 @@ static ndm_status adam_step(optimizer *o, int i)
 
 NDM_API ndm_status ndm_optimizer_step(ndm_optimizer h)
 {
+    NDM__OP_GUARD();
     optimizer *o = get(h, __func__);
     if (!o)
         return ndm_last_status();
@@ -349,6 +356,7 @@ ndm_status ndm__optimizer_step_some(ndm_optimizer h, const int *idx, int n, bool
 
 NDM_API ndm_status ndm_optimizer_zero_grad(ndm_optimizer h)
 {
+    NDM__OP_GUARD();
     optimizer *o = get(h, __func__);
     if (!o)
         return ndm_last_status();
