@@ -2,8 +2,13 @@
  * same architecture built with ndm and compute what PyTorch computed; module
  * and optimizer state round-trip so that a resumed run matches an unbroken
  * one; mismatches are refused with every manager intact. */
+#include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "helpers.h"
@@ -446,6 +451,145 @@ static void test_checkpoint_predictor_holds_weights_once(void **state)
     (void)tn;
 }
 
+/* ---- files that are not regular files ------------------------------------------- */
+
+/* A load blocked on a FIFO would hang the suite: the alarm fails it. */
+static void blocked_on_open(int sig)
+{
+    (void)sig;
+    static const char msg[] = "a call blocked on a path that is not a regular file\n";
+    (void)!write(2, msg, sizeof msg - 1);
+    _exit(1);
+}
+
+static void test_checkpoint_loads_refuse_a_fifo_at_once(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_module net = mlp(model, 3);
+    ndm_optimizer opt = make_opt(model, net, 1);
+    const char *fifo = tmp_file("load.fifo");
+    unlink(fifo);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    ndm_array params[16];
+    assert_int_equal(ndm_module_parameters(net, params, 16), 10);
+    int64_t n;
+    double *w0 = values_of(params[0], &n);
+    signal(SIGALRM, blocked_on_open);
+    alarm(60);
+    ndm_clear_error();
+    assert_int_equal(ndm_module_load(net, fifo, NDM_CHECKPOINT_STRICT), NDM_E_IO);
+    assert_error_has("is a FIFO, not a regular file");
+    assert_error_has(fifo);
+    ndm_clear_error();
+    assert_int_equal(ndm_optimizer_load(opt, fifo), NDM_E_IO);
+    assert_error_has("is a FIFO");
+    ndm_clear_error();
+    assert_int_equal(ndm_predictor_load(model, net, fifo).id, 0);
+    assert_int_equal(ndm_last_status(), NDM_E_IO);
+    assert_error_has("is a FIFO");
+    ndm_clear_error();
+    assert_int_equal(ndm_module_load(net, "/dev/null", NDM_CHECKPOINT_LENIENT), NDM_E_IO);
+    assert_error_has("'/dev/null' is a character device");
+    alarm(0);
+    signal(SIGALRM, SIG_DFL);
+    /* nothing changed, nothing is capped */
+    double *w1 = values_of(params[0], &n);
+    assert_memory_equal(w0, w1, (size_t)n * sizeof *w0);
+    free(w0);
+    free(w1);
+    assert_int_equal(ndm_manager_caps(model), 0);
+    struct stat st;
+    assert_int_equal(lstat(fifo, &st), 0);
+    assert_true(S_ISFIFO(st.st_mode));
+    unlink(fifo);
+    assert_ok(ndm_manager_close(model));
+}
+
+static void test_checkpoint_saves_keep_what_is_at_the_path(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_module net = mlp(model, 4);
+    ndm_optimizer opt = make_opt(model, net, 0);
+    char fifo[256], dev[256];
+    snprintf(fifo, sizeof fifo, "%s", tmp_file("save.fifo"));
+    snprintf(dev, sizeof dev, "%s", tmp_file("save-full.dev"));
+    unlink(fifo);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    struct {
+        const char *path, *kind;
+        mode_t type;
+    } cases[2] = {{fifo, "a FIFO", S_IFIFO}, {dev, "a character device", S_IFCHR}};
+    int ncases = 1;
+    /* A node with /dev/full's numbers, of our own: the real one is never
+     * touched. Making one needs root. */
+    unlink(dev);
+    if (mknod(dev, S_IFCHR | 0600, makedev(1, 7)) == 0)
+        ncases = 2;
+    else
+        print_message("no device node (%s): the device case is skipped\n", strerror(errno));
+    signal(SIGALRM, blocked_on_open);
+    alarm(60);
+    for (int i = 0; i < ncases; i++) {
+        char want[400];
+        snprintf(want, sizeof want, "cannot save to '%s': it is %s", cases[i].path,
+                 cases[i].kind);
+        ndm_clear_error();
+        assert_status(ndm_module_save(net, cases[i].path), NDM_E_IO);
+        assert_error_has(want);
+        ndm_clear_error();
+        assert_status(ndm_optimizer_save(opt, cases[i].path), NDM_E_IO);
+        assert_error_has(want);
+        struct stat st;
+        assert_int_equal(lstat(cases[i].path, &st), 0);
+        assert_int_equal(st.st_mode & S_IFMT, cases[i].type);
+        unlink(cases[i].path);
+    }
+    alarm(0);
+    signal(SIGALRM, SIG_DFL);
+    assert_ok(ndm_manager_close(model));
+}
+
+/* ---- shapes in messages ----------------------------------------------------------- */
+
+static void test_checkpoint_high_rank_shape_is_named(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_rng rng = ndm_rng_new(8);
+    ndm_module net = ndm_linear(model, 2, 3, true, &rng);
+    /* weight (3, 2) in the module, of rank 20 in the file; bias of rank 12 */
+    int64_t w[20], b[12];
+    for (int i = 0; i < 20; i++)
+        w[i] = i < 2 ? 3 - i : 1;
+    for (int i = 0; i < 12; i++)
+        b[i] = i ? 1 : 3;
+    ndm_manager f = ndm_manager_new(ROOT(state), "file");
+    ndm_array aw = ndm_zeros(f, NDM_F32, 20, w), ab = ndm_zeros(f, NDM_F32, 12, b);
+    assert_live(aw);
+    assert_live(ab);
+    const char *path = tmp_file("rank20.safetensors");
+    ndm_named_arrays set = {2, (const char *[]){"weight", "bias"}, (ndm_array[]){aw, ab}, 0, NULL,
+                            NULL};
+    assert_ok(ndm_safetensors_save(path, &set));
+    assert_ok(ndm_manager_close(f));
+    for (unsigned mode = 0; mode < 2; mode++) {
+        ndm_clear_error();
+        assert_int_equal(ndm_module_load(net, path, mode), NDM_E_SHAPE);
+        assert_error_has("'weight' is (3, 2, 1, 1, 1, 1, 1, 1, ...; rank 20) in the file, "
+                         "(3, 2) in the module");
+        assert_error_has("'bias' is (3, 1, 1, 1, 1, 1, 1, 1, ...; rank 12) in the file, (3) in "
+                         "the module");
+    }
+    /* the weights are as they were: the module still loads its own file */
+    const char *own = tmp_file("linear.safetensors");
+    char keep[256];
+    snprintf(keep, sizeof keep, "%s", path);
+    assert_ok(ndm_module_save(net, own));
+    assert_int_equal(ndm_module_load(net, own, NDM_CHECKPOINT_STRICT), 2);
+    unlink(own);
+    unlink(keep);
+    assert_ok(ndm_manager_close(model));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -458,6 +602,9 @@ int main(void)
         TEST(test_checkpoint_optimizer_state_mismatch_is_refused),
         TEST(test_checkpoint_optimizer_over_a_parameter_list),
         TEST(test_checkpoint_predictor_holds_weights_once),
+        TEST(test_checkpoint_loads_refuse_a_fifo_at_once),
+        TEST(test_checkpoint_saves_keep_what_is_at_the_path),
+        TEST(test_checkpoint_high_rank_shape_is_named),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -372,7 +372,8 @@ NDM_API NDM_NODISCARD ndm_status ndm_module_save_at(NDM_SITE_PARAMS, ndm_module 
  *  state_dict saved with safetensors) into m, in place (a capped model
  *  accepts it), converting dtypes as a cast would. Names and shapes are all
  *  checked before anything is written, so on these errors m is unchanged:
- *  NDM_E_SHAPE names every mis-shaped tensor with both shapes; in strict
+ *  NDM_E_SHAPE names every mis-shaped tensor with both shapes (past eight
+ *  sizes, the first eight, "..." and the rank); in strict
  *  mode NDM_E_FORMAT names the missing and unexpected tensors. Returns the
  *  number of tensors loaded, or a negative status (also NDM_E_INVALID for
  *  an unknown mode, and the errors of ndm_safetensors_load()). The file is
