@@ -306,13 +306,18 @@ NDM_API ndm_optimizer ndm_adam_params_at(NDM_SITE_PARAMS, ndm_manager model, int
                                          const ndm_array *params, double lr, double beta1,
                                          double beta2, double eps, double weight_decay,
                                          bool decoupled);
+/** The most steps an optimizer counts (2^53, where a double, which Adam's
+ *  bias correction reads the count as, stops being exact): the step after
+ *  it is refused, and a loaded state may not hold more. */
+#define NDM_OPTIMIZER_MAX_STEPS (INT64_C(1) << 53)
 /** Update every parameter from its gradient (in place). Where the backend
  *  has a fused kernel (the CPU) and the parameter, its gradient and its
  *  state are contiguous f32 or f64 arrays apart from each other, the update
  *  is one pass per parameter; either way its result is, bit for bit, that of
  *  the formulas above evaluated as separate elementwise operations in the
  *  parameter's dtype (each scalar converted to it first, no fused
- *  multiply-add). */
+ *  multiply-add). NDM_E_OVERFLOW, with nothing changed, once the optimizer
+ *  has taken NDM_OPTIMIZER_MAX_STEPS steps. */
 NDM_API NDM_NODISCARD ndm_status ndm_optimizer_step(ndm_optimizer o);
 /** Zero every parameter's gradient. */
 NDM_API NDM_NODISCARD ndm_status ndm_optimizer_zero_grad(ndm_optimizer o);
@@ -334,9 +339,15 @@ NDM_API NDM_NODISCARD ndm_status ndm_optimizer_save_at(NDM_SITE_PARAMS, ndm_opti
  *  same algorithm over parameters of the same shapes: the state arrays (in
  *  place: a capped model accepts it), the step count and the learning rate,
  *  so that a resumed run takes the steps an unbroken one would. Everything
- *  is checked first: on failure nothing changes. NDM_E_INVALID (another
- *  algorithm or parameter count), NDM_E_FORMAT (not an optimizer state, a
- *  tensor missing or extra), NDM_E_SHAPE, and the load's errors. */
+ *  is checked first: on failure nothing changes (state arrays, step count,
+ *  learning rate), and the message names the field or tensor at fault.
+ *  The metadata numbers are read whole, each within its type (no blanks,
+ *  no trailing bytes: "8abc" is refused, not read as 8). NDM_E_INVALID
+ *  (another algorithm or parameter count, a step count outside [0,
+ *  NDM_OPTIMIZER_MAX_STEPS], a learning rate ndm_optimizer_set_lr()
+ *  refuses), NDM_E_FORMAT (not an optimizer state, a metadata number that
+ *  does not parse or overflows its type, a tensor missing or extra),
+ *  NDM_E_SHAPE, and the load's errors. */
 #define ndm_optimizer_load(o, path) ndm_optimizer_load_at(NDM_HERE, (o), (path))
 /** ndm_optimizer_load() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_optimizer_load_at(NDM_SITE_PARAMS, ndm_optimizer o,
