@@ -546,6 +546,53 @@ static void test_nn_embedding_and_loss_errors(void **state)
     assert_ok(ndm_manager_close(model));
 }
 
+/* Labels outside [0, C) are refused for every label dtype, naming the first
+ * bad one and its position; -1 is not taken as class C-1. */
+static void test_nn_loss_labels_outside_classes_are_refused(void **state)
+{
+    ndm_manager b = ndm_manager_new(ROOT(state), "batch");
+    ndm_array logits = ndm_zeros(b, NDM_F32, NDM_SHAPE(4, 5));
+    static const struct {
+        ndm_dtype dt;
+        int64_t v[4];
+        const char *says;
+    } bad[] = {
+        {NDM_I64, {0, 2, -1, 4}, "label -1 at position 2 is outside [0, 5)"},
+        {NDM_I64, {0, 5, -1, 4}, "label 5 at position 1 is outside [0, 5)"},
+        {NDM_I64, {INT64_MIN, 0, 0, 0}, "label -9223372036854775808 at position 0"},
+        {NDM_I32, {1, 1, 1, -5}, "label -5 at position 3 is outside [0, 5)"},
+        {NDM_I32, {1, 7, 1, 1}, "label 7 at position 1 is outside [0, 5)"},
+        {NDM_U8, {0, 1, 200, 3}, "label 200 at position 2 is outside [0, 5)"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        ndm_array l = ndm_astype(ndm_from_buffer(b, NDM_I64, (int64_t *)bad[i].v, NDM_SHAPE(4)),
+                                 bad[i].dt);
+        assert_live(l);
+        uint64_t live = test_live_arrays(b);
+        for (int nll = 0; nll < 2; nll++) {
+            ndm_clear_error();
+            ndm_array loss = nll ? ndm_nll_loss(logits, l) : ndm_cross_entropy(logits, l);
+            if (loss.id || ndm_last_status() != NDM_E_INVALID ||
+                !strstr(ndm_last_error(), bad[i].says))
+                fail_msg("case %zu (%s): %s \"%s\", expected NDM_E_INVALID with \"%s\"", i,
+                         nll ? "nll" : "cross entropy", ndm_status_name(ndm_last_status()),
+                         ndm_last_error(), bad[i].says);
+            assert_int_equal(test_live_arrays(b), live);
+        }
+    }
+    /* in range, every dtype: -log(1/5) for equal scores */
+    for (int k = 0; k < 3; k++) {
+        ndm_dtype dt = k == 0 ? NDM_U8 : k == 1 ? NDM_I32 : NDM_I64;
+        ndm_array l = ndm_astype(ndm_arange(b, NDM_I64, 1, 5, 1), dt);
+        double ce, nll;
+        assert_ok(ndm_item(ndm_cross_entropy(logits, l), &ce));
+        assert_ok(ndm_item(ndm_nll_loss(logits, l), &nll));
+        assert_true(fabs(ce - log(5.0)) < 1e-6);
+        assert_true(nll == 0.0);
+    }
+    assert_ok(ndm_manager_close(b));
+}
+
 /* A failure inside a forward pass names the caller's line, and the calls
  * that receive its null result keep that first error. */
 static void test_nn_null_result_keeps_first_error(void **state)
@@ -765,6 +812,7 @@ int main(void)
         TEST(test_nn_predictor_threads),
         TEST(test_nn_object_lookups_race_churn),
         TEST(test_nn_embedding_and_loss_errors),
+        TEST(test_nn_loss_labels_outside_classes_are_refused),
         TEST(test_nn_null_result_keeps_first_error),
         TEST(test_nn_list_contracts),
         TEST(test_nn_modules_belong_to_model),

@@ -225,8 +225,10 @@ NDM_API int ndm_module_describe(ndm_module m, char *buf, size_t n);
  *  Each returns a new 0-d array attached by the output rule (the `_to`
  *  form: to m), which the caller releases or its manager's close does, or
  *  the null handle: NDM_E_SHAPE, NDM_E_DTYPE (logits not float, labels not
- *  integer), NDM_E_INVALID (a label out of range), and the errors of the
- *  elementwise and reduction functions it is made of. */
+ *  u8, i32 or i64), NDM_E_INVALID (a label outside [0, C), negative ones
+ *  included: the message names the first and its position; checked on the
+ *  labels' device), and the errors of the elementwise and reduction
+ *  functions it is made of. */
 /** @{ */
 
 /** Mean over the batch of -log softmax(logits)[label]: logits (N, C) float,
