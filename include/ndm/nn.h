@@ -189,7 +189,8 @@ NDM_API ndm_module ndm_sequential_at(NDM_SITE_PARAMS, ndm_manager model, int n,
 /** Run a module on x: a fresh array attached by the output rule (the `_to`
  *  manager, else the innermost scope, else x's manager), the caller's to
  *  release, or the null handle with the failing operation's error, reported
- *  at the caller's line. Recorded for gradients when this thread records.
+ *  at the caller's line. ReLU, GELU, Flatten, Dropout and LayerNorm take
+ *  inputs of any rank. Recorded for gradients when this thread records.
  *  When it does not, a linear layer (and a ReLU right after it in a
  *  sequential) runs as one fused operation: the same bits as matmul, add
  *  and relu in turn, without their intermediate arrays. */
