@@ -365,6 +365,146 @@ static void test_checkpoint_optimizer_state_mismatch_is_refused(void **state)
     assert_ok(ndm_manager_close(model));
 }
 
+/* `to`: the safetensors file `from` with its metadata `key` set to `value`. */
+static void rewrite_meta(ndm_manager root, const char *from, const char *to, const char *key,
+                         const char *value)
+{
+    ndm_manager m = ndm_manager_new(root, "rewrite");
+    const ndm_named_arrays *set = ndm_safetensors_load(m, from, NDM_LOAD_COPY);
+    assert_non_null(set);
+    const char *keys[8], *values[8];
+    assert_true(set->meta_count <= 8);
+    for (size_t i = 0; i < set->meta_count; i++) {
+        keys[i] = set->meta_keys[i];
+        values[i] = strcmp(keys[i], key) ? set->meta_values[i] : value;
+    }
+    ndm_named_arrays out = {set->count, set->names, set->arrays, set->meta_count, keys, values};
+    assert_ok(ndm_safetensors_save(to, &out));
+    assert_ok(ndm_manager_close(m));
+}
+
+/* The bytes of a file; the caller frees. */
+static char *file_bytes(const char *path, long *len)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, 0, SEEK_END), 0);
+    *len = ftell(f);
+    rewind(f);
+    char *b = malloc((size_t)*len + 1);
+    assert_int_equal(fread(b, 1, (size_t)*len, f), (size_t)*len);
+    fclose(f);
+    return b;
+}
+
+static bool same_file(const char *a, const char *b)
+{
+    long na, nb;
+    char *x = file_bytes(a, &na), *y = file_bytes(b, &nb);
+    bool same = na == nb && !memcmp(x, y, (size_t)na);
+    free(x);
+    free(y);
+    return same;
+}
+
+static void test_checkpoint_optimizer_bad_metadata_is_refused(void **state)
+{
+    static const struct {
+        const char *key, *value;
+        ndm_status want;
+        const char *says;
+    } bad[] = {
+        {"lr", "inf", NDM_E_INVALID, "lr metadata must be > 0 and finite"},
+        {"lr", "1e999", NDM_E_FORMAT, "lr metadata is not a number"},
+        {"lr", "nan", NDM_E_INVALID, "lr metadata must be > 0"},
+        {"lr", "-0.01", NDM_E_INVALID, "lr metadata must be > 0"},
+        {"lr", "0", NDM_E_INVALID, "lr metadata must be > 0"},
+        {"lr", "0.01x", NDM_E_FORMAT, "lr metadata is not a number"},
+        {"lr", " 0.01", NDM_E_FORMAT, "lr metadata is not a number"},
+        {"lr", "", NDM_E_FORMAT, "lr metadata is not a number"},
+        {"step", "9223372036854775807", NDM_E_INVALID, "step metadata 9223372036854775807 is "
+                                                       "outside [0, 9007199254740992]"},
+        {"step", "9007199254740993", NDM_E_INVALID, "step metadata 9007199254740993 is outside"},
+        {"step", "9223372036854775808", NDM_E_FORMAT, "step metadata is not a whole number"},
+        {"step", "-1", NDM_E_INVALID, "step metadata -1 is outside"},
+        {"step", "2abc", NDM_E_FORMAT, "step metadata is not a whole number"},
+        {"step", "2.0", NDM_E_FORMAT, "step metadata is not a whole number"},
+        {"params", "10abc", NDM_E_FORMAT, "params metadata is not a whole number"},
+        {"params", "4294967306", NDM_E_INVALID, "over 4294967306 parameters, not of adam over 10"},
+        {"params", "99999999999999999999", NDM_E_FORMAT, "params metadata is not a whole number"},
+        {"params", "", NDM_E_FORMAT, "params metadata is not a whole number"},
+    };
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_module net = mlp(model, 3);
+    ndm_optimizer opt = ndm_adam(model, net, 1e-2, 0.9, 0.999, 1e-8, 0.0);
+    double losses[2];
+    run_steps(ROOT(state), net, opt, 0, 2, losses);
+    char good[256], before[256], after[256], hostile[256];
+    snprintf(good, sizeof good, "%s", tmp_file("meta_good.safetensors"));
+    snprintf(before, sizeof before, "%s", tmp_file("meta_before.safetensors"));
+    snprintf(after, sizeof after, "%s", tmp_file("meta_after.safetensors"));
+    snprintf(hostile, sizeof hostile, "%s", tmp_file("meta_hostile.safetensors"));
+    assert_ok(ndm_optimizer_save(opt, good));
+    /* another state in the optimizer, so that a partial load would show */
+    run_steps(ROOT(state), net, opt, 2, 1, losses);
+    assert_ok(ndm_optimizer_set_lr(opt, 0.5));
+    assert_ok(ndm_optimizer_save(opt, before));
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        rewrite_meta(ROOT(state), good, hostile, bad[i].key, bad[i].value);
+        ndm_status st = ndm_optimizer_load(opt, hostile);
+        if (st != bad[i].want || !strstr(ndm_last_error(), bad[i].says))
+            fail_msg("%s \"%s\": %s (%s), expected %s with \"%s\"", bad[i].key, bad[i].value,
+                     ndm_status_name(st), ndm_last_error(), ndm_status_name(bad[i].want),
+                     bad[i].says);
+        /* state arrays, step count and learning rate as they were */
+        assert_true(ndm_optimizer_lr(opt) == 0.5);
+        assert_ok(ndm_optimizer_save(opt, after));
+        if (!same_file(before, after))
+            fail_msg("%s \"%s\" changed the optimizer", bad[i].key, bad[i].value);
+    }
+    /* the untouched file still loads */
+    assert_ok(ndm_optimizer_load(opt, good));
+    assert_true(ndm_optimizer_lr(opt) == 1e-2);
+    unlink(good);
+    unlink(before);
+    unlink(after);
+    unlink(hostile);
+    assert_ok(ndm_manager_close(model));
+}
+
+static void test_checkpoint_optimizer_step_count_never_overflows(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_module net = mlp(model, 4);
+    ndm_optimizer opt = ndm_adam(model, net, 1e-2, 0.9, 0.999, 1e-8, 0.0);
+    double losses[1];
+    run_steps(ROOT(state), net, opt, 0, 1, losses);
+    char path[256], last[256], w0[256], w1[256];
+    snprintf(path, sizeof path, "%s", tmp_file("steps.safetensors"));
+    snprintf(last, sizeof last, "%s", tmp_file("steps_last.safetensors"));
+    snprintf(w0, sizeof w0, "%s", tmp_file("steps_w0.safetensors"));
+    snprintf(w1, sizeof w1, "%s", tmp_file("steps_w1.safetensors"));
+    assert_ok(ndm_optimizer_save(opt, path));
+    /* the bound itself loads; the step after it is refused, changing nothing */
+    char bound[32];
+    snprintf(bound, sizeof bound, "%lld", (long long)NDM_OPTIMIZER_MAX_STEPS);
+    rewrite_meta(ROOT(state), path, last, "step", bound);
+    assert_ok(ndm_optimizer_load(opt, last));
+    assert_ok(ndm_module_save(net, w0));
+    assert_status(ndm_optimizer_step(opt), NDM_E_OVERFLOW);
+    assert_error_has("9007199254740992 steps, the most it counts");
+    assert_status(ndm_optimizer_step(opt), NDM_E_OVERFLOW);
+    assert_ok(ndm_module_save(net, w1));
+    assert_true(same_file(w0, w1));
+    assert_ok(ndm_optimizer_save(opt, path));
+    assert_true(same_file(path, last));
+    unlink(path);
+    unlink(last);
+    unlink(w0);
+    unlink(w1);
+    assert_ok(ndm_manager_close(model));
+}
+
 /* ---- optimizers over any parameters; predictors without gradients ---------------- */
 
 static void test_checkpoint_optimizer_over_a_parameter_list(void **state)
@@ -399,6 +539,32 @@ static void test_checkpoint_optimizer_over_a_parameter_list(void **state)
     assert_error_has("array 1 of the list is not a parameter");
     assert_int_equal(ndm_sgd_params(model, 1, NULL, 0.1, 0, 0).id, 0);
     assert_int_equal(ndm_last_status(), NDM_E_INVALID);
+    assert_ok(ndm_manager_close(model));
+}
+
+static void test_checkpoint_optimizer_over_a_high_rank_parameter(void **state)
+{
+    /* rank 17: above the 16 axes the optimizer once copied shapes into */
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_array w = ndm_full(model, NDM_F32, 2.0,
+                           NDM_SHAPE(1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2));
+    assert_ok(ndm_requires_grad(w));
+    ndm_optimizer opt = ndm_sgd_params(model, 1, ((ndm_array[]){w}), 0.5, 0.9, 0.0);
+    assert_live(opt);
+    ndm_manager batch = ndm_manager_new(ROOT(state), "batch");
+    assert_ok(ndm_grad_begin(batch));
+    assert_ok(ndm_backward(ndm_sum(w, false, NDM_ALL_AXES_LIST)));
+    assert_ok(ndm_grad_end());
+    assert_ok(ndm_optimizer_step(opt));
+    float wv[2];
+    assert_ok(ndm_array_copy_out(w, wv, sizeof wv));
+    assert_true(wv[0] == 1.5f && wv[1] == 1.5f);
+    assert_ok(ndm_manager_close(batch));
+    /* its momentum round-trips (shapes compared at any rank) */
+    const char *path = tmp_file("rank17.safetensors");
+    assert_ok(ndm_optimizer_save(opt, path));
+    assert_ok(ndm_optimizer_load(opt, path));
+    unlink(path);
     assert_ok(ndm_manager_close(model));
 }
 
@@ -600,7 +766,10 @@ int main(void)
         TEST(test_checkpoint_mismatch_is_refused),
         TEST(test_checkpoint_resumed_run_matches_unbroken),
         TEST(test_checkpoint_optimizer_state_mismatch_is_refused),
+        TEST(test_checkpoint_optimizer_bad_metadata_is_refused),
+        TEST(test_checkpoint_optimizer_step_count_never_overflows),
         TEST(test_checkpoint_optimizer_over_a_parameter_list),
+        TEST(test_checkpoint_optimizer_over_a_high_rank_parameter),
         TEST(test_checkpoint_predictor_holds_weights_once),
         TEST(test_checkpoint_loads_refuse_a_fifo_at_once),
         TEST(test_checkpoint_saves_keep_what_is_at_the_path),

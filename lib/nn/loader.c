@@ -383,6 +383,10 @@ NDM_API int ndm_loader_next_at(NDM_SITE_PARAMS, ndm_loader h, ndm_batch *out)
     loader *ld = lookup(h, api, site);
     if (!ld)
         return ndm_last_status();
+    /* refused before the current batch is closed: the call changes nothing */
+    if (ld->index >= ld->nbatches && ld->epoch == INT64_MAX)
+        return ndm__fail(NDM_E_OVERFLOW, api, site,
+                         "epoch %" PRId64 " is over and is the last a loader counts", ld->epoch);
     drop_current(ld, site);
     if (ld->index >= ld->nbatches) {
         ld->epoch++;
