@@ -168,6 +168,25 @@ static void test_inflight_model_closed_while_predicting(void **state)
 
 /* ---- hot swap: load new, swap, close old, under load ---------------------- */
 
+/* Resident bytes of this process (0 when /proc is not there). */
+static int64_t rss_bytes(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    long pages = 0, res = 0;
+    if (!f)
+        return 0;
+    if (fscanf(f, "%ld %ld", &pages, &res) != 2)
+        res = 0;
+    fclose(f);
+    return (int64_t)res * 4096;
+}
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define RSS_CHECKED 0 /* the sanitizers' quarantines and shadows grow on their own */
+#else
+#define RSS_CHECKED 1
+#endif
+
 static void test_inflight_hot_swap_under_load(void **state)
 {
     (void)state;
@@ -180,6 +199,7 @@ static void test_inflight_hot_swap_under_load(void **state)
     for (int i = 0; i < SERVERS; i++)
         assert_int_equal(pthread_create(&th[i], NULL, serve, &s), 0);
     ndm_memory_stats base = {0}, after = {0};
+    int64_t rss0 = 0;
     double end = now_ms() + budget_ms();
     long swaps = 0;
     while (now_ms() < end || swaps < 4) {
@@ -193,10 +213,13 @@ static void test_inflight_hot_swap_under_load(void **state)
         swaps++;
         while (atomic_load(&s.answers) < seen + SERVERS)
             sched_yield();
-        if (swaps == 2)
+        if (swaps == 2) {
             assert_ok(ndm_memory_stats_get(NDM_CPU, &base));
+            rss0 = rss_bytes();
+        }
     }
     assert_ok(ndm_memory_stats_get(NDM_CPU, &after));
+    int64_t rss1 = rss_bytes();
     atomic_store(&s.stop, 1);
     for (int i = 0; i < SERVERS; i++)
         pthread_join(th[i], NULL);
@@ -208,6 +231,10 @@ static void test_inflight_hot_swap_under_load(void **state)
     int64_t grown = after.allocated_bytes[NDM_POOL_ALL].current - base.allocated_bytes[NDM_POOL_ALL].current;
     if (grown > 4 * LAYERS * WIDTH * (WIDTH + 1) * 4)
         fail_msg("allocated bytes grew by %lld over %ld swaps", (long long)grown, swaps);
+    /* and so does the process: a model is 70 KiB, so 8 MiB is many models */
+    if (RSS_CHECKED && rss0 && rss1 - rss0 > 8 << 20)
+        fail_msg("resident memory grew from %lld to %lld bytes over %ld swaps", (long long)rss0,
+                 (long long)rss1, swaps);
     print_message("%ld swaps, %ld answers, %ld refusals\n", swaps, (long)s.answers,
                   (long)s.refusals);
 }

@@ -18,7 +18,6 @@
  * no limit to keep current, are given back at the flush. */
 #define FREE_BATCH 64
 typedef struct free_batch {
-    bool later;          /* every death defers its frees (see ndm__free_later) */
     ndm_device dev;      /* the draining manager's device */
     int n;
     ndm__manager *owner; /* NULL: every charge is given back at once */
@@ -29,7 +28,6 @@ typedef struct free_batch {
 
 static void batch_init(free_batch *fb, ndm__manager *m)
 {
-    fb->later = ndm__free_later(m);
     fb->dev = m->device;
     fb->n = 0;
     fb->owner = atomic_load_explicit(&m->limit_anchor, memory_order_relaxed) ? NULL : m;
@@ -96,6 +94,7 @@ static void later_record(void *p, uintptr_t free_slot)
 
 ndm__array *ndm__array_share(ndm__array *r, ndm_array h)
 {
+    atomic_store_explicit(&r->marks, NDM__MARK_SHARED, memory_order_seq_cst);
     atomic_fetch_or_explicit(&r->storage->refs, NDM__REFS_SHARED, memory_order_seq_cst);
     /* Either a close that kills r from now on sees the mark, or its
      * generation store is seen below. */
@@ -874,7 +873,8 @@ static unsigned shared_view_dies(ndm__array *r, ndm__manager *from, free_batch *
     if (left == 1 && c->first_view == ndm__storage_home(s)->self)
         c->first_view = 0;
     ndm__lock_drop(&c->lock);
-    return (s == &r->own ? VIEW_WAITS : 0) | (later ? VIEW_DEFERRED : 0);
+    /* (s lives on: what waits for its readers is its last view's death) */
+    return s == &r->own ? VIEW_WAITS : 0;
 }
 
 /* Array r dies; `from`, its manager, has unlinked it (from's lock held, or
@@ -924,20 +924,20 @@ static NDM__COLD void array_dies_later(ndm__array *r, ndm__manager *from, free_b
 
 static NDM__ALWAYS_INLINE void array_dies(ndm__array *r, ndm__manager *from,
                                           const ndm__site *site, uint32_t by, uint32_t by_gen,
-                                          free_batch *fb, bool later)
+                                          free_batch *fb)
 {
     r->dead_file = site->file;
     r->dead_func = site->func;
     r->dead_line = site->line;
     r->dead_by = by;
     r->dead_by_gen = by_gen;
-    /* Marked shared: another thread's operation may be reading it. (Read
-     * before the generation moves: a mark made after this read is made by
-     * a lookup that then sees r dead, or that the barrier in view_dies
-     * orders before the read there, which defers the memory all the same.) */
-    if (NDM__UNLIKELY(later) ||
-        NDM__UNLIKELY(atomic_load_explicit(&r->storage->refs, memory_order_relaxed) &
-                      NDM__REFS_SHARED)) {
+    /* Another thread's array, or one another thread looked up: its
+     * operations may be reading it. (Read before the generation moves: a
+     * mark made after this read is made by a lookup that then sees r dead,
+     * or that the barrier in view_dies orders before the reads after it,
+     * which defer all the same.) */
+    uint32_t tag = ndm__thread_tag_get();
+    if (ndm__array_dies_later(r, tag)) {
         array_dies_later(r, from, fb);
         return;
     }
@@ -948,8 +948,9 @@ static NDM__ALWAYS_INLINE void array_dies(ndm__array *r, ndm__manager *from,
     g = (g + 1) & 0x7fffffffu;
     atomic_store_explicit(&r->gen, g ? g : 1, memory_order_release);
     unsigned v = view_dies(r, from, fb, false);
-    if (NDM__UNLIKELY(v & VIEW_DEFERRED)) {
-        /* marked by a lookup racing with this death */
+    if (NDM__UNLIKELY(v & VIEW_DEFERRED) || ndm__array_dies_later(r, tag)) {
+        /* its memory waits (its storage is marked), or r was marked by a
+         * lookup racing with this death */
         ndm__defer(later_record, r, !(v & VIEW_WAITS));
         return;
     }
@@ -1055,7 +1056,7 @@ ndm_status ndm__array_release(ndm__array *r, ndm__site site, const char *api)
             unlink_from(m, r);
             m->live--;
             m->released++;
-            array_dies(r, m, &site, 0, 0, NULL, ndm__free_later(m));
+            array_dies(r, m, &site, 0, 0, NULL);
             st = NDM_OK;
         }
         ndm__mlock_release(m, fast);
@@ -1189,7 +1190,7 @@ static void drain(ndm__manager *m, const uint32_t *keep, size_t nkeep, bool sort
         i = r->pos; /* (the entries may have moved while the lock was dropped) */
         ndm__arrays_remove(m, r->pos, false);
         gone++;
-        array_dies(r, m, &site, 0, 0, &fb, fb.later);
+        array_dies(r, m, &site, 0, 0, &fb);
     }
     if (m->holes > m->narrays / 2)
         ndm__arrays_compact(m);
@@ -1214,6 +1215,7 @@ static uint32_t drain_plain(ndm__manager *m, uint32_t i, const ndm__site *site,
     uint32_t by = m->self;
     ndm_device dev = m->device;
     const uint32_t *arrays = m->arrays;
+    uint32_t tag = ndm__thread_tag_get();
     void *cookies[FREE_BATCH];
     uint32_t slots[FREE_BATCH];
     int64_t bytes = 0;
@@ -1227,7 +1229,8 @@ static uint32_t drain_plain(ndm__manager *m, uint32_t i, const ndm__site *site,
         ndm__storage *s = r->storage;
         if (NDM__UNLIKELY(s != &r->own || r->lender || r->ext || r->shape != r->dims ||
                           atomic_load_explicit(&s->refs, memory_order_relaxed) != 1 ||
-                          s->charged != by || !same_device(s->device, dev) || !s->cookie))
+                          s->charged != by || !same_device(s->device, dev) || !s->cookie ||
+                          ndm__array_dies_later(r, tag)))
             break;
         r->dead_file = file;
         r->dead_func = func;
@@ -1238,7 +1241,8 @@ static uint32_t drain_plain(ndm__manager *m, uint32_t i, const ndm__site *site,
         unsigned g = (atomic_load_explicit(&r->gen, memory_order_relaxed) + 1) & 0x7fffffffu;
         atomic_store_explicit(&r->gen, g ? g : 1, memory_order_release);
         ndm__light_barrier();
-        if (NDM__UNLIKELY(atomic_load_explicit(&s->refs, memory_order_relaxed) != 1)) {
+        if (NDM__UNLIKELY(atomic_load_explicit(&s->refs, memory_order_relaxed) != 1 ||
+                          ndm__array_dies_later(r, tag))) {
             /* marked shared by a lookup racing with the close (see view_dies) */
             bytes += (int64_t)s->nbytes;
             ndm__defer(later_storage, s, 0);
@@ -1282,7 +1286,7 @@ void ndm__manager_drain_arrays(ndm__manager *m, ndm__site site)
     batch_init(&fb, m);
     /* With limits to keep current, or frees to defer, every array takes the
      * general path. */
-    bool plain = fb.owner != NULL && !fb.later;
+    bool plain = fb.owner != NULL;
     bool fast = ndm__mlock_acquire(m);
     for (uint32_t i = m->narrays; i;) {
         if (NDM__LIKELY(plain) && !(i = drain_plain(m, i, &site, by_gen, &gone)))
@@ -1309,7 +1313,7 @@ void ndm__manager_drain_arrays(ndm__manager *m, ndm__site site)
         }
         i--;
         gone++;
-        array_dies(r, m, &site, by, by_gen, &fb, fb.later);
+        array_dies(r, m, &site, by, by_gen, &fb);
     }
     m->narrays = 0;
     m->holes = 0;

@@ -74,9 +74,9 @@ typedef struct ndm__storage {
     size_t nbytes;
 } ndm__storage;
 
-/* Set in refs, for good, once a thread other than its manager's maker used
- * the storage: its memory then waits for that thread's operations to end
- * when it dies (reclaim.h). Exact compares of refs with 1 (the fast paths)
+/* Set in refs, for good, once a thread other than the maker of one of its
+ * views looked that view up: its memory then waits for the operations
+ * running when it dies (reclaim.h). Exact compares of refs with 1 (the fast paths)
  * fail for such a storage, which takes the general paths. */
 #define NDM__REFS_SHARED 0x80000000u
 #define NDM__REFS_COUNT 0x7fffffffu
@@ -118,6 +118,11 @@ typedef struct ndm__array {
     uint32_t lender_gen;
     uint32_t dead_by, dead_by_gen; /* manager whose close released it (0: released directly) */
     int made_line, dead_line;
+    /* The tag of the thread that made it (thread.h), or NDM__MARK_SHARED
+     * once another thread looked it up: its death then defers its frees
+     * until the operations running then have ended (reclaim.h), as does a
+     * death on a thread other than its maker's. */
+    atomic_uint marks;
     const char *made_file, *made_func; /* creation site (ndm__array_site) */
     const char *dead_file, *dead_func; /* death site, kept until the slot is reused */
     /* third line: the storage this array made (if it made one), a short shape */
@@ -236,9 +241,6 @@ typedef struct ndm__manager {
     atomic_uint busy;          /* the creator is inside the lock on its fast path */
     atomic_bool biased;        /* the creator may take the lock with plain stores */
     _Atomic uint64_t creator;  /* id of the creating thread (0: none) */
-    /* the thread that made this manager (0: unknown): its operations on the
-     * manager's arrays need no mark (see NDM__REFS_SHARED) */
-    _Atomic uint64_t maker;
     uint32_t parent;
     uint32_t parent_gen;       /* to name dead ancestors correctly */
     uint32_t first_child;      /* newest child; siblings linked newest to oldest */
@@ -325,17 +327,6 @@ static inline void ndm__arrays_remove(ndm__manager *m, uint32_t pos, bool compac
     } else if (++m->holes > m->narrays / 2 && compact && m->narrays >= 64) {
         ndm__arrays_compact(m);
     }
-}
-
-/* Must what dies in m now wait for other threads' operations (reclaim.h)?
- * Once several threads use ndm, when the calling thread did not make m:
- * the maker's own operations on m's arrays leave no mark. (Registers the
- * calling thread, so that it counts among the several.) */
-static inline bool ndm__free_later(const ndm__manager *m)
-{
-    ndm__thread *t = ndm__thread_get();
-    return NDM__UNLIKELY(atomic_load_explicit(&ndm__multi, memory_order_relaxed)) &&
-           (!t || atomic_load_explicit(&m->maker, memory_order_relaxed) != t->id);
 }
 
 /* ---- manager locks ------------------------------------------------------ */
@@ -476,20 +467,40 @@ static inline ndm_manager ndm__manager_handle(uint32_t slot, uint32_t gen)
  * handle's upper half also refuses the null handle and manager handles: a
  * check is one compare for the slot, one load for the chunk, one compare
  * for the generation. */
-/* Once several threads use ndm, a lookup by a thread other than the maker
- * of the array's manager marks its storage shared, then checks again that
- * the array lives (ndm__array_share): a close that frees it then defers. */
+/* Once several threads use ndm, a lookup by a thread other than the
+ * array's maker marks the record and its storage, then checks again that
+ * the array lives (ndm__array_share): a death that frees them then defers. */
+#define NDM__MARK_SHARED UINT32_MAX
 ndm__array *ndm__array_share(ndm__array *r, ndm_array h);
+/* The calling thread's tag (0 without a thread state: nothing is its own). */
+static inline uint32_t ndm__thread_tag(void)
+{
+    ndm__thread *t = ndm__tls;
+    return t ? t->tag : 0;
+}
 static inline bool ndm__array_claimed(const ndm__array *r)
 {
-    if (atomic_load_explicit(&r->storage->refs, memory_order_relaxed) & NDM__REFS_SHARED)
-        return true;
-    ndm__thread *t = ndm__tls;
-    return t && atomic_load_explicit(&ndm__manager_rec(ndm__array_mgr_unlocked(r))->maker,
-                                     memory_order_relaxed) == t->id;
+    uint32_t m = atomic_load_explicit(&r->marks, memory_order_relaxed);
+    return m == NDM__MARK_SHARED || m == ndm__thread_tag();
+}
+/* The same, the thread's state made if it had none: a thread that kills
+ * arrays counts among those using ndm (see ndm__multi). */
+static inline uint32_t ndm__thread_tag_get(void)
+{
+    ndm__thread *t = ndm__thread_get();
+    return t ? t->tag : 0;
+}
+/* Must r's death on this thread defer its frees? When several threads use
+ * ndm and r is shared or another thread's. */
+static inline bool ndm__array_dies_later(const ndm__array *r, uint32_t tag)
+{
+    return NDM__UNLIKELY(atomic_load_explicit(&ndm__multi, memory_order_relaxed)) &&
+           atomic_load_explicit(&r->marks, memory_order_relaxed) != tag;
 }
 
-static inline ndm__array *ndm__array_peek(ndm_array h)
+/* The check alone, for callers that read an array's description and no
+ * memory behind it (the accessors of its shape, dtype, device). */
+static inline ndm__array *ndm__array_peek_meta(ndm_array h)
 {
     uint32_t slot = ndm__id_slot(h.id);
     if (NDM__UNLIKELY(slot >= atomic_load_explicit(&ndm__array_high, memory_order_acquire)))
@@ -498,14 +509,20 @@ static inline ndm__array *ndm__array_peek(ndm_array h)
     if (NDM__UNLIKELY(atomic_load_explicit(&r->gen, memory_order_acquire) !=
                       (uint32_t)(h.id >> 32)))
         return NULL;
-    if (NDM__UNLIKELY(atomic_load_explicit(&ndm__multi, memory_order_relaxed)) &&
-        !ndm__array_claimed(r))
-        return ndm__array_share(r, h);
 #if defined(__GNUC__)
     /* (read through, so not null: callers need not test it again) */
     if (!r)
         __builtin_unreachable();
 #endif
+    return r;
+}
+
+static inline ndm__array *ndm__array_peek(ndm_array h)
+{
+    ndm__array *r = ndm__array_peek_meta(h);
+    if (NDM__UNLIKELY(atomic_load_explicit(&ndm__multi, memory_order_relaxed)) && r &&
+        !ndm__array_claimed(r))
+        return ndm__array_share(r, h);
     return r;
 }
 static inline ndm__manager *ndm__manager_peek(ndm_manager h)

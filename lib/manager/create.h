@@ -91,6 +91,7 @@ static inline void ndm__array_record_init(ndm__array *r, ndm_dtype dtype, ndm__s
     r->made_file = site->file;
     r->made_func = site->func;
     r->made_line = site->line;
+    atomic_store_explicit(&r->marks, ndm__thread_tag(), memory_order_relaxed);
     r->epoch = atomic_load_explicit(&ndm__epoch, memory_order_relaxed);
 }
 

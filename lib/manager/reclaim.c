@@ -60,7 +60,7 @@ static void quiesce(void)
     uint64_t mine = self ? atomic_load_explicit(&self->op_epoch, memory_order_relaxed) : 0;
     if (self)
         atomic_store_explicit(&self->op_epoch, 0, memory_order_relaxed);
-    for (unsigned spins = 0; ndm__threads_min_epoch(now) < now; spins++)
+    while (ndm__threads_min_epoch(now) < now)
         sched_yield();
     if (self)
         atomic_store_explicit(&self->op_epoch, mine, memory_order_relaxed);
@@ -151,12 +151,7 @@ void ndm__reclaim(bool wait)
     run_all(ready);
 }
 
-void ndm__op_leave_slow(ndm__thread *t, uint64_t entered)
-{
-    (void)t;
-    (void)entered;
-    ndm__reclaim(false);
-}
+void ndm__op_leave_slow(void) { ndm__reclaim(false); }
 
 void ndm__reclaim_drain(int max_ms)
 {

@@ -4,10 +4,10 @@
  *
  * Readers: an operation (a kernel call, a module's forward, a request)
  * brackets its work with ndm__op_enter / ndm__op_leave, which write only the
- * calling thread's record: the epoch it entered in. Retirers: a close or a
- * release that may free what another thread reads (the storage was looked up
- * by a thread other than its manager's maker, or the closer is not the maker)
- * hands the frees to ndm__defer; ndm__reclaim moves the global epoch on,
+ * calling thread's record: the epoch it entered in. An array remembers the
+ * thread that made it; the first lookup by another thread marks it shared
+ * (once, with one membarrier()). Retirers: the death of an array that is
+ * shared, or another thread's, hands its frees to ndm__defer; ndm__reclaim moves the global epoch on,
  * makes every thread's entry visible with one membarrier() (the fence the
  * readers leave out), and runs what no thread inside can still reach. A
  * process where one thread uses ndm never defers anything. */
@@ -43,38 +43,53 @@ static inline void ndm__light_barrier(void)
 /* The other side: every running thread of the process passes a full fence. */
 void ndm__heavy_barrier(void);
 
-void ndm__op_leave_slow(ndm__thread *t, uint64_t entered);
+/* Leaving may let retired memory go: commit this thread's queue, reclaim. */
+void ndm__op_leave_slow(void);
 
-/* Enter an operation (nesting counts); returns what ndm__op_leave takes. */
-static inline ndm__thread *ndm__op_enter(void)
+/* What ndm__op_enter hands to ndm__op_leave: the thread, and the epoch it
+ * entered in when this is its outermost operation (0 when nested). */
+typedef struct ndm__op_scope {
+    ndm__thread *t;
+    uint64_t entered;
+} ndm__op_scope;
+
+/* Enter an operation; one already entered on this thread (a forward pass
+ * calling kernels) is left as it is, by its own outermost guard. */
+static inline ndm__op_scope ndm__op_enter(void)
 {
     ndm__thread *t = ndm__thread_get();
-    if (NDM__LIKELY(t != NULL) && t->op_depth++ == 0) {
-        atomic_store_explicit(&t->op_epoch,
-                              atomic_load_explicit(&ndm__gc_epoch, memory_order_acquire),
-                              memory_order_relaxed);
-        ndm__light_barrier();
+    ndm__op_scope s = {t, 0};
+    if (NDM__LIKELY(t != NULL) &&
+        atomic_load_explicit(&t->op_epoch, memory_order_relaxed) == 0) {
+        s.entered = atomic_load_explicit(&ndm__gc_epoch, memory_order_acquire);
+        atomic_store_explicit(&t->op_epoch, s.entered, memory_order_relaxed);
+        if (NDM__LIKELY(t->membarrier))
+            atomic_signal_fence(memory_order_seq_cst);
+        else
+            atomic_thread_fence(memory_order_seq_cst);
     }
-    return t;
+    return s;
 }
 
-static inline void ndm__op_leave(ndm__thread *t)
+static inline void ndm__op_leave(ndm__op_scope s)
 {
-    if (NDM__LIKELY(t != NULL) && --t->op_depth == 0) {
-        uint64_t e = atomic_load_explicit(&t->op_epoch, memory_order_relaxed);
+    if (s.entered) {
+        ndm__thread *t = s.t;
         atomic_store_explicit(&t->op_epoch, 0, memory_order_release);
+        /* (something of its own to hand over, or retired while it was in) */
         if (NDM__UNLIKELY(t->limbo != NULL) ||
-            NDM__UNLIKELY(e <= atomic_load_explicit(&ndm__limbo_newest, memory_order_relaxed)))
-            ndm__op_leave_slow(t, e);
+            NDM__UNLIKELY(s.entered <=
+                          atomic_load_explicit(&ndm__limbo_newest, memory_order_relaxed)))
+            ndm__op_leave_slow();
     }
 }
 
-static inline void ndm__op_guard_end(ndm__thread **t) { ndm__op_leave(*t); }
+static inline void ndm__op_guard_end(ndm__op_scope *s) { ndm__op_leave(*s); }
 
 /* The rest of the enclosing block is an operation: entered here, left when
  * the block exits by any path. */
 #define NDM__OP_GUARD()                                                                  \
-    ndm__thread *ndm__op_guard_ __attribute__((cleanup(ndm__op_guard_end), unused)) = \
+    ndm__op_scope ndm__op_guard_ __attribute__((cleanup(ndm__op_guard_end), unused)) = \
         ndm__op_enter()
 
 /* Run fn(a, b) once no thread that is inside an operation now can still

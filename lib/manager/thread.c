@@ -17,10 +17,17 @@ static _Atomic uint64_t last_id;
 static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
 static ndm__thread *registered;
 static unsigned nregistered;
+/* Tags of threads that exited, to be given again: an array made by a dead
+ * thread can be in no operation of it, so its tag may name another. */
+static uint32_t *free_tags;
+static unsigned nfree_tags, free_tags_cap;
+static uint32_t next_tag = 1;
 
 void ndm__thread_register(ndm__thread *t)
 {
     pthread_mutex_lock(&reg_lock);
+    t->tag = nfree_tags ? free_tags[--nfree_tags] : next_tag++;
+    t->membarrier = ndm__bias_supported;
     t->reg_prev = NULL;
     t->reg_next = registered;
     if (registered)
@@ -46,6 +53,16 @@ void ndm__thread_unregister(ndm__thread *t)
     if (t->reg_next)
         t->reg_next->reg_prev = t->reg_prev;
     nregistered--;
+    if (nfree_tags == free_tags_cap) {
+        unsigned cap = free_tags_cap ? 2 * free_tags_cap : 64;
+        uint32_t *p = realloc(free_tags, cap * sizeof *p);
+        if (p) {
+            free_tags = p;
+            free_tags_cap = cap;
+        }
+    }
+    if (nfree_tags < free_tags_cap) /* (else the tag is not given again) */
+        free_tags[nfree_tags++] = t->tag;
     pthread_mutex_unlock(&reg_lock);
 }
 
@@ -67,7 +84,6 @@ static void thread_exit(void *p)
     ndm__thread *t = p;
     /* (this thread is in no operation now: what it retired may go) */
     atomic_store_explicit(&t->op_epoch, 0, memory_order_release);
-    t->op_depth = 0;
     ndm__reclaim(false);
     ndm__thread_unregister(t);
     ndm__slot_cache_flush(t);

@@ -22,6 +22,7 @@
 
 typedef struct ndm__thread {
     uint64_t id;               /* never reused: managers remember their creator by it */
+    uint32_t tag;              /* 1.. while it lives, then reused: arrays name their maker by it */
     /* array slots: a FIFO so a freed slot is reused late and a stale handle
      * still finds how its array died */
     uint32_t ring[NDM__SLOT_RING];
@@ -37,10 +38,10 @@ typedef struct ndm__thread {
     ndm_manager ag_ctx_mgr;
     int ag_pause;
     /* Deferred reclamation (reclaim.h): the epoch this thread's outermost
-     * operation began in (0: in none), read by reclaiming threads; how deep
-     * it is in operations; what it retired and has not handed over yet. */
+     * operation began in (0: in none), read by reclaiming threads; what it
+     * retired and has not handed over yet. */
     _Atomic uint64_t op_epoch;
-    int op_depth;
+    bool membarrier;           /* reclaimers issue membarrier(): no fence on entry */
     struct ndm__limbo *limbo;
     struct ndm__thread *reg_prev, *reg_next; /* every thread's state, for reclaimers */
 } ndm__thread;

@@ -118,10 +118,9 @@ static void record_init(ndm__manager *m, ndm__manager *parent, const char *name,
      * a way while it makes this manager (it runs this code), so the bias
      * comes back when the owner makes the next manager here; managers made
      * here by other threads start unbiased. */
-    ndm__thread *t = ndm__thread_get();
-    atomic_store_explicit(&m->maker, t ? t->id : 0, memory_order_relaxed);
+    ndm__thread *t = ndm__bias_supported ? ndm__thread_get() : NULL;
     uint64_t owner = atomic_load_explicit(&m->creator, memory_order_relaxed);
-    if (t && ndm__bias_supported && (owner == 0 || owner == t->id)) {
+    if (t && (owner == 0 || owner == t->id)) {
         atomic_store_explicit(&m->creator, t->id, memory_order_relaxed);
         atomic_store_explicit(&m->busy, 0, memory_order_relaxed);
         atomic_store_explicit(&m->biased, true, memory_order_relaxed);
@@ -717,9 +716,11 @@ static ndm_status add_hook(ndm__manager *m, uint32_t gen, ndm__hook *hk, const c
 {
     ndm__mlock_take(m);
     if (!ndm__manager_open_as(m, gen)) {
+        /* (the name only while the record is still this manager's) */
         bool closing = atomic_load_explicit(&m->gen, memory_order_relaxed) == gen;
-        char name[NDM__NAME_MAX];
-        memcpy(name, m->name, sizeof name);
+        char name[NDM__NAME_MAX] = "";
+        if (closing)
+            memcpy(name, m->name, sizeof name);
         ndm__mlock_drop(m);
         free(hk->name);
         free(hk);

@@ -13,24 +13,28 @@ static NDM__COLD void refused(ndm_array h, const char *api)
     ndm__array_lookup_failed(h, api, &none, false);
 }
 
-#define GET(h, fail_value)                                                      \
-    ndm__array *r = ndm__array_peek(h);                                         \
+#define GET_AS(peek, h, fail_value)                                              \
+    ndm__array *r = peek(h);                                                    \
     if (NDM__UNLIKELY(!r)) {                                                    \
         refused((h), __func__);                                                 \
         return fail_value;                                                      \
     }
+/* An array whose memory is read (marked for deferred reclamation when
+ * another thread's), or one whose description only is. */
+#define GET(h, fail_value) GET_AS(ndm__array_peek, h, fail_value)
+#define GET_META(h, fail_value) GET_AS(ndm__array_peek_meta, h, fail_value)
 
-NDM_API bool ndm_array_valid(ndm_array a) { return ndm__array_peek(a) != NULL; }
+NDM_API bool ndm_array_valid(ndm_array a) { return ndm__array_peek_meta(a) != NULL; }
 
 NDM_API int ndm_array_ndim(ndm_array a)
 {
-    GET(a, -1);
+    GET_META(a, -1);
     return r->ndim;
 }
 
 NDM_API int64_t ndm_array_dim(ndm_array a, int axis)
 {
-    GET(a, -1);
+    GET_META(a, -1);
     int ax;
     if (ndm__axis(axis, r->ndim, false, &ax, __func__, NDM__NO_SITE) < 0)
         return -1;
@@ -39,7 +43,7 @@ NDM_API int64_t ndm_array_dim(ndm_array a, int axis)
 
 NDM_API int ndm_array_shape(ndm_array a, int64_t *out, int cap)
 {
-    GET(a, ndm_last_status());
+    GET_META(a, ndm_last_status());
     if (cap < r->ndim || (r->ndim && !out))
         return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE,
                          "room for %d sizes given, rank is %d", cap, r->ndim);
@@ -50,7 +54,7 @@ NDM_API int ndm_array_shape(ndm_array a, int64_t *out, int cap)
 
 NDM_API int ndm_array_strides(ndm_array a, int64_t *out, int cap)
 {
-    GET(a, ndm_last_status());
+    GET_META(a, ndm_last_status());
     if (cap < r->ndim || (r->ndim && !out))
         return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE,
                          "room for %d strides given, rank is %d", cap, r->ndim);
@@ -61,43 +65,43 @@ NDM_API int ndm_array_strides(ndm_array a, int64_t *out, int cap)
 
 NDM_API int64_t ndm_array_offset(ndm_array a)
 {
-    GET(a, -1);
+    GET_META(a, -1);
     return r->offset;
 }
 
 NDM_API int64_t ndm_array_size(ndm_array a)
 {
-    GET(a, -1);
+    GET_META(a, -1);
     return ndm__numel(r->ndim, r->shape);
 }
 
 NDM_API size_t ndm_array_nbytes(ndm_array a)
 {
-    GET(a, 0);
+    GET_META(a, 0);
     return (size_t)ndm__numel(r->ndim, r->shape) * ndm_dtype_size(r->dtype);
 }
 
 NDM_API ndm_dtype ndm_array_dtype(ndm_array a)
 {
-    GET(a, NDM_F32);
+    GET_META(a, NDM_F32);
     return r->dtype;
 }
 
 NDM_API ndm_device ndm_array_device(ndm_array a)
 {
-    GET(a, NDM_CPU);
+    GET_META(a, NDM_CPU);
     return r->storage->device;
 }
 
 NDM_API ndm_manager ndm_array_manager(ndm_array a)
 {
-    GET(a, NDM_NULL_MANAGER);
+    GET_META(a, NDM_NULL_MANAGER);
     return ndm__manager_handle_of(ndm__manager_slot(r->mgr));
 }
 
 NDM_API bool ndm_array_is_contiguous(ndm_array a)
 {
-    GET(a, false);
+    GET_META(a, false);
     return ndm__is_contiguous(r->ndim, r->shape, r->strides);
 }
 
