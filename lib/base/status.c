@@ -2,6 +2,7 @@
  * Messages say what failed, why, and the caller's site when known. */
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,10 +113,19 @@ NDM_API void ndm_set_log_fn(ndm_log_fn fn, void *ud)
     log_ud = ud;
 }
 
+/* Set while this thread is logging: a failure raised inside the log
+ * callback (the callback calling ndm) is recorded but not logged again,
+ * which would recurse without bound. */
+static _Thread_local bool logging NDM__TLS_MODEL;
+
 static void ndm__log(ndm_log_level level, const char *msg)
 {
+    if (logging)
+        return;
     if (log_fn) {
+        logging = true;
         log_fn(level, msg, log_ud);
+        logging = false;
     } else if (level == NDM_LOG_WARN) {
         fprintf(stderr, "ndm: warning: %s\n", msg);
     } else if (level == NDM_LOG_ERROR) {
@@ -179,7 +189,15 @@ ndm_status ndm__vfail(ndm_status st, const char *api, ndm__site where, const cha
     }
     memcpy(t->msg, out, sizeof out);
     t->status = st;
-    ndm__log(NDM_LOG_ERROR, t->msg);
+    /* The callback gets the copy: a failure inside it rewrites t->msg, and
+     * is the last error only until the callback returns, when the failure
+     * being logged (the one the caller's call returns) is again. */
+    bool outer = !logging && log_fn;
+    ndm__log(NDM_LOG_ERROR, out);
+    if (outer) {
+        memcpy(t->msg, out, sizeof out);
+        t->status = st;
+    }
 #if NDM_DEBUG_ABORT
     if (st == NDM_E_INVALID || st == NDM_E_NULL || st == NDM_E_CLOSED || st == NDM_E_SHAPE ||
         st == NDM_E_DTYPE || st == NDM_E_AXIS) {
