@@ -4,6 +4,7 @@
 #include <ctype.h>
 #include <inttypes.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "helpers.h"
@@ -736,6 +737,50 @@ static void test_history_reports_a_ring_it_cannot_allocate(void **state)
     assert_ok(ndm_manager_close(m));
 }
 
+/* The child's side of the test below: this process has used no device. */
+static int fresh_history_child(void)
+{
+    /* 2^58 + 1 events: past any address space in bytes, within size_t */
+    const size_t huge = ((size_t)1 << 58) + 1;
+    ndm_status st = ndm_memory_record_history(true, huge);
+    if (st != NDM_E_OOM && st != NDM_E_OVERFLOW)
+        return 1;
+    if (ndm_last_status() != st || !strstr(ndm_last_error(), "288230376151711745 events"))
+        return 2;
+    /* refused: still off, and nothing recorded */
+    ndm_manager m = ndm_manager_new(ndm_system(), "fresh");
+    make_and_release(m);
+    char file[256];
+    temp_path(file, sizeof file, "fresh");
+    if (ndm_memory_dump_snapshot(file) != NDM_OK)
+        return 3;
+    char *text = read_file(file);
+    unlink(file);
+    bool recorded = strstr(text, "\"alloc\"") != NULL;
+    free(text);
+    if (recorded)
+        return 4;
+    if (ndm_memory_record_history(true, 100) != NDM_OK || ndm_manager_close(m) != NDM_OK)
+        return 5;
+    return ndm_memory_record_history(false, 0) == NDM_OK ? 0 : 6;
+}
+
+static void test_history_refuses_a_huge_ring_before_any_device(void **state)
+{
+    (void)state;
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        setenv("NDM_TEST_FRESH_HISTORY", "1", 1);
+        execl("/proc/self/exe", "test_alloc_api", (char *)NULL);
+        _exit(127);
+    }
+    int ws = 0;
+    assert_int_equal(waitpid(pid, &ws, 0), pid);
+    assert_true(WIFEXITED(ws));
+    assert_int_equal(WEXITSTATUS(ws), 0);
+}
+
 /* ---- traces ---------------------------------------------------------------------- */
 
 static void test_memory_trace_records_allocations_and_frees(void **state)
@@ -786,6 +831,8 @@ static void test_memory_trace_records_allocations_and_frees(void **state)
 
 int main(void)
 {
+    if (getenv("NDM_TEST_FRESH_HISTORY"))
+        return fresh_history_child();
     const struct CMUnitTest tests[] = {
         TEST(test_memory_stats_follow_arrays),
         TEST(test_memory_stat_keys_follow_pytorch),
@@ -802,6 +849,7 @@ int main(void)
         TEST(test_memory_snapshot_reports_io_errors),
         TEST(test_history_refuses_a_ring_whose_size_overflows),
         TEST(test_history_reports_a_ring_it_cannot_allocate),
+        TEST(test_history_refuses_a_huge_ring_before_any_device),
         TEST(test_memory_trace_records_allocations_and_frees),
     };
     return cmocka_run_group_tests_name("alloc_api", tests, NULL, NULL);
