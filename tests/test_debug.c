@@ -682,6 +682,61 @@ static void test_dump_json_parses(void **state)
     close_ok(model);
 }
 
+/* Is s well-formed UTF-8 (no stray, overlong, surrogate or cut sequences)? */
+static bool utf8_strict(const char *str)
+{
+    const unsigned char *s = (const unsigned char *)str;
+    while (*s) {
+        unsigned c = *s, cp, k;
+        if (c < 0x80) {
+            s++;
+            continue;
+        }
+        if (c >= 0xC2 && c <= 0xDF)
+            k = 1, cp = c & 0x1F;
+        else if (c >= 0xE0 && c <= 0xEF)
+            k = 2, cp = c & 0x0F;
+        else if (c >= 0xF0 && c <= 0xF4)
+            k = 3, cp = c & 0x07;
+        else
+            return false;
+        for (unsigned t = 1; t <= k; t++) {
+            if ((s[t] & 0xC0) != 0x80)
+                return false;
+            cp = cp << 6 | (s[t] & 0x3F);
+        }
+        if ((k == 2 && cp < 0x800) || (k == 3 && (cp < 0x10000 || cp > 0x10FFFF)) ||
+            (cp >= 0xD800 && cp <= 0xDFFF))
+            return false;
+        s += k + 1;
+    }
+    return true;
+}
+
+/* Names hold any bytes: the JSON stays valid UTF-8, invalid bytes as
+ * U+FFFD, control bytes escaped, valid multi-byte text kept. */
+static void test_dump_json_is_utf8_whatever_the_names(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "bad\xff\x01name");
+    ndm_manager a = ndm_manager_new(model, "\xc0\xaf\xed\xa0\x80\xe2\x82");
+    ndm_manager b = ndm_manager_new(model, "caf\xc3\xa9\x7f");
+    assert_live(a);
+    assert_live(b);
+    char *text = json_text(model);
+    assert_true(utf8_strict(text));
+    jreader r = {text, true, 0, true};
+    j_value(&r, NULL, 0);
+    j_ws(&r);
+    assert_true(r.ok);
+    assert_int_equal(*r.p, '\0');
+    assert_int_equal(r.managers, 3);
+    assert_non_null(strstr(text, "\"name\":\"bad\\ufffd\\u0001name\""));
+    assert_non_null(strstr(text, "\"name\":\"\\ufffd\\ufffd\\ufffd\\ufffd\\ufffd\\ufffd\\ufffd\""));
+    assert_non_null(strstr(text, "\"name\":\"caf\xc3\xa9\\u007f\""));
+    free(text);
+    close_ok(model);
+}
+
 /* ---- leak hunting since a mark -------------------------------------------------------- */
 
 static char *report_text(ndm_manager m, ndm_seq mark)
@@ -962,6 +1017,7 @@ int main(void)
         TEST(test_dump_errors),
         TEST(test_dump_json_exact),
         TEST(test_dump_json_parses),
+        TEST(test_dump_json_is_utf8_whatever_the_names),
         TEST(test_report_since_groups_by_site),
         TEST(test_report_since_nothing_new),
         TEST(test_report_since_views_and_moves),
