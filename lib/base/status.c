@@ -10,6 +10,7 @@
 #include "ndm/version.h"
 #include "compiler.h"
 #include "error.h"
+#include "text.h"
 
 #ifndef NDM_DEBUG_ABORT
 #define NDM_DEBUG_ABORT 0
@@ -137,6 +138,21 @@ static void ndm__log(ndm_log_level level, const char *msg)
     }
 }
 
+/* Names in a message (a tensor's, a file's, a manager's) come from users:
+ * a control byte in one is escaped, so that a message is one line of text
+ * whatever it names. */
+static void escape_controls(char *msg, size_t cap)
+{
+    const char *p = msg;
+    while (*p && (unsigned char)*p >= 0x20 && *p != 0x7f)
+        p++;
+    if (!*p)
+        return;
+    char tmp[1024];
+    size_t n = ndm__escape_controls(msg, tmp, sizeof tmp < cap ? sizeof tmp : cap);
+    memcpy(msg, tmp, n + 1);
+}
+
 const char *ndm__site_str(ndm__site s, char *buf, size_t n)
 {
     if (!s.file) {
@@ -187,6 +203,7 @@ ndm_status ndm__vfail(ndm_status st, const char *api, ndm__site where, const cha
         char site[256];
         snprintf(out + len, cap - len, " [at %s]", ndm__site_str(where, site, sizeof site));
     }
+    escape_controls(out, sizeof out);
     memcpy(t->msg, out, sizeof out);
     t->status = st;
     /* The callback gets the copy: a failure inside it rewrites t->msg, and
@@ -232,6 +249,7 @@ void ndm__warn(const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
+    escape_controls(buf, sizeof buf);
     ndm__log(NDM_LOG_WARN, buf);
 }
 

@@ -1,5 +1,7 @@
-/* Well-formed UTF-8 and JSON string literals for what ndm writes (dumps,
- * snapshots): names come from users and may hold any byte. */
+/* Well-formed UTF-8, JSON string literals and escaped messages for what
+ * ndm writes (dumps, snapshots, errors): names come from users and may hold
+ * any byte. */
+#include <stdbool.h>
 #include <string.h>
 
 #include "text.h"
@@ -53,6 +55,28 @@ size_t ndm__utf8_clean(const char *s, char *buf, size_t cap)
         memcpy(buf + o, from, len);
         o += len;
         i += k ? k : 1;
+    }
+    buf[o] = '\0';
+    return o;
+}
+
+size_t ndm__escape_controls(const char *s, char *buf, size_t cap)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t o = 0;
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        bool ctl = c < 0x20 || c == 0x7f;
+        if (o + (ctl ? 4 : 1) >= cap)
+            break;
+        if (ctl) {
+            buf[o++] = '\\';
+            buf[o++] = 'x';
+            buf[o++] = hex[c >> 4];
+            buf[o++] = hex[c & 15];
+        } else {
+            buf[o++] = (char)c;
+        }
     }
     buf[o] = '\0';
     return o;

@@ -16,6 +16,12 @@ size_t ndm__utf8_seq(const char *s, size_t n);
  * buf is short. Returns the length written (buf is NUL-terminated; cap > 0). */
 size_t ndm__utf8_clean(const char *s, char *buf, size_t cap);
 
+/* Copy the C string s into buf[0..cap) with each control byte (below 0x20,
+ * and DEL) written as \xNN, so that a message naming a user's string stays
+ * one line of text; cut at an escape's boundary when buf is short. Returns
+ * the length written (buf is NUL-terminated; cap > 0). */
+size_t ndm__escape_controls(const char *s, char *buf, size_t cap);
+
 /* Write the C string s to f as a JSON string literal: quotes, backslashes
  * and control characters escaped, bytes that start no UTF-8 sequence
  * written as \ufffd, so that the output is valid UTF-8 JSON. */
