@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "helpers.h"
+#include "utf8_check.h"
 
 /* A ring larger than any address space must come back from malloc as NULL,
  * as C says, rather than stop the suite under a sanitizer. */
@@ -716,6 +717,49 @@ static void test_history_refuses_a_ring_whose_size_overflows(void **state)
     assert_ok(ndm_manager_close(m));
 }
 
+/* A manager's name holds any bytes: the snapshot stays valid UTF-8 JSON,
+ * with invalid bytes as U+FFFD and control bytes escaped, and the pickle
+ * holds valid UTF-8 text. */
+static void test_snapshot_is_utf8_whatever_the_names(void **state)
+{
+    ndm_manager m = ndm_manager_new(ROOT(state), "snap\xff\x01\xc0\xaf" "end");
+    assert_ok(ndm_memory_record_history(true, 100));
+    make_and_release(m);
+    char file[256];
+    temp_path(file, sizeof file, "utf8");
+    assert_ok(ndm_memory_dump_snapshot(file));
+    assert_ok(ndm_memory_record_history(false, 0));
+    char *text = read_file(file);
+    unlink(file);
+    assert_true(test_utf8_valid(text));
+    jparser jp = {text, false};
+    jval root;
+    if (!jparse(&jp, &root) || jp.bad)
+        fail_msg("snapshot is not JSON near: %.60s", jp.s);
+    jfree(&root);
+    assert_non_null(strstr(text, "system/test/snap\xef\xbf\xbd\\u0001\xef\xbf\xbd\xef\xbf\xbd"
+                                 "end\""));
+    free(text);
+    /* the pickle: its text is the cleaned name, byte for byte */
+    char pk[300];
+    snprintf(pk, sizeof pk, "%s.pickle", file);
+    assert_ok(ndm_memory_record_history(true, 100));
+    make_and_release(m);
+    assert_ok(ndm_memory_dump_snapshot(pk));
+    assert_ok(ndm_memory_record_history(false, 0));
+    FILE *f = fopen(pk, "rb");
+    assert_non_null(f);
+    char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    unlink(pk);
+    const char want[] = "system/test/snap\xef\xbf\xbd\x01\xef\xbf\xbd\xef\xbf\xbd" "end";
+    assert_non_null(memmem(buf, n, want, sizeof want - 1));
+    assert_null(memmem(buf, n, "snap\xff", 5));
+    assert_manager_empty(m);
+    assert_ok(ndm_manager_close(m));
+}
+
 static void test_history_reports_a_ring_it_cannot_allocate(void **state)
 {
     ndm_manager m = ndm_manager_new(ROOT(state), "hist");
@@ -849,6 +893,7 @@ int main(void)
         TEST(test_memory_snapshot_reports_io_errors),
         TEST(test_history_refuses_a_ring_whose_size_overflows),
         TEST(test_history_reports_a_ring_it_cannot_allocate),
+        TEST(test_snapshot_is_utf8_whatever_the_names),
         TEST(test_history_refuses_a_huge_ring_before_any_device),
         TEST(test_memory_trace_records_allocations_and_frees),
     };
