@@ -85,6 +85,19 @@ done
 expect 1 "" "cannot save the model to /nonexistent/dir/m.safetensors: the folder /nonexistent/dir does not exist" \
     -- train --out /nonexistent/dir/m.safetensors --data "$tmp/data"
 expect 1 "ndm-fashion train: MLP" "ndm-fashion: loading the dataset failed: ndm_idx_load: " -- train --data "$tmp/data" --no-save
+# what is not a regular file: refused before training, never replaced, and
+# a FIFO among the data files does not block the load
+mkfifo "$tmp/out.fifo"
+expect 1 "" "cannot save the model to $tmp/out.fifo: $tmp/out.fifo exists and is not a regular file" \
+    -- train --out "$tmp/out.fifo" --data "$tmp/data"
+[ -p "$tmp/out.fifo" ] || fail "train --out FIFO: the FIFO was replaced"
+mkdir "$tmp/fifodata"
+for f in train-labels-idx1-ubyte.gz t10k-images-idx3-ubyte.gz t10k-labels-idx1-ubyte.gz; do
+    : > "$tmp/fifodata/$f"
+done
+mkfifo "$tmp/fifodata/train-images-idx3-ubyte.gz"
+expect 1 "ndm-fashion train: MLP" "train-images-idx3-ubyte.gz' is a FIFO, not a regular file" \
+    -- train --data "$tmp/fifodata" --no-save
 expect 1 "" "the training images are not at $tmp/train-images-idx3-ubyte.gz" -- train --data "$tmp" --no-save
 expect 1 "" "the test images are not at /nonexistent/t10k-images-idx3-ubyte.gz" -- serve --data /nonexistent
 

@@ -2,8 +2,13 @@
  * same architecture built with ndm and compute what PyTorch computed; module
  * and optimizer state round-trip so that a resumed run matches an unbroken
  * one; mismatches are refused with every manager intact. */
+#include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "helpers.h"
@@ -360,6 +365,146 @@ static void test_checkpoint_optimizer_state_mismatch_is_refused(void **state)
     assert_ok(ndm_manager_close(model));
 }
 
+/* `to`: the safetensors file `from` with its metadata `key` set to `value`. */
+static void rewrite_meta(ndm_manager root, const char *from, const char *to, const char *key,
+                         const char *value)
+{
+    ndm_manager m = ndm_manager_new(root, "rewrite");
+    const ndm_named_arrays *set = ndm_safetensors_load(m, from, NDM_LOAD_COPY);
+    assert_non_null(set);
+    const char *keys[8], *values[8];
+    assert_true(set->meta_count <= 8);
+    for (size_t i = 0; i < set->meta_count; i++) {
+        keys[i] = set->meta_keys[i];
+        values[i] = strcmp(keys[i], key) ? set->meta_values[i] : value;
+    }
+    ndm_named_arrays out = {set->count, set->names, set->arrays, set->meta_count, keys, values};
+    assert_ok(ndm_safetensors_save(to, &out));
+    assert_ok(ndm_manager_close(m));
+}
+
+/* The bytes of a file; the caller frees. */
+static char *file_bytes(const char *path, long *len)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, 0, SEEK_END), 0);
+    *len = ftell(f);
+    rewind(f);
+    char *b = malloc((size_t)*len + 1);
+    assert_int_equal(fread(b, 1, (size_t)*len, f), (size_t)*len);
+    fclose(f);
+    return b;
+}
+
+static bool same_file(const char *a, const char *b)
+{
+    long na, nb;
+    char *x = file_bytes(a, &na), *y = file_bytes(b, &nb);
+    bool same = na == nb && !memcmp(x, y, (size_t)na);
+    free(x);
+    free(y);
+    return same;
+}
+
+static void test_checkpoint_optimizer_bad_metadata_is_refused(void **state)
+{
+    static const struct {
+        const char *key, *value;
+        ndm_status want;
+        const char *says;
+    } bad[] = {
+        {"lr", "inf", NDM_E_INVALID, "lr metadata must be > 0 and finite"},
+        {"lr", "1e999", NDM_E_FORMAT, "lr metadata is not a number"},
+        {"lr", "nan", NDM_E_INVALID, "lr metadata must be > 0"},
+        {"lr", "-0.01", NDM_E_INVALID, "lr metadata must be > 0"},
+        {"lr", "0", NDM_E_INVALID, "lr metadata must be > 0"},
+        {"lr", "0.01x", NDM_E_FORMAT, "lr metadata is not a number"},
+        {"lr", " 0.01", NDM_E_FORMAT, "lr metadata is not a number"},
+        {"lr", "", NDM_E_FORMAT, "lr metadata is not a number"},
+        {"step", "9223372036854775807", NDM_E_INVALID, "step metadata 9223372036854775807 is "
+                                                       "outside [0, 9007199254740992]"},
+        {"step", "9007199254740993", NDM_E_INVALID, "step metadata 9007199254740993 is outside"},
+        {"step", "9223372036854775808", NDM_E_FORMAT, "step metadata is not a whole number"},
+        {"step", "-1", NDM_E_INVALID, "step metadata -1 is outside"},
+        {"step", "2abc", NDM_E_FORMAT, "step metadata is not a whole number"},
+        {"step", "2.0", NDM_E_FORMAT, "step metadata is not a whole number"},
+        {"params", "10abc", NDM_E_FORMAT, "params metadata is not a whole number"},
+        {"params", "4294967306", NDM_E_INVALID, "over 4294967306 parameters, not of adam over 10"},
+        {"params", "99999999999999999999", NDM_E_FORMAT, "params metadata is not a whole number"},
+        {"params", "", NDM_E_FORMAT, "params metadata is not a whole number"},
+    };
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_module net = mlp(model, 3);
+    ndm_optimizer opt = ndm_adam(model, net, 1e-2, 0.9, 0.999, 1e-8, 0.0);
+    double losses[2];
+    run_steps(ROOT(state), net, opt, 0, 2, losses);
+    char good[256], before[256], after[256], hostile[256];
+    snprintf(good, sizeof good, "%s", tmp_file("meta_good.safetensors"));
+    snprintf(before, sizeof before, "%s", tmp_file("meta_before.safetensors"));
+    snprintf(after, sizeof after, "%s", tmp_file("meta_after.safetensors"));
+    snprintf(hostile, sizeof hostile, "%s", tmp_file("meta_hostile.safetensors"));
+    assert_ok(ndm_optimizer_save(opt, good));
+    /* another state in the optimizer, so that a partial load would show */
+    run_steps(ROOT(state), net, opt, 2, 1, losses);
+    assert_ok(ndm_optimizer_set_lr(opt, 0.5));
+    assert_ok(ndm_optimizer_save(opt, before));
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        rewrite_meta(ROOT(state), good, hostile, bad[i].key, bad[i].value);
+        ndm_status st = ndm_optimizer_load(opt, hostile);
+        if (st != bad[i].want || !strstr(ndm_last_error(), bad[i].says))
+            fail_msg("%s \"%s\": %s (%s), expected %s with \"%s\"", bad[i].key, bad[i].value,
+                     ndm_status_name(st), ndm_last_error(), ndm_status_name(bad[i].want),
+                     bad[i].says);
+        /* state arrays, step count and learning rate as they were */
+        assert_true(ndm_optimizer_lr(opt) == 0.5);
+        assert_ok(ndm_optimizer_save(opt, after));
+        if (!same_file(before, after))
+            fail_msg("%s \"%s\" changed the optimizer", bad[i].key, bad[i].value);
+    }
+    /* the untouched file still loads */
+    assert_ok(ndm_optimizer_load(opt, good));
+    assert_true(ndm_optimizer_lr(opt) == 1e-2);
+    unlink(good);
+    unlink(before);
+    unlink(after);
+    unlink(hostile);
+    assert_ok(ndm_manager_close(model));
+}
+
+static void test_checkpoint_optimizer_step_count_never_overflows(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_module net = mlp(model, 4);
+    ndm_optimizer opt = ndm_adam(model, net, 1e-2, 0.9, 0.999, 1e-8, 0.0);
+    double losses[1];
+    run_steps(ROOT(state), net, opt, 0, 1, losses);
+    char path[256], last[256], w0[256], w1[256];
+    snprintf(path, sizeof path, "%s", tmp_file("steps.safetensors"));
+    snprintf(last, sizeof last, "%s", tmp_file("steps_last.safetensors"));
+    snprintf(w0, sizeof w0, "%s", tmp_file("steps_w0.safetensors"));
+    snprintf(w1, sizeof w1, "%s", tmp_file("steps_w1.safetensors"));
+    assert_ok(ndm_optimizer_save(opt, path));
+    /* the bound itself loads; the step after it is refused, changing nothing */
+    char bound[32];
+    snprintf(bound, sizeof bound, "%lld", (long long)NDM_OPTIMIZER_MAX_STEPS);
+    rewrite_meta(ROOT(state), path, last, "step", bound);
+    assert_ok(ndm_optimizer_load(opt, last));
+    assert_ok(ndm_module_save(net, w0));
+    assert_status(ndm_optimizer_step(opt), NDM_E_OVERFLOW);
+    assert_error_has("9007199254740992 steps, the most it counts");
+    assert_status(ndm_optimizer_step(opt), NDM_E_OVERFLOW);
+    assert_ok(ndm_module_save(net, w1));
+    assert_true(same_file(w0, w1));
+    assert_ok(ndm_optimizer_save(opt, path));
+    assert_true(same_file(path, last));
+    unlink(path);
+    unlink(last);
+    unlink(w0);
+    unlink(w1);
+    assert_ok(ndm_manager_close(model));
+}
+
 /* ---- optimizers over any parameters; predictors without gradients ---------------- */
 
 static void test_checkpoint_optimizer_over_a_parameter_list(void **state)
@@ -394,6 +539,32 @@ static void test_checkpoint_optimizer_over_a_parameter_list(void **state)
     assert_error_has("array 1 of the list is not a parameter");
     assert_int_equal(ndm_sgd_params(model, 1, NULL, 0.1, 0, 0).id, 0);
     assert_int_equal(ndm_last_status(), NDM_E_INVALID);
+    assert_ok(ndm_manager_close(model));
+}
+
+static void test_checkpoint_optimizer_over_a_high_rank_parameter(void **state)
+{
+    /* rank 17: above the 16 axes the optimizer once copied shapes into */
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_array w = ndm_full(model, NDM_F32, 2.0,
+                           NDM_SHAPE(1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2));
+    assert_ok(ndm_requires_grad(w));
+    ndm_optimizer opt = ndm_sgd_params(model, 1, ((ndm_array[]){w}), 0.5, 0.9, 0.0);
+    assert_live(opt);
+    ndm_manager batch = ndm_manager_new(ROOT(state), "batch");
+    assert_ok(ndm_grad_begin(batch));
+    assert_ok(ndm_backward(ndm_sum(w, false, NDM_ALL_AXES_LIST)));
+    assert_ok(ndm_grad_end());
+    assert_ok(ndm_optimizer_step(opt));
+    float wv[2];
+    assert_ok(ndm_array_copy_out(w, wv, sizeof wv));
+    assert_true(wv[0] == 1.5f && wv[1] == 1.5f);
+    assert_ok(ndm_manager_close(batch));
+    /* its momentum round-trips (shapes compared at any rank) */
+    const char *path = tmp_file("rank17.safetensors");
+    assert_ok(ndm_optimizer_save(opt, path));
+    assert_ok(ndm_optimizer_load(opt, path));
+    unlink(path);
     assert_ok(ndm_manager_close(model));
 }
 
@@ -446,6 +617,145 @@ static void test_checkpoint_predictor_holds_weights_once(void **state)
     (void)tn;
 }
 
+/* ---- files that are not regular files ------------------------------------------- */
+
+/* A load blocked on a FIFO would hang the suite: the alarm fails it. */
+static void blocked_on_open(int sig)
+{
+    (void)sig;
+    static const char msg[] = "a call blocked on a path that is not a regular file\n";
+    (void)!write(2, msg, sizeof msg - 1);
+    _exit(1);
+}
+
+static void test_checkpoint_loads_refuse_a_fifo_at_once(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_module net = mlp(model, 3);
+    ndm_optimizer opt = make_opt(model, net, 1);
+    const char *fifo = tmp_file("load.fifo");
+    unlink(fifo);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    ndm_array params[16];
+    assert_int_equal(ndm_module_parameters(net, params, 16), 10);
+    int64_t n;
+    double *w0 = values_of(params[0], &n);
+    signal(SIGALRM, blocked_on_open);
+    alarm(60);
+    ndm_clear_error();
+    assert_int_equal(ndm_module_load(net, fifo, NDM_CHECKPOINT_STRICT), NDM_E_IO);
+    assert_error_has("is a FIFO, not a regular file");
+    assert_error_has(fifo);
+    ndm_clear_error();
+    assert_int_equal(ndm_optimizer_load(opt, fifo), NDM_E_IO);
+    assert_error_has("is a FIFO");
+    ndm_clear_error();
+    assert_int_equal(ndm_predictor_load(model, net, fifo).id, 0);
+    assert_int_equal(ndm_last_status(), NDM_E_IO);
+    assert_error_has("is a FIFO");
+    ndm_clear_error();
+    assert_int_equal(ndm_module_load(net, "/dev/null", NDM_CHECKPOINT_LENIENT), NDM_E_IO);
+    assert_error_has("'/dev/null' is a character device");
+    alarm(0);
+    signal(SIGALRM, SIG_DFL);
+    /* nothing changed, nothing is capped */
+    double *w1 = values_of(params[0], &n);
+    assert_memory_equal(w0, w1, (size_t)n * sizeof *w0);
+    free(w0);
+    free(w1);
+    assert_int_equal(ndm_manager_caps(model), 0);
+    struct stat st;
+    assert_int_equal(lstat(fifo, &st), 0);
+    assert_true(S_ISFIFO(st.st_mode));
+    unlink(fifo);
+    assert_ok(ndm_manager_close(model));
+}
+
+static void test_checkpoint_saves_keep_what_is_at_the_path(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_module net = mlp(model, 4);
+    ndm_optimizer opt = make_opt(model, net, 0);
+    char fifo[256], dev[256];
+    snprintf(fifo, sizeof fifo, "%s", tmp_file("save.fifo"));
+    snprintf(dev, sizeof dev, "%s", tmp_file("save-full.dev"));
+    unlink(fifo);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    struct {
+        const char *path, *kind;
+        mode_t type;
+    } cases[2] = {{fifo, "a FIFO", S_IFIFO}, {dev, "a character device", S_IFCHR}};
+    int ncases = 1;
+    /* A node with /dev/full's numbers, of our own: the real one is never
+     * touched. Making one needs root. */
+    unlink(dev);
+    if (mknod(dev, S_IFCHR | 0600, makedev(1, 7)) == 0)
+        ncases = 2;
+    else
+        print_message("no device node (%s): the device case is skipped\n", strerror(errno));
+    signal(SIGALRM, blocked_on_open);
+    alarm(60);
+    for (int i = 0; i < ncases; i++) {
+        char want[400];
+        snprintf(want, sizeof want, "cannot save to '%s': it is %s", cases[i].path,
+                 cases[i].kind);
+        ndm_clear_error();
+        assert_status(ndm_module_save(net, cases[i].path), NDM_E_IO);
+        assert_error_has(want);
+        ndm_clear_error();
+        assert_status(ndm_optimizer_save(opt, cases[i].path), NDM_E_IO);
+        assert_error_has(want);
+        struct stat st;
+        assert_int_equal(lstat(cases[i].path, &st), 0);
+        assert_int_equal(st.st_mode & S_IFMT, cases[i].type);
+        unlink(cases[i].path);
+    }
+    alarm(0);
+    signal(SIGALRM, SIG_DFL);
+    assert_ok(ndm_manager_close(model));
+}
+
+/* ---- shapes in messages ----------------------------------------------------------- */
+
+static void test_checkpoint_high_rank_shape_is_named(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_rng rng = ndm_rng_new(8);
+    ndm_module net = ndm_linear(model, 2, 3, true, &rng);
+    /* weight (3, 2) in the module, of rank 20 in the file; bias of rank 12 */
+    int64_t w[20], b[12];
+    for (int i = 0; i < 20; i++)
+        w[i] = i < 2 ? 3 - i : 1;
+    for (int i = 0; i < 12; i++)
+        b[i] = i ? 1 : 3;
+    ndm_manager f = ndm_manager_new(ROOT(state), "file");
+    ndm_array aw = ndm_zeros(f, NDM_F32, 20, w), ab = ndm_zeros(f, NDM_F32, 12, b);
+    assert_live(aw);
+    assert_live(ab);
+    const char *path = tmp_file("rank20.safetensors");
+    ndm_named_arrays set = {2, (const char *[]){"weight", "bias"}, (ndm_array[]){aw, ab}, 0, NULL,
+                            NULL};
+    assert_ok(ndm_safetensors_save(path, &set));
+    assert_ok(ndm_manager_close(f));
+    for (unsigned mode = 0; mode < 2; mode++) {
+        ndm_clear_error();
+        assert_int_equal(ndm_module_load(net, path, mode), NDM_E_SHAPE);
+        assert_error_has("'weight' is (3, 2, 1, 1, 1, 1, 1, 1, ...; rank 20) in the file, "
+                         "(3, 2) in the module");
+        assert_error_has("'bias' is (3, 1, 1, 1, 1, 1, 1, 1, ...; rank 12) in the file, (3) in "
+                         "the module");
+    }
+    /* the weights are as they were: the module still loads its own file */
+    const char *own = tmp_file("linear.safetensors");
+    char keep[256];
+    snprintf(keep, sizeof keep, "%s", path);
+    assert_ok(ndm_module_save(net, own));
+    assert_int_equal(ndm_module_load(net, own, NDM_CHECKPOINT_STRICT), 2);
+    unlink(own);
+    unlink(keep);
+    assert_ok(ndm_manager_close(model));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -456,8 +766,14 @@ int main(void)
         TEST(test_checkpoint_mismatch_is_refused),
         TEST(test_checkpoint_resumed_run_matches_unbroken),
         TEST(test_checkpoint_optimizer_state_mismatch_is_refused),
+        TEST(test_checkpoint_optimizer_bad_metadata_is_refused),
+        TEST(test_checkpoint_optimizer_step_count_never_overflows),
         TEST(test_checkpoint_optimizer_over_a_parameter_list),
+        TEST(test_checkpoint_optimizer_over_a_high_rank_parameter),
         TEST(test_checkpoint_predictor_holds_weights_once),
+        TEST(test_checkpoint_loads_refuse_a_fifo_at_once),
+        TEST(test_checkpoint_saves_keep_what_is_at_the_path),
+        TEST(test_checkpoint_high_rank_shape_is_named),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1085,6 +1085,35 @@ static void test_cuda_index_ops_match_cpu(void **state)
     pair_close(p);
 }
 
+/* The losses' label range is checked on the device too: a negative label
+ * is refused with its value and position, not taken as the last class. */
+static void test_cuda_loss_label_out_of_range_is_refused(void **state)
+{
+    NEED_GPU();
+    pair p = pair_new(ROOT(state));
+    ndm_array logits = ndm_zeros(p.gpu, NDM_F32, NDM_SHAPE(4, 5));
+    int64_t v[4] = {0, 2, -1, 4};
+    ndm_array lg = ndm_to_to(p.gpu, ndm_from_buffer(p.cpu, NDM_I64, v, NDM_SHAPE(4)),
+                             NDM_CUDA(0));
+    assert_live(logits);
+    assert_live(lg);
+    uint64_t live = test_live_arrays(p.gpu);
+    assert_int_equal(ndm_cross_entropy(logits, lg).id, 0);
+    assert_int_equal(ndm_last_status(), NDM_E_INVALID);
+    assert_error_has("label -1 at position 2 is outside [0, 5)");
+    assert_int_equal(ndm_nll_loss(logits, ndm_astype(lg, NDM_I32)).id, 0);
+    assert_error_has("label -1 at position 2 is outside [0, 5)");
+    assert_int_equal(test_live_arrays(p.gpu), live + 1); /* the i32 copy only */
+    ndm_clear_error();
+    int64_t ok[4] = {0, 2, 1, 4};
+    ndm_array og = ndm_to_to(p.gpu, ndm_from_buffer(p.cpu, NDM_I64, ok, NDM_SHAPE(4)),
+                             NDM_CUDA(0));
+    double ce;
+    assert_ok(ndm_item(ndm_cross_entropy(logits, og), &ce));
+    assert_true(fabs(ce - log(5.0)) < 1e-6);
+    pair_close(p);
+}
+
 /* An index out of range is found on the device and named with its position
  * and value; nothing is created and the managers are intact. */
 static void test_cuda_take_out_of_range_index_fails_cleanly(void **state)
@@ -1778,6 +1807,7 @@ int main(int argc, char **argv)
         TEST(test_cuda_reduction_of_a_view_makes_no_copy),
         TEST(test_cuda_index_ops_match_cpu),
         TEST(test_cuda_take_out_of_range_index_fails_cleanly),
+        TEST(test_cuda_loss_label_out_of_range_is_refused),
         TEST(test_cuda_autograd_through_reductions_and_index),
         TEST(test_cuda_conv_net_forward_and_backward_match_cpu),
         TEST(test_cuda_conv_net_autograd_matches_cpu),

@@ -164,6 +164,53 @@ static void test_loader_same_seed_same_order_other_seed_other(void **state)
     assert_ok(ndm_dataset_release(&d));
 }
 
+/* The epoch counter never wraps: the end of epoch INT64_MAX is refused,
+ * leaving the loader and its current batch as they were. */
+static void test_loader_last_epoch_never_wraps(void **state)
+{
+    tree t = make_tree(state);
+    ndm_dataset d = numbered(ROOT(state), 30);
+    ndm_loader ld = ndm_loader_new(t.trainer, d,
+                                   &(ndm_loader_options){.batch_size = 10, .seed = 5,
+                                                         .flags = NDM_LOADER_SHUFFLE});
+    assert_live(ld);
+    /* from the epoch before the last, through the last */
+    assert_ok(ndm_loader_set_epoch(ld, INT64_MAX - 1));
+    for (int64_t e = INT64_MAX - 1;; e++) {
+        ndm_batch b;
+        int64_t ids[30], k = 0;
+        for (int i = 0; i < 3; i++) {
+            assert_int_equal(ndm_loader_next(ld, &b), 1);
+            assert_true(b.epoch == e);
+            check_batch(&b, ids, &k);
+        }
+        int seen[30] = {0};
+        for (int64_t i = 0; i < k; i++)
+            seen[ids[i]]++;
+        for (int i = 0; i < 30; i++)
+            assert_int_equal(seen[i], 1);
+        if (e == INT64_MAX) {
+            ndm_manager last = b.manager;
+            for (int again = 0; again < 2; again++) {
+                assert_int_equal(ndm_loader_next(ld, &b), NDM_E_OVERFLOW);
+                assert_error_has("epoch 9223372036854775807 is over and is the last");
+                assert_int_equal(b.manager.id, 0);
+                assert_true(ndm_manager_valid(last)); /* the refusal closed nothing */
+            }
+            break;
+        }
+        assert_int_equal(ndm_loader_next(ld, &b), 0);
+    }
+    /* the loader goes on from any other epoch */
+    assert_ok(ndm_loader_set_epoch(ld, INT64_MAX));
+    assert_ok(ndm_loader_set_epoch(ld, 0));
+    ndm_batch b;
+    assert_int_equal(ndm_loader_next(ld, &b), 1);
+    assert_int_equal(b.epoch, 0);
+    assert_ok(ndm_manager_close(t.model));
+    assert_ok(ndm_dataset_release(&d));
+}
+
 static void test_loader_deals_every_example_once_per_epoch(void **state)
 {
     tree t = make_tree(state);
@@ -654,6 +701,7 @@ int main(void)
         TEST(test_loader_follows_the_documented_shuffle),
         TEST(test_loader_same_seed_same_order_other_seed_other),
         TEST(test_loader_deals_every_example_once_per_epoch),
+        TEST(test_loader_last_epoch_never_wraps),
         TEST(test_loader_drop_last_drops_the_short_batch),
         TEST(test_loader_shards_split_each_global_batch),
         TEST(test_loader_closes_each_batch_on_the_next_fetch),

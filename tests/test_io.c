@@ -9,9 +9,13 @@
 #include <inttypes.h>
 #include <locale.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -1663,6 +1667,216 @@ static void test_fuzz_targets_survive_corpus_and_mutations(void **state)
     assert_int_equal(count_fds(), fds); /* no descriptor leaked on any path */
 }
 
+/* ---- paths that are not regular files --------------------------------------------- */
+
+/* A loader blocked on a FIFO would hang the suite: the alarm fails it. */
+static void blocked_on_open(int sig)
+{
+    (void)sig;
+    static const char msg[] = "a call blocked on a path that is not a regular file\n";
+    (void)!write(2, msg, sizeof msg - 1);
+    _exit(1);
+}
+
+static void guard_hangs(bool on)
+{
+    signal(SIGALRM, on ? blocked_on_open : SIG_DFL);
+    alarm(on ? 60 : 0);
+}
+
+/* Every loader refuses `path` at once with NDM_E_IO, naming it as `kind`,
+ * and leaves nothing in m. */
+static void assert_loaders_refuse(ndm_manager m, const char *path, const char *kind)
+{
+    char want[700];
+    snprintf(want, sizeof want, "'%s' is %s", path, kind);
+    const unsigned flags[] = {NDM_LOAD_COPY, NDM_LOAD_MMAP, NDM_LOAD_MMAP_COW};
+    for (int i = 0; i < 3; i++) {
+        ndm_clear_error();
+        assert_null(ndm_safetensors_load(m, path, flags[i]));
+        assert_int_equal(ndm_last_status(), NDM_E_IO);
+        assert_error_has(want);
+    }
+    ndm_clear_error();
+    assert_int_equal(ndm_npy_load(m, path).id, 0);
+    assert_int_equal(ndm_last_status(), NDM_E_IO);
+    assert_error_has(want);
+    ndm_clear_error();
+    assert_int_equal(ndm_idx_load(m, path).id, 0);
+    assert_int_equal(ndm_last_status(), NDM_E_IO);
+    assert_error_has(want);
+    ndm_clear_error();
+    assert_int_equal(ndm_csv_load(m, path, NDM_F32, NULL).id, 0);
+    assert_int_equal(ndm_last_status(), NDM_E_IO);
+    assert_error_has(want);
+    assert_int_equal(live_arrays(m), 0);
+}
+
+static void test_load_refuses_a_fifo_at_once(void **state)
+{
+    char fifo[600], link[600], good[600];
+    tpath(fifo, sizeof fifo, "loads.fifo");
+    tpath(link, sizeof link, "loads-fifo.link");
+    tpath(good, sizeof good, "loads-good.idx");
+    unlink(fifo);
+    unlink(link);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    assert_int_equal(symlink(fifo, link), 0);
+    /* labels for the dataset's other half: one u8 */
+    write_all(good, "\0\0\x08\x01\0\0\0\x01\x07", 9);
+    ndm_manager m = ndm_manager_new(ROOT(state), "loads");
+    int fds = count_fds();
+    guard_hangs(true);
+    assert_loaders_refuse(m, fifo, "a FIFO");
+    assert_loaders_refuse(m, link, "a FIFO");
+    ndm_dataset d;
+    ndm_clear_error();
+    assert_int_equal(ndm_dataset_load_idx(m, fifo, good, &d), NDM_E_IO);
+    assert_error_has("is a FIFO");
+    assert_int_equal(d.inputs.id, 0);
+    ndm_clear_error();
+    assert_int_equal(ndm_dataset_load_idx(m, good, fifo, &d), NDM_E_IO);
+    assert_error_has("is a FIFO");
+    assert_int_equal(d.inputs.id, 0);
+    guard_hangs(false);
+    assert_int_equal(count_fds(), fds);
+    struct stat st;
+    assert_int_equal(lstat(fifo, &st), 0);
+    assert_true(S_ISFIFO(st.st_mode));
+    assert_manager_empty(m);
+    assert_ok(ndm_manager_close(m));
+    unlink(link);
+    unlink(fifo);
+    unlink(good);
+}
+
+static void test_load_refuses_devices_and_directories(void **state)
+{
+    ndm_manager m = ndm_manager_new(ROOT(state), "loads");
+    guard_hangs(true);
+    assert_loaders_refuse(m, "/dev/null", "a character device");
+    assert_loaders_refuse(m, tmpdir, "a directory");
+    /* A socket cannot be opened at all: it is still named for what it is. */
+    char sock[600];
+    tpath(sock, sizeof sock, "s");
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    if (fd >= 0 && strlen(sock) < sizeof sa.sun_path) {
+        memcpy(sa.sun_path, sock, strlen(sock) + 1);
+        unlink(sock);
+        if (bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0) {
+            assert_loaders_refuse(m, sock, "a socket");
+            unlink(sock);
+        }
+    }
+    if (fd >= 0)
+        close(fd);
+    guard_hangs(false);
+    assert_manager_empty(m);
+    assert_ok(ndm_manager_close(m));
+}
+
+/* No temporary of a refused save is left in the directory. */
+static void assert_no_temporaries(void)
+{
+    DIR *d = opendir(tmpdir);
+    assert_non_null(d);
+    for (struct dirent *e; (e = readdir(d));)
+        if (strstr(e->d_name, ".tmp-"))
+            fail_msg("a save left '%s' behind", e->d_name);
+    closedir(d);
+}
+
+/* Both savers refuse `path` with NDM_E_IO naming it as `kind`, and what is
+ * there keeps its kind (`type`, as S_IFMT of its mode). */
+static void assert_saves_refuse(ndm_array a, const char *path, const char *kind, mode_t type)
+{
+    char want[700];
+    snprintf(want, sizeof want, "'%s': it is %s", path, kind);
+    ndm_named_arrays set = {1, (const char *[]){"a"}, (ndm_array[]){a}, 0, NULL, NULL};
+    ndm_clear_error();
+    assert_status(ndm_safetensors_save(path, &set), NDM_E_IO);
+    assert_error_has(want);
+    ndm_clear_error();
+    assert_status(ndm_npy_save(path, a), NDM_E_IO);
+    assert_error_has(want);
+    struct stat st;
+    assert_int_equal(lstat(path, &st), 0);
+    assert_int_equal(st.st_mode & S_IFMT, type);
+    assert_no_temporaries();
+}
+
+static void test_save_keeps_the_kind_of_what_is_at_the_path(void **state)
+{
+    ndm_manager m = ndm_manager_new(ROOT(state), "saves");
+    ndm_array a = random_array(m, NDM_F32, 1, (int64_t[]){4}, 7);
+    char fifo[600], link[600], dangling[600], dev[600];
+    tpath(fifo, sizeof fifo, "saves.fifo");
+    tpath(link, sizeof link, "saves-fifo.link");
+    tpath(dangling, sizeof dangling, "saves-dangling.link");
+    tpath(dev, sizeof dev, "saves-full.dev");
+    unlink(fifo);
+    unlink(link);
+    unlink(dangling);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    assert_int_equal(symlink(fifo, link), 0);
+    guard_hangs(true);
+    assert_saves_refuse(a, fifo, "a FIFO", S_IFIFO);
+    assert_saves_refuse(a, tmpdir, "a directory", S_IFDIR);
+    assert_saves_refuse(a, link, "a symbolic link to a FIFO", S_IFLNK);
+    assert_int_equal(symlink("no-such-file", dangling), 0);
+    assert_saves_refuse(a, dangling, "a symbolic link to nothing", S_IFLNK);
+    /* A device node of our own with /dev/full's numbers: the real one is
+     * never touched. Making one needs root. */
+    unlink(dev);
+    if (mknod(dev, S_IFCHR | 0600, makedev(1, 7)) == 0) {
+        assert_saves_refuse(a, dev, "a character device", S_IFCHR);
+        unlink(dev);
+    } else {
+        print_message("no device node (%s): the device case is skipped\n", strerror(errno));
+    }
+    guard_hangs(false);
+    unlink(link);
+    unlink(fifo);
+    unlink(dangling);
+    release(a);
+    assert_manager_empty(m);
+    assert_ok(ndm_manager_close(m));
+}
+
+static void test_save_through_a_link_replaces_its_file(void **state)
+{
+    ndm_manager m = ndm_manager_new(ROOT(state), "saves");
+    ndm_array a = random_array(m, NDM_F32, 2, (int64_t[]){2, 3}, 11);
+    char file[600], link[600], fresh[600];
+    tpath(file, sizeof file, "through.npy");
+    tpath(link, sizeof link, "through.link");
+    tpath(fresh, sizeof fresh, "fresh.npy");
+    unlink(link);
+    unlink(fresh);
+    write_all(file, "old", 3);
+    assert_int_equal(symlink("through.npy", link), 0);
+    assert_ok(ndm_npy_save(link, a));
+    struct stat st;
+    assert_int_equal(lstat(link, &st), 0);
+    assert_true(S_ISLNK(st.st_mode));
+    ndm_array b = ndm_npy_load(m, file);
+    assert_live(b);
+    assert_same(a, b);
+    release(b);
+    /* A missing destination is made. */
+    assert_ok(ndm_npy_save(fresh, a));
+    assert_int_equal(lstat(fresh, &st), 0);
+    assert_true(S_ISREG(st.st_mode));
+    assert_no_temporaries();
+    unlink(link);
+    unlink(file);
+    unlink(fresh);
+    release(a);
+    assert_manager_empty(m);
+    assert_ok(ndm_manager_close(m));
+}
+
 /* ---- setup ---------------------------------------------------------------------------- */
 
 static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
@@ -1727,6 +1941,10 @@ int main(void)
         TEST(test_csv_messages_escape_control_bytes),
         TEST(test_fashion_mnist_loads_from_the_debian_package),
         TEST(test_fuzz_targets_survive_corpus_and_mutations),
+        TEST(test_load_refuses_a_fifo_at_once),
+        TEST(test_load_refuses_devices_and_directories),
+        TEST(test_save_keeps_the_kind_of_what_is_at_the_path),
+        TEST(test_save_through_a_link_replaces_its_file),
     };
     int rc = cmocka_run_group_tests_name("io", tests, NULL, NULL);
     nftw(tmpdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);

@@ -297,6 +297,93 @@ static void test_nn_dropout_and_flatten(void **state)
     assert_ok(ndm_manager_close(model));
 }
 
+/* A forward pass answers: a result, or a null one with a negative status
+ * and a message. */
+static ndm_array forward_answers(ndm_module m, ndm_array x, const char *what)
+{
+    ndm_clear_error();
+    ndm_array y = ndm_forward(m, x);
+    if (!y.id && (ndm_last_status() >= 0 || !*ndm_last_error()))
+        fail_msg("%s: a null result with %s and message \"%s\"", what,
+                 ndm_status_name(ndm_last_status()), ndm_last_error());
+    return y;
+}
+
+/* Inputs of rank 65, above the 64 axes the layers once copied shapes into:
+ * LayerNorm, Flatten and Dropout take them; every other layer answers. */
+static void test_nn_layers_take_inputs_of_any_rank(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_rng rng = ndm_rng_new(5);
+    ndm_manager b = ndm_manager_new(model, "b");
+    enum { R = 65 };
+    int64_t shape[R], got[R + 1];
+    for (int i = 0; i < R; i++)
+        shape[i] = 1;
+    shape[0] = 2;
+    shape[R - 1] = 3;
+    ndm_array x = ndm_reshape(ndm_arange(b, NDM_F32, 1, 7, 1), R, shape); /* 1..6 */
+    assert_live(x);
+
+    ndm_module ln = ndm_layer_norm(model, 1e-5, false, NDM_SHAPE(3));
+    ndm_array y = forward_answers(ln, x, "LayerNorm");
+    assert_live(y);
+    assert_int_equal(ndm_array_shape(y, got, R), R);
+    assert_memory_equal(got, shape, sizeof shape);
+    float v[6];
+    assert_ok(ndm_array_copy_out(y, v, sizeof v));
+    for (int i = 0; i < 6; i++) /* each row (a, a+1, a+2) becomes (-s, 0, s) */
+        assert_true(fabsf(v[i] - (float)((i % 3) - 1) * 1.2247357f) < 1e-4f);
+
+    /* Flatten from an axis below 16 and from one above it */
+    ndm_array f1 = forward_answers(ndm_flatten_module(model, 1), x, "Flatten(1)");
+    assert_live(f1);
+    assert_int_equal(ndm_array_shape(f1, got, R), 2);
+    assert_true(got[0] == 2 && got[1] == 3);
+    ndm_array f40 = forward_answers(ndm_flatten_module(model, 40), x, "Flatten(40)");
+    assert_live(f40);
+    assert_int_equal(ndm_array_shape(f40, got, R), 41);
+    assert_true(got[0] == 2 && got[39] == 1 && got[40] == 3);
+    assert_int_equal(ndm_forward(ndm_flatten_module(model, R), x).id, 0);
+    assert_int_equal(ndm_last_status(), NDM_E_AXIS);
+
+    ndm_module drop = ndm_dropout_module(model, 0.5, 7);
+    ndm_array d = forward_answers(drop, x, "Dropout");
+    assert_live(d);
+    assert_int_equal(ndm_array_shape(d, got, R), R);
+    assert_ok(ndm_array_copy_out(d, v, sizeof v));
+    for (int i = 0; i < 6; i++)
+        assert_true(v[i] == 0.0f || v[i] == 2.0f * (float)(i + 1));
+
+    /* the others: a result or a clear refusal */
+    ndm_pool2d_opts pool = {.kernel = {1, 1}};
+    ndm_module others[] = {
+        ndm_linear(model, 3, 2, true, &rng),
+        ndm_conv2d_module(model, 1, 1, 1, 1, true, &rng, NULL),
+        ndm_max_pool2d_module(model, &pool),
+        ndm_relu_module(model),
+        ndm_gelu_module(model),
+        ndm_batch_norm1d(model, 2, 1e-5, 0.1, true),
+        ndm_batch_norm2d(model, 2, 1e-5, 0.1, true),
+        ndm_sequential(model, NDM_MODULES(ndm_linear(model, 3, 3, true, &rng),
+                                          ndm_relu_module(model))),
+    };
+    for (size_t i = 0; i < sizeof others / sizeof *others; i++) {
+        char what[128];
+        assert_live(others[i]);
+        assert_true(ndm_module_describe(others[i], what, sizeof what) > 0);
+        forward_answers(others[i], x, what);
+    }
+    ndm_array bn = ndm_forward(others[5], x);
+    assert_int_equal(bn.id, 0);
+    assert_error_has("not a rank-65 input");
+    /* an embedding of rank-65 indices */
+    shape[R - 1] = 1;
+    ndm_array idx = ndm_reshape(ndm_zeros(b, NDM_I64, NDM_SHAPE(2)), R, shape);
+    forward_answers(ndm_embedding(model, 4, 3, &rng), idx, "Embedding");
+    assert_ok(ndm_manager_close(model));
+}
+
 /* A tiny separable problem: both optimizers must fit it. */
 static void test_nn_training_converges(void **state)
 {
@@ -546,6 +633,53 @@ static void test_nn_embedding_and_loss_errors(void **state)
     assert_ok(ndm_manager_close(model));
 }
 
+/* Labels outside [0, C) are refused for every label dtype, naming the first
+ * bad one and its position; -1 is not taken as class C-1. */
+static void test_nn_loss_labels_outside_classes_are_refused(void **state)
+{
+    ndm_manager b = ndm_manager_new(ROOT(state), "batch");
+    ndm_array logits = ndm_zeros(b, NDM_F32, NDM_SHAPE(4, 5));
+    static const struct {
+        ndm_dtype dt;
+        int64_t v[4];
+        const char *says;
+    } bad[] = {
+        {NDM_I64, {0, 2, -1, 4}, "label -1 at position 2 is outside [0, 5)"},
+        {NDM_I64, {0, 5, -1, 4}, "label 5 at position 1 is outside [0, 5)"},
+        {NDM_I64, {INT64_MIN, 0, 0, 0}, "label -9223372036854775808 at position 0"},
+        {NDM_I32, {1, 1, 1, -5}, "label -5 at position 3 is outside [0, 5)"},
+        {NDM_I32, {1, 7, 1, 1}, "label 7 at position 1 is outside [0, 5)"},
+        {NDM_U8, {0, 1, 200, 3}, "label 200 at position 2 is outside [0, 5)"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        ndm_array l = ndm_astype(ndm_from_buffer(b, NDM_I64, (int64_t *)bad[i].v, NDM_SHAPE(4)),
+                                 bad[i].dt);
+        assert_live(l);
+        uint64_t live = test_live_arrays(b);
+        for (int nll = 0; nll < 2; nll++) {
+            ndm_clear_error();
+            ndm_array loss = nll ? ndm_nll_loss(logits, l) : ndm_cross_entropy(logits, l);
+            if (loss.id || ndm_last_status() != NDM_E_INVALID ||
+                !strstr(ndm_last_error(), bad[i].says))
+                fail_msg("case %zu (%s): %s \"%s\", expected NDM_E_INVALID with \"%s\"", i,
+                         nll ? "nll" : "cross entropy", ndm_status_name(ndm_last_status()),
+                         ndm_last_error(), bad[i].says);
+            assert_int_equal(test_live_arrays(b), live);
+        }
+    }
+    /* in range, every dtype: -log(1/5) for equal scores */
+    for (int k = 0; k < 3; k++) {
+        ndm_dtype dt = k == 0 ? NDM_U8 : k == 1 ? NDM_I32 : NDM_I64;
+        ndm_array l = ndm_astype(ndm_arange(b, NDM_I64, 1, 5, 1), dt);
+        double ce, nll;
+        assert_ok(ndm_item(ndm_cross_entropy(logits, l), &ce));
+        assert_ok(ndm_item(ndm_nll_loss(logits, l), &nll));
+        assert_true(fabs(ce - log(5.0)) < 1e-6);
+        assert_true(nll == 0.0);
+    }
+    assert_ok(ndm_manager_close(b));
+}
+
 /* A failure inside a forward pass names the caller's line, and the calls
  * that receive its null result keep that first error. */
 static void test_nn_null_result_keeps_first_error(void **state)
@@ -761,10 +895,12 @@ int main(void)
         TEST(test_nn_optimizer_step_same_bits),
         TEST(test_nn_schedules),
         TEST(test_nn_dropout_and_flatten),
+        TEST(test_nn_layers_take_inputs_of_any_rank),
         TEST(test_nn_training_converges),
         TEST(test_nn_predictor_threads),
         TEST(test_nn_object_lookups_race_churn),
         TEST(test_nn_embedding_and_loss_errors),
+        TEST(test_nn_loss_labels_outside_classes_are_refused),
         TEST(test_nn_null_result_keeps_first_error),
         TEST(test_nn_list_contracts),
         TEST(test_nn_modules_belong_to_model),

@@ -133,7 +133,12 @@ static bool writable(const char *path, char *why, size_t n)
         snprintf(why, n, "the folder %s is not writable", dir);
         return false;
     }
-    if (stat(path, &st) == 0 && (S_ISDIR(st.st_mode) || access(path, W_OK) != 0)) {
+    /* a save never replaces what is not a regular file (a FIFO, a device) */
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        snprintf(why, n, "%s exists and is not a regular file", path);
+        return false;
+    }
+    if (stat(path, &st) == 0 && access(path, W_OK) != 0) {
         snprintf(why, n, "%s exists and cannot be overwritten", path);
         return false;
     }

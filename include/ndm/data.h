@@ -147,7 +147,10 @@ typedef struct ndm_batch {
 
 /** Close the previous batch (unless kept) and fetch the next. Returns 1 with
  *  *out filled, 0 when the epoch is over (*out zeroed; the next call starts
- *  the next epoch), or a negative ndm_status (*out zeroed). */
+ *  the next epoch), or a negative ndm_status (*out zeroed). Epochs count up
+ *  to INT64_MAX, never wrapping: the end of epoch INT64_MAX is
+ *  NDM_E_OVERFLOW, and that call changes nothing (its current batch stays
+ *  open). */
 #define ndm_loader_next(l, out) ndm_loader_next_at(NDM_HERE, (l), (out))
 /** ndm_loader_next() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD int ndm_loader_next_at(NDM_SITE_PARAMS, ndm_loader l, ndm_batch *out);
@@ -156,8 +159,9 @@ NDM_API NDM_NODISCARD int ndm_loader_next_at(NDM_SITE_PARAMS, ndm_loader l, ndm_
  *  caller closes it. NDM_E_INVALID when there is no current batch. */
 NDM_API NDM_NODISCARD ndm_status ndm_loader_keep(ndm_loader l);
 
-/** Start epoch `epoch` (>= 0, NDM_E_INVALID otherwise) from its first
- *  batch; the current batch is closed unless kept. */
+/** Start epoch `epoch` (>= 0, NDM_E_INVALID otherwise; INT64_MAX is the
+ *  last, see ndm_loader_next()) from its first batch; the current batch is
+ *  closed unless kept. */
 NDM_API NDM_NODISCARD ndm_status ndm_loader_set_epoch(ndm_loader l, int64_t epoch);
 
 /** Batches per epoch, or -1 with an error. */

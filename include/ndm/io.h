@@ -9,7 +9,9 @@
  * and leaves nothing behind.
  *
  * Errors: NDM_E_IO (open, read or write failed; the message has the
- * system's reason), NDM_E_FORMAT (malformed, truncated or inconsistent
+ * system's reason; a path that is not a regular file, such as a FIFO, a
+ * device or a directory, is refused at once, naming what it is, and a FIFO
+ * never blocks a load), NDM_E_FORMAT (malformed, truncated or inconsistent
  * data; the message says what and where), NDM_E_DTYPE (a type ndm lacks),
  * NDM_E_OVERFLOW (sizes that overflow 64 bits), and the manager's refusals
  * (NDM_E_CLOSED, NDM_E_CAPPED, NDM_E_QUOTA, NDM_E_OOM).
@@ -19,7 +21,11 @@
  *
  * Saving writes a temporary file beside the destination and renames it over
  * the destination when complete, so a failed save leaves any previous file
- * intact. Arrays to save may have any strides and live on any device.
+ * intact. A missing destination is created; one that exists must be a
+ * regular file, or a symbolic link to one (that file is replaced, the link
+ * kept): anything else (a FIFO, a device node, a directory, a socket, a
+ * dangling link) is NDM_E_IO naming what it is, and left as it was. Arrays
+ * to save may have any strides and live on any device.
  *
  * Thread rules: loads and saves of different files may run on many threads
  * at once. Saving an array while another thread writes it is a caller bug.

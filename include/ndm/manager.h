@@ -43,9 +43,16 @@
  *
  * Thread rules: managers are thread-safe. Many threads may create and close
  * children of one shared manager and read its arrays at the same time.
- * Closing a manager while another thread still computes with its arrays is a
- * caller bug (the other thread sees NDM_E_CLOSED or stale data, never freed
- * memory). A close may race with creations in the manager, views of its
+ * A manager may be closed (or an array released) while another thread's
+ * operation on its arrays or modules runs: an operation that started before
+ * the close (a kernel call, a module's forward, a predictor request) finishes
+ * on memory that stays valid until it returns, and one that starts after it
+ * fails with NDM_E_CLOSED. The memory goes back once every thread that was
+ * inside an operation when the close ran has left it (deferred, epoch-based
+ * reclamation); the close itself does not wait, and the manager's counts
+ * drop at once. This is what makes hot-swapping a served model safe: load
+ * the new model, publish its predictor, close the old model. Pointers from
+ * ndm_array_data() are the caller's: they are not protected. A close may race with creations in the manager, views of its
  * arrays and moves into or out of it: each of those either completes before
  * the close drains the manager (the close then releases what it made) or
  * fails with NDM_E_CLOSED, changing nothing; none leaves an array in a

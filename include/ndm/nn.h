@@ -189,7 +189,8 @@ NDM_API ndm_module ndm_sequential_at(NDM_SITE_PARAMS, ndm_manager model, int n,
 /** Run a module on x: a fresh array attached by the output rule (the `_to`
  *  manager, else the innermost scope, else x's manager), the caller's to
  *  release, or the null handle with the failing operation's error, reported
- *  at the caller's line. Recorded for gradients when this thread records.
+ *  at the caller's line. ReLU, GELU, Flatten, Dropout and LayerNorm take
+ *  inputs of any rank. Recorded for gradients when this thread records.
  *  When it does not, a linear layer (and a ReLU right after it in a
  *  sequential) runs as one fused operation: the same bits as matmul, add
  *  and relu in turn, without their intermediate arrays. */
@@ -225,8 +226,10 @@ NDM_API int ndm_module_describe(ndm_module m, char *buf, size_t n);
  *  Each returns a new 0-d array attached by the output rule (the `_to`
  *  form: to m), which the caller releases or its manager's close does, or
  *  the null handle: NDM_E_SHAPE, NDM_E_DTYPE (logits not float, labels not
- *  integer), NDM_E_INVALID (a label out of range), and the errors of the
- *  elementwise and reduction functions it is made of. */
+ *  u8, i32 or i64), NDM_E_INVALID (a label outside [0, C), negative ones
+ *  included: the message names the first and its position; checked on the
+ *  labels' device), and the errors of the elementwise and reduction
+ *  functions it is made of. */
 /** @{ */
 
 /** Mean over the batch of -log softmax(logits)[label]: logits (N, C) float,
@@ -306,13 +309,18 @@ NDM_API ndm_optimizer ndm_adam_params_at(NDM_SITE_PARAMS, ndm_manager model, int
                                          const ndm_array *params, double lr, double beta1,
                                          double beta2, double eps, double weight_decay,
                                          bool decoupled);
+/** The most steps an optimizer counts (2^53, where a double, which Adam's
+ *  bias correction reads the count as, stops being exact): the step after
+ *  it is refused, and a loaded state may not hold more. */
+#define NDM_OPTIMIZER_MAX_STEPS (INT64_C(1) << 53)
 /** Update every parameter from its gradient (in place). Where the backend
  *  has a fused kernel (the CPU) and the parameter, its gradient and its
  *  state are contiguous f32 or f64 arrays apart from each other, the update
  *  is one pass per parameter; either way its result is, bit for bit, that of
  *  the formulas above evaluated as separate elementwise operations in the
  *  parameter's dtype (each scalar converted to it first, no fused
- *  multiply-add). */
+ *  multiply-add). NDM_E_OVERFLOW, with nothing changed, once the optimizer
+ *  has taken NDM_OPTIMIZER_MAX_STEPS steps. */
 NDM_API NDM_NODISCARD ndm_status ndm_optimizer_step(ndm_optimizer o);
 /** Zero every parameter's gradient. */
 NDM_API NDM_NODISCARD ndm_status ndm_optimizer_zero_grad(ndm_optimizer o);
@@ -334,9 +342,15 @@ NDM_API NDM_NODISCARD ndm_status ndm_optimizer_save_at(NDM_SITE_PARAMS, ndm_opti
  *  same algorithm over parameters of the same shapes: the state arrays (in
  *  place: a capped model accepts it), the step count and the learning rate,
  *  so that a resumed run takes the steps an unbroken one would. Everything
- *  is checked first: on failure nothing changes. NDM_E_INVALID (another
- *  algorithm or parameter count), NDM_E_FORMAT (not an optimizer state, a
- *  tensor missing or extra), NDM_E_SHAPE, and the load's errors. */
+ *  is checked first: on failure nothing changes (state arrays, step count,
+ *  learning rate), and the message names the field or tensor at fault.
+ *  The metadata numbers are read whole, each within its type (no blanks,
+ *  no trailing bytes: "8abc" is refused, not read as 8). NDM_E_INVALID
+ *  (another algorithm or parameter count, a step count outside [0,
+ *  NDM_OPTIMIZER_MAX_STEPS], a learning rate ndm_optimizer_set_lr()
+ *  refuses), NDM_E_FORMAT (not an optimizer state, a metadata number that
+ *  does not parse or overflows its type, a tensor missing or extra),
+ *  NDM_E_SHAPE, and the load's errors. */
 #define ndm_optimizer_load(o, path) ndm_optimizer_load_at(NDM_HERE, (o), (path))
 /** ndm_optimizer_load() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_optimizer_load_at(NDM_SITE_PARAMS, ndm_optimizer o,
@@ -372,7 +386,8 @@ NDM_API NDM_NODISCARD ndm_status ndm_module_save_at(NDM_SITE_PARAMS, ndm_module 
  *  state_dict saved with safetensors) into m, in place (a capped model
  *  accepts it), converting dtypes as a cast would. Names and shapes are all
  *  checked before anything is written, so on these errors m is unchanged:
- *  NDM_E_SHAPE names every mis-shaped tensor with both shapes; in strict
+ *  NDM_E_SHAPE names every mis-shaped tensor with both shapes (past eight
+ *  sizes, the first eight, "..." and the rank); in strict
  *  mode NDM_E_FORMAT names the missing and unexpected tensors. Returns the
  *  number of tensors loaded, or a negative status (also NDM_E_INVALID for
  *  an unknown mode, and the errors of ndm_safetensors_load()). The file is

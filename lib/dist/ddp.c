@@ -116,7 +116,11 @@ static void ddp_destroy(void *p)
     free(d);
 }
 
-static const ndm__object_type ddp_type = {"data-parallel wrapper", "closed", ddp_destroy};
+static const ndm__object_type ddp_type = {
+    .name = "data-parallel wrapper",
+    .ended = "closed",
+    .destroy = ddp_destroy,
+};
 
 static ddp *lookup(ndm_ddp h, const char *api, ndm__site site)
 {

@@ -60,18 +60,43 @@ ndm_status ndm__src_open_mem(ndm__src *s, const void *data, size_t len, bool gzi
     return NDM_OK;
 }
 
-ndm_status ndm__src_open_file(ndm__src *s, const char *path, bool gzip, const char *api,
-                              ndm__site where)
+const char *ndm__file_kind(unsigned mode)
 {
-    memset(s, 0, sizeof *s);
-    s->fd = -1;
+    mode_t m = (mode_t)mode;
+    return S_ISREG(m)    ? "a regular file"
+           : S_ISDIR(m)  ? "a directory"
+           : S_ISFIFO(m) ? "a FIFO"
+           : S_ISCHR(m)  ? "a character device"
+           : S_ISBLK(m)  ? "a block device"
+           : S_ISSOCK(m) ? "a socket"
+           : S_ISLNK(m)  ? "a symbolic link"
+                         : "of an unknown kind";
+}
+
+static ndm_status not_regular(const char *path, mode_t mode, const char *api, ndm__site where)
+{
+    return ndm__fail(NDM_E_IO, api, where, "'%s' is %s, not a regular file", path,
+                     ndm__file_kind(mode));
+}
+
+int ndm__open_regular(const char *path, uint64_t *size, const char *api, ndm__site where)
+{
     if (!path)
         return ndm__fail(NDM_E_INVALID, api, where, "path is NULL");
-    s->name = path;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return ndm__io_errno(errno, path, "open", api, where);
+    /* A device is refused before it is opened (opening one can have effects
+     * of its own); O_NONBLOCK keeps a FIFO that appears after the check from
+     * blocking the open until a writer comes, and fstat decides. */
     struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+        return not_regular(path, st.st_mode, api, where);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) {
+        int e = errno;
+        /* a socket cannot be opened: say what it is rather than ENXIO */
+        if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+            return not_regular(path, st.st_mode, api, where);
+        return ndm__io_errno(e, path, "open", api, where);
+    }
     if (fstat(fd, &st) != 0) {
         int e = errno;
         close(fd);
@@ -81,10 +106,30 @@ ndm_status ndm__src_open_file(ndm__src *s, const char *path, bool gzip, const ch
      * size has to be known: no pipes or devices. */
     if (!S_ISREG(st.st_mode)) {
         close(fd);
-        return ndm__fail(NDM_E_IO, api, where, "'%s' is not a regular file", path);
+        return not_regular(path, st.st_mode, api, where);
     }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
+        int e = errno;
+        close(fd);
+        return ndm__io_errno(e, path, "set the mode of", api, where);
+    }
+    *size = (uint64_t)st.st_size;
+    return fd;
+}
+
+ndm_status ndm__src_open_file(ndm__src *s, const char *path, bool gzip, const char *api,
+                              ndm__site where)
+{
+    memset(s, 0, sizeof *s);
+    s->fd = -1;
+    s->name = path;
+    uint64_t size;
+    int fd = ndm__open_regular(path, &size, api, where);
+    if (fd < 0)
+        return fd;
     s->fd = fd;
-    s->size = (uint64_t)st.st_size;
+    s->size = size;
     s->kind = NDM__SRC_FD;
     if (!gzip || s->size < 2)
         return NDM_OK;
@@ -584,43 +629,82 @@ ndm_status ndm__io_write_array(FILE *f, ndm__array *r, const char *path, const c
 
 static atomic_uint tmp_counter;
 
+/* Where a save to `path` lands: NDM_OK with *dest NULL for the path itself
+ * (missing or a regular file), or the file a symbolic link names (malloc'd),
+ * so the link stays a link. Anything else there is refused, because the
+ * rename would put a regular file in its place. */
+static ndm_status save_target(const char *path, char **dest, const char *api, ndm__site where)
+{
+    *dest = NULL;
+    struct stat st;
+    if (lstat(path, &st) != 0)
+        return errno == ENOENT ? NDM_OK : ndm__io_errno(errno, path, "stat", api, where);
+    if (S_ISREG(st.st_mode))
+        return NDM_OK;
+    if (!S_ISLNK(st.st_mode))
+        return ndm__fail(NDM_E_IO, api, where,
+                         "cannot save to '%s': it is %s, not a regular file", path,
+                         ndm__file_kind(st.st_mode));
+    if (stat(path, &st) != 0)
+        return ndm__fail(NDM_E_IO, api, where,
+                         "cannot save to '%s': it is a symbolic link to nothing that exists "
+                         "(%s)",
+                         path, strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        return ndm__fail(NDM_E_IO, api, where,
+                         "cannot save to '%s': it is a symbolic link to %s, not to a regular "
+                         "file",
+                         path, ndm__file_kind(st.st_mode));
+    if (!(*dest = realpath(path, NULL)))
+        return ndm__io_errno(errno, path, "resolve the link", api, where);
+    return NDM_OK;
+}
+
 ndm_status ndm__out_open(ndm__out_file *o, const char *path, const char *api, ndm__site where)
 {
     memset(o, 0, sizeof *o);
     if (!path)
         return ndm__fail(NDM_E_INVALID, api, where, "path is NULL");
-    size_t n = strlen(path) + 64;
+    ndm_status st = save_target(path, &o->dest, api, where);
+    if (st < 0)
+        return st;
+    const char *at = o->dest ? o->dest : path;
+    size_t n = strlen(at) + 64;
     o->tmp = malloc(n);
-    if (!o->tmp)
+    if (!o->tmp) {
+        free(o->dest);
+        o->dest = NULL;
         return ndm__fail(NDM_E_OOM, api, where, "no memory for a file name");
+    }
     for (int attempt = 0; attempt < 100; attempt++) {
-        snprintf(o->tmp, n, "%s.tmp-%ld-%u", path, (long)getpid(),
+        snprintf(o->tmp, n, "%s.tmp-%ld-%u", at, (long)getpid(),
                  atomic_fetch_add(&tmp_counter, 1));
         /* 0666: the caller's umask decides, as for any new file. */
         int fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
         if (fd < 0) {
             if (errno == EEXIST)
                 continue;
-            ndm_status st = ndm__io_errno(errno, path, "create a file beside", api, where);
-            free(o->tmp);
-            o->tmp = NULL;
-            return st;
+            st = ndm__io_errno(errno, path, "create a file beside", api, where);
+            break;
         }
         o->f = fdopen(fd, "wb");
         if (!o->f) {
-            ndm_status st = ndm__io_errno(errno, o->tmp, "open", api, where);
+            st = ndm__io_errno(errno, o->tmp, "open", api, where);
             close(fd);
             unlink(o->tmp);
-            free(o->tmp);
-            o->tmp = NULL;
-            return st;
+            break;
         }
         o->path = path;
         return NDM_OK;
     }
+    if (st == NDM_OK)
+        st = ndm__fail(NDM_E_IO, api, where, "cannot find a free temporary name beside '%s'",
+                       path);
     free(o->tmp);
+    free(o->dest);
     o->tmp = NULL;
-    return ndm__fail(NDM_E_IO, api, where, "cannot find a free temporary name beside '%s'", path);
+    o->dest = NULL;
+    return st;
 }
 
 ndm_status ndm__out_write(ndm__out_file *o, const void *p, size_t n, const char *api,
@@ -639,15 +723,30 @@ ndm_status ndm__out_commit(ndm__out_file *o, const char *api, ndm__site where)
     if (fclose(o->f) != 0 && !err)
         err = errno ? errno : EIO;
     o->f = NULL;
-    if (!err && rename(o->tmp, o->path) != 0)
-        err = errno;
     ndm_status st = NDM_OK;
-    if (err) {
-        st = ndm__io_errno(err, o->path, "write", api, where);
-        unlink(o->tmp);
+    if (!err) {
+        /* Looked at again: what was put at the path while the data was
+         * written must not be replaced either. */
+        char *dest;
+        st = save_target(o->path, &dest, api, where);
+        const char *to = dest ? dest : o->path;
+        if (st == NDM_OK && (!dest != !o->dest || (dest && strcmp(dest, o->dest) != 0)))
+            st = ndm__fail(NDM_E_IO, api, where,
+                           "cannot save to '%s': a link there was made or changed during the "
+                           "save",
+                           o->path);
+        if (st == NDM_OK && rename(o->tmp, to) != 0)
+            err = errno;
+        free(dest);
     }
+    if (err)
+        st = ndm__io_errno(err, o->path, "write", api, where);
+    if (st < 0)
+        unlink(o->tmp);
     free(o->tmp);
+    free(o->dest);
     o->tmp = NULL;
+    o->dest = NULL;
     return st;
 }
 
@@ -659,6 +758,8 @@ void ndm__out_abort(ndm__out_file *o)
         unlink(o->tmp);
         free(o->tmp);
     }
+    free(o->dest);
     o->f = NULL;
     o->tmp = NULL;
+    o->dest = NULL;
 }

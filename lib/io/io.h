@@ -127,12 +127,27 @@ ndm_status ndm__io_write_array(FILE *f, ndm__array *r, const char *path, const c
 
 /* ---- files ----------------------------------------------------------------- */
 
+/* How a stat mode reads in a message: "a FIFO", "a directory", ... */
+const char *ndm__file_kind(unsigned mode);
+
+/* Open `path` for reading, refusing anything that is not a regular file
+ * (a FIFO, a device, a directory, a socket) at once with NDM_E_IO naming
+ * what it is; a FIFO never blocks the call. Returns the descriptor, with
+ * the file's size in *size, or a negative status. Every file ndm reads is
+ * opened here. */
+int ndm__open_regular(const char *path, uint64_t *size, const char *api, ndm__site where);
+
 /* A file written beside its destination and renamed over it on commit, so a
- * failed save never leaves a half-written file at `path`. */
+ * failed save never leaves a half-written file at `path`. A destination
+ * that exists and is not a regular file is refused at open and again at
+ * commit (NDM_E_IO naming what it is), so a save never changes the kind of
+ * what is at the path; through a symbolic link the file it names is
+ * replaced and the link kept. */
 typedef struct ndm__out_file {
     FILE *f;
     const char *path;
     char *tmp;
+    char *dest; /* the file a link at `path` names, or NULL */
 } ndm__out_file;
 
 ndm_status ndm__out_open(ndm__out_file *o, const char *path, const char *api, ndm__site where);

@@ -6,6 +6,7 @@
 
 #include "core.h"
 #include "create.h"
+#include "reclaim.h"
 #include "thread.h"
 
 /* ---- storage ---------------------------------------------------------------- */
@@ -17,6 +18,7 @@
  * no limit to keep current, are given back at the flush. */
 #define FREE_BATCH 64
 typedef struct free_batch {
+    bool later;          /* every death defers its frees (see ndm__free_later) */
     ndm_device dev;      /* the draining manager's device */
     int n;
     ndm__manager *owner; /* NULL: every charge is given back at once */
@@ -27,6 +29,7 @@ typedef struct free_batch {
 
 static void batch_init(free_batch *fb, ndm__manager *m)
 {
+    fb->later = ndm__free_later(m);
     fb->dev = m->device;
     fb->n = 0;
     fb->owner = atomic_load_explicit(&m->limit_anchor, memory_order_relaxed) ? NULL : m;
@@ -51,15 +54,61 @@ static inline bool same_device(ndm_device a, ndm_device b)
     return a.type == b.type && a.index == b.index;
 }
 
-/* Free the storage's memory (now, or with the batch fb when given) and give
- * its bytes back; refs reached 0. */
-static NDM__ALWAYS_INLINE void storage_destroy(ndm__storage *s, free_batch *fb)
+/* Give a dead storage's bytes back (now, or with the batch fb when given). */
+static NDM__ALWAYS_INLINE void storage_uncharge(ndm__storage *s, free_batch *fb)
 {
     int dev = ndm__device_slot(s->device);
     if (fb && fb->owner && s->charged == fb->owner->self && dev == fb->slot)
         fb->bytes += (int64_t)s->nbytes;
     else
         ndm__uncharge(ndm__manager_rec(s->charged), dev, (int64_t)s->nbytes);
+}
+
+/* Deferred frees (reclaim.h), run once no operation can still read them:
+ * a storage's memory (and the slot of its home record when that died
+ * first), and a dead record's long shape, extension and slot. */
+static void later_storage(void *p, uintptr_t home)
+{
+    ndm__storage *s = p;
+    if (s->cookie) {
+        ndm__block b = {s->data, s->cookie, 0};
+        ndm__free(s->device, &b);
+    } else {
+        ndm__storage_cold *c = ndm__storage_cold_of(s);
+        if (c->free_fn)
+            c->free_fn(s->data, c->free_ud);
+    }
+    if (home)
+        ndm__array_slot_free((uint32_t)home);
+}
+
+static void later_record(void *p, uintptr_t free_slot)
+{
+    ndm__array *r = p;
+    ndm__array_free_dims(r);
+    if (r->ext) {
+        free(r->ext);
+        r->ext = NULL;
+    }
+    if (free_slot)
+        ndm__array_slot_free(r->self);
+}
+
+ndm__array *ndm__array_share(ndm__array *r, ndm_array h)
+{
+    atomic_fetch_or_explicit(&r->storage->refs, NDM__REFS_SHARED, memory_order_seq_cst);
+    /* Either a close that kills r from now on sees the mark, or its
+     * generation store is seen below. */
+    ndm__heavy_barrier();
+    return atomic_load_explicit(&r->gen, memory_order_acquire) == (uint32_t)(h.id >> 32) ? r
+                                                                                       : NULL;
+}
+
+/* Free the storage's memory (now, or with the batch fb when given) and give
+ * its bytes back; refs reached 0. */
+static NDM__ALWAYS_INLINE void storage_destroy(ndm__storage *s, free_batch *fb)
+{
+    storage_uncharge(s, fb);
     if (s->cookie) {
         if (!fb || !same_device(fb->dev, s->device)) {
             ndm__block b = {s->data, s->cookie, 0};
@@ -267,8 +316,18 @@ ndm_manager ndm__output_manager(ndm_manager named, ndm__array *first_input, cons
     if (s.id)
         return s;
     if (first_input) {
-        ndm__manager *m = ndm__manager_slot(first_input->mgr);
-        return ndm__manager_handle_of(m);
+        /* A handle made from the record after a close (the input's manager
+         * closed on another thread, its scope with it) would carry the next
+         * generation and read as never issued: such a manager is closed. */
+        ndm__manager *m = ndm__manager_slot(ndm__array_mgr_unlocked(first_input));
+        uint32_t g = atomic_load_explicit(&m->gen, memory_order_acquire);
+        unsigned st = atomic_load_explicit(&m->state, memory_order_acquire);
+        if (NDM__LIKELY((st & NDM__M_LIVE) &&
+                        atomic_load_explicit(&m->gen, memory_order_acquire) == g))
+            return ndm__manager_handle(m->self, g);
+        ndm__fail(NDM_E_CLOSED, api, where,
+                  "the manager of the input was closed while the operation ran");
+        return NDM_NULL_MANAGER;
     }
     ndm__fail(NDM_E_NULL, api, where,
               "no manager: pass one, or call inside a scope (ndm_scope_begin)");
@@ -719,8 +778,19 @@ static uint32_t count_views(ndm__storage *s, uint32_t mgr)
 /* The last view of s died: its memory and bytes go back, and its home
  * record's slot, kept while views outlived it, is freed unless that record
  * is `dying` (which frees its own slot). */
-static NDM__ALWAYS_INLINE void storage_dies(ndm__storage *s, ndm__array *dying, free_batch *fb)
+static NDM__ALWAYS_INLINE void storage_dies(ndm__storage *s, ndm__array *dying, free_batch *fb,
+                                            bool later)
 {
+    if (NDM__UNLIKELY(later)) {
+        storage_uncharge(s, fb);
+        uintptr_t home = 0;
+        if (s != &dying->own) {
+            ndm__storage_cold_of(s)->first_view = 0;
+            home = ndm__storage_home(s)->self;
+        }
+        ndm__defer(later_storage, s, home);
+        return;
+    }
     storage_destroy(s, fb);
     if (s != &dying->own) {
         /* The last view was another record's: the home's list ends with it. */
@@ -732,22 +802,31 @@ static NDM__ALWAYS_INLINE void storage_dies(ndm__storage *s, ndm__array *dying, 
 /* View r of storage s dies; its manager was `from`. Manager lock of `from`
  * is held by the caller (or `from` is closing under this thread). Returns
  * whether r's slot must wait: its own storage lives on in other views. */
-static bool shared_view_dies(ndm__array *r, ndm__manager *from, free_batch *fb);
+/* What view_dies reports: r's slot must wait (its storage lives on in other
+ * views), and the storage's memory was deferred (r's record must wait too). */
+enum { VIEW_WAITS = 1, VIEW_DEFERRED = 2 };
+static unsigned shared_view_dies(ndm__array *r, ndm__manager *from, free_batch *fb, bool later);
 
-static NDM__ALWAYS_INLINE bool view_dies(ndm__array *r, ndm__manager *from, free_batch *fb)
+/* `later`: the memory may still be read by another thread's operation (a
+ * foreign close); a storage marked shared defers too. */
+static NDM__ALWAYS_INLINE unsigned view_dies(ndm__array *r, ndm__manager *from, free_batch *fb,
+                                             bool later)
 {
     ndm__storage *s = r->storage;
+    /* (r's generation moved on just before: a lookup that marks s from now
+     * on finds r dead, one that marked it before is seen here) */
+    ndm__light_barrier();
     if (NDM__LIKELY(atomic_load_explicit(&s->refs, memory_order_acquire) == 1)) {
         /* The only view: nobody else can reach s. */
         atomic_store_explicit(&s->refs, 0, memory_order_relaxed);
-        storage_dies(s, r, fb);
-        return false;
+        storage_dies(s, r, fb, later);
+        return later ? VIEW_DEFERRED : 0;
     }
-    return shared_view_dies(r, from, fb);
+    return shared_view_dies(r, from, fb, later);
 }
 
-/* view_dies when other views may share the storage. */
-static bool shared_view_dies(ndm__array *r, ndm__manager *from, free_batch *fb)
+/* view_dies when other views may share the storage, or it is marked. */
+static unsigned shared_view_dies(ndm__array *r, ndm__manager *from, free_batch *fb, bool later)
 {
     ndm__storage *s = r->storage;
     ndm__storage_cold *c = ndm__storage_cold_of(s);
@@ -759,11 +838,13 @@ static bool shared_view_dies(ndm__array *r, ndm__manager *from, free_batch *fb)
         c->first_view = r->sv_next;
     if (r->sv_next)
         ndm__array_rec(r->sv_next)->sv_prev = r->sv_prev;
-    unsigned left = atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) - 1;
+    unsigned old = atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel);
+    unsigned left = (old & NDM__REFS_COUNT) - 1;
+    later = later || (old & NDM__REFS_SHARED);
     if (left == 0) {
         ndm__lock_drop(&c->lock);
-        storage_dies(s, r, fb);
-        return false;
+        storage_dies(s, r, fb, later);
+        return later ? VIEW_DEFERRED : 0;
     }
     if (s->charged == from->self && --c->charged_views == 0) {
         /* The charged manager holds no view any more: the charge moves to the
@@ -793,7 +874,7 @@ static bool shared_view_dies(ndm__array *r, ndm__manager *from, free_batch *fb)
     if (left == 1 && c->first_view == ndm__storage_home(s)->self)
         c->first_view = 0;
     ndm__lock_drop(&c->lock);
-    return s == &r->own;
+    return (s == &r->own ? VIEW_WAITS : 0) | (later ? VIEW_DEFERRED : 0);
 }
 
 /* Array r dies; `from`, its manager, has unlinked it (from's lock held, or
@@ -827,29 +908,59 @@ static bool lenders_pop(ndm__array *r)
     return true;
 }
 
+/* r dies with its frees deferred: its record is left as it was (a running
+ * operation may still read its shape), its slot and memory go later. */
+static NDM__COLD void array_dies_later(ndm__array *r, ndm__manager *from, free_batch *fb)
+{
+    if (NDM__UNLIKELY(r->lender))
+        lenders_drop(r);
+    atomic_store_explicit(&r->live, 0, memory_order_relaxed);
+    unsigned g = atomic_load_explicit(&r->gen, memory_order_relaxed);
+    g = (g + 1) & 0x7fffffffu;
+    atomic_store_explicit(&r->gen, g ? g : 1, memory_order_release);
+    unsigned v = view_dies(r, from, fb, true);
+    ndm__defer(later_record, r, !(v & VIEW_WAITS));
+}
+
 static NDM__ALWAYS_INLINE void array_dies(ndm__array *r, ndm__manager *from,
                                           const ndm__site *site, uint32_t by, uint32_t by_gen,
-                                          free_batch *fb)
+                                          free_batch *fb, bool later)
 {
     r->dead_file = site->file;
     r->dead_func = site->func;
     r->dead_line = site->line;
     r->dead_by = by;
     r->dead_by_gen = by_gen;
-    ndm__array_free_dims(r);
+    /* Marked shared: another thread's operation may be reading it. (Read
+     * before the generation moves: a mark made after this read is made by
+     * a lookup that then sees r dead, or that the barrier in view_dies
+     * orders before the read there, which defers the memory all the same.) */
+    if (NDM__UNLIKELY(later) ||
+        NDM__UNLIKELY(atomic_load_explicit(&r->storage->refs, memory_order_relaxed) &
+                      NDM__REFS_SHARED)) {
+        array_dies_later(r, from, fb);
+        return;
+    }
     if (NDM__UNLIKELY(r->lender))
         lenders_drop(r);
+    atomic_store_explicit(&r->live, 0, memory_order_relaxed);
+    unsigned g = atomic_load_explicit(&r->gen, memory_order_relaxed);
+    g = (g + 1) & 0x7fffffffu;
+    atomic_store_explicit(&r->gen, g ? g : 1, memory_order_release);
+    unsigned v = view_dies(r, from, fb, false);
+    if (NDM__UNLIKELY(v & VIEW_DEFERRED)) {
+        /* marked by a lookup racing with this death */
+        ndm__defer(later_record, r, !(v & VIEW_WAITS));
+        return;
+    }
+    ndm__array_free_dims(r);
     if (NDM__UNLIKELY(r->ext)) {
         /* a parameter's record (autograd); its gradient array lives on in
          * the manager like any other array */
         free(r->ext);
         r->ext = NULL;
     }
-    atomic_store_explicit(&r->live, 0, memory_order_relaxed);
-    unsigned g = atomic_load_explicit(&r->gen, memory_order_relaxed);
-    g = (g + 1) & 0x7fffffffu;
-    atomic_store_explicit(&r->gen, g ? g : 1, memory_order_release);
-    if (!view_dies(r, from, fb))
+    if (!(v & VIEW_WAITS))
         ndm__array_slot_free(r->self);
 }
 
@@ -861,7 +972,7 @@ static ndm_status view_moves(ndm__array *r, ndm__manager *from, ndm__manager *to
 {
     ndm__storage *s = r->storage;
     ndm__storage_cold *c = ndm__storage_cold_of(s);
-    bool shared = atomic_load_explicit(&s->refs, memory_order_acquire) > 1;
+    bool shared = (atomic_load_explicit(&s->refs, memory_order_acquire) & NDM__REFS_COUNT) > 1;
     if (shared)
         ndm__lock_take(&c->lock);
     /* Unshared and unlisted, r is the home and holds the charge alone. */
@@ -944,7 +1055,7 @@ ndm_status ndm__array_release(ndm__array *r, ndm__site site, const char *api)
             unlink_from(m, r);
             m->live--;
             m->released++;
-            array_dies(r, m, &site, 0, 0, NULL);
+            array_dies(r, m, &site, 0, 0, NULL, ndm__free_later(m));
             st = NDM_OK;
         }
         ndm__mlock_release(m, fast);
@@ -969,7 +1080,9 @@ NDM_API ndm_status ndm_array_release_at(NDM_SITE_PARAMS, ndm_array h)
         !ndm__array_issued(h))
         return ndm__fail(NDM_E_INVALID, __func__, site,
                          "not an array handle (id 0x%016" PRIx64 ")", h.id);
-    return ndm__array_release(r, site, __func__);
+    ndm_status st = ndm__array_release(r, site, __func__);
+    ndm__reclaim_maybe();
+    return st;
 }
 
 /* Give a borrowed array back to its lender during the borrower's close; a
@@ -1076,7 +1189,7 @@ static void drain(ndm__manager *m, const uint32_t *keep, size_t nkeep, bool sort
         i = r->pos; /* (the entries may have moved while the lock was dropped) */
         ndm__arrays_remove(m, r->pos, false);
         gone++;
-        array_dies(r, m, &site, 0, 0, &fb);
+        array_dies(r, m, &site, 0, 0, &fb, fb.later);
     }
     if (m->holes > m->narrays / 2)
         ndm__arrays_compact(m);
@@ -1124,6 +1237,16 @@ static uint32_t drain_plain(ndm__manager *m, uint32_t i, const ndm__site *site,
         atomic_store_explicit(&r->live, 0, memory_order_relaxed);
         unsigned g = (atomic_load_explicit(&r->gen, memory_order_relaxed) + 1) & 0x7fffffffu;
         atomic_store_explicit(&r->gen, g ? g : 1, memory_order_release);
+        ndm__light_barrier();
+        if (NDM__UNLIKELY(atomic_load_explicit(&s->refs, memory_order_relaxed) != 1)) {
+            /* marked shared by a lookup racing with the close (see view_dies) */
+            bytes += (int64_t)s->nbytes;
+            ndm__defer(later_storage, s, 0);
+            ndm__defer(later_record, r, 1);
+            atomic_store_explicit(&s->refs, 0, memory_order_relaxed);
+            k++;
+            continue;
+        }
         atomic_store_explicit(&s->refs, 0, memory_order_relaxed);
         bytes += (int64_t)s->nbytes;
         cookies[n] = s->cookie;
@@ -1157,8 +1280,9 @@ void ndm__manager_drain_arrays(ndm__manager *m, ndm__site site)
     uint64_t gone = 0;
     free_batch fb;
     batch_init(&fb, m);
-    /* With limits to keep current, every array takes the general path. */
-    bool plain = fb.owner != NULL;
+    /* With limits to keep current, or frees to defer, every array takes the
+     * general path. */
+    bool plain = fb.owner != NULL && !fb.later;
     bool fast = ndm__mlock_acquire(m);
     for (uint32_t i = m->narrays; i;) {
         if (NDM__LIKELY(plain) && !(i = drain_plain(m, i, &site, by_gen, &gone)))
@@ -1185,7 +1309,7 @@ void ndm__manager_drain_arrays(ndm__manager *m, ndm__site site)
         }
         i--;
         gone++;
-        array_dies(r, m, &site, by, by_gen, &fb);
+        array_dies(r, m, &site, by, by_gen, &fb, fb.later);
     }
     m->narrays = 0;
     m->holes = 0;

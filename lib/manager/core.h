@@ -29,6 +29,9 @@
 #include "thread.h"
 #include "alloc/alloc.h"
 
+/* Two or more threads have used ndm (reclaim.h). */
+extern atomic_bool ndm__multi;
+
 /* Shapes up to this rank live inside the array record; longer ones on the heap. */
 #define NDM__INLINE_DIMS 6
 /* Accounting slots: 0 is the CPU, 1 + i is CUDA device i. */
@@ -63,13 +66,20 @@ static inline void ndm__lock_drop(ndm__lock *l)
  * Here are the fields that the creation and the death of every array touch;
  * the rest (ndm__storage_cold) waits in the home record's cold lines. */
 typedef struct ndm__storage {
-    atomic_uint refs;          /* array records viewing it */
+    atomic_uint refs;          /* array records viewing it, and NDM__REFS_SHARED */
     uint32_t charged;          /* manager slot charged with nbytes */
     ndm_device device;
     void *data;
     void *cookie;              /* the allocator's block; NULL for a wrapped buffer */
     size_t nbytes;
 } ndm__storage;
+
+/* Set in refs, for good, once a thread other than its manager's maker used
+ * the storage: its memory then waits for that thread's operations to end
+ * when it dies (reclaim.h). Exact compares of refs with 1 (the fast paths)
+ * fail for such a storage, which takes the general paths. */
+#define NDM__REFS_SHARED 0x80000000u
+#define NDM__REFS_COUNT 0x7fffffffu
 
 /* The parts of a storage that matter once a second view exists, or for a
  * wrapped buffer. While a storage has one view, its home, no view list is
@@ -226,6 +236,9 @@ typedef struct ndm__manager {
     atomic_uint busy;          /* the creator is inside the lock on its fast path */
     atomic_bool biased;        /* the creator may take the lock with plain stores */
     _Atomic uint64_t creator;  /* id of the creating thread (0: none) */
+    /* the thread that made this manager (0: unknown): its operations on the
+     * manager's arrays need no mark (see NDM__REFS_SHARED) */
+    _Atomic uint64_t maker;
     uint32_t parent;
     uint32_t parent_gen;       /* to name dead ancestors correctly */
     uint32_t first_child;      /* newest child; siblings linked newest to oldest */
@@ -312,6 +325,17 @@ static inline void ndm__arrays_remove(ndm__manager *m, uint32_t pos, bool compac
     } else if (++m->holes > m->narrays / 2 && compact && m->narrays >= 64) {
         ndm__arrays_compact(m);
     }
+}
+
+/* Must what dies in m now wait for other threads' operations (reclaim.h)?
+ * Once several threads use ndm, when the calling thread did not make m:
+ * the maker's own operations on m's arrays leave no mark. (Registers the
+ * calling thread, so that it counts among the several.) */
+static inline bool ndm__free_later(const ndm__manager *m)
+{
+    ndm__thread *t = ndm__thread_get();
+    return NDM__UNLIKELY(atomic_load_explicit(&ndm__multi, memory_order_relaxed)) &&
+           (!t || atomic_load_explicit(&m->maker, memory_order_relaxed) != t->id);
 }
 
 /* ---- manager locks ------------------------------------------------------ */
@@ -452,6 +476,19 @@ static inline ndm_manager ndm__manager_handle(uint32_t slot, uint32_t gen)
  * handle's upper half also refuses the null handle and manager handles: a
  * check is one compare for the slot, one load for the chunk, one compare
  * for the generation. */
+/* Once several threads use ndm, a lookup by a thread other than the maker
+ * of the array's manager marks its storage shared, then checks again that
+ * the array lives (ndm__array_share): a close that frees it then defers. */
+ndm__array *ndm__array_share(ndm__array *r, ndm_array h);
+static inline bool ndm__array_claimed(const ndm__array *r)
+{
+    if (atomic_load_explicit(&r->storage->refs, memory_order_relaxed) & NDM__REFS_SHARED)
+        return true;
+    ndm__thread *t = ndm__tls;
+    return t && atomic_load_explicit(&ndm__manager_rec(ndm__array_mgr_unlocked(r))->maker,
+                                     memory_order_relaxed) == t->id;
+}
+
 static inline ndm__array *ndm__array_peek(ndm_array h)
 {
     uint32_t slot = ndm__id_slot(h.id);
@@ -461,6 +498,9 @@ static inline ndm__array *ndm__array_peek(ndm_array h)
     if (NDM__UNLIKELY(atomic_load_explicit(&r->gen, memory_order_acquire) !=
                       (uint32_t)(h.id >> 32)))
         return NULL;
+    if (NDM__UNLIKELY(atomic_load_explicit(&ndm__multi, memory_order_relaxed)) &&
+        !ndm__array_claimed(r))
+        return ndm__array_share(r, h);
 #if defined(__GNUC__)
     /* (read through, so not null: callers need not test it again) */
     if (!r)

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "object.h"
+#include "reclaim.h"
 
 #define OBJ_TAG (UINT64_C(1) << 31)
 #define GEN_MASK 0x7fffffffu
@@ -101,6 +102,23 @@ static obj_slot *live_locked(uint32_t s, uint32_t gen)
                : NULL;
 }
 
+static void destroy_later(void *obj, uintptr_t type)
+{
+    ((const ndm__object_type *)type)->destroy(obj);
+}
+
+/* Destroy a retired object, or queue that while another thread may be in an
+ * operation that looked it up before it was retired. */
+static void destroy(const ndm__object_type *type, void *obj)
+{
+    if (type->retire)
+        type->retire(obj);
+    if (type->later && atomic_load_explicit(&ndm__multi, memory_order_relaxed))
+        ndm__defer(destroy_later, obj, (uintptr_t)type);
+    else
+        type->destroy(obj);
+}
+
 /* The owner's close: destroy the object if its handle is still live. */
 static int on_owner_close(void *ud)
 {
@@ -118,7 +136,7 @@ static int on_owner_close(void *ud)
     }
     pthread_mutex_unlock(&lock);
     if (obj)
-        type->destroy(obj);
+        destroy(type, obj);
     return 0;
 }
 
@@ -274,7 +292,8 @@ ndm_status ndm__object_free(uint64_t id, const ndm__object_type *type, const cha
     }
     void *obj = retire(s, site);
     pthread_mutex_unlock(&lock);
-    type->destroy(obj);
+    destroy(type, obj);
+    ndm__reclaim_maybe();
     return NDM_OK;
 }
 

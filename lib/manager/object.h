@@ -13,6 +13,13 @@ typedef struct ndm__object_type {
     const char *name;             /* "module", "loader": used in messages */
     const char *ended;            /* how an explicit free reads: "freed", "closed" */
     void (*destroy)(void *obj);   /* frees the object (its arrays belong to managers) */
+    /* destroy only frees memory, so it may run later on any thread: once
+     * several threads use ndm it waits until no operation that may hold
+     * the object is running (reclaim.h). Without it destroy runs at once. */
+    bool later;
+    /* Optional: what must happen at once when the object dies (closing what
+     * it owns), before destroy, which then only frees memory. */
+    void (*retire)(void *obj);
 } ndm__object_type;
 
 /* Register obj as owned by `owner`: when owner closes, destroy(obj) runs

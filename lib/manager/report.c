@@ -23,12 +23,12 @@ typedef struct figures {
 static bool shares_storage(const ndm__manager *m, ndm__array *r)
 {
     ndm__storage *s = r->storage;
-    if (atomic_load_explicit(&s->refs, memory_order_acquire) < 2)
+    if ((atomic_load_explicit(&s->refs, memory_order_acquire) & NDM__REFS_COUNT) < 2)
         return false;
     ndm__storage_cold *c = ndm__storage_cold_of(s);
     ndm__lock_take(&c->lock);
     bool shared = s->charged != m->self ||
-                  atomic_load_explicit(&s->refs, memory_order_relaxed) >
+                  (atomic_load_explicit(&s->refs, memory_order_relaxed) & NDM__REFS_COUNT) >
                       ndm__storage_charged_views(s);
     ndm__lock_drop(&c->lock);
     return shared;

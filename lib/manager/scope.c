@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core.h"
+#include "reclaim.h"
 #include "thread.h"
 
 /* The stack lives in the thread's state (thread.h): scope_inline until it
@@ -296,6 +297,7 @@ NDM_API ndm_status ndm_scope_release_all_but_at(NDM_SITE_PARAMS, ndm_manager sh,
         ndm__manager_release_except(s, slots, n, site);
     if (slots != inline_slots)
         free(slots);
+    ndm__reclaim_maybe();
     return rc;
 }
 

@@ -4,6 +4,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
+#include "reclaim.h"
 #include "thread.h"
 
 _Thread_local ndm__thread *ndm__tls NDM__TLS_MODEL;
@@ -12,9 +13,63 @@ static pthread_key_t key;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static _Atomic uint64_t last_id;
 
+/* Every thread's state, for reclaimers scanning who is inside an operation. */
+static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static ndm__thread *registered;
+static unsigned nregistered;
+
+void ndm__thread_register(ndm__thread *t)
+{
+    pthread_mutex_lock(&reg_lock);
+    t->reg_prev = NULL;
+    t->reg_next = registered;
+    if (registered)
+        registered->reg_prev = t;
+    registered = t;
+    bool second = ++nregistered == 2 && !atomic_load_explicit(&ndm__multi, memory_order_relaxed);
+    if (second)
+        atomic_store_explicit(&ndm__multi, true, memory_order_seq_cst);
+    pthread_mutex_unlock(&reg_lock);
+    /* A thread that freed on the single-thread path either sees the flag
+     * or its generation stores are seen by this thread's lookups. */
+    if (second)
+        ndm__heavy_barrier();
+}
+
+void ndm__thread_unregister(ndm__thread *t)
+{
+    pthread_mutex_lock(&reg_lock);
+    if (t->reg_prev)
+        t->reg_prev->reg_next = t->reg_next;
+    else
+        registered = t->reg_next;
+    if (t->reg_next)
+        t->reg_next->reg_prev = t->reg_prev;
+    nregistered--;
+    pthread_mutex_unlock(&reg_lock);
+}
+
+uint64_t ndm__threads_min_epoch(uint64_t ceiling)
+{
+    uint64_t min = ceiling;
+    pthread_mutex_lock(&reg_lock);
+    for (ndm__thread *t = registered; t; t = t->reg_next) {
+        uint64_t e = atomic_load_explicit(&t->op_epoch, memory_order_acquire);
+        if (e && e < min)
+            min = e;
+    }
+    pthread_mutex_unlock(&reg_lock);
+    return min;
+}
+
 static void thread_exit(void *p)
 {
     ndm__thread *t = p;
+    /* (this thread is in no operation now: what it retired may go) */
+    atomic_store_explicit(&t->op_epoch, 0, memory_order_release);
+    t->op_depth = 0;
+    ndm__reclaim(false);
+    ndm__thread_unregister(t);
     ndm__slot_cache_flush(t);
     if (t->scopes != t->scope_inline)
         free(t->scopes);
@@ -39,5 +94,6 @@ ndm__thread *ndm__thread_make(void)
         return NULL;
     }
     ndm__tls = t;
+    ndm__thread_register(t);
     return t;
 }

@@ -36,6 +36,13 @@ typedef struct ndm__thread {
     void *ag_ctx;
     ndm_manager ag_ctx_mgr;
     int ag_pause;
+    /* Deferred reclamation (reclaim.h): the epoch this thread's outermost
+     * operation began in (0: in none), read by reclaiming threads; how deep
+     * it is in operations; what it retired and has not handed over yet. */
+    _Atomic uint64_t op_epoch;
+    int op_depth;
+    struct ndm__limbo *limbo;
+    struct ndm__thread *reg_prev, *reg_next; /* every thread's state, for reclaimers */
 } ndm__thread;
 
 extern _Thread_local ndm__thread *ndm__tls NDM__TLS_MODEL;

@@ -7,6 +7,8 @@
 #include <string.h>
 
 #include "core.h"
+#include "create.h"
+#include "reclaim.h"
 
 uint32_t ndm__system_slot, ndm__detached_slot;
 _Atomic uint64_t ndm__epoch = 1;
@@ -116,9 +118,10 @@ static void record_init(ndm__manager *m, ndm__manager *parent, const char *name,
      * a way while it makes this manager (it runs this code), so the bias
      * comes back when the owner makes the next manager here; managers made
      * here by other threads start unbiased. */
-    ndm__thread *t = ndm__bias_supported ? ndm__thread_get() : NULL;
+    ndm__thread *t = ndm__thread_get();
+    atomic_store_explicit(&m->maker, t ? t->id : 0, memory_order_relaxed);
     uint64_t owner = atomic_load_explicit(&m->creator, memory_order_relaxed);
-    if (t && (owner == 0 || owner == t->id)) {
+    if (t && ndm__bias_supported && (owner == 0 || owner == t->id)) {
         atomic_store_explicit(&m->creator, t->id, memory_order_relaxed);
         atomic_store_explicit(&m->busy, 0, memory_order_relaxed);
         atomic_store_explicit(&m->biased, true, memory_order_relaxed);
@@ -324,13 +327,20 @@ static NDM__COLD bool device_refused(ndm_device device, const char *api, const n
 }
 
 static ndm_manager manager_new(const ndm__site *site, const char *api, ndm__manager *p,
-                               const char *name, ndm_device device, unsigned flags)
+                               uint32_t pgen, const char *name, ndm_device device,
+                               unsigned flags)
 {
     if ((device.type != NDM_DEVICE_CPU || device.index != 0) && device_refused(device, api, site))
         return NDM_NULL_MANAGER;
     ndm__tree_lock();
     unsigned st = atomic_load_explicit(&p->state, memory_order_relaxed);
     char path[512];
+    if (atomic_load_explicit(&p->gen, memory_order_relaxed) != pgen) {
+        /* closed after the lookup, and its slot perhaps taken by another */
+        ndm__tree_unlock();
+        ndm__fail(NDM_E_CLOSED, api, *site, "the parent manager was closed meanwhile");
+        return NDM_NULL_MANAGER;
+    }
     if (!(st & NDM__M_LIVE) || (st & NDM__M_CLOSING)) {
         ndm__manager_path_locked(p->self, path, sizeof path);
         ndm__tree_unlock();
@@ -367,7 +377,7 @@ ndm_manager ndm__manager_new_ex(ndm__site site, const char *api, ndm_manager par
     ndm__manager *p = ndm__manager_get(parent, api, site);
     if (!p)
         return NDM_NULL_MANAGER;
-    return manager_new(&site, api, p, name, device, flags);
+    return manager_new(&site, api, p, ndm__manager_expected_gen(parent, p), name, device, flags);
 }
 
 NDM_API ndm_manager ndm_manager_new_on_at(NDM_SITE_PARAMS, ndm_manager parent, const char *name,
@@ -385,7 +395,8 @@ NDM_API ndm_manager ndm_manager_new_at(NDM_SITE_PARAMS, ndm_manager parent, cons
     ndm__manager *p = ndm__manager_peek(parent);
     if (!p && !(p = ndm__manager_lookup_failed(parent, __func__, &site)))
         return NDM_NULL_MANAGER;
-    return manager_new(&site, __func__, p, name, p->device, 0);
+    return manager_new(&site, __func__, p, ndm__manager_expected_gen(parent, p), name,
+                       ndm__manager_device_of(p), 0);
 }
 
 /* ---- close ---------------------------------------------------------------- */
@@ -583,7 +594,9 @@ NDM_API ndm_status ndm_manager_close_at(NDM_SITE_PARAMS, ndm_manager h)
         return ndm__fail(NDM_E_ROOT, __func__, site, "the built-in manager '%s' cannot be closed",
                          m->name);
     }
-    return close_manager(m, ndm__id_gen(h.id), site);
+    ndm_status st = close_manager(m, ndm__id_gen(h.id), site);
+    ndm__reclaim_maybe();
+    return st;
 }
 
 /* ---- caps, limits, resources ------------------------------------------------ */
@@ -696,15 +709,23 @@ NDM_API uint64_t ndm_manager_limit(ndm_manager h, ndm_device device)
     return atomic_load_explicit(&m->limits->limit[ndm__device_slot(device)], memory_order_relaxed);
 }
 
-static ndm_status add_hook(ndm__manager *m, ndm__hook *hk, const char *api, ndm__site site)
+/* Add hk to m, the manager of generation gen: checked under m's lock, where
+ * a close sets CLOSING and later moves the generation on, so a hook never
+ * joins a manager that is closing, closed, or a later one in the slot. */
+static ndm_status add_hook(ndm__manager *m, uint32_t gen, ndm__hook *hk, const char *api,
+                           ndm__site site)
 {
     ndm__mlock_take(m);
-    unsigned st = atomic_load_explicit(&m->state, memory_order_relaxed);
-    if (st & NDM__M_CLOSING) {
+    if (!ndm__manager_open_as(m, gen)) {
+        bool closing = atomic_load_explicit(&m->gen, memory_order_relaxed) == gen;
+        char name[NDM__NAME_MAX];
+        memcpy(name, m->name, sizeof name);
         ndm__mlock_drop(m);
         free(hk->name);
         free(hk);
-        return ndm__fail(NDM_E_CLOSED, api, site, "manager '%s' is closing", m->name);
+        if (closing)
+            return ndm__fail(NDM_E_CLOSED, api, site, "manager '%s' is closing", name);
+        return ndm__fail(NDM_E_CLOSED, api, site, "the manager was closed meanwhile");
     }
     hk->next = m->hooks;
     m->hooks = hk;
@@ -713,11 +734,13 @@ static ndm_status add_hook(ndm__manager *m, ndm__hook *hk, const char *api, ndm_
     return NDM_OK;
 }
 
-static ndm_status hook_target(ndm_manager h, const char *api, ndm__site site, ndm__manager **out)
+static ndm_status hook_target(ndm_manager h, const char *api, ndm__site site, ndm__manager **out,
+                              uint32_t *gen)
 {
     ndm__manager *m = ndm__manager_get(h, api, site);
     if (!m)
         return ndm_last_status();
+    *gen = ndm__manager_expected_gen(h, m);
     if (atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_BUILTIN)
         return ndm__fail(NDM_E_ROOT, api, site,
                          "the built-in manager '%s' never closes, so it cannot own resources",
@@ -731,7 +754,8 @@ NDM_API ndm_status ndm_manager_own_at(NDM_SITE_PARAMS, ndm_manager h, void *ptr,
 {
     ndm__site site = NDM__SITE;
     ndm__manager *m = NULL;
-    ndm_status st = hook_target(h, __func__, site, &m);
+    uint32_t gen = 0;
+    ndm_status st = hook_target(h, __func__, site, &m, &gen);
     if (st < 0)
         return st;
     if (!free_fn)
@@ -747,7 +771,7 @@ NDM_API ndm_status ndm_manager_own_at(NDM_SITE_PARAMS, ndm_manager h, void *ptr,
     hk->ptr = ptr;
     hk->name = nm;
     hk->site = site;
-    return add_hook(m, hk, __func__, site);
+    return add_hook(m, gen, hk, __func__, site);
 }
 
 NDM_API ndm_status ndm_manager_on_close_at(NDM_SITE_PARAMS, ndm_manager h, ndm_close_fn fn,
@@ -755,7 +779,8 @@ NDM_API ndm_status ndm_manager_on_close_at(NDM_SITE_PARAMS, ndm_manager h, ndm_c
 {
     ndm__site site = NDM__SITE;
     ndm__manager *m = NULL;
-    ndm_status st = hook_target(h, __func__, site, &m);
+    uint32_t gen = 0;
+    ndm_status st = hook_target(h, __func__, site, &m, &gen);
     if (st < 0)
         return st;
     if (!fn)
@@ -766,7 +791,7 @@ NDM_API ndm_status ndm_manager_on_close_at(NDM_SITE_PARAMS, ndm_manager h, ndm_c
     hk->close_fn = fn;
     hk->ptr = ud;
     hk->site = site;
-    return add_hook(m, hk, __func__, site);
+    return add_hook(m, gen, hk, __func__, site);
 }
 
 /* ---- queries -------------------------------------------------------------- */

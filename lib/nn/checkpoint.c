@@ -1,5 +1,6 @@
 /* Checkpoints: a module's state (parameters and buffers) saved and loaded as
  * safetensors under PyTorch's state_dict names, checked name by name. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,15 +57,57 @@ static void note(char *buf, size_t cap, int *count, const char *fmt, const char 
         snprintf(buf + len, cap - len, ", ...");
 }
 
+/* The sizes of a, in buf when they fit its `cap` or else in memory the
+ * caller frees; NULL (with *nd negative) for a bad handle or no memory. */
+static int64_t *shape_of(ndm_array a, int64_t *buf, int cap, int *nd)
+{
+    *nd = ndm_array_ndim(a);
+    if (*nd < 0)
+        return NULL;
+    int64_t *s = *nd <= cap ? buf : malloc((size_t)*nd * sizeof *s);
+    if (!s || ndm_array_shape(a, s, *nd > cap ? *nd : cap) < 0) {
+        if (s != buf)
+            free(s);
+        *nd = -1;
+        return NULL;
+    }
+    return s;
+}
+
+static bool same_shape(ndm_array a, ndm_array b)
+{
+    int64_t ba[16], bb[16];
+    int na, nb;
+    int64_t *sa = shape_of(a, ba, 16, &na), *sb = shape_of(b, bb, 16, &nb);
+    bool same = sa && sb && na == nb && !memcmp(sa, sb, (size_t)na * sizeof *sa);
+    if (sa != ba)
+        free(sa);
+    if (sb != bb)
+        free(sb);
+    return same;
+}
+
+/* "(2, 3)"; past SHAPE_SHOWN sizes, the first of them, "..." and the rank. */
+#define SHAPE_SHOWN 8
 static void shape_str(ndm_array a, char *buf, size_t cap)
 {
     int64_t s[16];
-    int nd = ndm_array_shape(a, s, 16);
+    int nd;
+    int64_t *dims = shape_of(a, s, 16, &nd);
+    if (!dims) {
+        snprintf(buf, cap, "(unknown)");
+        return;
+    }
+    int shown = nd > SHAPE_SHOWN ? SHAPE_SHOWN : nd;
     size_t len = (size_t)snprintf(buf, cap, "(");
-    for (int i = 0; i < nd && len < cap; i++)
-        len += (size_t)snprintf(buf + len, cap - len, i ? ", %lld" : "%lld", (long long)s[i]);
+    for (int i = 0; i < shown && len < cap; i++)
+        len += (size_t)snprintf(buf + len, cap - len, i ? ", %lld" : "%lld", (long long)dims[i]);
+    if (shown < nd && len < cap)
+        len += (size_t)snprintf(buf + len, cap - len, ", ...; rank %d", nd);
     if (len < cap)
         snprintf(buf + len, cap - len, ")");
+    if (dims != s)
+        free(dims);
 }
 
 NDM_API int ndm_module_load_at(NDM_SITE_PARAMS, ndm_module m, const char *path, unsigned mode)
@@ -107,11 +150,8 @@ NDM_API int ndm_module_load_at(NDM_SITE_PARAMS, ndm_module m, const char *path, 
                 continue;
             }
             used[found[i]] = true;
-            int64_t a[16], b[16];
-            int na = ndm_array_shape(arrays[i], a, 16);
-            int nb = ndm_array_shape(set->arrays[found[i]], b, 16);
-            if (na != nb || na < 0 || memcmp(a, b, (size_t)na * sizeof *a)) {
-                char want[128], got[128], both[300];
+            if (!same_shape(arrays[i], set->arrays[found[i]])) {
+                char want[160], got[160], both[360];
                 shape_str(arrays[i], want, sizeof want);
                 shape_str(set->arrays[found[i]], got, sizeof got);
                 snprintf(both, sizeof both, " is %s in the file, %s in the module", got, want);

@@ -11,6 +11,7 @@
 #include "../io/io.h"
 #include "../manager/alloc/alloc.h"
 #include "../manager/object.h"
+#include "../manager/reclaim.h"
 
 #define KNOWN_FLAGS                                                                         \
     (NDM_LOADER_SHUFFLE | NDM_LOADER_DROP_LAST | NDM_LOADER_KEEP_BATCHES |                  \
@@ -46,16 +47,24 @@ static void drop_current(loader *ld, ndm__site site)
 
 /* Runs on ndm_loader_close and when the trainer closes (after its children,
  * the batches, are closed). */
+static void loader_retire(void *p) { drop_current(p, NDM__NO_SITE); }
+
+/* (later, once no ndm_loader_next that looked it up is running) */
 static void loader_destroy(void *p)
 {
     loader *ld = p;
-    drop_current(ld, NDM__NO_SITE);
     free(ld->order);
     free(ld->stage);
     free(ld);
 }
 
-static const ndm__object_type loader_type = {"loader", "closed", loader_destroy};
+static const ndm__object_type loader_type = {
+    .name = "loader",
+    .ended = "closed",
+    .destroy = loader_destroy,
+    .later = true,
+    .retire = loader_retire,
+};
 
 static loader *lookup(ndm_loader h, const char *api, ndm__site site)
 {
@@ -365,6 +374,7 @@ static ndm_array make_part(ndm__site site, const char *api, loader *ld, ndm_mana
 
 NDM_API int ndm_loader_next_at(NDM_SITE_PARAMS, ndm_loader h, ndm_batch *out)
 {
+    NDM__OP_GUARD();
     ndm__site site = NDM__SITE;
     const char *api = __func__;
     if (!out)
@@ -373,6 +383,10 @@ NDM_API int ndm_loader_next_at(NDM_SITE_PARAMS, ndm_loader h, ndm_batch *out)
     loader *ld = lookup(h, api, site);
     if (!ld)
         return ndm_last_status();
+    /* refused before the current batch is closed: the call changes nothing */
+    if (ld->index >= ld->nbatches && ld->epoch == INT64_MAX)
+        return ndm__fail(NDM_E_OVERFLOW, api, site,
+                         "epoch %" PRId64 " is over and is the last a loader counts", ld->epoch);
     drop_current(ld, site);
     if (ld->index >= ld->nbatches) {
         ld->epoch++;

@@ -4,10 +4,38 @@
 
 #include "../ops/autograd.h"
 #include "../ops/dispatch.h"
+#include "../ops/index_ops.h"
 #include "ndm/ndm.h"
 #include "ndm/nn.h"
 
-/* Validate (N, C) scores and (N) integer labels. */
+/* Every label in [0, C). gather would take a negative one as counting
+ * from the end (-1: class C-1), so the range is checked here, by the index
+ * family of the labels' device: on a GPU its kernel finds the first bad
+ * label and one download brings it back. */
+static bool labels_in_range(const ndm__array *s, const ndm__array *l, const char *api,
+                            ndm__site site)
+{
+    const struct ndm__backend_index *f = ndm__index_family(l->storage->device, api, site);
+    if (!f)
+        return false;
+    ndm__tensor t = ndm__tensor_of(l);
+    int64_t pos = -1, v = 0, c = s->shape[1];
+    ndm_status st = f->find_outside(l->storage->device.index, &t, 0, c, &pos, &v);
+    if (st < 0) {
+        ndm__fail(st, api, site, "label check failed: %s", ndm_status_str(st));
+        return false;
+    }
+    if (pos >= 0) {
+        ndm__fail(NDM_E_INVALID, api, site,
+                  "label %" PRId64 " at position %" PRId64 " is outside [0, %" PRId64
+                  ") (the classes of the scores)",
+                  v, pos, c);
+        return false;
+    }
+    return true;
+}
+
+/* Validate (N, C) scores and (N) integer labels in [0, C). */
 static bool check_pair(ndm_array scores, ndm_array labels, const char *api, ndm__site site,
                        ndm__array **rs)
 {
@@ -21,8 +49,11 @@ static bool check_pair(ndm_array scores, ndm_array labels, const char *api, ndm_
                   ndm__array_desc(s, d1, sizeof d1), ndm__array_desc(l, d2, sizeof d2));
         return false;
     }
-    if (!ndm_dtype_is_float(s->dtype) || l->dtype == NDM_BOOL || ndm_dtype_is_float(l->dtype)) {
-        ndm__fail(NDM_E_DTYPE, api, site, "scores must be float and labels integer; got %s and %s",
+    /* the label dtypes are the index dtypes that gather reads */
+    if (!ndm_dtype_is_float(s->dtype) ||
+        (l->dtype != NDM_U8 && l->dtype != NDM_I32 && l->dtype != NDM_I64)) {
+        ndm__fail(NDM_E_DTYPE, api, site,
+                  "scores must be float and labels u8, i32 or i64; got %s and %s",
                   ndm__array_desc(s, d1, sizeof d1), ndm__array_desc(l, d2, sizeof d2));
         return false;
     }
@@ -30,6 +61,8 @@ static bool check_pair(ndm_array scores, ndm_array labels, const char *api, ndm_
         ndm__fail(NDM_E_SHAPE, api, site, "an empty batch has no mean loss");
         return false;
     }
+    if (!labels_in_range(s, l, api, site))
+        return false;
     *rs = s;
     return true;
 }
@@ -66,17 +99,20 @@ static ndm_array picked_mean(ndm__site site, const char *api, ndm_manager out, n
 NDM_API ndm_array ndm_cross_entropy_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array logits,
                                           ndm_array labels)
 {
+    NDM__OP_GUARD();
     return picked_mean(NDM__SITE, "ndm_cross_entropy", out, logits, labels, true);
 }
 
 NDM_API ndm_array ndm_nll_loss_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array logp,
                                      ndm_array labels)
 {
+    NDM__OP_GUARD();
     return picked_mean(NDM__SITE, "ndm_nll_loss", out, logp, labels, false);
 }
 
 NDM_API ndm_array ndm_mse_loss_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, ndm_array b)
 {
+    NDM__OP_GUARD();
     ndm__site site = NDM__SITE;
     NDM__CALL_FRAME("ndm_mse_loss", site);
     ndm__array *ra = ndm__array_get_prop(a, "ndm_mse_loss", site);

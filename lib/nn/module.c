@@ -70,7 +70,12 @@ static void module_destroy(void *p)
     free(m);
 }
 
-static const ndm__object_type module_type = {"module", "freed", module_destroy};
+static const ndm__object_type module_type = {
+    .name = "module",
+    .ended = "freed",
+    .destroy = module_destroy,
+    .later = true,
+};
 
 static module *get(ndm_module h, const char *api, ndm__site site)
 {
@@ -561,10 +566,12 @@ static ndm_array batch_norm(module *m, ndm_array x, const char *api, ndm__site s
 /* Layer norm: normalise over the last norm_nd axes (biased variance). */
 static ndm_array layer_norm(module *m, ndm_array x, const char *api, ndm__site site)
 {
-    int nd = ndm_array_ndim(x);
-    int64_t shape[64];
-    if (nd < 0 || nd > 64 || ndm_array_shape(x, shape, 64) < 0)
+    /* the record's own shape: an input of any rank */
+    const ndm__array *r = ndm__array_get_prop(x, api, site);
+    if (!r)
         return NDM_NULL_ARRAY;
+    int nd = r->ndim;
+    const int64_t *shape = r->shape;
     bool ok = nd >= m->norm_nd;
     for (int i = 0; ok && i < m->norm_nd; i++)
         ok = shape[nd - m->norm_nd + i] == m->norm_shape[i];
@@ -601,25 +608,34 @@ static ndm_array run(module *m, ndm_array x, const char *api, ndm__site site)
     case GELU:
         return ndm_gelu_to_at(AT, x);
     case FLATTEN: {
-        int nd = ndm_array_ndim(x);
+        const ndm__array *r = ndm__array_get_prop(x, api, site);
         int ax;
-        if (nd < 0 || ndm__axis(m->start_axis, nd, false, &ax, api, site) < 0)
+        if (!r || ndm__axis(m->start_axis, r->ndim, false, &ax, api, site) < 0)
             return NDM_NULL_ARRAY;
-        int64_t shape[64];
-        if (nd > 64 || ndm_array_shape(x, shape, 64) < 0)
+        /* the kept sizes and -1: on the heap for an input of high rank */
+        int64_t small[16], *shape = ax < 16 ? small : malloc((size_t)(ax + 1) * sizeof *shape);
+        if (!shape) {
+            ndm__fail(NDM_E_OOM, api, site,
+                      "no memory for the shape of Flatten(%d) of a rank-%d input",
+                      m->start_axis, r->ndim);
             return NDM_NULL_ARRAY;
+        }
+        memcpy(shape, r->shape, (size_t)ax * sizeof *shape);
         shape[ax] = -1;
-        return ndm_reshape_to_at(AT, x, ax + 1, shape);
+        ndm_array y = ndm_reshape_to_at(AT, x, ax + 1, shape);
+        if (shape != small)
+            free(shape);
+        return y;
     }
     case DROPOUT: {
         if (!m->training || m->p == 0)
             return ndm_alias_to_at(AT, x);
-        int nd = ndm_array_ndim(x);
-        int64_t shape[64];
-        if (nd < 0 || nd > 64 || ndm_array_shape(x, shape, 64) < 0)
+        /* the record's own shape: an input of any rank */
+        const ndm__array *r = ndm__array_get_prop(x, api, site);
+        if (!r)
             return NDM_NULL_ARRAY;
         ndm_array keep = ndm_bernoulli_at(NDM__SITE_ARGS(site), NDM_CURRENT_SCOPE, &m->rng,
-                                          ndm_array_dtype(x), 1.0 - m->p, nd, shape);
+                                          r->dtype, 1.0 - m->p, r->ndim, r->shape);
         return ndm_mul_to_at(AT, x, ndm_mul_scalar_to_at(AT, keep, 1.0 / (1.0 - m->p)));
     }
     case EMBEDDING:
@@ -653,6 +669,7 @@ static ndm_array run(module *m, ndm_array x, const char *api, ndm__site site)
 
 NDM_API ndm_array ndm_forward_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_module mh, ndm_array x)
 {
+    NDM__OP_GUARD();
     ndm__site site = NDM__SITE;
     const char *api = "ndm_forward";
     NDM__CALL_FRAME(api, site);
@@ -675,6 +692,7 @@ NDM_API ndm_array ndm_forward_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_module
 
 ndm_array ndm__module_run(ndm_module mh, ndm_array x, const char *api, ndm__site site)
 {
+    NDM__OP_GUARD();
     module *m = get(mh, api, site);
     return m ? run(m, x, api, site) : NDM_NULL_ARRAY;
 }

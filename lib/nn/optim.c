@@ -2,6 +2,8 @@
  * state and scratch arrays are made once in the model, and a step is a
  * sequence of in-place operations, so steps allocate nothing and work on a
  * capped model. */
+#include <ctype.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -9,6 +11,7 @@
 #include <string.h>
 
 #include "../manager/object.h"
+#include "../manager/reclaim.h"
 #include "../ops/autograd.h"
 #include "../ops/fused.h"
 #include "ndm/ndm.h"
@@ -35,7 +38,12 @@ static void opt_destroy(void *p)
     free(o);
 }
 
-static const ndm__object_type opt_type = {"optimizer", "freed", opt_destroy};
+static const ndm__object_type opt_type = {
+    .name = "optimizer",
+    .ended = "freed",
+    .destroy = opt_destroy,
+    .later = true,
+};
 
 static optimizer *get(ndm_optimizer h, const char *api)
 {
@@ -83,11 +91,13 @@ static ndm_optimizer make(ndm__site site, const char *api, ndm_manager model, nd
                 ndm_array_ndim(o->param[i]); /* the handle's own error */
             goto fail;
         }
-        int nd = ndm_array_ndim(o->param[i]);
-        int64_t shape[16];
-        if (nd < 0 || nd > 16 || ndm_array_shape(o->param[i], shape, 16) < 0)
+        /* the record's own shape: a parameter of any rank */
+        const ndm__array *r = ndm__array_get(o->param[i], api, site);
+        if (!r)
             goto fail;
-        ndm_dtype dt = ndm_array_dtype(o->param[i]);
+        int nd = r->ndim;
+        const int64_t *shape = r->shape;
+        ndm_dtype dt = r->dtype;
         /* the gradient handle is owned by the model too */
         o->grad[i] = ndm_grad_to_at(NDM__SITE_ARGS(site), model, o->param[i]);
         bool need_s1 = o->a == ADAM || o->momentum != 0;
@@ -110,10 +120,16 @@ fail:
     return (ndm_optimizer){0};
 }
 
+/* The rule for a rate, shared by the constructors, the setter and a load. */
+static bool rate_ok(double v, bool positive)
+{
+    return isfinite(v) && (positive ? v > 0 : v >= 0);
+}
+
 static bool check_rate(double v, bool positive, const char *what, const char *api,
                        ndm__site site)
 {
-    if (isfinite(v) && (positive ? v > 0 : v >= 0))
+    if (rate_ok(v, positive))
         return true;
     ndm__fail(NDM_E_INVALID, api, site, "%s must be %s and finite (got %g)", what,
               positive ? "> 0" : ">= 0", v);
@@ -298,12 +314,28 @@ static ndm_status adam_step(optimizer *o, int i)
     return ndm_sub_(o->param[i], t1);
 }
 
+/* Count a step, refusing one past NDM_OPTIMIZER_MAX_STEPS: Adam's bias
+ * correction reads the count as a double, exact up to there, and the
+ * counter can then never overflow. */
+static bool count_step(optimizer *o, const char *api)
+{
+    if (o->t >= NDM_OPTIMIZER_MAX_STEPS) {
+        ndm__fail(NDM_E_OVERFLOW, api, NDM__NO_SITE,
+                  "the optimizer has taken %" PRId64 " steps, the most it counts", o->t);
+        return false;
+    }
+    o->t++;
+    return true;
+}
+
 NDM_API ndm_status ndm_optimizer_step(ndm_optimizer h)
 {
+    NDM__OP_GUARD();
     optimizer *o = get(h, __func__);
     if (!o)
         return ndm_last_status();
-    o->t++;
+    if (!count_step(o, __func__))
+        return NDM_E_OVERFLOW;
     for (int i = 0; i < o->n; i++) {
         ndm_status st = o->a == SGD ? sgd_step(o, i) : adam_step(o, i);
         if (st < 0)
@@ -334,8 +366,8 @@ ndm_status ndm__optimizer_step_some(ndm_optimizer h, const int *idx, int n, bool
         return ndm_last_status();
     /* each parameter's update reads only its own state: the subsets of a
      * step give the bits of the whole step, in any order */
-    if (start)
-        o->t++;
+    if (start && !count_step(o, "ndm_optimizer_step"))
+        return NDM_E_OVERFLOW;
     for (int k = 0; k < n; k++) {
         if (idx[k] < 0 || idx[k] >= o->n)
             return ndm__fail(NDM_E_INTERNAL, "ndm_optimizer_step", NDM__NO_SITE,
@@ -349,6 +381,7 @@ ndm_status ndm__optimizer_step_some(ndm_optimizer h, const int *idx, int n, bool
 
 NDM_API ndm_status ndm_optimizer_zero_grad(ndm_optimizer h)
 {
+    NDM__OP_GUARD();
     optimizer *o = get(h, __func__);
     if (!o)
         return ndm_last_status();
@@ -454,12 +487,34 @@ NDM_API ndm_status ndm_optimizer_save_at(NDM_SITE_PARAMS, ndm_optimizer h, const
     return st;
 }
 
-/* Does a match b's rank and shape? */
+/* Does a match b's rank and shape (any rank)? */
 static bool same_shape(ndm_array a, ndm_array b)
 {
-    int64_t sa[16], sb[16];
-    int na = ndm_array_shape(a, sa, 16), nb = ndm_array_shape(b, sb, 16);
-    return na >= 0 && na == nb && !memcmp(sa, sb, (size_t)na * sizeof *sa);
+    const ndm__array *ra = ndm__array_peek(a), *rb = ndm__array_peek(b);
+    return ra && rb && ra->ndim == rb->ndim &&
+           !memcmp(ra->shape, rb->shape, (size_t)ra->ndim * sizeof *ra->shape);
+}
+
+/* A metadata field of an optimizer state as a number: the whole text, an
+ * int64 when `integer`, else a double, in its type's range (no blanks, no
+ * trailing bytes, no overflow). False with NDM_E_FORMAT naming the field. */
+static bool meta_number(const char *text, const char *key, bool integer, int64_t *i, double *d,
+                        const char *path, const char *api, ndm__site site)
+{
+    _Static_assert(sizeof(long long) == sizeof(int64_t), "strtoll reads an int64");
+    char *end = NULL;
+    bool ok = *text && !isspace((unsigned char)*text);
+    errno = 0;
+    if (ok && integer)
+        *i = strtoll(text, &end, 10);
+    else if (ok)
+        *d = strtod(text, &end);
+    if (ok && end != text && *end == '\0' && errno == 0)
+        return true;
+    ndm__fail(NDM_E_FORMAT, api, site, "'%s': its %s metadata is not %s", path, key,
+              integer ? "a whole number in the range of int64"
+                      : "a number in the range of a double");
+    return false;
 }
 
 NDM_API ndm_status ndm_optimizer_load_at(NDM_SITE_PARAMS, ndm_optimizer h, const char *path)
@@ -488,18 +543,30 @@ NDM_API ndm_status ndm_optimizer_load_at(NDM_SITE_PARAMS, ndm_optimizer h, const
     const char *step = set ? ndm_named_arrays_meta(set, "step") : NULL;
     const char *lr = set ? ndm_named_arrays_meta(set, "lr") : NULL;
     const char *count = set ? ndm_named_arrays_meta(set, "params") : NULL;
-    char *end = NULL;
-    long long t = step ? strtoll(step, &end, 10) : -1;
-    double rate = lr ? strtod(lr, NULL) : 0;
-    if (st == NDM_OK && (!kind || !step || !end || *end || t < 0 || !count || !(rate > 0)))
+    if (st == NDM_OK && (!kind || !step || !lr || !count))
         st = ndm__fail(NDM_E_FORMAT, api, site,
                        "'%s' is not an optimizer state (optimizer, step, lr and params "
                        "metadata expected)",
                        path);
-    if (st == NDM_OK && (strcmp(kind, algo_name(o)) || atoi(count) != o->n))
+    int64_t t = 0, n = 0;
+    double rate = 0;
+    if (st == NDM_OK && (!meta_number(step, "step", true, &t, NULL, path, api, site) ||
+                         !meta_number(lr, "lr", false, NULL, &rate, path, api, site) ||
+                         !meta_number(count, "params", true, &n, NULL, path, api, site)))
+        st = NDM_E_FORMAT;
+    if (st == NDM_OK && (t < 0 || t > NDM_OPTIMIZER_MAX_STEPS))
         st = ndm__fail(NDM_E_INVALID, api, site,
-                       "'%s' holds the state of %s over %s parameters, not of %s over %d", path,
-                       kind, count, algo_name(o), o->n);
+                       "'%s': its step metadata %" PRId64 " is outside [0, %" PRId64 "]", path,
+                       t, (int64_t)NDM_OPTIMIZER_MAX_STEPS);
+    /* the rule of ndm_optimizer_set_lr() */
+    if (st == NDM_OK && !rate_ok(rate, true))
+        st = ndm__fail(NDM_E_INVALID, api, site,
+                       "'%s': its lr metadata must be > 0 and finite (got %g)", path, rate);
+    if (st == NDM_OK && (strcmp(kind, algo_name(o)) || n != o->n))
+        st = ndm__fail(NDM_E_INVALID, api, site,
+                       "'%s' holds the state of %s over %" PRId64
+                       " parameters, not of %s over %d",
+                       path, kind, n, algo_name(o), o->n);
     for (int i = 0; st == NDM_OK && i < k; i++) {
         found[i] = -1;
         for (size_t j = 0; j < set->count; j++)
@@ -514,12 +581,30 @@ NDM_API ndm_status ndm_optimizer_load_at(NDM_SITE_PARAMS, ndm_optimizer h, const
     if (st == NDM_OK && set->count != (size_t)k)
         st = ndm__fail(NDM_E_FORMAT, api, site, "'%s' holds %zu tensors, %d expected", path,
                        set->count, k);
+    /* Each tensor is first brought to its state array's device and dtype
+     * in `tmp`, so that a failure there (memory, a transfer) comes before
+     * the first write; what remains are copies that cannot fail. */
+    ndm_array *staged = st == NDM_OK ? calloc(cap, sizeof *staged) : NULL;
+    if (st == NDM_OK && !staged)
+        st = ndm__fail(NDM_E_OOM, api, site, "no memory");
+    for (int i = 0; st == NDM_OK && i < k; i++) {
+        ndm_array v = set->arrays[found[i]];
+        ndm_device dev = ndm_array_device(arrays[i]);
+        ndm_dtype dt = ndm_array_dtype(arrays[i]);
+        if (v.id && !ndm_device_eq(ndm_array_device(v), dev))
+            v = ndm_to_to_at(NDM__SITE_ARGS(site), tmp, v, dev);
+        if (v.id && ndm_array_dtype(v) != dt)
+            v = ndm_astype_to_at(NDM__SITE_ARGS(site), tmp, v, dt);
+        if (!(staged[i] = v).id)
+            st = ndm_last_status();
+    }
     for (int i = 0; st == NDM_OK && i < k; i++)
-        st = ndm__nn_copy_into(site, tmp, arrays[i], set->arrays[found[i]]);
+        st = ndm_copy_into_at(NDM__SITE_ARGS(site), arrays[i], staged[i]);
     if (st == NDM_OK) {
         o->t = t;
         o->lr = rate;
     }
+    free(staged);
     names_free(names, cap);
     free(arrays);
     free(found);

@@ -16,7 +16,12 @@ typedef struct predictor {
 
 static void pred_destroy(void *p) { free(p); }
 
-static const ndm__object_type pred_type = {"predictor", "freed", pred_destroy};
+static const ndm__object_type pred_type = {
+    .name = "predictor",
+    .ended = "freed",
+    .destroy = pred_destroy,
+    .later = true,
+};
 
 NDM_API ndm_predictor ndm_predictor_new_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module net)
 {
@@ -56,6 +61,7 @@ NDM_API ndm_predictor ndm_predictor_new_at(NDM_SITE_PARAMS, ndm_manager model, n
 NDM_API ndm_array ndm_predict_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_predictor h,
                                     ndm_array input)
 {
+    NDM__OP_GUARD();
     ndm__site site = NDM__SITE;
     const char *api = "ndm_predict";
     NDM__CALL_FRAME(api, site);
@@ -84,6 +90,11 @@ NDM_API ndm_array ndm_predict_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_predic
     ndm_no_grad_end();
     if (y.id && ndm_attach_at(NDM__SITE_ARGS(site), y, dst) < 0)
         y = NDM_NULL_ARRAY;
+    /* The model closed under the request (its close closes the request
+     * too): whatever the forward pass then met, that is the reason. */
+    ndm__manager *rq = ndm__manager_peek(req);
+    if (!y.id && (!rq || (atomic_load_explicit(&rq->state, memory_order_acquire) & NDM__M_CLOSING)))
+        ndm__fail(NDM_E_CLOSED, api, site, "the predictor's model was closed while the request ran");
     ndm_status cs = ndm_scope_end_at(NDM__SITE_ARGS(site), req, 0, NULL);
     (void)cs;
     return y;

@@ -191,12 +191,14 @@ static ndm_status transfer(ndm__array *r, void *host, size_t nbytes, bool out, c
 
 NDM_API ndm_status ndm_array_copy_out(ndm_array a, void *dst, size_t nbytes)
 {
+    NDM__OP_GUARD();
     GET(a, ndm_last_status());
     return transfer(r, dst, nbytes, true, __func__);
 }
 
 NDM_API ndm_status ndm_array_copy_in(ndm_array a, const void *src, size_t nbytes)
 {
+    NDM__OP_GUARD();
     GET(a, ndm_last_status());
     return transfer(r, (void *)src, nbytes, false, __func__);
 }
@@ -222,6 +224,7 @@ static ndm_status item(ndm__array *r, ndm_dtype as, void *out, const char *api)
 
 NDM_API ndm_status ndm_item(ndm_array a, double *out)
 {
+    NDM__OP_GUARD();
     GET(a, ndm_last_status());
     if (!out)
         return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "out is NULL");
@@ -230,6 +233,7 @@ NDM_API ndm_status ndm_item(ndm_array a, double *out)
 
 NDM_API ndm_status ndm_item_i64(ndm_array a, int64_t *out)
 {
+    NDM__OP_GUARD();
     GET(a, ndm_last_status());
     if (!out)
         return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "out is NULL");

@@ -507,6 +507,7 @@ static ready_at *ready_points(ndm__ag_node **order, size_t count, size_t *n)
 
 NDM_API ndm_status ndm_backward_with_at(NDM_SITE_PARAMS, ndm_array out, ndm_array grad)
 {
+    NDM__OP_GUARD();
     return ndm__ag_backward_hooked(NDM__SITE, out, grad, NULL, NULL);
 }
 

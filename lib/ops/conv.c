@@ -342,6 +342,7 @@ static bool pool_geometry(const ndm_pool2d_opts *opts, const int64_t *x, ndm__po
 NDM_API ndm_array ndm_conv2d_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array x, ndm_array w,
                                    const ndm_array *bias, const ndm_conv2d_opts *opts)
 {
+    NDM__OP_GUARD();
     /* the temporaries (compute-dtype copies) are not recorded, the convolution is */
     bool paused = ndm__ag_pause();
     ndm_array res = conv2d_impl(ndm_file_, ndm_line_, ndm_func_, out, x, w, bias, opts);
@@ -412,12 +413,14 @@ static ndm_array pool_impl(ndm__site site, const char *api, ndm_manager out, ndm
 NDM_API ndm_array ndm_max_pool2d_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array x,
                                        const ndm_pool2d_opts *opts)
 {
+    NDM__OP_GUARD();
     return pool_recorded(NDM__SITE, __func__, out, x, true, false, opts);
 }
 
 NDM_API ndm_array ndm_avg_pool2d_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array x,
                                        bool count_include_pad, const ndm_pool2d_opts *opts)
 {
+    NDM__OP_GUARD();
     return pool_recorded(NDM__SITE, __func__, out, x, false, count_include_pad, opts);
 }
 
@@ -549,6 +552,7 @@ NDM_API ndm_array ndm_conv2d_backward_input_to_at(NDM_SITE_PARAMS, ndm_manager o
                                                   const ndm_conv2d_opts *opts, int ndim,
                                                   const int64_t *input_shape)
 {
+    NDM__OP_GUARD();
     return conv_backward(NDM__SITE, __func__, out, grad_out, w, false, opts, ndim, input_shape);
 }
 
@@ -557,6 +561,7 @@ NDM_API ndm_array ndm_conv2d_backward_weight_to_at(NDM_SITE_PARAMS, ndm_manager 
                                                    const ndm_conv2d_opts *opts, int ndim,
                                                    const int64_t *weight_shape)
 {
+    NDM__OP_GUARD();
     return conv_backward(NDM__SITE, __func__, out, grad_out, x, true, opts, ndim, weight_shape);
 }
 
@@ -611,6 +616,7 @@ NDM_API ndm_array ndm_max_pool2d_backward_to_at(NDM_SITE_PARAMS, ndm_manager out
                                                 ndm_array grad_out, ndm_array x,
                                                 const ndm_pool2d_opts *opts)
 {
+    NDM__OP_GUARD();
     return pool_backward(NDM__SITE, __func__, out, grad_out, x, true, false, opts, 0, NULL);
 }
 
@@ -619,6 +625,7 @@ NDM_API ndm_array ndm_avg_pool2d_backward_to_at(NDM_SITE_PARAMS, ndm_manager out
                                                 const ndm_pool2d_opts *opts, int ndim,
                                                 const int64_t *input_shape)
 {
+    NDM__OP_GUARD();
     return pool_backward(NDM__SITE, __func__, out, grad_out, NDM_NULL_ARRAY, false,
                          count_include_pad, opts, ndim, input_shape);
 }

@@ -14,6 +14,7 @@
 #include "ndm/transfer.h"
 #include "../backends/registry.h"
 #include "../manager/core.h"
+#include "../manager/reclaim.h"
 
 /* The kernel view of an array record. */
 static inline ndm__tensor ndm__tensor_of(const ndm__array *r)

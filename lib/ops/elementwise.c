@@ -351,6 +351,7 @@ static ndm_array binary_flat(const ndm__site *site, const char *api, ndm_manager
                              ndm__ew_binop op, ndm__array *a, ndm__array *b, int64_t n,
                              const ndm__backend_ew *ew, int index)
 {
+    NDM__OP_GUARD();
     ndm__manager *m = ndm__output_record(out, a, api, site);
     ndm__array *o;
     ndm_array h;
@@ -371,6 +372,7 @@ static ndm_array binary_flat(const ndm__site *site, const char *api, ndm_manager
 static ndm_array binary(ndm__site site, const char *api, ndm_manager out, ndm__ew_binop op,
                         ndm_array ha, ndm_array hb)
 {
+    NDM__OP_GUARD();
     ndm__array *a = ndm__array_get_prop(ha, api, site);
     if (!a)
         return NDM_NULL_ARRAY;
@@ -440,6 +442,7 @@ done:
 static ndm_array binary_scalar(ndm__site site, const char *api, ndm_manager out,
                                ndm__ew_binop op, ndm_array ha, double s, bool swap)
 {
+    NDM__OP_GUARD();
     ndm__array *a = ndm__array_get_prop(ha, api, site);
     if (!a)
         return NDM_NULL_ARRAY;
@@ -475,6 +478,7 @@ static ndm_array binary_scalar(ndm__site site, const char *api, ndm_manager out,
 static ndm_status binary_inplace(ndm__site site, const char *api, ndm__ew_binop op, ndm_array ha,
                                  ndm_array hb)
 {
+    NDM__OP_GUARD();
     ndm__array *a = ndm__array_get_prop(ha, api, site);
     if (!a)
         return ndm__ew_lookup_failed(ha);
@@ -546,6 +550,7 @@ done:
 static ndm_status binary_scalar_inplace(ndm__site site, const char *api, ndm__ew_binop op,
                                         ndm_array ha, double s, bool swap)
 {
+    NDM__OP_GUARD();
     ndm__array *a = ndm__array_get_prop(ha, api, site);
     if (!a)
         return ndm__ew_lookup_failed(ha);
@@ -617,6 +622,7 @@ NDM__EW_BINOPS(NDM__EW_API_)
 NDM_API ndm_array ndm_where_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array cond, ndm_array a,
                                   ndm_array b)
 {
+    NDM__OP_GUARD();
     ndm__site site = NDM__SITE;
     const char *api = "ndm_where";
     ndm__array *c = ndm__array_get_prop(cond, api, site);

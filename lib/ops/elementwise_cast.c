@@ -5,6 +5,7 @@
 
 NDM_API ndm_array ndm_astype_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, ndm_dtype dtype)
 {
+    NDM__OP_GUARD();
     ndm__site site = NDM__SITE;
     const char *api = "ndm_astype";
     ndm__array *r = ndm__array_get_prop(a, api, site);
@@ -38,6 +39,7 @@ NDM_API ndm_array ndm_astype_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
 
 NDM_API ndm_status ndm_copy_into_at(NDM_SITE_PARAMS, ndm_array dst, ndm_array src)
 {
+    NDM__OP_GUARD();
     ndm__site site = NDM__SITE;
     const char *api = "ndm_copy_into";
     ndm__array *d = ndm__array_get_prop(dst, api, site);

@@ -49,6 +49,7 @@ static void bounds_value(const double *bounds, ndm_dtype a, ndm_dtype ct, unsign
 static ndm_array unary(ndm__site site, const char *api, ndm_manager out, ndm__ew_unop op,
                        ndm_array ha, const double *bounds)
 {
+    NDM__OP_GUARD();
     ndm__array *a = ndm__array_get_prop(ha, api, site);
     if (!a)
         return NDM_NULL_ARRAY;
@@ -89,6 +90,7 @@ static ndm_array unary(ndm__site site, const char *api, ndm_manager out, ndm__ew
 static ndm_status unary_inplace(ndm__site site, const char *api, ndm__ew_unop op, ndm_array ha,
                                 const double *bounds)
 {
+    NDM__OP_GUARD();
     ndm__array *a = ndm__array_get_prop(ha, api, site);
     if (!a)
         return ndm__ew_lookup_failed(ha);
@@ -139,12 +141,14 @@ NDM__EW_UNOPS(NDM__EW_API_)
 NDM_API ndm_array ndm_clamp_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, double lo,
                                   double hi)
 {
+    NDM__OP_GUARD();
     double bounds[2] = {lo, hi};
     return unary(NDM__SITE, "ndm_clamp", out, NDM__EW_CLAMP, a, bounds);
 }
 
 NDM_API ndm_status ndm_clamp_inplace_at(NDM_SITE_PARAMS, ndm_array a, double lo, double hi)
 {
+    NDM__OP_GUARD();
     double bounds[2] = {lo, hi};
     return unary_inplace(NDM__SITE, "ndm_clamp_", NDM__EW_CLAMP, a, bounds);
 }

@@ -38,6 +38,7 @@ static bool fusable_dtype(ndm_dtype t)
 
 ndm_array ndm__relu_grad(ndm_array hg, ndm_array hx)
 {
+    NDM__OP_GUARD();
     static const char api[] = "ndm_backward";
     ndm__site site = {__FILE__, __func__, __LINE__};
     /* A lookup that fails here is repeated, and reported, by the fallback. */
@@ -89,6 +90,7 @@ static bool overlap(const ndm__array *a, const ndm__array *b, int64_t n)
 ndm_status ndm__optim_fused(ndm__optim_args *a, ndm_array hw, ndm_array hg, ndm_array hm,
                             ndm_array hv)
 {
+    NDM__OP_GUARD();
     ndm__array *w = ndm__array_peek(hw);
     if (!w || !fusable_dtype(w->dtype))
         return NDM_E_UNSUPPORTED;
@@ -116,6 +118,7 @@ ndm_status ndm__optim_fused(ndm__optim_args *a, ndm_array hw, ndm_array hg, ndm_
 ndm_array ndm__linear(ndm__site site, const char *api, ndm_array hx, ndm_array hw, ndm_array hb,
                       bool relu)
 {
+    NDM__OP_GUARD();
     /* A lookup that fails here is repeated, and reported, by the fallback. */
     ndm__array *x = ndm__array_peek(hx), *w = x ? ndm__array_peek(hw) : NULL;
     ndm__array *b = hb.id && w ? ndm__array_peek(hb) : NULL;

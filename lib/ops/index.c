@@ -197,12 +197,14 @@ done:
 NDM_API ndm_array ndm_concat_to_at(NDM_SITE_PARAMS, ndm_manager out, int axis, int n,
                                    const ndm_array *arrays)
 {
+    NDM__OP_GUARD();
     return join(NDM__SITE, __func__, out, axis, n, arrays, false);
 }
 
 NDM_API ndm_array ndm_stack_to_at(NDM_SITE_PARAMS, ndm_manager out, int axis, int n,
                                   const ndm_array *arrays)
 {
+    NDM__OP_GUARD();
     return join(NDM__SITE, __func__, out, axis, n, arrays, true);
 }
 
@@ -266,6 +268,7 @@ static ndm__array *split_input(ndm_array a, int axis, ndm_manager *out, int *ax,
 NDM_API ndm_status ndm_split_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis,
                                    int64_t sections, ndm_array *outs)
 {
+    NDM__OP_GUARD();
     ndm__site site = NDM__SITE;
     int ax;
     ndm__array *r = split_input(a, axis, &out, &ax, outs, sections, __func__, site);
@@ -297,6 +300,7 @@ NDM_API ndm_status ndm_split_indices_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm
                                            int axis, ndm_array *outs, int n,
                                            const int64_t *indices)
 {
+    NDM__OP_GUARD();
     ndm__site site = NDM__SITE;
     int ax;
     ndm__array *r = split_input(a, axis, &out, &ax, outs, n < 0 ? 0 : (int64_t)n + 1, __func__,
@@ -336,6 +340,7 @@ NDM_API ndm_status ndm_split_indices_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm
 
 NDM_API ndm_array ndm_flip_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis)
 {
+    NDM__OP_GUARD();
     ndm__site site = NDM__SITE;
     ndm__array *r = ndm__input(a, &out, __func__, site);
     int ax = -1;
@@ -388,6 +393,7 @@ static bool size_list(int n, const int64_t *v, const char *what, const char *api
 NDM_API ndm_array ndm_tile_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int n,
                                  const int64_t *reps)
 {
+    NDM__OP_GUARD();
     ndm__site site = NDM__SITE;
     ndm__array *r = ndm__input(a, &out, __func__, site);
     if (!r || !size_list(n, reps, "repetition", __func__, site))
@@ -441,6 +447,7 @@ done:
 NDM_API ndm_array ndm_pad_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, ndm_pad_mode mode,
                                 double value, int n, const int64_t *widths)
 {
+    NDM__OP_GUARD();
     ndm__site site = NDM__SITE;
     ndm__array *r = ndm__input(a, &out, __func__, site);
     if (!r)
@@ -501,6 +508,7 @@ done:
 
 NDM_API ndm_array ndm_cumsum_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis)
 {
+    NDM__OP_GUARD();
     ndm__site site = NDM__SITE;
     ndm__array *r = ndm__input(a, &out, __func__, site);
     int ax;

@@ -1,4 +1,5 @@
-/* Private helpers shared by the index dispatchers (index.c, index_take.c). */
+/* Private helpers shared by the index dispatchers (index.c, index_take.c)
+ * and the losses' label check. */
 #ifndef NDM_OPS_INDEX_H
 #define NDM_OPS_INDEX_H
 

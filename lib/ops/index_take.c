@@ -143,12 +143,14 @@ done:
 NDM_API ndm_array ndm_take_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis,
                                  ndm_array indices)
 {
+    NDM__OP_GUARD();
     return take(NDM__SITE, __func__, out, a, axis, indices, false);
 }
 
 NDM_API ndm_array ndm_index_select_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis,
                                          ndm_array indices)
 {
+    NDM__OP_GUARD();
     return take(NDM__SITE, __func__, out, a, axis, indices, true);
 }
 
@@ -165,6 +167,7 @@ static void stretch(const ndm__array *r, const int64_t *shape, int keep, int64_t
 NDM_API ndm_array ndm_gather_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis,
                                    ndm_array indices)
 {
+    NDM__OP_GUARD();
     ndm__site site = NDM__SITE;
     ndm__array *r, *ri;
     int ax;
@@ -337,6 +340,7 @@ static ndm_status scatter_run(scatter *p, ndm__array *dst, ndm_manager tmp_mgr, 
 NDM_API ndm_status ndm_scatter_add_inplace_at(NDM_SITE_PARAMS, ndm_array a, int axis,
                                               ndm_array indices, ndm_array src)
 {
+    NDM__OP_GUARD();
     ndm__site site = NDM__SITE;
     scatter p = {0};
     ndm_status st;
@@ -355,6 +359,7 @@ NDM_API ndm_status ndm_scatter_add_inplace_at(NDM_SITE_PARAMS, ndm_array a, int 
 NDM_API ndm_array ndm_scatter_add_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis,
                                         ndm_array indices, ndm_array src)
 {
+    NDM__OP_GUARD();
     ndm__site site = NDM__SITE;
     scatter p = {0};
     ndm_array res = NDM_NULL_ARRAY;
@@ -385,6 +390,7 @@ done:
 NDM_API ndm_array ndm_one_hot_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array indices,
                                     int64_t num_classes, ndm_dtype dtype)
 {
+    NDM__OP_GUARD();
     ndm__site site = NDM__SITE;
     ndm__array *ri = ndm__input(indices, &out, __func__, site);
     if (!ri || !index_dtype(ri, __func__, site))
@@ -509,11 +515,13 @@ done:
 NDM_API ndm_array ndm_repeat_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis,
                                    int64_t repeats)
 {
+    NDM__OP_GUARD();
     return repeat(NDM__SITE, __func__, out, a, axis, 1, &repeats);
 }
 
 NDM_API ndm_array ndm_repeat_each_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis,
                                         int n, const int64_t *repeats)
 {
+    NDM__OP_GUARD();
     return repeat(NDM__SITE, __func__, out, a, axis, n, repeats);
 }

@@ -192,6 +192,7 @@ done:
 
 NDM_API ndm_array ndm_matmul_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, ndm_array b)
 {
+    NDM__OP_GUARD();
     ndm__site site = NDM__SITE;
     ndm__array *ra, *rb;
     if (!inputs2(a, b, &ra, &rb, &out, __func__, site))
@@ -209,6 +210,7 @@ static ndm_array reshaped_product(ndm__site site, const char *api, ndm_manager o
                                   int nda, const int64_t *sha, ndm_array b, int ndb,
                                   const int64_t *shb, int ond, const int64_t *oshape)
 {
+    NDM__OP_GUARD();
     ndm_array va = ndm_reshape_to_at(site.file, site.line, site.func, out, a, nda, sha);
     ndm_array vb = va.id ? ndm_reshape_to_at(site.file, site.line, site.func, out, b, ndb, shb)
                          : NDM_NULL_ARRAY;
@@ -230,6 +232,7 @@ static ndm_array reshaped_product(ndm__site site, const char *api, ndm_manager o
 
 NDM_API ndm_array ndm_outer_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, ndm_array b)
 {
+    NDM__OP_GUARD();
     ndm__site site = NDM__SITE;
     ndm__array *ra, *rb;
     if (!inputs2(a, b, &ra, &rb, &out, __func__, site))
@@ -261,6 +264,7 @@ NDM_API ndm_array ndm_dot_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, n
 
 static ndm_array dot_impl(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, ndm_array b)
 {
+    NDM__OP_GUARD();
     ndm__site site = NDM__SITE;
     ndm__array *ra, *rb;
     if (!inputs2(a, b, &ra, &rb, &out, "ndm_dot", site))

@@ -464,6 +464,7 @@ done:
 
 NDM_API ndm_status ndm_array_print(ndm_array a, FILE *f)
 {
+    NDM__OP_GUARD();
     ndm__array *r = ndm__array_get(a, __func__, NDM__NO_SITE);
     if (!r)
         return ndm_last_status();
@@ -481,6 +482,7 @@ NDM_API ndm_status ndm_array_print(ndm_array a, FILE *f)
 
 NDM_API int ndm_array_format(ndm_array a, char *buf, size_t n)
 {
+    NDM__OP_GUARD();
     ndm__array *r = ndm__array_get(a, __func__, NDM__NO_SITE);
     if (!r)
         return ndm_last_status();

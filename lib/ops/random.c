@@ -186,6 +186,7 @@ static ndm_status inplace(ndm__site site, const char *api, ndm_array a, ndm_rng 
 NDM_API ndm_array ndm_uniform_at(NDM_SITE_PARAMS, ndm_manager m, ndm_rng *rng, ndm_dtype dtype,
                                  double lo, double hi, int ndim, const int64_t *shape)
 {
+    NDM__OP_GUARD();
     draw d = {UNIFORM, lo, hi, 0, 0};
     return factory(NDM__SITE, __func__, m, rng, dtype, &d, ndim, shape);
 }
@@ -193,6 +194,7 @@ NDM_API ndm_array ndm_uniform_at(NDM_SITE_PARAMS, ndm_manager m, ndm_rng *rng, n
 NDM_API ndm_status ndm_uniform_inplace_at(NDM_SITE_PARAMS, ndm_array a, ndm_rng *rng, double lo,
                                           double hi)
 {
+    NDM__OP_GUARD();
     draw d = {UNIFORM, lo, hi, 0, 0};
     return inplace(NDM__SITE, __func__, a, rng, &d);
 }
@@ -200,6 +202,7 @@ NDM_API ndm_status ndm_uniform_inplace_at(NDM_SITE_PARAMS, ndm_array a, ndm_rng 
 NDM_API ndm_array ndm_normal_at(NDM_SITE_PARAMS, ndm_manager m, ndm_rng *rng, ndm_dtype dtype,
                                 double mean, double std, int ndim, const int64_t *shape)
 {
+    NDM__OP_GUARD();
     draw d = {NORMAL, mean, std, 0, 0};
     return factory(NDM__SITE, __func__, m, rng, dtype, &d, ndim, shape);
 }
@@ -207,6 +210,7 @@ NDM_API ndm_array ndm_normal_at(NDM_SITE_PARAMS, ndm_manager m, ndm_rng *rng, nd
 NDM_API ndm_status ndm_normal_inplace_at(NDM_SITE_PARAMS, ndm_array a, ndm_rng *rng, double mean,
                                          double std)
 {
+    NDM__OP_GUARD();
     draw d = {NORMAL, mean, std, 0, 0};
     return inplace(NDM__SITE, __func__, a, rng, &d);
 }
@@ -214,6 +218,7 @@ NDM_API ndm_status ndm_normal_inplace_at(NDM_SITE_PARAMS, ndm_array a, ndm_rng *
 NDM_API ndm_array ndm_randint_at(NDM_SITE_PARAMS, ndm_manager m, ndm_rng *rng, ndm_dtype dtype,
                                  int64_t lo, int64_t hi, int ndim, const int64_t *shape)
 {
+    NDM__OP_GUARD();
     draw d = {RANDINT, 0, 0, lo, hi};
     return factory(NDM__SITE, __func__, m, rng, dtype, &d, ndim, shape);
 }
@@ -221,6 +226,7 @@ NDM_API ndm_array ndm_randint_at(NDM_SITE_PARAMS, ndm_manager m, ndm_rng *rng, n
 NDM_API ndm_status ndm_randint_inplace_at(NDM_SITE_PARAMS, ndm_array a, ndm_rng *rng, int64_t lo,
                                           int64_t hi)
 {
+    NDM__OP_GUARD();
     draw d = {RANDINT, 0, 0, lo, hi};
     return inplace(NDM__SITE, __func__, a, rng, &d);
 }
@@ -228,18 +234,21 @@ NDM_API ndm_status ndm_randint_inplace_at(NDM_SITE_PARAMS, ndm_array a, ndm_rng 
 NDM_API ndm_array ndm_bernoulli_at(NDM_SITE_PARAMS, ndm_manager m, ndm_rng *rng, ndm_dtype dtype,
                                    double p, int ndim, const int64_t *shape)
 {
+    NDM__OP_GUARD();
     draw d = {BERNOULLI, p, 0, 0, 0};
     return factory(NDM__SITE, __func__, m, rng, dtype, &d, ndim, shape);
 }
 
 NDM_API ndm_status ndm_bernoulli_inplace_at(NDM_SITE_PARAMS, ndm_array a, ndm_rng *rng, double p)
 {
+    NDM__OP_GUARD();
     draw d = {BERNOULLI, p, 0, 0, 0};
     return inplace(NDM__SITE, __func__, a, rng, &d);
 }
 
 NDM_API ndm_array ndm_permutation_at(NDM_SITE_PARAMS, ndm_manager m, ndm_rng *rng, int64_t n)
 {
+    NDM__OP_GUARD();
     ndm__site site = NDM__SITE;
     if (!rng_given(rng, __func__, site))
         return NDM_NULL_ARRAY;

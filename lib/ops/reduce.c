@@ -55,6 +55,7 @@ static void axes_put(axes_buf *b)
 static ndm_array reduce_impl(ndm__site site, const char *api, ndm__reduce_op op, ndm_manager out,
                              ndm_array a, bool keepdim, int naxes, const int *axes, int64_t ddof)
 {
+    NDM__OP_GUARD();
     ndm__array *r = ndm__input(a, &out, api, site);
     if (!r)
         return NDM_NULL_ARRAY;
@@ -187,6 +188,7 @@ NDM__REDUCE_OPS(NDM__RED_API_)
 static ndm_array arg_impl(ndm__site site, const char *api, ndm__reduce_op op, ndm_manager out,
                           ndm_array a, int axis, bool keepdim)
 {
+    NDM__OP_GUARD();
     if (axis == NDM_ALL_AXES)
         return reduce_impl(site, api, op, out, a, keepdim, -1, NULL, 0);
     return reduce_impl(site, api, op, out, a, keepdim, 1, &axis, 0);
@@ -207,6 +209,7 @@ NDM_API ndm_array ndm_argmin_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
 static ndm_array softmax_impl(ndm__site site, const char *api, ndm_manager out, ndm_array a,
                               int axis, bool lg)
 {
+    NDM__OP_GUARD();
     ndm__array *r = ndm__input(a, &out, api, site);
     if (!r)
         return NDM_NULL_ARRAY;

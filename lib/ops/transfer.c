@@ -67,6 +67,7 @@ static ndm_status move_bytes(ndm__array *r, void *dst, ndm_device to, const ndm_
 
 NDM_API ndm_array ndm_to_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, ndm_device device)
 {
+    NDM__OP_GUARD();
     ndm__site site = NDM__SITE;
     const char *api = __func__;
     ndm__array *r = ndm__input(a, &out, api, site);

@@ -73,6 +73,7 @@ NDM_API ndm_array ndm_alias_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a)
 static ndm_array copy_as(ndm__site site, const char *api, ndm_manager out, ndm__array *r,
                          int ndim, const int64_t *shape)
 {
+    NDM__OP_GUARD();
     ndm__array *c;
     ndm_array h = ndm__array_new_on(site, api, out, r->storage->device, r->dtype, ndim, shape, &c);
     if (!h.id)
