@@ -65,13 +65,28 @@ typedef struct call {
 #define E ((ndm_event){h})
 #define D ((ndm_ddp){h})
 
+static int sweep_hook(void *ud)
+{
+    (void)ud;
+    return 0;
+}
+
+/* Where the printing calls write (nothing, for a refused handle). */
+static FILE *sweep_sink(void)
+{
+    static FILE *f;
+    if (!f)
+        f = fopen("/dev/null", "w");
+    return f;
+}
+
 #define ROW(kind, rel, fname, expr)                                                        \
-    static result fname(uint64_t h) { return expr; }
+    static result call_##fname(uint64_t h) { return expr; }
 #include "test_handles_calls.h"
 #undef ROW
 
 static const call calls[] = {
-#define ROW(kind, rel, fname, expr) {#fname, kind, rel, fname},
+#define ROW(kind, rel, fname, expr) {#fname, kind, rel, call_##fname},
 #include "test_handles_calls.h"
 #undef ROW
 };
@@ -179,7 +194,9 @@ static void make_fixture(ndm_manager root)
     fx.ld = ndm_loader_new(fx.m, d, &(ndm_loader_options){.batch_size = 2});
     assert_ok(ndm_stream_new(fx.m, &fx.s));
     assert_ok(ndm_event_new(fx.m, &fx.e));
-    fx.pred = ndm_predictor_new(fx.m, fx.net); /* last: it caps the model */
+    /* a predictor caps its model: its own, so that fx.m takes outputs */
+    ndm_manager served = ndm_manager_new(fx.m, "served");
+    fx.pred = ndm_predictor_new(served, ndm_linear(served, 2, 2, true, &rng));
     assert_live(fx.x);
     assert_true(fx.net.id && fx.opt.id && fx.pred.id && fx.ld.id);
     snprintf(fx.path, sizeof fx.path, "/tmp/ndm_handles_%d.safetensors", (int)getpid());
