@@ -4,9 +4,11 @@
 #include <ctype.h>
 #include <inttypes.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "helpers.h"
+#include "utf8_check.h"
 
 /* A ring larger than any address space must come back from malloc as NULL,
  * as C says, rather than stop the suite under a sanitizer. */
@@ -715,6 +717,49 @@ static void test_history_refuses_a_ring_whose_size_overflows(void **state)
     assert_ok(ndm_manager_close(m));
 }
 
+/* A manager's name holds any bytes: the snapshot stays valid UTF-8 JSON,
+ * with invalid bytes as U+FFFD and control bytes escaped, and the pickle
+ * holds valid UTF-8 text. */
+static void test_snapshot_is_utf8_whatever_the_names(void **state)
+{
+    ndm_manager m = ndm_manager_new(ROOT(state), "snap\xff\x01\xc0\xaf" "end");
+    assert_ok(ndm_memory_record_history(true, 100));
+    make_and_release(m);
+    char file[256];
+    temp_path(file, sizeof file, "utf8");
+    assert_ok(ndm_memory_dump_snapshot(file));
+    assert_ok(ndm_memory_record_history(false, 0));
+    char *text = read_file(file);
+    unlink(file);
+    assert_true(test_utf8_valid(text));
+    jparser jp = {text, false};
+    jval root;
+    if (!jparse(&jp, &root) || jp.bad)
+        fail_msg("snapshot is not JSON near: %.60s", jp.s);
+    jfree(&root);
+    assert_non_null(strstr(text, "system/test/snap\xef\xbf\xbd\\u0001\xef\xbf\xbd\xef\xbf\xbd"
+                                 "end\""));
+    free(text);
+    /* the pickle: its text is the cleaned name, byte for byte */
+    char pk[300];
+    snprintf(pk, sizeof pk, "%s.pickle", file);
+    assert_ok(ndm_memory_record_history(true, 100));
+    make_and_release(m);
+    assert_ok(ndm_memory_dump_snapshot(pk));
+    assert_ok(ndm_memory_record_history(false, 0));
+    FILE *f = fopen(pk, "rb");
+    assert_non_null(f);
+    char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    unlink(pk);
+    const char want[] = "system/test/snap\xef\xbf\xbd\x01\xef\xbf\xbd\xef\xbf\xbd" "end";
+    assert_non_null(memmem(buf, n, want, sizeof want - 1));
+    assert_null(memmem(buf, n, "snap\xff", 5));
+    assert_manager_empty(m);
+    assert_ok(ndm_manager_close(m));
+}
+
 static void test_history_reports_a_ring_it_cannot_allocate(void **state)
 {
     ndm_manager m = ndm_manager_new(ROOT(state), "hist");
@@ -734,6 +779,50 @@ static void test_history_reports_a_ring_it_cannot_allocate(void **state)
     assert_int_equal(history_allocs("system/test/hist"), 0);
     assert_manager_empty(m);
     assert_ok(ndm_manager_close(m));
+}
+
+/* The child's side of the test below: this process has used no device. */
+static int fresh_history_child(void)
+{
+    /* 2^58 + 1 events: past any address space in bytes, within size_t */
+    const size_t huge = ((size_t)1 << 58) + 1;
+    ndm_status st = ndm_memory_record_history(true, huge);
+    if (st != NDM_E_OOM && st != NDM_E_OVERFLOW)
+        return 1;
+    if (ndm_last_status() != st || !strstr(ndm_last_error(), "288230376151711745 events"))
+        return 2;
+    /* refused: still off, and nothing recorded */
+    ndm_manager m = ndm_manager_new(ndm_system(), "fresh");
+    make_and_release(m);
+    char file[256];
+    temp_path(file, sizeof file, "fresh");
+    if (ndm_memory_dump_snapshot(file) != NDM_OK)
+        return 3;
+    char *text = read_file(file);
+    unlink(file);
+    bool recorded = strstr(text, "\"alloc\"") != NULL;
+    free(text);
+    if (recorded)
+        return 4;
+    if (ndm_memory_record_history(true, 100) != NDM_OK || ndm_manager_close(m) != NDM_OK)
+        return 5;
+    return ndm_memory_record_history(false, 0) == NDM_OK ? 0 : 6;
+}
+
+static void test_history_refuses_a_huge_ring_before_any_device(void **state)
+{
+    (void)state;
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        setenv("NDM_TEST_FRESH_HISTORY", "1", 1);
+        execl("/proc/self/exe", "test_alloc_api", (char *)NULL);
+        _exit(127);
+    }
+    int ws = 0;
+    assert_int_equal(waitpid(pid, &ws, 0), pid);
+    assert_true(WIFEXITED(ws));
+    assert_int_equal(WEXITSTATUS(ws), 0);
 }
 
 /* ---- traces ---------------------------------------------------------------------- */
@@ -786,6 +875,8 @@ static void test_memory_trace_records_allocations_and_frees(void **state)
 
 int main(void)
 {
+    if (getenv("NDM_TEST_FRESH_HISTORY"))
+        return fresh_history_child();
     const struct CMUnitTest tests[] = {
         TEST(test_memory_stats_follow_arrays),
         TEST(test_memory_stat_keys_follow_pytorch),
@@ -802,6 +893,8 @@ int main(void)
         TEST(test_memory_snapshot_reports_io_errors),
         TEST(test_history_refuses_a_ring_whose_size_overflows),
         TEST(test_history_reports_a_ring_it_cannot_allocate),
+        TEST(test_snapshot_is_utf8_whatever_the_names),
+        TEST(test_history_refuses_a_huge_ring_before_any_device),
         TEST(test_memory_trace_records_allocations_and_frees),
     };
     return cmocka_run_group_tests_name("alloc_api", tests, NULL, NULL);

@@ -7,6 +7,7 @@
 
 #include "../lib/backends/registry.h"
 #include "array_check.h"
+#include "utf8_check.h"
 
 extern char **environ;
 
@@ -682,6 +683,30 @@ static void test_dump_json_parses(void **state)
     close_ok(model);
 }
 
+/* Names hold any bytes: the JSON stays valid UTF-8, invalid bytes as
+ * U+FFFD, control bytes escaped, valid multi-byte text kept. */
+static void test_dump_json_is_utf8_whatever_the_names(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "bad\xff\x01name");
+    ndm_manager a = ndm_manager_new(model, "\xc0\xaf\xed\xa0\x80\xe2\x82");
+    ndm_manager b = ndm_manager_new(model, "caf\xc3\xa9\x7f");
+    assert_live(a);
+    assert_live(b);
+    char *text = json_text(model);
+    assert_true(test_utf8_valid(text));
+    jreader r = {text, true, 0, true};
+    j_value(&r, NULL, 0);
+    j_ws(&r);
+    assert_true(r.ok);
+    assert_int_equal(*r.p, '\0');
+    assert_int_equal(r.managers, 3);
+    assert_non_null(strstr(text, "\"name\":\"bad\\ufffd\\u0001name\""));
+    assert_non_null(strstr(text, "\"name\":\"\\ufffd\\ufffd\\ufffd\\ufffd\\ufffd\\ufffd\\ufffd\""));
+    assert_non_null(strstr(text, "\"name\":\"caf\xc3\xa9\\u007f\""));
+    free(text);
+    close_ok(model);
+}
+
 /* ---- leak hunting since a mark -------------------------------------------------------- */
 
 static char *report_text(ndm_manager m, ndm_seq mark)
@@ -962,6 +987,7 @@ int main(void)
         TEST(test_dump_errors),
         TEST(test_dump_json_exact),
         TEST(test_dump_json_parses),
+        TEST(test_dump_json_is_utf8_whatever_the_names),
         TEST(test_report_since_groups_by_site),
         TEST(test_report_since_nothing_new),
         TEST(test_report_since_views_and_moves),

@@ -217,7 +217,7 @@ static void test_dlpack_import_refuses_bad_tensors(void **state)
         ndm_status want;
         const char *msg;
     } cases[] = {
-        {{kDLFloat, 32, 4}, 1, kDLCPU, NDM_E_DTYPE, "4 lanes"},
+        {{kDLFloat, 32, 4}, 1, kDLCPU, NDM_E_INVALID, "4 lanes"},
         {{kDLInt, 8, 1}, 1, kDLCPU, NDM_E_DTYPE, "8 bits"},
         {{kDLComplex, 64, 1}, 1, kDLCPU, NDM_E_DTYPE, "code 5"},
         {{kDLFloat, 32, 1}, -1, kDLCPU, NDM_E_INVALID, "negative stride"},
@@ -250,6 +250,44 @@ static void test_dlpack_import_refuses_bad_tensors(void **state)
     assert_int_equal(ndm_last_status(), NDM_E_CLOSED);
     assert_int_equal(deleted, 0);
     t->deleter(t);
+}
+
+static void test_dlpack_import_refuses_wrapping_and_overflowing_tensors(void **state)
+{
+    ndm_manager m = ndm_manager_new(ROOT(state), "m");
+    int deleted = 0;
+    /* an offset that wraps the address space: data - 8 */
+    DLManagedTensor *t = produce(&deleted, (DLDataType){kDLFloat, 32, 1}, 1, (int64_t[]){2},
+                                 NULL, 64);
+    t->dl_tensor.byte_offset = UINT64_MAX - 7;
+    assert_int_equal(ndm_from_dlpack(m, t).id, 0);
+    assert_int_equal(ndm_last_status(), NDM_E_INVALID);
+    assert_error_has("wraps the address space");
+    /* an offset that fits, but the last element's bytes wrap */
+    t->dl_tensor.byte_offset = (UINTPTR_MAX - (uintptr_t)t->dl_tensor.data) & ~(uint64_t)3;
+    assert_int_equal(ndm_from_dlpack(m, t).id, 0);
+    assert_int_equal(ndm_last_status(), NDM_E_INVALID);
+    assert_error_has("wraps the address space");
+    assert_int_equal(deleted, 0);
+    t->deleter(t);
+    deleted = 0;
+    /* 2^40 x 2^40 elements with zero strides: an extent of one, a count
+     * past int64 */
+    t = produce(&deleted, (DLDataType){kDLFloat, 32, 1}, 2,
+                (int64_t[]){INT64_C(1) << 40, INT64_C(1) << 40}, (int64_t[]){0, 0}, 64);
+    assert_int_equal(ndm_from_dlpack(m, t).id, 0);
+    assert_int_equal(ndm_last_status(), NDM_E_OVERFLOW);
+    assert_error_has("element count overflows");
+    /* a count that fits in elements but not in bytes */
+    t->dl_tensor.shape[0] = INT64_C(1) << 31;
+    t->dl_tensor.shape[1] = INT64_C(1) << 31;
+    assert_int_equal(ndm_from_dlpack(m, t).id, 0);
+    assert_int_equal(ndm_last_status(), NDM_E_OVERFLOW);
+    assert_error_has("size in bytes overflows");
+    assert_int_equal(deleted, 0);
+    t->deleter(t);
+    assert_int_equal(test_live_arrays(m), 0);
+    assert_ok(ndm_manager_close(m));
 }
 
 static void test_dlpack_round_trip_through_ndm(void **state)
@@ -328,6 +366,7 @@ int main(void)
         TEST(test_dlpack_import_adopts_without_copy),
         TEST(test_dlpack_import_strided_and_offset),
         TEST(test_dlpack_import_refuses_bad_tensors),
+        TEST(test_dlpack_import_refuses_wrapping_and_overflowing_tensors),
         TEST(test_dlpack_round_trip_through_ndm),
         TEST(test_dlpack_versioned_matches_the_header),
         TEST(test_dlpack_cuda_device_fields),

@@ -1885,6 +1885,27 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
     return remove(path);
 }
 
+/* A tensor's name comes from the file: its control bytes are escaped in
+ * the message, which stays one line of text. */
+static void test_safetensors_message_escapes_control_bytes_of_names(void **state)
+{
+    ndm_manager m = ROOT(state);
+    const char header[] = "{\"w\\u0001\\n\\u001b[2J\":{\"dtype\":\"Q9\",\"shape\":[1],"
+                          "\"data_offsets\":[0,4]}}";
+    size_t hn = sizeof header - 1;
+    unsigned char file[256] = {0};
+    for (int b = 0; b < 8; b++)
+        file[b] = (unsigned char)((uint64_t)hn >> (8 * b));
+    memcpy(file + 8, header, hn);
+    ndm_clear_error();
+    assert_null(ndm_safetensors_load_buffer(m, file, 8 + hn + 4));
+    assert_int_equal(ndm_last_status(), NDM_E_DTYPE);
+    assert_error_has("tensor 'w\\x01\\x0a\\x1b[2J' has dtype 'Q9'");
+    for (const char *p = ndm_last_error(); *p; p++)
+        assert_true((unsigned char)*p >= 0x20 && *p != 0x7f);
+    assert_int_equal(test_live_arrays(m), 0);
+}
+
 int main(void)
 {
     const char *t = getenv("TMPDIR");
@@ -1894,6 +1915,7 @@ int main(void)
         return 1;
     }
     const struct CMUnitTest tests[] = {
+        TEST(test_safetensors_message_escapes_control_bytes_of_names),
         TEST(test_safetensors_roundtrip_every_dtype_and_rank),
         TEST(test_safetensors_file_bytes_follow_the_format),
         TEST(test_safetensors_loads_a_handmade_file),

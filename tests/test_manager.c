@@ -44,8 +44,21 @@ static void test_manager_default_and_long_names(void **state)
     longname[sizeof longname - 1] = '\0';
     ndm_manager l = ndm_manager_new(m, longname);
     assert_live(l);
-    /* names are kept to 47 characters */
+    /* names are kept to their first 47 bytes, as manager.h says: the cut
+     * name is the name, in the path too */
     assert_int_equal(ndm_manager_name(l, name, sizeof name), 47);
+    assert_int_equal(strlen(name), 47);
+    assert_memory_equal(name, longname, 47);
+    char path[256], want[256];
+    assert_int_equal(ndm_manager_path(l, path, sizeof path),
+                     (int)strlen("system/test/manager/") + 47);
+    snprintf(want, sizeof want, "system/test/manager/%.47s", longname);
+    assert_string_equal(path, want);
+    /* 47 bytes exactly are kept whole */
+    longname[47] = '\0';
+    ndm_manager e = ndm_manager_new(m, longname);
+    assert_int_equal(ndm_manager_name(e, name, sizeof name), 47);
+    assert_string_equal(name, longname);
     assert_ok(ndm_manager_close(m));
 }
 

@@ -153,6 +153,18 @@ static int affinity_cores(void)
     return CPU_COUNT(&set);
 }
 
+static int warned;
+static char warned_text[256];
+
+static void count_warning(ndm_log_level level, const char *msg, void *ud)
+{
+    (void)ud;
+    if (level == NDM_LOG_WARN) {
+        warned++;
+        snprintf(warned_text, sizeof warned_text, "%s", msg);
+    }
+}
+
 /* Runs first: the pool's starting size is NDM_NUM_THREADS or, unset (the
  * plain suite), the cores of the affinity mask. */
 static void test_pool_thread_count_from_env(void **state)
@@ -168,11 +180,23 @@ static void test_pool_thread_count_from_env(void **state)
     assert_int_equal(ndm__default_num_threads(), 5);
     setenv("NDM_NUM_THREADS", "100000", 1);
     assert_int_equal(ndm__default_num_threads(), 256);
-    /* not a whole number >= 1: the affinity mask decides */
+    /* not a whole number >= 1: the affinity mask decides, with a warning
+     * that names the variable (an empty one is unset) */
     static const char *bad[] = {"0", "-2", "abc", "3x", ""};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         setenv("NDM_NUM_THREADS", bad[i], 1);
-        assert_int_equal(ndm__default_num_threads(), affinity_cores());
+        warned = 0;
+        warned_text[0] = '\0';
+        ndm_set_log_fn(count_warning, NULL);
+        int got = ndm__default_num_threads();
+        ndm_set_log_fn(NULL, NULL);
+        assert_int_equal(got, affinity_cores());
+        assert_int_equal(warned, bad[i][0] ? 1 : 0);
+        if (bad[i][0]) {
+            char expect[64];
+            snprintf(expect, sizeof expect, "NDM_NUM_THREADS=%s is not a whole number", bad[i]);
+            assert_non_null(strstr(warned_text, expect));
+        }
     }
     unsetenv("NDM_NUM_THREADS");
     assert_int_equal(ndm__default_num_threads(), affinity_cores());

@@ -282,6 +282,43 @@ static void test_scope_end_refuses_array_handle(void **state)
     assert_ok(ndm_manager_close(batch));
 }
 
+/* ndm_scope_finish on what is not a live scope: a null result always
+ * comes with a negative status and a message, and nothing is left behind
+ * (an alias made in system would live until the process exits). */
+static void test_scope_finish_refuses_ended_and_non_scopes(void **state)
+{
+    ndm_manager batch = ndm_manager_new(ROOT(state), "batch");
+    ndm_array x = ndm_zeros(batch, NDM_F32, NDM_SHAPE(2));
+    ndm_manager s = ndm_scope_begin(batch, "s");
+    assert_ok(ndm_scope_end(s, 0, NULL));
+    ndm_clear_error();
+    assert_true(ndm_scope_finish_at(__FILE__, __LINE__, __func__, s, x).id == 0);
+    assert_int_equal(ndm_last_status(), NDM_E_CLOSED);
+    assert_error_has("already ended");
+    ndm_clear_error();
+    assert_true(ndm_scope_finish_at(__FILE__, __LINE__, __func__, s, NDM_NULL_ARRAY).id == 0);
+    assert_int_equal(ndm_last_status(), NDM_E_CLOSED);
+    /* system and a plain manager are not scopes: refused, no alias made */
+    ndm_stats before = stats_of(ndm_system());
+    ndm_clear_error();
+    assert_true(ndm_scope_finish_at(__FILE__, __LINE__, __func__, ndm_system(), x).id == 0);
+    assert_int_equal(ndm_last_status(), NDM_E_INVALID);
+    assert_error_has("not a scope");
+    ndm_stats after = stats_of(ndm_system());
+    assert_int_equal(after.live_arrays, before.live_arrays);
+    assert_int_equal(after.created, before.created);
+    ndm_manager plain = ndm_manager_new(batch, "plain");
+    ndm_clear_error();
+    assert_true(ndm_scope_finish_at(__FILE__, __LINE__, __func__, plain, x).id == 0);
+    assert_int_equal(ndm_last_status(), NDM_E_INVALID);
+    assert_int_equal(stats_of(plain).live_arrays, 0);
+    assert_int_equal(stats_of(plain).created, 0);
+    /* x is untouched throughout */
+    assert_true(ndm_array_valid(x));
+    assert_int_equal(stats_of(batch).live_arrays, 1);
+    assert_ok(ndm_manager_close(batch));
+}
+
 static ndm_manager g_auto_mgr, g_auto_scope;
 static ndm_array g_auto_arr;
 
@@ -358,6 +395,7 @@ int main(void)
         TEST(test_scope_end_errors),
         TEST(test_scope_one_expression_helpers),
         TEST(test_scope_end_refuses_array_handle),
+        TEST(test_scope_finish_refuses_ended_and_non_scopes),
         TEST(test_scope_auto_cleanup),
         TEST(test_scope_is_per_thread),
     };

@@ -449,6 +449,53 @@ static void test_log_replaced_callback(void **state)
     assert_int_equal(logged.errors, 1);
 }
 
+/* A callback that calls ndm and fails: each failure inside it must be
+ * recorded, not logged again (which recursed until the stack ran out). */
+typedef struct reentrant_log {
+    int calls, depth, max_depth;
+    ndm_manager m;
+    ndm_status inner_status;
+    char inner[256], outer[256];
+} reentrant_log;
+
+static void failing_log(ndm_log_level level, const char *msg, void *ud)
+{
+    (void)level;
+    reentrant_log *r = ud;
+    r->calls++;
+    if (++r->depth > r->max_depth)
+        r->max_depth = r->depth;
+    snprintf(r->outer, sizeof r->outer, "%s", msg);
+    ndm_array a = ndm_zeros(r->m, NDM_F32, NDM_SHAPE(-5));
+    (void)a;
+    r->inner_status = ndm_last_status();
+    snprintf(r->inner, sizeof r->inner, "%s", ndm_last_error());
+    /* msg is still the message being logged */
+    assert_string_equal(msg, r->outer);
+    r->depth--;
+}
+
+static void test_log_callback_failure_is_recorded_not_logged(void **state)
+{
+    reentrant_log r = {.m = ROOT(state)};
+    ndm_set_log_fn(failing_log, &r);
+    ndm_array a = ndm_zeros(r.m, NDM_F32, NDM_SHAPE(-3));
+    ndm_status st = ndm_manager_close(ndm_system());
+    ndm_set_log_fn(NULL, NULL);
+    assert_null(a.id);
+    assert_true(st < 0);
+    /* one call per failure of the caller's, none for those inside it */
+    assert_int_equal(r.calls, 2);
+    assert_int_equal(r.max_depth, 1);
+    /* inside the callback, its own failure was the thread's last error */
+    assert_int_equal(r.inner_status, NDM_E_SHAPE);
+    assert_non_null(strstr(r.inner, "-5"));
+    /* after it, the failure logged is the last error again */
+    assert_int_equal(ndm_last_status(), st);
+    assert_string_equal(ndm_last_error(), r.outer);
+    assert_int_equal(test_live_arrays(r.m), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -468,6 +515,7 @@ int main(void)
         TEST(test_error_forged_handles),
         TEST(test_log_receives_errors),
         TEST(test_log_receives_warnings),
+        TEST(test_log_callback_failure_is_recorded_not_logged),
         TEST(test_log_null_restores_default),
         TEST(test_log_replaced_callback),
     };

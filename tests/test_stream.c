@@ -2,6 +2,7 @@
  * are always complete: ownership by managers, the per-thread current stream,
  * events, record_stream, and every bad handle. */
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "helpers.h"
 #include "manager/alloc/alloc.h"
@@ -234,6 +235,144 @@ static void test_stream_churn_reuses_slots(void **state)
     assert_int_equal(ndm_stream_release(kept), NDM_ALREADY);
 }
 
+/* Threads that make streams and events (growing the table, which moves it)
+ * while others look up streams made before: every lookup answers, every
+ * handle made stays its own, and each manager's close releases its own. */
+enum { MAKERS = 3, READERS = 3, MADE = 120, ROUNDS = 4, KEPT = 8 };
+
+typedef struct table_race {
+    ndm_manager root;
+    ndm_stream kept[KEPT];
+    atomic_int makers_left;
+    atomic_int failures;
+} table_race;
+
+static void *stream_maker(void *arg)
+{
+    table_race *t = arg;
+    for (int round = 0; round < ROUNDS; round++) {
+        ndm_manager m = ndm_manager_new(t->root, "request");
+        ndm_stream s[MADE];
+        ndm_event e[MADE];
+        for (int i = 0; i < MADE; i++)
+            if (ndm_stream_new(m, &s[i]) != NDM_OK || ndm_event_new(m, &e[i]) != NDM_OK)
+                atomic_fetch_add(&t->failures, 1);
+        bool done;
+        for (int i = 0; i < MADE; i++)
+            if (ndm_event_record(e[i], s[i]) != NDM_OK || ndm_event_query(e[i], &done) != NDM_OK ||
+                !ndm_device_eq(ndm_stream_device(s[i]), NDM_CPU))
+                atomic_fetch_add(&t->failures, 1);
+        for (int i = 0; i < MADE; i += 3)
+            if (ndm_stream_release(s[i]) != NDM_OK)
+                atomic_fetch_add(&t->failures, 1);
+        if (ndm_manager_close(m) != NDM_OK)
+            atomic_fetch_add(&t->failures, 1);
+        for (int i = 0; i < MADE; i++) {
+            ndm_clear_error();
+            if (ndm_stream_synchronize(s[i]) != NDM_E_CLOSED ||
+                ndm_event_release(e[i]) != NDM_ALREADY)
+                atomic_fetch_add(&t->failures, 1);
+        }
+    }
+    atomic_fetch_sub(&t->makers_left, 1);
+    return NULL;
+}
+
+static void *stream_reader(void *arg)
+{
+    table_race *t = arg;
+    bool done;
+    /* at least one pass after the makers are done, however they were scheduled */
+    for (bool last = false; !last;) {
+        last = atomic_load(&t->makers_left) == 0;
+        for (int i = 0; i < KEPT; i++)
+            if (ndm_stream_query(t->kept[i], &done) != NDM_OK || !done ||
+                ndm_stream_synchronize(t->kept[i]) != NDM_OK)
+                atomic_fetch_add(&t->failures, 1);
+    }
+    return NULL;
+}
+
+static void test_stream_table_grows_while_others_look_up(void **state)
+{
+    table_race t = {.root = ndm_manager_new(ROOT(state), "race")};
+    ndm_manager keep = ndm_manager_new(t.root, "keep");
+    for (int i = 0; i < KEPT; i++)
+        assert_ok(ndm_stream_new(keep, &t.kept[i]));
+    atomic_init(&t.makers_left, MAKERS);
+    atomic_init(&t.failures, 0);
+    pthread_t th[MAKERS + READERS];
+    for (int i = 0; i < MAKERS + READERS; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, i < MAKERS ? stream_maker : stream_reader,
+                                        &t), 0);
+    for (int i = 0; i < MAKERS + READERS; i++)
+        pthread_join(th[i], NULL);
+    assert_int_equal(atomic_load(&t.failures), 0);
+    assert_ok(ndm_manager_close(keep));
+    for (int i = 0; i < KEPT; i++)
+        assert_int_equal(ndm_stream_release(t.kept[i]), NDM_ALREADY);
+    assert_manager_empty(t.root);
+    assert_ok(ndm_manager_close(t.root));
+}
+
+/* A stream made while another thread closes its manager: made and then
+ * released by the close, or refused; never left behind by a close whose
+ * hook it missed (the hook record leaked, and the stream lived on). */
+enum { RACED = 2000 };
+
+typedef struct close_race {
+    ndm_manager root;
+    _Atomic uint64_t published;
+    atomic_int done;
+    ndm_stream made[RACED];
+} close_race;
+
+static void *close_racer(void *arg)
+{
+    close_race *t = arg;
+    while (!atomic_load(&t->done)) {
+        uint64_t id = atomic_exchange(&t->published, 0);
+        if (id)
+            (void)ndm_manager_close((ndm_manager){id});
+    }
+    return NULL;
+}
+
+static void test_stream_made_while_its_manager_closes(void **state)
+{
+    close_race *t = calloc(1, sizeof *t);
+    t->root = ndm_manager_new(ROOT(state), "race");
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, close_racer, t), 0);
+    int refused = 0;
+    for (int i = 0; i < RACED; i++) {
+        ndm_manager m = ndm_manager_new(t->root, "request");
+        atomic_store(&t->published, m.id);
+        ndm_status st = ndm_stream_new(m, &t->made[i]);
+        if (st != NDM_OK) {
+            assert_int_equal(st, NDM_E_CLOSED);
+            assert_int_equal(t->made[i].id, 0);
+            refused++;
+        }
+        ndm_status cs = ndm_manager_close(m);
+        assert_true(cs == NDM_OK || cs == NDM_ALREADY);
+    }
+    atomic_store(&t->done, 1);
+    pthread_join(th, NULL);
+    /* every manager is closed: every stream made went with it */
+    bool done;
+    for (int i = 0; i < RACED; i++) {
+        if (!t->made[i].id)
+            continue;
+        ndm_clear_error();
+        assert_int_equal(ndm_stream_query(t->made[i], &done), NDM_E_CLOSED);
+    }
+    print_message("%d of %d makes refused by the close\n", refused, RACED);
+    assert_manager_empty(t->root);
+    assert_ok(ndm_manager_close(t->root));
+    free(t);
+}
+
 /* ---- on CUDA: a device whose streams a test can hold (the host stand-in) ---------- */
 
 #define NEED_HELD_STREAMS()                                                     \
@@ -464,6 +603,8 @@ int main(void)
         TEST(test_stream_record_stream_of_arrays),
         TEST(test_stream_current_is_per_thread),
         TEST(test_stream_churn_reuses_slots),
+        TEST(test_stream_table_grows_while_others_look_up),
+        TEST(test_stream_made_while_its_manager_closes),
         TEST(test_stream_cuda_record_stream_holds_memory),
         TEST(test_stream_cuda_current_stream_owns_its_allocations),
         TEST(test_stream_cuda_pinned_buffer_waits_for_its_copy),

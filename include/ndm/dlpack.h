@@ -64,7 +64,9 @@ NDM_API struct DLManagedTensorVersioned *ndm_to_dlpack_versioned_at(NDM_SITE_PAR
 
 /** Adopt `t` into manager `m` without a copy (see above). Returns a new
  *  array owned by `m`, or the null handle: NDM_E_NULL (t NULL), NDM_E_DTYPE,
- *  NDM_E_INVALID (bad shape, strides, lanes or data pointer), NDM_E_DEVICE,
+ *  NDM_E_INVALID (bad shape, strides, lanes or data pointer, or a byte_offset
+ *  or extent that wraps the address space), NDM_E_OVERFLOW (an element count
+ *  or size in bytes past int64, zero strides included), NDM_E_DEVICE,
  *  NDM_E_UNSUPPORTED, and m's refusals; t stays the caller's on failure. */
 #define ndm_from_dlpack(m, t) ndm_from_dlpack_at(NDM_HERE, (m), (t))
 /** ndm_from_dlpack() with an explicit call site (the macro passes NDM_HERE). */

@@ -75,8 +75,12 @@ NDM_API ndm_manager ndm_system(void);
 NDM_API ndm_manager ndm_detached(void);
 
 /** A new child of `parent` on the parent's device, named `name` (copied;
- *  NULL gives "manager"). Returns the null handle on failure: parent stale
- *  (NDM_E_CLOSED), null (NDM_E_NULL), capped for children (NDM_E_CAPPED). */
+ *  NULL or "" gives "manager"). Names are kept to their first 47 bytes: a
+ *  longer one is cut, without an error, and the cut name is what
+ *  ndm_manager_name, paths, dumps and reports show (a multi-byte character
+ *  cut in two shows as U+FFFD in JSON). Returns the null handle on failure:
+ *  parent stale (NDM_E_CLOSED), null (NDM_E_NULL), capped for children
+ *  (NDM_E_CAPPED). */
 #define ndm_manager_new(parent, name) ndm_manager_new_at(NDM_HERE, (parent), (name))
 /** ndm_manager_new() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_manager ndm_manager_new_at(NDM_SITE_PARAMS, ndm_manager parent, const char *name);
@@ -166,7 +170,7 @@ NDM_API ndm_manager ndm_manager_parent(ndm_manager m);
 /** The manager's device (the CPU for a stale handle, with an error set). */
 NDM_API ndm_device ndm_manager_device(ndm_manager m);
 /** Copies the name into buf (NUL-terminated, truncated to n); returns the
- *  full length, or a negative status. */
+ *  length of the name as kept (47 bytes at most), or a negative status. */
 NDM_API int ndm_manager_name(ndm_manager m, char *buf, size_t n);
 /** Copies the path ("system/model/trainer/batch-17") into buf like
  *  ndm_manager_name. */

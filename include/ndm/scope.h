@@ -106,8 +106,10 @@ NDM_API ndm_array ndm_scoped_at(NDM_SITE_PARAMS, ndm_manager parent, ndm_scoped_
     })
 /** End `scope` keeping `result` (which may be null; one made outside the
  *  scope is kept as a fresh alias, as ndm_scoped does); returns the kept
- *  handle, or the null handle when the scope could not be ended. Used by
- *  NDM_SCOPED. */
+ *  handle, or the null handle when the scope could not be ended, with
+ *  ndm_scope_end's errors, NDM_E_CLOSED for a scope already ended and
+ *  NDM_E_INVALID for a manager that is not a scope (system included);
+ *  nothing is created then. Used by NDM_SCOPED. */
 NDM_API ndm_array ndm_scope_finish_at(NDM_SITE_PARAMS, ndm_manager scope, ndm_array result);
 
 /** The cleanup behind NDM_AUTO: `handle` points to an ndm_manager or

@@ -102,7 +102,10 @@ typedef void (*ndm_log_fn)(ndm_log_level level, const char *msg, void *ud);
 /** Install a log callback (NULL restores the default, which prints warnings
  *  to stderr, and errors too when the environment variable NDM_LOG_ERRORS
  *  is set and not "0"). Errors are also passed to it at NDM_LOG_ERROR, with
- *  the same message as ndm_last_error(), as they happen. */
+ *  the same message as ndm_last_error(), as they happen. The callback may
+ *  call ndm: a failure inside it is recorded (the thread's last error until
+ *  the callback returns, when the failure being logged is again) but not
+ *  logged, so a failing callback never recurses. */
 NDM_API void ndm_set_log_fn(ndm_log_fn fn, void *ud);
 
 #ifdef __cplusplus

@@ -2,6 +2,7 @@
  * Messages say what failed, why, and the caller's site when known. */
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +10,7 @@
 #include "ndm/version.h"
 #include "compiler.h"
 #include "error.h"
+#include "text.h"
 
 #ifndef NDM_DEBUG_ABORT
 #define NDM_DEBUG_ABORT 0
@@ -112,10 +114,19 @@ NDM_API void ndm_set_log_fn(ndm_log_fn fn, void *ud)
     log_ud = ud;
 }
 
+/* Set while this thread is logging: a failure raised inside the log
+ * callback (the callback calling ndm) is recorded but not logged again,
+ * which would recurse without bound. */
+static _Thread_local bool logging NDM__TLS_MODEL;
+
 static void ndm__log(ndm_log_level level, const char *msg)
 {
+    if (logging)
+        return;
     if (log_fn) {
+        logging = true;
         log_fn(level, msg, log_ud);
+        logging = false;
     } else if (level == NDM_LOG_WARN) {
         fprintf(stderr, "ndm: warning: %s\n", msg);
     } else if (level == NDM_LOG_ERROR) {
@@ -125,6 +136,21 @@ static void ndm__log(ndm_log_level level, const char *msg)
         if (env && *env && strcmp(env, "0") != 0)
             fprintf(stderr, "ndm: error: %s\n", msg);
     }
+}
+
+/* Names in a message (a tensor's, a file's, a manager's) come from users:
+ * a control byte in one is escaped, so that a message is one line of text
+ * whatever it names. */
+static void escape_controls(char *msg, size_t cap)
+{
+    const char *p = msg;
+    while (*p && (unsigned char)*p >= 0x20 && *p != 0x7f)
+        p++;
+    if (!*p)
+        return;
+    char tmp[1024];
+    size_t n = ndm__escape_controls(msg, tmp, sizeof tmp < cap ? sizeof tmp : cap);
+    memcpy(msg, tmp, n + 1);
 }
 
 const char *ndm__site_str(ndm__site s, char *buf, size_t n)
@@ -177,9 +203,18 @@ ndm_status ndm__vfail(ndm_status st, const char *api, ndm__site where, const cha
         char site[256];
         snprintf(out + len, cap - len, " [at %s]", ndm__site_str(where, site, sizeof site));
     }
+    escape_controls(out, sizeof out);
     memcpy(t->msg, out, sizeof out);
     t->status = st;
-    ndm__log(NDM_LOG_ERROR, t->msg);
+    /* The callback gets the copy: a failure inside it rewrites t->msg, and
+     * is the last error only until the callback returns, when the failure
+     * being logged (the one the caller's call returns) is again. */
+    bool outer = !logging && log_fn;
+    ndm__log(NDM_LOG_ERROR, out);
+    if (outer) {
+        memcpy(t->msg, out, sizeof out);
+        t->status = st;
+    }
 #if NDM_DEBUG_ABORT
     if (st == NDM_E_INVALID || st == NDM_E_NULL || st == NDM_E_CLOSED || st == NDM_E_SHAPE ||
         st == NDM_E_DTYPE || st == NDM_E_AXIS) {
@@ -214,6 +249,7 @@ void ndm__warn(const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
+    escape_controls(buf, sizeof buf);
     ndm__log(NDM_LOG_WARN, buf);
 }
 

@@ -186,6 +186,12 @@ static ndm_array import(ndm__site site, const char *api, ndm_manager mh, const D
         return NDM_NULL_ARRAY;
     }
     ndm_dtype dt;
+    if (t->dtype.lanes != 1) {
+        ndm__fail(NDM_E_INVALID, api, site,
+                  "DLPack dtype (code %u, %u bits) has %u lanes: vector lanes are not supported",
+                  (unsigned)t->dtype.code, (unsigned)t->dtype.bits, (unsigned)t->dtype.lanes);
+        return NDM_NULL_ARRAY;
+    }
     if (!dtype_from_dl(t->dtype, &dt)) {
         ndm__fail(NDM_E_DTYPE, api, site,
                   "DLPack dtype (code %u, %u bits, %u lanes) has no ndm dtype",
@@ -213,7 +219,9 @@ static ndm_array import(ndm__site site, const char *api, ndm_manager mh, const D
     bool empty = false;
     for (int i = 0; i < nd; i++)
         empty |= t->shape[i] == 0;
-    int64_t extent = 1, run = 1;
+    /* The element count must fit too: zero strides view any count of
+     * elements in an extent of one, but ndm's sizes are counted in elements. */
+    int64_t extent = 1, run = 1, count = 1, nbytes = 0, ebytes = 0;
     ndm_status bad = NDM_OK;
     for (int i = nd - 1; i >= 0 && bad == NDM_OK; i--) {
         int64_t span;
@@ -225,6 +233,9 @@ static ndm_array import(ndm__site site, const char *api, ndm_manager mh, const D
             bad = ndm__fail(NDM_E_INVALID, api, site,
                             "negative stride %lld at axis %d: make the tensor contiguous first",
                             (long long)strides[i], i);
+        else if (!empty && __builtin_mul_overflow(count, t->shape[i], &count))
+            bad = ndm__fail(NDM_E_OVERFLOW, api, site,
+                            "the tensor's element count overflows at axis %d", i);
         else if (!empty && (__builtin_mul_overflow(t->shape[i] - 1, strides[i], &span) ||
                             __builtin_add_overflow(extent, span, &extent)))
             bad = ndm__fail(NDM_E_OVERFLOW, api, site, "the tensor's extent overflows");
@@ -233,8 +244,21 @@ static ndm_array import(ndm__site site, const char *api, ndm_manager mh, const D
     }
     if (empty)
         extent = 0;
+    if (bad == NDM_OK && (__builtin_mul_overflow(count, (int64_t)isz, &nbytes) ||
+                          __builtin_mul_overflow(extent, (int64_t)isz, &ebytes)))
+        bad = ndm__fail(NDM_E_OVERFLOW, api, site, "the tensor's size in bytes overflows");
     if (bad == NDM_OK && !t->data && extent)
         bad = ndm__fail(NDM_E_INVALID, api, site, "the tensor's data pointer is NULL");
+    /* The viewed bytes must lie inside the address space: an offset or an
+     * extent that wraps it would point below the producer's buffer. */
+    uintptr_t first, last;
+    if (bad == NDM_OK && extent &&
+        ((uint64_t)(uintptr_t)t->byte_offset != t->byte_offset ||
+         __builtin_add_overflow((uintptr_t)t->data, (uintptr_t)t->byte_offset, &first) ||
+         __builtin_add_overflow(first, (uintptr_t)ebytes - 1, &last)))
+        bad = ndm__fail(NDM_E_INVALID, api, site,
+                        "byte_offset %llu past data %p wraps the address space",
+                        (unsigned long long)t->byte_offset, t->data);
     if (bad < 0) {
         free(strides);
         return NDM_NULL_ARRAY;

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "../base/text.h"
 #include "json.h"
 
 #define MAX_DEPTH 64
@@ -314,39 +315,8 @@ bool ndm__json_skip(ndm__json *j) { return skip_value(j, 0); }
 
 bool ndm__utf8_valid(const char *str, size_t n)
 {
-    const unsigned char *s = (const unsigned char *)str;
-    size_t i = 0;
-    while (i < n) {
-        unsigned c = s[i];
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        size_t k;
-        unsigned cp;
-        if (c >= 0xC2 && c <= 0xDF) {
-            k = 1;
-            cp = c & 0x1F;
-        } else if (c >= 0xE0 && c <= 0xEF) {
-            k = 2;
-            cp = c & 0x0F;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            k = 3;
-            cp = c & 0x07;
-        } else {
+    for (size_t i = 0, k; i < n; i += k)
+        if (!(k = ndm__utf8_seq(str + i, n - i)))
             return false;
-        }
-        if (n - i <= k)
-            return false;
-        for (size_t t = 1; t <= k; t++) {
-            if ((s[i + t] & 0xC0) != 0x80)
-                return false;
-            cp = cp << 6 | (s[i + t] & 0x3F);
-        }
-        if ((k == 2 && cp < 0x800) || (k == 3 && (cp < 0x10000 || cp > 0x10FFFF)) ||
-            (cp >= 0xD800 && cp <= 0xDFFF))
-            return false;
-        i += k + 1;
-    }
     return true;
 }

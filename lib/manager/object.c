@@ -232,12 +232,17 @@ void *ndm__object_get(uint64_t id, const ndm__object_type *type, const char *api
     uint32_t next = (gen + 1) & GEN_MASK;
     bool known = now == (next ? next : 1) && !obj;
     bool other_type = now == gen && obj && t != type;
+    /* a generation ahead of the slot's, or its own while empty: never issued */
+    bool issued = now == gen ? obj != NULL : ndm__gen_stale(gen, now);
     ndm__site made = r->site, died = r->died;
     char m[256], d[256], owner[sizeof r->owner];
     memcpy(owner, r->owner, sizeof owner);
     pthread_mutex_unlock(&lock);
     if (other_type)
         ndm__fail(NDM_E_INVALID, api, site, "the handle is a %s, not a %s", t->name, type->name);
+    else if (!issued)
+        ndm__fail(NDM_E_INVALID, api, site,
+                  "not a %s handle: id 0x%016" PRIx64 " was never issued", type->name, id);
     else if (!known)
         ndm__fail(NDM_E_CLOSED, api, site,
                   "stale %s handle: it was freed and its slot has been reused since", type->name);
@@ -265,12 +270,19 @@ ndm_status ndm__object_free(uint64_t id, const ndm__object_type *type, const cha
     if (!id)
         return ndm__fail_null(api, site, type->name);
     if (!decode(id, &s, &gen))
-        return ndm__fail(NDM_E_INVALID, api, site, "not a %s handle", type->name);
+        return ndm__fail(NDM_E_INVALID, api, site, "not a %s handle (id 0x%016" PRIx64 ")",
+                         type->name, id);
     pthread_mutex_lock(&lock);
     obj_slot *r = live_locked(s, gen);
     if (!r) {
+        /* freed before (NDM_ALREADY), or never issued */
+        bool stale = s < atomic_load_explicit(&high, memory_order_relaxed) &&
+                     ndm__gen_stale(gen, atomic_load_explicit(&rec(s)->gen, memory_order_relaxed));
         pthread_mutex_unlock(&lock);
-        return NDM_ALREADY;
+        if (stale)
+            return NDM_ALREADY;
+        return ndm__fail(NDM_E_INVALID, api, site,
+                         "not a %s handle: id 0x%016" PRIx64 " was never issued", type->name, id);
     }
     const ndm__object_type *t = atomic_load_explicit(&r->type, memory_order_relaxed);
     if (t != type) {

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../base/text.h"
 #include "core.h"
 
 typedef struct figures {
@@ -267,21 +268,6 @@ NDM_API ndm_status ndm_debug_dump(ndm_manager h, FILE *f)
 
 /* ---- JSON ---------------------------------------------------------------------- */
 
-static void json_string(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\')
-            fprintf(f, "\\%c", c);
-        else if (c < 0x20)
-            fprintf(f, "\\u%04x", c);
-        else
-            fputc(c, f);
-    }
-    fputc('"', f);
-}
-
 static void json_node(ndm__manager *m, FILE *f, const lent_table *lt)
 {
     figures fg;
@@ -291,9 +277,9 @@ static void json_node(ndm__manager *m, FILE *f, const lent_table *lt)
     ndm__manager_path_locked(m->self, path, sizeof path);
     ndm_device_str(m->device, dev, sizeof dev);
     fputs("{\"name\":", f);
-    json_string(f, m->name);
+    ndm__json_write_str(f, m->name);
     fputs(",\"path\":", f);
-    json_string(f, path);
+    ndm__json_write_str(f, path);
     fprintf(f, ",\"device\":\"%s\",\"scope\":%s,\"capped\":[", dev,
             (fg.state & NDM__M_SCOPE) ? "true" : "false");
     unsigned caps = (fg.state >> NDM__CAP_SHIFT) & (NDM_CAP_ARRAYS | NDM_CAP_CHILDREN);

@@ -10,11 +10,15 @@
 
 /* ---- handles ---------------------------------------------------------------------
  * A default stream is named by its device: the top bit set, the device type
- * and index below. Other handles pack a slot (low 32 bits, from 1) and its
- * generation, as arrays' do. The table is small and its calls are not hot:
- * one mutex guards it. */
+ * and index below. Other handles pack a slot (low 30 bits, from 1) and its
+ * generation, as arrays' do, with bit 30 set, which no array slot and no
+ * object id has (those carry bit 31): an array or module handle is never
+ * taken for a stream or event of the same slot. The table is small and its
+ * calls are not hot: one mutex guards it, and it is read only under it. */
 
 #define DEFAULT_BIT ((uint64_t)1 << 63)
+#define STREAM_TAG (UINT32_C(1) << 30)
+#define OTHER_TAG (UINT32_C(1) << 31)
 
 enum { KIND_FREE = 0, KIND_STREAM = 1, KIND_EVENT = 2 };
 
@@ -35,7 +39,10 @@ static uint32_t table_len, table_cap, free_head;
 static uint64_t *hooked;
 static size_t nhooked, hooked_cap;
 
-static uint64_t pack(uint32_t slot, uint32_t gen) { return (uint64_t)gen << 32 | slot; }
+static uint64_t pack(uint32_t slot, uint32_t gen)
+{
+    return (uint64_t)gen << 32 | STREAM_TAG | slot;
+}
 
 static ndm_stream default_of(ndm_device d)
 {
@@ -52,14 +59,24 @@ typedef struct found {
 
 static const char *kind_name(int kind) { return kind == KIND_STREAM ? "stream" : "event"; }
 
-/* Why a handle does not name a live record of `kind` (lock held). */
+/* The slot of a handle that has the stream table's tag, or 0. */
+static uint32_t slot_of(uint64_t id)
+{
+    uint32_t low = (uint32_t)id;
+    return (low & (STREAM_TAG | OTHER_TAG)) == STREAM_TAG ? low & ~STREAM_TAG : 0;
+}
+
+/* Why a handle does not name a live record of `kind` (lock held):
+ * NDM_E_CLOSED for one issued and released since, NDM_E_INVALID for one
+ * never issued (a forged generation, another table's id) or of the other
+ * kind. */
 static ndm_status classify(uint64_t id, int kind)
 {
-    uint32_t slot = (uint32_t)id, gen = (uint32_t)(id >> 32);
-    if (!slot || slot >= table_len || !gen || gen > table[slot].gen)
-        return NDM_E_INVALID; /* never issued */
-    if (gen < table[slot].gen)
-        return NDM_E_CLOSED; /* released */
+    uint32_t slot = slot_of(id), gen = (uint32_t)(id >> 32);
+    if (!slot || slot >= table_len || !gen)
+        return NDM_E_INVALID;
+    if (gen != table[slot].gen)
+        return ndm__gen_stale(gen, table[slot].gen) ? NDM_E_CLOSED : NDM_E_INVALID;
     return table[slot].kind == kind ? NDM_OK : NDM_E_INVALID;
 }
 
@@ -83,7 +100,7 @@ static ndm_status lookup(uint64_t id, int kind, const char *api, found *out)
         else
             *out = (found){d, NULL, true};
     } else {
-        uint32_t slot = (uint32_t)id;
+        uint32_t slot = slot_of(id);
         pthread_mutex_lock(&table_lock);
         st = classify(id, kind);
         if (st == NDM_OK)
@@ -107,6 +124,8 @@ static uint32_t slot_take(void)
         return s;
     }
     if (table_len == table_cap) {
+        if (table_cap >= STREAM_TAG / 2)
+            return 0;
         uint32_t cap = table_cap ? 2 * table_cap : 64;
         record *t = realloc(table, cap * sizeof *t);
         if (!t)
@@ -272,13 +291,14 @@ static ndm_status make(ndm_manager m, int kind, uint64_t *out, const char *api)
         if (!known)
             hooked[nhooked++] = m.id;
     }
+    /* read under the lock: another thread's make may move the table */
+    uint64_t id = slot ? pack(slot, table[slot].gen) : 0;
     pthread_mutex_unlock(&table_lock);
     if (!slot) {
         backend_release(kind, d, obj);
         return ndm__fail(NDM_E_OOM, api, NDM__NO_SITE, "no memory for a %s record",
                          kind_name(kind));
     }
-    uint64_t id = pack(slot, table[slot].gen);
     if (!known) {
         /* One hook per manager, made with its first stream or event; it
          * refuses system, detached and closing managers. */
@@ -316,7 +336,7 @@ static ndm_status release(uint64_t id, int kind, const char *api)
         return ndm__fail(NDM_E_INVALID, api, NDM__NO_SITE,
                          "a device's default stream is never released");
     }
-    uint32_t slot = (uint32_t)id;
+    uint32_t slot = slot_of(id);
     pthread_mutex_lock(&table_lock);
     ndm_status st = classify(id, kind);
     if (st < 0) {

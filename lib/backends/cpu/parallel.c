@@ -16,6 +16,7 @@
 #include <sys/syscall.h>
 #endif
 
+#include "../../base/error.h"
 #include "parallel.h"
 
 #define MAX_THREADS 256
@@ -207,15 +208,8 @@ static void shrink(int n)
     atomic_store(&P.quit_from, MAX_THREADS);
 }
 
-static int default_threads(void)
+static int core_threads(void)
 {
-    const char *env = getenv("NDM_NUM_THREADS");
-    if (env && *env) {
-        char *end;
-        long v = strtol(env, &end, 10);
-        if (v >= 1 && *end == '\0')
-            return v > MAX_THREADS ? MAX_THREADS : (int)v;
-    }
 #if defined(__linux__)
     cpu_set_t set;
     if (sched_getaffinity(0, sizeof set, &set) == 0) {
@@ -226,6 +220,25 @@ static int default_threads(void)
 #endif
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     return cores < 1 ? 1 : cores > MAX_THREADS ? MAX_THREADS : (int)cores;
+}
+
+static int default_threads(void)
+{
+    const char *env = getenv("NDM_NUM_THREADS");
+    if (env && *env) {
+        char *end;
+        long v = strtol(env, &end, 10);
+        if (v >= 1 && *end == '\0')
+            return v > MAX_THREADS ? MAX_THREADS : (int)v;
+        /* said, as NDM_CPU_ISA and NDM_ALLOC_CONF say theirs: a typo
+         * would otherwise run on every core unnoticed */
+        int n = core_threads();
+        ndm__warn("NDM_NUM_THREADS=%s is not a whole number >= 1: ignored, %d threads "
+                  "(the cores this process may run on)",
+                  env, n);
+        return n;
+    }
+    return core_threads();
 }
 
 static void start(void)

@@ -31,7 +31,8 @@ int ndm__parallel_thread_index(void);
 int ndm__num_threads(void);
 
 /* The size the pool takes at start: NDM_NUM_THREADS when it is a whole
- * number >= 1 (capped at 256), else the cores of sched_getaffinity. */
+ * number >= 1 (capped at 256), else the cores of sched_getaffinity (a set
+ * value that is not such a number is ignored with a warning). */
 int ndm__default_num_threads(void);
 
 /* Benchmark and test hook: make jobs use n threads (starting or stopping

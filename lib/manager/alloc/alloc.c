@@ -654,8 +654,14 @@ NDM_API ndm_status ndm_memory_record_history(bool on, size_t max_entries)
     ndm__pool *list[MAX_POOLS];
     struct ndm__history *rings[MAX_POOLS] = {0};
     int n = used_pools(list);
-    for (int i = 0; on && i < n; i++) {
-        if (!(rings[i] = ndm__hist_new(max_entries))) {
+    /* With no device used yet, one ring is still made (and given back):
+     * the first device's pool makes its own later, too late to report. */
+    bool probe = on && !n;
+    for (int i = 0; on && i < (probe ? 1 : n); i++) {
+        if ((rings[i] = ndm__hist_new(max_entries)) && probe) {
+            ndm__hist_free(rings[i]);
+            rings[i] = NULL;
+        } else if (!rings[i]) {
             for (int j = 0; j < i; j++)
                 ndm__hist_free(rings[j]);
             pthread_mutex_unlock(&pools_lock);

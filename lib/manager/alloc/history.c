@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "../../base/checked.h"
+#include "../../base/text.h"
 #include "pool.h"
 
 atomic_int ndm__instrumented; /* bit 0: history, bit 1: trace */
@@ -323,36 +324,12 @@ static void em_close(emitter *em)
         fputs(dict ? (em->depth == 0 ? "\n}" : "}") : "]", em->f);
 }
 
-/* Valid UTF-8 from arbitrary bytes: a byte that does not start a valid
- * sequence becomes '?' (pickle readers reject invalid text). */
-static size_t utf8_clean(const char *s, char *buf, size_t cap)
-{
-    const unsigned char *u = (const unsigned char *)s;
-    size_t o = 0;
-    while (*u && o + 4 < cap) {
-        unsigned c = *u;
-        int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-        bool ok = len > 0;
-        for (int i = 1; ok && i < len; i++)
-            ok = (u[i] & 0xc0) == 0x80;
-        if (!ok) {
-            buf[o++] = '?';
-            u++;
-            continue;
-        }
-        memcpy(buf + o, u, (size_t)len);
-        o += (size_t)len;
-        u += len;
-    }
-    buf[o] = '\0';
-    return o;
-}
-
 static void em_str(emitter *em, const char *s)
 {
     em_item(em);
     char buf[1024];
-    size_t n = utf8_clean(s ? s : "", buf, sizeof buf);
+    /* pickle readers reject text that is not UTF-8: invalid bytes become U+FFFD */
+    size_t n = ndm__utf8_clean(s ? s : "", buf, sizeof buf);
     if (em->pickle) {
         if (n < 256) {
             fputc(0x8c, em->f); /* SHORT_BINUNICODE */
@@ -364,17 +341,7 @@ static void em_str(emitter *em, const char *s)
         fwrite(buf, 1, n, em->f);
         return;
     }
-    fputc('"', em->f);
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)buf[i];
-        if (c == '"' || c == '\\')
-            fprintf(em->f, "\\%c", c);
-        else if (c < 0x20)
-            fprintf(em->f, "\\u%04x", c);
-        else
-            fputc(c, em->f);
-    }
-    fputc('"', em->f);
+    ndm__json_write_str(em->f, buf);
 }
 
 static void em_int(emitter *em, int64_t v)

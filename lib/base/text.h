@@ -1,0 +1,30 @@
+/* Text that ndm writes for other programs: well-formed UTF-8 and JSON
+ * string literals, whatever bytes a user's name holds. */
+#ifndef NDM_BASE_TEXT_H
+#define NDM_BASE_TEXT_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+/* The length (1 to 4) of the well-formed UTF-8 sequence that starts s[0..n),
+ * or 0 when s[0] starts none (a stray continuation byte, an overlong form,
+ * a surrogate, a value past U+10FFFF, a sequence cut short). */
+size_t ndm__utf8_seq(const char *s, size_t n);
+
+/* Copy the C string s into buf[0..cap) as well-formed UTF-8, each byte that
+ * starts no sequence replaced by U+FFFD; cut at a sequence boundary when
+ * buf is short. Returns the length written (buf is NUL-terminated; cap > 0). */
+size_t ndm__utf8_clean(const char *s, char *buf, size_t cap);
+
+/* Copy the C string s into buf[0..cap) with each control byte (below 0x20,
+ * and DEL) written as \xNN, so that a message naming a user's string stays
+ * one line of text; cut at an escape's boundary when buf is short. Returns
+ * the length written (buf is NUL-terminated; cap > 0). */
+size_t ndm__escape_controls(const char *s, char *buf, size_t cap);
+
+/* Write the C string s to f as a JSON string literal: quotes, backslashes
+ * and control characters escaped, bytes that start no UTF-8 sequence
+ * written as \ufffd, so that the output is valid UTF-8 JSON. */
+void ndm__json_write_str(FILE *f, const char *s);
+
+#endif
