@@ -1292,15 +1292,15 @@ static int series_of(timeline *tl, const char *manager)
 static void series_add(timeline *tl, int si, int64_t bytes)
 {
     series *s = &VEC_AT(tl->series, series, si);
-    s->now = add_i64(s->now, bytes, "the bytes of a manager", "");
+    s->now = add_i64(s->now, bytes, "a manager's byte count", "");
     if (s->now > s->peak)
         s->peak = s->now;
-    tl->total = add_i64(tl->total, bytes, "the bytes in use", "");
+    tl->total = add_i64(tl->total, bytes, "the byte count in use", "");
     if (tl->total > tl->peak_total)
         tl->peak_total = tl->total;
     if (tl->shown_of) {
         int g = tl->shown_of[si];
-        tl->group_now[g] = add_i64(tl->group_now[g], bytes, "the bytes of a manager", "");
+        tl->group_now[g] = add_i64(tl->group_now[g], bytes, "a manager's byte count", "");
         if (tl->group_now[g] > tl->group_peak[g])
             tl->group_peak[g] = tl->group_now[g];
     }
@@ -1324,7 +1324,7 @@ static void window_start(timeline *tl, const snapshot *s, const vec *events)
         const segment *g = &VEC_AT(s->segments, segment, i);
         if (g->dev != tl->dev)
             continue;
-        reserved = add_i64(reserved, g->total, "the reserved bytes", "");
+        reserved = add_i64(reserved, g->total, "the reserved byte count", "");
         for (size_t k = 0; k < g->blocks.n; k++) {
             const block *b = &VEC_AT(g->blocks, block, k);
             if (!strcmp(b->state, "inactive"))
@@ -1356,9 +1356,9 @@ static void window_start(timeline *tl, const snapshot *s, const vec *events)
                 live.n++;
             }
         } else if (!strcmp(a, "segment_alloc") || !strcmp(a, "segment_map")) {
-            reserved = add_i64(reserved, -e->size, "the reserved bytes", "");
+            reserved = add_i64(reserved, -e->size, "the reserved byte count", "");
         } else if (!strcmp(a, "segment_free") || !strcmp(a, "segment_unmap")) {
-            reserved = add_i64(reserved, e->size, "the reserved bytes", "");
+            reserved = add_i64(reserved, e->size, "the reserved byte count", "");
         }
     }
     for (size_t i = 0; i < live.cap; i++)
@@ -1413,9 +1413,9 @@ static void replay(timeline *tl, const vec *events, visit_fn visit, void *ud)
                 tl->unknown_frees++;
             }
         } else if (!strcmp(a, "segment_alloc") || !strcmp(a, "segment_map")) {
-            reserved = add_i64(reserved, e->size, "the reserved bytes", "");
+            reserved = add_i64(reserved, e->size, "the reserved byte count", "");
         } else if (!strcmp(a, "segment_free") || !strcmp(a, "segment_unmap")) {
-            reserved = add_i64(reserved, -e->size, "the reserved bytes", "");
+            reserved = add_i64(reserved, -e->size, "the reserved byte count", "");
         }
         if (visit)
             visit(tl, k, e, reserved, ud);
@@ -1783,7 +1783,7 @@ static void add_held(vec *v, strtab *t, const char *manager, int64_t bytes, bool
     }
     held *h = &VEC_AT(*v, held, id);
     int64_t *x = after ? &h->after : &h->before;
-    *x = add_i64(*x, bytes, "the bytes of a manager", "");
+    *x = add_i64(*x, bytes, "a manager's byte count", "");
 }
 
 static int cmp_held(const void *a, const void *b)
@@ -1863,7 +1863,7 @@ static void write_compare(FILE *f, const snapshot *before, const char *before_na
     for (int w = 0; w < 2; w++)
         for (size_t i = 0; i < both[w]->segments.n; i++) {
             const segment *g = &VEC_AT(both[w]->segments, segment, i);
-            reserved[w] = add_i64(reserved[w], g->total, "the reserved bytes", "");
+            reserved[w] = add_i64(reserved[w], g->total, "the reserved byte count", "");
             for (size_t k = 0; k < g->blocks.n; k++) {
                 const block *b = &VEC_AT(g->blocks, block, k);
                 if (strcmp(b->state, "inactive"))
