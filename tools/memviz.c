@@ -26,6 +26,14 @@
 #include <string.h>
 #include <unistd.h>
 
+#if defined(__GNUC__)
+#define NORETURN __attribute__((noreturn))
+#define PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define NORETURN
+#define PRINTF(a, b)
+#endif
+
 /* ---- memory: one arena, freed at exit ---------------------------------------- */
 
 typedef struct chunk {
@@ -39,7 +47,7 @@ static chunk *arena;
  * read, so a small hostile file cannot make memviz take gigabytes. */
 static size_t arena_bytes, arena_limit = SIZE_MAX;
 
-static void fail(const char *fmt, ...);
+static void fail(const char *fmt, ...) NORETURN PRINTF(1, 2);
 
 /* base + per * n, saturated: the bounds that scale with the input. */
 static size_t bound(size_t base, size_t per, size_t n)
@@ -116,14 +124,6 @@ static char *input_text, *before_text; /* the files' bytes (malloc), freed on ev
 /* The page being written (its temporary), removed on every failure. */
 static FILE *out_file;
 static char out_tmp[4096];
-
-#if defined(__GNUC__)
-#define NORETURN __attribute__((noreturn))
-#define PRINTF(a, b) __attribute__((format(printf, a, b)))
-#else
-#define NORETURN
-#define PRINTF(a, b)
-#endif
 
 #ifdef NDM_MEMVIZ_FUZZ
 /* Built into a fuzz target: a failure returns to the target, quietly. */
