@@ -876,7 +876,8 @@ static void test_memviz_refuses_address_arithmetic_that_overflows(void **state)
 }
 
 /* TUPLE2 right above a MARK takes what is below it: the APPENDS that
- * follows must not find a mark above the stack. */
+ * follows must not find a mark above the stack; nor may one that finds
+ * no stack at all. */
 static void test_memviz_refuses_a_tuple_across_a_mark(void **state)
 {
     (void)state;
@@ -889,6 +890,12 @@ static void test_memviz_refuses_a_tuple_across_a_mark(void **state)
     pk_op(&b, 'e');
     pk_write(&b, "tuple-mark.pickle");
     assert_refused("tuple-mark.pickle", "stack underflow");
+    /* APPENDS at the very start: a mark over an empty stack */
+    pk_op1(&b, 0x80, 4);
+    pk_op(&b, '(');
+    pk_op(&b, 'e');
+    pk_write(&b, "empty-mark.pickle");
+    assert_refused("empty-mark.pickle", "nothing below the mark");
 }
 
 int main(int argc, char **argv)

@@ -755,8 +755,8 @@ static jval *pickle_parse(const char *text, size_t len)
         }
         case 'e': case 'u': case 'l': case 't': case 'd': { /* APPENDS SETITEMS LIST TUPLE DICT */
             size_t m = pk_mark(&r);
-            jval **items = (jval **)r.stack.items + m;
             size_t n = r.stack.n - m;
+            jval **items = n ? (jval **)r.stack.items + m : NULL; /* no stack yet: NULL */
             if (op == 'e' || op == 'u') {
                 if (!m)
                     pkfail(&r, "nothing below the mark");
