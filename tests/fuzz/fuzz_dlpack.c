@@ -102,7 +102,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
     /* Accepted: what was described, exactly (in 128-bit arithmetic). */
-    if (!t.dl_tensor.shape || ndim < 0 || ndim > MAX_DIMS || ndm_array_ndim(a) != ndim)
+    if ((ndim && !t.dl_tensor.shape) || ndim < 0 || ndim > MAX_DIMS || ndm_array_ndim(a) != ndim)
         fuzz_die("an accepted tensor's rank is not the one described");
     size_t item = ndm_dtype_size(ndm_array_dtype(a));
     if (item * 8 != (size_t)t.dl_tensor.dtype.bits * t.dl_tensor.dtype.lanes)
