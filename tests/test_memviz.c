@@ -1,8 +1,12 @@
 /* ndm-memviz: the reader's errors on malformed snapshots, the totals it plots,
  * and its page rendered in headless Chromium (skipped when Chromium is absent).
+ * Hostile snapshots (cycles, deep nesting, shared references, overflowing
+ * sums) are refused within bounds set by their size.
  * Arguments: the ndm-memviz program, the fixture folder, Chromium's path or "",
  * python3 (it writes PyTorch-shaped pickles). */
+#include <fcntl.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -513,6 +517,387 @@ static void test_memviz_draws_blocks_from_before_the_window(void **state)
     free(page);
 }
 
+/* ---- hostile snapshots ---------------------------------------------------------
+ * Pickles written opcode by opcode: what a file from someone else's machine
+ * may hold. memviz refuses each with exit 1 and a message naming the file,
+ * and leaves neither the page nor its temporary. */
+
+typedef struct pkbuf {
+    unsigned char *p;
+    size_t n, cap;
+} pkbuf;
+
+static void pk_bytes(pkbuf *b, const void *data, size_t n)
+{
+    if (b->n + n > b->cap) {
+        b->cap = (b->n + n) * 2 + 64;
+        b->p = realloc(b->p, b->cap);
+        assert_non_null(b->p);
+    }
+    memcpy(b->p + b->n, data, n);
+    b->n += n;
+}
+
+static void pk_op(pkbuf *b, unsigned char op) { pk_bytes(b, &op, 1); }
+
+/* An opcode and its one-byte argument (BINGET, BINPUT, BININT1). */
+static void pk_op1(pkbuf *b, unsigned char op, unsigned char arg)
+{
+    pk_op(b, op);
+    pk_op(b, arg);
+}
+
+/* SHORT_BINUNICODE, or BINUNICODE past 255 bytes. */
+static void pk_text(pkbuf *b, const char *s)
+{
+    size_t n = strlen(s);
+    if (n < 256) {
+        pk_op1(b, 0x8c, (unsigned char)n);
+    } else {
+        unsigned char h[5] = {'X', (unsigned char)n, (unsigned char)(n >> 8),
+                              (unsigned char)(n >> 16), (unsigned char)(n >> 24)};
+        pk_bytes(b, h, 5);
+    }
+    pk_bytes(b, s, n);
+}
+
+/* PROTO 4 and the root dict holding "device_traces": []; what follows sets
+ * more keys of the root (it stays at the bottom of the stack). */
+static void pk_start(pkbuf *b)
+{
+    pk_op1(b, 0x80, 4);
+    pk_op(b, '}');
+    pk_text(b, "device_traces");
+    pk_op(b, ']');
+    pk_op(b, 's');
+}
+
+/* STOP, and the bytes into tmp_dir/name. */
+static void pk_write(pkbuf *b, const char *name)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/%s", tmp_dir, name);
+    pk_op(b, '.');
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(b->p, 1, b->n, f), b->n);
+    assert_int_equal(fclose(f), 0);
+    free(b->p);
+    memset(b, 0, sizeof *b);
+}
+
+/* A JSON text into tmp_dir/name. */
+static void text_write(const char *name, const char *text)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/%s", tmp_dir, name);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    fputs(text, f);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* memviz on tmp_dir/name: exit 1 with `message` and the file's name, and
+ * neither the page nor its temporary left. */
+static void assert_refused(const char *name, const char *message)
+{
+    char in[256], out[256], tmp[300], *msg;
+    snprintf(in, sizeof in, "%s/%s", tmp_dir, name);
+    snprintf(out, sizeof out, "%s/%s.html", tmp_dir, name);
+    snprintf(tmp, sizeof tmp, "%s.tmp", out);
+    int rc = memviz_run(in, out, &msg);
+    if (rc != 1 || !strstr(msg, message) || !strstr(msg, name))
+        fail_msg("%s: exit %d, message \"%.2000s\"; expected exit 1 and \"%s\"", name, rc, msg,
+                 message);
+    free(msg);
+    struct stat sb;
+    assert_int_not_equal(stat(out, &sb), 0);
+    assert_int_not_equal(stat(tmp, &sb), 0);
+}
+
+static void test_memviz_refuses_a_container_that_holds_itself(void **state)
+{
+    (void)state;
+    /* {"device_traces": [], "allocator_settings": <the root itself>} */
+    pkbuf b = {0};
+    pk_start(&b);
+    pk_op(&b, 0x94); /* MEMOIZE: the root is memo 0 */
+    pk_text(&b, "allocator_settings");
+    pk_op1(&b, 'h', 0);
+    pk_op(&b, 's');
+    pk_write(&b, "self-dict.pickle");
+    assert_refused("self-dict.pickle", "a container holds itself");
+    /* the settings hold a list that appended itself */
+    pk_start(&b);
+    pk_text(&b, "allocator_settings");
+    pk_op(&b, '}');
+    pk_text(&b, "k");
+    pk_op(&b, ']');
+    pk_op(&b, 0x94);
+    pk_op1(&b, 'h', 0);
+    pk_op(&b, 'a');
+    pk_op(&b, 's');
+    pk_op(&b, 's');
+    pk_write(&b, "self-list.pickle");
+    assert_refused("self-list.pickle", "a container holds itself");
+}
+
+/* Nesting without a single MARK: containers pushed, then SETITEM (APPEND)
+ * after SETITEM, each into the one below. */
+static void test_memviz_refuses_deep_nesting_without_marks(void **state)
+{
+    (void)state;
+    enum { LEVELS = 500000 };
+    pkbuf b = {0};
+    pk_start(&b);
+    pk_text(&b, "allocator_settings");
+    for (int k = 0; k < LEVELS; k++) {
+        pk_op(&b, '}');
+        pk_op1(&b, 'K', 1); /* its key, 1 */
+    }
+    pk_op(&b, 'N');
+    for (int k = 0; k <= LEVELS; k++)
+        pk_op(&b, 's');
+    pk_write(&b, "deep-dicts.pickle");
+    assert_refused("deep-dicts.pickle", "nested too deeply (more than 256 levels)");
+    pk_start(&b);
+    pk_text(&b, "allocator_settings");
+    pk_op(&b, '}');
+    pk_text(&b, "k");
+    for (int k = 0; k < LEVELS; k++)
+        pk_op(&b, ']');
+    for (int k = 1; k < LEVELS; k++)
+        pk_op(&b, 'a');
+    pk_op(&b, 's');
+    pk_op(&b, 's');
+    pk_write(&b, "deep-lists.pickle");
+    assert_refused("deep-lists.pickle", "nested too deeply (more than 256 levels)");
+}
+
+/* Under a kilobyte that doubles at every level through the memo: dict l
+ * holds dict l-1 twice, so the settings reach 2^30 strings. */
+static void test_memviz_refuses_shared_references_past_the_bound(void **state)
+{
+    (void)state;
+    pkbuf b = {0};
+    pk_start(&b);
+    pk_text(&b, "allocator_settings");
+    pk_op(&b, '(');
+    pk_op1(&b, 'K', 0);
+    pk_text(&b, "a string the page would write a billion times");
+    pk_op1(&b, 'q', 0);
+    for (int level = 1; level <= 30; level++) {
+        pk_op1(&b, 'K', (unsigned char)level); /* the settings' key */
+        pk_op(&b, '}');
+        pk_text(&b, "a");
+        pk_op1(&b, 'h', (unsigned char)(level - 1));
+        pk_op(&b, 's');
+        pk_text(&b, "b");
+        pk_op1(&b, 'h', (unsigned char)(level - 1));
+        pk_op(&b, 's');
+        pk_op1(&b, 'q', (unsigned char)level);
+    }
+    pk_op(&b, 'd'); /* {0: the string, 1: dict 1, ..., 30: dict 30} */
+    pk_op(&b, 's');
+    assert_true(b.n < 1024);
+    pk_write(&b, "doubling.pickle");
+    assert_refused("doubling.pickle", "through shared references");
+
+    /* one segment listed 20,000 times, its blocks one block 1,000 times */
+    pk_start(&b);
+    pk_text(&b, "segments");
+    pk_op(&b, ']');
+    pk_op(&b, '(');
+    pk_op(&b, '}');
+    pk_text(&b, "device");
+    pk_text(&b, "cuda:0");
+    pk_op(&b, 's');
+    pk_text(&b, "address");
+    pk_op1(&b, 'K', 0);
+    pk_op(&b, 's');
+    pk_text(&b, "total_size");
+    pk_op1(&b, 'K', 0);
+    pk_op(&b, 's');
+    pk_text(&b, "blocks");
+    pk_op(&b, ']');
+    pk_op(&b, '(');
+    pk_op(&b, '}');
+    pk_text(&b, "size");
+    pk_op1(&b, 'K', 0);
+    pk_op(&b, 's');
+    pk_text(&b, "state");
+    pk_text(&b, "inactive");
+    pk_op(&b, 's');
+    pk_op1(&b, 'q', 0);
+    for (int k = 1; k < 1000; k++)
+        pk_op1(&b, 'h', 0);
+    pk_op(&b, 'e');
+    pk_op(&b, 's');
+    pk_op1(&b, 'q', 1);
+    for (int k = 1; k < 20000; k++)
+        pk_op1(&b, 'h', 1);
+    pk_op(&b, 'e');
+    pk_op(&b, 's');
+    assert_true(b.n < 1 << 20);
+    pk_write(&b, "shared-segments.pickle");
+    assert_refused("shared-segments.pickle", "through shared references");
+}
+
+/* A 60 KB string the settings list 2,000 times: a 120 MB page from a
+ * 64 KB file is past the bound on the page's size, found while it is being
+ * written: the temporary goes too. */
+static void test_memviz_refuses_a_page_past_the_bound(void **state)
+{
+    (void)state;
+    enum { LEN = 60000, TIMES = 2000 };
+    char *big = malloc(LEN + 1);
+    assert_non_null(big);
+    memset(big, 'x', LEN);
+    big[LEN] = '\0';
+    pkbuf b = {0};
+    pk_start(&b);
+    pk_text(&b, "allocator_settings");
+    pk_op(&b, '}');
+    pk_text(&b, "a");
+    pk_op(&b, ']');
+    pk_op(&b, '(');
+    pk_text(&b, big);
+    pk_op1(&b, 'q', 0);
+    for (int k = 1; k < TIMES; k++)
+        pk_op1(&b, 'h', 0);
+    pk_op(&b, 'e');
+    pk_op(&b, 's');
+    pk_op(&b, 's');
+    free(big);
+    pk_write(&b, "big-page.pickle");
+    assert_refused("big-page.pickle", "the page would be larger than");
+}
+
+/* memviz on tmp_dir/name in a child whose peak memory (KiB) comes back. */
+static int memviz_run_measured(const char *name, long *max_rss_kib)
+{
+    char in[256], out[256], log[256];
+    snprintf(in, sizeof in, "%s/%s", tmp_dir, name);
+    snprintf(out, sizeof out, "%s/%s.html", tmp_dir, name);
+    snprintf(log, sizeof log, "%s/%s.log", tmp_dir, name);
+    fflush(stdout);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fd < 0)
+            _exit(126);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        execl(memviz, memviz, in, out, (char *)NULL);
+        _exit(127);
+    }
+    int status = 0;
+    struct rusage ru;
+    assert_int_equal(wait4(pid, &status, 0, &ru), pid);
+    *max_rss_kib = ru.ru_maxrss;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        char *msg = read_all(log);
+        fail_msg("%s: status %d: %.2000s", name, status, msg);
+    }
+    return 0;
+}
+
+/* 16,000 APPENDs to one list, and as many SETITEMs to one dict: growing a
+ * container by one must not copy it whole (that is 1 GB and 2 GB). */
+static void test_memviz_grows_containers_in_linear_memory(void **state)
+{
+    (void)state;
+    enum { N = 16000 };
+    pkbuf b = {0};
+    pk_start(&b);
+    pk_text(&b, "allocator_settings");
+    pk_op(&b, '}');
+    pk_text(&b, "list");
+    pk_op(&b, ']');
+    for (int k = 0; k < N; k++) {
+        pk_op(&b, 'N');
+        pk_op(&b, 'a');
+    }
+    pk_op(&b, 's');
+    pk_op(&b, 's');
+    pk_write(&b, "appends.pickle");
+    long rss;
+    memviz_run_measured("appends.pickle", &rss);
+    if (rss > 300 * 1024)
+        fail_msg("%d APPENDs took %ld KiB", N, rss);
+    pk_start(&b);
+    pk_text(&b, "allocator_settings");
+    pk_op(&b, '}');
+    for (int k = 0; k < N; k++) {
+        pk_op1(&b, 'K', (unsigned char)k);
+        pk_op(&b, 'N');
+        pk_op(&b, 's');
+    }
+    pk_op(&b, 's');
+    pk_write(&b, "setitems.pickle");
+    memviz_run_measured("setitems.pickle", &rss);
+    if (rss > 300 * 1024)
+        fail_msg("%d SETITEMs took %ld KiB", N, rss);
+    char path[256];
+    snprintf(path, sizeof path, "%s/setitems.pickle.html", tmp_dir);
+    char *page = read_all(path);
+    assert_non_null(strstr(page, "\"settings\":{\"0\":null,\"1\":null,"));
+    free(page);
+}
+
+/* Addresses and sizes near 2^63: their sums are refused, not wrapped. */
+static void test_memviz_refuses_address_arithmetic_that_overflows(void **state)
+{
+    (void)state;
+    text_write("overflow-block.json",
+               "{\"devices\": [\"cpu\"], \"device_traces\": [[]], \"segments\": [\n"
+               " {\"device\": \"cpu\", \"address\": 9223372036854775000, \"total_size\": 4096,\n"
+               "  \"blocks\": [{\"size\": 4096, \"state\": \"inactive\"}]}]}\n");
+    assert_refused("overflow-block.json",
+                   "segments[0].blocks[0]: address + size overflows 64 bits");
+    text_write("overflow-segment.json",
+               "{\"devices\": [\"cpu\"], \"device_traces\": [[]], \"segments\": [\n"
+               " {\"device\": \"cpu\", \"address\": 9223372036854775000, \"total_size\": 4096,\n"
+               "  \"blocks\": []}]}\n");
+    assert_refused("overflow-segment.json", "segments[0]: address + total_size overflows 64 bits");
+    text_write("overflow-total.json",
+               "{\"devices\": [\"cpu\"], \"segments\": [], \"device_traces\": [[\n"
+               " {\"action\": \"alloc\", \"addr\": 64, \"size\": 9223372036854775807,\n"
+               "  \"manager\": \"system/a\"},\n"
+               " {\"action\": \"alloc\", \"addr\": 128, \"size\": 9223372036854775807,\n"
+               "  \"manager\": \"system/b\"}]]}\n");
+    assert_refused("overflow-total.json", "byte count in use overflows 64 bits");
+    text_write("overflow-reserved.json",
+               "{\"devices\": [\"cpu\"], \"segments\": [], \"device_traces\": [[\n"
+               " {\"action\": \"segment_alloc\", \"addr\": 64, \"size\": 9223372036854775807},\n"
+               " {\"action\": \"segment_alloc\", \"addr\": 128, \"size\": 9223372036854775807}]]}\n");
+    assert_refused("overflow-reserved.json", "reserved byte count overflows 64 bits");
+}
+
+/* TUPLE2 right above a MARK takes what is below it: the APPENDS that
+ * follows must not find a mark above the stack; nor may one that finds
+ * no stack at all. */
+static void test_memviz_refuses_a_tuple_across_a_mark(void **state)
+{
+    (void)state;
+    pkbuf b = {0};
+    pk_op1(&b, 0x80, 4);
+    pk_op(&b, ']');
+    pk_op(&b, ']');
+    pk_op(&b, '(');
+    pk_op(&b, 0x86);
+    pk_op(&b, 'e');
+    pk_write(&b, "tuple-mark.pickle");
+    assert_refused("tuple-mark.pickle", "stack underflow");
+    /* APPENDS at the very start: a mark over an empty stack */
+    pk_op1(&b, 0x80, 4);
+    pk_op(&b, '(');
+    pk_op(&b, 'e');
+    pk_write(&b, "empty-mark.pickle");
+    assert_refused("empty-mark.pickle", "nothing below the mark");
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 5) {
@@ -542,6 +927,13 @@ int main(int argc, char **argv)
         TEST(test_memviz_reads_pytorch_pickles),
         TEST(test_memviz_compares_two_snapshots),
         TEST(test_memviz_draws_blocks_from_before_the_window),
+        TEST(test_memviz_refuses_a_container_that_holds_itself),
+        TEST(test_memviz_refuses_deep_nesting_without_marks),
+        TEST(test_memviz_refuses_shared_references_past_the_bound),
+        TEST(test_memviz_refuses_a_page_past_the_bound),
+        TEST(test_memviz_grows_containers_in_linear_memory),
+        TEST(test_memviz_refuses_address_arithmetic_that_overflows),
+        TEST(test_memviz_refuses_a_tuple_across_a_mark),
     };
     int rc = cmocka_run_group_tests_name("memviz", tests, NULL, NULL);
     char cmd[128];

@@ -215,6 +215,64 @@ static void test_registry_stand_in_module_serves_cuda_devices(void **state)
     assert_has(out, "[==========] 4 test(s) run.");
 }
 
+/* A copy of the stand-in module cut at `len` bytes (a download or a copy cut
+ * short): the loader would map its segments past the end of the file and
+ * die of SIGBUS on the first touch; the registry reads the headers first
+ * and says what is wrong. */
+static void probe_truncated(const char *stand_in, long len, const char *reason)
+{
+    char dir[256], path[512], out[4096];
+    make_dir(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/libndm-cuda.so", dir);
+    FILE *in = fopen(stand_in, "rb"), *copy = fopen(path, "wb");
+    assert_non_null(in);
+    assert_non_null(copy);
+    char buf[4096];
+    long left = len;
+    while (left > 0) {
+        size_t k = fread(buf, 1, left < (long)sizeof buf ? (size_t)left : sizeof buf, in);
+        assert_true(k > 0);
+        assert_int_equal(fwrite(buf, 1, k, copy), k);
+        left -= (long)k;
+    }
+    fclose(in);
+    assert_int_equal(fclose(copy), 0);
+    int rc = run_child("--probe", dir, NULL, out, sizeof out);
+    remove_dir(dir);
+    if (rc != 0)
+        fail_msg("cut at %ld bytes: the child exited with %d:\n%s", len, rc, out);
+    assert_has(out, "count 0\n");
+    assert_has(out, "new_on NDM_E_UNSUPPORTED");
+    char want[700];
+    snprintf(want, sizeof want, "%s: %s", path, reason);
+    if (!strstr(out, want))
+        fail_msg("cut at %ld bytes: \"%s\" lacks \"%s\"", len, out, want);
+}
+
+static void test_registry_truncated_module_is_a_message_not_a_crash(void **state)
+{
+    (void)state;
+    char stand_in[512];
+    snprintf(stand_in, sizeof stand_in, "%s/libndm-cuda.so", getenv("NDM_TEST_STAND_IN_DIR"));
+    struct stat st;
+    assert_int_equal(stat(stand_in, &st), 0);
+    long size = (long)st.st_size;
+    probe_truncated(stand_in, 10, "a damaged ELF file: 10 bytes, shorter than its 64-byte header");
+    probe_truncated(stand_in, 64, "a damaged ELF file: its ");
+    probe_truncated(stand_in, size / 2, "a damaged ELF file: its ");
+    probe_truncated(stand_in, size - 1, "a damaged ELF file: its section headers end at byte");
+    /* whole, the same copy loads */
+    char dir[256], path[512], out[16384];
+    make_dir(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/libndm-cuda.so", dir);
+    assert_int_equal(symlink(stand_in, path), 0);
+    int rc = run_child("--probe", dir, NULL, out, sizeof out);
+    remove_dir(dir);
+    assert_int_equal(rc, 0);
+    assert_has(out, "count 1\n");
+    assert_has(out, "new_on ok");
+}
+
 /* ---- children ------------------------------------------------------------- */
 
 /* What a program sees on first use of cuda:0. */
@@ -342,6 +400,7 @@ int main(int argc, char **argv)
         TEST(test_registry_module_without_entry_point_is_refused),
         TEST(test_registry_module_of_another_abi_is_refused),
         TEST(test_registry_stand_in_module_serves_cuda_devices),
+        TEST(test_registry_truncated_module_is_a_message_not_a_crash),
     };
     return cmocka_run_group_tests_name("registry", tests, NULL, NULL);
 }

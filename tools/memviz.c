@@ -8,9 +8,15 @@
  * The page carries its data, CSS and script inline and fetches nothing. Its
  * script draws the plots as SVG, then marks <body data-rendered="1"> with the
  * number of series and blocks drawn, so that a headless browser can check it.
- * Exit status: 0 done, 1 unreadable or malformed snapshot, 2 usage. */
+ * Snapshots come from other machines, so the reader bounds what a file can
+ * make it do by the file's size: nesting, the values reached through shared
+ * (memoised) references, its memory and the page it writes; a file past a
+ * bound is refused with a message, and no temporary is left behind.
+ * Exit status: 0 done, 1 unreadable, malformed or oversized snapshot, 2 usage. */
 #include <errno.h>
 #include <inttypes.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -18,6 +24,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#if defined(__GNUC__)
+#define NORETURN __attribute__((noreturn))
+#define PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define NORETURN
+#define PRINTF(a, b)
+#endif
 
 /* ---- memory: one arena, freed at exit ---------------------------------------- */
 
@@ -28,21 +43,42 @@ typedef struct chunk {
 } chunk;
 
 static chunk *arena;
+/* What the arena holds and may hold: set from the input's size before it is
+ * read, so a small hostile file cannot make memviz take gigabytes. */
+static size_t arena_bytes, arena_limit = SIZE_MAX;
+
+static void fail(const char *fmt, ...) NORETURN PRINTF(1, 2);
+
+/* base + per * n, saturated: the bounds that scale with the input. */
+static size_t bound(size_t base, size_t per, size_t n)
+{
+    if (n > (SIZE_MAX - base) / per)
+        return SIZE_MAX;
+    return base + per * n;
+}
+
+#define MEMORY_BASE ((size_t)64 << 20) /* plus MEMORY_PER_BYTE per input byte */
+#define MEMORY_PER_BYTE 64
 
 static void *xalloc(size_t n)
 {
+    if (n > SIZE_MAX / 2)
+        fail("out of memory");
     n = (n + sizeof(max_align_t) - 1) / sizeof(max_align_t) * sizeof(max_align_t);
     if (!arena || arena->cap - arena->used < n) {
         size_t cap = n > ((size_t)1 << 20) ? n : (size_t)1 << 20;
+        if (cap > arena_limit - arena_bytes || arena_bytes > arena_limit)
+            fail("the snapshot needs more than %zu MiB of memory to draw (the bound is %d MiB "
+                 "plus %d bytes per byte of the file): refused",
+                 arena_limit >> 20, (int)(MEMORY_BASE >> 20), MEMORY_PER_BYTE);
         chunk *c = malloc(sizeof *c + cap);
-        if (!c) {
-            fprintf(stderr, "ndm-memviz: out of memory\n");
-            exit(1);
-        }
+        if (!c)
+            fail("out of memory");
         c->next = arena;
         c->used = 0;
         c->cap = cap;
         arena = c;
+        arena_bytes += cap;
     }
     void *p = (char *)arena->data + arena->used;
     arena->used += n;
@@ -56,6 +92,7 @@ static void arena_free(void)
         free(arena);
         arena = n;
     }
+    arena_bytes = 0;
 }
 
 /* A growable array in the arena (a grown array leaves its old block behind:
@@ -83,32 +120,56 @@ static void *vec_push(vec *v)
 /* ---- errors ---------------------------------------------------------------- */
 
 static const char *input_name = "snapshot";
-static char *input_text; /* the file's bytes (malloc), freed on every exit */
+static char *input_text, *before_text; /* the files' bytes (malloc), freed on every exit */
+/* The page being written (its temporary), removed on every failure. */
+static FILE *out_file;
+static char out_tmp[4096];
 
-#if defined(__GNUC__)
-#define NORETURN __attribute__((noreturn))
-#define PRINTF(a, b) __attribute__((format(printf, a, b)))
-#else
-#define NORETURN
-#define PRINTF(a, b)
+#ifdef NDM_MEMVIZ_FUZZ
+/* Built into a fuzz target: a failure returns to the target, quietly. */
+static jmp_buf fail_jump;
 #endif
+
+static void out_discard(void)
+{
+    if (out_file)
+        fclose(out_file);
+    out_file = NULL;
+    if (out_tmp[0])
+        remove(out_tmp);
+    out_tmp[0] = '\0';
+}
 
 static void fail(const char *fmt, ...) NORETURN PRINTF(1, 2);
 static void fail(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
+#ifdef NDM_MEMVIZ_FUZZ
+    char buf[512];
+    vsnprintf(buf, sizeof buf, fmt, ap); /* formatted all the same, for the sanitizers */
+#else
     fprintf(stderr, "ndm-memviz: %s: ", input_name);
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
+#endif
     va_end(ap);
+    out_discard();
     arena_free();
     free(input_text);
+    free(before_text);
+    input_text = before_text = NULL;
+#ifdef NDM_MEMVIZ_FUZZ
+    longjmp(fail_jump, 1);
+#else
     exit(1);
+#endif
 }
 
 /* Warnings go to stderr and into the page. */
 static vec warnings = {NULL, 0, 0, sizeof(char *)};
+
+static size_t warnings_seen;
 
 static void warn(const char *fmt, ...) PRINTF(1, 2);
 static void warn(const char *fmt, ...)
@@ -118,12 +179,16 @@ static void warn(const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "ndm-memviz: %s: warning: %s\n", input_name, buf);
-    if (warnings.n < 100) {
-        char *s = xalloc(strlen(buf) + 1);
-        strcpy(s, buf);
-        *(char **)vec_push(&warnings) = s;
-    }
+    /* The first hundred: a hostile file may hold a million. */
+    if (++warnings_seen > 100)
+        return;
+#ifndef NDM_MEMVIZ_FUZZ
+    fprintf(stderr, "ndm-memviz: %s: warning: %s%s\n", input_name, buf,
+            warnings_seen == 100 ? " (further warnings are not shown)" : "");
+#endif
+    char *s = xalloc(strlen(buf) + 1);
+    strcpy(s, buf);
+    *(char **)vec_push(&warnings) = s;
 }
 
 /* ---- JSON ---------------------------------------------------------------------
@@ -146,6 +211,9 @@ struct jval {
     size_t n;           /* J_ARR / J_OBJ: entries */
     jval **items;
     const char **keys;  /* J_OBJ */
+    size_t cap;         /* a pickle's container: room in items (and keys) */
+    bool walking;       /* inside tree_check's walk of this container */
+    const char *text;   /* a frames list: its hover text, once made */
 };
 
 #define JSON_MAX_DEPTH 256
@@ -527,17 +595,36 @@ static size_t pk_mark(pkreader *r)
     return VEC_AT(r->marks, size_t, --r->marks.n);
 }
 
-/* Containers grow by appending: their arrays are rebuilt from a vec. */
+/* Containers grow by appending, their room doubling: rebuilt on every
+ * append, a list of n items would cost n^2 / 2 pointers. */
+static void pk_room(jval *c, size_t add)
+{
+    size_t need = c->n + add;
+    if (need <= c->cap)
+        return;
+    size_t cap = c->cap ? c->cap : 4;
+    while (cap < need)
+        cap *= 2;
+    jval **items = xalloc(cap * sizeof *items);
+    if (c->n)
+        memcpy(items, c->items, c->n * sizeof *items);
+    c->items = items;
+    if (c->t == J_OBJ) {
+        const char **keys = xalloc(cap * sizeof *keys);
+        if (c->n)
+            memcpy(keys, c->keys, c->n * sizeof *keys);
+        c->keys = keys;
+    }
+    c->cap = cap;
+}
+
 static void pk_append(pkreader *r, jval *list, jval **items, size_t n)
 {
     if (list->t != J_ARR)
         pkfail(r, "append to %s", list->t == J_OBJ ? "a dict" : "a scalar");
-    jval **grown = xalloc((list->n + n + 1) * sizeof *grown);
-    if (list->n)
-        memcpy(grown, list->items, list->n * sizeof *grown);
+    pk_room(list, n);
     if (n)
-        memcpy(grown + list->n, items, n * sizeof *grown);
-    list->items = grown;
+        memcpy(list->items + list->n, items, n * sizeof *items);
     list->n += n;
 }
 
@@ -545,12 +632,7 @@ static void pk_setitems(pkreader *r, jval *d, jval **kv, size_t n)
 {
     if (d->t != J_OBJ || n % 2)
         pkfail(r, "setitems on %s", d->t == J_OBJ ? "an odd count" : "no dict");
-    jval **items = xalloc((d->n + n / 2 + 1) * sizeof *items);
-    const char **keys = xalloc((d->n + n / 2 + 1) * sizeof *keys);
-    if (d->n) {
-        memcpy(items, d->items, d->n * sizeof *items);
-        memcpy(keys, d->keys, d->n * sizeof *keys);
-    }
+    pk_room(d, n / 2);
     for (size_t k = 0; k < n; k += 2) {
         const jval *key = kv[k];
         char buf[32];
@@ -564,12 +646,10 @@ static void pk_setitems(pkreader *r, jval *d, jval **kv, size_t n)
         } else {
             pkfail(r, "a dict key must be a string or an integer");
         }
-        keys[d->n] = ks;
-        items[d->n] = kv[k + 1];
+        d->keys[d->n] = ks;
+        d->items[d->n] = kv[k + 1];
         d->n++;
     }
-    d->items = items;
-    d->keys = keys;
 }
 
 static jval *pk_str(pkreader *r, size_t n)
@@ -675,8 +755,8 @@ static jval *pickle_parse(const char *text, size_t len)
         }
         case 'e': case 'u': case 'l': case 't': case 'd': { /* APPENDS SETITEMS LIST TUPLE DICT */
             size_t m = pk_mark(&r);
-            jval **items = (jval **)r.stack.items + m;
             size_t n = r.stack.n - m;
+            jval **items = n ? (jval **)r.stack.items + m : NULL; /* no stack yet: NULL */
             if (op == 'e' || op == 'u') {
                 if (!m)
                     pkfail(&r, "nothing below the mark");
@@ -706,7 +786,8 @@ static jval *pickle_parse(const char *text, size_t len)
         }
         case 0x85: case 0x86: case 0x87: { /* TUPLE1..3 */
             size_t n = op - 0x84;
-            if (r.stack.n < n)
+            size_t base = r.marks.n ? VEC_AT(r.marks, size_t, r.marks.n - 1) : 0;
+            if (r.stack.n < base + n)
                 pkfail(&r, "stack underflow");
             jval *c = pk_new(J_ARR);
             pk_append(&r, c, (jval **)r.stack.items + r.stack.n - n, n);
@@ -725,6 +806,52 @@ static jval *pickle_parse(const char *text, size_t len)
             pkfail(&r, "opcode 0x%02x is not one a snapshot holds (objects are refused)", op);
         }
     }
+}
+
+/* ---- bounds on the tree ------------------------------------------------------------
+ *
+ * A pickle's memo lets one container be referenced again and again, or hold
+ * itself; nesting needs no MARK. So before the tree is read, one walk bounds
+ * its depth, refuses a container that holds itself, and counts the values
+ * reached, shared ones each time they are reached, against a budget set by
+ * the input's size: what the reader and the page then do is bounded by it. */
+
+#define EXPAND_BASE ((size_t)1 << 20) /* values reached, plus EXPAND_PER_BYTE per byte */
+#define EXPAND_PER_BYTE 16
+
+static void tree_check(jval *v, int depth, size_t *budget, size_t limit)
+{
+    if (!*budget)
+        fail("the snapshot reaches more than %zu values through shared references (the bound "
+             "is %zu plus %d per byte of the file): refused",
+             limit, EXPAND_BASE, EXPAND_PER_BYTE);
+    --*budget;
+    if (v->t != J_ARR && v->t != J_OBJ)
+        return;
+    if (v->walking)
+        fail("a container holds itself (a reference cycle): refused");
+    if (depth > JSON_MAX_DEPTH)
+        fail("nested too deeply (more than %d levels)", JSON_MAX_DEPTH);
+    v->walking = true;
+    for (size_t k = 0; k < v->n; k++)
+        tree_check(v->items[k], depth + 1, budget, limit);
+    v->walking = false;
+}
+
+/* The file's bytes as a tree: a pickle when it starts with PROTO, else JSON. */
+static jval *parse_snapshot(const char *text, size_t len)
+{
+    jval *root;
+    if (len && (unsigned char)text[0] == 0x80) {
+        root = pickle_parse(text, len);
+    } else {
+        if (memchr(text, '\0', len))
+            fail("the file holds a NUL byte: not a JSON text");
+        root = json_parse(text, len);
+    }
+    size_t limit = bound(EXPAND_BASE, EXPAND_PER_BYTE, len), budget = limit;
+    tree_check(root, 0, &budget, limit);
+    return root;
 }
 
 /* ---- the snapshot --------------------------------------------------------------
@@ -785,6 +912,7 @@ typedef struct block {
 
 typedef struct segment {
     const char *device, *type;
+    int dev; /* index into the devices, -1 for a device no trace names */
     int64_t address, total, allocated, active, requested, stream;
     vec blocks; /* block */
 } segment;
@@ -810,29 +938,45 @@ static const char *owner(const jval *o, const char *path)
     return m;
 }
 
-/* "file:line name; ..." from a frames list, for hover text. */
+/* "file:line name; ..." from a frames list, for hover text: made once per
+ * list (a pickle shares lists), from its first 8 frames. */
 static const char *frames_text(const jval *frames, const char *path)
 {
     if (!frames || frames->t == J_NULL)
         return "";
     if (frames->t != J_ARR)
         fail("%s.\"frames\" must be an array (found %s)", path, jtype_name(frames));
-    size_t cap = 1;
-    for (size_t k = 0; k < frames->n; k++)
-        cap += 64 + (frames->items[k]->t == J_OBJ ? 256 : 0);
-    char *out = xalloc(cap), *o = out;
-    *o = '\0';
+    if (frames->text)
+        return frames->text;
+    char buf[8 * 256];
+    size_t o = 0;
+    buf[0] = '\0';
     for (size_t k = 0; k < frames->n && k < 8; k++) {
         const jval *f = frames->items[k];
         if (f->t != J_OBJ)
             fail("%s.frames[%zu] must be an object (found %s)", path, k, jtype_name(f));
         const jval *file = jget(f, "filename"), *line = jget(f, "line"), *name = jget(f, "name");
-        o += snprintf(o, (size_t)(out + cap - o), "%s%.100s:%" PRId64 " %.100s", k ? "; " : "",
-                      file && file->t == J_STR ? file->s : "?",
-                      line && line->t == J_NUM && line->is_int ? line->i : (int64_t)0,
-                      name && name->t == J_STR ? name->s : "");
+        int w = snprintf(buf + o, sizeof buf - o, "%s%.100s:%" PRId64 " %.100s", k ? "; " : "",
+                         file && file->t == J_STR ? file->s : "?",
+                         line && line->t == J_NUM && line->is_int ? line->i : (int64_t)0,
+                         name && name->t == J_STR ? name->s : "");
+        if (w > 0)
+            o += (size_t)w < sizeof buf - o ? (size_t)w : sizeof buf - o - 1;
     }
+    char *out = xalloc(o + 1);
+    memcpy(out, buf, o + 1);
+    ((jval *)frames)->text = out;
     return out;
+}
+
+/* a + b for addresses, sizes and byte totals, refused when it overflows. */
+static int64_t add_i64(int64_t a, int64_t b, const char *what, const char *path)
+{
+    int64_t r;
+    if (__builtin_add_overflow(a, b, &r))
+        fail("%s%s%s overflows 64 bits (%" PRId64 " + %" PRId64 ")", path, *path ? ": " : "", what,
+             a, b);
+    return r;
 }
 
 typedef struct snapshot {
@@ -841,6 +985,9 @@ typedef struct snapshot {
     vec traces;   /* vec of event, one per device */
     const jval *settings;
 } snapshot;
+
+/* One timeline each: a snapshot has a handful. */
+#define MAX_DEVICES 64
 
 static void read_snapshot(const jval *root, snapshot *s)
 {
@@ -860,9 +1007,16 @@ static void read_snapshot(const jval *root, snapshot *s)
         for (size_t i = 0; i < devs->n; i++) {
             if (devs->items[i]->t != J_STR)
                 fail("devices[%zu] must be a string (found %s)", i, jtype_name(devs->items[i]));
+            if (i >= MAX_DEVICES)
+                fail("\"devices\" names more than %d devices: refused", MAX_DEVICES);
+            for (size_t k = 0; k < i; k++)
+                if (!strcmp(devs->items[k]->s, devs->items[i]->s))
+                    fail("devices[%zu] \"%s\" is named twice", i, devs->items[i]->s);
             *(const char **)vec_push(&s->devices) = devs->items[i]->s;
         }
     } else {
+        if (traces->n > MAX_DEVICES)
+            fail("\"device_traces\" has lists for more than %d devices: refused", MAX_DEVICES);
         for (size_t i = 0; i < traces->n; i++) {
             char *name = xalloc(32);
             snprintf(name, 32, "cuda:%zu", i);
@@ -887,6 +1041,10 @@ static void read_snapshot(const jval *root, snapshot *s)
             fail("%s.\"device\" %.17g is no index into \"device_traces\"", path, jd->d);
         else
             g->device = need(js, "device", J_STR, path)->s;
+        g->dev = -1;
+        for (size_t d = 0; d < s->devices.n; d++)
+            if (!strcmp(g->device, VEC_AT(s->devices, const char *, d)))
+                g->dev = (int)d;
         g->type = opt_str(js, "segment_type", path, "");
         g->address = need_uint(js, "address", path, true, 0);
         g->total = need_uint(js, "total_size", path, true, 0);
@@ -917,9 +1075,9 @@ static void read_snapshot(const jval *root, snapshot *s)
             if (x->address != next)
                 warn("%s starts at %" PRId64 ", where the previous block ended at %" PRId64,
                      bpath, x->address, next);
-            next = x->address + x->size;
+            next = add_i64(x->address, x->size, "address + size", bpath);
         }
-        if (next != g->address + g->total)
+        if (next != add_i64(g->address, g->total, "address + total_size", path))
             warn("%s: its blocks cover %" PRId64 " of its %" PRId64 " bytes", path,
                  next - g->address, g->total);
     }
@@ -947,7 +1105,8 @@ static void read_snapshot(const jval *root, snapshot *s)
                 e->addr = need_uint(je, "device_free", path, false, e->addr);
             e->size = need_uint(je, "size", path, false, 0);
             /* Snapshots without times are drawn by event index. */
-            e->time_us = need_uint(je, "time_us", path, false, last == INT64_MIN ? 0 : last + 1);
+            e->time_us = need_uint(je, "time_us", path, false,
+                                   last == INT64_MIN ? 0 : last == INT64_MAX ? last : last + 1);
             e->manager = owner(je, path);
             e->frames = frames_text(jget(je, "frames"), path);
             if (e->time_us < last) {
@@ -999,9 +1158,7 @@ static live_entry *live_find(live_map *m, int64_t addr)
 static void live_grow(live_map *m)
 {
     live_map g = {NULL, m->cap ? 2 * m->cap : 1024, 0};
-    g.t = malloc(g.cap * sizeof *g.t);
-    if (!g.t)
-        fail("out of memory");
+    g.t = xalloc(g.cap * sizeof *g.t);
     for (size_t i = 0; i < g.cap; i++)
         g.t[i].addr = -1;
     for (size_t i = 0; i < m->cap; i++)
@@ -1009,7 +1166,6 @@ static void live_grow(live_map *m)
             *live_find(&g, m->t[i].addr) = m->t[i];
             g.n++;
         }
-    free(m->t);
     *m = g;
 }
 
@@ -1043,6 +1199,7 @@ typedef struct series {
 
 typedef struct timeline {
     const char *device;
+    int dev;               /* its index among the devices */
     vec series;            /* series; after the first pass, by falling peak */
     size_t *index;         /* open-addressing table of series by manager name */
     size_t index_cap;
@@ -1135,15 +1292,15 @@ static int series_of(timeline *tl, const char *manager)
 static void series_add(timeline *tl, int si, int64_t bytes)
 {
     series *s = &VEC_AT(tl->series, series, si);
-    s->now += bytes;
+    s->now = add_i64(s->now, bytes, "a manager's byte count", "");
     if (s->now > s->peak)
         s->peak = s->now;
-    tl->total += bytes;
+    tl->total = add_i64(tl->total, bytes, "the byte count in use", "");
     if (tl->total > tl->peak_total)
         tl->peak_total = tl->total;
     if (tl->shown_of) {
         int g = tl->shown_of[si];
-        tl->group_now[g] += bytes;
+        tl->group_now[g] = add_i64(tl->group_now[g], bytes, "a manager's byte count", "");
         if (tl->group_now[g] > tl->group_peak[g])
             tl->group_peak[g] = tl->group_now[g];
     }
@@ -1165,9 +1322,9 @@ static void window_start(timeline *tl, const snapshot *s, const vec *events)
     int64_t reserved = 0;
     for (size_t i = 0; i < s->segments.n; i++) {
         const segment *g = &VEC_AT(s->segments, segment, i);
-        if (strcmp(g->device, tl->device))
+        if (g->dev != tl->dev)
             continue;
-        reserved += g->total;
+        reserved = add_i64(reserved, g->total, "the reserved byte count", "");
         for (size_t k = 0; k < g->blocks.n; k++) {
             const block *b = &VEC_AT(g->blocks, block, k);
             if (!strcmp(b->state, "inactive"))
@@ -1199,16 +1356,15 @@ static void window_start(timeline *tl, const snapshot *s, const vec *events)
                 live.n++;
             }
         } else if (!strcmp(a, "segment_alloc") || !strcmp(a, "segment_map")) {
-            reserved -= e->size;
+            reserved = add_i64(reserved, -e->size, "the reserved byte count", "");
         } else if (!strcmp(a, "segment_free") || !strcmp(a, "segment_unmap")) {
-            reserved += e->size;
+            reserved = add_i64(reserved, e->size, "the reserved byte count", "");
         }
     }
     for (size_t i = 0; i < live.cap; i++)
         if (live.t[i].addr != -1)
             *(live_entry *)vec_push(&tl->initial) = live.t[i];
     tl->initial_reserved = reserved > 0 ? reserved : 0;
-    free(live.t);
 }
 
 /* One pass over the events, calling visit (when given) after each. */
@@ -1257,14 +1413,13 @@ static void replay(timeline *tl, const vec *events, visit_fn visit, void *ud)
                 tl->unknown_frees++;
             }
         } else if (!strcmp(a, "segment_alloc") || !strcmp(a, "segment_map")) {
-            reserved += e->size;
+            reserved = add_i64(reserved, e->size, "the reserved byte count", "");
         } else if (!strcmp(a, "segment_free") || !strcmp(a, "segment_unmap")) {
-            reserved -= e->size;
+            reserved = add_i64(reserved, -e->size, "the reserved byte count", "");
         }
         if (visit)
             visit(tl, k, e, reserved, ud);
     }
-    free(live.t);
 }
 
 static int cmp_peak_desc(const void *a, const void *b)
@@ -1308,10 +1463,11 @@ static void sample(timeline *tl, size_t k, const event *e, int64_t reserved, voi
     }
 }
 
-static void build_timeline(timeline *tl, const char *device, const vec *events,
+static void build_timeline(timeline *tl, int dev, const char *device, const vec *events,
                            const snapshot *s)
 {
     memset(tl, 0, sizeof *tl);
+    tl->dev = dev;
     tl->device = device;
     tl->series = (vec){NULL, 0, 0, sizeof(series)};
     tl->t = (vec){NULL, 0, 0, sizeof(int64_t)};
@@ -1347,60 +1503,98 @@ static void build_timeline(timeline *tl, const char *device, const vec *events,
 
 /* ---- output ----------------------------------------------------------------------- */
 
+/* Every byte of the page goes through these, counted against a bound set by
+ * the input's size (a small file can name a huge string a million times). */
+#define OUTPUT_BASE ((size_t)32 << 20) /* plus OUTPUT_PER_BYTE per input byte */
+#define OUTPUT_PER_BYTE 64
+
+static size_t out_bytes, out_limit = SIZE_MAX;
+
+static void out_count(size_t n)
+{
+    out_bytes += n;
+    if (out_bytes > out_limit)
+        fail("the page would be larger than %zu MiB (the bound is %d MiB plus %d bytes per "
+             "byte of the snapshot): refused",
+             out_limit >> 20, (int)(OUTPUT_BASE >> 20), OUTPUT_PER_BYTE);
+}
+
+static void out_printf(FILE *f, const char *fmt, ...) PRINTF(2, 3);
+static void out_printf(FILE *f, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vfprintf(f, fmt, ap);
+    va_end(ap);
+    out_count(n > 0 ? (size_t)n : 0); /* an error shows in ferror at the end */
+}
+
+static void out_putc(int c, FILE *f)
+{
+    fputc(c, f);
+    out_count(1);
+}
+
+static void out_puts(const char *s, FILE *f)
+{
+    fputs(s, f);
+    out_count(strlen(s));
+}
+
 /* A JSON string safe inside <script>: no "</", no U+2028/2029. */
 static void put_jstr(FILE *f, const char *s)
 {
-    fputc('"', f);
+    out_putc('"', f);
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
         unsigned c = *p;
         if (c == '"' || c == '\\')
-            fprintf(f, "\\%c", c);
+            out_printf(f, "\\%c", c);
         else if (c < 0x20 || c == '<' || c == '>' || c == '&')
-            fprintf(f, "\\u%04x", c);
+            out_printf(f, "\\u%04x", c);
         else if (c == 0xe2 && p[1] == 0x80 && (p[2] == 0xa8 || p[2] == 0xa9)) {
-            fprintf(f, "\\u%04x", p[2] == 0xa8 ? 0x2028 : 0x2029);
+            out_printf(f, "\\u%04x", p[2] == 0xa8 ? 0x2028 : 0x2029);
             p += 2;
         } else
-            fputc((int)c, f);
+            out_putc((int)c, f);
     }
-    fputc('"', f);
+    out_putc('"', f);
 }
 
 static void put_jval(FILE *f, const jval *v)
 {
     switch (v->t) {
-    case J_NULL: fputs("null", f); break;
-    case J_BOOL: fputs(v->b ? "true" : "false", f); break;
+    case J_NULL: out_puts("null", f); break;
+    case J_BOOL: out_puts(v->b ? "true" : "false", f); break;
     case J_NUM:
         if (v->is_int)
-            fprintf(f, "%" PRId64, v->i);
+            out_printf(f, "%" PRId64, v->i);
         else
-            fprintf(f, "%.17g", v->d);
+            out_printf(f, "%.17g", v->d);
         break;
     case J_STR: put_jstr(f, v->s); break;
     case J_ARR:
     case J_OBJ:
-        fputc(v->t == J_ARR ? '[' : '{', f);
+        out_putc(v->t == J_ARR ? '[' : '{', f);
         for (size_t k = 0; k < v->n; k++) {
             if (k)
-                fputc(',', f);
+                out_putc(',', f);
             if (v->t == J_OBJ) {
                 put_jstr(f, v->keys[k]);
-                fputc(':', f);
+                out_putc(':', f);
             }
             put_jval(f, v->items[k]);
         }
-        fputc(v->t == J_ARR ? ']' : '}', f);
+        out_putc(v->t == J_ARR ? ']' : '}', f);
         break;
     }
 }
 
 static void put_i64_list(FILE *f, const vec *v)
 {
-    fputc('[', f);
+    out_putc('[', f);
     for (size_t k = 0; k < v->n; k++)
-        fprintf(f, "%s%" PRId64, k ? "," : "", VEC_AT(*v, int64_t, k));
-    fputc(']', f);
+        out_printf(f, "%s%" PRId64, k ? "," : "", VEC_AT(*v, int64_t, k));
+    out_putc(']', f);
 }
 
 /* Strings the page refers to by index (managers, stacks), each once. */
@@ -1446,9 +1640,9 @@ static void write_events(FILE *f, const vec *events, strtab *st)
 {
     size_t first = events->n > MAX_REPLAY ? events->n - MAX_REPLAY : 0;
     static const char *const keys[] = {"t", "a", "addr", "size", "m", "f"};
-    fprintf(f, ",\"skipped\":%zu,\"ev\":{", first);
+    out_printf(f, ",\"skipped\":%zu,\"ev\":{", first);
     for (int key = 0; key < 6; key++) {
-        fprintf(f, "%s\"%s\":[", key ? "," : "", keys[key]);
+        out_printf(f, "%s\"%s\":[", key ? "," : "", keys[key]);
         for (size_t k = first; k < events->n; k++) {
             const event *e = &VEC_AT(*events, event, k);
             int64_t v = 0;
@@ -1465,11 +1659,11 @@ static void write_events(FILE *f, const vec *events, strtab *st)
             case 4: v = (int64_t)str_id(st, e->manager); break;
             case 5: v = (int64_t)str_id(st, e->frames); break;
             }
-            fprintf(f, "%s%" PRId64, k > first ? "," : "", v);
+            out_printf(f, "%s%" PRId64, k > first ? "," : "", v);
         }
-        fputc(']', f);
+        out_putc(']', f);
     }
-    fputc('}', f);
+    out_putc('}', f);
 }
 
 static void write_compare(FILE *f, const snapshot *before, const char *before_name,
@@ -1479,21 +1673,21 @@ static void write_data(FILE *f, const snapshot *s, const timeline *tls, size_t n
                        const snapshot *before, const char *before_name)
 {
     strtab st = {{NULL, 0, 0, sizeof(const char *)}, NULL, 0};
-    fprintf(f, "{\"source\":");
+    out_printf(f, "{\"source\":");
     put_jstr(f, input_name);
-    fprintf(f, ",\"timelines\":[");
+    out_printf(f, ",\"timelines\":[");
     for (size_t d = 0; d < ntl; d++) {
         const timeline *tl = &tls[d];
-        fprintf(f, "%s{\"device\":", d ? "," : "");
+        out_printf(f, "%s{\"device\":", d ? "," : "");
         put_jstr(f, tl->device);
-        fprintf(f, ",\"events\":%" PRId64 ",\"unknown_frees\":%" PRId64 ",\"peak_total\":%" PRId64
+        out_printf(f, ",\"events\":%" PRId64 ",\"unknown_frees\":%" PRId64 ",\"peak_total\":%" PRId64
                    ",\"series\":[",
                 tl->events, tl->unknown_frees, tl->peak_total);
         size_t ns = tl->series.n;
         for (int k = 0; k < tl->nshown; k++) {
             bool other = ns > MAX_SERIES && k == tl->nshown - 1;
             int64_t peak = tl->group_peak[k];
-            fprintf(f, "%s{\"manager\":", k ? "," : "");
+            out_printf(f, "%s{\"manager\":", k ? "," : "");
             if (other) {
                 char name[64];
                 snprintf(name, sizeof name, "(%zu other managers)", ns - (size_t)k);
@@ -1501,68 +1695,68 @@ static void write_data(FILE *f, const snapshot *s, const timeline *tls, size_t n
             } else {
                 put_jstr(f, VEC_AT(tl->series, series, k).manager);
             }
-            fprintf(f, ",\"peak\":%" PRId64 "}", peak);
+            out_printf(f, ",\"peak\":%" PRId64 "}", peak);
         }
-        fprintf(f, "],\"t\":");
+        out_printf(f, "],\"t\":");
         put_i64_list(f, &tl->t);
-        fprintf(f, ",\"values\":");
+        out_printf(f, ",\"values\":");
         put_i64_list(f, &tl->values);
-        fprintf(f, ",\"reserved\":");
+        out_printf(f, ",\"reserved\":");
         put_i64_list(f, &tl->reserved);
-        fprintf(f, ",\"ooms\":");
+        out_printf(f, ",\"ooms\":");
         put_i64_list(f, &tl->ooms);
         write_events(f, &VEC_AT(s->traces, vec, d), &st);
-        fprintf(f, "}");
+        out_printf(f, "}");
     }
-    fprintf(f, "],\"segments\":[");
+    out_printf(f, "],\"segments\":[");
     for (size_t i = 0; i < s->segments.n; i++) {
         const segment *g = &VEC_AT(s->segments, segment, i);
-        fprintf(f, "%s{\"device\":", i ? "," : "");
+        out_printf(f, "%s{\"device\":", i ? "," : "");
         put_jstr(f, g->device);
-        fprintf(f, ",\"type\":");
+        out_printf(f, ",\"type\":");
         put_jstr(f, g->type);
-        fprintf(f,
+        out_printf(f,
                 ",\"address\":%" PRId64 ",\"total\":%" PRId64 ",\"allocated\":%" PRId64
                 ",\"active\":%" PRId64 ",\"requested\":%" PRId64 ",\"stream\":%" PRId64
                 ",\"blocks\":[",
                 g->address, g->total, g->allocated, g->active, g->requested, g->stream);
         for (size_t k = 0; k < g->blocks.n; k++) {
             const block *b = &VEC_AT(g->blocks, block, k);
-            fprintf(f, "%s{\"offset\":%" PRId64 ",\"size\":%" PRId64 ",\"requested\":%" PRId64
+            out_printf(f, "%s{\"offset\":%" PRId64 ",\"size\":%" PRId64 ",\"requested\":%" PRId64
                        ",\"state\":",
                     k ? "," : "", b->address - g->address, b->size, b->requested);
             put_jstr(f, b->state);
-            fprintf(f, ",\"manager\":");
+            out_printf(f, ",\"manager\":");
             put_jstr(f, b->manager);
-            fprintf(f, ",\"frames\":");
+            out_printf(f, ",\"frames\":");
             put_jstr(f, b->frames);
-            fprintf(f, "}");
+            out_printf(f, "}");
         }
-        fprintf(f, "]}");
+        out_printf(f, "]}");
     }
-    fprintf(f, "],\"settings\":");
+    out_printf(f, "],\"settings\":");
     if (s->settings)
         put_jval(f, s->settings);
     else
-        fputs("{}", f);
-    fprintf(f, ",\"strings\":[");
+        out_puts("{}", f);
+    out_printf(f, ",\"strings\":[");
     for (size_t k = 0; k < st.list.n; k++) {
         if (k)
-            fputc(',', f);
+            out_putc(',', f);
         put_jstr(f, VEC_AT(st.list, const char *, k));
     }
-    fprintf(f, "],\"compare\":");
+    out_printf(f, "],\"compare\":");
     if (before)
         write_compare(f, before, before_name, s);
     else
-        fputs("null", f);
-    fprintf(f, ",\"warnings\":[");
+        out_puts("null", f);
+    out_printf(f, ",\"warnings\":[");
     for (size_t k = 0; k < warnings.n; k++) {
         if (k)
-            fputc(',', f);
+            out_putc(',', f);
         put_jstr(f, VEC_AT(warnings, char *, k));
     }
-    fprintf(f, "]}");
+    out_printf(f, "]}");
 }
 
 /* ---- comparison ---------------------------------------------------------------------
@@ -1574,22 +1768,22 @@ typedef struct held {
     int64_t before, after;
 } held;
 
-static void add_held(vec *v, const char *manager, int64_t bytes, bool after)
+/* A manager's bytes, found by name through t (whose ids are v's indices). */
+static void add_held(vec *v, strtab *t, const char *manager, int64_t bytes, bool after)
 {
     char fb[1024];
     const char *m = fold_manager(*manager ? manager : "(unknown manager)", fb, sizeof fb);
-    for (size_t k = 0; k < v->n; k++) {
-        held *h = &VEC_AT(*v, held, k);
-        if (!strcmp(h->manager, m)) {
-            *(after ? &h->after : &h->before) += bytes;
-            return;
-        }
+    size_t id = str_id(t, m);
+    if (id == v->n) {
+        held *h = vec_push(v);
+        char *kept = xalloc(strlen(m) + 1);
+        h->manager = strcpy(kept, m);
+        VEC_AT(t->list, const char *, id) = h->manager;
+        h->before = h->after = 0;
     }
-    held *h = vec_push(v);
-    char *kept = xalloc(strlen(m) + 1);
-    h->manager = strcpy(kept, m);
-    h->before = after ? 0 : bytes;
-    h->after = after ? bytes : 0;
+    held *h = &VEC_AT(*v, held, id);
+    int64_t *x = after ? &h->after : &h->before;
+    *x = add_i64(*x, bytes, "a manager's byte count", "");
 }
 
 static int cmp_held(const void *a, const void *b)
@@ -1599,66 +1793,101 @@ static int cmp_held(const void *a, const void *b)
     return dx < dy ? 1 : dx > dy ? -1 : strcmp(x->manager, y->manager);
 }
 
-static bool has_segment(const snapshot *s, const segment *g)
+/* The segments of one snapshot by (device, address, size), each once: a
+ * pickle may list one segment a million times. */
+typedef struct segset {
+    const segment **slot;
+    size_t cap;
+} segset;
+
+static bool same_segment(const segment *a, const segment *b)
 {
+    return a->address == b->address && a->total == b->total && !strcmp(a->device, b->device);
+}
+
+static size_t segment_hash(const segment *g, size_t cap)
+{
+    uint64_t x = (uint64_t)g->address * UINT64_C(0x9e3779b97f4a7c15) ^
+                 (uint64_t)g->total * UINT64_C(0xc2b2ae3d27d4eb4f) ^ (uint64_t)hash_str(g->device);
+    return (size_t)(x ^ x >> 29) & (cap - 1);
+}
+
+static const segment **segset_find(const segset *ss, const segment *g)
+{
+    size_t i = segment_hash(g, ss->cap);
+    while (ss->slot[i] && !same_segment(ss->slot[i], g))
+        i = (i + 1) & (ss->cap - 1);
+    return &ss->slot[i];
+}
+
+static void segset_build(segset *ss, const snapshot *s)
+{
+    ss->cap = 16;
+    while (ss->cap < 2 * s->segments.n + 2)
+        ss->cap *= 2;
+    ss->slot = xalloc(ss->cap * sizeof *ss->slot);
+    memset(ss->slot, 0, ss->cap * sizeof *ss->slot);
     for (size_t i = 0; i < s->segments.n; i++) {
-        const segment *h = &VEC_AT(s->segments, segment, i);
-        if (h->address == g->address && h->total == g->total && !strcmp(h->device, g->device))
-            return true;
+        const segment *g = &VEC_AT(s->segments, segment, i);
+        const segment **x = segset_find(ss, g);
+        if (!*x)
+            *x = g;
     }
-    return false;
 }
 
 static void write_only(FILE *f, const snapshot *s, const snapshot *other)
 {
-    fputc('[', f);
+    segset theirs;
+    segset_build(&theirs, other);
+    out_putc('[', f);
     bool first = true;
     for (size_t i = 0; i < s->segments.n; i++) {
         const segment *g = &VEC_AT(s->segments, segment, i);
-        if (has_segment(other, g))
+        if (*segset_find(&theirs, g))
             continue;
-        fprintf(f, "%s{\"device\":", first ? "" : ",");
+        out_printf(f, "%s{\"device\":", first ? "" : ",");
         put_jstr(f, g->device);
-        fprintf(f, ",\"address\":%" PRId64 ",\"total\":%" PRId64 "}", g->address, g->total);
+        out_printf(f, ",\"address\":%" PRId64 ",\"total\":%" PRId64 "}", g->address, g->total);
         first = false;
     }
-    fputc(']', f);
+    out_putc(']', f);
 }
 
 static void write_compare(FILE *f, const snapshot *before, const char *before_name,
                           const snapshot *after)
 {
     vec hv = {NULL, 0, 0, sizeof(held)};
+    strtab names = {{NULL, 0, 0, sizeof(const char *)}, NULL, 0};
     const snapshot *both[2] = {before, after};
     int64_t reserved[2] = {0, 0};
     for (int w = 0; w < 2; w++)
         for (size_t i = 0; i < both[w]->segments.n; i++) {
             const segment *g = &VEC_AT(both[w]->segments, segment, i);
-            reserved[w] += g->total;
+            reserved[w] = add_i64(reserved[w], g->total, "the reserved byte count", "");
             for (size_t k = 0; k < g->blocks.n; k++) {
                 const block *b = &VEC_AT(g->blocks, block, k);
                 if (strcmp(b->state, "inactive"))
-                    add_held(&hv, b->manager, b->size, w == 1);
+                    add_held(&hv, &names, b->manager, b->size, w == 1);
             }
         }
     if (hv.n)
         qsort(hv.items, hv.n, sizeof(held), cmp_held);
-    fprintf(f, "{\"source\":");
+    out_printf(f, "{\"source\":");
     put_jstr(f, before_name);
-    fprintf(f, ",\"reserved_before\":%" PRId64 ",\"reserved_after\":%" PRId64
+    out_printf(f, ",\"reserved_before\":%" PRId64 ",\"reserved_after\":%" PRId64
                ",\"managers\":[",
             reserved[0], reserved[1]);
     for (size_t k = 0; k < hv.n; k++) {
         const held *h = &VEC_AT(hv, held, k);
-        fprintf(f, "%s{\"manager\":", k ? "," : "");
+        out_printf(f, "%s{\"manager\":", k ? "," : "");
         put_jstr(f, h->manager);
-        fprintf(f, ",\"before\":%" PRId64 ",\"after\":%" PRId64 "}", h->before, h->after);
+        out_printf(f, ",\"before\":%" PRId64 ",\"after\":%" PRId64 "}", h->before, h->after);
     }
-    fprintf(f, "],\"only_before\":");
+    out_printf(f, "],\"only_before\":");
     write_only(f, before, after);
-    fprintf(f, ",\"only_after\":");
+    out_printf(f, ",\"only_after\":");
     write_only(f, after, before);
-    fputc('}', f);
+    out_putc('}', f);
 }
 
 /* The page around the data: CSS and the drawing script. */
@@ -2191,6 +2420,7 @@ static const char page_tail[] =
     "})();\n"
     "</script>\n</body>\n</html>\n";
 
+#ifndef NDM_MEMVIZ_FUZZ
 static char *read_file(const char *path, size_t *len)
 {
     FILE *f = fopen(path, "rb");
@@ -2222,6 +2452,67 @@ static char *read_file(const char *path, size_t *len)
     return buf;
 }
 
+#endif
+
+/* A snapshot's bytes, read into s; input_name names it in messages. */
+static void load(const char *name, const char *text, size_t len, snapshot *s)
+{
+    input_name = name;
+    read_snapshot(parse_snapshot(text, len), s);
+}
+
+/* The bounds scale with the bytes of every snapshot read. */
+static void set_bounds(size_t input_bytes)
+{
+    arena_limit = bound(MEMORY_BASE, MEMORY_PER_BYTE, input_bytes);
+    out_limit = bound(OUTPUT_BASE, OUTPUT_PER_BYTE, input_bytes);
+}
+
+static void render(FILE *out, const snapshot *s, const snapshot *before, const char *before_name)
+{
+    size_t ntl = s->devices.n;
+    timeline *tls = xalloc((ntl ? ntl : 1) * sizeof *tls);
+    for (size_t d = 0; d < ntl; d++)
+        build_timeline(&tls[d], (int)d, VEC_AT(s->devices, const char *, d),
+                       &VEC_AT(s->traces, vec, d), s);
+    out_puts(page_head, out);
+    write_data(out, s, tls, ntl, before, before_name);
+    out_puts(page_tail, out);
+}
+
+#ifdef NDM_MEMVIZ_FUZZ
+/* One input of a fuzz target: read, drawn (and, for inputs of odd length,
+ * compared with itself) into /dev/null; a refusal returns too. */
+int ndm_memviz_fuzz(const uint8_t *data, size_t size);
+int ndm_memviz_fuzz(const uint8_t *data, size_t size)
+{
+    static FILE *sink;
+    if (!sink && !(sink = fopen("/dev/null", "w")))
+        abort();
+    warnings = (vec){NULL, 0, 0, sizeof(char *)};
+    warnings_seen = 0;
+    out_bytes = 0;
+    set_bounds(size);
+    if (setjmp(fail_jump) == 0) {
+        snapshot s;
+        load("fuzz", (const char *)data, size, &s);
+        render(sink, &s, size % 2 ? &s : NULL, "fuzz");
+    }
+    arena_free();
+    warnings = (vec){NULL, 0, 0, sizeof(char *)};
+    return 0;
+}
+#else
+/* A crash must not leave a half page: the temporary goes, then the signal
+ * does what it would have done. */
+static void on_fatal_signal(int sig)
+{
+    if (out_tmp[0])
+        unlink(out_tmp);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
 int main(int argc, char **argv)
 {
     bool help = argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"));
@@ -2233,74 +2524,64 @@ int main(int argc, char **argv)
                 "pickle, or PyTorch's pickle): bytes over time stacked by manager (one chart\n"
                 "per device, zoom with the wheel, pan by dragging, hover for one allocation),\n"
                 "and the segment map with a slider that replays it at any event. Given two\n"
-                "snapshots, the page also compares the first with the second.\n",
+                "snapshots, the page also compares the first with the second. A snapshot\n"
+                "that would take more memory or write a larger page than a bound set by its\n"
+                "size, or that nests too deeply or holds itself, is refused (exit 1).\n",
                 argc > 0 ? argv[0] : "ndm-memviz", argc > 0 ? argv[0] : "ndm-memviz");
         return help ? 0 : 2;
     }
-    snapshot before_snap, *before = NULL;
-    const char *before_name = NULL;
+    static const int fatal[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGXFSZ, SIGINT,
+                                SIGTERM, SIGHUP};
+    for (size_t k = 0; k < sizeof fatal / sizeof *fatal; k++)
+        signal(fatal[k], on_fatal_signal);
+    const char *out_path = argv[argc - 1];
+    /* Both files first: the bounds count the bytes of each. Strings of the
+     * trees live in the arena, so a text may go once it is read. */
+    size_t blen = 0, len;
     if (argc == 4) {
-        before_name = input_name = argv[1];
-        size_t blen;
-        input_text = read_file(argv[1], &blen);
-        jval *broot;
-        if (blen && (unsigned char)input_text[0] == 0x80) {
-            broot = pickle_parse(input_text, blen);
-        } else {
-            if (memchr(input_text, '\0', blen))
-                fail("the file holds a NUL byte: not a JSON text");
-            broot = json_parse(input_text, blen);
-        }
-        read_snapshot(broot, &before_snap);
-        before = &before_snap;
-        /* Strings of the tree live in the arena; the text may go. */
-        argv++;
+        input_name = argv[1];
+        before_text = read_file(argv[1], &blen);
     }
-    input_name = argv[1];
-    size_t len;
-    char *prev_text = input_text;
-    input_text = read_file(argv[1], &len);
-    free(prev_text);
-    jval *root;
-    if (len && (unsigned char)input_text[0] == 0x80) {
-        root = pickle_parse(input_text, len);
-    } else {
-        if (memchr(input_text, '\0', len))
-            fail("the file holds a NUL byte: not a JSON text");
-        root = json_parse(input_text, len);
+    input_name = argv[argc - 2];
+    input_text = read_file(argv[argc - 2], &len);
+    set_bounds(blen > SIZE_MAX - len ? SIZE_MAX : blen + len);
+    snapshot before_snap, *before = NULL;
+    if (before_text) {
+        load(argv[1], before_text, blen, &before_snap);
+        free(before_text);
+        before_text = NULL;
+        before = &before_snap;
     }
     snapshot s;
-    read_snapshot(root, &s);
-    size_t ntl = s.devices.n;
-    timeline *tls = xalloc((ntl ? ntl : 1) * sizeof *tls);
-    for (size_t d = 0; d < ntl; d++)
-        build_timeline(&tls[d], VEC_AT(s.devices, const char *, d),
-                       &VEC_AT(s.traces, vec, d), &s);
+    load(argv[argc - 2], input_text, len, &s);
 
     /* Written beside the target, then renamed: a failed run leaves no half page. */
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", argv[2]) >= (int)sizeof tmp) {
+    if (snprintf(out_tmp, sizeof out_tmp, "%s.tmp", out_path) >= (int)sizeof out_tmp) {
+        out_tmp[0] = '\0';
         fail("output path too long");
     }
-    FILE *out = fopen(tmp, "w");
-    if (!out) {
-        fprintf(stderr, "ndm-memviz: %s: cannot write: %s\n", tmp, strerror(errno));
+    out_file = fopen(out_tmp, "w");
+    if (!out_file) {
+        fprintf(stderr, "ndm-memviz: %s: cannot write: %s\n", out_tmp, strerror(errno));
+        out_tmp[0] = '\0';
         free(input_text);
         arena_free();
         return 1;
     }
-    fputs(page_head, out);
-    write_data(out, &s, tls, ntl, before, before_name);
-    fputs(page_tail, out);
-    bool bad = ferror(out);
-    if (fclose(out) != 0 || bad || rename(tmp, argv[2]) != 0) {
-        fprintf(stderr, "ndm-memviz: %s: cannot write: %s\n", argv[2], strerror(errno));
-        remove(tmp);
+    render(out_file, &s, before, argv[1]);
+    bool bad = ferror(out_file);
+    int closed = fclose(out_file);
+    out_file = NULL;
+    if (closed != 0 || bad || rename(out_tmp, out_path) != 0) {
+        fprintf(stderr, "ndm-memviz: %s: cannot write: %s\n", out_path, strerror(errno));
+        out_discard();
         free(input_text);
         arena_free();
         return 1;
     }
+    out_tmp[0] = '\0';
     free(input_text);
     arena_free();
     return 0;
 }
+#endif

@@ -9,7 +9,10 @@
  * count, a manager or an allocator setting on one), once per process. It is
  * looked for in the directories of NDM_BACKEND_PATH (one, or a
  * colon-separated list), then in the directory libndm was loaded from, then
- * on the loader's default path. A failed load is not retried.
+ * on the loader's default path. A candidate's ELF headers are read before it
+ * is loaded: one that is not a regular file, is for another class or
+ * machine, or is shorter than its headers say (a truncated copy) is skipped,
+ * and the message says why. A failed load is not retried.
  *
  * CPU kernels pick their instruction set once per process, the widest this
  * CPU and OS run (AVX-512, AVX2, or the portable C kernels). The

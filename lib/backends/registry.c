@@ -1,11 +1,16 @@
 /* The backend registry: the CPU tables built in, the CUDA backend loaded from
  * libndm-cuda.so on first use, and what the allocator learns of its devices. */
 #include <dlfcn.h>
+#include <elf.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../base/error.h"
@@ -77,11 +82,125 @@ static void why_add(const char *fmt, ...)
     va_end(ap);
 }
 
+/* The ELF machine of this process, 0 where the check is left to the loader. */
+#if defined(__x86_64__)
+#define HOST_MACHINE EM_X86_64
+#elif defined(__aarch64__)
+#define HOST_MACHINE EM_AARCH64
+#elif defined(__powerpc64__)
+#define HOST_MACHINE EM_PPC64
+#else
+#define HOST_MACHINE 0
+#endif
+
+/* end = off + count * size, false when that overflows or passes `limit`. */
+static bool table_fits(uint64_t off, uint64_t count, uint64_t size, uint64_t limit,
+                       uint64_t *end)
+{
+    if (count && size > (UINT64_MAX - off) / count)
+        return false;
+    *end = off + count * size;
+    return *end <= limit;
+}
+
+/* Why the file at `path` would fault inside dlopen, or NULL to let dlopen
+ * judge it. The loader maps a module's segments where its headers say: a
+ * file shorter than they claim (a copy cut short, a full disk) is mapped
+ * past its end, and the first touch of those pages is SIGBUS. So the
+ * headers are read here first, and what they place must lie in the file.
+ * A file without the ELF magic, or one that cannot be opened, is left to
+ * dlopen, whose message says why. */
+static const char *module_fault(const char *path, char *why, size_t n)
+{
+    /* O_NONBLOCK: a FIFO under the name must not hang the search. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+        return NULL;
+    struct stat st;
+    const char *fault = NULL;
+    ElfW(Ehdr) eh;
+    ElfW(Phdr) ph;
+    uint64_t size = 0, end = 0;
+    if (fstat(fd, &st) != 0) {
+        snprintf(why, n, "cannot stat it: %s", strerror(errno));
+        fault = why;
+        goto done;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        fault = "not a regular file";
+        goto done;
+    }
+    size = (uint64_t)st.st_size;
+    ssize_t got = pread(fd, &eh, sizeof eh, 0);
+    if (got < SELFMAG || memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0)
+        goto done; /* not ELF at all: the loader says so */
+    if ((size_t)got < sizeof eh) {
+        snprintf(why, n, "a damaged ELF file: %llu bytes, shorter than its %zu-byte header",
+                 (unsigned long long)size, sizeof eh);
+        fault = why;
+        goto done;
+    }
+    if (eh.e_ident[EI_CLASS] != (sizeof(void *) == 8 ? ELFCLASS64 : ELFCLASS32)) {
+        snprintf(why, n, "an ELF file of another class (%d-bit objects are loaded here)",
+                 (int)(8 * sizeof(void *)));
+        fault = why;
+        goto done;
+    }
+    if (HOST_MACHINE && eh.e_machine != HOST_MACHINE) {
+        snprintf(why, n, "an ELF file for another machine (e_machine %u, this process is %u)",
+                 (unsigned)eh.e_machine, (unsigned)HOST_MACHINE);
+        fault = why;
+        goto done;
+    }
+    if (eh.e_phentsize != sizeof ph || !eh.e_phnum ||
+        !table_fits(eh.e_phoff, eh.e_phnum, eh.e_phentsize, size, &end)) {
+        snprintf(why, n, "a damaged ELF file: its %u program headers at byte %llu do not fit in its "
+                 "%llu bytes (truncated?)",
+                 (unsigned)eh.e_phnum, (unsigned long long)eh.e_phoff, (unsigned long long)size);
+        fault = why;
+        goto done;
+    }
+    if ((eh.e_shoff || eh.e_shnum) &&
+        !table_fits(eh.e_shoff, eh.e_shnum ? eh.e_shnum : 1, eh.e_shentsize, size, &end)) {
+        snprintf(why, n, "a damaged ELF file: its section headers end at byte %llu, past its %llu "
+                 "bytes (truncated?)",
+                 (unsigned long long)eh.e_shoff + (unsigned long long)eh.e_shnum * eh.e_shentsize,
+                 (unsigned long long)size);
+        fault = why;
+        goto done;
+    }
+    for (unsigned i = 0; i < eh.e_phnum; i++) {
+        if (pread(fd, &ph, sizeof ph, (off_t)(eh.e_phoff + (uint64_t)i * sizeof ph)) !=
+            (ssize_t)sizeof ph) {
+            snprintf(why, n, "cannot read program header %u", i);
+            fault = why;
+            goto done;
+        }
+        if (ph.p_type == PT_LOAD && !table_fits(ph.p_offset, 1, ph.p_filesz, size, &end)) {
+            snprintf(why, n, "a damaged ELF file: its segment %u ends at byte %llu, past its %llu "
+                     "bytes (truncated?)",
+                     i, (unsigned long long)ph.p_offset + (unsigned long long)ph.p_filesz,
+                     (unsigned long long)size);
+            fault = why;
+            goto done;
+        }
+    }
+done:
+    close(fd);
+    return fault;
+}
+
 /* Open `path` as the CUDA module and take its table; false with the reason
  * added to cuda_why. A file that is there but cannot serve is closed again
  * (a later directory may hold a good one). */
 static bool try_module(const char *path)
 {
+    char why[256];
+    const char *damage = strchr(path, '/') ? module_fault(path, why, sizeof why) : NULL;
+    if (damage) {
+        why_add("%s: %s", path, damage);
+        return false;
+    }
     dlerror();
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!h) {

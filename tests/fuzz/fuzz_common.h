@@ -130,8 +130,8 @@ typedef void (*fuzz_load_fn)(ndm_manager m, const uint8_t *data, size_t size, co
 
 /* The driver of every target: the input loaded from a buffer, then, where
  * the system has memory files, from a file once per mode. */
-static void fuzz_run(const uint8_t *data, size_t size, int modes, fuzz_load_fn load,
-                     const void *ctx)
+static inline void fuzz_run(const uint8_t *data, size_t size, int modes, fuzz_load_fn load,
+                            const void *ctx)
 {
     ndm_manager m = fuzz_manager();
     ndm_clear_error();

@@ -112,8 +112,164 @@ static fuzz_seed seed_text(uint8_t opts, const char *text)
     return seed_cat(&opts, 1, text, strlen(text));
 }
 
+/* A pickle, opcode by opcode (ndm-memviz's seeds). */
+typedef struct seed_pk {
+    uint8_t b[2048];
+    size_t n;
+} seed_pk;
+
+static void pk_raw(seed_pk *k, const void *p, size_t n)
+{
+    if (k->n + n > sizeof k->b)
+        abort();
+    memcpy(k->b + k->n, p, n);
+    k->n += n;
+}
+
+static void pk_u8(seed_pk *k, uint8_t v) { pk_raw(k, &v, 1); }
+
+static void pk_str(seed_pk *k, const char *s) /* SHORT_BINUNICODE */
+{
+    pk_u8(k, 0x8c);
+    pk_u8(k, (uint8_t)strlen(s));
+    pk_raw(k, s, strlen(s));
+}
+
+static void pk_int(seed_pk *k, uint32_t v) /* BININT1, BININT2 or BININT */
+{
+    if (v < 256) {
+        pk_u8(k, 'K');
+        pk_u8(k, (uint8_t)v);
+    } else if (v < 65536) {
+        uint8_t b[3] = {'M', (uint8_t)v, (uint8_t)(v >> 8)};
+        pk_raw(k, b, 3);
+    } else {
+        uint8_t b[5] = {'J', (uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
+        pk_raw(k, b, 5);
+    }
+}
+
+/* A PyTorch-shaped snapshot as its pickler writes one: protocol 4, a FRAME,
+ * MEMOIZE after each container and string, MARK ... SETITEMS, the frames
+ * list shared through BINGET, a tuple, a float, a LONG1. */
+static fuzz_seed seed_pickle(bool with_frame)
+{
+    seed_pk k = {{0}, 0};
+    pk_u8(&k, 0x80);
+    pk_u8(&k, 4);
+    if (with_frame)
+        pk_raw(&k, "\x95\0\0\0\0\0\0\0\0", 9); /* FRAME (its length is not checked) */
+    pk_raw(&k, "}\x94(", 3); /* the root: memo 0 */
+    pk_str(&k, "segments");
+    pk_raw(&k, "]\x94(}\x94(", 6); /* memo 1, 2 */
+    pk_str(&k, "device");
+    pk_int(&k, 0);
+    pk_str(&k, "address");
+    pk_int(&k, 4096);
+    pk_str(&k, "total_size");
+    pk_int(&k, 2097152);
+    pk_str(&k, "segment_type");
+    pk_str(&k, "small");
+    pk_str(&k, "segment_pool_id");
+    pk_raw(&k, "K\0K\0\x86", 5); /* TUPLE2 */
+    pk_str(&k, "is_expandable");
+    pk_u8(&k, 0x89); /* NEWFALSE */
+    pk_str(&k, "blocks");
+    pk_raw(&k, "]\x94(}\x94(", 6);
+    pk_str(&k, "size");
+    pk_int(&k, 1024);
+    pk_str(&k, "requested_size");
+    pk_int(&k, 1000);
+    pk_str(&k, "state");
+    pk_str(&k, "active_allocated");
+    pk_str(&k, "frames");
+    pk_raw(&k, "]\x94q\x09}(", 6); /* the frames list, memo 9 by BINPUT */
+    pk_str(&k, "filename");
+    pk_str(&k, "train.py");
+    pk_str(&k, "line");
+    pk_int(&k, 3);
+    pk_str(&k, "name");
+    pk_str(&k, "step");
+    pk_raw(&k, "ua", 2);
+    pk_raw(&k, "u}(", 3);
+    pk_str(&k, "size");
+    pk_int(&k, 2096128);
+    pk_str(&k, "state");
+    pk_str(&k, "inactive");
+    pk_str(&k, "frames");
+    pk_u8(&k, ']');
+    pk_raw(&k, "ue", 2); /* the blocks */
+    pk_raw(&k, "ue", 2); /* the segment, the segments */
+    pk_str(&k, "device_traces");
+    pk_raw(&k, "](](}(", 6);
+    pk_str(&k, "action");
+    pk_str(&k, "segment_alloc");
+    pk_str(&k, "addr");
+    pk_int(&k, 4096);
+    pk_str(&k, "size");
+    pk_int(&k, 2097152);
+    pk_str(&k, "time_us");
+    pk_int(&k, 10);
+    pk_str(&k, "frames");
+    pk_raw(&k, "h\x09u}(", 5); /* the shared frames */
+    pk_str(&k, "action");
+    pk_str(&k, "alloc");
+    pk_str(&k, "addr");
+    pk_int(&k, 4096);
+    pk_str(&k, "size");
+    pk_int(&k, 1000);
+    pk_str(&k, "time_us");
+    pk_int(&k, 70000);
+    pk_str(&k, "category");
+    pk_str(&k, "parameter");
+    pk_raw(&k, "u}(", 3);
+    pk_str(&k, "action");
+    pk_str(&k, "oom");
+    pk_str(&k, "device_free");
+    pk_int(&k, 5);
+    pk_str(&k, "size");
+    pk_raw(&k, "\x8a\x06\0\0\0\0\0\x01", 8); /* LONG1: 2^40 */
+    pk_str(&k, "time_us");
+    pk_int(&k, 70001);
+    pk_raw(&k, "ueea", 4);
+    pk_str(&k, "allocator_settings");
+    pk_u8(&k, '}');
+    pk_str(&k, "garbage_collection_threshold");
+    pk_raw(&k, "G\x3f\xe0\0\0\0\0\0\0", 9); /* BINFLOAT 0.5 */
+    pk_u8(&k, 's');
+    pk_raw(&k, "u.", 2);
+    return seed_cat(k.b, k.n, NULL, 0);
+}
+
+/* ndm_from_dlpack's target: its header (see fuzz_dlpack.c), then the shape
+ * and strides as int8 (flags 0) or int64 (flags 1 | 4). */
+static fuzz_seed seed_dl(uint8_t flags, int8_t ndim, uint8_t code, uint8_t bits, uint8_t device,
+                         uint64_t byte_offset, uint8_t at, const int64_t *shape,
+                         const int64_t *strides)
+{
+    uint8_t b[17 + 2 * 8 * 8] = {flags, (uint8_t)ndim, code, bits, 1, 0, device, 0};
+    for (int i = 0; i < 8; i++)
+        b[8 + i] = (uint8_t)(byte_offset >> (8 * i));
+    b[16] = at;
+    size_t n = 17;
+    for (int pass = 0; pass < 2; pass++) {
+        const int64_t *v = pass ? strides : shape;
+        int wide = pass ? flags & 4 : flags & 1;
+        for (int i = 0; v && i < ndim && i < 8; i++) {
+            if (wide) {
+                for (int j = 0; j < 8; j++)
+                    b[n++] = (uint8_t)((uint64_t)v[i] >> (8 * j));
+            } else {
+                b[n++] = (uint8_t)v[i];
+            }
+        }
+    }
+    return seed_cat(b, n, NULL, 0);
+}
+
 /* Fill out[] with the seeds of `format` ("safetensors", "npy", "idx",
- * "csv", "gzip"); returns how many (at most cap). The caller frees each .p. */
+ * "csv", "gzip", "memviz", "dlpack"); returns how many (at most cap). The
+ * caller frees each .p. */
 static size_t fuzz_seeds(const char *format, fuzz_seed *out, size_t cap)
 {
     size_t n = 0;
@@ -198,6 +354,40 @@ static size_t fuzz_seeds(const char *format, fuzz_seed *out, size_t cap)
             abort();
         PUT(seed_unmagic(seed_gzip(seed_cat(zeros, 1 << 20, NULL, 0))));
         free(zeros);
+    } else if (!strcmp(format, "memviz")) {
+        static const char json[] =
+            "{\"devices\": [\"cpu\", \"cuda:0\"],\n"
+            " \"segments\": [{\"device\": \"cpu\", \"address\": 4096, \"total_size\": 2048,\n"
+            "   \"segment_type\": \"small\", \"stream\": 0, \"blocks\": [\n"
+            "   {\"address\": 4096, \"size\": 1024, \"requested_size\": 1000,\n"
+            "    \"state\": \"active_allocated\", \"manager\": \"system/model\",\n"
+            "    \"frames\": [{\"filename\": \"train.c\", \"line\": 12, \"name\": \"load\"}]},\n"
+            "   {\"size\": 1024, \"state\": \"inactive\"}]}],\n"
+            " \"device_traces\": [[\n"
+            "   {\"action\": \"segment_alloc\", \"addr\": 4096, \"size\": 2048, \"time_us\": 1},\n"
+            "   {\"action\": \"alloc\", \"addr\": 4096, \"size\": 1024, \"time_us\": 2,\n"
+            "    \"manager\": \"system/model/trainer/batch-1\"},\n"
+            "   {\"action\": \"free_requested\", \"addr\": 4096, \"size\": 1024, \"time_us\": 3},\n"
+            "   {\"action\": \"free_completed\", \"addr\": 4096, \"size\": 1024},\n"
+            "   {\"action\": \"oom\", \"device_free\": 5, \"size\": 1e3, \"time_us\": 4}],\n"
+            "  [{\"action\": \"alloc\", \"addr\": 64, \"size\": 8, \"manager\": \"sys/\\u00e9\\ud83d\\ude00\"}]],\n"
+            " \"allocator_settings\": {\"strategy\": \"auto_growth\", \"a\": [null, true, -1.5e-3]}}\n";
+        PUT(seed_cat(json, sizeof json - 1, NULL, 0));
+        PUT(seed_cat(json, sizeof json - 2, NULL, 0)); /* odd length: compared with itself */
+        PUT(seed_pickle(false));
+        PUT(seed_pickle(true));
+    } else if (!strcmp(format, "dlpack")) {
+        PUT(seed_dl(0, 2, 2, 32, 1, 0, 0, (const int64_t[]){2, 3}, NULL));       /* f32 2x3 */
+        PUT(seed_dl(0, 2, 2, 32, 1, 16, 0, (const int64_t[]){3, 2},
+                    (const int64_t[]){1, 3}));                                    /* transposed */
+        PUT(seed_dl(2, 0, 0, 64, 1, 8, 8, NULL, NULL));                          /* i64 scalar */
+        PUT(seed_dl(0, 3, 1, 8, 3, 0, 0, (const int64_t[]){2, 0, 4}, NULL));     /* u8 empty */
+        PUT(seed_dl(0, 1, 6, 8, 1, 0, 3, (const int64_t[]){5}, (const int64_t[]){2})); /* bool */
+        PUT(seed_dl(0, 2, 4, 16, 1, 0, 0, (const int64_t[]){4, 4},
+                    (const int64_t[]){0, 1}));                                    /* bf16 broadcast */
+        PUT(seed_dl(1 | 4, 2, 2, 16, 1, 32, 0, (const int64_t[]){8, 8},
+                    (const int64_t[]){8, 1}));                                    /* f16, int64 dims */
+        PUT(seed_dl(0, 1, 2, 32, 2, 0, 0, (const int64_t[]){4}, NULL));          /* a CUDA tensor */
     } else if (!strcmp(format, "csv")) {
         PUT(seed_text(NDM_F32, "1,2,3\n4.5,-6,7e2\n"));
         PUT(seed_text(NDM_I64 | 8, "a,b\n1,2\n3,4\r\n"));

@@ -12,6 +12,18 @@ _Atomic int ndm__cpu_isa_now = -1;
 
 static _Atomic int detected = -1;
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+
+/* F16C from CPUID leaf 1: clang before 16 does not know "f16c" in
+ * __builtin_cpu_supports (the wide registers it needs are checked with AVX). */
+static bool cpu_has_f16c(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+#endif
+
 static ndm__cpu_isa detect(void)
 {
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -19,7 +31,7 @@ static ndm__cpu_isa detect(void)
      * registers (XGETBV), so a level here is one the process can run. */
     __builtin_cpu_init();
     bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi") &&
+                cpu_has_f16c() && __builtin_cpu_supports("bmi") &&
                 __builtin_cpu_supports("bmi2");
     if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
@@ -111,7 +123,8 @@ void ndm__cpu_features_str(char *buf, size_t n)
     NDM__CPU_FEATURE("avx")
     NDM__CPU_FEATURE("avx2")
     NDM__CPU_FEATURE("fma")
-    NDM__CPU_FEATURE("f16c")
+    if (cpu_has_f16c() && len < n)
+        len += (size_t)snprintf(buf + len, n - len, "%s%s", len ? " " : "", "f16c");
     NDM__CPU_FEATURE("avx512f")
     NDM__CPU_FEATURE("avx512bw")
     NDM__CPU_FEATURE("avx512vl")
