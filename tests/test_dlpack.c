@@ -290,6 +290,31 @@ static void test_dlpack_import_refuses_wrapping_and_overflowing_tensors(void **s
     assert_ok(ndm_manager_close(m));
 }
 
+static void test_dlpack_import_refuses_misaligned_data(void **state)
+{
+    ndm_manager m = ndm_manager_new(ROOT(state), "m");
+    int deleted = 0;
+    DLManagedTensor *t = produce(&deleted, (DLDataType){kDLFloat, 32, 1}, 1, (int64_t[]){2},
+                                 NULL, 64);
+    /* an f32 tensor one byte into its buffer: the kernels load whole floats */
+    void *data = t->dl_tensor.data;
+    t->dl_tensor.data = (char *)data + 1;
+    assert_int_equal(ndm_from_dlpack(m, t).id, 0);
+    assert_int_equal(ndm_last_status(), NDM_E_INVALID);
+    assert_error_has("not aligned to the element size");
+    /* an empty tensor takes any offset: nothing is viewed */
+    t->dl_tensor.data = data;
+    t->dl_tensor.shape[0] = 0;
+    t->dl_tensor.byte_offset = UINT64_MAX - 3;
+    ndm_array e = ndm_from_dlpack(m, t);
+    assert_live(e);
+    assert_int_equal(ndm_array_size(e), 0);
+    assert_ok(ndm_array_release(e));
+    assert_int_equal(deleted, 1); /* the empty import owned it */
+    assert_int_equal(test_live_arrays(m), 0);
+    assert_ok(ndm_manager_close(m));
+}
+
 static void test_dlpack_round_trip_through_ndm(void **state)
 {
     ndm_manager a_side = ndm_manager_new(ROOT(state), "a");
@@ -367,6 +392,7 @@ int main(void)
         TEST(test_dlpack_import_strided_and_offset),
         TEST(test_dlpack_import_refuses_bad_tensors),
         TEST(test_dlpack_import_refuses_wrapping_and_overflowing_tensors),
+        TEST(test_dlpack_import_refuses_misaligned_data),
         TEST(test_dlpack_round_trip_through_ndm),
         TEST(test_dlpack_versioned_matches_the_header),
         TEST(test_dlpack_cuda_device_fields),

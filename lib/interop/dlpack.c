@@ -251,7 +251,7 @@ static ndm_array import(ndm__site site, const char *api, ndm_manager mh, const D
         bad = ndm__fail(NDM_E_INVALID, api, site, "the tensor's data pointer is NULL");
     /* The viewed bytes must lie inside the address space: an offset or an
      * extent that wraps it would point below the producer's buffer. */
-    uintptr_t first, last;
+    uintptr_t first = 0, last = 0;
     if (bad == NDM_OK && extent &&
         ((uint64_t)(uintptr_t)t->byte_offset != t->byte_offset ||
          __builtin_add_overflow((uintptr_t)t->data, (uintptr_t)t->byte_offset, &first) ||
@@ -259,11 +259,18 @@ static ndm_array import(ndm__site site, const char *api, ndm_manager mh, const D
         bad = ndm__fail(NDM_E_INVALID, api, site,
                         "byte_offset %llu past data %p wraps the address space",
                         (unsigned long long)t->byte_offset, t->data);
+    /* ndm's kernels load whole elements: the first must be aligned to its size */
+    if (bad == NDM_OK && extent && first % isz)
+        bad = ndm__fail(NDM_E_INVALID, api, site,
+                        "data %p + byte_offset %llu is not aligned to the element size %zu",
+                        t->data, (unsigned long long)t->byte_offset, isz);
     if (bad < 0) {
         free(strides);
         return NDM_NULL_ARRAY;
     }
-    char *base = (char *)t->data + t->byte_offset;
+    /* (in integers: an empty tensor's offset is not checked, and pointer
+     * arithmetic past its object would be undefined) */
+    char *base = (char *)(uintptr_t)((uintptr_t)t->data + (uintptr_t)t->byte_offset);
     bool plain = ndm__is_contiguous(nd, t->shape, strides);
     ndm_array a;
     if (plain) {
