@@ -156,7 +156,7 @@ static ndm_status backend_failed(ndm_status st, const char *api, const char *wha
     return ndm__fail(st, api, NDM__NO_SITE, "%s failed: %s", what, why);
 }
 
-static void backend_release(int kind, ndm_device d, void *obj)
+static void backend_release_now(int kind, ndm_device d, void *obj)
 {
     const ndm__backend_streams *bs = streams_of(d);
     if (!bs || !obj)
@@ -165,6 +165,24 @@ static void backend_release(int kind, ndm_device d, void *obj)
         bs->stream_release(d.index, obj);
     else
         bs->event_release(d.index, obj);
+}
+
+static void backend_release_later(void *obj, uintptr_t packed)
+{
+    ndm_device d = {(ndm_device_type)((packed >> 8) & 0xff), (int)(packed >> 16)};
+    backend_release_now((int)(packed & 0xff), d, obj);
+}
+
+/* Release a dropped stream or event's backend object: later, once several
+ * threads use ndm, since another thread's call may have looked it up just
+ * before (reclaim.h). */
+static void backend_release(int kind, ndm_device d, void *obj)
+{
+    if (obj && atomic_load_explicit(&ndm__multi, memory_order_relaxed))
+        ndm__defer(backend_release_later, obj,
+                   (uintptr_t)kind | (uintptr_t)(d.type & 0xff) << 8 | (uintptr_t)d.index << 16);
+    else
+        backend_release_now(kind, d, obj);
 }
 
 /* The calling thread's current stream per device slot, as handles (0: the
@@ -351,6 +369,7 @@ static ndm_status release(uint64_t id, int kind, const char *api)
     if (kind == KIND_STREAM)
         forget_current(r.device, id);
     backend_release(kind, r.device, r.obj);
+    ndm__reclaim_maybe();
     return NDM_OK;
 }
 
@@ -358,6 +377,7 @@ static ndm_status release(uint64_t id, int kind, const char *api)
 
 NDM_API ndm_stream ndm_stream_default(ndm_device device)
 {
+    NDM__OP_GUARD();
     if (ndm__alloc_device_check(device, __func__, NDM__NO_SITE) < 0)
         return (ndm_stream){0};
     return default_of(device);
@@ -365,6 +385,7 @@ NDM_API ndm_stream ndm_stream_default(ndm_device device)
 
 NDM_API ndm_status ndm_stream_new(ndm_manager m, ndm_stream *out)
 {
+    NDM__OP_GUARD();
     if (!out)
         return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "out is NULL");
     return make(m, KIND_STREAM, &out->id, __func__);
@@ -374,12 +395,14 @@ NDM_API ndm_status ndm_stream_release(ndm_stream s) { return release(s.id, KIND_
 
 NDM_API ndm_device ndm_stream_device(ndm_stream s)
 {
+    NDM__OP_GUARD();
     found f;
     return lookup(s.id, KIND_STREAM, __func__, &f) < 0 ? NDM_CPU : f.device;
 }
 
 NDM_API ndm_status ndm_stream_synchronize(ndm_stream s)
 {
+    NDM__OP_GUARD();
     found f;
     ndm_status st = lookup(s.id, KIND_STREAM, __func__, &f);
     if (st < 0)
@@ -392,6 +415,7 @@ NDM_API ndm_status ndm_stream_synchronize(ndm_stream s)
 
 NDM_API ndm_status ndm_stream_query(ndm_stream s, bool *done)
 {
+    NDM__OP_GUARD();
     if (!done)
         return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "done is NULL");
     *done = true;
@@ -407,6 +431,7 @@ NDM_API ndm_status ndm_stream_query(ndm_stream s, bool *done)
 
 NDM_API ndm_status ndm_stream_set_current(ndm_stream s)
 {
+    NDM__OP_GUARD();
     found f;
     ndm_status st = lookup(s.id, KIND_STREAM, __func__, &f);
     if (st < 0)
@@ -424,6 +449,7 @@ NDM_API ndm_status ndm_stream_set_current(ndm_stream s)
 
 NDM_API ndm_stream ndm_stream_current(ndm_device device)
 {
+    NDM__OP_GUARD();
     if (ndm__alloc_device_check(device, __func__, NDM__NO_SITE) < 0)
         return (ndm_stream){0};
     int k = current_slot(device);
@@ -440,6 +466,7 @@ NDM_API ndm_stream ndm_stream_current(ndm_device device)
 
 NDM_API ndm_status ndm_stream_wait_event(ndm_stream s, ndm_event e)
 {
+    NDM__OP_GUARD();
     found fs, fe;
     ndm_status st = lookup(s.id, KIND_STREAM, __func__, &fs);
     if (st < 0 || (st = lookup(e.id, KIND_EVENT, __func__, &fe)) < 0)
@@ -461,6 +488,7 @@ NDM_API ndm_status ndm_stream_wait_event(ndm_stream s, ndm_event e)
 
 NDM_API ndm_status ndm_event_new(ndm_manager m, ndm_event *out)
 {
+    NDM__OP_GUARD();
     if (!out)
         return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "out is NULL");
     return make(m, KIND_EVENT, &out->id, __func__);
@@ -470,6 +498,7 @@ NDM_API ndm_status ndm_event_release(ndm_event e) { return release(e.id, KIND_EV
 
 NDM_API ndm_status ndm_event_record(ndm_event e, ndm_stream s)
 {
+    NDM__OP_GUARD();
     found fe, fs;
     ndm_status st = lookup(e.id, KIND_EVENT, __func__, &fe);
     if (st < 0 || (st = lookup(s.id, KIND_STREAM, __func__, &fs)) < 0)
@@ -489,6 +518,7 @@ NDM_API ndm_status ndm_event_record(ndm_event e, ndm_stream s)
 
 NDM_API ndm_status ndm_event_query(ndm_event e, bool *done)
 {
+    NDM__OP_GUARD();
     if (!done)
         return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "done is NULL");
     *done = true;
@@ -504,6 +534,7 @@ NDM_API ndm_status ndm_event_query(ndm_event e, bool *done)
 
 NDM_API ndm_status ndm_event_synchronize(ndm_event e)
 {
+    NDM__OP_GUARD();
     found f;
     ndm_status st = lookup(e.id, KIND_EVENT, __func__, &f);
     if (st < 0)
@@ -518,6 +549,7 @@ NDM_API ndm_status ndm_event_synchronize(ndm_event e)
 
 NDM_API ndm_status ndm_array_record_stream(ndm_array a, ndm_stream s)
 {
+    NDM__OP_GUARD();
     const char *api = __func__;
     ndm__array *r = ndm__array_get(a, api, NDM__NO_SITE);
     if (!r)
