@@ -131,6 +131,16 @@ static ndm_predictor load_model(float v, ndm_manager *model)
     return ndm_predictor_new(*model, net);
 }
 
+/* Serve a model of s->v[0] with SERVERS threads; *model is its manager. */
+static void start_serving(served *s, ndm_manager *model, pthread_t *th)
+{
+    ndm_predictor pr = load_model(s->v[0], model);
+    assert_true(pr.id != 0);
+    atomic_store(&s->pred, pr.id);
+    for (int i = 0; i < SERVERS; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, serve, s), 0);
+}
+
 static void test_inflight_model_closed_while_predicting(void **state)
 {
     (void)state;
@@ -139,12 +149,8 @@ static void test_inflight_model_closed_while_predicting(void **state)
     while (now_ms() < end || rounds < 3) {
         served s = {.v = {0.03125f, 0.03125f}};
         ndm_manager model;
-        ndm_predictor pr = load_model(s.v[0], &model);
-        assert_true(pr.id != 0);
-        atomic_store(&s.pred, pr.id);
         pthread_t th[SERVERS];
-        for (int i = 0; i < SERVERS; i++)
-            assert_int_equal(pthread_create(&th[i], NULL, serve, &s), 0);
+        start_serving(&s, &model, th);
         /* let requests get going, then close the model under them */
         while (atomic_load(&s.answers) < 2 * SERVERS)
             sched_yield();
@@ -192,12 +198,8 @@ static void test_inflight_hot_swap_under_load(void **state)
     (void)state;
     served s = {.v = {0.03125f, 0.0625f}};
     ndm_manager model;
-    ndm_predictor pr = load_model(s.v[0], &model);
-    assert_true(pr.id != 0);
-    atomic_store(&s.pred, pr.id);
     pthread_t th[SERVERS];
-    for (int i = 0; i < SERVERS; i++)
-        assert_int_equal(pthread_create(&th[i], NULL, serve, &s), 0);
+    start_serving(&s, &model, th);
     ndm_memory_stats base = {0}, after = {0};
     int64_t rss0 = 0;
     double end = now_ms() + budget_ms();

@@ -908,9 +908,9 @@ static bool lenders_pop(ndm__array *r)
     return true;
 }
 
-/* r dies with its frees deferred: its record is left as it was (a running
- * operation may still read its shape), its slot and memory go later. */
-static NDM__COLD void array_dies_later(ndm__array *r, ndm__manager *from, free_batch *fb)
+/* r's handle stops working: its lenders are forgotten, the slot reads
+ * dead and its generation moves on. */
+static NDM__ALWAYS_INLINE void record_dies(ndm__array *r)
 {
     if (NDM__UNLIKELY(r->lender))
         lenders_drop(r);
@@ -918,6 +918,13 @@ static NDM__COLD void array_dies_later(ndm__array *r, ndm__manager *from, free_b
     unsigned g = atomic_load_explicit(&r->gen, memory_order_relaxed);
     g = (g + 1) & 0x7fffffffu;
     atomic_store_explicit(&r->gen, g ? g : 1, memory_order_release);
+}
+
+/* r dies with its frees deferred: its record is left as it was (a running
+ * operation may still read its shape), its slot and memory go later. */
+static NDM__COLD void array_dies_later(ndm__array *r, ndm__manager *from, free_batch *fb)
+{
+    record_dies(r);
     unsigned v = view_dies(r, from, fb, true);
     ndm__defer(later_record, r, !(v & VIEW_WAITS));
 }
@@ -941,12 +948,7 @@ static NDM__ALWAYS_INLINE void array_dies(ndm__array *r, ndm__manager *from,
         array_dies_later(r, from, fb);
         return;
     }
-    if (NDM__UNLIKELY(r->lender))
-        lenders_drop(r);
-    atomic_store_explicit(&r->live, 0, memory_order_relaxed);
-    unsigned g = atomic_load_explicit(&r->gen, memory_order_relaxed);
-    g = (g + 1) & 0x7fffffffu;
-    atomic_store_explicit(&r->gen, g ? g : 1, memory_order_release);
+    record_dies(r);
     unsigned v = view_dies(r, from, fb, false);
     if (NDM__UNLIKELY(v & VIEW_DEFERRED) || ndm__array_dies_later(r, tag)) {
         /* its memory waits (its storage is marked), or r was marked by a
