@@ -284,6 +284,18 @@ static void test_dlpack_import_refuses_wrapping_and_overflowing_tensors(void **s
     assert_int_equal(ndm_from_dlpack(m, t).id, 0);
     assert_int_equal(ndm_last_status(), NDM_E_OVERFLOW);
     assert_error_has("size in bytes overflows");
+    /* empty, but its other sizes overflow when multiplied */
+    t->dl_tensor.shape[0] = INT64_C(1) << 62;
+    t->dl_tensor.shape[1] = 0;
+    assert_int_equal(ndm_from_dlpack(m, t).id, 0);
+    assert_int_equal(ndm_last_status(), NDM_E_OVERFLOW);
+    assert_int_equal(deleted, 0);
+    t->deleter(t);
+    deleted = 0;
+    t = produce(&deleted, (DLDataType){kDLFloat, 32, 1}, 3,
+                (int64_t[]){INT64_C(1) << 62, 91, 0}, NULL, 64);
+    assert_int_equal(ndm_from_dlpack(m, t).id, 0);
+    assert_int_equal(ndm_last_status(), NDM_E_OVERFLOW);
     assert_int_equal(deleted, 0);
     t->deleter(t);
     assert_int_equal(test_live_arrays(m), 0);

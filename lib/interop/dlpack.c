@@ -242,6 +242,10 @@ static ndm_array import(ndm__site site, const char *api, ndm_manager mh, const D
         else if (__builtin_mul_overflow(run, t->shape[i] ? t->shape[i] : 1, &run))
             run = INT64_MAX;
     }
+    /* An empty tensor's other sizes must fit as a new array's would: ndm
+     * multiplies them in order (its strides and element count). */
+    if (bad == NDM_OK && empty)
+        bad = ndm__shape_check(nd, t->shape, dt, NULL, NULL, api, site);
     if (empty)
         extent = 0;
     if (bad == NDM_OK && (__builtin_mul_overflow(count, (int64_t)isz, &nbytes) ||
