@@ -812,9 +812,6 @@ static NDM__ALWAYS_INLINE unsigned view_dies(ndm__array *r, ndm__manager *from, 
                                              bool later)
 {
     ndm__storage *s = r->storage;
-    /* (r's generation moved on just before: a lookup that marks s from now
-     * on finds r dead, one that marked it before is seen here) */
-    ndm__light_barrier();
     if (NDM__LIKELY(atomic_load_explicit(&s->refs, memory_order_acquire) == 1)) {
         /* The only view: nobody else can reach s. */
         atomic_store_explicit(&s->refs, 0, memory_order_relaxed);
@@ -925,6 +922,7 @@ static NDM__ALWAYS_INLINE void record_dies(ndm__array *r)
 static NDM__COLD void array_dies_later(ndm__array *r, ndm__manager *from, free_batch *fb)
 {
     record_dies(r);
+    ndm__light_barrier(); /* (see array_dies) */
     unsigned v = view_dies(r, from, fb, true);
     ndm__defer(later_record, r, !(v & VIEW_WAITS));
 }
@@ -943,14 +941,21 @@ static NDM__ALWAYS_INLINE void array_dies(ndm__array *r, ndm__manager *from,
      * mark made after this read is made by a lookup that then sees r dead,
      * or that the barrier in view_dies orders before the reads after it,
      * which defer all the same.) */
-    uint32_t tag = ndm__thread_tag_get();
-    if (ndm__array_dies_later(r, tag)) {
+    bool multi = atomic_load_explicit(&ndm__multi, memory_order_relaxed);
+    uint32_t tag = NDM__UNLIKELY(multi) ? ndm__thread_tag() : 0;
+    if (NDM__UNLIKELY(multi) && atomic_load_explicit(&r->marks, memory_order_relaxed) != tag) {
         array_dies_later(r, from, fb);
         return;
     }
     record_dies(r);
+    /* The generation moved on: a lookup that marks r or its storage from now
+     * on finds r dead, one that marked them before is seen below; so is a
+     * second thread that started to use ndm meanwhile (ndm__multi). */
+    ndm__light_barrier();
     unsigned v = view_dies(r, from, fb, false);
-    if (NDM__UNLIKELY(v & VIEW_DEFERRED) || ndm__array_dies_later(r, tag)) {
+    if (NDM__UNLIKELY(v & VIEW_DEFERRED) ||
+        NDM__UNLIKELY(atomic_load_explicit(&ndm__multi, memory_order_relaxed) &&
+                      atomic_load_explicit(&r->marks, memory_order_relaxed) != ndm__thread_tag())) {
         /* its memory waits (its storage is marked), or r was marked by a
          * lookup racing with this death */
         ndm__defer(later_record, r, !(v & VIEW_WAITS));
@@ -1083,6 +1088,7 @@ NDM_API ndm_status ndm_array_release_at(NDM_SITE_PARAMS, ndm_array h)
         !ndm__array_issued(h))
         return ndm__fail(NDM_E_INVALID, __func__, site,
                          "not an array handle (id 0x%016" PRIx64 ")", h.id);
+    ndm__thread_get(); /* (a thread that kills arrays counts: see ndm__multi) */
     ndm_status st = ndm__array_release(r, site, __func__);
     ndm__reclaim_maybe();
     return st;
@@ -1217,7 +1223,8 @@ static uint32_t drain_plain(ndm__manager *m, uint32_t i, const ndm__site *site,
     uint32_t by = m->self;
     ndm_device dev = m->device;
     const uint32_t *arrays = m->arrays;
-    uint32_t tag = ndm__thread_tag_get();
+    bool multi = atomic_load_explicit(&ndm__multi, memory_order_relaxed);
+    uint32_t tag = ndm__thread_tag();
     void *cookies[FREE_BATCH];
     uint32_t slots[FREE_BATCH];
     int64_t bytes = 0;
@@ -1232,7 +1239,7 @@ static uint32_t drain_plain(ndm__manager *m, uint32_t i, const ndm__site *site,
         if (NDM__UNLIKELY(s != &r->own || r->lender || r->ext || r->shape != r->dims ||
                           atomic_load_explicit(&s->refs, memory_order_relaxed) != 1 ||
                           s->charged != by || !same_device(s->device, dev) || !s->cookie ||
-                          ndm__array_dies_later(r, tag)))
+                          (multi && atomic_load_explicit(&r->marks, memory_order_relaxed) != tag)))
             break;
         r->dead_file = file;
         r->dead_func = func;
@@ -1242,9 +1249,10 @@ static uint32_t drain_plain(ndm__manager *m, uint32_t i, const ndm__site *site,
         atomic_store_explicit(&r->live, 0, memory_order_relaxed);
         unsigned g = (atomic_load_explicit(&r->gen, memory_order_relaxed) + 1) & 0x7fffffffu;
         atomic_store_explicit(&r->gen, g ? g : 1, memory_order_release);
-        ndm__light_barrier();
+        ndm__light_barrier(); /* (see array_dies) */
         if (NDM__UNLIKELY(atomic_load_explicit(&s->refs, memory_order_relaxed) != 1 ||
-                          ndm__array_dies_later(r, tag))) {
+                          (atomic_load_explicit(&ndm__multi, memory_order_relaxed) &&
+                           atomic_load_explicit(&r->marks, memory_order_relaxed) != tag))) {
             /* marked shared by a lookup racing with the close (see view_dies) */
             bytes += (int64_t)s->nbytes;
             ndm__defer(later_storage, s, 0);

@@ -483,20 +483,6 @@ static inline bool ndm__array_claimed(const ndm__array *r)
     uint32_t m = atomic_load_explicit(&r->marks, memory_order_relaxed);
     return m == NDM__MARK_SHARED || m == ndm__thread_tag();
 }
-/* The same, the thread's state made if it had none: a thread that kills
- * arrays counts among those using ndm (see ndm__multi). */
-static inline uint32_t ndm__thread_tag_get(void)
-{
-    ndm__thread *t = ndm__thread_get();
-    return t ? t->tag : 0;
-}
-/* Must r's death on this thread defer its frees? When several threads use
- * ndm and r is shared or another thread's. */
-static inline bool ndm__array_dies_later(const ndm__array *r, uint32_t tag)
-{
-    return NDM__UNLIKELY(atomic_load_explicit(&ndm__multi, memory_order_relaxed)) &&
-           atomic_load_explicit(&r->marks, memory_order_relaxed) != tag;
-}
 
 /* The check alone, for callers that read an array's description and no
  * memory behind it (the accessors of its shape, dtype, device). */

@@ -293,6 +293,7 @@ NDM_API ndm_status ndm_scope_release_all_but_at(NDM_SITE_PARAMS, ndm_manager sh,
     if (!slots)
         return ndm__fail(NDM_E_OOM, __func__, site, "no memory for %zu kept arrays", n);
     ndm_status rc = check_keep(s, n, keep, slots, __func__, site);
+    ndm__thread_get(); /* (a thread that kills arrays counts: see ndm__multi) */
     if (rc == NDM_OK)
         ndm__manager_release_except(s, slots, n, site);
     if (slots != inline_slots)

@@ -593,6 +593,7 @@ NDM_API ndm_status ndm_manager_close_at(NDM_SITE_PARAMS, ndm_manager h)
         return ndm__fail(NDM_E_ROOT, __func__, site, "the built-in manager '%s' cannot be closed",
                          m->name);
     }
+    ndm__thread_get(); /* (a thread that kills arrays counts: see ndm__multi) */
     ndm_status st = close_manager(m, ndm__id_gen(h.id), site);
     ndm__reclaim_maybe();
     return st;
