@@ -4,7 +4,6 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
 #include <linux/membarrier.h>
 
@@ -152,18 +151,3 @@ void ndm__reclaim(bool wait)
 }
 
 void ndm__op_leave_slow(void) { ndm__reclaim(false); }
-
-void ndm__reclaim_drain(int max_ms)
-{
-    struct timespec t0, now;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (;;) {
-        ndm__reclaim(true);
-        if (!atomic_load_explicit(&ndm__limbo_newest, memory_order_acquire))
-            return;
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        if ((now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000 >= max_ms)
-            return;
-        sched_yield();
-    }
-}

@@ -7,10 +7,11 @@
  * calling thread's record: the epoch it entered in. An array remembers the
  * thread that made it; the first lookup by another thread marks it shared
  * (once, with one membarrier()). Retirers: the death of an array that is
- * shared, or another thread's, hands its frees to ndm__defer; ndm__reclaim moves the global epoch on,
- * makes every thread's entry visible with one membarrier() (the fence the
- * readers leave out), and runs what no thread inside can still reach. A
- * process where one thread uses ndm never defers anything. */
+ * shared, or another thread's, hands its frees to ndm__defer; ndm__reclaim
+ * moves the global epoch on, makes every thread's entry visible with one
+ * membarrier() (the fence the readers leave out), and runs what no thread
+ * inside can still reach. A process where one thread uses ndm never defers
+ * anything. */
 #ifndef NDM_RECLAIM_INTERNAL_H
 #define NDM_RECLAIM_INTERNAL_H
 
@@ -113,9 +114,6 @@ static inline void ndm__reclaim_maybe(void)
     if (NDM__UNLIKELY(t != NULL && t->limbo != NULL))
         ndm__reclaim(true);
 }
-/* Wait until nothing is left in limbo that the calling thread does not
- * block itself (tests, the exit report); bounded by `max_ms`. */
-void ndm__reclaim_drain(int max_ms);
 
 /* The thread registry (thread.c): called with the state made or dying. */
 void ndm__thread_register(ndm__thread *t);
