@@ -230,7 +230,8 @@ static void test_inflight_hot_swap_under_load(void **state)
     if (atomic_load(&s.unclear))
         fail_msg("%ld unclear outcomes, the first: %s", (long)s.unclear, s.unclear_msg);
     /* memory stays flat from swap to swap: each old model's bytes came back */
-    int64_t grown = after.allocated_bytes[NDM_POOL_ALL].current - base.allocated_bytes[NDM_POOL_ALL].current;
+    int64_t grown = after.allocated_bytes[NDM_POOL_ALL].current -
+                    base.allocated_bytes[NDM_POOL_ALL].current;
     if (grown > 4 * LAYERS * WIDTH * (WIDTH + 1) * 4)
         fail_msg("allocated bytes grew by %lld over %ld swaps", (long long)grown, swaps);
     /* and so does the process: a model is 70 KiB, so 8 MiB is many models */

@@ -94,7 +94,8 @@ NDM_API ndm_array ndm_predict_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_predic
      * too): whatever the forward pass then met, that is the reason. */
     ndm__manager *rq = ndm__manager_peek(req);
     if (!y.id && (!rq || (atomic_load_explicit(&rq->state, memory_order_acquire) & NDM__M_CLOSING)))
-        ndm__fail(NDM_E_CLOSED, api, site, "the predictor's model was closed while the request ran");
+        ndm__fail(NDM_E_CLOSED, api, site,
+                  "the predictor's model was closed while the request ran");
     ndm_status cs = ndm_scope_end_at(NDM__SITE_ARGS(site), req, 0, NULL);
     (void)cs;
     return y;
