@@ -17,7 +17,11 @@
  * returns NDM_ALREADY.
  *
  * Thread rules: arrays may be read from many threads at once. Writing an
- * array while another thread reads or releases it is a caller bug.
+ * array while another thread reads it is a caller bug (the reader may see
+ * either value, or a mix). Releasing it, or closing its manager, while
+ * another thread's operation reads or writes it is safe: that operation
+ * finishes on memory that stays valid, and later ones fail with
+ * NDM_E_CLOSED (manager.h).
  */
 #ifndef NDM_ARRAY_H
 #define NDM_ARRAY_H
