@@ -45,9 +45,9 @@
  * NDM_LOADER_DROP_LAST that global batch is dropped on every shard.
  *
  * Thread rules: a loader is used by one thread at a time. Closing its
- * trainer (or the loader) while another thread fetches from it is safe: the
- * fetch in progress finishes on memory that stays valid, and the next one
- * fails with NDM_E_CLOSED.
+ * trainer while another thread fetches from it is a caller bug, though the
+ * loader's memory stays valid until that fetch returns (what it returns is
+ * unspecified); fetches that start after the close fail with NDM_E_CLOSED.
  */
 #ifndef NDM_DATA_H
 #define NDM_DATA_H
