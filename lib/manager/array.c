@@ -1074,7 +1074,8 @@ ndm_status ndm__array_release(ndm__array *r, ndm__site site, const char *api)
 NDM_API ndm_status ndm_array_release_at(NDM_SITE_PARAMS, ndm_array h)
 {
     ndm__site site = NDM__SITE;
-    ndm__array *r = ndm__array_peek(h);
+    /* (no mark: the death of another thread's array defers all the same) */
+    ndm__array *r = ndm__array_peek_meta(h);
     if (!r) {
         if (h.id == 0)
             return ndm__fail_null(__func__, site, "array");
