@@ -199,7 +199,9 @@ static void make_fixture(ndm_manager root)
     fx.pred = ndm_predictor_new(served, ndm_linear(served, 2, 2, true, &rng));
     assert_live(fx.x);
     assert_true(fx.net.id && fx.opt.id && fx.pred.id && fx.ld.id);
-    snprintf(fx.path, sizeof fx.path, "/tmp/ndm_handles_%d.safetensors", (int)getpid());
+    const char *tmp = getenv("TMPDIR");
+    snprintf(fx.path, sizeof fx.path, "%s/ndm_handles_%d.safetensors", tmp && *tmp ? tmp : "/tmp",
+             (int)getpid());
 }
 
 static void test_handles_sweep_every_kind(void **state)
