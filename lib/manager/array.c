@@ -827,13 +827,17 @@ static unsigned shared_view_dies(ndm__array *r, ndm__manager *from, free_batch *
     ndm__storage *s = r->storage;
     ndm__storage_cold *c = ndm__storage_cold_of(s);
     ndm__lock_take(&c->lock);
-    /* Listed: more than one view was alive when this one started to die. */
-    if (r->sv_prev)
-        ndm__array_rec(r->sv_prev)->sv_next = r->sv_next;
-    else
-        c->first_view = r->sv_next;
-    if (r->sv_next)
-        ndm__array_rec(r->sv_next)->sv_prev = r->sv_prev;
+    /* Listed when more than one view was alive as this one started to die;
+     * a marked storage's one view (its home) has no list, and its links are
+     * stale. */
+    if (c->first_view) {
+        if (r->sv_prev)
+            ndm__array_rec(r->sv_prev)->sv_next = r->sv_next;
+        else
+            c->first_view = r->sv_next;
+        if (r->sv_next)
+            ndm__array_rec(r->sv_next)->sv_prev = r->sv_prev;
+    }
     unsigned old = atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel);
     unsigned left = (old & NDM__REFS_COUNT) - 1;
     later = later || (old & NDM__REFS_SHARED);
