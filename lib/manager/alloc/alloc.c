@@ -216,12 +216,6 @@ void ndm__alloc_set_stream(ndm_device dev, uintptr_t stream)
         cur_stream[i] = stream;
 }
 
-uintptr_t ndm__alloc_stream(ndm_device dev)
-{
-    int i = pool_index(dev);
-    return i > 0 ? cur_stream[i] : 0;
-}
-
 ndm_status ndm__alloc_record_stream(ndm_device dev, void *cookie, uintptr_t stream)
 {
     int i = pool_index(dev);
