@@ -601,40 +601,36 @@ NDM_API ndm_status ndm_manager_close_at(NDM_SITE_PARAMS, ndm_manager h)
 
 /* ---- caps, limits, resources ------------------------------------------------ */
 
-NDM_API ndm_status ndm_manager_cap(ndm_manager h, unsigned flags)
+/* Sets (or clears) cap flags; api names the caller in messages. */
+static ndm_status change_caps(ndm_manager h, unsigned flags, bool set, const char *api)
 {
-    ndm__manager *m = ndm__manager_get(h, __func__, NDM__NO_SITE);
+    ndm__manager *m = ndm__manager_get(h, api, NDM__NO_SITE);
     if (!m)
         return ndm_last_status();
     if (flags & ~(unsigned)(NDM_CAP_ARRAYS | NDM_CAP_CHILDREN))
-        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "unknown cap flags 0x%x", flags);
+        return ndm__fail(NDM_E_INVALID, api, NDM__NO_SITE, "unknown cap flags 0x%x", flags);
     if (atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_BUILTIN)
-        return ndm__fail(NDM_E_ROOT, __func__, NDM__NO_SITE,
-                         "the built-in manager '%s' cannot be capped", m->name);
+        return ndm__fail(NDM_E_ROOT, api, NDM__NO_SITE, "the built-in manager '%s' cannot be %s",
+                         m->name, set ? "capped" : "uncapped");
     ndm__tree_lock();
     ndm__mlock_take(m);
-    atomic_fetch_or_explicit(&m->state, flags << NDM__CAP_SHIFT, memory_order_acq_rel);
+    if (set)
+        atomic_fetch_or_explicit(&m->state, flags << NDM__CAP_SHIFT, memory_order_acq_rel);
+    else
+        atomic_fetch_and_explicit(&m->state, ~(flags << NDM__CAP_SHIFT), memory_order_acq_rel);
     ndm__mlock_drop(m);
     ndm__tree_unlock();
     return NDM_OK;
 }
 
+NDM_API ndm_status ndm_manager_cap(ndm_manager h, unsigned flags)
+{
+    return change_caps(h, flags, true, __func__);
+}
+
 NDM_API ndm_status ndm_manager_uncap(ndm_manager h, unsigned flags)
 {
-    ndm__manager *m = ndm__manager_get(h, __func__, NDM__NO_SITE);
-    if (!m)
-        return ndm_last_status();
-    if (flags & ~(unsigned)(NDM_CAP_ARRAYS | NDM_CAP_CHILDREN))
-        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "unknown cap flags 0x%x", flags);
-    if (atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_BUILTIN)
-        return ndm__fail(NDM_E_ROOT, __func__, NDM__NO_SITE,
-                         "the built-in manager '%s' cannot be uncapped", m->name);
-    ndm__tree_lock();
-    ndm__mlock_take(m);
-    atomic_fetch_and_explicit(&m->state, ~(flags << NDM__CAP_SHIFT), memory_order_acq_rel);
-    ndm__mlock_drop(m);
-    ndm__tree_unlock();
-    return NDM_OK;
+    return change_caps(h, flags, false, __func__);
 }
 
 NDM_API unsigned ndm_manager_caps(ndm_manager h)

@@ -48,6 +48,19 @@ static NDM__ALWAYS_INLINE ndm_array make(const ndm__site *site, const char *api,
                                  out);
 }
 
+/* a once the backend filled it with status st: a failure discards it (a
+ * backend that declined, b NULL, has said why). */
+static ndm_array filled(ndm_array a, ndm_status st, const ndm__backend *b, const char *api,
+                        ndm__site site)
+{
+    if (st >= 0)
+        return a;
+    if (b)
+        ndm__fail(st, api, site, "fill failed: %s", ndm_status_str(st));
+    ndm__discard(a);
+    return NDM_NULL_ARRAY;
+}
+
 static ndm_array make_filled(ndm__site site, const char *api, ndm_manager m, ndm_dtype dtype,
                              int ndim, const int64_t *shape, double value)
 {
@@ -61,13 +74,7 @@ static ndm_array make_filled(ndm__site site, const char *api, ndm_manager m, ndm
         b = NULL;
     ndm__tensor t = ndm__tensor_of(r);
     ndm_status st = b ? b->fill(r->storage->device.index, &t, value) : NDM_E_UNSUPPORTED;
-    if (st < 0) {
-        if (b)
-            ndm__fail(st, api, site, "fill failed: %s", ndm_status_str(st));
-        ndm__discard(a);
-        return NDM_NULL_ARRAY;
-    }
-    return a;
+    return filled(a, st, b, api, site);
 }
 
 NDM_API ndm_array ndm_empty_at(NDM_SITE_PARAMS, ndm_manager m, ndm_dtype dtype, int ndim,
@@ -120,13 +127,7 @@ static ndm_array make_iota(ndm__site site, const char *api, ndm_manager m, ndm_d
                          &stride};
         st = b->fill(r->storage->device.index, &e, last);
     }
-    if (st < 0) {
-        if (b)
-            ndm__fail(st, api, site, "fill failed: %s", ndm_status_str(st));
-        ndm__discard(a);
-        return NDM_NULL_ARRAY;
-    }
-    return a;
+    return filled(a, st, b, api, site);
 }
 
 NDM_API ndm_array ndm_arange_at(NDM_SITE_PARAMS, ndm_manager m, ndm_dtype dtype, double start,
