@@ -732,8 +732,10 @@ static ndm_status add_hook(ndm__manager *m, uint32_t gen, ndm__hook *hk, const c
     return NDM_OK;
 }
 
-static ndm_status hook_target(ndm_manager h, const char *api, ndm__site site, ndm__manager **out,
-                              uint32_t *gen)
+/* The manager a hook goes on (any but a built-in one, which never closes)
+ * and its generation; the hook's callback, named fn_name, must be given. */
+static ndm_status hook_target(ndm_manager h, bool has_fn, const char *fn_name, const char *api,
+                              ndm__site site, ndm__manager **out, uint32_t *gen)
 {
     ndm__manager *m = ndm__manager_get(h, api, site);
     if (!m)
@@ -743,6 +745,8 @@ static ndm_status hook_target(ndm_manager h, const char *api, ndm__site site, nd
         return ndm__fail(NDM_E_ROOT, api, site,
                          "the built-in manager '%s' never closes, so it cannot own resources",
                          m->name);
+    if (!has_fn)
+        return ndm__fail(NDM_E_INVALID, api, site, "%s is NULL", fn_name);
     *out = m;
     return NDM_OK;
 }
@@ -753,11 +757,9 @@ NDM_API ndm_status ndm_manager_own_at(NDM_SITE_PARAMS, ndm_manager h, void *ptr,
     ndm__site site = NDM__SITE;
     ndm__manager *m = NULL;
     uint32_t gen = 0;
-    ndm_status st = hook_target(h, __func__, site, &m, &gen);
+    ndm_status st = hook_target(h, free_fn != NULL, "free_fn", __func__, site, &m, &gen);
     if (st < 0)
         return st;
-    if (!free_fn)
-        return ndm__fail(NDM_E_INVALID, __func__, site, "free_fn is NULL");
     ndm__hook *hk = ndm__calloc(1, sizeof *hk, NDM__INJ_OBJECT);
     char *nm = name && !ndm__inject(NDM__INJ_OBJECT) ? strdup(name) : NULL;
     if (!hk || (name && !nm)) {
@@ -778,11 +780,9 @@ NDM_API ndm_status ndm_manager_on_close_at(NDM_SITE_PARAMS, ndm_manager h, ndm_c
     ndm__site site = NDM__SITE;
     ndm__manager *m = NULL;
     uint32_t gen = 0;
-    ndm_status st = hook_target(h, __func__, site, &m, &gen);
+    ndm_status st = hook_target(h, fn != NULL, "fn", __func__, site, &m, &gen);
     if (st < 0)
         return st;
-    if (!fn)
-        return ndm__fail(NDM_E_INVALID, __func__, site, "fn is NULL");
     ndm__hook *hk = ndm__calloc(1, sizeof *hk, NDM__INJ_OBJECT);
     if (!hk)
         return ndm__fail(NDM_E_OOM, __func__, site, "no memory for a hook record");
