@@ -48,6 +48,18 @@ static NDM__ALWAYS_INLINE ndm_array make(const ndm__site *site, const char *api,
                                  out);
 }
 
+/* The backend that runs `what` on r, or NULL when there is none or it
+ * declines r's case (either has said why). */
+static const ndm__backend *factory_backend(ndm__array *r, const char *what, const char *api,
+                                           ndm__site site)
+{
+    const ndm__backend *b = ndm__backend_of(r->storage->device, api, site);
+    if (b && NDM__BACKEND_DECLINES(b, r->storage->device, api, site, NDM__OPS_CORE, 0, what,
+                                   ndm__layout_of(r), 1, {r->dtype}))
+        return NULL;
+    return b;
+}
+
 /* a once the backend filled it with status st: a failure discards it (a
  * backend that declined, b NULL, has said why). */
 static ndm_array filled(ndm_array a, ndm_status st, const ndm__backend *b, const char *api,
@@ -68,10 +80,7 @@ static ndm_array make_filled(ndm__site site, const char *api, ndm_manager m, ndm
     ndm_array a = make(&site, api, m, dtype, ndim, shape, &r);
     if (!a.id)
         return a;
-    const ndm__backend *b = ndm__backend_of(r->storage->device, api, site);
-    if (b && NDM__BACKEND_DECLINES(b, r->storage->device, api, site, NDM__OPS_CORE, 0, "fill",
-                                   ndm__layout_of(r), 1, {dtype}))
-        b = NULL;
+    const ndm__backend *b = factory_backend(r, "fill", api, site);
     ndm__tensor t = ndm__tensor_of(r);
     ndm_status st = b ? b->fill(r->storage->device.index, &t, value) : NDM_E_UNSUPPORTED;
     return filled(a, st, b, api, site);
@@ -114,10 +123,7 @@ static ndm_array make_iota(ndm__site site, const char *api, ndm_manager m, ndm_d
     ndm_array a = make(&site, api, m, dtype, 1, &n, &r);
     if (!a.id)
         return a;
-    const ndm__backend *b = ndm__backend_of(r->storage->device, api, site);
-    if (b && NDM__BACKEND_DECLINES(b, r->storage->device, api, site, NDM__OPS_CORE, 0, "iota",
-                                   ndm__layout_of(r), 1, {dtype}))
-        b = NULL;
+    const ndm__backend *b = factory_backend(r, "iota", api, site);
     ndm__tensor t = ndm__tensor_of(r);
     ndm_status st = b ? b->iota(r->storage->device.index, &t, start, step) : NDM_E_UNSUPPORTED;
     if (st == NDM_OK && last_is && n > 1) {
