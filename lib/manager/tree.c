@@ -751,13 +751,15 @@ static ndm_status hook_target(ndm_manager h, bool has_fn, const char *fn_name, c
     return NDM_OK;
 }
 
-NDM_API ndm_status ndm_manager_own_at(NDM_SITE_PARAMS, ndm_manager h, void *ptr,
-                                      void (*free_fn)(void *ptr), const char *name)
+/* A copy of proto on h's manager, with its own copy of name (NULL: none)
+ * and the caller's site: what ndm_manager_own and ndm_manager_on_close do;
+ * `what` names the record in the out-of-memory message. */
+static ndm_status put_hook(ndm_manager h, bool has_fn, const char *fn_name, ndm__hook proto,
+                           const char *name, const char *what, const char *api, ndm__site site)
 {
-    ndm__site site = NDM__SITE;
     ndm__manager *m = NULL;
     uint32_t gen = 0;
-    ndm_status st = hook_target(h, free_fn != NULL, "free_fn", __func__, site, &m, &gen);
+    ndm_status st = hook_target(h, has_fn, fn_name, api, site, &m, &gen);
     if (st < 0)
         return st;
     ndm__hook *hk = ndm__calloc(1, sizeof *hk, NDM__INJ_OBJECT);
@@ -765,31 +767,26 @@ NDM_API ndm_status ndm_manager_own_at(NDM_SITE_PARAMS, ndm_manager h, void *ptr,
     if (!hk || (name && !nm)) {
         free(hk);
         free(nm);
-        return ndm__fail(NDM_E_OOM, __func__, site, "no memory for a resource record");
+        return ndm__fail(NDM_E_OOM, api, site, "no memory for a %s record", what);
     }
-    hk->free_fn = free_fn;
-    hk->ptr = ptr;
+    *hk = proto;
     hk->name = nm;
     hk->site = site;
-    return add_hook(m, gen, hk, __func__, site);
+    return add_hook(m, gen, hk, api, site);
+}
+
+NDM_API ndm_status ndm_manager_own_at(NDM_SITE_PARAMS, ndm_manager h, void *ptr,
+                                      void (*free_fn)(void *ptr), const char *name)
+{
+    return put_hook(h, free_fn != NULL, "free_fn", (ndm__hook){.free_fn = free_fn, .ptr = ptr},
+                    name, "resource", __func__, NDM__SITE);
 }
 
 NDM_API ndm_status ndm_manager_on_close_at(NDM_SITE_PARAMS, ndm_manager h, ndm_close_fn fn,
                                            void *ud)
 {
-    ndm__site site = NDM__SITE;
-    ndm__manager *m = NULL;
-    uint32_t gen = 0;
-    ndm_status st = hook_target(h, fn != NULL, "fn", __func__, site, &m, &gen);
-    if (st < 0)
-        return st;
-    ndm__hook *hk = ndm__calloc(1, sizeof *hk, NDM__INJ_OBJECT);
-    if (!hk)
-        return ndm__fail(NDM_E_OOM, __func__, site, "no memory for a hook record");
-    hk->close_fn = fn;
-    hk->ptr = ud;
-    hk->site = site;
-    return add_hook(m, gen, hk, __func__, site);
+    return put_hook(h, fn != NULL, "fn", (ndm__hook){.close_fn = fn, .ptr = ud}, NULL, "hook",
+                    __func__, NDM__SITE);
 }
 
 /* ---- queries -------------------------------------------------------------- */
