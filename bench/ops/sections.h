@@ -14,6 +14,9 @@ void bench_ops_elementwise(bench_report *r);
 void bench_ops_reduce(bench_report *r);
 /* matmul f32 against a direct call of the GEMM provider and against peak. */
 void bench_ops_linalg(bench_report *r);
+/* The f32 FMA peak in GFLOP/s of `threads` threads running at once (peak.c),
+ * measured with the widest vectors this CPU has; *isa names them. */
+double bench_fma_peak(int threads, const char **isa);
 /* C = op(A) @ op(B) in f32 through the build's GEMM provider, row-major,
  * op(X) = X^T when its flag is set: the anchor of the linalg and conv
  * sections (linalg.c). False when the build has no provider. */

@@ -15,17 +15,9 @@ static inline bool ndm__ckd_add_i64(int64_t *r, int64_t a, int64_t b)
 {
     return __builtin_add_overflow(a, b, r);
 }
-static inline bool ndm__ckd_sub_i64(int64_t *r, int64_t a, int64_t b)
-{
-    return __builtin_sub_overflow(a, b, r);
-}
 static inline bool ndm__ckd_mul_i64(int64_t *r, int64_t a, int64_t b)
 {
     return __builtin_mul_overflow(a, b, r);
-}
-static inline bool ndm__ckd_add_u64(uint64_t *r, uint64_t a, uint64_t b)
-{
-    return __builtin_add_overflow(a, b, r);
 }
 static inline bool ndm__ckd_mul_u64(uint64_t *r, uint64_t a, uint64_t b)
 {
@@ -47,13 +39,6 @@ static inline bool ndm__ckd_add_i64(int64_t *r, int64_t a, int64_t b)
     *r = a + b;
     return false;
 }
-static inline bool ndm__ckd_sub_i64(int64_t *r, int64_t a, int64_t b)
-{
-    if ((b < 0 && a > INT64_MAX + b) || (b > 0 && a < INT64_MIN + b))
-        return true;
-    *r = a - b;
-    return false;
-}
 static inline bool ndm__ckd_mul_i64(int64_t *r, int64_t a, int64_t b)
 {
     if (a == 0 || b == 0) {
@@ -67,11 +52,6 @@ static inline bool ndm__ckd_mul_i64(int64_t *r, int64_t a, int64_t b)
         return true;
     *r = a * b;
     return false;
-}
-static inline bool ndm__ckd_add_u64(uint64_t *r, uint64_t a, uint64_t b)
-{
-    *r = a + b;
-    return *r < a;
 }
 static inline bool ndm__ckd_mul_u64(uint64_t *r, uint64_t a, uint64_t b)
 {
@@ -112,31 +92,6 @@ static inline bool ndm__ckd_extent(int ndim, const int64_t *shape, int64_t elem_
         return true;
     *extent = n;
     *numel = empty ? 0 : n;
-    return false;
-}
-
-/* The product of the sizes, as the element count of a shape. */
-static inline bool ndm__ckd_numel(int ndim, const int64_t *shape, int64_t *numel)
-{
-    int64_t n = 1;
-    for (int i = 0; i < ndim; i++)
-        if (ndm__ckd_mul_i64(&n, n, shape[i]))
-            return true;
-    *numel = n;
-    return false;
-}
-
-/* C-contiguous strides (in elements) of a shape; true when they overflow,
- * which ndm__ckd_extent rules out beforehand. A size-0 axis counts as 1,
- * so an empty array gets the strides of its non-empty neighbours. */
-static inline bool ndm__ckd_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides)
-{
-    int64_t s = 1;
-    for (int i = ndim - 1; i >= 0; i--) {
-        strides[i] = s;
-        if (i && ndm__ckd_mul_i64(&s, s, shape[i] ? shape[i] : 1))
-            return true;
-    }
     return false;
 }
 

@@ -247,13 +247,23 @@ static void dump_node(ndm__manager *m, FILE *f, int depth, int width, const lent
         dump_node(ndm__manager_slot(c), f, depth + 1, width, lt);
 }
 
+/* The manager a dump or report is of, or NULL (the failure recorded) for a
+ * stale handle or a NULL FILE. */
+static ndm__manager *report_args(ndm_manager h, FILE *f, const char *api)
+{
+    ndm__manager *m = ndm__manager_get(h, api, NDM__NO_SITE);
+    if (m && !f) {
+        ndm__fail(NDM_E_INVALID, api, NDM__NO_SITE, "FILE is NULL");
+        return NULL;
+    }
+    return m;
+}
+
 NDM_API ndm_status ndm_debug_dump(ndm_manager h, FILE *f)
 {
-    ndm__manager *m = ndm__manager_get(h, __func__, NDM__NO_SITE);
+    ndm__manager *m = report_args(h, f, __func__);
     if (!m)
         return ndm_last_status();
-    if (!f)
-        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "FILE is NULL");
     ndm__tree_lock();
     char path[1024];
     ndm__manager_path_locked(m->self, path, sizeof path);
@@ -318,11 +328,9 @@ static void json_node(ndm__manager *m, FILE *f, const lent_table *lt)
 
 NDM_API ndm_status ndm_debug_dump_json(ndm_manager h, FILE *f)
 {
-    ndm__manager *m = ndm__manager_get(h, __func__, NDM__NO_SITE);
+    ndm__manager *m = report_args(h, f, __func__);
     if (!m)
         return ndm_last_status();
-    if (!f)
-        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "FILE is NULL");
     ndm__tree_lock();
     lent_table lt = lent_collect();
     json_node(m, f, &lt);
@@ -427,11 +435,9 @@ NDM_API int64_t ndm_count_since(ndm_manager h, ndm_seq mark)
 
 NDM_API ndm_status ndm_report_since(ndm_manager h, ndm_seq mark, FILE *f)
 {
-    ndm__manager *m = ndm__manager_get(h, __func__, NDM__NO_SITE);
+    ndm__manager *m = report_args(h, f, __func__);
     if (!m)
         return ndm_last_status();
-    if (!f)
-        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "FILE is NULL");
     groups gs = {0};
     char path[1024], site[256];
     ndm__tree_lock();

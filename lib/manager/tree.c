@@ -601,40 +601,36 @@ NDM_API ndm_status ndm_manager_close_at(NDM_SITE_PARAMS, ndm_manager h)
 
 /* ---- caps, limits, resources ------------------------------------------------ */
 
-NDM_API ndm_status ndm_manager_cap(ndm_manager h, unsigned flags)
+/* Sets (or clears) cap flags; api names the caller in messages. */
+static ndm_status change_caps(ndm_manager h, unsigned flags, bool set, const char *api)
 {
-    ndm__manager *m = ndm__manager_get(h, __func__, NDM__NO_SITE);
+    ndm__manager *m = ndm__manager_get(h, api, NDM__NO_SITE);
     if (!m)
         return ndm_last_status();
     if (flags & ~(unsigned)(NDM_CAP_ARRAYS | NDM_CAP_CHILDREN))
-        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "unknown cap flags 0x%x", flags);
+        return ndm__fail(NDM_E_INVALID, api, NDM__NO_SITE, "unknown cap flags 0x%x", flags);
     if (atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_BUILTIN)
-        return ndm__fail(NDM_E_ROOT, __func__, NDM__NO_SITE,
-                         "the built-in manager '%s' cannot be capped", m->name);
+        return ndm__fail(NDM_E_ROOT, api, NDM__NO_SITE, "the built-in manager '%s' cannot be %s",
+                         m->name, set ? "capped" : "uncapped");
     ndm__tree_lock();
     ndm__mlock_take(m);
-    atomic_fetch_or_explicit(&m->state, flags << NDM__CAP_SHIFT, memory_order_acq_rel);
+    if (set)
+        atomic_fetch_or_explicit(&m->state, flags << NDM__CAP_SHIFT, memory_order_acq_rel);
+    else
+        atomic_fetch_and_explicit(&m->state, ~(flags << NDM__CAP_SHIFT), memory_order_acq_rel);
     ndm__mlock_drop(m);
     ndm__tree_unlock();
     return NDM_OK;
 }
 
+NDM_API ndm_status ndm_manager_cap(ndm_manager h, unsigned flags)
+{
+    return change_caps(h, flags, true, __func__);
+}
+
 NDM_API ndm_status ndm_manager_uncap(ndm_manager h, unsigned flags)
 {
-    ndm__manager *m = ndm__manager_get(h, __func__, NDM__NO_SITE);
-    if (!m)
-        return ndm_last_status();
-    if (flags & ~(unsigned)(NDM_CAP_ARRAYS | NDM_CAP_CHILDREN))
-        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "unknown cap flags 0x%x", flags);
-    if (atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_BUILTIN)
-        return ndm__fail(NDM_E_ROOT, __func__, NDM__NO_SITE,
-                         "the built-in manager '%s' cannot be uncapped", m->name);
-    ndm__tree_lock();
-    ndm__mlock_take(m);
-    atomic_fetch_and_explicit(&m->state, ~(flags << NDM__CAP_SHIFT), memory_order_acq_rel);
-    ndm__mlock_drop(m);
-    ndm__tree_unlock();
-    return NDM_OK;
+    return change_caps(h, flags, false, __func__);
 }
 
 NDM_API unsigned ndm_manager_caps(ndm_manager h)
@@ -736,8 +732,10 @@ static ndm_status add_hook(ndm__manager *m, uint32_t gen, ndm__hook *hk, const c
     return NDM_OK;
 }
 
-static ndm_status hook_target(ndm_manager h, const char *api, ndm__site site, ndm__manager **out,
-                              uint32_t *gen)
+/* The manager a hook goes on (any but a built-in one, which never closes)
+ * and its generation; the hook's callback, named fn_name, must be given. */
+static ndm_status hook_target(ndm_manager h, bool has_fn, const char *fn_name, const char *api,
+                              ndm__site site, ndm__manager **out, uint32_t *gen)
 {
     ndm__manager *m = ndm__manager_get(h, api, site);
     if (!m)
@@ -747,53 +745,48 @@ static ndm_status hook_target(ndm_manager h, const char *api, ndm__site site, nd
         return ndm__fail(NDM_E_ROOT, api, site,
                          "the built-in manager '%s' never closes, so it cannot own resources",
                          m->name);
+    if (!has_fn)
+        return ndm__fail(NDM_E_INVALID, api, site, "%s is NULL", fn_name);
     *out = m;
     return NDM_OK;
 }
 
-NDM_API ndm_status ndm_manager_own_at(NDM_SITE_PARAMS, ndm_manager h, void *ptr,
-                                      void (*free_fn)(void *ptr), const char *name)
+/* A copy of proto on h's manager, with its own copy of name (NULL: none)
+ * and the caller's site: what ndm_manager_own and ndm_manager_on_close do;
+ * `what` names the record in the out-of-memory message. */
+static ndm_status put_hook(ndm_manager h, bool has_fn, const char *fn_name, ndm__hook proto,
+                           const char *name, const char *what, const char *api, ndm__site site)
 {
-    ndm__site site = NDM__SITE;
     ndm__manager *m = NULL;
     uint32_t gen = 0;
-    ndm_status st = hook_target(h, __func__, site, &m, &gen);
+    ndm_status st = hook_target(h, has_fn, fn_name, api, site, &m, &gen);
     if (st < 0)
         return st;
-    if (!free_fn)
-        return ndm__fail(NDM_E_INVALID, __func__, site, "free_fn is NULL");
     ndm__hook *hk = ndm__calloc(1, sizeof *hk, NDM__INJ_OBJECT);
     char *nm = name && !ndm__inject(NDM__INJ_OBJECT) ? strdup(name) : NULL;
     if (!hk || (name && !nm)) {
         free(hk);
         free(nm);
-        return ndm__fail(NDM_E_OOM, __func__, site, "no memory for a resource record");
+        return ndm__fail(NDM_E_OOM, api, site, "no memory for a %s record", what);
     }
-    hk->free_fn = free_fn;
-    hk->ptr = ptr;
+    *hk = proto;
     hk->name = nm;
     hk->site = site;
-    return add_hook(m, gen, hk, __func__, site);
+    return add_hook(m, gen, hk, api, site);
+}
+
+NDM_API ndm_status ndm_manager_own_at(NDM_SITE_PARAMS, ndm_manager h, void *ptr,
+                                      void (*free_fn)(void *ptr), const char *name)
+{
+    return put_hook(h, free_fn != NULL, "free_fn", (ndm__hook){.free_fn = free_fn, .ptr = ptr},
+                    name, "resource", __func__, NDM__SITE);
 }
 
 NDM_API ndm_status ndm_manager_on_close_at(NDM_SITE_PARAMS, ndm_manager h, ndm_close_fn fn,
                                            void *ud)
 {
-    ndm__site site = NDM__SITE;
-    ndm__manager *m = NULL;
-    uint32_t gen = 0;
-    ndm_status st = hook_target(h, __func__, site, &m, &gen);
-    if (st < 0)
-        return st;
-    if (!fn)
-        return ndm__fail(NDM_E_INVALID, __func__, site, "fn is NULL");
-    ndm__hook *hk = ndm__calloc(1, sizeof *hk, NDM__INJ_OBJECT);
-    if (!hk)
-        return ndm__fail(NDM_E_OOM, __func__, site, "no memory for a hook record");
-    hk->close_fn = fn;
-    hk->ptr = ud;
-    hk->site = site;
-    return add_hook(m, gen, hk, __func__, site);
+    return put_hook(h, fn != NULL, "fn", (ndm__hook){.close_fn = fn, .ptr = ud}, NULL, "hook",
+                    __func__, NDM__SITE);
 }
 
 /* ---- queries -------------------------------------------------------------- */

@@ -43,6 +43,16 @@ static const struct ndm__backend_nn *family(ndm__array *r, const char *api, ndm_
     return b ? b->nn : NULL;
 }
 
+/* The nn kernels for a 4-d result of shape yshape in rx's dtype on rx's
+ * device, or NULL (the failure recorded) when that shape does not fit. */
+static const struct ndm__backend_nn *result_family(ndm__array *rx, const int64_t *yshape,
+                                                   const char *api, ndm__site site)
+{
+    if (ndm__shape_check(4, yshape, rx->dtype, NULL, NULL, api, site) < 0)
+        return NULL;
+    return family(rx, api, site);
+}
+
 static bool same_device(ndm__array *a, ndm__array *b, const char *api, ndm__site site)
 {
     if (ndm_device_eq(a->storage->device, b->storage->device))
@@ -268,9 +278,7 @@ static ndm_array conv2d_impl(NDM_SITE_PARAMS, ndm_manager out, ndm_array x, ndm_
                   ndm__array_desc(rb, d1, sizeof d1), yshape[1]);
         return NDM_NULL_ARRAY;
     }
-    if (ndm__shape_check(4, yshape, rx->dtype, NULL, NULL, api, site) < 0)
-        return NDM_NULL_ARRAY;
-    const struct ndm__backend_nn *fam = family(rx, api, site);
+    const struct ndm__backend_nn *fam = result_family(rx, yshape, api, site);
     if (!fam)
         return NDM_NULL_ARRAY;
     call c = call_start(site, api, out, rx);
@@ -394,9 +402,7 @@ static ndm_array pool_impl(ndm__site site, const char *api, ndm_manager out, ndm
     int64_t yshape[4];
     if (!pool_geometry(opts, rx->shape, &g, yshape, api, site))
         return NDM_NULL_ARRAY;
-    if (ndm__shape_check(4, yshape, rx->dtype, NULL, NULL, api, site) < 0)
-        return NDM_NULL_ARRAY;
-    const struct ndm__backend_nn *fam = family(rx, api, site);
+    const struct ndm__backend_nn *fam = result_family(rx, yshape, api, site);
     if (!fam)
         return NDM_NULL_ARRAY;
     call c = call_start(site, api, out, rx);

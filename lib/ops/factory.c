@@ -48,6 +48,31 @@ static NDM__ALWAYS_INLINE ndm_array make(const ndm__site *site, const char *api,
                                  out);
 }
 
+/* The backend that runs `what` on r, or NULL when there is none or it
+ * declines r's case (either has said why). */
+static const ndm__backend *factory_backend(ndm__array *r, const char *what, const char *api,
+                                           ndm__site site)
+{
+    const ndm__backend *b = ndm__backend_of(r->storage->device, api, site);
+    if (b && NDM__BACKEND_DECLINES(b, r->storage->device, api, site, NDM__OPS_CORE, 0, what,
+                                   ndm__layout_of(r), 1, {r->dtype}))
+        return NULL;
+    return b;
+}
+
+/* a once the backend filled it with status st: a failure discards it (a
+ * backend that declined, b NULL, has said why). */
+static ndm_array filled(ndm_array a, ndm_status st, const ndm__backend *b, const char *api,
+                        ndm__site site)
+{
+    if (st >= 0)
+        return a;
+    if (b)
+        ndm__fail(st, api, site, "fill failed: %s", ndm_status_str(st));
+    ndm__discard(a);
+    return NDM_NULL_ARRAY;
+}
+
 static ndm_array make_filled(ndm__site site, const char *api, ndm_manager m, ndm_dtype dtype,
                              int ndim, const int64_t *shape, double value)
 {
@@ -55,19 +80,10 @@ static ndm_array make_filled(ndm__site site, const char *api, ndm_manager m, ndm
     ndm_array a = make(&site, api, m, dtype, ndim, shape, &r);
     if (!a.id)
         return a;
-    const ndm__backend *b = ndm__backend_of(r->storage->device, api, site);
-    if (b && NDM__BACKEND_DECLINES(b, r->storage->device, api, site, NDM__OPS_CORE, 0, "fill",
-                                   ndm__layout_of(r), 1, {dtype}))
-        b = NULL;
+    const ndm__backend *b = factory_backend(r, "fill", api, site);
     ndm__tensor t = ndm__tensor_of(r);
     ndm_status st = b ? b->fill(r->storage->device.index, &t, value) : NDM_E_UNSUPPORTED;
-    if (st < 0) {
-        if (b)
-            ndm__fail(st, api, site, "fill failed: %s", ndm_status_str(st));
-        ndm__discard(a);
-        return NDM_NULL_ARRAY;
-    }
-    return a;
+    return filled(a, st, b, api, site);
 }
 
 NDM_API ndm_array ndm_empty_at(NDM_SITE_PARAMS, ndm_manager m, ndm_dtype dtype, int ndim,
@@ -107,10 +123,7 @@ static ndm_array make_iota(ndm__site site, const char *api, ndm_manager m, ndm_d
     ndm_array a = make(&site, api, m, dtype, 1, &n, &r);
     if (!a.id)
         return a;
-    const ndm__backend *b = ndm__backend_of(r->storage->device, api, site);
-    if (b && NDM__BACKEND_DECLINES(b, r->storage->device, api, site, NDM__OPS_CORE, 0, "iota",
-                                   ndm__layout_of(r), 1, {dtype}))
-        b = NULL;
+    const ndm__backend *b = factory_backend(r, "iota", api, site);
     ndm__tensor t = ndm__tensor_of(r);
     ndm_status st = b ? b->iota(r->storage->device.index, &t, start, step) : NDM_E_UNSUPPORTED;
     if (st == NDM_OK && last_is && n > 1) {
@@ -120,13 +133,7 @@ static ndm_array make_iota(ndm__site site, const char *api, ndm_manager m, ndm_d
                          &stride};
         st = b->fill(r->storage->device.index, &e, last);
     }
-    if (st < 0) {
-        if (b)
-            ndm__fail(st, api, site, "fill failed: %s", ndm_status_str(st));
-        ndm__discard(a);
-        return NDM_NULL_ARRAY;
-    }
-    return a;
+    return filled(a, st, b, api, site);
 }
 
 NDM_API ndm_array ndm_arange_at(NDM_SITE_PARAMS, ndm_manager m, ndm_dtype dtype, double start,

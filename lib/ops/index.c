@@ -37,6 +37,18 @@ const struct ndm__backend_index *ndm__index_family(ndm_device dev, const char *a
     return b->index;
 }
 
+/* The index kernels of dev and the result (dtype, nd, shape) on it: the
+ * result, or NDM_NULL_ARRAY with the failure recorded. */
+static ndm_array index_result(ndm__site site, const char *api, ndm_manager out, ndm_device dev,
+                              ndm_dtype dtype, int nd, const int64_t *shape,
+                              const struct ndm__backend_index **f, ndm__array **o)
+{
+    *f = ndm__index_family(dev, api, site);
+    if (!*f)
+        return NDM_NULL_ARRAY;
+    return ndm__array_new_on(site, api, out, dev, dtype, nd, shape, o);
+}
+
 bool ndm__same_device(const ndm__array *a, const ndm__array *b, const char *api, ndm__site site)
 {
     ndm_device x = a->storage->device, y = b->storage->device;
@@ -173,11 +185,9 @@ static ndm_array join(ndm__site site, const char *api, ndm_manager out, int axis
         shape[ax] = total;
     }
     ndm_device dev = r[0]->storage->device;
-    const struct ndm__backend_index *f = ndm__index_family(dev, api, site);
-    if (!f)
-        goto done;
+    const struct ndm__backend_index *f;
     ndm__array *o;
-    res = ndm__array_new_on(site, api, out, dev, dtype, rnd, shape, &o);
+    res = index_result(site, api, out, dev, dtype, rnd, shape, &f, &o);
     if (!res.id)
         goto done;
     ndm_status st = place(f, n, r, o, ax, stack, shape + rnd);
@@ -419,11 +429,9 @@ NDM_API ndm_array ndm_tile_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, 
         sstr[2 * d + 1] = rd >= 0 ? r->strides[rd] : 0;
     }
     ndm_device dev = r->storage->device;
-    const struct ndm__backend_index *f = ndm__index_family(dev, __func__, site);
-    if (!f)
-        goto done;
+    const struct ndm__backend_index *f;
     ndm__array *o;
-    res = ndm__array_new_on(site, __func__, out, dev, r->dtype, nd, shape, &o);
+    res = index_result(site, __func__, out, dev, r->dtype, nd, shape, &f, &o);
     if (!res.id)
         goto done;
     /* The result, read as (reps, size) pairs, is `a` broadcast over the reps;
@@ -488,11 +496,9 @@ NDM_API ndm_array ndm_pad_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, n
         }
     }
     ndm_device dev = r->storage->device;
-    const struct ndm__backend_index *f = ndm__index_family(dev, __func__, site);
-    if (!f)
-        goto done;
+    const struct ndm__backend_index *f;
     ndm__array *o;
-    res = ndm__array_new_on(site, __func__, out, dev, r->dtype, nd, shape, &o);
+    res = index_result(site, __func__, out, dev, r->dtype, nd, shape, &f, &o);
     if (!res.id)
         goto done;
     ndm__tensor dst = ndm__tensor_of(o), src = ndm__tensor_of(r);

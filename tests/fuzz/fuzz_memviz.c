@@ -1,10 +1,11 @@
 /* libFuzzer target: ndm-memviz's reader and page writer on arbitrary bytes
- * (JSON or pickle). tools/memviz.c is built in with NDM_MEMVIZ_FUZZ, which
+ * (JSON or pickle). tools/memviz/ is built in with NDM_MEMVIZ_FUZZ, which
  * leaves out its main and turns its refusals into returns: a crash, a
  * sanitizer report, a leak or a timeout is a finding. */
-#define NDM_MEMVIZ_FUZZ 1
-#include "../../tools/memviz.c"
+#include <stddef.h>
+#include <stdint.h>
 
+int ndm_memviz_fuzz(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -13,6 +13,7 @@
 #include <immintrin.h>
 #endif
 
+#include "convert.h"
 #include "ew_cpu.h"
 #include "ew_math.h"
 
@@ -434,16 +435,6 @@ static inline uint8_t st_u8_int(int64_t v) { return (uint8_t)v; }
 static inline int32_t st_i32_int(int64_t v) { return (int32_t)v; }
 static inline int64_t st_i64_int(int64_t v) { return v; }
 
-#define NDM__EW_ST(X)                                                           \
-    X(b8, NDM_BOOL, uint8_t)                                                    \
-    X(u8, NDM_U8, uint8_t)                                                      \
-    X(i32, NDM_I32, int32_t)                                                    \
-    X(i64, NDM_I64, int64_t)                                                    \
-    X(f16, NDM_F16, uint16_t)                                                   \
-    X(bf16, NDM_BF16, uint16_t)                                                 \
-    X(f32, NDM_F32, float)                                                      \
-    X(f64, NDM_F64, double)
-
 #define NDM__CONV(SN, ST, DN, DT)                                               \
     static void conv_##SN##_##DN(void *d_, int64_t ds, const void *s_, int64_t ss, int64_t n) \
     {                                                                           \
@@ -469,7 +460,7 @@ static inline int64_t st_i64_int(int64_t v) { return v; }
     NDM__CONV(SN, ST, bf16, uint16_t)                                           \
     NDM__CONV(SN, ST, f32, float)                                               \
     NDM__CONV(SN, ST, f64, double)
-NDM__EW_ST(NDM__CONV_FROM)
+NDM__CPU_DTYPES(NDM__CONV_FROM)
 
 /* Same dtype: move elements of the size. */
 #define NDM__MOVE(BITS)                                                         \
@@ -597,7 +588,7 @@ const ndm__ew_isa NDM__EW_ISA_TABLE = {
     },
     .where = {[NDM_BOOL] = where_8, [NDM_U8] = where_8, [NDM_I32] = where_32,
               [NDM_I64] = where_64, [NDM_F32] = where_32, [NDM_F64] = where_64},
-    .conv = {NDM__EW_ST(NDM__CONV_ROW)},
+    .conv = {NDM__CPU_DTYPES(NDM__CONV_ROW)},
     .move = {[1] = move_8, [2] = move_16, [4] = move_32, [8] = move_64},
     .stream = NDM__STREAM,
     .fence = NDM__FENCE,

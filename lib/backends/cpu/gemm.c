@@ -1,25 +1,21 @@
 /* CPU matrix products: ndm's blocked GEMM (packed panels, SIMD micro-kernels
- * picked by the CPU at run time), the glue to the build's GEMM provider, and
- * the batched matmul kernels of the linalg family (reference and fast). */
+ * picked by the CPU at run time) and the batched matmul kernels of the linalg
+ * family (reference and fast). The build's GEMM provider is gemm_provider.c;
+ * the timing of products for bench/train, gemm_profile.c. */
 #include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
-#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../linalg.h"
 #include "isa.h"
 #include "gemm.h"
+#include "gemm_profile.h"
+#include "gemm_provider.h"
 #include "ndm/config.h"
 #include "parallel.h"
 #include "small_gemm.h"
-
-#if NDM_HAVE_OPENBLAS
-#include <cblas.h>
-#elif NDM_HAVE_BLIS
-#include <blis.h>
-#endif
 
 #if NDM__CPU_X86
 #include <immintrin.h>
@@ -829,170 +825,6 @@ static void gemm_i64_rows(void *ctx, int64_t begin, int64_t end)
     free(row);
 }
 
-/* ---- the provider ---------------------------------------------------------- */
-
-#if NDM_HAVE_OPENBLAS || NDM_HAVE_BLIS
-/* Copy an r x c matrix into a fresh row-major buffer. */
-static void *copy_dense(size_t es, int64_t r, int64_t c, const void *src, int64_t rs, int64_t cs)
-{
-    char *d = alloc64((size_t)(r * c) * es);
-    if (!d)
-        return NULL;
-    for (int64_t i = 0; i < r; i++)
-        for (int64_t j = 0; j < c; j++)
-            memcpy(d + (size_t)(i * c + j) * es, (const char *)src + (i * rs + j * cs) * (int64_t)es,
-                   es);
-    return d;
-}
-#endif
-
-#if NDM_HAVE_OPENBLAS
-/* How a row-major BLAS reads an r x c matrix with strides (rs, cs): 1 as is,
- * 2 transposed, 0 not at all. *ld gets the leading dimension. Sizes of 1
- * leave their stride free. */
-static int blas_layout(int64_t r, int64_t c, int64_t rs, int64_t cs, int64_t *ld)
-{
-    int64_t lr = r > 1 ? r : 1, lc = c > 1 ? c : 1;
-    if ((cs == 1 || c == 1) && (r == 1 || rs >= lc)) {
-        *ld = r == 1 ? lc : rs;
-        return *ld <= INT_MAX ? 1 : 0;
-    }
-    if ((rs == 1 || r == 1) && (c == 1 || cs >= lr)) {
-        *ld = c == 1 ? lr : cs;
-        return *ld <= INT_MAX ? 2 : 0;
-    }
-    return 0;
-}
-
-/* OpenBLAS runs a product on the calling thread when m * n * k is at most
- * 65536 * GEMM_MULTITHREAD_THRESHOLD (4 unless its build changed it), and
- * on its own thread pool above that: a pool that spins (sched_yield) after
- * each product on the cores ndm's pool works on, and whose size the
- * library may not change. Cut into tiles below that bound, the provider ran
- * slower than ndm's kernel on every shape of a training step we measured;
- * so products between that bound and PROVIDER_OWN_POOL_MNK go to ndm's
- * kernel on ndm's pool, and only larger ones, where the provider's speed
- * pays for its pool, to the provider whole. */
-#define PROVIDER_ONE_THREAD_MNK 262144.0
-#define PROVIDER_OWN_POOL_MNK 67108864.0
-
-static bool provider_takes(int64_t m, int64_t n, int64_t k)
-{
-    double mnk = (double)m * (double)n * (double)k;
-    return mnk <= PROVIDER_ONE_THREAD_MNK || mnk > PROVIDER_OWN_POOL_MNK;
-}
-
-/* 1 when OpenBLAS did the product, 0 when it cannot take these operands,
- * or a negative status. */
-static int provider_gemm(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const void *a,
-                         int64_t rsa, int64_t csa, const void *b, int64_t rsb, int64_t csb,
-                         void *c, int64_t rsc, int64_t csc, bool acc)
-{
-    if (m > INT_MAX || n > INT_MAX || k > INT_MAX)
-        return 0;
-    int64_t ldc;
-    if (blas_layout(m, n, rsc, csc, &ldc) != 1)
-        return 0;
-    size_t es = ndm_dtype_size(dt);
-    void *ta = NULL, *tb = NULL;
-    int64_t lda = 0, ldb = 0;
-    int la = blas_layout(m, k, rsa, csa, &lda), lb = blas_layout(k, n, rsb, csb, &ldb);
-    /* A layout the provider cannot read is copied when the product is big
-     * enough for the copy (O(mk)) to be small beside it (O(mnk)). */
-    if ((!la || !lb) && (double)m * (double)n * (double)k < 2.0e6)
-        return 0;
-    if (!la) {
-        ta = copy_dense(es, m, k, a, rsa, csa);
-        if (!ta)
-            return NDM_E_OOM;
-        a = ta;
-        la = 1;
-        lda = k > 1 ? k : 1;
-    }
-    if (!lb) {
-        tb = copy_dense(es, k, n, b, rsb, csb);
-        if (!tb) {
-            free(ta);
-            return NDM_E_OOM;
-        }
-        b = tb;
-        lb = 1;
-        ldb = n > 1 ? n : 1;
-    }
-    enum CBLAS_TRANSPOSE ta_ = la == 1 ? CblasNoTrans : CblasTrans;
-    enum CBLAS_TRANSPOSE tb_ = lb == 1 ? CblasNoTrans : CblasTrans;
-    if (dt == NDM_F32)
-        cblas_sgemm(CblasRowMajor, ta_, tb_, (int)m, (int)n, (int)k, 1.0f, a, (int)lda, b,
-                    (int)ldb, acc ? 1.0f : 0.0f, c, (int)ldc);
-    else
-        cblas_dgemm(CblasRowMajor, ta_, tb_, (int)m, (int)n, (int)k, 1.0, a, (int)lda, b,
-                    (int)ldb, acc ? 1.0 : 0.0, c, (int)ldc);
-    free(ta);
-    free(tb);
-    return 1;
-}
-#elif NDM_HAVE_BLIS
-/* BLIS reads any positive strides (general stride); sizes of 1 get a
- * stride that satisfies its checks. Zero and negative strides are copied. */
-static bool blis_strides(int64_t r, int64_t c, int64_t *rs, int64_t *cs)
-{
-    if (r == 1)
-        *rs = c > 1 ? c * (*cs > 0 ? *cs : 1) : 1;
-    if (c == 1)
-        *cs = 1;
-    return *rs > 0 && *cs > 0;
-}
-
-static int provider_gemm(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const void *a,
-                         int64_t rsa, int64_t csa, const void *b, int64_t rsb, int64_t csb,
-                         void *c, int64_t rsc, int64_t csc, bool acc)
-{
-    if (!blis_strides(m, n, &rsc, &csc))
-        return 0;
-    size_t es = ndm_dtype_size(dt);
-    void *ta = NULL, *tb = NULL;
-    if (!blis_strides(m, k, &rsa, &csa)) {
-        ta = copy_dense(es, m, k, a, rsa, csa);
-        if (!ta)
-            return NDM_E_OOM;
-        a = ta;
-        rsa = k;
-        csa = 1;
-        blis_strides(m, k, &rsa, &csa);
-    }
-    if (!blis_strides(k, n, &rsb, &csb)) {
-        tb = copy_dense(es, k, n, b, rsb, csb);
-        if (!tb) {
-            free(ta);
-            return NDM_E_OOM;
-        }
-        b = tb;
-        rsb = n;
-        csb = 1;
-        blis_strides(k, n, &rsb, &csb);
-    }
-    if (dt == NDM_F32) {
-        float one = 1.0f, beta = acc ? 1.0f : 0.0f;
-        bli_sgemm(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, m, n, k, &one, (float *)a, rsa, csa,
-                  (float *)b, rsb, csb, &beta, c, rsc, csc);
-    } else {
-        double one = 1.0, beta = acc ? 1.0 : 0.0;
-        bli_dgemm(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, m, n, k, &one, (double *)a, rsa, csa,
-                  (double *)b, rsb, csb, &beta, c, rsc, csc);
-    }
-    free(ta);
-    free(tb);
-    return 1;
-}
-
-/* BLIS runs on the calling thread unless its user asks for more. */
-static bool provider_takes(int64_t m, int64_t n, int64_t k)
-{
-    (void)m, (void)n, (void)k;
-    return true;
-}
-#endif
-
 /* ---- entry point ------------------------------------------------------------ */
 
 /* C's rows set to the bias (or zeros): typed loops, no call per element. */
@@ -1054,11 +886,11 @@ static ndm_status gemm_bias_impl(ndm_dtype dt, int64_t m, int64_t n, int64_t k, 
     if (ndm__gemm_small(dt, m, n, k, a, rsa, csa, b, rsb, csb, c, rsc, csc, &epi))
         return NDM_OK;
 #if NDM_HAVE_OPENBLAS || NDM_HAVE_BLIS
-    if (!(flags & NDM__GEMM_NO_PROVIDER) && provider_takes(m, n, k)) {
+    if (!(flags & NDM__GEMM_NO_PROVIDER) && ndm__gemm_uses_provider(m, n, k)) {
         /* the provider adds onto C, so a bias is written first */
         if (bias && !acc)
             fill_rows(dt, m, n, c, rsc, csc, bias, sbias);
-        int done = provider_gemm(dt, m, n, k, a, rsa, csa, b, rsb, csb, c, rsc, csc,
+        int done = ndm__gemm_provider_run(dt, m, n, k, a, rsa, csa, b, rsb, csb, c, rsc, csc,
                                  acc || bias);
         if (done != 0)
             return done < 0 ? (ndm_status)done : NDM_OK;
@@ -1071,92 +903,18 @@ static ndm_status gemm_bias_impl(ndm_dtype dt, int64_t m, int64_t n, int64_t k, 
     return gemm_blocked(dt, m, n, k, a, rsa, csa, b, rsb, csb, c, rsc, csc, acc, bias, sbias);
 }
 
-bool ndm__gemm_uses_provider(int64_t m, int64_t n, int64_t k)
-{
-#if NDM_HAVE_OPENBLAS || NDM_HAVE_BLIS
-    return provider_takes(m, n, k);
-#else
-    (void)m, (void)n, (void)k;
-    return false;
-#endif
-}
-
-/* ---- profiling: when GEMMs run (bench/train) -------------------------------- */
-
-/* While profiling, every GEMM appends its [start, end) interval; the time
- * spent in GEMM is the union of the intervals, since calls made by several
- * threads at once (a convolution's batch split) overlap. */
-#define PROFILE_CAP (1 << 20)
-static atomic_bool profiling;
-static atomic_long profile_n;
-static double (*profile_iv)[2];
-
-static double profile_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-void ndm__gemm_profile(bool on)
-{
-    if (on && !profile_iv)
-        profile_iv = malloc(sizeof *profile_iv * PROFILE_CAP);
-    atomic_store(&profile_n, 0);
-    atomic_store(&profiling, on && profile_iv);
-}
-
-static int by_start(const void *x, const void *y)
-{
-    const double *a = x, *b = y;
-    return a[0] < b[0] ? -1 : a[0] > b[0];
-}
-
-double ndm__gemm_profile_seconds(void)
-{
-    long n = atomic_load(&profile_n);
-    if (n > PROFILE_CAP)
-        n = PROFILE_CAP;
-    if (!profile_iv || n <= 0)
-        return 0;
-    qsort(profile_iv, (size_t)n, sizeof *profile_iv, by_start);
-    double total = 0, lo = profile_iv[0][0], hi = profile_iv[0][1];
-    for (long i = 1; i < n; i++) {
-        if (profile_iv[i][0] > hi) {
-            total += hi - lo;
-            lo = profile_iv[i][0];
-            hi = profile_iv[i][1];
-        } else if (profile_iv[i][1] > hi) {
-            hi = profile_iv[i][1];
-        }
-    }
-    return total + (hi - lo);
-}
-
-static ndm_status gemm_bias_profiled(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const void *a,
-                                     int64_t rsa, int64_t csa, const void *b, int64_t rsb,
-                                     int64_t csb, void *c, int64_t rsc, int64_t csc,
-                                     const void *bias, int64_t sbias, unsigned flags)
-{
-    double t0 = profile_now();
-    ndm_status st = gemm_bias_impl(dt, m, n, k, a, rsa, csa, b, rsb, csb, c, rsc, csc, bias,
-                                   sbias, flags);
-    long i = atomic_fetch_add(&profile_n, 1);
-    if (i < PROFILE_CAP) {
-        profile_iv[i][0] = t0;
-        profile_iv[i][1] = profile_now();
-    }
-    return st;
-}
-
 ndm_status ndm__cpu_gemm_bias(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const void *a,
                               int64_t rsa, int64_t csa, const void *b, int64_t rsb, int64_t csb,
                               void *c, int64_t rsc, int64_t csc, const void *bias, int64_t sbias,
                               unsigned flags)
 {
-    if (__builtin_expect(atomic_load_explicit(&profiling, memory_order_relaxed), 0))
-        return gemm_bias_profiled(dt, m, n, k, a, rsa, csa, b, rsb, csb, c, rsc, csc, bias,
-                                  sbias, flags);
+    if (__builtin_expect(ndm__gemm_profiling(), 0)) {
+        double t0 = ndm__gemm_profile_now();
+        ndm_status st = gemm_bias_impl(dt, m, n, k, a, rsa, csa, b, rsb, csb, c, rsc, csc, bias,
+                                       sbias, flags);
+        ndm__gemm_profile_add(t0);
+        return st;
+    }
     return gemm_bias_impl(dt, m, n, k, a, rsa, csa, b, rsb, csb, c, rsc, csc, bias, sbias, flags);
 }
 
@@ -1311,15 +1069,11 @@ ndm_status ndm__gemm_packed(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const
                             ndm__gemm_panel_fn panel, void *ctx, void *c, int64_t rsc,
                             int64_t csc, const void *bias, int64_t sbias, unsigned flags)
 {
-    if (__builtin_expect(atomic_load_explicit(&profiling, memory_order_relaxed), 0)) {
-        double t0 = profile_now();
+    if (__builtin_expect(ndm__gemm_profiling(), 0)) {
+        double t0 = ndm__gemm_profile_now();
         ndm_status st =
             gemm_packed_impl(dt, m, n, k, ap, panel, ctx, c, rsc, csc, bias, sbias, flags);
-        long i = atomic_fetch_add(&profile_n, 1);
-        if (i < PROFILE_CAP) {
-            profile_iv[i][0] = t0;
-            profile_iv[i][1] = profile_now();
-        }
+        ndm__gemm_profile_add(t0);
         return st;
     }
     return gemm_packed_impl(dt, m, n, k, ap, panel, ctx, c, rsc, csc, bias, sbias, flags);

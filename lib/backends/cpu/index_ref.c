@@ -31,6 +31,43 @@ static inline int64_t index_at(const ndm__tensor *idx, const int64_t *c, int64_t
     return v < 0 ? v + n : v;
 }
 
+/* A walk over the C-order coordinates of a tensor's elements:
+ *     for (int64_t *c = walk_first(&w, t); c; c = walk_next(&w)) ...
+ *     return walk_end(&w);
+ * walk_first gives NULL when t is empty or memory is short (walk_end then
+ * returns NDM_OK or NDM_E_OOM); a loop may break off. */
+typedef struct walk {
+    ndm__coords cs;
+    int nd;
+    const int64_t *shape;
+    ndm_status st;
+} walk;
+
+static int64_t *walk_first(walk *w, const ndm__tensor *t)
+{
+    w->nd = t->ndim;
+    w->shape = t->shape;
+    w->st = NDM_OK;
+    w->cs.c = w->cs.small;
+    if (ndm__numel_t(t) == 0)
+        return NULL;
+    int64_t *c = ndm__coords_get(&w->cs, (size_t)t->ndim);
+    if (!c)
+        w->st = NDM_E_OOM;
+    return c;
+}
+
+static int64_t *walk_next(walk *w)
+{
+    return ndm__odo_next(w->nd, w->shape, w->cs.c) ? w->cs.c : NULL;
+}
+
+static ndm_status walk_end(walk *w)
+{
+    ndm__coords_put(&w->cs);
+    return w->st;
+}
+
 /* `value` converted to dtype t into one element at p. */
 static void store_value(ndm_dtype t, void *p, double value)
 {
@@ -50,70 +87,51 @@ ndm_status ndm__ref_find_outside(int device, const ndm__tensor *idx, int64_t lo,
 {
     (void)device;
     *pos = -1;
-    if (ndm__numel_t(idx) == 0)
-        return NDM_OK;
-    ndm__coords cs;
-    int64_t *c = ndm__coords_get(&cs, (size_t)idx->ndim);
-    if (!c)
-        return NDM_E_OOM;
+    walk w;
     int64_t i = 0;
-    do {
+    for (int64_t *c = walk_first(&w, idx); c; c = walk_next(&w), i++) {
         int64_t v = ndm__idx_at(idx, dot(idx->ndim, c, idx->strides));
         if (v < lo || v >= hi) {
             *pos = i;
             *value = v;
             break;
         }
-        i++;
-    } while (ndm__odo_next(idx->ndim, idx->shape, c));
-    ndm__coords_put(&cs);
-    return NDM_OK;
+    }
+    return walk_end(&w);
 }
 
 ndm_status ndm__ref_take(int device, const ndm__tensor *dst, const ndm__tensor *src, int axis,
                          const ndm__tensor *idx)
 {
     (void)device;
-    if (ndm__numel_t(dst) == 0)
-        return NDM_OK;
-    ndm__coords cs;
-    int64_t *c = ndm__coords_get(&cs, (size_t)dst->ndim);
-    if (!c)
-        return NDM_E_OOM;
     size_t es = ndm_dtype_size(dst->dtype);
     int k = idx->ndim;
     int64_t n = src->shape[axis];
-    do {
+    walk w;
+    for (int64_t *c = walk_first(&w, dst); c; c = walk_next(&w)) {
         int64_t so = index_at(idx, c + axis, n) * src->strides[axis];
         for (int d = 0; d < axis; d++)
             so += c[d] * src->strides[d];
         for (int d = axis + 1; d < src->ndim; d++)
             so += c[d + k - 1] * src->strides[d];
         memcpy(elem(dst, c), at(src, so), es);
-    } while (ndm__odo_next(dst->ndim, dst->shape, c));
-    ndm__coords_put(&cs);
-    return NDM_OK;
+    }
+    return walk_end(&w);
 }
 
 ndm_status ndm__ref_gather(int device, const ndm__tensor *dst, const ndm__tensor *src, int axis,
                            const ndm__tensor *idx)
 {
     (void)device;
-    if (ndm__numel_t(dst) == 0)
-        return NDM_OK;
-    ndm__coords cs;
-    int64_t *c = ndm__coords_get(&cs, (size_t)dst->ndim);
-    if (!c)
-        return NDM_E_OOM;
     size_t es = ndm_dtype_size(dst->dtype);
     int64_t n = src->shape[axis];
-    do {
+    walk w;
+    for (int64_t *c = walk_first(&w, dst); c; c = walk_next(&w)) {
         int64_t v = index_at(idx, c, n);
         int64_t so = dot(src->ndim, c, src->strides) + (v - c[axis]) * src->strides[axis];
         memcpy(elem(dst, c), at(src, so), es);
-    } while (ndm__odo_next(dst->ndim, dst->shape, c));
-    ndm__coords_put(&cs);
-    return NDM_OK;
+    }
+    return walk_end(&w);
 }
 
 /* *d += *s in dtype t: integers wrap, bool is "or", f16 and bf16 add in f32. */
@@ -153,52 +171,35 @@ ndm_status ndm__ref_scatter_add(int device, const ndm__tensor *dst, int axis,
                                 const ndm__tensor *idx, const ndm__tensor *src)
 {
     (void)device;
-    if (ndm__numel_t(idx) == 0)
-        return NDM_OK;
-    ndm__coords cs;
-    int64_t *c = ndm__coords_get(&cs, (size_t)idx->ndim);
-    if (!c)
-        return NDM_E_OOM;
     int64_t n = dst->shape[axis];
-    do {
+    walk w;
+    for (int64_t *c = walk_first(&w, idx); c; c = walk_next(&w)) {
         int64_t v = index_at(idx, c, n);
         int64_t doff = dot(dst->ndim, c, dst->strides) + (v - c[axis]) * dst->strides[axis];
         add_to(dst->dtype, at(dst, doff), elem(src, c));
-    } while (ndm__odo_next(idx->ndim, idx->shape, c));
-    ndm__coords_put(&cs);
-    return NDM_OK;
+    }
+    return walk_end(&w);
 }
 
 ndm_status ndm__ref_one_hot(int device, const ndm__tensor *dst, const ndm__tensor *idx)
 {
     (void)device;
-    if (ndm__numel_t(dst) == 0)
-        return NDM_OK;
-    ndm__coords cs;
-    int64_t *c = ndm__coords_get(&cs, (size_t)dst->ndim);
-    if (!c)
-        return NDM_E_OOM;
     int last = dst->ndim - 1;
-    do {
+    walk w;
+    for (int64_t *c = walk_first(&w, dst); c; c = walk_next(&w)) {
         int64_t v = ndm__idx_at(idx, dot(idx->ndim, c, idx->strides));
         store_value(dst->dtype, elem(dst, c), c[last] == v ? 1 : 0);
-    } while (ndm__odo_next(dst->ndim, dst->shape, c));
-    ndm__coords_put(&cs);
-    return NDM_OK;
+    }
+    return walk_end(&w);
 }
 
 ndm_status ndm__ref_pad(int device, const ndm__tensor *dst, const ndm__tensor *src,
                         const int64_t *before, ndm_pad_mode mode, double value)
 {
     (void)device;
-    if (ndm__numel_t(dst) == 0)
-        return NDM_OK;
-    ndm__coords cs;
-    int64_t *c = ndm__coords_get(&cs, (size_t)dst->ndim);
-    if (!c)
-        return NDM_E_OOM;
     size_t es = ndm_dtype_size(dst->dtype);
-    do {
+    walk w;
+    for (int64_t *c = walk_first(&w, dst); c; c = walk_next(&w)) {
         int64_t so = 0;
         bool inside = true;
         for (int d = 0; d < dst->ndim && inside; d++) {
@@ -211,9 +212,8 @@ ndm_status ndm__ref_pad(int device, const ndm__tensor *dst, const ndm__tensor *s
             memcpy(p, at(src, so), es);
         else
             store_value(dst->dtype, p, value);
-    } while (ndm__odo_next(dst->ndim, dst->shape, c));
-    ndm__coords_put(&cs);
-    return NDM_OK;
+    }
+    return walk_end(&w);
 }
 
 ndm_status ndm__ref_cumsum(int device, const ndm__tensor *dst, const ndm__tensor *src, int axis)

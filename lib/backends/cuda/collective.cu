@@ -45,12 +45,21 @@ static bool nccl_type(ndm_dtype dt, ncclDataType_t *out)
     return false;
 }
 
-static ndm_status enter(ndm__cuda_comm *c, ndm_dtype dt, ncclDataType_t *t, cudaStream_t *s)
+/* What a collective runs with: its communicator, NCCL's type for the dtype
+ * and the device's current stream. */
+typedef struct coll_call {
+    ndm__cuda_comm *c;
+    ncclDataType_t t;
+    cudaStream_t s;
+} coll_call;
+
+static ndm_status enter(void *comm, ndm_dtype dt, coll_call *k)
 {
-    if (!nccl_type(dt, t))
+    k->c = (ndm__cuda_comm *)comm;
+    if (!nccl_type(dt, &k->t))
         return ndm__cuda_fail(NDM_E_UNSUPPORTED, "NCCL %d.%d cannot move elements of dtype %s",
                               NCCL_MAJOR, NCCL_MINOR, dt == NDM_BF16 ? "bf16" : "?");
-    return ndm__cuda_enter(c->device, s);
+    return ndm__cuda_enter(k->c->device, &k->s);
 }
 
 static ncclRedOp_t nccl_op(ndm_dtype dt, ndm__coll_op op)
@@ -156,51 +165,44 @@ static ndm_status finish(ndm__cuda_comm *c, cudaStream_t s, void *buf, size_t n,
 
 static ndm_status coll_all_reduce(void *comm, void *buf, size_t n, ndm_dtype dt, ndm__coll_op op)
 {
-    ndm__cuda_comm *c = (ndm__cuda_comm *)comm;
-    ncclDataType_t t;
-    cudaStream_t s;
-    ndm_status st = enter(c, dt, &t, &s);
+    coll_call k;
+    ndm_status st = enter(comm, dt, &k);
     if (st < 0 || n == 0)
         return st;
-    ncclResult_t rc = ncclAllReduce(buf, buf, n, t, nccl_op(dt, op), c->nc, s);
-    return rc == ncclSuccess ? finish(c, s, buf, n, dt, op) : nccl_fail("ncclAllReduce", rc);
+    ncclResult_t rc = ncclAllReduce(buf, buf, n, k.t, nccl_op(dt, op), k.c->nc, k.s);
+    return rc == ncclSuccess ? finish(k.c, k.s, buf, n, dt, op) : nccl_fail("ncclAllReduce", rc);
 }
 
 static ndm_status coll_broadcast(void *comm, void *buf, size_t n, ndm_dtype dt, int root)
 {
-    ndm__cuda_comm *c = (ndm__cuda_comm *)comm;
-    ncclDataType_t t;
-    cudaStream_t s;
-    ndm_status st = enter(c, dt, &t, &s);
+    coll_call k;
+    ndm_status st = enter(comm, dt, &k);
     if (st < 0 || n == 0)
         return st;
-    ncclResult_t rc = ncclBroadcast(buf, buf, n, t, root, c->nc, s);
+    ncclResult_t rc = ncclBroadcast(buf, buf, n, k.t, root, k.c->nc, k.s);
     return rc == ncclSuccess ? NDM_OK : nccl_fail("ncclBroadcast", rc);
 }
 
 static ndm_status coll_all_gather(void *comm, const void *send, void *recv, size_t n, ndm_dtype dt)
 {
-    ndm__cuda_comm *c = (ndm__cuda_comm *)comm;
-    ncclDataType_t t;
-    cudaStream_t s;
-    ndm_status st = enter(c, dt, &t, &s);
+    coll_call k;
+    ndm_status st = enter(comm, dt, &k);
     if (st < 0 || n == 0)
         return st;
-    ncclResult_t rc = ncclAllGather(send, recv, n, t, c->nc, s);
+    ncclResult_t rc = ncclAllGather(send, recv, n, k.t, k.c->nc, k.s);
     return rc == ncclSuccess ? NDM_OK : nccl_fail("ncclAllGather", rc);
 }
 
 static ndm_status coll_reduce_scatter(void *comm, const void *send, void *recv, size_t n,
                                       ndm_dtype dt, ndm__coll_op op)
 {
-    ndm__cuda_comm *c = (ndm__cuda_comm *)comm;
-    ncclDataType_t t;
-    cudaStream_t s;
-    ndm_status st = enter(c, dt, &t, &s);
+    coll_call k;
+    ndm_status st = enter(comm, dt, &k);
     if (st < 0 || n == 0)
         return st;
-    ncclResult_t rc = ncclReduceScatter(send, recv, n, t, nccl_op(dt, op), c->nc, s);
-    return rc == ncclSuccess ? finish(c, s, recv, n, dt, op) : nccl_fail("ncclReduceScatter", rc);
+    ncclResult_t rc = ncclReduceScatter(send, recv, n, k.t, nccl_op(dt, op), k.c->nc, k.s);
+    return rc == ncclSuccess ? finish(k.c, k.s, recv, n, dt, op)
+                             : nccl_fail("ncclReduceScatter", rc);
 }
 
 extern "C" const ndm__backend_collective ndm__cuda_collective = {

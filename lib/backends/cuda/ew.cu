@@ -210,11 +210,11 @@ template <class T> struct alignas(sizeof(T) * NDM__CU_VEC) ndm__cu_vec {
 static constexpr unsigned char cu_binop_flags[] = {NDM__EW_BINOPS(NDM__EW_FLAGS_)};
 static constexpr unsigned char cu_unop_flags[] = {NDM__EW_UNOPS(NDM__EW_FLAGS_)};
 
-/* Whether the flat kernel of (op, CT) exists: the combinations the
- * dispatcher asks for (the flags' dtype rules); others take the general path. */
-static constexpr bool flat_bin_ok(int op, ndm_dtype ct)
+/* Whether the flat kernel of an op with flags f exists for CT: the
+ * combinations the dispatcher asks for (the flags' dtype rules); others take
+ * the general path. */
+static constexpr bool flat_ok(unsigned f, ndm_dtype ct)
 {
-    unsigned f = cu_binop_flags[op];
     bool flt = ct == NDM_F32 || ct == NDM_F64;
     if (f & NDM__EWF_BOOL)
         return ct == NDM_BOOL;
@@ -222,16 +222,8 @@ static constexpr bool flat_bin_ok(int op, ndm_dtype ct)
         return false;
     return !(ct == NDM_BOOL && (f & NDM__EWF_NO_BOOL));
 }
-static constexpr bool flat_un_ok(int op, ndm_dtype ct)
-{
-    unsigned f = cu_unop_flags[op];
-    bool flt = ct == NDM_F32 || ct == NDM_F64;
-    if (f & NDM__EWF_BOOL)
-        return ct == NDM_BOOL;
-    if ((f & NDM__EWF_FLOAT) && !flt)
-        return false;
-    return !(ct == NDM_BOOL && (f & NDM__EWF_NO_BOOL));
-}
+static constexpr bool flat_bin_ok(int op, ndm_dtype ct) { return flat_ok(cu_binop_flags[op], ct); }
+static constexpr bool flat_un_ok(int op, ndm_dtype ct) { return flat_ok(cu_unop_flags[op], ct); }
 
 /* A contiguous element of dtype CT as a computation value (bool: != 0, as
  * the reference loads it). */

@@ -20,7 +20,9 @@ static int ctx_device(void *ctx) { return ((ndm__cuda_source_ctx *)ctx)->device;
 
 /* ---- segments ------------------------------------------------------------------ */
 
-static ndm_status cuda_map(void *ctx, size_t size, void **out)
+/* `size` bytes for ctx's device: device memory, or pinned host memory
+ * (portable: a buffer may serve copies to any device of the process). */
+static ndm_status map_on(void *ctx, size_t size, void **out, bool pinned)
 {
     int device = ctx_device(ctx);
     *out = NULL;
@@ -29,9 +31,17 @@ static ndm_status cuda_map(void *ctx, size_t size, void **out)
     if (st < 0)
         return st;
     void *p = NULL;
-    NDM__CUDA_TRY(device, cudaMalloc(&p, size));
+    if (pinned)
+        NDM__CUDA_TRY(device, cudaHostAlloc(&p, size, cudaHostAllocPortable));
+    else
+        NDM__CUDA_TRY(device, cudaMalloc(&p, size));
     *out = p;
     return NDM_OK;
+}
+
+static ndm_status cuda_map(void *ctx, size_t size, void **out)
+{
+    return map_on(ctx, size, out, false);
 }
 
 static void cuda_unmap(void *ctx, void *ptr, size_t size)
@@ -342,17 +352,7 @@ static bool vmm_usable(int device)
 
 static ndm_status pinned_map(void *ctx, size_t size, void **out)
 {
-    int device = ctx_device(ctx);
-    *out = NULL;
-    cudaStream_t s = nullptr;
-    ndm_status st = ndm__cuda_enter(device, &s);
-    if (st < 0)
-        return st;
-    void *p = NULL;
-    /* Portable: a buffer may serve copies to any device of the process. */
-    NDM__CUDA_TRY(device, cudaHostAlloc(&p, size, cudaHostAllocPortable));
-    *out = p;
-    return NDM_OK;
+    return map_on(ctx, size, out, true);
 }
 
 static void pinned_unmap(void *ctx, void *ptr, size_t size)

@@ -216,12 +216,6 @@ void ndm__alloc_set_stream(ndm_device dev, uintptr_t stream)
         cur_stream[i] = stream;
 }
 
-uintptr_t ndm__alloc_stream(ndm_device dev)
-{
-    int i = pool_index(dev);
-    return i > 0 ? cur_stream[i] : 0;
-}
-
 ndm_status ndm__alloc_record_stream(ndm_device dev, void *cookie, uintptr_t stream)
 {
     int i = pool_index(dev);
@@ -563,31 +557,29 @@ NDM_API ndm_status ndm_memory_stat_get(ndm_device device, const char *key, int64
     return NDM_OK;
 }
 
-NDM_API ndm_status ndm_memory_reset_peak_stats(ndm_device device)
+/* Runs act on device's pool; api names the caller in messages. */
+static ndm_status on_pool(ndm_device device, void (*act)(ndm__pool *p), const char *api)
 {
-    ndm__pool *p = get_pool(device, __func__);
+    ndm__pool *p = get_pool(device, api);
     if (!p)
         return ndm_last_status();
-    ndm__pool_reset_peaks(p);
+    act(p);
     return NDM_OK;
+}
+
+NDM_API ndm_status ndm_memory_reset_peak_stats(ndm_device device)
+{
+    return on_pool(device, ndm__pool_reset_peaks, __func__);
 }
 
 NDM_API ndm_status ndm_memory_reset_accumulated_stats(ndm_device device)
 {
-    ndm__pool *p = get_pool(device, __func__);
-    if (!p)
-        return ndm_last_status();
-    ndm__pool_reset_accumulated(p);
-    return NDM_OK;
+    return on_pool(device, ndm__pool_reset_accumulated, __func__);
 }
 
 NDM_API ndm_status ndm_memory_empty_cache(ndm_device device)
 {
-    ndm__pool *p = get_pool(device, __func__);
-    if (!p)
-        return ndm_last_status();
-    ndm__pool_empty_cache(p);
-    return NDM_OK;
+    return on_pool(device, ndm__pool_empty_cache, __func__);
 }
 
 NDM_API ndm_status ndm_memory_summary(ndm_device device, FILE *f)

@@ -47,9 +47,8 @@ void ndm__free_many(ndm_device dev, void *const *cookies, size_t n);
  * none: these calls cost its allocations nothing. */
 
 /* The calling thread's current stream on `dev` (the backend's value, 0: the
- * default stream); set by the stream API, read by ndm__alloc. */
+ * default stream): set by the stream API, read by ndm__alloc. */
 void ndm__alloc_set_stream(ndm_device dev, uintptr_t stream);
-uintptr_t ndm__alloc_stream(ndm_device dev);
 /* Block `cookie` of `dev`, allocated, is used by work on `stream` too: its
  * free waits for that work. NDM_OK (also where the device has no streams,
  * or for the block's own stream), NDM_E_OOM; errors are not recorded. */

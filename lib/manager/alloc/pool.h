@@ -639,11 +639,8 @@ typedef struct ndm__sim ndm__sim;
 ndm__sim *ndm__sim_new(size_t capacity);
 void ndm__sim_destroy(ndm__sim *s);
 const ndm__segment_source *ndm__sim_source(ndm__sim *s);
-void ndm__sim_set_capacity(ndm__sim *s, size_t capacity);
 size_t ndm__sim_mapped(const ndm__sim *s);
-size_t ndm__sim_peak(const ndm__sim *s);
 uint64_t ndm__sim_maps(const ndm__sim *s);
-uint64_t ndm__sim_unmaps(const ndm__sim *s);
 /* Give the simulated device streams and events (before a pool is made over
  * it): events recorded on a held stream stay pending until it is released,
  * as work queued behind a busy kernel would. */

@@ -16,6 +16,23 @@
 
 static size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
+/* len bytes of anonymous memory (len + HUGE_PAGE must not overflow) that
+ * start on a huge page boundary, or NULL: over-mapped by one huge page and
+ * trimmed, so the kernel can back the range with huge pages. */
+static char *map_huge_aligned(size_t len, int prot, int flags)
+{
+    char *raw = mmap(NULL, len + HUGE_PAGE, prot, MAP_PRIVATE | MAP_ANONYMOUS | flags, -1, 0);
+    if (raw == MAP_FAILED)
+        return NULL;
+    char *p = (char *)round_up((uintptr_t)raw, HUGE_PAGE);
+    if (p > raw)
+        munmap(raw, (size_t)(p - raw));
+    size_t tail = (size_t)(raw + len + HUGE_PAGE - (p + len));
+    if (tail)
+        munmap(p + len, tail);
+    return p;
+}
+
 static ndm_status cpu_map(void *ctx, size_t size, void **out)
 {
     (void)ctx;
@@ -24,18 +41,9 @@ static ndm_status cpu_map(void *ctx, size_t size, void **out)
         size_t len = round_up(size, PAGE);
         if (len < size || len + HUGE_PAGE < len)
             return NDM_E_OOM;
-        /* Over-map by one huge page and trim, so the range starts on a huge
-         * page boundary and the kernel can back it with huge pages. */
-        char *raw = mmap(NULL, len + HUGE_PAGE, PROT_READ | PROT_WRITE,
-                         MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (raw == MAP_FAILED)
+        char *p = map_huge_aligned(len, PROT_READ | PROT_WRITE, 0);
+        if (!p)
             return NDM_E_OOM;
-        char *p = (char *)round_up((uintptr_t)raw, HUGE_PAGE);
-        if (p > raw)
-            munmap(raw, (size_t)(p - raw));
-        size_t tail = (size_t)(raw + len + HUGE_PAGE - (p + len));
-        if (tail)
-            munmap(p + len, tail);
 #ifdef MADV_HUGEPAGE
         madvise(p, len, MADV_HUGEPAGE);
 #endif
@@ -67,16 +75,9 @@ static ndm_status cpu_reserve(void *ctx, size_t size, void **out)
     *out = NULL;
     if (size > SIZE_MAX - HUGE_PAGE)
         return NDM_E_OOM;
-    char *raw = mmap(NULL, size + HUGE_PAGE, PROT_NONE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (raw == MAP_FAILED)
+    char *p = map_huge_aligned(size, PROT_NONE, MAP_NORESERVE);
+    if (!p)
         return NDM_E_OOM;
-    char *p = (char *)round_up((uintptr_t)raw, HUGE_PAGE);
-    if (p > raw)
-        munmap(raw, (size_t)(p - raw));
-    size_t tail = (size_t)(raw + size + HUGE_PAGE - (p + size));
-    if (tail)
-        munmap(p + size, tail);
     *out = p;
     return NDM_OK;
 }

@@ -34,8 +34,8 @@ typedef struct sim_event {
 struct ndm__sim {
     ndm__segment_source src;
     pthread_mutex_t lock;
-    size_t capacity, mapped, peak;
-    uint64_t maps, unmaps;
+    size_t capacity, mapped;
+    uint64_t maps;
     sim_stream streams[SIM_STREAMS];
     int nstreams;
     uint64_t events_live, event_syncs;
@@ -113,8 +113,6 @@ static ndm_status charge(ndm__sim *s, size_t size)
     if (size == 0 || (s->capacity && (size > s->capacity || s->mapped > s->capacity - size)))
         return NDM_E_OOM;
     s->mapped += size;
-    if (s->mapped > s->peak)
-        s->peak = s->mapped;
     s->maps++;
     return NDM_OK;
 }
@@ -137,7 +135,6 @@ static void sim_unmap(void *ctx, void *ptr, size_t size)
     pthread_mutex_lock(&s->lock);
     give_range(s, (uintptr_t)ptr, size);
     s->mapped -= size;
-    s->unmaps++;
     pthread_mutex_unlock(&s->lock);
 }
 
@@ -245,7 +242,6 @@ static void sim_decommit(void *ctx, void *ptr, size_t size)
     (void)ptr;
     pthread_mutex_lock(&s->lock);
     s->mapped -= size;
-    s->unmaps++;
     pthread_mutex_unlock(&s->lock);
 }
 
@@ -319,13 +315,6 @@ void ndm__sim_destroy(ndm__sim *s)
 
 const ndm__segment_source *ndm__sim_source(ndm__sim *s) { return &s->src; }
 
-void ndm__sim_set_capacity(ndm__sim *s, size_t capacity)
-{
-    pthread_mutex_lock(&s->lock);
-    s->capacity = capacity;
-    pthread_mutex_unlock(&s->lock);
-}
-
 #define SIM_GETTER(type, name, field)                                                    \
     type name(const ndm__sim *s)                                                         \
     {                                                                                    \
@@ -335,9 +324,7 @@ void ndm__sim_set_capacity(ndm__sim *s, size_t capacity)
         return v;                                                                        \
     }
 SIM_GETTER(size_t, ndm__sim_mapped, mapped)
-SIM_GETTER(size_t, ndm__sim_peak, peak)
 SIM_GETTER(uint64_t, ndm__sim_maps, maps)
-SIM_GETTER(uint64_t, ndm__sim_unmaps, unmaps)
 SIM_GETTER(uint64_t, ndm__sim_events_live, events_live)
 SIM_GETTER(uint64_t, ndm__sim_event_syncs, event_syncs)
 SIM_GETTER(size_t, ndm__sim_committed, mapped)
