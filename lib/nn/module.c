@@ -80,6 +80,18 @@ ndm_module ndm__module_finish(ndm__module *m, ndm_manager model, const char *api
     return (ndm_module){id};
 }
 
+ndm_module ndm__module_plain(const ndm__module_type *t, ndm_manager model, const char *api,
+                             ndm__site site)
+{
+    ndm__module *m = ndm__module_new(t, model, api, site);
+    return m ? ndm__module_finish(m, model, api, site) : (ndm_module){0};
+}
+
+size_t ndm__module_describe_name(const ndm__module *m, char *buf, size_t n, size_t len)
+{
+    return ndm__module_put(buf, n, len, "%s", m->type->name);
+}
+
 ndm_module ndm__module_abandon(ndm__module *m, const char *api, ndm__site site)
 {
     if (ndm_last_status() == NDM_OK)
@@ -233,26 +245,26 @@ static ndm_status fans(ndm_array a, const char *api, ndm__site site, double *fan
     return NDM_OK;
 }
 
-NDM_API ndm_status ndm_init_kaiming_uniform_inplace_at(NDM_SITE_PARAMS, ndm_array a, ndm_rng *rng)
+/* U(-b, b) with PyTorch's bound: Kaiming's (gain sqrt(2)) or Xavier's. */
+static ndm_status init_uniform(ndm__site site, const char *api, ndm_array a, ndm_rng *rng,
+                               bool xavier)
 {
-    ndm__site site = NDM__SITE;
     double fi = 0, fo = 0;
-    ndm_status st = fans(a, "ndm_init_kaiming_uniform_", site, &fi, &fo);
+    ndm_status st = fans(a, api, site, &fi, &fo);
     if (st < 0)
         return st;
-    double b = sqrt(2.0) * sqrt(3.0 / fi);
+    double b = xavier ? sqrt(6.0 / (fi + fo)) : sqrt(2.0) * sqrt(3.0 / fi);
     return ndm_uniform_inplace_at(NDM__SITE_ARGS(site), a, rng, -b, b);
+}
+
+NDM_API ndm_status ndm_init_kaiming_uniform_inplace_at(NDM_SITE_PARAMS, ndm_array a, ndm_rng *rng)
+{
+    return init_uniform(NDM__SITE, "ndm_init_kaiming_uniform_", a, rng, false);
 }
 
 NDM_API ndm_status ndm_init_xavier_uniform_inplace_at(NDM_SITE_PARAMS, ndm_array a, ndm_rng *rng)
 {
-    ndm__site site = NDM__SITE;
-    double fi = 0, fo = 0;
-    ndm_status st = fans(a, "ndm_init_xavier_uniform_", site, &fi, &fo);
-    if (st < 0)
-        return st;
-    double b = sqrt(6.0 / (fi + fo));
-    return ndm_uniform_inplace_at(NDM__SITE_ARGS(site), a, rng, -b, b);
+    return init_uniform(NDM__SITE, "ndm_init_xavier_uniform_", a, rng, true);
 }
 
 /* ---- every module ------------------------------------------------------------------ */

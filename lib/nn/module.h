@@ -77,6 +77,10 @@ ndm__module *ndm__module_new(const ndm__module_type *t, ndm_manager model, const
 /* Register a built module in model; on failure it is freed (its arrays stay
  * in the model until it closes) and the null module returned. */
 ndm_module ndm__module_finish(ndm__module *m, ndm_manager model, const char *api, ndm__site site);
+/* A module of type t with nothing of its own (no data to set, no arrays):
+ * new and finish in one. */
+ndm_module ndm__module_plain(const ndm__module_type *t, ndm_manager model, const char *api,
+                             ndm__site site);
 /* A constructor's failure: m is freed, NDM_E_OOM recorded unless an error
  * already was; returns the null module. */
 ndm_module ndm__module_abandon(ndm__module *m, const char *api, ndm__site site);
@@ -102,6 +106,8 @@ static inline size_t ndm__module_describe_into(const ndm__module *m, char *buf, 
 {
     return m->type->describe(m, buf, n, len);
 }
+/* A describe that writes the type's name: a layer without arguments. */
+size_t ndm__module_describe_name(const ndm__module *m, char *buf, size_t n, size_t len);
 /* Append to a description as snprintf would (the `describe` convention). */
 size_t ndm__module_put(char *buf, size_t n, size_t len, const char *fmt, ...)
     NDM_PRINTF(4, 5);
