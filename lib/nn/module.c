@@ -19,16 +19,20 @@
 
 /* ---- the object ------------------------------------------------------------------ */
 
+static void list_free(ndm__named_list *l)
+{
+    free(l->a);
+    free(l->names);
+}
+
 static void module_destroy(void *p)
 {
     ndm__module *m = p;
     if (m->type->destroy)
         m->type->destroy(m);
+    list_free(&m->params);
+    list_free(&m->state);
     free(m->children);
-    free(m->params.a);
-    free(m->params.names);
-    free(m->state.a);
-    free(m->state.names);
     free(m);
 }
 
@@ -277,14 +281,11 @@ NDM_API ndm_array ndm_forward_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_module
     NDM__CALL_FRAME(api, site);
     ndm__module *m = ndm__module_of(mh, api, site);
     ndm__array *rx = m ? ndm__array_get_prop(x, api, site) : NULL;
-    if (!rx)
-        return NDM_NULL_ARRAY;
-    ndm_manager dst = ndm__output_manager(out, rx, api, site);
-    if (!dst.id)
-        return NDM_NULL_ARRAY;
+    ndm_manager dst = rx ? ndm__output_manager(out, rx, api, site) : NDM_NULL_MANAGER;
     /* Every intermediate (views of the parameters too) lands in this scope,
      * so nothing reaches the model; the result moves to dst. */
-    ndm_manager s = ndm_scope_begin_at(NDM__SITE_ARGS(site), dst, "forward");
+    ndm_manager s = dst.id ? ndm_scope_begin_at(NDM__SITE_ARGS(site), dst, "forward")
+                           : NDM_NULL_MANAGER;
     if (!s.id)
         return NDM_NULL_ARRAY;
     ndm_array y = ndm__module_forward(m, x, api, site);
