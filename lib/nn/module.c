@@ -19,20 +19,16 @@
 
 /* ---- the object ------------------------------------------------------------------ */
 
-static void list_free(ndm__named_list *l)
-{
-    free(l->a);
-    free(l->names);
-}
-
 static void module_destroy(void *p)
 {
     ndm__module *m = p;
     if (m->type->destroy)
         m->type->destroy(m);
-    list_free(&m->params);
-    list_free(&m->state);
     free(m->children);
+    free(m->params.a);
+    free(m->params.names);
+    free(m->state.a);
+    free(m->state.names);
     free(m);
 }
 
