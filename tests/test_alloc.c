@@ -938,11 +938,11 @@ static void test_alloc_config_applies_device_prefixes(void **state)
                        "cpu:strategy:system, max_split_size_mb:64";
     assert_ok(ndm__settings_parse(conf, NDM_CPU, &s, err, sizeof err));
     assert_int_equal(s.memory_limit, 100 * MiB);
-    assert_int_equal(s.strategy, NDM__SYSTEM);
+    assert_string_equal(s.policy->name, "system");
     assert_int_equal(s.max_split_size, 64 * MiB);
     assert_ok(ndm__settings_parse(conf, NDM_CUDA(0), &s, err, sizeof err));
     assert_int_equal(s.memory_limit, 200 * MiB);
-    assert_int_equal(s.strategy, NDM__AUTO_GROWTH);
+    assert_string_equal(s.policy->name, "auto_growth");
     assert_ok(ndm__settings_parse(conf, NDM_CUDA(1), &s, err, sizeof err));
     assert_int_equal(s.memory_limit, 300 * MiB);
     /* defaults, and the effective settings printed back */

@@ -56,7 +56,8 @@ typedef enum ndm__op_family {
 
 /* One case a dispatcher is about to run: `op` is the family's operation
  * (its enum value; 0 for a core member, which `name` tells apart), dtypes
- * are the operands' (the output first). */
+ * are the operands' (the output first; an elementwise case carries its
+ * inputs' only, asked before the result's is known). */
 #define NDM__OP_MAX_OPERANDS 4
 typedef struct ndm__op_case {
     ndm__op_family family;

@@ -9,6 +9,7 @@
 #include "autograd.h"
 #include "../backends/nn.h"
 #include "linalg_temp.h"
+#include "supports.h"
 
 /* Output size along one axis, or -1 with the error recorded. */
 static int64_t out_size(int64_t in, int64_t k, int64_t stride, int64_t pad, int64_t dil,
@@ -43,14 +44,26 @@ static const struct ndm__backend_nn *family(ndm__array *r, const char *api, ndm_
     return b ? b->nn : NULL;
 }
 
+/* Does the backend of r's device decline `op` (in the computation dtype
+ * call_start picks for r)? The error is recorded then. */
+static bool declines(const ndm__array *r, const char *op, const char *api, ndm__site site)
+{
+    return NDM__DEVICE_DECLINES(r->storage->device, api, site, NDM__OPS_NN, 0, op,
+                                ndm__layout_of(r), 1,
+                                {r->dtype == NDM_F64 ? NDM_F64 : NDM_F32});
+}
+
 /* The nn kernels for a 4-d result of shape yshape in rx's dtype on rx's
- * device, or NULL (the failure recorded) when that shape does not fit. */
+ * device, or NULL (the failure recorded) when that shape does not fit or
+ * the backend declines `op`. */
 static const struct ndm__backend_nn *result_family(ndm__array *rx, const int64_t *yshape,
-                                                   const char *api, ndm__site site)
+                                                   const char *op, const char *api,
+                                                   ndm__site site)
 {
     if (ndm__shape_check(4, yshape, rx->dtype, NULL, NULL, api, site) < 0)
         return NULL;
-    return family(rx, api, site);
+    const struct ndm__backend_nn *fam = family(rx, api, site);
+    return fam && !declines(rx, op, api, site) ? fam : NULL;
 }
 
 static bool same_device(ndm__array *a, ndm__array *b, const char *api, ndm__site site)
@@ -278,7 +291,7 @@ static ndm_array conv2d_impl(NDM_SITE_PARAMS, ndm_manager out, ndm_array x, ndm_
                   ndm__array_desc(rb, d1, sizeof d1), yshape[1]);
         return NDM_NULL_ARRAY;
     }
-    const struct ndm__backend_nn *fam = result_family(rx, yshape, api, site);
+    const struct ndm__backend_nn *fam = result_family(rx, yshape, "conv2d", api, site);
     if (!fam)
         return NDM_NULL_ARRAY;
     call c = call_start(site, api, out, rx);
@@ -402,7 +415,7 @@ static ndm_array pool_impl(ndm__site site, const char *api, ndm_manager out, ndm
     int64_t yshape[4];
     if (!pool_geometry(opts, rx->shape, &g, yshape, api, site))
         return NDM_NULL_ARRAY;
-    const struct ndm__backend_nn *fam = result_family(rx, yshape, api, site);
+    const struct ndm__backend_nn *fam = result_family(rx, yshape, "pool2d", api, site);
     if (!fam)
         return NDM_NULL_ARRAY;
     call c = call_start(site, api, out, rx);
@@ -521,7 +534,8 @@ static ndm_array conv_backward(ndm__site site, const char *api, ndm_manager out,
         !grad_out_matches(rdy, yshape, xshape, wshape, api, site))
         return NDM_NULL_ARRAY;
     const struct ndm__backend_nn *fam = family(rdy, api, site);
-    if (!fam)
+    if (!fam ||
+        declines(rdy, weight ? "conv2d_backward_weight" : "conv2d_backward_input", api, site))
         return NDM_NULL_ARRAY;
     /* the two kernels take the same arguments: (result, dy, other) */
     size_t (*sizer)(int, const ndm__tensor *, const ndm__tensor *, const ndm__tensor *,
@@ -601,7 +615,8 @@ static ndm_array pool_backward(ndm__site site, const char *api, ndm_manager out,
         !grad_out_matches(rdy, yshape, input_shape, NULL, api, site))
         return NDM_NULL_ARRAY;
     const struct ndm__backend_nn *fam = family(rdy, api, site);
-    if (!fam || !grad_kernel(fam->pool2d_backward != NULL, rdy, api, site))
+    if (!fam || !grad_kernel(fam->pool2d_backward != NULL, rdy, api, site) ||
+        declines(rdy, "pool2d_backward", api, site))
         return NDM_NULL_ARRAY;
     call c = call_start(site, api, out, rdy);
     ndm__array *edy, *ex = NULL;

@@ -5,6 +5,7 @@
 
 #include "autograd.h"
 #include "elementwise.h"
+#include "supports.h"
 
 /* ---- shared helpers ------------------------------------------------------ */
 
@@ -379,6 +380,11 @@ static ndm_array binary(ndm__site site, const char *api, ndm_manager out, ndm__e
     ndm__array *b = ndm__array_get_prop(hb, api, site);
     if (!b || ndm__ew_same_device(a, b, api, &site) < 0)
         return NDM_NULL_ARRAY;
+    if (NDM__DEVICE_DECLINES(a->storage->device, api, site, NDM__OPS_EW, op, ndm__ew_binop_name(op),
+                             ndm__layout_of(a) | ndm__layout_of(b) |
+                                 (same_shape(a, b) ? 0u : NDM__LAYOUT_BROADCAST),
+                             2, {a->dtype, b->dtype}))
+        return NDM_NULL_ARRAY;
     int64_t n = flat_count(op, a, b);
     if (n >= 0) {
         int index;
@@ -452,7 +458,8 @@ static ndm_array binary_scalar(ndm__site site, const char *api, ndm_manager out,
     ndm_device dev = a->storage->device;
     int index;
     const ndm__backend_ew *ew = ndm__ew_backend(dev, &index, api, &site);
-    if (!ew)
+    if (!ew || NDM__DEVICE_DECLINES(dev, api, site, NDM__OPS_EW, op, ndm__ew_binop_name(op),
+                                    ndm__layout_of(a), 1, {a->dtype}))
         return NDM_NULL_ARRAY;
     ndm__manager *m = ndm__output_record(out, a, api, &site);
     ndm__array *o;
@@ -488,6 +495,11 @@ static ndm_status binary_inplace(ndm__site site, const char *api, ndm__ew_binop 
     ndm_status st = ndm__ew_same_device(a, b, api, &site);
     if (st < 0)
         return st;
+    if (NDM__DEVICE_DECLINES(a->storage->device, api, site, NDM__OPS_EW, op, ndm__ew_binop_name(op),
+                             ndm__layout_of(a) | ndm__layout_of(b) |
+                                 (same_shape(a, b) ? 0u : NDM__LAYOUT_BROADCAST),
+                             2, {a->dtype, b->dtype}))
+        return NDM_E_UNSUPPORTED;
     /* The flat path (see binary), when b cannot overlap a other than
      * element for element: storages from the allocator never overlap. */
     int64_t n = flat_count(op, a, b);
@@ -561,7 +573,8 @@ static ndm_status binary_scalar_inplace(ndm__site site, const char *api, ndm__ew
         return st;
     int index;
     const ndm__backend_ew *ew = ndm__ew_backend(a->storage->device, &index, api, &site);
-    if (!ew)
+    if (!ew || NDM__DEVICE_DECLINES(a->storage->device, api, site, NDM__OPS_EW, op,
+                                    ndm__ew_binop_name(op), ndm__layout_of(a), 1, {a->dtype}))
         return ndm_last_status();
     _Alignas(8) unsigned char value[8];
     ndm__ew_scalar_value(s, via, ct, value);
@@ -639,7 +652,12 @@ NDM_API ndm_array ndm_where_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array co
     ndm_device dev = c->storage->device;
     int index;
     const ndm__backend_ew *ew = ndm__ew_backend(dev, &index, api, &site);
-    if (!ew)
+    if (!ew || NDM__DEVICE_DECLINES(dev, api, site, NDM__OPS_EW, 0, "where",
+                                    ndm__layout_of(c) | ndm__layout_of(x) | ndm__layout_of(y) |
+                                        (same_shape(c, x) && same_shape(c, y)
+                                             ? 0u
+                                             : NDM__LAYOUT_BROADCAST),
+                                    3, {c->dtype, x->dtype, y->dtype}))
         return NDM_NULL_ARRAY;
     ndm__array *in[3] = {c, x, y};
     ndm__ew_dims d;

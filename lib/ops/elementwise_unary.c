@@ -4,6 +4,7 @@
 
 #include "autograd.h"
 #include "elementwise.h"
+#include "supports.h"
 
 /* The computation and result dtypes of a unary op on dtype a; clamp's
  * bounds decide with the weak-scalar rules (ndm_clamp in the header). */
@@ -59,7 +60,8 @@ static ndm_array unary(ndm__site site, const char *api, ndm_manager out, ndm__ew
     ndm_device dev = a->storage->device;
     int index;
     const ndm__backend_ew *ew = ndm__ew_backend(dev, &index, api, &site);
-    if (!ew)
+    if (!ew || NDM__DEVICE_DECLINES(dev, api, site, NDM__OPS_EW, op, ndm__ew_unop_name(op),
+                                    ndm__layout_of(a), 1, {a->dtype}))
         return NDM_NULL_ARRAY;
     ndm_manager m = ndm__output_manager(out, a, api, site);
     ndm__array *o;
@@ -109,7 +111,8 @@ static ndm_status unary_inplace(ndm__site site, const char *api, ndm__ew_unop op
         return st;
     int index;
     const ndm__backend_ew *ew = ndm__ew_backend(a->storage->device, &index, api, &site);
-    if (!ew)
+    if (!ew || NDM__DEVICE_DECLINES(a->storage->device, api, site, NDM__OPS_EW, op,
+                                    ndm__ew_unop_name(op), ndm__layout_of(a), 1, {a->dtype}))
         return ndm_last_status();
     _Alignas(8) unsigned char params[16];
     if (bounds)

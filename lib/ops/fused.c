@@ -7,6 +7,7 @@
 #include "autograd.h"
 #include "elementwise.h"
 #include "fused.h"
+#include "supports.h"
 
 /* The element count when r is C-contiguous, else -1. */
 static int64_t c_count(const ndm__array *r)
@@ -51,7 +52,11 @@ ndm_array ndm__relu_grad(ndm_array hg, ndm_array hx)
         (n = c_count(g)) >= 0 && c_count(x) == n) {
         const ndm__backend *b = ndm__backend_for(g->storage->device.type);
         index = g->storage->device.index;
-        ew = b && b->ew && b->ew->relu_grad_flat ? b->ew : NULL;
+        ew = b && b->ew && b->ew->relu_grad_flat &&
+                     NDM__BACKEND_RUNS(b, g->storage->device, NDM__OPS_EW, 0, "relu_grad_flat", 0,
+                                       2, {g->dtype, x->dtype})
+                 ? b->ew
+                 : NULL;
     }
     if (!ew)
         return ndm_mul(hg, ndm_astype(ndm_gt_scalar(hx, 0.0), ndm_array_dtype(hg)));
@@ -96,7 +101,8 @@ ndm_status ndm__optim_fused(ndm__optim_args *a, ndm_array hw, ndm_array hg, ndm_
         return NDM_E_UNSUPPORTED;
     int64_t n = c_count(w);
     const ndm__backend *b = ndm__backend_for(w->storage->device.type);
-    if (n < 0 || !b || !b->ew || !b->ew->optim_flat)
+    if (n < 0 || !b || !b->ew || !b->ew->optim_flat ||
+        !NDM__BACKEND_RUNS(b, w->storage->device, NDM__OPS_EW, 0, "optim_flat", 0, 1, {w->dtype}))
         return NDM_E_UNSUPPORTED;
     ndm__array *g = member(hg, w, n);
     ndm__array *m = hm.id ? member(hm, w, n) : NULL;
@@ -129,7 +135,9 @@ ndm_array ndm__linear(ndm__site site, const char *api, ndm_array hx, ndm_array h
         (!b || (b->ndim == 1 && b->dtype == x->dtype && b->shape[0] == w->shape[0] &&
                 ndm_device_eq(b->storage->device, x->storage->device)))) {
         be = ndm__backend_for(x->storage->device.type);
-        if (be && !(be->linalg && be->linalg->linear))
+        if (be && !(be->linalg && be->linalg->linear &&
+                    NDM__BACKEND_RUNS(be, x->storage->device, NDM__OPS_LINALG, 0, "linear", 0, 2,
+                                      {x->dtype, w->dtype})))
             be = NULL;
     }
     if (be) {

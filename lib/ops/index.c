@@ -6,6 +6,7 @@
 
 #include "autograd.h"
 #include "index_ops.h"
+#include "supports.h"
 
 /* ---- shared helpers (index_ops.h) ---------------------------------------- */
 
@@ -186,6 +187,8 @@ static ndm_array join(ndm__site site, const char *api, ndm_manager out, int axis
     }
     ndm_device dev = r[0]->storage->device;
     const struct ndm__backend_index *f;
+    if (NDM__DEVICE_DECLINES(dev, api, site, NDM__OPS_INDEX, 0, "copy", 0, 1, {dtype}))
+        goto done;
     ndm__array *o;
     res = index_result(site, api, out, dev, dtype, rnd, shape, &f, &o);
     if (!res.id)
@@ -430,6 +433,9 @@ NDM_API ndm_array ndm_tile_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, 
     }
     ndm_device dev = r->storage->device;
     const struct ndm__backend_index *f;
+    if (NDM__DEVICE_DECLINES(dev, __func__, site, NDM__OPS_INDEX, 0, "copy",
+                                   ndm__layout_of(r), 2, {r->dtype, r->dtype}))
+        goto done;
     ndm__array *o;
     res = index_result(site, __func__, out, dev, r->dtype, nd, shape, &f, &o);
     if (!res.id)
@@ -497,6 +503,9 @@ NDM_API ndm_array ndm_pad_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, n
     }
     ndm_device dev = r->storage->device;
     const struct ndm__backend_index *f;
+    if (NDM__DEVICE_DECLINES(dev, __func__, site, NDM__OPS_INDEX, 0, "pad",
+                                   ndm__layout_of(r), 2, {r->dtype, r->dtype}))
+        goto done;
     ndm__array *o;
     res = index_result(site, __func__, out, dev, r->dtype, nd, shape, &f, &o);
     if (!res.id)
@@ -522,10 +531,11 @@ NDM_API ndm_array ndm_cumsum_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
         return NDM_NULL_ARRAY;
     ndm_device dev = r->storage->device;
     const struct ndm__backend_index *f = ndm__index_family(dev, __func__, site);
-    if (!f)
+    ndm_dtype t = ndm_dtype_is_float(r->dtype) ? r->dtype : NDM_I64;
+    if (!f || NDM__DEVICE_DECLINES(dev, __func__, site, NDM__OPS_INDEX, 0, "cumsum",
+                                   ndm__layout_of(r), 2, {t, r->dtype}))
         return NDM_NULL_ARRAY;
     ndm__array *o;
-    ndm_dtype t = ndm_dtype_is_float(r->dtype) ? r->dtype : NDM_I64;
     ndm_array res = ndm__array_new_on(site, __func__, out, dev, t, r->ndim, r->shape, &o);
     if (!res.id)
         return res;

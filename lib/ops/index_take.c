@@ -9,6 +9,7 @@
 #include "autograd.h"
 #include "broadcast.h"
 #include "index_ops.h"
+#include "supports.h"
 
 static bool index_dtype(const ndm__array *ri, const char *api, ndm__site site)
 {
@@ -84,13 +85,16 @@ static const char *axis_range(char *buf, size_t n, int axis, int64_t size)
  * r (`axis` as the caller gave it; negative entries count from the end);
  * NULL with the error recorded. */
 static const struct ndm__backend_index *on_axis(const ndm__array *r, const ndm__array *ri,
-                                                int axis, int ax, const char *api,
-                                                ndm__site site)
+                                                int axis, int ax, const char *op,
+                                                const char *api, ndm__site site)
 {
     const struct ndm__backend_index *f = ndm__index_family(r->storage->device, api, site);
     char range[64];
     int64_t n = r->shape[ax];
-    if (!f || !index_range(f, ri, -n, n, axis_range(range, sizeof range, axis, n), api, site))
+    if (!f ||
+        NDM__DEVICE_DECLINES(r->storage->device, api, site, NDM__OPS_INDEX, 0, op,
+                             ndm__layout_of(r) | ndm__layout_of(ri), 2, {r->dtype, ri->dtype}) ||
+        !index_range(f, ri, -n, n, axis_range(range, sizeof range, axis, n), api, site))
         return NULL;
     return f;
 }
@@ -120,7 +124,7 @@ static ndm_array take(ndm__site site, const char *api, ndm_manager out, ndm_arra
     memcpy(shape + ax, ri->shape, (size_t)ri->ndim * sizeof *shape);
     memcpy(shape + ax + ri->ndim, r->shape + ax + 1, (size_t)(r->ndim - ax - 1) * sizeof *shape);
     ndm_device dev = r->storage->device;
-    const struct ndm__backend_index *f = on_axis(r, ri, axis, ax, api, site);
+    const struct ndm__backend_index *f = on_axis(r, ri, axis, ax, "take", api, site);
     if (!f)
         goto done;
     ndm__array *o;
@@ -203,7 +207,7 @@ NDM_API ndm_array ndm_gather_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
     stretch(r, shape, ax, sstr);
     stretch(ri, shape, -1, istr);
     ndm_device dev = r->storage->device;
-    const struct ndm__backend_index *f = on_axis(r, ri, axis, ax, __func__, site);
+    const struct ndm__backend_index *f = on_axis(r, ri, axis, ax, "gather", __func__, site);
     if (!f)
         goto done;
     ndm__array *o;
@@ -300,7 +304,7 @@ static bool scatter_check(scatter *p, ndm_array a, int axis, ndm_array indices, 
             return false;
         }
     ndm__broadcast_strides(rs, nd, p->shape, p->sstr);
-    p->f = on_axis(r, ri, axis, p->ax, api, site);
+    p->f = on_axis(r, ri, axis, p->ax, "scatter_add", api, site);
     return p->f != NULL;
 }
 
@@ -416,7 +420,10 @@ NDM_API ndm_array ndm_one_hot_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array 
     const struct ndm__backend_index *f = ndm__index_family(dev, __func__, site);
     char range[64];
     snprintf(range, sizeof range, "%" PRId64 " classes", num_classes);
-    if (!f || !index_range(f, ri, 0, num_classes, range, __func__, site))
+    if (!f ||
+        NDM__DEVICE_DECLINES(dev, __func__, site, NDM__OPS_INDEX, 0, "one_hot",
+                             ndm__layout_of(ri), 2, {dtype, ri->dtype}) ||
+        !index_range(f, ri, 0, num_classes, range, __func__, site))
         goto done;
     ndm__array *o;
     res = ndm__array_new_on(site, __func__, out, dev, dtype, nd, shape, &o);
@@ -478,7 +485,9 @@ static ndm_array repeat(ndm__site site, const char *api, ndm_manager out, ndm_ar
     const ndm__backend *b = ndm__backend_of(dev, api, site);
     const struct ndm__backend_index *f = ndm__index_family(dev, api, site);
     ndm__array *o, *t;
-    if (!b || !f)
+    if (!b || !f ||
+        NDM__BACKEND_DECLINES(b, dev, api, site, NDM__OPS_INDEX, 0, "take", ndm__layout_of(r), 2,
+                              {r->dtype, NDM_I64}))
         goto done;
     res = ndm__array_new_on(site, api, out, dev, r->dtype, r->ndim, shape, &o);
     if (!res.id)

@@ -129,6 +129,9 @@ static ndm_array matmul_impl(ndm__site site, const char *api, ndm_manager out, n
                   ndm_device_str(ra->storage->device, d1, sizeof d1));
         goto done;
     }
+    if (NDM__BACKEND_DECLINES(be, ra->storage->device, api, site, NDM__OPS_LINALG, 0, "matmul",
+                              ndm__layout_of(ra) | ndm__layout_of(rb), 3, {cdt, cdt, cdt}))
+        goto done;
     ndm__array *ro, *ea = ra, *eb = rb, *ec;
     res = ndm__array_new_on(site, api, out, ra->storage->device, rdt, ond, oshape, &ro);
     if (!res.id)

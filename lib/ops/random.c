@@ -6,6 +6,7 @@
 
 #include "../backends/random.h"
 #include "dispatch.h"
+#include "supports.h"
 
 typedef enum kind { UNIFORM, NORMAL, RANDINT, BERNOULLI } kind;
 
@@ -96,6 +97,9 @@ static ndm_status run(const struct ndm__backend_random *f, ndm__array *r, ndm_rn
                       const draw *d, const char *api, ndm__site site)
 {
     ndm_device dev = r->storage->device;
+    if (NDM__DEVICE_DECLINES(dev, api, site, NDM__OPS_RANDOM, (int)d->k, kind_name(d->k),
+                             ndm__layout_of(r), 1, {r->dtype}))
+        return NDM_E_UNSUPPORTED;
     ndm__tensor t = ndm__tensor_of(r);
     ndm_status st;
     switch (d->k) {
@@ -263,6 +267,11 @@ NDM_API ndm_array ndm_permutation_at(NDM_SITE_PARAMS, ndm_manager m, ndm_rng *rn
     ndm_array a = ndm__array_new(site, __func__, m, NDM_I64, 1, &n, &r);
     if (!a.id)
         return a;
+    if (NDM__DEVICE_DECLINES(r->storage->device, __func__, site, NDM__OPS_RANDOM, 0,
+                             "permutation", 0, 1, {NDM_I64})) {
+        ndm__discard(a);
+        return NDM_NULL_ARRAY;
+    }
     ndm__tensor t = ndm__tensor_of(r);
     ndm_status st = f->permutation(r->storage->device.index, &t, *rng);
     if (st < 0) {

@@ -7,6 +7,7 @@
 #include "../backends/reduce.h"
 #include "autograd.h"
 #include "dispatch.h"
+#include "supports.h"
 
 static ndm_dtype result_dtype(ndm__reduce_op op, ndm_dtype t)
 {
@@ -73,7 +74,9 @@ static ndm_array reduce_impl(ndm__site site, const char *api, ndm__reduce_op op,
         return NDM_NULL_ARRAY;
     }
     const struct ndm__backend_reduce *fam = family(r, api, site);
-    if (!fam)
+    if (!fam || NDM__DEVICE_DECLINES(r->storage->device, api, site, NDM__OPS_REDUCE, op,
+                                     ndm__reduce_names[op], ndm__layout_of(r), 2,
+                                     {result_dtype(op, r->dtype), r->dtype}))
         return NDM_NULL_ARRAY;
     int nd = r->ndim;
     axes_buf ab;
@@ -222,9 +225,11 @@ static ndm_array softmax_impl(ndm__site site, const char *api, ndm_manager out, 
         return NDM_NULL_ARRAY;
     }
     const struct ndm__backend_reduce *fam = family(r, api, site);
-    if (!fam)
-        return NDM_NULL_ARRAY;
     ndm_dtype rdt = ndm_dtype_is_float(r->dtype) ? r->dtype : NDM_F32;
+    if (!fam || NDM__DEVICE_DECLINES(r->storage->device, api, site, NDM__OPS_REDUCE, 0,
+                                     lg ? "log_softmax" : "softmax", ndm__layout_of(r), 2,
+                                     {rdt, r->dtype}))
+        return NDM_NULL_ARRAY;
     ndm__array *o;
     ndm_array res = ndm__array_new_on(site, api, out, r->storage->device, rdt, r->ndim, r->shape,
                                       &o);

@@ -31,6 +31,8 @@ ndm_status ndm__cuda_fail(ndm_status st, const char *fmt, ...) NDM_PRINTF(2, 3);
 int ndm__cuda_count(void);
 
 extern const ndm__backend ndm__cuda_backend;
+/* What the module runs, for ndm__backend.supports (supports.cu). */
+bool ndm__cuda_supports(int device, const ndm__op_case *c);
 extern const struct ndm__backend_ew ndm__cuda_ew;
 extern const struct ndm__backend_random ndm__cuda_random;
 

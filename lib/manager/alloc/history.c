@@ -644,7 +644,7 @@ static void em_ndm_settings(emitter *em, const ndm__settings *s, const char *con
     ndm__divisions_str(s->divisions, div, sizeof div);
     em_open(em, true);
     em_key(em, "strategy");
-    em_str(em, ndm__strategy_name(s->strategy));
+    em_str(em, s->policy->name);
     em_key(em, "preallocate_fraction");
     em_float(em, s->preallocate_fraction);
     em_key(em, "memory_limit_mb");

@@ -254,63 +254,128 @@ static void stat_inc1(ndm_memory_stat *x, int64_t d)
     }
 }
 
-/* ---- policy ------------------------------------------------------------------------ */
-
-static int pool_for(const ndm__pool *p, size_t size)
-{
-    if (p->set.strategy == NDM__PREALLOCATE)
-        return NDM__POOL_LARGE;
-    return size <= NDM__SMALL_SIZE ? NDM__POOL_SMALL : NDM__POOL_LARGE;
-}
-
-static size_t segment_size_for(const ndm__pool *p, size_t size)
-{
-    if (p->set.strategy == NDM__SYSTEM)
-        return size;
-    if (size <= NDM__SMALL_SIZE)
-        return NDM__SMALL_BUFFER;
-    size_t r = p->set.segment_round;
-    size_t rounded = (size + r - 1) / r * r;
-    if (size < NDM__MIN_LARGE_ALLOC)
-        return p->set.large_segment_size > rounded ? p->set.large_segment_size : rounded;
-    return rounded;
-}
-
-static bool should_split(const ndm__pool *p, const ndm__ablk *b, size_t size)
-{
-    size_t remaining = b->size - size;
-    if (p->set.strategy == NDM__SYSTEM)
-        return false;
-    /* As PyTorch: in a range that grows in place a remainder is never
-     * stranded (it merges with what is mapped after it). */
-    if (b->seg->expandable)
-        return remaining >= NDM__MIN_BLOCK;
-    if (b->pool == NDM__POOL_SMALL || p->set.strategy == NDM__PREALLOCATE)
-        return remaining >= NDM__MIN_BLOCK;
-    return size < p->set.max_split_size && remaining > NDM__SMALL_SIZE;
-}
+/* ---- strategies ------------------------------------------------------------------ */
 
 static inline bool is_split(const ndm__ablk *b) { return b->prev || b->next; }
 
-/* Best fit on the request's stream with PyTorch's oversize rules; the block
- * leaves the tree. */
+/* PyTorch's: small requests from 2 MiB segments, large ones from segments
+ * rounded to the preset's step (at least its large segment below 10 MiB). */
+static int sized_pool(const ndm__settings *s, size_t size)
+{
+    (void)s;
+    return size <= NDM__SMALL_SIZE ? NDM__POOL_SMALL : NDM__POOL_LARGE;
+}
+
+static size_t cached_segment(const ndm__settings *s, size_t size)
+{
+    if (size <= NDM__SMALL_SIZE)
+        return NDM__SMALL_BUFFER;
+    size_t r = s->segment_round;
+    size_t rounded = (size + r - 1) / r * r;
+    if (size < NDM__MIN_LARGE_ALLOC)
+        return s->large_segment_size > rounded ? s->large_segment_size : rounded;
+    return rounded;
+}
+
+/* As PyTorch: in a range that grows in place a remainder is never stranded
+ * (it merges with what is mapped after it); a large block is split only
+ * below max_split_size and for a remainder above the small size. */
+static bool split_sized(const ndm__settings *s, const ndm__ablk *b, size_t size)
+{
+    size_t remaining = b->size - size;
+    if (b->seg->expandable || b->pool == NDM__POOL_SMALL)
+        return remaining >= NDM__MIN_BLOCK;
+    return size < s->max_split_size && remaining > NDM__SMALL_SIZE;
+}
+
+/* PyTorch's oversize rules, and where segments are cheap to map a whole free
+ * segment at least twice the request is not carved up: attempt() gives it
+ * back and maps one that fits, so a transient large block does not pin its
+ * size for good. */
+static bool fits_oversize(const ndm__settings *s, int pool, const ndm__ablk *b, size_t size)
+{
+    size_t max_split = s->max_split_size;
+    if (size < max_split && b->size >= max_split)
+        return false;
+    if (size >= max_split && b->size >= size + s->max_non_split_rounding)
+        return false;
+    return !(s->segment_refit && pool == NDM__POOL_LARGE && !is_split(b) && !b->seg->pinned &&
+             !b->seg->expandable && b->size / 2 >= size);
+}
+
+static const ndm__pool_policy auto_growth = {
+    .name = "auto_growth",
+    .pool_for = sized_pool,
+    .segment_size = cached_segment,
+    .should_split = split_sized,
+    .accept_free_block = fits_oversize,
+    .grows_in_place = true,
+    .thread_cache = true,
+};
+
+/* Paddle's naive best fit: one arena of preallocate_fraction of the device,
+ * every request in one pool, any remainder of a minimum block split off. */
+static int one_pool(const ndm__settings *s, size_t size)
+{
+    (void)s, (void)size;
+    return NDM__POOL_LARGE;
+}
+
+static bool split_any(const ndm__settings *s, const ndm__ablk *b, size_t size)
+{
+    (void)s;
+    return b->size - size >= NDM__MIN_BLOCK;
+}
+
+static const ndm__pool_policy preallocate = {
+    .name = "preallocate",
+    .pool_for = one_pool,
+    .segment_size = cached_segment,
+    .should_split = split_any,
+    .accept_free_block = fits_oversize,
+    .arena = true,
+};
+
+/* No cache: each request maps a segment of its size, unmapped when freed. */
+static size_t exact_segment(const ndm__settings *s, size_t size)
+{
+    (void)s;
+    return size;
+}
+
+static bool split_never(const ndm__settings *s, const ndm__ablk *b, size_t size)
+{
+    (void)s, (void)b, (void)size;
+    return false;
+}
+
+static const ndm__pool_policy system_policy = {
+    .name = "system",
+    .pool_for = sized_pool,
+    .segment_size = exact_segment,
+    .should_split = split_never,
+    .release_on_free = true,
+};
+
+const ndm__pool_policy *const ndm__pool_policies[] = {&auto_growth, &preallocate, &system_policy,
+                                                      NULL};
+
+static inline int pool_for(const ndm__pool *p, size_t size)
+{
+    return p->set.policy->pool_for(&p->set, size);
+}
+
+/* Best fit on the request's stream, if the strategy accepts it; the block
+ * leaves the tree. A strategy that reuses no free block never searches. */
 static ndm__ablk *get_free_block(ndm__pool *p, int pool, uintptr_t stream, size_t size)
 {
+    const ndm__pool_policy *pol = p->set.policy;
+    if (!pol->accept_free_block)
+        return NULL;
     if (p->set.gc_threshold > 0)
         p->searches[pool]++;
     ndm__ablk *b = tree_lower_bound(p->tree[pool], stream, size);
-    if (!b)
-        return NULL;
-    size_t max_split = p->set.max_split_size;
-    if (size < max_split && b->size >= max_split)
-        return NULL;
-    if (size >= max_split && b->size >= size + p->set.max_non_split_rounding)
-        return NULL;
-    /* Where segments are cheap to map, a whole free segment at least twice
-     * the request is not carved up: attempt() gives it back and maps one that
-     * fits, so a transient large block does not pin its size for good. */
-    if (p->set.segment_refit && pool == NDM__POOL_LARGE && !is_split(b) && !b->seg->pinned &&
-        !b->seg->expandable && b->size / 2 >= size)
+    if (!b || !pol->accept_free_block(&p->set, pool, b, size))
         return NULL;
     tree_remove(p, b);
     return b;
@@ -462,7 +527,7 @@ static size_t commit_granularity(const ndm__pool *p)
 
 static bool expandable_on(const ndm__pool *p)
 {
-    return p->can_expand && p->set.expandable && p->set.strategy == NDM__AUTO_GROWTH;
+    return p->can_expand && p->set.expandable && p->set.policy->grows_in_place;
 }
 
 /* Free block b of a split segment counts as inactive (sign +1) or stops
@@ -626,7 +691,7 @@ static ndm__ablk *grow(ndm__pool *p, int pool, uintptr_t stream, size_t size, bo
             return b;
         }
     }
-    return map_block(p, pool, segment_size_for(p, size), retry, false, stream);
+    return map_block(p, pool, p->set.policy->segment_size(&p->set, size), retry, false, stream);
 }
 
 /* ---- frees that wait on other streams ------------------------------------------------ */
@@ -858,7 +923,7 @@ static ndm__ablk *alloc_found(ndm__pool *p, ndm__ablk *b, size_t size, size_t re
     bool already_split = is_split(b);
     /* The front becomes the allocation; the tail stays free. Without a
      * record for the front, the whole block is handed out. */
-    ndm__ablk *front = !from_cache && should_split(p, b, size) ? blk_new(p) : NULL;
+    ndm__ablk *front = !from_cache && p->set.policy->should_split(&p->set, b, size) ? blk_new(p) : NULL;
     if (front) {
         ndm__ablk *rem = b;
         front->addr = rem->addr;
@@ -1018,9 +1083,9 @@ static ndm__ablk *cache_take_locked(ndm__pool *p, ndm__tcache *tc, size_t size)
 static ndm__ablk *attempt(ndm__pool *p, ndm__tcache *tc, uintptr_t stream, size_t size)
 {
     int pool = pool_for(p, size);
-    if (p->set.strategy == NDM__PREALLOCATE && !p->arena_tried)
+    if (p->set.policy->arena && !p->arena_tried)
         map_arena(p);
-    ndm__ablk *b = p->set.strategy == NDM__SYSTEM ? NULL : get_free_block(p, pool, stream, size);
+    ndm__ablk *b = get_free_block(p, pool, stream, size);
     if (!b && pool == NDM__POOL_SMALL && tc && tc->cached_bytes &&
         ndm__tc_flush_mergeable(p, tc, size))
         b = get_free_block(p, pool, stream, size);
@@ -1046,8 +1111,7 @@ static ndm__ablk *attempt_after_release(ndm__pool *p, uintptr_t stream, size_t s
     /* The events are waited for here, so a block they held is found by the
      * search that follows. */
     release_cached(p, true);
-    if (p->set.strategy != NDM__SYSTEM)
-        b = get_free_block(p, pool, stream, size);
+    b = get_free_block(p, pool, stream, size);
     return b ? b : grow(p, pool, stream, size, true);
 }
 
@@ -1212,7 +1276,7 @@ static ndm_status alloc_slow(ndm__pool *p, size_t req, size_t size, uintptr_t st
         p->hist_cause = path;
         if (failed) {
             int pool = pool_for(p, size);
-            b = p->set.strategy == NDM__SYSTEM ? NULL : get_free_block(p, pool, stream, size);
+            b = get_free_block(p, pool, stream, size);
             if (!b)
                 b = grow(p, pool, stream, size, false);
         }
@@ -1291,7 +1355,7 @@ void ndm__pool_free(ndm__pool *p, ndm__block *blk)
     }
     ndm__hist_event(p, NDM__EV_FREE_COMPLETED, b->addr, b->requested, b->path);
     free_block(p, b, false);
-    if (p->set.strategy == NDM__SYSTEM && !is_split(b))
+    if (p->set.policy->release_on_free && !is_split(b))
         release_block(p, b);
     slow_end(p, tc);
     ndm__pool_unlock(p);
@@ -1339,7 +1403,7 @@ size_t ndm__pool_pending(ndm__pool *p)
 static void update_tc_allowed(ndm__pool *p)
 {
     p->tc_allowed = ndm__tc_supported && p->slot >= 0 && p->set.thread_cache && !p->streamed &&
-                    p->set.strategy == NDM__AUTO_GROWTH && !p->hist &&
+                    p->set.policy->thread_cache && !p->hist &&
                     !(atomic_load_explicit(&ndm__instrumented, memory_order_relaxed) & 2);
 }
 
@@ -1415,11 +1479,11 @@ ndm_status ndm__pool_configure(ndm__pool *p, const ndm__settings *s, const char 
     release_cached(p, false);
     if (p->arena) {
         /* A free arena goes; one still in use stays, pinned only while the
-         * strategy is still preallocate. */
+         * strategy still keeps an arena (preallocate). */
         ndm__ablk *h = p->arena->head;
         if (!is_split(h) && atomic_load_explicit(&h->state, memory_order_relaxed) == NDM__B_FREE) {
             release_block(p, h);
-        } else if (s->strategy != NDM__PREALLOCATE) {
+        } else if (!s->policy->arena) {
             p->arena->pinned = false;
             p->arena = NULL;
         }

@@ -24,10 +24,10 @@
 
 /* ---- settings --------------------------------------------------------------- */
 
-enum { NDM__AUTO_GROWTH = 0, NDM__PREALLOCATE = 1, NDM__SYSTEM = 2 };
+struct ndm__pool_policy;
 
 typedef struct ndm__settings {
-    int strategy;
+    const struct ndm__pool_policy *policy; /* the `strategy` key */
     double preallocate_fraction;
     size_t memory_limit;          /* 0: none */
     size_t max_split_size;        /* SIZE_MAX: unlimited */
@@ -56,7 +56,6 @@ ndm_status ndm__settings_parse(const char *conf, ndm_device dev, ndm__settings *
 int ndm__settings_str(const ndm__settings *s, char *buf, size_t n);
 /* roundup_power2_divisions as the grammar writes it (like snprintf). */
 int ndm__divisions_str(const unsigned *d, char *buf, size_t n);
-const char *ndm__strategy_name(int strategy);
 
 /* ---- blocks and segments ---------------------------------------------------- */
 
@@ -130,6 +129,44 @@ typedef struct ndm__aseg {
     uintptr_t stream;                /* the stream whose requests it serves */
     size_t span;
 } ndm__aseg;
+
+/* ---- strategies ----------------------------------------------------------------
+ *
+ * An allocation strategy is a table (PyTorch's allocator policy functions),
+ * chosen once when the pool is configured (the `strategy` key) and asked by
+ * the pool's slow path, under its lock. The settings are those in force. A
+ * new strategy is one more instance in pool.c and its entry in
+ * ndm__pool_policies (the parser and the printed settings find it there). */
+typedef struct ndm__pool_policy {
+    const char *name; /* the `strategy` value */
+    /* the pool (NDM__POOL_SMALL or _LARGE) of a request of `size` (rounded) */
+    int (*pool_for)(const ndm__settings *s, size_t size);
+    /* the bytes of the segment mapped for a request of `size` */
+    size_t (*segment_size)(const ndm__settings *s, size_t size);
+    /* is free block b, chosen for a request of `size`, split (its rest kept
+     * as a free block)? */
+    bool (*should_split)(const ndm__settings *s, const ndm__ablk *b, size_t size);
+    /* may block b of `pool`, the best fit for a request of `size`, serve it?
+     * NULL: free blocks are never reused (each request maps its own). */
+    bool (*accept_free_block)(const ndm__settings *s, int pool, const ndm__ablk *b, size_t size);
+    bool arena;           /* one pinned segment of preallocate_fraction, mapped first */
+    bool release_on_free; /* a freed block that spans its segment is unmapped at once */
+    bool grows_in_place;  /* expandable_segments applies */
+    bool thread_cache;    /* thread caches may hold its blocks */
+} ndm__pool_policy;
+
+/* Every strategy, NULL-terminated; the first is the default. */
+extern const ndm__pool_policy *const ndm__pool_policies[];
+
+/* Segment presets (the `policy` key): the segment rules of a named policy,
+ * applied over the settings in force. */
+typedef struct ndm__segment_preset {
+    const char *name;
+    size_t large_segment_size;
+    size_t segment_round;
+    bool release_free_segments;
+    bool segment_refit;
+} ndm__segment_preset;
 
 /* ---- the pool -------------------------------------------------------------------- */
 

@@ -11,22 +11,27 @@
 
 #include "pool.h"
 
-/* The segment rules of a named policy. PyTorch's suits CUDA, where a
- * cudaMalloc costs about a millisecond; the compact one suits the CPU, where
- * an mmap costs microseconds: segments sized to the request and whole free
- * segments returned before the pool grows. */
-static void policy_preset(ndm__settings *s, bool compact)
+/* The segment presets. PyTorch's suits CUDA, where a cudaMalloc costs about
+ * a millisecond; the compact one suits the CPU, where an mmap costs
+ * microseconds: segments sized to the request and whole free segments
+ * returned before the pool grows. */
+static const ndm__segment_preset presets[] = {
+    {"pytorch", (size_t)20 << 20, NDM__ROUND_LARGE, false, false},
+    {"compact", (size_t)2 << 20, (size_t)512 << 10, true, true},
+};
+
+static void apply_preset(ndm__settings *s, const ndm__segment_preset *p)
 {
-    s->large_segment_size = (size_t)(compact ? 2 : 20) << 20;
-    s->segment_round = compact ? (size_t)512 << 10 : NDM__ROUND_LARGE;
-    s->release_free_segments = compact;
-    s->segment_refit = compact;
+    s->large_segment_size = p->large_segment_size;
+    s->segment_round = p->segment_round;
+    s->release_free_segments = p->release_free_segments;
+    s->segment_refit = p->segment_refit;
 }
 
 void ndm__settings_default(ndm__settings *s, ndm_device dev)
 {
     memset(s, 0, sizeof *s);
-    s->strategy = NDM__AUTO_GROWTH;
+    s->policy = ndm__pool_policies[0];
     s->preallocate_fraction = 0.92;
     s->memory_limit = 0;
     s->max_split_size = SIZE_MAX;
@@ -38,16 +43,7 @@ void ndm__settings_default(ndm__settings *s, ndm_device dev)
     s->reserved_rate = 0.2;
     s->allocated_rate = 0.8;
     s->allocated_reserved_rate = 0.8;
-    policy_preset(s, dev.type == NDM_DEVICE_CPU);
-}
-
-const char *ndm__strategy_name(int strategy)
-{
-    switch (strategy) {
-    case NDM__PREALLOCATE: return "preallocate";
-    case NDM__SYSTEM: return "system";
-    default: return "auto_growth";
-    }
+    apply_preset(s, &presets[dev.type == NDM_DEVICE_CPU]);
 }
 
 /* ---- tokens: PyTorch's lexer splits on , : [ ] and drops spaces ------------ */
@@ -188,6 +184,18 @@ static const char *value_of(parser *ps, const char *key)
     return ps->lx->tok[ps->i++];
 }
 
+/* The value after "key:" read as a number into *d: its token, or NULL with
+ * the reason. */
+static const char *number_value(parser *ps, const char *key, double *d)
+{
+    const char *v = value_of(ps, key);
+    if (v && !parse_double(v, d)) {
+        fail(ps, "%s: '%s' is not a number", key, v);
+        return NULL;
+    }
+    return v;
+}
+
 static int mb_value(parser *ps, const char *key, size_t min_mb, size_t *out, bool zero_ok)
 {
     const char *v = value_of(ps, key);
@@ -311,24 +319,24 @@ static int apply_key(parser *ps, const char *key, ndm__settings *s)
         const char *v = value_of(ps, key);
         if (!v)
             return -1;
-        if (!strcmp(v, "auto_growth"))
-            s->strategy = NDM__AUTO_GROWTH;
-        else if (!strcmp(v, "preallocate"))
-            s->strategy = NDM__PREALLOCATE;
-        else if (!strcmp(v, "system"))
-            s->strategy = NDM__SYSTEM;
-        else
-            return fail(ps, "strategy: '%s' is not one of auto_growth, preallocate, system", v);
-        return 0;
+        char names[128] = "";
+        size_t len = 0;
+        for (int i = 0; ndm__pool_policies[i]; i++) {
+            if (!strcmp(v, ndm__pool_policies[i]->name)) {
+                s->policy = ndm__pool_policies[i];
+                return 0;
+            }
+            len += (size_t)snprintf(names + len, len < sizeof names ? sizeof names - len : 0,
+                                    "%s%s", i ? ", " : "", ndm__pool_policies[i]->name);
+        }
+        return fail(ps, "strategy: '%s' is not one of %s", v, names);
     }
     if (!strcmp(key, "preallocate_fraction") || !strcmp(key, "garbage_collection_threshold")) {
         bool prealloc = key[0] == 'p';
-        const char *v = value_of(ps, key);
         double d;
+        const char *v = number_value(ps, key, &d);
         if (!v)
             return -1;
-        if (!parse_double(v, &d))
-            return fail(ps, "%s: '%s' is not a number", key, v);
         if (prealloc ? !(d > 0 && d <= 1) : !(d > 0 && d < 1))
             return fail(ps, "%s must be in %s (got %s)", key, prealloc ? "(0, 1]" : "(0, 1)", v);
         if (prealloc)
@@ -339,12 +347,10 @@ static int apply_key(parser *ps, const char *key, ndm__settings *s)
     }
     if (!strcmp(key, "reserved_rate") || !strcmp(key, "allocated_rate") ||
         !strcmp(key, "allocated_reserved_rate")) {
-        const char *v = value_of(ps, key);
         double d;
+        const char *v = number_value(ps, key, &d);
         if (!v)
             return -1;
-        if (!parse_double(v, &d))
-            return fail(ps, "%s: '%s' is not a number", key, v);
         if (!(d >= 0 && d <= 1))
             return fail(ps, "%s must be in [0, 1] (got %s)", key, v);
         *(key[0] == 'r'                 ? &s->reserved_rate
@@ -394,10 +400,13 @@ static int apply_key(parser *ps, const char *key, ndm__settings *s)
         const char *v = value_of(ps, key);
         if (!v)
             return -1;
-        if (strcmp(v, "pytorch") && strcmp(v, "compact"))
-            return fail(ps, "policy: '%s' is not one of pytorch, compact", v);
-        policy_preset(s, v[0] == 'c');
-        return 0;
+        for (size_t i = 0; i < sizeof presets / sizeof *presets; i++) {
+            if (!strcmp(v, presets[i].name)) {
+                apply_preset(s, &presets[i]);
+                return 0;
+            }
+        }
+        return fail(ps, "policy: '%s' is not one of pytorch, compact", v);
     }
     return fail(ps, "unknown key '%s' (known keys: %s)", key, known_keys);
 }
@@ -514,7 +523,7 @@ int ndm__settings_str(const ndm__settings *s, char *buf, size_t n)
                     "release_free_segments:%s,segment_refit:%s,segment_round_kb:%zu,"
                     "expandable_segments:%s,reserved_rate:%g,allocated_rate:%g,"
                     "allocated_reserved_rate:%g",
-                    ndm__strategy_name(s->strategy), s->preallocate_fraction,
+                    s->policy->name, s->preallocate_fraction,
                     s->memory_limit / NDM__MB, split, s->max_non_split_rounding / NDM__MB,
                     s->large_segment_size / NDM__MB, div, s->gc_threshold,
                     s->pressure_every / NDM__MB, s->thread_cache ? "True" : "False",

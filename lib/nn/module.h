@@ -1,0 +1,134 @@
+/* The module type table: every layer is an ndm__module_type (its name, its
+ * forward pass, its description, its train/eval and destroy hooks) and a
+ * block of its own data. module.c holds what every module shares: the
+ * object handle, the named parameters and state, the children, train/eval.
+ *
+ * A layer is one file (layer_*.c): a static const ndm__module_type, the
+ * layer's data struct, and its public constructor, which makes the record
+ * with ndm__module_new, registers its arrays by name and hands it to
+ * ndm__module_finish. Thread rules: as ndm/nn.h says of modules; the hooks
+ * run on the caller's thread, under the operation guard of the call. */
+#ifndef NDM_NN_MODULE_H
+#define NDM_NN_MODULE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "ndm/ndm.h"
+#include "../base/error.h"
+
+#define NDM__MODULE_NAME_MAX 64
+
+typedef struct ndm__module ndm__module;
+
+typedef struct ndm__module_type {
+    const char *name; /* "Linear": PyTorch's class name, used in messages */
+    size_t size;      /* bytes of the layer's data (ndm__module.data), zeroed at creation */
+    /* required: m's forward pass on x. Every array it makes follows the
+     * output rule (the caller's scope owns them); operations are given
+     * `site`, so that a failure names the user's line. Null on failure, with
+     * the error recorded for api. */
+    ndm_array (*forward)(ndm__module *m, ndm_array x, const char *api, ndm__site site);
+    /* optional: forward followed by a ReLU, in one pass (Sequential uses it
+     * for a module of this type followed by ReLU). NULL: none. */
+    ndm_array (*forward_relu)(ndm__module *m, ndm_array x, const char *api, ndm__site site);
+    /* required: append the one-line description ("Linear(4, 3)") to buf,
+     * written as snprintf would at offset len of a buffer of n bytes
+     * (nothing past n); returns the new length, whether it fitted or not. */
+    size_t (*describe)(const ndm__module *m, char *buf, size_t n, size_t len);
+    /* optional: m->training has just been set (children are set by
+     * module.c, not by the hook). NULL: the flag is all the layer reads. */
+    void (*set_training)(ndm__module *m, bool training);
+    /* optional: free what the data holds besides arrays (the model owns
+     * those). Runs when the module dies, possibly later on another thread
+     * (the object's deferred reclamation); NULL: nothing to free. */
+    void (*destroy)(ndm__module *m);
+} ndm__module_type;
+
+/* Named arrays: a module's parameters, or its whole state (parameters and
+ * buffers, in the order of PyTorch's state_dict). */
+typedef struct ndm__named_list {
+    int n;
+    ndm_array *a;
+    char (*names)[NDM__MODULE_NAME_MAX];
+} ndm__named_list;
+
+struct ndm__module {
+    const ndm__module_type *type;
+    void *data;          /* type->size bytes, in the same allocation */
+    bool training;       /* modules start in training mode */
+    int nchildren;
+    ndm_module *children;
+    ndm__named_list params; /* this module's and its children's, with names */
+    ndm__named_list state;  /* parameters and buffers, for checkpoints */
+};
+
+/* The ReLU layer's type: a module whose type has forward_relu and which is
+ * followed by one of these runs both in one pass inside a Sequential. */
+extern const ndm__module_type ndm__module_relu;
+
+/* Is model a live manager? (false with the error recorded): constructors
+ * check it before their arguments, as every constructor reports. */
+bool ndm__nn_model_ok(ndm_manager model, const char *api, ndm__site site);
+/* A new module of type t for `model` (checked first), training, with zeroed
+ * data. NULL with the error recorded. */
+ndm__module *ndm__module_new(const ndm__module_type *t, ndm_manager model, const char *api,
+                             ndm__site site);
+/* Register a built module in model; on failure it is freed (its arrays stay
+ * in the model until it closes) and the null module returned. */
+ndm_module ndm__module_finish(ndm__module *m, ndm_manager model, const char *api, ndm__site site);
+/* A module of type t with nothing of its own (no data to set, no arrays):
+ * new and finish in one. */
+ndm_module ndm__module_plain(const ndm__module_type *t, ndm_manager model, const char *api,
+                             ndm__site site);
+/* A constructor's failure: m is freed, NDM_E_OOM recorded unless an error
+ * already was; returns the null module. */
+ndm_module ndm__module_abandon(ndm__module *m, const char *api, ndm__site site);
+
+/* Add a to m's parameters (and so to its state), or to its state only (a
+ * buffer). False when there is no memory. */
+bool ndm__module_add_param(ndm__module *m, const char *name, ndm_array a);
+bool ndm__module_add_buffer(ndm__module *m, const char *name, ndm_array a);
+/* Add `child` (a live module) to m's children, its parameters and state
+ * under "name.<its name>". False when there is no memory. */
+bool ndm__module_add_child(ndm__module *m, const char *name, ndm_module child);
+
+/* The live module behind h, or NULL with the handle's error recorded. */
+ndm__module *ndm__module_of(ndm_module h, const char *api, ndm__site site);
+/* m's forward pass and description, through its type. */
+static inline ndm_array ndm__module_forward(ndm__module *m, ndm_array x, const char *api,
+                                            ndm__site site)
+{
+    return m->type->forward(m, x, api, site);
+}
+static inline size_t ndm__module_describe_into(const ndm__module *m, char *buf, size_t n,
+                                               size_t len)
+{
+    return m->type->describe(m, buf, n, len);
+}
+/* A describe that writes the type's name: a layer without arguments. */
+size_t ndm__module_describe_name(const ndm__module *m, char *buf, size_t n, size_t len);
+/* Append to a description as snprintf would (the `describe` convention). */
+size_t ndm__module_put(char *buf, size_t n, size_t len, const char *fmt, ...)
+    NDM_PRINTF(4, 5);
+
+/* ---- helpers of the built-in layers ---------------------------------------- */
+
+/* A parameter: an f32 array of `shape` in model, Kaiming-uniform from rng
+ * (`kaiming`) or zeros, with a gradient unless gradients are paused on this
+ * thread (a model built for inference). Null on failure. */
+ndm_array ndm__nn_param(ndm__site site, ndm_manager model, int ndim, const int64_t *shape,
+                        ndm_rng *rng, bool kaiming);
+/* An array of model filled with value: a buffer (no gradient) or, with
+ * `param`, a parameter as above. Null on failure. */
+ndm_array ndm__nn_filled(ndm__site site, ndm_manager model, ndm_dtype dt, int ndim,
+                         const int64_t *shape, double value, bool param);
+/* Are gradients wanted for new parameters on this thread? */
+bool ndm__nn_grads_wanted(void);
+/* The shape of x into small (cap 16) or, for a higher rank, a heap buffer
+ * the caller frees when it is not small; *ndim set. NULL with the error
+ * recorded for api. */
+int64_t *ndm__nn_shape(ndm_array x, int64_t small[16], int *ndim, const char *api,
+                       ndm__site site);
+
+#endif
