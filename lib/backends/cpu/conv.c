@@ -1258,39 +1258,27 @@ static ndm_status bwd_run(const ndm__tensor *out, const ndm__tensor *dy, const n
     return (ndm_status)atomic_load(&q.status);
 }
 
-static size_t fast_conv2d_backward_input_workspace(int device, const ndm__tensor *dx,
-                                                   const ndm__tensor *dy, const ndm__tensor *w,
-                                                   const ndm__conv2d_geom *g)
-{
-    (void)device;
-    return bwd_workspace_for(dy, dx, w, g, false);
-}
-
-static ndm_status fast_conv2d_backward_input(int device, const ndm__tensor *dx,
-                                             const ndm__tensor *dy, const ndm__tensor *w,
-                                             const ndm__conv2d_geom *g, void *ws,
-                                             size_t ws_bytes)
-{
-    (void)device;
-    return bwd_run(dx, dy, w, g, false, ws, ws_bytes);
-}
-
-static size_t fast_conv2d_backward_weight_workspace(int device, const ndm__tensor *dw,
-                                                    const ndm__tensor *dy, const ndm__tensor *x,
-                                                    const ndm__conv2d_geom *g)
-{
-    (void)device;
-    return bwd_workspace_for(dy, x, dw, g, true);
-}
-
-static ndm_status fast_conv2d_backward_weight(int device, const ndm__tensor *dw,
-                                              const ndm__tensor *dy, const ndm__tensor *x,
-                                              const ndm__conv2d_geom *g, void *ws,
-                                              size_t ws_bytes)
-{
-    (void)device;
-    return bwd_run(dw, dy, x, g, true, ws, ws_bytes);
-}
+/* The table's entries of the two gradients: `out` is dx (WGRAD 0, `in` the
+ * weights) or dw (WGRAD 1, `in` the input); the same plan and run. */
+#define NDM__BWD_ENTRIES(NAME, WGRAD)                                           \
+    static size_t fast_conv2d_backward_##NAME##_workspace(                      \
+        int device, const ndm__tensor *out, const ndm__tensor *dy, const ndm__tensor *in, \
+        const ndm__conv2d_geom *g)                                              \
+    {                                                                           \
+        (void)device;                                                           \
+        return bwd_workspace_for(dy, WGRAD ? in : out, WGRAD ? out : in, g, WGRAD); \
+    }                                                                           \
+    static ndm_status fast_conv2d_backward_##NAME(int device, const ndm__tensor *out, \
+                                                  const ndm__tensor *dy, const ndm__tensor *in, \
+                                                  const ndm__conv2d_geom *g, void *ws, \
+                                                  size_t ws_bytes)              \
+    {                                                                           \
+        (void)device;                                                           \
+        return bwd_run(out, dy, in, g, WGRAD, ws, ws_bytes);                    \
+    }
+NDM__BWD_ENTRIES(input, false)
+NDM__BWD_ENTRIES(weight, true)
+#undef NDM__BWD_ENTRIES
 
 /* One plane of pooling's gradient, windows clipped to the plane once. dx
  * is C-contiguous. */

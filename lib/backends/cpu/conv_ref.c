@@ -6,6 +6,13 @@
 
 #include "conv_cpu.h"
 
+/* KERNEL_float or KERNEL_double on the arguments by dtype t (the kernels
+ * are written for both float dtypes), or NDM_E_DTYPE. */
+#define NDM__BY_FLOAT(t, KERNEL, ...)                                           \
+    ((t) == NDM_F32   ? (KERNEL##_float(__VA_ARGS__), NDM_OK)                   \
+     : (t) == NDM_F64 ? (KERNEL##_double(__VA_ARGS__), NDM_OK)                  \
+                      : NDM_E_DTYPE)
+
 /* ---- reference ----------------------------------------------------------------- */
 
 #define NDM__REF_CONV(T)                                                        \
@@ -55,13 +62,7 @@ static ndm_status ref_conv2d(int device, const ndm__tensor *y, const ndm__tensor
 {
     (void)device, (void)ws;
     ndm__conv_sizes c = ndm__conv_sizes_of(y, x, w, g);
-    if (y->dtype == NDM_F32)
-        ref_conv_float(y, x, w, bias, &c);
-    else if (y->dtype == NDM_F64)
-        ref_conv_double(y, x, w, bias, &c);
-    else
-        return NDM_E_DTYPE;
-    return NDM_OK;
+    return NDM__BY_FLOAT(y->dtype, ref_conv, y, x, w, bias, &c);
 }
 
 /* One output plane of pooling; shared by both kernels (the fast one runs it
@@ -214,13 +215,7 @@ static ndm_status ref_conv2d_backward_input(int device, const ndm__tensor *dx,
 {
     (void)device, (void)ws, (void)ws_bytes;
     ndm__conv_sizes c = ndm__conv_sizes_of(dy, dx, w, g);
-    if (dx->dtype == NDM_F32)
-        ref_conv_bwd_input_float(dx, dy, w, &c);
-    else if (dx->dtype == NDM_F64)
-        ref_conv_bwd_input_double(dx, dy, w, &c);
-    else
-        return NDM_E_DTYPE;
-    return NDM_OK;
+    return NDM__BY_FLOAT(dx->dtype, ref_conv_bwd_input, dx, dy, w, &c);
 }
 
 static ndm_status ref_conv2d_backward_weight(int device, const ndm__tensor *dw,
@@ -230,13 +225,7 @@ static ndm_status ref_conv2d_backward_weight(int device, const ndm__tensor *dw,
 {
     (void)device, (void)ws, (void)ws_bytes;
     ndm__conv_sizes c = ndm__conv_sizes_of(dy, x, dw, g);
-    if (dw->dtype == NDM_F32)
-        ref_conv_bwd_weight_float(dw, dy, x, &c);
-    else if (dw->dtype == NDM_F64)
-        ref_conv_bwd_weight_double(dw, dy, x, &c);
-    else
-        return NDM_E_DTYPE;
-    return NDM_OK;
+    return NDM__BY_FLOAT(dw->dtype, ref_conv_bwd_weight, dw, dy, x, &c);
 }
 
 /* Pooling's gradient over every window in turn, each tap checked against
@@ -311,13 +300,7 @@ static ndm_status ref_pool2d_backward(int device, const ndm__tensor *dx, const n
                                       const ndm__tensor *x, const ndm__pool2d_geom *g)
 {
     (void)device;
-    if (dx->dtype == NDM_F32)
-        ref_pool_bwd_float(dx, dy, x, g);
-    else if (dx->dtype == NDM_F64)
-        ref_pool_bwd_double(dx, dy, x, g);
-    else
-        return NDM_E_DTYPE;
-    return NDM_OK;
+    return NDM__BY_FLOAT(dx->dtype, ref_pool_bwd, dx, dy, x, g);
 }
 
 const struct ndm__backend_nn ndm__cpu_ref_nn = {
