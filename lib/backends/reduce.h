@@ -12,9 +12,21 @@
  * record (lib/ops/reduce.c), the reference kernels (cpu/reduce_ref.c, which
  * also run every reduction the fast CPU table has no kernel for), the
  * accumulator and the finish of the fast CPU and the CUDA kernels, and the
- * conformance suite's cases derive from it. Adding one touches this list,
- * include/ndm/reduce.h (the declaration), CHANGELOG.md and, optionally, a
- * fast kernel; the gradient rule if it has one.
+ * conformance suite's cases derive from it.
+ *
+ * Adding a reduction, e.g. the l2 norm, touches these files:
+ *   1. here, one line:
+ *        X(NORM, norm, R, FLOAT, NDM__REDF_IDENTITY, NDM__AG_OP_COUNT, 1e-5,
+ *          SUM, x * x, sqrt(s))
+ *   2. include/ndm/reduce.h: the documented declaration of ndm_norm_to_at
+ *      and its three macros;
+ *   3. CHANGELOG.md;
+ *   4. optional: a fast kernel. Without one the fast CPU table runs the
+ *      reference kernel for a mapped row, and a row over an existing
+ *      accumulator without a map runs the fast accumulator class as it is;
+ *      the CUDA kernels fold any row. A gradient rule, if it has one, is
+ *      its record in lib/ops/autograd.h and the grad column.
+ * No test edit: the conformance suite walks the list.
  *
  * X(ID, name, form, result, flags, grad, tol, acc, map, fin)
  *   form    R: ndm_<name>_to_at(out, a, keepdim, naxes, axes); DDOF: the
@@ -132,6 +144,7 @@ _Static_assert(sizeof ndm__reduce_names / sizeof *ndm__reduce_names == NDM__RED_
 _Static_assert(sizeof ndm__reduce_result == NDM__RED_COUNT, "reduce results and enum differ");
 _Static_assert(sizeof ndm__reduce_flags == NDM__RED_COUNT, "reduce flags and enum differ");
 _Static_assert(sizeof ndm__reduce_acc == NDM__RED_COUNT, "reduce accumulators and enum differ");
+_Static_assert(sizeof ndm__reduce_mapped == NDM__RED_COUNT, "reduce maps and enum differ");
 /* A mapped element is a double: only FLOAT results accumulate in double
  * whatever the input. */
 #define NDM__RED_MAPCHECK_(ID, name, form, result, flags, grad, tol, acc, map, fin) \

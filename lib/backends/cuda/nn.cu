@@ -394,26 +394,40 @@ static ndm_status cuda_conv2d(int device, const ndm__tensor *y, const ndm__tenso
     return conv_forward<double>(device, s, h, &p, y, x, w, bias, (char *)ws);
 }
 
+/* The two gradients into `out` (dx from dy and the weights `in`, or dw
+ * from dy and the input `in`): zeros when nothing reaches `out` (no output
+ * pixel, channel or tap), else the kernel of `kind`. */
+static ndm_status conv_backward(conv_kind kind, const char *what, int device,
+                                const ndm__tensor *out, const ndm__tensor *dy,
+                                const ndm__tensor *in, const ndm__conv2d_geom *g, void *ws,
+                                size_t ws_bytes)
+{
+    bool wg = kind == CONV_WEIGHT;
+    conv_plan p = conv_plan_of(kind, dy, wg ? in : out, wg ? out : in, g);
+    if (p.bytes == 0) {
+        ndm__tensor t = *out;
+        return ndm__cuda_backend.fill(device, &t, 0.0);
+    }
+    cudaStream_t s = nullptr;
+    cublasHandle_t h;
+    ndm_status st = conv_enter(device, what, out->dtype, &p, ws, ws_bytes, &s, &h);
+    if (st < 0)
+        return st;
+    bool f32 = out->dtype == NDM_F32;
+    if (wg)
+        return f32 ? conv_weight<float>(device, s, h, &p, out, dy, in, (char *)ws)
+                   : conv_weight<double>(device, s, h, &p, out, dy, in, (char *)ws);
+    return f32 ? conv_input<float>(device, s, h, &p, out, dy, in, (char *)ws)
+               : conv_input<double>(device, s, h, &p, out, dy, in, (char *)ws);
+}
+
 static ndm_status cuda_conv2d_backward_input(int device, const ndm__tensor *dx,
                                              const ndm__tensor *dy, const ndm__tensor *w,
                                              const ndm__conv2d_geom *g, void *ws,
                                              size_t ws_bytes)
 {
-    conv_plan p = conv_plan_of(CONV_INPUT, dy, dx, w, g);
-    if (p.bytes == 0) {
-        /* nothing reaches dx (no output pixel, channel or tap): zeros */
-        ndm__tensor t = *dx;
-        return ndm__cuda_backend.fill(device, &t, 0.0);
-    }
-    cudaStream_t s = nullptr;
-    cublasHandle_t h;
-    ndm_status st = conv_enter(device, "conv2d_backward_input", dx->dtype, &p, ws, ws_bytes, &s,
-                               &h);
-    if (st < 0)
-        return st;
-    if (dx->dtype == NDM_F32)
-        return conv_input<float>(device, s, h, &p, dx, dy, w, (char *)ws);
-    return conv_input<double>(device, s, h, &p, dx, dy, w, (char *)ws);
+    return conv_backward(CONV_INPUT, "conv2d_backward_input", device, dx, dy, w, g, ws,
+                         ws_bytes);
 }
 
 static ndm_status cuda_conv2d_backward_weight(int device, const ndm__tensor *dw,
@@ -421,20 +435,8 @@ static ndm_status cuda_conv2d_backward_weight(int device, const ndm__tensor *dw,
                                               const ndm__conv2d_geom *g, void *ws,
                                               size_t ws_bytes)
 {
-    conv_plan p = conv_plan_of(CONV_WEIGHT, dy, x, dw, g);
-    if (p.bytes == 0) {
-        ndm__tensor t = *dw;
-        return ndm__cuda_backend.fill(device, &t, 0.0);
-    }
-    cudaStream_t s = nullptr;
-    cublasHandle_t h;
-    ndm_status st = conv_enter(device, "conv2d_backward_weight", dw->dtype, &p, ws, ws_bytes,
-                               &s, &h);
-    if (st < 0)
-        return st;
-    if (dw->dtype == NDM_F32)
-        return conv_weight<float>(device, s, h, &p, dw, dy, x, (char *)ws);
-    return conv_weight<double>(device, s, h, &p, dw, dy, x, (char *)ws);
+    return conv_backward(CONV_WEIGHT, "conv2d_backward_weight", device, dw, dy, x, g, ws,
+                         ws_bytes);
 }
 
 /* ---- pooling ------------------------------------------------------------------------ */
