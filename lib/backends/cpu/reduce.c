@@ -1015,7 +1015,8 @@ static ndm_status fast_reduce(int device, ndm__reduce_op op, const ndm__tensor *
         p.rss[i] = src->strides[nk0 + i];
         p.R *= p.rsh[i];
     }
-    bool arg = op == NDM__RED_ARGMAX || op == NDM__RED_ARGMIN;
+    int acc = ndm__reduce_acc[op];
+    bool arg = acc == NDM__RACC_ARGMAX || acc == NDM__RACC_ARGMIN;
     p.nk = coalesce(nk0, p.ksh, p.kss, p.kds, true);
     /* The flat index of argmax/argmin needs the reduced axes in order. */
     p.nr = p.R ? coalesce(nred, p.rsh, p.rss, NULL, !arg) : 0;
