@@ -87,7 +87,7 @@ typedef struct red_op {
 #define RED_API_R(name) ndm_##name##_to_at, NULL
 #define RED_API_DDOF(name) NULL, ndm_##name##_to_at
 #define RED_API_ARG(name) NULL, NULL
-#define RED_ROW(ID, name, form, result, flags, grad, tol)                        \
+#define RED_ROW(ID, name, form, result, flags, grad, tol, ...)                   \
     {NDM__RED_##ID, #name, flags, tol, grad != NDM__AG_OP_COUNT, RED_API_##form(name)},
 static const red_op reds[] = {NDM__REDUCE_OPS(RED_ROW)};
 #define N_RED ((int)(sizeof reds / sizeof *reds))

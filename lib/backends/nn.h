@@ -18,6 +18,34 @@ typedef struct ndm__pool2d_geom {
     bool count_include_pad; /* average: divide by the full window */
 } ndm__pool2d_geom;
 
+/* One call's sizes, read from the tensors, for every backend's kernels
+ * (passed by value to device code): y (N, O, OH, OW), x (N, C, H, W), w
+ * (O, C/groups, KH, KW); for the gradients dy plays y and dx plays x (or
+ * dw plays w). Cg and Og are a group's channels, K a group's
+ * Cg x KH x KW, CK all channels' C x KH x KW, P the output pixels. */
+typedef struct ndm__conv_sizes {
+    int64_t N, C, H, W, O, KH, KW, OH, OW, Cg, Og, K, CK, P, groups;
+    int64_t sh, sw, ph, pw, dh, dw;
+} ndm__conv_sizes;
+
+static inline ndm__conv_sizes ndm__conv_sizes_of(const ndm__tensor *y, const ndm__tensor *x,
+                                                 const ndm__tensor *w, const ndm__conv2d_geom *g)
+{
+    ndm__conv_sizes c;
+    c.N = x->shape[0], c.C = x->shape[1], c.H = x->shape[2], c.W = x->shape[3];
+    c.O = w->shape[0], c.KH = w->shape[2], c.KW = w->shape[3];
+    c.OH = y->shape[2], c.OW = y->shape[3];
+    c.groups = g->groups;
+    c.Cg = c.C / c.groups, c.Og = c.O / c.groups;
+    c.K = c.Cg * c.KH * c.KW;
+    c.CK = c.C * c.KH * c.KW;
+    c.P = c.OH * c.OW;
+    c.sh = g->stride[0], c.sw = g->stride[1];
+    c.ph = g->padding[0], c.pw = g->padding[1];
+    c.dh = g->dilation[0], c.dw = g->dilation[1];
+    return c;
+}
+
 struct ndm__backend_nn {
     /* required: bytes of scratch that conv2d needs for these operands (the
      * dispatcher allocates it and passes it in). */

@@ -1,14 +1,14 @@
-/* CPU convolution and pooling and their gradients: direct loops as the
- * reference, and the fast kernels (convolution as a GEMM whose B panels are
- * unfolded straight from the input, its gradients as GEMM plus col2im and
- * as inner products, split over the batch; pooling split over planes). */
+/* CPU fast convolution and pooling and their gradients: convolution as a
+ * GEMM whose B panels are unfolded straight from the input, its gradients
+ * as GEMM plus col2im and as inner products, split over the batch; pooling
+ * split over planes. The reference kernels are in conv_ref.c. */
 #include <math.h>
 #include <stdint.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../nn.h"
+#include "conv_cpu.h"
 #include "isa.h"
 #include "gemm.h"
 #include "parallel.h"
@@ -17,358 +17,11 @@
 #include <immintrin.h>
 #endif
 
-/* Geometry of one call, read from the tensors. */
-typedef struct cgeo {
-    int64_t N, C, H, W, O, KH, KW, OH, OW, Cg, Og, K, P;
-    int64_t sh, sw, ph, pw, dh, dw, groups;
-} cgeo;
-
-static cgeo conv_geo(const ndm__tensor *y, const ndm__tensor *x, const ndm__tensor *w,
-                     const ndm__conv2d_geom *g)
-{
-    cgeo c;
-    c.N = x->shape[0], c.C = x->shape[1], c.H = x->shape[2], c.W = x->shape[3];
-    c.O = w->shape[0], c.KH = w->shape[2], c.KW = w->shape[3];
-    c.OH = y->shape[2], c.OW = y->shape[3];
-    c.groups = g->groups;
-    c.Cg = c.C / c.groups, c.Og = c.O / c.groups;
-    c.K = c.Cg * c.KH * c.KW;
-    c.P = c.OH * c.OW;
-    c.sh = g->stride[0], c.sw = g->stride[1];
-    c.ph = g->padding[0], c.pw = g->padding[1];
-    c.dh = g->dilation[0], c.dw = g->dilation[1];
-    return c;
-}
-
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
 static inline int64_t clamp64(int64_t v, int64_t lo, int64_t hi)
 {
     return v < lo ? lo : v > hi ? hi : v;
-}
-
-/* ---- reference ----------------------------------------------------------------- */
-
-#define NDM__REF_CONV(T)                                                        \
-    static void ref_conv_##T(const ndm__tensor *y, const ndm__tensor *x, const ndm__tensor *w, \
-                             const ndm__tensor *bias, const cgeo *c)           \
-    {                                                                           \
-        const T *X = x->data, *Wt = w->data, *B = bias ? bias->data : NULL;     \
-        T *Y = y->data;                                                         \
-        const int64_t *xs = x->strides, *ws = w->strides, *ys = y->strides;     \
-        for (int64_t n = 0; n < c->N; n++)                                      \
-            for (int64_t o = 0; o < c->O; o++)                                  \
-                for (int64_t oh = 0; oh < c->OH; oh++)                          \
-                    for (int64_t ow = 0; ow < c->OW; ow++) {                    \
-                        double s = B ? (double)B[o * bias->strides[0]] : 0.0;   \
-                        int64_t gi = o / c->Og;                                 \
-                        for (int64_t ci = 0; ci < c->Cg; ci++)                  \
-                            for (int64_t kh = 0; kh < c->KH; kh++) {            \
-                                int64_t ih = oh * c->sh - c->ph + kh * c->dh;   \
-                                if (ih < 0 || ih >= c->H)                       \
-                                    continue;                                   \
-                                for (int64_t kw = 0; kw < c->KW; kw++) {        \
-                                    int64_t iw = ow * c->sw - c->pw + kw * c->dw; \
-                                    if (iw < 0 || iw >= c->W)                   \
-                                        continue;                               \
-                                    s += (double)X[n * xs[0] + (gi * c->Cg + ci) * xs[1] + \
-                                                   ih * xs[2] + iw * xs[3]] *   \
-                                         (double)Wt[o * ws[0] + ci * ws[1] + kh * ws[2] + \
-                                                    kw * ws[3]];                \
-                                }                                               \
-                            }                                                   \
-                        Y[n * ys[0] + o * ys[1] + oh * ys[2] + ow * ys[3]] = (T)s; \
-                    }                                                           \
-    }
-NDM__REF_CONV(float)
-NDM__REF_CONV(double)
-
-static size_t ref_conv2d_workspace(int device, const ndm__tensor *y, const ndm__tensor *x,
-                                   const ndm__tensor *w, const ndm__conv2d_geom *g)
-{
-    (void)device, (void)y, (void)x, (void)w, (void)g;
-    return 0;
-}
-
-static ndm_status ref_conv2d(int device, const ndm__tensor *y, const ndm__tensor *x,
-                             const ndm__tensor *w, const ndm__tensor *bias,
-                             const ndm__conv2d_geom *g, void *ws)
-{
-    (void)device, (void)ws;
-    cgeo c = conv_geo(y, x, w, g);
-    if (y->dtype == NDM_F32)
-        ref_conv_float(y, x, w, bias, &c);
-    else if (y->dtype == NDM_F64)
-        ref_conv_double(y, x, w, bias, &c);
-    else
-        return NDM_E_DTYPE;
-    return NDM_OK;
-}
-
-/* The input rows (or columns) [*lo, *hi) under output position o of a
- * pooling window, clipped to the input's size. */
-static inline void pool_span(int64_t o, int64_t stride, int64_t pad, int64_t k, int64_t size,
-                             int64_t *lo, int64_t *hi)
-{
-    int64_t s = o * stride - pad;
-    *hi = s + k < size ? s + k : size;
-    *lo = s > 0 ? s : 0;
-}
-
-/* One output plane of pooling; shared by both kernels (the fast one runs it
- * on many planes at once). Padding is never read: a max window covers at
- * least one input element because padding is at most half the kernel. */
-#define NDM__POOL_PLANE(T)                                                      \
-    static void pool_plane_##T(const T *x, int64_t xs2, int64_t xs3, int64_t H, int64_t W, \
-                               T *y, int64_t ys2, int64_t ys3, int64_t OH, int64_t OW, \
-                               const ndm__pool2d_geom *g)                       \
-    {                                                                           \
-        for (int64_t oh = 0; oh < OH; oh++) {                                   \
-            int64_t h0, h1, w0, w1;                                             \
-            pool_span(oh, g->stride[0], g->padding[0], g->kernel[0], H, &h0, &h1); \
-            for (int64_t ow = 0; ow < OW; ow++) {                               \
-                pool_span(ow, g->stride[1], g->padding[1], g->kernel[1], W, &w0, &w1); \
-                double r;                                                       \
-                if (g->max) {                                                   \
-                    T m = -(T)INFINITY;                                         \
-                    for (int64_t ih = h0; ih < h1; ih++)                        \
-                        for (int64_t iw = w0; iw < w1; iw++) {                  \
-                            T v = x[ih * xs2 + iw * xs3];                       \
-                            m = (v > m || v != v) ? v : m;                      \
-                        }                                                       \
-                    r = m;                                                      \
-                } else {                                                        \
-                    double s = 0;                                               \
-                    for (int64_t ih = h0; ih < h1; ih++)                        \
-                        for (int64_t iw = w0; iw < w1; iw++)                    \
-                            s += x[ih * xs2 + iw * xs3];                        \
-                    int64_t cnt = g->count_include_pad ? g->kernel[0] * g->kernel[1] \
-                                                       : (h1 - h0) * (w1 - w0); \
-                    r = s / (double)cnt;                                        \
-                }                                                               \
-                y[oh * ys2 + ow * ys3] = (T)r;                                  \
-            }                                                                   \
-        }                                                                       \
-    }
-NDM__POOL_PLANE(float)
-NDM__POOL_PLANE(double)
-
-static void pool_planes(const ndm__tensor *y, const ndm__tensor *x, const ndm__pool2d_geom *g,
-                        int64_t begin, int64_t end)
-{
-    int64_t C = x->shape[1];
-    size_t es = ndm_dtype_size(x->dtype);
-    for (int64_t pl = begin; pl < end; pl++) {
-        int64_t n = pl / C, ch = pl % C;
-        const char *xp = (const char *)x->data + (n * x->strides[0] + ch * x->strides[1]) * (int64_t)es;
-        char *yp = (char *)y->data + (n * y->strides[0] + ch * y->strides[1]) * (int64_t)es;
-        if (x->dtype == NDM_F32)
-            pool_plane_float((const float *)xp, x->strides[2], x->strides[3], x->shape[2],
-                             x->shape[3], (float *)yp, y->strides[2], y->strides[3], y->shape[2],
-                             y->shape[3], g);
-        else
-            pool_plane_double((const double *)xp, x->strides[2], x->strides[3], x->shape[2],
-                              x->shape[3], (double *)yp, y->strides[2], y->strides[3],
-                              y->shape[2], y->shape[3], g);
-    }
-}
-
-static ndm_status ref_pool2d(int device, const ndm__tensor *y, const ndm__tensor *x,
-                             const ndm__pool2d_geom *g)
-{
-    (void)device;
-    if (x->dtype != NDM_F32 && x->dtype != NDM_F64)
-        return NDM_E_DTYPE;
-    pool_planes(y, x, g, 0, x->shape[0] * x->shape[1]);
-    return NDM_OK;
-}
-
-/* ---- reference gradients -------------------------------------------------------
- * Direct loops in double, each result element written once, in the order
- * the definitions read: the oracle for the fast kernels below. */
-
-/* dx[n, ci, ih, iw] sums dy * w over every tap of every output pixel that
- * read (ih, iw): oh * sh - ph + kh * dh = ih, and the same along W. */
-#define NDM__REF_CONV_BWD_INPUT(T)                                              \
-    static void ref_conv_bwd_input_##T(const ndm__tensor *dx, const ndm__tensor *dy, \
-                                       const ndm__tensor *w, const cgeo *c)     \
-    {                                                                           \
-        const T *DY = dy->data, *Wt = w->data;                                  \
-        T *DX = dx->data;                                                       \
-        const int64_t *ds = dy->strides, *ws = w->strides, *xs = dx->strides;   \
-        for (int64_t n = 0; n < c->N; n++)                                      \
-            for (int64_t ci = 0; ci < c->C; ci++)                               \
-                for (int64_t ih = 0; ih < c->H; ih++)                           \
-                    for (int64_t iw = 0; iw < c->W; iw++) {                     \
-                        int64_t gi = ci / c->Cg, cl = ci % c->Cg;               \
-                        double s = 0.0;                                         \
-                        for (int64_t o = gi * c->Og; o < (gi + 1) * c->Og; o++) \
-                            for (int64_t kh = 0; kh < c->KH; kh++) {            \
-                                int64_t th = ih + c->ph - kh * c->dh;           \
-                                if (th < 0 || th % c->sh || th / c->sh >= c->OH) \
-                                    continue;                                   \
-                                for (int64_t kw = 0; kw < c->KW; kw++) {        \
-                                    int64_t tw = iw + c->pw - kw * c->dw;       \
-                                    if (tw < 0 || tw % c->sw || tw / c->sw >= c->OW) \
-                                        continue;                               \
-                                    s += (double)DY[n * ds[0] + o * ds[1] +     \
-                                                    th / c->sh * ds[2] + tw / c->sw * ds[3]] * \
-                                         (double)Wt[o * ws[0] + cl * ws[1] + kh * ws[2] + \
-                                                    kw * ws[3]];                \
-                                }                                               \
-                            }                                                   \
-                        DX[n * xs[0] + ci * xs[1] + ih * xs[2] + iw * xs[3]] = (T)s; \
-                    }                                                           \
-    }
-NDM__REF_CONV_BWD_INPUT(float)
-NDM__REF_CONV_BWD_INPUT(double)
-
-/* dw[o, cl, kh, kw] sums dy * x over the batch and the output pixels. */
-#define NDM__REF_CONV_BWD_WEIGHT(T)                                             \
-    static void ref_conv_bwd_weight_##T(const ndm__tensor *dw, const ndm__tensor *dy, \
-                                        const ndm__tensor *x, const cgeo *c)    \
-    {                                                                           \
-        const T *DY = dy->data, *X = x->data;                                   \
-        T *DW = dw->data;                                                       \
-        const int64_t *ds = dy->strides, *xs = x->strides, *ws = dw->strides;   \
-        for (int64_t o = 0; o < c->O; o++)                                      \
-            for (int64_t cl = 0; cl < c->Cg; cl++)                              \
-                for (int64_t kh = 0; kh < c->KH; kh++)                          \
-                    for (int64_t kw = 0; kw < c->KW; kw++) {                    \
-                        int64_t ci = o / c->Og * c->Cg + cl;                    \
-                        double s = 0.0;                                         \
-                        for (int64_t n = 0; n < c->N; n++)                      \
-                            for (int64_t oh = 0; oh < c->OH; oh++) {            \
-                                int64_t ih = oh * c->sh - c->ph + kh * c->dh;   \
-                                if (ih < 0 || ih >= c->H)                       \
-                                    continue;                                   \
-                                for (int64_t ow = 0; ow < c->OW; ow++) {        \
-                                    int64_t iw = ow * c->sw - c->pw + kw * c->dw; \
-                                    if (iw < 0 || iw >= c->W)                   \
-                                        continue;                               \
-                                    s += (double)DY[n * ds[0] + o * ds[1] + oh * ds[2] + \
-                                                    ow * ds[3]] *               \
-                                         (double)X[n * xs[0] + ci * xs[1] + ih * xs[2] + \
-                                                   iw * xs[3]];                 \
-                                }                                               \
-                            }                                                   \
-                        DW[o * ws[0] + cl * ws[1] + kh * ws[2] + kw * ws[3]] = (T)s; \
-                    }                                                           \
-    }
-NDM__REF_CONV_BWD_WEIGHT(float)
-NDM__REF_CONV_BWD_WEIGHT(double)
-
-static ndm_status ref_conv2d_backward_input(int device, const ndm__tensor *dx,
-                                            const ndm__tensor *dy, const ndm__tensor *w,
-                                            const ndm__conv2d_geom *g, void *ws,
-                                            size_t ws_bytes)
-{
-    (void)device, (void)ws, (void)ws_bytes;
-    cgeo c = conv_geo(dy, dx, w, g);
-    if (dx->dtype == NDM_F32)
-        ref_conv_bwd_input_float(dx, dy, w, &c);
-    else if (dx->dtype == NDM_F64)
-        ref_conv_bwd_input_double(dx, dy, w, &c);
-    else
-        return NDM_E_DTYPE;
-    return NDM_OK;
-}
-
-static ndm_status ref_conv2d_backward_weight(int device, const ndm__tensor *dw,
-                                             const ndm__tensor *dy, const ndm__tensor *x,
-                                             const ndm__conv2d_geom *g, void *ws,
-                                             size_t ws_bytes)
-{
-    (void)device, (void)ws, (void)ws_bytes;
-    cgeo c = conv_geo(dy, x, dw, g);
-    if (dw->dtype == NDM_F32)
-        ref_conv_bwd_weight_float(dw, dy, x, &c);
-    else if (dw->dtype == NDM_F64)
-        ref_conv_bwd_weight_double(dw, dy, x, &c);
-    else
-        return NDM_E_DTYPE;
-    return NDM_OK;
-}
-
-/* Pooling's gradient over every window in turn, each tap checked against
- * the edges. The max picks with the forward's comparison, starting from
- * the window's first element so that a window of -inf still routes to it. */
-#define NDM__REF_POOL_BWD(T)                                                    \
-    static void ref_pool_bwd_##T(const ndm__tensor *dx, const ndm__tensor *dy,  \
-                                 const ndm__tensor *x, const ndm__pool2d_geom *g) \
-    {                                                                           \
-        T *DX = dx->data;                                                       \
-        const T *DY = dy->data, *X = x ? x->data : NULL;                        \
-        const int64_t *xs = dx->strides, *ys = dy->strides, *is = x ? x->strides : NULL; \
-        int64_t N = dx->shape[0], C = dx->shape[1], H = dx->shape[2], W = dx->shape[3]; \
-        int64_t OH = dy->shape[2], OW = dy->shape[3];                           \
-        for (int64_t n = 0; n < N; n++)                                         \
-            for (int64_t ch = 0; ch < C; ch++)                                  \
-                for (int64_t ih = 0; ih < H; ih++)                              \
-                    for (int64_t iw = 0; iw < W; iw++)                          \
-                        DX[n * xs[0] + ch * xs[1] + ih * xs[2] + iw * xs[3]] = 0; \
-        for (int64_t n = 0; n < N; n++)                                         \
-            for (int64_t ch = 0; ch < C; ch++)                                  \
-                for (int64_t oh = 0; oh < OH; oh++)                             \
-                    for (int64_t ow = 0; ow < OW; ow++) {                       \
-                        T gv = DY[n * ys[0] + ch * ys[1] + oh * ys[2] + ow * ys[3]]; \
-                        T *plane = DX + n * xs[0] + ch * xs[1];                 \
-                        int64_t bh = -1, bw = -1, cnt = 0;                      \
-                        T m = 0;                                                \
-                        for (int64_t kh = 0; kh < g->kernel[0]; kh++) {         \
-                            int64_t ih = oh * g->stride[0] - g->padding[0] + kh; \
-                            if (ih < 0 || ih >= H)                              \
-                                continue;                                       \
-                            for (int64_t kw = 0; kw < g->kernel[1]; kw++) {     \
-                                int64_t iw = ow * g->stride[1] - g->padding[1] + kw; \
-                                if (iw < 0 || iw >= W)                          \
-                                    continue;                                   \
-                                cnt++;                                          \
-                                if (!g->max)                                    \
-                                    continue;                                   \
-                                T v = X[n * is[0] + ch * is[1] + ih * is[2] + iw * is[3]]; \
-                                if (bh < 0 || v > m || v != v) {                \
-                                    m = v;                                      \
-                                    bh = ih;                                    \
-                                    bw = iw;                                    \
-                                }                                               \
-                            }                                                   \
-                        }                                                       \
-                        if (g->max) {                                           \
-                            if (bh >= 0)                                        \
-                                plane[bh * xs[2] + bw * xs[3]] += gv;           \
-                            continue;                                           \
-                        }                                                       \
-                        if (!cnt)                                               \
-                            continue;                                           \
-                        int64_t div = g->count_include_pad ? g->kernel[0] * g->kernel[1] : cnt; \
-                        T share = (T)((double)gv / (double)div);                \
-                        for (int64_t kh = 0; kh < g->kernel[0]; kh++) {         \
-                            int64_t ih = oh * g->stride[0] - g->padding[0] + kh; \
-                            if (ih < 0 || ih >= H)                              \
-                                continue;                                       \
-                            for (int64_t kw = 0; kw < g->kernel[1]; kw++) {     \
-                                int64_t iw = ow * g->stride[1] - g->padding[1] + kw; \
-                                if (iw >= 0 && iw < W)                          \
-                                    plane[ih * xs[2] + iw * xs[3]] += share;    \
-                            }                                                   \
-                        }                                                       \
-                    }                                                           \
-    }
-NDM__REF_POOL_BWD(float)
-NDM__REF_POOL_BWD(double)
-
-static ndm_status ref_pool2d_backward(int device, const ndm__tensor *dx, const ndm__tensor *dy,
-                                      const ndm__tensor *x, const ndm__pool2d_geom *g)
-{
-    (void)device;
-    if (dx->dtype == NDM_F32)
-        ref_pool_bwd_float(dx, dy, x, g);
-    else if (dx->dtype == NDM_F64)
-        ref_pool_bwd_double(dx, dy, x, g);
-    else
-        return NDM_E_DTYPE;
-    return NDM_OK;
 }
 
 /* ---- fast convolution --------------------------------------------------------
@@ -382,7 +35,7 @@ static ndm_status ref_pool2d_backward(int device, const ndm__tensor *dx, const n
  * pixel tiles when the batch is smaller than the pool. */
 
 typedef struct cplan {
-    cgeo c;
+    ndm__conv_sizes c;
     int64_t tile, ntiles, items;
     int64_t Hp, Wp;  /* the padded planes */
     bool parallel, wcopy;
@@ -412,7 +65,7 @@ static int64_t tile_pixels(int64_t rows, int64_t P)
 /* The planes of one (sample, group) with the padding made real: rows and
  * columns enough for every tap of every pixel, plus a vector's slack so a
  * panel writer may copy whole vectors. */
-static void padded_dims(const cgeo *c, int64_t *Hp, int64_t *Wp)
+static void padded_dims(const ndm__conv_sizes *c, int64_t *Hp, int64_t *Wp)
 {
     *Hp = c->OH ? (c->OH - 1) * c->sh + (c->KH - 1) * c->dh + 1 : 0;
     *Wp = c->OW ? (c->OW - 1) * c->sw + (c->KW - 1) * c->dw + 1 : 0;
@@ -420,7 +73,7 @@ static void padded_dims(const cgeo *c, int64_t *Hp, int64_t *Wp)
 
 #define PAD_SLACK 64 /* elements: more than any panel's width */
 
-static size_t padded_bytes(const cgeo *c, int64_t Hp, int64_t Wp, size_t es)
+static size_t padded_bytes(const ndm__conv_sizes *c, int64_t Hp, int64_t Wp, size_t es)
 {
     return align64((size_t)(c->Cg * Hp * Wp + PAD_SLACK) * es);
 }
@@ -429,8 +82,8 @@ static cplan conv_plan(const ndm__tensor *y, const ndm__tensor *x, const ndm__te
                        const ndm__conv2d_geom *g)
 {
     cplan p;
-    p.c = conv_geo(y, x, w, g);
-    const cgeo *c = &p.c;
+    p.c = ndm__conv_sizes_of(y, x, w, g);
+    const ndm__conv_sizes *c = &p.c;
     p.es = ndm_dtype_size(x->dtype);
     padded_dims(c, &p.Hp, &p.Wp);
     int threads = ndm__num_threads();
@@ -468,7 +121,8 @@ static size_t fast_conv2d_workspace(int device, const ndm__tensor *y, const ndm_
 /* The weights as an O x K matrix with strides (*rs, *cs): w itself, or,
  * when its strides cannot be read as one (`copy`), w gathered into dst,
  * once per call. */
-static const char *weight_matrix(const ndm__tensor *w, const cgeo *c, size_t es, bool copy,
+static const char *weight_matrix(const ndm__tensor *w, const ndm__conv_sizes *c, size_t es,
+                                 bool copy,
                                  char *dst, int64_t *rs, int64_t *cs)
 {
     if (!copy) {
@@ -493,7 +147,7 @@ static const char *weight_matrix(const ndm__tensor *w, const cgeo *c, size_t es,
 
 /* The output columns [*lo, *hi) at which tap kw reads inside an input row,
  * iw = ow * sw + off in [0, W); returns off = kw * dw - pw. */
-static inline int64_t tap_cols(const cgeo *c, int64_t kw, int64_t *lo, int64_t *hi)
+static inline int64_t tap_cols(const ndm__conv_sizes *c, int64_t kw, int64_t *lo, int64_t *hi)
 {
     int64_t off = kw * c->dw - c->pw;
     int64_t l = off >= 0 ? 0 : (-off + c->sw - 1) / c->sw;
@@ -505,7 +159,8 @@ static inline int64_t tap_cols(const cgeo *c, int64_t kw, int64_t *lo, int64_t *
 
 /* Unfold pixels [p0, p0 + np) of group `gi` of sample n into col (K x np). */
 #define NDM__IM2COL(T)                                                          \
-    static void im2col_##T(T *restrict col, const T *x, const int64_t *xs, const cgeo *c, \
+    static void im2col_##T(T *restrict col, const T *x, const int64_t *xs,      \
+                           const ndm__conv_sizes *c,                            \
                            int64_t n, int64_t gi, int64_t p0, int64_t np)       \
     {                                                                           \
         T *row = col;                                                           \
@@ -546,7 +201,8 @@ NDM__IM2COL(double)
 /* The Cg planes of group gi of sample n into xp (Hp x Wp each), padding
  * and rows or columns past the input as zeros, then the slack. */
 #define NDM__PAD_INPUT(T)                                                       \
-    static void pad_input_##T(T *restrict xp, const T *x, const int64_t *xs, const cgeo *c, \
+    static void pad_input_##T(T *restrict xp, const T *x, const int64_t *xs,    \
+                              const ndm__conv_sizes *c,                         \
                               int64_t Hp, int64_t Wp, int64_t n, int64_t gi)    \
     {                                                                           \
         int64_t w0 = c->pw < Wp ? c->pw : Wp;                                   \
@@ -577,7 +233,7 @@ NDM__PAD_INPUT(float)
 NDM__PAD_INPUT(double)
 
 /* Where tap t = (ci, kh, kw) of pixel 0 reads in the padded planes. */
-static void tap_offsets(int64_t *toff, const cgeo *c, int64_t Hp, int64_t Wp)
+static void tap_offsets(int64_t *toff, const ndm__conv_sizes *c, int64_t Hp, int64_t Wp)
 {
     int64_t t = 0;
     for (int64_t ci = 0; ci < c->Cg; ci++)
@@ -590,14 +246,14 @@ static void tap_offsets(int64_t *toff, const cgeo *c, int64_t Hp, int64_t Wp)
 typedef struct unfold {
     const char *xp;       /* padded planes */
     const int64_t *toff;  /* per tap */
-    const cgeo *c;
+    const ndm__conv_sizes *c;
     int64_t Wp, p_base;   /* pixel j of a product is pixel p_base + j */
 } unfold;
 
 /* Where pixels [p, p + cols) read in the padded planes, relative to a tap. */
 static void pixel_offsets(int64_t *po, const unfold *u, int64_t p, int64_t cols)
 {
-    const cgeo *c = u->c;
+    const ndm__conv_sizes *c = u->c;
     int64_t oh = p / c->OW, ow = p % c->OW;
     for (int64_t j = 0; j < cols; j++) {
         po[j] = oh * c->sh * u->Wp + ow * c->sw;
@@ -654,7 +310,7 @@ NDM__UNFOLD_PANEL(double)
                                    int64_t cols, int nr)                        \
     {                                                                           \
         const unfold *u = ctx;                                                  \
-        const cgeo *c = u->c;                                                   \
+        const ndm__conv_sizes *c = u->c;                                        \
         const T *xp = (const T *)u->xp;                                         \
         T *d = dst;                                                             \
         const int64_t *to = u->toff + j0;                                       \
@@ -680,7 +336,7 @@ __attribute__((target("avx2,fma"))) static void unfold_t_panel_float_avx2(
     void *ctx, void *dst, int64_t p0, int64_t kc, int64_t j0, int64_t cols, int nr)
 {
     const unfold *u = ctx;
-    const cgeo *c = u->c;
+    const ndm__conv_sizes *c = u->c;
     const int64_t *to = u->toff + j0;
     if (nr != 16 || cols != 16 || to[15] > INT32_MAX) {
         unfold_t_panel_float(ctx, dst, p0, kc, j0, cols, nr);
@@ -729,7 +385,7 @@ static void conv_items(void *ctx, int64_t begin, int64_t end)
 {
     cctx *q = ctx;
     const cplan *p = q->p;
-    const cgeo *c = &p->c;
+    const ndm__conv_sizes *c = &p->c;
     /* the slot of this thread: chunks are many more than threads */
     int slot = ndm__parallel_thread_index();
     char *xp = q->ws + (size_t)(slot < p->slots ? slot : 0) * p->slot_bytes;
@@ -885,7 +541,7 @@ static void pool_range(void *ctx, int64_t begin, int64_t end)
     const pctx *q = ctx;
     const ndm__tensor *x = q->x, *y = q->y;
     if (!pool_is_2x2(q->g, x, y)) {
-        pool_planes(y, x, q->g, begin, end);
+        ndm__cpu_pool_planes(y, x, q->g, begin, end);
         return;
     }
     int64_t C = x->shape[1];
@@ -1098,7 +754,7 @@ bool ndm__cpu_conv_grad_isa(int isa)
  * for the threads runs as one part with the provider's threaded GEMM. */
 
 typedef struct bplan {
-    cgeo c;
+    ndm__conv_sizes c;
     int64_t tile, ntiles, units;
     int64_t dps, xps;  /* pixel strides of dy and of x (or dx) when they have one */
     bool weight;    /* the weight's gradient (else the input's) */
@@ -1136,8 +792,8 @@ static bplan bwd_plan(const ndm__tensor *dy, const ndm__tensor *x, const ndm__te
 {
     bplan p;
     memset(&p, 0, sizeof p);
-    p.c = conv_geo(dy, x, w, g);
-    const cgeo *c = &p.c;
+    p.c = ndm__conv_sizes_of(dy, x, w, g);
+    const ndm__conv_sizes *c = &p.c;
     p.weight = weight;
     p.es = ndm_dtype_size(dy->dtype);
     p.units = c->N * c->groups;
@@ -1247,7 +903,7 @@ NDM__DY_GATHER(double)
 static const char *dy_tile(const bplan *p, const ndm__tensor *dy, char *buf, int64_t n,
                            int64_t gi, int64_t p0, int64_t np, int64_t *rs, int64_t *cs)
 {
-    const cgeo *c = &p->c;
+    const ndm__conv_sizes *c = &p->c;
     const int64_t *ds = dy->strides, es = (int64_t)p->es;
     const char *base = (const char *)dy->data + (n * ds[0] + gi * c->Og * ds[1]) * es;
     if (!p->gather) {
@@ -1269,7 +925,8 @@ static const char *dy_tile(const bplan *p, const ndm__tensor *dy, char *buf, int
  * zeros or earlier tiles' sums. Rows of col whose taps fall in the padding
  * are skipped, as im2col wrote zeros for them. */
 #define NDM__COL2IM(T, ADD)                                                     \
-    static void col2im_##T(const T *col, T *dx, const int64_t *xs, const cgeo *c, int64_t n, \
+    static void col2im_##T(const T *col, T *dx, const int64_t *xs, const ndm__conv_sizes *c, \
+                           int64_t n,                                           \
                            int64_t gi, int64_t p0, int64_t np, const grad_kernels *gk) \
     {                                                                           \
         const T *row = col;                                                     \
@@ -1306,7 +963,8 @@ NDM__COL2IM(double, add_d)
  * gradient of the unfolded pixels [p0, p0 + np), at xp[toff[t] + poff(p)];
  * with unit stride, a run of consecutive elements per output row. */
 #define NDM__COL2IM_PAD(T, ATTR, NAME, VEC)                                     \
-    ATTR static void NAME(const T *col, T *xp, const int64_t *toff, const cgeo *c, int64_t Wp, \
+    ATTR static void NAME(const T *col, T *xp, const int64_t *toff, const ndm__conv_sizes *c, \
+                          int64_t Wp,                                           \
                           int64_t p0, int64_t np)                               \
     {                                                                           \
         int64_t oh0 = p0 / c->OW, ow0 = p0 % c->OW, end = p0 + np;              \
@@ -1348,7 +1006,8 @@ NDM__COL2IM_PAD(float, NDM__AVX2, col2im_pad_float_avx2,
                 })
 #endif
 
-static void col2im_pad(const char *col, char *xp, const int64_t *toff, const cgeo *c, int64_t Wp,
+static void col2im_pad(const char *col, char *xp, const int64_t *toff, const ndm__conv_sizes *c,
+                       int64_t Wp,
                        int64_t p0, int64_t np, int64_t es)
 {
     if (es == 8) {
@@ -1367,7 +1026,8 @@ static void col2im_pad(const char *col, char *xp, const int64_t *toff, const cge
 /* The inverse of pad_input: the planes of group gi's block of dx (at dx,
  * strides xs) from the padded ones; input elements no tap reads get 0. */
 #define NDM__UNPAD(T)                                                           \
-    static void unpad_##T(T *dx, const int64_t *xs, const T *xp, const cgeo *c, int64_t Hp, \
+    static void unpad_##T(T *dx, const int64_t *xs, const T *xp, const ndm__conv_sizes *c, \
+                          int64_t Hp,                                           \
                           int64_t Wp)                                           \
     {                                                                           \
         int64_t wv = Wp - c->pw < c->W ? Wp - c->pw : c->W;                     \
@@ -1410,7 +1070,7 @@ typedef struct bctx {
 static void bwd_input_unit(bctx *q, char *col, char *dyb, int64_t n, int64_t gi)
 {
     const bplan *p = q->p;
-    const cgeo *c = &p->c;
+    const ndm__conv_sizes *c = &p->c;
     int64_t es = (int64_t)p->es;
     ndm_dtype dt = q->out->dtype;
     const int64_t *xs = q->out->strides;
@@ -1464,7 +1124,7 @@ static void bwd_input_unit(bctx *q, char *col, char *dyb, int64_t n, int64_t gi)
 static void bwd_weight_unit(bctx *q, char *col, char *dyb, char *acc, int64_t n, int64_t gi)
 {
     const bplan *p = q->p;
-    const cgeo *c = &p->c;
+    const ndm__conv_sizes *c = &p->c;
     int64_t es = (int64_t)p->es;
     const int64_t *xs = q->in->strides;
     char *cg = acc + gi * c->Og * c->K * es;
@@ -1598,39 +1258,27 @@ static ndm_status bwd_run(const ndm__tensor *out, const ndm__tensor *dy, const n
     return (ndm_status)atomic_load(&q.status);
 }
 
-static size_t fast_conv2d_backward_input_workspace(int device, const ndm__tensor *dx,
-                                                   const ndm__tensor *dy, const ndm__tensor *w,
-                                                   const ndm__conv2d_geom *g)
-{
-    (void)device;
-    return bwd_workspace_for(dy, dx, w, g, false);
-}
-
-static ndm_status fast_conv2d_backward_input(int device, const ndm__tensor *dx,
-                                             const ndm__tensor *dy, const ndm__tensor *w,
-                                             const ndm__conv2d_geom *g, void *ws,
-                                             size_t ws_bytes)
-{
-    (void)device;
-    return bwd_run(dx, dy, w, g, false, ws, ws_bytes);
-}
-
-static size_t fast_conv2d_backward_weight_workspace(int device, const ndm__tensor *dw,
-                                                    const ndm__tensor *dy, const ndm__tensor *x,
-                                                    const ndm__conv2d_geom *g)
-{
-    (void)device;
-    return bwd_workspace_for(dy, x, dw, g, true);
-}
-
-static ndm_status fast_conv2d_backward_weight(int device, const ndm__tensor *dw,
-                                              const ndm__tensor *dy, const ndm__tensor *x,
-                                              const ndm__conv2d_geom *g, void *ws,
-                                              size_t ws_bytes)
-{
-    (void)device;
-    return bwd_run(dw, dy, x, g, true, ws, ws_bytes);
-}
+/* The table's entries of the two gradients: `out` is dx (WGRAD 0, `in` the
+ * weights) or dw (WGRAD 1, `in` the input); the same plan and run. */
+#define NDM__BWD_ENTRIES(NAME, WGRAD)                                           \
+    static size_t fast_conv2d_backward_##NAME##_workspace(                      \
+        int device, const ndm__tensor *out, const ndm__tensor *dy, const ndm__tensor *in, \
+        const ndm__conv2d_geom *g)                                              \
+    {                                                                           \
+        (void)device;                                                           \
+        return bwd_workspace_for(dy, WGRAD ? in : out, WGRAD ? out : in, g, WGRAD); \
+    }                                                                           \
+    static ndm_status fast_conv2d_backward_##NAME(int device, const ndm__tensor *out, \
+                                                  const ndm__tensor *dy, const ndm__tensor *in, \
+                                                  const ndm__conv2d_geom *g, void *ws, \
+                                                  size_t ws_bytes)              \
+    {                                                                           \
+        (void)device;                                                           \
+        return bwd_run(out, dy, in, g, WGRAD, ws, ws_bytes);                    \
+    }
+NDM__BWD_ENTRIES(input, false)
+NDM__BWD_ENTRIES(weight, true)
+#undef NDM__BWD_ENTRIES
 
 /* One plane of pooling's gradient, windows clipped to the plane once. dx
  * is C-contiguous. */
@@ -1863,13 +1511,4 @@ const struct ndm__backend_nn ndm__cpu_nn = {
     .conv2d_backward_weight_workspace = fast_conv2d_backward_weight_workspace,
     .conv2d_backward_weight = fast_conv2d_backward_weight,
     .pool2d_backward = fast_pool2d_backward,
-};
-
-const struct ndm__backend_nn ndm__cpu_ref_nn = {
-    .conv2d_workspace = ref_conv2d_workspace,
-    .conv2d = ref_conv2d,
-    .pool2d = ref_pool2d,
-    .conv2d_backward_input = ref_conv2d_backward_input,
-    .conv2d_backward_weight = ref_conv2d_backward_weight,
-    .pool2d_backward = ref_pool2d_backward,
 };

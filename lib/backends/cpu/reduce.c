@@ -1,104 +1,20 @@
-/* CPU reductions and softmax: the reference kernels (plain loops, one element
- * at a time, the test oracle) and the fast ones (coalesced axes, rows of
- * typed vector loops, work split over the thread pool). */
+/* CPU fast reductions and softmax: coalesced axes, rows of typed vector
+ * loops, work split over the thread pool. The reference kernels are in
+ * reduce_ref.c; a reduction of the list with no accumulator class here (a
+ * mapped one) runs there. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../reduce.h"
+#include "reduce_cpu.h"
 #include "isa.h"
-#include "convert.h"
 #include "gemm.h"
 #include "parallel.h"
 
 #if NDM__CPU_X86
 #include <immintrin.h>
 #endif
-
-/* ---- shared helpers ---------------------------------------------------------- */
-
-#define LDX_b8(v) (v)
-#define LDX_u8(v) (v)
-#define LDX_i32(v) (v)
-#define LDX_i64(v) (v)
-#define LDX_f16(v) ndm__cpu_h2f(v)
-#define LDX_bf16(v) ndm__cpu_bf2f(v)
-#define LDX_f32(v) (v)
-#define LDX_f64(v) (v)
-
-/* Integer loads of float types never happen; they saturate to stay defined. */
-#define TOI_b8(v) ((int64_t)(v))
-#define TOI_u8(v) ((int64_t)(v))
-#define TOI_i32(v) ((int64_t)(v))
-#define TOI_i64(v) ((int64_t)(v))
-#define TOI_f16(v) ndm__sat_i64(ndm__cpu_h2f(v))
-#define TOI_bf16(v) ndm__sat_i64(ndm__cpu_bf2f(v))
-#define TOI_f32(v) ndm__sat_i64(v)
-#define TOI_f64(v) ndm__sat_i64(v)
-
-static bool is_int_result(ndm__reduce_op op, ndm_dtype src)
-{
-    switch (op) {
-    case NDM__RED_SUM:
-    case NDM__RED_PROD:
-    case NDM__RED_MAX:
-    case NDM__RED_MIN:
-        return !ndm_dtype_is_float(src);
-    case NDM__RED_ARGMAX:
-    case NDM__RED_ARGMIN:
-    case NDM__RED_ALL:
-    case NDM__RED_ANY:
-        return true;
-    default:
-        return false;
-    }
-}
-
-static double load_one_d(const char *p, ndm_dtype t)
-{
-    switch (t) {
-#define NDM__LD1D(N, E, T)                                                      \
-    case E:                                                                     \
-        return (double)LDX_##N(*(const T *)p);
-        NDM__CPU_DTYPES(NDM__LD1D)
-#undef NDM__LD1D
-    }
-    return 0;
-}
-
-static int64_t load_one_i(const char *p, ndm_dtype t)
-{
-    switch (t) {
-#define NDM__LD1I(N, E, T)                                                      \
-    case E:                                                                     \
-        return TOI_##N(*(const T *)p);
-        NDM__CPU_DTYPES(NDM__LD1I)
-#undef NDM__LD1I
-    }
-    return 0;
-}
-
-/* Store n results (double or int64) at stride s, converted to dtype t. */
-static void store_row(ndm_dtype t, char *dst, int64_t s, int64_t n, const double *vd,
-                      const int64_t *vi)
-{
-    switch (t) {
-#define NDM__STROW(N, E, T)                                                     \
-    case E: {                                                                   \
-        T *d = (T *)dst;                                                        \
-        if (vd)                                                                 \
-            for (int64_t j = 0; j < n; j++)                                     \
-                d[j * s] = NDM__ST_##N(vd[j]);                                  \
-        else                                                                    \
-            for (int64_t j = 0; j < n; j++)                                     \
-                d[j * s] = NDM__ST_##N(vi[j]);                                  \
-        break;                                                                  \
-    }
-        NDM__CPU_DTYPES(NDM__STROW)
-#undef NDM__STROW
-    }
-}
 
 /* exp without a call per element: round x/ln2 to k, a degree-13 Taylor
  * polynomial on |r| <= ln2/2 (error below 1e-17), then scale by 2^k in two
@@ -134,291 +50,6 @@ static inline double expd(double x)
     return p * s1 * s2;
 }
 
-/* ---- reference kernels ------------------------------------------------------- */
-
-static int64_t numel(int n, const int64_t *shape)
-{
-    int64_t m = 1;
-    for (int i = 0; i < n; i++)
-        m *= shape[i];
-    return m;
-}
-
-/* An odometer's indices: on the stack for common ranks. */
-typedef struct odo {
-    int64_t small[32];
-    int64_t *idx;
-} odo;
-
-static bool odo_get(odo *o, int n)
-{
-    o->idx = n <= 32 ? o->small : calloc((size_t)n, sizeof(int64_t));
-    if (n <= 32)
-        memset(o->small, 0, sizeof o->small);
-    return o->idx != NULL;
-}
-
-static void odo_put(odo *o)
-{
-    if (o->idx != o->small)
-        free(o->idx);
-}
-
-/* Advance an odometer over `shape`; returns false after the last position. */
-static bool odo_next(int64_t *idx, int n, const int64_t *shape)
-{
-    for (int i = n - 1; i >= 0; i--) {
-        if (++idx[i] < shape[i])
-            return true;
-        idx[i] = 0;
-    }
-    return false;
-}
-
-static int64_t odo_offset(const int64_t *idx, int n, const int64_t *strides)
-{
-    int64_t off = 0;
-    for (int i = 0; i < n; i++)
-        off += idx[i] * strides[i];
-    return off;
-}
-
-/* One output of the reference kernel: the elements of the reduced block at
- * `base` visited in C order. */
-static void ref_one(ndm__reduce_op op, const ndm__tensor *src, int nk, int nr, const char *base,
-                    int64_t R, int64_t ddof, int64_t *ridx, double *od, int64_t *oi)
-{
-    size_t es = ndm_dtype_size(src->dtype);
-    const int64_t *rsh = src->shape + nk, *rst = src->strides + nk;
-    ndm_dtype t = src->dtype;
-    bool fl = ndm_dtype_is_float(t);
-/* BODY sees the element at `p` and its C-order position `ri_`. */
-#define NDM__REF_LOOP(BODY)                                                     \
-    do {                                                                        \
-        if (nr > 0)                                                             \
-            memset(ridx, 0, (size_t)nr * sizeof(int64_t));                      \
-        for (int64_t ri_ = 0; ri_ < R; ri_++) {                                 \
-            const char *p = base + odo_offset(ridx, nr, rst) * (int64_t)es;     \
-            BODY;                                                               \
-            odo_next(ridx, nr, rsh);                                            \
-        }                                                                       \
-    } while (0)
-    switch (op) {
-    case NDM__RED_SUM:
-    case NDM__RED_MEAN: {
-        if (op == NDM__RED_SUM && !fl) {
-            uint64_t s = 0;
-            NDM__REF_LOOP(s += (uint64_t)load_one_i(p, t));
-            *oi = (int64_t)s;
-            return;
-        }
-        double s = 0;
-        NDM__REF_LOOP(s += load_one_d(p, t));
-        *od = op == NDM__RED_SUM ? s : R ? s / (double)R : NAN;
-        return;
-    }
-    case NDM__RED_PROD: {
-        if (!fl) {
-            uint64_t s = 1;
-            NDM__REF_LOOP(s *= (uint64_t)load_one_i(p, t));
-            *oi = (int64_t)s;
-            return;
-        }
-        double s = 1;
-        NDM__REF_LOOP(s *= load_one_d(p, t));
-        *od = s;
-        return;
-    }
-    case NDM__RED_VAR:
-    case NDM__RED_STD: {
-        double s = 0;
-        NDM__REF_LOOP(s += load_one_d(p, t));
-        double mean = R ? s / (double)R : NAN, ss = 0, sd = 0;
-        NDM__REF_LOOP({
-            double d = load_one_d(p, t) - mean;
-            ss += d * d;
-            sd += d;
-        });
-        /* sd is 0 but for the rounding of the mean; removing sd^2/R corrects it */
-        ss -= R ? sd * sd / (double)R : 0;
-        double den = (double)(R - ddof);
-        double v = R ? (ss < 0 ? 0.0 : ss) / (den > 0 ? den : 0.0) : NAN;
-        *od = op == NDM__RED_STD ? sqrt(v) : v;
-        return;
-    }
-    case NDM__RED_MAX:
-    case NDM__RED_MIN: {
-        bool mx = op == NDM__RED_MAX;
-        if (!fl) {
-            int64_t m = mx ? INT64_MIN : INT64_MAX;
-            NDM__REF_LOOP({
-                int64_t x = load_one_i(p, t);
-                if (mx ? x > m : x < m)
-                    m = x;
-            });
-            *oi = m;
-            return;
-        }
-        double m = mx ? -INFINITY : INFINITY;
-        bool nan = false;
-        NDM__REF_LOOP({
-            double x = load_one_d(p, t);
-            if (isnan(x))
-                nan = true;
-            else if (mx ? x > m : x < m)
-                m = x;
-        });
-        *od = nan ? NAN : m;
-        return;
-    }
-    case NDM__RED_ARGMAX:
-    case NDM__RED_ARGMIN: {
-        bool mx = op == NDM__RED_ARGMAX;
-        int64_t best = 0, at = -1;
-        double bestd = 0;
-        bool nan = false;
-        NDM__REF_LOOP({
-            if (fl) {
-                double x = load_one_d(p, t);
-                if (!nan && (at < 0 || isnan(x) || (mx ? x > bestd : x < bestd))) {
-                    bestd = x;
-                    at = ri_;
-                    nan = isnan(x);
-                }
-            } else {
-                int64_t x = load_one_i(p, t);
-                if (at < 0 || (mx ? x > best : x < best)) {
-                    best = x;
-                    at = ri_;
-                }
-            }
-        });
-        *oi = at < 0 ? 0 : at;
-        return;
-    }
-    case NDM__RED_ALL:
-    case NDM__RED_ANY: {
-        bool all = op == NDM__RED_ALL, v = all;
-        NDM__REF_LOOP({
-            bool x = fl ? load_one_d(p, t) != 0 : load_one_i(p, t) != 0;
-            v = all ? v && x : v || x;
-        });
-        *oi = v;
-        return;
-    }
-    case NDM__RED_LOGSUMEXP: {
-        double m = -INFINITY;
-        bool nan = false;
-        NDM__REF_LOOP({
-            double x = load_one_d(p, t);
-            if (isnan(x))
-                nan = true;
-            else if (x > m)
-                m = x;
-        });
-        if (nan || isinf(m)) {
-            *od = nan ? NAN : m;
-            return;
-        }
-        double s = 0;
-        NDM__REF_LOOP(s += exp(load_one_d(p, t) - m));
-        *od = m + log(s);
-        return;
-    }
-    }
-#undef NDM__REF_LOOP
-}
-
-static ndm_status ref_reduce(int device, ndm__reduce_op op, const ndm__tensor *dst,
-                             const ndm__tensor *src, int nred, int64_t ddof)
-{
-    (void)device;
-    int nk = dst->ndim, nd = src->ndim;
-    int64_t K = numel(nk, dst->shape), R = numel(nred, src->shape + nk);
-    if (K == 0)
-        return NDM_OK;
-    odo ko, ro;
-    if (!odo_get(&ko, nk))
-        return NDM_E_OOM;
-    if (!odo_get(&ro, nd)) {
-        odo_put(&ko);
-        return NDM_E_OOM;
-    }
-    size_t ses = ndm_dtype_size(src->dtype), des = ndm_dtype_size(dst->dtype);
-    bool iout = is_int_result(op, src->dtype);
-    do {
-        const char *base = (const char *)src->data +
-                           odo_offset(ko.idx, nk, src->strides) * (int64_t)ses;
-        char *out = (char *)dst->data + odo_offset(ko.idx, nk, dst->strides) * (int64_t)des;
-        double vd = 0;
-        int64_t vi = 0;
-        ref_one(op, src, nk, nred, base, R, ddof, ro.idx, &vd, &vi);
-        store_row(dst->dtype, out, 1, 1, iout ? NULL : &vd, &vi);
-    } while (odo_next(ko.idx, nk, dst->shape));
-    odo_put(&ko);
-    odo_put(&ro);
-    return NDM_OK;
-}
-
-static ndm_status ref_softmax(int device, const ndm__tensor *dst, const ndm__tensor *src,
-                              int axis, bool lg)
-{
-    (void)device;
-    int nd = src->ndim;
-    int64_t n = src->shape[axis];
-    if (numel(nd, src->shape) == 0)
-        return NDM_OK;
-    odo o;
-    if (!odo_get(&o, nd))
-        return NDM_E_OOM;
-    size_t ses = ndm_dtype_size(src->dtype), des = ndm_dtype_size(dst->dtype);
-    /* Walk every line along `axis`: its index stays 0 in the odometer. */
-    int64_t *shape = malloc((size_t)nd * sizeof *shape);
-    if (!shape) {
-        odo_put(&o);
-        return NDM_E_OOM;
-    }
-    memcpy(shape, src->shape, (size_t)nd * sizeof *shape);
-    shape[axis] = 1;
-    do {
-        const char *s = (const char *)src->data + odo_offset(o.idx, nd, src->strides) * (int64_t)ses;
-        char *d = (char *)dst->data + odo_offset(o.idx, nd, dst->strides) * (int64_t)des;
-        int64_t ss = src->strides[axis] * (int64_t)ses, ds = dst->strides[axis];
-        double m = -INFINITY;
-        bool nan = false;
-        for (int64_t j = 0; j < n; j++) {
-            double x = load_one_d(s + j * ss, src->dtype);
-            if (isnan(x))
-                nan = true;
-            else if (x > m)
-                m = x;
-        }
-        if (nan)
-            m = NAN;
-        double sum = 0;
-        for (int64_t j = 0; j < n; j++)
-            sum += exp(load_one_d(s + j * ss, src->dtype) - m);
-        double ls = log(sum);
-        for (int64_t j = 0; j < n; j++) {
-            double x = load_one_d(s + j * ss, src->dtype);
-            double v = lg ? (x - m) - ls : exp(x - m) / sum;
-            store_row(dst->dtype, d + j * ds * (int64_t)des, 1, 1, &v, NULL);
-        }
-    } while (odo_next(o.idx, nd, shape));
-    free(shape);
-    odo_put(&o);
-    return NDM_OK;
-}
-
-/* ---- fast kernels ---------------------------------------------------------------
- * The dispatcher's axes are coalesced and sorted so that the innermost axis
- * of each group (kept, reduced) has the smallest stride. Two layouts:
- *  - inner: the reduced axes are the fast ones; each output reduces rows
- *    (horizontal, in vector lanes).
- *  - outer: a kept axis is the fast one; a block of up to BL outputs along
- *    it accumulates row after row of the reduced axes (vertical).
- * Tasks are (group of outputs) x (part of the reduced range); the reduced
- * range is split only when there are too few groups for the threads. */
 
 #define BL 1024
 
@@ -1152,38 +783,29 @@ static double finish_pre(const plan *p, const acc1 *a)
     return a->d;
 }
 
+/* The result of one output: the accumulator itself (an int64 value) or the
+ * list's finish of it. */
 static void finish(const plan *p, const acc1 *a, double pre, double *vd, int64_t *vi)
 {
+    double s = a->d, e = 0;
     switch (p->cls) {
-    case C_SUMD:
-        *vd = p->op == NDM__RED_MEAN ? (p->R ? a->d / (double)p->R : NAN) : a->d;
-        return;
-    case C_PRODD: case C_MAXD: case C_MIND:
-        *vd = a->d;
-        return;
     case C_AMAXD: case C_AMIND: case C_AMAXI: case C_AMINI:
         *vi = a->x;
         return;
-    case C_VAR2: {
-        if (!p->R) {
-            *vd = NAN;
-            return;
-        }
-        /* the corrected two-pass formula: the second term removes the
-         * rounding error left in the mean */
-        double ss = a->d2 - a->d * a->d / (double)p->R;
-        double den = (double)(p->R - p->ddof);
-        double v = (ss < 0 ? 0.0 : ss) / (den > 0 ? den : 0.0);
-        *vd = p->op == NDM__RED_STD ? sqrt(v) : v;
-        return;
-    }
-    case C_LSE2:
-        *vd = (pre != pre || isinf(pre)) ? pre : pre + log(a->d);
-        return;
-    default:
+    case C_SUMI: case C_PRODI: case C_MAXI: case C_MINI: case C_ALL: case C_ANY:
         *vi = a->i;
         return;
+    case C_VAR2:
+        s = a->d2, e = a->d;
+        break;
+    default:
+        break;
     }
+    double v = ndm__reduce_finish(p->op, s, e, p->R, p->ddof, pre);
+    if (p->int_out)
+        *vi = ndm__sat_i64(v);
+    else
+        *vd = v;
 }
 
 static acc1 lane_get(const blk *b, int64_t j)
@@ -1343,21 +965,21 @@ static int coalesce(int n, int64_t *sh, int64_t *s1, int64_t *s2, bool sort)
     return k;
 }
 
+/* The accumulator class of op over dtype t, from the list's accumulator. */
 static int main_class(ndm__reduce_op op, ndm_dtype t)
 {
-    bool fl = ndm_dtype_is_float(t);
-    switch (op) {
-    case NDM__RED_SUM: return fl ? C_SUMD : C_SUMI;
-    case NDM__RED_MEAN: return C_SUMD;
-    case NDM__RED_PROD: return fl ? C_PRODD : C_PRODI;
-    case NDM__RED_MAX: return fl ? C_MAXD : C_MAXI;
-    case NDM__RED_MIN: return fl ? C_MIND : C_MINI;
-    case NDM__RED_ARGMAX: return fl ? C_AMAXD : C_AMAXI;
-    case NDM__RED_ARGMIN: return fl ? C_AMIND : C_AMINI;
-    case NDM__RED_ALL: return C_ALL;
-    case NDM__RED_ANY: return C_ANY;
-    case NDM__RED_VAR: case NDM__RED_STD: return C_VAR2;
-    case NDM__RED_LOGSUMEXP: return C_LSE2;
+    bool i = ndm__reduce_int_acc(op, t);
+    switch (ndm__reduce_acc[op]) {
+    case NDM__RACC_SUM: return i ? C_SUMI : C_SUMD;
+    case NDM__RACC_PROD: return i ? C_PRODI : C_PRODD;
+    case NDM__RACC_MAX: return i ? C_MAXI : C_MAXD;
+    case NDM__RACC_MIN: return i ? C_MINI : C_MIND;
+    case NDM__RACC_ARGMAX: return i ? C_AMAXI : C_AMAXD;
+    case NDM__RACC_ARGMIN: return i ? C_AMINI : C_AMIND;
+    case NDM__RACC_ALL: return C_ALL;
+    case NDM__RACC_ANY: return C_ANY;
+    case NDM__RACC_DEV: return C_VAR2;
+    case NDM__RACC_LSE: return C_LSE2;
     }
     return C_SUMD;
 }
@@ -1365,7 +987,8 @@ static int main_class(ndm__reduce_op op, ndm_dtype t)
 static ndm_status fast_reduce(int device, ndm__reduce_op op, const ndm__tensor *dst,
                               const ndm__tensor *src, int nred, int64_t ddof)
 {
-    (void)device;
+    if (ndm__reduce_mapped[op])
+        return ndm__cpu_ref_reduce.reduce(device, op, dst, src, nred, ddof);
     int nk0 = dst->ndim;
     plan p = {0};
     p.K = numel(nk0, dst->shape);
@@ -1392,7 +1015,8 @@ static ndm_status fast_reduce(int device, ndm__reduce_op op, const ndm__tensor *
         p.rss[i] = src->strides[nk0 + i];
         p.R *= p.rsh[i];
     }
-    bool arg = op == NDM__RED_ARGMAX || op == NDM__RED_ARGMIN;
+    int acc = ndm__reduce_acc[op];
+    bool arg = acc == NDM__RACC_ARGMAX || acc == NDM__RACC_ARGMIN;
     p.nk = coalesce(nk0, p.ksh, p.kss, p.kds, true);
     /* The flat index of argmax/argmin needs the reduced axes in order. */
     p.nr = p.R ? coalesce(nred, p.rsh, p.rss, NULL, !arg) : 0;
@@ -1411,7 +1035,7 @@ static ndm_status fast_reduce(int device, ndm__reduce_op op, const ndm__tensor *
     p.ddof = ddof;
     p.cls = main_class(op, p.st);
     p.pre_cls = p.cls == C_VAR2 ? C_SUMD : p.cls == C_LSE2 ? C_MAXD : -1;
-    p.int_out = is_int_result(op, p.st);
+    p.int_out = ndm__reduce_int_value(op, p.st);
     atomic_init(&p.oom, 0);
     p.outer = p.nk > 0 &&
               (p.R < 16 || llabs(p.kss[p.nk - 1]) < llabs(p.rss[p.nr - 1]));
@@ -1560,9 +1184,4 @@ static ndm_status fast_softmax(int device, const ndm__tensor *dst, const ndm__te
 const struct ndm__backend_reduce ndm__cpu_reduce = {
     .reduce = fast_reduce,
     .softmax = fast_softmax,
-};
-
-const struct ndm__backend_reduce ndm__cpu_ref_reduce = {
-    .reduce = ref_reduce,
-    .softmax = ref_softmax,
 };

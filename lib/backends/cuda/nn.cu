@@ -7,33 +7,6 @@
 
 /* ---- geometry ------------------------------------------------------------------ */
 
-/* One call's sizes, passed to the kernels by value. K is a group's
- * (C/groups) x KH x KW, CK all channels' C x KH x KW, P the output pixels. */
-typedef struct ndm__cu_conv {
-    int64_t N, C, H, W, O, KH, KW, OH, OW, Cg, Og, K, CK, P, groups;
-    int64_t sh, sw, ph, pw, dh, dw;
-} ndm__cu_conv;
-
-/* y (N, O, OH, OW), x (N, C, H, W), w (O, C/groups, KH, KW): for the
- * gradients, dy plays y and dx plays x (or dw plays w). */
-static ndm__cu_conv conv_of(const ndm__tensor *y, const ndm__tensor *x, const ndm__tensor *w,
-                            const ndm__conv2d_geom *g)
-{
-    ndm__cu_conv c;
-    c.N = x->shape[0], c.C = x->shape[1], c.H = x->shape[2], c.W = x->shape[3];
-    c.O = w->shape[0], c.KH = w->shape[2], c.KW = w->shape[3];
-    c.OH = y->shape[2], c.OW = y->shape[3];
-    c.groups = g->groups;
-    c.Cg = c.C / c.groups, c.Og = c.O / c.groups;
-    c.K = c.Cg * c.KH * c.KW;
-    c.CK = c.C * c.KH * c.KW;
-    c.P = c.OH * c.OW;
-    c.sh = g->stride[0], c.sw = g->stride[1];
-    c.ph = g->padding[0], c.pw = g->padding[1];
-    c.dh = g->dilation[0], c.dw = g->dilation[1];
-    return c;
-}
-
 /* Axes [from, to] of t as one axis: its stride in *st (1 for an axis of one
  * element), or false when the strides do not fold. */
 static bool fold_axes(const ndm__tensor *t, int from, int to, int64_t *st)
@@ -74,14 +47,14 @@ static bool mat_layout(int64_t r, int64_t s, int64_t rs, int64_t cs, bool *trans
 }
 
 /* The weight as the O x K matrix gemm reads, or false (a dense copy then). */
-static bool w_matrix(const ndm__tensor *w, const ndm__cu_conv *c, bool *trans, int64_t *ld)
+static bool w_matrix(const ndm__tensor *w, const ndm__conv_sizes *c, bool *trans, int64_t *ld)
 {
     int64_t ks;
     return fold_axes(w, 1, 3, &ks) && mat_layout(c->O, c->K, w->strides[0], ks, trans, ld);
 }
 
 /* dy's planes as O x P matrices gemm reads, or false. */
-static bool dy_matrix(const ndm__tensor *dy, const ndm__cu_conv *c, bool *trans, int64_t *ld)
+static bool dy_matrix(const ndm__tensor *dy, const ndm__conv_sizes *c, bool *trans, int64_t *ld)
 {
     int64_t ps;
     return fold_axes(dy, 2, 3, &ps) && mat_layout(c->O, c->P, dy->strides[1], ps, trans, ld);
@@ -94,7 +67,7 @@ static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 typedef enum conv_kind { CONV_FORWARD, CONV_INPUT, CONV_WEIGHT } conv_kind;
 
 typedef struct conv_plan {
-    ndm__cu_conv c;
+    ndm__conv_sizes c;
     int64_t S;
     bool copy_w, copy_dy;
     bool w_trans, dy_trans;
@@ -118,8 +91,8 @@ static conv_plan conv_plan_of(conv_kind kind, const ndm__tensor *y, const ndm__t
 {
     conv_plan p;
     memset(&p, 0, sizeof p);
-    p.c = conv_of(y, x, w, g);
-    const ndm__cu_conv *c = &p.c;
+    p.c = ndm__conv_sizes_of(y, x, w, g);
+    const ndm__conv_sizes *c = &p.c;
     p.es = ndm__cuda_host->dtype_size(y->dtype);
     size_t per = (size_t)c->CK * (size_t)c->P * p.es;
     int64_t S = per ? (int64_t)(NDM__CONV_COL_CAP / per) : c->N;
@@ -154,7 +127,7 @@ static conv_plan conv_plan_of(conv_kind kind, const ndm__tensor *y, const ndm__t
 /* col[(ci, kh, kw), n, p] = x[n0 + n, ci, ih, iw] under output pixel p,
  * 0 in the padding; x read through its strides. */
 template <class T>
-__global__ void ndm__k_im2col(ndm__cu_conv c, int64_t S, const T *x, int64_t xs0, int64_t xs1,
+__global__ void ndm__k_im2col(ndm__conv_sizes c, int64_t S, const T *x, int64_t xs0, int64_t xs1,
                               int64_t xs2, int64_t xs3, T *col, int64_t total)
 {
     NDM__CU_LOOP(int64_t, i, total)
@@ -174,7 +147,7 @@ __global__ void ndm__k_im2col(ndm__cu_conv c, int64_t S, const T *x, int64_t xs0
  * entries of every tap that read (ih, iw): the transposed im2col, gathered
  * so that each element is written once. */
 template <class T>
-__global__ void ndm__k_col2im(ndm__cu_conv c, int64_t S, const T *col, T *dx, int64_t total)
+__global__ void ndm__k_col2im(ndm__conv_sizes c, int64_t S, const T *col, T *dx, int64_t total)
 {
     NDM__CU_LOOP(int64_t, i, total)
     {
@@ -225,7 +198,7 @@ static const char *weight_of(int device, const conv_plan *p, const ndm__tensor *
     *st = NDM_OK;
     if (!p->copy_w)
         return (const char *)w->data;
-    const ndm__cu_conv *c = &p->c;
+    const ndm__conv_sizes *c = &p->c;
     int64_t str[4] = {c->K, c->KH * c->KW, c->KW, 1};
     *st = dense_copy(device, ws + p->w_off, w->dtype, 4, w->shape, str, w->data, w->strides);
     return ws + p->w_off;
@@ -235,7 +208,7 @@ template <class T>
 static ndm_status im2col(int device, cudaStream_t s, const conv_plan *p, const ndm__tensor *x,
                          int64_t n0, int64_t S, T *col)
 {
-    const ndm__cu_conv &c = p->c;
+    const ndm__conv_sizes &c = p->c;
     int64_t total = c.CK * S * c.P;
     const T *xp = (const T *)x->data + n0 * x->strides[0];
     NDM__LAUNCH(ndm__cuda_blocks(total), NDM__CUDA_THREADS, 0, s, ndm__k_im2col<T>)(
@@ -256,7 +229,7 @@ static ndm_status conv_forward(int device, cudaStream_t s, cublasHandle_t h, con
                                const ndm__tensor *y, const ndm__tensor *x, const ndm__tensor *w,
                                const ndm__tensor *bias, char *ws)
 {
-    const ndm__cu_conv &c = p->c;
+    const ndm__conv_sizes &c = p->c;
     T *Y = (T *)y->data;
     int64_t ytotal = c.N * c.O * c.P;
     if (bias) {
@@ -295,7 +268,7 @@ static ndm_status conv_input(int device, cudaStream_t s, cublasHandle_t h, const
                              const ndm__tensor *dx, const ndm__tensor *dy, const ndm__tensor *w,
                              char *ws)
 {
-    const ndm__cu_conv &c = p->c;
+    const ndm__conv_sizes &c = p->c;
     ndm_status st;
     const T *Wm = (const T *)weight_of(device, p, w, ws, &st);
     if (st < 0)
@@ -338,7 +311,7 @@ static ndm_status conv_weight(int device, cudaStream_t s, cublasHandle_t h, cons
                               const ndm__tensor *dw, const ndm__tensor *dy, const ndm__tensor *x,
                               char *ws)
 {
-    const ndm__cu_conv &c = p->c;
+    const ndm__conv_sizes &c = p->c;
     T *col = (T *)(ws + p->col_off), *DW = (T *)dw->data, *D = (T *)(ws + p->dy_off);
     for (int64_t n0 = 0; n0 < c.N; n0 += p->S) {
         int64_t S = c.N - n0 < p->S ? c.N - n0 : p->S;
@@ -421,26 +394,40 @@ static ndm_status cuda_conv2d(int device, const ndm__tensor *y, const ndm__tenso
     return conv_forward<double>(device, s, h, &p, y, x, w, bias, (char *)ws);
 }
 
+/* The two gradients into `out` (dx from dy and the weights `in`, or dw
+ * from dy and the input `in`): zeros when nothing reaches `out` (no output
+ * pixel, channel or tap), else the kernel of `kind`. */
+static ndm_status conv_backward(conv_kind kind, const char *what, int device,
+                                const ndm__tensor *out, const ndm__tensor *dy,
+                                const ndm__tensor *in, const ndm__conv2d_geom *g, void *ws,
+                                size_t ws_bytes)
+{
+    bool wg = kind == CONV_WEIGHT;
+    conv_plan p = conv_plan_of(kind, dy, wg ? in : out, wg ? out : in, g);
+    if (p.bytes == 0) {
+        ndm__tensor t = *out;
+        return ndm__cuda_backend.fill(device, &t, 0.0);
+    }
+    cudaStream_t s = nullptr;
+    cublasHandle_t h;
+    ndm_status st = conv_enter(device, what, out->dtype, &p, ws, ws_bytes, &s, &h);
+    if (st < 0)
+        return st;
+    bool f32 = out->dtype == NDM_F32;
+    if (wg)
+        return f32 ? conv_weight<float>(device, s, h, &p, out, dy, in, (char *)ws)
+                   : conv_weight<double>(device, s, h, &p, out, dy, in, (char *)ws);
+    return f32 ? conv_input<float>(device, s, h, &p, out, dy, in, (char *)ws)
+               : conv_input<double>(device, s, h, &p, out, dy, in, (char *)ws);
+}
+
 static ndm_status cuda_conv2d_backward_input(int device, const ndm__tensor *dx,
                                              const ndm__tensor *dy, const ndm__tensor *w,
                                              const ndm__conv2d_geom *g, void *ws,
                                              size_t ws_bytes)
 {
-    conv_plan p = conv_plan_of(CONV_INPUT, dy, dx, w, g);
-    if (p.bytes == 0) {
-        /* nothing reaches dx (no output pixel, channel or tap): zeros */
-        ndm__tensor t = *dx;
-        return ndm__cuda_backend.fill(device, &t, 0.0);
-    }
-    cudaStream_t s = nullptr;
-    cublasHandle_t h;
-    ndm_status st = conv_enter(device, "conv2d_backward_input", dx->dtype, &p, ws, ws_bytes, &s,
-                               &h);
-    if (st < 0)
-        return st;
-    if (dx->dtype == NDM_F32)
-        return conv_input<float>(device, s, h, &p, dx, dy, w, (char *)ws);
-    return conv_input<double>(device, s, h, &p, dx, dy, w, (char *)ws);
+    return conv_backward(CONV_INPUT, "conv2d_backward_input", device, dx, dy, w, g, ws,
+                         ws_bytes);
 }
 
 static ndm_status cuda_conv2d_backward_weight(int device, const ndm__tensor *dw,
@@ -448,20 +435,8 @@ static ndm_status cuda_conv2d_backward_weight(int device, const ndm__tensor *dw,
                                               const ndm__conv2d_geom *g, void *ws,
                                               size_t ws_bytes)
 {
-    conv_plan p = conv_plan_of(CONV_WEIGHT, dy, x, dw, g);
-    if (p.bytes == 0) {
-        ndm__tensor t = *dw;
-        return ndm__cuda_backend.fill(device, &t, 0.0);
-    }
-    cudaStream_t s = nullptr;
-    cublasHandle_t h;
-    ndm_status st = conv_enter(device, "conv2d_backward_weight", dw->dtype, &p, ws, ws_bytes,
-                               &s, &h);
-    if (st < 0)
-        return st;
-    if (dw->dtype == NDM_F32)
-        return conv_weight<float>(device, s, h, &p, dw, dy, x, (char *)ws);
-    return conv_weight<double>(device, s, h, &p, dw, dy, x, (char *)ws);
+    return conv_backward(CONV_WEIGHT, "conv2d_backward_weight", device, dw, dy, x, g, ws,
+                         ws_bytes);
 }
 
 /* ---- pooling ------------------------------------------------------------------------ */

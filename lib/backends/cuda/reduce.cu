@@ -65,12 +65,15 @@ typedef struct ndm__red_acc {
     int64_t i, at;
 } ndm__red_acc;
 
-/* What one launch computes: `op` picks the flavour of the kind (max or
- * min, all or any) and the finish. */
+/* What one launch computes: `op` names the list's row (its map and
+ * finish), the flags pick the flavour of the kind. */
 typedef struct ndm__red_how {
     ndm__reduce_op op;
-    bool mx;  /* max/argmax (not min) */
-    bool all; /* all (not any) */
+    bool mx;     /* max/argmax (not min) */
+    bool all;    /* all (not any) */
+    bool arg;    /* the result is the position */
+    bool mapped; /* elements pass through the list's map */
+    bool pre;    /* the first pass of DEV (the mean) or LSE (the max) */
 } ndm__red_how;
 
 template <int KIND> NDM__HD ndm__red_acc red_init(const ndm__red_how &h)
@@ -186,52 +189,32 @@ template <int KIND> NDM__HD ndm__red_acc red_combine(const ndm__red_acc &a, cons
     return c;
 }
 
-/* The result of op from its accumulator over R elements: a double, or an
- * int64 when *is_int. `aux` is the first pass's value (mean or max). The
- * same formulas as the CPU reference. */
-NDM__HD double red_finish(const ndm__red_acc &a, ndm__reduce_op op, int64_t R, int64_t ddof,
-                          double aux, bool int_result, int64_t *vi)
+/* The result of h.op from its accumulator over R elements: a double, or an
+ * int64 in *vi when `int_value`. `aux` is the first pass's value (mean or
+ * max). Integer kinds and positions are the accumulator itself; the rest
+ * is the list's finish, as the CPU kernels compute it. */
+template <int KIND>
+NDM__HD double red_finish(const ndm__red_acc &a, const ndm__red_how &h, int64_t R, int64_t ddof,
+                          double aux, bool int_value, int64_t *vi)
 {
     *vi = 0;
-    switch (op) {
-    case NDM__RED_SUM:
-    case NDM__RED_PROD:
-        *vi = a.i;
-        return a.d;
-    case NDM__RED_MEAN:
-        return R ? a.d / (double)R : NAN;
-    case NDM__RED_VAR:
-    case NDM__RED_STD: {
-        if (!R)
-            return NAN;
-        double ss = a.d - a.e * a.e / (double)R;
-        double den = (double)(R - ddof);
-        double v = (ss < 0 ? 0.0 : ss) / (den > 0 ? den : 0.0);
-        return op == NDM__RED_STD ? sqrt(v) : v;
-    }
-    case NDM__RED_MAX:
-    case NDM__RED_MIN:
-        if (int_result) {
-            *vi = a.i;
-            return 0;
-        }
-        if (a.at < 0) /* only the max pass of an empty logsumexp */
-            return op == NDM__RED_MAX ? -INFINITY : INFINITY;
-        return a.i ? NAN : a.d;
-    case NDM__RED_ARGMAX:
-    case NDM__RED_ARGMIN:
+    if (h.arg && !h.pre) {
         *vi = a.at < 0 ? 0 : a.at;
         return 0;
-    case NDM__RED_ALL:
-    case NDM__RED_ANY:
+    }
+    if (KIND == K_SUMI || KIND == K_PRODI || KIND == K_EXTI || KIND == K_LOGIC) {
         *vi = a.i;
         return 0;
-    case NDM__RED_LOGSUMEXP:
-        if (aux != aux || isinf(aux))
-            return aux;
-        return aux + log(a.d);
     }
-    return 0;
+    double s = a.d, e = KIND == K_DEV ? a.e : 0.0;
+    if (KIND == K_EXTD) /* at < 0: only the max pass of an empty logsumexp */
+        s = a.at < 0 ? (h.mx ? -INFINITY : INFINITY) : a.i ? NAN : a.d;
+    if (h.pre)
+        return KIND == K_SUMD ? (R ? s / (double)R : NAN) : s;
+    double v = ndm__reduce_finish(h.op, s, e, R, ddof, aux);
+    if (int_value)
+        *vi = ndm__cu_dt<NDM_I64>::st(v);
+    return v;
 }
 
 /* ---- geometry -------------------------------------------------------------------- */
@@ -275,16 +258,14 @@ NDM__HD int64_t red_off(const ndm__red_geom &g, int64_t r)
 
 #define NDM__RED_THREADS 256
 
-/* Whether kind KIND reads dtype E: integer kinds read integers, the float
- * product reads floats; the rest read anything. */
+/* Whether kind KIND reads dtype E: integer kinds read integers; the rest
+ * read anything. */
 template <int KIND, ndm_dtype E> constexpr bool red_valid()
 {
     constexpr bool fl = E == NDM_F16 || E == NDM_BF16 || E == NDM_F32 || E == NDM_F64;
     if (KIND == K_SUMI || KIND == K_PRODI || KIND == K_EXTI)
         return !fl;
-    if (KIND == K_PRODD)
-        return fl;
-    return true; /* K_EXTD too: logsumexp's max pass reads integers as doubles */
+    return true; /* the double kinds read any dtype as double */
 }
 
 template <int KIND, ndm_dtype E> NDM__HD void red_push(ndm__red_acc &a, typename ndm__cu_dt<E>::T x,
@@ -296,7 +277,8 @@ template <int KIND, ndm_dtype E> NDM__HD void red_push(ndm__red_acc &a, typename
     } else if constexpr (KIND == K_LOGIC) {
         red_push_i<KIND>(a, D::ld(x) != 0, r, h);
     } else {
-        red_push_d<KIND>(a, (double)D::ld(x), r, h, aux);
+        double v = (double)D::ld(x);
+        red_push_d<KIND>(a, h.mapped ? ndm__reduce_map(h.op, v) : v, r, h, aux);
     }
 }
 
@@ -314,12 +296,13 @@ typedef struct ndm__red_args {
     int lanes;            /* threads per (output, part): 1, 32 or 256 */
 } ndm__red_args;
 
+template <int KIND>
 NDM__HD void red_store(const ndm__red_args &A, const ndm__red_how &h, const ndm__red_geom &g,
                        const ndm__red_acc &a, int64_t k)
 {
     int64_t so, dof, vi;
     red_kept(g, k, &so, &dof);
-    double v = red_finish(a, h.op, g.R, A.ddof, A.aux ? A.aux[k] : 0.0, A.int_result, &vi);
+    double v = red_finish<KIND>(a, h, g.R, A.ddof, A.aux ? A.aux[k] : 0.0, A.int_result, &vi);
     if (A.aux_out)
         A.aux_out[k] = v;
     else if (A.int_result)
@@ -368,7 +351,7 @@ __global__ void ndm__k_reduce(ndm__red_geom g, ndm__red_args A, ndm__red_how h)
             if (A.parts > 1)
                 A.part[w] = a;
             else
-                red_store(A, h, g, a, w);
+                red_store<KIND>(A, h, g, a, w);
         }
     }
 }
@@ -382,7 +365,7 @@ __global__ void ndm__k_reduce_parts(ndm__red_geom g, ndm__red_args A, ndm__red_h
         ndm__red_acc a = A.part[k * A.parts];
         for (int64_t p = 1; p < A.parts; p++)
             a = red_combine<KIND>(a, A.part[k * A.parts + p], h);
-        red_store(A, h, g, a, k);
+        red_store<KIND>(A, h, g, a, k);
     }
 }
 
@@ -448,9 +431,23 @@ static ndm_status red_run(int device, cudaStream_t s, int kind, ndm_dtype t,
     return ndm__cuda_fail(NDM_E_INVALID, "reduce: unknown accumulator kind %d", kind);
 }
 
-static bool is_float_dtype(ndm_dtype t)
+/* The accumulator kind of op over dtype t, from the list's accumulator. */
+static int red_kind_of(ndm__reduce_op op, ndm_dtype t)
 {
-    return t == NDM_F16 || t == NDM_BF16 || t == NDM_F32 || t == NDM_F64;
+    bool i = ndm__reduce_int_acc(op, t);
+    switch (ndm__reduce_acc[op]) {
+    case NDM__RACC_SUM: return i ? K_SUMI : K_SUMD;
+    case NDM__RACC_PROD: return i ? K_PRODI : K_PRODD;
+    case NDM__RACC_MAX:
+    case NDM__RACC_MIN:
+    case NDM__RACC_ARGMAX:
+    case NDM__RACC_ARGMIN: return i ? K_EXTI : K_EXTD;
+    case NDM__RACC_ALL:
+    case NDM__RACC_ANY: return K_LOGIC;
+    case NDM__RACC_DEV: return K_DEV;
+    case NDM__RACC_LSE: return K_EXPS;
+    }
+    return K_SUMD;
 }
 
 /* Coalesce the kept and the reduced axes apart; false when either keeps
@@ -576,31 +573,22 @@ static ndm_status cuda_reduce(int device, ndm__reduce_op op, const ndm__tensor *
         return st;
     const char *x = tmp ? (const char *)tmp : (const char *)src->data;
     ndm_dtype t = src->dtype;
-    bool fl = is_float_dtype(t);
-    ndm__red_how h = {op, op == NDM__RED_MAX || op == NDM__RED_ARGMAX, op == NDM__RED_ALL};
+    int acc = ndm__reduce_acc[op];
+    ndm__red_how h;
+    memset(&h, 0, sizeof h);
+    h.op = op;
+    h.mx = acc == NDM__RACC_MAX || acc == NDM__RACC_ARGMAX;
+    h.all = acc == NDM__RACC_ALL;
+    h.arg = acc == NDM__RACC_ARGMAX || acc == NDM__RACC_ARGMIN;
+    h.mapped = ndm__reduce_mapped[op];
     ndm__red_args A;
     memset(&A, 0, sizeof A);
     A.src = x;
     A.dst = (char *)dst->data;
     A.dtype = dst->dtype;
     A.ddof = ddof;
-    int kind;
-    switch (op) {
-    case NDM__RED_SUM: kind = fl ? K_SUMD : K_SUMI; break;
-    case NDM__RED_PROD: kind = fl ? K_PRODD : K_PRODI; break;
-    case NDM__RED_MAX:
-    case NDM__RED_MIN:
-    case NDM__RED_ARGMAX:
-    case NDM__RED_ARGMIN: kind = fl ? K_EXTD : K_EXTI; break;
-    case NDM__RED_ALL:
-    case NDM__RED_ANY: kind = K_LOGIC; break;
-    case NDM__RED_VAR:
-    case NDM__RED_STD: kind = K_DEV; break;
-    case NDM__RED_LOGSUMEXP: kind = K_EXPS; break;
-    default: kind = K_SUMD; break;
-    }
-    A.int_result = kind == K_SUMI || kind == K_PRODI || kind == K_EXTI || kind == K_LOGIC ||
-                   op == NDM__RED_ARGMAX || op == NDM__RED_ARGMIN;
+    int kind = red_kind_of(op, t);
+    A.int_result = ndm__reduce_int_value(op, t);
     void *aux = NULL;
     if (kind == K_DEV || kind == K_EXPS) {
         /* A first pass puts each output's mean (var, std) or max
@@ -612,7 +600,7 @@ static ndm_status cuda_reduce(int device, ndm__reduce_op op, const ndm__tensor *
             A1.int_result = false;
             A1.aux_out = (double *)aux;
             ndm__red_how h1 = h;
-            h1.op = kind == K_DEV ? NDM__RED_MEAN : NDM__RED_MAX;
+            h1.pre = true;
             h1.mx = true;
             st = red_pass(device, s, kind == K_DEV ? K_SUMD : K_EXTD, t, g, A1, h1);
             A.aux = (const double *)aux;

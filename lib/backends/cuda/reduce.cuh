@@ -23,29 +23,20 @@ NDM__HD int ndm__cu_esize(ndm_dtype t)
  * floats, wrapping between integers). A switch, not a template parameter:
  * the output dtype follows from the input's, so templating on both would
  * only multiply the instantiations. */
-NDM__HD void ndm__cu_store_d(char *p, ndm_dtype t, double v)
+template <class V> NDM__HD void ndm__cu_store_v(char *p, ndm_dtype t, V v)
 {
     switch (t) {
-#define NDM__CU_STD_CASE(E)                                                     \
+#define NDM__CU_ST_CASE(E)                                                      \
     case E:                                                                     \
         *(typename ndm__cu_dt<E>::T *)p = ndm__cu_dt<E>::st(v);                 \
         break;
-        NDM__CU_DTYPES(NDM__CU_STD_CASE)
-#undef NDM__CU_STD_CASE
+        NDM__CU_DTYPES(NDM__CU_ST_CASE)
+#undef NDM__CU_ST_CASE
     }
 }
 
-NDM__HD void ndm__cu_store_i(char *p, ndm_dtype t, int64_t v)
-{
-    switch (t) {
-#define NDM__CU_STI_CASE(E)                                                     \
-    case E:                                                                     \
-        *(typename ndm__cu_dt<E>::T *)p = ndm__cu_dt<E>::st(v);                 \
-        break;
-        NDM__CU_DTYPES(NDM__CU_STI_CASE)
-#undef NDM__CU_STI_CASE
-    }
-}
+NDM__HD void ndm__cu_store_d(char *p, ndm_dtype t, double v) { ndm__cu_store_v(p, t, v); }
+NDM__HD void ndm__cu_store_i(char *p, ndm_dtype t, int64_t v) { ndm__cu_store_v(p, t, v); }
 
 /* Scratch memory ordered on the device's stream: what a call allocates is
  * free for the next one once the stream reaches the free, so nothing waits
