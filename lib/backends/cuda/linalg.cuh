@@ -25,9 +25,4 @@ ndm_status ndm__cuda_gemm_rm(int device, cublasHandle_t h, ndm_dtype dt, bool ta
                              int64_t sa, const void *b, int64_t ldb, int64_t sb, double beta,
                              void *c, int64_t ldc, int64_t sc, int64_t batch);
 
-/* A device buffer for the length of one call (the matmul copies of
- * layouts cuBLAS cannot read): freed after the stream's work on it ends. */
-ndm_status ndm__cuda_scratch(int device, size_t bytes, void **out);
-void ndm__cuda_scratch_free(int device, cudaStream_t s, void *p);
-
 #endif

@@ -47,11 +47,4 @@ NDM__HD void ndm__cu_store_i(char *p, ndm_dtype t, int64_t v)
     }
 }
 
-/* Scratch memory ordered on the device's stream: what a call allocates is
- * free for the next one once the stream reaches the free, so nothing waits
- * on the host. NDM_E_OOM with a message naming `what` when it fails. */
-ndm_status ndm__cu_scratch_get(int device, cudaStream_t s, size_t bytes, void **out,
-                               const char *what);
-ndm_status ndm__cu_scratch_put(int device, cudaStream_t s, void *p);
-
 #endif
