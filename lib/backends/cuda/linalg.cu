@@ -125,10 +125,7 @@ ndm_status ndm__cuda_gemm_rm(int device, cublasHandle_t h, ndm_dtype dt, bool ta
 
 /* ---- layouts ------------------------------------------------------------------ */
 
-/* How gemm reads an r x s matrix of strides (rs, cs): row-major with row
- * stride *ld, or (*trans) as the row-major storage of its transpose. False
- * when it can do neither (a step on both axes, a negative or 0 stride). */
-static bool gemm_layout(int64_t r, int64_t s, int64_t rs, int64_t cs, bool *trans, int64_t *ld)
+bool ndm__cuda_gemm_layout(int64_t r, int64_t s, int64_t rs, int64_t cs, bool *trans, int64_t *ld)
 {
     int64_t s1 = s > 1 ? s : 1, r1 = r > 1 ? r : 1;
     if ((cs == 1 || s == 1) && (r == 1 || rs >= s1)) {
@@ -288,13 +285,13 @@ static ndm_status matmul_blas(int device, cudaStream_t s, const ndm__tensor *c,
         const ndm__tensor *t = ops[i].t;
         int64_t r = t->shape[nd - 2], cols = t->shape[nd - 1];
         memcpy(ops[i].strides, t->strides, (size_t)nd * sizeof(int64_t));
-        if (gemm_layout(r, cols, t->strides[nd - 2], t->strides[nd - 1], &tr[i], &ld[i]))
+        if (ndm__cuda_gemm_layout(r, cols, t->strides[nd - 2], t->strides[nd - 1], &tr[i], &ld[i]))
             continue;
         /* Any other layout goes through a dense copy (for c: computed there,
          * copied back at the end). */
         st = mm_dense(device, s, t, &ops[i]);
         if (st >= 0)
-            (void)gemm_layout(r, cols, ops[i].strides[nd - 2], ops[i].strides[nd - 1], &tr[i],
+            (void)ndm__cuda_gemm_layout(r, cols, ops[i].strides[nd - 2], ops[i].strides[nd - 1], &tr[i],
                               &ld[i]);
     }
     if (st >= 0) {
