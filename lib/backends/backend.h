@@ -264,10 +264,15 @@ typedef const ndm__backend *(*ndm__backend_entry)(const ndm__host_api *host);
  *
  * The charge goes to the calling thread's current operation context, which
  * the dispatcher of an operation whose kernels take scratch sets around the
- * kernel call (NDM__SCRATCH_CONTEXT, lib/ops/dispatch.h), and which the CPU
- * pool's workers take from the thread that submitted the job. Without one
- * (a kernel called by the library itself), the scratch is counted by the
- * allocator only, charged to no manager.
+ * kernel call (NDM__WITH_OP_CONTEXT, lib/ops/dispatch.h), and which the CPU
+ * pool's workers take from the thread that submitted the job (today:
+ * matmul, linear, the reductions, softmax, conv2d and its gradients, and the
+ * index range check, whose few bytes name the operation but charge no
+ * manager). Without one (a kernel the library calls for itself), scratch is
+ * counted by the allocator only, charged to no manager. A charge is a
+ * reservation in the limits over the manager while the block lives (the
+ * manager's own live bytes count arrays only); history and snapshots tag
+ * the block with the manager, the operation and its caller's line.
  *
  * ndm__scratch_alloc: `bytes` (0 allowed) on device (type, device), 64-byte
  * aligned, into *out. On failure *out is NULL and the failure is recorded
