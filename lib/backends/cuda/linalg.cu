@@ -291,8 +291,8 @@ static ndm_status matmul_blas(int device, cudaStream_t s, const ndm__tensor *c,
          * copied back at the end). */
         st = mm_dense(device, s, t, &ops[i]);
         if (st >= 0)
-            (void)ndm__cuda_gemm_layout(r, cols, ops[i].strides[nd - 2], ops[i].strides[nd - 1], &tr[i],
-                              &ld[i]);
+            (void)ndm__cuda_gemm_layout(r, cols, ops[i].strides[nd - 2],
+                                        ops[i].strides[nd - 1], &tr[i], &ld[i]);
     }
     if (st >= 0) {
         size_t es = ndm__cuda_host->dtype_size(c->dtype);
