@@ -1605,6 +1605,16 @@ static void test_backend_ops_cuda_matches_reference(void **state)
     assert_ok(ndm_manager_close(tg.m));
     report("cuda:0", &t);
     assert_int_equal(t.unsupported, 0);
+    /* Every byte the kernels took came from ndm's allocator: the device
+     * runtime's allocator was called by the segment source only. */
+    if (b->test && b->test->runtime_alloc_calls) {
+        char where[256] = "";
+        long strays = b->test->runtime_alloc_calls(where, sizeof where);
+        printf("[ conformance ] cuda:0: %ld runtime allocation calls outside the segment "
+               "source%s%s\n",
+               strays, strays ? ", the last " : "", where);
+        assert_int_equal(strays, 0);
+    }
 }
 
 /* NDM__DEVICE_DECLINES asks no table for an operation on the CPU: neither

@@ -13,11 +13,12 @@
 #include "ndm/dtype.h"
 #include "ndm/status.h"
 
+#include "../base/compiler.h"
 #include "../base/segment.h"
 
 /* The layout of ndm__backend, ndm__host_api and the family tables: a module
  * built against another value is refused when loaded. */
-#define NDM__BACKEND_ABI 4
+#define NDM__BACKEND_ABI 5
 
 /* A kernel's view of an array: `data` points at the first element; strides
  * count elements and may be 0 (broadcast) or negative (flipped views). */
@@ -85,6 +86,12 @@ typedef struct ndm__backend_test {
      * default) so that events recorded on it stay pending until released
      * (on == false). Only where the device can be told so (a stand-in). */
     void (*stream_hold)(int device, void *stream, bool on);
+    /* Calls into the device runtime's allocator (cudaMalloc, cudaFree, their
+     * Async and host forms) made since the module loaded from anywhere but
+     * its segment source, which alone may call them; the file of the last
+     * one into where (n bytes). Only where the runtime can count them (a
+     * stand-in); NULL elsewhere. */
+    long (*runtime_alloc_calls)(char *where, size_t n);
 } ndm__backend_test;
 
 /* Streams and events of a backend whose devices run work asynchronously.
@@ -232,6 +239,10 @@ typedef struct ndm__host_api {
     ndm_status (*vfail)(ndm_status st, const char *fmt, va_list ap);
     size_t (*dtype_size)(ndm_dtype t);
     bool (*dtype_valid)(ndm_dtype t);
+    /* Kernel scratch (see ndm__scratch_alloc below): the module's only way
+     * to take memory for a temporary. */
+    ndm_status (*scratch_alloc)(ndm_device_type type, int device, size_t bytes, void **out);
+    void (*scratch_free)(ndm_device_type type, int device, void *p);
 } ndm__host_api;
 
 /* The entry point of a backend module: its table, or NULL when it cannot
@@ -240,6 +251,53 @@ typedef struct ndm__host_api {
 typedef const ndm__backend *(*ndm__backend_entry)(const ndm__host_api *host);
 #define NDM__CUDA_MODULE "libndm-cuda.so"
 #define NDM__CUDA_ENTRY "ndm_backend_cuda_register"
+
+/* ---- kernel scratch -----------------------------------------------------------
+ *
+ * Every temporary a kernel needs that grows with its operands (partial sums,
+ * packed panels, dense copies, per-element indices) comes from ndm's caching
+ * allocator through these calls, never from malloc or the device runtime: so
+ * it is counted in ndm_memory_stats, in the limits of the operation's output
+ * manager, on the allocator's pressure ladder (callbacks, retry, the OOM
+ * message naming the managers holding memory) and in history and snapshots,
+ * under the operation's public name and its caller's line. Bookkeeping sized
+ * by the rank may stay on the stack (or malloc past a stack array).
+ *
+ * The charge goes to the calling thread's current operation context, which
+ * the dispatcher of an operation whose kernels take scratch sets around the
+ * kernel call (NDM__WITH_OP_CONTEXT, lib/ops/dispatch.h), and which the CPU
+ * pool's workers take from the thread that submitted the job (today:
+ * matmul, linear, the reductions, softmax, conv2d and its gradients, and the
+ * index range check, whose few bytes name the operation but charge no
+ * manager). Without one (a kernel the library calls for itself), scratch is
+ * counted by the allocator only, charged to no manager. A charge is a
+ * reservation in the limits over the manager while the block lives (the
+ * manager's own live bytes count arrays only); history and snapshots tag
+ * the block with the manager, the operation and its caller's line.
+ *
+ * ndm__scratch_alloc: `bytes` (0 allowed) on device (type, device), 64-byte
+ * aligned, into *out. On failure *out is NULL and the failure is recorded
+ * (NDM_E_OOM from the allocator, or NDM_E_QUOTA from the manager's limit,
+ * naming the operation); return it as the kernel's status.
+ * ndm__scratch_free: give it back (NULL is ignored), on the thread that took
+ * it (its record is that thread's). On a device with streams, both belong to
+ * the thread's current stream, the one the kernels between them were queued
+ * on: the block serves that stream's requests again at once (its work runs
+ * in order), and other streams only once the allocator's events say that
+ * work has passed, so freeing after queuing needs no synchronisation. A
+ * thread holds at most NDM__SCRATCH_LIVE blocks at a time. */
+#define NDM__SCRATCH_LIVE 32
+#ifndef __cplusplus
+/* (defined by lib/ops, which knows managers; a module calls them through
+ * its host table) */
+ndm_status ndm__scratch_alloc(ndm_device_type type, int device, size_t bytes, void **out);
+void ndm__scratch_free(ndm_device_type type, int device, void *p);
+
+/* The operation running on the calling thread (lib/ops); backends only
+ * carry it across threads (the CPU pool). NULL: none. */
+struct ndm__op_context;
+extern _Thread_local const struct ndm__op_context *ndm__op_context_current NDM__TLS_MODEL;
+#endif
 
 /* The CPU has two tables with the same families: the fast kernels, and the
  * plain C reference kernels they are tested against (and the CUDA backend

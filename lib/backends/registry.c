@@ -37,6 +37,8 @@ static const ndm__host_api host_api = {
     .vfail = host_vfail,
     .dtype_size = ndm_dtype_size,
     .dtype_valid = ndm_dtype_valid,
+    .scratch_alloc = ndm__scratch_alloc,
+    .scratch_free = ndm__scratch_free,
 };
 
 /* The CUDA slot: set once, by the loader or by the test hook, and never

@@ -489,6 +489,20 @@ static NDM__COLD ndm_status reserve_in(ndm__manager *m, uint32_t gen, int dev, i
     return st == NDM_OK ? st : ndm__quota_fail(&miss, api, *site);
 }
 
+ndm_status ndm__scratch_reserve(ndm__manager *m, uint32_t gen, ndm_device dev, size_t bytes,
+                                const char *api, const ndm__site *site, bool *charged)
+{
+    *charged = atomic_load_explicit(&m->limit_anchor, memory_order_relaxed) != 0;
+    if (!*charged)
+        return NDM_OK;
+    return reserve_in(m, gen, ndm__device_slot(dev), (int64_t)bytes, api, site);
+}
+
+void ndm__scratch_unreserve(ndm__manager *m, uint32_t gen, ndm_device dev, int64_t bytes)
+{
+    reserve_undo(m, gen, ndm__device_slot(dev), bytes);
+}
+
 NDM__COLD ndm_array ndm__array_create_undo(ndm__array *r, uint32_t slot, ndm__manager *m,
                                            uint32_t gen, ndm_device dev, const ndm__block *blk,
                                            size_t nbytes, bool limited)

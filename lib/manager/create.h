@@ -29,6 +29,14 @@ void ndm__array_refused_closed(ndm__manager *m, uint32_t gen, bool fast, const c
 ndm_array ndm__array_create_checked(const ndm__site *site, const char *api, ndm__manager *m,
                                     uint32_t gen, ndm_device dev, ndm_dtype dtype, int ndim,
                                     const int64_t *shape, size_t nbytes, ndm__array **out);
+/* Kernel scratch (lib/ops/scratch.c): reserve bytes in the limits over m,
+ * the open manager of generation gen, as an array's storage would be (and
+ * given back by m's close if it comes first); *charged false when m has no
+ * limit to keep (nothing was reserved). NDM_E_QUOTA or NDM_E_CLOSED,
+ * recorded for api at site. */
+ndm_status ndm__scratch_reserve(ndm__manager *m, uint32_t gen, ndm_device dev, size_t bytes,
+                                const char *api, const ndm__site *site, bool *charged);
+void ndm__scratch_unreserve(ndm__manager *m, uint32_t gen, ndm_device dev, int64_t bytes);
 
 /* Whether m, its lock held, is still the live, open manager of generation
  * gen: the test every creation and move makes before it links an array into

@@ -306,7 +306,9 @@ static ndm_array conv2d_impl(NDM_SITE_PARAMS, ndm_manager out, ndm_array x, ndm_
         ndm__tensor tb = eb ? ndm__tensor_of(eb) : (ndm__tensor){0};
         ok = call_workspace(&c, fam->conv2d_workspace(c.dev.index, &ty, &tx, &tw, &g), &ws);
         if (ok)
-            st = fam->conv2d(c.dev.index, &ty, &tx, &tw, eb ? &tb : NULL, &g, ws);
+            NDM__WITH_OP_CONTEXT(c.out, c.api, c.site,
+                                 st = fam->conv2d(c.dev.index, &ty, &tx, &tw, eb ? &tb : NULL,
+                                                  &g, ws));
     }
     return call_end(&c, ok, st, "convolution", rx, rw);
 }
@@ -559,7 +561,8 @@ static ndm_array conv_backward(ndm__site site, const char *api, ndm_manager out,
         wsb = sizer ? sizer(c.dev.index, &tres, &tdy, &to, &g) : 0;
         ok = call_workspace(&c, wsb, &ws);
         if (ok)
-            st = kernel(c.dev.index, &tres, &tdy, &to, &g, ws, wsb);
+            NDM__WITH_OP_CONTEXT(c.out, c.api, c.site,
+                                 st = kernel(c.dev.index, &tres, &tdy, &to, &g, ws, wsb));
     }
     return call_end(&c, ok, st,
                     weight ? "the weight gradient of the convolution"

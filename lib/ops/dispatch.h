@@ -16,6 +16,37 @@
 #include "../manager/core.h"
 #include "../manager/reclaim.h"
 
+/* The operation context kernel scratch is charged to (backend.h, "kernel
+ * scratch"): a dispatcher whose kernels may take scratch brackets the
+ * kernel call with push and pop, the context on its stack; others pay
+ * nothing. */
+typedef struct ndm__op_context {
+    ndm_manager out; /* the output manager */
+    const char *api; /* the public function */
+    ndm__site site;  /* its caller's line */
+} ndm__op_context;
+
+static inline const ndm__op_context *ndm__op_context_push(const ndm__op_context *c)
+{
+    const ndm__op_context *prev = ndm__op_context_current;
+    ndm__op_context_current = c;
+    return prev;
+}
+static inline void ndm__op_context_pop(const ndm__op_context *prev)
+{
+    ndm__op_context_current = prev;
+}
+/* Run the statement (a kernel call) under the context of the operation
+ * `api` called at `site` with output manager `out` (a handle; 0: charge no
+ * manager, only name the operation). */
+#define NDM__WITH_OP_CONTEXT(out_, api_, site_, ...)                                    \
+    do {                                                                                \
+        const ndm__op_context ndm__oc_ = {(out_), (api_), (site_)};                     \
+        const ndm__op_context *ndm__oc_prev_ = ndm__op_context_push(&ndm__oc_);         \
+        __VA_ARGS__;                                                                    \
+        ndm__op_context_pop(ndm__oc_prev_);                                             \
+    } while (0)
+
 /* The kernel view of an array record. */
 static inline ndm__tensor ndm__tensor_of(const ndm__array *r)
 {

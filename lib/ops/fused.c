@@ -151,8 +151,10 @@ ndm_array ndm__linear(ndm__site site, const char *api, ndm_array hx, ndm_array h
             return NDM_NULL_ARRAY;
         ndm__tensor ty = ndm__tensor_of(o), tx = ndm__tensor_of(x), tw = ndm__tensor_of(w);
         ndm__tensor tb = b ? ndm__tensor_of(b) : (ndm__tensor){0};
-        ndm_status st = be->linalg->linear(x->storage->device.index, &ty, &tx, &tw,
-                                           b ? &tb : NULL, relu);
+        ndm_status st;
+        NDM__WITH_OP_CONTEXT(ndm__manager_handle_of(m), api, site,
+                             st = be->linalg->linear(x->storage->device.index, &ty, &tx, &tw,
+                                                     b ? &tb : NULL, relu));
         if (st == NDM_OK)
             return h;
         ndm__discard(h);

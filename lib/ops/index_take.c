@@ -28,7 +28,10 @@ static bool index_range(const struct ndm__backend_index *f, const ndm__array *ri
 {
     ndm__tensor t = ndm__tensor_of(ri);
     int64_t pos, v;
-    ndm_status st = f->find_outside(ri->storage->device.index, &t, lo, hi, &pos, &v);
+    ndm_status st;
+    /* (a few bytes of device scratch: named, charged to no manager) */
+    NDM__WITH_OP_CONTEXT(NDM_NULL_MANAGER, api, site,
+                         st = f->find_outside(ri->storage->device.index, &t, lo, hi, &pos, &v));
     if (st < 0) {
         ndm__fail(st, api, site, "index check failed: %s", ndm_status_str(st));
         return false;

@@ -166,7 +166,9 @@ static ndm_array matmul_impl(ndm__site site, const char *api, ndm_manager out, n
     ndm__tensor A = {ndm__array_ptr(ea), cdt, nd, kshape_a, sa};
     ndm__tensor B = {ndm__array_ptr(eb), cdt, nd, kshape_b, sb};
     ndm__tensor C = {ndm__array_ptr(ec), cdt, nd, kshape_c, sc};
-    ndm_status st = be->linalg->matmul(ra->storage->device.index, &C, &A, &B);
+    ndm_status st;
+    NDM__WITH_OP_CONTEXT(out, api, site,
+                         st = be->linalg->matmul(ra->storage->device.index, &C, &A, &B));
     if (st >= 0 && tc.id) {
         ndm__tensor dst = ndm__tensor_of(ro), src = ndm__tensor_of(ec);
         st = be->copy(ra->storage->device.index, &dst, &src);

@@ -147,7 +147,9 @@ static ndm_array reduce_impl(ndm__site site, const char *api, ndm__reduce_op op,
     }
     ndm__tensor dst = {ndm__array_ptr(o), o->dtype, nk, kshape, kstr};
     ndm__tensor src = {ndm__array_ptr(r), r->dtype, nd, sshape, sstr};
-    ndm_status st = fam->reduce(r->storage->device.index, op, &dst, &src, nr, ddof);
+    ndm_status st;
+    NDM__WITH_OP_CONTEXT(out, api, site,
+                         st = fam->reduce(r->storage->device.index, op, &dst, &src, nr, ddof));
     if (st < 0) {
         ndm__fail(st, api, site, "reduction of %s failed: %s",
                   ndm__array_desc(r, desc, sizeof desc), ndm_status_str(st));
@@ -241,7 +243,9 @@ static ndm_array softmax_impl(ndm__site site, const char *api, ndm_manager out, 
         dst = (ndm__tensor){ndm__array_ptr(o), o->dtype, 1, &one, &zero};
         src = (ndm__tensor){ndm__array_ptr(r), r->dtype, 1, &one, &zero};
     }
-    ndm_status st = fam->softmax(r->storage->device.index, &dst, &src, ax, lg);
+    ndm_status st;
+    NDM__WITH_OP_CONTEXT(out, api, site,
+                         st = fam->softmax(r->storage->device.index, &dst, &src, ax, lg));
     if (st < 0) {
         char desc[160];
         ndm__fail(st, api, site, "softmax of %s failed: %s", ndm__array_desc(r, desc, sizeof desc),

@@ -223,68 +223,20 @@ typedef struct blocked {
     atomic_int failed;
 } blocked;
 
-static void *alloc64(size_t bytes)
+/* The packing buffers, per call from the library's caching allocator
+ * (backend.h, "kernel scratch"), charged to the product's output manager:
+ * its cache hands the same warm block back call after call, so a buffer is
+ * not fresh mmap'd memory whose first touch (page faults, zeroed huge
+ * pages) would cost about a tenth of a training step. A buffer taken on a
+ * pool thread is given back on it, before its task returns. */
+static char *pack_take(size_t bytes, ndm_status *st)
 {
-    size_t sz = (bytes + 63) & ~(size_t)63;
-    return aligned_alloc(64, sz ? sz : 64);
+    void *p;
+    *st = ndm__scratch_alloc(NDM_DEVICE_CPU, 0, bytes, &p);
+    return p;
 }
 
-/* The packing buffers, one of each kind per thread, kept from call to call:
- * blocks this large come fresh from mmap on every call otherwise, and
- * touching them first (page faults, zeroed huge pages) cost about a tenth
- * of a training step. A thread's buffers are freed when it ends. Within a
- * thread the calls never nest: a product runs inline on a pool thread. */
-enum { PACK_A, PACK_B, PACK_KINDS };
-
-typedef struct pack_cache {
-    void *p[PACK_KINDS];
-    size_t cap[PACK_KINDS];
-} pack_cache;
-
-static pthread_key_t pack_key;
-static bool pack_key_ok;
-static pthread_once_t pack_once = PTHREAD_ONCE_INIT;
-
-static void pack_cache_free(void *v)
-{
-    pack_cache *pc = v;
-    for (int i = 0; i < PACK_KINDS; i++)
-        free(pc->p[i]);
-    free(pc);
-}
-
-static void pack_key_make(void)
-{
-    pack_key_ok = pthread_key_create(&pack_key, pack_cache_free) == 0;
-}
-
-/* A buffer of at least `bytes` for this thread, or NULL when memory (or a
- * thread key) cannot be had. Owned by the thread: never freed by callers. */
-static void *pack_buffer(int kind, size_t bytes)
-{
-    pthread_once(&pack_once, pack_key_make);
-    if (!pack_key_ok)
-        return NULL;
-    pack_cache *pc = pthread_getspecific(pack_key);
-    if (!pc) {
-        pc = calloc(1, sizeof *pc);
-        if (!pc)
-            return NULL;
-        if (pthread_setspecific(pack_key, pc) != 0) {
-            free(pc);
-            return NULL;
-        }
-    }
-    if (pc->cap[kind] < bytes) {
-        void *p = alloc64(bytes);
-        if (!p)
-            return NULL;
-        free(pc->p[kind]);
-        pc->p[kind] = p;
-        pc->cap[kind] = bytes;
-    }
-    return pc->p[kind];
-}
+static void pack_give(void *p) { ndm__scratch_free(NDM_DEVICE_CPU, 0, p); }
 
 /* ---- packing --------------------------------------------------------------
  * Operands read across their memory order (x @ W^T reads W's rows as B's
@@ -516,9 +468,10 @@ static void pack_b_range(void *ctx, int64_t begin, int64_t end)
 static void compute_range(void *ctx, int64_t begin, int64_t end)
 {
     blocked *g = ctx;
-    char *ap = pack_buffer(PACK_A, (size_t)(g->mc * g->kc) * g->es);
+    ndm_status st;
+    char *ap = pack_take((size_t)(g->mc * g->kc) * g->es, &st);
     if (!ap) {
-        atomic_store(&g->failed, 1);
+        atomic_store(&g->failed, st);
         return;
     }
     int64_t packed_ic = -1;
@@ -567,6 +520,7 @@ static void compute_range(void *ctx, int64_t begin, int64_t end)
             }
         }
     }
+    pack_give(ap);
 }
 
 static ndm_status gemm_blocked(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const void *a,
@@ -591,9 +545,10 @@ static ndm_status gemm_blocked(ndm_dtype dt, int64_t m, int64_t n, int64_t k, co
     int threads = ndm__num_threads();
     int64_t ncap = n < NC ? n : NC;
     int64_t kcap = k < KC ? k : KC;
-    g.bp = pack_buffer(PACK_B, (size_t)(kcap * ((ncap + g.nr - 1) / g.nr) * g.nr) * g.es);
+    ndm_status st;
+    g.bp = pack_take((size_t)(kcap * ((ncap + g.nr - 1) / g.nr) * g.nr) * g.es, &st);
     if (!g.bp)
-        return NDM_E_OOM;
+        return st;
     /* Depth blocks of equal size: a short last block (784 = 3 * 256 + 16)
      * reads and writes all of C for a few products. */
     int64_t kblocks = (k + KC - 1) / KC, kcb = (k + kblocks - 1) / kblocks;
@@ -617,10 +572,13 @@ static ndm_status gemm_blocked(ndm_dtype dt, int64_t m, int64_t n, int64_t k, co
             int64_t flops = 2 * g.mc * g.kc * g.panels_per_group * g.nr;
             int64_t grain = flops >= (1 << 18) ? 1 : ((1 << 18) + flops - 1) / flops;
             ndm__parallel_for(g.nic * g.njg, grain, compute_range, &g);
-            if (atomic_load(&g.failed))
-                return NDM_E_OOM;
+            if (atomic_load(&g.failed)) {
+                pack_give(g.bp);
+                return atomic_load(&g.failed);
+            }
         }
     }
+    pack_give(g.bp);
     return NDM_OK;
 }
 
@@ -732,9 +690,10 @@ static ndm_status gemm_packed_impl(ndm_dtype dt, int64_t m, int64_t n, int64_t k
     }
     size_t panel_elems = (size_t)(kcb * nr);
     /* one panel of slack: a panel writer may store a vector past its end */
-    char *bp = pack_buffer(PACK_B, (size_t)(chunk + 1) * panel_elems * es);
+    ndm_status st;
+    char *bp = pack_take((size_t)(chunk + 1) * panel_elems * es, &st);
     if (!bp)
-        return NDM_E_OOM;
+        return st;
     for (int64_t pc = 0; pc < k; pc += kcb) {
         int64_t kc = k - pc < kcb ? k - pc : kcb;
         const char *ablock = (const char *)ap + (size_t)(pc * mpad) * es;
@@ -779,6 +738,7 @@ static ndm_status gemm_packed_impl(ndm_dtype dt, int64_t m, int64_t n, int64_t k
             }
         }
     }
+    pack_give(bp);
     return NDM_OK;
 }
 
@@ -796,7 +756,8 @@ typedef struct gemm_i64_ctx {
 static void gemm_i64_rows(void *ctx, int64_t begin, int64_t end)
 {
     const gemm_i64_ctx *g = ctx;
-    uint64_t *row = malloc((size_t)(g->n ? g->n : 1) * sizeof *row);
+    ndm_status st;
+    uint64_t *row = (uint64_t *)pack_take((size_t)(g->n ? g->n : 1) * sizeof *row, &st);
     for (int64_t i = begin; i < end; i++) {
         int64_t *ci = g->c + i * g->rsc;
         if (!row) { /* no scratch: accumulate in place, slower but exact */
@@ -822,7 +783,7 @@ static void gemm_i64_rows(void *ctx, int64_t begin, int64_t end)
         for (int64_t j = 0; j < g->n; j++)
             ci[j * g->csc] = (int64_t)row[j];
     }
-    free(row);
+    pack_give(row);
 }
 
 /* ---- entry point ------------------------------------------------------------ */

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../backend.h"
 #include "gemm.h"
 #include "gemm_provider.h"
 #include "ndm/config.h"
@@ -15,18 +16,23 @@
 #endif
 
 #if NDM_HAVE_OPENBLAS || NDM_HAVE_BLIS
-/* Copy an r x c matrix into a fresh row-major buffer. */
+/* Copy an r x c matrix into a fresh row-major buffer: kernel scratch from
+ * ndm's allocator (NULL with the failure recorded), given back with
+ * scratch_give. */
 static void *copy_dense(size_t es, int64_t r, int64_t c, const void *src, int64_t rs, int64_t cs)
 {
-    char *d = malloc((size_t)(r * c) * es);
-    if (!d)
+    void *p;
+    if (ndm__scratch_alloc(NDM_DEVICE_CPU, 0, (size_t)(r * c) * es, &p) < 0)
         return NULL;
+    char *d = p;
     for (int64_t i = 0; i < r; i++)
         for (int64_t j = 0; j < c; j++)
             memcpy(d + (size_t)(i * c + j) * es, (const char *)src + (i * rs + j * cs) * (int64_t)es,
                    es);
     return d;
 }
+
+static void scratch_give(void *p) { ndm__scratch_free(NDM_DEVICE_CPU, 0, p); }
 #endif
 
 #if NDM_HAVE_OPENBLAS
@@ -87,7 +93,7 @@ int ndm__gemm_provider_run(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const 
     if (!la) {
         ta = copy_dense(es, m, k, a, rsa, csa);
         if (!ta)
-            return NDM_E_OOM;
+            return ndm_last_status();
         a = ta;
         la = 1;
         lda = k > 1 ? k : 1;
@@ -95,8 +101,8 @@ int ndm__gemm_provider_run(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const 
     if (!lb) {
         tb = copy_dense(es, k, n, b, rsb, csb);
         if (!tb) {
-            free(ta);
-            return NDM_E_OOM;
+            scratch_give(ta);
+            return ndm_last_status();
         }
         b = tb;
         lb = 1;
@@ -110,8 +116,8 @@ int ndm__gemm_provider_run(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const 
     else
         cblas_dgemm(CblasRowMajor, ta_, tb_, (int)m, (int)n, (int)k, 1.0, a, (int)lda, b,
                     (int)ldb, acc ? 1.0 : 0.0, c, (int)ldc);
-    free(ta);
-    free(tb);
+    scratch_give(ta);
+    scratch_give(tb);
     return 1;
 }
 #elif NDM_HAVE_BLIS
@@ -137,7 +143,7 @@ int ndm__gemm_provider_run(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const 
     if (!blis_strides(m, k, &rsa, &csa)) {
         ta = copy_dense(es, m, k, a, rsa, csa);
         if (!ta)
-            return NDM_E_OOM;
+            return ndm_last_status();
         a = ta;
         rsa = k;
         csa = 1;
@@ -146,8 +152,8 @@ int ndm__gemm_provider_run(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const 
     if (!blis_strides(k, n, &rsb, &csb)) {
         tb = copy_dense(es, k, n, b, rsb, csb);
         if (!tb) {
-            free(ta);
-            return NDM_E_OOM;
+            scratch_give(ta);
+            return ndm_last_status();
         }
         b = tb;
         rsb = n;
@@ -163,8 +169,8 @@ int ndm__gemm_provider_run(ndm_dtype dt, int64_t m, int64_t n, int64_t k, const 
         bli_dgemm(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, m, n, k, &one, (double *)a, rsa, csa,
                   (double *)b, rsb, csb, &beta, c, rsc, csc);
     }
-    free(ta);
-    free(tb);
+    scratch_give(ta);
+    scratch_give(tb);
     return 1;
 }
 

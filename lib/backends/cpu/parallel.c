@@ -17,6 +17,7 @@
 #endif
 
 #include "../../base/error.h"
+#include "../backend.h"
 #include "parallel.h"
 
 #define MAX_THREADS 256
@@ -119,6 +120,9 @@ typedef struct pool {
     ndm__range_fn fn;
     void *ctx;
     int64_t n_items, chunk;
+    /* the submitter's operation context, which the workers take for the
+     * job, so that kernel scratch taken there is charged as the caller's */
+    const struct ndm__op_context *op;
 } pool;
 
 static pool P = {.busy = ATOMIC_FLAG_INIT, .quit_from = MAX_THREADS};
@@ -142,8 +146,12 @@ static void run_chunks(unsigned gen)
             continue;
         int64_t b = (int64_t)next * P.chunk;
         int64_t e = b + P.chunk < P.n_items ? b + P.chunk : P.n_items;
-        if (b < e)
+        if (b < e) {
+            /* read as P.fn is, once a chunk of this job is claimed */
+            if (thread_index)
+                ndm__op_context_current = P.op;
             P.fn(P.ctx, b, e);
+        }
         unsigned d = atomic_fetch_add(&P.done, 1) + 1;
         if (d == chunks && atomic_load(&P.caller_asleep))
             futex_wake(&P.done, 1);
@@ -327,6 +335,7 @@ void ndm__parallel_for(int64_t n, int64_t grain, ndm__range_fn fn, void *ctx)
     }
     P.fn = fn;
     P.ctx = ctx;
+    P.op = ndm__op_context_current;
     P.n_items = n;
     P.chunk = chunk;
     atomic_store_explicit(&P.done, 0, memory_order_relaxed);

@@ -1059,12 +1059,13 @@ static ndm_status fast_reduce(int device, ndm__reduce_op op, const ndm__tensor *
     if (p.split == 1) {
         ndm__parallel_for(p.groups, grain, task_range, &p);
     } else {
-        p.part = malloc((size_t)(p.split * p.K) * sizeof *p.part);
-        p.pre = p.pre_cls >= 0 ? malloc((size_t)p.K * sizeof *p.pre) : NULL;
-        if (!p.part || (p.pre_cls >= 0 && !p.pre)) {
-            st = NDM_E_OOM;
+        st = ndm__scratch_alloc(NDM_DEVICE_CPU, 0, (size_t)(p.split * p.K) * sizeof *p.part,
+                                (void **)&p.part);
+        if (st >= 0 && p.pre_cls >= 0)
+            st = ndm__scratch_alloc(NDM_DEVICE_CPU, 0, (size_t)p.K * sizeof *p.pre,
+                                    (void **)&p.pre);
+        if (st < 0)
             goto done;
-        }
         double vd[1];
         int64_t vi[1];
         for (p.phase = p.pre_cls >= 0 ? 1 : 2; p.phase <= 2; p.phase++) {
@@ -1088,8 +1089,8 @@ static ndm_status fast_reduce(int device, ndm__reduce_op op, const ndm__tensor *
     if (atomic_load(&p.oom))
         st = NDM_E_OOM;
 done:
-    free(p.part);
-    free(p.pre);
+    ndm__scratch_free(NDM_DEVICE_CPU, 0, p.pre);
+    ndm__scratch_free(NDM_DEVICE_CPU, 0, p.part);
     if (dims != small)
         free(dims);
     return st;
@@ -1111,8 +1112,10 @@ static void smx_range(void *ctx, int64_t begin, int64_t end)
     int nd = c->nd, ax = c->axis;
     int64_t n = c->n;
     void (*exp_row)(double *, int64_t) = cpu_sums()->exp_row;
-    double *buf = malloc(2 * (size_t)n * sizeof *buf + (size_t)nd * sizeof(int64_t));
-    if (!buf) {
+    double *buf;
+    if (ndm__scratch_alloc(NDM_DEVICE_CPU, 0,
+                           2 * (size_t)n * sizeof *buf + (size_t)nd * sizeof(int64_t),
+                           (void **)&buf) < 0) {
         atomic_store(&c->oom, 1);
         return;
     }
@@ -1163,7 +1166,7 @@ static void smx_range(void *ctx, int64_t begin, int64_t end)
             idx[i] = 0;
         }
     }
-    free(buf);
+    ndm__scratch_free(NDM_DEVICE_CPU, 0, buf);
 }
 
 static ndm_status fast_softmax(int device, const ndm__tensor *dst, const ndm__tensor *src,

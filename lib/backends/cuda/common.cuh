@@ -33,6 +33,20 @@ ndm_status ndm__cuda_enter(int device, cudaStream_t *stream);
  * thread's last error. An error that broke the device becomes sticky. */
 ndm_status ndm__cuda_check(int device, cudaError_t e, const char *what);
 
+/* Scratch for one call's kernels, from the library's caching allocator
+ * (host->scratch_alloc, backend.h "kernel scratch"), never from the
+ * runtime: charged to the operation's output manager, seen by its limits,
+ * the statistics, the OOM ladder and snapshots. `s` is the stream the
+ * kernels are queued on, the thread's current one, which the block is tied
+ * to: a put right after queuing is safe (the block serves that stream again
+ * at once, other streams once an event says the work has passed), so
+ * nothing waits on the host. A failure is recorded by the library (OOM,
+ * or the quota of the manager's limit, naming the operation); `what` names
+ * the buffer in it when no operation is running. */
+ndm_status ndm__cu_scratch_get(int device, cudaStream_t s, size_t bytes, void **out,
+                               const char *what);
+ndm_status ndm__cu_scratch_put(int device, cudaStream_t s, void *p);
+
 #define NDM__CUDA_TRY(dev, call)                                                \
     do {                                                                        \
         cudaError_t e_ = (call);                                                \

@@ -25,6 +25,24 @@ extern "C" ndm_status ndm__cuda_fail(ndm_status st, const char *fmt, ...)
     return st;
 }
 
+/* ---- scratch ------------------------------------------------------------------ */
+
+ndm_status ndm__cu_scratch_get(int device, cudaStream_t s, size_t bytes, void **out,
+                               const char *what)
+{
+    /* The library's allocator ties the block to the thread's current
+     * stream, which is `s`; it records its own failures. */
+    (void)s, (void)what;
+    return ndm__cuda_host->scratch_alloc(NDM_DEVICE_CUDA, device, bytes, out);
+}
+
+ndm_status ndm__cu_scratch_put(int device, cudaStream_t s, void *p)
+{
+    (void)s;
+    ndm__cuda_host->scratch_free(NDM_DEVICE_CUDA, device, p);
+    return NDM_OK;
+}
+
 /* ---- devices -------------------------------------------------------------- */
 
 typedef struct ndm__cuda_device {
@@ -544,8 +562,10 @@ static const ndm__backend_test cuda_test = {
     .fill_on_host = cuda_test_fill_on_host,
 #ifdef NDM__CUDA_HOST_EXEC
     .stream_hold = ndm__cuda_test_stream_hold,
+    .runtime_alloc_calls = ndm__hx_stray_alloc_calls,
 #else
     .stream_hold = NULL,
+    .runtime_alloc_calls = NULL,
 #endif
 };
 

@@ -305,21 +305,33 @@ __global__ void ndm__k_scatter_add_warp(ndm__cu_geom g, typename ndm__cu_dt<E>::
     }
 }
 
+/* The start of a kernel along one axis of t: the device entered (its
+ * stream into *s) and b (rank-sized, made by the caller) holding t's shape
+ * with that axis' extent 1: the lines to run. */
+static ndm_status axis_lines(int device, cudaStream_t *s, const char *what, const ndm__tensor *t,
+                             int axis, ndm__cu_dims &b)
+{
+    ndm_status st = ndm__cuda_enter(device, s);
+    if (st < 0)
+        return st;
+    if (!b.p)
+        return ndm__cuda_fail(NDM_E_OOM, "%s: no memory for a rank-%d plan", what, t->ndim);
+    memcpy(b.p, t->shape, (size_t)t->ndim * sizeof(int64_t));
+    b.p[axis] = 1;
+    return NDM_OK;
+}
+
 static ndm_status cuda_scatter_add(int device, const ndm__tensor *dst, int axis,
                                    const ndm__tensor *idx, const ndm__tensor *src)
 {
     cudaStream_t s = nullptr;
-    ndm_status st = ndm__cuda_enter(device, &s);
-    if (st < 0)
-        return st;
     int nd = idx->ndim;
     ndm__cu_dims b(nd);
-    if (!b.p)
-        return ndm__cuda_fail(NDM_E_OOM, "scatter_add: no memory for a rank-%d plan", nd);
+    ndm_status st = axis_lines(device, &s, "scatter_add", idx, axis, b);
+    if (st < 0)
+        return st;
     int64_t *lshape = b.p;
-    memcpy(lshape, idx->shape, (size_t)nd * sizeof(int64_t));
     int64_t m = idx->shape[axis];
-    lshape[axis] = 1;
     char *data[3] = {(char *)dst->data, (char *)idx->data, (char *)src->data};
     const int64_t *strides[3] = {dst->strides, idx->strides, src->strides};
     size_t es[3] = {esize(dst->dtype), esize(idx->dtype), esize(src->dtype)};
@@ -552,19 +564,15 @@ static ndm_status cuda_cumsum(int device, const ndm__tensor *dst, const ndm__ten
                               int axis)
 {
     cudaStream_t s = nullptr;
-    ndm_status st = ndm__cuda_enter(device, &s);
-    if (st < 0)
-        return st;
     int nd = dst->ndim;
     ndm__cu_dims b(nd);
-    if (!b.p)
-        return ndm__cuda_fail(NDM_E_OOM, "cumsum: no memory for a rank-%d plan", nd);
+    ndm_status st = axis_lines(device, &s, "cumsum", dst, axis, b);
+    if (st < 0)
+        return st;
     int64_t *lshape = b.p;
-    memcpy(lshape, dst->shape, (size_t)nd * sizeof(int64_t));
     int64_t m = dst->shape[axis];
     if (m == 0)
         return NDM_OK;
-    lshape[axis] = 1;
     char *data[2] = {(char *)dst->data, (char *)src->data};
     const int64_t *strides[2] = {dst->strides, src->strides};
     size_t es[2] = {esize(dst->dtype), esize(src->dtype)};

@@ -78,26 +78,6 @@ ndm_status ndm__cuda_blas(int device, cudaStream_t s, cublasHandle_t *out)
     return NDM_OK;
 }
 
-ndm_status ndm__cuda_scratch(int device, size_t bytes, void **out)
-{
-    *out = NULL;
-    NDM__CUDA_TRY(device, cudaMalloc(out, bytes ? bytes : 1));
-    return NDM_OK;
-}
-
-void ndm__cuda_scratch_free(int device, cudaStream_t s, void *p)
-{
-    if (!p)
-        return;
-    /* cudaFree waits for the device anyway; waiting on the stream first
-     * makes the order explicit. */
-    cudaError_t e = cudaStreamSynchronize(s);
-    if (e == cudaSuccess)
-        e = cudaFree(p);
-    if (e != cudaSuccess)
-        (void)ndm__cuda_check(device, e, "freeing a scratch buffer");
-}
-
 ndm_status ndm__cuda_gemm_rm(int device, cublasHandle_t h, ndm_dtype dt, bool ta, bool tb,
                              int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
                              int64_t sa, const void *b, int64_t ldb, int64_t sb, double beta,
@@ -145,10 +125,7 @@ ndm_status ndm__cuda_gemm_rm(int device, cublasHandle_t h, ndm_dtype dt, bool ta
 
 /* ---- layouts ------------------------------------------------------------------ */
 
-/* How gemm reads an r x s matrix of strides (rs, cs): row-major with row
- * stride *ld, or (*trans) as the row-major storage of its transpose. False
- * when it can do neither (a step on both axes, a negative or 0 stride). */
-static bool gemm_layout(int64_t r, int64_t s, int64_t rs, int64_t cs, bool *trans, int64_t *ld)
+bool ndm__cuda_gemm_layout(int64_t r, int64_t s, int64_t rs, int64_t cs, bool *trans, int64_t *ld)
 {
     int64_t s1 = s > 1 ? s : 1, r1 = r > 1 ? r : 1;
     if ((cs == 1 || s == 1) && (r == 1 || rs >= s1)) {
@@ -187,7 +164,7 @@ static ndm_status mm_dense(int device, cudaStream_t s, const ndm__tensor *x, mm_
         count *= shape[i];
     }
     void *p = NULL;
-    ndm_status st = ndm__cuda_scratch(device, (size_t)count * es, &p);
+    ndm_status st = ndm__cu_scratch_get(device, s, (size_t)count * es, &p, "a dense operand copy");
     if (st < 0)
         return st;
     int64_t dstr[NDM__CU_DIMS + 2], run = 1;
@@ -199,7 +176,7 @@ static ndm_status mm_dense(int device, cudaStream_t s, const ndm__tensor *x, mm_
     ndm__tensor src = {x->data, x->dtype, nd, shape, x->strides};
     st = ndm__cuda_backend.copy(device, &dst, &src);
     if (st < 0) {
-        ndm__cuda_scratch_free(device, s, p);
+        (void)ndm__cu_scratch_put(device, s, p);
         return st;
     }
     o->data = (char *)p;
@@ -308,14 +285,14 @@ static ndm_status matmul_blas(int device, cudaStream_t s, const ndm__tensor *c,
         const ndm__tensor *t = ops[i].t;
         int64_t r = t->shape[nd - 2], cols = t->shape[nd - 1];
         memcpy(ops[i].strides, t->strides, (size_t)nd * sizeof(int64_t));
-        if (gemm_layout(r, cols, t->strides[nd - 2], t->strides[nd - 1], &tr[i], &ld[i]))
+        if (ndm__cuda_gemm_layout(r, cols, t->strides[nd - 2], t->strides[nd - 1], &tr[i], &ld[i]))
             continue;
         /* Any other layout goes through a dense copy (for c: computed there,
          * copied back at the end). */
         st = mm_dense(device, s, t, &ops[i]);
         if (st >= 0)
-            (void)gemm_layout(r, cols, ops[i].strides[nd - 2], ops[i].strides[nd - 1], &tr[i],
-                              &ld[i]);
+            (void)ndm__cuda_gemm_layout(r, cols, ops[i].strides[nd - 2],
+                                        ops[i].strides[nd - 1], &tr[i], &ld[i]);
     }
     if (st >= 0) {
         size_t es = ndm__cuda_host->dtype_size(c->dtype);
@@ -354,9 +331,11 @@ static ndm_status matmul_blas(int device, cudaStream_t s, const ndm__tensor *c,
         ndm__tensor src = {ops[0].data, c->dtype, nd, c->shape, ops[0].strides};
         st = ndm__cuda_backend.copy(device, c, &src);
     }
-    for (int i = 0; i < 3; i++)
-        if (ops[i].copied)
-            ndm__cuda_scratch_free(device, s, ops[i].data);
+    for (int i = 0; i < 3; i++) {
+        ndm_status fs = ops[i].copied ? ndm__cu_scratch_put(device, s, ops[i].data) : NDM_OK;
+        if (st >= 0 && fs < 0)
+            st = fs;
+    }
     return st;
 }
 

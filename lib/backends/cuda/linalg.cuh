@@ -25,9 +25,9 @@ ndm_status ndm__cuda_gemm_rm(int device, cublasHandle_t h, ndm_dtype dt, bool ta
                              int64_t sa, const void *b, int64_t ldb, int64_t sb, double beta,
                              void *c, int64_t ldc, int64_t sc, int64_t batch);
 
-/* A device buffer for the length of one call (the matmul copies of
- * layouts cuBLAS cannot read): freed after the stream's work on it ends. */
-ndm_status ndm__cuda_scratch(int device, size_t bytes, void **out);
-void ndm__cuda_scratch_free(int device, cudaStream_t s, void *p);
+/* How gemm reads an r x s matrix of strides (rs, cs): row-major with row
+ * stride *ld, or (*trans) as the row-major storage of its transpose. False
+ * when it can do neither (a step on both axes, a negative or 0 stride). */
+bool ndm__cuda_gemm_layout(int64_t r, int64_t s, int64_t rs, int64_t cs, bool *trans, int64_t *ld);
 
 #endif

@@ -28,36 +28,20 @@ static bool fold_axes(const ndm__tensor *t, int from, int to, int64_t *st)
     return true;
 }
 
-/* How gemm reads an r x s matrix of strides (rs, cs) (as in linalg.cu):
- * row-major with row stride *ld, or (*trans) as its transpose's storage. */
-static bool mat_layout(int64_t r, int64_t s, int64_t rs, int64_t cs, bool *trans, int64_t *ld)
-{
-    int64_t s1 = s > 1 ? s : 1, r1 = r > 1 ? r : 1;
-    if ((cs == 1 || s == 1) && (r == 1 || rs >= s1)) {
-        *trans = false;
-        *ld = r == 1 ? s1 : rs;
-        return true;
-    }
-    if ((rs == 1 || r == 1) && (s == 1 || cs >= r1)) {
-        *trans = true;
-        *ld = s == 1 ? r1 : cs;
-        return true;
-    }
-    return false;
-}
-
 /* The weight as the O x K matrix gemm reads, or false (a dense copy then). */
 static bool w_matrix(const ndm__tensor *w, const ndm__conv_sizes *c, bool *trans, int64_t *ld)
 {
     int64_t ks;
-    return fold_axes(w, 1, 3, &ks) && mat_layout(c->O, c->K, w->strides[0], ks, trans, ld);
+    return fold_axes(w, 1, 3, &ks) &&
+           ndm__cuda_gemm_layout(c->O, c->K, w->strides[0], ks, trans, ld);
 }
 
 /* dy's planes as O x P matrices gemm reads, or false. */
 static bool dy_matrix(const ndm__tensor *dy, const ndm__conv_sizes *c, bool *trans, int64_t *ld)
 {
     int64_t ps;
-    return fold_axes(dy, 2, 3, &ps) && mat_layout(c->O, c->P, dy->strides[1], ps, trans, ld);
+    return fold_axes(dy, 2, 3, &ps) &&
+           ndm__cuda_gemm_layout(c->O, c->P, dy->strides[1], ps, trans, ld);
 }
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }

@@ -14,30 +14,6 @@ extern "C" {
 #undef _Static_assert
 }
 
-/* ---- scratch ------------------------------------------------------------------ */
-
-ndm_status ndm__cu_scratch_get(int device, cudaStream_t s, size_t bytes, void **out,
-                               const char *what)
-{
-    *out = NULL;
-    cudaError_t e = cudaMallocAsync(out, bytes ? bytes : 1, s);
-    if (e == cudaErrorMemoryAllocation) {
-        (void)cudaGetLastError();
-        *out = NULL;
-        return ndm__cuda_fail(NDM_E_OOM, "cuda:%d: no device memory for %zu bytes of %s", device,
-                              bytes, what);
-    }
-    NDM__CUDA_TRY(device, e);
-    return NDM_OK;
-}
-
-ndm_status ndm__cu_scratch_put(int device, cudaStream_t s, void *p)
-{
-    if (p)
-        NDM__CUDA_TRY(device, cudaFreeAsync(p, s));
-    return NDM_OK;
-}
-
 /* ---- accumulators ---------------------------------------------------------------
  *
  * One accumulator type for every kind, so that partial results have one

@@ -38,11 +38,4 @@ template <class V> NDM__HD void ndm__cu_store_v(char *p, ndm_dtype t, V v)
 NDM__HD void ndm__cu_store_d(char *p, ndm_dtype t, double v) { ndm__cu_store_v(p, t, v); }
 NDM__HD void ndm__cu_store_i(char *p, ndm_dtype t, int64_t v) { ndm__cu_store_v(p, t, v); }
 
-/* Scratch memory ordered on the device's stream: what a call allocates is
- * free for the next one once the stream reaches the free, so nothing waits
- * on the host. NDM_E_OOM with a message naming `what` when it fails. */
-ndm_status ndm__cu_scratch_get(int device, cudaStream_t s, size_t bytes, void **out,
-                               const char *what);
-ndm_status ndm__cu_scratch_put(int device, cudaStream_t s, void *p);
-
 #endif

@@ -153,7 +153,27 @@ NDM__HX_EXPORT unsigned long long ndm__hx_launch_count(void);
 /* Times a kernel thread on the calling OS thread had to wait for others (a
  * fiber switch away from it): zero for kernels that never synchronise. */
 NDM__HX_EXPORT unsigned long long ndm__hx_parks(void);
+/* The allocation calls of the module (cudaMalloc, cudaFree, their Async and
+ * host forms) are counted by their source file: those of any file but the
+ * segment source (memory.cu) are strays, which the conformance suite
+ * asserts there are none of (through the backend's test table). Returns
+ * the strays so far, the last one's file into where (n bytes). */
+void ndm__hx_note_alloc_call(const char *file, const char *call);
+long ndm__hx_stray_alloc_calls(char *where, size_t n);
 }
+
+#ifdef NDM_BUILDING_LIBRARY
+/* In the module's sources only (the stand-in and its own tests call these
+ * freely): each call notes its file first. */
+#define NDM__HX_NOTED(call, ...) (ndm__hx_note_alloc_call(__FILE__, #call), call(__VA_ARGS__))
+#define cudaMalloc(...) NDM__HX_NOTED(cudaMalloc, __VA_ARGS__)
+#define cudaFree(...) NDM__HX_NOTED(cudaFree, __VA_ARGS__)
+#define cudaMallocAsync(...) NDM__HX_NOTED(cudaMallocAsync, __VA_ARGS__)
+#define cudaFreeAsync(...) NDM__HX_NOTED(cudaFreeAsync, __VA_ARGS__)
+#define cudaHostAlloc(...) NDM__HX_NOTED(cudaHostAlloc, __VA_ARGS__)
+#define cudaMallocHost(...) NDM__HX_NOTED(cudaMallocHost, __VA_ARGS__)
+#define cudaFreeHost(...) NDM__HX_NOTED(cudaFreeHost, __VA_ARGS__)
+#endif
 
 /* ---- device facilities ---------------------------------------------------------- */
 
