@@ -129,8 +129,7 @@ static bool add_param(module *m, const char *name, ndm_array a)
  * inference model, whose parameters get no gradient arrays. */
 static bool grads_wanted(void)
 {
-    ndm__thread *t = ndm__tls;
-    return !t || t->ag_pause == 0;
+    return !ndm__ag_paused();
 }
 
 /* A parameter: an array of `shape` in the model with a gradient. */

@@ -15,6 +15,7 @@
 #include "../backends/registry.h"
 #include "../manager/core.h"
 #include "../manager/reclaim.h"
+#include "inner.h"
 
 /* The kernel view of an array record. */
 static inline ndm__tensor ndm__tensor_of(const ndm__array *r)
@@ -71,6 +72,9 @@ static inline unsigned ndm__layout_of(const ndm__array *r)
     }
     return l;
 }
+
+/* The inner interface's view of record r (inner.h). */
+void ndm__view_fill(const ndm__array *r, ndm__view *v);
 
 /* Release a half-made result on an error path, keeping the error message. */
 void ndm__discard(ndm_array a);
