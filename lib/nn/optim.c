@@ -10,10 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../manager/alloc/alloc.h"
 #include "../manager/object.h"
 #include "../manager/reclaim.h"
 #include "../ops/autograd.h"
-#include "../ops/fused.h"
+#include "../ops/inner.h"
 #include "ndm/ndm.h"
 #include "ndm/nn.h"
 #include "nn.h"
@@ -92,12 +93,12 @@ static ndm_optimizer make(ndm__site site, const char *api, ndm_manager model, nd
             goto fail;
         }
         /* the record's own shape: a parameter of any rank */
-        const ndm__array *r = ndm__array_get(o->param[i], api, site);
-        if (!r)
+        ndm__view r;
+        if (!ndm__view_of(o->param[i], &r, api, site))
             goto fail;
-        int nd = r->ndim;
-        const int64_t *shape = r->shape;
-        ndm_dtype dt = r->dtype;
+        int nd = r.t.ndim;
+        const int64_t *shape = r.t.shape;
+        ndm_dtype dt = r.t.dtype;
         /* the gradient handle is owned by the model too */
         o->grad[i] = ndm_grad_to_at(NDM__SITE_ARGS(site), model, o->param[i]);
         bool need_s1 = o->a == ADAM || o->momentum != 0;
@@ -490,9 +491,9 @@ NDM_API ndm_status ndm_optimizer_save_at(NDM_SITE_PARAMS, ndm_optimizer h, const
 /* Does a match b's rank and shape (any rank)? */
 static bool same_shape(ndm_array a, ndm_array b)
 {
-    const ndm__array *ra = ndm__array_peek(a), *rb = ndm__array_peek(b);
-    return ra && rb && ra->ndim == rb->ndim &&
-           !memcmp(ra->shape, rb->shape, (size_t)ra->ndim * sizeof *ra->shape);
+    ndm__view ra, rb;
+    return ndm__view_peek(a, &ra) && ndm__view_peek(b, &rb) && ra.t.ndim == rb.t.ndim &&
+           !memcmp(ra.t.shape, rb.t.shape, (size_t)ra.t.ndim * sizeof *ra.t.shape);
 }
 
 /* A metadata field of an optimizer state as a number: the whole text, an

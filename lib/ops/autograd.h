@@ -3,7 +3,14 @@
 #ifndef NDM_OPS_AUTOGRAD_H
 #define NDM_OPS_AUTOGRAD_H
 
-#include "../manager/core.h"
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ndm/array.h"
+#include "ndm/manager.h"
+#include "ndm/status.h"
+#include "../base/compiler.h"
+#include "../base/error.h"
 
 typedef enum ndm__ag_op {
     NDM__AG_BINARY,      /* i[0]: ndm__ew_binop */

@@ -76,11 +76,6 @@ static inline unsigned ndm__layout_of(const ndm__array *r)
 /* The inner interface's view of record r (inner.h). */
 void ndm__view_fill(const ndm__array *r, ndm__view *v);
 
-/* Release a half-made result on an error path, keeping the error message. */
-void ndm__discard(ndm_array a);
-
-/* Resolve a factory's manager: the one given, NDM_CURRENT_SCOPE resolved,
- * the null handle and NDM_OUTPUT_RULE refused (null returned, error recorded). */
-ndm_manager ndm__factory_manager(ndm_manager m, const char *api, ndm__site where);
+/* (ndm__discard and ndm__factory_manager: inner.h.) */
 
 #endif

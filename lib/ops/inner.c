@@ -7,6 +7,7 @@
 #include "../backends/cpu/parallel.h"
 #include "../manager/alloc/alloc.h"
 #include "dispatch.h"
+#include "index_ops.h"
 #include "inner.h"
 
 /* Pinned staging moves a transfer in pieces of this size at most. */
@@ -20,11 +21,21 @@ void ndm__view_fill(const ndm__array *r, ndm__view *v)
     v->nbytes = (size_t)v->numel * ndm_dtype_size(r->dtype);
     v->contiguous = ndm__is_contiguous(r->ndim, r->shape, r->strides);
     v->owner = ndm__manager_handle_of(ndm__manager_slot(r->mgr));
+    v->offset = r->offset;
 }
 
 bool ndm__view_of(ndm_array a, ndm__view *v, const char *api, ndm__site site)
 {
     ndm__array *r = ndm__array_get(a, api, site);
+    if (!r)
+        return false;
+    ndm__view_fill(r, v);
+    return true;
+}
+
+bool ndm__view_input(ndm_array a, ndm__view *v, const char *api, ndm__site site)
+{
+    ndm__array *r = ndm__array_get_prop(a, api, site);
     if (!r)
         return false;
     ndm__view_fill(r, v);
@@ -49,6 +60,59 @@ ndm_array ndm__array_make(ndm__site site, const char *api, ndm_manager m, const 
     if (a.id && v)
         ndm__view_fill(r, v);
     return a;
+}
+
+bool ndm__require_manager(ndm_manager m, const char *api, ndm__site site)
+{
+    return ndm__manager_get(m, api, site) != NULL;
+}
+
+ndm_manager ndm__resolve_manager(ndm_manager m, const char *api, ndm__site site)
+{
+    if (!ndm__manager_get(m, api, site))
+        return NDM_NULL_MANAGER;
+    return ndm__manager_resolved(m, api, site);
+}
+
+bool ndm__manager_gone(ndm_manager m)
+{
+    ndm__manager *r = ndm__manager_peek(m);
+    return !r || (atomic_load_explicit(&r->state, memory_order_acquire) & NDM__M_CLOSING);
+}
+
+ndm_manager ndm__output_for(ndm_manager named, ndm_array first, const char *api, ndm__site site)
+{
+    return ndm__output_manager(named, ndm__array_peek(first), api, site);
+}
+
+const char *ndm__shape_desc(ndm_dtype dtype, int ndim, const int64_t *shape, char *buf, size_t n)
+{
+    ndm__array tmp = {.dtype = dtype, .ndim = ndim, .shape = (int64_t *)shape};
+    atomic_store_explicit(&tmp.live, 1, memory_order_relaxed);
+    return ndm__array_desc(&tmp, buf, n);
+}
+
+ndm_array ndm__array_strided_view(ndm__site site, const char *api, ndm_manager m, ndm_array base,
+                                  ndm_dtype dtype, int ndim, const int64_t *shape,
+                                  const int64_t *strides, int64_t offset)
+{
+    ndm__array *r = ndm__array_get(base, api, site);
+    return r ? ndm__array_view(site, api, m, r, dtype, ndim, shape, strides, r->offset + offset,
+                               NULL)
+             : NDM_NULL_ARRAY;
+}
+
+ndm_array ndm__array_lend(ndm__site site, const char *api, ndm_array a)
+{
+    ndm__array *r = ndm__array_get(a, api, site);
+    return r ? ndm__array_lend_out(site, api, r) : NDM_NULL_ARRAY;
+}
+
+void ndm__array_disown(ndm_array a)
+{
+    ndm__array *r = ndm__array_peek(a);
+    if (r)
+        r->own_cold.free_fn = NULL;
 }
 
 /* The backend's words (a device's sticky error says which launch broke
@@ -199,6 +263,17 @@ ndm_status ndm__device_copy(ndm_device dev, const ndm__tensor *dst, const ndm__t
         return ndm_last_status();
     ndm_status st = b->copy(dev.index, dst, src);
     return st < 0 ? failed(st, "copy", api, site) : NDM_OK;
+}
+
+ndm_status ndm__find_outside(const ndm__view *v, int64_t lo, int64_t hi, int64_t *pos,
+                             int64_t *value, const char *api, ndm__site site)
+{
+    const struct ndm__backend_index *f = ndm__index_family(v->device, api, site);
+    if (!f)
+        return ndm_last_status();
+    ndm_status st = f->find_outside(v->device.index, &v->t, lo, hi, pos, value);
+    return st < 0 ? ndm__fail(st, api, site, "label check failed: %s", ndm_status_str(st))
+                  : NDM_OK;
 }
 
 int ndm__compute_threads(void) { return ndm__num_threads(); }

@@ -18,6 +18,7 @@
 #include "ndm/manager.h"
 #include "ndm/status.h"
 #include "../backends/backend.h"
+#include "../backends/ew.h" /* ndm__optim_args, for the fused optimizer step */
 #include "../base/error.h"
 
 /* An array as a kernel sees it: t.data is the address of its first element
@@ -30,11 +31,15 @@ typedef struct ndm__view {
     size_t nbytes;       /* numel * the dtype's size */
     bool contiguous;     /* C order, no gaps */
     ndm_manager owner;
+    int64_t offset;      /* of the first element from the storage's start (elements) */
 } ndm__view;
 
 /* The view of live array a into *v: true, or false with the error recorded
  * (null, stale or forged handle; api and site name the caller). */
 bool ndm__view_of(ndm_array a, ndm__view *v, const char *api, ndm__site site);
+/* The same for an operation's input: the null handle a failed operation
+ * returned keeps that operation's error. */
+bool ndm__view_input(ndm_array a, ndm__view *v, const char *api, ndm__site site);
 /* The same without an error: false when a is not a live array. */
 bool ndm__view_peek(ndm_array a, ndm__view *v);
 
@@ -43,6 +48,62 @@ bool ndm__view_peek(ndm_array a, ndm__view *v);
  * failure, with the error recorded. */
 ndm_array ndm__array_make(ndm__site site, const char *api, ndm_manager m, const ndm_device *dev,
                           ndm_dtype dtype, int ndim, const int64_t *shape, ndm__view *v);
+
+/* Is m a live manager? false with the error recorded (null, stale, forged). */
+bool ndm__require_manager(ndm_manager m, const char *api, ndm__site site);
+
+/* m itself, or the innermost scope's handle for NDM_CURRENT_SCOPE; the null
+ * handle with the error recorded when m is not a live manager. */
+ndm_manager ndm__resolve_manager(ndm_manager m, const char *api, ndm__site site);
+/* Is m closed, or closing (on any thread)? */
+bool ndm__manager_gone(ndm_manager m);
+
+/* An array wrapping caller memory (ndm_array_wrap's terms), in manager m. */
+ndm_array ndm__array_wrap(ndm__site site, const char *api, ndm_manager m, ndm_dtype dtype,
+                          int ndim, const int64_t *shape, void *data, ndm_free_fn free_fn,
+                          void *ud);
+/* A view of base's storage in manager m (dtype, shape, strides in elements,
+ * offset from base's first element); base may be released after. */
+ndm_array ndm__array_strided_view(ndm__site site, const char *api, ndm_manager m, ndm_array base,
+                                  ndm_dtype dtype, int ndim, const int64_t *shape,
+                                  const int64_t *strides, int64_t offset);
+/* An alias of a under the detached node, lent by a's manager (an export). */
+ndm_array ndm__array_lend(ndm__site site, const char *api, ndm_array a);
+/* Forget how wrapped array a frees its memory (an import given back). */
+void ndm__array_disown(ndm_array a);
+/* Release a half-made result on an error path, keeping the error message. */
+void ndm__discard(ndm_array a);
+
+/* The output rule (the manager named, else the innermost scope, else the
+ * manager of `first`, an operation's first input): null with the error
+ * recorded when none applies. */
+ndm_manager ndm__output_for(ndm_manager named, ndm_array first, const char *api, ndm__site site);
+/* Resolve a factory's manager: the one given, NDM_CURRENT_SCOPE resolved,
+ * the null handle and NDM_OUTPUT_RULE refused (null returned, error recorded). */
+ndm_manager ndm__factory_manager(ndm_manager m, const char *api, ndm__site where);
+
+/* ---- shapes ---------------------------------------------------------------------- */
+
+/* Checks a shape: ndim >= 0, dims >= 0, element and byte counts fit. */
+ndm_status ndm__shape_check(int ndim, const int64_t *shape, ndm_dtype dtype, int64_t *numel,
+                            size_t *nbytes, const char *api, ndm__site where);
+/* The element count of a valid shape. */
+static inline int64_t ndm__shape_numel(int ndim, const int64_t *shape)
+{
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++)
+        n *= shape[i];
+    return n;
+}
+/* "f32[2,3]", for messages; returns buf. */
+const char *ndm__shape_desc(ndm_dtype dtype, int ndim, const int64_t *shape, char *buf, size_t n);
+static inline const char *ndm__view_desc(const ndm__view *v, char *buf, size_t n)
+{
+    return ndm__shape_desc(v->t.dtype, v->t.ndim, v->t.shape, buf, n);
+}
+/* C-order strides of shape (elements), and whether strides are those. */
+void ndm__contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
+bool ndm__is_contiguous(int ndim, const int64_t *shape, const int64_t *strides);
 
 /* ---- the one transfer path ------------------------------------------------------
  * Host buffers to and from any array, whatever its device: on the CPU a copy,
@@ -70,9 +131,21 @@ ndm_status ndm__host_copy(const ndm__tensor *dst, const ndm__tensor *src, const 
 ndm_status ndm__device_copy(ndm_device dev, const ndm__tensor *dst, const ndm__tensor *src,
                             const char *api, ndm__site site);
 
-/* C-order strides of shape (elements), and whether strides are those. */
-void ndm__contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
-bool ndm__is_contiguous(int ndim, const int64_t *shape, const int64_t *strides);
+/* The slot of manager m, as the allocator's tag for memory charged to it. */
+static inline uint32_t ndm__owner_slot(ndm_manager m) { return (uint32_t)m.id; }
+
+/* The first element of integer array v outside [lo, hi), by the index
+ * family of its device: *pos its C-order position (-1: none) and *value
+ * its value. A failed kernel is an error recorded. */
+ndm_status ndm__find_outside(const ndm__view *v, int64_t lo, int64_t hi, int64_t *pos,
+                             int64_t *value, const char *api, ndm__site site);
+
+/* One optimizer step over a parameter by the backend's fused kernel
+ * (fused.h, where it is defined, says when): NDM_OK when done,
+ * NDM_E_UNSUPPORTED (nothing written, no error) when the caller must run
+ * the composed operations instead. */
+ndm_status ndm__optim_fused(ndm__optim_args *a, ndm_array w, ndm_array g, ndm_array m,
+                            ndm_array v);
 
 /* The number of threads compute kernels run on now (>= 1). */
 int ndm__compute_threads(void);
