@@ -76,11 +76,6 @@ RECORD = re.compile(r"\b(ndm__array|ndm__storage|ndm__manager)\b(?!_)|"
 # inner.h: see the list in the change that added this).
 PENDING = {
     "nn/module.c": "being rewritten as a module-type table",
-    "dist/ddp.c": "not converted yet",
-    "dist/group.c": "not converted yet",
-    "dist/group.h": "not converted yet",
-    "dist/nccl.c": "not converted yet",
-    "dist/report.c": "not converted yet",
 }
 # Where record reads are the layer's business.
 RECORD_HOMES = ("manager", "manager/alloc", "ops", "backends", "base")

@@ -276,4 +276,22 @@ ndm_status ndm__find_outside(const ndm__view *v, int64_t lo, int64_t hi, int64_t
                   : NDM_OK;
 }
 
+ndm_status ndm__device_fill(ndm_device dev, const ndm__tensor *dst, double value, const char *api,
+                            ndm__site site)
+{
+    const ndm__backend *b = ndm__backend_of(dev, api, site);
+    if (!b)
+        return ndm_last_status();
+    ndm_status st = b->fill(dev.index, dst, value);
+    return st < 0 ? failed(st, "fill", api, site) : NDM_OK;
+}
+
+const ndm__backend_collective *ndm__collectives(ndm_device_type type, const char **missing)
+{
+    const ndm__backend *b = ndm__backend_for(type);
+    if (missing)
+        *missing = b ? NULL : ndm__backend_unavailable(type);
+    return b ? b->collective : NULL;
+}
+
 int ndm__compute_threads(void) { return ndm__num_threads(); }

@@ -21,6 +21,10 @@
 #include "../backends/ew.h" /* ndm__optim_args, for the fused optimizer step */
 #include "../base/error.h"
 
+/* CUDA devices a process addresses (core.h's bound; a differing value there
+ * is a redefinition that inner.c, which includes both, does not compile). */
+#define NDM__MAX_CUDA 16
+
 /* An array as a kernel sees it: t.data is the address of its first element
  * (a device address off the CPU), t.shape and t.strides (in elements) point
  * into the array's record. */
@@ -101,6 +105,10 @@ static inline const char *ndm__view_desc(const ndm__view *v, char *buf, size_t n
 {
     return ndm__shape_desc(v->t.dtype, v->t.ndim, v->t.shape, buf, n);
 }
+/* The same for every element of dst: value converted as a copy would. */
+ndm_status ndm__device_fill(ndm_device dev, const ndm__tensor *dst, double value, const char *api,
+                            ndm__site site);
+
 /* C-order strides of shape (elements), and whether strides are those. */
 void ndm__contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
 bool ndm__is_contiguous(int ndim, const int64_t *shape, const int64_t *strides);
@@ -146,6 +154,11 @@ ndm_status ndm__find_outside(const ndm__view *v, int64_t lo, int64_t hi, int64_t
  * the composed operations instead. */
 ndm_status ndm__optim_fused(ndm__optim_args *a, ndm_array w, ndm_array g, ndm_array m,
                             ndm_array v);
+
+/* The collectives of device type `type`'s backend, or NULL: then *missing
+ * (when not NULL) is why the backend itself is unavailable, or NULL when
+ * it is there without collectives. */
+const ndm__backend_collective *ndm__collectives(ndm_device_type type, const char **missing);
 
 /* The number of threads compute kernels run on now (>= 1). */
 int ndm__compute_threads(void);
