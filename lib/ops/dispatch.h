@@ -78,4 +78,11 @@ void ndm__view_fill(const ndm__array *r, ndm__view *v);
 
 /* (ndm__discard and ndm__factory_manager: inner.h.) */
 
+/* n contiguous bytes between dptr on device dev (of backend b) and host
+ * memory, to the host when `to_host`: the host leg of every transfer,
+ * staged through dev's pinned pool when it has one (inner.c). Errors are
+ * the backend's, not recorded here. */
+ndm_status ndm__bytes_move(const ndm__backend *b, ndm_device dev, void *dptr, void *host, size_t n,
+                           bool to_host);
+
 #endif

@@ -126,9 +126,10 @@ static ndm_status failed(ndm_status st, const char *what, const char *api, ndm__
 
 /* n contiguous bytes between device memory dptr and host memory: staged
  * through the pinned pool when the device has one, else direct. */
-static ndm_status move(const ndm__backend *b, ndm_device dev, char *dptr, char *host, size_t n,
-                       bool out)
+ndm_status ndm__bytes_move(const ndm__backend *b, ndm_device dev, void *dptr_, void *host_,
+                           size_t n, bool out)
 {
+    char *dptr = dptr_, *host = host_;
     ndm__block pin = {0};
     size_t cap = n < PIN_CHUNK ? n : PIN_CHUNK;
     if (dev.type != NDM_DEVICE_CPU && b->pinned_source && n &&
@@ -171,7 +172,7 @@ static ndm_status range(const ndm__view *v, size_t off, void *host, size_t n, bo
     const ndm__backend *b = ndm__backend_of(v->device, api, site);
     if (!b)
         return ndm_last_status();
-    ndm_status st = move(b, v->device, (char *)v->t.data + off, host, n, out);
+    ndm_status st = ndm__bytes_move(b, v->device, (char *)v->t.data + off, host, n, out);
     return st < 0 ? failed(st, out ? "download" : "upload", api, site) : NDM_OK;
 }
 
@@ -222,9 +223,9 @@ static ndm_status whole(const ndm__view *v, void *host, size_t nbytes, bool out,
             if (out) {
                 st = b->copy(dev, &c, &v->t);
                 if (st == NDM_OK)
-                    st = move(b, v->device, tmp.ptr, host, nbytes, true);
+                    st = ndm__bytes_move(b, v->device, tmp.ptr, host, nbytes, true);
             } else {
-                st = move(b, v->device, tmp.ptr, host, nbytes, false);
+                st = ndm__bytes_move(b, v->device, tmp.ptr, host, nbytes, false);
                 if (st == NDM_OK)
                     st = b->copy(dev, &v->t, &c);
             }
