@@ -329,6 +329,22 @@ static bool count_step(optimizer *o, const char *api)
     return true;
 }
 
+/* The updates of parameters idx[0..n) (idx NULL: 0 .. n-1) by the
+ * optimizer's rule, stopping at the first failure. */
+static ndm_status step_params(optimizer *o, const int *idx, int n)
+{
+    for (int k = 0; k < n; k++) {
+        int i = idx ? idx[k] : k;
+        if (i < 0 || i >= o->n)
+            return ndm__fail(NDM_E_INTERNAL, "ndm_optimizer_step", NDM__NO_SITE,
+                             "parameter index %d of %d", i, o->n);
+        ndm_status st = o->a == SGD ? sgd_step(o, i) : adam_step(o, i);
+        if (st < 0)
+            return st;
+    }
+    return NDM_OK;
+}
+
 NDM_API ndm_status ndm_optimizer_step(ndm_optimizer h)
 {
     NDM__OP_GUARD();
@@ -337,12 +353,7 @@ NDM_API ndm_status ndm_optimizer_step(ndm_optimizer h)
         return ndm_last_status();
     if (!count_step(o, __func__))
         return NDM_E_OVERFLOW;
-    for (int i = 0; i < o->n; i++) {
-        ndm_status st = o->a == SGD ? sgd_step(o, i) : adam_step(o, i);
-        if (st < 0)
-            return st;
-    }
-    return NDM_OK;
+    return step_params(o, NULL, o->n);
 }
 
 int ndm__optimizer_count(ndm_optimizer h)
@@ -369,15 +380,7 @@ ndm_status ndm__optimizer_step_some(ndm_optimizer h, const int *idx, int n, bool
      * step give the bits of the whole step, in any order */
     if (start && !count_step(o, "ndm_optimizer_step"))
         return NDM_E_OVERFLOW;
-    for (int k = 0; k < n; k++) {
-        if (idx[k] < 0 || idx[k] >= o->n)
-            return ndm__fail(NDM_E_INTERNAL, "ndm_optimizer_step", NDM__NO_SITE,
-                             "parameter index %d of %d", idx[k], o->n);
-        ndm_status st = o->a == SGD ? sgd_step(o, idx[k]) : adam_step(o, idx[k]);
-        if (st < 0)
-            return st;
-    }
-    return NDM_OK;
+    return step_params(o, idx, n);
 }
 
 NDM_API ndm_status ndm_optimizer_zero_grad(ndm_optimizer h)
