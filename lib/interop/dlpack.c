@@ -315,6 +315,23 @@ static ndm_array import(ndm__site site, const char *api, ndm_manager mh, const D
     return a;
 }
 
+/* import() with the producer's tensor t, given back by `del`, adopted on
+ * success and left to the caller on failure. */
+static ndm_array import_owned(ndm__site site, const char *api, ndm_manager m, const DLTensor *dl,
+                              void *t, void (*del)(void *))
+{
+    import_ctx *c = malloc(sizeof *c);
+    if (!c) {
+        ndm__fail(NDM_E_OOM, api, site, "no memory");
+        return NDM_NULL_ARRAY;
+    }
+    *c = (import_ctx){t, del};
+    ndm_array a = import(site, api, m, dl, c);
+    if (!a.id)
+        free(c);
+    return a;
+}
+
 static void unversioned_delete(void *t)
 {
     DLManagedTensor *mt = t;
@@ -330,16 +347,7 @@ NDM_API ndm_array ndm_from_dlpack_at(NDM_SITE_PARAMS, ndm_manager m, DLManagedTe
         ndm__fail(NDM_E_NULL, api, site, "the tensor is NULL");
         return NDM_NULL_ARRAY;
     }
-    import_ctx *c = malloc(sizeof *c);
-    if (!c) {
-        ndm__fail(NDM_E_OOM, api, site, "no memory");
-        return NDM_NULL_ARRAY;
-    }
-    *c = (import_ctx){t, unversioned_delete};
-    ndm_array a = import(site, api, m, &t->dl_tensor, c);
-    if (!a.id)
-        free(c);
-    return a;
+    return import_owned(site, api, m, &t->dl_tensor, t, unversioned_delete);
 }
 
 /* ---- DLPack 1.0: versioned tensors ---------------------------------------------- */
@@ -398,16 +406,7 @@ NDM_API ndm_array ndm_from_dlpack_versioned_at(NDM_SITE_PARAMS, ndm_manager m,
         ndm__fail(NDM_E_INVALID, api, site, "the tensor is read-only; ndm arrays are writable");
         return NDM_NULL_ARRAY;
     }
-    import_ctx *c = malloc(sizeof *c);
-    if (!c) {
-        ndm__fail(NDM_E_OOM, api, site, "no memory");
-        return NDM_NULL_ARRAY;
-    }
-    *c = (import_ctx){t, versioned_delete};
-    ndm_array a = import(site, api, m, &t->dl_tensor, c);
-    if (!a.id)
-        free(c);
-    return a;
+    return import_owned(site, api, m, &t->dl_tensor, t, versioned_delete);
 }
 
 #else /* a DLPack header before 1.0: the versioned struct does not exist */

@@ -266,14 +266,10 @@ static bool fused_step(optimizer *o, int i)
     return ndm__optim_fused(&a, o->param[i], grad_of(o, i), m, v) == NDM_OK;
 }
 
-static ndm_status sgd_step(optimizer *o, int i)
+/* The composed updates, from gradient g (with L2 decay when asked). */
+static ndm_status sgd_step(optimizer *o, int i, ndm_array g)
 {
-    if (fused_step(o, i))
-        return NDM_OK;
-    ndm_array g;
-    ndm_status st = l2(o, i, &g);
-    if (st < 0)
-        return st;
+    ndm_status st;
     ndm_array upd = g;
     if (o->momentum != 0) {
         if ((st = ndm_mul_scalar_(o->s1[i], o->momentum)) < 0 || (st = ndm_add_(o->s1[i], g)) < 0)
@@ -286,14 +282,9 @@ static ndm_status sgd_step(optimizer *o, int i)
     return ndm_sub_(o->param[i], o->tmp[i]);
 }
 
-static ndm_status adam_step(optimizer *o, int i)
+static ndm_status adam_step(optimizer *o, int i, ndm_array g)
 {
-    if (fused_step(o, i))
-        return NDM_OK;
-    ndm_array g;
-    ndm_status st = l2(o, i, &g);
-    if (st < 0)
-        return st;
+    ndm_status st;
     double bc1 = 1 - pow(o->beta1, (double)o->t), bc2 = 1 - pow(o->beta2, (double)o->t);
     if (o->decoupled && o->weight_decay != 0 &&
         (st = ndm_mul_scalar_(o->param[i], 1 - o->lr * o->weight_decay)) < 0)
@@ -338,7 +329,12 @@ static ndm_status step_params(optimizer *o, const int *idx, int n)
         if (i < 0 || i >= o->n)
             return ndm__fail(NDM_E_INTERNAL, "ndm_optimizer_step", NDM__NO_SITE,
                              "parameter index %d of %d", i, o->n);
-        ndm_status st = o->a == SGD ? sgd_step(o, i) : adam_step(o, i);
+        if (fused_step(o, i))
+            continue;
+        ndm_array g;
+        ndm_status st = l2(o, i, &g);
+        if (st == NDM_OK)
+            st = o->a == SGD ? sgd_step(o, i, g) : adam_step(o, i, g);
         if (st < 0)
             return st;
     }

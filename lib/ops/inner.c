@@ -24,32 +24,24 @@ void ndm__view_fill(const ndm__array *r, ndm__view *v)
     v->offset = r->offset;
 }
 
+static bool filled(const ndm__array *r, ndm__view *v)
+{
+    if (r)
+        ndm__view_fill(r, v);
+    return r != NULL;
+}
+
 bool ndm__view_of(ndm_array a, ndm__view *v, const char *api, ndm__site site)
 {
-    ndm__array *r = ndm__array_get(a, api, site);
-    if (!r)
-        return false;
-    ndm__view_fill(r, v);
-    return true;
+    return filled(ndm__array_get(a, api, site), v);
 }
 
 bool ndm__view_input(ndm_array a, ndm__view *v, const char *api, ndm__site site)
 {
-    ndm__array *r = ndm__array_get_prop(a, api, site);
-    if (!r)
-        return false;
-    ndm__view_fill(r, v);
-    return true;
+    return filled(ndm__array_get_prop(a, api, site), v);
 }
 
-bool ndm__view_peek(ndm_array a, ndm__view *v)
-{
-    ndm__array *r = ndm__array_peek(a);
-    if (!r)
-        return false;
-    ndm__view_fill(r, v);
-    return true;
-}
+bool ndm__view_peek(ndm_array a, ndm__view *v) { return filled(ndm__array_peek(a), v); }
 
 ndm_array ndm__array_make(ndm__site site, const char *api, ndm_manager m, const ndm_device *dev,
                           ndm_dtype dtype, int ndim, const int64_t *shape, ndm__view *v)
