@@ -109,6 +109,9 @@ static inline const char *ndm__view_desc(const ndm__view *v, char *buf, size_t n
 ndm_status ndm__device_fill(ndm_device dev, const ndm__tensor *dst, double value, const char *api,
                             ndm__site site);
 
+/* Axis `axis` of a rank-ndim array normalised into *out (negative counts
+ * from the end; `insert`: one more place, for a new axis), or an error. */
+ndm_status ndm__axis(int axis, int ndim, bool insert, int *out, const char *api, ndm__site where);
 /* C-order strides of shape (elements), and whether strides are those. */
 void ndm__contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
 bool ndm__is_contiguous(int ndim, const int64_t *shape, const int64_t *strides);
@@ -148,6 +151,11 @@ static inline uint32_t ndm__owner_slot(ndm_manager m) { return (uint32_t)m.id; }
 ndm_status ndm__find_outside(const ndm__view *v, int64_t lo, int64_t hi, int64_t *pos,
                              int64_t *value, const char *api, ndm__site site);
 
+/* A linear layer's forward, relu(x @ w^T + b) when `relu`, else x @ w^T + b
+ * (b may be the null handle), fused where the backend can (fused.h says
+ * when): a new array under the output rule, or null with the error. */
+ndm_array ndm__linear(ndm__site site, const char *api, ndm_array x, ndm_array w, ndm_array b,
+                      bool relu);
 /* One optimizer step over a parameter by the backend's fused kernel
  * (fused.h, where it is defined, says when): NDM_OK when done,
  * NDM_E_UNSUPPORTED (nothing written, no error) when the caller must run
