@@ -105,10 +105,6 @@ static inline const char *ndm__view_desc(const ndm__view *v, char *buf, size_t n
 {
     return ndm__shape_desc(v->t.dtype, v->t.ndim, v->t.shape, buf, n);
 }
-/* The same for every element of dst: value converted as a copy would. */
-ndm_status ndm__device_fill(ndm_device dev, const ndm__tensor *dst, double value, const char *api,
-                            ndm__site site);
-
 /* Axis `axis` of a rank-ndim array normalised into *out (negative counts
  * from the end; `insert`: one more place, for a new axis), or an error. */
 ndm_status ndm__axis(int axis, int ndim, bool insert, int *out, const char *api, ndm__site where);
@@ -141,6 +137,9 @@ ndm_status ndm__host_copy(const ndm__tensor *dst, const ndm__tensor *src, const 
 /* The same between two tensors on device dev, by its backend's copy. */
 ndm_status ndm__device_copy(ndm_device dev, const ndm__tensor *dst, const ndm__tensor *src,
                             const char *api, ndm__site site);
+/* Every element of dst, on device dev, = value converted as a copy would. */
+ndm_status ndm__device_fill(ndm_device dev, const ndm__tensor *dst, double value, const char *api,
+                            ndm__site site);
 
 /* The slot of manager m, as the allocator's tag for memory charged to it. */
 static inline uint32_t ndm__owner_slot(ndm_manager m) { return (uint32_t)m.id; }
