@@ -592,6 +592,45 @@ static void test_stream_cuda_pinned_buffer_waits_for_its_copy(void **state)
     assert_ok(ndm_manager_close(m));
 }
 
+/* Host<->device copies take one path, staged through the device's pinned
+ * pool: copy_in, copy_out (contiguous and strided) and ndm_to each take a
+ * pinned buffer and give it back, and the values arrive. */
+static void test_stream_cuda_transfers_stage_through_the_pinned_pool(void **state)
+{
+    NEED_HELD_STREAMS();
+    ndm_device dev = NDM_CUDA(0);
+    ndm_manager m = ndm_manager_new_on(ROOT(state), "gpu", dev);
+    assert_live(m);
+    ndm_memory_stats st;
+    assert_ok(ndm__pinned_stats(dev, &st));
+    int64_t before = st.allocation[NDM_POOL_ALL].allocated;
+    float in[6] = {1, 2, 3, 4, 5, 6}, out[6] = {0};
+    ndm_array a = ndm_empty(m, NDM_F32, NDM_SHAPE(2, 3));
+    assert_live(a);
+    assert_ok(ndm_array_copy_in(a, in, sizeof in));
+    assert_ok(ndm__pinned_stats(dev, &st));
+    int64_t after_in = st.allocation[NDM_POOL_ALL].allocated;
+    assert_true(after_in > before);
+    assert_ok(ndm_array_copy_out(a, out, sizeof out));
+    assert_memory_equal(in, out, sizeof in);
+    ndm_array t = ndm_transpose(a);
+    assert_live(t);
+    float tout[6] = {0}, want[6] = {1, 4, 2, 5, 3, 6};
+    assert_ok(ndm_array_copy_out(t, tout, sizeof tout));
+    assert_memory_equal(want, tout, sizeof want);
+    ndm_array h = ndm_to(a, NDM_CPU);
+    assert_live(h);
+    assert_memory_equal(in, ndm_array_data(h), sizeof in);
+    assert_ok(ndm__pinned_stats(dev, &st));
+    assert_true(st.allocation[NDM_POOL_ALL].allocated >= after_in + 3);
+    assert_int_equal(st.active_bytes[NDM_POOL_ALL].current, 0);
+    assert_ok(ndm_array_release(h));
+    assert_ok(ndm_array_release(t));
+    assert_ok(ndm_array_release(a));
+    assert_manager_empty(m);
+    assert_ok(ndm_manager_close(m));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -608,6 +647,7 @@ int main(void)
         TEST(test_stream_cuda_record_stream_holds_memory),
         TEST(test_stream_cuda_current_stream_owns_its_allocations),
         TEST(test_stream_cuda_pinned_buffer_waits_for_its_copy),
+        TEST(test_stream_cuda_transfers_stage_through_the_pinned_pool),
         TEST(test_stream_cuda_expandable_segments_grow_in_place),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -16,7 +16,6 @@
 #include "ndm/manager.h"
 #include "ndm/stream.h"
 #include "ndm/view.h"
-#include "../backends/registry.h"
 #include "../base/convert_scalar.h"
 #include "../manager/object.h"
 #include "../nn/nn.h"
@@ -70,12 +69,11 @@ static ndm_status wait_cuda(ddp *d, ndm__dist_group *g, const char *api, ndm__si
 /* dst = src's values, two arrays of the same dtype and shape on d's device. */
 static void copy_values(ddp *d, ndm_array dst, ndm_array src)
 {
-    ndm__array *v = ndm__array_peek(dst), *o = ndm__array_peek(src);
-    if (!v || !o)
+    ndm__view v, o;
+    if (!ndm__view_peek(dst, &v) || !ndm__view_peek(src, &o))
         return;
     if (d->dev.type == NDM_DEVICE_CPU)
-        memcpy(ndm__array_ptr(v), ndm__array_ptr(o),
-               (size_t)ndm__numel(o->ndim, o->shape) * ndm_dtype_size(o->dtype));
+        memcpy(v.t.data, o.t.data, o.nbytes);
     else
         (void)!ndm_copy_into(dst, src); /* queued in stream order */
 }
@@ -98,7 +96,7 @@ static void ddp_destroy(void *p)
         if (!d->orig[i].id || !ndm_array_valid(d->params[i]))
             continue;
         copy_values(d, d->orig[i], d->grads[i]);
-        if (ndm__array_peek(d->orig[i]))
+        if (ndm_array_valid(d->orig[i]))
             (void)ndm__ag_set_grad(d->params[i], d->orig[i]);
     }
     /* the buckets are arrays of the model's "ddp" manager: gone with it, or
@@ -170,7 +168,7 @@ static ndm_status plan_steps(ddp *d, const char *api, ndm__site site)
 static ndm_status plan_cuda(ddp *d, const char *api, ndm__site site)
 {
     int64_t nb = d->nb ? d->nb : 1;
-    d->flags = ndm__array_new(site, api, d->mgr, NDM_F32, 1, &nb, NULL);
+    d->flags = ndm__array_make(site, api, d->mgr, NULL, NDM_F32, 1, &nb, NULL);
     if (!d->flags.id)
         return ndm_last_status();
     return ndm_event_new(d->mgr, &d->done);
@@ -187,13 +185,14 @@ static ndm_status plan(ddp *d, int64_t cap_bytes, const char *api, ndm__site sit
     int nb = 0;
     int64_t bytes = 0;
     for (int i = 0; i < d->np; i++) {
-        ndm__array *r = ndm__array_peek(d->params[i]);
-        int64_t n = ndm__numel(r->ndim, r->shape);
-        int64_t sz = n * (int64_t)ndm_dtype_size(r->dtype);
+        ndm__view r;
+        (void)!ndm__view_peek(d->params[i], &r); /* checked live by the caller */
+        int64_t n = r.numel;
+        int64_t sz = (int64_t)r.nbytes;
         bucket *cur = nb ? &d->b[nb - 1] : NULL;
-        if (!cur || cur->dtype != r->dtype || (bytes + sz > cap_bytes && cur->count)) {
+        if (!cur || cur->dtype != r.t.dtype || (bytes + sz > cap_bytes && cur->count)) {
             cur = &d->b[nb++];
-            cur->dtype = r->dtype;
+            cur->dtype = r.t.dtype;
             cur->first = i;
             bytes = 0;
         }
@@ -210,15 +209,16 @@ static ndm_status plan(ddp *d, int64_t cap_bytes, const char *api, ndm__site sit
                              "bucket %d holds %" PRId64 " elements: MPI counts stop at 2^31-1", k,
                              d->b[k].numel);
         int64_t len = d->b[k].numel + 1;
-        d->b[k].buf = ndm__array_new(site, api, d->mgr, d->b[k].dtype, 1, &len, NULL);
+        d->b[k].buf = ndm__array_make(site, api, d->mgr, NULL, d->b[k].dtype, 1, &len, NULL);
         if (!d->b[k].buf.id)
             return ndm_last_status();
     }
     /* every gradient becomes a view of its place in the bucket, holding
      * what the gradient held */
     for (int i = 0; i < d->np; i++) {
-        ndm__array *p = ndm__array_peek(d->params[i]);
-        ndm__array *br = ndm__array_peek(d->b[d->bucket_of[i]].buf);
+        ndm__view pv;
+        (void)!ndm__view_peek(d->params[i], &pv);
+        const ndm__tensor *p = &pv.t;
         int64_t small[8];
         int64_t *strides = p->ndim <= 8 ? small : malloc((size_t)p->ndim * sizeof *strides);
         if (!strides)
@@ -228,9 +228,8 @@ static ndm_status plan(ddp *d, int64_t cap_bytes, const char *api, ndm__site sit
             strides[k] = step;
             step *= p->shape[k];
         }
-        ndm__array *vr;
-        ndm_array v = ndm__array_view(site, api, d->mgr, br, p->dtype, p->ndim, p->shape, strides,
-                                      d->offset[i], &vr);
+        ndm_array v = ndm__array_strided_view(site, api, d->mgr, d->b[d->bucket_of[i]].buf,
+                                              p->dtype, p->ndim, p->shape, strides, d->offset[i]);
         if (strides != small)
             free(strides);
         if (!v.id)
@@ -332,7 +331,9 @@ NDM_API ndm_ddp ndm_ddp_new_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module ne
     }
     /* every rank has the same parameter count, and the first parameter on
      * the same kind of device, or none goes on */
-    ndm__array *first = local == NDM_OK && d->np ? ndm__array_peek(d->params[d->np - 1]) : NULL;
+    ndm__view fv;
+    ndm__view *first =
+        local == NDM_OK && d->np && ndm__view_peek(d->params[d->np - 1], &fv) ? &fv : NULL;
     ndm_status st = ndm__dist_agree(g, NDM__DIST_DDP_NEW, local == NDM_OK ? ns : -1, first, local,
                                     NULL, api, site);
     /* rank 0's parameters and buffers everywhere (each checks dtype and shape) */
@@ -361,8 +362,10 @@ NDM_API ndm_ddp ndm_ddp_new_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module ne
 
 static void set_flag(bucket *b, bool failed)
 {
-    ndm__array *r = ndm__array_peek(b->buf);
-    char *p = ndm__array_ptr(r);
+    ndm__view r;
+    if (!ndm__view_peek(b->buf, &r))
+        return;
+    char *p = r.t.data;
     float v = failed ? 1.0f : 0.0f;
     switch (b->dtype) {
     case NDM_F16: ((uint16_t *)p)[b->numel] = ndm__f32_to_f16(v); break;
@@ -375,8 +378,10 @@ static void set_flag(bucket *b, bool failed)
 
 static bool flag_set(const bucket *b)
 {
-    ndm__array *r = ndm__array_peek(b->buf);
-    const char *p = ndm__array_ptr(r);
+    ndm__view r;
+    if (!ndm__view_peek(b->buf, &r))
+        return false;
+    const char *p = r.t.data;
     switch (b->dtype) {
     case NDM_F16: return ndm__f16_to_f32(((const uint16_t *)p)[b->numel]) != 0;
     case NDM_BF16: return ndm__bf16_to_f32(((const uint16_t *)p)[b->numel]) != 0;
@@ -391,10 +396,10 @@ static void note_failure(ddp *d, ndm_status st);
 /* ---- buckets on a CUDA device ------------------------------------------------------------- */
 
 /* One element of the device array r at element offset `at`, as a kernel sees it. */
-static ndm__tensor element(ndm__array *r, int64_t at, const int64_t *one)
+static ndm__tensor element(const ndm__view *r, int64_t at, const int64_t *one)
 {
-    return (ndm__tensor){(char *)ndm__array_ptr(r) + at * (int64_t)ndm_dtype_size(r->dtype),
-                         r->dtype, 1, one, one};
+    return (ndm__tensor){(char *)r->t.data + at * (int64_t)ndm_dtype_size(r->t.dtype),
+                         r->t.dtype, 1, one, one};
 }
 
 /* Queue bucket k on the calling thread's current stream, behind the
@@ -410,25 +415,23 @@ static void post_cuda(ddp *d, bucket *b)
     ndm__dist_group *g = ndm__dist_group_get(api, NDM__NO_SITE);
     if (!g)
         return; /* broken: the step says so */
-    const ndm__backend *be = ndm__backend_for(NDM_DEVICE_CUDA);
+    const ndm__backend_collective *coll = ndm__collectives(NDM_DEVICE_CUDA, NULL);
     void *comm = g->nccl[d->dev.index];
-    ndm__array *r = ndm__array_peek(b->buf), *f = ndm__array_peek(d->flags);
-    if (!be || !be->collective || !comm || !r || !f) {
+    ndm__view r, f;
+    if (!coll || !comm || !ndm__view_peek(b->buf, &r) || !ndm__view_peek(d->flags, &f)) {
         note_failure(d, ndm__fail(NDM_E_CLOSED, api, NDM__NO_SITE,
                                   "the bucket's communicator or arrays are gone (the process "
                                   "group finalized, or the buckets released)"));
         return;
     }
-    int dev = d->dev.index;
-    ndm__tensor flag = element(r, b->numel, one), slot = element(f, b - d->b, one);
-    ndm_status st = be->fill(dev, &flag, d->failed < 0 ? 1.0 : 0.0);
+    ndm__tensor flag = element(&r, b->numel, one), slot = element(&f, b - d->b, one);
+    ndm_status st = ndm__device_fill(d->dev, &flag, d->failed < 0 ? 1.0 : 0.0, api, NDM__NO_SITE);
     if (st < 0)
         note_failure(d, st);
-    st = be->collective->all_reduce(comm, ndm__array_ptr(r), (size_t)(b->numel + 1), b->dtype,
-                                    NDM__COLL_SUM);
+    st = coll->all_reduce(comm, r.t.data, (size_t)(b->numel + 1), b->dtype, NDM__COLL_SUM);
     if (st < 0)
         note_failure(d, ndm__fail(st, api, NDM__NO_SITE, "%s", ndm_last_error()));
-    st = be->copy(dev, &slot, &flag);
+    st = ndm__device_copy(d->dev, &slot, &flag, api, NDM__NO_SITE);
     if (st < 0)
         note_failure(d, st);
 }
@@ -508,8 +511,8 @@ static void post(ddp *d, bucket *b)
     b->posted = true;
     if (!g)
         return; /* broken: the step says so */
-    ndm__array *r = ndm__array_peek(b->buf);
-    b->job = (ndm__dist_job){ndm__array_ptr(r), (int)(b->numel + !flag_out),
+    ndm__view r;
+    b->job = (ndm__dist_job){ndm__view_peek(b->buf, &r) ? r.t.data : NULL, (int)(b->numel + !flag_out),
                              ndm__dist_mpi_type(b->dtype), ndm__dist_mpi_op(b->dtype, NDM_DIST_SUM),
                              b->buf, false, NULL, 0};
     (void)send(d, g, &b->job);
@@ -524,8 +527,10 @@ static void post_status(ddp *d)
     set_flag(b, d->failed < 0);
     if (!g)
         return; /* broken: the step says so */
-    ndm__array *r = ndm__array_peek(b->buf);
-    char *p = (char *)ndm__array_ptr(r) + b->numel * (int64_t)ndm_dtype_size(b->dtype);
+    ndm__view r;
+    if (!ndm__view_peek(b->buf, &r))
+        return;
+    char *p = (char *)r.t.data + b->numel * (int64_t)ndm_dtype_size(b->dtype);
     MPI_Datatype t = ndm__dist_mpi_type(b->dtype);
     MPI_Op op = ndm__dist_mpi_op(b->dtype, NDM_DIST_SUM);
     d->status_job = (ndm__dist_job){p, 1, t, op, b->buf, false, NULL, 0};
@@ -624,11 +629,12 @@ NDM_API ndm_status ndm_ddp_backward_at(NDM_SITE_PARAMS, ndm_ddp h, ndm_array los
         /* backward from 1/size instead of 1: the buckets' sum is then the
          * ranks' mean, with no pass over the gradients after it */
         ndm__dist_group *g = ndm__dist_group_get(__func__, site);
-        ndm__array *lr = ndm__array_peek(loss);
+        ndm__view lv;
+        ndm__view *lr = ndm__view_peek(loss, &lv) ? &lv : NULL;
         ndm_array seed = NDM_NULL_ARRAY;
         if (g && g->size > 1 && lr)
-            seed = ndm_full_at(NDM__SITE_ARGS(site), ndm_array_manager(loss), lr->dtype,
-                               1.0 / g->size, lr->ndim, lr->shape);
+            seed = ndm_full_at(NDM__SITE_ARGS(site), ndm_array_manager(loss), lr->t.dtype,
+                               1.0 / g->size, lr->t.ndim, lr->t.shape);
         if (g && g->size > 1 && lr && !seed.id)
             st = ndm_last_status();
         else
@@ -645,7 +651,7 @@ NDM_API ndm_status ndm_ddp_backward_at(NDM_SITE_PARAMS, ndm_ddp h, ndm_array los
 static bool buckets_live(const ddp *d, int k0, int n)
 {
     for (int k = k0; k < k0 + n; k++)
-        if (!ndm__array_peek(d->b[k].buf))
+        if (!ndm_array_valid(d->b[k].buf))
             return false;
     return true;
 }

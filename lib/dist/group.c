@@ -21,9 +21,8 @@
 #include "ndm/elementwise.h"
 #include "ndm/manager.h"
 #include "ndm/view.h"
-#include "../backends/cpu/parallel.h"
 #include "../base/convert_scalar.h"
-#include "../ops/dispatch.h"
+#include "../ops/inner.h"
 
 static ndm__dist_group group;
 static bool joined;
@@ -333,7 +332,7 @@ static bool spare_core(const ndm__dist_group *g)
     if (sched_getaffinity(0, sizeof set, &set) != 0)
         return true;
     long cores = CPU_COUNT(&set), online = sysconf(_SC_NPROCESSORS_ONLN);
-    long want = ndm__num_threads() + 1L;
+    long want = ndm__compute_threads() + 1L;
     if (cores >= online)
         want *= g->local_size;
     return cores >= want;
@@ -583,7 +582,7 @@ static ndm_status failure(ndm__dist_group *g, const rec *all, ndm_status local, 
  * for r != rank. Every rank receives whatever was sent to it, agreeing or
  * not, so that nothing is left to match a later receive. `keep` is the
  * array carry lies in, kept by the group when a wait times out. */
-static ndm_status agree(ndm__dist_group *g, ndm__dist_kind kind, int64_t arg, const ndm__array *a,
+static ndm_status agree(ndm__dist_group *g, ndm__dist_kind kind, int64_t arg, const ndm__view *a,
                         ndm_status local, const char *msg, const void *carry, int bytes,
                         ndm_array keep, bool *carried, const char *api, ndm__site site);
 
@@ -644,13 +643,13 @@ static int carry_recv(ndm__dist_group *g, int r, int i, int tag, MPI_Request *re
 }
 
 ndm_status ndm__dist_agree(ndm__dist_group *g, ndm__dist_kind kind, int64_t arg,
-                           const ndm__array *a, ndm_status local, const char *msg,
+                           const ndm__view *a, ndm_status local, const char *msg,
                            const char *api, ndm__site site)
 {
     return agree(g, kind, arg, a, local, msg, NULL, 0, NDM_NULL_ARRAY, NULL, api, site);
 }
 
-static ndm_status agree(ndm__dist_group *g, ndm__dist_kind kind, int64_t arg, const ndm__array *a,
+static ndm_status agree(ndm__dist_group *g, ndm__dist_kind kind, int64_t arg, const ndm__view *a,
                         ndm_status local, const char *msg, const void *carry, int bytes,
                         ndm_array keep, bool *carried, const char *api, ndm__site site)
 {
@@ -672,16 +671,16 @@ static ndm_status agree(ndm__dist_group *g, ndm__dist_kind kind, int64_t arg, co
     mine->arg = arg;
     if (a) {
         mine->has_array = 1;
-        mine->dtype = a->dtype;
-        mine->ndim = a->ndim;
-        mine->dev_type = a->storage->device.type;
-        mine->dev_index = a->storage->device.index;
-        mine->numel = ndm__numel(a->ndim, a->shape);
+        mine->dtype = a->t.dtype;
+        mine->ndim = a->t.ndim;
+        mine->dev_type = a->device.type;
+        mine->dev_index = a->device.index;
+        mine->numel = a->numel;
         uint64_t h = 1469598103934665603u; /* FNV-1a over the dimensions */
-        for (int i = 0; i < a->ndim; i++) {
+        for (int i = 0; i < a->t.ndim; i++) {
             if (i < REC_DIMS)
-                mine->shape[i] = a->shape[i];
-            h = (h ^ (uint64_t)a->shape[i]) * 1099511628211u;
+                mine->shape[i] = a->t.shape[i];
+            h = (h ^ (uint64_t)a->t.shape[i]) * 1099511628211u;
         }
         mine->shape_hash = h;
     }
@@ -919,17 +918,16 @@ void ndm__dist_divide(void *p, int64_t n, ndm_dtype dt, int size)
 /* Checks shared by the collectives: the group, the array, the device, and
  * the op. Returns the array's record or NULL with the error; the other
  * ranks learn of a local error through the agreement. */
-static ndm__array *collective_array(ndm_array a, const char *api, ndm__site site,
-                                    ndm_status *local)
+static ndm__view *collective_array(ndm_array a, ndm__view *r, const char *api, ndm__site site,
+                                   ndm_status *local)
 {
-    ndm__array *r = ndm__array_get(a, api, site);
-    if (!r) {
+    if (!ndm__view_of(a, r, api, site)) {
         *local = ndm_last_status();
         return NULL;
     }
     /* CUDA arrays go over the module's NCCL: told now, before agreeing,
      * when this build or this module has none */
-    if (r->storage->device.type == NDM_DEVICE_CUDA && !ndm__nccl_table(api, site)) {
+    if (r->device.type == NDM_DEVICE_CUDA && !ndm__nccl_table(api, site)) {
         *local = ndm_last_status();
         return NULL;
     }
@@ -954,18 +952,18 @@ static ndm__coll_op coll_op(ndm_dist_op op)
 
 /* The same on a CUDA array: NCCL on the thread's current stream of the
  * array's device (the communicator made by the first such call). */
-static ndm_status run_inplace_cuda(ndm__dist_group *g, ndm__array *r, bool bcast, ndm_dist_op op,
+static ndm_status run_inplace_cuda(ndm__dist_group *g, ndm__view *r, bool bcast, ndm_dist_op op,
                                    int root, const char *api, ndm__site site)
 {
     const ndm__backend_collective *t;
     void *comm;
-    ndm_status st = ndm__nccl_comm(g, r->storage->device.index, &t, &comm, api, site);
+    ndm_status st = ndm__nccl_comm(g, r->device.index, &t, &comm, api, site);
     if (st < 0)
         return st;
-    size_t n = (size_t)ndm__numel(r->ndim, r->shape);
-    void *p = ndm__array_ptr(r);
-    st = bcast ? t->broadcast(comm, p, n, r->dtype, root)
-               : t->all_reduce(comm, p, n, r->dtype, coll_op(op));
+    size_t n = (size_t)r->numel;
+    void *p = r->t.data;
+    st = bcast ? t->broadcast(comm, p, n, r->t.dtype, root)
+               : t->all_reduce(comm, p, n, r->t.dtype, coll_op(op));
     /* the module's message, said of this call */
     return st < 0 ? ndm__fail(st, api, site, "%s", ndm_last_error()) : NDM_OK;
 }
@@ -973,16 +971,16 @@ static ndm_status run_inplace_cuda(ndm__dist_group *g, ndm__array *r, bool bcast
 /* In-place all-reduce or broadcast over the contiguous array r. Every rank
  * has agreed and is present: MPI's blocking collective moves the data (a
  * rank that dies now is mpirun's to end, as with any MPI program). */
-static ndm_status run_inplace(ndm__dist_group *g, ndm__array *r, bool bcast, ndm_dist_op op,
+static ndm_status run_inplace(ndm__dist_group *g, ndm__view *r, bool bcast, ndm_dist_op op,
                               int root, const char *api, ndm__site site)
 {
-    if (r->storage->device.type == NDM_DEVICE_CUDA)
+    if (r->device.type == NDM_DEVICE_CUDA)
         return run_inplace_cuda(g, r, bcast, op, root, api, site);
-    int64_t n = ndm__numel(r->ndim, r->shape);
-    char *p = ndm__array_ptr(r);
-    size_t es = ndm_dtype_size(r->dtype);
-    MPI_Datatype t = ndm__dist_mpi_type(r->dtype);
-    MPI_Op mo = ndm__dist_mpi_op(r->dtype, op);
+    int64_t n = r->numel;
+    char *p = r->t.data;
+    size_t es = ndm_dtype_size(r->t.dtype);
+    MPI_Datatype t = ndm__dist_mpi_type(r->t.dtype);
+    MPI_Op mo = ndm__dist_mpi_op(r->t.dtype, op);
     for (int64_t off = 0; off < n; off += CHUNK) {
         int c = (int)(n - off < CHUNK ? n - off : CHUNK);
         int rc = bcast ? MPI_Bcast(p + off * (int64_t)es, c, t, root, g->comm)
@@ -991,7 +989,7 @@ static ndm_status run_inplace(ndm__dist_group *g, ndm__array *r, bool bcast, ndm
             return ndm__fail(NDM_E_IO, api, site, "%s failed", bcast ? "MPI_Bcast" : "MPI_Allreduce");
     }
     if (!bcast && op == NDM_DIST_MEAN)
-        ndm__dist_divide(p, n, r->dtype, g->size);
+        ndm__dist_divide(p, n, r->t.dtype, g->size);
     return NDM_OK;
 }
 
@@ -1033,18 +1031,18 @@ static void combine(void *acc, const void *x, int64_t n, ndm_dtype dt, ndm_dist_
 
 /* The all-reduce of data every rank carried with its record: every rank
  * folds the ranks' data in rank order, so all get the same bits. */
-static void reduce_carried(ndm__dist_group *g, ndm__array *r, ndm_dist_op op)
+static void reduce_carried(ndm__dist_group *g, ndm__view *r, ndm_dist_op op)
 {
-    int64_t n = ndm__numel(r->ndim, r->shape);
-    size_t bytes = (size_t)n * ndm_dtype_size(r->dtype);
-    char *mine = ndm__array_ptr(r);
+    int64_t n = r->numel;
+    size_t bytes = (size_t)n * ndm_dtype_size(r->t.dtype);
+    char *mine = r->t.data;
     char *acc = g->rank == 0 ? mine : carried_data(g, 0);
     for (int k = 1; k < g->size; k++)
-        combine(acc, k == g->rank ? mine : carried_data(g, k), n, r->dtype, op);
+        combine(acc, k == g->rank ? mine : carried_data(g, k), n, r->t.dtype, op);
     if (acc != mine)
         memcpy(mine, acc, bytes);
     if (op == NDM_DIST_MEAN)
-        ndm__dist_divide(mine, n, r->dtype, g->size);
+        ndm__dist_divide(mine, n, r->t.dtype, g->size);
 }
 
 static ndm_status inplace_collective(ndm_array a, bool bcast, ndm_dist_op op, int root,
@@ -1054,16 +1052,16 @@ static ndm_status inplace_collective(ndm_array a, bool bcast, ndm_dist_op op, in
     if (!g)
         return ndm_last_status();
     ndm_status local = NDM_OK;
-    ndm__array *r = collective_array(a, api, site, &local);
+    ndm__view rv, *r = collective_array(a, &rv, api, site, &local);
     if (r && !bcast)
-        local = check_op(op, r->dtype, api, site);
+        local = check_op(op, r->t.dtype, api, site);
     if (r && bcast && (root < 0 || root >= g->size))
         local = ndm__fail(NDM_E_INVALID, api, site, "root %d is not a rank of 0 .. %d", root,
                           g->size - 1);
     /* a strided view goes through a contiguous copy, made before agreeing
      * so that its failure is a local one the other ranks hear of */
     ndm_array tmp = NDM_NULL_ARRAY;
-    if (local == NDM_OK && !ndm__is_contiguous(r->ndim, r->shape, r->strides)) {
+    if (local == NDM_OK && !ndm__is_contiguous(r->t.ndim, r->t.shape, r->t.strides)) {
         tmp = ndm_contiguous_to(NDM_OUTPUT_RULE, a);
         if (!tmp.id)
             local = ndm_last_status();
@@ -1071,16 +1069,18 @@ static ndm_status inplace_collective(ndm_array a, bool bcast, ndm_dist_op op, in
     /* small CPU arrays: the data goes with the record (the host reads and
      * folds it; a CUDA array's memory is the device's, for NCCL) */
     int64_t bytes =
-        local == NDM_OK ? ndm__numel(r->ndim, r->shape) * (int64_t)ndm_dtype_size(r->dtype) : 0;
+        local == NDM_OK ? r->numel * (int64_t)ndm_dtype_size(r->t.dtype) : 0;
     bool carry = !bcast && !tmp.id && g->size <= CARRY_RANKS && bytes > 0 &&
-                 bytes <= CARRY_BYTES && r->storage->device.type == NDM_DEVICE_CPU;
+                 bytes <= CARRY_BYTES && r->device.type == NDM_DEVICE_CPU;
     bool carried = false;
+    ndm__view tv;
     ndm_status st = agree(g, kind, bcast ? root : (int64_t)op, local < 0 ? NULL : r, local, NULL,
-                          carry ? ndm__array_ptr(r) : NULL, (int)bytes, a, &carried, api, site);
+                          carry ? r->t.data : NULL, (int)bytes, a, &carried, api, site);
     if (st == NDM_OK && carried)
         reduce_carried(g, r, op);
     else if (st == NDM_OK)
-        st = run_inplace(g, tmp.id ? ndm__array_peek(tmp) : r, bcast, op, root, api, site);
+        st = run_inplace(g, tmp.id && ndm__view_peek(tmp, &tv) ? &tv : r, bcast, op, root, api,
+                         site);
     if (st == NDM_OK && tmp.id)
         st = ndm_copy_into(a, tmp);
     if (tmp.id)
@@ -1107,38 +1107,38 @@ static ndm_array gather_scatter(ndm_manager out, ndm_array a, bool scatter, ndm_
     if (!g)
         return NDM_NULL_ARRAY;
     ndm_status local = NDM_OK;
-    ndm__array *r = collective_array(a, api, site, &local);
+    ndm__view rv, *r = collective_array(a, &rv, api, site, &local);
     if (r && scatter)
-        local = check_op(op, r->dtype, api, site);
-    if (r && local == NDM_OK && r->ndim < 1)
+        local = check_op(op, r->t.dtype, api, site);
+    if (r && local == NDM_OK && r->t.ndim < 1)
         local = ndm__fail(NDM_E_SHAPE, api, site, "a 0-d array has no first axis to %s along",
                           scatter ? "scatter" : "gather");
-    if (r && local == NDM_OK && scatter && r->shape[0] % g->size)
+    if (r && local == NDM_OK && scatter && r->t.shape[0] % g->size)
         local = ndm__fail(NDM_E_SHAPE, api, site,
                           "the first axis (%" PRId64 ") is not divisible by the %d ranks",
-                          r->shape[0], g->size);
+                          r->t.shape[0], g->size);
     ndm_array src = NDM_NULL_ARRAY, res = NDM_NULL_ARRAY;
-    if (local == NDM_OK && !ndm__is_contiguous(r->ndim, r->shape, r->strides)) {
+    if (local == NDM_OK && !ndm__is_contiguous(r->t.ndim, r->t.shape, r->t.strides)) {
         src = ndm_contiguous_to(NDM_OUTPUT_RULE, a);
         if (!src.id)
             local = ndm_last_status();
     }
     if (local == NDM_OK) {
         int64_t small[REC_DIMS], *shape = small;
-        if (r->ndim > REC_DIMS && !(shape = malloc((size_t)r->ndim * sizeof *shape)))
+        if (r->t.ndim > REC_DIMS && !(shape = malloc((size_t)r->t.ndim * sizeof *shape)))
             local = ndm__fail(NDM_E_OOM, api, site, "no memory for a shape");
         if (local == NDM_OK) {
-            memcpy(shape, r->shape, (size_t)r->ndim * sizeof *shape);
+            memcpy(shape, r->t.shape, (size_t)r->t.ndim * sizeof *shape);
             if (shape[0] > INT64_MAX / g->size) {
                 local = ndm__fail(NDM_E_OVERFLOW, api, site, "the gathered size overflows");
             } else {
                 shape[0] = scatter ? shape[0] / g->size : shape[0] * g->size;
                 /* checks come before allocation: a refused manager is a local failure */
-                ndm_manager m = ndm__output_manager(out, r, api, site);
+                ndm_manager m = ndm__output_for(out, a, api, site);
                 /* on the input's device, whatever the manager's: the
                  * collective writes it where it reads */
-                res = m.id ? ndm__array_new_on(site, api, m, r->storage->device, r->dtype,
-                                               r->ndim, shape, NULL)
+                res = m.id ? ndm__array_make(site, api, m, &r->device, r->t.dtype, r->t.ndim,
+                                             shape, NULL)
                            : NDM_NULL_ARRAY;
                 if (!res.id)
                     local = ndm_last_status();
@@ -1151,21 +1151,22 @@ static ndm_array gather_scatter(ndm_manager out, ndm_array a, bool scatter, ndm_
                                     scatter ? (int64_t)op : 0, local < 0 ? NULL : r, local, NULL,
                                     api, site);
     if (st == NDM_OK) {
-        ndm__array *s = src.id ? ndm__array_peek(src) : r;
-        ndm__array *d = ndm__array_peek(res);
-        int64_t n = ndm__numel(s->ndim, s->shape);
+        ndm__view sv, dv;
+        ndm__view *s = src.id && ndm__view_peek(src, &sv) ? &sv : r;
+        ndm__view *d = ndm__view_peek(res, &dv) ? &dv : NULL;
+        int64_t n = s->numel;
         int64_t part = scatter ? n / g->size : n;
-        MPI_Datatype t = ndm__dist_mpi_type(r->dtype);
+        MPI_Datatype t = ndm__dist_mpi_type(r->t.dtype);
         int rc;
-        if (r->storage->device.type == NDM_DEVICE_CUDA) {
+        if (r->device.type == NDM_DEVICE_CUDA) {
             const ndm__backend_collective *ct;
             void *comm;
-            st = ndm__nccl_comm(g, r->storage->device.index, &ct, &comm, api, site);
+            st = ndm__nccl_comm(g, r->device.index, &ct, &comm, api, site);
             if (st == NDM_OK) {
-                st = scatter ? ct->reduce_scatter(comm, ndm__array_ptr(s), ndm__array_ptr(d),
-                                                  (size_t)part, r->dtype, coll_op(op))
-                             : ct->all_gather(comm, ndm__array_ptr(s), ndm__array_ptr(d),
-                                              (size_t)part, r->dtype);
+                st = scatter ? ct->reduce_scatter(comm, s->t.data, d->t.data,
+                                                  (size_t)part, r->t.dtype, coll_op(op))
+                             : ct->all_gather(comm, s->t.data, d->t.data,
+                                              (size_t)part, r->t.dtype);
                 if (st < 0) /* the module's message, said of this call */
                     st = ndm__fail(st, api, site, "%s", ndm_last_error());
             }
@@ -1175,18 +1176,18 @@ static ndm_array gather_scatter(ndm_manager out, ndm_array a, bool scatter, ndm_
         } else {
             /* agreed and present: MPI's blocking collective, as in run_inplace */
             if (scatter)
-                rc = MPI_Reduce_scatter_block(ndm__array_ptr(s), ndm__array_ptr(d), (int)part, t,
-                                              ndm__dist_mpi_op(r->dtype, op), g->comm);
+                rc = MPI_Reduce_scatter_block(s->t.data, d->t.data, (int)part, t,
+                                              ndm__dist_mpi_op(r->t.dtype, op), g->comm);
             else
-                rc = MPI_Allgather(ndm__array_ptr(s), (int)part, t, ndm__array_ptr(d), (int)part,
+                rc = MPI_Allgather(s->t.data, (int)part, t, d->t.data, (int)part,
                                    t, g->comm);
             if (rc != MPI_SUCCESS)
                 st = ndm__fail(NDM_E_IO, api, site, "%s failed",
                                scatter ? "MPI_Reduce_scatter_block" : "MPI_Allgather");
         }
         if (st == NDM_OK && scatter && op == NDM_DIST_MEAN &&
-            r->storage->device.type != NDM_DEVICE_CUDA)
-            ndm__dist_divide(ndm__array_ptr(d), part, r->dtype, g->size);
+            r->device.type != NDM_DEVICE_CUDA)
+            ndm__dist_divide(d->t.data, part, r->t.dtype, g->size);
     }
     if (src.id)
         (void)!ndm_array_release(src);

@@ -8,8 +8,7 @@
 #include <pthread.h>
 
 #include "ndm/dist.h"
-#include "../manager/core.h"
-#include "../backends/backend.h"
+#include "../ops/inner.h"
 
 /* What a collective is, in the agreement record: ranks that disagree fail. */
 typedef enum ndm__dist_kind {
@@ -81,7 +80,7 @@ ndm__dist_group *ndm__dist_group_get(const char *api, ndm__site site);
  * rank (dist.h). A local failure is told with `msg`, or this thread's last
  * error when msg is NULL. Waits for the worker's jobs first. */
 ndm_status ndm__dist_agree(ndm__dist_group *g, ndm__dist_kind kind, int64_t arg,
-                           const ndm__array *r, ndm_status local, const char *msg,
+                           const ndm__view *r, ndm_status local, const char *msg,
                            const char *api, ndm__site site);
 
 /* Break the group (its timeout passed), keeping a view of each of the

@@ -3,25 +3,25 @@
 #include <string.h>
 
 #include "group.h"
-#include "../backends/registry.h"
 
 const ndm__backend_collective *ndm__nccl_table(const char *api, ndm__site site)
 {
-    const ndm__backend *b = ndm__backend_for(NDM_DEVICE_CUDA);
-    if (!b) {
+    const char *missing = NULL;
+    const ndm__backend_collective *t = ndm__collectives(NDM_DEVICE_CUDA, &missing);
+    if (missing) {
         ndm__fail(NDM_E_UNSUPPORTED, api, site,
                   "collectives on CUDA arrays go over NCCL in the CUDA module, which is not "
                   "available: %s",
-                  ndm__backend_unavailable(NDM_DEVICE_CUDA));
+                  missing);
         return NULL;
     }
-    if (!b->collective) {
+    if (!t) {
         ndm__fail(NDM_E_UNSUPPORTED, api, site,
                   "collectives on CUDA arrays go over NCCL, and the CUDA module was built "
                   "without it (install NCCL and reconfigure with -Dnccl=auto)");
         return NULL;
     }
-    return b->collective;
+    return t;
 }
 
 /* Rank 0 makes the id and every rank hears of its failure (one agreement),
@@ -82,7 +82,7 @@ void ndm__nccl_free_all(ndm__dist_group *g)
             continue;
         /* a communicator was made, so the module and its table are there */
         if (!t)
-            t = ndm__backend_for(NDM_DEVICE_CUDA)->collective;
+            t = ndm__collectives(NDM_DEVICE_CUDA, NULL);
         t->comm_free(g->nccl[d]);
         g->nccl[d] = NULL;
     }

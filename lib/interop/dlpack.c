@@ -5,7 +5,10 @@
 
 #include <dlpack/dlpack.h>
 
-#include "../manager/core.h"
+#include <stddef.h>
+
+#include "../base/dtype.h"
+#include "../ops/inner.h"
 #include "../base/error.h"
 #include "ndm/dlpack.h"
 #include "ndm/ndm.h"
@@ -62,10 +65,11 @@ static void export_free(export_ctx *c)
 static ndm_status export_fill(ndm__site site, const char *api, ndm_array a, DLTensor *t,
                               export_ctx **out)
 {
-    ndm__array *r = ndm__array_get(a, api, site);
-    if (!r)
+    ndm__view v;
+    if (!ndm__view_of(a, &v, api, site))
         return ndm_last_status();
-    ndm_device dev = r->storage->device;
+    const ndm__tensor *r = &v.t;
+    ndm_device dev = v.device;
     if (dev.type == NDM_DEVICE_CUDA) {
         /* the consumer may read on any stream: the queued writes must be done */
         ndm_status st = ndm_device_synchronize(dev);
@@ -82,7 +86,7 @@ static ndm_status export_fill(ndm__site site, const char *api, ndm_array a, DLTe
             free(c);
         return ndm__fail(NDM_E_OOM, api, site, "no memory for a DLPack tensor");
     }
-    c->alias = ndm__array_lend_out(site, api, r);
+    c->alias = ndm__array_lend(site, api, a);
     if (!c->alias.id) {
         free(c->dims);
         free(c);
@@ -92,8 +96,8 @@ static ndm_status export_fill(ndm__site site, const char *api, ndm_array a, DLTe
     memcpy(c->dims, r->shape, (size_t)nd * sizeof *c->dims);
     memcpy(c->dims + nd, r->strides, (size_t)nd * sizeof *c->dims);
     memset(t, 0, sizeof *t);
-    t->data = r->storage->data;
-    t->byte_offset = (uint64_t)r->offset * ndm__dtype_bytes[r->dtype];
+    t->byte_offset = (uint64_t)v.offset * ndm__dtype_bytes[r->dtype];
+    t->data = (char *)r->data - t->byte_offset;
     t->device.device_type = dev.type == NDM_DEVICE_CUDA ? kDLCUDA : kDLCPU;
     t->device.device_id = dev.type == NDM_DEVICE_CUDA ? dev.index : 0;
     t->ndim = nd;
@@ -112,20 +116,32 @@ static void export_delete(DLManagedTensor *t)
     free(t);
 }
 
-NDM_API DLManagedTensor *ndm_to_dlpack_at(NDM_SITE_PARAMS, ndm_array a)
+/* A zeroed box of `size` bytes (DLManagedTensor or its versioned form)
+ * whose DLTensor, `at` bytes in, is filled from a; NULL with the error
+ * recorded. The caller sets the box's context to *c and its deleter. */
+static void *export_box(ndm__site site, const char *api, ndm_array a, size_t size, size_t at,
+                        export_ctx **c)
 {
-    ndm__site site = NDM__SITE;
-    const char *api = "ndm_to_dlpack";
-    DLManagedTensor *t = calloc(1, sizeof *t);
-    if (!t) {
+    char *box = calloc(1, size);
+    if (!box) {
         ndm__fail(NDM_E_OOM, api, site, "no memory for a DLPack tensor");
         return NULL;
     }
-    export_ctx *c = NULL;
-    if (export_fill(site, api, a, &t->dl_tensor, &c) < 0) {
-        free(t);
+    *c = NULL;
+    if (export_fill(site, api, a, (DLTensor *)(void *)(box + at), c) < 0) {
+        free(box);
         return NULL;
     }
+    return box;
+}
+
+NDM_API DLManagedTensor *ndm_to_dlpack_at(NDM_SITE_PARAMS, ndm_array a)
+{
+    export_ctx *c;
+    DLManagedTensor *t = export_box(NDM__SITE, "ndm_to_dlpack", a, sizeof *t,
+                                    offsetof(DLManagedTensor, dl_tensor), &c);
+    if (!t)
+        return NULL;
     t->manager_ctx = c;
     t->deleter = export_delete;
     return t;
@@ -152,8 +168,7 @@ static void import_release(void *data, void *ud)
 static ndm_array import(ndm__site site, const char *api, ndm_manager mh, const DLTensor *t,
                         import_ctx *ctx)
 {
-    ndm__manager *m = ndm__manager_get(mh, api, site);
-    if (!m)
+    if (!ndm__require_manager(mh, api, site))
         return NDM_NULL_ARRAY;
     ndm_device mdev = ndm_manager_device(mh);
     ndm_device dev;
@@ -284,14 +299,11 @@ static ndm_array import(ndm__site site, const char *api, ndm_manager mh, const D
          * the view hold the storage */
         ndm_array flat =
             ndm__array_wrap(site, api, mh, dt, 1, &extent, base, import_release, ctx);
-        ndm__array *fr = flat.id ? ndm__array_get(flat, api, site) : NULL;
-        a = fr ? ndm__array_view(site, api, mh, fr, dt, nd, t->shape, strides, 0, NULL)
-               : NDM_NULL_ARRAY;
+        a = flat.id ? ndm__array_strided_view(site, api, mh, flat, dt, nd, t->shape, strides, 0)
+                    : NDM_NULL_ARRAY;
         if (flat.id && !a.id) {
             /* the wrap took the tensor: give it back untouched */
-            ndm__array *again = ndm__array_get(flat, api, site);
-            if (again)
-                again->own_cold.free_fn = NULL;
+            ndm__array_disown(flat);
             ndm_status st = ndm_array_release(flat);
             (void)st;
         } else if (flat.id) {
@@ -300,6 +312,23 @@ static ndm_array import(ndm__site site, const char *api, ndm_manager mh, const D
         }
     }
     free(strides);
+    return a;
+}
+
+/* import() with the producer's tensor t, given back by `del`, adopted on
+ * success and left to the caller on failure. */
+static ndm_array import_owned(ndm__site site, const char *api, ndm_manager m, const DLTensor *dl,
+                              void *t, void (*del)(void *))
+{
+    import_ctx *c = malloc(sizeof *c);
+    if (!c) {
+        ndm__fail(NDM_E_OOM, api, site, "no memory");
+        return NDM_NULL_ARRAY;
+    }
+    *c = (import_ctx){t, del};
+    ndm_array a = import(site, api, m, dl, c);
+    if (!a.id)
+        free(c);
     return a;
 }
 
@@ -318,16 +347,7 @@ NDM_API ndm_array ndm_from_dlpack_at(NDM_SITE_PARAMS, ndm_manager m, DLManagedTe
         ndm__fail(NDM_E_NULL, api, site, "the tensor is NULL");
         return NDM_NULL_ARRAY;
     }
-    import_ctx *c = malloc(sizeof *c);
-    if (!c) {
-        ndm__fail(NDM_E_OOM, api, site, "no memory");
-        return NDM_NULL_ARRAY;
-    }
-    *c = (import_ctx){t, unversioned_delete};
-    ndm_array a = import(site, api, m, &t->dl_tensor, c);
-    if (!a.id)
-        free(c);
-    return a;
+    return import_owned(site, api, m, &t->dl_tensor, t, unversioned_delete);
 }
 
 /* ---- DLPack 1.0: versioned tensors ---------------------------------------------- */
@@ -348,18 +368,11 @@ static void versioned_export_delete(DLManagedTensorVersioned *t)
 
 NDM_API DLManagedTensorVersioned *ndm_to_dlpack_versioned_at(NDM_SITE_PARAMS, ndm_array a)
 {
-    ndm__site site = NDM__SITE;
-    const char *api = "ndm_to_dlpack_versioned";
-    DLManagedTensorVersioned *t = calloc(1, sizeof *t);
-    if (!t) {
-        ndm__fail(NDM_E_OOM, api, site, "no memory for a DLPack tensor");
+    export_ctx *c;
+    DLManagedTensorVersioned *t = export_box(NDM__SITE, "ndm_to_dlpack_versioned", a, sizeof *t,
+                                             offsetof(DLManagedTensorVersioned, dl_tensor), &c);
+    if (!t)
         return NULL;
-    }
-    export_ctx *c = NULL;
-    if (export_fill(site, api, a, &t->dl_tensor, &c) < 0) {
-        free(t);
-        return NULL;
-    }
     t->version.major = DLPACK_MAJOR_VERSION;
     t->version.minor = DLPACK_MINOR_VERSION;
     t->manager_ctx = c;
@@ -393,16 +406,7 @@ NDM_API ndm_array ndm_from_dlpack_versioned_at(NDM_SITE_PARAMS, ndm_manager m,
         ndm__fail(NDM_E_INVALID, api, site, "the tensor is read-only; ndm arrays are writable");
         return NDM_NULL_ARRAY;
     }
-    import_ctx *c = malloc(sizeof *c);
-    if (!c) {
-        ndm__fail(NDM_E_OOM, api, site, "no memory");
-        return NDM_NULL_ARRAY;
-    }
-    *c = (import_ctx){t, versioned_delete};
-    ndm_array a = import(site, api, m, &t->dl_tensor, c);
-    if (!a.id)
-        free(c);
-    return a;
+    return import_owned(site, api, m, &t->dl_tensor, t, versioned_delete);
 }
 
 #else /* a DLPack header before 1.0: the versioned struct does not exist */

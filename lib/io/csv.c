@@ -313,18 +313,18 @@ static ndm_array parse(csv *c, ndm_manager m)
     if (rows == 0)
         cols = hcols;
     int64_t shape[2] = {rows, cols};
-    ndm__array *r;
-    ndm_array a = ndm__array_new(c->where, c->api, m, c->dtype, 2, shape, &r);
+    ndm__view r;
+    ndm_array a = ndm__array_make(c->where, c->api, m, NULL, c->dtype, 2, shape, &r);
     if (!a.id)
         return a;
     size_t isz = ndm_dtype_size(c->dtype);
-    bool on_cpu = r->storage->device.type == NDM_DEVICE_CPU;
+    bool on_cpu = r.device.type == NDM_DEVICE_CPU;
     /* A device array is parsed on the host first. */
     ndm__tmp stage = {0};
     ndm_status st = on_cpu ? NDM_OK
-                           : ndm__tmp_resize(&stage, c->m, r->storage->nbytes, 0,
+                           : ndm__tmp_resize(&stage, c->m, r.nbytes, 0,
                                              "the host copy of the array", c->api, c->where);
-    char *dst = on_cpu ? ndm__array_ptr(r) : stage.blk.ptr;
+    char *dst = on_cpu ? r.t.data : stage.blk.ptr;
     at = c->text;
     l.no = 0;
     header_done = !c->header;
@@ -344,7 +344,7 @@ static ndm_array parse(csv *c, ndm_manager m)
         i++;
     }
     if (st == NDM_OK && !on_cpu)
-        st = ndm__io_fill_array_mem(r, dst, false, c->api, c->where);
+        st = ndm__io_fill_array_mem(&r, dst, false, c->api, c->where);
     ndm__tmp_free(&stage);
     if (st < 0) {
         ndm__discard(a);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "../base/checked.h"
 #include "io.h"
 
 /* Host-side staging for device arrays and strided writes: big enough to keep
@@ -365,7 +366,7 @@ ndm_status ndm__src_expect_end(ndm__src *s, const char *api, ndm__site where)
 ndm_status ndm__tmp_resize(ndm__tmp *t, ndm_manager m, size_t n, size_t keep, const char *what,
                            const char *api, ndm__site where)
 {
-    ndm__alloc_tag tag = {ndm__id_slot(m.id), where.file, where.func, where.line, NULL};
+    ndm__alloc_tag tag = {ndm__owner_slot(m), where.file, where.func, where.line, NULL};
     ndm__block b;
     if (ndm__alloc(NDM_CPU, n, &tag, &b) < 0)
         return ndm__fail(ndm_last_status(), api, where, "no memory for %s (%zu bytes): %s", what,
@@ -449,21 +450,17 @@ static void fix_items(void *p, size_t nbytes, ndm_dtype dt, bool swap)
     }
 }
 
-ndm_status ndm__io_fill_array(ndm__array *r, ndm__src *s, bool swap, const char *what,
+ndm_status ndm__io_fill_array(const ndm__view *v, ndm__src *s, bool swap, const char *what,
                               const char *api, ndm__site where)
 {
-    size_t nbytes = r->storage->nbytes;
-    ndm_device dev = r->storage->device;
-    if (dev.type == NDM_DEVICE_CPU) {
-        ndm_status st = ndm__src_read_exact(s, ndm__array_ptr(r), nbytes, what, api, where);
+    size_t nbytes = v->nbytes;
+    if (v->device.type == NDM_DEVICE_CPU) {
+        ndm_status st = ndm__src_read_exact(s, v->t.data, nbytes, what, api, where);
         if (st == NDM_OK)
-            fix_items(ndm__array_ptr(r), nbytes, r->dtype, swap);
+            fix_items(v->t.data, nbytes, v->t.dtype, swap);
         return st;
     }
-    const ndm__backend *b = ndm__backend_of(dev, api, where);
-    if (!b)
-        return ndm_last_status();
-    size_t isz = ndm_dtype_size(r->dtype);
+    size_t isz = ndm_dtype_size(v->t.dtype);
     size_t chunk = STAGE_BYTES - STAGE_BYTES % isz;
     uint8_t *stage = malloc(nbytes < chunk ? (nbytes ? nbytes : 1) : chunk);
     if (!stage)
@@ -473,10 +470,8 @@ ndm_status ndm__io_fill_array(ndm__array *r, ndm__src *s, bool swap, const char 
         size_t k = nbytes - done < chunk ? nbytes - done : chunk;
         st = ndm__src_read_exact(s, stage, k, what, api, where);
         if (st == NDM_OK) {
-            fix_items(stage, k, r->dtype, swap);
-            st = b->upload(dev.index, (char *)ndm__array_ptr(r) + done, stage, k);
-            if (st < 0)
-                ndm__fail(st, api, where, "upload to the device failed: %s", ndm_status_str(st));
+            fix_items(stage, k, v->t.dtype, swap);
+            st = ndm__range_from_host(v, done, stage, k, api, where);
         }
         done += k;
     }
@@ -484,13 +479,13 @@ ndm_status ndm__io_fill_array(ndm__array *r, ndm__src *s, bool swap, const char 
     return st;
 }
 
-ndm_status ndm__io_fill_array_mem(ndm__array *r, const void *src, bool swap, const char *api,
+ndm_status ndm__io_fill_array_mem(const ndm__view *v, const void *src, bool swap, const char *api,
                                   ndm__site where)
 {
     ndm__src s;
-    ndm_status st = ndm__src_open_mem(&s, src, r->storage->nbytes, false, api, where);
+    ndm_status st = ndm__src_open_mem(&s, src, v->nbytes, false, api, where);
     if (st == NDM_OK)
-        st = ndm__io_fill_array(r, &s, swap, "the array data", api, where);
+        st = ndm__io_fill_array(v, &s, swap, "the array data", api, where);
     ndm__src_close(&s);
     return st;
 }
@@ -500,8 +495,6 @@ ndm_status ndm__io_fill_array_mem(ndm__array *r, const void *src, bool swap, con
 typedef struct writer {
     FILE *f;
     const char *path;
-    const ndm__backend *b;
-    int dev;
     bool swap;
     ndm_dtype dtype;
     size_t isz;
@@ -531,10 +524,10 @@ static ndm_status emit(writer *w, char *data, int ndim, const int64_t *shape,
     ndm__contiguous_strides(ndim, w->shape, w->strides);
     ndm__tensor dst = {w->stage, w->dtype, ndim, w->shape, w->strides};
     ndm__tensor src = {data, w->dtype, ndim, w->shape, strides};
-    ndm_status st = w->b->copy(w->dev, &dst, &src);
+    ndm_status st = ndm__host_copy(&dst, &src, w->api, w->where);
     if (st < 0)
-        return ndm__fail(st, w->api, w->where, "copy failed: %s", ndm_status_str(st));
-    size_t n = (size_t)ndm__numel(ndim, w->shape) * w->isz;
+        return st;
+    size_t n = (size_t)ndm__shape_numel(ndim, w->shape) * w->isz;
     if (w->swap)
         ndm__swap_bytes(w->stage, n / w->isz, w->isz);
     return put(w, w->stage, n);
@@ -544,10 +537,10 @@ static ndm_status emit(writer *w, char *data, int ndim, const int64_t *shape,
 static ndm_status write_sub(writer *w, char *data, int ndim, const int64_t *shape,
                             const int64_t *strides)
 {
-    size_t bytes = (size_t)ndm__numel(ndim, shape) * w->isz;
+    size_t bytes = (size_t)ndm__shape_numel(ndim, shape) * w->isz;
     if (bytes <= w->cap)
         return emit(w, data, ndim, shape, strides, ndim ? shape[0] : 1);
-    size_t row = (size_t)ndm__numel(ndim - 1, shape + 1) * w->isz;
+    size_t row = (size_t)ndm__shape_numel(ndim - 1, shape + 1) * w->isz;
     int64_t step = row <= w->cap ? (int64_t)(w->cap / row) : 1;
     for (int64_t i = 0; i < shape[0]; i += step) {
         char *p = data + i * strides[0] * (int64_t)w->isz;
@@ -560,14 +553,15 @@ static ndm_status write_sub(writer *w, char *data, int ndim, const int64_t *shap
     return NDM_OK;
 }
 
-/* Download a contiguous device range in stage-sized pieces. */
-static ndm_status write_device(writer *w, const char *src, size_t n)
+/* Download a contiguous device array in stage-sized pieces. */
+static ndm_status write_device(writer *w, const ndm__view *v)
 {
+    size_t n = v->nbytes;
     for (size_t done = 0; done < n;) {
         size_t k = n - done < w->cap ? n - done : w->cap;
-        ndm_status st = w->b->download(w->dev, w->stage, src + done, k);
+        ndm_status st = ndm__range_to_host(v, done, w->stage, k, w->api, w->where);
         if (st < 0)
-            return ndm__fail(st, w->api, w->where, "download failed: %s", ndm_status_str(st));
+            return st;
         if (w->swap)
             ndm__swap_bytes(w->stage, k / w->isz, w->isz);
         if ((st = put(w, w->stage, k)) < 0)
@@ -577,47 +571,45 @@ static ndm_status write_device(writer *w, const char *src, size_t n)
     return NDM_OK;
 }
 
-ndm_status ndm__io_write_array(FILE *f, ndm__array *r, const char *path, const char *api,
+ndm_status ndm__io_write_array(FILE *f, const ndm__view *v, const char *path, const char *api,
                                ndm__site where)
 {
-    size_t isz = ndm_dtype_size(r->dtype);
-    size_t nbytes = (size_t)ndm__numel(r->ndim, r->shape) * isz;
-    bool contiguous = ndm__is_contiguous(r->ndim, r->shape, r->strides);
+    const ndm__tensor *t = &v->t;
+    size_t isz = ndm_dtype_size(t->dtype);
+    size_t nbytes = v->nbytes;
     bool swap = !ndm__host_little_endian() && isz > 1;
-    ndm_device dev = r->storage->device;
-    writer w = {f, path, NULL, dev.index, swap, r->dtype, isz, NULL, 0, NULL, NULL, api, where};
-    if (dev.type == NDM_DEVICE_CPU && contiguous && !swap)
-        return put(&w, ndm__array_ptr(r), nbytes);
+    ndm_device dev = v->device;
+    writer w = {f, path, swap, t->dtype, isz, NULL, 0, NULL, NULL, api, where};
+    if (dev.type == NDM_DEVICE_CPU && v->contiguous && !swap)
+        return put(&w, t->data, nbytes);
     if (!nbytes)
         return NDM_OK;
-    w.b = ndm__backend_of(dev, api, where);
-    if (!w.b)
-        return ndm_last_status();
     w.cap = STAGE_BYTES - STAGE_BYTES % isz;
     w.stage = malloc(w.cap);
-    w.shape = malloc(2 * (size_t)(r->ndim ? r->ndim : 1) * sizeof(int64_t));
+    w.shape = malloc(2 * (size_t)(t->ndim ? t->ndim : 1) * sizeof(int64_t));
     ndm_status st = NDM_OK;
     if (!w.stage || !w.shape) {
         st = ndm__fail(NDM_E_OOM, api, where, "no memory for a staging buffer");
     } else if (dev.type == NDM_DEVICE_CPU) {
-        w.strides = w.shape + r->ndim;
-        st = write_sub(&w, ndm__array_ptr(r), r->ndim, r->shape, r->strides);
-    } else if (contiguous) {
-        st = write_device(&w, ndm__array_ptr(r), nbytes);
+        w.strides = w.shape + t->ndim;
+        st = write_sub(&w, t->data, t->ndim, t->shape, t->strides);
+    } else if (v->contiguous) {
+        st = write_device(&w, v);
     } else {
         /* Make it contiguous on the device first, as ndm_array_copy_out does. */
         ndm__block tmp;
         st = ndm__alloc(dev, nbytes, NULL, &tmp);
         if (st == NDM_OK) {
-            ndm__contiguous_strides(r->ndim, r->shape, w.shape);
-            ndm__tensor dst = {tmp.ptr, r->dtype, r->ndim, r->shape, w.shape};
-            ndm__tensor src = ndm__tensor_of(r);
-            st = w.b->copy(dev.index, &dst, &src);
-            if (st < 0)
-                ndm__fail(st, api, where, "copy failed: %s", ndm_status_str(st));
-            else
-                st = write_device(&w, tmp.ptr, nbytes);
+            ndm__contiguous_strides(t->ndim, t->shape, w.shape);
+            ndm__view c = *v;
+            c.t = (ndm__tensor){tmp.ptr, t->dtype, t->ndim, t->shape, w.shape};
+            c.contiguous = true;
+            st = ndm__device_copy(dev, &c.t, t, api, where);
+            if (st == NDM_OK)
+                st = write_device(&w, &c);
             ndm__free(dev, &tmp);
+        } else {
+            ndm__fail(st, api, where, "no device memory for a contiguous copy");
         }
     }
     free(w.stage);

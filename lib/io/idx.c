@@ -46,22 +46,20 @@ static ndm_array load(ndm__site site, const char *api, ndm_manager m, ndm__src *
     /* Before allocating: a gzip file is bounded by deflate's best ratio. */
     uint64_t bound = ndm__src_bound(s);
     if (nbytes > bound) {
-        ndm__array tmp = {.ndim = ndim, .dtype = dtype, .shape = shape};
-        atomic_init(&tmp.live, 1);
         char desc[160];
         ndm__fail(NDM_E_FORMAT, api, site,
                   "'%s': the IDX header describes %s (%zu bytes) but the %s holds at most %" PRIu64
                   " bytes of data",
-                  s->name, ndm__array_desc(&tmp, desc, sizeof desc), nbytes,
+                  s->name, ndm__shape_desc(dtype, ndim, shape, desc, sizeof desc), nbytes,
                   ndm__src_is_gzip(s) ? "compressed file" : "file", bound);
         return NDM_NULL_ARRAY;
     }
-    ndm__array *r;
-    ndm_array a = ndm__array_new(site, api, m, dtype, ndim, shape, &r);
+    ndm__view r;
+    ndm_array a = ndm__array_make(site, api, m, NULL, dtype, ndim, shape, &r);
     if (!a.id)
         return a;
     bool swap = ndm__host_little_endian() && ndm_dtype_size(dtype) > 1;
-    ndm_status st = ndm__io_fill_array(r, s, swap, "the IDX data", api, site);
+    ndm_status st = ndm__io_fill_array(&r, s, swap, "the IDX data", api, site);
     if (st == NDM_OK)
         st = ndm__src_expect_end(s, api, site);
     if (st < 0) {

@@ -9,7 +9,8 @@
 #include <stdio.h>
 
 #include "ndm/io.h"
-#include "../ops/dispatch.h"
+#include "../manager/alloc/alloc.h"
+#include "../ops/inner.h"
 
 /* Deflate cannot expand a byte of input into more than 1032 bytes of output,
  * so a gzip source of n bytes decodes to at most this many bytes: the bound
@@ -111,18 +112,18 @@ static inline uint32_t ndm__load_le32(const uint8_t *p)
 
 /* ---- arrays ---------------------------------------------------------------- */
 
-/* Fill the fresh contiguous array r with its nbytes read from s; items are
+/* Fill the fresh contiguous array of view v with its nbytes read from s; items are
  * byte-swapped when `swap` and bools are normalised to 0/1. Device arrays go
  * through a bounded host buffer. */
-ndm_status ndm__io_fill_array(ndm__array *r, ndm__src *s, bool swap, const char *what,
+ndm_status ndm__io_fill_array(const ndm__view *v, ndm__src *s, bool swap, const char *what,
                               const char *api, ndm__site where);
 /* The same from memory. */
-ndm_status ndm__io_fill_array_mem(ndm__array *r, const void *src, bool swap, const char *api,
-                                  ndm__site where);
+ndm_status ndm__io_fill_array_mem(const ndm__view *v, const void *src, bool swap,
+                                  const char *api, ndm__site where);
 
-/* Write the elements of r in C order, little-endian. A CPU array that is
+/* Write the elements of v's array in C order, little-endian. A CPU array that is
  * contiguous is written in place; others go through a bounded host buffer. */
-ndm_status ndm__io_write_array(FILE *f, ndm__array *r, const char *path, const char *api,
+ndm_status ndm__io_write_array(FILE *f, const ndm__view *v, const char *path, const char *api,
                                ndm__site where);
 
 /* ---- files ----------------------------------------------------------------- */

@@ -218,39 +218,40 @@ bool ndm__json_uint(ndm__json *j, uint64_t *v, bool *overflow)
     return true;
 }
 
+/* One or more digits at *p, *p moved past them; "bad number" where none is. */
+static bool digits(ndm__json *j, const char **p)
+{
+    const char *q = *p;
+    if (q >= j->end || *q < '0' || *q > '9') {
+        j->p = q;
+        return fail(j, "bad number");
+    }
+    while (q < j->end && *q >= '0' && *q <= '9')
+        q++;
+    *p = q;
+    return true;
+}
+
 static bool skip_number(ndm__json *j)
 {
     const char *p = j->p;
     if (p < j->end && *p == '-')
         p++;
-    if (p >= j->end || *p < '0' || *p > '9') {
-        j->p = p;
-        return fail(j, "bad number");
-    }
-    if (*p == '0')
+    if (p < j->end && *p == '0')
         p++;
-    else
-        while (p < j->end && *p >= '0' && *p <= '9')
-            p++;
+    else if (!digits(j, &p))
+        return false;
     if (p < j->end && *p == '.') {
         p++;
-        if (p >= j->end || *p < '0' || *p > '9') {
-            j->p = p;
-            return fail(j, "bad number");
-        }
-        while (p < j->end && *p >= '0' && *p <= '9')
-            p++;
+        if (!digits(j, &p))
+            return false;
     }
     if (p < j->end && (*p == 'e' || *p == 'E')) {
         p++;
         if (p < j->end && (*p == '+' || *p == '-'))
             p++;
-        if (p >= j->end || *p < '0' || *p > '9') {
-            j->p = p;
-            return fail(j, "bad number");
-        }
-        while (p < j->end && *p >= '0' && *p <= '9')
-            p++;
+        if (!digits(j, &p))
+            return false;
     }
     j->p = p;
     return true;

@@ -210,22 +210,19 @@ static ndm_status parse_header(const char *text, size_t n, npy_header *h, const 
 }
 
 /* Copy the Fortran-ordered data of t (shape reversed) into r in C order. */
-static ndm_status from_fortran(ndm__array *r, ndm__array *t, const char *api, ndm__site where)
+static ndm_status from_fortran(const ndm__view *r, const ndm__view *t, const char *api,
+                               ndm__site where)
 {
-    int64_t *fs = malloc((size_t)r->ndim * sizeof *fs);
+    int64_t *fs = malloc((size_t)r->t.ndim * sizeof *fs);
     if (!fs)
         return ndm__fail(NDM_E_OOM, api, where, "no memory for strides");
     int64_t s = 1;
-    for (int i = 0; i < r->ndim; i++) {
+    for (int i = 0; i < r->t.ndim; i++) {
         fs[i] = s;
-        s *= r->shape[i] ? r->shape[i] : 1;
+        s *= r->t.shape[i] ? r->t.shape[i] : 1;
     }
-    const ndm__backend *b = ndm__backend_of(r->storage->device, api, where);
-    ndm__tensor dst = ndm__tensor_of(r);
-    ndm__tensor src = {ndm__array_ptr(t), r->dtype, r->ndim, r->shape, fs};
-    ndm_status st = b ? b->copy(r->storage->device.index, &dst, &src) : ndm_last_status();
-    if (b && st < 0)
-        ndm__fail(st, api, where, "copy failed: %s", ndm_status_str(st));
+    ndm__tensor src = {t->t.data, r->t.dtype, r->t.ndim, r->t.shape, fs};
+    ndm_status st = ndm__device_copy(r->device, &r->t, &src, api, where);
     free(fs);
     return st;
 }
@@ -280,12 +277,12 @@ static ndm_array load(ndm__site site, const char *api, ndm_manager m, ndm__src *
                   s->name, nbytes, ndm__src_bound(s));
         goto done;
     }
-    ndm__array *r, *t;
-    a = ndm__array_new(site, api, m, h.dtype, h.ndim, h.shape, &r);
+    ndm__view r, t;
+    a = ndm__array_make(site, api, m, NULL, h.dtype, h.ndim, h.shape, &r);
     if (!a.id)
         goto done;
     if (!h.fortran || h.ndim < 2) {
-        st = ndm__io_fill_array(r, s, h.swap, "the array data", api, site);
+        st = ndm__io_fill_array(&r, s, h.swap, "the array data", api, site);
     } else {
         int64_t *rev = malloc((size_t)h.ndim * sizeof *rev);
         if (!rev) {
@@ -293,12 +290,12 @@ static ndm_array load(ndm__site site, const char *api, ndm_manager m, ndm__src *
         } else {
             for (int i = 0; i < h.ndim; i++)
                 rev[i] = h.shape[h.ndim - 1 - i];
-            tmp = ndm__array_new(site, api, m, h.dtype, h.ndim, rev, &t);
+            tmp = ndm__array_make(site, api, m, NULL, h.dtype, h.ndim, rev, &t);
             free(rev);
-            st = tmp.id ? ndm__io_fill_array(t, s, h.swap, "the array data", api, site)
+            st = tmp.id ? ndm__io_fill_array(&t, s, h.swap, "the array data", api, site)
                         : ndm_last_status();
             if (st == NDM_OK)
-                st = from_fortran(r, t, api, site);
+                st = from_fortran(&r, &t, api, site);
             ndm__discard(tmp);
         }
     }
@@ -342,9 +339,10 @@ NDM_API ndm_status ndm_npy_save_at(NDM_SITE_PARAMS, const char *path, ndm_array 
 {
     ndm__site site = NDM__SITE;
     const char *api = __func__;
-    ndm__array *r = ndm__array_get_prop(a, api, site);
-    if (!r)
+    ndm__view v;
+    if (!ndm__view_input(a, &v, api, site))
         return ndm_last_status();
+    const ndm__tensor *r = &v.t;
     if (!path)
         return ndm__fail(NDM_E_INVALID, api, site, "path is NULL");
     const char *descr = npy_descr(r->dtype);
@@ -381,7 +379,7 @@ NDM_API ndm_status ndm_npy_save_at(NDM_SITE_PARAMS, const char *path, ndm_array 
         if (st == NDM_OK)
             st = ndm__out_write(&out, hdr, n, api, site);
         if (st == NDM_OK)
-            st = ndm__io_write_array(out.f, r, path, api, site);
+            st = ndm__io_write_array(out.f, &v, path, api, site);
         if (st == NDM_OK)
             st = ndm__out_commit(&out, api, site);
         else

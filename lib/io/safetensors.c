@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "../base/checked.h"
 #include "io.h"
 #include "json.h"
 
@@ -304,14 +305,12 @@ static ndm_status validate(parse_ctx *c, uint64_t data_len, size_t **order)
                              "] beyond the data buffer of %" PRIu64 " bytes",
                              c->src, name, e->begin, e->end, data_len);
         if (e->end - e->begin != nbytes) {
-            ndm__array tmp = {.ndim = e->ndim, .dtype = e->dtype};
-            atomic_init(&tmp.live, 1);
             int64_t zero = 0;
-            tmp.shape = e->ndim ? h->dims + e->dims : &zero;
+            const int64_t *shape = e->ndim ? h->dims + e->dims : &zero;
             return ndm__fail(NDM_E_FORMAT, c->api, c->where,
                              "'%s': tensor '%s' is %s (%" PRIu64 " bytes) but its data_offsets "
                              "[%" PRIu64 ", %" PRIu64 "] span %" PRIu64 " bytes",
-                             c->src, name, ndm__array_desc(&tmp, desc, sizeof desc), nbytes,
+                             c->src, name, ndm__shape_desc(e->dtype, e->ndim, shape, desc, sizeof desc), nbytes,
                              e->begin, e->end, e->end - e->begin);
         }
     }
@@ -501,18 +500,18 @@ static ndm_status make_array(load_ctx *c, const header *h, const entry *e, ndm_a
             return NDM_OK;
         }
     }
-    ndm__array *r;
-    ndm_array a = ndm__array_new(c->site, c->api, c->m, e->dtype, e->ndim, shape, &r);
+    ndm__view r;
+    ndm_array a = ndm__array_make(c->site, c->api, c->m, NULL, e->dtype, e->ndim, shape, &r);
     if (!a.id)
         return ndm_last_status();
     bool swap = !ndm__host_little_endian() && isz > 1;
     ndm_status st;
     if (c->data) {
-        st = ndm__io_fill_array_mem(r, c->data + e->begin, swap, c->api, c->site);
+        st = ndm__io_fill_array_mem(&r, c->data + e->begin, swap, c->api, c->site);
     } else {
         char what[96];
         snprintf(what, sizeof what, "tensor '%.64s'", h->pool + e->name);
-        st = ndm__io_fill_array(r, c->src, swap, what, c->api, c->site);
+        st = ndm__io_fill_array(&r, c->src, swap, what, c->api, c->site);
     }
     if (st < 0) {
         ndm__discard(a);
@@ -799,14 +798,14 @@ static ndm_status check_names(const char *const *names, size_t n, bool tensors, 
     return st;
 }
 
-static _Thread_local ndm__array **sort_recs;
+static _Thread_local ndm__view *sort_recs;
 
 /* Larger elements first, then the caller's order: every tensor stays
  * aligned to its element size in the file. */
 static int by_itemsize(const void *a, const void *b)
 {
     size_t i = *(const size_t *)a, k = *(const size_t *)b;
-    size_t x = ndm_dtype_size(sort_recs[i]->dtype), y = ndm_dtype_size(sort_recs[k]->dtype);
+    size_t x = ndm_dtype_size(sort_recs[i].t.dtype), y = ndm_dtype_size(sort_recs[k].t.dtype);
     if (x != y)
         return x > y ? -1 : 1;
     return i < k ? -1 : i > k;
@@ -833,7 +832,7 @@ NDM_API ndm_status ndm_safetensors_save_at(NDM_SITE_PARAMS, const char *path,
     if (st < 0)
         return st;
     size_t n = set->count;
-    ndm__array **recs = malloc((n ? n : 1) * sizeof *recs);
+    ndm__view *recs = malloc((n ? n : 1) * sizeof *recs);
     size_t *order = malloc((n ? n : 1) * sizeof *order);
     uint64_t *begin = malloc((n ? n : 1) * sizeof *begin);
     sbuf hb = {0};
@@ -842,12 +841,11 @@ NDM_API ndm_status ndm_safetensors_save_at(NDM_SITE_PARAMS, const char *path,
         goto done;
     }
     for (size_t i = 0; i < n; i++) {
-        recs[i] = ndm__array_get(set->arrays[i], api, site);
-        if (!recs[i]) {
+        if (!ndm__view_of(set->arrays[i], &recs[i], api, site)) {
             st = ndm_last_status();
             goto done;
         }
-        if (!st_dtype_name(recs[i]->dtype)) {
+        if (!st_dtype_name(recs[i].t.dtype)) {
             st = ndm__fail(NDM_E_DTYPE, api, site, "array '%s' has a dtype safetensors lacks",
                            set->names[i]);
             goto done;
@@ -859,9 +857,8 @@ NDM_API ndm_status ndm_safetensors_save_at(NDM_SITE_PARAMS, const char *path,
     sort_recs = NULL;
     uint64_t at = 0;
     for (size_t i = 0; i < n; i++) {
-        ndm__array *r = recs[order[i]];
         begin[order[i]] = at;
-        at += (uint64_t)ndm__numel(r->ndim, r->shape) * ndm_dtype_size(r->dtype);
+        at += recs[order[i]].nbytes;
     }
     sb_put(&hb, "{", 1);
     if (set->meta_count) {
@@ -876,8 +873,8 @@ NDM_API ndm_status ndm_safetensors_save_at(NDM_SITE_PARAMS, const char *path,
         sb_put(&hb, "}", 1);
     }
     for (size_t i = 0; i < n; i++) {
-        ndm__array *r = recs[i];
-        uint64_t nbytes = (uint64_t)ndm__numel(r->ndim, r->shape) * ndm_dtype_size(r->dtype);
+        const ndm__tensor *r = &recs[i].t;
+        uint64_t nbytes = recs[i].nbytes;
         if (i || set->meta_count)
             sb_put(&hb, ",", 1);
         sb_json(&hb, set->names[i]);
@@ -907,7 +904,7 @@ NDM_API ndm_status ndm_safetensors_save_at(NDM_SITE_PARAMS, const char *path,
     if (st == NDM_OK)
         st = ndm__out_write(&out, hb.p, hb.n, api, site);
     for (size_t i = 0; i < n && st == NDM_OK; i++)
-        st = ndm__io_write_array(out.f, recs[order[i]], path, api, site);
+        st = ndm__io_write_array(out.f, &recs[order[i]], path, api, site);
     if (st == NDM_OK)
         st = ndm__out_commit(&out, api, site);
     else

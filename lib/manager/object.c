@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core.h"
 #include "object.h"
 #include "reclaim.h"
 

@@ -5,9 +5,11 @@
 #ifndef NDM_OBJECT_INTERNAL_H
 #define NDM_OBJECT_INTERNAL_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
-#include "core.h"
+#include "ndm/manager.h"
+#include "../base/error.h"
 
 typedef struct ndm__object_type {
     const char *name;             /* "module", "loader": used in messages */

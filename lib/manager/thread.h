@@ -1,6 +1,6 @@
-/* Per-thread state of the manager layer: the array slot cache, the scope
- * stack and autograd's recording state, in one heap block reached through
- * one initial-exec TLS pointer. (The last error is the base layer's.) */
+/* Per-thread state of the manager layer: the array slot cache and the scope
+ * stack, in one heap block reached through one initial-exec TLS pointer.
+ * (The last error is the base layer's; autograd keeps its own, in ops.) */
 #ifndef NDM_THREAD_INTERNAL_H
 #define NDM_THREAD_INTERNAL_H
 
@@ -31,12 +31,6 @@ typedef struct ndm__thread {
     ndm_manager *scopes;
     int scope_depth, scope_cap;
     ndm_manager scope_inline[NDM__SCOPES_INLINE];
-    /* autograd: the graph manager this thread records into (null: none), the
-     * last graph it used (valid while ag_ctx_mgr is a live handle), pauses */
-    ndm_manager ag_graph;
-    void *ag_ctx;
-    ndm_manager ag_ctx_mgr;
-    int ag_pause;
     /* Deferred reclamation (reclaim.h): the epoch this thread's outermost
      * operation began in (0: in none), read by reclaiming threads; what it
      * retired and has not handed over yet. */

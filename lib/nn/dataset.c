@@ -5,7 +5,7 @@
 
 #include "ndm/data.h"
 #include "ndm/io.h"
-#include "../ops/dispatch.h"
+#include "../ops/inner.h"
 
 NDM_API ndm_status ndm_dataset_load_idx_at(NDM_SITE_PARAMS, ndm_manager m,
                                            const char *images_path, const char *labels_path,
@@ -23,13 +23,16 @@ NDM_API ndm_status ndm_dataset_load_idx_at(NDM_SITE_PARAMS, ndm_manager m,
         ndm__discard(x);
         return ndm_last_status();
     }
-    ndm__array *rx = ndm__array_peek(x), *ry = ndm__array_peek(y);
+    ndm__view vx, vy;
+    (void)!ndm__view_peek(x, &vx); /* both just made */
+    (void)!ndm__view_peek(y, &vy);
+    const ndm__tensor *rx = &vx.t, *ry = &vy.t;
     if (rx->ndim < 1 || ry->ndim < 1 || rx->shape[0] != ry->shape[0]) {
         char a[160], b[160];
         ndm_status st = ndm__fail(NDM_E_SHAPE, __func__, site,
                                   "'%s' holds %s and '%s' holds %s: the first axes differ",
-                                  images_path, ndm__array_desc(rx, a, sizeof a), labels_path,
-                                  ndm__array_desc(ry, b, sizeof b));
+                                  images_path, ndm__view_desc(&vx, a, sizeof a), labels_path,
+                                  ndm__view_desc(&vy, b, sizeof b));
         ndm__discard(y);
         ndm__discard(x);
         return st;
@@ -41,14 +44,14 @@ NDM_API ndm_status ndm_dataset_load_idx_at(NDM_SITE_PARAMS, ndm_manager m,
 
 NDM_API int64_t ndm_dataset_size(ndm_dataset d)
 {
-    ndm__array *r = ndm__array_get(d.inputs, __func__, NDM__NO_SITE);
-    if (!r)
+    ndm__view v;
+    if (!ndm__view_of(d.inputs, &v, __func__, NDM__NO_SITE))
         return -1;
-    if (r->ndim < 1) {
+    if (v.t.ndim < 1) {
         ndm__fail(NDM_E_SHAPE, __func__, NDM__NO_SITE, "the inputs are a 0-d array");
         return -1;
     }
-    return r->shape[0];
+    return v.t.shape[0];
 }
 
 NDM_API ndm_status ndm_dataset_release_at(NDM_SITE_PARAMS, ndm_dataset *d)

@@ -7,9 +7,7 @@
 
 #include "ndm/data.h"
 #include "ndm/stream.h"
-#include "../backends/registry.h"
 #include "../io/io.h"
-#include "../manager/alloc/alloc.h"
 #include "../manager/object.h"
 #include "../manager/reclaim.h"
 
@@ -112,31 +110,31 @@ NDM_API ndm_loader ndm_loader_new_at(NDM_SITE_PARAMS, ndm_manager trainer, ndm_d
                                                       : "unknown loader flags");
         return (ndm_loader){0};
     }
-    ndm__manager *tm = ndm__manager_get(trainer, api, site);
-    if (!tm)
+    if (!ndm__require_manager(trainer, api, site))
         return (ndm_loader){0};
-    ndm__array *x = ndm__array_get_prop(data.inputs, api, site);
-    if (!x)
+    ndm__view xv, yv;
+    if (!ndm__view_input(data.inputs, &xv, api, site))
         return (ndm_loader){0};
-    ndm__array *y = data.labels.id ? ndm__array_get(data.labels, api, site) : NULL;
-    if (data.labels.id && !y)
+    const ndm__tensor *x = &xv.t, *y = NULL;
+    if (data.labels.id && !ndm__view_of(data.labels, &yv, api, site))
         return (ndm_loader){0};
+    if (data.labels.id)
+        y = &yv.t;
     char a[160], b[160];
     if (x->ndim < 1 || (y && (y->ndim < 1 || y->shape[0] != x->shape[0]))) {
         ndm__fail(NDM_E_SHAPE, api, site,
                   "inputs %s and labels %s: both need a first axis, of the same size",
-                  ndm__array_desc(x, a, sizeof a), y ? ndm__array_desc(y, b, sizeof b) : "none");
+                  ndm__view_desc(&xv, a, sizeof a), y ? ndm__view_desc(&yv, b, sizeof b) : "none");
         return (ndm_loader){0};
     }
-    if (x->storage->device.type != NDM_DEVICE_CPU ||
-        (y && y->storage->device.type != NDM_DEVICE_CPU)) {
+    if (xv.device.type != NDM_DEVICE_CPU || (y && yv.device.type != NDM_DEVICE_CPU)) {
         ndm__fail(NDM_E_DEVICE, api, site, "a dataset must live on the CPU");
         return (ndm_loader){0};
     }
     if ((opts->flags & NDM_LOADER_SCALE_INPUTS) && x->dtype != NDM_U8) {
         ndm__fail(NDM_E_DTYPE, api, site,
                   "NDM_LOADER_SCALE_INPUTS scales u8 images; the inputs are %s",
-                  ndm__array_desc(x, a, sizeof a));
+                  ndm__view_desc(&xv, a, sizeof a));
         return (ndm_loader){0};
     }
     if (opts->flags & NDM_LOADER_LABELS_I64) {
@@ -147,7 +145,7 @@ NDM_API ndm_loader ndm_loader_new_at(NDM_SITE_PARAMS, ndm_manager trainer, ndm_d
         if (ndm_dtype_is_float(y->dtype)) {
             ndm__fail(NDM_E_DTYPE, api, site,
                       "NDM_LOADER_LABELS_I64 converts integer labels; the labels are %s",
-                      ndm__array_desc(y, b, sizeof b));
+                      ndm__view_desc(&yv, b, sizeof b));
             return (ndm_loader){0};
         }
     }
@@ -243,22 +241,18 @@ static void scale_u8(float *restrict f, const uint8_t *restrict u, int64_t n)
 
 /* Copy rows order[0..count) of src (a CPU array) into dst, C-ordered, as
  * dst_dtype; with `scale`, u8 becomes f32 divided by 255. */
-static ndm_status gather(const ndm__array *src, const int64_t *rows, int64_t first,
+static ndm_status gather(const ndm__tensor *src, const int64_t *rows, int64_t first,
                          int64_t count, char *dst, ndm_dtype dst_dtype, bool scale,
                          const char *api, ndm__site where)
 {
     int rank = src->ndim - 1;
     const int64_t *shape = src->shape + 1, *strides = src->strides + 1;
-    int64_t per_row = ndm__numel(rank, shape);
+    int64_t per_row = ndm__shape_numel(rank, shape);
     size_t sisz = ndm_dtype_size(src->dtype), disz = ndm_dtype_size(dst_dtype);
     bool contiguous = ndm__is_contiguous(rank, shape, strides);
-    const char *base = ndm__array_ptr(src);
-    const ndm__backend *b = NULL;
+    const char *base = src->data;
     int64_t cs_small[8], *cs = cs_small;
     if (!contiguous || (dst_dtype != src->dtype && !scale)) {
-        b = ndm__backend_of(NDM_CPU, api, where);
-        if (!b)
-            return ndm_last_status();
         if (rank > 8 && !(cs = malloc((size_t)rank * sizeof *cs)))
             return ndm__fail(NDM_E_OOM, api, where, "no memory for strides");
         ndm__contiguous_strides(rank, shape, cs);
@@ -275,10 +269,8 @@ static ndm_status gather(const ndm__array *src, const int64_t *rows, int64_t fir
         } else {
             ndm__tensor td = {d, dst_dtype, rank, shape, cs};
             ndm__tensor ts = {(void *)s, src->dtype, rank, shape, strides};
-            st = b->copy(0, &td, &ts);
-            if (st < 0)
-                ndm__fail(st, api, where, "copy failed: %s", ndm_status_str(st));
-            else if (scale)
+            st = ndm__host_copy(&td, &ts, api, where);
+            if (st == NDM_OK && scale)
                 for (int64_t i = 0; i < per_row; i++)
                     ((float *)d)[i] /= 255.0f;
         }
@@ -304,43 +296,27 @@ static void *stage_buffer(loader *ld, size_t bytes, const char *api, ndm__site s
     return ld->stage;
 }
 
-/* Copy a gathered batch from host memory into its device array, on the
- * calling thread's current stream (the loader's copy stream, see
- * ndm_loader_next_at); it returns when the bytes have arrived. */
-static ndm_status upload_batch(ndm__array *r, const void *stage, const char *api, ndm__site site)
-{
-    return ndm__io_fill_array_mem(r, stage, false, api, site);
-}
-
-/* Gather rows of src into device array r: through a pinned host buffer when
- * the device has them (a DMA copy, no driver bounce), else through the
- * loader's pageable one. The pinned buffer goes back to its cache at once:
- * the upload has finished with it. */
-static ndm_status gather_to_device(loader *ld, ndm__array *r, const ndm__array *src,
+/* Gather rows of src into device array r in the loader's host buffer, then
+ * upload them by the one transfer path (staged through the device's pinned
+ * pool), on the calling thread's current stream (the loader's copy stream,
+ * see ndm_loader_next_at); it returns when the bytes have arrived. */
+static ndm_status gather_to_device(loader *ld, const ndm__view *r, const ndm__tensor *src,
                                    const int64_t *rows, int64_t first, int64_t count,
                                    ndm_dtype dtype, bool scale, const char *api, ndm__site site)
 {
-    size_t bytes = r->storage->nbytes ? r->storage->nbytes : 1;
-    ndm_device dev = r->storage->device;
-    ndm__block pin = {0};
-    char *stage = NULL;
-    const ndm__backend *b = ndm__backend_for(dev.type);
-    if (b && b->pinned_source && ndm__alloc_pinned(dev, bytes, NULL, &pin) == NDM_OK)
-        stage = pin.ptr;
-    else if (!(stage = stage_buffer(ld, bytes, api, site)))
+    char *stage = stage_buffer(ld, r->nbytes ? r->nbytes : 1, api, site);
+    if (!stage)
         return ndm_last_status();
     ndm_status st = gather(src, rows, first, count, stage, dtype, scale, api, site);
     if (st == NDM_OK)
-        st = upload_batch(r, stage, api, site);
-    if (pin.ptr)
-        ndm__free_pinned(dev, &pin);
+        st = ndm__range_from_host(r, 0, stage, r->nbytes, api, site);
     return st;
 }
 
 /* A batch array in manager bm: rows of src, converted; device batches are
  * gathered on the host, then uploaded. */
 static ndm_array make_part(ndm__site site, const char *api, loader *ld, ndm_manager bm,
-                           const ndm__array *src, const int64_t *rows, int64_t first,
+                           const ndm__tensor *src, const int64_t *rows, int64_t first,
                            int64_t count, ndm_dtype dtype, bool scale, ndm_stream compute)
 {
     int64_t small[8], *shape = small;
@@ -350,17 +326,17 @@ static ndm_array make_part(ndm__site site, const char *api, loader *ld, ndm_mana
     }
     memcpy(shape, src->shape, (size_t)src->ndim * sizeof *shape);
     shape[0] = count;
-    ndm__array *r;
-    ndm_array a = ndm__array_new(site, api, bm, dtype, src->ndim, shape, &r);
+    ndm__view r;
+    ndm_array a = ndm__array_make(site, api, bm, NULL, dtype, src->ndim, shape, &r);
     if (shape != small)
         free(shape);
     if (!a.id)
         return a;
     ndm_status st;
-    if (r->storage->device.type == NDM_DEVICE_CPU) {
-        st = gather(src, rows, first, count, ndm__array_ptr(r), dtype, scale, api, site);
+    if (r.device.type == NDM_DEVICE_CPU) {
+        st = gather(src, rows, first, count, r.t.data, dtype, scale, api, site);
     } else {
-        st = gather_to_device(ld, r, src, rows, first, count, dtype, scale, api, site);
+        st = gather_to_device(ld, &r, src, rows, first, count, dtype, scale, api, site);
         /* the compute stream reads it: its free waits for that work */
         if (st == NDM_OK && compute.id)
             st = ndm_array_record_stream(a, compute);
@@ -393,12 +369,15 @@ NDM_API int ndm_loader_next_at(NDM_SITE_PARAMS, ndm_loader h, ndm_batch *out)
         ld->index = 0;
         return 0;
     }
-    ndm__array *x = ndm__array_get(ld->data.inputs, api, site);
-    if (!x)
+    ndm__view xv, yv;
+    if (!ndm__view_of(ld->data.inputs, &xv, api, site))
         return ndm_last_status();
-    ndm__array *y = NULL;
-    if (ld->data.labels.id && !(y = ndm__array_get(ld->data.labels, api, site)))
-        return ndm_last_status();
+    const ndm__tensor *x = &xv.t, *y = NULL;
+    if (ld->data.labels.id) {
+        if (!ndm__view_of(ld->data.labels, &yv, api, site))
+            return ndm_last_status();
+        y = &yv.t;
+    }
     if ((ld->flags & NDM_LOADER_SHUFFLE) && ld->order_epoch != ld->epoch) {
         shuffle(ld->order, ld->n, ld->seed, ld->epoch);
         ld->order_epoch = ld->epoch;

@@ -2,9 +2,10 @@
  * gradient is one expression), mean squared error as its parts. */
 #include <inttypes.h>
 
+#include "../manager/alloc/alloc.h"
+#include "../manager/reclaim.h"
 #include "../ops/autograd.h"
-#include "../ops/dispatch.h"
-#include "../ops/index_ops.h"
+#include "../ops/inner.h"
 #include "ndm/ndm.h"
 #include "ndm/nn.h"
 
@@ -12,19 +13,12 @@
  * from the end (-1: class C-1), so the range is checked here, by the index
  * family of the labels' device: on a GPU its kernel finds the first bad
  * label and one download brings it back. */
-static bool labels_in_range(const ndm__array *s, const ndm__array *l, const char *api,
+static bool labels_in_range(const ndm__view *s, const ndm__view *l, const char *api,
                             ndm__site site)
 {
-    const struct ndm__backend_index *f = ndm__index_family(l->storage->device, api, site);
-    if (!f)
+    int64_t pos = -1, v = 0, c = s->t.shape[1];
+    if (ndm__find_outside(l, 0, c, &pos, &v, api, site) < 0)
         return false;
-    ndm__tensor t = ndm__tensor_of(l);
-    int64_t pos = -1, v = 0, c = s->shape[1];
-    ndm_status st = f->find_outside(l->storage->device.index, &t, 0, c, &pos, &v);
-    if (st < 0) {
-        ndm__fail(st, api, site, "label check failed: %s", ndm_status_str(st));
-        return false;
-    }
     if (pos >= 0) {
         ndm__fail(NDM_E_INVALID, api, site,
                   "label %" PRId64 " at position %" PRId64 " is outside [0, %" PRId64
@@ -36,17 +30,16 @@ static bool labels_in_range(const ndm__array *s, const ndm__array *l, const char
 }
 
 /* Validate (N, C) scores and (N) integer labels in [0, C). */
-static bool check_pair(ndm_array scores, ndm_array labels, const char *api, ndm__site site,
-                       ndm__array **rs)
+static bool check_pair(ndm_array scores, ndm_array labels, const char *api, ndm__site site)
 {
-    ndm__array *s = ndm__array_get_prop(scores, api, site);
-    ndm__array *l = s ? ndm__array_get_prop(labels, api, site) : NULL;
-    if (!l)
+    ndm__view vs, vl;
+    if (!ndm__view_input(scores, &vs, api, site) || !ndm__view_input(labels, &vl, api, site))
         return false;
+    const ndm__tensor *s = &vs.t, *l = &vl.t;
     char d1[160], d2[160];
     if (s->ndim != 2 || l->ndim != 1 || l->shape[0] != s->shape[0]) {
         ndm__fail(NDM_E_SHAPE, api, site, "scores must be (N, C) and labels (N); got %s and %s",
-                  ndm__array_desc(s, d1, sizeof d1), ndm__array_desc(l, d2, sizeof d2));
+                  ndm__view_desc(&vs, d1, sizeof d1), ndm__view_desc(&vl, d2, sizeof d2));
         return false;
     }
     /* the label dtypes are the index dtypes that gather reads */
@@ -54,17 +47,14 @@ static bool check_pair(ndm_array scores, ndm_array labels, const char *api, ndm_
         (l->dtype != NDM_U8 && l->dtype != NDM_I32 && l->dtype != NDM_I64)) {
         ndm__fail(NDM_E_DTYPE, api, site,
                   "scores must be float and labels u8, i32 or i64; got %s and %s",
-                  ndm__array_desc(s, d1, sizeof d1), ndm__array_desc(l, d2, sizeof d2));
+                  ndm__view_desc(&vs, d1, sizeof d1), ndm__view_desc(&vl, d2, sizeof d2));
         return false;
     }
     if (s->shape[0] == 0) {
         ndm__fail(NDM_E_SHAPE, api, site, "an empty batch has no mean loss");
         return false;
     }
-    if (!labels_in_range(s, l, api, site))
-        return false;
-    *rs = s;
-    return true;
+    return labels_in_range(&vs, &vl, api, site);
 }
 
 /* mean(-picked) where picked = scores[i, label_i], plus lse when given. */
@@ -72,10 +62,9 @@ static ndm_array picked_mean(ndm__site site, const char *api, ndm_manager out, n
                              ndm_array labels, bool with_lse)
 {
     NDM__CALL_FRAME(api, site);
-    ndm__array *rs;
-    if (!check_pair(scores, labels, api, site, &rs))
+    if (!check_pair(scores, labels, api, site))
         return NDM_NULL_ARRAY;
-    ndm_manager dst = ndm__output_manager(out, rs, api, site);
+    ndm_manager dst = ndm__output_for(out, scores, api, site);
     if (!dst.id)
         return NDM_NULL_ARRAY;
     bool paused = ndm__ag_pause();
@@ -115,10 +104,10 @@ NDM_API ndm_array ndm_mse_loss_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array
     NDM__OP_GUARD();
     ndm__site site = NDM__SITE;
     NDM__CALL_FRAME("ndm_mse_loss", site);
-    ndm__array *ra = ndm__array_get_prop(a, "ndm_mse_loss", site);
-    if (!ra)
+    ndm__view ra;
+    if (!ndm__view_input(a, &ra, "ndm_mse_loss", site))
         return NDM_NULL_ARRAY;
-    ndm_manager dst = ndm__output_manager(out, ra, "ndm_mse_loss", site);
+    ndm_manager dst = ndm__output_for(out, a, "ndm_mse_loss", site);
     if (!dst.id)
         return NDM_NULL_ARRAY;
     /* recorded as its parts: sub, mul, mean */

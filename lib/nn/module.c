@@ -170,8 +170,7 @@ size_t ndm__module_put(char *buf, size_t n, size_t len, const char *fmt, ...)
  * inference model, whose parameters get no gradient arrays. */
 bool ndm__nn_grads_wanted(void)
 {
-    ndm__thread *t = ndm__tls;
-    return !t || t->ag_pause == 0;
+    return !ndm__ag_paused();
 }
 
 ndm_array ndm__nn_param(ndm__site site, ndm_manager model, int ndim, const int64_t *shape,

@@ -10,10 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../manager/alloc/alloc.h"
 #include "../manager/object.h"
 #include "../manager/reclaim.h"
 #include "../ops/autograd.h"
-#include "../ops/fused.h"
+#include "../ops/inner.h"
 #include "ndm/ndm.h"
 #include "ndm/nn.h"
 #include "nn.h"
@@ -92,12 +93,12 @@ static ndm_optimizer make(ndm__site site, const char *api, ndm_manager model, nd
             goto fail;
         }
         /* the record's own shape: a parameter of any rank */
-        const ndm__array *r = ndm__array_get(o->param[i], api, site);
-        if (!r)
+        ndm__view r;
+        if (!ndm__view_of(o->param[i], &r, api, site))
             goto fail;
-        int nd = r->ndim;
-        const int64_t *shape = r->shape;
-        ndm_dtype dt = r->dtype;
+        int nd = r.t.ndim;
+        const int64_t *shape = r.t.shape;
+        ndm_dtype dt = r.t.dtype;
         /* the gradient handle is owned by the model too */
         o->grad[i] = ndm_grad_to_at(NDM__SITE_ARGS(site), model, o->param[i]);
         bool need_s1 = o->a == ADAM || o->momentum != 0;
@@ -265,14 +266,10 @@ static bool fused_step(optimizer *o, int i)
     return ndm__optim_fused(&a, o->param[i], grad_of(o, i), m, v) == NDM_OK;
 }
 
-static ndm_status sgd_step(optimizer *o, int i)
+/* The composed updates, from gradient g (with L2 decay when asked). */
+static ndm_status sgd_step(optimizer *o, int i, ndm_array g)
 {
-    if (fused_step(o, i))
-        return NDM_OK;
-    ndm_array g;
-    ndm_status st = l2(o, i, &g);
-    if (st < 0)
-        return st;
+    ndm_status st;
     ndm_array upd = g;
     if (o->momentum != 0) {
         if ((st = ndm_mul_scalar_(o->s1[i], o->momentum)) < 0 || (st = ndm_add_(o->s1[i], g)) < 0)
@@ -285,14 +282,9 @@ static ndm_status sgd_step(optimizer *o, int i)
     return ndm_sub_(o->param[i], o->tmp[i]);
 }
 
-static ndm_status adam_step(optimizer *o, int i)
+static ndm_status adam_step(optimizer *o, int i, ndm_array g)
 {
-    if (fused_step(o, i))
-        return NDM_OK;
-    ndm_array g;
-    ndm_status st = l2(o, i, &g);
-    if (st < 0)
-        return st;
+    ndm_status st;
     double bc1 = 1 - pow(o->beta1, (double)o->t), bc2 = 1 - pow(o->beta2, (double)o->t);
     if (o->decoupled && o->weight_decay != 0 &&
         (st = ndm_mul_scalar_(o->param[i], 1 - o->lr * o->weight_decay)) < 0)
@@ -328,6 +320,27 @@ static bool count_step(optimizer *o, const char *api)
     return true;
 }
 
+/* The updates of parameters idx[0..n) (idx NULL: 0 .. n-1) by the
+ * optimizer's rule, stopping at the first failure. */
+static ndm_status step_params(optimizer *o, const int *idx, int n)
+{
+    for (int k = 0; k < n; k++) {
+        int i = idx ? idx[k] : k;
+        if (i < 0 || i >= o->n)
+            return ndm__fail(NDM_E_INTERNAL, "ndm_optimizer_step", NDM__NO_SITE,
+                             "parameter index %d of %d", i, o->n);
+        if (fused_step(o, i))
+            continue;
+        ndm_array g;
+        ndm_status st = l2(o, i, &g);
+        if (st == NDM_OK)
+            st = o->a == SGD ? sgd_step(o, i, g) : adam_step(o, i, g);
+        if (st < 0)
+            return st;
+    }
+    return NDM_OK;
+}
+
 NDM_API ndm_status ndm_optimizer_step(ndm_optimizer h)
 {
     NDM__OP_GUARD();
@@ -336,12 +349,7 @@ NDM_API ndm_status ndm_optimizer_step(ndm_optimizer h)
         return ndm_last_status();
     if (!count_step(o, __func__))
         return NDM_E_OVERFLOW;
-    for (int i = 0; i < o->n; i++) {
-        ndm_status st = o->a == SGD ? sgd_step(o, i) : adam_step(o, i);
-        if (st < 0)
-            return st;
-    }
-    return NDM_OK;
+    return step_params(o, NULL, o->n);
 }
 
 int ndm__optimizer_count(ndm_optimizer h)
@@ -368,15 +376,7 @@ ndm_status ndm__optimizer_step_some(ndm_optimizer h, const int *idx, int n, bool
      * step give the bits of the whole step, in any order */
     if (start && !count_step(o, "ndm_optimizer_step"))
         return NDM_E_OVERFLOW;
-    for (int k = 0; k < n; k++) {
-        if (idx[k] < 0 || idx[k] >= o->n)
-            return ndm__fail(NDM_E_INTERNAL, "ndm_optimizer_step", NDM__NO_SITE,
-                             "parameter index %d of %d", idx[k], o->n);
-        ndm_status st = o->a == SGD ? sgd_step(o, idx[k]) : adam_step(o, idx[k]);
-        if (st < 0)
-            return st;
-    }
-    return NDM_OK;
+    return step_params(o, idx, n);
 }
 
 NDM_API ndm_status ndm_optimizer_zero_grad(ndm_optimizer h)
@@ -490,9 +490,9 @@ NDM_API ndm_status ndm_optimizer_save_at(NDM_SITE_PARAMS, ndm_optimizer h, const
 /* Does a match b's rank and shape (any rank)? */
 static bool same_shape(ndm_array a, ndm_array b)
 {
-    const ndm__array *ra = ndm__array_peek(a), *rb = ndm__array_peek(b);
-    return ra && rb && ra->ndim == rb->ndim &&
-           !memcmp(ra->shape, rb->shape, (size_t)ra->ndim * sizeof *ra->shape);
+    ndm__view ra, rb;
+    return ndm__view_peek(a, &ra) && ndm__view_peek(b, &rb) && ra.t.ndim == rb.t.ndim &&
+           !memcmp(ra.t.shape, rb.t.shape, (size_t)ra.t.ndim * sizeof *ra.t.shape);
 }
 
 /* A metadata field of an optimizer state as a number: the whole text, an

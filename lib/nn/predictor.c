@@ -3,7 +3,9 @@
 #include <stdlib.h>
 
 #include "../manager/object.h"
-#include "../ops/dispatch.h"
+#include "../manager/alloc/alloc.h"
+#include "../manager/reclaim.h"
+#include "../ops/inner.h"
 #include "ndm/ndm.h"
 #include "ndm/nn.h"
 #include "nn.h"
@@ -27,10 +29,9 @@ NDM_API ndm_predictor ndm_predictor_new_at(NDM_SITE_PARAMS, ndm_manager model, n
 {
     ndm__site site = NDM__SITE;
     const char *api = "ndm_predictor_new";
-    ndm__manager *mr = ndm__manager_get(model, api, site);
-    if (!mr)
+    model = ndm__resolve_manager(model, api, site);
+    if (!model.id)
         return (ndm_predictor){0};
-    model = ndm__manager_resolved(model, api, site);
     /* The cap below protects the net only if its parameters live in model. */
     if (ndm__module_check_owner(net, model, api, site) < 0)
         return (ndm_predictor){0};
@@ -66,10 +67,10 @@ NDM_API ndm_array ndm_predict_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_predic
     const char *api = "ndm_predict";
     NDM__CALL_FRAME(api, site);
     predictor *p = ndm__object_get(h.id, &pred_type, api, site);
-    ndm__array *rx = p ? ndm__array_get_prop(input, api, site) : NULL;
-    if (!rx)
+    ndm__view rx;
+    if (!p || !ndm__view_input(input, &rx, api, site))
         return NDM_NULL_ARRAY;
-    ndm_manager dst = ndm__output_manager(out, rx, api, site);
+    ndm_manager dst = ndm__output_for(out, input, api, site);
     if (!dst.id)
         return NDM_NULL_ARRAY;
     /* The request is the innermost scope while the net runs: every array
@@ -83,7 +84,7 @@ NDM_API ndm_array ndm_predict_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_predic
      * model) is copied there inside the request, so it dies with it. */
     ndm_device mdev = ndm_manager_device(p->model);
     ndm_array x = input;
-    if (!ndm_device_eq(rx->storage->device, mdev))
+    if (!ndm_device_eq(rx.device, mdev))
         x = ndm_to_to_at(NDM__SITE_ARGS(site), req, input, mdev);
     ndm_no_grad_begin();
     ndm_array y = x.id ? ndm__module_run(p->net, x, api, site) : NDM_NULL_ARRAY;
@@ -92,8 +93,7 @@ NDM_API ndm_array ndm_predict_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_predic
         y = NDM_NULL_ARRAY;
     /* The model closed under the request (its close closes the request
      * too): whatever the forward pass then met, that is the reason. */
-    ndm__manager *rq = ndm__manager_peek(req);
-    if (!y.id && (!rq || (atomic_load_explicit(&rq->state, memory_order_acquire) & NDM__M_CLOSING)))
+    if (!y.id && ndm__manager_gone(req))
         ndm__fail(NDM_E_CLOSED, api, site,
                   "the predictor's model was closed while the request ran");
     ndm_status cs = ndm_scope_end_at(NDM__SITE_ARGS(site), req, 0, NULL);

@@ -133,64 +133,14 @@ NDM_API void *ndm_array_data(ndm_array a)
     return data_refused(a);
 }
 
-/* Move the elements of r in C order to or from a host buffer. */
+/* Move the elements of r in C order to or from a host buffer: the one
+ * transfer path (inner.c). */
 static ndm_status transfer(ndm__array *r, void *host, size_t nbytes, bool out, const char *api)
 {
-    size_t want = (size_t)ndm__numel(r->ndim, r->shape) * ndm_dtype_size(r->dtype);
-    if (nbytes != want)
-        return ndm__fail(NDM_E_INVALID, api, NDM__NO_SITE,
-                         "buffer of %zu bytes given; the array has %zu", nbytes, want);
-    if (!want)
-        return NDM_OK;
-    if (!host)
-        return ndm__fail(NDM_E_INVALID, api, NDM__NO_SITE, "buffer is NULL");
-    const ndm__backend *b = ndm__backend_of(r->storage->device, api, NDM__NO_SITE);
-    if (!b)
-        return ndm_last_status();
-    int dev = r->storage->device.index;
-    bool contiguous = ndm__is_contiguous(r->ndim, r->shape, r->strides);
-    ndm__tensor t = ndm__tensor_of(r);
-    int64_t cs_small[16];
-    int64_t *cs = cs_small;
-    if (r->ndim > 16 && !(cs = ndm__malloc((size_t)r->ndim * sizeof *cs, NDM__INJ_SCRATCH)))
-        return ndm__fail(NDM_E_OOM, api, NDM__NO_SITE, "no memory");
-    ndm__contiguous_strides(r->ndim, r->shape, cs);
-    ndm_status st;
-    if (r->storage->device.type == NDM_DEVICE_CPU || contiguous) {
-        if (contiguous) {
-            st = out ? b->download(dev, host, t.data, want) : b->upload(dev, t.data, host, want);
-        } else {
-            ndm__tensor h = {host, r->dtype, r->ndim, r->shape, cs};
-            st = out ? b->copy(dev, &h, &t) : b->copy(dev, &t, &h);
-        }
-    } else {
-        /* A strided device array goes through a contiguous device buffer. */
-        ndm__block tmp;
-        st = ndm__alloc(r->storage->device, want, NULL, &tmp);
-        if (st == NDM_OK) {
-            ndm__tensor c = {tmp.ptr, r->dtype, r->ndim, r->shape, cs};
-            if (out) {
-                st = b->copy(dev, &c, &t);
-                if (st == NDM_OK)
-                    st = b->download(dev, host, tmp.ptr, want);
-            } else {
-                st = b->upload(dev, tmp.ptr, host, want);
-                if (st == NDM_OK)
-                    st = b->copy(dev, &t, &c);
-            }
-            ndm__free(r->storage->device, &tmp);
-        }
-    }
-    if (cs != cs_small)
-        free(cs);
-    /* The backend recorded why (a device's sticky error says which launch
-     * broke it): keep its words rather than the status's generic text. */
-    if (st < 0) {
-        char why[512];
-        snprintf(why, sizeof why, "%s", ndm_last_error());
-        return ndm__fail(st, api, NDM__NO_SITE, "transfer failed: %s", why);
-    }
-    return NDM_OK;
+    ndm__view v;
+    ndm__view_fill(r, &v);
+    return out ? ndm__view_to_host(&v, host, nbytes, api, NDM__NO_SITE)
+               : ndm__view_from_host(&v, host, nbytes, api, NDM__NO_SITE);
 }
 
 NDM_API ndm_status ndm_array_copy_out(ndm_array a, void *dst, size_t nbytes)

@@ -9,6 +9,8 @@
 #include "ndm/elementwise.h"
 #include "ndm/reduce.h"
 
+_Thread_local ndm__ag_thread ndm__ag_tls NDM__TLS_MODEL;
+
 /* A parameter's record: its gradient array (in the parameter's manager). */
 typedef struct param_info {
     ndm_array grad;
@@ -99,18 +101,18 @@ static bool graph_put(graph *g, uint64_t id, ndm__ag_node *nd)
 /* This thread's graph: the one it records into, or the last one it used. */
 static graph *current_graph(void)
 {
-    ndm__thread *t = ndm__tls;
-    if (!t || !t->ag_ctx)
+    ndm__ag_thread *t = &ndm__ag_tls;
+    if (!t->ctx)
         return NULL;
     /* the graph dies with its manager (an owned resource): check the
      * manager's handle before touching the graph */
-    if (!ndm_manager_valid(t->ag_ctx_mgr)) {
-        t->ag_ctx = NULL;
-        t->ag_ctx_mgr = NDM_NULL_MANAGER;
-        t->ag_graph = NDM_NULL_MANAGER;
+    if (!ndm_manager_valid(t->ctx_mgr)) {
+        t->ctx = NULL;
+        t->ctx_mgr = NDM_NULL_MANAGER;
+        t->graph = NDM_NULL_MANAGER;
         return NULL;
     }
-    return t->ag_ctx;
+    return t->ctx;
 }
 
 static param_info *param_of(const ndm__array *r)
@@ -214,10 +216,8 @@ NDM_API ndm_status ndm_zero_grad(size_t n, const ndm_array *params)
 NDM_API ndm_status ndm_grad_begin_at(NDM_SITE_PARAMS, ndm_manager owner)
 {
     ndm__site site = NDM__SITE;
-    ndm__thread *t = ndm__thread_get();
-    if (!t)
-        return ndm__fail(NDM_E_OOM, __func__, site, "no memory for this thread's state");
-    if (t->ag_graph.id && ndm_manager_valid(t->ag_graph))
+    ndm__ag_thread *t = &ndm__ag_tls;
+    if (t->graph.id && ndm_manager_valid(t->graph))
         return ndm__fail(NDM_E_INVALID, __func__, site,
                          "this thread is already recording (call ndm_grad_end first)");
     ndm_manager gm = ndm_manager_new_at(NDM__SITE_ARGS(site), owner, "graph");
@@ -235,19 +235,18 @@ NDM_API ndm_status ndm_grad_begin_at(NDM_SITE_PARAMS, ndm_manager owner)
         (void)!ndm_manager_close(gm);
         return st;
     }
-    t->ag_graph = gm;
-    t->ag_ctx = g;
-    t->ag_ctx_mgr = gm;
+    t->graph = gm;
+    t->ctx = g;
+    t->ctx_mgr = gm;
     return NDM_OK;
 }
 
 NDM_API ndm_status ndm_grad_end(void)
 {
-    ndm__thread *t = ndm__tls;
-    if (!t || !t->ag_graph.id)
+    if (!ndm__ag_tls.graph.id)
         return NDM_ALREADY;
-    /* keep ag_ctx: backward may still run on the graph */
-    t->ag_graph = NDM_NULL_MANAGER;
+    /* keep ctx: backward may still run on the graph */
+    ndm__ag_tls.graph = NDM_NULL_MANAGER;
     return NDM_OK;
 }
 
@@ -258,16 +257,18 @@ NDM_API bool ndm_grad_recording(void)
 
 NDM_API void ndm_no_grad_begin(void)
 {
-    ndm__thread *t = ndm__thread_get();
-    if (t)
-        t->ag_pause++;
+    ndm__ag_tls.pause++;
 }
 
 NDM_API void ndm_no_grad_end(void)
 {
-    ndm__thread *t = ndm__tls;
-    if (t && t->ag_pause > 0)
-        t->ag_pause--;
+    if (ndm__ag_tls.pause > 0)
+        ndm__ag_tls.pause--;
+}
+
+bool ndm__ag_paused(void)
+{
+    return ndm__ag_tls.pause != 0;
 }
 
 static const ndm__site record_site = {__FILE__, "autograd", __LINE__};
@@ -276,8 +277,8 @@ void ndm__ag_record(ndm__ag_op op, ndm_array out, int n, const ndm_array *in,
                     const ndm__ag_params *p)
 {
     graph *g = current_graph();
-    ndm__thread *t = ndm__tls;
-    if (!g || !t->ag_graph.id)
+    ndm__ag_thread *t = &ndm__ag_tls;
+    if (!g || !t->graph.id)
         return;
     /* does any input need a gradient? */
     bool any = false;
@@ -308,7 +309,7 @@ void ndm__ag_record(ndm__ag_op op, ndm_array out, int n, const ndm_array *in,
         nd->p = *p;
     /* the graph keeps handles on the inputs and the result, so backward can
      * read them whatever the caller releases meanwhile */
-    t->ag_pause++;
+    t->pause++;
     bool ok = true;
     for (int i = 0; i < n && ok; i++) {
         ndm__array *r = ndm__array_peek(in[i]);
@@ -328,7 +329,7 @@ void ndm__ag_record(ndm__ag_op op, ndm_array out, int n, const ndm_array *in,
                                         ro->shape, ro->strides, ro->offset, NULL);
         ok = nd->saved_out.id && graph_put(g, out.id, nd);
     }
-    t->ag_pause--;
+    t->pause--;
     if (!ok) {
         /* the handles already made stay in the graph manager until it closes */
         free(nd);
@@ -604,8 +605,8 @@ ndm_status ndm__ag_backward_hooked(ndm__site site, ndm_array out, ndm_array grad
         free(order);
         return ndm__fail(NDM_E_OOM, __func__, site, "no memory to order the graph");
     }
-    ndm__thread *t = ndm__tls;
-    t->ag_pause++;
+    ndm__ag_thread *t = &ndm__ag_tls;
+    t->pause++;
     ndm_status st = NDM_OK;
     ndm_manager scope = ndm_scope_begin_at(NDM__SITE_ARGS(site), g->mgr, "backward");
     if (!scope.id) {
@@ -668,6 +669,6 @@ done:
     }
     free(order);
     free(points);
-    t->ag_pause--;
+    t->pause--;
     return st;
 }

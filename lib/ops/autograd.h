@@ -3,7 +3,14 @@
 #ifndef NDM_OPS_AUTOGRAD_H
 #define NDM_OPS_AUTOGRAD_H
 
-#include "../manager/core.h"
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ndm/array.h"
+#include "ndm/manager.h"
+#include "ndm/status.h"
+#include "../base/compiler.h"
+#include "../base/error.h"
 
 typedef enum ndm__ag_op {
     NDM__AG_BINARY,      /* i[0]: ndm__ew_binop */
@@ -51,11 +58,23 @@ typedef struct ndm__ag_params {
     int64_t conv[7];     /* stride[2], padding[2], dilation[2], groups */
 } ndm__ag_params;
 
-/* Is this thread recording? One load of the thread state. */
+/* Autograd's own per-thread state (not the manager's thread record): the
+ * graph manager this thread records into (null: none), the last graph it
+ * used (valid while ctx_mgr is a live handle), and the pause depth. A small
+ * fixed record in static TLS, so the check below is two loads and no call. */
+typedef struct ndm__ag_thread {
+    ndm_manager graph;
+    void *ctx;
+    ndm_manager ctx_mgr;
+    int pause;
+} ndm__ag_thread;
+
+extern _Thread_local ndm__ag_thread ndm__ag_tls NDM__TLS_MODEL;
+
+/* Is this thread recording? */
 static inline bool ndm__ag_on(void)
 {
-    ndm__thread *t = ndm__tls;
-    return t && t->ag_graph.id && !t->ag_pause;
+    return ndm__ag_tls.graph.id && !ndm__ag_tls.pause;
 }
 
 /* Record an operation: out = op(in[0..n)) with parameters p (may be NULL).
@@ -73,16 +92,15 @@ void ndm__ag_record_reduce(ndm__ag_op op, ndm_array out, ndm_array in, int ndim,
  * work, so only the operation itself is recorded. */
 static inline bool ndm__ag_pause(void)
 {
-    ndm__thread *t = ndm__tls;
-    if (!t || !t->ag_graph.id)
+    if (!ndm__ag_tls.graph.id)
         return false;
-    t->ag_pause++;
+    ndm__ag_tls.pause++;
     return true;
 }
 static inline void ndm__ag_resume(bool paused)
 {
     if (paused)
-        ndm__tls->ag_pause--;
+        ndm__ag_tls.pause--;
 }
 
 #define NDM__AG_RECORD(op, out, n, in, p)                                       \

@@ -15,6 +15,7 @@
 #include "../backends/registry.h"
 #include "../manager/core.h"
 #include "../manager/reclaim.h"
+#include "inner.h"
 
 /* The operation context kernel scratch is charged to (backend.h, "kernel
  * scratch"): a dispatcher whose kernels may take scratch brackets the
@@ -103,11 +104,16 @@ static inline unsigned ndm__layout_of(const ndm__array *r)
     return l;
 }
 
-/* Release a half-made result on an error path, keeping the error message. */
-void ndm__discard(ndm_array a);
+/* The inner interface's view of record r (inner.h). */
+void ndm__view_fill(const ndm__array *r, ndm__view *v);
 
-/* Resolve a factory's manager: the one given, NDM_CURRENT_SCOPE resolved,
- * the null handle and NDM_OUTPUT_RULE refused (null returned, error recorded). */
-ndm_manager ndm__factory_manager(ndm_manager m, const char *api, ndm__site where);
+/* (ndm__discard and ndm__factory_manager: inner.h.) */
+
+/* n contiguous bytes between dptr on device dev (of backend b) and host
+ * memory, to the host when `to_host`: the host leg of every transfer,
+ * staged through dev's pinned pool when it has one (inner.c). Errors are
+ * the backend's, not recorded here. */
+ndm_status ndm__bytes_move(const ndm__backend *b, ndm_device dev, void *dptr, void *host, size_t n,
+                           bool to_host);
 
 #endif

@@ -411,7 +411,9 @@ static ndm_status format_array(ndm__array *r, sbuf *b, const char *api)
         st = ndm__fail(NDM_E_OOM, api, NDM__NO_SITE, "no memory to format %" PRId64 " elements", n);
         goto done;
     }
-    st = ndm_array_copy_out(ndm__array_handle_of(r), raw, raw_bytes);
+    ndm__view v;
+    ndm__view_fill(r, &v);
+    st = ndm__view_to_host(&v, raw, raw_bytes, api, NDM__NO_SITE);
     if (st < 0)
         goto done;
     ndm__contiguous_strides(r->ndim, r->shape, cs);
@@ -420,7 +422,7 @@ static ndm_status format_array(ndm__array *r, sbuf *b, const char *api)
         int64_t unit = 1;
         ndm__tensor src = {raw, r->dtype, 1, &one, &unit};
         ndm__tensor dst = {vals, as, 1, &one, &unit};
-        st = ndm__cpu_backend.copy(0, &dst, &src);
+        st = ndm__host_copy(&dst, &src, api, NDM__NO_SITE);
         if (st < 0)
             goto done;
     }

@@ -46,18 +46,19 @@ static ndm_status move_bytes(ndm__array *r, void *dst, ndm_device to, const ndm_
     const void *src = NULL;
     ndm_status st = packed_source(r, bs, n, tag, &tmp, &src);
     if (st == NDM_OK) {
+        /* the host legs take the one transfer path (inner.c) */
         if (from.type == NDM_DEVICE_CPU) {
-            st = bd->upload(to.index, dst, src, n);
+            st = ndm__bytes_move(bd, to, dst, (void *)src, n, false);
         } else if (to.type == NDM_DEVICE_CPU) {
-            st = bs->download(from.index, dst, src, n);
+            st = ndm__bytes_move(bs, from, (void *)src, dst, n, true);
         } else if (bs->type == bd->type && bs->peer_copy) {
             st = bs->peer_copy(to.index, dst, from.index, src, n);
         } else {
             st = ndm__alloc(NDM_CPU, n, tag, &bounce);
             if (st == NDM_OK)
-                st = bs->download(from.index, bounce.ptr, src, n);
+                st = ndm__bytes_move(bs, from, (void *)src, bounce.ptr, n, true);
             if (st == NDM_OK)
-                st = bd->upload(to.index, dst, bounce.ptr, n);
+                st = ndm__bytes_move(bd, to, dst, bounce.ptr, n, false);
         }
     }
     ndm__free(NDM_CPU, &bounce);
