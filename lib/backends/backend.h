@@ -287,15 +287,24 @@ typedef const ndm__backend *(*ndm__backend_entry)(const ndm__host_api *host);
  * work has passed, so freeing after queuing needs no synchronisation. A
  * thread holds at most NDM__SCRATCH_LIVE blocks at a time. */
 #define NDM__SCRATCH_LIVE 32
+/* The calling thread's operation context: the dispatcher's, which begins
+ * with the provider below (lib/ops fills both, since it knows managers;
+ * backends only call through the provider and carry the context across
+ * threads, as the CPU pool does). NULL: no operation is running here. */
+struct ndm__op_context;
+typedef struct ndm__scratch_provider {
+    ndm_status (*alloc)(const struct ndm__op_context *c, ndm_device_type type, int device,
+                        size_t bytes, void **out);
+    void (*free)(const struct ndm__op_context *c, ndm_device_type type, int device, void *p);
+} ndm__scratch_provider;
 #ifndef __cplusplus
-/* (defined by lib/ops, which knows managers; a module calls them through
- * its host table) */
+/* (lib/backends/scratch.c: through the current context's provider; a
+ * module calls them through its host table) */
 ndm_status ndm__scratch_alloc(ndm_device_type type, int device, size_t bytes, void **out);
 void ndm__scratch_free(ndm_device_type type, int device, void *p);
-
-/* The operation running on the calling thread (lib/ops); backends only
- * carry it across threads (the CPU pool). NULL: none. */
-struct ndm__op_context;
+/* The provider for kernels run outside an operation: installed once, when
+ * the library is loaded, by the layer that fills contexts. */
+void ndm__scratch_install(const ndm__scratch_provider *p);
 extern _Thread_local const struct ndm__op_context *ndm__op_context_current NDM__TLS_MODEL;
 #endif
 

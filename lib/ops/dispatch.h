@@ -22,10 +22,14 @@
  * kernel call with push and pop, the context on its stack; others pay
  * nothing. */
 typedef struct ndm__op_context {
+    const ndm__scratch_provider *provider; /* first: all that backends read */
     ndm_manager out; /* the output manager */
     const char *api; /* the public function */
     ndm__site site;  /* its caller's line */
 } ndm__op_context;
+
+/* The provider of every context (lib/ops/scratch.c). */
+extern const ndm__scratch_provider ndm__op_scratch;
 
 static inline const ndm__op_context *ndm__op_context_push(const ndm__op_context *c)
 {
@@ -42,7 +46,7 @@ static inline void ndm__op_context_pop(const ndm__op_context *prev)
  * manager, only name the operation). */
 #define NDM__WITH_OP_CONTEXT(out_, api_, site_, ...)                                    \
     do {                                                                                \
-        const ndm__op_context ndm__oc_ = {(out_), (api_), (site_)};                     \
+        const ndm__op_context ndm__oc_ = {&ndm__op_scratch, (out_), (api_), (site_)};   \
         const ndm__op_context *ndm__oc_prev_ = ndm__op_context_push(&ndm__oc_);         \
         __VA_ARGS__;                                                                    \
         ndm__op_context_pop(ndm__oc_prev_);                                             \

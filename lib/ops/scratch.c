@@ -6,8 +6,6 @@
 #include "dispatch.h"
 #include "../manager/create.h"
 
-_Thread_local const struct ndm__op_context *ndm__op_context_current NDM__TLS_MODEL;
-
 /* A live block: what its free gives back. */
 typedef struct scratch_rec {
     void *ptr;
@@ -25,10 +23,10 @@ static _Thread_local struct {
     scratch_rec r[NDM__SCRATCH_LIVE];
 } live;
 
-ndm_status ndm__scratch_alloc(ndm_device_type type, int device, size_t bytes, void **out)
+static ndm_status scratch_alloc(const ndm__op_context *c, ndm_device_type type, int device,
+                                size_t bytes, void **out)
 {
     *out = NULL;
-    const ndm__op_context *c = ndm__op_context_current;
     const char *api = c ? c->api : NULL;
     ndm__site site = c ? c->site : NDM__NO_SITE;
     ndm_device dev = {type, device};
@@ -72,8 +70,9 @@ ndm_status ndm__scratch_alloc(ndm_device_type type, int device, size_t bytes, vo
     return NDM_OK;
 }
 
-void ndm__scratch_free(ndm_device_type type, int device, void *p)
+static void scratch_free(const ndm__op_context *c, ndm_device_type type, int device, void *p)
 {
+    (void)c;
     if (!p)
         return;
     (void)type, (void)device; /* the record knows its device */
@@ -89,4 +88,16 @@ void ndm__scratch_free(ndm_device_type type, int device, void *p)
     }
     /* Not this thread's: a kernel broke the rule above. */
     ndm__warn("ndm: scratch block %p freed on a thread that did not take it (kept)", p);
+}
+
+const ndm__scratch_provider ndm__op_scratch = {scratch_alloc, scratch_free};
+
+/* Kernels run outside an operation (a check the library makes for itself)
+ * get this provider with a NULL context: counted by the allocator, charged
+ * to no manager. Installed when the library loads, before any kernel runs:
+ * every dispatcher that takes scratch names ndm__op_scratch, so a static
+ * link that holds such a kernel holds this file too. */
+__attribute__((constructor)) static void scratch_install(void)
+{
+    ndm__scratch_install(&ndm__op_scratch);
 }
