@@ -1,6 +1,6 @@
 /* Linear: y = x W^T + b, PyTorch's nn.Linear, with W (out, in) Kaiming-uniform
  * and b (out) zeros; followed by a ReLU in a Sequential it runs fused. */
-#include "../ops/fused.h"
+#include "../ops/inner.h"
 #include "module.h"
 
 typedef struct linear {

@@ -9,9 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../manager/alloc/alloc.h"
 #include "../manager/object.h"
-#include "../manager/thread.h"
-#include "../ops/dispatch.h"
+#include "../manager/reclaim.h"
+#include "../ops/inner.h"
 #include "module.h"
 #include "ndm/ndm.h"
 #include "ndm/nn.h"
@@ -51,7 +52,7 @@ ndm__module *ndm__module_of(ndm_module h, const char *api, ndm__site site)
 
 bool ndm__nn_model_ok(ndm_manager model, const char *api, ndm__site site)
 {
-    return ndm__manager_get(model, api, site) != NULL;
+    return ndm__require_manager(model, api, site);
 }
 
 ndm__module *ndm__module_new(const ndm__module_type *t, ndm_manager model, const char *api,
@@ -275,8 +276,9 @@ NDM_API ndm_array ndm_forward_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_module
     const char *api = "ndm_forward";
     NDM__CALL_FRAME(api, site);
     ndm__module *m = ndm__module_of(mh, api, site);
-    ndm__array *rx = m ? ndm__array_get_prop(x, api, site) : NULL;
-    ndm_manager dst = rx ? ndm__output_manager(out, rx, api, site) : NDM_NULL_MANAGER;
+    ndm__view vx;
+    ndm_manager dst = m && ndm__view_input(x, &vx, api, site) ? ndm__output_for(out, x, api, site)
+                                                              : NDM_NULL_MANAGER;
     /* Every intermediate (views of the parameters too) lands in this scope,
      * so nothing reaches the model; the result moves to dst. */
     ndm_manager s = dst.id ? ndm_scope_begin_at(NDM__SITE_ARGS(site), dst, "forward")
@@ -358,15 +360,14 @@ ndm_status ndm__module_check_owner(ndm_module mh, ndm_manager model, const char 
                                    ndm__site site)
 {
     ndm__module *m = ndm__module_of(mh, api, site);
-    ndm__manager *mr = m ? ndm__manager_get(model, api, site) : NULL;
-    if (!mr)
+    ndm_manager want = m ? ndm__resolve_manager(model, api, site) : NDM_NULL_MANAGER;
+    if (!want.id)
         return ndm_last_status();
-    uint32_t want = mr->self;
     char path[512], other[512];
     ndm_manager owner = ndm__object_owner(mh.id);
-    if (owner.id != ndm__manager_handle_of(mr).id) {
+    if (owner.id != want.id) {
         ndm_manager_path(owner, other, sizeof other);
-        ndm__manager_path(want, path, sizeof path);
+        ndm_manager_path(want, path, sizeof path);
         return ndm__fail(NDM_E_NOT_OWNER, api, site,
                          "the module belongs to '%s', not to the model '%s'", other, path);
     }
@@ -377,7 +378,7 @@ ndm_status ndm__module_check_owner(ndm_module mh, ndm_manager model, const char 
                              m->state.names[k]);
         if (am.id != owner.id) {
             ndm_manager_path(am, other, sizeof other);
-            ndm__manager_path(want, path, sizeof path);
+            ndm_manager_path(want, path, sizeof path);
             return ndm__fail(NDM_E_NOT_OWNER, api, site,
                              "parameter '%s' of the module lives in '%s', not in the model '%s'",
                              m->state.names[k], other, path);
