@@ -152,6 +152,7 @@ def main(argv):
         print("SKIP: meson and ninja are needed to build the scratch copy")
         return 77
     with tempfile.TemporaryDirectory(prefix="ndm-walk-") as tmp:
+        tmp = os.environ.get("NDM_WALKTHROUGH_DIR") or tmp  # kept there, to look into
         tree = os.path.join(tmp, "src")
         copy_tree(root, tree)
         checks = []
