@@ -1,6 +1,8 @@
 /* Kernel scratch from the caching allocator (backend.h, "kernel scratch"):
  * charged to the running operation's output manager, under its public name.
  * The per-thread record of live blocks lets kernels free by pointer. */
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "dispatch.h"
@@ -16,12 +18,36 @@ typedef struct scratch_rec {
     int64_t charge;  /* the bytes charged there */
 } scratch_rec;
 
-/* A few blocks at a time per thread (kernels nest no deeper): not worth an
- * initial-exec slot, so this one costs a lookup call, paid by scratch only. */
-static _Thread_local struct {
+/* A few blocks at a time per thread (kernels nest no deeper), on the heap
+ * from the thread's first scratch on and freed when it exits: a library
+ * with initial-exec thread-locals has its whole TLS block in the static
+ * area when loaded with dlopen, which is small, so only a pointer lives
+ * there. */
+typedef struct live_set {
     int n;
     scratch_rec r[NDM__SCRATCH_LIVE];
-} live;
+} live_set;
+
+static _Thread_local live_set *live_tls;
+static pthread_key_t live_key;
+static pthread_once_t live_once = PTHREAD_ONCE_INIT;
+
+static void live_key_make(void) { (void)pthread_key_create(&live_key, free); }
+
+/* This thread's set, made on first use; NULL when there is no memory. */
+static live_set *live_get(void)
+{
+    live_set *l = live_tls;
+    if (NDM__LIKELY(l))
+        return l;
+    pthread_once(&live_once, live_key_make);
+    l = calloc(1, sizeof *l);
+    if (l && pthread_setspecific(live_key, l) != 0) {
+        free(l);
+        l = NULL;
+    }
+    return live_tls = l;
+}
 
 static ndm_status scratch_alloc(const ndm__op_context *c, ndm_device_type type, int device,
                                 size_t bytes, void **out)
@@ -30,11 +56,14 @@ static ndm_status scratch_alloc(const ndm__op_context *c, ndm_device_type type, 
     const char *api = c ? c->api : NULL;
     ndm__site site = c ? c->site : NDM__NO_SITE;
     ndm_device dev = {type, device};
-    if (live.n == NDM__SCRATCH_LIVE)
+    live_set *lv = live_get();
+    if (!lv)
+        return ndm__fail(NDM_E_OOM, api, site, "no memory for this thread's scratch records");
+    if (lv->n == NDM__SCRATCH_LIVE)
         return ndm__fail(NDM_E_OOM, api, site,
                          "a kernel holds %d scratch blocks on this thread already",
                          NDM__SCRATCH_LIVE);
-    scratch_rec *r = &live.r[live.n];
+    scratch_rec *r = &lv->r[lv->n];
     *r = (scratch_rec){0};
     r->dev = dev;
     uint32_t mslot = 0;
@@ -65,7 +94,7 @@ static ndm_status scratch_alloc(const ndm__op_context *c, ndm_device_type type, 
         return st;
     }
     r->ptr = r->blk.ptr;
-    live.n++;
+    lv->n++;
     *out = r->ptr;
     return NDM_OK;
 }
@@ -76,14 +105,15 @@ static void scratch_free(const ndm__op_context *c, ndm_device_type type, int dev
     if (!p)
         return;
     (void)type, (void)device; /* the record knows its device */
-    for (int i = live.n - 1; i >= 0; i--) {
-        scratch_rec *r = &live.r[i];
+    live_set *lv = live_tls;
+    for (int i = lv ? lv->n - 1 : -1; i >= 0; i--) {
+        scratch_rec *r = &lv->r[i];
         if (r->ptr != p)
             continue;
         ndm__free(r->dev, &r->blk);
         if (r->m)
             ndm__scratch_unreserve(r->m, r->gen, r->dev, r->charge);
-        live.r[i] = live.r[--live.n];
+        lv->r[i] = lv->r[--lv->n];
         return;
     }
     /* Not this thread's: a kernel broke the rule above. */
