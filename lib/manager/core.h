@@ -484,6 +484,14 @@ static inline bool ndm__array_claimed(const ndm__array *r)
     return m == NDM__MARK_SHARED || m == ndm__thread_tag();
 }
 
+/* A record the lookup has read through, so not null: callers need not test
+ * it again (the compiler is told so). */
+#if defined(__GNUC__)
+#define ndm__read_through(r) (__builtin_expect((r) != NULL, 1) ? (r) : (__builtin_unreachable(), (r)))
+#else
+#define ndm__read_through(r) (r)
+#endif
+
 /* The check alone, for callers that read an array's description and no
  * memory behind it (the accessors of its shape, dtype, device). */
 static inline ndm__array *ndm__array_peek_meta(ndm_array h)
@@ -495,12 +503,7 @@ static inline ndm__array *ndm__array_peek_meta(ndm_array h)
     if (NDM__UNLIKELY(atomic_load_explicit(&r->gen, memory_order_acquire) !=
                       (uint32_t)(h.id >> 32)))
         return NULL;
-#if defined(__GNUC__)
-    /* (read through, so not null: callers need not test it again) */
-    if (!r)
-        __builtin_unreachable();
-#endif
-    return r;
+    return ndm__read_through(r);
 }
 
 static inline ndm__array *ndm__array_peek(ndm_array h)
@@ -522,11 +525,7 @@ static inline ndm__manager *ndm__manager_peek(ndm_manager h)
                       (uint32_t)(h.id >> 32)) ||
         !(atomic_load_explicit(&r->state, memory_order_acquire) & NDM__M_LIVE))
         return NULL;
-#if defined(__GNUC__)
-    if (!r)
-        __builtin_unreachable();
-#endif
-    return r;
+    return ndm__read_through(r);
 }
 
 /* Checked lookups: on failure they record NDM_E_NULL / NDM_E_CLOSED /
@@ -589,9 +588,8 @@ static inline uint32_t ndm__array_slot_alloc_as(ndm__thread *th)
 }
 static inline uint32_t ndm__array_slot_alloc(void) { return ndm__array_slot_alloc_as(ndm__tls); }
 
-static inline void ndm__array_slot_free(uint32_t slot)
+static inline void ndm__array_slot_free_as(ndm__thread *th, uint32_t slot)
 {
-    ndm__thread *th = ndm__tls;
     if (NDM__UNLIKELY(!th || th->ring_count == NDM__SLOT_RING)) {
         ndm__array_slot_free_slow(slot);
         return;
@@ -599,6 +597,7 @@ static inline void ndm__array_slot_free(uint32_t slot)
     th->ring[(th->ring_head + th->ring_count) % NDM__SLOT_RING] = slot;
     th->ring_count++;
 }
+static inline void ndm__array_slot_free(uint32_t slot) { ndm__array_slot_free_as(ndm__tls, slot); }
 /* Free n slots at once, as n ndm__array_slot_free calls would. */
 void ndm__array_slot_free_many(const uint32_t *slots, uint32_t n);
 uint32_t ndm__manager_slot_alloc(void);   /* under the tree lock */

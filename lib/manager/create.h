@@ -216,4 +216,20 @@ static NDM__ALWAYS_INLINE ndm_array ndm__array_new_inline(const ndm__site *site,
     return ndm__array_create(site, api, m, gen, dev, dtype, ndim, shape, nbytes, false, out);
 }
 
+/* ndm__array_new_in for a shape known good, of nbytes bytes: the shape of
+ * a live array (checked when that array was made), so it is not checked
+ * again. For the dispatchers' fast paths. */
+static NDM__ALWAYS_INLINE ndm_array ndm__array_new_sized(const ndm__site *site, const char *api,
+                                                         ndm__manager *m, ndm_device dev,
+                                                         ndm_dtype dtype, int ndim,
+                                                         const int64_t *shape, size_t nbytes,
+                                                         ndm__array **out)
+{
+    /* (read right after the caller's lookup: see ndm__manager_open_as) */
+    uint32_t gen = atomic_load_explicit(&m->gen, memory_order_acquire);
+    if (NDM__UNLIKELY(atomic_load_explicit(&m->state, memory_order_acquire) & NDM__M_SLOW_NEW))
+        return ndm__array_create_checked(site, api, m, gen, dev, dtype, ndim, shape, nbytes, out);
+    return ndm__array_create(site, api, m, gen, dev, dtype, ndim, shape, nbytes, false, out);
+}
+
 #endif
