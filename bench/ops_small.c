@@ -67,13 +67,9 @@ int main(int argc, char **argv)
     }
     ndm_manager m = ndm_manager_new(ndm_system(), "ops-small");
     need(m.id != 0, "manager");
-    float ha[16], hb[16];
-    for (int i = 0; i < 16; i++) {
-        ha[i] = (float)i;
-        hb[i] = 0.0f;
-    }
-    ndm_array a = ndm_from_buffer(m, NDM_F32, ha, NDM_SHAPE(16));
-    ndm_array b = ndm_from_buffer(m, NDM_F32, hb, NDM_SHAPE(16));
+    /* the operands of bench/ops' small figures: 0..15 and zeros */
+    ndm_array a = ndm_arange(m, NDM_F32, 0.0, 16.0, 1.0);
+    ndm_array b = ndm_full(m, NDM_F32, 0.0, NDM_SHAPE(16));
     need(a.id && b.id, "inputs");
     double t[3][64];
     for (int r = 0; r < reps; r++) {

@@ -344,6 +344,22 @@ static inline int64_t flat_count(ndm__ew_binop op, const ndm__array *a, const nd
     return n;
 }
 
+/* The fast paths' start: both records, looked up quietly, and their element
+ * count when they make the flat case (see binary) on one device; false
+ * sends the caller to its general path, which looks up again and writes
+ * the messages. */
+static NDM__ALWAYS_INLINE bool flat_operands(ndm__ew_binop op, ndm_array ha, ndm_array hb,
+                                             ndm__array **pa, ndm__array **pb, int64_t *n)
+{
+    ndm__array *a = ndm__array_peek(ha);
+    ndm__array *b = NDM__LIKELY(a != NULL) ? ndm__array_peek(hb) : NULL;
+    if (NDM__UNLIKELY(!b) || (*n = flat_count(op, a, b)) < 0 || !ndm__ew_same_device_quiet(a, b))
+        return false;
+    *pa = a;
+    *pb = b;
+    return true;
+}
+
 /* The general path of binary: broadcasting, promotion and strided operands
  * (the caller entered the operation, see binary). */
 static NDM__EW_NOINLINE ndm_array binary_any(const ndm__site *sitep, const char *api, ndm_manager out,
@@ -410,12 +426,11 @@ static NDM__EW_NOINLINE ndm_array binary(const ndm__site *site, const char *api,
                                      ndm__ew_binop op, ndm_array ha, ndm_array hb)
 {
     NDM__OP_GUARD();
-    ndm__array *a = ndm__array_peek(ha);
-    ndm__array *b = NDM__LIKELY(a != NULL) ? ndm__array_peek(hb) : NULL;
+    ndm__array *a, *b;
     int64_t n;
     ndm__ew_target tg;
-    if (NDM__UNLIKELY(!b) || (n = flat_count(op, a, b)) < 0 || !ndm__ew_same_device_quiet(a, b) ||
-        !ndm__ew_target_quiet(a, &tg) || !tg.ew->binary_flat)
+    if (!flat_operands(op, ha, hb, &a, &b, &n) || !ndm__ew_target_quiet(a, &tg) ||
+        !tg.ew->binary_flat)
         return binary_any(site, api, out, op, ha, hb);
     ndm__manager *m = ndm__output_record(out, a, api, site);
     ndm__array *o;
@@ -449,12 +464,9 @@ static ndm_array binary_scalar(ndm__site site, const char *api, ndm_manager out,
     if (scalar_types(op, a->dtype, s, &ct, &rt, &via, api, &site) < 0)
         return NDM_NULL_ARRAY;
     ndm__ew_target tg;
-    if (!ndm__ew_target_of(a, &tg, api, &site))
-        return NDM_NULL_ARRAY;
-    ndm__manager *m = ndm__output_record(out, a, api, &site);
     ndm__array *o;
-    ndm_array h;
-    if (!m || !(h = ndm__array_new_in(&site, api, m, tg.dev, rt, a->ndim, a->shape, &o)).id)
+    ndm_array h = ndm__ew_new_like(a, rt, out, &tg, &o, api, &site);
+    if (!h.id)
         return NDM_NULL_ARRAY;
     _Alignas(8) unsigned char value[8];
     ndm__ew_scalar_value(s, via, ct, value);
@@ -531,11 +543,10 @@ static NDM__EW_NOINLINE ndm_status binary_inplace(const ndm__site *site, const c
                                               ndm__ew_binop op, ndm_array ha, ndm_array hb)
 {
     NDM__OP_GUARD();
-    ndm__array *a = ndm__array_peek(ha);
-    ndm__array *b = NDM__LIKELY(a != NULL) ? ndm__array_peek(hb) : NULL;
+    ndm__array *a, *b;
     int64_t n;
     ndm__ew_target tg;
-    if (NDM__UNLIKELY(!b) || (n = flat_count(op, a, b)) < 0 || !ndm__ew_same_device_quiet(a, b))
+    if (!flat_operands(op, ha, hb, &a, &b, &n))
         return binary_inplace_any(site, api, op, ha, hb);
     void *pa = ndm__ew_ptr(a), *pb = ndm__ew_ptr(b);
     if (!((a->storage != b->storage && a->storage->cookie && b->storage->cookie) || pa == pb) ||

@@ -114,6 +114,20 @@ static inline bool ndm__ew_target_quiet(const ndm__array *r, ndm__ew_target *t)
     return t->ew != NULL;
 }
 
+/* The result of a general path: a's shape, dtype rt, on a's device (its
+ * target in *tg), in the manager of the output rule (out); the null handle
+ * with the error recorded when none can be made. */
+static inline ndm_array ndm__ew_new_like(ndm__array *a, ndm_dtype rt, ndm_manager out,
+                                         ndm__ew_target *tg, ndm__array **o, const char *api,
+                                         const ndm__site *site)
+{
+    if (!ndm__ew_target_of(a, tg, api, site))
+        return NDM_NULL_ARRAY;
+    ndm__manager *m = ndm__output_record(out, a, api, site);
+    return m ? ndm__array_new_in(site, api, m, tg->dev, rt, a->ndim, a->shape, o)
+             : NDM_NULL_ARRAY;
+}
+
 /* The element count when r is C-contiguous, else -1. */
 static inline int64_t ndm__ew_c_count(const ndm__array *r)
 {

@@ -57,12 +57,9 @@ static ndm_array unary(ndm__site site, const char *api, ndm_manager out, ndm__ew
     if (unop_types(op, a->dtype, bounds, &ct, &rt, api, &site) < 0)
         return NDM_NULL_ARRAY;
     ndm__ew_target tg;
-    if (!ndm__ew_target_of(a, &tg, api, &site))
-        return NDM_NULL_ARRAY;
-    ndm__manager *m = ndm__output_record(out, a, api, &site);
     ndm__array *o;
-    ndm_array h;
-    if (!m || !(h = ndm__array_new_in(&site, api, m, tg.dev, rt, a->ndim, a->shape, &o)).id)
+    ndm_array h = ndm__ew_new_like(a, rt, out, &tg, &o, api, &site);
+    if (!h.id)
         return NDM_NULL_ARRAY;
     _Alignas(8) unsigned char params[16];
     if (bounds)
