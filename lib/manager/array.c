@@ -580,7 +580,7 @@ ndm_array ndm__array_wrap(ndm__site site, const char *api, ndm_manager mh, ndm_d
     }
     ndm__array *r = ndm__array_slot(slot);
     ndm__storage *s = &r->own;
-    ndm__array_record_init(r, dtype, s, &site);
+    ndm__array_record_init(r, dtype, s, &site, ndm__thread_tag());
     if (set_dims(r, ndim, shape, NULL, api, &site) < 0)
         goto fail;
     ndm__array_storage_init(r, m, device, nbytes);
@@ -645,7 +645,7 @@ ndm_array ndm__array_view(ndm__site site, const char *api, ndm_manager mh, ndm__
         return NDM_NULL_ARRAY;
     }
     ndm__array *r = ndm__array_slot(slot);
-    ndm__array_record_init(r, dtype, NULL, &site);
+    ndm__array_record_init(r, dtype, NULL, &site, ndm__thread_tag());
     if (set_dims(r, ndim, shape, strides, api, &site) < 0) {
         ndm__array_slot_free(slot);
         return NDM_NULL_ARRAY;

@@ -78,10 +78,11 @@ static inline void ndm__array_link_into(ndm__manager *m, ndm__array *r)
     m->arrays[m->narrays++] = r->self;
 }
 
-/* The fields every new record sets; the storage s is its own or a base's.
+/* The fields every new record sets; the storage s is its own or a base's,
+ * `tag` the making thread's (ndm__thread_tag).
  * (The view-list links are set only for a view, see ndm__array_view.) */
 static inline void ndm__array_record_init(ndm__array *r, ndm_dtype dtype, ndm__storage *s,
-                                          const ndm__site *site)
+                                          const ndm__site *site, uint32_t tag)
 {
     r->dtype = dtype;
     r->offset = 0;
@@ -91,7 +92,7 @@ static inline void ndm__array_record_init(ndm__array *r, ndm_dtype dtype, ndm__s
     r->made_file = site->file;
     r->made_func = site->func;
     r->made_line = site->line;
-    atomic_store_explicit(&r->marks, ndm__thread_tag(), memory_order_relaxed);
+    atomic_store_explicit(&r->marks, tag, memory_order_relaxed);
     r->epoch = atomic_load_explicit(&ndm__epoch, memory_order_relaxed);
 }
 
@@ -153,7 +154,7 @@ static NDM__ALWAYS_INLINE ndm_array ndm__array_create(const ndm__site *site, con
         ndm__fail(ndm_last_status(), api, *site, "%s", ndm_last_error());
         return ndm__array_create_undo(NULL, slot, m, gen, dev, NULL, nbytes, limited);
     }
-    ndm__array_record_init(r, dtype, s, site);
+    ndm__array_record_init(r, dtype, s, site, th ? th->tag : 0);
     if (NDM__UNLIKELY(ndm__array_dims_place(r, ndim, api, site) < 0))
         return ndm__array_create_undo(NULL, slot, m, gen, dev, &blk, nbytes, limited);
     /* The strides are partial products of the extent that ndm__shape_bytes
