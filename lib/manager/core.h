@@ -320,6 +320,9 @@ static inline void ndm__arrays_remove(ndm__manager *m, uint32_t pos, bool compac
     m->arrays[pos] = 0;
     if (pos + 1 == m->narrays) {
         m->narrays--;
+        /* (no holes: the entry below is a live one) */
+        if (NDM__LIKELY(m->holes == 0))
+            return;
         while (m->narrays && !m->arrays[m->narrays - 1]) {
             m->narrays--;
             m->holes--;
@@ -749,10 +752,10 @@ static inline void ndm__bytes_add(ndm__manager *m, int dev, int64_t bytes)
     m->count[dev].bytes += bytes;
 }
 /* Take bytes out of m's count (its lock held), the total so far folded
- * into its peak first. */
+ * into its peak first. (No mark: bytes taken out were added first, and each
+ * addition marked dev.) */
 static inline void ndm__bytes_sub(ndm__manager *m, int dev, int64_t bytes)
 {
-    ndm__dev_mark(m, dev);
     int64_t now = ndm__bytes_of(m, dev);
     if (now > m->count[dev].peak)
         m->count[dev].peak = now;
