@@ -531,7 +531,8 @@ ndm_array ndm__array_create_checked(const ndm__site *site, const char *api, ndm_
     bool limited = atomic_load_explicit(&m->limit_anchor, memory_order_relaxed) != 0;
     if (limited && reserve_in(m, gen, ndm__device_slot(dev), (int64_t)nbytes, api, site) < 0)
         return NDM_NULL_ARRAY;
-    return ndm__array_create(site, api, m, gen, dev, dtype, ndim, shape, nbytes, limited, out);
+    return ndm__array_create(ndm__tls, site, api, m, gen, dev, dtype, ndim, shape, nbytes, limited,
+                             out);
 }
 
 ndm_array ndm__array_new_in(const ndm__site *site, const char *api, ndm__manager *m,

@@ -653,14 +653,20 @@ ndm_manager ndm__output_manager(ndm_manager named, ndm__array *first_input, cons
  * error recorded when no manager applies or the named one is stale. */
 ndm__manager *ndm__output_record_slow(ndm_manager named, ndm__array *first_input,
                                       const char *api, const ndm__site *where);
-static inline ndm__manager *ndm__output_record(ndm_manager named, ndm__array *first_input,
-                                               const char *api, const ndm__site *where)
+/* (t: the calling thread's state, ndm__tls, read once by the caller) */
+static inline ndm__manager *ndm__output_record_as(ndm__thread *t, ndm_manager named,
+                                                  ndm__array *first_input, const char *api,
+                                                  const ndm__site *where)
 {
-    ndm__thread *t = ndm__tls;
     if (NDM__LIKELY(named.id == NDM__OUTPUT_RULE_ID && first_input &&
                     (!t || t->scope_depth == 0)))
         return ndm__manager_rec(first_input->mgr);
     return ndm__output_record_slow(named, first_input, api, where);
+}
+static inline ndm__manager *ndm__output_record(ndm_manager named, ndm__array *first_input,
+                                               const char *api, const ndm__site *where)
+{
+    return ndm__output_record_as(ndm__tls, named, first_input, api, where);
 }
 
 /* Describe the array in messages: "f32[2,3]". */

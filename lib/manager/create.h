@@ -131,15 +131,16 @@ static inline bool ndm__shape_bytes(int ndim, const int64_t *shape, ndm_dtype dt
  * nbytes were reserved in m's limits and counted in m's `reserved` (under
  * its lock, see ndm__dev_count), so that a close that comes first gives the
  * reservation back and the creation, finding the generation moved, leaves
- * it alone. */
-static NDM__ALWAYS_INLINE ndm_array ndm__array_create(const ndm__site *site, const char *api,
+ * it alone. `th` is the calling thread's state (ndm__tls, read once by the
+ * caller). */
+static NDM__ALWAYS_INLINE ndm_array ndm__array_create(ndm__thread *th,
+                                                      const ndm__site *site, const char *api,
                                                       ndm__manager *m, uint32_t gen,
                                                       ndm_device dev,
                                                       ndm_dtype dtype, int ndim,
                                                       const int64_t *shape, size_t nbytes,
                                                       bool limited, ndm__array **out)
 {
-    ndm__thread *th = ndm__tls;
     uint32_t slot = ndm__array_slot_alloc_as(th);
     if (NDM__UNLIKELY(!slot)) {
         ndm__fail(NDM_E_OOM, api, *site, "no memory for an array record");
@@ -214,13 +215,15 @@ static NDM__ALWAYS_INLINE ndm_array ndm__array_new_inline(const ndm__site *site,
         return ndm__array_shape_refused(ndim, shape, dtype, api, site);
     if (NDM__UNLIKELY(atomic_load_explicit(&m->state, memory_order_acquire) & NDM__M_SLOW_NEW))
         return ndm__array_create_checked(site, api, m, gen, dev, dtype, ndim, shape, nbytes, out);
-    return ndm__array_create(site, api, m, gen, dev, dtype, ndim, shape, nbytes, false, out);
+    return ndm__array_create(ndm__tls, site, api, m, gen, dev, dtype, ndim, shape, nbytes, false,
+                             out);
 }
 
 /* ndm__array_new_in for a shape known good, of nbytes bytes: the shape of
  * a live array (checked when that array was made), so it is not checked
- * again. For the dispatchers' fast paths. */
-static NDM__ALWAYS_INLINE ndm_array ndm__array_new_sized(const ndm__site *site, const char *api,
+ * again. For the dispatchers' fast paths; `th` as for ndm__array_create. */
+static NDM__ALWAYS_INLINE ndm_array ndm__array_new_sized(ndm__thread *th,
+                                                         const ndm__site *site, const char *api,
                                                          ndm__manager *m, ndm_device dev,
                                                          ndm_dtype dtype, int ndim,
                                                          const int64_t *shape, size_t nbytes,
@@ -230,7 +233,7 @@ static NDM__ALWAYS_INLINE ndm_array ndm__array_new_sized(const ndm__site *site, 
     uint32_t gen = atomic_load_explicit(&m->gen, memory_order_acquire);
     if (NDM__UNLIKELY(atomic_load_explicit(&m->state, memory_order_acquire) & NDM__M_SLOW_NEW))
         return ndm__array_create_checked(site, api, m, gen, dev, dtype, ndim, shape, nbytes, out);
-    return ndm__array_create(site, api, m, gen, dev, dtype, ndim, shape, nbytes, false, out);
+    return ndm__array_create(th, site, api, m, gen, dev, dtype, ndim, shape, nbytes, false, out);
 }
 
 #endif

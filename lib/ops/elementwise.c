@@ -432,10 +432,12 @@ static NDM__EW_NOINLINE ndm_array binary(const ndm__site *site, const char *api,
     if (!flat_operands(op, ha, hb, &a, &b, &n) || !ndm__ew_target_quiet(a, &tg) ||
         !tg.ew->binary_flat)
         return binary_any(site, api, out, op, ha, hb);
-    ndm__manager *m = ndm__output_record(out, a, api, site);
+    /* (the guard's thread state, read once for the operation) */
+    ndm__thread *th = ndm__op_guard_.t;
+    ndm__manager *m = ndm__output_record_as(th, out, a, api, site);
     ndm__array *o;
     ndm_array h;
-    if (!m || !(h = ndm__array_new_sized(site, api, m, tg.dev, a->dtype, a->ndim, a->shape,
+    if (!m || !(h = ndm__array_new_sized(th, site, api, m, tg.dev, a->dtype, a->ndim, a->shape,
                                           (size_t)n * ndm__ew_esize(a->dtype), &o))
                    .id)
         return NDM_NULL_ARRAY;
