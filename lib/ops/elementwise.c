@@ -322,10 +322,24 @@ static ndm_status scalar_types(ndm__ew_binop op, ndm_dtype a, double s, ndm_dtyp
 /* The flat path: both inputs of one dtype t that is also the result and the
  * computation dtype (an arithmetic op on a type that needs no conversion),
  * the same shape, both C-contiguous. Returns the element count, or -1. */
+#define FLAT_ANY_ \
+    ((1u << NDM_U8) | (1u << NDM_I32) | (1u << NDM_I64) | (1u << NDM_F32) | (1u << NDM_F64))
+#define FLAT_FLOAT_ ((1u << NDM_F32) | (1u << NDM_F64))
+/* Those dtypes, one bit each, per operation: none for a bool result, f32
+ * and f64 for a float function, else every type but bool and the halves. */
+#define FLAT_DTYPES_(ID, name, form, flags, ...)                                    \
+    (unsigned char)(((flags) & NDM__EWF_BOOL_OUT) ? 0u                              \
+                    : ((flags) & NDM__EWF_FLOAT)  ? FLAT_FLOAT_                     \
+                                                  : FLAT_ANY_),
+static const unsigned char flat_dtypes[NDM__EW_BINOP_COUNT] = {NDM__EW_BINOPS(FLAT_DTYPES_)};
+#undef FLAT_DTYPES_
+#undef FLAT_FLOAT_
+#undef FLAT_ANY_
+
+/* (t: a live array's dtype, below NDM_DTYPE_COUNT) */
 static inline bool flat_dtype(ndm__ew_binop op, ndm_dtype t)
 {
-    return !ndm__ew_binop_is_bool(op) && t != NDM_BOOL && t != NDM_F16 && t != NDM_BF16 &&
-           (!ndm__ew_binop_has(op, NDM__EWF_FLOAT) || t == NDM_F32 || t == NDM_F64);
+    return (flat_dtypes[op] >> (unsigned)t) & 1u;
 }
 
 static inline int64_t flat_count(ndm__ew_binop op, const ndm__array *a, const ndm__array *b)
