@@ -109,7 +109,7 @@ static inline bool ndm__ew_target_quiet(const ndm__array *r, ndm__ew_target *t)
 {
     t->dev = r->storage->device;
     t->index = t->dev.index;
-    const ndm__backend *b = ndm__backend_for(t->dev.type);
+    const ndm__backend *b = ndm__backend_for_inline(t->dev.type);
     t->ew = b ? b->ew : NULL;
     return t->ew != NULL;
 }
