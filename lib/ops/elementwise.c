@@ -455,7 +455,8 @@ static NDM__EW_NOINLINE ndm_array binary(const ndm__site *site, const char *api,
                                           (size_t)n * ndm__ew_esize(a->dtype), &o))
                    .id)
         return NDM_NULL_ARRAY;
-    ndm_status st = tg.ew->binary_flat(tg.index, op, a->dtype, ndm__ew_ptr(o), ndm__ew_ptr(a),
+    /* (o: a new array, its own storage from its start) */
+    ndm_status st = tg.ew->binary_flat(tg.index, op, a->dtype, o->own.data, ndm__ew_ptr(a),
                                        ndm__ew_ptr(b), n);
     if (NDM__UNLIKELY(st < 0)) {
         kernel_failed(st, api, site);
