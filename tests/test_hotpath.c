@@ -332,6 +332,101 @@ static void test_flat_inplace_overlapping_buffers_read_a_copy(void **state)
     free(buf);
 }
 
+/* The flat case (one dtype, one shape, C-contiguous) keeps every guarantee of
+ * the general path: handles checked, the output rule and named managers,
+ * closed, capped and limited managers refused with their counts exact, the
+ * graph recorded. */
+static void test_flat_binary_keeps_the_guarantees(void **state)
+{
+    ndm_manager m = ROOT(state);
+    float ha[16], hb[16], want[16];
+    for (int i = 0; i < 16; i++) {
+        ha[i] = (float)i;
+        hb[i] = 0.5f * (float)i;
+        want[i] = ha[i] + hb[i];
+    }
+    ndm_array a = ndm_from_buffer(m, NDM_F32, ha, NDM_SHAPE(16));
+    ndm_array b = ndm_from_buffer(m, NDM_F32, hb, NDM_SHAPE(16));
+    assert_live(a);
+    assert_live(b);
+    ndm_stats st;
+    /* the output rule: a's manager, counted exactly */
+    ndm_array c = ndm_add(a, b);
+    assert_live(c);
+    assert_floats(c, want, 16);
+    assert_ok(ndm_manager_stats(m, NDM_CPU, 0, &st));
+    assert_int_equal(st.live_arrays, 3);
+    assert_int_equal(st.live_bytes, 3 * 64);
+    /* stale and forged handles, and the null one */
+    ndm_array dead = c;
+    assert_ok(ndm_array_release(c));
+    assert_true(ndm_add(dead, b).id == 0);
+    assert_int_equal(ndm_last_status(), NDM_E_CLOSED);
+    assert_true(ndm_add(a, dead).id == 0);
+    assert_int_equal(ndm_last_status(), NDM_E_CLOSED);
+    assert_status(ndm_add_(dead, b), NDM_E_CLOSED);
+    assert_status(ndm_add_(a, dead), NDM_E_CLOSED);
+    ndm_array forged = {a.id + (UINT64_C(1) << 40)};
+    assert_true(ndm_add(a, forged).id == 0);
+    assert_int_equal(ndm_last_status(), NDM_E_INVALID);
+    ndm_clear_error();
+    assert_true(ndm_add(NDM_NULL_ARRAY, b).id == 0);
+    assert_int_equal(ndm_last_status(), NDM_E_NULL);
+    assert_status(ndm_array_release(dead), NDM_ALREADY);
+    assert_status(ndm_array_release(forged), NDM_E_INVALID);
+    /* a named manager, then the same one closed */
+    ndm_manager out = ndm_manager_new(m, "out");
+    c = ndm_add_to(out, a, b);
+    assert_live(c);
+    assert_floats(c, want, 16);
+    assert_ok(ndm_manager_stats(out, NDM_CPU, 0, &st));
+    assert_int_equal(st.live_arrays, 1);
+    assert_int_equal(st.live_bytes, 64);
+    assert_ok(ndm_manager_close(out));
+    assert_true(ndm_add_to(out, a, b).id == 0);
+    assert_int_equal(ndm_last_status(), NDM_E_CLOSED);
+    /* capped, then limited: refused, nothing counted */
+    ndm_manager small = ndm_manager_new(m, "small");
+    assert_ok(ndm_manager_cap(small, NDM_CAP_ARRAYS));
+    assert_true(ndm_add_to(small, a, b).id == 0);
+    assert_int_equal(ndm_last_status(), NDM_E_CAPPED);
+    assert_ok(ndm_manager_uncap(small, NDM_CAP_ARRAYS));
+    assert_ok(ndm_manager_set_limit(small, NDM_CPU, 100));
+    c = ndm_add_to(small, a, b);
+    assert_live(c);
+    assert_true(ndm_add_to(small, a, b).id == 0);
+    assert_int_equal(ndm_last_status(), NDM_E_QUOTA);
+    assert_ok(ndm_manager_stats(small, NDM_CPU, 0, &st));
+    assert_int_equal(st.live_arrays, 1);
+    assert_int_equal(st.live_bytes, 64);
+    assert_int_equal(st.created, 1);
+    assert_ok(ndm_manager_close(small));
+    /* recorded while the graph is on: d(sum(a + b))/da is 1 everywhere */
+    ndm_manager model = ndm_manager_new(m, "model");
+    ndm_array p = ndm_from_buffer(model, NDM_F32, ha, NDM_SHAPE(16));
+    assert_live(p);
+    assert_ok(ndm_requires_grad(p));
+    ndm_manager batch = ndm_manager_new(m, "batch");
+    assert_ok(ndm_grad_begin(batch));
+    ndm_array y = ndm_add_to(batch, p, b);
+    assert_live(y);
+    ndm_array loss = ndm_sum_to(batch, y, false, NDM_ALL_AXES_LIST);
+    assert_live(loss);
+    assert_ok(ndm_backward(loss));
+    assert_ok(ndm_grad_end());
+    ndm_array g = ndm_grad_to(batch, p);
+    assert_live(g);
+    float ones[16];
+    for (int i = 0; i < 16; i++)
+        ones[i] = 1.0f;
+    assert_floats(g, ones, 16);
+    assert_ok(ndm_manager_close(batch));
+    assert_ok(ndm_manager_close(model)); /* p and its gradient */
+    assert_ok(ndm_array_release(a));
+    assert_ok(ndm_array_release(b));
+    assert_manager_empty(m);
+}
+
 /* ---- a close that gives borrowed arrays back in the middle of its list ---------- */
 
 static void test_close_gives_back_between_its_own_arrays(void **state)
@@ -998,6 +1093,7 @@ int main(void)
         TEST(test_close_gives_back_between_its_own_arrays),
         TEST(test_flat_binary_matches_general_path),
         TEST(test_flat_inplace_overlapping_buffers_read_a_copy),
+        TEST(test_flat_binary_keeps_the_guarantees),
         TEST(test_handle_check_refuses_other_kinds),
         TEST(test_storage_charges_follow_the_model),
         TEST(test_close_order_exact_after_releases_and_moves),

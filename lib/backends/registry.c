@@ -21,9 +21,9 @@
 
 /* ---- the CPU ---------------------------------------------------------------- */
 
-static atomic_bool force_reference;
+atomic_bool ndm__cpu_reference_forced;
 
-void ndm__cpu_force_reference(bool on) { atomic_store(&force_reference, on); }
+void ndm__cpu_force_reference(bool on) { atomic_store(&ndm__cpu_reference_forced, on); }
 
 /* ---- modules ---------------------------------------------------------------- */
 
@@ -303,7 +303,7 @@ const ndm__backend *ndm__backend_for(ndm_device_type type)
 {
     switch (type) {
     case NDM_DEVICE_CPU:
-        return atomic_load_explicit(&force_reference, memory_order_relaxed) ? &ndm__cpu_ref_backend
+        return atomic_load_explicit(&ndm__cpu_reference_forced, memory_order_relaxed) ? &ndm__cpu_ref_backend
                                                                             : &ndm__cpu_backend;
     case NDM_DEVICE_CUDA: {
         const ndm__backend *b = atomic_load_explicit(&cuda_table, memory_order_acquire);

@@ -3,6 +3,8 @@
 #ifndef NDM_REGISTRY_H
 #define NDM_REGISTRY_H
 
+#include <stdatomic.h>
+
 #include "backend.h"
 
 /* The backend of a device type, or NULL when it has none (not built, or its
@@ -10,6 +12,18 @@
  * is a direct table pointer; a module is loaded by the first call for its
  * type, once per process, whichever thread asks first. */
 const ndm__backend *ndm__backend_for(ndm_device_type type);
+
+/* ndm__backend_for with the CPU's case inline, for the dispatchers' fast
+ * paths (the reference table while ndm__cpu_force_reference holds). */
+extern atomic_bool ndm__cpu_reference_forced;
+static inline const ndm__backend *ndm__backend_for_inline(ndm_device_type type)
+{
+    if (type == NDM_DEVICE_CPU)
+        return atomic_load_explicit(&ndm__cpu_reference_forced, memory_order_relaxed)
+                   ? &ndm__cpu_ref_backend
+                   : &ndm__cpu_backend;
+    return ndm__backend_for(type);
+}
 
 /* Why `type` has no backend: a sentence naming what was looked for, where,
  * and why each attempt failed; "" when it has one. Loads as

@@ -545,7 +545,8 @@ ndm_array ndm__array_create_checked(const ndm__site *site, const char *api, ndm_
     bool limited = atomic_load_explicit(&m->limit_anchor, memory_order_relaxed) != 0;
     if (limited && reserve_in(m, gen, ndm__device_slot(dev), (int64_t)nbytes, api, site) < 0)
         return NDM_NULL_ARRAY;
-    return ndm__array_create(site, api, m, gen, dev, dtype, ndim, shape, nbytes, limited, out);
+    return ndm__array_create(ndm__tls, site, api, m, gen, dev, dtype, ndim, shape, nbytes, limited,
+                             out);
 }
 
 ndm_array ndm__array_new_in(const ndm__site *site, const char *api, ndm__manager *m,
@@ -594,7 +595,7 @@ ndm_array ndm__array_wrap(ndm__site site, const char *api, ndm_manager mh, ndm_d
     }
     ndm__array *r = ndm__array_slot(slot);
     ndm__storage *s = &r->own;
-    ndm__array_record_init(r, dtype, s, &site);
+    ndm__array_record_init(r, dtype, s, &site, ndm__thread_tag());
     if (set_dims(r, ndim, shape, NULL, api, &site) < 0)
         goto fail;
     ndm__array_storage_init(r, m, device, nbytes);
@@ -659,7 +660,7 @@ ndm_array ndm__array_view(ndm__site site, const char *api, ndm_manager mh, ndm__
         return NDM_NULL_ARRAY;
     }
     ndm__array *r = ndm__array_slot(slot);
-    ndm__array_record_init(r, dtype, NULL, &site);
+    ndm__array_record_init(r, dtype, NULL, &site, ndm__thread_tag());
     if (set_dims(r, ndim, shape, strides, api, &site) < 0) {
         ndm__array_slot_free(slot);
         return NDM_NULL_ARRAY;
@@ -945,9 +946,9 @@ static NDM__COLD void array_dies_later(ndm__array *r, ndm__manager *from, free_b
     ndm__defer(later_record, r, !(v & VIEW_WAITS));
 }
 
-static NDM__ALWAYS_INLINE void array_dies(ndm__array *r, ndm__manager *from,
-                                          const ndm__site *site, uint32_t by, uint32_t by_gen,
-                                          free_batch *fb)
+static NDM__ALWAYS_INLINE void array_dies_as(ndm__thread *th, ndm__array *r,
+                                             ndm__manager *from, const ndm__site *site,
+                                             uint32_t by, uint32_t by_gen, free_batch *fb)
 {
     r->dead_file = site->file;
     r->dead_func = site->func;
@@ -960,7 +961,7 @@ static NDM__ALWAYS_INLINE void array_dies(ndm__array *r, ndm__manager *from,
      * or that the barrier in view_dies orders before the reads after it,
      * which defer all the same.) */
     bool multi = atomic_load_explicit(&ndm__multi, memory_order_relaxed);
-    uint32_t tag = NDM__UNLIKELY(multi) ? ndm__thread_tag() : 0;
+    uint32_t tag = NDM__UNLIKELY(multi) && th ? th->tag : 0;
     if (NDM__UNLIKELY(multi) && atomic_load_explicit(&r->marks, memory_order_relaxed) != tag) {
         array_dies_later(r, from, fb);
         return;
@@ -973,7 +974,8 @@ static NDM__ALWAYS_INLINE void array_dies(ndm__array *r, ndm__manager *from,
     unsigned v = view_dies(r, from, fb, false);
     if (NDM__UNLIKELY(v & VIEW_DEFERRED) ||
         NDM__UNLIKELY(atomic_load_explicit(&ndm__multi, memory_order_relaxed) &&
-                      atomic_load_explicit(&r->marks, memory_order_relaxed) != ndm__thread_tag())) {
+                      atomic_load_explicit(&r->marks, memory_order_relaxed) !=
+                          (th ? th->tag : 0))) {
         /* its memory waits (its storage is marked), or r was marked by a
          * lookup racing with this death */
         ndm__defer(later_record, r, !(v & VIEW_WAITS));
@@ -987,7 +989,14 @@ static NDM__ALWAYS_INLINE void array_dies(ndm__array *r, ndm__manager *from,
         r->ext = NULL;
     }
     if (!(v & VIEW_WAITS))
-        ndm__array_slot_free(r->self);
+        ndm__array_slot_free_as(th, r->self);
+}
+
+static NDM__ALWAYS_INLINE void array_dies(ndm__array *r, ndm__manager *from,
+                                          const ndm__site *site, uint32_t by, uint32_t by_gen,
+                                          free_batch *fb)
+{
+    array_dies_as(ndm__tls, r, from, site, by, by_gen, fb);
 }
 
 /* View r moves from `from` to `to`; both manager locks held. Fails with
@@ -1062,26 +1071,30 @@ void ndm__arrays_compact(ndm__manager *m)
     m->holes = 0;
 }
 
-ndm_status ndm__array_release(ndm__array *r, ndm__site site, const char *api)
+/* The release of live record r by thread th (its state, or NULL), inline
+ * in ndm_array_release: its manager, read without the lock, is checked
+ * again under it (a move may change it meanwhile). */
+static NDM__ALWAYS_INLINE ndm_status release_as(ndm__thread *th, ndm__array *r,
+                                                const ndm__site *site)
 {
-    (void)api;
     uint32_t gen = atomic_load_explicit(&r->gen, memory_order_relaxed);
     for (;;) {
         ndm__manager *m = ndm__manager_rec(ndm__array_mgr_unlocked(r));
-        bool fast = ndm__mlock_acquire(m);
+        bool fast = ndm__mlock_acquire_as(m, th);
         ndm_status st = NDM_ALREADY;
         if (atomic_load_explicit(&r->gen, memory_order_relaxed) != gen ||
             !atomic_load_explicit(&r->live, memory_order_relaxed)) {
             /* released meanwhile */
-        } else if (r->mgr != m->self) { /* moved by another thread meanwhile */
+        } else if (NDM__UNLIKELY(r->mgr != m->self)) { /* moved by another thread meanwhile */
             ndm__mlock_release(m, fast);
             continue;
-        } else if (!(atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_DRAINING)) {
+        } else if (NDM__LIKELY(!(atomic_load_explicit(&m->state, memory_order_relaxed) &
+                                 NDM__M_DRAINING))) {
             /* (when draining, its manager's close is releasing it now) */
             unlink_from(m, r);
             m->live--;
             m->released++;
-            array_dies(r, m, &site, 0, 0, NULL);
+            array_dies_as(th, r, m, site, 0, 0, NULL);
             st = NDM_OK;
         }
         ndm__mlock_release(m, fast);
@@ -1089,27 +1102,36 @@ ndm_status ndm__array_release(ndm__array *r, ndm__site site, const char *api)
     }
 }
 
+ndm_status ndm__array_release(ndm__array *r, ndm__site site, const char *api)
+{
+    (void)api;
+    return release_as(ndm__tls, r, &site);
+}
+
+/* ndm_array_release of a handle that names no live array: NDM_ALREADY for
+ * one that did (its array died), else the error. */
+static NDM__COLD ndm_status release_refused(ndm_array h, const ndm__site *site)
+{
+    if (h.id == 0)
+        return ndm__fail_null("ndm_array_release", *site, "array");
+    if (!ndm__array_issued(h))
+        return ndm__fail(NDM_E_INVALID, "ndm_array_release", *site,
+                         "not an array handle (id 0x%016" PRIx64 ")", h.id);
+    return NDM_ALREADY;
+}
+
 NDM_API ndm_status ndm_array_release_at(NDM_SITE_PARAMS, ndm_array h)
 {
     ndm__site site = NDM__SITE;
     /* (no mark: the death of another thread's array defers all the same) */
     ndm__array *r = ndm__array_peek_meta(h);
-    if (!r) {
-        if (h.id == 0)
-            return ndm__fail_null(__func__, site, "array");
-        if (!ndm__array_issued(h))
-            return ndm__fail(NDM_E_INVALID, __func__, site,
-                             "not an array handle (id 0x%016" PRIx64 ")", h.id);
-        return NDM_ALREADY;
-    }
     /* the fast check passes a dead slot's next generation, never issued yet */
-    if (NDM__UNLIKELY(!atomic_load_explicit(&r->live, memory_order_acquire)) &&
-        !ndm__array_issued(h))
-        return ndm__fail(NDM_E_INVALID, __func__, site,
-                         "not an array handle (id 0x%016" PRIx64 ")", h.id);
-    ndm__thread_get(); /* (a thread that kills arrays counts: see ndm__multi) */
-    ndm_status st = ndm__array_release(r, site, __func__);
-    ndm__reclaim_maybe();
+    if (NDM__UNLIKELY(!r) || NDM__UNLIKELY(!atomic_load_explicit(&r->live, memory_order_acquire)))
+        return release_refused(h, &site);
+    ndm__thread *th = ndm__thread_get(); /* (a thread that kills arrays counts: see ndm__multi) */
+    ndm_status st = release_as(th, r, &site);
+    if (NDM__UNLIKELY(th != NULL && th->limbo != NULL))
+        ndm__reclaim(true);
     return st;
 }
 

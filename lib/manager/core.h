@@ -320,6 +320,9 @@ static inline void ndm__arrays_remove(ndm__manager *m, uint32_t pos, bool compac
     m->arrays[pos] = 0;
     if (pos + 1 == m->narrays) {
         m->narrays--;
+        /* (no holes: the entry below is a live one) */
+        if (NDM__LIKELY(m->holes == 0))
+            return;
         while (m->narrays && !m->arrays[m->narrays - 1]) {
             m->narrays--;
             m->holes--;
@@ -484,6 +487,14 @@ static inline bool ndm__array_claimed(const ndm__array *r)
     return m == NDM__MARK_SHARED || m == ndm__thread_tag();
 }
 
+/* A record the lookup has read through, so not null: callers need not test
+ * it again (the compiler is told so). */
+#if defined(__GNUC__)
+#define ndm__read_through(r) (__builtin_expect((r) != NULL, 1) ? (r) : (__builtin_unreachable(), (r)))
+#else
+#define ndm__read_through(r) (r)
+#endif
+
 /* The check alone, for callers that read an array's description and no
  * memory behind it (the accessors of its shape, dtype, device). */
 static inline ndm__array *ndm__array_peek_meta(ndm_array h)
@@ -495,12 +506,7 @@ static inline ndm__array *ndm__array_peek_meta(ndm_array h)
     if (NDM__UNLIKELY(atomic_load_explicit(&r->gen, memory_order_acquire) !=
                       (uint32_t)(h.id >> 32)))
         return NULL;
-#if defined(__GNUC__)
-    /* (read through, so not null: callers need not test it again) */
-    if (!r)
-        __builtin_unreachable();
-#endif
-    return r;
+    return ndm__read_through(r);
 }
 
 static inline ndm__array *ndm__array_peek(ndm_array h)
@@ -522,11 +528,7 @@ static inline ndm__manager *ndm__manager_peek(ndm_manager h)
                       (uint32_t)(h.id >> 32)) ||
         !(atomic_load_explicit(&r->state, memory_order_acquire) & NDM__M_LIVE))
         return NULL;
-#if defined(__GNUC__)
-    if (!r)
-        __builtin_unreachable();
-#endif
-    return r;
+    return ndm__read_through(r);
 }
 
 /* Checked lookups: on failure they record NDM_E_NULL / NDM_E_CLOSED /
@@ -589,9 +591,8 @@ static inline uint32_t ndm__array_slot_alloc_as(ndm__thread *th)
 }
 static inline uint32_t ndm__array_slot_alloc(void) { return ndm__array_slot_alloc_as(ndm__tls); }
 
-static inline void ndm__array_slot_free(uint32_t slot)
+static inline void ndm__array_slot_free_as(ndm__thread *th, uint32_t slot)
 {
-    ndm__thread *th = ndm__tls;
     if (NDM__UNLIKELY(!th || th->ring_count == NDM__SLOT_RING)) {
         ndm__array_slot_free_slow(slot);
         return;
@@ -599,6 +600,7 @@ static inline void ndm__array_slot_free(uint32_t slot)
     th->ring[(th->ring_head + th->ring_count) % NDM__SLOT_RING] = slot;
     th->ring_count++;
 }
+static inline void ndm__array_slot_free(uint32_t slot) { ndm__array_slot_free_as(ndm__tls, slot); }
 /* Free n slots at once, as n ndm__array_slot_free calls would. */
 void ndm__array_slot_free_many(const uint32_t *slots, uint32_t n);
 uint32_t ndm__manager_slot_alloc(void);   /* under the tree lock */
@@ -651,14 +653,20 @@ ndm_manager ndm__output_manager(ndm_manager named, ndm__array *first_input, cons
  * error recorded when no manager applies or the named one is stale. */
 ndm__manager *ndm__output_record_slow(ndm_manager named, ndm__array *first_input,
                                       const char *api, const ndm__site *where);
-static inline ndm__manager *ndm__output_record(ndm_manager named, ndm__array *first_input,
-                                               const char *api, const ndm__site *where)
+/* (t: the calling thread's state, ndm__tls, read once by the caller) */
+static inline ndm__manager *ndm__output_record_as(ndm__thread *t, ndm_manager named,
+                                                  ndm__array *first_input, const char *api,
+                                                  const ndm__site *where)
 {
-    ndm__thread *t = ndm__tls;
     if (NDM__LIKELY(named.id == NDM__OUTPUT_RULE_ID && first_input &&
                     (!t || t->scope_depth == 0)))
         return ndm__manager_rec(first_input->mgr);
     return ndm__output_record_slow(named, first_input, api, where);
+}
+static inline ndm__manager *ndm__output_record(ndm_manager named, ndm__array *first_input,
+                                               const char *api, const ndm__site *where)
+{
+    return ndm__output_record_as(ndm__tls, named, first_input, api, where);
 }
 
 /* Describe the array in messages: "f32[2,3]". */
@@ -750,10 +758,10 @@ static inline void ndm__bytes_add(ndm__manager *m, int dev, int64_t bytes)
     m->count[dev].bytes += bytes;
 }
 /* Take bytes out of m's count (its lock held), the total so far folded
- * into its peak first. */
+ * into its peak first. (No mark: bytes taken out were added first, and each
+ * addition marked dev.) */
 static inline void ndm__bytes_sub(ndm__manager *m, int dev, int64_t bytes)
 {
-    ndm__dev_mark(m, dev);
     int64_t now = ndm__bytes_of(m, dev);
     if (now > m->count[dev].peak)
         m->count[dev].peak = now;

@@ -86,10 +86,11 @@ static inline void ndm__array_link_into(ndm__manager *m, ndm__array *r)
     m->arrays[m->narrays++] = r->self;
 }
 
-/* The fields every new record sets; the storage s is its own or a base's.
+/* The fields every new record sets; the storage s is its own or a base's,
+ * `tag` the making thread's (ndm__thread_tag).
  * (The view-list links are set only for a view, see ndm__array_view.) */
 static inline void ndm__array_record_init(ndm__array *r, ndm_dtype dtype, ndm__storage *s,
-                                          const ndm__site *site)
+                                          const ndm__site *site, uint32_t tag)
 {
     r->dtype = dtype;
     r->offset = 0;
@@ -99,7 +100,7 @@ static inline void ndm__array_record_init(ndm__array *r, ndm_dtype dtype, ndm__s
     r->made_file = site->file;
     r->made_func = site->func;
     r->made_line = site->line;
-    atomic_store_explicit(&r->marks, ndm__thread_tag(), memory_order_relaxed);
+    atomic_store_explicit(&r->marks, tag, memory_order_relaxed);
     r->epoch = atomic_load_explicit(&ndm__epoch, memory_order_relaxed);
 }
 
@@ -138,15 +139,16 @@ static inline bool ndm__shape_bytes(int ndim, const int64_t *shape, ndm_dtype dt
  * nbytes were reserved in m's limits and counted in m's `reserved` (under
  * its lock, see ndm__dev_count), so that a close that comes first gives the
  * reservation back and the creation, finding the generation moved, leaves
- * it alone. */
-static NDM__ALWAYS_INLINE ndm_array ndm__array_create(const ndm__site *site, const char *api,
+ * it alone. `th` is the calling thread's state (ndm__tls, read once by the
+ * caller). */
+static NDM__ALWAYS_INLINE ndm_array ndm__array_create(ndm__thread *th,
+                                                      const ndm__site *site, const char *api,
                                                       ndm__manager *m, uint32_t gen,
                                                       ndm_device dev,
                                                       ndm_dtype dtype, int ndim,
                                                       const int64_t *shape, size_t nbytes,
                                                       bool limited, ndm__array **out)
 {
-    ndm__thread *th = ndm__tls;
     uint32_t slot = ndm__array_slot_alloc_as(th);
     if (NDM__UNLIKELY(!slot)) {
         ndm__fail(NDM_E_OOM, api, *site, "no memory for an array record");
@@ -161,7 +163,7 @@ static NDM__ALWAYS_INLINE ndm_array ndm__array_create(const ndm__site *site, con
         ndm__fail(ndm_last_status(), api, *site, "%s", ndm_last_error());
         return ndm__array_create_undo(NULL, slot, m, gen, dev, NULL, nbytes, limited);
     }
-    ndm__array_record_init(r, dtype, s, site);
+    ndm__array_record_init(r, dtype, s, site, th ? th->tag : 0);
     if (NDM__UNLIKELY(ndm__array_dims_place(r, ndim, api, site) < 0))
         return ndm__array_create_undo(NULL, slot, m, gen, dev, &blk, nbytes, limited);
     /* The strides are partial products of the extent that ndm__shape_bytes
@@ -221,7 +223,25 @@ static NDM__ALWAYS_INLINE ndm_array ndm__array_new_inline(const ndm__site *site,
         return ndm__array_shape_refused(ndim, shape, dtype, api, site);
     if (NDM__UNLIKELY(atomic_load_explicit(&m->state, memory_order_acquire) & NDM__M_SLOW_NEW))
         return ndm__array_create_checked(site, api, m, gen, dev, dtype, ndim, shape, nbytes, out);
-    return ndm__array_create(site, api, m, gen, dev, dtype, ndim, shape, nbytes, false, out);
+    return ndm__array_create(ndm__tls, site, api, m, gen, dev, dtype, ndim, shape, nbytes, false,
+                             out);
+}
+
+/* ndm__array_new_in for a shape known good, of nbytes bytes: the shape of
+ * a live array (checked when that array was made), so it is not checked
+ * again. For the dispatchers' fast paths; `th` as for ndm__array_create. */
+static NDM__ALWAYS_INLINE ndm_array ndm__array_new_sized(ndm__thread *th,
+                                                         const ndm__site *site, const char *api,
+                                                         ndm__manager *m, ndm_device dev,
+                                                         ndm_dtype dtype, int ndim,
+                                                         const int64_t *shape, size_t nbytes,
+                                                         ndm__array **out)
+{
+    /* (read right after the caller's lookup: see ndm__manager_open_as) */
+    uint32_t gen = atomic_load_explicit(&m->gen, memory_order_acquire);
+    if (NDM__UNLIKELY(atomic_load_explicit(&m->state, memory_order_acquire) & NDM__M_SLOW_NEW))
+        return ndm__array_create_checked(site, api, m, gen, dev, dtype, ndim, shape, nbytes, out);
+    return ndm__array_create(th, site, api, m, gen, dev, dtype, ndim, shape, nbytes, false, out);
 }
 
 #endif

@@ -804,7 +804,8 @@ NDM_API ndm_manager ndm_manager_parent(ndm_manager h)
 NDM_API ndm_device ndm_manager_device(ndm_manager h)
 {
     ndm__manager *m = ndm__manager_get(h, __func__, NDM__NO_SITE);
-    return m ? m->device : NDM_CPU;
+    /* (atomic: a close on another thread may hand the record to a new manager) */
+    return m ? ndm__manager_device_of(m) : NDM_CPU;
 }
 
 static int copy_out(const char *s, char *buf, size_t n)

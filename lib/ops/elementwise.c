@@ -5,6 +5,7 @@
 
 #include "autograd.h"
 #include "elementwise.h"
+#include "../manager/create.h"
 #include "supports.h"
 
 /* ---- shared helpers ------------------------------------------------------ */
@@ -322,91 +323,78 @@ static ndm_status scalar_types(ndm__ew_binop op, ndm_dtype a, double s, ndm_dtyp
 /* The flat path: both inputs of one dtype t that is also the result and the
  * computation dtype (an arithmetic op on a type that needs no conversion),
  * the same shape, both C-contiguous. Returns the element count, or -1. */
+#define FLAT_ANY_ \
+    ((1u << NDM_U8) | (1u << NDM_I32) | (1u << NDM_I64) | (1u << NDM_F32) | (1u << NDM_F64))
+#define FLAT_FLOAT_ ((1u << NDM_F32) | (1u << NDM_F64))
+/* Those dtypes, one bit each, per operation: none for a bool result, f32
+ * and f64 for a float function, else every type but bool and the halves. */
+#define FLAT_DTYPES_(ID, name, form, flags, ...)                                    \
+    (unsigned char)(((flags) & NDM__EWF_BOOL_OUT) ? 0u                              \
+                    : ((flags) & NDM__EWF_FLOAT)  ? FLAT_FLOAT_                     \
+                                                  : FLAT_ANY_),
+static const unsigned char flat_dtypes[NDM__EW_BINOP_COUNT] = {NDM__EW_BINOPS(FLAT_DTYPES_)};
+#undef FLAT_DTYPES_
+#undef FLAT_FLOAT_
+#undef FLAT_ANY_
+
+/* (t: a live array's dtype, below NDM_DTYPE_COUNT) */
 static inline bool flat_dtype(ndm__ew_binop op, ndm_dtype t)
 {
-    return !ndm__ew_binop_is_bool(op) && t != NDM_BOOL && t != NDM_F16 && t != NDM_BF16 &&
-           (!ndm__ew_binop_has(op, NDM__EWF_FLOAT) || t == NDM_F32 || t == NDM_F64);
-}
-
-static inline int64_t c_order_count(const ndm__array *r)
-{
-    int64_t n = 1;
-    for (int i = r->ndim - 1; i >= 0; i--) {
-        if (r->shape[i] != 1 && r->strides[i] != n)
-            return -1;
-        n *= r->shape[i];
-    }
-    return n;
+    return (flat_dtypes[op] >> (unsigned)t) & 1u;
 }
 
 static inline int64_t flat_count(ndm__ew_binop op, const ndm__array *a, const ndm__array *b)
 {
-    if (a->dtype != b->dtype || !flat_dtype(op, a->dtype) || !same_shape(a, b))
+    if (a->dtype != b->dtype || a->ndim != b->ndim || !flat_dtype(op, a->dtype))
         return -1;
-    int64_t n = c_order_count(a);
-    return n >= 0 && c_order_count(b) == n ? n : -1;
-}
-
-/* binary when flat_count allows and the backend has the flat entry. */
-static ndm_array binary_flat(const ndm__site *site, const char *api, ndm_manager out,
-                             ndm__ew_binop op, ndm__array *a, ndm__array *b, int64_t n,
-                             const ndm__backend_ew *ew, int index)
-{
-    NDM__OP_GUARD();
-    ndm__manager *m = ndm__output_record(out, a, api, site);
-    ndm__array *o;
-    ndm_array h;
-    if (!m ||
-        !(h = ndm__array_new_in(site, api, m, a->storage->device, a->dtype, a->ndim, a->shape, &o))
-             .id)
-        return NDM_NULL_ARRAY;
-    ndm_status st = ew->binary_flat(index, op, a->dtype, ndm__ew_ptr(o), ndm__ew_ptr(a),
-                                    ndm__ew_ptr(b), n);
-    if (st < 0) {
-        kernel_failed(st, api, site);
-        ndm__discard(h);
-        return NDM_NULL_ARRAY;
+    /* one walk: the same sizes, both C-contiguous */
+    const int64_t *sa = a->shape, *sb = b->shape, *ta = a->strides, *tb = b->strides;
+    int64_t n = 1;
+    for (int i = a->ndim - 1; i >= 0; i--) {
+        int64_t e = sa[i];
+        if (e != sb[i] || (e != 1 && (ta[i] != n || tb[i] != n)))
+            return -1;
+        n *= e;
     }
-    return h;
+    return n;
 }
 
-static ndm_array binary(ndm__site site, const char *api, ndm_manager out, ndm__ew_binop op,
-                        ndm_array ha, ndm_array hb)
+/* The fast paths' start: both records, looked up quietly, and their element
+ * count when they make the flat case (see binary) on one device; false
+ * sends the caller to its general path, which looks up again and writes
+ * the messages. */
+static NDM__ALWAYS_INLINE bool flat_operands(ndm__ew_binop op, ndm_array ha, ndm_array hb,
+                                             ndm__array **pa, ndm__array **pb, int64_t *n)
 {
-    NDM__OP_GUARD();
+    ndm__array *a = ndm__array_peek(ha);
+    ndm__array *b = NDM__LIKELY(a != NULL) ? ndm__array_peek(hb) : NULL;
+    if (NDM__UNLIKELY(!b) || (*n = flat_count(op, a, b)) < 0 || !ndm__ew_same_device_quiet(a, b))
+        return false;
+    *pa = a;
+    *pb = b;
+    return true;
+}
+
+/* The general path of binary: broadcasting, promotion and strided operands
+ * (the caller entered the operation, see binary). */
+static NDM__EW_NOINLINE ndm_array binary_any(const ndm__site *sitep, const char *api, ndm_manager out,
+                                          ndm__ew_binop op, ndm_array ha, ndm_array hb)
+{
+    ndm__site site = *sitep;
     ndm__array *a = ndm__array_get_prop(ha, api, site);
     if (!a)
         return NDM_NULL_ARRAY;
     ndm__array *b = ndm__array_get_prop(hb, api, site);
     if (!b || ndm__ew_same_device(a, b, api, &site) < 0)
         return NDM_NULL_ARRAY;
-    if (NDM__DEVICE_DECLINES(a->storage->device, api, site, NDM__OPS_EW, op, ndm__ew_binop_name(op),
-                             ndm__layout_of(a) | ndm__layout_of(b) |
-                                 (same_shape(a, b) ? 0u : NDM__LAYOUT_BROADCAST),
-                             2, {a->dtype, b->dtype}))
-        return NDM_NULL_ARRAY;
-    int64_t n = flat_count(op, a, b);
-    if (n >= 0) {
-        int index;
-        const ndm__backend_ew *ew = ndm__ew_backend(a->storage->device, &index, api, &site);
-        if (!ew)
-            return NDM_NULL_ARRAY;
-        if (ew->binary_flat) {
-            ndm_array h = binary_flat(&site, api, out, op, a, b, n, ew, index);
-            if (NDM__UNLIKELY(ndm__ag_on()) && h.id && ndm_dtype_is_float(a->dtype)) {
-                ndm__ag_params agp = {.i = {op}};
-                ndm__ag_record(NDM__AG_BINARY, h, 2, (ndm_array[]){ha, hb}, &agp);
-            }
-            return h;
-        }
-    }
     ndm_dtype ct, rt;
     if (binop_types(op, a->dtype, b->dtype, &ct, &rt, api, &site) < 0)
         return NDM_NULL_ARRAY;
-    ndm_device dev = a->storage->device;
-    int index;
-    const ndm__backend_ew *ew = ndm__ew_backend(dev, &index, api, &site);
-    if (!ew)
+    ndm__ew_target tg;
+    if (!ndm__ew_target_of(a, &tg, api, &site) || NDM__DEVICE_DECLINES(a->storage->device, api, site, NDM__OPS_EW, op, ndm__ew_binop_name(op),
+                                 ndm__layout_of(a) | ndm__layout_of(b) |
+                                     (same_shape(a, b) ? 0u : NDM__LAYOUT_BROADCAST),
+                                 2, {a->dtype, b->dtype}))
         return NDM_NULL_ARRAY;
     ndm__ew_dims d;
     d.heap = NULL;
@@ -426,12 +414,12 @@ static ndm_array binary(ndm__site site, const char *api, ndm_manager out, ndm__e
     }
     ndm__manager *m = ndm__output_record(out, a, api, &site);
     ndm__array *o;
-    if (!m || !(h = ndm__array_new_in(&site, api, m, dev, rt, nd, shape, &o)).id)
+    if (!m || !(h = ndm__array_new_in(&site, api, m, tg.dev, rt, nd, shape, &o)).id)
         goto done;
     ndm__tensor to = ndm__ew_tensor(o);
     ndm__tensor ta = {ndm__ew_ptr(a), a->dtype, nd, shape, sa};
     ndm__tensor tb = {ndm__ew_ptr(b), b->dtype, nd, shape, sb};
-    ndm_status st = ew->binary(index, op, ct, &to, &ta, &tb);
+    ndm_status st = tg.ew->binary(tg.index, op, ct, &to, &ta, &tb);
     if (st < 0) {
         kernel_failed(st, api, &site);
         ndm__discard(h);
@@ -445,6 +433,47 @@ done:
     return h;
 }
 
+/* Every binary operation with a new result starts here: the operation is
+ * entered, both handles looked up once, and two operands of one dtype and
+ * one shape, both C-contiguous, on one device whose table has the flat
+ * entry, go straight to it (no promotion, broadcast or plan), into an array
+ * made inline with the bytes of the inputs' shape (a live array's shape,
+ * checked when it was made). Anything else, a failed lookup included (whose
+ * message the general path writes), takes binary_any. */
+static NDM__EW_NOINLINE ndm_array binary(const ndm__site *site, const char *api, ndm_manager out,
+                                     ndm__ew_binop op, ndm_array ha, ndm_array hb)
+{
+    NDM__OP_GUARD();
+    ndm__array *a, *b;
+    int64_t n;
+    ndm__ew_target tg;
+    if (!flat_operands(op, ha, hb, &a, &b, &n) || !ndm__ew_target_quiet(a, &tg) ||
+        !tg.ew->binary_flat || NDM__UNLIKELY(tg.dev.type != NDM_DEVICE_CPU))
+        return binary_any(site, api, out, op, ha, hb); /* (a device with a supports table) */
+    /* (the guard's thread state, read once for the operation) */
+    ndm__thread *th = ndm__op_guard_.t;
+    ndm__manager *m = ndm__output_record_as(th, out, a, api, site);
+    ndm__array *o;
+    ndm_array h;
+    if (!m || !(h = ndm__array_new_sized(th, site, api, m, tg.dev, a->dtype, a->ndim, a->shape,
+                                          (size_t)n * ndm__ew_esize(a->dtype), &o))
+                   .id)
+        return NDM_NULL_ARRAY;
+    /* (o: a new array, its own storage from its start) */
+    ndm_status st = tg.ew->binary_flat(tg.index, op, a->dtype, o->own.data, ndm__ew_ptr(a),
+                                       ndm__ew_ptr(b), n);
+    if (NDM__UNLIKELY(st < 0)) {
+        kernel_failed(st, api, site);
+        ndm__discard(h);
+        return NDM_NULL_ARRAY;
+    }
+    if (NDM__UNLIKELY(ndm__ag_on()) && ndm_dtype_is_float(a->dtype)) {
+        ndm__ag_params agp = {.i = {op}};
+        ndm__ag_record(NDM__AG_BINARY, h, 2, (ndm_array[]){ha, hb}, &agp);
+    }
+    return h;
+}
+
 static ndm_array binary_scalar(ndm__site site, const char *api, ndm_manager out,
                                ndm__ew_binop op, ndm_array ha, double s, bool swap)
 {
@@ -455,21 +484,18 @@ static ndm_array binary_scalar(ndm__site site, const char *api, ndm_manager out,
     ndm_dtype ct, rt, via;
     if (scalar_types(op, a->dtype, s, &ct, &rt, &via, api, &site) < 0)
         return NDM_NULL_ARRAY;
-    ndm_device dev = a->storage->device;
-    int index;
-    const ndm__backend_ew *ew = ndm__ew_backend(dev, &index, api, &site);
-    if (!ew || NDM__DEVICE_DECLINES(dev, api, site, NDM__OPS_EW, op, ndm__ew_binop_name(op),
-                                    ndm__layout_of(a), 1, {a->dtype}))
+    if (NDM__DEVICE_DECLINES(a->storage->device, api, site, NDM__OPS_EW, op,
+                             ndm__ew_binop_name(op), ndm__layout_of(a), 1, {a->dtype}))
         return NDM_NULL_ARRAY;
-    ndm__manager *m = ndm__output_record(out, a, api, &site);
+    ndm__ew_target tg;
     ndm__array *o;
-    ndm_array h;
-    if (!m || !(h = ndm__array_new_in(&site, api, m, dev, rt, a->ndim, a->shape, &o)).id)
+    ndm_array h = ndm__ew_new_like(a, rt, out, &tg, &o, api, &site);
+    if (!h.id)
         return NDM_NULL_ARRAY;
     _Alignas(8) unsigned char value[8];
     ndm__ew_scalar_value(s, via, ct, value);
     ndm__tensor to = ndm__ew_tensor(o), ta = ndm__ew_tensor(a);
-    ndm_status st = ew->binary_scalar(index, op, ct, &to, &ta, value, swap);
+    ndm_status st = tg.ew->binary_scalar(tg.index, op, ct, &to, &ta, value, swap);
     if (st < 0) {
         kernel_failed(st, api, &site);
         ndm__discard(h);
@@ -482,10 +508,11 @@ static ndm_array binary_scalar(ndm__site site, const char *api, ndm_manager out,
     return h;
 }
 
-static ndm_status binary_inplace(ndm__site site, const char *api, ndm__ew_binop op, ndm_array ha,
-                                 ndm_array hb)
+/* The general path of binary_inplace (the caller entered the operation). */
+static NDM__EW_NOINLINE ndm_status binary_inplace_any(const ndm__site *sitep, const char *api,
+                                                   ndm__ew_binop op, ndm_array ha, ndm_array hb)
 {
-    NDM__OP_GUARD();
+    ndm__site site = *sitep;
     ndm__array *a = ndm__array_get_prop(ha, api, site);
     if (!a)
         return ndm__ew_lookup_failed(ha);
@@ -493,40 +520,19 @@ static ndm_status binary_inplace(ndm__site site, const char *api, ndm__ew_binop 
     if (!b)
         return ndm__ew_lookup_failed(hb);
     ndm_status st = ndm__ew_same_device(a, b, api, &site);
-    if (st < 0)
-        return st;
-    if (NDM__DEVICE_DECLINES(a->storage->device, api, site, NDM__OPS_EW, op, ndm__ew_binop_name(op),
-                             ndm__layout_of(a) | ndm__layout_of(b) |
-                                 (same_shape(a, b) ? 0u : NDM__LAYOUT_BROADCAST),
-                             2, {a->dtype, b->dtype}))
-        return NDM_E_UNSUPPORTED;
-    /* The flat path (see binary), when b cannot overlap a other than
-     * element for element: storages from the allocator never overlap. */
-    int64_t n = flat_count(op, a, b);
-    if (n >= 0 && ((a->storage != b->storage && a->storage->cookie &&
-                    b->storage->cookie) ||
-                   ndm__ew_ptr(a) == ndm__ew_ptr(b))) {
-        int index;
-        const ndm__backend_ew *ew = ndm__ew_backend(a->storage->device, &index, api, &site);
-        if (!ew)
-            return ndm_last_status();
-        if (ew->binary_flat) {
-            void *pa = ndm__ew_ptr(a);
-            st = ew->binary_flat(index, op, a->dtype, pa, pa, ndm__ew_ptr(b), n);
-            if (st < 0)
-                kernel_failed(st, api, &site);
-            return st < 0 ? st : NDM_OK;
-        }
-    }
     ndm_dtype ct, rt;
     if (st < 0 || (st = binop_types(op, a->dtype, b->dtype, &ct, &rt, api, &site)) < 0 ||
         (st = storable(rt, a, ndm__ew_binop_name(op), api, &site)) < 0 ||
         (st = ndm__ew_check_writable(a, api, &site)) < 0)
         return st;
-    int index;
-    const ndm__backend_ew *ew = ndm__ew_backend(a->storage->device, &index, api, &site);
-    if (!ew)
+    ndm__ew_target tg;
+    if (!ndm__ew_target_of(a, &tg, api, &site))
         return ndm_last_status();
+    if (NDM__DEVICE_DECLINES(a->storage->device, api, site, NDM__OPS_EW, op, ndm__ew_binop_name(op),
+                             ndm__layout_of(a) | ndm__layout_of(b) |
+                                 (same_shape(a, b) ? 0u : NDM__LAYOUT_BROADCAST),
+                             2, {a->dtype, b->dtype}))
+        return NDM_E_UNSUPPORTED;
     ndm__ew_dims d;
     d.heap = NULL;
     ndm__ew_scratch scratch;
@@ -549,7 +555,7 @@ static ndm_status binary_inplace(ndm__site site, const char *api, ndm__ew_binop 
     }
     if ((st = ndm__ew_unalias(a, b, &tb, &scratch, api, &site)) < 0)
         goto done;
-    st = ew->binary(index, op, ct, &ta, &ta, &tb);
+    st = tg.ew->binary(tg.index, op, ct, &ta, &ta, &tb);
     if (st < 0)
         kernel_failed(st, api, &site);
 done:
@@ -558,6 +564,31 @@ done:
     return st < 0 ? st : NDM_OK;
 }
 
+/* Every binary operation in place starts here, as binary does: the flat
+ * case (see there) when b cannot overlap a other than element for element
+ * (storages from the allocator never overlap) goes straight to the table's
+ * flat entry; anything else takes binary_inplace_any. */
+static NDM__EW_NOINLINE ndm_status binary_inplace(const ndm__site *site, const char *api,
+                                              ndm__ew_binop op, ndm_array ha, ndm_array hb)
+{
+    NDM__OP_GUARD();
+    ndm__array *a, *b;
+    int64_t n;
+    ndm__ew_target tg;
+    if (!flat_operands(op, ha, hb, &a, &b, &n))
+        return binary_inplace_any(site, api, op, ha, hb);
+    void *pa = ndm__ew_ptr(a), *pb = ndm__ew_ptr(b);
+    if (!((a->storage != b->storage && a->storage->cookie && b->storage->cookie) || pa == pb) ||
+        !ndm__ew_target_quiet(a, &tg) || !tg.ew->binary_flat ||
+        NDM__UNLIKELY(tg.dev.type != NDM_DEVICE_CPU))
+        return binary_inplace_any(site, api, op, ha, hb);
+    ndm_status st = tg.ew->binary_flat(tg.index, op, a->dtype, pa, pa, pb, n);
+    if (NDM__UNLIKELY(st < 0)) {
+        kernel_failed(st, api, site);
+        return st;
+    }
+    return NDM_OK;
+}
 
 static ndm_status binary_scalar_inplace(ndm__site site, const char *api, ndm__ew_binop op,
                                         ndm_array ha, double s, bool swap)
@@ -571,15 +602,15 @@ static ndm_status binary_scalar_inplace(ndm__site site, const char *api, ndm__ew
     if (st < 0 || (st = storable(rt, a, ndm__ew_binop_name(op), api, &site)) < 0 ||
         (st = ndm__ew_check_writable(a, api, &site)) < 0)
         return st;
-    int index;
-    const ndm__backend_ew *ew = ndm__ew_backend(a->storage->device, &index, api, &site);
-    if (!ew || NDM__DEVICE_DECLINES(a->storage->device, api, site, NDM__OPS_EW, op,
-                                    ndm__ew_binop_name(op), ndm__layout_of(a), 1, {a->dtype}))
+    ndm__ew_target tg;
+    if (!ndm__ew_target_of(a, &tg, api, &site) ||
+        NDM__DEVICE_DECLINES(a->storage->device, api, site, NDM__OPS_EW, op,
+                             ndm__ew_binop_name(op), ndm__layout_of(a), 1, {a->dtype}))
         return ndm_last_status();
     _Alignas(8) unsigned char value[8];
     ndm__ew_scalar_value(s, via, ct, value);
     ndm__tensor ta = ndm__ew_tensor(a);
-    st = ew->binary_scalar(index, op, ct, &ta, &ta, value, swap);
+    st = tg.ew->binary_scalar(tg.index, op, ct, &ta, &ta, value, swap);
     if (st < 0)
         kernel_failed(st, api, &site);
     return st < 0 ? st : NDM_OK;
@@ -591,7 +622,8 @@ static ndm_status binary_scalar_inplace(ndm__site site, const char *api, ndm__ew
     NDM_API ndm_array ndm_##name##_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, \
                                          ndm_array b)                           \
     {                                                                           \
-        return binary(NDM__SITE, "ndm_" #name, out, OP, a, b);                      \
+        ndm__site site_ = NDM__SITE;                                            \
+        return binary(&site_, "ndm_" #name, out, OP, a, b);                     \
     }
 #define NDM__EW_SCALAR(name, OP, SWAP)                                          \
     NDM_API ndm_array ndm_##name##_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, \
@@ -602,7 +634,8 @@ static ndm_status binary_scalar_inplace(ndm__site site, const char *api, ndm__ew
 #define NDM__EW_INPLACE(name, OP)                                               \
     NDM_API ndm_status ndm_##name##_inplace_at(NDM_SITE_PARAMS, ndm_array a, ndm_array b) \
     {                                                                           \
-        return binary_inplace(NDM__SITE, "ndm_" #name "_", OP, a, b);                   \
+        ndm__site site_ = NDM__SITE;                                            \
+        return binary_inplace(&site_, "ndm_" #name "_", OP, a, b);              \
     }
 #define NDM__EW_SCALAR_INPLACE(name, OP, SWAP)                                  \
     NDM_API ndm_status ndm_##name##_inplace_at(NDM_SITE_PARAMS, ndm_array a, double s) \
@@ -649,15 +682,13 @@ NDM_API ndm_array ndm_where_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array co
         ndm__ew_same_device(c, y, api, &site) < 0)
         return NDM_NULL_ARRAY;
     ndm_dtype rt = ndm_result_type(x->dtype, y->dtype);
-    ndm_device dev = c->storage->device;
-    int index;
-    const ndm__backend_ew *ew = ndm__ew_backend(dev, &index, api, &site);
-    if (!ew || NDM__DEVICE_DECLINES(dev, api, site, NDM__OPS_EW, 0, "where",
-                                    ndm__layout_of(c) | ndm__layout_of(x) | ndm__layout_of(y) |
-                                        (same_shape(c, x) && same_shape(c, y)
-                                             ? 0u
-                                             : NDM__LAYOUT_BROADCAST),
-                                    3, {c->dtype, x->dtype, y->dtype}))
+    ndm__ew_target tg;
+    if (!ndm__ew_target_of(c, &tg, api, &site) ||
+        NDM__DEVICE_DECLINES(tg.dev, api, site, NDM__OPS_EW, 0, "where",
+                             ndm__layout_of(c) | ndm__layout_of(x) | ndm__layout_of(y) |
+                                 (same_shape(c, x) && same_shape(c, y) ? 0u
+                                                                       : NDM__LAYOUT_BROADCAST),
+                             3, {c->dtype, x->dtype, y->dtype}))
         return NDM_NULL_ARRAY;
     ndm__array *in[3] = {c, x, y};
     ndm__ew_dims d;
@@ -673,13 +704,13 @@ NDM_API ndm_array ndm_where_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array co
     /* The output rule's first input is cond. */
     ndm_manager m = ndm__output_manager(out, c, api, site);
     ndm__array *o;
-    if (!m.id || !(h = ndm__array_new_on(site, api, m, dev, rt, nd, d.shape, &o)).id)
+    if (!m.id || !(h = ndm__array_new_on(site, api, m, tg.dev, rt, nd, d.shape, &o)).id)
         goto done;
     ndm__tensor to = ndm__ew_tensor(o);
     ndm__tensor tc = {ndm__ew_ptr(c), c->dtype, nd, d.shape, d.s0};
     ndm__tensor tx = {ndm__ew_ptr(x), x->dtype, nd, d.shape, d.s1};
     ndm__tensor ty = {ndm__ew_ptr(y), y->dtype, nd, d.shape, d.s2};
-    ndm_status st = ew->where(index, ndm__ew_compute(rt), &to, &tc, &tx, &ty);
+    ndm_status st = tg.ew->where(tg.index, ndm__ew_compute(rt), &to, &tc, &tx, &ty);
     if (st < 0) {
         kernel_failed(st, api, &site);
         ndm__discard(h);

@@ -81,12 +81,76 @@ static inline const ndm__backend_ew *ndm__ew_backend(ndm_device dev, int *index,
     return ndm__ew_no_backend(dev, api, site);
 }
 
+/* A dispatcher's general path, kept out of the fast one's frame. */
+#if defined(__GNUC__)
+#define NDM__EW_NOINLINE __attribute__((noinline))
+#else
+#define NDM__EW_NOINLINE
+#endif
+
+/* Where an elementwise operation runs: the device of its first input and
+ * that device's elementwise table (every dispatcher finds it so). */
+typedef struct ndm__ew_target {
+    ndm_device dev;
+    int index;
+    const ndm__backend_ew *ew;
+} ndm__ew_target;
+
+/* The target of an operation on r; false with NDM_E_UNSUPPORTED recorded. */
+static inline bool ndm__ew_target_of(const ndm__array *r, ndm__ew_target *t, const char *api,
+                                     const ndm__site *site)
+{
+    t->dev = r->storage->device;
+    t->ew = ndm__ew_backend(t->dev, &t->index, api, site);
+    return t->ew != NULL;
+}
+/* The same, recording nothing (a fast path that falls back on false). */
+static inline bool ndm__ew_target_quiet(const ndm__array *r, ndm__ew_target *t)
+{
+    t->dev = r->storage->device;
+    t->index = t->dev.index;
+    const ndm__backend *b = ndm__backend_for_inline(t->dev.type);
+    t->ew = b ? b->ew : NULL;
+    return t->ew != NULL;
+}
+
+/* The result of a general path: a's shape, dtype rt, on a's device (its
+ * target in *tg), in the manager of the output rule (out); the null handle
+ * with the error recorded when none can be made. */
+static inline ndm_array ndm__ew_new_like(ndm__array *a, ndm_dtype rt, ndm_manager out,
+                                         ndm__ew_target *tg, ndm__array **o, const char *api,
+                                         const ndm__site *site)
+{
+    if (!ndm__ew_target_of(a, tg, api, site))
+        return NDM_NULL_ARRAY;
+    ndm__manager *m = ndm__output_record(out, a, api, site);
+    return m ? ndm__array_new_in(site, api, m, tg->dev, rt, a->ndim, a->shape, o)
+             : NDM_NULL_ARRAY;
+}
+
+/* The element count when r is C-contiguous, else -1. */
+static inline int64_t ndm__ew_c_count(const ndm__array *r)
+{
+    int64_t n = 1;
+    for (int i = r->ndim - 1; i >= 0; i--) {
+        if (r->shape[i] != 1 && r->strides[i] != n)
+            return -1;
+        n *= r->shape[i];
+    }
+    return n;
+}
+
+static inline bool ndm__ew_same_device_quiet(const ndm__array *a, const ndm__array *b)
+{
+    ndm_device da = a->storage->device, db = b->storage->device;
+    return da.type == db.type && da.index == db.index;
+}
+
 /* NDM_E_DEVICE unless both arrays live on the same device. */
 static inline ndm_status ndm__ew_same_device(const ndm__array *a, const ndm__array *b,
                                              const char *api, const ndm__site *site)
 {
-    ndm_device da = a->storage->device, db = b->storage->device;
-    if (NDM__LIKELY(da.type == db.type && da.index == db.index))
+    if (NDM__LIKELY(ndm__ew_same_device_quiet(a, b)))
         return NDM_OK;
     return ndm__ew_device_mismatch(a, b, api, site);
 }

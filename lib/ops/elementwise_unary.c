@@ -57,22 +57,19 @@ static ndm_array unary(ndm__site site, const char *api, ndm_manager out, ndm__ew
     ndm_dtype ct, rt;
     if (unop_types(op, a->dtype, bounds, &ct, &rt, api, &site) < 0)
         return NDM_NULL_ARRAY;
-    ndm_device dev = a->storage->device;
-    int index;
-    const ndm__backend_ew *ew = ndm__ew_backend(dev, &index, api, &site);
-    if (!ew || NDM__DEVICE_DECLINES(dev, api, site, NDM__OPS_EW, op, ndm__ew_unop_name(op),
-                                    ndm__layout_of(a), 1, {a->dtype}))
+    if (NDM__DEVICE_DECLINES(a->storage->device, api, site, NDM__OPS_EW, op,
+                             ndm__ew_unop_name(op), ndm__layout_of(a), 1, {a->dtype}))
         return NDM_NULL_ARRAY;
-    ndm_manager m = ndm__output_manager(out, a, api, site);
+    ndm__ew_target tg;
     ndm__array *o;
-    ndm_array h;
-    if (!m.id || !(h = ndm__array_new_on(site, api, m, dev, rt, a->ndim, a->shape, &o)).id)
+    ndm_array h = ndm__ew_new_like(a, rt, out, &tg, &o, api, &site);
+    if (!h.id)
         return NDM_NULL_ARRAY;
     _Alignas(8) unsigned char params[16];
     if (bounds)
         bounds_value(bounds, a->dtype, ct, params);
     ndm__tensor to = ndm__ew_tensor(o), ta = ndm__ew_tensor(a);
-    ndm_status st = ew->unary(index, op, ct, &to, &ta, bounds ? params : NULL);
+    ndm_status st = tg.ew->unary(tg.index, op, ct, &to, &ta, bounds ? params : NULL);
     if (st < 0) {
         kernel_failed(st, api, &site);
         ndm__discard(h);
@@ -109,16 +106,16 @@ static ndm_status unary_inplace(ndm__site site, const char *api, ndm__ew_unop op
     }
     if ((st = ndm__ew_check_writable(a, api, &site)) < 0)
         return st;
-    int index;
-    const ndm__backend_ew *ew = ndm__ew_backend(a->storage->device, &index, api, &site);
-    if (!ew || NDM__DEVICE_DECLINES(a->storage->device, api, site, NDM__OPS_EW, op,
-                                    ndm__ew_unop_name(op), ndm__layout_of(a), 1, {a->dtype}))
+    ndm__ew_target tg;
+    if (!ndm__ew_target_of(a, &tg, api, &site) ||
+        NDM__DEVICE_DECLINES(a->storage->device, api, site, NDM__OPS_EW, op,
+                             ndm__ew_unop_name(op), ndm__layout_of(a), 1, {a->dtype}))
         return ndm_last_status();
     _Alignas(8) unsigned char params[16];
     if (bounds)
         bounds_value(bounds, a->dtype, ct, params);
     ndm__tensor ta = ndm__ew_tensor(a);
-    st = ew->unary(index, op, ct, &ta, &ta, bounds ? params : NULL);
+    st = tg.ew->unary(tg.index, op, ct, &ta, &ta, bounds ? params : NULL);
     if (st < 0)
         kernel_failed(st, api, &site);
     return st < 0 ? st : NDM_OK;

@@ -9,18 +9,6 @@
 #include "fused.h"
 #include "supports.h"
 
-/* The element count when r is C-contiguous, else -1. */
-static int64_t c_count(const ndm__array *r)
-{
-    int64_t n = 1;
-    for (int i = r->ndim - 1; i >= 0; i--) {
-        if (r->shape[i] != 1 && r->strides[i] != n)
-            return -1;
-        n *= r->shape[i];
-    }
-    return n;
-}
-
 static bool same_layout(const ndm__array *a, const ndm__array *b)
 {
     if (a->ndim != b->ndim || a->dtype != b->dtype)
@@ -49,7 +37,7 @@ ndm_array ndm__relu_grad(ndm_array hg, ndm_array hx)
     const ndm__backend_ew *ew = NULL;
     int index = 0;
     if (x && !ndm__ag_on() && fusable_dtype(g->dtype) && same_layout(g, x) &&
-        (n = c_count(g)) >= 0 && c_count(x) == n) {
+        (n = ndm__ew_c_count(g)) >= 0 && ndm__ew_c_count(x) == n) {
         const ndm__backend *b = ndm__backend_for(g->storage->device.type);
         index = g->storage->device.index;
         ew = b && b->ew && b->ew->relu_grad_flat &&
@@ -81,7 +69,7 @@ ndm_array ndm__relu_grad(ndm_array hg, ndm_array hx)
 static ndm__array *member(ndm_array h, const ndm__array *w, int64_t n)
 {
     ndm__array *r = ndm__array_peek(h);
-    return r && same_layout(r, w) && c_count(r) == n ? r : NULL;
+    return r && same_layout(r, w) && ndm__ew_c_count(r) == n ? r : NULL;
 }
 
 /* Do the bytes of a and b overlap? */
@@ -99,7 +87,7 @@ ndm_status ndm__optim_fused(ndm__optim_args *a, ndm_array hw, ndm_array hg, ndm_
     ndm__array *w = ndm__array_peek(hw);
     if (!w || !fusable_dtype(w->dtype))
         return NDM_E_UNSUPPORTED;
-    int64_t n = c_count(w);
+    int64_t n = ndm__ew_c_count(w);
     const ndm__backend *b = ndm__backend_for(w->storage->device.type);
     if (n < 0 || !b || !b->ew || !b->ew->optim_flat ||
         !NDM__BACKEND_RUNS(b, w->storage->device, NDM__OPS_EW, 0, "optim_flat", 0, 1, {w->dtype}))

@@ -607,18 +607,38 @@ static ndm_status cpu_binary(int device, ndm__ew_binop op, ndm_dtype ct, const n
     return st != -1 ? (ndm_status)st : bin_run(op, ct, out, a, NULL, b, NULL);
 }
 
-static ndm_status cpu_binary_flat(int device, ndm__ew_binop op, ndm_dtype t, void *out,
-                                  const void *a, const void *b, int64_t n)
+/* cpu_binary_flat's other cases: large operands take the threaded walk,
+ * over one axis; the first call builds the tables (out of the small path's
+ * frame). */
+static __attribute__((noinline)) ndm_status binary_flat_slow(ndm__ew_binop op, ndm_dtype t,
+                                                             void *out, const void *a,
+                                                             const void *b, int64_t n)
 {
-    (void)device;
     if (n > GRAIN_CHEAP) {
-        /* Large: the threaded walk, over one axis. */
         int64_t one = 1;
         ndm__tensor to = {out, t, 1, &n, &one}, ta = {(void *)a, t, 1, &n, &one},
                     tb = {(void *)b, t, 1, &n, &one};
         return bin_run(op, t, &to, &ta, NULL, &tb, NULL);
     }
     ndm__ew_bin_fn k = ndm__ew_isa_active()->bin[op][t];
+    if (!k)
+        return NDM_E_UNSUPPORTED;
+    if (n)
+        k(out, a, 1, b, 1, n);
+    return NDM_OK;
+}
+
+static ndm_status cpu_binary_flat(int device, ndm__ew_binop op, ndm_dtype t, void *out,
+                                  const void *a, const void *b, int64_t n)
+{
+    (void)device;
+    /* Small, the ISA chosen and its tables built: the kernel, straight. */
+    int level = atomic_load_explicit(&ndm__cpu_isa_now, memory_order_relaxed);
+    if (__builtin_expect(n > GRAIN_CHEAP || level < 0 ||
+                             !atomic_load_explicit(&tables_built, memory_order_acquire),
+                         0))
+        return binary_flat_slow(op, t, out, a, b, n);
+    ndm__ew_bin_fn k = tables[level].bin[op][t];
     if (!k)
         return NDM_E_UNSUPPORTED;
     if (n)

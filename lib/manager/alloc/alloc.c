@@ -244,7 +244,12 @@ static ndm_status alloc_rare(ndm_device dev, size_t nbytes, const ndm__alloc_tag
     return handed_out(p, ndm__pool_alloc_on(p, nbytes, stream, tag, out), nbytes, out);
 }
 
-ndm_status ndm__alloc(ndm_device dev, size_t nbytes, const ndm__alloc_tag *tag, ndm__block *out)
+/* ndm__alloc past its inline case: other devices, large requests, an
+ * injected failure, a bad configuration, an empty bin. `tried`: the thread
+ * cache was asked already. */
+static __attribute__((noinline)) ndm_status alloc_general(ndm_device dev, size_t nbytes,
+                                                          const ndm__alloc_tag *tag,
+                                                          ndm__block *out, bool tried)
 {
     int i = dev.type == NDM_DEVICE_CPU ? 0 : 1 + dev.index;
     if (__builtin_expect(i < 0 || i >= MAX_POOLS ||
@@ -254,11 +259,30 @@ ndm_status ndm__alloc(ndm_device dev, size_t nbytes, const ndm__alloc_tag *tag, 
     ndm__pool *p = atomic_load_explicit(&pools[i], memory_order_acquire);
     if (__builtin_expect(!p || atomic_load_explicit(&conf_bad[i], memory_order_relaxed), 0))
         return alloc_rare(dev, nbytes, tag, out);
-    if (ndm__pool_alloc_fast(p, nbytes, tag, out))
+    if (!tried && ndm__pool_alloc_fast(p, nbytes, tag, out))
         return handed_out(p, NDM_OK, nbytes, out);
     /* The CPU has one stream; other devices tie the block to the thread's. */
     uintptr_t stream = i ? cur_stream[i] : 0;
     return handed_out(p, ndm__pool_alloc_on(p, nbytes, stream, tag, out), nbytes, out);
+}
+
+ndm_status ndm__alloc(ndm_device dev, size_t nbytes, const ndm__alloc_tag *tag, ndm__block *out)
+{
+    /* A small CPU request: the thread's cache, with nothing live across a
+     * call (the rest is alloc_general's, a tail call). */
+    if (__builtin_expect(dev.type == NDM_DEVICE_CPU && nbytes <= NDM__TC_MAX_SIZE, 1)) {
+        ndm__pool *p = atomic_load_explicit(&pools[0], memory_order_acquire);
+        if (__builtin_expect(p == NULL ||
+                                 atomic_load_explicit(&ndm__inject_countdown,
+                                                      memory_order_relaxed) > 0 ||
+                                 atomic_load_explicit(&conf_bad[0], memory_order_relaxed),
+                             0))
+            return alloc_general(dev, nbytes, tag, out, false);
+        if (ndm__pool_alloc_fast(p, nbytes, tag, out))
+            return handed_out(p, NDM_OK, nbytes, out);
+        return alloc_general(dev, nbytes, tag, out, true);
+    }
+    return alloc_general(dev, nbytes, tag, out, false);
 }
 
 void ndm__free(ndm_device dev, ndm__block *blk)
