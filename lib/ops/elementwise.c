@@ -484,12 +484,9 @@ static ndm_array binary_scalar(ndm__site site, const char *api, ndm_manager out,
     ndm_dtype ct, rt, via;
     if (scalar_types(op, a->dtype, s, &ct, &rt, &via, api, &site) < 0)
         return NDM_NULL_ARRAY;
-    if (NDM__DEVICE_DECLINES(a->storage->device, api, site, NDM__OPS_EW, op,
-                             ndm__ew_binop_name(op), ndm__layout_of(a), 1, {a->dtype}))
-        return NDM_NULL_ARRAY;
     ndm__ew_target tg;
     ndm__array *o;
-    ndm_array h = ndm__ew_new_like(a, rt, out, &tg, &o, api, &site);
+    ndm_array h = ndm__ew_new_for(a, op, ndm__ew_binop_name(op), rt, out, &tg, &o, api, &site);
     if (!h.id)
         return NDM_NULL_ARRAY;
     _Alignas(8) unsigned char value[8];

@@ -9,6 +9,7 @@
 #include "../backends/ew.h"
 #include "broadcast.h"
 #include "dispatch.h"
+#include "supports.h"
 
 /* Kinds order the dtypes for in-place writes: a result may be stored into
  * an array of the same or a higher kind (numpy's same_kind casting). */
@@ -126,6 +127,18 @@ static inline ndm_array ndm__ew_new_like(ndm__array *a, ndm_dtype rt, ndm_manage
     ndm__manager *m = ndm__output_record(out, a, api, site);
     return m ? ndm__array_new_in(site, api, m, tg->dev, rt, a->ndim, a->shape, o)
              : NDM_NULL_ARRAY;
+}
+
+/* ndm__ew_new_like for the operation `name` (enum value op) on a alone, once
+ * a's device has not declined it (the failure recorded then). */
+static inline ndm_array ndm__ew_new_for(ndm__array *a, int op, const char *name, ndm_dtype rt,
+                                        ndm_manager out, ndm__ew_target *tg, ndm__array **o,
+                                        const char *api, const ndm__site *site)
+{
+    if (NDM__DEVICE_DECLINES(a->storage->device, api, *site, NDM__OPS_EW, op, name,
+                             ndm__layout_of(a), 1, {a->dtype}))
+        return NDM_NULL_ARRAY;
+    return ndm__ew_new_like(a, rt, out, tg, o, api, site);
 }
 
 /* The element count when r is C-contiguous, else -1. */
