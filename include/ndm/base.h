@@ -64,10 +64,13 @@
 /* List and struct literals for the macros below and in other headers:
  * compound literals in C; in C++, which has none, an initializer_list (its
  * array lives to the end of the full expression, as a compound literal
- * passed as an argument does) and a braced temporary. */
+ * passed as an argument does) and a braced temporary. A list's count is
+ * taken from its expressions' types in an unevaluated sizeof, in C and in
+ * C++ alike: each expression runs once, in the list itself. */
 #ifdef __cplusplus
 #include <initializer_list>
-#define NDM_LIST_COUNT_(T, ...) ((int)std::initializer_list<T>{__VA_ARGS__}.size())
+template <typename... A> char (&ndm_list_count_(A &&...))[sizeof...(A) + 1];
+#define NDM_LIST_COUNT_(T, ...) ((int)sizeof(ndm_list_count_(__VA_ARGS__)) - 1)
 #define NDM_LIST_(T, ...) (std::initializer_list<T>{__VA_ARGS__}.begin())
 #define NDM_LITERAL_(T, ...) (T{__VA_ARGS__})
 #else

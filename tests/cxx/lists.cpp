@@ -1,0 +1,87 @@
+/* The list macros in C++: each argument is evaluated once, as in C (the
+ * count is taken without evaluating it), so a layer, an array or a draw in
+ * a list happens once, whichever compiler orders the arguments. */
+#include <cstdio>
+#include <cstdlib>
+
+#include <ndm/ndm.h>
+
+static int failures;
+#define EXPECT(cond)                                                                       \
+    do {                                                                                   \
+        if (!(cond)) {                                                                     \
+            std::fprintf(stderr, "%s:%d: expected %s\n", __FILE__, __LINE__, #cond);      \
+            failures++;                                                                    \
+        }                                                                                  \
+    } while (0)
+
+static int calls;
+static int64_t dim(int64_t v)
+{
+    calls++;
+    return v;
+}
+static int axis(int v)
+{
+    calls++;
+    return v;
+}
+
+static int64_t live(ndm_manager m)
+{
+    ndm_stats st;
+    ndm_device cpu = {NDM_DEVICE_CPU, 0};
+    return ndm_manager_stats(m, cpu, 0, &st) == NDM_OK ? (int64_t)st.live_arrays : -1;
+}
+
+int main()
+{
+    ndm_manager m = ndm_manager_new(ndm_system(), "cxx");
+    EXPECT(m.id != 0);
+
+    calls = 0; /* NDM_SHAPE */
+    ndm_array a = ndm_ones(m, NDM_F32, NDM_SHAPE(dim(2), dim(3)));
+    EXPECT(calls == 2 && ndm_array_size(a) == 6);
+
+    calls = 0; /* NDM_AXES */
+    double v = 0;
+    EXPECT(ndm_item(ndm_sum(a, false, NDM_AXES(axis(0), axis(1))), &v) == NDM_OK && v == 6.0);
+    EXPECT(calls == 2);
+
+    int64_t before = live(m); /* NDM_ARRAYS: two inputs made once, one result */
+    ndm_array c = ndm_concat(0, NDM_ARRAYS(ndm_add(a, a), ndm_mul(a, a)));
+    EXPECT(c.id != 0 && ndm_array_dim(c, 0) == 4);
+    EXPECT(live(m) == before + 3);
+
+    /* NDM_MODULES: each layer built once, so the model holds one layer's
+     * parameters each, and the same weights under every compiler */
+    ndm_manager model = ndm_manager_new(m, "model");
+    ndm_rng rng = ndm_rng_new(7);
+    ndm_module net = ndm_sequential(model, NDM_MODULES(ndm_linear(model, 4, 3, true, &rng),
+                                                       ndm_relu_module(model),
+                                                       ndm_linear(model, 3, 2, false, &rng)));
+    EXPECT(net.id != 0);
+    ndm_array p[3] = {NDM_NULL_ARRAY, NDM_NULL_ARRAY, NDM_NULL_ARRAY};
+    EXPECT(ndm_module_parameters(net, p, 3) == 3);
+    /* the same layers one by one, from the same seed */
+    ndm_rng same = ndm_rng_new(7);
+    ndm_manager ref = ndm_manager_new(m, "ref");
+    ndm_module first = ndm_linear(ref, 4, 3, true, &same);
+    EXPECT(ndm_relu_module(ref).id != 0 && ndm_linear(ref, 3, 2, false, &same).id != 0);
+    EXPECT(live(model) == live(ref));
+    if (live(model) != live(ref))
+        std::fprintf(stderr, "the model holds %lld arrays, the same layers %lld\n",
+                     (long long)live(model), (long long)live(ref));
+    ndm_array q[2] = {NDM_NULL_ARRAY, NDM_NULL_ARRAY};
+    EXPECT(ndm_module_parameters(first, q, 2) == 2);
+    double s1 = 0, s2 = 0;
+    EXPECT(ndm_item(ndm_sum(p[0], false, NDM_ALL_AXES_LIST), &s1) == NDM_OK &&
+           ndm_item(ndm_sum(q[0], false, NDM_ALL_AXES_LIST), &s2) == NDM_OK && s1 == s2);
+
+    EXPECT(ndm_manager_close(m) == NDM_OK);
+    if (failures)
+        std::fprintf(stderr, "%d failure(s)\n", failures);
+    else
+        std::printf("list macros: every argument evaluated once\n");
+    return failures ? 1 : 0;
+}
