@@ -83,7 +83,7 @@ static ndm_status scratch_alloc(const ndm__op_context *c, ndm_device_type type, 
             r->m = m, r->gen = gen, r->charge = (int64_t)bytes;
         mslot = m->self;
     }
-    ndm__alloc_tag tag = {mslot, site.file, site.func, site.line, api};
+    ndm__alloc_tag tag = {mslot, site.file, site.func, site.line, api, true};
     if (NDM__UNLIKELY(ndm__alloc(dev, bytes, &tag, &r->blk) < 0)) {
         /* The allocator's message says what it had; name the operation. */
         ndm_status st = ndm_last_status();

@@ -20,6 +20,7 @@ typedef struct ndm__alloc_tag {
     const char *func;
     int line;
     const char *api;
+    bool transient; /* kernel scratch: freed before the operation that took it returns */
 } ndm__alloc_tag;
 
 /* One allocation. `cookie` is the allocator's own record, so freeing needs no

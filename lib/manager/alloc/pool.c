@@ -288,19 +288,13 @@ static bool split_sized(const ndm__settings *s, const ndm__ablk *b, size_t size)
     return size < s->max_split_size && remaining > NDM__SMALL_SIZE;
 }
 
-/* PyTorch's oversize rules, and where segments are cheap to map a whole free
- * segment at least twice the request is not carved up: attempt() gives it
- * back and maps one that fits, so a transient large block does not pin its
- * size for good. */
+/* PyTorch's oversize rules. */
 static bool fits_oversize(const ndm__settings *s, int pool, const ndm__ablk *b, size_t size)
 {
     size_t max_split = s->max_split_size;
     if (size < max_split && b->size >= max_split)
         return false;
-    if (size >= max_split && b->size >= size + s->max_non_split_rounding)
-        return false;
-    return !(s->segment_refit && pool == NDM__POOL_LARGE && !is_split(b) && !b->seg->pinned &&
-             !b->seg->expandable && b->size / 2 >= size);
+    return !(size >= max_split && b->size >= size + s->max_non_split_rounding);
 }
 
 static const ndm__pool_policy auto_growth = {
@@ -365,6 +359,17 @@ static inline int pool_for(const ndm__pool *p, size_t size)
     return p->set.policy->pool_for(&p->set, size);
 }
 
+/* Where segments are cheap to map (segment_refit), a whole free segment at
+ * least twice the request is not carved up: attempt() gives it back and maps
+ * one that fits, so a transient large block does not pin its size for good.
+ * Kernel scratch, freed before its operation returns, takes it as it is:
+ * refitting for it would unmap the memory the next step faults in again. */
+static bool refit_refuses(const ndm__pool *p, int pool, const ndm__ablk *b, size_t size)
+{
+    return p->set.segment_refit && !p->transient && pool == NDM__POOL_LARGE && !is_split(b) &&
+           !b->seg->pinned && !b->seg->expandable && b->size / 2 >= size;
+}
+
 /* Best fit on the request's stream, if the strategy accepts it; the block
  * leaves the tree. A strategy that reuses no free block never searches. */
 static ndm__ablk *get_free_block(ndm__pool *p, int pool, uintptr_t stream, size_t size)
@@ -375,7 +380,7 @@ static ndm__ablk *get_free_block(ndm__pool *p, int pool, uintptr_t stream, size_
     if (p->set.gc_threshold > 0)
         p->searches[pool]++;
     ndm__ablk *b = tree_lower_bound(p->tree[pool], stream, size);
-    if (!b || !pol->accept_free_block(&p->set, pool, b, size))
+    if (!b || !pol->accept_free_block(&p->set, pool, b, size) || refit_refuses(p, pool, b, size))
         return NULL;
     tree_remove(p, b);
     return b;
@@ -1093,7 +1098,7 @@ static ndm__ablk *attempt(ndm__pool *p, ndm__tcache *tc, uintptr_t stream, size_
         return b;
     if (p->set.gc_threshold > 0)
         garbage_collect(p);
-    if (p->set.release_free_segments || p->set.segment_refit)
+    if (!p->transient && (p->set.release_free_segments || p->set.segment_refit))
         release_idle(p);
     return grow(p, pool, stream, size, false);
 }
@@ -1257,8 +1262,10 @@ static ndm_status alloc_slow(ndm__pool *p, size_t req, size_t size, uintptr_t st
         process_events(p);
     ndm__ablk *b = cache_take_locked(p, tc, size);
     bool from_cache = b != NULL;
+    p->transient = tag && tag->transient;
     if (!b)
         b = attempt(p, tc, stream, size);
+    p->transient = false;
     if (b) {
         finish_alloc(p, b, size, req, tag, path, out, from_cache);
         periodic = pressure_due(p);
