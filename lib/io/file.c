@@ -366,7 +366,7 @@ ndm_status ndm__src_expect_end(ndm__src *s, const char *api, ndm__site where)
 ndm_status ndm__tmp_resize(ndm__tmp *t, ndm_manager m, size_t n, size_t keep, const char *what,
                            const char *api, ndm__site where)
 {
-    ndm__alloc_tag tag = {ndm__owner_slot(m), where.file, where.func, where.line, NULL};
+    ndm__alloc_tag tag = {ndm__owner_slot(m), where.file, where.func, where.line, NULL, false};
     ndm__block b;
     if (ndm__alloc(NDM_CPU, n, &tag, &b) < 0)
         return ndm__fail(ndm_last_status(), api, where, "no memory for %s (%zu bytes): %s", what,

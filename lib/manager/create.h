@@ -156,7 +156,7 @@ static NDM__ALWAYS_INLINE ndm_array ndm__array_create(ndm__thread *th,
     }
     ndm__array *r = ndm__array_rec(slot);
     ndm__storage *s = &r->own;
-    ndm__alloc_tag tag = {m->self, site->file, site->func, site->line, api};
+    ndm__alloc_tag tag = {m->self, site->file, site->func, site->line, api, false};
     ndm__block blk;
     if (NDM__UNLIKELY(ndm__alloc(dev, nbytes, &tag, &blk) < 0)) {
         /* The allocator's message says what it had; name the caller too. */

@@ -112,7 +112,7 @@ ndm_status ndm__ew_unalias(const ndm__array *dst, const ndm__array *in, ndm__ten
     int64_t n = ndm__numel(in->ndim, in->shape);
     size_t es = ndm__ew_esize(in->dtype);
     ndm_device dev = in->storage->device;
-    ndm__alloc_tag tag = {0, site.file, site.func, site.line, NULL};
+    ndm__alloc_tag tag = {0, site.file, site.func, site.line, NULL, false};
     if (ndm__alloc(dev, (size_t)n * es, &tag, &scratch->block) < 0) {
         char why[512];
         snprintf(why, sizeof why, "%s", ndm_last_error());

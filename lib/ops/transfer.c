@@ -92,7 +92,7 @@ NDM_API ndm_array ndm_to_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, nd
     if (n == 0)
         return h;
     ndm__manager *om = ndm__manager_peek(out);
-    ndm__alloc_tag tag = {om ? om->self : 0, site.file, site.func, site.line, NULL};
+    ndm__alloc_tag tag = {om ? om->self : 0, site.file, site.func, site.line, NULL, false};
     ndm_status st = move_bytes(r, o->storage->data, device, bs, bd, n, &tag);
     if (st < 0) {
         char desc[160], fname[32], tname[32], why[768];
