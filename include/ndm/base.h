@@ -69,7 +69,9 @@
  * C++ alike: each expression runs once, in the list itself. */
 #ifdef __cplusplus
 #include <initializer_list>
+extern "C++" { /* (C++ code may include this header inside extern "C") */
 template <typename... A> char (&ndm_list_count_(A &&...))[sizeof...(A) + 1];
+}
 #define NDM_LIST_COUNT_(T, ...) ((int)sizeof(ndm_list_count_(__VA_ARGS__)) - 1)
 #define NDM_LIST_(T, ...) (std::initializer_list<T>{__VA_ARGS__}.begin())
 #define NDM_LITERAL_(T, ...) (T{__VA_ARGS__})
