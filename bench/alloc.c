@@ -24,7 +24,7 @@ static void *volatile sink;
 /* ns per alloc+free pair through the entry points array storage uses. */
 static double ndm_pair_ns(ndm_device dev, size_t size, int iters)
 {
-    static const ndm__alloc_tag tag = {0, __FILE__, "bench", 0, NULL};
+    static const ndm__alloc_tag tag = {0, __FILE__, "bench", 0, NULL, false};
     ndm__block b;
     for (int i = 0; i < 64; i++) { /* warm: the block is cached */
         if (ndm__alloc(dev, size, &tag, &b) != NDM_OK) {
@@ -105,7 +105,7 @@ static double malloc_1000_ns(int rounds)
 static double write_loop_gbps(bool use_ndm, int iters)
 {
     const size_t n = (size_t)64 << 20;
-    static const ndm__alloc_tag tag = {0, __FILE__, "bench", 0, NULL};
+    static const ndm__alloc_tag tag = {0, __FILE__, "bench", 0, NULL, false};
     if (use_ndm) { /* the first pass faults the segment in; later ones reuse it */
         ndm__block b;
         if (ndm__alloc(NDM_CPU, n, &tag, &b) == NDM_OK) {
