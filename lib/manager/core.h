@@ -27,6 +27,7 @@
 #include "../base/dtype.h"
 #include "../base/error.h"
 #include "thread.h"
+#include "../base/limits.h"
 #include "alloc/alloc.h"
 
 /* Two or more threads have used ndm (reclaim.h). */
@@ -34,8 +35,6 @@ extern atomic_bool ndm__multi;
 
 /* Shapes up to this rank live inside the array record; longer ones on the heap. */
 #define NDM__INLINE_DIMS 6
-/* Accounting slots: 0 is the CPU, 1 + i is CUDA device i. */
-#define NDM__MAX_CUDA 16
 #define NDM__MAX_DEVICES (1 + NDM__MAX_CUDA)
 
 /* ---- simple lock ------------------------------------------------------- */

@@ -20,10 +20,8 @@
 #include "../backends/backend.h"
 #include "../backends/ew.h" /* ndm__optim_args, for the fused optimizer step */
 #include "../base/error.h"
+#include "../base/limits.h"
 
-/* CUDA devices a process addresses (core.h's bound; a differing value there
- * is a redefinition that inner.c, which includes both, does not compile). */
-#define NDM__MAX_CUDA 16
 
 /* An array as a kernel sees it: t.data is the address of its first element
  * (a device address off the CPU), t.shape and t.strides (in elements) point
@@ -142,7 +140,7 @@ ndm_status ndm__device_fill(ndm_device dev, const ndm__tensor *dst, double value
                             ndm__site site);
 
 /* The slot of manager m, as the allocator's tag for memory charged to it. */
-static inline uint32_t ndm__owner_slot(ndm_manager m) { return (uint32_t)m.id; }
+uint32_t ndm__owner_slot(ndm_manager m);
 
 /* The first element of integer array v outside [lo, hi), by the index
  * family of its device: *pos its C-order position (-1: none) and *value

@@ -15,10 +15,11 @@ extern "C" {
 /* backend.h has no C++ guards of its own. */
 #include "../backend.h"
 #include "ndm/base.h"
+#include "../../base/limits.h"
 
-/* Accounting has a slot per CUDA device up to this many (NDM__MAX_CUDA in
- * the manager core); devices past it are not offered. */
-#define NDM__CUDA_MAX_DEVICES 16
+/* Accounting has a slot per CUDA device up to NDM__MAX_CUDA; devices past
+ * it are not offered. */
+#define NDM__CUDA_MAX_DEVICES NDM__MAX_CUDA
 
 /* The library's services, set by the entry point before any other call. */
 extern const ndm__host_api *ndm__cuda_host;

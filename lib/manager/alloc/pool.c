@@ -364,15 +364,17 @@ static inline int pool_for(const ndm__pool *p, size_t size)
  * one that fits, so a transient large block does not pin its size for good.
  * Kernel scratch, freed before its operation returns, takes it as it is:
  * refitting for it would unmap the memory the next step faults in again. */
-static bool refit_refuses(const ndm__pool *p, int pool, const ndm__ablk *b, size_t size)
+static bool refit_refuses(const ndm__pool *p, int pool, const ndm__ablk *b, size_t size,
+                          bool transient)
 {
-    return p->set.segment_refit && !p->transient && pool == NDM__POOL_LARGE && !is_split(b) &&
+    return p->set.segment_refit && !transient && pool == NDM__POOL_LARGE && !is_split(b) &&
            !b->seg->pinned && !b->seg->expandable && b->size / 2 >= size;
 }
 
 /* Best fit on the request's stream, if the strategy accepts it; the block
  * leaves the tree. A strategy that reuses no free block never searches. */
-static ndm__ablk *get_free_block(ndm__pool *p, int pool, uintptr_t stream, size_t size)
+static ndm__ablk *get_free_block(ndm__pool *p, int pool, uintptr_t stream, size_t size,
+                                 bool transient)
 {
     const ndm__pool_policy *pol = p->set.policy;
     if (!pol->accept_free_block)
@@ -380,7 +382,8 @@ static ndm__ablk *get_free_block(ndm__pool *p, int pool, uintptr_t stream, size_
     if (p->set.gc_threshold > 0)
         p->searches[pool]++;
     ndm__ablk *b = tree_lower_bound(p->tree[pool], stream, size);
-    if (!b || !pol->accept_free_block(&p->set, pool, b, size) || refit_refuses(p, pool, b, size))
+    if (!b || !pol->accept_free_block(&p->set, pool, b, size) ||
+        refit_refuses(p, pool, b, size, transient))
         return NULL;
     tree_remove(p, b);
     return b;
@@ -1085,20 +1088,21 @@ static ndm__ablk *cache_take_locked(ndm__pool *p, ndm__tcache *tc, size_t size)
  * segment is mapped, the calling thread's cached blocks go back if merging
  * them with their free neighbours makes room for the request, so the cache
  * does not cost memory that PyTorch's policy would not have taken. */
-static ndm__ablk *attempt(ndm__pool *p, ndm__tcache *tc, uintptr_t stream, size_t size)
+static ndm__ablk *attempt(ndm__pool *p, ndm__tcache *tc, uintptr_t stream, size_t size,
+                          bool transient)
 {
     int pool = pool_for(p, size);
     if (p->set.policy->arena && !p->arena_tried)
         map_arena(p);
-    ndm__ablk *b = get_free_block(p, pool, stream, size);
+    ndm__ablk *b = get_free_block(p, pool, stream, size, transient);
     if (!b && pool == NDM__POOL_SMALL && tc && tc->cached_bytes &&
         ndm__tc_flush_mergeable(p, tc, size))
-        b = get_free_block(p, pool, stream, size);
+        b = get_free_block(p, pool, stream, size, transient);
     if (b)
         return b;
     if (p->set.gc_threshold > 0)
         garbage_collect(p);
-    if (!p->transient && (p->set.release_free_segments || p->set.segment_refit))
+    if (!transient && (p->set.release_free_segments || p->set.segment_refit))
         release_idle(p);
     return grow(p, pool, stream, size, false);
 }
@@ -1116,7 +1120,7 @@ static ndm__ablk *attempt_after_release(ndm__pool *p, uintptr_t stream, size_t s
     /* The events are waited for here, so a block they held is found by the
      * search that follows. */
     release_cached(p, true);
-    b = get_free_block(p, pool, stream, size);
+    b = get_free_block(p, pool, stream, size, false);
     return b ? b : grow(p, pool, stream, size, true);
 }
 
@@ -1262,10 +1266,8 @@ static ndm_status alloc_slow(ndm__pool *p, size_t req, size_t size, uintptr_t st
         process_events(p);
     ndm__ablk *b = cache_take_locked(p, tc, size);
     bool from_cache = b != NULL;
-    p->transient = tag && tag->transient;
     if (!b)
-        b = attempt(p, tc, stream, size);
-    p->transient = false;
+        b = attempt(p, tc, stream, size, tag && tag->transient);
     if (b) {
         finish_alloc(p, b, size, req, tag, path, out, from_cache);
         periodic = pressure_due(p);
@@ -1283,7 +1285,7 @@ static ndm_status alloc_slow(ndm__pool *p, size_t req, size_t size, uintptr_t st
         p->hist_cause = path;
         if (failed) {
             int pool = pool_for(p, size);
-            b = get_free_block(p, pool, stream, size);
+            b = get_free_block(p, pool, stream, size, false);
             if (!b)
                 b = grow(p, pool, stream, size, false);
         }

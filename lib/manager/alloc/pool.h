@@ -243,7 +243,6 @@ typedef struct ndm__pool {
     /* instrumentation (history.c) */
     struct ndm__history *hist;
     ndm__rstr *hist_cause;         /* the allocation being served, for segment events */
-    bool transient;                /* it is kernel scratch (under the lock, see alloc_slow) */
     uint64_t next_trace_id;
 
     /* streams: the source has events; frees waiting on them, oldest first */
