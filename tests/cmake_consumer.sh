@@ -25,6 +25,7 @@ for p in consumer_c consumer_cxx; do
     LD_LIBRARY_PATH=$libdir "$tmp/b/$p" | tee "$tmp/$p.out"
     grep -q "headers $version, library $version, sum 6" "$tmp/$p.out"
 done
+grep -q "through ndm.hpp 12" "$tmp/consumer_cxx.out" # (the installed C++ header)
 # The CUDA module is installed beside libndm.so, which finds it there (its
 # own directory, from dladdr) with no search path set: the consumer finds
 # libndm through its RUNPATH here, so the loader's path holds no module.

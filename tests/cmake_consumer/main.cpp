@@ -1,8 +1,10 @@
-// The same from C++17 without GNU extensions.
+// The same from C++17 without GNU extensions, through the C API and through
+// ndm.hpp (installed with the package).
 #include <cstdio>
 #include <cstring>
 
 #include <ndm/ndm.h>
+#include <ndm/ndm.hpp>
 
 int main()
 {
@@ -14,6 +16,9 @@ int main()
         std::fprintf(stderr, "%s\n", ndm_last_error());
         return 1;
     }
-    std::printf("C++: headers %s, library %s, sum %.0f\n", NDM_VERSION_STRING, ndm_version(), s);
-    return std::strcmp(NDM_VERSION_STRING, ndm_version()) != 0;
+    ndm::manager owner(ndm_system(), "consumer");
+    double t = ndm::sum(ndm::ones(owner, NDM_F32, {2, 3}) * 2.0).item();
+    std::printf("C++: headers %s, library %s, sum %.0f, through ndm.hpp %.0f\n",
+                NDM_VERSION_STRING, ndm_version(), s, t);
+    return std::strcmp(NDM_VERSION_STRING, ndm_version()) != 0 || t != 12;
 }
