@@ -263,6 +263,56 @@ static void test_dump_format_pinned(void **state)
     close_ok(model);
 }
 
+/* Siblings of one name made at one line print as one line, "N × name",
+ * with their sums and their site; their children fold the same way, and
+ * the change at the next dump is against the same members' sums. */
+static void test_dump_folds_repeated_siblings(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_manager req[40];
+    int rline = 0, sline = 0;
+    for (int i = 0; i < 40; i++) {
+        rline = __LINE__; req[i] = ndm_manager_new(model, "request");
+        (void)ndm_zeros(req[i], NDM_F32, NDM_SHAPE(4));
+        if (i % 10 == 0) {
+            sline = __LINE__; (void)ndm_manager_new(req[i], "scope");
+        }
+    }
+    ndm_manager other = ndm_manager_new(model, "request"); /* another line: its own */
+    char want[1024];
+    snprintf(want, sizeof want,
+             "ndm dump: system/test/model (arrays, bytes; [change since the previous dump])\n"
+             "model           cpu     arrays 0 [new]  bytes 0 [new]  created 0  released 0"
+             "  peak 0\n"
+             "  40 \u00d7 request  cpu     arrays 40 [new]  bytes 640 [new]  created 40"
+             "  released 0  peak 640  made at test_debug.c:%d (%s)\n"
+             "    4 \u00d7 scope   cpu     arrays 0 [new]  bytes 0 [new]  created 0  released 0"
+             "  peak 0  made at test_debug.c:%d (%s)\n"
+             "  request       cpu     arrays 0 [new]  bytes 0 [new]  created 0  released 0"
+             "  peak 0\n",
+             rline, __func__, sline, __func__);
+    assert_dump(model, want);
+    for (int i = 0; i < 20; i++)
+        close_ok(req[i]);
+    ndm_array a = ndm_zeros(model, NDM_F32, NDM_SHAPE(2));
+    assert_ok(ndm_attach(a, req[30]));
+    /* 20 left: 20 arrays at the last dump, 21 now; the move shows */
+    snprintf(want, sizeof want,
+             "ndm dump: system/test/model (arrays, bytes; [change since the previous dump])\n"
+             "model           cpu     arrays 0 [=]  bytes 0 [=]  created 1 (+20 in closed"
+             " children)  released 0 (+20 in closed children)  moved out 1  peak 8\n"
+             "  20 \u00d7 request  cpu     arrays 21 [+1]  bytes 328 [+8]  created 20"
+             "  released 0  moved in 1  peak 328  made at test_debug.c:%d (%s)\n"
+             "    2 \u00d7 scope   cpu     arrays 0 [=]  bytes 0 [=]  created 0  released 0"
+             "  peak 0  made at test_debug.c:%d (%s)\n"
+             "  request       cpu     arrays 0 [=]  bytes 0 [=]  created 0  released 0"
+             "  peak 0\n",
+             rline, __func__, sline, __func__);
+    assert_dump(model, want);
+    (void)other;
+    close_ok(model);
+}
+
 static void test_dump_deltas_on_second_dump(void **state)
 {
     ndm_manager model = ndm_manager_new(ROOT(state), "model");
@@ -418,9 +468,11 @@ static void test_dump_marks_loans_and_shared_storage(void **state)
     assert_dump(model,
                 "ndm dump: system/test/model (arrays, bytes; [change since the previous dump])\n"
                 "model     cpu     arrays 0 [new]  bytes 0 [new]  created 0  released 0  peak 0\n"
-                "  lender  cpu     arrays 3 [new]  bytes 9 [new]  created 5  released 0  peak 24"
+                "  lender  cpu     arrays 3 [new]  bytes 9 [new]  created 5  released 0  moved out 2"
+                "  peak 24"
                 "  lent 2  shared 1\n"
-                "  req     cpu     arrays 2 [new]  bytes 24 [new]  created 0  released 0  peak 24"
+                "  req     cpu     arrays 2 [new]  bytes 24 [new]  created 0  released 0  moved in 2"
+                "  peak 24"
                 "  borrowed 2\n"
                 "  views   cpu     arrays 2 [new]  bytes 0 [new]  created 2  released 0  peak 0"
                 "  shared 2\n");
@@ -439,7 +491,8 @@ static void test_dump_marks_loans_and_shared_storage(void **state)
     assert_dump(lender,
                 "ndm dump: system/test/model/lender (arrays, bytes; [change since the previous "
                 "dump])\n"
-                "lender  cpu     arrays 5 [+2]  bytes 33 [+24]  created 5  released 0  peak 33"
+                "lender  cpu     arrays 5 [+2]  bytes 33 [+24]  created 5  released 0  moved in 2"
+                "  moved out 2  peak 33"
                 "  shared 1\n");
     close_ok(model);
 }
@@ -863,6 +916,35 @@ static void test_leak_report_lists_live(void **state)
     close_ok(req);
 }
 
+/* 300 leaked managers made by one line, each with its arrays: one entry,
+ * their arrays summed by site, not 300 of each. */
+static void test_leak_report_folds_repeated_managers(void **state)
+{
+    ndm_manager root = ROOT(state);
+    int mline = 0, aline = 0;
+    for (int i = 0; i < 300; i++) {
+        mline = __LINE__; ndm_manager req = ndm_manager_new(root, "request");
+        aline = __LINE__; (void)ndm_zeros(req, NDM_F32, NDM_SHAPE(4));
+    }
+    int64_t n;
+    char *text = leak_text(&n);
+    assert_int_equal(n, 300);
+    char want[512];
+    snprintf(want, sizeof want,
+             "  300 \u00d7 manager system/test/request created at test_debug.c:%d (%s)\n"
+             "  300 arrays, 4800 bytes, created at test_debug.c:%d (%s) in system/test/request\n",
+             mline, __func__, aline, __func__);
+    if (!strstr(text, want))
+        fail_msg("leak report:\n%s\nlacks:\n%s", text, want);
+    int lines = 0;
+    for (const char *p = text; *p; p++)
+        lines += *p == '\n';
+    assert_int_equal(lines, 4); /* the header, system/test, and the two above */
+    assert_true(strstr(text, "ndm leak report: 301 live managers, 300 live arrays\n") == text);
+    free(text);
+    close_ok(root);
+}
+
 static void test_leak_report_nothing_alive(void **state)
 {
     close_ok(ROOT(state));
@@ -979,6 +1061,7 @@ int main(void)
         TEST(test_stats_errors),
         TEST(test_stats_rejects_cpu_index),
         TEST(test_dump_format_pinned),
+        TEST(test_dump_folds_repeated_siblings),
         TEST(test_dump_deltas_on_second_dump),
         TEST(test_dump_deltas_per_manager),
         TEST(test_dump_marks),
@@ -993,6 +1076,7 @@ int main(void)
         TEST(test_report_since_views_and_moves),
         TEST(test_report_since_errors),
         TEST(test_leak_report_lists_live),
+        TEST(test_leak_report_folds_repeated_managers),
         TEST(test_leak_report_nothing_alive),
         TEST(test_leak_report_at_exit),
         TEST(test_leak_report_off_by_default),

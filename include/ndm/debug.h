@@ -25,7 +25,16 @@
  * that another manager borrows, ndm_temp_attach), "borrowed N" (arrays
  * here on loan from another manager), "shared N" (arrays here whose storage
  * another manager's array also views; its bytes count once, where charged),
- * "capped(arrays,children)", "scope".
+ * "capped(arrays,children)", "scope"; "moved in N" and "moved out N" follow
+ * the released count when not 0 (so that more released than created reads
+ * as arrays that came from elsewhere).
+ *
+ * Repeated siblings fold: children of one name and device made at one line
+ * (the managers of a request loop) print as one line, "500 × request", with
+ * their sums and "made at FILE:LINE (FUNC)"; their children fold the same
+ * way, and the change is against the same managers' sums at the previous
+ * dump. The leak report folds them too ("1000 × manager system/app/request
+ * created at ..."), their arrays summed by creation site.
  *
  * Leak hunting: m0 = ndm_mark(model); ... ndm_report_since(model, m0, stderr)
  * lists the arrays of the subtree created after the mark and still alive,
@@ -87,8 +96,11 @@ NDM_API ndm_status ndm_debug_dump_json(ndm_manager m, FILE *f);
 
 /** A point in the sequence of array creations (process wide). */
 typedef uint64_t ndm_seq;
-/** The current point; `m` is checked but the sequence is process wide.
- *  0 when `m` is not a live manager (the error is recorded). */
+/** Start a new point in the sequence and return it: every array created
+ *  from now on carries it or a later one, every array made before an
+ *  earlier one, so ndm_report_since(m, mark) lists exactly what came after.
+ *  The sequence is process wide (`m` is only checked) and counts marks, not
+ *  arrays. 0 when `m` is not a live manager (the error is recorded). */
 NDM_API ndm_seq ndm_mark(ndm_manager m);
 /** List the arrays of the subtree of `m` created after `mark` and still
  *  alive, grouped by creation site, largest group first. Writes nothing
@@ -100,8 +112,9 @@ NDM_API ndm_status ndm_report_since(ndm_manager m, ndm_seq mark, FILE *f);
 NDM_API int64_t ndm_count_since(ndm_manager m, ndm_seq mark);
 
 /** Print every live manager under system (except the built-in nodes
- *  themselves) with path and creation site, oldest first, each followed by
- *  its live arrays grouped by creation site, largest group first:
+ *  themselves) with path and creation site, oldest first (repeated siblings
+ *  folded, see above), each followed by its live arrays grouped by creation
+ *  site, largest group first:
  *    ndm leak report: 1 live manager, 320 live arrays
  *      manager system/leaky created at main.c:10 (main)
  *      320 arrays, 7680 bytes, created at main.c:12 (main) in system/leaky

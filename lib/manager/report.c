@@ -7,6 +7,7 @@
 
 #include "../base/text.h"
 #include "core.h"
+#include "siblings.h"
 
 typedef struct figures {
     uint64_t live, created, released, moved_in, moved_out, resources, children;
@@ -163,24 +164,43 @@ NDM_API ndm_status ndm_manager_stats(ndm_manager h, ndm_device device, unsigned 
 
 /* ---- the text dump ---------------------------------------------------------- */
 
-/* Children oldest first: the list is newest first, so find its end. */
-static uint32_t oldest_child(ndm__manager *m)
+/* Visit the children of parents[0..np) at depth, repeated siblings as one
+ * group (siblings.h); one by one when there is no memory to group them. */
+typedef void (*group_fn)(uint32_t *members, size_t n, int depth, void *ctx);
+static void each_child_group(uint32_t *parents, size_t np, int depth, group_fn fn, void *ctx)
 {
-    uint32_t c = m->first_child;
-    while (c && ndm__manager_slot(c)->sib_next)
-        c = ndm__manager_slot(c)->sib_next;
-    return c;
+    ndm__sibs sibs;
+    if (ndm__sibs_of(parents, np, &sibs)) {
+        for (size_t g = 0; g < sibs.ngroups; g++)
+            fn(sibs.slot + sibs.start[g], sibs.start[g + 1] - sibs.start[g], depth, ctx);
+        ndm__sibs_free(&sibs);
+        return;
+    }
+    for (size_t p = 0; p < np; p++)
+        for (uint32_t c = ndm__oldest_child(parents[p]); c; c = ndm__manager_slot(c)->sib_prev) {
+            uint32_t one = c;
+            fn(&one, 1, depth, ctx);
+        }
 }
 
-static int name_width(ndm__manager *m, int depth)
+/* A group's label, "request" or "500 × request", and its width in columns
+ * (the sign is two bytes, one column). */
+static int group_label(char *buf, size_t cap, size_t n, const char *name)
 {
-    int w = 2 * depth + (int)strlen(m->name);
-    for (uint32_t c = m->first_child; c; c = ndm__manager_slot(c)->sib_next) {
-        int cw = name_width(ndm__manager_slot(c), depth + 1);
-        if (cw > w)
-            w = cw;
-    }
-    return w;
+    if (n == 1)
+        return snprintf(buf, cap, "%s", name);
+    int len = snprintf(buf, cap, "%zu \u00d7 %s", n, name);
+    return len - 1;
+}
+
+static void measure_group(uint32_t *members, size_t n, int depth, void *ctx)
+{
+    int *width = ctx;
+    char label[NDM__NAME_MAX + 32];
+    int w = 2 * depth + group_label(label, sizeof label, n, ndm__manager_slot(members[0])->name);
+    if (w > *width)
+        *width = w;
+    each_child_group(members, n, depth + 1, measure_group, ctx);
 }
 
 static const char *delta(char *buf, size_t n, int64_t now, int64_t before, bool seen)
@@ -194,25 +214,81 @@ static const char *delta(char *buf, size_t n, int64_t now, int64_t before, bool 
     return buf;
 }
 
-static void dump_node(ndm__manager *m, FILE *f, int depth, int width, const lent_table *lt)
+static void figures_add(figures *sum, const figures *f)
 {
-    figures fg;
-    read_figures(m, &fg, true);
-    fg.lent = lent_of(lt, m);
-    char dev[32], d1[32], d2[32];
-    ndm_device_str(m->device, dev, sizeof dev);
+    sum->live += f->live;
+    sum->created += f->created;
+    sum->released += f->released;
+    sum->moved_in += f->moved_in;
+    sum->moved_out += f->moved_out;
+    sum->resources += f->resources;
+    sum->children += f->children;
+    sum->closed_created += f->closed_created;
+    sum->closed_released += f->closed_released;
+    sum->borrowed += f->borrowed;
+    sum->shared += f->shared;
+    sum->lent += f->lent;
+    for (int d = 0; d < NDM__MAX_DEVICES; d++) {
+        sum->bytes[d] += f->bytes[d];
+        sum->peak[d] += f->peak[d];
+    }
+}
+
+typedef struct dump_ctx {
+    FILE *f;
+    int width;
+    const lent_table *lt;
+} dump_ctx;
+
+/* One line for a manager, or for a group of repeated siblings (their sums;
+ * the change is against their sums at the previous dump), then its children. */
+static void dump_group(uint32_t *members, size_t n, int depth, void *vctx)
+{
+    dump_ctx *c = vctx;
+    FILE *f = c->f;
+    ndm__manager *m = ndm__manager_slot(members[0]);
+    figures fg, one;
+    memset(&fg, 0, sizeof fg);
+    uint64_t was_live = 0;
+    int64_t was_bytes = 0;
+    bool seen = false;
     int own = m->dev;
-    int pad = width - 2 * depth;
-    fprintf(f, "%*s%-*s  %-6s  arrays %" PRIu64 " %s  bytes %" PRId64 " %s  created %" PRIu64,
-            2 * depth, "", pad, m->name, dev, fg.live,
-            delta(d1, sizeof d1, (int64_t)fg.live, (int64_t)m->dumped.live, m->dumped.seen),
-            fg.bytes[own], delta(d2, sizeof d2, fg.bytes[own], m->dumped.bytes, m->dumped.seen),
-            fg.created);
+    for (size_t i = 0; i < n; i++) {
+        ndm__manager *mi = ndm__manager_slot(members[i]);
+        read_figures(mi, &one, true);
+        one.lent = lent_of(c->lt, mi);
+        figures_add(&fg, &one);
+        if (mi->dumped.seen) {
+            seen = true;
+            was_live += mi->dumped.live;
+            was_bytes += mi->dumped.bytes;
+        }
+        mi->dumped.live = one.live;
+        mi->dumped.created = one.created;
+        mi->dumped.released = one.released;
+        mi->dumped.bytes = one.bytes[own];
+        mi->dumped.seen = true;
+        if (i == 0)
+            fg.state = one.state;
+    }
+    char dev[32], d1[32], d2[32], label[NDM__NAME_MAX + 32];
+    ndm_device_str(m->device, dev, sizeof dev);
+    int cols = group_label(label, sizeof label, n, m->name);
+    int pad = c->width - 2 * depth - cols;
+    fprintf(f, "%*s%s%*s  %-6s  arrays %" PRIu64 " %s  bytes %" PRId64 " %s  created %" PRIu64,
+            2 * depth, "", label, pad > 0 ? pad : 0, "", dev, fg.live,
+            delta(d1, sizeof d1, (int64_t)fg.live, (int64_t)was_live, seen), fg.bytes[own],
+            delta(d2, sizeof d2, fg.bytes[own], was_bytes, seen), fg.created);
     if (fg.closed_created)
         fprintf(f, " (+%" PRIu64 " in closed children)", fg.closed_created);
     fprintf(f, "  released %" PRIu64, fg.released);
     if (fg.closed_released)
         fprintf(f, " (+%" PRIu64 " in closed children)", fg.closed_released);
+    /* (so that more released than created reads as arrays moved in) */
+    if (fg.moved_in)
+        fprintf(f, "  moved in %" PRIu64, fg.moved_in);
+    if (fg.moved_out)
+        fprintf(f, "  moved out %" PRIu64, fg.moved_out);
     fprintf(f, "  peak %" PRId64, fg.peak[own]);
     for (int d = 0; d < NDM__MAX_DEVICES; d++) {
         if (d == own || (fg.bytes[d] == 0 && fg.peak[d] == 0))
@@ -237,14 +313,12 @@ static void dump_node(ndm__manager *m, FILE *f, int depth, int width, const lent
                 caps & NDM_CAP_CHILDREN ? "children" : "");
     if (fg.state & NDM__M_SCOPE)
         fprintf(f, "  scope");
+    if (n > 1) {
+        char site[256];
+        fprintf(f, "  made at %s", ndm__site_str(m->site, site, sizeof site));
+    }
     fputc('\n', f);
-    m->dumped.live = fg.live;
-    m->dumped.created = fg.created;
-    m->dumped.released = fg.released;
-    m->dumped.bytes = fg.bytes[own];
-    m->dumped.seen = true;
-    for (uint32_t c = oldest_child(m); c; c = ndm__manager_slot(c)->sib_prev)
-        dump_node(ndm__manager_slot(c), f, depth + 1, width, lt);
+    each_child_group(members, n, depth + 1, dump_group, c);
 }
 
 /* The manager a dump or report is of, or NULL (the failure recorded) for a
@@ -269,7 +343,10 @@ NDM_API ndm_status ndm_debug_dump(ndm_manager h, FILE *f)
     ndm__manager_path_locked(m->self, path, sizeof path);
     fprintf(f, "ndm dump: %s (arrays, bytes; [change since the previous dump])\n", path);
     lent_table lt = lent_collect();
-    dump_node(m, f, 0, name_width(m, 0), &lt);
+    dump_ctx ctx = {f, 0, &lt};
+    uint32_t top = m->self;
+    measure_group(&top, 1, 0, &ctx.width);
+    dump_group(&top, 1, 0, &ctx);
     ndm__tree_unlock();
     free(lt.n);
     fflush(f);
@@ -317,7 +394,7 @@ static void json_node(ndm__manager *m, FILE *f, const lent_table *lt)
     }
     fputs("},\"children\":[", f);
     first = true;
-    for (uint32_t c = oldest_child(m); c; c = ndm__manager_slot(c)->sib_prev) {
+    for (uint32_t c = ndm__oldest_child(m->self); c; c = ndm__manager_slot(c)->sib_prev) {
         if (!first)
             fputc(',', f);
         json_node(ndm__manager_slot(c), f, lt);
@@ -464,43 +541,48 @@ NDM_API ndm_status ndm_report_since(ndm_manager h, ndm_seq mark, FILE *f)
 
 /* ---- leak report at exit ----------------------------------------------------------- */
 
-/* Count (print: list) the live managers and arrays under m, oldest first:
- * a manager's line, then its arrays grouped by creation site, most first. */
-static void leak_walk(ndm__manager *m, FILE *f, uint64_t *nm, uint64_t *na, bool print)
+/* Count the live managers and arrays under m. */
+static void leak_count(ndm__manager *m, uint64_t *nm, uint64_t *na)
 {
-    char path[1024], site[256];
-    bool builtin = atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_BUILTIN;
-    if (!builtin) {
+    if (!(atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_BUILTIN))
         (*nm)++;
-        if (print)
-            fprintf(f, "  manager %s created at %s\n",
-                    ndm__manager_path_locked(m->self, path, sizeof path),
-                    ndm__site_str(m->site, site, sizeof site));
+    ndm__mlock_take(m);
+    for (uint32_t e = 0; e < m->narrays; e++)
+        *na += m->arrays[e] != 0;
+    ndm__mlock_drop(m);
+    for (uint32_t c = m->first_child; c; c = ndm__manager_slot(c)->sib_next)
+        leak_count(ndm__manager_slot(c), nm, na);
+}
+
+/* List a manager, or a group of repeated siblings ("1000 × manager ..."),
+ * with its arrays grouped by creation site, most first; then its children,
+ * oldest first. */
+static void leak_group(uint32_t *members, size_t n, int depth, void *ctx)
+{
+    FILE *f = ctx;
+    char path[1024], site[256];
+    ndm__manager *m = ndm__manager_slot(members[0]);
+    ndm__manager_path_locked(m->self, path, sizeof path);
+    if (!(atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_BUILTIN)) {
+        ndm__site_str(m->site, site, sizeof site);
+        if (n == 1)
+            fprintf(f, "  manager %s created at %s\n", path, site);
+        else
+            fprintf(f, "  %zu \u00d7 manager %s created at %s\n", n, path, site);
     }
-    if (!print) {
-        ndm__mlock_take(m);
-        for (uint32_t e = 0; e < m->narrays; e++)
-            *na += m->arrays[e] != 0;
-        ndm__mlock_drop(m);
-    } else {
-        groups gs = {0};
-        collect_one(m, 0, &gs);
-        *na += gs.total;
-        if (gs.n) {
-            qsort(gs.g, gs.n, sizeof *gs.g, by_count);
-            ndm__manager_path_locked(m->self, path, sizeof path);
-        }
-        for (size_t i = 0; i < gs.n; i++)
-            fprintf(f, "  %" PRIu64 " array%s, %" PRIu64 " bytes, created at %s in %s\n",
-                    gs.g[i].count, gs.g[i].count == 1 ? "" : "s", gs.g[i].bytes,
-                    ndm__site_str(gs.g[i].site, site, sizeof site), path);
-        if (gs.oom)
-            fprintf(f, "  (some arrays of %s were not grouped: out of memory)\n",
-                    ndm__manager_path_locked(m->self, path, sizeof path));
-        free(gs.g);
-    }
-    for (uint32_t c = oldest_child(m); c; c = ndm__manager_slot(c)->sib_prev)
-        leak_walk(ndm__manager_slot(c), f, nm, na, print);
+    groups gs = {0};
+    for (size_t i = 0; i < n; i++)
+        collect_one(ndm__manager_slot(members[i]), 0, &gs);
+    if (gs.n)
+        qsort(gs.g, gs.n, sizeof *gs.g, by_count);
+    for (size_t i = 0; i < gs.n; i++)
+        fprintf(f, "  %" PRIu64 " array%s, %" PRIu64 " bytes, created at %s in %s\n",
+                gs.g[i].count, gs.g[i].count == 1 ? "" : "s", gs.g[i].bytes,
+                ndm__site_str(gs.g[i].site, site, sizeof site), path);
+    if (gs.oom)
+        fprintf(f, "  (some arrays of %s were not grouped: out of memory)\n", path);
+    free(gs.g);
+    each_child_group(members, n, depth + 1, leak_group, f);
 }
 
 NDM_API int64_t ndm_leak_report(FILE *f)
@@ -509,15 +591,15 @@ NDM_API int64_t ndm_leak_report(FILE *f)
     uint64_t nm = 0, na = 0;
     ndm__manager *sys = ndm__manager_slot(ndm__system_slot);
     ndm__tree_lock();
-    leak_walk(sys, f, &nm, &na, false);
+    leak_count(sys, &nm, &na);
     if (f) {
         if (nm == 0 && na == 0) {
             fprintf(f, "ndm leak report: nothing alive\n");
         } else {
             fprintf(f, "ndm leak report: %" PRIu64 " live manager%s, %" PRIu64 " live array%s\n",
                     nm, nm == 1 ? "" : "s", na, na == 1 ? "" : "s");
-            uint64_t m2 = 0, a2 = 0;
-            leak_walk(sys, f, &m2, &a2, true);
+            uint32_t top = sys->self;
+            leak_group(&top, 1, 0, f);
         }
         fflush(f);
     }
