@@ -756,6 +756,97 @@ static void test_checkpoint_high_rank_shape_is_named(void **state)
     assert_ok(ndm_manager_close(model));
 }
 
+/* What a lenient load leaves unmatched is said, every name of it; a file
+ * of which nothing matches (PyTorch's "fc1.weight" for ndm's "0.weight") is
+ * refused, and the module keeps its values. */
+static char warned[4096];
+static int nwarned;
+static void keep_warning(ndm_log_level level, const char *msg, void *ud)
+{
+    (void)ud;
+    if (level == NDM_LOG_WARN) {
+        snprintf(warned, sizeof warned, "%s", msg);
+        nwarned++;
+    }
+}
+
+static void test_checkpoint_lenient_load_says_what_it_skipped(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_rng rng = ndm_rng_new(9);
+    ndm_module net = ndm_sequential(model, NDM_MODULES(ndm_linear(model, 2, 3, true, &rng),
+                                                       ndm_relu_module(model),
+                                                       ndm_linear(model, 3, 1, true, &rng)));
+    ndm_manager f = ndm_manager_new(ROOT(state), "file");
+    ndm_array w1 = ndm_ones(f, NDM_F32, NDM_SHAPE(3, 2)), b1 = ndm_ones(f, NDM_F32, NDM_SHAPE(3));
+    ndm_array w2 = ndm_ones(f, NDM_F32, NDM_SHAPE(1, 3)), b2 = ndm_ones(f, NDM_F32, NDM_SHAPE(1));
+    const char *path = tmp_file("torch_names.safetensors");
+    char torch[256];
+    snprintf(torch, sizeof torch, "%s", path);
+    ndm_named_arrays set = {4, (const char *[]){"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"},
+                            (ndm_array[]){w1, b1, w2, b2}, 0, NULL, NULL};
+    assert_ok(ndm_safetensors_save(torch, &set));
+    ndm_array params[4];
+    assert_int_equal(ndm_module_parameters(net, params, 4), 4);
+    int64_t n;
+    double *before = values_of(params[0], &n);
+    int line = __LINE__; int got = ndm_module_load(net, torch, NDM_CHECKPOINT_LENIENT);
+    assert_int_equal(got, NDM_E_FORMAT);
+    assert_error_has("matches none of the module's 4 tensors (lenient load)");
+    assert_error_has("'0.weight'");
+    assert_error_has("'fc1.weight'");
+    char at[64];
+    snprintf(at, sizeof at, "test_checkpoint.c:%d", line);
+    assert_error_has(at);
+    double *after = values_of(params[0], &n);
+    assert_memory_equal(before, after, (size_t)n * sizeof *before);
+    free(before);
+    free(after);
+
+    /* half of it matches: loaded, and the rest named, all of it */
+    ndm_named_arrays half = {12,
+                             (const char *[]){"0.weight", "0.bias", "x0", "x1", "x2", "x3", "x4",
+                                              "x5", "x6", "x7", "x8", "x9"},
+                             (ndm_array[]){w1, b1, b1, b1, b1, b1, b1, b1, b1, b1, b1, b1}, 0,
+                             NULL, NULL};
+    const char *hp = tmp_file("half.safetensors");
+    char halfp[256];
+    snprintf(halfp, sizeof halfp, "%s", hp);
+    assert_ok(ndm_safetensors_save(halfp, &half));
+    nwarned = 0;
+    ndm_set_log_fn(keep_warning, NULL);
+    got = ndm_module_load(net, halfp, NDM_CHECKPOINT_LENIENT);
+    ndm_set_log_fn(NULL, NULL);
+    assert_int_equal(got, 2);
+    assert_int_equal(nwarned, 1);
+    const char *want[] = {"loaded 2 of the module's 4 tensors",
+                          "kept their values: '2.weight', '2.bias'",
+                          "'x0', 'x1', 'x2', 'x3', 'x4', 'x5', 'x6', 'x7', 'x8', 'x9'"};
+    for (int i = 0; i < 3; i++)
+        if (!strstr(warned, want[i]))
+            fail_msg("the warning lacks \"%s\":\n%s", want[i], warned);
+    double v = 0;
+    assert_ok(ndm_item(ndm_sum(params[0], false, NDM_ALL_AXES_LIST), &v));
+    assert_true(v == 6.0); /* the file's ones */
+
+    /* all of it matches: nothing to say */
+    const char *own = tmp_file("own.safetensors");
+    char ownp[256];
+    snprintf(ownp, sizeof ownp, "%s", own);
+    assert_ok(ndm_module_save(net, ownp));
+    nwarned = 0;
+    ndm_set_log_fn(keep_warning, NULL);
+    got = ndm_module_load(net, ownp, NDM_CHECKPOINT_LENIENT);
+    ndm_set_log_fn(NULL, NULL);
+    assert_int_equal(got, 4);
+    assert_int_equal(nwarned, 0);
+    unlink(torch);
+    unlink(halfp);
+    unlink(ownp);
+    assert_ok(ndm_manager_close(f));
+    assert_ok(ndm_manager_close(model));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -774,6 +865,7 @@ int main(void)
         TEST(test_checkpoint_loads_refuse_a_fifo_at_once),
         TEST(test_checkpoint_saves_keep_what_is_at_the_path),
         TEST(test_checkpoint_high_rank_shape_is_named),
+        TEST(test_checkpoint_lenient_load_says_what_it_skipped),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -370,7 +370,10 @@ enum {
      *  (PyTorch's strict=True). */
     NDM_CHECKPOINT_STRICT = 0,
     /** Tensors missing from the file keep their values; tensors the module
-     *  lacks are ignored (strict=False). Shapes must still match. */
+     *  lacks are ignored (strict=False), and a warning names every one of
+     *  both. Shapes must still match, and a file of which no name matches
+     *  (another naming scheme: "fc1.weight" for "0.weight") is refused with
+     *  NDM_E_FORMAT, the module unchanged. */
     NDM_CHECKPOINT_LENIENT = 1,
 };
 

@@ -110,6 +110,50 @@ static void shape_str(ndm_array a, char *buf, size_t cap)
         free(dims);
 }
 
+/* Append "'name'" to a growing list (", " between); false when out of memory. */
+static bool list_add(char **list, size_t *len, size_t *cap, const char *name)
+{
+    size_t need = *len + strlen(name) + 5;
+    if (need > *cap) {
+        size_t c = need > 2 * *cap ? need : 2 * *cap;
+        char *p = realloc(*list, c);
+        if (!p)
+            return false;
+        *list = p;
+        *cap = c;
+    }
+    *len += (size_t)sprintf(*list + *len, "%s'%s'", *len ? ", " : "", name);
+    return true;
+}
+
+/* A lenient load that left names unmatched says which, every one of them:
+ * the module's tensors that kept their values, the file's that went unused. */
+static void warn_unmatched(const char *path, const ndm__site *site, const char **names,
+                           const int64_t *found, int n, const ndm_named_arrays *set,
+                           const bool *used, int loaded)
+{
+    char *kept = NULL, *unused = NULL, where[256];
+    size_t klen = 0, kcap = 0, ulen = 0, ucap = 0;
+    bool ok = true;
+    for (int i = 0; ok && i < n; i++)
+        if (found[i] < 0)
+            ok = list_add(&kept, &klen, &kcap, names[i]);
+    for (size_t j = 0; ok && j < set->count; j++)
+        if (!used[j])
+            ok = list_add(&unused, &ulen, &ucap, set->names[j]);
+    if (ok)
+        ndm__warn("ndm_module_load: '%s' (lenient): loaded %d of the module's %d tensors; "
+                  "kept their values: %s; not in the module: %s (at %s)",
+                  path, loaded, n, klen ? kept : "none", ulen ? unused : "none",
+                  ndm__site_str(*site, where, sizeof where));
+    else
+        ndm__warn("ndm_module_load: '%s' (lenient): loaded %d of the module's %d tensors "
+                  "(no memory to list the others) (at %s)",
+                  path, loaded, n, ndm__site_str(*site, where, sizeof where));
+    free(kept);
+    free(unused);
+}
+
 NDM_API int ndm_module_load_at(NDM_SITE_PARAMS, ndm_module m, const char *path, unsigned mode)
 {
     ndm__site site = NDM__SITE;
@@ -161,9 +205,17 @@ NDM_API int ndm_module_load_at(NDM_SITE_PARAMS, ndm_module m, const char *path, 
         for (size_t j = 0; j < set->count; j++)
             if (!used[j])
                 note(unexpected, sizeof unexpected, &nunexpected, "%s'%s'%s", set->names[j], "");
+        int matched = n - nmissing;
         if (nshapes)
             st = ndm__fail(NDM_E_SHAPE, api, site, "'%s' does not fit the module: %s", path,
                            shapes);
+        else if (mode == NDM_CHECKPOINT_LENIENT && n > 0 && matched == 0)
+            /* names of another scheme ("fc1.weight" for "0.weight"): nothing
+             * would be loaded and the module would keep its values */
+            st = ndm__fail(NDM_E_FORMAT, api, site,
+                           "'%s' matches none of the module's %d tensors (lenient load): the "
+                           "module has %s; the file has %s%s",
+                           path, n, missing, nunexpected ? "" : "no tensors", unexpected);
         else if (mode == NDM_CHECKPOINT_STRICT && (nmissing || nunexpected))
             st = ndm__fail(NDM_E_FORMAT, api, site,
                            "'%s' does not match the module: %d missing%s%s%s; %d unexpected%s%s%s",
@@ -176,6 +228,8 @@ NDM_API int ndm_module_load_at(NDM_SITE_PARAMS, ndm_module m, const char *path, 
             st = ndm__nn_copy_into(site, tmp, arrays[i], set->arrays[found[i]]);
             loaded++;
         }
+        if (st == NDM_OK && (nmissing || nunexpected))
+            warn_unmatched(path, &site, names, found, n, set, used, loaded);
     }
     free(names);
     free(arrays);
