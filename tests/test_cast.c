@@ -238,6 +238,62 @@ static void test_result_type_table(void **state)
             assert_int_equal(ndm_result_type(all_dtypes[i], all_dtypes[j]), promo[i][j]);
 }
 
+/* The promotion table and the conversion examples of docs/overview.md are
+ * what the library does. */
+static void test_overview_states_the_rules(void **state)
+{
+    const char *path = getenv("NDM_TEST_OVERVIEW"); /* (set by the test command) */
+    if (!path)
+        fail_msg("NDM_TEST_OVERVIEW does not name docs/overview.md");
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char line[512];
+    int rows = 0;
+    while (fgets(line, sizeof line, f)) {
+        char name[16];
+        if (sscanf(line, "| **%15[a-z0-9]** |", name) != 1)
+            continue;
+        ndm_dtype a = NDM_DTYPE_COUNT;
+        for (int t = 0; t < NDM_DTYPE_COUNT; t++)
+            if (!strcmp(ndm_dtype_short((ndm_dtype)t), name))
+                a = (ndm_dtype)t;
+        assert_true(a < NDM_DTYPE_COUNT);
+        char *cell = strchr(strchr(line, '|') + 1, '|') + 1;
+        for (int b = 0; b < NDM_DTYPE_COUNT; b++) {
+            char got[16];
+            assert_int_equal(sscanf(cell, " %15[a-z0-9]", got), 1);
+            if (strcmp(got, ndm_dtype_short(ndm_result_type(a, (ndm_dtype)b))))
+                fail_msg("overview: %s with %s gives %s, the library %s", name,
+                         ndm_dtype_short((ndm_dtype)b), got,
+                         ndm_dtype_short(ndm_result_type(a, (ndm_dtype)b)));
+            cell = strchr(cell, '|') + 1;
+        }
+        rows++;
+    }
+    fclose(f);
+    assert_int_equal(rows, NDM_DTYPE_COUNT);
+
+    ndm_manager m = ROOT(state);
+    struct {
+        ndm_dtype t;
+        double v, want;
+    } full[] = {{NDM_U8, 300, 255}, {NDM_U8, -5, 0}, {NDM_I64, NAN, 0}, {NDM_U8, 2.7, 2}};
+    for (int i = 0; i < 4; i++) {
+        ndm_array a = ndm_full(m, full[i].t, full[i].v, NDM_SHAPE(1));
+        double got = -1;
+        assert_ok(ndm_item(a, &got));
+        assert_true(got == full[i].want);
+        REL(a);
+    }
+    ndm_array i32 = ndm_full(m, NDM_I32, 300, NDM_SHAPE(1));
+    ndm_array u8 = ndm_astype(i32, NDM_U8);
+    double got = -1;
+    assert_ok(ndm_item(u8, &got));
+    assert_true(got == 44);
+    REL(i32);
+    REL(u8);
+}
+
 static void test_astype_fast_matches_reference(void **state)
 {
     ndm_manager m = ROOT(state);
@@ -343,6 +399,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         TEST(test_astype_every_pair_follows_rules),
         TEST(test_astype_documented_edge_values),
+        TEST(test_overview_states_the_rules),
         TEST(test_astype_always_copies),
         TEST(test_astype_every_f16_and_bf16_value),
         TEST(test_result_type_table),

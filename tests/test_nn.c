@@ -66,6 +66,39 @@ static void test_nn_linear_forward_and_names(void **state)
     assert_error_has("was freed when its manager");
 }
 
+/* An integer or bool input to Linear is refused (PyTorch's nn.Linear
+ * refuses it too), alone and fused with a ReLU in a Sequential, naming the
+ * caller's line; nothing is left behind. */
+static void test_nn_linear_refuses_integer_input(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_rng rng = ndm_rng_new(2);
+    ndm_module lin = ndm_linear(model, 3, 2, true, &rng);
+    ndm_module seq = ndm_sequential(model, NDM_MODULES(ndm_linear(model, 3, 2, true, &rng),
+                                                       ndm_relu_module(model)));
+    ndm_manager batch = ndm_manager_new(model, "batch");
+    const ndm_dtype bad[] = {NDM_I32, NDM_I64, NDM_U8, NDM_BOOL};
+    for (int i = 0; i < 4; i++) {
+        ndm_array x = ndm_ones(batch, bad[i], NDM_SHAPE(2, 3));
+        int line = __LINE__; ndm_array y = ndm_forward(lin, x);
+        assert_int_equal(y.id, 0);
+        assert_int_equal(ndm_last_status(), NDM_E_DTYPE);
+        char want[96];
+        snprintf(want, sizeof want, "Linear takes a float input, got %s", ndm_dtype_short(bad[i]));
+        assert_error_has(want);
+        snprintf(want, sizeof want, "test_nn.c:%d", line);
+        assert_error_has(want);
+        assert_int_equal(ndm_forward(seq, x).id, 0);
+        assert_int_equal(ndm_last_status(), NDM_E_DTYPE);
+        assert_int_equal(test_live_arrays(batch), 1); /* x alone */
+        assert_ok(ndm_array_release(x));
+    }
+    /* float inputs of every float dtype still run */
+    ndm_array x = ndm_ones(batch, NDM_F64, NDM_SHAPE(2, 3));
+    assert_live(ndm_forward(lin, x));
+    assert_ok(ndm_manager_close(model));
+}
+
 static void test_nn_init_bounds(void **state)
 {
     ndm_manager m = ndm_manager_new(ROOT(state), "m");
@@ -890,6 +923,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         TEST(test_nn_linear_forward_and_names),
+        TEST(test_nn_linear_refuses_integer_input),
         TEST(test_nn_init_bounds),
         TEST(test_nn_optimizer_updates),
         TEST(test_nn_optimizer_step_same_bits),

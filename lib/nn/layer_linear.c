@@ -8,9 +8,24 @@ typedef struct linear {
     ndm_array weight, bias;
 } linear;
 
+/* An integer or bool input is refused, as PyTorch's nn.Linear refuses it:
+ * promoting it silently would hide a missing conversion (of labels, of raw
+ * pixels). A stale or null x is left to ndm__linear's message. */
+static bool float_input(ndm_array x, const char *api, ndm__site site)
+{
+    if (!ndm_array_valid(x) || ndm_dtype_is_float(ndm_array_dtype(x)))
+        return true;
+    ndm__fail(NDM_E_DTYPE, api, site,
+              "Linear takes a float input, got %s (convert it first: ndm_astype)",
+              ndm_dtype_short(ndm_array_dtype(x)));
+    return false;
+}
+
 static ndm_array linear_forward(ndm__module *m, ndm_array x, const char *api, ndm__site site)
 {
     const linear *l = m->data;
+    if (!float_input(x, api, site))
+        return NDM_NULL_ARRAY;
     return ndm__linear(site, api, x, l->weight, l->bias, false);
 }
 
@@ -18,6 +33,8 @@ static ndm_array linear_forward_relu(ndm__module *m, ndm_array x, const char *ap
                                      ndm__site site)
 {
     const linear *l = m->data;
+    if (!float_input(x, api, site))
+        return NDM_NULL_ARRAY;
     return ndm__linear(site, api, x, l->weight, l->bias, true);
 }
 
