@@ -1055,6 +1055,78 @@ static void test_unary_integer_and_bool_inputs(void **state)
     assert_ok(ndm_scope_release_all(m));
 }
 
+/* Floor division and the two remainders against numpy's values (signs,
+ * zeros, infinities, division by zero, an inexact quotient, MIN // -1). */
+static void test_floor_divide_and_remainders_match_numpy(void **state)
+{
+    ndm_manager m = ROOT(state);
+    double a[] = {-7, 7, -7, 7, 0, 5, -0.0, 7.5, -7.5, 1e300, 0.1, 1.0, -1.0};
+    double b[] = {3, -3, -3, 3, 2, 0, 3, -2, 2, 3e-300, 0.01, INFINITY, INFINITY};
+    double fd[] = {-3, -3, 2, 2, 0, INFINITY, -0.0, -4, -4, INFINITY, 10, 0, -1};
+    double rem[] = {2, -2, -1, 1, 0, NAN, 0, -0.5, 0.5, 9.626317689605992e-301,
+                    3.469446951953614e-18, 1, INFINITY};
+    double fm[] = {-1, 1, -1, 1, 0, NAN, -0.0, 1.5, -1.5, 9.626317689605992e-301,
+                   3.469446951953614e-18, 1, -1};
+    enum { N = 13 };
+    ndm_array x = ndm_from_buffer(m, NDM_F64, a, NDM_SHAPE(N));
+    ndm_array y = ndm_from_buffer(m, NDM_F64, b, NDM_SHAPE(N));
+    const double *want[3] = {fd, rem, fm};
+    ndm_array got[3] = {ndm_floor_divide(x, y), ndm_remainder(x, y), ndm_fmod(x, y)};
+    const char *names[3] = {"floor_divide", "remainder", "fmod"};
+    for (int k = 0; k < 3; k++) {
+        double v[N];
+        assert_ok(ndm_array_copy_out(got[k], v, sizeof v));
+        for (int i = 0; i < N; i++) {
+            bool same = isnan(want[k][i]) ? isnan(v[i])
+                                          : v[i] == want[k][i] &&
+                                                signbit(v[i]) == signbit(want[k][i]);
+            if (!same && !(fabs(want[k][i]) < 1e-17 && fabs(v[i] - want[k][i]) < 1e-30 &&
+                           fabs(want[k][i]) > 0))
+                fail_msg("%s(%g, %g) = %.17g, numpy gives %.17g", names[k], a[i], b[i], v[i],
+                         want[k][i]);
+        }
+        REL(got[k]);
+    }
+    /* integers stay integers; x // 0 and x % 0 are 0; MIN // -1 wraps */
+    int32_t ia[] = {-7, 7, -7, 7, 0, 5, INT32_MIN}, ib[] = {3, -3, -3, 3, 2, 0, -1};
+    int32_t ifd[] = {-3, -3, 2, 2, 0, 0, INT32_MIN}, irem[] = {2, -2, -1, 1, 0, 0, 0},
+            ifm[] = {-1, 1, -1, 1, 0, 0, 0};
+    ndm_array xi = ndm_from_buffer(m, NDM_I32, ia, NDM_SHAPE(7));
+    ndm_array yi = ndm_from_buffer(m, NDM_I32, ib, NDM_SHAPE(7));
+    const int32_t *iwant[3] = {ifd, irem, ifm};
+    ndm_array igot[3] = {ndm_floor_divide(xi, yi), ndm_remainder(xi, yi), ndm_fmod(xi, yi)};
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(ndm_array_dtype(igot[k]), NDM_I32);
+        int32_t v[7];
+        assert_ok(ndm_array_copy_out(igot[k], v, sizeof v));
+        for (int i = 0; i < 7; i++)
+            if (v[i] != iwant[k][i])
+                fail_msg("%s(%d, %d) = %d, numpy gives %d", names[k], ia[i], ib[i], v[i],
+                         iwant[k][i]);
+        REL(igot[k]);
+    }
+    /* scalar and in-place forms agree with the array forms */
+    ndm_array s = ndm_remainder_scalar(xi, -3);
+    int32_t sv[7];
+    assert_ok(ndm_array_copy_out(s, sv, sizeof sv));
+    assert_int_equal(sv[0], -1); /* -7 % -3 */
+    assert_int_equal(sv[1], -2); /* 7 % -3 */
+    assert_ok(ndm_floor_divide_scalar_(xi, 2));
+    assert_ok(ndm_array_copy_out(xi, sv, sizeof sv));
+    assert_int_equal(sv[0], -4); /* -7 // 2 */
+    assert_int_equal(sv[1], 3);
+    /* bool is refused, as for subtraction */
+    ndm_array t = ndm_ones(m, NDM_BOOL, NDM_SHAPE(2));
+    assert_int_equal(ndm_remainder(t, t).id, 0);
+    assert_int_equal(ndm_last_status(), NDM_E_DTYPE);
+    REL(s);
+    REL(t);
+    REL(x);
+    REL(y);
+    REL(xi);
+    REL(yi);
+}
+
 static void test_unary_special_values(void **state)
 {
     ndm_manager m = ROOT(state);
@@ -1531,6 +1603,7 @@ int main(void)
         TEST(test_transposed_operands_blocked_walk),
         TEST(test_concurrent_callers_share_the_pool),
         TEST(test_copy_into_broadcasts_and_casts),
+        TEST(test_floor_divide_and_remainders_match_numpy),
     };
     return cmocka_run_group_tests_name("elementwise", tests, NULL, NULL);
 }

@@ -118,6 +118,88 @@ NDM_API ndm_array ndm_maximum_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array 
 /** ndm_minimum_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_minimum_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, ndm_array b);
 
+/** Floor division, Python's a // b (numpy's floor_divide): the quotient
+ *  rounded toward -infinity, in the operands' dtype (integers stay
+ *  integers). For floats x // 0 is +-inf or NaN; for integers it is 0, as
+ *  numpy gives (without numpy's warning); MIN // -1 wraps. No gradient (zero
+ *  almost everywhere). */
+#define ndm_floor_divide(a, b) ndm_floor_divide_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (b))
+/** ndm_floor_divide() with the result attached to m instead of by the output rule. */
+#define ndm_floor_divide_to(m, a, b) ndm_floor_divide_to_at(NDM_HERE, (m), (a), (b))
+/** ndm_floor_divide_to() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_array ndm_floor_divide_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a,
+                                         ndm_array b);
+/** The remainder of floor division, Python's a % b (numpy's remainder,
+ *  PyTorch's remainder): it has the sign of b, a == b * (a // b) + a % b.
+ *  For floats a % 0 is NaN; for integers it is 0. Gradients: g for a,
+ *  -g * floor(a / b) for b. */
+#define ndm_remainder(a, b) ndm_remainder_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (b))
+/** ndm_remainder() with the result attached to m instead of by the output rule. */
+#define ndm_remainder_to(m, a, b) ndm_remainder_to_at(NDM_HERE, (m), (a), (b))
+/** ndm_remainder_to() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_array ndm_remainder_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a,
+                                      ndm_array b);
+/** C's fmod (numpy's fmod, PyTorch's fmod): the remainder of division
+ *  truncated toward zero, with the sign of a. For floats fmod(a, 0) is NaN;
+ *  for integers it is 0. Gradients: g for a, -g * trunc(a / b) for b. */
+#define ndm_fmod(a, b) ndm_fmod_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (b))
+/** ndm_fmod() with the result attached to m instead of by the output rule. */
+#define ndm_fmod_to(m, a, b) ndm_fmod_to_at(NDM_HERE, (m), (a), (b))
+/** ndm_fmod_to() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_array ndm_fmod_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, ndm_array b);
+/** a // s (see ndm_floor_divide()). */
+#define ndm_floor_divide_scalar(a, s)                                          \
+    ndm_floor_divide_scalar_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (s))
+/** ndm_floor_divide_scalar() with the result attached to m instead of by the output rule. */
+#define ndm_floor_divide_scalar_to(m, a, s)                                    \
+    ndm_floor_divide_scalar_to_at(NDM_HERE, (m), (a), (s))
+/** ndm_floor_divide_scalar_to() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_array ndm_floor_divide_scalar_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a,
+                                                double s);
+/** a % s (see ndm_remainder()). */
+#define ndm_remainder_scalar(a, s) ndm_remainder_scalar_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (s))
+/** ndm_remainder_scalar() with the result attached to m instead of by the output rule. */
+#define ndm_remainder_scalar_to(m, a, s) ndm_remainder_scalar_to_at(NDM_HERE, (m), (a), (s))
+/** ndm_remainder_scalar_to() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_array ndm_remainder_scalar_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a,
+                                             double s);
+/** fmod(a, s) (see ndm_fmod()). */
+#define ndm_fmod_scalar(a, s) ndm_fmod_scalar_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (s))
+/** ndm_fmod_scalar() with the result attached to m instead of by the output rule. */
+#define ndm_fmod_scalar_to(m, a, s) ndm_fmod_scalar_to_at(NDM_HERE, (m), (a), (s))
+/** ndm_fmod_scalar_to() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_array ndm_fmod_scalar_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a,
+                                        double s);
+/** a = a // b */
+#define ndm_floor_divide_(a, b) ndm_floor_divide_inplace_at(NDM_HERE, (a), (b))
+/** ndm_floor_divide_() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API NDM_NODISCARD ndm_status ndm_floor_divide_inplace_at(NDM_SITE_PARAMS, ndm_array a,
+                                                             ndm_array b);
+/** a = a % b */
+#define ndm_remainder_(a, b) ndm_remainder_inplace_at(NDM_HERE, (a), (b))
+/** ndm_remainder_() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API NDM_NODISCARD ndm_status ndm_remainder_inplace_at(NDM_SITE_PARAMS, ndm_array a,
+                                                          ndm_array b);
+/** a = fmod(a, b) */
+#define ndm_fmod_(a, b) ndm_fmod_inplace_at(NDM_HERE, (a), (b))
+/** ndm_fmod_() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API NDM_NODISCARD ndm_status ndm_fmod_inplace_at(NDM_SITE_PARAMS, ndm_array a, ndm_array b);
+/** a = a // s */
+#define ndm_floor_divide_scalar_(a, s) ndm_floor_divide_scalar_inplace_at(NDM_HERE, (a), (s))
+/** ndm_floor_divide_scalar_() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API NDM_NODISCARD ndm_status ndm_floor_divide_scalar_inplace_at(NDM_SITE_PARAMS, ndm_array a,
+                                                                    double s);
+/** a = a % s */
+#define ndm_remainder_scalar_(a, s) ndm_remainder_scalar_inplace_at(NDM_HERE, (a), (s))
+/** ndm_remainder_scalar_() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API NDM_NODISCARD ndm_status ndm_remainder_scalar_inplace_at(NDM_SITE_PARAMS, ndm_array a,
+                                                                 double s);
+/** a = fmod(a, s) */
+#define ndm_fmod_scalar_(a, s) ndm_fmod_scalar_inplace_at(NDM_HERE, (a), (s))
+/** ndm_fmod_scalar_() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API NDM_NODISCARD ndm_status ndm_fmod_scalar_inplace_at(NDM_SITE_PARAMS, ndm_array a,
+                                                            double s);
+
 /** @} */
 
 /** @name Comparisons and logic (bool results)

@@ -135,6 +135,20 @@
     X(MINIMUM, minimum, ARITH, 0, 0, isnan(x) || x < y ? x : y, x < y ? x : y,  \
       NDM__EW_GRAD2(extreme_grad(g, a, b, false), extreme_grad(g, b, a, false)), \
       NDM__EW_GRAD(extreme_grad_scalar(g, a, s, false)))                        \
+    /* Python's //: rounded toward -inf (numpy's floor_divide); integer x // 0 \
+     * is 0, as numpy gives; zero gradient almost everywhere */               \
+    X(FLOOR_DIVIDE, floor_divide, ARITH, NDM__EWF_NO_BOOL, 0,                   \
+      ndm__ref_floordiv_f(x, y), ndm__ref_floordiv_i(x, y), NDM__EW_NOGRAD,     \
+      NDM__EW_NOGRAD)                                                           \
+    /* Python's %: the sign of the divisor (numpy's remainder); x % 0 is NaN \
+     * for floats, 0 for integers; b's gradient is -floor(a / b)             */ \
+    X(REMAINDER, remainder, ARITH, NDM__EWF_NO_BOOL, 0, ndm__ref_remainder_f(x, y), \
+      ndm__ref_remainder_i(x, y),                                               \
+      NDM__EW_GRAD2(g, ndm_neg(ndm_mul(g, ndm_floor_divide(a, b)))), NDM__EW_GRAD(g)) \
+    /* C's fmod: the sign of the dividend; b's gradient is -trunc(a / b),    \
+     * (a - out) / b exactly                                                 */ \
+    X(FMOD, fmod, ARITH, NDM__EWF_NO_BOOL, 0, fmod(x, y), ndm__ref_fmod_i(x, y), \
+      NDM__EW_GRAD2(g, ndm_neg(ndm_mul(g, ndm_div(ndm_sub(a, out), b)))), NDM__EW_GRAD(g)) \
     X(EQ, eq, CMP, NDM__EWF_BOOL_OUT, 0, x == y, x == y, NDM__EW_NOGRAD, NDM__EW_NOGRAD) \
     X(NE, ne, CMP, NDM__EWF_BOOL_OUT, 0, x != y, x != y, NDM__EW_NOGRAD, NDM__EW_NOGRAD) \
     X(LT, lt, CMP, NDM__EWF_BOOL_OUT, 0, x < y, x < y, NDM__EW_NOGRAD, NDM__EW_NOGRAD) \

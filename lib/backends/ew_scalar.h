@@ -31,6 +31,51 @@ NDM__SCALAR int64_t ndm__ref_ipow(int64_t x, int64_t y)
     return (int64_t)r;
 }
 
+/* Floor division and the remainder that goes with it (x == y * q + r, r of
+ * y's sign), as Python and numpy define them: the quotient comes from fmod
+ * so that it is exact where x / y would round across an integer. */
+NDM__SCALAR double ndm__ref_floordiv_f(double x, double y)
+{
+    if (y == 0)
+        return x / y;
+    double m = fmod(x, y), d = (x - m) / y;
+    if (m != 0 && ((y < 0) != (m < 0)))
+        d -= 1.0;
+    if (d == 0)
+        return copysign(0.0, x / y);
+    double f = floor(d);
+    return d - f > 0.5 ? f + 1.0 : f;
+}
+NDM__SCALAR double ndm__ref_remainder_f(double x, double y)
+{
+    double m = fmod(x, y);
+    if (m != 0 && ((y < 0) != (m < 0)))
+        return m + y;
+    return m == 0 ? copysign(0.0, y) : m;
+}
+/* The integer forms: x // 0 and x % 0 are 0 (numpy's values); MIN // -1
+ * wraps (as the computation dtype does). */
+NDM__SCALAR int64_t ndm__ref_floordiv_i(int64_t x, int64_t y)
+{
+    if (y == 0)
+        return 0;
+    if (y == -1)
+        return (int64_t)(0 - (uint64_t)x);
+    int64_t q = x / y;
+    return x % y != 0 && ((x < 0) != (y < 0)) ? q - 1 : q;
+}
+NDM__SCALAR int64_t ndm__ref_remainder_i(int64_t x, int64_t y)
+{
+    if (y == 0 || y == -1)
+        return 0;
+    int64_t r = x % y;
+    return r != 0 && ((r < 0) != (y < 0)) ? r + y : r;
+}
+NDM__SCALAR int64_t ndm__ref_fmod_i(int64_t x, int64_t y)
+{
+    return y == 0 || y == -1 ? 0 : x % y;
+}
+
 NDM__SCALAR double ndm__ref_gelu(double x)
 {
     return x == -INFINITY ? -0.0 : 0.5 * x * erfc(-x / sqrt(2.0));
