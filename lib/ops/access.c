@@ -41,26 +41,29 @@ NDM_API int64_t ndm_array_dim(ndm_array a, int axis)
     return r->shape[ax];
 }
 
+/* The ndim entries of v (sizes or strides, `what`) into out, which has
+ * room for cap; returns ndim. */
+static int copy_dims(int64_t *out, int cap, int ndim, const int64_t *v, const char *what,
+                     const char *api)
+{
+    if (cap < ndim || (ndim && !out))
+        return ndm__fail(NDM_E_INVALID, api, NDM__NO_SITE, "room for %d %s given, rank is %d",
+                         cap, what, ndim);
+    if (ndim)
+        memcpy(out, v, (size_t)ndim * sizeof *out);
+    return ndim;
+}
+
 NDM_API int ndm_array_shape(ndm_array a, int64_t *out, int cap)
 {
     GET_META(a, ndm_last_status());
-    if (cap < r->ndim || (r->ndim && !out))
-        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE,
-                         "room for %d sizes given, rank is %d", cap, r->ndim);
-    if (r->ndim)
-        memcpy(out, r->shape, (size_t)r->ndim * sizeof *out);
-    return r->ndim;
+    return copy_dims(out, cap, r->ndim, r->shape, "sizes", __func__);
 }
 
 NDM_API int ndm_array_strides(ndm_array a, int64_t *out, int cap)
 {
     GET_META(a, ndm_last_status());
-    if (cap < r->ndim || (r->ndim && !out))
-        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE,
-                         "room for %d strides given, rank is %d", cap, r->ndim);
-    if (r->ndim)
-        memcpy(out, r->strides, (size_t)r->ndim * sizeof *out);
-    return r->ndim;
+    return copy_dims(out, cap, r->ndim, r->strides, "strides", __func__);
 }
 
 NDM_API int64_t ndm_array_offset(ndm_array a)
