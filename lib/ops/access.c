@@ -163,6 +163,8 @@ NDM_API ndm_status ndm_array_copy_in(ndm_array a, const void *src, size_t nbytes
 /* The single element of r converted to `as` (f64 or i64) into *out. */
 static ndm_status item(ndm__array *r, ndm_dtype as, void *out, const char *api)
 {
+    if (!out)
+        return ndm__fail(NDM_E_INVALID, api, NDM__NO_SITE, "out is NULL");
     int64_t n = ndm__numel(r->ndim, r->shape);
     if (n != 1) {
         char desc[160];
@@ -183,8 +185,6 @@ NDM_API ndm_status ndm_item(ndm_array a, double *out)
 {
     NDM__OP_GUARD();
     GET(a, ndm_last_status());
-    if (!out)
-        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "out is NULL");
     return item(r, NDM_F64, out, __func__);
 }
 
@@ -192,7 +192,5 @@ NDM_API ndm_status ndm_item_i64(ndm_array a, int64_t *out)
 {
     NDM__OP_GUARD();
     GET(a, ndm_last_status());
-    if (!out)
-        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "out is NULL");
     return item(r, NDM_I64, out, __func__);
 }
