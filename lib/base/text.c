@@ -2,6 +2,7 @@
  * ndm writes (dumps, snapshots, errors): names come from users and may hold
  * any byte. */
 #include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "text.h"
@@ -105,3 +106,26 @@ void ndm__json_write_str(FILE *f, const char *s)
     }
     fputc('"', f);
 }
+
+void ndm__sbuf_put(ndm__sbuf *b, const char *s, size_t n)
+{
+    if (b->oom)
+        return;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n + 1)
+            cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) {
+            b->oom = true;
+            return;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+void ndm__sbuf_puts(ndm__sbuf *b, const char *s) { ndm__sbuf_put(b, s, strlen(s)); }
