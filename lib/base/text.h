@@ -23,6 +23,9 @@ size_t ndm__utf8_clean(const char *s, char *buf, size_t cap);
  * the length written (buf is NUL-terminated; cap > 0). */
 size_t ndm__escape_controls(const char *s, char *buf, size_t cap);
 
+/* Writes byte c as the four characters \xNN at out (no NUL); returns 4. */
+size_t ndm__hex_escape(unsigned char c, char *out);
+
 /* Write the C string s to f as a JSON string literal: quotes, backslashes
  * and control characters escaped, bytes that start no UTF-8 sequence
  * written as \ufffd, so that the output is valid UTF-8 JSON. */

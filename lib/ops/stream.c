@@ -418,9 +418,10 @@ static ndm_status sync_or_query(uint64_t id, int kind, bool *done, const char *a
                 : bs->stream_query(f.device.index, f.obj, done);
     else
         st = ev ? bs->event_sync(f.device.index, f.obj) : bs->stream_sync(f.device.index, f.obj);
+    if (st < 0 && done)
+        return backend_failed(st, api, ev ? "asking the event" : "asking the stream");
     if (st < 0)
-        return backend_failed(st, api, done ? ev ? "asking the event" : "asking the stream"
-                                            : ev ? "waiting for the event" : "waiting for the stream");
+        return backend_failed(st, api, ev ? "waiting for the event" : "waiting for the stream");
     return NDM_OK;
 }
 

@@ -411,22 +411,12 @@ static ndm_status fill_any(int device, cudaStream_t s, const ndm__tensor *dst, d
 {
     /* The value is converted once, here, by the same rules as the kernels. */
     switch (dst->dtype) {
-    case NDM_BOOL:
-        return fill_typed<uint8_t, Host>(device, s, dst, ndm__cu_dt<NDM_BOOL>::st(value));
-    case NDM_U8:
-        return fill_typed<uint8_t, Host>(device, s, dst, ndm__cu_dt<NDM_U8>::st(value));
-    case NDM_I32:
-        return fill_typed<int32_t, Host>(device, s, dst, ndm__cu_dt<NDM_I32>::st(value));
-    case NDM_I64:
-        return fill_typed<int64_t, Host>(device, s, dst, ndm__cu_dt<NDM_I64>::st(value));
-    case NDM_F16:
-        return fill_typed<uint16_t, Host>(device, s, dst, ndm__cu_dt<NDM_F16>::st(value));
-    case NDM_BF16:
-        return fill_typed<uint16_t, Host>(device, s, dst, ndm__cu_dt<NDM_BF16>::st(value));
-    case NDM_F32:
-        return fill_typed<float, Host>(device, s, dst, ndm__cu_dt<NDM_F32>::st(value));
-    case NDM_F64:
-        return fill_typed<double, Host>(device, s, dst, ndm__cu_dt<NDM_F64>::st(value));
+#define NDM__CU_FILL_CASE_(E)                                                   \
+    case E:                                                                     \
+        return fill_typed<typename ndm__cu_dt<E>::T, Host>(device, s, dst,      \
+                                                           ndm__cu_dt<E>::st(value));
+        NDM__CU_DTYPES(NDM__CU_FILL_CASE_)
+#undef NDM__CU_FILL_CASE_
     }
     return ndm__cuda_fail(NDM_E_DTYPE, "fill: invalid dtype %d", (int)dst->dtype);
 }
