@@ -475,26 +475,25 @@ static ndm_status cuda_iota(int device, const ndm__tensor *dst, double start, do
 
 /* Both directions return when the bytes have arrived: the host buffer may be
  * reused (or read) at once, whether it is pageable or pinned. */
-static ndm_status cuda_upload(int device, void *dst, const void *src_host, size_t n)
+static ndm_status transfer(int device, void *dst, const void *src, size_t n, cudaMemcpyKind kind)
 {
     cudaStream_t s = nullptr;
     ndm_status st = ndm__cuda_enter(device, &s);
     if (st < 0 || !n)
         return st;
-    NDM__CUDA_TRY(device, cudaMemcpyAsync(dst, src_host, n, cudaMemcpyHostToDevice, s));
+    NDM__CUDA_TRY(device, cudaMemcpyAsync(dst, src, n, kind, s));
     NDM__CUDA_TRY(device, cudaStreamSynchronize(s));
     return NDM_OK;
 }
 
+static ndm_status cuda_upload(int device, void *dst, const void *src_host, size_t n)
+{
+    return transfer(device, dst, src_host, n, cudaMemcpyHostToDevice);
+}
+
 static ndm_status cuda_download(int device, void *dst_host, const void *src, size_t n)
 {
-    cudaStream_t s = nullptr;
-    ndm_status st = ndm__cuda_enter(device, &s);
-    if (st < 0 || !n)
-        return st;
-    NDM__CUDA_TRY(device, cudaMemcpyAsync(dst_host, src, n, cudaMemcpyDeviceToHost, s));
-    NDM__CUDA_TRY(device, cudaStreamSynchronize(s));
-    return NDM_OK;
+    return transfer(device, dst_host, src, n, cudaMemcpyDeviceToHost);
 }
 
 static ndm_status cuda_sync(int device)
