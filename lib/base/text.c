@@ -2,6 +2,7 @@
  * ndm writes (dumps, snapshots, errors): names come from users and may hold
  * any byte. */
 #include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "text.h"
@@ -60,23 +61,28 @@ size_t ndm__utf8_clean(const char *s, char *buf, size_t cap)
     return o;
 }
 
-size_t ndm__escape_controls(const char *s, char *buf, size_t cap)
+size_t ndm__hex_escape(unsigned char c, char *out)
 {
     static const char hex[] = "0123456789abcdef";
+    out[0] = '\\';
+    out[1] = 'x';
+    out[2] = hex[c >> 4];
+    out[3] = hex[c & 15];
+    return 4;
+}
+
+size_t ndm__escape_controls(const char *s, char *buf, size_t cap)
+{
     size_t o = 0;
     for (; *s; s++) {
         unsigned char c = (unsigned char)*s;
         bool ctl = c < 0x20 || c == 0x7f;
         if (o + (ctl ? 4 : 1) >= cap)
             break;
-        if (ctl) {
-            buf[o++] = '\\';
-            buf[o++] = 'x';
-            buf[o++] = hex[c >> 4];
-            buf[o++] = hex[c & 15];
-        } else {
+        if (ctl)
+            o += ndm__hex_escape(c, buf + o);
+        else
             buf[o++] = (char)c;
-        }
     }
     buf[o] = '\0';
     return o;
@@ -105,3 +111,26 @@ void ndm__json_write_str(FILE *f, const char *s)
     }
     fputc('"', f);
 }
+
+void ndm__sbuf_put(ndm__sbuf *b, const char *s, size_t n)
+{
+    if (b->oom)
+        return;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n + 1)
+            cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) {
+            b->oom = true;
+            return;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+void ndm__sbuf_puts(ndm__sbuf *b, const char *s) { ndm__sbuf_put(b, s, strlen(s)); }

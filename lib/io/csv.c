@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../base/text.h"
 #include "io.h"
 
 /* Numbers are read in the C locale, whatever the process set: a file
@@ -141,7 +142,6 @@ static ndm_status count_fields(const csv *c, const line *l, int64_t *n)
  * that a carriage return or a NUL stays visible and ends nothing. */
 static const char *quoted(const char *text, size_t len, char *buf, size_t n)
 {
-    static const char hex[] = "0123456789abcdef";
     size_t k = 0, i = 0;
     for (; i < len && i < 40 && k + 5 < n; i++) {
         unsigned char ch = (unsigned char)text[i];
@@ -150,10 +150,7 @@ static const char *quoted(const char *text, size_t len, char *buf, size_t n)
             buf[k++] = esc[0];
             buf[k++] = esc[1];
         } else if (ch < 0x20 || ch == 0x7f) {
-            buf[k++] = '\\';
-            buf[k++] = 'x';
-            buf[k++] = hex[ch >> 4];
-            buf[k++] = hex[ch & 15];
+            k += ndm__hex_escape(ch, buf + k);
         } else {
             buf[k++] = (char)ch;
         }

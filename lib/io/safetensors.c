@@ -8,6 +8,7 @@
 #include <sys/mman.h>
 
 #include "../base/checked.h"
+#include "../base/text.h"
 #include "io.h"
 #include "json.h"
 
@@ -703,60 +704,31 @@ NDM_API const char *ndm_named_arrays_meta(const ndm_named_arrays *set, const cha
 
 /* ---- saving ------------------------------------------------------------------------ */
 
-typedef struct sbuf {
-    char *p;
-    size_t n, cap;
-    bool oom;
-} sbuf;
-
-static void sb_put(sbuf *b, const char *s, size_t n)
-{
-    if (b->oom)
-        return;
-    if (b->n + n + 1 > b->cap) {
-        size_t c = b->cap ? b->cap : 256;
-        while (c < b->n + n + 1)
-            c *= 2;
-        char *q = realloc(b->p, c);
-        if (!q) {
-            b->oom = true;
-            return;
-        }
-        b->p = q;
-        b->cap = c;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = '\0';
-}
-
-static void sb_str(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
-
-static void sb_fmt(sbuf *b, const char *fmt, uint64_t v)
+static void sb_fmt(ndm__sbuf *b, const char *fmt, uint64_t v)
 {
     char tmp[32];
     int k = snprintf(tmp, sizeof tmp, fmt, v);
-    sb_put(b, tmp, (size_t)k);
+    ndm__sbuf_put(b, tmp, (size_t)k);
 }
 
 /* A JSON string literal; the text is valid UTF-8 (checked by the caller). */
-static void sb_json(sbuf *b, const char *s)
+static void sb_json(ndm__sbuf *b, const char *s)
 {
-    sb_put(b, "\"", 1);
+    ndm__sbuf_put(b, "\"", 1);
     for (; *s; s++) {
         unsigned char ch = (unsigned char)*s;
         if (ch == '"' || ch == '\\') {
             char e[2] = {'\\', (char)ch};
-            sb_put(b, e, 2);
+            ndm__sbuf_put(b, e, 2);
         } else if (ch < 0x20) {
             char e[8];
             snprintf(e, sizeof e, "\\u%04x", ch);
-            sb_put(b, e, 6);
+            ndm__sbuf_put(b, e, 6);
         } else {
-            sb_put(b, (const char *)&ch, 1);
+            ndm__sbuf_put(b, (const char *)&ch, 1);
         }
     }
-    sb_put(b, "\"", 1);
+    ndm__sbuf_put(b, "\"", 1);
 }
 
 static _Thread_local const char *const *sort_names;
@@ -835,7 +807,7 @@ NDM_API ndm_status ndm_safetensors_save_at(NDM_SITE_PARAMS, const char *path,
     ndm__view *recs = malloc((n ? n : 1) * sizeof *recs);
     size_t *order = malloc((n ? n : 1) * sizeof *order);
     uint64_t *begin = malloc((n ? n : 1) * sizeof *begin);
-    sbuf hb = {0};
+    ndm__sbuf hb = {0};
     if (!recs || !order || !begin) {
         st = ndm__fail(NDM_E_OOM, api, site, "no memory");
         goto done;
@@ -860,36 +832,36 @@ NDM_API ndm_status ndm_safetensors_save_at(NDM_SITE_PARAMS, const char *path,
         begin[order[i]] = at;
         at += recs[order[i]].nbytes;
     }
-    sb_put(&hb, "{", 1);
+    ndm__sbuf_put(&hb, "{", 1);
     if (set->meta_count) {
-        sb_str(&hb, "\"__metadata__\":{");
+        ndm__sbuf_puts(&hb, "\"__metadata__\":{");
         for (size_t i = 0; i < set->meta_count; i++) {
             if (i)
-                sb_put(&hb, ",", 1);
+                ndm__sbuf_put(&hb, ",", 1);
             sb_json(&hb, set->meta_keys[i]);
-            sb_put(&hb, ":", 1);
+            ndm__sbuf_put(&hb, ":", 1);
             sb_json(&hb, set->meta_values[i]);
         }
-        sb_put(&hb, "}", 1);
+        ndm__sbuf_put(&hb, "}", 1);
     }
     for (size_t i = 0; i < n; i++) {
         const ndm__tensor *r = &recs[i].t;
         uint64_t nbytes = recs[i].nbytes;
         if (i || set->meta_count)
-            sb_put(&hb, ",", 1);
+            ndm__sbuf_put(&hb, ",", 1);
         sb_json(&hb, set->names[i]);
-        sb_str(&hb, ":{\"dtype\":\"");
-        sb_str(&hb, st_dtype_name(r->dtype));
-        sb_str(&hb, "\",\"shape\":[");
+        ndm__sbuf_puts(&hb, ":{\"dtype\":\"");
+        ndm__sbuf_puts(&hb, st_dtype_name(r->dtype));
+        ndm__sbuf_puts(&hb, "\",\"shape\":[");
         for (int d = 0; d < r->ndim; d++)
             sb_fmt(&hb, d ? ",%" PRIu64 : "%" PRIu64, (uint64_t)r->shape[d]);
         sb_fmt(&hb, "],\"data_offsets\":[%" PRIu64, begin[i]);
         sb_fmt(&hb, ",%" PRIu64 "]}", begin[i] + nbytes);
     }
-    sb_put(&hb, "}", 1);
+    ndm__sbuf_put(&hb, "}", 1);
     /* Spaces pad the header so the data buffer starts 8-byte aligned. */
-    while (!hb.oom && hb.n % 8)
-        sb_put(&hb, " ", 1);
+    while (!hb.oom && hb.len % 8)
+        ndm__sbuf_put(&hb, " ", 1);
     if (hb.oom) {
         st = ndm__fail(NDM_E_OOM, api, site, "no memory for the header");
         goto done;
@@ -899,10 +871,10 @@ NDM_API ndm_status ndm_safetensors_save_at(NDM_SITE_PARAMS, const char *path,
         goto done;
     uint8_t prefix[8];
     for (int i = 0; i < 8; i++)
-        prefix[i] = (uint8_t)((uint64_t)hb.n >> (8 * i));
+        prefix[i] = (uint8_t)((uint64_t)hb.len >> (8 * i));
     st = ndm__out_write(&out, prefix, 8, api, site);
     if (st == NDM_OK)
-        st = ndm__out_write(&out, hb.p, hb.n, api, site);
+        st = ndm__out_write(&out, hb.p, hb.len, api, site);
     for (size_t i = 0; i < n && st == NDM_OK; i++)
         st = ndm__io_write_array(out.f, &recs[order[i]], path, api, site);
     if (st == NDM_OK)

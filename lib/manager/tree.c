@@ -452,10 +452,9 @@ static bool closing_on_this_thread(ndm__manager *m)
     return false;
 }
 
-/* Take child c, whose close is in progress further up this thread's stack,
- * out of its parent p now (tree lock held): p's close can then end, and c's
- * ends later without touching p, which may be gone by then. */
-static void unlink_closing_child(ndm__manager *p, ndm__manager *c)
+/* Take child c out of p's list of children (tree lock held); c's own
+ * links are left as they were. */
+static void sibling_unlink(ndm__manager *p, ndm__manager *c)
 {
     if (c->sib_prev)
         ndm__manager_rec(c->sib_prev)->sib_next = c->sib_next;
@@ -463,8 +462,16 @@ static void unlink_closing_child(ndm__manager *p, ndm__manager *c)
         p->first_child = c->sib_next;
     if (c->sib_next)
         ndm__manager_rec(c->sib_next)->sib_prev = c->sib_prev;
-    c->sib_prev = c->sib_next = 0;
     p->children--;
+}
+
+/* Take child c, whose close is in progress further up this thread's stack,
+ * out of its parent p now (tree lock held): p's close can then end, and c's
+ * ends later without touching p, which may be gone by then. */
+static void unlink_closing_child(ndm__manager *p, ndm__manager *c)
+{
+    sibling_unlink(p, c);
+    c->sib_prev = c->sib_next = 0;
     atomic_fetch_or_explicit(&c->state, NDM__M_UNLINKED, memory_order_relaxed);
 }
 
@@ -522,16 +529,8 @@ static ndm_status close_locked(ndm__manager *m, const ndm__site *site)
     /* (an unlinked m's parent may be gone: its counts go nowhere) */
     if (linked)
         ndm__lifetime_fold(m);
-    if (m->parent && linked) {
-        ndm__manager *p = ndm__manager_rec(m->parent);
-        if (m->sib_prev)
-            ndm__manager_rec(m->sib_prev)->sib_next = m->sib_next;
-        else
-            p->first_child = m->sib_next;
-        if (m->sib_next)
-            ndm__manager_rec(m->sib_next)->sib_prev = m->sib_prev;
-        p->children--;
-    }
+    if (m->parent && linked)
+        sibling_unlink(ndm__manager_rec(m->parent), m);
     m->dead_site = *site;
     /* The last change, under m's lock as well (see ndm__manager_open_as):
      * a creation or a move that takes the lock after it sees the new

@@ -41,26 +41,29 @@ NDM_API int64_t ndm_array_dim(ndm_array a, int axis)
     return r->shape[ax];
 }
 
+/* The ndim entries of v (sizes or strides, `what`) into out, which has
+ * room for cap; returns ndim. */
+static int copy_dims(int64_t *out, int cap, int ndim, const int64_t *v, const char *what,
+                     const char *api)
+{
+    if (cap < ndim || (ndim && !out))
+        return ndm__fail(NDM_E_INVALID, api, NDM__NO_SITE, "room for %d %s given, rank is %d",
+                         cap, what, ndim);
+    if (ndim)
+        memcpy(out, v, (size_t)ndim * sizeof *out);
+    return ndim;
+}
+
 NDM_API int ndm_array_shape(ndm_array a, int64_t *out, int cap)
 {
     GET_META(a, ndm_last_status());
-    if (cap < r->ndim || (r->ndim && !out))
-        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE,
-                         "room for %d sizes given, rank is %d", cap, r->ndim);
-    if (r->ndim)
-        memcpy(out, r->shape, (size_t)r->ndim * sizeof *out);
-    return r->ndim;
+    return copy_dims(out, cap, r->ndim, r->shape, "sizes", __func__);
 }
 
 NDM_API int ndm_array_strides(ndm_array a, int64_t *out, int cap)
 {
     GET_META(a, ndm_last_status());
-    if (cap < r->ndim || (r->ndim && !out))
-        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE,
-                         "room for %d strides given, rank is %d", cap, r->ndim);
-    if (r->ndim)
-        memcpy(out, r->strides, (size_t)r->ndim * sizeof *out);
-    return r->ndim;
+    return copy_dims(out, cap, r->ndim, r->strides, "strides", __func__);
 }
 
 NDM_API int64_t ndm_array_offset(ndm_array a)
@@ -160,6 +163,8 @@ NDM_API ndm_status ndm_array_copy_in(ndm_array a, const void *src, size_t nbytes
 /* The single element of r converted to `as` (f64 or i64) into *out. */
 static ndm_status item(ndm__array *r, ndm_dtype as, void *out, const char *api)
 {
+    if (!out)
+        return ndm__fail(NDM_E_INVALID, api, NDM__NO_SITE, "out is NULL");
     int64_t n = ndm__numel(r->ndim, r->shape);
     if (n != 1) {
         char desc[160];
@@ -180,8 +185,6 @@ NDM_API ndm_status ndm_item(ndm_array a, double *out)
 {
     NDM__OP_GUARD();
     GET(a, ndm_last_status());
-    if (!out)
-        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "out is NULL");
     return item(r, NDM_F64, out, __func__);
 }
 
@@ -189,7 +192,5 @@ NDM_API ndm_status ndm_item_i64(ndm_array a, int64_t *out)
 {
     NDM__OP_GUARD();
     GET(a, ndm_last_status());
-    if (!out)
-        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "out is NULL");
     return item(r, NDM_I64, out, __func__);
 }

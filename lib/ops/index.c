@@ -50,6 +50,20 @@ static ndm_array index_result(ndm__site site, const char *api, ndm_manager out, 
     return ndm__array_new_on(site, api, out, dev, dtype, nd, shape, o);
 }
 
+/* index_result of r's dtype on r's device, once the device has said it runs
+ * `op` from r's dtype to the same. */
+static ndm_array index_result_like(ndm__site site, const char *api, ndm_manager out,
+                                   const ndm__array *r, const char *op, int nd,
+                                   const int64_t *shape, const struct ndm__backend_index **f,
+                                   ndm__array **o)
+{
+    ndm_device dev = r->storage->device;
+    if (NDM__DEVICE_DECLINES(dev, api, site, NDM__OPS_INDEX, 0, op, ndm__layout_of(r), 2,
+                             {r->dtype, r->dtype}))
+        return NDM_NULL_ARRAY;
+    return index_result(site, api, out, dev, r->dtype, nd, shape, f, o);
+}
+
 bool ndm__same_device(const ndm__array *a, const ndm__array *b, const char *api, ndm__site site)
 {
     ndm_device x = a->storage->device, y = b->storage->device;
@@ -431,13 +445,9 @@ NDM_API ndm_array ndm_tile_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, 
         sstr[2 * d] = 0;
         sstr[2 * d + 1] = rd >= 0 ? r->strides[rd] : 0;
     }
-    ndm_device dev = r->storage->device;
     const struct ndm__backend_index *f;
-    if (NDM__DEVICE_DECLINES(dev, __func__, site, NDM__OPS_INDEX, 0, "copy",
-                                   ndm__layout_of(r), 2, {r->dtype, r->dtype}))
-        goto done;
     ndm__array *o;
-    res = index_result(site, __func__, out, dev, r->dtype, nd, shape, &f, &o);
+    res = index_result_like(site, __func__, out, r, "copy", nd, shape, &f, &o);
     if (!res.id)
         goto done;
     /* The result, read as (reps, size) pairs, is `a` broadcast over the reps;
@@ -448,7 +458,7 @@ NDM_API ndm_array ndm_tile_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, 
     ndm__contiguous_strides(2 * nd, pair, dstr);
     ndm__tensor dst = {ndm__array_ptr(o), o->dtype, 2 * nd, pair, dstr};
     ndm__tensor src = {ndm__array_ptr(r), r->dtype, 2 * nd, pair, sstr};
-    ndm_status st = f->copy(dev.index, &dst, &src);
+    ndm_status st = f->copy(r->storage->device.index, &dst, &src);
     if (st < 0)
         res = ndm__kernel_failed(st, res, "copy", __func__, site);
 done:
@@ -501,17 +511,13 @@ NDM_API ndm_array ndm_pad_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, n
             goto done;
         }
     }
-    ndm_device dev = r->storage->device;
     const struct ndm__backend_index *f;
-    if (NDM__DEVICE_DECLINES(dev, __func__, site, NDM__OPS_INDEX, 0, "pad",
-                                   ndm__layout_of(r), 2, {r->dtype, r->dtype}))
-        goto done;
     ndm__array *o;
-    res = index_result(site, __func__, out, dev, r->dtype, nd, shape, &f, &o);
+    res = index_result_like(site, __func__, out, r, "pad", nd, shape, &f, &o);
     if (!res.id)
         goto done;
     ndm__tensor dst = ndm__tensor_of(o), src = ndm__tensor_of(r);
-    ndm_status st = f->pad(dev.index, &dst, &src, before, mode, value);
+    ndm_status st = f->pad(r->storage->device.index, &dst, &src, before, mode, value);
     if (st < 0)
         res = ndm__kernel_failed(st, res, "pad", __func__, site);
 done:

@@ -104,6 +104,34 @@ static const struct ndm__backend_index *on_axis(const ndm__array *r, const ndm__
 
 /* ---- take and index_select --------------------------------------------------- */
 
+/* A result of r's dtype and the given shape on r's device, once on_axis has
+ * found the family that runs op there; NULL array with the failure recorded. */
+static ndm_array axis_result(ndm__site site, const char *api, ndm_manager out, const ndm__array *r,
+                             const ndm__array *ri, int axis, int ax, const char *op, int nd,
+                             const int64_t *shape, const struct ndm__backend_index **f,
+                             ndm__array **o)
+{
+    *f = on_axis(r, ri, axis, ax, op, api, site);
+    if (!*f)
+        return NDM_NULL_ARRAY;
+    return ndm__array_new_on(site, api, out, r->storage->device, r->dtype, nd, shape, o);
+}
+
+/* res once kernel `op` returned st: released with the failure recorded, or
+ * recorded for autograd as ag_op of a (r, a float) by indices along ax. */
+static ndm_array axis_done(ndm_status st, ndm_array res, const char *op, ndm__ag_op ag_op,
+                           const ndm__array *r, ndm_array a, ndm_array indices, int ax,
+                           const char *api, ndm__site site)
+{
+    if (st < 0)
+        return ndm__kernel_failed(st, res, op, api, site);
+    if (NDM__UNLIKELY(ndm__ag_on()) && ndm_dtype_is_float(r->dtype)) {
+        ndm__ag_params agp = {.i = {ax}};
+        ndm__ag_record(ag_op, res, 2, (ndm_array[]){a, indices}, &agp);
+    }
+    return res;
+}
+
 static ndm_array take(ndm__site site, const char *api, ndm_manager out, ndm_array a, int axis,
                       ndm_array indices, bool one_d)
 {
@@ -126,22 +154,14 @@ static ndm_array take(ndm__site site, const char *api, ndm_manager out, ndm_arra
     memcpy(shape, r->shape, (size_t)ax * sizeof *shape);
     memcpy(shape + ax, ri->shape, (size_t)ri->ndim * sizeof *shape);
     memcpy(shape + ax + ri->ndim, r->shape + ax + 1, (size_t)(r->ndim - ax - 1) * sizeof *shape);
-    ndm_device dev = r->storage->device;
-    const struct ndm__backend_index *f = on_axis(r, ri, axis, ax, "take", api, site);
-    if (!f)
-        goto done;
+    const struct ndm__backend_index *f;
     ndm__array *o;
-    res = ndm__array_new_on(site, api, out, dev, r->dtype, nd, shape, &o);
+    res = axis_result(site, api, out, r, ri, axis, ax, "take", nd, shape, &f, &o);
     if (!res.id)
         goto done;
     ndm__tensor dst = ndm__tensor_of(o), src = ndm__tensor_of(r), idx = ndm__tensor_of(ri);
-    ndm_status st = f->take(dev.index, &dst, &src, ax, &idx);
-    if (st < 0) {
-        res = ndm__kernel_failed(st, res, "take", api, site);
-    } else if (NDM__UNLIKELY(ndm__ag_on()) && ndm_dtype_is_float(r->dtype)) {
-        ndm__ag_params agp = {.i = {ax}};
-        ndm__ag_record(NDM__AG_TAKE, res, 2, (ndm_array[]){a, indices}, &agp);
-    }
+    ndm_status st = f->take(r->storage->device.index, &dst, &src, ax, &idx);
+    res = axis_done(st, res, "take", NDM__AG_TAKE, r, a, indices, ax, api, site);
 done:
     ndm__scratch_put(&sc);
     return res;
@@ -209,24 +229,16 @@ NDM_API ndm_array ndm_gather_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
     }
     stretch(r, shape, ax, sstr);
     stretch(ri, shape, -1, istr);
-    ndm_device dev = r->storage->device;
-    const struct ndm__backend_index *f = on_axis(r, ri, axis, ax, "gather", __func__, site);
-    if (!f)
-        goto done;
+    const struct ndm__backend_index *f;
     ndm__array *o;
-    res = ndm__array_new_on(site, __func__, out, dev, r->dtype, nd, shape, &o);
+    res = axis_result(site, __func__, out, r, ri, axis, ax, "gather", nd, shape, &f, &o);
     if (!res.id)
         goto done;
     ndm__tensor dst = ndm__tensor_of(o);
     ndm__tensor src = {ndm__array_ptr(r), r->dtype, nd, sshape, sstr};
     ndm__tensor idx = {ndm__array_ptr(ri), ri->dtype, nd, shape, istr};
-    ndm_status st = f->gather(dev.index, &dst, &src, ax, &idx);
-    if (st < 0) {
-        res = ndm__kernel_failed(st, res, "gather", __func__, site);
-    } else if (NDM__UNLIKELY(ndm__ag_on()) && ndm_dtype_is_float(r->dtype)) {
-        ndm__ag_params agp = {.i = {ax}};
-        ndm__ag_record(NDM__AG_GATHER, res, 2, (ndm_array[]){a, indices}, &agp);
-    }
+    ndm_status st = f->gather(r->storage->device.index, &dst, &src, ax, &idx);
+    res = axis_done(st, res, "gather", NDM__AG_GATHER, r, a, indices, ax, __func__, site);
 done:
     ndm__scratch_put(&sc);
     return res;

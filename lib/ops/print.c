@@ -6,45 +6,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../base/text.h"
 #include "dispatch.h"
 
 #define THRESHOLD 1000
 #define EDGE 3
 #define LINE_WIDTH 75
 
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-    bool oom;
-} sbuf;
-
-static void sb_put(sbuf *b, const char *s, size_t n)
-{
-    if (b->oom)
-        return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
-
-static void sb_puts(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
-
-static void sb_spaces(sbuf *b, int n)
+static void sb_spaces(ndm__sbuf *b, int n)
 {
     for (int i = 0; i < n; i++)
-        sb_put(b, " ", 1);
+        ndm__sbuf_put(b, " ", 1);
 }
 
 /* How the elements are written: every element becomes a string of the same
@@ -143,7 +115,7 @@ static void element_text(const fmt *f, const void *val, char *out, size_t n)
 }
 
 /* Pad an element's text to the common width. */
-static void element_put(sbuf *b, const fmt *f, const void *val)
+static void element_put(ndm__sbuf *b, const fmt *f, const void *val)
 {
     char t[96];
     element_text(f, val, t, sizeof t);
@@ -156,16 +128,16 @@ static void element_put(sbuf *b, const fmt *f, const void *val)
         int ip = dot ? (int)(dot - t) : len;
         int fp = len - ip - 1;
         sb_spaces(b, f->int_width - ip);
-        sb_puts(b, t);
+        ndm__sbuf_puts(b, t);
         sb_spaces(b, f->frac_width - fp);
     } else {
         sb_spaces(b, f->width - len);
-        sb_puts(b, t);
+        ndm__sbuf_puts(b, t);
     }
 }
 
 typedef struct printer {
-    sbuf *b;
+    ndm__sbuf *b;
     fmt f;
     const unsigned char *vals; /* host values: double, int64 or uint8 per element */
     size_t vsize;
@@ -179,8 +151,8 @@ typedef struct printer {
  * column of this level's '['. `col` tracks the current line length. */
 static void print_rec(printer *pr, int axis, int64_t off, int indent, int *col)
 {
-    sbuf *b = pr->b;
-    sb_puts(b, "[");
+    ndm__sbuf *b = pr->b;
+    ndm__sbuf_puts(b, "[");
     (*col)++;
     int64_t n = pr->shape[axis];
     bool cut = pr->summarise && n > 2 * EDGE;
@@ -192,11 +164,11 @@ static void print_rec(printer *pr, int axis, int64_t off, int indent, int *col)
             if (cut && i == EDGE) {
                 int w = 5; /* "..., " */
                 if (*col + 3 > limit) {
-                    sb_puts(b, "\n");
+                    ndm__sbuf_puts(b, "\n");
                     sb_spaces(b, indent + 1);
                     *col = indent + 1;
                 }
-                sb_puts(b, "..., ");
+                ndm__sbuf_puts(b, "..., ");
                 *col += w;
                 i = n - EDGE - 1;
                 continue;
@@ -205,14 +177,14 @@ static void print_rec(printer *pr, int axis, int64_t off, int indent, int *col)
                 /* numpy breaks after the comma and indents to the bracket */
                 while (b->len && b->p[b->len - 1] == ' ')
                     b->p[--b->len] = '\0';
-                sb_puts(b, "\n");
+                ndm__sbuf_puts(b, "\n");
                 sb_spaces(b, indent + 1);
                 *col = indent + 1;
             }
             element_put(b, &pr->f, pr->vals + (size_t)(off + i * pr->cstrides[axis]) * pr->vsize);
             *col += pr->f.width;
             if (i + 1 < n) {
-                sb_puts(b, ", ");
+                ndm__sbuf_puts(b, ", ");
                 *col += 2;
             }
         }
@@ -220,21 +192,21 @@ static void print_rec(printer *pr, int axis, int64_t off, int indent, int *col)
         int blank = pr->ndim - axis - 2; /* empty lines between blocks */
         for (int64_t i = 0; i < n; i++) {
             if (i > 0) {
-                sb_puts(b, ",\n");
+                ndm__sbuf_puts(b, ",\n");
                 for (int k = 0; k < blank; k++)
-                    sb_puts(b, "\n");
+                    ndm__sbuf_puts(b, "\n");
                 sb_spaces(b, indent + 1);
                 *col = indent + 1;
             }
             if (cut && i == EDGE) {
-                sb_puts(b, "...");
+                ndm__sbuf_puts(b, "...");
                 i = n - EDGE - 1;
                 continue;
             }
             print_rec(pr, axis + 1, off + i * pr->cstrides[axis], indent + 1, col);
         }
     }
-    sb_puts(b, "]");
+    ndm__sbuf_puts(b, "]");
     (*col)++;
 }
 
@@ -375,29 +347,29 @@ static void measure(printer *pr)
 
 /* The end of the text: ")" or ", dtype=...)", the dtype on a line of its own
  * under the "(" when it would pass the line width (numpy's rule). */
-static void put_dtype(sbuf *b, const char *dt)
+static void put_dtype(ndm__sbuf *b, const char *dt)
 {
     if (!dt) {
-        sb_puts(b, ")");
+        ndm__sbuf_puts(b, ")");
         return;
     }
-    sb_puts(b, ",");
+    ndm__sbuf_puts(b, ",");
     if (b->oom)
         return;
     const char *nl = memrchr(b->p, '\n', b->len);
     size_t last = b->len - (nl ? (size_t)(nl - b->p) + 1 : 0);
     if (last + strlen("dtype=)") + strlen(dt) + 1 > LINE_WIDTH) {
-        sb_puts(b, "\n");
+        ndm__sbuf_puts(b, "\n");
         sb_spaces(b, 6);
     } else {
-        sb_puts(b, " ");
+        ndm__sbuf_puts(b, " ");
     }
-    sb_puts(b, "dtype=");
-    sb_puts(b, dt);
-    sb_puts(b, ")");
+    ndm__sbuf_puts(b, "dtype=");
+    ndm__sbuf_puts(b, dt);
+    ndm__sbuf_puts(b, ")");
 }
 
-static ndm_status format_array(ndm__array *r, sbuf *b, const char *api)
+static ndm_status format_array(ndm__array *r, ndm__sbuf *b, const char *api)
 {
     int64_t n = ndm__numel(r->ndim, r->shape);
     ndm_dtype as = ndm_dtype_is_float(r->dtype) ? NDM_F64 : r->dtype == NDM_BOOL ? NDM_BOOL : NDM_I64;
@@ -428,17 +400,17 @@ static ndm_status format_array(ndm__array *r, sbuf *b, const char *api)
     }
     const char *dt = ndm_dtype_name(r->dtype);
     bool show_dtype = !(r->dtype == NDM_F64 || r->dtype == NDM_I64 || r->dtype == NDM_BOOL);
-    sb_puts(b, "array(");
+    ndm__sbuf_puts(b, "array(");
     if (n == 0) {
-        sb_puts(b, "[]");
+        ndm__sbuf_puts(b, "[]");
         if (r->ndim != 1) {
-            sb_puts(b, ", shape=(");
+            ndm__sbuf_puts(b, ", shape=(");
             for (int i = 0; i < r->ndim; i++) {
                 char num[32];
                 snprintf(num, sizeof num, "%s%" PRId64, i ? ", " : "", r->shape[i]);
-                sb_puts(b, num);
+                ndm__sbuf_puts(b, num);
             }
-            sb_puts(b, r->ndim == 1 ? ",)" : ")");
+            ndm__sbuf_puts(b, r->ndim == 1 ? ",)" : ")");
         }
         put_dtype(b, dt);
         goto done;
@@ -449,7 +421,7 @@ static ndm_status format_array(ndm__array *r, sbuf *b, const char *api)
     if (r->ndim == 0) {
         char t[96];
         element_text(&pr.f, vals, t, sizeof t);
-        sb_puts(b, t);
+        ndm__sbuf_puts(b, t);
     } else {
         int col = 6;
         print_rec(&pr, 0, 0, 6, &col);
@@ -472,7 +444,7 @@ NDM_API ndm_status ndm_array_print(ndm_array a, FILE *f)
         return ndm_last_status();
     if (!f)
         return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "FILE is NULL");
-    sbuf b = {0};
+    ndm__sbuf b = {0};
     ndm_status st = format_array(r, &b, __func__);
     if (st == NDM_OK) {
         fputs(b.p, f);
@@ -488,7 +460,7 @@ NDM_API int ndm_array_format(ndm_array a, char *buf, size_t n)
     ndm__array *r = ndm__array_get(a, __func__, NDM__NO_SITE);
     if (!r)
         return ndm_last_status();
-    sbuf b = {0};
+    ndm__sbuf b = {0};
     ndm_status st = format_array(r, &b, __func__);
     int len = st < 0 ? (int)st : (int)b.len;
     if (st == NDM_OK && buf && n) {

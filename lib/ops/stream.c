@@ -267,9 +267,12 @@ static int release_owned(void *ud)
     return 0;
 }
 
-/* Make a stream or event under manager m. */
+/* Make a stream or event under manager m into *out (NDM_E_INVALID for a
+ * NULL out). */
 static ndm_status make(ndm_manager m, int kind, uint64_t *out, const char *api)
 {
+    if (!out)
+        return ndm__fail(NDM_E_INVALID, api, NDM__NO_SITE, "out is NULL");
     *out = 0;
     ndm__manager *mr = ndm__manager_get(m, api, NDM__NO_SITE);
     if (!mr)
@@ -386,9 +389,7 @@ NDM_API ndm_stream ndm_stream_default(ndm_device device)
 NDM_API ndm_status ndm_stream_new(ndm_manager m, ndm_stream *out)
 {
     NDM__OP_GUARD();
-    if (!out)
-        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "out is NULL");
-    return make(m, KIND_STREAM, &out->id, __func__);
+    return make(m, KIND_STREAM, out ? &out->id : NULL, __func__);
 }
 
 NDM_API ndm_status ndm_stream_release(ndm_stream s) { return release(s.id, KIND_STREAM, __func__); }
@@ -400,33 +401,80 @@ NDM_API ndm_device ndm_stream_device(ndm_stream s)
     return lookup(s.id, KIND_STREAM, __func__, &f) < 0 ? NDM_CPU : f.device;
 }
 
-NDM_API ndm_status ndm_stream_synchronize(ndm_stream s)
+/* Waits for the stream or event `id` of `kind` (done NULL) or asks whether
+ * its work is done (into *done, true where the device has no streams). */
+static ndm_status sync_or_query(uint64_t id, int kind, bool *done, const char *api)
 {
-    NDM__OP_GUARD();
     found f;
-    ndm_status st = lookup(s.id, KIND_STREAM, __func__, &f);
+    ndm_status st = lookup(id, kind, api, &f);
     if (st < 0)
         return st;
     const ndm__backend_streams *bs = streams_of(f.device);
-    if (bs && (st = bs->stream_sync(f.device.index, f.obj)) < 0)
-        return backend_failed(st, __func__, "waiting for the stream");
+    if (!bs)
+        return NDM_OK;
+    bool ev = kind == KIND_EVENT;
+    if (done)
+        st = ev ? bs->event_query(f.device.index, f.obj, done)
+                : bs->stream_query(f.device.index, f.obj, done);
+    else
+        st = ev ? bs->event_sync(f.device.index, f.obj) : bs->stream_sync(f.device.index, f.obj);
+    if (st < 0 && done)
+        return backend_failed(st, api, ev ? "asking the event" : "asking the stream");
+    if (st < 0)
+        return backend_failed(st, api, ev ? "waiting for the event" : "waiting for the stream");
     return NDM_OK;
+}
+
+/* sync_or_query's query, after checking `done`. */
+static ndm_status query(uint64_t id, int kind, bool *done, const char *api)
+{
+    if (!done)
+        return ndm__fail(NDM_E_INVALID, api, NDM__NO_SITE, "done is NULL");
+    *done = true;
+    return sync_or_query(id, kind, done, api);
+}
+
+/* Makes stream sid wait for event eid (`first` KIND_STREAM) or records eid
+ * on sid (KIND_EVENT). The handle of kind `first` is looked up first (its
+ * failure is the one recorded); the two must be on one device. */
+static ndm_status stream_with_event(uint64_t sid, uint64_t eid, int first, const char *api)
+{
+    bool ev = first == KIND_EVENT;
+    found fs, fe;
+    ndm_status st = ev ? lookup(eid, KIND_EVENT, api, &fe) : lookup(sid, KIND_STREAM, api, &fs);
+    if (st < 0)
+        return st;
+    st = ev ? lookup(sid, KIND_STREAM, api, &fs) : lookup(eid, KIND_EVENT, api, &fe);
+    if (st < 0)
+        return st;
+    if (!ndm_device_eq(fs.device, fe.device)) {
+        char a[32], b[32];
+        return ndm__fail(NDM_E_DEVICE, api, NDM__NO_SITE, "the %s is on %s, the %s on %s",
+                         kind_name(first),
+                         ndm_device_str(ev ? fe.device : fs.device, a, sizeof a),
+                         kind_name(ev ? KIND_STREAM : KIND_EVENT),
+                         ndm_device_str(ev ? fs.device : fe.device, b, sizeof b));
+    }
+    const ndm__backend_streams *bs = streams_of(fs.device);
+    if (!bs)
+        return NDM_OK;
+    st = ev ? bs->event_record(fe.device.index, fe.obj, fs.obj)
+            : bs->stream_wait_event(fs.device.index, fs.obj, fe.obj);
+    if (st < 0)
+        return backend_failed(st, api, ev ? "recording the event" : "making the stream wait");
+    return NDM_OK;
+}
+
+NDM_API ndm_status ndm_stream_synchronize(ndm_stream s)
+{
+    NDM__OP_GUARD();
+    return sync_or_query(s.id, KIND_STREAM, NULL, __func__);
 }
 
 NDM_API ndm_status ndm_stream_query(ndm_stream s, bool *done)
 {
     NDM__OP_GUARD();
-    if (!done)
-        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "done is NULL");
-    *done = true;
-    found f;
-    ndm_status st = lookup(s.id, KIND_STREAM, __func__, &f);
-    if (st < 0)
-        return st;
-    const ndm__backend_streams *bs = streams_of(f.device);
-    if (bs && (st = bs->stream_query(f.device.index, f.obj, done)) < 0)
-        return backend_failed(st, __func__, "asking the stream");
-    return NDM_OK;
+    return query(s.id, KIND_STREAM, done, __func__);
 }
 
 NDM_API ndm_status ndm_stream_set_current(ndm_stream s)
@@ -467,21 +515,7 @@ NDM_API ndm_stream ndm_stream_current(ndm_device device)
 NDM_API ndm_status ndm_stream_wait_event(ndm_stream s, ndm_event e)
 {
     NDM__OP_GUARD();
-    found fs, fe;
-    ndm_status st = lookup(s.id, KIND_STREAM, __func__, &fs);
-    if (st < 0 || (st = lookup(e.id, KIND_EVENT, __func__, &fe)) < 0)
-        return st;
-    if (!ndm_device_eq(fs.device, fe.device)) {
-        char a[32], b[32];
-        return ndm__fail(NDM_E_DEVICE, __func__, NDM__NO_SITE,
-                         "the stream is on %s, the event on %s",
-                         ndm_device_str(fs.device, a, sizeof a),
-                         ndm_device_str(fe.device, b, sizeof b));
-    }
-    const ndm__backend_streams *bs = streams_of(fs.device);
-    if (bs && (st = bs->stream_wait_event(fs.device.index, fs.obj, fe.obj)) < 0)
-        return backend_failed(st, __func__, "making the stream wait");
-    return NDM_OK;
+    return stream_with_event(s.id, e.id, KIND_STREAM, __func__);
 }
 
 /* ---- events -------------------------------------------------------------------------- */
@@ -489,9 +523,7 @@ NDM_API ndm_status ndm_stream_wait_event(ndm_stream s, ndm_event e)
 NDM_API ndm_status ndm_event_new(ndm_manager m, ndm_event *out)
 {
     NDM__OP_GUARD();
-    if (!out)
-        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "out is NULL");
-    return make(m, KIND_EVENT, &out->id, __func__);
+    return make(m, KIND_EVENT, out ? &out->id : NULL, __func__);
 }
 
 NDM_API ndm_status ndm_event_release(ndm_event e) { return release(e.id, KIND_EVENT, __func__); }
@@ -499,50 +531,19 @@ NDM_API ndm_status ndm_event_release(ndm_event e) { return release(e.id, KIND_EV
 NDM_API ndm_status ndm_event_record(ndm_event e, ndm_stream s)
 {
     NDM__OP_GUARD();
-    found fe, fs;
-    ndm_status st = lookup(e.id, KIND_EVENT, __func__, &fe);
-    if (st < 0 || (st = lookup(s.id, KIND_STREAM, __func__, &fs)) < 0)
-        return st;
-    if (!ndm_device_eq(fs.device, fe.device)) {
-        char a[32], b[32];
-        return ndm__fail(NDM_E_DEVICE, __func__, NDM__NO_SITE,
-                         "the event is on %s, the stream on %s",
-                         ndm_device_str(fe.device, a, sizeof a),
-                         ndm_device_str(fs.device, b, sizeof b));
-    }
-    const ndm__backend_streams *bs = streams_of(fe.device);
-    if (bs && (st = bs->event_record(fe.device.index, fe.obj, fs.obj)) < 0)
-        return backend_failed(st, __func__, "recording the event");
-    return NDM_OK;
+    return stream_with_event(s.id, e.id, KIND_EVENT, __func__);
 }
 
 NDM_API ndm_status ndm_event_query(ndm_event e, bool *done)
 {
     NDM__OP_GUARD();
-    if (!done)
-        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE, "done is NULL");
-    *done = true;
-    found f;
-    ndm_status st = lookup(e.id, KIND_EVENT, __func__, &f);
-    if (st < 0)
-        return st;
-    const ndm__backend_streams *bs = streams_of(f.device);
-    if (bs && (st = bs->event_query(f.device.index, f.obj, done)) < 0)
-        return backend_failed(st, __func__, "asking the event");
-    return NDM_OK;
+    return query(e.id, KIND_EVENT, done, __func__);
 }
 
 NDM_API ndm_status ndm_event_synchronize(ndm_event e)
 {
     NDM__OP_GUARD();
-    found f;
-    ndm_status st = lookup(e.id, KIND_EVENT, __func__, &f);
-    if (st < 0)
-        return st;
-    const ndm__backend_streams *bs = streams_of(f.device);
-    if (bs && (st = bs->event_sync(f.device.index, f.obj)) < 0)
-        return backend_failed(st, __func__, "waiting for the event");
-    return NDM_OK;
+    return sync_or_query(e.id, KIND_EVENT, NULL, __func__);
 }
 
 /* ---- arrays -------------------------------------------------------------------------- */

@@ -57,6 +57,31 @@ static int kept_axes(const ndm__array *r, int drop, dims *d)
     return k;
 }
 
+/* The input record of `a` and its axis `axis` in *ax (one past the last
+ * allowed when `end`), or NULL with the failure recorded. */
+static ndm__array *input_axis(ndm_array a, ndm_manager *out, int axis, bool end, int *ax,
+                              const char *api, ndm__site site)
+{
+    ndm__array *r = ndm__input(a, out, api, site);
+    if (!r || ndm__axis(axis, r->ndim, end, ax, api, site) < 0)
+        return NULL;
+    return r;
+}
+
+/* A view of r at `offset` with its axes but `drop` (kept_axes' rule). */
+static ndm_array kept_view(ndm__site site, const char *api, ndm_manager out, ndm__array *r,
+                           int drop, int64_t offset)
+{
+    dims d;
+    if (!dims_new(&d, r->ndim, api, site))
+        return NDM_NULL_ARRAY;
+    int k = kept_axes(r, drop, &d);
+    ndm_array res = ndm__array_view(site, api, out, r, r->dtype, k, d.shape, d.strides, offset,
+                                    NULL);
+    dims_put(&d);
+    return res;
+}
+
 NDM_API ndm_array ndm_alias_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a)
 {
     ndm__site site = NDM__SITE;
@@ -298,11 +323,9 @@ NDM_API ndm_array ndm_slice_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a,
                                   int64_t start, int64_t stop, int64_t step)
 {
     ndm__site site = NDM__SITE;
-    ndm__array *r = ndm__input(a, &out, __func__, site);
-    if (!r)
-        return NDM_NULL_ARRAY;
     int ax;
-    if (ndm__axis(axis, r->ndim, false, &ax, __func__, site) < 0)
+    ndm__array *r = input_axis(a, &out, axis, false, &ax, __func__, site);
+    if (!r)
         return NDM_NULL_ARRAY;
     if (step == 0 || step == INT64_MIN) {
         /* -INT64_MIN does not exist: the step's magnitude must fit int64 */
@@ -371,11 +394,9 @@ NDM_API ndm_array ndm_select_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
                                    int64_t index)
 {
     ndm__site site = NDM__SITE;
-    ndm__array *r = ndm__input(a, &out, __func__, site);
-    if (!r)
-        return NDM_NULL_ARRAY;
     int ax;
-    if (ndm__axis(axis, r->ndim, false, &ax, __func__, site) < 0)
+    ndm__array *r = input_axis(a, &out, axis, false, &ax, __func__, site);
+    if (!r)
         return NDM_NULL_ARRAY;
     int64_t n = r->shape[ax];
     int64_t i = index < 0 ? index + n : index;
@@ -390,15 +411,9 @@ NDM_API ndm_array ndm_select_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
                   " on axis %d overflows", i, ax);
         return NDM_NULL_ARRAY;
     }
-    dims d;
-    if (!dims_new(&d, r->ndim, __func__, site))
-        return NDM_NULL_ARRAY;
-    int k = kept_axes(r, ax, &d);
-    ndm_array res = ndm__array_view(site, __func__, out, r, r->dtype, k, d.shape, d.strides,
-                                    offset, NULL);
+    ndm_array res = kept_view(site, __func__, out, r, ax, offset);
     ndm__ag_params agp = {.i = {ax, i}};
     NDM__AG_RECORD(NDM__AG_SELECT, res, 1, &a, &agp);
-    dims_put(&d);
     return res;
 }
 
@@ -419,25 +434,17 @@ NDM_API ndm_array ndm_squeeze_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array 
             return NDM_NULL_ARRAY;
         }
     }
-    dims d;
-    if (!dims_new(&d, r->ndim, __func__, site))
-        return NDM_NULL_ARRAY;
-    int k = kept_axes(r, ax, &d);
-    ndm_array res = ndm__array_view(site, __func__, out, r, r->dtype, k, d.shape, d.strides,
-                                    r->offset, NULL);
+    ndm_array res = kept_view(site, __func__, out, r, ax, r->offset);
     NDM__AG_RECORD(NDM__AG_RESHAPE, res, 1, &a, NULL);
-    dims_put(&d);
     return res;
 }
 
 NDM_API ndm_array ndm_unsqueeze_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis)
 {
     ndm__site site = NDM__SITE;
-    ndm__array *r = ndm__input(a, &out, __func__, site);
-    if (!r)
-        return NDM_NULL_ARRAY;
     int ax;
-    if (ndm__axis(axis, r->ndim, true, &ax, __func__, site) < 0)
+    ndm__array *r = input_axis(a, &out, axis, true, &ax, __func__, site);
+    if (!r)
         return NDM_NULL_ARRAY;
     dims d;
     if (!dims_new(&d, r->ndim + 1, __func__, site))

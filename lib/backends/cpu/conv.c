@@ -157,6 +157,40 @@ static inline int64_t tap_cols(const ndm__conv_sizes *c, int64_t kw, int64_t *lo
     return off;
 }
 
+/* A run of the unfolded pixels [p0, p0 + np) for tap (kh, kw): the pixels
+ * [pp, pp + seg), in one output row from column ow, read input row ih, and
+ * those in columns [a, b) read inside that row, at iw = o * sw + off
+ * (tap_cols' [lo, hi) cut to the run). im2col and col2im walk a tap's
+ * pixels by these runs, first_run then next_run until seg is 0. */
+typedef struct tap_run {
+    int64_t kh, lo, hi, off, end;
+    int64_t pp, ow, seg, ih, a, b;
+} tap_run;
+
+static inline tap_run run_at(const ndm__conv_sizes *c, tap_run t, int64_t pp)
+{
+    t.pp = pp;
+    t.ow = pp % c->OW;
+    t.seg = c->OW - t.ow < t.end - pp ? c->OW - t.ow : t.end - pp;
+    t.ih = pp / c->OW * c->sh - c->ph + t.kh * c->dh;
+    t.a = clamp64(t.lo, t.ow, t.ow + t.seg);
+    t.b = clamp64(t.hi, t.a, t.ow + t.seg);
+    return t;
+}
+
+static inline tap_run first_run(const ndm__conv_sizes *c, int64_t kh, int64_t kw, int64_t p0,
+                                int64_t np)
+{
+    tap_run t = {.kh = kh, .end = p0 + np};
+    t.off = tap_cols(c, kw, &t.lo, &t.hi);
+    return run_at(c, t, p0);
+}
+
+static inline tap_run next_run(const ndm__conv_sizes *c, tap_run t)
+{
+    return run_at(c, t, t.pp + t.seg);
+}
+
 /* Unfold pixels [p0, p0 + np) of group `gi` of sample n into col (K x np). */
 #define NDM__IM2COL(T)                                                          \
     static void im2col_##T(T *restrict col, const T *x, const int64_t *xs,      \
@@ -167,32 +201,24 @@ static inline int64_t tap_cols(const ndm__conv_sizes *c, int64_t kw, int64_t *lo
         for (int64_t ci = 0; ci < c->Cg; ci++) {                                \
             const T *plane = x + n * xs[0] + (gi * c->Cg + ci) * xs[1];         \
             for (int64_t kh = 0; kh < c->KH; kh++)                              \
-                for (int64_t kw = 0; kw < c->KW; kw++, row += np) {             \
-                    int64_t lo, hi, off = tap_cols(c, kw, &lo, &hi);            \
-                    int64_t pp = p0, end = p0 + np;                             \
-                    while (pp < end) {                                          \
-                        int64_t oh = pp / c->OW, ow = pp % c->OW;               \
-                        int64_t seg = c->OW - ow < end - pp ? c->OW - ow : end - pp; \
-                        T *d = row + (pp - p0);                                 \
-                        int64_t ih = oh * c->sh - c->ph + kh * c->dh;           \
-                        if (ih < 0 || ih >= c->H) {                             \
-                            memset(d, 0, (size_t)seg * sizeof(T));              \
+                for (int64_t kw = 0; kw < c->KW; kw++, row += np)               \
+                    for (tap_run t = first_run(c, kh, kw, p0, np); t.seg; t = next_run(c, t)) { \
+                        T *d = row + (t.pp - p0);                               \
+                        if (t.ih < 0 || t.ih >= c->H) {                         \
+                            memset(d, 0, (size_t)t.seg * sizeof(T));            \
                         } else {                                                \
                             /* zeros left of the row, the row, zeros right */   \
-                            const T *src = plane + ih * xs[2];                  \
-                            int64_t a = clamp64(lo, ow, ow + seg);              \
-                            int64_t b = clamp64(hi, a, ow + seg);               \
-                            memset(d, 0, (size_t)(a - ow) * sizeof(T));         \
+                            const T *src = plane + t.ih * xs[2];                \
+                            memset(d, 0, (size_t)(t.a - t.ow) * sizeof(T));     \
                             if (c->sw == 1 && xs[3] == 1)                       \
-                                memcpy(d + (a - ow), src + a + off, (size_t)(b - a) * sizeof(T)); \
+                                memcpy(d + (t.a - t.ow), src + t.a + t.off,     \
+                                       (size_t)(t.b - t.a) * sizeof(T));        \
                             else                                                \
-                                for (int64_t o = a; o < b; o++)                 \
-                                    d[o - ow] = src[(o * c->sw + off) * xs[3]]; \
-                            memset(d + (b - ow), 0, (size_t)(ow + seg - b) * sizeof(T)); \
+                                for (int64_t o = t.a; o < t.b; o++)             \
+                                    d[o - t.ow] = src[(o * c->sw + t.off) * xs[3]]; \
+                            memset(d + (t.b - t.ow), 0, (size_t)(t.ow + t.seg - t.b) * sizeof(T)); \
                         }                                                       \
-                        pp += seg;                                              \
                     }                                                           \
-                }                                                               \
         }                                                                       \
     }
 NDM__IM2COL(float)
@@ -933,27 +959,18 @@ static const char *dy_tile(const bplan *p, const ndm__tensor *dy, char *buf, int
         for (int64_t ci = 0; ci < c->Cg; ci++) {                                \
             T *plane = dx + n * xs[0] + (gi * c->Cg + ci) * xs[1];              \
             for (int64_t kh = 0; kh < c->KH; kh++)                              \
-                for (int64_t kw = 0; kw < c->KW; kw++, row += np) {             \
-                    int64_t lo, hi, off = tap_cols(c, kw, &lo, &hi);            \
-                    int64_t pp = p0, end = p0 + np;                             \
-                    while (pp < end) {                                          \
-                        int64_t oh = pp / c->OW, ow = pp % c->OW;               \
-                        int64_t seg = c->OW - ow < end - pp ? c->OW - ow : end - pp; \
-                        const T *d = row + (pp - p0);                           \
-                        int64_t ih = oh * c->sh - c->ph + kh * c->dh;           \
-                        if (ih >= 0 && ih < c->H) {                             \
-                            T *dst = plane + ih * xs[2];                        \
-                            int64_t a = clamp64(lo, ow, ow + seg);              \
-                            int64_t b = clamp64(hi, a, ow + seg);               \
+                for (int64_t kw = 0; kw < c->KW; kw++, row += np)               \
+                    for (tap_run t = first_run(c, kh, kw, p0, np); t.seg; t = next_run(c, t)) { \
+                        const T *d = row + (t.pp - p0);                         \
+                        if (t.ih >= 0 && t.ih < c->H) {                         \
+                            T *dst = plane + t.ih * xs[2];                      \
                             if (c->sw == 1 && xs[3] == 1)                       \
-                                gk->ADD(dst + a + off, d + (a - ow), b - a);    \
+                                gk->ADD(dst + t.a + t.off, d + (t.a - t.ow), t.b - t.a); \
                             else                                                \
-                                for (int64_t o = a; o < b; o++)                 \
-                                    dst[(o * c->sw + off) * xs[3]] += d[o - ow]; \
+                                for (int64_t o = t.a; o < t.b; o++)             \
+                                    dst[(o * c->sw + t.off) * xs[3]] += d[o - t.ow]; \
                         }                                                       \
-                        pp += seg;                                              \
                     }                                                           \
-                }                                                               \
         }                                                                       \
     }
 NDM__COL2IM(float, add_s)

@@ -228,8 +228,8 @@ static ndm_status ref_conv2d_backward_weight(int device, const ndm__tensor *dw,
     return NDM__BY_FLOAT(dw->dtype, ref_conv_bwd_weight, dw, dy, x, &c);
 }
 
-/* Pooling's gradient over every window in turn, each tap checked against
- * the edges. The max picks with the forward's comparison, starting from
+/* Pooling's gradient over every window in turn, each window clipped to the
+ * input as the forward's is. The max picks with the forward's comparison, starting from
  * the window's first element so that a window of -inf still routes to it. */
 #define NDM__REF_POOL_BWD(T)                                                    \
     static void ref_pool_bwd_##T(const ndm__tensor *dx, const ndm__tensor *dy,  \
@@ -251,46 +251,32 @@ static ndm_status ref_conv2d_backward_weight(int device, const ndm__tensor *dw,
                     for (int64_t ow = 0; ow < OW; ow++) {                       \
                         T gv = DY[n * ys[0] + ch * ys[1] + oh * ys[2] + ow * ys[3]]; \
                         T *plane = DX + n * xs[0] + ch * xs[1];                 \
-                        int64_t bh = -1, bw = -1, cnt = 0;                      \
-                        T m = 0;                                                \
-                        for (int64_t kh = 0; kh < g->kernel[0]; kh++) {         \
-                            int64_t ih = oh * g->stride[0] - g->padding[0] + kh; \
-                            if (ih < 0 || ih >= H)                              \
-                                continue;                                       \
-                            for (int64_t kw = 0; kw < g->kernel[1]; kw++) {     \
-                                int64_t iw = ow * g->stride[1] - g->padding[1] + kw; \
-                                if (iw < 0 || iw >= W)                          \
-                                    continue;                                   \
-                                cnt++;                                          \
-                                if (!g->max)                                    \
-                                    continue;                                   \
-                                T v = X[n * is[0] + ch * is[1] + ih * is[2] + iw * is[3]]; \
-                                if (bh < 0 || v > m || v != v) {                \
-                                    m = v;                                      \
-                                    bh = ih;                                    \
-                                    bw = iw;                                    \
-                                }                                               \
-                            }                                                   \
-                        }                                                       \
+                        int64_t h0, h1, w0, w1, bh = -1, bw = -1;               \
+                        pool_span(oh, g->stride[0], g->padding[0], g->kernel[0], H, &h0, &h1); \
+                        pool_span(ow, g->stride[1], g->padding[1], g->kernel[1], W, &w0, &w1); \
                         if (g->max) {                                           \
+                            T m = 0;                                            \
+                            for (int64_t ih = h0; ih < h1; ih++)                \
+                                for (int64_t iw = w0; iw < w1; iw++) {          \
+                                    T v = X[n * is[0] + ch * is[1] + ih * is[2] + iw * is[3]]; \
+                                    if (bh < 0 || v > m || v != v) {            \
+                                        m = v;                                  \
+                                        bh = ih;                                \
+                                        bw = iw;                                \
+                                    }                                           \
+                                }                                               \
                             if (bh >= 0)                                        \
                                 plane[bh * xs[2] + bw * xs[3]] += gv;           \
                             continue;                                           \
                         }                                                       \
+                        int64_t cnt = (h1 > h0 ? h1 - h0 : 0) * (w1 > w0 ? w1 - w0 : 0); \
                         if (!cnt)                                               \
                             continue;                                           \
                         int64_t div = g->count_include_pad ? g->kernel[0] * g->kernel[1] : cnt; \
                         T share = (T)((double)gv / (double)div);                \
-                        for (int64_t kh = 0; kh < g->kernel[0]; kh++) {         \
-                            int64_t ih = oh * g->stride[0] - g->padding[0] + kh; \
-                            if (ih < 0 || ih >= H)                              \
-                                continue;                                       \
-                            for (int64_t kw = 0; kw < g->kernel[1]; kw++) {     \
-                                int64_t iw = ow * g->stride[1] - g->padding[1] + kw; \
-                                if (iw >= 0 && iw < W)                          \
-                                    plane[ih * xs[2] + iw * xs[3]] += share;    \
-                            }                                                   \
-                        }                                                       \
+                        for (int64_t ih = h0; ih < h1; ih++)                    \
+                            for (int64_t iw = w0; iw < w1; iw++)                \
+                                plane[ih * xs[2] + iw * xs[3]] += share;        \
                     }                                                           \
     }
 NDM__REF_POOL_BWD(float)

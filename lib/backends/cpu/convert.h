@@ -6,6 +6,7 @@
 #define NDM_CPU_CONVERT_H
 
 #include <stdint.h>
+#include <string.h>
 
 #include "../../base/convert_scalar.h"
 #include "ndm/dtype.h"
@@ -43,5 +44,21 @@
 #define NDM__ST_bf16(x) ndm_f32_to_bf16(NDM__NARROW(x))
 #define NDM__ST_f32(x) ((float)(x))
 #define NDM__ST_f64(x) ((double)(x))
+
+/* v converted to dtype t into the one element at p (which need not be
+ * aligned): for reference kernels that store element by element. */
+static inline void ndm__cpu_store_f64(ndm_dtype t, void *p, double v)
+{
+    switch (t) {
+#define NDM__CPU_STORE_CASE_(N, E, T)                                           \
+    case E: {                                                                   \
+        T x = NDM__ST_##N(v);                                                   \
+        memcpy(p, &x, sizeof x);                                                \
+        break;                                                                  \
+    }
+        NDM__CPU_DTYPES(NDM__CPU_STORE_CASE_)
+#undef NDM__CPU_STORE_CASE_
+    }
+}
 
 #endif

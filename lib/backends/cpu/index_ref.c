@@ -68,20 +68,6 @@ static ndm_status walk_end(walk *w)
     return w->st;
 }
 
-/* `value` converted to dtype t into one element at p. */
-static void store_value(ndm_dtype t, void *p, double value)
-{
-    switch (t) {
-#define NDM__STORE_CASE(N, E, T)                                                \
-    case E: {                                                                   \
-        T v = NDM__ST_##N(value);                                               \
-        memcpy(p, &v, sizeof v);                                                \
-        break;                                                                  \
-    }
-        NDM__CPU_DTYPES(NDM__STORE_CASE)
-    }
-}
-
 ndm_status ndm__ref_find_outside(int device, const ndm__tensor *idx, int64_t lo, int64_t hi,
                                  int64_t *pos, int64_t *value)
 {
@@ -188,7 +174,7 @@ ndm_status ndm__ref_one_hot(int device, const ndm__tensor *dst, const ndm__tenso
     walk w;
     for (int64_t *c = walk_first(&w, dst); c; c = walk_next(&w)) {
         int64_t v = ndm__idx_at(idx, dot(idx->ndim, c, idx->strides));
-        store_value(dst->dtype, elem(dst, c), c[last] == v ? 1 : 0);
+        ndm__cpu_store_f64(dst->dtype, elem(dst, c), c[last] == v ? 1 : 0);
     }
     return walk_end(&w);
 }
@@ -211,7 +197,7 @@ ndm_status ndm__ref_pad(int device, const ndm__tensor *dst, const ndm__tensor *s
         if (inside)
             memcpy(p, at(src, so), es);
         else
-            store_value(dst->dtype, p, value);
+            ndm__cpu_store_f64(dst->dtype, p, value);
     }
     return walk_end(&w);
 }

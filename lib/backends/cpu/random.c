@@ -448,16 +448,20 @@ static ndm_status fill(rand_job *j)
     return (ndm_status)atomic_load(&j->status);
 }
 
+/* The one of a float distribution's generators, given for f32, f64, f16
+ * and bf16 in that order, that fills dtype t. */
+static gen_fn float_gen(ndm_dtype t, const gen_fn g[4])
+{
+    return t == NDM_F32 ? g[0] : t == NDM_F64 ? g[1] : t == NDM_F16 ? g[2] : g[3];
+}
+
 static ndm_status fast_uniform(int device, const ndm__tensor *dst, ndm_rng rng, double lo,
                                double hi)
 {
     (void)device;
     rand_job j = {.dst = dst, .rng = rng, .w = ndm__rng_words_float(dst->dtype), .a = lo,
                   .b = hi, .below = ndm__uniform_below(hi)};
-    j.gen = dst->dtype == NDM_F32   ? uniform_f32
-            : dst->dtype == NDM_F64 ? uniform_f64
-            : dst->dtype == NDM_F16 ? uniform_f16
-                                    : uniform_bf16;
+    j.gen = float_gen(dst->dtype, (const gen_fn[4]){uniform_f32, uniform_f64, uniform_f16, uniform_bf16});
     return fill(&j);
 }
 
@@ -467,10 +471,7 @@ static ndm_status fast_normal(int device, const ndm__tensor *dst, ndm_rng rng, d
     (void)device;
     rand_job j = {.dst = dst, .rng = rng, .w = ndm__rng_words_float(dst->dtype), .pairs = true,
                   .a = mean, .b = std};
-    j.gen = dst->dtype == NDM_F32   ? normal_f32
-            : dst->dtype == NDM_F64 ? normal_f64
-            : dst->dtype == NDM_F16 ? normal_f16
-                                    : normal_bf16;
+    j.gen = float_gen(dst->dtype, (const gen_fn[4]){normal_f32, normal_f64, normal_f16, normal_bf16});
     return fill(&j);
 }
 

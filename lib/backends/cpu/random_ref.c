@@ -38,20 +38,6 @@ static ndm_status each(const ndm__tensor *t, elem_fn value, const void *ctx)
     return NDM_OK;
 }
 
-/* `v` converted to dtype t into one element at p. */
-static void store(ndm_dtype t, void *p, double v)
-{
-    switch (t) {
-#define NDM__STORE_CASE(N, E, T)                                                \
-    case E: {                                                                   \
-        T x = NDM__ST_##N(v);                                                   \
-        memcpy(p, &x, sizeof x);                                                \
-        break;                                                                  \
-    }
-        NDM__CPU_DTYPES(NDM__STORE_CASE)
-    }
-}
-
 typedef struct ref_ctx {
     ndm_rng rng;
     ndm_dtype dtype;
@@ -115,7 +101,7 @@ static void normal_value(const void *ctx, uint64_t i, void *p)
     double u1 = c->w == 1 ? ndm__rng_u24_open(x[0]) : ndm__rng_u53_open(x);
     double u2 = c->w == 1 ? ndm__rng_u24(x[1]) : ndm__rng_u53(x + 2);
     double r = sqrt(-2.0 * log(u1)), t = 2.0 * M_PI * u2;
-    store(c->dtype, p, c->a + c->b * r * (i & 1 ? sin(t) : cos(t)));
+    ndm__cpu_store_f64(c->dtype, p, c->a + c->b * r * (i & 1 ? sin(t) : cos(t)));
 }
 
 static ndm_status ref_normal(int device, const ndm__tensor *dst, ndm_rng rng, double mean,
@@ -158,7 +144,7 @@ static ndm_status ref_randint(int device, const ndm__tensor *dst, ndm_rng rng, i
 static void bernoulli_value(const void *ctx, uint64_t i, void *p)
 {
     const ref_ctx *c = ctx;
-    store(c->dtype, p, ndm__rng_word(c->rng, i) < c->range ? 1.0 : 0.0);
+    ndm__cpu_store_f64(c->dtype, p, ndm__rng_word(c->rng, i) < c->range ? 1.0 : 0.0);
 }
 
 static ndm_status ref_bernoulli(int device, const ndm__tensor *dst, ndm_rng rng, double p)

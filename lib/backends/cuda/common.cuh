@@ -176,4 +176,20 @@ template <> struct ndm__cu_dt<NDM_F64> {
 #define NDM__CU_DTYPES(X)                                                       \
     X(NDM_BOOL) X(NDM_U8) X(NDM_I32) X(NDM_I64) X(NDM_F16) X(NDM_BF16) X(NDM_F32) X(NDM_F64)
 
+/* v (a float, double or int64_t) converted to dtype dt at p, by the CPU's
+ * store rules (saturating from floats, wrapping between integers). A
+ * switch, not a template parameter: where the output dtype follows from the
+ * input's, templating on both would only multiply the instantiations. */
+template <class X> NDM__HD void ndm__cu_st_any(void *p, ndm_dtype dt, X v)
+{
+    switch (dt) {
+#define NDM__CU_ST_CASE_(E)                                                     \
+    case E:                                                                     \
+        *(typename ndm__cu_dt<E>::T *)p = ndm__cu_dt<E>::st(v);                 \
+        break;
+        NDM__CU_DTYPES(NDM__CU_ST_CASE_)
+#undef NDM__CU_ST_CASE_
+    }
+}
+
 #endif

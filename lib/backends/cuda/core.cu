@@ -411,22 +411,12 @@ static ndm_status fill_any(int device, cudaStream_t s, const ndm__tensor *dst, d
 {
     /* The value is converted once, here, by the same rules as the kernels. */
     switch (dst->dtype) {
-    case NDM_BOOL:
-        return fill_typed<uint8_t, Host>(device, s, dst, ndm__cu_dt<NDM_BOOL>::st(value));
-    case NDM_U8:
-        return fill_typed<uint8_t, Host>(device, s, dst, ndm__cu_dt<NDM_U8>::st(value));
-    case NDM_I32:
-        return fill_typed<int32_t, Host>(device, s, dst, ndm__cu_dt<NDM_I32>::st(value));
-    case NDM_I64:
-        return fill_typed<int64_t, Host>(device, s, dst, ndm__cu_dt<NDM_I64>::st(value));
-    case NDM_F16:
-        return fill_typed<uint16_t, Host>(device, s, dst, ndm__cu_dt<NDM_F16>::st(value));
-    case NDM_BF16:
-        return fill_typed<uint16_t, Host>(device, s, dst, ndm__cu_dt<NDM_BF16>::st(value));
-    case NDM_F32:
-        return fill_typed<float, Host>(device, s, dst, ndm__cu_dt<NDM_F32>::st(value));
-    case NDM_F64:
-        return fill_typed<double, Host>(device, s, dst, ndm__cu_dt<NDM_F64>::st(value));
+#define NDM__CU_FILL_CASE_(E)                                                   \
+    case E:                                                                     \
+        return fill_typed<typename ndm__cu_dt<E>::T, Host>(device, s, dst,      \
+                                                           ndm__cu_dt<E>::st(value));
+        NDM__CU_DTYPES(NDM__CU_FILL_CASE_)
+#undef NDM__CU_FILL_CASE_
     }
     return ndm__cuda_fail(NDM_E_DTYPE, "fill: invalid dtype %d", (int)dst->dtype);
 }
@@ -485,26 +475,25 @@ static ndm_status cuda_iota(int device, const ndm__tensor *dst, double start, do
 
 /* Both directions return when the bytes have arrived: the host buffer may be
  * reused (or read) at once, whether it is pageable or pinned. */
-static ndm_status cuda_upload(int device, void *dst, const void *src_host, size_t n)
+static ndm_status transfer(int device, void *dst, const void *src, size_t n, cudaMemcpyKind kind)
 {
     cudaStream_t s = nullptr;
     ndm_status st = ndm__cuda_enter(device, &s);
     if (st < 0 || !n)
         return st;
-    NDM__CUDA_TRY(device, cudaMemcpyAsync(dst, src_host, n, cudaMemcpyHostToDevice, s));
+    NDM__CUDA_TRY(device, cudaMemcpyAsync(dst, src, n, kind, s));
     NDM__CUDA_TRY(device, cudaStreamSynchronize(s));
     return NDM_OK;
 }
 
+static ndm_status cuda_upload(int device, void *dst, const void *src_host, size_t n)
+{
+    return transfer(device, dst, src_host, n, cudaMemcpyHostToDevice);
+}
+
 static ndm_status cuda_download(int device, void *dst_host, const void *src, size_t n)
 {
-    cudaStream_t s = nullptr;
-    ndm_status st = ndm__cuda_enter(device, &s);
-    if (st < 0 || !n)
-        return st;
-    NDM__CUDA_TRY(device, cudaMemcpyAsync(dst_host, src, n, cudaMemcpyDeviceToHost, s));
-    NDM__CUDA_TRY(device, cudaStreamSynchronize(s));
-    return NDM_OK;
+    return transfer(device, dst_host, src, n, cudaMemcpyDeviceToHost);
 }
 
 static ndm_status cuda_sync(int device)

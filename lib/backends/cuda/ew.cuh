@@ -79,19 +79,6 @@ template <ndm_dtype CT> NDM__HD typename ndm__cu_ct<CT>::V ndm__cu_ld(const void
         return ndm__cu_ld_int(p, dt, CT);
 }
 
-/* Store a natural value (float, double or int64_t) into storage dtype dt. */
-template <class X> NDM__HD void ndm__cu_st_any(void *p, ndm_dtype dt, X v)
-{
-    switch (dt) {
-#define NDM__CU_ST_CASE_(E)                                                     \
-    case E:                                                                     \
-        *(typename ndm__cu_dt<E>::T *)p = ndm__cu_dt<E>::st(v);                 \
-        break;
-        NDM__CU_DTYPES(NDM__CU_ST_CASE_)
-#undef NDM__CU_ST_CASE_
-    }
-}
-
 /* An integer result reduced to the range of ct, wrapping. */
 NDM__HD int64_t ndm__cu_wrap(int64_t v, ndm_dtype ct)
 {

@@ -19,23 +19,8 @@ NDM__HD int ndm__cu_esize(ndm_dtype t)
     return 1;
 }
 
-/* v converted to dtype t at p, by the CPU's store rules (saturating from
- * floats, wrapping between integers). A switch, not a template parameter:
- * the output dtype follows from the input's, so templating on both would
- * only multiply the instantiations. */
-template <class V> NDM__HD void ndm__cu_store_v(char *p, ndm_dtype t, V v)
-{
-    switch (t) {
-#define NDM__CU_ST_CASE(E)                                                      \
-    case E:                                                                     \
-        *(typename ndm__cu_dt<E>::T *)p = ndm__cu_dt<E>::st(v);                 \
-        break;
-        NDM__CU_DTYPES(NDM__CU_ST_CASE)
-#undef NDM__CU_ST_CASE
-    }
-}
-
-NDM__HD void ndm__cu_store_d(char *p, ndm_dtype t, double v) { ndm__cu_store_v(p, t, v); }
-NDM__HD void ndm__cu_store_i(char *p, ndm_dtype t, int64_t v) { ndm__cu_store_v(p, t, v); }
+/* ndm__cu_st_any for the two natural values the reductions produce. */
+NDM__HD void ndm__cu_store_d(char *p, ndm_dtype t, double v) { ndm__cu_st_any(p, t, v); }
+NDM__HD void ndm__cu_store_i(char *p, ndm_dtype t, int64_t v) { ndm__cu_st_any(p, t, v); }
 
 #endif

@@ -105,14 +105,10 @@ static ndm_status stream_sync(int device, void *s)
     return NDM_OK;
 }
 
-static ndm_status stream_query(int device, void *s, bool *done)
+/* *done from a query's answer: cudaErrorNotReady is no error, only work
+ * still queued (and it is cleared, as it would stick otherwise). */
+static ndm_status query_answer(int device, cudaError_t e, bool *done)
 {
-    *done = true;
-    cudaStream_t cs = nullptr;
-    ndm_status st = ndm__cuda_stream_or_default(device, s, &cs);
-    if (st < 0)
-        return st;
-    cudaError_t e = cudaStreamQuery(cs);
     if (e == cudaErrorNotReady) {
         (void)cudaGetLastError();
         *done = false;
@@ -120,6 +116,16 @@ static ndm_status stream_query(int device, void *s, bool *done)
     }
     NDM__CUDA_TRY(device, e);
     return NDM_OK;
+}
+
+static ndm_status stream_query(int device, void *s, bool *done)
+{
+    *done = true;
+    cudaStream_t cs = nullptr;
+    ndm_status st = ndm__cuda_stream_or_default(device, s, &cs);
+    if (st < 0)
+        return st;
+    return query_answer(device, cudaStreamQuery(cs), done);
 }
 
 static void stream_set_current(int device, void *s)
@@ -163,14 +169,7 @@ ndm_status ndm__cuda_event_query(int device, void *e, bool *done)
     ndm_status st = ndm__cuda_enter(device, &s);
     if (st < 0)
         return st;
-    cudaError_t r = cudaEventQuery((cudaEvent_t)e);
-    if (r == cudaErrorNotReady) {
-        (void)cudaGetLastError();
-        *done = false;
-        return NDM_OK;
-    }
-    NDM__CUDA_TRY(device, r);
-    return NDM_OK;
+    return query_answer(device, cudaEventQuery((cudaEvent_t)e), done);
 }
 
 ndm_status ndm__cuda_event_sync(int device, void *e)
