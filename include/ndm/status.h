@@ -139,9 +139,10 @@ NDM_API void ndm_log_stderr(ndm_log_level level, const char *msg, void *ud);
  *  half-way would name every live array):
  *    app.c:12: main: NDM_CHECK(y.id) failed: NDM_E_SHAPE (invalid or
  *    incompatible shape): ndm_matmul: ... [at app.c:11 (main)]
- *  that is the caller's file:line and function, the expression, the
- *  thread's last status and its message (ndm_last_error(); "no ndm failure
- *  recorded" alone when there is none). It behaves the same in C and in C++. */
+ *  that is the caller's file (__FILE__, as the compiler spells it), line
+ *  and function, the expression, the thread's last status and its message
+ *  (ndm_last_error(); "no ndm failure recorded" alone when there is none).
+ *  It behaves the same in C and in C++. */
 #define NDM_CHECK(...)                                                          \
     ((__VA_ARGS__) ? (void)0 : ndm_check_failed_at(NDM_HERE, #__VA_ARGS__))
 /** What a false NDM_CHECK() calls: prints its line (see NDM_CHECK) for the
