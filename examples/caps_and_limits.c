@@ -2,17 +2,8 @@
  * made it, and a byte limit per request stops a runaway request with
  * NDM_E_QUOTA while the other requests go on. */
 #include <stdio.h>
-#include <stdlib.h>
 
 #include <ndm/ndm.h>
-
-#define CHECK(ok)                                                               \
-    do {                                                                        \
-        if (!(ok)) {                                                            \
-            fprintf(stderr, "failed: %s\n", ndm_last_error());                  \
-            exit(1);                                                            \
-        }                                                                       \
-    } while (0)
 
 /* A request: n rows of 1024 floats (4 KiB a row), summed. */
 static ndm_status handle(ndm_manager requests, int64_t rows, double *out)
@@ -31,8 +22,8 @@ int main(void)
 {
     ndm_manager model = ndm_manager_new(ndm_system(), "model");
     ndm_array w = ndm_ones(model, NDM_F32, NDM_SHAPE(8, 8));
-    CHECK(w.id);
-    CHECK(ndm_manager_cap(model, NDM_CAP_ARRAYS) == NDM_OK);
+    NDM_CHECK(w.id);
+    NDM_CHECK(ndm_manager_cap(model, NDM_CAP_ARRAYS) == NDM_OK);
 
     /* 1. a stray: the output of an op on w goes to w's manager, the model,
      *    which is capped. It fails here, naming this line. */
@@ -41,7 +32,7 @@ int main(void)
     /* the fix: name the manager the result belongs to */
     ndm_manager step = ndm_manager_new(ndm_system(), "step");
     ndm_array ok = ndm_mul_scalar_to(step, w, 2.0);
-    CHECK(ok.id);
+    NDM_CHECK(ok.id);
     printf("the same into a step manager: accepted\n");
 
     /* 2. a runaway request among normal ones */
@@ -57,11 +48,11 @@ int main(void)
                    ndm_status_name(st), ndm_last_error());
     }
     ndm_stats st;
-    CHECK(ndm_manager_stats(requests, NDM_CPU, NDM_STATS_SUBTREE, &st) == NDM_OK);
+    NDM_CHECK(ndm_manager_stats(requests, NDM_CPU, NDM_STATS_SUBTREE, &st) == NDM_OK);
     printf("live request arrays after: %llu\n", (unsigned long long)st.live_arrays);
 
-    CHECK(ndm_manager_close(requests) == NDM_OK);
-    CHECK(ndm_manager_close(step) == NDM_OK);
-    CHECK(ndm_manager_close(model) == NDM_OK);
+    NDM_CHECK(ndm_manager_close(requests) == NDM_OK);
+    NDM_CHECK(ndm_manager_close(step) == NDM_OK);
+    NDM_CHECK(ndm_manager_close(model) == NDM_OK);
     return 0;
 }

@@ -2,7 +2,6 @@
  * manager, then a manager per request that dies as soon as the answer is out.
  * Usage: inference_service MODEL_FILE (written first, as training would). */
 #include <stdio.h>
-#include <stdlib.h>
 
 #include <ndm/ndm.h>
 
@@ -11,12 +10,6 @@ static void show_error(ndm_log_level level, const char *msg, void *ud)
     (void)ud;
     fprintf(stderr, "ndm %s: %s\n", level == NDM_LOG_ERROR ? "error" : "warning", msg);
 }
-
-#define CHECK(ok)                                                               \
-    do {                                                                        \
-        if (!(ok))                                                              \
-            exit(1);                                                            \
-    } while (0)
 
 /* The network, built the same way when training and when serving. */
 static ndm_module network(ndm_manager model, ndm_rng *rng)
@@ -35,10 +28,10 @@ static void save_trained(const char *path)
     const char *names[8];
     ndm_array params[8];
     int n = ndm_module_named_parameters(net, names, params, 8);
-    CHECK(n > 0);
+    NDM_CHECK(n > 0);
     ndm_named_arrays set = {(size_t)n, names, params, 0, NULL, NULL};
-    CHECK(ndm_safetensors_save(path, &set) == NDM_OK);
-    CHECK(ndm_manager_close(run) == NDM_OK);
+    NDM_CHECK(ndm_safetensors_save(path, &set) == NDM_OK);
+    NDM_CHECK(ndm_manager_close(run) == NDM_OK);
 }
 
 int main(int argc, char **argv)
@@ -57,20 +50,20 @@ int main(int argc, char **argv)
     ndm_module net = network(model, &rng);
     ndm_manager loading = ndm_manager_new(model, "loading");
     const ndm_named_arrays *file = ndm_safetensors_load(loading, argv[1], NDM_LOAD_COPY);
-    CHECK(net.id && file);
+    NDM_CHECK(net.id && file);
     const char *names[8];
     ndm_array params[8];
     int n = ndm_module_named_parameters(net, names, params, 8);
     for (int i = 0; i < n; i++) {
         int64_t k = ndm_named_arrays_find(file, names[i]);
-        CHECK(k >= 0 && ndm_copy_into(params[i], file->arrays[k]) == NDM_OK);
+        NDM_CHECK(k >= 0 && ndm_copy_into(params[i], file->arrays[k]) == NDM_OK);
     }
-    CHECK(ndm_manager_close(loading) == NDM_OK);
+    NDM_CHECK(ndm_manager_close(loading) == NDM_OK);
 
     /* The predictor caps the model: a request can read it but not add to it. */
     ndm_predictor pred = ndm_predictor_new(model, net);
     ndm_manager requests = ndm_manager_new(ndm_system(), "requests");
-    CHECK(pred.id && requests.id);
+    NDM_CHECK(pred.id && requests.id);
 
     const float inputs[5][4] = {
         {1, 0, 0, 0}, {0, 1, 0, 0}, {0, 0, 1, 0}, {0, 0, 0, 1}, {1, 1, 1, 1}};
@@ -81,14 +74,14 @@ int main(int argc, char **argv)
         ndm_array x = ndm_from_buffer(req, NDM_F32, inputs[r], NDM_SHAPE(1, 4));
         ndm_array answer = ndm_argmax(ndm_predict(pred, x), 1, false); /* in req: x's manager */
         int64_t cls;
-        CHECK(ndm_item_i64(answer, &cls) == NDM_OK);
+        NDM_CHECK(ndm_item_i64(answer, &cls) == NDM_OK);
         printf("request %d: class %lld\n", r, (long long)cls);
     }
 
     /* after the requests: the model as loaded, no request left */
     (void)ndm_debug_dump(model, stdout);
     (void)ndm_debug_dump(requests, stdout);
-    CHECK(ndm_manager_close(requests) == NDM_OK);
-    CHECK(ndm_manager_close(model) == NDM_OK);
+    NDM_CHECK(ndm_manager_close(requests) == NDM_OK);
+    NDM_CHECK(ndm_manager_close(model) == NDM_OK);
     return 0;
 }

@@ -2,7 +2,6 @@
  * ndm_debug_dump shows which manager grows; ndm_mark and ndm_report_since
  * name the line that made the arrays still alive. */
 #include <stdio.h>
-#include <stdlib.h>
 
 #include <ndm/ndm.h>
 
@@ -11,12 +10,6 @@ static void show_error(ndm_log_level level, const char *msg, void *ud)
     (void)ud;
     fprintf(stderr, "ndm %s: %s\n", level == NDM_LOG_ERROR ? "error" : "warning", msg);
 }
-
-#define CHECK(ok)                                                               \
-    do {                                                                        \
-        if (!(ok))                                                              \
-            exit(1);                                                            \
-    } while (0)
 
 int main(void)
 {
@@ -29,8 +22,8 @@ int main(void)
     ndm_optimizer opt = ndm_sgd(model, net, 0.1, 0.0, 0.0);
     ndm_manager trainer = ndm_manager_new(model, "trainer");
     ndm_array losses = ndm_zeros(trainer, NDM_F32, NDM_SHAPE(30)); /* one slot per step */
-    CHECK(opt.id && losses.id);
-    CHECK(ndm_manager_cap(model, NDM_CAP_ARRAYS) == NDM_OK);
+    NDM_CHECK(opt.id && losses.id);
+    NDM_CHECK(ndm_manager_cap(model, NDM_CAP_ARRAYS) == NDM_OK);
 
     ndm_seq mark = 0;
     for (int step = 0; step < 30; step++) {
@@ -41,18 +34,18 @@ int main(void)
         NDM_AUTO ndm_manager batch = ndm_manager_new(trainer, "batch");
         ndm_array x = ndm_uniform(batch, &rng, NDM_F32, -1, 1, NDM_SHAPE(32, 16));
         ndm_array y = ndm_randint(batch, &rng, NDM_I64, 0, 4, NDM_SHAPE(32));
-        CHECK(ndm_grad_begin(batch) == NDM_OK);
+        NDM_CHECK(ndm_grad_begin(batch) == NDM_OK);
         ndm_array loss = ndm_cross_entropy(ndm_forward(net, x), y);
-        CHECK(ndm_backward(loss) == NDM_OK);
-        CHECK(ndm_grad_end() == NDM_OK);
-        CHECK(ndm_optimizer_step(opt) == NDM_OK);
-        CHECK(ndm_optimizer_zero_grad(opt) == NDM_OK);
+        NDM_CHECK(ndm_backward(loss) == NDM_OK);
+        NDM_CHECK(ndm_grad_end() == NDM_OK);
+        NDM_CHECK(ndm_optimizer_step(opt) == NDM_OK);
+        NDM_CHECK(ndm_optimizer_zero_grad(opt) == NDM_OK);
 
         /* The bug: the step's loss is copied into the trainer to be logged,
          * and never released. The fix is to keep it in `batch` (plain
          * ndm_copy), or to write it into `losses` with ndm_copy_into. */
         ndm_array logged = ndm_copy_to(trainer, loss);
-        CHECK(logged.id);
+        NDM_CHECK(logged.id);
     }
 
     printf("\nafter 30 steps the trainer holds 20 more arrays than at step 10:\n");
@@ -60,6 +53,6 @@ int main(void)
     printf("\nwhat was made since the mark and is still alive, by line:\n");
     (void)ndm_report_since(model, mark, stdout);
     printf("\n%lld arrays leaked since the mark\n", (long long)ndm_count_since(model, mark));
-    CHECK(ndm_manager_close(model) == NDM_OK);
+    NDM_CHECK(ndm_manager_close(model) == NDM_OK);
     return 0;
 }

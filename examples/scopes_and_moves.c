@@ -2,7 +2,6 @@
  * a result moved out to the caller (TorchSharp's MoveToOuterDisposeScope,
  * Lamp's scope returning its value), and arrays moved between managers. */
 #include <stdio.h>
-#include <stdlib.h>
 
 #include <ndm/ndm.h>
 
@@ -12,17 +11,11 @@ static void show_error(ndm_log_level level, const char *msg, void *ud)
     fprintf(stderr, "ndm %s: %s\n", level == NDM_LOG_ERROR ? "error" : "warning", msg);
 }
 
-#define CHECK(ok)                                                               \
-    do {                                                                        \
-        if (!(ok))                                                              \
-            exit(1);                                                            \
-    } while (0)
-
 /* Arrays that m itself holds (its children's not counted). */
 static int64_t live(ndm_manager m)
 {
     ndm_stats st;
-    CHECK(ndm_manager_stats(m, NDM_CPU, 0, &st) == NDM_OK);
+    NDM_CHECK(ndm_manager_stats(m, NDM_CPU, 0, &st) == NDM_OK);
     return (int64_t)st.live_arrays;
 }
 
@@ -56,22 +49,22 @@ int main(void)
     ndm_array w = ndm_full(model, NDM_F32, 0.1, NDM_SHAPE(4, 3));
     ndm_array b = ndm_zeros(model, NDM_F32, NDM_SHAPE(3));
     ndm_array x = ndm_ones(batch, NDM_F32, NDM_SHAPE(2, 4));
-    CHECK(w.id && b.id && x.id);
+    NDM_CHECK(w.id && b.id && x.id);
 
     /* 1. a scope keeps one result: batch gains 1 array, not 4 */
     ndm_array y = dense_relu(batch, x, w, b);
-    CHECK(y.id);
+    NDM_CHECK(y.id);
     printf("after dense_relu: batch holds %lld arrays (x and y)\n", (long long)live(batch));
 
     /* 2. the callback form */
     args a = {x, w};
     ndm_array z = ndm_scoped(batch, scaled_matmul, &a);
-    CHECK(z.id);
+    NDM_CHECK(z.id);
     printf("after ndm_scoped: batch holds %lld arrays (x, y, z)\n", (long long)live(batch));
 
     /* 3. moves: keep z beyond the batch by giving it to the model's
      * manager; ndm_ret(a) does the same for "one level up" */
-    CHECK(ndm_attach(z, model) == NDM_OK);
+    NDM_CHECK(ndm_attach(z, model) == NDM_OK);
     printf("after ndm_attach(z, model): batch holds %lld, model %lld (w, b, z)\n",
            (long long)live(batch), (long long)live(model));
 
@@ -80,14 +73,14 @@ int main(void)
     ndm_status st = ndm_scope_end(s, 1, &w); /* w belongs to model */
     printf("keeping a foreign array: %s; the scope is still open: %s\n", ndm_status_name(st),
            ndm_manager_valid(s) ? "yes" : "no");
-    CHECK(ndm_scope_end(s, 0, NULL) == NDM_OK);
+    NDM_CHECK(ndm_scope_end(s, 0, NULL) == NDM_OK);
 
     /* 5. closing the batch frees x and y; z lives on in the model */
-    CHECK(ndm_manager_close(batch) == NDM_OK);
+    NDM_CHECK(ndm_manager_close(batch) == NDM_OK);
     printf("after closing batch: model holds %lld arrays\n", (long long)live(model));
     double first; /* 1 * 0.1 summed over 4 inputs, halved */
-    CHECK(ndm_item(ndm_slice(ndm_reshape(z, NDM_SHAPE(-1)), 0, 0, 1, 1), &first) == NDM_OK);
+    NDM_CHECK(ndm_item(ndm_slice(ndm_reshape(z, NDM_SHAPE(-1)), 0, 0, 1, 1), &first) == NDM_OK);
     printf("z[0][0] = %.2f\n", first);
-    CHECK(ndm_manager_close(model) == NDM_OK);
+    NDM_CHECK(ndm_manager_close(model) == NDM_OK);
     return 0;
 }

@@ -894,7 +894,7 @@ static void test_alloc_pressure_runs_periodically_and_on_failure(void **state)
 static void expect_config_error(const char *conf, const char *needle)
 {
     ndm__settings s;
-    char err[256] = "";
+    char err[1024] = "";
     if (ndm__settings_parse(conf, NDM_CPU, &s, err, sizeof err) != NDM_E_CONFIG)
         fail_msg("'%s' was accepted", conf);
     if (!strstr(err, needle))
@@ -927,6 +927,49 @@ static void test_alloc_config_rejects_bad_keys_and_values(void **state)
     expect_config_error("segment_round_kb:4096", "segment_round_kb must be 512, 1024 or 2048");
     expect_config_error("segment_round_kb:768", "segment_round_kb must be 512, 1024 or 2048");
     expect_config_error("large_segment_size_mb:1", "large_segment_size_mb must be at least 2");
+    expect_config_error("memory_limit_mb:1",
+                        "memory_limit_mb must be 0 (no limit) or at least 2 (got 1): the "
+                        "allocator reserves memory in segments of 2 MiB or more");
+    expect_config_error("cuda:memory_limit_mb:1", "memory_limit_mb must be 0 (no limit)");
+}
+
+/* The unknown-key message lists all 18 keys, and names the key a slip of a
+ * few letters (or a key's start) meant; nothing for a word far from all. */
+static void test_alloc_config_unknown_key_lists_all_and_suggests(void **state)
+{
+    (void)state;
+    static const char *const keys[] = {
+        "strategy", "preallocate_fraction", "memory_limit_mb", "max_split_size_mb",
+        "max_non_split_rounding_mb", "large_segment_size_mb", "roundup_power2_divisions",
+        "garbage_collection_threshold", "pressure_every_mb", "thread_cache", "policy",
+        "release_free_segments", "segment_refit", "segment_round_kb", "expandable_segments",
+        "reserved_rate", "allocated_rate", "allocated_reserved_rate",
+    };
+    char list[1024] = "(known keys: ";
+    for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) {
+        strcat(list, keys[k]);
+        strcat(list, k + 1 < sizeof keys / sizeof *keys ? ", " : ")");
+    }
+    expect_config_error("bogus:1", "unknown key 'bogus' ");
+    expect_config_error("bogus:1", list);
+    expect_config_error("colour:blue", "unknown key 'colour' (known keys: strategy,");
+    expect_config_error("stratgey:system", "unknown key 'stratgey' (did you mean 'strategy'?");
+    expect_config_error("memory_limit:64", "(did you mean 'memory_limit_mb'?");
+    expect_config_error("Thread_Cache:False", "(did you mean 'thread_cache'?");
+    expect_config_error("expandable_segment:True", "(did you mean 'expandable_segments'?");
+    expect_config_error("max_split_size:64", "(did you mean 'max_split_size_mb'?");
+    expect_config_error("garbage_collection:0.5", "(did you mean 'garbage_collection_threshold'?");
+    /* a suggestion, and the whole list after it */
+    char tail[1100];
+    snprintf(tail, sizeof tail, "(did you mean 'strategy'? %s", list + 1);
+    expect_config_error("strategi:system", tail);
+    /* the limit at one segment, and no limit, are accepted */
+    ndm__settings s;
+    char err[1024] = "";
+    assert_int_equal(ndm__settings_parse("memory_limit_mb:2", NDM_CPU, &s, err, sizeof err), NDM_OK);
+    assert_int_equal(s.memory_limit, (size_t)2 << 20);
+    assert_int_equal(ndm__settings_parse("memory_limit_mb:0", NDM_CPU, &s, err, sizeof err), NDM_OK);
+    assert_int_equal(s.memory_limit, 0);
 }
 
 static void test_alloc_config_applies_device_prefixes(void **state)
@@ -1051,6 +1094,7 @@ int main(void)
         TEST(test_alloc_system_strategy_reserves_what_is_used),
         TEST(test_alloc_pressure_runs_periodically_and_on_failure),
         TEST(test_alloc_config_rejects_bad_keys_and_values),
+        TEST(test_alloc_config_unknown_key_lists_all_and_suggests),
         TEST(test_alloc_config_applies_device_prefixes),
         TEST(test_alloc_history_ring_keeps_the_last_events),
     };

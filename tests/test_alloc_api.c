@@ -376,6 +376,83 @@ static void test_memory_oom_names_managers_and_recovers(void **state)
     assert_ok(ndm_alloc_configure(NDM_CPU, ""));
 }
 
+/* Every error the log receives, and the last one. */
+typedef struct error_log {
+    int errors;
+    char last[1024];
+} error_log;
+
+static void log_errors(ndm_log_level level, const char *msg, void *ud)
+{
+    error_log *l = ud;
+    if (level == NDM_LOG_ERROR) {
+        l->errors++;
+        snprintf(l->last, sizeof l->last, "%s", msg);
+    }
+}
+
+/* An allocation that fails is logged once, as the caller's failure at the
+ * caller's line (not first without a site, then again with one), whatever
+ * refused it: the limit, or a size no device holds. */
+static void test_memory_failure_is_logged_once_with_its_site(void **state)
+{
+    ndm_manager root = ROOT(state);
+    assert_ok(ndm_alloc_configure(NDM_CPU, "memory_limit_mb:8"));
+    error_log log = {0, ""};
+    char want[64];
+    ndm_set_log_fn(log_errors, &log);
+    int line = __LINE__; ndm_array x = ndm_empty(root, NDM_F32, NDM_SHAPE(4 << 20));
+    ndm_set_log_fn(NULL, NULL);
+    assert_true(ndm_array_is_null(x));
+    assert_int_equal(log.errors, 1);
+    assert_string_equal(log.last, ndm_last_error());
+    assert_error_has("ndm_empty: out of memory on cpu: tried to allocate 16.00 MiB");
+    snprintf(want, sizeof want, "[at test_alloc_api.c:%d (", line);
+    assert_error_has(want);
+
+    log = (error_log){0, ""};
+    ndm_set_log_fn(log_errors, &log);
+    line = __LINE__; x = ndm_empty(root, NDM_U8, NDM_SHAPE((int64_t)1 << 31, (int64_t)1 << 31));
+    ndm_set_log_fn(NULL, NULL);
+    assert_true(ndm_array_is_null(x));
+    assert_int_equal(log.errors, 1);
+    assert_string_equal(log.last, ndm_last_error());
+    assert_error_has("ndm_empty: out of memory on cpu: tried to allocate");
+    assert_error_has("more than any device holds");
+    snprintf(want, sizeof want, "[at test_alloc_api.c:%d (", line);
+    assert_error_has(want);
+    assert_ok(ndm_alloc_configure(NDM_CPU, ""));
+    assert_int_equal(test_live_arrays(root), 0);
+}
+
+/* A limit below the smallest segment would refuse every allocation, each
+ * with a message about its own bytes: refused when set, saying why. The
+ * unknown-key message lists every key and names the one a slip meant. */
+static void test_memory_configure_explains_limits_and_keys(void **state)
+{
+    ndm_manager root = ROOT(state);
+    char before[1024], after[1024];
+    assert_true(ndm_alloc_settings(NDM_CPU, before, sizeof before) > 0);
+    ndm_clear_error();
+    assert_int_equal(ndm_alloc_configure(NDM_CPU, "memory_limit_mb:1"), NDM_E_CONFIG);
+    assert_error_has("ndm_alloc_configure: memory_limit_mb must be 0 (no limit) or at least 2 "
+                     "(got 1)");
+    assert_error_has("segments of 2 MiB");
+    assert_int_equal(ndm_alloc_configure(NDM_CPU, "memory_limit:64"), NDM_E_CONFIG);
+    assert_error_has("unknown key 'memory_limit' (did you mean 'memory_limit_mb'? known keys: "
+                     "strategy, ");
+    assert_error_has(", reserved_rate, allocated_rate, allocated_reserved_rate)");
+    assert_true(ndm_alloc_settings(NDM_CPU, after, sizeof after) > 0);
+    assert_string_equal(before, after);
+    /* the smallest limit allowed works */
+    assert_ok(ndm_alloc_configure(NDM_CPU, "memory_limit_mb:2"));
+    ndm_array a = ndm_empty(root, NDM_F32, NDM_SHAPE(256));
+    assert_live(a);
+    assert_ok(ndm_array_release(a));
+    assert_ok(ndm_alloc_configure(NDM_CPU, ""));
+    assert_int_equal(test_live_arrays(root), 0);
+}
+
 typedef struct victim {
     ndm_manager m;
     int calls;
@@ -884,6 +961,8 @@ int main(void)
         TEST(test_memory_empty_cache_returns_free_segments),
         TEST(test_memory_compact_policy_returns_and_refits_segments),
         TEST(test_memory_oom_names_managers_and_recovers),
+        TEST(test_memory_failure_is_logged_once_with_its_site),
+        TEST(test_memory_configure_explains_limits_and_keys),
         TEST(test_memory_pressure_callback_frees_and_allocation_succeeds),
         TEST(test_memory_pressure_runs_every_mb),
         TEST(test_memory_configure_rejects_and_keeps_settings),

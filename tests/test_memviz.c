@@ -446,6 +446,77 @@ static void test_memviz_reads_pytorch_pickles(void **state)
     free(msg);
 }
 
+/* The output named last is a snapshot when the page's name was forgotten
+ * (`ndm-memviz before.json after.json`), or an input under another spelling:
+ * refused with exit 2 and the command to type, the file left as it was. An
+ * old page is still replaced. */
+static void expect_kept(const char *args, const char *path, const char *said)
+{
+    char cmd[2048], *msg;
+    char *before = read_all(path);
+    snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", memviz, args);
+    int rc = run(cmd, &msg);
+    if (rc != 2 || !strstr(msg, said))
+        fail_msg("'%s' exited with %d (not 2) or lacks \"%s\": %s", args, rc, said, msg);
+    free(msg);
+    char *after = read_all(path);
+    assert_string_equal(before, after);
+    free(before);
+    free(after);
+    char tmp[512];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    struct stat sb;
+    assert_int_not_equal(stat(tmp, &sb), 0);
+}
+
+static void test_memviz_never_writes_over_a_snapshot(void **state)
+{
+    (void)state;
+    char a[256], b[256], pk[256], page[256], args[1200], cmd[1200], *msg;
+    snprintf(a, sizeof a, "%s/keep-a.json", tmp_dir);
+    snprintf(b, sizeof b, "%s/keep-b.json", tmp_dir);
+    snprintf(pk, sizeof pk, "%s/keep.pickle", tmp_dir);
+    snprintf(page, sizeof page, "%s/keep.html", tmp_dir);
+    snprintf(cmd, sizeof cmd, "cp '%s/memviz_snapshot.json' '%s' && cp '%s' '%s'", data_dir, a,
+             a, b);
+    assert_int_equal(system(cmd), 0);
+    FILE *f = fopen(pk, "wb");
+    assert_non_null(f);
+    fputs("\x80\x04}q\x00.", f); /* a pickle's protocol mark, as ndm's and torch's begin */
+    assert_int_equal(fclose(f), 0);
+
+    /* the page's name forgotten: the second snapshot stays, and the message
+     * gives the comparison's command */
+    snprintf(args, sizeof args, "'%s' '%s'", a, b);
+    expect_kept(args, b, "not written over: it holds a JSON snapshot");
+    snprintf(cmd, sizeof cmd, "'%s' '%s' '%s' 2>&1", memviz, a, b);
+    assert_int_equal(run(cmd, &msg), 2);
+    assert_non_null(strstr(msg, "to compare the two snapshots, name the page last:"));
+    assert_non_null(strstr(msg, "keep-b.json out.html"));
+    free(msg);
+    snprintf(args, sizeof args, "'%s' '%s'", a, pk);
+    expect_kept(args, pk, "not written over: it holds a pickled snapshot");
+    snprintf(args, sizeof args, "'%s' '%s' '%s'", a, b, pk);
+    expect_kept(args, pk, "not written over: it holds a pickled snapshot");
+    /* an input, named again under another spelling */
+    snprintf(args, sizeof args, "'%s' '%s/./keep-a.json'", a, tmp_dir);
+    expect_kept(args, a, "not written over: it is one of the snapshots to read");
+    snprintf(args, sizeof args, "'%s' '%s' '%s'", a, b, a);
+    expect_kept(args, a, "not written over: it is one of the snapshots to read");
+
+    /* a page from an earlier run is replaced, as before */
+    f = fopen(page, "w");
+    assert_non_null(f);
+    fputs("<!DOCTYPE html><p>old</p>\n", f);
+    assert_int_equal(fclose(f), 0);
+    assert_int_equal(memviz_run(a, page, &msg), 0);
+    free(msg);
+    char *html = read_all(page);
+    assert_null(strstr(html, "<p>old</p>"));
+    assert_non_null(strstr(html, "data-rendered"));
+    free(html);
+}
+
 /* Two snapshots of the library's allocator, before and after a manager
  * kept 4 KiB more: the comparison names it with the change. */
 static void test_memviz_compares_two_snapshots(void **state)
@@ -920,6 +991,7 @@ int main(int argc, char **argv)
         TEST(test_memviz_hostile_names_stay_text),
         TEST(test_memviz_rejects_malformed_snapshots),
         TEST(test_memviz_usage_is_exit_2),
+        TEST(test_memviz_never_writes_over_a_snapshot),
         TEST(test_memviz_real_snapshot_from_the_allocator),
         TEST(test_memviz_replay_rewinds_the_segment_map),
         TEST(test_memviz_hover_names_one_allocation),

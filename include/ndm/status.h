@@ -99,14 +99,55 @@ typedef enum ndm_log_level {
  *  given to ndm_set_log_fn(). May be called from any thread that uses ndm. */
 typedef void (*ndm_log_fn)(ndm_log_level level, const char *msg, void *ud);
 
-/** Install a log callback (NULL restores the default, which prints warnings
- *  to stderr, and errors too when the environment variable NDM_LOG_ERRORS
- *  is set and not "0"). Errors are also passed to it at NDM_LOG_ERROR, with
- *  the same message as ndm_last_error(), as they happen. The callback may
- *  call ndm: a failure inside it is recorded (the thread's last error until
- *  the callback returns, when the failure being logged is again) but not
+/** Install a log callback (NULL restores the default). The default prints
+ *  every failure to stderr as it happens, one line each
+ *  ("ndm: error: <message>", the message of ndm_last_error(), with the
+ *  caller's file:line), and warnings ("ndm: warning: ..."); the environment
+ *  variable NDM_LOG_ERRORS=0 silences the errors (warnings still print). An
+ *  installed callback replaces the default and NDM_LOG_ERRORS: it receives
+ *  each failure at NDM_LOG_ERROR, as it happens, and each warning.
+ *  ndm_log_stderr() is the default's printing as a callback (printing
+ *  errors whatever NDM_LOG_ERRORS says). The callback may call ndm: a
+ *  failure inside it is recorded (the thread's last error until the
+ *  callback returns, when the failure being logged is again) but not
  *  logged, so a failing callback never recurses. */
 NDM_API void ndm_set_log_fn(ndm_log_fn fn, void *ud);
+
+/** A ready log callback: prints "ndm: error: <msg>" (or "warning",
+ *  "info") as one line on stderr; ud is ignored. Install it to print
+ *  errors where NDM_LOG_ERRORS=0 has silenced the default, or to put
+ *  printing back after another callback. Returns nothing, fails never. */
+NDM_API void ndm_log_stderr(ndm_log_level level, const char *msg, void *ud);
+
+/** Marks a function that does not return. */
+#if defined(__GNUC__)
+#define NDM_NORETURN __attribute__((noreturn))
+#elif defined(__cplusplus)
+#define NDM_NORETURN [[noreturn]]
+#else
+#define NDM_NORETURN _Noreturn
+#endif
+
+/** NDM_CHECK(cond): stop the program at the first failure. cond is a
+ *  condition, as for assert(): a status compared with NDM_OK
+ *  (`NDM_CHECK(ndm_backward(loss) == NDM_OK)`), a handle tested
+ *  (`NDM_CHECK(w.id)`), any scalar expression; it is evaluated once, and
+ *  the check is kept whatever NDEBUG says. When cond is false (zero), one
+ *  line goes to stderr, then the program aborts (SIGABRT, so that a
+ *  debugger or a core dump stops at the failure and no exit handler runs,
+ *  NDM_LEAK_REPORT's included: the leak report of a program stopped
+ *  half-way would name every live array):
+ *    app.c:12: main: NDM_CHECK(y.id) failed: NDM_E_SHAPE (invalid or
+ *    incompatible shape): ndm_matmul: ... [at app.c:11 (main)]
+ *  that is the caller's file (__FILE__, as the compiler spells it), line
+ *  and function, the expression, the thread's last status and its message
+ *  (ndm_last_error(); "no ndm failure recorded" alone when there is none).
+ *  It behaves the same in C and in C++. */
+#define NDM_CHECK(...)                                                          \
+    ((__VA_ARGS__) ? (void)0 : ndm_check_failed_at(NDM_HERE, #__VA_ARGS__))
+/** What a false NDM_CHECK() calls: prints its line (see NDM_CHECK) for the
+ *  given site and expression text, then abort(). Does not return. */
+NDM_NORETURN NDM_API void ndm_check_failed_at(NDM_SITE_PARAMS, const char *expr);
 
 #ifdef __cplusplus
 }

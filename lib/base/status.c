@@ -119,6 +119,24 @@ NDM_API void ndm_set_log_fn(ndm_log_fn fn, void *ud)
  * which would recurse without bound. */
 static _Thread_local bool logging NDM__TLS_MODEL;
 
+static const char *const level_name[] = {"error", "warning", "info"};
+
+NDM_API void ndm_log_stderr(ndm_log_level level, const char *msg, void *ud)
+{
+    (void)ud;
+    const char *name = (unsigned)level < 3 ? level_name[level] : "log";
+    fprintf(stderr, "ndm: %s: %s\n", name, msg ? msg : "");
+}
+
+/* The default printing of errors: on unless NDM_LOG_ERRORS is "0". Read
+ * at each failure, not cached: failures are rare, and a program may set it
+ * after its first one. */
+static bool errors_printed(void)
+{
+    const char *env = getenv("NDM_LOG_ERRORS");
+    return !env || strcmp(env, "0") != 0;
+}
+
 static void ndm__log(ndm_log_level level, const char *msg)
 {
     if (logging)
@@ -127,15 +145,25 @@ static void ndm__log(ndm_log_level level, const char *msg)
         logging = true;
         log_fn(level, msg, log_ud);
         logging = false;
-    } else if (level == NDM_LOG_WARN) {
-        fprintf(stderr, "ndm: warning: %s\n", msg);
-    } else if (level == NDM_LOG_ERROR) {
-        /* read at each failure, not cached: failures are rare, and a test
-         * may set it after the first one */
-        const char *env = getenv("NDM_LOG_ERRORS");
-        if (env && *env && strcmp(env, "0") != 0)
-            fprintf(stderr, "ndm: error: %s\n", msg);
+    } else if (level != NDM_LOG_ERROR || errors_printed()) {
+        ndm_log_stderr(level, msg, NULL);
     }
+}
+
+NDM_API void ndm_check_failed_at(NDM_SITE_PARAMS, const char *expr)
+{
+    ndm_status st = ndm_last_status();
+    const char *msg = ndm_last_error();
+    const char *file = ndm_file_ ? ndm_file_ : "?", *func = ndm_func_ ? ndm_func_ : "?";
+    expr = expr ? expr : "?";
+    if (st == NDM_OK && !msg[0])
+        fprintf(stderr, "%s:%d: %s: NDM_CHECK(%s) failed (no ndm failure recorded)\n", file,
+                ndm_line_, func, expr);
+    else
+        fprintf(stderr, "%s:%d: %s: NDM_CHECK(%s) failed: %s (%s): %s\n", file, ndm_line_, func,
+                expr, ndm_status_name(st), ndm_status_str(st), msg);
+    fflush(stderr);
+    abort();
 }
 
 /* Names in a message (a tensor's, a file's, a manager's) come from users:

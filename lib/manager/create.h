@@ -159,8 +159,10 @@ static NDM__ALWAYS_INLINE ndm_array ndm__array_create(ndm__thread *th,
     ndm__alloc_tag tag = {m->self, site->file, site->func, site->line, api, false};
     ndm__block blk;
     if (NDM__UNLIKELY(ndm__alloc(dev, nbytes, &tag, &blk) < 0)) {
-        /* The allocator's message says what it had; name the caller too. */
-        ndm__fail(ndm_last_status(), api, *site, "%s", ndm_last_error());
+        /* The allocator's message says what it had, as api's failure at
+         * the tag's site: logged once. Without an api it named neither. */
+        if (!api)
+            ndm__fail(ndm_last_status(), api, *site, "%s", ndm_last_error());
         return ndm__array_create_undo(NULL, slot, m, gen, dev, NULL, nbytes, limited);
     }
     ndm__array_record_init(r, dtype, s, site, th ? th->tag : 0);

@@ -85,10 +85,9 @@ static ndm_status scratch_alloc(const ndm__op_context *c, ndm_device_type type, 
     }
     ndm__alloc_tag tag = {mslot, site.file, site.func, site.line, api, true};
     if (NDM__UNLIKELY(ndm__alloc(dev, bytes, &tag, &r->blk) < 0)) {
-        /* The allocator's message says what it had; name the operation. */
+        /* The allocator's message says what it had, as api's failure at
+         * the site (the tag is transient: it says "scratch of a kernel"). */
         ndm_status st = ndm_last_status();
-        if (api)
-            ndm__fail(st, api, site, "%s (scratch of a kernel)", ndm_last_error());
         if (r->m)
             ndm__scratch_unreserve(r->m, r->gen, dev, r->charge);
         return st;

@@ -12,9 +12,13 @@
  * make it do by the file's size: nesting, the values reached through shared
  * (memoised) references, its memory and the page it writes; a file past a
  * bound is refused with a message, and no temporary is left behind.
- * Exit status: 0 done, 1 unreadable, malformed or oversized snapshot, 2 usage. */
+ * The page is never written over one of the inputs or over a snapshot: two
+ * snapshots given without the output name would otherwise replace the second.
+ * Exit status: 0 done, 1 unreadable, malformed or oversized snapshot, 2 usage
+ * (an output that is an input or a snapshot included). */
 #include <errno.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "memviz.h"
@@ -89,6 +93,34 @@ int ndm_memviz_fuzz(const uint8_t *data, size_t size)
     return 0;
 }
 #else
+/* What an existing file at the output path is, if it must not be replaced:
+ * one of the inputs (the same file, whatever its spelling), or a snapshot
+ * (it starts as ndm's JSON or a pickle does, where a page starts with
+ * "<!DOCTYPE"); NULL when writing over it is fine. */
+static const char *kept_file(const char *out, char **inputs, int n)
+{
+    struct stat so;
+    if (stat(out, &so) != 0)
+        return NULL; /* not there (or not reachable: the write says why) */
+    for (int k = 0; k < n; k++) {
+        struct stat si;
+        if (stat(inputs[k], &si) == 0 && si.st_dev == so.st_dev && si.st_ino == so.st_ino)
+            return "it is one of the snapshots to read";
+    }
+    FILE *f = fopen(out, "rb");
+    if (!f)
+        return NULL;
+    int c;
+    while ((c = fgetc(f)) != EOF && (c == ' ' || c == '\t' || c == '\n' || c == '\r'))
+        ;
+    fclose(f);
+    if (c == '{' || c == '[')
+        return "it holds a JSON snapshot";
+    if (c == 0x80)
+        return "it holds a pickled snapshot";
+    return NULL;
+}
+
 /* A crash must not leave a half page: the temporary goes, then the signal
  * does what it would have done. */
 static void on_fatal_signal(int sig)
@@ -121,6 +153,20 @@ int main(int argc, char **argv)
     for (size_t k = 0; k < sizeof fatal / sizeof *fatal; k++)
         signal(fatal[k], on_fatal_signal);
     const char *out_path = argv[argc - 1];
+    const char *kept = kept_file(out_path, argv + 1, argc - 2);
+    if (kept) {
+        /* Two snapshots and no page named is the likely slip: say how to
+         * compare them. */
+        bool pair = argc == 3 && strcmp(kept, "it is one of the snapshots to read") != 0;
+        fprintf(stderr, "ndm-memviz: %s: not written over: %s\n", out_path, kept);
+        if (pair)
+            fprintf(stderr, "to compare the two snapshots, name the page last: %s %s %s out.html\n",
+                    argv[0], argv[1], argv[2]);
+        else
+            fprintf(stderr, "name the page's file last, e.g.: %s %s%s%s out.html\n", argv[0],
+                    argv[1], argc == 4 ? " " : "", argc == 4 ? argv[2] : "");
+        return 2;
+    }
     /* Both files first: the bounds count the bytes of each. Strings of the
      * trees live in the arena, so a text may go once it is read. */
     size_t blen = 0, len;

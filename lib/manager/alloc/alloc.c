@@ -2,6 +2,7 @@
  * NDM_ALLOC_CONF or ndm_alloc_configure, the pressure callbacks, the hooks
  * the manager layer registers, and the public memory API. */
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,7 +61,7 @@ static _Atomic(ndm__pool *) pools[MAX_POOLS];
 static pthread_mutex_t pools_lock = PTHREAD_MUTEX_INITIALIZER;
 /* NDM_ALLOC_CONF could not be parsed for this device: its allocations fail
  * with the reason until ndm_alloc_configure succeeds. */
-static char conf_error[MAX_POOLS][320];
+static char conf_error[MAX_POOLS][800];
 static atomic_bool conf_bad[MAX_POOLS];
 static bool trace_env_done;
 
@@ -73,8 +74,23 @@ static int pool_index(ndm_device dev)
     return -1;
 }
 
-/* The pool of a device, made on first use. NULL with the error recorded. */
-static ndm__pool *get_pool(ndm_device dev, const char *api)
+__attribute__((cold)) ndm_status ndm__alloc_fail(const ndm__alloc_tag *tag, ndm_status st,
+                                                 const char *fmt, ...)
+{
+    char msg[900];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (!tag || !tag->api)
+        return ndm__fail(st, NULL, NDM__NO_SITE, "%s", msg);
+    ndm__site at = {tag->file, tag->func, tag->line};
+    return ndm__fail(st, tag->api, at, "%s%s", msg, tag->transient ? " (scratch of a kernel)" : "");
+}
+
+/* The pool of a device, made on first use. NULL with the error recorded,
+ * as api's failure at `site` (see ndm__alloc_fail). */
+static ndm__pool *get_pool_at(ndm_device dev, const char *api, ndm__site site)
 {
     int i = pool_index(dev);
     ndm__pool *p = i >= 0 ? atomic_load_explicit(&pools[i], memory_order_acquire) : NULL;
@@ -83,14 +99,14 @@ static ndm__pool *get_pool(ndm_device dev, const char *api)
     char why[768];
     ndm_status st = ndm__device_usable(dev, why, sizeof why);
     if (st < 0) {
-        ndm__fail(st, api, NDM__NO_SITE, "%s", why);
+        ndm__fail(st, api, site, "%s", why);
         return NULL;
     }
     const ndm__segment_source *src = ndm__segment_source_for(dev);
     char name[32];
     ndm_device_str(dev, name, sizeof name);
     if (!src || i < 0) {
-        ndm__fail(NDM_E_DEVICE, api, NDM__NO_SITE, "no memory source for device %s", name);
+        ndm__fail(NDM_E_DEVICE, api, site, "no memory source for device %s", name);
         return NULL;
     }
     pthread_mutex_lock(&pools_lock);
@@ -108,7 +124,7 @@ static ndm__pool *get_pool(ndm_device dev, const char *api)
             p->poison = NDM__ASAN && dev.type == NDM_DEVICE_CPU;
             const char *conf = getenv("NDM_ALLOC_CONF");
             ndm__settings s;
-            char err[256];
+            char err[768];
             if (ndm__settings_parse(conf, dev, &s, err, sizeof err) == NDM_OK) {
                 if (conf && *conf)
                     (void)ndm__pool_configure(p, &s, conf);
@@ -132,8 +148,13 @@ static ndm__pool *get_pool(ndm_device dev, const char *api)
     }
     pthread_mutex_unlock(&pools_lock);
     if (!p)
-        ndm__fail(NDM_E_OOM, api, NDM__NO_SITE, "no memory for the allocator of %s", name);
+        ndm__fail(NDM_E_OOM, api, site, "no memory for the allocator of %s", name);
     return p;
+}
+
+static ndm__pool *get_pool(ndm_device dev, const char *api)
+{
+    return get_pool_at(dev, api, NDM__NO_SITE);
 }
 
 /* Pools made so far, the CPU first. */
@@ -230,16 +251,18 @@ static ndm_status alloc_rare(ndm_device dev, size_t nbytes, const ndm__alloc_tag
     char name[32];
     if (ndm__inject_take(NDM__INJ_STORAGE)) {
         ndm_device_str(dev, name, sizeof name);
-        return ndm__fail(NDM_E_OOM, NULL, NDM__NO_SITE,
-                         "out of memory: %zu bytes on %s (failure injected for a test)", nbytes,
-                         name);
+        return ndm__alloc_fail(tag, NDM_E_OOM,
+                               "out of memory: %zu bytes on %s (failure injected for a test)",
+                               nbytes, name);
     }
-    ndm__pool *p = get_pool(dev, NULL);
+    ndm__pool *p = tag && tag->api ? get_pool_at(dev, tag->api,
+                                                 (ndm__site){tag->file, tag->func, tag->line})
+                                   : get_pool(dev, NULL);
     if (!p)
         return ndm_last_status();
     int i = pool_index(dev);
     if (atomic_load(&conf_bad[i]))
-        return ndm__fail(NDM_E_CONFIG, NULL, NDM__NO_SITE, "%s", conf_error[i]);
+        return ndm__alloc_fail(tag, NDM_E_CONFIG, "%s", conf_error[i]);
     uintptr_t stream = i > 0 ? cur_stream[i] : 0;
     return handed_out(p, ndm__pool_alloc_on(p, nbytes, stream, tag, out), nbytes, out);
 }
@@ -623,7 +646,7 @@ NDM_API ndm_status ndm_alloc_configure(ndm_device device, const char *conf)
     if (!p)
         return ndm_last_status();
     ndm__settings s;
-    char err[256];
+    char err[768];
     ndm_status st = ndm__settings_parse(conf, device, &s, err, sizeof err);
     if (st < 0)
         return ndm__fail(st, __func__, NDM__NO_SITE, "%s", err);

@@ -34,6 +34,13 @@ typedef struct ndm__block {
 /* Allocate nbytes (0 allowed: a valid block of size 0) on `dev`, aligned to 64
  * bytes. NDM_E_OOM with a message on failure; *out is zeroed then. */
 ndm_status ndm__alloc(ndm_device dev, size_t nbytes, const ndm__alloc_tag *tag, ndm__block *out);
+/* Record an allocation's failure (cold paths only). A tag that names a
+ * public function (api) makes it that function's failure at the tag's site,
+ * so the message, logged once, is the one its caller returns: the caller
+ * does not raise it again. Without one, the message names neither, for a
+ * caller that adds its own. Kernel scratch (transient) says so. Returns st. */
+ndm_status ndm__alloc_fail(const ndm__alloc_tag *tag, ndm_status st, const char *fmt, ...)
+    NDM_PRINTF(3, 4);
 /* Free a block from ndm__alloc (a zeroed block is ignored). */
 void ndm__free(ndm_device dev, ndm__block *blk);
 /* Free n blocks of one device, given by their cookies (none NULL), as n

@@ -1196,7 +1196,8 @@ const char *ndm__fmt_size(size_t n, char *buf, size_t len)
     return buf;
 }
 
-static ndm_status oom(ndm__pool *p, size_t req, size_t size, ndm__rstr *cause)
+static ndm_status oom(ndm__pool *p, size_t req, size_t size, ndm__rstr *cause,
+                      const ndm__alloc_tag *tag)
 {
     char s_req[32], s_round[32], s_alloc[32], s_res[32], s_free[32], s_large[32], s_lim[48];
     char s_dfree[32], s_dtotal[32];
@@ -1231,9 +1232,9 @@ static ndm_status oom(ndm__pool *p, size_t req, size_t size, ndm__rstr *cause)
         snprintf(dev, sizeof dev, "; the device has %s free of %s",
                  ndm__fmt_size(dfree, s_dfree, sizeof s_dfree),
                  ndm__fmt_size(dtotal, s_dtotal, sizeof s_dtotal));
-    /* The manager layer prefixes this with the caller's name and site. */
-    return ndm__fail(
-        NDM_E_OOM, NULL, NDM__NO_SITE,
+    /* Named after the tag's caller and site, when it has them. */
+    return ndm__alloc_fail(
+        tag, NDM_E_OOM,
         "out of memory on %s: tried to allocate %s (%s rounded); %s allocated, %s reserved "
         "(%s free in the cache, largest free block %s), limit %s%s%s%s",
         p->name, ndm__fmt_size(req, s_req, sizeof s_req),
@@ -1299,7 +1300,7 @@ static ndm_status alloc_slow(ndm__pool *p, size_t req, size_t size, uintptr_t st
         slow_end(p, tc);
         ndm__pool_unlock(p);
         if (!b)
-            st = oom(p, req, size, path);
+            st = oom(p, req, size, path, tag);
     }
     if (path)
         ndm__rstr_unref(path);
@@ -1320,9 +1321,10 @@ ndm_status ndm__pool_alloc_on(ndm__pool *p, size_t nbytes, uintptr_t stream,
     if (__builtin_expect(nbytes > (SIZE_MAX >> 2), 0)) {
         char s[32];
         memset(out, 0, sizeof *out);
-        return ndm__fail(NDM_E_OOM, NULL, NDM__NO_SITE,
-                         "out of memory on %s: tried to allocate %s, more than any device holds",
-                         p->name, ndm__fmt_size(nbytes, s, sizeof s));
+        return ndm__alloc_fail(tag, NDM_E_OOM,
+                               "out of memory on %s: tried to allocate %s, more than any device "
+                               "holds",
+                               p->name, ndm__fmt_size(nbytes, s, sizeof s));
     }
     size_t size = ndm__pool_round(p, nbytes);
     if (size <= NDM__TC_MAX_SIZE && ndm__tc_try_alloc(p, size, nbytes, tag, out))

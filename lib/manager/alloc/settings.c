@@ -144,12 +144,64 @@ static int log2_floor(uint64_t v)
 
 /* ---- keys ------------------------------------------------------------------ */
 
-static const char *const known_keys =
-    "strategy, preallocate_fraction, memory_limit_mb, max_split_size_mb, "
-    "max_non_split_rounding_mb, large_segment_size_mb, roundup_power2_divisions, "
-    "garbage_collection_threshold, pressure_every_mb, thread_cache, policy, "
-    "release_free_segments, segment_refit, segment_round_kb, expandable_segments, "
-    "reserved_rate, allocated_rate, allocated_reserved_rate";
+static const char *const known_keys[] = {
+    "strategy",          "preallocate_fraction",      "memory_limit_mb",
+    "max_split_size_mb", "max_non_split_rounding_mb", "large_segment_size_mb",
+    "roundup_power2_divisions", "garbage_collection_threshold", "pressure_every_mb",
+    "thread_cache",      "policy",                    "release_free_segments",
+    "segment_refit",     "segment_round_kb",          "expandable_segments",
+    "reserved_rate",     "allocated_rate",            "allocated_reserved_rate",
+};
+#define KNOWN_KEYS (sizeof known_keys / sizeof *known_keys)
+
+/* Edits (insertions, deletions, substitutions, swaps of neighbours) from a
+ * to b, ignoring case; keys are short (a token is under TOKEN_LEN). */
+static size_t edit_distance(const char *a, const char *b)
+{
+    size_t n = strlen(a), m = strlen(b);
+    if (n >= TOKEN_LEN || m >= TOKEN_LEN)
+        return SIZE_MAX;
+    size_t d[TOKEN_LEN][TOKEN_LEN];
+    for (size_t i = 0; i <= n; i++)
+        d[i][0] = i;
+    for (size_t j = 0; j <= m; j++)
+        d[0][j] = j;
+    for (size_t i = 1; i <= n; i++)
+        for (size_t j = 1; j <= m; j++) {
+            int ca = tolower((unsigned char)a[i - 1]), cb = tolower((unsigned char)b[j - 1]);
+            size_t best = d[i - 1][j - 1] + (ca != cb);
+            if (d[i - 1][j] + 1 < best)
+                best = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < best)
+                best = d[i][j - 1] + 1;
+            if (i > 1 && j > 1 && ca == tolower((unsigned char)b[j - 2]) &&
+                tolower((unsigned char)a[i - 2]) == cb && d[i - 2][j - 2] + 1 < best)
+                best = d[i - 2][j - 2] + 1;
+            d[i][j] = best;
+        }
+    return d[n][m];
+}
+
+/* The known key an unknown one most likely meant (a slip of a few letters,
+ * or a known key's start: "memory_limit" for "memory_limit_mb"), or NULL. */
+static const char *near_key(const char *key)
+{
+    const char *best = NULL;
+    size_t best_d = SIZE_MAX, len = strlen(key);
+    for (size_t k = 0; k < KNOWN_KEYS; k++) {
+        size_t d = edit_distance(key, known_keys[k]);
+        if (d < best_d) {
+            best_d = d;
+            best = known_keys[k];
+        }
+    }
+    if (best && best_d <= 1 + len / 4)
+        return best;
+    for (size_t k = 0; len >= 4 && k < KNOWN_KEYS; k++)
+        if (!strncmp(known_keys[k], key, len))
+            return known_keys[k];
+    return NULL;
+}
 
 typedef struct parser {
     const lexer *lx;
@@ -360,8 +412,21 @@ static int apply_key(parser *ps, const char *key, ndm__settings *s)
     }
     if (!strcmp(key, "expandable_segments"))
         return bool_value(ps, key, &s->expandable);
-    if (!strcmp(key, "memory_limit_mb"))
-        return mb_value(ps, key, 0, &s->memory_limit, true);
+    if (!strcmp(key, "memory_limit_mb")) {
+        /* Below one small-pool segment, every allocation would fail, each
+         * with a message about its own size rather than this limit. */
+        size_t v = 0;
+        if (mb_value(ps, key, 0, &v, true) < 0)
+            return -1;
+        if (v && v < NDM__SMALL_BUFFER)
+            return fail(ps,
+                        "memory_limit_mb must be 0 (no limit) or at least %zu (got %zu): the "
+                        "allocator reserves memory in segments of %zu MiB or more, so a smaller "
+                        "limit would refuse every allocation",
+                        NDM__SMALL_BUFFER / NDM__MB, v / NDM__MB, NDM__SMALL_BUFFER / NDM__MB);
+        s->memory_limit = v;
+        return 0;
+    }
     if (!strcmp(key, "pressure_every_mb"))
         return mb_value(ps, key, 0, &s->pressure_every, true);
     if (!strcmp(key, "max_split_size_mb"))
@@ -408,7 +473,15 @@ static int apply_key(parser *ps, const char *key, ndm__settings *s)
         }
         return fail(ps, "policy: '%s' is not one of pytorch, compact", v);
     }
-    return fail(ps, "unknown key '%s' (known keys: %s)", key, known_keys);
+    char list[512];
+    size_t len = 0;
+    for (size_t k = 0; k < KNOWN_KEYS; k++)
+        len += (size_t)snprintf(list + len, len < sizeof list ? sizeof list - len : 0, "%s%s",
+                                k ? ", " : "", known_keys[k]);
+    const char *near = near_key(key);
+    if (near)
+        return fail(ps, "unknown key '%s' (did you mean '%s'? known keys: %s)", key, near, list);
+    return fail(ps, "unknown key '%s' (known keys: %s)", key, list);
 }
 
 ndm_status ndm__settings_parse(const char *conf, ndm_device dev, ndm__settings *out, char *err,
