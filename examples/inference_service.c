@@ -43,25 +43,15 @@ int main(int argc, char **argv)
     ndm_set_log_fn(show_error, NULL);
     save_trained(argv[1]);
 
-    /* Load: build the network, copy the file's tensors into its parameters.
-     * The file's arrays live in a child manager that is closed right after. */
+    /* Load: build the network without gradient arrays (serving never needs
+     * them), then one call reads the file into it and makes the predictor,
+     * which caps the model: a request can read it but not add to it. */
     ndm_manager model = ndm_manager_new(ndm_system(), "model");
     ndm_rng rng = ndm_rng_new(0); /* overwritten by the file */
+    ndm_no_grad_begin();
     ndm_module net = network(model, &rng);
-    ndm_manager loading = ndm_manager_new(model, "loading");
-    const ndm_named_arrays *file = ndm_safetensors_load(loading, argv[1], NDM_LOAD_COPY);
-    NDM_CHECK(net.id && file);
-    const char *names[8];
-    ndm_array params[8];
-    int n = ndm_module_named_parameters(net, names, params, 8);
-    for (int i = 0; i < n; i++) {
-        int64_t k = ndm_named_arrays_find(file, names[i]);
-        NDM_CHECK(k >= 0 && ndm_copy_into(params[i], file->arrays[k]) == NDM_OK);
-    }
-    NDM_CHECK(ndm_manager_close(loading) == NDM_OK);
-
-    /* The predictor caps the model: a request can read it but not add to it. */
-    ndm_predictor pred = ndm_predictor_new(model, net);
+    ndm_no_grad_end();
+    ndm_predictor pred = ndm_predictor_load(model, net, argv[1]);
     ndm_manager requests = ndm_manager_new(ndm_system(), "requests");
     NDM_CHECK(pred.id && requests.id);
 

@@ -575,6 +575,18 @@ static uint64_t live_bytes(ndm_manager m)
     return st.live_bytes;
 }
 
+/* The last warning logged, and how many (ndm_set_log_fn). */
+static char warned[4096];
+static int nwarned;
+static void keep_warning(ndm_log_level level, const char *msg, void *ud)
+{
+    (void)ud;
+    if (level == NDM_LOG_WARN) {
+        snprintf(warned, sizeof warned, "%s", msg);
+        nwarned++;
+    }
+}
+
 static void test_checkpoint_predictor_holds_weights_once(void **state)
 {
     /* the state's bytes: 13 tensors of torch_mlp, 4-byte floats and one i64 */
@@ -589,9 +601,25 @@ static void test_checkpoint_predictor_holds_weights_once(void **state)
     ndm_module net = mlp(serving, 1);
     ndm_no_grad_end();
     assert_live(net);
+    nwarned = 0;
+    ndm_set_log_fn(keep_warning, NULL);
     ndm_predictor p = ndm_predictor_load(serving, net, NDM_TEST_DATA "/torch_mlp.safetensors");
+    ndm_set_log_fn(NULL, NULL);
     assert_live(p);
+    assert_int_equal(nwarned, 0); /* built without gradients: nothing to say */
     assert_int_equal(live_bytes(serving), weights);
+    /* a predictor over the net built for training says what its gradients cost */
+    ndm_set_log_fn(keep_warning, NULL);
+    ndm_predictor tp = ndm_predictor_new(trained, tn);
+    ndm_set_log_fn(NULL, NULL);
+    assert_live(tp);
+    assert_int_equal(nwarned, 1);
+    char want[160];
+    int np = ndm_module_parameters(tn, NULL, 0);
+    snprintf(want, sizeof want, "%d of the net's %d parameters carry gradient arrays (%llu bytes)",
+             np, np, (unsigned long long)(weights - 8 - 4 * 32));
+    if (!strstr(warned, want) || !strstr(warned, "ndm_no_grad_begin()"))
+        fail_msg("the warning lacks \"%s\":\n%s", want, warned);
     ndm_array params[16];
     int n = ndm_module_parameters(net, params, 16);
     for (int i = 0; i < n; i++)
@@ -759,17 +787,6 @@ static void test_checkpoint_high_rank_shape_is_named(void **state)
 /* What a lenient load leaves unmatched is said, every name of it; a file
  * of which nothing matches (PyTorch's "fc1.weight" for ndm's "0.weight") is
  * refused, and the module keeps its values. */
-static char warned[4096];
-static int nwarned;
-static void keep_warning(ndm_log_level level, const char *msg, void *ud)
-{
-    (void)ud;
-    if (level == NDM_LOG_WARN) {
-        snprintf(warned, sizeof warned, "%s", msg);
-        nwarned++;
-    }
-}
-
 static void test_checkpoint_lenient_load_says_what_it_skipped(void **state)
 {
     ndm_manager model = ndm_manager_new(ROOT(state), "model");

@@ -691,10 +691,10 @@ static int train(train_opts o)
            (long long)ndm_dataset_size(test_set));
 
     if (!o.no_save) {
-        /* the parameters and the architecture, for serve */
+        /* the state (parameters and buffers) and the architecture, for serve */
         const char *names[64];
         ndm_array params[64];
-        int n = ndm_module_named_parameters(net, names, params, 64);
+        int n = ndm_module_named_state(net, names, params, 64);
         char accs[32], tested[32];
         snprintf(accs, sizeof accs, "%.4f", acc);
         snprintf(tested, sizeof tested, "%lld", (long long)ndm_dataset_size(test_set));
@@ -795,37 +795,30 @@ static int serve(serve_opts o)
     ndm_manager model = model_manager("serve", dev);
     ndm_manager data = ndm_manager_new(ndm_system(), "data");
     LIVE(data, "creating the data manager");
-    /* the file is mapped (on the CPU, whatever the model's device): its
-     * tensors are copied into the parameters, then the mapping dies with the
-     * loading manager */
-    ndm_manager loading = ndm_manager_new_on(model, "loading", NDM_CPU);
-    LIVE(loading, "creating the loading manager");
-    const ndm_named_arrays *w = ndm_safetensors_load(loading, o.model, NDM_LOAD_MMAP);
+    /* the architecture, from the file's metadata (a mapping that dies with
+     * the manager that reads it) */
+    ndm_manager peek = ndm_manager_new_on(model, "peek", NDM_CPU);
+    LIVE(peek, "creating the manager that reads the model's metadata");
+    const ndm_named_arrays *w = ndm_safetensors_load(peek, o.model, NDM_LOAD_MMAP);
     if (!w)
         die("loading the model");
-    const char *arch = ndm_named_arrays_meta(w, "arch");
-    if (!arch)
-        arch = "mlp";
+    const char *meta = ndm_named_arrays_meta(w, "arch");
+    char arch[32];
+    snprintf(arch, sizeof arch, "%s", meta ? meta : "mlp");
+    CHECK(ndm_manager_close(peek), "closing the model file");
     bool cnn = !strcmp(arch, "cnn");
+    /* built without gradient arrays (serving needs none), then one call reads
+     * the file into it and makes the predictor, which caps the model */
     ndm_rng rng = ndm_rng_new(0);
+    ndm_no_grad_begin();
     ndm_module net = build(model, arch, &rng);
-    const char *names[64];
-    ndm_array params[64];
-    int n = ndm_module_named_parameters(net, names, params, 64);
-    for (int i = 0; i < n; i++) {
-        int64_t k = ndm_named_arrays_find(w, names[i]);
-        if (k < 0) {
-            fprintf(stderr, "ndm-fashion serve: %s has no tensor %s; is it a model that "
-                    "`ndm-fashion train` saved?\n", o.model, names[i]);
-            return 1;
-        }
-        ndm_array t = ndm_to_to(loading, w->arrays[k], dev); /* the device's copy (an alias on the CPU) */
-        LIVE(t, "copying the model's parameters to the device");
-        CHECK(ndm_copy_into(params[i], t), "reading the model's parameters");
+    ndm_no_grad_end();
+    ndm_predictor pred = ndm_predictor_load(model, net, o.model);
+    if (!pred.id) {
+        fprintf(stderr, "ndm-fashion serve: %s is not a model that `ndm-fashion train` saved "
+                "for this architecture: %s\n", o.model, ndm_last_error());
+        return 1;
     }
-    CHECK(ndm_manager_close(loading), "closing the model file");
-    ndm_predictor pred = ndm_predictor_new(model, net);
-    LIVE(pred, "creating the predictor");
     ndm_array images = ndm_idx_load(data, ipath);
     LIVE(images, "loading the test images");
     ndm_array labels = ndm_idx_load(data, lpath);

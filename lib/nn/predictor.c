@@ -25,6 +25,34 @@ static const ndm__object_type pred_type = {
     .later = true,
 };
 
+/* A net built with gradients holds a gradient array beside each parameter,
+ * which serving never touches: say so, with the way to build it without. */
+static void warn_gradients(ndm_module net, const ndm__site *site)
+{
+    int n = ndm_module_parameters(net, NULL, 0);
+    if (n <= 0)
+        return;
+    ndm_array *params = calloc((size_t)n, sizeof *params);
+    if (!params)
+        return;
+    n = ndm_module_parameters(net, params, n);
+    int with = 0;
+    uint64_t bytes = 0;
+    for (int i = 0; i < n; i++)
+        if (ndm_array_requires_grad(params[i])) {
+            with++;
+            bytes += ndm_array_nbytes(params[i]);
+        }
+    free(params);
+    if (with) {
+        char where[256];
+        ndm__warn("ndm_predictor_new: %d of the net's %d parameters carry gradient arrays "
+                  "(%llu bytes) that serving never uses: build the net between "
+                  "ndm_no_grad_begin() and ndm_no_grad_end() (at %s)",
+                  with, n, (unsigned long long)bytes, ndm__site_str(*site, where, sizeof where));
+    }
+}
+
 NDM_API ndm_predictor ndm_predictor_new_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module net)
 {
     ndm__site site = NDM__SITE;
@@ -35,6 +63,7 @@ NDM_API ndm_predictor ndm_predictor_new_at(NDM_SITE_PARAMS, ndm_manager model, n
     /* The cap below protects the net only if its parameters live in model. */
     if (ndm__module_check_owner(net, model, api, site) < 0)
         return (ndm_predictor){0};
+    warn_gradients(net, &site);
     predictor *p = ndm__calloc(1, sizeof *p, NDM__INJ_OBJECT);
     if (!p) {
         ndm__fail(NDM_E_OOM, api, site, "no memory for a predictor");
