@@ -604,7 +604,7 @@ static void test_backward_reports_each_gradient_when_complete(void **state)
     assert_live(loss);
     (void)ndm_grad_end();
     seen_grads s = {0};
-    assert_ok(ndm__ag_backward_hooked((ndm__site){__FILE__, __func__, __LINE__}, loss,
+    assert_ok(ndm__ag_backward_hooked("ndm_backward", (ndm__site){__FILE__, __func__, __LINE__}, loss,
                                       NDM_NULL_ARRAY, record_ready, &s));
     assert_int_equal(s.n, 2);
     assert_true(s.ids[0] != s.ids[1]);
@@ -655,7 +655,7 @@ static void test_backward_hook_reports_a_weight_before_its_input_gradient(void *
     /* a's gradient (512 KiB) does not fit; w's (4 KiB) does */
     assert_ok(ndm_manager_set_limit(batch, NDM_CPU, st.live_bytes + 64 * 1024));
     seen_grads s = {0};
-    ndm_status bs = ndm__ag_backward_hooked((ndm__site){__FILE__, __func__, __LINE__}, loss,
+    ndm_status bs = ndm__ag_backward_hooked("ndm_backward", (ndm__site){__FILE__, __func__, __LINE__}, loss,
                                             NDM_NULL_ARRAY, record_ready_head, &s);
     assert_int_equal(bs, NDM_E_QUOTA);
     assert_int_equal(s.n, 1);

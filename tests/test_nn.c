@@ -99,6 +99,42 @@ static void test_nn_linear_refuses_integer_input(void **state)
     assert_ok(ndm_manager_close(model));
 }
 
+/* A failure inside a layer's constructor, an optimizer's or backward reads
+ * as the function the user called, at the user's line (not the ndm_empty or
+ * the helper it went through). */
+static void test_nn_messages_name_the_function_called(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_manager capped = ndm_manager_new(model, "capped");
+    assert_ok(ndm_manager_cap(capped, NDM_CAP_ARRAYS));
+    ndm_rng rng = ndm_rng_new(3);
+    char at[64];
+    int line = __LINE__; ndm_module lin = ndm_linear(capped, 4, 3, true, &rng);
+    assert_int_equal(lin.id, 0);
+    assert_int_equal(ndm_last_status(), NDM_E_CAPPED);
+    assert_true(strncmp(ndm_last_error(), "ndm_linear: ", 12) == 0);
+    snprintf(at, sizeof at, "test_nn.c:%d", line);
+    assert_error_has(at);
+    line = __LINE__; ndm_module bn = ndm_batch_norm1d(capped, 4, 1e-5, 0.1, true);
+    assert_int_equal(bn.id, 0);
+    assert_true(strncmp(ndm_last_error(), "ndm_batch_norm", 14) == 0);
+    /* an optimizer whose state finds no room */
+    ndm_module net = ndm_linear(model, 4, 3, true, &rng);
+    line = __LINE__; ndm_optimizer opt = ndm_adam(capped, net, 1e-3, 0.9, 0.999, 1e-8, 0);
+    assert_int_equal(opt.id, 0);
+    assert_true(strncmp(ndm_last_error(), "ndm_adam: ", 10) == 0);
+    /* backward of an array no recorded operation made */
+    ndm_array x = ndm_ones(model, NDM_F32, NDM_SHAPE(1));
+    line = __LINE__; assert_int_equal(ndm_backward(x), NDM_E_INVALID);
+    assert_true(strncmp(ndm_last_error(), "ndm_backward: ", 14) == 0);
+    snprintf(at, sizeof at, "test_nn.c:%d", line);
+    assert_error_has(at);
+    /* after the call, other failures are their own again */
+    assert_int_equal(ndm_empty(capped, NDM_F32, NDM_SHAPE(2)).id, 0);
+    assert_true(strncmp(ndm_last_error(), "ndm_empty: ", 11) == 0);
+    assert_ok(ndm_manager_close(model));
+}
+
 static void test_nn_init_bounds(void **state)
 {
     ndm_manager m = ndm_manager_new(ROOT(state), "m");
@@ -924,6 +960,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         TEST(test_nn_linear_forward_and_names),
         TEST(test_nn_linear_refuses_integer_input),
+        TEST(test_nn_messages_name_the_function_called),
         TEST(test_nn_init_bounds),
         TEST(test_nn_optimizer_updates),
         TEST(test_nn_optimizer_step_same_bits),

@@ -351,6 +351,36 @@ static void test_scope_auto_cleanup(void **state)
     }
 }
 
+/* NDM_AUTO's cleanup given another kind of handle (a module: Clang
+ * compiles that, GCC does not) warns with what to do and touches nothing. */
+static char auto_warning[512];
+static void keep_auto_warning(ndm_log_level level, const char *msg, void *ud)
+{
+    (void)ud;
+    if (level == NDM_LOG_WARN)
+        snprintf(auto_warning, sizeof auto_warning, "%s", msg);
+}
+
+static void test_scope_auto_cleanup_of_a_module_says_why(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_rng rng = ndm_rng_new(1);
+    ndm_module lin = ndm_linear(model, 2, 2, true, &rng);
+    assert_true(lin.id != 0);
+    auto_warning[0] = 0;
+    ndm_clear_error();
+    ndm_set_log_fn(keep_auto_warning, NULL);
+    ndm_auto_cleanup(&lin);
+    ndm_set_log_fn(NULL, NULL);
+    assert_non_null(strstr(auto_warning, "is not a manager, scope or array"));
+    assert_non_null(strstr(auto_warning, "remove NDM_AUTO"));
+    assert_int_equal(ndm_last_status(), NDM_OK); /* no failure recorded */
+    /* the module lives on with its model */
+    ndm_array x = ndm_ones(model, NDM_F32, NDM_SHAPE(1, 2));
+    assert_true(ndm_forward(lin, x).id != 0);
+    assert_ok(ndm_manager_close(model));
+}
+
 typedef struct thread_arg {
     ndm_manager parent;
     ndm_manager got;
@@ -397,6 +427,7 @@ int main(void)
         TEST(test_scope_end_refuses_array_handle),
         TEST(test_scope_finish_refuses_ended_and_non_scopes),
         TEST(test_scope_auto_cleanup),
+        TEST(test_scope_auto_cleanup_of_a_module_says_why),
         TEST(test_scope_is_per_thread),
     };
     return cmocka_run_group_tests_name("scope", tests, NULL, NULL);

@@ -35,4 +35,16 @@ void ndm__warn(const char *fmt, ...) NDM_PRINTF(1, 2);
 /* Formats a site as "file:line (func)" into buf. */
 const char *ndm__site_str(ndm__site s, char *buf, size_t n);
 
+/* A public function that calls other public ones on the way (a layer's
+ * constructor makes its parameters with ndm_empty, a loss gathers with
+ * ndm_gather): NDM__ENTRY(api) at its top makes every failure until it
+ * returns read as the failure of `api`, the function the user called (the
+ * outermost such function, when they nest). GCC and Clang's cleanup
+ * attribute ends it on every return. */
+const char *ndm__entry_begin(const char *api);
+void ndm__entry_end(const char **saved);
+#define NDM__ENTRY(api)                                                         \
+    const char *ndm__entry_saved_ __attribute__((cleanup(ndm__entry_end))) =    \
+        ndm__entry_begin(api)
+
 #endif

@@ -196,9 +196,27 @@ const char *ndm__site_str(ndm__site s, char *buf, size_t n)
     return buf;
 }
 
+/* The entry point being run (NDM__ENTRY), NULL outside one. */
+static _Thread_local const char *entry_api;
+
+const char *ndm__entry_begin(const char *api)
+{
+    const char *saved = entry_api;
+    if (!saved)
+        entry_api = api;
+    return saved;
+}
+
+void ndm__entry_end(const char **saved)
+{
+    entry_api = *saved;
+}
+
 ndm_status ndm__vfail(ndm_status st, const char *api, ndm__site where, const char *fmt,
                       va_list ap)
 {
+    if (entry_api)
+        api = entry_api; /* (the function the user called, not the one it called) */
     error_state *t = state_make();
     if (!t) {
         fallback_status = st;

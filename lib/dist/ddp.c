@@ -638,7 +638,7 @@ NDM_API ndm_status ndm_ddp_backward_at(NDM_SITE_PARAMS, ndm_ddp h, ndm_array los
         if (g && g->size > 1 && lr && !seed.id)
             st = ndm_last_status();
         else
-            st = ndm__ag_backward_hooked(site, loss, seed, on_ready, d);
+            st = ndm__ag_backward_hooked("ndm_ddp_backward", site, loss, seed, on_ready, d);
         if (seed.id)
             (void)!ndm_array_release(seed);
         if (st < 0)

@@ -332,6 +332,12 @@ NDM_API void ndm_auto_cleanup(void *p)
             st = ndm_scope_end_at(__FILE__, __LINE__, "NDM_AUTO", m, 0, NULL);
         else
             st = ndm_manager_close_at(__FILE__, __LINE__, "NDM_AUTO", m);
+    } else if (!ndm__array_issued((ndm_array){id})) {
+        /* (GCC refuses these at compile time; Clang compiles them) */
+        ndm__warn("NDM_AUTO: handle 0x%016" PRIx64 " is not a manager, scope or array (a "
+                  "module, optimizer, loader or predictor?): those die with the manager that "
+                  "owns them; remove NDM_AUTO from its declaration", id);
+        return;
     } else {
         st = ndm_array_release_at(__FILE__, __LINE__, "NDM_AUTO", (ndm_array){id});
     }

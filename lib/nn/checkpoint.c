@@ -25,6 +25,7 @@ ndm_status ndm__nn_copy_into(ndm__site site, ndm_manager scratch, ndm_array dst,
 
 NDM_API ndm_status ndm_module_save_at(NDM_SITE_PARAMS, ndm_module m, const char *path)
 {
+    NDM__ENTRY(__func__);
     ndm__site site = NDM__SITE;
     int n = ndm_module_named_state(m, NULL, NULL, 0);
     if (n < 0)
@@ -156,6 +157,7 @@ static void warn_unmatched(const char *path, const ndm__site *site, const char *
 
 NDM_API int ndm_module_load_at(NDM_SITE_PARAMS, ndm_module m, const char *path, unsigned mode)
 {
+    NDM__ENTRY(__func__);
     ndm__site site = NDM__SITE;
     const char *api = "ndm_module_load";
     if (mode > NDM_CHECKPOINT_LENIENT)

@@ -16,6 +16,7 @@ const ndm__module_type ndm__module_relu = {
 
 NDM_API ndm_module ndm_relu_module_at(NDM_SITE_PARAMS, ndm_manager model)
 {
+    NDM__ENTRY(__func__);
     return ndm__module_plain(&ndm__module_relu, model, "ndm_relu_module", NDM__SITE);
 }
 
@@ -33,5 +34,6 @@ static const ndm__module_type gelu_type = {
 
 NDM_API ndm_module ndm_gelu_module_at(NDM_SITE_PARAMS, ndm_manager model)
 {
+    NDM__ENTRY(__func__);
     return ndm__module_plain(&gelu_type, model, "ndm_gelu_module", NDM__SITE);
 }

@@ -35,6 +35,7 @@ NDM_API ndm_module ndm_conv2d_module_at(NDM_SITE_PARAMS, ndm_manager model, int6
                                         int64_t out_ch, int64_t kh, int64_t kw, bool bias,
                                         ndm_rng *rng, const ndm_conv2d_opts *opts)
 {
+    NDM__ENTRY(__func__);
     ndm__site site = NDM__SITE;
     const char *api = "ndm_conv2d_module";
     if (!ndm__nn_model_ok(model, api, site))
@@ -91,6 +92,7 @@ static const ndm__module_type max_pool2d_type = {
 NDM_API ndm_module ndm_max_pool2d_module_at(NDM_SITE_PARAMS, ndm_manager model,
                                             const ndm_pool2d_opts *opts)
 {
+    NDM__ENTRY(__func__);
     ndm__site site = NDM__SITE;
     const char *api = "ndm_max_pool2d_module";
     if (!opts || opts->kernel[0] < 1 || opts->kernel[1] < 1) {

@@ -45,6 +45,7 @@ static const ndm__module_type dropout_type = {
 NDM_API ndm_module ndm_dropout_module_at(NDM_SITE_PARAMS, ndm_manager model, double p,
                                          uint64_t seed)
 {
+    NDM__ENTRY(__func__);
     ndm__site site = NDM__SITE;
     const char *api = "ndm_dropout_module";
     if (!(p >= 0 && p < 1)) {

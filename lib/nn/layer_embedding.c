@@ -31,6 +31,7 @@ static const ndm__module_type embedding_type = {
 NDM_API ndm_module ndm_embedding_at(NDM_SITE_PARAMS, ndm_manager model, int64_t num, int64_t dim,
                                     ndm_rng *rng)
 {
+    NDM__ENTRY(__func__);
     ndm__site site = NDM__SITE;
     const char *api = "ndm_embedding";
     if (!ndm__nn_model_ok(model, api, site))

@@ -46,6 +46,7 @@ static const ndm__module_type flatten_type = {
 
 NDM_API ndm_module ndm_flatten_module_at(NDM_SITE_PARAMS, ndm_manager model, int start_axis)
 {
+    NDM__ENTRY(__func__);
     ndm__site site = NDM__SITE;
     const char *api = "ndm_flatten_module";
     ndm__module *m = ndm__module_new(&flatten_type, model, api, site);

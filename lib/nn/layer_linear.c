@@ -56,6 +56,7 @@ static const ndm__module_type linear_type = {
 NDM_API ndm_module ndm_linear_at(NDM_SITE_PARAMS, ndm_manager model, int64_t in, int64_t out,
                                  bool bias, ndm_rng *rng)
 {
+    NDM__ENTRY(__func__);
     ndm__site site = NDM__SITE;
     const char *api = "ndm_linear";
     if (!ndm__nn_model_ok(model, api, site))

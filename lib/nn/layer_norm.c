@@ -129,6 +129,7 @@ static const ndm__module_type batch_norm_type = {
 NDM_API ndm_module ndm_batch_norm_at(NDM_SITE_PARAMS, ndm_manager model, int spatial,
                                      int64_t features, double eps, double momentum, bool affine)
 {
+    NDM__ENTRY(__func__);
     ndm__site site = NDM__SITE;
     const char *api = spatial == 2 ? "ndm_batch_norm2d" : "ndm_batch_norm1d";
     if (!ndm__nn_model_ok(model, api, site))
@@ -216,6 +217,7 @@ static const ndm__module_type layer_norm_type = {
 NDM_API ndm_module ndm_layer_norm_at(NDM_SITE_PARAMS, ndm_manager model, int ndim,
                                      const int64_t *shape, double eps, bool affine)
 {
+    NDM__ENTRY(__func__);
     ndm__site site = NDM__SITE;
     const char *api = "ndm_layer_norm";
     if (!ndm__nn_model_ok(model, api, site))

@@ -50,6 +50,7 @@ static const ndm__module_type sequential_type = {
 NDM_API ndm_module ndm_sequential_at(NDM_SITE_PARAMS, ndm_manager model, int n,
                                      const ndm_module *modules)
 {
+    NDM__ENTRY(__func__);
     ndm__site site = NDM__SITE;
     const char *api = "ndm_sequential";
     if (!ndm__nn_model_ok(model, api, site))

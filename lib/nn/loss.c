@@ -88,6 +88,7 @@ static ndm_array picked_mean(ndm__site site, const char *api, ndm_manager out, n
 NDM_API ndm_array ndm_cross_entropy_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array logits,
                                           ndm_array labels)
 {
+    NDM__ENTRY(__func__);
     NDM__OP_GUARD();
     return picked_mean(NDM__SITE, "ndm_cross_entropy", out, logits, labels, true);
 }
@@ -95,12 +96,14 @@ NDM_API ndm_array ndm_cross_entropy_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_
 NDM_API ndm_array ndm_nll_loss_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array logp,
                                      ndm_array labels)
 {
+    NDM__ENTRY(__func__);
     NDM__OP_GUARD();
     return picked_mean(NDM__SITE, "ndm_nll_loss", out, logp, labels, false);
 }
 
 NDM_API ndm_array ndm_mse_loss_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, ndm_array b)
 {
+    NDM__ENTRY(__func__);
     NDM__OP_GUARD();
     ndm__site site = NDM__SITE;
     NDM__CALL_FRAME("ndm_mse_loss", site);

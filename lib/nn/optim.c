@@ -156,6 +156,7 @@ static ndm_optimizer sgd(ndm__site site, ndm_manager model, ndm_module net, int 
 NDM_API ndm_optimizer ndm_sgd_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module net, double lr,
                                  double momentum, double weight_decay)
 {
+    NDM__ENTRY(__func__);
     return sgd(NDM__SITE, model, net, 0, NULL, lr, momentum, weight_decay);
 }
 
@@ -163,6 +164,7 @@ NDM_API ndm_optimizer ndm_sgd_params_at(NDM_SITE_PARAMS, ndm_manager model, int 
                                         const ndm_array *params, double lr, double momentum,
                                         double weight_decay)
 {
+    NDM__ENTRY(__func__);
     ndm__site site = NDM__SITE;
     if (n > 0 && !params) {
         ndm__fail(NDM_E_INVALID, "ndm_sgd", site, "params is NULL");
@@ -199,6 +201,7 @@ NDM_API ndm_optimizer ndm_adam_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module
                                   double beta1, double beta2, double eps, double weight_decay,
                                   bool decoupled)
 {
+    NDM__ENTRY(__func__);
     return adam(NDM__SITE, model, net, 0, NULL, lr, beta1, beta2, eps, weight_decay, decoupled);
 }
 
@@ -207,6 +210,7 @@ NDM_API ndm_optimizer ndm_adam_params_at(NDM_SITE_PARAMS, ndm_manager model, int
                                          double beta2, double eps, double weight_decay,
                                          bool decoupled)
 {
+    NDM__ENTRY(__func__);
     ndm__site site = NDM__SITE;
     if (n > 0 && !params) {
         ndm__fail(NDM_E_INVALID, decoupled ? "ndm_adamw" : "ndm_adam", site, "params is NULL");
@@ -460,6 +464,7 @@ static void names_free(char **names, size_t n)
 
 NDM_API ndm_status ndm_optimizer_save_at(NDM_SITE_PARAMS, ndm_optimizer h, const char *path)
 {
+    NDM__ENTRY(__func__);
     ndm__site site = NDM__SITE;
     const char *api = "ndm_optimizer_save";
     optimizer *o = ndm__object_get(h.id, &opt_type, api, site);
@@ -519,6 +524,7 @@ static bool meta_number(const char *text, const char *key, bool integer, int64_t
 
 NDM_API ndm_status ndm_optimizer_load_at(NDM_SITE_PARAMS, ndm_optimizer h, const char *path)
 {
+    NDM__ENTRY(__func__);
     ndm__site site = NDM__SITE;
     const char *api = "ndm_optimizer_load";
     optimizer *o = ndm__object_get(h.id, &opt_type, api, site);

@@ -55,6 +55,7 @@ static void warn_gradients(ndm_module net, const ndm__site *site)
 
 NDM_API ndm_predictor ndm_predictor_new_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module net)
 {
+    NDM__ENTRY(__func__);
     ndm__site site = NDM__SITE;
     const char *api = "ndm_predictor_new";
     model = ndm__resolve_manager(model, api, site);
@@ -139,6 +140,7 @@ NDM_API ndm_manager ndm_predictor_manager(ndm_predictor h)
 NDM_API ndm_predictor ndm_predictor_load_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module net,
                                             const char *path)
 {
+    NDM__ENTRY(__func__);
     ndm__site site = NDM__SITE;
     if (ndm_module_load_at(NDM__SITE_ARGS(site), net, path, NDM_CHECKPOINT_STRICT) < 0)
         return (ndm_predictor){0};

@@ -509,7 +509,8 @@ static ready_at *ready_points(ndm__ag_node **order, size_t count, size_t *n)
 NDM_API ndm_status ndm_backward_with_at(NDM_SITE_PARAMS, ndm_array out, ndm_array grad)
 {
     NDM__OP_GUARD();
-    return ndm__ag_backward_hooked(NDM__SITE, out, grad, NULL, NULL);
+    return ndm__ag_backward_hooked(grad.id ? "ndm_backward_with" : "ndm_backward", NDM__SITE, out,
+                                   grad, NULL, NULL);
 }
 
 /* A product whose input 0 is an activation and whose input 1 is a
@@ -556,22 +557,22 @@ static ndm_status run_inputs(ndm__ag_node *nd, int lo, int hi, ndm_array *gv, co
     return st;
 }
 
-ndm_status ndm__ag_backward_hooked(ndm__site site, ndm_array out, ndm_array grad,
-                                   ndm__ag_ready_fn ready, void *ud)
+ndm_status ndm__ag_backward_hooked(const char *api, ndm__site site, ndm_array out,
+                                   ndm_array grad, ndm__ag_ready_fn ready, void *ud)
 {
-    NDM__CALL_FRAME("ndm_backward", site);
-    ndm__array *ro = ndm__array_get(out, __func__, site);
+    NDM__CALL_FRAME(api, site);
+    ndm__array *ro = ndm__array_get(out, api, site);
     if (!ro)
         return ndm_last_status();
     graph *g = current_graph();
     /* a failed recording first: the output it missed may be `out` itself */
     if (g && g->failed)
-        return ndm__fail(NDM_E_OOM, __func__, site,
+        return ndm__fail(NDM_E_OOM, api, site,
                          "the graph is incomplete: an operation could not be recorded (no memory)");
     ndm__ag_node *root = g ? graph_find(g, out.id) : NULL;
     if (!root) {
         char desc[160];
-        return ndm__fail(NDM_E_INVALID, __func__, site,
+        return ndm__fail(NDM_E_INVALID, api, site,
                          "%s was not made by a recorded operation (start recording with "
                          "ndm_grad_begin before the forward pass; only operations on parameters "
                          "or recorded results are recorded)",
@@ -579,31 +580,31 @@ ndm_status ndm__ag_backward_hooked(ndm__site site, ndm_array out, ndm_array grad
     }
     ndm__array *rg = NULL;
     if (grad.id) {
-        rg = ndm__array_get(grad, __func__, site);
+        rg = ndm__array_get(grad, api, site);
         if (!rg)
             return ndm_last_status();
         if (rg->ndim != ro->ndim || memcmp(rg->shape, ro->shape, sizeof(int64_t) * ro->ndim)) {
             char d1[160], d2[160];
-            return ndm__fail(NDM_E_SHAPE, __func__, site, "gradient %s does not match output %s",
+            return ndm__fail(NDM_E_SHAPE, api, site, "gradient %s does not match output %s",
                              ndm__array_desc(rg, d1, sizeof d1), ndm__array_desc(ro, d2, sizeof d2));
         }
     } else if (ndm__numel(ro->ndim, ro->shape) != 1) {
         char desc[160];
-        return ndm__fail(NDM_E_SHAPE, __func__, site,
+        return ndm__fail(NDM_E_SHAPE, api, site,
                          "%s has more than one element: pass its gradient (ndm_backward_with)",
                          ndm__array_desc(ro, desc, sizeof desc));
     }
     size_t count = 0;
     ndm__ag_node **order = reachable(root, &count);
     if (!order)
-        return ndm__fail(NDM_E_OOM, __func__, site, "no memory to order the graph");
+        return ndm__fail(NDM_E_OOM, api, site, "no memory to order the graph");
     size_t nready = 0, next_ready = 0;
     ready_at *points = ready ? ready_points(order, count, &nready) : NULL;
     if (nready == SIZE_MAX) {
         for (size_t k = 0; k < count; k++)
             order[k]->seen = 0;
         free(order);
-        return ndm__fail(NDM_E_OOM, __func__, site, "no memory to order the graph");
+        return ndm__fail(NDM_E_OOM, api, site, "no memory to order the graph");
     }
     ndm__ag_thread *t = &ndm__ag_tls;
     t->pause++;
@@ -627,23 +628,23 @@ ndm_status ndm__ag_backward_hooked(ndm__site site, ndm_array out, ndm_array grad
         ndm_array gi[64] = {{0}};
         ndm_array *gv = nd->n <= 64 ? gi : ndm__calloc((size_t)nd->n, sizeof *gv, NDM__INJ_SCRATCH);
         if (!gv) {
-            st = ndm__fail(NDM_E_OOM, __func__, site, "no memory");
+            st = ndm__fail(NDM_E_OOM, api, site, "no memory");
             break;
         }
         ndm__ag_node *view = ready ? weight_first(nd, order, count, k) : NULL;
         if (!view) {
-            st = run_inputs(nd, 0, nd->n, gv, __func__, site);
+            st = run_inputs(nd, 0, nd->n, gv, api, site);
         } else {
             /* the weight's part first, then its view's node (next in the
              * order, and complete once this node has delivered to it):
              * the weight's gradient is reported before the input's
              * gradient is computed, so that communicating it overlaps
              * with that product */
-            st = run_inputs(nd, 1, nd->n, gv, __func__, site);
+            st = run_inputs(nd, 1, nd->n, gv, api, site);
             size_t upto = k;
             if (st == NDM_OK && view != nd) {
                 ndm_array gview[1];
-                st = run_inputs(view, 0, 1, gview, __func__, site);
+                st = run_inputs(view, 0, 1, gview, api, site);
                 view->g = NDM_NULL_ARRAY; /* done: skipped when the loop comes to it */
                 upto = k + 1;
             }
@@ -651,7 +652,7 @@ ndm_status ndm__ag_backward_hooked(ndm__site site, ndm_array out, ndm_array grad
                  next_ready++)
                 ready(ud, (ndm_array){points[next_ready].grad});
             if (st == NDM_OK)
-                st = run_inputs(nd, 0, 1, gv, __func__, site);
+                st = run_inputs(nd, 0, 1, gv, api, site);
         }
         if (gv != gi)
             free(gv);
@@ -659,7 +660,7 @@ ndm_status ndm__ag_backward_hooked(ndm__site site, ndm_array out, ndm_array grad
     for (; next_ready < nready && st == NDM_OK; next_ready++)
         ready(ud, (ndm_array){points[next_ready].grad});
     if (st < 0 && ndm_last_status() == NDM_OK)
-        ndm__fail(st, __func__, site, "backward failed");
+        ndm__fail(st, api, site, "backward failed");
 end:
     (void)!ndm_scope_end(scope, 0, NULL);
 done:

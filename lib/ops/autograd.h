@@ -139,8 +139,8 @@ ndm_status ndm__ag_rule(ndm__ag_node *nd, ndm_array g, ndm_array *gi);
  * the graph reaches is reported once, in the order backward finishes them;
  * after an error no more are reported. */
 typedef void (*ndm__ag_ready_fn)(void *ud, ndm_array grad);
-ndm_status ndm__ag_backward_hooked(ndm__site site, ndm_array out, ndm_array grad,
-                                   ndm__ag_ready_fn ready, void *ud);
+ndm_status ndm__ag_backward_hooked(const char *api, ndm__site site, ndm_array out,
+                                   ndm_array grad, ndm__ag_ready_fn ready, void *ud);
 
 /* The gradient array of parameter `param` itself (not a fresh handle), or
  * the null handle when it is not a parameter. */
