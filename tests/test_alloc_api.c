@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "helpers.h"
+#include "manager/core.h"
 #include "utf8_check.h"
 
 /* A ring larger than any address space must come back from malloc as NULL,
@@ -950,6 +951,21 @@ static void test_memory_trace_records_allocations_and_frees(void **state)
     unlink(path);
 }
 
+/* ---- file names ---------------------------------------------------------------------- */
+
+/* The compiler sees each of ndm's sources by its path from the build folder
+ * ("../tests/x.c" from a folder in the tree, "../../../src/ndm/tests/x.c" from
+ * one elsewhere): the file names that sites and frames record, the tests'
+ * and the library's own, are relative to the source root in every build. */
+static void test_own_file_names_are_relative_to_the_source_root(void **state)
+{
+    (void)state;
+    assert_string_equal(__FILE__, "tests/test_alloc_api.c");
+    const ndm__manager *sys = ndm__manager_slot(ndm__system_slot);
+    assert_non_null(sys);
+    assert_string_equal(sys->site.file, "lib/manager/tree.c");
+}
+
 int main(void)
 {
     if (getenv("NDM_TEST_FRESH_HISTORY"))
@@ -975,6 +991,7 @@ int main(void)
         TEST(test_snapshot_is_utf8_whatever_the_names),
         TEST(test_history_refuses_a_huge_ring_before_any_device),
         TEST(test_memory_trace_records_allocations_and_frees),
+        TEST(test_own_file_names_are_relative_to_the_source_root),
     };
     return cmocka_run_group_tests_name("alloc_api", tests, NULL, NULL);
 }

@@ -240,8 +240,10 @@ static void test_linspace_exact_endpoint(void **state)
     /* The case is chosen so that the arithmetic misses the endpoint. */
     assert_true(start + (n - 1) * step != stop);
     double want[11];
-    for (int i = 0; i < n; i++)
-        want[i] = start + i * step;
+    for (int i = 0; i < n; i++) {
+        double offset = i * step; /* apart: clang contracts a*b+c within one expression */
+        want[i] = start + offset;
+    }
     want[n - 1] = stop;
     ndm_array a = ndm_linspace(m, NDM_F64, start, stop, n);
     assert_values(a, want, n);

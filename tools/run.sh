@@ -2,8 +2,11 @@
 # The two quick-start commands:
 #   bash tools/run.sh demo   installs what is missing, builds, runs the main job
 #   bash tools/run.sh test   installs what is missing, builds, runs every test suite
-#                            in a plain build and in an address+undefined sanitizer build,
-#                            and the threaded suites (threads, allocator) under ThreadSanitizer
+#                            in a plain build and in an address+undefined sanitizer build
+#                            (configured outside the source folder, in a temporary folder),
+#                            the threaded suites (threads, allocator) under ThreadSanitizer
+#                            built with clang, and every fuzz target for a few seconds
+#                            (NDM_FUZZ_SMOKE_S, default 3)
 # and for the parsers:
 #   bash tools/run.sh fuzz [seconds per target (default 60)] [targets...]
 #                            builds the libFuzzer targets of tests/fuzz with clang under
@@ -71,13 +74,6 @@ fuzz() { # fuzz [seconds per target] [targets...]
             [ "$f" = seeds ] || targets+=("$f")
         done
     fi
-    if ! command -v clang >/dev/null; then
-        echo "installing: clang"
-        local sudo=""
-        [ "$(id -u)" -eq 0 ] || sudo="sudo"
-        $sudo apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq clang >/dev/null
-    fi
     if [ ! -f build-fuzz/build.ninja ]; then
         CC=clang meson setup build-fuzz -Dfuzz=true -Dcuda=disabled -Dtools=false -Dbench=false \
             -Db_sanitize=address,undefined -Db_lundef=false
@@ -118,6 +114,19 @@ fuzz() { # fuzz [seconds per target] [targets...]
         echo "findings for: ${found[*]} (inputs under build-fuzz/findings/, logs under build-fuzz/logs/)" >&2
         return 1
     fi
+}
+
+# Whether clang here links libFuzzer (-fsanitize=fuzzer): the fuzz targets need it.
+have_libfuzzer() {
+    command -v clang >/dev/null || return 1
+    local tmp rc=0
+    tmp=$(mktemp -d)
+    printf '%s\n' '#include <stddef.h>' '#include <stdint.h>' \
+        'int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) { (void)d; (void)n; return 0; }' \
+        >"$tmp/t.c"
+    clang -fsanitize=fuzzer "$tmp/t.c" -o "$tmp/t" >/dev/null 2>&1 || rc=1
+    rm -rf "$tmp"
+    return $rc
 }
 
 # What the GPU run needs that a bare GPU machine lacks, as Debian packages.
@@ -317,20 +326,40 @@ demo)
     ./build-release/tools/ndm-fashion leak-demo
     ;;
 test)
+    # clang builds the ThreadSanitizer tree and the fuzz targets
+    packages+=(clang)
     install_missing
     build build
     meson test -C build --print-errorlogs --num-processes 2
     # The sanitizer trees run the CUDA path on the host stand-in (built from the
     # same sources in every tree); nvcc's GPU module is built and checked once,
     # in the plain tree, since no sanitizer sees inside it.
-    build build-san -Db_sanitize=address,undefined -Db_lundef=false -Dbench=false -Dcuda=disabled
+    # The address+undefined tree is configured outside the source folder, as
+    # packagers' and CI systems' builds are, so that nothing comes to depend on
+    # a build folder inside the tree: a fresh temporary folder, removed after
+    # (its test log is kept as build/meson-logs/testlog-san.txt on a failure).
+    san=$(mktemp -d "${TMPDIR:-/tmp}/ndm-san.XXXXXX")
+    trap 'rm -rf "$san"' EXIT
+    build "$san" -Db_sanitize=address,undefined -Db_lundef=false -Dbench=false -Dcuda=disabled
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-        meson test -C build-san --print-errorlogs --num-processes 2
-    build build-tsan -Db_sanitize=thread -Db_lundef=false -Dbench=false -Dtools=false -Dcuda=disabled
-    TSAN_OPTIONS=halt_on_error=1 meson test -C build-tsan --suite tsan --print-errorlogs
+        meson test -C "$san" --print-errorlogs --num-processes 2 ||
+        { cp "$san/meson-logs/testlog.txt" build/meson-logs/testlog-san.txt; exit 1; }
+    # ThreadSanitizer with clang, so that a clang build is checked too
+    CC=clang CXX=clang++ build build-tsan-clang -Db_sanitize=thread -Db_lundef=false \
+        -Dbench=false -Dtools=false -Dcuda=disabled
+    TSAN_OPTIONS=halt_on_error=1 meson test -C build-tsan-clang --suite tsan --print-errorlogs
+    # Every fuzz target a few seconds from its seeds, so that the fuzz build and
+    # the targets cannot break unseen (bash tools/run.sh fuzz runs them longer)
+    if have_libfuzzer; then
+        fuzz "${NDM_FUZZ_SMOKE_S:-3}"
+    else
+        echo "fuzz smoke skipped: no clang with libFuzzer (clang -fsanitize=fuzzer) here"
+    fi
     ;;
 fuzz)
     shift
+    packages=(clang)
+    install_missing
     fuzz "$@"
     ;;
 *)

@@ -31,7 +31,10 @@
 
 /** Marks an exported function: default visibility while the library is
  *  built, nothing for its users. */
-#if defined(NDM_BUILDING_LIBRARY) && defined(__GNUC__)
+#if defined(NDM_BUILDING_LIBRARY) && defined(__cplusplus) && defined(__clang__)
+/* (clang++ takes a [[nodiscard]] after a GNU attribute as the type's) */
+#define NDM_API [[gnu::visibility("default")]]
+#elif defined(NDM_BUILDING_LIBRARY) && defined(__GNUC__)
 #define NDM_API __attribute__((visibility("default")))
 #else
 #define NDM_API

@@ -16,11 +16,13 @@ static _Atomic int detected = -1;
 #include <cpuid.h>
 
 /* F16C from CPUID leaf 1: clang before 16 does not know "f16c" in
- * __builtin_cpu_supports (the wide registers it needs are checked with AVX). */
+ * __builtin_cpu_supports. Its instructions are VEX-encoded, so, as GCC's
+ * "f16c" does, it counts only where AVX does (the OS saves the wide
+ * registers): the level and the feature list read the same under both. */
 static bool cpu_has_f16c(void)
 {
     unsigned a, b, c, d;
-    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+    return __builtin_cpu_supports("avx") && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
 }
 #endif
 
