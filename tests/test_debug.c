@@ -1,15 +1,13 @@
 /* Observability: exact statistics, the debug dump's pinned text and JSON,
  * leak hunting since a mark, and the leak reports (in process and at exit). */
-#include <spawn.h>
 #include <stdlib.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "../lib/backends/registry.h"
 #include "array_check.h"
+#include "child_run.h"
 #include "utf8_check.h"
 
-extern char **environ;
 
 static ndm_stats stats_of(ndm_manager m, unsigned flags)
 {
@@ -966,50 +964,15 @@ static int run_leak_child(const char *value, char **out, char **err)
     char *slash = strrchr(self, '/');
     assert_non_null(slash);
     strcpy(slash + 1, "leak_child");
-    size_t n = 0;
-    while (environ[n])
-        n++;
-    char **envp = calloc(n + 2, sizeof *envp);
-    assert_non_null(envp);
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++)
-        if (strncmp(environ[i], "NDM_LEAK_REPORT=", 16) != 0)
-            envp[k++] = environ[i];
     char setting[64];
-    if (value) {
-        snprintf(setting, sizeof setting, "NDM_LEAK_REPORT=%s", value);
-        envp[k++] = setting;
-    }
-    envp[k] = NULL;
-    FILE *fo = tmpfile(), *fe = tmpfile();
-    assert_non_null(fo);
-    assert_non_null(fe);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, fileno(fo), 1);
-    posix_spawn_file_actions_adddup2(&fa, fileno(fe), 2);
+    snprintf(setting, sizeof setting, "NDM_LEAK_REPORT=%s", value ? value : "");
+    const char *drop[] = {"NDM_LEAK_REPORT=", NULL};
+    const char *add[] = {value ? setting : NULL, NULL};
     char *argv[] = {self, NULL};
-    pid_t pid;
-    int rc = posix_spawn(&pid, self, &fa, NULL, argv, envp);
-    posix_spawn_file_actions_destroy(&fa);
-    free(envp);
-    if (rc != 0)
-        fail_msg("cannot run %s: %s", self, strerror(rc));
-    int wst;
-    assert_int_equal(waitpid(pid, &wst, 0), pid);
-    FILE *files[2] = {fo, fe};
-    char **texts[2] = {out, err};
-    for (int i = 0; i < 2; i++) {
-        fseek(files[i], 0, SEEK_END);
-        long size = ftell(files[i]);
-        rewind(files[i]);
-        char *t = calloc((size_t)size + 1, 1);
-        assert_non_null(t);
-        assert_int_equal(fread(t, 1, (size_t)size, files[i]), (size_t)size);
-        fclose(files[i]);
-        *texts[i] = t;
-    }
-    return WIFEXITED(wst) ? WEXITSTATUS(wst) : -1;
+    child_run r = child_run_of(argv, drop, add);
+    *out = r.out;
+    *err = r.err;
+    return r.status < 0 ? -1 : r.status;
 }
 
 static void test_leak_report_at_exit(void **state)

@@ -5,75 +5,22 @@
  * C++ build) in a child process and reads what it wrote.
  * Arguments: the log_child program, then its C++ build or "". */
 #include <signal.h>
-#include <spawn.h>
-#include <stdlib.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include "helpers.h"
-
-extern char **environ;
+#include "child_run.h"
 
 static const char *children[2];
-
-typedef struct child_run {
-    int status; /* exit status, or -signal */
-    char *out, *err;
-} child_run;
-
-static char *slurp(FILE *f)
-{
-    long n = ftell(f);
-    assert_true(n >= 0);
-    rewind(f);
-    char *buf = malloc((size_t)n + 1);
-    assert_non_null(buf);
-    assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
-    buf[n] = '\0';
-    fclose(f);
-    return buf;
-}
 
 /* Run `prog mode` with NDM_LOG_ERRORS removed from the environment, then set
  * to `log_errors` unless that is NULL. */
 static child_run run_child(const char *prog, const char *mode, const char *log_errors)
 {
-    size_t n = 0;
-    while (environ[n])
-        n++;
-    char **envp = calloc(n + 2, sizeof *envp);
-    assert_non_null(envp);
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++)
-        if (strncmp(environ[i], "NDM_LOG_ERRORS=", 15) != 0 &&
-            strncmp(environ[i], "NDM_LEAK_REPORT=", 16) != 0)
-            envp[k++] = environ[i];
     char setting[64];
-    if (log_errors) {
-        snprintf(setting, sizeof setting, "NDM_LOG_ERRORS=%s", log_errors);
-        envp[k++] = setting;
-    }
-    envp[k] = NULL;
-    FILE *fo = tmpfile(), *fe = tmpfile();
-    assert_non_null(fo);
-    assert_non_null(fe);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, fileno(fo), 1);
-    posix_spawn_file_actions_adddup2(&fa, fileno(fe), 2);
+    snprintf(setting, sizeof setting, "NDM_LOG_ERRORS=%s", log_errors ? log_errors : "");
+    const char *drop[] = {"NDM_LOG_ERRORS=", "NDM_LEAK_REPORT=", NULL};
+    const char *add[] = {log_errors ? setting : NULL, NULL};
     char *argv[] = {(char *)prog, (char *)mode, NULL};
-    pid_t pid;
-    int rc = posix_spawn(&pid, prog, &fa, NULL, argv, envp);
-    posix_spawn_file_actions_destroy(&fa);
-    free(envp);
-    if (rc != 0)
-        fail_msg("cannot run %s: %s", prog, strerror(rc));
-    int wst;
-    assert_int_equal(waitpid(pid, &wst, 0), pid);
-    fseek(fo, 0, SEEK_END);
-    fseek(fe, 0, SEEK_END);
-    child_run r = {WIFEXITED(wst) ? WEXITSTATUS(wst) : -WTERMSIG(wst), slurp(fo), slurp(fe)};
-    return r;
+    return child_run_of(argv, drop, add);
 }
 
 static void child_free(child_run *r)

@@ -11,7 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "helpers.h"
+#include "child_run.h"
 
 static const char *memviz, *data_dir, *chromium, *python;
 static char tmp_dir[64];
@@ -50,15 +50,7 @@ static char *read_all(const char *path)
 {
     FILE *f = fopen(path, "rb");
     assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    assert_non_null(buf);
-    assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
-    buf[n] = '\0';
-    fclose(f);
-    return buf;
+    return file_slurp(f);
 }
 
 static int count(const char *hay, const char *needle)

@@ -15,14 +15,7 @@
 
 #include <ndm/ndm.hpp>
 
-static int failures;
-#define EXPECT(cond)                                                                       \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
-            std::fprintf(stderr, "%s:%d: expected %s\n", __FILE__, __LINE__, #cond);      \
-            failures++;                                                                    \
-        }                                                                                  \
-    } while (0)
+#include "expect.h"
 
 static const ndm_device cpu = {NDM_DEVICE_CPU, 0};
 

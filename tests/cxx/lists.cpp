@@ -6,14 +6,7 @@
 
 #include <ndm/ndm.h>
 
-static int failures;
-#define EXPECT(cond)                                                                       \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
-            std::fprintf(stderr, "%s:%d: expected %s\n", __FILE__, __LINE__, #cond);      \
-            failures++;                                                                    \
-        }                                                                                  \
-    } while (0)
+#include "expect.h"
 
 static int calls;
 static int64_t dim(int64_t v)
