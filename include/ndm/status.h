@@ -147,7 +147,7 @@ NDM_API void ndm_log_stderr(ndm_log_level level, const char *msg, void *ud);
     ((__VA_ARGS__) ? (void)0 : ndm_check_failed_at(NDM_HERE, #__VA_ARGS__))
 /** What a false NDM_CHECK() calls: prints its line (see NDM_CHECK) for the
  *  given site and expression text, then abort(). Does not return. */
-NDM_NORETURN NDM_API void ndm_check_failed_at(NDM_SITE_PARAMS, const char *expr);
+NDM_API NDM_NORETURN void ndm_check_failed_at(NDM_SITE_PARAMS, const char *expr);
 
 #ifdef __cplusplus
 }

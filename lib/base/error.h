@@ -44,7 +44,7 @@ const char *ndm__site_str(ndm__site s, char *buf, size_t n);
 const char *ndm__entry_begin(const char *api);
 void ndm__entry_end(const char **saved);
 #define NDM__ENTRY(api)                                                         \
-    const char *ndm__entry_saved_ __attribute__((cleanup(ndm__entry_end))) =    \
+    const char *ndm__entry_saved_ __attribute__((cleanup(ndm__entry_end), unused)) = \
         ndm__entry_begin(api)
 
 #endif
