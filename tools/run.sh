@@ -336,9 +336,11 @@ test)
     # in the plain tree, since no sanitizer sees inside it.
     # The address+undefined tree is configured outside the source folder, as
     # packagers' and CI systems' builds are, so that nothing comes to depend on
-    # a build folder inside the tree: a fresh temporary folder, removed after
-    # (its test log is kept as build/meson-logs/testlog-san.txt on a failure).
-    san=$(mktemp -d "${TMPDIR:-/tmp}/ndm-san.XXXXXX")
+    # a build folder inside the tree: a fresh folder, removed after (its test
+    # log is kept as build/meson-logs/testlog-san.txt on a failure), named
+    # after this checkout's path so that ccache finds its objects again.
+    san="${TMPDIR:-/tmp}/ndm-san-$(printf '%s' "$PWD" | cksum | cut -d' ' -f1)"
+    rm -rf "$san"
     trap 'rm -rf "$san"' EXIT
     build "$san" -Db_sanitize=address,undefined -Db_lundef=false -Dbench=false -Dcuda=disabled
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
