@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "../base/error.h"
+#include "../base/text.h"
 #include "ndm/ndm.h"
 #include "ndm/nn.h"
 #include "nn.h"
@@ -111,20 +112,14 @@ static void shape_str(ndm_array a, char *buf, size_t cap)
         free(dims);
 }
 
-/* Append "'name'" to a growing list (", " between); false when out of memory. */
-static bool list_add(char **list, size_t *len, size_t *cap, const char *name)
+/* Append "'name'" to a list (", " between). */
+static void list_add(ndm__sbuf *list, const char *name)
 {
-    size_t need = *len + strlen(name) + 5;
-    if (need > *cap) {
-        size_t c = need > 2 * *cap ? need : 2 * *cap;
-        char *p = realloc(*list, c);
-        if (!p)
-            return false;
-        *list = p;
-        *cap = c;
-    }
-    *len += (size_t)sprintf(*list + *len, "%s'%s'", *len ? ", " : "", name);
-    return true;
+    if (list->len)
+        ndm__sbuf_puts(list, ", ");
+    ndm__sbuf_puts(list, "'");
+    ndm__sbuf_puts(list, name);
+    ndm__sbuf_puts(list, "'");
 }
 
 /* A lenient load that left names unmatched says which, every one of them:
@@ -133,26 +128,25 @@ static void warn_unmatched(const char *path, const ndm__site *site, const char *
                            const int64_t *found, int n, const ndm_named_arrays *set,
                            const bool *used, int loaded)
 {
-    char *kept = NULL, *unused = NULL, where[256];
-    size_t klen = 0, kcap = 0, ulen = 0, ucap = 0;
-    bool ok = true;
-    for (int i = 0; ok && i < n; i++)
+    ndm__sbuf kept = {0}, unused = {0};
+    char where[256];
+    for (int i = 0; i < n; i++)
         if (found[i] < 0)
-            ok = list_add(&kept, &klen, &kcap, names[i]);
-    for (size_t j = 0; ok && j < set->count; j++)
+            list_add(&kept, names[i]);
+    for (size_t j = 0; j < set->count; j++)
         if (!used[j])
-            ok = list_add(&unused, &ulen, &ucap, set->names[j]);
-    if (ok)
+            list_add(&unused, set->names[j]);
+    if (!kept.oom && !unused.oom)
         ndm__warn("ndm_module_load: '%s' (lenient): loaded %d of the module's %d tensors; "
                   "kept their values: %s; not in the module: %s (at %s)",
-                  path, loaded, n, klen ? kept : "none", ulen ? unused : "none",
+                  path, loaded, n, kept.len ? kept.p : "none", unused.len ? unused.p : "none",
                   ndm__site_str(*site, where, sizeof where));
     else
         ndm__warn("ndm_module_load: '%s' (lenient): loaded %d of the module's %d tensors "
                   "(no memory to list the others) (at %s)",
                   path, loaded, n, ndm__site_str(*site, where, sizeof where));
-    free(kept);
-    free(unused);
+    free(kept.p);
+    free(unused.p);
 }
 
 NDM_API int ndm_module_load_at(NDM_SITE_PARAMS, ndm_module m, const char *path, unsigned mode)
