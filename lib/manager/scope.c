@@ -92,7 +92,8 @@ NDM_API ndm_manager ndm_scope_begin_at(NDM_SITE_PARAMS, ndm_manager parent, cons
     if (!p)
         return NDM_NULL_MANAGER;
     parent = ndm__manager_resolved(parent, __func__, site);
-    ndm_manager s = ndm__manager_new_ex(site, __func__, parent, name ? name : "scope", p->device,
+    ndm_manager s = ndm__manager_new_ex(site, __func__, parent, name ? name : "scope",
+                                        ndm__manager_device_of(p),
                                         NDM__M_SCOPE);
     if (!s.id)
         return s;
