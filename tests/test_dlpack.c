@@ -78,6 +78,17 @@ static void test_dlpack_export_keeps_storage_and_shows_lent(void **state)
     if (!strstr(line_of(d, "src"), "lent 1") || !strstr(line_of(d, "detached"), "borrowed 1"))
         fail_msg("the export is not shown as a loan:\n%s", d);
     free(d);
+    /* why a is alive: the export, at the line that made it, lent by src */
+    char *w = NULL;
+    size_t wn = 0;
+    FILE *wf = open_memstream(&w, &wn);
+    assert_non_null(wf);
+    assert_ok(ndm_why_alive(a, wf));
+    fclose(wf);
+    if (!strstr(w, "f64[4], a DLPack export not yet deleted, in system/detached, made at tests/test_dlpack.c:75") ||
+        !strstr(w, "lent by system/test/src"))
+        fail_msg("the export is not named as what keeps the array:\n%s", w);
+    free(w);
     /* the source closes first: the consumer's view stays valid */
     assert_ok(ndm_manager_close(m));
     double *p = dl->dl_tensor.data;

@@ -122,6 +122,41 @@ NDM_API int64_t ndm_count_since(ndm_manager m, ndm_seq mark);
  *  This is what NDM_LEAK_REPORT=1 prints at exit. */
 NDM_API int64_t ndm_leak_report(FILE *f);
 
+/** Why is `a` alive: print its retention path to f. The managers that own it
+ *  (root first, each with the line that opened it, so a scope or request
+ *  never closed is named where it was opened); its storage, the manager
+ *  charged with it and, for a slice or view, how many bytes it pins beyond
+ *  its own elements; and every other view that keeps the storage alive,
+ *  each with its manager, creation line and role: the array that made the
+ *  storage (a slice keeps its base's bytes), an alias in another manager, a
+ *  value an autograd graph saved (in a manager named "graph"), a DLPack
+ *  export not yet deleted (lent by its manager), a borrowed view (and the
+ *  manager it goes back to). For example:
+ *    why alive: f32[10], made at app.c:9 (main)
+ *      owned by system/stats
+ *        'system'
+ *          'stats' opened at app.c:5 (main)
+ *      storage: 4.0 MiB, charged to system/batch; this array's elements are
+ *      40 bytes, so it pins 4.0 MiB more
+ *      1 other view holds the storage (it lives until every one is released):
+ *        f32[1024,1024], the array that made the storage, in system/batch, made at app.c:7 (main)
+ *  Returns NDM_OK. Owner: nothing is made; the text goes to the caller's f.
+ *  Errors: NDM_E_INVALID for a NULL f or a forged handle, NDM_E_CLOSED for a
+ *  released array, NDM_E_NULL for a null handle, NDM_E_OOM when the list of
+ *  views cannot be copied. */
+#define ndm_why_alive(a, f) ndm_why_alive_at(NDM_HERE, (a), (f))
+/** ndm_why_alive() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API NDM_NODISCARD ndm_status ndm_why_alive_at(NDM_SITE_PARAMS, ndm_array a, FILE *f);
+/** ndm_why_alive() as one JSON object and a newline:
+ *  {"array":VIEW,"owners":[..],"storage":{"bytes":..,"wrapped":bool,"charged":..,
+ *   "pinned_beyond_elements":..},"held_by":[VIEW,..]} where VIEW is
+ *  {"array":"f32[10]","manager":path,"made":{"file":..,"func":..,"line":..},
+ *   "element_bytes":..,"role":"self"|"home"|"view"|"autograd"|"dlpack_export"|"borrowed",
+ *   "lender":path|null}. Returns, owner and errors as for ndm_why_alive(). */
+#define ndm_why_alive_json(a, f) ndm_why_alive_json_at(NDM_HERE, (a), (f))
+/** ndm_why_alive_json() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API NDM_NODISCARD ndm_status ndm_why_alive_json_at(NDM_SITE_PARAMS, ndm_array a, FILE *f);
+
 #ifdef __cplusplus
 }
 #endif

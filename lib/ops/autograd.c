@@ -271,8 +271,6 @@ bool ndm__ag_paused(void)
     return ndm__ag_tls.pause != 0;
 }
 
-static const ndm__site record_site = {__FILE__, "autograd", __LINE__};
-
 void ndm__ag_record(ndm__ag_op op, ndm_array out, int n, const ndm_array *in,
                     const ndm__ag_params *p)
 {
@@ -297,6 +295,9 @@ void ndm__ag_record(ndm__ag_op op, ndm_array out, int n, const ndm_array *in,
         g->failed = true;
         return;
     }
+    /* The views the graph keeps carry the line of the operation that made
+     * `out` (the user's), so a dump or ndm_why_alive names what saved them. */
+    ndm__site record_site = ndm__array_site(ro);
     nd->op = op;
     nd->n = n;
     nd->order = ++g->next_order;

@@ -1,0 +1,287 @@
+/* "Why is this array alive?": its retention path. The managers that own it,
+ * root first, each with the line that opened it; its storage and how many
+ * bytes the array pins beyond its own elements; every other view that keeps
+ * that storage alive (a slice's base, an alias in another manager, a value
+ * an autograd graph saved, a DLPack export not yet deleted), each with its
+ * manager and creation line; and a loan (the manager it returns to). What is
+ * read is copied under the locks (tree, then the array's manager, then the
+ * storage's, the order of moves) and printed after. */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../base/text.h"
+#include "core.h"
+
+#define WHY_PATH 512
+
+/* One view of the storage, as it was when read. */
+typedef struct why_view {
+    char desc[96];
+    char path[WHY_PATH];
+    char mgr_name[NDM__NAME_MAX];
+    ndm__site made;
+    int64_t elem_bytes;   /* bytes of its own elements */
+    char lender[WHY_PATH]; /* "" unless borrowed */
+    bool is_self, is_home, exported;
+} why_view;
+
+typedef struct why {
+    why_view self;
+    char owners[16][WHY_PATH]; /* the owner chain: names and opening sites */
+    int nowners;
+    int64_t storage_bytes;
+    bool wrapped;              /* a buffer ndm did not allocate */
+    char charged[WHY_PATH];
+    why_view *views;           /* the other views, newest first */
+    size_t nviews, views_total;
+} why;
+
+/* Bytes of r's own elements (its extent in the storage). */
+static int64_t elem_bytes(const ndm__array *r)
+{
+    return ndm__numel(r->ndim, r->shape) * (int64_t)ndm__dtype_bytes[r->dtype];
+}
+
+/* Tree lock held. */
+static void read_view(why_view *v, ndm__array *r, const ndm__array *self, const ndm__array *home)
+{
+    ndm__array_desc(r, v->desc, sizeof v->desc);
+    ndm__manager *m = ndm__manager_rec(r->mgr);
+    ndm__manager_path_locked(r->mgr, v->path, sizeof v->path);
+    snprintf(v->mgr_name, sizeof v->mgr_name, "%s", m->name);
+    v->made = ndm__array_site(r);
+    v->elem_bytes = elem_bytes(r);
+    v->is_self = r == self;
+    v->is_home = r == home;
+    v->exported = r->mgr == ndm__detached_slot && r->lender;
+    v->lender[0] = 0;
+    if (r->lender)
+        ndm__manager_path_locked(r->lender, v->lender, sizeof v->lender);
+}
+
+/* Tree lock held; owner chain of manager slot `slot`, root first. */
+static void read_owners(why *w, uint32_t slot)
+{
+    uint32_t chain[16];
+    int n = 0;
+    for (uint32_t s = slot; s && n < 16; s = ndm__manager_rec(s)->parent)
+        chain[n++] = s;
+    w->nowners = n;
+    for (int i = 0; i < n; i++) {
+        ndm__manager *m = ndm__manager_rec(chain[n - 1 - i]);
+        /* (the built-in nodes were opened by ndm itself) */
+        if (m->site.file && !(atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_BUILTIN))
+            snprintf(w->owners[i], WHY_PATH, "'%s' opened at %s:%d (%s)", m->name, m->site.file,
+                     m->site.line, m->site.func ? m->site.func : "?");
+        else
+            snprintf(w->owners[i], WHY_PATH, "'%s'", m->name);
+    }
+}
+
+/* Copy r's retention path into w (NDM_E_OOM when the view list cannot be
+ * copied); the tree lock is taken here. */
+static ndm_status why_read(ndm__array *r, uint32_t gen, why *w, const char *api, ndm__site site)
+{
+    memset(w, 0, sizeof *w);
+    ndm__tree_lock();
+    ndm__manager *m;
+    for (;;) {
+        m = ndm__manager_rec(ndm__array_mgr_unlocked(r));
+        ndm__mlock_take(m);
+        if (atomic_load_explicit(&r->gen, memory_order_relaxed) != gen ||
+            !atomic_load_explicit(&r->live, memory_order_relaxed)) {
+            ndm__mlock_drop(m);
+            ndm__tree_unlock();
+            return ndm__fail(NDM_E_CLOSED, api, site, "the array was released meanwhile");
+        }
+        if (r->mgr == m->self)
+            break;
+        ndm__mlock_drop(m); /* moved meanwhile */
+    }
+    /* (r cannot die while its manager's lock is held, so neither can its storage) */
+    ndm__storage *s = r->storage;
+    ndm__array *home = ndm__storage_home(s);
+    read_view(&w->self, r, r, home);
+    read_owners(w, r->mgr);
+    w->storage_bytes = (int64_t)s->nbytes;
+    w->wrapped = s->cookie == NULL;
+    ndm__manager_path_locked(s->charged, w->charged, sizeof w->charged);
+    ndm_status st = NDM_OK;
+    unsigned refs = atomic_load_explicit(&s->refs, memory_order_acquire) & NDM__REFS_COUNT;
+    if (refs > 1) {
+        ndm__storage_cold *c = ndm__storage_cold_of(s);
+        ndm__lock_take(&c->lock);
+        size_t cap = (atomic_load_explicit(&s->refs, memory_order_relaxed) & NDM__REFS_COUNT);
+        w->views = calloc(cap, sizeof *w->views);
+        if (!w->views) {
+            st = ndm__fail(NDM_E_OOM, api, site, "no memory to list %zu views", cap);
+        } else {
+            for (uint32_t v = c->first_view; v && w->nviews < cap; v = ndm__array_rec(v)->sv_next) {
+                ndm__array *vr = ndm__array_rec(v);
+                w->views_total++;
+                if (vr != r)
+                    read_view(&w->views[w->nviews++], vr, r, home);
+            }
+        }
+        ndm__lock_drop(&c->lock);
+    }
+    ndm__mlock_drop(m);
+    ndm__tree_unlock();
+    return st;
+}
+
+static const char *fmt_bytes(int64_t n, char *buf, size_t len)
+{
+    if (n < 10 * 1024)
+        snprintf(buf, len, "%" PRId64 " bytes", n);
+    else if (n < 1024 * 1024)
+        snprintf(buf, len, "%.1f KiB", (double)n / 1024.0);
+    else
+        snprintf(buf, len, "%.1f MiB", (double)n / (1024.0 * 1024.0));
+    return buf;
+}
+
+/* What a view is, in words, for the text form. */
+static const char *view_role(const why_view *v)
+{
+    if (v->exported)
+        return "a DLPack export not yet deleted";
+    if (strcmp(v->mgr_name, "graph") == 0)
+        return "saved by an autograd graph";
+    if (v->is_home)
+        return "the array that made the storage";
+    if (v->lender[0])
+        return "a borrowed view";
+    return "a view";
+}
+
+static void print_site(FILE *f, ndm__site s)
+{
+    if (s.file)
+        fprintf(f, "%s:%d (%s)", s.file, s.line, s.func ? s.func : "?");
+    else
+        fputs("an unknown line", f);
+}
+
+static void why_print(FILE *f, const why *w)
+{
+    char b1[32], b2[32];
+    fprintf(f, "why alive: %s, made at ", w->self.desc);
+    print_site(f, w->self.made);
+    fprintf(f, "\n  owned by %s", w->self.path);
+    if (w->self.lender[0])
+        fprintf(f, " (borrowed: it goes back to %s when that manager closes)", w->self.lender);
+    fputc('\n', f);
+    for (int i = 0; i < w->nowners; i++)
+        fprintf(f, "    %*s%s\n", 2 * i, "", w->owners[i]);
+    fprintf(f, "  storage: %s%s, charged to %s", fmt_bytes(w->storage_bytes, b1, sizeof b1),
+            w->wrapped ? " (a wrapped buffer)" : "", w->charged);
+    if (w->storage_bytes > w->self.elem_bytes)
+        fprintf(f, "; this array's elements are %s, so it pins %s more",
+                fmt_bytes(w->self.elem_bytes, b1, sizeof b1),
+                fmt_bytes(w->storage_bytes - w->self.elem_bytes, b2, sizeof b2));
+    fputc('\n', f);
+    if (!w->nviews) {
+        fputs("  no other view holds the storage: releasing this array frees it\n", f);
+        return;
+    }
+    fprintf(f, "  %zu other view%s hold%s the storage (it lives until every one is released):\n",
+            w->nviews, w->nviews == 1 ? "" : "s", w->nviews == 1 ? "s" : "");
+    for (size_t i = 0; i < w->nviews; i++) {
+        const why_view *v = &w->views[i];
+        fprintf(f, "    %s, %s, in %s, made at ", v->desc, view_role(v), v->path);
+        print_site(f, v->made);
+        if (v->exported)
+            fprintf(f, ", lent by %s", v->lender);
+        else if (v->lender[0])
+            fprintf(f, ", borrowed from %s", v->lender);
+        fputc('\n', f);
+    }
+}
+
+static void json_site(FILE *f, ndm__site s)
+{
+    fputs("{\"file\":", f);
+    ndm__json_write_str(f, s.file ? s.file : "");
+    fputs(",\"func\":", f);
+    ndm__json_write_str(f, s.func ? s.func : "");
+    fprintf(f, ",\"line\":%d}", s.line);
+}
+
+static void json_view(FILE *f, const why_view *v)
+{
+    fputs("{\"array\":", f);
+    ndm__json_write_str(f, v->desc);
+    fputs(",\"manager\":", f);
+    ndm__json_write_str(f, v->path);
+    fputs(",\"made\":", f);
+    json_site(f, v->made);
+    fprintf(f, ",\"element_bytes\":%" PRId64 ",\"role\":", v->elem_bytes);
+    const char *role = v->is_self        ? "self"
+                       : v->exported     ? "dlpack_export"
+                       : strcmp(v->mgr_name, "graph") == 0 ? "autograd"
+                       : v->is_home      ? "home"
+                       : v->lender[0]    ? "borrowed"
+                                         : "view";
+    ndm__json_write_str(f, role);
+    fputs(",\"lender\":", f);
+    if (v->lender[0])
+        ndm__json_write_str(f, v->lender);
+    else
+        fputs("null", f);
+    fputc('}', f);
+}
+
+static void why_json(FILE *f, const why *w)
+{
+    fputs("{\"array\":", f);
+    json_view(f, &w->self);
+    fputs(",\"owners\":[", f);
+    for (int i = 0; i < w->nowners; i++) {
+        if (i)
+            fputc(',', f);
+        ndm__json_write_str(f, w->owners[i]);
+    }
+    fprintf(f, "],\"storage\":{\"bytes\":%" PRId64 ",\"wrapped\":%s,\"charged\":", w->storage_bytes,
+            w->wrapped ? "true" : "false");
+    ndm__json_write_str(f, w->charged);
+    int64_t pinned = w->storage_bytes > w->self.elem_bytes ? w->storage_bytes - w->self.elem_bytes : 0;
+    fprintf(f, ",\"pinned_beyond_elements\":%" PRId64 "},\"held_by\":[", pinned);
+    for (size_t i = 0; i < w->nviews; i++) {
+        if (i)
+            fputc(',', f);
+        json_view(f, &w->views[i]);
+    }
+    fputs("]}\n", f);
+}
+
+static ndm_status why_alive(ndm__site site, const char *api, ndm_array a, FILE *f, bool json)
+{
+    ndm__array *r = ndm__array_get(a, api, site);
+    if (!r)
+        return ndm_last_status();
+    if (!f)
+        return ndm__fail(NDM_E_INVALID, api, site, "FILE is NULL");
+    why w;
+    ndm_status st = why_read(r, (uint32_t)(a.id >> 32), &w, api, site);
+    if (st == NDM_OK) {
+        if (json)
+            why_json(f, &w);
+        else
+            why_print(f, &w);
+        fflush(f);
+    }
+    free(w.views);
+    return st;
+}
+
+NDM_API ndm_status ndm_why_alive_at(NDM_SITE_PARAMS, ndm_array a, FILE *f)
+{
+    return why_alive(NDM__SITE, "ndm_why_alive", a, f, false);
+}
+
+NDM_API ndm_status ndm_why_alive_json_at(NDM_SITE_PARAMS, ndm_array a, FILE *f)
+{
+    return why_alive(NDM__SITE, "ndm_why_alive_json", a, f, true);
+}
