@@ -157,6 +157,68 @@ NDM_API NDM_NODISCARD ndm_status ndm_why_alive_at(NDM_SITE_PARAMS, ndm_array a, 
 /** ndm_why_alive_json() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_why_alive_json_at(NDM_SITE_PARAMS, ndm_array a, FILE *f);
 
+/** A growth tracker: it samples a manager's subtree once per step and tells a
+ *  leak from a cache warming up. A handle, generational like arrays: the
+ *  tracker belongs to a manager and dies with it (or with ndm_growth_free). */
+typedef struct ndm_growth {
+    uint64_t id; /**< Slot and generation; 0 is the null tracker. Opaque. */
+} ndm_growth;
+
+/** Start tracking `watched`'s subtree; the tracker belongs to `owner` (the
+ *  model, or a manager of its own, so that it outlives the batches it
+ *  watches; the built-in nodes own nothing: NDM_E_INVALID).
+ *  Call ndm_growth_step() once per step (after the step's batch closed) and
+ *  ndm_growth_report() when you want the classes.
+ *  Returns the tracker. Owner: `owner` (it dies with it). Errors: a null
+ *  handle with NDM_E_CLOSED / NDM_E_INVALID for a stale or forged manager,
+ *  NDM_E_OOM without memory. */
+#define ndm_growth_new(owner, watched) ndm_growth_new_at(NDM_HERE, (owner), (watched))
+/** ndm_growth_new() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_growth ndm_growth_new_at(NDM_SITE_PARAMS, ndm_manager owner, ndm_manager watched);
+/** Take one step's sample: per creation site, the live arrays of the subtree
+ *  and their bytes; per opening site (and name), its live managers and
+ *  their bytes. It walks every live array of the subtree (a debugging tool:
+ *  time grows with the arrays alive). The last 32 steps are kept.
+ *  Returns NDM_OK. Owner: the samples stay in the tracker. Errors:
+ *  NDM_E_CLOSED when the tracker or the watched manager is gone,
+ *  NDM_E_INVALID for a forged tracker. */
+#define ndm_growth_step(g) ndm_growth_step_at(NDM_HERE, (g))
+/** ndm_growth_step() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API NDM_NODISCARD ndm_status ndm_growth_step_at(NDM_SITE_PARAMS, ndm_growth g);
+/** Print each site still alive with its class over the newer half of the
+ *  kept steps, leaks first:
+ *    ndm growth: 12 steps of system/model, 3 sites alive, 1 growing (classes over the last 12 steps)
+ *      leak     +1.00 array/step, +4096 bytes/step: 12 arrays, 49152 bytes, created at train.c:40 (main) in system/model
+ *      cache    grew, then stopped: 8 arrays, 32768 bytes, created at cache.c:10 (get) in system/model/cache
+ *      steady   2 arrays, 1024 bytes, created at model.c:5 (build) in system/model
+ *  Classes: leak (more alive at the end of the window than at its middle:
+ *  it grows; the slope is per step), cache (grew, then stayed flat over the
+ *  newer half), periodic (up and down, no net growth), steady (the same
+ *  count at every kept step), too few steps (fewer than 3). A site with
+ *  nothing alive at the last step is left out (released). A manager opened
+ *  every step and never closed reads as a leak at the line that opened it.
+ *  Returns NDM_OK. Owner: the text goes to the caller's f. Errors:
+ *  NDM_E_INVALID for a NULL f or a forged tracker, NDM_E_CLOSED for a freed
+ *  one. */
+#define ndm_growth_report(g, f) ndm_growth_report_at(NDM_HERE, (g), (f))
+/** ndm_growth_report() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API NDM_NODISCARD ndm_status ndm_growth_report_at(NDM_SITE_PARAMS, ndm_growth g, FILE *f);
+/** How many sites ndm_growth_report() would call a leak now.
+ *  Returns that count (0 for a clean run), or a negative status. Owner:
+ *  nothing is made. Errors: as for ndm_growth_step(). */
+#define ndm_growth_leaks(g) ndm_growth_leaks_at(NDM_HERE, (g))
+/** ndm_growth_leaks() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API int64_t ndm_growth_leaks_at(NDM_SITE_PARAMS, ndm_growth g);
+/** Is this a live tracker? Returns true or false. Owner: nothing is made.
+ *  Errors: none (false for null, stale and forged handles). */
+NDM_API bool ndm_growth_valid(ndm_growth g);
+/** Free the tracker now (else its owner's close does).
+ *  Returns NDM_OK, or NDM_ALREADY when it was freed already. Owner: nothing
+ *  remains. Errors: NDM_E_INVALID for a forged handle, NDM_E_NULL for null. */
+#define ndm_growth_free(g) ndm_growth_free_at(NDM_HERE, (g))
+/** ndm_growth_free() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API NDM_NODISCARD ndm_status ndm_growth_free_at(NDM_SITE_PARAMS, ndm_growth g);
+
 #ifdef __cplusplus
 }
 #endif

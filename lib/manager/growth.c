@@ -1,0 +1,351 @@
+/* Growth classes: a tracker samples a subtree once per step (live arrays
+ * and bytes per creation site, live managers per opening site) and tells a
+ * leak (still growing) from a cache warming up (grew, then stopped), a
+ * periodic pattern (up and down, no net growth), a steady holding and
+ * something released. The samples of the last GROWTH_WINDOW steps are kept
+ * per site; the classes read the newer half of that window. */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core.h"
+#include "object.h"
+#include "reclaim.h"
+
+#define GROWTH_WINDOW 32
+
+typedef struct gsite {
+    ndm__site site;
+    bool manager;              /* a manager's opening site (else an array's creation site) */
+    char name[NDM__NAME_MAX];  /* the manager's name, for a manager site */
+    uint32_t where;            /* the manager that held the newest one seen (its parent, for a manager site) */
+    uint64_t seen;             /* the step it was last sampled in */
+    int64_t count[GROWTH_WINDOW], bytes[GROWTH_WINDOW]; /* by step, modulo the window */
+} gsite;
+
+typedef struct growth {
+    pthread_mutex_t lock;
+    ndm_manager watched;
+    gsite *sites;
+    size_t n, cap;
+    uint64_t steps;
+    bool oom;                  /* a site could not be added at some step */
+} growth;
+
+static void growth_destroy(void *p)
+{
+    growth *g = p;
+    pthread_mutex_destroy(&g->lock);
+    free(g->sites);
+    free(g);
+}
+
+static const ndm__object_type growth_type = {
+    .name = "growth tracker",
+    .ended = "freed",
+    .destroy = growth_destroy,
+    .later = true,
+};
+
+static bool same_site(ndm__site a, ndm__site b)
+{
+    return a.line == b.line && (a.file == b.file || (a.file && b.file && !strcmp(a.file, b.file))) &&
+           (a.func == b.func || (a.func && b.func && !strcmp(a.func, b.func)));
+}
+
+/* The site's record, made (zeroed: not seen before) when new; NULL without memory. */
+static gsite *site_of(growth *g, ndm__site s, bool manager, const char *name)
+{
+    for (size_t i = 0; i < g->n; i++)
+        if (g->sites[i].manager == manager && same_site(g->sites[i].site, s) &&
+            (!manager || !strcmp(g->sites[i].name, name)))
+            return &g->sites[i];
+    if (g->n == g->cap) {
+        size_t cap = g->cap ? 2 * g->cap : 16;
+        gsite *p = realloc(g->sites, cap * sizeof *p);
+        if (!p) {
+            g->oom = true;
+            return NULL;
+        }
+        g->sites = p;
+        g->cap = cap;
+    }
+    gsite *e = &g->sites[g->n++];
+    memset(e, 0, sizeof *e);
+    e->site = s;
+    e->manager = manager;
+    if (manager)
+        snprintf(e->name, sizeof e->name, "%s", name);
+    return e;
+}
+
+/* Add one to the site's sample of this step (the slot was cleared when the
+ * step began, or is cleared here for a site first seen now). */
+static void count(growth *g, gsite *e, uint32_t where, int64_t bytes)
+{
+    size_t k = (size_t)(g->steps % GROWTH_WINDOW);
+    if (e->seen != g->steps + 1) {
+        e->seen = g->steps + 1;
+        e->count[k] = e->bytes[k] = 0;
+    }
+    e->count[k]++;
+    e->bytes[k] += bytes;
+    e->where = where;
+}
+
+/* Sample m's subtree (tree lock held; each manager's lock while its list is read). */
+static void sample(growth *g, ndm__manager *m, bool top)
+{
+    if (!top && !(atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_BUILTIN)) {
+        gsite *e = site_of(g, m->site, true, m->name);
+        if (e) {
+            ndm__mlock_take(m);
+            int64_t b = m->count[m->dev].bytes;
+            ndm__mlock_drop(m);
+            count(g, e, m->parent, b);
+        }
+    }
+    ndm__mlock_take(m);
+    for (uint32_t i = 0; i < m->narrays; i++) {
+        if (!m->arrays[i])
+            continue;
+        ndm__array *r = ndm__array_rec(m->arrays[i]);
+        gsite *e = site_of(g, ndm__array_site(r), false, NULL);
+        if (e)
+            count(g, e, m->self,
+                  ndm__numel(r->ndim, r->shape) * (int64_t)ndm__dtype_bytes[r->dtype]);
+    }
+    ndm__mlock_drop(m);
+    for (uint32_t c = m->first_child; c; c = ndm__manager_slot(c)->sib_next)
+        sample(g, ndm__manager_slot(c), false);
+}
+
+typedef enum gclass { G_LEAK, G_CACHE, G_PERIODIC, G_STEADY, G_RELEASED, G_FEW } gclass;
+
+static const char *class_name[] = {"leak", "cache", "periodic", "steady", "released", "too few steps"};
+
+/* The samples of the window, oldest first, in cnt/byt[0..w): every slot of
+ * a step in the window was written at that step (by count, or cleared by
+ * close_step), or never, for a step before the site was first seen (zero
+ * from its making). */
+static int window(const growth *g, const gsite *e, int64_t *cnt, int64_t *byt)
+{
+    int w = g->steps < GROWTH_WINDOW ? (int)g->steps : GROWTH_WINDOW;
+    for (int i = 0; i < w; i++) {
+        size_t k = (size_t)((g->steps - (uint64_t)w + (uint64_t)i) % GROWTH_WINDOW);
+        cnt[i] = e->count[k];
+        byt[i] = e->bytes[k];
+    }
+    return w;
+}
+
+/* The class of a site and its slope per step over the newer half (arrays
+ * or managers, and bytes). */
+static gclass classify(const growth *g, const gsite *e, double *slope_n, double *slope_b)
+{
+    int64_t c[GROWTH_WINDOW], b[GROWTH_WINDOW];
+    int w = window(g, e, c, b);
+    *slope_n = *slope_b = 0;
+    if (w == 0 || c[w - 1] == 0)
+        return G_RELEASED;
+    if (w < 3)
+        return G_FEW;
+    int t = w / 2; /* the newer half of the w - 1 changes (rounded up) */
+    int from = w - 1 - t;
+    int64_t net = c[w - 1] - c[from];
+    *slope_n = (double)net / t;
+    *slope_b = (double)(b[w - 1] - b[from]) / t;
+    if (net > 0)
+        return G_LEAK;
+    bool flat_all = true, flat_tail = true, grew = false;
+    for (int i = 1; i < w; i++) {
+        int64_t d = c[i] - c[i - 1];
+        if (d)
+            flat_all = false;
+        if (d && i > from)
+            flat_tail = false;
+        if (d > 0 && i <= from)
+            grew = true;
+    }
+    if (flat_all)
+        return G_STEADY;
+    if (flat_tail && grew)
+        return G_CACHE;
+    return G_PERIODIC;
+}
+
+/* The step's sample is done: a site not seen in it holds 0 for it. */
+static void close_step(growth *g)
+{
+    size_t k = (size_t)(g->steps % GROWTH_WINDOW);
+    for (size_t i = 0; i < g->n; i++)
+        if (g->sites[i].seen != g->steps + 1)
+            g->sites[i].count[k] = g->sites[i].bytes[k] = 0;
+    g->steps++;
+}
+
+NDM_API ndm_growth ndm_growth_new_at(NDM_SITE_PARAMS, ndm_manager owner, ndm_manager watched)
+{
+    ndm__site site = NDM__SITE;
+    const char *api = "ndm_growth_new";
+    NDM__ENTRY(api); /* (registering with the owner's close names this call) */
+    if (!ndm__manager_get(owner, api, site) || !ndm__manager_get(watched, api, site))
+        return (ndm_growth){0};
+    growth *g = calloc(1, sizeof *g);
+    if (!g) {
+        ndm__fail(NDM_E_OOM, api, site, "no memory for a growth tracker");
+        return (ndm_growth){0};
+    }
+    pthread_mutex_init(&g->lock, NULL);
+    g->watched = watched;
+    uint64_t id = ndm__object_new(&growth_type, owner, g, site, api);
+    if (!id)
+        growth_destroy(g);
+    return (ndm_growth){id};
+}
+
+NDM_API ndm_status ndm_growth_step_at(NDM_SITE_PARAMS, ndm_growth h)
+{
+    ndm__site site = NDM__SITE;
+    const char *api = "ndm_growth_step";
+    NDM__OP_GUARD();
+    growth *g = ndm__object_get(h.id, &growth_type, api, site);
+    if (!g)
+        return ndm_last_status();
+    pthread_mutex_lock(&g->lock);
+    ndm__manager *m = ndm__manager_get(g->watched, api, site);
+    ndm_status st = m ? NDM_OK : ndm_last_status();
+    if (m) {
+        ndm__tree_lock();
+        sample(g, m, true);
+        ndm__tree_unlock();
+        close_step(g);
+    }
+    pthread_mutex_unlock(&g->lock);
+    return st;
+}
+
+typedef struct gline {
+    const gsite *e;
+    gclass cls;
+    double sn, sb;
+} gline;
+
+static int by_class(const void *a, const void *b)
+{
+    const gline *x = a, *y = b;
+    if (x->cls != y->cls)
+        return x->cls < y->cls ? -1 : 1;
+    if (x->sb != y->sb)
+        return x->sb < y->sb ? 1 : -1;
+    return x->e->site.line - y->e->site.line;
+}
+
+/* The classified sites (released ones left out) sorted leak first, in *out. */
+static size_t lines_of(const growth *g, gline **out, bool *oom)
+{
+    gline *l = calloc(g->n ? g->n : 1, sizeof *l);
+    size_t n = 0;
+    if (!l) {
+        *oom = true;
+        *out = NULL;
+        return 0;
+    }
+    for (size_t i = 0; i < g->n; i++) {
+        gline x = {&g->sites[i], G_RELEASED, 0, 0};
+        x.cls = classify(g, &g->sites[i], &x.sn, &x.sb);
+        if (x.cls != G_RELEASED)
+            l[n++] = x;
+    }
+    qsort(l, n, sizeof *l, by_class);
+    *out = l;
+    return n;
+}
+
+NDM_API int64_t ndm_growth_leaks_at(NDM_SITE_PARAMS, ndm_growth h)
+{
+    ndm__site site = NDM__SITE;
+    NDM__OP_GUARD();
+    growth *g = ndm__object_get(h.id, &growth_type, "ndm_growth_leaks", site);
+    if (!g)
+        return ndm_last_status();
+    pthread_mutex_lock(&g->lock);
+    int64_t leaks = 0;
+    for (size_t i = 0; i < g->n; i++) {
+        double sn, sb;
+        leaks += classify(g, &g->sites[i], &sn, &sb) == G_LEAK;
+    }
+    pthread_mutex_unlock(&g->lock);
+    return leaks;
+}
+
+NDM_API ndm_status ndm_growth_report_at(NDM_SITE_PARAMS, ndm_growth h, FILE *f)
+{
+    ndm__site site = NDM__SITE;
+    const char *api = "ndm_growth_report";
+    NDM__OP_GUARD();
+    growth *g = ndm__object_get(h.id, &growth_type, api, site);
+    if (!g)
+        return ndm_last_status();
+    if (!f)
+        return ndm__fail(NDM_E_INVALID, api, site, "FILE is NULL");
+    pthread_mutex_lock(&g->lock);
+    bool oom = g->oom;
+    gline *l;
+    size_t n = lines_of(g, &l, &oom);
+    char path[1024], where[1024], sitebuf[256];
+    ndm__tree_lock();
+    ndm__manager *m = ndm__manager_get(g->watched, api, site);
+    if (m)
+        ndm__manager_path_locked(m->self, path, sizeof path);
+    else
+        snprintf(path, sizeof path, "a closed manager");
+    size_t leaks = 0;
+    for (size_t i = 0; i < n; i++)
+        leaks += l[i].cls == G_LEAK;
+    fprintf(f,
+            "ndm growth: %" PRIu64 " step%s of %s, %zu site%s alive, %zu growing "
+            "(classes over the last %d steps)\n",
+            g->steps, g->steps == 1 ? "" : "s", path, n, n == 1 ? "" : "s", leaks,
+            g->steps < GROWTH_WINDOW ? (int)g->steps : GROWTH_WINDOW);
+    for (size_t i = 0; i < n; i++) {
+        const gsite *e = l[i].e;
+        int64_t c[GROWTH_WINDOW], b[GROWTH_WINDOW];
+        int w = window(g, e, c, b);
+        ndm__manager_path_locked(e->where, where, sizeof where);
+        ndm__site_str(e->site, sitebuf, sizeof sitebuf);
+        const char *unit = e->manager ? "manager" : "array";
+        fprintf(f, "  %-8s ", class_name[l[i].cls]);
+        if (l[i].cls == G_LEAK)
+            fprintf(f, "+%.2f %s%s/step, %+.0f bytes/step: ", l[i].sn, unit,
+                    l[i].sn == 1.0 ? "" : "s", l[i].sb);
+        else if (l[i].cls == G_CACHE)
+            fputs("grew, then stopped: ", f);
+        else if (l[i].cls == G_PERIODIC)
+            fputs("up and down, no net growth: ", f);
+        if (e->manager)
+            fprintf(f, "%" PRId64 " manager%s '%s', %" PRId64 " bytes, opened at %s under %s\n",
+                    c[w - 1], c[w - 1] == 1 ? "" : "s", e->name, b[w - 1], sitebuf, where);
+        else
+            fprintf(f, "%" PRId64 " array%s, %" PRId64 " bytes, created at %s in %s\n", c[w - 1],
+                    c[w - 1] == 1 ? "" : "s", b[w - 1], sitebuf, where);
+    }
+    ndm__tree_unlock();
+    if (oom)
+        fputs("  (some sites were not tracked: out of memory)\n", f);
+    pthread_mutex_unlock(&g->lock);
+    free(l);
+    fflush(f);
+    return NDM_OK;
+}
+
+NDM_API bool ndm_growth_valid(ndm_growth h)
+{
+    return ndm__object_valid(h.id, &growth_type);
+}
+
+NDM_API ndm_status ndm_growth_free_at(NDM_SITE_PARAMS, ndm_growth h)
+{
+    return ndm__object_free(h.id, &growth_type, "ndm_growth_free", NDM__SITE);
+}
