@@ -296,7 +296,8 @@ NDM_API ndm_status ndm_growth_report_at(NDM_SITE_PARAMS, ndm_growth h, FILE *f)
     size_t n = lines_of(g, &l, &oom);
     char path[1024], where[1024], sitebuf[256];
     ndm__tree_lock();
-    ndm__manager *m = ndm__manager_get(g->watched, api, site);
+    /* (quiet: a failed lookup's message would take the tree lock again) */
+    ndm__manager *m = ndm__manager_peek(g->watched);
     if (m)
         ndm__manager_path_locked(m->self, path, sizeof path);
     else
