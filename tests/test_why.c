@@ -209,6 +209,46 @@ static void test_why_alive_races_with_views_dying(void **state)
     assert_manager_empty(ROOT(state));
 }
 
+/* The log's warnings, kept for the test below. */
+static char warned[2048];
+static void keep_warnings(ndm_log_level level, const char *msg, void *ud)
+{
+    (void)ud;
+    if (level == NDM_LOG_WARN)
+        snprintf(warned, sizeof warned, "%s", msg);
+}
+
+static void test_a_second_release_is_logged_with_both_lines(void **state)
+{
+    ndm_set_log_fn(keep_warnings, NULL);
+    warned[0] = 0;
+    int l_made = __LINE__ + 1;
+    ndm_array a = ndm_zeros(ROOT(state), NDM_F32, NDM_SHAPE(5));
+    int l_first = __LINE__ + 1;
+    assert_ok(ndm_array_release(a));
+    assert_true(warned[0] == 0);
+    int l_again = __LINE__ + 1;
+    assert_status(ndm_array_release(a), NDM_ALREADY);
+    ndm_set_log_fn(NULL, NULL);
+    assert_has(warned, "ndm_array_release: released twice: array f32[5] created at ");
+    assert_has(warned, here(l_made));
+    assert_has(warned, "was released at ");
+    assert_has(warned, here(l_first));
+    assert_has(warned, "; again at ");
+    assert_has(warned, here(l_again));
+    /* released by its manager's close first: a later release is an owner's
+     * ordinary cleanup (C++ owners do it), not logged */
+    ndm_set_log_fn(keep_warnings, NULL);
+    warned[0] = 0;
+    ndm_manager m = ndm_manager_new(ROOT(state), "batch");
+    ndm_array b = ndm_zeros(m, NDM_F32, NDM_SHAPE(5));
+    assert_ok(ndm_manager_close(m));
+    assert_status(ndm_array_release(b), NDM_ALREADY);
+    ndm_set_log_fn(NULL, NULL);
+    assert_true(warned[0] == 0);
+    assert_manager_empty(ROOT(state));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -217,6 +257,7 @@ int main(void)
         TEST(test_autograd_graph_and_loans_are_named),
         TEST(test_bad_calls_are_refused),
         TEST(test_why_alive_races_with_views_dying),
+        TEST(test_a_second_release_is_logged_with_both_lines),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

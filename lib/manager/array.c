@@ -242,6 +242,48 @@ bool ndm__array_issued(ndm_array h)
                                   : ndm__gen_stale(ndm__id_gen(h.id), g);
 }
 
+/* What a stale handle h names, into buf: "array f32[2] created at a.c:3
+ * (f) was released at a.c:5 (f)", or "... when its manager 'p' was closed
+ * at ...". False (buf unset) when its slot was reused since, or still
+ * holds the live array (h is issued and not live: checked by the caller).
+ * *direct: released by ndm_array_release, not by a close. */
+static bool stale_story(ndm_array h, char *buf, size_t n, bool *direct)
+{
+    uint32_t slot = ndm__id_slot(h.id);
+    ndm__array *d = ndm__array_slot(slot);
+    /* Read the dead record, then check that the slot was not reused meanwhile. */
+    uint32_t want = (ndm__id_gen(h.id) + 1) & 0x7fffffffu;
+    uint32_t g1 = atomic_load_explicit(&d->gen, memory_order_acquire);
+    char desc[160], made[256], died[256], path[512];
+    ndm__site dead_site = ndm__array_dead_site(d), site = ndm__array_site(d);
+    uint32_t by = d->dead_by, by_gen = d->dead_by_gen;
+    ndm__array_desc(d, desc, sizeof desc);
+    bool was_live = atomic_load_explicit(&d->live, memory_order_acquire);
+    uint32_t g2 = atomic_load_explicit(&d->gen, memory_order_acquire);
+    if (g1 != want || g2 != want || was_live)
+        return false;
+    ndm__site_str(site, made, sizeof made);
+    ndm__site_str(dead_site, died, sizeof died);
+    *direct = by == 0;
+    if (by) {
+        /* The closing manager's record names it only until its slot is reused. */
+        ndm__tree_lock();
+        ndm__manager *bm = ndm__manager_slot(by);
+        uint32_t next = (by_gen + 1) & 0x7fffffffu;
+        if (!(atomic_load_explicit(&bm->state, memory_order_acquire) & NDM__M_LIVE) &&
+            atomic_load_explicit(&bm->gen, memory_order_acquire) == (next ? next : 1))
+            ndm__manager_path_locked(by, path, sizeof path);
+        else
+            snprintf(path, sizeof path, "? (a manager whose slot has since been reused)");
+        ndm__tree_unlock();
+        snprintf(buf, n, "array %s created at %s was released when its manager '%s' was closed at %s",
+                 desc, made, path, died);
+    } else {
+        snprintf(buf, n, "array %s created at %s was released at %s", desc, made, died);
+    }
+    return true;
+}
+
 NDM__COLD ndm__array *ndm__array_lookup_failed(ndm_array h, const char *api,
                                                const ndm__site *wherep, bool propagate)
 {
@@ -255,46 +297,15 @@ NDM__COLD ndm__array *ndm__array_lookup_failed(ndm_array h, const char *api,
         ndm__fail(NDM_E_INVALID, api, where, "not an array handle (id 0x%016" PRIx64 ")", h.id);
         return NULL;
     }
-    uint32_t slot = ndm__id_slot(h.id);
-    ndm__array *d = ndm__array_slot(slot);
-    /* Read the dead record, then check that the slot was not reused meanwhile. */
-    uint32_t want = (ndm__id_gen(h.id) + 1) & 0x7fffffffu;
-    uint32_t g1 = atomic_load_explicit(&d->gen, memory_order_acquire);
-    char desc[160], made[256], died[256], path[512];
-    ndm__site dead_site = ndm__array_dead_site(d), site = ndm__array_site(d);
-    uint32_t by = d->dead_by, by_gen = d->dead_by_gen;
-    ndm__array_desc(d, desc, sizeof desc);
-    bool was_live = atomic_load_explicit(&d->live, memory_order_acquire);
-    uint32_t g2 = atomic_load_explicit(&d->gen, memory_order_acquire);
-    if (g1 != want || g2 != want || was_live) {
+    char story[1536];
+    bool direct;
+    if (!stale_story(h, story, sizeof story, &direct))
         ndm__fail(NDM_E_CLOSED, api, where,
                   "stale array handle (slot %u, generation %u): the array was released and its "
                   "slot has been reused since",
-                  slot, ndm__id_gen(h.id));
-        return NULL;
-    }
-    ndm__site_str(site, made, sizeof made);
-    ndm__site_str(dead_site, died, sizeof died);
-    if (by) {
-        /* The closing manager's record names it only until its slot is reused. */
-        ndm__tree_lock();
-        ndm__manager *bm = ndm__manager_slot(by);
-        uint32_t next = (by_gen + 1) & 0x7fffffffu;
-        if (!(atomic_load_explicit(&bm->state, memory_order_acquire) & NDM__M_LIVE) &&
-            atomic_load_explicit(&bm->gen, memory_order_acquire) == (next ? next : 1))
-            ndm__manager_path_locked(by, path, sizeof path);
-        else
-            snprintf(path, sizeof path, "? (a manager whose slot has since been reused)");
-        ndm__tree_unlock();
-        ndm__fail(NDM_E_CLOSED, api, where,
-                  "stale array handle: array %s created at %s was released when its manager "
-                  "'%s' was closed at %s",
-                  desc, made, path, died);
-    } else {
-        ndm__fail(NDM_E_CLOSED, api, where,
-                  "stale array handle: array %s created at %s was released at %s", desc, made,
-                  died);
-    }
+                  ndm__id_slot(h.id), ndm__id_gen(h.id));
+    else
+        ndm__fail(NDM_E_CLOSED, api, where, "stale array handle: %s", story);
     return NULL;
 }
 
@@ -1117,6 +1128,15 @@ static NDM__COLD ndm_status release_refused(ndm_array h, const ndm__site *site)
     if (!ndm__array_issued(h))
         return ndm__fail(NDM_E_INVALID, "ndm_array_release", *site,
                          "not an array handle (id 0x%016" PRIx64 ")", h.id);
+    /* A second ndm_array_release of one array is most often a bug (an
+     * array released by its manager's close is not: owners in C++ release
+     * what a close may have taken first), so it goes to the log, with the
+     * first release's line; the status stays NDM_ALREADY, not an error. */
+    char story[1536], at[256];
+    bool direct;
+    if (stale_story(h, story, sizeof story, &direct) && direct)
+        ndm__warn("ndm_array_release: released twice: %s; again at %s", story,
+                  ndm__site_str(*site, at, sizeof at));
     return NDM_ALREADY;
 }
 
