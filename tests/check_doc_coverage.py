@@ -34,8 +34,8 @@ The three parts:
       rule", "the caller releases", "static", "valid until"...). A function
       that hands out nothing (a status, a count, a flag) has nothing to own:
       the signature shows it, and no words are asked for.
-  (c) errors: an NDM_E_ name, "errors as for ndm_y()" where ndm_y states
-      them, or a statement that it cannot fail ("never fails").
+  (c) errors: an NDM_E_ name, "errors as for ndm_y()" (or "the errors of
+      ndm_y()") where ndm_y states them, or a statement that it cannot fail ("never fails").
 """
 import os
 import re
@@ -63,10 +63,10 @@ OWNER = re.compile(r"\b[Oo]wn(s|ed|er|ers|ership)?\b|\battach(ed|es)?\b|\boutput
                    r"\bchild of\b|\bcaller'?s?\b|\blives?\b|\bkept by\b|\bheld by\b")
 # (c)
 ERROR_NAME = re.compile(r"\bNDM_E_\w+")
-NO_FAILURE = re.compile(r"\b([Nn]ever fails|[Cc]annot fail|[Dd]oes not fail|[Nn]o errors?|"
+NO_FAILURE = re.compile(r"\b([Nn]ever fails?|[Cc]annot fail|[Dd]oes not fail|[Nn]o errors?|"
                         r"Errors: none)\b")
-ERRORS_AS = re.compile(r"\b[Ee]rrors?\s+(?:are\s+)?(?:as|like)\s+(?:for|in|of|with|from)?\s*"
-                       r"`?(ndm_\w+)")
+ERRORS_AS = re.compile(r"\b[Ee]rrors?\s+(?:(?:are\s+)?(?:as|like)\s+(?:for|in|of|with|from)?|of)"
+                       r"\s*`?(ndm_\w+)")
 # a comment that opens by naming the entry point it is a form of
 FORM_OF = re.compile(r"^(?:(?:Like|As|Same as|As for)\s+`?(ndm_\w+)(?:\(\))?`?|"
                      r"`?(ndm_\w+)\(\)`?|`?(ndm_\w+)`?(?=\s+with(out)?\b))")
@@ -276,13 +276,9 @@ class Index:
             return None
         seen.add(ent.name)
         doc = ent.doc
-        if states(doc, part, sig):
-            return "its comment"
-        if doc and part == "errors":
-            for m in ERRORS_AS.finditer(doc):
-                other = self.by_name.get(m.group(1))
-                if other is not None and self.resolve(other, part, sig, set(seen)):
-                    return "errors as for " + other.name
+        how = self.from_text(doc, part, sig, seen)
+        if how:
+            return how
         if doc:
             m = FORM_OF.match(doc)
             if m:
@@ -292,8 +288,22 @@ class Index:
                     how = self.resolve(other, part, sig, seen)
                     if how:
                         return "as " + other.name + (": " + how if how != "its comment" else "")
-        if ent.group and COLLECTIVE.search(ent.group) and states(ent.group, part, sig):
-            return "its group"
+        if ent.group and COLLECTIVE.search(ent.group):
+            how = self.from_text(ent.group, part, sig, seen)
+            if how:
+                return "its group" + ("" if how == "its comment" else ": " + how)
+        return None
+
+    def from_text(self, text, part, sig, seen):
+        """This part stated by the words of one comment, or by the entry
+        point its "errors as for ndm_y()" names."""
+        if states(text, part, sig):
+            return "its comment"
+        if text and part == "errors":
+            for m in ERRORS_AS.finditer(text):
+                other = self.by_name.get(m.group(1))
+                if other is not None and self.resolve(other, part, sig, set(seen)):
+                    return "errors as for " + other.name
         return None
 
 
