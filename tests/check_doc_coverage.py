@@ -63,7 +63,7 @@ OWNER = re.compile(r"\b[Oo]wn(s|ed|er|ers|ership)?\b|\battach(ed|es)?\b|\boutput
                    r"\bchild of\b|\bcaller'?s?\b|\blives?\b|\bkept by\b|\bheld by\b")
 # (c)
 ERROR_NAME = re.compile(r"\bNDM_E_\w+")
-NO_FAILURE = re.compile(r"\b([Nn]ever fails?|[Cc]annot fail|[Dd]oes not fail|[Nn]o errors?|"
+NO_FAILURE = re.compile(r"\b([Nn]ever fails?|[Ff]ails never|[Cc]annot fail|[Dd]oes not fail|[Nn]o errors?|"
                         r"Errors: none)\b")
 ERRORS_AS = re.compile(r"\b[Ee]rrors?\s+(?:(?:are\s+)?(?:as|like)\s+(?:for|in|of|with|from)?|of)"
                        r"\s*`?(ndm_\w+)")
