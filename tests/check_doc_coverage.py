@@ -57,10 +57,11 @@ BOOL_WORDS = re.compile(r"\?|\btrue\b|\bfalse\b|\b[Ww]hether\b")
 VALUE_START = re.compile(r"^(The|A|An|Its|This|Number|How many|Which|What|One|Each|Every|"
                          r"Whether|Is|Are|Does|Has|Can)\b")
 # (b)
-OWNER = re.compile(r"\b[Oo]wn(s|ed|er|ers|ership)?\b|\battach(ed|es)?\b|\boutput rule\b|"
+OWNER = re.compile(r"\b[Oo]wn(s|ed|er|ers|ership|ing)?\b|\bdeleter\b|\battach(ed|es)?\b|\boutput rule\b|"
                    r"\b[Rr]eleases?\b|\b[Cc]los(e|es|ed|ing)\b|\bfree(s|d)?\b|\bstatic\b|"
                    r"\bvalid until\b|\b[Bb]elong(s)?\b|\b[Bb]orrow(s|ed)?\b|\blent\b|"
-                   r"\bchild of\b|\bcaller'?s?\b|\blives?\b|\bkept by\b|\bheld by\b")
+                   r"\bchild of\b|\bkept by\b|\bheld by\b|\blives? (as long as|until|while)\b|"
+                   r"\bthe caller'?s?(?=[.;,)]| to\b| must\b| release| own| close| free)")
 # (c)
 ERROR_NAME = re.compile(r"\bNDM_E_\w+")
 NO_FAILURE = re.compile(r"\b([Nn]ever fails?|[Ff]ails never|[Cc]annot fail|[Dd]oes not fail|[Nn]o errors?|"
@@ -385,6 +386,21 @@ NDM_API ndm_status ndm_thing_make(ndm_manager m, ndm_thing *out);
 /** Fill *out. Returns NDM_OK; Owner: m (closing it frees *out); Errors: NDM_E_OOM. */
 NDM_API ndm_status ndm_thing_make2(ndm_manager m, ndm_thing *out);
 NDM_API ndm_status ndm_thing_bare(ndm_thing t);
+/** Like ndm_thing_new(), on another device (NDM_E_DEVICE when it is absent). */
+NDM_API ndm_thing ndm_thing_new_on(ndm_manager m, int device);
+/** The innermost live thing of this thread (null when none; never fails). */
+NDM_API ndm_thing ndm_thing_current(void);
+/** The thing's name, a static string; never fails. */
+NDM_API const char *ndm_thing_name(ndm_thing t);
+/** The thing's label. */
+NDM_API const char *ndm_thing_label(ndm_thing t);
+
+/** @name Twiddles
+ *  Each returns NDM_OK, or errors as for ndm_thing_frob(). */
+/** @{ */
+/** Twiddle it. */
+NDM_API ndm_status ndm_thing_twiddle(ndm_thing t);
+/** @} */
 
 /** @name Pairs
  *  Each returns a new array attached by the output rule, or the null handle:
@@ -415,6 +431,11 @@ EXPECTED = {
     "ndm_thing_make": {"owner"},
     "ndm_thing_make2": set(),
     "ndm_thing_bare": {"returns", "errors"},
+    "ndm_thing_new_on": set(),
+    "ndm_thing_current": {"owner"},
+    "ndm_thing_name": set(),
+    "ndm_thing_label": {"owner", "errors"},
+    "ndm_thing_twiddle": set(),
     "ndm_pair_to_at": set(),
     "ndm_loose": {"returns", "owner", "errors"},
 }
@@ -447,9 +468,7 @@ def self_test(root):
     tmp = tempfile.mkdtemp()
     try:
         shutil.copytree(os.path.join(root, "include"), os.path.join(tmp, "include"))
-        results = check(tmp)
-        n = len(results)
-        before = report(results, 0, out=open(os.devnull, "w"))
+        n = len(check(tmp))
         # enough bare declarations to take the coverage under 95%
         extra = n // 10 + 1
         with open(os.path.join(tmp, "include", "ndm", "planted.h"), "w") as f:
@@ -459,8 +478,9 @@ def self_test(root):
         results = check(tmp)
         listed = [d for d, got, _ in results if d.name.startswith("ndm_planted_")
                   and not all(got.values())]
-        rc = report(results, 95, out=open(os.devnull, "w"))
-        if before == 0 and rc == 1 and len(listed) == extra:
+        with open(os.devnull, "w") as devnull:
+            rc = report(results, 95, out=devnull)
+        if rc == 1 and len(listed) == extra:
             print(f"self-test: {extra} planted undocumented functions are listed and fail "
                   f"the 95% gate")
         else:

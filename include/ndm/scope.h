@@ -73,7 +73,7 @@ NDM_API NDM_NODISCARD ndm_status ndm_scope_release_all_but_at(NDM_SITE_PARAMS, n
 NDM_API NDM_NODISCARD ndm_status ndm_scope_move_out_at(NDM_SITE_PARAMS, ndm_array a);
 
 /** The innermost live scope of this thread (null if none; never fails):
- *  the scope itself, which ndm_scope_end() ends. */
+ *  the scope itself, a child of its parent, not a new manager to close. */
 NDM_API ndm_manager ndm_scope_current(void);
 /** Is `m` a scope? (false for null and stale handles; never fails) */
 NDM_API bool ndm_manager_is_scope(ndm_manager m);
