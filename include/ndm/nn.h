@@ -191,8 +191,8 @@ NDM_API ndm_module ndm_sequential_at(NDM_SITE_PARAMS, ndm_manager model, int n,
  *  release, or the null handle with the failing operation's error, reported
  *  at the caller's line: NDM_E_NULL / NDM_E_CLOSED for m or x, NDM_E_SHAPE
  *  or NDM_E_DTYPE for an input the layer does not take, and the errors of
- *  the operations it is made of (NDM_E_OOM, the output manager's). ReLU, GELU, Flatten, Dropout and LayerNorm take
- *  inputs of any rank. Recorded for gradients when this thread records.
+ *  the operations it is made of (NDM_E_OOM, the output manager's). ReLU,
+ *  GELU, Flatten, Dropout and LayerNorm take inputs of any rank. Recorded for gradients when this thread records.
  *  When it does not, a linear layer (and a ReLU right after it in a
  *  sequential) runs as one fused operation: the same bits as matmul, add
  *  and relu in turn, without their intermediate arrays. */
