@@ -57,15 +57,16 @@ BOOL_WORDS = re.compile(r"\?|\btrue\b|\bfalse\b|\b[Ww]hether\b")
 VALUE_START = re.compile(r"^(The|A|An|Its|This|Number|How many|Which|What|One|Each|Every|"
                          r"Whether|Is|Are|Does|Has|Can)\b")
 # (b)
-OWNER = re.compile(r"\b[Oo]wn(s|ed|er|ers|ership|ing)?\b|\bdeleter\b|\battach(ed|es)?\b|\boutput rule\b|"
-                   r"\b[Rr]eleases?\b|\b[Cc]los(e|es|ed|ing)\b|\bfree(s|d)?\b|\bstatic\b|"
+OWNER = re.compile(r"\b[Oo]wn(s|ed|er|ers|ership|ing)?\b|\bdeleter\b|\battach(ed|es)?\b|"
+                   r"\boutput rule\b|\b[Rr]eleases?\b|\b[Cc]los(e|es|ed|ing)\b|\bfree(s|d)?\b|"
+                   r"\bstatic\b|"
                    r"\bvalid until\b|\b[Bb]elong(s)?\b|\b[Bb]orrow(s|ed)?\b|\blent\b|"
                    r"\bchild of\b|\bkept by\b|\bheld by\b|\blives? (as long as|until|while)\b|"
                    r"\bthe caller'?s?(?=[.;,)]| to\b| must\b| release| own| close| free)")
 # (c)
 ERROR_NAME = re.compile(r"\bNDM_E_\w+")
-NO_FAILURE = re.compile(r"\b([Nn]ever fails?|[Ff]ails never|[Cc]annot fail|[Dd]oes not fail|[Nn]o errors?|"
-                        r"Errors: none)\b")
+NO_FAILURE = re.compile(r"\b([Nn]ever fails?|[Ff]ails never|[Cc]annot fail|[Dd]oes not fail|"
+                        r"[Nn]o errors?|Errors: none)\b")
 ERRORS_AS = re.compile(r"\b[Ee]rrors?\s+(?:(?:are\s+)?(?:as|like)\s+(?:for|in|of|with|from)?|of)"
                        r"\s*`?(ndm_\w+)")
 # a comment that opens by naming the entry point it is a form of
