@@ -104,18 +104,21 @@ NDM_API ndm_array ndm_wrap_buffer_at(NDM_SITE_PARAMS, ndm_manager m, ndm_dtype d
 /** @} */
 
 /** Release one array handle now. Its storage dies with its last view.
- *  NDM_ALREADY for an array already released (by this call or by a close). */
+ *  NDM_OK; NDM_ALREADY for an array already released (by this call or by a
+ *  close); NDM_E_NULL for the null handle, NDM_E_INVALID for a value that
+ *  was never an array handle. */
 #define ndm_array_release(a) ndm_array_release_at(NDM_HERE, (a))
 /** ndm_array_release() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_array_release_at(NDM_SITE_PARAMS, ndm_array a);
 
 /** @name Accessors
- *  On a null or stale handle they return the value shown and set the
- *  thread's last error (NDM_E_NULL, NDM_E_CLOSED or NDM_E_INVALID, as in
- *  status.h). They create nothing. */
+ *  Each returns what its line says; on a null or stale handle, the value
+ *  shown, with the thread's last error set (NDM_E_NULL, NDM_E_CLOSED or
+ *  NDM_E_INVALID, as in status.h). They create nothing. */
 /** @{ */
 
-/** Is this a live array? (false for null and stale handles; no error set) */
+/** Is this a live array? (false for null and stale handles; never fails,
+ *  sets no error) */
 NDM_API bool ndm_array_valid(ndm_array a);
 /** Rank, or -1. */
 NDM_API int ndm_array_ndim(ndm_array a);
@@ -137,7 +140,8 @@ NDM_API size_t ndm_array_nbytes(ndm_array a);
 NDM_API ndm_dtype ndm_array_dtype(ndm_array a);
 /** The device of its storage, or NDM_CPU. */
 NDM_API ndm_device ndm_array_device(ndm_array a);
-/** The owning manager (null for a stale handle). */
+/** The owning manager (null for a stale handle): the manager itself, not a
+ *  new one for the caller to close. */
 NDM_API ndm_manager ndm_array_manager(ndm_array a);
 /** Row-major contiguous? */
 NDM_API bool ndm_array_is_contiguous(ndm_array a);
@@ -170,7 +174,8 @@ NDM_API NDM_NODISCARD ndm_status ndm_item_i64(ndm_array a, int64_t *out);
  *  device's error reading the elements. */
 NDM_API ndm_status ndm_array_print(ndm_array a, FILE *f);
 /** The same text into buf (truncated to n, NUL-terminated; buf may be NULL
- *  with n 0 to measure); returns the full length or a negative status. */
+ *  with n 0 to measure); returns the full length or a negative status:
+ *  errors as for ndm_array_print(). */
 NDM_API int ndm_array_format(ndm_array a, char *buf, size_t n);
 
 #ifdef __cplusplus

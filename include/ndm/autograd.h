@@ -45,7 +45,7 @@ extern "C" {
 #define ndm_requires_grad(param) ndm_requires_grad_at(NDM_HERE, (param))
 /** ndm_requires_grad() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_requires_grad_at(NDM_SITE_PARAMS, ndm_array param);
-/** Is `a` a parameter? */
+/** Is `a` a parameter? (false for a null or stale handle; never fails) */
 NDM_API bool ndm_array_requires_grad(ndm_array a);
 /** A fresh handle on the gradient of parameter `param`, attached by the
  *  output rule (the `_to` manager, else the innermost scope, else the
@@ -67,13 +67,16 @@ NDM_API NDM_NODISCARD ndm_status ndm_zero_grad(size_t n, const ndm_array *params
 /** ndm_grad_begin() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_grad_begin_at(NDM_SITE_PARAMS, ndm_manager owner);
 /** Stop recording. The graph stays until its owner closes, so backward may
- *  also run after this. NDM_ALREADY when this thread does not record. */
+ *  also run after this. NDM_OK, or NDM_ALREADY when this thread does not
+ *  record; never fails. */
 NDM_API ndm_status ndm_grad_end(void);
-/** Is this thread recording (and not paused)? */
+/** Is this thread recording (and not paused)? Never fails. */
 NDM_API bool ndm_grad_recording(void);
-/** Pause recording on this thread (nests); inference code can run inside. */
+/** Pause recording on this thread (nests); inference code can run inside.
+ *  Never fails. */
 NDM_API void ndm_no_grad_begin(void);
-/** End one ndm_no_grad_begin(); without one open it does nothing. */
+/** End one ndm_no_grad_begin(); without one open it does nothing (never
+ *  fails). */
 NDM_API void ndm_no_grad_end(void);
 
 /** Add d(loss)/d(param) to the gradient of every parameter `loss` depends

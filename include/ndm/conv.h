@@ -59,7 +59,12 @@ typedef struct ndm_conv2d_opts {
  *  (O, C/groups, KH, KW) gives (N, O, OH, OW); ndm_conv2d_bias adds a
  *  bias (O) to every output channel. x, weight and bias must share one
  *  float dtype (NDM_E_DTYPE) and one device (NDM_E_DEVICE); C and O must
- *  divide by groups and weight.shape[1] equal C/groups (NDM_E_SHAPE). */
+ *  divide by groups and weight.shape[1] equal C/groups (NDM_E_SHAPE).
+ *  Returns a new array attached by the output rule (the `_to` forms: to m),
+ *  which the caller releases or its manager's close does, or the null
+ *  handle: those errors, NDM_E_INVALID (options), NDM_E_OVERFLOW, the output
+ *  manager's (NDM_E_NULL, NDM_E_CLOSED, NDM_E_CAPPED, NDM_E_QUOTA),
+ *  NDM_E_OOM, NDM_E_UNSUPPORTED (a backend without the kernel). */
 #define ndm_conv2d(x, w, ...)                                                   \
     ndm_conv2d_to_at(NDM_HERE, NDM_OUTPUT_RULE, (x), (w), NULL, __VA_ARGS__)
 /** ndm_conv2d() with the result attached to m instead of by the output rule. */
@@ -70,7 +75,8 @@ typedef struct ndm_conv2d_opts {
 /** ndm_conv2d_bias() with the result attached to m instead of by the output rule. */
 #define ndm_conv2d_bias_to(m, x, w, b, ...)                                     \
     ndm_conv2d_to_at(NDM_HERE, (m), (x), (w), (const ndm_array[]){(b)}, __VA_ARGS__)
-/** `bias` NULL: no bias; otherwise it points at the bias handle. */
+/** ndm_conv2d() and ndm_conv2d_bias() with an explicit call site; `bias`
+ *  NULL: no bias, otherwise it points at the bias handle. */
 NDM_API ndm_array ndm_conv2d_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array x, ndm_array w,
                                    const ndm_array *bias, const ndm_conv2d_opts *opts);
 
@@ -84,7 +90,9 @@ typedef struct ndm_pool2d_opts {
 #define NDM_POOL2D(...) (&(const ndm_pool2d_opts){__VA_ARGS__})
 
 /** Largest element of each window (padding never wins; NaN propagates):
- *  (N, C, H, W) -> (N, C, OH, OW), same dtype. */
+ *  (N, C, H, W) -> (N, C, OH, OW), same dtype. Returns a new array, owned
+ *  as ndm_conv2d()'s is, or the null handle: errors as for ndm_conv2d()
+ *  (NDM_E_INVALID for a kernel below 1 or padding over half of it). */
 #define ndm_max_pool2d(x, ...) ndm_max_pool2d_to_at(NDM_HERE, NDM_OUTPUT_RULE, (x), __VA_ARGS__)
 /** ndm_max_pool2d() with the result attached to m instead of by the output rule. */
 #define ndm_max_pool2d_to(m, x, ...) ndm_max_pool2d_to_at(NDM_HERE, (m), (x), __VA_ARGS__)
@@ -95,7 +103,9 @@ NDM_API ndm_array ndm_max_pool2d_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_arr
 /** Mean of each window. With count_include_pad the sum is divided by the
  *  full window size KH*KW, padded zeros included (PyTorch's default); without
  *  it, by the number of input elements the window covers (TensorFlow's
- *  "SAME" pooling). Without padding both are the same. */
+ *  "SAME" pooling). Without padding both are the same. Returns and errors as
+ *  ndm_max_pool2d(): a new array attached by the output rule, or the null
+ *  handle (errors as for ndm_max_pool2d()). */
 #define ndm_avg_pool2d(x, count_include_pad, ...)                               \
     ndm_avg_pool2d_to_at(NDM_HERE, NDM_OUTPUT_RULE, (x), (count_include_pad), __VA_ARGS__)
 /** ndm_avg_pool2d() with the result attached to m instead of by the output rule. */

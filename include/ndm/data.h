@@ -67,7 +67,10 @@ typedef struct ndm_dataset {
 
 /** Load an IDX image file and an IDX label file (plain or gzip), as the
  *  MNIST family ships them, into manager `m`. The first axes must agree
- *  (NDM_E_SHAPE). On failure *out is zeroed and nothing is left in `m`. */
+ *  (NDM_E_SHAPE). NDM_OK with *out's two arrays owned by `m` (the caller
+ *  releases them with ndm_dataset_release(), or closing m does); on failure
+ *  *out is zeroed and nothing is left in `m`: NDM_E_INVALID for a NULL out,
+ *  or the errors of ndm_idx_load(). */
 #define ndm_dataset_load_idx(m, images_path, labels_path, out)                  \
     ndm_dataset_load_idx_at(NDM_HERE, (m), (images_path), (labels_path), (out))
 /** ndm_dataset_load_idx() with an explicit call site (the macro passes NDM_HERE). */
@@ -76,7 +79,8 @@ NDM_API NDM_NODISCARD ndm_status ndm_dataset_load_idx_at(NDM_SITE_PARAMS, ndm_ma
                                                          const char *labels_path,
                                                          ndm_dataset *out);
 
-/** Number of examples (the inputs' first axis), or -1 with an error. */
+/** Number of examples (the inputs' first axis), or -1 with an error:
+ *  NDM_E_NULL / NDM_E_CLOSED for the inputs, NDM_E_SHAPE for 0-d inputs. */
 NDM_API int64_t ndm_dataset_size(ndm_dataset d);
 
 /** Release both arrays and zero *d. NDM_OK (NDM_ALREADY when neither was
@@ -166,15 +170,17 @@ NDM_API NDM_NODISCARD ndm_status ndm_loader_keep(ndm_loader l);
  *  closed unless kept. */
 NDM_API NDM_NODISCARD ndm_status ndm_loader_set_epoch(ndm_loader l, int64_t epoch);
 
-/** Batches per epoch, or -1 with an error. */
+/** The number of batches per epoch, or -1 with an error (NDM_E_NULL, NDM_E_CLOSED for a
+ *  loader freed, NDM_E_INVALID for a handle that is not a loader). */
 NDM_API int64_t ndm_loader_batches(ndm_loader l);
 
-/** Is this a live loader? */
+/** Is this a live loader? (false for null and freed ones; never fails) */
 NDM_API bool ndm_loader_valid(ndm_loader l);
 
 /** Free the loader now (its current batch is closed unless kept). The small
- *  record that the trainer owns stays until the trainer closes. NDM_ALREADY
- *  for a loader already freed. */
+ *  record that the trainer owns stays until the trainer closes. NDM_OK;
+ *  NDM_ALREADY for a loader already freed; NDM_E_NULL for the null loader,
+ *  NDM_E_INVALID for a handle that is not a loader. */
 #define ndm_loader_close(l) ndm_loader_close_at(NDM_HERE, (l))
 /** ndm_loader_close() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_loader_close_at(NDM_SITE_PARAMS, ndm_loader l);

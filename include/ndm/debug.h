@@ -90,8 +90,8 @@ NDM_API ndm_status ndm_debug_dump(ndm_manager m, FILE *f);
  *   "released":..,"closed_created":..,"closed_released":..,"moved_in":..,"moved_out":..,
  *   "resources":..,"lent":..,"borrowed":..,"shared":..,
  *   "bytes":{"cpu":{"live":..,"peak":..},..},"children":[..]}
- *  (closed_*: by closed children, as in the text dump). Statuses as for
- *  ndm_debug_dump(). */
+ *  (closed_*: by closed children, as in the text dump). Returns NDM_OK;
+ *  errors as for ndm_debug_dump(). */
 NDM_API ndm_status ndm_debug_dump_json(ndm_manager m, FILE *f);
 
 /** A point in the sequence of array creations (process wide). */
@@ -100,15 +100,16 @@ typedef uint64_t ndm_seq;
  *  from now on carries it or a later one, every array made before an
  *  earlier one, so ndm_report_since(m, mark) lists exactly what came after.
  *  The sequence is process wide (`m` is only checked) and counts marks, not
- *  arrays. 0 when `m` is not a live manager (the error is recorded). */
+ *  arrays. 0 when `m` is not a live manager (NDM_E_NULL, NDM_E_CLOSED
+ *  recorded as the last error). */
 NDM_API ndm_seq ndm_mark(ndm_manager m);
 /** List the arrays of the subtree of `m` created after `mark` and still
  *  alive, grouped by creation site, largest group first. Writes nothing
  *  but a header line when there are none. NDM_OK, or NDM_E_INVALID for a
  *  NULL f. */
 NDM_API ndm_status ndm_report_since(ndm_manager m, ndm_seq mark, FILE *f);
-/** How many arrays of the subtree were created after `mark` and are alive
- *  (negative status on error). */
+/** How many arrays of the subtree were created after `mark` and are alive,
+ *  or a negative status: NDM_E_NULL, NDM_E_CLOSED for `m`. */
 NDM_API int64_t ndm_count_since(ndm_manager m, ndm_seq mark);
 
 /** Print every live manager under system (except the built-in nodes
@@ -118,8 +119,9 @@ NDM_API int64_t ndm_count_since(ndm_manager m, ndm_seq mark);
  *    ndm leak report: 1 live manager, 320 live arrays
  *      manager system/leaky created at main.c:10 (main)
  *      320 arrays, 7680 bytes, created at main.c:12 (main) in system/leaky
- *  or "ndm leak report: nothing alive". Returns the number of live arrays.
- *  This is what NDM_LEAK_REPORT=1 prints at exit. */
+ *  or "ndm leak report: nothing alive". Returns the number of live arrays
+ *  (with a NULL f, only counts them); never fails. This is what
+ *  NDM_LEAK_REPORT=1 prints at exit. */
 NDM_API int64_t ndm_leak_report(FILE *f);
 
 /** Why is `a` alive: print its retention path to f. The managers that own it

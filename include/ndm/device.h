@@ -57,11 +57,13 @@ static inline bool ndm_device_eq(ndm_device a, ndm_device b)
     return a.type == b.type && a.index == b.index;
 }
 
-/** Writes "cpu" or "cuda:N" into buf (at most n bytes); returns buf. */
+/** Writes "cpu" or "cuda:N" into buf (at most n bytes, truncated); returns
+ *  buf, the caller's. Never fails. */
 NDM_API char *ndm_device_str(ndm_device d, char *buf, size_t n);
 
 /** Number of usable CUDA devices: 0 without the backend (not built, or its
- *  module not found) or without a GPU. Loads the module on first call. */
+ *  module not found) or without a GPU. Loads the module on first call.
+ *  Never fails: a module that does not load counts as no device. */
 NDM_API int ndm_cuda_device_count(void);
 
 /** Wait until the work queued on `device` is done. NDM_OK, or the device's

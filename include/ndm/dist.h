@@ -151,11 +151,12 @@ NDM_API NDM_NODISCARD ndm_status ndm_dist_init(void);
  *  broke and its abandoned operations did not finish (MPI is then left
  *  unfinalized). */
 NDM_API ndm_status ndm_dist_finalize(void);
-/** This process's rank, 0 .. size-1 (0 when not joined). */
+/** This process's rank, 0 .. size-1 (0 when not joined); never fails. */
 NDM_API int ndm_dist_rank(void);
-/** The number of processes (1 when not joined). */
+/** The number of processes (1 when not joined); never fails. */
 NDM_API int ndm_dist_size(void);
-/** This process's rank among those on its machine (0 when not joined). */
+/** This process's rank among those on its machine (0 when not joined);
+ *  never fails. */
 NDM_API int ndm_dist_local_rank(void);
 /** Set the bound on every wait, in seconds (> 0; NDM_E_INVALID otherwise). */
 NDM_API NDM_NODISCARD ndm_status ndm_dist_set_timeout(double seconds);
@@ -165,7 +166,9 @@ NDM_API NDM_NODISCARD ndm_status ndm_dist_set_timeout(double seconds);
 /** A barrier that carries a status: NDM_OK when every rank passed NDM_OK;
  *  otherwise every rank gets the status of the lowest failing rank and a
  *  message "rank N: <that rank's last error>" (the caller's own failure
- *  included). Use it where one rank may fail alone, so that all stop. */
+ *  included). Use it where one rank may fail alone, so that all stop.
+ *  Its own errors: NDM_E_INVALID when not joined, NDM_E_TIMEOUT,
+ *  NDM_E_UNSUPPORTED without MPI. */
 #define ndm_dist_check(local) ndm_dist_check_at(NDM_HERE, (local))
 /** ndm_dist_check() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_dist_check_at(NDM_SITE_PARAMS, ndm_status local);
@@ -190,14 +193,17 @@ NDM_API NDM_NODISCARD ndm_status ndm_broadcast_inplace_at(NDM_SITE_PARAMS, ndm_a
  *  the first axis in rank order: a new array of shape (size * a.shape[0],
  *  ...) on a's device in `out` (a manager, whatever its device;
  *  NDM_OUTPUT_RULE: a's manager or the innermost scope), the caller's to
- *  release, or the null handle with the error. */
+ *  release, or the null handle with the error: the agreement errors above
+ *  (NDM_E_DTYPE, NDM_E_SHAPE, NDM_E_DEVICE), NDM_E_SHAPE for a 0-d `a`,
+ *  NDM_E_TIMEOUT, the handle's and the output manager's errors. */
 #define ndm_all_gather_to(out, a) ndm_all_gather_to_at(NDM_HERE, (out), (a))
 /** ndm_all_gather_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_all_gather_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a);
 /** Combine every rank's `a` (same dtype and shape, first axis divisible by
  *  the size: NDM_E_SHAPE otherwise) and give rank r the r-th of `size`
- *  equal parts along the first axis: a new array in `out` (as
- *  ndm_all_gather_to()), or the null handle with the error. */
+ *  equal parts along the first axis: a new array owned by `out` (as for
+ *  ndm_all_gather_to()), or the null handle with the error: errors as for
+ *  ndm_all_gather_to() and ndm_all_reduce_(). */
 #define ndm_reduce_scatter_to(out, a, op) ndm_reduce_scatter_to_at(NDM_HERE, (out), (a), (op))
 /** ndm_reduce_scatter_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_reduce_scatter_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a,
@@ -213,7 +219,8 @@ NDM_API ndm_array ndm_reduce_scatter_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm
 NDM_API NDM_NODISCARD ndm_status ndm_dist_debug_dump(ndm_manager m, FILE *f);
 /** Every rank's ndm_leak_report(), printed by rank 0, paths prefixed
  *  "rankN/" ("manager rank1/system/leaky created at ..."). Returns the live
- *  arrays of the whole job (the same on every rank), or a negative status. */
+ *  arrays of the whole job (the same on every rank), or a negative status:
+ *  NDM_E_INVALID when not joined, NDM_E_TIMEOUT, NDM_E_UNSUPPORTED. */
 NDM_API int64_t ndm_dist_leak_report(FILE *f);
 
 /* ---- data-parallel training ------------------------------------------------------------ */
@@ -280,11 +287,12 @@ NDM_API ndm_status ndm_ddp_backward_at(NDM_SITE_PARAMS, ndm_ddp d, ndm_array los
 #define ndm_ddp_step(d) ndm_ddp_step_at(NDM_HERE, (d))
 /** ndm_ddp_step() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_ddp_step_at(NDM_SITE_PARAMS, ndm_ddp d);
-/** Buckets of the wrapper, or a negative status. */
+/** The number of buckets of the wrapper, or a negative status (NDM_E_NULL, NDM_E_CLOSED
+ *  for a wrapper freed, NDM_E_INVALID for a handle that is not one). */
 NDM_API int ndm_ddp_buckets(ndm_ddp d);
 /** Give each parameter its own gradient array back (with the values of
- *  its view), then free the wrapper and its buckets. NDM_ALREADY when
- *  already freed. */
+ *  its view), then free the wrapper and its buckets. NDM_OK; NDM_ALREADY
+ *  when already freed; errors as for ndm_ddp_buckets(). */
 NDM_API ndm_status ndm_ddp_close(ndm_ddp d);
 
 /* ---- sharded loading ---------------------------------------------------------------------- */

@@ -49,14 +49,14 @@ extern "C" {
 struct DLManagedTensor;
 struct DLManagedTensorVersioned;
 
-/** Export `a` as a DLPack tensor (see above): the caller (or the consumer it
- *  hands the tensor to) must call its deleter once. NULL on failure:
+/** Export `a` as a DLPack tensor (see above). Returns the tensor: the caller
+ *  (or the consumer it hands it to) must call its deleter once. NULL on failure:
  *  NDM_E_NULL, NDM_E_CLOSED for the handle, NDM_E_OOM, the device's error. */
 #define ndm_to_dlpack(a) ndm_to_dlpack_at(NDM_HERE, (a))
 /** ndm_to_dlpack() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API struct DLManagedTensor *ndm_to_dlpack_at(NDM_SITE_PARAMS, ndm_array a);
-/** The same as a DLPack 1.0 versioned tensor (flags 0: writable, not a
- *  copy). NDM_E_UNSUPPORTED when built against a DLPack header older than 1.0. */
+/** Like ndm_to_dlpack(), as a DLPack 1.0 versioned tensor (flags 0:
+ *  writable, not a copy). NDM_E_UNSUPPORTED when built against a DLPack header older than 1.0. */
 #define ndm_to_dlpack_versioned(a) ndm_to_dlpack_versioned_at(NDM_HERE, (a))
 /** ndm_to_dlpack_versioned() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API struct DLManagedTensorVersioned *ndm_to_dlpack_versioned_at(NDM_SITE_PARAMS,
@@ -71,7 +71,7 @@ NDM_API struct DLManagedTensorVersioned *ndm_to_dlpack_versioned_at(NDM_SITE_PAR
 #define ndm_from_dlpack(m, t) ndm_from_dlpack_at(NDM_HERE, (m), (t))
 /** ndm_from_dlpack() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_from_dlpack_at(NDM_SITE_PARAMS, ndm_manager m, struct DLManagedTensor *t);
-/** The same for a DLPack 1.0 versioned tensor; one marked read-only is
+/** Like ndm_from_dlpack(), for a DLPack 1.0 versioned tensor; one marked read-only is
  *  refused (NDM_E_INVALID: ndm arrays are writable). NDM_E_UNSUPPORTED when
  *  built against a DLPack header older than 1.0. */
 #define ndm_from_dlpack_versioned(m, t) ndm_from_dlpack_versioned_at(NDM_HERE, (m), (t))

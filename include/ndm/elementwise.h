@@ -203,7 +203,9 @@ NDM_API NDM_NODISCARD ndm_status ndm_fmod_scalar_inplace_at(NDM_SITE_PARAMS, ndm
 /** @} */
 
 /** @name Comparisons and logic (bool results)
- *  Returns, ownership and errors as for the arithmetic functions. */
+ *  Each returns a new bool array attached by the output rule (the `_to`
+ *  form: to m), which the caller releases or its manager's close does, or
+ *  the null handle with nothing allocated: errors as for ndm_add(). */
 /** @{ */
 
 /** a == b. */
@@ -273,9 +275,11 @@ NDM_API ndm_array ndm_where_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array co
 /** @} */
 
 /** @name With a scalar (weak scalar rules in the file description)
- *  Returns, ownership and errors as for the arithmetic functions, plus
- *  NDM_E_INVALID for an integral scalar that does not fit an integer array's
- *  dtype (arithmetic only: comparisons never fail on the scalar). */
+ *  Each returns a new array attached by the output rule (the `_to` form: to
+ *  m), which the caller releases or its manager's close does, or the null
+ *  handle: errors as for ndm_add(), plus NDM_E_INVALID for an integral
+ *  scalar that does not fit an integer array's dtype (arithmetic only:
+ *  comparisons never fail on the scalar). */
 /** @{ */
 
 /** a + s. */
@@ -378,7 +382,7 @@ NDM_API ndm_array ndm_ge_scalar_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_arra
 /** @} */
 
 /** @name In place: write into a, return a status
- *  NDM_OK, or the errors of the returning forms, plus NDM_E_DTYPE when the
+ *  Each returns NDM_OK, or the errors of the returning forms, plus NDM_E_DTYPE when the
  *  result cannot be stored into a's dtype and NDM_E_INVALID for a broadcast
  *  view; a is unchanged then. They create no array, so a capped manager's
  *  arrays can be updated. */

@@ -82,12 +82,15 @@ enum {
  *  when some of its arrays are released earlier. With a mapping, a tensor
  *  whose data is not aligned to its element size in the file is copied
  *  (other tensors still share the mapping); bools are kept as the file has
- *  them, while NDM_LOAD_COPY stores them as 0 or 1. Returns NULL on failure. */
+ *  them, while NDM_LOAD_COPY stores them as 0 or 1. Returns the set, or NULL
+ *  on failure: the errors above (NDM_E_IO, NDM_E_FORMAT, NDM_E_DTYPE,
+ *  NDM_E_OVERFLOW, m's refusals), NDM_E_INVALID for unknown flags. */
 #define ndm_safetensors_load(m, path, flags) ndm_safetensors_load_at(NDM_HERE, (m), (path), (flags))
 /** ndm_safetensors_load() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API const ndm_named_arrays *ndm_safetensors_load_at(NDM_SITE_PARAMS, ndm_manager m,
                                                         const char *path, unsigned flags);
-/** The same from the `len` bytes at `data`, which are copied. */
+/** Like ndm_safetensors_load(), from the `len` bytes at `data`, which are
+ *  copied. */
 #define ndm_safetensors_load_buffer(m, data, len)                               \
     ndm_safetensors_load_buffer_at(NDM_HERE, (m), (data), (len))
 /** ndm_safetensors_load_buffer() with an explicit call site (the macro passes NDM_HERE). */
@@ -103,10 +106,12 @@ NDM_API const ndm_named_arrays *ndm_safetensors_load_buffer_at(NDM_SITE_PARAMS, 
 NDM_API NDM_NODISCARD ndm_status ndm_safetensors_save_at(NDM_SITE_PARAMS, const char *path,
                                                          const ndm_named_arrays *set);
 
-/** Index of the array named `name`, or -1 (with NDM_E_INVALID set) when
- *  there is none. The array itself is set->arrays[index]. */
+/** The index of the array named `name`, or -1 (with NDM_E_INVALID set)
+ *  when there is none. The array itself is set->arrays[index]. */
 NDM_API int64_t ndm_named_arrays_find(const ndm_named_arrays *set, const char *name);
-/** The metadata value of `key`, or NULL (no error set) when absent. */
+/** The metadata value of `key`, or NULL (no error set, never fails) when
+ *  absent or when set or key is NULL. The string belongs to the set (for a
+ *  loaded set, to its manager). */
 NDM_API const char *ndm_named_arrays_meta(const ndm_named_arrays *set, const char *key);
 
 /* ---- .npy ----------------------------------------------------------------------
@@ -119,7 +124,8 @@ NDM_API const char *ndm_named_arrays_meta(const ndm_named_arrays *set, const cha
 
 /** Load a .npy file into `m` as a C-ordered array. Data after the array is
  *  ignored (several arrays may be saved one after another in one file).
- *  Returns a new array owned by `m`, or the null handle (errors above). */
+ *  Returns a new array owned by `m`, or the null handle: the errors above
+ *  (NDM_E_IO, NDM_E_FORMAT, NDM_E_DTYPE, NDM_E_OVERFLOW, m's refusals). */
 #define ndm_npy_load(m, path) ndm_npy_load_at(NDM_HERE, (m), (path))
 /** ndm_npy_load() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_npy_load_at(NDM_SITE_PARAMS, ndm_manager m, const char *path);
@@ -130,7 +136,8 @@ NDM_API ndm_array ndm_npy_load_buffer_at(NDM_SITE_PARAMS, ndm_manager m, const v
                                          size_t len);
 /** Save `a` as .npy: version 1.0 (2.0 when the header needs it),
  *  little-endian, C order, header padded to 64 bytes as numpy does. NDM_OK,
- *  or an error above with any previous file left intact. */
+ *  or an error above (NDM_E_IO, or the handle's: NDM_E_NULL, NDM_E_CLOSED)
+ *  with any previous file left intact. */
 #define ndm_npy_save(path, a) ndm_npy_save_at(NDM_HERE, (path), (a))
 /** ndm_npy_save() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_npy_save_at(NDM_SITE_PARAMS, const char *path, ndm_array a);
@@ -144,8 +151,9 @@ NDM_API NDM_NODISCARD ndm_status ndm_npy_save_at(NDM_SITE_PARAMS, const char *pa
  * recognised by their magic bytes and decoded with zlib.
  */
 
-/** Load an IDX file, plain or gzip, into `m`: a new array owned by `m`, or
- *  the null handle (errors above). */
+/** Load an IDX file, plain or gzip, into `m`: returns a new array owned by
+ *  `m`, or the null handle: the errors above (NDM_E_IO, NDM_E_FORMAT,
+ *  NDM_E_DTYPE, NDM_E_OVERFLOW, m's refusals). */
 #define ndm_idx_load(m, path) ndm_idx_load_at(NDM_HERE, (m), (path))
 /** ndm_idx_load() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_idx_load_at(NDM_SITE_PARAMS, ndm_manager m, const char *path);
@@ -172,7 +180,9 @@ typedef struct ndm_csv_options {
  *  integral value ("3.0"); bool takes 0, 1, true and false. A row with a
  *  different number of fields, text that is not a number, or a value out of
  *  the dtype's range is NDM_E_FORMAT, naming the line and column. No rows
- *  give shape [0, columns of the header] (or [0, 0]). A gzip file is
+ *  give shape [0, columns of the header] (or [0, 0]). Returns a new array
+ *  owned by `m`, or the null handle: NDM_E_FORMAT, or the errors above
+ *  (as for ndm_npy_load()). A gzip file is
  *  decoded; the text is held while it is parsed, in the CPU allocator's
  *  memory: it counts against the CPU's memory_limit_mb, so a file whose
  *  text would pass the limit (a decompression bomb) is NDM_E_OOM once its

@@ -55,7 +55,9 @@ extern "C" {
 /** @name Products
  *  Each returns a new array attached by the output rule (the `_to` form: to
  *  m), which the caller releases or its manager's close does, or the null
- *  handle with the errors listed in the file description. */
+ *  handle with the errors listed in the file description (NDM_E_SHAPE,
+ *  NDM_E_DEVICE, NDM_E_OVERFLOW, NDM_E_CLOSED, NDM_E_CAPPED, NDM_E_QUOTA,
+ *  NDM_E_OOM). */
 /** @{ */
 
 /** numpy.matmul: 2-D operands multiply as matrices; a 1-D `a` is a row
@@ -88,7 +90,7 @@ NDM_API ndm_array ndm_outer_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a,
 /** @} */
 
 /** The CPU GEMM provider compiled in: "openblas", "blis" or "none"
- *  (static string). */
+ *  (a static string; never fails). */
 NDM_API const char *ndm_gemm_provider(void);
 
 #ifdef __cplusplus

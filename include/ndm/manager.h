@@ -69,9 +69,11 @@
 extern "C" {
 #endif
 
-/** The root manager (on the CPU). Created on first use; never closed. */
+/** The root manager (on the CPU). Created on first use; never closed, and
+ *  never fails. */
 NDM_API ndm_manager ndm_system(void);
-/** The node that holds detached arrays (a child of system). */
+/** The node that holds detached arrays (a child of system, never closed;
+ *  never fails). */
 NDM_API ndm_manager ndm_detached(void);
 
 /** A new child of `parent` on the parent's device, named `name` (copied;
@@ -119,7 +121,8 @@ enum {
 NDM_API NDM_NODISCARD ndm_status ndm_manager_cap(ndm_manager m, unsigned flags);
 /** Lift the caps named by `flags`. Errors as for ndm_manager_cap(). */
 NDM_API NDM_NODISCARD ndm_status ndm_manager_uncap(ndm_manager m, unsigned flags);
-/** The manager's current cap flags (0 when stale). */
+/** The manager's current cap flags (0 when stale or null; never fails, sets
+ *  no error). */
 NDM_API unsigned ndm_manager_caps(ndm_manager m);
 
 /** Limit the bytes that the subtree of `m` holds on `device`. A request that
@@ -137,7 +140,8 @@ NDM_API unsigned ndm_manager_caps(ndm_manager m);
  *  regardless (the storage is alive and must be counted somewhere). */
 NDM_API NDM_NODISCARD ndm_status ndm_manager_set_limit(ndm_manager m, ndm_device device,
                                                        uint64_t bytes);
-/** The limit on `device` (0 = none). */
+/** The limit on `device` (0 = none), or 0 with NDM_E_NULL / NDM_E_CLOSED
+ *  set for a null or stale m. */
 NDM_API uint64_t ndm_manager_limit(ndm_manager m, ndm_device device);
 
 /** Make `m` own another resource: free_fn(ptr) runs when `m` closes (newest
@@ -163,17 +167,21 @@ typedef int (*ndm_close_fn)(void *ud);
 NDM_API NDM_NODISCARD ndm_status ndm_manager_on_close_at(NDM_SITE_PARAMS, ndm_manager m,
                                                          ndm_close_fn fn, void *ud);
 
-/** Is this a live manager? */
+/** Is this a live manager? (false for null and stale handles; never fails,
+ *  sets no error) */
 NDM_API bool ndm_manager_valid(ndm_manager m);
-/** The parent (null for system or a stale handle). */
+/** The parent (null for system, or with NDM_E_NULL / NDM_E_CLOSED for a
+ *  null or stale handle): the parent itself, not a new manager to close. */
 NDM_API ndm_manager ndm_manager_parent(ndm_manager m);
-/** The manager's device (the CPU for a stale handle, with an error set). */
+/** The manager's device (the CPU for a null or stale handle, with
+ *  NDM_E_NULL / NDM_E_CLOSED set). */
 NDM_API ndm_device ndm_manager_device(ndm_manager m);
 /** Copies the name into buf (NUL-terminated, truncated to n); returns the
- *  length of the name as kept (47 bytes at most), or a negative status. */
+ *  length of the name as kept (47 bytes at most), or a negative status
+ *  (NDM_E_NULL, NDM_E_CLOSED). */
 NDM_API int ndm_manager_name(ndm_manager m, char *buf, size_t n);
 /** Copies the path ("system/model/trainer/batch-17") into buf like
- *  ndm_manager_name. */
+ *  ndm_manager_name; returns its length; errors as for ndm_manager_name(). */
 NDM_API int ndm_manager_path(ndm_manager m, char *buf, size_t n);
 
 /** Steal `a` into `m`. The array keeps its handle. Refused (nothing changes)
@@ -187,7 +195,8 @@ NDM_API NDM_NODISCARD ndm_status ndm_attach_at(NDM_SITE_PARAMS, ndm_array a, ndm
 #define ndm_ret(a) ndm_ret_at(NDM_HERE, (a))
 /** ndm_ret() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_ret_at(NDM_SITE_PARAMS, ndm_array a);
-/** Move `a` under the `detached` node; the caller must release it. */
+/** Move `a` under the `detached` node; the caller must release it. NDM_OK;
+ *  NDM_E_NULL / NDM_E_CLOSED for the handle, NDM_E_OOM. */
 #define ndm_detach(a) ndm_detach_at(NDM_HERE, (a))
 /** ndm_detach() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_detach_at(NDM_SITE_PARAMS, ndm_array a);

@@ -233,7 +233,8 @@ NDM_API ndm_status ndm_memory_summary(ndm_device device, FILE *f);
 NDM_API NDM_NODISCARD ndm_status ndm_alloc_configure(ndm_device device, const char *conf);
 
 /** Write the effective settings of `device` ("strategy:auto_growth,...") into
- *  buf; returns the length they need (like snprintf), or -1 on a bad device. */
+ *  buf; returns the length they need (like snprintf), or -1 on a device this
+ *  build or machine lacks (NDM_E_DEVICE or NDM_E_UNSUPPORTED recorded). */
 NDM_API int ndm_alloc_settings(ndm_device device, char *buf, size_t n);
 
 /** Why the pressure callbacks run. */
@@ -267,17 +268,19 @@ typedef struct ndm_pressure_event {
 } ndm_pressure_event;
 
 /** The reclaim level the allocator of `device` would name now, by the rates
- *  above; NDM_RECLAIM_NONE for a device this build or machine lacks (the
- *  error recorded). */
+ *  above; NDM_RECLAIM_NONE for a device this build or machine lacks
+ *  (NDM_E_DEVICE or NDM_E_UNSUPPORTED recorded). */
 NDM_API ndm_pressure_level ndm_memory_pressure_level(ndm_device device);
 
 /** A pressure callback: ev is valid during the call; ud as registered. */
 typedef void (*ndm_pressure_fn)(const ndm_pressure_event *ev, void *ud);
 
-/** Register a pressure callback (called in registration order). The same
- *  (fn, ud) twice is NDM_ALREADY. */
+/** Register a pressure callback (called in registration order). NDM_OK;
+ *  the same (fn, ud) twice is NDM_ALREADY; NDM_E_INVALID for a NULL fn,
+ *  NDM_E_OOM. */
 NDM_API NDM_NODISCARD ndm_status ndm_on_pressure(ndm_pressure_fn fn, void *ud);
-/** Unregister it; NDM_ALREADY when it was not registered. */
+/** Unregister it: NDM_OK, or NDM_ALREADY when it was not registered; never
+ *  fails. */
 NDM_API NDM_NODISCARD ndm_status ndm_pressure_remove(ndm_pressure_fn fn, void *ud);
 
 /** Start (on) or stop recording allocator events on every device: a ring of
@@ -327,7 +330,8 @@ NDM_API NDM_NODISCARD ndm_status ndm_memory_dump_snapshot(const char *path);
  *  on every device to `path` (text: "seq t_us thread device op id size"
  *  lines; bench/alloc_replay replays it); NULL stops and closes the file.
  *  Setting NDM_ALLOC_TRACE=path in the environment starts it at first use.
- *  While tracing, every allocation takes the shared path. */
+ *  While tracing, every allocation takes the shared path. Returns NDM_OK, or
+ *  NDM_E_IO when the file cannot be opened. */
 NDM_API NDM_NODISCARD ndm_status ndm_memory_record_trace(const char *path);
 
 #ifdef __cplusplus

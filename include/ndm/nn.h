@@ -189,8 +189,10 @@ NDM_API ndm_module ndm_sequential_at(NDM_SITE_PARAMS, ndm_manager model, int n,
 /** Run a module on x: a fresh array attached by the output rule (the `_to`
  *  manager, else the innermost scope, else x's manager), the caller's to
  *  release, or the null handle with the failing operation's error, reported
- *  at the caller's line. ReLU, GELU, Flatten, Dropout and LayerNorm take
- *  inputs of any rank. Recorded for gradients when this thread records.
+ *  at the caller's line: NDM_E_NULL / NDM_E_CLOSED for m or x, NDM_E_SHAPE
+ *  or NDM_E_DTYPE for an input the layer does not take, and the errors of
+ *  the operations it is made of (NDM_E_OOM, the output manager's). ReLU,
+ *  GELU, Flatten, Dropout and LayerNorm take inputs of any rank. Recorded for gradients when this thread records.
  *  When it does not, a linear layer (and a ReLU right after it in a
  *  sequential) runs as one fused operation: the same bits as matmul, add
  *  and relu in turn, without their intermediate arrays. */
@@ -200,24 +202,30 @@ NDM_API ndm_module ndm_sequential_at(NDM_SITE_PARAMS, ndm_manager model, int n,
 /** ndm_forward_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_forward_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_module m, ndm_array x);
 
-/** Training mode (dropout active) or evaluation mode, for m and its children. */
+/** Training mode (dropout active) or evaluation mode, for m and its
+ *  children. NDM_OK; NDM_E_NULL, NDM_E_CLOSED or NDM_E_INVALID for a bad
+ *  module handle. */
 NDM_API NDM_NODISCARD ndm_status ndm_module_set_training(ndm_module m, bool training);
 /** The parameters of m and its children, in order: writes up to cap handles
  *  (not fresh ones: they are the parameters themselves, owned by the model)
- *  and returns how many there are, or a negative status. */
+ *  and returns how many there are (more than cap: only cap are written), or
+ *  a negative status: errors as for ndm_module_set_training(). */
 NDM_API int ndm_module_parameters(ndm_module m, ndm_array *out, int cap);
-/** The same with names ("0.weight", "0.bias", "2.weight", ...): names[i]
- *  points into the module and lives as long as it does. */
+/** Like ndm_module_parameters(), with names ("0.weight", "0.bias",
+ *  "2.weight", ...): names[i] points into the module and lives as long as
+ *  it does (names may be NULL). */
 NDM_API int ndm_module_named_parameters(ndm_module m, const char **names, ndm_array *out,
                                         int cap);
 /** The state of m and its children, in the order and with the names of
  *  PyTorch's state_dict: parameters and buffers (batch norm's running_mean,
- *  running_var, num_batches_tracked). Same contract as
- *  ndm_module_named_parameters(). */
+ *  running_var, num_batches_tracked). Returns and errors as for
+ *  ndm_module_named_parameters(): names[i] points into the module and
+ *  lives as long as it does. */
 NDM_API int ndm_module_named_state(ndm_module m, const char **names, ndm_array *out, int cap);
 /** A one-line description: "Sequential(Linear(784, 256), ReLU, Linear(256, 10))",
  *  into buf (truncated to n, NUL-terminated; buf may be NULL); returns the
- *  full length, or a negative status for a bad handle. */
+ *  full length, or a negative status for a bad handle: errors as for
+ *  ndm_module_set_training(). */
 NDM_API int ndm_module_describe(ndm_module m, char *buf, size_t n);
 
 /* ---- losses (recorded for gradients) -------------------------------------------- */
@@ -260,12 +268,13 @@ NDM_API ndm_array ndm_mse_loss_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array
 /* ---- optimizers ------------------------------------------------------------------- */
 
 /** @name Optimizers
- *  A constructor returns an optimizer owned by `model` (freed when it
+ *  Each constructor returns an optimizer owned by `model` (freed when it
  *  closes), with its state arrays in `model`, or the null optimizer:
  *  NDM_E_INVALID (a rate that is not finite, lr or eps <= 0, a beta outside
  *  [0, 1)), NDM_E_OOM, the errors of net's handle, and `model`'s refusals;
  *  state arrays made before a failure stay in `model` until it closes. A
- *  step or zero_grad returns NDM_OK or the first in-place update's error. */
+ *  step or zero_grad returns NDM_OK or the first in-place update's error;
+ *  on a bad handle NDM_E_NULL, NDM_E_CLOSED or NDM_E_INVALID. */
 /** @{ */
 
 /** SGD over the parameters of `net`: v = momentum v + g + weight_decay w;
@@ -322,11 +331,13 @@ NDM_API ndm_optimizer ndm_adam_params_at(NDM_SITE_PARAMS, ndm_manager model, int
  *  multiply-add). NDM_E_OVERFLOW, with nothing changed, once the optimizer
  *  has taken NDM_OPTIMIZER_MAX_STEPS steps. */
 NDM_API NDM_NODISCARD ndm_status ndm_optimizer_step(ndm_optimizer o);
-/** Zero every parameter's gradient. */
+/** Zero every parameter's gradient. Returns NDM_OK, or NDM_E_NULL,
+ *  NDM_E_CLOSED or NDM_E_INVALID for a bad handle. */
 NDM_API NDM_NODISCARD ndm_status ndm_optimizer_zero_grad(ndm_optimizer o);
 /** Set the learning rate (> 0 and finite: NDM_E_INVALID otherwise). */
 NDM_API NDM_NODISCARD ndm_status ndm_optimizer_set_lr(ndm_optimizer o, double lr);
-/** The learning rate, or a negative value for a stale handle. */
+/** The learning rate, or -1 for a bad handle (NDM_E_NULL, NDM_E_CLOSED or
+ *  NDM_E_INVALID set). */
 NDM_API double ndm_optimizer_lr(ndm_optimizer o);
 
 /** Save the optimizer's state as safetensors: its state arrays under
@@ -356,9 +367,11 @@ NDM_API NDM_NODISCARD ndm_status ndm_optimizer_save_at(NDM_SITE_PARAMS, ndm_opti
 NDM_API NDM_NODISCARD ndm_status ndm_optimizer_load_at(NDM_SITE_PARAMS, ndm_optimizer o,
                                                        const char *path);
 
-/** Step decay: base * gamma^floor(epoch / step_size). */
+/** Step decay: returns base * gamma^floor(epoch / step_size) (base for
+ *  step_size < 1 or epoch < 0); never fails. */
 NDM_API double ndm_lr_step(double base, int64_t epoch, int64_t step_size, double gamma);
-/** Cosine annealing from base (t = 0) to min_lr (t = total). */
+/** Cosine annealing: returns the rate at step t from base (t = 0) to min_lr
+ *  (t = total; t clamped to [0, total], base for total < 1); never fails. */
 NDM_API double ndm_lr_cosine(double base, double min_lr, int64_t t, int64_t total);
 /** @} */
 
@@ -420,7 +433,8 @@ NDM_API ndm_predictor ndm_predictor_new_at(NDM_SITE_PARAMS, ndm_manager model, n
  *  GPU model unchanged; the result stays on the model's device (read it with
  *  ndm_item() or ndm_array_copy_out(), or move it with ndm_to()).
  *  Thread-safe: many threads may predict at once. Returns a new handle, the
- *  caller's to release, or the null handle with the forward pass's error. */
+ *  caller's to release, or the null handle with the forward pass's error:
+ *  errors as for ndm_forward() (NDM_E_CLOSED also for a freed predictor). */
 #define ndm_predict(p, input) ndm_predict_to_at(NDM_HERE, NDM_OUTPUT_RULE, (p), (input))
 /** ndm_predict() with the result attached to out instead of by the output rule. */
 #define ndm_predict_to(out, p, input) ndm_predict_to_at(NDM_HERE, (out), (p), (input))
@@ -431,13 +445,17 @@ NDM_API ndm_array ndm_predict_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_predic
  *  predictor of it (as ndm_predictor_new()). For serving, build the net
  *  between ndm_no_grad_begin() and ndm_no_grad_end(): layers made while
  *  gradients are paused get no gradient arrays, so the model holds the
- *  weights once instead of twice. Returns the predictor or the null
- *  predictor with the load's or ndm_predictor_new()'s error. */
+ *  weights once instead of twice. Returns the predictor, owned by `model`,
+ *  or the null predictor with ndm_module_load()'s error or errors as for
+ *  ndm_predictor_new(). */
 #define ndm_predictor_load(model, net, path) ndm_predictor_load_at(NDM_HERE, (model), (net), (path))
 /** ndm_predictor_load() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_predictor ndm_predictor_load_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module net,
                                             const char *path);
-/** The manager that holds the request managers (for dumps). */
+/** The manager that holds the request managers (for dumps): the
+ *  predictor's own, closed with the model, not the caller's to close. The
+ *  null manager with NDM_E_NULL, NDM_E_CLOSED or NDM_E_INVALID for a bad
+ *  handle. */
 NDM_API ndm_manager ndm_predictor_manager(ndm_predictor p);
 
 #ifdef __cplusplus

@@ -91,11 +91,13 @@ static inline ndm_rng ndm_rng_new(uint64_t seed)
 static inline uint64_t ndm_rng_blocks(uint64_t n, unsigned w) { return (n * w + 3) / 4; }
 
 /** @name Distributions
- *  The factories return a new array owned by `m`, the caller's to release
+ *  Each factory returns a new array owned by `m`, the caller's to release
  *  (or m's close releases it), or the null handle with nothing allocated
  *  and the generator unchanged: NDM_E_INVALID (a NULL generator, bad
  *  parameters), NDM_E_DTYPE (a dtype the distribution does not make), and
- *  the factory errors of array.h. The in-place forms return a status. */
+ *  the factory errors of array.h. Each in-place form returns NDM_OK or one
+ *  of those errors (NDM_E_NULL / NDM_E_CLOSED for `a`), `a` and the
+ *  generator unchanged. */
 /** @{ */
 
 /** Uniform on [lo, hi) (float dtypes). */

@@ -36,8 +36,9 @@ extern "C" {
 #endif
 
 /** Begin a scope under `parent` (NDM_CURRENT_SCOPE: under the innermost
- *  scope; a null parent is NDM_E_NULL). Returns the scope's manager or the
- *  null handle. */
+ *  scope; a null parent is NDM_E_NULL). Returns the scope's manager, a child
+ *  of parent that ndm_scope_end() closes (or parent's close does), or the
+ *  null handle: errors as for ndm_manager_new(), and NDM_E_OOM. */
 #define ndm_scope_begin(parent, name) ndm_scope_begin_at(NDM_HERE, (parent), (name))
 /** ndm_scope_begin() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_manager ndm_scope_begin_at(NDM_SITE_PARAMS, ndm_manager parent, const char *name);
@@ -71,9 +72,10 @@ NDM_API NDM_NODISCARD ndm_status ndm_scope_release_all_but_at(NDM_SITE_PARAMS, n
 /** ndm_scope_move_out() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_scope_move_out_at(NDM_SITE_PARAMS, ndm_array a);
 
-/** The innermost live scope of this thread (null if none). */
+/** The innermost live scope of this thread (null if none; never fails):
+ *  the scope itself, a child of its parent, not a new manager to close. */
 NDM_API ndm_manager ndm_scope_current(void);
-/** Is `m` a scope? */
+/** Is `m` a scope? (false for null and stale handles; never fails) */
 NDM_API bool ndm_manager_is_scope(ndm_manager m);
 
 /** Run fn(ud) inside a fresh scope under `parent` and move its result out
@@ -106,7 +108,7 @@ NDM_API ndm_array ndm_scoped_at(NDM_SITE_PARAMS, ndm_manager parent, ndm_scoped_
     })
 /** End `scope` keeping `result` (which may be null; one made outside the
  *  scope is kept as a fresh alias, as ndm_scoped does); returns the kept
- *  handle, or the null handle when the scope could not be ended, with
+ *  handle, the caller's to release, or the null handle when the scope could not be ended, with
  *  ndm_scope_end's errors, NDM_E_CLOSED for a scope already ended and
  *  NDM_E_INVALID for a manager that is not a scope (system included);
  *  nothing is created then. Used by NDM_SCOPED. */
@@ -114,7 +116,9 @@ NDM_API ndm_array ndm_scope_finish_at(NDM_SITE_PARAMS, ndm_manager scope, ndm_ar
 
 /** The cleanup behind NDM_AUTO: `handle` points to an ndm_manager or
  *  ndm_array variable, which it closes, ends (a scope) or releases; a null
- *  handle is left alone. Errors go to the log callback as warnings. */
+ *  handle is left alone. It returns nothing: the errors of the close, end or
+ *  release (NDM_E_HOOK, NDM_E_NOT_OWNER...) go to the log callback as
+ *  warnings. */
 NDM_API void ndm_auto_cleanup(void *handle);
 /* NDM_AUTO: cleanup at block exit. The handle's kind is in its id, so one
  * function serves managers, scopes and arrays. Errors during cleanup go to

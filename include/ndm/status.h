@@ -73,19 +73,22 @@ typedef enum ndm_status {
 #undef NDM_STATUS_ENUM_
 } ndm_status;
 
-/** "NDM_E_CLOSED" for NDM_E_CLOSED; "NDM_UNKNOWN" for other values. Static string. */
+/** The name: "NDM_E_CLOSED" for NDM_E_CLOSED; "NDM_UNKNOWN" for other
+ *  values. Returns a static string; never fails. */
 NDM_API const char *ndm_status_name(ndm_status s);
-/** A one-line description of the status. Static string. */
+/** A one-line description of the status. Returns a static string; never
+ *  fails. */
 NDM_API const char *ndm_status_str(ndm_status s);
 
 /** The status of the last failure on this thread (NDM_OK if none since the
- *  last ndm_clear_error()). Successful calls do not reset it. */
+ *  last ndm_clear_error()). Successful calls do not reset it. Never fails. */
 NDM_API ndm_status ndm_last_status(void);
 /** The message of the last failure on this thread: what failed, why, and
  *  where (the caller's file:line when the entry point records sites). Valid
- *  until the next failure on this thread; "" when there is none. */
+ *  until the next failure on this thread, owned by ndm; "" when there is
+ *  none. Never fails. */
 NDM_API const char *ndm_last_error(void);
-/** Forget this thread's last failure. */
+/** Forget this thread's last failure. Never fails. */
 NDM_API void ndm_clear_error(void);
 
 /** How serious a logged message is. */
@@ -110,7 +113,7 @@ typedef void (*ndm_log_fn)(ndm_log_level level, const char *msg, void *ud);
  *  errors whatever NDM_LOG_ERRORS says). The callback may call ndm: a
  *  failure inside it is recorded (the thread's last error until the
  *  callback returns, when the failure being logged is again) but not
- *  logged, so a failing callback never recurses. */
+ *  logged, so a failing callback never recurses. Never fails. */
 NDM_API void ndm_set_log_fn(ndm_log_fn fn, void *ud);
 
 /** A ready log callback: prints "ndm: error: <msg>" (or "warning",
@@ -146,7 +149,8 @@ NDM_API void ndm_log_stderr(ndm_log_level level, const char *msg, void *ud);
 #define NDM_CHECK(...)                                                          \
     ((__VA_ARGS__) ? (void)0 : ndm_check_failed_at(NDM_HERE, #__VA_ARGS__))
 /** What a false NDM_CHECK() calls: prints its line (see NDM_CHECK) for the
- *  given site and expression text, then abort(). Does not return. */
+ *  given site and expression text, then abort(). Does not return, and so
+ *  reports no errors. */
 NDM_API NDM_NORETURN void ndm_check_failed_at(NDM_SITE_PARAMS, const char *expr);
 
 #ifdef __cplusplus

@@ -63,8 +63,9 @@ typedef struct ndm_event {
     uint64_t id; /**< packs a slot and a generation */
 } ndm_event;
 
-/** The default stream of `device`; the null handle (error recorded) for a
- *  device this build or machine lacks. */
+/** The default stream of `device`, which belongs to the device and is
+ *  never released; the null handle for a device this build or machine
+ *  lacks (NDM_E_DEVICE or NDM_E_UNSUPPORTED recorded). */
 NDM_API ndm_stream ndm_stream_default(ndm_device device);
 
 /** A new stream on the device of manager m, owned by m (released when m
@@ -79,8 +80,8 @@ NDM_API NDM_NODISCARD ndm_status ndm_stream_new(ndm_manager m, ndm_stream *out);
  *  null handle). */
 NDM_API NDM_NODISCARD ndm_status ndm_stream_release(ndm_stream s);
 
-/** The device of a stream (the CPU, with the error recorded, for a stale or
- *  null handle). */
+/** The device of a stream (the CPU, with NDM_E_NULL, NDM_E_CLOSED or
+ *  NDM_E_INVALID recorded, for a null, stale or forged handle). */
 NDM_API ndm_device ndm_stream_device(ndm_stream s);
 
 /** Wait until every work queued on s has run. NDM_OK; NDM_E_CLOSED (stale
@@ -96,8 +97,10 @@ NDM_API NDM_NODISCARD ndm_status ndm_stream_query(ndm_stream s, bool *done);
 NDM_API NDM_NODISCARD ndm_status ndm_stream_set_current(ndm_stream s);
 
 /** The calling thread's current stream on `device` (its default stream
- *  unless set); the null handle (error recorded) for a device this build or
- *  machine lacks. */
+ *  unless set): a stream still owned by the manager that made it (or the
+ *  device's default), not a new one to release; the null handle for a
+ *  device this build or machine lacks (NDM_E_DEVICE or NDM_E_UNSUPPORTED
+ *  recorded). */
 NDM_API ndm_stream ndm_stream_current(ndm_device device);
 
 /** Work queued on s from now on waits until e's recorded point has passed

@@ -26,7 +26,8 @@ extern "C" {
 
 /** A contiguous copy of `a` on `device`, or an alias when it is there: a
  *  new handle by the output rule, the caller's to release, or the null
- *  handle (errors in the file description). */
+ *  handle (errors in the file description: NDM_E_DEVICE, NDM_E_UNSUPPORTED,
+ *  the manager's refusals, NDM_E_OOM). */
 #define ndm_to(a, device) ndm_to_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (device))
 /** ndm_to() with the result attached to m instead of by the output rule. */
 #define ndm_to_to(m, a, device) ndm_to_to_at(NDM_HERE, (m), (a), (device))
