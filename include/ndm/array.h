@@ -106,7 +106,9 @@ NDM_API ndm_array ndm_wrap_buffer_at(NDM_SITE_PARAMS, ndm_manager m, ndm_dtype d
 /** Release one array handle now. Its storage dies with its last view.
  *  NDM_OK; NDM_ALREADY for an array already released (by this call or by a
  *  close); NDM_E_NULL for the null handle, NDM_E_INVALID for a value that
- *  was never an array handle. */
+ *  was never an array handle. A second release of an array released by this
+ *  call before (not by a close) also goes to the log as a warning naming
+ *  where the array was made and both releases. */
 #define ndm_array_release(a) ndm_array_release_at(NDM_HERE, (a))
 /** ndm_array_release() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_array_release_at(NDM_SITE_PARAMS, ndm_array a);

@@ -207,7 +207,7 @@ NDM_API NDM_NODISCARD ndm_status ndm_growth_step_at(NDM_SITE_PARAMS, ndm_growth 
 NDM_API NDM_NODISCARD ndm_status ndm_growth_report_at(NDM_SITE_PARAMS, ndm_growth g, FILE *f);
 /** How many sites ndm_growth_report() would call a leak now.
  *  Returns that count (0 for a clean run), or a negative status. Owner:
- *  nothing is made. Errors: as for ndm_growth_step(). */
+ *  nothing is made. Errors as for ndm_growth_step(). */
 #define ndm_growth_leaks(g) ndm_growth_leaks_at(NDM_HERE, (g))
 /** ndm_growth_leaks() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API int64_t ndm_growth_leaks_at(NDM_SITE_PARAMS, ndm_growth g);
