@@ -36,9 +36,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(meson ninja-build gcc g++ pkg-config libcmocka-dev libopenblas-dev zlib1g-dev libdlpack-dev python3-numpy
-          libtalloc-dev libapr1-dev dataset-fashion-mnist chromium doxygen cmake openmpi-bin
-          libopenmpi-dev)
+# What a program using ndm needs (the README's "Build and install"), and the
+# main job's data; the tests need the second list too.
+packages=(meson ninja-build gcc pkg-config zlib1g-dev libopenblas-dev dataset-fashion-mnist)
+test_packages=(g++ libcmocka-dev libdlpack-dev python3-numpy libtalloc-dev libapr1-dev chromium
+               doxygen cmake openmpi-bin libopenmpi-dev)
 
 install_missing() {
     local missing=()
@@ -327,7 +329,7 @@ demo)
     ;;
 test)
     # clang builds the ThreadSanitizer tree and the fuzz targets
-    packages+=(clang)
+    packages+=("${test_packages[@]}" clang)
     install_missing
     build build
     meson test -C build --print-errorlogs --num-processes 2
