@@ -36,11 +36,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# What a program using ndm needs (the README's "Build and install"), and the
-# main job's data; the tests need the second list too.
-packages=(meson ninja-build gcc pkg-config zlib1g-dev libopenblas-dev dataset-fashion-mnist)
-test_packages=(g++ libcmocka-dev libdlpack-dev python3-numpy libtalloc-dev libapr1-dev chromium
-               doxygen cmake openmpi-bin libopenmpi-dev)
+# What building ndm needs (the README's "Build and install": cmake and g++
+# because Meson writes the CMake package with cmake's own templates, and
+# cmake asks for a C++ compiler), and the main job's data; the tests need
+# the second list too.
+packages=(meson ninja-build gcc g++ cmake pkg-config zlib1g-dev libopenblas-dev
+          dataset-fashion-mnist)
+test_packages=(libcmocka-dev libdlpack-dev python3-numpy libtalloc-dev libapr1-dev chromium
+               doxygen openmpi-bin libopenmpi-dev)
 
 install_missing() {
     local missing=()
