@@ -1,6 +1,8 @@
-/* Finding a leak: a training loop keeps one array per step by mistake.
- * ndm_debug_dump shows which manager grows; ndm_mark and ndm_report_since
- * name the line that made the arrays still alive. */
+/* Finding leaks. Growth per step: a training loop keeps one array per step
+ * by mistake; ndm_debug_dump shows which manager grows, and ndm_mark then
+ * ndm_report_since on ndm_system() name the line that made what is still
+ * alive. A forgotten close: NDM_LEAK_REPORT=1 lists at exit every manager
+ * still open, with its line (ndm_leak_report prints the same at any time). */
 #include <stdio.h>
 
 #include <ndm/ndm.h>
@@ -29,7 +31,7 @@ int main(void)
     for (int step = 0; step < 30; step++) {
         if (step == 10) {
             (void)ndm_debug_dump(model, stdout); /* the first dump: the baseline */
-            mark = ndm_mark(model);              /* warmed up: nothing should pile up now */
+            mark = ndm_mark(ndm_system());       /* warmed up: nothing should pile up now */
         }
         NDM_AUTO ndm_manager batch = ndm_manager_new(trainer, "batch");
         ndm_array x = ndm_uniform(batch, &rng, NDM_F32, -1, 1, NDM_SHAPE(32, 16));
@@ -51,8 +53,17 @@ int main(void)
     printf("\nafter 30 steps the trainer holds 20 more arrays than at step 10:\n");
     (void)ndm_debug_dump(model, stdout);
     printf("\nwhat was made since the mark and is still alive, by line:\n");
-    (void)ndm_report_since(model, mark, stdout);
-    printf("\n%lld arrays leaked since the mark\n", (long long)ndm_count_since(model, mark));
+    (void)ndm_report_since(ndm_system(), mark, stdout);
+    printf("\n%lld arrays leaked since the mark\n",
+           (long long)ndm_count_since(ndm_system(), mark));
     NDM_CHECK(ndm_manager_close(model) == NDM_OK);
+
+    /* The other kind: a manager nobody closes (made for one request, say,
+     * and forgotten on an early return). */
+    ndm_manager cache = ndm_manager_new(ndm_system(), "cache");
+    NDM_CHECK(ndm_zeros(cache, NDM_F32, NDM_SHAPE(256)).id);
+    printf("\nwhat NDM_LEAK_REPORT=1 would print at exit without the close below:\n");
+    (void)ndm_leak_report(stdout);
+    NDM_CHECK(ndm_manager_close(cache) == NDM_OK);
     return 0;
 }

@@ -5,13 +5,25 @@ exactly that (or examples/NAME.out for those the README does not show).
 
   check_examples.py readme README.md EXAMPLES_DIR
       every ```c block is preceded by <!-- example: examples/NAME.c --> and
-      equals that file; every example named has its program in EXAMPLES_DIR
+      equals that file; every example named has its program in EXAMPLES_DIR;
+      every relative link of the README and of the pages it links to names
+      a file that exists (and, with #anchor, one of its headings)
   check_examples.py run NAME EXAMPLE_BIN README.md EXAMPLES_DIR [options]
       runs the program in a fresh folder ({tmp} in --args is that folder)
       and compares its stdout with the README's <!-- output: examples/NAME -->
       block, else with EXAMPLES_DIR/NAME.out; options (see --help) set its
       environment, the exit status and stderr text it must give, and a
       command to run after it
+
+  check_examples.py demo README.md FASHION_EXE [DATA_DIR]
+      the block after <!-- demo: ndm-fashion --> shows lines of what the
+      quick start's `bash tools/run.sh demo` prints; a short run of the same
+      commands (train on 1200 examples for 3 epochs, serve 400 requests,
+      leak-demo) must print each of them: the same words, names and
+      file:line sites, any number where the block shows a number other than
+      0 (a 0 is a promise: no errors, no live arrays). A line "..." stands
+      for lines left out. Without DATA_DIR's files, only leak-demo runs and
+      only the lines naming a source line are checked.
 
 With NDM_EXAMPLES_UPDATE=1 in the environment, a run whose output differs
 rewrites the README block or NAME.out with what the program printed (for a
@@ -27,7 +39,7 @@ import sys
 import tempfile
 
 FENCE = re.compile(r"^```(\w*)\s*$")
-MARK = re.compile(r"^<!--\s*(example|output):\s*(\S+)\s*-->\s*$")
+MARK = re.compile(r"^<!--\s*(example|output|demo):\s*(\S+)\s*-->\s*$")
 
 
 def blocks(path):
@@ -87,8 +99,57 @@ def check_readme(readme, src_dir):
     if seen == 0:
         print(f"{readme}: no C block found")
         bad += 1
+    bad += check_links(readme)
     print(f"{seen} C blocks checked against examples/")
     return 1 if bad else 0
+
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def anchors(path):
+    """GitHub's anchors of a Markdown file's headings."""
+    out = set()
+    for line in open(path, encoding="utf-8"):
+        m = re.match(r"^#+\s+(.*?)\s*(\{#[^}]*\})?\s*$", line)
+        if m:
+            slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            out.add(slug)
+    return out
+
+
+def check_links(readme):
+    """Every relative link of the README, and of the Markdown pages it links
+    to, names a file that exists (and a heading there, for #anchor)."""
+    bad, seen, todo = 0, set(), [os.path.abspath(readme)]
+    while todo:
+        page = todo.pop()
+        if page in seen:
+            continue
+        seen.add(page)
+        in_code = False
+        for n, line in enumerate(open(page, encoding="utf-8"), 1):
+            if FENCE.match(line):
+                in_code = not in_code
+            if in_code:
+                continue
+            for target in LINK.findall(line):
+                if re.match(r"^[a-z]+:", target):
+                    continue  # a URL
+                path, _, anchor = target.partition("#")
+                dest = os.path.normpath(os.path.join(os.path.dirname(page), path)) if path else page
+                where = f"{os.path.relpath(page)}:{n}"
+                if not os.path.exists(dest):
+                    print(f"{where}: the link {target} names no file")
+                    bad += 1
+                    continue
+                if anchor and dest.endswith(".md") and anchor not in anchors(dest):
+                    print(f"{where}: the link {target} names no heading of {os.path.basename(dest)}")
+                    bad += 1
+                if dest.endswith(".md"):
+                    todo.append(dest)
+    print(f"links of {len(seen)} Markdown pages checked")
+    return bad
 
 
 def expected_output(name, readme, src_dir):
@@ -170,7 +231,87 @@ def run(o):
     return 0
 
 
+# A source site (fashion.c:923) is compared as written; any other number
+# matches any number, except 0, which must stay 0.
+SITE = re.compile(r"[A-Za-z_][\w.-]*\.(?:c|h|cpp):\d+")
+NUMBER = re.compile(r"[+-]?\d+(?:\.\d+)?")
+
+
+def line_pattern(line):
+    out, pos = [], 0
+    text = line.strip()
+    while pos < len(text):
+        m = SITE.match(text, pos)
+        if m:
+            out.append(re.escape(m.group(0)))
+            pos = m.end()
+            continue
+        m = NUMBER.match(text, pos)
+        if m and (pos == 0 or not (text[pos - 1].isalnum() or text[pos - 1] == "_")):
+            out.append(r"0" if m.group(0) == "0" else r"[+-]?\d+(?:\.\d+)?")
+            pos = m.end()
+            continue
+        if text[pos].isspace():
+            while pos < len(text) and text[pos].isspace():
+                pos += 1
+            out.append(r"\s+")
+            continue
+        out.append(re.escape(text[pos]))
+        pos += 1
+    return re.compile("".join(out) + "$")
+
+
+def check_demo(readme, exe, data):
+    shown = [(text, line) for lang, text, mark, line in blocks(readme)
+             if mark and mark[0] == "demo" and mark[1] == "ndm-fashion"]
+    if len(shown) != 1:
+        print(f"{readme}: {len(shown)} blocks after <!-- demo: ndm-fashion -->, not 1")
+        return 1
+    text, first = shown[0]
+    have_data = bool(data) and os.path.isfile(os.path.join(data, "train-images-idx3-ubyte.gz"))
+    exe = os.path.abspath(exe)
+    env = dict(os.environ, NDM_LEAK_REPORT="1")
+    env.pop("NDM_LOG_ERRORS", None)
+    model = os.path.join("build-release", "fashion-model.safetensors")  # as run.sh names it
+    runs = [[exe, "leak-demo"]]
+    if have_data:
+        runs = [[exe, "train", "--data", data, "--limit", "1200", "--epochs", "3", "--quiet",
+                 "--out", model],
+                [exe, "serve", "--data", data, "--model", model, "--requests", "400",
+                 "--threads", "2"]] + runs
+    printed = []
+    with tempfile.TemporaryDirectory() as tmp:
+        os.mkdir(os.path.join(tmp, "build-release"))
+        for argv in runs:
+            p = subprocess.run(argv, cwd=tmp, env=env, capture_output=True, text=True,
+                               timeout=300)
+            if p.returncode != 0:
+                print(f"{' '.join(argv[1:])} exited with {p.returncode}:\n{p.stdout}{p.stderr}")
+                return 1
+            printed += (p.stdout + p.stderr).splitlines()
+    printed = [l.strip() for l in printed]
+    bad = checked = skipped = 0
+    for i, want in enumerate(text.split("\n")):
+        if not want.strip() or want.strip() == "...":
+            continue
+        if not have_data and not SITE.search(want):
+            skipped += 1
+            continue
+        checked += 1
+        pat = line_pattern(want)
+        if not any(pat.match(got) for got in printed):
+            near = difflib.get_close_matches(want.strip(), printed, n=1, cutoff=0.3)
+            print(f"{readme}:{first + i}: the demo prints no line like\n    {want.strip()}\n"
+                  f"  nearest: {near[0] if near else '(none)'}")
+            bad += 1
+    print(f"{checked} lines of the demo block checked against a short run"
+          + (f"; {skipped} left out (no Fashion-MNIST in {data})" if skipped else ""))
+    return 1 if bad else 0
+
+
 def main():
+    if len(sys.argv) >= 4 and sys.argv[1] == "demo":
+        return check_demo(sys.argv[2], sys.argv[3], sys.argv[4] if len(sys.argv) > 4 else "")
     if len(sys.argv) >= 4 and sys.argv[1] == "readme":
         return check_readme(sys.argv[2], sys.argv[3])
     if len(sys.argv) >= 2 and sys.argv[1] == "run":

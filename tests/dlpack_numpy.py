@@ -54,7 +54,7 @@ to_dlpack = fn("ndm_to_dlpack_at", C.c_void_p, *SITE, Handle)
 from_dlpack = fn("ndm_from_dlpack_at", Handle, *SITE, Handle, C.c_void_p)
 array_data = fn("ndm_array_data", C.c_void_p, Handle)
 array_dtype = fn("ndm_array_dtype", C.c_int, Handle)
-copy_out = fn("ndm_array_copy_out", C.c_int, Handle, C.c_void_p, C.c_size_t)
+copy_out = fn("ndm_array_copy_out_at", C.c_int, *SITE, Handle, C.c_void_p, C.c_size_t)
 add_scalar_ = fn("ndm_add_scalar_inplace_at", C.c_int, *SITE, Handle, C.c_double)
 stats = fn("ndm_manager_stats", C.c_int, Handle, Device, C.c_uint, C.POINTER(Stats))
 last_error = fn("ndm_last_error", C.c_char_p)
@@ -111,7 +111,7 @@ w = x if x.flags.writeable else np.ctypeslib.as_array((C.c_float * 6).from_addre
 w[2] = 42.0  # NumPy writes, ndm reads
 del w
 out = (C.c_float * 6)()
-copy_out(a, out, C.sizeof(out))
+copy_out(*here, a, out, C.sizeof(out))
 check(out[2] == 42.0, "ndm -> numpy: a write through numpy is read by ndm")
 add_scalar_(*here, a, 1.0)  # ndm writes, NumPy reads
 check(x[0] == 1.0 and x[2] == 43.0, "ndm -> numpy: a write through ndm is read by numpy")
@@ -140,7 +140,7 @@ for dt, code in ((np.float32, F32), (np.float64, F64), (np.int64, I64)):
     check(array_data(b) == y.ctypes.data, "numpy -> ndm (%s): same address (no copy)" % name)
     y[1, 1] = 40  # NumPy writes, ndm reads
     buf = np.empty(6, dtype=dt)
-    copy_out(b, buf.ctypes.data, buf.nbytes)
+    copy_out(*here, b, buf.ctypes.data, buf.nbytes)
     check(buf[4] == 40, "numpy -> ndm (%s): a write through numpy is read by ndm" % name)
     add_scalar_(*here, b, 1.0)  # ndm writes, NumPy reads
     check(y[0, 0] == 1 and y[1, 1] == 41,
@@ -154,7 +154,7 @@ check(b.id != 0, "numpy -> ndm: a transposed view is adopted")
 if b.id:
     capsule_rename(cap, b"used_dltensor")
     buf = np.empty((4, 3), dtype=np.float32)
-    copy_out(b, buf.ctypes.data, buf.nbytes)
+    copy_out(*here, b, buf.ctypes.data, buf.nbytes)
     check((buf == z).all(), "numpy -> ndm: the strided view reads as numpy's")
 del cap
 refs = sys.getrefcount(z)
@@ -177,7 +177,7 @@ if torch is not None:
     check(x.dtype == torch.float32 and tuple(x.shape) == (6,), "ndm -> torch: dtype, shape")
     check(x.data_ptr() == array_data(a), "ndm -> torch: same address (no copy)")
     x[2] = 42.0
-    copy_out(a, out, C.sizeof(out))
+    copy_out(*here, a, out, C.sizeof(out))
     check(out[2] == 42.0, "ndm -> torch: a write through torch is read by ndm")
     add_scalar_(*here, a, 1.0)
     check(x[0].item() == 1.0 and x[2].item() == 43.0,
@@ -197,7 +197,7 @@ if torch is not None:
         check(array_data(b) == y.data_ptr(), "torch -> ndm: same address (no copy)")
         y[1, 2] = 100.0
         buf = np.empty((4, 3), dtype=np.float32)
-        copy_out(b, buf.ctypes.data, buf.nbytes)
+        copy_out(*here, b, buf.ctypes.data, buf.nbytes)
         check(buf[1, 2] == 100.0 and buf[3, 0] == 3.0,
               "torch -> ndm: a write through torch is read by ndm (strides kept)")
         add_scalar_(*here, b, 1.0)

@@ -227,6 +227,121 @@ static void test_error_message_names_site(void **state)
     assert_error_has("ndm_manager_close: the built-in manager 'system' cannot be closed");
 }
 
+/* The last error must be "<api>: ..." and end with this test file's line
+ * `line` in `func`: the function the user called, at the user's line. */
+#define assert_error_at(api, line, func)                                        \
+    do {                                                                        \
+        char tail_[160];                                                        \
+        snprintf(tail_, sizeof tail_, " [at test_status.c:%d (%s)]", (line), (func)); \
+        const char *msg_ = ndm_last_error();                                    \
+        size_t n_ = strlen(msg_), t_ = strlen(tail_), a_ = strlen(api);         \
+        if (strncmp(msg_, api, a_) || strncmp(msg_ + a_, ": ", 2) || n_ < t_ || \
+            strcmp(msg_ + n_ - t_, tail_))                                      \
+            fail_msg("last error \"%s\" is not \"%s: ...%s\"", msg_, (api), tail_); \
+    } while (0)
+
+/* ndm_item and ndm_item_i64 report their failures at the caller's line:
+ * a stale handle, more than one element, a NULL out. */
+static void test_error_site_item(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_array three = ndm_ones(m, NDM_F32, NDM_SHAPE(3));
+    ndm_array one = ndm_ones(m, NDM_I32, NDM_SHAPE(1, 1));
+    ndm_array gone = ndm_zeros(m, NDM_F32, NDM_SCALAR);
+    assert_live(three);
+    assert_live(one);
+    release_ok(gone);
+    double v = 7;
+    int64_t i = 7;
+    int line = __LINE__; assert_st(ndm_item(three, &v), NDM_E_SHAPE);
+    assert_error_at("ndm_item", line, __func__);
+    assert_error_has("item() needs exactly one element");
+    line = __LINE__; assert_st(ndm_item(gone, &v), NDM_E_CLOSED);
+    assert_error_at("ndm_item", line, __func__);
+    assert_error_has("stale array handle");
+    assert_true(v == 7);
+    line = __LINE__; assert_st(ndm_item_i64(one, NULL), NDM_E_INVALID);
+    assert_error_at("ndm_item_i64", line, __func__);
+    line = __LINE__; assert_st(ndm_item_i64(three, &i), NDM_E_SHAPE);
+    assert_error_at("ndm_item_i64", line, __func__);
+    assert_true(i == 7);
+    /* a wrapper passes its own caller's site */
+    assert_st(ndm_item_at("src/loss.c", 53, "picked_mean", three, &v), NDM_E_SHAPE);
+    assert_true(!strncmp(ndm_last_error(), "ndm_item: ", 10));
+    assert_non_null(strstr(ndm_last_error(), " [at loss.c:53 (picked_mean)]"));
+    /* and the calls still work */
+    assert_ok(ndm_item_i64(one, &i));
+    assert_int_equal(i, 1);
+    release_ok(three);
+    release_ok(one);
+    assert_manager_empty(m);
+}
+
+/* ndm_array_copy_out and ndm_array_copy_in: a wrong size, a NULL buffer and
+ * a stale handle name the call and the caller's line. */
+static void test_error_site_copy_out(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_array a = ndm_arange(m, NDM_F32, 0, 6, 1);
+    assert_live(a);
+    float buf[6] = {0};
+    int line = __LINE__; assert_st(ndm_array_copy_out(a, buf, 5 * sizeof *buf), NDM_E_INVALID);
+    assert_error_at("ndm_array_copy_out", line, __func__);
+    line = __LINE__; assert_st(ndm_array_copy_out(a, NULL, sizeof buf), NDM_E_INVALID);
+    assert_error_at("ndm_array_copy_out", line, __func__);
+    line = __LINE__; assert_st(ndm_array_copy_in(a, buf, 7 * sizeof *buf), NDM_E_INVALID);
+    assert_error_at("ndm_array_copy_in", line, __func__);
+    assert_ok(ndm_array_copy_out(a, buf, sizeof buf));
+    assert_true(buf[5] == 5.0f);
+    release_ok(a);
+    line = __LINE__; assert_st(ndm_array_copy_out(a, buf, sizeof buf), NDM_E_CLOSED);
+    assert_error_at("ndm_array_copy_out", line, __func__);
+    assert_error_has("stale array handle");
+    line = __LINE__; assert_st(ndm_array_copy_in(a, buf, sizeof buf), NDM_E_CLOSED);
+    assert_error_at("ndm_array_copy_in", line, __func__);
+    assert_manager_empty(m);
+}
+
+/* ndm_debug_dump and ndm_debug_dump_json on a closed manager or a NULL FILE. */
+static void test_error_site_debug_dump(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_manager gone = ndm_manager_new(m, "gone");
+    assert_live(gone);
+    close_ok(gone);
+    int line = __LINE__; assert_st(ndm_debug_dump(gone, stderr), NDM_E_CLOSED);
+    assert_error_at("ndm_debug_dump", line, __func__);
+    assert_error_has("manager 'system/test/gone'");
+    line = __LINE__; assert_st(ndm_debug_dump(m, NULL), NDM_E_INVALID);
+    assert_error_at("ndm_debug_dump", line, __func__);
+    line = __LINE__; assert_st(ndm_debug_dump_json(gone, stderr), NDM_E_CLOSED);
+    assert_error_at("ndm_debug_dump_json", line, __func__);
+    line = __LINE__; assert_st(ndm_debug_dump_json(m, NULL), NDM_E_INVALID);
+    assert_error_at("ndm_debug_dump_json", line, __func__);
+    assert_manager_empty(m);
+}
+
+/* ndm_alloc_configure: a bad string names the call and the caller's line,
+ * and changes nothing. */
+static void test_error_site_alloc_configure(void **state)
+{
+    ndm_manager m = ROOT(state);
+    char before[512], after[512];
+    assert_true(ndm_alloc_settings(NDM_CPU, before, sizeof before) < (int)sizeof before);
+    int line = __LINE__; assert_st(ndm_alloc_configure(NDM_CPU, "max_split_size_mb:5"), NDM_E_CONFIG);
+    assert_error_at("ndm_alloc_configure", line, __func__);
+    assert_error_has("max_split_size_mb must be at least 20");
+    line = __LINE__; assert_st(ndm_alloc_configure(NDM_CPU, "no_such_key:1"), NDM_E_CONFIG);
+    assert_error_at("ndm_alloc_configure", line, __func__);
+    assert_error_has("no_such_key");
+    assert_true(ndm_alloc_settings(NDM_CPU, after, sizeof after) < (int)sizeof after);
+    assert_string_equal(before, after);
+    ndm_array a = ndm_zeros(m, NDM_F32, NDM_SHAPE(4));
+    assert_live(a);
+    release_ok(a);
+    assert_manager_empty(m);
+}
+
 /* Accessors record no site: their messages end without one. */
 static void test_error_message_without_site(void **state)
 {
@@ -509,6 +624,10 @@ int main(void)
         TEST(test_last_error_per_thread),
         TEST(test_error_message_drops_at_suffix),
         TEST(test_error_message_names_site),
+        TEST(test_error_site_item),
+        TEST(test_error_site_copy_out),
+        TEST(test_error_site_debug_dump),
+        TEST(test_error_site_alloc_configure),
         TEST(test_error_message_without_site),
         TEST(test_error_first_in_chain_kept),
         TEST(test_error_null_manager_keeps_first_error),

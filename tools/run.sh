@@ -36,9 +36,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(meson ninja-build gcc g++ pkg-config libcmocka-dev libopenblas-dev zlib1g-dev libdlpack-dev python3-numpy
-          libtalloc-dev libapr1-dev dataset-fashion-mnist chromium doxygen cmake openmpi-bin
-          libopenmpi-dev)
+# What building ndm needs (the README's "Build and install": cmake and g++
+# because Meson writes the CMake package with cmake's own templates, and
+# cmake asks for a C++ compiler), and the main job's data; the tests need
+# the second list too.
+packages=(meson ninja-build gcc g++ cmake pkg-config zlib1g-dev libopenblas-dev
+          dataset-fashion-mnist)
+test_packages=(libcmocka-dev libdlpack-dev python3-numpy libtalloc-dev libapr1-dev chromium
+               doxygen openmpi-bin libopenmpi-dev)
 
 install_missing() {
     local missing=()
@@ -327,7 +332,7 @@ demo)
     ;;
 test)
     # clang builds the ThreadSanitizer tree and the fuzz targets
-    packages+=(clang)
+    packages+=("${test_packages[@]}" clang)
     install_missing
     build build
     meson test -C build --print-errorlogs --num-processes 2

@@ -154,21 +154,53 @@ NDM_API bool ndm_array_shares_storage(ndm_array a, ndm_array b);
 NDM_API void *ndm_array_data(ndm_array a);
 /** @} */
 
-/** Copy the elements of `a`, in C order, into a host buffer of `nbytes`
- *  (which must equal ndm_array_nbytes(a): NDM_E_INVALID otherwise). Works
- *  for any strides and device. NDM_OK; NDM_E_INVALID for a NULL buffer;
+/** Copy the elements of `a`, in C order, into the caller's host buffer dst
+ *  of `nbytes` (which must equal ndm_array_nbytes(a)), for any strides and
+ *  device. Returns NDM_OK. Owner: the caller's buffer is filled; `a` and
+ *  its manager are unchanged and nothing is allocated that outlives the
+ *  call. Errors: NDM_E_INVALID (dst NULL, or nbytes not the array's size),
+ *  NDM_E_NULL/NDM_E_CLOSED/NDM_E_INVALID for the handle (status.h),
  *  NDM_E_OOM, NDM_E_DEVICE from the device. */
-NDM_API NDM_NODISCARD ndm_status ndm_array_copy_out(ndm_array a, void *dst, size_t nbytes);
-/** Overwrite the elements of `a`, in C order, from a host buffer of
- *  `nbytes`; errors as for ndm_array_copy_out(). */
-NDM_API NDM_NODISCARD ndm_status ndm_array_copy_in(ndm_array a, const void *src, size_t nbytes);
+#define ndm_array_copy_out(a, dst, nbytes) ndm_array_copy_out_at(NDM_HERE, (a), (dst), (nbytes))
+/** ndm_array_copy_out() with an explicit call site (the macro passes
+ *  NDM_HERE). Returns NDM_OK. Owner: the caller's buffer is filled.
+ *  Errors: NDM_E_INVALID, NDM_E_NULL, NDM_E_CLOSED, NDM_E_OOM, NDM_E_DEVICE
+ *  as for ndm_array_copy_out(). */
+NDM_API NDM_NODISCARD ndm_status ndm_array_copy_out_at(NDM_SITE_PARAMS, ndm_array a, void *dst,
+                                                       size_t nbytes);
+/** Overwrite the elements of `a`, in C order, from the caller's host buffer
+ *  src of `nbytes` (which must equal ndm_array_nbytes(a)). Returns NDM_OK.
+ *  Owner: `a` keeps its storage, now holding a copy; src stays the
+ *  caller's. Errors: NDM_E_INVALID (src NULL, or nbytes not the
+ *  array's size), and the others of ndm_array_copy_out(). */
+#define ndm_array_copy_in(a, src, nbytes) ndm_array_copy_in_at(NDM_HERE, (a), (src), (nbytes))
+/** ndm_array_copy_in() with an explicit call site (the macro passes
+ *  NDM_HERE). Returns NDM_OK. Owner: `a` holds the copy, src stays the
+ *  caller's. Errors: NDM_E_INVALID, NDM_E_NULL, NDM_E_CLOSED, NDM_E_OOM,
+ *  NDM_E_DEVICE as for ndm_array_copy_in(). */
+NDM_API NDM_NODISCARD ndm_status ndm_array_copy_in_at(NDM_SITE_PARAMS, ndm_array a,
+                                                      const void *src, size_t nbytes);
 
 /** The value of a one-element array (any rank), converted to double, into
- *  *out (NDM_E_SHAPE when it has more or fewer elements, NDM_E_INVALID for a
- *  NULL out). */
-NDM_API NDM_NODISCARD ndm_status ndm_item(ndm_array a, double *out);
-/** ndm_item(), converted to int64. */
-NDM_API NDM_NODISCARD ndm_status ndm_item_i64(ndm_array a, int64_t *out);
+ *  the caller's *out. Returns NDM_OK. Owner: *out is written (nothing is
+ *  allocated). Errors: NDM_E_SHAPE (more or fewer than one element),
+ *  NDM_E_INVALID (out NULL), NDM_E_NULL/NDM_E_CLOSED/NDM_E_INVALID for the
+ *  handle (status.h), NDM_E_DEVICE from the device. */
+#define ndm_item(a, out) ndm_item_at(NDM_HERE, (a), (out))
+/** ndm_item() with an explicit call site (the macro passes NDM_HERE).
+ *  Returns NDM_OK. Owner: the caller's *out is written. Errors:
+ *  NDM_E_SHAPE, NDM_E_INVALID, NDM_E_NULL, NDM_E_CLOSED, NDM_E_DEVICE as
+ *  for ndm_item(). */
+NDM_API NDM_NODISCARD ndm_status ndm_item_at(NDM_SITE_PARAMS, ndm_array a, double *out);
+/** ndm_item(), converted to int64 as ndm_astype would (a float truncated
+ *  toward zero and clamped, NaN giving 0). Returns NDM_OK.
+ *  Owner: the caller's *out is written. Errors: NDM_E_SHAPE, NDM_E_INVALID
+ *  and the others of ndm_item(). */
+#define ndm_item_i64(a, out) ndm_item_i64_at(NDM_HERE, (a), (out))
+/** ndm_item_i64() with an explicit call site (the macro passes NDM_HERE).
+ *  Returns NDM_OK. Owner: the caller's *out is written. Errors:
+ *  NDM_E_SHAPE, NDM_E_INVALID and the others of ndm_item(). */
+NDM_API NDM_NODISCARD ndm_status ndm_item_i64_at(NDM_SITE_PARAMS, ndm_array a, int64_t *out);
 
 /** Print `a` to f as numpy's repr would. It reads
  *  `array([[1., 2.], [3., 4.]], dtype=float32)`, summarised with "..." above

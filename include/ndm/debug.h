@@ -82,17 +82,28 @@ enum {
 NDM_API NDM_NODISCARD ndm_status ndm_manager_stats(ndm_manager m, ndm_device device, unsigned flags,
                                                    ndm_stats *out);
 
-/** Print the subtree of `m` (format above). NDM_OK, or NDM_E_INVALID for a
- *  NULL f (and the handle errors of status.h). */
-NDM_API ndm_status ndm_debug_dump(ndm_manager m, FILE *f);
-/** The subtree as one JSON object:
+/** Print the subtree of `m` (format above) to f. Returns NDM_OK. Owner:
+ *  nothing is made; f stays the caller's (written and flushed, not
+ *  closed). Errors: NDM_E_INVALID for a NULL f, NDM_E_NULL/NDM_E_CLOSED/
+ *  NDM_E_INVALID for the handle (status.h). */
+#define ndm_debug_dump(m, f) ndm_debug_dump_at(NDM_HERE, (m), (f))
+/** ndm_debug_dump() with an explicit call site (the macro passes NDM_HERE).
+ *  Returns NDM_OK. Owner: f stays the caller's. Errors: NDM_E_INVALID,
+ *  NDM_E_NULL, NDM_E_CLOSED as for ndm_debug_dump(). */
+NDM_API ndm_status ndm_debug_dump_at(NDM_SITE_PARAMS, ndm_manager m, FILE *f);
+/** The subtree as one JSON object, then a newline, to f:
  *  {"name":..,"path":..,"device":..,"scope":bool,"capped":[..],"live_arrays":..,"created":..,
  *   "released":..,"closed_created":..,"closed_released":..,"moved_in":..,"moved_out":..,
  *   "resources":..,"lent":..,"borrowed":..,"shared":..,
  *   "bytes":{"cpu":{"live":..,"peak":..},..},"children":[..]}
- *  (closed_*: by closed children, as in the text dump). Returns NDM_OK;
- *  errors as for ndm_debug_dump(). */
-NDM_API ndm_status ndm_debug_dump_json(ndm_manager m, FILE *f);
+ *  (closed_*: by closed children, as in the text dump). Returns NDM_OK.
+ *  Owner: f stays the caller's. Errors: NDM_E_INVALID, NDM_E_NULL,
+ *  NDM_E_CLOSED as for ndm_debug_dump(). */
+#define ndm_debug_dump_json(m, f) ndm_debug_dump_json_at(NDM_HERE, (m), (f))
+/** ndm_debug_dump_json() with an explicit call site (the macro passes
+ *  NDM_HERE). Returns NDM_OK. Owner: f stays the caller's. Errors:
+ *  NDM_E_INVALID, NDM_E_NULL, NDM_E_CLOSED as for ndm_debug_dump(). */
+NDM_API ndm_status ndm_debug_dump_json_at(NDM_SITE_PARAMS, ndm_manager m, FILE *f);
 
 /** A point in the sequence of array creations (process wide). */
 typedef uint64_t ndm_seq;

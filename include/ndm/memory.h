@@ -229,8 +229,17 @@ NDM_API ndm_status ndm_memory_summary(ndm_device device, FILE *f);
 /** Configure the allocator of `device` from `conf` (grammar above): the
  *  defaults, then `conf`; items for other devices are checked and skipped.
  *  Cached free segments are returned first; live blocks are not moved.
- *  NDM_E_CONFIG (nothing changed) with a message naming the bad key. */
-NDM_API NDM_NODISCARD ndm_status ndm_alloc_configure(ndm_device device, const char *conf);
+ *  Returns NDM_OK. Owner: nothing is made; conf stays the caller's (ndm
+ *  keeps a copy of what it needs). Errors: NDM_E_CONFIG (nothing changed)
+ *  with a message naming the bad key or value; NDM_E_DEVICE /
+ *  NDM_E_UNSUPPORTED for a device this build or machine does not have. */
+#define ndm_alloc_configure(device, conf) ndm_alloc_configure_at(NDM_HERE, (device), (conf))
+/** ndm_alloc_configure() with an explicit call site (the macro passes
+ *  NDM_HERE). Returns NDM_OK. Owner: conf stays the caller's. Errors:
+ *  NDM_E_CONFIG, NDM_E_DEVICE, NDM_E_UNSUPPORTED as for
+ *  ndm_alloc_configure(). */
+NDM_API NDM_NODISCARD ndm_status ndm_alloc_configure_at(NDM_SITE_PARAMS, ndm_device device,
+                                                        const char *conf);
 
 /** Write the effective settings of `device` ("strategy:auto_growth,...") into
  *  buf; returns the length they need (like snprintf), or -1 on a device this

@@ -169,18 +169,19 @@ public:
         return s;
     }
     /** The one element as a double (NaN with exceptions off, on failure). */
-    double item() const
+    double item(site s = site()) const
     {
         double v = NAN;
-        detail::check(ndm_item(h_, &v));
+        detail::check(ndm_item_at(s.file, s.line, s.func, h_, &v));
         return v;
     }
     /** The elements in C order, as T (sizeof(T) must be the dtype's size). */
-    template <typename T> std::vector<T> to_vector() const
+    template <typename T> std::vector<T> to_vector(site s = site()) const
     {
         int64_t n = ndm_array_size(h_);
         std::vector<T> v(n > 0 ? (size_t)n : 0);
-        if (detail::check(ndm_array_copy_out(h_, v.data(), v.size() * sizeof(T))) < 0)
+        if (detail::check(ndm_array_copy_out_at(s.file, s.line, s.func, h_, v.data(),
+                                                v.size() * sizeof(T))) < 0)
             v.clear();
         return v;
     }

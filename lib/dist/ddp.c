@@ -705,7 +705,8 @@ static ndm_status step_cuda(ddp *d, ndm__dist_group *g, const char *api, ndm__si
     if (!flags)
         return ndm__fail(NDM_E_OOM, api, site, "no memory for %d flags", d->nb);
     if (d->nb)
-        st = ndm_array_copy_out(d->flags, flags, (size_t)d->nb * sizeof *flags);
+        st = ndm_array_copy_out_at(NDM__SITE_ARGS(site), d->flags, flags,
+                                   (size_t)d->nb * sizeof *flags);
     bool any_failed = false;
     for (int k = 0; k < d->nb && st == NDM_OK; k++)
         any_failed |= flags[k] != 0;

@@ -103,7 +103,7 @@ static ndm_status gathered(ndm__dist_group *g, ndm__dist_kind kind, ndm_manager 
     int64_t n = 0;
     if (mem) {
         if (kind == NDM__DIST_DUMP)
-            local = ndm_debug_dump(m, mem);
+            local = ndm_debug_dump_at(NDM__SITE_ARGS(site), m, mem);
         else
             n = ndm_leak_report(mem);
         fclose(mem);

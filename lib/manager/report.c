@@ -323,19 +323,19 @@ static void dump_group(uint32_t *members, size_t n, int depth, void *vctx)
 
 /* The manager a dump or report is of, or NULL (the failure recorded) for a
  * stale handle or a NULL FILE. */
-static ndm__manager *report_args(ndm_manager h, FILE *f, const char *api)
+static ndm__manager *report_args(ndm_manager h, FILE *f, const char *api, ndm__site site)
 {
-    ndm__manager *m = ndm__manager_get(h, api, NDM__NO_SITE);
+    ndm__manager *m = ndm__manager_get(h, api, site);
     if (m && !f) {
-        ndm__fail(NDM_E_INVALID, api, NDM__NO_SITE, "FILE is NULL");
+        ndm__fail(NDM_E_INVALID, api, site, "FILE is NULL");
         return NULL;
     }
     return m;
 }
 
-NDM_API ndm_status ndm_debug_dump(ndm_manager h, FILE *f)
+NDM_API ndm_status ndm_debug_dump_at(NDM_SITE_PARAMS, ndm_manager h, FILE *f)
 {
-    ndm__manager *m = report_args(h, f, __func__);
+    ndm__manager *m = report_args(h, f, __func__, NDM__SITE);
     if (!m)
         return ndm_last_status();
     ndm__tree_lock();
@@ -403,9 +403,9 @@ static void json_node(ndm__manager *m, FILE *f, const lent_table *lt)
     fputs("]}", f);
 }
 
-NDM_API ndm_status ndm_debug_dump_json(ndm_manager h, FILE *f)
+NDM_API ndm_status ndm_debug_dump_json_at(NDM_SITE_PARAMS, ndm_manager h, FILE *f)
 {
-    ndm__manager *m = report_args(h, f, __func__);
+    ndm__manager *m = report_args(h, f, __func__, NDM__SITE);
     if (!m)
         return ndm_last_status();
     ndm__tree_lock();
@@ -512,7 +512,7 @@ NDM_API int64_t ndm_count_since(ndm_manager h, ndm_seq mark)
 
 NDM_API ndm_status ndm_report_since(ndm_manager h, ndm_seq mark, FILE *f)
 {
-    ndm__manager *m = report_args(h, f, __func__);
+    ndm__manager *m = report_args(h, f, __func__, NDM__NO_SITE);
     if (!m)
         return ndm_last_status();
     groups gs = {0};

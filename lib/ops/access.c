@@ -138,42 +138,50 @@ NDM_API void *ndm_array_data(ndm_array a)
 
 /* Move the elements of r in C order to or from a host buffer: the one
  * transfer path (inner.c). */
-static ndm_status transfer(ndm__array *r, void *host, size_t nbytes, bool out, const char *api)
+static ndm_status transfer(ndm__array *r, void *host, size_t nbytes, bool out, const char *api,
+                           ndm__site site)
 {
     ndm__view v;
     ndm__view_fill(r, &v);
-    return out ? ndm__view_to_host(&v, host, nbytes, api, NDM__NO_SITE)
-               : ndm__view_from_host(&v, host, nbytes, api, NDM__NO_SITE);
+    return out ? ndm__view_to_host(&v, host, nbytes, api, site)
+               : ndm__view_from_host(&v, host, nbytes, api, site);
 }
 
-NDM_API ndm_status ndm_array_copy_out(ndm_array a, void *dst, size_t nbytes)
+/* The transfers name the caller's site, so their lookup is the checked one
+ * (the site is built on the failure path only). */
+#define GET_AT(h, fail_value)                                                    \
+    ndm__array *r = ndm__array_get((h), __func__, NDM__SITE);                   \
+    if (NDM__UNLIKELY(!r))                                                      \
+        return fail_value;
+
+NDM_API ndm_status ndm_array_copy_out_at(NDM_SITE_PARAMS, ndm_array a, void *dst, size_t nbytes)
 {
     NDM__OP_GUARD();
-    GET(a, ndm_last_status());
-    return transfer(r, dst, nbytes, true, __func__);
+    GET_AT(a, ndm_last_status());
+    return transfer(r, dst, nbytes, true, __func__, NDM__SITE);
 }
 
-NDM_API ndm_status ndm_array_copy_in(ndm_array a, const void *src, size_t nbytes)
+NDM_API ndm_status ndm_array_copy_in_at(NDM_SITE_PARAMS, ndm_array a, const void *src,
+                                        size_t nbytes)
 {
     NDM__OP_GUARD();
-    GET(a, ndm_last_status());
-    return transfer(r, (void *)src, nbytes, false, __func__);
+    GET_AT(a, ndm_last_status());
+    return transfer(r, (void *)src, nbytes, false, __func__, NDM__SITE);
 }
 
 /* The single element of r converted to `as` (f64 or i64) into *out. */
-static ndm_status item(ndm__array *r, ndm_dtype as, void *out, const char *api)
+static ndm_status item(ndm__array *r, ndm_dtype as, void *out, const char *api, ndm__site site)
 {
     if (!out)
-        return ndm__fail(NDM_E_INVALID, api, NDM__NO_SITE, "out is NULL");
+        return ndm__fail(NDM_E_INVALID, api, site, "out is NULL");
     int64_t n = ndm__numel(r->ndim, r->shape);
     if (n != 1) {
         char desc[160];
-        return ndm__fail(NDM_E_SHAPE, api, NDM__NO_SITE,
-                         "item() needs exactly one element; %s has %" PRId64,
+        return ndm__fail(NDM_E_SHAPE, api, site, "item() needs exactly one element; %s has %" PRId64,
                          ndm__array_desc(r, desc, sizeof desc), n);
     }
     unsigned char raw[8];
-    ndm_status st = transfer(r, raw, ndm_dtype_size(r->dtype), true, api);
+    ndm_status st = transfer(r, raw, ndm_dtype_size(r->dtype), true, api, site);
     if (st < 0)
         return st;
     ndm__tensor src = {raw, r->dtype, 0, NULL, NULL};
@@ -181,16 +189,16 @@ static ndm_status item(ndm__array *r, ndm_dtype as, void *out, const char *api)
     return ndm__cpu_backend.copy(0, &dst, &src);
 }
 
-NDM_API ndm_status ndm_item(ndm_array a, double *out)
+NDM_API ndm_status ndm_item_at(NDM_SITE_PARAMS, ndm_array a, double *out)
 {
     NDM__OP_GUARD();
-    GET(a, ndm_last_status());
-    return item(r, NDM_F64, out, __func__);
+    GET_AT(a, ndm_last_status());
+    return item(r, NDM_F64, out, __func__, NDM__SITE);
 }
 
-NDM_API ndm_status ndm_item_i64(ndm_array a, int64_t *out)
+NDM_API ndm_status ndm_item_i64_at(NDM_SITE_PARAMS, ndm_array a, int64_t *out)
 {
     NDM__OP_GUARD();
-    GET(a, ndm_last_status());
-    return item(r, NDM_I64, out, __func__);
+    GET_AT(a, ndm_last_status());
+    return item(r, NDM_I64, out, __func__, NDM__SITE);
 }

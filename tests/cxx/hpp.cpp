@@ -192,9 +192,21 @@ static void sites()
     EXPECT(caught);
     caught = false;
     try {
-        (void)a.item(); /* three elements */
+        bad = __LINE__; (void)a.item(); /* three elements */
     } catch (const ndm::error &e) {
         caught = e.status() == NDM_E_SHAPE;
+        /* the C call the owner makes, at the caller's line */
+        EXPECT(std::string(e.what()).rfind("ndm_item: ", 0) == 0);
+        EXPECT(std::string(e.what()).find(here(bad)) != std::string::npos);
+    }
+    EXPECT(caught);
+    caught = false;
+    try {
+        bad = __LINE__; (void)a.to_vector<double>(); /* 8-byte elements of a f32 array */
+    } catch (const ndm::error &e) {
+        caught = e.status() == NDM_E_INVALID;
+        EXPECT(std::string(e.what()).rfind("ndm_array_copy_out: ", 0) == 0);
+        EXPECT(std::string(e.what()).find(here(bad)) != std::string::npos);
     }
     EXPECT(caught);
 #else
@@ -202,7 +214,9 @@ static void sites()
     EXPECT(!x.ok() && x.get().id == 0);
     EXPECT(ndm_last_status() == NDM_E_SHAPE);
     EXPECT(std::string(ndm_last_error()).find(here(bad)) != std::string::npos);
-    EXPECT(std::isnan(a.item()));
+    bad = __LINE__; EXPECT(std::isnan(a.item()));
+    EXPECT(std::string(ndm_last_error()).rfind("ndm_item: ", 0) == 0);
+    EXPECT(std::string(ndm_last_error()).find(here(bad)) != std::string::npos);
 #endif
     EXPECT(stats_of(m).live_arrays == 3);
 }

@@ -640,16 +640,16 @@ NDM_API ndm_status ndm_memory_summary(ndm_device device, FILE *f)
     return NDM_OK;
 }
 
-NDM_API ndm_status ndm_alloc_configure(ndm_device device, const char *conf)
+NDM_API ndm_status ndm_alloc_configure_at(NDM_SITE_PARAMS, ndm_device device, const char *conf)
 {
-    ndm__pool *p = get_pool(device, __func__);
+    ndm__pool *p = get_pool_at(device, __func__, NDM__SITE);
     if (!p)
         return ndm_last_status();
     ndm__settings s;
     char err[768];
     ndm_status st = ndm__settings_parse(conf, device, &s, err, sizeof err);
     if (st < 0)
-        return ndm__fail(st, __func__, NDM__NO_SITE, "%s", err);
+        return ndm__fail(st, __func__, NDM__SITE, "%s", err);
     st = ndm__pool_configure(p, &s, conf);
     if (st == NDM_OK)
         atomic_store(&conf_bad[pool_index(device)], false);
