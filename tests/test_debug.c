@@ -998,6 +998,35 @@ static void test_leak_report_at_exit(void **state)
     free(err);
 }
 
+/* NDM_LEAK_REPORT=why: the report, then why the largest sites' arrays are
+ * alive, each with its owners' opening lines. */
+static void test_leak_report_why_at_exit(void **state)
+{
+    (void)state;
+    char *out, *err;
+    int rc = run_leak_child("why", &out, &err);
+    if (rc != 0)
+        fail_msg("leak_child exited with %d: %s", rc, err);
+    int mline = 0, aline = 0, lline = 0;
+    assert_int_equal(sscanf(out, "manager %d\narray %d\nloop %d", &mline, &aline, &lline), 3);
+    char want[256];
+    assert_non_null(strstr(err, "ndm leak report: 1 live manager, 321 live arrays\n"));
+    /* the 320 small arrays hold 320 x 16 bytes, the one f32[2,3] 24: that
+     * site comes first */
+    snprintf(want, sizeof want, "why alive: i32[4], made at leak_child.c:%d (main)\n", lline);
+    const char *first = strstr(err, want);
+    if (!first)
+        fail_msg("stderr of leak_child:\n%s\nlacks:\n%s", err, want);
+    snprintf(want, sizeof want, "'leaky' opened at leak_child.c:%d (main)", mline);
+    assert_non_null(strstr(first, want));
+    snprintf(want, sizeof want, "why alive: f32[2,3], made at leak_child.c:%d (main)\n", aline);
+    const char *second = strstr(err, want);
+    assert_non_null(second);
+    assert_true(second > first);
+    free(out);
+    free(err);
+}
+
 static void test_leak_report_off_by_default(void **state)
 {
     (void)state;
@@ -1042,6 +1071,7 @@ int main(void)
         TEST(test_leak_report_folds_repeated_managers),
         TEST(test_leak_report_nothing_alive),
         TEST(test_leak_report_at_exit),
+        TEST(test_leak_report_why_at_exit),
         TEST(test_leak_report_off_by_default),
     };
     return cmocka_run_group_tests_name("debug", tests, NULL, NULL);

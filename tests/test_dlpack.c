@@ -85,7 +85,7 @@ static void test_dlpack_export_keeps_storage_and_shows_lent(void **state)
     assert_non_null(wf);
     assert_ok(ndm_why_alive(a, wf));
     fclose(wf);
-    if (!strstr(w, "f64[4], a DLPack export not yet deleted, in system/detached, made at tests/test_dlpack.c:75") ||
+    if (!strstr(w, "f64[4], a DLPack export not yet deleted, in system/detached, made at test_dlpack.c:75") ||
         !strstr(w, "lent by system/test/src"))
         fail_msg("the export is not named as what keeps the array:\n%s", w);
     free(w);

@@ -153,6 +153,8 @@ NDM_API int64_t ndm_leak_report(FILE *f);
  *      40 bytes, so it pins 4.0 MiB more
  *      1 other view holds the storage (it lives until every one is released):
  *        f32[1024,1024], the array that made the storage, in system/batch, made at app.c:7 (main)
+ *  NDM_LEAK_REPORT=why prints the exit report and then this for one array
+ *  of each of the three creation lines holding the most bytes.
  *  Returns NDM_OK. Owner: nothing is made; the text goes to the caller's f.
  *  Errors: NDM_E_INVALID for a NULL f or a forged handle, NDM_E_CLOSED for a
  *  released array, NDM_E_NULL for a null handle, NDM_E_OOM when the list of

@@ -798,6 +798,9 @@ ndm_status ndm__charge_move(ndm__manager *from, ndm__manager *to, int dev, int64
 char *ndm__manager_path(uint32_t slot, char *buf, size_t n);
 /* The same, for callers that already hold the tree lock. */
 char *ndm__manager_path_locked(uint32_t slot, char *buf, size_t n);
+/* ndm_why_alive for one array of each of the `top` creation sites holding
+ * the most bytes (no lock held; NDM_LEAK_REPORT=why at exit). */
+void ndm__why_top(FILE *f, int top);
 
 /* A new manager with extra NDM__M_* flags (scopes). */
 ndm_manager ndm__manager_new_ex(ndm__site site, const char *api, ndm_manager parent,

@@ -141,7 +141,10 @@ static void record_init(ndm__manager *m, ndm__manager *parent, const char *name,
 static void leak_report_at_exit(void)
 {
     int64_t n = ndm_leak_report(stderr);
-    (void)n;
+    /* NDM_LEAK_REPORT=why: and why the largest three are alive */
+    const char *env = getenv("NDM_LEAK_REPORT");
+    if (n > 0 && env && !strcmp(env, "why"))
+        ndm__why_top(stderr, 3);
 }
 
 static void init_process(void)

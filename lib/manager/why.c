@@ -71,9 +71,10 @@ static void read_owners(why *w, uint32_t slot)
     for (int i = 0; i < n; i++) {
         ndm__manager *m = ndm__manager_rec(chain[n - 1 - i]);
         /* (the built-in nodes were opened by ndm itself) */
+        char at[256];
         if (m->site.file && !(atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_BUILTIN))
-            snprintf(w->owners[i], WHY_PATH, "'%s' opened at %s:%d (%s)", m->name, m->site.file,
-                     m->site.line, m->site.func ? m->site.func : "?");
+            snprintf(w->owners[i], WHY_PATH, "'%s' opened at %s", m->name,
+                     ndm__site_str(m->site, at, sizeof at));
         else
             snprintf(w->owners[i], WHY_PATH, "'%s'", m->name);
     }
@@ -156,12 +157,11 @@ static const char *view_role(const why_view *v)
     return "a view";
 }
 
+/* As every report writes a site: "file.c:12 (func)". */
 static void print_site(FILE *f, ndm__site s)
 {
-    if (s.file)
-        fprintf(f, "%s:%d (%s)", s.file, s.line, s.func ? s.func : "?");
-    else
-        fputs("an unknown line", f);
+    char buf[256];
+    fputs(ndm__site_str(s, buf, sizeof buf), f);
 }
 
 static void why_print(FILE *f, const why *w)
@@ -284,4 +284,73 @@ NDM_API ndm_status ndm_why_alive_at(NDM_SITE_PARAMS, ndm_array a, FILE *f)
 NDM_API ndm_status ndm_why_alive_json_at(NDM_SITE_PARAMS, ndm_array a, FILE *f)
 {
     return why_alive(NDM__SITE, "ndm_why_alive_json", a, f, true);
+}
+
+/* ---- the top of the leak report ------------------------------------------------- */
+
+typedef struct top_site {
+    ndm__site site;
+    int64_t bytes;
+    ndm_array newest; /* one live array made there */
+} top_site;
+
+#define WHY_TOP_SITES 256
+
+/* Live arrays of m's subtree grouped by creation site (at most
+ * WHY_TOP_SITES sites; the rest are not looked at). Tree lock held. */
+static void top_walk(ndm__manager *m, top_site *t, size_t *n)
+{
+    ndm__mlock_take(m);
+    for (uint32_t i = 0; i < m->narrays; i++) {
+        if (!m->arrays[i])
+            continue;
+        ndm__array *r = ndm__array_rec(m->arrays[i]);
+        ndm__site s = ndm__array_site(r);
+        size_t k = 0;
+        while (k < *n && !(t[k].site.line == s.line && t[k].site.file == s.file &&
+                           t[k].site.func == s.func))
+            k++;
+        if (k == *n) {
+            if (*n == WHY_TOP_SITES)
+                continue;
+            t[(*n)++] = (top_site){s, 0, NDM_NULL_ARRAY};
+        }
+        t[k].bytes += (int64_t)r->storage->nbytes;
+        t[k].newest = ndm__array_handle(r->self, atomic_load_explicit(&r->gen, memory_order_relaxed));
+    }
+    ndm__mlock_drop(m);
+    for (uint32_t c = m->first_child; c; c = ndm__manager_slot(c)->sib_next)
+        top_walk(ndm__manager_slot(c), t, n);
+}
+
+static int by_bytes(const void *a, const void *b)
+{
+    const top_site *x = a, *y = b;
+    return x->bytes < y->bytes ? 1 : x->bytes > y->bytes ? -1 : 0;
+}
+
+void ndm__why_top(FILE *f, int top)
+{
+    top_site *t = calloc(WHY_TOP_SITES, sizeof *t);
+    if (!t) {
+        fputs("ndm why alive: no memory to group the arrays\n", f);
+        return;
+    }
+    size_t n = 0;
+    ndm__tree_lock();
+    top_walk(ndm__manager_slot(ndm__system_slot), t, &n);
+    ndm__tree_unlock();
+    qsort(t, n, sizeof *t, by_bytes);
+    for (size_t i = 0; i < n && i < (size_t)top; i++) {
+        /* (an array released meanwhile by another thread is skipped) */
+        why w;
+        ndm__array *r = ndm__array_peek(t[i].newest);
+        if (r && why_read(r, (uint32_t)(t[i].newest.id >> 32), &w, "NDM_LEAK_REPORT",
+                          NDM__NO_SITE) == NDM_OK)
+            why_print(f, &w);
+        if (r)
+            free(w.views);
+    }
+    fflush(f);
+    free(t);
 }
