@@ -31,6 +31,7 @@ typedef struct why {
     why_view self;
     char owners[16][WHY_PATH]; /* the owner chain: names and opening sites */
     int nowners;
+    int owners_skipped;        /* managers between the root and owners[1], not shown */
     int64_t storage_bytes;
     bool wrapped;              /* a buffer ndm did not allocate */
     char charged[WHY_PATH];
@@ -71,14 +72,21 @@ static void read_view(why_view *v, ndm__array *r, const ndm__array *self, const 
     }
 }
 
-/* Tree lock held; owner chain of manager slot `slot`, root first. */
+/* Tree lock held; owner chain of manager slot `slot`, root first: the root
+ * and the innermost 15 of a deeper chain, the managers between counted in
+ * owners_skipped. */
 static void read_owners(why *w, uint32_t slot)
 {
     uint32_t chain[16];
-    int n = 0;
-    for (uint32_t s = slot; s && n < 16; s = ndm__manager_rec(s)->parent)
-        chain[n++] = s;
+    int n = 0, depth = 0;
+    for (uint32_t s = slot; s; s = ndm__manager_rec(s)->parent, depth++) {
+        if (n < 16)
+            chain[n++] = s;
+        else
+            chain[15] = s; /* (the last one written is the root) */
+    }
     w->nowners = n;
+    w->owners_skipped = depth - n;
     for (int i = 0; i < n; i++) {
         ndm__manager *m = ndm__manager_rec(chain[n - 1 - i]);
         /* (the built-in nodes were opened by ndm itself) */
@@ -187,8 +195,11 @@ static void why_print(FILE *f, const why *w)
         fputs(" (borrowed from a manager that has closed: it goes back to an earlier lender, "
               "or is released, when this manager closes)", f);
     fputc('\n', f);
-    for (int i = 0; i < w->nowners; i++)
+    for (int i = 0; i < w->nowners; i++) {
         fprintf(f, "    %*s%s\n", 2 * i, "", w->owners[i]);
+        if (i == 0 && w->owners_skipped)
+            fprintf(f, "      ... %d more managers\n", w->owners_skipped);
+    }
     fprintf(f, "  storage: %s%s, charged to %s", fmt_bytes(w->storage_bytes, b1, sizeof b1),
             w->wrapped ? " (a wrapped buffer)" : "", w->charged);
     if (w->storage_bytes > w->self.elem_bytes)
@@ -258,6 +269,8 @@ static void why_json(FILE *f, const why *w)
         if (i)
             fputc(',', f);
         ndm__json_write_str(f, w->owners[i]);
+        if (i == 0 && w->owners_skipped)
+            fprintf(f, ",\"... %d more managers\"", w->owners_skipped);
     }
     fprintf(f, "],\"storage\":{\"bytes\":%" PRId64 ",\"wrapped\":%s,\"charged\":", w->storage_bytes,
             w->wrapped ? "true" : "false");
