@@ -43,7 +43,6 @@
  *  (c) a move (ndm_attach, ndm_temp_attach, ndm_detach) is named at the
  *      array's creation, not at the move's line: no tool records the line of
  *      a move yet.
- *  (d) see test_nested_scope_grows_deeper.
  *
  * With NDM_CORPUS_PRINT=1 every report is printed (docs/leak-hunting.md
  * quotes them); NDM_CORPUS_STEPS=N runs the clean loops N steps (2,000 by
@@ -948,7 +947,7 @@ static void test_nested_scope_grows_deeper(void **state)
     ndm_growth g = tracker(state, model);
     int l_inner = 0;
     ndm_array last = NDM_NULL_ARRAY;
-    for (int step = 0; step < STEPS; step++) {
+    for (int step = 0; step < 16; step++) {
         /* under the innermost scope, which is the previous step's, never ended */
         l_inner = __LINE__ + 1;
         ndm_manager inner = ndm_scope_begin(NDM_CURRENT_SCOPE, "inner");
@@ -957,15 +956,20 @@ static void test_nested_scope_grows_deeper(void **state)
         assert_ok(ndm_growth_step(g));
     }
     char *t = growth_text(g, "22 growth");
-    assert_class(t, l_inner, "leak");
-    assert_names(t, l_inner, "12 managers 'inner'");
+    assert_class_with(t, l_inner, "leak", "+1.00 manager/step");
+    assert_names(t, l_inner, "16 managers 'inner'");
     free(t);
+    /* twenty owners deep: the root, the managers between counted, and the
+     * innermost fifteen, each at the line that opened it */
     t = why_text(last, "22 why");
-    /* Gap (d): the owner chain is cut at 16 managers, from the array up:
-     * twelve 'inner' scopes under system/test/model/epoch make 16, so the
-     * root is still shown; deeper trees lose their top. */
     assert_names(t, l_inner, "'inner' opened at");
-    assert_has(t, "'system'");
+    assert_has(t, "  owned by system/test/model/epoch/inner/inner/");
+    assert_has(t, "\n    'system'\n      ... 4 more managers\n");
+    free(t);
+    capture c;
+    assert_ok(ndm_why_alive_json(last, cap_open(&c)));
+    t = cap_close(&c, "22 why json");
+    assert_has(t, "\"owners\":[\"'system'\",\"... 4 more managers\",\"'inner' opened at ");
     free(t);
     assert_ok(ndm_scope_end(epoch, 0, NULL));
     free_tracker(g);
