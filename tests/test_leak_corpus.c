@@ -537,6 +537,9 @@ static void test_loader_batch_kept_past_its_step(void **state)
     /* The batches' arrays, all made at the caller's ndm_loader_next line,
      * are one site: a leak at that line. */
     assert_class_with(t, l_next, "leak", "+1.00 array/step, +64 bytes/step: 12 arrays, 768 bytes");
+    /* (in the newest batch that holds one) */
+    assert_names(t, l_next, "12 arrays, 768 bytes, created at");
+    assert_class_with(t, l_next, "leak", "in system/test/trainer/batch-11");
     /* Gap (b): each kept batch has its own name ("batch-<n>") and the
      * tracker keys a manager's site by its opening line and its name, so
      * the kept managers are twelve sites of one manager each, not one
