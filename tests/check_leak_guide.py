@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """docs/leak-hunting.md quotes what the leak corpus prints: every line of its
 output blocks (fenced blocks without a language, "..." aside) must be a line
-that the corpus prints with NDM_CORPUS_PRINT=1, so the guide's outputs stay
-real when the corpus or the tools change.
+that the corpus prints with NDM_CORPUS_PRINT=1, and every site it names in
+its prose ("test_leak_corpus.c:N (func)") one that the corpus prints, so the
+guide's outputs stay real when the corpus or the tools change.
 
   check_leak_guide.py CORPUS_BIN GUIDE
 """
 import os
+import re
 import subprocess
 import sys
 
@@ -42,6 +44,11 @@ def main():
         # (a library built without DLPack has no DLPack case)
         quoted = [(no, l) for no, l in quoted if "dlpack" not in l.lower()]
     missing = [(no, l) for no, l in quoted if l not in printed]
+    with open(guide, encoding="utf-8") as f:
+        for no, line in enumerate(f, 1):
+            for site in re.findall(r"test_leak_corpus\.c:\d+ \(\w+\)", line):
+                if site not in run.stdout:
+                    missing.append((no, site))
     for no, l in missing:
         print(f"{guide}:{no}: not printed by the corpus: {l}")
     quoted = len(quoted)
