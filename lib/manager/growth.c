@@ -19,7 +19,9 @@ typedef struct gsite {
     ndm__site site;
     bool manager;              /* a manager's opening site (else an array's creation site) */
     char name[NDM__NAME_MAX];  /* the manager's name, for a manager site */
-    uint32_t where;            /* the manager that held the newest one seen (its parent, for a manager site) */
+    uint32_t where;            /* the manager that held the first one met in the step's walk (its
+                                  parent, for a manager site): children are walked newest first,
+                                  so of siblings, the newest */
     uint64_t seen;             /* the step it was last sampled in */
     int64_t count[GROWTH_WINDOW], bytes[GROWTH_WINDOW]; /* by step, modulo the window */
 } gsite;
@@ -88,10 +90,10 @@ static void count(growth *g, gsite *e, uint32_t where, int64_t bytes)
     if (e->seen != g->steps + 1) {
         e->seen = g->steps + 1;
         e->count[k] = e->bytes[k] = 0;
+        e->where = where;
     }
     e->count[k]++;
     e->bytes[k] += bytes;
-    e->where = where;
 }
 
 /* Sample m's subtree (tree lock held; each manager's lock while its list is read). */

@@ -22,14 +22,16 @@ typedef struct why_view {
     char mgr_name[NDM__NAME_MAX];
     ndm__site made;
     int64_t elem_bytes;   /* bytes of its own elements */
-    char lender[WHY_PATH]; /* "" unless borrowed */
+    char lender[WHY_PATH]; /* "" unless borrowed (or its lender closed) */
     bool is_self, is_home, exported;
+    bool lender_gone;      /* borrowed, and the lender has closed since */
 } why_view;
 
 typedef struct why {
     why_view self;
     char owners[16][WHY_PATH]; /* the owner chain: names and opening sites */
     int nowners;
+    int owners_skipped;        /* managers between the root and owners[1], not shown */
     int64_t storage_bytes;
     bool wrapped;              /* a buffer ndm did not allocate */
     char charged[WHY_PATH];
@@ -56,18 +58,35 @@ static void read_view(why_view *v, ndm__array *r, const ndm__array *self, const 
     v->is_home = r == home;
     v->exported = r->mgr == ndm__detached_slot && r->lender;
     v->lender[0] = 0;
-    if (r->lender)
-        ndm__manager_path_locked(r->lender, v->lender, sizeof v->lender);
+    v->lender_gone = false;
+    if (r->lender) {
+        /* (a lender that closed may have its slot taken by another manager:
+         * its path would name that one) */
+        ndm__manager *l = ndm__manager_rec(r->lender);
+        unsigned st = atomic_load_explicit(&l->state, memory_order_relaxed);
+        if ((st & (NDM__M_LIVE | NDM__M_CLOSING)) == NDM__M_LIVE &&
+            atomic_load_explicit(&l->gen, memory_order_relaxed) == r->lender_gen)
+            ndm__manager_path_locked(r->lender, v->lender, sizeof v->lender);
+        else
+            v->lender_gone = true;
+    }
 }
 
-/* Tree lock held; owner chain of manager slot `slot`, root first. */
+/* Tree lock held; owner chain of manager slot `slot`, root first: the root
+ * and the innermost 15 of a deeper chain, the managers between counted in
+ * owners_skipped. */
 static void read_owners(why *w, uint32_t slot)
 {
     uint32_t chain[16];
-    int n = 0;
-    for (uint32_t s = slot; s && n < 16; s = ndm__manager_rec(s)->parent)
-        chain[n++] = s;
+    int n = 0, depth = 0;
+    for (uint32_t s = slot; s; s = ndm__manager_rec(s)->parent, depth++) {
+        if (n < 16)
+            chain[n++] = s;
+        else
+            chain[15] = s; /* (the last one written is the root) */
+    }
     w->nowners = n;
+    w->owners_skipped = depth - n;
     for (int i = 0; i < n; i++) {
         ndm__manager *m = ndm__manager_rec(chain[n - 1 - i]);
         /* (the built-in nodes were opened by ndm itself) */
@@ -152,7 +171,7 @@ static const char *view_role(const why_view *v)
         return "saved by an autograd graph";
     if (v->is_home)
         return "the array that made the storage";
-    if (v->lender[0])
+    if (v->lender[0] || v->lender_gone)
         return "a borrowed view";
     return "a view";
 }
@@ -172,9 +191,15 @@ static void why_print(FILE *f, const why *w)
     fprintf(f, "\n  owned by %s", w->self.path);
     if (w->self.lender[0])
         fprintf(f, " (borrowed: it goes back to %s when that manager closes)", w->self.lender);
+    else if (w->self.lender_gone)
+        fputs(" (borrowed from a manager that has closed: it goes back to an earlier lender, "
+              "or is released, when this manager closes)", f);
     fputc('\n', f);
-    for (int i = 0; i < w->nowners; i++)
+    for (int i = 0; i < w->nowners; i++) {
         fprintf(f, "    %*s%s\n", 2 * i, "", w->owners[i]);
+        if (i == 0 && w->owners_skipped)
+            fprintf(f, "      ... %d more managers\n", w->owners_skipped);
+    }
     fprintf(f, "  storage: %s%s, charged to %s", fmt_bytes(w->storage_bytes, b1, sizeof b1),
             w->wrapped ? " (a wrapped buffer)" : "", w->charged);
     if (w->storage_bytes > w->self.elem_bytes)
@@ -193,9 +218,11 @@ static void why_print(FILE *f, const why *w)
         fprintf(f, "    %s, %s, in %s, made at ", v->desc, view_role(v), v->path);
         print_site(f, v->made);
         if (v->exported)
-            fprintf(f, ", lent by %s", v->lender);
+            fprintf(f, ", lent by %s", v->lender[0] ? v->lender : "a manager that has closed");
         else if (v->lender[0])
             fprintf(f, ", borrowed from %s", v->lender);
+        else if (v->lender_gone)
+            fputs(", borrowed from a manager that has closed", f);
         fputc('\n', f);
     }
 }
@@ -222,7 +249,7 @@ static void json_view(FILE *f, const why_view *v)
                        : v->exported     ? "dlpack_export"
                        : strcmp(v->mgr_name, "graph") == 0 ? "autograd"
                        : v->is_home      ? "home"
-                       : v->lender[0]    ? "borrowed"
+                       : v->lender[0] || v->lender_gone ? "borrowed"
                                          : "view";
     ndm__json_write_str(f, role);
     fputs(",\"lender\":", f);
@@ -242,6 +269,8 @@ static void why_json(FILE *f, const why *w)
         if (i)
             fputc(',', f);
         ndm__json_write_str(f, w->owners[i]);
+        if (i == 0 && w->owners_skipped)
+            fprintf(f, ",\"... %d more managers\"", w->owners_skipped);
     }
     fprintf(f, "],\"storage\":{\"bytes\":%" PRId64 ",\"wrapped\":%s,\"charged\":", w->storage_bytes,
             w->wrapped ? "true" : "false");
