@@ -167,7 +167,9 @@ NDM_API NDM_NODISCARD ndm_status ndm_why_alive_at(NDM_SITE_PARAMS, ndm_array a, 
  *   "pinned_beyond_elements":..},"held_by":[VIEW,..]} where VIEW is
  *  {"array":"f32[10]","manager":path,"made":{"file":..,"func":..,"line":..},
  *   "element_bytes":..,"role":"self"|"home"|"view"|"autograd"|"dlpack_export"|"borrowed",
- *   "lender":path|null}. Returns, owner and errors as for ndm_why_alive(). */
+ *   "lender":path|null}; an owner chain deeper than 16 keeps its root and its
+ *  innermost 15, with one "... N more managers" entry between. Returns,
+ *  owner and errors as for ndm_why_alive(). */
 #define ndm_why_alive_json(a, f) ndm_why_alive_json_at(NDM_HERE, (a), (f))
 /** ndm_why_alive_json() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_why_alive_json_at(NDM_SITE_PARAMS, ndm_array a, FILE *f);
@@ -191,8 +193,8 @@ typedef struct ndm_growth {
 /** ndm_growth_new() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_growth ndm_growth_new_at(NDM_SITE_PARAMS, ndm_manager owner, ndm_manager watched);
 /** Take one step's sample: per creation site, the live arrays of the subtree
- *  and their bytes; per opening site (and name), its live managers and
- *  their bytes. It walks every live array of the subtree (a debugging tool:
+ *  and their bytes; per opening site, its live managers and their bytes
+ *  (a loop that names them batch-0, batch-1, ... opens them at one site). It walks every live array of the subtree (a debugging tool:
  *  time grows with the arrays alive). The last 32 steps are kept.
  *  Returns NDM_OK. Owner: the samples stay in the tracker. Errors:
  *  NDM_E_CLOSED when the tracker or the watched manager is gone,

@@ -18,7 +18,8 @@
 typedef struct gsite {
     ndm__site site;
     bool manager;              /* a manager's opening site (else an array's creation site) */
-    char name[NDM__NAME_MAX];  /* the manager's name, for a manager site */
+    char name[NDM__NAME_MAX];  /* the newest manager's name, for a manager site */
+    bool names_vary;           /* managers of one opening line with other names (batch-0, batch-1) */
     uint32_t where;            /* the manager that held the first one met in the step's walk (its
                                   parent, for a manager site): children are walked newest first,
                                   so of siblings, the newest */
@@ -59,10 +60,14 @@ static bool same_site(ndm__site a, ndm__site b)
 /* The site's record, made (zeroed: not seen before) when new; NULL without memory. */
 static gsite *site_of(growth *g, ndm__site s, bool manager, const char *name)
 {
+    /* (managers by their opening line alone: a loop that names each one,
+     * batch-0, batch-1, ..., opens them at one site) */
     for (size_t i = 0; i < g->n; i++)
-        if (g->sites[i].manager == manager && same_site(g->sites[i].site, s) &&
-            (!manager || !strcmp(g->sites[i].name, name)))
+        if (g->sites[i].manager == manager && same_site(g->sites[i].site, s)) {
+            if (manager && strcmp(g->sites[i].name, name))
+                g->sites[i].names_vary = true;
             return &g->sites[i];
+        }
     if (g->n == g->cap) {
         size_t cap = g->cap ? 2 * g->cap : 16;
         gsite *p = realloc(g->sites, cap * sizeof *p);
@@ -105,6 +110,9 @@ static void sample(growth *g, ndm__manager *m, bool top)
             ndm__mlock_take(m);
             int64_t b = m->count[m->dev].bytes;
             ndm__mlock_drop(m);
+            /* the first met in a step is the newest (children come newest first) */
+            if (e->seen != g->steps + 1)
+                snprintf(e->name, sizeof e->name, "%s", m->name);
             count(g, e, m->parent, b);
         }
     }
@@ -328,8 +336,9 @@ NDM_API ndm_status ndm_growth_report_at(NDM_SITE_PARAMS, ndm_growth h, FILE *f)
         else if (l[i].cls == G_PERIODIC)
             fputs("up and down, no net growth: ", f);
         if (e->manager)
-            fprintf(f, "%" PRId64 " manager%s '%s', %" PRId64 " bytes, opened at %s under %s\n",
-                    c[w - 1], c[w - 1] == 1 ? "" : "s", e->name, b[w - 1], sitebuf, where);
+            fprintf(f, "%" PRId64 " manager%s '%s'%s, %" PRId64 " bytes, opened at %s under %s\n",
+                    c[w - 1], c[w - 1] == 1 ? "" : "s", e->name,
+                    e->names_vary ? " (and other names)" : "", b[w - 1], sitebuf, where);
         else
             fprintf(f, "%" PRId64 " array%s, %" PRId64 " bytes, created at %s in %s\n", c[w - 1],
                     c[w - 1] == 1 ? "" : "s", b[w - 1], sitebuf, where);
