@@ -126,6 +126,42 @@ ndm_status ndm__charge_move(ndm__manager *from, ndm__manager *to, int dev, int64
     return NDM_OK;
 }
 
+/* The first limited manager on to's chain that is also on from's chain:
+ * from there up, a charge moving from `from` to `to` is already counted. */
+static ndm__manager *common_anchor(ndm__manager *from, ndm__manager *to)
+{
+    ndm__manager *lf = anchor_of(from);
+    for (ndm__manager *x = anchor_of(to); x; x = anchor_above(x))
+        if (on_chain(lf, x))
+            return x;
+    return NULL;
+}
+
+ndm_status ndm__charge_reserve(ndm__manager *from, ndm__manager *to, int dev, int64_t bytes,
+                               ndm__quota_miss *miss)
+{
+    ndm__manager *lt = anchor_of(to);
+    return lt ? reserve_chain(lt, common_anchor(from, to), dev, bytes, false, NULL, NDM__NO_SITE,
+                              miss)
+              : NDM_OK;
+}
+
+void ndm__charge_unreserve(ndm__manager *from, ndm__manager *to, int dev, int64_t bytes)
+{
+    ndm__manager *lt = anchor_of(to);
+    if (lt)
+        release_chain(lt, common_anchor(from, to), dev, bytes);
+}
+
+void ndm__charge_commit(ndm__manager *from, ndm__manager *to, int dev, int64_t bytes)
+{
+    ndm__manager *lf = anchor_of(from);
+    if (lf)
+        release_chain(lf, common_anchor(from, to), dev, bytes);
+    ndm__bytes_add(to, dev, bytes);
+    ndm__bytes_sub(from, dev, bytes);
+}
+
 ndm_status ndm__charge_check(ndm__manager *from, ndm__manager *to, int dev, int64_t bytes,
                              const char *api, ndm__site where)
 {

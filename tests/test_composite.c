@@ -1,0 +1,327 @@
+/* Moves of composites: a list of arrays attached all or none, and (below)
+ * a child manager re-parented with its subtree; races with closes. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "helpers.h"
+
+static ndm_stats stats_of(ndm_manager m)
+{
+    ndm_stats st;
+    if (ndm_manager_stats(m, NDM_CPU, 0, &st) != NDM_OK)
+        fail_msg("stats: %s", ndm_last_error());
+    return st;
+}
+
+/* Every manager of a test, before and after a refused call. */
+#define NSNAP 6
+typedef struct snap {
+    ndm_stats st[NSNAP];
+} snap;
+static snap snap_of(const ndm_manager *ms, int n)
+{
+    snap s;
+    memset(&s, 0, sizeof s);
+    for (int i = 0; i < n; i++)
+        s.st[i] = stats_of(ms[i]);
+    return s;
+}
+static void owners_are(const ndm_array *as, const ndm_manager *owners, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (ndm_array_manager(as[i]).id != owners[i].id)
+            fail_msg("arrays[%d] changed owners", i);
+}
+
+static void test_attach_all_moves_every_array(void **state)
+{
+    ndm_manager a = ndm_manager_new(ROOT(state), "a");
+    ndm_manager b = ndm_manager_new(ROOT(state), "b");
+    ndm_manager t = ndm_manager_new(ROOT(state), "t");
+    ndm_array x = ndm_zeros(a, NDM_F32, NDM_SHAPE(10));
+    ndm_array y = ndm_zeros(b, NDM_F32, NDM_SHAPE(4));
+    ndm_array z = ndm_zeros(t, NDM_F32, NDM_SHAPE(2)); /* already there */
+    ndm_array list[] = {x, y, x, z};                   /* a duplicate */
+    assert_ok(ndm_attach_all(4, list, t));
+    for (int i = 0; i < 4; i++)
+        assert_true(ndm_array_manager(list[i]).id == t.id);
+    ndm_stats sa = stats_of(a), sb = stats_of(b), st = stats_of(t);
+    assert_int_equal(sa.live_arrays, 0);
+    assert_int_equal(sa.moved_out, 1);
+    assert_int_equal(sa.live_bytes, 0);
+    assert_int_equal(sa.peak_bytes, 40);
+    assert_int_equal(sb.moved_out, 1);
+    assert_int_equal(sb.live_bytes, 0);
+    assert_int_equal(st.live_arrays, 3);
+    assert_int_equal(st.moved_in, 2);
+    assert_int_equal(st.created, 1);
+    assert_int_equal(st.live_bytes, 40 + 16 + 8);
+    assert_int_equal(st.peak_bytes, 64);
+    /* the dump shows the moves */
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    assert_ok(ndm_debug_dump_json(t, f));
+    fclose(f);
+    assert_non_null(strstr(buf, "\"moved_in\":2"));
+    free(buf);
+    /* an empty list moves nothing */
+    assert_ok(ndm_attach_all(0, NULL, a));
+    /* the arrays die with their new manager, in the list's order reversed */
+    assert_ok(ndm_manager_close(a));
+    assert_ok(ndm_manager_close(b));
+    assert_true(ndm_array_valid(x) && ndm_array_valid(y));
+    assert_ok(ndm_manager_close(t));
+    assert_false(ndm_array_valid(x) || ndm_array_valid(y) || ndm_array_valid(z));
+    assert_manager_empty(ROOT(state));
+}
+
+static void test_attach_all_bad_entry_moves_nothing(void **state)
+{
+    ndm_manager a = ndm_manager_new(ROOT(state), "a");
+    ndm_manager b = ndm_manager_new(ROOT(state), "b");
+    ndm_manager t = ndm_manager_new(ROOT(state), "t");
+    ndm_manager ms[] = {a, b, t};
+    ndm_array x = ndm_zeros(a, NDM_F32, NDM_SHAPE(10));
+    ndm_array y = ndm_zeros(b, NDM_F32, NDM_SHAPE(4));
+    ndm_array dead = ndm_zeros(a, NDM_F32, NDM_SHAPE(1));
+    int dead_line = __LINE__ - 1;
+    assert_ok(ndm_array_release(dead));
+    ndm_array owners_l[] = {x, y};
+    ndm_manager owners[] = {a, b};
+    snap before = snap_of(ms, 3);
+
+    ndm_array stale[] = {x, y, dead};
+    assert_status(ndm_attach_all(3, stale, t), NDM_E_CLOSED);
+    assert_error_has("arrays[2]");
+    char want[64];
+    snprintf(want, sizeof want, "test_composite.c:%d", dead_line);
+    assert_error_has(want); /* the stale array's creation */
+    assert_error_has("nothing moved");
+
+    ndm_array forged[] = {x, {0x000000070fffffffull}, y};
+    assert_status(ndm_attach_all(3, forged, t), NDM_E_INVALID);
+    assert_error_has("arrays[1]");
+
+    ndm_array nul[] = {x, y, NDM_NULL_ARRAY};
+    assert_status(ndm_attach_all(3, nul, t), NDM_E_NULL);
+    assert_error_has("arrays[2]");
+    assert_status(ndm_attach_all(2, NULL, t), NDM_E_INVALID);
+
+    snap after = snap_of(ms, 3);
+    assert_memory_equal(&before, &after, sizeof before);
+    owners_are(owners_l, owners, 2);
+    assert_ok(ndm_manager_close(a));
+    assert_ok(ndm_manager_close(b));
+    assert_ok(ndm_manager_close(t));
+    assert_manager_empty(ROOT(state));
+}
+
+static void test_attach_all_refusing_target_moves_nothing(void **state)
+{
+    ndm_manager a = ndm_manager_new(ROOT(state), "a");
+    ndm_manager b = ndm_manager_new(ROOT(state), "b");
+    ndm_manager capped = ndm_manager_new(ROOT(state), "capped");
+    ndm_manager closed = ndm_manager_new(ROOT(state), "closed");
+    ndm_manager lim = ndm_manager_new(ROOT(state), "lim");
+    ndm_manager inner = ndm_manager_new(lim, "inner");
+    assert_ok(ndm_manager_close(closed));
+    assert_ok(ndm_manager_cap(capped, NDM_CAP_ARRAYS));
+    /* each array fits the limit alone, the two do not */
+    assert_ok(ndm_manager_set_limit(lim, NDM_CPU, 48));
+    ndm_array x = ndm_zeros(a, NDM_F32, NDM_SHAPE(8)); /* 32 bytes */
+    int x_line = __LINE__ - 1;
+    ndm_array y = ndm_zeros(b, NDM_F32, NDM_SHAPE(8));
+    ndm_array list[] = {x, y};
+    ndm_manager owners[] = {a, b};
+    ndm_manager ms[] = {a, b, capped, lim, inner};
+    snap before = snap_of(ms, 5);
+
+    assert_status(ndm_attach_all(2, list, capped), NDM_E_CAPPED);
+    char want[64];
+    snprintf(want, sizeof want, "test_composite.c:%d", x_line);
+    assert_error_has(want);
+    assert_error_has("arrays[0]");
+    assert_status(ndm_attach_all(2, list, closed), NDM_E_CLOSED);
+    assert_status(ndm_attach_all(2, list, inner), NDM_E_QUOTA);
+    assert_error_has("64 bytes");
+    assert_error_has("'system/test/lim'");
+    assert_int_equal(ndm_manager_limit(lim, NDM_CPU), 48);
+
+    snap after = snap_of(ms, 5);
+    assert_memory_equal(&before, &after, sizeof before);
+    owners_are(list, owners, 2);
+    /* the limit's count is as before: one of them still fits */
+    assert_ok(ndm_attach(x, inner));
+    assert_int_equal(stats_of(inner).live_bytes, 32);
+    assert_status(ndm_attach(y, inner), NDM_E_QUOTA);
+    assert_ok(ndm_manager_close(a));
+    assert_ok(ndm_manager_close(b));
+    assert_ok(ndm_manager_close(capped));
+    assert_ok(ndm_manager_close(lim));
+    assert_manager_empty(ROOT(state));
+}
+
+static void test_attach_all_ends_loans(void **state)
+{
+    ndm_manager lender = ndm_manager_new(ROOT(state), "lender");
+    ndm_manager borrower = ndm_manager_new(ROOT(state), "borrower");
+    ndm_manager t = ndm_manager_new(ROOT(state), "t");
+    ndm_manager capped = ndm_manager_new(ROOT(state), "capped");
+    assert_ok(ndm_manager_cap(capped, NDM_CAP_ARRAYS));
+    ndm_array x = ndm_zeros(lender, NDM_F32, NDM_SHAPE(3));
+    ndm_array y = ndm_zeros(borrower, NDM_F32, NDM_SHAPE(3));
+    assert_ok(ndm_temp_attach(x, borrower));
+    ndm_array list[] = {x, y};
+    /* refused: the loan is intact, x still goes back when borrower closes */
+    assert_status(ndm_attach_all(2, list, capped), NDM_E_CAPPED);
+    ndm_manager other = ndm_manager_new(ROOT(state), "other");
+    ndm_array w = ndm_zeros(other, NDM_F32, NDM_SHAPE(1));
+    ndm_array list2[] = {w, y};
+    assert_ok(ndm_attach_all(2, list2, borrower)); /* x is not in it */
+    ndm_manager b2 = ndm_manager_new(ROOT(state), "b2");
+    ndm_array z = ndm_zeros(b2, NDM_F32, NDM_SHAPE(3));
+    ndm_array list3[] = {z};
+    assert_ok(ndm_attach_all(1, list3, borrower));
+    assert_ok(ndm_manager_close(b2));
+    assert_ok(ndm_manager_close(other));
+    /* accepted: the loan ends, x stays in t when borrower closes */
+    ndm_array list4[] = {x};
+    assert_ok(ndm_attach_all(1, list4, t));
+    assert_ok(ndm_manager_close(borrower));
+    assert_true(ndm_array_manager(x).id == t.id);
+    assert_int_equal(stats_of(lender).live_arrays, 0);
+    assert_ok(ndm_manager_close(lender));
+    assert_true(ndm_array_valid(x));
+    assert_ok(ndm_manager_close(t));
+    assert_ok(ndm_manager_close(capped));
+    assert_manager_empty(ROOT(state));
+}
+
+static void test_attach_all_shared_storage(void **state)
+{
+    ndm_manager a = ndm_manager_new(ROOT(state), "a");
+    ndm_manager t = ndm_manager_new(ROOT(state), "t");
+    ndm_array base = ndm_zeros(a, NDM_F32, NDM_SHAPE(100)); /* 400 bytes */
+    ndm_array v = ndm_slice(base, 0, 0, 10, 1);
+    /* the view alone: the base keeps the charge in a */
+    ndm_array l1[] = {v};
+    assert_ok(ndm_attach_all(1, l1, t));
+    assert_int_equal(stats_of(a).live_bytes, 400);
+    assert_int_equal(stats_of(t).live_bytes, 0);
+    assert_ok(ndm_attach(v, a));
+    /* the view and its base: the charge moves once */
+    ndm_array l2[] = {v, base};
+    assert_ok(ndm_attach_all(2, l2, t));
+    assert_int_equal(stats_of(a).live_bytes, 0);
+    assert_int_equal(stats_of(t).live_bytes, 400);
+    assert_int_equal(stats_of(t).live_arrays, 2);
+    /* under a limit the set's storage counts once: 400 fits in 400 */
+    ndm_manager lim = ndm_manager_new(ROOT(state), "lim");
+    assert_ok(ndm_manager_set_limit(lim, NDM_CPU, 400));
+    ndm_array l3[] = {base, v, base};
+    assert_ok(ndm_attach_all(3, l3, lim));
+    assert_int_equal(stats_of(lim).live_bytes, 400);
+    assert_int_equal(stats_of(t).live_bytes, 0);
+    /* one more view outside the list keeps the charge where it is; a view
+     * into a limit with room for the storage then is accepted */
+    ndm_array w = ndm_alias_to(t, base);
+    ndm_array l4[] = {w};
+    ndm_manager lim2 = ndm_manager_new(ROOT(state), "lim2");
+    assert_ok(ndm_manager_set_limit(lim2, NDM_CPU, 10));
+    ndm_array l5[] = {base, v};
+    ndm_stats s1 = stats_of(lim), s2 = stats_of(lim2), s3 = stats_of(t);
+    assert_status(ndm_attach_all(2, l5, lim2), NDM_E_QUOTA);
+    ndm_stats r1 = stats_of(lim), r2 = stats_of(lim2), r3 = stats_of(t);
+    assert_memory_equal(&s1, &r1, sizeof s1);
+    assert_memory_equal(&s2, &r2, sizeof s2);
+    assert_memory_equal(&s3, &r3, sizeof s3);
+    assert_ok(ndm_attach_all(1, l4, a));
+    assert_int_equal(stats_of(a).live_bytes, 0);
+    assert_int_equal(stats_of(lim).live_bytes, 400);
+    assert_ok(ndm_manager_close(lim));
+    /* the base's last views are in a now: the charge followed them */
+    assert_int_equal(stats_of(a).live_bytes, 400);
+    assert_ok(ndm_manager_close(a));
+    assert_ok(ndm_manager_close(t));
+    assert_ok(ndm_manager_close(lim2));
+    assert_manager_empty(ROOT(state));
+}
+
+/* A list attach racing with the close of a source or of the target: it
+ * moves every array or none, and nothing is left behind. */
+typedef struct race {
+    ndm_manager victim;
+    atomic_int go;
+} race;
+
+static void *closer(void *p)
+{
+    race *r = p;
+    while (!atomic_load(&r->go))
+        ;
+    (void)!ndm_manager_close(r->victim);
+    return NULL;
+}
+
+static void attach_all_race(ndm_manager root, bool close_target)
+{
+    for (int round = 0; round < 200; round++) {
+        ndm_manager s1 = ndm_manager_new(root, "s1");
+        ndm_manager s2 = ndm_manager_new(root, "s2");
+        ndm_manager t = ndm_manager_new(root, "t");
+        ndm_array list[6];
+        for (int i = 0; i < 6; i++)
+            list[i] = ndm_zeros(i % 2 ? s2 : s1, NDM_F32, NDM_SHAPE(4));
+        race r = {close_target ? t : s2, 0};
+        pthread_t th;
+        assert_int_equal(pthread_create(&th, NULL, closer, &r), 0);
+        atomic_store(&r.go, 1);
+        ndm_status st = ndm_attach_all(6, list, t);
+        pthread_join(th, NULL);
+        int alive = 0, in_t = 0;
+        for (int i = 0; i < 6; i++) {
+            alive += ndm_array_valid(list[i]);
+            in_t += ndm_array_valid(list[i]) && ndm_array_manager(list[i]).id == t.id;
+        }
+        if (st == NDM_OK) {
+            /* all moved before the close: the close took them (target) or
+             * none of them (source) */
+            assert_int_equal(alive, close_target ? 0 : 6);
+            assert_int_equal(in_t, close_target ? 0 : 6);
+        } else {
+            assert_int_equal(st, NDM_E_CLOSED);
+            assert_int_equal(in_t, 0);
+            assert_int_equal(alive, close_target ? 6 : 3); /* s2's went with it */
+        }
+        (void)!ndm_manager_close(s1);
+        (void)!ndm_manager_close(s2);
+        (void)!ndm_manager_close(t);
+        assert_manager_empty(root);
+    }
+}
+
+static void test_attach_all_races_source_close(void **state)
+{
+    attach_all_race(ROOT(state), false);
+}
+
+static void test_attach_all_races_target_close(void **state)
+{
+    attach_all_race(ROOT(state), true);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        TEST(test_attach_all_moves_every_array),
+        TEST(test_attach_all_bad_entry_moves_nothing),
+        TEST(test_attach_all_refusing_target_moves_nothing),
+        TEST(test_attach_all_ends_loans),
+        TEST(test_attach_all_shared_storage),
+        TEST(test_attach_all_races_source_close),
+        TEST(test_attach_all_races_target_close),
+    };
+    return cmocka_run_group_tests_name("composite", tests, NULL, NULL);
+}
