@@ -312,6 +312,207 @@ static void test_attach_all_races_target_close(void **state)
     attach_all_race(ROOT(state), true);
 }
 
+/* ---- re-parenting ---- */
+
+static void path_is(ndm_manager m, const char *want)
+{
+    char buf[256];
+    assert_true(ndm_manager_path(m, buf, sizeof buf) > 0);
+    assert_string_equal(buf, want);
+}
+
+static void test_manager_move_takes_the_subtree(void **state)
+{
+    ndm_manager a = ndm_manager_new(ROOT(state), "a");
+    ndm_manager b = ndm_manager_new(ROOT(state), "b");
+    ndm_manager trainer = ndm_manager_new(a, "trainer");
+    ndm_manager batch = ndm_manager_new(trainer, "batch");
+    ndm_array x = ndm_zeros(trainer, NDM_F32, NDM_SHAPE(5));
+    ndm_array y = ndm_zeros(batch, NDM_F32, NDM_SHAPE(3));
+    ndm_stats before;
+    assert_ok(ndm_manager_stats(trainer, NDM_CPU, NDM_STATS_SUBTREE, &before));
+    assert_ok(ndm_manager_move(trainer, b));
+    assert_true(ndm_manager_parent(trainer).id == b.id);
+    path_is(batch, "system/test/b/trainer/batch");
+    ndm_stats sa, sb, after;
+    assert_ok(ndm_manager_stats(a, NDM_CPU, NDM_STATS_SUBTREE, &sa));
+    assert_ok(ndm_manager_stats(b, NDM_CPU, NDM_STATS_SUBTREE, &sb));
+    assert_ok(ndm_manager_stats(trainer, NDM_CPU, NDM_STATS_SUBTREE, &after));
+    assert_memory_equal(&before, &after, sizeof before);
+    assert_int_equal(sa.children, 0);
+    assert_int_equal(sa.live_arrays, 0);
+    assert_int_equal(sb.children, 2);
+    assert_int_equal(sb.live_arrays, 2);
+    assert_int_equal(sb.live_bytes, 32);
+    /* the dump shows it in its new place */
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    assert_ok(ndm_debug_dump(b, f));
+    fclose(f);
+    assert_non_null(strstr(buf, "trainer"));
+    assert_non_null(strstr(buf, "batch"));
+    free(buf);
+    /* already there: nothing to do */
+    assert_ok(ndm_manager_move(trainer, b));
+    /* the old parent's close leaves it; the new one's takes it */
+    assert_ok(ndm_manager_close(a));
+    assert_true(ndm_manager_valid(trainer) && ndm_array_valid(x) && ndm_array_valid(y));
+    assert_ok(ndm_manager_close(b));
+    assert_false(ndm_manager_valid(trainer) || ndm_manager_valid(batch));
+    assert_false(ndm_array_valid(x) || ndm_array_valid(y));
+    assert_manager_empty(ROOT(state));
+}
+
+static void test_manager_move_refusals_change_nothing(void **state)
+{
+    ndm_manager a = ndm_manager_new(ROOT(state), "a");
+    ndm_manager m = ndm_manager_new(a, "m");
+    ndm_manager kid = ndm_manager_new(m, "kid");
+    ndm_manager capped = ndm_manager_new(ROOT(state), "capped");
+    ndm_manager gone = ndm_manager_new(ROOT(state), "gone");
+    assert_ok(ndm_manager_close(gone));
+    assert_ok(ndm_manager_cap(capped, NDM_CAP_CHILDREN));
+    assert_status(ndm_manager_move(m, m), NDM_E_INVALID);
+    assert_error_has("cycle");
+    assert_status(ndm_manager_move(m, kid), NDM_E_INVALID);
+    assert_error_has("descendant");
+    assert_status(ndm_manager_move(ndm_system(), a), NDM_E_ROOT);
+    assert_status(ndm_manager_move(ndm_detached(), a), NDM_E_ROOT);
+    assert_status(ndm_manager_move(m, ndm_detached()), NDM_E_ROOT);
+    assert_status(ndm_manager_move(m, capped), NDM_E_CAPPED);
+    assert_status(ndm_manager_move(m, gone), NDM_E_CLOSED);
+    assert_status(ndm_manager_move(gone, a), NDM_E_CLOSED);
+    ndm_clear_error();
+    assert_status(ndm_manager_move(m, NDM_NULL_MANAGER), NDM_E_NULL);
+    ndm_manager s = ndm_scope_begin(a, "s");
+    assert_status(ndm_manager_move(s, capped), NDM_E_INVALID);
+    assert_error_has("scope");
+    assert_ok(ndm_scope_end(s, 0, NULL));
+    assert_true(ndm_manager_parent(m).id == a.id);
+    assert_true(ndm_manager_parent(kid).id == m.id);
+    path_is(kid, "system/test/a/m/kid");
+    ndm_stats st;
+    assert_ok(ndm_manager_stats(capped, NDM_CPU, NDM_STATS_SUBTREE, &st));
+    assert_int_equal(st.children, 0);
+    /* a scope may receive a child, and a child may leave a scope */
+    assert_ok(ndm_manager_close(capped));
+    assert_ok(ndm_manager_close(a));
+    assert_false(ndm_manager_valid(kid));
+    assert_manager_empty(ROOT(state));
+}
+
+static void test_manager_move_charges_limits(void **state)
+{
+    ndm_manager lim = ndm_manager_new(ROOT(state), "lim");
+    ndm_manager inner = ndm_manager_new(lim, "inner");
+    ndm_manager free_ = ndm_manager_new(ROOT(state), "free");
+    assert_ok(ndm_manager_set_limit(lim, NDM_CPU, 100));
+    ndm_manager big = ndm_manager_new(free_, "big");
+    ndm_manager below = ndm_manager_new(big, "below");
+    ndm_array x = ndm_zeros(big, NDM_F32, NDM_SHAPE(15));  /* 60 */
+    ndm_array y = ndm_zeros(below, NDM_F32, NDM_SHAPE(5)); /* 20 */
+    /* 80 fits under 100 */
+    assert_ok(ndm_manager_move(big, inner));
+    ndm_array z = ndm_zeros(inner, NDM_F32, NDM_SHAPE(5)); /* 100 now */
+    assert_live(z);
+    ndm_clear_error();
+    ndm_array over = ndm_zeros(below, NDM_F32, NDM_SHAPE(1));
+    assert_true(over.id == 0);
+    assert_int_equal(ndm_last_status(), NDM_E_QUOTA);
+    /* out again: the limit gives the bytes up */
+    assert_ok(ndm_manager_move(big, free_));
+    ndm_array w = ndm_zeros(inner, NDM_F32, NDM_SHAPE(20)); /* 20 + 80 */
+    assert_live(w);
+    /* now the subtree does not fit: refused, nothing changed */
+    ndm_stats before, after;
+    assert_ok(ndm_manager_stats(lim, NDM_CPU, NDM_STATS_SUBTREE, &before));
+    assert_status(ndm_manager_move(big, lim), NDM_E_QUOTA);
+    assert_error_has("80 bytes");
+    assert_error_has("'system/test/lim'");
+    assert_ok(ndm_manager_stats(lim, NDM_CPU, NDM_STATS_SUBTREE, &after));
+    assert_memory_equal(&before, &after, sizeof before);
+    assert_true(ndm_manager_parent(big).id == free_.id);
+    assert_ok(ndm_array_release(w));
+    /* a limited child keeps its limit, and brings its bytes to the new one */
+    assert_ok(ndm_manager_set_limit(big, NDM_CPU, 90));
+    assert_ok(ndm_manager_move(big, inner));
+    assert_ok(ndm_manager_stats(lim, NDM_CPU, NDM_STATS_SUBTREE, &after));
+    assert_int_equal(after.live_bytes, 100);
+    ndm_clear_error();
+    assert_true(ndm_zeros(inner, NDM_F32, NDM_SHAPE(1)).id == 0);
+    assert_ok(ndm_array_release(z));
+    ndm_array v = ndm_zeros(below, NDM_F32, NDM_SHAPE(2)); /* 88 under big's 90 */
+    assert_live(v);
+    assert_ok(ndm_manager_close(big));
+    (void)x;
+    (void)y;
+    ndm_array all = ndm_zeros(inner, NDM_F32, NDM_SHAPE(25)); /* the whole 100 */
+    assert_live(all);
+    assert_ok(ndm_manager_close(lim));
+    assert_ok(ndm_manager_close(free_));
+    assert_manager_empty(ROOT(state));
+}
+
+/* A move racing with the close of the old or the new parent. */
+typedef struct move_race {
+    ndm_manager victim;
+    atomic_int go;
+} move_race;
+
+static void *move_closer(void *p)
+{
+    move_race *r = p;
+    while (!atomic_load(&r->go))
+        ;
+    (void)!ndm_manager_close(r->victim);
+    return NULL;
+}
+
+static void manager_move_race(ndm_manager root, bool close_new)
+{
+    for (int round = 0; round < 200; round++) {
+        ndm_manager op = ndm_manager_new(root, "old");
+        ndm_manager np = ndm_manager_new(root, "new");
+        ndm_manager c = ndm_manager_new(op, "child");
+        ndm_manager g = ndm_manager_new(c, "grandchild");
+        ndm_array x = ndm_zeros(g, NDM_F32, NDM_SHAPE(4));
+        move_race r = {close_new ? np : op, 0};
+        pthread_t th;
+        assert_int_equal(pthread_create(&th, NULL, move_closer, &r), 0);
+        atomic_store(&r.go, 1);
+        ndm_status st = ndm_manager_move(c, np);
+        pthread_join(th, NULL);
+        if (close_new) {
+            /* moved first: gone with the new parent; refused: still in old */
+            assert_int_equal(ndm_manager_valid(c), st != NDM_OK);
+            if (st != NDM_OK)
+                assert_true(ndm_manager_parent(c).id == op.id);
+        } else {
+            /* moved first: it survives the old parent's close */
+            assert_int_equal(ndm_manager_valid(c), st == NDM_OK);
+            if (st == NDM_OK)
+                assert_true(ndm_manager_parent(c).id == np.id);
+        }
+        assert_int_equal(ndm_array_valid(x), ndm_manager_valid(c));
+        assert_true(st == NDM_OK || st == NDM_E_CLOSED);
+        (void)!ndm_manager_close(op);
+        (void)!ndm_manager_close(np);
+        assert_false(ndm_manager_valid(c) || ndm_manager_valid(g));
+        assert_manager_empty(root);
+    }
+}
+
+static void test_manager_move_races_old_parent_close(void **state)
+{
+    manager_move_race(ROOT(state), false);
+}
+
+static void test_manager_move_races_new_parent_close(void **state)
+{
+    manager_move_race(ROOT(state), true);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -322,6 +523,11 @@ int main(void)
         TEST(test_attach_all_shared_storage),
         TEST(test_attach_all_races_source_close),
         TEST(test_attach_all_races_target_close),
+        TEST(test_manager_move_takes_the_subtree),
+        TEST(test_manager_move_refusals_change_nothing),
+        TEST(test_manager_move_charges_limits),
+        TEST(test_manager_move_races_old_parent_close),
+        TEST(test_manager_move_races_new_parent_close),
     };
     return cmocka_run_group_tests_name("composite", tests, NULL, NULL);
 }

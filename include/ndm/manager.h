@@ -167,6 +167,28 @@ typedef int (*ndm_close_fn)(void *ud);
 NDM_API NDM_NODISCARD ndm_status ndm_manager_on_close_at(NDM_SITE_PARAMS, ndm_manager m,
                                                          ndm_close_fn fn, void *ud);
 
+/** Re-parent `child`: it goes, with its whole subtree, arrays, hooks and
+ *  counts, under `new_parent` as its newest child, so that closing its old
+ *  parent no longer closes it and closing new_parent does; paths, dumps and
+ *  ndm_manager_parent show the new place. The child keeps its device (a
+ *  child may be on another device than its parent, as ndm_manager_new_on
+ *  makes them). Its bytes leave the byte limits over the old place and are
+ *  charged to those over the new one. Returns NDM_OK (also when new_parent
+ *  is already its parent). Owner: new_parent owns child from then on; on
+ *  failure nothing changes. Errors: NDM_E_NULL / NDM_E_CLOSED for either
+ *  handle, NDM_E_CLOSED when either is closing, NDM_E_ROOT for system or
+ *  detached as the child and detached as the new parent, NDM_E_INVALID
+ *  when new_parent is child or below it (a cycle) or child is a scope (it
+ *  ends where it began), NDM_E_CAPPED for a new parent capped with
+ *  NDM_CAP_CHILDREN, NDM_E_QUOTA when the subtree's bytes do not fit a
+ *  limit over new_parent, NDM_E_OOM. A close racing with the move either
+ *  happens first (the move is refused, or finds the child gone with its old
+ *  parent) or after it, on the tree as the move left it. */
+#define ndm_manager_move(child, new_parent) ndm_manager_move_at(NDM_HERE, (child), (new_parent))
+/** ndm_manager_move() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API NDM_NODISCARD ndm_status ndm_manager_move_at(NDM_SITE_PARAMS, ndm_manager child,
+                                                     ndm_manager new_parent);
+
 /** Is this a live manager? (false for null and stale handles; never fails,
  *  sets no error) */
 NDM_API bool ndm_manager_valid(ndm_manager m);
