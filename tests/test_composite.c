@@ -513,6 +513,42 @@ static void test_manager_move_races_new_parent_close(void **state)
     manager_move_race(ROOT(state), true);
 }
 
+/* The leak report says where a borrowed array came from. */
+static void test_leak_report_marks_borrowed(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_manager step = ndm_manager_new(ROOT(state), "step");
+    ndm_array w = ndm_zeros(model, NDM_F32, NDM_SHAPE(3));
+    int w_line = __LINE__ - 1;
+    ndm_array own = ndm_zeros(step, NDM_F32, NDM_SHAPE(3));
+    assert_ok(ndm_temp_attach(w, step));
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    (void)ndm_leak_report(f);
+    fclose(f);
+    char want[160];
+    snprintf(want, sizeof want,
+             "1 array created at test_composite.c:%d (test_leak_report_marks_borrowed) in "
+             "system/test/step borrowed from 'system/test/model'",
+             w_line);
+    if (!strstr(buf, want))
+        fail_msg("leak report lacks \"%s\":\n%s", want, buf);
+    assert_null(strstr(strstr(buf, want) + strlen(want), "borrowed from")); /* own is not */
+    free(buf);
+    /* a lender closed since: said so */
+    assert_ok(ndm_manager_close(model));
+    buf = NULL;
+    f = open_memstream(&buf, &len);
+    (void)ndm_leak_report(f);
+    fclose(f);
+    assert_non_null(strstr(buf, "borrowed from a manager since closed"));
+    free(buf);
+    (void)own;
+    assert_ok(ndm_manager_close(step));
+    assert_manager_empty(ROOT(state));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -528,6 +564,7 @@ int main(void)
         TEST(test_manager_move_charges_limits),
         TEST(test_manager_move_races_old_parent_close),
         TEST(test_manager_move_races_new_parent_close),
+        TEST(test_leak_report_marks_borrowed),
     };
     return cmocka_run_group_tests_name("composite", tests, NULL, NULL);
 }
