@@ -549,6 +549,99 @@ static void test_leak_report_marks_borrowed(void **state)
     assert_manager_empty(ROOT(state));
 }
 
+/* Two lists crossing between the same managers, and an ndm_ret racing with
+ * moves of its manager: no deadlock, no array lost, the counts exact. */
+typedef struct cross {
+    ndm_array list[8];
+    ndm_manager to;
+    int rounds;
+    int ok;
+} cross;
+
+static void *cross_worker(void *p)
+{
+    cross *c = p;
+    for (int i = 0; i < c->rounds; i++)
+        c->ok += ndm_attach_all(8, c->list, c->to) == NDM_OK;
+    return NULL;
+}
+
+static void test_attach_all_crossing_lists(void **state)
+{
+    ndm_manager a = ndm_manager_new(ROOT(state), "a");
+    ndm_manager b = ndm_manager_new(ROOT(state), "b");
+    cross ca = {.to = b, .rounds = 300}, cb = {.to = a, .rounds = 300};
+    for (int i = 0; i < 8; i++) {
+        ca.list[i] = ndm_zeros(i % 2 ? a : b, NDM_F32, NDM_SHAPE(2));
+        cb.list[i] = ndm_zeros(i % 2 ? b : a, NDM_F32, NDM_SHAPE(2));
+    }
+    pthread_t t1, t2;
+    assert_int_equal(pthread_create(&t1, NULL, cross_worker, &ca), 0);
+    assert_int_equal(pthread_create(&t2, NULL, cross_worker, &cb), 0);
+    pthread_join(t1, NULL);
+    pthread_join(t2, NULL);
+    assert_int_equal(ca.ok, 300);
+    assert_int_equal(cb.ok, 300);
+    for (int i = 0; i < 8; i++) {
+        assert_true(ndm_array_manager(ca.list[i]).id == b.id);
+        assert_true(ndm_array_manager(cb.list[i]).id == a.id);
+    }
+    ndm_stats sa = stats_of(a), sb = stats_of(b);
+    assert_int_equal(sa.live_arrays, 8);
+    assert_int_equal(sb.live_arrays, 8);
+    assert_int_equal(sa.live_bytes, 64);
+    assert_int_equal(sb.live_bytes, 64);
+    assert_ok(ndm_manager_close(a));
+    assert_ok(ndm_manager_close(b));
+    assert_manager_empty(ROOT(state));
+}
+
+typedef struct shuttle {
+    ndm_manager child, p1, p2;
+    atomic_int stop;
+} shuttle;
+
+static void *shuttle_worker(void *p)
+{
+    shuttle *s = p;
+    for (int i = 0; !atomic_load(&s->stop); i++)
+        if (ndm_manager_move(s->child, i % 2 ? s->p1 : s->p2) != NDM_OK)
+            fail_msg("move: %s", ndm_last_error());
+    return NULL;
+}
+
+static void test_manager_move_races_ret(void **state)
+{
+    ndm_manager p1 = ndm_manager_new(ROOT(state), "p1");
+    ndm_manager p2 = ndm_manager_new(ROOT(state), "p2");
+    ndm_manager child = ndm_manager_new(p1, "child");
+    assert_ok(ndm_manager_set_limit(p2, NDM_CPU, 1 << 20));
+    shuttle sh = {child, p1, p2, 0};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, shuttle_worker, &sh), 0);
+    for (int i = 0; i < 500; i++) {
+        ndm_array x = ndm_zeros(child, NDM_F32, NDM_SHAPE(4));
+        assert_live(x);
+        assert_ok(ndm_ret(x));
+        ndm_manager m = ndm_array_manager(x);
+        assert_true(m.id == p1.id || m.id == p2.id);
+        assert_ok(ndm_array_release(x));
+    }
+    atomic_store(&sh.stop, 1);
+    pthread_join(th, NULL);
+    /* every byte given back where it was charged */
+    ndm_stats s1, s2;
+    assert_ok(ndm_manager_stats(p1, NDM_CPU, NDM_STATS_SUBTREE, &s1));
+    assert_ok(ndm_manager_stats(p2, NDM_CPU, NDM_STATS_SUBTREE, &s2));
+    assert_int_equal(s1.live_bytes + s2.live_bytes, 0);
+    assert_ok(ndm_manager_move(child, p2));
+    ndm_array full = ndm_zeros(child, NDM_U8, NDM_SHAPE(1 << 20)); /* the whole limit */
+    assert_live(full);
+    assert_ok(ndm_manager_close(p1));
+    assert_ok(ndm_manager_close(p2));
+    assert_manager_empty(ROOT(state));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -565,6 +658,8 @@ int main(void)
         TEST(test_manager_move_races_old_parent_close),
         TEST(test_manager_move_races_new_parent_close),
         TEST(test_leak_report_marks_borrowed),
+        TEST(test_attach_all_crossing_lists),
+        TEST(test_manager_move_races_ret),
     };
     return cmocka_run_group_tests_name("composite", tests, NULL, NULL);
 }

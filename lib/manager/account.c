@@ -14,7 +14,10 @@ static inline ndm__manager *anchor_of(ndm__manager *m)
 /* The next limited manager strictly above the limited manager l. */
 static inline ndm__manager *anchor_above(ndm__manager *l)
 {
-    ndm__manager *p = l->parent ? ndm__manager_slot(l->parent) : NULL;
+    /* (an atomic load: ndm_manager_move changes it under l's lock, which
+     * a creation below l does not hold) */
+    uint32_t up = __atomic_load_n(&l->parent, __ATOMIC_RELAXED);
+    ndm__manager *p = up ? ndm__manager_slot(up) : NULL;
     return p ? anchor_of(p) : NULL;
 }
 

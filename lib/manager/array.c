@@ -1440,14 +1440,16 @@ static ndm_status move_locked(ndm__array *r, uint32_t rgen, ndm_manager target,
         uint32_t named_gen = 0;
         char path[512], desc[160], made[256];
         if (kind == MOVE_RET) {
-            if (atomic_load_explicit(&from->state, memory_order_relaxed) & NDM__M_BUILTIN ||
-                !from->parent) {
+            /* (read before from's lock: ndm_manager_move may change it, which
+             * the check under the locks sees) */
+            uint32_t up = __atomic_load_n(&from->parent, __ATOMIC_RELAXED);
+            if (atomic_load_explicit(&from->state, memory_order_relaxed) & NDM__M_BUILTIN || !up) {
                 ndm__manager_path(from->self, path, sizeof path);
                 return ndm__fail(NDM_E_ROOT, api, site,
                                  "array %s is owned by '%s', which has no parent to return it to",
                                  ndm__array_desc(r, desc, sizeof desc), path);
             }
-            to = ndm__manager_slot(from->parent);
+            to = ndm__manager_slot(up);
         } else if (kind == MOVE_DETACH) {
             to = ndm__manager_slot(ndm__detached_slot);
         } else {
@@ -1481,7 +1483,8 @@ static ndm_status move_locked(ndm__array *r, uint32_t rgen, ndm_manager target,
         ndm__manager *b = from->self < to->self ? to : from;
         ndm__mlock_take(a);
         ndm__mlock_take(b);
-        if (ndm__manager_slot(r->mgr) != from) { /* moved meanwhile: start over */
+        if (ndm__manager_slot(r->mgr) != from ||
+            (kind == MOVE_RET && from->parent != to->self)) { /* moved meanwhile: start over */
             ndm__mlock_drop(b);
             ndm__mlock_drop(a);
             continue;

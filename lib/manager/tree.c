@@ -80,7 +80,7 @@ static void record_init(ndm__manager *m, ndm__manager *parent, const char *name,
         free(m->limits);
         m->limits = NULL;
     }
-    m->parent = parent ? parent->self : 0;
+    __atomic_store_n(&m->parent, parent ? parent->self : 0, __ATOMIC_RELAXED); /* (see anchor_above) */
     m->parent_gen = parent ? atomic_load_explicit(&parent->gen, memory_order_relaxed) : 0;
     m->first_child = m->sib_prev = m->sib_next = 0;
     m->narrays = m->holes = 0; /* (the entries' room stays with the slot) */
@@ -1008,7 +1008,9 @@ NDM_API ndm_status ndm_manager_move_at(NDM_SITE_PARAMS, ndm_manager child, ndm_m
             ndm__manager_rec(np->first_child)->sib_prev = c->self;
         np->first_child = c->self;
         np->children++;
-        c->parent = np->self;
+        /* (atomic: read without c's lock by ndm_ret's first look, and by
+         * the walks of limits above a limited c) */
+        __atomic_store_n(&c->parent, np->self, __ATOMIC_RELAXED);
         c->parent_gen = npgen;
     }
     for (size_t j = k; j-- > 0;)
