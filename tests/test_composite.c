@@ -43,7 +43,7 @@ static void test_attach_all_moves_every_array(void **state)
     ndm_array y = ndm_zeros(b, NDM_F32, NDM_SHAPE(4));
     ndm_array z = ndm_zeros(t, NDM_F32, NDM_SHAPE(2)); /* already there */
     ndm_array list[] = {x, y, x, z};                   /* a duplicate */
-    assert_ok(ndm_attach_all(4, list, t));
+    assert_ok(ndm_attach_all(t, 4, list));
     for (int i = 0; i < 4; i++)
         assert_true(ndm_array_manager(list[i]).id == t.id);
     ndm_stats sa = stats_of(a), sb = stats_of(b), st = stats_of(t);
@@ -66,8 +66,14 @@ static void test_attach_all_moves_every_array(void **state)
     fclose(f);
     assert_non_null(strstr(buf, "\"moved_in\":2"));
     free(buf);
+    /* a literal list, as the list macros make it */
+    ndm_manager u = ndm_manager_new(ROOT(state), "u");
+    assert_ok(ndm_attach_all(u, NDM_ARRAYS(x, y)));
+    assert_int_equal(stats_of(u).live_arrays, 2);
+    assert_ok(ndm_attach_all(t, NDM_ARRAYS(y, x)));
+    assert_ok(ndm_manager_close(u));
     /* an empty list moves nothing */
-    assert_ok(ndm_attach_all(0, NULL, a));
+    assert_ok(ndm_attach_all(a, 0, NULL));
     /* the arrays die with their new manager, in the list's order reversed */
     assert_ok(ndm_manager_close(a));
     assert_ok(ndm_manager_close(b));
@@ -93,7 +99,7 @@ static void test_attach_all_bad_entry_moves_nothing(void **state)
     snap before = snap_of(ms, 3);
 
     ndm_array stale[] = {x, y, dead};
-    assert_status(ndm_attach_all(3, stale, t), NDM_E_CLOSED);
+    assert_status(ndm_attach_all(t, 3, stale), NDM_E_CLOSED);
     assert_error_has("arrays[2]");
     char want[64];
     snprintf(want, sizeof want, "test_composite.c:%d", dead_line);
@@ -101,13 +107,13 @@ static void test_attach_all_bad_entry_moves_nothing(void **state)
     assert_error_has("nothing moved");
 
     ndm_array forged[] = {x, {0x000000070fffffffull}, y};
-    assert_status(ndm_attach_all(3, forged, t), NDM_E_INVALID);
+    assert_status(ndm_attach_all(t, 3, forged), NDM_E_INVALID);
     assert_error_has("arrays[1]");
 
     ndm_array nul[] = {x, y, NDM_NULL_ARRAY};
-    assert_status(ndm_attach_all(3, nul, t), NDM_E_NULL);
+    assert_status(ndm_attach_all(t, 3, nul), NDM_E_NULL);
     assert_error_has("arrays[2]");
-    assert_status(ndm_attach_all(2, NULL, t), NDM_E_INVALID);
+    assert_status(ndm_attach_all(t, 2, NULL), NDM_E_INVALID);
 
     snap after = snap_of(ms, 3);
     assert_memory_equal(&before, &after, sizeof before);
@@ -138,13 +144,13 @@ static void test_attach_all_refusing_target_moves_nothing(void **state)
     ndm_manager ms[] = {a, b, capped, lim, inner};
     snap before = snap_of(ms, 5);
 
-    assert_status(ndm_attach_all(2, list, capped), NDM_E_CAPPED);
+    assert_status(ndm_attach_all(capped, 2, list), NDM_E_CAPPED);
     char want[64];
     snprintf(want, sizeof want, "test_composite.c:%d", x_line);
     assert_error_has(want);
     assert_error_has("arrays[0]");
-    assert_status(ndm_attach_all(2, list, closed), NDM_E_CLOSED);
-    assert_status(ndm_attach_all(2, list, inner), NDM_E_QUOTA);
+    assert_status(ndm_attach_all(closed, 2, list), NDM_E_CLOSED);
+    assert_status(ndm_attach_all(inner, 2, list), NDM_E_QUOTA);
     assert_error_has("64 bytes");
     assert_error_has("'system/test/lim'");
     assert_int_equal(ndm_manager_limit(lim, NDM_CPU), 48);
@@ -175,20 +181,20 @@ static void test_attach_all_ends_loans(void **state)
     assert_ok(ndm_temp_attach(x, borrower));
     ndm_array list[] = {x, y};
     /* refused: the loan is intact, x still goes back when borrower closes */
-    assert_status(ndm_attach_all(2, list, capped), NDM_E_CAPPED);
+    assert_status(ndm_attach_all(capped, 2, list), NDM_E_CAPPED);
     ndm_manager other = ndm_manager_new(ROOT(state), "other");
     ndm_array w = ndm_zeros(other, NDM_F32, NDM_SHAPE(1));
     ndm_array list2[] = {w, y};
-    assert_ok(ndm_attach_all(2, list2, borrower)); /* x is not in it */
+    assert_ok(ndm_attach_all(borrower, 2, list2)); /* x is not in it */
     ndm_manager b2 = ndm_manager_new(ROOT(state), "b2");
     ndm_array z = ndm_zeros(b2, NDM_F32, NDM_SHAPE(3));
     ndm_array list3[] = {z};
-    assert_ok(ndm_attach_all(1, list3, borrower));
+    assert_ok(ndm_attach_all(borrower, 1, list3));
     assert_ok(ndm_manager_close(b2));
     assert_ok(ndm_manager_close(other));
     /* accepted: the loan ends, x stays in t when borrower closes */
     ndm_array list4[] = {x};
-    assert_ok(ndm_attach_all(1, list4, t));
+    assert_ok(ndm_attach_all(t, 1, list4));
     assert_ok(ndm_manager_close(borrower));
     assert_true(ndm_array_manager(x).id == t.id);
     assert_int_equal(stats_of(lender).live_arrays, 0);
@@ -207,13 +213,13 @@ static void test_attach_all_shared_storage(void **state)
     ndm_array v = ndm_slice(base, 0, 0, 10, 1);
     /* the view alone: the base keeps the charge in a */
     ndm_array l1[] = {v};
-    assert_ok(ndm_attach_all(1, l1, t));
+    assert_ok(ndm_attach_all(t, 1, l1));
     assert_int_equal(stats_of(a).live_bytes, 400);
     assert_int_equal(stats_of(t).live_bytes, 0);
     assert_ok(ndm_attach(v, a));
     /* the view and its base: the charge moves once */
     ndm_array l2[] = {v, base};
-    assert_ok(ndm_attach_all(2, l2, t));
+    assert_ok(ndm_attach_all(t, 2, l2));
     assert_int_equal(stats_of(a).live_bytes, 0);
     assert_int_equal(stats_of(t).live_bytes, 400);
     assert_int_equal(stats_of(t).live_arrays, 2);
@@ -221,7 +227,7 @@ static void test_attach_all_shared_storage(void **state)
     ndm_manager lim = ndm_manager_new(ROOT(state), "lim");
     assert_ok(ndm_manager_set_limit(lim, NDM_CPU, 400));
     ndm_array l3[] = {base, v, base};
-    assert_ok(ndm_attach_all(3, l3, lim));
+    assert_ok(ndm_attach_all(lim, 3, l3));
     assert_int_equal(stats_of(lim).live_bytes, 400);
     assert_int_equal(stats_of(t).live_bytes, 0);
     /* one more view outside the list keeps the charge where it is; a view
@@ -232,12 +238,12 @@ static void test_attach_all_shared_storage(void **state)
     assert_ok(ndm_manager_set_limit(lim2, NDM_CPU, 10));
     ndm_array l5[] = {base, v};
     ndm_stats s1 = stats_of(lim), s2 = stats_of(lim2), s3 = stats_of(t);
-    assert_status(ndm_attach_all(2, l5, lim2), NDM_E_QUOTA);
+    assert_status(ndm_attach_all(lim2, 2, l5), NDM_E_QUOTA);
     ndm_stats r1 = stats_of(lim), r2 = stats_of(lim2), r3 = stats_of(t);
     assert_memory_equal(&s1, &r1, sizeof s1);
     assert_memory_equal(&s2, &r2, sizeof s2);
     assert_memory_equal(&s3, &r3, sizeof s3);
-    assert_ok(ndm_attach_all(1, l4, a));
+    assert_ok(ndm_attach_all(a, 1, l4));
     assert_int_equal(stats_of(a).live_bytes, 0);
     assert_int_equal(stats_of(lim).live_bytes, 400);
     assert_ok(ndm_manager_close(lim));
@@ -278,7 +284,7 @@ static void attach_all_race(ndm_manager root, bool close_target)
         pthread_t th;
         assert_int_equal(pthread_create(&th, NULL, closer, &r), 0);
         atomic_store(&r.go, 1);
-        ndm_status st = ndm_attach_all(6, list, t);
+        ndm_status st = ndm_attach_all(t, 6, list);
         pthread_join(th, NULL);
         int alive = 0, in_t = 0;
         for (int i = 0; i < 6; i++) {
@@ -562,7 +568,7 @@ static void *cross_worker(void *p)
 {
     cross *c = p;
     for (int i = 0; i < c->rounds; i++)
-        c->ok += ndm_attach_all(8, c->list, c->to) == NDM_OK;
+        c->ok += ndm_attach_all(c->to, 8, c->list) == NDM_OK;
     return NULL;
 }
 

@@ -212,23 +212,25 @@ NDM_API int ndm_manager_path(ndm_manager m, char *buf, size_t n);
 #define ndm_attach(a, m) ndm_attach_at(NDM_HERE, (a), (m))
 /** ndm_attach() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_attach_at(NDM_SITE_PARAMS, ndm_array a, ndm_manager m);
-/** Steal the n arrays of the list into `m`, all or none, as n ndm_attach
- *  calls that either all succeed or all are refused. Returns NDM_OK when
- *  every array is m's (duplicates in the list move once; an array already
- *  in m stays, and a borrowed array's loan ends, as with ndm_attach).
- *  Owner: m owns every listed array on success; on failure each array
- *  stays with its manager, every counter, charge and loan unchanged; the
- *  list itself stays the caller's. Errors: NDM_E_NULL, NDM_E_INVALID
- *  (forged) or NDM_E_CLOSED (stale, or released by a close meanwhile) for
- *  an entry, named by its index; NDM_E_CLOSED (m closed or closing),
- *  NDM_E_CAPPED, NDM_E_QUOTA (the set's bytes do not fit a limit over m),
- *  NDM_E_OOM; NDM_E_INVALID for a NULL list with n > 0. A close of a
- *  source manager or of m on another thread makes the call either move
- *  every array before the close drains them, or refuse. */
-#define ndm_attach_all(n, arrays, m) ndm_attach_all_at(NDM_HERE, (n), (arrays), (m))
+/** Steal a list of n arrays into `m`, all or none, as n ndm_attach calls
+ *  that either all succeed or all are refused; the list comes last, so a
+ *  literal works: ndm_attach_all(m, NDM_ARRAYS(a, b, c)). Returns NDM_OK
+ *  when every array is m's (duplicates in the list move once; an array
+ *  already in m stays, and a borrowed array's loan ends, as with
+ *  ndm_attach). Owner: m owns every listed array on success; on failure
+ *  each array stays with its manager, every counter, charge and loan
+ *  unchanged; the list itself stays the caller's. Errors: NDM_E_NULL,
+ *  NDM_E_INVALID (forged) or NDM_E_CLOSED (stale, or released by a close
+ *  meanwhile) for an entry, the message naming its index and the array;
+ *  NDM_E_CLOSED (m closed or closing), NDM_E_CAPPED, NDM_E_QUOTA (the
+ *  set's bytes do not fit a limit over m), NDM_E_OOM; NDM_E_INVALID for a
+ *  NULL list with n > 0. A close of a source manager or of m on another
+ *  thread makes the call either move every array before the close drains
+ *  them, or refuse. */
+#define ndm_attach_all(m, ...) ndm_attach_all_at(NDM_HERE, (m), __VA_ARGS__)
 /** ndm_attach_all() with an explicit call site (the macro passes NDM_HERE). */
-NDM_API NDM_NODISCARD ndm_status ndm_attach_all_at(NDM_SITE_PARAMS, size_t n,
-                                                   const ndm_array *arrays, ndm_manager m);
+NDM_API NDM_NODISCARD ndm_status ndm_attach_all_at(NDM_SITE_PARAMS, ndm_manager m, size_t n,
+                                                   const ndm_array *arrays);
 /** Move `a` to its manager's parent. NDM_E_ROOT when the owner is system
  *  or detached. */
 #define ndm_ret(a) ndm_ret_at(NDM_HERE, (a))

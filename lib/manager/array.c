@@ -1700,8 +1700,8 @@ static bool slot_listed(const uint32_t *slots, size_t k, uint32_t slot)
 enum list_refusal { LIST_OK, LIST_DEAD, LIST_DRAINING, LIST_TARGET_GONE, LIST_TARGET_CLOSING,
                     LIST_CAPPED, LIST_OOM, LIST_QUOTA };
 
-NDM_API ndm_status ndm_attach_all_at(NDM_SITE_PARAMS, size_t n, const ndm_array *arrays,
-                                     ndm_manager m)
+NDM_API ndm_status ndm_attach_all_at(NDM_SITE_PARAMS, ndm_manager m, size_t n,
+                                     const ndm_array *arrays)
 {
     const char *api = __func__;
     ndm__site site = NDM__SITE;
