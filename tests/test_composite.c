@@ -162,6 +162,17 @@ static void test_attach_all_refusing_target_moves_nothing(void **state)
     assert_ok(ndm_attach(x, inner));
     assert_int_equal(stats_of(inner).live_bytes, 32);
     assert_status(ndm_attach(y, inner), NDM_E_QUOTA);
+    /* a list leaving the limit gives its bytes back to it */
+    assert_ok(ndm_attach_all(a, NDM_ARRAYS(x)));
+    assert_int_equal(stats_of(inner).live_bytes, 0);
+    assert_ok(ndm_attach(y, inner));
+    /* the innermost scope as the target */
+    ndm_manager sc = ndm_scope_begin(a, "sc");
+    assert_ok(ndm_attach_all(NDM_CURRENT_SCOPE, NDM_ARRAYS(x, y)));
+    assert_int_equal(stats_of(sc).live_arrays, 2);
+    assert_int_equal(stats_of(inner).live_bytes, 0);
+    assert_ok(ndm_scope_end(sc, 0, NULL));
+    assert_false(ndm_array_valid(x) || ndm_array_valid(y));
     assert_ok(ndm_manager_close(a));
     assert_ok(ndm_manager_close(b));
     assert_ok(ndm_manager_close(capped));
