@@ -167,6 +167,28 @@ typedef int (*ndm_close_fn)(void *ud);
 NDM_API NDM_NODISCARD ndm_status ndm_manager_on_close_at(NDM_SITE_PARAMS, ndm_manager m,
                                                          ndm_close_fn fn, void *ud);
 
+/** Re-parent `child`: it goes, with its whole subtree, arrays, hooks and
+ *  counts, under `new_parent` as its newest child, so that closing its old
+ *  parent no longer closes it and closing new_parent does; paths, dumps and
+ *  ndm_manager_parent show the new place. The child keeps its device (a
+ *  child may be on another device than its parent, as ndm_manager_new_on
+ *  makes them). Its bytes leave the byte limits over the old place and are
+ *  charged to those over the new one. Returns NDM_OK (also when new_parent
+ *  is already its parent). Owner: new_parent owns child from then on; on
+ *  failure nothing changes. Errors: NDM_E_NULL / NDM_E_CLOSED for either
+ *  handle, NDM_E_CLOSED when either is closing, NDM_E_ROOT for system or
+ *  detached as the child and detached as the new parent, NDM_E_INVALID
+ *  when new_parent is child or below it (a cycle) or child is a scope (it
+ *  ends where it began), NDM_E_CAPPED for a new parent capped with
+ *  NDM_CAP_CHILDREN, NDM_E_QUOTA when the subtree's bytes do not fit a
+ *  limit over new_parent, NDM_E_OOM. A close racing with the move either
+ *  happens first (the move is refused, or finds the child gone with its old
+ *  parent) or after it, on the tree as the move left it. */
+#define ndm_manager_move(child, new_parent) ndm_manager_move_at(NDM_HERE, (child), (new_parent))
+/** ndm_manager_move() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API NDM_NODISCARD ndm_status ndm_manager_move_at(NDM_SITE_PARAMS, ndm_manager child,
+                                                     ndm_manager new_parent);
+
 /** Is this a live manager? (false for null and stale handles; never fails,
  *  sets no error) */
 NDM_API bool ndm_manager_valid(ndm_manager m);
@@ -190,6 +212,25 @@ NDM_API int ndm_manager_path(ndm_manager m, char *buf, size_t n);
 #define ndm_attach(a, m) ndm_attach_at(NDM_HERE, (a), (m))
 /** ndm_attach() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API NDM_NODISCARD ndm_status ndm_attach_at(NDM_SITE_PARAMS, ndm_array a, ndm_manager m);
+/** Steal a list of n arrays into `m`, all or none, as n ndm_attach calls
+ *  that either all succeed or all are refused; the list comes last, so a
+ *  literal works: ndm_attach_all(m, NDM_ARRAYS(a, b, c)). Returns NDM_OK
+ *  when every array is m's (duplicates in the list move once; an array
+ *  already in m stays, and a borrowed array's loan ends, as with
+ *  ndm_attach). Owner: m owns every listed array on success; on failure
+ *  each array stays with its manager, every counter, charge and loan
+ *  unchanged; the list itself stays the caller's. Errors: NDM_E_NULL,
+ *  NDM_E_INVALID (forged) or NDM_E_CLOSED (stale, or released by a close
+ *  meanwhile) for an entry, the message naming its index and the array;
+ *  NDM_E_CLOSED (m closed or closing), NDM_E_CAPPED, NDM_E_QUOTA (the
+ *  set's bytes do not fit a limit over m), NDM_E_OOM; NDM_E_INVALID for a
+ *  NULL list with n > 0. A close of a source manager or of m on another
+ *  thread makes the call either move every array before the close drains
+ *  them, or refuse. */
+#define ndm_attach_all(m, ...) ndm_attach_all_at(NDM_HERE, (m), __VA_ARGS__)
+/** ndm_attach_all() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API NDM_NODISCARD ndm_status ndm_attach_all_at(NDM_SITE_PARAMS, ndm_manager m, size_t n,
+                                                   const ndm_array *arrays);
 /** Move `a` to its manager's parent. NDM_E_ROOT when the owner is system
  *  or detached. */
 #define ndm_ret(a) ndm_ret_at(NDM_HERE, (a))

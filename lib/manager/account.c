@@ -14,7 +14,10 @@ static inline ndm__manager *anchor_of(ndm__manager *m)
 /* The next limited manager strictly above the limited manager l. */
 static inline ndm__manager *anchor_above(ndm__manager *l)
 {
-    ndm__manager *p = l->parent ? ndm__manager_slot(l->parent) : NULL;
+    /* (an atomic load: ndm_manager_move changes it under l's lock, which
+     * a creation below l does not hold) */
+    uint32_t up = __atomic_load_n(&l->parent, __ATOMIC_RELAXED);
+    ndm__manager *p = up ? ndm__manager_slot(up) : NULL;
     return p ? anchor_of(p) : NULL;
 }
 
@@ -124,6 +127,42 @@ ndm_status ndm__charge_move(ndm__manager *from, ndm__manager *to, int dev, int64
         ndm__bytes_add(to, dev, bytes);
     ndm__bytes_sub(from, dev, bytes);
     return NDM_OK;
+}
+
+/* The first limited manager on to's chain that is also on from's chain:
+ * from there up, a charge moving from `from` to `to` is already counted. */
+static ndm__manager *common_anchor(ndm__manager *from, ndm__manager *to)
+{
+    ndm__manager *lf = anchor_of(from);
+    for (ndm__manager *x = anchor_of(to); x; x = anchor_above(x))
+        if (on_chain(lf, x))
+            return x;
+    return NULL;
+}
+
+ndm_status ndm__charge_reserve(ndm__manager *from, ndm__manager *to, int dev, int64_t bytes,
+                               ndm__quota_miss *miss)
+{
+    ndm__manager *lt = anchor_of(to);
+    return lt ? reserve_chain(lt, common_anchor(from, to), dev, bytes, false, NULL, NDM__NO_SITE,
+                              miss)
+              : NDM_OK;
+}
+
+void ndm__charge_unreserve(ndm__manager *from, ndm__manager *to, int dev, int64_t bytes)
+{
+    ndm__manager *lt = anchor_of(to);
+    if (lt)
+        release_chain(lt, common_anchor(from, to), dev, bytes);
+}
+
+void ndm__charge_commit(ndm__manager *from, ndm__manager *to, int dev, int64_t bytes)
+{
+    ndm__manager *lf = anchor_of(from);
+    if (lf)
+        release_chain(lf, common_anchor(from, to), dev, bytes);
+    ndm__bytes_add(to, dev, bytes);
+    ndm__bytes_sub(from, dev, bytes);
 }
 
 ndm_status ndm__charge_check(ndm__manager *from, ndm__manager *to, int dev, int64_t bytes,

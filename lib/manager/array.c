@@ -1440,14 +1440,16 @@ static ndm_status move_locked(ndm__array *r, uint32_t rgen, ndm_manager target,
         uint32_t named_gen = 0;
         char path[512], desc[160], made[256];
         if (kind == MOVE_RET) {
-            if (atomic_load_explicit(&from->state, memory_order_relaxed) & NDM__M_BUILTIN ||
-                !from->parent) {
+            /* (read before from's lock: ndm_manager_move may change it, which
+             * the check under the locks sees) */
+            uint32_t up = __atomic_load_n(&from->parent, __ATOMIC_RELAXED);
+            if (atomic_load_explicit(&from->state, memory_order_relaxed) & NDM__M_BUILTIN || !up) {
                 ndm__manager_path(from->self, path, sizeof path);
                 return ndm__fail(NDM_E_ROOT, api, site,
                                  "array %s is owned by '%s', which has no parent to return it to",
                                  ndm__array_desc(r, desc, sizeof desc), path);
             }
-            to = ndm__manager_slot(from->parent);
+            to = ndm__manager_slot(up);
         } else if (kind == MOVE_DETACH) {
             to = ndm__manager_slot(ndm__detached_slot);
         } else {
@@ -1481,7 +1483,8 @@ static ndm_status move_locked(ndm__array *r, uint32_t rgen, ndm_manager target,
         ndm__manager *b = from->self < to->self ? to : from;
         ndm__mlock_take(a);
         ndm__mlock_take(b);
-        if (ndm__manager_slot(r->mgr) != from) { /* moved meanwhile: start over */
+        if (ndm__manager_slot(r->mgr) != from ||
+            (kind == MOVE_RET && from->parent != to->self)) { /* moved meanwhile: start over */
             ndm__mlock_drop(b);
             ndm__mlock_drop(a);
             continue;
@@ -1576,4 +1579,374 @@ NDM_API ndm_status ndm_temp_attach_at(NDM_SITE_PARAMS, ndm_array a, ndm_manager 
 ndm_status ndm__array_attach(ndm__array *r, ndm_manager to, const char *api, ndm__site site)
 {
     return move(ndm__array_handle_of(r), to, MOVE_ATTACH, api, site);
+}
+
+/* ---- a list attached at once ---------------------------------------------------- */
+
+/* ndm_attach_all is one decision: it takes the locks of the target and of
+ * every manager that owns an array of the list, in slot order (the order of
+ * every two-lock move, so no cycle can form however many it takes), then
+ * the locks of the storages the list shares with other views, in the order
+ * of their home slots (a storage lock is otherwise taken alone and last, so
+ * these cannot cycle either). Under them nothing the decision reads can
+ * change: no array can die, leave or enter a locked manager, no view of a
+ * listed storage can come or go, and so no charge can move. Every check
+ * (live arrays, open target, caps, room for the entries, the bytes under
+ * every limit) is made first; the moves that follow cannot fail. The limits
+ * are reserved in one step per (source, device) for the whole set, on
+ * counters that creations elsewhere update without these locks: a
+ * reservation that does not fit is given back before anything moved.
+ * Rolling back one-by-one moves instead was not chosen: a move ends a
+ * borrowed array's chain of lenders, changes its place among its owner's
+ * entries (the order a close follows) and may raise a peak, none of which
+ * a forced move back restores. The cost is bounded by the list: at most
+ * n + 1 manager locks and n storage locks, held for a few sorts and walks
+ * of the list (the buffers are allocated, and messages written, with no
+ * lock held). */
+typedef struct list_item {
+    ndm__array *r;
+    size_t index;              /* its first place in the caller's list */
+    uint32_t gen;
+} list_item;
+
+typedef struct list_charge {
+    uint32_t from;             /* the manager giving up the charge */
+    int dev;
+    int64_t bytes;
+    size_t index;              /* a listed view of the storage, for messages */
+} list_charge;
+
+static int cmp_item_slot(const void *a, const void *b)
+{
+    const list_item *x = a, *y = b;
+    if (x->r != y->r)
+        return x->r->self < y->r->self ? -1 : 1;
+    return x->index < y->index ? -1 : x->index > y->index;
+}
+static int cmp_item_index(const void *a, const void *b)
+{
+    const list_item *x = a, *y = b;
+    return x->index < y->index ? -1 : x->index > y->index;
+}
+static int cmp_item_storage(const void *a, const void *b)
+{
+    const list_item *x = a, *y = b;
+    uint32_t hx = ndm__storage_home(x->r->storage)->self, hy = ndm__storage_home(y->r->storage)->self;
+    return hx < hy ? -1 : hx > hy;
+}
+static int cmp_charge(const void *a, const void *b)
+{
+    const list_charge *x = a, *y = b;
+    if (x->from != y->from)
+        return x->from < y->from ? -1 : 1;
+    return x->dev < y->dev ? -1 : x->dev > y->dev;
+}
+
+/* Refuse entry i of the list, whose handle h names no live array. */
+static NDM__COLD ndm_status list_refused(ndm_array h, size_t i, const char *api, ndm__site site)
+{
+    if (h.id == 0)
+        return ndm__fail(NDM_E_NULL, api, site, "arrays[%zu] is the null handle; nothing moved", i);
+    if (!ndm__array_issued(h))
+        return ndm__fail(NDM_E_INVALID, api, site,
+                         "arrays[%zu] is not an array handle (id 0x%016" PRIx64 "); nothing moved",
+                         i, h.id);
+    char story[1536];
+    bool direct;
+    if (!stale_story(h, story, sizeof story, &direct))
+        snprintf(story, sizeof story,
+                 "the array was released and its slot has been reused since (slot %u, "
+                 "generation %u)",
+                 ndm__id_slot(h.id), ndm__id_gen(h.id));
+    return ndm__fail(NDM_E_CLOSED, api, site, "arrays[%zu] is a stale array handle: %s; nothing moved",
+                     i, story);
+}
+
+/* The storage bookkeeping of view_moves, for a move whose charge the caller
+ * counts (ndm__charge_commit): both manager locks held, and the storage's
+ * lock when other views share it. */
+static void view_follows(ndm__array *r, ndm__manager *from, ndm__manager *to)
+{
+    ndm__storage *s = r->storage;
+    ndm__storage_cold *c = ndm__storage_cold_of(s);
+    bool shared = (atomic_load_explicit(&s->refs, memory_order_acquire) & NDM__REFS_COUNT) > 1;
+    bool listed = c->first_view != 0;
+    if (s->charged == from->self) {
+        if (!listed || c->charged_views == 1) {
+            s->charged = to->self;
+            if (listed)
+                c->charged_views = shared ? count_views(s, to->self) + 1 : 1;
+            ndm__alloc_retag(s->cookie, to->self);
+        } else {
+            c->charged_views--;
+        }
+    } else if (s->charged == to->self) {
+        c->charged_views++;
+    }
+}
+
+static void unlock_slots(const uint32_t *slots, size_t k)
+{
+    for (size_t j = k; j-- > 0;)
+        ndm__mlock_drop(ndm__manager_rec(slots[j]));
+}
+
+static bool slot_listed(const uint32_t *slots, size_t k, uint32_t slot)
+{
+    return bsearch(&slot, slots, k, sizeof *slots, cmp_u32) != NULL;
+}
+
+/* Why a locked attempt refused: written once the locks are dropped. */
+enum list_refusal { LIST_OK, LIST_DEAD, LIST_DRAINING, LIST_TARGET_GONE, LIST_TARGET_CLOSING,
+                    LIST_CAPPED, LIST_OOM, LIST_QUOTA };
+
+NDM_API ndm_status ndm_attach_all_at(NDM_SITE_PARAMS, ndm_manager m, size_t n,
+                                     const ndm_array *arrays)
+{
+    const char *api = __func__;
+    ndm__site site = NDM__SITE;
+    ndm__manager *to = ndm__manager_get(m, api, site);
+    if (!to)
+        return ndm_last_status();
+    uint32_t tgen = ndm__manager_expected_gen(m, to);
+    if (n == 0)
+        return NDM_OK;
+    if (!arrays)
+        return ndm__fail(NDM_E_INVALID, api, site, "arrays is NULL for a list of %zu", n);
+    if (n > SIZE_MAX / 4 / (sizeof(list_item) + sizeof(list_charge) + 2 * sizeof(uint32_t)))
+        return ndm__fail(NDM_E_INVALID, api, site, "a list of %zu arrays is too long", n);
+    list_item *items = malloc(n * sizeof *items);
+    list_item *byst = malloc(n * sizeof *byst);
+    list_charge *charges = malloc(n * sizeof *charges);
+    uint32_t *slots = malloc((n + 1) * sizeof *slots);
+    if (!items || !byst || !charges || !slots) {
+        free(items);
+        free(byst);
+        free(charges);
+        free(slots);
+        return ndm__fail(NDM_E_OOM, api, site, "no memory to attach a list of %zu arrays", n);
+    }
+    for (size_t i = 0; i < n; i++) {
+        /* (a record stays a record once looked up: one that dies from here
+         * on is caught by the checks under the locks) */
+        items[i] = (list_item){ndm__array_peek(arrays[i]), i, ndm__id_gen(arrays[i].id)};
+        if (!items[i].r) {
+            free(items);
+            free(byst);
+            free(charges);
+            free(slots);
+            return list_refused(arrays[i], i, api, site);
+        }
+    }
+    /* Duplicates move once: the first place counts. */
+    qsort(items, n, sizeof *items, cmp_item_slot);
+    size_t ni = 0;
+    for (size_t i = 0; i < n; i++)
+        if (ni == 0 || items[ni - 1].r != items[i].r)
+            items[ni++] = items[i];
+    qsort(items, ni, sizeof *items, cmp_item_index);
+
+    enum list_refusal why = LIST_OK;
+    size_t bad = 0;                    /* the entry a refusal names */
+    ndm__quota_miss miss = {0};
+    list_charge over = {0};
+    size_t k, nmove, nst, ncharge;
+    for (;;) {
+        k = 0;
+        slots[k++] = to->self;
+        for (size_t i = 0; i < ni; i++)
+            slots[k++] = ndm__array_mgr_unlocked(items[i].r);
+        qsort(slots, k, sizeof *slots, cmp_u32);
+        size_t kk = 0;
+        for (size_t j = 0; j < k; j++)
+            if (kk == 0 || slots[kk - 1] != slots[j])
+                slots[kk++] = slots[j];
+        k = kk;
+        for (size_t j = 0; j < k; j++)
+            ndm__mlock_take(ndm__manager_rec(slots[j]));
+        bool moved = false;
+        for (size_t i = 0; i < ni && !moved; i++)
+            moved = !slot_listed(slots, k, items[i].r->mgr);
+        if (!moved)
+            break;
+        unlock_slots(slots, k); /* an array changed owners meanwhile: lock again */
+    }
+    /* Every lock is held from here to the end of the decision. */
+    nmove = 0;
+    for (size_t i = 0; i < ni && why == LIST_OK; i++) {
+        ndm__array *r = items[i].r;
+        if (!atomic_load_explicit(&r->live, memory_order_relaxed) ||
+            atomic_load_explicit(&r->gen, memory_order_relaxed) != items[i].gen) {
+            why = LIST_DEAD;
+            bad = items[i].index;
+        } else if (atomic_load_explicit(&ndm__manager_rec(r->mgr)->state, memory_order_relaxed) &
+                   NDM__M_DRAINING) {
+            why = LIST_DRAINING;
+            bad = items[i].index;
+        } else if (r->mgr != to->self) {
+            nmove++;
+        }
+    }
+    unsigned ts = atomic_load_explicit(&to->state, memory_order_relaxed);
+    if (why != LIST_OK) {
+    } else if (atomic_load_explicit(&to->gen, memory_order_relaxed) != tgen) {
+        why = LIST_TARGET_GONE;
+    } else if (!(ts & NDM__M_LIVE) || (ts & NDM__M_CLOSING)) {
+        why = LIST_TARGET_CLOSING;
+    } else if ((ts & NDM__M_CAP_ARRAYS) && nmove) {
+        why = LIST_CAPPED;
+        for (size_t i = 0; i < ni; i++)
+            if (items[i].r->mgr != to->self) {
+                bad = items[i].index;
+                break;
+            }
+    } else {
+        while (why == LIST_OK && to->arrays_cap - to->narrays < nmove)
+            if (!ndm__arrays_grow(to))
+                why = LIST_OOM;
+    }
+    /* The storages of the moving arrays, in home-slot order; those other
+     * views share are locked. */
+    nst = 0;
+    if (why == LIST_OK) {
+        for (size_t i = 0; i < ni; i++)
+            if (items[i].r->mgr != to->self)
+                byst[nst++] = items[i];
+        qsort(byst, nst, sizeof *byst, cmp_item_storage);
+        for (size_t i = 0; i < nst; i++) {
+            ndm__storage *s = byst[i].r->storage;
+            if ((i == 0 || byst[i - 1].r->storage != s) &&
+                (atomic_load_explicit(&s->refs, memory_order_acquire) & NDM__REFS_COUNT) > 1)
+                ndm__lock_take(&ndm__storage_cold_of(s)->lock);
+        }
+    }
+    /* A storage's charge moves when every view of it that its charged
+     * manager owns is in the list; one charge per source and device is
+     * reserved for the whole set. */
+    ncharge = 0;
+    for (size_t i = 0; why == LIST_OK && i < nst;) {
+        ndm__storage *s = byst[i].r->storage;
+        size_t views = 0, first = byst[i].index;
+        for (; i < nst && byst[i].r->storage == s; i++)
+            views += byst[i].r->mgr == s->charged;
+        if (views && views == ndm__storage_charged_views(s))
+            charges[ncharge++] = (list_charge){s->charged, ndm__device_slot(s->device),
+                                               (int64_t)s->nbytes, first};
+    }
+    qsort(charges, ncharge, sizeof *charges, cmp_charge);
+    size_t ng = 0;
+    for (size_t j = 0; j < ncharge; j++) {
+        if (ng && charges[ng - 1].from == charges[j].from && charges[ng - 1].dev == charges[j].dev) {
+            charges[ng - 1].bytes += charges[j].bytes;
+            if (charges[j].index < charges[ng - 1].index)
+                charges[ng - 1].index = charges[j].index;
+        } else {
+            charges[ng++] = charges[j];
+        }
+    }
+    ncharge = ng;
+    for (size_t j = 0; why == LIST_OK && j < ncharge; j++) {
+        ndm__manager *f = ndm__manager_rec(charges[j].from);
+        if (ndm__charge_reserve(f, to, charges[j].dev, charges[j].bytes, &miss) < 0) {
+            why = LIST_QUOTA;
+            over = charges[j];
+            bad = over.index;
+            while (j-- > 0)
+                ndm__charge_unreserve(ndm__manager_rec(charges[j].from), to, charges[j].dev,
+                                      charges[j].bytes);
+            /* (the message tells the whole set's bytes on that device, and
+             * what the limit held before the list came) */
+            miss.bytes = 0;
+            for (size_t g = 0; g < ncharge; g++)
+                if (charges[g].dev == miss.dev)
+                    miss.bytes += charges[g].bytes;
+            ndm__limits *l = ndm__manager_rec(miss.slot)->limits;
+            miss.used = atomic_load_explicit(&l->used[miss.dev], memory_order_relaxed);
+            break;
+        }
+    }
+    /* (described while the locks keep the refused array alive) */
+    char desc[160] = "", made[256] = "";
+    for (size_t i = 0; (why == LIST_CAPPED || why == LIST_QUOTA) && i < ni; i++)
+        if (items[i].index == bad) {
+            ndm__array_desc(items[i].r, desc, sizeof desc);
+            ndm__site_str(ndm__array_site(items[i].r), made, sizeof made);
+        }
+    if (why == LIST_OK) {
+        /* The decision is made: the moves, in the list's order. */
+        for (size_t i = 0; i < ni; i++) {
+            ndm__array *r = items[i].r;
+            if (r->mgr != to->self) {
+                ndm__manager *from = ndm__manager_rec(r->mgr);
+                unlink_from(from, r);
+                from->live--;
+                from->moved_out++;
+                view_follows(r, from, to);
+                ndm__array_link_into(to, r);
+                to->live++;
+                to->moved_in++;
+            }
+            if (r->lender)
+                lenders_drop(r); /* an attach ends a loan */
+        }
+        for (size_t j = 0; j < ncharge; j++)
+            ndm__charge_commit(ndm__manager_rec(charges[j].from), to, charges[j].dev,
+                               charges[j].bytes);
+    }
+    for (size_t i = nst; i-- > 0;) {
+        ndm__storage *s = byst[i].r->storage;
+        if ((i == 0 || byst[i - 1].r->storage != s) &&
+            (atomic_load_explicit(&s->refs, memory_order_acquire) & NDM__REFS_COUNT) > 1)
+            ndm__lock_drop(&ndm__storage_cold_of(s)->lock);
+    }
+    unlock_slots(slots, k);
+
+    ndm_status st = NDM_OK;
+    char path[512], fpath[512], devs[32];
+    switch (why) {
+    case LIST_OK:
+        break;
+    case LIST_DEAD:
+    case LIST_DRAINING:
+        st = ndm__fail(NDM_E_CLOSED, api, site,
+                       "arrays[%zu] is being released by a close%s; nothing moved", bad,
+                       why == LIST_DRAINING ? " of its manager" : "");
+        break;
+    case LIST_TARGET_GONE:
+        st = ndm__fail(NDM_E_CLOSED, api, site, "the target manager was closed; nothing moved");
+        break;
+    case LIST_TARGET_CLOSING:
+        ndm__manager_path(to->self, path, sizeof path);
+        st = ndm__fail(NDM_E_CLOSED, api, site, "target manager '%s' is closing; nothing moved",
+                       path);
+        break;
+    case LIST_CAPPED:
+        ndm__manager_path(to->self, path, sizeof path);
+        st = ndm__fail(NDM_E_CAPPED, api, site,
+                       "manager '%s' is capped; arrays[%zu] (%s created at %s) refused, nothing "
+                       "moved",
+                       path, bad, desc, made);
+        break;
+    case LIST_OOM:
+        ndm__manager_path(to->self, path, sizeof path);
+        st = ndm__fail(NDM_E_OOM, api, site, "no memory for the array list of '%s'; nothing moved",
+                       path);
+        break;
+    case LIST_QUOTA:
+        ndm__manager_path(miss.slot, path, sizeof path);
+        ndm__manager_path(over.from, fpath, sizeof fpath);
+        ndm_device_str(ndm__slot_device(miss.dev), devs, sizeof devs);
+        st = ndm__fail(NDM_E_QUOTA, api, site,
+                       "the list's %" PRId64 " bytes on %s (arrays[%zu], %s of '%s', among "
+                       "them) would exceed the limit of manager '%s' (limit %" PRIu64
+                       ", in use %" PRId64 "); nothing moved",
+                       miss.bytes, devs, bad, desc, fpath, path,
+                       miss.limit, miss.used);
+        break;
+    }
+    free(items);
+    free(byst);
+    free(charges);
+    free(slots);
+    return st;
 }

@@ -792,6 +792,15 @@ ndm_status ndm__charge_fits(ndm__manager *from, ndm__manager *to, int dev, int64
 ndm_status ndm__charge_move(ndm__manager *from, ndm__manager *to, int dev, int64_t bytes,
                             bool force, bool to_unlocked, const char *api, ndm__site where);
 
+/* ndm__charge_move in two halves, for moves of several charges that must
+ * all fit or none: reserve `bytes` in the limits that `to` adds over `from`
+ * (quiet: NDM_E_QUOTA with `miss` filled), then either commit (from's
+ * limits give them up, the bytes move; both locks held) or unreserve. */
+ndm_status ndm__charge_reserve(ndm__manager *from, ndm__manager *to, int dev, int64_t bytes,
+                               ndm__quota_miss *miss);
+void ndm__charge_unreserve(ndm__manager *from, ndm__manager *to, int dev, int64_t bytes);
+void ndm__charge_commit(ndm__manager *from, ndm__manager *to, int dev, int64_t bytes);
+
 /* Write the path of manager `slot` ("system/model/batch-3") into buf; takes
  * the tree lock. Works for a dead manager until its slot (or an ancestor's)
  * is reused; then the unknown part is written as "?". Returns buf. */

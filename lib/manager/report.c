@@ -554,6 +554,56 @@ static void leak_count(ndm__manager *m, uint64_t *nm, uint64_t *na)
         leak_count(ndm__manager_slot(c), nm, na);
 }
 
+/* The borrowed arrays among the members' (ndm_temp_attach): they go back
+ * to their lender when the borrower closes, so the report says from whom,
+ * grouped by lender and creation site. Tree lock held. */
+#define LOAN_GROUPS 16
+static void leak_loans(uint32_t *members, size_t n, const char *path, FILE *f)
+{
+    struct loan_group {
+        uint32_t lender, gen;
+        ndm__site site;
+        uint64_t count;
+    } g[LOAN_GROUPS];
+    size_t ng = 0;
+    uint64_t more = 0;
+    for (size_t i = 0; i < n; i++) {
+        ndm__manager *m = ndm__manager_slot(members[i]);
+        ndm__mlock_take(m);
+        for (uint32_t e = 0; e < m->narrays; e++) {
+            ndm__array *r = m->arrays[e] ? ndm__array_rec(m->arrays[e]) : NULL;
+            if (!r || !r->lender)
+                continue;
+            size_t j = 0;
+            while (j < ng && !(g[j].lender == r->lender && g[j].gen == r->lender_gen &&
+                               same_site(g[j].site, ndm__array_site(r))))
+                j++;
+            if (j == ng && ng == LOAN_GROUPS) {
+                more++;
+                continue;
+            }
+            if (j == ng)
+                g[ng++] = (struct loan_group){r->lender, r->lender_gen, ndm__array_site(r), 0};
+            g[j].count++;
+        }
+        ndm__mlock_drop(m);
+    }
+    char site[256], lpath[1024];
+    for (size_t j = 0; j < ng; j++) {
+        ndm__manager *l = ndm__manager_slot(g[j].lender);
+        bool live = l && (atomic_load_explicit(&l->state, memory_order_relaxed) & NDM__M_LIVE) &&
+                    atomic_load_explicit(&l->gen, memory_order_relaxed) == g[j].gen;
+        if (live)
+            ndm__manager_path_locked(g[j].lender, lpath, sizeof lpath);
+        fprintf(f, "  %" PRIu64 " array%s created at %s in %s borrowed from %s%s%s\n", g[j].count,
+                g[j].count == 1 ? "" : "s", ndm__site_str(g[j].site, site, sizeof site), path,
+                live ? "'" : "", live ? lpath : "a manager since closed", live ? "'" : "");
+    }
+    if (more)
+        fprintf(f, "  %" PRIu64 " more borrowed array%s in %s\n", more, more == 1 ? "" : "s",
+                path);
+}
+
 /* List a manager, or a group of repeated siblings ("1000 × manager ..."),
  * with its arrays grouped by creation site, most first; then its children,
  * oldest first. */
@@ -582,6 +632,7 @@ static void leak_group(uint32_t *members, size_t n, int depth, void *ctx)
     if (gs.oom)
         fprintf(f, "  (some arrays of %s were not grouped: out of memory)\n", path);
     free(gs.g);
+    leak_loans(members, n, path, f);
     each_child_group(members, n, depth + 1, leak_group, f);
 }
 

@@ -80,7 +80,7 @@ static void record_init(ndm__manager *m, ndm__manager *parent, const char *name,
         free(m->limits);
         m->limits = NULL;
     }
-    m->parent = parent ? parent->self : 0;
+    __atomic_store_n(&m->parent, parent ? parent->self : 0, __ATOMIC_RELAXED); /* (see anchor_above) */
     m->parent_gen = parent ? atomic_load_explicit(&parent->gen, memory_order_relaxed) : 0;
     m->first_child = m->sib_prev = m->sib_next = 0;
     m->narrays = m->holes = 0; /* (the entries' room stays with the slot) */
@@ -798,9 +798,13 @@ NDM_API bool ndm_manager_valid(ndm_manager h) { return ndm__manager_peek(h) != N
 NDM_API ndm_manager ndm_manager_parent(ndm_manager h)
 {
     ndm__manager *m = ndm__manager_get(h, __func__, NDM__NO_SITE);
-    if (!m || !m->parent)
+    if (!m)
         return NDM_NULL_MANAGER;
-    return ndm__manager_handle(m->parent, m->parent_gen);
+    /* (under the tree lock: ndm_manager_move changes the pair) */
+    ndm__tree_lock();
+    ndm_manager p = m->parent ? ndm__manager_handle(m->parent, m->parent_gen) : NDM_NULL_MANAGER;
+    ndm__tree_unlock();
+    return p;
 }
 
 NDM_API ndm_device ndm_manager_device(ndm_manager h)
@@ -840,4 +844,191 @@ NDM_API int ndm_manager_path(ndm_manager h, char *buf, size_t n)
     char path[4096];
     ndm__manager_path(m->self, path, sizeof path);
     return copy_out(path, buf, n);
+}
+
+/* ---- re-parenting ----------------------------------------------------------- */
+
+/* Is m `root` or below it? (tree lock held) */
+static bool within(ndm__manager *root, ndm__manager *m)
+{
+    for (ndm__manager *x = m; x; x = x->parent ? ndm__manager_rec(x->parent) : NULL)
+        if (x == root)
+            return true;
+    return false;
+}
+
+/* The slots of m's subtree into out (NULL: count only); tree lock held. */
+static size_t subtree_slots(ndm__manager *m, uint32_t *out, size_t at)
+{
+    if (out)
+        out[at] = m->self;
+    at++;
+    for (uint32_t c = m->first_child; c; c = ndm__manager_rec(c)->sib_next)
+        at = subtree_slots(ndm__manager_rec(c), out, at);
+    return at;
+}
+
+static int cmp_slot(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Point the managers of m's subtree whose anchor is `old` at `anchor`
+ * (0: none; a manager with no limits of its own is then unlimited). */
+static void repoint_locked(ndm__manager *m, uint32_t old, uint32_t anchor)
+{
+    if (atomic_load_explicit(&m->limit_anchor, memory_order_relaxed) != old)
+        return; /* a limited manager below keeps its own anchor */
+    atomic_store_explicit(&m->limit_anchor, anchor, memory_order_release);
+    if (anchor)
+        atomic_fetch_or_explicit(&m->state, NDM__M_LIMITED, memory_order_release);
+    else
+        atomic_fetch_and_explicit(&m->state, ~(unsigned)NDM__M_LIMITED, memory_order_release);
+    for (uint32_t c = m->first_child; c; c = ndm__manager_rec(c)->sib_next)
+        repoint_locked(ndm__manager_rec(c), old, anchor);
+}
+
+/* The move of child c under np, decided and made under the tree lock, which
+ * every change of the tree's shape takes (creations, closes, limits): a
+ * close is then either done (c or np is stale or closing: refused) or
+ * starts after the move, and closes c only if c is below it now. The locks
+ * of the subtree's managers are held as well (in slot order, after the
+ * tree lock, as ndm_manager_set_limit takes them) while its bytes are
+ * counted and the limits over it change, so that no array of it is
+ * charged or given back meanwhile under the old limits. */
+NDM_API ndm_status ndm_manager_move_at(NDM_SITE_PARAMS, ndm_manager child, ndm_manager new_parent)
+{
+    const char *api = __func__;
+    ndm__site site = NDM__SITE;
+    ndm__manager *c = ndm__manager_get(child, api, site);
+    if (!c)
+        return ndm_last_status();
+    uint32_t cgen = ndm__manager_expected_gen(child, c);
+    ndm__manager *np = ndm__manager_get(new_parent, api, site);
+    if (!np)
+        return ndm_last_status();
+    uint32_t npgen = ndm__manager_expected_gen(new_parent, np);
+    char cpath[512], ppath[512], why[1400];
+    ndm_status st = NDM_OK;
+    uint32_t *slots = NULL;
+    size_t k = 0;
+    ndm__tree_lock();
+    unsigned cs = atomic_load_explicit(&c->state, memory_order_relaxed);
+    unsigned ps = atomic_load_explicit(&np->state, memory_order_relaxed);
+    ndm__manager_path_locked(c->self, cpath, sizeof cpath);
+    ndm__manager_path_locked(np->self, ppath, sizeof ppath);
+    if (atomic_load_explicit(&c->gen, memory_order_relaxed) != cgen ||
+        atomic_load_explicit(&np->gen, memory_order_relaxed) != npgen) {
+        st = NDM_E_CLOSED;
+        snprintf(why, sizeof why, "the %s was closed meanwhile",
+                 atomic_load_explicit(&c->gen, memory_order_relaxed) != cgen ? "manager"
+                                                                             : "new parent");
+    } else if (cs & NDM__M_BUILTIN) {
+        st = NDM_E_ROOT;
+        snprintf(why, sizeof why, "the built-in manager '%s' stays where it is", cpath);
+    } else if (np->self == ndm__detached_slot) {
+        st = NDM_E_ROOT;
+        snprintf(why, sizeof why, "'%s' holds detached arrays only; '%s' refused", ppath, cpath);
+    } else if ((cs & NDM__M_CLOSING) || !(cs & NDM__M_LIVE)) {
+        st = NDM_E_CLOSED;
+        snprintf(why, sizeof why, "manager '%s' is closing", cpath);
+    } else if ((ps & NDM__M_CLOSING) || !(ps & NDM__M_LIVE)) {
+        st = NDM_E_CLOSED;
+        snprintf(why, sizeof why, "new parent '%s' is closing; '%s' refused", ppath, cpath);
+    } else if (within(c, np)) {
+        st = NDM_E_INVALID;
+        snprintf(why, sizeof why, "'%s' cannot go under %s ('%s'): the tree would have a cycle",
+                 cpath, np == c ? "itself" : "its own descendant", ppath);
+    } else if (cs & NDM__M_SCOPE) {
+        /* A scope ends into its enclosing scope or the parent it began
+         * under: moving it would change where its kept results go. */
+        st = NDM_E_INVALID;
+        snprintf(why, sizeof why,
+                 "'%s' is a scope: it ends where it began (move its results with ndm_scope_end)",
+                 cpath);
+    } else if (c->parent == np->self) {
+        st = NDM_OK; /* already there */
+    } else if (ps & NDM__M_CAP_CHILDREN) {
+        st = NDM_E_CAPPED;
+        snprintf(why, sizeof why,
+                 "manager '%s' refuses new children (capped with NDM_CAP_CHILDREN); '%s' refused",
+                 ppath, cpath);
+    } else {
+        k = subtree_slots(c, NULL, 0);
+        slots = malloc(k * sizeof *slots);
+        if (!slots) {
+            st = NDM_E_OOM;
+            snprintf(why, sizeof why, "no memory to move the %zu managers of '%s'", k, cpath);
+        }
+    }
+    if (st != NDM_OK || !slots) {
+        ndm__tree_unlock();
+        return st == NDM_OK ? st : ndm__fail(st, api, site, "%s", why);
+    }
+    subtree_slots(c, slots, 0);
+    qsort(slots, k, sizeof *slots, cmp_slot);
+    for (size_t j = 0; j < k; j++)
+        ndm__mlock_take(ndm__manager_rec(slots[j]));
+    /* The subtree's bytes, with the reservations of creations in progress
+     * (counted in the old limits already), by device. */
+    int64_t bytes[NDM__MAX_DEVICES] = {0};
+    for (size_t j = 0; j < k; j++) {
+        ndm__manager *x = ndm__manager_rec(slots[j]);
+        for (uint32_t used = atomic_load_explicit(&x->dev_used, memory_order_relaxed); used;
+             used &= used - 1) {
+            int d = __builtin_ctz(used);
+            bytes[d] += ndm__bytes_of(x, d) + x->count[d].reserved;
+        }
+    }
+    ndm__manager *op = ndm__manager_rec(c->parent);
+    uint32_t oa = atomic_load_explicit(&op->limit_anchor, memory_order_relaxed);
+    uint32_t na = atomic_load_explicit(&np->limit_anchor, memory_order_relaxed);
+    ndm__quota_miss miss = {0};
+    int d = 0;
+    if (oa != na) {
+        /* the limits np brings over c take its bytes, those it leaves give them up */
+        for (; d < NDM__MAX_DEVICES; d++)
+            if (bytes[d] && ndm__charge_reserve(op, np, d, bytes[d], &miss) < 0) {
+                st = NDM_E_QUOTA;
+                while (d-- > 0)
+                    if (bytes[d])
+                        ndm__charge_unreserve(op, np, d, bytes[d]);
+                break;
+            }
+        if (st == NDM_OK)
+            for (d = 0; d < NDM__MAX_DEVICES; d++)
+                if (bytes[d])
+                    ndm__charge_unreserve(np, op, d, bytes[d]);
+    }
+    if (st == NDM_OK) {
+        if (oa != na)
+            repoint_locked(c, oa, na);
+        sibling_unlink(op, c);
+        c->sib_prev = 0;
+        c->sib_next = np->first_child;
+        if (np->first_child)
+            ndm__manager_rec(np->first_child)->sib_prev = c->self;
+        np->first_child = c->self;
+        np->children++;
+        /* (atomic: read without c's lock by ndm_ret's first look, and by
+         * the walks of limits above a limited c) */
+        __atomic_store_n(&c->parent, np->self, __ATOMIC_RELAXED);
+        c->parent_gen = npgen;
+    }
+    for (size_t j = k; j-- > 0;)
+        ndm__mlock_drop(ndm__manager_rec(slots[j]));
+    free(slots);
+    ndm__tree_unlock();
+    if (st == NDM_E_QUOTA) {
+        miss.bytes = bytes[miss.dev];
+        char lpath[512], devs[32];
+        ndm__manager_path(miss.slot, lpath, sizeof lpath);
+        ndm_device_str(ndm__slot_device(miss.dev), devs, sizeof devs);
+        return ndm__fail(NDM_E_QUOTA, api, site,
+                         "the %" PRId64 " bytes of '%s' on %s would exceed the limit of manager "
+                         "'%s' (limit %" PRIu64 ", in use %" PRId64 "); nothing moved",
+                         miss.bytes, cpath, devs, lpath, miss.limit, miss.used);
+    }
+    return NDM_OK;
 }

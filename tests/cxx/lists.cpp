@@ -46,6 +46,16 @@ int main()
     EXPECT(c.id != 0 && ndm_array_dim(c, 0) == 4);
     EXPECT(live(m) == before + 3);
 
+    /* ndm_attach_all with a literal list: each array made once and moved,
+     * and ndm_manager_move takes the subtree along */
+    ndm_manager dst = ndm_manager_new(m, "dst");
+    ndm_manager sub = ndm_manager_new(m, "sub");
+    before = live(m);
+    EXPECT(ndm_attach_all(sub, NDM_ARRAYS(ndm_add(a, a), ndm_mul(a, a))) == NDM_OK);
+    EXPECT(live(m) == before && live(sub) == 2);
+    EXPECT(ndm_manager_move(sub, dst) == NDM_OK && ndm_manager_parent(sub).id == dst.id);
+    EXPECT(ndm_manager_close(dst) == NDM_OK && !ndm_manager_valid(sub));
+
     /* NDM_MODULES: each layer built once, so the model holds one layer's
      * parameters each, and the same weights under every compiler */
     ndm_manager model = ndm_manager_new(m, "model");
