@@ -1066,8 +1066,25 @@ static void test_cuda_index_ops_match_cpu(void **state)
             NDM__IX_PAIR("pad reflect",
                          ndm_pad(vc, NDM_PAD_REFLECT, 0.0, NDM_SHAPE(7, 8, 1, 1, 0, 2)),
                          ndm_pad(vg, NDM_PAD_REFLECT, 0.0, NDM_SHAPE(7, 8, 1, 1, 0, 2)));
-            for (int axis = 0; axis < 3; axis++)
+            for (int axis = 0; axis < 3; axis++) {
                 NDM__IX_PAIR("cumsum", ndm_cumsum(vc, axis), ndm_cumsum(vg, axis));
+                NDM__IX_PAIR("cumprod", ndm_cumprod(vc, axis), ndm_cumprod(vg, axis));
+            }
+            /* sizes that depend on the data: the count is read back */
+            NDM__IX_PAIR("nonzero", ndm_nonzero(vc), ndm_nonzero(vg));
+            ndm_array mc = ndm_gt_scalar(ndm_slice(vc, 0, 0, 1, 1), 1.0);
+            ndm_array mg = ndm_to_to(p.gpu, mc, NDM_CUDA(0));
+            NDM__IX_PAIR("masked_select with a broadcast mask", ndm_masked_select(vc, mc),
+                         ndm_masked_select(vg, mg));
+            NDM__IX_PAIR("nonzero of a broadcast mask",
+                         ndm_nonzero(ndm_expand(mc, NDM_SHAPE(sh[0], sh[1], sh[2]))),
+                         ndm_nonzero(ndm_expand(mg, NDM_SHAPE(sh[0], sh[1], sh[2]))));
+            ndm_array jc = ndm_reshape(ndm_slice(i32c, 0, 0, 2, 1), NDM_SHAPE(2, 1));
+            ndm_array jg = ndm_to_to(p.gpu, jc, NDM_CUDA(0));
+            ndm_array kc = ndm_astype(ndm_clamp(ic, -3.0, 2.0), NDM_I64);
+            ndm_array kg = ndm_to_to(p.gpu, kc, NDM_CUDA(0));
+            NDM__IX_PAIR("index on two axes", ndm_index(vc, NDM_ARRAYS(jc, kc)),
+                         ndm_index(vg, NDM_ARRAYS(jg, kg)));
 #undef NDM__IX_PAIR
         }
         char what[64];
