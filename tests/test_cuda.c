@@ -1102,6 +1102,49 @@ static void test_cuda_index_ops_match_cpu(void **state)
     pair_close(p);
 }
 
+/* The data-sized selections on a device: an operand on the other device is
+ * refused before anything is made, an index out of range is named as on
+ * the CPU, and the results (the count read back) match the CPU's. */
+static void test_cuda_selection_checks_devices_and_ranges(void **state)
+{
+    NEED_GPU();
+    pair p = pair_new(ROOT(state));
+    float xv[6] = {0, 1.5f, 0, -2, 0, 3};
+    uint8_t mv[3] = {1, 0, 1};
+    int64_t iv[2] = {1, -2}, jv[2] = {0, 3};
+    ndm_array xc = ndm_from_buffer(p.cpu, NDM_F32, xv, NDM_SHAPE(2, 3));
+    ndm_array mc = ndm_from_buffer(p.cpu, NDM_BOOL, mv, NDM_SHAPE(3));
+    ndm_array ic = ndm_from_buffer(p.cpu, NDM_I64, iv, NDM_SHAPE(2));
+    ndm_array jc = ndm_from_buffer(p.cpu, NDM_I64, jv, NDM_SHAPE(2));
+    ndm_array xg = ndm_to_to(p.gpu, xc, NDM_CUDA(0));
+    ndm_array mg = ndm_to_to(p.gpu, mc, NDM_CUDA(0));
+    ndm_array ig = ndm_to_to(p.gpu, ic, NDM_CUDA(0));
+    ndm_array jg = ndm_to_to(p.gpu, jc, NDM_CUDA(0));
+    assert_live(jg);
+    uint64_t live_c = test_live_arrays(p.cpu), live_g = test_live_arrays(p.gpu);
+    assert_true(ndm_array_is_null(ndm_masked_select(xg, mc)));
+    assert_int_equal(ndm_last_status(), NDM_E_DEVICE);
+    assert_true(ndm_array_is_null(ndm_index(xg, NDM_ARRAYS(ic))));
+    assert_int_equal(ndm_last_status(), NDM_E_DEVICE);
+    assert_true(ndm_array_is_null(ndm_index(xg, NDM_ARRAYS(ig, jg))));
+    assert_int_equal(ndm_last_status(), NDM_E_INVALID);
+    assert_error_has("index 3 at [1] of the indices is out of range for axis 1 of size 3");
+    assert_int_equal(test_live_arrays(p.cpu), live_c);
+    assert_int_equal(test_live_arrays(p.gpu), live_g);
+    /* torch.masked_select(x, m) == [0, 0, -2, 3]; np.argwhere(x) == [[0, 1], [1, 0], [1, 2]] */
+    ndm_array sg = ndm_masked_select(xg, mg);
+    ndm_array ng = ndm_nonzero(xg);
+    assert_true(ndm_array_device(sg).type == NDM_DEVICE_CUDA);
+    assert_arrays_match(ndm_masked_select(xc, mc), sg, "masked_select");
+    assert_arrays_match(ndm_nonzero(xc), ng, "nonzero");
+    int64_t got[6];
+    assert_int_equal(ndm_array_size(ng), 6);
+    assert_ok(ndm_array_copy_out(ndm_to_to(p.cpu, ng, NDM_CPU), got, sizeof got));
+    assert_true(got[0] == 0 && got[1] == 1 && got[2] == 1 && got[3] == 0 && got[4] == 1 &&
+                got[5] == 2);
+    pair_close(p);
+}
+
 /* The losses' label range is checked on the device too: a negative label
  * is refused with its value and position, not taken as the last class. */
 static void test_cuda_loss_label_out_of_range_is_refused(void **state)
@@ -1825,6 +1868,7 @@ int main(int argc, char **argv)
         TEST(test_cuda_index_ops_match_cpu),
         TEST(test_cuda_take_out_of_range_index_fails_cleanly),
         TEST(test_cuda_loss_label_out_of_range_is_refused),
+        TEST(test_cuda_selection_checks_devices_and_ranges),
         TEST(test_cuda_autograd_through_reductions_and_index),
         TEST(test_cuda_conv_net_forward_and_backward_match_cpu),
         TEST(test_cuda_conv_net_autograd_matches_cpu),

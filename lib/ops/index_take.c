@@ -604,8 +604,15 @@ NDM_API ndm_array ndm_nonzero_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array 
     if (!pos.id)
         return pos;
     int64_t count = ndm__array_peek(pos)->shape[0];
-    if (nd <= 1 || count == 0) {
-        /* a column of positions, or no rows, or [count, 0] for a 0-d array */
+    if (nd == 0) {
+        /* [count, 0]: rows of no coordinates */
+        ndm__array *o;
+        drop(pos);
+        return ndm__array_new_on(site, __func__, out, r->storage->device, NDM_I64, 2,
+                                 (int64_t[]){count, 0}, &o);
+    }
+    if (nd == 1 || count == 0) {
+        /* a column of positions, or no rows */
         ndm_array res = ndm_reshape_to_at(NDM__SITE_ARGS(site), out, pos, 2,
                                           (int64_t[]){count, nd});
         drop(pos);
