@@ -17,10 +17,10 @@
  * an in-place call that fails leaves its input untouched.
  *
  * Axes may be negative (counted from the end). Index arrays may be u8, i32 or
- * i64 (NDM_E_DTYPE otherwise). ndm_take, ndm_gather and ndm_scatter_add
- * accept negative indices, counted from the end of the axis as in Python;
- * an index outside [-n, n) is NDM_E_INVALID and the message names it and
- * its position. ndm_one_hot accepts [0, num_classes) only.
+ * i64 (NDM_E_DTYPE otherwise). ndm_take, ndm_gather, ndm_scatter_add and
+ * ndm_index accept negative indices, counted from the end of the axis as
+ * in Python; an index outside [-n, n) is NDM_E_INVALID and the message
+ * names it and its position. ndm_one_hot accepts [0, num_classes) only.
  *
  * Lists of arrays and of sizes come last, so literals work in the macros:
  *     ndm_concat(0, NDM_ARRAYS(a, b, c))
@@ -230,9 +230,13 @@ NDM_API ndm_array ndm_repeat_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
 NDM_API ndm_array ndm_repeat_each_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis,
                                         int n, const int64_t *repeats);
 
-/** Running sums along `axis`. bool and integer inputs accumulate in int64
- *  and give i64 (wrapping on overflow); floats give their own dtype,
- *  accumulating in it (f16 and bf16 in f32). */
+/** Running sums along `axis`. Returns a's shape: bool and integer inputs
+ *  accumulate in int64 and give i64 (wrapping on overflow); floats give
+ *  their own dtype, accumulating in it (f16 and bf16 in f32). Owner: the
+ *  output rule's manager (a's unless a scope or the _to form names one),
+ *  or m for the _to form. Errors: NDM_E_AXIS when axis is outside
+ *  [-ndim, ndim), NDM_E_NULL / NDM_E_CLOSED for a null or stale handle,
+ *  NDM_E_CAPPED / NDM_E_QUOTA / NDM_E_OOM from the output manager. */
 #define ndm_cumsum(a, axis) ndm_cumsum_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (axis))
 /** ndm_cumsum() with the result attached to m instead of by the output rule. */
 #define ndm_cumsum_to(m, a, axis) ndm_cumsum_to_at(NDM_HERE, (m), (a), (axis))
