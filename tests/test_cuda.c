@@ -1124,8 +1124,10 @@ static void test_cuda_selection_checks_devices_and_ranges(void **state)
     uint64_t live_c = test_live_arrays(p.cpu), live_g = test_live_arrays(p.gpu);
     assert_true(ndm_array_is_null(ndm_masked_select(xg, mc)));
     assert_int_equal(ndm_last_status(), NDM_E_DEVICE);
+    assert_error_has("is on cuda:0 but");
     assert_true(ndm_array_is_null(ndm_index(xg, NDM_ARRAYS(ic))));
     assert_int_equal(ndm_last_status(), NDM_E_DEVICE);
+    assert_error_has("is on cpu");
     assert_true(ndm_array_is_null(ndm_index(xg, NDM_ARRAYS(ig, jg))));
     assert_int_equal(ndm_last_status(), NDM_E_INVALID);
     assert_error_has("index 3 at [1] of the indices is out of range for axis 1 of size 3");
