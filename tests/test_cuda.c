@@ -1144,6 +1144,11 @@ static void test_cuda_selection_checks_devices_and_ranges(void **state)
     assert_ok(ndm_array_copy_out(ndm_to_to(p.cpu, ng, NDM_CPU), got, sizeof got));
     assert_true(got[0] == 0 && got[1] == 1 && got[2] == 1 && got[3] == 0 && got[4] == 1 &&
                 got[5] == 2);
+    /* more chunks of positions than the scan has threads, several per thread */
+    ndm_array big = ndm_gt_scalar(ndm_sin(ndm_arange(p.cpu, NDM_F32, 0, 150001, 1)), 0.9);
+    ndm_array bigg = ndm_to_to(p.gpu, big, NDM_CUDA(0));
+    assert_live(bigg);
+    assert_arrays_match(ndm_nonzero(big), ndm_nonzero(bigg), "nonzero of 150001 entries");
     pair_close(p);
 }
 

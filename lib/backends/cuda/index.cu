@@ -613,7 +613,7 @@ static ndm_status cuda_cumprod(int device, const ndm__tensor *dst, const ndm__te
 
 /* ---- nonzero ----------------------------------------------------------------------------------
  * Chunks of NZ_CHUNK consecutive C-order positions, a thread each: a pass
- * counts every chunk, one thread turns the counts into offsets and the
+ * counts every chunk, one block turns the counts into offsets and the
  * total, and when positions are wanted a second pass writes each chunk's
  * from its offset, so they come out in order without atomics. The total is
  * read back (the dispatcher sizes its result by it): the one synchronising
@@ -646,17 +646,35 @@ __global__ void ndm__k_nz_count(ndm__cu_geom g, const typename ndm__cu_dt<E>::T 
     }
 }
 
-/* counts[0..chunks) become exclusive offsets; counts[chunks] the total. */
+/* counts[0..chunks) become exclusive offsets and counts[chunks] the total,
+ * in one block: each thread sums a run of chunks, one thread scans the
+ * threads' sums, each thread then writes its run's offsets. */
+#define NZ_SCAN_THREADS 256
 __global__ void ndm__k_nz_scan(int64_t *counts, int64_t chunks)
 {
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
-        int64_t run = 0;
-        for (int64_t c = 0; c < chunks; c++) {
-            int64_t k = counts[c];
-            counts[c] = run;
-            run += k;
+    __shared__ int64_t part[NZ_SCAN_THREADS];
+    int t = (int)threadIdx.x;
+    int64_t per = (chunks + NZ_SCAN_THREADS - 1) / NZ_SCAN_THREADS;
+    int64_t b = t * per, e = b + per < chunks ? b + per : chunks, run = 0;
+    for (int64_t c = b; c < e; c++)
+        run += counts[c];
+    part[t] = run;
+    __syncthreads();
+    if (t == 0) {
+        int64_t sum = 0;
+        for (int k = 0; k < NZ_SCAN_THREADS; k++) {
+            int64_t v = part[k];
+            part[k] = sum;
+            sum += v;
         }
-        counts[chunks] = run;
+        counts[chunks] = sum;
+    }
+    __syncthreads();
+    run = part[t];
+    for (int64_t c = b; c < e; c++) {
+        int64_t k = counts[c];
+        counts[c] = run;
+        run += k;
     }
 }
 
@@ -714,7 +732,7 @@ static ndm_status nonzero_typed(int device, cudaStream_t s, const ndm__tensor *d
         return NDM_OK;
     });
     if (st >= 0) {
-        NDM__LAUNCH(1, 1, 0, s, ndm__k_nz_scan)(counts, chunks);
+        NDM__LAUNCH(1, NZ_SCAN_THREADS, 0, s, ndm__k_nz_scan)(counts, chunks);
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess)
             st = ndm__cuda_check(device, e, "launch of the nonzero scan kernel");
