@@ -85,6 +85,11 @@ static void run_cumsum(kcase *c)
     ndm__tensor o = T(c->out), s = T(c->in[0]);
     (void)K->cumsum(0, &o, &s, c->axis);
 }
+static void run_cumprod(kcase *c)
+{
+    ndm__tensor o = T(c->out), s = T(c->in[0]);
+    (void)K->cumprod(0, &o, &s, c->axis);
+}
 static void run_transpose_copy(kcase *c)
 {
     ndm__tensor o = T(c->out);
@@ -161,6 +166,10 @@ int main(int argc, char **argv)
          run_cumsum},
         {"cumsum_axis1_f32", {full}, ndm_empty(m, NDM_F32, NDM_SHAPE(n, n)), 2 * sq_bytes, 1,
          run_cumsum},
+        {"cumprod_axis0_f32", {full}, ndm_empty(m, NDM_F32, NDM_SHAPE(n, n)), 2 * sq_bytes, 0,
+         run_cumprod},
+        {"cumprod_axis1_f32", {full}, ndm_empty(m, NDM_F32, NDM_SHAPE(n, n)), 2 * sq_bytes, 1,
+         run_cumprod},
     };
     char note[256];
     snprintf(note, sizeof note,

@@ -412,6 +412,88 @@ static void test_grad_index(void **state)
     }
 }
 
+/* ---- running sums and products, selection by index arrays and masks ---------------- */
+
+static ndm_array f_cum(const ndm_array *p, void *ctx)
+{
+    switch ((int)(intptr_t)ctx) {
+    case 0:
+        return ndm_cumsum(p[0], 1);
+    case 1:
+        return ndm_cumsum(ndm_transpose(p[0]), 0);
+    case 2:
+        return ndm_cumprod(p[0], 1);
+    case 3:
+        return ndm_cumprod(ndm_transpose(p[0]), -2);
+    case 4: /* p[1] is all zeros: each line holds a zero, then more values, then another */
+        return ndm_cumprod(ndm_concat(1, NDM_ARRAYS(p[0], p[1], p[2], p[1])), 1);
+    case 5: /* a zero first, along axis 0 of a view */
+        return ndm_cumprod(ndm_transpose(ndm_concat(1, NDM_ARRAYS(p[1], p[0], p[2]))), 0);
+    default: /* a single zero at the end of a line */
+        return ndm_cumprod(ndm_concat(1, NDM_ARRAYS(p[2], p[1])), 1);
+    }
+}
+
+static void test_grad_cumsum_and_cumprod(void **state)
+{
+    param_spec one[1] = {P1(2, 3, 5)};
+    for (int i = 0; i <= 3; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "cumulative case %d", i);
+        check(ROOT(state), name, 1, one, f_cum, (void *)(intptr_t)i, 1e-6);
+    }
+    /* with exact zeros (the middle parameter): the rule must not divide by
+     * them, and the gradient at each zero must still be right */
+    param_spec zeros[3] = {P1(2, 2, 2), PR(2, 0.0, 0.0, 2, 1), P1(2, 2, 3)};
+    for (int i = 4; i <= 6; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "cumprod with zeros, case %d", i);
+        check(ROOT(state), name, 3, zeros, f_cum, (void *)(intptr_t)i, 1e-6);
+    }
+}
+
+static ndm_array f_select(const ndm_array *p, void *ctx)
+{
+    ndm_manager sc = ndm_scope_current();
+    switch ((int)(intptr_t)ctx) {
+    case 0: { /* p[0][i, j] with repeated pairs, which must accumulate */
+        int64_t iv[4] = {2, 0, -1, 2};
+        int32_t jv[2] = {1, -1};
+        ndm_array i = ndm_from_buffer(sc, NDM_I64, iv, NDM_SHAPE(2, 2));
+        ndm_array j = ndm_from_buffer(sc, NDM_I32, jv, NDM_SHAPE(2));
+        return ndm_index(p[0], NDM_ARRAYS(i, j));
+    }
+    case 1: { /* p[1][i, j] keeps the trailing axis; p[1] read transposed */
+        int64_t iv[3] = {1, 1, -2};
+        int64_t jv[3] = {0, 2, 0};
+        ndm_array i = ndm_from_buffer(sc, NDM_I64, iv, NDM_SHAPE(3));
+        ndm_array j = ndm_from_buffer(sc, NDM_I64, jv, NDM_SHAPE(3));
+        static const int perm[3] = {1, 2, 0};
+        return ndm_index(ndm_permute(p[1], 3, perm), NDM_ARRAYS(i, j));
+    }
+    case 2: { /* a mask broadcast over p[0]'s rows */
+        uint8_t mv[4] = {1, 0, 1, 1};
+        ndm_array m = ndm_from_buffer(sc, NDM_BOOL, mv, NDM_SHAPE(4));
+        return ndm_masked_select(p[0], m);
+    }
+    default: { /* p[2] broadcast over the mask's rows: the gradient sums them */
+        uint8_t mv[8] = {1, 0, 1, 1, 0, 1, 1, 0};
+        ndm_array m = ndm_from_buffer(sc, NDM_BOOL, mv, NDM_SHAPE(2, 4));
+        return ndm_masked_select(p[2], m);
+    }
+    }
+}
+
+static void test_grad_index_and_masked_select(void **state)
+{
+    param_spec ps[3] = {P1(2, 3, 4), P1(3, 2, 3, 4), P1(1, 4)};
+    for (int i = 0; i <= 3; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "selection case %d", i);
+        check(ROOT(state), name, 3, ps, f_select, (void *)(intptr_t)i, 1e-6);
+    }
+}
+
 /* ---- convolution and pooling ------------------------------------------------------- */
 
 static ndm_array f_conv(const ndm_array *p, void *ctx)
@@ -764,6 +846,8 @@ int main(void)
         TEST(test_grad_reductions),
         TEST(test_grad_linalg),
         TEST(test_grad_index),
+        TEST(test_grad_cumsum_and_cumprod),
+        TEST(test_grad_index_and_masked_select),
         TEST(test_grad_losses),
         TEST(test_grad_conv_and_pool),
         TEST(test_grad_accumulates_and_zeroes),

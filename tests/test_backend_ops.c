@@ -849,7 +849,8 @@ typedef struct ix_ctx {
     int64_t lo, hi;
 } ix_ctx;
 
-enum { IX_COPY, IX_FIND, IX_TAKE, IX_GATHER, IX_SCATTER, IX_ONE_HOT, IX_PAD, IX_CUMSUM };
+enum { IX_COPY, IX_FIND, IX_TAKE, IX_GATHER, IX_SCATTER, IX_ONE_HOT, IX_PAD, IX_CUMSUM, IX_CUMPROD,
+       IX_NONZERO };
 
 static ndm_status run_index(const ndm__backend *b, int device, const fcase *c,
                             const ndm__tensor *t, const void *ctx)
@@ -881,6 +882,26 @@ static ndm_status run_index(const ndm__backend *b, int device, const fcase *c,
     case IX_ONE_HOT: return f->one_hot(device, &t[0], &t[1]);
     case IX_PAD: return f->pad(device, &t[0], &t[1], x->before, x->mode, -1.5);
     case IX_CUMSUM: return f->cumsum(device, &t[0], &t[1], x->axis);
+    case IX_CUMPROD: return f->cumprod(device, &t[0], &t[1], x->axis);
+    case IX_NONZERO: {
+        /* the count goes into the output's first element, the positions
+         * after it; the rest of the output stays as it was */
+        int64_t count = -7;
+        ndm_status st = f->nonzero(device, NULL, &t[1], &count);
+        if (st < 0)
+            return st;
+        if (count < 0 || count > t[0].shape[0] - 1)
+            return NDM_E_INVALID;
+        if (b->type == NDM_DEVICE_CPU)
+            memcpy(t[0].data, &count, sizeof count);
+        else
+            st = b->upload(device, t[0].data, &count, sizeof count);
+        if (st < 0 || count == 0)
+            return st;
+        const int64_t one = 1;
+        ndm__tensor d = {(int64_t *)t[0].data + 1, NDM_I64, 1, &count, &one};
+        return f->nonzero(device, &d, &t[1], NULL);
+    }
     }
     return NDM_E_INVALID;
 }
@@ -945,6 +966,15 @@ static void index_forward(const target *tg, rng *r, tally *t)
                     ix_case(tg, r, t, hi == 41 ? "find_outside, none" : "find_outside", dt,
                             (layout)l, &x, 2, dts, vs, 0, dt);
                 }
+            }
+            /* nonzero: the count, then the positions, in one i64 output of
+             * room for every element */
+            {
+                ix_ctx x = {.kind = IX_NONZERO};
+                int64_t room = view_size(&in) + 1;
+                ndm_dtype dts[2] = {NDM_I64, dt};
+                view vs[2] = {{1, {room}, {1}, 0, room}, in};
+                ix_case(tg, r, t, "nonzero", dt, (layout)l, &x, 2, dts, vs, 0, dt);
             }
             if (!rank0) {
                 /* take along either axis with a 1-d index; along axis 0 with
@@ -1053,6 +1083,9 @@ static void index_forward(const target *tg, rng *r, tally *t)
                     view vs[2] = {out_view((layout)l), in};
                     ix_case(tg, r, t, axis ? "cumsum, axis 1" : "cumsum, axis 0", dt, (layout)l,
                             &x, 2, dts, vs, 0, dt);
+                    x.kind = IX_CUMPROD;
+                    ix_case(tg, r, t, axis ? "cumprod, axis 1" : "cumprod, axis 0", dt,
+                            (layout)l, &x, 2, dts, vs, 0, dt);
                 }
             }
         }

@@ -1066,8 +1066,25 @@ static void test_cuda_index_ops_match_cpu(void **state)
             NDM__IX_PAIR("pad reflect",
                          ndm_pad(vc, NDM_PAD_REFLECT, 0.0, NDM_SHAPE(7, 8, 1, 1, 0, 2)),
                          ndm_pad(vg, NDM_PAD_REFLECT, 0.0, NDM_SHAPE(7, 8, 1, 1, 0, 2)));
-            for (int axis = 0; axis < 3; axis++)
+            for (int axis = 0; axis < 3; axis++) {
                 NDM__IX_PAIR("cumsum", ndm_cumsum(vc, axis), ndm_cumsum(vg, axis));
+                NDM__IX_PAIR("cumprod", ndm_cumprod(vc, axis), ndm_cumprod(vg, axis));
+            }
+            /* sizes that depend on the data: the count is read back */
+            NDM__IX_PAIR("nonzero", ndm_nonzero(vc), ndm_nonzero(vg));
+            ndm_array mc = ndm_gt_scalar(ndm_slice(vc, 0, 0, 1, 1), 1.0);
+            ndm_array mg = ndm_to_to(p.gpu, mc, NDM_CUDA(0));
+            NDM__IX_PAIR("masked_select with a broadcast mask", ndm_masked_select(vc, mc),
+                         ndm_masked_select(vg, mg));
+            NDM__IX_PAIR("nonzero of a broadcast mask",
+                         ndm_nonzero(ndm_expand(mc, NDM_SHAPE(sh[0], sh[1], sh[2]))),
+                         ndm_nonzero(ndm_expand(mg, NDM_SHAPE(sh[0], sh[1], sh[2]))));
+            ndm_array jc = ndm_reshape(ndm_slice(i32c, 0, 0, 2, 1), NDM_SHAPE(2, 1));
+            ndm_array jg = ndm_to_to(p.gpu, jc, NDM_CUDA(0));
+            ndm_array kc = ndm_astype(ndm_clamp(ic, -3.0, 2.0), NDM_I64);
+            ndm_array kg = ndm_to_to(p.gpu, kc, NDM_CUDA(0));
+            NDM__IX_PAIR("index on two axes", ndm_index(vc, NDM_ARRAYS(jc, kc)),
+                         ndm_index(vg, NDM_ARRAYS(jg, kg)));
 #undef NDM__IX_PAIR
         }
         char what[64];
@@ -1082,6 +1099,56 @@ static void test_cuda_index_ops_match_cpu(void **state)
         p.gpu = ndm_manager_new_on(ROOT(state), "gpu", NDM_CUDA(0));
         assert_live(p.gpu);
     }
+    pair_close(p);
+}
+
+/* The data-sized selections on a device: an operand on the other device is
+ * refused before anything is made, an index out of range is named as on
+ * the CPU, and the results (the count read back) match the CPU's. */
+static void test_cuda_selection_checks_devices_and_ranges(void **state)
+{
+    NEED_GPU();
+    pair p = pair_new(ROOT(state));
+    float xv[6] = {0, 1.5f, 0, -2, 0, 3};
+    uint8_t mv[3] = {1, 0, 1};
+    int64_t iv[2] = {1, -2}, jv[2] = {0, 3};
+    ndm_array xc = ndm_from_buffer(p.cpu, NDM_F32, xv, NDM_SHAPE(2, 3));
+    ndm_array mc = ndm_from_buffer(p.cpu, NDM_BOOL, mv, NDM_SHAPE(3));
+    ndm_array ic = ndm_from_buffer(p.cpu, NDM_I64, iv, NDM_SHAPE(2));
+    ndm_array jc = ndm_from_buffer(p.cpu, NDM_I64, jv, NDM_SHAPE(2));
+    ndm_array xg = ndm_to_to(p.gpu, xc, NDM_CUDA(0));
+    ndm_array mg = ndm_to_to(p.gpu, mc, NDM_CUDA(0));
+    ndm_array ig = ndm_to_to(p.gpu, ic, NDM_CUDA(0));
+    ndm_array jg = ndm_to_to(p.gpu, jc, NDM_CUDA(0));
+    assert_live(jg);
+    uint64_t live_c = test_live_arrays(p.cpu), live_g = test_live_arrays(p.gpu);
+    assert_true(ndm_array_is_null(ndm_masked_select(xg, mc)));
+    assert_int_equal(ndm_last_status(), NDM_E_DEVICE);
+    assert_error_has("is on cuda:0 but");
+    assert_true(ndm_array_is_null(ndm_index(xg, NDM_ARRAYS(ic))));
+    assert_int_equal(ndm_last_status(), NDM_E_DEVICE);
+    assert_error_has("is on cpu");
+    assert_true(ndm_array_is_null(ndm_index(xg, NDM_ARRAYS(ig, jg))));
+    assert_int_equal(ndm_last_status(), NDM_E_INVALID);
+    assert_error_has("index 3 at [1] of the indices is out of range for axis 1 of size 3");
+    assert_int_equal(test_live_arrays(p.cpu), live_c);
+    assert_int_equal(test_live_arrays(p.gpu), live_g);
+    /* torch.masked_select(x, m) == [0, 0, -2, 3]; np.argwhere(x) == [[0, 1], [1, 0], [1, 2]] */
+    ndm_array sg = ndm_masked_select(xg, mg);
+    ndm_array ng = ndm_nonzero(xg);
+    assert_true(ndm_array_device(sg).type == NDM_DEVICE_CUDA);
+    assert_arrays_match(ndm_masked_select(xc, mc), sg, "masked_select");
+    assert_arrays_match(ndm_nonzero(xc), ng, "nonzero");
+    int64_t got[6];
+    assert_int_equal(ndm_array_size(ng), 6);
+    assert_ok(ndm_array_copy_out(ndm_to_to(p.cpu, ng, NDM_CPU), got, sizeof got));
+    assert_true(got[0] == 0 && got[1] == 1 && got[2] == 1 && got[3] == 0 && got[4] == 1 &&
+                got[5] == 2);
+    /* more chunks of positions than the scan has threads, several per thread */
+    ndm_array big = ndm_gt_scalar(ndm_sin(ndm_arange(p.cpu, NDM_F32, 0, 150001, 1)), 0.9);
+    ndm_array bigg = ndm_to_to(p.gpu, big, NDM_CUDA(0));
+    assert_live(bigg);
+    assert_arrays_match(ndm_nonzero(big), ndm_nonzero(bigg), "nonzero of 150001 entries");
     pair_close(p);
 }
 
@@ -1808,6 +1875,7 @@ int main(int argc, char **argv)
         TEST(test_cuda_index_ops_match_cpu),
         TEST(test_cuda_take_out_of_range_index_fails_cleanly),
         TEST(test_cuda_loss_label_out_of_range_is_refused),
+        TEST(test_cuda_selection_checks_devices_and_ranges),
         TEST(test_cuda_autograd_through_reductions_and_index),
         TEST(test_cuda_conv_net_forward_and_backward_match_cpu),
         TEST(test_cuda_conv_net_autograd_matches_cpu),

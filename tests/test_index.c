@@ -1149,6 +1149,308 @@ static void test_cumsum_integers_widen(void **state)
         release(arr[i]);
 }
 
+/* ---- cumprod ------------------------------------------------------------------------ */
+
+static void test_cumprod_every_dtype(void **state)
+{
+    ndm_manager m = ROOT(state);
+    for (int ti = 0; ti < NDTYPES; ti++) {
+        ndm_dtype t = all_dtypes[ti];
+        ndm_dtype rt = ndm_dtype_is_float(t) ? t : NDM_I64;
+        for (int axis = -3; axis < 3; axis++) {
+            int ax = axis < 0 ? axis + 3 : axis;
+            int64_t sa[3] = {3, 4, 5};
+            double *va;
+            ndm_array base = seeded(m, t, 260 + ti, &va, 3, sa);
+            /* read it through a permuted view: shape (5, 3, 4) */
+            const int order[3] = {2, 0, 1};
+            ndm_array a = ndm_permute(base, 3, order);
+            int64_t sh[3] = {5, 3, 4};
+            double x[60], want[60];
+            for (int64_t i = 0; i < 60; i++) {
+                int64_t c[3];
+                unravel(i, 3, sh, c);
+                x[i] = va[ravel(3, sa, (int64_t[]){c[1], c[2], c[0]})];
+            }
+            for (int64_t i = 0; i < 60; i++) {
+                int64_t c[3];
+                unravel(i, 3, sh, c);
+                if (c[ax] > 0)
+                    continue;
+                float facc = 1;
+                double dacc = 1;
+                for (int64_t k = 0; k < sh[ax]; k++) {
+                    c[ax] = k;
+                    int64_t j = ravel(3, sh, c);
+                    facc *= (float)x[j];
+                    dacc *= x[j];
+                    want[j] = t == NDM_F16    ? ndm_f16_to_f32(ndm_f32_to_f16(facc))
+                              : t == NDM_BF16 ? ndm_bf16_to_f32(ndm_f32_to_bf16(facc))
+                              : t == NDM_F32  ? facc
+                                              : dacc;
+                }
+            }
+            ndm_array r = ndm_cumprod(a, axis);
+            check_array(r, rt, 3, sh, want);
+            release(base);
+            release(a);
+            release(r);
+            free(va);
+        }
+    }
+}
+
+static void test_cumprod_numpy_values(void **state)
+{
+    ndm_manager m = ROOT(state);
+    /* a = np.array([[1.5, -2, 0, 3], [0.5, 4, -1, 2]]) */
+    ndm_array a = mk(m, NDM_F64, (double[]){1.5, -2, 0, 3, 0.5, 4, -1, 2}, NDM_SHAPE(2, 4));
+    /* np.cumprod(a, axis=1) */
+    ndm_array r1 = ndm_cumprod(a, 1);
+    check_array(r1, NDM_F64, 2, (int64_t[]){2, 4}, (double[]){1.5, -3, -0.0, -0.0, 0.5, 2, -2, -4});
+    /* np.cumprod(a, axis=0) */
+    ndm_array r0 = ndm_cumprod(a, -2);
+    check_array(r0, NDM_F64, 2, (int64_t[]){2, 4}, (double[]){1.5, -2, 0, 3, 0.75, -8, -0.0, 6});
+    /* np.cumprod(np.array([65536, 65536, 65536, 3], np.int32)): int64 */
+    ndm_array i = mk(m, NDM_I32, (double[]){65536, 65536, 65536, 3}, NDM_SHAPE(4));
+    ndm_array ri = ndm_cumprod(i, 0);
+    check_array(ri, NDM_I64, 1, (int64_t[]){4},
+                (double[]){65536, 4294967296.0, 281474976710656.0, 844424930131968.0});
+    /* np.cumprod(np.array([3037000500, 3037000500, -1], np.int64)) wraps */
+    int64_t big[3] = {3037000500, 3037000500, -1};
+    ndm_array b = ndm_from_buffer(m, NDM_I64, big, NDM_SHAPE(3));
+    ndm_array rb = ndm_cumprod(b, 0);
+    int64_t got[3];
+    assert_ok(ndm_array_copy_out(rb, got, sizeof got));
+    assert_true(got[0] == 3037000500 && got[1] == -9223372036709301616 &&
+                got[2] == 9223372036709301616);
+    /* np.cumprod(np.array([True, True, False, True])) */
+    ndm_array t = mk(m, NDM_BOOL, (double[]){1, 1, 0, 1}, NDM_SHAPE(4));
+    ndm_array rt = ndm_cumprod(t, 0);
+    check_array(rt, NDM_I64, 1, (int64_t[]){4}, (double[]){1, 1, 0, 0});
+    /* empty and 0-d */
+    ndm_array e = ndm_zeros(m, NDM_F32, NDM_SHAPE(0, 3));
+    ndm_array re = ndm_cumprod(e, 0);
+    check_array(re, NDM_F32, 2, (int64_t[]){0, 3}, NULL);
+    uint64_t live = test_live_arrays(m);
+    ndm_array s = ndm_scalar(m, NDM_F32, 1);
+    assert_true(ndm_array_is_null(ndm_cumprod(s, 0)));
+    assert_int_equal(ndm_last_status(), NDM_E_AXIS);
+    assert_true(ndm_array_is_null(ndm_cumprod(a, 2)));
+    assert_int_equal(ndm_last_status(), NDM_E_AXIS);
+    ndm_array gone = ndm_zeros(m, NDM_F32, NDM_SHAPE(2));
+    release(gone);
+    assert_true(ndm_array_is_null(ndm_cumprod(gone, 0)));
+    assert_int_equal(ndm_last_status(), NDM_E_CLOSED);
+    assert_int_equal(test_live_arrays(m), live + 1);
+    ndm_array arr[] = {a, r1, r0, i, ri, b, rb, t, rt, e, re, s};
+    for (size_t k = 0; k < sizeof arr / sizeof *arr; k++)
+        release(arr[k]);
+}
+
+/* ---- nonzero and masked_select --------------------------------------------------------- */
+
+static void test_nonzero_numpy_argwhere(void **state)
+{
+    ndm_manager m = ROOT(state);
+    /* np.argwhere(np.array([[0, 1.5, 0], [-0.0, np.nan, 2]])): NaN counts, -0.0 does not */
+    ndm_array a = mk(m, NDM_F32, (double[]){0, 1.5, 0, -0.0, NAN, 2}, NDM_SHAPE(2, 3));
+    ndm_array r = ndm_nonzero(a);
+    check_array(r, NDM_I64, 2, (int64_t[]){3, 2}, (double[]){0, 1, 1, 1, 1, 2});
+    /* c = (np.arange(24).reshape(2, 3, 4) % 5 == 0) * np.arange(24).reshape(2, 3, 4),
+     * as int32; np.argwhere(c) (the 0 at [0, 0, 0] is not picked) */
+    double cv[24] = {0};
+    for (int k = 0; k < 24; k += 5)
+        cv[k] = k;
+    ndm_array c = mk(m, NDM_I32, cv, NDM_SHAPE(2, 3, 4));
+    ndm_array rc = ndm_nonzero(c);
+    check_array(rc, NDM_I64, 2, (int64_t[]){4, 3},
+                (double[]){0, 1, 1, 0, 2, 2, 1, 0, 3, 1, 2, 0});
+    /* through a transposed view: np.argwhere(c.transpose(2, 1, 0)) */
+    ndm_array ct = ndm_transpose(c);
+    ndm_array rct = ndm_nonzero(ct);
+    check_array(rct, NDM_I64, 2, (int64_t[]){4, 3},
+                (double[]){0, 2, 1, 1, 1, 0, 2, 2, 0, 3, 0, 1});
+    /* np.argwhere(np.array([0, 3, 0, 4])) */
+    ndm_array v = mk(m, NDM_U8, (double[]){0, 3, 0, 4}, NDM_SHAPE(4));
+    ndm_array rv = ndm_nonzero(v);
+    check_array(rv, NDM_I64, 2, (int64_t[]){2, 1}, (double[]){1, 3});
+    /* np.argwhere(np.array(5)).shape == (1, 0); of 0: (0, 0); of zeros((2, 0)): (0, 2) */
+    ndm_array s5 = ndm_scalar(m, NDM_I64, 5), s0 = ndm_scalar(m, NDM_BOOL, 0);
+    ndm_array e = ndm_zeros(m, NDM_F16, NDM_SHAPE(2, 0));
+    ndm_array r5 = ndm_nonzero(s5), r0 = ndm_nonzero(s0), re = ndm_nonzero(e);
+    check_array(r5, NDM_I64, 2, (int64_t[]){1, 0}, NULL);
+    check_array(r0, NDM_I64, 2, (int64_t[]){0, 0}, NULL);
+    check_array(re, NDM_I64, 2, (int64_t[]){0, 2}, NULL);
+    /* the output rule: to m2 */
+    ndm_manager m2 = ndm_manager_new(m, "other");
+    ndm_array r2 = ndm_nonzero_to(m2, a);
+    assert_live(r2);
+    assert_int_equal(ndm_array_manager(r2).id, m2.id);
+    assert_ok(ndm_manager_close(m2));
+    ndm_array arr[] = {a, r, c, rc, ct, rct, v, rv, s5, s0, e, r5, r0, re};
+    for (size_t k = 0; k < sizeof arr / sizeof *arr; k++)
+        release(arr[k]);
+}
+
+static void test_masked_select_broadcasts(void **state)
+{
+    ndm_manager m = ROOT(state);
+    /* x = np.arange(6).reshape(2, 3).astype(np.float32); m = np.array([True, False, True]);
+     * torch.masked_select(x, m) == x[np.broadcast_to(m, (2, 3))] */
+    ndm_array x = mk(m, NDM_F32, (double[]){0, 1, 2, 3, 4, 5}, NDM_SHAPE(2, 3));
+    ndm_array mk1 = mk(m, NDM_BOOL, (double[]){1, 0, 1}, NDM_SHAPE(3));
+    ndm_array r = ndm_masked_select(x, mk1);
+    check_array(r, NDM_F32, 1, (int64_t[]){4}, (double[]){0, 2, 3, 5});
+    /* a broadcast too: np.broadcast_to(np.array([10., 20, 30]), (2, 3))[mm] with
+     * mm = [[True, False, True], [False, True, True]] */
+    ndm_array y = mk(m, NDM_I32, (double[]){10, 20, 30}, NDM_SHAPE(3));
+    ndm_array mm = mk(m, NDM_BOOL, (double[]){1, 0, 1, 0, 1, 1}, NDM_SHAPE(2, 3));
+    ndm_array r2 = ndm_masked_select(y, mm);
+    check_array(r2, NDM_I32, 1, (int64_t[]){4}, (double[]){10, 30, 20, 30});
+    /* a view of x and an all-false mask */
+    ndm_array xt = ndm_transpose(x);
+    ndm_array none = ndm_zeros(m, NDM_BOOL, NDM_SHAPE(3, 1));
+    ndm_array r3 = ndm_masked_select(xt, none);
+    check_array(r3, NDM_F32, 1, (int64_t[]){0}, NULL);
+    /* x.T[np.array([[True], [False], [True]])] picks rows 0 and 2 of x.T */
+    ndm_array rows = mk(m, NDM_BOOL, (double[]){1, 0, 1}, NDM_SHAPE(3, 1));
+    ndm_array r4 = ndm_masked_select(xt, rows);
+    check_array(r4, NDM_F32, 1, (int64_t[]){4}, (double[]){0, 3, 2, 5});
+
+    /* bad inputs: a failed call creates nothing */
+    uint64_t live = test_live_arrays(m);
+    ndm_array fm = ndm_zeros(m, NDM_U8, NDM_SHAPE(3));
+    assert_true(ndm_array_is_null(ndm_masked_select(x, fm)));
+    assert_int_equal(ndm_last_status(), NDM_E_DTYPE);
+    assert_error_has("must be bool");
+    ndm_array wide = ndm_zeros(m, NDM_BOOL, NDM_SHAPE(4));
+    assert_true(ndm_array_is_null(ndm_masked_select(x, wide)));
+    assert_int_equal(ndm_last_status(), NDM_E_SHAPE);
+    ndm_array gone = ndm_zeros(m, NDM_BOOL, NDM_SHAPE(3));
+    release(gone);
+    assert_true(ndm_array_is_null(ndm_masked_select(x, gone)));
+    assert_int_equal(ndm_last_status(), NDM_E_CLOSED);
+    ndm_clear_error();
+    assert_true(ndm_array_is_null(ndm_masked_select(NDM_NULL_ARRAY, mk1)));
+    assert_int_equal(ndm_last_status(), NDM_E_NULL);
+    assert_int_equal(test_live_arrays(m), live + 2);
+    /* a closed output manager */
+    ndm_manager dead = ndm_manager_new(m, "dead");
+    assert_ok(ndm_manager_close(dead));
+    assert_true(ndm_array_is_null(ndm_masked_select_to(dead, x, mk1)));
+    assert_true(ndm_last_status() < 0);
+    assert_true(ndm_array_is_null(ndm_nonzero_to(dead, x)));
+    assert_true(ndm_last_status() < 0);
+    assert_int_equal(test_live_arrays(m), live + 2);
+    ndm_array arr[] = {x, mk1, r, y, mm, r2, xt, none, r3, rows, r4, fm, wide};
+    for (size_t k = 0; k < sizeof arr / sizeof *arr; k++)
+        release(arr[k]);
+}
+
+/* ---- indexing by several index arrays -------------------------------------------------- */
+
+static void test_index_leading_axes_like_numpy(void **state)
+{
+    ndm_manager m = ROOT(state);
+    double av[24];
+    for (int k = 0; k < 24; k++)
+        av[k] = k;
+    /* A = np.arange(24).reshape(2, 3, 4).astype(np.float64) */
+    ndm_array a = mk(m, NDM_F64, av, NDM_SHAPE(2, 3, 4));
+    /* i = np.array([[1, 0], [-1, 1]]); j = np.array([2, -3], np.int32); A[i, j] */
+    ndm_array i = mk(m, NDM_I64, (double[]){1, 0, -1, 1}, NDM_SHAPE(2, 2));
+    ndm_array j = mk(m, NDM_I32, (double[]){2, -3}, NDM_SHAPE(2));
+    ndm_array r = ndm_index(a, NDM_ARRAYS(i, j));
+    check_array(r, NDM_F64, 3, (int64_t[]){2, 2, 4},
+                (double[]){20, 21, 22, 23, 0, 1, 2, 3, 20, 21, 22, 23, 12, 13, 14, 15});
+    /* k = np.array([3, -4]); A[i, j, k] */
+    ndm_array k = mk(m, NDM_U8, (double[]){3, 0}, NDM_SHAPE(2));
+    ndm_array r3 = ndm_index(a, NDM_ARRAYS(i, j, k));
+    check_array(r3, NDM_F64, 2, (int64_t[]){2, 2}, (double[]){23, 0, 23, 12});
+    /* A[np.array([1, -2, 1])] is take along axis 0 */
+    ndm_array one = mk(m, NDM_I32, (double[]){1, -2, 1}, NDM_SHAPE(3));
+    ndm_array r1 = ndm_index(a, NDM_ARRAYS(one));
+    double w1[36];
+    for (int q = 0; q < 36; q++)
+        w1[q] = (double)((q / 12 == 1 ? 0 : 12) + q % 12);
+    check_array(r1, NDM_F64, 3, (int64_t[]){3, 3, 4}, w1);
+    /* of a transposed view, as float64 and as int32 */
+    ndm_array at = ndm_transpose(a);
+    ndm_array ai = ndm_astype(at, NDM_I32);
+    ndm_array jj = mk(m, NDM_I64, (double[]){2, -1}, NDM_SHAPE(2, 1)); /* on axis 0 (size 4) */
+    ndm_array ii = mk(m, NDM_I64, (double[]){1, 0}, NDM_SHAPE(2));     /* on axis 1 (size 3) */
+    ndm_array rt = ndm_index(at, NDM_ARRAYS(jj, ii));
+    ndm_array rti = ndm_index(ai, NDM_ARRAYS(jj, ii));
+    /* np.arange(24).reshape(2, 3, 4).transpose(2, 1, 0)[[[2], [-1]], [1, 0]]:
+     * [[[6, 18], [2, 14]], [[7, 19], [3, 15]]] */
+    check_array(rt, NDM_F64, 3, (int64_t[]){2, 2, 2}, (double[]){6, 18, 2, 14, 7, 19, 3, 15});
+    check_array(rti, NDM_I32, 3, (int64_t[]){2, 2, 2}, (double[]){6, 18, 2, 14, 7, 19, 3, 15});
+    /* empty index arrays give an empty result */
+    ndm_array none = ndm_zeros(m, NDM_I64, NDM_SHAPE(0));
+    ndm_array j1 = mk(m, NDM_I32, (double[]){2}, NDM_SHAPE(1));
+    ndm_array re = ndm_index(a, NDM_ARRAYS(none, j1));
+    check_array(re, NDM_F64, 2, (int64_t[]){0, 4}, NULL);
+    ndm_array arr[] = {a, i, j, r, k, r3, one, r1, ai, at, jj, ii, rt, rti, none, j1, re};
+    for (size_t q = 0; q < sizeof arr / sizeof *arr; q++)
+        release(arr[q]);
+}
+
+static void test_index_errors_name_the_index_and_axis(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_array a = ndm_zeros(m, NDM_F32, NDM_SHAPE(2, 3, 4));
+    ndm_array i = mk(m, NDM_I64, (double[]){1, 0}, NDM_SHAPE(2));
+    ndm_array bad = mk(m, NDM_I32, (double[]){0, 3}, NDM_SHAPE(2));
+    ndm_array neg = mk(m, NDM_I64, (double[]){-4}, NDM_SHAPE(1));
+    ndm_array f = ndm_zeros(m, NDM_F32, NDM_SHAPE(2));
+    ndm_array b = ndm_zeros(m, NDM_BOOL, NDM_SHAPE(2));
+    ndm_array three = ndm_zeros(m, NDM_I64, NDM_SHAPE(3));
+    uint64_t live = test_live_arrays(m);
+    /* out of range: index 3 on axis 1 (size 3), the second index array */
+    assert_true(ndm_array_is_null(ndm_index(a, NDM_ARRAYS(i, bad))));
+    assert_int_equal(ndm_last_status(), NDM_E_INVALID);
+    assert_error_has("index 3 at [1] of the indices is out of range for axis 1 of size 3 "
+                     "(index array 1)");
+    assert_true(ndm_array_is_null(ndm_index(a, NDM_ARRAYS(neg))));
+    assert_int_equal(ndm_last_status(), NDM_E_INVALID);
+    assert_error_has("index -4 at [0] of the indices is out of range for axis 0 of size 2");
+    /* dtypes */
+    assert_true(ndm_array_is_null(ndm_index(a, NDM_ARRAYS(i, f))));
+    assert_int_equal(ndm_last_status(), NDM_E_DTYPE);
+    assert_true(ndm_array_is_null(ndm_index(a, NDM_ARRAYS(b))));
+    assert_int_equal(ndm_last_status(), NDM_E_DTYPE);
+    assert_error_has("ndm_masked_select");
+    /* shapes that do not broadcast, too many or too few index arrays */
+    assert_true(ndm_array_is_null(ndm_index(a, NDM_ARRAYS(i, three))));
+    assert_int_equal(ndm_last_status(), NDM_E_SHAPE);
+    assert_true(ndm_array_is_null(ndm_index(a, NDM_ARRAYS(i, i, i, i))));
+    assert_int_equal(ndm_last_status(), NDM_E_INVALID);
+    assert_true(ndm_array_is_null(ndm_index(a, 0, NULL)));
+    assert_int_equal(ndm_last_status(), NDM_E_INVALID);
+    /* stale and null handles, a closed output manager */
+    ndm_array gone = ndm_zeros(m, NDM_I64, NDM_SHAPE(1));
+    release(gone);
+    assert_true(ndm_array_is_null(ndm_index(a, NDM_ARRAYS(i, gone))));
+    assert_int_equal(ndm_last_status(), NDM_E_CLOSED);
+    ndm_clear_error();
+    assert_true(ndm_array_is_null(ndm_index(NDM_NULL_ARRAY, NDM_ARRAYS(i))));
+    assert_int_equal(ndm_last_status(), NDM_E_NULL);
+    ndm_manager dead = ndm_manager_new(m, "dead");
+    assert_ok(ndm_manager_close(dead));
+    assert_true(ndm_array_is_null(ndm_index_to(dead, a, NDM_ARRAYS(i))));
+    assert_true(ndm_last_status() < 0);
+    assert_true(ndm_array_is_null(ndm_cumprod_to(dead, a, 0)));
+    assert_true(ndm_last_status() < 0);
+    /* nothing was created, and the manager still works */
+    assert_int_equal(test_live_arrays(m), live);
+    ndm_array ok = ndm_index(a, NDM_ARRAYS(i));
+    check_array(ok, NDM_F32, 3, (int64_t[]){2, 3, 4}, (double[24]){0});
+    ndm_array arr[] = {a, i, bad, neg, f, b, three, ok};
+    for (size_t q = 0; q < sizeof arr / sizeof *arr; q++)
+        release(arr[q]);
+}
+
 /* ---- reference and fast kernels, thread counts -------------------------------------- */
 
 /* Bytes of a (C order). */
@@ -1182,6 +1484,10 @@ static ndm_array op_tile(ndm_array *in) { return ndm_tile(in[1], NDM_SHAPE(2, 1,
 static ndm_array op_repeat(ndm_array *in) { return ndm_repeat(in[1], 1, 3); }
 static ndm_array op_cumsum(ndm_array *in) { return ndm_cumsum(in[0], 0); }
 static ndm_array op_cumsum1(ndm_array *in) { return ndm_cumsum(in[1], 1); }
+static ndm_array op_cumprod(ndm_array *in) { return ndm_cumprod(in[0], 0); }
+static ndm_array op_cumprod1(ndm_array *in) { return ndm_cumprod(in[1], 1); }
+static ndm_array op_nonzero(ndm_array *in) { return ndm_nonzero(in[6]); }
+static ndm_array op_nonzero1(ndm_array *in) { return ndm_nonzero(in[1]); }
 
 /* Values in [-1, 1) with many bits, so any change of summation order shows. */
 static ndm_array seeded_real(ndm_manager m, ndm_dtype t, uint64_t seed, int nd,
@@ -1233,6 +1539,8 @@ static void test_index_reference_and_fast_agree(void **state)
         {"scatter0", op_scatter0}, {"one_hot", op_one_hot}, {"pad", op_pad},
         {"pad_c", op_pad_c},     {"tile", op_tile},         {"repeat", op_repeat},
         {"cumsum", op_cumsum},   {"cumsum1", op_cumsum1},
+        {"cumprod", op_cumprod}, {"cumprod1", op_cumprod1}, {"nonzero", op_nonzero},
+        {"nonzero1", op_nonzero1},
     };
     for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++) {
         ndm__cpu_force_reference(true);
@@ -1311,6 +1619,12 @@ int main(void)
         TEST(test_repeat_scalar_and_each),
         TEST(test_cumsum_every_dtype),
         TEST(test_cumsum_integers_widen),
+        TEST(test_cumprod_every_dtype),
+        TEST(test_cumprod_numpy_values),
+        TEST(test_nonzero_numpy_argwhere),
+        TEST(test_masked_select_broadcasts),
+        TEST(test_index_leading_axes_like_numpy),
+        TEST(test_index_errors_name_the_index_and_axis),
         TEST(test_index_reference_and_fast_agree),
         TEST(test_index_check_names_the_first_bad_index),
     };

@@ -264,6 +264,7 @@ static void sweep_compute(sweep *sw, ndm_array a, const int64_t *s)
     int64_t w[3];
     for (int ax = 0; ax < 3; ax++) {
         OP(sw, "cumsum", ndm_cumsum(a, ax), 3, s, sum_dtype(dt), true, 0);
+        OP(sw, "cumprod", ndm_cumprod(a, ax), 3, s, sum_dtype(dt), true, 0);
         OP(sw, "softmax", ndm_softmax(a, ax), 3, s, soft, true, 0);
         for (int j = 0, k = 0; j < 3; j++)
             if (j != ax)

@@ -1,5 +1,6 @@
 /* ndm shape and indexing operations: concat, stack, split, take, gather,
- * scatter_add, one_hot, pad, flip, tile, repeat, cumsum.
+ * scatter_add, one_hot, pad, flip, tile, repeat, cumsum, cumprod, nonzero,
+ * masked_select and indexing by several index arrays (ndm_index).
  *
  * Ownership. Every function that returns a handle returns a fresh one,
  * attached by the output rule: the `_to` variant's manager, else the
@@ -16,10 +17,10 @@
  * an in-place call that fails leaves its input untouched.
  *
  * Axes may be negative (counted from the end). Index arrays may be u8, i32 or
- * i64 (NDM_E_DTYPE otherwise). ndm_take, ndm_gather and ndm_scatter_add
- * accept negative indices, counted from the end of the axis as in Python;
- * an index outside [-n, n) is NDM_E_INVALID and the message names it and
- * its position. ndm_one_hot accepts [0, num_classes) only.
+ * i64 (NDM_E_DTYPE otherwise). ndm_take, ndm_gather, ndm_scatter_add and
+ * ndm_index accept negative indices, counted from the end of the axis as
+ * in Python; an index outside [-n, n) is NDM_E_INVALID and the message
+ * names it and its position. ndm_one_hot accepts [0, num_classes) only.
  *
  * Lists of arrays and of sizes come last, so literals work in the macros:
  *     ndm_concat(0, NDM_ARRAYS(a, b, c))
@@ -229,14 +230,91 @@ NDM_API ndm_array ndm_repeat_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a
 NDM_API ndm_array ndm_repeat_each_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis,
                                         int n, const int64_t *repeats);
 
-/** Running sums along `axis`. bool and integer inputs accumulate in int64
- *  and give i64 (wrapping on overflow); floats give their own dtype,
- *  accumulating in it (f16 and bf16 in f32). */
+/** Running sums along `axis`. Returns a's shape: bool and integer inputs
+ *  accumulate in int64 and give i64 (wrapping on overflow); floats give
+ *  their own dtype, accumulating in it (f16 and bf16 in f32). Owner: the
+ *  output rule's manager (a's unless a scope or the _to form names one),
+ *  or m for the _to form. Errors: NDM_E_AXIS when axis is outside
+ *  [-ndim, ndim), NDM_E_NULL / NDM_E_CLOSED for a null or stale handle,
+ *  NDM_E_CAPPED / NDM_E_QUOTA / NDM_E_OOM from the output manager. */
 #define ndm_cumsum(a, axis) ndm_cumsum_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (axis))
 /** ndm_cumsum() with the result attached to m instead of by the output rule. */
 #define ndm_cumsum_to(m, a, axis) ndm_cumsum_to_at(NDM_HERE, (m), (a), (axis))
 /** ndm_cumsum_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_cumsum_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis);
+
+/** numpy's cumprod (PyTorch's cumprod) along `axis`. Returns the running
+ *  products, a's shape: bool and integer inputs multiply in int64 and give
+ *  i64 (wrapping on overflow); floats give their own dtype, multiplying in
+ *  it (f16 and bf16 in f32). Owner: the output rule's manager (a's unless a
+ *  scope or the _to form names one), or m for the _to form. Errors:
+ *  NDM_E_AXIS when axis is outside [-ndim, ndim), NDM_E_NULL / NDM_E_CLOSED
+ *  for a null or stale handle, NDM_E_CAPPED / NDM_E_QUOTA / NDM_E_OOM from
+ *  the output manager. The gradient is exact when the input holds zeros. */
+#define ndm_cumprod(a, axis) ndm_cumprod_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (axis))
+/** ndm_cumprod() with the result attached to m instead of by the output rule. */
+#define ndm_cumprod_to(m, a, axis) ndm_cumprod_to_at(NDM_HERE, (m), (a), (axis))
+/** ndm_cumprod_to() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_array ndm_cumprod_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis);
+
+/* The next three size their result by the data: they count first, and on a
+ * device that count is read back to the host (the call waits for the
+ * device's queue to reach it), as torch.nonzero and masked_select do. */
+
+/** numpy's argwhere (torch.nonzero): Returns an i64 array of shape
+ *  [count, ndim] holding, row by row in C order, the coordinates of a's
+ *  nonzero entries (NaN counts as nonzero, -0.0 as zero); a 0-d `a` gives
+ *  [count, 0]. Integer output: no gradient. Owner: the output rule's
+ *  manager (a's), or m for the _to form. Errors: NDM_E_NULL / NDM_E_CLOSED
+ *  for a null or stale handle, NDM_E_CAPPED / NDM_E_QUOTA / NDM_E_OOM from
+ *  the output manager, a device's NDM_E_UNSUPPORTED. */
+#define ndm_nonzero(a) ndm_nonzero_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a))
+/** ndm_nonzero() with the result attached to m instead of by the output rule. */
+#define ndm_nonzero_to(m, a) ndm_nonzero_to_at(NDM_HERE, (m), (a))
+/** ndm_nonzero_to() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_array ndm_nonzero_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a);
+
+/** torch.masked_select (numpy's a[mask] with a bool mask): a and mask
+ *  broadcast together, and the result is a's entries (broadcast) where
+ *  the mask is true, in C order. Returns a new 1-d array of a's dtype.
+ *  Its gradient scatters back into zeros of the broadcast shape and sums
+ *  over the broadcast axes. Owner: the output rule's manager (a's), or m
+ *  for the _to form. Errors: NDM_E_DTYPE when mask is not bool,
+ *  NDM_E_SHAPE when the shapes do not broadcast, NDM_E_DEVICE when they
+ *  live on different devices, NDM_E_NULL / NDM_E_CLOSED for a null or stale
+ *  handle, NDM_E_CAPPED / NDM_E_QUOTA / NDM_E_OOM from the output manager. */
+#define ndm_masked_select(a, mask)                                              \
+    ndm_masked_select_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (mask))
+/** ndm_masked_select() with the result attached to m instead of by the output rule. */
+#define ndm_masked_select_to(m, a, mask) ndm_masked_select_to_at(NDM_HERE, (m), (a), (mask))
+/** ndm_masked_select_to() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_array ndm_masked_select_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a,
+                                          ndm_array mask);
+
+/** numpy's advanced indexing on the leading axes, x[i, j]:
+ *      ndm_index(x, NDM_ARRAYS(i, j))
+ *  n integer index arrays (u8, i32 or i64) index axes 0..n-1 of `a`; they
+ *  broadcast together. Returns a new array of a's dtype with shape
+ *  broadcast(index shapes) + a.shape[n:]. Negative indices count from the
+ *  end as in numpy. Named beside ndm_take (one array, one axis) and
+ *  ndm_gather (one array, a's rank): this is the subscript itself, and the
+ *  list comes last, as ndm_concat's does, so NDM_ARRAYS reads like the
+ *  brackets. The gradient scatter-adds into zeros of a's shape (repeated
+ *  indices accumulate). Owner: the output rule's manager (a's), or m for
+ *  the _to form. Errors: NDM_E_INVALID when n is outside [1, a's rank] or
+ *  the list is NULL, or when an index lies outside [-size, size) of its
+ *  axis (the message names the value, its position, the axis and which
+ *  index array); NDM_E_DTYPE for an index array that is not u8, i32 or
+ *  i64 (bool: use ndm_masked_select); NDM_E_SHAPE when the index shapes do
+ *  not broadcast; NDM_E_DEVICE when an index array lives elsewhere;
+ *  NDM_E_NULL / NDM_E_CLOSED for a null or stale handle; NDM_E_CAPPED /
+ *  NDM_E_QUOTA / NDM_E_OOM from the output manager. */
+#define ndm_index(a, ...) ndm_index_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), __VA_ARGS__)
+/** ndm_index() with the result attached to m instead of by the output rule. */
+#define ndm_index_to(m, a, ...) ndm_index_to_at(NDM_HERE, (m), (a), __VA_ARGS__)
+/** ndm_index_to() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_array ndm_index_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int n,
+                                  const ndm_array *indices);
 /** @} */
 
 #ifdef __cplusplus

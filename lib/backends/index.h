@@ -1,5 +1,6 @@
 /* The index family of the backend table: copies that move data for concat,
- * stack and tile, index checks, take, gather, scatter_add, one_hot, pad, cumsum. */
+ * stack and tile, index checks, take, gather, scatter_add, one_hot, pad,
+ * cumsum, cumprod, and the positions of nonzero entries. */
 #ifndef NDM_BACKEND_INDEX_H
 #define NDM_BACKEND_INDEX_H
 
@@ -44,6 +45,16 @@ struct ndm__backend_index {
      * src's dtype for floats; floats accumulate in their dtype, f16 and bf16
      * in f32. */
     ndm_status (*cumsum)(int device, const ndm__tensor *dst, const ndm__tensor *src, int axis);
+    /* Running products along axis, with cumsum's dtypes: integers multiply
+     * in int64 (wrapping), floats in their dtype, f16 and bf16 in f32. */
+    ndm_status (*cumprod)(int device, const ndm__tensor *dst, const ndm__tensor *src, int axis);
+    /* The C-order positions of src's nonzero entries (NaN counts, -0.0 does
+     * not). dst NULL: *count = how many there are. Otherwise dst is a
+     * contiguous 1-d i64 tensor of exactly that many entries, which get the
+     * positions in increasing order; *count is not written. src may carry
+     * 0 strides (a broadcast mask). */
+    ndm_status (*nonzero)(int device, const ndm__tensor *dst, const ndm__tensor *src,
+                          int64_t *count);
 };
 
 extern const struct ndm__backend_index ndm__cpu_index;

@@ -40,6 +40,12 @@ typedef enum ndm__ag_op {
     NDM__AG_TAKE,        /* i[0]: axis; in: a, indices */
     NDM__AG_GATHER,      /* i[0]: axis; in: a, indices */
     NDM__AG_FLIP,        /* i[0]: axis */
+    NDM__AG_CUMSUM,      /* i[0]: axis (normalised) */
+    NDM__AG_CUMPROD,     /* i[0]: axis (normalised) */
+    NDM__AG_INDEX,       /* i[0]: k, the leading axes indexed; in: a, the flat i64 positions
+                            into a's first k axes merged (the broadcast index shape) */
+    NDM__AG_MASKED_SELECT, /* in: a, mask, the i64 C-order positions picked in the
+                              broadcast of a and mask */
     NDM__AG_CONV2D,      /* conv: the options in conv; in: x, w[, b] */
     NDM__AG_MAX_POOL2D,  /* pool options in pool */
     NDM__AG_AVG_POOL2D,  /* pool options in pool, i[0]: count_include_pad */

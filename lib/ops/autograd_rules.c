@@ -387,6 +387,88 @@ static ndm_status index_rule(ndm__ag_node *nd, ndm_array g, ndm_array *gi)
     }
 }
 
+/* The sums of g from each position to the end of its line along axis. */
+static ndm_array reverse_cumsum(ndm_array g, int axis)
+{
+    return ndm_flip(ndm_cumsum(ndm_flip(g, axis), axis), axis);
+}
+
+/* y = cumprod(x): d/dx_j of sum_k g_k y_k is sum over k >= j of g_k times
+ * the product of x_i for i <= k but i != j. Before a line's first zero that
+ * is reverse_cumsum(g * y)_j / x_j (x_j is not zero there); after it, every
+ * term holds the zero, so 0; at the first zero itself it is
+ * reverse_cumsum(g * y1) with y1 the cumprod of x with that zero made 1.
+ * No division ever meets a zero, so the gradient is exact where PyTorch's
+ * is, and finite. */
+static ndm_status cumprod_rule(ndm__ag_node *nd, ndm_array g, ndm_array *gi)
+{
+    int axis = (int)nd->p.i[0];
+    ndm_array x = nd->in[0], y = nd->saved_out;
+    ndm_dtype t = ndm_array_dtype(g);
+    ndm_array one = ndm_ones(NDM_CURRENT_SCOPE, t, NDM_SCALAR);
+    ndm_array zero = ndm_zeros(NDM_CURRENT_SCOPE, t, NDM_SCALAR);
+    ndm_array is_zero = ndm_eq_scalar(x, 0.0);
+    ndm_array zeros_so_far = ndm_cumsum(is_zero, axis);
+    ndm_array before = ndm_eq_scalar(zeros_so_far, 0.0);
+    ndm_array first = ndm_logical_and(is_zero, ndm_eq_scalar(zeros_so_far, 1.0));
+    ndm_array lead = ndm_div(reverse_cumsum(ndm_mul(g, y), axis), ndm_where(before, x, one));
+    ndm_array y1 = ndm_cumprod(ndm_where(first, one, x), axis);
+    ndm_array at_zero = reverse_cumsum(ndm_mul(g, y1), axis);
+    gi[0] = ndm_where(before, lead, ndm_where(first, at_zero, zero));
+    return gi[0].id ? NDM_OK : ndm_last_status();
+}
+
+/* Scatter g (K entries of a's trailing shape after the leading k axes, or
+ * of none) into zeros of `shape` (ndim axes) read as [prod(shape[:k])] +
+ * shape[k:], at the flat positions pos (K of them, any shape). */
+static ndm_array scatter_flat(ndm_array g, ndm_array pos, int k, int ndim, const int64_t *shape)
+{
+    int64_t fshape[65], gshape[65], ishape[65];
+    if (ndim - k + 1 > 65)
+        return NDM_NULL_ARRAY;
+    int64_t lead = 1, npos = ndm_array_size(pos);
+    for (int j = 0; j < k; j++)
+        lead *= shape[j];
+    fshape[0] = lead;
+    gshape[0] = npos;
+    ishape[0] = npos;
+    for (int j = k; j < ndim; j++) {
+        fshape[j - k + 1] = shape[j];
+        gshape[j - k + 1] = shape[j];
+        ishape[j - k + 1] = 1;
+    }
+    int fnd = ndim - k + 1;
+    ndm_array z = ndm_zeros(NDM_CURRENT_SCOPE, ndm_array_dtype(g), fnd, fshape);
+    ndm_array gr = ndm_reshape_to_at(NDM_HERE, NDM_OUTPUT_RULE, g, fnd, gshape);
+    ndm_array ir = ndm_reshape_to_at(NDM_HERE, NDM_OUTPUT_RULE, pos, fnd, ishape);
+    if (!z.id || !gr.id || !ir.id || ndm_scatter_add_(z, 0, ir, gr) < 0)
+        return NDM_NULL_ARRAY;
+    return ndm_reshape_to_at(NDM_HERE, NDM_OUTPUT_RULE, z, ndim, shape);
+}
+
+static ndm_status select_rule(ndm__ag_node *nd, ndm_array g, ndm_array *gi)
+{
+    const ndm__array *ra = rec(nd->in[0]);
+    if (nd->op == NDM__AG_INDEX) {
+        gi[0] = scatter_flat(g, nd->in[1], (int)nd->p.i[0], ra->ndim, ra->shape);
+        return gi[0].id ? NDM_OK : ndm_last_status();
+    }
+    /* masked_select: the positions index the broadcast of a and the mask */
+    const ndm__array *rm = rec(nd->in[1]);
+    int bnd = ra->ndim > rm->ndim ? ra->ndim : rm->ndim;
+    int64_t shape[64];
+    if (bnd > 64)
+        return ndm__fail(NDM_E_UNSUPPORTED, "ndm_backward", NDM__NO_SITE, "rank above 64");
+    for (int j = 0; j < bnd; j++) {
+        int ja = j - (bnd - ra->ndim), jm = j - (bnd - rm->ndim);
+        int64_t sa = ja >= 0 ? ra->shape[ja] : 1, sm = jm >= 0 ? rm->shape[jm] : 1;
+        shape[j] = sa == 1 ? sm : sa;
+    }
+    ndm_array z = scatter_flat(g, nd->in[2], bnd, bnd, shape);
+    gi[0] = z.id ? ndm__ag_sum_to(z, ra->ndim, ra->shape) : NDM_NULL_ARRAY;
+    return gi[0].id ? NDM_OK : ndm_last_status();
+}
+
 static ndm_status softmax_rule(ndm__ag_node *nd, ndm_array g, ndm_array *gi)
 {
     int axis = (int)nd->p.i[0];
@@ -453,6 +535,14 @@ ndm_status ndm__ag_rule(ndm__ag_node *nd, ndm_array g, ndm_array *gi)
     case NDM__AG_TAKE:
     case NDM__AG_GATHER:
         return index_rule(nd, g, gi);
+    case NDM__AG_CUMSUM:
+        gi[0] = reverse_cumsum(g, (int)nd->p.i[0]);
+        return gi[0].id ? NDM_OK : ndm_last_status();
+    case NDM__AG_CUMPROD:
+        return cumprod_rule(nd, g, gi);
+    case NDM__AG_INDEX:
+    case NDM__AG_MASKED_SELECT:
+        return select_rule(nd, g, gi);
     case NDM__AG_CONV2D: {
         const int64_t *c = nd->p.conv;
         ndm_conv2d_opts o = {{c[0], c[1]}, {c[2], c[3]}, {c[4], c[5]}, c[6]};

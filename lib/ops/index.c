@@ -1,4 +1,4 @@
-/* Shape operations: concat, stack, split, flip, tile, pad, cumsum. Each
+/* Shape operations: concat, stack, split, flip, tile, pad, cumsum, cumprod. Each
  * checks everything, applies the output rule, then calls the index family. */
 #include <inttypes.h>
 #include <stdlib.h>
@@ -525,29 +525,45 @@ done:
     return res;
 }
 
-/* ---- cumsum -------------------------------------------------------------------- */
+/* ---- cumsum and cumprod ------------------------------------------------------- */
+
+static ndm_array cumulate(ndm__site site, const char *api, ndm_manager out, ndm_array a, int axis,
+                          bool prod)
+{
+    const char *op = prod ? "cumprod" : "cumsum";
+    ndm__array *r = ndm__input(a, &out, api, site);
+    int ax;
+    if (!r || ndm__axis(axis, r->ndim, false, &ax, api, site) < 0)
+        return NDM_NULL_ARRAY;
+    ndm_device dev = r->storage->device;
+    const struct ndm__backend_index *f = ndm__index_family(dev, api, site);
+    ndm_dtype t = ndm_dtype_is_float(r->dtype) ? r->dtype : NDM_I64;
+    if (!f || NDM__DEVICE_DECLINES(dev, api, site, NDM__OPS_INDEX, 0, op, ndm__layout_of(r), 2,
+                                   {t, r->dtype}))
+        return NDM_NULL_ARRAY;
+    ndm__array *o;
+    ndm_array res = ndm__array_new_on(site, api, out, dev, t, r->ndim, r->shape, &o);
+    if (!res.id)
+        return res;
+    ndm__tensor dst = ndm__tensor_of(o), src = ndm__tensor_of(r);
+    ndm_status st = prod ? f->cumprod(dev.index, &dst, &src, ax) : f->cumsum(dev.index, &dst, &src, ax);
+    if (st < 0)
+        return ndm__kernel_failed(st, res, op, api, site);
+    if (NDM__UNLIKELY(ndm__ag_on()) && ndm_dtype_is_float(t)) {
+        ndm__ag_params agp = {.i = {ax}};
+        ndm__ag_record(prod ? NDM__AG_CUMPROD : NDM__AG_CUMSUM, res, 1, &a, &agp);
+    }
+    return res;
+}
 
 NDM_API ndm_array ndm_cumsum_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis)
 {
     NDM__OP_GUARD();
-    ndm__site site = NDM__SITE;
-    ndm__array *r = ndm__input(a, &out, __func__, site);
-    int ax;
-    if (!r || ndm__axis(axis, r->ndim, false, &ax, __func__, site) < 0)
-        return NDM_NULL_ARRAY;
-    ndm_device dev = r->storage->device;
-    const struct ndm__backend_index *f = ndm__index_family(dev, __func__, site);
-    ndm_dtype t = ndm_dtype_is_float(r->dtype) ? r->dtype : NDM_I64;
-    if (!f || NDM__DEVICE_DECLINES(dev, __func__, site, NDM__OPS_INDEX, 0, "cumsum",
-                                   ndm__layout_of(r), 2, {t, r->dtype}))
-        return NDM_NULL_ARRAY;
-    ndm__array *o;
-    ndm_array res = ndm__array_new_on(site, __func__, out, dev, t, r->ndim, r->shape, &o);
-    if (!res.id)
-        return res;
-    ndm__tensor dst = ndm__tensor_of(o), src = ndm__tensor_of(r);
-    ndm_status st = f->cumsum(dev.index, &dst, &src, ax);
-    if (st < 0)
-        return ndm__kernel_failed(st, res, "cumsum", __func__, site);
-    return res;
+    return cumulate(NDM__SITE, __func__, out, a, axis, false);
+}
+
+NDM_API ndm_array ndm_cumprod_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis)
+{
+    NDM__OP_GUARD();
+    return cumulate(NDM__SITE, __func__, out, a, axis, true);
 }

@@ -549,3 +549,258 @@ NDM_API ndm_array ndm_repeat_each_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_ar
     NDM__OP_GUARD();
     return repeat(NDM__SITE, __func__, out, a, axis, n, repeats);
 }
+
+/* ---- nonzero, masked_select and indexing by several index arrays ------------------ */
+
+/* The C-order positions of the nonzero entries of r read over (nd, shape,
+ * strides), a broadcast view of r when `bcast`: a new 1-d i64 array in out,
+ * or the null handle with the error recorded. The count is taken first and
+ * sizes the result (on a device, a download). */
+static ndm_array nonzero_positions(ndm__site site, const char *api, ndm_manager out,
+                                   const ndm__array *r, int nd, const int64_t *shape,
+                                   const int64_t *strides, bool bcast)
+{
+    ndm_device dev = r->storage->device;
+    const struct ndm__backend_index *f = ndm__index_family(dev, api, site);
+    unsigned layout = ndm__layout_of(r) | (bcast ? NDM__LAYOUT_BROADCAST : 0u);
+    if (!f || NDM__DEVICE_DECLINES(dev, api, site, NDM__OPS_INDEX, 0, "nonzero", layout, 2,
+                                   {NDM_I64, r->dtype}))
+        return NDM_NULL_ARRAY;
+    ndm__tensor src = {ndm__array_ptr(r), r->dtype, nd, shape, strides};
+    int64_t count = 0;
+    ndm_status st;
+    NDM__WITH_OP_CONTEXT(out, api, site, st = f->nonzero(dev.index, NULL, &src, &count));
+    if (st < 0) {
+        ndm__fail(st, api, site, "counting the nonzero entries failed: %s", ndm_status_str(st));
+        return NDM_NULL_ARRAY;
+    }
+    ndm__array *o;
+    ndm_array res = ndm__array_new_on(site, api, out, dev, NDM_I64, 1, &count, &o);
+    if (!res.id || count == 0)
+        return res;
+    ndm__tensor dst = ndm__tensor_of(o);
+    NDM__WITH_OP_CONTEXT(out, api, site, st = f->nonzero(dev.index, &dst, &src, NULL));
+    if (st < 0)
+        return ndm__kernel_failed(st, res, "nonzero", api, site);
+    return res;
+}
+
+/* Release a temporary handle (null ones are skipped). */
+static void drop(ndm_array h)
+{
+    if (h.id)
+        ndm__discard(h);
+}
+
+NDM_API ndm_array ndm_nonzero_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a)
+{
+    NDM__OP_GUARD();
+    ndm__site site = NDM__SITE;
+    ndm__array *r = ndm__input(a, &out, __func__, site);
+    if (!r)
+        return NDM_NULL_ARRAY;
+    int nd = r->ndim;
+    ndm_array pos = nonzero_positions(site, __func__, out, r, nd, r->shape, r->strides, false);
+    if (!pos.id)
+        return pos;
+    int64_t count = ndm__array_peek(pos)->shape[0];
+    if (nd == 0) {
+        /* [count, 0]: rows of no coordinates */
+        ndm__array *o;
+        drop(pos);
+        return ndm__array_new_on(site, __func__, out, r->storage->device, NDM_I64, 2,
+                                 (int64_t[]){count, 0}, &o);
+    }
+    if (nd == 1 || count == 0) {
+        /* a column of positions, or no rows */
+        ndm_array res = ndm_reshape_to_at(NDM__SITE_ARGS(site), out, pos, 2,
+                                          (int64_t[]){count, nd});
+        drop(pos);
+        return res;
+    }
+    /* Coordinates from positions: axis d's is (pos // inner) % size, inner
+     * the product of the sizes after d. */
+    ndm_array small[16];
+    ndm_array *col = nd <= 16 ? small : ndm__malloc((size_t)nd * sizeof *col, NDM__INJ_SCRATCH);
+    ndm_array res = NDM_NULL_ARRAY;
+    int d = nd - 1;
+    if (!col) {
+        ndm__fail(NDM_E_OOM, __func__, site, "no memory for %d columns", nd);
+        goto done;
+    }
+    for (int64_t inner = 1; d >= 0; inner *= r->shape[d], d--) {
+        ndm_array q = inner == 1 ? NDM_NULL_ARRAY
+                                 : ndm_floor_divide_scalar_to_at(NDM__SITE_ARGS(site), out, pos,
+                                                                 (double)inner);
+        ndm_array from = inner == 1 ? pos : q;
+        if (!from.id)
+            break;
+        if (d > 0) {
+            col[d] = ndm_remainder_scalar_to_at(NDM__SITE_ARGS(site), out, from,
+                                                (double)r->shape[d]);
+            drop(q);
+        } else {
+            col[d] = from; /* (pos itself only when every later size is 1) */
+        }
+        if (!col[d].id)
+            break;
+    }
+    if (d < 0)
+        res = ndm_stack_to_at(NDM__SITE_ARGS(site), out, 1, nd, col);
+done:
+    /* columns d+1 .. nd-1 were made */
+    for (int k = d + 1; col && k < nd; k++)
+        if (col[k].id != pos.id)
+            drop(col[k]);
+    if (col != small)
+        free(col);
+    drop(pos);
+    return res;
+}
+
+NDM_API ndm_array ndm_masked_select_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a,
+                                          ndm_array mask)
+{
+    NDM__OP_GUARD();
+    ndm__site site = NDM__SITE;
+    ndm__array *r = ndm__array_get_prop(a, __func__, site);
+    ndm__array *rm = r ? ndm__array_get_prop(mask, __func__, site) : NULL;
+    if (!rm)
+        return NDM_NULL_ARRAY;
+    out = ndm__output_manager(out, r, __func__, site);
+    if (!out.id || !ndm__same_device(r, rm, __func__, site))
+        return NDM_NULL_ARRAY;
+    char desc[160];
+    if (rm->dtype != NDM_BOOL) {
+        ndm__fail(NDM_E_DTYPE, __func__, site, "mask %s must be bool",
+                  ndm__array_desc(rm, desc, sizeof desc));
+        return NDM_NULL_ARRAY;
+    }
+    int nd = ndm__max_ndim(2, (ndm__array *[]){r, rm});
+    ndm__scratch sc = {0};
+    int64_t *shape = ndm__scratch_get(&sc, 2 * (size_t)nd + 1, __func__, site);
+    ndm_array res = NDM_NULL_ARRAY, pos = NDM_NULL_ARRAY, ex = NDM_NULL_ARRAY, flat = NDM_NULL_ARRAY;
+    if (!shape ||
+        ndm__broadcast_shape(2, (ndm__array *[]){r, rm}, shape, &nd, __func__, site) < 0)
+        goto done;
+    int64_t *mstr = shape + nd;
+    ndm__broadcast_strides(rm, nd, shape, mstr);
+    bool bcast = rm->ndim != nd;
+    for (int d = 0; d < rm->ndim; d++)
+        bcast |= rm->shape[d] != shape[nd - rm->ndim + d];
+    /* the mask's positions in the broadcast shape, then a take from `a`
+     * broadcast to that shape and read flat (a view when a has it already) */
+    pos = nonzero_positions(site, __func__, out, rm, nd, shape, mstr, bcast);
+    if (!pos.id)
+        goto done;
+    bool paused = ndm__ag_pause();
+    int64_t total = ndm__numel(nd, shape);
+    ex = ndm_expand_to_at(NDM__SITE_ARGS(site), out, a, nd, shape);
+    flat = ex.id ? ndm_reshape_to_at(NDM__SITE_ARGS(site), out, ex, 1, &total) : NDM_NULL_ARRAY;
+    res = flat.id ? ndm_take_to_at(NDM__SITE_ARGS(site), out, flat, 0, pos) : NDM_NULL_ARRAY;
+    ndm__ag_resume(paused);
+    if (NDM__UNLIKELY(ndm__ag_on()) && res.id && ndm_dtype_is_float(r->dtype))
+        ndm__ag_record(NDM__AG_MASKED_SELECT, res, 3, (ndm_array[]){a, mask, pos}, NULL);
+done:
+    drop(flat);
+    drop(ex);
+    drop(pos);
+    ndm__scratch_put(&sc);
+    return res;
+}
+
+NDM_API ndm_array ndm_index_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int n,
+                                  const ndm_array *indices)
+{
+    NDM__OP_GUARD();
+    ndm__site site = NDM__SITE;
+    ndm__array *r = ndm__input(a, &out, __func__, site);
+    if (!r)
+        return NDM_NULL_ARRAY;
+    char desc[160];
+    if (n < 1 || !indices || n > r->ndim) {
+        ndm__fail(NDM_E_INVALID, __func__, site, "%d index arrays%s for %s: give 1 to its rank",
+                  n, indices ? "" : " (NULL list)", ndm__array_desc(r, desc, sizeof desc));
+        return NDM_NULL_ARRAY;
+    }
+    ndm__array *small[8];
+    ndm__array **ri = n <= 8 ? small : ndm__malloc((size_t)n * sizeof *ri, NDM__INJ_SCRATCH);
+    ndm__scratch sc = {0};
+    ndm_array res = NDM_NULL_ARRAY, lin = NDM_NULL_ARRAY, flat = NDM_NULL_ARRAY;
+    if (!ri) {
+        ndm__fail(NDM_E_OOM, __func__, site, "no memory for %d index arrays", n);
+        return NDM_NULL_ARRAY;
+    }
+    for (int j = 0; j < n; j++) {
+        ri[j] = ndm__array_get_prop(indices[j], __func__, site);
+        if (!ri[j] || !ndm__same_device(r, ri[j], __func__, site))
+            goto done;
+        if (ri[j]->dtype == NDM_BOOL) {
+            ndm__fail(NDM_E_DTYPE, __func__, site,
+                      "index array %d %s is bool: select with ndm_masked_select", j,
+                      ndm__array_desc(ri[j], desc, sizeof desc));
+            goto done;
+        }
+        if (!index_dtype(ri[j], __func__, site))
+            goto done;
+    }
+    int bnd = ndm__max_ndim(n, ri);
+    int rest = r->ndim - n;
+    int64_t *shape = ndm__scratch_get(&sc, (size_t)bnd + 1 + (size_t)rest, __func__, site);
+    if (!shape || ndm__broadcast_shape(n, ri, shape, &bnd, __func__, site) < 0)
+        goto done;
+    const struct ndm__backend_index *f = ndm__index_family(r->storage->device, __func__, site);
+    if (!f)
+        goto done;
+    for (int j = 0; j < n; j++) {
+        char range[96];
+        snprintf(range, sizeof range, "axis %d of size %" PRId64 " (index array %d)", j,
+                 r->shape[j], j);
+        if (NDM__DEVICE_DECLINES(r->storage->device, __func__, site, NDM__OPS_INDEX, 0, "take",
+                                 ndm__layout_of(r) | ndm__layout_of(ri[j]), 2,
+                                 {r->dtype, ri[j]->dtype}) ||
+            !index_range(f, ri[j], -r->shape[j], r->shape[j], range, __func__, site))
+            goto done;
+    }
+    /* The leading n axes as one of their product's size, indexed by the
+     * positions sum_j wrap(i_j) * (sizes after j among the n): one take. */
+    bool paused = ndm__ag_pause();
+    int64_t *fshape = shape + bnd;
+    fshape[0] = ndm__numel(n, r->shape);
+    memcpy(fshape + 1, r->shape + n, (size_t)rest * sizeof *fshape);
+    for (int j = 0; j < n; j++) {
+        int64_t size = r->shape[j];
+        ndm_array w = ndm_astype_to_at(NDM__SITE_ARGS(site), out, indices[j], NDM_I64);
+        ndm_array v = w.id ? ndm_remainder_scalar_to_at(NDM__SITE_ARGS(site), out, w,
+                                                        (double)(size ? size : 1))
+                           : NDM_NULL_ARRAY;
+        drop(w);
+        if (lin.id && v.id) {
+            ndm_array s = ndm_mul_scalar_to_at(NDM__SITE_ARGS(site), out, lin, (double)size);
+            ndm_array t = s.id ? ndm_add_to_at(NDM__SITE_ARGS(site), out, s, v) : NDM_NULL_ARRAY;
+            drop(s);
+            drop(v);
+            v = t;
+        }
+        drop(lin);
+        lin = v;
+        if (!lin.id)
+            break;
+    }
+    if (lin.id)
+        flat = ndm_reshape_to_at(NDM__SITE_ARGS(site), out, a, 1 + rest, fshape);
+    if (flat.id)
+        res = ndm_take_to_at(NDM__SITE_ARGS(site), out, flat, 0, lin);
+    ndm__ag_resume(paused);
+    if (NDM__UNLIKELY(ndm__ag_on()) && res.id && ndm_dtype_is_float(r->dtype)) {
+        ndm__ag_params agp = {.i = {n}};
+        ndm__ag_record(NDM__AG_INDEX, res, 2, (ndm_array[]){a, lin}, &agp);
+    }
+done:
+    drop(flat);
+    drop(lin);
+    ndm__scratch_put(&sc);
+    if (ri != small)
+        free(ri);
+    return res;
+}

@@ -56,6 +56,14 @@ int main()
     EXPECT(ndm_manager_move(sub, dst) == NDM_OK && ndm_manager_parent(sub).id == dst.id);
     EXPECT(ndm_manager_close(dst) == NDM_OK && !ndm_manager_valid(sub));
 
+    /* ndm_index with NDM_ARRAYS: the array and the index array made once */
+    int64_t iv[2] = {1, -2};
+    ndm_array idx = ndm_from_buffer(m, NDM_I64, iv, NDM_SHAPE(2));
+    before = live(m);
+    ndm_array x = ndm_index(ndm_add(a, a), NDM_ARRAYS(ndm_astype(idx, NDM_I32)));
+    EXPECT(x.id != 0 && ndm_array_dim(x, 0) == 2 && ndm_array_dim(x, 1) == 3);
+    EXPECT(live(m) == before + 3);
+
     /* NDM_MODULES: each layer built once, so the model holds one layer's
      * parameters each, and the same weights under every compiler */
     ndm_manager model = ndm_manager_new(m, "model");

@@ -624,13 +624,14 @@ static ndm_status fast_pad(int device, const ndm__tensor *dst, const ndm__tensor
     return (ndm_status)atomic_load(&j.status);
 }
 
-/* ---- cumsum ---------------------------------------------------------------------- */
+/* ---- cumsum and cumprod ---------------------------------------------------------- */
 
 /* Lines along the axis, several at a time: a block of up to `block`
  * neighbouring lines accumulates in a local array, so the lines' running
- * sums are independent chains (and contiguous runs add as vectors), and
- * each line adds in axis order as the reference does, bit for bit. Lines
- * are the inner positions, or the outer ones when the axis is innermost. */
+ * sums (or products) are independent chains (and contiguous runs combine as
+ * vectors), and each line combines in axis order as the reference does, bit
+ * for bit. Lines are the inner positions, or the outer ones when the axis
+ * is innermost. */
 #define CUM_BLOCK 256
 
 typedef struct cum_job {
@@ -641,33 +642,37 @@ typedef struct cum_job {
     void (*run)(const struct cum_job *, int64_t o, int64_t i0, int64_t m);
 } cum_job;
 
-/* X(name, source type, accumulator type, destination type, load, store) */
-#define NDM__CUM_TYPES(X)                                                       \
-    X(b8, uint8_t, uint64_t, int64_t, (uint64_t), (int64_t))                  \
-    X(u8, uint8_t, uint64_t, int64_t, (uint64_t), (int64_t))                    \
-    X(i32, int32_t, uint64_t, int64_t, (uint64_t)(int64_t), (int64_t))          \
-    X(i64, int64_t, uint64_t, int64_t, (uint64_t), (int64_t))                   \
-    X(f16, uint16_t, float, uint16_t, ndm_f16_to_f32, ndm_f32_to_f16)           \
-    X(bf16, uint16_t, float, uint16_t, ndm_bf16_to_f32, ndm_f32_to_bf16)        \
-    X(f32, float, float, float, (float), (float))                               \
-    X(f64, double, double, double, (double), (double))
+/* X(name, source type, accumulator type, destination type, load, store, ...) */
+#define NDM__CUM_TYPES(X, ...)                                                  \
+    X(b8, uint8_t, uint64_t, int64_t, (uint64_t), (int64_t), __VA_ARGS__)       \
+    X(u8, uint8_t, uint64_t, int64_t, (uint64_t), (int64_t), __VA_ARGS__)       \
+    X(i32, int32_t, uint64_t, int64_t, (uint64_t)(int64_t), (int64_t), __VA_ARGS__) \
+    X(i64, int64_t, uint64_t, int64_t, (uint64_t), (int64_t), __VA_ARGS__)      \
+    X(f16, uint16_t, float, uint16_t, ndm_f16_to_f32, ndm_f32_to_f16, __VA_ARGS__) \
+    X(bf16, uint16_t, float, uint16_t, ndm_bf16_to_f32, ndm_f32_to_bf16, __VA_ARGS__) \
+    X(f32, float, float, float, (float), (float), __VA_ARGS__)                  \
+    X(f64, double, double, double, (double), (double), __VA_ARGS__)
 
-#define NDM__CUM(N, ST, AT, DT, LD, STO)                                        \
+/* The two ways to combine (P: the functions' prefix, OP= the operator, ID:
+ * its identity); integer accumulators are unsigned, so they wrap. */
+#define NDM__CUM_OPS(X) X(cum, +=, 0) X(cump, *=, 1)
+
+#define NDM__CUM(N, ST, AT, DT, LD, STO, P, OP, ID)                             \
     /* one step of a full block of contiguous lines; restrict parameters let  \
      * the compiler vectorise it */                                            \
-    static inline void cum_step_##N(AT *restrict acc, const ST *restrict sk,    \
+    static inline void P##_step_##N(AT *restrict acc, const ST *restrict sk,    \
                                     DT *restrict dk)                            \
     {                                                                           \
         for (int64_t i = 0; i < CUM_BLOCK; i++) {                               \
-            acc[i] += LD(sk[i]);                                                \
+            acc[i] OP LD(sk[i]);                                                \
             dk[i] = STO(acc[i]);                                                \
         }                                                                       \
     }                                                                           \
-    static void cum_##N(const cum_job *j, int64_t o, int64_t i0, int64_t m)     \
+    static void P##_##N(const cum_job *j, int64_t o, int64_t i0, int64_t m)     \
     {                                                                           \
         AT acc[CUM_BLOCK];                                                      \
         for (int64_t i = 0; i < m; i++)                                         \
-            acc[i] = 0;                                                         \
+            acc[i] = ID;                                                        \
         const ST *s = (const ST *)j->src + o * j->so + i0 * j->si;              \
         DT *d = (DT *)j->dst + o * j->dout + i0 * j->di;                        \
         int64_t si = j->si, di = j->di;                                         \
@@ -675,47 +680,49 @@ typedef struct cum_job {
             const ST *sk = s + k * j->sa;                                       \
             DT *dk = d + k * j->da;                                             \
             if (si == 1 && di == 1 && m == CUM_BLOCK) {                         \
-                cum_step_##N(acc, sk, dk);                                      \
+                P##_step_##N(acc, sk, dk);                                      \
             } else {                                                            \
                 for (int64_t i = 0; i < m; i++) {                               \
-                    acc[i] += LD(sk[i * si]);                                   \
+                    acc[i] OP LD(sk[i * si]);                                   \
                     dk[i * di] = STO(acc[i]);                                   \
                 }                                                               \
             }                                                                   \
         }                                                                       \
     }
-NDM__CUM_TYPES(NDM__CUM)
 
-/* The axis innermost: ROWS lines at a time with their sums in registers,
- * ROWS independent chains of adds. */
+/* The axis innermost: ROWS lines at a time with their accumulators in
+ * registers, ROWS independent chains. */
 #define ROWS 4
-#define NDM__CUM_ROWS(N, ST, AT, DT, LD, STO)                                   \
-    static void cum_rows_##N(const cum_job *j, int64_t o, int64_t i0, int64_t m) \
+#define NDM__CUM_ROWS(N, ST, AT, DT, LD, STO, P, OP, ID)                        \
+    static void P##_rows_##N(const cum_job *j, int64_t o, int64_t i0, int64_t m) \
     {                                                                           \
         (void)o;                                                                \
         const ST *s = (const ST *)j->src + i0 * j->si;                          \
         DT *d = (DT *)j->dst + i0 * j->di;                                      \
         int64_t sa = j->sa, da = j->da, si = j->si, di = j->di;                 \
         if (m == ROWS) {                                                        \
-            AT acc[ROWS] = {0};                                                 \
+            AT acc[ROWS] = {ID, ID, ID, ID};                                    \
             for (int64_t k = 0; k < j->n; k++)                                  \
                 for (int l = 0; l < ROWS; l++) {                                \
-                    acc[l] += LD(s[l * si + k * sa]);                           \
+                    acc[l] OP LD(s[l * si + k * sa]);                           \
                     d[l * di + k * da] = STO(acc[l]);                           \
                 }                                                               \
             return;                                                             \
         }                                                                       \
         for (int64_t l = 0; l < m; l++) {                                       \
-            AT acc = 0;                                                         \
+            AT acc = ID;                                                        \
             for (int64_t k = 0; k < j->n; k++) {                                \
-                acc += LD(s[l * si + k * sa]);                                  \
+                acc OP LD(s[l * si + k * sa]);                                  \
                 d[l * di + k * da] = STO(acc);                                  \
             }                                                                   \
         }                                                                       \
     }
-NDM__CUM_TYPES(NDM__CUM_ROWS)
+#define NDM__CUM_BOTH(P, OP, ID)                                                \
+    NDM__CUM_TYPES(NDM__CUM, P, OP, ID) NDM__CUM_TYPES(NDM__CUM_ROWS, P, OP, ID)
+NDM__CUM_OPS(NDM__CUM_BOTH)
 
-#define NDM__CUM_ENTRY(N, ST, AT, DT, LD, STO) [NDM_DTYPE_OF_##N] = {cum_##N, cum_rows_##N},
+#define NDM__CUM_ENTRY(N, ST, AT, DT, LD, STO, P, OP, ID)                       \
+    [NDM_DTYPE_OF_##N] = {P##_##N, P##_rows_##N},
 #define NDM_DTYPE_OF_b8 NDM_BOOL
 #define NDM_DTYPE_OF_u8 NDM_U8
 #define NDM_DTYPE_OF_i32 NDM_I32
@@ -724,9 +731,10 @@ NDM__CUM_TYPES(NDM__CUM_ROWS)
 #define NDM_DTYPE_OF_bf16 NDM_BF16
 #define NDM_DTYPE_OF_f32 NDM_F32
 #define NDM_DTYPE_OF_f64 NDM_F64
+typedef void (*cum_fn)(const cum_job *, int64_t, int64_t, int64_t);
 /* [dtype][0: blocks of inner lines, 1: rows with the axis innermost] */
-static void (*const cum_fns[NDM_DTYPE_COUNT][2])(const cum_job *, int64_t, int64_t, int64_t) = {
-    NDM__CUM_TYPES(NDM__CUM_ENTRY)};
+static cum_fn const cum_fns[NDM_DTYPE_COUNT][2] = {NDM__CUM_TYPES(NDM__CUM_ENTRY, cum, +=, 0)};
+static cum_fn const cump_fns[NDM_DTYPE_COUNT][2] = {NDM__CUM_TYPES(NDM__CUM_ENTRY, cump, *=, 1)};
 
 static void cum_range(void *ctx, int64_t b, int64_t e)
 {
@@ -737,19 +745,21 @@ static void cum_range(void *ctx, int64_t b, int64_t e)
     }
 }
 
-static ndm_status fast_cumsum(int device, const ndm__tensor *dst, const ndm__tensor *src, int axis)
+/* false: the operands' axes do not merge into (outer, axis, inner) runs. */
+static bool cumulate(const ndm__tensor *dst, const ndm__tensor *src, int axis,
+                     cum_fn const (*fns)[2])
 {
     int nd = dst->ndim;
     cum_job j = {.src = src->data, .dst = dst->data, .n = dst->shape[axis], .block = CUM_BLOCK,
-                 .sa = src->strides[axis], .da = dst->strides[axis], .run = cum_fns[src->dtype][0]};
+                 .sa = src->strides[axis], .da = dst->strides[axis], .run = fns[src->dtype][0]};
     int64_t outer, ignore;
     if (!ndm__merge_axes(src, 0, axis, &outer, &j.so) ||
         !ndm__merge_axes(dst, 0, axis, &ignore, &j.dout) ||
         !ndm__merge_axes(src, axis + 1, nd, &j.I, &j.si) ||
         !ndm__merge_axes(dst, axis + 1, nd, &ignore, &j.di))
-        return ndm__ref_cumsum(device, dst, src, axis);
+        return false;
     if (outer == 0 || j.I == 0 || j.n == 0)
-        return NDM_OK;
+        return true;
     if (j.I == 1) {
         /* The axis is innermost: the outer lines, a few at a time. */
         j.I = outer;
@@ -757,13 +767,49 @@ static ndm_status fast_cumsum(int device, const ndm__tensor *dst, const ndm__ten
         j.di = j.dout;
         j.so = j.dout = 0;
         j.block = ROWS;
-        j.run = cum_fns[src->dtype][1];
+        j.run = fns[src->dtype][1];
         outer = 1;
     }
     j.chunks = (j.I + j.block - 1) / j.block;
     int64_t tasks = outer * j.chunks;
     int64_t per = j.n * (j.I < j.block ? j.I : j.block) * 16;
     ndm__parallel_for(tasks, grain_for(per), cum_range, &j);
+    return true;
+}
+
+static ndm_status fast_cumsum(int device, const ndm__tensor *dst, const ndm__tensor *src, int axis)
+{
+    return cumulate(dst, src, axis, cum_fns) ? NDM_OK : ndm__ref_cumsum(device, dst, src, axis);
+}
+
+static ndm_status fast_cumprod(int device, const ndm__tensor *dst, const ndm__tensor *src,
+                               int axis)
+{
+    return cumulate(dst, src, axis, cump_fns) ? NDM_OK : ndm__ref_cumprod(device, dst, src, axis);
+}
+
+/* ---- nonzero --------------------------------------------------------------------- */
+
+/* A contiguous source in one pass on the calling thread (the positions must
+ * come out in order, and the count is a single read); anything else walks
+ * coordinates in the reference kernel. */
+static ndm_status fast_nonzero(int device, const ndm__tensor *dst, const ndm__tensor *src,
+                               int64_t *count)
+{
+    if (!ndm__contig_t(src))
+        return ndm__ref_nonzero(device, dst, src, count);
+    int64_t n = ndm__numel_t(src), found = 0;
+    int64_t *out = dst ? (int64_t *)dst->data : NULL;
+    size_t es = ndm_dtype_size(src->dtype);
+    const char *p = src->data;
+    for (int64_t i = 0; i < n; i++, p += es)
+        if (!ndm__cpu_is_zero(src->dtype, p, es)) {
+            if (out)
+                out[found] = i;
+            found++;
+        }
+    if (!dst)
+        *count = found;
     return NDM_OK;
 }
 
@@ -776,4 +822,6 @@ const struct ndm__backend_index ndm__cpu_index = {
     .one_hot = fast_one_hot,
     .pad = fast_pad,
     .cumsum = fast_cumsum,
+    .cumprod = fast_cumprod,
+    .nonzero = fast_nonzero,
 };

@@ -5,6 +5,7 @@
 
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "../index.h"
 #include "../index_scalar.h"
@@ -101,6 +102,37 @@ static inline bool ndm__merge_axes(const ndm__tensor *t, int from, int to, int64
     return true;
 }
 
+/* Is the element at p (of dtype t, es bytes) zero? A float's sign bit
+ * alone is zero (-0.0); NaN is not. */
+static inline bool ndm__cpu_is_zero(ndm_dtype t, const void *p, size_t es)
+{
+    switch (t) {
+    case NDM_F16:
+    case NDM_BF16: {
+        uint16_t v;
+        memcpy(&v, p, 2);
+        return (v & 0x7fffu) == 0;
+    }
+    case NDM_F32: {
+        float v;
+        memcpy(&v, p, 4);
+        return v == 0;
+    }
+    case NDM_F64: {
+        double v;
+        memcpy(&v, p, 8);
+        return v == 0;
+    }
+    default: {
+        const unsigned char *b = (const unsigned char *)p;
+        for (size_t i = 0; i < es; i++)
+            if (b[i])
+                return false;
+        return true;
+    }
+    }
+}
+
 /* The core's converting copy (core.c). */
 ndm_status ndm__cpu_copy(int device, const ndm__tensor *dst, const ndm__tensor *src);
 
@@ -117,5 +149,8 @@ ndm_status ndm__ref_one_hot(int device, const ndm__tensor *dst, const ndm__tenso
 ndm_status ndm__ref_pad(int device, const ndm__tensor *dst, const ndm__tensor *src,
                         const int64_t *before, ndm_pad_mode mode, double value);
 ndm_status ndm__ref_cumsum(int device, const ndm__tensor *dst, const ndm__tensor *src, int axis);
+ndm_status ndm__ref_cumprod(int device, const ndm__tensor *dst, const ndm__tensor *src, int axis);
+ndm_status ndm__ref_nonzero(int device, const ndm__tensor *dst, const ndm__tensor *src,
+                            int64_t *count);
 
 #endif

@@ -202,9 +202,9 @@ ndm_status ndm__ref_pad(int device, const ndm__tensor *dst, const ndm__tensor *s
     return walk_end(&w);
 }
 
-ndm_status ndm__ref_cumsum(int device, const ndm__tensor *dst, const ndm__tensor *src, int axis)
+/* Running sums (prod false) or products along axis, one line at a time. */
+static ndm_status cumulate(const ndm__tensor *dst, const ndm__tensor *src, int axis, bool prod)
 {
-    (void)device;
     if (ndm__numel_t(dst) == 0)
         return NDM_OK;
     ndm__coords cs;
@@ -221,45 +221,86 @@ ndm_status ndm__ref_cumsum(int device, const ndm__tensor *dst, const ndm__tensor
         const char *s0 = elem(src, c);
         int64_t ds = dst->strides[axis] * (int64_t)ndm_dtype_size(dst->dtype);
         int64_t ss = src->strides[axis] * (int64_t)ndm_dtype_size(src->dtype);
-        uint64_t iacc = 0;
-        float facc = 0;
-        double dacc = 0;
+        /* integers wrap: unsigned arithmetic, read back as int64 */
+        uint64_t iacc = prod ? 1 : 0;
+        float facc = prod ? 1 : 0;
+        double dacc = prod ? 1 : 0;
         for (int64_t k = 0; k < n; k++) {
             const char *s = s0 + k * ss;
             char *d = d0 + k * ds;
+            uint64_t iv = 0;
+            float fv = 0;
             switch (src->dtype) {
             case NDM_BOOL:
             case NDM_U8:
-                iacc += *(const uint8_t *)s;
+                iv = *(const uint8_t *)s;
                 break;
             case NDM_I32:
-                iacc += (uint64_t)(int64_t) * (const int32_t *)s;
+                iv = (uint64_t)(int64_t) * (const int32_t *)s;
                 break;
             case NDM_I64:
-                iacc += (uint64_t) * (const int64_t *)s;
+                iv = (uint64_t) * (const int64_t *)s;
                 break;
             case NDM_F16:
-                facc += ndm_f16_to_f32(*(const uint16_t *)s);
+                fv = ndm_f16_to_f32(*(const uint16_t *)s);
+                facc = prod ? facc * fv : facc + fv;
                 *(uint16_t *)d = ndm_f32_to_f16(facc);
                 continue;
             case NDM_BF16:
-                facc += ndm_bf16_to_f32(*(const uint16_t *)s);
+                fv = ndm_bf16_to_f32(*(const uint16_t *)s);
+                facc = prod ? facc * fv : facc + fv;
                 *(uint16_t *)d = ndm_f32_to_bf16(facc);
                 continue;
             case NDM_F32:
-                facc += *(const float *)s;
+                fv = *(const float *)s;
+                facc = prod ? facc * fv : facc + fv;
                 *(float *)d = facc;
                 continue;
-            case NDM_F64:
-                dacc += *(const double *)s;
+            case NDM_F64: {
+                double dv = *(const double *)s;
+                dacc = prod ? dacc * dv : dacc + dv;
                 *(double *)d = dacc;
                 continue;
             }
+            }
+            iacc = prod ? iacc * iv : iacc + iv;
             *(int64_t *)d = (int64_t)iacc;
         }
     } while (ndm__odo_next(dst->ndim, lines, c));
     ndm__coords_put(&cs);
     return NDM_OK;
+}
+
+ndm_status ndm__ref_cumsum(int device, const ndm__tensor *dst, const ndm__tensor *src, int axis)
+{
+    (void)device;
+    return cumulate(dst, src, axis, false);
+}
+
+ndm_status ndm__ref_cumprod(int device, const ndm__tensor *dst, const ndm__tensor *src, int axis)
+{
+    (void)device;
+    return cumulate(dst, src, axis, true);
+}
+
+ndm_status ndm__ref_nonzero(int device, const ndm__tensor *dst, const ndm__tensor *src,
+                            int64_t *count)
+{
+    (void)device;
+    int64_t *out = dst ? (int64_t *)dst->data : NULL;
+    int64_t found = 0, pos = 0;
+    size_t es = ndm_dtype_size(src->dtype);
+    walk w;
+    for (int64_t *c = walk_first(&w, src); c; c = walk_next(&w), pos++) {
+        if (!ndm__cpu_is_zero(src->dtype, elem(src, c), es)) {
+            if (out)
+                out[found] = pos;
+            found++;
+        }
+    }
+    if (!dst)
+        *count = found;
+    return walk_end(&w);
 }
 
 const struct ndm__backend_index ndm__cpu_ref_index = {
@@ -271,4 +312,6 @@ const struct ndm__backend_index ndm__cpu_ref_index = {
     .one_hot = ndm__ref_one_hot,
     .pad = ndm__ref_pad,
     .cumsum = ndm__ref_cumsum,
+    .cumprod = ndm__ref_cumprod,
+    .nonzero = ndm__ref_nonzero,
 };

@@ -1,5 +1,6 @@
-/* CUDA index kernels: take, gather, scatter_add, one_hot, pad, cumsum and the
- * index range check, each over strided operands without a hidden copy. */
+/* CUDA index kernels: take, gather, scatter_add, one_hot, pad, cumsum,
+ * cumprod, nonzero and the index range check, each over strided operands
+ * without a hidden copy. */
 #include <stdlib.h>
 #include <type_traits>
 
@@ -520,13 +521,14 @@ static ndm_status cuda_pad(int device, const ndm__tensor *dst, const ndm__tensor
     }
 }
 
-/* ---- cumsum ----------------------------------------------------------------------------------
- * A thread per line, in order: the float sums round exactly as the CPU's
- * (in the source's dtype, f16 and bf16 in f32), integers wrap in int64. */
+/* ---- cumsum and cumprod ----------------------------------------------------------------------
+ * A thread per line, in order: the float sums and products round exactly as
+ * the CPU's (in the source's dtype, f16 and bf16 in f32), integers wrap in
+ * int64. */
 
-template <ndm_dtype E>
-__global__ void ndm__k_cumsum(ndm__cu_geom g, char *dst, const typename ndm__cu_dt<E>::T *src,
-                              int64_t lines, int64_t m, int64_t dax, int64_t sax)
+template <ndm_dtype E, bool Prod>
+__global__ void ndm__k_cumulate(ndm__cu_geom g, char *dst, const typename ndm__cu_dt<E>::T *src,
+                                int64_t lines, int64_t m, int64_t dax, int64_t sax)
 {
     typedef ndm__cu_dt<E> D;
     constexpr bool fl = E == NDM_F16 || E == NDM_BF16 || E == NDM_F32 || E == NDM_F64;
@@ -537,36 +539,40 @@ __global__ void ndm__k_cumsum(ndm__cu_geom g, char *dst, const typename ndm__cu_
         const typename D::T *x = src + off[1];
         if constexpr (!fl) {
             int64_t *y = (int64_t *)dst + off[0];
-            uint64_t acc = 0;
+            uint64_t acc = Prod ? 1 : 0;
             for (int64_t j = 0; j < m; j++) {
-                acc += (uint64_t)(int64_t)D::ld(x[j * sax]);
+                uint64_t v = (uint64_t)(int64_t)D::ld(x[j * sax]);
+                acc = Prod ? acc * v : acc + v;
                 y[j * dax] = (int64_t)acc;
             }
         } else if constexpr (E == NDM_F64) {
             double *y = (double *)dst + off[0];
-            double acc = 0;
+            double acc = Prod ? 1 : 0;
             for (int64_t j = 0; j < m; j++) {
-                acc = __dadd_rn(acc, x[j * sax]);
+                acc = Prod ? __dmul_rn(acc, x[j * sax]) : __dadd_rn(acc, x[j * sax]);
                 y[j * dax] = acc;
             }
         } else {
             typename D::T *y = (typename D::T *)dst + off[0];
-            float acc = 0;
+            float acc = Prod ? 1 : 0;
             for (int64_t j = 0; j < m; j++) {
-                acc = __fadd_rn(acc, D::ld(x[j * sax]));
+                float v = D::ld(x[j * sax]);
+                acc = Prod ? __fmul_rn(acc, v) : __fadd_rn(acc, v);
                 y[j * dax] = D::st(acc);
             }
         }
     }
 }
 
-static ndm_status cuda_cumsum(int device, const ndm__tensor *dst, const ndm__tensor *src,
-                              int axis)
+template <bool Prod>
+static ndm_status cuda_cumulate(int device, const ndm__tensor *dst, const ndm__tensor *src,
+                                int axis)
 {
+    const char *what = Prod ? "cumprod" : "cumsum";
     cudaStream_t s = nullptr;
     int nd = dst->ndim;
     ndm__cu_dims b(nd);
-    ndm_status st = axis_lines(device, &s, "cumsum", dst, axis, b);
+    ndm_status st = axis_lines(device, &s, what, dst, axis, b);
     if (st < 0)
         return st;
     int64_t *lshape = b.p;
@@ -580,17 +586,199 @@ static ndm_status cuda_cumsum(int device, const ndm__tensor *dst, const ndm__ten
     return ndm__cu_run_strided(nd, lshape, 2, data, strides, es,
                                [&](const ndm__cu_geom &g, char *const *p, int64_t n) -> ndm_status {
         switch (src->dtype) {
-#define NDM__CUMSUM_CASE(E)                                                     \
+#define NDM__CUMULATE_CASE(E)                                                   \
     case E:                                                                     \
-        NDM__LAUNCH(ndm__cuda_blocks(n), NDM__CUDA_THREADS, 0, s, ndm__k_cumsum<E>)( \
+        NDM__LAUNCH(ndm__cuda_blocks(n), NDM__CUDA_THREADS, 0, s, ndm__k_cumulate<E, Prod>)( \
             g, p[0], (const typename ndm__cu_dt<E>::T *)p[1], n, m, dax, sax);  \
-        NDM__CUDA_LAUNCHED(device, "the cumsum kernel");                        \
+        NDM__CUDA_LAUNCHED(device, "the cumsum or cumprod kernel");             \
         return NDM_OK;
-            NDM__CU_DTYPES(NDM__CUMSUM_CASE)
-#undef NDM__CUMSUM_CASE
+            NDM__CU_DTYPES(NDM__CUMULATE_CASE)
+#undef NDM__CUMULATE_CASE
         }
-        return ndm__cuda_fail(NDM_E_DTYPE, "cumsum: invalid dtype %d", (int)src->dtype);
+        return ndm__cuda_fail(NDM_E_DTYPE, "%s: invalid dtype %d", what, (int)src->dtype);
     });
+}
+
+static ndm_status cuda_cumsum(int device, const ndm__tensor *dst, const ndm__tensor *src,
+                              int axis)
+{
+    return cuda_cumulate<false>(device, dst, src, axis);
+}
+
+static ndm_status cuda_cumprod(int device, const ndm__tensor *dst, const ndm__tensor *src,
+                               int axis)
+{
+    return cuda_cumulate<true>(device, dst, src, axis);
+}
+
+/* ---- nonzero ----------------------------------------------------------------------------------
+ * Chunks of NZ_CHUNK consecutive C-order positions, a thread each: a pass
+ * counts every chunk, one block turns the counts into offsets and the
+ * total, and when positions are wanted a second pass writes each chunk's
+ * from its offset, so they come out in order without atomics. The total is
+ * read back (the dispatcher sizes its result by it): the one synchronising
+ * step, as a count that decides an output's size must be. */
+#define NZ_CHUNK 256
+
+template <ndm_dtype E> NDM__HD bool nz_at(const typename ndm__cu_dt<E>::T *p)
+{
+    if constexpr (E == NDM_F16 || E == NDM_BF16)
+        return (*p & 0x7fffu) != 0; /* -0.0 is zero, NaN is not */
+    else
+        return *p != 0;
+}
+
+/* counts[c] = the nonzero entries of chunk c (positions [c, c + 1) * NZ_CHUNK of n). */
+template <ndm_dtype E>
+__global__ void ndm__k_nz_count(ndm__cu_geom g, const typename ndm__cu_dt<E>::T *src, int64_t n,
+                                int64_t *counts)
+{
+    int64_t chunks = (n + NZ_CHUNK - 1) / NZ_CHUNK;
+    NDM__CU_LOOP(int64_t, c, chunks)
+    {
+        int64_t b = c * NZ_CHUNK, e = b + NZ_CHUNK < n ? b + NZ_CHUNK : n, k = 0;
+        for (int64_t i = b; i < e; i++) {
+            int64_t off[1];
+            ndm__cu_offsets<1, int64_t>(g, i, off);
+            k += nz_at<E>(src + off[0]);
+        }
+        counts[c] = k;
+    }
+}
+
+/* counts[0..chunks) become exclusive offsets and counts[chunks] the total,
+ * in one block: each thread sums a run of chunks, one thread scans the
+ * threads' sums, each thread then writes its run's offsets. */
+#define NZ_SCAN_THREADS 256
+__global__ void ndm__k_nz_scan(int64_t *counts, int64_t chunks)
+{
+    __shared__ int64_t part[NZ_SCAN_THREADS];
+    int t = (int)threadIdx.x;
+    int64_t per = (chunks + NZ_SCAN_THREADS - 1) / NZ_SCAN_THREADS;
+    int64_t b = t * per, e = b + per < chunks ? b + per : chunks, run = 0;
+    for (int64_t c = b; c < e; c++)
+        run += counts[c];
+    part[t] = run;
+    __syncthreads();
+    if (t == 0) {
+        int64_t sum = 0;
+        for (int k = 0; k < NZ_SCAN_THREADS; k++) {
+            int64_t v = part[k];
+            part[k] = sum;
+            sum += v;
+        }
+        counts[chunks] = sum;
+    }
+    __syncthreads();
+    run = part[t];
+    for (int64_t c = b; c < e; c++) {
+        int64_t k = counts[c];
+        counts[c] = run;
+        run += k;
+    }
+}
+
+template <ndm_dtype E>
+__global__ void ndm__k_nz_write(ndm__cu_geom g, const typename ndm__cu_dt<E>::T *src, int64_t n,
+                                int64_t first, const int64_t *offsets, int64_t *dst)
+{
+    int64_t chunks = (n + NZ_CHUNK - 1) / NZ_CHUNK;
+    NDM__CU_LOOP(int64_t, c, chunks)
+    {
+        int64_t b = c * NZ_CHUNK, e = b + NZ_CHUNK < n ? b + NZ_CHUNK : n, o = offsets[c];
+        for (int64_t i = b; i < e; i++) {
+            int64_t off[1];
+            ndm__cu_offsets<1, int64_t>(g, i, off);
+            if (nz_at<E>(src + off[0]))
+                dst[o++] = first + i;
+        }
+    }
+}
+
+template <ndm_dtype E>
+static ndm_status nonzero_typed(int device, cudaStream_t s, const ndm__tensor *dst,
+                                const ndm__tensor *src, int64_t *count)
+{
+    typedef typename ndm__cu_dt<E>::T T;
+    char *data[1] = {(char *)src->data};
+    const int64_t *strides[1] = {src->strides};
+    size_t es[1] = {esize(src->dtype)};
+    /* The iteration may take several launches (a deep operand): count their chunks first. */
+    int64_t chunks = 0;
+    ndm_status st = ndm__cu_run_strided(src->ndim, src->shape, 1, data, strides, es,
+                                        [&](const ndm__cu_geom &, char *const *, int64_t n) -> ndm_status {
+        chunks += (n + NZ_CHUNK - 1) / NZ_CHUNK;
+        return NDM_OK;
+    });
+    if (st < 0)
+        return st;
+    if (chunks == 0) {
+        if (!dst)
+            *count = 0;
+        return NDM_OK;
+    }
+    void *ws = NULL;
+    st = ndm__cu_scratch_get(device, s, (size_t)(chunks + 1) * sizeof(int64_t), &ws,
+                             "the chunk counts of nonzero");
+    if (st < 0)
+        return st;
+    int64_t *counts = (int64_t *)ws, base = 0;
+    st = ndm__cu_run_strided(src->ndim, src->shape, 1, data, strides, es,
+                             [&](const ndm__cu_geom &g, char *const *p, int64_t n) -> ndm_status {
+        NDM__LAUNCH(ndm__cuda_blocks((n + NZ_CHUNK - 1) / NZ_CHUNK), NDM__CUDA_THREADS, 0, s,
+                    ndm__k_nz_count<E>)(g, (const T *)p[0], n, counts + base);
+        NDM__CUDA_LAUNCHED(device, "the nonzero count kernel");
+        base += (n + NZ_CHUNK - 1) / NZ_CHUNK;
+        return NDM_OK;
+    });
+    if (st >= 0) {
+        NDM__LAUNCH(1, NZ_SCAN_THREADS, 0, s, ndm__k_nz_scan)(counts, chunks);
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess)
+            st = ndm__cuda_check(device, e, "launch of the nonzero scan kernel");
+    }
+    if (st >= 0 && !dst) {
+        cudaError_t e = cudaMemcpyAsync(count, counts + chunks, sizeof *count,
+                                        cudaMemcpyDeviceToHost, s);
+        if (e == cudaSuccess)
+            e = cudaStreamSynchronize(s);
+        if (e != cudaSuccess)
+            st = ndm__cuda_check(device, e, "the download of the nonzero count");
+    }
+    if (st >= 0 && dst) {
+        int64_t first = 0;
+        base = 0;
+        st = ndm__cu_run_strided(src->ndim, src->shape, 1, data, strides, es,
+                                 [&](const ndm__cu_geom &g, char *const *p, int64_t n) -> ndm_status {
+            /* launches come in C order of the outer axes */
+            NDM__LAUNCH(ndm__cuda_blocks((n + NZ_CHUNK - 1) / NZ_CHUNK), NDM__CUDA_THREADS, 0, s,
+                        ndm__k_nz_write<E>)(g, (const T *)p[0], n, first, counts + base,
+                                            (int64_t *)dst->data);
+            NDM__CUDA_LAUNCHED(device, "the nonzero kernel");
+            base += (n + NZ_CHUNK - 1) / NZ_CHUNK;
+            first += n;
+            return NDM_OK;
+        });
+    }
+    ndm_status fs = ndm__cu_scratch_put(device, s, ws);
+    return st < 0 ? st : fs;
+}
+
+static ndm_status cuda_nonzero(int device, const ndm__tensor *dst, const ndm__tensor *src,
+                               int64_t *count)
+{
+    cudaStream_t s = nullptr;
+    ndm_status st = ndm__cuda_enter(device, &s);
+    if (st < 0)
+        return st;
+    switch (src->dtype) {
+#define NDM__NZ_CASE(E)                                                         \
+    case E:                                                                     \
+        return nonzero_typed<E>(device, s, dst, src, count);
+        NDM__CU_DTYPES(NDM__NZ_CASE)
+#undef NDM__NZ_CASE
+    }
+    return ndm__cuda_fail(NDM_E_DTYPE, "nonzero: invalid dtype %d", (int)src->dtype);
 }
 
 extern "C" const struct ndm__backend_index ndm__cuda_index = {
@@ -602,4 +790,6 @@ extern "C" const struct ndm__backend_index ndm__cuda_index = {
     .one_hot = cuda_one_hot,
     .pad = cuda_pad,
     .cumsum = cuda_cumsum,
+    .cumprod = cuda_cumprod,
+    .nonzero = cuda_nonzero,
 };
