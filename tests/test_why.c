@@ -128,7 +128,8 @@ static void test_autograd_graph_and_loans_are_named(void **state)
     ndm_array v = ndm_zeros(model, NDM_F32, NDM_SHAPE(3));
     assert_ok(ndm_temp_attach(v, req));
     t = why_text(v, false);
-    assert_has(t, "owned by system/test/request (borrowed: it goes back to system/test/model");
+    assert_has(t, "owned by system/test/request, moved there by ndm_temp_attach at ");
+    assert_has(t, " (borrowed: it goes back to system/test/model when that manager closes)");
     free(t);
     t = why_text(v, true);
     assert_has(t, "\"lender\":\"system/test/model\"");
@@ -209,6 +210,47 @@ static void test_why_alive_races_with_views_dying(void **state)
     assert_manager_empty(ROOT(state));
 }
 
+/* A move's line is told where the array now lives: a list attach, a scope's
+ * kept result, and nothing once a loan has gone back to its lender. */
+static void test_moves_are_named_at_their_line(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_manager batch = ndm_manager_new(ROOT(state), "batch");
+    ndm_array a = ndm_zeros(batch, NDM_F32, NDM_SHAPE(2));
+    ndm_array b = ndm_zeros(batch, NDM_F32, NDM_SHAPE(3));
+    int l_list = __LINE__ + 1;
+    assert_ok(ndm_attach_all(model, NDM_ARRAYS(a, b)));
+    char *t = why_text(b, false);
+    assert_has(t, "owned by system/test/model, moved there by ndm_attach_all at ");
+    assert_has(t, here(l_list));
+    free(t);
+    t = why_text(b, true);
+    assert_has(t, "\"moved\":{\"by\":\"ndm_attach_all\",\"at\":{\"file\":");
+    free(t);
+    /* a scope's kept result: moved at the scope's end */
+    ndm_manager s = ndm_scope_begin(batch, "step");
+    ndm_array y = ndm_ones(s, NDM_F32, NDM_SHAPE(4));
+    int l_end = __LINE__ + 1;
+    assert_ok(ndm_scope_end(s, 1, &y));
+    t = why_text(y, false);
+    assert_has(t, "owned by system/test/batch, moved there by a scope's end at ");
+    assert_has(t, here(l_end));
+    free(t);
+    /* lent, then given back when the borrower closes: made there, no move told */
+    ndm_manager req = ndm_manager_new(ROOT(state), "request");
+    assert_ok(ndm_temp_attach(y, req));
+    assert_ok(ndm_manager_close(req));
+    t = why_text(y, false);
+    assert_has(t, "owned by system/test/batch\n");
+    free(t);
+    /* a plain array made where it lives: no move */
+    t = why_text(ndm_zeros(model, NDM_F32, NDM_SHAPE(1)), false);
+    assert_lacks(t, "moved there");
+    free(t);
+    assert_ok(ndm_manager_close(batch));
+    assert_ok(ndm_manager_close(model));
+}
+
 /* The log's warnings, kept for the test below. */
 static char warned[2048];
 static void keep_warnings(ndm_log_level level, const char *msg, void *ud)
@@ -258,6 +300,7 @@ int main(void)
         TEST(test_bad_calls_are_refused),
         TEST(test_why_alive_races_with_views_dying),
         TEST(test_a_second_release_is_logged_with_both_lines),
+        TEST(test_moves_are_named_at_their_line),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -137,7 +137,9 @@ NDM_API int64_t ndm_leak_report(FILE *f);
 
 /** Why is `a` alive: print its retention path to f. The managers that own it
  *  (root first, each with the line that opened it, so a scope or request
- *  never closed is named where it was opened); its storage, the manager
+ *  never closed is named where it was opened) and, when a move brought it
+ *  there, which move and its line (ndm_attach, ndm_attach_all, ndm_ret,
+ *  ndm_detach, ndm_temp_attach, a scope's end); its storage, the manager
  *  charged with it and, for a slice or view, how many bytes it pins beyond
  *  its own elements; and every other view that keeps the storage alive,
  *  each with its manager, creation line and role: the array that made the
@@ -167,7 +169,7 @@ NDM_API NDM_NODISCARD ndm_status ndm_why_alive_at(NDM_SITE_PARAMS, ndm_array a, 
  *   "pinned_beyond_elements":..},"held_by":[VIEW,..]} where VIEW is
  *  {"array":"f32[10]","manager":path,"made":{"file":..,"func":..,"line":..},
  *   "element_bytes":..,"role":"self"|"home"|"view"|"autograd"|"dlpack_export"|"borrowed",
- *   "lender":path|null}; an owner chain deeper than 16 keeps its root and its
+ *   "moved":{"by":"ndm_attach","at":SITE} (only when moved), "lender":path|null}; an owner chain deeper than 16 keeps its root and its
  *  innermost 15, with one "... N more managers" entry between. Returns,
  *  owner and errors as for ndm_why_alive(). */
 #define ndm_why_alive_json(a, f) ndm_why_alive_json_at(NDM_HERE, (a), (f))
@@ -194,7 +196,9 @@ typedef struct ndm_growth {
 NDM_API ndm_growth ndm_growth_new_at(NDM_SITE_PARAMS, ndm_manager owner, ndm_manager watched);
 /** Take one step's sample: per creation site, the live arrays of the subtree
  *  and their bytes; per opening site, its live managers and their bytes
- *  (a loop that names them batch-0, batch-1, ... opens them at one site). It walks every live array of the subtree (a debugging tool:
+ *  (a loop that names them batch-0, batch-1, ... opens them at one site).
+ *  An array a move brought where it is counts under its creation line and
+ *  that move's line together ("created at X, moved by ndm_attach at Y"). It walks every live array of the subtree (a debugging tool:
  *  time grows with the arrays alive). The last 32 steps are kept.
  *  Returns NDM_OK. Owner: the samples stay in the tracker. Errors:
  *  NDM_E_CLOSED when the tracker or the watched manager is gone,

@@ -1178,6 +1178,7 @@ static bool give_back(ndm__manager *from, ndm__array *r)
                 to->live++;
                 to->moved_in++;
                 lenders_pop(r);
+                r->dead_by_gen = 0; /* (back at its lender: no move of its own to tell) */
                 ndm__mlock_drop(b);
                 ndm__mlock_drop(a);
                 return true;
@@ -1408,7 +1409,22 @@ void ndm__manager_release_except(ndm__manager *m, const uint32_t *keep, size_t n
 
 /* ---- moves -------------------------------------------------------------------- */
 
-enum move_kind { MOVE_ATTACH, MOVE_RET, MOVE_DETACH, MOVE_LEND };
+/* MOVE_SCOPE: an attach by a scope's end (it reads as ndm_attach but is
+ * recorded as the scope's). */
+enum move_kind { MOVE_ATTACH, MOVE_RET, MOVE_DETACH, MOVE_LEND, MOVE_SCOPE };
+
+const char *ndm__move_name(uint32_t how)
+{
+    switch (how) {
+    case NDM__MOVED_ATTACH: return "ndm_attach";
+    case NDM__MOVED_RET: return "ndm_ret";
+    case NDM__MOVED_DETACH: return "ndm_detach";
+    case NDM__MOVED_LEND: return "ndm_temp_attach";
+    case NDM__MOVED_LIST: return "ndm_attach_all";
+    case NDM__MOVED_SCOPE: return "a scope's end";
+    default: return "a move";
+    }
+}
 
 static ndm_status move_locked(ndm__array *r, uint32_t rgen, ndm_manager target,
                               enum move_kind kind, ndm__lend **prev, const char *api,
@@ -1469,7 +1485,7 @@ static ndm_status move_locked(ndm__array *r, uint32_t rgen, ndm_manager target,
             }
         }
         if (to == from) {
-            if (kind == MOVE_ATTACH) {
+            if (kind == MOVE_ATTACH || kind == MOVE_SCOPE) {
                 /* (the lender is read under the lock: a close giving r back
                  * may be changing it) */
                 ndm__mlock_take(from);
@@ -1533,6 +1549,11 @@ static ndm_status move_locked(ndm__array *r, uint32_t rgen, ndm_manager target,
             ndm__array_link_into(to, r);
             to->live++;
             to->moved_in++;
+            static const uint32_t moved_as[] = {
+                [MOVE_ATTACH] = NDM__MOVED_ATTACH, [MOVE_RET] = NDM__MOVED_RET,
+                [MOVE_DETACH] = NDM__MOVED_DETACH, [MOVE_LEND] = NDM__MOVED_LEND,
+                [MOVE_SCOPE] = NDM__MOVED_SCOPE};
+            ndm__array_moved_at(r, moved_as[kind], &site);
             if (kind == MOVE_LEND) {
                 if (r->lender) {
                     (*prev)->slot = r->lender;
@@ -1578,7 +1599,7 @@ NDM_API ndm_status ndm_temp_attach_at(NDM_SITE_PARAMS, ndm_array a, ndm_manager 
 /* Internal: move r into manager `to` as ndm_attach would (used by scopes). */
 ndm_status ndm__array_attach(ndm__array *r, ndm_manager to, const char *api, ndm__site site)
 {
-    return move(ndm__array_handle_of(r), to, MOVE_ATTACH, api, site);
+    return move(ndm__array_handle_of(r), to, MOVE_SCOPE, api, site);
 }
 
 /* ---- a list attached at once ---------------------------------------------------- */
@@ -1885,6 +1906,7 @@ NDM_API ndm_status ndm_attach_all_at(NDM_SITE_PARAMS, ndm_manager m, size_t n,
                 ndm__array_link_into(to, r);
                 to->live++;
                 to->moved_in++;
+                ndm__array_moved_at(r, NDM__MOVED_LIST, &site);
             }
             if (r->lender)
                 lenders_drop(r); /* an attach ends a loan */

@@ -165,6 +165,39 @@ static inline ndm__site ndm__array_dead_site(const ndm__array *r)
     return (ndm__site){r->dead_file, r->dead_func, r->dead_line};
 }
 
+/* While the array lives, its death fields may tell its last move instead
+ * (written under the locks of the move, which readers of them hold too):
+ * dead_by then holds the kind of move (below) and dead_by_gen the record's
+ * generation with NDM__MOVED set, which no manager generation has, and the
+ * dead site is the line of the move. A death overwrites them all. */
+#define NDM__MOVED 0x80000000u
+enum {
+    NDM__MOVED_ATTACH = 1, /* ndm_attach */
+    NDM__MOVED_RET,        /* ndm_ret */
+    NDM__MOVED_DETACH,     /* ndm_detach */
+    NDM__MOVED_LEND,       /* ndm_temp_attach */
+    NDM__MOVED_LIST,       /* ndm_attach_all */
+    NDM__MOVED_SCOPE,      /* a scope's kept result, at its end */
+};
+static inline void ndm__array_moved_at(ndm__array *r, uint32_t how, const ndm__site *site)
+{
+    r->dead_file = site->file;
+    r->dead_func = site->func;
+    r->dead_line = site->line;
+    r->dead_by = how;
+    r->dead_by_gen = atomic_load_explicit(&r->gen, memory_order_relaxed) | NDM__MOVED;
+}
+/* The kind of live r's last move (0: never moved), its line in *site. */
+static inline uint32_t ndm__array_last_move(const ndm__array *r, ndm__site *site)
+{
+    if (r->dead_by_gen != (atomic_load_explicit(&r->gen, memory_order_relaxed) | NDM__MOVED))
+        return 0;
+    *site = ndm__array_dead_site(r);
+    return r->dead_by;
+}
+/* "ndm_attach" for NDM__MOVED_ATTACH, and so on. */
+const char *ndm__move_name(uint32_t how);
+
 /* The record a storage lives in, and the storage's cold part there. */
 static inline struct ndm__array *ndm__storage_home(ndm__storage *s)
 {

@@ -20,6 +20,8 @@ typedef struct gsite {
     bool manager;              /* a manager's opening site (else an array's creation site) */
     char name[NDM__NAME_MAX];  /* the newest manager's name, for a manager site */
     bool names_vary;           /* managers of one opening line with other names (batch-0, batch-1) */
+    uint32_t moved;            /* arrays: how they came to where they are (NDM__MOVED_*; 0: made there) */
+    ndm__site moved_at;        /* arrays: the line of that move */
     uint32_t where;            /* the manager that held the first one met in the step's walk (its
                                   parent, for a manager site): children are walked newest first,
                                   so of siblings, the newest */
@@ -58,12 +60,17 @@ static bool same_site(ndm__site a, ndm__site b)
 }
 
 /* The site's record, made (zeroed: not seen before) when new; NULL without memory. */
-static gsite *site_of(growth *g, ndm__site s, bool manager, const char *name)
+/* Arrays are keyed by their creation line and, when a move brought them
+ * where they are, by that move and its line (an array attached to the model
+ * each step is a leak at the attach); managers by their opening line alone
+ * (a loop that names each one, batch-0, batch-1, ..., opens them at one
+ * site). */
+static gsite *site_of(growth *g, ndm__site s, bool manager, const char *name, uint32_t moved,
+                      ndm__site moved_at)
 {
-    /* (managers by their opening line alone: a loop that names each one,
-     * batch-0, batch-1, ..., opens them at one site) */
     for (size_t i = 0; i < g->n; i++)
-        if (g->sites[i].manager == manager && same_site(g->sites[i].site, s)) {
+        if (g->sites[i].manager == manager && same_site(g->sites[i].site, s) &&
+            g->sites[i].moved == moved && (!moved || same_site(g->sites[i].moved_at, moved_at))) {
             if (manager && strcmp(g->sites[i].name, name))
                 g->sites[i].names_vary = true;
             return &g->sites[i];
@@ -82,6 +89,8 @@ static gsite *site_of(growth *g, ndm__site s, bool manager, const char *name)
     memset(e, 0, sizeof *e);
     e->site = s;
     e->manager = manager;
+    e->moved = moved;
+    e->moved_at = moved_at;
     if (manager)
         snprintf(e->name, sizeof e->name, "%s", name);
     return e;
@@ -105,7 +114,7 @@ static void count(growth *g, gsite *e, uint32_t where, int64_t bytes)
 static void sample(growth *g, ndm__manager *m, bool top)
 {
     if (!top && !(atomic_load_explicit(&m->state, memory_order_relaxed) & NDM__M_BUILTIN)) {
-        gsite *e = site_of(g, m->site, true, m->name);
+        gsite *e = site_of(g, m->site, true, m->name, 0, NDM__NO_SITE);
         if (e) {
             ndm__mlock_take(m);
             int64_t b = m->count[m->dev].bytes;
@@ -121,7 +130,9 @@ static void sample(growth *g, ndm__manager *m, bool top)
         if (!m->arrays[i])
             continue;
         ndm__array *r = ndm__array_rec(m->arrays[i]);
-        gsite *e = site_of(g, ndm__array_site(r), false, NULL);
+        ndm__site moved_at = NDM__NO_SITE;
+        uint32_t moved = ndm__array_last_move(r, &moved_at);
+        gsite *e = site_of(g, ndm__array_site(r), false, NULL, moved, moved_at);
         if (e)
             count(g, e, m->self,
                   ndm__numel(r->ndim, r->shape) * (int64_t)ndm__dtype_bytes[r->dtype]);
@@ -339,7 +350,12 @@ NDM_API ndm_status ndm_growth_report_at(NDM_SITE_PARAMS, ndm_growth h, FILE *f)
             fprintf(f, "%" PRId64 " manager%s '%s'%s, %" PRId64 " bytes, opened at %s under %s\n",
                     c[w - 1], c[w - 1] == 1 ? "" : "s", e->name,
                     e->names_vary ? " (and other names)" : "", b[w - 1], sitebuf, where);
-        else
+        else if (e->moved) {
+            char movebuf[256];
+            fprintf(f, "%" PRId64 " array%s, %" PRId64 " bytes, created at %s, moved by %s at %s, in %s\n",
+                    c[w - 1], c[w - 1] == 1 ? "" : "s", b[w - 1], sitebuf, ndm__move_name(e->moved),
+                    ndm__site_str(e->moved_at, movebuf, sizeof movebuf), where);
+        } else
             fprintf(f, "%" PRId64 " array%s, %" PRId64 " bytes, created at %s in %s\n", c[w - 1],
                     c[w - 1] == 1 ? "" : "s", b[w - 1], sitebuf, where);
     }

@@ -25,6 +25,8 @@ typedef struct why_view {
     char lender[WHY_PATH]; /* "" unless borrowed (or its lender closed) */
     bool is_self, is_home, exported;
     bool lender_gone;      /* borrowed, and the lender has closed since */
+    uint32_t moved;        /* how it came to its manager (NDM__MOVED_*; 0: made there) */
+    ndm__site moved_at;
 } why_view;
 
 typedef struct why {
@@ -57,6 +59,7 @@ static void read_view(why_view *v, ndm__array *r, const ndm__array *self, const 
     v->is_self = r == self;
     v->is_home = r == home;
     v->exported = r->mgr == ndm__detached_slot && r->lender;
+    v->moved = ndm__array_last_move(r, &v->moved_at);
     v->lender[0] = 0;
     v->lender_gone = false;
     if (r->lender) {
@@ -189,6 +192,10 @@ static void why_print(FILE *f, const why *w)
     fprintf(f, "why alive: %s, made at ", w->self.desc);
     print_site(f, w->self.made);
     fprintf(f, "\n  owned by %s", w->self.path);
+    if (w->self.moved) {
+        fprintf(f, ", moved there by %s at ", ndm__move_name(w->self.moved));
+        print_site(f, w->self.moved_at);
+    }
     if (w->self.lender[0])
         fprintf(f, " (borrowed: it goes back to %s when that manager closes)", w->self.lender);
     else if (w->self.lender_gone)
@@ -217,6 +224,10 @@ static void why_print(FILE *f, const why *w)
         const why_view *v = &w->views[i];
         fprintf(f, "    %s, %s, in %s, made at ", v->desc, view_role(v), v->path);
         print_site(f, v->made);
+        if (v->moved && !v->exported) {
+            fprintf(f, ", moved there by %s at ", ndm__move_name(v->moved));
+            print_site(f, v->moved_at);
+        }
         if (v->exported)
             fprintf(f, ", lent by %s", v->lender[0] ? v->lender : "a manager that has closed");
         else if (v->lender[0])
@@ -252,6 +263,13 @@ static void json_view(FILE *f, const why_view *v)
                        : v->lender[0] || v->lender_gone ? "borrowed"
                                          : "view";
     ndm__json_write_str(f, role);
+    if (v->moved) {
+        fputs(",\"moved\":{\"by\":", f);
+        ndm__json_write_str(f, ndm__move_name(v->moved));
+        fputs(",\"at\":", f);
+        json_site(f, v->moved_at);
+        fputc('}', f);
+    }
     fputs(",\"lender\":", f);
     if (v->lender[0])
         ndm__json_write_str(f, v->lender);
