@@ -1010,6 +1010,32 @@ static NDM__ALWAYS_INLINE void array_dies(ndm__array *r, ndm__manager *from,
     array_dies_as(ndm__tls, r, from, site, by, by_gen, fb);
 }
 
+/* The storage bookkeeping of view r moving from `from` to `to` once its
+ * charge, if it follows r, has moved (the caller counted it: view_moves,
+ * or ndm__charge_commit for a list): both manager locks held, and the
+ * storage's lock when other views share it. */
+static void view_follows(ndm__array *r, ndm__manager *from, ndm__manager *to)
+{
+    ndm__storage *s = r->storage;
+    ndm__storage_cold *c = ndm__storage_cold_of(s);
+    bool shared = (atomic_load_explicit(&s->refs, memory_order_acquire) & NDM__REFS_COUNT) > 1;
+    /* Unshared and unlisted, r is the home and holds the charge alone. */
+    bool listed = c->first_view != 0;
+    if (s->charged == from->self) {
+        if (!listed || c->charged_views == 1) {
+            /* r is the charged manager's last view: the charge follows it. */
+            s->charged = to->self;
+            if (listed)
+                c->charged_views = shared ? count_views(s, to->self) + 1 : 1;
+            ndm__alloc_retag(s->cookie, to->self);
+        } else {
+            c->charged_views--;
+        }
+    } else if (s->charged == to->self) {
+        c->charged_views++;
+    }
+}
+
 /* View r moves from `from` to `to`; both manager locks held. Fails with
  * NDM_E_QUOTA (nothing changed) when the charge would move into a full
  * limit, unless `force`. */
@@ -1021,26 +1047,12 @@ static ndm_status view_moves(ndm__array *r, ndm__manager *from, ndm__manager *to
     bool shared = (atomic_load_explicit(&s->refs, memory_order_acquire) & NDM__REFS_COUNT) > 1;
     if (shared)
         ndm__lock_take(&c->lock);
-    /* Unshared and unlisted, r is the home and holds the charge alone. */
-    bool listed = c->first_view != 0;
     ndm_status st = NDM_OK;
-    if (s->charged == from->self) {
-        if (!listed || c->charged_views == 1) {
-            /* r is the charged manager's last view: the charge follows it. */
-            st = ndm__charge_move(from, to, ndm__device_slot(s->device), (int64_t)s->nbytes,
-                                  force, false, api, where);
-            if (st == NDM_OK) {
-                s->charged = to->self;
-                if (listed)
-                    c->charged_views = shared ? count_views(s, to->self) + 1 : 1;
-                ndm__alloc_retag(s->cookie, to->self);
-            }
-        } else {
-            c->charged_views--;
-        }
-    } else if (s->charged == to->self) {
-        c->charged_views++;
-    }
+    if (s->charged == from->self && (!c->first_view || c->charged_views == 1))
+        st = ndm__charge_move(from, to, ndm__device_slot(s->device), (int64_t)s->nbytes, force,
+                              false, api, where);
+    if (st == NDM_OK)
+        view_follows(r, from, to);
     if (shared)
         ndm__lock_drop(&c->lock);
     return st;
@@ -1681,29 +1693,6 @@ static NDM__COLD ndm_status list_refused(ndm_array h, size_t i, const char *api,
                  ndm__id_slot(h.id), ndm__id_gen(h.id));
     return ndm__fail(NDM_E_CLOSED, api, site, "arrays[%zu] is a stale array handle: %s; nothing moved",
                      i, story);
-}
-
-/* The storage bookkeeping of view_moves, for a move whose charge the caller
- * counts (ndm__charge_commit): both manager locks held, and the storage's
- * lock when other views share it. */
-static void view_follows(ndm__array *r, ndm__manager *from, ndm__manager *to)
-{
-    ndm__storage *s = r->storage;
-    ndm__storage_cold *c = ndm__storage_cold_of(s);
-    bool shared = (atomic_load_explicit(&s->refs, memory_order_acquire) & NDM__REFS_COUNT) > 1;
-    bool listed = c->first_view != 0;
-    if (s->charged == from->self) {
-        if (!listed || c->charged_views == 1) {
-            s->charged = to->self;
-            if (listed)
-                c->charged_views = shared ? count_views(s, to->self) + 1 : 1;
-            ndm__alloc_retag(s->cookie, to->self);
-        } else {
-            c->charged_views--;
-        }
-    } else if (s->charged == to->self) {
-        c->charged_views++;
-    }
 }
 
 static void unlock_slots(const uint32_t *slots, size_t k)
