@@ -778,8 +778,7 @@ ndm_array ndm__array_lend_out(ndm__site site, const char *api, ndm__array *base)
     /* (released meanwhile by another thread's deleter: nothing to mark) */
     if (atomic_load_explicit(&r->gen, memory_order_relaxed) == ndm__id_gen(h.id) &&
         r->mgr == d->self && !r->lender) {
-        r->lender = lender;
-        r->lender_gen = lender_gen;
+        ndm__array_set_lender(r, lender, lender_gen);
     }
     ndm__mlock_drop(d);
     return h;
@@ -916,7 +915,7 @@ static NDM__COLD void lenders_drop(ndm__array *r)
         free(l);
     }
     r->lenders = NULL;
-    r->lender = r->lender_gen = 0;
+    ndm__array_set_lender(r, 0, 0);
 }
 
 /* r went back one step (or its lender is gone): the lender before becomes
@@ -925,11 +924,10 @@ static bool lenders_pop(ndm__array *r)
 {
     ndm__lend *l = r->lenders;
     if (!l) {
-        r->lender = r->lender_gen = 0;
+        ndm__array_set_lender(r, 0, 0);
         return false;
     }
-    r->lender = l->slot;
-    r->lender_gen = l->gen;
+    ndm__array_set_lender(r, l->slot, l->gen);
     r->lenders = l->next;
     free(l);
     return true;
@@ -1576,8 +1574,8 @@ static ndm_status move_locked(ndm__array *r, uint32_t rgen, ndm_manager target,
                 } else {
                     r->lenders = NULL;
                 }
-                r->lender = from->self;
-                r->lender_gen = atomic_load_explicit(&from->gen, memory_order_relaxed);
+                ndm__array_set_lender(r, from->self,
+                                      atomic_load_explicit(&from->gen, memory_order_relaxed));
             } else if (r->lender) {
                 lenders_drop(r);
             }

@@ -195,6 +195,20 @@ static inline uint32_t ndm__array_last_move(const ndm__array *r, ndm__site *site
     *site = ndm__array_dead_site(r);
     return r->dead_by;
 }
+/* r's lender (0: none) and its generation: written under r's manager lock
+ * (and the other manager's, for a loan), read by that lock's holders and,
+ * without it, by ndm_why_alive for the other views of a storage it lists:
+ * hence relaxed atomics, which cost a plain move. */
+static inline void ndm__array_set_lender(ndm__array *r, uint32_t slot, uint32_t gen)
+{
+    __atomic_store_n(&r->lender, slot, __ATOMIC_RELAXED);
+    __atomic_store_n(&r->lender_gen, gen, __ATOMIC_RELAXED);
+}
+static inline uint32_t ndm__array_lender_unlocked(const ndm__array *r, uint32_t *gen)
+{
+    *gen = __atomic_load_n(&r->lender_gen, __ATOMIC_RELAXED);
+    return __atomic_load_n(&r->lender, __ATOMIC_RELAXED);
+}
 /* "ndm_attach" for NDM__MOVED_ATTACH, and so on. */
 const char *ndm__move_name(uint32_t how);
 

@@ -47,29 +47,35 @@ static int64_t elem_bytes(const ndm__array *r)
     return ndm__numel(r->ndim, r->shape) * (int64_t)ndm__dtype_bytes[r->dtype];
 }
 
-/* Tree lock held. */
+/* Tree lock held, and r's manager's lock when r is `self`. The other views
+ * are read without their managers' locks (taking them here would invert
+ * the lock order): only what is fixed at their making, their manager and
+ * their lender (atomic), not their last move (kept in fields a death
+ * rewrites). */
 static void read_view(why_view *v, ndm__array *r, const ndm__array *self, const ndm__array *home)
 {
     ndm__array_desc(r, v->desc, sizeof v->desc);
-    ndm__manager *m = ndm__manager_rec(r->mgr);
-    ndm__manager_path_locked(r->mgr, v->path, sizeof v->path);
+    uint32_t mgr = ndm__array_mgr_unlocked(r);
+    ndm__manager *m = ndm__manager_rec(mgr);
+    ndm__manager_path_locked(mgr, v->path, sizeof v->path);
     snprintf(v->mgr_name, sizeof v->mgr_name, "%s", m->name);
     v->made = ndm__array_site(r);
     v->elem_bytes = elem_bytes(r);
     v->is_self = r == self;
     v->is_home = r == home;
-    v->exported = r->mgr == ndm__detached_slot && r->lender;
-    v->moved = ndm__array_last_move(r, &v->moved_at);
+    uint32_t lender_gen, lender = ndm__array_lender_unlocked(r, &lender_gen);
+    v->exported = mgr == ndm__detached_slot && lender;
+    v->moved = v->is_self ? ndm__array_last_move(r, &v->moved_at) : 0;
     v->lender[0] = 0;
     v->lender_gone = false;
-    if (r->lender) {
+    if (lender) {
         /* (a lender that closed may have its slot taken by another manager:
          * its path would name that one) */
-        ndm__manager *l = ndm__manager_rec(r->lender);
+        ndm__manager *l = ndm__manager_rec(lender);
         unsigned st = atomic_load_explicit(&l->state, memory_order_relaxed);
         if ((st & (NDM__M_LIVE | NDM__M_CLOSING)) == NDM__M_LIVE &&
-            atomic_load_explicit(&l->gen, memory_order_relaxed) == r->lender_gen)
-            ndm__manager_path_locked(r->lender, v->lender, sizeof v->lender);
+            atomic_load_explicit(&l->gen, memory_order_relaxed) == lender_gen)
+            ndm__manager_path_locked(lender, v->lender, sizeof v->lender);
         else
             v->lender_gone = true;
     }
