@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "ndm/config.h"
 #include "ndm/version.h"
@@ -159,6 +160,13 @@ static inline uint32_t ndm__array_mgr_unlocked(const ndm__array *r)
 static inline ndm__site ndm__array_site(const ndm__array *r)
 {
     return (ndm__site){r->made_file, r->made_func, r->made_line};
+}
+/* Two sites name one line (the same file and function, by pointer or text:
+ * one line's literals may be merged or not). How the reports group. */
+static inline bool ndm__same_site(ndm__site a, ndm__site b)
+{
+    return a.line == b.line && (a.file == b.file || (a.file && b.file && !strcmp(a.file, b.file))) &&
+           (a.func == b.func || (a.func && b.func && !strcmp(a.func, b.func)));
 }
 static inline ndm__site ndm__array_dead_site(const ndm__array *r)
 {

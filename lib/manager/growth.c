@@ -53,12 +53,6 @@ static const ndm__object_type growth_type = {
     .later = true,
 };
 
-static bool same_site(ndm__site a, ndm__site b)
-{
-    return a.line == b.line && (a.file == b.file || (a.file && b.file && !strcmp(a.file, b.file))) &&
-           (a.func == b.func || (a.func && b.func && !strcmp(a.func, b.func)));
-}
-
 /* The site's record, made (zeroed: not seen before) when new; NULL without memory. */
 /* Arrays are keyed by their creation line and, when a move brought them
  * where they are, by that move and its line (an array attached to the model
@@ -69,8 +63,8 @@ static gsite *site_of(growth *g, ndm__site s, bool manager, const char *name, ui
                       ndm__site moved_at)
 {
     for (size_t i = 0; i < g->n; i++)
-        if (g->sites[i].manager == manager && same_site(g->sites[i].site, s) &&
-            g->sites[i].moved == moved && (!moved || same_site(g->sites[i].moved_at, moved_at))) {
+        if (g->sites[i].manager == manager && ndm__same_site(g->sites[i].site, s) &&
+            g->sites[i].moved == moved && (!moved || ndm__same_site(g->sites[i].moved_at, moved_at))) {
             if (manager && strcmp(g->sites[i].name, name))
                 g->sites[i].names_vary = true;
             return &g->sites[i];

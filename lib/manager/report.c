@@ -442,12 +442,6 @@ typedef struct groups {
     bool oom;
 } groups;
 
-static bool same_site(ndm__site a, ndm__site b)
-{
-    return a.line == b.line && (a.file == b.file || (a.file && b.file && !strcmp(a.file, b.file))) &&
-           (a.func == b.func || (a.func && b.func && !strcmp(a.func, b.func)));
-}
-
 /* Group m's own arrays created at or after `mark` by creation site. */
 static void collect_one(ndm__manager *m, ndm_seq mark, groups *gs)
 {
@@ -461,7 +455,7 @@ static void collect_one(ndm__manager *m, ndm_seq mark, groups *gs)
         gs->total++;
         uint64_t bytes = (uint64_t)ndm__numel(r->ndim, r->shape) * ndm_dtype_size(r->dtype);
         size_t i = 0;
-        while (i < gs->n && !same_site(gs->g[i].site, ndm__array_site(r)))
+        while (i < gs->n && !ndm__same_site(gs->g[i].site, ndm__array_site(r)))
             i++;
         if (i == gs->n) {
             if (gs->n == gs->cap) {
@@ -576,7 +570,7 @@ static void leak_loans(uint32_t *members, size_t n, const char *path, FILE *f)
                 continue;
             size_t j = 0;
             while (j < ng && !(g[j].lender == r->lender && g[j].gen == r->lender_gen &&
-                               same_site(g[j].site, ndm__array_site(r))))
+                               ndm__same_site(g[j].site, ndm__array_site(r))))
                 j++;
             if (j == ng && ng == LOAN_GROUPS) {
                 more++;

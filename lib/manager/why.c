@@ -360,8 +360,7 @@ static void top_walk(ndm__manager *m, top_site *t, size_t *n)
         ndm__array *r = ndm__array_rec(m->arrays[i]);
         ndm__site s = ndm__array_site(r);
         size_t k = 0;
-        while (k < *n && !(t[k].site.line == s.line && t[k].site.file == s.file &&
-                           t[k].site.func == s.func))
+        while (k < *n && !ndm__same_site(t[k].site, s))
             k++;
         if (k == *n) {
             if (*n == WHY_TOP_SITES)
