@@ -847,6 +847,60 @@ static void test_report_since_views_and_moves(void **state)
     close_ok(other);
 }
 
+static char *leak_text(int64_t *count);
+
+/* Arrays made by one line and moved where they are by two others are two
+ * groups, each named by its creation and its move, as the growth tracker
+ * names them; arrays made there stay a group of their own. */
+static void test_report_since_names_moves(void **state)
+{
+    ndm_manager root = ROOT(state);
+    ndm_manager keep = ndm_manager_new(root, "keep");
+    ndm_seq mark = ndm_mark(root);
+    int made = 0, by_attach = 0, by_list = 0, here = 0;
+    for (int i = 0; i < 5; i++) {
+        ndm_manager batch = ndm_manager_new(root, "batch");
+        made = __LINE__; ndm_array a = ndm_zeros(batch, NDM_F32, NDM_SHAPE(2));
+        if (i < 3) {
+            by_attach = __LINE__; assert_ok(ndm_attach(a, keep));
+        } else {
+            by_list = __LINE__; assert_ok(ndm_attach_all(keep, 1, &a));
+        }
+        close_ok(batch);
+    }
+    here = __LINE__; ndm_array b = ndm_zeros(keep, NDM_F32, NDM_SHAPE(2));
+    (void)b;
+    char want[1024];
+    snprintf(want, sizeof want,
+             "ndm report: 6 arrays created since mark %llu still alive under system/test\n"
+             "  3 arrays, 24 bytes, created at test_debug.c:%d (%s), moved by ndm_attach at "
+             "test_debug.c:%d (%s), in system/test/keep\n"
+             "  2 arrays, 16 bytes, created at test_debug.c:%d (%s), moved by ndm_attach_all at "
+             "test_debug.c:%d (%s), in system/test/keep\n"
+             "  1 array, 8 bytes, created at test_debug.c:%d (%s) in system/test/keep\n",
+             (unsigned long long)mark, made, __func__, by_attach, __func__, made, __func__,
+             by_list, __func__, here, __func__);
+    char *got = report_text(root, mark);
+    if (strcmp(got, want) != 0) {
+        print_error("got:\n%s\nexpected:\n%s\n", got, want);
+        free(got);
+        fail();
+    }
+    free(got);
+    /* the leak report groups them the same way */
+    int64_t n;
+    char *text = leak_text(&n);
+    char line[512];
+    snprintf(line, sizeof line,
+             "  2 arrays, 16 bytes, created at test_debug.c:%d (%s), moved by ndm_attach_all at "
+             "test_debug.c:%d (%s), in system/test/keep\n",
+             made, __func__, by_list, __func__);
+    if (!strstr(text, line))
+        fail_msg("leak report:\n%s\nlacks:\n%s", text, line);
+    free(text);
+    close_ok(keep);
+}
+
 static void test_report_since_errors(void **state)
 {
     ndm_manager gone = ndm_manager_new(ROOT(state), "gone");
@@ -887,8 +941,9 @@ static void test_leak_report_lists_live(void **state)
     const char *expect[4];
     char buf[3][256];
     snprintf(buf[0], sizeof buf[0],
-             "  1 array, 16 bytes, created at test_debug.c:%d (%s) in system/detached\n", dline,
-             __func__);
+             "  1 array, 16 bytes, created at test_debug.c:%d (%s), moved by ndm_detach at "
+             "test_debug.c:%d (%s), in system/detached\n",
+             dline, __func__, dline + 1, __func__);
     snprintf(buf[1], sizeof buf[1], "  manager system/test/req created at test_debug.c:%d (%s)\n",
              mline, __func__);
     snprintf(buf[2], sizeof buf[2],
@@ -1066,6 +1121,7 @@ int main(void)
         TEST(test_report_since_groups_by_site),
         TEST(test_report_since_nothing_new),
         TEST(test_report_since_views_and_moves),
+        TEST(test_report_since_names_moves),
         TEST(test_report_since_errors),
         TEST(test_leak_report_lists_live),
         TEST(test_leak_report_folds_repeated_managers),
