@@ -758,6 +758,56 @@ static void test_dump_json_is_utf8_whatever_the_names(void **state)
     close_ok(model);
 }
 
+/* ndm_debug_dump_why: the dump, then why the subtree's biggest sites are
+ * alive, biggest first, none from outside the subtree. */
+static void test_debug_dump_why_explains_the_top_sites(void **state)
+{
+    ndm_manager root = ROOT(state);
+    ndm_manager model = ndm_manager_new(root, "model");
+    ndm_manager batch = ndm_manager_new(model, "batch");
+    int big = __LINE__; ndm_array x = ndm_zeros(batch, NDM_F32, NDM_SHAPE(64, 16));
+    ndm_array base = ndm_zeros(batch, NDM_F32, NDM_SHAPE(32, 16));
+    int slice = __LINE__; ndm_array row = ndm_slice_to(model, base, 0, 0, 1, 1);
+    release_ok(base); /* the slice keeps its 2 KiB alive */
+    assert_live(x);
+    int small = __LINE__; ndm_array w = ndm_zeros(model, NDM_F32, NDM_SHAPE(4));
+    int outside = __LINE__; ndm_array o = ndm_zeros(root, NDM_F64, NDM_SHAPE(4096));
+    assert_live(row);
+    assert_live(w);
+    assert_live(o);
+    char want[3][256];
+    snprintf(want[0], sizeof want[0], "why alive: f32[64,16], made at test_debug.c:%d", big);
+    snprintf(want[1], sizeof want[1], "why alive: f32[1,16], made at test_debug.c:%d", slice);
+    snprintf(want[2], sizeof want[2], "why alive: f32[4], made at test_debug.c:%d", small);
+    for (int top = 1; top <= 3; top++) {
+        check_capture c;
+        FILE *f = check_capture_open(&c);
+        assert_ok(ndm_debug_dump_why(model, f, top));
+        char *text = (char *)check_capture_close(&c);
+        assert_true(strncmp(text, "ndm dump: system/test/model ", 28) == 0);
+        const char *at = text;
+        for (int i = 0; i < 3; i++) {
+            const char *p = strstr(text, want[i]);
+            if (i < top && (!p || p < at))
+                fail_msg("top %d: \"%s\" missing or out of order in:\n%s", top, want[i], text);
+            if (i >= top && p)
+                fail_msg("top %d: \"%s\" is listed in:\n%s", top, want[i], text);
+            at = p ? p : at;
+        }
+        char far[64];
+        snprintf(far, sizeof far, "test_debug.c:%d", outside);
+        assert_null(strstr(text, far));
+        free(text);
+    }
+    assert_st(ndm_debug_dump_why(model, stderr, 0), NDM_E_INVALID);
+    assert_error_has("top 0");
+    assert_st(ndm_debug_dump_why(model, stderr, NDM_DUMP_WHY_MAX + 1), NDM_E_INVALID);
+    assert_st(ndm_debug_dump_why(model, NULL, 1), NDM_E_INVALID);
+    release_ok(o);
+    close_ok(model);
+    assert_st(ndm_debug_dump_why(model, stderr, 1), NDM_E_CLOSED);
+}
+
 /* ---- leak hunting since a mark -------------------------------------------------------- */
 
 static char *report_text(ndm_manager m, ndm_seq mark)
@@ -1122,6 +1172,7 @@ int main(void)
         TEST(test_report_since_nothing_new),
         TEST(test_report_since_views_and_moves),
         TEST(test_report_since_names_moves),
+        TEST(test_debug_dump_why_explains_the_top_sites),
         TEST(test_report_since_errors),
         TEST(test_leak_report_lists_live),
         TEST(test_leak_report_folds_repeated_managers),

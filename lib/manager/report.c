@@ -353,6 +353,19 @@ NDM_API ndm_status ndm_debug_dump_at(NDM_SITE_PARAMS, ndm_manager h, FILE *f)
     return NDM_OK;
 }
 
+NDM_API ndm_status ndm_debug_dump_why_at(NDM_SITE_PARAMS, ndm_manager h, FILE *f, int top)
+{
+    ndm__site site = NDM__SITE;
+    if (top < 1 || top > NDM_DUMP_WHY_MAX)
+        return ndm__fail(NDM_E_INVALID, __func__, site, "top %d: it goes from 1 to %d", top,
+                         NDM_DUMP_WHY_MAX);
+    ndm_status st = ndm_debug_dump_at(NDM__SITE_ARGS(site), h, f);
+    if (st != NDM_OK)
+        return st;
+    ndm__why_top(f, ndm__manager_resolved(h, __func__, site), top);
+    return NDM_OK;
+}
+
 /* ---- JSON ---------------------------------------------------------------------- */
 
 static void json_node(ndm__manager *m, FILE *f, const lent_table *lt)

@@ -381,7 +381,7 @@ static int by_bytes(const void *a, const void *b)
     return x->bytes < y->bytes ? 1 : x->bytes > y->bytes ? -1 : 0;
 }
 
-void ndm__why_top(FILE *f, int top)
+void ndm__why_top(FILE *f, ndm_manager root, int top)
 {
     top_site *t = calloc(WHY_TOP_SITES, sizeof *t);
     if (!t) {
@@ -390,7 +390,10 @@ void ndm__why_top(FILE *f, int top)
     }
     size_t n = 0;
     ndm__tree_lock();
-    top_walk(ndm__manager_slot(ndm__system_slot), t, &n);
+    /* (looked up under the tree lock, which a close holds to end a manager) */
+    ndm__manager *m = root.id ? ndm__manager_peek(root) : ndm__manager_slot(ndm__system_slot);
+    if (m)
+        top_walk(m, t, &n);
     ndm__tree_unlock();
     qsort(t, n, sizeof *t, by_bytes);
     for (size_t i = 0; i < n && i < (size_t)top; i++) {
