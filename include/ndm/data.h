@@ -49,21 +49,22 @@
  * to `prefetch` batches ahead of the consumer (0: 2 * W). Each fetch
  * creates, on the calling thread and in order, the managers "batch-<step>"
  * of the batches it schedules ahead (children of the trainer, made at the
- * fetch's line), and a worker fills one: a CPU trainer's worker makes the
- * batch's arrays in it and gathers the rows into them; a GPU trainer's
- * worker gathers into host memory of the loader's, and the fetch that
- * hands the batch out makes its device arrays and uploads them as above,
- * on the consumer's thread and streams. Batches come out in exactly the
+ * fetch's line) and, for a CPU trainer, their arrays, so the tree and its
+ * counts never depend on the workers' timing; a worker then gathers the
+ * rows: into those arrays, or, for a GPU trainer, into host memory of the
+ * loader's, and the fetch that hands the batch out makes its device arrays
+ * and uploads them as above, on the consumer's thread and streams.
+ * Batches come out in exactly the
  * order, with exactly the contents, of the loader without workers, for any
- * W, across epochs and ndm_loader_set_epoch. A batch a worker could not
- * make (the trainer's byte limit, a dataset released meanwhile) is made
- * again by the fetch that reaches it, on its own thread, after it closed
+ * W, across epochs and ndm_loader_set_epoch. A batch that could not be
+ * prepared (the trainer's byte limit, a dataset released meanwhile) is
+ * made by the fetch that reaches it, on its own thread, after it closed
  * the batches prepared beyond it (they are prepared again afterwards), so
  * the fetch returns the status and message the loader without workers
  * returns in that state, and the next fetch tries the same batch again.
  * Batches prepared ahead are children of the trainer: they count against
  * its limits, appear in dumps and in ndm_report_since as "batch-<step>"
- * managers (at most `prefetch`, steady, never growing), and are closed,
+ * managers (`prefetch` of them, steady, never growing), and are closed,
  * their threads joined, by ndm_loader_close, ndm_loader_set_epoch or the
  * trainer's close: stopping early leaves nothing behind.
  *

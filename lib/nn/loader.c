@@ -438,13 +438,10 @@ static ndm_status gather_to_device(loader *ld, const ndm__view *r, const ndm__te
     return st;
 }
 
-/* A batch array in manager bm: rows of src, converted; device batches are
- * gathered on the host, then uploaded, or uploaded from `pre` when a worker
- * has gathered them already. */
-static ndm_array make_part(ndm__site site, const char *api, loader *ld, ndm_manager bm,
-                           const ndm__tensor *src, const int64_t *rows, int64_t first,
-                           int64_t count, ndm_dtype dtype, bool scale, ndm_stream compute,
-                           const void *pre)
+/* A batch array in manager bm, uninitialised: `count` rows shaped as src's,
+ * of dtype; *r is its view. */
+static ndm_array alloc_part(ndm__site site, const char *api, ndm_manager bm,
+                            const ndm__tensor *src, int64_t count, ndm_dtype dtype, ndm__view *r)
 {
     int64_t small[8], *shape = small;
     if (src->ndim > 8 && !(shape = malloc((size_t)src->ndim * sizeof *shape))) {
@@ -453,10 +450,22 @@ static ndm_array make_part(ndm__site site, const char *api, loader *ld, ndm_mana
     }
     memcpy(shape, src->shape, (size_t)src->ndim * sizeof *shape);
     shape[0] = count;
-    ndm__view r;
-    ndm_array a = ndm__array_make(site, api, bm, NULL, dtype, src->ndim, shape, &r);
+    ndm_array a = ndm__array_make(site, api, bm, NULL, dtype, src->ndim, shape, r);
     if (shape != small)
         free(shape);
+    return a;
+}
+
+/* A batch array in manager bm: rows of src, converted; device batches are
+ * gathered on the host, then uploaded, or uploaded from `pre` when a worker
+ * has gathered them already. */
+static ndm_array make_part(ndm__site site, const char *api, loader *ld, ndm_manager bm,
+                           const ndm__tensor *src, const int64_t *rows, int64_t first,
+                           int64_t count, ndm_dtype dtype, bool scale, ndm_stream compute,
+                           const void *pre)
+{
+    ndm__view r;
+    ndm_array a = alloc_part(site, api, bm, src, count, dtype, &r);
     if (!a.id)
         return a;
     ndm_status st;
@@ -615,8 +624,20 @@ static bool gather_host(void **buf, size_t *cap, const ndm__tensor *src, const i
     return gather(src, rows, first, count, *buf, dtype, scale, api, site) == NDM_OK;
 }
 
-/* A worker's part of job j: a CPU trainer's batch arrays, made in the
- * job's manager and filled; a device trainer's rows, on the host. */
+/* Fill a CPU trainer's batch array a (made by the fetch that scheduled the
+ * batch) with rows of src; false when a is gone (its manager was closed
+ * meanwhile: the lookup keeps its memory while this writes it). */
+static bool fill_part(ndm_array a, const ndm__tensor *src, const int64_t *rows, int64_t first,
+                      int64_t count, ndm_dtype dtype, bool scale, const char *api,
+                      ndm__site site)
+{
+    ndm__view v;
+    return ndm__view_of(a, &v, api, site) &&
+           gather(src, rows, first, count, v.t.data, dtype, scale, api, site) == NDM_OK;
+}
+
+/* A worker's part of job j: a CPU trainer's batch arrays filled; a device
+ * trainer's rows gathered on the host. */
 static bool run_job(loader *ld, job *j)
 {
     NDM__OP_GUARD(); /* (the dataset's memory stays while this reads it) */
@@ -634,12 +655,10 @@ static bool run_job(loader *ld, job *j)
                            scale, api, j->site) &&
                (!y || gather_host(&j->hy, &j->hy_cap, y, rows, first, j->count,
                                   labels_dtype(ld, y), false, api, j->site));
-    j->bx = make_part(j->site, api, ld, j->bm, x, rows, first, j->count, inputs_dtype(ld, x),
-                      scale, (ndm_stream){0}, NULL);
-    if (j->bx.id && y)
-        j->by = make_part(j->site, api, ld, j->bm, y, rows, first, j->count, labels_dtype(ld, y),
-                          false, (ndm_stream){0}, NULL);
-    return j->bx.id && (!y || j->by.id);
+    return fill_part(j->bx, x, rows, first, j->count, inputs_dtype(ld, x), scale, api,
+                     j->site) &&
+           (!y || fill_part(j->by, y, rows, first, j->count, labels_dtype(ld, y), false, api,
+                            j->site));
 }
 
 static void *worker_main(void *arg)
@@ -700,11 +719,38 @@ static ndm_status start_workers(loader *ld, int workers, int prefetch, const cha
     return NDM_OK;
 }
 
+/* What the fetch that schedules job j makes of it (quietly): the batch's
+ * manager and, for a CPU trainer, its arrays, uninitialised (a device
+ * trainer's are made when the batch is handed out). False, with nothing
+ * left, when one cannot be made. */
+static bool make_ahead(loader *ld, job *j, ndm__site site)
+{
+    const char *api = "ndm_loader_next";
+    char name[48];
+    snprintf(name, sizeof name, "batch-%" PRId64, j->step);
+    j->bm = ndm_manager_new_at(NDM__SITE_ARGS(site), ld->trainer, name);
+    j->bx = j->by = NDM_NULL_ARRAY;
+    if (!j->bm.id)
+        return false;
+    if (ld->device)
+        return true;
+    ndm__view xv, yv, r;
+    const ndm__tensor *y;
+    if (data_views(ld, &xv, &yv, &y, api, site) &&
+        (j->bx = alloc_part(site, api, j->bm, &xv.t, j->count, inputs_dtype(ld, &xv.t), &r)).id &&
+        (!y || (j->by = alloc_part(site, api, j->bm, y, j->count, labels_dtype(ld, y), &r)).id))
+        return true;
+    (void)!ndm_manager_close_at(NDM__SITE_ARGS(site), j->bm);
+    j->bm = NDM_NULL_MANAGER;
+    return false;
+}
+
 /* Queue batches ahead of the consumer until `depth` are prepared or being
- * prepared. Their managers are made here, in order and at the fetch's line,
- * so the tree reads the same whatever the workers' timing; one that cannot
- * be made ends the scheduling quietly: the fetch that reaches its batch
- * makes it and reports why not. */
+ * prepared. Their managers and (CPU trainers) arrays are made here, in
+ * order and at the fetch's line, so the tree and its counts read the same
+ * whatever the workers' timing (the workers only write the arrays' bytes);
+ * a batch that cannot be made ends the scheduling quietly: the fetch that
+ * reaches it makes it and reports why not. */
 static void schedule(loader *ld, ndm__site site)
 {
     while (ld->nbatches && ld->issued - ld->next < (uint64_t)ld->depth) {
@@ -715,25 +761,21 @@ static void schedule(loader *ld, ndm__site site)
             ld->ahead_index = 0;
         }
         job *j = slot_of(ld, ld->issued);
-        char name[48];
-        snprintf(name, sizeof name, "batch-%" PRId64, ld->ahead_step);
-        ndm__quiet_state q;
-        ndm__quiet_begin(&q);
-        ndm_manager bm = ndm_manager_new_at(NDM__SITE_ARGS(site), ld->trainer, name);
-        ndm__quiet_end(&q);
-        if (!bm.id)
-            return;
         j->epoch = ld->ahead_epoch;
         j->index = ld->ahead_index;
         j->step = ld->ahead_step;
         batch_span(ld, j->index, &j->first, &j->count);
+        ndm__quiet_state q;
+        ndm__quiet_begin(&q);
+        bool made = make_ahead(ld, j, site);
+        ndm__quiet_end(&q);
+        if (!made)
+            return;
         if (j->rows) {
             order_for(ld, j->epoch);
             memcpy(j->rows, ld->order + j->first, (size_t)j->count * sizeof *j->rows);
         }
         j->site = site;
-        j->bm = bm;
-        j->bx = j->by = NDM_NULL_ARRAY;
         pthread_mutex_lock(&ld->mu);
         j->state = JOB_QUEUED;
         ld->issued++;
