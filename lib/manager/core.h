@@ -862,9 +862,10 @@ void ndm__charge_commit(ndm__manager *from, ndm__manager *to, int dev, int64_t b
 char *ndm__manager_path(uint32_t slot, char *buf, size_t n);
 /* The same, for callers that already hold the tree lock. */
 char *ndm__manager_path_locked(uint32_t slot, char *buf, size_t n);
-/* ndm_why_alive for one array of each of the `top` creation sites holding
- * the most bytes (no lock held; NDM_LEAK_REPORT=why at exit). */
-void ndm__why_top(FILE *f, int top);
+/* ndm_why_alive for one array of each of the `top` creation sites of
+ * root's subtree (the whole tree for the null handle) holding the most
+ * bytes (no lock held; NDM_LEAK_REPORT=why at exit, ndm_debug_dump_why). */
+void ndm__why_top(FILE *f, ndm_manager root, int top);
 
 /* A new manager with extra NDM__M_* flags (scopes). */
 ndm_manager ndm__manager_new_ex(ndm__site site, const char *api, ndm_manager parent,

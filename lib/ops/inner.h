@@ -179,6 +179,11 @@ int ndm__compute_threads(void);
  * split across the pool (lib/backends/cpu/parallel.h). */
 void ndm__compute_serving(void);
 
+/* The calling thread, one of the library's own beside the compute (a
+ * loader's worker), runs its kernels inline from now on, never taking the
+ * compute pool. */
+void ndm__compute_pool_avoid(void);
+
 /* Is autograd recording paused on this thread (ndm_no_grad_begin, or an
  * operation built from others)? */
 bool ndm__ag_paused(void);

@@ -344,6 +344,8 @@ int64_t ndm__parallel_chunks(int64_t n, int64_t grain, int threads)
     return (n + chunk - 1) / chunk;
 }
 
+void ndm__parallel_stay_inline(void) { in_pool = true; }
+
 void ndm__parallel_for(int64_t n, int64_t grain, ndm__range_fn fn, void *ctx)
 {
     if (n <= 0)

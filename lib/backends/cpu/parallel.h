@@ -36,6 +36,11 @@ void ndm__parallel_serving(void);
 /* Threads marked serving and still alive. */
 int ndm__parallel_serving_threads(void);
 
+/* From now on every ndm__parallel_for on the calling thread runs inline:
+ * for threads of the library's own that run beside the compute (a loader's
+ * workers), so that they never hold the pool the compute needs. */
+void ndm__parallel_stay_inline(void);
+
 /* Number of threads the pool uses (>= 1). */
 int ndm__num_threads(void);
 
