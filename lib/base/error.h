@@ -5,6 +5,7 @@
 
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "ndm/base.h"
 #include "ndm/status.h"
@@ -30,6 +31,10 @@ ndm_status ndm__vfail(ndm_status st, const char *api, ndm__site where, const cha
  * place (a null handle most often comes from that failure). Returns the
  * thread's last status afterwards. */
 ndm_status ndm__fail_null(const char *api, ndm__site where, const char *what);
+/* How many failures this thread has recorded: a caller that runs user code
+ * (a module's forward callback) tells from it whether a null result came
+ * with an error of its own. */
+uint64_t ndm__fail_count(void);
 /* Send a warning to the log callback. */
 void ndm__warn(const char *fmt, ...) NDM_PRINTF(1, 2);
 /* Formats a site as "file:line (func)" into buf. */

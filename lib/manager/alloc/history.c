@@ -32,9 +32,10 @@ static int64_t epoch_offset_us(void)
 
 /* ---- call frames ----------------------------------------------------------------- */
 
-/* Deep enough for a user's call into a layer, its backward and an optimizer
- * step nested in one another; deeper frames are counted, not kept. */
-enum { MAX_CALL_FRAMES = 8 };
+/* Deep enough for a user's call into nested modules (two frames a level:
+ * ndm_forward and the module's name), its backward and an optimizer step;
+ * deeper frames are counted, not kept. */
+enum { MAX_CALL_FRAMES = 32 };
 
 static _Thread_local ndm__call_frame call_frames[MAX_CALL_FRAMES];
 static _Thread_local int call_depth;
