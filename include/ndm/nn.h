@@ -18,6 +18,11 @@
  *     ndm_optimizer_step(opt);                   // in place: the capped model accepts it
  *     ndm_optimizer_zero_grad(opt);
  *
+ * Besides the built-in layers, a module may be the user's own: a forward
+ * callback over its inputs with parameters, buffers and children
+ * registered by name (see "User-defined modules" below), which everything
+ * here takes as it takes a layer.
+ *
  * Parameters are arrays in the model manager made by the layer constructors,
  * with gradients (ndm_requires_grad), and a module belongs to the model it
  * was made with: ndm_sequential and ndm_predictor_new refuse
