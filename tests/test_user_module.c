@@ -419,6 +419,122 @@ static void test_user_module_serves_from_a_predictor_built_without_gradients(voi
     unlink(path);
 }
 
+/* ---- checkpoints of other names ---------------------------------------------------- */
+
+static char last_warning[2048];
+static void keep_warning(ndm_log_level level, const char *msg, void *ud)
+{
+    (void)ud;
+    if (level == NDM_LOG_WARN)
+        snprintf(last_warning, sizeof last_warning, "%s", msg);
+}
+
+/* "blocks.N..." of the file reads as "layers.N..."; "head.bias" is left out;
+ * "fail" fails the load. */
+static int rename_blocks(const char *file_name, char *buf, size_t cap, void *ud)
+{
+    (void)ud;
+    if (!strcmp(file_name, "head.bias"))
+        return 0;
+    if (!strncmp(file_name, "blocks.", 7))
+        return snprintf(buf, cap, "layers.%s", file_name + 7) < (int)cap;
+    snprintf(buf, cap, "%s", file_name);
+    return 1;
+}
+
+static int refuse_all(const char *file_name, char *buf, size_t cap, void *ud)
+{
+    (void)file_name, (void)buf, (void)cap, (void)ud;
+    return NDM_E_UNSUPPORTED;
+}
+
+static void test_user_module_loads_a_checkpoint_of_other_names_through_a_map(void **state)
+{
+    ndm_manager m = ROOT(state);
+    char plain[256], wrapped[256];
+    tmp_file(plain, sizeof plain, "plain.safetensors");
+    tmp_file(wrapped, sizeof wrapped, "wrapped.safetensors");
+    /* the net saved as it is, and inside a wrapper ("model.blocks.0...") */
+    ndm_manager model = ndm_manager_new(m, "model");
+    ndm_module net = residual_net(model, 51);
+    assert_ok(ndm_module_save(net, plain));
+    ndm_module wrapper = ndm_module_new(model, &net_type, NULL);
+    assert_ok(ndm_module_register_child(wrapper, "model", net));
+    const char *names[16];
+    ndm_module_named_state(wrapper, names, NULL, 16);
+    assert_string_equal(names[0], "model.blocks.0.fc1.weight");
+    assert_ok(ndm_module_save(wrapper, wrapped));
+    ndm_manager data = ndm_manager_new(m, "data");
+    ndm_array x = input(data, 52);
+    ndm_array y = ndm_forward(net, x);
+
+    /* without a map nothing matches, in either mode */
+    ndm_manager fresh = ndm_manager_new(m, "fresh");
+    ndm_module other = residual_net(fresh, 1);
+    assert_int_equal(ndm_module_load(other, wrapped, NDM_CHECKPOINT_STRICT), NDM_E_FORMAT);
+    assert_int_equal(ndm_module_load(other, wrapped, NDM_CHECKPOINT_LENIENT), NDM_E_FORMAT);
+    assert_error_has("matches none");
+    /* the prefix dropped: a strict load, equal logits */
+    const char *from[] = {"model."}, *to[] = {""};
+    const ndm_name_map strip = {.n = 1, .from = from, .to = to};
+    assert_int_equal(ndm_module_load_mapped(other, wrapped, NDM_CHECKPOINT_STRICT, &strip), 10);
+    assert_close(ndm_forward(other, x), y, 0, "logits through the prefix map");
+
+    /* a callback: another module naming ("layers"), one tensor left out */
+    ndm_manager renamed = ndm_manager_new(m, "renamed");
+    ndm_rng rng = ndm_rng_new(51);
+    ndm_module r0 = block(renamed, &rng), r1 = block(renamed, &rng);
+    ndm_module rn = ndm_module_new(renamed, &net_type, NULL);
+    assert_ok(ndm_module_register_child(rn, "layers", ndm_module_list(renamed, NDM_MODULES(r0, r1))));
+    assert_ok(ndm_module_register_child(rn, "head", ndm_linear(renamed, IN, OUT, true, &rng)));
+    const ndm_name_map cb = {.fn = rename_blocks};
+    assert_int_equal(ndm_module_load_mapped(rn, plain, NDM_CHECKPOINT_STRICT, &cb), NDM_E_FORMAT);
+    assert_error_has("1 missing ('head.bias')");
+    assert_error_has("0 unexpected");
+    ndm_set_log_fn(keep_warning, NULL);
+    last_warning[0] = '\0';
+    assert_int_equal(ndm_module_load_mapped(rn, plain, NDM_CHECKPOINT_LENIENT, &cb), 9);
+    ndm_set_log_fn(NULL, NULL);
+    assert_non_null(strstr(last_warning, "kept their values: 'head.bias'"));
+    assert_close(ndm_module_get_array(rn, "layers.1.fc2.weight"),
+                 ndm_module_get_array(net, "blocks.1.fc2.weight"), 0, "renamed");
+    /* a lenient load reports every unmatched name, past eight too */
+    ndm_manager one = ndm_manager_new(m, "one");
+    ndm_module lone = ndm_module_new(one, &net_type, NULL);
+    assert_ok(ndm_module_register_child(lone, "head", ndm_linear(one, IN, OUT, true, &rng)));
+    ndm_set_log_fn(keep_warning, NULL);
+    last_warning[0] = '\0';
+    assert_int_equal(ndm_module_load(lone, plain, NDM_CHECKPOINT_LENIENT), 2);
+    ndm_set_log_fn(NULL, NULL);
+    for (int i = 0; i < 8; i++)
+        assert_non_null(strstr(last_warning, names[i] + strlen("model.")));
+
+    /* refusals, the module unchanged */
+    const char *two_from[] = {"model.blocks.0.", "model.blocks.1."};
+    const char *two_to[] = {"blocks.0.", "blocks.0."};
+    const ndm_name_map clash = {.n = 2, .from = two_from, .to = two_to};
+    assert_int_equal(ndm_module_load_mapped(other, wrapped, NDM_CHECKPOINT_LENIENT, &clash),
+                     NDM_E_FORMAT);
+    assert_error_has("both read as 'blocks.0.fc1.weight'");
+    const ndm_name_map refuse = {.fn = refuse_all};
+    assert_int_equal(ndm_module_load_mapped(other, plain, NDM_CHECKPOINT_STRICT, &refuse),
+                     NDM_E_UNSUPPORTED);
+    assert_error_has("the name map refused");
+    const ndm_name_map broken = {.n = 1};
+    assert_int_equal(ndm_module_load_mapped(other, plain, NDM_CHECKPOINT_STRICT, &broken),
+                     NDM_E_INVALID);
+    assert_close(ndm_forward(other, x), y, 0, "logits after the refusals");
+    /* NULL: as ndm_module_load */
+    assert_int_equal(ndm_module_load_mapped(other, plain, NDM_CHECKPOINT_STRICT, NULL), 10);
+    assert_ok(ndm_manager_close(one));
+    assert_ok(ndm_manager_close(renamed));
+    assert_ok(ndm_manager_close(fresh));
+    assert_ok(ndm_manager_close(data));
+    assert_ok(ndm_manager_close(model));
+    unlink(plain);
+    unlink(wrapped);
+}
+
 /* ---- CUDA ---------------------------------------------------------------------------- */
 
 static void test_user_module_runs_and_trains_on_a_cuda_model(void **state)
@@ -847,6 +963,7 @@ int main(void)
         TEST(test_user_module_trains_with_every_optimizer),
         TEST(test_user_module_checkpoint_round_trip_gives_equal_logits),
         TEST(test_user_module_serves_from_a_predictor_built_without_gradients),
+        TEST(test_user_module_loads_a_checkpoint_of_other_names_through_a_map),
         TEST(test_user_module_runs_and_trains_on_a_cuda_model),
         TEST(test_user_module_describes_itself),
         TEST(test_user_module_two_branch_net_matches_its_branches),

@@ -588,6 +588,36 @@ NDM_API NDM_NODISCARD ndm_status ndm_module_save_at(NDM_SITE_PARAMS, ndm_module 
 /** ndm_module_load() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API int ndm_module_load_at(NDM_SITE_PARAMS, ndm_module m, const char *path, unsigned mode);
 
+/** How the names of a checkpoint read in the module, for a file written
+ *  under another naming (a wrapper's "model." prefix, "fc1" for "0"):
+ *  first the prefix rewrites, then the callback. Both are optional. */
+typedef struct ndm_name_map {
+    /** Prefix rewrites: a file name that starts with from[k] reads as to[k]
+     *  followed by the rest (the first k that matches; to[k] may be "" or
+     *  NULL, which drops the prefix). n = 0: none. */
+    int n;
+    const char *const *from; /**< n file prefixes ("model.") */
+    const char *const *to;   /**< n module prefixes ("", "encoder.") */
+    /** Optional: the module's name for `file_name` (after the prefixes),
+     *  written into buf (cap bytes, NUL-terminated): return 1 to use it, 0
+     *  to leave the tensor out (neither loaded nor reported), or a negative
+     *  status to fail the load with it. */
+    int (*fn)(const char *file_name, char *buf, size_t cap, void *ud);
+    void *ud; /**< passed to fn */
+} ndm_name_map;
+
+/** ndm_module_load() with the file's names read through `map` (NULL: as
+ *  they are): matching, the messages (which give the names as mapped) and
+ *  both modes are as there. Also NDM_E_FORMAT when two of the file's
+ *  tensors map to one name, NDM_E_INVALID for a map with n < 0 or n > 0
+ *  and a list NULL, or a mapped name past 511 bytes, and the callback's own
+ *  negative status; on every error m is unchanged. */
+#define ndm_module_load_mapped(m, path, mode, map)                              \
+    ndm_module_load_mapped_at(NDM_HERE, (m), (path), (mode), (map))
+/** ndm_module_load_mapped() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API int ndm_module_load_mapped_at(NDM_SITE_PARAMS, ndm_module m, const char *path,
+                                      unsigned mode, const ndm_name_map *map);
+
 /* ---- predictors -------------------------------------------------------------------- */
 
 /** A predictor for `net`, which must belong to `model` with every parameter
