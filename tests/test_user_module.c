@@ -330,7 +330,8 @@ static void test_user_module_trains_with_every_optimizer(void **state)
 
 static void tmp_file(char *buf, size_t n, const char *name)
 {
-    snprintf(buf, n, "/tmp/ndm_user_module_%d_%s", (int)getpid(), name);
+    const char *dir = getenv("TMPDIR");
+    snprintf(buf, n, "%s/ndm_user_module_%d_%s", dir && *dir ? dir : "/tmp", (int)getpid(), name);
 }
 
 static void test_user_module_checkpoint_round_trip_gives_equal_logits(void **state)
