@@ -664,7 +664,7 @@ static void test_user_module_two_branch_net_matches_its_branches(void **state)
 }
 
 /* A forward that looks at the thread's frames and dumps the tree. */
-static char seen_frames[512];
+static char seen_frames[1024];
 static char seen_dump[8192];
 static ndm_manager dump_root;
 
@@ -731,6 +731,45 @@ static void test_user_module_forward_pushes_a_frame_with_its_name(void **state)
     ndm_array y2 = ndm_forward(inner, x);
     assert_live(y2);
     assert_string_equal(seen_frames, "");
+    assert_ok(ndm_manager_close(batch));
+    assert_ok(ndm_manager_close(model));
+}
+
+/* Wrap: its child "inner" and nothing else. */
+static ndm_array wrap_forward(ndm_module self, int n, const ndm_array *in, void *ud)
+{
+    (void)ud;
+    return ndm_forward_n(ndm_module_get_child(self, "inner"), n, in);
+}
+
+/* Five modules nested: eleven frames at the innermost, past the eight a
+ * thread keeps in place, all kept. */
+static void test_user_module_frames_of_deep_trees_are_all_kept(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_manager model = ndm_manager_new(m, "model");
+    const ndm_module_type probe_t = {.name = "Probe", .forward = probing_forward};
+    const ndm_module_type wrap_t = {.name = "Wrap", .forward = wrap_forward};
+    ndm_module inner = ndm_module_new(model, &probe_t, NULL);
+    for (int i = 0; i < 5; i++) {
+        ndm_module w = ndm_module_new(model, &wrap_t, NULL);
+        assert_ok(ndm_module_register_child(w, "inner", inner));
+        inner = w;
+    }
+    ndm_manager batch = ndm_manager_new(m, "batch");
+    dump_root = batch;
+    ndm_array x = input(batch, 3);
+    assert_ok(ndm_memory_record_history(true, 0));
+    ndm_array y = ndm_forward(inner, x);
+    assert_ok(ndm_memory_record_history(false, 0));
+    assert_live(y);
+    assert_string_equal(seen_frames,
+                        "ndm_forward > ndm_forward > inner > ndm_forward > inner.inner > "
+                        "ndm_forward > inner.inner.inner > ndm_forward > inner.inner.inner.inner "
+                        "> ndm_forward > inner.inner.inner.inner.inner");
+    /* and popped: nothing left on the way out */
+    const ndm__call_frame *f;
+    assert_int_equal(ndm__frames_current(&f), 0);
     assert_ok(ndm_manager_close(batch));
     assert_ok(ndm_manager_close(model));
 }
@@ -951,7 +990,12 @@ static void test_user_module_lookups_and_inputs_are_checked(void **state)
     assert_ok(ndm_module_set_training(net, true));
     assert_int_equal(ndm_module_training(ndm_module_get_child(net, "blocks.0.fc2")), 1);
     assert_ok(ndm_manager_close(batch));
+    assert_true(ndm_module_valid(net));
     assert_ok(ndm_manager_close(model));
+    ndm_clear_error();
+    assert_false(ndm_module_valid(net));
+    assert_int_equal(ndm_last_status(), NDM_OK); /* (sets no error) */
+    assert_false(ndm_module_valid((ndm_module){0}));
     assert_int_equal(ndm_module_training(net), NDM_E_CLOSED);
 }
 
@@ -969,6 +1013,7 @@ int main(void)
         TEST(test_user_module_describes_itself),
         TEST(test_user_module_two_branch_net_matches_its_branches),
         TEST(test_user_module_forward_pushes_a_frame_with_its_name),
+        TEST(test_user_module_frames_of_deep_trees_are_all_kept),
         TEST(test_user_module_failing_forward_frees_what_it_made),
         TEST(test_user_module_refuses_bad_types_and_frees_the_user_data),
         TEST(test_user_module_refuses_bad_registrations_unchanged),

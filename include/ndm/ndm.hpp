@@ -533,7 +533,7 @@ public:
     ndm_module get() const noexcept { return h_; }
     operator ndm_module() const noexcept { return h_; }
     /** Whether the handle names a live module. */
-    bool ok() const noexcept { return h_.id != 0 && ndm_module_training(h_) >= 0; }
+    bool ok() const noexcept { return h_.id != 0 && ndm_module_valid(h_); }
 
     /** ndm_forward() on x. */
     array operator()(const array &x, site s = site()) const

@@ -399,6 +399,9 @@ NDM_API int ndm_module_named_children(ndm_module m, const char **names, ndm_modu
  *  PyTorch's named_modules() names it) into buf as snprintf would; returns
  *  its length, or a negative status for a bad handle. */
 NDM_API int ndm_module_name(ndm_module m, char *buf, size_t n);
+/** Is this a live module? (false for null and stale handles; never fails,
+ *  sets no error) */
+NDM_API bool ndm_module_valid(ndm_module m);
 /** 1 in training mode, 0 in evaluation mode (ndm_module_set_training()),
  *  or a negative status for a bad handle. */
 NDM_API int ndm_module_training(ndm_module m);

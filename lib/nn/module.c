@@ -703,6 +703,8 @@ NDM_API int ndm_module_training(ndm_module mh)
 
 bool ndm__module_valid(ndm_module m) { return ndm__object_valid(m.id, &module_object); }
 
+NDM_API bool ndm_module_valid(ndm_module m) { return ndm__module_valid(m); }
+
 ndm_status ndm__module_check_owner(ndm_module mh, ndm_manager model, const char *api,
                                    ndm__site site)
 {

@@ -42,9 +42,9 @@ static ndm_array user_forward_n(ndm__module *m, int n, const ndm_array *x, const
          * it is; a bare null says nothing, so say which module. */
         if (ndm__fail_count() == fails)
             ndm__fail(NDM_E_INVALID, api, site,
-                      "the forward callback of %s '%s' returned the null array without an "
+                      "the forward callback of %s%s%s%s returned the null array without an "
                       "error",
-                      u->name, m->qname);
+                      u->name, m->qname[0] ? " '" : "", m->qname, m->qname[0] ? "'" : "");
         return NDM_NULL_ARRAY;
     }
     if (borrowed(m, y, n, x))

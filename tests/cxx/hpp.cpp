@@ -293,6 +293,7 @@ static void modules()
         });
     net.register_parameter("scale", ndm::full(model, NDM_F32, 2.0, {3}));
     net.register_child("blocks", ndm_module_list(model, NDM_MODULES(block)));
+    EXPECT(net.ok() && block.ok() && !ndm::module().ok());
     EXPECT(net.describe() == "Net(blocks=ModuleList(Block(fc1=Linear(3, 6), fc2=Linear(6, 3))))");
     EXPECT(net.child("blocks.0.fc2").name() == "blocks.0.fc2");
     const char *names[8];
@@ -366,6 +367,8 @@ static void modules()
         EXPECT(stats_of(batch).live_arrays == 1);
     }
 #endif
+    (void)model.close();
+    EXPECT(!net.ok() && !bad.ok());
 }
 
 int main()
