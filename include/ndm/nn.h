@@ -632,16 +632,23 @@ NDM_API int ndm_module_load_mapped_at(NDM_SITE_PARAMS, ndm_module m, const char 
 #define ndm_predictor_new(model, net) ndm_predictor_new_at(NDM_HERE, (model), (net))
 /** ndm_predictor_new() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_predictor ndm_predictor_new_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module net);
-/** Run net on `input` in a fresh request manager (a child of the
- *  predictor's manager, the calling thread's innermost scope while the net
- *  runs, so every intermediate lands in it; closed before return) and
+/** Run net on `input` in a request manager (a child of the predictor's
+ *  manager, "request", the calling thread's innermost scope while the net
+ *  runs, so every intermediate lands in it; emptied before return) and
  *  return the result in
  *  `out` (NDM_OUTPUT_RULE: the innermost scope, else input's manager).
  *  An input on another device than the model manager's is copied to the
  *  model's device first (inside the request), so a CPU request reaches a
  *  GPU model unchanged; the result stays on the model's device (read it with
  *  ndm_item() or ndm_array_copy_out(), or move it with ndm_to()).
- *  Thread-safe: many threads may predict at once. Returns a new handle, the
+ *  Thread-safe: many threads may predict at once. Each thread keeps its
+ *  request manager open, empty, between its requests (one per thread and
+ *  predictor, closed at the thread's exit or with the model), so a request
+ *  takes no lock the other serving threads take; and once as many threads
+ *  serve as ndm's compute pool has threads (NDM_NUM_THREADS, by default
+ *  the cores), each request's kernels run on its own thread rather than
+ *  split across the pool, whose workers would take cores from the other
+ *  requests. Returns a new handle, the
  *  caller's to release, or the null handle with the forward pass's error:
  *  errors as for ndm_forward() (NDM_E_CLOSED also for a freed predictor). */
 #define ndm_predict(p, input) ndm_predict_to_at(NDM_HERE, NDM_OUTPUT_RULE, (p), (input))
