@@ -5,6 +5,8 @@
  * predictors, models built without gradients, CUDA (when a CUDA module is
  * loaded), descriptions, dumps and snapshot frames; then every refusal. */
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,12 +23,12 @@ enum { IN = 4, HID = 8, OUT = 3, BATCH = 5 };
  *     class Block(nn.Module):
  *         def __init__(self): self.fc1 = nn.Linear(4, 8); self.fc2 = nn.Linear(8, 4)
  *         def forward(self, x): return x + self.fc2(torch.relu(self.fc1(x))) */
-static int forward_calls;
+static atomic_int forward_calls; /* (serving threads run it at once) */
 
 static ndm_array block_forward(ndm_module self, int n, const ndm_array *in, void *ud)
 {
     (void)n, (void)ud;
-    forward_calls++;
+    atomic_fetch_add(&forward_calls, 1);
     ndm_array h = ndm_forward(ndm_module_get_child(self, "fc1"), in[0]);
     ndm_array y = ndm_forward(ndm_module_get_child(self, "fc2"), ndm_relu(h));
     return ndm_add(in[0], y);
@@ -536,6 +538,59 @@ static void test_user_module_loads_a_checkpoint_of_other_names_through_a_map(voi
     unlink(wrapped);
 }
 
+/* Serving threads: each predicts through the same user-module net. */
+typedef struct {
+    ndm_predictor p;
+    ndm_array x, want;
+    int bad;
+} serve_job;
+
+static void *serve_thread(void *arg)
+{
+    serve_job *j = arg;
+    ndm_manager mine = ndm_manager_new(ndm_system(), "client");
+    for (int i = 0; i < 50; i++) {
+        ndm_array y = ndm_predict_to(mine, j->p, j->x);
+        ndm_array d = y.id ? ndm_sum_to(mine, ndm_abs_to(mine, ndm_sub_to(mine, y, j->want)), false,
+                                        NDM_ALL_AXES_LIST)
+                           : NDM_NULL_ARRAY;
+        double diff = 1;
+        if (!d.id || ndm_item(d, &diff) != NDM_OK || diff != 0)
+            j->bad++;
+        (void)!ndm_manager_close(mine);
+        mine = ndm_manager_new(ndm_system(), "client");
+    }
+    (void)!ndm_manager_close(mine);
+    return NULL;
+}
+
+static void test_user_module_serves_many_threads_at_once(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_manager model = ndm_manager_new(m, "model");
+    ndm_no_grad_begin();
+    ndm_module net = residual_net(model, 61);
+    ndm_no_grad_end();
+    ndm_manager data = ndm_manager_new(m, "data");
+    ndm_array x = input(data, 62);
+    ndm_array want = ndm_forward(net, x);
+    ndm_predictor p = ndm_predictor_new(model, net);
+    assert_true(p.id);
+    enum { T = 4 };
+    pthread_t th[T];
+    serve_job jobs[T];
+    for (int i = 0; i < T; i++) {
+        jobs[i] = (serve_job){p, x, want, 0};
+        assert_int_equal(pthread_create(&th[i], NULL, serve_thread, &jobs[i]), 0);
+    }
+    for (int i = 0; i < T; i++) {
+        assert_int_equal(pthread_join(th[i], NULL), 0);
+        assert_int_equal(jobs[i].bad, 0);
+    }
+    assert_ok(ndm_manager_close(data));
+    assert_ok(ndm_manager_close(model));
+}
+
 /* ---- CUDA ---------------------------------------------------------------------------- */
 
 static void test_user_module_runs_and_trains_on_a_cuda_model(void **state)
@@ -1009,6 +1064,7 @@ int main(void)
         TEST(test_user_module_checkpoint_round_trip_gives_equal_logits),
         TEST(test_user_module_serves_from_a_predictor_built_without_gradients),
         TEST(test_user_module_loads_a_checkpoint_of_other_names_through_a_map),
+        TEST(test_user_module_serves_many_threads_at_once),
         TEST(test_user_module_runs_and_trains_on_a_cuda_model),
         TEST(test_user_module_describes_itself),
         TEST(test_user_module_two_branch_net_matches_its_branches),
