@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "ndm/base.h"
 #include "ndm/status.h"
@@ -43,6 +44,10 @@ typedef struct ndm__quiet_state {
 } ndm__quiet_state;
 void ndm__quiet_begin(ndm__quiet_state *saved);
 void ndm__quiet_end(const ndm__quiet_state *saved);
+/* How many failures this thread has recorded: a caller that runs user code
+ * (a module's forward callback) tells from it whether a null result came
+ * with an error of its own. */
+uint64_t ndm__fail_count(void);
 /* Send a warning to the log callback. */
 void ndm__warn(const char *fmt, ...) NDM_PRINTF(1, 2);
 /* Formats a site as "file:line (func)" into buf. */

@@ -242,9 +242,15 @@ void ndm__entry_end(const char **saved)
     entry_api = *saved;
 }
 
+/* Failures recorded on this thread so far (ndm__fail_count). */
+static _Thread_local uint64_t fail_count NDM__TLS_MODEL;
+
+uint64_t ndm__fail_count(void) { return fail_count; }
+
 ndm_status ndm__vfail(ndm_status st, const char *api, ndm__site where, const char *fmt,
                       va_list ap)
 {
+    fail_count++;
     if (entry_api)
         api = entry_api; /* (the function the user called, not the one it called) */
     error_state *t = state_make();
