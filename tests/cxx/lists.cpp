@@ -89,6 +89,22 @@ int main()
     EXPECT(ndm_item(ndm_sum(p[0], false, NDM_ALL_AXES_LIST), &s1) == NDM_OK &&
            ndm_item(ndm_sum(q[0], false, NDM_ALL_AXES_LIST), &s2) == NDM_OK && s1 == s2);
 
+    /* the batcher from C++: its options as a named struct (C's compound
+     * literal is not C++), each macro argument evaluated once */
+    ndm_predictor pr = ndm_predictor_new(model, net);
+    ndm_batcher_options bo = {};
+    bo.max_batch = 4;
+    int made = 0, asked = 0;
+    ndm_batcher b = ndm_batcher_new((made++, pr), &bo);
+    ndm_array in = ndm_ones(m, NDM_F32, NDM_SHAPE(1, 4));
+    ndm_array ans = ndm_batcher_predict_to(m, (asked++, b), in, 0);
+    ndm_array want = ndm_predict_to(m, pr, in);
+    float av[2] = {0, 0}, wv[2] = {1, 1};
+    EXPECT(made == 1 && asked == 1 && b.id != 0 && ans.id != 0 && ndm_array_dim(ans, 1) == 2);
+    EXPECT(ndm_array_copy_out(ans, av, sizeof av) == NDM_OK &&
+           ndm_array_copy_out(want, wv, sizeof wv) == NDM_OK && av[0] == wv[0] && av[1] == wv[1]);
+    EXPECT(ndm_batcher_close(b) == NDM_OK);
+
     EXPECT(ndm_manager_close(m) == NDM_OK);
     if (failures)
         std::fprintf(stderr, "%d failure(s)\n", failures);
