@@ -103,10 +103,10 @@ static double percentile(lat *l, double q)
     return l->us[k];
 }
 
-/* Median seconds of one forward pass over a full batch. */
-static double batch_time(ndm_predictor pr, ndm_manager m, int reps)
+/* Median seconds of one forward pass over `rows` rows, alone. */
+static double batch_time(ndm_predictor pr, ndm_manager m, int64_t rows, int reps)
 {
-    ndm_array x = ndm_full(m, NDM_F32, 0.5, NDM_SHAPE(MAX_BATCH, 1, 28, 28));
+    ndm_array x = ndm_full(m, NDM_F32, 0.5, NDM_SHAPE(rows, 1, 28, 28));
     double t[64];
     for (int i = 0; i < reps && i < 64; i++) {
         double t0 = bench_now();
@@ -167,7 +167,14 @@ static int run_net(bench_report *rep, const char *tag, bool fashion, int reps)
         c[i].x = ndm_full(c[i].out, NDM_F32, 0.01 * i, NDM_SHAPE(1, 1, 28, 28));
     }
     bool bits = same_bits(s.pr, s.b[BATCHED_COPY], root);
-    double tb = batch_time(s.pr, root, 31);
+    /* a full batch's pass, and one row's, turn about */
+    double tb = 0, t1 = 0, tbs[15], t1s[15];
+    for (int i = 0; i < 15; i++) {
+        tbs[i] = batch_time(s.pr, root, MAX_BATCH, 9);
+        t1s[i] = batch_time(s.pr, root, 1, 9);
+    }
+    tb = bench_median(tbs, 15);
+    t1 = bench_median(t1s, 15);
     /* about 0.1 s per unbatched sample */
     turn tu = {c, UNBATCHED}, tc = {c, BATCHED_COPY}, tl = {c, BATCHED_LOAN};
     s.requests = 50;
@@ -205,6 +212,9 @@ static int run_net(bench_report *rep, const char *tag, bool fashion, int reps)
     bench_add(rep, name, p99[UNBATCHED], "us", NULL, 0);
     snprintf(name, sizeof name, "%s_loans_p99_us", tag);
     bench_add(rep, name, p99[BATCHED_LOAN], "us", NULL, 0);
+    /* what batching gains on the arithmetic alone: the ceiling of the ratio */
+    snprintf(name, sizeof name, "%s_row_us_in_full_batch_vs_batch1", tag);
+    bench_add(rep, name, tb * 1e6 / MAX_BATCH, "us", "one row's forward pass alone", t1 * 1e6);
     ndm_batcher_stats st;
     if (ndm_batcher_stats_get(s.b[BATCHED_COPY], &st) == NDM_OK) {
         snprintf(name, sizeof name, "%s_mean_batch_rows", tag);

@@ -416,6 +416,44 @@ static void test_batcher_close_under_load(void **state) { close_under_load(state
 
 static void test_batcher_model_closed_under_load(void **state) { close_under_load(state, true); }
 
+/* The predictor's manager (the batcher's parent) closed with requests
+ * queued: they are answered NDM_E_CLOSED at once, and so is every later
+ * request, until the batcher is closed. */
+static void test_batcher_predictor_manager_closed_with_queue(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_predictor p = make_predictor(model);
+    ndm_batcher b = ndm_batcher_new(
+        p, &(ndm_batcher_options){.max_batch = 8, .max_delay_us = FOREVER_US});
+    assert_live(b);
+    kept k[2];
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) {
+        k[i] = (kept){.b = b, .m = ndm_manager_new(ROOT(state), "caller")};
+        k[i].x = make_input(k[i].m, 1, i);
+        assert_int_equal(pthread_create(&th[i], NULL, submit_keep, &k[i]), 0);
+    }
+    wait_queued(b, 2);
+    assert_ok(ndm_manager_close(ndm_predictor_manager(p)));
+    for (int i = 0; i < 2; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(k[i].st, NDM_E_CLOSED);
+    }
+    ndm_clear_error();
+    assert_int_equal(ndm_batcher_predict_to(k[0].m, b, k[0].x, 0).id, 0);
+    assert_int_equal(ndm_last_status(), NDM_E_CLOSED);
+    ndm_batcher_stats s = stats_of(b);
+    assert_int_equal(s.failed, 2);
+    assert_int_equal(s.refused, 1);
+    assert_int_equal(s.in_flight + s.queue_depth, 0);
+    assert_ok(ndm_batcher_close(b));
+    for (int i = 0; i < 2; i++) {
+        assert_ok(ndm_array_release(k[i].x));
+        assert_ok(ndm_manager_close(k[i].m));
+    }
+    assert_ok(ndm_manager_close(model));
+}
+
 /* ---- admission -------------------------------------------------------------------------- */
 
 /* With a limit of 2.5 rows' estimate on the batcher's manager, four rows
@@ -727,6 +765,7 @@ int main(void)
         TEST(test_batcher_full_queue_refuses_then_close_answers),
         TEST(test_batcher_close_under_load),
         TEST(test_batcher_model_closed_under_load),
+        TEST(test_batcher_predictor_manager_closed_with_queue),
         TEST(test_batcher_admission_splits_and_refuses),
         TEST(test_batcher_over_limit_batch_runs_again_smaller),
         TEST(test_batcher_poisoned_input_fails_alone),

@@ -34,10 +34,11 @@
  * fails its own request only; a batch that runs out of memory or over a
  * limit is split instead (see admission).
  *
- * Admission. Before a batch runs, its bytes are estimated (row_bytes per
- * row: given, or learned from the peak bytes of the batches run, the
- * largest per row seen; before the first batch, twice its input's bytes)
- * and compared with the room under every byte limit over the batcher's
+ * Admission. Before a batch runs, its bytes are estimated (per row: the
+ * given row_bytes, else twice the input's bytes, raised by what batches
+ * were seen to need: the peak bytes of a batch's manager and of its
+ * forward pass, per row, the largest seen) and compared with the room
+ * under every byte limit over the batcher's
  * manager on the model's device (ndm_manager_set_limit() on it, the
  * predictor's manager or the model). A batch that would not fit is cut to
  * the oldest requests that do, the others waiting for the next batch; a
@@ -93,8 +94,9 @@ typedef struct ndm_batcher_options {
                                worker is free) */
     int64_t max_queue;    /**< the most requests waiting; one more is refused
                                with NDM_E_BUSY (0: 8 * max_batch) */
-    int64_t row_bytes;    /**< admission's estimate of the bytes a row needs on
-                               the model's device (0: learned) */
+    int64_t row_bytes;    /**< admission's first estimate of the bytes a row
+                               needs on the model's device (0: twice the
+                               input's), raised by what batches use */
     unsigned flags;       /**< NDM_BATCHER_LOAN, or 0 for copies */
 } ndm_batcher_options;
 

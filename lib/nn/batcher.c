@@ -173,6 +173,24 @@ static void batcher_retire(void *p)
     (void)!ndm_manager_close(b->mgr);
 }
 
+/* The batcher's manager closed (its own close, the predictor's manager's,
+ * the model's): the batcher can run nothing more, so its queue is answered
+ * now and the worker leaves; the handle stays until ndm_batcher_close or
+ * the model's close. Holds a reference of its own. */
+static int manager_closed(void *p)
+{
+    batcher *b = p;
+    pthread_mutex_lock(&b->mu);
+    if (!b->closed)
+        fail_queue_locked(b, ndm__manager_gone(b->model) ? "the predictor's model was closed"
+                                                           : "the batcher's manager was closed");
+    b->closed = true;
+    pthread_cond_broadcast(&b->work);
+    pthread_mutex_unlock(&b->mu);
+    unref(b);
+    return 0;
+}
+
 /* (later, once no call that looked the handle up is still inside) */
 static void batcher_destroy(void *p) { unref(p); }
 
@@ -584,7 +602,15 @@ NDM_API ndm_batcher ndm_batcher_new_at(NDM_SITE_PARAMS, ndm_predictor p,
         return (ndm_batcher){0};
     }
     b->mgr = ndm_manager_new_at(NDM__SITE_ARGS(site), home, "batcher");
-    uint64_t id = b->mgr.id ? ndm__object_new(&batcher_type, model, b, site, api) : 0;
+    bool hooked = false;
+    if (b->mgr.id) {
+        atomic_fetch_add_explicit(&b->refs, 1, memory_order_relaxed); /* the hook's */
+        hooked = ndm_manager_on_close_at(NDM__SITE_ARGS(site), b->mgr, manager_closed, b) ==
+                 NDM_OK;
+        if (!hooked)
+            atomic_fetch_sub_explicit(&b->refs, 1, memory_order_relaxed);
+    }
+    uint64_t id = hooked ? ndm__object_new(&batcher_type, model, b, site, api) : 0;
     if (!id) {
         (void)!ndm_manager_close(b->mgr);
         unref(b);
