@@ -10,6 +10,7 @@
 #include <stdlib.h>
 
 #include "helpers.h"
+#include "manager/alloc/alloc.h"
 
 #define IN 16
 #define FOREVER_US 60000000 /* a delay no test waits out */
@@ -595,6 +596,57 @@ static void test_batcher_poisoned_input_fails_alone(void **state)
     assert_ok(ndm_manager_close(model));
 }
 
+/* Out of memory in a batch: the joined input's storage fails, the batch
+ * runs again one request at a time and each is answered; failing a lone
+ * request's pass gives its caller NDM_E_OOM, once. */
+static void test_batcher_out_of_memory_answers_each_once(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_predictor p = make_predictor(model);
+    ndm_batcher b = ndm_batcher_new(
+        p, &(ndm_batcher_options){.max_batch = 4, .max_delay_us = FOREVER_US});
+    assert_live(b);
+    kept k[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        k[i] = (kept){.b = b, .m = ndm_manager_new(ROOT(state), "caller")};
+        k[i].x = make_input(k[i].m, 1, i);
+    }
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, submit_keep, &k[i]), 0);
+    wait_queued(b, 3);
+    ndm__alloc_fail_after(1); /* the next storage: the batch's joined input */
+    assert_int_equal(pthread_create(&th[3], NULL, submit_keep, &k[3]), 0);
+    for (int i = 0; i < 4; i++)
+        pthread_join(th[i], NULL);
+    ndm__alloc_fail_after(0);
+    for (int i = 0; i < 4; i++) {
+        assert_ok(k[i].st);
+        assert_true(same_as_predict(p, k[i].x, k[i].y));
+        assert_ok(ndm_array_release(k[i].y));
+    }
+    ndm_batcher_stats s = stats_of(b);
+    assert_int_equal(s.isolated, 1);
+    assert_int_equal(s.answered, 4);
+    /* one request alone, its pass out of memory */
+    k[0].timeout_us = 0;
+    ndm__alloc_fail_after(1);
+    submit_keep(&k[0]);
+    ndm__alloc_fail_after(0);
+    assert_int_equal(k[0].st, NDM_E_OOM);
+    s = stats_of(b);
+    assert_int_equal(s.failed, 1);
+    assert_int_equal(s.submitted, s.answered + s.failed);
+    assert_manager_empty(ndm_batcher_manager(b));
+    assert_ok(ndm_batcher_close(b));
+    for (int i = 0; i < 4; i++) {
+        assert_ok(ndm_array_release(k[i].x));
+        assert_manager_empty(k[i].m);
+        assert_ok(ndm_manager_close(k[i].m));
+    }
+    assert_ok(ndm_manager_close(model));
+}
+
 /* ---- signatures --------------------------------------------------------------------------- */
 
 /* Inputs (1, 16) and (1, 4, 4) both suit the net (it flattens), but are
@@ -769,6 +821,7 @@ int main(void)
         TEST(test_batcher_admission_splits_and_refuses),
         TEST(test_batcher_over_limit_batch_runs_again_smaller),
         TEST(test_batcher_poisoned_input_fails_alone),
+        TEST(test_batcher_out_of_memory_answers_each_once),
         TEST(test_batcher_other_shapes_batch_separately),
         TEST(test_batcher_bad_input_is_refused),
         TEST(test_batcher_cuda_model),
