@@ -556,10 +556,23 @@ static ndm_predictor make_embedding_predictor(ndm_manager model)
     return p;
 }
 
+static _Atomic int errors_logged;
+
+static void count_errors(ndm_log_level level, const char *msg, void *ud)
+{
+    (void)msg;
+    (void)ud;
+    if (level == NDM_LOG_ERROR)
+        atomic_fetch_add(&errors_logged, 1);
+}
+
 /* Four requests in one batch, one of them poisoned: the batch fails, runs
- * again one request at a time, and only the poisoned one fails. */
+ * again one request at a time, and only the poisoned one fails, its error
+ * logged once (by its caller's call, not by the worker's attempts). */
 static void test_batcher_poisoned_input_fails_alone(void **state)
 {
+    atomic_store(&errors_logged, 0);
+    ndm_set_log_fn(count_errors, NULL);
     ndm_manager model = ndm_manager_new(ROOT(state), "model");
     ndm_predictor p = make_embedding_predictor(model);
     ndm_batcher b = ndm_batcher_new(
@@ -588,6 +601,8 @@ static void test_batcher_poisoned_input_fails_alone(void **state)
         assert_ok(ndm_manager_close(k[i].m));
     }
     ndm_batcher_stats s = stats_of(b);
+    ndm_set_log_fn(NULL, NULL);
+    assert_int_equal(atomic_load(&errors_logged), 1);
     assert_int_equal(s.isolated, 1);
     assert_int_equal(s.batches, 3); /* the three good ones, alone */
     assert_int_equal(s.answered, 3);

@@ -55,6 +55,10 @@
  * predictor's manager closed, with the request queued or running), the
  * forward pass's error, NDM_E_QUOTA / NDM_E_OOM, or the refusal of the
  * caller's manager to take the answer (closed, capped, over its limit).
+ * The error is the caller's thread's last error, its message naming the
+ * caller's line, and it is logged once, when the caller's call returns it
+ * (the worker's own attempts, a failed batch before its requests run alone,
+ * are not logged).
  *
  * Thread rules: any number of threads may submit at once; a request blocks
  * its caller until its outcome. ndm_batcher_close() and the model's close

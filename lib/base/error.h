@@ -30,6 +30,10 @@ ndm_status ndm__vfail(ndm_status st, const char *api, ndm__site where, const cha
  * place (a null handle most often comes from that failure). Returns the
  * thread's last status afterwards. */
 ndm_status ndm__fail_null(const char *api, ndm__site where, const char *what);
+/* This thread's failures are still recorded (ndm_last_error) but not
+ * logged: another thread raises them again for its caller and logs them
+ * there (a batcher's worker and its requests). Warnings are still logged. */
+void ndm__relay_errors(bool on);
 /* Send a warning to the log callback. */
 void ndm__warn(const char *fmt, ...) NDM_PRINTF(1, 2);
 /* Formats a site as "file:line (func)" into buf. */

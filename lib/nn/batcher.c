@@ -496,8 +496,10 @@ static void run_batch(batcher *b, req *list, int count, int64_t rows, uint64_t r
 static void *worker_main(void *p)
 {
     batcher *b = p;
-    /* every failure here reads as the request's, at its caller's line */
+    /* every failure here reads as the request's, at its caller's line,
+     * and is logged once, when its caller's call returns it */
     NDM__ENTRY(API);
+    ndm__relay_errors(true);
     pthread_mutex_lock(&b->mu);
     for (;;) {
         while (!b->closed && !b->head) {
