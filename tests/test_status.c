@@ -23,7 +23,7 @@ static const status_row status_rows[] = {NDM_STATUS_LIST(STATUS_ROW)};
 static void test_status_every_name_and_text(void **state)
 {
     (void)state;
-    assert_int_equal(N_STATUS, 22);
+    assert_int_equal(N_STATUS, 23);
     for (size_t i = 0; i < N_STATUS; i++) {
         ndm_status s = (ndm_status)status_rows[i].value;
         assert_string_equal(ndm_status_name(s), status_rows[i].name);
@@ -53,7 +53,7 @@ static void test_status_values_are_stable(void **state)
         NDM_E_OOM, -9, NDM_E_QUOTA, -10, NDM_E_CAPPED, -11, NDM_E_NOT_OWNER, -12,
         NDM_E_ROOT, -13, NDM_E_HOOK, -14, NDM_E_UNSUPPORTED, -15, NDM_E_IO, -16,
         NDM_E_FORMAT, -17, NDM_E_CONFIG, -18, NDM_E_INTERNAL, -19,
-        NDM_E_TIMEOUT, -20,
+        NDM_E_TIMEOUT, -20, NDM_E_BUSY, -21,
     };
     for (size_t i = 0; i < sizeof want / sizeof *want; i += 2)
         assert_int_equal(want[i], want[i + 1]);
@@ -69,7 +69,7 @@ static void test_status_values_are_stable(void **state)
 static void test_status_unknown_values(void **state)
 {
     (void)state;
-    const int unknown[] = {2, 7, -21, -1000, INT_MAX, INT_MIN};
+    const int unknown[] = {2, 7, -22, -1000, INT_MAX, INT_MIN};
     for (size_t i = 0; i < sizeof unknown / sizeof *unknown; i++) {
         assert_string_equal(ndm_status_name((ndm_status)unknown[i]), "NDM_UNKNOWN");
         assert_string_equal(ndm_status_str((ndm_status)unknown[i]), "unknown status");

@@ -27,6 +27,7 @@
 #include "memory.h"
 #include "autograd.h"
 #include "nn.h"
+#include "serve.h"
 #include "transfer.h"
 #include "stream.h"
 

@@ -63,7 +63,8 @@ extern "C" {
     X(E_FORMAT, -17, "malformed file or data")                                  \
     X(E_CONFIG, -18, "invalid configuration")                                   \
     X(E_INTERNAL, -19, "internal error")                                        \
-    X(E_TIMEOUT, -20, "a wait for other processes timed out")
+    X(E_TIMEOUT, -20, "a wait timed out (other processes, a request's deadline)") \
+    X(E_BUSY, -21, "busy: the queue is full, the request was refused at once")
 
 /** The result of a call: NDM_OK (0), NDM_ALREADY (positive, not an error)
  *  or a negative error; the values and their texts are NDM_STATUS_LIST. */

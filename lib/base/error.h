@@ -48,6 +48,10 @@ void ndm__quiet_end(const ndm__quiet_state *saved);
  * (a module's forward callback) tells from it whether a null result came
  * with an error of its own. */
 uint64_t ndm__fail_count(void);
+/* This thread's failures are still recorded (ndm_last_error) but not
+ * logged: another thread raises them again for its caller and logs them
+ * there (a batcher's worker and its requests). Warnings are still logged. */
+void ndm__relay_errors(bool on);
 /* Send a warning to the log callback. */
 void ndm__warn(const char *fmt, ...) NDM_PRINTF(1, 2);
 /* Formats a site as "file:line (func)" into buf. */

@@ -18,6 +18,17 @@ ndm_status ndm__module_check_owner(ndm_module m, ndm_manager model, const char *
  * the error recorded for api. */
 ndm_array ndm__module_run(ndm_module m, ndm_array x, const char *api, ndm__site site);
 
+/* A predictor's request as ndm_predict() runs it, its request manager a
+ * child of `parent` (a batch) instead of the predictor's manager, the
+ * answer moved to dst; *peak (when peak is not NULL) gets the request's
+ * peak bytes on the model's device (its temporaries and the answer). Null
+ * on failure, with the error recorded for api. */
+ndm_array ndm__predict_under(ndm_predictor h, ndm_manager parent, ndm_manager dst,
+                             ndm_array input, uint64_t *peak, const char *api, ndm__site site);
+/* The model manager of a live predictor (null, with the error recorded,
+ * for a bad handle). */
+ndm_manager ndm__predictor_model(ndm_predictor h, const char *api, ndm__site site);
+
 /* Write src into dst as ndm_copy_into does, also when src lives on another
  * device (a checkpoint read on the host into a GPU module's state): then
  * through a transfer into `scratch`, released before return. */

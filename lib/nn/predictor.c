@@ -89,6 +89,53 @@ NDM_API ndm_predictor ndm_predictor_new_at(NDM_SITE_PARAMS, ndm_manager model, n
     return (ndm_predictor){id};
 }
 
+/* One request: net on input in a request manager under `parent` (the
+ * innermost scope while the net runs), the answer moved to dst. */
+static ndm_array run_request(const predictor *p, ndm_manager parent, ndm_manager dst,
+                             ndm_array input, const ndm__view *rx, uint64_t *peak,
+                             const char *api, ndm__site site)
+{
+    /* The request is the innermost scope while the net runs: every array
+     * the forward pass makes lands in it, and ending it frees them all;
+     * only the answer moves out. One manager per request, not a request
+     * and a forward scope inside it. A serving thread keeps its request
+     * manager open between requests under the predictor (parked), so a
+     * request takes no lock that the other serving threads take; a batch's
+     * request (under its batch manager, its peak measured) is made fresh. */
+    bool park = !peak && parent.id == p->mgr.id;
+    ndm_manager req = park ? ndm__scope_reuse(site, parent, "request")
+                           : ndm_scope_begin_at(NDM__SITE_ARGS(site), parent, "request");
+    if (!req.id)
+        return NDM_NULL_ARRAY;
+    if (park)
+        ndm__compute_serving();
+    /* An input on another device than the model's (a CPU request for a GPU
+     * model) is copied there inside the request, so it dies with it. */
+    ndm_device mdev = ndm_manager_device(p->model);
+    ndm_array x = input;
+    if (!ndm_device_eq(rx->device, mdev))
+        x = ndm_to_to_at(NDM__SITE_ARGS(site), req, input, mdev);
+    ndm_no_grad_begin();
+    ndm_array y = x.id ? ndm__module_run(p->net, x, api, site) : NDM_NULL_ARRAY;
+    ndm_no_grad_end();
+    if (y.id && ndm_attach_at(NDM__SITE_ARGS(site), y, dst) < 0)
+        y = NDM_NULL_ARRAY;
+    /* The model closed under the request (its close closes the request
+     * too): whatever the forward pass then met, that is the reason. */
+    if (!y.id && ndm__manager_gone(req))
+        ndm__fail(NDM_E_CLOSED, api, site, "%s",
+                  ndm__manager_gone(p->model)
+                      ? "the predictor's model was closed while the request ran"
+                      : "the request's manager was closed while it ran");
+    ndm_stats rs;
+    if (peak)
+        *peak = ndm_manager_stats(req, mdev, NDM_STATS_SUBTREE, &rs) == NDM_OK ? rs.peak_bytes : 0;
+    ndm_status cs = park ? ndm__scope_park(site, parent, req)
+                         : ndm_scope_end_at(NDM__SITE_ARGS(site), req, 0, NULL);
+    (void)cs;
+    return y;
+}
+
 NDM_API ndm_array ndm_predict_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_predictor h,
                                     ndm_array input)
 {
@@ -103,35 +150,24 @@ NDM_API ndm_array ndm_predict_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_predic
     ndm_manager dst = ndm__output_for(out, input, api, site);
     if (!dst.id)
         return NDM_NULL_ARRAY;
-    /* The request is the innermost scope while the net runs: every array
-     * the forward pass makes lands in it, and ending it frees them all;
-     * only the answer moves out. One manager per request, not a request
-     * and a forward scope inside it. Each serving thread keeps its request
-     * manager open between requests (parked), so a request takes no lock
-     * that the other serving threads take. */
-    ndm_manager req = ndm__scope_reuse(site, p->mgr, "request");
-    ndm__compute_serving();
-    if (!req.id)
+    return run_request(p, p->mgr, dst, input, &rx, NULL, api, site);
+}
+
+ndm_array ndm__predict_under(ndm_predictor h, ndm_manager parent, ndm_manager dst,
+                             ndm_array input, uint64_t *peak, const char *api, ndm__site site)
+{
+    NDM__OP_GUARD();
+    predictor *p = ndm__object_get(h.id, &pred_type, api, site);
+    ndm__view rx;
+    if (!p || !ndm__view_input(input, &rx, api, site))
         return NDM_NULL_ARRAY;
-    /* An input on another device than the model's (a CPU request for a GPU
-     * model) is copied there inside the request, so it dies with it. */
-    ndm_device mdev = ndm_manager_device(p->model);
-    ndm_array x = input;
-    if (!ndm_device_eq(rx.device, mdev))
-        x = ndm_to_to_at(NDM__SITE_ARGS(site), req, input, mdev);
-    ndm_no_grad_begin();
-    ndm_array y = x.id ? ndm__module_run(p->net, x, api, site) : NDM_NULL_ARRAY;
-    ndm_no_grad_end();
-    if (y.id && ndm_attach_at(NDM__SITE_ARGS(site), y, dst) < 0)
-        y = NDM_NULL_ARRAY;
-    /* The model closed under the request (its close closes the request
-     * too): whatever the forward pass then met, that is the reason. */
-    if (!y.id && ndm__manager_gone(req))
-        ndm__fail(NDM_E_CLOSED, api, site,
-                  "the predictor's model was closed while the request ran");
-    ndm_status cs = ndm__scope_park(site, p->mgr, req);
-    (void)cs;
-    return y;
+    return run_request(p, parent, dst, input, &rx, peak, api, site);
+}
+
+ndm_manager ndm__predictor_model(ndm_predictor h, const char *api, ndm__site site)
+{
+    predictor *p = ndm__object_get(h.id, &pred_type, api, site);
+    return p ? p->model : NDM_NULL_MANAGER;
 }
 
 NDM_API ndm_manager ndm_predictor_manager(ndm_predictor h)

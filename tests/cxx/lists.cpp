@@ -98,6 +98,21 @@ int main()
     ndm_array y = ndm_forward_n(net, NDM_ARRAYS(ndm_add(in, in)));
     EXPECT(y.id != 0 && ndm_array_dim(y, 1) == 2);
     EXPECT(live(m) == before + 2);
+    /* the batcher from C++: its options as a named struct (C's compound
+     * literal is not C++), each macro argument evaluated once */
+    ndm_predictor pr = ndm_predictor_new(model, net);
+    ndm_batcher_options bo = {};
+    bo.max_batch = 4;
+    int made = 0, asked = 0;
+    ndm_batcher b = ndm_batcher_new((made++, pr), &bo);
+    ndm_array one = ndm_ones(m, NDM_F32, NDM_SHAPE(1, 4));
+    ndm_array ans = ndm_batcher_predict_to(m, (asked++, b), one, 0);
+    ndm_array want = ndm_predict_to(m, pr, one);
+    float av[2] = {0, 0}, wv[2] = {1, 1};
+    EXPECT(made == 1 && asked == 1 && b.id != 0 && ans.id != 0 && ndm_array_dim(ans, 1) == 2);
+    EXPECT(ndm_array_copy_out(ans, av, sizeof av) == NDM_OK &&
+           ndm_array_copy_out(want, wv, sizeof wv) == NDM_OK && av[0] == wv[0] && av[1] == wv[1]);
+    EXPECT(ndm_batcher_close(b) == NDM_OK);
 
     EXPECT(ndm_manager_close(m) == NDM_OK);
     if (failures)
