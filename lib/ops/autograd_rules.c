@@ -540,6 +540,9 @@ ndm_status ndm__ag_rule(ndm__ag_node *nd, ndm_array g, ndm_array *gi)
         return gi[0].id ? NDM_OK : ndm_last_status();
     case NDM__AG_CUMPROD:
         return cumprod_rule(nd, g, gi);
+    case NDM__AG_TRI: /* the kept triangle passes the gradient, the rest none */
+        gi[0] = nd->p.i[1] ? ndm_triu(g, nd->p.i[0]) : ndm_tril(g, nd->p.i[0]);
+        return gi[0].id ? NDM_OK : ndm_last_status();
     case NDM__AG_INDEX:
     case NDM__AG_MASKED_SELECT:
         return select_rule(nd, g, gi);
