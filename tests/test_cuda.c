@@ -1332,6 +1332,67 @@ static void test_cuda_autograd_through_reductions_and_index(void **state)
     }
 }
 
+/* The blocks of a network through autograd on a device: the gradient of
+ * sum(y * y) for y = sdpa (causal, with a padding mask), rms_norm, sort,
+ * topk and tril of one x [2, 3, 4], on the CPU and on CUDA. */
+static ndm_array block_f(int k, ndm_array x, ndm_manager host, ndm_device dev)
+{
+    ndm_array v = NDM_NULL_ARRAY;
+    switch (k) {
+    case 0: {
+        ndm_array q = ndm_reshape(x, NDM_SHAPE(1, 2, 3, 4));
+        ndm_array pad = ndm_to_to(host, ndm_from_buffer(host, NDM_BOOL, ((uint8_t[]){1, 1, 0}),
+                                                        NDM_SHAPE(3)), dev);
+        return ndm_sdpa(q, ndm_mul_scalar(q, 0.5), ndm_sin(q), pad, true, 0);
+    }
+    case 1: {
+        ndm_array w = ndm_to_to(host, ndm_from_buffer(host, NDM_F32, ((float[]){0.5f, 1, 1.5f, 2}),
+                                                      NDM_SHAPE(4)), dev);
+        return ndm_rms_norm(x, w, 1e-5);
+    }
+    case 2: return ndm_sort(x, -1, true);
+    case 3: return ndm_topk(x, 2, 1, true, &v, NULL) == NDM_OK ? v : NDM_NULL_ARRAY;
+    default: return ndm_triu(ndm_tril(x, 1), -1);
+    }
+}
+
+static void block_grad(ndm_manager root, ndm_device dev, int k, float *out)
+{
+    ndm_manager model = ndm_manager_new_on(root, "model", dev);
+    ndm_manager host = ndm_manager_new(root, "host");
+    float xv[24];
+    for (int i = 0; i < 24; i++)
+        xv[i] = (float)((i * 7) % 13) * 0.25f - 1.5f + (float)i * 0.01f;
+    ndm_array x = ndm_to_to(model, ndm_from_buffer(host, NDM_F32, xv, NDM_SHAPE(2, 3, 4)), dev);
+    assert_live(x);
+    assert_ok(ndm_requires_grad(x));
+    ndm_manager batch = ndm_manager_new(model, "batch");
+    assert_ok(ndm_grad_begin(batch));
+    ndm_array y = block_f(k, x, host, dev);
+    assert_true(ndm_array_device(y).type == dev.type);
+    ndm_array loss = ndm_sum(ndm_mul(y, y), false, NDM_ALL_AXES_LIST);
+    assert_live(loss);
+    assert_ok(ndm_backward(loss));
+    assert_ok(ndm_grad_end());
+    assert_ok(ndm_array_copy_out(ndm_to_to(host, ndm_grad(x), NDM_CPU), out, 24 * sizeof(float)));
+    assert_ok(ndm_manager_close(host));
+    assert_ok(ndm_manager_close(model));
+}
+
+static void test_cuda_network_blocks_gradients_match_cpu(void **state)
+{
+    NEED_GPU();
+    for (int k = 0; k < 5; k++) {
+        float gc[24], gg[24];
+        block_grad(ROOT(state), NDM_CPU, k, gc);
+        block_grad(ROOT(state), NDM_CUDA(0), k, gg);
+        for (int i = 0; i < 24; i++)
+            if (!(fabsf(gc[i] - gg[i]) <= 1e-5f * fabsf(gc[i]) + 1e-6f))
+                fail_msg("block %d: gradient element %d: CPU %.9g, CUDA %.9g", k, i, gc[i],
+                         gg[i]);
+    }
+}
+
 /* ---- convolution, pooling and matmul through the API ----------------------- */
 
 /* A small convolutional net's forward and its gradients, on the device of
@@ -1929,6 +1990,7 @@ int main(int argc, char **argv)
         TEST(test_cuda_loss_label_out_of_range_is_refused),
         TEST(test_cuda_selection_checks_devices_and_ranges),
         TEST(test_cuda_autograd_through_reductions_and_index),
+        TEST(test_cuda_network_blocks_gradients_match_cpu),
         TEST(test_cuda_conv_net_forward_and_backward_match_cpu),
         TEST(test_cuda_conv_net_autograd_matches_cpu),
         TEST(test_cuda_array_data_refuses_device_memory),
