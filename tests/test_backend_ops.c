@@ -1602,8 +1602,51 @@ typedef struct conv_shape {
     bool bias;
 } conv_shape;
 
+/* rms_norm: operand 0 is what is compared, y or the roots (which = 1);
+ * the other output goes to the last operand. ctx: {which, has_w}. */
+static ndm_status run_rms_norm(const ndm__backend *b, int device, const fcase *c,
+                               const ndm__tensor *t, const void *ctx)
+{
+    const int *x = ctx;
+    if (!b->nn || !b->nn->rms_norm)
+        return NDM_E_UNSUPPORTED;
+    const ndm__tensor *y = x[0] ? &t[c->nops - 1] : &t[0], *rs = x[0] ? &t[0] : &t[c->nops - 1];
+    return b->nn->rms_norm(device, y, rs, &t[1], x[1] ? &t[2] : NULL, 1e-5);
+}
+
+/* The fused rms_norm where a backend has it (the CPU's tables: the same
+ * arithmetic row by row), with and without a weight, rows of 1 to 300. */
+static void rms_norm_forward(const target *tg, rng *r, tally *t)
+{
+    if (!tg->b->nn || !tg->b->nn->rms_norm)
+        return;
+    static const ndm_dtype dts[] = {NDM_F32, NDM_F64};
+    static const int64_t cols[] = {1, 7, 300};
+    for (int di = 0; di < 2; di++)
+        for (int ci = 0; ci < 3; ci++)
+            for (int has_w = 0; has_w < 2; has_w++)
+                for (int which = 0; which < 2; which++) {
+                    int64_t xs[2] = {5, cols[ci]}, rs[2] = {5, 1}, ws[1] = {cols[ci]};
+                    fcase c = {.family = NDM__OPS_NN, .op = which ? "rms_norm roots" : "rms_norm",
+                               .l = L_CONTIGUOUS, .nops = has_w ? 4 : 3, .finite = true};
+                    snprintf(c.dtypes, sizeof c.dtypes, "%s, %lld columns%s",
+                             ndm_dtype_name(dts[di]), (long long)cols[ci],
+                             has_w ? ", weight" : "");
+                    for (int k = 0; k < 4; k++)
+                        c.dt[k] = dts[di];
+                    c.v[0] = which ? dense_view(2, rs) : dense_view(2, xs);
+                    c.v[1] = dense_view(2, xs);
+                    if (has_w)
+                        c.v[2] = dense_view(1, ws);
+                    c.v[c.nops - 1] = which ? dense_view(2, xs) : dense_view(2, rs);
+                    int ctx[2] = {which, has_w};
+                    run_case(tg, &c, run_rms_norm, ctx, r, 1, t);
+                }
+}
+
 static void nn_forward(const target *tg, rng *r, tally *t)
 {
+    rms_norm_forward(tg, r, t);
     static const ndm_dtype dts[] = {NDM_F32, NDM_F64};
     static const conv_shape convs[] = {
         /* groups, stride, padding and dilation, all unequal across H and W */

@@ -67,8 +67,10 @@ NDM_API ndm_array ndm_sdpa_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array q, 
         return NDM_NULL_ARRAY;
     ndm_dtype t = ndm_array_dtype(q);
     double sc = scale != 0 ? scale : 1.0 / sqrt((double)e);
-    ndm_array scores = ndm_mul_scalar_to_at(
-        AT, ndm_matmul_to_at(AT, q, ndm_swapaxes_to_at(AT, k, -2, -1)), sc);
+    /* the scale on q ([L, E]) rather than on the scores ([L, S]): one pass
+     * over the larger array less */
+    ndm_array scores = ndm_matmul_to_at(AT, ndm_mul_scalar_to_at(AT, q, sc),
+                                        ndm_swapaxes_to_at(AT, k, -2, -1));
     int nd = ndm_array_ndim(scores);
     ndm_array ninf = ndm_full_at(NDM__SITE_ARGS(site), s, t, -INFINITY, 0, NULL);
     if (causal && scores.id) {

@@ -249,8 +249,9 @@ NDM_API ndm_module ndm_layer_norm_at(NDM_SITE_PARAMS, ndm_manager model, int ndi
 
 /* ---- RMSNorm ----------------------------------------------------------------------- */
 
-/* x / sqrt(mean(x^2 over the last axis) + eps) [* weight], recorded as its
- * parts, its temporaries in a scope of the output manager. */
+/* x / sqrt(mean(x^2 over the last axis) + eps) [* weight]: one fused
+ * kernel where the device has it (lib/ops/norm.c), else composed and
+ * recorded as its parts, the temporaries in a scope of the output manager. */
 static ndm_array rms_norm(ndm__site site, const char *api, ndm_manager out, ndm_array x,
                           ndm_array weight, double eps)
 {
@@ -281,6 +282,9 @@ static ndm_array rms_norm(ndm__site site, const char *api, ndm_manager out, ndm_
     ndm_manager dst = ndm__output_for(out, x, api, site);
     if (!dst.id)
         return NDM_NULL_ARRAY;
+    ndm_array fused;
+    if (ndm__rms_norm_fused(site, api, dst, x, weight, eps, &fused))
+        return fused;
     ndm_manager s = ndm_scope_begin_at(NDM__SITE_ARGS(site), dst, "rms_norm");
     if (!s.id)
         return NDM_NULL_ARRAY;
