@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "helpers.h"
 
@@ -1006,11 +1007,119 @@ static void test_nn_sdpa_masks_match_numpy(void **state)
     assert_int_equal(ndm_last_status(), NDM_E_SHAPE);
     assert_true(ndm_array_is_null(ndm_sdpa(q, k, v, NDM_NULL_ARRAY, false, NAN)));
     assert_int_equal(ndm_last_status(), NDM_E_INVALID);
+    ndm_array gone = ndm_zeros(m, NDM_BOOL, NDM_SHAPE(4));
+    assert_ok(ndm_array_release(gone));
+    assert_true(ndm_array_is_null(ndm_sdpa(q, k, v, gone, false, 0)));
+    assert_int_equal(ndm_last_status(), NDM_E_CLOSED);
+    assert_true(ndm_array_is_null(ndm_rms_norm(q, gone, 1e-6)));
+    assert_int_equal(ndm_last_status(), NDM_E_CLOSED);
     assert_int_equal(test_live_arrays(m), live);
     ndm_array arr[] = {q, k, v, pad, fm, none, yn, q32, k5, mi, m5};
     for (size_t i = 0; i < sizeof arr / sizeof *arr; i++)
         assert_ok(ndm_array_release(arr[i]));
     ndm_clear_error();
+}
+
+/* MultiheadAttention against the same arithmetic written out here in
+ * double: y = out_proj(concat over heads of softmax(q k^T / sqrt(d)
+ * [causal]) v), q, k, v = x in_proj_weight^T + in_proj_bias split in three;
+ * its state under PyTorch's names, its gradients reach every parameter. */
+static void test_nn_multihead_attention_matches_its_definition(void **state)
+{
+    enum { B = 2, T = 3, E = 4, H = 2, D = E / H };
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_rng rng = ndm_rng_new(11);
+    ndm_module mha = ndm_multihead_attention(model, E, H, true, true, &rng);
+    assert_live(mha);
+    char desc[64];
+    ndm_module_describe(mha, desc, sizeof desc);
+    assert_string_equal(desc, "MultiheadAttention(4, 2, causal)");
+    const char *names[8];
+    ndm_array ps[8];
+    assert_int_equal(ndm_module_named_parameters(mha, names, ps, 8), 4);
+    float w_in[3 * E * E], b_in[3 * E], w_out[E * E], b_out[E];
+    float *dst[4] = {w_in, b_in, w_out, b_out};
+    static const char *const want[4] = {"in_proj_weight", "in_proj_bias", "out_proj.weight",
+                                        "out_proj.bias"};
+    static const size_t sizes[4] = {sizeof w_in, sizeof b_in, sizeof w_out, sizeof b_out};
+    ndm_rng fill = ndm_rng_new(3);
+    for (int k = 0; k < 4; k++) {
+        int found = -1;
+        for (int i = 0; i < 4; i++)
+            if (!strcmp(names[i], want[k]))
+                found = i;
+        if (found < 0)
+            fail_msg("no parameter named %s", want[k]);
+        if (k % 2) /* the biases start at zero: give them values */
+            assert_ok(ndm_uniform_(ps[found], &fill, -0.5, 0.5));
+        assert_ok(ndm_array_copy_out(ps[found], dst[k], sizes[k]));
+    }
+    float xv[B * T * E];
+    for (int i = 0; i < B * T * E; i++)
+        xv[i] = (float)sin(0.37 * i);
+    ndm_manager batch = ndm_manager_new(model, "batch");
+    ndm_array x = ndm_from_buffer(batch, NDM_F32, xv, NDM_SHAPE(B, T, E));
+    assert_ok(ndm_grad_begin(batch));
+    ndm_array y = ndm_forward(mha, x);
+    assert_live(y);
+    float got[B * T * E];
+    assert_ok(ndm_array_copy_out(y, got, sizeof got));
+    for (int b = 0; b < B; b++) {
+        double qkv[T][3 * E], heads[T][E];
+        for (int t = 0; t < T; t++)
+            for (int o = 0; o < 3 * E; o++) {
+                double acc = b_in[o];
+                for (int i = 0; i < E; i++)
+                    acc += (double)xv[(b * T + t) * E + i] * w_in[o * E + i];
+                qkv[t][o] = acc;
+            }
+        for (int h = 0; h < H; h++)
+            for (int t = 0; t < T; t++) {
+                double sc[T], mx = -INFINITY, sum = 0;
+                for (int u = 0; u <= t; u++) { /* causal: keys up to t */
+                    double dot = 0;
+                    for (int j = 0; j < D; j++)
+                        dot += qkv[t][h * D + j] * qkv[u][E + h * D + j];
+                    sc[u] = dot / sqrt((double)D);
+                    mx = sc[u] > mx ? sc[u] : mx;
+                }
+                for (int u = 0; u <= t; u++)
+                    sum += sc[u] = exp(sc[u] - mx);
+                for (int j = 0; j < D; j++) {
+                    double acc = 0;
+                    for (int u = 0; u <= t; u++)
+                        acc += sc[u] / sum * qkv[u][2 * E + h * D + j];
+                    heads[t][h * D + j] = acc;
+                }
+            }
+        for (int t = 0; t < T; t++)
+            for (int o = 0; o < E; o++) {
+                double acc = b_out[o];
+                for (int i = 0; i < E; i++)
+                    acc += heads[t][i] * w_out[o * E + i];
+                float g = got[(b * T + t) * E + o];
+                if (fabs(g - acc) > 1e-5 * (1 + fabs(acc)))
+                    fail_msg("y[%d, %d, %d] = %.9g, its definition gives %.9g", b, t, o, g, acc);
+            }
+    }
+    assert_ok(ndm_backward(ndm_sum(ndm_mul(y, y), false, NDM_ALL_AXES_LIST)));
+    assert_ok(ndm_grad_end());
+    for (int k = 0; k < 4; k++) {
+        ndm_array g = ndm_grad(ps[k]);
+        assert_live(g);
+        assert_int_equal(ndm_array_size(g), ndm_array_size(ps[k]));
+        double n2 = 0;
+        assert_ok(ndm_item(ndm_sum(ndm_mul(g, g), false, NDM_ALL_AXES_LIST), &n2));
+        assert_true(n2 > 0);
+    }
+    /* refusals */
+    assert_true(ndm_multihead_attention(model, 6, 4, true, false, &rng).id == 0);
+    assert_int_equal(ndm_last_status(), NDM_E_INVALID);
+    ndm_array x2 = ndm_zeros(batch, NDM_F32, NDM_SHAPE(T, E));
+    assert_true(ndm_array_is_null(ndm_forward(mha, x2)));
+    assert_int_equal(ndm_last_status(), NDM_E_SHAPE);
+    ndm_clear_error();
+    assert_ok(ndm_manager_close(model));
 }
 
 static void test_nn_predict_requests_leave_only_answers(void **state)
@@ -1074,6 +1183,7 @@ int main(void)
         TEST(test_nn_modules_belong_to_model),
         TEST(test_nn_linear_relu_fused_matches_composed),
         TEST(test_nn_sdpa_masks_match_numpy),
+        TEST(test_nn_multihead_attention_matches_its_definition),
         TEST(test_nn_predict_requests_leave_only_answers),
     };
     return cmocka_run_group_tests_name("nn", tests, NULL, NULL);

@@ -187,6 +187,22 @@ NDM_API ndm_module ndm_layer_norm_at(NDM_SITE_PARAMS, ndm_manager model, int ndi
 /** ndm_rms_norm_module() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_module ndm_rms_norm_module_at(NDM_SITE_PARAMS, ndm_manager model, int64_t features,
                                           double eps, bool affine);
+/** Multi-head self-attention (PyTorch's nn.MultiheadAttention(embed,
+ *  heads, bias, batch_first=True) called as mha(x, x, x), without dropout;
+ *  with `causal`, is_causal): x (batch, seq, embed) is projected once to
+ *  queries, keys and values by in_proj_weight (3 embed, embed; Xavier
+ *  uniform) and in_proj_bias (zeros), each head of embed / heads runs
+ *  ndm_sdpa, and the heads joined go through out_proj, a Linear(embed,
+ *  embed) child whose state is named out_proj.weight and out_proj.bias.
+ *  Returns the module, or a null one: NDM_E_INVALID when embed is not a
+ *  positive multiple of heads or rng is NULL, and the model's errors; a
+ *  forward pass on another shape is NDM_E_SHAPE. */
+#define ndm_multihead_attention(model, embed, heads, bias, causal, rng)         \
+    ndm_multihead_attention_at(NDM_HERE, (model), (embed), (heads), (bias), (causal), (rng))
+/** ndm_multihead_attention() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_module ndm_multihead_attention_at(NDM_SITE_PARAMS, ndm_manager model, int64_t embed,
+                                              int64_t heads, bool bias, bool causal,
+                                              ndm_rng *rng);
 /** The modules applied in order (n = 0: the identity, returning an alias).
  *  They must belong to `model` with their parameters (NDM_E_NOT_OWNER). A
  *  null module in the list (a constructor inside it failed) makes the result
