@@ -2,7 +2,8 @@
  * one fused kernel on the CPU) against a one-pass loop over the same memory
  * and against the same as separate operations; scaled dot-product
  * attention (ndm_sdpa, causal) against its two matmuls alone, the floor
- * of any softmax fusion. Each pair is sampled alternately. */
+ * of any softmax fusion, and against the matmuls with an unmasked softmax,
+ * the floor of fusing the mask. Contenders are sampled alternately. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -93,6 +94,18 @@ static double attn_matmuls(void *p)
     return bench_now() - t0;
 }
 
+/* The products and an unmasked softmax between them: what is left of
+ * sdpa when its masking is fused away (the most a fused mask could save). */
+static double attn_matmuls_softmax(void *p)
+{
+    attn_ctx *c = p;
+    double t0 = bench_now();
+    ndm_manager s = ndm_scope_begin(c->m, "matmuls");
+    must(ndm_matmul(ndm_softmax(ndm_matmul(c->q, c->kt), -1), c->v).id != 0, "ndm_matmul");
+    must(ndm_scope_end(s, 0, NULL) == NDM_OK, "scope");
+    return bench_now() - t0;
+}
+
 void bench_ops_attention(bench_report *r)
 {
     ndm_manager m = ndm_manager_new(ndm_system(), "bench-attention");
@@ -122,9 +135,12 @@ void bench_ops_attention(bench_report *r)
     ac.v = ndm_normal(m, &g, NDM_F32, 0.0, 1.0, NDM_SHAPE(4, 8, 128, 64));
     ac.kt = ndm_swapaxes(ac.k, -2, -1);
     must(ac.q.id && ac.k.id && ac.v.id && ac.kt.id, "inputs");
-    bench_interleave(2, (bench_sample_fn[]){attn_sdpa, attn_matmuls}, (void *[]){&ac, &ac}, n, t);
+    bench_interleave(3, (bench_sample_fn[]){attn_sdpa, attn_matmuls, attn_matmuls_softmax},
+                     (void *[]){&ac, &ac, &ac}, n, t);
     bench_add_paired_time(r, "sdpa_causal_f32_4x8x128x64_us", "us", 1e6,
                           "its two matmuls alone (q k^T, then by v)", t[0], t[1], n);
+    bench_add_paired_time(r, "sdpa_causal_f32_4x8x128x64_us_vs_unmasked", "us", 1e6,
+                          "the matmuls with an unmasked softmax between them", t[0], t[2], n);
     char note[200];
     snprintf(note, sizeof note,
              "attention: ndm_sdpa is composed of existing operations; "
