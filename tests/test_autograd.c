@@ -547,18 +547,20 @@ static ndm_array f_attn(const ndm_array *p, void *ctx)
         return ndm_sdpa(p[0], p[1], p[2], p[3], false, 0);
     }
     default: /* rms_norm with a weight */
-        return ndm_rms_norm(p[0], p[4], 1e-5);
+        return ndm_rms_norm(p[0], p[1], 1e-5);
     }
 }
 
 static void test_grad_sdpa_and_rms_norm(void **state)
 {
-    param_spec ps[5] = {P1(4, 2, 2, 3, 3), P1(4, 2, 2, 4, 3), P1(4, 2, 2, 4, 2), P1(2, 3, 4),
-                        PR(1, 0.5, 1.5, 3)};
+    param_spec ps[4] = {P1(4, 2, 2, 3, 3), P1(4, 2, 2, 4, 3), P1(4, 2, 2, 4, 2), P1(2, 3, 4)};
     static const char *const names[] = {"sdpa", "sdpa, causal, scaled", "sdpa, causal and padding",
-                                        "sdpa, additive mask", "rms_norm"};
-    for (int i = 0; i < 5; i++)
-        check(ROOT(state), names[i], i == 3 ? 4 : 5, ps, f_attn, (void *)(intptr_t)i, 1e-6);
+                                        "sdpa, additive mask"};
+    for (int i = 0; i < 4; i++)
+        check(ROOT(state), names[i], i == 3 ? 4 : 3, ps, f_attn, (void *)(intptr_t)i, 1e-6);
+    /* x [2, 3, 4] and its weight [4] */
+    param_spec rs[2] = {P1(3, 2, 3, 4), PR(1, 0.5, 1.5, 4)};
+    check(ROOT(state), "rms_norm", 2, rs, f_attn, (void *)(intptr_t)4, 1e-6);
 }
 
 /* ---- convolution and pooling ------------------------------------------------------- */
