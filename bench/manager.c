@@ -6,6 +6,12 @@
  *   tree:  a parent with 100 children of 10 arrays each, closed through the
  *          parent; ns per array (101 managers included).
  *   handle check: one accessor call on a live handle (validation + a read).
+ *   leak tracking: a training-like step (a batch manager under a model of
+ *          32 weights, 64 arrays in it, a scope of 32 temporaries ended,
+ *          the batch closed); ns per step with no growth tracker (the
+ *          anchor), with a tracker made but not stepped ("off"), and with
+ *          one stepped every step ("on"); all three sampled turn about.
+ *          Creation sites are recorded in all three (they always are).
  * Anchors: talloc (talloc_new / talloc_size / talloc_free) and APR
  * (apr_pool_create / apr_palloc / apr_pool_destroy) with 64-byte objects.
  * glibc is pinned to its "warm" state (mmap threshold 32 MiB, trim 64 MiB)
@@ -87,6 +93,66 @@ static void check_ndm(long iters)
     for (long i = 0; i < iters; i++)
         sum += ndm_array_ndim(g_handle);
     sink = (char)sum;
+}
+
+/* ---- leak tracking ---------------------------------------------------------------- */
+
+#define STEP_ARRAYS 64
+#define STEP_TEMPS 32
+#define MODEL_WEIGHTS 32
+
+static ndm_manager g_model;
+static ndm_growth g_idle, g_on;
+
+static void train_step(void)
+{
+    ndm_manager batch = ndm_manager_new(g_model, "batch");
+    for (int i = 0; i < STEP_ARRAYS; i++) {
+        ndm_array a = ndm_empty(batch, NDM_F32, NDM_SHAPE(16));
+        touch(ndm_array_data(a));
+    }
+    ndm_manager scope = ndm_scope_begin(batch, "tmp");
+    for (int i = 0; i < STEP_TEMPS; i++) {
+        ndm_array t = ndm_empty(scope, NDM_F32, NDM_SHAPE(16));
+        touch(ndm_array_data(t));
+    }
+    if (ndm_scope_end(scope, 0, NULL) != NDM_OK || ndm_manager_close(batch) != NDM_OK)
+        fail("step");
+}
+
+static void steps_plain(long iters)
+{
+    for (long it = 0; it < iters; it++)
+        train_step();
+}
+
+/* (the same loop: a tracker exists, watching the model, and is never stepped) */
+static void steps_off(long iters)
+{
+    for (long it = 0; it < iters; it++)
+        train_step();
+    sink = (char)ndm_growth_valid(g_idle);
+}
+
+static void steps_on(long iters)
+{
+    for (long it = 0; it < iters; it++) {
+        train_step();
+        if (ndm_growth_step(g_on) != NDM_OK)
+            fail("growth step");
+    }
+}
+
+static void tracking_setup(void)
+{
+    g_model = ndm_manager_new(g_root, "model");
+    for (int i = 0; i < MODEL_WEIGHTS; i++)
+        if (!ndm_zeros(g_model, NDM_F32, NDM_SHAPE(64)).id)
+            fail("weights");
+    g_idle = ndm_growth_new(g_root, g_model);
+    g_on = ndm_growth_new(g_root, g_model);
+    if (!g_idle.id || !g_on.id)
+        fail("growth tracker");
 }
 
 /* ---- anchors --------------------------------------------------------------------- */
@@ -252,9 +318,15 @@ int main(int argc, char **argv)
 #else
     bench_note(&rep, "APR not found at build time: no APR anchors");
 #endif
+    tracking_setup();
+    static double tl[3][BENCH_MAXSAMPLES];
+    contender cl[3] = {calibrate(steps_plain, 1), calibrate(steps_off, 1), calibrate(steps_on, 1)};
+    /* one size for the three, so each pair times the same number of steps */
+    cl[1].iters = cl[2].iters = cl[0].iters;
     measure(k, cs, reps, ts);
     measure(k, ct, reps, tt);
     measure(kc, cc, reps, tc);
+    measure(3, cl, reps, tl);
 #if NDM_BENCH_HAVE_TALLOC
     talloc_free(g_talloc_obj);
 #endif
@@ -283,8 +355,17 @@ int main(int argc, char **argv)
     bench_add_paired_time(&rep, "handle_check_ns_vs_talloc", "ns", 1,
                           "talloc_get_size (magic-checked access)", tc[0], kc > 1 ? tc[1] : none,
                           reps);
+    /* tracking off (a tracker made, never stepped) and on (stepped every
+     * step), each against the same loop without a tracker; the targets
+     * are a ratio of at most 1.01 off and 1.10 on */
+    bench_add_paired_time(&rep, "leak_tracking_off_ns_per_step", "ns", 1,
+                          "the same step without a growth tracker", tl[1], tl[0], reps);
+    bench_add_paired_time(&rep, "leak_tracking_on_ns_per_step", "ns", 1,
+                          "the same step without a growth tracker", tl[2], tl[0], reps);
     bench_print(&rep);
 
+    if (ndm_growth_free(g_idle) != NDM_OK || ndm_growth_free(g_on) != NDM_OK)
+        fail("free the trackers");
     if (ndm_manager_close(g_root) != NDM_OK)
         fail("close root");
 #if NDM_BENCH_HAVE_APR

@@ -68,7 +68,8 @@ int main(int argc, char **argv)
         printf("request %d: class %lld\n", r, (long long)cls);
     }
 
-    /* after the requests: the model as loaded, no request left */
+    /* after the requests: the model as loaded, and this thread's request
+     * manager, kept open empty for its next request */
     (void)ndm_debug_dump(model, stdout);
     (void)ndm_debug_dump(requests, stdout);
     NDM_CHECK(ndm_manager_close(requests) == NDM_OK);

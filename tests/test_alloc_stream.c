@@ -208,6 +208,34 @@ static void test_stream_recorded_block_waits_for_the_other_stream(void **state)
     done(&f);
 }
 
+/* The count of streams a block was recorded on, read without the pool's
+ * lock (ndm_why_alive's "pending stream uses"): its own stream and a second
+ * record of one are not counted; a free clears it. */
+static void test_stream_uses_count_the_other_streams(void **state)
+{
+    (void)state;
+    fixture f = make(0, STREAMS, "policy:pytorch");
+    ndm__block a = get_on(&f, 4 * MiB, SA);
+    assert_int_equal(ndm__pool_stream_uses(a.cookie), 0);
+    assert_ok(ndm__pool_record_stream(f.pool, a.cookie, SA));
+    assert_int_equal(ndm__pool_stream_uses(a.cookie), 0);
+    assert_ok(ndm__pool_record_stream(f.pool, a.cookie, SB));
+    assert_ok(ndm__pool_record_stream(f.pool, a.cookie, SB));
+    assert_int_equal(ndm__pool_stream_uses(a.cookie), 1);
+    assert_ok(ndm__pool_record_stream(f.pool, a.cookie, 0));
+    assert_int_equal(ndm__pool_stream_uses(a.cookie), 2);
+    assert_int_equal(ndm__pool_stream_uses(NULL), 0);
+    ndm__block b = get_on(&f, 4 * MiB, SB);
+    assert_int_equal(ndm__pool_stream_uses(b.cookie), 0);
+    put(&f, &a);
+    put(&f, &b);
+    /* (the next allocation collects a's events, done: the streams ran) */
+    ndm__block c = get_on(&f, 4 * MiB, SA);
+    assert_int_equal(ndm__pool_stream_uses(c.cookie), 0);
+    put(&f, &c);
+    done(&f);
+}
+
 static void test_stream_record_on_own_stream_changes_nothing(void **state)
 {
     (void)state;
@@ -725,6 +753,7 @@ int main(void)
         cmocka_unit_test(test_stream_free_block_reused_by_its_stream_only),
         cmocka_unit_test(test_stream_recorded_block_waits_for_the_other_stream),
         cmocka_unit_test(test_stream_record_on_own_stream_changes_nothing),
+        cmocka_unit_test(test_stream_uses_count_the_other_streams),
         cmocka_unit_test(test_stream_events_of_each_stream_complete_in_order),
         cmocka_unit_test(test_stream_empty_cache_waits_for_pending_frees),
         cmocka_unit_test(test_stream_oom_ladder_waits_for_events_and_reuses),

@@ -758,6 +758,56 @@ static void test_dump_json_is_utf8_whatever_the_names(void **state)
     close_ok(model);
 }
 
+/* ndm_debug_dump_why: the dump, then why the subtree's biggest sites are
+ * alive, biggest first, none from outside the subtree. */
+static void test_debug_dump_why_explains_the_top_sites(void **state)
+{
+    ndm_manager root = ROOT(state);
+    ndm_manager model = ndm_manager_new(root, "model");
+    ndm_manager batch = ndm_manager_new(model, "batch");
+    int big = __LINE__; ndm_array x = ndm_zeros(batch, NDM_F32, NDM_SHAPE(64, 16));
+    ndm_array base = ndm_zeros(batch, NDM_F32, NDM_SHAPE(32, 16));
+    int slice = __LINE__; ndm_array row = ndm_slice_to(model, base, 0, 0, 1, 1);
+    release_ok(base); /* the slice keeps its 2 KiB alive */
+    assert_live(x);
+    int small = __LINE__; ndm_array w = ndm_zeros(model, NDM_F32, NDM_SHAPE(4));
+    int outside = __LINE__; ndm_array o = ndm_zeros(root, NDM_F64, NDM_SHAPE(4096));
+    assert_live(row);
+    assert_live(w);
+    assert_live(o);
+    char want[3][256];
+    snprintf(want[0], sizeof want[0], "why alive: f32[64,16], made at test_debug.c:%d", big);
+    snprintf(want[1], sizeof want[1], "why alive: f32[1,16], made at test_debug.c:%d", slice);
+    snprintf(want[2], sizeof want[2], "why alive: f32[4], made at test_debug.c:%d", small);
+    for (int top = 1; top <= 3; top++) {
+        check_capture c;
+        FILE *f = check_capture_open(&c);
+        assert_ok(ndm_debug_dump_why(model, f, top));
+        char *text = (char *)check_capture_close(&c);
+        assert_true(strncmp(text, "ndm dump: system/test/model ", 28) == 0);
+        const char *at = text;
+        for (int i = 0; i < 3; i++) {
+            const char *p = strstr(text, want[i]);
+            if (i < top && (!p || p < at))
+                fail_msg("top %d: \"%s\" missing or out of order in:\n%s", top, want[i], text);
+            if (i >= top && p)
+                fail_msg("top %d: \"%s\" is listed in:\n%s", top, want[i], text);
+            at = p ? p : at;
+        }
+        char far[64];
+        snprintf(far, sizeof far, "test_debug.c:%d", outside);
+        assert_null(strstr(text, far));
+        free(text);
+    }
+    assert_st(ndm_debug_dump_why(model, stderr, 0), NDM_E_INVALID);
+    assert_error_has("top 0");
+    assert_st(ndm_debug_dump_why(model, stderr, NDM_DUMP_WHY_MAX + 1), NDM_E_INVALID);
+    assert_st(ndm_debug_dump_why(model, NULL, 1), NDM_E_INVALID);
+    release_ok(o);
+    close_ok(model);
+    assert_st(ndm_debug_dump_why(model, stderr, 1), NDM_E_CLOSED);
+}
+
 /* ---- leak hunting since a mark -------------------------------------------------------- */
 
 static char *report_text(ndm_manager m, ndm_seq mark)
@@ -847,6 +897,60 @@ static void test_report_since_views_and_moves(void **state)
     close_ok(other);
 }
 
+static char *leak_text(int64_t *count);
+
+/* Arrays made by one line and moved where they are by two others are two
+ * groups, each named by its creation and its move, as the growth tracker
+ * names them; arrays made there stay a group of their own. */
+static void test_report_since_names_moves(void **state)
+{
+    ndm_manager root = ROOT(state);
+    ndm_manager keep = ndm_manager_new(root, "keep");
+    ndm_seq mark = ndm_mark(root);
+    int made = 0, by_attach = 0, by_list = 0, here = 0;
+    for (int i = 0; i < 5; i++) {
+        ndm_manager batch = ndm_manager_new(root, "batch");
+        made = __LINE__; ndm_array a = ndm_zeros(batch, NDM_F32, NDM_SHAPE(2));
+        if (i < 3) {
+            by_attach = __LINE__; assert_ok(ndm_attach(a, keep));
+        } else {
+            by_list = __LINE__; assert_ok(ndm_attach_all(keep, 1, &a));
+        }
+        close_ok(batch);
+    }
+    here = __LINE__; ndm_array b = ndm_zeros(keep, NDM_F32, NDM_SHAPE(2));
+    (void)b;
+    char want[1024];
+    snprintf(want, sizeof want,
+             "ndm report: 6 arrays created since mark %llu still alive under system/test\n"
+             "  3 arrays, 24 bytes, created at test_debug.c:%d (%s), moved by ndm_attach at "
+             "test_debug.c:%d (%s), in system/test/keep\n"
+             "  2 arrays, 16 bytes, created at test_debug.c:%d (%s), moved by ndm_attach_all at "
+             "test_debug.c:%d (%s), in system/test/keep\n"
+             "  1 array, 8 bytes, created at test_debug.c:%d (%s) in system/test/keep\n",
+             (unsigned long long)mark, made, __func__, by_attach, __func__, made, __func__,
+             by_list, __func__, here, __func__);
+    char *got = report_text(root, mark);
+    if (strcmp(got, want) != 0) {
+        print_error("got:\n%s\nexpected:\n%s\n", got, want);
+        free(got);
+        fail();
+    }
+    free(got);
+    /* the leak report groups them the same way */
+    int64_t n;
+    char *text = leak_text(&n);
+    char line[512];
+    snprintf(line, sizeof line,
+             "  2 arrays, 16 bytes, created at test_debug.c:%d (%s), moved by ndm_attach_all at "
+             "test_debug.c:%d (%s), in system/test/keep\n",
+             made, __func__, by_list, __func__);
+    if (!strstr(text, line))
+        fail_msg("leak report:\n%s\nlacks:\n%s", text, line);
+    free(text);
+    close_ok(keep);
+}
+
 static void test_report_since_errors(void **state)
 {
     ndm_manager gone = ndm_manager_new(ROOT(state), "gone");
@@ -887,8 +991,9 @@ static void test_leak_report_lists_live(void **state)
     const char *expect[4];
     char buf[3][256];
     snprintf(buf[0], sizeof buf[0],
-             "  1 array, 16 bytes, created at test_debug.c:%d (%s) in system/detached\n", dline,
-             __func__);
+             "  1 array, 16 bytes, created at test_debug.c:%d (%s), moved by ndm_detach at "
+             "test_debug.c:%d (%s), in system/detached\n",
+             dline, __func__, dline + 1, __func__);
     snprintf(buf[1], sizeof buf[1], "  manager system/test/req created at test_debug.c:%d (%s)\n",
              mline, __func__);
     snprintf(buf[2], sizeof buf[2],
@@ -1066,6 +1171,8 @@ int main(void)
         TEST(test_report_since_groups_by_site),
         TEST(test_report_since_nothing_new),
         TEST(test_report_since_views_and_moves),
+        TEST(test_report_since_names_moves),
+        TEST(test_debug_dump_why_explains_the_top_sites),
         TEST(test_report_since_errors),
         TEST(test_leak_report_lists_live),
         TEST(test_leak_report_folds_repeated_managers),

@@ -673,6 +673,31 @@ static ndm_module mlp(ndm_manager model)
     return net;
 }
 
+/* A user module: head(gain * (h + fc(relu(h)))) with h = proj(x), its own
+ * parameter `gain` beside its children (names "gain", "proj.weight", ...). */
+static ndm_array residual_forward(ndm_module self, int n, const ndm_array *in, void *ud)
+{
+    (void)n, (void)ud;
+    ndm_array h = ndm_forward(ndm_module_get_child(self, "proj"), in[0]);
+    ndm_array r = ndm_forward(ndm_module_get_child(self, "fc"), ndm_relu(h));
+    ndm_array g = ndm_mul(ndm_add(h, r), ndm_module_get_array(self, "gain"));
+    return ndm_forward(ndm_module_get_child(self, "head"), g);
+}
+
+static ndm_module residual(ndm_manager model)
+{
+    static const ndm_module_type t = {.name = "Residual", .forward = residual_forward};
+    ndm_rng rng = ndm_rng_new(3);
+    ndm_module net = ndm_module_new(model, &t, NULL);
+    assert_true(net.id);
+    ndm_array gain = ndm_full(model, NDM_F32, 0.5, 1, (int64_t[]){HID});
+    assert_ok(ndm_module_register_parameter(net, "gain", gain));
+    assert_ok(ndm_module_register_child(net, "proj", ndm_linear(model, IN, HID, true, &rng)));
+    assert_ok(ndm_module_register_child(net, "fc", ndm_linear(model, HID, HID, true, &rng)));
+    assert_ok(ndm_module_register_child(net, "head", ndm_linear(model, HID, CLASSES, true, &rng)));
+    return net;
+}
+
 static ndm_dataset synthetic(ndm_manager data, int64_t n)
 {
     ndm_rng rng = ndm_rng_new(11);
@@ -801,6 +826,14 @@ static void test_ddp_matches_one_process_at_the_same_global_batch(void **state)
     ndm_manager m = ROOT(state);
     ndm_manager data = ndm_manager_new(m, "data");
     check_parity(m, mlp, synthetic(data, (int64_t)B * S * 20 + 5), B, STEPS, "mlp");
+    assert_ok(ndm_manager_close(data));
+}
+
+static void test_ddp_user_module_matches_one_process_at_the_same_global_batch(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_manager data = ndm_manager_new(m, "data");
+    check_parity(m, residual, synthetic(data, (int64_t)B * S * 20 + 5), B, 20, "user module");
     assert_ok(ndm_manager_close(data));
 }
 
@@ -1024,6 +1057,17 @@ static void test_ddp_gradients_live_in_the_buckets_until_the_close(void **state)
 /* The buckets on cuda:0 go over NCCL in stream order: the same losses as
  * one process on cuda:0 at the same global batch, the same parameters on
  * every rank, and nothing left on the device. */
+static void test_ddp_cuda_user_module_matches_one_process_at_the_same_global_batch(void **state)
+{
+    ndm_manager m = ROOT(state);
+    GPU_OR_SKIP(gpu, m);
+    ndm_manager data = ndm_manager_new(m, "data");
+    check_parity_on(gpu, NDM_CUDA(0), residual, synthetic(data, (int64_t)B * S * 20 + 5), B, 10,
+                    "user module on cuda:0");
+    assert_ok(ndm_manager_close(data));
+    close_gpu(gpu);
+}
+
 static void test_ddp_cuda_matches_one_process_at_the_same_global_batch(void **state)
 {
     ndm_manager m = ROOT(state);
@@ -1409,11 +1453,13 @@ int main(int argc, char **argv)
         TEST(test_loader_shards_every_example_once_per_epoch),
         TEST(test_ddp_matches_one_process_at_the_same_global_batch),
         TEST(test_ddp_cnn_matches_one_process_at_the_same_global_batch),
+        TEST(test_ddp_user_module_matches_one_process_at_the_same_global_batch),
         TEST(test_ddp_failing_rank_ends_the_step_on_every_rank),
         TEST(test_ddp_collective_between_backward_and_step_keeps_the_order),
         TEST(test_ddp_buckets_are_model_arrays_shown_in_dumps),
         TEST(test_ddp_gradients_live_in_the_buckets_until_the_close),
         TEST(test_ddp_cuda_matches_one_process_at_the_same_global_batch),
+        TEST(test_ddp_cuda_user_module_matches_one_process_at_the_same_global_batch),
         TEST(test_ddp_cuda_failing_rank_ends_the_step_on_every_rank),
         TEST(test_ddp_cuda_buckets_are_device_arrays_of_the_model),
         TEST(test_ddp_of_mixed_devices_is_refused_on_every_rank),

@@ -526,6 +526,105 @@ static void *predict_many(void *v)
     return NULL;
 }
 
+/* A serving thread keeps one request manager per predictor open between
+ * its requests: the predictor's children stay at one per serving thread,
+ * each empty between requests; a thread's close at its exit; a closed model
+ * takes its parked managers with it. */
+typedef struct parked_arg {
+    pred_arg *a;
+    pthread_barrier_t *served, *go;
+} parked_arg;
+
+static void *serve_once_and_wait(void *v)
+{
+    parked_arg *pa = v;
+    ndm_manager mine = ndm_manager_new(pa->a->out, "caller");
+    ndm_array x = ndm_from_buffer(mine, NDM_F32, pa->a->x, NDM_SHAPE(1, 4));
+    if (!ndm_predict(pa->a->p, x).id) /* the answer goes with `mine` */
+        pa->a->errors++;
+    if (ndm_manager_close(mine) != NDM_OK)
+        pa->a->errors++;
+    pthread_barrier_wait(pa->served);
+    pthread_barrier_wait(pa->go);
+    return NULL;
+}
+
+static uint64_t pred_children(ndm_predictor p, ndm_stats *st)
+{
+    assert_ok(ndm_manager_stats(ndm_predictor_manager(p), NDM_CPU, NDM_STATS_SUBTREE, st));
+    return st->children;
+}
+
+static void test_nn_predictor_parks_request_managers(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_rng rng = ndm_rng_new(6);
+    ndm_no_grad_begin();
+    ndm_module net = ndm_sequential(model, NDM_MODULES(ndm_linear(model, 4, 8, true, &rng),
+                                                       ndm_relu_module(model),
+                                                       ndm_linear(model, 8, 2, true, &rng)));
+    ndm_no_grad_end();
+    ndm_predictor p = ndm_predictor_new(model, net);
+    assert_true(p.id != 0);
+    ndm_manager callers = ndm_manager_new(ROOT(state), "callers");
+    float xin[4] = {1, 2, 3, 4};
+    ndm_array x = ndm_from_buffer(callers, NDM_F32, xin, NDM_SHAPE(1, 4));
+    ndm_stats st;
+    assert_int_equal(pred_children(p, &st), 0);
+    uint64_t made = 0;
+    for (int i = 0; i < 50; i++) {
+        ndm_array y = ndm_predict(p, x);
+        assert_live(y);
+        assert_ok(ndm_array_release(y));
+        /* one request manager, empty between requests, its counts growing */
+        assert_int_equal(pred_children(p, &st), 1);
+        assert_int_equal(st.live_arrays, 0);
+        assert_int_equal(st.live_bytes, 0);
+        assert_true(st.created > made);
+        made = st.created;
+    }
+    /* a second predictor on another model: a request manager of its own */
+    ndm_manager model2 = ndm_manager_new(ROOT(state), "model2");
+    ndm_no_grad_begin();
+    ndm_module net2 = ndm_linear(model2, 4, 2, true, &rng);
+    ndm_no_grad_end();
+    ndm_predictor p2 = ndm_predictor_new(model2, net2);
+    ndm_array y2 = ndm_predict(p2, x);
+    assert_live(y2);
+    assert_ok(ndm_array_release(y2));
+    assert_int_equal(pred_children(p2, &st), 1);
+    assert_int_equal(pred_children(p, &st), 1);
+    /* another serving thread adds its own while it lives */
+    pred_arg a = {p, callers, {1, 2, 3, 4}, {0, 0}, 0};
+    pthread_barrier_t served, go;
+    pthread_barrier_init(&served, NULL, 2);
+    pthread_barrier_init(&go, NULL, 2);
+    parked_arg pa = {&a, &served, &go};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, serve_once_and_wait, &pa), 0);
+    pthread_barrier_wait(&served);
+    assert_int_equal(pred_children(p, &st), 2);
+    assert_int_equal(st.live_arrays, 0);
+    pthread_barrier_wait(&go);
+    pthread_join(th, NULL);
+    assert_int_equal(a.errors, 0);
+    assert_int_equal(pred_children(p, &st), 1); /* closed at the thread's exit */
+    pthread_barrier_destroy(&served);
+    pthread_barrier_destroy(&go);
+    /* closing a model closes its parked managers; the thread serves on */
+    assert_ok(ndm_manager_close(model2));
+    assert_true(ndm_predict(p2, x).id == 0);
+    assert_int_equal(ndm_last_status(), NDM_E_CLOSED);
+    ndm_array y = ndm_predict(p, x);
+    assert_live(y);
+    assert_ok(ndm_array_release(y));
+    assert_int_equal(pred_children(p, &st), 1);
+    assert_ok(ndm_array_release(x));
+    assert_manager_empty(callers);
+    assert_ok(ndm_manager_close(callers));
+    assert_ok(ndm_manager_close(model));
+}
+
 static void test_nn_predictor_threads(void **state)
 {
     ndm_manager model = ndm_manager_new(ROOT(state), "model");
@@ -557,9 +656,11 @@ static void test_nn_predictor_threads(void **state)
     }
     ndm_stats ps;
     assert_ok(ndm_manager_stats(ndm_predictor_manager(p), NDM_CPU, NDM_STATS_SUBTREE, &ps));
-    assert_int_equal(ps.children, 0);
+    /* each serving thread kept its request manager open between requests;
+     * those of the 8 threads closed when they exited, this thread's stays */
+    assert_int_equal(ps.children, 1);
     assert_int_equal(ps.live_arrays, 0);
-    /* the requests' temporaries lived in closed children, none in the
+    /* the requests' temporaries lived in the request managers, none in the
      * predictor's own manager; the answers moved out to the callers */
     assert_true(ps.created > 0);
     assert_int_equal(ps.created, ps.released + 8 * 500 + 8);
@@ -1150,7 +1251,7 @@ static void test_nn_predict_requests_leave_only_answers(void **state)
     assert_int_equal(test_live_arrays(s), 1);
     ndm_stats ps;
     assert_ok(ndm_manager_stats(ndm_predictor_manager(p), NDM_CPU, NDM_STATS_SUBTREE, &ps));
-    assert_int_equal(ps.children, 0);
+    assert_int_equal(ps.children, 1); /* this thread's request manager, parked, empty */
     assert_int_equal(ps.live_arrays, 0);
     assert_int_equal(ps.live_bytes, 0);
     assert_ok(ndm_scope_end(s, 0, NULL));
@@ -1175,6 +1276,7 @@ int main(void)
         TEST(test_nn_layers_take_inputs_of_any_rank),
         TEST(test_nn_training_converges),
         TEST(test_nn_predictor_threads),
+        TEST(test_nn_predictor_parks_request_managers),
         TEST(test_nn_object_lookups_race_churn),
         TEST(test_nn_embedding_and_loss_errors),
         TEST(test_nn_loss_labels_outside_classes_are_refused),

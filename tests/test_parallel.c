@@ -367,6 +367,78 @@ static void test_pool_thread_index_names_one_thread(void **state)
     ndm__set_num_threads(keep);
 }
 
+/* Serving threads that occupy the pool's threads run their jobs inline;
+ * others still split theirs; a serving thread's exit gives its count back. */
+typedef struct server_arg {
+    pthread_barrier_t *marked, *done;
+} server_arg;
+
+static void *serve_and_wait(void *v)
+{
+    server_arg *a = v;
+    ndm__parallel_serving();
+    ndm__parallel_serving(); /* counted once */
+    pthread_barrier_wait(a->marked);
+    pthread_barrier_wait(a->done);
+    return NULL;
+}
+
+static void *split_job(void *v)
+{
+    seen *s = v;
+    reset(s);
+    ndm__parallel_for(1000, 1, record, s);
+    return NULL;
+}
+
+static void test_pool_serving_threads_run_inline(void **state)
+{
+    (void)state;
+    static seen s;
+    int keep = ndm__set_num_threads(3);
+    int before = ndm__parallel_serving_threads();
+    /* a serving thread alone: the pool still splits its jobs */
+    pthread_t me;
+    server_arg a;
+    pthread_barrier_t marked, done;
+    pthread_barrier_init(&marked, NULL, 3);
+    pthread_barrier_init(&done, NULL, 3);
+    a = (server_arg){&marked, &done};
+    ndm__parallel_serving();
+    assert_int_equal(ndm__parallel_serving_threads(), before + 1);
+    reset(&s);
+    ndm__parallel_for(1000, 1, record, &s);
+    check_job(&s, 1000, 1, 3);
+    assert_true(atomic_load(&s.nchunks) > 1);
+    /* three serving threads for a pool of three: inline */
+    pthread_t th[2];
+    for (int t = 0; t < 2; t++)
+        assert_int_equal(pthread_create(&th[t], NULL, serve_and_wait, &a), 0);
+    pthread_barrier_wait(&marked);
+    assert_int_equal(ndm__parallel_serving_threads(), before + 3);
+    reset(&s);
+    ndm__parallel_for(1000, 1, record, &s);
+    assert_int_equal(atomic_load(&s.nchunks), 1);
+    for (int i = 0; i < 1000; i++)
+        assert_int_equal(atomic_load(&s.hits[i]), 1);
+    /* a thread that does not serve still gets the pool */
+    assert_int_equal(pthread_create(&me, NULL, split_job, &s), 0);
+    pthread_join(me, NULL);
+    check_job(&s, 1000, 1, 3);
+    assert_true(atomic_load(&s.nchunks) > 1);
+    pthread_barrier_wait(&done);
+    for (int t = 0; t < 2; t++)
+        pthread_join(th[t], NULL);
+    /* the two exited: this thread serves alone again, and splits */
+    assert_int_equal(ndm__parallel_serving_threads(), before + 1);
+    reset(&s);
+    ndm__parallel_for(1000, 1, record, &s);
+    check_job(&s, 1000, 1, 3);
+    pthread_barrier_destroy(&marked);
+    pthread_barrier_destroy(&done);
+    ndm__set_num_threads(keep);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -376,6 +448,7 @@ int main(void)
         TEST(test_pool_shrink_stops_workers),
         TEST(test_pool_many_jobs_and_callers),
         TEST(test_pool_thread_index_names_one_thread),
+        TEST(test_pool_serving_threads_run_inline),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

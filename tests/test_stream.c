@@ -456,6 +456,49 @@ static void test_stream_cuda_record_stream_holds_memory(void **state)
     assert_int_equal(stat_of(dev, "active_bytes.all.current"), 0);
 }
 
+/* ndm_why_alive names the streams an array was recorded on: its memory
+ * waits for their work when it dies. */
+static void test_stream_cuda_why_alive_names_stream_uses(void **state)
+{
+    NEED_HELD_STREAMS();
+    ndm_device dev = NDM_CUDA(0);
+    ndm_manager m = ndm_manager_new_on(ROOT(state), "gpu", dev);
+    assert_live(m);
+    ndm_stream s1, s2;
+    assert_ok(ndm_stream_new(m, &s1));
+    assert_ok(ndm_stream_new(m, &s2));
+    ndm_array a = ndm_zeros(m, NDM_F32, NDM_SHAPE(256));
+    assert_live(a);
+    for (int json = 0; json <= 1; json++) {
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&buf, &len);
+        assert_ok(json ? ndm_why_alive_json(a, f) : ndm_why_alive(a, f));
+        fclose(f);
+        assert_non_null(strstr(buf, json ? "\"stream_uses\":0" : "no other view"));
+        assert_null(strstr(buf, "pending stream uses"));
+        free(buf);
+    }
+    assert_ok(ndm_array_record_stream(a, s1));
+    assert_ok(ndm_array_record_stream(a, s2));
+    assert_ok(ndm_array_record_stream(a, s1)); /* (once is enough) */
+    for (int json = 0; json <= 1; json++) {
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&buf, &len);
+        assert_ok(json ? ndm_why_alive_json(a, f) : ndm_why_alive(a, f));
+        fclose(f);
+        if (!strstr(buf, json ? "\"stream_uses\":2"
+                              : "pending stream uses: recorded on 2 other streams"))
+            fail_msg("why alive lacks the stream uses:\n%s", buf);
+        free(buf);
+    }
+    assert_ok(ndm_array_release(a));
+    assert_ok(ndm_stream_synchronize(s1));
+    assert_ok(ndm_stream_synchronize(s2));
+    assert_ok(ndm_manager_close(m));
+}
+
 /* Work of the thread's current stream: arrays allocated while a side stream
  * is current belong to it, and its memory is not given to the default
  * stream's work. An event lets the default stream wait for it. */
@@ -645,6 +688,7 @@ int main(void)
         TEST(test_stream_table_grows_while_others_look_up),
         TEST(test_stream_made_while_its_manager_closes),
         TEST(test_stream_cuda_record_stream_holds_memory),
+        TEST(test_stream_cuda_why_alive_names_stream_uses),
         TEST(test_stream_cuda_current_stream_owns_its_allocations),
         TEST(test_stream_cuda_pinned_buffer_waits_for_its_copy),
         TEST(test_stream_cuda_transfers_stage_through_the_pinned_pool),

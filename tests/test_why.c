@@ -96,7 +96,7 @@ static void test_slice_names_the_base_and_the_bytes_it_pins(void **state)
     assert_has(t, "no other view holds the storage: releasing this array frees it");
     free(t);
     t = why_text(row, true);
-    assert_has(t, "\"pinned_beyond_elements\":4190208");
+    assert_has(t, "\"pinned_beyond_elements\":4190208,\"stream_uses\":0}");
     assert_has(t, "\"held_by\":[]");
     free(t);
     assert_ok(ndm_manager_close(keep));

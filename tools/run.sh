@@ -243,6 +243,11 @@ gpu() {
     export NDM_BACKEND_PATH=$PWD/$suites/lib
     step "conformance suite on the GPU" sh -c "$suites/tests/test_backend_ops > $out/conformance.txt 2>&1"
     step "CUDA tests on the GPU" sh -c "$suites/tests/test_cuda > $out/test_cuda.txt 2>&1"
+    # user modules on a model on the GPU (built with cmocka only)
+    if [ -x "$suites/tests/test_user_module" ]; then
+        step "user modules on the GPU" sh -c "NDM_LOG_ERRORS=0 $suites/tests/test_user_module \
+            > $out/test_user_module.txt 2>&1"
+    fi
     # (no grep -q after a pipe here: under pipefail, grep leaving at the first
     # match can end the writer with SIGPIPE and fail the test at random)
     # NCCL on the GPU, one rank: the bootstrap and every collective on CUDA

@@ -44,6 +44,30 @@
  * most and, when r < S, some shards get an empty batch (size 0). With
  * NDM_LOADER_DROP_LAST that global batch is dropped on every shard.
  *
+ * Workers. With workers = W > 0 the loader starts W threads of its own
+ * (never the compute pool's: kernels they run go inline) that prepare up
+ * to `prefetch` batches ahead of the consumer (0: 2 * W). Each fetch
+ * creates, on the calling thread and in order, the managers "batch-<step>"
+ * of the batches it schedules ahead (children of the trainer, made at the
+ * fetch's line) and, for a CPU trainer, their arrays, so the tree and its
+ * counts never depend on the workers' timing; a worker then gathers the
+ * rows: into those arrays, or, for a GPU trainer, into host memory of the
+ * loader's, and the fetch that hands the batch out makes its device arrays
+ * and uploads them as above, on the consumer's thread and streams.
+ * Batches come out in exactly the
+ * order, with exactly the contents, of the loader without workers, for any
+ * W, across epochs and ndm_loader_set_epoch. A batch that could not be
+ * prepared (the trainer's byte limit, a dataset released meanwhile) is
+ * made by the fetch that reaches it, on its own thread, after it closed
+ * the batches prepared beyond it (they are prepared again afterwards), so
+ * the fetch returns the status and message the loader without workers
+ * returns in that state, and the next fetch tries the same batch again.
+ * Batches prepared ahead are children of the trainer: they count against
+ * its limits, appear in dumps and in ndm_report_since as "batch-<step>"
+ * managers (`prefetch` of them, steady, never growing), and are closed,
+ * their threads joined, by ndm_loader_close, ndm_loader_set_epoch or the
+ * trainer's close: stopping early leaves nothing behind.
+ *
  * Thread rules: a loader is used by one thread at a time. Closing its
  * trainer while another thread fetches from it is a caller bug, though the
  * loader's memory stays valid until that fetch returns (what it returns is
@@ -118,6 +142,8 @@ typedef struct ndm_loader_options {
     unsigned flags;     /**< NDM_LOADER_* */
     int64_t num_shards; /**< loaders that share the epoch (data-parallel ranks); 0 or 1: one */
     int64_t shard;      /**< which of them this one is, 0 .. num_shards-1 */
+    int workers;        /**< threads preparing batches ahead, 0 .. 64 (0: none, the fetch makes them) */
+    int prefetch;       /**< batches prepared ahead at most, 0 .. 1024 (0: 2 * workers); needs workers */
 } ndm_loader_options;
 
 /** A loader over `data` whose state belongs to `trainer` (it must be a CPU
@@ -128,7 +154,9 @@ typedef struct ndm_loader_options {
  *  beside the work still queued on the thread's current stream; the batch
  *  has arrived when ndm_loader_next() returns, and its memory is not reused
  *  before the current stream's work on it is done). Errors:
- *  NDM_E_INVALID (batch size < 1, unknown flags), NDM_E_SHAPE (a rank-0
+ *  NDM_E_INVALID (batch size < 1, unknown flags, workers or prefetch out
+ *  of range, prefetch without workers), NDM_E_OOM (a worker thread that
+ *  cannot be started), NDM_E_SHAPE (a rank-0
  *  array, first axes that differ), NDM_E_DTYPE (the conversion asked for
  *  does not apply), NDM_E_DEVICE (data off the CPU), and the trainer's
  *  refusals. The options come last so a compound literal can be passed.
@@ -167,7 +195,7 @@ NDM_API NDM_NODISCARD ndm_status ndm_loader_keep(ndm_loader l);
 
 /** Start epoch `epoch` (>= 0, NDM_E_INVALID otherwise; INT64_MAX is the
  *  last, see ndm_loader_next()) from its first batch; the current batch is
- *  closed unless kept. */
+ *  closed unless kept, and batches prepared ahead are closed. */
 NDM_API NDM_NODISCARD ndm_status ndm_loader_set_epoch(ndm_loader l, int64_t epoch);
 
 /** The number of batches per epoch, or -1 with an error (NDM_E_NULL, NDM_E_CLOSED for a
@@ -177,7 +205,8 @@ NDM_API int64_t ndm_loader_batches(ndm_loader l);
 /** Is this a live loader? (false for null and freed ones; never fails) */
 NDM_API bool ndm_loader_valid(ndm_loader l);
 
-/** Free the loader now (its current batch is closed unless kept). The small
+/** Free the loader now (its current batch is closed unless kept; batches
+ *  prepared ahead are closed and the worker threads joined). The small
  *  record that the trainer owns stays until the trainer closes. NDM_OK;
  *  NDM_ALREADY for a loader already freed; NDM_E_NULL for the null loader,
  *  NDM_E_INVALID for a handle that is not a loader. */

@@ -91,6 +91,19 @@ NDM_API NDM_NODISCARD ndm_status ndm_manager_stats(ndm_manager m, ndm_device dev
  *  Returns NDM_OK. Owner: f stays the caller's. Errors: NDM_E_INVALID,
  *  NDM_E_NULL, NDM_E_CLOSED as for ndm_debug_dump(). */
 NDM_API ndm_status ndm_debug_dump_at(NDM_SITE_PARAMS, ndm_manager m, FILE *f);
+/** Most sites ndm_debug_dump_why() explains. */
+#define NDM_DUMP_WHY_MAX 64
+/** ndm_debug_dump(), then why the biggest are alive: ndm_why_alive() of the
+ *  newest live array of each of the `top` creation sites of the subtree
+ *  holding the most bytes, biggest first (what NDM_LEAK_REPORT=why adds to
+ *  the exit report, for a subtree and at a moment the caller picks; a
+ *  call, not a setting, so that the dump's format stays what tests and
+ *  tools pin). `top` from 1 to NDM_DUMP_WHY_MAX. Returns NDM_OK. Owner:
+ *  nothing is made; f stays the caller's. Errors: NDM_E_INVALID for `top`
+ *  out of range or a NULL f, and the handle's as for ndm_debug_dump(). */
+#define ndm_debug_dump_why(m, f, top) ndm_debug_dump_why_at(NDM_HERE, (m), (f), (top))
+/** ndm_debug_dump_why() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_status ndm_debug_dump_why_at(NDM_SITE_PARAMS, ndm_manager m, FILE *f, int top);
 /** The subtree as one JSON object, then a newline, to f:
  *  {"name":..,"path":..,"device":..,"scope":bool,"capped":[..],"live_arrays":..,"created":..,
  *   "released":..,"closed_created":..,"closed_released":..,"moved_in":..,"moved_out":..,

@@ -36,12 +36,23 @@
  * with numpy's broadcasting and promotion; unary -; += -= *= /= in place;
  * == != < <= > >= give bool arrays (so an array has no conversion to bool:
  * ask ok() for validity). There is no matrix-product operator (% and ^ read
- * as remainder and xor): ndm::matmul(a, b), or a.matmul(b). */
+ * as remainder and xor): ndm::matmul(a, b), or a.matmul(b).
+ *
+ * Modules. ndm::make_module(model, "Block", lambda) makes a user module
+ * (ndm_module_new) whose forward pass is the lambda, given the module and
+ * its inputs; ndm::module is a handle (the model owns the module) that runs
+ * the forward pass when called, net(x) or net({x, mask}), and registers
+ * parameters, buffers and children. An ndm::error thrown inside the lambda
+ * comes out of the call with its status and message (the lambda's line);
+ * another exception is thrown again, as itself, by the call on the same
+ * thread. */
 #ifndef NDM_NDM_HPP
 #define NDM_NDM_HPP
 
 #include <cmath>
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <initializer_list>
 #include <ostream>
 #include <string>
@@ -109,6 +120,12 @@ inline ndm_array check(ndm_array a)
     return a;
 }
 inline ndm_manager check(ndm_manager m)
+{
+    if (m.id == 0)
+        fail(ndm_last_status());
+    return m;
+}
+inline ndm_module check(ndm_module m)
 {
     if (m.id == 0)
         fail(ndm_last_status());
@@ -496,6 +513,156 @@ inline array mean(const array &a, std::initializer_list<int> axes = {}, bool kee
     return adopt(ndm_mean_to_at(s.file, s.line, s.func, NDM_OUTPUT_RULE, a, keepdim,
                                 axes.size() ? (int)axes.size() : -1,
                                 axes.size() ? axes.begin() : nullptr));
+}
+
+/* ---- modules ------------------------------------------------------------------------ */
+
+class module;
+/** A forward pass written as a lambda: the module itself and its inputs
+ *  (owners of aliases of the caller's arrays, released when it returns),
+ *  returning the result (its owner hands it over). */
+using forward_fn = std::function<array(const module &self, const std::vector<array> &inputs)>;
+
+/** A module handle (not an owner: a module lives until its model closes,
+ *  as in C). Calling it runs ndm_forward(); the registration functions
+ *  throw ndm::error on a refusal. */
+class module {
+public:
+    module() noexcept = default;
+    explicit module(ndm_module m) noexcept : h_(m) {}
+    ndm_module get() const noexcept { return h_; }
+    operator ndm_module() const noexcept { return h_; }
+    /** Whether the handle names a live module. */
+    bool ok() const noexcept { return h_.id != 0 && ndm_module_valid(h_); }
+
+    /** ndm_forward() on x. */
+    array operator()(const array &x, site s = site()) const
+    {
+        return result_(ndm_forward_to_at(s.file, s.line, s.func, NDM_OUTPUT_RULE, h_, x.get()));
+    }
+    /** ndm_forward_n() on several inputs (an empty owner: an input left out). */
+    array operator()(std::initializer_list<std::reference_wrapper<const array>> xs,
+                     site s = site()) const
+    {
+        std::vector<ndm_array> in;
+        for (const array &x : xs)
+            in.push_back(x.get());
+        return result_(ndm_forward_n_to_at(s.file, s.line, s.func, NDM_OUTPUT_RULE, h_,
+                                           (int)in.size(), in.data()));
+    }
+    /** The child `name` ("blocks.3.attn" through dots). */
+    module child(const char *name, site s = site()) const
+    {
+        return module(detail::check(ndm_module_get_child_at(s.file, s.line, s.func, h_, name)));
+    }
+    /** An alias of the array m holds under `name` ("weight", "fc1.bias"), by
+     *  the output rule (inside a forward pass: the pass's scope). */
+    array param(const char *name, site s = site()) const
+    {
+        ndm_array a = detail::check(ndm_module_get_array_at(s.file, s.line, s.func, h_, name));
+        return adopt(ndm_alias_to_at(s.file, s.line, s.func, NDM_OUTPUT_RULE, a));
+    }
+    /** ndm_module_register_parameter(): the owner hands its array to the
+     *  module (moved in: std::move(w), or a temporary), which the model then
+     *  keeps; on a refusal the owner given keeps it and releases it. */
+    void register_parameter(const char *name, array a, site s = site()) const
+    {
+        if (detail::check(ndm_module_register_parameter_at(s.file, s.line, s.func, h_, name,
+                                                           a.get())) >= 0)
+            (void)a.release();
+    }
+    /** ndm_module_register_buffer(), the array handed over likewise. */
+    void register_buffer(const char *name, array a, site s = site()) const
+    {
+        if (detail::check(ndm_module_register_buffer_at(s.file, s.line, s.func, h_, name,
+                                                        a.get())) >= 0)
+            (void)a.release();
+    }
+    void register_child(const char *name, ndm_module c, site s = site()) const
+    {
+        detail::check(ndm_module_register_child_at(s.file, s.line, s.func, h_, name, c));
+    }
+    /** ndm_module_describe() as a string. */
+    std::string describe() const
+    {
+        int n = ndm_module_describe(h_, nullptr, 0);
+        if (n < 0)
+            return std::string();
+        std::string text((size_t)n + 1, '\0');
+        (void)ndm_module_describe(h_, &text[0], text.size());
+        text.resize((size_t)n);
+        return text;
+    }
+    /** The qualified name ("blocks.3.attn"; "" for a root). */
+    std::string name() const
+    {
+        char buf[256];
+        int n = ndm_module_name(h_, buf, sizeof buf);
+        return n < 0 ? std::string() : std::string(buf, (size_t)n < sizeof buf ? (size_t)n : 0);
+    }
+
+private:
+    static array result_(ndm_array y);
+    ndm_module h_{0};
+};
+
+namespace detail {
+#if NDM_HPP_THROWS
+/* An exception other than ndm::error thrown by a forward lambda: it cannot
+ * cross the C library, so it waits here and module's call throws it again
+ * on the same thread. */
+inline thread_local std::exception_ptr forward_pending;
+#endif
+
+inline ndm_array forward_trampoline(ndm_module self, int n, const ndm_array *in, void *ud)
+{
+    const forward_fn &fn = *static_cast<const forward_fn *>(ud);
+#if NDM_HPP_THROWS
+    try {
+#endif
+        std::vector<array> inputs;
+        inputs.reserve((size_t)n);
+        for (int i = 0; i < n; i++)
+            inputs.emplace_back(in[i].id ? ndm_alias_to_at(__FILE__, __LINE__, "ndm::module",
+                                                           NDM_OUTPUT_RULE, in[i])
+                                         : ndm_array{0});
+        return fn(module(self), inputs).release();
+#if NDM_HPP_THROWS
+    } catch (const error &) {
+        return ndm_array{0}; /* its status and message are the thread's last error */
+    } catch (...) {
+        forward_pending = std::current_exception();
+        return ndm_array{0};
+    }
+#endif
+}
+
+inline void forward_destroy(void *ud) { delete static_cast<forward_fn *>(ud); }
+} // namespace detail
+
+inline array module::result_(ndm_array y)
+{
+#if NDM_HPP_THROWS
+    if (y.id == 0 && detail::forward_pending) {
+        std::exception_ptr e = detail::forward_pending;
+        detail::forward_pending = nullptr;
+        std::rethrow_exception(e);
+    }
+#endif
+    return adopt(y);
+}
+
+/** A user module whose forward pass is `fn` (ndm_module_new(): owned by
+ *  model; fn is kept until the module dies). name: its class name in
+ *  descriptions ("Block"). */
+inline module make_module(ndm_manager model, const char *name, forward_fn fn, site s = site())
+{
+    ndm_module_type t{};
+    t.name = name;
+    t.forward = detail::forward_trampoline;
+    t.destroy = detail::forward_destroy;
+    return module(detail::check(
+        ndm_module_new_at(s.file, s.line, s.func, model, &t, new forward_fn(std::move(fn)))));
 }
 
 /** Print a as ndm_array_print does (numpy's repr); a handle that names no

@@ -18,6 +18,11 @@
  *     ndm_optimizer_step(opt);                   // in place: the capped model accepts it
  *     ndm_optimizer_zero_grad(opt);
  *
+ * Besides the built-in layers, a module may be the user's own: a forward
+ * callback over its inputs with parameters, buffers and children
+ * registered by name (see "User-defined modules" below), which everything
+ * here takes as it takes a layer.
+ *
  * Parameters are arrays in the model manager made by the layer constructors,
  * with gradients (ndm_requires_grad), and a module belongs to the model it
  * was made with: ndm_sequential and ndm_predictor_new refuse
@@ -228,6 +233,18 @@ NDM_API ndm_module ndm_sequential_at(NDM_SITE_PARAMS, ndm_manager model, int n,
 #define ndm_forward_to(out, m, x) ndm_forward_to_at(NDM_HERE, (out), (m), (x))
 /** ndm_forward_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_forward_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_module m, ndm_array x);
+/** Run a module on n inputs (a user module's forward may take several: x
+ *  and a mask; NDM_ARRAYS(x, mask) writes the count and the list), as
+ *  ndm_forward() does with inputs[0] as its x: the output rule follows
+ *  inputs[0], which must be live; the others are live arrays or the null
+ *  handle (an input left out). A built-in layer takes one input
+ *  (NDM_E_INVALID otherwise); n < 1 is NDM_E_INVALID. */
+#define ndm_forward_n(m, ...) ndm_forward_n_to_at(NDM_HERE, NDM_OUTPUT_RULE, (m), __VA_ARGS__)
+/** ndm_forward_n() with the result attached to out instead of by the output rule. */
+#define ndm_forward_n_to(out, m, ...) ndm_forward_n_to_at(NDM_HERE, (out), (m), __VA_ARGS__)
+/** ndm_forward_n_to() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_array ndm_forward_n_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_module m, int n,
+                                      const ndm_array *inputs);
 
 /** Training mode (dropout active) or evaluation mode, for m and its
  *  children. NDM_OK; NDM_E_NULL, NDM_E_CLOSED or NDM_E_INVALID for a bad
@@ -304,6 +321,167 @@ NDM_API ndm_array ndm_sdpa_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array q, 
                                  ndm_array v, ndm_array mask, bool causal, double scale);
 /** @} */
 
+/* ---- user-defined modules ------------------------------------------------------ */
+
+/** @name User-defined modules
+ *  A module of the user's own: a forward callback over its inputs, and the
+ *  parameters, buffers and child modules it registers by name, so that it
+ *  works wherever a built-in layer does (ndm_forward(), autograd, the
+ *  optimizers, ndm_module_save() and ndm_module_load(), predictors,
+ *  ndm_ddp_new(), ndm_module_describe(), dumps and snapshot frames).
+ *
+ *      static ndm_array block_forward(ndm_module self, int n, const ndm_array *in, void *ud)
+ *      {
+ *          ndm_array h = ndm_forward(ndm_module_get_child(self, "fc1"), in[0]);
+ *          ndm_array y = ndm_forward(ndm_module_get_child(self, "fc2"), ndm_relu(h));
+ *          return ndm_add(in[0], y);                 // x + fc2(relu(fc1(x)))
+ *      }
+ *      static const ndm_module_type block_type = {.name = "Block", .forward = block_forward};
+ *
+ *      ndm_module b = ndm_module_new(model, &block_type, NULL);
+ *      ndm_module_register_child(b, "fc1", ndm_linear(model, 8, 8, true, &rng));
+ *      ndm_module_register_child(b, "fc2", ndm_linear(model, 8, 8, true, &rng));
+ *      ndm_module blocks = ndm_module_list(model, NDM_MODULES(b, b2, b3, b4));
+ *      ndm_module_register_child(net, "blocks", blocks);   // "blocks.3.fc1.weight"
+ *
+ *  Names compose as PyTorch's do: a child's entries appear under
+ *  "<name>.", in the order of PyTorch's state_dict (a module's own
+ *  parameters, then its own buffers, then each child's, in registration
+ *  order), so a model written the same way in PyTorch has the same names.
+ *  Numbered children ("blocks.3") come from a container: ndm_module_list()
+ *  (PyTorch's ModuleList) or ndm_sequential(). A name is local: not empty,
+ *  no '.', under 128 bytes, and one a module does not hold yet (parameter,
+ *  buffer and child names share one namespace).
+ *
+ *  A tree is built bottom-up: a module's parameters and children are
+ *  registered before it is registered in another (after that, its own
+ *  registrations are refused: NDM_E_INVALID). A module has one place in a
+ *  tree and an array one name (no shared weights); every array and child
+ *  belongs to the module's model manager (NDM_E_NOT_OWNER). Registration
+ *  is not thread-safe: build a model on one thread, then run it on many. */
+/** @{ */
+
+/** What a user module does. The struct is copied by ndm_module_new() (it
+ *  may be a temporary); the callbacks run on the calling thread. */
+typedef struct ndm_module_type {
+    /** The class name for descriptions and messages ("Block"; NULL:
+     *  "Module"), copied (63 bytes kept). */
+    const char *name;
+    /** Required: the forward pass. inputs are those given to ndm_forward()
+     *  (one) or ndm_forward_n() (n >= 1: inputs[0] a live array, the others
+     *  live arrays or the null handle, for an input left out such as a
+     *  mask). It runs inside the forward pass's scope: every array made by
+     *  the output rule lands there and is released when the pass ends,
+     *  except the array returned, which moves to the caller. Return a fresh
+     *  array (one of the inputs or of the module's arrays is returned as an
+     *  ndm_alias() of it), or the null handle on failure, leaving the
+     *  failing call's error (it names the callback's line); a null return
+     *  with no error of its own is reported as NDM_E_INVALID. */
+    ndm_array (*forward)(ndm_module self, int n, const ndm_array *inputs, void *user_data);
+    /** Optional: write the one-line description as snprintf does (buf of n
+     *  bytes, NUL-terminated, n may be 0) and return its full length, or a
+     *  negative status. NULL: "Name(child=..., ...)", the children
+     *  described in registration order ("Name" with none). */
+    int (*describe)(ndm_module self, char *buf, size_t n, void *user_data);
+    /** Optional: free user_data. Called once, when the module dies (its
+     *  model closes; possibly later, on another thread, once no forward
+     *  pass still runs), or by ndm_module_new() when it fails. */
+    void (*destroy)(void *user_data);
+} ndm_module_type;
+
+/** A new module of `type`, owned by `model`, in training mode, with no
+ *  parameters yet. user_data is the module's from now on, on every path:
+ *  on failure type->destroy (if any) has been called on it. Returns the
+ *  module, or the null module: NDM_E_INVALID (type NULL or without a
+ *  forward), NDM_E_OOM, and model's refusals (NDM_E_NULL, NDM_E_CLOSED). */
+#define ndm_module_new(model, type, user_data)                                  \
+    ndm_module_new_at(NDM_HERE, (model), (type), (user_data))
+/** ndm_module_new() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_module ndm_module_new_at(NDM_SITE_PARAMS, ndm_manager model,
+                                     const ndm_module_type *type, void *user_data);
+/** Register `a` (an array of m's model, float) as m's parameter `name`:
+ *  it joins m's parameters and state (and its ancestors', once m is a
+ *  child) and the optimizers made afterwards. Unless this thread's
+ *  gradients are paused (between ndm_no_grad_begin() and ndm_no_grad_end()),
+ *  an `a` without a gradient is given one (ndm_requires_grad()); a model
+ *  built with them paused is an inference model, as with the built-in
+ *  layers. The model keeps the array; nothing is copied. NDM_OK,
+ *  or with m unchanged: NDM_E_INVALID (a bad name, a name m holds, an
+ *  array registered already, m registered in another module already),
+ *  NDM_E_NOT_OWNER (an array of another manager), NDM_E_DTYPE (not
+ *  float), NDM_E_OOM, and the handles' errors. */
+#define ndm_module_register_parameter(m, name, a)                               \
+    ndm_module_register_parameter_at(NDM_HERE, (m), (name), (a))
+/** ndm_module_register_parameter() with an explicit call site. */
+NDM_API NDM_NODISCARD ndm_status ndm_module_register_parameter_at(NDM_SITE_PARAMS, ndm_module m,
+                                                                  const char *name, ndm_array a);
+/** Register `a` (an array of m's model, any dtype) as m's buffer `name`:
+ *  part of its state (checkpoints, ddp's broadcast) but not a parameter
+ *  (no gradient, no optimizer). NDM_OK or, with m unchanged, the errors of
+ *  ndm_module_register_parameter() (but any dtype). */
+#define ndm_module_register_buffer(m, name, a)                                  \
+    ndm_module_register_buffer_at(NDM_HERE, (m), (name), (a))
+/** ndm_module_register_buffer() with an explicit call site. */
+NDM_API NDM_NODISCARD ndm_status ndm_module_register_buffer_at(NDM_SITE_PARAMS, ndm_module m,
+                                                               const char *name, ndm_array a);
+/** Register `child` (a module of m's model: a built-in layer, a container
+ *  or a user module) as m's child `name`: its parameters and state join
+ *  m's under "name.", its qualified name becomes "name" under m's
+ *  ("blocks.3.attn"), and m's train/eval switch reaches it. NDM_OK or,
+ *  with m unchanged: NDM_E_INVALID (a bad or taken name, child is m,
+ *  child registered already, m registered in another module already, an
+ *  array of child's that m's tree holds already, a composed state name
+ *  past 127 bytes), NDM_E_NOT_OWNER (child or its arrays of another
+ *  manager), NDM_E_OOM, and the handles' errors (a null child, from a
+ *  constructor that failed, keeps that constructor's error). */
+#define ndm_module_register_child(m, name, child)                               \
+    ndm_module_register_child_at(NDM_HERE, (m), (name), (child))
+/** ndm_module_register_child() with an explicit call site. */
+NDM_API NDM_NODISCARD ndm_status ndm_module_register_child_at(NDM_SITE_PARAMS, ndm_module m,
+                                                              const char *name,
+                                                              ndm_module child);
+/** The modules as children "0", "1", ... with no forward pass of its own
+ *  (PyTorch's ModuleList: a user module runs them as it likes, for
+ *  instance with a mask): ndm_forward() on it is NDM_E_INVALID. Registered
+ *  as "blocks", its children are "blocks.0", "blocks.1", ... Errors as for
+ *  ndm_sequential(), and NDM_E_INVALID for a module registered already or
+ *  twice in the list. */
+#define ndm_module_list(model, ...) ndm_module_list_at(NDM_HERE, (model), __VA_ARGS__)
+/** ndm_module_list() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_module ndm_module_list_at(NDM_SITE_PARAMS, ndm_manager model, int n,
+                                      const ndm_module *modules);
+/** The user data given to ndm_module_new(), or NULL: for a module that is
+ *  not a user module, NDM_E_INVALID; for a bad handle, its error. */
+NDM_API void *ndm_module_user_data(ndm_module m);
+/** The array m holds under `name`: its own ("weight") or a descendant's
+ *  ("attn.qkv.weight"), a parameter or a buffer. The handle is the array
+ *  itself, not a fresh one (owned by the model: do not release it), or the
+ *  null handle: NDM_E_INVALID naming what m holds, and the handle's errors. */
+#define ndm_module_get_array(m, name) ndm_module_get_array_at(NDM_HERE, (m), (name))
+/** ndm_module_get_array() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_array ndm_module_get_array_at(NDM_SITE_PARAMS, ndm_module m, const char *name);
+/** m's child `name`, or a descendant's through dots ("blocks.3.attn"): the
+ *  module itself (owned by the model), or the null module: NDM_E_INVALID
+ *  naming m's children, and the handle's errors. */
+#define ndm_module_get_child(m, name) ndm_module_get_child_at(NDM_HERE, (m), (name))
+/** ndm_module_get_child() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_module ndm_module_get_child_at(NDM_SITE_PARAMS, ndm_module m, const char *name);
+/** m's direct children in registration order with their names (names[i]
+ *  points into m and lives as long as it does; names and out may be
+ *  NULL): writes up to cap, returns how many there are, or a negative
+ *  status for a bad handle. */
+NDM_API int ndm_module_named_children(ndm_module m, const char **names, ndm_module *out, int cap);
+/** m's qualified name in its tree ("blocks.3.attn"; "" for a root, as
+ *  PyTorch's named_modules() names it) into buf as snprintf would; returns
+ *  its length, or a negative status for a bad handle. */
+NDM_API int ndm_module_name(ndm_module m, char *buf, size_t n);
+/** Is this a live module? (false for null and stale handles; never fails,
+ *  sets no error) */
+NDM_API bool ndm_module_valid(ndm_module m);
+/** 1 in training mode, 0 in evaluation mode (ndm_module_set_training()),
+ *  or a negative status for a bad handle. */
+NDM_API int ndm_module_training(ndm_module m);
+/** @} */
 
 /* ---- losses (recorded for gradients) -------------------------------------------- */
 
@@ -489,6 +667,36 @@ NDM_API NDM_NODISCARD ndm_status ndm_module_save_at(NDM_SITE_PARAMS, ndm_module 
 /** ndm_module_load() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API int ndm_module_load_at(NDM_SITE_PARAMS, ndm_module m, const char *path, unsigned mode);
 
+/** How the names of a checkpoint read in the module, for a file written
+ *  under another naming (a wrapper's "model." prefix, "fc1" for "0"):
+ *  first the prefix rewrites, then the callback. Both are optional. */
+typedef struct ndm_name_map {
+    /** Prefix rewrites: a file name that starts with from[k] reads as to[k]
+     *  followed by the rest (the first k that matches; to[k] may be "" or
+     *  NULL, which drops the prefix). n = 0: none. */
+    int n;
+    const char *const *from; /**< n file prefixes ("model.") */
+    const char *const *to;   /**< n module prefixes ("", "encoder.") */
+    /** Optional: the module's name for `file_name` (after the prefixes),
+     *  written into buf (cap bytes, NUL-terminated): return 1 to use it, 0
+     *  to leave the tensor out (neither loaded nor reported), or a negative
+     *  status to fail the load with it. */
+    int (*fn)(const char *file_name, char *buf, size_t cap, void *ud);
+    void *ud; /**< passed to fn */
+} ndm_name_map;
+
+/** ndm_module_load() with the file's names read through `map` (NULL: as
+ *  they are): matching, the messages (which give the names as mapped) and
+ *  both modes are as there. Also NDM_E_FORMAT when two of the file's
+ *  tensors map to one name, NDM_E_INVALID for a map with n < 0 or n > 0
+ *  and a list NULL, or a mapped name past 511 bytes, and the callback's own
+ *  negative status; on every error m is unchanged. */
+#define ndm_module_load_mapped(m, path, mode, map)                              \
+    ndm_module_load_mapped_at(NDM_HERE, (m), (path), (mode), (map))
+/** ndm_module_load_mapped() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API int ndm_module_load_mapped_at(NDM_SITE_PARAMS, ndm_module m, const char *path,
+                                      unsigned mode, const ndm_name_map *map);
+
 /* ---- predictors -------------------------------------------------------------------- */
 
 /** A predictor for `net`, which must belong to `model` with every parameter
@@ -500,16 +708,23 @@ NDM_API int ndm_module_load_at(NDM_SITE_PARAMS, ndm_module m, const char *path, 
 #define ndm_predictor_new(model, net) ndm_predictor_new_at(NDM_HERE, (model), (net))
 /** ndm_predictor_new() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_predictor ndm_predictor_new_at(NDM_SITE_PARAMS, ndm_manager model, ndm_module net);
-/** Run net on `input` in a fresh request manager (a child of the
- *  predictor's manager, the calling thread's innermost scope while the net
- *  runs, so every intermediate lands in it; closed before return) and
+/** Run net on `input` in a request manager (a child of the predictor's
+ *  manager, "request", the calling thread's innermost scope while the net
+ *  runs, so every intermediate lands in it; emptied before return) and
  *  return the result in
  *  `out` (NDM_OUTPUT_RULE: the innermost scope, else input's manager).
  *  An input on another device than the model manager's is copied to the
  *  model's device first (inside the request), so a CPU request reaches a
  *  GPU model unchanged; the result stays on the model's device (read it with
  *  ndm_item() or ndm_array_copy_out(), or move it with ndm_to()).
- *  Thread-safe: many threads may predict at once. Returns a new handle, the
+ *  Thread-safe: many threads may predict at once. Each thread keeps its
+ *  request manager open, empty, between its requests (one per thread and
+ *  predictor, closed at the thread's exit or with the model), so a request
+ *  takes no lock the other serving threads take; and once as many threads
+ *  serve as ndm's compute pool has threads (NDM_NUM_THREADS, by default
+ *  the cores), each request's kernels run on its own thread rather than
+ *  split across the pool, whose workers would take cores from the other
+ *  requests. Returns a new handle, the
  *  caller's to release, or the null handle with the forward pass's error:
  *  errors as for ndm_forward() (NDM_E_CLOSED also for a freed predictor). */
 #define ndm_predict(p, input) ndm_predict_to_at(NDM_HERE, NDM_OUTPUT_RULE, (p), (input))

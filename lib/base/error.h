@@ -4,7 +4,9 @@
 #define NDM_ERROR_INTERNAL_H
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "ndm/base.h"
 #include "ndm/status.h"
@@ -30,6 +32,22 @@ ndm_status ndm__vfail(ndm_status st, const char *api, ndm__site where, const cha
  * place (a null handle most often comes from that failure). Returns the
  * thread's last status afterwards. */
 ndm_status ndm__fail_null(const char *api, ndm__site where, const char *what);
+/* Quiet failures: between ndm__quiet_begin and ndm__quiet_end this thread's
+ * failures are recorded (the code on the failure path reads them) but not
+ * logged, and the end puts back the last error the thread had before. For
+ * work done ahead whose failure is reported, if at all, when the work is
+ * done again where it was asked for (a loader's worker threads). */
+typedef struct ndm__quiet_state {
+    ndm_status status;
+    bool quiet;
+    char msg[1024];
+} ndm__quiet_state;
+void ndm__quiet_begin(ndm__quiet_state *saved);
+void ndm__quiet_end(const ndm__quiet_state *saved);
+/* How many failures this thread has recorded: a caller that runs user code
+ * (a module's forward callback) tells from it whether a null result came
+ * with an error of its own. */
+uint64_t ndm__fail_count(void);
 /* Send a warning to the log callback. */
 void ndm__warn(const char *fmt, ...) NDM_PRINTF(1, 2);
 /* Formats a site as "file:line (func)" into buf. */

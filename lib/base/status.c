@@ -119,6 +119,36 @@ NDM_API void ndm_set_log_fn(ndm_log_fn fn, void *ud)
  * which would recurse without bound. */
 static _Thread_local bool logging NDM__TLS_MODEL;
 
+/* Set between ndm__quiet_begin and ndm__quiet_end (error.h). */
+static _Thread_local bool quiet NDM__TLS_MODEL;
+
+void ndm__quiet_begin(ndm__quiet_state *saved)
+{
+    error_state *t = tls;
+    saved->quiet = quiet;
+    saved->status = t ? t->status : fallback_status;
+    saved->msg[0] = '\0';
+    if (t) {
+        _Static_assert(sizeof saved->msg == sizeof t->msg, "one message size");
+        size_t n = strnlen(t->msg, sizeof t->msg - 1);
+        memcpy(saved->msg, t->msg, n);
+        saved->msg[n] = '\0';
+    }
+    quiet = true;
+}
+
+void ndm__quiet_end(const ndm__quiet_state *saved)
+{
+    error_state *t = tls;
+    if (t) {
+        t->status = saved->status;
+        memcpy(t->msg, saved->msg, strlen(saved->msg) + 1);
+    } else {
+        fallback_status = saved->status;
+    }
+    quiet = saved->quiet;
+}
+
 static const char *const level_name[] = {"error", "warning", "info"};
 
 NDM_API void ndm_log_stderr(ndm_log_level level, const char *msg, void *ud)
@@ -212,15 +242,22 @@ void ndm__entry_end(const char **saved)
     entry_api = *saved;
 }
 
+/* Failures recorded on this thread so far (ndm__fail_count). */
+static _Thread_local uint64_t fail_count NDM__TLS_MODEL;
+
+uint64_t ndm__fail_count(void) { return fail_count; }
+
 ndm_status ndm__vfail(ndm_status st, const char *api, ndm__site where, const char *fmt,
                       va_list ap)
 {
+    fail_count++;
     if (entry_api)
         api = entry_api; /* (the function the user called, not the one it called) */
     error_state *t = state_make();
     if (!t) {
         fallback_status = st;
-        ndm__log(NDM_LOG_ERROR, no_room);
+        if (!quiet)
+            ndm__log(NDM_LOG_ERROR, no_room);
         return st;
     }
     /* fmt's arguments may point into t->msg (a message re-raised with a
@@ -255,6 +292,8 @@ ndm_status ndm__vfail(ndm_status st, const char *api, ndm__site where, const cha
     /* The callback gets the copy: a failure inside it rewrites t->msg, and
      * is the last error only until the callback returns, when the failure
      * being logged (the one the caller's call returns) is again. */
+    if (quiet)
+        return st; /* (recorded for the failure path, not logged, no debug abort) */
     bool outer = !logging && log_fn;
     ndm__log(NDM_LOG_ERROR, out);
     if (outer) {

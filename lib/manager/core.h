@@ -862,9 +862,10 @@ void ndm__charge_commit(ndm__manager *from, ndm__manager *to, int dev, int64_t b
 char *ndm__manager_path(uint32_t slot, char *buf, size_t n);
 /* The same, for callers that already hold the tree lock. */
 char *ndm__manager_path_locked(uint32_t slot, char *buf, size_t n);
-/* ndm_why_alive for one array of each of the `top` creation sites holding
- * the most bytes (no lock held; NDM_LEAK_REPORT=why at exit). */
-void ndm__why_top(FILE *f, int top);
+/* ndm_why_alive for one array of each of the `top` creation sites of
+ * root's subtree (the whole tree for the null handle) holding the most
+ * bytes (no lock held; NDM_LEAK_REPORT=why at exit, ndm_debug_dump_why). */
+void ndm__why_top(FILE *f, ndm_manager root, int top);
 
 /* A new manager with extra NDM__M_* flags (scopes). */
 ndm_manager ndm__manager_new_ex(ndm__site site, const char *api, ndm_manager parent,
@@ -884,6 +885,15 @@ void ndm__report_top_managers(ndm_device dev, char *buf, size_t n);
 void ndm__describe_manager_path(uint32_t slot, char *buf, size_t n);
 
 /* Scopes (scope.c): the innermost live scope of this thread, or null. */
+/* Scopes kept open between uses, on the thread that made them: the
+ * thread's parked scope under `parent` (taken off the shelf and pushed), or
+ * a new one as ndm_scope_begin makes it; and the end of such a use: every
+ * array of s released and s popped and parked for the next use (a scope that
+ * is not one of this thread's, closing, capped or with children ends as
+ * ndm_scope_end ends it). A thread's parked scopes close at its exit, and
+ * with their parent. */
+ndm_manager ndm__scope_reuse(ndm__site site, ndm_manager parent, const char *name);
+ndm_status ndm__scope_park(ndm__site site, ndm_manager parent, ndm_manager s);
 ndm_manager ndm__scope_innermost(void);
 /* NDM_CURRENT_SCOPE resolved: the innermost scope's handle, or the null
  * handle with NDM_E_NULL recorded when this thread has none. */

@@ -353,6 +353,19 @@ NDM_API ndm_status ndm_debug_dump_at(NDM_SITE_PARAMS, ndm_manager h, FILE *f)
     return NDM_OK;
 }
 
+NDM_API ndm_status ndm_debug_dump_why_at(NDM_SITE_PARAMS, ndm_manager h, FILE *f, int top)
+{
+    ndm__site site = NDM__SITE;
+    if (top < 1 || top > NDM_DUMP_WHY_MAX)
+        return ndm__fail(NDM_E_INVALID, __func__, site, "top %d: it goes from 1 to %d", top,
+                         NDM_DUMP_WHY_MAX);
+    ndm_status st = ndm_debug_dump_at(NDM__SITE_ARGS(site), h, f);
+    if (st != NDM_OK)
+        return st;
+    ndm__why_top(f, ndm__manager_resolved(h, __func__, site), top);
+    return NDM_OK;
+}
+
 /* ---- JSON ---------------------------------------------------------------------- */
 
 static void json_node(ndm__manager *m, FILE *f, const lent_table *lt)
@@ -428,8 +441,14 @@ NDM_API ndm_seq ndm_mark(ndm_manager h)
     return atomic_fetch_add_explicit(&ndm__epoch, 1, memory_order_relaxed) + 1;
 }
 
+/* Arrays are grouped by creation site and, for an array moved where it
+ * is, by its last move too (the growth tracker's key): "created at X,
+ * moved by ndm_attach at Y" names the line that made the array and the
+ * line that put it where it leaks. */
 typedef struct site_group {
     ndm__site site;
+    uint32_t moved;    /* NDM__MOVED_*; 0: made where it is */
+    ndm__site moved_at;
     uint64_t count;
     uint64_t bytes;
     uint32_t mgr; /* the manager of the newest array of the group */
@@ -454,8 +473,11 @@ static void collect_one(ndm__manager *m, ndm_seq mark, groups *gs)
             continue;
         gs->total++;
         uint64_t bytes = (uint64_t)ndm__numel(r->ndim, r->shape) * ndm_dtype_size(r->dtype);
+        ndm__site site = ndm__array_site(r), moved_at = NDM__NO_SITE;
+        uint32_t moved = ndm__array_last_move(r, &moved_at);
         size_t i = 0;
-        while (i < gs->n && !ndm__same_site(gs->g[i].site, ndm__array_site(r)))
+        while (i < gs->n && !(ndm__same_site(gs->g[i].site, site) && gs->g[i].moved == moved &&
+                              (!moved || ndm__same_site(gs->g[i].moved_at, moved_at))))
             i++;
         if (i == gs->n) {
             if (gs->n == gs->cap) {
@@ -468,12 +490,26 @@ static void collect_one(ndm__manager *m, ndm_seq mark, groups *gs)
                 gs->g = p;
                 gs->cap = cap;
             }
-            gs->g[gs->n++] = (site_group){ndm__array_site(r), 0, 0, m->self};
+            gs->g[gs->n++] = (site_group){site, moved, moved_at, 0, 0, m->self};
         }
         gs->g[i].count++;
         gs->g[i].bytes += bytes;
     }
     ndm__mlock_drop(m);
+}
+
+/* One group's line: "N arrays, B bytes, created at X[, moved by M at Y,] in P". */
+static void print_group(FILE *f, const site_group *g, const char *path)
+{
+    char site[256], moved[256];
+    ndm__site_str(g->site, site, sizeof site);
+    if (g->moved)
+        fprintf(f, "  %" PRIu64 " array%s, %" PRIu64 " bytes, created at %s, moved by %s at %s, in %s\n",
+                g->count, g->count == 1 ? "" : "s", g->bytes, site, ndm__move_name(g->moved),
+                ndm__site_str(g->moved_at, moved, sizeof moved), path);
+    else
+        fprintf(f, "  %" PRIu64 " array%s, %" PRIu64 " bytes, created at %s in %s\n", g->count,
+                g->count == 1 ? "" : "s", g->bytes, site, path);
 }
 
 static void collect_since(ndm__manager *m, ndm_seq mark, groups *gs)
@@ -510,7 +546,7 @@ NDM_API ndm_status ndm_report_since(ndm_manager h, ndm_seq mark, FILE *f)
     if (!m)
         return ndm_last_status();
     groups gs = {0};
-    char path[1024], site[256];
+    char path[1024];
     ndm__tree_lock();
     collect_since(m, mark, &gs);
     ndm__manager_path_locked(m->self, path, sizeof path);
@@ -521,9 +557,7 @@ NDM_API ndm_status ndm_report_since(ndm_manager h, ndm_seq mark, FILE *f)
             gs.total, gs.total == 1 ? "" : "s", mark, path);
     for (size_t i = 0; i < gs.n; i++) {
         ndm__manager_path_locked(gs.g[i].mgr, path, sizeof path);
-        fprintf(f, "  %" PRIu64 " array%s, %" PRIu64 " bytes, created at %s in %s\n",
-                gs.g[i].count, gs.g[i].count == 1 ? "" : "s", gs.g[i].bytes,
-                ndm__site_str(gs.g[i].site, site, sizeof site), path);
+        print_group(f, &gs.g[i], path);
     }
     ndm__tree_unlock();
     if (gs.oom)
@@ -620,9 +654,7 @@ static void leak_group(uint32_t *members, size_t n, int depth, void *ctx)
     if (gs.n)
         qsort(gs.g, gs.n, sizeof *gs.g, by_count);
     for (size_t i = 0; i < gs.n; i++)
-        fprintf(f, "  %" PRIu64 " array%s, %" PRIu64 " bytes, created at %s in %s\n",
-                gs.g[i].count, gs.g[i].count == 1 ? "" : "s", gs.g[i].bytes,
-                ndm__site_str(gs.g[i].site, site, sizeof site), path);
+        print_group(f, &gs.g[i], path);
     if (gs.oom)
         fprintf(f, "  (some arrays of %s were not grouped: out of memory)\n", path);
     free(gs.g);

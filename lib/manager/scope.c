@@ -345,3 +345,72 @@ NDM_API void ndm_auto_cleanup(void *p)
     if (st < 0)
         ndm__warn("NDM_AUTO cleanup failed: %s", ndm_last_error());
 }
+
+/* ---- scopes kept between uses ----------------------------------------------------
+ * A server's request runs in a scope under the predictor; making and closing
+ * a manager per request takes the tree lock twice, which every serving thread
+ * shares. A parked scope stays open on its thread between requests: the next
+ * request under the same parent takes it back with no tree lock, and its
+ * arrays are released with its own lock, which its creator (this thread)
+ * takes on the fast path. */
+
+/* Close entry i's scope and clear the entry. */
+static void unpark(ndm__thread *t, int i, ndm__site site)
+{
+    ndm_manager s = t->parked[i].scope;
+    t->parked[i] = (ndm__parked_scope){0};
+    if (s.id) {
+        ndm_status cs = ndm_manager_close_at(NDM__SITE_ARGS(site), s);
+        (void)cs; /* NDM_ALREADY when its parent's close took it */
+    }
+}
+
+ndm_manager ndm__scope_reuse(ndm__site site, ndm_manager parent, const char *name)
+{
+    ndm__thread *t = ndm__thread_get();
+    for (int i = 0; t && i < NDM__PARKED_SCOPES; i++) {
+        if (t->parked[i].parent != parent.id)
+            continue;
+        ndm_manager s = t->parked[i].scope;
+        ndm__manager *m = ndm__manager_peek(s);
+        unsigned st = m ? atomic_load_explicit(&m->state, memory_order_relaxed) : 0;
+        if ((st & NDM__M_LIVE) && !(st & NDM__M_CLOSING) && push(s)) {
+            /* in use now: a nested request under the same parent makes its own */
+            t->parked[i] = (ndm__parked_scope){0};
+            return s;
+        }
+        unpark(t, i, site);
+        break;
+    }
+    return ndm_scope_begin_at(NDM__SITE_ARGS(site), parent, name);
+}
+
+ndm_status ndm__scope_park(ndm__site site, ndm_manager parent, ndm_manager sh)
+{
+    ndm__thread *t = ndm__tls;
+    ndm__manager *s = ndm__manager_peek(sh);
+    unsigned st = s ? atomic_load_explicit(&s->state, memory_order_relaxed) : 0;
+    /* Only a plain live scope with nothing below it is kept (the caller
+     * made it on this thread with ndm__scope_reuse): anything else ends as a
+     * scope ends. */
+    if (!t || !(st & NDM__M_LIVE) || (st & (NDM__M_CLOSING | NDM__M_CAP_ARRAYS)) ||
+        !(st & NDM__M_SCOPE) || __atomic_load_n(&s->first_child, __ATOMIC_RELAXED) != 0)
+        return ndm_scope_end_at(NDM__SITE_ARGS(site), sh, 0, NULL);
+    pop_entry(sh);
+    ndm__manager_release_except(s, NULL, 0, site);
+    ndm__reclaim_maybe();
+    /* newest first: the last entry's scope, if any, is closed */
+    int last = NDM__PARKED_SCOPES - 1;
+    if (t->parked[last].parent)
+        unpark(t, last, site);
+    memmove(&t->parked[1], &t->parked[0], (size_t)last * sizeof t->parked[0]);
+    t->parked[0] = (ndm__parked_scope){parent.id, sh};
+    return NDM_OK;
+}
+
+void ndm__scope_unpark_all(ndm__thread *t)
+{
+    for (int i = 0; i < NDM__PARKED_SCOPES; i++)
+        if (t->parked[i].parent)
+            unpark(t, i, NDM__NO_SITE);
+}

@@ -82,6 +82,8 @@ uint64_t ndm__threads_min_epoch(uint64_t ceiling)
 static void thread_exit(void *p)
 {
     ndm__thread *t = p;
+    /* its parked scopes first: their close needs the thread's state */
+    ndm__scope_unpark_all(t);
     /* (this thread is in no operation now: what it retired may go) */
     atomic_store_explicit(&t->op_epoch, 0, memory_order_release);
     ndm__reclaim(false);

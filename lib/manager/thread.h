@@ -19,6 +19,14 @@
  * array died at least that long. */
 #define NDM__SLOT_RESERVE 256
 #define NDM__SCOPES_INLINE 16
+/* Scopes a thread keeps open between uses (ndm__scope_reuse): one per
+ * parent it serves under, the oldest closed when a fifth parent comes. */
+#define NDM__PARKED_SCOPES 4
+
+typedef struct ndm__parked_scope {
+    uint64_t parent; /* the parent's handle id; 0: an empty entry */
+    ndm_manager scope;
+} ndm__parked_scope;
 
 typedef struct ndm__thread {
     uint64_t id;               /* never reused: managers remember their creator by it */
@@ -31,6 +39,8 @@ typedef struct ndm__thread {
     ndm_manager *scopes;
     int scope_depth, scope_cap;
     ndm_manager scope_inline[NDM__SCOPES_INLINE];
+    /* scopes parked for reuse, newest first; closed at the thread's exit */
+    ndm__parked_scope parked[NDM__PARKED_SCOPES];
     /* Deferred reclamation (reclaim.h): the epoch this thread's outermost
      * operation began in (0: in none), read by reclaiming threads; what it
      * retired and has not handed over yet. */
@@ -52,6 +62,8 @@ static inline ndm__thread *ndm__thread_get(void)
     return __builtin_expect(t != 0, 1) ? t : ndm__thread_make();
 }
 
+/* Close a thread's parked scopes (thread exit; scope.c). */
+void ndm__scope_unpark_all(ndm__thread *t);
 /* Give a thread's cached slots back (thread exit). */
 void ndm__slot_cache_flush(ndm__thread *t);
 

@@ -144,7 +144,7 @@ static void leak_report_at_exit(void)
     /* NDM_LEAK_REPORT=why: and why the largest three are alive */
     const char *env = getenv("NDM_LEAK_REPORT");
     if (n > 0 && env && !strcmp(env, "why"))
-        ndm__why_top(stderr, 3);
+        ndm__why_top(stderr, NDM_NULL_MANAGER, 3);
 }
 
 static void init_process(void)

@@ -3,7 +3,8 @@
  * bytes the array pins beyond its own elements; every other view that keeps
  * that storage alive (a slice's base, an alias in another manager, a value
  * an autograd graph saved, a DLPack export not yet deleted), each with its
- * manager and creation line; and a loan (the manager it returns to). What is
+ * manager and creation line; a loan (the manager it returns to); and the
+ * streams recorded as its users, whose work its memory waits for. What is
  * read is copied under the locks (tree, then the array's manager, then the
  * storage's, the order of moves) and printed after. */
 #include <inttypes.h>
@@ -39,6 +40,7 @@ typedef struct why {
     char charged[WHY_PATH];
     why_view *views;           /* the other views, newest first */
     size_t nviews, views_total;
+    uint32_t stream_uses;      /* streams besides its own recorded as users of the storage */
 } why;
 
 /* Bytes of r's own elements (its extent in the storage). */
@@ -135,6 +137,9 @@ static ndm_status why_read(ndm__array *r, uint32_t gen, why *w, const char *api,
     read_owners(w, r->mgr);
     w->storage_bytes = (int64_t)s->nbytes;
     w->wrapped = s->cookie == NULL;
+    /* (a count the allocator reads without its pool's lock, which may not
+     * be taken under a manager's: the block is kept by r) */
+    w->stream_uses = s->cookie ? ndm__alloc_stream_uses(s->device, s->cookie) : 0;
     ndm__manager_path_locked(s->charged, w->charged, sizeof w->charged);
     ndm_status st = NDM_OK;
     unsigned refs = atomic_load_explicit(&s->refs, memory_order_acquire) & NDM__REFS_COUNT;
@@ -220,6 +225,10 @@ static void why_print(FILE *f, const why *w)
                 fmt_bytes(w->self.elem_bytes, b1, sizeof b1),
                 fmt_bytes(w->storage_bytes - w->self.elem_bytes, b2, sizeof b2));
     fputc('\n', f);
+    if (w->stream_uses)
+        fprintf(f, "  pending stream uses: recorded on %u other stream%s (ndm_array_record_stream); "
+                   "its memory is reused only after their work queued by its release is done\n",
+                w->stream_uses, w->stream_uses == 1 ? "" : "s");
     if (!w->nviews) {
         fputs("  no other view holds the storage: releasing this array frees it\n", f);
         return;
@@ -300,7 +309,8 @@ static void why_json(FILE *f, const why *w)
             w->wrapped ? "true" : "false");
     ndm__json_write_str(f, w->charged);
     int64_t pinned = w->storage_bytes > w->self.elem_bytes ? w->storage_bytes - w->self.elem_bytes : 0;
-    fprintf(f, ",\"pinned_beyond_elements\":%" PRId64 "},\"held_by\":[", pinned);
+    fprintf(f, ",\"pinned_beyond_elements\":%" PRId64 ",\"stream_uses\":%u},\"held_by\":[",
+            pinned, w->stream_uses);
     for (size_t i = 0; i < w->nviews; i++) {
         if (i)
             fputc(',', f);
@@ -381,7 +391,7 @@ static int by_bytes(const void *a, const void *b)
     return x->bytes < y->bytes ? 1 : x->bytes > y->bytes ? -1 : 0;
 }
 
-void ndm__why_top(FILE *f, int top)
+void ndm__why_top(FILE *f, ndm_manager root, int top)
 {
     top_site *t = calloc(WHY_TOP_SITES, sizeof *t);
     if (!t) {
@@ -390,7 +400,10 @@ void ndm__why_top(FILE *f, int top)
     }
     size_t n = 0;
     ndm__tree_lock();
-    top_walk(ndm__manager_slot(ndm__system_slot), t, &n);
+    /* (looked up under the tree lock, which a close holds to end a manager) */
+    ndm__manager *m = root.id ? ndm__manager_peek(root) : ndm__manager_slot(ndm__system_slot);
+    if (m)
+        top_walk(m, t, &n);
     ndm__tree_unlock();
     qsort(t, n, sizeof *t, by_bytes);
     for (size_t i = 0; i < n && i < (size_t)top; i++) {

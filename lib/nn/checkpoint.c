@@ -126,7 +126,7 @@ static void list_add(ndm__sbuf *list, const char *name)
  * the module's tensors that kept their values, the file's that went unused. */
 static void warn_unmatched(const char *path, const ndm__site *site, const char **names,
                            const int64_t *found, int n, const ndm_named_arrays *set,
-                           const bool *used, int loaded)
+                           const char *const *fnames, const bool *used, int loaded)
 {
     ndm__sbuf kept = {0}, unused = {0};
     char where[256];
@@ -135,7 +135,7 @@ static void warn_unmatched(const char *path, const ndm__site *site, const char *
             list_add(&kept, names[i]);
     for (size_t j = 0; j < set->count; j++)
         if (!used[j])
-            list_add(&unused, set->names[j]);
+            list_add(&unused, fnames[j]);
     if (!kept.oom && !unused.oom)
         ndm__warn("ndm_module_load: '%s' (lenient): loaded %d of the module's %d tensors; "
                   "kept their values: %s; not in the module: %s (at %s)",
@@ -149,13 +149,74 @@ static void warn_unmatched(const char *path, const ndm__site *site, const char *
     free(unused.p);
 }
 
-NDM_API int ndm_module_load_at(NDM_SITE_PARAMS, ndm_module m, const char *path, unsigned mode)
+/* The file's names through `map` into *out (one per tensor: set->names[j]
+ * itself when unchanged, else a copy; NULL for a tensor the callback
+ * drops, which is marked used so that it is neither loaded nor
+ * unexpected). Two tensors read as one name are refused (NDM_E_FORMAT). */
+static ndm_status map_names(const ndm_name_map *map, const ndm_named_arrays *set, bool *used,
+                            char ***out, const char *path, const char *api, ndm__site site)
 {
-    NDM__ENTRY(__func__);
-    ndm__site site = NDM__SITE;
-    const char *api = "ndm_module_load";
+    char **mapped = calloc(set->count + 1, sizeof *mapped);
+    if (!mapped)
+        return ndm__fail(NDM_E_OOM, api, site, "no memory");
+    *out = mapped;
+    for (size_t j = 0; j < set->count; j++) {
+        const char *name = set->names[j];
+        char *rewritten = NULL;
+        for (int k = 0; k < map->n; k++) {
+            size_t fl = map->from[k] ? strlen(map->from[k]) : 0;
+            if (map->from[k] && !strncmp(name, map->from[k], fl)) {
+                const char *to = map->to[k] ? map->to[k] : "";
+                rewritten = malloc(strlen(to) + strlen(name + fl) + 1);
+                if (!rewritten)
+                    return ndm__fail(NDM_E_OOM, api, site, "no memory");
+                strcpy(rewritten, to);
+                strcat(rewritten, name + fl);
+                break; /* the first prefix that matches */
+            }
+        }
+        const char *now = rewritten ? rewritten : name;
+        if (map->fn) {
+            char buf[512];
+            int r = map->fn(now, buf, sizeof buf, map->ud);
+            if (r < 0) {
+                free(rewritten);
+                return ndm__fail(r, api, site, "the name map refused '%s' of '%s'", name, path);
+            }
+            if (r == 0) {
+                free(rewritten);
+                used[j] = true; /* dropped: neither loaded nor unexpected */
+                continue;
+            }
+            if (!memchr(buf, '\0', sizeof buf)) {
+                free(rewritten);
+                return ndm__fail(NDM_E_INVALID, api, site,
+                                 "the name map's name for '%s' is longer than %zu bytes", name,
+                                 sizeof buf - 1);
+            }
+            free(rewritten);
+            rewritten = strdup(buf);
+            if (!rewritten)
+                return ndm__fail(NDM_E_OOM, api, site, "no memory");
+        }
+        mapped[j] = rewritten ? rewritten : (char *)name;
+        for (size_t i = 0; i < j; i++)
+            if (mapped[i] && !strcmp(mapped[i], mapped[j]))
+                return ndm__fail(NDM_E_FORMAT, api, site,
+                                 "'%s' and '%s' of '%s' both read as '%s' through the name map",
+                                 set->names[i], set->names[j], path, mapped[j]);
+    }
+    return NDM_OK;
+}
+
+static int load(ndm__site site, const char *api, ndm_module m, const char *path, unsigned mode,
+                const ndm_name_map *map)
+{
     if (mode > NDM_CHECKPOINT_LENIENT)
         return ndm__fail(NDM_E_INVALID, api, site, "unknown mode %u", mode);
+    if (map && ((map->n < 0 || (map->n && (!map->from || !map->to)))))
+        return ndm__fail(NDM_E_INVALID, api, site, "a name map with %d prefixes needs both lists",
+                         map->n);
     int n = ndm_module_named_state(m, NULL, NULL, 0);
     if (n < 0)
         return n;
@@ -168,12 +229,17 @@ NDM_API int ndm_module_load_at(NDM_SITE_PARAMS, ndm_module m, const char *path, 
     const ndm_named_arrays *set = NULL;
     ndm_status st = NDM_OK;
     bool *used = NULL;
+    char **mapped = NULL;
     if (!names || !arrays || !found)
         st = ndm__fail(NDM_E_OOM, api, site, "no memory");
     else if (!(set = ndm_safetensors_load_at(NDM__SITE_ARGS(site), tmp, path, NDM_LOAD_MMAP_COW)))
         st = ndm_last_status();
     else if (!(used = calloc(set->count + 1, sizeof *used)))
         st = ndm__fail(NDM_E_OOM, api, site, "no memory");
+    else if (map)
+        st = map_names(map, set, used, &mapped, path, api, site);
+    /* the file's names as the module reads them */
+    const char *const *fnames = mapped ? (const char *const *)mapped : set ? set->names : NULL;
     int loaded = 0;
     if (st == NDM_OK) {
         ndm_module_named_state(m, names, arrays, n);
@@ -183,7 +249,7 @@ NDM_API int ndm_module_load_at(NDM_SITE_PARAMS, ndm_module m, const char *path, 
         for (int i = 0; i < n; i++) {
             found[i] = -1;
             for (size_t j = 0; j < set->count && found[i] < 0; j++)
-                if (!strcmp(set->names[j], names[i]))
+                if (fnames[j] && !strcmp(fnames[j], names[i]))
                     found[i] = (int64_t)j;
             if (found[i] < 0) {
                 note(missing, sizeof missing, &nmissing, "%s'%s'%s", names[i], "");
@@ -200,7 +266,7 @@ NDM_API int ndm_module_load_at(NDM_SITE_PARAMS, ndm_module m, const char *path, 
         }
         for (size_t j = 0; j < set->count; j++)
             if (!used[j])
-                note(unexpected, sizeof unexpected, &nunexpected, "%s'%s'%s", set->names[j], "");
+                note(unexpected, sizeof unexpected, &nunexpected, "%s'%s'%s", fnames[j], "");
         int matched = n - nmissing;
         if (nshapes)
             st = ndm__fail(NDM_E_SHAPE, api, site, "'%s' does not fit the module: %s", path,
@@ -225,13 +291,32 @@ NDM_API int ndm_module_load_at(NDM_SITE_PARAMS, ndm_module m, const char *path, 
             loaded++;
         }
         if (st == NDM_OK && (nmissing || nunexpected))
-            warn_unmatched(path, &site, names, found, n, set, used, loaded);
+            warn_unmatched(path, &site, names, found, n, set, fnames, used, loaded);
     }
     free(names);
     free(arrays);
     free(found);
     free(used);
+    if (mapped) {
+        for (size_t j = 0; j < set->count; j++)
+            if (mapped[j] != set->names[j])
+                free(mapped[j]);
+        free(mapped);
+    }
     ndm_status cs = ndm_manager_close_at(NDM__SITE_ARGS(site), tmp);
     (void)cs;
     return st < 0 ? st : loaded;
+}
+
+NDM_API int ndm_module_load_at(NDM_SITE_PARAMS, ndm_module m, const char *path, unsigned mode)
+{
+    NDM__ENTRY(__func__);
+    return load(NDM__SITE, "ndm_module_load", m, path, mode, NULL);
+}
+
+NDM_API int ndm_module_load_mapped_at(NDM_SITE_PARAMS, ndm_module m, const char *path,
+                                      unsigned mode, const ndm_name_map *map)
+{
+    NDM__ENTRY(__func__);
+    return load(NDM__SITE, "ndm_module_load_mapped", m, path, mode, map);
 }

@@ -19,7 +19,7 @@ static ndm_array seq_forward(ndm__module *m, ndm_array x, const char *api, ndm__
                                 ? ndm__module_of(m->children[i + 1], api, site)
                                 : NULL;
         if (next && next->type == &ndm__module_relu) {
-            y = c->type->forward_relu(c, y, api, site);
+            y = ndm__module_forward_relu(c, y, api, site);
             i++;
             continue;
         }
@@ -70,7 +70,7 @@ NDM_API ndm_module ndm_sequential_at(NDM_SITE_PARAMS, ndm_manager model, int n,
     for (int i = 0; i < n; i++) {
         char name[16];
         snprintf(name, sizeof name, "%d", i);
-        if (!ndm__module_add_child(m, name, modules[i]))
+        if (!ndm__module_attach_child(m, name, modules[i], api, site))
             return ndm__module_abandon(m, api, site);
     }
     return ndm__module_finish(m, model, api, site);

@@ -1,7 +1,9 @@
 /* The batch loader: seeded shuffling, one manager per batch under the
- * trainer, and loader state owned by the trainer. Loaders are objects of
- * the owned-object table, so a closed one is reported, never read. */
+ * trainer, loader state owned by the trainer, and worker threads that
+ * prepare batches ahead. Loaders are objects of the owned-object table, so
+ * a closed one is reported, never read. */
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,6 +16,28 @@
 #define KNOWN_FLAGS                                                                         \
     (NDM_LOADER_SHUFFLE | NDM_LOADER_DROP_LAST | NDM_LOADER_KEEP_BATCHES |                  \
      NDM_LOADER_SCALE_INPUTS | NDM_LOADER_LABELS_I64)
+
+#define MAX_WORKERS 64
+#define MAX_PREFETCH 1024
+
+/* A batch prepared ahead. The fetch that schedules it fills in what it is
+ * and makes its manager, then queues it; a worker takes it (RUNNING) and
+ * leaves it READY or FAILED; the fetch that reaches it hands it out or
+ * makes it again. The state and the counters below are under the loader's
+ * lock; the other fields belong to whoever moved the state last. */
+enum { JOB_FREE, JOB_QUEUED, JOB_RUNNING, JOB_READY, JOB_FAILED };
+
+typedef struct job {
+    int state;
+    int64_t epoch, index, step;
+    int64_t first, count;      /* positions in the epoch's order (rows: a copy of them) */
+    int64_t *rows;             /* the batch's rows when shuffled, else NULL */
+    ndm__site site;            /* the line of the fetch that scheduled it */
+    ndm_manager bm;            /* "batch-<step>" */
+    ndm_array bx, by;          /* a CPU trainer's batch, made by the worker */
+    void *hx, *hy;             /* a device trainer's batch, gathered on the host */
+    size_t hx_cap, hy_cap;
+} job;
 
 typedef struct loader {
     ndm_manager trainer;
@@ -30,6 +54,19 @@ typedef struct loader {
     size_t stage_cap;
     ndm_stream copy;           /* a device trainer's copy stream (owned by the trainer) */
     bool copy_made;
+    bool device;               /* the trainer is not on the CPU */
+    /* Workers (none when nworkers is 0). Jobs are numbered from 0 since the
+     * last reset; job k is in slot k % depth. Handed out < next <= take
+     * <= issued: workers take jobs in order. */
+    int nworkers, started, depth;
+    pthread_t *threads;
+    job *jobs;
+    pthread_mutex_t mu;
+    pthread_cond_t work, done;
+    uint64_t next, take, issued;
+    int running;
+    bool stop;
+    int64_t ahead_epoch, ahead_index, ahead_step; /* the next job's batch */
 } loader;
 
 /* ---- lifetime -------------------------------------------------------------------------- */
@@ -43,18 +80,88 @@ static void drop_current(loader *ld, ndm__site site)
     }
 }
 
+static job *slot_of(loader *ld, uint64_t k) { return &ld->jobs[k % (uint64_t)ld->depth]; }
+
+/* Close the managers of the jobs not handed out (a worker is done with
+ * each: none runs) and start numbering again. */
+static void close_prepared(loader *ld, ndm__site site)
+{
+    for (uint64_t k = ld->next; k < ld->issued; k++) {
+        job *j = slot_of(ld, k);
+        (void)!ndm_manager_close_at(NDM__SITE_ARGS(site), j->bm);
+        j->bm = NDM_NULL_MANAGER;
+        j->bx = j->by = NDM_NULL_ARRAY;
+        j->state = JOB_FREE;
+    }
+    pthread_mutex_lock(&ld->mu);
+    ld->next = ld->take = ld->issued = 0;
+    pthread_mutex_unlock(&ld->mu);
+}
+
+/* Forget every batch prepared ahead: no worker takes another, the running
+ * ones are waited for, and their managers closed; scheduling starts again
+ * at the consumer's batch. */
+static void drain(loader *ld, ndm__site site)
+{
+    if (!ld->nworkers)
+        return;
+    pthread_mutex_lock(&ld->mu);
+    ld->take = ld->issued;
+    while (ld->running)
+        pthread_cond_wait(&ld->done, &ld->mu);
+    pthread_mutex_unlock(&ld->mu);
+    close_prepared(ld, site);
+    ld->ahead_epoch = ld->epoch;
+    ld->ahead_index = ld->index;
+    ld->ahead_step = ld->step;
+}
+
+/* Stop and join the workers, then close what they prepared. */
+static void workers_stop(loader *ld, ndm__site site)
+{
+    if (!ld->started)
+        return;
+    pthread_mutex_lock(&ld->mu);
+    ld->stop = true;
+    pthread_cond_broadcast(&ld->work);
+    pthread_cond_broadcast(&ld->done); /* (a fetch waiting on another thread gives up) */
+    pthread_mutex_unlock(&ld->mu);
+    for (int i = 0; i < ld->started; i++)
+        pthread_join(ld->threads[i], NULL);
+    ld->started = 0;
+    close_prepared(ld, site);
+}
+
 /* Runs on ndm_loader_close and when the trainer closes (after its children,
  * the batches, are closed). */
-static void loader_retire(void *p) { drop_current(p, NDM__NO_SITE); }
-
-/* (later, once no ndm_loader_next that looked it up is running) */
-static void loader_destroy(void *p)
+static void loader_retire(void *p)
 {
-    loader *ld = p;
+    drop_current(p, NDM__NO_SITE);
+    workers_stop(p, NDM__NO_SITE);
+}
+
+/* Frees a loader whose workers are joined (or were never started). */
+static void loader_free(loader *ld)
+{
+    if (ld->jobs) {
+        for (int i = 0; i < ld->depth; i++) {
+            free(ld->jobs[i].rows);
+            free(ld->jobs[i].hx);
+            free(ld->jobs[i].hy);
+        }
+        free(ld->jobs);
+        pthread_cond_destroy(&ld->work);
+        pthread_cond_destroy(&ld->done);
+        pthread_mutex_destroy(&ld->mu);
+    }
+    free(ld->threads);
     free(ld->order);
     free(ld->stage);
     free(ld);
 }
+
+/* (later, once no ndm_loader_next that looked it up is running) */
+static void loader_destroy(void *p) { loader_free(p); }
 
 static const ndm__object_type loader_type = {
     .name = "loader",
@@ -81,12 +188,16 @@ NDM_API ndm_status ndm_loader_close_at(NDM_SITE_PARAMS, ndm_loader h)
     loader *ld = ndm__object_valid(h.id, &loader_type) ? lookup(h, __func__, site) : NULL;
     if (ld) {
         drop_current(ld, site);
+        workers_stop(ld, site);
         /* (when the trainer closes, the stream goes with it) */
         if (ld->copy_made)
             (void)!ndm_stream_release(ld->copy);
     }
     return ndm__object_free(h.id, &loader_type, __func__, site);
 }
+
+static ndm_status start_workers(loader *ld, int workers, int prefetch, const char *api,
+                                ndm__site site);
 
 NDM_API ndm_loader ndm_loader_new_at(NDM_SITE_PARAMS, ndm_manager trainer, ndm_dataset data,
                                      const ndm_loader_options *opts)
@@ -108,6 +219,14 @@ NDM_API ndm_loader ndm_loader_new_at(NDM_SITE_PARAMS, ndm_manager trainer, ndm_d
         ndm__fail(NDM_E_INVALID, api, site, "%s", opts->batch_size < 1
                                                       ? "the batch size must be at least 1"
                                                       : "unknown loader flags");
+        return (ndm_loader){0};
+    }
+    if (opts->workers < 0 || opts->workers > MAX_WORKERS || opts->prefetch < 0 ||
+        opts->prefetch > MAX_PREFETCH || (opts->prefetch && !opts->workers)) {
+        ndm__fail(NDM_E_INVALID, api, site,
+                  "%d workers, prefetch %d: workers go from 0 to %d, prefetch from 0 to %d, "
+                  "and prefetch needs workers",
+                  opts->workers, opts->prefetch, MAX_WORKERS, MAX_PREFETCH);
         return (ndm_loader){0};
     }
     if (!ndm__require_manager(trainer, api, site))
@@ -180,10 +299,16 @@ NDM_API ndm_loader ndm_loader_new_at(NDM_SITE_PARAMS, ndm_manager trainer, ndm_d
                   x->shape[0]);
         return (ndm_loader){0};
     }
+    ld->device = ndm_manager_device(trainer).type != NDM_DEVICE_CPU;
+    if (opts->workers && start_workers(ld, opts->workers, opts->prefetch, api, site) < 0) {
+        workers_stop(ld, site);
+        loader_free(ld);
+        return (ndm_loader){0};
+    }
     uint64_t id = ndm__object_new(&loader_type, trainer, ld, site, api);
     if (!id) {
-        free(ld->order);
-        free(ld);
+        workers_stop(ld, site);
+        loader_free(ld);
         return (ndm_loader){0};
     }
     return (ndm_loader){id};
@@ -313,11 +438,10 @@ static ndm_status gather_to_device(loader *ld, const ndm__view *r, const ndm__te
     return st;
 }
 
-/* A batch array in manager bm: rows of src, converted; device batches are
- * gathered on the host, then uploaded. */
-static ndm_array make_part(ndm__site site, const char *api, loader *ld, ndm_manager bm,
-                           const ndm__tensor *src, const int64_t *rows, int64_t first,
-                           int64_t count, ndm_dtype dtype, bool scale, ndm_stream compute)
+/* A batch array in manager bm, uninitialised: `count` rows shaped as src's,
+ * of dtype; *r is its view. */
+static ndm_array alloc_part(ndm__site site, const char *api, ndm_manager bm,
+                            const ndm__tensor *src, int64_t count, ndm_dtype dtype, ndm__view *r)
 {
     int64_t small[8], *shape = small;
     if (src->ndim > 8 && !(shape = malloc((size_t)src->ndim * sizeof *shape))) {
@@ -326,17 +450,30 @@ static ndm_array make_part(ndm__site site, const char *api, loader *ld, ndm_mana
     }
     memcpy(shape, src->shape, (size_t)src->ndim * sizeof *shape);
     shape[0] = count;
-    ndm__view r;
-    ndm_array a = ndm__array_make(site, api, bm, NULL, dtype, src->ndim, shape, &r);
+    ndm_array a = ndm__array_make(site, api, bm, NULL, dtype, src->ndim, shape, r);
     if (shape != small)
         free(shape);
+    return a;
+}
+
+/* A batch array in manager bm: rows of src, converted; device batches are
+ * gathered on the host, then uploaded, or uploaded from `pre` when a worker
+ * has gathered them already. */
+static ndm_array make_part(ndm__site site, const char *api, loader *ld, ndm_manager bm,
+                           const ndm__tensor *src, const int64_t *rows, int64_t first,
+                           int64_t count, ndm_dtype dtype, bool scale, ndm_stream compute,
+                           const void *pre)
+{
+    ndm__view r;
+    ndm_array a = alloc_part(site, api, bm, src, count, dtype, &r);
     if (!a.id)
         return a;
     ndm_status st;
     if (r.device.type == NDM_DEVICE_CPU) {
         st = gather(src, rows, first, count, r.t.data, dtype, scale, api, site);
     } else {
-        st = gather_to_device(ld, &r, src, rows, first, count, dtype, scale, api, site);
+        st = pre ? ndm__range_from_host(&r, 0, pre, r.nbytes, api, site)
+                 : gather_to_device(ld, &r, src, rows, first, count, dtype, scale, api, site);
         /* the compute stream reads it: its free waits for that work */
         if (st == NDM_OK && compute.id)
             st = ndm_array_record_stream(a, compute);
@@ -348,57 +485,63 @@ static ndm_array make_part(ndm__site site, const char *api, loader *ld, ndm_mana
     return a;
 }
 
-NDM_API int ndm_loader_next_at(NDM_SITE_PARAMS, ndm_loader h, ndm_batch *out)
+/* Positions [*first, *first + *count) of the epoch's order make batch
+ * `index` of this shard (data.h); one shard: the batch. */
+static void batch_span(const loader *ld, int64_t index, int64_t *first, int64_t *count)
 {
-    NDM__OP_GUARD();
-    ndm__site site = NDM__SITE;
-    const char *api = __func__;
-    if (!out)
-        return ndm__fail(NDM_E_INVALID, api, site, "out is NULL");
-    memset(out, 0, sizeof *out);
-    loader *ld = lookup(h, api, site);
-    if (!ld)
-        return ndm_last_status();
-    /* refused before the current batch is closed: the call changes nothing */
-    if (ld->index >= ld->nbatches && ld->epoch == INT64_MAX)
-        return ndm__fail(NDM_E_OVERFLOW, api, site,
-                         "epoch %" PRId64 " is over and is the last a loader counts", ld->epoch);
-    drop_current(ld, site);
-    if (ld->index >= ld->nbatches) {
-        ld->epoch++;
-        ld->index = 0;
-        return 0;
-    }
-    ndm__view xv, yv;
-    if (!ndm__view_of(ld->data.inputs, &xv, api, site))
-        return ndm_last_status();
-    const ndm__tensor *x = &xv.t, *y = NULL;
-    if (ld->data.labels.id) {
-        if (!ndm__view_of(ld->data.labels, &yv, api, site))
-            return ndm_last_status();
-        y = &yv.t;
-    }
-    if ((ld->flags & NDM_LOADER_SHUFFLE) && ld->order_epoch != ld->epoch) {
-        shuffle(ld->order, ld->n, ld->seed, ld->epoch);
-        ld->order_epoch = ld->epoch;
-    }
-    /* this shard's run of its global batch (data.h); one shard: the batch */
     int64_t global = ld->batch_size * ld->shards;
-    int64_t gfirst = ld->index * global;
+    int64_t gfirst = index * global;
     int64_t gcount = ld->n - gfirst < global ? ld->n - gfirst : global;
-    int64_t first, count;
     if (gcount == global) {
-        first = gfirst + ld->shard * ld->batch_size;
-        count = ld->batch_size;
+        *first = gfirst + ld->shard * ld->batch_size;
+        *count = ld->batch_size;
     } else {
-        first = gfirst + ld->shard * gcount / ld->shards;
-        count = gfirst + (ld->shard + 1) * gcount / ld->shards - first;
+        *first = gfirst + ld->shard * gcount / ld->shards;
+        *count = gfirst + (ld->shard + 1) * gcount / ld->shards - *first;
     }
-    char name[48];
-    snprintf(name, sizeof name, "batch-%" PRId64, ld->step);
-    ndm_manager bm = ndm_manager_new_at(NDM__SITE_ARGS(site), ld->trainer, name);
-    if (!bm.id)
-        return ndm_last_status();
+}
+
+static void order_for(loader *ld, int64_t epoch)
+{
+    if ((ld->flags & NDM_LOADER_SHUFFLE) && ld->order_epoch != epoch) {
+        shuffle(ld->order, ld->n, ld->seed, epoch);
+        ld->order_epoch = epoch;
+    }
+}
+
+/* The dataset's views: false with the lookup's error. */
+static bool data_views(loader *ld, ndm__view *xv, ndm__view *yv, const ndm__tensor **y,
+                       const char *api, ndm__site site)
+{
+    if (!ndm__view_of(ld->data.inputs, xv, api, site))
+        return false;
+    *y = NULL;
+    if (ld->data.labels.id) {
+        if (!ndm__view_of(ld->data.labels, yv, api, site))
+            return false;
+        *y = &yv->t;
+    }
+    return true;
+}
+
+static ndm_dtype inputs_dtype(const loader *ld, const ndm__tensor *x)
+{
+    return ld->flags & NDM_LOADER_SCALE_INPUTS ? NDM_F32 : x->dtype;
+}
+
+static ndm_dtype labels_dtype(const loader *ld, const ndm__tensor *y)
+{
+    return ld->flags & NDM_LOADER_LABELS_I64 ? NDM_I64 : y->dtype;
+}
+
+/* Fill batch manager bm with the batch's arrays, from the dataset or from
+ * a worker's host gathering (pre_x, pre_y; device trainers only). On
+ * failure bm is closed. */
+static ndm_status fill(loader *ld, ndm_manager bm, const ndm__tensor *x, const ndm__tensor *y,
+                       const int64_t *rows, int64_t first, int64_t count, const void *pre_x,
+                       const void *pre_y, ndm_array *bx_out, ndm_array *by_out,
+                       const char *api, ndm__site site)
+{
     bool scale = ld->flags & NDM_LOADER_SCALE_INPUTS;
     /* A GPU batch is allocated on, and uploaded by, the loader's copy
      * stream: the upload does not queue behind the kernels of the step
@@ -423,12 +566,12 @@ NDM_API int ndm_loader_next_at(NDM_SITE_PARAMS, ndm_loader h, ndm_batch *out)
             return st;
         }
     }
-    ndm_array bx = make_part(site, api, ld, bm, x, ld->order, first, count,
-                             scale ? NDM_F32 : x->dtype, scale, compute);
+    ndm_array bx = make_part(site, api, ld, bm, x, rows, first, count, inputs_dtype(ld, x), scale,
+                             compute, pre_x);
     ndm_array by = NDM_NULL_ARRAY;
     if (bx.id && y)
-        by = make_part(site, api, ld, bm, y, ld->order, first, count,
-                       ld->flags & NDM_LOADER_LABELS_I64 ? NDM_I64 : y->dtype, false, compute);
+        by = make_part(site, api, ld, bm, y, rows, first, count, labels_dtype(ld, y), false,
+                       compute, pre_y);
     if (compute.id)
         (void)!ndm_stream_set_current(compute); /* current a moment ago: it cannot have gone */
     if (!bx.id || (y && !by.id)) {
@@ -436,6 +579,15 @@ NDM_API int ndm_loader_next_at(NDM_SITE_PARAMS, ndm_loader h, ndm_batch *out)
         (void)!ndm_manager_close_at(NDM__SITE_ARGS(site), bm);
         return st < 0 ? st : NDM_E_INTERNAL;
     }
+    *bx_out = bx;
+    *by_out = by;
+    return NDM_OK;
+}
+
+/* The fetch's result: batch bm of `count` examples is the current one. */
+static int hand_out(loader *ld, ndm_manager bm, ndm_array bx, ndm_array by, int64_t count,
+                    ndm_batch *out)
+{
     out->manager = bm;
     out->inputs = bx;
     out->labels = by;
@@ -448,6 +600,321 @@ NDM_API int ndm_loader_next_at(NDM_SITE_PARAMS, ndm_loader h, ndm_batch *out)
     ld->index++;
     ld->step++;
     return 1;
+}
+
+/* ---- workers ------------------------------------------------------------------------------ */
+
+/* Gather rows of src into the growing host buffer *buf, as dtype. */
+static bool gather_host(void **buf, size_t *cap, const ndm__tensor *src, const int64_t *rows,
+                        int64_t first, int64_t count, ndm_dtype dtype, bool scale,
+                        const char *api, ndm__site site)
+{
+    /* (no overflow: at most 8 bytes an element, of rows the dataset holds) */
+    size_t bytes = (size_t)ndm__shape_numel(src->ndim - 1, src->shape + 1) * (size_t)count *
+                   ndm_dtype_size(dtype);
+    if (bytes > *cap || !*buf) {
+        void *p = realloc(*buf, bytes ? bytes : 1);
+        if (!p) {
+            ndm__fail(NDM_E_OOM, api, site, "no memory to gather a batch of %zu bytes", bytes);
+            return false;
+        }
+        *buf = p;
+        *cap = bytes;
+    }
+    return gather(src, rows, first, count, *buf, dtype, scale, api, site) == NDM_OK;
+}
+
+/* Fill a CPU trainer's batch array a (made by the fetch that scheduled the
+ * batch) with rows of src; false when a is gone (its manager was closed
+ * meanwhile: the lookup keeps its memory while this writes it). */
+static bool fill_part(ndm_array a, const ndm__tensor *src, const int64_t *rows, int64_t first,
+                      int64_t count, ndm_dtype dtype, bool scale, const char *api,
+                      ndm__site site)
+{
+    ndm__view v;
+    return ndm__view_of(a, &v, api, site) &&
+           gather(src, rows, first, count, v.t.data, dtype, scale, api, site) == NDM_OK;
+}
+
+/* A worker's part of job j: a CPU trainer's batch arrays filled; a device
+ * trainer's rows gathered on the host. */
+static bool run_job(loader *ld, job *j)
+{
+    NDM__OP_GUARD(); /* (the dataset's memory stays while this reads it) */
+    const char *api = "ndm_loader_next";
+    ndm__view xv, yv;
+    const ndm__tensor *y;
+    if (!data_views(ld, &xv, &yv, &y, api, j->site))
+        return false;
+    const ndm__tensor *x = &xv.t;
+    const int64_t *rows = j->rows;
+    int64_t first = rows ? 0 : j->first;
+    bool scale = ld->flags & NDM_LOADER_SCALE_INPUTS;
+    if (ld->device)
+        return gather_host(&j->hx, &j->hx_cap, x, rows, first, j->count, inputs_dtype(ld, x),
+                           scale, api, j->site) &&
+               (!y || gather_host(&j->hy, &j->hy_cap, y, rows, first, j->count,
+                                  labels_dtype(ld, y), false, api, j->site));
+    return fill_part(j->bx, x, rows, first, j->count, inputs_dtype(ld, x), scale, api,
+                     j->site) &&
+           (!y || fill_part(j->by, y, rows, first, j->count, labels_dtype(ld, y), false, api,
+                            j->site));
+}
+
+static void *worker_main(void *arg)
+{
+    loader *ld = arg;
+    /* Its failures are not the user's: the fetch that reaches a failed
+     * batch makes it again and reports what goes wrong then. */
+    ndm__quiet_state q;
+    ndm__quiet_begin(&q);
+    ndm__compute_pool_avoid();
+    pthread_mutex_lock(&ld->mu);
+    for (;;) {
+        while (!ld->stop && ld->take == ld->issued)
+            pthread_cond_wait(&ld->work, &ld->mu);
+        if (ld->stop)
+            break;
+        job *j = slot_of(ld, ld->take++);
+        j->state = JOB_RUNNING;
+        ld->running++;
+        pthread_mutex_unlock(&ld->mu);
+        bool ok = run_job(ld, j);
+        pthread_mutex_lock(&ld->mu);
+        j->state = ok ? JOB_READY : JOB_FAILED;
+        ld->running--;
+        pthread_cond_broadcast(&ld->done);
+    }
+    pthread_mutex_unlock(&ld->mu);
+    return NULL;
+}
+
+static ndm_status start_workers(loader *ld, int workers, int prefetch, const char *api,
+                                ndm__site site)
+{
+    ld->depth = prefetch ? prefetch : 2 * workers;
+    ld->jobs = calloc((size_t)ld->depth, sizeof *ld->jobs);
+    ld->threads = calloc((size_t)workers, sizeof *ld->threads);
+    if (!ld->jobs || !ld->threads) {
+        free(ld->jobs);
+        ld->jobs = NULL;
+        return ndm__fail(NDM_E_OOM, api, site, "no memory for %d loader workers", workers);
+    }
+    pthread_mutex_init(&ld->mu, NULL);
+    pthread_cond_init(&ld->work, NULL);
+    pthread_cond_init(&ld->done, NULL);
+    int64_t most = ld->batch_size < ld->n ? ld->batch_size : ld->n;
+    for (int i = 0; i < ld->depth; i++)
+        if ((ld->flags & NDM_LOADER_SHUFFLE) &&
+            !(ld->jobs[i].rows = malloc((size_t)(most ? most : 1) * sizeof(int64_t))))
+            return ndm__fail(NDM_E_OOM, api, site, "no memory for the rows of %d batches ahead",
+                             ld->depth);
+    ld->nworkers = workers;
+    for (; ld->started < workers; ld->started++) {
+        int rc = pthread_create(&ld->threads[ld->started], NULL, worker_main, ld);
+        if (rc != 0)
+            return ndm__fail(NDM_E_OOM, api, site, "cannot start loader worker %d of %d: %s",
+                             ld->started + 1, workers, strerror(rc));
+    }
+    return NDM_OK;
+}
+
+/* What the fetch that schedules job j makes of it (quietly): the batch's
+ * manager and, for a CPU trainer, its arrays, uninitialised (a device
+ * trainer's are made when the batch is handed out). False, with nothing
+ * left, when one cannot be made. */
+static bool make_ahead(loader *ld, job *j, ndm__site site)
+{
+    const char *api = "ndm_loader_next";
+    char name[48];
+    snprintf(name, sizeof name, "batch-%" PRId64, j->step);
+    j->bm = ndm_manager_new_at(NDM__SITE_ARGS(site), ld->trainer, name);
+    j->bx = j->by = NDM_NULL_ARRAY;
+    if (!j->bm.id)
+        return false;
+    if (ld->device)
+        return true;
+    ndm__view xv, yv, r;
+    const ndm__tensor *y;
+    if (data_views(ld, &xv, &yv, &y, api, site) &&
+        (j->bx = alloc_part(site, api, j->bm, &xv.t, j->count, inputs_dtype(ld, &xv.t), &r)).id &&
+        (!y || (j->by = alloc_part(site, api, j->bm, y, j->count, labels_dtype(ld, y), &r)).id))
+        return true;
+    (void)!ndm_manager_close_at(NDM__SITE_ARGS(site), j->bm);
+    j->bm = NDM_NULL_MANAGER;
+    return false;
+}
+
+/* Queue batches ahead of the consumer until `depth` are prepared or being
+ * prepared. Their managers and (CPU trainers) arrays are made here, in
+ * order and at the fetch's line, so the tree and its counts read the same
+ * whatever the workers' timing (the workers only write the arrays' bytes);
+ * a batch that cannot be made ends the scheduling quietly: the fetch that
+ * reaches it makes it and reports why not. */
+static void schedule(loader *ld, ndm__site site)
+{
+    while (ld->nbatches && ld->issued - ld->next < (uint64_t)ld->depth) {
+        if (ld->ahead_index >= ld->nbatches) {
+            if (ld->ahead_epoch == INT64_MAX)
+                return;
+            ld->ahead_epoch++;
+            ld->ahead_index = 0;
+        }
+        job *j = slot_of(ld, ld->issued);
+        j->epoch = ld->ahead_epoch;
+        j->index = ld->ahead_index;
+        j->step = ld->ahead_step;
+        batch_span(ld, j->index, &j->first, &j->count);
+        ndm__quiet_state q;
+        ndm__quiet_begin(&q);
+        bool made = make_ahead(ld, j, site);
+        ndm__quiet_end(&q);
+        if (!made)
+            return;
+        if (j->rows) {
+            order_for(ld, j->epoch);
+            memcpy(j->rows, ld->order + j->first, (size_t)j->count * sizeof *j->rows);
+        }
+        j->site = site;
+        pthread_mutex_lock(&ld->mu);
+        j->state = JOB_QUEUED;
+        ld->issued++;
+        pthread_cond_signal(&ld->work);
+        pthread_mutex_unlock(&ld->mu);
+        ld->ahead_index++;
+        ld->ahead_step++;
+    }
+}
+
+/* The consumer's batch from the workers: 1 when handed out; 0 when the
+ * fetch must make it itself (nothing prepared, or a worker failed: the
+ * pipeline is drained then); negative when the loader was closed meanwhile
+ * from another thread. */
+static int take_prepared(loader *ld, ndm_batch *out, const char *api, ndm__site site)
+{
+    schedule(ld, site);
+    if (ld->next == ld->issued)
+        return 0;
+    job *j = slot_of(ld, ld->next);
+    pthread_mutex_lock(&ld->mu);
+    while (!ld->stop && (j->state == JOB_QUEUED || j->state == JOB_RUNNING))
+        pthread_cond_wait(&ld->done, &ld->mu);
+    int state = j->state;
+    bool stopped = ld->stop;
+    pthread_mutex_unlock(&ld->mu);
+    if (stopped)
+        return ndm__fail(NDM_E_CLOSED, api, site,
+                         "the loader was closed while this fetch waited for its batch");
+    if (state == JOB_READY && j->epoch == ld->epoch && j->index == ld->index &&
+        j->step == ld->step) {
+        ndm_array bx = j->bx, by = j->by;
+        /* The dataset is looked up as the fetch without workers does: one
+         * released since the batch was prepared fails this fetch (below).
+         * Quiet: a failure here is made again, and reported, below. */
+        ndm__quiet_state q;
+        ndm__quiet_begin(&q);
+        ndm__view xv, yv;
+        const ndm__tensor *y;
+        ndm_status st = data_views(ld, &xv, &yv, &y, api, site) ? NDM_OK : ndm_last_status();
+        if (st == NDM_OK && ld->device)
+            st = fill(ld, j->bm, &xv.t, y, NULL, 0, j->count, j->hx, j->hy, &bx, &by, api, site);
+        ndm__quiet_end(&q);
+        if (st == NDM_OK) {
+            ndm_manager bm = j->bm;
+            j->bm = NDM_NULL_MANAGER;
+            pthread_mutex_lock(&ld->mu);
+            j->state = JOB_FREE;
+            ld->next++;
+            pthread_mutex_unlock(&ld->mu);
+            int rc = hand_out(ld, bm, bx, by, j->count, out);
+            schedule(ld, site);
+            return rc;
+        }
+    }
+    /* This batch is made again here, in the state the loader without
+     * workers would make it in: nothing prepared beyond it. */
+    drain(ld, site);
+    return 0;
+}
+
+/* Report a batch that could not be made: the failure's own message `m`
+ * (recorded quietly), after the batch it was for. */
+static NDM__COLD ndm_status batch_failed(loader *ld, ndm_status st, const char *m,
+                                         const char *api, ndm__site site)
+{
+    char why[1024];
+    size_t skip = strlen("ndm_loader_next: ");
+    if (strncmp(m, "ndm_loader_next: ", skip) != 0)
+        skip = 0;
+    snprintf(why, sizeof why, "%s", m + skip);
+    char *at = strstr(why, " [at ");
+    for (char *p = at; p; p = strstr(p + 1, " [at "))
+        at = p;
+    if (at)
+        *at = '\0';
+    return ndm__fail(st, api, site,
+                     "batch-%" PRId64 " (epoch %" PRId64 ", batch %" PRId64 ") not made: %s",
+                     ld->step, ld->epoch, ld->index, why);
+}
+
+NDM_API int ndm_loader_next_at(NDM_SITE_PARAMS, ndm_loader h, ndm_batch *out)
+{
+    NDM__OP_GUARD();
+    ndm__site site = NDM__SITE;
+    const char *api = __func__;
+    if (!out)
+        return ndm__fail(NDM_E_INVALID, api, site, "out is NULL");
+    memset(out, 0, sizeof *out);
+    loader *ld = lookup(h, api, site);
+    if (!ld)
+        return ndm_last_status();
+    /* refused before the current batch is closed: the call changes nothing */
+    if (ld->index >= ld->nbatches && ld->epoch == INT64_MAX)
+        return ndm__fail(NDM_E_OVERFLOW, api, site,
+                         "epoch %" PRId64 " is over and is the last a loader counts", ld->epoch);
+    drop_current(ld, site);
+    if (ld->index >= ld->nbatches) {
+        ld->epoch++;
+        ld->index = 0;
+        return 0;
+    }
+    if (ld->nworkers) {
+        int rc = take_prepared(ld, out, api, site);
+        if (rc != 0)
+            return rc;
+    }
+    ndm__view xv, yv;
+    const ndm__tensor *y;
+    if (!data_views(ld, &xv, &yv, &y, api, site))
+        return ndm_last_status();
+    order_for(ld, ld->epoch);
+    int64_t first, count;
+    batch_span(ld, ld->index, &first, &count);
+    char name[48];
+    snprintf(name, sizeof name, "batch-%" PRId64, ld->step);
+    ndm_manager bm = ndm_manager_new_at(NDM__SITE_ARGS(site), ld->trainer, name);
+    if (!bm.id)
+        return ndm_last_status();
+    ndm_array bx, by;
+    ndm__quiet_state q;
+    ndm__quiet_begin(&q);
+    ndm_status st = fill(ld, bm, &xv.t, y, ld->order, first, count, NULL, NULL, &bx, &by, api,
+                         site);
+    if (st < 0) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", ndm_last_error());
+        ndm__quiet_end(&q);
+        return batch_failed(ld, st, why, api, site);
+    }
+    ndm__quiet_end(&q);
+    int rc = hand_out(ld, bm, bx, by, count, out);
+    if (ld->nworkers) {
+        ld->ahead_epoch = ld->epoch;
+        ld->ahead_index = ld->index;
+        ld->ahead_step = ld->step;
+        schedule(ld, site);
+    }
+    return rc;
 }
 
 NDM_API ndm_status ndm_loader_keep(ndm_loader h)
@@ -473,6 +940,7 @@ NDM_API ndm_status ndm_loader_set_epoch(ndm_loader h, int64_t epoch)
     drop_current(ld, NDM__NO_SITE);
     ld->epoch = epoch;
     ld->index = 0;
+    drain(ld, NDM__NO_SITE); /* (the next fetch schedules the new epoch's batches) */
     return NDM_OK;
 }
 

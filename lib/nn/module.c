@@ -4,6 +4,7 @@
  * scope so that temporaries (views of the parameters included) never touch
  * the model. */
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +19,8 @@
 #include "ndm/nn.h"
 #include "nn.h"
 
+static bool rename_tree(ndm__module *m, const char *q);
+
 /* ---- the object ------------------------------------------------------------------ */
 
 static void module_destroy(void *p)
@@ -26,6 +29,7 @@ static void module_destroy(void *p)
     if (m->type->destroy)
         m->type->destroy(m);
     free(m->children);
+    free(m->child_names);
     free(m->params.a);
     free(m->params.names);
     free(m->state.a);
@@ -55,6 +59,20 @@ bool ndm__nn_model_ok(ndm_manager model, const char *api, ndm__site site)
     return ndm__require_manager(model, api, site);
 }
 
+/* A module that is not made after all: its children live on in the model,
+ * free to be registered elsewhere, under their own names again. */
+static void free_children(ndm__module *m, const char *api, ndm__site site)
+{
+    for (int i = 0; i < m->nchildren; i++) {
+        ndm__module *c = ndm__module_of(m->children[i], api, site);
+        if (c) {
+            c->in_parent = false;
+            c->parent = (ndm_module){0};
+            (void)rename_tree(c, "");
+        }
+    }
+}
+
 ndm__module *ndm__module_new(const ndm__module_type *t, ndm_manager model, const char *api,
                              ndm__site site)
 {
@@ -66,8 +84,11 @@ ndm__module *ndm__module_new(const ndm__module_type *t, ndm_manager model, const
         return NULL;
     }
     m->type = t;
+    m->class_name = t->name;
     m->data = t->size ? (char *)m + DATA_OFFSET : NULL;
     m->training = true;
+    m->qname = "";
+    m->site = site;
     return m;
 }
 
@@ -75,10 +96,17 @@ ndm_module ndm__module_finish(ndm__module *m, ndm_manager model, const char *api
 {
     uint64_t id = ndm__object_new(&module_object, model, m, site, api);
     if (!id) {
+        free_children(m, api, site);
         module_destroy(m);
         return (ndm_module){0};
     }
-    return (ndm_module){id};
+    m->self = (ndm_module){id};
+    for (int i = 0; i < m->nchildren; i++) {
+        ndm__module *c = ndm__module_of(m->children[i], api, site);
+        if (c)
+            c->parent = m->self;
+    }
+    return m->self;
 }
 
 ndm_module ndm__module_plain(const ndm__module_type *t, ndm_manager model, const char *api,
@@ -97,13 +125,16 @@ ndm_module ndm__module_abandon(ndm__module *m, const char *api, ndm__site site)
 {
     if (ndm_last_status() == NDM_OK)
         ndm__fail(NDM_E_OOM, api, site, "no memory");
+    free_children(m, api, site);
     module_destroy(m);
     return (ndm_module){0};
 }
 
 /* ---- named arrays ------------------------------------------------------------------ */
 
-static bool list_add(ndm__named_list *l, const char *name, ndm_array a)
+/* Insert (name, a) at position `at` of l. False when there is no memory
+ * (l unchanged). */
+static bool list_insert(ndm__named_list *l, int at, const char *name, ndm_array a)
 {
     ndm_array *p = ndm__realloc(l->a, (size_t)(l->n + 1) * sizeof *p, NDM__INJ_OBJECT);
     if (!p)
@@ -114,46 +145,213 @@ static bool list_add(ndm__named_list *l, const char *name, ndm_array a)
     if (!n)
         return false;
     l->names = n;
-    snprintf(l->names[l->n], NDM__MODULE_NAME_MAX, "%s", name);
-    l->a[l->n++] = a;
+    memmove(&l->a[at + 1], &l->a[at], (size_t)(l->n - at) * sizeof *l->a);
+    memmove(&l->names[at + 1], &l->names[at], (size_t)(l->n - at) * sizeof *l->names);
+    snprintf(l->names[at], NDM__MODULE_NAME_MAX, "%s", name);
+    l->a[at] = a;
+    l->n++;
     return true;
 }
 
-/* A parameter is part of the state too (checkpoints save both). */
+static void list_remove(ndm__named_list *l, int at)
+{
+    memmove(&l->a[at], &l->a[at + 1], (size_t)(l->n - at - 1) * sizeof *l->a);
+    memmove(&l->names[at], &l->names[at + 1], (size_t)(l->n - at - 1) * sizeof *l->names);
+    l->n--;
+}
+
+/* A parameter is part of the state too (checkpoints save both); each goes
+ * after the module's own entries of its kind, before its children's. */
 bool ndm__module_add_param(ndm__module *m, const char *name, ndm_array a)
 {
-    return list_add(&m->params, name, a) && list_add(&m->state, name, a);
+    if (!list_insert(&m->params, m->own_params, name, a))
+        return false;
+    if (!list_insert(&m->state, m->own_params, name, a)) {
+        list_remove(&m->params, m->own_params);
+        return false;
+    }
+    m->own_params++;
+    return true;
 }
 
 bool ndm__module_add_buffer(ndm__module *m, const char *name, ndm_array a)
 {
-    return list_add(&m->state, name, a);
+    if (!list_insert(&m->state, m->own_params + m->own_buffers, name, a))
+        return false;
+    m->own_buffers++;
+    return true;
+}
+
+void ndm__module_drop_param(ndm__module *m)
+{
+    m->own_params--;
+    list_remove(&m->params, m->own_params);
+    list_remove(&m->state, m->own_params);
+}
+
+void ndm__module_truncate(ndm__module *m, int np, int ns, int nc)
+{
+    m->params.n = np < m->params.n ? np : m->params.n;
+    m->state.n = ns < m->state.n ? ns : m->state.n;
+    m->nchildren = nc < m->nchildren ? nc : m->nchildren;
+}
+
+bool ndm__module_name_ok(const char *name, const char *what, const char *api, ndm__site site)
+{
+    if (!name || !*name) {
+        ndm__fail(NDM_E_INVALID, api, site, "a %s needs a name (got %s)", what,
+                  name ? "\"\"" : "NULL");
+        return false;
+    }
+    if (strchr(name, '.')) {
+        ndm__fail(NDM_E_INVALID, api, site,
+                  "the %s name '%s' has a '.': dots join the names of nested modules (register "
+                  "the child module, or a ModuleList for numbered ones)",
+                  what, name);
+        return false;
+    }
+    if (strlen(name) >= NDM__MODULE_NAME_MAX) {
+        ndm__fail(NDM_E_INVALID, api, site, "the %s name '%.32s...' is longer than %d bytes",
+                  what, name, NDM__MODULE_NAME_MAX - 1);
+        return false;
+    }
+    return true;
+}
+
+bool ndm__module_has_name(const ndm__module *m, const char *name)
+{
+    for (int i = 0; i < m->own_params + m->own_buffers; i++)
+        if (!strcmp(m->state.names[i], name))
+            return true;
+    for (int i = 0; i < m->nchildren; i++)
+        if (!strcmp(m->child_names[i], name))
+            return true;
+    return false;
+}
+
+/* "prefix.name", or name for an empty prefix, into buf (cap bytes); false
+ * when it does not fit. */
+static bool compose(char *buf, size_t cap, const char *prefix, const char *name)
+{
+    int k = *prefix ? snprintf(buf, cap, "%s.%s", prefix, name) : snprintf(buf, cap, "%s", name);
+    return k >= 0 && (size_t)k < cap;
+}
+
+/* Give m the qualified name q and its subtree theirs ("q.child..."). False
+ * when there is no memory: part of the subtree may keep its former names
+ * (rename with the former name to undo: those are interned already). */
+static bool rename_tree(ndm__module *m, const char *q)
+{
+    const char *in = ndm__nn_intern(q);
+    if (!in)
+        return false;
+    m->qname = in;
+    for (int i = 0; i < m->nchildren; i++) {
+        ndm__module *c = ndm__module_of(m->children[i], "ndm_module_register_child", NDM__NO_SITE);
+        size_t cap = strlen(q) + strlen(m->child_names[i]) + 2;
+        char *cq = malloc(cap);
+        if (!cq)
+            return false;
+        compose(cq, cap, q, m->child_names[i]);
+        bool ok = !c || rename_tree(c, cq);
+        free(cq);
+        if (!ok)
+            return false;
+    }
+    return true;
 }
 
 /* The child's parameters and state under "name.", as PyTorch composes the
  * names of nested modules. */
-bool ndm__module_add_child(ndm__module *m, const char *name, ndm_module child)
+bool ndm__module_attach_child(ndm__module *m, const char *name, ndm_module child,
+                              const char *api, ndm__site site)
 {
-    ndm__module *c = ndm__module_of(child, "ndm__module_add_child", NDM__NO_SITE);
+    ndm__module *c = ndm__module_of(child, api, site);
     if (!c)
         return false;
-    ndm_module *k = ndm__realloc(m->children, (size_t)(m->nchildren + 1) * sizeof *k,
-                                 NDM__INJ_OBJECT);
-    if (!k)
+    if (c == m || (m->self.id && m->self.id == child.id)) {
+        ndm__fail(NDM_E_INVALID, api, site, "a module cannot be registered under itself ('%s')",
+                  name);
         return false;
-    m->children = k;
-    m->children[m->nchildren++] = child;
+    }
+    if (c->in_parent) {
+        ndm__fail(NDM_E_INVALID, api, site,
+                  "the module given as '%s' (%s) is registered already%s%s%s: a module has one "
+                  "place in a tree",
+                  name, c->class_name, c->qname[0] ? " (as '" : "", c->qname,
+                  c->qname[0] ? "')" : "");
+        return false;
+    }
+    if (m->in_parent) {
+        ndm__fail(NDM_E_INVALID, api, site,
+                  "the module is registered in another already (as '%s'): register its children "
+                  "before registering it",
+                  m->qname);
+        return false;
+    }
+    for (int i = 0; i < c->state.n; i++)
+        for (int j = 0; j < m->state.n; j++)
+            if (c->state.a[i].id == m->state.a[j].id) {
+                ndm__fail(NDM_E_INVALID, api, site,
+                          "'%s.%s' is registered already as '%s': an array has one name in a "
+                          "tree (shared weights are not supported)",
+                          name, c->state.names[i], m->state.names[j]);
+                return false;
+            }
     for (int pass = 0; pass < 2; pass++) {
         const ndm__named_list *from = pass ? &c->state : &c->params;
-        ndm__named_list *to = pass ? &m->state : &m->params;
         for (int i = 0; i < from->n; i++) {
             char full[NDM__MODULE_NAME_MAX];
-            snprintf(full, sizeof full, "%s.%s", name, from->names[i]);
-            if (!list_add(to, full, from->a[i]))
+            if (!compose(full, sizeof full, name, from->names[i])) {
+                ndm__fail(NDM_E_INVALID, api, site,
+                          "the state name '%s.%s' would be longer than %d bytes", name,
+                          from->names[i], NDM__MODULE_NAME_MAX - 1);
                 return false;
+            }
         }
     }
+    int np = m->params.n, ns = m->state.n, nc = m->nchildren;
+    ndm_module *k = ndm__realloc(m->children, (size_t)(nc + 1) * sizeof *k, NDM__INJ_OBJECT);
+    if (k)
+        m->children = k;
+    char(*kn)[NDM__MODULE_NAME_MAX] =
+        k ? ndm__realloc(m->child_names, (size_t)(nc + 1) * sizeof *kn, NDM__INJ_OBJECT) : NULL;
+    if (kn)
+        m->child_names = kn;
+    bool ok = kn != NULL;
+    for (int pass = 0; ok && pass < 2; pass++) {
+        const ndm__named_list *from = pass ? &c->state : &c->params;
+        ndm__named_list *to = pass ? &m->state : &m->params;
+        for (int i = 0; ok && i < from->n; i++) {
+            char full[NDM__MODULE_NAME_MAX];
+            compose(full, sizeof full, name, from->names[i]);
+            ok = list_insert(to, to->n, full, from->a[i]);
+        }
+    }
+    if (ok) {
+        snprintf(m->child_names[nc], NDM__MODULE_NAME_MAX, "%s", name);
+        m->children[nc] = child;
+        m->nchildren = nc + 1;
+        size_t cap = strlen(m->qname) + strlen(name) + 2;
+        char *q = malloc(cap);
+        ok = q && compose(q, cap, m->qname, name) && rename_tree(c, q);
+        free(q);
+        if (!ok)
+            (void)rename_tree(c, ""); /* its former names, interned already */
+    }
+    if (!ok) {
+        ndm__module_truncate(m, np, ns, nc);
+        ndm__fail(NDM_E_OOM, api, site, "no memory to register the module '%s'", name);
+        return false;
+    }
+    c->parent = m->self; /* (null until m is registered: ndm__module_finish sets it) */
+    c->in_parent = true;
     return true;
+}
+
+bool ndm__module_add_child(ndm__module *m, const char *name, ndm_module child)
+{
+    return ndm__module_attach_child(m, name, child, "ndm__module_add_child", NDM__NO_SITE);
 }
 
 size_t ndm__module_put(char *buf, size_t n, size_t len, const char *fmt, ...)
@@ -269,7 +467,62 @@ NDM_API ndm_status ndm_init_xavier_uniform_inplace_at(NDM_SITE_PARAMS, ndm_array
 
 /* ---- every module ------------------------------------------------------------------ */
 
-NDM_API ndm_array ndm_forward_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_module mh, ndm_array x)
+/* While history is recorded, a frame named by m's qualified name (a root,
+ * named "", has ndm_forward's frame alone), at the user's line that made m:
+ * a snapshot's stack then reads "blocks.3.attn" between the operation that
+ * allocated and the user's call. */
+#define MODULE_FRAME(m, site)                                                            \
+    int ndm__module_frame_ __attribute__((cleanup(ndm__frame_pop), unused)) =           \
+        (m)->qname[0] ? ndm__frame_push((m)->qname, (site).file, (site).func, (site).line, \
+                                        (m)->site.file, (m)->site.line)                  \
+                      : 0
+
+ndm_array ndm__module_forward(ndm__module *m, ndm_array x, const char *api, ndm__site site)
+{
+    MODULE_FRAME(m, site);
+    return m->type->forward(m, x, api, site);
+}
+
+ndm_array ndm__module_forward_relu(ndm__module *m, ndm_array x, const char *api,
+                                   ndm__site site)
+{
+    MODULE_FRAME(m, site);
+    return m->type->forward_relu(m, x, api, site);
+}
+
+ndm_array ndm__module_forward_n(ndm__module *m, int n, const ndm_array *x, const char *api,
+                                ndm__site site)
+{
+    if (m->type->forward_n) {
+        MODULE_FRAME(m, site);
+        return m->type->forward_n(m, n, x, api, site);
+    }
+    if (n != 1) {
+        ndm__fail(NDM_E_INVALID, api, site, "%s takes one input, got %d", m->class_name, n);
+        return NDM_NULL_ARRAY;
+    }
+    return ndm__module_forward(m, x[0], api, site);
+}
+
+/* The inputs after the first may be null handles (an input left out: no
+ * mask); a non-null one must be live. */
+static bool inputs_ok(int n, const ndm_array *x, const char *api, ndm__site site)
+{
+    if (n < 1 || !x) {
+        ndm__fail(NDM_E_INVALID, api, site, "a forward pass needs at least one input (n = %d)",
+                  n);
+        return false;
+    }
+    for (int i = 1; i < n; i++) {
+        ndm__view v;
+        if (x[i].id && !ndm__view_input(x[i], &v, api, site))
+            return false;
+    }
+    return true;
+}
+
+NDM_API ndm_array ndm_forward_n_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_module mh, int n,
+                                      const ndm_array *x)
 {
     NDM__OP_GUARD();
     ndm__site site = NDM__SITE;
@@ -277,17 +530,26 @@ NDM_API ndm_array ndm_forward_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_module
     NDM__CALL_FRAME(api, site);
     ndm__module *m = ndm__module_of(mh, api, site);
     ndm__view vx;
-    ndm_manager dst = m && ndm__view_input(x, &vx, api, site) ? ndm__output_for(out, x, api, site)
-                                                              : NDM_NULL_MANAGER;
+    ndm_manager dst = m && inputs_ok(n, x, api, site) && ndm__view_input(x[0], &vx, api, site)
+                          ? ndm__output_for(out, x[0], api, site)
+                          : NDM_NULL_MANAGER;
     /* Every intermediate (views of the parameters too) lands in this scope,
-     * so nothing reaches the model; the result moves to dst. */
-    ndm_manager s = dst.id ? ndm_scope_begin_at(NDM__SITE_ARGS(site), dst, "forward")
+     * so nothing reaches the model; the result moves to dst. A child's
+     * scope is named by its qualified name, so that a dump taken inside a
+     * forward pass shows where it is. */
+    ndm_manager s = dst.id ? ndm_scope_begin_at(NDM__SITE_ARGS(site), dst,
+                                                m->qname[0] ? m->qname : "forward")
                            : NDM_NULL_MANAGER;
     if (!s.id)
         return NDM_NULL_ARRAY;
-    ndm_array y = ndm__module_forward(m, x, api, site);
+    ndm_array y = ndm__module_forward_n(m, n, x, api, site);
     ndm_status st = ndm_scope_end_at(NDM__SITE_ARGS(site), s, y.id ? 1 : 0, &y);
     return y.id && st == NDM_OK ? y : NDM_NULL_ARRAY;
+}
+
+NDM_API ndm_array ndm_forward_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_module mh, ndm_array x)
+{
+    return ndm_forward_n_to_at(NDM__SITE_ARGS(NDM__SITE), out, mh, 1, &x);
 }
 
 ndm_array ndm__module_run(ndm_module mh, ndm_array x, const char *api, ndm__site site)
@@ -354,7 +616,94 @@ NDM_API int ndm_module_describe(ndm_module mh, char *buf, size_t n)
     return (int)ndm__module_describe_into(m, buf ? buf : none, buf ? n : 0, 0);
 }
 
+NDM_API ndm_array ndm_module_get_array_at(NDM_SITE_PARAMS, ndm_module mh, const char *name)
+{
+    ndm__site site = NDM__SITE;
+    const char *api = "ndm_module_get_array";
+    ndm__module *m = ndm__module_of(mh, api, site);
+    if (!m)
+        return NDM_NULL_ARRAY;
+    for (int i = 0; name && i < m->state.n; i++)
+        if (!strcmp(m->state.names[i], name))
+            return m->state.a[i];
+    char list[400] = "";
+    size_t len = 0;
+    for (int i = 0; i < m->state.n && len < sizeof list; i++)
+        len += (size_t)snprintf(list + len, sizeof list - len, "%s'%s'", i ? ", " : "",
+                                m->state.names[i]);
+    ndm__fail(NDM_E_INVALID, api, site, "the %s%s%s%s holds no array named '%s' (it holds %s)",
+              m->class_name, m->qname[0] ? " '" : "", m->qname, m->qname[0] ? "'" : "",
+              name ? name : "(NULL)", m->state.n ? list : "none");
+    return NDM_NULL_ARRAY;
+}
+
+NDM_API ndm_module ndm_module_get_child_at(NDM_SITE_PARAMS, ndm_module mh, const char *name)
+{
+    ndm__site site = NDM__SITE;
+    const char *api = "ndm_module_get_child";
+    ndm__module *m = ndm__module_of(mh, api, site);
+    const char *at = name ? name : "";
+    ndm_module cur = mh;
+    /* one dotted component at a time: "blocks.3.attn" */
+    while (m) {
+        size_t k = strcspn(at, ".");
+        int found = -1;
+        for (int i = 0; i < m->nchildren && found < 0; i++)
+            if (strlen(m->child_names[i]) == k && !strncmp(m->child_names[i], at, k))
+                found = i;
+        if (found < 0) {
+            char list[400] = "";
+            size_t len = 0;
+            for (int i = 0; i < m->nchildren && len < sizeof list; i++)
+                len += (size_t)snprintf(list + len, sizeof list - len, "%s'%s'", i ? ", " : "",
+                                        m->child_names[i]);
+            ndm__fail(NDM_E_INVALID, api, site,
+                      "the %s%s%s%s has no child '%.*s'%s%s (its children: %s)", m->class_name,
+                      m->qname[0] ? " '" : "", m->qname, m->qname[0] ? "'" : "", (int)k, at,
+                      at[k] ? " on the way to " : "",
+                      at[k] ? (name ? name : "") : "", m->nchildren ? list : "none");
+            return (ndm_module){0};
+        }
+        cur = m->children[found];
+        if (!at[k])
+            return cur;
+        at += k + 1;
+        m = ndm__module_of(cur, api, site);
+    }
+    return (ndm_module){0};
+}
+
+NDM_API int ndm_module_named_children(ndm_module mh, const char **names, ndm_module *out, int cap)
+{
+    ndm__module *m = ndm__module_of(mh, __func__, NDM__NO_SITE);
+    if (!m)
+        return ndm_last_status();
+    for (int i = 0; i < m->nchildren && i < cap; i++) {
+        if (names)
+            names[i] = m->child_names[i];
+        if (out)
+            out[i] = m->children[i];
+    }
+    return m->nchildren;
+}
+
+NDM_API int ndm_module_name(ndm_module mh, char *buf, size_t n)
+{
+    ndm__module *m = ndm__module_of(mh, __func__, NDM__NO_SITE);
+    if (!m)
+        return ndm_last_status();
+    return snprintf(buf, buf ? n : 0, "%s", m->qname);
+}
+
+NDM_API int ndm_module_training(ndm_module mh)
+{
+    ndm__module *m = ndm__module_of(mh, __func__, NDM__NO_SITE);
+    return m ? m->training : ndm_last_status();
+}
+
 bool ndm__module_valid(ndm_module m) { return ndm__object_valid(m.id, &module_object); }
+
+NDM_API bool ndm_module_valid(ndm_module m) { return ndm__module_valid(m); }
 
 ndm_status ndm__module_check_owner(ndm_module mh, ndm_manager model, const char *api,
                                    ndm__site site)
@@ -385,4 +734,72 @@ ndm_status ndm__module_check_owner(ndm_module mh, ndm_manager model, const char 
         }
     }
     return NDM_OK;
+}
+
+/* ---- interned names --------------------------------------------------------------- */
+
+/* The qualified names of modules, each kept once for the life of the
+ * process: history frames hold plain pointers to their names and outlive
+ * the modules (a snapshot is dumped after the model closed). The set grows
+ * only with names never seen before, so a process that builds the same
+ * architecture again and again keeps one copy of each. Plain malloc: these
+ * are not arrays of any manager. */
+static pthread_mutex_t intern_lock = PTHREAD_MUTEX_INITIALIZER;
+static char **intern_slots;
+static size_t intern_cap, intern_n;
+
+static size_t intern_hash(const char *s)
+{
+    size_t h = 1469598103934665603u;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211u;
+    return h;
+}
+
+const char *ndm__nn_intern(const char *s)
+{
+    if (!*s)
+        return "";
+    pthread_mutex_lock(&intern_lock);
+    const char *found = NULL;
+    if (intern_cap) {
+        for (size_t i = intern_hash(s) & (intern_cap - 1);; i = (i + 1) & (intern_cap - 1)) {
+            if (!intern_slots[i])
+                break;
+            if (!strcmp(intern_slots[i], s)) {
+                found = intern_slots[i];
+                break;
+            }
+        }
+    }
+    if (!found && 2 * (intern_n + 1) > intern_cap) {
+        size_t cap = intern_cap ? 2 * intern_cap : 64;
+        char **slots = calloc(cap, sizeof *slots);
+        if (slots) {
+            for (size_t j = 0; j < intern_cap; j++) {
+                if (!intern_slots[j])
+                    continue;
+                size_t i = intern_hash(intern_slots[j]) & (cap - 1);
+                while (slots[i])
+                    i = (i + 1) & (cap - 1);
+                slots[i] = intern_slots[j];
+            }
+            free(intern_slots);
+            intern_slots = slots;
+            intern_cap = cap;
+        }
+    }
+    if (!found && 2 * (intern_n + 1) <= intern_cap) {
+        char *copy = strdup(s);
+        if (copy) {
+            size_t i = intern_hash(s) & (intern_cap - 1);
+            while (intern_slots[i])
+                i = (i + 1) & (intern_cap - 1);
+            intern_slots[i] = copy;
+            intern_n++;
+            found = copy;
+        }
+    }
+    pthread_mutex_unlock(&intern_lock);
+    return found;
 }

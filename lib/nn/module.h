@@ -17,7 +17,9 @@
 #include "ndm/ndm.h"
 #include "../base/error.h"
 
-#define NDM__MODULE_NAME_MAX 64
+/* The longest state name kept, NUL included ("blocks.3.attn.qkv.weight"):
+ * a registration that would compose a longer one is refused. */
+#define NDM__MODULE_NAME_MAX 128
 
 typedef struct ndm__module ndm__module;
 
@@ -29,6 +31,10 @@ typedef struct ndm__module_type {
      * `site`, so that a failure names the user's line. Null on failure, with
      * the error recorded for api. */
     ndm_array (*forward)(ndm__module *m, ndm_array x, const char *api, ndm__site site);
+    /* optional: the forward pass over n inputs (a user module's, which may
+     * take several: x and a mask). NULL: the module takes one (forward). */
+    ndm_array (*forward_n)(ndm__module *m, int n, const ndm_array *x, const char *api,
+                           ndm__site site);
     /* optional: forward followed by a ReLU, in one pass (Sequential uses it
      * for a module of this type followed by ReLU). NULL: none. */
     ndm_array (*forward_relu)(ndm__module *m, ndm_array x, const char *api, ndm__site site);
@@ -55,10 +61,23 @@ typedef struct ndm__named_list {
 
 struct ndm__module {
     const ndm__module_type *type;
+    const char *class_name; /* type->name, or a user module's own ("Block") */
     void *data;          /* type->size bytes, in the same allocation */
     bool training;       /* modules start in training mode */
+    ndm_module self;     /* its own handle, once registered in the model */
+    ndm_module parent;   /* the module it is a child of (at most one), or null */
+    bool in_parent;      /* registered as a child (parent is null until that one is made) */
+    /* The name from the root of its tree, as PyTorch's named_modules()
+     * gives it ("blocks.3.attn"; "" for a root): interned (ndm__nn_intern),
+     * so that history frames may keep pointing at it after the module dies. */
+    const char *qname;
+    ndm__site site;      /* where it was made: its frames' place */
     int nchildren;
     ndm_module *children;
+    char (*child_names)[NDM__MODULE_NAME_MAX];
+    /* PyTorch's order: a module's own parameters, then its own buffers
+     * (in state), then each child's entries in registration order. */
+    int own_params, own_buffers;
     ndm__named_list params; /* this module's and its children's, with names */
     ndm__named_list state;  /* parameters and buffers, for checkpoints */
 };
@@ -86,21 +105,46 @@ ndm_module ndm__module_plain(const ndm__module_type *t, ndm_manager model, const
 ndm_module ndm__module_abandon(ndm__module *m, const char *api, ndm__site site);
 
 /* Add a to m's parameters (and so to its state), or to its state only (a
- * buffer). False when there is no memory. */
+ * buffer), after m's own entries and before its children's. False when
+ * there is no memory. */
 bool ndm__module_add_param(ndm__module *m, const char *name, ndm_array a);
 bool ndm__module_add_buffer(ndm__module *m, const char *name, ndm_array a);
-/* Add `child` (a live module) to m's children, its parameters and state
- * under "name.<its name>". False when there is no memory. */
+/* Add `child` (a live module of m's model that has no parent yet) to m's
+ * children, its parameters and state under "name.<its name>", and give it
+ * and its subtree their qualified names. False with the error recorded for
+ * api (NDM_E_OOM, NDM_E_INVALID for a composed name past the limit); on
+ * failure m is as it was. ndm__module_add_child: the same for a layer's
+ * constructor, which abandons m on failure. */
+bool ndm__module_attach_child(ndm__module *m, const char *name, ndm_module child,
+                              const char *api, ndm__site site);
 bool ndm__module_add_child(ndm__module *m, const char *name, ndm_module child);
+/* Drop the entries past the first np parameters and ns state entries, and
+ * the children past the first nc (undoing a registration that failed). */
+void ndm__module_truncate(ndm__module *m, int np, int ns, int nc);
+/* Undo the last ndm__module_add_param (a registration that failed after it). */
+void ndm__module_drop_param(ndm__module *m);
+/* Is `name` a valid local name: not empty, no '.', shorter than the
+ * state names' limit? False with NDM_E_INVALID recorded for api. */
+bool ndm__module_name_ok(const char *name, const char *what, const char *api, ndm__site site);
+/* Does m already hold a parameter, buffer or child of this local name? */
+bool ndm__module_has_name(const ndm__module *m, const char *name);
+/* s kept for the life of the process, one copy per distinct string (the
+ * names frames point to); NULL when there is no memory. */
+const char *ndm__nn_intern(const char *s);
 
 /* The live module behind h, or NULL with the handle's error recorded. */
 ndm__module *ndm__module_of(ndm_module h, const char *api, ndm__site site);
-/* m's forward pass and description, through its type. */
-static inline ndm_array ndm__module_forward(ndm__module *m, ndm_array x, const char *api,
-                                            ndm__site site)
-{
-    return m->type->forward(m, x, api, site);
-}
+/* m's forward pass, through its type: while history is recorded, with a
+ * call frame named by m's qualified name (a child's: "blocks.3.attn"), at
+ * the place m was made. forward_relu: the fused form (the type has it). */
+ndm_array ndm__module_forward(ndm__module *m, ndm_array x, const char *api, ndm__site site);
+ndm_array ndm__module_forward_relu(ndm__module *m, ndm_array x, const char *api,
+                                   ndm__site site);
+/* The same over n inputs: a module without forward_n takes exactly one
+ * (NDM_E_INVALID otherwise). */
+ndm_array ndm__module_forward_n(ndm__module *m, int n, const ndm_array *x, const char *api,
+                                ndm__site site);
+/* m's description, through its type. */
 static inline size_t ndm__module_describe_into(const ndm__module *m, char *buf, size_t n,
                                                size_t len)
 {

@@ -106,8 +106,11 @@ NDM_API ndm_array ndm_predict_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_predic
     /* The request is the innermost scope while the net runs: every array
      * the forward pass makes lands in it, and ending it frees them all;
      * only the answer moves out. One manager per request, not a request
-     * and a forward scope inside it. */
-    ndm_manager req = ndm_scope_begin_at(NDM__SITE_ARGS(site), p->mgr, "request");
+     * and a forward scope inside it. Each serving thread keeps its request
+     * manager open between requests (parked), so a request takes no lock
+     * that the other serving threads take. */
+    ndm_manager req = ndm__scope_reuse(site, p->mgr, "request");
+    ndm__compute_serving();
     if (!req.id)
         return NDM_NULL_ARRAY;
     /* An input on another device than the model's (a CPU request for a GPU
@@ -126,7 +129,7 @@ NDM_API ndm_array ndm_predict_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_predic
     if (!y.id && ndm__manager_gone(req))
         ndm__fail(NDM_E_CLOSED, api, site,
                   "the predictor's model was closed while the request ran");
-    ndm_status cs = ndm_scope_end_at(NDM__SITE_ARGS(site), req, 0, NULL);
+    ndm_status cs = ndm__scope_park(site, p->mgr, req);
     (void)cs;
     return y;
 }

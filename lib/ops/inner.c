@@ -289,4 +289,8 @@ const ndm__backend_collective *ndm__collectives(ndm_device_type type, const char
 
 int ndm__compute_threads(void) { return ndm__num_threads(); }
 
+void ndm__compute_serving(void) { ndm__parallel_serving(); }
+
+void ndm__compute_pool_avoid(void) { ndm__parallel_stay_inline(); }
+
 uint32_t ndm__owner_slot(ndm_manager m) { return ndm__id_slot(m.id); }

@@ -59,6 +59,13 @@ bool ndm__require_manager(ndm_manager m, const char *api, ndm__site site);
 ndm_manager ndm__resolve_manager(ndm_manager m, const char *api, ndm__site site);
 /* Is m closed, or closing (on any thread)? */
 bool ndm__manager_gone(ndm_manager m);
+/* A scope that stays open on its thread between uses (a server's request
+ * scope): the thread's parked scope under parent, pushed, or a new one
+ * (ndm_scope_begin's terms); and its end: its arrays released, popped and
+ * parked for the thread's next use under parent (lib/manager/scope.c; the
+ * same declarations as core.h's, which inner.c sees both of). */
+ndm_manager ndm__scope_reuse(ndm__site site, ndm_manager parent, const char *name);
+ndm_status ndm__scope_park(ndm__site site, ndm_manager parent, ndm_manager s);
 
 /* An array wrapping caller memory (ndm_array_wrap's terms), in manager m. */
 ndm_array ndm__array_wrap(ndm__site site, const char *api, ndm_manager m, ndm_dtype dtype,
@@ -178,6 +185,15 @@ const ndm__backend_collective *ndm__collectives(ndm_device_type type, const char
 
 /* The number of threads compute kernels run on now (>= 1). */
 int ndm__compute_threads(void);
+/* Mark the calling thread as a serving thread: once as many serve as the
+ * compute pool has threads, their kernels run on the thread itself, not
+ * split across the pool (lib/backends/cpu/parallel.h). */
+void ndm__compute_serving(void);
+
+/* The calling thread, one of the library's own beside the compute (a
+ * loader's worker), runs its kernels inline from now on, never taking the
+ * compute pool. */
+void ndm__compute_pool_avoid(void);
 
 /* Is autograd recording paused on this thread (ndm_no_grad_begin, or an
  * operation built from others)? */

@@ -267,12 +267,117 @@ static void unwinding()
 }
 #endif
 
+/* Modules from lambdas: a residual block x + fc2(relu(fc1(x))) inside a
+ * net with a mask input, equal to the same computation written out, with
+ * PyTorch's names; a failure inside a lambda reaches the caller as
+ * ndm::error naming the lambda's line, and a C++ exception of another kind
+ * comes out as itself. */
+static int lambda_line;
+
+static void modules()
+{
+    ndm::manager m(ndm_system(), "modules");
+    ndm::manager model(m, "model");
+    ndm_rng rng = ndm_rng_new(1);
+    ndm::module block = ndm::make_module(model, "Block",
+        [](const ndm::module &self, const std::vector<ndm::array> &in) {
+            ndm::array h = ndm::relu(self.child("fc1")(in[0]));
+            return in[0] + self.child("fc2")(h);
+        });
+    block.register_child("fc1", ndm_linear(model, 3, 6, true, &rng));
+    block.register_child("fc2", ndm_linear(model, 6, 3, true, &rng));
+    ndm::module net = ndm::make_module(model, "Net",
+        [](const ndm::module &self, const std::vector<ndm::array> &in) {
+            ndm::array y = self.child("blocks.0")(in[0]) * self.param("scale");
+            return in.size() > 1 && in[1].ok() ? y * in[1] : std::move(y);
+        });
+    net.register_parameter("scale", ndm::full(model, NDM_F32, 2.0, {3}));
+    net.register_child("blocks", ndm_module_list(model, NDM_MODULES(block)));
+    EXPECT(net.ok() && block.ok() && !ndm::module().ok());
+    EXPECT(net.describe() == "Net(blocks=ModuleList(Block(fc1=Linear(3, 6), fc2=Linear(6, 3))))");
+    EXPECT(net.child("blocks.0.fc2").name() == "blocks.0.fc2");
+    const char *names[8];
+    EXPECT(ndm_module_named_parameters(net, names, nullptr, 8) == 5);
+    EXPECT(std::string(names[0]) == "scale" && std::string(names[4]) == "blocks.0.fc2.bias");
+    {
+        ndm::manager batch(m, "batch");
+        ndm::array x = ndm::from<float>(batch, {1, -2, 3, 0.5f, 0, -1}, {2, 3});
+        ndm::array mask = ndm::full(batch, NDM_F32, 3.0, {2, 3});
+        ndm::array y = net(x);
+        ndm::array ym = net({x, mask});
+        ndm::array none;
+        ndm::array yn = net({x, none});
+        /* the same computation with raw operations */
+        auto lin = [&](const char *w, const char *b, const ndm::array &v) {
+            return ndm::matmul(v, net.param(w).t()) + net.param(b);
+        };
+        ndm::array h = ndm::relu(lin("blocks.0.fc1.weight", "blocks.0.fc1.bias", x));
+        ndm::array want = (x + lin("blocks.0.fc2.weight", "blocks.0.fc2.bias", h)) * 2.0;
+        EXPECT(y.ok() && same(y.to_vector<float>(), want.to_vector<float>()));
+        ndm::array want3 = want * 3.0;
+        EXPECT(ym.ok() && same(ym.to_vector<float>(), want3.to_vector<float>()));
+        EXPECT(yn.ok() && same(yn.to_vector<float>(), want.to_vector<float>()));
+        EXPECT(stats_of(batch).children == 0);
+    }
+    ndm::module bad = ndm::make_module(model, "Bad",
+        [](const ndm::module &, const std::vector<ndm::array> &in) {
+            ndm::array wrong = ndm::ones(NDM_CURRENT_SCOPE, NDM_F32, {7});
+            lambda_line = __LINE__; return in[0] + wrong;
+        });
+#if NDM_HPP_THROWS
+    ndm::module odd = ndm::make_module(model, "Odd",
+        [](const ndm::module &, const std::vector<ndm::array> &) -> ndm::array {
+            throw std::runtime_error("not an ndm error");
+        });
+    {
+        ndm::manager batch(m, "batch");
+        ndm::array x = ndm::ones(batch, NDM_F32, {2, 3});
+        bool caught = false;
+        try {
+            ndm::array y = bad(x);
+        } catch (const ndm::error &e) {
+            caught = e.status() == NDM_E_SHAPE &&
+                     std::string(e.what()).find(here(lambda_line)) != std::string::npos;
+        }
+        EXPECT(caught);
+        caught = false;
+        try {
+            ndm::array y = odd(x);
+        } catch (const std::runtime_error &e) {
+            caught = std::string(e.what()) == "not an ndm error";
+        }
+        EXPECT(caught);
+        EXPECT(stats_of(batch).live_arrays == 1);
+        /* a refused registration throws */
+        caught = false;
+        try {
+            net.register_child("x.y", ndm_relu_module(model));
+        } catch (const ndm::error &e) {
+            caught = e.status() == NDM_E_INVALID;
+        }
+        EXPECT(caught);
+    }
+#else
+    {
+        ndm::manager batch(m, "batch");
+        ndm::array x = ndm::ones(batch, NDM_F32, {2, 3});
+        ndm::array y = bad(x);
+        EXPECT(!y.ok() && ndm_last_status() == NDM_E_SHAPE);
+        EXPECT(std::string(ndm_last_error()).find(here(lambda_line)) != std::string::npos);
+        EXPECT(stats_of(batch).live_arrays == 1);
+    }
+#endif
+    (void)model.close();
+    EXPECT(!net.ok() && !bad.ok());
+}
+
 int main()
 {
     ndm_stats start = stats_of(ndm_system()); /* (its built-in children) */
     owners();
     operators();
     sites();
+    modules();
 #if NDM_HPP_THROWS
     unwinding();
     std::printf("exceptions: ");

@@ -100,6 +100,16 @@ int main()
     EXPECT(ndm_item(ndm_sum(p[0], false, NDM_ALL_AXES_LIST), &s1) == NDM_OK &&
            ndm_item(ndm_sum(q[0], false, NDM_ALL_AXES_LIST), &s2) == NDM_OK && s1 == s2);
 
+    /* ndm_forward_n with NDM_ARRAYS and ndm_module_list with NDM_MODULES:
+     * each input made once, each layer once */
+    ndm_module body = ndm_module_list(model, NDM_MODULES(ndm_linear(model, 3, 3, true, &rng)));
+    EXPECT(body.id != 0 && ndm_module_named_children(body, nullptr, nullptr, 0) == 1);
+    ndm_array in = ndm_ones(m, NDM_F32, NDM_SHAPE(2, 4));
+    before = live(m);
+    ndm_array y = ndm_forward_n(net, NDM_ARRAYS(ndm_add(in, in)));
+    EXPECT(y.id != 0 && ndm_array_dim(y, 1) == 2);
+    EXPECT(live(m) == before + 2);
+
     EXPECT(ndm_manager_close(m) == NDM_OK);
     if (failures)
         std::fprintf(stderr, "%d failure(s)\n", failures);

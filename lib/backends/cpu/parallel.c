@@ -130,6 +130,36 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 static _Thread_local bool in_pool;
 static _Thread_local int thread_index; /* 0: a caller; workers 1 and up */
 
+/* Serving threads: counted once per thread (a pthread key's destructor
+ * takes it back at the thread's exit), read on each job with a relaxed load
+ * of a line that changes only when a serving thread starts or ends. */
+static atomic_int serving;
+static _Thread_local bool is_serving;
+static pthread_key_t serving_key;
+static pthread_once_t serving_once = PTHREAD_ONCE_INIT;
+
+static void serving_exit(void *v)
+{
+    (void)v;
+    atomic_fetch_sub_explicit(&serving, 1, memory_order_relaxed);
+}
+
+static void serving_setup(void) { (void)pthread_key_create(&serving_key, serving_exit); }
+
+void ndm__parallel_serving(void)
+{
+    if (NDM__LIKELY(is_serving))
+        return;
+    pthread_once(&serving_once, serving_setup);
+    /* counted only when its exit will be: the key holds a non-null value */
+    if (pthread_setspecific(serving_key, (void *)1) != 0)
+        return;
+    is_serving = true;
+    atomic_fetch_add_explicit(&serving, 1, memory_order_relaxed);
+}
+
+int ndm__parallel_serving_threads(void) { return atomic_load_explicit(&serving, memory_order_relaxed); }
+
 /* Claim and run chunks of job `gen` until none is left or the job has been
  * replaced. */
 static void run_chunks(unsigned gen)
@@ -314,12 +344,15 @@ int64_t ndm__parallel_chunks(int64_t n, int64_t grain, int threads)
     return (n + chunk - 1) / chunk;
 }
 
+void ndm__parallel_stay_inline(void) { in_pool = true; }
+
 void ndm__parallel_for(int64_t n, int64_t grain, ndm__range_fn fn, void *ctx)
 {
     if (n <= 0)
         return;
     int threads = ndm__num_threads();
     if (threads == 1 || n <= grain || in_pool ||
+        (is_serving && atomic_load_explicit(&serving, memory_order_relaxed) >= threads) ||
         atomic_flag_test_and_set_explicit(&P.busy, memory_order_acquire)) {
         fn(ctx, 0, n);
         return;

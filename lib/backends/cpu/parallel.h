@@ -12,7 +12,10 @@
  * pool (so concurrent callers never wait for each other). Chunk boundaries
  * depend only on n, grain and the pool size, never on timing: see
  * ndm__parallel_chunks. Idle workers pause for 50 microseconds, yield until
- * 300 have passed, then sleep. */
+ * 300 have passed, then sleep. A serving thread (ndm__parallel_serving)
+ * runs inline too once the serving threads are as many as the pool's
+ * threads: the cores are busy with requests then, and a worker woken for
+ * one of them would take a core from another. */
 typedef void (*ndm__range_fn)(void *ctx, int64_t begin, int64_t end);
 void ndm__parallel_for(int64_t n, int64_t grain, ndm__range_fn fn, void *ctx);
 
@@ -26,6 +29,17 @@ int64_t ndm__parallel_chunks(int64_t n, int64_t grain, int threads);
  * run at the same time have different indices, so per-thread scratch can be
  * indexed by it: a fn runs many chunks, one after another, on each thread. */
 int ndm__parallel_thread_index(void);
+
+/* Mark the calling thread as one that serves requests (a predictor's
+ * caller), until it exits; cheap after the first call. */
+void ndm__parallel_serving(void);
+/* Threads marked serving and still alive. */
+int ndm__parallel_serving_threads(void);
+
+/* From now on every ndm__parallel_for on the calling thread runs inline:
+ * for threads of the library's own that run beside the compute (a loader's
+ * workers), so that they never hold the pool the compute needs. */
+void ndm__parallel_stay_inline(void);
 
 /* Number of threads the pool uses (>= 1). */
 int ndm__num_threads(void);

@@ -244,6 +244,13 @@ ndm_status ndm__alloc_record_stream(ndm_device dev, void *cookie, uintptr_t stre
     return p ? ndm__pool_record_stream(p, cookie, stream) : NDM_OK;
 }
 
+uint32_t ndm__alloc_stream_uses(ndm_device dev, void *cookie)
+{
+    int i = pool_index(dev);
+    ndm__pool *p = i > 0 ? atomic_load_explicit(&pools[i], memory_order_acquire) : NULL;
+    return p && p->streamed ? ndm__pool_stream_uses(cookie) : 0;
+}
+
 static ndm_status alloc_rare(ndm_device dev, size_t nbytes, const ndm__alloc_tag *tag,
                              ndm__block *out)
 {

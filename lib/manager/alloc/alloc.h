@@ -61,6 +61,11 @@ void ndm__alloc_set_stream(ndm_device dev, uintptr_t stream);
  * free waits for that work. NDM_OK (also where the device has no streams,
  * or for the block's own stream), NDM_E_OOM; errors are not recorded. */
 ndm_status ndm__alloc_record_stream(ndm_device dev, void *cookie, uintptr_t stream);
+/* The streams besides its own that block `cookie` of `dev` was recorded on
+ * (0 where the device has no streams). Takes no lock, so a caller holding a
+ * manager's lock may ask; the caller keeps the block allocated meanwhile
+ * (a live view of its storage). */
+uint32_t ndm__alloc_stream_uses(ndm_device dev, void *cookie);
 
 /* ---- pinned host memory ----------------------------------------------------------
  * Page-locked host memory for transfers to and from CUDA device `dev`

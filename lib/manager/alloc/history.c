@@ -1,6 +1,8 @@
 /* Allocator history and traces: a ring of events per device, the call frames
  * they carry, the snapshot (PyTorch's pickle or JSON) and the replay trace. */
 #include <inttypes.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdalign.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,17 +34,55 @@ static int64_t epoch_offset_us(void)
 
 /* ---- call frames ----------------------------------------------------------------- */
 
-/* Deep enough for a user's call into a layer, its backward and an optimizer
- * step nested in one another; deeper frames are counted, not kept. */
-enum { MAX_CALL_FRAMES = 8 };
+/* Deep enough for a user's call into nested modules (two frames a level:
+ * ndm_forward and the module's name), its backward and an optimizer step;
+ * deeper frames are counted, not kept. The first INLINE_FRAMES live in the
+ * thread's static TLS, which a library loaded with dlopen (Python's ctypes)
+ * must keep small; a deeper stack moves, once per thread, to the heap (and
+ * is freed when the thread exits). */
+enum { INLINE_FRAMES = 8, MAX_CALL_FRAMES = 32 };
 
-static _Thread_local ndm__call_frame call_frames[MAX_CALL_FRAMES];
+static _Thread_local ndm__call_frame call_frames[INLINE_FRAMES];
+static _Thread_local ndm__call_frame *deep_frames; /* MAX_CALL_FRAMES, or NULL */
 static _Thread_local int call_depth;
+static pthread_key_t deep_key;
+static pthread_once_t deep_once = PTHREAD_ONCE_INIT;
+static bool deep_key_ok;
+
+static void deep_free(void *p) { free(p); }
+static void deep_key_make(void) { deep_key_ok = pthread_key_create(&deep_key, deep_free) == 0; }
+
+/* The thread's stack and how many frames it holds. */
+static ndm__call_frame *frames_of(int *cap)
+{
+    *cap = deep_frames ? MAX_CALL_FRAMES : INLINE_FRAMES;
+    return deep_frames ? deep_frames : call_frames;
+}
+
+/* Move the stack to the heap (history is on and the stack is deep: rare).
+ * With no memory it stays inline, and deeper frames are counted only. */
+static void grow_frames(void)
+{
+    pthread_once(&deep_once, deep_key_make);
+    ndm__call_frame *d = deep_key_ok ? malloc(MAX_CALL_FRAMES * sizeof *d) : NULL;
+    if (!d)
+        return;
+    if (pthread_setspecific(deep_key, d) != 0) {
+        free(d);
+        return;
+    }
+    memcpy(d, call_frames, sizeof call_frames);
+    deep_frames = d;
+}
 
 int ndm__frame_push_slow(const ndm__call_frame *f)
 {
-    if (call_depth < MAX_CALL_FRAMES)
-        call_frames[call_depth] = *f;
+    int cap;
+    if (call_depth == INLINE_FRAMES && !deep_frames)
+        grow_frames();
+    ndm__call_frame *st = frames_of(&cap);
+    if (call_depth < cap)
+        st[call_depth] = *f;
     call_depth++;
     return 1;
 }
@@ -55,8 +95,9 @@ void ndm__frame_pop_slow(void)
 
 int ndm__frames_current(const ndm__call_frame **out)
 {
-    *out = call_frames;
-    return call_depth < MAX_CALL_FRAMES ? call_depth : MAX_CALL_FRAMES;
+    int cap;
+    *out = frames_of(&cap);
+    return call_depth < cap ? call_depth : cap;
 }
 
 static bool same_site(const char *f1, int l1, const char *f2, int l2)

@@ -749,7 +749,8 @@ static void defer_free(ndm__pool *p, ndm__ablk *b)
     }
     free(b->uses);
     b->uses = NULL;
-    b->nuses = b->uses_cap = 0;
+    __atomic_store_n(&b->nuses, 0, __ATOMIC_RELAXED); /* (see ndm__pool_stream_uses) */
+    b->uses_cap = 0;
     if (!b->events)
         complete_free(p, b);
 }
@@ -1397,10 +1398,20 @@ ndm_status ndm__pool_record_stream(ndm__pool *p, void *cookie, uintptr_t stream)
             b->uses = u;
             b->uses_cap = cap;
         }
-        b->uses[b->nuses++] = stream;
+        b->uses[b->nuses] = stream;
+        __atomic_store_n(&b->nuses, b->nuses + 1, __ATOMIC_RELAXED); /* (see below) */
     }
     ndm__pool_unlock(p);
     return st;
+}
+
+uint32_t ndm__pool_stream_uses(void *cookie)
+{
+    /* The count is written under the pool's lock with atomic stores, so it
+     * can be read without the lock: by a caller that holds a manager's
+     * lock (ndm_why_alive), which must not take the pool's after it. */
+    const ndm__ablk *b = cookie;
+    return b ? __atomic_load_n(&b->nuses, __ATOMIC_RELAXED) : 0;
 }
 
 size_t ndm__pool_pending(ndm__pool *p)

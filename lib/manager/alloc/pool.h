@@ -280,6 +280,10 @@ ndm_status ndm__pool_alloc_on(ndm__pool *p, size_t nbytes, uintptr_t stream,
  * wait for that work (PyTorch's record_stream). NDM_E_OOM when the record
  * cannot grow; a no-op on a pool without streams or for its own stream. */
 ndm_status ndm__pool_record_stream(ndm__pool *p, void *cookie, uintptr_t stream);
+/* How many streams besides its own block `cookie` (allocated, and kept so
+ * by the caller) was recorded on: the streams whose work its free will
+ * wait for. No lock is taken: a caller holding other locks may ask. */
+uint32_t ndm__pool_stream_uses(void *cookie);
 /* Frees still waiting on events (for tests and summaries). */
 size_t ndm__pool_pending(ndm__pool *p);
 void ndm__pool_free(ndm__pool *p, ndm__block *blk);
