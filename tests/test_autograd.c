@@ -494,6 +494,75 @@ static void test_grad_index_and_masked_select(void **state)
     }
 }
 
+/* ---- triangles and sorts ------------------------------------------------------------ */
+
+static ndm_array f_tri_sort(const ndm_array *p, void *ctx)
+{
+    ndm_array v = NDM_NULL_ARRAY;
+    switch ((int)(intptr_t)ctx) {
+    case 0: /* a batch of 3x4 below the first superdiagonal */
+        return ndm_tril(p[0], 1);
+    case 1: /* a transposed batch on and above the -1 diagonal */
+        return ndm_triu(ndm_transpose(p[0]), -1);
+    case 2: /* sorted lines: each value's gradient goes back to its place */
+        return ndm_sort(p[0], -1, false);
+    case 3:
+        return ndm_sort(p[0], 1, true);
+    case 4: /* the 2 largest of each line along axis 0 */
+        if (ndm_topk(p[0], 2, 0, true, &v, NULL) != NDM_OK)
+            return NDM_NULL_ARRAY;
+        return v;
+    default: /* the smallest, through a square: the gradient meets a product */
+        if (ndm_topk(ndm_mul(p[0], p[0]), 3, -1, false, &v, NULL) != NDM_OK)
+            return NDM_NULL_ARRAY;
+        return v;
+    }
+}
+
+static void test_grad_tril_triu_sort_topk(void **state)
+{
+    param_spec one[1] = {P1(3, 2, 3, 4)};
+    static const char *const names[] = {"tril", "triu", "sort", "sort, descending", "topk",
+                                        "topk, smallest"};
+    for (int i = 0; i < 6; i++)
+        check(ROOT(state), names[i], 1, one, f_tri_sort, (void *)(intptr_t)i, 1e-6);
+}
+
+/* ---- rms_norm and attention ---------------------------------------------------------- */
+
+static ndm_array f_attn(const ndm_array *p, void *ctx)
+{
+    ndm_manager sc = ndm_scope_current();
+    switch ((int)(intptr_t)ctx) {
+    case 0: /* q, k, v of [2, 2, 3|4, 3|2], no mask */
+        return ndm_sdpa(p[0], p[1], p[2], NDM_NULL_ARRAY, false, 0);
+    case 1:
+        return ndm_sdpa(p[0], p[1], p[2], NDM_NULL_ARRAY, true, 0.7);
+    case 2: { /* a padding mask per batch, broadcast over heads and queries */
+        uint8_t mv[8] = {1, 1, 0, 1, 1, 1, 1, 0};
+        ndm_array m = ndm_from_buffer(sc, NDM_BOOL, mv, NDM_SHAPE(2, 1, 1, 4));
+        return ndm_sdpa(p[0], p[1], p[2], m, true, 0);
+    }
+    case 3: { /* an additive mask that is itself a parameter */
+        return ndm_sdpa(p[0], p[1], p[2], p[3], false, 0);
+    }
+    default: /* rms_norm with a weight */
+        return ndm_rms_norm(p[0], p[1], 1e-5);
+    }
+}
+
+static void test_grad_sdpa_and_rms_norm(void **state)
+{
+    param_spec ps[4] = {P1(4, 2, 2, 3, 3), P1(4, 2, 2, 4, 3), P1(4, 2, 2, 4, 2), P1(2, 3, 4)};
+    static const char *const names[] = {"sdpa", "sdpa, causal, scaled", "sdpa, causal and padding",
+                                        "sdpa, additive mask"};
+    for (int i = 0; i < 4; i++)
+        check(ROOT(state), names[i], i == 3 ? 4 : 3, ps, f_attn, (void *)(intptr_t)i, 1e-6);
+    /* x [2, 3, 4] and its weight [4] */
+    param_spec rs[2] = {P1(3, 2, 3, 4), PR(1, 0.5, 1.5, 4)};
+    check(ROOT(state), "rms_norm", 2, rs, f_attn, (void *)(intptr_t)4, 1e-6);
+}
+
 /* ---- convolution and pooling ------------------------------------------------------- */
 
 static ndm_array f_conv(const ndm_array *p, void *ctx)
@@ -848,6 +917,8 @@ int main(void)
         TEST(test_grad_index),
         TEST(test_grad_cumsum_and_cumprod),
         TEST(test_grad_index_and_masked_select),
+        TEST(test_grad_tril_triu_sort_topk),
+        TEST(test_grad_sdpa_and_rms_norm),
         TEST(test_grad_losses),
         TEST(test_grad_conv_and_pool),
         TEST(test_grad_accumulates_and_zeroes),

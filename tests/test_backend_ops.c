@@ -850,7 +850,7 @@ typedef struct ix_ctx {
 } ix_ctx;
 
 enum { IX_COPY, IX_FIND, IX_TAKE, IX_GATHER, IX_SCATTER, IX_ONE_HOT, IX_PAD, IX_CUMSUM, IX_CUMPROD,
-       IX_NONZERO };
+       IX_NONZERO, IX_TRIL, IX_TRIU, IX_SORT_VALUES, IX_SORT_INDICES };
 
 static ndm_status run_index(const ndm__backend *b, int device, const fcase *c,
                             const ndm__tensor *t, const void *ctx)
@@ -883,6 +883,11 @@ static ndm_status run_index(const ndm__backend *b, int device, const fcase *c,
     case IX_PAD: return f->pad(device, &t[0], &t[1], x->before, x->mode, -1.5);
     case IX_CUMSUM: return f->cumsum(device, &t[0], &t[1], x->axis);
     case IX_CUMPROD: return f->cumprod(device, &t[0], &t[1], x->axis);
+    case IX_TRIL:
+    case IX_TRIU: return f->tri(device, &t[0], &t[1], x->lo, x->kind == IX_TRIU);
+    /* hi: descending */
+    case IX_SORT_VALUES: return f->sort(device, &t[0], NULL, &t[1], x->axis, x->hi != 0);
+    case IX_SORT_INDICES: return f->sort(device, NULL, &t[0], &t[1], x->axis, x->hi != 0);
     case IX_NONZERO: {
         /* the count goes into the output's first element, the positions
          * after it; the rest of the output stays as it was */
@@ -1087,7 +1092,70 @@ static void index_forward(const target *tg, rng *r, tally *t)
                     ix_case(tg, r, t, axis ? "cumprod, axis 1" : "cumprod, axis 0", dt,
                             (layout)l, &x, 2, dts, vs, 0, dt);
                 }
+                /* tril and triu with offsets below, on and above the diagonal */
+                for (int k = -2; k <= 3; k++) {
+                    ix_ctx x = {.kind = k % 2 ? IX_TRIU : IX_TRIL, .lo = k};
+                    ndm_dtype dts[2] = {dt, dt};
+                    view vs[2] = {out_view((layout)l), in};
+                    ix_case(tg, r, t, k % 2 ? "triu" : "tril", dt, (layout)l, &x, 2, dts, vs, 0,
+                            dt);
+                }
+                /* sort along either axis, both directions: the values, the
+                 * positions, and the first 3 of each (topk) */
+                for (int axis = 0; axis < 2; axis++) {
+                    for (int desc = 0; desc < 2; desc++) {
+                        for (int keep = 0; keep < 2; keep++) {
+                            int64_t osh[2] = {in.shape[0], in.shape[1]};
+                            if (keep)
+                                osh[axis] = osh[axis] < 3 ? osh[axis] : 3;
+                            ix_ctx x = {.kind = IX_SORT_VALUES, .axis = axis, .hi = desc};
+                            ndm_dtype dts[2] = {dt, dt};
+                            view vs[2] = {dense_view(2, osh), in};
+                            static const char *const names[2][2] = {
+                                {"sort", "sort, descending"}, {"topk 3", "topk 3, smallest"}};
+                            ix_case(tg, r, t, names[keep][!desc], dt, (layout)l, &x, 2, dts, vs,
+                                    0, dt);
+                            x.kind = IX_SORT_INDICES;
+                            dts[0] = NDM_I64;
+                            ix_case(tg, r, t, keep ? "topk 3, indices" : "argsort", dt,
+                                    (layout)l, &x, 2, dts, vs, 0, dt);
+                        }
+                    }
+                }
             }
+        }
+        /* lines longer than a block of threads and the CPU's insertion runs,
+         * with many ties (small integers) or random values; a batch of
+         * triangles read with the batch axis in the middle */
+        for (int ties = 0; ties < 2; ties++) {
+            for (int desc = 0; desc < 2; desc++) {
+                ix_ctx x = {.kind = IX_SORT_INDICES, .axis = 1, .hi = desc};
+                int64_t sh[2] = {3, 600};
+                view vs[2] = {dense_view(2, sh), dense_view(2, sh)};
+                ndm_dtype dts[2] = {NDM_I64, dt};
+                fcase c = {.family = NDM__OPS_INDEX, .op = ties ? "argsort, long ties" : "argsort, long",
+                           .l = L_CONTIGUOUS, .nops = 2};
+                snprintf(c.dtypes, sizeof c.dtypes, "%s", ndm_dtype_name(dt));
+                for (int k = 0; k < 2; k++)
+                    c.dt[k] = dts[k], c.v[k] = vs[k];
+                if (ties)
+                    c.fill[1] = FILL_INDEX, c.lo[1] = 0, c.hi[1] = 6;
+                run_case(tg, &c, run_index, &x, r, 1, t);
+                x.kind = IX_SORT_VALUES;
+                c.dt[0] = dt;
+                c.op = ties ? "sort, long ties" : "sort, long";
+                run_case(tg, &c, run_index, &x, r, 1, t);
+            }
+        }
+        {
+            ix_ctx x = {.kind = IX_TRIL, .lo = 1};
+            int64_t sh[3] = {3, 4, 6};
+            view src = {3, {3, 4, 6}, {6, 18, 1}, 0, 72};
+            view vs[2] = {dense_view(3, sh), src};
+            ndm_dtype dts[2] = {dt, dt};
+            ix_case(tg, r, t, "tril, batch", dt, L_TRANSPOSED, &x, 2, dts, vs, 0, dt);
+            x.kind = IX_TRIU, x.lo = -1;
+            ix_case(tg, r, t, "triu, batch", dt, L_TRANSPOSED, &x, 2, dts, vs, 0, dt);
         }
     }
 }
@@ -1179,8 +1247,94 @@ static void random_case(const target *tg, const rnd_case *x, ndm_dtype dt, const
     free(got);
 }
 
+/* multinomial: rows of weights (a few zero, one row refused in the last
+ * case) of each float dtype, contiguous or transposed, into a contiguous
+ * or transposed i64 output; the draws, and the refusal (its position and
+ * reason), equal the CPU's bit for bit. */
+static void multinomial_forward(const target *tg, rng *r, tally *t)
+{
+    static const ndm_dtype fts[4] = {NDM_F16, NDM_BF16, NDM_F32, NDM_F64};
+    for (int fi = 0; fi < 4; fi++) {
+        ndm_dtype dt = fts[fi];
+        for (int variant = 0; variant < 6; variant++) {
+            bool repl = variant % 2 == 0, trans = variant / 2 == 1, refuse = variant >= 4;
+            int64_t rows = 6, n = 37, samples = repl ? 50 : 20;
+            ndm__op_case q = {NDM__OPS_RANDOM, 0, "multinomial",
+                              trans ? NDM__LAYOUT_STRIDED : 0, 2, {dt, NDM_I64}};
+            if (!table_runs(tg, &q, t))
+                continue;
+            size_t es = ndm__ew_esize(dt), pb = (size_t)(rows * n) * es,
+                   db = (size_t)(rows * samples) * sizeof(int64_t);
+            unsigned char *hp = malloc(pb);
+            int64_t *want = malloc(db), *got = malloc(db);
+            assert_true(hp && want && got);
+            for (int64_t i = 0; i < rows * n; i++)
+                host_set(hp, dt, i, rnext(r) % 5 == 0 ? 0.0 : runif(r, 0.01, 4.0));
+            if (refuse)
+                host_set(hp, dt, 3 * n + 11, variant == 4 ? -0.5 : NAN);
+            int64_t psh[2] = {rows, n}, pst[2] = {n, 1}, dsh[2] = {rows, samples},
+                    dst_[2] = {samples, 1};
+            if (trans) /* probs stored column-major, the draws too */
+                pst[0] = 1, pst[1] = rows, dst_[0] = 1, dst_[1] = rows;
+            rnd_case x = {.rng = {rnext(r), rnext(r) % 5, rnext(r) % 1000}};
+            bool vs_ref = tg->dev.type == NDM_DEVICE_CPU;
+            const ndm__backend *oracle =
+                vs_ref ? &ndm__cpu_ref_backend : ndm__backend_for(NDM_DEVICE_CPU);
+            /* the transposed host copy holds the same logical rows */
+            unsigned char *src = malloc(pb);
+            assert_non_null(src);
+            for (int64_t i = 0; i < rows; i++)
+                for (int64_t j = 0; j < n; j++)
+                    memcpy(src + (i * pst[0] + j * pst[1]) * (int64_t)es, hp + (i * n + j) * (int64_t)es,
+                           es);
+            memset(want, 0xa5, db);
+            memset(got, 0xa5, db);
+            ndm__tensor wp = {src, dt, 2, psh, pst}, wd = {want, NDM_I64, 2, dsh, dst_};
+            int64_t wbad[2] = {-7, -7}, gbad[2] = {-7, -7};
+            assert_ok(oracle->random->multinomial(0, &wd, &wp, x.rng, repl, wbad));
+            dbuf dp, dd;
+            assert_true(dbuf_get(tg, &dp, pb) && dbuf_get(tg, &dd, db));
+            dbuf_up(tg, &dp, src, pb);
+            dbuf_up(tg, &dd, got, db);
+            ndm__tensor tp = {dp.p, dt, 2, psh, pst}, td = {dd.p, NDM_I64, 2, dsh, dst_};
+            ndm_status ts = tg->b->random->multinomial(tg->dev.index, &td, &tp, x.rng, repl, gbad);
+            char what[96];
+            snprintf(what, sizeof what, "multinomial (%s%s%s%s)", ndm_dtype_name(dt),
+                     repl ? ", with replacement" : "", trans ? ", transposed" : "",
+                     refuse ? ", refused" : "");
+            if (ts != NDM_OK) {
+                if (!t->mismatches++)
+                    snprintf(t->first, sizeof t->first, "%s, %s: failed with %s", what, tg->name,
+                             ndm_status_name(ts));
+            } else {
+                dbuf_down(tg, &dd, got, db);
+                t->checked++;
+                if (refuse && !(wbad[1] == (variant == 4 ? NDM__MN_NEGATIVE : NDM__MN_NONFINITE) &&
+                                wbad[0] == 3 * n + 11))
+                    fail_msg("%s: the CPU reports %lld at %lld", what, (long long)wbad[1],
+                             (long long)wbad[0]);
+                if (gbad[0] != wbad[0] || gbad[1] != wbad[1] || memcmp(got, want, db)) {
+                    if (!t->mismatches++)
+                        snprintf(t->first, sizeof t->first,
+                                 "%s, %s: draws or refusal differ (refusal %lld at %lld, "
+                                 "expected %lld at %lld)",
+                                 what, tg->name, (long long)gbad[1], (long long)gbad[0],
+                                 (long long)wbad[1], (long long)wbad[0]);
+                }
+            }
+            dbuf_put(&dp);
+            dbuf_put(&dd);
+            free(src);
+            free(hp);
+            free(want);
+            free(got);
+        }
+    }
+}
+
 static void random_forward(const target *tg, rng *r, tally *t)
 {
+    multinomial_forward(tg, r, t);
     /* parameters per distribution and dtype: randint's i64 takes both word
      * counts (ranges up to 2^32 and above) */
     for (int kind = 0; kind < RND_PERMUTATION; kind++) {
@@ -1448,8 +1602,51 @@ typedef struct conv_shape {
     bool bias;
 } conv_shape;
 
+/* rms_norm: operand 0 is what is compared, y or the roots (which = 1);
+ * the other output goes to the last operand. ctx: {which, has_w}. */
+static ndm_status run_rms_norm(const ndm__backend *b, int device, const fcase *c,
+                               const ndm__tensor *t, const void *ctx)
+{
+    const int *x = ctx;
+    if (!b->nn || !b->nn->rms_norm)
+        return NDM_E_UNSUPPORTED;
+    const ndm__tensor *y = x[0] ? &t[c->nops - 1] : &t[0], *rs = x[0] ? &t[0] : &t[c->nops - 1];
+    return b->nn->rms_norm(device, y, rs, &t[1], x[1] ? &t[2] : NULL, 1e-5);
+}
+
+/* The fused rms_norm where a backend has it (the CPU's tables: the same
+ * arithmetic row by row), with and without a weight, rows of 1 to 300. */
+static void rms_norm_forward(const target *tg, rng *r, tally *t)
+{
+    if (!tg->b->nn || !tg->b->nn->rms_norm)
+        return;
+    static const ndm_dtype dts[] = {NDM_F32, NDM_F64};
+    static const int64_t cols[] = {1, 7, 300};
+    for (int di = 0; di < 2; di++)
+        for (int ci = 0; ci < 3; ci++)
+            for (int has_w = 0; has_w < 2; has_w++)
+                for (int which = 0; which < 2; which++) {
+                    int64_t xs[2] = {5, cols[ci]}, rs[2] = {5, 1}, ws[1] = {cols[ci]};
+                    fcase c = {.family = NDM__OPS_NN, .op = which ? "rms_norm roots" : "rms_norm",
+                               .l = L_CONTIGUOUS, .nops = has_w ? 4 : 3, .finite = true};
+                    snprintf(c.dtypes, sizeof c.dtypes, "%s, %lld columns%s",
+                             ndm_dtype_name(dts[di]), (long long)cols[ci],
+                             has_w ? ", weight" : "");
+                    for (int k = 0; k < 4; k++)
+                        c.dt[k] = dts[di];
+                    c.v[0] = which ? dense_view(2, rs) : dense_view(2, xs);
+                    c.v[1] = dense_view(2, xs);
+                    if (has_w)
+                        c.v[2] = dense_view(1, ws);
+                    c.v[c.nops - 1] = which ? dense_view(2, xs) : dense_view(2, rs);
+                    int ctx[2] = {which, has_w};
+                    run_case(tg, &c, run_rms_norm, ctx, r, 1, t);
+                }
+}
+
 static void nn_forward(const target *tg, rng *r, tally *t)
 {
+    rms_norm_forward(tg, r, t);
     static const ndm_dtype dts[] = {NDM_F32, NDM_F64};
     static const conv_shape convs[] = {
         /* groups, stride, padding and dilation, all unequal across H and W */

@@ -839,6 +839,57 @@ static void test_cuda_random_draws_match_cpu_bit_for_bit(void **state)
     pair_close(p);
 }
 
+/* The sampling calls through the public API: multinomial draws (with and
+ * without replacement, each float dtype) equal the CPU's for the same seed,
+ * and advance the generator alike; sort, argsort, topk, tril and triu of
+ * the same data agree, and a refused row is named as on the CPU. */
+static void test_cuda_sampling_ops_match_cpu(void **state)
+{
+    NEED_GPU();
+    pair p = pair_new(ROOT(state));
+    static const ndm_dtype floats[] = {NDM_F32, NDM_F64, NDM_F16, NDM_BF16};
+    for (int k = 0; k < 4; k++) {
+        ndm_rng rc = ndm_rng_new(4242 + (uint64_t)k), rg = rc, w = rc;
+        ndm_array wc = ndm_uniform(p.cpu, &w, floats[k], 0.0, 2.0, NDM_SHAPE(7, 300));
+        ndm_array wg = ndm_to_to(p.gpu, wc, NDM_CUDA(0));
+        for (int repl = 0; repl < 2; repl++) {
+            ndm_array dc = ndm_multinomial(wc, repl ? 500 : 40, repl, &rc);
+            ndm_array dg = ndm_multinomial(wg, repl ? 500 : 40, repl, &rg);
+            assert_true(ndm_array_device(dg).type == NDM_DEVICE_CUDA);
+            assert_arrays_match(dc, dg, repl ? "multinomial" : "multinomial, no replacement");
+            assert_memory_equal(&rc, &rg, sizeof rc);
+        }
+        ndm_array sc = ndm_sort(wc, 1, true), sg = ndm_sort(wg, 1, true);
+        assert_arrays_match(sc, sg, "sort");
+        ndm_array ac = ndm_argsort(wc, 0, false), ag = ndm_argsort(wg, 0, false);
+        assert_arrays_match(ac, ag, "argsort");
+        ndm_array vc, ic, vg, ig;
+        assert_ok(ndm_topk(wc, 5, -1, true, &vc, &ic));
+        assert_ok(ndm_topk(wg, 5, -1, true, &vg, &ig));
+        assert_arrays_match(vc, vg, "topk values");
+        assert_arrays_match(ic, ig, "topk indices");
+        assert_arrays_match(ndm_tril(wc, 2), ndm_tril(wg, 2), "tril");
+        assert_arrays_match(ndm_triu(ndm_transpose(wc), -1), ndm_triu(ndm_transpose(wg), -1),
+                            "triu");
+    }
+    assert_arrays_match(ndm_tri(p.cpu, NDM_BOOL, 5, 6, 0), ndm_tri(p.gpu, NDM_BOOL, 5, 6, 0),
+                        "tri");
+    /* a refused row: the same message on both devices, the generator unchanged */
+    float bad[6] = {1, 2, 3, 0, -1, 1};
+    ndm_array bc = ndm_from_buffer(p.cpu, NDM_F32, bad, NDM_SHAPE(2, 3));
+    ndm_array bg = ndm_to_to(p.gpu, bc, NDM_CUDA(0));
+    ndm_rng r = ndm_rng_new(1), keep = r;
+    uint64_t live_g = test_live_arrays(p.gpu);
+    assert_true(ndm_array_is_null(ndm_multinomial(bc, 2, true, &r)));
+    assert_error_has("entry 1 of row 1 of probs is negative");
+    assert_true(ndm_array_is_null(ndm_multinomial(bg, 2, true, &r)));
+    assert_int_equal(ndm_last_status(), NDM_E_INVALID);
+    assert_error_has("entry 1 of row 1 of probs is negative");
+    assert_memory_equal(&r, &keep, sizeof r);
+    assert_int_equal(test_live_arrays(p.gpu), live_g);
+    pair_close(p);
+}
+
 /* ---- reductions and the index family through the public API ----------------- */
 
 /* Elements of a CPU and a CUDA array (C order) equal, or within rtol for a
@@ -1277,6 +1328,67 @@ static void test_cuda_autograd_through_reductions_and_index(void **state)
         for (int i = 0; i < 15; i++)
             if (!(fabsf(gc[i] - gg[i]) <= 1e-5f * fabsf(gc[i]) + 1e-6f))
                 fail_msg("function %d: gradient element %d: CPU %.9g, CUDA %.9g", k, i, gc[i],
+                         gg[i]);
+    }
+}
+
+/* The blocks of a network through autograd on a device: the gradient of
+ * sum(y * y) for y = sdpa (causal, with a padding mask), rms_norm, sort,
+ * topk and tril of one x [2, 3, 4], on the CPU and on CUDA. */
+static ndm_array block_f(int k, ndm_array x, ndm_manager host, ndm_device dev)
+{
+    ndm_array v = NDM_NULL_ARRAY;
+    switch (k) {
+    case 0: {
+        ndm_array q = ndm_reshape(x, NDM_SHAPE(1, 2, 3, 4));
+        ndm_array pad = ndm_to_to(host, ndm_from_buffer(host, NDM_BOOL, ((uint8_t[]){1, 1, 0}),
+                                                        NDM_SHAPE(3)), dev);
+        return ndm_sdpa(q, ndm_mul_scalar(q, 0.5), ndm_sin(q), pad, true, 0);
+    }
+    case 1: {
+        ndm_array w = ndm_to_to(host, ndm_from_buffer(host, NDM_F32, ((float[]){0.5f, 1, 1.5f, 2}),
+                                                      NDM_SHAPE(4)), dev);
+        return ndm_rms_norm(x, w, 1e-5);
+    }
+    case 2: return ndm_sort(x, -1, true);
+    case 3: return ndm_topk(x, 2, 1, true, &v, NULL) == NDM_OK ? v : NDM_NULL_ARRAY;
+    default: return ndm_triu(ndm_tril(x, 1), -1);
+    }
+}
+
+static void block_grad(ndm_manager root, ndm_device dev, int k, float *out)
+{
+    ndm_manager model = ndm_manager_new_on(root, "model", dev);
+    ndm_manager host = ndm_manager_new(root, "host");
+    float xv[24];
+    for (int i = 0; i < 24; i++)
+        xv[i] = (float)((i * 7) % 13) * 0.25f - 1.5f + (float)i * 0.01f;
+    ndm_array x = ndm_to_to(model, ndm_from_buffer(host, NDM_F32, xv, NDM_SHAPE(2, 3, 4)), dev);
+    assert_live(x);
+    assert_ok(ndm_requires_grad(x));
+    ndm_manager batch = ndm_manager_new(model, "batch");
+    assert_ok(ndm_grad_begin(batch));
+    ndm_array y = block_f(k, x, host, dev);
+    assert_true(ndm_array_device(y).type == dev.type);
+    ndm_array loss = ndm_sum(ndm_mul(y, y), false, NDM_ALL_AXES_LIST);
+    assert_live(loss);
+    assert_ok(ndm_backward(loss));
+    assert_ok(ndm_grad_end());
+    assert_ok(ndm_array_copy_out(ndm_to_to(host, ndm_grad(x), NDM_CPU), out, 24 * sizeof(float)));
+    assert_ok(ndm_manager_close(host));
+    assert_ok(ndm_manager_close(model));
+}
+
+static void test_cuda_network_blocks_gradients_match_cpu(void **state)
+{
+    NEED_GPU();
+    for (int k = 0; k < 5; k++) {
+        float gc[24], gg[24];
+        block_grad(ROOT(state), NDM_CPU, k, gc);
+        block_grad(ROOT(state), NDM_CUDA(0), k, gg);
+        for (int i = 0; i < 24; i++)
+            if (!(fabsf(gc[i] - gg[i]) <= 1e-5f * fabsf(gc[i]) + 1e-6f))
+                fail_msg("block %d: gradient element %d: CPU %.9g, CUDA %.9g", k, i, gc[i],
                          gg[i]);
     }
 }
@@ -1870,6 +1982,7 @@ int main(int argc, char **argv)
         TEST(test_cuda_fault_is_sticky_in_a_fresh_process),
         TEST(test_cuda_elementwise_views_and_in_place_match_cpu),
         TEST(test_cuda_random_draws_match_cpu_bit_for_bit),
+        TEST(test_cuda_sampling_ops_match_cpu),
         TEST(test_cuda_reductions_match_cpu),
         TEST(test_cuda_reduction_of_a_view_makes_no_copy),
         TEST(test_cuda_index_ops_match_cpu),
@@ -1877,6 +1990,7 @@ int main(int argc, char **argv)
         TEST(test_cuda_loss_label_out_of_range_is_refused),
         TEST(test_cuda_selection_checks_devices_and_ranges),
         TEST(test_cuda_autograd_through_reductions_and_index),
+        TEST(test_cuda_network_blocks_gradients_match_cpu),
         TEST(test_cuda_conv_net_forward_and_backward_match_cpu),
         TEST(test_cuda_conv_net_autograd_matches_cpu),
         TEST(test_cuda_array_data_refuses_device_memory),

@@ -1248,6 +1248,203 @@ static void test_cumprod_numpy_values(void **state)
         release(arr[k]);
 }
 
+/* ---- tril, triu, tri ----------------------------------------------------------------- */
+
+static void test_tril_triu_numpy_values(void **state)
+{
+    ndm_manager m = ROOT(state);
+    double av[24];
+    for (int i = 0; i < 24; i++)
+        av[i] = i - 5;
+    int64_t sh[3] = {2, 3, 4};
+    /* a = np.arange(24, dtype=np.float32).reshape(2, 3, 4) - 5: a batch of two 3x4 */
+    ndm_array a = mk(m, NDM_F32, av, 3, sh);
+    static const struct {
+        bool upper;
+        int64_t k;
+        double want[24];
+    } cases[] = {
+        /* np.tril(a, 0) */
+        {false, 0, {-5, 0, 0, 0, -1, 0, 0, 0, 3, 4, 5, 0, 7, 0, 0, 0, 11, 12, 0, 0, 15, 16, 17, 0}},
+        /* np.tril(a, 1) */
+        {false, 1, {-5, -4, 0, 0, -1, 0, 1, 0, 3, 4, 5, 6, 7, 8, 0, 0, 11, 12, 13, 0, 15, 16, 17, 18}},
+        /* np.tril(a, -1) */
+        {false, -1, {0, 0, 0, 0, -1, 0, 0, 0, 3, 4, 0, 0, 0, 0, 0, 0, 11, 0, 0, 0, 15, 16, 0, 0}},
+        /* np.triu(a, 0) */
+        {true, 0, {-5, -4, -3, -2, 0, 0, 1, 2, 0, 0, 5, 6, 7, 8, 9, 10, 0, 12, 13, 14, 0, 0, 17, 18}},
+        /* np.triu(a, 2) */
+        {true, 2, {0, 0, -3, -2, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 9, 10, 0, 0, 0, 14, 0, 0, 0, 0}},
+        /* np.triu(a, -1) */
+        {true, -1, {-5, -4, -3, -2, -1, 0, 1, 2, 0, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 0, 16, 17,
+                    18}},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        ndm_array r = cases[c].upper ? ndm_triu(a, cases[c].k) : ndm_tril(a, cases[c].k);
+        check_array(r, NDM_F32, 3, sh, cases[c].want);
+        release(r);
+    }
+    /* a transposed integer view: np.tril(np.arange(12).reshape(3, 4).T) */
+    double bv[12];
+    for (int i = 0; i < 12; i++)
+        bv[i] = i;
+    ndm_array b = mk(m, NDM_I32, bv, 2, (int64_t[]){3, 4});
+    ndm_array bt = ndm_transpose(b);
+    ndm_array rb = ndm_tril(bt, 0);
+    check_array(rb, NDM_I32, 2, (int64_t[]){4, 3}, (double[]){0, 0, 0, 1, 5, 0, 2, 6, 10, 3, 7, 11});
+    /* k past either edge keeps all, or nothing */
+    ndm_array all = ndm_tril(a, 3), none = ndm_triu(a, 4);
+    check_array(all, NDM_F32, 3, sh, av);
+    double zeros[24] = {0};
+    check_array(none, NDM_F32, 3, sh, zeros);
+    /* np.tri(3, 4, 0) as bool, np.tri(2, 3, -1) as f64; an empty one */
+    ndm_array t = ndm_tri(m, NDM_BOOL, 3, 4, 0);
+    check_array(t, NDM_BOOL, 2, (int64_t[]){3, 4}, (double[]){1, 0, 0, 0, 1, 1, 0, 0, 1, 1, 1, 0});
+    ndm_array t2 = ndm_tri(m, NDM_F64, 2, 3, -1);
+    check_array(t2, NDM_F64, 2, (int64_t[]){2, 3}, (double[]){0, 0, 0, 1, 0, 0});
+    ndm_array t0 = ndm_tri(m, NDM_F32, 0, 3, 0);
+    check_array(t0, NDM_F32, 2, (int64_t[]){0, 3}, NULL);
+    /* refusals leave nothing behind */
+    uint64_t live = test_live_arrays(m);
+    ndm_array v = mk(m, NDM_F32, av, 1, (int64_t[]){4});
+    assert_true(ndm_array_is_null(ndm_tril(v, 0)));
+    assert_int_equal(ndm_last_status(), NDM_E_SHAPE);
+    assert_error_has("a triangle needs the last two axes");
+    assert_true(ndm_array_is_null(ndm_tri(m, NDM_F32, -1, 3, 0)));
+    assert_int_equal(ndm_last_status(), NDM_E_SHAPE);
+    assert_true(ndm_array_is_null(ndm_tri(m, (ndm_dtype)99, 2, 3, 0)));
+    assert_int_equal(ndm_last_status(), NDM_E_DTYPE);
+    ndm_array gone = ndm_zeros(m, NDM_F32, NDM_SHAPE(2, 2));
+    release(gone);
+    assert_true(ndm_array_is_null(ndm_triu(gone, 0)));
+    assert_int_equal(ndm_last_status(), NDM_E_CLOSED);
+    assert_int_equal(test_live_arrays(m), live + 1);
+    ndm_array arr[] = {a, b, bt, rb, all, none, t, t2, t0, v};
+    for (size_t k = 0; k < sizeof arr / sizeof *arr; k++)
+        release(arr[k]);
+}
+
+/* ---- sort, argsort, topk --------------------------------------------------------------- */
+
+/* The signs of a's f32 entries (check_array takes -0.0 for 0.0). */
+static void check_signs(ndm_array a, int n, const int *neg)
+{
+    float v[16];
+    assert_ok(ndm_array_copy_out(a, v, (size_t)n * sizeof *v));
+    for (int i = 0; i < n; i++)
+        if (!isnan(v[i]) && (signbit(v[i]) != 0) != (neg[i] != 0))
+            fail_msg("element %d is %g with the wrong sign", i, (double)v[i]);
+}
+
+static void test_sort_numpy_and_torch_values(void **state)
+{
+    ndm_manager m = ROOT(state);
+    /* x = np.array([3, 1, nan, -0.0, 0.0, 2, 1, -inf], np.float32) */
+    ndm_array x = mk(m, NDM_F32, (double[]){3, 1, NAN, -0.0, 0.0, 2, 1, -INFINITY},
+                     NDM_SHAPE(8));
+    /* np.sort(x, kind="stable"), np.argsort(x, kind="stable") */
+    ndm_array s = ndm_sort(x, 0, false), i = ndm_argsort(x, -1, false);
+    check_array(s, NDM_F32, 1, (int64_t[]){8}, (double[]){-INFINITY, -0.0, 0, 1, 1, 2, 3, NAN});
+    check_signs(s, 8, (int[]){1, 1, 0, 0, 0, 0, 0, 0});
+    check_array(i, NDM_I64, 1, (int64_t[]){8}, (double[]){7, 3, 4, 1, 6, 5, 0, 2});
+    /* torch.sort(x, descending=True, stable=True): NaN first, ties in order */
+    ndm_array sd = ndm_sort(x, 0, true), id = ndm_argsort(x, 0, true);
+    check_array(sd, NDM_F32, 1, (int64_t[]){8}, (double[]){NAN, 3, 2, 1, 1, -0.0, 0, -INFINITY});
+    check_signs(sd, 8, (int[]){0, 0, 0, 0, 0, 1, 0, 1});
+    check_array(id, NDM_I64, 1, (int64_t[]){8}, (double[]){2, 0, 5, 1, 6, 3, 4, 7});
+    /* mm = np.array([[3, 1, 3, 0, 1], [2, 2, -1, 5, 2]], np.int32), read
+     * through a transposed view of its transpose */
+    ndm_array mt = mk(m, NDM_I32, (double[]){3, 2, 1, 2, 3, -1, 0, 5, 1, 2}, NDM_SHAPE(5, 2));
+    ndm_array mm = ndm_transpose(mt);
+    /* np.sort(mm, axis=1, kind="stable"), np.argsort(...) */
+    ndm_array s1 = ndm_sort(mm, 1, false), i1 = ndm_argsort(mm, 1, false);
+    check_array(s1, NDM_I32, 2, (int64_t[]){2, 5}, (double[]){0, 1, 1, 3, 3, -1, 2, 2, 2, 5});
+    check_array(i1, NDM_I64, 2, (int64_t[]){2, 5}, (double[]){3, 1, 4, 0, 2, 2, 0, 1, 4, 3});
+    /* np.sort(mm, axis=0, kind="stable"), np.argsort(...) */
+    ndm_array s0 = ndm_sort(mm, -2, false), i0 = ndm_argsort(mm, 0, false);
+    check_array(s0, NDM_I32, 2, (int64_t[]){2, 5}, (double[]){2, 1, -1, 0, 1, 3, 2, 3, 5, 2});
+    check_array(i0, NDM_I64, 2, (int64_t[]){2, 5}, (double[]){1, 0, 1, 0, 0, 0, 1, 0, 1, 1});
+    /* torch.sort(mm, 1, descending=True, stable=True) */
+    ndm_array d1 = ndm_sort(mm, 1, true), j1 = ndm_argsort(mm, 1, true);
+    check_array(d1, NDM_I32, 2, (int64_t[]){2, 5}, (double[]){3, 3, 1, 1, 0, 5, 2, 2, 2, -1});
+    check_array(j1, NDM_I64, 2, (int64_t[]){2, 5}, (double[]){0, 2, 1, 4, 3, 3, 0, 1, 4, 2});
+    /* int64 beyond 2^53 sorts exactly: [2^53 + 1, 2^53, -5, 2^53 + 1] */
+    int64_t big[4] = {((int64_t)1 << 53) + 1, (int64_t)1 << 53, -5, ((int64_t)1 << 53) + 1};
+    ndm_array b = ndm_from_buffer(m, NDM_I64, big, NDM_SHAPE(4));
+    ndm_array bs = ndm_sort(b, 0, false), bi = ndm_argsort(b, 0, false);
+    int64_t got[4];
+    assert_ok(ndm_array_copy_out(bs, got, sizeof got));
+    assert_true(got[0] == -5 && got[1] == big[1] && got[2] == big[0] && got[3] == big[0]);
+    check_array(bi, NDM_I64, 1, (int64_t[]){4}, (double[]){2, 1, 0, 3});
+    /* bool and f16 */
+    ndm_array t = mk(m, NDM_BOOL, (double[]){1, 0, 1, 0}, NDM_SHAPE(4));
+    ndm_array ts = ndm_sort(t, 0, false), ti = ndm_argsort(t, 0, true);
+    check_array(ts, NDM_BOOL, 1, (int64_t[]){4}, (double[]){0, 0, 1, 1});
+    check_array(ti, NDM_I64, 1, (int64_t[]){4}, (double[]){0, 2, 1, 3});
+    ndm_array h = mk(m, NDM_F16, (double[]){0.5, -2, 65504, -0.25}, NDM_SHAPE(4));
+    ndm_array hs = ndm_sort(h, 0, true);
+    check_array(hs, NDM_F16, 1, (int64_t[]){4}, (double[]){65504, 0.5, -0.25, -2});
+    /* empty lines, and the refusals */
+    ndm_array e = ndm_zeros(m, NDM_F32, NDM_SHAPE(3, 0));
+    ndm_array es = ndm_sort(e, 1, false);
+    check_array(es, NDM_F32, 2, (int64_t[]){3, 0}, NULL);
+    uint64_t live = test_live_arrays(m);
+    assert_true(ndm_array_is_null(ndm_sort(mm, 2, false)));
+    assert_int_equal(ndm_last_status(), NDM_E_AXIS);
+    ndm_array z = ndm_scalar(m, NDM_F32, 1);
+    assert_true(ndm_array_is_null(ndm_argsort(z, 0, false)));
+    assert_int_equal(ndm_last_status(), NDM_E_AXIS);
+    ndm_array gone = ndm_zeros(m, NDM_F32, NDM_SHAPE(2));
+    release(gone);
+    assert_true(ndm_array_is_null(ndm_sort(gone, 0, false)));
+    assert_int_equal(ndm_last_status(), NDM_E_CLOSED);
+    assert_int_equal(test_live_arrays(m), live + 1);
+    ndm_array arr[] = {x, s, i, sd, id, mt, mm, s1, i1, s0, i0, d1, j1, b, bs, bi, t, ts, ti,
+                       h, hs, e, es, z};
+    for (size_t k = 0; k < sizeof arr / sizeof *arr; k++)
+        release(arr[k]);
+}
+
+static void test_topk_largest_and_smallest(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_array a = mk(m, NDM_F64, (double[]){3, 1, 3, 0, 1, 2, 2, -1, 5, 2}, NDM_SHAPE(2, 5));
+    ndm_array v = NDM_NULL_ARRAY, i = NDM_NULL_ARRAY;
+    /* torch.topk(a, 2, 1): ties come in the order of their positions */
+    assert_ok(ndm_topk(a, 2, 1, true, &v, &i));
+    check_array(v, NDM_F64, 2, (int64_t[]){2, 2}, (double[]){3, 3, 5, 2});
+    check_array(i, NDM_I64, 2, (int64_t[]){2, 2}, (double[]){0, 2, 3, 0});
+    release(v);
+    release(i);
+    /* torch.topk(a, 3, 1, largest=False) */
+    assert_ok(ndm_topk(a, 3, -1, false, &v, &i));
+    check_array(v, NDM_F64, 2, (int64_t[]){2, 3}, (double[]){0, 1, 1, -1, 2, 2});
+    check_array(i, NDM_I64, 2, (int64_t[]){2, 3}, (double[]){3, 1, 4, 2, 0, 1});
+    release(v);
+    release(i);
+    /* torch.topk(a, 1, 0): along the rows; only the indices */
+    assert_ok(ndm_topk(a, 1, 0, true, NULL, &i));
+    check_array(i, NDM_I64, 2, (int64_t[]){1, 5}, (double[]){0, 1, 0, 1, 1});
+    release(i);
+    /* k = 0 and k = n; only the values */
+    assert_ok(ndm_topk(a, 0, 1, true, &v, NULL));
+    check_array(v, NDM_F64, 2, (int64_t[]){2, 0}, NULL);
+    release(v);
+    assert_ok(ndm_topk(a, 5, 1, true, &v, NULL));
+    check_array(v, NDM_F64, 2, (int64_t[]){2, 5}, (double[]){3, 3, 1, 1, 0, 5, 2, 2, 2, -1});
+    release(v);
+    /* refusals: both handles null, nothing allocated */
+    uint64_t live = test_live_arrays(m);
+    v = i = a;
+    assert_int_equal(ndm_topk(a, 6, 1, true, &v, &i), NDM_E_INVALID);
+    assert_error_has("k = 6 is larger than axis 1");
+    assert_true(ndm_array_is_null(v) && ndm_array_is_null(i));
+    assert_int_equal(ndm_topk(a, -1, 1, true, &v, &i), NDM_E_INVALID);
+    assert_int_equal(ndm_topk(a, 1, 1, true, NULL, NULL), NDM_E_INVALID);
+    assert_int_equal(ndm_topk(a, 1, 2, true, &v, &i), NDM_E_AXIS);
+    assert_int_equal(test_live_arrays(m), live);
+    release(a);
+}
+
 /* ---- nonzero and masked_select --------------------------------------------------------- */
 
 static void test_nonzero_numpy_argwhere(void **state)
@@ -1621,6 +1818,9 @@ int main(void)
         TEST(test_cumsum_integers_widen),
         TEST(test_cumprod_every_dtype),
         TEST(test_cumprod_numpy_values),
+        TEST(test_tril_triu_numpy_values),
+        TEST(test_sort_numpy_and_torch_values),
+        TEST(test_topk_largest_and_smallest),
         TEST(test_nonzero_numpy_argwhere),
         TEST(test_masked_select_broadcasts),
         TEST(test_index_leading_axes_like_numpy),

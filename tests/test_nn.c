@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "helpers.h"
 
@@ -1017,6 +1018,211 @@ static void test_nn_linear_relu_fused_matches_composed(void **state)
  * rule into it, the scope stays the innermost one afterwards, and a request
  * that fails (an input of the wrong width) returns null with the layer's
  * error and leaves nothing in the predictor or the caller's scope. */
+/* ---- scaled dot-product attention ---------------------------------------------------- */
+
+/* q, k, v of [1, 2, 3|4, 4|2] filled as the expectations' numpy script
+ * fills them: q = sin(0.3 i), k = cos(0.7 i), v = 0.1 i - 1 (i the flat index). */
+static ndm_array attn_input(ndm_manager m, int which, int64_t l, int64_t e)
+{
+    double v[64];
+    for (int64_t i = 0; i < 2 * l * e; i++)
+        v[i] = which == 0 ? sin(0.3 * (double)i) : which == 1 ? cos(0.7 * (double)i) : 0.1 * (double)i - 1;
+    return ndm_from_buffer(m, NDM_F64, v, NDM_SHAPE(1, 2, l, e));
+}
+
+static void test_nn_sdpa_masks_match_numpy(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_array q = attn_input(m, 0, 3, 4), k = attn_input(m, 1, 4, 4), v = attn_input(m, 2, 4, 2);
+    ndm_array pad = ndm_from_buffer(m, NDM_BOOL, ((uint8_t[]){1, 1, 1, 0}), NDM_SHAPE(4));
+    ndm_array fm = ndm_from_buffer(m, NDM_F64, ((double[]){0, -1, 0.5, 0, 0, 0, 0, -2, 1, 0, 0, 0}),
+                                   NDM_SHAPE(3, 4));
+    /* softmax(q k^T scale + mask) v in numpy, float64 */
+    static const struct {
+        int mask; /* 0 none, 1 padding (bool), 2 additive */
+        bool causal;
+        double scale, want[12];
+    } cases[] = {
+        {0, false, 0, {-0.71347584556722188, -0.6134758455672219, -0.73272832623356443,
+                       -0.63272832623356445, -0.74532737077022426, -0.6453273707702244,
+                       0.13174680815898582, 0.2317468081589858, 0.11248550206890456,
+                       0.21248550206890457, 0.067609331589899208, 0.16760933158989916}},
+        {0, true, 0, {-1, -0.90000000000000002, -0.97105825812730151, -0.87105825812730164,
+                      -0.80311210561408741, -0.70311210561408743, -0.19999999999999996,
+                      -0.099999999999999978, -0.027005567865977291, 0.072994432134022791,
+                      0.010735396913408846, 0.11073539691340878}},
+        {1, false, 0, {-0.76614636625169774, -0.66614636625169776, -0.74671079705244592,
+                       -0.64671079705244594, -0.80311210561408741, -0.70311210561408743,
+                       0.006603077086538716, 0.10660307708653878, 0.017848568613840543,
+                       0.11784856861384059, 0.010735396913408846, 0.11073539691340878}},
+        {2, false, 0, {-0.67727962840126732, -0.57727962840126723, -0.74475010409692932,
+                       -0.64475010409692946, -0.84496322166708338, -0.7449632216670834,
+                       0.19881924656192163, 0.2988192465619216, 0.034146021303129798,
+                       0.13414602130312983, -0.02907270493931495, 0.070927295060684986}},
+        {1, true, 0, {-1, -0.90000000000000002, -0.97105825812730151, -0.87105825812730164,
+                      -0.80311210561408741, -0.70311210561408743, -0.19999999999999996,
+                      -0.099999999999999978, -0.027005567865977291, 0.072994432134022791,
+                      0.010735396913408846, 0.11073539691340878}},
+        {0, false, 0.25, {-0.70982737275685848, -0.60982737275685839, -0.73278494257951632,
+                          -0.63278494257951623, -0.72306835569467642, -0.62306835569467633,
+                          0.1272488473871802, 0.22724884738718015, 0.11582590596037282,
+                          0.21582590596037277, 0.082149094244618234, 0.18214909424461817}},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        uint64_t live = test_live_arrays(m);
+        ndm_array mask = cases[c].mask == 1 ? pad : cases[c].mask == 2 ? fm : NDM_NULL_ARRAY;
+        ndm_array y = ndm_sdpa(q, k, v, mask, cases[c].causal, cases[c].scale);
+        assert_live(y);
+        assert_int_equal(test_live_arrays(m), live + 1); /* its parts are gone */
+        int64_t sh[4];
+        assert_int_equal(ndm_array_shape(y, sh, 4), 4);
+        assert_true(sh[0] == 1 && sh[1] == 2 && sh[2] == 3 && sh[3] == 2);
+        double got[12];
+        assert_ok(ndm_array_copy_out(y, got, sizeof got));
+        for (int i = 0; i < 12; i++)
+            if (fabs(got[i] - cases[c].want[i]) > 1e-12)
+                fail_msg("case %zu, element %d: %.17g, expected %.17g", c, i, got[i],
+                         cases[c].want[i]);
+        assert_ok(ndm_array_release(y));
+    }
+    /* a query that sees no key gives NaN, as the composed softmax does */
+    ndm_array none = ndm_zeros(m, NDM_BOOL, NDM_SHAPE(4));
+    ndm_array yn = ndm_sdpa(q, k, v, none, false, 0);
+    double g0[12];
+    assert_ok(ndm_array_copy_out(yn, g0, sizeof g0));
+    for (int i = 0; i < 12; i++)
+        assert_true(isnan(g0[i]));
+    /* refusals, nothing made */
+    uint64_t live = test_live_arrays(m);
+    ndm_array q32 = ndm_astype(q, NDM_F32), k5 = ndm_zeros(m, NDM_F64, NDM_SHAPE(1, 2, 4, 5));
+    ndm_array mi = ndm_zeros(m, NDM_I32, NDM_SHAPE(4)), m5 = ndm_zeros(m, NDM_BOOL, NDM_SHAPE(5));
+    live += 4;
+    assert_true(ndm_array_is_null(ndm_sdpa(q32, k, v, NDM_NULL_ARRAY, false, 0)));
+    assert_int_equal(ndm_last_status(), NDM_E_DTYPE);
+    assert_true(ndm_array_is_null(ndm_sdpa(q, k, v, mi, false, 0)));
+    assert_int_equal(ndm_last_status(), NDM_E_DTYPE);
+    assert_true(ndm_array_is_null(ndm_sdpa(q, k5, v, NDM_NULL_ARRAY, true, 0)));
+    assert_int_equal(ndm_last_status(), NDM_E_SHAPE);
+    assert_error_has("ndm_sdpa");
+    assert_true(ndm_array_is_null(ndm_sdpa(q, k, v, m5, false, 0)));
+    assert_int_equal(ndm_last_status(), NDM_E_SHAPE);
+    assert_true(ndm_array_is_null(ndm_sdpa(q, k, v, NDM_NULL_ARRAY, false, NAN)));
+    assert_int_equal(ndm_last_status(), NDM_E_INVALID);
+    ndm_array gone = ndm_zeros(m, NDM_BOOL, NDM_SHAPE(4));
+    assert_ok(ndm_array_release(gone));
+    assert_true(ndm_array_is_null(ndm_sdpa(q, k, v, gone, false, 0)));
+    assert_int_equal(ndm_last_status(), NDM_E_CLOSED);
+    assert_true(ndm_array_is_null(ndm_rms_norm(q, gone, 1e-6)));
+    assert_int_equal(ndm_last_status(), NDM_E_CLOSED);
+    assert_int_equal(test_live_arrays(m), live);
+    ndm_array arr[] = {q, k, v, pad, fm, none, yn, q32, k5, mi, m5};
+    for (size_t i = 0; i < sizeof arr / sizeof *arr; i++)
+        assert_ok(ndm_array_release(arr[i]));
+    ndm_clear_error();
+}
+
+/* MultiheadAttention against the same arithmetic written out here in
+ * double: y = out_proj(concat over heads of softmax(q k^T / sqrt(d)
+ * [causal]) v), q, k, v = x in_proj_weight^T + in_proj_bias split in three;
+ * its state under PyTorch's names, its gradients reach every parameter. */
+static void test_nn_multihead_attention_matches_its_definition(void **state)
+{
+    enum { B = 2, T = 3, E = 4, H = 2, D = E / H };
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_rng rng = ndm_rng_new(11);
+    ndm_module mha = ndm_multihead_attention(model, E, H, true, true, &rng);
+    assert_live(mha);
+    char desc[64];
+    ndm_module_describe(mha, desc, sizeof desc);
+    assert_string_equal(desc, "MultiheadAttention(4, 2, causal)");
+    const char *names[8];
+    ndm_array ps[8];
+    assert_int_equal(ndm_module_named_parameters(mha, names, ps, 8), 4);
+    float w_in[3 * E * E], b_in[3 * E], w_out[E * E], b_out[E];
+    float *dst[4] = {w_in, b_in, w_out, b_out};
+    static const char *const want[4] = {"in_proj_weight", "in_proj_bias", "out_proj.weight",
+                                        "out_proj.bias"};
+    static const size_t sizes[4] = {sizeof w_in, sizeof b_in, sizeof w_out, sizeof b_out};
+    ndm_rng fill = ndm_rng_new(3);
+    for (int k = 0; k < 4; k++) {
+        int found = -1;
+        for (int i = 0; i < 4; i++)
+            if (!strcmp(names[i], want[k]))
+                found = i;
+        if (found < 0)
+            fail_msg("no parameter named %s", want[k]);
+        if (k % 2) /* the biases start at zero: give them values */
+            assert_ok(ndm_uniform_(ps[found], &fill, -0.5, 0.5));
+        assert_ok(ndm_array_copy_out(ps[found], dst[k], sizes[k]));
+    }
+    float xv[B * T * E];
+    for (int i = 0; i < B * T * E; i++)
+        xv[i] = (float)sin(0.37 * i);
+    ndm_manager batch = ndm_manager_new(model, "batch");
+    ndm_array x = ndm_from_buffer(batch, NDM_F32, xv, NDM_SHAPE(B, T, E));
+    assert_ok(ndm_grad_begin(batch));
+    ndm_array y = ndm_forward(mha, x);
+    assert_live(y);
+    float got[B * T * E];
+    assert_ok(ndm_array_copy_out(y, got, sizeof got));
+    for (int b = 0; b < B; b++) {
+        double qkv[T][3 * E], heads[T][E];
+        for (int t = 0; t < T; t++)
+            for (int o = 0; o < 3 * E; o++) {
+                double acc = b_in[o];
+                for (int i = 0; i < E; i++)
+                    acc += (double)xv[(b * T + t) * E + i] * w_in[o * E + i];
+                qkv[t][o] = acc;
+            }
+        for (int h = 0; h < H; h++)
+            for (int t = 0; t < T; t++) {
+                double sc[T], mx = -INFINITY, sum = 0;
+                for (int u = 0; u <= t; u++) { /* causal: keys up to t */
+                    double dot = 0;
+                    for (int j = 0; j < D; j++)
+                        dot += qkv[t][h * D + j] * qkv[u][E + h * D + j];
+                    sc[u] = dot / sqrt((double)D);
+                    mx = sc[u] > mx ? sc[u] : mx;
+                }
+                for (int u = 0; u <= t; u++)
+                    sum += sc[u] = exp(sc[u] - mx);
+                for (int j = 0; j < D; j++) {
+                    double acc = 0;
+                    for (int u = 0; u <= t; u++)
+                        acc += sc[u] / sum * qkv[u][2 * E + h * D + j];
+                    heads[t][h * D + j] = acc;
+                }
+            }
+        for (int t = 0; t < T; t++)
+            for (int o = 0; o < E; o++) {
+                double acc = b_out[o];
+                for (int i = 0; i < E; i++)
+                    acc += heads[t][i] * w_out[o * E + i];
+                float g = got[(b * T + t) * E + o];
+                if (fabs(g - acc) > 1e-5 * (1 + fabs(acc)))
+                    fail_msg("y[%d, %d, %d] = %.9g, its definition gives %.9g", b, t, o, g, acc);
+            }
+    }
+    assert_ok(ndm_backward(ndm_sum(ndm_mul(y, y), false, NDM_ALL_AXES_LIST)));
+    assert_ok(ndm_grad_end());
+    for (int k = 0; k < 4; k++) {
+        ndm_array g = ndm_grad(ps[k]);
+        assert_live(g);
+        assert_int_equal(ndm_array_size(g), ndm_array_size(ps[k]));
+        double n2 = 0;
+        assert_ok(ndm_item(ndm_sum(ndm_mul(g, g), false, NDM_ALL_AXES_LIST), &n2));
+        assert_true(n2 > 0);
+    }
+    /* refusals */
+    assert_true(ndm_multihead_attention(model, 6, 4, true, false, &rng).id == 0);
+    assert_int_equal(ndm_last_status(), NDM_E_INVALID);
+    ndm_array x2 = ndm_zeros(batch, NDM_F32, NDM_SHAPE(T, E));
+    assert_true(ndm_array_is_null(ndm_forward(mha, x2)));
+    assert_int_equal(ndm_last_status(), NDM_E_SHAPE);
+    ndm_clear_error();
+    assert_ok(ndm_manager_close(model));
+}
+
 static void test_nn_predict_requests_leave_only_answers(void **state)
 {
     ndm_manager model = ndm_manager_new(ROOT(state), "model");
@@ -1078,6 +1284,8 @@ int main(void)
         TEST(test_nn_list_contracts),
         TEST(test_nn_modules_belong_to_model),
         TEST(test_nn_linear_relu_fused_matches_composed),
+        TEST(test_nn_sdpa_masks_match_numpy),
+        TEST(test_nn_multihead_attention_matches_its_definition),
         TEST(test_nn_predict_requests_leave_only_answers),
     };
     return cmocka_run_group_tests_name("nn", tests, NULL, NULL);

@@ -1,5 +1,6 @@
-/* Normalisation layers: BatchNorm1d/2d and LayerNorm, their running
- * statistics and modes, and their gradients against finite differences. */
+/* Normalisation layers: BatchNorm1d/2d, LayerNorm and RMSNorm (and its
+ * function), their running statistics and modes, and their gradients
+ * against finite differences. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -172,6 +173,91 @@ static void test_norm_layer_norm_normalises(void **state)
     assert_ok(ndm_manager_close(model));
 }
 
+static void test_norm_rms_norm_matches_numpy(void **state)
+{
+    ndm_manager m = ROOT(state);
+    /* x = (np.arange(6) - 2.5).reshape(2, 3) / 2, w = [0.5, 1, 2]:
+     * x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * w */
+    ndm_array x = ndm_from_buffer(m, NDM_F64, ((double[]){-1.25, -0.75, -0.25, 0.25, 0.75, 1.25}),
+                                  NDM_SHAPE(2, 3));
+    ndm_array w = ndm_from_buffer(m, NDM_F64, ((double[]){0.5, 1, 2}), NDM_SHAPE(3));
+    static const double with_w[6] = {-0.73192455282044999, -0.87830946338453997,
+                                      -0.58553964225636002, 0.14638491056409,
+                                      0.87830946338453997,  2.9276982112818};
+    static const double plain[6] = {-1.4638491056409,    -0.87830946338453997,
+                                    -0.29276982112818001, 0.29276982112818001,
+                                    0.87830946338453997,  1.4638491056409};
+    uint64_t live = test_live_arrays(m);
+    ndm_array y = ndm_rms_norm(x, w, 1e-6), z = ndm_rms_norm(x, NDM_NULL_ARRAY, 1e-6);
+    assert_int_equal(test_live_arrays(m), live + 2); /* the parts are gone */
+    int64_t n;
+    double *vy = values(y, &n), *vz = values(z, &n);
+    for (int i = 0; i < 6; i++)
+        assert_true(fabs(vy[i] - with_w[i]) < 1e-14 && fabs(vz[i] - plain[i]) < 1e-14);
+    free(vy);
+    free(vz);
+    /* the layer: weight ones, named as PyTorch names it; f32 input */
+    ndm_manager model = ndm_manager_new(m, "model");
+    ndm_module rn = ndm_rms_norm_module(model, 3, 1e-6, true);
+    assert_live(rn);
+    const char *names[2];
+    ndm_array ps[2];
+    assert_int_equal(ndm_module_named_parameters(rn, names, ps, 2), 1);
+    assert_string_equal(names[0], "weight");
+    char buf[32];
+    ndm_module_describe(rn, buf, sizeof buf);
+    assert_string_equal(buf, "RMSNorm(3)");
+    ndm_array x32 = ndm_astype(x, NDM_F32);
+    ndm_array y32 = ndm_forward(rn, x32);
+    double *v32 = values(y32, &n);
+    assert_int_equal(ndm_array_dtype(y32), NDM_F32);
+    for (int i = 0; i < 6; i++)
+        assert_true(fabs(v32[i] - plain[i]) < 1e-6);
+    free(v32);
+    /* refusals, nothing made */
+    live = test_live_arrays(m);
+    ndm_array xi = ndm_zeros(m, NDM_I32, NDM_SHAPE(2, 3));
+    ndm_array w4 = ndm_ones(m, NDM_F64, NDM_SHAPE(4));
+    ndm_array s0 = ndm_scalar(m, NDM_F64, 1);
+    assert_true(ndm_array_is_null(ndm_rms_norm(xi, w, 1e-6)));
+    assert_int_equal(ndm_last_status(), NDM_E_DTYPE);
+    assert_true(ndm_array_is_null(ndm_rms_norm(x, w4, 1e-6)));
+    assert_int_equal(ndm_last_status(), NDM_E_SHAPE);
+    assert_true(ndm_array_is_null(ndm_rms_norm(s0, NDM_NULL_ARRAY, 1e-6)));
+    assert_int_equal(ndm_last_status(), NDM_E_SHAPE);
+    assert_true(ndm_array_is_null(ndm_rms_norm(x, w, -1.0)));
+    assert_int_equal(ndm_last_status(), NDM_E_INVALID);
+    assert_error_has("ndm_rms_norm");
+    ndm_array x4 = ndm_zeros(m, NDM_F32, NDM_SHAPE(2, 4));
+    assert_true(ndm_array_is_null(ndm_forward(rn, x4)));
+    assert_int_equal(ndm_last_status(), NDM_E_SHAPE);
+    assert_true(ndm_rms_norm_module(model, 0, 1e-6, true).id == 0);
+    assert_int_equal(ndm_last_status(), NDM_E_INVALID);
+    assert_int_equal(test_live_arrays(m), live + 4);
+    ndm_array arr[] = {x, w, y, z, x32, y32, xi, w4, s0, x4};
+    for (size_t k = 0; k < sizeof arr / sizeof *arr; k++)
+        assert_ok(ndm_array_release(arr[k]));
+    ndm_clear_error();
+    assert_ok(ndm_manager_close(model));
+}
+
+static void test_norm_rms_norm_gradients(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_module rn = ndm_rms_norm_module(model, 4, 1e-5, true);
+    perturb(rn);
+    ndm_manager data = ndm_manager_new(ROOT(state), "data");
+    const int64_t shape[] = {3, 2, 4};
+    ndm_array x = input(data, 9, 3, shape);
+    ndm_array r = weights(data, 3, shape);
+    check_gradients(ROOT(state), rn, x, r);
+    ndm_module plain = ndm_rms_norm_module(model, 4, 1e-5, false);
+    assert_int_equal(ndm_module_parameters(plain, NULL, 0), 0);
+    check_gradients(ROOT(state), plain, x, r);
+    assert_ok(ndm_manager_close(data));
+    assert_ok(ndm_manager_close(model));
+}
+
 static void test_norm_batch_norm_running_statistics(void **state)
 {
     ndm_manager model = ndm_manager_new(ROOT(state), "model");
@@ -265,6 +351,8 @@ int main(void)
         TEST(test_norm_batch_norm_gradients),
         TEST(test_norm_layer_norm_gradients),
         TEST(test_norm_layer_norm_normalises),
+        TEST(test_norm_rms_norm_matches_numpy),
+        TEST(test_norm_rms_norm_gradients),
         TEST(test_norm_batch_norm_running_statistics),
         TEST(test_norm_bad_input_is_refused),
     };

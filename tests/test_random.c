@@ -589,6 +589,176 @@ static void test_random_bernoulli_and_permutation(void **state)
 
 /* ---- errors and ownership ------------------------------------------------------------- */
 
+/* ---- multinomial ------------------------------------------------------------------ */
+
+/* With replacement, draw i (of a row r) is the first category whose running
+ * sum exceeds u * total, u from the 53 high bits of element i's two words:
+ * recomputed here from the stream itself. Without replacement, the draws of
+ * a row are distinct and never a zero category. Both advance the generator
+ * by two words an element, and a copy of it replays the draw. */
+static void test_random_multinomial_follows_the_documented_stream(void **state)
+{
+    ndm_manager m = ROOT(state);
+    const double w[2][5] = {{0.5, 0, 1.25, 3, 0.25}, {2, 2, 0, 1, 0.125}};
+    ndm_array p = ndm_from_buffer(m, NDM_F64, w, NDM_SHAPE(2, 5));
+    ndm_rng r = {2024, 3, 17}, keep = r;
+    ndm_array d = ndm_multinomial(p, 9, true, &r);
+    assert_live(d);
+    assert_int_equal(ndm_array_dtype(d), NDM_I64);
+    assert_int_equal(ndm_array_dim(d, 0), 2);
+    assert_int_equal(ndm_array_dim(d, 1), 9);
+    assert_true(r.seed == keep.seed && r.stream == keep.stream);
+    assert_int_equal(r.offset, keep.offset + ndm_rng_blocks(18, 2));
+    int64_t got[18];
+    assert_ok(ndm_array_copy_out(d, got, sizeof got));
+    for (int row = 0; row < 2; row++) {
+        double c[5], sum = 0;
+        for (int j = 0; j < 5; j++)
+            c[j] = sum += w[row][j];
+        for (int s = 0; s < 9; s++) {
+            uint64_t i = (uint64_t)(row * 9 + s);
+            double u = (double)(bits64(keep, 2 * i) >> 11) * 0x1p-53, t = u * c[4];
+            int j = 0;
+            while (c[j] <= t)
+                j++;
+            if (got[i] != j)
+                fail_msg("draw %d of row %d is %lld, the stream says %d", s, row,
+                         (long long)got[i], j);
+        }
+    }
+    /* a copy of the generator replays it; 1-d probs give a 1-d draw */
+    ndm_rng again = keep;
+    ndm_array d2 = ndm_multinomial(p, 9, true, &again);
+    void *a = bytes(d), *b = bytes(d2);
+    assert_memory_equal(a, b, sizeof got);
+    free(a);
+    free(b);
+    ndm_array row = ndm_select(p, 0, 1);
+    ndm_array one = ndm_multinomial(row, 4, false, &r);
+    assert_int_equal(ndm_array_ndim(one), 1);
+    assert_int_equal(ndm_array_dim(one, 0), 4);
+    int64_t u[4];
+    assert_ok(ndm_array_copy_out(one, u, sizeof u));
+    /* the four nonzero categories of row 1, each once */
+    bool seen[5] = {false};
+    for (int k = 0; k < 4; k++) {
+        assert_true(u[k] >= 0 && u[k] < 5 && u[k] != 2 && !seen[u[k]]);
+        seen[u[k]] = true;
+    }
+    release(d);
+    release(d2);
+    release(row);
+    release(one);
+    release(p);
+}
+
+static double chi2(const int64_t *count, const double *prob, int k, double n)
+{
+    double c = 0;
+    for (int j = 0; j < k; j++)
+        c += ((double)count[j] - n * prob[j]) * ((double)count[j] - n * prob[j]) / (n * prob[j]);
+    return c;
+}
+
+/* Fixed seeds, so each check is deterministic: the frequencies of the
+ * categories against their probabilities, with replacement and for the
+ * first two draws without (the second's law: sum over the first i of
+ * p_i p_j / (1 - p_i)). 3 degrees of freedom: P(chi2 > 21.1) < 1e-4. */
+static void test_random_multinomial_frequencies(void **state)
+{
+    ndm_manager m = ROOT(state);
+    const double prob[4] = {0.1, 0.2, 0.3, 0.4};
+    ndm_array p = ndm_from_buffer(m, NDM_F32, ((float[]){1, 2, 3, 4, 0}), NDM_SHAPE(5));
+    ndm_rng r = ndm_rng_new(77);
+    const int64_t n = 200000;
+    ndm_array d = ndm_multinomial(p, n, true, &r);
+    double *v = vals(d);
+    int64_t count[5] = {0};
+    for (int64_t i = 0; i < n; i++)
+        count[(int)v[i]]++;
+    assert_int_equal(count[4], 0);
+    assert_true(chi2(count, prob, 4, (double)n) < 21.1);
+    free(v);
+    release(d);
+    /* without replacement: 20000 rows of the same weights, 2 draws each */
+    const int64_t rows = 20000;
+    ndm_manager sc = ndm_scope_begin(m, "rows");
+    ndm_array many = ndm_astype(ndm_expand(ndm_unsqueeze(p, 0), NDM_SHAPE(rows, 5)), NDM_F64);
+    assert_ok(ndm_scope_end(sc, 1, &many));
+    ndm_array w = ndm_multinomial(many, 2, false, &r);
+    v = vals(w);
+    int64_t first[5] = {0}, second[5] = {0};
+    for (int64_t i = 0; i < rows; i++) {
+        assert_true(v[2 * i] != v[2 * i + 1]);
+        first[(int)v[2 * i]]++;
+        second[(int)v[2 * i + 1]]++;
+    }
+    assert_int_equal(first[4] + second[4], 0);
+    double after[4] = {0};
+    for (int j = 0; j < 4; j++)
+        for (int i = 0; i < 4; i++)
+            if (i != j)
+                after[j] += prob[i] * prob[j] / (1 - prob[i]);
+    assert_true(chi2(first, prob, 4, (double)rows) < 21.1);
+    assert_true(chi2(second, after, 4, (double)rows) < 21.1);
+    free(v);
+    release(w);
+    release(many);
+    release(p);
+}
+
+static void test_random_multinomial_errors_change_nothing(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_array good = ndm_from_buffer(m, NDM_F32, ((float[]){1, 2, 0, 1, 1, 0}), NDM_SHAPE(2, 3));
+    ndm_array neg = ndm_from_buffer(m, NDM_F32, ((float[]){1, 2, 0, 1, -1, 0}), NDM_SHAPE(2, 3));
+    ndm_array nan = ndm_from_buffer(m, NDM_F64, ((double[]){1, NAN, 0}), NDM_SHAPE(3));
+    ndm_array inf = ndm_from_buffer(m, NDM_F64, ((double[]){1, 0, INFINITY}), NDM_SHAPE(3));
+    ndm_array zero = ndm_from_buffer(m, NDM_F32, ((float[]){1, 2, 0, 0, 0, 0}), NDM_SHAPE(2, 3));
+    ndm_array big = ndm_from_buffer(m, NDM_F64, ((double[]){1e308, 1e308}), NDM_SHAPE(2));
+    ndm_array ints = ndm_zeros(m, NDM_I32, NDM_SHAPE(3));
+    ndm_array cube = ndm_ones(m, NDM_F32, NDM_SHAPE(2, 2, 2));
+    uint64_t live = test_live_arrays(m);
+    ndm_rng r = ndm_rng_new(5), keep = r;
+    static const struct {
+        int which;
+        int64_t samples;
+        bool repl;
+        ndm_status st;
+        const char *msg;
+    } cases[] = {
+        {1, 1, true, NDM_E_INVALID, "entry 1 of row 1 of probs is negative"},
+        {2, 1, true, NDM_E_INVALID, "entry 1 of probs is NaN or infinite"},
+        {3, 1, true, NDM_E_INVALID, "entry 2 of probs is NaN or infinite"},
+        {4, 1, true, NDM_E_INVALID, "row 1 of probs sums to zero"},
+        {5, 1, true, NDM_E_INVALID, "the sum of probs overflows"},
+        {0, 3, false, NDM_E_INVALID, "row 0 of probs has fewer than 3 nonzero entries"},
+        {0, 4, false, NDM_E_INVALID, "cannot draw 4 samples without replacement from 3"},
+        {0, 0, true, NDM_E_INVALID, "num_samples must be >= 1"},
+        {6, 1, true, NDM_E_DTYPE, "must have a float dtype"},
+        {7, 1, true, NDM_E_SHAPE, "must be 1-d (categories) or 2-d"},
+    };
+    ndm_array ps[] = {good, neg, nan, inf, zero, big, ints, cube};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        ndm_clear_error();
+        ndm_array d = ndm_multinomial(ps[cases[c].which], cases[c].samples, cases[c].repl, &r);
+        assert_true(ndm_array_is_null(d));
+        assert_int_equal(ndm_last_status(), cases[c].st);
+        assert_error_has(cases[c].msg);
+        assert_memory_equal(&r, &keep, sizeof r);
+    }
+    assert_true(ndm_array_is_null(ndm_multinomial(good, 1, true, NULL)));
+    assert_int_equal(ndm_last_status(), NDM_E_INVALID);
+    assert_int_equal(test_live_arrays(m), live);
+    /* a released probs is named stale */
+    ndm_array gone = ndm_ones(m, NDM_F32, NDM_SHAPE(3));
+    release(gone);
+    assert_true(ndm_array_is_null(ndm_multinomial(gone, 1, true, &r)));
+    assert_int_equal(ndm_last_status(), NDM_E_CLOSED);
+    for (size_t k = 0; k < sizeof ps / sizeof *ps; k++)
+        release(ps[k]);
+}
+
 static void test_random_errors_change_nothing(void **state)
 {
     ndm_manager m = ROOT(state);
@@ -706,6 +876,9 @@ int main(void)
         TEST(test_random_normal_statistics),
         TEST(test_random_randint_chi_square),
         TEST(test_random_bernoulli_and_permutation),
+        TEST(test_random_multinomial_follows_the_documented_stream),
+        TEST(test_random_multinomial_frequencies),
+        TEST(test_random_multinomial_errors_change_nothing),
         TEST(test_random_errors_change_nothing),
         TEST(test_random_ownership),
     };

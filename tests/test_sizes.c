@@ -259,12 +259,15 @@ static void sweep_compute(sweep *sw, ndm_array a, const int64_t *s)
     assert_live(one);
     OP(sw, "add broadcast", ndm_add(a, one), 3, s, dt, true, 0);
     OP(sw, "add broadcast", ndm_add(one, a), 3, s, dt, true, 0);
+    OP(sw, "tril", ndm_tril(a, 0), 3, s, dt, true, 0);
     assert_ok(ndm_array_release(one));
     ndm_dtype soft = ndm_dtype_is_float(dt) ? dt : NDM_F32;
     int64_t w[3];
     for (int ax = 0; ax < 3; ax++) {
         OP(sw, "cumsum", ndm_cumsum(a, ax), 3, s, sum_dtype(dt), true, 0);
         OP(sw, "cumprod", ndm_cumprod(a, ax), 3, s, sum_dtype(dt), true, 0);
+        OP(sw, "sort", ndm_sort(a, ax, false), 3, s, dt, true, 0);
+        OP(sw, "argsort", ndm_argsort(a, ax, true), 3, s, NDM_I64, true, 0);
         OP(sw, "softmax", ndm_softmax(a, ax), 3, s, soft, true, 0);
         for (int j = 0, k = 0; j < 3; j++)
             if (j != ax)

@@ -1,6 +1,6 @@
 /* bench/ops: operation throughput and overhead against anchors measured in
  * the same run. Arguments: section names to run (default: all: elementwise,
- * reduce, linalg, conv), --quick for a short run, --json for one JSON object.
+ * reduce, linalg, conv, attention), --quick for a short run, --json for one JSON object.
  * linalg is measured again without the OpenBLAS variables (blas_env.h). */
 #include <string.h>
 
@@ -15,6 +15,7 @@ static const struct {
     {"reduce", bench_ops_reduce},
     {"linalg", bench_ops_linalg},
     {"conv", bench_ops_conv},
+    {"attention", bench_ops_attention},
 };
 
 int main(int argc, char **argv)

@@ -27,4 +27,8 @@ bool bench_sgemm(bool ta, bool tb, int m, int n, int k, const float *a, int lda,
  * each against the GEMM it unfolds to. */
 void bench_ops_conv(bench_report *r);
 
+/* RMSNorm and causal attention as composed, against a fused loop and
+ * against their matmuls alone (attention.c). */
+void bench_ops_attention(bench_report *r);
+
 #endif

@@ -1,6 +1,8 @@
 /* ndm shape and indexing operations: concat, stack, split, take, gather,
  * scatter_add, one_hot, pad, flip, tile, repeat, cumsum, cumprod, nonzero,
- * masked_select and indexing by several index arrays (ndm_index).
+ * masked_select, indexing by several index arrays (ndm_index), the
+ * triangles of matrices (tril, triu, tri) and sorting (sort, argsort,
+ * topk).
  *
  * Ownership. Every function that returns a handle returns a fresh one,
  * attached by the output rule: the `_to` variant's manager, else the
@@ -315,6 +317,95 @@ NDM_API ndm_array ndm_masked_select_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_
 /** ndm_index_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_index_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int n,
                                   const ndm_array *indices);
+/** numpy's tril (torch.tril): a copy of `a` (rank >= 2) with the entries
+ *  above the k-th diagonal of its last two axes set to zero: entry
+ *  [..., i, j] is kept where j - i <= k (k = 0: the main diagonal, k > 0
+ *  above it, k < 0 below). Every batch axis in front is treated alike.
+ *  Returns a new array of a's dtype and shape; the gradient is the same
+ *  triangle of the incoming gradient. Owner: the output rule's manager
+ *  (a's), or m for the _to form. Errors: NDM_E_SHAPE for a rank below 2,
+ *  NDM_E_NULL / NDM_E_CLOSED for a null or stale handle, NDM_E_CAPPED /
+ *  NDM_E_QUOTA / NDM_E_OOM from the output manager. */
+#define ndm_tril(a, k) ndm_tril_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (k))
+/** ndm_tril() with the result attached to m instead of by the output rule. */
+#define ndm_tril_to(m, a, k) ndm_tril_to_at(NDM_HERE, (m), (a), (k))
+/** ndm_tril_to() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_array ndm_tril_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int64_t k);
+
+/** numpy's triu (torch.triu): as ndm_tril, keeping the entries on and above
+ *  the k-th diagonal (j - i >= k) and zeroing those below. Errors as for
+ *  ndm_tril(). */
+#define ndm_triu(a, k) ndm_triu_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (k))
+/** ndm_triu() with the result attached to m instead of by the output rule. */
+#define ndm_triu_to(m, a, k) ndm_triu_to_at(NDM_HERE, (m), (a), (k))
+/** ndm_triu_to() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_array ndm_triu_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int64_t k);
+
+/** numpy's tri: a new [rows, cols] array of `dtype` owned by m
+ *  (NDM_CURRENT_SCOPE: this thread's innermost scope), 1 where j - i <= k
+ *  and 0 elsewhere, made in one pass with no full-size temporary. The
+ *  causal mask of attention is ndm_tri(m, NDM_BOOL, n, n, 0): position i
+ *  sees positions j <= i. Errors: NDM_E_SHAPE for a negative size,
+ *  NDM_E_DTYPE for an invalid dtype, and the factory errors of array.h. */
+#define ndm_tri(m, dtype, rows, cols, k) ndm_tri_at(NDM_HERE, (m), (dtype), (rows), (cols), (k))
+/** ndm_tri() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_array ndm_tri_at(NDM_SITE_PARAMS, ndm_manager m, ndm_dtype dtype, int64_t rows,
+                             int64_t cols, int64_t k);
+
+/** A stable sort of a (rank >= 1) along `axis`, ascending, or descending
+ *  when `descending` (torch.sort(a, axis, descending, stable=True); numpy's
+ *  sort with kind="stable" ascending). Every dtype sorts by value: NaN
+ *  sorts above +inf (last ascending, first descending, as PyTorch places
+ *  it), -0.0 equals 0.0, and equal entries keep their order in either
+ *  direction. Returns a new array of a's dtype and shape; for a float `a`
+ *  the gradient goes back to the position each value came from. Owner: the
+ *  output rule's manager (a's), or m for the _to form. Errors: NDM_E_AXIS
+ *  when axis is outside [-ndim, ndim) (a rank-0 `a` has none), NDM_E_NULL /
+ *  NDM_E_CLOSED for a null or stale handle, NDM_E_CAPPED / NDM_E_QUOTA /
+ *  NDM_E_OOM from the output manager (the kernel's scratch too). */
+#define ndm_sort(a, axis, descending)                                           \
+    ndm_sort_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (axis), (descending))
+/** ndm_sort() with the result attached to m instead of by the output rule. */
+#define ndm_sort_to(m, a, axis, descending)                                     \
+    ndm_sort_to_at(NDM_HERE, (m), (a), (axis), (descending))
+/** ndm_sort_to() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_array ndm_sort_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis,
+                                 bool descending);
+
+/** The positions along `axis` that sort a as ndm_sort() does (numpy's
+ *  argsort with kind="stable", torch.argsort(stable=True)): a new i64
+ *  array of a's shape; ties keep their order. Integer output: no
+ *  gradient. Errors as for ndm_sort(). */
+#define ndm_argsort(a, axis, descending)                                        \
+    ndm_argsort_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (axis), (descending))
+/** ndm_argsort() with the result attached to m instead of by the output rule. */
+#define ndm_argsort_to(m, a, axis, descending)                                  \
+    ndm_argsort_to_at(NDM_HERE, (m), (a), (axis), (descending))
+/** ndm_argsort_to() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_array ndm_argsort_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int axis,
+                                    bool descending);
+
+/** torch.topk(a, k, axis, largest, sorted=True): the k largest entries of
+ *  each line along `axis` (the k smallest when `largest` is false), in
+ *  sorted order (largest first, or smallest first), into *values (a's
+ *  dtype) and their positions along the axis into *indices (i64); the
+ *  shape is a's with k along the axis. Either pointer may be NULL (that
+ *  output is not made). Equal entries come in the order of their positions
+ *  (PyTorch leaves it unspecified); NaN counts as the largest. The values'
+ *  gradient (float `a`) goes back to their positions. Returns NDM_OK with
+ *  fresh handles owned by the output rule's manager (a's), or m for the
+ *  _to form; on failure both are null and nothing is allocated. Errors:
+ *  NDM_E_INVALID when k < 0, k > the axis' size or both pointers are
+ *  NULL, and those of ndm_sort(). */
+#define ndm_topk(a, k, axis, largest, values, indices)                          \
+    ndm_topk_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (k), (axis), (largest), (values), (indices))
+/** ndm_topk() with the results attached to m instead of by the output rule. */
+#define ndm_topk_to(m, a, k, axis, largest, values, indices)                    \
+    ndm_topk_to_at(NDM_HERE, (m), (a), (k), (axis), (largest), (values), (indices))
+/** ndm_topk_to() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API NDM_NODISCARD ndm_status ndm_topk_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a,
+                                                int64_t k, int axis, bool largest,
+                                                ndm_array *values, ndm_array *indices);
 /** @} */
 
 #ifdef __cplusplus

@@ -181,6 +181,33 @@ NDM_API ndm_module ndm_batch_norm_at(NDM_SITE_PARAMS, ndm_manager model, int spa
 /** ndm_layer_norm() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_module ndm_layer_norm_at(NDM_SITE_PARAMS, ndm_manager model, int ndim,
                                      const int64_t *shape, double eps, bool affine);
+/** RMS normalisation over the last axis of `features` entries (PyTorch's
+ *  RMSNorm(features, eps), e.g. eps 1e-6): y = x / sqrt(mean(x^2) + eps) *
+ *  weight, with weight (ones, shape [features]) a parameter when `affine`.
+ *  Returns the module, or a null one: NDM_E_INVALID for features < 1 or an
+ *  eps that is negative or not finite, and the model's errors; a forward
+ *  pass on another last axis is NDM_E_SHAPE. */
+#define ndm_rms_norm_module(model, features, eps, affine)                       \
+    ndm_rms_norm_module_at(NDM_HERE, (model), (features), (eps), (affine))
+/** ndm_rms_norm_module() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_module ndm_rms_norm_module_at(NDM_SITE_PARAMS, ndm_manager model, int64_t features,
+                                          double eps, bool affine);
+/** Multi-head self-attention (PyTorch's nn.MultiheadAttention(embed,
+ *  heads, bias, batch_first=True) called as mha(x, x, x), without dropout;
+ *  with `causal`, is_causal): x (batch, seq, embed) is projected once to
+ *  queries, keys and values by in_proj_weight (3 embed, embed; Xavier
+ *  uniform) and in_proj_bias (zeros), each head of embed / heads runs
+ *  ndm_sdpa, and the heads joined go through out_proj, a Linear(embed,
+ *  embed) child whose state is named out_proj.weight and out_proj.bias.
+ *  Returns the module, or a null one: NDM_E_INVALID when embed is not a
+ *  positive multiple of heads or rng is NULL, and the model's errors; a
+ *  forward pass on another shape is NDM_E_SHAPE. */
+#define ndm_multihead_attention(model, embed, heads, bias, causal, rng)         \
+    ndm_multihead_attention_at(NDM_HERE, (model), (embed), (heads), (bias), (causal), (rng))
+/** ndm_multihead_attention() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_module ndm_multihead_attention_at(NDM_SITE_PARAMS, ndm_manager model, int64_t embed,
+                                              int64_t heads, bool bias, bool causal,
+                                              ndm_rng *rng);
 /** The modules applied in order (n = 0: the identity, returning an alias).
  *  They must belong to `model` with their parameters (NDM_E_NOT_OWNER). A
  *  null module in the list (a constructor inside it failed) makes the result
@@ -244,6 +271,55 @@ NDM_API int ndm_module_named_state(ndm_module m, const char **names, ndm_array *
  *  full length, or a negative status for a bad handle: errors as for
  *  ndm_module_set_training(). */
 NDM_API int ndm_module_describe(ndm_module m, char *buf, size_t n);
+
+/* ---- functional blocks (recorded as their parts) ------------------------------- */
+
+/** @name Functional blocks
+ *  Each is composed of the operations it names and recorded as them, so it
+ *  has their gradients; its temporaries live in a scope of the output
+ *  manager and are released before it returns. Each returns a new array
+ *  owned by the output rule's manager (the first input's, unless a scope
+ *  or the _to form names one), or the null handle with nothing allocated:
+ *  the errors named, NDM_E_NULL / NDM_E_CLOSED for a null or stale handle,
+ *  and NDM_E_CAPPED / NDM_E_QUOTA / NDM_E_OOM from the output manager. */
+/** @{ */
+
+/** torch.nn.functional.rms_norm over the last axis: x / sqrt(mean(x^2,
+ *  last axis) + eps), times `weight` (shape [x's last size]) unless it is
+ *  the null handle. Errors: NDM_E_DTYPE for a non-float x or weight,
+ *  NDM_E_SHAPE for a rank-0 x or a weight of another shape, NDM_E_INVALID
+ *  for an eps that is negative or not finite. */
+#define ndm_rms_norm(x, weight, eps)                                            \
+    ndm_rms_norm_to_at(NDM_HERE, NDM_OUTPUT_RULE, (x), (weight), (eps))
+/** ndm_rms_norm() with the result attached to m instead of by the output rule. */
+#define ndm_rms_norm_to(m, x, weight, eps) ndm_rms_norm_to_at(NDM_HERE, (m), (x), (weight), (eps))
+/** ndm_rms_norm_to() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_array ndm_rms_norm_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array x,
+                                     ndm_array weight, double eps);
+
+/** Scaled dot-product attention (torch.nn.functional.
+ *  scaled_dot_product_attention without dropout): softmax(q k^T * scale +
+ *  masks) v over q [..., L, E], k [..., S, E] and v [..., S, Ev] (e.g.
+ *  [batch, heads, seq, dim]; batch axes broadcast as matmul's do), giving
+ *  [..., L, Ev]. `scale` 0 takes 1 / sqrt(E). With `causal`, query i
+ *  attends to keys j <= i (the top-left triangle, as PyTorch's is_causal).
+ *  `mask`, unless the null handle, broadcasts to [..., L, S]: a bool mask
+ *  keeps the scores where it is true (PyTorch's convention; a padding mask
+ *  is false at the padded keys), a float one (q's dtype) is added to them;
+ *  it combines with `causal`. A query that sees no key gets NaN, as the
+ *  composed softmax of PyTorch does. Errors: NDM_E_DTYPE unless q, k and v
+ *  share a float dtype and the mask is bool or that dtype, NDM_E_SHAPE for
+ *  sizes that do not match (or a mask that does not broadcast),
+ *  NDM_E_INVALID for a non-finite scale. */
+#define ndm_sdpa(q, k, v, mask, causal, scale)                                  \
+    ndm_sdpa_to_at(NDM_HERE, NDM_OUTPUT_RULE, (q), (k), (v), (mask), (causal), (scale))
+/** ndm_sdpa() with the result attached to m instead of by the output rule. */
+#define ndm_sdpa_to(m, q, k, v, mask, causal, scale)                            \
+    ndm_sdpa_to_at(NDM_HERE, (m), (q), (k), (v), (mask), (causal), (scale))
+/** ndm_sdpa_to() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_array ndm_sdpa_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array q, ndm_array k,
+                                 ndm_array v, ndm_array mask, bool causal, double scale);
+/** @} */
 
 /* ---- user-defined modules ------------------------------------------------------ */
 

@@ -42,8 +42,20 @@
  *   any dtype.
  * - permutation: inside-out Fisher-Yates; step i draws j in [0, i] from
  *   element i's 64 bits as randint does (w = 2), then a[i] = a[j], a[j] = i.
- * uniform, randint, bernoulli and permutation are exact: every backend gives
- * the same bits. normal evaluates ln, sin and cos with its own polynomials
+ * - multinomial (w = 2), over rows of R probabilities p (as double):
+ *   with replacement, draw s of row r is element r * S + s (S samples a
+ *   row): c are the running sums of the row, added left to right, and the
+ *   draw is the first j with c[j] > u * c[R-1] (u from 53 bits; the last
+ *   positive category if rounding leaves none). Without replacement, each
+ *   category j of row r is element r * R + j with the key -ln(u1) / p[j]
+ *   (u1 in (0, 1], ln by normal's polynomial; none for p[j] = 0), and the
+ *   draws are the categories of the S smallest keys, smallest first (ties
+ *   to the lower j): the exponential race, which draws one category after
+ *   another with probability proportional to p, each at most once. A
+ *   multinomial call advances by ceil(n * 2 / 4) blocks for its n elements
+ *   (rows * S, or rows * R without replacement).
+ * uniform, randint, bernoulli, permutation and multinomial are exact: every
+ * backend gives the same bits. normal evaluates ln, sin and cos with its own polynomials
  * (f32 arithmetic for f32, f16 and bf16; f64 for f64), the same on the CPU
  * and on CUDA, so it too gives the same bits on every backend; its values
  * agree with the formula to a few units in the last place of f32 (about
@@ -157,6 +169,32 @@ NDM_API NDM_NODISCARD ndm_status ndm_bernoulli_inplace_at(NDM_SITE_PARAMS, ndm_a
 /** ndm_permutation() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_permutation_at(NDM_SITE_PARAMS, ndm_manager m, ndm_rng *rng, int64_t n);
 /** @} */
+
+/** torch.multinomial(probs, num_samples, replacement): category indices
+ *  drawn from the rows of `probs` (1-d: one row of categories; 2-d: rows x
+ *  categories), a float array of weights that need not sum to 1, from the
+ *  stream of *rng as above (the same draw on every backend, bit for bit).
+ *  Returns a new i64 array of shape [num_samples] or [rows, num_samples]
+ *  owned by the output rule's manager (probs', unless a scope or the _to
+ *  form names one), the generator advanced; or the null handle with
+ *  nothing allocated and the generator unchanged. Without replacement a
+ *  row's draws are distinct and num_samples <= categories. Errors:
+ *  NDM_E_INVALID for a NULL generator, num_samples < 1, more samples than
+ *  categories without replacement, and (read from the data, which on a
+ *  device waits for its queue) an entry that is negative, NaN or infinite,
+ *  a row that sums to zero or overflows, or a row with fewer nonzero
+ *  entries than num_samples without replacement, the message naming the
+ *  row and entry; NDM_E_SHAPE for a rank other than 1 or 2; NDM_E_DTYPE
+ *  for a non-float probs; NDM_E_NULL / NDM_E_CLOSED for a null or stale
+ *  handle; NDM_E_CAPPED / NDM_E_QUOTA / NDM_E_OOM from the output manager. */
+#define ndm_multinomial(probs, num_samples, replacement, rng)                   \
+    ndm_multinomial_to_at(NDM_HERE, NDM_OUTPUT_RULE, (probs), (num_samples), (replacement), (rng))
+/** ndm_multinomial() with the result attached to m instead of by the output rule. */
+#define ndm_multinomial_to(m, probs, num_samples, replacement, rng)             \
+    ndm_multinomial_to_at(NDM_HERE, (m), (probs), (num_samples), (replacement), (rng))
+/** ndm_multinomial_to() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_array ndm_multinomial_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array probs,
+                                        int64_t num_samples, bool replacement, ndm_rng *rng);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,7 @@
 /* The index family of the backend table: copies that move data for concat,
  * stack and tile, index checks, take, gather, scatter_add, one_hot, pad,
- * cumsum, cumprod, and the positions of nonzero entries. */
+ * cumsum, cumprod, the positions of nonzero entries, the triangles of
+ * matrices (tril, triu) and a stable sort along an axis (sort, topk). */
 #ifndef NDM_BACKEND_INDEX_H
 #define NDM_BACKEND_INDEX_H
 
@@ -55,6 +56,21 @@ struct ndm__backend_index {
      * 0 strides (a broadcast mask). */
     ndm_status (*nonzero)(int device, const ndm__tensor *dst, const ndm__tensor *src,
                           int64_t *count);
+    /* dst = src over the last two axes (rows i, columns j) where j - i <= k
+     * (upper false: tril) or j - i >= k (upper true: triu), zero (all bits
+     * clear) elsewhere. dst and src have one shape and one dtype, rank >= 2;
+     * src may carry 0 strides (a broadcast one). */
+    ndm_status (*tri)(int device, const ndm__tensor *dst, const ndm__tensor *src, int64_t k,
+                      bool upper);
+    /* A stable sort of each line of src along axis: the first m entries of
+     * the sorted line (m = the axis' extent in values or indices, at most
+     * src's) go to values (src's dtype) and indices (i64, positions along
+     * the axis), either of which may be NULL. The order is that of
+     * ndm__sort_key (index_scalar.h): NaN above every number, -0.0 equal to
+     * 0.0; descending reverses the keys, and equal keys keep their order
+     * in both directions. The outputs have src's shape but along axis. */
+    ndm_status (*sort)(int device, const ndm__tensor *values, const ndm__tensor *indices,
+                       const ndm__tensor *src, int axis, bool descending);
 };
 
 extern const struct ndm__backend_index ndm__cpu_index;

@@ -1,6 +1,7 @@
 /* The neural-network family of the backend table: 2-d convolution and
- * pooling on NCHW arrays, and their gradients. Dispatchers (lib/ops/conv.c)
- * check the geometry. */
+ * pooling on NCHW arrays, and their gradients (dispatchers in
+ * lib/ops/conv.c check the geometry); the fused RMS normalisation of rows
+ * (lib/ops/norm.c). */
 #ifndef NDM_BACKEND_NN_H
 #define NDM_BACKEND_NN_H
 
@@ -101,10 +102,25 @@ struct ndm__backend_nn {
      * Overlapping windows add up. Default: NDM_E_UNSUPPORTED, as above. */
     ndm_status (*pool2d_backward)(int device, const ndm__tensor *dx, const ndm__tensor *dy,
                                   const ndm__tensor *x, const ndm__pool2d_geom *g);
+    /* optional: RMS normalisation of each row of x, a C-contiguous (rows,
+     * n) f32 or f64 array (n >= 1): rstd[r] = 1 / sqrt(sum_j x[r, j]^2 / n
+     * + eps), the sum (in an order of the backend's choosing) and the root
+     * in double, then rounded to the dtype;
+     * y[r, j] = x[r, j] * rstd[r] rounded, times w[j] rounded (w NULL:
+     * none). y (x's shape) and rstd (rows) are C-contiguous, of x's dtype,
+     * as w (n) is. Default: the dispatcher composes the operations. */
+    ndm_status (*rms_norm)(int device, const ndm__tensor *y, const ndm__tensor *rstd,
+                           const ndm__tensor *x, const ndm__tensor *w, double eps);
 };
 
 extern const struct ndm__backend_nn ndm__cpu_nn;
 extern const struct ndm__backend_nn ndm__cpu_ref_nn;
+/* The CPU's rms_norm (cpu/norm.c): one row at a time (the reference) or
+ * rows spread over the pool (the fast table), with the same arithmetic. */
+ndm_status ndm__cpu_ref_rms_norm(int device, const ndm__tensor *y, const ndm__tensor *rstd,
+                                 const ndm__tensor *x, const ndm__tensor *w, double eps);
+ndm_status ndm__cpu_rms_norm(int device, const ndm__tensor *y, const ndm__tensor *rstd,
+                             const ndm__tensor *x, const ndm__tensor *w, double eps);
 
 /* Test hook (process wide): the fast CPU gradients use the vector kernels
  * for `isa` (1 portable C, 2 AVX2, 3 AVX-512; 0 the default level), as

@@ -8,6 +8,7 @@
 
 #include "../base/convert_scalar.h"
 #include "backend.h"
+#include "index_scalar.h"
 #include "ndm/random.h"
 
 /* The scalar helpers below run on the CPU and, compiled by nvcc, in CUDA
@@ -46,10 +47,34 @@ struct ndm__backend_random {
     ndm_status (*bernoulli)(int device, const ndm__tensor *dst, ndm_rng rng, double p);
     /* 1-d i64 */
     ndm_status (*permutation)(int device, const ndm__tensor *dst, ndm_rng rng);
+    /* Draws into dst (2-d i64, rows x samples, any strides) from the rows
+     * of probs (2-d, rows x categories, a float dtype, any strides), with
+     * or without replacement, as ndm/random.h defines it. Every row is
+     * checked first: when one fails, bad[0] is the flat position (row *
+     * categories + column) it fails at and bad[1] the NDM__MN_* reason,
+     * and nothing is written; otherwise bad[1] is 0. Without replacement,
+     * samples <= categories. */
+    ndm_status (*multinomial)(int device, const ndm__tensor *dst, const ndm__tensor *probs,
+                              ndm_rng rng, bool replacement, int64_t bad[2]);
+};
+
+/* Why a row of multinomial's probabilities is refused; the first in the
+ * row's order of checks (its entries left to right, then its sum) wins,
+ * and the first refused row. */
+enum {
+    NDM__MN_OK,
+    NDM__MN_NEGATIVE, /* an entry below 0 (at its column) */
+    NDM__MN_NONFINITE, /* an entry that is NaN or infinite (at its column) */
+    NDM__MN_ZERO_SUM, /* every entry 0 (at column 0) */
+    NDM__MN_OVERFLOW, /* the sum overflows (at column 0) */
+    NDM__MN_FEW /* fewer nonzero entries than samples without replacement (column 0) */
 };
 
 extern const struct ndm__backend_random ndm__cpu_random;
 extern const struct ndm__backend_random ndm__cpu_ref_random;
+/* The CPU's multinomial (cpu/multinomial.c), in both tables. */
+ndm_status ndm__cpu_multinomial(int device, const ndm__tensor *dst, const ndm__tensor *probs,
+                                ndm_rng rng, bool replacement, int64_t bad[2]);
 /* Test hook: let the fast CPU kernels use SIMD code paths (default on);
  * off forces the reference level on every CPU family (cpu/isa.h). */
 void ndm__cpu_random_simd(bool on);
@@ -62,6 +87,7 @@ static inline unsigned ndm__rng_words_randint(int64_t lo, int64_t hi)
 }
 #define NDM__RNG_WORDS_BERNOULLI 1u
 #define NDM__RNG_WORDS_PERMUTATION 2u
+#define NDM__RNG_WORDS_MULTINOMIAL 2u
 
 #define NDM__PHILOX_M0 UINT32_C(0xD2511F53)
 #define NDM__PHILOX_M1 UINT32_C(0xCD9E8D57)
@@ -296,6 +322,69 @@ NDM__SCALAR void ndm__rng_sincos2pi_f64(double u, double *sn, double *cs)
     double a = q & 1 ? c : s, b = q & 1 ? s : c;
     *sn = a * (q & 2 ? -1.0 : 1.0);
     *cs = b * ((q + 1) & 2 ? -1.0 : 1.0);
+}
+
+/* ---- multinomial --------------------------------------------------------------
+ * The steps of ndm/random.h's definition that every backend takes in the
+ * same order, so that the draws agree bit for bit. */
+
+/* Entry p of a probability row, a float dtype, as double (exact). */
+NDM__SCALAR double ndm__mn_load(const void *p, ndm_dtype t)
+{
+    switch (t) {
+    case NDM_F16: return (double)ndm__f16_to_f32(*(const uint16_t *)p);
+    case NDM_BF16: return (double)ndm__bf16_to_f32(*(const uint16_t *)p);
+    case NDM_F32: return (double)*(const float *)p;
+    default: return *(const double *)p;
+    }
+}
+
+/* The two words of element i (two per element: never across a block). */
+NDM__SCALAR void ndm__mn_words(ndm_rng rng, uint64_t i, uint32_t w[2])
+{
+    uint32_t b[4];
+    ndm__rng_block(rng, i / 2, b);
+    w[0] = b[(i % 2) * 2];
+    w[1] = b[(i % 2) * 2 + 1];
+}
+
+/* The check of one entry, in the row's order: a reason or NDM__MN_OK. */
+NDM__SCALAR int ndm__mn_check(double p)
+{
+    if (p < 0)
+        return NDM__MN_NEGATIVE;
+    if (!(p - p == 0))
+        return NDM__MN_NONFINITE;
+    return NDM__MN_OK;
+}
+
+/* Without replacement: the sort key of category j with probability p whose
+ * element words are w, an exponential variate of rate p, -ln(u) / p with u
+ * in (0, 1] (ln by normal's polynomial); the categories of the smallest
+ * keys are the draw. A zero p never comes before a positive one. */
+NDM__SCALAR uint64_t ndm__mn_key(const uint32_t w[2], double p)
+{
+    if (!(p > 0))
+        return ~(uint64_t)0;
+    return ndm__sort_key_f64(-ndm__rng_log_f64(ndm__rng_u53_open(w)) / p);
+}
+
+/* With replacement: the category of a draw whose element words are w from
+ * the running sums c[0..n) of a row (c[n - 1] its total), last the last
+ * category of positive probability: the first j with c[j] > u * total,
+ * u in [0, 1), found by bisection; last when rounding leaves none. */
+NDM__SCALAR int64_t ndm__mn_pick(const uint32_t w[2], const double *c, int64_t n, int64_t last)
+{
+    double t = NDM__RNG_DMUL(ndm__rng_u53(w), c[n - 1]);
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (c[mid] > t)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo < n ? lo : last;
 }
 
 #undef NDM__SCALAR

@@ -1,9 +1,13 @@
-/* BatchNorm1d/2d and LayerNorm, as PyTorch's: batch norm normalises each
- * channel over the batch (running statistics as buffers of the state),
- * layer norm each sample over its trailing axes. */
+/* BatchNorm1d/2d, LayerNorm and RMSNorm, as PyTorch's: batch norm
+ * normalises each channel over the batch (running statistics as buffers of
+ * the state), layer norm each sample over its trailing axes, RMS norm each
+ * sample by the root mean square of its last axis (a function and a layer). */
 #include <math.h>
 #include <string.h>
 
+#include "../manager/alloc/alloc.h"
+#include "../manager/reclaim.h"
+#include "../ops/inner.h"
 #include "module.h"
 
 #define AT NDM__SITE_ARGS(site), NDM_OUTPUT_RULE
@@ -240,5 +244,117 @@ NDM_API ndm_module ndm_layer_norm_at(NDM_SITE_PARAMS, ndm_manager model, int ndi
     l->eps = eps;
     if (affine && !affine_params(m, site, model, ndim, shape, &l->weight, &l->bias))
         return ndm__module_abandon(m, api, site);
+    return ndm__module_finish(m, model, api, site);
+}
+
+/* ---- RMSNorm ----------------------------------------------------------------------- */
+
+/* x / sqrt(mean(x^2 over the last axis) + eps) [* weight]: one fused
+ * kernel where the device has it (lib/ops/norm.c), else composed and
+ * recorded as its parts, the temporaries in a scope of the output manager. */
+static ndm_array rms_norm(ndm__site site, const char *api, ndm_manager out, ndm_array x,
+                          ndm_array weight, double eps)
+{
+    NDM__CALL_FRAME(api, site);
+    ndm__view vx, vw;
+    char d1[160], d2[160];
+    if (!ndm__view_input(x, &vx, api, site) ||
+        (weight.id && !ndm__view_input(weight, &vw, api, site)))
+        return NDM_NULL_ARRAY;
+    if (!ndm_dtype_is_float(vx.t.dtype) || (weight.id && !ndm_dtype_is_float(vw.t.dtype))) {
+        ndm__fail(NDM_E_DTYPE, api, site, "x %s and weight %s must have float dtypes",
+                  ndm__view_desc(&vx, d1, sizeof d1),
+                  weight.id ? ndm__view_desc(&vw, d2, sizeof d2) : "(none)");
+        return NDM_NULL_ARRAY;
+    }
+    int nd = vx.t.ndim;
+    if (nd < 1 || (weight.id && (vw.t.ndim != 1 || vw.t.shape[0] != vx.t.shape[nd - 1]))) {
+        ndm__fail(NDM_E_SHAPE, api, site,
+                  "x %s needs a last axis, and weight %s its size as its only axis",
+                  ndm__view_desc(&vx, d1, sizeof d1),
+                  weight.id ? ndm__view_desc(&vw, d2, sizeof d2) : "(none)");
+        return NDM_NULL_ARRAY;
+    }
+    if (!(eps >= 0) || !isfinite(eps)) {
+        ndm__fail(NDM_E_INVALID, api, site, "eps must be finite and >= 0 (got %g)", eps);
+        return NDM_NULL_ARRAY;
+    }
+    ndm_manager dst = ndm__output_for(out, x, api, site);
+    if (!dst.id)
+        return NDM_NULL_ARRAY;
+    ndm_array fused;
+    if (ndm__rms_norm_fused(site, api, dst, x, weight, eps, &fused))
+        return fused;
+    ndm_manager s = ndm_scope_begin_at(NDM__SITE_ARGS(site), dst, "rms_norm");
+    if (!s.id)
+        return NDM_NULL_ARRAY;
+    int last = nd - 1;
+    ndm_array ms = ndm_mean_to_at(AT, ndm_mul_to_at(AT, x, x), true, 1, &last);
+    ndm_array y = ndm_mul_to_at(AT, x, ndm_rsqrt_to_at(AT, ndm_add_scalar_to_at(AT, ms, eps)));
+    if (weight.id)
+        y = ndm_mul_to_at(AT, y, weight);
+    if (ndm_scope_end_at(NDM__SITE_ARGS(site), s, y.id ? 1 : 0, &y) < 0)
+        return NDM_NULL_ARRAY;
+    return y;
+}
+
+NDM_API ndm_array ndm_rms_norm_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array x,
+                                     ndm_array weight, double eps)
+{
+    NDM__ENTRY(__func__);
+    NDM__OP_GUARD();
+    return rms_norm(NDM__SITE, "ndm_rms_norm", out, x, weight, eps);
+}
+
+typedef struct rms_norm_layer {
+    int64_t features;
+    double eps;
+    ndm_array weight;
+} rms_norm_layer;
+
+static ndm_array rms_forward(ndm__module *m, ndm_array x, const char *api, ndm__site site)
+{
+    const rms_norm_layer *l = m->data;
+    return rms_norm(site, api, NDM_OUTPUT_RULE, x, l->weight, l->eps);
+}
+
+static size_t rms_describe(const ndm__module *m, char *buf, size_t n, size_t len)
+{
+    const rms_norm_layer *l = m->data;
+    return ndm__module_put(buf, n, len, "RMSNorm(%lld)", (long long)l->features);
+}
+
+static const ndm__module_type rms_norm_type = {
+    .name = "RMSNorm",
+    .size = sizeof(rms_norm_layer),
+    .forward = rms_forward,
+    .describe = rms_describe,
+};
+
+NDM_API ndm_module ndm_rms_norm_module_at(NDM_SITE_PARAMS, ndm_manager model, int64_t features,
+                                          double eps, bool affine)
+{
+    NDM__ENTRY(__func__);
+    ndm__site site = NDM__SITE;
+    const char *api = "ndm_rms_norm_module";
+    if (!ndm__nn_model_ok(model, api, site))
+        return (ndm_module){0};
+    if (features < 1 || !(eps >= 0) || !isfinite(eps)) {
+        ndm__fail(NDM_E_INVALID, api, site,
+                  "features must be >= 1 and eps finite and >= 0 (got %lld, %g)",
+                  (long long)features, eps);
+        return (ndm_module){0};
+    }
+    ndm__module *m = ndm__module_new(&rms_norm_type, model, api, site);
+    if (!m)
+        return (ndm_module){0};
+    rms_norm_layer *l = m->data;
+    l->features = features;
+    l->eps = eps;
+    if (affine) {
+        l->weight = ndm__nn_filled(site, model, NDM_F32, 1, &features, 1.0, true);
+        if (!l->weight.id || !ndm__module_add_param(m, "weight", l->weight))
+            return ndm__module_abandon(m, api, site);
+    }
     return ndm__module_finish(m, model, api, site);
 }

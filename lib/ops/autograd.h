@@ -42,6 +42,8 @@ typedef enum ndm__ag_op {
     NDM__AG_FLIP,        /* i[0]: axis */
     NDM__AG_CUMSUM,      /* i[0]: axis (normalised) */
     NDM__AG_CUMPROD,     /* i[0]: axis (normalised) */
+    NDM__AG_TRI,         /* i[0]: the diagonal offset k, i[1]: upper (triu) */
+    NDM__AG_RMS_NORM,    /* i[0]: with a weight; in: x[, w], rstd (x's shape, last axis 1) */
     NDM__AG_INDEX,       /* i[0]: k, the leading axes indexed; in: a, the flat i64 positions
                             into a's first k axes merged (the broadcast index shape) */
     NDM__AG_MASKED_SELECT, /* in: a, mask, the i64 C-order positions picked in the

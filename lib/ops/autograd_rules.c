@@ -480,6 +480,29 @@ static ndm_status softmax_rule(ndm__ag_node *nd, ndm_array g, ndm_array *gi)
     return gi[0].id ? NDM_OK : ndm_last_status();
 }
 
+/* y = x r w with r = 1 / sqrt(mean(x^2) + eps) along the last axis and
+ * xhat = x r: dx = r (g w - xhat mean(g w xhat)), dw = the sum of g xhat
+ * over every row. */
+static ndm_status rms_norm_rule(ndm__ag_node *nd, ndm_array g, ndm_array *gi)
+{
+    bool has_w = nd->p.i[0] != 0;
+    ndm_array x = nd->in[0], r = nd->in[has_w ? 2 : 1];
+    int last = ndm_array_ndim(x) - 1;
+    ndm_array xhat = ndm_mul(x, r);
+    ndm_array gw = has_w ? ndm_mul(g, nd->in[1]) : g;
+    if (nd->needs[0]) {
+        ndm_array m = ndm_mean(ndm_mul(gw, xhat), true, 1, &last);
+        if (!(gi[0] = ndm_mul(r, ndm_sub(gw, ndm_mul(xhat, m)))).id)
+            return ndm_last_status();
+    }
+    if (has_w && nd->needs[1]) {
+        ndm_array rows = ndm_reshape(ndm_mul(g, xhat), NDM_SHAPE(-1, ndm_array_dim(x, last)));
+        if (!(gi[1] = ndm_sum(rows, false, NDM_AXES(0))).id)
+            return ndm_last_status();
+    }
+    return NDM_OK;
+}
+
 ndm_status ndm__ag_rule(ndm__ag_node *nd, ndm_array g, ndm_array *gi)
 {
     switch (nd->op) {
@@ -540,6 +563,11 @@ ndm_status ndm__ag_rule(ndm__ag_node *nd, ndm_array g, ndm_array *gi)
         return gi[0].id ? NDM_OK : ndm_last_status();
     case NDM__AG_CUMPROD:
         return cumprod_rule(nd, g, gi);
+    case NDM__AG_RMS_NORM:
+        return rms_norm_rule(nd, g, gi);
+    case NDM__AG_TRI: /* the kept triangle passes the gradient, the rest none */
+        gi[0] = nd->p.i[1] ? ndm_triu(g, nd->p.i[0]) : ndm_tril(g, nd->p.i[0]);
+        return gi[0].id ? NDM_OK : ndm_last_status();
     case NDM__AG_INDEX:
     case NDM__AG_MASKED_SELECT:
         return select_rule(nd, g, gi);

@@ -1,5 +1,6 @@
-/* Shape operations: concat, stack, split, flip, tile, pad, cumsum, cumprod. Each
- * checks everything, applies the output rule, then calls the index family. */
+/* Shape operations: concat, stack, split, flip, tile, pad, cumsum, cumprod,
+ * tril, triu and tri. Each checks everything, applies the output rule, then
+ * calls the index family. */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -566,4 +567,86 @@ NDM_API ndm_array ndm_cumprod_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array 
 {
     NDM__OP_GUARD();
     return cumulate(NDM__SITE, __func__, out, a, axis, true);
+}
+
+/* ---- tril, triu and tri ---------------------------------------------------------- */
+
+static ndm_array triangle(ndm__site site, const char *api, ndm_manager out, ndm_array a, int64_t k,
+                          bool upper)
+{
+    ndm__array *r = ndm__input(a, &out, api, site);
+    if (!r)
+        return NDM_NULL_ARRAY;
+    if (r->ndim < 2) {
+        char d[160];
+        ndm__fail(NDM_E_SHAPE, api, site,
+                  "%s has rank %d; a triangle needs the last two axes of a matrix",
+                  ndm__array_desc(r, d, sizeof d), r->ndim);
+        return NDM_NULL_ARRAY;
+    }
+    ndm_device dev = r->storage->device;
+    const struct ndm__backend_index *f = ndm__index_family(dev, api, site);
+    const char *op = upper ? "triu" : "tril";
+    if (!f || NDM__DEVICE_DECLINES(dev, api, site, NDM__OPS_INDEX, 0, op, ndm__layout_of(r), 2,
+                                   {r->dtype, r->dtype}))
+        return NDM_NULL_ARRAY;
+    ndm__array *o;
+    ndm_array res = ndm__array_new_on(site, api, out, dev, r->dtype, r->ndim, r->shape, &o);
+    if (!res.id)
+        return res;
+    ndm__tensor dst = ndm__tensor_of(o), src = ndm__tensor_of(r);
+    ndm_status st = f->tri(dev.index, &dst, &src, k, upper);
+    if (st < 0)
+        return ndm__kernel_failed(st, res, op, api, site);
+    if (NDM__UNLIKELY(ndm__ag_on()) && ndm_dtype_is_float(r->dtype)) {
+        ndm__ag_params agp = {.i = {k, upper}};
+        ndm__ag_record(NDM__AG_TRI, res, 1, &a, &agp);
+    }
+    return res;
+}
+
+NDM_API ndm_array ndm_tril_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int64_t k)
+{
+    NDM__OP_GUARD();
+    return triangle(NDM__SITE, __func__, out, a, k, false);
+}
+
+NDM_API ndm_array ndm_triu_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, int64_t k)
+{
+    NDM__OP_GUARD();
+    return triangle(NDM__SITE, __func__, out, a, k, true);
+}
+
+/* A broadcast one through the tril kernel: no full-size temporary. */
+NDM_API ndm_array ndm_tri_at(NDM_SITE_PARAMS, ndm_manager m, ndm_dtype dtype, int64_t rows,
+                             int64_t cols, int64_t k)
+{
+    NDM__OP_GUARD();
+    ndm__site site = NDM__SITE;
+    const char *api = __func__;
+    if (rows < 0 || cols < 0) {
+        ndm__fail(NDM_E_SHAPE, api, site,
+                  "rows and cols must be >= 0 (got %" PRId64 " and %" PRId64 ")", rows, cols);
+        return NDM_NULL_ARRAY;
+    }
+    if (!ndm_dtype_valid(dtype)) {
+        ndm__fail(NDM_E_DTYPE, api, site, "invalid dtype %d", (int)dtype);
+        return NDM_NULL_ARRAY;
+    }
+    m = ndm__factory_manager(m, api, site);
+    if (!m.id)
+        return NDM_NULL_ARRAY;
+    ndm_array one = ndm_ones_at(NDM__SITE_ARGS(site), m, dtype, 2, (int64_t[]){1, 1});
+    if (!one.id)
+        return NDM_NULL_ARRAY;
+    ndm_array res = NDM_NULL_ARRAY;
+    ndm_array wide = ndm_expand_to_at(NDM__SITE_ARGS(site), m, one, 2, (int64_t[]){rows, cols});
+    if (wide.id) {
+        bool paused = ndm__ag_pause();
+        res = triangle(site, api, m, wide, k, false);
+        ndm__ag_resume(paused);
+        ndm__discard(wide);
+    }
+    ndm__discard(one);
+    return res;
 }

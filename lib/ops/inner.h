@@ -91,6 +91,17 @@ ndm_manager ndm__output_for(ndm_manager named, ndm_array first, const char *api,
  * the null handle and NDM_OUTPUT_RULE refused (null returned, error recorded). */
 ndm_manager ndm__factory_manager(ndm_manager m, const char *api, ndm__site where);
 
+/* ---- fused paths --------------------------------------------------------------- */
+
+/* RMS normalisation of x over its last axis (times w unless null) in one
+ * kernel, where x's device has one and the operands fit it (f32 or f64, C
+ * contiguous, w of x's dtype), recorded as one autograd node: true with
+ * the result in *res (null on failure, the error recorded); false when the
+ * fused path does not apply, nothing done (the caller composes). The
+ * inputs are live arrays the caller has checked. */
+bool ndm__rms_norm_fused(ndm__site site, const char *api, ndm_manager out, ndm_array x,
+                         ndm_array w, double eps, ndm_array *res);
+
 /* ---- shapes ---------------------------------------------------------------------- */
 
 /* Checks a shape: ndim >= 0, dims >= 0, element and byte counts fit. */

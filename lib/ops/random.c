@@ -1,8 +1,10 @@
-/* Random factories and in-place fills: check the generator and the
- * distribution's parameters, allocate (factories), run the device's random
- * kernels, and advance the caller's generator past what they consumed. */
+/* Random factories and in-place fills, and multinomial draws from arrays of
+ * probabilities: check the generator and the distribution's parameters,
+ * allocate, run the device's random kernels, and advance the caller's
+ * generator past what they consumed. */
 #include <inttypes.h>
 #include <math.h>
+#include <stdio.h>
 
 #include "../backends/random.h"
 #include "dispatch.h"
@@ -281,4 +283,104 @@ NDM_API ndm_array ndm_permutation_at(NDM_SITE_PARAMS, ndm_manager m, ndm_rng *rn
     }
     rng->offset += ndm_rng_blocks((uint64_t)n, NDM__RNG_WORDS_PERMUTATION);
     return a;
+}
+
+/* ---- multinomial ------------------------------------------------------------- */
+
+/* The refusal of a row the kernel reported (bad: position, reason). */
+static void mn_refuse(const int64_t bad[2], int64_t n, int64_t samples, bool rows, const char *api,
+                      ndm__site site)
+{
+    int64_t r = n ? bad[0] / n : 0, j = n ? bad[0] % n : 0;
+    char row[48] = "probs";
+    if (rows)
+        snprintf(row, sizeof row, "row %" PRId64 " of probs", r);
+    switch (bad[1]) {
+    case NDM__MN_NEGATIVE:
+        ndm__fail(NDM_E_INVALID, api, site, "entry %" PRId64 " of %s is negative", j, row);
+        break;
+    case NDM__MN_NONFINITE:
+        ndm__fail(NDM_E_INVALID, api, site, "entry %" PRId64 " of %s is NaN or infinite", j, row);
+        break;
+    case NDM__MN_ZERO_SUM:
+        ndm__fail(NDM_E_INVALID, api, site, "%s sums to zero: nothing to draw", row);
+        break;
+    case NDM__MN_OVERFLOW:
+        ndm__fail(NDM_E_INVALID, api, site, "the sum of %s overflows", row);
+        break;
+    default:
+        ndm__fail(NDM_E_INVALID, api, site,
+                  "%s has fewer than %" PRId64 " nonzero entries to draw without replacement",
+                  row, samples);
+        break;
+    }
+}
+
+NDM_API ndm_array ndm_multinomial_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array probs,
+                                        int64_t num_samples, bool replacement, ndm_rng *rng)
+{
+    NDM__OP_GUARD();
+    ndm__site site = NDM__SITE;
+    const char *api = __func__;
+    ndm__array *p = ndm__input(probs, &out, api, site);
+    if (!p || !rng_given(rng, api, site))
+        return NDM_NULL_ARRAY;
+    char desc[160];
+    if (p->ndim != 1 && p->ndim != 2) {
+        ndm__fail(NDM_E_SHAPE, api, site,
+                  "probs %s must be 1-d (categories) or 2-d (rows, categories)",
+                  ndm__array_desc(p, desc, sizeof desc));
+        return NDM_NULL_ARRAY;
+    }
+    if (!ndm_dtype_is_float(p->dtype)) {
+        ndm__fail(NDM_E_DTYPE, api, site, "probs %s must have a float dtype",
+                  ndm__array_desc(p, desc, sizeof desc));
+        return NDM_NULL_ARRAY;
+    }
+    bool two = p->ndim == 2;
+    int64_t rows = two ? p->shape[0] : 1, n = p->shape[p->ndim - 1];
+    if (num_samples < 1) {
+        ndm__fail(NDM_E_INVALID, api, site, "num_samples must be >= 1 (got %" PRId64 ")",
+                  num_samples);
+        return NDM_NULL_ARRAY;
+    }
+    if (!replacement && num_samples > n) {
+        ndm__fail(NDM_E_INVALID, api, site,
+                  "cannot draw %" PRId64 " samples without replacement from %" PRId64
+                  " categories",
+                  num_samples, n);
+        return NDM_NULL_ARRAY;
+    }
+    ndm_device dev = p->storage->device;
+    const struct ndm__backend_random *f = family(dev, api, site);
+    if (!f || NDM__DEVICE_DECLINES(dev, api, site, NDM__OPS_RANDOM, 0, "multinomial",
+                                   ndm__layout_of(p), 2, {p->dtype, NDM_I64}))
+        return NDM_NULL_ARRAY;
+    int64_t shape[2] = {rows, num_samples};
+    ndm__array *o;
+    ndm_array res = ndm__array_new_on(site, api, out, dev, NDM_I64, p->ndim,
+                                      two ? shape : shape + 1, &o);
+    if (!res.id)
+        return res;
+    /* both seen as 2-d: a 1-d probs is one row */
+    int64_t dstr[2] = {num_samples, 1}, pstr[2] = {two ? p->strides[0] : 0,
+                                                  p->strides[p->ndim - 1]};
+    int64_t psh[2] = {rows, n};
+    ndm__tensor dst = {ndm__array_ptr(o), NDM_I64, 2, shape, dstr};
+    ndm__tensor src = {ndm__array_ptr(p), p->dtype, 2, psh, pstr};
+    int64_t bad[2] = {0, 0};
+    ndm_status st;
+    NDM__WITH_OP_CONTEXT(out, api, site,
+                         st = f->multinomial(dev.index, &dst, &src, *rng, replacement, bad));
+    if (st < 0 || bad[1] != NDM__MN_OK) {
+        if (st < 0)
+            ndm__fail(st, api, site, "multinomial kernel failed: %s", ndm_status_str(st));
+        else
+            mn_refuse(bad, n, num_samples, two, api, site);
+        ndm__discard(res);
+        return NDM_NULL_ARRAY;
+    }
+    rng->offset += ndm_rng_blocks((uint64_t)rows * (uint64_t)(replacement ? num_samples : n),
+                                  NDM__RNG_WORDS_MULTINOMIAL);
+    return res;
 }

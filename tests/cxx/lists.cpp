@@ -64,6 +64,17 @@ int main()
     EXPECT(x.id != 0 && ndm_array_dim(x, 0) == 2 && ndm_array_dim(x, 1) == 3);
     EXPECT(live(m) == before + 3);
 
+    /* the new index calls' macros from C++: each argument made once */
+    before = live(m);
+    ndm_array sv = NDM_NULL_ARRAY, si = NDM_NULL_ARRAY;
+    EXPECT(ndm_topk(ndm_add(a, a), 2, -1, true, &sv, &si) == NDM_OK);
+    EXPECT(ndm_array_dim(sv, 1) == 2 && ndm_array_dtype(si) == NDM_I64);
+    ndm_array st = ndm_triu(ndm_sort(ndm_add(a, a), 0, true), 0);
+    EXPECT(st.id != 0 && live(m) == before + 6);
+    ndm_rng gen = ndm_rng_new(3);
+    ndm_array draws = ndm_multinomial(ndm_tri(m, NDM_F32, 3, 3, 0), 2, true, &gen);
+    EXPECT(draws.id != 0 && ndm_array_dim(draws, 1) == 2 && gen.offset == 3);
+
     /* NDM_MODULES: each layer built once, so the model holds one layer's
      * parameters each, and the same weights under every compiler */
     ndm_manager model = ndm_manager_new(m, "model");

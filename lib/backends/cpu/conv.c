@@ -1528,4 +1528,5 @@ const struct ndm__backend_nn ndm__cpu_nn = {
     .conv2d_backward_weight_workspace = fast_conv2d_backward_weight_workspace,
     .conv2d_backward_weight = fast_conv2d_backward_weight,
     .pool2d_backward = fast_pool2d_backward,
+    .rms_norm = ndm__cpu_rms_norm,
 };

@@ -296,4 +296,5 @@ const struct ndm__backend_nn ndm__cpu_ref_nn = {
     .conv2d_backward_input = ref_conv2d_backward_input,
     .conv2d_backward_weight = ref_conv2d_backward_weight,
     .pool2d_backward = ref_pool2d_backward,
+    .rms_norm = ndm__cpu_ref_rms_norm,
 };

@@ -824,4 +824,6 @@ const struct ndm__backend_index ndm__cpu_index = {
     .cumsum = fast_cumsum,
     .cumprod = fast_cumprod,
     .nonzero = fast_nonzero,
+    .tri = ndm__cpu_tri,
+    .sort = ndm__cpu_sort,
 };

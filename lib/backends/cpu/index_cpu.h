@@ -152,5 +152,10 @@ ndm_status ndm__ref_cumsum(int device, const ndm__tensor *dst, const ndm__tensor
 ndm_status ndm__ref_cumprod(int device, const ndm__tensor *dst, const ndm__tensor *src, int axis);
 ndm_status ndm__ref_nonzero(int device, const ndm__tensor *dst, const ndm__tensor *src,
                             int64_t *count);
+/* Triangles and the stable sort (sort.c), in both tables. */
+ndm_status ndm__cpu_tri(int device, const ndm__tensor *dst, const ndm__tensor *src, int64_t k,
+                        bool upper);
+ndm_status ndm__cpu_sort(int device, const ndm__tensor *values, const ndm__tensor *indices,
+                         const ndm__tensor *src, int axis, bool descending);
 
 #endif

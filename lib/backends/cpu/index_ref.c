@@ -314,4 +314,6 @@ const struct ndm__backend_index ndm__cpu_ref_index = {
     .cumsum = ndm__ref_cumsum,
     .cumprod = ndm__ref_cumprod,
     .nonzero = ndm__ref_nonzero,
+    .tri = ndm__cpu_tri,
+    .sort = ndm__cpu_sort,
 };

@@ -529,4 +529,5 @@ const struct ndm__backend_random ndm__cpu_random = {
     .randint = fast_randint,
     .bernoulli = fast_bernoulli,
     .permutation = fast_permutation,
+    .multinomial = ndm__cpu_multinomial,
 };

@@ -177,4 +177,5 @@ const struct ndm__backend_random ndm__cpu_ref_random = {
     .randint = ref_randint,
     .bernoulli = ref_bernoulli,
     .permutation = ref_permutation,
+    .multinomial = ndm__cpu_multinomial,
 };

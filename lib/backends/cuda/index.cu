@@ -1,11 +1,12 @@
 /* CUDA index kernels: take, gather, scatter_add, one_hot, pad, cumsum,
- * cumprod, nonzero and the index range check, each over strided operands
- * without a hidden copy. */
+ * cumprod, nonzero, tril/triu, sort and the index range check, each over
+ * strided operands without a hidden copy. */
 #include <stdlib.h>
 #include <type_traits>
 
 #include "iter.cuh"
 #include "reduce.cuh"
+#include "sort.cuh"
 
 extern "C" {
 #include "../index.h"
@@ -781,6 +782,138 @@ static ndm_status cuda_nonzero(int device, const ndm__tensor *dst, const ndm__te
     return ndm__cuda_fail(NDM_E_DTYPE, "nonzero: invalid dtype %d", (int)src->dtype);
 }
 
+/* ---- tril and triu ----------------------------------------------------------------------------
+ * A thread per element; its row and column come from its C-order position
+ * (launches come in C order of the outer axes, so a running base gives it). */
+
+/* Copy one element of es bytes (1, 2, 4 or 8), or clear it (s NULL). */
+NDM__HD void ix_elem_put(char *d, const char *s, size_t es)
+{
+    switch (es) {
+    case 1: *(uint8_t *)d = s ? *(const uint8_t *)s : 0; break;
+    case 2: *(uint16_t *)d = s ? *(const uint16_t *)s : 0; break;
+    case 4: *(uint32_t *)d = s ? *(const uint32_t *)s : 0; break;
+    default: *(uint64_t *)d = s ? *(const uint64_t *)s : 0; break;
+    }
+}
+
+__global__ void ndm__k_tri(ndm__cu_geom g, char *dst, const char *src, size_t es, int64_t n,
+                           int64_t first, int64_t rows, int64_t cols, int64_t k, bool upper)
+{
+    NDM__CU_LOOP(int64_t, i, n)
+    {
+        int64_t off[2];
+        ndm__cu_offsets<2, int64_t>(g, i, off);
+        int64_t f = first + i, c = f % cols, r = (f / cols) % rows;
+        ix_elem_put(dst + off[0] * (int64_t)es,
+                    ndm__tri_keeps(r, c, k, upper) ? src + off[1] * (int64_t)es : NULL, es);
+    }
+}
+
+static ndm_status cuda_tri(int device, const ndm__tensor *dst, const ndm__tensor *src, int64_t k,
+                           bool upper)
+{
+    cudaStream_t s = nullptr;
+    ndm_status st = ndm__cuda_enter(device, &s);
+    if (st < 0)
+        return st;
+    int nd = dst->ndim;
+    int64_t rows = dst->shape[nd - 2], cols = dst->shape[nd - 1], first = 0;
+    size_t e = esize(dst->dtype);
+    char *data[2] = {(char *)dst->data, (char *)src->data};
+    const int64_t *strides[2] = {dst->strides, src->strides};
+    size_t es[2] = {e, e};
+    return ndm__cu_run_strided(nd, dst->shape, 2, data, strides, es,
+                               [&](const ndm__cu_geom &g, char *const *p, int64_t n) -> ndm_status {
+        NDM__LAUNCH(ndm__cuda_blocks(n), NDM__CUDA_THREADS, 0, s, ndm__k_tri)(
+            g, p[0], p[1], e, n, first, rows, cols, k, upper);
+        NDM__CUDA_LAUNCHED(device, "the tril/triu kernel");
+        first += n;
+        return NDM_OK;
+    });
+}
+
+/* ---- sort -----------------------------------------------------------------------------------
+ * A block per line: its pairs (key, position) into the block's room of
+ * scratch, the block's bitonic sort (sort.cuh), then the first m out. The
+ * operands of the iteration are the source, the values and the indices
+ * (a missing output takes the other's place and is not written). */
+
+__global__ void ndm__k_sort(ndm__cu_geom g, int64_t lines, const char *src, ndm_dtype t, size_t es,
+                            int64_t sax, char *vals, int64_t vax, int64_t *idx, int64_t iax,
+                            int64_t n, int64_t m, uint64_t flip, ndm__sort_pair *room,
+                            int64_t per)
+{
+    ndm__sort_pair *p = room + (int64_t)blockIdx.x * per;
+    for (int64_t line = blockIdx.x; line < lines; line += gridDim.x) {
+        int64_t off[3];
+        ndm__cu_offsets<3, int64_t>(g, line, off);
+        const char *x = src + off[0] * (int64_t)es;
+        for (int64_t i = threadIdx.x; i < per; i += blockDim.x) {
+            ndm__sort_pair q = ndm__cu_sort_pad();
+            if (i < n) {
+                q.key = ndm__sort_key(x + i * sax * (int64_t)es, t) ^ flip;
+                q.pos = i;
+            }
+            p[i] = q;
+        }
+        __syncthreads();
+        ndm__cu_block_sort(p, per);
+        for (int64_t i = threadIdx.x; i < m; i += blockDim.x) {
+            int64_t pos = p[i].pos;
+            if (vals)
+                ix_elem_put(vals + (off[1] + i * vax) * (int64_t)es, x + pos * sax * (int64_t)es,
+                            es);
+            if (idx)
+                idx[off[2] + i * iax] = pos;
+        }
+        __syncthreads(); /* the room serves the block's next line */
+    }
+}
+
+static ndm_status cuda_sort(int device, const ndm__tensor *values, const ndm__tensor *indices,
+                            const ndm__tensor *src, int axis, bool descending)
+{
+    cudaStream_t s = nullptr;
+    int nd = src->ndim;
+    ndm__cu_dims b(nd);
+    ndm_status st = axis_lines(device, &s, "sort", src, axis, b);
+    if (st < 0)
+        return st;
+    const ndm__tensor *v = values ? values : indices, *ix = indices ? indices : values;
+    int64_t n = src->shape[axis], m = v->shape[axis];
+    if (m == 0)
+        return NDM_OK;
+    int64_t lines_total = 1;
+    for (int d = 0; d < nd; d++)
+        lines_total *= b.p[d];
+    if (lines_total == 0)
+        return NDM_OK;
+    int64_t per = ndm__cu_sort_room(n);
+    unsigned blocks = ndm__cu_sort_blocks(lines_total, per);
+    void *ws = NULL;
+    st = ndm__cu_scratch_get(device, s, (size_t)blocks * (size_t)per * sizeof(ndm__sort_pair), &ws,
+                             "the pairs of a sort");
+    if (st < 0)
+        return st;
+    char *data[3] = {(char *)src->data, (char *)v->data, (char *)ix->data};
+    const int64_t *strides[3] = {src->strides, v->strides, ix->strides};
+    size_t es[3] = {esize(src->dtype), esize(v->dtype), esize(ix->dtype)};
+    uint64_t flip = descending ? ~(uint64_t)0 : 0;
+    st = ndm__cu_run_strided(nd, b.p, 3, data, strides, es,
+                             [&](const ndm__cu_geom &g, char *const *p, int64_t lines) -> ndm_status {
+        unsigned nb = blocks < lines ? blocks : (unsigned)lines;
+        NDM__LAUNCH(nb, NDM__CUDA_THREADS, 0, s, ndm__k_sort)(
+            g, lines, p[0], src->dtype, es[0], src->strides[axis], values ? p[1] : NULL,
+            values ? values->strides[axis] : 0, indices ? (int64_t *)p[2] : NULL,
+            indices ? indices->strides[axis] : 0, n, m, flip, (ndm__sort_pair *)ws, per);
+        NDM__CUDA_LAUNCHED(device, "the sort kernel");
+        return NDM_OK;
+    });
+    ndm_status fs = ndm__cu_scratch_put(device, s, ws);
+    return st < 0 ? st : fs;
+}
+
 extern "C" const struct ndm__backend_index ndm__cuda_index = {
     .copy = cuda_index_copy,
     .find_outside = cuda_find_outside,
@@ -792,4 +925,6 @@ extern "C" const struct ndm__backend_index ndm__cuda_index = {
     .cumsum = cuda_cumsum,
     .cumprod = cuda_cumprod,
     .nonzero = cuda_nonzero,
+    .tri = cuda_tri,
+    .sort = cuda_sort,
 };

@@ -625,4 +625,5 @@ extern "C" const struct ndm__backend_nn ndm__cuda_nn = {
     .conv2d_backward_weight_workspace = cuda_conv2d_weight_workspace,
     .conv2d_backward_weight = cuda_conv2d_backward_weight,
     .pool2d_backward = cuda_pool2d_backward,
+    .rms_norm = NULL, /* RMSNorm runs composed here: a reduction, an add, rsqrt, products */
 };

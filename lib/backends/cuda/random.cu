@@ -3,6 +3,7 @@
  * seeded draw gives the CPU's bits on the GPU, for every dtype and layout. */
 #include "common.cuh"
 #include "iter.cuh"
+#include "sort.cuh"
 
 #include "../random.h"
 
@@ -257,10 +258,167 @@ static ndm_status cuda_permutation(int device, const ndm__tensor *dst, ndm_rng r
     return NDM_OK;
 }
 
+/* ---- multinomial ------------------------------------------------------------------
+ * A thread per row checks it (and, with replacement, writes its running
+ * sums and last positive category to scratch) in the CPU's order of
+ * additions; the first refused row's position and reason come back in one
+ * word (an atomic minimum of position * 8 + reason), the one download.
+ * Then a thread per draw bisects its row (with replacement), or a block
+ * per row sorts its categories' keys (sort.cuh) and keeps the first. */
+
+struct ndm__cu_mn {
+    const char *probs;
+    ndm_dtype t;
+    int64_t es, rows, n, ps0, ps1, samples, ds0, ds1;
+};
+
+NDM__HD double mn_entry(const ndm__cu_mn &a, int64_t r, int64_t j)
+{
+    return ndm__mn_load(a.probs + (r * a.ps0 + j * a.ps1) * a.es, a.t);
+}
+
+__global__ void ndm__k_mn_rows(ndm__cu_mn a, bool replacement, double *cdf, int64_t *last,
+                               unsigned long long *bad)
+{
+    NDM__CU_LOOP(int64_t, r, a.rows)
+    {
+        double total = 0;
+        int64_t nonzero = 0, lastpos = 0;
+        int why = NDM__MN_OK;
+        for (int64_t j = 0; j < a.n && !why; j++) {
+            double p = mn_entry(a, r, j);
+            why = ndm__mn_check(p);
+            if (why) {
+                atomicMin(bad, (unsigned long long)(r * a.n + j) << 3 | (unsigned)why);
+                break;
+            }
+            total = NDM__RNG_DADD(total, p);
+            if (cdf)
+                cdf[r * a.n + j] = total;
+            nonzero += p > 0;
+            lastpos = p > 0 ? j : lastpos;
+        }
+        if (why)
+            continue;
+        why = total == 0                              ? NDM__MN_ZERO_SUM
+              : !(total - total == 0)                 ? NDM__MN_OVERFLOW
+              : !replacement && nonzero < a.samples ? NDM__MN_FEW
+                                                      : NDM__MN_OK;
+        if (why)
+            atomicMin(bad, (unsigned long long)(r * a.n) << 3 | (unsigned)why);
+        if (last)
+            last[r] = lastpos;
+    }
+}
+
+__global__ void ndm__k_mn_pick(ndm__cu_mn a, ndm_rng rng, const double *cdf, const int64_t *last,
+                               int64_t *dst)
+{
+    NDM__CU_LOOP(int64_t, i, a.rows * a.samples)
+    {
+        int64_t r = i / a.samples, s = i % a.samples;
+        uint32_t w[2];
+        ndm__mn_words(rng, (uint64_t)i, w);
+        dst[r * a.ds0 + s * a.ds1] = ndm__mn_pick(w, cdf + r * a.n, a.n, last[r]);
+    }
+}
+
+__global__ void ndm__k_mn_sorted(ndm__cu_mn a, ndm_rng rng, int64_t *dst, ndm__sort_pair *room,
+                                 int64_t per)
+{
+    ndm__sort_pair *p = room + (int64_t)blockIdx.x * per;
+    for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
+        for (int64_t j = threadIdx.x; j < per; j += blockDim.x) {
+            ndm__sort_pair q = ndm__cu_sort_pad();
+            if (j < a.n) {
+                uint32_t w[2];
+                ndm__mn_words(rng, (uint64_t)(r * a.n + j), w);
+                q.key = ndm__mn_key(w, mn_entry(a, r, j));
+                q.pos = j;
+            }
+            p[j] = q;
+        }
+        __syncthreads();
+        ndm__cu_block_sort(p, per);
+        for (int64_t s = threadIdx.x; s < a.samples; s += blockDim.x)
+            dst[r * a.ds0 + s * a.ds1] = p[s].pos;
+        __syncthreads(); /* the room serves the block's next row */
+    }
+}
+
+static ndm_status cuda_multinomial(int device, const ndm__tensor *dst, const ndm__tensor *probs,
+                                   ndm_rng rng, bool replacement, int64_t bad[2])
+{
+    bad[0] = 0, bad[1] = NDM__MN_OK;
+    cudaStream_t s = nullptr;
+    ndm_status st = ndm__cuda_enter(device, &s);
+    if (st < 0)
+        return st;
+    ndm__cu_mn a;
+    a.probs = (const char *)probs->data, a.t = probs->dtype;
+    a.es = (int64_t)ndm__cuda_host->dtype_size(probs->dtype);
+    a.rows = probs->shape[0], a.n = probs->shape[1];
+    a.ps0 = probs->strides[0], a.ps1 = probs->strides[1];
+    a.samples = dst->shape[1], a.ds0 = dst->strides[0], a.ds1 = dst->strides[1];
+    if (a.rows == 0)
+        return NDM_OK;
+    /* the refusal word, then (with replacement) the sums and last positions */
+    size_t sums = replacement ? (size_t)(a.rows * a.n) : 0;
+    void *ws = NULL;
+    st = ndm__cu_scratch_get(device, s, 8 + 8 * sums + 8 * (size_t)a.rows, &ws,
+                             "the row sums of multinomial");
+    if (st < 0)
+        return st;
+    unsigned long long *word = (unsigned long long *)ws, found = ~0ull;
+    double *cdf = replacement ? (double *)ws + 1 : NULL;
+    int64_t *last = replacement ? (int64_t *)ws + 1 + sums : NULL;
+    cudaError_t e = cudaMemsetAsync(word, 0xff, sizeof found, s);
+    if (e != cudaSuccess)
+        st = ndm__cuda_check(device, e, "cudaMemsetAsync");
+    if (st >= 0) {
+        NDM__LAUNCH(ndm__cuda_blocks(a.rows), NDM__CUDA_THREADS, 0, s, ndm__k_mn_rows)(
+            a, replacement, cdf, last, word);
+        e = cudaGetLastError();
+        if (e == cudaSuccess)
+            e = cudaMemcpyAsync(&found, word, sizeof found, cudaMemcpyDeviceToHost, s);
+        if (e == cudaSuccess)
+            e = cudaStreamSynchronize(s);
+        if (e != cudaSuccess)
+            st = ndm__cuda_check(device, e, "the row check of multinomial");
+    }
+    if (st >= 0 && found != ~0ull) {
+        bad[0] = (int64_t)(found >> 3), bad[1] = (int64_t)(found & 7);
+    } else if (st >= 0 && a.samples > 0 && replacement) {
+        NDM__LAUNCH(ndm__cuda_blocks(a.rows * a.samples), NDM__CUDA_THREADS, 0, s,
+                    ndm__k_mn_pick)(a, rng, cdf, last, (int64_t *)dst->data);
+        e = cudaGetLastError();
+        if (e != cudaSuccess)
+            st = ndm__cuda_check(device, e, "launch of the multinomial kernel");
+    } else if (st >= 0 && a.samples > 0) {
+        int64_t per = ndm__cu_sort_room(a.n);
+        unsigned blocks = ndm__cu_sort_blocks(a.rows, per);
+        void *room = NULL;
+        st = ndm__cu_scratch_get(device, s, (size_t)blocks * (size_t)per * sizeof(ndm__sort_pair),
+                                 &room, "the keys of multinomial");
+        if (st >= 0) {
+            NDM__LAUNCH(blocks, NDM__CUDA_THREADS, 0, s, ndm__k_mn_sorted)(
+                a, rng, (int64_t *)dst->data, (ndm__sort_pair *)room, per);
+            e = cudaGetLastError();
+            if (e != cudaSuccess)
+                st = ndm__cuda_check(device, e, "launch of the multinomial kernel");
+            ndm_status fs = ndm__cu_scratch_put(device, s, room);
+            st = st < 0 ? st : fs;
+        }
+    }
+    ndm_status fs = ndm__cu_scratch_put(device, s, ws);
+    return st < 0 ? st : fs;
+}
+
 extern "C" const struct ndm__backend_random ndm__cuda_random = {
     .uniform = cuda_uniform,
     .normal = cuda_normal,
     .randint = cuda_randint,
     .bernoulli = cuda_bernoulli,
     .permutation = cuda_permutation,
+    .multinomial = cuda_multinomial,
 };

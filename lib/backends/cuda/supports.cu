@@ -44,7 +44,7 @@ static const cuda_row rows[] = {
     /* matmul in its computation dtype; no fused linear layer */
     {NDM__OPS_LINALG, "matmul", MATMUL_DTYPES, ANY_LAYOUT},
     /* copy, take, gather, scatter_add, one_hot, pad, cumsum, cumprod,
-     * nonzero (and the bounds scan of the index arguments) */
+     * nonzero, tri, sort (and the bounds scan of the index arguments) */
     {NDM__OPS_INDEX, NULL, ANY_DTYPE, ANY_LAYOUT},
     /* conv2d and its two gradients, pooling and its gradient */
     {NDM__OPS_NN, NULL, NN_DTYPES, ANY_LAYOUT},
