@@ -121,6 +121,45 @@ size_t ndm__module_describe_name(const ndm__module *m, char *buf, size_t n, size
     return ndm__module_put(buf, n, len, "%s", m->type->name);
 }
 
+size_t ndm__module_describe_children(const ndm__module *m, char *buf, size_t n, size_t len)
+{
+    len = ndm__module_put(buf, n, len, "%s(", m->type->name);
+    for (int i = 0; i < m->nchildren; i++) {
+        const ndm__module *c = ndm__module_of(m->children[i], "ndm_module_describe", NDM__NO_SITE);
+        if (i)
+            len = ndm__module_put(buf, n, len, ", ");
+        if (c)
+            len = ndm__module_describe_into(c, buf, n, len);
+    }
+    return ndm__module_put(buf, n, len, ")");
+}
+
+ndm_module ndm__module_numbered(const ndm__module_type *t, ndm_manager model, int n,
+                                const ndm_module *modules, const char *api, ndm__site site)
+{
+    if (!ndm__nn_model_ok(model, api, site))
+        return (ndm_module){0};
+    if (n < 0 || (n && !modules)) {
+        ndm__fail(NDM_E_INVALID, api, site, "invalid module list (n = %d)", n);
+        return (ndm_module){0};
+    }
+    for (int i = 0; i < n; i++) {
+        /* (a null module from a constructor that failed keeps its error) */
+        if (ndm__module_check_owner(modules[i], model, api, site) < 0)
+            return (ndm_module){0};
+    }
+    ndm__module *m = ndm__module_new(t, model, api, site);
+    if (!m)
+        return (ndm_module){0};
+    for (int i = 0; i < n; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "%d", i);
+        if (!ndm__module_attach_child(m, name, modules[i], api, site))
+            return ndm__module_abandon(m, api, site);
+    }
+    return ndm__module_finish(m, model, api, site);
+}
+
 ndm_module ndm__module_abandon(ndm__module *m, const char *api, ndm__site site)
 {
     if (ndm_last_status() == NDM_OK)

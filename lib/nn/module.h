@@ -152,6 +152,13 @@ static inline size_t ndm__module_describe_into(const ndm__module *m, char *buf, 
 }
 /* A describe that writes the type's name: a layer without arguments. */
 size_t ndm__module_describe_name(const ndm__module *m, char *buf, size_t n, size_t len);
+/* A describe for a container: "<type name>(<child>, <child>, ...)". */
+size_t ndm__module_describe_children(const ndm__module *m, char *buf, size_t n, size_t len);
+/* A container of type t whose children are `modules`, named "0", "1", ...
+ * (Sequential, ModuleList): each checked to be a live module of model,
+ * registered once. The null module with the error recorded for api. */
+ndm_module ndm__module_numbered(const ndm__module_type *t, ndm_manager model, int n,
+                                const ndm_module *modules, const char *api, ndm__site site);
 /* Append to a description as snprintf would (the `describe` convention). */
 size_t ndm__module_put(char *buf, size_t n, size_t len, const char *fmt, ...)
     NDM_PRINTF(4, 5);
