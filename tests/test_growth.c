@@ -111,6 +111,51 @@ static void test_classes_of_a_training_loop(void **state)
     assert_ok(ndm_manager_close(model));
 }
 
+/* A manager whose arrays do not change is sampled from what its last walk
+ * found (its counts of arrays made, released and moved are those of then):
+ * over many steps, and past a slot reused by another manager, every site
+ * keeps its exact count and bytes, and a change is seen at the step it
+ * happens. */
+static void test_unchanged_managers_keep_their_counts(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_manager frozen = ndm_manager_new(model, "frozen");
+    /* line a's two arrays with line b's between them */
+    ndm_array a[2], b = NDM_NULL_ARRAY;
+    int l_a = 0, l_b = 0;
+    for (int i = 0; i < 2; i++) {
+        if (i == 1) {
+            l_b = __LINE__ + 1;
+            b = ndm_zeros(frozen, NDM_F32, NDM_SHAPE(3));
+        }
+        l_a = __LINE__ + 1;
+        a[i] = ndm_zeros(frozen, NDM_F32, NDM_SHAPE(5));
+    }
+    assert_true(a[0].id && b.id && a[1].id);
+    ndm_growth g = ndm_growth_new(ROOT(state), model);
+    for (int step = 0; step < 70; step++) {
+        /* a manager closed each step: its slot is taken again by the next */
+        ndm_manager batch = ndm_manager_new(model, "batch");
+        assert_live(ndm_zeros(batch, NDM_F32, NDM_SHAPE(step % 3 + 1)));
+        assert_ok(ndm_manager_close(batch));
+        if (step == 69)
+            assert_ok(ndm_array_release(b));
+        assert_ok(ndm_growth_step(g));
+    }
+    char *t = report_of(g);
+    assert_line(t, l_a, "steady");
+    assert_line(t, l_a, "2 arrays, 40 bytes");
+    /* released at the last step: not listed */
+    char site[64];
+    snprintf(site, sizeof site, "test_growth.c:%d", l_b);
+    if (strstr(t, site))
+        fail_msg("a released site is listed:\n%s", t);
+    free(t);
+    assert_int_equal(ndm_growth_leaks(g), 0);
+    assert_ok(ndm_growth_free(g));
+    assert_ok(ndm_manager_close(model));
+}
+
 static void test_a_clean_loop_has_no_leaks(void **state)
 {
     ndm_manager model = ndm_manager_new(ROOT(state), "model");
@@ -180,6 +225,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         TEST(test_classes_of_a_training_loop),
+        TEST(test_unchanged_managers_keep_their_counts),
         TEST(test_a_clean_loop_has_no_leaks),
         TEST(test_few_steps_and_bad_calls),
     };

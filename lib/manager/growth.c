@@ -29,6 +29,23 @@ typedef struct gsite {
     int64_t count[GROWTH_WINDOW], bytes[GROWTH_WINDOW]; /* by step, modulo the window */
 } gsite;
 
+/* What one manager's arrays gave the last sample, per site in the order
+ * first met: a manager whose counts of arrays made, released and moved in
+ * and out are those of then holds the same arrays (a model's weights, step
+ * after step), so its part is added again without walking them. */
+typedef struct gpart {
+    size_t site; /* index into sites */
+    int64_t n, bytes;
+} gpart;
+
+typedef struct gmemo {
+    uint32_t slot, gen; /* the manager (slot 0: an empty entry) */
+    uint64_t created, released, moved_in, moved_out;
+    uint64_t step;      /* the last step it served (older ones are dropped) */
+    size_t nparts, cap;
+    gpart *parts;
+} gmemo;
+
 typedef struct growth {
     pthread_mutex_t lock;
     ndm_manager watched;
@@ -36,12 +53,17 @@ typedef struct growth {
     size_t n, cap;
     uint64_t steps;
     bool oom;                  /* a site could not be added at some step */
+    gmemo *memo;               /* open addressing by manager slot, nmemo of cmemo used */
+    size_t nmemo, cmemo;
 } growth;
 
 static void growth_destroy(void *p)
 {
     growth *g = p;
     pthread_mutex_destroy(&g->lock);
+    for (size_t i = 0; i < g->cmemo; i++)
+        free(g->memo[i].parts);
+    free(g->memo);
     free(g->sites);
     free(g);
 }
@@ -90,9 +112,9 @@ static gsite *site_of(growth *g, ndm__site s, bool manager, const char *name, ui
     return e;
 }
 
-/* Add one to the site's sample of this step (the slot was cleared when the
+/* Add n to the site's sample of this step (the slot was cleared when the
  * step began, or is cleared here for a site first seen now). */
-static void count(growth *g, gsite *e, uint32_t where, int64_t bytes)
+static void count(growth *g, gsite *e, uint32_t where, int64_t n, int64_t bytes)
 {
     size_t k = (size_t)(g->steps % GROWTH_WINDOW);
     if (e->seen != g->steps + 1) {
@@ -100,8 +122,103 @@ static void count(growth *g, gsite *e, uint32_t where, int64_t bytes)
         e->count[k] = e->bytes[k] = 0;
         e->where = where;
     }
-    e->count[k]++;
+    e->count[k] += n;
     e->bytes[k] += bytes;
+}
+
+/* The memo entry of manager slot `slot`: its own, or the empty one where it
+ * would go (NULL when the table cannot grow). */
+static gmemo *memo_at(growth *g, uint32_t slot)
+{
+    if (2 * (g->nmemo + 1) > g->cmemo) {
+        size_t cap = g->cmemo ? 2 * g->cmemo : 64;
+        gmemo *t = calloc(cap, sizeof *t);
+        if (!t)
+            return NULL;
+        for (size_t i = 0; i < g->cmemo; i++) {
+            gmemo *o = &g->memo[i];
+            if (!o->slot)
+                continue;
+            size_t j = o->slot & (cap - 1);
+            while (t[j].slot)
+                j = (j + 1) & (cap - 1);
+            t[j] = *o;
+        }
+        free(g->memo);
+        g->memo = t;
+        g->cmemo = cap;
+    }
+    size_t j = slot & (g->cmemo - 1);
+    while (g->memo[j].slot && g->memo[j].slot != slot)
+        j = (j + 1) & (g->cmemo - 1);
+    return &g->memo[j];
+}
+
+/* Drop the entries no step used since the last (managers closed since),
+ * by rebuilding the table from those that remain. */
+static void memo_prune(growth *g)
+{
+    size_t live = 0;
+    for (size_t i = 0; i < g->cmemo; i++) {
+        gmemo *e = &g->memo[i];
+        if (e->slot && e->step + 1 < g->steps) {
+            free(e->parts);
+            *e = (gmemo){0};
+        } else if (e->slot) {
+            live++;
+        }
+    }
+    if (live == g->nmemo)
+        return;
+    g->nmemo = live;
+    /* re-seat the survivors: removal broke the probe chains */
+    gmemo *old = g->memo;
+    size_t cap = g->cmemo;
+    gmemo *t = calloc(cap, sizeof *t);
+    if (!t) {
+        for (size_t i = 0; i < cap; i++)
+            free(old[i].parts);
+        free(old);
+        g->memo = NULL;
+        g->nmemo = g->cmemo = 0;
+        return;
+    }
+    for (size_t i = 0; i < cap; i++) {
+        if (!old[i].slot)
+            continue;
+        size_t j = old[i].slot & (cap - 1);
+        while (t[j].slot)
+            j = (j + 1) & (cap - 1);
+        t[j] = old[i];
+    }
+    free(old);
+    g->memo = t;
+}
+
+/* Add part p of a manager's sample to the step; returns false without memory. */
+static bool memo_add(gmemo *e, size_t site, int64_t bytes)
+{
+    if (e->nparts && e->parts[e->nparts - 1].site == site) {
+        e->parts[e->nparts - 1].n++;
+        e->parts[e->nparts - 1].bytes += bytes;
+        return true;
+    }
+    for (size_t i = 0; i < e->nparts; i++)
+        if (e->parts[i].site == site) {
+            e->parts[i].n++;
+            e->parts[i].bytes += bytes;
+            return true;
+        }
+    if (e->nparts == e->cap) {
+        size_t cap = e->cap ? 2 * e->cap : 4;
+        gpart *q = realloc(e->parts, cap * sizeof *q);
+        if (!q)
+            return false;
+        e->parts = q;
+        e->cap = cap;
+    }
+    e->parts[e->nparts++] = (gpart){site, 1, bytes};
+    return true;
 }
 
 /* Sample m's subtree (tree lock held; each manager's lock while its list is read). */
@@ -116,20 +233,50 @@ static void sample(growth *g, ndm__manager *m, bool top)
             /* the first met in a step is the newest (children come newest first) */
             if (e->seen != g->steps + 1)
                 snprintf(e->name, sizeof e->name, "%s", m->name);
-            count(g, e, m->parent, b);
+            count(g, e, m->parent, 1, b);
         }
     }
     ndm__mlock_take(m);
-    for (uint32_t i = 0; i < m->narrays; i++) {
-        if (!m->arrays[i])
-            continue;
-        ndm__array *r = ndm__array_rec(m->arrays[i]);
-        ndm__site moved_at = NDM__NO_SITE;
-        uint32_t moved = ndm__array_last_move(r, &moved_at);
-        gsite *e = site_of(g, ndm__array_site(r), false, NULL, moved, moved_at);
-        if (e)
-            count(g, e, m->self,
-                  ndm__numel(r->ndim, r->shape) * (int64_t)ndm__dtype_bytes[r->dtype]);
+    uint32_t gen = atomic_load_explicit(&m->gen, memory_order_relaxed);
+    gmemo *memo = memo_at(g, m->self);
+    if (memo && memo->slot == m->self && memo->gen == gen && memo->created == m->created &&
+        memo->released == m->released && memo->moved_in == m->moved_in &&
+        memo->moved_out == m->moved_out) {
+        /* the same arrays as at the last sample */
+        for (size_t i = 0; i < memo->nparts; i++)
+            count(g, &g->sites[memo->parts[i].site], m->self, memo->parts[i].n,
+                  memo->parts[i].bytes);
+        memo->step = g->steps;
+    } else {
+        if (memo) {
+            if (!memo->slot)
+                g->nmemo++;
+            memo->slot = m->self;
+            memo->gen = gen;
+            memo->created = m->created;
+            memo->released = m->released;
+            memo->moved_in = m->moved_in;
+            memo->moved_out = m->moved_out;
+            memo->step = g->steps;
+            memo->nparts = 0;
+        }
+        for (uint32_t i = 0; i < m->narrays; i++) {
+            if (!m->arrays[i])
+                continue;
+            ndm__array *r = ndm__array_rec(m->arrays[i]);
+            ndm__site moved_at = NDM__NO_SITE;
+            uint32_t moved = ndm__array_last_move(r, &moved_at);
+            gsite *e = site_of(g, ndm__array_site(r), false, NULL, moved, moved_at);
+            if (!e) {
+                if (memo)
+                    memo->gen = gen + 1; /* incomplete: never replayed */
+                continue;
+            }
+            int64_t bytes = ndm__numel(r->ndim, r->shape) * (int64_t)ndm__dtype_bytes[r->dtype];
+            count(g, e, m->self, 1, bytes);
+            if (memo && !memo_add(memo, (size_t)(e - g->sites), bytes))
+                memo->gen = gen + 1;
+        }
     }
     ndm__mlock_drop(m);
     for (uint32_t c = m->first_child; c; c = ndm__manager_slot(c)->sib_next)
@@ -236,6 +383,8 @@ NDM_API ndm_status ndm_growth_step_at(NDM_SITE_PARAMS, ndm_growth h)
         sample(g, m, true);
         ndm__tree_unlock();
         close_step(g);
+        if (g->steps % GROWTH_WINDOW == 0)
+            memo_prune(g);
     }
     pthread_mutex_unlock(&g->lock);
     return st;
