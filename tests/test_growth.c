@@ -44,6 +44,15 @@ static const char *line_with(const char *text, const char *needle, char *buf, si
             fail_msg("line \"%s\" lacks \"%s\"", l_, (want));                   \
     } while (0)
 
+/* A released site is not listed in the report. */
+static void assert_not_listed(const char *text, int line_no)
+{
+    char site[64];
+    snprintf(site, sizeof site, "test_growth.c:%d", line_no);
+    if (strstr(text, site))
+        fail_msg("a released site is listed:\n%s", text);
+}
+
 static void test_classes_of_a_training_loop(void **state)
 {
     ndm_manager model = ndm_manager_new(ROOT(state), "model");
@@ -98,10 +107,7 @@ static void test_classes_of_a_training_loop(void **state)
     assert_line(t, l_periodic, "periodic");
     assert_line(t, l_weights, "steady");
     /* the batch and its arrays are closed each step: released, not listed */
-    char site[64];
-    snprintf(site, sizeof site, "test_growth.c:%d", l_batch);
-    if (strstr(t, site))
-        fail_msg("a released site is listed:\n%s", t);
+    assert_not_listed(t, l_batch);
     free(t);
     assert_int_equal(ndm_growth_leaks(g), 2);
     assert_ok(ndm_array_release(periodic));
@@ -146,10 +152,7 @@ static void test_unchanged_managers_keep_their_counts(void **state)
     assert_line(t, l_a, "steady");
     assert_line(t, l_a, "2 arrays, 40 bytes");
     /* released at the last step: not listed */
-    char site[64];
-    snprintf(site, sizeof site, "test_growth.c:%d", l_b);
-    if (strstr(t, site))
-        fail_msg("a released site is listed:\n%s", t);
+    assert_not_listed(t, l_b);
     free(t);
     assert_int_equal(ndm_growth_leaks(g), 0);
     assert_ok(ndm_growth_free(g));

@@ -126,28 +126,33 @@ static void count(growth *g, gsite *e, uint32_t where, int64_t n, int64_t bytes)
     e->bytes[k] += bytes;
 }
 
+/* Move the used entries of g's table into a new one of cap entries (a
+ * power of two; the old one is freed). False without memory. */
+static bool memo_reseat(growth *g, size_t cap)
+{
+    gmemo *t = calloc(cap, sizeof *t);
+    if (!t)
+        return false;
+    for (size_t i = 0; i < g->cmemo; i++) {
+        if (!g->memo[i].slot)
+            continue;
+        size_t j = g->memo[i].slot & (cap - 1);
+        while (t[j].slot)
+            j = (j + 1) & (cap - 1);
+        t[j] = g->memo[i];
+    }
+    free(g->memo);
+    g->memo = t;
+    g->cmemo = cap;
+    return true;
+}
+
 /* The memo entry of manager slot `slot`: its own, or the empty one where it
  * would go (NULL when the table cannot grow). */
 static gmemo *memo_at(growth *g, uint32_t slot)
 {
-    if (2 * (g->nmemo + 1) > g->cmemo) {
-        size_t cap = g->cmemo ? 2 * g->cmemo : 64;
-        gmemo *t = calloc(cap, sizeof *t);
-        if (!t)
-            return NULL;
-        for (size_t i = 0; i < g->cmemo; i++) {
-            gmemo *o = &g->memo[i];
-            if (!o->slot)
-                continue;
-            size_t j = o->slot & (cap - 1);
-            while (t[j].slot)
-                j = (j + 1) & (cap - 1);
-            t[j] = *o;
-        }
-        free(g->memo);
-        g->memo = t;
-        g->cmemo = cap;
-    }
+    if (2 * (g->nmemo + 1) > g->cmemo && !memo_reseat(g, g->cmemo ? 2 * g->cmemo : 64))
+        return NULL;
     size_t j = slot & (g->cmemo - 1);
     while (g->memo[j].slot && g->memo[j].slot != slot)
         j = (j + 1) & (g->cmemo - 1);
@@ -171,28 +176,15 @@ static void memo_prune(growth *g)
     if (live == g->nmemo)
         return;
     g->nmemo = live;
-    /* re-seat the survivors: removal broke the probe chains */
-    gmemo *old = g->memo;
-    size_t cap = g->cmemo;
-    gmemo *t = calloc(cap, sizeof *t);
-    if (!t) {
-        for (size_t i = 0; i < cap; i++)
-            free(old[i].parts);
-        free(old);
+    /* re-seat the survivors: removal broke the probe chains (without
+     * memory, forget them all: the next step walks every manager) */
+    if (!memo_reseat(g, g->cmemo)) {
+        for (size_t i = 0; i < g->cmemo; i++)
+            free(g->memo[i].parts);
+        free(g->memo);
         g->memo = NULL;
         g->nmemo = g->cmemo = 0;
-        return;
     }
-    for (size_t i = 0; i < cap; i++) {
-        if (!old[i].slot)
-            continue;
-        size_t j = old[i].slot & (cap - 1);
-        while (t[j].slot)
-            j = (j + 1) & (cap - 1);
-        t[j] = old[i];
-    }
-    free(old);
-    g->memo = t;
 }
 
 /* Add part p of a manager's sample to the step; returns false without memory. */
