@@ -36,7 +36,9 @@ ndm_status ndm__fail_null(const char *api, ndm__site where, const char *what);
  * failures are recorded (the code on the failure path reads them) but not
  * logged, and the end puts back the last error the thread had before. For
  * work done ahead whose failure is reported, if at all, when the work is
- * done again where it was asked for (a loader's worker threads). */
+ * done again where it was asked for (a loader's worker threads), or raised
+ * again on the thread that asked (a batcher's worker and its requests).
+ * Warnings are still logged. */
 typedef struct ndm__quiet_state {
     ndm_status status;
     bool quiet;
@@ -48,10 +50,6 @@ void ndm__quiet_end(const ndm__quiet_state *saved);
  * (a module's forward callback) tells from it whether a null result came
  * with an error of its own. */
 uint64_t ndm__fail_count(void);
-/* This thread's failures are still recorded (ndm_last_error) but not
- * logged: another thread raises them again for its caller and logs them
- * there (a batcher's worker and its requests). Warnings are still logged. */
-void ndm__relay_errors(bool on);
 /* Send a warning to the log callback. */
 void ndm__warn(const char *fmt, ...) NDM_PRINTF(1, 2);
 /* Formats a site as "file:line (func)" into buf. */

@@ -167,15 +167,9 @@ static bool errors_printed(void)
     return !env || strcmp(env, "0") != 0;
 }
 
-/* Set on a thread whose failures are raised again on another, which logs
- * them (a batcher's worker): recorded here, logged there, once. */
-static _Thread_local bool errors_relayed NDM__TLS_MODEL;
-
-void ndm__relay_errors(bool on) { errors_relayed = on; }
-
 static void ndm__log(ndm_log_level level, const char *msg)
 {
-    if (logging || (level == NDM_LOG_ERROR && errors_relayed))
+    if (logging)
         return;
     if (log_fn) {
         logging = true;

@@ -187,14 +187,10 @@ static void memo_prune(growth *g)
     }
 }
 
-/* Add part p of a manager's sample to the step; returns false without memory. */
+/* Count one array of `bytes` from site `site` in a manager's part; false
+ * without memory. */
 static bool memo_add(gmemo *e, size_t site, int64_t bytes)
 {
-    if (e->nparts && e->parts[e->nparts - 1].site == site) {
-        e->parts[e->nparts - 1].n++;
-        e->parts[e->nparts - 1].bytes += bytes;
-        return true;
-    }
     for (size_t i = 0; i < e->nparts; i++)
         if (e->parts[i].site == site) {
             e->parts[i].n++;

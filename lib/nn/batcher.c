@@ -499,7 +499,8 @@ static void *worker_main(void *p)
     /* every failure here reads as the request's, at its caller's line,
      * and is logged once, when its caller's call returns it */
     NDM__ENTRY(API);
-    ndm__relay_errors(true);
+    ndm__quiet_state q;
+    ndm__quiet_begin(&q);
     pthread_mutex_lock(&b->mu);
     for (;;) {
         while (!b->closed && !b->head) {
@@ -544,6 +545,7 @@ static void *worker_main(void *p)
     }
     pthread_mutex_unlock(&b->mu);
     unref(b);
+    ndm__quiet_end(&q);
     return NULL;
 }
 

@@ -241,10 +241,7 @@ NDM_API ndm_status ndm_module_register_child_at(NDM_SITE_PARAMS, ndm_module h, c
     ndm__module *m = user_of(h, api, site);
     if (!m || !name_free(m, name, "child", api, site))
         return ndm_last_status();
-    if (child.id == h.id)
-        return ndm__fail(NDM_E_INVALID, api, site,
-                         "a module cannot be registered under itself ('%s')", name);
-    /* (a null child from a constructor that failed keeps its error) */
+    /* (a module under itself is refused by the attach; a null child from a constructor that failed keeps its error) */
     if (ndm__module_check_owner(child, ndm__object_owner(h.id), api, site) < 0)
         return ndm_last_status();
     if (!ndm__module_attach_child(m, name, child, api, site))

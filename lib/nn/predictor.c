@@ -101,8 +101,8 @@ static ndm_array run_request(const predictor *p, ndm_manager parent, ndm_manager
      * and a forward scope inside it. A serving thread keeps its request
      * manager open between requests under the predictor (parked), so a
      * request takes no lock that the other serving threads take; a batch's
-     * request (under its batch manager, its peak measured) is made fresh. */
-    bool park = !peak && parent.id == p->mgr.id;
+     * request (under its batch manager, which closes after it) is made fresh. */
+    bool park = parent.id == p->mgr.id;
     ndm_manager req = park ? ndm__scope_reuse(site, parent, "request")
                            : ndm_scope_begin_at(NDM__SITE_ARGS(site), parent, "request");
     if (!req.id)
