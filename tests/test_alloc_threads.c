@@ -234,6 +234,63 @@ static void test_alloc_threads_peak_seen_across_caches(void **state)
     ndm__sim_destroy(sim);
 }
 
+/* ---- a thread that stops allocating keeps no share of the headroom -------------------- */
+
+typedef struct request_loop {
+    ndm__pool *pool;
+    int requests;
+    int bad;
+} request_loop;
+
+/* A request's pattern: three blocks of three sizes live at once, then freed. */
+static void *request_pattern(void *arg)
+{
+    request_loop *l = arg;
+    static const size_t sizes[3] = {1 * KiB, 3 * KiB, 8 * KiB};
+    for (int r = 0; r < l->requests; r++) {
+        ndm__block b[3];
+        for (int i = 0; i < 3; i++)
+            if (ndm__pool_alloc(l->pool, sizes[i], NULL, &b[i]) != NDM_OK)
+                l->bad++;
+        for (int i = 3; i-- > 0;)
+            ndm__pool_free(l->pool, &b[i]);
+    }
+    return NULL;
+}
+
+static void test_alloc_threads_idle_cache_gives_back_its_grant(void **state)
+{
+    (void)state;
+    ndm__sim *sim = ndm__sim_new(0);
+    ndm__pool *p = ndm__pool_new(ndm__sim_source(sim), NDM_CPU, "sim", false);
+    /* This thread builds something (its cache takes a grant), then only waits. */
+    ndm__block mine[2];
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(ndm__pool_alloc(p, 2 * KiB, NULL, &mine[i]), NDM_OK);
+    for (int i = 0; i < 2; i++)
+        ndm__pool_free(p, &mine[i]);
+    ndm_memory_stats s0, s1;
+    ndm__pool_stats(p, &s0);
+    request_loop l = {p, 4000, 0};
+    pthread_t t;
+    pthread_create(&t, NULL, request_pattern, &l);
+    pthread_join(t, NULL);
+    assert_int_equal(l.bad, 0);
+    ndm__pool_stats(p, &s1);
+    int64_t allocs = s1.allocation[NDM_POOL_ALL].allocated - s0.allocation[NDM_POOL_ALL].allocated;
+    int64_t cached = s1.num_thread_cache_allocs - s0.num_thread_cache_allocs;
+    assert_int_equal(allocs, 3 * 4000);
+    /* the serving thread's own cache serves its requests: all but the few
+     * that warm it and the one that takes the idle grant back */
+    assert_true(cached >= allocs - 64);
+    /* and the peaks stay exact: three blocks at most were ever live */
+    assert_int_equal(s1.allocation[NDM_POOL_ALL].peak, 3);
+    assert_int_equal(s1.allocated_bytes[NDM_POOL_ALL].peak, (int64_t)(12 * KiB));
+    assert_int_equal(s1.allocation[NDM_POOL_ALL].current, 0);
+    ndm__pool_destroy(p);
+    ndm__sim_destroy(sim);
+}
+
 /* ---- the public API: requests under one model from several threads -------------------- */
 
 typedef struct server {
@@ -295,6 +352,7 @@ int main(void)
         TEST(test_alloc_threads_never_share_a_block),
         TEST(test_alloc_threads_peak_seen_across_caches),
         TEST(test_alloc_threads_request_managers),
+        TEST(test_alloc_threads_idle_cache_gives_back_its_grant),
     };
     return cmocka_run_group_tests_name("alloc_threads", tests, NULL, NULL);
 }

@@ -76,6 +76,7 @@ static double expected(float v)
 typedef struct served {
     _Atomic uint64_t pred;     /* the predictor now served (an ndm_predictor id) */
     _Atomic int stop;
+    _Atomic int hold, held;    /* hold: serving threads wait, outside every call */
     _Atomic long answers, refusals, wrong, unclear;
     float v[2];                /* the weights of the two model versions */
     char unclear_msg[256];     /* what the first unclear outcome said */
@@ -95,6 +96,13 @@ static void *serve(void *p)
     ndm_manager mine = ndm_manager_new(ndm_system(), "client");
     ndm_array x = ndm_ones(mine, NDM_F32, NDM_SHAPE(1, WIDTH));
     while (!atomic_load(&s->stop)) {
+        if (atomic_load(&s->hold)) {
+            atomic_fetch_add(&s->held, 1);
+            while (atomic_load(&s->hold) && !atomic_load(&s->stop))
+                sched_yield();
+            atomic_fetch_sub(&s->held, 1);
+            continue;
+        }
         ndm_predictor pr = {atomic_load(&s->pred)};
         ndm_array y = ndm_predict_to(mine, pr, x);
         if (y.id) {
@@ -220,6 +228,16 @@ static void test_inflight_hot_swap_under_load(void **state)
             rss0 = rss_bytes() - base.reserved_bytes[NDM_POOL_ALL].current;
         }
     }
+    /* The serving threads pause, alive and outside every call, so that the
+     * frees a thread descheduled inside a request held back can run: a
+     * release of this thread's runs them (what an old model still holds
+     * then is held for good). */
+    atomic_store(&s.hold, 1);
+    while (atomic_load(&s.held) < SERVERS)
+        sched_yield();
+    ndm_manager scratch = ndm_manager_new(ndm_system(), "scratch");
+    assert_ok(ndm_array_release(ndm_zeros(scratch, NDM_F32, NDM_SHAPE(1))));
+    assert_ok(ndm_manager_close(scratch));
     assert_ok(ndm_memory_stats_get(NDM_CPU, &after));
     int64_t reserved = after.reserved_bytes[NDM_POOL_ALL].current;
     int64_t rss1 = rss_bytes() - reserved;

@@ -190,6 +190,10 @@ typedef struct ndm_memory_stats {
     int64_t free_bytes;           /**< reserved - allocated */
     double fragmentation;         /**< (free - largest free) / free; 0 when nothing is free */
     int64_t device_free, device_total;
+    /** Allocations a thread's own cache served, without the pool's lock
+     *  (a part of allocation[].allocated; what the pool served is the rest;
+     *  zeroed by ndm_memory_reset_accumulated_stats()). */
+    int64_t num_thread_cache_allocs;
 } ndm_memory_stats;
 /** @var ndm_memory_stats::device_free
  *  Free memory as the device reports it (0 when unknown). */

@@ -1599,6 +1599,7 @@ void ndm__pool_reset_accumulated(ndm__pool *p)
     each_stat(&p->st, zero_sums);
     p->st.num_alloc_retries = p->st.num_ooms = p->st.num_sync_all_streams = 0;
     p->st.num_device_alloc = p->st.num_device_free = p->st.num_pressure_calls = 0;
+    p->st.num_thread_cache_allocs = 0;
     slow_end(p, tc);
     ndm__pool_unlock(p);
 }

@@ -238,6 +238,7 @@ typedef struct ndm__pool {
     struct ndm__tcache *caches;
     int64_t granted[NDM__G_KINDS]; /* sums over the caches of their grants */
     int64_t granted_cum;
+    uint64_t grants;               /* grants made: the clock of idleness */
     bool tc_allowed;               /* settings and instrumentation allow caches */
 
     /* instrumentation (history.c) */
@@ -377,6 +378,9 @@ typedef struct ndm__tcache {
      * owner is frozen); the fast path reads them. */
     int64_t cap[NDM__G_KINDS];
     int64_t cap_cum;
+    /* Idleness, as other caches' grants see it (under the pool lock): seq
+     * as last seen, and the pool's grant count then. */
+    uint64_t seen_seq, seen_at;
     ndm__pool *pool;
     struct ndm__tcache *next, *prev; /* the pool's caches */
     pthread_t owner;

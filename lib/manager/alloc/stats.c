@@ -82,6 +82,7 @@ bool ndm__stats_key(const ndm_memory_stats *st, const char *key, int64_t *out)
         {"num_device_alloc", offsetof(ndm_memory_stats, num_device_alloc)},
         {"num_device_free", offsetof(ndm_memory_stats, num_device_free)},
         {"num_pressure_calls", offsetof(ndm_memory_stats, num_pressure_calls)},
+        {"num_thread_cache_allocs", offsetof(ndm_memory_stats, num_thread_cache_allocs)},
         {"max_split_size", offsetof(ndm_memory_stats, max_split_size)},
         {"memory_limit", offsetof(ndm_memory_stats, memory_limit)},
         {"largest_free_block", offsetof(ndm_memory_stats, largest_free_block)},

@@ -161,6 +161,7 @@ static void add_counters(ndm_memory_stats *st, int64_t na, int64_t ba, int64_t r
     add_fig(st->requested_bytes, ra, rf);
     add_fig(st->inactive_split, nf, na);
     add_fig(st->inactive_split_bytes, bf, ba);
+    st->num_thread_cache_allocs += na;
 }
 
 void ndm__tc_fold(ndm__pool *p, ndm__tcache *tc)
@@ -374,11 +375,65 @@ static int64_t headroom(const ndm_memory_stat *s, int64_t granted)
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
+/* A cache whose owner made no fast operation while the pool made this many
+ * grants is idle: its grant goes back to the pool. */
+#define IDLE_GRANTS 64
+
+static bool holds_grant(const ndm__tcache *tc)
+{
+    for (int k = 0; k < NDM__G_KINDS; k++)
+        if (tc->cap[k])
+            return true;
+    return false;
+}
+
+/* Whether a cache other than self shares the headroom now: one whose owner
+ * moved since the last look, or that holds a grant and was not idle long.
+ * An idle one's grant is taken back (frozen, fenced, folded), so that a
+ * thread that stopped allocating (the one that built a model, a finished
+ * worker) does not keep half the room from the threads that serve; its
+ * owner's next operation takes the shared path, which grants it again. */
+static bool others_share(ndm__pool *p, ndm__tcache *self)
+{
+    uint64_t now = ++p->grants;
+    bool sharing = false, idle = false;
+    for (ndm__tcache *o = p->caches; o; o = o->next) {
+        if (o == self)
+            continue;
+        uint64_t seq = atomic_load_explicit(&o->seq, memory_order_relaxed);
+        if (seq != o->seen_seq) {
+            o->seen_seq = seq;
+            o->seen_at = now;
+            sharing = true;
+        } else if (holds_grant(o)) {
+            if (now - o->seen_at < IDLE_GRANTS) {
+                sharing = true;
+            } else {
+                atomic_store_explicit(&o->frozen, 1, memory_order_relaxed);
+                idle = true;
+            }
+        }
+    }
+    if (idle) {
+        syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
+        for (ndm__tcache *o = p->caches; o; o = o->next) {
+            if (o != self && holds_grant(o) && atomic_load_explicit(&o->frozen, memory_order_relaxed)) {
+                wait_quiet(o);
+                ndm__tc_fold(p, o);
+            }
+        }
+    }
+    self->seen_seq = atomic_load_explicit(&self->seq, memory_order_relaxed);
+    self->seen_at = now;
+    return sharing;
+}
+
 void ndm__tc_grant(ndm__pool *p, ndm__tcache *tc)
 {
     if (!p->tc_allowed)
         return;
     atomic_store_explicit(&tc->frozen, 0, memory_order_relaxed);
+    bool alone = !others_share(p, tc); /* (first: it may take idle grants back) */
     int64_t room[NDM__G_KINDS];
     room[NDM__G_N] = min64(headroom(p->st.allocation, p->granted[NDM__G_N]),
                            headroom(p->st.active, p->granted[NDM__G_N]));
@@ -388,7 +443,6 @@ void ndm__tc_grant(ndm__pool *p, ndm__tcache *tc)
     room[NDM__G_FN] = headroom(p->st.inactive_split, p->granted[NDM__G_FN]);
     room[NDM__G_FB] = headroom(p->st.inactive_split_bytes, p->granted[NDM__G_FB]);
     /* Alone, a cache takes all the room; with others, half of what is left. */
-    bool alone = p->caches == tc && !tc->next;
     for (int k = 0; k < NDM__G_KINDS; k++) {
         int64_t share = alone ? room[k] : room[k] / 2;
         tc->cap[k] = share;
