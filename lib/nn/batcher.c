@@ -6,7 +6,10 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "../manager/object.h"
 #include "../manager/alloc/alloc.h"
@@ -25,11 +28,14 @@
  * caller's deadline passes first (the worker then frees the request). */
 typedef enum rstate { R_QUEUED, R_RUNNING, R_DELIVERING, R_DONE, R_ABANDONED } rstate;
 
-/* One request: made by its caller, who waits on cv; the worker owns it
+/* One request: made by its caller, who waits on `done`; the worker owns it
  * while it runs, and frees it if its caller gave up meanwhile. */
 typedef struct req {
     struct req *prev, *next;   /* the queue, or a batch's list while it runs */
-    pthread_cond_t cv;
+    /* 1 once the outcome is in (stored under mu, with release): the caller
+     * reads it without mu, so that callers woken one after another do not
+     * queue on the lock the worker holds while it answers the rest */
+    _Atomic uint32_t done;
     rstate state;
     ndm_array input;
     ndm_manager out;
@@ -102,10 +108,23 @@ static void unref(batcher *b)
     }
 }
 
-static void free_req(req *r)
+static void free_req(req *r) { free(r); }
+
+/* Wait until *w is no longer 0, or until `deadline` (CLOCK_MONOTONIC ns; 0:
+ * none); a wake-up may come early, and the caller looks again. */
+static void futex_wait_set(_Atomic uint32_t *w, uint64_t deadline)
 {
-    pthread_cond_destroy(&r->cv);
-    free(r);
+    struct timespec ts = abs_time(deadline);
+    syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT_BITSET_PRIVATE, 0u, deadline ? &ts : NULL, NULL,
+            FUTEX_BITSET_MATCH_ANY);
+}
+
+/* Wake the waiter of *w. Its caller may already have seen the store and
+ * freed the request: the kernel only hashes the address, and a waiter a
+ * later request puts there looks at its own word again. */
+static void futex_wake(_Atomic uint32_t *w)
+{
+    syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 }
 
 static void unlink_req(batcher *b, req *r)
@@ -125,7 +144,8 @@ static void unlink_req(batcher *b, req *r)
 
 /* Give r its outcome and wake its caller (mu held). The answer, if any,
  * is already the caller's. */
-static void finish_locked(batcher *b, req *r, ndm_array answer, ndm_status st, const char *msg)
+static void finish_quiet_locked(batcher *b, req *r, ndm_array answer, ndm_status st,
+                                const char *msg)
 {
     r->answer = answer;
     r->st = st;
@@ -138,7 +158,14 @@ static void finish_locked(batcher *b, req *r, ndm_array answer, ndm_status st, c
         b->s.answered++;
     else
         b->s.failed++;
-    pthread_cond_signal(&r->cv);
+    atomic_store_explicit(&r->done, 1, memory_order_release);
+}
+
+/* finish_quiet_locked(), and its caller woken. */
+static void finish_locked(batcher *b, req *r, ndm_array answer, ndm_status st, const char *msg)
+{
+    finish_quiet_locked(b, r, answer, st, msg);
+    futex_wake(&r->done); /* (r is no longer the worker's to read) */
 }
 
 /* Fail every queued request with NDM_E_CLOSED (mu held). */
@@ -364,15 +391,25 @@ static void deliver_all(batcher *b, req *list, ndm_manager bm)
     pthread_mutex_unlock(&b->mu);
     if (bm.id)
         (void)!ndm_manager_close(bm);
+    /* The callers wake once the lock is free: woken under it, each would
+     * wait for it again to queue its next request. */
+    _Atomic uint32_t *wake[64];
+    int nwake = 0;
     pthread_mutex_lock(&b->mu);
     for (req *r = list, *next; r; r = next) {
         next = r->next;
-        if (r->state == R_ABANDONED)
+        if (r->state == R_ABANDONED) {
             free_req(r);
-        else
+        } else if (nwake < 64) {
+            finish_quiet_locked(b, r, r->answer, r->answer.id ? NDM_OK : r->st, r->msg);
+            wake[nwake++] = &r->done;
+        } else {
             finish_locked(b, r, r->answer, r->answer.id ? NDM_OK : r->st, r->msg);
+        }
     }
     pthread_mutex_unlock(&b->mu);
+    for (int i = 0; i < nwake; i++)
+        futex_wake(wake[i]); /* (only the address: see futex_wake) */
 }
 
 /* Every request of list fails with st and msg (bm closed meanwhile). */
@@ -658,11 +695,6 @@ static req *make_request(batcher *b, ndm_array input, ndm_manager out, const cha
         ndm__fail(NDM_E_OOM, api, site, "no memory for a request");
         return NULL;
     }
-    if (!cond_init(&r->cv)) {
-        free(r);
-        ndm__fail(NDM_E_INTERNAL, api, site, "no condition variable for a request");
-        return NULL;
-    }
     r->input = input;
     r->out = dst;
     r->site = site;
@@ -675,8 +707,10 @@ static req *make_request(batcher *b, ndm_array input, ndm_manager out, const cha
     return r;
 }
 
-/* Queue r and wait for its outcome or its deadline (mu held on entry and
- * return). Returns whether r is done (false: its caller gave it up). */
+/* Queue r and wait for its outcome or its deadline (mu held on entry,
+ * released on return). Returns whether r is the caller's again: done, or
+ * taken out of the queue at its deadline (false: given up while it runs,
+ * the worker frees it). */
 static bool queue_and_wait(batcher *b, req *r, uint64_t deadline)
 {
     bool was_empty = !b->head;
@@ -694,27 +728,29 @@ static bool queue_and_wait(batcher *b, req *r, uint64_t deadline)
     r->enqueued_ns = now_ns();
     if (was_empty || b->queued_rows >= b->full_rows)
         pthread_cond_signal(&b->work);
-    struct timespec ts = abs_time(deadline);
-    while (r->state != R_DONE) {
-        if (!deadline) {
-            pthread_cond_wait(&r->cv, &b->mu);
-            continue;
+    for (;;) {
+        /* (mu held) */
+        if (atomic_load_explicit(&r->done, memory_order_relaxed))
+            break;
+        /* a request whose answer is on the way waits for it */
+        bool timed = deadline && r->state != R_DELIVERING;
+        if (timed && now_ns() >= deadline) {
+            b->s.timed_out++;
+            if (r->state == R_QUEUED) {
+                unlink_req(b, r);
+                break;
+            }
+            r->state = R_ABANDONED; /* running: the worker frees it */
+            pthread_mutex_unlock(&b->mu);
+            return false;
         }
-        if (r->state == R_DELIVERING) {
-            pthread_cond_wait(&r->cv, &b->mu); /* (its answer is on the way) */
-            continue;
-        }
-        if (pthread_cond_timedwait(&r->cv, &b->mu, &ts) != ETIMEDOUT || r->state == R_DONE ||
-            r->state == R_DELIVERING)
-            continue;
-        b->s.timed_out++;
-        if (r->state == R_QUEUED) {
-            unlink_req(b, r);
+        pthread_mutex_unlock(&b->mu);
+        futex_wait_set(&r->done, timed ? deadline : 0);
+        if (atomic_load_explicit(&r->done, memory_order_acquire))
             return true;
-        }
-        r->state = R_ABANDONED; /* running: the worker frees it */
-        return false;
+        pthread_mutex_lock(&b->mu);
     }
+    pthread_mutex_unlock(&b->mu);
     return true;
 }
 
@@ -762,12 +798,12 @@ NDM_API ndm_array ndm_batcher_predict_to_at(NDM_SITE_PARAMS, ndm_manager out, nd
     ndm_array answer = NDM_NULL_ARRAY;
     ndm_status st = NDM_E_TIMEOUT;
     char msg[MSG_MAX] = "";
-    if (mine && r->state == R_DONE) {
+    /* (done: the worker's last store came before `done`, with release) */
+    if (mine && atomic_load_explicit(&r->done, memory_order_acquire)) {
         answer = r->answer;
         st = r->st;
         memcpy(msg, r->msg, sizeof msg);
     }
-    pthread_mutex_unlock(&b->mu);
     if (mine)
         free_req(r);
     if (!answer.id) {

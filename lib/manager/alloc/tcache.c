@@ -377,7 +377,7 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* A cache whose owner made no fast operation while the pool made this many
  * grants is idle: its grant goes back to the pool. */
-#define IDLE_GRANTS 64
+#define IDLE_GRANTS 256
 
 static bool holds_grant(const ndm__tcache *tc)
 {
