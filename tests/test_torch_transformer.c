@@ -18,6 +18,7 @@
 
 #define CKPT NDM_TEST_DATA "/torch_transformer.safetensors"
 #define REF NDM_TEST_DATA "/torch_transformer_ref.safetensors"
+#define CKPT_BF16 NDM_TEST_DATA "/torch_transformer_bf16.safetensors"
 
 enum { VOCAB = 17, WIDTH = 16, HEADS = 2, CONTEXT = 8, HIDDEN = 32, BATCH = 4, STEPS = 20 };
 enum { NSTATE = 28 }; /* tensors in the state_dict */
@@ -303,8 +304,39 @@ static void test_torch_transformer_eval_logits_match_pytorch(void **state)
     double moved;
     assert_ok(ndm_item(d, &moved));
     assert_true(moved > 1e-3);
+    /* a shorter sequence: its logits are those of the prefix */
+    ndm_array head = ndm_forward(net, ndm_contiguous(ndm_slice(ref(r, "x"), 1, 0, 5, 1)));
+    assert_int_equal(ndm_array_dim(head, 1), 5);
+    assert_close(head, ndm_slice(logits, 1, 0, 5, 1), 1e-6, 1e-5, "logits of a prefix");
     assert_close(ndm_slice(l2, 1, 0, CONTEXT - 1, 1), ndm_slice(logits, 1, 0, CONTEXT - 1, 1), 0,
                  0, "logits before the changed token");
+    assert_ok(ndm_manager_close(data));
+    assert_ok(ndm_manager_close(model));
+    assert_manager_empty(m);
+}
+
+static void test_torch_transformer_bf16_checkpoint_loads_into_f32(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_manager model = ndm_manager_new(m, "model");
+    ndm_module net = transformer(model, 1);
+    assert_int_equal(ndm_module_load(net, CKPT_BF16, NDM_CHECKPOINT_STRICT), NSTATE);
+    /* the parameters stay f32, holding the file's values exactly */
+    ndm_manager data = ndm_manager_new(m, "data");
+    const ndm_named_arrays *file = ndm_safetensors_load(data, CKPT_BF16, NDM_LOAD_COPY);
+    assert_non_null(file);
+    for (size_t j = 0; j < file->count; j++) {
+        assert_int_equal(ndm_array_dtype(file->arrays[j]), NDM_BF16);
+        ndm_array mine = ndm_module_get_array(net, file->names[j]);
+        assert_int_equal(ndm_array_dtype(mine), NDM_F32);
+        assert_close(mine, file->arrays[j], 0, 0, file->names[j]);
+    }
+    assert_ok(ndm_module_set_training(net, false));
+    const ndm_named_arrays *r = ndm_safetensors_load(data, REF, NDM_LOAD_COPY);
+    assert_non_null(r);
+    double worst =
+        assert_close(ndm_forward(net, ref(r, "x")), ref(r, "logits_bf16"), 1e-5, 1e-4, "logits");
+    print_message("bf16 checkpoint's logits: worst error %.3g of the tolerance\n", worst);
     assert_ok(ndm_manager_close(data));
     assert_ok(ndm_manager_close(model));
     assert_manager_empty(m);
@@ -699,6 +731,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         TEST(test_torch_transformer_strict_load_matches_every_name),
         TEST(test_torch_transformer_eval_logits_match_pytorch),
+        TEST(test_torch_transformer_bf16_checkpoint_loads_into_f32),
         TEST(test_torch_transformer_training_follows_pytorch_loss_curve),
         TEST(test_torch_transformer_lenient_load_reports_every_unmatched_name),
         TEST(test_torch_transformer_name_map_loads_other_names),

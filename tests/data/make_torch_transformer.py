@@ -16,8 +16,11 @@ The model (vocabulary 17, width 16, 2 heads, context 8, MLP width 32):
 
     torch_transformer.safetensors      the state_dict after 40 AdamW steps on
                                        the task below (float32)
+    torch_transformer_bf16.safetensors the same state_dict in bfloat16
     torch_transformer_ref.safetensors  x (4, 8) int64 tokens and the eval
-                                       logits (4, 8, 17) of the saved state;
+                                       logits (4, 8, 17) of the saved state,
+                                       logits_bf16 those of the float32 model
+                                       holding the bfloat16 file's values;
                                        a training trace from a fresh seeded
                                        initialisation: init.<name> (the
                                        initial state_dict), batch.<i>.x and
@@ -120,6 +123,13 @@ for _ in range(40):
     opt.step()
 save_file(state_of(model), os.path.join(out, "torch_transformer.safetensors"),
           metadata={"torch": torch.__version__})
+# the same state as a half-precision checkpoint, as users often keep one
+half = {k: v.to(torch.bfloat16) for k, v in state_of(model).items()}
+save_file(half, os.path.join(out, "torch_transformer_bf16.safetensors"),
+          metadata={"torch": torch.__version__})
+rounded = Model()
+rounded.load_state_dict({k: v.float() for k, v in half.items()})
+rounded.eval()
 
 ref = {}
 x, _ = batch(gen)
@@ -127,6 +137,7 @@ model.eval()
 with torch.no_grad():
     ref["x"] = x
     ref["logits"] = model(x)
+    ref["logits_bf16"] = rounded(x)
 
 # the trace: a fresh seeded model, 20 AdamW steps on given batches
 torch.manual_seed(2)
