@@ -566,35 +566,46 @@ static const char *add_model_prefix(const char *name, char *buf, size_t cap)
     return buf;
 }
 
-/* another scheme: "layers.N.ffn.fc1" for "blocks.N.mlp.0", "layers.N.ffn.fc2" for ".2" */
-static const char *other_scheme(const char *name, char *buf, size_t cap)
+/* Replace the first `from` in name by `to`, into buf. */
+static void replace_in(const char *name, const char *from, const char *to, char *buf, size_t cap)
 {
-    char rest[128];
-    int b;
-    if (sscanf(name, "blocks.%d.%127s", &b, rest) != 2) {
-        snprintf(buf, cap, "%s", name);
-        return buf;
-    }
-    if (!strncmp(rest, "mlp.0.", 6))
-        snprintf(buf, cap, "layers.%d.ffn.fc1.%s", b, rest + 6);
-    else if (!strncmp(rest, "mlp.2.", 6))
-        snprintf(buf, cap, "layers.%d.ffn.fc2.%s", b, rest + 6);
+    const char *at = strstr(name, from);
+    if (at)
+        snprintf(buf, cap, "%.*s%s%s", (int)(at - name), name, to, at + strlen(from));
     else
-        snprintf(buf, cap, "layers.%d.%s", b, rest);
+        snprintf(buf, cap, "%s", name);
+}
+
+/* The names of the same model built of PyTorch's TransformerEncoderLayer
+ * (the script checks that it computes the same logits): "encoder.layers.N."
+ * for "blocks.N.", self_attn for attn, linear1 and linear2 for mlp.0 and
+ * mlp.2 (norm1 and norm2 keep theirs). */
+static const char *stock_names(const char *name, char *buf, size_t cap)
+{
+    static const char *const from[] = {"blocks.", ".attn.", ".mlp.0.", ".mlp.2."};
+    static const char *const to[] = {"encoder.layers.", ".self_attn.", ".linear1.", ".linear2."};
+    char tmp[128];
+    snprintf(buf, cap, "%s", name);
+    for (int k = 0; k < 4; k++) {
+        replace_in(buf, from[k], to[k], tmp, sizeof tmp);
+        snprintf(buf, cap, "%s", tmp);
+    }
     return buf;
 }
 
-/* the map's callback back: ffn.fc1 -> mlp.0, ffn.fc2 -> mlp.2 */
-static int ffn_to_mlp(const char *name, char *buf, size_t cap, void *ud)
+/* The map's callback, after its prefix rewrite ("encoder.layers." to
+ * "blocks."): the layer's own names to the Block's; counts its calls. */
+static int stock_to_block(const char *name, char *buf, size_t cap, void *ud)
 {
     (*(int *)ud)++;
-    const char *at = strstr(name, ".ffn.fc");
-    if (!at) {
-        snprintf(buf, cap, "%s", name);
-        return 1;
+    static const char *const from[] = {".self_attn.", ".linear1.", ".linear2."};
+    static const char *const to[] = {".attn.", ".mlp.0.", ".mlp.2."};
+    char tmp[512];
+    snprintf(buf, cap, "%s", name);
+    for (int k = 0; k < 3; k++) {
+        replace_in(buf, from[k], to[k], tmp, sizeof tmp);
+        snprintf(buf, cap, "%s", tmp);
     }
-    int which = at[7] - '0';
-    snprintf(buf, cap, "%.*s.mlp.%d%s", (int)(at - name), name, which == 1 ? 0 : 2, at + 8);
     return 1;
 }
 
@@ -606,7 +617,7 @@ static void test_torch_transformer_name_map_loads_other_names(void **state)
     snprintf(wrapped, sizeof wrapped, "%s", tmp_file("wrapped.safetensors"));
     snprintf(other, sizeof other, "%s", tmp_file("other.safetensors"));
     rewrite_checkpoint(data, wrapped, add_model_prefix, 0, NULL, NULL);
-    rewrite_checkpoint(data, other, other_scheme, 0, NULL, NULL);
+    rewrite_checkpoint(data, other, stock_names, 0, NULL, NULL);
     const ndm_named_arrays *r = ndm_safetensors_load(data, REF, NDM_LOAD_COPY);
     assert_non_null(r);
 
@@ -627,10 +638,10 @@ static void test_torch_transformer_name_map_loads_other_names(void **state)
     ndm_module net2 = transformer(m2, 3);
     assert_ok(ndm_module_set_training(net2, false));
     int calls = 0;
-    ndm_name_map back = {1, (const char *[]){"layers."}, (const char *[]){"blocks."}, ffn_to_mlp,
-                         &calls};
+    ndm_name_map back = {1, (const char *[]){"encoder.layers."}, (const char *[]){"blocks."},
+                         stock_to_block, &calls};
     assert_int_equal(ndm_module_load(net2, other, NDM_CHECKPOINT_STRICT), NDM_E_FORMAT);
-    assert_error_has("'layers.0.ffn.fc1.weight'");
+    assert_error_has("'encoder.layers.0.linear1.bias'");
     assert_int_equal(ndm_module_load_mapped(net2, other, NDM_CHECKPOINT_STRICT, &back), NSTATE);
     assert_int_equal(calls, NSTATE);
     assert_close(ndm_forward(net2, ref(r, "x")), ref(r, "logits"), 1e-5, 1e-4,

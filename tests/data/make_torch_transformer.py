@@ -31,6 +31,10 @@ The model (vocabulary 17, width 16, 2 heads, context 8, MLP width 32):
                                        (the state after the 20 steps);
                                        AdamW's settings in the metadata
 
+Block is what PyTorch's TransformerEncoderLayer(norm_first=True,
+activation="gelu", dropout=0) computes; the script checks that the same
+weights under that layer's names give the same logits.
+
 The task: each sequence counts up from a random start by a random stride
 (mod 17), so the next token follows from the two before it.
 
@@ -138,6 +142,32 @@ with torch.no_grad():
     ref["x"] = x
     ref["logits"] = model(x)
     ref["logits_bf16"] = rounded(x)
+
+
+def stock_name(name):
+    """The name in a model built of PyTorch's own TransformerEncoderLayer."""
+    for mine, theirs in (("blocks.", "encoder.layers."), (".attn.", ".self_attn."),
+                         (".mlp.0.", ".linear1."), (".mlp.2.", ".linear2.")):
+        name = name.replace(mine, theirs)
+    return name
+
+
+# Block is PyTorch's TransformerEncoderLayer(norm_first=True, activation="gelu"):
+# the same weights under the stock names give the same logits (the test maps
+# those names back)
+stock = Model()
+stock.encoder = torch.nn.TransformerEncoder(
+    torch.nn.TransformerEncoderLayer(WIDTH, HEADS, HIDDEN, dropout=0.0, activation="gelu",
+                                     batch_first=True, norm_first=True),
+    2, enable_nested_tensor=False)
+del stock.blocks
+stock.forward = lambda t: stock.head(stock.norm(stock.encoder(
+    stock.tok_emb(t) + stock.pos_emb(torch.arange(t.shape[1])),
+    mask=torch.nn.Transformer.generate_square_subsequent_mask(t.shape[1]), is_causal=True)))
+stock.load_state_dict({stock_name(k): v for k, v in model.state_dict().items()})
+stock.eval()
+with torch.no_grad():
+    assert torch.allclose(stock(x), ref["logits"], rtol=1e-5, atol=1e-6)
 
 # the trace: a fresh seeded model, 20 AdamW steps on given batches
 torch.manual_seed(2)
