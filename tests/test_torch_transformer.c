@@ -4,6 +4,7 @@
  * curve step by step (references made by tests/data/make_torch_transformer.py);
  * lenient and mapped loads say what they did not match; a checkpoint of
  * another architecture is refused with the module unchanged. */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -339,6 +340,32 @@ static void test_torch_transformer_bf16_checkpoint_loads_into_f32(void **state)
     print_message("bf16 checkpoint's logits: worst error %.3g of the tolerance\n", worst);
     assert_ok(ndm_manager_close(data));
     assert_ok(ndm_manager_close(model));
+    assert_manager_empty(m);
+}
+
+/* PyTorch's RMSNorm(16) takes eps None, the dtype's machine epsilon: with
+ * FLT_EPSILON the module computes what it does; the 1e-6 of the model
+ * above would not, on inputs this small. */
+static void test_torch_transformer_rms_norm_default_eps_is_flt_epsilon(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_manager data = ndm_manager_new(m, "data");
+    const ndm_named_arrays *r = ndm_safetensors_load(data, REF, NDM_LOAD_COPY);
+    assert_non_null(r);
+    ndm_manager model = ndm_manager_new(m, "model");
+    ndm_module same = ndm_rms_norm_module(model, WIDTH, FLT_EPSILON, true);
+    ndm_module other = ndm_rms_norm_module(model, WIDTH, 1e-6, true);
+    assert_live(same);
+    assert_live(other);
+    assert_close(ndm_forward(same, ref(r, "rms.x")), ref(r, "rms.y"), 1e-5, 1e-4,
+                 "RMSNorm, eps FLT_EPSILON");
+    double gap;
+    ndm_array d = ndm_max(ndm_abs(ndm_sub(ndm_forward(other, ref(r, "rms.x")), ref(r, "rms.y"))),
+                          false, NDM_ALL_AXES_LIST);
+    assert_ok(ndm_item(d, &gap));
+    assert_true(gap > 0.1);
+    assert_ok(ndm_manager_close(model));
+    assert_ok(ndm_manager_close(data));
     assert_manager_empty(m);
 }
 
@@ -743,6 +770,7 @@ int main(void)
         TEST(test_torch_transformer_strict_load_matches_every_name),
         TEST(test_torch_transformer_eval_logits_match_pytorch),
         TEST(test_torch_transformer_bf16_checkpoint_loads_into_f32),
+        TEST(test_torch_transformer_rms_norm_default_eps_is_flt_epsilon),
         TEST(test_torch_transformer_training_follows_pytorch_loss_curve),
         TEST(test_torch_transformer_lenient_load_reports_every_unmatched_name),
         TEST(test_torch_transformer_name_map_loads_other_names),

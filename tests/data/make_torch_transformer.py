@@ -29,6 +29,9 @@ The model (vocabulary 17, width 16, 2 heads, context 8, MLP width 32):
                                        cross-entropy over the 32 positions of
                                        batch i, before step i), final.<name>
                                        (the state after the 20 steps);
+                                       rms.x (3, 16) of magnitude 1e-4 and
+                                       rms.y, RMSNorm(16) (its default eps)
+                                       of it;
                                        AdamW's settings in the metadata
 
 Block is what PyTorch's TransformerEncoderLayer(norm_first=True,
@@ -185,6 +188,12 @@ for i in range(STEPS):
     loss.backward()
     opt.step()
 ref["losses"] = torch.tensor(losses, dtype=torch.float64)
+# RMSNorm's default eps (None) is the dtype's machine epsilon, which shows on
+# inputs of small magnitude
+torch.manual_seed(3)
+small = 1e-4 * torch.randn(3, WIDTH)
+with torch.no_grad():
+    ref["rms.x"], ref["rms.y"] = small, torch.nn.RMSNorm(WIDTH)(small)
 ref.update(state_of(model, "final."))
 save_file(ref, os.path.join(out, "torch_transformer_ref.safetensors"),
           metadata={"torch": torch.__version__, "optimizer": "adamw", "lr": repr(LR),
