@@ -1,9 +1,12 @@
 /* A small decoder-only transformer written as ndm user modules under
  * PyTorch's names loads the state_dict PyTorch saved for the same
- * architecture, computes PyTorch's logits, and follows PyTorch's AdamW loss
- * curve step by step (references made by tests/data/make_torch_transformer.py);
- * lenient and mapped loads say what they did not match; a checkpoint of
- * another architecture is refused with the module unchanged. */
+ * architecture (in f32 and in bf16), computes PyTorch's logits, and follows
+ * PyTorch's AdamW loss curve step by step (references made by
+ * tests/data/make_torch_transformer.py), on the CPU and on a CUDA device
+ * when there is one; lenient loads say what they did not match, name maps
+ * load other namings (a wrapper's prefix, PyTorch's TransformerEncoderLayer),
+ * and a checkpoint of another architecture is refused with the module
+ * unchanged. */
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
