@@ -346,6 +346,39 @@ static void test_torch_transformer_bf16_checkpoint_loads_into_f32(void **state)
     assert_manager_empty(m);
 }
 
+/* Served: a model built without gradients holds each weight once, and its
+ * predictor gives PyTorch's logits. */
+static void test_torch_transformer_serves_pytorch_logits(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_manager serving = ndm_manager_new(m, "serving");
+    ndm_no_grad_begin();
+    ndm_module net = transformer(serving, 1);
+    ndm_no_grad_end();
+    ndm_predictor p = ndm_predictor_load(serving, net, CKPT);
+    assert_true(p.id);
+    ndm_array a[NSTATE];
+    assert_int_equal(ndm_module_named_state(net, NULL, a, NSTATE), NSTATE);
+    uint64_t weights = 0;
+    for (int i = 0; i < NSTATE; i++) {
+        assert_false(ndm_array_requires_grad(a[i]));
+        weights += 4 * (uint64_t)ndm_array_size(a[i]);
+    }
+    ndm_stats st;
+    assert_ok(ndm_manager_stats(serving, NDM_CPU, NDM_STATS_SUBTREE, &st));
+    assert_int_equal(st.live_bytes, weights);
+    ndm_manager data = ndm_manager_new(m, "data");
+    const ndm_named_arrays *r = ndm_safetensors_load(data, REF, NDM_LOAD_COPY);
+    assert_non_null(r);
+    for (int round = 0; round < 2; round++)
+        assert_close(ndm_predict(p, ref(r, "x")), ref(r, "logits"), 1e-5, 1e-4, "served logits");
+    assert_ok(ndm_manager_stats(serving, NDM_CPU, NDM_STATS_SUBTREE, &st));
+    assert_int_equal(st.live_bytes, weights); /* the requests left nothing */
+    assert_ok(ndm_manager_close(data));
+    assert_ok(ndm_manager_close(serving));
+    assert_manager_empty(m);
+}
+
 /* PyTorch's RMSNorm(16) takes eps None, the dtype's machine epsilon: with
  * FLT_EPSILON the module computes what it does; the 1e-6 of the model
  * above would not, on inputs this small. */
@@ -773,6 +806,7 @@ int main(void)
         TEST(test_torch_transformer_strict_load_matches_every_name),
         TEST(test_torch_transformer_eval_logits_match_pytorch),
         TEST(test_torch_transformer_bf16_checkpoint_loads_into_f32),
+        TEST(test_torch_transformer_serves_pytorch_logits),
         TEST(test_torch_transformer_rms_norm_default_eps_is_flt_epsilon),
         TEST(test_torch_transformer_training_follows_pytorch_loss_curve),
         TEST(test_torch_transformer_lenient_load_reports_every_unmatched_name),
