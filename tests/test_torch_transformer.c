@@ -111,7 +111,7 @@ static ndm_module transformer(ndm_manager model, uint64_t seed)
     return transformer_of(model, 2, HIDDEN, seed);
 }
 
-/* ---- helpers ---------------------------------------------------------------------------- */
+/* ---- values, files, logs ---------------------------------------------------------------- */
 
 static char tmp_path[256];
 
