@@ -182,8 +182,10 @@ NDM_API ndm_module ndm_batch_norm_at(NDM_SITE_PARAMS, ndm_manager model, int spa
 NDM_API ndm_module ndm_layer_norm_at(NDM_SITE_PARAMS, ndm_manager model, int ndim,
                                      const int64_t *shape, double eps, bool affine);
 /** RMS normalisation over the last axis of `features` entries (PyTorch's
- *  RMSNorm(features, eps), e.g. eps 1e-6): y = x / sqrt(mean(x^2) + eps) *
- *  weight, with weight (ones, shape [features]) a parameter when `affine`.
+ *  RMSNorm(features, eps), e.g. eps 1e-6; PyTorch's default, eps=None, is
+ *  the dtype's machine epsilon: FLT_EPSILON for f32): y = x / sqrt(mean(x^2)
+ *  + eps) * weight, with weight (ones, shape [features]) a parameter when
+ *  `affine`.
  *  Returns the module, or a null one: NDM_E_INVALID for features < 1 or an
  *  eps that is negative or not finite, and the model's errors; a forward
  *  pass on another last axis is NDM_E_SHAPE. */
@@ -286,9 +288,10 @@ NDM_API int ndm_module_describe(ndm_module m, char *buf, size_t n);
 
 /** torch.nn.functional.rms_norm over the last axis: x / sqrt(mean(x^2,
  *  last axis) + eps), times `weight` (shape [x's last size]) unless it is
- *  the null handle. Errors: NDM_E_DTYPE for a non-float x or weight,
- *  NDM_E_SHAPE for a rank-0 x or a weight of another shape, NDM_E_INVALID
- *  for an eps that is negative or not finite. */
+ *  the null handle (PyTorch's eps=None is the dtype's machine epsilon:
+ *  FLT_EPSILON for f32, DBL_EPSILON for f64). Errors: NDM_E_DTYPE for a
+ *  non-float x or weight, NDM_E_SHAPE for a rank-0 x or a weight of
+ *  another shape, NDM_E_INVALID for an eps that is negative or not finite. */
 #define ndm_rms_norm(x, weight, eps)                                            \
     ndm_rms_norm_to_at(NDM_HERE, NDM_OUTPUT_RULE, (x), (weight), (eps))
 /** ndm_rms_norm() with the result attached to m instead of by the output rule. */
