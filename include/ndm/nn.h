@@ -492,14 +492,20 @@ NDM_API int ndm_module_training(ndm_module m);
  *  Each returns a new 0-d array attached by the output rule (the `_to`
  *  form: to m), which the caller releases or its manager's close does, or
  *  the null handle: NDM_E_SHAPE, NDM_E_DTYPE (logits not float, labels not
- *  u8, i32 or i64), NDM_E_INVALID (a label outside [0, C), negative ones
- *  included: the message names the first and its position; checked on the
- *  labels' device), and the errors of the elementwise and reduction
+ *  u8, i32 or i64), NDM_E_INVALID (a label outside [0, C) that is not the
+ *  ignored one, negative ones included: the message names the first and
+ *  its position; checked on the labels' device), and the errors of the elementwise and reduction
  *  functions it is made of. */
 /** @{ */
 
+/** The label PyTorch's cross_entropy and nll_loss ignore by default
+ *  (ignore_index=-100): ndm_cross_entropy() and ndm_nll_loss() skip it too. */
+#define NDM_IGNORE_INDEX (-100)
 /** Mean over the batch of -log softmax(logits)[label]: logits (N, C) float,
- *  labels (N) integer in [0, C) (NDM_E_INVALID otherwise). A 0-d result. */
+ *  labels (N) integer in [0, C) or NDM_IGNORE_INDEX (NDM_E_INVALID
+ *  otherwise). A row whose label is NDM_IGNORE_INDEX adds nothing and gets
+ *  a zero gradient; the mean is over the other rows (all ignored: NaN, and
+ *  zero gradients, as PyTorch gives). A 0-d result. */
 #define ndm_cross_entropy(logits, labels)                                       \
     ndm_cross_entropy_to_at(NDM_HERE, NDM_OUTPUT_RULE, (logits), (labels))
 /** ndm_cross_entropy() with the result attached to m instead of by the output rule. */
@@ -508,13 +514,34 @@ NDM_API int ndm_module_training(ndm_module m);
 /** ndm_cross_entropy_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_cross_entropy_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array logits,
                                           ndm_array labels);
-/** Mean over the batch of -logp[label]: logp (N, C), labels (N). */
+/** ndm_cross_entropy() ignoring the label ignore_index instead of
+ *  NDM_IGNORE_INDEX (PyTorch's ignore_index argument; one in [0, C) drops
+ *  that class). u8 labels never equal a value outside [0, 255]. */
+#define ndm_cross_entropy_ex(logits, labels, ignore_index)                      \
+    ndm_cross_entropy_ex_to_at(NDM_HERE, NDM_OUTPUT_RULE, (logits), (labels), (ignore_index))
+/** ndm_cross_entropy_ex() with the result attached to m instead of by the output rule. */
+#define ndm_cross_entropy_ex_to(m, logits, labels, ignore_index)                \
+    ndm_cross_entropy_ex_to_at(NDM_HERE, (m), (logits), (labels), (ignore_index))
+/** ndm_cross_entropy_ex_to() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_array ndm_cross_entropy_ex_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array logits,
+                                             ndm_array labels, int64_t ignore_index);
+/** Mean over the batch of -logp[label]: logp (N, C), labels (N), the rows
+ *  labelled NDM_IGNORE_INDEX skipped as in ndm_cross_entropy(). */
 #define ndm_nll_loss(logp, labels) ndm_nll_loss_to_at(NDM_HERE, NDM_OUTPUT_RULE, (logp), (labels))
 /** ndm_nll_loss() with the result attached to m instead of by the output rule. */
 #define ndm_nll_loss_to(m, logp, labels) ndm_nll_loss_to_at(NDM_HERE, (m), (logp), (labels))
 /** ndm_nll_loss_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_nll_loss_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array logp,
                                      ndm_array labels);
+/** ndm_nll_loss() ignoring the label ignore_index instead of NDM_IGNORE_INDEX. */
+#define ndm_nll_loss_ex(logp, labels, ignore_index)                             \
+    ndm_nll_loss_ex_to_at(NDM_HERE, NDM_OUTPUT_RULE, (logp), (labels), (ignore_index))
+/** ndm_nll_loss_ex() with the result attached to m instead of by the output rule. */
+#define ndm_nll_loss_ex_to(m, logp, labels, ignore_index)                       \
+    ndm_nll_loss_ex_to_at(NDM_HERE, (m), (logp), (labels), (ignore_index))
+/** ndm_nll_loss_ex_to() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_array ndm_nll_loss_ex_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array logp,
+                                        ndm_array labels, int64_t ignore_index);
 /** Mean of (a - b)^2 (broadcasting). */
 #define ndm_mse_loss(a, b) ndm_mse_loss_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (b))
 /** ndm_mse_loss() with the result attached to m instead of by the output rule. */
