@@ -359,9 +359,11 @@ NDM_API ndm_array ndm_sdpa_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array q, 
  *  A tree is built bottom-up: a module's parameters and children are
  *  registered before it is registered in another (after that, its own
  *  registrations are refused: NDM_E_INVALID). A module has one place in a
- *  tree and an array one name (no shared weights); every array and child
- *  belongs to the module's model manager (NDM_E_NOT_OWNER). Registration
- *  is not thread-safe: build a model on one thread, then run it on many. */
+ *  tree and a registered array one name; a parameter shared by two modules
+ *  (weight tying) is made with ndm_module_tie() once the tree is built.
+ *  Every array and child belongs to the module's model manager
+ *  (NDM_E_NOT_OWNER). Registration is not thread-safe: build a model on
+ *  one thread, then run it on many. */
 /** @{ */
 
 /** What a user module does. The struct is copied by ndm_module_new() (it
@@ -443,6 +445,38 @@ NDM_API NDM_NODISCARD ndm_status ndm_module_register_buffer_at(NDM_SITE_PARAMS, 
 NDM_API NDM_NODISCARD ndm_status ndm_module_register_child_at(NDM_SITE_PARAMS, ndm_module m,
                                                               const char *name,
                                                               ndm_module child);
+/** Tie the parameter `name` of m's tree to the parameter `to` (dotted names
+ *  from m, as ndm_module_named_state() gives them): `name` becomes the very
+ *  array of `to`, as PyTorch's `model.head.weight = model.tok_emb.weight`
+ *  does, in m, in the module that holds `name` (a built-in layer uses the
+ *  new array in its forward pass) and in every module above it. The array
+ *  that was at `name` is released with its gradient (unless the tree still
+ *  holds it under another name): tie before making optimizers, predictors
+ *  or ddp over the model, which keep the handles they were given, and look
+ *  the arrays up by name in a user module's forward (ndm_module_get_array())
+ *  rather than keeping handles of them.
+ *
+ *  Afterwards ndm_module_named_state() (and so ndm_module_save(), which
+ *  writes both names, as torch.save(model.state_dict()) holds both keys)
+ *  lists both names, while ndm_module_parameters() and
+ *  ndm_module_named_parameters() list the array once, under its first name
+ *  in state order (PyTorch's parameters()), so an optimizer updates it once;
+ *  a forward pass that uses it twice adds both uses into its one gradient.
+ *  ndm_module_load() reads a file with both names (their values must be
+ *  equal: NDM_E_FORMAT otherwise) or with one of them (as PyTorch's
+ *  safetensors save_model writes). ndm_module_describe() ends with
+ *  " [head.weight (tied to tok_emb.weight)]".
+ *
+ *  NDM_OK (tied already: nothing changes), or with the module unchanged:
+ *  NDM_E_INVALID (a NULL or unknown name, a buffer, name equal to to),
+ *  NDM_E_SHAPE / NDM_E_DTYPE / NDM_E_DEVICE (the two differ in shape,
+ *  dtype or device), NDM_E_NOT_OWNER (either array lives outside m's
+ *  model, moved out with ndm_attach(): parameters of different models are
+ *  not tied), and the handle's errors. Not thread-safe, as registration. */
+#define ndm_module_tie(m, name, to) ndm_module_tie_at(NDM_HERE, (m), (name), (to))
+/** ndm_module_tie() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API NDM_NODISCARD ndm_status ndm_module_tie_at(NDM_SITE_PARAMS, ndm_module m,
+                                                   const char *name, const char *to);
 /** The modules as children "0", "1", ... with no forward pass of its own
  *  (PyTorch's ModuleList: a user module runs them as it likes, for
  *  instance with a mask): ndm_forward() on it is NDM_E_INVALID. Registered
