@@ -3,8 +3,9 @@
  * The shared array is one parameter (listed once, updated once, its
  * gradient the sum of both uses: checked against an untied copy and central
  * differences), two state names (saved, loaded from files with both names
- * or one), described; built without gradients and served; then every
- * refusal, each leaving the module as it was. */
+ * or one), described; built without gradients and served; PyTorch's own
+ * (tests/data/make_torch_tied.py) loaded, run and trained one step; then
+ * every refusal, each leaving the module as it was. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -285,6 +286,67 @@ static void test_tie_serves_from_a_predictor_built_without_gradients(void **stat
     unlink(path);
 }
 
+/* The n floats of a, in out. */
+static void floats(ndm_array a, float *out, int64_t n)
+{
+    assert_int_equal(ndm_array_size(a), n);
+    assert_int_equal(ndm_array_dtype(a), NDM_F32);
+    values(a, out, (size_t)n);
+}
+
+static void assert_near(const float *got, const float *want, int n, float tol, const char *what)
+{
+    for (int i = 0; i < n; i++)
+        if (fabsf(got[i] - want[i]) > tol * (1 + fabsf(want[i])))
+            fail_msg("%s %d: %.9g, PyTorch %.9g", what, i, got[i], want[i]);
+}
+
+/* PyTorch's tied model, saved by safetensors' save_model (one name of the
+ * pair: "head.weight"), loads strictly; its logits, its loss with an
+ * ignored target, the shared weight's gradient and one SGD step are
+ * PyTorch's. */
+static void test_tie_matches_pytorch(void **state)
+{
+    ndm_manager root = ROOT(state);
+    ndm_manager model = ndm_manager_new(root, "model");
+    ndm_module net = lm(model, 1, true);
+    assert_int_equal(ndm_module_load(net, NDM_TEST_DATA "/torch_tied.safetensors",
+                                     NDM_CHECKPOINT_STRICT),
+                     2);
+    ndm_manager ref = ndm_manager_new(root, "ref");
+    const ndm_named_arrays *r =
+        ndm_safetensors_load(ref, NDM_TEST_DATA "/torch_tied_ref.safetensors", NDM_LOAD_COPY);
+    assert_non_null(r);
+    ndm_array tok = r->arrays[ndm_named_arrays_find(r, "tokens")];
+    ndm_array tgt = r->arrays[ndm_named_arrays_find(r, "targets")];
+    float want[TOKENS * VOCAB], got[TOKENS * VOCAB], g[VOCAB * DIM], wg[VOCAB * DIM];
+    ndm_manager b = ndm_manager_new(model, "batch");
+    ndm_array w = ndm_module_get_array(net, "tok_emb.weight");
+    assert_ok(ndm_grad_begin(b));
+    ndm_array logits = ndm_forward_to(b, net, tok);
+    ndm_array loss = ndm_cross_entropy(logits, tgt);
+    assert_ok(ndm_backward(loss));
+    assert_ok(ndm_grad_end());
+    floats(r->arrays[ndm_named_arrays_find(r, "logits")], want, TOKENS * VOCAB);
+    floats(logits, got, TOKENS * VOCAB);
+    assert_near(got, want, TOKENS * VOCAB, 1e-6f, "logit");
+    float lw, lg;
+    floats(r->arrays[ndm_named_arrays_find(r, "loss")], &lw, 1);
+    floats(loss, &lg, 1);
+    assert_near(&lg, &lw, 1, 1e-6f, "loss");
+    floats(r->arrays[ndm_named_arrays_find(r, "grad")], wg, VOCAB * DIM);
+    floats(ndm_grad_to(b, w), g, VOCAB * DIM);
+    assert_near(g, wg, VOCAB * DIM, 1e-6f, "gradient");
+    ndm_optimizer opt = ndm_sgd(model, net, 0.5, 0.0, 0.0);
+    assert_true(opt.id);
+    assert_ok(ndm_optimizer_step(opt));
+    floats(r->arrays[ndm_named_arrays_find(r, "stepped")], wg, VOCAB * DIM);
+    floats(w, g, VOCAB * DIM);
+    assert_near(g, wg, VOCAB * DIM, 1e-6f, "weight after a step");
+    assert_ok(ndm_manager_close(ref));
+    assert_ok(ndm_manager_close(model));
+}
+
 /* Every refusal: a clear status and message, and the module as it was
  * (same arrays under every name, nothing released or made). */
 static void test_tie_refuses_bad_input_unchanged(void **state)
@@ -359,6 +421,7 @@ int main(void)
         TEST(test_tie_gradient_sums_both_uses_and_is_updated_once),
         TEST(test_tie_checkpoints_hold_both_names_and_load_either),
         TEST(test_tie_serves_from_a_predictor_built_without_gradients),
+        TEST(test_tie_matches_pytorch),
         TEST(test_tie_refuses_bad_input_unchanged),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

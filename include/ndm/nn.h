@@ -463,8 +463,9 @@ NDM_API NDM_NODISCARD ndm_status ndm_module_register_child_at(NDM_SITE_PARAMS, n
  *  in state order (PyTorch's parameters()), so an optimizer updates it once;
  *  a forward pass that uses it twice adds both uses into its one gradient.
  *  ndm_module_load() reads a file with both names (their values must be
- *  equal: NDM_E_FORMAT otherwise) or with one of them (as PyTorch's
- *  safetensors save_model writes). ndm_module_describe() ends with
+ *  equal: NDM_E_FORMAT otherwise, nothing loaded) or with one of them (as
+ *  PyTorch's safetensors save_model writes), and counts the array once in
+ *  the tensors it returns as loaded. ndm_module_describe() ends with
  *  " [head.weight (tied to tok_emb.weight)]".
  *
  *  NDM_OK (tied already: nothing changes), or with the module unchanged:
