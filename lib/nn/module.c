@@ -333,7 +333,7 @@ bool ndm__module_attach_child(ndm__module *m, const char *name, ndm_module child
             if (c->state.a[i].id == m->state.a[j].id) {
                 ndm__fail(NDM_E_INVALID, api, site,
                           "'%s.%s' is registered already as '%s': an array has one name in a "
-                          "tree (shared weights are not supported)",
+                          "tree (to share a weight, register its own and tie them: ndm_module_tie)",
                           name, c->state.names[i], m->state.names[j]);
                 return false;
             }

@@ -24,11 +24,17 @@ def f9(v):
     return t if any(ch in t for ch in ".en") else t + ".0"
 
 
+def wrap(items, indent):
+    """items joined by ", ", six to a line."""
+    rows = [", ".join(items[i:i + 6]) for i in range(0, len(items), 6)]
+    return ("\n" + indent).join(r + "," for r in rows)[:-1]
+
+
 out = ["/* Written by tests/data/make_cross_entropy_ignore.py (PyTorch %s): do not edit. */"
        % torch.__version__.split("+")[0],
        "#define CE_IGNORE_N %d" % N, "#define CE_IGNORE_C %d" % C,
-       "static const float ce_ignore_logits[%d] = {%s};"
-       % (N * C, ", ".join(f9(v) + "f" for v in logits.flatten().tolist())),
+       "static const float ce_ignore_logits[%d] = {\n    %s};"
+       % (N * C, wrap([f9(v) + "f" for v in logits.flatten().tolist()], "    ")),
        "static const struct {",
        "    const char *name;",
        "    int64_t labels[%d];" % N,
@@ -42,9 +48,10 @@ for name, labels, ignore, nll in cases:
     y = torch.tensor(labels, dtype=torch.int64)
     loss = (F.nll_loss if nll else F.cross_entropy)(x, y, ignore_index=ignore)
     loss.backward()
-    out.append('    {"%s", {%s}, %d, %d, %s, {%s}},'
+    out.append('    {"%s", {%s}, %d, %d, %s,\n     {%s}},'
                % (name, ", ".join(map(str, labels)), ignore, int(nll), f9(loss.item()),
-                  ", ".join(f9(v) + ("f" if v == v else "") for v in x.grad.flatten().tolist())))
+                  wrap([f9(v) + ("f" if v == v else "") for v in x.grad.flatten().tolist()],
+                       "      ")))
 out.append("};")
 with open("tests/data/cross_entropy_ignore.h", "w") as f:
     f.write("\n".join(out) + "\n")
