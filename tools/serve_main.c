@@ -45,6 +45,17 @@ static const char usage_text[] =
     "  --help               this text\n";
 
 static bool verbose;
+static int signal_pipe[2];
+
+static void on_signal(int sig)
+{
+    unsigned char c = (unsigned char)sig;
+    int saved = errno;
+    if (write(signal_pipe[1], &c, 1) < 0) {
+        /* the pipe is full: signals enough are pending */
+    }
+    errno = saved;
+}
 
 /* Errors are answered to the client that caused them (a malformed body is
  * not the server's failure): printed with --verbose only. */
@@ -180,14 +191,19 @@ int main(int argc, char **argv)
         return 2;
     }
     ndm_set_log_fn(log_fn, NULL);
-    /* SIGTERM, SIGINT and SIGHUP are taken by this thread alone (sigwait):
-     * blocked before any other thread starts, so every thread inherits it */
-    sigset_t sigs;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGTERM);
-    sigaddset(&sigs, SIGINT);
-    sigaddset(&sigs, SIGHUP);
-    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    /* SIGTERM, SIGINT and SIGHUP: a handler (on whichever thread the
+     * kernel picks, some started before main by the BLAS) writes the
+     * signal's number to a pipe that this thread reads */
+    if (pipe(signal_pipe) != 0) {
+        fprintf(stderr, "ndm-serve: cannot make a pipe for the signals\n");
+        return 1;
+    }
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
     signal(SIGPIPE, SIG_IGN); /* a client that hangs up is a failed send, not an exit */
 
     char why[1400];
@@ -227,8 +243,8 @@ int main(int argc, char **argv)
     }
 
     for (;;) {
-        int sig = 0;
-        if (sigwait(&sigs, &sig) != 0)
+        unsigned char sig = 0;
+        if (read(signal_pipe[0], &sig, 1) != 1)
             continue;
         if (sig == SIGHUP) {
             if (serve_reload(NULL, why, sizeof why) < 0)
