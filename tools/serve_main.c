@@ -1,6 +1,7 @@
 /* ndm-serve: an HTTP service for the Fashion-MNIST checkpoints of
  * ndm-fashion train. Options, signals (SIGHUP reloads, SIGTERM drains and
  * exits) and the lifecycle of its managers. */
+#include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
@@ -165,6 +166,12 @@ static int parse_options(int argc, char **argv, serve_options *o)
     if (!o->model_path) {
         fprintf(stderr, "ndm-serve: which model? --model FILE (a checkpoint of ndm-fashion "
                         "train)\n");
+        return -1;
+    }
+    struct in_addr addr;
+    if (inet_pton(AF_INET, o->host, &addr) != 1) {
+        fprintf(stderr, "ndm-serve: --host wants an IPv4 address such as 127.0.0.1, not '%s'\n",
+                o->host);
         return -1;
     }
     if (o->batch && o->max_rows > o->batch)

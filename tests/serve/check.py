@@ -97,9 +97,24 @@ def smoke(serve, fashion, tmp):
         expect(405, srv.request("GET", "/v1/predict"), "GET /v1/predict")
         expect(405, srv.request("POST", "/metrics", "x", "text/plain"), "POST /metrics")
         expect(405, srv.request("DELETE", "/healthz"), "DELETE /healthz")
-        # over --max-body: 413 before parsing
-        big = "[" + ",".join(["0.5"] * 300000) + "]"
-        expect(413, srv.predict(big), "a body above --max-body")
+        # over --max-body: 413 before the body is read (its length says
+        # so; the client waits for "100 Continue" as curl does) ...
+        s = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+        s.sendall(b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 2000000\r\nExpect: 100-continue\r\n\r\n")
+        head = s.recv(65536).decode(errors="replace")
+        s.close()
+        counts[413] = counts.get(413, 0) + 1
+        if not head.startswith("HTTP/1.1 413") or "max-body" not in head:
+            fail("a body announced above --max-body: %r" % head[:300])
+        # ... or, for a chunked body of no stated length, once it passes the limit
+        c = srv.conn()
+        chunks = (b"[" + b"0.5," * 50000 for _ in range(10))
+        c.request("POST", "/v1/predict", body=chunks, encode_chunked=True,
+                  headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        expect(413, (r.status, r.read()), "a chunked body above --max-body")
+        c.close()
         # 60 images: the input (188 KB) fits the request's 256 KiB, its
         # forward pass (two 60 x 256 activations more) does not: 507
         sixty = {"inputs": [image_json(imgs[i % 3], nested=False) for i in range(60)]}
@@ -344,13 +359,48 @@ def drain(serve, fashion, tmp):
         srv.kill()
 
 
+def cli(serve, fashion, tmp):
+    def run(*args):
+        r = subprocess.run([serve] + list(args), capture_output=True, text=True, timeout=60)
+        return r.returncode, r.stdout + r.stderr
+
+    rc, out = run("--help")
+    if rc != 0 or "POST /v1/predict" not in out or "--request-limit" not in out:
+        fail("--help: %d %s" % (rc, out))
+    for args, want in [((), "which model? --model FILE"),
+                       (("--model", "m", "--port", "70000"), "--port wants an integer from 0 to 65535"),
+                       (("--model", "m", "--batch", "x"), "--batch wants an integer"),
+                       (("--model", "m", "--bogus"), "unknown or incomplete option '--bogus'"),
+                       (("--model", "m", "extra"), "unexpected argument 'extra'"),
+                       (("--model", "m", "--device", "tpu"), "--device wants cpu, cuda or cuda:N")]:
+        rc, out = run(*args)
+        if rc != 2 or want not in out:
+            fail("%s: exit %d, %r (wanted 2 and %r)" % (args, rc, out, want))
+    missing = os.path.join(tmp, "none.safetensors")
+    rc, out = run("--model", missing, "--port", "0")
+    if rc != 1 or "cannot read " + missing not in out:
+        fail("a missing model: %d %s" % (rc, out))
+    notmodel = os.path.join(tmp, "junk.safetensors")
+    with open(notmodel, "wb") as f:
+        f.write(b"\x10\x00\x00\x00\x00\x00\x00\x00{}              ")
+    rc, out = run("--model", notmodel, "--port", "0")
+    if rc != 1 or "is not a mlp checkpoint of ndm-fashion train" not in out:
+        fail("a file without the weights: %d %s" % (rc, out))
+    rc, out = run("--model", missing, "--host", "localhost")
+    if rc != 2 or "--host wants an IPv4 address" not in out:
+        fail("--host localhost: %d %s" % (rc, out))
+    print("cli: --help, bad options (exit 2) and bad models (exit 1) said so")
+
+
 def main():
     mode, serve, fashion = sys.argv[1:4]
     wrk = sys.argv[4] if len(sys.argv) > 4 else None
-    need_data()
+    if mode != "cli":
+        need_data()
     tmp = tempfile.mkdtemp()
     try:
-        {"smoke": lambda: smoke(serve, fashion, tmp),
+        {"cli": lambda: cli(serve, fashion, tmp),
+         "smoke": lambda: smoke(serve, fashion, tmp),
          "wrk": lambda: wrk_run(serve, fashion, wrk, tmp),
          "reload": lambda: reload_check(serve, fashion, tmp),
          "drain": lambda: drain(serve, fashion, tmp)}[mode]()
