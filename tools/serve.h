@@ -45,6 +45,7 @@ typedef struct serve_model {
     uint64_t generation;    /* 1 for the first model, +1 per reload */
     char path[1024];
     atomic_long refs;
+    struct serve_model *next_open; /* the list of open models */
 } serve_model;
 
 /* Load `path` into a fresh model manager on `dev`, with a batcher when
@@ -58,6 +59,9 @@ void serve_model_put(serve_model *m);
 /* Make m current (taking the caller's hold); the replaced model closes when
  * its last request ends. */
 void serve_model_swap(serve_model *m);
+/* Live arrays and bytes on dev summed over every open model (the current
+ * one and those replaced but still answering). */
+void serve_models_stats(ndm_device dev, ndm_stats *sum);
 /* How many replaced models still wait for their requests. */
 long serve_models_retired(void);
 

@@ -101,9 +101,8 @@ static void managers(FILE *f, ndm_device dev)
     pthread_mutex_lock(&watch_lock);
     /* a model being replaced and the current one are both "model": summed */
     serve_model *m = serve_model_get();
-    ndm_stats ms = {0};
-    if (m && ndm_manager_stats(m->model, dev, NDM_STATS_SUBTREE, &ms) < 0)
-        ms = (ndm_stats){0};
+    ndm_stats ms;
+    serve_models_stats(dev, &ms);
     fprintf(f, "ndm_manager_live_arrays{manager=\"model\"} %llu\n",
             (unsigned long long)ms.live_arrays);
     ndm_stats ws[NWATCH];

@@ -10,6 +10,11 @@ static pthread_mutex_t current_lock = PTHREAD_MUTEX_INITIALIZER;
 static serve_model *current;
 static atomic_long retired;
 
+/* Every open model (the current one and those replaced but still
+ * answering), for the metrics. */
+static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
+static serve_model *open_models;
+
 /* Reloads: one at a time, with the options main set. */
 static pthread_mutex_t reload_lock = PTHREAD_MUTEX_INITIALIZER;
 static const serve_options *reload_opts;
@@ -18,6 +23,13 @@ static uint64_t generation;
 
 static void unload(serve_model *m)
 {
+    pthread_mutex_lock(&open_lock);
+    for (serve_model **p = &open_models; *p; p = &(*p)->next_open)
+        if (*p == m) {
+            *p = m->next_open;
+            break;
+        }
+    pthread_mutex_unlock(&open_lock);
     /* the close waits for nothing: a request still inside the forward pass
      * finishes on memory the library keeps until it leaves (and closing
      * the model closes its batcher and predictor with it) */
@@ -90,7 +102,25 @@ serve_model *serve_model_load(const serve_options *o, ndm_device dev, const char
             return NULL;
         }
     }
+    pthread_mutex_lock(&open_lock);
+    m->next_open = open_models;
+    open_models = m;
+    pthread_mutex_unlock(&open_lock);
     return m;
+}
+
+void serve_models_stats(ndm_device dev, ndm_stats *sum)
+{
+    *sum = (ndm_stats){0};
+    pthread_mutex_lock(&open_lock);
+    for (serve_model *m = open_models; m; m = m->next_open) {
+        ndm_stats st;
+        if (ndm_manager_stats(m->model, dev, NDM_STATS_SUBTREE, &st) == NDM_OK) {
+            sum->live_arrays += st.live_arrays;
+            sum->live_bytes += st.live_bytes;
+        }
+    }
+    pthread_mutex_unlock(&open_lock);
 }
 
 serve_model *serve_model_get(void)

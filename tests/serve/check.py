@@ -302,6 +302,9 @@ def reload_check(serve, fashion, tmp):
         if m['ndm_serve_reloads_total{result="ok"}'] != reloads + 1 or \
                 m['ndm_serve_reloads_total{result="failed"}'] != 1:
             fail("reload counts: %s" % {k: v for k, v in m.items() if "reload" in k})
+        if m['ndm_manager_live_arrays{manager="model"}'] != 8:
+            fail("the model managers hold %d arrays, not the CNN's 8 parameters alone"
+                 % m['ndm_manager_live_arrays{manager="model"}'])
         if m["ndm_serve_models_retired"] != 0:
             fail("%d replaced models still open with no request in flight" % m["ndm_serve_models_retired"])
         print("reload: %d reloads under load, %d answers, each the old model's or the new one's (%s)"
