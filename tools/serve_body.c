@@ -10,6 +10,7 @@
 #include "fashion_net.h"
 #include "serve.h"
 
+/* the most axes of an input, JSON lists nested or .npy axes */
 #define JSON_MAX_DEPTH 8
 
 static void say(char *why, size_t n, const char *fmt, ...)
@@ -271,9 +272,15 @@ static ndm_array from_npy(ndm_manager req, const char *body, size_t len, bool cn
         *status = fail_status(why, n, "reading the .npy body");
         return a;
     }
-    int64_t dims[16], rows;
-    int nd = ndm_array_shape(a, dims, 16);
-    if (nd < 1 || !check_rows(nd, dims, max_rows, &rows, why, n))
+    int64_t dims[JSON_MAX_DEPTH], rows;
+    int nd = ndm_array_ndim(a);
+    if (nd < 1 || nd > JSON_MAX_DEPTH) {
+        say(why, n, "wrong shape: a .npy body of %d axes (an image is 784 values, (28, 28) or "
+            "(1, 28, 28), a batch of them one axis more)", nd);
+        return NDM_NULL_ARRAY;
+    }
+    if (ndm_array_shape(a, dims, JSON_MAX_DEPTH) != nd ||
+        !check_rows(nd, dims, max_rows, &rows, why, n))
         return NDM_NULL_ARRAY;
     /* pixels as bytes are scaled to [0, 1], as the network was trained */
     ndm_array x = ndm_array_dtype(a) == NDM_U8 ? ndm_mul_scalar(ndm_astype(a, NDM_F32), 1.0 / 255.0)

@@ -89,7 +89,8 @@ def smoke(serve, fashion, tmp):
                 (b"\x00" * 100, "application/octet-stream", "raw of 100 bytes"),
                 (b"not npy", "application/x-npy", "npy without its magic"),
                 (npy_bytes("<f4", (2, 10), b"\x00" * 80), "application/x-npy", "npy (2, 10)"),
-                (npy_bytes("<f4", (2, 784), b"\x00" * 80), "application/x-npy", "npy cut short")]:
+                (npy_bytes("<f4", (2, 784), b"\x00" * 80), "application/x-npy", "npy cut short"),
+                (npy_bytes("<f4", (), b"\x00" * 4), "application/x-npy", "npy of rank 0")]:
             expect(400, srv.predict(body, ctype), what)
         expect(415, srv.predict("x", "text/plain"), "text/plain")
         expect(404, srv.request("GET", "/nope"), "an unknown path")
