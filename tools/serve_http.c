@@ -17,12 +17,16 @@ struct serve_http {
     ndm_manager requests; /* system/http: a "request" child per prediction */
 };
 
+/* Set by the drain: answers close their connections, and a request that
+ * starts on a kept-alive connection is refused (503). */
+static atomic_bool draining;
+
 /* One request's state, from its first call to its completion. */
 typedef struct conn {
     enum serve_endpoint ep;
     char *body;
     size_t len, cap;
-    bool too_large, replied, in_flight;
+    bool too_large, replied, in_flight, bad_method;
     double t0;
 } conn;
 
@@ -54,6 +58,8 @@ static enum MHD_Result reply(struct MHD_Connection *c, conn *k, int status, cons
         return MHD_NO;
     }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    if (atomic_load(&draining))
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     if (status == 405)
         MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW,
                                 k->ep == EP_PREDICT || k->ep == EP_RELOAD ? "POST" : "GET");
@@ -253,16 +259,14 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         k->t0 = now();
         k->ep = endpoint_of(url);
         bool post = k->ep == EP_PREDICT || k->ep == EP_RELOAD;
-        if (k->ep == EP_OTHER) {
-            char msg[400];
-            snprintf(msg, sizeof msg, "no such endpoint: %.200s (POST /v1/predict, GET /metrics, "
-                     "GET /debug/dump, GET /healthz, POST /admin/reload)", url);
-            return reply_error(c, k, 404, msg);
-        }
-        if (strcmp(method, post ? "POST" : "GET") && (post || strcmp(method, "HEAD")))
-            return reply_error(c, k, 405, post ? "use POST" : "use GET");
-        if (!post) /* a GET answers at once */
-            return k->ep == EP_HEALTHZ ? healthz(c, k) : text_page(h, c, k);
+        if (atomic_load(&draining))
+            return reply_error(c, k, 503, "shutting down: the requests in flight are answered, "
+                                          "no new ones");
+        /* everything else answers on the last call, once MHD knows the
+         * body (if any) is read: an answer queued earlier closes the
+         * connection */
+        k->bad_method = k->ep != EP_OTHER && strcmp(method, post ? "POST" : "GET") &&
+                        (post || strcmp(method, "HEAD"));
         const char *cl =
             MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoll(cl, NULL, 10) > h->o->max_body) {
@@ -271,7 +275,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
                      (long long)h->o->max_body);
             return reply_error(c, k, 413, msg);
         }
-        if (k->ep == EP_PREDICT) {
+        if (k->ep == EP_PREDICT && !k->bad_method) {
             serve_metrics_in_flight(1);
             k->in_flight = true;
         }
@@ -303,13 +307,27 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     }
     if (k->replied)
         return MHD_YES;
+    if (k->ep == EP_OTHER) {
+        char msg[400];
+        snprintf(msg, sizeof msg, "no such endpoint: %.200s (POST /v1/predict, GET /metrics, "
+                 "GET /debug/dump, GET /healthz, POST /admin/reload)", url);
+        return reply_error(c, k, 404, msg);
+    }
+    if (k->bad_method)
+        return reply_error(c, k, 405, k->ep == EP_PREDICT || k->ep == EP_RELOAD ? "use POST"
+                                                                                : "use GET");
     if (k->too_large) {
         char msg[128];
         snprintf(msg, sizeof msg, "the body is above --max-body %lld bytes",
                  (long long)h->o->max_body);
         return reply_error(c, k, 413, msg);
     }
-    return k->ep == EP_PREDICT ? predict(h, c, k) : reload(c, k);
+    switch (k->ep) {
+    case EP_PREDICT: return predict(h, c, k);
+    case EP_RELOAD: return reload(c, k);
+    case EP_HEALTHZ: return healthz(c, k);
+    default: return text_page(h, c, k);
+    }
 }
 
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
@@ -372,6 +390,7 @@ serve_http *serve_http_start(const serve_options *o, ndm_device dev, ndm_manager
 
 void serve_http_quiesce(serve_http *h)
 {
+    atomic_store(&draining, true);
     MHD_socket s = MHD_quiesce_daemon(h->d);
     if (s != MHD_INVALID_SOCKET)
         close(s);

@@ -231,6 +231,8 @@ int main(int argc, char **argv)
     serve_http *h = serve_http_start(&o, dev, requests, &port, why, sizeof why);
     if (!h) {
         fprintf(stderr, "ndm-serve: %s\n", why);
+        serve_model_swap(NULL);
+        (void)ndm_manager_close(requests);
         return 1;
     }
     printf("ndm-serve: %s model from %s on %s, listening on http://%s:%d (%s, batching %s)\n",
@@ -245,6 +247,9 @@ int main(int argc, char **argv)
         FILE *f = fopen(tmp, "w");
         if (!f || fprintf(f, "%d\n", port) < 0 || fclose(f) != 0 || rename(tmp, o.port_file)) {
             fprintf(stderr, "ndm-serve: cannot write --port-file %s\n", o.port_file);
+            serve_http_stop(h);
+            serve_model_swap(NULL);
+            (void)ndm_manager_close(requests);
             return 1;
         }
     }

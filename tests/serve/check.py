@@ -125,10 +125,21 @@ def smoke(serve, fashion, tmp):
         # and 128 images, whose input alone is over the limit: 507 too
         expect(507, srv.predict({"inputs": [image_json(imgs[0], nested=False)] * 128}),
                "an input over --request-limit")
-        # the server goes on: keep-alive requests on one connection
+        # the server goes on: keep-alive requests on one connection, the
+        # connection kept after answers of every kind
         c = srv.conn()
-        for _ in range(20):
+        for i in range(20):
             expect(200, srv.predict({"inputs": [image_json(imgs[1])]}, conn=c), "keep-alive")
+            if i == 0:
+                sock = c.sock
+        expect(200, srv.request("GET", "/healthz", conn=c), "healthz, kept alive")
+        expect(400, srv.predict("[1, 2", conn=c), "a 400, kept alive")
+        expect(404, srv.request("GET", "/nope", conn=c), "a 404, kept alive")
+        expect(405, srv.request("GET", "/v1/predict", conn=c), "a 405, kept alive")
+        st, _ = srv.request("GET", "/metrics", conn=c)
+        counts[200] += 1
+        if c.sock is None or c.sock is not sock:
+            fail("the connection was closed after an answer")
         c.close()
         # the dump: the tree as JSON, the requests' manager empty
         st, dump = srv.request("GET", "/debug/dump")
@@ -142,7 +153,7 @@ def smoke(serve, fashion, tmp):
         got = {s: sum(v for k, v in m.items()
                       if k.startswith("ndm_serve_requests_total") and 'status="%d"' % s in k)
                for s in counts}
-        # the healthz and dump answers are 200s too
+        # the first healthz and the dump are 200s too
         want = dict(counts)
         want[200] += 2
         if got != want:
@@ -338,6 +349,10 @@ def drain(serve, fashion, tmp):
             t.start()
         while srv.metrics()["ndm_serve_in_flight"] < 8:
             time.sleep(0.005)
+        kept = srv.conn()
+        st, _ = srv.request("GET", "/healthz", conn=kept)
+        if st != 200:
+            fail("healthz before SIGTERM: %d" % st)
         srv.p.send_signal(signal.SIGTERM)
         # no new connection is taken while the eight are answered
         refused = False
@@ -347,8 +362,17 @@ def drain(serve, fashion, tmp):
                 time.sleep(0.01)
             except OSError:
                 refused = True
+        # a kept-alive connection's next request is refused, and closed
+        late = None
+        if refused and any(t.is_alive() for t in ths):
+            kept.request("GET", "/healthz")
+            r = kept.getresponse()
+            late = (r.status, r.getheader("Connection"), r.read())
+        kept.close()
         for t in ths:
             t.join()
+        if late and (late[0] != 503 or late[1] != "close" or b"shutting down" not in late[2]):
+            fail("a request on a kept-alive connection during the drain: %s" % (late,))
         bad = [r for r in results if r[0] != 200]
         if bad or len(results) != 8:
             fail("requests in flight at SIGTERM not answered: %s" % bad[:2])
@@ -358,7 +382,8 @@ def drain(serve, fashion, tmp):
         if "stopped: 8 predictions in flight at the signal were answered" not in out:
             fail("the drain did not say so: %s" % out)
         print("drain: 8 requests in flight at SIGTERM answered, new connections refused, "
-              "exit 0, nothing alive")
+              "a kept-alive one's next request %s, exit 0, nothing alive"
+              % ("503 and closed" if late else "not tried (the eight were out first)"))
     finally:
         srv.kill()
 
