@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -255,8 +256,11 @@ int main(int argc, char **argv)
     }
 
     for (;;) {
+        /* a timeout, so that a runtime that defers handlers to the next
+         * call it intercepts (ThreadSanitizer's) gets one */
+        struct pollfd pf = {.fd = signal_pipe[0], .events = POLLIN};
         unsigned char sig = 0;
-        if (read(signal_pipe[0], &sig, 1) != 1)
+        if (poll(&pf, 1, 100) <= 0 || read(signal_pipe[0], &sig, 1) != 1)
             continue;
         if (sig == SIGHUP) {
             if (serve_reload(NULL, why, sizeof why) < 0)
