@@ -43,7 +43,7 @@ cd "$(dirname "$0")/.."
 packages=(meson ninja-build gcc g++ cmake pkg-config zlib1g-dev libopenblas-dev
           dataset-fashion-mnist)
 test_packages=(libcmocka-dev libdlpack-dev python3-numpy libtalloc-dev libapr1-dev chromium
-               doxygen openmpi-bin libopenmpi-dev)
+               doxygen openmpi-bin libopenmpi-dev libmicrohttpd-dev wrk)
 
 install_missing() {
     local missing=()
