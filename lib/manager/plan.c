@@ -450,6 +450,8 @@ static void run_unref_later(void *a, uintptr_t b)
     run_unref(a);
 }
 
+void ndm__plan_run_share(run_t *r) { atomic_fetch_add_explicit(&r->refs, 1, memory_order_relaxed); }
+
 void ndm__plan_seal(ndm__manager *m)
 {
     run_t *r = atomic_exchange_explicit(&m->plan_run, NULL, memory_order_relaxed);

@@ -12,6 +12,8 @@ struct ndm__plan_run;
  * ndm__alloc would answer. */
 ndm_status ndm__plan_alloc(struct ndm__plan_run *run, ndm_device dev, size_t nbytes,
                            const ndm__alloc_tag *tag, ndm__block *out);
+/* One more manager (a child of a planned one) takes part in run's step. */
+void ndm__plan_run_share(struct ndm__plan_run *run);
 /* m's close, its arrays drained: m serves no more creations; its run ends
  * once its last block is freed (then a recorded step becomes a plan). */
 void ndm__plan_seal(ndm__manager *m);

@@ -109,7 +109,14 @@ static void record_init(ndm__manager *m, ndm__manager *parent, const char *name,
     }
     atomic_store_explicit(&m->dev_used, 1u << m->dev, memory_order_relaxed);
     m->hooks = NULL;
-    atomic_store_explicit(&m->plan_run, NULL, memory_order_relaxed);
+    /* A child of a planned manager (a scope, an autograd graph) is part of
+     * its step: it shares the run (the parent is open, under the tree lock,
+     * so its run is not sealed yet). */
+    struct ndm__plan_run *run =
+        parent ? atomic_load_explicit(&parent->plan_run, memory_order_relaxed) : NULL;
+    if (NDM__UNLIKELY(run != NULL))
+        ndm__plan_run_share(run);
+    atomic_store_explicit(&m->plan_run, run, memory_order_relaxed);
     memset(&m->dumped, 0, sizeof m->dumped);
     /* A record's bias goes to the first thread that makes a manager in it and
      * stays with that thread: a thread that looked up the previous manager
