@@ -306,6 +306,7 @@ static entry *plan_compute(const blk_in *in, uint32_t n)
         placed[nplaced++] = i;
     }
     e->arena_bytes = top;
+
     /* The blocks each block must find released: the earlier ones under its
      * memory, newest first, leaving out one that a kept newer one overlaps
      * (that one's own check covered it). */
