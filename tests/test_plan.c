@@ -449,6 +449,45 @@ static void test_plan_frees_on_other_threads(void **state)
     assert_manager_empty(root);
 }
 
+/* Products big enough for the thread pool: their packing scratch is taken
+ * on the pool's threads, in an order that varies, and stacked in the
+ * planned scratch blocks; the values are those of the unplanned run. */
+static void big_step(ndm_manager batch, ndm_array w1, ndm_array w2, int step, float *out)
+{
+    ndm_array x = ndm_empty(batch, NDM_F32, NDM_SHAPE(128, 784));
+    float *p = ndm_array_data(x);
+    for (int i = 0; i < 128 * 784; i++)
+        p[i] = (float)((i * 2654435761u + (unsigned)step * 40503u) % 1000) / 1000.0f;
+    ndm_array y = ndm_matmul(ndm_relu(ndm_matmul(x, w1)), w2);
+    assert_live(y);
+    assert_ok(ndm_array_copy_out(y, out, 128 * 64 * sizeof *out));
+    assert_ok(ndm_manager_close(batch));
+}
+
+static void test_plan_parallel_scratch(void **state)
+{
+    ndm_manager root = ROOT(state);
+    ndm_manager model = ndm_manager_new(root, "model");
+    ndm_rng rng = ndm_rng_new(5);
+    ndm_array w1 = ndm_uniform(model, &rng, NDM_F32, -0.05, 0.05, NDM_SHAPE(784, 256));
+    ndm_array w2 = ndm_uniform(model, &rng, NDM_F32, -0.05, 0.05, NDM_SHAPE(256, 64));
+    ndm_plan plan = ndm_plan_new(model, 2);
+    static float a[128 * 64], b[128 * 64];
+    for (int step = 0; step < 6; step++) {
+        big_step(ndm_manager_new(root, "batch"), w1, w2, step, a);
+        big_step(ndm_manager_new_planned(root, "batch", plan, 128), w1, w2, step, b);
+        assert_memory_equal(a, b, sizeof a);
+    }
+    ndm_plan_stats ps;
+    ndm_plan_entry pe;
+    assert_ok(ndm_plan_get_stats(plan, &ps));
+    assert_ok(ndm_plan_get_entry(plan, 128, &pe));
+    /* the arrays, and scratch besides (how much of it fits varies) */
+    assert_true(ps.hits > 5 * pe.blocks);
+    assert_ok(ndm_manager_close(model));
+    assert_manager_empty(root);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -460,6 +499,7 @@ int main(void)
         TEST(test_plan_lru_eviction),
         TEST(test_plan_bad_input),
         TEST(test_plan_frees_on_other_threads),
+        TEST(test_plan_parallel_scratch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
