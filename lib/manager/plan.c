@@ -22,6 +22,8 @@
 /* A recorded step longer than this is planned over its first blocks only. */
 #define REC_MAX (1u << 20)
 #define ALIGN ((size_t)64)
+/* Scratch blocks a burst keeps track of (more are stacked for good). */
+#define SCRATCH_LIVE 64
 
 /* States of a planned block in one step. Only RELEASED vouches for the
  * blocks below it (see serve). */
@@ -120,8 +122,13 @@ struct ndm__plan_run {
     pthread_mutex_t tlock;
     uint32_t s_live, s_block; /* live scratch blocks; the block they are in (replay) */
     uint32_t s_gap;           /* recording: the gap they began in */
-    size_t s_top;
+    size_t s_top;             /* the end of the highest live one */
     uint64_t s_t0;
+    /* The live scratch blocks of the burst, [off, end) in its block: a
+     * free of the highest lowers the top, as a stack's would. */
+    size_t s_off[SCRATCH_LIVE], s_end[SCRATCH_LIVE];
+    int s_n;
+    size_t s_untracked;       /* the end of the highest one not tracked */
     gap_rec *gaps;            /* recording: [ngaps] */
     uint32_t ngaps;
     blk_life *tl;             /* recording: each scratch block's bytes and lifetime */
@@ -540,8 +547,9 @@ void ndm__plan_seal(ndm__manager *m)
 
 /* ---- the blocks ---------------------------------------------------------------------- */
 
-static void rec_free(ndm__xblock *x)
+static void rec_free(ndm__xblock *x, void *ptr)
 {
+    (void)ptr;
     rec_blk *b = (rec_blk *)x;
     run_t *r = b->run;
     atomic_store_explicit(&b->t_free,
@@ -565,8 +573,9 @@ static uint32_t rec_stream_uses(ndm__xblock *x)
 
 static const ndm__xblock_fns rec_fns = {rec_free, rec_record_stream, rec_stream_uses};
 
-static void sub_free(ndm__xblock *x)
+static void sub_free(ndm__xblock *x, void *ptr)
 {
+    (void)ptr;
     sub_blk *b = (sub_blk *)x;
     run_t *r = b->run;
     unsigned char st = atomic_load_explicit(&r->state[b->idx], memory_order_relaxed);
@@ -608,14 +617,57 @@ static inline bool same_dev(ndm_device a, ndm_device b)
 
 /* ---- the scratch region ------------------------------------------------------------ */
 
-static void sx_free(ndm__xblock *x)
+/* Stack asz bytes on the burst (tlock held): their offset. */
+static size_t burst_push(run_t *r, size_t asz)
+{
+    size_t at = r->s_top;
+    r->s_top += asz;
+    if (r->s_n < SCRATCH_LIVE) {
+        r->s_off[r->s_n] = at;
+        r->s_end[r->s_n] = at + asz;
+        r->s_n++;
+    } else if (r->s_untracked < at + asz) {
+        r->s_untracked = at + asz;
+    }
+    return at;
+}
+
+/* The block at offset `at` of the burst is freed (tlock held); the top
+ * comes down to the highest block still live. */
+static void burst_end(run_t *r)
+{
+    r->s_top = r->s_untracked = 0;
+    r->s_n = 0;
+}
+
+static void burst_pop(run_t *r, size_t at)
+{
+    for (int i = 0; i < r->s_n; i++)
+        if (r->s_off[i] == at) {
+            r->s_off[i] = r->s_off[--r->s_n];
+            r->s_end[i] = r->s_end[r->s_n];
+            size_t top = 0;
+            for (int j = 0; j < r->s_n; j++)
+                if (r->s_end[j] > top)
+                    top = r->s_end[j];
+            /* (blocks not kept track of stay below the top: it only
+             * comes down to the highest one recorded, never under them) */
+            if (r->s_n == 0 || top < r->s_top)
+                r->s_top = r->s_untracked > top ? r->s_untracked : top;
+            return;
+        }
+}
+
+static void sx_free(ndm__xblock *x, void *ptr)
 {
     run_t *r = (run_t *)((char *)x - offsetof(run_t, sx));
     pthread_mutex_lock(&r->tlock);
+    if (ptr)
+        burst_pop(r, (size_t)((char *)ptr - (r->base + r->e->off[r->s_block])));
     if (--r->s_live == 0) {
         /* the burst is over: its block's memory may serve later blocks */
         atomic_store_explicit(&r->state[r->s_block], ST_RELEASED, memory_order_release);
-        r->s_top = 0;
+        burst_end(r);
     }
     pthread_mutex_unlock(&r->tlock);
     run_unref(r);
@@ -647,14 +699,16 @@ typedef struct trans_blk {
     ndm_device dev;
     size_t nbytes;
     uint64_t t0;
+    size_t voff; /* its place in the burst, as the replay will stack it */
 } trans_blk;
 
-static void trans_free(ndm__xblock *x)
+static void trans_free(ndm__xblock *x, void *ptr)
 {
     trans_blk *b = (trans_blk *)x;
     run_t *r = b->run;
     blk_life l = {b->nbytes, b->t0, atomic_fetch_add_explicit(&r->clock, 1, memory_order_relaxed)};
     pthread_mutex_lock(&r->tlock);
+    burst_pop(r, b->voff);
     if (--r->s_live == 0) {
         if (r->s_gap < r->ngaps) {
             gap_rec *g = &r->gaps[r->s_gap];
@@ -662,7 +716,7 @@ static void trans_free(ndm__xblock *x)
                 g->t0 = r->s_t0;
             g->t1 = l.t1 + 1;
         }
-        r->s_top = 0;
+        burst_end(r);
     }
     if (r->ntl == r->captl) {
         size_t cap = r->captl ? r->captl * 2 : 64;
@@ -728,7 +782,7 @@ static ndm_status record_scratch(run_t *r, ndm_device dev, size_t nbytes,
             }
         }
     }
-    r->s_top += asz;
+    b->voff = burst_push(r, asz);
     if (r->s_gap < r->ngaps && r->gaps[r->s_gap].high < r->s_top)
         r->gaps[r->s_gap].high = r->s_top;
     pthread_mutex_unlock(&r->tlock);
@@ -794,16 +848,15 @@ static bool serve_scratch(run_t *r, size_t nbytes, ndm__block *out)
             if (atomic_load_explicit(&r->state[e->klist[q]], memory_order_acquire) != ST_RELEASED)
                 goto done;
         r->s_block = s;
-        r->s_top = 0;
+        burst_end(r);
         atomic_store_explicit(&r->state[s], ST_LIVE, memory_order_relaxed);
     } else if (asz > e->size[r->s_block] - r->s_top) {
         goto done;
     }
     r->s_live++;
-    out->ptr = r->base + e->off[r->s_block] + r->s_top;
+    out->ptr = r->base + e->off[r->s_block] + burst_push(r, asz);
     out->cookie = ndm__xblock_cookie(&r->sx);
     out->size = nbytes;
-    r->s_top += asz;
     ok = true;
 done:
     pthread_mutex_unlock(&r->tlock);

@@ -329,8 +329,9 @@ void ndm__free(ndm_device dev, ndm__block *blk)
         return;
     ndm__xblock *x = ndm__xblock_of(b);
     if (NDM__UNLIKELY(x != NULL)) {
+        void *ptr = blk->ptr;
         *blk = (ndm__block){NULL, NULL, 0};
-        x->fns->free(x);
+        x->fns->free(x, ptr);
         return;
     }
     int i = pool_index(dev);
@@ -355,7 +356,7 @@ void ndm__free_many(ndm_device dev, void *const *cookies, size_t n)
     while (k < n) {
         ndm__xblock *x = ndm__xblock_of(cookies[k]);
         if (NDM__UNLIKELY(x != NULL)) {
-            x->fns->free(x);
+            x->fns->free(x, NULL);
             k++;
             continue;
         }

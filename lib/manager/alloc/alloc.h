@@ -39,7 +39,7 @@ typedef struct ndm__block {
  * functions, so no part of a block ever reaches the pool as a block. */
 typedef struct ndm__xblock ndm__xblock;
 typedef struct ndm__xblock_fns {
-    void (*free)(ndm__xblock *x);                          /* any thread */
+    void (*free)(ndm__xblock *x, void *ptr); /* any thread; ptr NULL: not known */
     ndm_status (*record_stream)(ndm__xblock *x, uintptr_t stream);
     uint32_t (*stream_uses)(ndm__xblock *x);
 } ndm__xblock_fns;
