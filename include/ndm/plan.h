@@ -22,10 +22,16 @@
  * cached. A later manager with that signature takes one arena (the block a
  * finished step gave back, or one allocation) and serves each creation
  * whose size is the next planned one at its offset, with no allocator call.
+ * Kernel scratch, which the pool's threads take in an order that varies, is
+ * planned per gap between two creations: the scratch taken there, on any
+ * thread, is stacked in one planned block the size of the most the
+ * recorded step had live there. Children of a planned manager (scopes, an
+ * autograd graph) are part of its step.
  *
  * Anything else falls back to the caching allocator for that array, counted
  * (ndm_plan_get_stats): another size, another order, an allocation from a
- * thread other than the one that opened the manager, or a planned block
+ * thread other than the one that opened the manager, scratch that does not
+ * fit its gap's block, or a planned block
  * whose memory another array of the step still holds (kept past its planned
  * release, moved to another manager). Values never depend on the plan. An
  * array of the step that outlives its manager keeps its memory: the arena

@@ -24,6 +24,9 @@
 #define ALIGN ((size_t)64)
 /* Scratch blocks a burst keeps track of (more are stacked for good). */
 #define SCRATCH_LIVE 64
+#ifndef SCRATCH_SLACK_PCT
+#define SCRATCH_SLACK_PCT 0
+#endif
 
 /* States of a planned block in one step. Only RELEASED vouches for the
  * blocks below it (see serve). */
@@ -394,6 +397,15 @@ static void live_bytes(run_t *r, size_t *max_live, size_t *total)
 
 static pthread_mutex_t compute_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* The room a gap's scratch gets: what its burst had live in the recorded
+ * step, and a share more, since the pool's threads take and free their
+ * blocks in another order each step (a burst that does not fit falls back). */
+static size_t scratch_room(size_t high)
+{
+    size_t extra = high / 100 * SCRATCH_SLACK_PCT;
+    return (high + extra + ALIGN - 1) & ~(ALIGN - 1);
+}
+
 /* A recorded step's last block went: its plan joins the cache. */
 static void finish_recording(run_t *r)
 {
@@ -414,7 +426,7 @@ static void finish_recording(run_t *r)
             slot[c] = UINT32_MAX;
             if (c < ng && r->gaps[c].high) {
                 slot[c] = i;
-                in[i++] = (blk_in){r->gaps[c].high, r->gaps[c].t0, r->gaps[c].t1};
+                in[i++] = (blk_in){scratch_room(r->gaps[c].high), r->gaps[c].t0, r->gaps[c].t1};
             }
             if (c == n)
                 break;
