@@ -302,6 +302,30 @@ static void test_plan_array_kept_past_close(void **state)
     assert_ok(ndm_memory_stats_get(NDM_CPU, &(ndm_memory_stats){0}));
 }
 
+/* The owner closes while a step of its plan runs elsewhere: the step ends
+ * on its arena, which then goes back, as do the kept ones. */
+static void test_plan_owner_closed_mid_step(void **state)
+{
+    ndm_manager root = ROOT(state);
+    int64_t base = mem_now().allocated_bytes[NDM_POOL_ALL].current;
+    ndm_manager owner = ndm_manager_new(root, "owner");
+    ndm_plan plan = ndm_plan_new(owner, 2);
+    record_abc(root, plan);
+    ndm_manager s = ndm_manager_new_planned(root, "step", plan, 1);
+    ndm_array a = filled(s, N1, 1), b = filled(s, N1, 2);
+    assert_ok(ndm_array_release(a));
+    assert_ok(ndm_manager_close(owner));
+    ndm_array c = filled(s, N1, 3); /* still served: the step holds the plan */
+    check_all(b, 2);
+    check_all(c, 3);
+    assert_true(mem_now().allocated_bytes[NDM_POOL_ALL].current > base);
+    assert_ok(ndm_manager_close(s));
+    assert_int_equal(mem_now().allocated_bytes[NDM_POOL_ALL].current, base);
+    assert_true(ndm_manager_new_planned(root, "step", plan, 1).id == 0);
+    assert_int_equal(ndm_last_status(), NDM_E_CLOSED);
+    assert_manager_empty(root);
+}
+
 static void test_plan_lru_eviction(void **state)
 {
     ndm_manager root = ROOT(state);
@@ -496,6 +520,7 @@ int main(void)
         TEST(test_plan_reuse_needs_release),
         TEST(test_plan_other_order_falls_back),
         TEST(test_plan_array_kept_past_close),
+        TEST(test_plan_owner_closed_mid_step),
         TEST(test_plan_lru_eviction),
         TEST(test_plan_bad_input),
         TEST(test_plan_frees_on_other_threads),
