@@ -45,6 +45,8 @@ static void batch_data(int step, int rows, float *x, int64_t *y)
 }
 
 /* One step in `batch` (closed here): forward, backward, optimizer; the loss. */
+static ndm_stats last_batch; /* the batch's figures just before its close */
+
 static double mlp_step(mlp *n, ndm_manager batch, int step, int rows)
 {
     assert_live(batch);
@@ -68,6 +70,7 @@ static double mlp_step(mlp *n, ndm_manager batch, int step, int rows)
     assert_ok(ndm_optimizer_zero_grad(n->opt));
     double l;
     assert_ok(ndm_item(loss, &l));
+    assert_ok(ndm_manager_stats(batch, NDM_CPU, NDM_STATS_SUBTREE, &last_batch));
     assert_ok(ndm_manager_close(batch));
     return l;
 }
@@ -102,9 +105,15 @@ static void test_plan_mlp_training_bit_identical(void **state)
     ndm_plan_stats ps;
     for (int step = 0; step < STEPS; step++) {
         double la = mlp_step(&a, ndm_manager_new(ta, "batch"), step, 32);
+        ndm_stats sa = last_batch;
         ndm_memory_stats before = mem_now();
         double lb = mlp_step(&b, ndm_manager_new_planned(tb, "batch", plan, 32), step, 32);
         ndm_memory_stats after = mem_now();
+        /* The tree counts a planned step as it counts any. */
+        assert_int_equal(last_batch.created, sa.created);
+        assert_int_equal(last_batch.released, sa.released);
+        assert_int_equal(last_batch.live_bytes, sa.live_bytes);
+        assert_int_equal(last_batch.peak_bytes, sa.peak_bytes);
         if (memcmp(&la, &lb, sizeof la))
             fail_msg("step %d: loss %.17g planned, %.17g not", step, lb, la);
         assert_ok(ndm_plan_get_stats(plan, &ps));
