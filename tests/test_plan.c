@@ -245,6 +245,31 @@ static void test_plan_reuse_needs_release(void **state)
     assert_manager_empty(root);
 }
 
+/* Limits see a planned step as any: an array over the limit is refused
+ * before any memory is taken, and the plan goes on. */
+static void test_plan_limits_apply(void **state)
+{
+    ndm_manager root = ROOT(state);
+    ndm_plan plan = ndm_plan_new(root, 2);
+    record_abc(root, plan);
+    ndm_manager s = ndm_manager_new_planned(root, "step", plan, 1);
+    assert_ok(ndm_manager_set_limit(s, NDM_CPU, 2 * N1 * sizeof(float)));
+    ndm_array a = filled(s, N1, 1), b = filled(s, N1, 2);
+    assert_true(ndm_full(s, NDM_F32, 3.0, NDM_SHAPE(N1)).id == 0);
+    assert_int_equal(ndm_last_status(), NDM_E_QUOTA);
+    assert_ok(ndm_array_release(a));
+    ndm_array c = filled(s, N1, 3);
+    check_all(b, 2);
+    check_all(c, 3);
+    assert_ok(ndm_manager_close(s));
+    ndm_plan_stats ps;
+    assert_ok(ndm_plan_get_stats(plan, &ps));
+    assert_int_equal(ps.hits, 3);
+    assert_int_equal(ps.fallbacks, 0);
+    assert_ok(ndm_plan_close(plan));
+    assert_manager_empty(root);
+}
+
 /* Another order (b's size first) and a size the plan does not have. */
 static void test_plan_other_order_falls_back(void **state)
 {
@@ -527,6 +552,7 @@ int main(void)
         TEST(test_plan_mlp_training_bit_identical),
         TEST(test_plan_bigger_batch_falls_back),
         TEST(test_plan_reuse_needs_release),
+        TEST(test_plan_limits_apply),
         TEST(test_plan_other_order_falls_back),
         TEST(test_plan_array_kept_past_close),
         TEST(test_plan_owner_closed_mid_step),
