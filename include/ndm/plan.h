@@ -25,7 +25,8 @@
  * Kernel scratch, which the pool's threads take in an order that varies, is
  * planned per gap between two creations: the scratch taken there, on any
  * thread, is stacked in one planned block the size of the most the
- * recorded step had live there. Children of a planned manager (scopes, an
+ * recorded step had live there; a step whose scratch did not fit gives the
+ * plan room for it (a few times at most). Children of a planned manager (scopes, an
  * autograd graph) are part of its step.
  *
  * Anything else falls back to the caching allocator for that array, counted
@@ -81,6 +82,7 @@ typedef struct ndm_plan_stats {
     int64_t fallbacks;       /**< allocations of planned managers served by the caching allocator */
     int64_t arena_bytes;     /**< bytes of the arenas allocated now (in use or kept) */
     int64_t arena_allocs;    /**< arenas taken from the allocator */
+    int64_t replanned;       /**< plans whose scratch blocks grew after a step that found them short */
 } ndm_plan_stats;
 
 /** One cached plan (ndm_plan_get_entry). */

@@ -24,6 +24,8 @@
 #define ALIGN ((size_t)64)
 /* Scratch blocks a burst keeps track of (more are stacked for good). */
 #define SCRATCH_LIVE 64
+/* Times a plan's scratch blocks may grow. */
+#define MAX_REPLANS 8
 #ifndef SCRATCH_SLACK_PCT
 #define SCRATCH_SLACK_PCT 0
 #endif
@@ -55,6 +57,8 @@ typedef struct entry {
      * released before k is served: klist[kstart[k] .. kstart[k + 1]). */
     uint32_t *kstart, *klist;
     size_t arena_bytes, max_live, total;
+    struct blk_in *life; /* [nb] the recorded sizes and lifetimes (for a re-plan) */
+    int replans;         /* times its scratch blocks grew */
     ndm__block spare; /* the arena a finished step gave back (cookie NULL: none) */
     int runs;         /* steps using it (plan lock) */
     bool listed;      /* in the cache; once evicted it dies with its last step */
@@ -68,7 +72,7 @@ typedef struct ndm__plan {
     int max_plans, nentries;
     entry *entries;
     bool closed;
-    int64_t recorded, replayed, evicted, arena_allocs; /* under lock */
+    int64_t recorded, replayed, evicted, arena_allocs, replanned; /* under lock */
     _Atomic int64_t hits, fallbacks, arena_bytes;
 } ndm__plan;
 
@@ -137,6 +141,8 @@ struct ndm__plan_run {
     blk_life *tl;             /* recording: each scratch block's bytes and lifetime */
     size_t ntl, captl;
     ndm__xblock sx;           /* the one cookie of every scratch block served */
+    size_t *need;             /* replay: [nb] room a burst wanted past its block (tlock) */
+    bool short_scratch;
     /* replay */
     entry *e;
     ndm__block arena;
@@ -200,6 +206,7 @@ static void entry_free(entry *e)
     free(e->off);
     free(e->kstart);
     free(e->klist);
+    free(e->life);
     free(e);
 }
 
@@ -316,6 +323,10 @@ static entry *plan_compute(const blk_in *in, uint32_t n)
         placed[nplaced++] = i;
     }
     e->arena_bytes = top;
+    e->life = malloc(sizeof *e->life * (n ? n : 1));
+    if (!e->life)
+        goto fail;
+    memcpy(e->life, in, sizeof *in * n);
 
     /* The blocks each block must find released: the earlier ones under its
      * memory, newest first, leaving out one that a kept newer one overlaps
@@ -493,12 +504,70 @@ static void finish_recording(run_t *r)
 /* A replayed step's last block went: its arena is kept for the next step of
  * its signature, or freed (the plan closed or evicted, a spare kept already,
  * or a block used on another stream, whose work the allocator waits for). */
+/* A plan like e with the scratch blocks a step found short grown to what
+ * it wanted (NULL without memory). */
+static entry *replan(const entry *e, const size_t *need)
+{
+    blk_in *in = malloc(sizeof *in * (e->nb ? e->nb : 1));
+    size_t *nbytes = malloc(sizeof *nbytes * (e->n ? e->n : 1));
+    uint32_t *pidx = malloc(sizeof *pidx * (e->n ? e->n : 1));
+    uint32_t *slot = malloc(sizeof *slot * (e->n + 1));
+    entry *x = NULL;
+    if (in && nbytes && pidx && slot) {
+        memcpy(in, e->life, sizeof *in * e->nb);
+        for (uint32_t i = 0; i < e->nb; i++)
+            if (need[i] > in[i].size)
+                in[i].size = (need[i] + ALIGN - 1) & ~(ALIGN - 1);
+        pthread_mutex_lock(&compute_lock);
+        x = plan_compute(in, e->nb);
+        pthread_mutex_unlock(&compute_lock);
+    }
+    if (x) {
+        memcpy(nbytes, e->nbytes, sizeof *nbytes * e->n);
+        memcpy(pidx, e->pidx, sizeof *pidx * e->n);
+        memcpy(slot, e->slot, sizeof *slot * (e->n + 1));
+        x->n = e->n;
+        x->nbytes = nbytes;
+        x->pidx = pidx;
+        x->slot = slot;
+        x->max_live = e->max_live;
+        x->total = e->total;
+        x->sig = e->sig;
+        x->dev = e->dev;
+        x->replans = e->replans + 1;
+    } else {
+        free(nbytes);
+        free(pidx);
+        free(slot);
+    }
+    free(in);
+    return x;
+}
+
 static void finish_replay(run_t *r)
 {
     ndm__plan *p = r->plan;
     entry *e = r->e;
     ndm__block a = r->arena;
+    /* Scratch that did not fit (the pool's threads stacked it otherwise
+     * than in the recorded step): the next steps get a plan with room for
+     * it, a few times at most. */
+    entry *x = r->short_scratch && r->need && e->replans < MAX_REPLANS ? replan(e, r->need) : NULL;
+    ndm__block drop = {NULL, NULL, 0};
     pthread_mutex_lock(&p->lock);
+    if (x && e->listed && !p->closed) {
+        entry **pp = &p->entries;
+        while (*pp != e)
+            pp = &(*pp)->next;
+        x->next = e->next;
+        *pp = x;
+        x->listed = true;
+        e->listed = false;
+        drop = e->spare;
+        e->spare = (ndm__block){NULL, NULL, 0};
+        p->replanned++;
+        x = NULL;
+    }
     if (a.cookie && e->listed && !e->spare.cookie && !p->closed &&
         !atomic_load_explicit(&r->streamed, memory_order_relaxed)) {
         e->spare = a;
@@ -506,9 +575,13 @@ static void finish_replay(run_t *r)
     }
     bool dead = --e->runs == 0 && !e->listed;
     pthread_mutex_unlock(&p->lock);
+    if (x)
+        entry_free(x);
     arena_free(p, r->dev, &a);
+    arena_free(p, r->dev, &drop);
     if (dead)
         entry_free(e);
+    free(r->need);
     free(r->subs);
     free((void *)r->state);
 }
@@ -854,8 +927,14 @@ static bool serve_scratch(run_t *r, size_t nbytes, ndm__block *out)
     if (r->s_live == 0) {
         uint32_t c = atomic_load_explicit(&r->cursor, memory_order_relaxed);
         uint32_t s = c <= e->n ? e->slot[c] : UINT32_MAX;
-        if (s == UINT32_MAX || asz > e->size[s])
+        if (s == UINT32_MAX)
             goto done;
+        if (asz > e->size[s]) {
+            if (r->need && r->need[s] < asz)
+                r->need[s] = asz;
+            r->short_scratch = true;
+            goto done;
+        }
         for (uint32_t q = e->kstart[s]; q < e->kstart[s + 1]; q++)
             if (atomic_load_explicit(&r->state[e->klist[q]], memory_order_acquire) != ST_RELEASED)
                 goto done;
@@ -863,6 +942,9 @@ static bool serve_scratch(run_t *r, size_t nbytes, ndm__block *out)
         burst_end(r);
         atomic_store_explicit(&r->state[s], ST_LIVE, memory_order_relaxed);
     } else if (asz > e->size[r->s_block] - r->s_top) {
+        if (r->need && r->need[r->s_block] < r->s_top + asz)
+            r->need[r->s_block] = r->s_top + asz;
+        r->short_scratch = true;
         goto done;
     }
     r->s_live++;
@@ -1103,6 +1185,7 @@ NDM_API ndm_manager ndm_manager_new_planned_at(NDM_SITE_PARAMS, ndm_manager pare
         r->e = e;
         r->subs = malloc(sizeof *r->subs * (e->n ? e->n : 1));
         r->state = calloc(e->nb ? e->nb : 1, 1);
+        r->need = calloc(e->nb ? e->nb : 1, sizeof *r->need);
         if (r->subs && r->state && !r->arena.cookie && e->arena_bytes) {
             ndm__alloc_tag tag = {p->owner, site.file, site.func, site.line, NULL, false};
             ndm__quiet_state q;
@@ -1147,6 +1230,7 @@ NDM_API ndm_status ndm_plan_get_stats_at(NDM_SITE_PARAMS, ndm_plan h, ndm_plan_s
         .fallbacks = atomic_load(&p->fallbacks),
         .arena_bytes = atomic_load(&p->arena_bytes),
         .arena_allocs = p->arena_allocs,
+        .replanned = p->replanned,
     };
     pthread_mutex_unlock(&p->lock);
     plan_unref(p);
