@@ -278,7 +278,7 @@ static int train(train_opts o)
         int64_t seen = 0;
         ndm_batch b;
         int rc;
-        progress_state ps = {epoch, (int)o.epochs, 0, nb, 0, 0};
+        progress_state ps = {epoch, (int)o.epochs, 0, nb, 0, 0, NULL};
         while ((rc = ndm_loader_next(ld, &b)) > 0) {
             /* the graph lives in the batch manager, which the next fetch closes */
             CHECK(ndm_grad_begin(b.manager), doing);
