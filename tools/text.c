@@ -138,6 +138,9 @@ static int train(train_opts o)
                 "or --no-save)\n", o.out, why);
         return 1;
     }
+    /* the device before the corpus: a missing GPU is reported before the
+     * files are read */
+    ndm_manager model = model_manager("train", dev);
     text_corpus corpus;
     if (!text_corpus_read(dir, HOLD_OUT, (size_t)o.limit, &corpus, why, sizeof why)) {
         fprintf(stderr, "ndm-text train: %s; install the Debian package fortunes (or "
@@ -150,7 +153,6 @@ static int train(train_opts o)
                 corpus.nval, (long long)o.ctx);
         return 1;
     }
-    ndm_manager model = model_manager("train", dev);
     printf("ndm-text train: %lld epochs of %lld steps, batch %lld x %lld characters, Adam lr %g "
            "(cosine), seed %lld, device %s\n",
            (long long)o.epochs, (long long)o.steps, (long long)o.batch, (long long)o.ctx, o.lr,
@@ -321,7 +323,7 @@ typedef struct gen_opts {
     const char *prompt; /* NULL: the built-in prompts in turn */
     int64_t requests, threads, tokens, top_k, seed;
     double temperature;
-    bool dump, quiet;
+    bool greedy, dump, quiet;
     const char *device;
 } gen_opts;
 
@@ -386,7 +388,7 @@ static int sample(ndm_array logits, int64_t row, const gen_opts *o, ndm_rng *rng
 {
     ndm_array last = ndm_select(ndm_select(logits, 0, 0), 0, row);
     int64_t id = -1;
-    if (o->temperature == 0) {
+    if (o->greedy) {
         if (ndm_item_i64(ndm_argmax(last, 0, false), &id) != NDM_OK)
             return -1;
         return (int)id;
@@ -593,11 +595,16 @@ static int generate(gen_opts o)
         return 1;
     }
     int threads = (int)(o.threads < o.requests ? o.threads : o.requests);
+    char sampling[64];
+    if (o.greedy)
+        snprintf(sampling, sizeof sampling, "greedy");
+    else
+        snprintf(sampling, sizeof sampling, "temperature %g, top-k %lld", o.temperature,
+                 (long long)o.top_k);
     printf("ndm-text generate: %lld request%s from %d thread%s, up to %lld characters each, "
-           "temperature %g, top-k %lld, seed %lld, on %s\n",
+           "%s, seed %lld, on %s\n",
            (long long)o.requests, o.requests == 1 ? "" : "s", threads, threads == 1 ? "" : "s",
-           (long long)o.tokens, o.temperature,
-           (long long)o.top_k, (long long)o.seed, devname);
+           (long long)o.tokens, sampling, (long long)o.seed, devname);
     printf("  model %s: %lld layers, width %lld, %lld heads, context %lld (held-out %.3f "
            "bits/char)\n", o.model, (long long)cfg.layers, (long long)cfg.width,
            (long long)cfg.heads, (long long)cfg.ctx, val);
@@ -632,8 +639,8 @@ static int generate(gen_opts o)
     double secs = now() - t0;
     free(ws);
     free(th);
-    printf("generated %lld characters in %.2f s: %.0f characters/s from %d thread%s; %d errors\n",
-           (long long)tokens, secs, (double)tokens / secs, threads, threads == 1 ? "" : "s",
+    printf("generated %lld character%s in %.2f s: %.0f characters/s from %d thread%s; %d errors\n",
+           (long long)tokens, tokens == 1 ? "" : "s", secs, (double)tokens / secs, threads, threads == 1 ? "" : "s",
            errors);
     ndm_stats ps;
     CHECK(ndm_manager_stats(s.requests, NDM_CPU, NDM_STATS_SUBTREE, &ps),
@@ -643,6 +650,7 @@ static int generate(gen_opts o)
     if (o.dump)
         (void)ndm_debug_dump(model, stdout);
     CHECK(ndm_manager_close(model), "closing the model");
+    fflush(stdout); /* before the leak report's lines on stderr at exit */
     return errors ? 1 : 0;
 }
 
@@ -651,7 +659,7 @@ static int generate(gen_opts o)
 static train_opts topt = {NULL, "text-model.safetensors", 4, 150, 32, 0, 256, 4, 128, 4, 128,
                           2e-3, 1, false, false, "cpu"};
 static gen_opts gopt = {"text-model.safetensors", NULL, 8, 2, 200, 20, 1, 0.8, false, false,
-                        "cpu"};
+                        false, "cpu"};
 
 static const cli_opt train_opts_list[] = {
     {"--epochs", "N", OPT_INT, 1, 1000, 0, 0, &topt.epochs, NULL, "epochs"},
@@ -690,8 +698,10 @@ static const cli_opt gen_opts_list[] = {
      "its request's number)"},
     {"--tokens", "N", OPT_INT, 1, 4096, 0, 0, &gopt.tokens, NULL,
      "characters to generate per request (fewer at the end of a fortune or of the context)"},
-    {"--temperature", "X", OPT_REAL, 0, 0, -1, 100, &gopt.temperature, NULL,
-     "sampling temperature (0: the likeliest character every time)"},
+    {"--temperature", "X", OPT_REAL, 0, 0, 0, 100, &gopt.temperature, NULL,
+     "sampling temperature: below 1 sharper, above 1 flatter"},
+    {"--greedy", NULL, OPT_FLAG, 0, 0, 0, 0, &gopt.greedy, NULL,
+     "take the likeliest character every time instead of sampling"},
     {"--top-k", "N", OPT_INT, 1, TEXT_VOCAB, 0, 0, &gopt.top_k, NULL,
      "sample among the k likeliest characters"},
     {"--seed", "N", OPT_INT, 0, INT64_MAX, 0, 0, &gopt.seed, NULL,
