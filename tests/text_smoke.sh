@@ -5,11 +5,12 @@
 # threads streams text, keeps each request's key/value cache in its request
 # manager (its bytes as computed, in the dump while it runs, gone after),
 # and the same seed gives the same text whatever the threads.
-# Exits 77 (skipped) when the fortune files are not installed.
+# Exits 77 (skipped) when the fortune files are not installed (the packages
+# fortunes-min and fortunes: the first alone holds too little text).
 set -euo pipefail
 bin=$1
-if [ ! -f /usr/share/games/fortunes/fortunes ]; then
-    echo "the Debian package fortunes-min is not installed: skipped"
+if [ ! -f /usr/share/games/fortunes/fortunes ] || [ ! -f /usr/share/games/fortunes/computers ]; then
+    echo "the Debian packages fortunes and fortunes-min are not installed: skipped"
     exit 77
 fi
 tmp=$(mktemp -d)

@@ -182,11 +182,14 @@ static int train(train_opts o)
     ndm_rng rng = ndm_rng_new((uint64_t)o.seed);
     ndm_module net = text_model_new(model, &cfg, &rng);
     LIVE(net, "building the network");
-    ndm_array params[256];
-    int np = ndm_module_parameters(net, params, 256);
+    int np = ndm_module_parameters(net, NULL, 0);
+    ndm_array *params = np > 0 ? malloc((size_t)np * sizeof *params) : NULL;
+    if (!params || ndm_module_parameters(net, params, np) != np)
+        die("listing the parameters");
     int64_t nparams = 0;
-    for (int i = 0; i < np && i < 256; i++)
+    for (int i = 0; i < np; i++)
         nparams += ndm_array_size(params[i]);
+    free(params);
     printf("  GPT: %lld layers, width %lld, %lld heads, context %lld, vocabulary %d: %lld "
            "parameters\n", (long long)o.layers, (long long)o.width, (long long)o.heads,
            (long long)o.ctx, TEXT_VOCAB, (long long)nparams);
@@ -301,15 +304,19 @@ static int train(train_opts o)
             snprintf(v[i], sizeof v[i], "%lld", (long long)sz[i]);
         snprintf(vb, sizeof vb, "%.4f", val);
         snprintf(lb, sizeof lb, "%.4f", loss);
-        const char *names[256];
-        ndm_array state[256];
-        int n = ndm_module_named_state(net, names, state, 256);
+        int n = ndm_module_named_state(net, NULL, NULL, 0);
+        const char **names = n > 0 ? malloc((size_t)n * sizeof *names) : NULL;
+        ndm_array *state = n > 0 ? malloc((size_t)n * sizeof *state) : NULL;
+        if (!names || !state || ndm_module_named_state(net, names, state, n) != n)
+            die("listing the model's state");
         const char *keys[8] = {"arch", "vocab", "ctx", "width", "heads", "layers",
                                "val_bits_per_char", "train_bits_per_char"};
         const char *vals[8] = {ARCH, v[0], v[1], v[2], v[3], v[4], vb, lb};
         ndm_named_arrays set = {(size_t)n, names, state, 8, keys, vals};
         CHECK(ndm_safetensors_save(o.out, &set), "saving the model");
         printf("saved %d tensors to %s\n", n, o.out);
+        free(names);
+        free(state);
     }
     CHECK(ndm_manager_close(model), "closing the model");
     CHECK(ndm_manager_close(data), "closing the data");
@@ -328,8 +335,8 @@ typedef struct gen_opts {
 } gen_opts;
 
 static const char *const default_prompts[] = {
-    "Q: What is the difference between", "A computer", "Love is", "The law", "Never",
-    "There are two kinds of people", "Life is", "If you",
+    "Q: What is the difference between ", "A computer ", "Love is ", "The law ", "Never ",
+    "There are two kinds of people: ", "Life is ", "If you ",
 };
 enum { NDEFAULT = (int)(sizeof default_prompts / sizeof default_prompts[0]) };
 
@@ -422,6 +429,9 @@ static int64_t run_request(worker *w, int64_t r)
     char *line = malloc((size_t)(plen + o->tokens + 1));
     size_t len = 0;
     if (!cache.id || !ids || !line) {
+        if (!w->errors++)
+            snprintf(w->error, sizeof w->error, "request %" PRId64 ": %s", r,
+                     !ids || !line ? "out of memory" : ndm_last_error());
         free(ids);
         free(line);
         if (req.id)
@@ -497,11 +507,9 @@ static void *gen_worker(void *p)
 {
     worker *w = p;
     for (int64_t r = w->first; r < w->s->o->requests; r += w->step) {
-        int64_t made = run_request(w, r);
+        int64_t made = run_request(w, r); /* a failure is counted there */
         if (made > 0)
             w->tokens += made;
-        else if (made < 0 && !w->errors++)
-            snprintf(w->error, sizeof w->error, "request %" PRId64 ": %s", r, ndm_last_error());
     }
     return NULL;
 }
@@ -656,8 +664,11 @@ static int generate(gen_opts o)
 
 /* ---- main ----------------------------------------------------------------------- */
 
-static train_opts topt = {NULL, "text-model.safetensors", 4, 150, 32, 0, 256, 4, 128, 4, 128,
-                          2e-3, 1, false, false, "cpu"};
+/* The full run: 4 blocks of width 128 with 4 heads over a context of 128
+ * characters (0.83 M parameters) see 4 x 200 steps x 16 windows x 128 =
+ * 1.6 M characters, some minutes on two cores */
+static train_opts topt = {NULL, "text-model.safetensors", 4, 200, 16, 0, 256, 4, 128, 4, 128,
+                          3e-3, 1, false, false, "cpu"};
 static gen_opts gopt = {"text-model.safetensors", NULL, 8, 2, 200, 20, 1, 0.8, false, false,
                         false, "cpu"};
 
