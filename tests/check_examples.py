@@ -281,7 +281,7 @@ def check_text_demo(readme, exe, data):
     have_data = os.path.isfile(os.path.join(data, "computers"))
     model = os.path.join("build-release", "text-model.safetensors")  # as run.sh names it
     runs = [[exe, "train", "--data", data, "--layers", "2", "--width", "64", "--ctx", "64",
-             "--steps", "20", "--epochs", "2", "--limit", "200000", "--val-windows", "32",
+             "--steps", "12", "--epochs", "3", "--limit", "200000", "--val-windows", "32",
              "--quiet", "--out", model],
             [exe, "generate", "--model", model, "--requests", "4", "--threads", "2",
              "--tokens", "30", "--dump", "--quiet"]]
