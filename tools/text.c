@@ -218,6 +218,7 @@ static int train(train_opts o)
         CHECK(ndm_optimizer_set_lr(opt, ndm_lr_cosine(o.lr, o.lr * 0.1, epoch - 1, o.epochs)),
               "setting the learning rate");
         double t0 = now(), sum = 0;
+        uint64_t step_peak = 0; /* the most a step's manager held at once */
         progress_state ps = {epoch, (int)o.epochs, 0, o.steps, 0, 0, "characters"};
         for (int64_t s = 0; s < o.steps; s++) {
             /* one manager per step: the batch, the activations, the graph */
@@ -235,6 +236,10 @@ static int train(train_opts o)
             CHECK(ndm_optimizer_zero_grad(opt), doing);
             double lv;
             CHECK(ndm_item(l, &lv), doing);
+            ndm_stats bs;
+            CHECK(ndm_manager_stats(b, dev, NDM_STATS_SUBTREE, &bs), doing);
+            if (bs.peak_bytes > step_peak)
+                step_peak = bs.peak_bytes;
             CHECK(ndm_manager_close(b), doing);
             sum += lv;
             double t = now();
@@ -263,8 +268,9 @@ static int train(train_opts o)
         }
         last = sn;
         printf("  epoch %2d: train %.3f bits/char  held-out %.3f bits/char  %.1f s  "
-               "%.0f characters/s  RSS %.1f MiB\n",
-               epoch, loss, val, secs, (double)(o.steps * o.batch * o.ctx) / secs, sn.rss);
+               "%.0f characters/s  step peak %.1f MiB  RSS %.1f MiB\n",
+               epoch, loss, val, secs, (double)(o.steps * o.batch * o.ctx) / secs,
+               (double)step_peak / (1024.0 * 1024.0), sn.rss);
         fflush(stdout);
         if (!o.quiet)
             (void)ndm_debug_dump(model, stdout);
@@ -390,7 +396,7 @@ static void emit(server *s, int64_t r, char *line, size_t *len, bool flush_all)
 }
 
 /* The next character: from the logits' last row, at the temperature, among
- * the top k, drawn from the request's stream; the largest at temperature 0. */
+ * the top k, drawn from the request's stream; with --greedy the likeliest. */
 static int sample(ndm_array logits, int64_t row, const gen_opts *o, ndm_rng *rng)
 {
     ndm_array last = ndm_select(ndm_select(logits, 0, 0), 0, row);
