@@ -1,9 +1,12 @@
 /* ndm-text's network: its state named as PyTorch names the same structure,
  * the cached decode (prompt, then one token a pass) giving the logits of the
- * full causal pass, the cache's exact size and ownership, and the corpus'
- * UTF-8 check. */
+ * full causal pass, the cache's exact size and ownership, a model closed
+ * while threads decode with it, and the corpus' UTF-8 check. */
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -130,6 +133,102 @@ static void test_text_model_refuses_past_the_context(void **state)
     assert_ok(ndm_manager_close(model));
 }
 
+/* ---- the model closed while requests decode --------------------------------- */
+
+typedef struct decoder {
+    ndm_module net;
+    ndm_manager parent; /* the predictor's manager */
+    int index;
+    _Atomic long steps;
+    ndm_status last;    /* the status that ended the loop */
+    char why[512];      /* and its message */
+    bool unclear;       /* an ending other than a clear refusal */
+} decoder;
+
+/* Requests of a full context each, one decode pass per token, until a call
+ * is refused. */
+static void *decode(void *p)
+{
+    decoder *d = p;
+    int64_t ids[1] = {3};
+    for (;;) {
+        char name[32];
+        snprintf(name, sizeof name, "request-%d", d->index);
+        ndm_manager req = ndm_manager_new(d->parent, name);
+        ndm_array cache = req.id ? text_kv_cache(req, &small, small.ctx, NDM_F32) : NDM_NULL_ARRAY;
+        bool ok = cache.id != 0;
+        for (int64_t pos = 0; ok && pos < small.ctx; pos++) {
+            ndm_manager s = ndm_manager_new(req, "step");
+            ndm_array y = ndm_forward_n(d->net, NDM_ARRAYS(ndm_from_buffer(s, NDM_I64, ids, NDM_SHAPE(1, 1)),
+                                                          cache, ndm_scalar(s, NDM_I64, (double)pos)));
+            float out[TEXT_VOCAB];
+            ok = y.id && ndm_array_copy_out(y, out, sizeof out) == NDM_OK;
+            if (ok && !isfinite(out[0])) {
+                snprintf(d->why, sizeof d->why, "a logit that is not finite: %g", (double)out[0]);
+                d->unclear = true;
+                return NULL;
+            }
+            /* the step closed already: by the model's close, after its pass */
+            ndm_status cs = ok ? ndm_manager_close(s) : NDM_OK;
+            if (cs == NDM_ALREADY) {
+                d->last = NDM_E_CLOSED;
+                (void)ndm_manager_close(req);
+                return NULL;
+            }
+            ok = ok && cs == NDM_OK;
+            if (ok)
+                atomic_fetch_add(&d->steps, 1);
+        }
+        if (!ok) {
+            d->last = ndm_last_status();
+            snprintf(d->why, sizeof d->why, "%s", ndm_last_error());
+            d->unclear = !(d->last == NDM_E_CLOSED || d->last == NDM_E_NULL) || !d->why[0];
+            /* closed with the model already, or now while the model's close
+             * runs, or never made: the model was gone */
+            ndm_status cs = req.id ? ndm_manager_close(req) : NDM_ALREADY;
+            if (cs != NDM_ALREADY && cs != NDM_OK) {
+                d->unclear = true;
+                snprintf(d->why, sizeof d->why, "closing the request: %s", ndm_status_name(cs));
+            }
+            return NULL;
+        }
+        if (ndm_manager_close(req) != NDM_OK) {
+            d->unclear = true;
+            return NULL;
+        }
+    }
+}
+
+static void test_text_model_closed_while_decoding(void **state)
+{
+    (void)state;
+    enum { N = 3 };
+    ndm_manager model = ndm_manager_new(ndm_system(), "model");
+    ndm_rng rng = ndm_rng_new(9);
+    ndm_no_grad_begin();
+    ndm_module net = text_model_new(model, &small, &rng);
+    ndm_no_grad_end();
+    assert_live(net);
+    ndm_predictor pred = ndm_predictor_new(model, net);
+    assert_true(pred.id != 0);
+    decoder d[N];
+    pthread_t th[N];
+    for (int i = 0; i < N; i++) {
+        d[i] = (decoder){.net = net, .parent = ndm_predictor_manager(pred), .index = i};
+        assert_int_equal(pthread_create(&th[i], NULL, decode, &d[i]), 0);
+    }
+    /* requests under way on every thread (one past its first cache), then the close */
+    for (int i = 0; i < N; i++)
+        while (atomic_load(&d[i].steps) < small.ctx + 2)
+            sched_yield();
+    assert_ok(ndm_manager_close(model));
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        if (d[i].unclear)
+            fail_msg("thread %d ended with %s: %s", i, ndm_status_name(d[i].last), d[i].why);
+    }
+}
+
 static void test_text_corpus_utf8(void **state)
 {
     (void)state;
@@ -159,6 +258,7 @@ int main(void)
         TEST(test_text_model_state_names),
         TEST(test_text_model_cached_decode_matches_full_pass),
         TEST(test_text_model_refuses_past_the_context),
+        TEST(test_text_model_closed_while_decoding),
         TEST(test_text_corpus_utf8),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -89,6 +89,10 @@ static ndm_array gpt_forward(ndm_module self, int n, const ndm_array *in, void *
     ndm_array tokens = in[0], cache = n > 1 ? in[1] : NDM_NULL_ARRAY;
     ndm_array first = n > 2 ? in[2] : NDM_NULL_ARRAY;
     int64_t t = ndm_array_dim(tokens, 1), p = first_position(n, in);
+    /* a handle closed under the pass (its model's close): a call on it says
+     * so, where reading its size only returned the status */
+    if (t < 0)
+        return ndm_alias(tokens);
     if (t < 1 || p < 0 || p + t > g->c.ctx)
         return NDM_NULL_ARRAY;
     ndm_array pos = ndm_arange(NDM_CURRENT_SCOPE, NDM_I64, (double)p, (double)(p + t), 1);
