@@ -262,16 +262,8 @@ def line_pattern(line):
 
 
 def check_demo(readme, exe, data):
-    shown = [(text, line) for lang, text, mark, line in blocks(readme)
-             if mark and mark[0] == "demo" and mark[1] == "ndm-fashion"]
-    if len(shown) != 1:
-        print(f"{readme}: {len(shown)} blocks after <!-- demo: ndm-fashion -->, not 1")
-        return 1
-    text, first = shown[0]
-    have_data = bool(data) and os.path.isfile(os.path.join(data, "train-images-idx3-ubyte.gz"))
     exe = os.path.abspath(exe)
-    env = dict(os.environ, NDM_LEAK_REPORT="1")
-    env.pop("NDM_LOG_ERRORS", None)
+    have_data = bool(data) and os.path.isfile(os.path.join(data, "train-images-idx3-ubyte.gz"))
     model = os.path.join("build-release", "fashion-model.safetensors")  # as run.sh names it
     runs = [[exe, "leak-demo"]]
     if have_data:
@@ -279,6 +271,35 @@ def check_demo(readme, exe, data):
                  "--out", model],
                 [exe, "serve", "--data", data, "--model", model, "--requests", "400",
                  "--threads", "2"]] + runs
+    return check_demo_block(readme, "ndm-fashion", runs, have_data, f"no Fashion-MNIST in {data}")
+
+
+def check_text_demo(readme, exe, data):
+    """ndm-text's block: a small model trained briefly on part of the corpus,
+    then served from two threads."""
+    exe = os.path.abspath(exe)
+    have_data = os.path.isfile(os.path.join(data, "computers"))
+    model = os.path.join("build-release", "text-model.safetensors")  # as run.sh names it
+    runs = [[exe, "train", "--data", data, "--layers", "2", "--width", "64", "--ctx", "64",
+             "--steps", "12", "--epochs", "3", "--limit", "200000", "--val-windows", "32",
+             "--quiet", "--out", model],
+            [exe, "generate", "--model", model, "--requests", "4", "--threads", "2",
+             "--tokens", "30", "--dump", "--quiet"]]
+    if not have_data:
+        print(f"no fortune files in {data}: skipped")
+        return 77
+    return check_demo_block(readme, "ndm-text", runs, True, "")
+
+
+def check_demo_block(readme, name, runs, have_data, why):
+    shown = [(text, line) for lang, text, mark, line in blocks(readme)
+             if mark and mark[0] == "demo" and mark[1] == name]
+    if len(shown) != 1:
+        print(f"{readme}: {len(shown)} blocks after <!-- demo: {name} -->, not 1")
+        return 1
+    text, first = shown[0]
+    env = dict(os.environ, NDM_LEAK_REPORT="1")
+    env.pop("NDM_LOG_ERRORS", None)
     printed = []
     with tempfile.TemporaryDirectory() as tmp:
         os.mkdir(os.path.join(tmp, "build-release"))
@@ -304,14 +325,16 @@ def check_demo(readme, exe, data):
             print(f"{readme}:{first + i}: the demo prints no line like\n    {want.strip()}\n"
                   f"  nearest: {near[0] if near else '(none)'}")
             bad += 1
-    print(f"{checked} lines of the demo block checked against a short run"
-          + (f"; {skipped} left out (no Fashion-MNIST in {data})" if skipped else ""))
+    print(f"{checked} lines of the {name} demo block checked against a short run"
+          + (f"; {skipped} left out ({why})" if skipped else ""))
     return 1 if bad else 0
 
 
 def main():
     if len(sys.argv) >= 4 and sys.argv[1] == "demo":
         return check_demo(sys.argv[2], sys.argv[3], sys.argv[4] if len(sys.argv) > 4 else "")
+    if len(sys.argv) >= 5 and sys.argv[1] == "demo-text":
+        return check_text_demo(sys.argv[2], sys.argv[3], sys.argv[4])
     if len(sys.argv) >= 4 and sys.argv[1] == "readme":
         return check_readme(sys.argv[2], sys.argv[3])
     if len(sys.argv) >= 2 and sys.argv[1] == "run":

@@ -1317,6 +1317,62 @@ static void test_nn_multihead_attention_matches_its_definition(void **state)
     assert_ok(ndm_manager_close(model));
 }
 
+/* A request under the caller's manager: its limit covers the forward pass's
+ * temporaries, so a request that would not fit fails alone, leaving
+ * nothing; one that fits leaves only its answer, in the caller's manager. */
+static void test_nn_predict_under_limits_the_request(void **state)
+{
+    ndm_manager model = ndm_manager_new(ROOT(state), "model");
+    ndm_rng rng = ndm_rng_new(13);
+    ndm_no_grad_begin();
+    ndm_module net = ndm_sequential(model, NDM_MODULES(ndm_linear(model, 16, 256, true, &rng),
+                                                       ndm_relu_module(model),
+                                                       ndm_linear(model, 256, 2, true, &rng)));
+    ndm_no_grad_end();
+    ndm_predictor p = ndm_predictor_new(model, net);
+    assert_true(p.id != 0);
+    ndm_manager inputs = ndm_manager_new(ROOT(state), "inputs");
+    ndm_array x = ndm_normal(inputs, &rng, NDM_F32, 0.0, 1.0, NDM_SHAPE(64, 16));
+    ndm_array want = ndm_predict(p, x);
+    assert_live(want);
+    /* the hidden layer's 64 x 256 floats (64 KiB) cannot fit under 16 KiB,
+     * though the input (4 KiB, outside) and the answer (512 bytes) would */
+    ndm_manager req = ndm_manager_new(ROOT(state), "request");
+    assert_ok(ndm_manager_set_limit(req, NDM_CPU, 16 << 10));
+    assert_true(ndm_predict_under(req, p, x).id == 0);
+    assert_int_equal(ndm_last_status(), NDM_E_QUOTA);
+    assert_manager_empty(req);
+    ndm_stats st;
+    assert_ok(ndm_manager_stats(req, NDM_CPU, NDM_STATS_SUBTREE, &st));
+    assert_int_equal(st.children, 0);
+    /* the same request under a limit it fits: the predictor's answer */
+    assert_ok(ndm_manager_set_limit(req, NDM_CPU, 1 << 20));
+    ndm_array y = ndm_predict_under(req, p, x);
+    assert_live(y);
+    assert_true(ndm_array_manager(y).id == req.id);
+    assert_int_equal(test_live_arrays(req), 1);
+    assert_ok(ndm_manager_stats(req, NDM_CPU, NDM_STATS_SUBTREE, &st));
+    assert_int_equal(st.children, 0);
+    assert_int_equal(st.live_bytes, 64 * 2 * 4); /* the answer only */
+    float a[128], b[128];
+    assert_int_equal(ndm_array_copy_out(want, a, sizeof a), NDM_OK);
+    assert_int_equal(ndm_array_copy_out(y, b, sizeof b), NDM_OK);
+    assert_memory_equal(a, b, sizeof a);
+    /* NDM_OUTPUT_RULE is not a parent; a closed model is NDM_E_CLOSED */
+    assert_true(ndm_predict_under(NDM_OUTPUT_RULE, p, x).id == 0);
+    assert_int_equal(ndm_last_status(), NDM_E_INVALID);
+    assert_ok(ndm_array_release(y));
+    assert_ok(ndm_array_release(want));
+    assert_ok(ndm_manager_close(model));
+    assert_true(ndm_predict_under(req, p, x).id == 0);
+    assert_int_equal(ndm_last_status(), NDM_E_CLOSED);
+    assert_manager_empty(req);
+    assert_ok(ndm_manager_close(req));
+    assert_ok(ndm_array_release(x));
+    assert_manager_empty(inputs);
+    assert_ok(ndm_manager_close(inputs));
+}
+
 static void test_nn_predict_requests_leave_only_answers(void **state)
 {
     ndm_manager model = ndm_manager_new(ROOT(state), "model");
@@ -1383,6 +1439,7 @@ int main(void)
         TEST(test_nn_sdpa_masks_match_numpy),
         TEST(test_nn_multihead_attention_matches_its_definition),
         TEST(test_nn_predict_requests_leave_only_answers),
+        TEST(test_nn_predict_under_limits_the_request),
     };
     return cmocka_run_group_tests_name("nn", tests, NULL, NULL);
 }

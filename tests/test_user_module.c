@@ -890,6 +890,34 @@ static void test_user_module_failing_forward_frees_what_it_made(void **state)
     assert_ok(ndm_manager_close(model));
 }
 
+/* A forward pass that closes the manager its result goes to (as a model's
+ * close, on another thread, closes a request under it): the pass's scope
+ * dies with it. */
+static ndm_array closing_forward(ndm_module self, int n, const ndm_array *in, void *ud)
+{
+    (void)self, (void)n;
+    ndm_array y = ndm_mul_scalar(in[0], 2.0);
+    (void)ndm_manager_close(*(ndm_manager *)ud);
+    return y;
+}
+
+static void test_user_module_pass_whose_manager_closes_says_so(void **state)
+{
+    ndm_manager m = ROOT(state);
+    ndm_manager model = ndm_manager_new(m, "model");
+    ndm_manager request = ndm_manager_new(m, "request");
+    const ndm_module_type ct = {.name = "Closing", .forward = closing_forward};
+    ndm_module c = ndm_module_new(model, &ct, &request);
+    ndm_array x = input(request, 1);
+    ndm_clear_error();
+    assert_false(ndm_forward(c, x).id);
+    assert_int_equal(ndm_last_status(), NDM_E_CLOSED);
+    assert_error_has("closed while the pass ran");
+    assert_false(ndm_manager_valid(request));
+    assert_int_equal(test_live_arrays(model), 0);
+    assert_ok(ndm_manager_close(model));
+}
+
 static int destroyed;
 static void count_destroy(void *ud)
 {
@@ -1071,6 +1099,7 @@ int main(void)
         TEST(test_user_module_forward_pushes_a_frame_with_its_name),
         TEST(test_user_module_frames_of_deep_trees_are_all_kept),
         TEST(test_user_module_failing_forward_frees_what_it_made),
+        TEST(test_user_module_pass_whose_manager_closes_says_so),
         TEST(test_user_module_refuses_bad_types_and_frees_the_user_data),
         TEST(test_user_module_refuses_bad_registrations_unchanged),
         TEST(test_user_module_lookups_and_inputs_are_checked),

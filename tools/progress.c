@@ -42,7 +42,7 @@ int progress_format(char *buf, size_t n, int width, const progress_state *s)
              (long long)s->total);
     snprintf(loss, sizeof loss, "  loss %.4f", s->loss);
     /* six digits wide, like the count, so that the bar keeps its width */
-    snprintf(rate, sizeof rate, "  %6.0f examples/s", s->rate);
+    snprintf(rate, sizeof rate, "  %6.0f %s/s", s->rate, s->unit ? s->unit : "examples");
     int fixed = (int)(strlen(head) + strlen(count));
     int lossw = (int)strlen(loss), ratew = (int)strlen(rate);
     /* what gives way as the width shrinks: the rate, then the bar (30
@@ -81,8 +81,9 @@ int progress_format(char *buf, size_t n, int width, const progress_state *s)
 
 static void plain_line(progress *p, const progress_state *s, double now)
 {
-    fprintf(p->out, "epoch %d/%d: %lld/%lld batches, loss %.4f, %.0f examples/s\n", s->epoch,
-            s->epochs, (long long)s->done, (long long)s->total, s->loss, s->rate);
+    fprintf(p->out, "epoch %d/%d: %lld/%lld batches, loss %.4f, %.0f %s/s\n", s->epoch,
+            s->epochs, (long long)s->done, (long long)s->total, s->loss, s->rate,
+            s->unit ? s->unit : "examples");
     fflush(p->out);
     p->last_line = now;
 }

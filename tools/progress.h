@@ -24,6 +24,7 @@ typedef struct progress_state {
     int64_t done, total; /* batches */
     double loss;
     double rate;         /* examples per second */
+    const char *unit;    /* what the rate counts (NULL: "examples") */
 } progress_state;
 
 /* Set p up for `out`: a terminal's width from the terminal (COLUMNS, then 80,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The two quick-start commands:
-#   bash tools/run.sh demo   installs what is missing, builds, runs the main job
+#   bash tools/run.sh demo   installs what is missing, builds, runs the main jobs
 #   bash tools/run.sh test   installs what is missing, builds, runs every test suite
 #                            in a plain build and in an address+undefined sanitizer build
 #                            (configured outside the source folder, in a temporary folder),
@@ -41,9 +41,9 @@ cd "$(dirname "$0")/.."
 # cmake asks for a C++ compiler), and the main job's data; the tests need
 # the second list too.
 packages=(meson ninja-build gcc g++ cmake pkg-config zlib1g-dev libopenblas-dev
-          dataset-fashion-mnist)
+          dataset-fashion-mnist fortunes)
 test_packages=(libcmocka-dev libdlpack-dev python3-numpy libtalloc-dev libapr1-dev chromium
-               doxygen openmpi-bin libopenmpi-dev)
+               doxygen openmpi-bin libopenmpi-dev libmicrohttpd-dev wrk)
 
 install_missing() {
     local missing=()
@@ -334,6 +334,13 @@ demo)
     ./build-release/tools/ndm-fashion train --out build-release/fashion-model.safetensors
     ./build-release/tools/ndm-fashion serve --model build-release/fashion-model.safetensors
     ./build-release/tools/ndm-fashion leak-demo
+    # the second main job: a short run of the character-level transformer on
+    # the fortune files (without --epochs and --steps: the full run, some
+    # minutes), then prompts from two threads, the dump showing a request's
+    # key/value cache under its manager
+    ./build-release/tools/ndm-text train --epochs 3 --steps 50 --out build-release/text-model.safetensors
+    ./build-release/tools/ndm-text generate --model build-release/text-model.safetensors \
+        --requests 4 --threads 2 --tokens 120 --dump
     ;;
 test)
     # clang builds the ThreadSanitizer tree and the fuzz targets

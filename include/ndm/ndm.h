@@ -17,6 +17,7 @@
 #include "array.h"
 #include "view.h"
 #include "scope.h"
+#include "plan.h"
 #include "debug.h"
 #include "elementwise.h"
 #include "reduce.h"

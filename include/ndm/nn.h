@@ -798,6 +798,22 @@ NDM_API ndm_predictor ndm_predictor_new_at(NDM_SITE_PARAMS, ndm_manager model, n
 /** ndm_predict_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_predict_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_predictor p,
                                     ndm_array input);
+/** ndm_predict_to(parent, p, input) with the request manager a fresh child
+ *  of `parent` (closed before return) instead of the predictor's parked
+ *  one, so that the byte limits over `parent` (ndm_manager_set_limit())
+ *  cover the forward pass's temporaries as well as the answer: a server
+ *  gives each request a manager with a limit, and a request that would not
+ *  fit fails alone with NDM_E_QUOTA, its temporaries released, the other
+ *  requests going on. Thread-safe as ndm_predict(); a close of the model
+ *  while it runs is NDM_E_CLOSED, as for ndm_predict(). Returns a new handle
+ *  owned by `parent`, the caller's to release, or the null handle: errors
+ *  as for ndm_predict_to(), NDM_E_QUOTA / NDM_E_OOM when the request would
+ *  not fit. */
+#define ndm_predict_under(parent, p, input)                                     \
+    ndm_predict_under_at(NDM_HERE, (parent), (p), (input))
+/** ndm_predict_under() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_array ndm_predict_under_at(NDM_SITE_PARAMS, ndm_manager parent, ndm_predictor p,
+                                       ndm_array input);
 /** Load a checkpoint into net (strict, as ndm_module_load()) and make a
  *  predictor of it (as ndm_predictor_new()). For serving, build the net
  *  between ndm_no_grad_begin() and ndm_no_grad_end(): layers made while

@@ -295,6 +295,10 @@ typedef struct ndm__manager {
     atomic_uint busy;          /* the creator is inside the lock on its fast path */
     atomic_bool biased;        /* the creator may take the lock with plain stores */
     _Atomic uint64_t creator;  /* id of the creating thread (0: none) */
+    /* A planned manager's run (plan.c): its storage is recorded or served
+     * from an arena. NULL for every other manager; set before the manager
+     * is published, cleared by its close. */
+    _Atomic(struct ndm__plan_run *) plan_run;
     uint32_t parent;
     uint32_t parent_gen;       /* to name dead ancestors correctly */
     uint32_t first_child;      /* newest child; siblings linked newest to oldest */
@@ -860,6 +864,9 @@ void ndm__charge_commit(ndm__manager *from, ndm__manager *to, int dev, int64_t b
  * the tree lock. Works for a dead manager until its slot (or an ancestor's)
  * is reused; then the unknown part is written as "?". Returns buf. */
 char *ndm__manager_path(uint32_t slot, char *buf, size_t n);
+/* ndm_manager_own for a library object, as api's call at site. */
+ndm_status ndm__manager_own_as(ndm_manager h, void *ptr, void (*free_fn)(void *ptr),
+                               const char *name, const char *api, ndm__site site);
 /* The same, for callers that already hold the tree lock. */
 char *ndm__manager_path_locked(uint32_t slot, char *buf, size_t n);
 /* ndm_why_alive for one array of each of the `top` creation sites of

@@ -5,6 +5,7 @@
 #define NDM_CREATE_H
 
 #include "core.h"
+#include "plan.h"
 #include "thread.h"
 
 /* Out of line (array.c). */
@@ -158,7 +159,7 @@ static NDM__ALWAYS_INLINE ndm_array ndm__array_create(ndm__thread *th,
     ndm__storage *s = &r->own;
     ndm__alloc_tag tag = {m->self, site->file, site->func, site->line, api, false};
     ndm__block blk;
-    if (NDM__UNLIKELY(ndm__alloc(dev, nbytes, &tag, &blk) < 0)) {
+    if (NDM__UNLIKELY(ndm__storage_alloc(m, dev, nbytes, &tag, &blk) < 0)) {
         /* The allocator's message says what it had, as api's failure at
          * the tag's site: logged once. Without an api it named neither. */
         if (!api)

@@ -8,6 +8,7 @@
 
 #include "core.h"
 #include "create.h"
+#include "plan.h"
 #include "reclaim.h"
 
 uint32_t ndm__system_slot, ndm__detached_slot;
@@ -108,6 +109,14 @@ static void record_init(ndm__manager *m, ndm__manager *parent, const char *name,
     }
     atomic_store_explicit(&m->dev_used, 1u << m->dev, memory_order_relaxed);
     m->hooks = NULL;
+    /* A child of a planned manager (a scope, an autograd graph) is part of
+     * its step: it shares the run (the parent is open, under the tree lock,
+     * so its run is not sealed yet). */
+    struct ndm__plan_run *run =
+        parent ? atomic_load_explicit(&parent->plan_run, memory_order_relaxed) : NULL;
+    if (NDM__UNLIKELY(run != NULL))
+        ndm__plan_run_share(run);
+    atomic_store_explicit(&m->plan_run, run, memory_order_relaxed);
     memset(&m->dumped, 0, sizeof m->dumped);
     /* A record's bias goes to the first thread that makes a manager in it and
      * stays with that thread: a thread that looked up the previous manager
@@ -522,6 +531,8 @@ static ndm_status close_locked(ndm__manager *m, const ndm__site *site)
     ndm__tree_unlock();
 
     ndm__manager_drain_arrays(m, *site);
+    if (atomic_load_explicit(&m->plan_run, memory_order_relaxed))
+        ndm__plan_seal(m);
     ndm_status hs = run_hooks(m);
     if (hs < 0 && result == NDM_OK)
         result = hs;
@@ -775,6 +786,13 @@ static ndm_status put_hook(ndm_manager h, bool has_fn, const char *fn_name, ndm_
     hk->name = nm;
     hk->site = site;
     return add_hook(m, gen, hk, api, site);
+}
+
+ndm_status ndm__manager_own_as(ndm_manager h, void *ptr, void (*free_fn)(void *ptr),
+                               const char *name, const char *api, ndm__site site)
+{
+    return put_hook(h, free_fn != NULL, "free_fn", (ndm__hook){.free_fn = free_fn, .ptr = ptr},
+                    name, "resource", api, site);
 }
 
 NDM_API ndm_status ndm_manager_own_at(NDM_SITE_PARAMS, ndm_manager h, void *ptr,

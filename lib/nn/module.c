@@ -584,6 +584,12 @@ NDM_API ndm_array ndm_forward_n_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_modu
         return NDM_NULL_ARRAY;
     ndm_array y = ndm__module_forward_n(m, n, x, api, site);
     ndm_status st = ndm_scope_end_at(NDM__SITE_ARGS(site), s, y.id ? 1 : 0, &y);
+    /* The scope closed under the pass (the close of the manager it hangs
+     * from, or of the model): the result died with it, and the null result
+     * says why rather than nothing. */
+    if (y.id && st == NDM_ALREADY)
+        ndm__fail(NDM_E_CLOSED, api, site,
+                  "the forward pass's manager was closed while the pass ran");
     return y.id && st == NDM_OK ? y : NDM_NULL_ARRAY;
 }
 

@@ -91,9 +91,11 @@ NDM_API ndm_predictor ndm_predictor_new_at(NDM_SITE_PARAMS, ndm_manager model, n
 
 /* One request: net on input in a request manager under `parent` (the
  * innermost scope while the net runs), the answer moved to dst. */
+/* `serving`: the caller is one of many serving threads, whose kernels run
+ * on their own thread rather than split across the compute pool. */
 static ndm_array run_request(const predictor *p, ndm_manager parent, ndm_manager dst,
                              ndm_array input, const ndm__view *rx, uint64_t *peak,
-                             const char *api, ndm__site site)
+                             bool serving, const char *api, ndm__site site)
 {
     /* The request is the innermost scope while the net runs: every array
      * the forward pass makes lands in it, and ending it frees them all;
@@ -107,7 +109,7 @@ static ndm_array run_request(const predictor *p, ndm_manager parent, ndm_manager
                            : ndm_scope_begin_at(NDM__SITE_ARGS(site), parent, "request");
     if (!req.id)
         return NDM_NULL_ARRAY;
-    if (park)
+    if (serving)
         ndm__compute_serving();
     /* An input on another device than the model's (a CPU request for a GPU
      * model) is copied there inside the request, so it dies with it. */
@@ -150,7 +152,28 @@ NDM_API ndm_array ndm_predict_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_predic
     ndm_manager dst = ndm__output_for(out, input, api, site);
     if (!dst.id)
         return NDM_NULL_ARRAY;
-    return run_request(p, p->mgr, dst, input, &rx, NULL, api, site);
+    return run_request(p, p->mgr, dst, input, &rx, NULL, true, api, site);
+}
+
+NDM_API ndm_array ndm_predict_under_at(NDM_SITE_PARAMS, ndm_manager parent, ndm_predictor h,
+                                       ndm_array input)
+{
+    NDM__OP_GUARD();
+    ndm__site site = NDM__SITE;
+    const char *api = "ndm_predict_under";
+    NDM__CALL_FRAME(api, site);
+    predictor *p = ndm__object_get(h.id, &pred_type, api, site);
+    ndm__view rx;
+    if (!p || !ndm__view_input(input, &rx, api, site))
+        return NDM_NULL_ARRAY;
+    if (parent.id == NDM_OUTPUT_RULE.id) {
+        ndm__fail(NDM_E_INVALID, api, site, "the parent must be a manager, not NDM_OUTPUT_RULE");
+        return NDM_NULL_ARRAY;
+    }
+    ndm_manager dst = ndm__output_for(parent, input, api, site);
+    if (!dst.id)
+        return NDM_NULL_ARRAY;
+    return run_request(p, dst, dst, input, &rx, NULL, true, api, site);
 }
 
 ndm_array ndm__predict_under(ndm_predictor h, ndm_manager parent, ndm_manager dst,
@@ -161,7 +184,9 @@ ndm_array ndm__predict_under(ndm_predictor h, ndm_manager parent, ndm_manager ds
     ndm__view rx;
     if (!p || !ndm__view_input(input, &rx, api, site))
         return NDM_NULL_ARRAY;
-    return run_request(p, parent, dst, input, &rx, peak, api, site);
+    /* a batch, run by the batcher's worker, which may spread its kernels
+     * over the compute pool */
+    return run_request(p, parent, dst, input, &rx, peak, false, api, site);
 }
 
 ndm_manager ndm__predictor_model(ndm_predictor h, const char *api, ndm__site site)

@@ -67,6 +67,7 @@ static ndm_status scratch_alloc(const ndm__op_context *c, ndm_device_type type, 
     *r = (scratch_rec){0};
     r->dev = dev;
     uint32_t mslot = 0;
+    ndm__manager *planned = NULL;
     if (c && c->out.id) {
         /* The dispatcher holds the operation's arrays, not its output
          * manager, which another thread may close meanwhile: then the
@@ -82,9 +83,12 @@ static ndm_status scratch_alloc(const ndm__op_context *c, ndm_device_type type, 
         if (charged)
             r->m = m, r->gen = gen, r->charge = (int64_t)bytes;
         mslot = m->self;
+        planned = m;
     }
     ndm__alloc_tag tag = {mslot, site.file, site.func, site.line, api, true};
-    if (NDM__UNLIKELY(ndm__alloc(dev, bytes, &tag, &r->blk) < 0)) {
+    ndm_status ast = planned ? ndm__storage_alloc(planned, dev, bytes, &tag, &r->blk)
+                             : ndm__alloc(dev, bytes, &tag, &r->blk);
+    if (NDM__UNLIKELY(ast < 0)) {
         /* The allocator's message says what it had, as api's failure at
          * the site (the tag is transient: it says "scratch of a kernel"). */
         ndm_status st = ndm_last_status();

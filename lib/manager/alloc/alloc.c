@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../base/compiler.h"
 #include "../../base/error.h"
 #include "pool.h"
 
@@ -239,6 +240,9 @@ void ndm__alloc_set_stream(ndm_device dev, uintptr_t stream)
 
 ndm_status ndm__alloc_record_stream(ndm_device dev, void *cookie, uintptr_t stream)
 {
+    ndm__xblock *x = ndm__xblock_of(cookie);
+    if (x)
+        return x->fns->record_stream(x, stream);
     int i = pool_index(dev);
     ndm__pool *p = i > 0 ? atomic_load_explicit(&pools[i], memory_order_acquire) : NULL;
     return p ? ndm__pool_record_stream(p, cookie, stream) : NDM_OK;
@@ -246,6 +250,9 @@ ndm_status ndm__alloc_record_stream(ndm_device dev, void *cookie, uintptr_t stre
 
 uint32_t ndm__alloc_stream_uses(ndm_device dev, void *cookie)
 {
+    ndm__xblock *x = ndm__xblock_of(cookie);
+    if (x)
+        return x->fns->stream_uses(x);
     int i = pool_index(dev);
     ndm__pool *p = i > 0 ? atomic_load_explicit(&pools[i], memory_order_acquire) : NULL;
     return p && p->streamed ? ndm__pool_stream_uses(cookie) : 0;
@@ -320,6 +327,13 @@ void ndm__free(ndm_device dev, ndm__block *blk)
     ndm__ablk *b = blk->cookie;
     if (!b)
         return;
+    ndm__xblock *x = ndm__xblock_of(b);
+    if (NDM__UNLIKELY(x != NULL)) {
+        void *ptr = blk->ptr;
+        *blk = (ndm__block){NULL, NULL, 0};
+        x->fns->free(x, ptr);
+        return;
+    }
     int i = pool_index(dev);
     ndm__pool *p = i >= 0 ? atomic_load_explicit(&pools[i], memory_order_acquire) : NULL;
     if (!p)
@@ -332,7 +346,29 @@ void ndm__free(ndm_device dev, ndm__block *blk)
     ndm__pool_free(p, blk);
 }
 
+static void free_many_own(ndm_device dev, void *const *cookies, size_t n);
+
 void ndm__free_many(ndm_device dev, void *const *cookies, size_t n)
+{
+    /* Parts of larger blocks go to their holders; runs of the pool's own
+     * blocks between them are freed together. */
+    size_t k = 0;
+    while (k < n) {
+        ndm__xblock *x = ndm__xblock_of(cookies[k]);
+        if (NDM__UNLIKELY(x != NULL)) {
+            x->fns->free(x, NULL);
+            k++;
+            continue;
+        }
+        size_t j = k + 1;
+        while (j < n && !ndm__xblock_of(cookies[j]))
+            j++;
+        free_many_own(dev, cookies + k, j - k);
+        k = j;
+    }
+}
+
+static void free_many_own(ndm_device dev, void *const *cookies, size_t n)
 {
     int i = pool_index(dev);
     ndm__pool *p = i >= 0 ? atomic_load_explicit(&pools[i], memory_order_acquire) : NULL;
@@ -434,7 +470,7 @@ ndm_status ndm__pinned_stats(ndm_device dev, ndm_memory_stats *out)
 void ndm__alloc_retag(void *cookie, uint32_t manager)
 {
     ndm__ablk *b = cookie;
-    if (b)
+    if (b && !ndm__xblock_of(cookie)) /* (a part stays its holder's) */
         atomic_store_explicit(&b->mgr, manager, memory_order_relaxed);
 }
 

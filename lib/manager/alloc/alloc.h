@@ -31,6 +31,27 @@ typedef struct ndm__block {
     size_t size;
 } ndm__block;
 
+/* A block that is not the allocator's own: a part of a larger block that
+ * its holder hands out (a planned manager's arena). Its cookie is the
+ * address of its ndm__xblock with the low bit set (the allocator's records
+ * are aligned, so no cookie of theirs has it); ndm__free, ndm__free_many,
+ * the stream calls and ndm__alloc_retag route such a cookie to its
+ * functions, so no part of a block ever reaches the pool as a block. */
+typedef struct ndm__xblock ndm__xblock;
+typedef struct ndm__xblock_fns {
+    void (*free)(ndm__xblock *x, void *ptr); /* any thread; ptr NULL: not known */
+    ndm_status (*record_stream)(ndm__xblock *x, uintptr_t stream);
+    uint32_t (*stream_uses)(ndm__xblock *x);
+} ndm__xblock_fns;
+struct ndm__xblock {
+    const ndm__xblock_fns *fns;
+};
+static inline void *ndm__xblock_cookie(ndm__xblock *x) { return (void *)((uintptr_t)x | 1u); }
+static inline ndm__xblock *ndm__xblock_of(void *cookie)
+{
+    return ((uintptr_t)cookie & 1u) ? (ndm__xblock *)((uintptr_t)cookie & ~(uintptr_t)1) : NULL;
+}
+
 /* Allocate nbytes (0 allowed: a valid block of size 0) on `dev`, aligned to 64
  * bytes. NDM_E_OOM with a message on failure; *out is zeroed then. */
 ndm_status ndm__alloc(ndm_device dev, size_t nbytes, const ndm__alloc_tag *tag, ndm__block *out);
