@@ -101,8 +101,17 @@ static ndm_array picked_mean(ndm__site site, const char *api, ndm_manager out, n
     NDM__CALL_FRAME(api, site);
     if (!check_pair(scores, labels, api, site))
         return NDM_NULL_ARRAY;
-    bool ignoring = ignorable(ndm_array_dtype(labels), ignore);
     int64_t c = ndm_array_dim(scores, 1);
+    /* With an ignored label outside [0, C) (the default -100), labels all
+     * in [0, C) (the check the plain path makes anyway) take the plain
+     * path: the mask is made only when a label is outside. */
+    ndm__view vl0;
+    int64_t pos = -1, bad = 0;
+    if (!ndm__view_input(labels, &vl0, api, site) ||
+        ndm__find_outside(&vl0, 0, c, &pos, &bad, api, site) < 0)
+        return NDM_NULL_ARRAY;
+    bool ignoring = (pos >= 0 || (ignore >= 0 && ignore < c)) &&
+                    ignorable(ndm_array_dtype(labels), ignore);
     ndm_manager dst = ndm__output_for(out, scores, api, site);
     if (!dst.id)
         return NDM_NULL_ARRAY;
