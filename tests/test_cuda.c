@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "data/cross_entropy_ignore.h"
 #include "helpers.h"
 #include "ndm/config.h"
 #include "ndm/stream.h"
@@ -1232,6 +1233,63 @@ static void test_cuda_loss_label_out_of_range_is_refused(void **state)
     pair_close(p);
 }
 
+/* PyTorch's ignore_index on the device: the ignored rows' losses and
+ * gradients are masked there, the mean is over the others (all ignored:
+ * NaN), and the values and gradients are PyTorch's
+ * (tests/data/make_cross_entropy_ignore.py); -1 is still refused. */
+static void test_cuda_loss_ignored_labels_match_pytorch(void **state)
+{
+    NEED_GPU();
+    pair p = pair_new(ROOT(state));
+    for (size_t k = 0; k < sizeof ce_ignore_cases / sizeof *ce_ignore_cases; k++) {
+        ndm_manager batch = ndm_manager_new(p.gpu, "batch");
+        ndm_array x = ndm_to_to(batch, ndm_from_buffer(p.cpu, NDM_F32, (float *)ce_ignore_logits,
+                                                       NDM_SHAPE(CE_IGNORE_N, CE_IGNORE_C)),
+                                NDM_CUDA(0));
+        ndm_array l = ndm_to_to(batch, ndm_from_buffer(p.cpu, NDM_I64,
+                                                       (int64_t *)ce_ignore_cases[k].labels,
+                                                       NDM_SHAPE(CE_IGNORE_N)),
+                                NDM_CUDA(0));
+        assert_live(x);
+        assert_live(l);
+        assert_ok(ndm_requires_grad(x));
+        assert_ok(ndm_grad_begin(batch));
+        int64_t ig = ce_ignore_cases[k].ignore_index;
+        ndm_array loss = ce_ignore_cases[k].nll ? ndm_nll_loss_ex(x, l, ig)
+                                                : ndm_cross_entropy_ex(x, l, ig);
+        assert_live(loss);
+        assert_true(ndm_array_device(loss).type == NDM_DEVICE_CUDA);
+        assert_ok(ndm_backward(loss));
+        assert_ok(ndm_grad_end());
+        double v, want = ce_ignore_cases[k].loss;
+        assert_ok(ndm_item(loss, &v));
+        if (isnan(want) ? !isnan(v) : fabs(v - want) > 1e-6 * (1 + fabs(want)))
+            fail_msg("%s: loss %.9g on the device, PyTorch %.9g", ce_ignore_cases[k].name, v,
+                     want);
+        float g[CE_IGNORE_N * CE_IGNORE_C];
+        assert_ok(ndm_array_copy_out(ndm_grad(x), g, sizeof g));
+        for (int i = 0; i < CE_IGNORE_N * CE_IGNORE_C; i++)
+            if (fabsf(g[i] - ce_ignore_cases[k].grad[i]) > 1e-6f)
+                fail_msg("%s: gradient %d is %.9g on the device, PyTorch %.9g",
+                         ce_ignore_cases[k].name, i, g[i], ce_ignore_cases[k].grad[i]);
+        assert_ok(ndm_manager_close(batch));
+    }
+    int64_t bad[4] = {0, -100, -1, 4};
+    ndm_array logits = ndm_zeros(p.gpu, NDM_F32, NDM_SHAPE(4, 5));
+    ndm_array lg = ndm_to_to(p.gpu, ndm_from_buffer(p.cpu, NDM_I64, bad, NDM_SHAPE(4)),
+                             NDM_CUDA(0));
+    assert_live(logits);
+    assert_live(lg);
+    uint64_t live = test_live_arrays(p.gpu);
+    assert_int_equal(ndm_cross_entropy(logits, lg).id, 0);
+    assert_int_equal(ndm_last_status(), NDM_E_INVALID);
+    assert_error_has("label -1 at position 2 is outside [0, 5) (the classes of the scores) and "
+                     "is not the ignored label -100");
+    assert_int_equal(test_live_arrays(p.gpu), live);
+    ndm_clear_error();
+    pair_close(p);
+}
+
 /* An index out of range is found on the device and named with its position
  * and value; nothing is created and the managers are intact. */
 static void test_cuda_take_out_of_range_index_fails_cleanly(void **state)
@@ -1988,6 +2046,7 @@ int main(int argc, char **argv)
         TEST(test_cuda_index_ops_match_cpu),
         TEST(test_cuda_take_out_of_range_index_fails_cleanly),
         TEST(test_cuda_loss_label_out_of_range_is_refused),
+        TEST(test_cuda_loss_ignored_labels_match_pytorch),
         TEST(test_cuda_selection_checks_devices_and_ranges),
         TEST(test_cuda_autograd_through_reductions_and_index),
         TEST(test_cuda_network_blocks_gradients_match_cpu),

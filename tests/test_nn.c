@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "data/cross_entropy_ignore.h"
 #include "helpers.h"
 
 static void fill(ndm_array a, const float *v)
@@ -851,6 +852,99 @@ static void test_nn_loss_labels_outside_classes_are_refused(void **state)
     assert_ok(ndm_manager_close(b));
 }
 
+/* The loss of ce_ignore_cases[k] (labels of dtype dt) and its gradient
+ * against what PyTorch gave (tests/data/make_cross_entropy_ignore.py). */
+static void check_ignore_case(ndm_manager b, size_t k, ndm_dtype dt)
+{
+    ndm_array x = ndm_from_buffer(b, NDM_F32, (float *)ce_ignore_logits,
+                                  NDM_SHAPE(CE_IGNORE_N, CE_IGNORE_C));
+    ndm_array l = ndm_astype(ndm_from_buffer(b, NDM_I64, (int64_t *)ce_ignore_cases[k].labels,
+                                             NDM_SHAPE(CE_IGNORE_N)),
+                             dt);
+    assert_live(x);
+    assert_live(l);
+    assert_ok(ndm_requires_grad(x));
+    int64_t ig = ce_ignore_cases[k].ignore_index;
+    assert_ok(ndm_grad_begin(b));
+    ndm_array loss = ce_ignore_cases[k].nll
+                         ? (ig == NDM_IGNORE_INDEX ? ndm_nll_loss(x, l) : ndm_nll_loss_ex(x, l, ig))
+                         : (ig == NDM_IGNORE_INDEX ? ndm_cross_entropy(x, l)
+                                                   : ndm_cross_entropy_ex(x, l, ig));
+    assert_live(loss);
+    assert_ok(ndm_backward(loss));
+    assert_ok(ndm_grad_end());
+    double v;
+    assert_ok(ndm_item(loss, &v));
+    double want = ce_ignore_cases[k].loss;
+    if (isnan(want) ? !isnan(v) : fabs(v - want) > 1e-6 * (1 + fabs(want)))
+        fail_msg("%s (%s labels): loss %.9g, PyTorch %.9g", ce_ignore_cases[k].name,
+                 ndm_dtype_short(dt), v, want);
+    float g[CE_IGNORE_N * CE_IGNORE_C];
+    assert_ok(ndm_array_copy_out(ndm_grad_to(b, x), g, sizeof g));
+    for (int i = 0; i < CE_IGNORE_N * CE_IGNORE_C; i++)
+        if (fabsf(g[i] - ce_ignore_cases[k].grad[i]) > 1e-6f)
+            fail_msg("%s (%s labels): gradient %d is %.9g, PyTorch %.9g",
+                     ce_ignore_cases[k].name, ndm_dtype_short(dt), i, g[i],
+                     ce_ignore_cases[k].grad[i]);
+}
+
+/* The loss must fail with NDM_E_INVALID and a message containing `needle`. */
+#define assert_loss_refused(expr, needle)                                       \
+    do {                                                                        \
+        ndm_clear_error();                                                      \
+        if ((expr).id || ndm_last_status() != NDM_E_INVALID)                    \
+            fail_msg("%s: %s \"%s\", expected NDM_E_INVALID", #expr,          \
+                     ndm_status_name(ndm_last_status()), ndm_last_error());     \
+        assert_error_has(needle);                                               \
+    } while (0)
+
+/* PyTorch's ignore_index: rows labelled -100 (or the _ex form's label) add
+ * nothing, get zero gradients, and the mean is over the others; all
+ * ignored is NaN with zero gradients. Values and gradients are PyTorch's. */
+static void test_nn_loss_ignored_labels_match_pytorch(void **state)
+{
+    ndm_manager b = ndm_manager_new(ROOT(state), "batch");
+    for (size_t k = 0; k < sizeof ce_ignore_cases / sizeof *ce_ignore_cases; k++) {
+        check_ignore_case(b, k, NDM_I64);
+        check_ignore_case(b, k, NDM_I32);
+        if (ce_ignore_cases[k].ignore_index >= 0) /* u8 labels hold no -100 */
+            check_ignore_case(b, k, NDM_U8);
+    }
+    assert_ok(ndm_manager_close(b));
+}
+
+/* Only the ignored label is skipped: other negatives and labels past the
+ * classes are still refused, naming the ignored one, with nothing left. */
+static void test_nn_loss_ignore_index_refuses_other_bad_labels(void **state)
+{
+    ndm_manager b = ndm_manager_new(ROOT(state), "batch");
+    ndm_array logits = ndm_zeros(b, NDM_F32, NDM_SHAPE(4, 5));
+    int64_t minus1[4] = {0, -100, -1, 4}, past[4] = {-100, 5, 0, 0}, other[4] = {0, -100, 2, 2};
+    ndm_array a = ndm_from_buffer(b, NDM_I64, minus1, NDM_SHAPE(4));
+    ndm_array p = ndm_from_buffer(b, NDM_I64, past, NDM_SHAPE(4));
+    ndm_array o = ndm_from_buffer(b, NDM_I64, other, NDM_SHAPE(4));
+    assert_live(a);
+    assert_live(p);
+    assert_live(o);
+    uint64_t live = test_live_arrays(b);
+    assert_loss_refused(ndm_cross_entropy(logits, a),
+                 "label -1 at position 2 is outside [0, 5) (the classes of the scores) and is "
+                 "not the ignored label -100");
+    assert_loss_refused(ndm_nll_loss(logits, p),
+                 "label 5 at position 1 is outside [0, 5)");
+    /* with another ignored label, -100 is a bad label like any other */
+    assert_loss_refused(ndm_cross_entropy_ex(logits, o, 2),
+                 "label -100 at position 1 is outside [0, 5) (the classes of the scores) and is "
+                 "not the ignored label 2");
+    assert_loss_refused(ndm_nll_loss_ex(logits, o, 7), "is not the ignored label 7");
+    assert_int_equal(test_live_arrays(b), live);
+    /* the rows kept: equal scores give log(5) whatever is ignored */
+    double ce;
+    assert_ok(ndm_item(ndm_cross_entropy_ex(logits, o, -100), &ce));
+    assert_true(fabs(ce - log(5.0)) < 1e-6);
+    assert_ok(ndm_manager_close(b));
+}
+
 /* A failure inside a forward pass names the caller's line, and the calls
  * that receive its null result keep that first error. */
 static void test_nn_null_result_keeps_first_error(void **state)
@@ -1336,6 +1430,8 @@ int main(void)
         TEST(test_nn_object_lookups_race_churn),
         TEST(test_nn_embedding_and_loss_errors),
         TEST(test_nn_loss_labels_outside_classes_are_refused),
+        TEST(test_nn_loss_ignored_labels_match_pytorch),
+        TEST(test_nn_loss_ignore_index_refuses_other_bad_labels),
         TEST(test_nn_null_result_keeps_first_error),
         TEST(test_nn_list_contracts),
         TEST(test_nn_modules_belong_to_model),

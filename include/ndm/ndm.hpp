@@ -582,6 +582,12 @@ public:
     {
         detail::check(ndm_module_register_child_at(s.file, s.line, s.func, h_, name, c));
     }
+    /** ndm_module_tie(): the parameter `name` becomes the array of `to`
+     *  (weight tying, "head.weight" to "tok_emb.weight"). */
+    void tie(const char *name, const char *to, site s = site()) const
+    {
+        detail::check(ndm_module_tie_at(s.file, s.line, s.func, h_, name, to));
+    }
     /** ndm_module_describe() as a string. */
     std::string describe() const
     {

@@ -359,9 +359,11 @@ NDM_API ndm_array ndm_sdpa_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array q, 
  *  A tree is built bottom-up: a module's parameters and children are
  *  registered before it is registered in another (after that, its own
  *  registrations are refused: NDM_E_INVALID). A module has one place in a
- *  tree and an array one name (no shared weights); every array and child
- *  belongs to the module's model manager (NDM_E_NOT_OWNER). Registration
- *  is not thread-safe: build a model on one thread, then run it on many. */
+ *  tree and a registered array one name; a parameter shared by two modules
+ *  (weight tying) is made with ndm_module_tie() once the tree is built.
+ *  Every array and child belongs to the module's model manager
+ *  (NDM_E_NOT_OWNER). Registration is not thread-safe: build a model on
+ *  one thread, then run it on many. */
 /** @{ */
 
 /** What a user module does. The struct is copied by ndm_module_new() (it
@@ -443,6 +445,39 @@ NDM_API NDM_NODISCARD ndm_status ndm_module_register_buffer_at(NDM_SITE_PARAMS, 
 NDM_API NDM_NODISCARD ndm_status ndm_module_register_child_at(NDM_SITE_PARAMS, ndm_module m,
                                                               const char *name,
                                                               ndm_module child);
+/** Tie the parameter `name` of m's tree to the parameter `to` (dotted names
+ *  from m, as ndm_module_named_state() gives them): `name` becomes the very
+ *  array of `to`, as PyTorch's `model.head.weight = model.tok_emb.weight`
+ *  does, in m, in the module that holds `name` (a built-in layer uses the
+ *  new array in its forward pass) and in every module above it. The array
+ *  that was at `name` is released with its gradient (unless the tree still
+ *  holds it under another name): tie before making optimizers, predictors
+ *  or ddp over the model, which keep the handles they were given, and look
+ *  the arrays up by name in a user module's forward (ndm_module_get_array())
+ *  rather than keeping handles of them.
+ *
+ *  Afterwards ndm_module_named_state() (and so ndm_module_save(), which
+ *  writes both names, as torch.save(model.state_dict()) holds both keys)
+ *  lists both names, while ndm_module_parameters() and
+ *  ndm_module_named_parameters() list the array once, under its first name
+ *  in state order (PyTorch's parameters()), so an optimizer updates it once;
+ *  a forward pass that uses it twice adds both uses into its one gradient.
+ *  ndm_module_load() reads a file with both names (their values must be
+ *  equal: NDM_E_FORMAT otherwise, nothing loaded) or with one of them (as
+ *  PyTorch's safetensors save_model writes), and counts the array once in
+ *  the tensors it returns as loaded. ndm_module_describe() ends with
+ *  " [head.weight (tied to tok_emb.weight)]".
+ *
+ *  NDM_OK (tied already: nothing changes), or with the module unchanged:
+ *  NDM_E_INVALID (a NULL or unknown name, a buffer, name equal to to),
+ *  NDM_E_SHAPE / NDM_E_DTYPE / NDM_E_DEVICE (the two differ in shape,
+ *  dtype or device), NDM_E_NOT_OWNER (either array lives outside m's
+ *  model, moved out with ndm_attach(): parameters of different models are
+ *  not tied), and the handle's errors. Not thread-safe, as registration. */
+#define ndm_module_tie(m, name, to) ndm_module_tie_at(NDM_HERE, (m), (name), (to))
+/** ndm_module_tie() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API NDM_NODISCARD ndm_status ndm_module_tie_at(NDM_SITE_PARAMS, ndm_module m,
+                                                   const char *name, const char *to);
 /** The modules as children "0", "1", ... with no forward pass of its own
  *  (PyTorch's ModuleList: a user module runs them as it likes, for
  *  instance with a mask): ndm_forward() on it is NDM_E_INVALID. Registered
@@ -492,14 +527,20 @@ NDM_API int ndm_module_training(ndm_module m);
  *  Each returns a new 0-d array attached by the output rule (the `_to`
  *  form: to m), which the caller releases or its manager's close does, or
  *  the null handle: NDM_E_SHAPE, NDM_E_DTYPE (logits not float, labels not
- *  u8, i32 or i64), NDM_E_INVALID (a label outside [0, C), negative ones
- *  included: the message names the first and its position; checked on the
- *  labels' device), and the errors of the elementwise and reduction
+ *  u8, i32 or i64), NDM_E_INVALID (a label outside [0, C) that is not the
+ *  ignored one, negative ones included: the message names the first and
+ *  its position; checked on the labels' device), and the errors of the elementwise and reduction
  *  functions it is made of. */
 /** @{ */
 
+/** The label PyTorch's cross_entropy and nll_loss ignore by default
+ *  (ignore_index=-100): ndm_cross_entropy() and ndm_nll_loss() skip it too. */
+#define NDM_IGNORE_INDEX (-100)
 /** Mean over the batch of -log softmax(logits)[label]: logits (N, C) float,
- *  labels (N) integer in [0, C) (NDM_E_INVALID otherwise). A 0-d result. */
+ *  labels (N) integer in [0, C) or NDM_IGNORE_INDEX (NDM_E_INVALID
+ *  otherwise). A row whose label is NDM_IGNORE_INDEX adds nothing and gets
+ *  a zero gradient; the mean is over the other rows (all ignored: NaN, and
+ *  zero gradients, as PyTorch gives). A 0-d result. */
 #define ndm_cross_entropy(logits, labels)                                       \
     ndm_cross_entropy_to_at(NDM_HERE, NDM_OUTPUT_RULE, (logits), (labels))
 /** ndm_cross_entropy() with the result attached to m instead of by the output rule. */
@@ -508,13 +549,34 @@ NDM_API int ndm_module_training(ndm_module m);
 /** ndm_cross_entropy_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_cross_entropy_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array logits,
                                           ndm_array labels);
-/** Mean over the batch of -logp[label]: logp (N, C), labels (N). */
+/** ndm_cross_entropy() ignoring the label ignore_index instead of
+ *  NDM_IGNORE_INDEX (PyTorch's ignore_index argument; one in [0, C) drops
+ *  that class). u8 labels never equal a value outside [0, 255]. */
+#define ndm_cross_entropy_ex(logits, labels, ignore_index)                      \
+    ndm_cross_entropy_ex_to_at(NDM_HERE, NDM_OUTPUT_RULE, (logits), (labels), (ignore_index))
+/** ndm_cross_entropy_ex() with the result attached to m instead of by the output rule. */
+#define ndm_cross_entropy_ex_to(m, logits, labels, ignore_index)                \
+    ndm_cross_entropy_ex_to_at(NDM_HERE, (m), (logits), (labels), (ignore_index))
+/** ndm_cross_entropy_ex_to() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_array ndm_cross_entropy_ex_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array logits,
+                                             ndm_array labels, int64_t ignore_index);
+/** Mean over the batch of -logp[label]: logp (N, C), labels (N), the rows
+ *  labelled NDM_IGNORE_INDEX skipped as in ndm_cross_entropy(). */
 #define ndm_nll_loss(logp, labels) ndm_nll_loss_to_at(NDM_HERE, NDM_OUTPUT_RULE, (logp), (labels))
 /** ndm_nll_loss() with the result attached to m instead of by the output rule. */
 #define ndm_nll_loss_to(m, logp, labels) ndm_nll_loss_to_at(NDM_HERE, (m), (logp), (labels))
 /** ndm_nll_loss_to() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_nll_loss_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array logp,
                                      ndm_array labels);
+/** ndm_nll_loss() ignoring the label ignore_index instead of NDM_IGNORE_INDEX. */
+#define ndm_nll_loss_ex(logp, labels, ignore_index)                             \
+    ndm_nll_loss_ex_to_at(NDM_HERE, NDM_OUTPUT_RULE, (logp), (labels), (ignore_index))
+/** ndm_nll_loss_ex() with the result attached to m instead of by the output rule. */
+#define ndm_nll_loss_ex_to(m, logp, labels, ignore_index)                       \
+    ndm_nll_loss_ex_to_at(NDM_HERE, (m), (logp), (labels), (ignore_index))
+/** ndm_nll_loss_ex_to() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_array ndm_nll_loss_ex_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array logp,
+                                        ndm_array labels, int64_t ignore_index);
 /** Mean of (a - b)^2 (broadcasting). */
 #define ndm_mse_loss(a, b) ndm_mse_loss_to_at(NDM_HERE, NDM_OUTPUT_RULE, (a), (b))
 /** ndm_mse_loss() with the result attached to m instead of by the output rule. */

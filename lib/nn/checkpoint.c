@@ -209,6 +209,32 @@ static ndm_status map_names(const ndm_name_map *map, const ndm_named_arrays *set
     return NDM_OK;
 }
 
+/* The first entry k < before (among the n) that holds the array of entry
+ * i and is in the file, or -1: i's tied name that the file has. With
+ * before = n, any such entry but i. */
+static int tied_found(const ndm_array *arrays, const int64_t *found, int before, int i)
+{
+    for (int k = 0; k < before; k++)
+        if (k != i && found[k] >= 0 && arrays[k].id == arrays[i].id)
+            return k;
+    return -1;
+}
+
+/* Do file tensors a and b (one shape) hold the same values, bit for bit
+ * once b is in a's dtype? (no memory to look: taken as the same) */
+static bool same_values(ndm_manager scratch, ndm_array a, ndm_array b)
+{
+    if (ndm_array_dtype(b) != ndm_array_dtype(a))
+        b = ndm_astype_to(scratch, b, ndm_array_dtype(a));
+    size_t nb = (size_t)ndm_array_nbytes(a);
+    char *pa = malloc(nb + 1), *pb = malloc(nb + 1);
+    bool same = !b.id || !pa || !pb || ndm_array_copy_out(a, pa, nb) < 0 ||
+                ndm_array_copy_out(b, pb, nb) < 0 || !memcmp(pa, pb, nb);
+    free(pa);
+    free(pb);
+    return same;
+}
+
 static int load(ndm__site site, const char *api, ndm_module m, const char *path, unsigned mode,
                 const ndm_name_map *map)
 {
@@ -251,11 +277,16 @@ static int load(ndm__site site, const char *api, ndm_module m, const char *path,
             for (size_t j = 0; j < set->count && found[i] < 0; j++)
                 if (fnames[j] && !strcmp(fnames[j], names[i]))
                     found[i] = (int64_t)j;
+            if (found[i] >= 0)
+                used[found[i]] = true;
+        }
+        for (int i = 0; i < n; i++) {
             if (found[i] < 0) {
-                note(missing, sizeof missing, &nmissing, "%s'%s'%s", names[i], "");
+                /* a tied name is not missing when the file has another */
+                if (tied_found(arrays, found, n, i) < 0)
+                    note(missing, sizeof missing, &nmissing, "%s'%s'%s", names[i], "");
                 continue;
             }
-            used[found[i]] = true;
             if (!same_shape(arrays[i], set->arrays[found[i]])) {
                 char want[160], got[160], both[360];
                 shape_str(arrays[i], want, sizeof want);
@@ -268,9 +299,22 @@ static int load(ndm__site site, const char *api, ndm_module m, const char *path,
             if (!used[j])
                 note(unexpected, sizeof unexpected, &nunexpected, "%s'%s'%s", fnames[j], "");
         int matched = n - nmissing;
+        /* tied names, both in the file: one array takes one value */
+        int tj = -1, ti = -1;
+        for (int i = 0; !nshapes && ti < 0 && i < n; i++) {
+            int j = found[i] >= 0 ? tied_found(arrays, found, i, i) : -1;
+            if (j >= 0 && !same_values(tmp, set->arrays[found[j]], set->arrays[found[i]]))
+                ti = i, tj = j;
+        }
         if (nshapes)
             st = ndm__fail(NDM_E_SHAPE, api, site, "'%s' does not fit the module: %s", path,
                            shapes);
+        else if (ti >= 0)
+            st = ndm__fail(NDM_E_FORMAT, api, site,
+                           "'%s' holds different values for '%s' and '%s', which are tied in "
+                           "the module (one array, ndm_module_tie): save them equal, or leave "
+                           "one out",
+                           path, names[tj], names[ti]);
         else if (mode == NDM_CHECKPOINT_LENIENT && n > 0 && matched == 0)
             /* names of another scheme ("fc1.weight" for "0.weight"): nothing
              * would be loaded and the module would keep its values */
@@ -285,8 +329,8 @@ static int load(ndm__site site, const char *api, ndm_module m, const char *path,
                            nunexpected, nunexpected ? " (" : "", unexpected,
                            nunexpected ? ")" : "");
         for (int i = 0; st == NDM_OK && i < n; i++) {
-            if (found[i] < 0)
-                continue;
+            if (found[i] < 0 || tied_found(arrays, found, i, i) >= 0)
+                continue; /* (a tied array is written once) */
             st = ndm__nn_copy_into(site, tmp, arrays[i], set->arrays[found[i]]);
             loaded++;
         }

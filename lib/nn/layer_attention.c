@@ -57,11 +57,19 @@ static size_t mha_describe(const ndm__module *m, char *buf, size_t n, size_t len
                            l->causal ? ", causal" : "");
 }
 
+static void mha_rebind(ndm__module *m, ndm_array old, ndm_array now)
+{
+    mha *l = m->data;
+    ndm__rebind(&l->in_w, old, now);
+    ndm__rebind(&l->in_b, old, now);
+}
+
 static const ndm__module_type mha_type = {
     .name = "MultiheadAttention",
     .size = sizeof(mha),
     .forward = mha_forward,
     .describe = mha_describe,
+    .rebind = mha_rebind,
 };
 
 NDM_API ndm_module ndm_multihead_attention_at(NDM_SITE_PARAMS, ndm_manager model, int64_t embed,

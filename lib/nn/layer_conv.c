@@ -24,11 +24,19 @@ static size_t conv2d_describe(const ndm__module *m, char *buf, size_t n, size_t 
                            (long long)c->out, (long long)c->kh, (long long)c->kw);
 }
 
+static void conv2d_rebind(ndm__module *m, ndm_array old, ndm_array now)
+{
+    conv2d *l = m->data;
+    ndm__rebind(&l->weight, old, now);
+    ndm__rebind(&l->bias, old, now);
+}
+
 static const ndm__module_type conv2d_type = {
     .name = "Conv2d",
     .size = sizeof(conv2d),
     .forward = conv2d_forward,
     .describe = conv2d_describe,
+    .rebind = conv2d_rebind,
 };
 
 NDM_API ndm_module ndm_conv2d_module_at(NDM_SITE_PARAMS, ndm_manager model, int64_t in_ch,

@@ -21,11 +21,18 @@ static size_t embedding_describe(const ndm__module *m, char *buf, size_t n, size
                            (long long)e->dim);
 }
 
+static void embedding_rebind(ndm__module *m, ndm_array old, ndm_array now)
+{
+    embedding *l = m->data;
+    ndm__rebind(&l->weight, old, now);
+}
+
 static const ndm__module_type embedding_type = {
     .name = "Embedding",
     .size = sizeof(embedding),
     .forward = embedding_forward,
     .describe = embedding_describe,
+    .rebind = embedding_rebind,
 };
 
 NDM_API ndm_module ndm_embedding_at(NDM_SITE_PARAMS, ndm_manager model, int64_t num, int64_t dim,

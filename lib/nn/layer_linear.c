@@ -45,12 +45,20 @@ static size_t linear_describe(const ndm__module *m, char *buf, size_t n, size_t 
                            (long long)l->out, l->bias.id ? "" : ", bias=false");
 }
 
+static void linear_rebind(ndm__module *m, ndm_array old, ndm_array now)
+{
+    linear *l = m->data;
+    ndm__rebind(&l->weight, old, now);
+    ndm__rebind(&l->bias, old, now);
+}
+
 static const ndm__module_type linear_type = {
     .name = "Linear",
     .size = sizeof(linear),
     .forward = linear_forward,
     .forward_relu = linear_forward_relu,
     .describe = linear_describe,
+    .rebind = linear_rebind,
 };
 
 NDM_API ndm_module ndm_linear_at(NDM_SITE_PARAMS, ndm_manager model, int64_t in, int64_t out,

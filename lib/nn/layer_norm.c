@@ -123,11 +123,19 @@ static size_t bn_describe(const ndm__module *m, char *buf, size_t n, size_t len)
                            (long long)b->features);
 }
 
+static void bn_rebind(ndm__module *m, ndm_array old, ndm_array now)
+{
+    batch_norm *l = m->data;
+    ndm__rebind(&l->weight, old, now);
+    ndm__rebind(&l->bias, old, now);
+}
+
 static const ndm__module_type batch_norm_type = {
     .name = "BatchNorm",
     .size = sizeof(batch_norm),
     .forward = bn_forward,
     .describe = bn_describe,
+    .rebind = bn_rebind,
 };
 
 NDM_API ndm_module ndm_batch_norm_at(NDM_SITE_PARAMS, ndm_manager model, int spatial,
@@ -211,11 +219,19 @@ static size_t ln_describe(const ndm__module *m, char *buf, size_t n, size_t len)
     return ndm__module_put(buf, n, len, ")");
 }
 
+static void ln_rebind(ndm__module *m, ndm_array old, ndm_array now)
+{
+    layer_norm *l = m->data;
+    ndm__rebind(&l->weight, old, now);
+    ndm__rebind(&l->bias, old, now);
+}
+
 static const ndm__module_type layer_norm_type = {
     .name = "LayerNorm",
     .size = sizeof(layer_norm),
     .forward = ln_forward,
     .describe = ln_describe,
+    .rebind = ln_rebind,
 };
 
 NDM_API ndm_module ndm_layer_norm_at(NDM_SITE_PARAMS, ndm_manager model, int ndim,
@@ -324,11 +340,18 @@ static size_t rms_describe(const ndm__module *m, char *buf, size_t n, size_t len
     return ndm__module_put(buf, n, len, "RMSNorm(%lld)", (long long)l->features);
 }
 
+static void rms_rebind(ndm__module *m, ndm_array old, ndm_array now)
+{
+    rms_norm_layer *l = m->data;
+    ndm__rebind(&l->weight, old, now);
+}
+
 static const ndm__module_type rms_norm_type = {
     .name = "RMSNorm",
     .size = sizeof(rms_norm_layer),
     .forward = rms_forward,
     .describe = rms_describe,
+    .rebind = rms_rebind,
 };
 
 NDM_API ndm_module ndm_rms_norm_module_at(NDM_SITE_PARAMS, ndm_manager model, int64_t features,

@@ -1,6 +1,9 @@
 /* Losses. Cross-entropy and NLL are recorded as one node each (their
- * gradient is one expression), mean squared error as its parts. */
+ * gradient is one expression), mean squared error as its parts. Both skip
+ * the rows whose label is the ignored one (PyTorch's ignore_index, -100
+ * unless the _ex form names another) and average over the rest. */
 #include <inttypes.h>
+#include <stdio.h>
 
 #include "../manager/alloc/alloc.h"
 #include "../manager/reclaim.h"
@@ -9,27 +12,42 @@
 #include "ndm/ndm.h"
 #include "ndm/nn.h"
 
-/* Every label in [0, C). gather would take a negative one as counting
- * from the end (-1: class C-1), so the range is checked here, by the index
- * family of the labels' device: on a GPU its kernel finds the first bad
- * label and one download brings it back. */
-static bool labels_in_range(const ndm__view *s, const ndm__view *l, const char *api,
-                            ndm__site site)
+/* Can a label of dtype dt equal `ignore`? (u8 labels never hold -100:
+ * they take the plain path, bit for bit what it was.) */
+static bool ignorable(ndm_dtype dt, int64_t ignore)
 {
-    int64_t pos = -1, v = 0, c = s->t.shape[1];
+    if (dt == NDM_U8)
+        return ignore >= 0 && ignore <= 255;
+    if (dt == NDM_I32)
+        return ignore >= INT32_MIN && ignore <= INT32_MAX;
+    return true;
+}
+
+/* Every label in [0, C) (the ignored ones were made 0 in `l`). gather
+ * would take a negative one as counting from the end (-1: class C-1), so
+ * the range is checked here, by the index family of the labels' device: on
+ * a GPU its kernel finds the first bad label and one download brings it
+ * back. */
+static bool labels_in_range(int64_t c, const ndm__view *l, bool ignoring, int64_t ignore,
+                            const char *api, ndm__site site)
+{
+    int64_t pos = -1, v = 0;
     if (ndm__find_outside(l, 0, c, &pos, &v, api, site) < 0)
         return false;
     if (pos >= 0) {
+        char also[64] = "";
+        if (ignoring)
+            snprintf(also, sizeof also, " and is not the ignored label %" PRId64, ignore);
         ndm__fail(NDM_E_INVALID, api, site,
                   "label %" PRId64 " at position %" PRId64 " is outside [0, %" PRId64
-                  ") (the classes of the scores)",
-                  v, pos, c);
+                  ") (the classes of the scores)%s",
+                  v, pos, c, also);
         return false;
     }
     return true;
 }
 
-/* Validate (N, C) scores and (N) integer labels in [0, C). */
+/* Validate (N, C) scores and (N) integer labels. */
 static bool check_pair(ndm_array scores, ndm_array labels, const char *api, ndm__site site)
 {
     ndm__view vs, vl;
@@ -54,16 +72,46 @@ static bool check_pair(ndm_array scores, ndm_array labels, const char *api, ndm_
         ndm__fail(NDM_E_SHAPE, api, site, "an empty batch has no mean loss");
         return false;
     }
-    return labels_in_range(&vs, &vl, api, site);
+    return true;
 }
 
-/* mean(-picked) where picked = scores[i, label_i], plus lse when given. */
+/* The labels with the ignored ones made 0 (class 0 stands in: its row is
+ * masked out), and the mask of the rows kept, in the scope. */
+static bool mask_ignored(ndm_array labels, int64_t ignore, ndm_array *safe, ndm_array *keep)
+{
+    *keep = ndm_ne_scalar(labels, (double)ignore);
+    *safe = ndm_mul(labels, ndm_astype(*keep, ndm_array_dtype(labels)));
+    return safe->id != 0;
+}
+
+/* The mean of the kept rows' losses `per`: sum over the kept / their
+ * count (all ignored: 0 / 0, NaN, as PyTorch gives). */
+static ndm_array kept_mean(ndm_manager scope, ndm_array per, ndm_array keep)
+{
+    ndm_array zero = ndm_zeros(scope, ndm_array_dtype(per), NDM_SCALAR);
+    ndm_array count = ndm_sum(ndm_astype(keep, ndm_array_dtype(per)), false, NDM_ALL_AXES_LIST);
+    return ndm_div(ndm_sum(ndm_where(keep, per, zero), false, NDM_ALL_AXES_LIST), count);
+}
+
+/* mean(-picked) over the rows whose label is not `ignore`, where picked =
+ * scores[i, label_i], plus lse when given. */
 static ndm_array picked_mean(ndm__site site, const char *api, ndm_manager out, ndm_array scores,
-                             ndm_array labels, bool with_lse)
+                             ndm_array labels, int64_t ignore, bool with_lse)
 {
     NDM__CALL_FRAME(api, site);
     if (!check_pair(scores, labels, api, site))
         return NDM_NULL_ARRAY;
+    int64_t c = ndm_array_dim(scores, 1);
+    /* With an ignored label outside [0, C) (the default -100), labels all
+     * in [0, C) (the check the plain path makes anyway) take the plain
+     * path: the mask is made only when a label is outside. */
+    ndm__view vl0;
+    int64_t pos = -1, bad = 0;
+    if (!ndm__view_input(labels, &vl0, api, site) ||
+        ndm__find_outside(&vl0, 0, c, &pos, &bad, api, site) < 0)
+        return NDM_NULL_ARRAY;
+    bool ignoring = (pos >= 0 || (ignore >= 0 && ignore < c)) &&
+                    ignorable(ndm_array_dtype(labels), ignore);
     ndm_manager dst = ndm__output_for(out, scores, api, site);
     if (!dst.id)
         return NDM_NULL_ARRAY;
@@ -71,18 +119,35 @@ static ndm_array picked_mean(ndm__site site, const char *api, ndm_manager out, n
     ndm_manager s = ndm_scope_begin_at(NDM__SITE_ARGS(site), dst, "loss");
     ndm_array loss = NDM_NULL_ARRAY;
     if (s.id) {
-        ndm_array idx = ndm_unsqueeze(labels, 1);
-        ndm_array picked = ndm_reshape(ndm_gather(scores, 1, idx), NDM_SHAPE(-1));
-        ndm_array per = with_lse ? ndm_sub(ndm_logsumexp(scores, false, NDM_AXES(1)), picked)
-                                 : ndm_neg(picked);
-        loss = ndm_mean(per, false, NDM_ALL_AXES_LIST);
+        /* a bad label leaves nothing behind: the scope takes the mask */
+        ndm_array safe = labels, keep = NDM_NULL_ARRAY;
+        ndm__view vl;
+        if ((!ignoring || mask_ignored(labels, ignore, &safe, &keep)) &&
+            ndm__view_input(safe, &vl, api, site) &&
+            labels_in_range(c, &vl, ignoring, ignore, api, site)) {
+            ndm_array idx = ndm_unsqueeze(safe, 1);
+            ndm_array picked = ndm_reshape(ndm_gather(scores, 1, idx), NDM_SHAPE(-1));
+            ndm_array per = with_lse
+                                ? ndm_sub(ndm_logsumexp(scores, false, NDM_AXES(1)), picked)
+                                : ndm_neg(picked);
+            loss = ignoring ? kept_mean(s, per, keep) : ndm_mean(per, false, NDM_ALL_AXES_LIST);
+        }
         if (ndm_scope_end_at(NDM__SITE_ARGS(site), s, loss.id ? 1 : 0, &loss) < 0)
             loss = NDM_NULL_ARRAY;
     }
     ndm__ag_resume(paused);
+    ndm__ag_params p = {.i = {0, ignoring, ignore}};
     NDM__AG_RECORD(with_lse ? NDM__AG_CROSS_ENTROPY : NDM__AG_NLL, loss, 2,
-                   ((ndm_array[]){scores, labels}), NULL);
+                   ((ndm_array[]){scores, labels}), &p);
     return loss;
+}
+
+NDM_API ndm_array ndm_cross_entropy_ex_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array logits,
+                                             ndm_array labels, int64_t ignore_index)
+{
+    NDM__ENTRY(__func__);
+    NDM__OP_GUARD();
+    return picked_mean(NDM__SITE, "ndm_cross_entropy", out, logits, labels, ignore_index, true);
 }
 
 NDM_API ndm_array ndm_cross_entropy_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array logits,
@@ -90,7 +155,16 @@ NDM_API ndm_array ndm_cross_entropy_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_
 {
     NDM__ENTRY(__func__);
     NDM__OP_GUARD();
-    return picked_mean(NDM__SITE, "ndm_cross_entropy", out, logits, labels, true);
+    return picked_mean(NDM__SITE, "ndm_cross_entropy", out, logits, labels, NDM_IGNORE_INDEX,
+                       true);
+}
+
+NDM_API ndm_array ndm_nll_loss_ex_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array logp,
+                                        ndm_array labels, int64_t ignore_index)
+{
+    NDM__ENTRY(__func__);
+    NDM__OP_GUARD();
+    return picked_mean(NDM__SITE, "ndm_nll_loss", out, logp, labels, ignore_index, false);
 }
 
 NDM_API ndm_array ndm_nll_loss_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array logp,
@@ -98,7 +172,7 @@ NDM_API ndm_array ndm_nll_loss_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array
 {
     NDM__ENTRY(__func__);
     NDM__OP_GUARD();
-    return picked_mean(NDM__SITE, "ndm_nll_loss", out, logp, labels, false);
+    return picked_mean(NDM__SITE, "ndm_nll_loss", out, logp, labels, NDM_IGNORE_INDEX, false);
 }
 
 NDM_API ndm_array ndm_mse_loss_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_array a, ndm_array b)

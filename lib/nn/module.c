@@ -333,7 +333,7 @@ bool ndm__module_attach_child(ndm__module *m, const char *name, ndm_module child
             if (c->state.a[i].id == m->state.a[j].id) {
                 ndm__fail(NDM_E_INVALID, api, site,
                           "'%s.%s' is registered already as '%s': an array has one name in a "
-                          "tree (shared weights are not supported)",
+                          "tree (to share a weight, register its own and tie them: ndm_module_tie)",
                           name, c->state.names[i], m->state.names[j]);
                 return false;
             }
@@ -385,6 +385,7 @@ bool ndm__module_attach_child(ndm__module *m, const char *name, ndm_module child
     }
     c->parent = m->self; /* (null until m is registered: ndm__module_finish sets it) */
     c->in_parent = true;
+    m->tied |= c->tied;
     return true;
 }
 
@@ -620,29 +621,46 @@ NDM_API ndm_status ndm_module_set_training(ndm_module mh, bool training)
     return NDM_OK;
 }
 
-/* Names and arrays of list l, up to cap of each; returns the count. */
-static int named(const ndm__named_list *l, const char **names, ndm_array *out, int cap)
+int ndm__module_tied_to(const ndm__named_list *l, int before)
 {
-    for (int i = 0; i < l->n && i < cap; i++) {
-        if (out)
-            out[i] = l->a[i];
-        if (names)
-            names[i] = l->names[i];
+    for (int j = 0; j < before; j++)
+        if (l->a[j].id == l->a[before].id)
+            return j;
+    return -1;
+}
+
+/* Names and arrays of list l, up to cap of each; returns the count. With
+ * `once`, an array listed already (a tied parameter's second name) is
+ * left out, as PyTorch's named_parameters() leaves it. */
+static int named(const ndm__named_list *l, bool once, const char **names, ndm_array *out,
+                 int cap)
+{
+    int k = 0;
+    for (int i = 0; i < l->n; i++) {
+        if (once && ndm__module_tied_to(l, i) >= 0)
+            continue;
+        if (k < cap) {
+            if (out)
+                out[k] = l->a[i];
+            if (names)
+                names[k] = l->names[i];
+        }
+        k++;
     }
-    return l->n;
+    return k;
 }
 
 NDM_API int ndm_module_named_parameters(ndm_module mh, const char **names, ndm_array *out,
                                         int cap)
 {
     ndm__module *m = ndm__module_of(mh, __func__, NDM__NO_SITE);
-    return m ? named(&m->params, names, out, cap) : ndm_last_status();
+    return m ? named(&m->params, m->tied, names, out, cap) : ndm_last_status();
 }
 
 NDM_API int ndm_module_named_state(ndm_module mh, const char **names, ndm_array *out, int cap)
 {
     ndm__module *m = ndm__module_of(mh, __func__, NDM__NO_SITE);
-    return m ? named(&m->state, names, out, cap) : ndm_last_status();
+    return m ? named(&m->state, false, names, out, cap) : ndm_last_status();
 }
 
 NDM_API int ndm_module_parameters(ndm_module mh, ndm_array *out, int cap)
@@ -658,7 +676,19 @@ NDM_API int ndm_module_describe(ndm_module mh, char *buf, size_t n)
     if (buf && n)
         buf[0] = '\0';
     char none[1];
-    return (int)ndm__module_describe_into(m, buf ? buf : none, buf ? n : 0, 0);
+    size_t len = ndm__module_describe_into(m, buf ? buf : none, buf ? n : 0, 0);
+    /* the tied parameters, by their names from m: "[head.weight (tied to
+     * tok_emb.weight)]" */
+    int shown = 0;
+    for (int i = 0; m->tied && i < m->params.n; i++) {
+        int j = ndm__module_tied_to(&m->params, i);
+        if (j >= 0)
+            len = ndm__module_put(buf ? buf : none, buf ? n : 0, len, "%s%s (tied to %s)",
+                                  shown++ ? ", " : " [", m->params.names[i], m->params.names[j]);
+    }
+    if (shown)
+        len = ndm__module_put(buf ? buf : none, buf ? n : 0, len, "]");
+    return (int)len;
 }
 
 NDM_API ndm_array ndm_module_get_array_at(NDM_SITE_PARAMS, ndm_module mh, const char *name)

@@ -49,7 +49,18 @@ typedef struct ndm__module_type {
      * those). Runs when the module dies, possibly later on another thread
      * (the object's deferred reclamation); NULL: nothing to free. */
     void (*destroy)(ndm__module *m);
+    /* optional: m's own parameter `old` is now `now` (ndm_module_tie):
+     * point the data's copies of the handle at it (ndm__rebind). NULL:
+     * the layer keeps no copy (it looks its arrays up by name). */
+    void (*rebind)(ndm__module *m, ndm_array old, ndm_array now);
 } ndm__module_type;
+
+/* A layer's rebind: *slot becomes `now` if it was `old`. */
+static inline void ndm__rebind(ndm_array *slot, ndm_array old, ndm_array now)
+{
+    if (slot->id == old.id)
+        *slot = now;
+}
 
 /* Named arrays: a module's parameters, or its whole state (parameters and
  * buffers, in the order of PyTorch's state_dict). */
@@ -80,7 +91,14 @@ struct ndm__module {
     int own_params, own_buffers;
     ndm__named_list params; /* this module's and its children's, with names */
     ndm__named_list state;  /* parameters and buffers, for checkpoints */
+    /* Its tree holds a parameter under two names (ndm_module_tie): params
+     * and state list both names, ndm_module_parameters the array once. */
+    bool tied;
 };
+
+/* The first entry of l before `before` that holds the array of entry
+ * `before` (a tied parameter's other name), or -1. */
+int ndm__module_tied_to(const ndm__named_list *l, int before);
 
 /* The ReLU layer's type: a module whose type has forward_relu and which is
  * followed by one of these runs both in one pass inside a Sequential. */

@@ -184,7 +184,8 @@ static bool array_ok(ndm_module h, const ndm__module *m, const char *name, ndm_a
         if (m->state.a[i].id == a.id) {
             ndm__fail(NDM_E_INVALID, api, site,
                       "the array given as '%s' is registered already as '%s': an array has one "
-                      "name in a tree",
+                      "name in a tree (to share a weight, register its own and tie them: "
+                      "ndm_module_tie)",
                       name, m->state.names[i]);
             return false;
         }

@@ -598,13 +598,28 @@ ndm_status ndm__ag_rule(ndm__ag_node *nd, ndm_array g, ndm_array *gi)
     case NDM__AG_CROSS_ENTROPY:
     case NDM__AG_NLL: {
         /* d/dscores of mean(lse - picked) = (softmax - onehot) / N; of
-         * mean(-picked) = -onehot / N */
+         * mean(-picked) = -onehot / N. With an ignored label (i[1]; the
+         * label i[2]), N counts the kept rows and the ignored rows get 0
+         * (all ignored: zeros, as PyTorch gives). */
         const ndm__array *rs = rec(nd->in[0]);
         int64_t n = rs->shape[0], c = rs->shape[1];
-        ndm_array onehot = ndm_one_hot(nd->in[1], c, rs->dtype);
+        ndm_array labels = nd->in[1], keep = NDM_NULL_ARRAY;
+        if (nd->p.i[1]) {
+            keep = ndm_ne_scalar(labels, (double)nd->p.i[2]);
+            labels = ndm_mul(labels, ndm_astype(keep, ndm_array_dtype(labels)));
+        }
+        ndm_array onehot = ndm_one_hot(labels, c, rs->dtype);
         ndm_array d = nd->op == NDM__AG_CROSS_ENTROPY ? ndm_sub(ndm_softmax(nd->in[0], 1), onehot)
                                                       : ndm_neg(onehot);
-        gi[0] = ndm_mul(ndm_div_scalar(d, (double)n), g);
+        if (nd->p.i[1]) {
+            ndm_array count =
+                ndm_sum(ndm_astype(keep, rs->dtype), false, NDM_ALL_AXES_LIST);
+            ndm_array zero = ndm_zeros(NDM_CURRENT_SCOPE, rs->dtype, NDM_SCALAR);
+            d = ndm_where(ndm_unsqueeze(keep, 1), ndm_div(d, count), zero);
+        } else {
+            d = ndm_div_scalar(d, (double)n);
+        }
+        gi[0] = ndm_mul(d, g);
         return gi[0].id ? NDM_OK : ndm_last_status();
     }
     default:

@@ -319,6 +319,39 @@ static void modules()
         EXPECT(yn.ok() && same(yn.to_vector<float>(), want.to_vector<float>()));
         EXPECT(stats_of(batch).children == 0);
     }
+    {
+        /* weight tying: one array under two names, listed once as a parameter */
+        ndm::module lm = ndm::make_module(model, "LM",
+            [](const ndm::module &self, const std::vector<ndm::array> &in) {
+                return self.child("head")(self.child("emb")(in[0]));
+            });
+        lm.register_child("emb", ndm_embedding(model, 5, 3, &rng));
+        lm.register_child("head", ndm_linear(model, 3, 5, false, &rng));
+        lm.tie("head.weight", "emb.weight");
+        ndm_array w = ndm_module_get_array(lm, "emb.weight");
+        EXPECT(ndm_module_get_array(lm, "head.weight").id == w.id);
+        EXPECT(ndm_module_parameters(lm, nullptr, 0) == 1 &&
+               ndm_module_named_state(lm, nullptr, nullptr, 0) == 2);
+        EXPECT(lm.describe() == "LM(emb=Embedding(5, 3), head=Linear(3, 5, bias=false)) "
+                                "[head.weight (tied to emb.weight)]");
+        ndm::manager batch(m, "batch");
+        int64_t idx[2] = {4, 1};
+        ndm::array y = lm(ndm::array(ndm_from_buffer(batch, NDM_I64, idx, NDM_SHAPE(2))));
+        ndm::array e = ndm::array(
+            ndm_take_to(batch, w, 0, ndm_from_buffer(batch, NDM_I64, idx, NDM_SHAPE(2))));
+        ndm::array want = ndm::matmul(e, lm.param("emb.weight").t());
+        EXPECT(y.ok() && same(y.to_vector<float>(), want.to_vector<float>()));
+#if NDM_HPP_THROWS
+        bool caught = false;
+        try {
+            lm.tie("head.weight", "nothing");
+        } catch (const ndm::error &err) {
+            caught = err.status() == NDM_E_INVALID;
+        }
+        EXPECT(caught);
+#endif
+        ndm_clear_error();
+    }
     ndm::module bad = ndm::make_module(model, "Bad",
         [](const ndm::module &, const std::vector<ndm::array> &in) {
             ndm::array wrong = ndm::ones(NDM_CURRENT_SCOPE, NDM_F32, {7});
