@@ -372,6 +372,50 @@ static void test_graph_request_replays_eager_answers(void **state)
     assert_ok(ndm_manager_close(n.model));
 }
 
+/* ndm_predict on a predictor that uses graphs: the first request of a
+ * shape runs planned, the second is captured, later ones launch; every
+ * answer is the eager predictor's; other shapes run uncaptured. */
+static void test_graph_predictor_serves_from_graphs(void **state)
+{
+    NEED_CUDA();
+    ndm_manager root = ROOT(state);
+    net a = net_new(root, false), b = net_new(root, false);
+    ndm_predictor pa = ndm_predictor_new(a.model, a.mod), pb = ndm_predictor_new(b.model, b.mod);
+    assert_true(pa.id && pb.id);
+    assert_ok(ndm_predictor_use_graphs(pb, 1));
+    assert_status(ndm_predictor_use_graphs(pb, 1), NDM_E_INVALID);
+    ndm_manager in = ndm_manager_new_on(root, "inputs", NDM_CUDA(0));
+    for (int k = 0; k < 6; k++) {
+        int rows = k == 4 ? 3 : 1; /* a second shape: no slot left, uncaptured */
+        float x[3 * IN];
+        for (int i = 0; i < rows * IN; i++)
+            x[i] = (float)sin(0.7 * i + k);
+        ndm_array xa = ndm_empty(in, NDM_F32, NDM_SHAPE(rows, IN));
+        assert_ok(ndm_array_copy_in(xa, x, sizeof *x * (size_t)rows * IN));
+        ndm_array ya = ndm_predict(pa, xa), yb = ndm_predict(pb, xa);
+        assert_live(ya);
+        assert_live(yb);
+        float va[3 * OUT], vb[3 * OUT];
+        assert_ok(ndm_array_copy_out(ya, va, sizeof *va * (size_t)rows * OUT));
+        assert_ok(ndm_array_copy_out(yb, vb, sizeof *vb * (size_t)rows * OUT));
+        assert_memory_equal(va, vb, sizeof *va * (size_t)rows * OUT);
+        assert_ok(ndm_array_release(ya));
+        assert_ok(ndm_array_release(yb));
+        assert_ok(ndm_array_release(xa));
+    }
+    ndm_predictor_graph_stats gs;
+    assert_ok(ndm_predictor_get_graph_stats(pb, &gs));
+    assert_int_equal(gs.captured, 1);
+    assert_int_equal(gs.uncaptured, 1);
+    assert_int_equal(gs.launched, 4); /* requests 1, 2, 3, 5 */
+    assert_ok(ndm_predictor_get_graph_stats(pa, &gs));
+    assert_int_equal(gs.launched, 0);
+    assert_manager_empty(in);
+    assert_ok(ndm_manager_close(in));
+    assert_ok(ndm_manager_close(a.model));
+    assert_ok(ndm_manager_close(b.model));
+}
+
 /* ---- what cannot be captured ---------------------------------------------------------------- */
 
 static ndm_status reads_a_value(ndm_manager step, void *ud)
@@ -488,6 +532,17 @@ static void test_graph_bad_handles_and_cpu_refused(void **state)
     assert_status(ndm_graph_get_info(bogus, NULL), NDM_E_INVALID);
     assert_int_equal(ndm_graph_manager(bogus).id, 0);
     assert_ok(ndm_plan_close(plan));
+    /* a predictor of a CPU model has no graphs to use */
+    ndm_manager model = ndm_manager_new(root, "model");
+    ndm_rng rng = ndm_rng_new(3);
+    ndm_no_grad_begin();
+    ndm_module lin = ndm_linear(model, 4, 2, true, &rng);
+    ndm_no_grad_end();
+    ndm_predictor p = ndm_predictor_new(model, lin);
+    assert_status(ndm_predictor_use_graphs(p, 2), NDM_E_UNSUPPORTED);
+    assert_error_has("no device graphs");
+    assert_status(ndm_predictor_get_graph_stats(p, NULL), NDM_E_INVALID);
+    assert_ok(ndm_manager_close(model));
     assert_manager_empty(root);
 }
 
@@ -498,6 +553,7 @@ int main(void)
         TEST(test_plan_cuda_limit_sees_the_step),
         TEST(test_graph_training_step_replays_bit_identical),
         TEST(test_graph_request_replays_eager_answers),
+        TEST(test_graph_predictor_serves_from_graphs),
         TEST(test_graph_uncapturable_calls_fail_the_capture),
         TEST(test_graph_bad_handles_and_cpu_refused),
     };
