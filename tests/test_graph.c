@@ -470,6 +470,18 @@ static ndm_status differs(ndm_manager step, void *ud)
     return big.id ? NDM_OK : ndm_last_status();
 }
 
+/* A loss whose labels are checked on the host: it reads the device. */
+static ndm_array labels;
+static ndm_status checks_labels(ndm_manager step, void *ud)
+{
+    io *s = ud;
+    ndm_status st = request_step(step, ud);
+    if (st < 0)
+        return st;
+    s->loss = ndm_cross_entropy_to(step, s->loss, labels);
+    return s->loss.id ? NDM_OK : ndm_last_status();
+}
+
 static ndm_status fails_itself(ndm_manager step, void *ud)
 {
     (void)step;
@@ -509,6 +521,18 @@ static void test_graph_uncapturable_calls_fail_the_capture(void **state)
     assert_int_equal(ndm_graph_capture(pm, "r", plan, 1, differs, &s).id, 0);
     assert_int_equal(ndm_last_status(), NDM_E_UNSUPPORTED);
     assert_error_has("the plan's arena does not serve");
+    int64_t lab[ROWS];
+    for (int i = 0; i < ROWS; i++)
+        lab[i] = i % OUT;
+    labels = ndm_empty(pm, NDM_I64, NDM_SHAPE(ROWS));
+    assert_ok(ndm_array_copy_in(labels, lab, sizeof lab));
+    r = ndm_manager_new_planned(pm, "request", plan, 2);
+    assert_ok(checks_labels(r, &s));
+    assert_ok(ndm_manager_close(r));
+    assert_int_equal(ndm_graph_capture(pm, "r", plan, 2, checks_labels, &s).id, 0);
+    assert_int_equal(ndm_last_status(), NDM_E_UNSUPPORTED);
+    assert_error_has("cannot be captured");
+    assert_ok(ndm_array_release(labels));
     assert_int_equal(ndm_graph_capture(pm, "r", plan, 1, fails_itself, &s).id, 0);
     assert_int_equal(ndm_last_status(), NDM_E_SHAPE);
     assert_int_equal(ndm_graph_capture(pm, "r", plan, 1, NULL, &s).id, 0);
