@@ -7,6 +7,7 @@
  * device (they run on the host stand-in in CI). */
 #include <dlfcn.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -438,6 +439,81 @@ static void test_graph_predictor_serves_from_graphs(void **state)
     assert_ok(ndm_manager_close(b.model));
 }
 
+/* Threads serving one shape at once: one holds the graph, the others run
+ * their request uncaptured meanwhile; every answer is the eager one. */
+#define SERVERS 3
+#define PER_SERVER 12
+typedef struct server {
+    ndm_predictor p;
+    ndm_manager in;
+    const float (*want)[OUT];
+    int bad;
+} server;
+
+static void request_input(int k, float *x)
+{
+    for (int i = 0; i < IN; i++)
+        x[i] = (float)cos(0.4 * i + 0.3 * k);
+}
+
+static void *serve(void *ud)
+{
+    server *sv = ud;
+    for (int k = 0; k < PER_SERVER; k++) {
+        float x[IN], y[OUT];
+        request_input(k, x);
+        ndm_array xa = ndm_empty(sv->in, NDM_F32, NDM_SHAPE(1, IN));
+        ndm_array ya = ndm_array_copy_in(xa, x, sizeof x) == NDM_OK ? ndm_predict(sv->p, xa)
+                                                                  : NDM_NULL_ARRAY;
+        if (!ya.id || ndm_array_copy_out(ya, y, sizeof y) != NDM_OK ||
+            memcmp(y, sv->want[k], sizeof y))
+            sv->bad++;
+        (void)ndm_array_release(ya);
+        (void)ndm_array_release(xa);
+    }
+    return NULL;
+}
+
+static void test_graph_predictor_threads_share_a_shape(void **state)
+{
+    NEED_CUDA();
+    ndm_manager root = ROOT(state);
+    net a = net_new(root, false), b = net_new(root, false);
+    ndm_predictor pa = ndm_predictor_new(a.model, a.mod), pb = ndm_predictor_new(b.model, b.mod);
+    assert_ok(ndm_predictor_use_graphs(pb, 2));
+    ndm_manager in = ndm_manager_new_on(root, "inputs", NDM_CUDA(0));
+    float want[PER_SERVER][OUT];
+    for (int k = 0; k < PER_SERVER; k++) {
+        float x[IN];
+        request_input(k, x);
+        ndm_array xa = ndm_empty(in, NDM_F32, NDM_SHAPE(1, IN));
+        assert_ok(ndm_array_copy_in(xa, x, sizeof x));
+        ndm_array ya = ndm_predict(pa, xa);
+        assert_live(ya);
+        assert_ok(ndm_array_copy_out(ya, want[k], sizeof want[k]));
+        assert_ok(ndm_array_release(ya));
+        assert_ok(ndm_array_release(xa));
+    }
+    server sv[SERVERS];
+    pthread_t th[SERVERS];
+    for (int t = 0; t < SERVERS; t++) {
+        sv[t] = (server){pb, in, (const float(*)[OUT])want, 0};
+        assert_int_equal(pthread_create(&th[t], NULL, serve, &sv[t]), 0);
+    }
+    for (int t = 0; t < SERVERS; t++) {
+        assert_int_equal(pthread_join(th[t], NULL), 0);
+        assert_int_equal(sv[t].bad, 0);
+    }
+    ndm_predictor_graph_stats gs;
+    assert_ok(ndm_predictor_get_graph_stats(pb, &gs));
+    assert_int_equal(gs.captured, 1);
+    assert_true(gs.launched >= 1 && gs.launched <= SERVERS * PER_SERVER - 2);
+    assert_manager_empty(in);
+    assert_ok(ndm_manager_close(in));
+    assert_ok(ndm_manager_close(a.model));
+    assert_ok(ndm_manager_close(b.model));
+}
+
 /* ---- what cannot be captured ---------------------------------------------------------------- */
 
 static ndm_status reads_a_value(ndm_manager step, void *ud)
@@ -600,6 +676,7 @@ int main(void)
         TEST(test_graph_training_step_replays_bit_identical),
         TEST(test_graph_request_replays_eager_answers),
         TEST(test_graph_predictor_serves_from_graphs),
+        TEST(test_graph_predictor_threads_share_a_shape),
         TEST(test_graph_uncapturable_calls_fail_the_capture),
         TEST(test_graph_bad_handles_and_cpu_refused),
     };

@@ -830,7 +830,8 @@ typedef struct ndm_predictor_graph_stats {
  *  answer bit for bit. Other shapes, a request that finds its shape's
  *  graph in use by another thread, inputs on another device, and nets
  *  whose forward pass cannot be captured run as before. The graphs and
- *  their memory live in the predictor's manager. NDM_OK; NDM_E_INVALID
+ *  their memory live in the predictor's manager. Call it before the
+ *  predictor serves (not while other threads predict). NDM_OK; NDM_E_INVALID
  *  (max_shapes out of range, or graphs on already); NDM_E_UNSUPPORTED
  *  (the model is not on a CUDA device); NDM_E_NULL/NDM_E_CLOSED/
  *  NDM_E_INVALID for a bad predictor; NDM_E_OOM. */

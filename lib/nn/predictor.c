@@ -234,7 +234,7 @@ static pgraph *graph_slot(predictor *p, const ndm__view *rx)
         }
     }
     pthread_mutex_unlock(&p->glock);
-    if (!pg || pg->dead || pthread_mutex_trylock(&pg->lock) != 0)
+    if (!pg || pthread_mutex_trylock(&pg->lock) != 0)
         return NULL;
     if (pg->dead) {
         pthread_mutex_unlock(&pg->lock);
