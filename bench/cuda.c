@@ -5,6 +5,8 @@
  *   - matmul against a direct cuBLAS call of the same shapes
  *   - cached allocation + free against cudaMalloc/cudaFree and PyTorch's allocator
  *   - MLP and CNN training steps, and their peak reserved bytes, against PyTorch
+ *   - a batch-1 MLP request's p50 latency served from a device graph
+ *     (ndm_predictor_use_graphs) against the same request launched op by op
  * PyTorch runs as a co-process (bench/cuda_torch.py) from the Python named by
  * --python or NDM_BENCH_PYTHON; without one its figures are skipped, saying so.
  * Without a GPU nothing is measured: the program says so and exits 0. */
@@ -299,6 +301,85 @@ static double peak_reserved(ndm_manager parent, const char *arch, int64_t batch,
     return (double)peak;
 }
 
+/* ---- a batch-1 request: a device graph against launches op by op ------------------ */
+
+typedef struct req {
+    ndm_predictor p;
+    ndm_manager model, out;
+    ndm_array x;
+    float y[10];
+} req;
+
+static void req_new(req *q, ndm_manager parent, bool graphs)
+{
+    q->model = ndm_manager_new_on(parent, graphs ? "serve-graphs" : "serve-eager", DEV);
+    ndm_rng rng = ndm_rng_new(5);
+    ndm_no_grad_begin();
+    ndm_module net = q->model.id ? fashion_net(q->model, "mlp", &rng) : (ndm_module){0};
+    ndm_no_grad_end();
+    q->p = net.id ? ndm_predictor_new(q->model, net) : (ndm_predictor){0};
+    q->out = ndm_manager_new_on(parent, "answers", DEV);
+    q->x = ndm_uniform(q->out, &rng, NDM_F32, 0, 1, NDM_SHAPE(1, 28, 28));
+    if (!q->p.id || !q->x.id || (graphs && ndm_predictor_use_graphs(q->p, 1) != NDM_OK))
+        die("a predictor on the GPU");
+}
+
+/* One request as a client sees it: the answer back on the host. */
+static void request_once(void *ud)
+{
+    req *q = ud;
+    ndm_array y = ndm_predict_to(q->out, q->p, q->x);
+    if (!y.id || ndm_array_copy_out(y, q->y, sizeof q->y) != NDM_OK ||
+        ndm_array_release(y) != NDM_OK)
+        die("a request");
+}
+
+/* The median latency (microseconds) of n requests, each timed alone. */
+static double request_p50_us(req *q, int n)
+{
+    double t[256];
+    if (n > 256)
+        n = 256;
+    for (int i = 0; i < n; i++) {
+        double t0 = bench_now();
+        request_once(q);
+        t[i] = (bench_now() - t0) * 1e6;
+    }
+    return bench_median(t, n);
+}
+
+static void request_figures(bench_report *r, ndm_manager root, int pairs, bool quick)
+{
+    req e, g;
+    req_new(&e, root, false);
+    req_new(&g, root, true);
+    for (int w = 0; w < 20; w++) { /* warm-up; the graph's first two requests record and capture */
+        request_once(&e);
+        request_once(&g);
+    }
+    bool same = !memcmp(e.y, g.y, sizeof e.y);
+    double vo[MAXPAIRS], va[MAXPAIRS];
+    int n = quick ? 50 : 200;
+    for (int i = 0; i < pairs; i++) {
+        vo[i] = request_p50_us(&g, n);
+        va[i] = request_p50_us(&e, n);
+    }
+    add_ratio(r, "mlp_request_p50_us_graph_vs_eager", "us",
+              "the same batch-1 MLP request launched op by op (ndm_predict without graphs)", vo,
+              va, pairs);
+    ndm_predictor_graph_stats gs;
+    char note[256];
+    if (ndm_predictor_get_graph_stats(g.p, &gs) != NDM_OK)
+        die("reading the graph statistics");
+    snprintf(note, sizeof note, "mlp request: batch 1, p50 of %d requests per pair (answer copied "
+             "back to the host); target p50 <= 50 us; %lld launched from the graph; answers "
+             "identical to op-by-op: %s", n, (long long)gs.launched, same ? "yes" : "NO");
+    bench_note(r, note);
+    if (ndm_manager_close(e.out) != NDM_OK || ndm_manager_close(g.out) != NDM_OK ||
+        ndm_manager_close(e.model) != NDM_OK || ndm_manager_close(g.model) != NDM_OK)
+        die("closing the predictors");
+}
+
 /* ---- main ------------------------------------------------------------------------ */
 
 int main(int argc, char **argv)
@@ -418,6 +499,9 @@ int main(int argc, char **argv)
     al a = {g, (int64_t)MIB};
     interleave(r, "alloc_free_ns_vs_cudaMalloc", "ns", "cudaMalloc + cudaFree of 1 MiB", pairs,
                &(side){alloc_ndm, &a, 1000, 1e9, false}, &(side){alloc_raw, &a, 100, 1e9, false});
+
+    /* a batch-1 request from a device graph against op-by-op launches */
+    request_figures(r, root, pairs, quick);
 
     /* against PyTorch, same GPU, same shapes, seeds and batch */
     torch_proc tp;

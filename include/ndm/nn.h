@@ -814,6 +814,40 @@ NDM_API ndm_array ndm_predict_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_predic
 /** ndm_predict_under() with an explicit call site (the macro passes NDM_HERE). */
 NDM_API ndm_array ndm_predict_under_at(NDM_SITE_PARAMS, ndm_manager parent, ndm_predictor p,
                                        ndm_array input);
+/** What a predictor's device graphs did (ndm_predictor_get_graph_stats). */
+typedef struct ndm_predictor_graph_stats {
+    int64_t captured;   /**< request shapes captured as graphs */
+    int64_t launched;   /**< requests served by launching a graph */
+    int64_t uncaptured; /**< planned requests run uncaptured (each shape's first) */
+} ndm_predictor_graph_stats;
+
+/** Serve ndm_predict() requests of up to max_shapes (1..64) input shapes
+ *  (dtype and shape) from device graphs (plan.h) on a CUDA model: a
+ *  shape's first request runs in a planned manager (recording its plan),
+ *  its second is captured as a graph, and every later one copies its
+ *  input into the graph's input, launches the graph and copies the answer
+ *  out: one launch instead of a kernel launch per operation, the same
+ *  answer bit for bit. Other shapes, a request that finds its shape's
+ *  graph in use by another thread, inputs on another device, and nets
+ *  whose forward pass cannot be captured run as before. The graphs and
+ *  their memory live in the predictor's manager. Call it before the
+ *  predictor serves (not while other threads predict). NDM_OK; NDM_E_INVALID
+ *  (max_shapes out of range, or graphs on already); NDM_E_UNSUPPORTED
+ *  (the model is not on a CUDA device); NDM_E_NULL/NDM_E_CLOSED/
+ *  NDM_E_INVALID for a bad predictor; NDM_E_OOM. */
+#define ndm_predictor_use_graphs(p, max_shapes)                                 \
+    ndm_predictor_use_graphs_at(NDM_HERE, (p), (max_shapes))
+/** ndm_predictor_use_graphs() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API NDM_NODISCARD ndm_status ndm_predictor_use_graphs_at(NDM_SITE_PARAMS, ndm_predictor p,
+                                                             int max_shapes);
+/** Fill *out with what p's graphs did (zeros without graphs). NDM_OK;
+ *  NDM_E_INVALID for a NULL out; errors of a bad predictor. */
+#define ndm_predictor_get_graph_stats(p, out)                                   \
+    ndm_predictor_get_graph_stats_at(NDM_HERE, (p), (out))
+/** ndm_predictor_get_graph_stats() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API NDM_NODISCARD ndm_status ndm_predictor_get_graph_stats_at(NDM_SITE_PARAMS,
+                                                                  ndm_predictor p,
+                                                                  ndm_predictor_graph_stats *out);
 /** Load a checkpoint into net (strict, as ndm_module_load()) and make a
  *  predictor of it (as ndm_predictor_new()). For serving, build the net
  *  between ndm_no_grad_begin() and ndm_no_grad_end(): layers made while

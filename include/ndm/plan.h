@@ -139,6 +139,117 @@ NDM_API NDM_NODISCARD ndm_status ndm_plan_get_entry_at(NDM_SITE_PARAMS, ndm_plan
                                                        uint64_t signature,
                                                        ndm_plan_entry *out);
 
+/* ---- device graphs over planned managers ---------------------------------------------
+ *
+ * A step of fixed shape on a CUDA device launches the same kernels on the
+ * same memory every time. ndm_graph_capture records one such step as a
+ * device graph (a CUDA graph) whose memory is its plan's arena, and
+ * ndm_graph_launch runs the whole step again with one call, no kernel
+ * launched one by one and no allocator call:
+ *
+ *     // the first step of the signature, run as usual, records the plan
+ *     ndm_manager s = ndm_manager_new_planned(trainer, "batch", plan, rows);
+ *     st = step(s, &io);                        // reads io.x, io.y
+ *     (void)ndm_manager_close(s);
+ *     ndm_graph g = ndm_graph_capture(trainer, "batch", plan, rows, step, &io);
+ *     for (each batch) {
+ *         ... write the batch into io.x, io.y (in place) ...
+ *         st = ndm_graph_launch(g);             // io.loss holds this step's loss
+ *     }
+ *     (void)ndm_graph_close(g);
+ *
+ * Capture opens a planned manager (`step`, a child of parent) on the plan
+ * cached for `signature`, makes the calling thread's work on the device
+ * go to a capturing stream, calls fn(step, ud), and ends the capture. fn
+ * runs as the step would, except that nothing runs on the device: kernels
+ * and copies between device memory are recorded, and a call that needs
+ * the device's results or memory the graph would not own cannot be
+ * captured, so it fails with NDM_E_UNSUPPORTED ("cannot be captured"), and
+ * so does the capture: a copy to or from host memory, a wait for the
+ * device (ndm_sync, reading a value), an allocation on the device that the
+ * plan's arena does not serve (the step differing from the recorded one,
+ * an array made in a manager other than the step or its children).
+ * Shapes outside the captured set are simply run uncaptured.
+ *
+ * What fn reads from outside the step (parameters, the inputs it is given
+ * through ud) is read again, from the same memory, by each launch: write
+ * new inputs into those arrays in place, and keep them alive as long as the
+ * graph. What fn makes in `step` (its outputs, the autograd graph) stays
+ * there, in the arena, as long as the graph: each launch overwrites it in
+ * place. In-place updates (an optimizer's step) repeat with each launch.
+ *
+ * The graph is owned by its step manager (ndm_graph_manager): closing it,
+ * ndm_graph_close, or closing any manager above it destroys the graph and
+ * gives the arena back to the plan. Launches run on the calling thread's
+ * current stream of the device, in order with the work around them; the
+ * host does not wait (read an output, or ndm_sync, to wait). Results are
+ * bit-identical to running the step eagerly.
+ *
+ * Thread rules: capture on one thread (the device's work of that thread
+ * only is captured). Launches are thread-safe; two threads launching one
+ * graph run its steps one after the other on their streams (both write the
+ * same arena: order them, or use one graph per thread). */
+
+/** A captured device graph (opaque; 0 is the null handle). */
+typedef struct ndm_graph {
+    uint64_t id; /**< Slot and generation; 0 is the null handle. Opaque. */
+} ndm_graph;
+
+/** The null graph handle: what a failed ndm_graph_capture returns. */
+#define NDM_NULL_GRAPH NDM_LITERAL_(ndm_graph, 0)
+
+/** One step, as ndm_graph_capture runs it: make its arrays in `step` (or
+ *  its children, scopes included); return NDM_OK or the first failure. */
+typedef ndm_status (*ndm_step_fn)(ndm_manager step, void *ud);
+
+/** What a graph is (ndm_graph_get_info). */
+typedef struct ndm_graph_info {
+    uint64_t signature;  /**< the plan's signature it was captured under */
+    int64_t nodes;       /**< kernels and copies recorded */
+    int64_t launches;    /**< ndm_graph_launch calls that queued it */
+    int64_t arena_bytes; /**< its memory: the plan's arena it holds */
+} ndm_graph_info;
+
+/** Capture fn(step, ud) as a device graph (see above) in a planned manager
+ *  `name` under `parent`, on parent's device. Returns the graph, owned by
+ *  its step manager, or the null handle: fn NULL or no plan of `signature`
+ *  cached (run one step of it in ndm_manager_new_planned first)
+ *  (NDM_E_INVALID); a device without graphs, the CPU included
+ *  (NDM_E_UNSUPPORTED); a call in fn that cannot be captured
+ *  (NDM_E_UNSUPPORTED, its message saying which) or fn's own failure (its
+ *  status); errors of ndm_manager_new_planned. On failure nothing stays
+ *  open and nothing ran on the device. */
+#define ndm_graph_capture(parent, name, plan, signature, fn, ud)                    ndm_graph_capture_at(NDM_HERE, (parent), (name), (plan), (signature), (fn), (ud))
+/** ndm_graph_capture() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API ndm_graph ndm_graph_capture_at(NDM_SITE_PARAMS, ndm_manager parent, const char *name,
+                                       ndm_plan plan, uint64_t signature, ndm_step_fn fn,
+                                       void *ud);
+
+/** Queue the captured step on the calling thread's current stream of its
+ *  device. NDM_OK; NDM_E_NULL; NDM_E_CLOSED (the graph was closed, or its
+ *  manager); NDM_E_INVALID (not a graph handle); NDM_E_DEVICE. */
+#define ndm_graph_launch(g) ndm_graph_launch_at(NDM_HERE, (g))
+/** ndm_graph_launch() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API NDM_NODISCARD ndm_status ndm_graph_launch_at(NDM_SITE_PARAMS, ndm_graph g);
+
+/** Close the graph's step manager (its arrays, then the graph; a launch
+ *  already queued still runs on memory that stays valid until it has).
+ *  NDM_OK; NDM_ALREADY when closed already; NDM_E_NULL; NDM_E_INVALID. */
+#define ndm_graph_close(g) ndm_graph_close_at(NDM_HERE, (g))
+/** ndm_graph_close() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API NDM_NODISCARD ndm_status ndm_graph_close_at(NDM_SITE_PARAMS, ndm_graph g);
+
+/** The step manager of g, which owns what fn made (the null handle, with
+ *  the error of ndm_graph_launch, for a bad or closed graph). */
+NDM_API ndm_manager ndm_graph_manager(ndm_graph g);
+
+/** Fill *out with what g is. NDM_OK, or the errors of ndm_graph_launch
+ *  (NDM_E_INVALID also for a NULL out). */
+#define ndm_graph_get_info(g, out) ndm_graph_get_info_at(NDM_HERE, (g), (out))
+/** ndm_graph_get_info() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API NDM_NODISCARD ndm_status ndm_graph_get_info_at(NDM_SITE_PARAMS, ndm_graph g,
+                                                       ndm_graph_info *out);
+
 #ifdef __cplusplus
 }
 #endif

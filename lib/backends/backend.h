@@ -18,7 +18,7 @@
 
 /* The layout of ndm__backend, ndm__host_api and the family tables: a module
  * built against another value is refused when loaded. */
-#define NDM__BACKEND_ABI 5
+#define NDM__BACKEND_ABI 6
 
 /* A kernel's view of an array: `data` points at the first element; strides
  * count elements and may be 0 (broadcast) or negative (flipped views). */
@@ -157,6 +157,31 @@ typedef struct ndm__backend_collective {
                                  ndm_dtype dt, ndm__coll_op op);
 } ndm__backend_collective;
 
+/* Device graphs (CUDA graphs) of a backend with streams. Between
+ * capture_begin and capture_end, the work the calling thread queues on
+ * `device` goes to a private stream in capture (thread-local mode), where it
+ * is recorded instead of run; launching the graph runs that work again, in
+ * its order, on a stream. A call the device cannot capture (one that waits
+ * for the device or the host, or allocates device or pinned memory) fails
+ * while capturing with NDM_E_UNSUPPORTED ("cannot be captured"), never a
+ * sticky device error, and the capture fails at its end. */
+typedef struct ndm__backend_graphs {
+    /* begin: *capture is the capturing stream, now the thread's current one
+     * on `device` (the allocator's current stream is the caller's to set) */
+    ndm_status (*capture_begin)(int device, void **capture);
+    /* end the capture begun by this thread: the instantiated graph into
+     * *graph and its node count into *nodes, or NULL and the error (an
+     * invalidated capture: NDM_E_UNSUPPORTED); in every case the capture
+     * stream is given back and `restore` (the stream table's value, NULL:
+     * the default) is the thread's current stream again */
+    ndm_status (*capture_end)(int device, void *capture, void *restore, void **graph,
+                              size_t *nodes);
+    /* queue the graph's work on `stream` (NULL: the default) */
+    ndm_status (*launch)(int device, void *graph, void *stream);
+    /* free the graph (a launch already queued still runs) */
+    void (*destroy)(int device, void *graph);
+} ndm__backend_graphs;
+
 /* Operation families. Each is declared in its own header under lib/backends/
  * and filled by the backends that provide it. */
 struct ndm__backend_ew;     /* elementwise and casts */
@@ -224,6 +249,9 @@ typedef struct ndm__backend {
     /* optional: collectives between processes (ndm__backend_collective);
      * NULL: none (collectives on its arrays are NDM_E_UNSUPPORTED) */
     const ndm__backend_collective *collective;
+    /* optional: device graphs (ndm__backend_graphs); NULL: none (capture is
+     * NDM_E_UNSUPPORTED) */
+    const ndm__backend_graphs *graphs;
 } ndm__backend;
 
 /* ---- modules ----------------------------------------------------------------

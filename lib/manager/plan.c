@@ -149,6 +149,9 @@ struct ndm__plan_run {
     char *base;
     _Atomic uint32_t cursor;
     atomic_bool streamed;
+    /* Captured into a device graph now: an allocation the arena does not
+     * serve cannot be captured (the graph could not own its memory). */
+    atomic_bool capturing;
     sub_blk *subs;
     _Atomic unsigned char *state;
 };
@@ -1002,8 +1005,62 @@ ndm_status ndm__plan_alloc(run_t *r, ndm_device dev, size_t nbytes, const ndm__a
         }
     }
 fallback:
+    if (atomic_load_explicit(&r->capturing, memory_order_relaxed)) {
+        *out = (ndm__block){NULL, NULL, 0};
+        return ndm__alloc_fail(tag, NDM_E_UNSUPPORTED,
+                               "%zu bytes cannot be captured: the plan's arena does not serve "
+                               "them (the step differs from the recorded one here)",
+                               nbytes);
+    }
     atomic_fetch_add_explicit(&r->fallbacks, 1, memory_order_relaxed);
     return ndm__alloc(dev, nbytes, tag, out);
+}
+
+/* ---- capture into device graphs ----------------------------------------------------- */
+
+static run_t *run_of(ndm_manager step)
+{
+    ndm__manager *m = ndm__manager_peek(step);
+    return m ? atomic_load_explicit(&m->plan_run, memory_order_acquire) : NULL;
+}
+
+ndm_status ndm__plan_capture(ndm_manager step, bool on, size_t *arena_bytes)
+{
+    run_t *r = run_of(step);
+    if (!r)
+        return NDM_E_INVALID;
+    if (on && (!r->replay || !r->base))
+        return NDM_E_INVALID;
+    atomic_store_explicit(&r->capturing, on, memory_order_relaxed);
+    if (arena_bytes)
+        *arena_bytes = r->arena.size;
+    return NDM_OK;
+}
+
+int ndm__plan_cached(ndm_plan h, uint64_t signature, ndm_device dev, const char *api,
+                     ndm__site site)
+{
+    ndm__plan *p = plan_get(h, api, site);
+    if (!p)
+        return ndm_last_status();
+    bool have = false;
+    pthread_mutex_lock(&p->lock);
+    for (entry *e = p->entries; e && !have; e = e->next)
+        have = e->sig == signature && same_dev(e->dev, dev);
+    pthread_mutex_unlock(&p->lock);
+    plan_unref(p);
+    return have;
+}
+
+ndm_status ndm__plan_arena_record_stream(ndm_manager step, uintptr_t stream)
+{
+    run_t *r = run_of(step);
+    if (!r || !r->arena.cookie || !stream)
+        return NDM_OK;
+    ndm_status st = ndm__alloc_record_stream(r->dev, r->arena.cookie, stream);
+    if (st == NDM_OK)
+        atomic_store_explicit(&r->streamed, true, memory_order_relaxed);
+    return st;
 }
 
 /* ---- the public API ------------------------------------------------------------------ */

@@ -4,6 +4,7 @@
 #define NDM_PLAN_INTERNAL_H
 
 #include "core.h"
+#include "ndm/plan.h"
 
 struct ndm__plan_run;
 
@@ -17,6 +18,20 @@ void ndm__plan_run_share(struct ndm__plan_run *run);
 /* m's close, its arrays drained: m serves no more creations; its run ends
  * once its last block is freed (then a recorded step becomes a plan). */
 void ndm__plan_seal(ndm__manager *m);
+
+/* Device graphs (lib/ops/graph.c). While on, the allocations of planned
+ * manager `step`'s run that its arena does not serve fail (NDM_E_UNSUPPORTED)
+ * instead of falling back; *arena_bytes (optional): its arena's size.
+ * NDM_E_INVALID (nothing recorded) when step is not planned, or (on) not
+ * a replay with an arena. */
+ndm_status ndm__plan_capture(ndm_manager step, bool on, size_t *arena_bytes);
+/* 1 when a plan of `signature` on `dev` is cached in plan h, 0 when not,
+ * the (recorded) error of a bad handle. */
+int ndm__plan_cached(ndm_plan h, uint64_t signature, ndm_device dev, const char *api,
+                     ndm__site site);
+/* The arena of step's run is used by work on `stream` (0: the default,
+ * nothing to do): its free waits for that stream. */
+ndm_status ndm__plan_arena_record_stream(ndm_manager step, uintptr_t stream);
 
 /* The storage of an array or scratch charged to m. */
 static NDM__ALWAYS_INLINE ndm_status ndm__storage_alloc(ndm__manager *m, ndm_device dev,

@@ -33,7 +33,11 @@ static bool index_range(const struct ndm__backend_index *f, const ndm__array *ri
     NDM__WITH_OP_CONTEXT(NDM_NULL_MANAGER, api, site,
                          st = f->find_outside(ri->storage->device.index, &t, lo, hi, &pos, &v));
     if (st < 0) {
-        ndm__fail(st, api, site, "index check failed: %s", ndm_status_str(st));
+        char why[512];
+        snprintf(why, sizeof why, "%s",
+                 ndm_last_status() == st && ndm_last_error()[0] ? ndm_last_error()
+                                                                : ndm_status_str(st));
+        ndm__fail(st, api, site, "index check failed: %s", why);
         return false;
     }
     if (pos < 0)

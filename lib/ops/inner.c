@@ -265,8 +265,14 @@ ndm_status ndm__find_outside(const ndm__view *v, int64_t lo, int64_t hi, int64_t
     if (!f)
         return ndm_last_status();
     ndm_status st = f->find_outside(v->device.index, &v->t, lo, hi, pos, value);
-    return st < 0 ? ndm__fail(st, api, site, "label check failed: %s", ndm_status_str(st))
-                  : NDM_OK;
+    if (st >= 0)
+        return NDM_OK;
+    /* the backend's reason (a capture refusing the read, say), else the status's */
+    char why[512];
+    snprintf(why, sizeof why, "%s",
+             ndm_last_status() == st && ndm_last_error()[0] ? ndm_last_error()
+                                                            : ndm_status_str(st));
+    return ndm__fail(st, api, site, "label check failed: %s", why);
 }
 
 ndm_status ndm__device_fill(ndm_device dev, const ndm__tensor *dst, double value, const char *api,

@@ -1,5 +1,6 @@
 /* Host execution's CUDA runtime: devices over host memory, in-order streams
- * that run work at once (or queue it while held), events, errors (test-only). */
+ * that run work at once (or queue it while held, or record it while
+ * captured into a graph), events, graphs, errors (test-only). */
 #include <atomic>
 #include <chrono>
 #include <deque>
@@ -10,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -192,11 +194,31 @@ struct ndm__hx_stream {
     std::mutex lock;
     bool held = false;
     std::deque<std::function<void()>> queue;
+    /* While captured: the work submitted since cudaStreamBeginCapture,
+     * recorded instead of run (stream lock). */
+    std::shared_ptr<struct ndm__hx_capture> cap;
+};
+
+/* A capture in progress: its nodes in order, whether a call that cannot be
+ * captured has invalidated it, and the thread that began it. */
+struct ndm__hx_capture {
+    std::vector<std::function<void()>> nodes;
+    bool invalid = false;
+    std::thread::id owner;
+};
+
+struct ndm__hx_graph {
+    std::vector<std::function<void()>> nodes;
+};
+
+struct ndm__hx_graph_exec {
+    std::shared_ptr<const std::vector<std::function<void()>>> nodes;
 };
 
 /* An event's record: done when the work before it on its stream has run. */
 struct ndm__hx_record {
     std::atomic<bool> done{false};
+    bool captured = false; /* recorded into a capture: done only when a launch runs it */
     cudaStream_t stream = nullptr;
     std::chrono::steady_clock::time_point when;
 };
@@ -280,6 +302,12 @@ cudaError_t submit(cudaStream_t s, std::function<void()> fn)
     if (e != cudaSuccess)
         return e;
     std::lock_guard<std::mutex> g(s->lock);
+    if (s->cap) {
+        if (s->cap->invalid)
+            return fail(cudaErrorStreamCaptureInvalidated);
+        s->cap->nodes.push_back(std::move(fn));
+        return cudaSuccess;
+    }
     if (s->held) {
         s->queue.push_back(std::move(fn));
         return cudaSuccess;
@@ -287,6 +315,42 @@ cudaError_t submit(cudaStream_t s, std::function<void()> fn)
     drain_locked(s);
     fn();
     return cudaSuccess;
+}
+
+/* ---- capture ------------------------------------------------------------------ */
+
+/* The streams the calling thread is capturing (thread-local mode: its own
+ * calls that would wait for the device or allocate are refused). */
+static thread_local std::vector<cudaStream_t> capturing_here;
+
+static bool is_capturing(cudaStream_t s)
+{
+    std::lock_guard<std::mutex> g(s->lock);
+    return s->cap != nullptr;
+}
+
+static void invalidate(cudaStream_t s)
+{
+    std::lock_guard<std::mutex> g(s->lock);
+    if (s->cap)
+        s->cap->invalid = true;
+}
+
+/* A call that cannot be captured, made by a thread that is capturing (or on
+ * stream s, when given, that is being captured): every capture concerned is
+ * invalidated and the call fails, as CUDA's does. Success otherwise. */
+static cudaError_t capture_refuses(cudaStream_t s)
+{
+    bool hit = false;
+    if (s && is_capturing(s)) {
+        invalidate(s);
+        hit = true;
+    }
+    for (cudaStream_t c : capturing_here) {
+        invalidate(c);
+        hit = true;
+    }
+    return hit ? fail(cudaErrorStreamCaptureUnsupported) : cudaSuccess;
 }
 
 } // namespace ndm__hx
@@ -334,6 +398,15 @@ static const error_text error_texts[] = {
     {cudaErrorInvalidPc, "cudaErrorInvalidPc", "invalid program counter"},
     {cudaErrorLaunchFailure, "cudaErrorLaunchFailure", "unspecified launch failure"},
     {cudaErrorNotSupported, "cudaErrorNotSupported", "operation not supported"},
+    {cudaErrorIllegalState, "cudaErrorIllegalState", "the operation cannot be performed in the present state"},
+    {cudaErrorStreamCaptureUnsupported, "cudaErrorStreamCaptureUnsupported",
+     "operation not permitted when stream is capturing"},
+    {cudaErrorStreamCaptureInvalidated, "cudaErrorStreamCaptureInvalidated",
+     "operation failed due to a previous error during capture"},
+    {cudaErrorStreamCaptureImplicit, "cudaErrorStreamCaptureImplicit",
+     "operation would make the legacy stream depend on a capturing blocking stream"},
+    {cudaErrorStreamCaptureWrongThread, "cudaErrorStreamCaptureWrongThread",
+     "attempt to terminate a thread-local capture sequence from another thread"},
     {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
 };
 
@@ -548,6 +621,8 @@ static cudaError_t device_alloc(void **ptr, size_t size, int d)
     cudaError_t e = check_alive(d);
     if (e != cudaSuccess)
         return e;
+    if ((e = capture_refuses(nullptr)) != cudaSuccess)
+        return e;
     if (size == 0)
         return cudaSuccess;
     size_t n = round_up(size, 256);
@@ -601,6 +676,8 @@ extern "C" cudaError_t cudaFree(void *ptr)
 {
     if (!ptr)
         return check_alive(current);
+    if (cudaError_t e = capture_refuses(nullptr))
+        return e;
     int d;
     size_t n;
     {
@@ -651,6 +728,8 @@ extern "C" cudaError_t cudaHostAlloc(void **ptr, size_t size, unsigned flags)
     if (!ptr || flags > 7)
         return fail(cudaErrorInvalidValue);
     *ptr = nullptr;
+    if (cudaError_t e = capture_refuses(nullptr))
+        return e;
     if (!size)
         return cudaSuccess;
     size_t n = round_up(size, 4096);
@@ -669,6 +748,8 @@ extern "C" cudaError_t cudaFreeHost(void *ptr)
 {
     if (!ptr)
         return cudaSuccess;
+    if (cudaError_t e = capture_refuses(nullptr))
+        return e;
     {
         std::lock_guard<std::mutex> g(mem_lock);
         auto it = regions.find((uintptr_t)ptr);
@@ -765,6 +846,11 @@ extern "C" cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cud
         return cudaSuccess;
     cudaError_t e = check_kind(dst, src, n, kind);
     if (e != cudaSuccess)
+        return e;
+    /* Pageable memory cannot be captured: the copy would wait on the host. */
+    bool pageable = (kind == cudaMemcpyHostToDevice && !is_pinned_range(src, n)) ||
+                    (kind == cudaMemcpyDeviceToHost && !is_pinned_range(dst, n));
+    if (pageable && (e = capture_refuses(resolve(s))) != cudaSuccess)
         return e;
     if (kind == cudaMemcpyHostToDevice && !is_pinned_range(src, n)) {
         auto staged = std::make_shared<std::vector<char>>((const char *)src, (const char *)src + n);
@@ -890,6 +976,8 @@ extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t s)
     s = resolve(s);
     if (!s)
         return fail(cudaErrorNoDevice);
+    if (cudaError_t e = capture_refuses(s))
+        return e;
     {
         std::lock_guard<std::mutex> g(s->lock);
         drain_locked(s);
@@ -905,6 +993,10 @@ extern "C" cudaError_t cudaStreamQuery(cudaStream_t s)
     cudaError_t e = check_alive(s->device);
     if (e != cudaSuccess)
         return e;
+    if (is_capturing(s)) {
+        invalidate(s);
+        return fail(cudaErrorStreamCaptureUnsupported);
+    }
     std::lock_guard<std::mutex> g(s->lock);
     /* Not ready is not an error: it is not recorded as the last error. */
     return s->queue.empty() ? cudaSuccess : cudaErrorNotReady;
@@ -921,6 +1013,8 @@ extern "C" cudaError_t cudaDeviceSynchronize(void)
 {
     if (!device_count())
         return fail(cudaErrorNoDevice);
+    if (cudaError_t e = capture_refuses(nullptr))
+        return e;
     sync_device(current);
     return check_alive(current);
 }
@@ -950,6 +1044,128 @@ extern "C" int ndm__hx_device_hold(int device, int on)
     for (cudaStream_t s : mine)
         ndm__hx_stream_hold(s, on);
     return (int)mine.size();
+}
+
+/* ---- graphs ---------------------------------------------------------------------------- */
+
+extern "C" cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode)
+{
+    if ((int)mode < 0 || mode > cudaStreamCaptureModeRelaxed)
+        return fail(cudaErrorInvalidValue);
+    cudaStream_t r = resolve(s);
+    if (!r)
+        return fail(cudaErrorNoDevice);
+    /* the legacy default stream cannot be captured */
+    if (s == nullptr || s == cudaStreamLegacy || r == devices[r->device].null_stream)
+        return fail(cudaErrorStreamCaptureUnsupported);
+    if (cudaError_t e = check_alive(r->device))
+        return e;
+    std::lock_guard<std::mutex> g(r->lock);
+    if (r->cap)
+        return fail(cudaErrorIllegalState);
+    /* work queued before the capture is not part of it: it runs first */
+    drain_locked(r);
+    r->cap = std::make_shared<ndm__hx_capture>();
+    r->cap->owner = std::this_thread::get_id();
+    if (mode != cudaStreamCaptureModeRelaxed)
+        capturing_here.push_back(r);
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph)
+{
+    if (!graph)
+        return fail(cudaErrorInvalidValue);
+    *graph = nullptr;
+    cudaStream_t r = resolve(s);
+    if (!r)
+        return fail(cudaErrorNoDevice);
+    std::shared_ptr<ndm__hx_capture> cap;
+    {
+        std::lock_guard<std::mutex> g(r->lock);
+        if (!r->cap)
+            return fail(cudaErrorIllegalState);
+        if (r->cap->owner != std::this_thread::get_id())
+            return fail(cudaErrorStreamCaptureWrongThread);
+        cap = std::move(r->cap);
+    }
+    for (size_t i = 0; i < capturing_here.size(); i++)
+        if (capturing_here[i] == r) {
+            capturing_here.erase(capturing_here.begin() + (long)i);
+            break;
+        }
+    if (cap->invalid)
+        return fail(cudaErrorStreamCaptureInvalidated);
+    *graph = new ndm__hx_graph{std::move(cap->nodes)};
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus *status)
+{
+    if (!status)
+        return fail(cudaErrorInvalidValue);
+    cudaStream_t r = resolve(s);
+    if (!r)
+        return fail(cudaErrorNoDevice);
+    std::lock_guard<std::mutex> g(r->lock);
+    *status = !r->cap ? cudaStreamCaptureStatusNone
+              : r->cap->invalid ? cudaStreamCaptureStatusInvalidated
+                                : cudaStreamCaptureStatusActive;
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph,
+                                            unsigned long long flags)
+{
+    if (!exec || !graph || flags)
+        return fail(cudaErrorInvalidValue);
+    *exec = new ndm__hx_graph_exec{
+        std::make_shared<const std::vector<std::function<void()>>>(graph->nodes)};
+    return cudaSuccess;
+}
+
+/* The graph's work, in its order, as one piece of the stream's: the work
+ * before it on s runs first, the work after it waits for it. */
+extern "C" cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s)
+{
+    if (!exec)
+        return fail(cudaErrorInvalidResourceHandle);
+    auto nodes = exec->nodes;
+    return submit(s, [nodes] {
+        for (const std::function<void()> &fn : *nodes)
+            fn();
+    });
+}
+
+extern "C" cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec)
+{
+    if (!exec)
+        return fail(cudaErrorInvalidResourceHandle);
+    delete exec; /* (a launch still queued keeps its nodes) */
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaGraphDestroy(cudaGraph_t graph)
+{
+    if (!graph)
+        return fail(cudaErrorInvalidResourceHandle);
+    delete graph;
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t *nodes, size_t *count)
+{
+    if (!graph || !count)
+        return fail(cudaErrorInvalidValue);
+    if (nodes) {
+        size_t n = *count < graph->nodes.size() ? *count : graph->nodes.size();
+        for (size_t i = 0; i < n; i++)
+            nodes[i] = (cudaGraphNode_t)(uintptr_t)(i + 1); /* (opaque; never dereferenced) */
+        *count = n;
+        return cudaSuccess;
+    }
+    *count = graph->nodes.size();
+    return cudaSuccess;
 }
 
 /* ---- events --------------------------------------------------------------------------- */
@@ -982,6 +1198,7 @@ extern "C" cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
         return fail(cudaErrorNoDevice);
     auto rec = std::make_shared<ndm__hx_record>();
     rec->stream = s;
+    rec->captured = is_capturing(s);
     cudaError_t err = submit(s, [rec] {
         rec->when = std::chrono::steady_clock::now();
         rec->done.store(true, std::memory_order_release);
@@ -1005,6 +1222,10 @@ extern "C" cudaError_t cudaEventQuery(cudaEvent_t e)
     if (!e)
         return fail(cudaErrorInvalidResourceHandle);
     auto rec = record_of(e);
+    if (rec && rec->captured && !rec->done.load(std::memory_order_acquire)) {
+        invalidate(rec->stream);
+        return fail(cudaErrorStreamCaptureUnsupported);
+    }
     if (!rec || rec->done.load(std::memory_order_acquire))
         return cudaSuccess;
     cudaError_t err = check_alive(rec->stream->device);
@@ -1035,7 +1256,10 @@ extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t e)
 {
     if (!e)
         return fail(cudaErrorInvalidResourceHandle);
-    return complete(record_of(e));
+    auto rec = record_of(e);
+    if (cudaError_t err = capture_refuses(rec && rec->captured ? rec->stream : nullptr))
+        return err;
+    return complete(rec);
 }
 
 /* The waiting stream runs at once, so the awaited work is run now. */
@@ -1049,6 +1273,11 @@ extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsign
     auto rec = record_of(e);
     if (rec && rec->stream == s)
         return check_alive(s->device); /* in order on its own stream */
+    if (rec && rec->captured) {
+        /* (a capture joined across streams: not modelled here) */
+        invalidate(rec->stream);
+        return fail(cudaErrorStreamCaptureUnsupported);
+    }
     cudaError_t err = complete(rec);
     return err != cudaSuccess ? err : check_alive(s->device);
 }

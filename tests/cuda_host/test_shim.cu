@@ -462,6 +462,134 @@ static void test_shim_trap_breaks_the_context(void **state)
 
 /* ---- streams and events --------------------------------------------------------------- */
 
+/* out[i] += v: launched again by each replay, so replays add up. */
+__global__ void k_add(int *out, int v, int n)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        out[i] += v;
+}
+
+/* Capture records a stream's work without running it; each launch of the
+ * instantiated graph runs all of it again, in order, on the launch stream. */
+static void test_graph_capture_records_and_launch_replays(void **state)
+{
+    (void)state;
+    CHECK(cudaSetDevice(DEV_OK));
+    const int n = 64;
+    int *buf = dev_alloc<int>(n);
+    int *pinned = nullptr;
+    CHECK(cudaHostAlloc((void **)&pinned, n * sizeof(int), 0));
+    int h[n];
+    cudaStream_t s, t;
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CHECK(cudaStreamCreateWithFlags(&t, cudaStreamNonBlocking));
+    CHECK(cudaMemsetAsync(buf, 0, n * sizeof(int), s));
+    cudaStreamCaptureStatus cs;
+    CHECK(cudaStreamIsCapturing(s, &cs));
+    assert_int_equal(cs, cudaStreamCaptureStatusNone);
+    unsigned long long l0 = ndm__hx_launch_count();
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    CHECK(cudaStreamIsCapturing(s, &cs));
+    assert_int_equal(cs, cudaStreamCaptureStatusActive);
+    NDM__LAUNCH(1, 64, 0, s, k_add)(buf, 2, n);
+    NDM__LAUNCH(1, 64, 0, s, k_add)(buf, 3, n);
+    CHECK(cudaMemcpyAsync(pinned, buf, n * sizeof(int), cudaMemcpyDeviceToHost, s));
+    CHECK(cudaGetLastError());
+    assert_int_equal(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal),
+                     cudaErrorIllegalState);
+    (void)cudaGetLastError();
+    cudaGraph_t g = nullptr;
+    CHECK(cudaStreamEndCapture(s, &g));
+    assert_non_null(g);
+    size_t nodes = 0;
+    CHECK(cudaGraphGetNodes(g, nullptr, &nodes));
+    assert_int_equal(nodes, 3);
+    /* nothing ran */
+    assert_int_equal(ndm__hx_launch_count(), l0);
+    CHECK(cudaMemcpy(h, buf, sizeof h, cudaMemcpyDeviceToHost));
+    assert_int_equal(h[0], 0);
+    cudaGraphExec_t x = nullptr;
+    CHECK(cudaGraphInstantiate(&x, g, 0));
+    CHECK(cudaGraphDestroy(g)); /* the instance keeps its own copy */
+    for (int k = 1; k <= 3; k++) {
+        CHECK(cudaGraphLaunch(x, k == 3 ? t : s));
+        CHECK(cudaStreamSynchronize(k == 3 ? t : s));
+        assert_int_equal(pinned[0], 5 * k);
+        assert_int_equal(pinned[n - 1], 5 * k);
+    }
+    assert_int_equal(ndm__hx_launch_count(), l0 + 6);
+    CHECK(cudaGraphExecDestroy(x));
+    CHECK(cudaStreamDestroy(s));
+    CHECK(cudaStreamDestroy(t));
+    CHECK(cudaFreeHost(pinned));
+    CHECK(cudaFree(buf));
+}
+
+/* A call that cannot be captured (an allocation, a wait for the device, a
+ * copy with pageable memory) fails while the thread captures, invalidates
+ * the capture, and the capture's end says so; the device goes on. */
+static void test_graph_uncapturable_calls_invalidate_the_capture(void **state)
+{
+    (void)state;
+    CHECK(cudaSetDevice(DEV_OK));
+    const int n = 16;
+    int *buf = dev_alloc<int>(n);
+    int h[n] = {0};
+    cudaStream_t s;
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    /* the legacy default stream cannot be captured */
+    assert_int_equal(cudaStreamBeginCapture(nullptr, cudaStreamCaptureModeThreadLocal),
+                     cudaErrorStreamCaptureUnsupported);
+    (void)cudaGetLastError();
+    for (int which = 0; which < 6; which++) {
+        CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        NDM__LAUNCH(1, 16, 0, s, k_add)(buf, 1, n);
+        cudaError_t e = cudaSuccess;
+        void *p = nullptr;
+        switch (which) {
+        case 0: e = cudaMalloc(&p, 256); break;
+        case 1: e = cudaStreamSynchronize(s); break;
+        case 2: e = cudaDeviceSynchronize(); break;
+        case 3: e = cudaMemcpyAsync(h, buf, sizeof h, cudaMemcpyDeviceToHost, s); break;
+        case 4: e = cudaMemcpy(buf, h, sizeof h, cudaMemcpyHostToDevice); break;
+        case 5: e = cudaStreamQuery(s); break;
+        }
+        assert_int_equal(e, cudaErrorStreamCaptureUnsupported);
+        assert_null(p);
+        cudaStreamCaptureStatus cs;
+        CHECK(cudaStreamIsCapturing(s, &cs));
+        assert_int_equal(cs, cudaStreamCaptureStatusInvalidated);
+        /* later work on the stream is refused too */
+        NDM__LAUNCH(1, 16, 0, s, k_add)(buf, 1, n);
+        assert_int_equal(cudaGetLastError(), cudaErrorStreamCaptureInvalidated);
+        cudaGraph_t g = (cudaGraph_t)0x1;
+        assert_int_equal(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
+        assert_null(g);
+        (void)cudaGetLastError();
+        CHECK(cudaStreamIsCapturing(s, &cs));
+        assert_int_equal(cs, cudaStreamCaptureStatusNone);
+    }
+    /* ending from another thread than the one that began */
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    cudaError_t other = cudaSuccess;
+    std::thread th([&] {
+        cudaGraph_t g = nullptr;
+        other = cudaStreamEndCapture(s, &g);
+    });
+    th.join();
+    assert_int_equal(other, cudaErrorStreamCaptureWrongThread);
+    cudaGraph_t g = nullptr;
+    CHECK(cudaStreamEndCapture(s, &g));
+    CHECK(cudaGraphDestroy(g));
+    /* nothing captured ran, and the device still works */
+    CHECK(cudaMemcpy(h, buf, sizeof h, cudaMemcpyDeviceToHost));
+    int *q = dev_alloc<int>(4);
+    CHECK(cudaFree(q));
+    CHECK(cudaStreamDestroy(s));
+    CHECK(cudaFree(buf));
+}
+
 static void test_stream_hold_queues_work_until_released(void **state)
 {
     (void)state;
@@ -892,6 +1020,8 @@ int main(void)
         cmocka_unit_test(test_shim_exited_lanes_at_a_shuffle_are_a_launch_failure),
         cmocka_unit_test(test_shim_trap_breaks_the_context),
         cmocka_unit_test(test_stream_hold_queues_work_until_released),
+        cmocka_unit_test(test_graph_capture_records_and_launch_replays),
+        cmocka_unit_test(test_graph_uncapturable_calls_invalidate_the_capture),
         cmocka_unit_test(test_stream_copies_treat_pinned_and_pageable_memory_as_cuda_does),
         cmocka_unit_test(test_event_elapsed_time_needs_timing),
         cmocka_unit_test(test_memory_is_tracked_and_bounded),

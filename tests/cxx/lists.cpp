@@ -125,6 +125,24 @@ int main()
            ndm_array_copy_out(want, wv, sizeof wv) == NDM_OK && av[0] == wv[0] && av[1] == wv[1]);
     EXPECT(ndm_batcher_close(b) == NDM_OK);
 
+    /* plans and graphs: each argument once (a CPU manager has no graphs) */
+    int planned = 0, sigs = 0;
+    ndm_plan plan = ndm_plan_new((planned++, m), 2);
+    ndm_manager pst = ndm_manager_new_planned(m, "step", (planned++, plan), (uint64_t)(sigs++, 3));
+    EXPECT(plan.id != 0 && pst.id != 0 && planned == 2 && sigs == 1);
+    EXPECT(ndm_manager_close(pst) == NDM_OK);
+    ndm_step_fn step_fn = [](ndm_manager, void *) -> ndm_status { return NDM_OK; };
+    ndm_graph gr = ndm_graph_capture(m, "step", plan, (uint64_t)(sigs++, 3), step_fn, nullptr);
+    EXPECT(gr.id == 0 && sigs == 2 && ndm_last_status() == NDM_E_UNSUPPORTED);
+    ndm_graph none = NDM_NULL_GRAPH;
+    EXPECT(ndm_graph_launch(none) == NDM_E_NULL && ndm_graph_close(none) == NDM_E_NULL);
+    ndm_graph_info gi;
+    EXPECT(ndm_graph_get_info(none, &gi) == NDM_E_NULL);
+    ndm_predictor_graph_stats pgs;
+    EXPECT(ndm_predictor_use_graphs(pr, 2) == NDM_E_UNSUPPORTED &&
+           ndm_predictor_get_graph_stats(pr, &pgs) == NDM_OK && pgs.launched == 0);
+    ndm_clear_error();
+
     EXPECT(ndm_manager_close(m) == NDM_OK);
     if (failures)
         std::fprintf(stderr, "%d failure(s)\n", failures);

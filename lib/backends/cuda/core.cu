@@ -119,6 +119,12 @@ ndm_status ndm__cuda_check(int device, cudaError_t e, const char *what)
      * so that it is not reported again by an unrelated later call. */
     (void)cudaGetLastError();
     ndm__cuda_device *d = &devices[device];
+    /* A call made while this thread captures a graph that cannot be
+     * captured: the call fails (and so will the capture), the device goes on. */
+    if (e == cudaErrorStreamCaptureUnsupported || e == cudaErrorStreamCaptureInvalidated ||
+        e == cudaErrorStreamCaptureImplicit || e == cudaErrorStreamCaptureWrongThread)
+        return ndm__cuda_fail(NDM_E_UNSUPPORTED, "cuda:%d: %s cannot be captured: %s (%s)",
+                              device, what, text, name);
     bool broken = breaks_context(e);
     if (!broken && d->ready.load(std::memory_order_acquire)) {
         /* An error CUDA does not list as sticky may still hide a broken
@@ -585,6 +591,7 @@ extern "C" const ndm__backend ndm__cuda_backend = {
 #if NDM_HAVE_NCCL
     .collective = &ndm__cuda_collective,
 #endif
+    .graphs = &ndm__cuda_graphs,
 };
 
 /* The module's one export. libndm checks the table it returns; the module

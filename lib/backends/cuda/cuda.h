@@ -36,6 +36,8 @@ extern const ndm__backend ndm__cuda_backend;
 bool ndm__cuda_supports(int device, const ndm__op_case *c);
 extern const struct ndm__backend_ew ndm__cuda_ew;
 extern const struct ndm__backend_random ndm__cuda_random;
+/* Device graphs: capture, launch (graph.cu). */
+extern const ndm__backend_graphs ndm__cuda_graphs;
 
 /* The families, one .cu each. */
 extern const struct ndm__backend_reduce ndm__cuda_reduce;

@@ -238,6 +238,28 @@ void ndm__alloc_set_stream(ndm_device dev, uintptr_t stream)
         cur_stream[i] = stream;
 }
 
+static _Thread_local bool capturing[MAX_POOLS];
+
+void ndm__alloc_set_capturing(ndm_device dev, bool on)
+{
+    int i = pool_index(dev);
+    if (i > 0)
+        capturing[i] = on;
+}
+
+static __attribute__((cold)) ndm_status refuse_capture(ndm_device dev, size_t nbytes,
+                                                       const ndm__alloc_tag *tag,
+                                                       ndm__block *out)
+{
+    char name[32];
+    memset(out, 0, sizeof *out);
+    ndm_device_str(dev, name, sizeof name);
+    return ndm__alloc_fail(tag, NDM_E_UNSUPPORTED,
+                           "%zu bytes on %s cannot be captured: a device graph's memory is its "
+                           "plan's arena (make the step's arrays in the planned manager)",
+                           nbytes, name);
+}
+
 ndm_status ndm__alloc_record_stream(ndm_device dev, void *cookie, uintptr_t stream)
 {
     ndm__xblock *x = ndm__xblock_of(cookie);
@@ -275,6 +297,8 @@ static ndm_status alloc_rare(ndm_device dev, size_t nbytes, const ndm__alloc_tag
     if (!p)
         return ndm_last_status();
     int i = pool_index(dev);
+    if (i >= 0 && capturing[i])
+        return refuse_capture(dev, nbytes, tag, out);
     if (atomic_load(&conf_bad[i]))
         return ndm__alloc_fail(tag, NDM_E_CONFIG, "%s", conf_error[i]);
     uintptr_t stream = i > 0 ? cur_stream[i] : 0;
@@ -293,6 +317,8 @@ static __attribute__((noinline)) ndm_status alloc_general(ndm_device dev, size_t
                              atomic_load_explicit(&ndm__inject_countdown, memory_order_relaxed) > 0,
                          0))
         return alloc_rare(dev, nbytes, tag, out);
+    if (__builtin_expect(capturing[i], 0))
+        return refuse_capture(dev, nbytes, tag, out);
     ndm__pool *p = atomic_load_explicit(&pools[i], memory_order_acquire);
     if (__builtin_expect(!p || atomic_load_explicit(&conf_bad[i], memory_order_relaxed), 0))
         return alloc_rare(dev, nbytes, tag, out);

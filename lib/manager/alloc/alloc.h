@@ -78,6 +78,10 @@ void ndm__free_many(ndm_device dev, void *const *cookies, size_t n);
 /* The calling thread's current stream on `dev` (the backend's value, 0: the
  * default stream): set by the stream API, read by ndm__alloc. */
 void ndm__alloc_set_stream(ndm_device dev, uintptr_t stream);
+/* While the calling thread captures a device graph on dev (on), its
+ * allocations on dev that reach the caching allocator fail with
+ * NDM_E_UNSUPPORTED: memory a graph uses must be its plan's arena. */
+void ndm__alloc_set_capturing(ndm_device dev, bool on);
 /* Block `cookie` of `dev`, allocated, is used by work on `stream` too: its
  * free waits for that work. NDM_OK (also where the device has no streams,
  * or for the block's own stream), NDM_E_OOM; errors are not recorded. */

@@ -18,6 +18,7 @@ typedef enum cudaError {
     cudaErrorInvalidDevice = 101,
     cudaErrorECCUncorrectable = 214,
     cudaErrorInvalidResourceHandle = 400,
+    cudaErrorIllegalState = 401,
     cudaErrorNotReady = 600,
     cudaErrorIllegalAddress = 700,
     cudaErrorLaunchOutOfResources = 701,
@@ -34,6 +35,10 @@ typedef enum cudaError {
     cudaErrorInvalidPc = 718,
     cudaErrorLaunchFailure = 719,
     cudaErrorNotSupported = 801,
+    cudaErrorStreamCaptureUnsupported = 900,
+    cudaErrorStreamCaptureInvalidated = 901,
+    cudaErrorStreamCaptureImplicit = 906,
+    cudaErrorStreamCaptureWrongThread = 908,
     cudaErrorUnknown = 999,
 } cudaError_t;
 
@@ -111,6 +116,21 @@ typedef struct cudaDeviceProp {
 typedef struct ndm__hx_stream *cudaStream_t;
 typedef struct ndm__hx_event *cudaEvent_t;
 typedef void (*cudaHostFn_t)(void *data);
+typedef struct ndm__hx_graph *cudaGraph_t;
+typedef struct ndm__hx_graph_exec *cudaGraphExec_t;
+typedef struct ndm__hx_graph_node *cudaGraphNode_t;
+
+typedef enum cudaStreamCaptureMode {
+    cudaStreamCaptureModeGlobal = 0,
+    cudaStreamCaptureModeThreadLocal = 1,
+    cudaStreamCaptureModeRelaxed = 2,
+} cudaStreamCaptureMode;
+
+typedef enum cudaStreamCaptureStatus {
+    cudaStreamCaptureStatusNone = 0,
+    cudaStreamCaptureStatusActive = 1,
+    cudaStreamCaptureStatusInvalidated = 2,
+} cudaStreamCaptureStatus;
 
 #define cudaStreamDefault 0x00
 #define cudaStreamNonBlocking 0x01
