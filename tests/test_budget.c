@@ -33,6 +33,9 @@ typedef struct step_out {
 
 static const text_config gpt_cfg = {TEXT_VOCAB, 16, 32, 4, 3};
 
+/* The device the steps run on: the CPU, or cuda:0 for the tests at the end. */
+static ndm_device dev = {NDM_DEVICE_CPU, 0};
+
 /* The model of `arch`, the same for the same arch (fixed seeds); the
  * module marked `mark` (an index among the model's top children) gets mode. */
 static ndm_module build(ndm_manager model, int arch, const char *mark, ndm_recompute mode)
@@ -85,16 +88,16 @@ static ndm_status step(ndm_manager root, int arch, uint64_t budget, const char *
                        step_out *o)
 {
     memset(o, 0, sizeof *o);
-    ndm_manager model = ndm_manager_new(root, "model");
+    ndm_manager model = ndm_manager_new_on(root, "model", dev);
     ndm_module net = build(model, arch, mark, mode);
     assert_live(net);
     ndm_array params[128];
     int np = ndm_module_parameters(net, params, 128);
     assert_true(np > 0 && np <= 128);
-    ndm_manager batch = ndm_manager_new(root, "batch");
+    ndm_manager batch = ndm_manager_new_on(root, "batch", dev);
     int64_t before = 0, peak = 0;
-    assert_ok(ndm_memory_reset_peak_stats(NDM_CPU));
-    assert_ok(ndm_memory_stat_get(NDM_CPU, "requested_bytes.all.current", &before));
+    assert_ok(ndm_memory_reset_peak_stats(dev));
+    assert_ok(ndm_memory_stat_get(dev, "requested_bytes.all.current", &before));
     ndm_status st = budget ? ndm_grad_begin_budget(batch, budget) : ndm_grad_begin(batch);
     assert_ok(st);
     ndm_array loss = loss_of(batch, net, arch);
@@ -102,7 +105,7 @@ static ndm_status step(ndm_manager root, int arch, uint64_t budget, const char *
     if (budget)
         assert_ok(ndm_grad_budget_get_stats(&o->bs));
     (void)ndm_grad_end();
-    assert_ok(ndm_memory_stat_get(NDM_CPU, "requested_bytes.all.peak", &peak));
+    assert_ok(ndm_memory_stat_get(dev, "requested_bytes.all.peak", &peak));
     o->peak = peak - before;
     if (st == NDM_OK) {
         assert_ok(ndm_array_copy_out(loss, &o->loss, sizeof o->loss));
@@ -306,6 +309,40 @@ static void test_budget_planned(void **state)
     assert_ok(ndm_manager_close(model));
 }
 
+/* The same on cuda:0 (the host stand-in in the unit suite), skipped
+ * without a CUDA module. */
+static bool on_cuda(void **state)
+{
+    ndm_manager gpu = ndm_manager_new_on(ROOT(state), "gpu", NDM_CUDA(0));
+    ndm_array probe = gpu.id ? ndm_zeros(gpu, NDM_F32, NDM_SHAPE(1)) : NDM_NULL_ARRAY;
+    if (gpu.id)
+        assert_ok(ndm_manager_close(gpu));
+    if (!probe.id) {
+        ndm_clear_error();
+        print_message("no CUDA device: skipped\n");
+        return false;
+    }
+    dev = NDM_CUDA(0);
+    return true;
+}
+
+static void test_budget_cuda_gpt_same_bits(void **state)
+{
+    if (!on_cuda(state))
+        skip();
+    same_bits_at(state, ARCH_GPT, 0.25, NULL);
+    dev = NDM_CPU;
+}
+
+static void test_budget_cuda_cnn_dropout_same_bits(void **state)
+{
+    if (!on_cuda(state))
+        skip();
+    same_bits_at(state, ARCH_CNN, 0.65, "3");
+    same_bits_at(state, ARCH_DROPOUT, 0.7, "2");
+    dev = NDM_CPU;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -314,7 +351,8 @@ int main(void)
         TEST(test_budget_dropout_same_bits),   TEST(test_budget_below_one_op_fails),
         TEST(test_budget_roomy_drops_nothing), TEST(test_budget_always_and_keep),
         TEST(test_budget_bad_mode),            TEST(test_budget_no_grad),
-        TEST(test_budget_planned),
+        TEST(test_budget_planned),             TEST(test_budget_cuda_gpt_same_bits),
+        TEST(test_budget_cuda_cnn_dropout_same_bits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
