@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -216,6 +217,31 @@ static void test_budget_always_and_keep(void **state)
     free(keep.grads);
 }
 
+/* A snapshot taken with history on shows the recomputation as a frame of
+ * the allocations it made. */
+static void test_budget_snapshot_marks_recompute(void **state)
+{
+    char path[256];
+    const char *tmp = getenv("TMPDIR");
+    snprintf(path, sizeof path, "%s/ndm-budget-snapshot-%d.json", tmp && *tmp ? tmp : "/tmp",
+             (int)getpid());
+    assert_ok(ndm_memory_record_history(true, 100000));
+    step_out o;
+    assert_ok(step(ROOT(state), ARCH_MLP, 1u << 30, "1", NDM_RECOMPUTE_ALWAYS, &o));
+    assert_true(o.bs.recomputations > 0);
+    assert_ok(ndm_memory_dump_snapshot(path));
+    assert_ok(ndm_memory_record_history(false, 0));
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    static char buf[1 << 24];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    remove(path);
+    buf[n] = 0;
+    assert_non_null(strstr(buf, "\"recompute\""));
+    free(o.grads);
+}
+
 /* A bad mode is refused with a message. */
 static void test_budget_bad_mode(void **state)
 {
@@ -350,7 +376,7 @@ int main(void)
         TEST(test_budget_gpt_same_bits),       TEST(test_budget_gpt_sixth_same_bits),
         TEST(test_budget_dropout_same_bits),   TEST(test_budget_below_one_op_fails),
         TEST(test_budget_roomy_drops_nothing), TEST(test_budget_always_and_keep),
-        TEST(test_budget_bad_mode),            TEST(test_budget_no_grad),
+        TEST(test_budget_snapshot_marks_recompute), TEST(test_budget_bad_mode),            TEST(test_budget_no_grad),
         TEST(test_budget_planned),             TEST(test_budget_cuda_gpt_same_bits),
         TEST(test_budget_cuda_cnn_dropout_same_bits),
     };

@@ -474,7 +474,7 @@ static ndm_status recompute(ndm__ag_graph *g, unit *u, const char *api, ndm__sit
         t->depth = 1;
         t->keep = 0;
         /* a frame, so that a snapshot's stack marks what was recomputed */
-        int pushed = ndm__frame_push("recompute", site.file, site.func, site.line, NULL, 0);
+        int pushed = ndm__frame_push("recompute", site.file, site.func, site.line, __FILE__, __LINE__);
         ndm_manager scope = ndm_scope_begin_at(NDM__SITE_ARGS(site), g->mgr, "recompute");
         ndm_array y = scope.id ? u->fn(u->module, u->kind, u->n, in) : NDM_NULL_ARRAY;
         bool ok = y.id != 0;
@@ -601,6 +601,10 @@ NDM_API ndm_status ndm_grad_begin_budget_at(NDM_SITE_PARAMS, ndm_manager owner, 
         return ndm_last_status();
     if (bytes == 0)
         return ndm__fail(NDM_E_INVALID, __func__, site, "a budget of 0 bytes");
+    /* (before the limit is set: a refusal changes nothing) */
+    if (ndm__ag_tls.graph.id && ndm_manager_valid(ndm__ag_tls.graph))
+        return ndm__fail(NDM_E_INVALID, __func__, site,
+                         "this thread is already recording (call ndm_grad_end first)");
     ndm__ag_budget *b = ndm__calloc(1, sizeof *b, NDM__INJ_NODE);
     if (!b)
         return ndm__fail(NDM_E_OOM, __func__, site, "no memory for a budget");
