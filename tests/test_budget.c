@@ -223,7 +223,7 @@ static void test_budget_snapshot_marks_recompute(void **state)
 {
     char path[256];
     const char *tmp = getenv("TMPDIR");
-    snprintf(path, sizeof path, "%s/ndm-budget-snapshot-%d.json", tmp && *tmp ? tmp : "/tmp",
+    snprintf(path, sizeof path, "%s/ndm-budget-snapshot-%d.json", tmp && *tmp ? tmp : P_tmpdir,
              (int)getpid());
     assert_ok(ndm_memory_record_history(true, 100000));
     step_out o;
