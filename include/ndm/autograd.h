@@ -79,6 +79,58 @@ NDM_API void ndm_no_grad_begin(void);
  *  fails). */
 NDM_API void ndm_no_grad_end(void);
 
+/* ---- training within a byte budget -------------------------------------
+ *
+ *     ndm_grad_begin_budget(batch, 64 << 20); // record, with batch limited to 64 MiB
+ *     ndm_array loss = ...;                    // what does not fit is dropped...
+ *     ndm_backward(loss);                      // ...and recomputed here: the same bits
+ *
+ * Under a budget, autograd records each module call one level below the
+ * module the user called (a transformer's block, a Sequential's layer) as
+ * a unit it may recompute. When an array or kernel scratch under `owner`
+ * would exceed the limit, it drops the arrays that only the graph holds
+ * for such units, the one with the smallest cost / (bytes × staleness)
+ * first (DTR's choice: cost the unit's forward time, staleness the
+ * logical time since it was last used), until the request fits; backward
+ * recomputes a dropped unit (its module's forward again, with the same
+ * inputs and random states, so the same kernels make the same bits) when
+ * it needs it, and drops it again once it has passed it. Losses and
+ * gradients are bit-identical to the unbudgeted step. A request that does
+ * not fit with everything droppable dropped fails with NDM_E_QUOTA and a
+ * message naming the operation, what it needs and the budget. The bytes
+ * recomputed show in the graph manager's ndm_debug_dump line
+ * ("recomputed N"), and a snapshot's stacks show a "recompute" frame. */
+
+/** A module's part in a budget (ndm_module_set_recompute). */
+typedef enum ndm_recompute {
+    NDM_RECOMPUTE_AUTO = 0, /**< a unit when one level below the call, dropped under pressure */
+    NDM_RECOMPUTE_KEEP,     /**< never drop what its forward pass records (nor recompute it) */
+    NDM_RECOMPUTE_ALWAYS,   /**< a unit wherever called; dropped before backward, recomputed there */
+} ndm_recompute;
+
+/** What a budgeted graph did so far (ndm_grad_budget_get_stats). */
+typedef struct ndm_grad_budget_stats {
+    uint64_t budget_bytes;     /**< the limit set on the owner */
+    uint64_t units;            /**< units of recomputation recorded */
+    uint64_t drops;            /**< times a unit's arrays were dropped */
+    uint64_t dropped_bytes;    /**< bytes those drops freed */
+    uint64_t recomputations;   /**< units recomputed */
+    uint64_t recomputed_bytes; /**< bytes the recomputations made for the graph */
+} ndm_grad_budget_stats;
+
+/** ndm_grad_begin(owner) with a byte budget: sets `owner`'s limit on its
+ *  device to `bytes` (ndm_manager_set_limit; it stays after the graph
+ *  ends) and records as described above. NDM_E_INVALID for 0 bytes or
+ *  when this thread already records; the errors of ndm_grad_begin. */
+#define ndm_grad_begin_budget(owner, bytes) ndm_grad_begin_budget_at(NDM_HERE, (owner), (bytes))
+/** ndm_grad_begin_budget() with an explicit call site (the macro passes NDM_HERE). */
+NDM_API NDM_NODISCARD ndm_status ndm_grad_begin_budget_at(NDM_SITE_PARAMS, ndm_manager owner,
+                                                          uint64_t bytes);
+/** Copy the statistics of this thread's budgeted graph (the one recorded
+ *  or last used) into *out. NDM_E_INVALID when out is NULL or the graph
+ *  has no budget. */
+NDM_API NDM_NODISCARD ndm_status ndm_grad_budget_get_stats(ndm_grad_budget_stats *out);
+
 /** Add d(loss)/d(param) to the gradient of every parameter `loss` depends
  *  on. `loss` must be the result of a recorded operation with one element
  *  (NDM_E_SHAPE otherwise); its graph may have ended. Temporaries are

@@ -42,6 +42,7 @@
 #ifndef NDM_NN_H
 #define NDM_NN_H
 
+#include "autograd.h"
 #include "base.h"
 #include "conv.h"
 #include "random.h"
@@ -252,6 +253,13 @@ NDM_API ndm_array ndm_forward_n_to_at(NDM_SITE_PARAMS, ndm_manager out, ndm_modu
  *  children. NDM_OK; NDM_E_NULL, NDM_E_CLOSED or NDM_E_INVALID for a bad
  *  module handle. */
 NDM_API NDM_NODISCARD ndm_status ndm_module_set_training(ndm_module m, bool training);
+/** m's part in a byte budget (ndm_grad_begin_budget): NDM_RECOMPUTE_KEEP
+ *  (what its forward passes record is never dropped), NDM_RECOMPUTE_ALWAYS
+ *  (its calls are units dropped before backward and recomputed there; inside
+ *  another unit, that unit is), or NDM_RECOMPUTE_AUTO (the default). For m
+ *  itself, not its children. NDM_E_INVALID for another mode; errors as for
+ *  ndm_module_set_training() for a bad handle. */
+NDM_API NDM_NODISCARD ndm_status ndm_module_set_recompute(ndm_module m, ndm_recompute mode);
 /** The parameters of m and its children, in order: writes up to cap handles
  *  (not fresh ones: they are the parameters themselves, owned by the model)
  *  and returns how many there are (more than cap: only cap are written), or

@@ -5,6 +5,15 @@
 
 #include "core.h"
 
+_Atomic(ndm__quota_relief_fn) ndm__quota_relief;
+
+void ndm__manager_count_recomputed(ndm_manager h, uint64_t bytes)
+{
+    ndm__manager *m = ndm__manager_peek(h);
+    if (m)
+        atomic_fetch_add_explicit(&m->recomputed, bytes, memory_order_relaxed);
+}
+
 static inline ndm__manager *anchor_of(ndm__manager *m)
 {
     uint32_t a = atomic_load_explicit(&m->limit_anchor, memory_order_acquire);

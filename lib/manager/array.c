@@ -485,19 +485,30 @@ static void reserve_undo(ndm__manager *m, uint32_t gen, int dev, int64_t bytes)
 static NDM__COLD ndm_status reserve_in(ndm__manager *m, uint32_t gen, int dev, int64_t bytes,
                                        const char *api, const ndm__site *site)
 {
-    bool fast = ndm__mlock_acquire(m);
-    if (!ndm__manager_open_as(m, gen)) {
-        ndm__array_refused_closed(m, gen, fast, api, site);
-        return NDM_E_CLOSED;
+    for (;;) {
+        bool fast = ndm__mlock_acquire(m);
+        if (!ndm__manager_open_as(m, gen)) {
+            ndm__array_refused_closed(m, gen, fast, api, site);
+            return NDM_E_CLOSED;
+        }
+        ndm__quota_miss miss;
+        ndm_status st = ndm__limit_reserve_quiet(m, dev, bytes, &miss);
+        if (st == NDM_OK) {
+            ndm__dev_mark(m, dev);
+            m->count[dev].reserved += bytes;
+        }
+        ndm__mlock_release(m, fast);
+        if (st == NDM_OK)
+            return st;
+        /* a byte budget may make room (autograd drops what it can
+         * recompute) and the creation tries again */
+        ndm__quota_relief_fn relief = atomic_load_explicit(&ndm__quota_relief, memory_order_acquire);
+        int64_t freed = relief ? relief(&miss, api, site) : 0;
+        if (freed < 0)
+            return (ndm_status)freed;
+        if (freed == 0)
+            return ndm__quota_fail(&miss, api, *site);
     }
-    ndm__quota_miss miss;
-    ndm_status st = ndm__limit_reserve_quiet(m, dev, bytes, &miss);
-    if (st == NDM_OK) {
-        ndm__dev_mark(m, dev);
-        m->count[dev].reserved += bytes;
-    }
-    ndm__mlock_release(m, fast);
-    return st == NDM_OK ? st : ndm__quota_fail(&miss, api, *site);
 }
 
 ndm_status ndm__scratch_reserve(ndm__manager *m, uint32_t gen, ndm_device dev, size_t bytes,
@@ -653,6 +664,28 @@ static void unlock_pair(ndm__manager *m, ndm__manager *bm)
  * and the new reference, and the fast paths that free a storage seen with
  * one reference (view_dies, drain_plain) cannot miss the new one. A base
  * whose manager is closing is refused: its close is releasing it. */
+/* A view in limited m of storage charged outside m's limits must fit the
+ * storage's whole size (below): under a byte budget, room for it is made
+ * first, as for a new array. A refusal is left to the check under the
+ * locks, which writes the message. */
+static NDM__COLD void view_room(ndm__manager *m, ndm__array *base, const char *api,
+                                const ndm__site *site)
+{
+    ndm__quota_relief_fn relief = atomic_load_explicit(&ndm__quota_relief, memory_order_acquire);
+    if (!relief)
+        return;
+    ndm__storage *s = base->storage;
+    for (int tries = 0; tries < 64; tries++) {
+        uint32_t ch = __atomic_load_n(&s->charged, __ATOMIC_RELAXED);
+        ndm__quota_miss miss;
+        if (ch == m->self || ndm__charge_fits(ndm__manager_rec(ch), m, ndm__device_slot(s->device),
+                                              (int64_t)s->nbytes, &miss) == NDM_OK)
+            return;
+        if (relief(&miss, api, site) <= 0)
+            return;
+    }
+}
+
 ndm_array ndm__array_view(ndm__site site, const char *api, ndm_manager mh, ndm__array *base,
                           ndm_dtype dtype, int ndim, const int64_t *shape,
                           const int64_t *strides, int64_t offset, ndm__array **out)
@@ -665,6 +698,8 @@ ndm_array ndm__array_view(ndm__site site, const char *api, ndm_manager mh, ndm__
     uint32_t gen = ndm__manager_expected_gen(mh, m);
     if (accepts(m, api, &site, dtype, ndim, shape) < 0)
         return NDM_NULL_ARRAY;
+    if (NDM__UNLIKELY(atomic_load_explicit(&m->limit_anchor, memory_order_relaxed) != 0))
+        view_room(m, base, api, &site);
     uint32_t slot = ndm__array_slot_alloc();
     if (!slot) {
         ndm__fail(NDM_E_OOM, api, site, "no memory for an array record");

@@ -324,6 +324,9 @@ typedef struct ndm__manager {
      * a close folds them into the parent, so subtree totals keep them;
      * under the tree lock */
     uint64_t closed_created, closed_released;
+    /* Bytes of intermediates autograd recomputed for a step under a byte
+     * budget (ndm_grad_begin_budget), counted on the graph's manager. */
+    _Atomic uint64_t recomputed;
     /* Storage bytes charged here: bytes + inbox. bytes and peak change under
      * `lock`; a charge moved here by a thread that holds another manager's
      * lock (a view dying elsewhere) lands in inbox, so no thread ever takes a
@@ -793,6 +796,19 @@ typedef struct ndm__quota_miss {
  * the message takes the tree lock); NDM_E_QUOTA with `miss` filled. */
 ndm_status ndm__limit_reserve_quiet(ndm__manager *m, int dev, int64_t bytes,
                                     ndm__quota_miss *miss);
+/* Relief under a byte budget: called (no lock held) when a creation of
+ * `bytes` on accounting slot dev does not fit the limit of manager
+ * miss->slot. It returns the bytes it freed there (the creation is tried
+ * again when more than 0), 0 when it freed nothing (the refusal is the
+ * plain NDM_E_QUOTA), or a negative status once it recorded the error
+ * itself. Installed once by autograd; null until then, so that a refusal
+ * with no budget costs one load. */
+typedef int64_t (*ndm__quota_relief_fn)(const ndm__quota_miss *miss, const char *api,
+                                        const ndm__site *site);
+extern _Atomic(ndm__quota_relief_fn) ndm__quota_relief;
+/* Count bytes recomputed in manager h's dump line (a live handle; else
+ * nothing). */
+void ndm__manager_count_recomputed(ndm_manager h, uint64_t bytes);
 /* Record NDM_E_QUOTA for `miss` (no lock held: it takes the tree lock). */
 ndm_status ndm__quota_fail(const ndm__quota_miss *miss, const char *api, ndm__site where);
 

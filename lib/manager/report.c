@@ -13,6 +13,7 @@ typedef struct figures {
     uint64_t live, created, released, moved_in, moved_out, resources, children;
     uint64_t closed_created, closed_released; /* by closed children */
     uint64_t borrowed, shared, lent;          /* with `loans` only */
+    uint64_t recomputed;                      /* bytes autograd recomputed under a budget */
     int64_t bytes[NDM__MAX_DEVICES];
     int64_t peak[NDM__MAX_DEVICES];
     unsigned state;
@@ -47,6 +48,7 @@ static void read_figures(ndm__manager *m, figures *f, bool loans)
     f->moved_in = m->moved_in;
     f->moved_out = m->moved_out;
     f->resources = m->resources;
+    f->recomputed = atomic_load_explicit(&m->recomputed, memory_order_relaxed);
     for (int d = 0; d < NDM__MAX_DEVICES; d++) {
         f->bytes[d] = ndm__bytes_of(m, d);
         f->peak[d] = ndm__bytes_peak(m, d);
@@ -222,6 +224,7 @@ static void figures_add(figures *sum, const figures *f)
     sum->moved_in += f->moved_in;
     sum->moved_out += f->moved_out;
     sum->resources += f->resources;
+    sum->recomputed += f->recomputed;
     sum->children += f->children;
     sum->closed_created += f->closed_created;
     sum->closed_released += f->closed_released;
@@ -298,6 +301,8 @@ static void dump_group(uint32_t *members, size_t n, int depth, void *vctx)
     }
     if (fg.resources)
         fprintf(f, "  resources %" PRIu64, fg.resources);
+    if (fg.recomputed)
+        fprintf(f, "  recomputed %" PRIu64, fg.recomputed);
     /* arrays on loan (ndm_temp_attach) and views of storage another manager
      * also views: the bytes of such storage count once, where it is charged */
     if (fg.lent)

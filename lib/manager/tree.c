@@ -98,6 +98,7 @@ static void record_init(ndm__manager *m, ndm__manager *parent, const char *name,
     m->live = m->created = m->released = m->moved_in = m->moved_out = m->resources = 0;
     m->children = 0;
     m->closed_created = m->closed_released = 0;
+    atomic_store_explicit(&m->recomputed, 0, memory_order_relaxed);
     /* Only the counts the last manager here used can be other than 0. The
      * manager's own device is marked at once: its first array then finds
      * the mark and needs no atomic read-modify-write. */

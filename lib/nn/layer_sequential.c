@@ -1,6 +1,7 @@
 /* Sequential: children run in order, their names "0", "1", ... as in
  * PyTorch's nn.Sequential; a child with a fused ReLU form followed by a ReLU
  * runs both in one pass. */
+#include "../ops/autograd.h"
 #include "module.h"
 #include "nn.h"
 
@@ -17,11 +18,19 @@ static ndm_array seq_forward(ndm__module *m, ndm_array x, const char *api, ndm__
                                 ? ndm__module_of(m->children[i + 1], api, site)
                                 : NULL;
         if (next && next->type == &ndm__module_relu) {
+            ndm_array prev = y;
             y = ndm__module_forward_relu(c, y, api, site);
+            if (NDM__UNLIKELY(ndm__ag_tls.budget) && prev.id != x.id && y.id)
+                (void)!ndm_array_release(prev);
             i++;
             continue;
         }
+        ndm_array prev = y;
         y = ndm__module_forward(c, y, api, site);
+        /* under a byte budget a layer's input goes once the next layer has
+         * it, so that the graph alone holds it and may drop it */
+        if (NDM__UNLIKELY(ndm__ag_tls.budget) && prev.id != x.id && y.id)
+            (void)!ndm_array_release(prev);
     }
     return y;
 }

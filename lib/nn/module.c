@@ -13,6 +13,7 @@
 #include "../manager/alloc/alloc.h"
 #include "../manager/object.h"
 #include "../manager/reclaim.h"
+#include "../ops/autograd.h"
 #include "../ops/inner.h"
 #include "module.h"
 #include "ndm/ndm.h"
@@ -517,9 +518,43 @@ NDM_API ndm_status ndm_init_xavier_uniform_inplace_at(NDM_SITE_PARAMS, ndm_array
                                         (m)->site.file, (m)->site.line)                  \
                       : 0
 
+/* The three forms a module is called in, as a byte budget recomputes them. */
+enum { CALL_FORWARD, CALL_RELU, CALL_N };
+
+static ndm_array call_form(ndm__module *m, int kind, int n, const ndm_array *x, const char *api,
+                           ndm__site site)
+{
+    return kind == CALL_RELU ? m->type->forward_relu(m, x[0], api, site)
+           : kind == CALL_N  ? m->type->forward_n(m, n, x, api, site)
+                             : m->type->forward(m, x[0], api, site);
+}
+
+/* A recomputation of a dropped module call (autograd_budget.c). */
+static ndm_array replay_call(uint64_t id, int kind, int n, const ndm_array *x)
+{
+    ndm__module *m = ndm__module_of((ndm_module){id}, "ndm_backward", NDM__NO_SITE);
+    if (!m)
+        return NDM_NULL_ARRAY;
+    ndm__site site = m->site;
+    MODULE_FRAME(m, site);
+    return call_form(m, kind, n, x, "ndm_backward", site);
+}
+
+/* A module call while this thread records under a byte budget. */
+static NDM__COLD ndm_array budgeted_call(ndm__module *m, int kind, int n, const ndm_array *x,
+                                         const char *api, ndm__site site)
+{
+    int token = ndm__ag_unit_begin(replay_call, m->self.id, kind, (int)m->recompute, n, x);
+    ndm_array y = call_form(m, kind, n, x, api, site);
+    ndm__ag_unit_end(token, y);
+    return y;
+}
+
 ndm_array ndm__module_forward(ndm__module *m, ndm_array x, const char *api, ndm__site site)
 {
     MODULE_FRAME(m, site);
+    if (NDM__UNLIKELY(ndm__ag_tls.budget))
+        return budgeted_call(m, CALL_FORWARD, 1, &x, api, site);
     return m->type->forward(m, x, api, site);
 }
 
@@ -527,6 +562,8 @@ ndm_array ndm__module_forward_relu(ndm__module *m, ndm_array x, const char *api,
                                    ndm__site site)
 {
     MODULE_FRAME(m, site);
+    if (NDM__UNLIKELY(ndm__ag_tls.budget))
+        return budgeted_call(m, CALL_RELU, 1, &x, api, site);
     return m->type->forward_relu(m, x, api, site);
 }
 
@@ -535,6 +572,8 @@ ndm_array ndm__module_forward_n(ndm__module *m, int n, const ndm_array *x, const
 {
     if (m->type->forward_n) {
         MODULE_FRAME(m, site);
+        if (NDM__UNLIKELY(ndm__ag_tls.budget))
+            return budgeted_call(m, CALL_N, n, x, api, site);
         return m->type->forward_n(m, n, x, api, site);
     }
     if (n != 1) {
@@ -603,6 +642,19 @@ ndm_array ndm__module_run(ndm_module mh, ndm_array x, const char *api, ndm__site
     NDM__OP_GUARD();
     ndm__module *m = ndm__module_of(mh, api, site);
     return m ? ndm__module_forward(m, x, api, site) : NDM_NULL_ARRAY;
+}
+
+NDM_API ndm_status ndm_module_set_recompute(ndm_module mh, ndm_recompute mode)
+{
+    ndm__module *m = ndm__module_of(mh, __func__, NDM__NO_SITE);
+    if (!m)
+        return ndm_last_status();
+    if (mode != NDM_RECOMPUTE_AUTO && mode != NDM_RECOMPUTE_KEEP && mode != NDM_RECOMPUTE_ALWAYS)
+        return ndm__fail(NDM_E_INVALID, __func__, NDM__NO_SITE,
+                         "%d is not a recompute mode (NDM_RECOMPUTE_AUTO, _KEEP or _ALWAYS)",
+                         (int)mode);
+    m->recompute = mode;
+    return NDM_OK;
 }
 
 NDM_API ndm_status ndm_module_set_training(ndm_module mh, bool training)

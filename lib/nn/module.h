@@ -94,6 +94,7 @@ struct ndm__module {
     /* Its tree holds a parameter under two names (ndm_module_tie): params
      * and state list both names, ndm_module_parameters the array once. */
     bool tied;
+    ndm_recompute recompute; /* its part in a byte budget (ndm_module_set_recompute) */
 };
 
 /* The first entry of l before `before` that holds the array of entry

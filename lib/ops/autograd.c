@@ -16,17 +16,7 @@ typedef struct param_info {
     ndm_array grad;
 } param_info;
 
-/* A graph: nodes by the id of the array they made (open addressing). */
-typedef struct graph {
-    ndm_manager mgr;
-    uint64_t *keys;
-    ndm__ag_node **vals;
-    size_t cap, count;
-    ndm__ag_node **all; /* every node, for freeing */
-    size_t nall, capall;
-    uint64_t next_order;
-    bool failed; /* a node could not be recorded */
-} graph;
+typedef ndm__ag_graph graph;
 
 static void graph_free(void *p)
 {
@@ -36,6 +26,7 @@ static void graph_free(void *p)
     free(g->all);
     free(g->keys);
     free(g->vals);
+    ndm__ag_budget_free(g->budget);
     free(g);
 }
 
@@ -53,7 +44,8 @@ static ndm__ag_node *graph_find(graph *g, uint64_t id)
     }
 }
 
-static bool graph_put(graph *g, uint64_t id, ndm__ag_node *nd)
+/* Map id to nd in the table (grown as needed); false when out of memory. */
+static bool table_put(graph *g, uint64_t id, ndm__ag_node *nd)
 {
     if ((g->count + 1) * 2 > g->cap) {
         size_t cap = g->cap ? g->cap * 2 : 256;
@@ -79,6 +71,18 @@ static bool graph_put(graph *g, uint64_t id, ndm__ag_node *nd)
         g->vals = v;
         g->cap = cap;
     }
+    size_t i = hash_id(id) & (g->cap - 1);
+    while (g->keys[i] && g->keys[i] != id)
+        i = (i + 1) & (g->cap - 1);
+    if (!g->keys[i])
+        g->count++;
+    g->keys[i] = id;
+    g->vals[i] = nd;
+    return true;
+}
+
+static bool graph_put(graph *g, uint64_t id, ndm__ag_node *nd)
+{
     if (g->nall == g->capall) {
         size_t c = g->capall ? g->capall * 2 : 256;
         ndm__ag_node **a = ndm__realloc(g->all, c * sizeof *a, NDM__INJ_NODE);
@@ -87,16 +91,15 @@ static bool graph_put(graph *g, uint64_t id, ndm__ag_node *nd)
         g->all = a;
         g->capall = c;
     }
-    size_t i = hash_id(id) & (g->cap - 1);
-    while (g->keys[i] && g->keys[i] != id)
-        i = (i + 1) & (g->cap - 1);
-    if (!g->keys[i])
-        g->count++;
-    g->keys[i] = id;
-    g->vals[i] = nd;
+    if (!table_put(g, id, nd))
+        return false;
     g->all[g->nall++] = nd;
     return true;
 }
+
+ndm__ag_node *ndm__ag_graph_find(graph *g, uint64_t id) { return graph_find(g, id); }
+
+bool ndm__ag_graph_alias(graph *g, uint64_t id, ndm__ag_node *nd) { return table_put(g, id, nd); }
 
 /* This thread's graph: the one it records into, or the last one it used. */
 static graph *current_graph(void)
@@ -238,6 +241,8 @@ NDM_API ndm_status ndm_grad_begin_at(NDM_SITE_PARAMS, ndm_manager owner)
     t->graph = gm;
     t->ctx = g;
     t->ctx_mgr = gm;
+    t->budget = false;
+    t->unit = NULL;
     return NDM_OK;
 }
 
@@ -247,6 +252,8 @@ NDM_API ndm_status ndm_grad_end(void)
         return NDM_ALREADY;
     /* keep ctx: backward may still run on the graph */
     ndm__ag_tls.graph = NDM_NULL_MANAGER;
+    ndm__ag_tls.budget = false;
+    ndm__ag_tls.unit = NULL;
     return NDM_OK;
 }
 
@@ -286,6 +293,10 @@ void ndm__ag_record(ndm__ag_op op, ndm_array out, int n, const ndm_array *in,
     }
     if (!any)
         return;
+    if (NDM__UNLIKELY(t->replay != NULL)) {
+        ndm__ag_replay_record(g, op, out, n, in);
+        return;
+    }
     ndm__array *ro = ndm__array_peek(out);
     if (!ro)
         return;
@@ -335,7 +346,10 @@ void ndm__ag_record(ndm__ag_op op, ndm_array out, int n, const ndm_array *in,
         /* the handles already made stay in the graph manager until it closes */
         free(nd);
         g->failed = true;
+        return;
     }
+    if (NDM__UNLIKELY(g->budget != NULL))
+        ndm__ag_budget_node(g, nd);
 }
 
 void ndm__ag_record_reduce(ndm__ag_op op, ndm_array out, ndm_array in, int ndim, bool keepdim,
@@ -416,7 +430,8 @@ oom:
 }
 
 /* Add gradient gi (for input i of nd) to where it goes. */
-static ndm_status deliver(ndm__ag_node *nd, int i, ndm_array gi, const char *api, ndm__site site)
+static ndm_status deliver(ndm__ag_node *nd, int i, ndm_array gi, bool tidy, const char *api,
+                          ndm__site site)
 {
     ndm__array *in = ndm__array_peek(nd->in[i]);
     if (!in)
@@ -428,7 +443,12 @@ static ndm_status deliver(ndm__ag_node *nd, int i, ndm_array gi, const char *api
         return ndm_last_status();
     if (nd->prod[i]) {
         ndm__ag_node *p = nd->prod[i];
-        p->g = p->g.id ? ndm_add(p->g, s) : s;
+        ndm_array old = p->g;
+        /* under a budget each node's gradient is a handle of its own (one
+         * goes once used), and the sum replaces its terms at once */
+        p->g = p->g.id ? ndm_add(p->g, s) : tidy ? ndm_alias(s) : s;
+        if (tidy && old.id && p->g.id && old.id != s.id)
+            (void)!ndm_array_release(old);
         return p->g.id ? NDM_OK : ndm_last_status();
     }
     if (nd->leaf[i].id)
@@ -536,8 +556,8 @@ static ndm__ag_node *weight_first(ndm__ag_node *nd, ndm__ag_node **order, size_t
 /* Run nd's rule for its inputs lo .. hi-1 and deliver their gradients
  * (gv: room for nd->n). The other inputs' needs are masked for the call,
  * which a partial run (nd->n <= 8, weight_first) asks for. */
-static ndm_status run_inputs(ndm__ag_node *nd, int lo, int hi, ndm_array *gv, const char *api,
-                             ndm__site site)
+static ndm_status run_inputs(ndm__ag_node *nd, int lo, int hi, ndm_array *gv, bool tidy,
+                             const char *api, ndm__site site)
 {
     unsigned char keep[8];
     bool part = lo > 0 || hi < nd->n;
@@ -554,7 +574,40 @@ static ndm_status run_inputs(ndm__ag_node *nd, int lo, int hi, ndm_array *gv, co
             nd->needs[i] = keep[i];
     for (int i = lo; i < hi && st == NDM_OK; i++)
         if (nd->needs[i] && gv[i].id)
-            st = deliver(nd, i, gv[i], api, site);
+            st = deliver(nd, i, gv[i], tidy, api, site);
+    return st;
+}
+
+/* run_inputs under a byte budget: the rule's temporaries live in a scope of
+ * their own that keeps only the gradients delivered, and nd's gradient goes
+ * once used, so that backward holds what it still needs and no more. */
+static ndm_status run_tidy(ndm__ag_node *nd, ndm_array *gv, const char *api, ndm__site site)
+{
+    ndm_manager s = ndm_scope_begin_at(NDM__SITE_ARGS(site), ndm__ag_tls.ctx_mgr, "node");
+    if (!s.id)
+        return ndm_last_status();
+    ndm_status st = run_inputs(nd, 0, nd->n, gv, true, api, site);
+    ndm_array keep[64];
+    size_t k = 0;
+    bool g_delivered = false;
+    for (int i = 0; i < nd->n && k < 64; i++) {
+        ndm__ag_node *p = nd->prod[i];
+        if (!p || !p->g.id)
+            continue;
+        bool dup = false;
+        for (size_t j = 0; j < k && !dup; j++)
+            dup = keep[j].id == p->g.id;
+        if (!dup && ndm_array_manager(p->g).id == s.id)
+            keep[k++] = p->g;
+        g_delivered |= p->g.id == nd->g.id;
+    }
+    ndm_status se = ndm_scope_end_at(NDM__SITE_ARGS(site), s, k, keep);
+    if (st == NDM_OK && se < 0)
+        st = se;
+    if (!g_delivered && nd->g.id) {
+        (void)!ndm_array_release(nd->g);
+        nd->g = NDM_NULL_ARRAY;
+    }
     return st;
 }
 
@@ -620,32 +673,40 @@ ndm_status ndm__ag_backward_hooked(const char *api, ndm__site site, ndm_array ou
         st = ndm_last_status();
         goto end;
     }
+    if (NDM__UNLIKELY(g->budget != NULL))
+        ndm__ag_budget_backward_begin(g);
     for (size_t k = 0; k < count && st == NDM_OK; k++) {
         ndm__ag_node *nd = order[k];
         for (; next_ready < nready && points[next_ready].k < k && st == NDM_OK; next_ready++)
             ready(ud, (ndm_array){points[next_ready].grad});
-        if (!nd->g.id)
+        if (!nd->g.id) {
+            if (NDM__UNLIKELY(g->budget != NULL))
+                ndm__ag_budget_after(g, nd);
             continue; /* nothing reached it */
+        }
+        /* under a budget, what the rule reads is made resident first */
+        if (NDM__UNLIKELY(g->budget != NULL) && (st = ndm__ag_budget_before(g, nd, api, site)) < 0)
+            break;
         ndm_array gi[64] = {{0}};
         ndm_array *gv = nd->n <= 64 ? gi : ndm__calloc((size_t)nd->n, sizeof *gv, NDM__INJ_SCRATCH);
         if (!gv) {
             st = ndm__fail(NDM_E_OOM, api, site, "no memory");
             break;
         }
-        ndm__ag_node *view = ready ? weight_first(nd, order, count, k) : NULL;
+        ndm__ag_node *view = ready && !g->budget ? weight_first(nd, order, count, k) : NULL;
         if (!view) {
-            st = run_inputs(nd, 0, nd->n, gv, api, site);
+            st = g->budget ? run_tidy(nd, gv, api, site) : run_inputs(nd, 0, nd->n, gv, false, api, site);
         } else {
             /* the weight's part first, then its view's node (next in the
              * order, and complete once this node has delivered to it):
              * the weight's gradient is reported before the input's
              * gradient is computed, so that communicating it overlaps
              * with that product */
-            st = run_inputs(nd, 1, nd->n, gv, api, site);
+            st = run_inputs(nd, 1, nd->n, gv, false, api, site);
             size_t upto = k;
             if (st == NDM_OK && view != nd) {
                 ndm_array gview[1];
-                st = run_inputs(view, 0, 1, gview, api, site);
+                st = run_inputs(view, 0, 1, gview, false, api, site);
                 view->g = NDM_NULL_ARRAY; /* done: skipped when the loop comes to it */
                 upto = k + 1;
             }
@@ -653,10 +714,12 @@ ndm_status ndm__ag_backward_hooked(const char *api, ndm__site site, ndm_array ou
                  next_ready++)
                 ready(ud, (ndm_array){points[next_ready].grad});
             if (st == NDM_OK)
-                st = run_inputs(nd, 0, 1, gv, api, site);
+                st = run_inputs(nd, 0, 1, gv, false, api, site);
         }
         if (gv != gi)
             free(gv);
+        if (NDM__UNLIKELY(g->budget != NULL))
+            ndm__ag_budget_after(g, nd);
     }
     for (; next_ready < nready && st == NDM_OK; next_ready++)
         ready(ud, (ndm_array){points[next_ready].grad});

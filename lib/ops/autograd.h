@@ -8,6 +8,7 @@
 
 #include "ndm/array.h"
 #include "ndm/manager.h"
+#include "ndm/random.h"
 #include "ndm/status.h"
 #include "../base/compiler.h"
 #include "../base/error.h"
@@ -75,6 +76,15 @@ typedef struct ndm__ag_thread {
     void *ctx;
     ndm_manager ctx_mgr;
     int pause;
+    /* Under a byte budget (autograd_budget.c) only: set while this thread
+     * records into a budgeted graph or recomputes for one, so that module
+     * calls and random draws take the budget's slow path; false (one load)
+     * otherwise. */
+    bool budget;
+    int depth;            /* module calls open on this thread, while `budget` */
+    int keep;             /* of them, marked NDM_RECOMPUTE_KEEP */
+    void *unit;           /* the unit of recomputation being recorded, or NULL */
+    void *replay;         /* the recomputation running, or NULL */
 } ndm__ag_thread;
 
 extern _Thread_local ndm__ag_thread ndm__ag_tls NDM__TLS_MODEL;
@@ -117,7 +127,6 @@ static inline void ndm__ag_resume(bool paused)
             ndm__ag_record((op), (out), (n), (in), (p));                        \
     } while (0)
 
-#endif
 
 /* ---- the graph, for the engine and the backward rules ------------------- */
 
@@ -134,7 +143,63 @@ typedef struct ndm__ag_node {
     ndm__ag_params p;
     ndm_array g;                 /* during backward: d(out) accumulated */
     int seen;
+    /* Under a byte budget: the unit of recomputation the node belongs to
+     * (its index + 1; 0: none), and whether it was recorded in a module
+     * marked NDM_RECOMPUTE_KEEP (its arrays are never dropped). */
+    uint32_t unit;
+    bool pinned;
 } ndm__ag_node;
+
+/* A graph: nodes by the id of the array they made (open addressing). */
+typedef struct ndm__ag_budget ndm__ag_budget;
+typedef struct ndm__ag_graph {
+    ndm_manager mgr;
+    uint64_t *keys;
+    ndm__ag_node **vals;
+    size_t cap, count;
+    ndm__ag_node **all; /* every node in recording order (all[k] has order k + 1) */
+    size_t nall, capall;
+    uint64_t next_order;
+    bool failed; /* a node could not be recorded */
+    ndm__ag_budget *budget; /* NULL: no byte budget */
+} ndm__ag_graph;
+
+/* The node that made array id, or NULL; and another id for a node (a
+ * recomputed array, a kept view of its result), false when out of memory. */
+ndm__ag_node *ndm__ag_graph_find(ndm__ag_graph *g, uint64_t id);
+bool ndm__ag_graph_alias(ndm__ag_graph *g, uint64_t id, ndm__ag_node *nd);
+
+/* ---- byte budgets (autograd_budget.c) ------------------------------------- */
+
+/* Recompute a module call: the module (by handle id), the form it was
+ * called in (kind: the nn layer's own code) and its inputs. */
+typedef ndm_array (*ndm__ag_replay_fn)(uint64_t module, int kind, int n, const ndm_array *in);
+
+/* Around a module's forward pass while ndm__ag_tls.budget is set: begin
+ * returns a token for end (mode: NDM_RECOMPUTE_*, the module's setting). */
+int ndm__ag_unit_begin(ndm__ag_replay_fn fn, uint64_t module, int kind, int mode, int n,
+                       const ndm_array *in);
+void ndm__ag_unit_end(int token, ndm_array y);
+
+/* A random draw from *rng while ndm__ag_tls.budget is set: the generator
+ * to draw from (rng, or while recomputing, *local set to the state the
+ * recorded draw started from, rng left as it is). */
+ndm_rng *ndm__ag_budget_rng(ndm_rng *rng, ndm_rng *local);
+
+/* The budget's part of recording a node (nd made, `in` its inputs); in a
+ * recomputation, ndm__ag_replay_record takes the place of recording. */
+void ndm__ag_budget_node(ndm__ag_graph *g, ndm__ag_node *nd);
+void ndm__ag_replay_record(ndm__ag_graph *g, ndm__ag_op op, ndm_array out, int n,
+                           const ndm_array *in);
+
+/* Backward under a budget: before a node's rule (its arrays made resident
+ * again, recomputed where dropped, and held until after), after it, and
+ * at the start and end of a backward pass. */
+ndm_status ndm__ag_budget_before(ndm__ag_graph *g, ndm__ag_node *nd, const char *api,
+                                 ndm__site site);
+void ndm__ag_budget_after(ndm__ag_graph *g, ndm__ag_node *nd);
+void ndm__ag_budget_backward_begin(ndm__ag_graph *g);
+void ndm__ag_budget_free(ndm__ag_budget *b);
 
 /* The gradients of a node's inputs given g = d(out): gi[i] for each input
  * that needs one (others may stay null). Temporaries follow the output rule
@@ -162,3 +227,5 @@ ndm_array ndm__ag_set_grad(ndm_array param, ndm_array grad);
 
 /* Sum g over the axes broadcasting added to reach `shape`. */
 ndm_array ndm__ag_sum_to(ndm_array g, int ndim, const int64_t *shape);
+
+#endif

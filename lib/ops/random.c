@@ -7,6 +7,7 @@
 #include <stdio.h>
 
 #include "../backends/random.h"
+#include "autograd.h"
 #include "dispatch.h"
 #include "supports.h"
 
@@ -103,6 +104,10 @@ static ndm_status run(const struct ndm__backend_random *f, ndm__array *r, ndm_rn
                              ndm__layout_of(r), 1, {r->dtype}))
         return NDM_E_UNSUPPORTED;
     ndm__tensor t = ndm__tensor_of(r);
+    /* under a byte budget a recomputation draws what the first pass drew */
+    ndm_rng local;
+    if (NDM__UNLIKELY(ndm__ag_tls.budget))
+        rng = ndm__ag_budget_rng(rng, &local);
     ndm_status st;
     switch (d->k) {
     case UNIFORM:

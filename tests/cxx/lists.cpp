@@ -3,6 +3,7 @@
  * a list happens once, whichever compiler orders the arguments. */
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include <ndm/ndm.h>
 
@@ -142,6 +143,34 @@ int main()
     EXPECT(ndm_predictor_use_graphs(pr, 2) == NDM_E_UNSUPPORTED &&
            ndm_predictor_get_graph_stats(pr, &pgs) == NDM_OK && pgs.launched == 0);
     ndm_clear_error();
+
+    /* a step under a byte budget from C++, with a layer marked ALWAYS:
+     * the loss's gradient of the unbudgeted step, bit for bit */
+    ndm_manager layers = ndm_manager_new(m, "layers");
+    ndm_module fc1 = ndm_linear(layers, 4, 8, true, &rng),
+               fc2 = ndm_linear(layers, 8, 2, true, &rng);
+    ndm_module mlp = ndm_sequential(layers, NDM_MODULES(fc1, ndm_relu_module(layers), fc2));
+    ndm_array w[4] = {NDM_NULL_ARRAY, NDM_NULL_ARRAY, NDM_NULL_ARRAY, NDM_NULL_ARRAY};
+    EXPECT(mlp.id != 0 && ndm_module_parameters(mlp, w, 4) == 4);
+    float grads[2][32] = {};
+    for (int run = 0; run < 2; run++) {
+        EXPECT(ndm_zero_grad(4, w) == NDM_OK);
+        EXPECT(ndm_module_set_recompute(fc1, run ? NDM_RECOMPUTE_ALWAYS : NDM_RECOMPUTE_AUTO) ==
+               NDM_OK);
+        ndm_manager step = ndm_manager_new(m, "step");
+        EXPECT((run ? ndm_grad_begin_budget(step, 1u << 20) : ndm_grad_begin(step)) == NDM_OK);
+        ndm_array loss = ndm_sum(ndm_forward(mlp, ndm_ones(step, NDM_F32, NDM_SHAPE(3, 4))), false,
+                                 NDM_ALL_AXES_LIST);
+        EXPECT(ndm_backward(loss) == NDM_OK);
+        ndm_grad_budget_stats bs = {};
+        EXPECT(ndm_grad_budget_get_stats(&bs) == (run ? NDM_OK : NDM_E_INVALID));
+        EXPECT(!run || bs.recomputations == 1);
+        (void)ndm_grad_end();
+        EXPECT(ndm_array_copy_out(ndm_grad_to(step, w[0]), grads[run], sizeof grads[run]) ==
+               NDM_OK);
+        EXPECT(ndm_manager_close(step) == NDM_OK);
+    }
+    EXPECT(std::memcmp(grads[0], grads[1], sizeof grads[0]) == 0);
 
     EXPECT(ndm_manager_close(m) == NDM_OK);
     if (failures)
