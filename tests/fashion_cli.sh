@@ -7,31 +7,7 @@
 set -uo pipefail
 bin=$1
 version=$2
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-
-# expect RC STDOUT_PATTERN STDERR_PATTERN -- ARGS...: exit status and what
-# each stream must contain ('' : must be empty); the command pre[] comes first
-pre=()
-expect() {
-    local rc=$1 out=$2 err=$3
-    shift 4
-    ${pre[@]+"${pre[@]}"} "$bin" "$@" > "$tmp/out" 2> "$tmp/err"
-    local got=$?
-    [ "$got" -eq "$rc" ] || fail "ndm-fashion $*: exit $got, not $rc ($(head -c 300 "$tmp/err"))"
-    if [ -z "$out" ]; then
-        [ ! -s "$tmp/out" ] || fail "ndm-fashion $*: stdout should be empty: $(head -c 300 "$tmp/out")"
-    else
-        grep -qF -- "$out" "$tmp/out" || fail "ndm-fashion $*: stdout lacks '$out': $(head -c 300 "$tmp/out")"
-    fi
-    if [ -z "$err" ]; then
-        [ ! -s "$tmp/err" ] || fail "ndm-fashion $*: stderr should be empty: $(head -c 300 "$tmp/err")"
-    else
-        grep -qF -- "$err" "$tmp/err" || fail "ndm-fashion $*: stderr lacks '$err': $(cat "$tmp/err")"
-    fi
-}
+source "$(dirname "$0")/cli_expect.sh"
 
 # help: stdout, exit 0, every option with its default
 for args in "--help" "-h" "help"; do
@@ -119,5 +95,4 @@ expect 1 "" "ndm-fashion serve: cannot use --device cuda:0: " -- serve --data "$
 pre=()
 expect 1 "device cpu" "loading the dataset failed" -- train --data "$tmp/data" --no-save --device cpu
 
-[ "$fails" -eq 0 ] || { echo "$fails checks failed"; exit 1; }
-echo ok
+finish

@@ -17,7 +17,7 @@
 
 #include "progress.h"
 
-static const progress_state mid = {3, 10, 120, 469, 0.4321, 78325};
+static const progress_state mid = {3, 10, 120, 469, 0.4321, 78325, NULL};
 
 static void test_progress_line_fits_every_width(void **state)
 {

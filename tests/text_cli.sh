@@ -7,31 +7,7 @@
 set -uo pipefail
 bin=$1
 version=$2
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-
-# expect RC STDOUT_PATTERN STDERR_PATTERN -- ARGS...: exit status and what
-# each stream must contain ('' : must be empty); the command pre[] comes first
-pre=()
-expect() {
-    local rc=$1 out=$2 err=$3
-    shift 4
-    ${pre[@]+"${pre[@]}"} "$bin" "$@" > "$tmp/out" 2> "$tmp/err"
-    local got=$?
-    [ "$got" -eq "$rc" ] || fail "ndm-text $*: exit $got, not $rc ($(head -c 300 "$tmp/err"))"
-    if [ -z "$out" ]; then
-        [ ! -s "$tmp/out" ] || fail "ndm-text $*: stdout should be empty: $(head -c 300 "$tmp/out")"
-    else
-        grep -qF -- "$out" "$tmp/out" || fail "ndm-text $*: stdout lacks '$out': $(head -c 300 "$tmp/out")"
-    fi
-    if [ -z "$err" ]; then
-        [ ! -s "$tmp/err" ] || fail "ndm-text $*: stderr should be empty: $(head -c 300 "$tmp/err")"
-    else
-        grep -qF -- "$err" "$tmp/err" || fail "ndm-text $*: stderr lacks '$err': $(cat "$tmp/err")"
-    fi
-}
+source "$(dirname "$0")/cli_expect.sh"
 
 for args in "--help" "-h" "help"; do
     expect 0 "usage: ndm-text COMMAND" "" -- $args
@@ -104,5 +80,4 @@ if [ -f /usr/share/games/fortunes/fortunes ]; then
     grep -qF "generated 1 character in" "$tmp/out" || fail "a prompt of the whole context does not get its one character: $(cat "$tmp/out")"
 fi
 
-[ "$fails" -eq 0 ] || { echo "$fails checks failed"; exit 1; }
-echo ok
+finish

@@ -685,72 +685,19 @@ static const cli_opt serve_opts_list[] = {
     {"--device", "DEV", OPT_TEXT, 0, 0, 0, 0, &sopt.device, NULL,
      "where the model runs: cpu, cuda or cuda:N (requests come from the CPU)"},
 };
+static int run_train(void) { return train(topt); }
+static int run_serve(void) { return serve(sopt); }
 static const command commands[] = {
     {"train", "train a network on Fashion-MNIST, checking that memory stays flat", train_opts_list,
-     (int)(sizeof train_opts_list / sizeof train_opts_list[0])},
+     (int)(sizeof train_opts_list / sizeof train_opts_list[0]), run_train},
     {"serve", "answer concurrent requests with a saved model, a manager per request",
-     serve_opts_list, (int)(sizeof serve_opts_list / sizeof serve_opts_list[0])},
+     serve_opts_list, (int)(sizeof serve_opts_list / sizeof serve_opts_list[0]), run_serve},
     {"leak-demo", "a training loop that leaks on purpose, and the leak found by its line", NULL,
-     0},
+     0, leak_demo},
 };
 enum { NCOMMANDS = (int)(sizeof commands / sizeof commands[0]) };
 
-static void help(FILE *f)
-{
-    fprintf(f, "usage: %s COMMAND [options]   run train, serve or leak-demo\n"
-               "       %s COMMAND --help      the options of one command\n"
-               "       %s --help | --version\n\n",
-            prog, prog, prog);
-    for (int i = 0; i < NCOMMANDS; i++) {
-        command_help(f, &commands[i]);
-        fprintf(f, "\n");
-    }
-    fprintf(f, "Errors name the option and what it accepts, and exit with status 2.\n"
-               "Progress goes to stderr: a bar on a terminal, a line per epoch otherwise.\n");
-}
-
-static const command *find_command(const char *name)
-{
-    for (int i = 0; i < NCOMMANDS; i++)
-        if (!strcmp(commands[i].name, name))
-            return &commands[i];
-    return NULL;
-}
-
 int main(int argc, char **argv)
 {
-    if (argc < 2) {
-        fprintf(stderr, "%s: which command? train, serve or leak-demo (`%s --help` says more)\n",
-                prog, prog);
-        return 2;
-    }
-    const char *a = argv[1];
-    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-        help(stdout);
-        return 0;
-    }
-    if (!strcmp(a, "help")) {
-        const command *c = argc > 2 ? find_command(argv[2]) : NULL;
-        if (c)
-            command_help(stdout, c);
-        else
-            help(stdout);
-        return 0;
-    }
-    if (!strcmp(a, "--version")) {
-        printf("%s %s (libndm %s)\n", prog, NDM_VERSION_STRING, ndm_version());
-        return 0;
-    }
-    const command *c = find_command(a);
-    if (!c) {
-        fprintf(stderr, "%s: unknown command '%s'; the commands are train, serve and leak-demo "
-                "(`%s --help` says more)\n", prog, a, prog);
-        return 2;
-    }
-    parse_options(c, argc, argv);
-    if (c == &commands[0])
-        return train(topt);
-    if (c == &commands[1])
-        return serve(sopt);
-    return leak_demo();
+    return run_tool(argc, argv, commands, NCOMMANDS);
 }

@@ -276,3 +276,75 @@ ndm_device device_option(const char *cmd, const char *text)
     }
     return dev;
 }
+
+/* The command names as a list in words: "train, serve or leak-demo". */
+static void command_list(char *buf, size_t n, const command *cs, int nc, const char *last)
+{
+    size_t at = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < nc && at < n; i++) {
+        const char *sep = i == 0 ? "" : i == nc - 1 ? last : ", ";
+        int w = snprintf(buf + at, n - at, "%s%s", sep, cs[i].name);
+        at += w > 0 ? (size_t)w : 0;
+    }
+}
+
+static void tool_help(FILE *f, const command *cs, int nc)
+{
+    char names[256];
+    command_list(names, sizeof names, cs, nc, " or ");
+    fprintf(f, "usage: %s COMMAND [options]   run %s\n"
+               "       %s COMMAND --help      the options of one command\n"
+               "       %s --help | --version\n\n",
+            prog, names, prog, prog);
+    for (int i = 0; i < nc; i++) {
+        command_help(f, &cs[i]);
+        fprintf(f, "\n");
+    }
+    fprintf(f, "Errors name the option and what it accepts, and exit with status 2.\n"
+               "Progress goes to stderr: a bar on a terminal, a line per epoch otherwise.\n");
+}
+
+static const command *find_command(const command *cs, int nc, const char *name)
+{
+    for (int i = 0; i < nc; i++)
+        if (!strcmp(cs[i].name, name))
+            return &cs[i];
+    return NULL;
+}
+
+int run_tool(int argc, char **argv, const command *cs, int nc)
+{
+    char names[256];
+    if (argc < 2) {
+        command_list(names, sizeof names, cs, nc, " or ");
+        fprintf(stderr, "%s: which command? %s (`%s --help` says more)\n", prog, names, prog);
+        return 2;
+    }
+    const char *a = argv[1];
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+        tool_help(stdout, cs, nc);
+        return 0;
+    }
+    if (!strcmp(a, "help")) {
+        const command *c = argc > 2 ? find_command(cs, nc, argv[2]) : NULL;
+        if (c)
+            command_help(stdout, c);
+        else
+            tool_help(stdout, cs, nc);
+        return 0;
+    }
+    if (!strcmp(a, "--version")) {
+        printf("%s %s (libndm %s)\n", prog, NDM_VERSION_STRING, ndm_version());
+        return 0;
+    }
+    const command *c = find_command(cs, nc, a);
+    if (!c) {
+        command_list(names, sizeof names, cs, nc, " and ");
+        fprintf(stderr, "%s: unknown command '%s'; the commands are %s (`%s --help` says more)\n",
+                prog, a, names, prog);
+        return 2;
+    }
+    parse_options(c, argc, argv);
+    return c->run();
+}

@@ -43,6 +43,7 @@ typedef struct command {
     const char *summary;
     const cli_opt *opts;
     int nopts;
+    int (*run)(void); /* runs the command once its options are filled; the exit status */
 } command;
 
 /* Seconds on the monotonic clock. */
@@ -70,5 +71,10 @@ void command_help(FILE *f, const command *c);
 /* Fill the options of c from argv[2..]; --help prints the help and exits 0;
  * a bad option or value is a message naming it and exit 2. */
 void parse_options(const command *c, int argc, char **argv);
+
+/* The whole command line of a tool with these commands: --help, help CMD,
+ * --version, a missing or unknown command (exit 2), then the command's
+ * options and its run. The exit status. */
+int run_tool(int argc, char **argv, const command *commands, int ncommands);
 
 #endif

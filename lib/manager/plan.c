@@ -83,13 +83,19 @@ typedef struct blk_life {
     uint64_t t0, t1;
 } blk_life;
 
-/* A block of a recorded step: the allocator's block, and its lifetime. */
-typedef struct rec_blk {
+/* A block the allocator gave while a step was recorded, handed out under a
+ * cookie of the run's own: what recorded blocks and scratch share. */
+typedef struct held_blk {
     ndm__xblock x;
     run_t *run;
     ndm__block real;
     ndm_device dev;
     size_t nbytes;
+} held_blk;
+
+/* A block of a recorded step: the allocator's block, and its lifetime. */
+typedef struct rec_blk {
+    held_blk h;
     uint64_t t_alloc;
     _Atomic uint64_t t_free;
 } rec_blk;
@@ -388,9 +394,9 @@ static void live_bytes(run_t *r, size_t *max_live, size_t *total)
     }
     for (uint32_t i = 0; i < r->nrec; i++) {
         rec_blk *b = r->recs[i];
-        delta[b->t_alloc] += (int64_t)b->nbytes;
-        delta[atomic_load_explicit(&b->t_free, memory_order_relaxed)] -= (int64_t)b->nbytes;
-        sum += b->nbytes;
+        delta[b->t_alloc] += (int64_t)b->h.nbytes;
+        delta[atomic_load_explicit(&b->t_free, memory_order_relaxed)] -= (int64_t)b->h.nbytes;
+        sum += b->h.nbytes;
     }
     for (size_t i = 0; i < r->ntl; i++) { /* kernel scratch */
         delta[r->tl[i].t0] += (int64_t)r->tl[i].nbytes;
@@ -446,9 +452,9 @@ static void finish_recording(run_t *r)
                 break;
             rec_blk *b = r->recs[c];
             pidx[c] = i;
-            in[i++] = (blk_in){(b->nbytes + ALIGN - 1) & ~(ALIGN - 1), b->t_alloc,
+            in[i++] = (blk_in){(b->h.nbytes + ALIGN - 1) & ~(ALIGN - 1), b->t_alloc,
                                atomic_load_explicit(&b->t_free, memory_order_relaxed)};
-            bytes[c] = b->nbytes;
+            bytes[c] = b->h.nbytes;
         }
         pthread_mutex_lock(&compute_lock); /* (qsort's comparison reads one base) */
         e = plan_compute(in, nb);
@@ -639,27 +645,55 @@ static void rec_free(ndm__xblock *x, void *ptr)
 {
     (void)ptr;
     rec_blk *b = (rec_blk *)x;
-    run_t *r = b->run;
+    run_t *r = b->h.run;
     atomic_store_explicit(&b->t_free,
                           atomic_fetch_add_explicit(&r->clock, 1, memory_order_relaxed),
                           memory_order_relaxed);
-    ndm__free(b->dev, &b->real);
+    ndm__free(b->h.dev, &b->h.real);
     run_unref(r);
 }
 
-static ndm_status rec_record_stream(ndm__xblock *x, uintptr_t stream)
+static ndm_status held_record_stream(ndm__xblock *x, uintptr_t stream)
 {
-    rec_blk *b = (rec_blk *)x;
-    return ndm__alloc_record_stream(b->dev, b->real.cookie, stream);
+    held_blk *h = (held_blk *)x;
+    return ndm__alloc_record_stream(h->dev, h->real.cookie, stream);
 }
 
-static uint32_t rec_stream_uses(ndm__xblock *x)
+static uint32_t held_stream_uses(ndm__xblock *x)
 {
-    rec_blk *b = (rec_blk *)x;
-    return ndm__alloc_stream_uses(b->dev, b->real.cookie);
+    held_blk *h = (held_blk *)x;
+    return ndm__alloc_stream_uses(h->dev, h->real.cookie);
 }
 
-static const ndm__xblock_fns rec_fns = {rec_free, rec_record_stream, rec_stream_uses};
+/* Take h's block from the allocator, with a reference on the run (a pressure
+ * callback inside the allocation may close the manager); on failure the
+ * reference is dropped and *out empty. */
+static ndm_status held_take(run_t *r, held_blk *h, const ndm__xblock_fns *fns, ndm_device dev,
+                            size_t nbytes, const ndm__alloc_tag *tag, ndm__block *out)
+{
+    atomic_fetch_add_explicit(&r->refs, 1, memory_order_relaxed);
+    ndm_status st = ndm__alloc(dev, nbytes, tag, &h->real);
+    if (st < 0) {
+        run_unref(r);
+        *out = (ndm__block){NULL, NULL, 0};
+        return st;
+    }
+    h->x.fns = fns;
+    h->run = r;
+    h->dev = dev;
+    h->nbytes = nbytes;
+    return NDM_OK;
+}
+
+/* The block the caller sees: the allocator's memory under h's cookie. */
+static void held_out(held_blk *h, ndm__block *out)
+{
+    out->ptr = h->real.ptr;
+    out->cookie = ndm__xblock_cookie(&h->x);
+    out->size = h->real.size;
+}
+
+static const ndm__xblock_fns rec_fns = {rec_free, held_record_stream, held_stream_uses};
 
 static void sub_free(ndm__xblock *x, void *ptr)
 {
@@ -781,11 +815,7 @@ static const ndm__xblock_fns sx_fns = {sx_free, sx_record_stream, sx_stream_uses
 
 /* A scratch block of a recorded step: the allocator's, measured. */
 typedef struct trans_blk {
-    ndm__xblock x;
-    run_t *run;
-    ndm__block real;
-    ndm_device dev;
-    size_t nbytes;
+    held_blk h;
     uint64_t t0;
     size_t voff; /* its place in the burst, as the replay will stack it */
 } trans_blk;
@@ -793,8 +823,8 @@ typedef struct trans_blk {
 static void trans_free(ndm__xblock *x, void *ptr)
 {
     trans_blk *b = (trans_blk *)x;
-    run_t *r = b->run;
-    blk_life l = {b->nbytes, b->t0, atomic_fetch_add_explicit(&r->clock, 1, memory_order_relaxed)};
+    run_t *r = b->h.run;
+    blk_life l = {b->h.nbytes, b->t0, atomic_fetch_add_explicit(&r->clock, 1, memory_order_relaxed)};
     pthread_mutex_lock(&r->tlock);
     burst_pop(r, b->voff);
     if (--r->s_live == 0) {
@@ -817,24 +847,12 @@ static void trans_free(ndm__xblock *x, void *ptr)
     if (r->ntl < r->captl)
         r->tl[r->ntl++] = l;
     pthread_mutex_unlock(&r->tlock);
-    ndm__free(b->dev, &b->real);
+    ndm__free(b->h.dev, &b->h.real);
     free(b);
     run_unref(r);
 }
 
-static ndm_status trans_record_stream(ndm__xblock *x, uintptr_t stream)
-{
-    trans_blk *b = (trans_blk *)x;
-    return ndm__alloc_record_stream(b->dev, b->real.cookie, stream);
-}
-
-static uint32_t trans_stream_uses(ndm__xblock *x)
-{
-    trans_blk *b = (trans_blk *)x;
-    return ndm__alloc_stream_uses(b->dev, b->real.cookie);
-}
-
-static const ndm__xblock_fns trans_fns = {trans_free, trans_record_stream, trans_stream_uses};
+static const ndm__xblock_fns trans_fns = {trans_free, held_record_stream, held_stream_uses};
 
 static ndm_status record_scratch(run_t *r, ndm_device dev, size_t nbytes,
                                  const ndm__alloc_tag *tag, ndm__block *out)
@@ -842,19 +860,12 @@ static ndm_status record_scratch(run_t *r, ndm_device dev, size_t nbytes,
     trans_blk *b = malloc(sizeof *b);
     if (!b)
         return ndm__alloc(dev, nbytes, tag, out);
-    atomic_fetch_add_explicit(&r->refs, 1, memory_order_relaxed);
-    ndm_status st = ndm__alloc(dev, nbytes, tag, &b->real);
+    ndm_status st = held_take(r, &b->h, &trans_fns, dev, nbytes, tag, out);
     if (st < 0) {
         free(b);
-        run_unref(r);
-        *out = (ndm__block){NULL, NULL, 0};
         return st;
     }
     size_t asz = (nbytes + ALIGN - 1) & ~(ALIGN - 1);
-    b->x.fns = &trans_fns;
-    b->run = r;
-    b->dev = dev;
-    b->nbytes = nbytes;
     pthread_mutex_lock(&r->tlock);
     b->t0 = atomic_fetch_add_explicit(&r->clock, 1, memory_order_relaxed);
     if (r->s_live++ == 0) {
@@ -874,9 +885,7 @@ static ndm_status record_scratch(run_t *r, ndm_device dev, size_t nbytes,
     if (r->s_gap < r->ngaps && r->gaps[r->s_gap].high < r->s_top)
         r->gaps[r->s_gap].high = r->s_top;
     pthread_mutex_unlock(&r->tlock);
-    out->ptr = b->real.ptr;
-    out->cookie = ndm__xblock_cookie(&b->x);
-    out->size = b->real.size;
+    held_out(&b->h, out);
     return NDM_OK;
 }
 
@@ -894,27 +903,17 @@ static ndm_status record(run_t *r, ndm_device dev, size_t nbytes, const ndm__all
     rec_blk *b = malloc(sizeof *b);
     if (!b)
         return ndm__alloc(dev, nbytes, tag, out);
-    /* (a pressure callback inside the allocation may close the manager) */
-    atomic_fetch_add_explicit(&r->refs, 1, memory_order_relaxed);
-    ndm_status st = ndm__alloc(dev, nbytes, tag, &b->real);
+    ndm_status st = held_take(r, &b->h, &rec_fns, dev, nbytes, tag, out);
     if (st < 0) {
         free(b);
-        run_unref(r);
-        *out = (ndm__block){NULL, NULL, 0};
         return st;
     }
-    b->x.fns = &rec_fns;
-    b->run = r;
-    b->dev = dev;
-    b->nbytes = nbytes;
     b->t_alloc = atomic_fetch_add_explicit(&r->clock, 1, memory_order_relaxed);
     atomic_init(&b->t_free, 0);
     r->recs[r->nrec++] = b;
     atomic_store_explicit(&r->nrec_pub, r->nrec, memory_order_relaxed);
-    out->ptr = b->real.ptr;
-    out->cookie = ndm__xblock_cookie(&b->x);
-    out->size = b->real.size;
-    return NDM_OK; /* (the block's reference is the one taken above) */
+    held_out(&b->h, out);
+    return NDM_OK; /* (the block's reference is the one held_take took) */
 }
 
 /* Scratch from the block of the gap where its burst began, stacked; false
